@@ -1,0 +1,3 @@
+"""treeattn: plan, simulate and validate the cross-device merge of tree attention."""
+
+__version__ = "0.1.0"

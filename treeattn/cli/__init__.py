@@ -1,0 +1,55 @@
+"""The ``treeattn`` command: a thin typer app, one module per command group.
+
+Library code raises ``TreeattnError``; ``main`` renders it as one line on stderr and exits
+with its ``exit_code`` (2 for bad input). Other exceptions keep their traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from treeattn.errors import TreeattnError
+
+app = typer.Typer(
+    name="treeattn",
+    help="Plan, simulate and run the cross-device merge of tree attention on your cluster's wiring.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _register() -> None:
+    # Each command module adds its commands to ``app`` when imported; one line per module.
+    import treeattn.cli.topo  # noqa: F401
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of the console script (``args`` defaults to ``sys.argv[1:]``)."""
+    _register()
+    try:
+        app(args=args, standalone_mode=False)
+    except TreeattnError as exc:
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        err_console.print("aborted")
+        sys.exit(130)
+    except Exception as exc:  # click usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(exc, click.exceptions.UsageError):
+            exc.show()
+            sys.exit(2)
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise

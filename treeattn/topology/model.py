@@ -1,0 +1,368 @@
+"""Devices, links and the Topology they form.
+
+Words we use: a *device* is a vertex (GPU, CPU socket, switch, NIC, host); a *link* is a
+directed edge ``src -> dst`` (a full-duplex cable is two links); a *rank* is a process
+placed on a GPU or host device; a *route* is the tuple of link indices a message from one
+rank to another crosses, in order. ``bw_gbps`` is GB/s per direction for the whole link
+(all ``count`` bonded lanes together); ``latency_us`` is the link's one-way latency.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cached_property
+
+from treeattn.errors import TopologyError
+
+__all__ = [
+    "DeviceKind",
+    "LinkKind",
+    "LinkClass",
+    "Device",
+    "Link",
+    "CostParams",
+    "Topology",
+    "link_class",
+]
+
+
+class DeviceKind(StrEnum):
+    """Vertices. ``cpu`` is a socket and its PCIe root complex; ``switch`` a network switch
+    (its ``tier`` says leaf/spine/core); ``host`` a whole machine used as one endpoint
+    (CPU-only runs: ranks on a host talk over loopback or its network links)."""
+
+    GPU = "gpu"
+    CPU = "cpu"
+    PCIE_SWITCH = "pcie-switch"
+    NVSWITCH = "nvswitch"
+    NIC = "nic"
+    SWITCH = "switch"
+    HOST = "host"
+
+
+class LinkKind(StrEnum):
+    """Edge kinds. ``upi`` and ``infinity-fabric`` are CPU socket interconnects."""
+
+    NVLINK = "nvlink"
+    XGMI = "xgmi"
+    PCIE = "pcie"
+    UPI = "upi"
+    INFINITY_FABRIC = "infinity-fabric"
+    INFINIBAND = "infiniband"
+    ROCE = "roce"
+    ETHERNET = "ethernet"
+    LOOPBACK = "loopback"
+
+
+class LinkClass(StrEnum):
+    """What routing does with a link kind."""
+
+    GPU_FABRIC = "gpu-fabric"  # nvlink, xgmi: GPU<->GPU or GPU<->NVSwitch
+    PCIE = "pcie"  # pcie and socket interconnects inside one node
+    NETWORK = "network"  # infiniband, roce, ethernet: between nodes
+    LOOPBACK = "loopback"
+
+
+_CLASS = {
+    LinkKind.NVLINK: LinkClass.GPU_FABRIC,
+    LinkKind.XGMI: LinkClass.GPU_FABRIC,
+    LinkKind.PCIE: LinkClass.PCIE,
+    LinkKind.UPI: LinkClass.PCIE,
+    LinkKind.INFINITY_FABRIC: LinkClass.PCIE,
+    LinkKind.INFINIBAND: LinkClass.NETWORK,
+    LinkKind.ROCE: LinkClass.NETWORK,
+    LinkKind.ETHERNET: LinkClass.NETWORK,
+    LinkKind.LOOPBACK: LinkClass.LOOPBACK,
+}
+
+
+def link_class(kind: LinkKind) -> LinkClass:
+    return _CLASS[kind]
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """A vertex of the topology."""
+
+    name: str
+    """Unique name, e.g. ``n0.gpu3``."""
+    kind: DeviceKind
+    node: int = 0
+    """Index of the machine it sits in; network switches use -1."""
+    model: str = ""
+    """Product name (GPUs, NICs, CPUs), e.g. ``H100-SXM5-80GB``."""
+    mem_bw_gbps: float = 0.0
+    """Memory bandwidth (GPUs and hosts: what the compute model reads KV at)."""
+    mem_gb: float = 0.0
+    """Memory size in GB (GPUs, hosts)."""
+    p2p: bool = True
+    """GPU peer-to-peer over PCIe; False (RTX 4090) makes copies bounce through host memory."""
+    tier: str = ""
+    """Network switches: ``leaf``, ``spine`` or ``core``."""
+    nic: str = ""
+    """GPUs and hosts: the NIC that carries this device's cross-node traffic (nearest when empty)."""
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise TopologyError(f"device name must be a non-empty string, got {self.name!r}")
+        try:
+            object.__setattr__(self, "kind", DeviceKind(self.kind))
+        except ValueError:
+            kinds = ", ".join(k.value for k in DeviceKind)
+            raise TopologyError(
+                f"device {self.name!r}: unknown kind {self.kind!r}; choose one of {kinds}"
+            ) from None
+        if self.mem_bw_gbps < 0 or self.mem_gb < 0:
+            raise TopologyError(f"device {self.name!r}: memory figures must be >= 0")
+        if self.kind is DeviceKind.GPU and self.mem_bw_gbps <= 0:
+            raise TopologyError(f"device {self.name!r}: a GPU needs mem_bw_gbps > 0")
+
+    def to_dict(self) -> dict:
+        out: dict = {"name": self.name, "kind": self.kind.value, "node": self.node}
+        for key in ("model", "mem_bw_gbps", "mem_gb", "tier", "nic"):
+            value = getattr(self, key)
+            if value:
+                out[key] = value
+        if not self.p2p:
+            out["p2p"] = False
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A directed edge ``src -> dst``."""
+
+    src: str
+    dst: str
+    kind: LinkKind
+    bw_gbps: float
+    """GB/s in this direction, all bonded lanes together."""
+    latency_us: float = 0.0
+    """One-way latency of this hop."""
+    count: int = 1
+    """Bonded links/lanes making up this edge (e.g. 18 NVLinks)."""
+    generation: int | None = None
+    """NVLink or PCIe generation."""
+    width: int | None = None
+    """PCIe lanes (x16 -> 16)."""
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "kind", LinkKind(self.kind))
+        except ValueError:
+            kinds = ", ".join(k.value for k in LinkKind)
+            raise TopologyError(
+                f"link {self.src}->{self.dst}: unknown kind {self.kind!r}; choose one of {kinds}"
+            ) from None
+        if not (isinstance(self.bw_gbps, (int, float)) and self.bw_gbps > 0):
+            raise TopologyError(
+                f"link {self.src}->{self.dst}: bw_gbps must be > 0, got {self.bw_gbps!r}"
+            )
+        if not (isinstance(self.latency_us, (int, float)) and self.latency_us >= 0):
+            raise TopologyError(
+                f"link {self.src}->{self.dst}: latency_us must be >= 0, got {self.latency_us!r}"
+            )
+        if not isinstance(self.count, int) or self.count < 1:
+            raise TopologyError(f"link {self.src}->{self.dst}: count must be >= 1, got {self.count!r}")
+        if self.src == self.dst and self.kind is not LinkKind.LOOPBACK:
+            raise TopologyError(f"link {self.src}->{self.dst}: only a loopback link may be a self-loop")
+
+    @property
+    def cls(self) -> LinkClass:
+        return _CLASS[self.kind]
+
+    def to_dict(self) -> dict:
+        out: dict = {
+            "src": self.src,
+            "dst": self.dst,
+            "kind": self.kind.value,
+            "bw_gbps": self.bw_gbps,
+            "latency_us": self.latency_us,
+        }
+        if self.count != 1:
+            out["count"] = self.count
+        if self.generation is not None:
+            out["generation"] = self.generation
+        if self.width is not None:
+            out["width"] = self.width
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class CostParams:
+    """Per-machine constants of the cost model that calibration replaces."""
+
+    overhead_us: float = 2.0
+    """Software overhead a sender pays per message (launch, protocol)."""
+    launch_us: float = 5.0
+    """Fixed cost of a local compute step (kernel launch)."""
+    mem_efficiency: float = 0.8
+    """Fraction of memory bandwidth a memory-bound kernel reaches."""
+
+    def __post_init__(self) -> None:
+        if self.overhead_us < 0 or self.launch_us < 0:
+            raise TopologyError("cost.overhead_us and cost.launch_us must be >= 0")
+        if not 0 < self.mem_efficiency <= 1:
+            raise TopologyError(f"cost.mem_efficiency must be in (0, 1], got {self.mem_efficiency}")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Devices, directed links and rank placement, with routing between ranks.
+
+    Build one from YAML with ``treeattn.topology.load`` or from a family builder; the
+    constructor checks names, endpoints and placement. ``check_routable()`` (run by the
+    loaders) proves every rank reaches rank 0 and back.
+    """
+
+    name: str
+    devices: tuple[Device, ...]
+    links: tuple[Link, ...]
+    ranks: tuple[str, ...]
+    """Device name of each rank, in rank order."""
+    description: str = ""
+    sources: tuple[str, ...] = ()
+    """Citations for the figures used (HARDWARE.md rows, public specs)."""
+    cost: CostParams = field(default_factory=CostParams)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "devices", tuple(self.devices))
+        object.__setattr__(self, "links", tuple(self.links))
+        object.__setattr__(self, "ranks", tuple(self.ranks))
+        object.__setattr__(self, "sources", tuple(self.sources))
+        seen: set[str] = set()
+        for d in self.devices:
+            if d.name in seen:
+                raise TopologyError(f"topology {self.name!r}: duplicate device name {d.name!r}")
+            seen.add(d.name)
+        pairs: set[tuple[str, str]] = set()
+        for i, ln in enumerate(self.links):
+            for end in (ln.src, ln.dst):
+                if end not in seen:
+                    raise TopologyError(
+                        f"topology {self.name!r}: links[{i}] names device {end!r}, which does not exist"
+                    )
+            if (ln.src, ln.dst) in pairs:
+                raise TopologyError(
+                    f"topology {self.name!r}: links[{i}] repeats {ln.src}->{ln.dst}; "
+                    "bond parallel links with count instead"
+                )
+            pairs.add((ln.src, ln.dst))
+        if not self.ranks:
+            raise TopologyError(f"topology {self.name!r}: no ranks placed")
+        by_name = {d.name: d for d in self.devices}
+        used: set[str] = set()
+        for r, dev in enumerate(self.ranks):
+            if dev not in by_name:
+                raise TopologyError(f"topology {self.name!r}: ranks[{r}] names unknown device {dev!r}")
+            kind = by_name[dev].kind
+            if kind not in (DeviceKind.GPU, DeviceKind.HOST):
+                raise TopologyError(
+                    f"topology {self.name!r}: ranks[{r}] is placed on {dev!r}, a {kind.value}; "
+                    "ranks go on gpu or host devices"
+                )
+            if kind is DeviceKind.GPU and dev in used:
+                raise TopologyError(f"topology {self.name!r}: ranks[{r}] puts a second rank on GPU {dev!r}")
+            used.add(dev)
+
+    # -- lookups -------------------------------------------------------------------------
+
+    @cached_property
+    def _index(self):  # noqa: ANN202 - internal, built once
+        from treeattn.topology.routing import RouteIndex
+
+        return RouteIndex(self)
+
+    def device(self, name: str) -> Device:
+        try:
+            return self._index.by_name[name]
+        except KeyError:
+            raise TopologyError(f"topology {self.name!r} has no device {name!r}") from None
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.ranks)
+
+    def rank_device(self, rank: int) -> Device:
+        return self.device(self.ranks[rank])
+
+    def link_index(self, src: str, dst: str) -> int:
+        """Index in ``links`` of the link ``src -> dst``."""
+        try:
+            return self._index.link_id[(src, dst)]
+        except KeyError:
+            raise TopologyError(f"topology {self.name!r} has no link {src}->{dst}") from None
+
+    # -- routing -------------------------------------------------------------------------
+
+    def route(self, src: int, dst: int) -> tuple[int, ...]:
+        """Link indices a message from rank ``src`` to rank ``dst`` crosses, in order.
+
+        Routing follows DESIGN.md section 4: NVLink/xGMI (directly or through NVSwitches)
+        inside a node, else PCIe through the lowest common bridge (through host memory for
+        GPUs without peer-to-peer), across sockets when needed; between nodes through each
+        end's NIC and the switch fabric (ECMP spread over equal-length switch paths).
+        """
+        self._check_rank(src)
+        self._check_rank(dst)
+        if src == dst:
+            return ()
+        return self._index.device_route(self.ranks[src], self.ranks[dst])
+
+    def route_links(self, src: int, dst: int) -> list[Link]:
+        return [self.links[i] for i in self.route(src, dst)]
+
+    def route_latency_us(self, src: int, dst: int) -> float:
+        """Sum of hop latencies from rank ``src`` to rank ``dst``."""
+        return sum(self.links[i].latency_us for i in self.route(src, dst))
+
+    def route_bw_gbps(self, src: int, dst: int) -> float:
+        """Bottleneck bandwidth of the route (infinite for a rank to itself)."""
+        r = self.route(src, dst)
+        return min((self.links[i].bw_gbps for i in r), default=float("inf"))
+
+    def shared_links(self, route_a: tuple[int, ...], route_b: tuple[int, ...]) -> tuple[int, ...]:
+        """Link indices two routes both cross (where their flows contend)."""
+        b = set(route_b)
+        return tuple(i for i in route_a if i in b)
+
+    def check_routable(self) -> None:
+        """Raise ``TopologyError`` unless every rank reaches rank 0 and rank 0 reaches it."""
+        for r in range(1, self.num_ranks):
+            self.route(0, r)
+            self.route(r, 0)
+
+    def _check_rank(self, r: int) -> None:
+        if not 0 <= r < self.num_ranks:
+            raise TopologyError(f"rank {r} out of range: topology {self.name!r} has {self.num_ranks} ranks")
+
+    # -- identity ------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        """The explicit form (every device and link), as plain data."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "sources": list(self.sources),
+            "cost": {
+                "overhead_us": self.cost.overhead_us,
+                "launch_us": self.cost.launch_us,
+                "mem_efficiency": self.cost.mem_efficiency,
+            },
+            "devices": [d.to_dict() for d in self.devices],
+            "links": [ln.to_dict() for ln in self.links],
+            "ranks": list(self.ranks),
+        }
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """Hash of what determines costs (devices, links, ranks, cost constants), not names
+        of the file or its description: two files describing the same machine match."""
+        data = self.to_dict()
+        for key in ("name", "description", "sources"):
+            data.pop(key)
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+        return "sha256:" + hashlib.sha256(blob).hexdigest()[:16]

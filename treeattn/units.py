@@ -1,0 +1,76 @@
+"""Units and sizes, defined once.
+
+Legend: ``_gbps`` is GB/s (10^9 bytes per second, per direction), ``_us`` microseconds,
+``_bytes`` bytes. Bytes per microsecond equal ``gbps * 1e3``.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+
+from treeattn.errors import InputError
+
+__all__ = ["DType", "parse_size", "format_size", "transfer_us"]
+
+
+class DType(StrEnum):
+    """Element types of KV caches and partials."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+
+    @property
+    def nbytes(self) -> int:
+        return {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[self.value]
+
+    @classmethod
+    def parse(cls, text: str) -> DType:
+        aliases = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16",
+                   "half": "fp16", "float8": "fp8"}
+        key = aliases.get(str(text).lower(), str(text).lower())
+        try:
+            return cls(key)
+        except ValueError:
+            choices = ", ".join(d.value for d in cls)
+            raise InputError(f"unknown dtype {text!r}; choose one of {choices}") from None
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)([bB]?)\s*$")
+_POW = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def parse_size(text: str | int) -> int:
+    """Parse a byte size written as text: ``"16KB"``, ``"1MiB"``, ``"4096"``, ``"2M"``.
+
+    Args:
+        text: the size; KB/MB/GB are powers of 1000, KiB/MiB/GiB powers of 1024.
+
+    Returns:
+        The size in bytes.
+    """
+    if isinstance(text, int):
+        if text < 0:
+            raise InputError(f"size must be >= 0, got {text}")
+        return text
+    m = _SIZE.match(str(text))
+    if not m:
+        raise InputError(f"cannot read size {text!r}; write it like 4096, 16KB, 1MiB or 2GB")
+    num, prefix, binary, _ = m.groups()
+    base = 1024 if binary else 1000
+    return int(round(float(num) * base ** _POW[prefix.lower()]))
+
+
+def format_size(nbytes: float) -> str:
+    """Short human form of a byte count, powers of 1024 (as nccl-tests prints)."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.4g} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def transfer_us(nbytes: float, bw_gbps: float) -> float:
+    """Time to move ``nbytes`` at ``bw_gbps`` (GB/s), in microseconds."""
+    return nbytes / (bw_gbps * 1e3)

@@ -1,0 +1,257 @@
+"""The decode shape (what each rank holds and what is merged) and model presets.
+
+Legend: B batch, Hq query heads, Hkv KV heads, D head dim, N sequence length (tokens of
+KV cache in all), N_i tokens held by rank i, p ranks. A *row* is one batch element x one
+query head: D + 1 values (output and log-sum-exp) merged independently of other rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from treeattn.errors import WorkloadError
+from treeattn.units import DType
+
+__all__ = ["ModelPreset", "MODELS", "ReduceOp", "Workload", "RawPayload", "Payload", "even_split"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPreset:
+    """Attention shape of a published model (from its config.json)."""
+
+    name: str
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    layers: int
+
+
+MODELS: dict[str, ModelPreset] = {
+    m.name: m
+    for m in (
+        ModelPreset("llama-3.2-1b", q_heads=32, kv_heads=8, head_dim=64, layers=16),
+        ModelPreset("llama-3.2-3b", q_heads=24, kv_heads=8, head_dim=128, layers=28),
+        ModelPreset("llama-3.1-8b", q_heads=32, kv_heads=8, head_dim=128, layers=32),
+        ModelPreset("llama-3.1-70b", q_heads=64, kv_heads=8, head_dim=128, layers=80),
+        ModelPreset("llama-3.1-405b", q_heads=128, kv_heads=8, head_dim=128, layers=126),
+    )
+}
+
+
+class ReduceOp(StrEnum):
+    """What a reduction computes: ``merge`` is the attention operator (o, lse) (+) (o, lse)
+    of DESIGN.md section 1; ``sum`` a plain elementwise sum (raw payloads)."""
+
+    MERGE = "merge"
+    SUM = "sum"
+
+
+def even_split(total: int, ranks: int) -> tuple[int, ...]:
+    """Split ``total`` tokens over ``ranks`` as evenly as possible, larger shares first."""
+    if ranks < 1:
+        raise WorkloadError(f"rank count must be >= 1, got {ranks}")
+    base, extra = divmod(total, ranks)
+    return tuple(base + (1 if i < extra else 0) for i in range(ranks))
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """One decode step of one attention layer, KV cache sharded along the sequence."""
+
+    batch: int
+    """B: sequences decoded together."""
+    q_heads: int
+    """Hq: query heads."""
+    kv_heads: int
+    """Hkv: KV heads (GQA when < Hq); must divide Hq."""
+    head_dim: int
+    """D: head dimension."""
+    split: tuple[int, ...]
+    """N_i: tokens of KV cache held by each rank (zeros allowed); len(split) = ranks."""
+    kv_dtype: DType = DType.BF16
+    """Element type of K, V and q."""
+    partial_dtype: DType = DType.FP32
+    """Element type of the partials (o_i, lse_i) that are sent and merged."""
+    layers: int = 1
+    """Layers per decode step (times are per layer unless a report says otherwise)."""
+    model: str | None = None
+    """Preset name the shape came from, if any."""
+
+    kind = "attention"
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "q_heads", "kv_heads", "head_dim", "layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise WorkloadError(f"workload.{name} must be a positive integer, got {value!r}")
+        if self.q_heads % self.kv_heads:
+            raise WorkloadError(
+                f"workload.kv_heads ({self.kv_heads}) must divide q_heads ({self.q_heads})"
+            )
+        if not self.split:
+            raise WorkloadError("workload.split must name at least one rank")
+        if any((not isinstance(n, int)) or n < 0 for n in self.split):
+            raise WorkloadError(f"workload.split must hold tokens >= 0 per rank, got {self.split}")
+        if sum(self.split) < 1:
+            raise WorkloadError("workload.split holds no tokens at all")
+        object.__setattr__(self, "kv_dtype", DType.parse(self.kv_dtype))
+        object.__setattr__(self, "partial_dtype", DType.parse(self.partial_dtype))
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        ranks: int,
+        seq_len: int,
+        batch: int = 1,
+        model: str | None = None,
+        q_heads: int | None = None,
+        kv_heads: int | None = None,
+        head_dim: int | None = None,
+        split: tuple[int, ...] | None = None,
+        kv_dtype: DType | str = DType.BF16,
+        partial_dtype: DType | str = DType.FP32,
+        layers: int | None = None,
+    ) -> Workload:
+        """Build a workload from a model preset or explicit head counts.
+
+        Args:
+            ranks: p, the number of ranks the KV cache is split over.
+            seq_len: N, tokens in all.
+            model: a key of ``MODELS``; explicit head counts override it.
+            split: tokens per rank; even when omitted.
+        """
+        preset = None
+        if model is not None:
+            if model not in MODELS:
+                raise WorkloadError(
+                    f"unknown model {model!r}; choose one of {', '.join(sorted(MODELS))}"
+                )
+            preset = MODELS[model]
+        hq = q_heads if q_heads is not None else (preset.q_heads if preset else None)
+        hkv = kv_heads if kv_heads is not None else (preset.kv_heads if preset else hq)
+        d = head_dim if head_dim is not None else (preset.head_dim if preset else None)
+        if hq is None or d is None:
+            raise WorkloadError("give --model or both --heads and --head-dim")
+        if split is None:
+            split = even_split(seq_len, ranks)
+        else:
+            split = tuple(split)
+            if len(split) != ranks:
+                raise WorkloadError(f"split names {len(split)} ranks but there are {ranks}")
+            if sum(split) != seq_len:
+                raise WorkloadError(f"split sums to {sum(split)} tokens, seq_len is {seq_len}")
+        return cls(
+            batch=batch,
+            q_heads=hq,
+            kv_heads=hkv,
+            head_dim=d,
+            split=split,
+            kv_dtype=DType.parse(kv_dtype),
+            partial_dtype=DType.parse(partial_dtype),
+            layers=layers if layers is not None else (preset.layers if preset else 1),
+            model=model,
+        )
+
+    @property
+    def ranks(self) -> int:
+        return len(self.split)
+
+    @property
+    def seq_len(self) -> int:
+        return sum(self.split)
+
+    @property
+    def reduce_op(self) -> ReduceOp:
+        return ReduceOp.MERGE
+
+    @property
+    def rows(self) -> int:
+        """Independent rows of the merge: B x Hq."""
+        return self.batch * self.q_heads
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row of a partial: (D + 1) values."""
+        return (self.head_dim + 1) * self.partial_dtype.nbytes
+
+    @property
+    def payload_bytes(self) -> int:
+        """Bytes of one rank's whole partial."""
+        return self.rows * self.row_bytes
+
+    def kv_bytes(self, rank: int) -> int:
+        """Bytes of rank ``rank``'s K and V shard."""
+        return 2 * self.batch * self.kv_heads * self.split[rank] * self.head_dim * self.kv_dtype.nbytes
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "batch": self.batch,
+            "q_heads": self.q_heads,
+            "kv_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "seq_len": self.seq_len,
+            "split": list(self.split),
+            "kv_dtype": self.kv_dtype.value,
+            "partial_dtype": self.partial_dtype.value,
+            "layers": self.layers,
+            "model": self.model,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RawPayload:
+    """A plain reduction of ``nbytes`` per rank (compare with nccl-tests)."""
+
+    nbytes: int
+    """Bytes each rank contributes (and receives back)."""
+    ranks: int
+    dtype: DType = DType.FP32
+    op: ReduceOp = ReduceOp.SUM
+    split: tuple[int, ...] = field(default=())
+
+    kind = "raw"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ranks, int) or self.ranks < 1:
+            raise WorkloadError(f"payload.ranks must be a positive integer, got {self.ranks!r}")
+        object.__setattr__(self, "dtype", DType.parse(self.dtype))
+        object.__setattr__(self, "op", ReduceOp(self.op))
+        if not isinstance(self.nbytes, int) or self.nbytes < self.dtype.nbytes:
+            raise WorkloadError(
+                f"payload.nbytes must be at least one {self.dtype.value} element, got {self.nbytes!r}"
+            )
+        object.__setattr__(self, "split", tuple([0] * self.ranks))
+
+    @property
+    def reduce_op(self) -> ReduceOp:
+        return self.op
+
+    @property
+    def rows(self) -> int:
+        return self.nbytes // self.dtype.nbytes
+
+    @property
+    def row_bytes(self) -> int:
+        return self.dtype.nbytes
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.rows * self.row_bytes
+
+    def kv_bytes(self, rank: int) -> int:
+        return 0
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "nbytes": self.nbytes,
+            "ranks": self.ranks,
+            "dtype": self.dtype.value,
+            "op": self.op.value,
+        }
+
+
+Payload = Workload | RawPayload
