@@ -1,0 +1,91 @@
+"""The workload YAML form and the flag-to-workload path."""
+
+from __future__ import annotations
+
+import pytest
+
+from treeattn.cli.options import make_payload, parse_ranks
+from treeattn.errors import InputError, WorkloadError
+from treeattn.search.workload_file import load_workload, parse_tokens, workload_from_dict
+from treeattn.workload import RawPayload, Workload
+
+
+def test_parse_tokens():
+    assert parse_tokens("128K") == 131072
+    assert parse_tokens("1M") == 1 << 20
+    assert parse_tokens(4096) == 4096
+    assert parse_tokens("0.5K") == 512
+    for bad in ("-3", "12X", True, -1, "0.3K"):
+        with pytest.raises(WorkloadError):
+            parse_tokens(bad)
+
+
+def test_yaml_form_round_trips_through_to_dict(tmp_path):
+    f = tmp_path / "w.yaml"
+    f.write_text(
+        "workload:\n  model: llama-3.1-8b\n  batch: 16\n  seq_len: 128K\n"
+        "  split: [64K, 64K, 0, 0]\n  kv_dtype: fp16\n  layers: 2\n"
+    )
+    w = load_workload(f, ranks=4)
+    assert isinstance(w, Workload)
+    assert (w.batch, w.q_heads, w.kv_heads, w.head_dim, w.layers) == (16, 32, 8, 128, 2)
+    assert w.split == (65536, 65536, 0, 0) and w.kv_dtype.value == "fp16"
+    again = workload_from_dict(w.to_dict(), ranks=4)
+    assert again == w
+
+
+def test_yaml_raw_payload(tmp_path):
+    f = tmp_path / "raw.yaml"
+    f.write_text("kind: raw\nbytes: 1MiB\nop: sum\n")
+    w = load_workload(f, ranks=8)
+    assert isinstance(w, RawPayload) and w.nbytes == 1 << 20 and w.ranks == 8
+
+
+@pytest.mark.parametrize(
+    "data, ranks, needle",
+    [
+        ({"model": "gpt-9", "seq_len": 10}, 2, "unknown model 'gpt-9'"),
+        ({"model": "llama-3.1-8b", "seq_len": 10, "batch": -1}, 2, "workload.batch"),
+        ({"model": "llama-3.1-8b", "seq_len": 10, "colour": 1}, 2, "unknown key(s) colour"),
+        ({"heads": 8, "seq_len": 10}, 2, "head_dim"),
+        ({"model": "llama-3.1-8b", "seq_len": 10, "split": [5, 5, 0]}, 2, "names 3 ranks"),
+        ({"model": "llama-3.1-8b", "seq_len": 11, "split": [5, 5]}, 2, "sums to 10"),
+        ({"model": "llama-3.1-8b", "seq_len": 11, "ranks": 3}, 2, "topology places 2"),
+        ({"model": "llama-3.1-8b"}, 2, "give seq_len"),
+        ({"heads": 6, "kv_heads": 4, "head_dim": 8, "seq_len": 4}, 2, "must divide"),
+    ],
+)
+def test_bad_workloads_name_the_field(data, ranks, needle):
+    with pytest.raises(WorkloadError) as exc:
+        workload_from_dict(data, ranks=ranks)
+    assert needle in str(exc.value)
+
+
+def test_bad_file(tmp_path):
+    with pytest.raises(WorkloadError, match="cannot read workload file"):
+        load_workload(tmp_path / "missing.yaml")
+    f = tmp_path / "bad.yaml"
+    f.write_text("batch: [1\n")
+    with pytest.raises(WorkloadError, match="not valid YAML"):
+        load_workload(f)
+
+
+def test_flags_override_file(tmp_path):
+    f = tmp_path / "w.yaml"
+    f.write_text("model: llama-3.1-8b\nbatch: 4\nseq_len: 1K\n")
+    w = make_payload(2, workload_file=f, batch=8, seq_len="2K")
+    assert (w.batch, w.seq_len, w.split) == (8, 2048, (1024, 1024))
+    w = make_payload(2, workload_file=f, split="2K,0")
+    assert w.split == (2048, 0)
+    with pytest.raises(InputError, match="--bytes"):
+        make_payload(2, nbytes="1KB", model="llama-3.1-8b")
+    with pytest.raises(InputError, match="--op"):
+        make_payload(2, model="llama-3.1-8b", seq_len="1K", op="sum")
+
+
+def test_parse_ranks():
+    assert parse_ranks("0-3,8", 16) == (0, 1, 2, 3, 8)
+    assert parse_ranks("6,2", 8) == (6, 2)
+    for bad in ("0-", "a", "3-1", "0-8", "1,1"):
+        with pytest.raises(InputError):
+            parse_ranks(bad, 8)

@@ -1,0 +1,221 @@
+"""Options shared by the commands that take a topology and a workload.
+
+Each option is an ``Annotated`` alias: a command lists the ones it needs as parameters and
+passes their values to ``load_topology`` and ``make_payload``, so that every command reads
+``--topology``, ``--ranks``, ``--model``... alike and validates them by one code path
+(``treeattn.search.workload_file.workload_from_dict``).
+
+    @app.command()
+    def cmd(topology: TopologyOpt, ranks: RanksOpt = None, model: ModelOpt = None, ...):
+        topo = load_topology(topology, ranks)
+        payload = make_payload(topo.num_ranks, model=model, ...)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from treeattn.errors import InputError
+from treeattn.search.workload_file import load_workload, workload_from_dict
+from treeattn.topology.model import Topology
+from treeattn.workload import Payload
+
+__all__ = [
+    "TopologyOpt",
+    "RanksOpt",
+    "WorkloadFileOpt",
+    "ModelOpt",
+    "HeadsOpt",
+    "KvHeadsOpt",
+    "HeadDimOpt",
+    "BatchOpt",
+    "SeqLenOpt",
+    "SplitOpt",
+    "KvDtypeOpt",
+    "PartialDtypeOpt",
+    "LayersOpt",
+    "BytesOpt",
+    "OpOpt",
+    "JsonOpt",
+    "parse_ranks",
+    "subset_topology",
+    "load_topology",
+    "make_payload",
+]
+
+_W = "Workload"
+_T = "Topology"
+
+TopologyOpt = Annotated[
+    str,
+    typer.Option("--topology", "-t", help="Preset name (e.g. dgx-h100:nodes=2) or a topology YAML file.",
+                 rich_help_panel=_T),
+]
+RanksOpt = Annotated[
+    str | None,
+    typer.Option("--ranks", help="Use only these ranks of the topology: 0-7, 0,2,4,6 or 0-3,8-11.",
+                 rich_help_panel=_T),
+]
+WorkloadFileOpt = Annotated[
+    Path | None,
+    typer.Option("--workload", help="Workload YAML file; flags given as well override its keys.", rich_help_panel=_W),
+]
+ModelOpt = Annotated[
+    str | None, typer.Option("--model", "-m", help="Model preset (llama-3.1-8b, ...).", rich_help_panel=_W)
+]
+HeadsOpt = Annotated[int | None, typer.Option("--heads", help="Query heads Hq.", rich_help_panel=_W)]
+KvHeadsOpt = Annotated[int | None, typer.Option("--kv-heads", help="KV heads Hkv (default Hq).", rich_help_panel=_W)]
+HeadDimOpt = Annotated[int | None, typer.Option("--head-dim", help="Head dimension D.", rich_help_panel=_W)]
+BatchOpt = Annotated[int | None, typer.Option("--batch", "-b", help="Batch B (default 1).", rich_help_panel=_W)]
+SeqLenOpt = Annotated[
+    str | None,
+    typer.Option("--seq-len", "-n", help="Sequence length N in tokens: 131072, 128K, 1M (K = 1024).",
+                 rich_help_panel=_W),
+]
+SplitOpt = Annotated[
+    str | None,
+    typer.Option("--split", help="Tokens per rank, comma separated (zeros allowed); default even.", rich_help_panel=_W),
+]
+KvDtypeOpt = Annotated[
+    str | None, typer.Option("--kv-dtype", help="KV cache dtype (default bf16).", rich_help_panel=_W)
+]
+PartialDtypeOpt = Annotated[
+    str | None, typer.Option("--partial-dtype", help="Dtype of the partials sent (default fp32).", rich_help_panel=_W)
+]
+LayersOpt = Annotated[int | None, typer.Option("--layers", help="Layers per decode step.", rich_help_panel=_W)]
+BytesOpt = Annotated[
+    str | None,
+    typer.Option("--bytes", help="Raw payload per rank (16KB, 1MiB) instead of a decode shape.", rich_help_panel=_W),
+]
+OpOpt = Annotated[
+    str | None, typer.Option("--op", help="Reduction of a raw payload: sum (default) or merge.", rich_help_panel=_W)
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys) instead of tables.")]
+
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+def parse_ranks(spec: str, num_ranks: int) -> tuple[int, ...]:
+    """Read a rank subset: ``0-7``, ``0,2,4,6``, ``0-3,8-11``.
+
+    Args:
+        spec: comma-separated ranks and inclusive ranges.
+        num_ranks: ranks the topology places; each named rank must be below it.
+
+    Returns:
+        The ranks in the order given (no repeats).
+    """
+    out: list[int] = []
+    for part in str(spec).split(","):
+        m = _RANGE.match(part)
+        if not m:
+            raise InputError(f"cannot read --ranks {spec!r}: {part!r} is not a rank or a range like 0-7")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo:
+            raise InputError(f"--ranks {spec!r}: range {part.strip()!r} runs backwards; write it low-high")
+        out.extend(range(lo, hi + 1))
+    bad = [r for r in out if r >= num_ranks]
+    if bad:
+        raise InputError(f"--ranks {spec!r}: rank {bad[0]} does not exist; the topology places ranks 0-{num_ranks - 1}")
+    if len(set(out)) != len(out):
+        dup = next(r for r in out if out.count(r) > 1)
+        raise InputError(f"--ranks {spec!r} names rank {dup} twice")
+    return tuple(out)
+
+
+def subset_topology(topo: Topology, ranks: tuple[int, ...], label: str | None = None) -> Topology:
+    """The same machine with only ``ranks`` placed (renumbered 0..len-1 in the order given).
+
+    Args:
+        topo: the full topology.
+        ranks: old rank numbers to keep.
+        label: how the subset is written in the new name (default: the rank list).
+
+    Returns:
+        A Topology named ``NAME[ranks LABEL]``; its fingerprint differs from the full one's.
+    """
+    if tuple(ranks) == tuple(range(topo.num_ranks)):
+        return topo
+    label = label if label is not None else ",".join(map(str, ranks))
+    return dataclasses.replace(topo, name=f"{topo.name}[ranks {label}]", ranks=tuple(topo.ranks[r] for r in ranks))
+
+
+def load_topology(spec: str, ranks: str | None = None) -> Topology:
+    """Resolve ``--topology`` (preset name or file) and apply ``--ranks``."""
+    from treeattn.topology.library import resolve
+
+    topo = resolve(spec)
+    if ranks is None:
+        return topo
+    return subset_topology(topo, parse_ranks(ranks, topo.num_ranks), ranks.replace(" ", ""))
+
+
+def make_payload(
+    num_ranks: int,
+    *,
+    workload_file: Path | None = None,
+    model: str | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
+    batch: int | None = None,
+    seq_len: str | None = None,
+    split: str | None = None,
+    kv_dtype: str | None = None,
+    partial_dtype: str | None = None,
+    layers: int | None = None,
+    nbytes: str | None = None,
+    op: str | None = None,
+) -> Payload:
+    """Build the Workload (decode shape) or RawPayload (``--bytes``) the flags describe.
+
+    Flags override the keys of ``--workload FILE``; both are validated by
+    ``workload_from_dict``, so errors name the flag's key (``workload.batch``).
+    """
+    data: dict = {}
+    where = "workload"
+    if workload_file is not None:
+        loaded = load_workload(workload_file, ranks=num_ranks)
+        data = loaded.to_dict()
+        if data.get("kind") == "raw":
+            data["bytes"] = data.pop("nbytes")
+        where = str(workload_file)
+    shape_flags = {"model": model, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "batch": batch,
+                   "seq_len": seq_len, "split": split, "kv_dtype": kv_dtype, "partial_dtype": partial_dtype,
+                   "layers": layers}
+    given = {k: v for k, v in shape_flags.items() if v is not None}
+    if nbytes is not None:
+        shape_only = sorted(k for k in given if k not in ("batch",))
+        if shape_only:
+            flags = ", ".join("--" + k.replace("_", "-") for k in shape_only)
+            raise InputError(f"--bytes gives a raw payload; drop the decode-shape flags ({flags}) or drop --bytes")
+        data = {"kind": "raw", "bytes": nbytes, "op": op or data.get("op", "sum"), "dtype": data.get("dtype")}
+    else:
+        if op is not None and data.get("kind") != "raw":
+            raise InputError("--op applies to a raw payload; give --bytes N as well")
+        if data.get("kind") == "raw":
+            if given:
+                flags = ", ".join("--" + k.replace("_", "-") for k in sorted(given))
+                raise InputError(f"{where} is a raw payload; decode-shape flags ({flags}) do not apply")
+            if op is not None:
+                data["op"] = op
+        else:
+            if "model" in given and workload_file is not None:
+                # A new preset replaces the file's head counts unless given as flags too.
+                for key in ("q_heads", "kv_heads", "head_dim", "layers"):
+                    data.pop(key, None)
+            if "split" in given:
+                data.pop("seq_len", None)
+            if "seq_len" in given and "split" not in given:
+                data.pop("split", None)
+            if "heads" in given:
+                data.pop("q_heads", None)
+            data.update(given)
+    data.pop("ranks", None)
+    return workload_from_dict(data, ranks=num_ranks, where=where)

@@ -1,0 +1,204 @@
+"""Local improvement of a reduction tree: moves on parent lists and a seeded hill climb.
+
+Moves (DESIGN.md section 6): *reparent* a subtree under another rank, *swap* two ranks'
+places, *lift* a rank to its grandparent (raises that vertex's fan-out), *push* a rank under
+a sibling (lowers its parent's fan-out), *reroot* at another rank. Each move yields a new
+parent list that is still one tree; the climb scores neighbours with a caller's function
+(the simulator) and keeps the best strict improvement until none is found or the budget of
+scored trees is spent.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from treeattn.search.trees import ROOT, children_of, root_of, subtree_of
+
+__all__ = ["Move", "apply_move", "propose", "ClimbResult", "hill_climb"]
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One edit of a parent list: ``kind`` in reparent/swap/lift/push/reroot on ranks ``a``, ``b``."""
+
+    kind: str
+    a: int
+    b: int = ROOT
+
+    def __str__(self) -> str:
+        return f"{self.kind}({self.a},{self.b})" if self.b != ROOT else f"{self.kind}({self.a})"
+
+
+def _reparent(par: Sequence[int], v: int, q: int) -> tuple[int, ...] | None:
+    if par[v] == ROOT or q == v or par[v] == q or q in subtree_of(par, v):
+        return None
+    out = list(par)
+    out[v] = q
+    return tuple(out)
+
+
+def _swap(par: Sequence[int], a: int, b: int) -> tuple[int, ...] | None:
+    if a == b:
+        return None
+    sigma = list(range(len(par)))
+    sigma[a], sigma[b] = b, a
+    out = [ROOT] * len(par)
+    for x, q in enumerate(par):
+        out[sigma[x]] = ROOT if q == ROOT else sigma[q]
+    return tuple(out)
+
+
+def _reroot(par: Sequence[int], v: int) -> tuple[int, ...] | None:
+    if par[v] == ROOT:
+        return None
+    out = list(par)
+    prev, cur = ROOT, v
+    while cur != ROOT:
+        nxt = par[cur]
+        out[cur] = prev
+        prev, cur = cur, nxt
+    return tuple(out)
+
+
+def apply_move(par: Sequence[int], move: Move) -> tuple[int, ...] | None:
+    """The parent list after ``move``, or None when the move does not apply (no-op or cycle)."""
+    if move.kind == "reparent":
+        return _reparent(par, move.a, move.b)
+    if move.kind == "swap":
+        out = _swap(par, move.a, move.b)
+        return None if out == tuple(par) else out
+    if move.kind == "lift":
+        q = par[move.a]
+        return None if q == ROOT or par[q] == ROOT else _reparent(par, move.a, par[q])
+    if move.kind == "push":
+        return _reparent(par, move.a, move.b)
+    if move.kind == "reroot":
+        return _reroot(par, move.a)
+    raise ValueError(f"unknown move kind {move.kind!r}")
+
+
+def propose(
+    par: Sequence[int],
+    rng: random.Random,
+    limit: int,
+    near: Sequence[Sequence[int]] | None = None,
+) -> list[Move]:
+    """Up to ``limit`` distinct applicable moves, a seeded sample biased to plausible ones.
+
+    Args:
+        par: the current tree.
+        rng: the seeded generator (same seed, same proposals).
+        limit: most moves returned.
+        near: optional ``near[r]``: ranks close to r (same NVLink island, node...), tried as
+            new parents and swap partners before random ones.
+
+    Returns:
+        Moves in proposal order (no duplicates, each applicable to ``par``).
+    """
+    p = len(par)
+    if p < 2:
+        return []
+    kids = children_of(par)
+    root = root_of(par)
+    nonroot = [r for r in range(p) if r != root]
+    out: list[Move] = []
+    seen: set[Move] = set()
+
+    def add(m: Move) -> None:
+        if m not in seen and apply_move(par, m) is not None:
+            seen.add(m)
+            out.append(m)
+
+    # Structured moves first: change a busy vertex's fan-out, lift deep ranks.
+    busy = sorted(range(p), key=lambda r: (-len(kids[r]), r))[: max(1, min(4, p // 4))]
+    for q in busy:
+        cs = kids[q]
+        if len(cs) >= 2:
+            c = cs[rng.randrange(len(cs))]
+            s = cs[rng.randrange(len(cs))]
+            add(Move("push", c, s))
+    for _ in range(min(4, p)):
+        add(Move("lift", nonroot[rng.randrange(len(nonroot))]))
+    if root != 0 or p <= 16:
+        add(Move("reroot", rng.randrange(p)))
+    tries = 0
+    while len(out) < limit and tries < 8 * limit:
+        tries += 1
+        v = nonroot[rng.randrange(len(nonroot))]
+        roll = rng.random()
+        if near is not None and near[v] and roll < 0.5:
+            w = near[v][rng.randrange(len(near[v]))]
+        else:
+            w = rng.randrange(p)
+        if roll < 0.6:
+            add(Move("reparent", v, w))
+        elif roll < 0.9:
+            add(Move("swap", min(v, w), max(v, w)))
+        else:
+            add(Move("reroot", v))
+    return out[:limit]
+
+
+@dataclass(frozen=True, slots=True)
+class ClimbResult:
+    """Where a hill climb ended."""
+
+    par: tuple[int, ...]
+    score: float
+    evaluated: int
+    """Trees scored (the start excluded)."""
+    accepted: tuple[str, ...]
+    """Moves taken, in order."""
+
+
+def hill_climb(
+    start: Sequence[int],
+    score: Callable[[tuple[int, ...]], float],
+    rng: random.Random,
+    *,
+    budget: int,
+    per_round: int,
+    near: Sequence[Sequence[int]] | None = None,
+    start_score: float | None = None,
+) -> ClimbResult:
+    """Best-improvement local search over sampled neighbourhoods.
+
+    Args:
+        start: the initial tree.
+        score: predicted time of a tree (lower is better); called at most ``budget`` times.
+        rng: seeded generator: the climb is deterministic for a given seed and score.
+        budget: trees scored in all.
+        per_round: moves sampled per round; the best strict improvement (by more than
+            1e-9 relative) is taken, and the climb stops after a round without one.
+        near: see ``propose``.
+        start_score: score of ``start`` if the caller has it already.
+
+    Returns:
+        The best tree found, its score, trees scored and the moves taken.
+    """
+    cur = tuple(start)
+    cur_score = score(cur) if start_score is None else start_score
+    evaluated = 0
+    taken: list[str] = []
+    visited = {cur}
+    while evaluated < budget:
+        moves = propose(cur, rng, min(per_round, budget - evaluated), near)
+        best: tuple[float, tuple[int, ...], Move] | None = None
+        for m in moves:
+            nxt = apply_move(cur, m)
+            if nxt is None or nxt in visited:
+                continue
+            visited.add(nxt)
+            s = score(nxt)
+            evaluated += 1
+            if s < cur_score * (1 - 1e-9) and (best is None or s < best[0]):
+                best = (s, nxt, m)
+            if evaluated >= budget:
+                break
+        if best is None:
+            break
+        cur_score, cur = best[0], best[1]
+        taken.append(str(best[2]))
+    return ClimbResult(cur, cur_score, evaluated, tuple(taken))

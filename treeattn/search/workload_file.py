@@ -1,0 +1,211 @@
+"""The YAML form of a workload, and the one function that turns plain data into a Payload.
+
+A decode shape (every key optional except the sequence length and a way to get the heads)::
+
+    workload:                 # optional wrapper key
+      model: llama-3.1-8b     # preset: heads, head dim and layers; explicit keys override it
+      batch: 16               # B
+      q_heads: 32             # Hq (alias: heads)
+      kv_heads: 8             # Hkv, must divide Hq
+      head_dim: 128           # D
+      seq_len: 128K           # N in tokens; K/M/G are powers of 1024 (128K = 131072)
+      split: even             # or tokens per rank, zeros allowed: [64K, 64K, 0, 0]
+      kv_dtype: bf16
+      partial_dtype: fp32
+      layers: 32
+      ranks: 4                # optional: the topology says how many ranks there are
+
+A raw payload (a plain reduction, compared with nccl-tests)::
+
+    kind: raw
+    bytes: 1MiB               # per rank; KB/MB powers of 1000, KiB/MiB powers of 1024
+    op: sum                   # or merge
+    dtype: fp32
+
+CLI flags are mapped onto the same keys (``treeattn.cli.options``), so files and flags are
+validated by one code path, ``workload_from_dict``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from treeattn.errors import WorkloadError
+from treeattn.units import DType, parse_size
+from treeattn.workload import MODELS, Payload, RawPayload, ReduceOp, Workload, even_split
+
+__all__ = ["ATTENTION_KEYS", "RAW_KEYS", "parse_tokens", "workload_from_dict", "load_workload"]
+
+ATTENTION_KEYS = frozenset(
+    {"kind", "model", "batch", "q_heads", "heads", "kv_heads", "head_dim", "seq_len", "split",
+     "kv_dtype", "partial_dtype", "layers", "ranks"}
+)
+RAW_KEYS = frozenset({"kind", "bytes", "op", "dtype", "ranks"})
+
+_TOKENS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*$")
+_TOKEN_POW = {"": 0, "k": 1, "m": 2, "g": 3}
+
+
+def parse_tokens(value: Any, *, where: str = "seq_len") -> int:
+    """Read a token count: an integer, or text such as ``"4096"``, ``"128K"``, ``"1M"``.
+
+    Args:
+        value: the count; K, M, G are powers of 1024, as context lengths are quoted
+            (Llama 3.1's 128K context is 131072 tokens).
+        where: the field name, for the error message.
+
+    Returns:
+        The count, >= 0.
+    """
+    if isinstance(value, bool):
+        raise WorkloadError(f"{where} must be a token count, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise WorkloadError(f"{where} must be >= 0 tokens, got {value}")
+        return value
+    m = _TOKENS.match(str(value))
+    if not m:
+        raise WorkloadError(f"cannot read {where} {value!r}; write it like 4096, 128K or 1M")
+    count = float(m.group(1)) * 1024 ** _TOKEN_POW[m.group(2).lower()]
+    if count != int(count):
+        raise WorkloadError(f"{where} {value!r} is not a whole number of tokens")
+    return int(count)
+
+
+def _positive_int(data: dict, key: str, where: str) -> int | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise WorkloadError(f"{where}.{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _split(value: Any, ranks: int | None, seq_len: int, where: str) -> tuple[int, ...]:
+    if value is None or value == "even":
+        if ranks is None:
+            raise WorkloadError(f"{where}: give ranks (or a topology) to split {seq_len} tokens evenly")
+        return even_split(seq_len, ranks)
+    if isinstance(value, str):
+        value = [v for v in value.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)) or not value:
+        raise WorkloadError(f"{where}.split must be 'even' or a list of tokens per rank, got {value!r}")
+    split = tuple(parse_tokens(v, where=f"{where}.split[{i}]") for i, v in enumerate(value))
+    if ranks is not None and len(split) != ranks:
+        raise WorkloadError(f"{where}.split names {len(split)} ranks but there are {ranks}; give one size per rank")
+    return split
+
+
+def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where: str = "workload") -> Payload:
+    """Validate plain data (a parsed YAML file or CLI flags) into a Workload or RawPayload.
+
+    Args:
+        data: the keys of the module docstring; ``None`` values count as absent.
+        ranks: rank count from the topology; must agree with ``data['ranks']`` and the split.
+        where: prefix for error messages (a file name, or ``workload``).
+
+    Returns:
+        A ``Workload`` (decode shape) or a ``RawPayload`` (``kind: raw`` or a ``bytes`` key).
+
+    Examples:
+        >>> w = workload_from_dict({"model": "llama-3.1-8b", "batch": 1, "seq_len": "128K"}, ranks=8)
+        >>> w.split[0], w.payload_bytes
+        (16384, 16512)
+    """
+    if not isinstance(data, dict):
+        raise WorkloadError(f"{where} must be a mapping of keys to values, got {type(data).__name__}")
+    data = {k: v for k, v in data.items() if v is not None}
+    kind = data.get("kind", "raw" if "bytes" in data else "attention")
+    if kind not in ("attention", "raw"):
+        raise WorkloadError(f"{where}.kind must be 'attention' or 'raw', got {kind!r}")
+    allowed = RAW_KEYS if kind == "raw" else ATTENTION_KEYS
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise WorkloadError(
+            f"{where}: unknown key(s) {', '.join(unknown)} for a {kind} workload; "
+            f"allowed: {', '.join(sorted(allowed))}"
+        )
+    declared = _positive_int(data, "ranks", where)
+    if declared is not None and ranks is not None and declared != ranks:
+        raise WorkloadError(f"{where}.ranks is {declared} but the topology places {ranks} ranks")
+    ranks = ranks if ranks is not None else declared
+    if kind == "raw":
+        if "bytes" not in data:
+            raise WorkloadError(f"{where}: a raw payload needs bytes (per rank), e.g. bytes: 1MiB")
+        if ranks is None:
+            raise WorkloadError(f"{where}: give ranks (or a topology) for a raw payload")
+        try:
+            op = ReduceOp(str(data.get("op", "sum")).lower())
+        except ValueError:
+            raise WorkloadError(
+                f"{where}.op must be one of {', '.join(o.value for o in ReduceOp)}, got {data['op']!r}"
+            ) from None
+        return RawPayload(nbytes=parse_size(data["bytes"]), ranks=ranks, dtype=DType.parse(data.get("dtype", "fp32")),
+                          op=op)
+    if "seq_len" not in data and "split" not in data:
+        raise WorkloadError(f"{where}: give seq_len (tokens in all), e.g. seq_len: 128K")
+    model = data.get("model")
+    if model is not None and model not in MODELS:
+        raise WorkloadError(f"{where}.model: unknown model {model!r}; choose one of {', '.join(sorted(MODELS))}")
+    if "heads" in data and "q_heads" in data and data["heads"] != data["q_heads"]:
+        raise WorkloadError(f"{where}: heads and q_heads disagree ({data['heads']} vs {data['q_heads']})")
+    if "heads" in data:
+        data["q_heads"] = data.pop("heads")
+    if model is None and ("q_heads" not in data or "head_dim" not in data):
+        raise WorkloadError(f"{where}: give a model preset or both q_heads (--heads) and head_dim (--head-dim)")
+    ints = {k: _positive_int(data, k, where) for k in ("batch", "q_heads", "kv_heads", "head_dim", "layers")}
+    if "seq_len" in data:
+        seq_len = parse_tokens(data["seq_len"], where=f"{where}.seq_len")
+        if seq_len < 1:
+            raise WorkloadError(f"{where}.seq_len must be at least 1 token")
+    else:
+        seq_len = None
+    raw_split = data.get("split")
+    if seq_len is None:
+        split = _split(raw_split, ranks, 0, where)
+        seq_len = sum(split)
+    else:
+        split = _split(raw_split, ranks, seq_len, where)
+        if sum(split) != seq_len:
+            raise WorkloadError(f"{where}.split sums to {sum(split)} tokens but seq_len is {seq_len}")
+    return Workload.create(
+        ranks=len(split),
+        seq_len=seq_len,
+        batch=ints["batch"] if ints["batch"] is not None else 1,
+        model=model,
+        q_heads=ints["q_heads"],
+        kv_heads=ints["kv_heads"],
+        head_dim=ints["head_dim"],
+        split=split,
+        kv_dtype=DType.parse(data.get("kv_dtype", "bf16")),
+        partial_dtype=DType.parse(data.get("partial_dtype", "fp32")),
+        layers=ints["layers"],
+    )
+
+
+def load_workload(path: str | Path, *, ranks: int | None = None) -> Payload:
+    """Read a workload YAML file (see the module docstring for its keys).
+
+    Args:
+        path: the file.
+        ranks: rank count from the topology, checked against the file's ``ranks``/``split``.
+
+    Returns:
+        The validated ``Workload`` or ``RawPayload``.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise WorkloadError(f"cannot read workload file {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise WorkloadError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if isinstance(data, dict) and set(data) == {"workload"}:
+        data = data["workload"]
+    return workload_from_dict(data if data is not None else {}, ranks=ranks, where=str(path))
