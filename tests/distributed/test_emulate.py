@@ -1,0 +1,170 @@
+"""The emulated cluster for real: namespaces, shaped veths, gloo across them, and cleanup
+after success, a crash (kill -9 during ``up``) and Ctrl-C / SIGTERM during a run.
+
+Marked ``netns``; skipped without root or iproute2. Everything uses the 2-namespace cut of
+emu-2x4 (ranks 0 and 4: rank -> NIC -> leaf -> NIC -> rank) unless said otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from treeattn.emulate import emulated, run_in_namespaces
+from treeattn.emulate.cluster import STATE_DIR
+from treeattn.emulate.netns import list_namespaces, namespace_inode, pids_in_netns, tx_bytes
+from treeattn.topology.library import resolve
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces"
+    if not (shutil.which("ip") and shutil.which("tc")):
+        return "needs iproute2 (ip and tc)"
+    return None
+
+
+pytestmark = [pytest.mark.netns, pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))]
+
+TREEATTN = str(Path(sys.executable).with_name("treeattn"))
+
+GLOO_ALLREDUCE = textwrap.dedent("""
+    import datetime, torch, torch.distributed as dist
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    r, w = dist.get_rank(), dist.get_world_size()
+    x = torch.full((65536,), float(r + 1))  # 256 KiB
+    dist.all_reduce(x)
+    print(f"RESULT {float(x.min())} {float(x.max())}", flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def two_ranks():
+    topo = resolve("emu-2x4")
+    return dataclasses.replace(topo, ranks=(topo.ranks[0], topo.ranks[4]))
+
+
+def root_links() -> set[str]:
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+    return {line.split(":")[1].strip() for line in out.splitlines()}
+
+
+def ours(prefix: str = "ta-") -> set[str]:
+    return {ns for ns in list_namespaces() if ns.startswith(prefix)}
+
+
+def assert_nothing_left(run_id: str, inodes: set[int], links_before: set[str]) -> None:
+    deadline = time.monotonic() + 5
+    while pids_in_netns(inodes) and time.monotonic() < deadline:
+        time.sleep(0.05)  # SIGKILLed processes take a moment to be reaped
+    assert not ours(f"ta-{run_id}-"), "namespaces left"
+    assert not pids_in_netns(inodes), "processes left in the emulated namespaces"
+    assert root_links() == links_before, "root namespace links changed"
+    assert not (STATE_DIR / f"{run_id}.json").exists(), "state file left"
+
+
+def test_gloo_allreduce_across_two_namespaces_then_nothing_left(tmp_path):
+    links_before = root_links()
+    script = tmp_path / "allreduce.py"
+    script.write_text(GLOO_ALLREDUCE)
+    with emulated(two_ranks(), reuse=False) as cluster:
+        run_id = cluster.run_id
+        inodes = {namespace_inode(ns) for ns in cluster.layout.namespaces}
+        assert len(inodes) == 3 and None not in inodes  # fabric + 2 ranks
+        nic_up = next(s for s in cluster.layout.shapers if cluster.topology.links[s.link].src == "n0.nic0")
+        before = tx_bytes(nic_up.ns)[nic_up.ifname]
+        results = run_in_namespaces(cluster, lambda r: [sys.executable, str(script)], timeout_s=120)
+        after = tx_bytes(nic_up.ns)[nic_up.ifname]
+    for res in results:
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert "RESULT 3.0 3.0" in res.stdout
+    assert after - before >= 65536 * 4 / 2  # half the buffer at least crossed the slow NIC link
+    assert_nothing_left(run_id, inodes, links_before)
+
+
+def test_gloo_allreduce_over_a_full_mesh_with_three_interfaces_per_rank(tmp_path):
+    script = tmp_path / "allreduce.py"
+    script.write_text(GLOO_ALLREDUCE)
+    topo = resolve("emu-mesh")
+    topo = dataclasses.replace(topo, ranks=topo.ranks[:3])
+    with emulated(topo, reuse=False) as cluster:
+        run_id = cluster.run_id
+        assert [len(r.ifaces) for r in cluster.layout.ranks] == [2, 2, 2]
+        results = run_in_namespaces(cluster, lambda r: [sys.executable, str(script)], timeout_s=120)
+    for res in results:
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert "RESULT 6.0 6.0" in res.stdout
+    assert not ours(f"ta-{run_id}-")
+
+
+def test_check_measures_shaping_and_paths_on_two_namespaces():
+    res = subprocess.run([TREEATTN, "emulate", "check", "emu-2x4", "--ranks", "0,4", "--seconds", "0.5", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["routes_ok"] and report["flows"]
+    for flow in report["flows"]:
+        assert flow["path_ok"] is True
+        # Shaping is in effect: an unshaped veth moves hundreds of times more.
+        assert 0 < flow["measured_mbit"] <= 1.15 * flow["expected_mbit"]
+    assert not ours(f"ta-{report['run_id']}-")
+
+
+def test_kill_9_during_up_then_down_removes_everything():
+    links_before = root_links()
+    for attempt in range(5):
+        run_id = f"dead{attempt:02x}"
+        proc = subprocess.Popen([TREEATTN, "emulate", "up", "emu-2x4", "--id", run_id],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while not ours(f"ta-{run_id}-") and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        state = json.loads((STATE_DIR / f"{run_id}.json").read_text())
+        inodes = {namespace_inode(ns) for ns in state["namespaces"]} - {None}
+        assert inodes, "the killed up had created namespaces"
+        res = subprocess.run([TREEATTN, "emulate", "down", "--id", run_id, "--json"], capture_output=True, text=True,
+                             timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert set(json.loads(res.stdout)["namespaces"]) == set(state["namespaces"])
+        assert_nothing_left(run_id, inodes, links_before)
+        if state["status"] == "creating":
+            return  # killed in the middle, as intended
+    pytest.fail("up finished before it could be killed in five attempts")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_during_exec_removes_namespaces_and_processes(sig):
+    links_before = root_links()
+    existing = ours()
+    proc = subprocess.Popen([TREEATTN, "emulate", "exec", "emu-2x4", "--ranks", "0,4", "--", "sleep", "120"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    sleepers: list[int] = []
+    new: set[str] = set()
+    while time.monotonic() < deadline and proc.poll() is None:
+        new = ours() - existing
+        inodes = {namespace_inode(ns) for ns in new} - {None}
+        sleepers = [p for p in pids_in_netns(inodes) if Path(f"/proc/{p}/comm").read_text().strip() == "sleep"]
+        if len(sleepers) == 2:
+            break
+        time.sleep(0.02)
+    assert len(sleepers) == 2, "both ranks started"
+    run_id = next(iter(new)).split("-")[1]
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode in (130, 1, -sig), err
+    assert "Traceback" not in err
+    assert not any(Path(f"/proc/{p}").exists() and "sleep" in Path(f"/proc/{p}/comm").read_text() for p in sleepers)
+    assert_nothing_left(run_id, inodes, links_before)

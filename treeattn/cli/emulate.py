@@ -1,0 +1,265 @@
+"""``treeattn emulate``: an emulated cluster on network namespaces (root and iproute2).
+
+    treeattn emulate up TOPOLOGY [--scale F]      build it (stays up until down)
+    treeattn emulate check TOPOLOGY               routes, paths and shaped rates, measured
+    treeattn emulate exec TOPOLOGY -- CMD ...     CMD once per rank, inside its namespace
+    treeattn emulate run TOPOLOGY PLAN            run a plan (and --baselines) on it
+    treeattn emulate status | down [--id ID]
+
+``check``, ``exec`` and ``run`` use a cluster already ``up`` for the same topology and scale,
+or bring one up and remove it when they end (also on Ctrl-C or SIGTERM).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from treeattn.cli import app, err_console
+from treeattn.cli.options import JsonOpt, RanksOpt, load_topology
+from treeattn.errors import EmulationError, ExecutionError, InputError
+
+__all__ = ["emulate_app"]
+
+emulate_app = typer.Typer(
+    name="emulate",
+    help="Emulate a topology on this machine: a network namespace per rank, Linux bridges for "
+    "switches, veth links shaped with HTB (needs root and iproute2).",
+    no_args_is_help=True,
+)
+app.add_typer(emulate_app, name="emulate")
+
+TopoArg = Annotated[str, typer.Argument(metavar="TOPOLOGY", help="Preset name or topology YAML file "
+                                        "(topologies/emu-*.yaml describe emulated machines at scale 1).")]
+ScaleOpt = Annotated[float, typer.Option("--scale", min=1e-9,
+                                         help="Factor on every link's bandwidth (shaped rate = bw_gbps x scale).")]
+IdOpt = Annotated[str | None, typer.Option("--id", help="Run id: six hex digits (default: random for up, "
+                                           "every run for down).")]
+
+
+def _console() -> Console:
+    return Console(highlight=False)
+
+
+class Interrupted(EmulationError):
+    """Ctrl-C, SIGTERM or SIGHUP ended a command (after it cleaned up)."""
+
+    exit_code = 130
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    # NOTE: typer turns KeyboardInterrupt into a *returned* 130 when not standalone, which
+    # ``treeattn.cli.main`` drops; an error with exit code 130 keeps the status.
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        why = str(exc) or "Ctrl-C"
+        raise Interrupted(f"interrupted ({why}); stopped every rank and removed what this command made") from None
+
+
+@emulate_app.command("up")
+def up_cmd(topology: TopoArg, scale: ScaleOpt = 1.0, ranks: RanksOpt = None, run_id: IdOpt = None,
+           json_out: JsonOpt = False) -> None:
+    """Create the emulated cluster of TOPOLOGY; it stays up until `treeattn emulate down`."""
+    from treeattn.emulate import up
+
+    topo = load_topology(topology, ranks)
+    with _interruptible():
+        cluster = up(topo, scale=scale, run_id=run_id)
+    layout = cluster.layout
+    links = []
+    for s in layout.shapers:
+        ln = topo.links[s.link]
+        links.append({"link": f"{ln.src}->{ln.dst}", "ns": s.ns, "iface": s.ifname, "pairs": len(s.pairs),
+                      "shaped_mbit": round(s.rate_bit / 1e6, 3), "payload_mbit": round(ln.bw_gbps * scale * 8000, 3)})
+    rank_rows = [{"rank": r.rank, "device": r.device, "ns": r.ns, "ip": r.ip, "ifaces": list(r.ifaces)}
+                 for r in layout.ranks]
+    if json_out:
+        typer.echo(json.dumps({"run_id": layout.run_id, "topology": topo.name, "scale": scale,
+                               "namespaces": list(layout.namespaces), "ranks": rank_rows, "links": links},
+                              sort_keys=True, indent=2))
+        return
+    table = Table(title=f"{topo.name} emulated as run {layout.run_id} (scale {scale:g})")
+    for col in ("rank", "device", "namespace", "address", "interfaces"):
+        table.add_column(col)
+    for r in rank_rows:
+        table.add_row(str(r["rank"]), r["device"], r["ns"], r["ip"], ", ".join(r["ifaces"]))
+    console = _console()
+    console.print(table)
+    console.print(f"{len(layout.bridges)} bridges in {layout.fabric_ns or '(none)'}, {len(layout.cables)} veth pairs, "
+                  f"{len(links)} shaped links; remove with: treeattn emulate down --id {layout.run_id}")
+
+
+@emulate_app.command("down")
+def down_cmd(run_id: IdOpt = None, json_out: JsonOpt = False) -> None:
+    """Remove an emulated cluster (or all of them): kill its processes, delete its namespaces."""
+    from treeattn.emulate import down
+
+    with _interruptible():
+        res = down(run_id)
+    if json_out:
+        typer.echo(json.dumps({"run_ids": list(res.run_ids), "namespaces": list(res.namespaces),
+                               "killed": list(res.killed)}, sort_keys=True, indent=2))
+        return
+    typer.echo(f"removed {len(res.namespaces)} namespaces of {len(res.run_ids)} runs"
+               + (f", killed {len(res.killed)} processes" if res.killed else ""))
+
+
+@emulate_app.command("status")
+def status_cmd(json_out: JsonOpt = False) -> None:
+    """List the emulated clusters on this machine."""
+    from treeattn.emulate import list_clusters
+
+    rows = [{"run_id": c["run_id"], "status": c.get("status", "?"), "topology": c.get("topology", "?"),
+             "scale": c.get("scale"), "namespaces": len(c.get("live_namespaces", []))} for c in list_clusters()]
+    if json_out:
+        typer.echo(json.dumps(rows, sort_keys=True, indent=2))
+        return
+    table = Table(title="emulated clusters")
+    for col in ("run id", "status", "topology", "scale", "namespaces"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["run_id"], r["status"], str(r["topology"]), str(r["scale"]), str(r["namespaces"]))
+    _console().print(table)
+
+
+@emulate_app.command("exec")
+def exec_cmd(
+    topology: TopoArg,
+    cmd: Annotated[list[str], typer.Argument(metavar="-- CMD...", help="Command run once per rank; it sees RANK, "
+                                             "WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GLOO_SOCKET_IFNAME.")],
+    scale: ScaleOpt = 1.0,
+    ranks: RanksOpt = None,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.001,
+                                           help="Seconds before every rank is stopped.")] = 600.0,
+    json_out: JsonOpt = False,
+) -> None:
+    """Run CMD inside every rank's namespace (e.g. a calibration script) and print what each printed."""
+    from treeattn.emulate import emulated, run_in_namespaces
+
+    topo = load_topology(topology, ranks)
+    with _interruptible(), emulated(topo, scale=scale) as cluster:
+        results = run_in_namespaces(cluster, lambda r: list(cmd), timeout_s=timeout)
+    if json_out:
+        typer.echo(json.dumps([{"rank": r.rank, "returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
+                               for r in results], sort_keys=True, indent=2))
+    else:
+        for r in results:
+            for stream, text in (("", r.stdout), ("!", r.stderr)):
+                for line in text.splitlines():
+                    typer.echo(f"[r{r.rank}{stream}] {line}")
+    bad = [r for r in results if r.returncode != 0]
+    if bad:
+        raise ExecutionError(f"rank {bad[0].rank} exited with status {bad[0].returncode}")
+
+
+@emulate_app.command("check")
+def check_cmd(
+    topology: TopoArg,
+    scale: ScaleOpt = 1.0,
+    ranks: RanksOpt = None,
+    seconds: Annotated[float, typer.Option("--seconds", min=0.05, help="How long each test flow sends.")] = 1.0,
+    json_out: JsonOpt = False,
+) -> None:
+    """Check the kernel's routes and paths against the topology's and measure each link class's rate."""
+    from treeattn.emulate import check, emulated
+
+    topo = load_topology(topology, ranks)
+    with _interruptible(), emulated(topo, scale=scale) as cluster:
+        report = check(cluster, seconds=seconds)
+    if json_out:
+        typer.echo(json.dumps(report.to_dict(), sort_keys=True, indent=2))
+    else:
+        table = Table(title=f"{topo.name} (scale {scale:g}): payload rates, Mbit/s")
+        for col, justify in (("flow", "left"), ("ranks", "left"), ("bottleneck", "left"), ("expected", "right"),
+                             ("measured", "right"), ("ratio", "right"), ("path", "left"), ("64 B RTT µs", "right")):
+            table.add_column(col, justify=justify)
+        for f in report.flows:
+            path = "—" if f.path_ok is None else ("[green]= route[/]" if f.path_ok else "[bold red]differs[/]")
+            rtt = "—" if f.rtt_us is None else f"{f.rtt_us:.0f}"
+            table.add_row(escape(f.label), f"{f.src}->{f.dst}", escape(f.bottleneck), f"{f.expected_mbit:.1f}",
+                          f"{f.measured_mbit:.1f}", f"{f.ratio:.3f}", path, rtt)
+        console = _console()
+        console.print(table)
+        routes = escape("; ".join(report.route_errors)) or "every rank's kernel route takes the topology's first hop"
+        console.print("routes: " + routes)
+    if report.route_errors or any(f.path_ok is False for f in report.flows):
+        raise ExecutionError("the kernel's paths differ from the topology's routes (see above)")
+
+
+@emulate_app.command("run")
+def run_cmd(
+    topology: TopoArg,
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", exists=True, dir_okay=False, help="Plan file.")],
+    scale: ScaleOpt = 1.0,
+    ranks: RanksOpt = None,
+    baselines: Annotated[bool, typer.Option("--baselines",
+                                            help="Also run the baselines on the same workload.")] = False,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed iterations per method.")] = 10,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.")] = 2,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait.")] = 30.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of q, K and V.")] = 0,
+    out: Annotated[Path | None, typer.Option("--out", help="CSV to append rows to; default "
+                                             "results/<run-id>.csv.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Run PLAN on the emulated TOPOLOGY (gloo, one rank per namespace) and compare with the prediction."""
+    from treeattn.emulate import emulated
+    from treeattn.emulate.jobs import launch_in_cluster
+    from treeattn.emulate.layout import scaled_topology
+    from treeattn.exec.baselines import ATTENTION_BASELINES, RAW_BASELINES
+    from treeattn.exec.predict import predict
+    from treeattn.exec.results import new_run_id, result_rows, rows_json, timeline_rows, write_csv
+    from treeattn.exec.runner import Job, PlanJob, RunOptions
+    from treeattn.plan.io import load_plan
+    from treeattn.plan.validate import check
+
+    topo = load_topology(topology, ranks)
+    plan = load_plan(plan_file)
+    check(plan)
+    if plan.ranks != topo.num_ranks:
+        raise InputError(f"{plan_file} has {plan.ranks} ranks but {topo.name!r} places {topo.num_ranks}; "
+                         "pick a plan made for it or use --ranks")
+    if plan.topology.fingerprint != topo.fingerprint:
+        err_console.print(f"[yellow]warning:[/] {escape(str(plan_file))} was made for {escape(plan.topology.name)!s}, "
+                          f"not {escape(topo.name)}; predictions are for the emulated topology")
+    options = RunOptions(repeats=repeats, warmup=warmup, timeout_s=timeout, backend="gloo", seed=seed,
+                         baselines=baselines)
+    names = (RAW_BASELINES if plan.is_raw else ATTENTION_BASELINES) if baselines else ()
+    predictions = predict(plan, scaled_topology(topo, scale), names)
+    label = plan_file.name
+    with _interruptible(), emulated(topo, scale=scale) as cluster:
+        result = launch_in_cluster(cluster, Job((PlanJob(label, plan),), options))
+    for text in predictions.warnings:
+        err_console.print(f"[yellow]warning:[/] {escape(text)}")
+    run_id = new_run_id(f"emu-{plan_file.stem}")
+    frame = result_rows(result, {label: plan}, {label: predictions}, run_id)
+    path = out if out is not None else Path("results") / f"{run_id}.csv"
+    write_csv(frame, path)
+    write_csv(timeline_rows(result, run_id), path.with_name(path.stem + ".timeline.csv"))
+    if json_out:
+        typer.echo(rows_json(frame))
+    else:
+        table = Table(title=f"{label} on emulated {topo.name} (scale {scale:g}), {plan.ranks} ranks, gloo")
+        for col in ("method", "measured µs", "predicted µs", "error", "correct"):
+            table.add_column(col, justify="left" if col in ("method", "correct") else "right")
+        for r in frame.itertuples():
+            pred = "—" if r.predicted_us is None or r.predicted_us != r.predicted_us else f"{r.predicted_us:,.1f}"
+            err = "—" if r.rel_error is None or r.rel_error != r.rel_error else f"{r.rel_error:+.0%}"
+            table.add_row(r.method, f"{r.measured_median_us:,.1f} ± {r.spread_us / 2:,.1f}", pred, err,
+                          "[green]yes[/]" if r.correct else "[bold red]NO[/]")
+        console = _console()
+        console.print(table)
+        console.print(f"rows: {path}")
+    wrong = frame[~frame["correct"]]
+    if len(wrong):
+        raise ExecutionError(f"wrong result from {', '.join(wrong['method'])} on {label}; see {path}")

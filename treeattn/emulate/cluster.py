@@ -1,0 +1,307 @@
+"""Bring an emulated cluster up and down, and remember what was made.
+
+Every run writes ``/run/treeattn-emulate/RUNID.json`` *before* it creates anything, and
+names everything ``ta-RUNID-...``; ``down`` removes what the state files and that prefix
+name, killing every process inside those namespaces first, so it is idempotent and works
+after a crash or ``kill -9`` of the process that ran ``up``. ``up`` and ``emulated`` clean
+up themselves on an exception, Ctrl-C (SIGINT), SIGTERM or SIGHUP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from treeattn.emulate.commands import setup_steps
+from treeattn.emulate.layout import Layout, RankNet, ns_prefix, plan_layout
+from treeattn.emulate.netns import (
+    delete_namespace,
+    kill_pids,
+    list_namespaces,
+    namespace_inode,
+    pids_in_netns,
+    require_netns,
+    run_step,
+)
+from treeattn.errors import EmulationError
+from treeattn.topology.model import Topology
+
+__all__ = [
+    "STATE_DIR",
+    "MASTER_PORT",
+    "Cluster",
+    "DownResult",
+    "up",
+    "down",
+    "find_cluster",
+    "list_clusters",
+    "emulated",
+    "interrupts_raise",
+]
+
+STATE_DIR = Path("/run/treeattn-emulate")
+MASTER_PORT = 29500
+"""Rendezvous port; free in every fresh namespace, so runs never collide on it."""
+_OURS = re.compile(r"^ta-([0-9a-f]{6})-")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A running emulated cluster: its layout and the topology it emulates."""
+
+    layout: Layout
+    topology: Topology
+    state_path: Path = field(default=STATE_DIR)
+
+    @property
+    def run_id(self) -> str:
+        return self.layout.run_id
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.layout.ranks)
+
+    def rank(self, r: int) -> RankNet:
+        return self.layout.ranks[r]
+
+    def env(self, r: int, master_port: int = MASTER_PORT) -> dict[str, str]:
+        """torch.distributed variables for rank ``r`` (gloo bound to its interface)."""
+        net = self.layout.ranks[r]
+        return {
+            "RANK": str(r),
+            "WORLD_SIZE": str(self.num_ranks),
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": self.layout.ranks[0].ip,
+            "MASTER_PORT": str(master_port),
+            "GLOO_SOCKET_IFNAME": net.gloo_iface,
+            "TREEATTN_EMU_RUN": self.run_id,
+            "TREEATTN_EMU_NS": net.ns,
+            "TREEATTN_EMU_IP": net.ip,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DownResult:
+    """What ``down`` removed."""
+
+    run_ids: tuple[str, ...]
+    namespaces: tuple[str, ...]
+    killed: tuple[int, ...]
+
+
+def _state_file(run_id: str) -> Path:
+    return STATE_DIR / f"{run_id}.json"
+
+
+def _write_state(layout: Layout, status: str) -> None:
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    data = {
+        "run_id": layout.run_id,
+        "status": status,
+        "pid": os.getpid(),
+        "topology": layout.topology,
+        "fingerprint": layout.fingerprint,
+        "scale": layout.scale,
+        "namespaces": list(layout.namespaces),
+        "ranks": [{"rank": r.rank, "ns": r.ns, "ip": r.ip, "iface": r.gloo_iface} for r in layout.ranks],
+    }
+    tmp = _state_file(layout.run_id).with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True, indent=1) + "\n")
+    tmp.replace(_state_file(layout.run_id))
+
+
+def list_clusters() -> list[dict]:
+    """State of every run this machine remembers, plus runs known only by their namespaces."""
+    states: dict[str, dict] = {}
+    if STATE_DIR.is_dir():
+        for path in sorted(STATE_DIR.glob("*.json")):
+            try:
+                data = json.loads(path.read_text())
+                states[data["run_id"]] = data
+            except (OSError, ValueError, KeyError):
+                continue
+    live = list_namespaces()
+    for ns in live:
+        m = _OURS.match(ns)
+        if m and m.group(1) not in states:
+            states[m.group(1)] = {"run_id": m.group(1), "status": "orphaned", "namespaces": []}
+    for data in states.values():
+        prefix = ns_prefix(data["run_id"])
+        data["live_namespaces"] = [ns for ns in live if ns.startswith(prefix)]
+    return [states[k] for k in sorted(states)]
+
+
+@contextlib.contextmanager
+def interrupts_raise() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into KeyboardInterrupt (as SIGINT already is) while inside,
+    so ``finally`` blocks run; does nothing outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum, frame):  # noqa: ARG001 - signal handler signature
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = {s: signal.signal(s, _raise) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def _shielded() -> Iterator[None]:
+    """Ignore SIGINT/SIGTERM/SIGHUP while cleaning up, so a second Ctrl-C cannot cut it short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(3)
+
+
+def up(topo: Topology, *, scale: float = 1.0, run_id: str | None = None) -> Cluster:
+    """Create the namespaces, bridges, veths, addresses, routes and shapers of ``topo``.
+
+    Args:
+        topo: the topology to emulate (one rank per device).
+        scale: factor on every link's bandwidth.
+        run_id: six hex digits; random when None.
+
+    Returns:
+        The running cluster; it stays up until ``down``.
+
+    Raises:
+        EmulationError: not root, no iproute2, an unemulable topology, a run id in use, or
+            a command that failed (everything made so far is removed first).
+    """
+    layout = plan_layout(topo, scale=scale, run_id=run_id or new_run_id())
+    require_netns()
+    taken = [ns for ns in list_namespaces() if ns.startswith(layout.prefix)]
+    if taken:
+        raise EmulationError(
+            f"run id {layout.run_id} is in use ({taken[0]}); run `treeattn emulate down --id {layout.run_id}` first"
+        )
+    _write_state(layout, "creating")
+    try:
+        with interrupts_raise():
+            for step in setup_steps(layout):
+                run_step(step)
+    except BaseException:
+        with _shielded():
+            _remove(layout.run_id, list(layout.namespaces))
+        raise
+    _write_state(layout, "ready")
+    return Cluster(layout, topo, _state_file(layout.run_id))
+
+
+def down(run_id: str | None = None) -> DownResult:
+    """Remove a run (or every run) and kill the processes inside its namespaces.
+
+    Args:
+        run_id: the run to remove; None removes every ``ta-RUNID-`` namespace and state file.
+
+    Returns:
+        The run ids, namespaces and process ids it removed or killed.
+    """
+    require_netns()
+    known = {c["run_id"]: c for c in list_clusters()}
+    if run_id is not None:
+        ns_prefix(run_id)
+        known = {run_id: known.get(run_id, {"run_id": run_id, "namespaces": [], "live_namespaces": []})}
+    removed: list[str] = []
+    killed: list[int] = []
+    with _shielded():
+        for rid in sorted(known):
+            c = known[rid]
+            nss = sorted(set(c.get("namespaces", [])) | set(c.get("live_namespaces", [])))
+            k, r = _remove(rid, nss)
+            killed += k
+            removed += r
+    return DownResult(tuple(sorted(known)), tuple(removed), tuple(killed))
+
+
+def _remove(run_id: str, namespaces: list[str]) -> tuple[list[int], list[str]]:
+    prefix = ns_prefix(run_id)
+    nss = sorted(set(namespaces) | {ns for ns in list_namespaces() if ns.startswith(prefix)})
+    inodes = {i for i in (namespace_inode(ns) for ns in nss) if i is not None}
+    killed: list[int] = []
+    deadline = time.monotonic() + 5.0
+    while inodes:
+        pids = [p for p in pids_in_netns(inodes) if p != os.getpid()]
+        if not pids or time.monotonic() > deadline:
+            break
+        killed += kill_pids(pids, grace_s=1.0 if not killed else 0.2)
+    removed = []
+    errors = []
+    for ns in nss:
+        try:
+            delete_namespace(ns)
+            removed.append(ns)
+        except EmulationError as exc:
+            errors.append(str(exc))
+    if not errors:
+        _state_file(run_id).unlink(missing_ok=True)
+    else:
+        raise EmulationError(f"could not remove every namespace of run {run_id}: {errors[0]}")
+    return sorted(set(killed)), removed
+
+
+def find_cluster(topo: Topology, scale: float = 1.0) -> Cluster | None:
+    """A ready run of this topology (same fingerprint and scale) whose namespaces all exist."""
+    live = set(list_namespaces())
+    for c in list_clusters():
+        if c.get("status") != "ready" or c.get("fingerprint") != topo.fingerprint or c.get("scale") != scale:
+            continue
+        if not set(c["namespaces"]) <= live:
+            continue
+        layout = plan_layout(topo, scale=scale, run_id=c["run_id"])
+        if list(layout.namespaces) == c["namespaces"]:
+            return Cluster(layout, topo, _state_file(c["run_id"]))
+    return None
+
+
+@contextlib.contextmanager
+def emulated(topo: Topology, *, scale: float = 1.0, reuse: bool = True) -> Iterator[Cluster]:
+    """A running cluster for ``topo`` for the duration of the block.
+
+    Args:
+        topo: the topology.
+        scale: factor on every link's bandwidth.
+        reuse: use a cluster already ``up`` for this topology and scale (left running);
+            otherwise (or when none is) bring one up and remove it on leaving, whatever
+            ends the block (exception, Ctrl-C, SIGTERM, SIGHUP).
+
+    Yields:
+        The cluster.
+    """
+    existing = find_cluster(topo, scale) if reuse else None
+    if existing is not None:
+        yield existing
+        return
+    require_netns()
+    run_id = new_run_id()
+    with interrupts_raise():
+        try:
+            yield up(topo, scale=scale, run_id=run_id)
+        finally:
+            with _shielded():
+                _remove(run_id, [])

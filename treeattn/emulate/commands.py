@@ -1,0 +1,103 @@
+"""The iproute2 commands that build a Layout (pure: text only, run by ``cluster.up``).
+
+Each ``Step`` is one process: an argv and, for ``ip -b -`` / ``tc -b -`` batches, the lines
+fed on stdin. One batch per namespace and phase keeps ``up`` near a hundred milliseconds.
+
+Shaping of one link (HTB, the only shaper besides tbf built into these kernels):
+
+    root 1: htb default 2
+    └── 1:1   rate R ceil R               the link
+        ├── 1:2   rate R/(n+1) ceil R     anything unclassified (ARP)
+        └── 1:a.. rate R/(n+1) ceil R     one class per rank pair crossing the link (u32 on
+                                          source and destination address)
+
+Classes borrow the idle share of the others in equal quanta, so flows active together get
+max-min fair shares of R, as the cost model assumes; a single flow gets all of R.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from treeattn.emulate.layout import Layout, rank_ip
+
+__all__ = ["Step", "setup_steps", "SYSCTLS"]
+
+SYSCTLS = (
+    # No IPv6: no router solicitations or DAD traffic in the byte counters, no DAD delays.
+    ("net/ipv6/conf/all/disable_ipv6", "1"),
+    ("net/ipv6/conf/default/disable_ipv6", "1"),
+    # A rank answers ARP and accepts packets on whichever interface a route brings them.
+    ("net/ipv4/conf/all/rp_filter", "0"),
+    ("net/ipv4/conf/default/rp_filter", "0"),
+)
+QUANTUM_BYTES = 15140
+"""HTB quantum of every class: ten full frames, equal so idle bandwidth is split evenly."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One command; ``stdin`` holds batch lines when the argv reads them from ``-``."""
+
+    argv: tuple[str, ...]
+    stdin: str | None = None
+
+
+def _batch(tool: str, ns: str | None, lines: list[str]) -> Step:
+    argv = (tool,) + (("-n", ns) if ns else ()) + ("-b", "-")
+    return Step(argv, "\n".join(lines) + "\n")
+
+
+def setup_steps(layout: Layout) -> list[Step]:
+    """Commands that create ``layout`` from nothing, in order.
+
+    Args:
+        layout: from ``plan_layout``.
+
+    Returns:
+        Steps: namespaces, sysctls, bridges, veth pairs, addresses and routes, shapers.
+    """
+    steps = [_batch("ip", None, [f"netns add {ns}" for ns in layout.namespaces])]
+    script = "; ".join(f"echo {v} > /proc/sys/{k}" for k, v in SYSCTLS)
+    steps += [Step(("ip", "netns", "exec", ns, "sh", "-c", script)) for ns in layout.namespaces]
+    if layout.fabric_ns:
+        lines = []
+        for br, dev in layout.bridges:
+            lines += [f"link add {br} type bridge stp_state 0", f'link set {br} alias "{dev}"', f"link set {br} up"]
+        steps.append(_batch("ip", layout.fabric_ns, lines))
+    creators: dict[str, list[str]] = {}
+    for c in layout.cables:
+        creators.setdefault(c.a.ns, []).append(f"link add {c.a.ifname} type veth peer name {c.b.ifname} netns {c.b.ns}")
+    steps += [_batch("ip", ns, lines) for ns, lines in creators.items()]
+    config: dict[str, list[str]] = {ns: [] for ns in layout.namespaces}
+    for c in layout.cables:
+        for end in (c.a, c.b):
+            if end.bridge:
+                config[end.ns] += [f"link set {end.ifname} master {end.bridge}", f"link set {end.ifname} up"]
+    for r in layout.ranks:
+        lines = ["link set lo up"]
+        for ifname in r.ifaces:
+            lines += [f"addr add {r.ip}/32 dev {ifname}", f"link set {ifname} up"]
+        lines += [f"route add {ip}/32 dev {ifname} src {r.ip}" for ip, ifname in r.routes]
+        config[r.ns] += lines
+    steps += [_batch("ip", ns, lines) for ns, lines in config.items() if lines]
+    shaping: dict[str, list[str]] = {}
+    for s in layout.shapers:
+        share = max(s.rate_bit // (len(s.pairs) + 1), 8000)
+        dev = f"dev {s.ifname}"
+        q = f"quantum {QUANTUM_BYTES}"
+        lines = [
+            f"qdisc add {dev} root handle 1: htb default 2",
+            f"class add {dev} parent 1: classid 1:1 htb rate {s.rate_bit}bit ceil {s.rate_bit}bit {q}",
+            f"class add {dev} parent 1:1 classid 1:2 htb rate {share}bit ceil {s.rate_bit}bit {q}",
+        ]
+        for k, (a, b) in enumerate(s.pairs):
+            minor = f"{k + 16:x}"
+            lines += [
+                f"class add {dev} parent 1:1 classid 1:{minor} htb rate {share}bit ceil {s.rate_bit}bit {q}",
+                f"filter add {dev} parent 1: protocol ip prio 1 u32 match ip src {rank_ip(a)}/32 "
+                f"match ip dst {rank_ip(b)}/32 flowid 1:{minor}",
+            ]
+        shaping.setdefault(s.ns, []).extend(lines)
+    steps += [_batch("tc", ns, lines) for ns, lines in shaping.items()]
+    return steps

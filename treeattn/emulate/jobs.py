@@ -1,0 +1,93 @@
+"""Run an executor ``Job`` (treeattn.exec) with each rank inside its namespace.
+
+NOTE: ``treeattn.exec.launch.launch_local`` starts ranks on 127.0.0.1 and has no hook for
+a per-rank command prefix or environment, so this repeats its loop around the same worker
+entry point (``python -m treeattn.exec.worker RUN_DIR``): ``ip netns exec NS`` in front,
+MASTER_ADDR = rank 0's address, GLOO_SOCKET_IFNAME = the rank's interface.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from treeattn.emulate.cluster import Cluster
+from treeattn.emulate.spawn import RankResult, run_in_namespaces
+from treeattn.errors import ExecutionError, InputError, TreeattnError
+
+if TYPE_CHECKING:
+    from treeattn.exec.runner import Job, JobResult
+
+__all__ = ["launch_in_cluster"]
+
+
+def launch_in_cluster(cluster: Cluster, job: Job, *, timeout_s: float = 1800.0) -> JobResult:
+    """Run ``job`` on the cluster's ranks and return rank 0's result.
+
+    Args:
+        cluster: a running emulated cluster with as many ranks as the job's plans.
+        job: plans and options, as for ``treeattn.exec.launch.launch``.
+        timeout_s: limit for the whole job (each rank also keeps the job's own deadlines).
+
+    Returns:
+        The ``JobResult`` rank 0 wrote.
+
+    Raises:
+        InputError: rank counts differ, or a rank reported bad input.
+        ExecutionError: a rank failed, died or timed out (the message names the first).
+    """
+    from treeattn.exec.launch import GRACE_S
+
+    n = job.ranks
+    if n != cluster.num_ranks:
+        raise InputError(f"the plan has {n} ranks but the emulated topology {cluster.topology.name!r} places "
+                         f"{cluster.num_ranks}; pick a plan made for it or --ranks")
+    tmp = Path(tempfile.mkdtemp(prefix="treeattn-emu-run-"))
+    try:
+        (tmp / "job.pkl").write_bytes(pickle.dumps(job))
+        threads = str(max(1, (os.cpu_count() or 1) // n))
+
+        def env(r: int) -> dict[str, str]:
+            return {"TREEATTN_PARENT_PID": str(os.getpid()),
+                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads)}
+
+        results = run_in_namespaces(cluster, lambda r: [sys.executable, "-m", "treeattn.exec.worker", str(tmp)],
+                                    env, timeout_s=timeout_s, fail_fast_s=GRACE_S)
+        if any(res.returncode for res in results):
+            raise _failure(tmp, results)
+        with open(tmp / "result.pkl", "rb") as f:
+            return pickle.load(f)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _failure(tmp: Path, results: tuple[RankResult, ...]) -> TreeattnError:
+    """The error of the rank that failed first: one that raised something other than a lost
+    peer, else any that failed by itself, else one this process stopped."""
+    reports = {}
+    for res in results:
+        path = tmp / f"rank{res.rank}.error.json"
+        if path.exists():
+            reports[res.rank] = json.loads(path.read_text())
+    stopped = {res.rank for res in results if res.returncode < 0}
+    failed = [res.rank for res in results if res.returncode > 0]
+    primary = [r for r in failed if reports.get(r, {}).get("kind") != "comm"] or failed or sorted(stopped)
+    first = {res.rank: res for res in results}[primary[0]]
+    if first.rank in reports:
+        what = f"rank {first.rank} failed: {reports[first.rank]['message']}"
+    else:
+        lines = [ln for ln in (first.stdout + first.stderr).splitlines() if ln.strip()]
+        tail = f"; last output: {lines[-1][:300]}" if lines else ""
+        what = f"rank {first.rank} exited with status {first.returncode}{tail}"
+    others = [res.rank for res in results if res.rank != first.rank]
+    if others:
+        what += f" (ranks {', '.join(map(str, others))} were stopped or lost their peer)"
+    if reports.get(first.rank, {}).get("exit_code") == 2:
+        return InputError(what)
+    return ExecutionError(what)
