@@ -44,11 +44,13 @@ class DeviceKind(StrEnum):
 
 
 class LinkKind(StrEnum):
-    """Edge kinds. ``upi`` and ``infinity-fabric`` are CPU socket interconnects."""
+    """Edge kinds. ``upi`` and ``infinity-fabric`` are CPU socket interconnects; ``c2c`` is a
+    GPU's coherent link to its own CPU (NVLink-C2C on Grace superchips), routed like PCIe."""
 
     NVLINK = "nvlink"
     XGMI = "xgmi"
     PCIE = "pcie"
+    C2C = "c2c"
     UPI = "upi"
     INFINITY_FABRIC = "infinity-fabric"
     INFINIBAND = "infiniband"
@@ -70,6 +72,7 @@ _CLASS = {
     LinkKind.NVLINK: LinkClass.GPU_FABRIC,
     LinkKind.XGMI: LinkClass.GPU_FABRIC,
     LinkKind.PCIE: LinkClass.PCIE,
+    LinkKind.C2C: LinkClass.PCIE,
     LinkKind.UPI: LinkClass.PCIE,
     LinkKind.INFINITY_FABRIC: LinkClass.PCIE,
     LinkKind.INFINIBAND: LinkClass.NETWORK,
@@ -91,7 +94,8 @@ class Device:
     """Unique name, e.g. ``n0.gpu3``."""
     kind: DeviceKind
     node: int = 0
-    """Index of the machine it sits in; network switches use -1."""
+    """Index of the machine it sits in; devices shared by machines (network switches, the
+    NVSwitch of a multi-node NVLink domain) use -1."""
     model: str = ""
     """Product name (GPUs, NICs, CPUs), e.g. ``H100-SXM5-80GB``."""
     mem_bw_gbps: float = 0.0
@@ -109,7 +113,8 @@ class Device:
         if not self.name or not isinstance(self.name, str):
             raise TopologyError(f"device name must be a non-empty string, got {self.name!r}")
         try:
-            object.__setattr__(self, "kind", DeviceKind(self.kind))
+            if type(self.kind) is not DeviceKind:  # builders pass members: skip the lookup
+                object.__setattr__(self, "kind", DeviceKind(self.kind))
         except ValueError:
             kinds = ", ".join(k.value for k in DeviceKind)
             raise TopologyError(
@@ -151,7 +156,8 @@ class Link:
 
     def __post_init__(self) -> None:
         try:
-            object.__setattr__(self, "kind", LinkKind(self.kind))
+            if type(self.kind) is not LinkKind:  # builders pass members: skip the lookup
+                object.__setattr__(self, "kind", LinkKind(self.kind))
         except ValueError:
             kinds = ", ".join(k.value for k in LinkKind)
             raise TopologyError(
@@ -172,6 +178,7 @@ class Link:
 
     @property
     def cls(self) -> LinkClass:
+        """What routing does with this link's kind."""
         return _CLASS[self.kind]
 
     def to_dict(self) -> dict:
@@ -332,8 +339,13 @@ class Topology:
     def check_routable(self) -> None:
         """Raise ``TopologyError`` unless every rank reaches rank 0 and rank 0 reaches it."""
         for r in range(1, self.num_ranks):
-            self.route(0, r)
-            self.route(r, 0)
+            for a, b in ((0, r), (r, 0)):
+                try:
+                    self.route(a, b)
+                except TopologyError as exc:
+                    raise TopologyError(
+                        f"rank {a} ({self.ranks[a]}) cannot reach rank {b} ({self.ranks[b]}): {exc}"
+                    ) from None
 
     def _check_rank(self, r: int) -> None:
         if not 0 <= r < self.num_ranks:
@@ -360,9 +372,12 @@ class Topology:
     @cached_property
     def fingerprint(self) -> str:
         """Hash of what determines costs (devices, links, ranks, cost constants), not names
-        of the file or its description: two files describing the same machine match."""
+        of the file or its description, nor the order devices and links are listed in
+        (routing does not depend on it): two files describing the same machine match."""
         data = self.to_dict()
         for key in ("name", "description", "sources"):
             data.pop(key)
+        data["devices"].sort(key=lambda d: d["name"])
+        data["links"].sort(key=lambda ln: (ln["src"], ln["dst"]))
         blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
         return "sha256:" + hashlib.sha256(blob).hexdigest()[:16]

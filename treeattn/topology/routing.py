@@ -10,8 +10,14 @@ A route is a tuple of indices into ``Topology.links``. Rules, in order:
    such path passes the lowest common bridge. A GPU without peer-to-peer bounces through
    host memory: up to its CPU, then down to the peer.
 4. Otherwise through the network: each end reaches its NIC (the device's ``nic`` or the
-   nearest one over PCIe), then the switch fabric; among equal-length switch paths one is
-   picked by a hash of the two NICs (static ECMP), so flows spread over spines.
+   nearest one over PCIe), then the switch fabric (fewest switch hops); among equal-length
+   switch paths one is picked by a hash of the two NICs (static ECMP), so flows spread
+   over spines.
+
+Costs: rules 2-3 search a few dozen devices of one machine. Rule 4 caches each device's
+path to its NIC, answers the usual two-tier case (leaf -> spine -> leaf) with one set
+intersection, and falls back to a breadth-first search, cached per source switch, for
+deeper fabrics. Finished routes are cached per device pair.
 """
 
 from __future__ import annotations
@@ -19,8 +25,6 @@ from __future__ import annotations
 import zlib
 from collections import deque
 from typing import TYPE_CHECKING
-
-import networkx as nx
 
 from treeattn.errors import TopologyError
 from treeattn.topology.model import DeviceKind, LinkClass
@@ -49,12 +53,12 @@ class RouteIndex:
         links = topo.links
         for ids in self.out.values():
             # Deterministic exploration: widest link first, then by peer name.
-            ids.sort(key=lambda i: (-links[i].bw_gbps, links[i].dst))
+            if len(ids) > 1:
+                ids.sort(key=lambda i: (-links[i].bw_gbps, links[i].dst))
         self._routes: dict[tuple[str, str], tuple[int, ...]] = {}
-        self._nic: dict[str, tuple[str, tuple[int, ...]]] = {}
-        self._switch_paths: dict[tuple[str, str], list[list[str]]] = {}
-        self._switch_graph: nx.DiGraph | None = None
-        self._in: dict[str, list[str]] | None = None
+        self._endpoints: dict[tuple[str, bool], tuple[str, tuple[int, ...]]] = {}
+        self._island: dict[str, int] | None = None
+        self._net: _SwitchFabric | None = None
 
     # -- public ---------------------------------------------------------------------------
 
@@ -65,6 +69,49 @@ class RouteIndex:
             hit = self._compute(a, b)
             self._routes[key] = hit
         return hit
+
+    def island(self, name: str) -> int:
+        """Id of the NVLink/xGMI island of a device: devices joined by GPU-fabric links,
+        directly or through NVSwitches; devices without such links are alone (-1)."""
+        if self._island is None:
+            self._island = self._islands()
+        return self._island.get(name, -1)
+
+    def nic_of(self, dev: Device) -> str | None:
+        """The NIC carrying ``dev``'s network traffic (itself if it has network links), or
+        None when none is reachable."""
+        try:
+            return self._endpoint(dev, outbound=True)[0]
+        except TopologyError:
+            return None
+
+    def nearest(self, name: str, kind: DeviceKind, through: frozenset[DeviceKind] = _PCIE_VIA) -> str | None:
+        """Closest device of ``kind`` over PCIe-class links, passing only ``through`` kinds
+        (ties: first explored)."""
+        links = self.topo.links
+        seen = {name}
+        queue = deque([name])
+        while queue:
+            u = queue.popleft()
+            for i in self.out[u]:
+                ln = links[i]
+                if ln.cls is not LinkClass.PCIE:
+                    continue
+                v = ln.dst
+                if v in seen:
+                    continue
+                seen.add(v)
+                dev = self.by_name[v]
+                if dev.kind is kind:
+                    return v
+                if dev.kind in through:
+                    queue.append(v)
+        return None
+
+    def network_neighbors(self, name: str) -> list[str]:
+        """Devices ``name`` has a network link to, sorted."""
+        links = self.topo.links
+        return sorted(links[i].dst for i in self.out[name] if links[i].cls is LinkClass.NETWORK)
 
     # -- rules ------------------------------------------------------------------------------
 
@@ -79,9 +126,11 @@ class RouteIndex:
                 )
             return (i,)
         if da.kind is DeviceKind.GPU and db.kind is DeviceKind.GPU:
-            path = self._bfs(a, b, LinkClass.GPU_FABRIC, _FABRIC_VIA)
-            if path is not None:
-                return path
+            isl = self.island(a)
+            if isl >= 0 and isl == self.island(b):
+                path = self._bfs(a, b, LinkClass.GPU_FABRIC, _FABRIC_VIA)
+                if path is not None:
+                    return path
         if da.node == db.node and da.node >= 0:
             path = self._pcie_route(da, db)
             if path is not None:
@@ -94,7 +143,7 @@ class RouteIndex:
         )
         if not bounce:
             return self._bfs(da.name, db.name, LinkClass.PCIE, _PCIE_VIA)
-        cpu = self._nearest(da.name, DeviceKind.CPU)
+        cpu = self.nearest(da.name, DeviceKind.CPU)
         if cpu is None:
             return None
         up = self._bfs(da.name, cpu, LinkClass.PCIE, _PCIE_VIA)
@@ -107,105 +156,61 @@ class RouteIndex:
         nic_a, up = self._endpoint(da, outbound=True)
         nic_b, down = self._endpoint(db, outbound=False)
         if nic_a == nic_b:
-            middle: tuple[int, ...] = ()
-        else:
-            middle = self._fabric_path(nic_a, nic_b)
-        return up + middle + down
+            return up + down
+        if self._net is None:
+            self._net = _SwitchFabric(self)
+        return up + self._net.path(nic_a, nic_b) + down
 
-    # -- network pieces -----------------------------------------------------------------------
-
-    def _has_network(self, name: str) -> bool:
-        links = self.topo.links
-        return any(links[i].cls is LinkClass.NETWORK for i in self.out[name])
+    # -- pieces ---------------------------------------------------------------------------------
 
     def _endpoint(self, dev: Device, outbound: bool) -> tuple[str, tuple[int, ...]]:
         """The NIC carrying ``dev``'s network traffic and the PCIe path to (or from) it."""
-        if self._has_network(dev.name):
-            return dev.name, ()
-        hit = self._nic.get(dev.name)
-        if hit is None:
-            nic = dev.nic or self._nearest(dev.name, DeviceKind.NIC)
+        key = (dev.name, outbound)
+        hit = self._endpoints.get(key)
+        if hit is not None:
+            return hit
+        links = self.topo.links
+        if any(links[i].cls is LinkClass.NETWORK for i in self.out[dev.name]):
+            hit = (dev.name, ())
+        else:
+            nic = dev.nic or self.nearest(dev.name, DeviceKind.NIC)
             if nic is None or nic not in self.by_name:
                 raise TopologyError(
                     f"topology {self.topo.name!r}: {dev.name!r} has no NIC to reach other "
                     "machines; give it a 'nic' or connect a NIC over PCIe"
                 )
-            hit = (nic, ())
-            self._nic[dev.name] = hit
-        nic = hit[0]
-        path = (
-            self._bfs(dev.name, nic, LinkClass.PCIE, _PCIE_VIA)
-            if outbound
-            else self._bfs(nic, dev.name, LinkClass.PCIE, _PCIE_VIA)
-        )
-        if path is None:
-            raise TopologyError(
-                f"topology {self.topo.name!r}: no PCIe path between {dev.name!r} and its NIC {nic!r}"
+            path = (
+                self._bfs(dev.name, nic, LinkClass.PCIE, _PCIE_VIA)
+                if outbound
+                else self._bfs(nic, dev.name, LinkClass.PCIE, _PCIE_VIA)
             )
-        return nic, path
+            if path is None:
+                raise TopologyError(
+                    f"topology {self.topo.name!r}: no PCIe path between {dev.name!r} and its NIC {nic!r}"
+                )
+            hit = (nic, path)
+        self._endpoints[key] = hit
+        return hit
 
-    def _fabric_path(self, nic_a: str, nic_b: str) -> tuple[int, ...]:
-        direct = self.link_id.get((nic_a, nic_b))
-        if direct is not None and self.topo.links[direct].cls is LinkClass.NETWORK:
-            return (direct,)
-        links = self.topo.links
-        first = [links[i].dst for i in self.out[nic_a] if links[i].cls is LinkClass.NETWORK]
-        last = sorted(self._incoming(nic_b))
-        best: list[list[str]] = []
-        for s in first:
-            for t in last:
-                paths = self._switch_shortest(s, t)
-                if paths and (not best or len(paths[0]) < len(best[0])):
-                    best = paths
-                elif paths and len(paths[0]) == len(best[0]):
-                    best = best + paths
-        if not best:
-            raise TopologyError(
-                f"topology {self.topo.name!r}: no network path from {nic_a!r} to {nic_b!r}"
-            )
-        pick = best[zlib.crc32(f"{nic_a}|{nic_b}".encode()) % len(best)]
-        hops = [nic_a, *pick, nic_b]
-        return tuple(self.link_id[(hops[k], hops[k + 1])] for k in range(len(hops) - 1))
+    def _islands(self) -> dict[str, int]:
+        parent: dict[str, str] = {}
 
-    def _incoming(self, name: str) -> list[str]:
-        """Devices with a network link into ``name``."""
-        if self._in is None:
-            self._in = {}
-            for ln in self.topo.links:
-                if ln.src != ln.dst and ln.cls is LinkClass.NETWORK:
-                    self._in.setdefault(ln.dst, []).append(ln.src)
-        return self._in.get(name, [])
+        def find(x: str) -> str:
+            while parent.setdefault(x, x) != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
 
-    def _switch_shortest(self, s: str, t: str) -> list[list[str]]:
-        """All shortest switch-only paths s..t (inclusive), cached; [] when none."""
-        key = (s, t)
-        hit = self._switch_paths.get(key)
-        if hit is not None:
-            return hit
-        if s == t:
-            paths = [[s]]
-        else:
-            g = self._switches()
-            try:
-                paths = sorted(nx.all_shortest_paths(g, s, t)) if s in g and t in g else []
-            except nx.NetworkXNoPath:
-                paths = []
-        self._switch_paths[key] = paths
-        return paths
-
-    def _switches(self) -> nx.DiGraph:
-        if self._switch_graph is None:
-            g = nx.DiGraph()
-            for d in self.topo.devices:
-                if d.kind is DeviceKind.SWITCH:
-                    g.add_node(d.name)
-            for ln in self.topo.links:
-                if ln.src in g and ln.dst in g and ln.cls is LinkClass.NETWORK:
-                    g.add_edge(ln.src, ln.dst)
-            self._switch_graph = g
-        return self._switch_graph
-
-    # -- search helpers ------------------------------------------------------------------------
+        for ln in self.topo.links:
+            if ln.cls is LinkClass.GPU_FABRIC and ln.src != ln.dst:
+                ra, rb = find(ln.src), find(ln.dst)
+                if ra != rb:
+                    parent[max(ra, rb)] = min(ra, rb)
+        roots: dict[str, int] = {}
+        out: dict[str, int] = {}
+        for name in parent:
+            out[name] = roots.setdefault(find(name), len(roots))
+        return out
 
     def _bfs(
         self, a: str, b: str, cls: LinkClass, via: frozenset[DeviceKind]
@@ -236,24 +241,119 @@ class RouteIndex:
                     queue.append(v)
         return None
 
-    def _nearest(self, a: str, kind: DeviceKind) -> str | None:
-        """Closest device of ``kind`` over PCIe-class links (ties: first explored)."""
-        links = self.topo.links
-        seen = {a}
-        queue = deque([a])
-        while queue:
-            u = queue.popleft()
-            for i in self.out[u]:
-                ln = links[i]
-                if ln.cls is not LinkClass.PCIE:
+
+class _SwitchFabric:
+    """Network links between NICs (or networked hosts) and switches, for rule 4."""
+
+    def __init__(self, index: RouteIndex) -> None:
+        self.index = index
+        links = index.topo.links
+        switch = {d.name for d in index.topo.devices if d.kind is DeviceKind.SWITCH}
+        self.sw_out: dict[str, set[str]] = {s: set() for s in switch}
+        self.sw_in: dict[str, set[str]] = {s: set() for s in switch}
+        self.first: dict[str, list[str]] = {}
+        self.last: dict[str, list[str]] = {}
+        for ln in links:
+            if ln.cls is not LinkClass.NETWORK or ln.src == ln.dst:
+                continue
+            s_sw, d_sw = ln.src in switch, ln.dst in switch
+            if s_sw and d_sw:
+                self.sw_out[ln.src].add(ln.dst)
+                self.sw_in[ln.dst].add(ln.src)
+            elif d_sw:
+                self.first.setdefault(ln.src, []).append(ln.dst)
+            elif s_sw:
+                self.last.setdefault(ln.dst, []).append(ln.src)
+        for table in (self.first, self.last):
+            for v in table.values():
+                v.sort()
+        self._preds: dict[str, dict[str, list[str]]] = {}
+
+    def path(self, a: str, b: str) -> tuple[int, ...]:
+        link_id = self.index.link_id
+        direct = link_id.get((a, b))
+        if direct is not None and self.index.topo.links[direct].cls is LinkClass.NETWORK:
+            return (direct,)
+        h = zlib.crc32(f"{a}|{b}".encode())
+        best: list[tuple[str, str]] = []
+        best_len = -1
+        for s in self.first.get(a, ()):
+            for t in self.last.get(b, ()):
+                n = self._hops(s, t)
+                if n < 0:
                     continue
-                v = ln.dst
-                if v in seen:
-                    continue
-                seen.add(v)
-                dev = self.by_name[v]
-                if dev.kind is kind:
-                    return v
-                if dev.kind in _PCIE_VIA:
-                    queue.append(v)
-        return None
+                if best_len < 0 or n < best_len:
+                    best, best_len = [(s, t)], n
+                elif n == best_len:
+                    best.append((s, t))
+        if not best:
+            raise TopologyError(
+                f"topology {self.index.topo.name!r}: no network path from {a!r} to {b!r}"
+            )
+        s, t = best[h % len(best)]
+        hops = [a, *self._switch_path(s, t, h // len(best)), b]
+        return tuple(link_id[(hops[k], hops[k + 1])] for k in range(len(hops) - 1))
+
+    def _hops(self, s: str, t: str) -> int:
+        """Switch-to-switch hop count s..t, -1 when unreachable."""
+        if s == t:
+            return 0
+        if t in self.sw_out[s]:
+            return 1
+        if not self.sw_out[s].isdisjoint(self.sw_in[t]):
+            return 2
+        preds = self._bfs_preds(s)
+        if t not in preds:
+            return -1
+        n, v = 0, t
+        while v != s:
+            v = preds[v][0]
+            n += 1
+        return n
+
+    def _switch_path(self, s: str, t: str, h: int) -> list[str]:
+        """One shortest switch path s..t (inclusive); ``h`` picks among equal ones."""
+        if s == t:
+            return [s]
+        if t in self.sw_out[s]:
+            return [s, t]
+        middle = self.sw_out[s] & self.sw_in[t]
+        if middle:
+            mids = sorted(middle)
+            return [s, mids[h % len(mids)], t]
+        preds = self._bfs_preds(s)
+        rev = [t]
+        v = t
+        while v != s:
+            options = preds[v]
+            v = options[h % len(options)]
+            h //= len(options)
+            rev.append(v)
+        return rev[::-1]
+
+    def _bfs_preds(self, s: str) -> dict[str, list[str]]:
+        """Breadth-first search over switches from ``s``: for each reached switch, its
+        predecessors on shortest paths (sorted). Cached per source switch."""
+        hit = self._preds.get(s)
+        if hit is not None:
+            return hit
+        dist = {s: 0}
+        preds: dict[str, list[str]] = {s: []}
+        layer = [s]
+        while layer:
+            nxt: list[str] = []
+            for u in layer:
+                du = dist[u] + 1
+                for v in self.sw_out[u]:
+                    dv = dist.get(v)
+                    if dv is None:
+                        dist[v] = du
+                        preds[v] = [u]
+                        nxt.append(v)
+                    elif dv == du:
+                        preds[v].append(u)
+            layer = nxt
+        for v in preds.values():
+            v.sort()
+        self._preds[s] = preds
+        return preds

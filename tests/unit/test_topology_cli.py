@@ -1,0 +1,151 @@
+"""``treeattn topo``: list, show, validate, schema, and every bad input as one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli_helpers import run_cli
+from treeattn.topology.families import FAMILIES
+from treeattn.topology.library import shipped_files
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "topology"
+TREEATTN = Path(sys.executable).with_name("treeattn")
+
+# Fixture -> what its one-line error must say (file:line, field path, what is wrong).
+BAD = {
+    "syntax-error.yaml": ["syntax-error.yaml:4:", "YAML syntax error"],
+    "unknown-field.yaml": ["unknown-field.yaml:6:", "links[0].bw_gpbs", "unknown field", "did you mean 'bw_gbps'"],
+    "unknown-link-kind.yaml": ["unknown-link-kind.yaml:6:", "links[0].kind", "'nvlnk'", "nvlink"],
+    "unknown-device-kind.yaml": ["unknown-device-kind.yaml:4:", "devices[1].kind", "'tpu'"],
+    "bw-not-positive.yaml": ["bw-not-positive.yaml:10:", "links[3].bw_gbps", "must be > 0", "-5"],
+    "link-unknown-device.yaml": ["link-unknown-device.yaml:7:", "links[1].src", "unknown device 'gpu1'"],
+    "duplicate-device.yaml": ["duplicate-device.yaml:5:", "devices[2].name", "duplicate device name 'gpu0'"],
+    "rank-on-switch.yaml": ["rank-on-switch.yaml:7:", "ranks[1]", "'sw0' is a nvswitch"],
+    "unroutable.yaml": ["unroutable.yaml:11:", "ranks:", "rank 0 (n0.gpu0) cannot reach rank 1 (n1.gpu0)"],
+    "duplicate-key.yaml": ["duplicate-key.yaml:2:", "'name' is given twice"],
+    "empty.yaml": ["empty.yaml:", "file is empty"],
+    "no-form.yaml": ["no-form.yaml:1:", "devices (explicit form), node (compact form) or family"],
+    "compact-unknown-field.yaml": ["compact-unknown-field.yaml:3:", "node.gpus.mem_bw", "did you mean 'mem_bw_gbps'"],
+    "compact-bad-pair.yaml": ["compact-bad-pair.yaml:11:", "node.fabric.pairs[2]", "[1, 9]"],
+    "compact-no-network.yaml": ["compact-no-network.yaml:2:", "nodes:", "need node.nics and a network"],
+    "family-bad-param.yaml": ["family-bad-param.yaml:3:", "params.nodes", "integer >= 1"],
+    "family-unknown.yaml": ["family-unknown.yaml:1:", "family:", "unknown family 'dgx-h900'"],
+    "oversubscription-below-one.yaml": ["oversubscription-below-one.yaml:7:", "network.oversubscription", ">= 1"],
+}
+
+
+def test_every_fixture_has_an_expectation():
+    assert sorted(p.name for p in FIXTURES.glob("*.yaml")) == sorted(BAD)
+
+
+def assert_one_line_error(res, *needles):
+    assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in res.stderr + res.stdout
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.mark.parametrize("fixture", sorted(BAD))
+@pytest.mark.parametrize("command", ["validate", "show"])
+def test_bad_inputs_give_one_line_and_exit_2(fixture, command):
+    res = run_cli("topo", command, str(FIXTURES / fixture), "--json")
+    assert_one_line_error(res, *BAD[fixture])
+    assert res.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("spec", "needles"),
+    [
+        ("missing-file.yaml", ["missing-file.yaml: topology file not found"]),
+        ("no-such-preset", ["unknown topology 'no-such-preset'", "dgx-h100-16node"]),
+        ("dgx-h10:nodes=2", ["unknown topology", "did you mean 'dgx-h100'"]),
+        ("dgx-h100:nodes=0", ["nodes must be an integer >= 1"]),
+        ("dgx-h100:racks=2", ["no parameter 'racks'"]),
+        ("mi300x:gpus=3", ["gpus must be one of 8, 4"]),
+        ("dgx-h100:nodes=4,spines=0", ["need at least one spine"]),
+        ("cpu:ranks", ["'ranks' is not key=value"]),
+    ],
+)
+def test_bad_specs_give_one_line_and_exit_2(spec, needles):
+    assert_one_line_error(run_cli("topo", "validate", spec), *needles)
+
+
+def test_list_json_lists_every_preset_and_each_validates():
+    res = run_cli("topo", "list", "--json")
+    assert res.exit_code == 0, res.stderr
+    presets = json.loads(res.stdout)
+    files = {p["name"] for p in presets if p["source"] == "file"}
+    families = {p["name"] for p in presets if p["source"] == "family"}
+    assert files == set(shipped_files()) and families == set(FAMILIES)
+    for p in presets:
+        assert p["ranks"] >= 1 and p["description"]
+        spec = p["name"] if p["source"] == "file" else p["name"] + ":"
+        out = run_cli("topo", "validate", spec, "--json")
+        assert out.exit_code == 0, out.stderr
+        assert json.loads(out.stdout)["ranks"] == p["ranks"]
+
+
+@pytest.mark.parametrize("name", sorted(shipped_files()))
+def test_show_json_on_every_shipped_file(name):
+    res = run_cli("topo", "show", name, "--json")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert res.stdout == json.dumps(data, sort_keys=True, indent=2) + "\n"
+    assert len(data["from_rank0"]) == data["ranks"] >= 1
+    assert data["from_rank0"][0]["bw_gbps"] is None and data["from_rank0"][0]["hops"] == 0
+    assert all(e["bw_gbps"] > 0 for e in data["from_rank0"][1:])
+    assert sum(data["devices"].values()) >= 1 and data["links"]
+    if data["ranks"] <= 16:
+        assert len(data["bw_matrix_gbps"]) == data["ranks"]
+
+
+def test_show_reports_dgx_figures():
+    data = json.loads(run_cli("topo", "show", "dgx-h100-2node", "--json").stdout)
+    assert data["devices"]["gpu"] == 16 and data["devices"]["nvswitch"] == 2
+    assert data["links"]["nvlink"]["bw_gbps"] == [450.0]
+    assert [e["bw_gbps"] for e in data["from_rank0"]][1:9] == [450.0] * 7 + [50.0]
+    assert data["bw_matrix_gbps"][3][12] == 50.0
+    assert [d["kind"] for d in data["domains"]] == ["fabric", "leaf"]
+
+
+def test_show_tables_and_png(tmp_path):
+    png = tmp_path / "rtx.png"
+    res = run_cli("topo", "show", "rtx4090-8", "--png", str(png))
+    assert res.exit_code == 0, res.stderr
+    assert "Route bandwidth" in res.stdout and "pcie-switch" in res.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    big = run_cli("topo", "show", "dgx-h100:nodes=32")
+    assert big.exit_code == 0 and "Routes from rank 0" in big.stdout
+
+
+def test_png_refuses_huge_topologies(tmp_path):
+    assert_one_line_error(run_cli("topo", "show", "dgx-h100:nodes=64", "--png", str(tmp_path / "x.png")),
+                          "too many to draw")
+
+
+def test_validate_text_and_schema():
+    res = run_cli("topo", "validate", str(shipped_files()["dgx1-v100"]))
+    assert res.exit_code == 0 and res.stdout.startswith("ok: dgx1-v100: 8 ranks")
+    schema = json.loads(run_cli("topo", "schema").stdout)
+    assert {"ExplicitFile", "CompactFile", "FamilyFile", "LinkSpec"} <= set(schema["$defs"])
+    assert schema["$defs"]["LinkSpec"]["additionalProperties"] is False
+
+
+def test_console_script_renders_errors_without_traceback():
+    env = {**os.environ, "COLUMNS": "200"}
+    bad = subprocess.run([str(TREEATTN), "topo", "validate", str(FIXTURES / "bw-not-positive.yaml")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "links[3].bw_gbps" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    good = subprocess.run([str(TREEATTN), "topo", "show", "mi300x-8", "--json"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert good.returncode == 0 and json.loads(good.stdout)["links"]["xgmi"]["bw_gbps"] == [64.0]

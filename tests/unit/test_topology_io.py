@@ -1,0 +1,204 @@
+"""Topology files: the three forms, dump/load, patterns, and error messages."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from treeattn.errors import TopologyError
+from treeattn.topology import build_family, dump_topology, load_topology, load_topology_text, resolve
+from treeattn.topology.compact import build_compact
+from treeattn.topology.io import expand_ranks, topology_from_data
+from treeattn.topology.library import shipped_files
+from treeattn.topology.schema import CompactFile
+
+# Shipped file -> family spec describing the same machine.
+SAME_MACHINE = {
+    "dgx-h100": "dgx-h100",
+    "dgx-h100-2node": "dgx-h100:nodes=2",
+    "dgx-h100-16node": "dgx-h100:nodes=16",
+    "hgx-h200": "hgx-h200",
+    "dgx-a100": "dgx-a100",
+    "mi300x-8": "mi300x",
+    "mi300x-4": "mi300x:gpus=4",
+    "rtx4090-2": "rtx4090:gpus=2",
+    "rtx4090-8": "rtx4090:gpus=8",
+    "gb200-nvl72": "gb200-nvl72",
+    "cpu-4": "cpu:ranks=4",
+}
+
+# The DGX-1 of topologies/dgx1-v100.yaml (explicit form), written in the compact form.
+DGX1_COMPACT = {
+    "name": "dgx1-compact",
+    "node": {
+        "gpus": {"count": 8, "model": "V100-SXM2-32GB", "mem_bw_gbps": 900, "mem_gb": 32},
+        "cpus": {"count": 2, "model": "Xeon-E5-2698-v4", "link": {"kind": "upi", "bw_gbps": 6, "latency_us": 0.5}},
+        "pcie": {"generation": 3, "width": 16, "bw_gbps": 12, "latency_us": 0.5, "switches": 4},
+        "fabric": {
+            "kind": "pairs", "bw_gbps": 25, "generation": 2, "latency_us": 0.6,
+            "pairs": [[0, 1, 1], [0, 2, 1], [0, 3, 2], [0, 4, 2], [1, 2, 2], [1, 3, 1], [1, 5, 2], [2, 3, 2],
+                      [2, 6, 1], [3, 7, 1], [4, 5, 1], [4, 6, 1], [4, 7, 2], [5, 6, 2], [5, 7, 1], [6, 7, 2]],
+        },
+        "nics": {"count": 4, "model": "ConnectX-4-EDR", "bw_gbps": 12.5},
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAME_MACHINE))
+def test_shipped_file_matches_its_family(name):
+    assert resolve(name).fingerprint == resolve(SAME_MACHINE[name]).fingerprint
+
+
+def test_explicit_and_compact_dgx1_are_the_same_machine():
+    explicit = resolve("dgx1-v100")
+    compact = topology_from_data(DGX1_COMPACT)
+    assert explicit.fingerprint == compact.fingerprint
+    assert explicit.name != compact.name  # names and descriptions do not enter the fingerprint
+
+
+def test_fingerprint_ignores_listing_order_but_not_figures():
+    t = resolve("dgx-h100-2node")
+    rng = random.Random(1)
+    devices, links = list(t.devices), list(t.links)
+    rng.shuffle(devices)
+    rng.shuffle(links)
+    shuffled = dataclasses.replace(t, devices=devices, links=links)
+    assert shuffled.fingerprint == t.fingerprint
+    slower = dataclasses.replace(t, links=[dataclasses.replace(links[0], bw_gbps=1.0), *links[1:]])
+    assert slower.fingerprint != t.fingerprint
+    assert dataclasses.replace(t, ranks=t.ranks[::-1]).fingerprint != t.fingerprint
+
+
+@pytest.mark.parametrize("name", sorted(shipped_files()))
+def test_dump_load_round_trip_of_every_shipped_file(name):
+    t = resolve(name)
+    text = dump_topology(t)
+    back = load_topology_text(text)
+    assert back.to_dict() == t.to_dict()
+    assert back.fingerprint == t.fingerprint
+    assert dump_topology(back) == text  # deterministic
+
+
+def test_dump_writes_duplex_pairs_once():
+    t = resolve("mi300x-8")
+    data = yaml.safe_load(dump_topology(t))
+    assert all(ln.get("duplex") for ln in data["links"])
+    assert 2 * len(data["links"]) == len(t.links)
+
+
+def test_family_file_form_with_overrides(tmp_path):
+    p = tmp_path / "fam.yaml"
+    p.write_text("family: mi300x\nparams: {gpus: 4, nodes: 2}\nname: my-mi300x\nsources: [mine]\n"
+                 "cost: {overhead_us: 9}\n")
+    t = load_topology(p)
+    assert t.name == "my-mi300x" and t.num_ranks == 8 and t.sources[-1] == "mine" and t.cost.overhead_us == 9
+    assert dataclasses.replace(t, cost=resolve("mi300x:gpus=4,nodes=2").cost).fingerprint == resolve(
+        "mi300x:gpus=4,nodes=2").fingerprint
+
+
+def test_rank_patterns():
+    assert expand_ranks("n{0..1}.gpu{0..2}") == ["n0.gpu0", "n0.gpu1", "n0.gpu2", "n1.gpu0", "n1.gpu1", "n1.gpu2"]
+    assert expand_ranks("host0*3") == ["host0"] * 3
+    assert expand_ranks("gpu7") == ["gpu7"]
+    with pytest.raises(ValueError):
+        expand_ranks("gpu{3..1}")
+
+
+def test_explicit_defaults_put_one_rank_on_every_gpu():
+    text = """
+name: two
+devices:
+  - {name: c, kind: cpu}
+  - {name: g1, kind: gpu, mem_bw_gbps: 10}
+  - {name: g0, kind: gpu, mem_bw_gbps: 10}
+links:
+  - {src: g0, dst: c, kind: pcie, bw_gbps: 5, duplex: true}
+  - {src: g1, dst: c, kind: pcie, bw_gbps: 5, duplex: true}
+"""
+    t = load_topology_text(text)
+    assert t.ranks == ("g1", "g0") and len(t.links) == 4
+    assert t.link_index("c", "g0") == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("name: x\ndevices:\n  - {name: g, kind: gpu, mem_bw_gbps: 1}\nranks: [g, g]\n",
+         "ranks: GPU 'g' holds two ranks"),
+        ("name: x\ndevices:\n  - {name: g, kind: gpu}\n", "<t>:3: devices[0].mem_bw_gbps: GPU 'g' needs"),
+        ("name: x\ndevices:\n  - {name: g, kind: gpu, mem_bw_gbps: 1}\nlinks:\n"
+         "  - {src: g, dst: g, kind: pcie, bw_gbps: 1}\n", "<t>:5: links[0]: link g->g: only a loopback"),
+        ("name: x\ndevices:\n  - {name: g, kind: gpu, mem_bw_gbps: 1}\n  - {name: c, kind: cpu}\nlinks:\n"
+         "  - {src: g, dst: c, kind: pcie, bw_gbps: 1, duplex: true}\n  - {src: c, dst: g, kind: pcie, bw_gbps: 2}\n",
+         "<t>:7: links[1]: repeats c->g (also links[0])"),
+        ("- a\n- b\n", "<t>:1: the top level must be a mapping"),
+        ("name: x\nnode: {gpus: {count: 2, mem_bw_gbps: 1}, pcie: {bw_gbps: 1}, fabric: {kind: nvswitch}}\n",
+         "<t>:2: node.fabric.bw_gbps: a nvswitch fabric needs bw_gbps"),
+        ("name: x\nnodes: 3\nnode:\n  gpus: {count: 2, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1}\n"
+         "  fabric: {kind: nvswitch, bw_gbps: 9, nodes_per_domain: 2}\n  nics: {count: 1, bw_gbps: 1}\n"
+         "network: {}\n", "<t>:2: nodes: 3 nodes do not fill NVLink domains of 2 nodes"),
+        ("name: x\nnode:\n  gpus: {count: 2, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1}\n"
+         "  nics: {count: 2, bw_gbps: 1, gpus: [[0], [5]]}\n", "<t>:5: node.nics.gpus[1][0]: GPU 5 does not exist"),
+    ],
+)
+def test_semantic_errors_name_line_and_field(text, expected):
+    with pytest.raises(TopologyError) as info:
+        load_topology_text(text, source="<t>")
+    assert expected in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+# -- property: any compact spec builds, dumps and loads back to the same topology -------------------
+
+
+@st.composite
+def compact_specs(draw):
+    gpus = draw(st.integers(1, 6))
+    sockets = draw(st.integers(1, 2))
+    fabric_kind = draw(st.sampled_from(["none", "nvswitch", "full-mesh", "pairs"]))
+    fabric: dict = {"kind": fabric_kind}
+    if fabric_kind != "none":
+        fabric["bw_gbps"] = draw(st.sampled_from([25.0, 64.0, 450.0]))
+    if fabric_kind == "pairs":
+        all_pairs = [(a, b) for a in range(gpus) for b in range(a + 1, gpus)]
+        chosen = draw(st.lists(st.sampled_from(all_pairs), unique=True, max_size=6)) if all_pairs else []
+        fabric["pairs"] = [[a, b, draw(st.integers(1, 3))] for a, b in chosen]
+    nodes = draw(st.integers(1, 3))
+    node: dict = {
+        "gpus": {"count": gpus, "mem_bw_gbps": 1000.0, "p2p": draw(st.booleans())},
+        "cpus": {"count": sockets, **({"link": {"bw_gbps": 10.0}} if sockets > 1 else {})},
+        "pcie": {"bw_gbps": draw(st.sampled_from([12.0, 25.0, 55.0])), "switches": draw(st.integers(0, 3))},
+        "fabric": fabric,
+    }
+    spec: dict = {"name": "random", "nodes": nodes, "node": node}
+    if nodes > 1 or draw(st.booleans()):
+        node["nics"] = {"count": draw(st.integers(1, gpus)), "bw_gbps": 50.0}
+        spec["network"] = {
+            "topology": draw(st.sampled_from(["rail-optimized", "fat-tree"])),
+            "nics_per_leaf": draw(st.integers(1, 8)),
+            "oversubscription": draw(st.sampled_from([1, 2, 3.5])),
+        }
+    return spec
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(compact_specs())
+def test_compact_specs_round_trip_through_the_explicit_form(spec):
+    t = topology_from_data(spec)
+    assert t.num_ranks == spec["nodes"] * spec["node"]["gpus"]["count"]
+    assert build_compact(CompactFile.model_validate(spec)).fingerprint == t.fingerprint
+    back = load_topology_text(dump_topology(t))
+    assert back.to_dict() == t.to_dict() and back.fingerprint == t.fingerprint
+    for r in range(1, t.num_ranks):
+        assert back.route(0, r) == t.route(0, r)
+
+
+def test_family_names_carry_non_default_parameters():
+    assert build_family("dgx-h100").name == "dgx-h100"
+    assert build_family("dgx-h100", {"nodes": "2", "fabric": "rail-optimized"}).name == "dgx-h100:nodes=2"
+    assert resolve("dgx-h100:nodes=3") is resolve("dgx-h100:nodes=3")  # family members are cached

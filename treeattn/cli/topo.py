@@ -1,0 +1,138 @@
+"""``treeattn topo``: list, show, validate topologies and print the file schema.
+
+Every TOPOLOGY argument takes a shipped name (``dgx-h100-16node``), a family spec
+(``dgx-h100:nodes=2048``) or a path to a YAML file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from treeattn.cli import app
+from treeattn.topology import list_presets, resolve, topology_json_schema
+from treeattn.topology.summary import topology_summary
+
+topo_app = typer.Typer(
+    help="Inspect cluster topologies: shipped names, family specs NAME:key=value, or YAML files.",
+    no_args_is_help=True,
+)
+app.add_typer(topo_app, name="topo")
+
+TopoArg = Annotated[
+    str, typer.Argument(metavar="TOPOLOGY", help="Shipped name, family spec NAME:key=value, or YAML file.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys) instead of tables.")]
+
+
+def _echo_json(data: object) -> None:
+    typer.echo(json.dumps(data, sort_keys=True, indent=2))
+
+
+@topo_app.command("list")
+def list_cmd(json_out: JsonOpt = False) -> None:
+    """List shipped topology files and parametric families."""
+    presets = list_presets()
+    if json_out:
+        _echo_json([p.to_dict() for p in presets])
+        return
+    table = Table(title="Topologies (families take NAME:key=value)")
+    for col in ("name", "source", "ranks", "description"):
+        table.add_column(col, overflow="fold")
+    for p in presets:
+        table.add_row(p.name, p.source, str(p.ranks), p.description)
+    Console().print(table)
+
+
+@topo_app.command("show")
+def show(
+    spec: TopoArg,
+    json_out: JsonOpt = False,
+    png: Annotated[Path | None, typer.Option("--png", help="Also draw the graph into this PNG file.")] = None,
+) -> None:
+    """Summarize a topology: devices, link kinds, domains, and routes between ranks."""
+    topo = resolve(spec)
+    summary = topology_summary(topo)
+    if png is not None:
+        from treeattn.topology.draw import draw_topology
+
+        draw_topology(topo, png)
+    if json_out:
+        _echo_json(summary)
+        return
+    con = Console()
+    con.print(f"[bold]{topo.name}[/]  {summary['ranks']} ranks on {summary['nodes']} node(s)  {topo.fingerprint}")
+    if topo.description:
+        con.print(topo.description)
+    kinds = Table(title="Devices")
+    kinds.add_column("kind")
+    kinds.add_column("count", justify="right")
+    for kind, n in summary["devices"].items():
+        kinds.add_row(kind, str(n))
+    con.print(kinds)
+    links = Table(title="Links (directed)")
+    for col in ("kind", "count", "GB/s per direction"):
+        links.add_column(col)
+    for kind, entry in summary["links"].items():
+        links.add_row(kind, str(entry["count"]), ", ".join(f"{b:g}" for b in entry["bw_gbps"]))
+    con.print(links)
+    if summary["domains"]:
+        doms = Table(title="Domains (fastest first)")
+        for col in ("level", "groups", "ranks per group"):
+            doms.add_column(col)
+        for d in summary["domains"]:
+            doms.add_row(d["kind"], str(d["groups"]), ", ".join(map(str, d["sizes"])))
+        con.print(doms)
+    if "bw_matrix_gbps" in summary:
+        mat = Table(title="Route bandwidth, GB/s (row = from rank, column = to rank)")
+        mat.add_column("")
+        for j in range(topo.num_ranks):
+            mat.add_column(str(j), justify="right")
+        for i, row in enumerate(summary["bw_matrix_gbps"]):
+            mat.add_row(str(i), *("-" if x is None else f"{x:g}" for x in row))
+        con.print(mat)
+    else:
+        classes: dict[tuple, int] = {}
+        for e in summary["from_rank0"][1:]:
+            key = (e["bw_gbps"], e["latency_us"], e["hops"])
+            classes[key] = classes.get(key, 0) + 1
+        routes = Table(title="Routes from rank 0")
+        for col in ("GB/s", "latency us", "links", "ranks"):
+            routes.add_column(col, justify="right")
+        for (bw, lat, hops), n in sorted(classes.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
+            routes.add_row(f"{bw:g}", f"{lat:g}", str(hops), str(n))
+        con.print(routes)
+    if png is not None:
+        con.print(f"wrote {png}")
+
+
+@topo_app.command("validate")
+def validate(spec: TopoArg, json_out: JsonOpt = False) -> None:
+    """Check a topology file (or name): fields, devices, links, ranks and routability."""
+    topo = resolve(spec)
+    result = {
+        "ok": True,
+        "name": topo.name,
+        "ranks": topo.num_ranks,
+        "devices": len(topo.devices),
+        "links": len(topo.links),
+        "fingerprint": topo.fingerprint,
+    }
+    if json_out:
+        _echo_json(result)
+        return
+    typer.echo(
+        f"ok: {topo.name}: {topo.num_ranks} ranks, {len(topo.devices)} devices, {len(topo.links)} links, "
+        f"every rank routable ({topo.fingerprint})"
+    )
+
+
+@topo_app.command("schema")
+def schema() -> None:
+    """Print the JSON schema of topology files (explicit, compact and family forms)."""
+    _echo_json(topology_json_schema())

@@ -1,0 +1,207 @@
+"""Build a Topology from the compact form (a node template times a count, plus a network).
+
+Device names: ``n{i}.cpu{s}``, ``n{i}.pcie{j}``, ``n{i}.gpu{g}``, ``n{i}.nvswitch`` (or
+``nvl{d}.nvswitch`` for an NVLink domain spanning several nodes), ``n{i}.nic{k}``; leaves
+``rail{k}.leaf{j}`` (rail-optimized) or ``leaf{j}`` (fat-tree); spines ``spine{j}``.
+Every link is full duplex (two directed links). Ranks: every GPU, node by node.
+
+Errors raise ``FieldError`` with the field path; the file loader adds file and line.
+"""
+
+from __future__ import annotations
+
+import math
+
+from treeattn.errors import TopologyError
+from treeattn.topology.model import CostParams, Device, DeviceKind, Link, LinkKind, Topology
+from treeattn.topology.schema import (
+    CompactFile,
+    CostSpec,
+    FabricKind,
+    FieldError,
+    NetworkTopology,
+)
+
+__all__ = ["build_compact", "cost_params"]
+
+
+def cost_params(spec: CostSpec) -> CostParams:
+    return CostParams(overhead_us=spec.overhead_us, launch_us=spec.launch_us, mem_efficiency=spec.mem_efficiency)
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.devices: list[Device] = []
+        self.links: list[Link] = []
+
+    def dev(self, name: str, kind: DeviceKind, node: int, **kw: object) -> str:
+        self.devices.append(Device(name=name, kind=kind, node=node, **kw))
+        return name
+
+    def duplex(self, a: str, b: str, kind: LinkKind, bw_gbps: float, latency_us: float, **kw: object) -> None:
+        self.links.append(Link(a, b, kind, bw_gbps, latency_us, **kw))
+        self.links.append(Link(b, a, kind, bw_gbps, latency_us, **kw))
+
+
+def _nic_of_gpu(spec: CompactFile) -> tuple[list[int | None], list[list[int]]]:
+    """For each GPU the NIC index serving it (None: nearest), and each NIC's GPU list."""
+    n_gpu = spec.node.gpus.count
+    nics = spec.node.nics
+    if nics is None:
+        return [None] * n_gpu, []
+    if nics.gpus is None:
+        served = [[g for g in range(n_gpu) if g * nics.count // n_gpu == k] for k in range(nics.count)]
+    else:
+        if len(nics.gpus) != nics.count:
+            raise FieldError(
+                ("node", "nics", "gpus"), f"lists {len(nics.gpus)} NICs but node.nics.count is {nics.count}"
+            )
+        served = nics.gpus
+    owner: list[int | None] = [None] * n_gpu
+    for k, gpus in enumerate(served):
+        for j, g in enumerate(gpus):
+            if not 0 <= g < n_gpu:
+                raise FieldError(("node", "nics", "gpus", k, j), f"GPU {g} does not exist (node has {n_gpu})")
+            if owner[g] is None:
+                owner[g] = k
+    return owner, served
+
+
+def build_compact(spec: CompactFile) -> Topology:
+    """Build the topology a compact-form spec describes.
+
+    Args:
+        spec: the validated compact form.
+
+    Returns:
+        The Topology (not yet checked for routability).
+    """
+    node = spec.node
+    n_gpu, n_cpu, n_sw = node.gpus.count, node.cpus.count, node.pcie.switches
+    owner, served = _nic_of_gpu(spec)
+    fabric = node.fabric
+    if fabric.kind is not FabricKind.NONE and fabric.bw_gbps is None:
+        raise FieldError(("node", "fabric", "bw_gbps"), f"a {fabric.kind.value} fabric needs bw_gbps")
+    if (fabric.kind is FabricKind.PAIRS) != (fabric.pairs is not None):
+        raise FieldError(("node", "fabric", "pairs"), "pairs are given exactly when kind is pairs")
+    per_domain = fabric.nodes_per_domain
+    if per_domain > 1 and fabric.kind is not FabricKind.NVSWITCH:
+        raise FieldError(("node", "fabric", "nodes_per_domain"), "only an nvswitch fabric spans several nodes")
+    if spec.nodes % per_domain:
+        raise FieldError(("nodes",), f"{spec.nodes} nodes do not fill NVLink domains of {per_domain} nodes")
+    if spec.nodes > 1 and (node.nics is None or spec.network is None):
+        raise FieldError(("nodes",), f"{spec.nodes} nodes need node.nics and a network section to reach each other")
+    if fabric.pairs is not None:
+        seen: set[tuple[int, int]] = set()
+        for p, (a, b, lanes) in enumerate(fabric.pairs):
+            if not (0 <= a < n_gpu and 0 <= b < n_gpu) or a == b:
+                raise FieldError(("node", "fabric", "pairs", p), f"[{a}, {b}] must name two GPUs in 0..{n_gpu - 1}")
+            if lanes < 1:
+                raise FieldError(("node", "fabric", "pairs", p, 2), f"lanes must be >= 1, got {lanes}")
+            if (min(a, b), max(a, b)) in seen:
+                raise FieldError(("node", "fabric", "pairs", p), f"pair [{a}, {b}] is listed twice")
+            seen.add((min(a, b), max(a, b)))
+
+    b = _Builder()
+    pcie = node.pcie
+    pcie_kw = {"generation": pcie.generation, "width": pcie.width}
+    fab_kind = fabric.link or (LinkKind.XGMI if fabric.kind is FabricKind.FULL_MESH else LinkKind.NVLINK)
+    fab_kw = {"generation": fabric.generation}
+    ranks: list[str] = []
+    for i in range(spec.nodes):
+        p = f"n{i}."
+        cpus = [b.dev(f"{p}cpu{s}", DeviceKind.CPU, i, model=node.cpus.model) for s in range(n_cpu)]
+        if node.cpus.link is not None:
+            sl = node.cpus.link
+            for s in range(n_cpu):
+                for t in range(s + 1, n_cpu):
+                    b.duplex(cpus[s], cpus[t], sl.kind, sl.bw_gbps, sl.latency_us)
+        switches = []
+        for j in range(n_sw):
+            sw = b.dev(f"{p}pcie{j}", DeviceKind.PCIE_SWITCH, i)
+            b.duplex(sw, cpus[j * n_cpu // n_sw], LinkKind.PCIE, pcie.bw_gbps, pcie.latency_us, **pcie_kw)
+            switches.append(sw)
+        parents = switches or cpus
+        gpu_parent = [parents[g * len(parents) // n_gpu] for g in range(n_gpu)]
+        gpus = []
+        for g in range(n_gpu):
+            gpu = b.dev(
+                f"{p}gpu{g}", DeviceKind.GPU, i, model=node.gpus.model, mem_bw_gbps=node.gpus.mem_bw_gbps,
+                mem_gb=node.gpus.mem_gb, p2p=node.gpus.p2p, nic="" if owner[g] is None else f"{p}nic{owner[g]}",
+            )
+            hl = node.gpus.host_link
+            if hl is None:
+                b.duplex(gpu, gpu_parent[g], LinkKind.PCIE, pcie.bw_gbps, pcie.latency_us, **pcie_kw)
+            else:
+                b.duplex(gpu, gpu_parent[g], hl.kind, hl.bw_gbps, hl.latency_us,
+                         generation=hl.generation, width=hl.width)
+            gpus.append(gpu)
+            ranks.append(gpu)
+        if fabric.kind is FabricKind.NVSWITCH:
+            if per_domain == 1:
+                nvs = b.dev(f"{p}nvswitch", DeviceKind.NVSWITCH, i)
+            else:
+                nvs = f"nvl{i // per_domain}.nvswitch"
+                if i % per_domain == 0:
+                    b.dev(nvs, DeviceKind.NVSWITCH, -1)
+            for gpu in gpus:
+                b.duplex(gpu, nvs, fab_kind, fabric.bw_gbps, fabric.latency_us, count=fabric.count, **fab_kw)
+        elif fabric.kind is FabricKind.FULL_MESH:
+            for g in range(n_gpu):
+                for h in range(g + 1, n_gpu):
+                    b.duplex(gpus[g], gpus[h], fab_kind, fabric.bw_gbps, fabric.latency_us,
+                             count=fabric.count, **fab_kw)
+        elif fabric.kind is FabricKind.PAIRS:
+            for x, y, lanes in fabric.pairs:
+                b.duplex(gpus[x], gpus[y], fab_kind, fabric.bw_gbps * lanes, fabric.latency_us,
+                         count=lanes, **fab_kw)
+        if node.nics is not None:
+            for k in range(node.nics.count):
+                nic = b.dev(f"{p}nic{k}", DeviceKind.NIC, i, model=node.nics.model)
+                parent = gpu_parent[served[k][0]] if served[k] else parents[k * len(parents) // node.nics.count]
+                b.duplex(nic, parent, LinkKind.PCIE, pcie.bw_gbps, pcie.latency_us, **pcie_kw)
+    if spec.network is not None and node.nics is not None:
+        _network(b, spec)
+    try:
+        return Topology(
+            name=spec.name, devices=b.devices, links=b.links, ranks=ranks, description=spec.description,
+            sources=spec.sources, cost=cost_params(spec.cost),
+        )
+    except FieldError:
+        raise
+    except TopologyError as exc:
+        raise FieldError((), str(exc)) from None
+
+
+def _network(b: _Builder, spec: CompactFile) -> None:
+    net, nics = spec.network, spec.node.nics
+    per_leaf = net.nics_per_leaf
+    leaves: dict[str, list[str]] = {}
+    if net.topology is NetworkTopology.RAIL_OPTIMIZED:
+        for k in range(nics.count):
+            for i in range(spec.nodes):
+                leaves.setdefault(f"rail{k}.leaf{i // per_leaf}", []).append(f"n{i}.nic{k}")
+    else:
+        for i in range(spec.nodes):
+            for k in range(nics.count):
+                g = i * nics.count + k
+                leaves.setdefault(f"leaf{g // per_leaf}", []).append(f"n{i}.nic{k}")
+    fullest = max(len(v) for v in leaves.values())
+    spines = net.spines
+    if spines is None:
+        spines = 0 if len(leaves) == 1 else math.ceil(fullest / net.oversubscription)
+    if len(leaves) > 1 and spines == 0:
+        raise FieldError(
+            ("network", "spines"), f"{len(leaves)} leaf switches need at least one spine to reach each other"
+        )
+    lat = net.switch_latency_us
+    for leaf, members in leaves.items():
+        b.dev(leaf, DeviceKind.SWITCH, -1, tier="leaf")
+        for nic in members:
+            b.duplex(nic, leaf, net.kind, nics.bw_gbps, lat)
+    # Uplinks are sized by the fullest leaf so that every leaf gets the same ports.
+    up_gbps = fullest * nics.bw_gbps / net.oversubscription / max(spines, 1)
+    for j in range(spines):
+        spine = b.dev(f"spine{j}", DeviceKind.SWITCH, -1, tier="spine")
+        for leaf in leaves:
+            b.duplex(leaf, spine, net.kind, up_gbps, lat)

@@ -1,0 +1,398 @@
+"""Topology files: load (explicit, compact or family form), dump, JSON schema.
+
+Every bad input raises ``TopologyError`` with one line naming the file, the YAML line
+when known, the field path and what is wrong, e.g.
+``bad.yaml:12: links[3].bw_gbps: must be > 0 (got -5)``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from treeattn.errors import TopologyError
+from treeattn.topology.compact import build_compact, cost_params
+from treeattn.topology.model import Device, DeviceKind, Link, Topology
+from treeattn.topology.schema import (
+    CompactFile,
+    ExplicitFile,
+    FamilyFile,
+    FieldError,
+    Loc,
+    format_loc,
+)
+
+__all__ = [
+    "load_topology",
+    "load_topology_text",
+    "topology_from_data",
+    "dump_topology",
+    "topology_json_schema",
+    "expand_ranks",
+]
+
+# libyaml when present: parsing and writing are then several times faster.
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+_FORMS: dict[str, type[BaseModel]] = {"devices": ExplicitFile, "node": CompactFile, "family": FamilyFile}
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Read a topology file in any of its three forms and check it is routable.
+
+    Args:
+        path: the YAML file.
+
+    Returns:
+        The validated Topology.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise TopologyError(f"{p}: topology file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TopologyError(f"{p}: cannot read topology file: {exc}") from None
+    return load_topology_text(text, source=str(p))
+
+
+def load_topology_text(text: str, source: str = "<text>") -> Topology:
+    """Parse topology YAML ``text``; ``source`` names it in error messages."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        what = " ".join(str(x) for x in (exc.context, exc.problem) if x)
+        raise TopologyError(f"{source}{line}: YAML syntax error: {what}") from None
+    except yaml.YAMLError as exc:
+        raise TopologyError(f"{source}: YAML error: {' '.join(str(exc).split())}") from None
+    finally:
+        loader.dispose()
+    if node is not None:
+        _check_duplicate_keys(node, source)
+    return topology_from_data(data, source=source, lines=_LineMap(node))
+
+
+def topology_from_data(data: Any, source: str = "<data>", lines: _LineMap | None = None) -> Topology:
+    """Validate plain data (what a topology file holds) into a routable Topology."""
+    lines = lines or _LineMap(None)
+
+    def fail(loc: Loc, message: str) -> TopologyError:
+        line = lines.line(loc)
+        where = f"{source}:{line}" if line else source
+        return TopologyError(f"{where}: {format_loc(loc)}: {message}" if loc else f"{where}: {message}")
+
+    if data is None:
+        raise fail((), "file is empty; see `treeattn topo schema` or the files in topologies/")
+    if not isinstance(data, dict):
+        raise fail((), f"the top level must be a mapping of fields, got {type(data).__name__}")
+    forms = [k for k in _FORMS if k in data]
+    if len(forms) != 1:
+        got = " and ".join(forms) if forms else "none of them"
+        raise fail((), f"give exactly one of devices (explicit form), node (compact form) or family; got {got}")
+    model = _FORMS[forms[0]]
+    try:
+        spec = model.model_validate(data)
+    except ValidationError as exc:
+        loc, message = _first_error(exc, model, lines)
+        raise fail(loc, message) from None
+    try:
+        if isinstance(spec, ExplicitFile):
+            topo = _build_explicit(spec)
+        elif isinstance(spec, CompactFile):
+            topo = build_compact(spec)
+        else:
+            from treeattn.topology.families import build_family_file
+
+            topo = build_family_file(spec)
+        try:
+            topo.check_routable()
+        except TopologyError as exc:
+            raise FieldError(("ranks",) if isinstance(spec, ExplicitFile) else (), str(exc)) from None
+    except FieldError as exc:
+        raise fail(exc.loc, exc.message) from None
+    except TopologyError as exc:
+        raise fail((), str(exc)) from None
+    return topo
+
+
+# -- explicit form ---------------------------------------------------------------------------
+
+_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+
+
+def expand_ranks(entry: str) -> list[str]:
+    """Expand one ``ranks`` entry: ``n{0..1}.gpu{0..3}`` (ranges, leftmost slowest) and a
+    trailing ``*K`` repeat (``host0*4``).
+
+    Args:
+        entry: the pattern.
+
+    Returns:
+        Device names in rank order.
+    """
+    repeat = 1
+    m = re.fullmatch(r"(.+)\*(\d+)", entry)
+    if m:
+        entry, repeat = m.group(1), int(m.group(2))
+        if repeat < 1:
+            raise ValueError("repeat must be >= 1")
+    parts = _RANGE.split(entry)
+    fixed, ranges = parts[0::3], list(zip(parts[1::3], parts[2::3], strict=True))
+    spans = []
+    for lo, hi in ranges:
+        if int(lo) > int(hi):
+            raise ValueError(f"range {{{lo}..{hi}}} is empty")
+        spans.append(range(int(lo), int(hi) + 1))
+    names = []
+    for combo in itertools.product(*spans):
+        name = fixed[0]
+        for c, f in zip(combo, fixed[1:], strict=True):
+            name += str(c) + f
+        names.append(name)
+    return [n for n in names for _ in range(repeat)]
+
+
+def _build_explicit(spec: ExplicitFile) -> Topology:
+    devices: list[Device] = []
+    first: dict[str, int] = {}
+    for i, d in enumerate(spec.devices):
+        if d.name in first:
+            raise FieldError(
+                ("devices", i, "name"), f"duplicate device name {d.name!r} (first at devices[{first[d.name]}])"
+            )
+        first[d.name] = i
+        if d.kind is DeviceKind.GPU and d.mem_bw_gbps <= 0:
+            raise FieldError(("devices", i, "mem_bw_gbps"), f"GPU {d.name!r} needs mem_bw_gbps > 0")
+        try:
+            devices.append(Device(**d.model_dump()))
+        except TopologyError as exc:
+            raise FieldError(("devices", i), str(exc)) from None
+    for i, d in enumerate(spec.devices):
+        if d.nic and d.nic not in first:
+            raise FieldError(("devices", i, "nic"), f"unknown device {d.nic!r}")
+    links: list[Link] = []
+    where: dict[tuple[str, str], int] = {}
+    for i, ln in enumerate(spec.links):
+        for end in ("src", "dst"):
+            name = getattr(ln, end)
+            if name not in first:
+                hint = difflib.get_close_matches(name, list(first), n=1)
+                extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+                raise FieldError(("links", i, end), f"unknown device {name!r}{extra}")
+        fields = ln.model_dump(exclude={"duplex"})
+        pairs = [(ln.src, ln.dst)] + ([(ln.dst, ln.src)] if ln.duplex and ln.src != ln.dst else [])
+        for src, dst in pairs:
+            if (src, dst) in where:
+                raise FieldError(
+                    ("links", i),
+                    f"repeats {src}->{dst} (also links[{where[(src, dst)]}]); bond parallel links with count",
+                )
+            where[(src, dst)] = i
+            try:
+                links.append(Link(**{**fields, "src": src, "dst": dst}))
+            except TopologyError as exc:
+                raise FieldError(("links", i), str(exc)) from None
+    if spec.ranks is None:
+        kinds = [DeviceKind.GPU] if any(d.kind is DeviceKind.GPU for d in devices) else [DeviceKind.HOST]
+        ranks = [d.name for d in devices if d.kind in kinds]
+        if not ranks:
+            raise FieldError(("ranks",), "no gpu or host device to place ranks on; list ranks")
+    else:
+        ranks = []
+        for r, entry in enumerate(spec.ranks):
+            try:
+                names = expand_ranks(entry)
+            except ValueError as exc:
+                raise FieldError(("ranks", r), f"bad pattern {entry!r}: {exc}") from None
+            for name in names:
+                if name not in first:
+                    raise FieldError(("ranks", r), f"unknown device {name!r}")
+                dev = devices[first[name]]
+                if dev.kind not in (DeviceKind.GPU, DeviceKind.HOST):
+                    raise FieldError(("ranks", r), f"{name!r} is a {dev.kind.value}; ranks go on gpu or host devices")
+            ranks.extend(names)
+    gpu_used: set[str] = set()
+    for name in ranks:
+        if devices[first[name]].kind is DeviceKind.GPU:
+            if name in gpu_used:
+                raise FieldError(("ranks",), f"GPU {name!r} holds two ranks; one rank per GPU")
+            gpu_used.add(name)
+    return Topology(
+        name=spec.name, devices=devices, links=links, ranks=ranks, description=spec.description,
+        sources=spec.sources, cost=cost_params(spec.cost),
+    )
+
+
+# -- dump ---------------------------------------------------------------------------------------
+
+
+def dump_topology(topo: Topology) -> str:
+    """The explicit form of ``topo`` as YAML: deterministic, and loads back to the same
+    topology (same devices, links in the same order, ranks and fingerprint). A link and
+    its reverse with equal attributes are written once with ``duplex: true``.
+
+    Args:
+        topo: any topology.
+
+    Returns:
+        YAML text.
+    """
+    data = topo.to_dict()
+    links = data["links"]
+    index = {(ln["src"], ln["dst"]): i for i, ln in enumerate(links)}
+    out_links = []
+    used: set[int] = set()
+    for i, ln in enumerate(links):
+        if i in used:
+            continue
+        j = index.get((ln["dst"], ln["src"]))
+        # Pair only with the link right after it, so that the reload keeps link order.
+        if j == i + 1 and ln["src"] != ln["dst"] and {**links[j], "src": ln["src"], "dst": ln["dst"]} == ln:
+            used.add(j)
+            out_links.append({**ln, "duplex": True})
+        else:
+            out_links.append(ln)
+    data["links"] = out_links
+    head = f"# Explicit form of topology {topo.name!r}, written by treeattn ({topo.fingerprint}).\n"
+    return head + yaml.dump(
+        data, Dumper=_Dumper, sort_keys=False, default_flow_style=None, width=200, allow_unicode=True
+    )
+
+
+def topology_json_schema() -> dict:
+    """JSON schema of a topology file (any of the three forms)."""
+    adapter = TypeAdapter(ExplicitFile | CompactFile | FamilyFile)
+    schema = adapter.json_schema()
+    schema["title"] = "treeattn topology file"
+    schema["description"] = (
+        "One of three forms: explicit (devices, links, ranks), compact (node template x nodes + network) "
+        "or family (a parametric builder by name). Units: *_gbps GB/s per direction, *_us microseconds."
+    )
+    return schema
+
+
+# -- error reporting ------------------------------------------------------------------------------
+
+
+class _LineMap:
+    """Field path -> 1-based YAML line, from the composed node tree."""
+
+    def __init__(self, root: yaml.Node | None) -> None:
+        self.root = root
+
+    def line(self, loc: Loc) -> int | None:
+        node = self.root
+        if node is None:
+            return None
+        line = node.start_mark.line + 1
+        for part in loc:
+            nxt = None
+            if isinstance(node, yaml.MappingNode):
+                for k, v in node.value:
+                    if isinstance(k, yaml.ScalarNode) and k.value == str(part):
+                        nxt, line = v, k.start_mark.line + 1
+                        break
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+                nxt = node.value[part]
+                line = nxt.start_mark.line + 1
+            if nxt is None:
+                break
+            node = nxt
+        return line
+
+
+def _check_duplicate_keys(node: yaml.Node, source: str) -> None:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, yaml.MappingNode):
+            seen: set[str] = set()
+            for k, v in n.value:
+                if isinstance(k, yaml.ScalarNode):
+                    if k.value in seen:
+                        raise TopologyError(f"{source}:{k.start_mark.line + 1}: field {k.value!r} is given twice")
+                    seen.add(k.value)
+                stack.append(v)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+
+
+def _first_error(exc: ValidationError, model: type[BaseModel], lines: _LineMap) -> tuple[Loc, str]:
+    errors = exc.errors(include_url=False)
+    # First in the file; on one line a misspelt field beats the "missing" it causes.
+    errors.sort(key=lambda e: (lines.line(tuple(e["loc"])) or 0, e["type"] != "extra_forbidden"))
+    e = errors[0]
+    loc = tuple(e["loc"])
+    kind, ctx, value = e["type"], e.get("ctx", {}), e.get("input")
+    if kind == "extra_forbidden":
+        allowed = _fields_at(model, loc[:-1])
+        hint = [a for a in allowed if a.startswith(str(loc[-1]))] or difflib.get_close_matches(
+            str(loc[-1]), allowed, n=1
+        )
+        msg = f"unknown field {loc[-1]!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+        if allowed:
+            msg += f"; allowed here: {', '.join(allowed)}"
+    elif kind == "missing":
+        msg = "missing required field"
+    elif kind in ("enum", "literal_error"):
+        msg = f"unknown value {value!r}; choose one of {ctx.get('expected', '')}"
+    elif kind in _BOUNDS:
+        op, key = _BOUNDS[kind]
+        msg = f"must be {op} {ctx[key]:g} (got {value!r})"
+    else:
+        msg = f"{e['msg'][:1].lower()}{e['msg'][1:]}"
+        if not isinstance(value, (dict, list)):
+            msg += f" (got {value!r})"
+    more = len(errors) - 1
+    if more:
+        msg += f" (and {more} more error{'s' if more > 1 else ''})"
+    return loc, msg
+
+
+_BOUNDS = {
+    "greater_than": (">", "gt"),
+    "greater_than_equal": (">=", "ge"),
+    "less_than": ("<", "lt"),
+    "less_than_equal": ("<=", "le"),
+}
+
+
+def _fields_at(model: type[BaseModel], loc: Loc) -> list[str]:
+    """Field names of the model found at ``loc`` under ``model`` ([] when not a model)."""
+    current: Any = model
+    for part in loc:
+        current = _unwrap(current)
+        if isinstance(part, int):
+            args = typing.get_args(current)
+            if not args:
+                return []
+            current = args[0]
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)) or part not in current.model_fields:
+            return []
+        current = current.model_fields[part].annotation
+    current = _unwrap(current)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def _unwrap(tp: Any) -> Any:
+    """``X | None`` -> ``X``."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return tp

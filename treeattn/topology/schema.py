@@ -1,0 +1,268 @@
+"""The topology file formats, as pydantic models (used at the file boundary only).
+
+Three forms of one file, told apart by their keys:
+
+* explicit (``devices:``): every device and directed link, and the rank placement;
+* compact (``node:``): a node template times ``nodes``, plus network fabric parameters,
+  built by ``treeattn.topology.compact``;
+* family (``family:``): a parametric builder of ``treeattn.topology.families`` by name.
+
+Units as everywhere: ``_gbps`` GB/s per direction (400 Gb/s = 50 GB/s), ``_us`` microseconds.
+Every model forbids unknown fields, so a typo is an error that names the field.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from treeattn.errors import TopologyError
+from treeattn.topology.model import DeviceKind, LinkKind
+
+__all__ = [
+    "FieldError",
+    "CostSpec",
+    "DeviceSpec",
+    "LinkSpec",
+    "ExplicitFile",
+    "HostLinkSpec",
+    "GpuSpec",
+    "SocketLinkSpec",
+    "CpuSpec",
+    "PcieSpec",
+    "FabricKind",
+    "FabricSpec",
+    "NicSpec",
+    "NodeSpec",
+    "NetworkTopology",
+    "NetworkSpec",
+    "CompactFile",
+    "FamilyFile",
+]
+
+Loc = tuple[str | int, ...]
+
+
+class FieldError(TopologyError):
+    """A semantic error at a field path (``("links", 3, "dst")``); the loader adds the
+    file name and line."""
+
+    def __init__(self, loc: Loc, message: str) -> None:
+        self.loc = tuple(loc)
+        self.message = message
+        super().__init__(f"{format_loc(self.loc)}: {message}" if self.loc else message)
+
+
+def format_loc(loc: Loc) -> str:
+    """``("links", 3, "bw_gbps")`` -> ``links[3].bw_gbps``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CostSpec(_Spec):
+    """Per-machine constants of the cost model (``treeattn calibrate`` replaces them)."""
+
+    overhead_us: float = Field(2.0, ge=0, description="Software overhead a sender pays per message.")
+    launch_us: float = Field(5.0, ge=0, description="Fixed cost of a local compute step (kernel launch).")
+    mem_efficiency: float = Field(
+        0.8, gt=0, le=1, description="Fraction of memory bandwidth a memory-bound kernel reaches."
+    )
+
+
+# -- explicit form ---------------------------------------------------------------------------
+
+
+class DeviceSpec(_Spec):
+    """One device of the explicit form."""
+
+    name: str = Field(min_length=1, description="Unique name, e.g. n0.gpu3.")
+    kind: DeviceKind
+    node: int = Field(0, ge=-1, description="Machine index; -1 for devices shared by machines.")
+    model: str = ""
+    mem_bw_gbps: float = Field(0.0, ge=0, description="Memory bandwidth, GB/s (required > 0 for GPUs).")
+    mem_gb: float = Field(0.0, ge=0)
+    p2p: bool = Field(True, description="GPU peer-to-peer over PCIe; false bounces copies through host memory.")
+    tier: Literal["", "leaf", "spine", "core"] = ""
+    nic: str = Field("", description="NIC carrying this device's cross-node traffic (nearest when empty).")
+
+
+class LinkSpec(_Spec):
+    """One directed link of the explicit form; ``duplex: true`` also makes ``dst -> src``."""
+
+    src: str = Field(min_length=1)
+    dst: str = Field(min_length=1)
+    kind: LinkKind
+    bw_gbps: float = Field(gt=0, description="GB/s per direction, all bonded lanes together.")
+    latency_us: float = Field(0.0, ge=0)
+    count: int = Field(1, ge=1, description="Bonded links/lanes making up this edge.")
+    generation: int | None = Field(None, ge=1)
+    width: int | None = Field(None, ge=1)
+    duplex: bool = False
+
+
+class ExplicitFile(_Spec):
+    """Explicit form: every device and link. ``ranks`` lists device names in rank order;
+    an entry may hold ranges (``n0.gpu{0..7}``) or a repeat (``host0*4``); omitted, every
+    GPU in device order (or every host when there are no GPUs) gets one rank."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    sources: list[str] = []
+    cost: CostSpec = CostSpec()
+    devices: list[DeviceSpec] = Field(min_length=1)
+    links: list[LinkSpec] = []
+    ranks: list[str] | None = None
+
+
+# -- compact form ------------------------------------------------------------------------------
+
+
+class HostLinkSpec(_Spec):
+    """How each GPU attaches to its PCIe switch or socket, when not plain PCIe (``c2c``)."""
+
+    kind: LinkKind = LinkKind.PCIE
+    bw_gbps: float = Field(gt=0)
+    latency_us: float = Field(0.0, ge=0)
+    generation: int | None = Field(None, ge=1)
+    width: int | None = Field(None, ge=1)
+
+
+class GpuSpec(_Spec):
+    """The GPUs of one node."""
+
+    count: int = Field(ge=1)
+    model: str = ""
+    mem_bw_gbps: float = Field(gt=0)
+    mem_gb: float = Field(0.0, ge=0)
+    p2p: bool = True
+    host_link: HostLinkSpec | None = None
+
+
+class SocketLinkSpec(_Spec):
+    """The link between two CPU sockets of a node (every pair gets one, both directions)."""
+
+    kind: LinkKind = LinkKind.UPI
+    bw_gbps: float = Field(gt=0)
+    latency_us: float = Field(0.0, ge=0)
+
+
+class CpuSpec(_Spec):
+    """CPU sockets of one node (each with its PCIe root complex). Without ``link`` the
+    sockets are not joined: their devices then talk over the GPU fabric or the network."""
+
+    count: int = Field(1, ge=1)
+    model: str = ""
+    link: SocketLinkSpec | None = None
+
+
+class PcieSpec(_Spec):
+    """The node's PCIe tree. ``switches`` are spread evenly over the sockets and the GPUs
+    evenly over the switches (over the sockets when there are none); NIC k sits beside
+    the first GPU it serves. Every PCIe link gets ``bw_gbps``."""
+
+    generation: int | None = Field(None, ge=1)
+    width: int | None = Field(16, ge=1)
+    bw_gbps: float = Field(gt=0)
+    latency_us: float = Field(0.0, ge=0)
+    switches: int = Field(0, ge=0)
+
+
+class FabricKind(StrEnum):
+    """GPU-to-GPU fabric of a node: ``nvswitch`` (every GPU to one logical switch),
+    ``full-mesh`` (one link per GPU pair, e.g. xGMI), ``pairs`` (listed pairs, e.g. the
+    DGX-1 hybrid cube-mesh), ``none`` (PCIe only)."""
+
+    NONE = "none"
+    NVSWITCH = "nvswitch"
+    FULL_MESH = "full-mesh"
+    PAIRS = "pairs"
+
+
+class FabricSpec(_Spec):
+    """``bw_gbps`` is per GPU per direction for ``nvswitch``, per GPU pair for
+    ``full-mesh``, per bonded lane for ``pairs`` (a pair with 2 lanes gets twice it)."""
+
+    kind: FabricKind = FabricKind.NONE
+    link: LinkKind | None = Field(None, description="Link kind; default xgmi for full-mesh, else nvlink.")
+    bw_gbps: float | None = Field(None, gt=0)
+    count: int = Field(1, ge=1, description="Bonded links per GPU (nvswitch) or per pair (full-mesh).")
+    generation: int | None = Field(None, ge=1)
+    latency_us: float = Field(0.0, ge=0)
+    pairs: list[tuple[int, int, int]] | None = Field(None, description="pairs only: [gpu_a, gpu_b, lanes].")
+    nodes_per_domain: int = Field(
+        1, ge=1, description="nvswitch only: consecutive nodes sharing one NVLink domain (GB200 NVL72: 18)."
+    )
+
+
+class NicSpec(_Spec):
+    """Network adapters of one node. ``gpus[k]`` lists the GPUs NIC k serves; by default
+    GPU g is served by NIC g*count//gpus (rail-optimized GPU k <-> NIC k when equal)."""
+
+    count: int = Field(ge=1)
+    model: str = ""
+    bw_gbps: float = Field(gt=0, description="Port speed, GB/s per direction (400 Gb/s = 50).")
+    gpus: list[list[int]] | None = None
+
+
+class NodeSpec(_Spec):
+    """Template of one machine."""
+
+    gpus: GpuSpec
+    cpus: CpuSpec = CpuSpec()
+    pcie: PcieSpec
+    fabric: FabricSpec = FabricSpec()
+    nics: NicSpec | None = None
+
+
+class NetworkTopology(StrEnum):
+    """``rail-optimized``: NIC k of every node goes to the leaves of rail k; ``fat-tree``:
+    NICs fill leaves in node order. Spines join every leaf in both."""
+
+    RAIL_OPTIMIZED = "rail-optimized"
+    FAT_TREE = "fat-tree"
+
+
+class NetworkSpec(_Spec):
+    """Two-tier switch fabric between nodes. Each leaf's uplink bandwidth is its downlink
+    total divided by ``oversubscription``, split evenly over the spines."""
+
+    kind: Literal[LinkKind.INFINIBAND, LinkKind.ROCE, LinkKind.ETHERNET] = LinkKind.INFINIBAND
+    topology: NetworkTopology = NetworkTopology.FAT_TREE
+    nics_per_leaf: int = Field(32, ge=1)
+    spines: int | None = Field(
+        None, ge=0, description="Default: none for one leaf, else one per leaf uplink port (nics/oversubscription)."
+    )
+    oversubscription: float = Field(1.0, ge=1)
+    switch_latency_us: float = Field(0.6, ge=0, description="Latency of each network link (one switch hop).")
+
+
+class CompactFile(_Spec):
+    """Compact form: ``nodes`` copies of ``node`` joined by ``network``. Ranks are every
+    GPU, node by node."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    sources: list[str] = []
+    cost: CostSpec = CostSpec()
+    nodes: int = Field(1, ge=1)
+    node: NodeSpec
+    network: NetworkSpec | None = None
+
+
+class FamilyFile(_Spec):
+    """A named parametric family (``treeattn topo list`` shows them) with parameters."""
+
+    family: str = Field(min_length=1)
+    params: dict[str, int | float | str | bool] = {}
+    name: str | None = None
+    description: str | None = None
+    sources: list[str] = Field([], description="Added to the family's own citations.")
+    cost: CostSpec | None = None

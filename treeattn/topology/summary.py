@@ -1,0 +1,80 @@
+"""What ``treeattn topo show`` reports about a topology, as plain data (JSON-ready)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from treeattn.topology.domains import domains, rails
+from treeattn.topology.model import Topology
+
+__all__ = ["topology_summary", "route_matrix"]
+
+
+def _num(x: float) -> float | None:
+    """JSON has no infinity: a rank's route to itself is reported as null."""
+    return None if x == float("inf") else round(x, 6)
+
+
+def route_matrix(topo: Topology) -> list[list[float | None]]:
+    """Bottleneck bandwidth (GB/s) of the route from rank i (row) to rank j (column);
+    None on the diagonal."""
+    n = topo.num_ranks
+    return [[_num(topo.route_bw_gbps(i, j)) for j in range(n)] for i in range(n)]
+
+
+def topology_summary(topo: Topology, matrix_limit: int = 16) -> dict:
+    """Counts, link kinds, domains and the routes from rank 0 to every rank.
+
+    Args:
+        topo: the topology.
+        matrix_limit: include the rank x rank bandwidth matrix up to this many ranks.
+
+    Returns:
+        Plain data with sorted keys when dumped: ``name``, ``fingerprint``, ``ranks``,
+        ``nodes``, ``devices`` (count per kind), ``links`` (per kind: directed link count
+        and distinct bandwidths), ``cost``, ``domains``, ``rails``, ``from_rank0`` (per
+        rank: device, ``bw_gbps``, ``latency_us``, ``hops``) and, for small topologies,
+        ``bw_matrix_gbps``.
+    """
+    kinds = Counter(d.kind.value for d in topo.devices)
+    links: dict[str, dict] = {}
+    for ln in topo.links:
+        entry = links.setdefault(ln.kind.value, {"count": 0, "bw_gbps": set()})
+        entry["count"] += 1
+        entry["bw_gbps"].add(ln.bw_gbps)
+    for entry in links.values():
+        entry["bw_gbps"] = sorted(entry["bw_gbps"])
+    from_rank0 = []
+    for r in range(topo.num_ranks):
+        route = topo.route(0, r)
+        from_rank0.append({
+            "rank": r,
+            "device": topo.ranks[r],
+            "bw_gbps": _num(topo.route_bw_gbps(0, r)),
+            "latency_us": round(topo.route_latency_us(0, r), 6),
+            "hops": len(route),
+        })
+    out = {
+        "name": topo.name,
+        "description": topo.description,
+        "fingerprint": topo.fingerprint,
+        "sources": list(topo.sources),
+        "ranks": topo.num_ranks,
+        "nodes": len({topo.rank_device(r).node for r in range(topo.num_ranks)}),
+        "devices": dict(sorted(kinds.items())),
+        "links": dict(sorted(links.items())),
+        "cost": {
+            "overhead_us": topo.cost.overhead_us,
+            "launch_us": topo.cost.launch_us,
+            "mem_efficiency": topo.cost.mem_efficiency,
+        },
+        "domains": [
+            {"kind": lv.kind.value, "groups": len(lv.groups), "sizes": sorted({len(g) for g in lv.groups})}
+            for lv in domains(topo)
+        ],
+        "rails": len(rails(topo)),
+        "from_rank0": from_rank0,
+    }
+    if topo.num_ranks <= matrix_limit:
+        out["bw_matrix_gbps"] = route_matrix(topo)
+    return out
