@@ -1,0 +1,161 @@
+"""Properties of the merge operator (treeattn.exec.merge) on packed partials."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from treeattn.exec.merge import empty_partial, merge, merge_into, merge_many, pack, sum_into, unpack
+
+NEG_INF = float("-inf")
+MODERATE = st.floats(min_value=-80.0, max_value=80.0, allow_nan=False, width=32)
+EXTREME = st.one_of(
+    st.sampled_from([NEG_INF, 3.0e38, -3.0e38, 1.0e30, -1.0e30, 88.0, -88.0, 0.0]),
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+)
+OUT = st.floats(min_value=-100.0, max_value=100.0, allow_nan=False, width=32)
+
+
+@st.composite
+def partials(draw, k: int = 1, lse=MODERATE, empty_ok: bool = True):
+    """k packed partials with the same (rows, D + 1) shape."""
+    rows = draw(st.integers(1, 5))
+    d = draw(st.integers(1, 6))
+    out = []
+    for _ in range(k):
+        o = torch.tensor(draw(st.lists(OUT, min_size=rows * d, max_size=rows * d))).reshape(rows, d)
+        values = st.one_of(lse, st.just(NEG_INF)) if empty_ok else lse
+        lse_t = torch.tensor(draw(st.lists(values, min_size=rows, max_size=rows)), dtype=torch.float32)
+        # An empty row (lse = -inf) holds o = 0, as a rank without tokens produces.
+        o[torch.isneginf(lse_t)] = 0.0
+        out.append(pack(o, lse_t))
+    return out
+
+
+def assert_close(a: torch.Tensor, b: torch.Tensor, rtol: float = 2e-5) -> None:
+    oa, la = unpack(a)
+    ob, lb = unpack(b)
+    assert torch.equal(torch.isneginf(la), torch.isneginf(lb))
+    scale = max(1.0, oa.abs().max().item(), ob.abs().max().item())
+    assert (oa - ob).abs().max().item() <= rtol * scale
+    finite = torch.isfinite(la)
+    assert torch.allclose(la[finite], lb[finite], rtol=rtol, atol=rtol)
+
+
+def exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The merge written from DESIGN.md section 1 in fp64 with logsumexp (moderate inputs)."""
+    oa, la = (t.double() for t in unpack(a))
+    ob, lb = (t.double() for t in unpack(b))
+    lse = torch.logsumexp(torch.stack([la, lb]), dim=0)
+    wa = torch.where(torch.isneginf(la), 0.0, torch.exp(la - lse))
+    wb = torch.where(torch.isneginf(lb), 0.0, torch.exp(lb - lse))
+    o = torch.where(torch.isneginf(lse)[:, None], 0.0, wa[:, None] * oa + wb[:, None] * ob)
+    return pack(o, lse)
+
+
+@settings(max_examples=150, deadline=None)
+@given(partials(k=2))
+def test_merge_matches_the_formula(parts):
+    a, b = parts
+    assert_close(merge(a, b), exact(a, b).float())
+
+
+@settings(max_examples=150, deadline=None)
+@given(partials(k=2))
+def test_commutative(parts):
+    a, b = parts
+    assert_close(merge(a, b), merge(b, a))
+
+
+@settings(max_examples=150, deadline=None)
+@given(partials(k=3))
+def test_associative(parts):
+    a, b, c = parts
+    assert_close(merge(merge(a, b), c), merge(a, merge(b, c)), rtol=5e-5)
+
+
+@settings(max_examples=100, deadline=None)
+@given(partials(k=1, lse=EXTREME))
+def test_empty_is_exactly_the_identity(parts):
+    (a,) = parts
+    e = empty_partial(a.shape[0], a.shape[1] - 1)
+    assert torch.equal(merge(a, e), a)
+    assert torch.equal(merge(e, a), a)
+
+
+def test_two_empty_rows_give_empty_not_nan():
+    e = empty_partial(4, 3)
+    out = merge(e, e)
+    assert torch.equal(out[:, :3], torch.zeros(4, 3))
+    assert torch.isneginf(out[:, 3]).all()
+    many = merge_many(torch.stack([e, e, e]))
+    assert torch.equal(many, out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(partials(k=3, lse=EXTREME))
+def test_never_nan_for_extreme_logits(parts):
+    a, b, c = parts
+    for out in (merge(a, b), merge(merge(a, b), c), merge_many(torch.stack(parts))):
+        assert not torch.isnan(out).any()
+        o, lse = unpack(out)
+        assert o.abs().max().item() <= 100.0 * (1 + 1e-5)  # a convex combination of the inputs
+        assert not torch.isposinf(lse).any()
+
+
+def test_large_logits_of_opposite_sign_do_not_overflow():
+    a = pack(torch.tensor([[1.0, 2.0]]), torch.tensor([3.0e38]))
+    b = pack(torch.tensor([[5.0, 6.0]]), torch.tensor([-3.0e38]))
+    assert torch.equal(merge(a, b), a)
+    assert torch.equal(merge(b, a), a)
+    same = merge(a, a)
+    assert torch.equal(same[:, :2], a[:, :2]) and same[0, 2].item() == pytest.approx(3.0e38, rel=1e-6)
+
+
+@settings(max_examples=100, deadline=None)
+@given(partials(k=2), st.integers(1, 5))
+def test_chunks_merged_separately_equal_the_whole(parts, chunks):
+    a, b = parts
+    whole = merge(a, b)
+    acc = a.clone()
+    rows = a.shape[0]
+    bounds = sorted({0, rows, *[(rows * i) // chunks for i in range(chunks)]})
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        merge_into(acc[lo:hi], b[lo:hi])  # in place into row slices of the accumulator
+    assert torch.equal(acc, whole)
+
+
+@settings(max_examples=100, deadline=None)
+@given(partials(k=4))
+def test_merge_many_equals_a_fold(parts):
+    acc = parts[0].clone()
+    for p in parts[1:]:
+        merge_into(acc, p)
+    assert_close(merge_many(torch.stack(parts)), acc, rtol=5e-5)
+
+
+def test_merge_takes_16_bit_wire_partials():
+    a = pack(torch.tensor([[1.0, -1.0]]), torch.tensor([0.5]))
+    b = pack(torch.tensor([[3.0, 1.0]]), torch.tensor([0.5]))
+    out = merge(a, b.to(torch.bfloat16))
+    assert out.dtype == torch.float32
+    assert out[0, :2].tolist() == [2.0, 0.0]
+    assert out[0, 2].item() == pytest.approx(0.5 + math.log(2.0), abs=1e-6)
+
+
+def test_shape_mismatch_is_an_error():
+    with pytest.raises(ValueError, match="shapes"):
+        merge_into(empty_partial(2, 3), empty_partial(3, 3))
+
+
+def test_raw_sum_in_place_and_fp8_through_fp32():
+    acc = torch.tensor([1.0, 2.0])
+    sum_into(acc, torch.tensor([3.0, -2.0]))
+    assert acc.tolist() == [4.0, 0.0]
+    f8 = torch.tensor([1.0, -1.0]).to(torch.float8_e4m3fn)
+    sum_into(f8, torch.tensor([2.0, 1.0]).to(torch.float8_e4m3fn))
+    assert f8.float().tolist() == [3.0, 0.0]

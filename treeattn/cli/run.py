@@ -1,0 +1,137 @@
+"""``treeattn run PLAN``: execute a plan on real ranks, check it, time it, compare with the prediction."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from treeattn.cli import app, err_console
+from treeattn.cli.options import JsonOpt
+from treeattn.errors import ExecutionError, InputError
+
+__all__ = ["run"]
+
+
+class Backend(StrEnum):
+    """Process-group backend: gloo (CPU tensors) or nccl (CUDA)."""
+
+    GLOO = "gloo"
+    NCCL = "nccl"
+
+
+class CheckMode(StrEnum):
+    """Which ranks compare their result with the single-process reference."""
+
+    ROOT = "root"
+    ALL = "all"
+
+
+def _load(path: Path):  # noqa: ANN202 - a Plan
+    try:
+        from treeattn.plan.io import load_plan
+    except ImportError:
+        raise InputError("this treeattn has no plan file reader (treeattn.plan.io)") from None
+    from treeattn.plan.validate import check
+
+    plan = load_plan(path)
+    check(plan)
+    return plan
+
+
+@app.command("run")
+def run(
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", exists=True, dir_okay=False,
+                                              help="Plan file (from treeattn plan).")],
+    baselines: Annotated[bool, typer.Option("--baselines", help="Also run all-reduce x3, all-gather + merge "
+                                            "and ring attention on the same workload.")] = False,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed iterations per method.")] = 10,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.")] = 2,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait "
+                                           "before its rank gives up.")] = 5.0,
+    backend: Annotated[Backend | None, typer.Option("--backend", help="Default: nccl on CUDA, else gloo.")] = None,
+    check: Annotated[CheckMode, typer.Option("--check", help="root: the result rank checks; all: every "
+                                             "result rank.")] = CheckMode.ROOT,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of q, K and V.")] = 0,
+    topology: Annotated[str | None, typer.Option("--topology", "-t", help="Topology (preset or file) to "
+                                                 "predict on; default: the plan's.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="CSV to append rows to; default "
+                                             "results/<run-id>.csv.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Run PLAN on its ranks (local processes, or those of torchrun/SLURM), check the result
+    against a single-process reference and compare the measured time with the prediction."""
+    from treeattn.exec.baselines import ATTENTION_BASELINES, RAW_BASELINES
+    from treeattn.exec.launch import detect_env, launch
+    from treeattn.exec.predict import predict, resolve_topology
+    from treeattn.exec.results import new_run_id, result_rows, rows_json, timeline_rows, write_csv
+    from treeattn.exec.runner import Job, PlanJob, RunOptions
+
+    plan = _load(plan_file)
+    options = RunOptions(repeats=repeats, warmup=warmup, timeout_s=timeout,
+                         backend=backend.value if backend else None, check=check.value, seed=seed,
+                         baselines=baselines)
+    placed = detect_env()
+    reporter = placed is None or placed.rank == 0
+    names = (RAW_BASELINES if plan.is_raw else ATTENTION_BASELINES) if baselines else ()
+    topo, warnings = resolve_topology(plan, topology)
+    predictions = predict(plan, topo, names) if reporter else None
+    label = plan_file.name
+    result = launch(Job((PlanJob(label, plan),), options))
+    if result is None or predictions is None:
+        return
+    for text in (*warnings, *predictions.warnings):
+        err_console.print(f"[yellow]warning:[/] {escape(text)}")
+    run_id = new_run_id(plan_file.stem)
+    frame = result_rows(result, {label: plan}, {label: predictions}, run_id)
+    path = out if out is not None else Path("results") / f"{run_id}.csv"
+    write_csv(frame, path)
+    write_csv(timeline_rows(result, run_id), path.with_name(path.stem + ".timeline.csv"))
+    if json_out:
+        typer.echo(rows_json(frame))
+    else:
+        _table(frame, path)
+    wrong = frame[~frame["correct"]]
+    if len(wrong):
+        worst = ", ".join(f"{r.method} (max relative error {r.max_rel_err})" for r in wrong.itertuples())
+        raise ExecutionError(f"wrong result from {worst} on {label}; see {path}")
+
+
+def _table(frame, path: Path) -> None:  # noqa: ANN001 - a DataFrame
+    console = Console(highlight=False)
+    first = frame.iloc[0]
+    table = Table(title=f"{first['plan']} · {first['algorithm']} · {first['workload']} · {first['ranks']} ranks "
+                  f"({first['backend']}, predicted on {first['topology']}) · µs")
+    table.add_column("method", no_wrap=True)
+    for col in ("measured", "±", "predicted", "error", "correct", "× plan"):
+        table.add_column(col, justify="left" if col == "correct" else "right")
+    plan_us = frame.loc[frame["method"] == "plan", "measured_median_us"].iloc[0]
+    for r in frame.itertuples():
+        mark = "[green]yes[/]" if r.correct else "[bold red]NO[/]"
+        table.add_row(
+            r.method,
+            _us(r.measured_median_us),
+            _us(r.spread_us / 2),
+            _us(r.predicted_us),
+            "—" if _missing(r.rel_error) else f"{r.rel_error:+.0%}",
+            mark + ("" if _missing(r.max_rel_err) else f" {r.max_rel_err:.0e}"),
+            f"{r.measured_median_us / plan_us:.2f}",
+        )
+    console.print(table)
+    console.print(f"± half the p10-p90 spread; error = measured / predicted - 1; correct with the max relative "
+                  f"error against the reference. Rows: {path}")
+
+
+def _missing(value) -> bool:  # noqa: ANN001 - a number, None or NaN
+    return value is None or value != value
+
+
+def _us(value) -> str:  # noqa: ANN001 - a number, None or NaN
+    if _missing(value):
+        return "—"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.1f}"

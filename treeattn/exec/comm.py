@@ -1,0 +1,130 @@
+"""torch.distributed plumbing shared by the plan interpreter and the baselines.
+
+Point-to-point messages carry a tag equal to their sequence number on the ordered pair
+(k-th message from a to b has tag k on both sides), so gloo matches them FIFO per pair
+exactly as the Plan IR says, however many are in flight. NCCL ignores tags; its
+point-to-point operations are FIFO per pair on one communicator already.
+
+Every wait has a deadline: ``op_timeout_s`` for the operations being measured,
+``setup_timeout_s`` for set-up, checks and barriers. A failed or timed-out wait raises
+``CommError``, which names the operation and the peer.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from treeattn.errors import ExecutionError
+
+__all__ = ["CommError", "Comm", "P2P"]
+
+
+def _first_line(exc: BaseException) -> str:
+    """The message's first line without gloo's ``[path/to/file.cc:78] `` prefix."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return re.sub(r"^\[[^\]]*\]\s*", "", first)
+
+
+class CommError(ExecutionError):
+    """A communication failed on this rank (usually because a peer died or hung)."""
+
+
+@dataclass(slots=True)
+class P2P:
+    """One point-to-point operation to post: send ``tensor`` to ``peer`` or receive into it."""
+
+    send: bool
+    tensor: torch.Tensor
+    peer: int
+
+
+class Comm:
+    """This rank's view of the process group: tagged p2p, collectives and barriers with deadlines."""
+
+    def __init__(self, rank: int, world: int, backend: str, device: torch.device,
+                 op_timeout_s: float, setup_timeout_s: float) -> None:
+        self.rank = rank
+        self.world = world
+        self.backend = backend
+        self.device = device
+        self.op_timeout = datetime.timedelta(seconds=op_timeout_s)
+        self.setup_timeout = datetime.timedelta(seconds=setup_timeout_s)
+        self._sent: dict[int, int] = defaultdict(int)
+        self._received: dict[int, int] = defaultdict(int)
+
+    # -- point to point ---------------------------------------------------------------------
+
+    def post(self, ops: list[P2P]) -> list:
+        """Post ``ops`` together; returns one work handle per op (NCCL: one per batch)."""
+        if not ops:
+            return []
+        p2p = []
+        for op in ops:
+            if op.send:
+                tag = self._sent[op.peer]
+                self._sent[op.peer] += 1
+                p2p.append(dist.P2POp(dist.isend, op.tensor, op.peer, tag=tag))
+            else:
+                tag = self._received[op.peer]
+                self._received[op.peer] += 1
+                p2p.append(dist.P2POp(dist.irecv, op.tensor, op.peer, tag=tag))
+        try:
+            if self.backend == "nccl":
+                return list(dist.batch_isend_irecv(p2p))
+            return [p.op(p.tensor, p.peer, tag=p.tag) for p in p2p]
+        except RuntimeError as exc:
+            raise CommError(f"rank {self.rank}: posting {len(ops)} point-to-point ops failed: "
+                            f"{_first_line(exc)}") from exc
+
+    def wait(self, work, what: str, setup: bool = False) -> None:  # noqa: ANN001 - torch Work
+        """Wait for ``work``; raise ``CommError`` naming ``what`` on failure or deadline."""
+        timeout = self.setup_timeout if setup else self.op_timeout
+        try:
+            if self.backend == "gloo":
+                work.wait(timeout=timeout)
+            else:
+                work.wait()
+        except RuntimeError as exc:
+            raise CommError(f"rank {self.rank}: {what} failed: {_first_line(exc)}") from exc
+
+    # -- collectives ----------------------------------------------------------------------
+
+    def all_reduce(self, tensor: torch.Tensor, op: str, what: str, setup: bool = False) -> torch.Tensor:
+        """In-place all-reduce (``max`` or ``sum``) of ``tensor``."""
+        red = {"max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}[op]
+        self.wait(dist.all_reduce(tensor, op=red, async_op=True), what, setup)
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor, what: str, setup: bool = False) -> list[torch.Tensor]:
+        """Every rank's ``tensor`` (same shape everywhere), in rank order."""
+        out = [torch.empty_like(tensor) for _ in range(self.world)]
+        self.wait(dist.all_gather(out, tensor.contiguous(), async_op=True), what, setup)
+        return out
+
+    def broadcast(self, tensor: torch.Tensor, src: int, what: str) -> torch.Tensor:
+        self.wait(dist.broadcast(tensor, src, async_op=True), what, setup=True)
+        return tensor
+
+    def barrier(self) -> None:
+        """All ranks meet (set-up deadline); on CUDA the device is idle afterwards."""
+        self.synchronize()
+        flag = torch.zeros(1, device=self.device)
+        self.all_reduce(flag, "sum", "barrier", setup=True)
+        self.synchronize()
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def now(self) -> float:
+        """Seconds on this rank's clock, after the device caught up."""
+        self.synchronize()
+        return time.perf_counter()

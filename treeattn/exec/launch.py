@@ -1,0 +1,197 @@
+"""Start the ranks of a run: under torchrun or SLURM, or as local processes.
+
+* torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``): this
+  process is one rank; it runs its part in-process.
+* SLURM (``SLURM_PROCID``, ``SLURM_NTASKS`` > 1, ``SLURM_LOCALID``, plus ``MASTER_ADDR`` and
+  ``MASTER_PORT`` that the batch script exports): likewise.
+* Otherwise the plan's ranks are started here as ``python -m treeattn.exec.worker``
+  processes on 127.0.0.1 with a free TCP port. A watchdog polls them: when one exits with
+  an error (it raised, or died), the others get a short grace to report, then are killed;
+  no child outlives the run (they also die with their parent, through PR_SET_PDEATHSIG).
+  The error names the rank that failed first, not the ranks that lost their peer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from treeattn.errors import ExecutionError, InputError
+from treeattn.exec.runner import Job, JobResult, run_rank
+
+__all__ = ["RankEnv", "detect_env", "launch", "launch_local", "free_port", "GRACE_S"]
+
+GRACE_S = 1.0
+"""After the first failed rank, how long the others get to exit and say why before the kill."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankEnv:
+    """Where an external launcher put this process."""
+
+    launcher: str
+    """``torchrun`` or ``slurm``."""
+    rank: int
+    world: int
+    local_rank: int
+
+
+def detect_env(environ: dict[str, str] | None = None) -> RankEnv | None:
+    """The external launcher's placement of this process, or None to launch locally.
+
+    Args:
+        environ: the environment to read (``os.environ`` by default).
+
+    Returns:
+        A ``RankEnv`` under torchrun or a multi-task SLURM step, else None.
+    """
+    env = os.environ if environ is None else environ
+    try:
+        if "RANK" in env and "WORLD_SIZE" in env:
+            _need(env, ("MASTER_ADDR", "MASTER_PORT"), "torchrun-style RANK/WORLD_SIZE")
+            return RankEnv("torchrun", int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0")))
+        if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+            _need(env, ("MASTER_ADDR", "MASTER_PORT"), "SLURM")
+            return RankEnv("slurm", int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]),
+                           int(env.get("SLURM_LOCALID", "0")))
+    except ValueError as exc:
+        raise InputError(f"cannot read the launcher's rank variables: {exc}") from None
+    return None
+
+
+def _need(env, names: tuple[str, ...], who: str) -> None:  # noqa: ANN001 - a mapping
+    missing = [n for n in names if not env.get(n)]
+    if missing:
+        raise InputError(f"{who} environment found but {', '.join(missing)} is not set; export it "
+                         "(e.g. MASTER_ADDR=$(hostname) MASTER_PORT=29500) before launching")
+
+
+def launch(job: Job, environ: dict[str, str] | None = None) -> JobResult | None:
+    """Run ``job`` on its ranks: in-process under torchrun/SLURM, else as local processes.
+
+    Args:
+        job: the plans (all with the same rank count) and options.
+        environ: environment to detect a launcher in (``os.environ`` by default).
+
+    Returns:
+        The ``JobResult`` where this process is rank 0 (always for local launches), else None.
+
+    Raises:
+        InputError: the launcher's world size differs from the plans' rank count.
+        ExecutionError: a rank failed or died (the message names it).
+    """
+    placed = detect_env(environ)
+    if placed is None:
+        return launch_local(job)
+    if placed.world != job.ranks:
+        raise InputError(
+            f"{placed.launcher} started {placed.world} processes but the plan has {job.ranks} ranks; "
+            f"launch exactly {job.ranks}"
+        )
+    if placed.launcher == "slurm":
+        os.environ.update(RANK=str(placed.rank), WORLD_SIZE=str(placed.world), LOCAL_RANK=str(placed.local_rank))
+    return run_rank(job, placed.rank, placed.world, placed.local_rank)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_local(job: Job) -> JobResult:
+    """Start ``job.ranks`` worker processes here, watch them, and return rank 0's result."""
+    n = job.ranks
+    tmp = Path(tempfile.mkdtemp(prefix="treeattn-run-"))
+    procs: list[subprocess.Popen] = []
+    try:
+        (tmp / "job.pkl").write_bytes(pickle.dumps(job))
+        port = free_port()
+        threads = max(1, (os.cpu_count() or 1) // n)
+        for r in range(n):
+            env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+            env.update(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TREEATTN_PARENT_PID=str(os.getpid()))
+            env.setdefault("OMP_NUM_THREADS", str(threads))
+            with open(tmp / f"rank{r}.log", "wb") as log:
+                procs.append(subprocess.Popen([sys.executable, "-m", "treeattn.exec.worker", str(tmp)],
+                                              env=env, stdout=log, stderr=subprocess.STDOUT))
+        killed = _watch(procs)
+        codes = [p.returncode for p in procs]
+        if any(codes):
+            raise _failure(tmp, codes, killed)
+        with open(tmp / "result.pkl", "rb") as f:
+            return pickle.load(f)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for p in procs:
+            p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _watch(procs: list[subprocess.Popen]) -> set[int]:
+    """Wait until every rank exits; once one fails, give the rest ``GRACE_S`` then kill them.
+    Returns the ranks this watchdog killed."""
+    failed_at = None
+    killed: set[int] = set()
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            return killed
+        if failed_at is None and any(c not in (None, 0) for c in codes):
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
+            for r, p in enumerate(procs):
+                if p.poll() is None:
+                    p.send_signal(signal.SIGKILL)
+                    killed.add(r)
+            for p in procs:
+                p.wait()
+            return killed
+        time.sleep(0.02)
+
+
+def _failure(tmp: Path, codes: list[int], killed: set[int]) -> Exception:
+    reports: dict[int, dict] = {}
+    for r in range(len(codes)):
+        path = tmp / f"rank{r}.error.json"
+        if path.exists():
+            reports[r] = json.loads(path.read_text())
+    failed = [r for r, c in enumerate(codes) if c != 0 and r not in killed]
+    # The root cause is a rank that died silently or raised something other than a lost peer.
+    primary = [r for r in failed if reports.get(r, {}).get("kind") != "comm"] or failed or sorted(killed)
+    first = primary[0]
+    if first in reports:
+        what = f"rank {first} failed: {reports[first]['message']}"
+    elif codes[first] < 0:
+        what = f"rank {first} was killed by signal {-codes[first]}{_log_tail(tmp, first)}"
+    else:
+        what = f"rank {first} died with exit code {codes[first]} without reporting an error{_log_tail(tmp, first)}"
+    others = sorted(set(range(len(codes))) - {first})
+    if others:
+        what += f" (rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} "
+        what += f"{'were' if len(others) > 1 else 'was'} stopped)"
+    if first in reports and reports[first].get("exit_code") == 2:
+        return InputError(what)
+    return ExecutionError(what)
+
+
+def _log_tail(tmp: Path, rank: int) -> str:
+    try:
+        lines = [ln for ln in (tmp / f"rank{rank}.log").read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return f"; last output: {lines[-1][:300]}" if lines else ""

@@ -1,0 +1,116 @@
+"""The merge operator of DESIGN.md section 1 on packed partials.
+
+Legend: a *packed* partial is a ``(rows, D + 1)`` fp32 tensor, row ``r`` = (o_r, lse_r):
+``[:, :D]`` the output, ``[:, D]`` the log-sum-exp. Rows are batch-major (row = b * Hq + h),
+so a chunk of rows (``treeattn.plan.ir.chunk_rows``) is one contiguous slice. The *empty*
+partial is (0, -inf): the identity of the merge.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["empty_partial", "pack", "unpack", "merge_into", "merge", "merge_many", "sum_into"]
+
+_NEG_INF = float("-inf")
+_FLOAT_MIN = torch.finfo(torch.float32).min
+
+
+def empty_partial(rows: int, head_dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The identity of the merge for ``rows`` rows: o = 0, lse = -inf.
+
+    Args:
+        rows: rows of the partial (B x Hq).
+        head_dim: D.
+        device: where the tensor lives.
+
+    Returns:
+        A ``(rows, D + 1)`` fp32 tensor.
+    """
+    out = torch.zeros(rows, head_dim + 1, dtype=torch.float32, device=device)
+    out[:, head_dim] = _NEG_INF
+    return out
+
+
+def pack(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """Pack an output ``(..., D)`` and its log-sum-exp ``(...)`` into ``(rows, D + 1)`` fp32.
+
+    Args:
+        o: output, any leading shape (B, Hq) flattened into rows in order.
+        lse: log-sum-exp with the same leading shape.
+
+    Returns:
+        The packed partial.
+    """
+    d = o.shape[-1]
+    return torch.cat([o.reshape(-1, d).float(), lse.reshape(-1, 1).float()], dim=1)
+
+
+def unpack(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views (o, lse) of a packed partial: ``(rows, D)`` and ``(rows,)``."""
+    return packed[:, :-1], packed[:, -1]
+
+
+def merge_into(acc: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """``acc <- acc (+) other``, in place, row by row (fp32).
+
+    Stable for logits of any finite magnitude; (x, -inf) is exactly the identity for any
+    finite x; two empty rows give (0, -inf); never NaN for finite outputs and lse in
+    [-inf, +inf).
+
+    Args:
+        acc: packed partial (a tensor or a contiguous row slice of one), updated in place.
+        other: packed partial with the same shape (any float dtype; merged in fp32).
+
+    Returns:
+        ``acc``.
+    """
+    if acc.shape != other.shape:
+        raise ValueError(f"merge of packed partials with shapes {tuple(acc.shape)} and {tuple(other.shape)}")
+    oa, la = unpack(acc)
+    ob, lb = unpack(other if other.dtype == torch.float32 else other.float())
+    m = torch.maximum(la, lb)
+    # Shift by the row max so the larger weight is exactly 1 (no overflow); clamping the
+    # shift keeps it finite, so an empty side (-inf) gets weight exp(-inf) = 0, not exp(nan).
+    shift = m.clamp(min=_FLOAT_MIN)
+    wa = (la - shift).exp_()
+    wb = (lb - shift).exp_()
+    total = wa + wb
+    # m + log(0) = -inf + -inf = -inf: two empty rows stay empty without a branch.
+    la.copy_(torch.log(total).add_(m))
+    # total >= 1 unless both sides are empty (then 0): dividing by max(total, 1) makes o = 0 there.
+    inv = total.clamp_(min=1.0).reciprocal_()
+    oa.mul_(wa.mul_(inv).unsqueeze(1)).addcmul_(ob, wb.mul_(inv).unsqueeze(1))
+    return acc
+
+
+def merge(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a (+) b`` as a new tensor (see ``merge_into``)."""
+    return merge_into(a.to(dtype=torch.float32).clone(), b)
+
+
+def merge_many(parts: torch.Tensor) -> torch.Tensor:
+    """Merge ``k`` packed partials at once (same rules as ``merge_into``).
+
+    Args:
+        parts: ``(k, rows, D + 1)``, k >= 1.
+
+    Returns:
+        ``(rows, D + 1)``: the merge of all k.
+    """
+    parts = parts.to(dtype=torch.float32)
+    o, lse = parts[..., :-1], parts[..., -1]
+    m = lse.max(dim=0).values
+    w = torch.exp(lse - m.clamp(min=_FLOAT_MIN))
+    total = w.sum(dim=0)
+    out_o = (o * (w / total.clamp(min=1.0)).unsqueeze(-1)).sum(dim=0)
+    return torch.cat([out_o, (m + torch.log(total)).unsqueeze(1)], dim=1)
+
+
+def sum_into(acc: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """``acc <- acc + other`` in place (raw payload plans); fp8 is summed through fp32."""
+    if acc.dtype.itemsize == 1 and acc.is_floating_point():
+        acc.copy_((acc.float() + other.float()).to(acc.dtype))
+    else:
+        acc.add_(other)
+    return acc

@@ -1,0 +1,118 @@
+"""Tidy result rows of a run (one per plan x method) and the op timeline, as pandas frames.
+
+Columns of a result row: ``run_id``, ``plan`` (file name), ``algorithm``, ``topology``
+(predicted on), ``workload`` (compact shape), ``method`` (``plan`` or a baseline), ``ranks``,
+``backend``, ``predicted_us``, ``measured_median_us`` (median over iterations of the max
+over ranks), ``spread_us`` (p90 - p10), ``rel_error`` ((measured - predicted) / predicted),
+``correct``, ``max_rel_err`` (numerical error against the single-process reference).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from treeattn.exec.predict import Predictions
+from treeattn.exec.runner import JobResult
+from treeattn.plan.ir import Plan
+from treeattn.workload import Payload, RawPayload, even_split
+
+__all__ = ["COLUMNS", "TIMELINE_COLUMNS", "workload_label", "new_run_id", "result_rows", "timeline_rows",
+           "write_csv", "rows_json"]
+
+COLUMNS = ("run_id", "plan", "algorithm", "topology", "workload", "method", "ranks", "backend", "predicted_us",
+           "measured_median_us", "spread_us", "rel_error", "correct", "max_rel_err")
+TIMELINE_COLUMNS = ("run_id", "plan", "rank", "op_index", "step", "kind", "peer", "chunk", "block", "post_us",
+                    "done_us")
+
+
+def workload_label(payload: Payload) -> str:
+    """Compact text of a payload, e.g. ``llama-3.1-8b B1 Hq32/8 D128 N262144 bf16/fp32`` plus
+    ``split=...`` when uneven; ``raw 16000B fp32 sum`` for raw payloads."""
+    if isinstance(payload, RawPayload):
+        return f"raw {payload.nbytes}B {payload.dtype.value} {payload.op.value}"
+    w = payload
+    text = (f"{w.model + ' ' if w.model else ''}B{w.batch} Hq{w.q_heads}/{w.kv_heads} D{w.head_dim} "
+            f"N{w.seq_len} {w.kv_dtype.value}/{w.partial_dtype.value}")
+    if tuple(w.split) != even_split(w.seq_len, w.ranks):
+        text += " split=" + ",".join(map(str, w.split))
+    return text
+
+
+def new_run_id(label: str) -> str:
+    """``YYYYmmdd-HHMMSS-<label>``: sortable, and names the plan."""
+    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}"
+
+
+def _num(x: float | None, digits: int = 3) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(float(x), digits)
+
+
+def result_rows(result: JobResult, plans: dict[str, Plan], predictions: dict[str, Predictions],
+                run_id: str) -> pd.DataFrame:
+    """One row per measurement.
+
+    Args:
+        result: rank 0's ``JobResult``.
+        plans: the plans by label.
+        predictions: ``Predictions`` by plan label.
+        run_id: the run's id.
+
+    Returns:
+        A frame with ``COLUMNS``.
+    """
+    rows = []
+    for m in result.measurements:
+        plan = plans[m.label]
+        pred = predictions.get(m.label)
+        predicted = pred.us.get(m.method) if pred is not None else None
+        rel = (m.median_us - predicted) / predicted if predicted else None
+        rows.append({
+            "run_id": run_id,
+            "plan": m.label,
+            "algorithm": plan.algorithm,
+            "topology": pred.topology if pred is not None else plan.topology.name,
+            "workload": workload_label(plan.workload),
+            "method": m.method,
+            "ranks": plan.ranks,
+            "backend": result.backend,
+            "predicted_us": _num(predicted),
+            "measured_median_us": _num(m.median_us),
+            "spread_us": _num(m.spread_us),
+            "rel_error": _num(rel, 4),
+            "correct": bool(m.correct),
+            "max_rel_err": float(f"{m.max_rel_err:.3e}") if math.isfinite(m.max_rel_err) else None,
+        })
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def timeline_rows(result: JobResult, run_id: str) -> pd.DataFrame:
+    """Every op of the plan's last timed iteration on every rank (post and completion, µs)."""
+    rows = []
+    for m in result.measurements:
+        for t in sorted(m.timeline, key=lambda t: (t.rank, t.index)):
+            rows.append({
+                "run_id": run_id, "plan": m.label, "rank": t.rank, "op_index": t.index, "step": t.op.step,
+                "kind": t.op.kind.value, "peer": t.op.peer, "chunk": t.op.chunk, "block": t.op.block,
+                "post_us": round(t.post_us, 3), "done_us": round(t.done_us, 3),
+            })
+    return pd.DataFrame(rows, columns=list(TIMELINE_COLUMNS))
+
+
+def write_csv(frame: pd.DataFrame, path: Path) -> None:
+    """Append ``frame`` to ``path`` (header only when the file is new), creating folders."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists() or path.stat().st_size == 0
+    frame.to_csv(path, mode="w" if new else "a", header=new, index=False)
+
+
+def rows_json(frame: pd.DataFrame) -> str:
+    """The rows as a JSON list (sorted keys; missing numbers as null)."""
+    records = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+               for row in frame.astype(object).to_dict(orient="records")]
+    return json.dumps(records, sort_keys=True, indent=2)

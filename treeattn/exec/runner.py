@@ -1,0 +1,321 @@
+"""What every rank does in a run: build inputs, run each method, check it, time it.
+
+One process group runs a whole ``Job`` (several plans in sequence, each with its
+baselines), so tests and benchmarks pay the process start-up once. Per method: one
+untimed run whose result is checked, ``warmup`` untimed runs, then ``repeats`` timed runs,
+each started after a barrier; an iteration's time is the maximum over ranks of its
+wall time (gathered after the loop), and the last iteration's result is checked as well.
+Rank 0 returns the ``JobResult``; other ranks return None.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import statistics
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from treeattn.errors import InputError
+from treeattn.exec.attention import (
+    make_kv_shard,
+    make_query,
+    make_raw,
+    reference_attention,
+    reference_raw,
+    resolve_kernel,
+    torch_dtype,
+)
+from treeattn.exec.baselines import ATTENTION_BASELINES, RAW_BASELINES, library_allreduce, run_attention_baseline
+from treeattn.exec.comm import Comm
+from treeattn.exec.interpreter import OpTiming, PlanExecutor, RankInputs
+from treeattn.exec.merge import unpack
+from treeattn.plan.ir import Plan
+from treeattn.units import DType
+from treeattn.workload import Payload, RawPayload, Workload
+
+__all__ = ["RunOptions", "PlanJob", "Job", "Measurement", "JobResult", "tolerance", "relative_error", "run_rank"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """How a run measures and checks (the flags of ``treeattn run``)."""
+
+    repeats: int = 10
+    """Timed iterations per method."""
+    warmup: int = 2
+    """Untimed iterations before the timed ones (after the checked first run)."""
+    timeout_s: float = 5.0
+    """Deadline of one measured operation (a step's wait, one collective)."""
+    setup_timeout_s: float = 120.0
+    """Deadline of start-up, barriers, reference broadcast and result gathering."""
+    backend: str | None = None
+    """``gloo`` or ``nccl``; None follows the devices (NCCL when CUDA is present)."""
+    check: str = "root"
+    """``root``: the plan's first result rank checks (rank 0 for baselines); ``all``: every result rank."""
+    seed: int = 0
+    baselines: bool = False
+    """Also run the baselines on the plan's workload (once per distinct workload in a job)."""
+    kernel: str = "auto"
+    """Local attention kernel (see ``treeattn.exec.attention.KERNELS``)."""
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.warmup < 0:
+            raise InputError(f"repeats must be >= 1 and warmup >= 0, got {self.repeats} and {self.warmup}")
+        if self.timeout_s <= 0:
+            raise InputError(f"timeout must be > 0 seconds, got {self.timeout_s}")
+        if self.backend not in (None, "gloo", "nccl"):
+            raise InputError(f"unknown backend {self.backend!r}; choose gloo or nccl")
+        if self.check not in ("root", "all"):
+            raise InputError(f"unknown check mode {self.check!r}; choose root or all")
+
+
+@dataclass(frozen=True, slots=True)
+class PlanJob:
+    label: str
+    """What rows call the plan (its file name)."""
+    plan: Plan
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    plans: tuple[PlanJob, ...]
+    options: RunOptions = field(default_factory=RunOptions)
+
+    def __post_init__(self) -> None:
+        if not self.plans:
+            raise InputError("a run needs at least one plan")
+        labels = [pj.label for pj in self.plans]
+        if len(set(labels)) != len(labels):
+            raise InputError(f"plan labels of one run must differ, got {labels}")
+        counts = sorted({pj.plan.ranks for pj in self.plans})
+        if len(counts) > 1:
+            raise InputError(f"plans of one run must have the same rank count, got {counts}")
+
+    @property
+    def ranks(self) -> int:
+        return self.plans[0].plan.ranks
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """One method on one plan's workload: times (max over ranks per iteration) and check."""
+
+    label: str
+    method: str
+    """``plan`` or a baseline name."""
+    kernel: str
+    """Local attention kernel used (``none`` for raw payloads)."""
+    times_us: tuple[float, ...]
+    max_rel_err: float
+    """Largest relative error over the checked ranks and the two checked iterations."""
+    tolerance: float
+    checked_ranks: tuple[int, ...]
+    timeline: tuple[OpTiming, ...] = ()
+    """``plan`` only: every rank's ops in the last timed iteration."""
+
+    @property
+    def correct(self) -> bool:
+        return self.max_rel_err <= self.tolerance
+
+    @property
+    def median_us(self) -> float:
+        return statistics.median(self.times_us)
+
+    def quantile_us(self, q: float) -> float:
+        """Linear-interpolated quantile of the iteration times."""
+        ts = sorted(self.times_us)
+        pos = q * (len(ts) - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(ts) - 1)
+        return ts[lo] + (ts[hi] - ts[lo]) * (pos - lo)
+
+    @property
+    def spread_us(self) -> float:
+        """p90 - p10 of the iteration times."""
+        return self.quantile_us(0.9) - self.quantile_us(0.1)
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    measurements: tuple[Measurement, ...]
+    backend: str
+    device: str
+    world: int
+
+
+_TOL = {DType.FP32: 1e-5, DType.BF16: 2e-2, DType.FP16: 2e-2, DType.FP8: 2e-2}
+
+
+def tolerance(payload: Payload) -> float:
+    """Largest accepted relative error: fp32 1e-5, 16-bit or 8-bit inputs or partials 2e-2;
+    raw payloads are sums of small integers, exact in any order: 0."""
+    if isinstance(payload, RawPayload):
+        return 0.0
+    return max(_TOL[payload.kv_dtype], _TOL[payload.partial_dtype])
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor, raw: bool) -> float:
+    """Max-norm relative error of ``out`` against ``ref``; for partials the larger of the
+    output's error and the lse's (absolute below 1, relative above); NaN counts as infinite."""
+    out = out.detach().to("cpu", torch.float64)
+    ref = ref.to(torch.float64)
+    if raw:
+        scale = max(ref.abs().max().item(), 1e-30)
+        err = (out - ref).abs().max().item() / scale
+        return math.inf if math.isnan(err) else err
+    o, lse = unpack(out)
+    o_ref, lse_ref = unpack(ref)
+    err_o = (o - o_ref).abs().max().item() / max(o_ref.abs().max().item(), 1e-30)
+    both_empty = torch.isneginf(lse) & torch.isneginf(lse_ref)
+    diff = torch.where(both_empty, torch.zeros_like(lse), (lse - lse_ref).abs())
+    finite = lse_ref[torch.isfinite(lse_ref)]
+    err_l = diff.max().item() / max(1.0, finite.abs().max().item() if finite.numel() else 1.0)
+    err = max(err_o, err_l)
+    return math.inf if math.isnan(err) else err
+
+
+def _pick_backend(options: RunOptions) -> tuple[str, torch.device]:
+    backend = options.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise InputError("backend nccl needs CUDA devices; none is visible (use --backend gloo)")
+    return backend, torch.device("cpu")
+
+
+class _RankRun:
+    """State of one rank across the plans of a job."""
+
+    def __init__(self, job: Job, comm: Comm, kernels: dict[str, str]) -> None:
+        self.job = job
+        self.opt = job.options
+        self.comm = comm
+        self.kernels = kernels
+        self._refs: dict[tuple, torch.Tensor] = {}
+        self._baselines_done: set[tuple] = set()
+
+    def reference(self, payload: Payload, contributors: tuple[int, ...] | None = None) -> torch.Tensor:
+        key = (repr(payload), self.opt.seed, contributors)
+        if key not in self._refs:
+            raw = isinstance(payload, RawPayload)
+            if self.comm.rank == 0:
+                seed = self.opt.seed
+                ref = (reference_raw(payload, seed, contributors) if raw
+                       else reference_attention(payload, seed, contributors))
+            else:
+                shape = (payload.rows,) if raw else (payload.rows, payload.head_dim + 1)
+                ref = torch.empty(shape, dtype=torch.float64 if raw else torch.float32)
+            self._refs[key] = self.comm.broadcast(ref.to(self.comm.device), 0, "reference broadcast").cpu()
+        return self._refs[key]
+
+    def measure(self, label: str, method: str, fn, payload: Payload, check_ranks: tuple[int, ...],
+                executor: PlanExecutor | None = None, contributors: tuple[int, ...] | None = None,
+                ) -> Measurement | None:  # noqa: ANN001 - fn() -> Tensor
+        comm, raw = self.comm, isinstance(payload, RawPayload)
+        first = fn()
+        for _ in range(self.opt.warmup):
+            fn()
+        times = []
+        for _ in range(self.opt.repeats):
+            comm.barrier()
+            t0 = comm.now()
+            last = fn()
+            times.append((comm.now() - t0) * 1e6)
+        ref = self.reference(payload, contributors)
+        err = -1.0
+        if comm.rank in check_ranks:
+            err = max(relative_error(first, ref, raw), relative_error(last, ref, raw))
+        local = torch.tensor([err, *times], dtype=torch.float64, device=comm.device)
+        rows = torch.stack(comm.all_gather(local, f"{method} result gathering", setup=True)).cpu()
+        timeline: list = []
+        if executor is not None:
+            gathered: list = [None] * comm.world if comm.rank == 0 else None
+            dist.gather_object(executor.timeline, gathered, dst=0)
+            if comm.rank == 0:
+                timeline = [t for per_rank in gathered for t in per_rank]
+        if comm.rank != 0:
+            return None
+        errs = [e for e in rows[:, 0].tolist() if e >= 0]
+        return Measurement(
+            label=label,
+            method=method,
+            kernel=self.kernels.get(label, "none"),
+            times_us=tuple(rows[:, 1:].max(dim=0).values.tolist()),
+            max_rel_err=max(errs) if errs else math.inf,
+            tolerance=tolerance(payload),
+            checked_ranks=tuple(check_ranks),
+            timeline=tuple(timeline),
+        )
+
+    def run_plan(self, pj: PlanJob) -> list[Measurement]:
+        plan, comm, opt = pj.plan, self.comm, self.opt
+        w = plan.workload
+        if plan.is_raw:
+            inputs = RankInputs(raw=make_raw(w, comm.rank, opt.seed, comm.device))
+        else:
+            inputs = RankInputs(q=make_query(w, opt.seed, comm.device), kv=make_kv_shard(w, comm.rank, opt.seed,
+                                                                                        comm.device))
+        kernel = self.kernels.get(pj.label, "explicit")
+        executor = PlanExecutor(plan, comm, inputs, kernel)
+        result_ranks = tuple(sorted(plan.result_ranks)) or (0,)
+        checks = result_ranks if opt.check == "all" else result_ranks[:1]
+        out = []
+        contributors = getattr(plan, "contributors", None)
+        m = self.measure(pj.label, "plan", executor.run, w, checks, executor, contributors)
+        out.append(m)
+        if opt.baselines and (repr(w), "baselines") not in self._baselines_done:
+            self._baselines_done.add((repr(w), "baselines"))
+            everyone = tuple(range(comm.world)) if opt.check == "all" else (0,)
+            for name in RAW_BASELINES if plan.is_raw else ATTENTION_BASELINES:
+                if plan.is_raw:
+                    def fn(buf=inputs.raw):
+                        return library_allreduce(comm, buf)
+                else:
+                    wire = torch_dtype(w.partial_dtype)
+
+                    def fn(name=name, wire=wire, w=w):
+                        return run_attention_baseline(name, comm, inputs.q, inputs.kv, w, kernel, wire)
+                out.append(self.measure(pj.label, name, fn, w, everyone))
+        return [m for m in out if m is not None]
+
+
+def run_rank(job: Job, rank: int, world: int, local_rank: int = 0) -> JobResult | None:
+    """Run ``job`` as rank ``rank`` of ``world`` (process group from the env:// variables).
+
+    Args:
+        job: the plans and options; every rank must get the same job.
+        rank: this process's global rank.
+        world: number of processes; must equal the plans' rank count.
+        local_rank: index of this process on its machine (picks the CUDA device).
+
+    Returns:
+        The ``JobResult`` on rank 0, None elsewhere.
+    """
+    opt = job.options
+    for pj in job.plans:
+        if pj.plan.ranks != world:
+            raise InputError(
+                f"plan {pj.label!r} has {pj.plan.ranks} ranks but the launcher started {world} processes; "
+                f"launch {pj.plan.ranks} (e.g. torchrun --nproc-per-node {pj.plan.ranks})"
+            )
+    backend, device = _pick_backend(opt)
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
+        torch.cuda.set_device(device)
+    kernels = {pj.label: resolve_kernel(opt.kernel, device, pj.plan.workload.kv_dtype)
+               for pj in job.plans if isinstance(pj.plan.workload, Workload)}
+    init = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=opt.setup_timeout_s), **init)
+    comm = Comm(rank, world, backend, device, opt.timeout_s, opt.setup_timeout_s)
+    state = _RankRun(job, comm, kernels)
+    measurements: list[Measurement] = []
+    for pj in job.plans:
+        measurements.extend(state.run_plan(pj))
+    comm.barrier()
+    # Only on success: after a peer's failure, tearing the group down can block.
+    dist.destroy_process_group()
+    if rank != 0:
+        return None
+    return JobResult(tuple(measurements), backend, str(device), world)

@@ -1,0 +1,72 @@
+"""One locally started rank: ``python -m treeattn.exec.worker RUN_DIR`` (see ``launch_local``).
+
+Reads ``RUN_DIR/job.pkl`` and its rank from ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``; rank 0
+writes ``RUN_DIR/result.pkl``. On any error it writes ``RUN_DIR/rank<R>.error.json``
+(``kind`` is ``comm`` when it only lost a peer), prints the traceback to its log and exits
+at once with status 1, skipping teardown that could block on a dead peer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import pickle
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+from treeattn.errors import TreeattnError
+from treeattn.exec.comm import CommError
+from treeattn.exec.runner import run_rank
+
+__all__ = ["main"]
+
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Timed out waiting", "Broken pipe")
+
+
+def _die_with_parent() -> None:
+    # NOTE: Linux only; elsewhere the parent's watchdog and the op deadlines still apply.
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    parent = os.environ.get("TREEATTN_PARENT_PID")
+    if parent and os.getppid() != int(parent):
+        os._exit(1)  # the parent died before prctl took effect
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    run_dir = Path(args[0])
+    rank = int(os.environ["RANK"])
+    _die_with_parent()
+    try:
+        job = pickle.loads((run_dir / "job.pkl").read_bytes())
+        result = run_rank(job, rank, int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0")))
+        if rank == 0:
+            tmp = run_dir / "result.pkl.tmp"
+            tmp.write_bytes(pickle.dumps(result))
+            tmp.rename(run_dir / "result.pkl")
+    except BaseException as exc:  # noqa: BLE001 - every failure must be reported, then exit fast
+        traceback.print_exc()
+        text = str(exc).strip()
+        comm = isinstance(exc, CommError) or any(marker in text for marker in _PEER_LOST)
+        report = {
+            "rank": rank,
+            "kind": "comm" if comm else "error",
+            "message": text if isinstance(exc, TreeattnError) else f"{type(exc).__name__}: {text}",
+            "exit_code": getattr(exc, "exit_code", 1),
+        }
+        (run_dir / f"rank{rank}.error.json").write_text(json.dumps(report))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
