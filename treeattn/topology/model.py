@@ -10,7 +10,6 @@ rank to another crosses, in order. ``bw_gbps`` is GB/s per direction for the who
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -374,10 +373,16 @@ class Topology:
         """Hash of what determines costs (devices, links, ranks, cost constants), not names
         of the file or its description, nor the order devices and links are listed in
         (routing does not depend on it): two files describing the same machine match."""
-        data = self.to_dict()
-        for key in ("name", "description", "sources"):
-            data.pop(key)
-        data["devices"].sort(key=lambda d: d["name"])
-        data["links"].sort(key=lambda ln: (ln["src"], ln["dst"]))
-        blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+        # Plain tuples (numbers as floats, so 25 and 25.0 agree) hash several times faster
+        # than JSON at 200,000 links.
+        devices = sorted(
+            (d.name, d.kind.value, d.node, d.model, float(d.mem_bw_gbps), float(d.mem_gb), d.p2p, d.tier, d.nic)
+            for d in self.devices
+        )
+        links = sorted(
+            (ln.src, ln.dst, ln.kind.value, float(ln.bw_gbps), float(ln.latency_us), ln.count, ln.generation, ln.width)
+            for ln in self.links
+        )
+        cost = (float(self.cost.overhead_us), float(self.cost.launch_us), float(self.cost.mem_efficiency))
+        blob = repr((devices, links, self.ranks, cost)).encode()
         return "sha256:" + hashlib.sha256(blob).hexdigest()[:16]

@@ -73,9 +73,8 @@ class RouteIndex:
     def island(self, name: str) -> int:
         """Id of the NVLink/xGMI island of a device: devices joined by GPU-fabric links,
         directly or through NVSwitches; devices without such links are alone (-1)."""
-        if self._island is None:
-            self._island = self._islands()
-        return self._island.get(name, -1)
+        islands = self._island if self._island is not None else self._islands()
+        return islands.get(name, -1)
 
     def nic_of(self, dev: Device) -> str | None:
         """The NIC carrying ``dev``'s network traffic (itself if it has network links), or
@@ -126,8 +125,9 @@ class RouteIndex:
                 )
             return (i,)
         if da.kind is DeviceKind.GPU and db.kind is DeviceKind.GPU:
-            isl = self.island(a)
-            if isl >= 0 and isl == self.island(b):
+            islands = self._island if self._island is not None else self._islands()
+            isl = islands.get(a, -1)
+            if isl >= 0 and isl == islands.get(b, -1):
                 path = self._bfs(a, b, LinkClass.GPU_FABRIC, _FABRIC_VIA)
                 if path is not None:
                     return path
@@ -210,6 +210,7 @@ class RouteIndex:
         out: dict[str, int] = {}
         for name in parent:
             out[name] = roots.setdefault(find(name), len(roots))
+        self._island = out
         return out
 
     def _bfs(
@@ -249,87 +250,76 @@ class _SwitchFabric:
         self.index = index
         links = index.topo.links
         switch = {d.name for d in index.topo.devices if d.kind is DeviceKind.SWITCH}
-        self.sw_out: dict[str, set[str]] = {s: set() for s in switch}
+        out: dict[str, dict[str, int]] = {s: {} for s in switch}
         self.sw_in: dict[str, set[str]] = {s: set() for s in switch}
-        self.first: dict[str, list[str]] = {}
-        self.last: dict[str, list[str]] = {}
-        for ln in links:
+        # NIC -> [(first switch, link id)], NIC -> [(last switch, link id)], sorted by switch.
+        self.first: dict[str, list[tuple[str, int]]] = {}
+        self.last: dict[str, list[tuple[str, int]]] = {}
+        for i, ln in enumerate(links):
             if ln.cls is not LinkClass.NETWORK or ln.src == ln.dst:
                 continue
             s_sw, d_sw = ln.src in switch, ln.dst in switch
             if s_sw and d_sw:
-                self.sw_out[ln.src].add(ln.dst)
+                out[ln.src][ln.dst] = i
                 self.sw_in[ln.dst].add(ln.src)
             elif d_sw:
-                self.first.setdefault(ln.src, []).append(ln.dst)
+                self.first.setdefault(ln.src, []).append((ln.dst, i))
             elif s_sw:
-                self.last.setdefault(ln.dst, []).append(ln.src)
+                self.last.setdefault(ln.dst, []).append((ln.src, i))
         for table in (self.first, self.last):
             for v in table.values():
                 v.sort()
+        # Switch -> {next switch: link id}, in name order (ECMP picks by position).
+        self.sw_out: dict[str, dict[str, int]] = {s: dict(sorted(nxt.items())) for s, nxt in out.items()}
         self._preds: dict[str, dict[str, list[str]]] = {}
 
     def path(self, a: str, b: str) -> tuple[int, ...]:
-        link_id = self.index.link_id
-        direct = link_id.get((a, b))
+        direct = self.index.link_id.get((a, b))
         if direct is not None and self.index.topo.links[direct].cls is LinkClass.NETWORK:
             return (direct,)
         h = zlib.crc32(f"{a}|{b}".encode())
-        best: list[tuple[str, str]] = []
-        best_len = -1
-        for s in self.first.get(a, ()):
-            for t in self.last.get(b, ()):
-                n = self._hops(s, t)
-                if n < 0:
+        best: list[tuple[int, ...]] = []
+        for s, up in self.first.get(a, ()):
+            for t, down in self.last.get(b, ()):
+                mid = self._segment(s, t, h)
+                if mid is None:
                     continue
-                if best_len < 0 or n < best_len:
-                    best, best_len = [(s, t)], n
-                elif n == best_len:
-                    best.append((s, t))
+                if not best or len(mid) + 2 < len(best[0]):
+                    best = [(up, *mid, down)]
+                elif len(mid) + 2 == len(best[0]):
+                    best.append((up, *mid, down))
         if not best:
             raise TopologyError(
                 f"topology {self.index.topo.name!r}: no network path from {a!r} to {b!r}"
             )
-        s, t = best[h % len(best)]
-        hops = [a, *self._switch_path(s, t, h // len(best)), b]
-        return tuple(link_id[(hops[k], hops[k + 1])] for k in range(len(hops) - 1))
+        return best[0] if len(best) == 1 else best[h % len(best)]
 
-    def _hops(self, s: str, t: str) -> int:
-        """Switch-to-switch hop count s..t, -1 when unreachable."""
+    def _segment(self, s: str, t: str, h: int) -> tuple[int, ...] | None:
+        """Link ids of one shortest switch path s..t (None: unreachable); ``h`` picks
+        among equal ones."""
         if s == t:
-            return 0
-        if t in self.sw_out[s]:
-            return 1
-        if not self.sw_out[s].isdisjoint(self.sw_in[t]):
-            return 2
+            return ()
+        nxt = self.sw_out[s]
+        direct = nxt.get(t)
+        if direct is not None:
+            return (direct,)
+        into_t = self.sw_in[t]
+        mids = [m for m in nxt if m in into_t]
+        if mids:
+            m = mids[h % len(mids)]
+            return (nxt[m], self.sw_out[m][t])
         preds = self._bfs_preds(s)
         if t not in preds:
-            return -1
-        n, v = 0, t
-        while v != s:
-            v = preds[v][0]
-            n += 1
-        return n
-
-    def _switch_path(self, s: str, t: str, h: int) -> list[str]:
-        """One shortest switch path s..t (inclusive); ``h`` picks among equal ones."""
-        if s == t:
-            return [s]
-        if t in self.sw_out[s]:
-            return [s, t]
-        middle = self.sw_out[s] & self.sw_in[t]
-        if middle:
-            mids = sorted(middle)
-            return [s, mids[h % len(mids)], t]
-        preds = self._bfs_preds(s)
-        rev = [t]
+            return None
+        ids = []
         v = t
         while v != s:
             options = preds[v]
-            v = options[h % len(options)]
+            u = options[h % len(options)]
             h //= len(options)
-            rev.append(v)
-        return rev[::-1]
+            ids.append(self.sw_out[u][v])
+            v = u
+        return tuple(reversed(ids))
 
     def _bfs_preds(self, s: str) -> dict[str, list[str]]:
         """Breadth-first search over switches from ``s``: for each reached switch, its
