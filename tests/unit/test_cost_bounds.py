@@ -1,0 +1,176 @@
+"""Lower bounds: known values, and the property that no plan simulates below them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.unit.test_cost_helpers import (
+    binomial_programs,
+    cluster_topo,
+    make_plan,
+    raw,
+    ring_allreduce_programs,
+    switch_topo,
+    tree_programs,
+)
+from treeattn.cost.bounds import CutModel, depth_bound_us, lower_bounds
+from treeattn.cost.simulate import simulate
+from treeattn.errors import InputError
+from treeattn.plan.ir import Op, OpKind
+from treeattn.workload import RawPayload, Workload
+
+
+def test_depth_bound_small_cases_by_hand():
+    # Two contributions: one message, alpha + g + mu after the first one exists.
+    assert depth_bound_us(2, 3.0, 0.5, 1.0, 0.0, True) == pytest.approx(4.5)
+    # Tiny rows: a star (fan-in n-1) is best, alpha + (n-1) g + mu.
+    assert depth_bound_us(8, 3.0, 0.01, 0.0, 0.0, True) == pytest.approx(3.07)
+    # Costly rows: the fan-in is balanced against depth; a binomial tree is one option, so
+    # the bound is at most its log2(n) (alpha + g).
+    assert depth_bound_us(16, 1.0, 1.0, 0.0, 0.0, True) <= 4 * 2.0 + 1e-12
+    # Attention: computing everything locally costs n c; with cheap compute that wins.
+    assert depth_bound_us(4, 10.0, 0.0, 0.0, 1.0, False) == pytest.approx(4.0)
+    assert depth_bound_us(1, 10.0, 0.0, 0.0, 2.0, False) == pytest.approx(2.0)
+
+
+def test_depth_bound_grows_with_ranks_and_scales_with_time_units():
+    vals = [depth_bound_us(n, 2.0, 0.3, 0.5, 0.0, True) for n in (2, 4, 16, 64, 256)]
+    assert vals == sorted(vals)
+    assert depth_bound_us(64, 4.0, 0.6, 1.0, 0.0, True) == pytest.approx(2 * vals[3])
+
+
+def test_bounds_pieces_on_a_switch():
+    p, m = 8, 40_000
+    topo = switch_topo(p, bw=10.0, lat=1.0, overhead=2.0)
+    b = lower_bounds(raw(p, m), topo, result_ranks=[0])
+    # ingress of the root: m bytes over 10 GB/s after overhead and one hop
+    assert b.bandwidth_us == pytest.approx(2.0 + 1.0 + m / 10e3)
+    assert b.compute_us == 0.0 and b.first_compute_us == 0.0
+    assert b.bound_us == pytest.approx(max(b.latency_us, b.bandwidth_us))
+    # every closed form plan on this switch stays above it
+    for progs, chunks, results in [(binomial_programs(p), 1, [0]), (ring_allreduce_programs(p), p, None)]:
+        plan = make_plan(progs, raw(p, 4 * p * 1250), topo, chunks=chunks, result_ranks=results)
+        bb = lower_bounds(plan.workload, topo, result_ranks=plan.result_ranks)
+        assert simulate(plan, topo).predicted_us >= bb.bound_us
+
+
+def test_bounds_of_attention_include_compute():
+    topo = cluster_topo(2, 2)
+    w = Workload(batch=1, q_heads=8, kv_heads=2, head_dim=64, split=(4000, 0, 100, 100))
+    b = lower_bounds(w, topo)
+    from treeattn.cost.compute import ComputeModel
+
+    cm = ComputeModel.of(w, topo)
+    assert b.compute_us == pytest.approx(cm.partial_us(0))
+    assert b.first_compute_us == pytest.approx(topo.cost.launch_us)  # the empty shard
+    assert b.bound_us >= b.compute_us
+    one = lower_bounds(w, topo, result_ranks=[0], contributors=[0])
+    assert one.bound_us == pytest.approx(one.compute_us)  # nothing to move
+
+
+def test_bounds_reject_wrong_rank_counts():
+    with pytest.raises(InputError, match="3 ranks.*4"):
+        lower_bounds(RawPayload(nbytes=64, ranks=3), switch_topo(4))
+    with pytest.raises(InputError, match="rank 9"):
+        lower_bounds(RawPayload(nbytes=64, ranks=4), switch_topo(4), result_ranks=[9])
+
+
+def test_collective_floor_is_at_least_the_cut_and_depth():
+    topo = cluster_topo(2, 2)
+    cuts = CutModel(topo)
+    f = cuts.collective_floor_us(100_000, 4)
+    assert f >= cuts.depth_us(4, 4, 0.0, True)
+    assert f >= topo.cost.overhead_us + 100_000 / (min(25.0, 25.0) * 1e3)
+
+
+# -- property: no plan simulates below its bound ---------------------------------------------------
+
+
+@st.composite
+def cases(draw):
+    nodes = draw(st.integers(1, 3))
+    gpus = draw(st.integers(1, 3))
+    if nodes * gpus < 2:
+        gpus = 2
+    p = nodes * gpus
+    topo = cluster_topo(
+        nodes, gpus,
+        nvl_bw=draw(st.sampled_from([50.0, 300.0])),
+        net_bw=draw(st.sampled_from([5.0, 25.0])),
+        net_lat=draw(st.sampled_from([0.0, 1.0, 3.0])),
+        overhead=draw(st.sampled_from([0.0, 2.0, 10.0])),
+        launch=draw(st.sampled_from([0.0, 4.0])),
+        mem_bw=draw(st.sampled_from([500.0, 3000.0])),
+    )
+    order = draw(st.permutations(range(p)))
+    parents = [-1] * p
+    for i in range(1, p):
+        parents[order[i]] = order[draw(st.integers(0, i - 1))]
+    attention = draw(st.booleans())
+    chunks = draw(st.integers(1, 4))
+    if attention:
+        split = tuple(draw(st.lists(st.sampled_from([0, 64, 1000, 20000]), min_size=p, max_size=p)))
+        if sum(split) == 0:
+            split = (64,) + split[1:]
+        w = Workload(batch=draw(st.integers(1, 2)), q_heads=4, kv_heads=draw(st.sampled_from([1, 4])),
+                     head_dim=32, split=split)
+    else:
+        w = RawPayload(nbytes=4 * 4 * draw(st.sampled_from([4, 100, 5000])), ranks=p)
+    bcast = draw(st.booleans())
+    progs = tree_programs(parents, chunks, broadcast=bcast, compute=attention)
+    plan = make_plan(progs, w, topo, chunks=chunks, result_ranks=None if bcast else [order[0]])
+    return topo, plan
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_random_trees_never_beat_the_bound(case):
+    topo, plan = case
+    res = simulate(plan, topo)
+    b = lower_bounds(plan.workload, topo, result_ranks=plan.result_ranks)
+    assert res.predicted_us >= b.bound_us * (1 - 1e-9)
+    assert all(f <= res.predicted_us for f in res.per_rank_finish_us)
+    again = simulate(plan, topo)
+    assert again.to_dict(timeline=True) == res.to_dict(timeline=True)
+    assert math.isfinite(res.predicted_us)
+
+
+def test_collective_plans_never_beat_the_bound():
+    for nodes, gpus, overhead in [(1, 4, 2.0), (2, 2, 30.0), (3, 1, 0.0)]:
+        topo = cluster_topo(nodes, gpus, overhead=overhead)
+        p = topo.num_ranks
+        w = Workload(batch=1, q_heads=8, kv_heads=2, head_dim=64, split=tuple([1024] * p))
+        trio = [[Op(OpKind.COMPUTE, 0)] + [Op(OpKind.COLLECTIVE, 1 + i, coll="allreduce", reduce=red, part=part)
+                                           for i, (red, part) in enumerate([("max", "lse"), ("sum", "num"),
+                                                                            ("sum", "den")])] for _ in range(p)]
+        gather = [[Op(OpKind.COMPUTE, 0), Op(OpKind.COLLECTIVE, 1, coll="allgather", reduce="merge",
+                                              part="partial")] for _ in range(p)]
+        b = lower_bounds(w, topo)
+        for progs in (trio, gather):
+            assert simulate(make_plan(progs, w, topo), topo).predicted_us >= b.bound_us
+
+
+def test_builder_plans_never_beat_the_bound():
+    builders = pytest.importorskip("treeattn.plan.builders")
+    topo = cluster_topo(2, 4, overhead=3.0)
+    p = topo.num_ranks
+    payloads = [Workload(batch=2, q_heads=8, kv_heads=2, head_dim=64, split=tuple([2048] * (p - 1) + [0])),
+                RawPayload(nbytes=4 * 8 * 64, ranks=p)]
+    checked = 0
+    for name in sorted(builders.ALGORITHMS):
+        for w in payloads:
+            for chunks in (1, 4):
+                try:
+                    plan = builders.build(name, w, topo, chunks=chunks)
+                except InputError:
+                    continue  # not defined for this payload or chunk count
+                res = simulate(plan, topo)
+                b = lower_bounds(w, topo, result_ranks=plan.result_ranks,
+                                 contributors=getattr(plan, "contributors", None))
+                assert res.predicted_us >= b.bound_us * (1 - 1e-9), (name, w.kind, chunks)
+                checked += 1
+    assert checked >= 10

@@ -1,0 +1,296 @@
+"""The simulator against closed forms, contention cases and bad plans.
+
+Closed forms use raw payload plans on hosts whose merges are free (``launch_us = 0`` and
+``mem_bw_gbps = 0``: memory time not modelled), so only messages cost time:
+alpha = overhead + route latency, beta = link bandwidth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from tests.unit.test_cost_helpers import (
+    COPY,
+    MERGE,
+    SEND,
+    binomial_programs,
+    butterfly_programs,
+    make_plan,
+    mesh_topo,
+    raw,
+    ring_allreduce_programs,
+    switch_topo,
+    tree_programs,
+)
+from treeattn.cost.simulate import simulate
+from treeattn.errors import InputError, PlanInvalidError
+from treeattn.plan.ir import Op, OpKind
+from treeattn.topology.model import CostParams, Device, DeviceKind, Link, LinkKind, Topology
+from treeattn.workload import Workload
+
+REL = 1e-9
+
+
+def close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=REL, abs_tol=1e-12)
+
+
+TOPOS = {
+    # name: (builder, alpha as a function of overhead)
+    "switch": (lambda p: switch_topo(p, bw=10.0, lat=1.0, overhead=2.0), 2.0 + 2 * 1.0),
+    "mesh": (lambda p: mesh_topo(p, bw=10.0, lat=0.7, overhead=1.5), 1.5 + 0.7),
+}
+BETA = 10.0e3  # bytes per microsecond (10 GB/s)
+
+
+@pytest.mark.parametrize("kind", sorted(TOPOS))
+@pytest.mark.parametrize("p,k", [(2, 1), (5, 1), (5, 4), (8, 3), (7, 8)])
+def test_chunked_chain_pipeline(kind, p, k):
+    make, alpha = TOPOS[kind]
+    topo = make(p)
+    m = 4 * 24 * 7  # rows divisible by every k used
+    plan = make_plan(tree_programs([-1, *range(p - 1)], k, broadcast=False), raw(p, m), topo, chunks=k,
+                     result_ranks=[0])
+    res = simulate(plan, topo)
+    assert close(res.predicted_us, (p - 1 + k - 1) * (alpha + m / (k * BETA)))
+    assert close(res.per_rank_finish_us[0], res.predicted_us)
+
+
+@pytest.mark.parametrize("kind", sorted(TOPOS))
+@pytest.mark.parametrize("p", [2, 4, 8, 16])
+def test_binomial_reduce_and_broadcast(kind, p):
+    make, alpha = TOPOS[kind]
+    topo = make(p)
+    m = 40_000
+    reduce = make_plan(binomial_programs(p), raw(p, m), topo, result_ranks=[0])
+    assert close(simulate(reduce, topo).predicted_us, math.log2(p) * (alpha + m / BETA))
+    both = make_plan(binomial_programs(p, broadcast=True), raw(p, m), topo)
+    assert close(simulate(both, topo).predicted_us, 2 * math.log2(p) * (alpha + m / BETA))
+
+
+@pytest.mark.parametrize("kind", sorted(TOPOS))
+@pytest.mark.parametrize("p", [2, 3, 9])
+def test_star_reduce_and_broadcast_share_the_root_link(kind, p):
+    make, alpha = TOPOS[kind]
+    topo = make(p)
+    m = 8_000
+    reduce = make_plan(tree_programs([-1] + [0] * (p - 1), 1, broadcast=False), raw(p, m), topo, result_ranks=[0])
+    res = simulate(reduce, topo)
+    # switch: all p-1 flows share the root's downlink; mesh: each has its own link.
+    share = p - 1 if kind == "switch" else 1
+    assert close(res.predicted_us, alpha + share * m / BETA)
+    bcast = [[Op(SEND, 0, peer=v) for v in range(1, p)]] + [[Op(COPY, 0, peer=0)] for _ in range(1, p)]
+    res = simulate(make_plan(bcast, raw(p, m), topo), topo)
+    assert close(res.predicted_us, alpha + share * m / BETA)
+
+
+@pytest.mark.parametrize("kind", sorted(TOPOS))
+def test_chain_broadcast_unchunked(kind):
+    make, alpha = TOPOS[kind]
+    p, m = 6, 12_000
+    topo = make(p)
+    progs = [[Op(SEND, 0, peer=1)]] + [
+        [Op(COPY, 0, peer=v - 1)] + ([Op(SEND, 1, peer=v + 1)] if v + 1 < p else []) for v in range(1, p)
+    ]
+    assert close(simulate(make_plan(progs, raw(p, m), topo), topo).predicted_us, (p - 1) * (alpha + m / BETA))
+
+
+@pytest.mark.parametrize("kind", sorted(TOPOS))
+@pytest.mark.parametrize("p", [2, 3, 4, 7])
+def test_ring_allreduce(kind, p):
+    make, alpha = TOPOS[kind]
+    topo = make(p)
+    m = 4 * p * 500
+    plan = make_plan(ring_allreduce_programs(p), raw(p, m), topo, chunks=p)
+    res = simulate(plan, topo)
+    assert close(res.predicted_us, 2 * (p - 1) * (alpha + m / (p * BETA)))
+    assert all(close(f, res.predicted_us) for f in res.per_rank_finish_us)
+
+
+@pytest.mark.parametrize("kind", sorted(TOPOS))
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_recursive_doubling(kind, p):
+    make, alpha = TOPOS[kind]
+    topo = make(p)
+    m = 20_000
+    res = simulate(make_plan(butterfly_programs(p), raw(p, m), topo), topo)
+    assert close(res.predicted_us, math.log2(p) * (alpha + m / BETA))
+
+
+# -- contention -------------------------------------------------------------------------------
+
+
+def _senders_to(topo, senders, dst, m):
+    p = topo.num_ranks
+    progs = [[] for _ in range(p)]
+    for s in senders:
+        progs[s].append(Op(SEND, 0, peer=dst))
+        progs[dst].append(Op(MERGE, 0, peer=s))
+    return make_plan(progs, raw(p, m), topo, result_ranks=[dst])
+
+
+def test_two_flows_on_one_link_each_get_half():
+    topo = switch_topo(3, bw=10.0, lat=1.0, overhead=2.0)
+    m = 50_000
+    alone = simulate(_senders_to(topo, [1], 0, m), topo)
+    assert close(alone.predicted_us, 2.0 + 2.0 + m / BETA)
+    both = simulate(_senders_to(topo, [1, 2], 0, m), topo)
+    assert close(both.predicted_us, 2.0 + 2.0 + m / (BETA / 2))
+
+
+def test_max_min_fair_shares_and_release():
+    # f1: 0->3 and f2: 0->2 share 0's uplink (10 GB/s): 5 each. f1 and f3: 1->3 share 3's
+    # downlink (30 GB/s): f3 gets the 25 left. Other links are wide (100 GB/s).
+    p = 4
+    topo = switch_topo(p, lat=0.5, overhead=1.0, up_bw=[10, 100, 100, 100], down_bw=[100, 100, 100, 30])
+    m = 100_000
+    progs = [[Op(SEND, 0, peer=3), Op(SEND, 0, peer=2)], [Op(SEND, 0, peer=3)],
+             [Op(MERGE, 0, peer=0)], [Op(MERGE, 0, peer=0), Op(MERGE, 0, peer=1)]]
+    res = simulate(make_plan(progs, raw(p, m), topo, result_ranks=[2, 3]), topo)
+    by = {(t.rank, t.op): t for t in res.timeline}
+    assert close(by[(1, 0)].end_us, 1.0 + m / 25e3 + 1.0)  # f3
+    assert close(by[(0, 0)].end_us, 1.0 + m / 5e3 + 1.0)  # f1 keeps 5: its bottleneck is 0's uplink
+    assert close(by[(0, 1)].end_us, 1.0 + m / 5e3 + 1.0)  # f2
+    assert close(res.predicted_us, 1.0 + m / 5e3 + 1.0)
+
+
+def test_a_late_flow_slows_an_early_one_and_order_does_not_matter():
+    # Rank 1 sends at once; rank 2 first sends a small chunk to rank 3, then joins rank 1 on
+    # rank 0's downlink: from then on both get half of it, then the survivor all of it.
+    p, m, k = 4, 400_000, 8
+    topo = switch_topo(p, bw=10.0, lat=1.0, overhead=2.0)
+    progs = [[Op(MERGE, 0, peer=1), Op(MERGE, 0, peer=2)], [Op(SEND, 0, peer=0)],
+             [Op(SEND, 0, peer=3, chunk=0), Op(SEND, 1, peer=0)], [Op(MERGE, 0, peer=2, chunk=0)]]
+    res = simulate(make_plan(progs, raw(p, m), topo, chunks=k, result_ranks=[0]), topo)
+    join = 2.0 + (m / k) / BETA + 2.0 + 2.0  # the second flow starts draining
+    left = m - (join - 2.0) * BETA  # what rank 1 still has then
+    first_end = join + left / (BETA / 2) + 2.0
+    second_end = join + 2 * left / BETA + (m - left) / BETA + 2.0
+    by = {(t.rank, t.op): t for t in res.timeline}
+    assert close(by[(1, 0)].end_us, first_end)
+    assert close(by[(2, 1)].end_us, second_end)
+    assert close(res.predicted_us, second_end)
+    # Relabel the ranks (reverse them) in topology and plan: same times, permuted.
+    perm = list(reversed(range(p)))
+    topo2 = dataclasses.replace(topo, ranks=tuple(topo.ranks[perm[r]] for r in range(p)))
+    inv = {perm[r]: r for r in range(p)}
+    progs2 = [[dataclasses.replace(op, peer=inv[op.peer]) for op in progs[perm[r]]] for r in range(p)]
+    res2 = simulate(make_plan(progs2, raw(p, m), topo2, chunks=k, result_ranks=[inv[0]]), topo2)
+    assert close(res2.predicted_us, res.predicted_us)
+    for r in range(p):
+        assert close(res2.per_rank_finish_us[inv[r]], res.per_rank_finish_us[r])
+
+
+def test_flow_to_itself_costs_only_overhead():
+    topo = switch_topo(2, overhead=3.0)
+    progs = [[Op(SEND, 0, peer=0), Op(MERGE, 0, peer=0)], []]
+    res = simulate(make_plan(progs, raw(2, 4000), topo, result_ranks=[0]), topo)
+    assert close(res.predicted_us, 3.0)
+
+
+# -- compute and merges ---------------------------------------------------------------------------
+
+
+def gpu_pair(mem_bw=2000.0, launch=5.0, eff=0.5):
+    devs = [Device("g0", DeviceKind.GPU, node=0, mem_bw_gbps=mem_bw),
+            Device("g1", DeviceKind.GPU, node=0, mem_bw_gbps=mem_bw / 2), Device("sw", DeviceKind.NVSWITCH)]
+    links = [Link("g0", "sw", LinkKind.NVLINK, 100.0, 0.5), Link("sw", "g0", LinkKind.NVLINK, 100.0, 0.5),
+             Link("g1", "sw", LinkKind.NVLINK, 100.0, 0.5), Link("sw", "g1", LinkKind.NVLINK, 100.0, 0.5)]
+    return Topology("pair", devs, links, ["g0", "g1"], cost=CostParams(overhead_us=1.0, launch_us=launch,
+                                                                          mem_efficiency=eff))
+
+
+def test_compute_and_merge_costs_follow_the_model():
+    topo = gpu_pair()
+    w = Workload(batch=2, q_heads=8, kv_heads=2, head_dim=64, split=(1000, 0))
+    progs = [[Op(OpKind.COMPUTE, 0), Op(MERGE, 1, peer=1)], [Op(OpKind.COMPUTE, 0), Op(SEND, 1, peer=0)]]
+    plan = make_plan(progs, w, topo, result_ranks=[0])
+    res = simulate(plan, topo)
+    kv = 2 * 2 * 2 * 1000 * 64 * 2
+    q = 2 * 8 * 64 * 2
+    part = w.payload_bytes
+    c0 = 5.0 + (kv + q + part) / (2000.0 * 0.5 * 1e3)
+    c1 = 5.0  # zero tokens: the launch only
+    msg = 1.0 + 1.0 + part / 100e3
+    merge = 5.0 + 3 * part / (2000.0 * 0.5 * 1e3)
+    by = {(t.rank, t.op): t for t in res.timeline}
+    assert close(by[(0, 0)].end_us, c0) and close(by[(1, 0)].end_us, c1)
+    assert close(by[(0, 1)].start_us, max(c0, c1))
+    assert close(res.predicted_us, max(c0, c1) + msg + merge)
+    assert close(res.per_rank_finish_us[1], max(c0, c1) + msg)
+
+
+def test_collective_steps_run_together_and_take_ncclish_time():
+    from treeattn.cost import nccl
+    from treeattn.cost.bounds import CutModel
+
+    topo = gpu_pair()
+    w = Workload(batch=1, q_heads=8, kv_heads=8, head_dim=64, split=(500, 1500))
+    coll_op = Op(OpKind.COLLECTIVE, 1, coll="allreduce", reduce="merge", part="partial")
+    progs = [[Op(OpKind.COMPUTE, 0), coll_op] for _ in range(2)]
+    res = simulate(make_plan(progs, w, topo), topo)
+    c_slow = max(simulate(make_plan([[Op(OpKind.COMPUTE, 0)], [Op(OpKind.COMPUTE, 0)]], w, topo), topo)
+                 .per_rank_finish_us)
+    coll = max(nccl.pick(topo, "allreduce", w.payload_bytes).time_us,
+               CutModel(topo).collective_floor_us(w.payload_bytes, w.row_bytes))
+    assert res.per_rank_finish_us[0] == res.per_rank_finish_us[1]
+    assert close(res.predicted_us, c_slow + coll)
+    # The rank that arrived first waited for the other: its collective's predecessor is the other's.
+    assert res.critical_path[-1][1] == 1
+
+
+# -- results ------------------------------------------------------------------------------------
+
+
+def test_critical_path_is_a_chain_ending_at_the_last_finisher():
+    p = 8
+    topo = switch_topo(p)
+    plan = make_plan(tree_programs([-1, 0, 0, 1, 1, 2, 2, 3], 2), raw(p, 8000), topo, chunks=2)
+    res = simulate(plan, topo)
+    last = max(range(p), key=lambda r: (res.per_rank_finish_us[r], -r))
+    assert res.critical_path[-1][0] == last
+    times = {(t.rank, t.op): t for t in res.timeline}
+    for a, b in zip(res.critical_path, res.critical_path[1:], strict=False):
+        assert times[a].start_us <= times[b].start_us
+    assert len(res.timeline) == sum(len(prog) for prog in plan.programs)
+    assert max(res.per_rank_finish_us) == res.predicted_us
+    assert simulate(plan, topo, timeline=False).timeline is None
+    assert simulate(plan, topo, timeline=False).to_dict() == res.to_dict()
+
+
+# -- bad plans --------------------------------------------------------------------------------
+
+
+def test_rank_count_mismatch_names_both_numbers():
+    topo = switch_topo(4)
+    plan = make_plan(binomial_programs(2), raw(2, 400), switch_topo(2))
+    with pytest.raises(InputError, match=r"2 ranks.*4"):
+        simulate(plan, topo)
+
+
+def test_deadlock_is_reported_not_hung():
+    topo = switch_topo(2)
+    progs = [[Op(MERGE, 0, peer=1), Op(SEND, 1, peer=1)], [Op(MERGE, 0, peer=0), Op(SEND, 1, peer=0)]]
+    with pytest.raises(PlanInvalidError, match="deadlock.*rank 0.*recv chunk None from rank 1"):
+        simulate(make_plan(progs, raw(2, 400), topo), topo)
+
+
+def test_unmatched_send_is_reported():
+    topo = switch_topo(2)
+    progs = [[Op(SEND, 0, peer=1), Op(SEND, 1, peer=1)], [Op(MERGE, 0, peer=0)]]
+    with pytest.raises(PlanInvalidError, match="no matching op"):
+        simulate(make_plan(progs, raw(2, 400), topo), topo)
+
+
+def test_disagreeing_chunks_and_lonely_compute_are_rejected():
+    topo = switch_topo(2)
+    progs = [[Op(SEND, 0, peer=1, chunk=0)], [Op(MERGE, 0, peer=0, chunk=1)]]
+    with pytest.raises(PlanInvalidError, match="chunk 0.*chunk 1"):
+        simulate(make_plan(progs, raw(2, 400), topo, chunks=2), topo)
+    w = Workload(batch=1, q_heads=2, kv_heads=2, head_dim=8, split=(4, 4))
+    progs = [[Op(OpKind.COMPUTE, 0), Op(SEND, 0, peer=1)], [Op(OpKind.COMPUTE, 0), Op(MERGE, 1, peer=0)]]
+    with pytest.raises(PlanInvalidError, match="step of its own"):
+        simulate(make_plan(progs, w, topo), topo)

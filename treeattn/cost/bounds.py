@@ -1,0 +1,375 @@
+"""Lower bounds on the time of any plan for a payload on a topology (DESIGN.md section 5).
+
+Every figure here is a true lower bound under the simulator's own model
+(``treeattn.cost.simulate``): a message costs the sender's ``overhead_us``, then its bytes
+drain at its max-min fair share of every link it crosses, then its route latency; flows
+never exceed a link's capacity; a COMPUTE is a step of its own; a contribution exists
+only after the COMPUTE over its KV block (attention) or from the start (raw payloads).
+
+The argument, per *cut* (a set of links every needed byte must cross):
+
+* Ingress of a result rank R: R must end holding every other contributor's data, in every
+  row. Each row of contribution j reaches R either in a message carrying that row of a
+  partial (all rows of j: ``payload_bytes`` P over all messages) or as j's KV block (then
+  R computes it). So the bytes entering R's device are at least ``min(P, sum of the other
+  contributors' KV bytes)`` (P for raw payloads), and they cross the links into R's
+  device, whose capacities add up to ``B_in(R)``.
+* Egress of a contributor j (when some result rank is not j): ``min(P, kv_j)`` bytes
+  leave j's device through its outgoing links.
+* Into a node n holding a result rank, from the contributors outside n; out of a node n
+  holding contributors, when a result rank lies outside n: the same byte counts over the
+  capacity of the links crossing the node's boundary.
+
+Those bytes start draining no earlier than ``overhead_us`` after the first of them is sent,
+drain at no more than the cut's capacity, and the last of them then pays at least the
+smallest latency of a link in the cut. A partial is sent only after a COMPUTE (at least
+``first_compute_us``, the fastest any block computes); a KV block that crosses instead
+must be computed after it arrives. Hence for every cut
+
+    T >= first_compute_us + overhead_us + min_cut_latency_us + bytes / capacity  (bandwidth_us)
+
+Depth (``latency_us``). DESIGN.md asks for the depth of a reduction over p ranks, but
+``ceil(log2 p)`` message latencies is *not* a lower bound here: a rank may receive from
+many peers in one step and pays only its ingress bandwidth for it, so a star reduce of a
+tiny payload takes one message latency. What does hold, for any one row: let
+alpha = overhead + the smallest route latency between ranks (a direct link, or the
+smallest latency out of a rank's device plus the smallest into one), g = row_bytes over the
+largest ingress capacity of any rank (a message carrying the row moves at least that),
+c = ``first_compute_us``, mu = the cheapest merge phase of one row (a launch plus its
+memory time on the fastest device), and F(n) the earliest a rank can hold n contributions
+of that row. A rank holding n got k of them by local COMPUTEs (one step each: k c) and
+the rest from f messages merged at the end of a step; the largest message brings
+ceil((n-k)/f), sent by a rank that held them, and all f messages squeeze through its
+ingress after the first partial existed:
+
+    F(1) = c,  F(n) = min( n c,  min over k < n of max(k c, H(n-k)) )
+    H(m) = min over f of max( F(ceil(m/f)) + alpha + g + mu,  c + alpha + f g + mu )
+
+(raw payloads: c = 0 and only the rank's own buffer is local). ``latency_us`` is
+F(contributors) - c. It is computed by dynamic programming over n, O(p log p).
+
+``bound_us = max(compute_us, first_compute_us + max(latency_us, bandwidth_us))`` where
+``compute_us`` is the slowest contribution's COMPUTE on the fastest device.
+
+COLLECTIVE steps are timed by the NCCL model, whose constants do not know this topology's
+``overhead_us``; the simulator floors each collective at ``collective_floor_us`` (the cut
+and depth bounds of a raw payload of its bytes and row size). F is homogeneous of degree
+one in (alpha, g), so collectives whose row sizes add up to at least a partial's row (the
+three all-reduces of the paper's method) are floored at no less than the depth bound of
+the whole partial (mu grows no slower than the row size), so the bounds hold for
+collective plans too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+
+from treeattn.cost.compute import ComputeModel
+from treeattn.errors import InputError
+from treeattn.topology.model import Topology
+from treeattn.workload import Payload, Workload
+
+__all__ = ["Bounds", "CutModel", "lower_bounds", "depth_bound_us"]
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """Lower bounds, microseconds; ``bound_us`` is the one to compare a plan with."""
+
+    latency_us: float
+    """Depth: the earliest any reduction can gather every contribution of a row at one rank,
+    less ``first_compute_us`` (message latency, per-message ingress time, fan-in)."""
+    bandwidth_us: float
+    """The worst cut: overhead + its smallest hop latency + needed bytes / capacity."""
+    compute_us: float
+    """The slowest contribution's COMPUTE on the fastest device (0 for raw payloads)."""
+    first_compute_us: float
+    """The fastest COMPUTE of any contribution: it precedes (or, for a moved KV block,
+    follows) the data that crosses a cut."""
+    bound_us: float
+    """max(compute_us, first_compute_us + max(latency_us, bandwidth_us))."""
+    cut: str
+    """Which term gives the bound: ``compute``, ``depth`` or the name of a cut."""
+
+    def to_dict(self) -> dict:
+        return {
+            "latency_us": self.latency_us,
+            "bandwidth_us": self.bandwidth_us,
+            "compute_us": self.compute_us,
+            "first_compute_us": self.first_compute_us,
+            "bound_us": self.bound_us,
+            "cut": self.cut,
+        }
+
+
+@lru_cache(maxsize=64)
+def depth_bound_us(n: int, alpha_us: float, g_us: float, mu_us: float, c_us: float, raw: bool) -> float:
+    """F(n) of the module docstring: the earliest a rank can hold n contributions of one row.
+
+    Args:
+        n: contributions to gather.
+        alpha_us: overhead plus the smallest route latency between two ranks.
+        g_us: one row's bytes over the largest ingress capacity of a rank.
+        mu_us: the cheapest merge phase of one row.
+        c_us: the fastest COMPUTE (ignored for raw payloads, whose contributions exist at 0).
+        raw: raw payload (only the own buffer is local) or attention (KV may be computed anywhere).
+
+    Returns:
+        Microseconds, including the first compute for attention payloads.
+    """
+    c = 0.0 if raw else c_us
+    a = alpha_us + g_us + mu_us
+    base = c + alpha_us + mu_us
+    f_of = [0.0] * (n + 1)
+    h1 = [0.0] * (n + 1)
+
+    def h(m: int, fmin: int) -> float:
+        # min over f in [fmin, m] of max(F(ceil(m/f)) + a, base + f g): the first term falls
+        # and the second rises with f, so the best f is at their crossing.
+        lo, hi = fmin, m
+        if lo > hi:
+            return math.inf
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if base + mid * g_us >= f_of[-(-m // mid)] + a:
+                hi = mid
+            else:
+                lo = mid + 1
+        best = max(f_of[-(-m // lo)] + a, base + lo * g_us)
+        if lo > fmin:
+            f = lo - 1
+            best = min(best, max(f_of[-(-m // f)] + a, base + f * g_us))
+        return best
+
+    if n < 1:
+        return 0.0
+    f_of[1] = c
+    h1[1] = h(1, 1)
+    for k in range(2, n + 1):
+        if raw:
+            f_of[k] = h1[k - 1]
+        else:
+            # k local computes cost k c (rising in k); the rest come by messages, H(k - j)
+            # (falling in j): best j at the crossing. j = 0 needs two messages at least.
+            best = min(k * c, h(k, 2))
+            lo, hi = 1, k - 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if mid * c >= h1[k - mid]:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            best = min(best, max(lo * c, h1[k - lo]))
+            if lo > 1:
+                best = min(best, max((lo - 1) * c, h1[k - lo + 1]))
+            f_of[k] = best
+        h1[k] = h(k, 1)
+    return f_of[n]
+
+
+class CutModel:
+    """Capacities and smallest latencies of the cuts of one topology (built once, O(links))."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+        self.overhead_us = topo.cost.overhead_us
+        node_of = {d.name: d.node for d in topo.devices}
+        dev_in: dict[str, list[float]] = {}
+        dev_out: dict[str, list[float]] = {}
+        node_in: dict[int, list[float]] = {}
+        node_out: dict[int, list[float]] = {}
+        rank_devs = set(topo.ranks)
+        for ln in topo.links:
+            src, dst, bw, lat = ln.src, ln.dst, ln.bw_gbps, ln.latency_us
+            if dst in rank_devs:
+                _add(dev_in, dst, bw, lat)
+            if src in rank_devs:
+                _add(dev_out, src, bw, lat)
+            a, b = node_of[src], node_of[dst]
+            if a != b:
+                _add(node_in, b, bw, lat)
+                _add(node_out, a, bw, lat)
+        self.rank_dev = topo.ranks
+        self.rank_node = tuple(node_of[d] for d in topo.ranks)
+        self.dev_in, self.dev_out, self.node_in, self.node_out = dev_in, dev_out, node_in, node_out
+        ins = [_cap(dev_in, d) for d in rank_devs]
+        self.max_ingress_gbps = max((bw for bw, _ in ins), default=0.0)
+        """The largest total capacity into a rank's device."""
+        # A route between two rank devices is one link joining them directly, or leaves the
+        # first and enters the second: at least the smallest out- plus in-latency.
+        two_hops = min((lat for bw, lat in ins if bw > 0), default=0.0) + min(
+            (_cap(dev_out, d)[1] for d in rank_devs if _cap(dev_out, d)[0] > 0), default=0.0)
+        direct = [ln.latency_us for ln in topo.links if ln.src in rank_devs and ln.dst in rank_devs]
+        self.alpha_us = self.overhead_us + min([two_hops, *direct])
+        """Overhead plus the smallest route latency between two ranks' devices."""
+        self.launch_us = topo.cost.launch_us
+        bws = [topo.device(d).mem_bw_gbps * topo.cost.mem_efficiency for d in rank_devs]
+        self._merge_bw_gbps = max(bws) if bws and min(bws) > 0 else 0.0
+        self._floor_cuts: list[tuple[float, float]] | None = None
+
+    def merge_us(self, row_bytes: float) -> float:
+        """The cheapest merge phase of one row on any rank (launch plus memory time)."""
+        mem = 3 * row_bytes / (self._merge_bw_gbps * 1e3) if self._merge_bw_gbps > 0 else 0.0
+        return self.launch_us + mem
+
+    def depth_us(self, n: int, row_bytes: float, first_compute_us: float, raw: bool) -> float:
+        """F(n) for rows of ``row_bytes`` on this topology (see the module docstring)."""
+        if n < 2 or self.max_ingress_gbps <= 0:
+            return 0.0 if raw else first_compute_us
+        g = row_bytes / (self.max_ingress_gbps * 1e3)
+        return depth_bound_us(n, self.alpha_us, g, self.merge_us(row_bytes), first_compute_us, raw)
+
+    def pieces(
+        self, results: Iterable[int], contributors: Iterable[int], payload_bytes: float, kv: dict[int, float] | None
+    ) -> list[tuple[str, float, float, float]]:
+        """Every applicable cut as (name, smallest latency, bytes needed, capacity GB/s).
+
+        Args:
+            results: ranks that must end with the result.
+            contributors: ranks whose contributions it must hold.
+            payload_bytes: P, one rank's partial (or raw buffer).
+            kv: KV bytes per contributor when KV blocks may move instead of partials
+                (attention); None for raw payloads. Bytes needed for a set S of
+                contributors: min(P, sum of kv over S), or P.
+        """
+        results = sorted(set(results))
+        contributors = sorted(set(contributors))
+        out: list[tuple[str, float, float, float]] = []
+        if not results or not contributors:
+            return out
+        cset = set(contributors)
+        kv_of = (lambda j: kv[j]) if kv is not None else (lambda j: 0.0)
+        total_kv = sum(kv_of(j) for j in contributors)
+
+        def need(kv_sum: float) -> float:
+            return payload_bytes if kv is None else min(payload_bytes, kv_sum)
+
+        for r in results:
+            n_others = len(contributors) - (1 if r in cset else 0)
+            if n_others:
+                cap, lat = _cap(self.dev_in, self.rank_dev[r])
+                if cap > 0:
+                    out.append((f"ingress of rank {r}", lat, need(total_kv - (kv_of(r) if r in cset else 0.0)), cap))
+        for j in contributors:
+            if len(results) > 1 or results[0] != j:
+                cap, lat = _cap(self.dev_out, self.rank_dev[j])
+                if cap > 0:
+                    out.append((f"egress of rank {j}", lat, need(kv_of(j)), cap))
+        node_count: dict[int, int] = {}
+        node_kv: dict[int, float] = {}
+        for j in contributors:
+            n = self.rank_node[j]
+            node_count[n] = node_count.get(n, 0) + 1
+            node_kv[n] = node_kv.get(n, 0.0) + kv_of(j)
+        result_nodes = sorted({self.rank_node[r] for r in results})
+        for n in result_nodes:
+            cap, lat = _cap(self.node_in, n)
+            if len(contributors) > node_count.get(n, 0) and cap > 0:
+                out.append((f"into node {n}", lat, need(total_kv - node_kv.get(n, 0.0)), cap))
+        for n in sorted(node_count):
+            if (len(result_nodes) > 1 or result_nodes[0] != n) and _cap(self.node_out, n)[0] > 0:
+                cap, lat = _cap(self.node_out, n)
+                out.append((f"out of node {n}", lat, need(node_kv[n]), cap))
+        return out
+
+    def collective_floor_us(self, nbytes: int, row_bytes: int) -> float:
+        """The least time a collective over all ranks can take in this model when it delivers
+        ``nbytes`` of every other rank's data, in rows of ``row_bytes``, to every rank: the
+        cut and depth bounds of a raw payload of that size."""
+        p = self.topo.num_ranks
+        if p < 2:
+            return 0.0
+        if self._floor_cuts is None:
+            ranks = range(p)
+            self._floor_cuts = [(lat, cap) for _, lat, _, cap in self.pieces(ranks, ranks, 0.0, None)]
+        cut = max((self.overhead_us + lat + nbytes / (cap * 1e3) for lat, cap in self._floor_cuts), default=0.0)
+        return max(cut, self.depth_us(p, row_bytes, 0.0, True))
+
+
+def _add(table: dict, key, bw: float, lat: float) -> None:
+    hit = table.get(key)
+    if hit is None:
+        table[key] = [bw, lat]
+    else:
+        hit[0] += bw
+        hit[1] = min(hit[1], lat)
+
+
+def _cap(table: dict, key) -> tuple[float, float]:
+    hit = table.get(key)
+    return (hit[0], hit[1]) if hit else (0.0, 0.0)
+
+
+def lower_bounds(
+    payload: Payload,
+    topo: Topology,
+    *,
+    result_ranks: Iterable[int] | None = None,
+    contributors: Iterable[int] | None = None,
+    cuts: CutModel | None = None,
+) -> Bounds:
+    """Lower bounds on any plan's time for ``payload`` on ``topo`` (see the module docstring).
+
+    Args:
+        payload: the workload or raw payload.
+        topo: the topology, with as many ranks as the payload.
+        result_ranks: ranks that must end with the result; None = every rank (an all-reduce
+            pattern; pass a plan's ``result_ranks`` for a reduce to one root).
+        contributors: ranks whose contributions the result holds; None = every rank.
+        cuts: a prebuilt ``CutModel`` of ``topo`` (saves rebuilding it in a search loop).
+
+    Returns:
+        The Bounds; ``bound_us`` never exceeds what ``simulate`` predicts for a valid plan.
+
+    Examples:
+        >>> from treeattn.topology.library import resolve
+        >>> from treeattn.workload import Workload
+        >>> w = Workload.create(ranks=16, seq_len=1 << 20, model="llama-3.1-8b")
+        >>> b = lower_bounds(w, resolve("dgx-h100:nodes=2"))
+        >>> b.bound_us >= b.compute_us
+        True
+    """
+    p = topo.num_ranks
+    ranks = len(payload.split) if isinstance(payload, Workload) else payload.ranks
+    if ranks != p:
+        raise InputError(f"the payload has {ranks} ranks but topology {topo.name!r} places {p}")
+    results = list(range(p)) if result_ranks is None else sorted(set(result_ranks))
+    contrib = list(range(p)) if contributors is None else sorted(set(contributors))
+    for r in (*results, *contrib):
+        if not 0 <= r < p:
+            raise InputError(f"rank {r} out of range: topology {topo.name!r} has {p} ranks")
+    raw = not isinstance(payload, Workload)
+    kv: dict[int, float] | None = None
+    compute = first = 0.0
+    if not raw and contrib:
+        cm = ComputeModel.of(payload, topo)
+        costs = [cm.min_partial_us(j) for j in contrib]
+        compute, first = max(costs), min(costs)
+        kv = {j: float(payload.kv_bytes(j)) for j in contrib}
+    cuts = cuts if cuts is not None else CutModel(topo)
+    o = topo.cost.overhead_us
+    bw_us, bw_name = 0.0, ""
+    for name, lat, nbytes, cap in cuts.pieces(results, contrib, payload.payload_bytes, kv):
+        t = o + lat + nbytes / (cap * 1e3)
+        if t > bw_us:
+            bw_us, bw_name = t, name
+    needs_comm = any(r not in contrib or len(contrib) > 1 for r in results[:2]) if results else False
+    depth = 0.0
+    if needs_comm:
+        depth = cuts.depth_us(len(contrib), payload.row_bytes, first, raw) - first
+    bound, cut = compute, "compute"
+    if first + depth > bound:
+        bound, cut = first + depth, "depth"
+    if first + bw_us > bound:
+        bound, cut = first + bw_us, bw_name
+    return Bounds(
+        latency_us=max(depth, 0.0),
+        bandwidth_us=bw_us,
+        compute_us=compute,
+        first_compute_us=first,
+        bound_us=bound,
+        cut=cut,
+    )

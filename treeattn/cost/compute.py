@@ -1,0 +1,118 @@
+"""Compute model: what the local work of a plan costs on a rank's device (DESIGN.md section 5).
+
+Both kernels are memory-bound, so a kernel costs a fixed launch plus the bytes it moves
+over the device's memory bandwidth times ``topo.cost.mem_efficiency``:
+
+* partial attention over KV block j on rank r:
+  ``launch_us + (kv_bytes(j) + q_bytes + partial_bytes) / (mem_bw(r) * mem_efficiency)``,
+  where q is B x Hq x D elements of the KV dtype and the partial written is the whole
+  (o, lse) of the payload. A block with zero tokens costs the launch only (the kernel
+  still runs to write the empty partial).
+* a merge (or raw sum) of n rows reads two partials of n rows and writes one:
+  ``3 * n * row_bytes / (mem_bw(r) * mem_efficiency)``. The merges of one step run after
+  its transfers as one kernel, so a step with merges pays one ``launch_us`` plus the sum
+  of its merges' byte terms (``step_merge_us``).
+
+The device is the one the rank is placed on (a GPU, or a host for CPU-only runs). A
+device whose ``mem_bw_gbps`` is 0 (hosts may leave it unset) has its memory time not
+modelled: its kernels cost the launch only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from treeattn.topology.model import Topology
+from treeattn.workload import Payload, Workload
+
+__all__ = ["ComputeModel"]
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeModel:
+    """Per-rank kernel costs of one payload on one topology (build with ``ComputeModel.of``)."""
+
+    payload: Payload
+    launch_us: float
+    """Fixed cost of one kernel (``topo.cost.launch_us``)."""
+    eff_bw_gbps: tuple[float, ...]
+    """Per rank: device memory bandwidth x efficiency; 0 = memory time not modelled."""
+    best_bw_gbps: float = 0.0
+    """The fastest rank's effective bandwidth; 0 when some rank's memory time is not modelled
+    (then the fastest any kernel can run is its launch)."""
+
+    @classmethod
+    def of(cls, payload: Payload, topo: Topology) -> ComputeModel:
+        """The compute model of ``payload`` on ``topo``'s rank devices.
+
+        Args:
+            payload: the workload (attention shape) or raw payload.
+            topo: the topology; its ``cost`` supplies launch and efficiency.
+
+        Returns:
+            A ComputeModel with one effective bandwidth per rank.
+        """
+        eff = topo.cost.mem_efficiency
+        bws = tuple(topo.rank_device(r).mem_bw_gbps * eff for r in range(topo.num_ranks))
+        best = max(bws) if bws and min(bws) > 0 else 0.0
+        return cls(payload=payload, launch_us=topo.cost.launch_us, eff_bw_gbps=bws, best_bw_gbps=best)
+
+    def _mem_us(self, rank: int, nbytes: float) -> float:
+        bw = self.eff_bw_gbps[rank]
+        return nbytes / (bw * 1e3) if bw > 0 else 0.0
+
+    def partial_bytes(self, block: int) -> int:
+        """Bytes the partial-attention kernel over KV ``block`` moves (0 for an empty block)."""
+        w = self.payload
+        if not isinstance(w, Workload):
+            return 0
+        kv = w.kv_bytes(block)
+        if kv == 0:
+            return 0
+        q = w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes
+        return kv + q + w.payload_bytes
+
+    def partial_us(self, rank: int, block: int | None = None) -> float:
+        """Time of the COMPUTE of KV ``block`` (default: the rank's own shard) on ``rank``.
+
+        Args:
+            rank: the rank whose device runs the kernel.
+            block: KV block computed over; None = ``rank``'s own.
+
+        Returns:
+            Microseconds: launch plus memory time (launch only for zero tokens or raw payloads).
+        """
+        b = rank if block is None else block
+        return self.launch_us + self._mem_us(rank, self.partial_bytes(b))
+
+    def min_partial_us(self, block: int) -> float:
+        """The fastest any rank could compute KV ``block`` (for lower bounds)."""
+        nbytes = self.partial_bytes(block)
+        if nbytes == 0 or self.best_bw_gbps <= 0:
+            return self.launch_us
+        return self.launch_us + nbytes / (self.best_bw_gbps * 1e3)
+
+    def merge_bytes_us(self, rank: int, nbytes: int) -> float:
+        """Memory time of merging ``nbytes`` of received rows into an accumulator (no launch)."""
+        return self._mem_us(rank, 3 * nbytes)
+
+    def step_merge_us(self, rank: int, merged_bytes: int) -> float:
+        """A step's merge phase: one launch plus the memory time of all rows it merged.
+
+        Args:
+            rank: the merging rank.
+            merged_bytes: total bytes of rows received by the step's RECV_MERGE ops.
+
+        Returns:
+            Microseconds; 0 when the step merges nothing.
+        """
+        if merged_bytes <= 0:
+            return 0.0
+        return self.launch_us + self.merge_bytes_us(rank, merged_bytes)
+
+    def gather_merge_us(self, rank: int, share_bytes: int, parts: int) -> float:
+        """Local merge after an all-gather of ``parts`` partials of ``share_bytes`` each:
+        read all of them, write one."""
+        if parts <= 1:
+            return 0.0
+        return self.launch_us + self._mem_us(rank, (parts + 1) * share_bytes)

@@ -1,0 +1,595 @@
+"""The cost-model simulator: times a Plan on a Topology, event by event.
+
+It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
+
+* A rank posts the ops of a step together and starts its next step when all of them are
+  done and the step's merges have run (``ComputeModel.step_merge_us``).
+* A transfer starts when both its SEND and its matching RECV are posted (k-th SEND a->b
+  matches the k-th RECV at b from a). It costs the sender's ``topo.cost.overhead_us``,
+  then its bytes drain at the flow's share of bandwidth, then its route latency (sum of
+  hop ``latency_us``). SEND and RECV both complete when it arrives. A route with no links
+  (a rank to itself) or an empty message costs the overhead (and latency) only.
+* Bandwidth: every flow in its draining phase shares each link it crosses max-min
+  fairly (progressive filling). Rates are recomputed whenever flows start or finish, in
+  one batch per instant, and only for the connected component of flows (linked through
+  shared links) that the change touches.
+* COMPUTE costs ``ComputeModel.partial_us``. A COLLECTIVE starts when the last rank
+  arrives and ends on every rank at once, after NCCL's pick for that collective and size
+  on this topology (``treeattn.cost.nccl``), floored at what the cut bounds allow
+  (``CutModel.collective_floor_us``); an all-gather of partials adds the local merge.
+* A plan whose ranks wait forever raises ``PlanInvalidError`` naming what they wait on.
+
+The critical path follows, back from the last rank to finish, for each op the op that
+released it: the last op of its rank's previous step, or the partner that posted a
+transfer (or arrived at a collective) last. Contention is not an edge of it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from treeattn.cost.bounds import CutModel
+from treeattn.cost.compute import ComputeModel
+from treeattn.errors import InputError, PlanInvalidError
+from treeattn.plan.ir import OpKind, Plan, message_bytes
+from treeattn.topology.model import Topology
+
+__all__ = ["OpTiming", "SimResult", "simulate"]
+
+_COMPUTE, _SEND, _RECV_MERGE, _RECV_COPY, _COLL = 0, 1, 2, 3, 4
+_KIND_CODE = {
+    OpKind.COMPUTE: _COMPUTE,
+    OpKind.SEND: _SEND,
+    OpKind.RECV_MERGE: _RECV_MERGE,
+    OpKind.RECV_COPY: _RECV_COPY,
+    OpKind.COLLECTIVE: _COLL,
+}
+# Event kinds, in heap tuples (time, seq, kind, a, b).
+_EV_BW_START, _EV_DRAIN, _EV_XFER_DONE, _EV_OP_DONE, _EV_STEP_END, _EV_COLL_DONE = range(6)
+
+
+@dataclass(frozen=True, slots=True)
+class OpTiming:
+    """When one op ran."""
+
+    rank: int
+    op: int
+    """Index in the rank's program."""
+    kind: str
+    peer: int | None
+    chunk: int | None
+    start_us: float
+    """Transfers: when both sides had posted; collectives: when the last rank arrived."""
+    end_us: float
+    bytes: int
+
+    def to_dict(self) -> dict:
+        return {
+            "rank": self.rank,
+            "op": self.op,
+            "kind": self.kind,
+            "peer": self.peer,
+            "chunk": self.chunk,
+            "start_us": self.start_us,
+            "end_us": self.end_us,
+            "bytes": self.bytes,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """What the simulator predicts for one plan on one topology."""
+
+    predicted_us: float
+    """When the last rank finishes."""
+    per_rank_finish_us: tuple[float, ...]
+    critical_path: tuple[tuple[int, int], ...]
+    """(rank, op index) pairs, earliest first, ending at the last op of the last rank to finish."""
+    timeline: tuple[OpTiming, ...] | None
+    """Every op's timing (rank-major order) when asked for, else None."""
+    events: int
+    """Events processed (a size measure for benchmarks)."""
+    transfers: int
+
+    def to_dict(self, *, timeline: bool = False) -> dict:
+        out = {
+            "predicted_us": self.predicted_us,
+            "per_rank_finish_us": list(self.per_rank_finish_us),
+            "critical_path": [list(x) for x in self.critical_path],
+            "events": self.events,
+            "transfers": self.transfers,
+        }
+        if timeline and self.timeline is not None:
+            out["timeline"] = [t.to_dict() for t in self.timeline]
+        return out
+
+
+def simulate(plan: Plan, topo: Topology, *, timeline: bool = True) -> SimResult:
+    """Predict how long ``plan`` takes on ``topo`` (see the module docstring for the model).
+
+    Args:
+        plan: the plan; its rank count must equal the topology's.
+        topo: the topology to time it on.
+        timeline: also return every op's start and end (costs memory on huge plans).
+
+    Returns:
+        The SimResult.
+
+    Raises:
+        InputError: the plan and topology have different rank counts.
+        PlanInvalidError: ops out of order, unmatched transfers, disagreeing collectives,
+            or a deadlock.
+
+    Examples:
+        >>> from treeattn.plan.builders import build  # doctest: +SKIP
+        >>> from treeattn.topology.library import resolve  # doctest: +SKIP
+        >>> topo = resolve("dgx-h100:nodes=2")  # doctest: +SKIP
+        >>> simulate(build("binomial", w, topo, chunks=4), topo).predicted_us  # doctest: +SKIP
+    """
+    if plan.ranks != topo.num_ranks:
+        raise InputError(
+            f"plan has {plan.ranks} ranks but topology {topo.name!r} places {topo.num_ranks}; "
+            "use a topology with as many ranks as the plan (or --ranks to pick them)"
+        )
+    return _Engine(plan, topo).run(timeline)
+
+
+class _Engine:
+    """One simulation's state. Ops are numbered globally (gid), rank by rank."""
+
+    def __init__(self, plan: Plan, topo: Topology) -> None:
+        self.plan, self.topo = plan, topo
+        p = self.p = topo.num_ranks
+        self.cm = ComputeModel.of(plan.workload, topo)
+        self.overhead = topo.cost.overhead_us
+        self.cap = [ln.bw_gbps * 1e3 for ln in topo.links]  # bytes per microsecond
+        self.lat = [ln.latency_us for ln in topo.links]
+        kind: list[int] = []
+        peer: list[int] = []
+        nbytes: list[int] = []
+        rank_of: list[int] = []
+        flat: list = []
+        steps: list[list[tuple[int, int]]] = []
+        merge_b: list[list[int]] = []
+        self.offset: list[int] = []
+        size_cache: dict[tuple, int] = {}
+        codes = _KIND_CODE
+        lone = (_COMPUTE, _COLL)
+        for r, prog in enumerate(plan.programs):
+            base = len(kind)
+            self.offset.append(base)
+            rsteps: list[tuple[int, int]] = []
+            rmerge: list[int] = []
+            prev = None
+            lo = base
+            for i, op in enumerate(prog):
+                gid = base + i
+                code = codes[op.kind]
+                st = op.step
+                if st != prev:
+                    if prev is not None:
+                        if st < prev:
+                            raise PlanInvalidError(
+                                f"rank {r} op {i}: step {st} follows step {prev}; steps must not decrease")
+                        rsteps.append((lo, gid))
+                    lo = gid
+                    rmerge.append(0)
+                    prev = st
+                elif code in lone or kind[lo] in lone:
+                    single = op if code in lone else prog[lo - base]
+                    raise PlanInvalidError(f"rank {r} step {st}: a {single.kind.value} op must be a step of its own")
+                if code == _COMPUTE:
+                    blk = r if op.block is None else op.block
+                    if not 0 <= blk < p:
+                        raise PlanInvalidError(f"rank {r} op {i}: KV block {blk} out of range 0-{p - 1}")
+                    b = self.cm.partial_bytes(blk)
+                    q = -1
+                else:
+                    q = op.peer if op.peer is not None else -1
+                    if code != _COLL and not 0 <= q < p:
+                        raise PlanInvalidError(f"rank {r} op {i}: peer {op.peer} out of range 0-{p - 1}")
+                    key = (code == _COLL, op.chunk, op.block, op.part)
+                    b = size_cache.get(key)
+                    if b is None:
+                        b = size_cache[key] = message_bytes(plan, op)
+                    if code == _RECV_MERGE:
+                        rmerge[-1] += b
+                kind.append(code)
+                peer.append(q)
+                nbytes.append(b)
+                rank_of.append(r)
+                flat.append(op)
+            if prev is not None:
+                rsteps.append((lo, base + len(prog)))
+            steps.append(rsteps)
+            merge_b.append(rmerge)
+        self.kind, self.peer, self.nbytes, self.rank_of, self.ops = kind, peer, nbytes, rank_of, flat
+        self.steps, self.merge_b = steps, merge_b
+        n = len(kind)
+        self.partner = self._pair()
+        self.start = [0.0] * n
+        self.end = [-1.0] * n
+        self.post = [-1.0] * n
+        self.pred = [-1] * n
+        self.cur = [0] * p
+        self.pending = [0] * p
+        self.last_end = [-1.0] * p
+        self.last_gid = [-1] * p
+        self.finish = [0.0] * p
+        self.routes: dict[int, tuple[tuple[int, ...], float]] = {}
+        self.heap: list = []
+        self.seq = 0
+        # Transfers and their flows (one flow per transfer, indexed alike).
+        self.x_send: list[int] = []
+        self.x_recv: list[int] = []
+        self.x_route: list[tuple[int, ...]] = []
+        self.x_lat: list[float] = []
+        self.rem: list[float] = []
+        self.rate: list[float] = []
+        self.last: list[float] = []
+        self.ver: list[int] = []
+        self.link_flows: list[set | None] = [None] * len(topo.links)
+        self.dirty: set[int] = set()
+        # Collectives: per instance k, the arrivals (time, rank, gid).
+        self.coll_count = [0] * p
+        self.coll_arrivals: list[list[tuple[float, int, int]]] = []
+        self._fabric = None
+        self._cuts: CutModel | None = None
+
+    def _pair(self) -> list[int]:
+        """The k-th SEND a->b matches the k-th RECV at b from a: pair them once, up front."""
+        kind, peer, rank_of, ops = self.kind, self.peer, self.rank_of, self.ops
+        p = self.p
+        sends: dict[int, list[int]] = {}
+        recvs: dict[int, list[int]] = {}
+        for gid, code in enumerate(kind):
+            if code == _SEND:
+                sends.setdefault(rank_of[gid] * p + peer[gid], []).append(gid)
+            elif code == _RECV_MERGE or code == _RECV_COPY:
+                recvs.setdefault(peer[gid] * p + rank_of[gid], []).append(gid)
+        partner = [-1] * len(kind)
+        off = self.offset
+        for key, ss in sends.items():
+            rs = recvs.get(key, ())
+            for s, q in zip(ss, rs, strict=False):
+                so, qo = ops[s], ops[q]
+                if so.chunk != qo.chunk or so.block != qo.block:
+                    sr, qr = rank_of[s], rank_of[q]
+                    raise PlanInvalidError(
+                        f"rank {sr} op {s - off[sr]} sends chunk {so.chunk} block {so.block} to rank {qr}, "
+                        f"whose matching op {q - off[qr]} receives chunk {qo.chunk} block {qo.block} "
+                        "(the k-th send a->b matches the k-th receive at b from a)"
+                    )
+                partner[s], partner[q] = q, s
+        return partner
+
+    # -- event plumbing ----------------------------------------------------------------------
+
+    def _push(self, t: float, ev: int, a: int, b: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, ev, a, b))
+
+    def run(self, want_timeline: bool) -> SimResult:
+        for r in range(self.p):
+            if self.steps[r]:
+                self._post_step(r, 0.0)
+        heap = self.heap
+        events = 0
+        pop = heapq.heappop
+        ver, x_send, x_recv = self.ver, self.x_send, self.x_recv
+        op_done, drained, bw_start = self._op_done, self._drained, self._bw_start
+        t = 0.0
+        while True:
+            if self.dirty and (not heap or heap[0][0] > t):
+                self._reshare(t)
+            if not heap:
+                break
+            t, _, ev, a, b = pop(heap)
+            events += 1
+            if ev == _EV_XFER_DONE:
+                op_done(x_send[a], t)
+                op_done(x_recv[a], t)
+            elif ev == _EV_DRAIN:
+                if ver[a] == b:
+                    drained(a, t)
+            elif ev == _EV_BW_START:
+                bw_start(a, t)
+            elif ev == _EV_STEP_END:
+                self._step_end(a, t)
+            elif ev == _EV_OP_DONE:
+                op_done(a, t)
+            else:
+                self._coll_done(a, t)
+        self._check_finished()
+        return self._result(want_timeline, events)
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def _post_step(self, r: int, t: float) -> None:
+        lo, hi = self.steps[r][self.cur[r]]
+        self.pending[r] = hi - lo
+        spred = self.last_gid[r]
+        self.last_end[r] = -1.0
+        kind = self.kind
+        first = kind[lo]
+        post, pred = self.post, self.pred
+        if first == _COMPUTE:
+            self.start[lo], post[lo], pred[lo] = t, t, spred
+            self._push(t + self.cm.partial_us(r, self.ops[lo].block), _EV_OP_DONE, lo)
+            return
+        if first == _COLL:
+            post[lo], pred[lo] = t, spred
+            self._arrive(r, lo, t)
+            return
+        partner = self.partner
+        for gid in range(lo, hi):
+            post[gid] = t
+            pred[gid] = spred
+            q = partner[gid]
+            if q >= 0 and post[q] >= 0.0:
+                # The partner posted first (or at the same instant): the transfer starts now.
+                if post[q] < t:
+                    pred[q] = gid
+                if kind[gid] == _SEND:
+                    self._match(gid, q, t)
+                else:
+                    self._match(q, gid, t)
+
+    def _op_done(self, gid: int, t: float) -> None:
+        self.end[gid] = t
+        r = self.rank_of[gid]
+        if t > self.last_end[r]:
+            self.last_end[r] = t
+            self.last_gid[r] = gid
+        left = self.pending[r] - 1
+        self.pending[r] = left
+        if left == 0:
+            mb = self.merge_b[r][self.cur[r]]
+            if mb:
+                self._push(t + self.cm.step_merge_us(r, mb), _EV_STEP_END, r)
+            else:
+                self._step_end(r, t)
+
+    def _step_end(self, r: int, t: float) -> None:
+        c = self.cur[r] + 1
+        self.cur[r] = c
+        if c < len(self.steps[r]):
+            self._post_step(r, t)
+        else:
+            self.finish[r] = t
+
+    # -- transfers -----------------------------------------------------------------------------
+
+    def _match(self, s: int, q: int, t: float) -> None:
+        self.start[s] = self.start[q] = t
+        sr, qr = self.rank_of[s], self.rank_of[q]
+        key = sr * self.p + qr
+        hit = self.routes.get(key)
+        if hit is None:
+            route = self.topo.route(sr, qr)
+            lat = self.lat
+            hit = self.routes[key] = (route, sum(lat[i] for i in route))
+        x = len(self.x_send)
+        nbytes = self.nbytes[s]
+        self.x_send.append(s)
+        self.x_recv.append(q)
+        self.x_route.append(hit[0])
+        self.x_lat.append(hit[1])
+        self.rem.append(float(nbytes))
+        self.rate.append(0.0)
+        self.last.append(t)
+        self.ver.append(0)
+        if not hit[0] or nbytes == 0:
+            self._push(t + self.overhead + hit[1], _EV_XFER_DONE, x)
+        elif self.overhead > 0:
+            self._push(t + self.overhead, _EV_BW_START, x)
+        else:
+            self._bw_start(x, t)
+
+    def _bw_start(self, x: int, t: float) -> None:
+        self.last[x] = t
+        lf = self.link_flows
+        route = self.x_route[x]
+        for i in route:
+            s = lf[i]
+            if s is None:
+                s = lf[i] = set()
+            s.add(x)
+        self.dirty.update(route)
+
+    def _drained(self, x: int, t: float) -> None:
+        self.rem[x] = 0.0
+        self.ver[x] += 1
+        lf = self.link_flows
+        route = self.x_route[x]
+        for i in route:
+            lf[i].discard(x)
+        self.dirty.update(route)
+        self._push(t + self.x_lat[x], _EV_XFER_DONE, x)
+
+    def _reshare(self, t: float) -> None:
+        """Max-min fair rates for the flows connected to the links that changed."""
+        lf = self.link_flows
+        routes = self.x_route
+        frontier = [i for i in self.dirty if lf[i]]
+        self.dirty.clear()
+        seen_links = set(frontier)
+        flows: list[int] = []
+        seen_flows: set[int] = set()
+        while frontier:
+            i = frontier.pop()
+            for x in lf[i]:
+                if x not in seen_flows:
+                    seen_flows.add(x)
+                    flows.append(x)
+                    for j in routes[x]:
+                        if j not in seen_links:
+                            seen_links.add(j)
+                            frontier.append(j)
+        if not flows:
+            return
+        cap = self.cap
+        # Progressive filling: the link with the smallest fair share saturates first and
+        # fixes the rate of its unfixed flows; shares of the other links can only grow.
+        cnt = {i: len(lf[i]) for i in seen_links}
+        left = {i: cap[i] for i in seen_links}
+        heap = [(left[i] / c, i) for i, c in cnt.items()]
+        heapq.heapify(heap)
+        new_rate: dict[int, float] = {}
+        pop, push = heapq.heappop, heapq.heappush
+        floor = 0.0
+        while heap:
+            share, i = pop(heap)
+            c = cnt[i]
+            if c == 0 or share != left[i] / c:
+                continue
+            # Shares never decrease in exact arithmetic; keep rounding from making one smaller.
+            share = floor = share if share > floor else floor
+            for x in lf[i]:
+                if x in new_rate:
+                    continue
+                new_rate[x] = share
+                for j in routes[x]:
+                    if j == i:
+                        continue
+                    cj = cnt[j] - 1
+                    cnt[j] = cj
+                    lj = left[j] - share
+                    lj = left[j] = lj if lj > 0.0 else 0.0
+                    if cj > 0:
+                        push(heap, (lj / cj, j))
+            cnt[i] = 0
+        rem, rate, last, ver = self.rem, self.rate, self.last, self.ver
+        for x in flows:
+            nr = new_rate[x]
+            old = rate[x]
+            if nr == old:
+                continue
+            r = rem[x] - old * (t - last[x])
+            r = rem[x] = r if r > 0.0 else 0.0
+            last[x] = t
+            rate[x] = nr
+            ver[x] += 1
+            self._push(t + r / nr, _EV_DRAIN, x, ver[x])
+
+    # -- collectives ---------------------------------------------------------------------------
+
+    def _arrive(self, r: int, gid: int, t: float) -> None:
+        k = self.coll_count[r]
+        self.coll_count[r] += 1
+        if k == len(self.coll_arrivals):
+            self.coll_arrivals.append([])
+        arrivals = self.coll_arrivals[k]
+        if arrivals:
+            r0, g0 = arrivals[0][1], arrivals[0][2]
+            a, b = self._op(r0, g0), self._op(r, gid)
+            if (a.coll, a.reduce, a.part, a.chunk) != (b.coll, b.reduce, b.part, b.chunk):
+                raise PlanInvalidError(
+                    f"collective #{k}: rank {r0} issues {a.coll} {a.reduce} {a.part} chunk {a.chunk} but rank {r} "
+                    f"issues {b.coll} {b.reduce} {b.part} chunk {b.chunk}; every rank must issue the same in order"
+                )
+        arrivals.append((t, r, gid))
+        if len(arrivals) < self.p:
+            return
+        t0 = max(a[0] for a in arrivals)
+        last_gid = next(g for (ta, _, g) in arrivals if ta == t0)
+        for ta, _, g in arrivals:
+            self.start[g] = t0
+            if ta < t0:
+                self.pred[g] = last_gid
+        self._push(t0 + self._coll_us(gid), _EV_COLL_DONE, k)
+
+    def _coll_us(self, gid: int) -> float:
+        from treeattn.cost import nccl
+
+        if self._fabric is None:
+            self._fabric = nccl.fabric(self.topo)
+            self._cuts = CutModel(self.topo)
+        op = self._op(self.rank_of[gid], gid)
+        share = self.nbytes[gid]
+        if op.coll == "allgather":
+            est = nccl.pick(self._fabric, nccl.Collective.ALLGATHER, share * self.p)
+        else:
+            est = nccl.pick(self._fabric, nccl.Collective.ALLREDUCE, share)
+        w = self.plan.workload
+        if op.part in ("lse", "den"):
+            row = 4
+        elif op.part == "num":
+            row = w.row_bytes - w.partial_dtype.nbytes
+        else:
+            row = w.row_bytes
+        return max(est.time_us, self._cuts.collective_floor_us(share, row))
+
+    def _coll_done(self, k: int, t: float) -> None:
+        for _, r, gid in self.coll_arrivals[k]:
+            op = self._op(r, gid)
+            extra = self.cm.gather_merge_us(r, self.nbytes[gid], self.p) if op.coll == "allgather" else 0.0
+            if extra > 0:
+                self._push(t + extra, _EV_OP_DONE, gid)
+            else:
+                self._op_done(gid, t)
+
+    # -- results -------------------------------------------------------------------------------
+
+    def _op(self, r: int, gid: int):  # noqa: ANN202 - an ir.Op
+        return self.ops[gid]
+
+    def _check_finished(self) -> None:
+        stuck = [r for r in range(self.p) if self.cur[r] < len(self.steps[r])]
+        if not stuck:
+            return
+        lines = []
+        for r in stuck[:5]:
+            lo, hi = self.steps[r][self.cur[r]]
+            waits = []
+            for gid in range(lo, hi):
+                if self.end[gid] >= 0:
+                    continue
+                op = self._op(r, gid)
+                if op.kind is OpKind.COLLECTIVE:
+                    k = self.coll_count[r] - 1
+                    waits.append(f"collective #{k} ({len(self.coll_arrivals[k])} of {self.p} ranks arrived)")
+                else:
+                    what = "send chunk {} to" if op.kind is OpKind.SEND else "recv chunk {} from"
+                    unmatched = " (no matching op there)" if self.partner[gid] < 0 else ""
+                    waits.append(f"op {gid - self.offset[r]} {what.format(op.chunk)} rank {op.peer}{unmatched}")
+            lines.append(f"rank {r} at step {self.plan.programs[r][lo - self.offset[r]].step} waits on "
+                         + ", ".join(waits[:3]) + (" ..." if len(waits) > 3 else ""))
+        more = f" (and {len(stuck) - 5} more ranks)" if len(stuck) > 5 else ""
+        raise PlanInvalidError(
+            f"plan deadlocks: {len(stuck)} ranks never finish{more}; " + "; ".join(lines)
+            + ". Every SEND needs a matching RECV (FIFO per rank pair) that can be posted"
+        )
+
+    def _result(self, want_timeline: bool, events: int) -> SimResult:
+        finish = tuple(self.finish)
+        predicted = max(finish) if finish else 0.0
+        path: list[tuple[int, int]] = []
+        last_rank = max(range(self.p), key=lambda r: (finish[r], -r))
+        gid = self.last_gid[last_rank] if self.steps[last_rank] else -1
+        guard = len(self.kind) + 1
+        while gid >= 0 and guard:
+            r = self.rank_of[gid]
+            path.append((r, gid - self.offset[r]))
+            gid = self.pred[gid]
+            guard -= 1
+        path.reverse()
+        tl = None
+        if want_timeline:
+            out = []
+            for r, prog in enumerate(self.plan.programs):
+                base = self.offset[r]
+                for i, op in enumerate(prog):
+                    g = base + i
+                    out.append(OpTiming(r, i, op.kind.value, op.peer, op.chunk, self.start[g], self.end[g],
+                                        self.nbytes[g]))
+            tl = tuple(out)
+        return SimResult(
+            predicted_us=predicted,
+            per_rank_finish_us=finish,
+            critical_path=tuple(path),
+            timeline=tl,
+            events=events,
+            transfers=len(self.x_send),
+        )
