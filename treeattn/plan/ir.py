@@ -33,11 +33,33 @@ Semantics (every interpreter implements exactly this):
 * Attention plans start with empty accumulators and fill them by COMPUTE; raw payload
   plans (``RawPayload``) start with each rank's own buffer in every chunk.
 * At the end every rank in ``result_ranks`` must hold, in every chunk, each rank's
-  contribution exactly once.
+  contribution exactly once (or, when ``Plan.contributors`` is set, exactly the
+  contributions of those ranks: a broadcast from rank r has ``contributors=(r,)``).
+
+Precisions the validator enforces (they follow from the rules above):
+
+* Two ops of one step may not both write one chunk when one of them is a RECV_COPY (the
+  result would depend on their order); several RECV_MERGE into one chunk are fine.
+* A KV-block transfer (``block`` set) has ``chunk=None`` and is a SEND matched by a
+  RECV_COPY; RECV_MERGE never carries a block. COMPUTE has ``chunk=None``. Raw payload
+  plans have neither COMPUTE nor blocks. A rank initially holds its own KV block only;
+  blocks it receives stay held (memory is not modelled here).
+* A SEND (or a COLLECTIVE) of a chunk whose accumulator is still empty is an error: it
+  would ship the identity, and in an attention plan it means COMPUTE came too late.
+* COLLECTIVE ``chunk`` (None = all chunks) restricts it to those rows. The valid forms:
+  ``allreduce max lse``, ``allreduce sum num``, ``allreduce sum den`` (attention plans
+  only: the trio; each of the three runs over the same accumulators on every rank, and
+  they take effect once all three are done), ``allreduce R partial`` and
+  ``allgather R partial`` with R the payload's reduce op (``merge`` for attention,
+  ``sum`` for raw payloads): every rank's accumulator becomes the merge of all of them.
 """
 
 from __future__ import annotations
 
+import gc
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -95,19 +117,22 @@ class Op:
     """COLLECTIVE only: ``lse``, ``num``, ``den`` or ``partial``."""
 
     def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "kind", OpKind(self.kind))
-        except ValueError:
-            kinds = ", ".join(k.value for k in OpKind)
-            raise PlanFormatError(f"unknown op kind {self.kind!r}; choose one of {kinds}") from None
-        if self.kind in (OpKind.SEND, OpKind.RECV_MERGE, OpKind.RECV_COPY) and self.peer is None:
-            raise PlanFormatError(f"{self.kind.value} op needs a peer")
-        if self.kind is OpKind.COLLECTIVE:
+        kind = self.kind
+        if type(kind) is not OpKind:  # plans hold hundreds of thousands of ops: skip the enum call when we can
+            try:
+                kind = OpKind(kind)
+            except ValueError:
+                kinds = ", ".join(k.value for k in OpKind)
+                raise PlanFormatError(f"unknown op kind {self.kind!r}; choose one of {kinds}") from None
+            object.__setattr__(self, "kind", kind)
+        if kind is OpKind.COLLECTIVE:
             if self.coll not in COLLECTIVES or self.reduce not in REDUCES or self.part not in PARTS:
                 raise PlanFormatError(
                     f"collective op needs coll in {COLLECTIVES}, reduce in {REDUCES}, part in {PARTS}; "
                     f"got coll={self.coll!r} reduce={self.reduce!r} part={self.part!r}"
                 )
+        elif self.peer is None and kind is not OpKind.COMPUTE:
+            raise PlanFormatError(f"{kind.value} op needs a peer")
 
     @property
     def is_transfer(self) -> bool:
@@ -122,12 +147,58 @@ class Op:
         return out
 
 
+_new = object.__new__
+_SETTERS = tuple(Op.__dict__[name].__set__ for name in ("kind", "step", "peer", "chunk", "block", "coll", "reduce",
+                                                        "part"))
+
+
+def _unchecked_op(kind: OpKind, step: int, peer: int | None = None, chunk: int | None = None,
+                  block: int | None = None, coll: str | None = None, reduce: str | None = None,
+                  part: str | None = None) -> Op:
+    """An ``Op`` made without ``__post_init__``: for builders and the file loader, which make
+    hundreds of thousands of ops whose fields they already checked (the validator re-checks
+    every op anyway). ``kind`` must already be an ``OpKind``."""
+    op = _new(Op)
+    s = _SETTERS
+    s[0](op, kind)
+    s[1](op, step)
+    s[2](op, peer)
+    s[3](op, chunk)
+    s[4](op, block)
+    s[5](op, coll)
+    s[6](op, reduce)
+    s[7](op, part)
+    return op
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while making or reading a large plan.
+
+    A 16,384-rank plan allocates about a million small objects, none of them in cycles; the
+    collector would rescan the growing heap again and again (2-5x the time of the work)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 @dataclass(frozen=True, slots=True)
 class TopologyRef:
     """Which topology a plan was made for."""
 
     name: str
     fingerprint: str
+
+    @classmethod
+    def of(cls, topology: Any) -> TopologyRef:
+        """The reference of a ``Topology`` (anything with ``name`` and ``fingerprint``)."""
+        if isinstance(topology, TopologyRef):
+            return topology
+        return cls(name=topology.name, fingerprint=topology.fingerprint)
 
 
 @dataclass(frozen=True)
@@ -151,10 +222,22 @@ class Plan:
     version: int = PLAN_VERSION
     notes: dict[str, Any] = field(default_factory=dict)
     """Free-form, deterministic extras (search statistics, bounds)."""
+    contributors: tuple[int, ...] | None = None
+    """Ranks whose contributions the result must hold; None = every rank (a reduction).
+    A broadcast from rank r sets ``(r,)``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "programs", tuple(tuple(p) for p in self.programs))
         object.__setattr__(self, "result_ranks", tuple(self.result_ranks))
+        if self.contributors is not None:
+            object.__setattr__(self, "contributors", tuple(self.contributors))
+        # Plain JSON data (lists, not tuples) so that a plan equals itself after a file round trip.
+        object.__setattr__(self, "params", _plain(self.params, "plan.params"))
+        object.__setattr__(self, "notes", _plain(self.notes, "plan.notes"))
+        if self.predicted_us is not None:
+            if not isinstance(self.predicted_us, (int, float)) or not math.isfinite(self.predicted_us):
+                raise PlanFormatError(f"plan.predicted_us must be a finite number, got {self.predicted_us!r}")
+            object.__setattr__(self, "predicted_us", float(self.predicted_us))
         if self.version != PLAN_VERSION:
             raise PlanFormatError(f"plan version {self.version} is not supported (this treeattn reads {PLAN_VERSION})")
         if not isinstance(self.chunks, int) or self.chunks < 1:
@@ -175,6 +258,28 @@ class Plan:
         return isinstance(self.workload, RawPayload)
 
 
+def _plain(value: Any, where: str) -> Any:
+    """``value`` as plain JSON data: tuples become lists, dict keys must be strings, floats finite."""
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise PlanFormatError(f"{where} has a non-string key {key!r}; plan files need string keys")
+            out[key] = _plain(item, f"{where}.{key}")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, StrEnum):
+        return value.value
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PlanFormatError(f"{where} = {value!r}: plan files hold finite numbers only")
+        return value
+    raise PlanFormatError(f"{where} = {value!r} ({type(value).__name__}) is not plain JSON data")
+
+
 def chunk_rows(rows: int, chunks: int, chunk: int | None) -> tuple[int, int]:
     """Row range [start, stop) of ``chunk`` when ``rows`` are cut into ``chunks`` near-equal
     contiguous pieces (the first ``rows % chunks`` pieces one row longer); None = all rows."""
@@ -186,15 +291,16 @@ def chunk_rows(rows: int, chunks: int, chunk: int | None) -> tuple[int, int]:
 
 
 def message_bytes(plan: Plan, op: Op) -> int:
-    """Bytes one SEND/RECV or one rank's share of a COLLECTIVE moves."""
+    """Bytes one SEND/RECV or one rank's share of a COLLECTIVE moves (a COLLECTIVE's
+    ``chunk`` restricts it to that chunk's rows, like a transfer's)."""
     w = plan.workload
     if op.block is not None and op.kind is not OpKind.COMPUTE:
         return w.kv_bytes(op.block)
+    start, stop = chunk_rows(w.rows, plan.chunks, op.chunk)
+    rows = stop - start
     if op.kind is OpKind.COLLECTIVE:
         if op.part in ("lse", "den"):
-            return w.rows * 4
+            return rows * 4
         if op.part == "num" and isinstance(w, Workload):
-            return w.rows * w.head_dim * w.partial_dtype.nbytes
-        return w.payload_bytes
-    start, stop = chunk_rows(w.rows, plan.chunks, op.chunk)
-    return (stop - start) * w.row_bytes
+            return rows * w.head_dim * w.partial_dtype.nbytes
+    return rows * w.row_bytes

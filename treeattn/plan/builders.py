@@ -1,0 +1,505 @@
+"""Builders: an algorithm name and its parameters in, a Plan out.
+
+Every builder is deterministic (same arguments, byte-identical plan file), pipelines its
+row chunks, and produces a plan that ``treeattn.plan.validate.check`` accepts. Attention
+plans start with a COMPUTE of each rank's own block at step 0 and communicate from step 1;
+raw payloads (a plain sum) start communicating at step 0. The plan's ``params`` record
+everything the builder used (parent lists, root, order, groups, ...), so that a plan file
+describes itself.
+
+Examples:
+    >>> from treeattn.plan import TopologyRef, build
+    >>> from treeattn.workload import Workload
+    >>> w = Workload.create(ranks=8, seq_len=8192, model="llama-3.1-8b")
+    >>> plan = build("binomial", w, TopologyRef("flat", "sha256:0"), chunks=2)
+    >>> plan.ranks, plan.chunks, plan.params["parents"]
+    (8, 2, [-1, 0, 0, 2, 0, 4, 4, 6])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from treeattn.errors import InfeasiblePlanError, InputError
+from treeattn.plan.ir import Plan, TopologyRef, _gc_paused
+from treeattn.plan.schedule import Programs, emit_butterfly, emit_ring, emit_tree
+from treeattn.plan.trees import (
+    SHAPES,
+    parents_binomial,
+    parents_chain,
+    parents_kary,
+    parents_of_shape,
+    parents_star,
+    positions,
+    tree_info,
+)
+from treeattn.workload import Payload, RawPayload
+
+__all__ = ["ParamSpec", "AlgorithmSpec", "ALGORITHMS", "build", "tree_plan"]
+
+RESULTS = ("all", "root")
+
+
+@dataclass(frozen=True, slots=True)
+class ParamSpec:
+    """One parameter an algorithm takes (what ``--algorithm list`` shows)."""
+
+    name: str
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class AlgorithmSpec:
+    """A registered algorithm: its stable name, what it does and what it takes."""
+
+    name: str
+    description: str
+    """One line."""
+    params: tuple[ParamSpec, ...]
+    is_baseline: bool = False
+    """True for what the paper and libraries do (collectives, ring attention)."""
+    payloads: tuple[str, ...] = ("attention", "raw")
+    """Payload kinds it can reduce (``Workload.kind``/``RawPayload.kind``)."""
+    results: tuple[str, ...] = RESULTS
+    """``all``: every rank ends with the result; ``root``: only the root (a reduce)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "params": {p.name: p.description for p in self.params},
+            "is_baseline": self.is_baseline,
+            "payloads": list(self.payloads),
+            "results": list(self.results),
+        }
+
+
+@dataclass(frozen=True)
+class _Args:
+    workload: Payload
+    topology: TopologyRef
+    chunks: int
+    root: int | None
+    fanout: int
+    parents: Any
+    groups: Any
+    order: Any
+    roots: Any
+    result: str
+    extra: dict[str, Any]
+
+    @property
+    def p(self) -> int:
+        return self.workload.ranks
+
+    @property
+    def raw(self) -> bool:
+        return isinstance(self.workload, RawPayload)
+
+    @property
+    def base(self) -> int:
+        return 0 if self.raw else 1
+
+
+def build(
+    algorithm: str,
+    workload: Payload,
+    topology: Any,
+    *,
+    chunks: int = 1,
+    root: int | None = None,
+    fanout: int = 2,
+    parents: Sequence[Any] | None = None,
+    groups: Sequence[Sequence[int]] | None = None,
+    order: Sequence[int] | None = None,
+    roots: Sequence[int] | None = None,
+    result: str = "all",
+    **extra: Any,
+) -> Plan:
+    """Build the plan of ``algorithm`` for ``workload``.
+
+    Args:
+        algorithm: a key of ``ALGORITHMS`` (``treeattn plan --algorithm list``).
+        workload: a ``Workload`` (attention) or ``RawPayload`` (plain sum); its rank count is p.
+        topology: a ``TopologyRef`` or a ``Topology`` (only its name and fingerprint are kept).
+        chunks: row chunks to pipeline (per segment for ``ring``, per tree for ``multirail``).
+        root: the root rank of tree algorithms (default 0, or ``order[0]``).
+        fanout: children per node for ``kary`` (and the ``kary`` shape elsewhere).
+        parents: a parent list (``tree``, ``broadcast``) or a list of them (``multirail``).
+        groups: ``hierarchical``: a partition of the ranks (the first rank of each group, or
+            ``root``, leads it).
+        order: rank at each tree/ring/butterfly position (position 0 is the root).
+        roots: ``multirail``: the root of each tree.
+        result: ``all`` (reduce then broadcast: an all-reduce) or ``root`` (reduce only).
+        **extra: algorithm-specific parameters (``intra``, ``inter``, ``group_size``,
+            ``trees``, ``shape``); see ``ALGORITHMS[name].params``.
+
+    Returns:
+        The plan; it passes ``check``.
+
+    Raises:
+        InputError: unknown algorithm or a parameter the algorithm does not take.
+        InfeasiblePlanError: the parameters cannot make a plan (bad parent list, too few rows, ...).
+    """
+    spec = ALGORITHMS.get(algorithm)
+    if spec is None:
+        raise InputError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+    names = {p.name for p in spec.params}
+    given = {"root": root, "parents": parents, "groups": groups, "order": order, "roots": roots}
+    for name, value in given.items():
+        if value is not None and name not in names:
+            raise InputError(f"algorithm {algorithm!r} takes no {name}; it takes: {', '.join(sorted(names))}")
+    if fanout != 2 and "fanout" not in names:
+        raise InputError(f"algorithm {algorithm!r} takes no fanout; it takes: {', '.join(sorted(names))}")
+    for name in extra:
+        if name not in names:
+            raise InputError(f"algorithm {algorithm!r} takes no parameter {name!r}; "
+                             f"it takes: {', '.join(sorted(names))}")
+    if workload.kind not in spec.payloads:
+        raise InfeasiblePlanError(f"algorithm {algorithm!r} reduces {' or '.join(spec.payloads)} payloads, "
+                                  f"not {workload.kind}")
+    if result not in RESULTS:
+        raise InputError(f"result must be 'all' or 'root', got {result!r}")
+    if result not in spec.results:
+        raise InfeasiblePlanError(f"algorithm {algorithm!r} always leaves the result on every rank; "
+                                  "use result='all' (or a tree algorithm for a reduce to the root)")
+    if type(chunks) is not int or chunks < 1:
+        raise InputError(f"chunks must be an integer >= 1, got {chunks!r}")
+    if topology is None:
+        topology = TopologyRef("none", "")
+    args = _Args(workload, TopologyRef.of(topology), chunks, root, fanout, parents, groups, order, roots,
+                 result, dict(extra))
+    with _gc_paused():
+        return _BUILDERS[algorithm](args)
+
+
+def tree_plan(parents: Sequence[int | None], workload: Payload, topology_ref: Any, chunks: int = 1,
+              result: str = "all") -> Plan:
+    """The plan of any rooted tree: pipelined reduce to the root, then (``result='all'``) broadcast.
+
+    Args:
+        parents: ``parents[r]`` is rank r's parent, ``-1`` (or None) at the root.
+        workload: the payload; ``len(parents)`` must equal its rank count.
+        topology_ref: a ``TopologyRef`` (or ``Topology``).
+        chunks: row chunks to pipeline.
+        result: ``all`` or ``root``.
+
+    Returns:
+        A plan named ``tree`` whose params hold the parent list.
+
+    Examples:
+        >>> from treeattn.plan import TopologyRef, tree_plan, check
+        >>> from treeattn.workload import RawPayload
+        >>> plan = tree_plan([-1, 0, 1, 1], RawPayload(nbytes=4096, ranks=4), TopologyRef("t", "f"), chunks=2)
+        >>> check(plan)
+    """
+    return build("tree", workload, topology_ref, parents=parents, chunks=chunks, result=result)
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _need_chunks(a: _Args, n: int, why: str) -> None:
+    rows = a.workload.rows
+    if n > rows:
+        raise InfeasiblePlanError(f"{why} needs {n} row chunks but the payload has only {rows} rows "
+                                  "(batch x query heads); use fewer chunks or ranks, or a larger batch")
+
+
+def _start(a: _Args) -> Programs:
+    progs = Programs(a.p)
+    if not a.raw:
+        for r in range(a.p):
+            progs.compute(r, 0)
+    return progs
+
+
+def _plan(a: _Args, algorithm: str, params: dict[str, Any], progs: Programs, chunks: int,
+          result_ranks: Sequence[int] | None = None, contributors: Sequence[int] | None = None) -> Plan:
+    return Plan(
+        algorithm=algorithm,
+        params=params,
+        workload=a.workload,
+        topology=a.topology,
+        chunks=chunks,
+        programs=progs.build(),
+        result_ranks=tuple(range(a.p)) if result_ranks is None else tuple(result_ranks),
+        contributors=None if contributors is None else tuple(contributors),
+    )
+
+
+def _tree(a: _Args, algorithm: str, parents: Sequence[Any], params: dict[str, Any]) -> Plan:
+    _need_chunks(a, a.chunks, f"{algorithm} with {a.chunks} chunks")
+    info = tree_info(parents, a.p)
+    progs = _start(a)
+    emit_tree(progs, info, range(a.chunks), a.base, reduce=True, broadcast=a.result == "all")
+    params = {**params, "root": info.root, "parents": list(info.parents), "chunks": a.chunks, "result": a.result}
+    return _plan(a, algorithm, params, progs, a.chunks, None if a.result == "all" else (info.root,))
+
+
+def _shape_arg(a: _Args, key: str, default: str) -> str:
+    shape = a.extra.get(key, default)
+    if shape not in SHAPES:
+        raise InputError(f"{key} must be one of {', '.join(SHAPES)}, got {shape!r}")
+    return shape
+
+
+# -- tree algorithms ----------------------------------------------------------------------
+
+
+def _build_tree(a: _Args) -> Plan:
+    if a.parents is None:
+        raise InputError("algorithm 'tree' needs parents: a parent list with -1 at the root")
+    return _tree(a, "tree", a.parents, {})
+
+
+def _build_star(a: _Args) -> Plan:
+    order = positions(a.p, a.root, a.order)
+    return _tree(a, "star", parents_star(a.p, order=order), {"order": order})
+
+
+def _build_chain(a: _Args) -> Plan:
+    order = positions(a.p, a.root, a.order)
+    return _tree(a, "chain", parents_chain(a.p, order=order), {"order": order})
+
+
+def _build_kary(a: _Args) -> Plan:
+    order = positions(a.p, a.root, a.order)
+    return _tree(a, "kary", parents_kary(a.p, a.fanout, order=order), {"order": order, "fanout": a.fanout})
+
+
+def _build_binomial(a: _Args) -> Plan:
+    order = positions(a.p, a.root, a.order)
+    return _tree(a, "binomial", parents_binomial(a.p, order=order), {"order": order})
+
+
+def _groups(a: _Args) -> list[list[int]]:
+    size = a.extra.get("group_size")
+    if a.groups is not None and size is not None:
+        raise InputError("give groups or group_size, not both")
+    if a.groups is None:
+        if size is None:
+            raise InputError("algorithm 'hierarchical' needs groups (a partition of the ranks) or group_size")
+        if type(size) is not int or size < 1:
+            raise InputError(f"group_size must be an integer >= 1, got {size!r}")
+        return [list(range(s, min(s + size, a.p))) for s in range(0, a.p, size)]
+    groups = [list(g) for g in a.groups]
+    flat = [r for g in groups for r in g]
+    if any(not g for g in groups) or sorted(flat) != list(range(a.p)):
+        raise InfeasiblePlanError(f"groups must partition the {a.p} ranks into non-empty groups, "
+                                  f"each rank exactly once; got {groups[:8]}")
+    return groups
+
+
+def _build_hierarchical(a: _Args) -> Plan:
+    groups = _groups(a)
+    intra, inter = _shape_arg(a, "intra", "star"), _shape_arg(a, "inter", "binomial")
+    root = 0 if a.root is None else a.root
+    if type(root) is not int or not 0 <= root < a.p:
+        raise InfeasiblePlanError(f"root {root!r} is out of range: there are {a.p} ranks")
+    home = next(i for i, g in enumerate(groups) if root in g)
+    leaders = [root if i == home else g[0] for i, g in enumerate(groups)]
+    ranked = [home] + [i for i in range(len(groups)) if i != home]  # the root's group leads the leaders
+    parents = [-1] * a.p
+    up = parents_of_shape(inter, len(groups), fanout=a.fanout)
+    for pos, gi in enumerate(ranked):
+        if up[pos] >= 0:
+            parents[leaders[gi]] = leaders[ranked[up[pos]]]
+    for gi, g in enumerate(groups):
+        members = [leaders[gi]] + [r for r in g if r != leaders[gi]]
+        inside = parents_of_shape(intra, len(members), fanout=a.fanout)
+        for j in range(1, len(members)):
+            parents[members[j]] = members[inside[j]]
+    params = {"groups": groups, "intra": intra, "inter": inter, "leaders": leaders}
+    if "kary" in (intra, inter):
+        params["fanout"] = a.fanout
+    return _tree(a, "hierarchical", parents, params)
+
+
+def _build_multirail(a: _Args) -> Plan:
+    trees_arg = a.extra.get("trees")
+    shape = _shape_arg(a, "shape", "binomial")
+    if a.parents is not None:
+        if a.roots is not None:
+            raise InputError("give roots or parents (one parent list per tree), not both")
+        infos = [tree_info(par, a.p) for par in a.parents]
+        if not infos:
+            raise InputError("multirail needs at least one parent list")
+        roots = [t.root for t in infos]
+    else:
+        base_order = positions(a.p, None, a.order)
+        if a.roots is not None:
+            roots = list(a.roots)
+        else:
+            count = min(2, a.p) if trees_arg is None else trees_arg
+            if type(count) is not int or not 1 <= count <= a.p:
+                raise InputError(f"trees must be an integer in [1, {a.p}], got {count!r}")
+            # Consecutive roots: tree t is tree 0 shifted by t positions, so with the binomial
+            # shape the ranks interior in one tree are leaves in the next (as in a double binary tree).
+            roots = [base_order[t] for t in range(count)]
+        if not roots:
+            raise InputError("multirail needs at least one root")
+        infos = []
+        for r in roots:
+            if type(r) is not int or not 0 <= r < a.p:
+                raise InfeasiblePlanError(f"root {r!r} is out of range: there are {a.p} ranks")
+            i = base_order.index(r)
+            infos.append(tree_info(parents_of_shape(shape, a.p, order=base_order[i:] + base_order[:i],
+                                                    fanout=a.fanout), a.p))
+    n = len(infos)
+    if trees_arg is not None and trees_arg != n:
+        raise InputError(f"trees = {trees_arg} but {n} roots/parent lists were given")
+    total = n * a.chunks
+    _need_chunks(a, total, f"multirail over {n} trees with {a.chunks} chunks each")
+    progs = _start(a)
+    for t, info in enumerate(infos):
+        emit_tree(progs, info, range(t, total, n), a.base)
+    params: dict[str, Any] = {"roots": roots, "trees": n, "parents": [list(t.parents) for t in infos],
+                              "chunks": a.chunks, "result": a.result}
+    if a.parents is None:
+        params["shape"] = shape
+        if shape == "kary":
+            params["fanout"] = a.fanout
+        if a.order is not None:
+            params["order"] = list(a.order)
+    return _plan(a, "multirail", params, progs, total)
+
+
+def _build_broadcast(a: _Args) -> Plan:
+    _need_chunks(a, a.chunks, f"broadcast with {a.chunks} chunks")
+    if a.parents is not None:
+        params: dict[str, Any] = {}
+        parents = a.parents
+    else:
+        shape = _shape_arg(a, "shape", "binomial")
+        order = positions(a.p, a.root, a.order)
+        parents = parents_of_shape(shape, a.p, order=order, fanout=a.fanout)
+        params = {"shape": shape, "order": order}
+        if shape == "kary":
+            params["fanout"] = a.fanout
+    info = tree_info(parents, a.p)
+    if a.root is not None and info.root != a.root:
+        raise InfeasiblePlanError(f"root {a.root} is not the root of the parent list (rank {info.root} is)")
+    progs = _start(a)
+    emit_tree(progs, info, range(a.chunks), a.base, reduce=False)
+    params.update({"root": info.root, "parents": list(info.parents), "chunks": a.chunks})
+    return _plan(a, "broadcast", params, progs, a.chunks, contributors=(info.root,))
+
+
+# -- all-reduce patterns and baselines ----------------------------------------------------
+
+
+def _build_butterfly(a: _Args) -> Plan:
+    _need_chunks(a, a.chunks, f"butterfly with {a.chunks} chunks")
+    order = positions(a.p, None, a.order)
+    progs = _start(a)
+    emit_butterfly(progs, order, a.chunks, a.base)
+    return _plan(a, "butterfly", {"order": order, "chunks": a.chunks}, progs, a.chunks)
+
+
+def _build_ring(a: _Args) -> Plan:
+    total = a.chunks * (a.p if a.p > 1 else 1)
+    _need_chunks(a, total, f"ring over {a.p} ranks with {a.chunks} chunks per segment")
+    order = positions(a.p, None, a.order)
+    progs = _start(a)
+    emit_ring(progs, order, a.chunks, a.base)
+    return _plan(a, "ring", {"order": order, "chunks": a.chunks}, progs, total)
+
+
+def _build_allreduce3(a: _Args) -> Plan:
+    _need_chunks(a, a.chunks, f"allreduce3 with {a.chunks} chunks")
+    progs = _start(a)
+    for r in range(a.p):
+        for s, (reduce, part) in enumerate((("max", "lse"), ("sum", "num"), ("sum", "den")), start=1):
+            progs.collective(r, s, "allreduce", reduce, part)
+    return _plan(a, "allreduce3", {"chunks": a.chunks}, progs, a.chunks)
+
+
+def _build_allreduce(a: _Args) -> Plan:
+    _need_chunks(a, a.chunks, f"allreduce with {a.chunks} chunks")
+    progs = _start(a)
+    for r in range(a.p):
+        progs.collective(r, a.base, "allreduce", a.workload.reduce_op.value, "partial")
+    return _plan(a, "allreduce", {"chunks": a.chunks}, progs, a.chunks)
+
+
+def _build_allgather_merge(a: _Args) -> Plan:
+    _need_chunks(a, a.chunks, f"allgather-merge with {a.chunks} chunks")
+    progs = _start(a)
+    for r in range(a.p):
+        progs.collective(r, a.base, "allgather", a.workload.reduce_op.value, "partial")
+    return _plan(a, "allgather-merge", {"chunks": a.chunks}, progs, a.chunks)
+
+
+def _build_ring_attention(a: _Args) -> Plan:
+    _need_chunks(a, a.chunks, f"ring-attention with {a.chunks} chunks")
+    order = positions(a.p, None, a.order)
+    p = a.p
+    progs = _start(a)
+    for t in range(1, p):
+        for i in range(p):
+            # Round t: pass on the block received in round t - 1 (own block first), get the next.
+            progs.transfer(order[i], order[(i + 1) % p], 2 * t - 1, block=order[(i - t + 1) % p])
+            progs.compute(order[i], 2 * t, block=order[(i - t) % p])
+    return _plan(a, "ring-attention", {"order": order, "chunks": a.chunks}, progs, a.chunks)
+
+
+# -- registry -----------------------------------------------------------------------------
+
+_P = ParamSpec
+_CHUNKS = _P("chunks", "row chunks pipelined through the schedule")
+_RESULT = _P("result", "'all' (reduce, then broadcast back: every rank gets the result) or 'root' (reduce only)")
+_ROOT = _P("root", "rank the reduction ends at (default 0, or order[0])")
+_ORDER = _P("order", "rank at each tree position, position 0 first (default: ranks rotated to start at root)")
+_FANOUT = _P("fanout", "children per node (kary shape)")
+_SHAPE_HELP = "tree shape: star, chain, kary or binomial"
+
+_SPECS: list[tuple[AlgorithmSpec, Callable[[_Args], Plan]]] = [
+    (AlgorithmSpec("tree", "any rooted tree given as a parent list: pipelined reduce up, broadcast down",
+                   (_P("parents", "parent of each rank, -1 at the root"), _CHUNKS, _RESULT)), _build_tree),
+    (AlgorithmSpec("star", "every rank sends to the root (depth 1)", (_ROOT, _ORDER, _CHUNKS, _RESULT)),
+     _build_star),
+    (AlgorithmSpec("chain", "each rank sends to the previous position (depth p - 1, pipelines best)",
+                   (_ROOT, _ORDER, _CHUNKS, _RESULT)), _build_chain),
+    (AlgorithmSpec("kary", "complete k-ary tree (fanout k, heap layout)",
+                   (_ROOT, _ORDER, _FANOUT, _CHUNKS, _RESULT)), _build_kary),
+    (AlgorithmSpec("binomial", "binomial tree (depth ceil(log2 p))", (_ROOT, _ORDER, _CHUNKS, _RESULT)),
+     _build_binomial),
+    (AlgorithmSpec("butterfly", "recursive-doubling all-reduce (non-powers of two fold the extra ranks in)",
+                   (_ORDER, _CHUNKS), results=("all",)), _build_butterfly),
+    (AlgorithmSpec("ring", "ring reduce-scatter then all-gather (p segments of `chunks` chunks each)",
+                   (_ORDER, _CHUNKS), results=("all",)), _build_ring),
+    (AlgorithmSpec("hierarchical", "reduce inside each group to its leader, then across the leaders, then back",
+                   (_P("groups", "partition of the ranks; the first rank of a group (or root) leads it"),
+                    _P("group_size", "instead of groups: consecutive ranks in groups of this size"),
+                    _P("intra", _SHAPE_HELP + " inside a group (default star)"),
+                    _P("inter", _SHAPE_HELP + " across leaders (default binomial)"),
+                    _ROOT, _FANOUT, _CHUNKS, _RESULT)), _build_hierarchical),
+    (AlgorithmSpec("multirail", "rows split over several trees with different roots: chunk c uses tree c % T",
+                   (_P("roots", "root of each tree (default: the first T positions; interior ranks of one tree "
+                                "are then leaves of the next)"),
+                    _P("trees", "T, the number of trees when roots are not given (default 2)"),
+                    _P("parents", "instead of roots: one parent list per tree"),
+                    _P("shape", _SHAPE_HELP + " of every tree (default binomial)"),
+                    _ORDER, _FANOUT, _P("chunks", "row chunks per tree (the plan has T x chunks)")),
+                   results=("all",)), _build_multirail),
+    (AlgorithmSpec("broadcast", "pipelined broadcast of the root's buffer down a tree (raw payloads)",
+                   (_ROOT, _ORDER, _P("shape", _SHAPE_HELP + " (default binomial)"), _FANOUT,
+                    _P("parents", "instead of shape: a parent list"), _CHUNKS),
+                   payloads=("raw",), results=("all",)), _build_broadcast),
+    (AlgorithmSpec("allreduce3", "the paper's reference: allreduce max lse, sum num, sum den (library collectives)",
+                   (_CHUNKS,), is_baseline=True, payloads=("attention",), results=("all",)), _build_allreduce3),
+    (AlgorithmSpec("allreduce", "one library all-reduce (sum) of raw buffers, as nccl-tests runs it",
+                   (_CHUNKS,), is_baseline=True, payloads=("raw",), results=("all",)), _build_allreduce),
+    (AlgorithmSpec("allgather-merge", "library all-gather of every partial, then a local merge (Star Attention)",
+                   (_CHUNKS,), is_baseline=True, results=("all",)), _build_allgather_merge),
+    (AlgorithmSpec("ring-attention", "KV blocks rotate around the ring; each rank computes over every block",
+                   (_ORDER, _CHUNKS), is_baseline=True, payloads=("attention",), results=("all",)),
+     _build_ring_attention),
+]
+
+ALGORITHMS: dict[str, AlgorithmSpec] = {spec.name: spec for spec, _ in _SPECS}
+"""Every algorithm ``build`` knows, by stable name."""
+_BUILDERS: dict[str, Callable[[_Args], Plan]] = {spec.name: fn for spec, fn in _SPECS}

@@ -1,0 +1,593 @@
+"""Plan files: YAML or JSON, versioned, type-tagged, byte-for-byte deterministic.
+
+A plan file is a mapping tagged ``format: treeattn-plan`` with a ``version`` (see
+``PLAN_VERSION``). Older versions are upgraded on load by the functions in ``UPGRADES``
+(``UPGRADES[v]`` turns a version-v mapping into a version-v+1 one), as pipx upgrades its
+metadata files. The file is parsed by pydantic models (``extra='forbid'``) at this boundary
+only; inside, a plan is the frozen ``Plan`` dataclass. Errors name the file, the field
+path (``programs[3][7].peer``) and what is wrong.
+
+Layout (the same keys in JSON)::
+
+    format: treeattn-plan
+    version: 1
+    algorithm: binomial
+    chunks: 2
+    result_ranks: [0, 1, 2, 3]
+    predicted_us: null
+    topology: {fingerprint: "sha256:...", name: dgx-h100}
+    workload: {batch: 1, head_dim: 128, kind: attention, ...}
+    params:
+      parents: [-1, 0, 0, 2]
+    notes: {}
+    programs:
+      # rank 0
+      - - {kind: compute, step: 0}
+        - {kind: recv_merge, step: 1, peer: 1, chunk: 0}
+
+Mappings whose order means nothing (workload, params, notes, topology) are written with
+sorted keys; each op is one line with its fields in a fixed order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal, Required
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
+from typing_extensions import TypedDict  # pydantic needs this one before Python 3.12
+
+from treeattn.errors import PlanFormatError, TreeattnError
+from treeattn.plan.ir import (
+    COLLECTIVES,
+    PARTS,
+    PLAN_VERSION,
+    REDUCES,
+    Op,
+    OpKind,
+    Plan,
+    TopologyRef,
+    _gc_paused,
+    _unchecked_op,
+)
+from treeattn.units import DType
+from treeattn.workload import Payload, RawPayload, ReduceOp, Workload
+
+__all__ = [
+    "FORMAT_TAG",
+    "UPGRADES",
+    "dump_plan",
+    "load_plan",
+    "save_plan",
+    "plan_to_dict",
+    "plan_from_dict",
+    "payload_from_dict",
+    "plan_json_schema",
+]
+
+FORMAT_TAG = "treeattn-plan"
+"""Value of the ``format`` key of every plan file."""
+
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+"""``UPGRADES[v](data)`` returns the version v + 1 form of a version-v plan mapping (and sets
+``version``). Add one whenever ``PLAN_VERSION`` is bumped; none is needed yet (version 1)."""
+
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+# -- the file boundary: pydantic models ----------------------------------------------------
+
+_Forbid = ConfigDict(extra="forbid")
+_NonNeg = Annotated[StrictInt, Field(ge=0)]
+_Pos = Annotated[StrictInt, Field(ge=1)]
+
+
+class _OpFile(TypedDict, total=False):
+    __pydantic_config__ = _Forbid  # type: ignore[misc]
+    kind: Required[Literal[tuple(k.value for k in OpKind)]]  # type: ignore[valid-type]
+    step: Required[_NonNeg]
+    peer: _NonNeg | None
+    chunk: _NonNeg | None
+    block: _NonNeg | None
+    coll: Literal[COLLECTIVES] | None  # type: ignore[valid-type]
+    reduce: Literal[REDUCES] | None  # type: ignore[valid-type]
+    part: Literal[PARTS] | None  # type: ignore[valid-type]
+
+
+_DTypes = Literal[tuple(d.value for d in DType)]  # type: ignore[valid-type]
+
+
+class _AttentionFile(BaseModel):
+    model_config = _Forbid
+    kind: Literal["attention"]
+    batch: _Pos
+    q_heads: _Pos
+    kv_heads: _Pos
+    head_dim: _Pos
+    seq_len: _NonNeg
+    split: list[_NonNeg]
+    kv_dtype: _DTypes = "bf16"
+    partial_dtype: _DTypes = "fp32"
+    layers: _Pos = 1
+    model: StrictStr | None = None
+
+
+class _RawFile(BaseModel):
+    model_config = _Forbid
+    kind: Literal["raw"]
+    nbytes: _Pos
+    ranks: _Pos
+    dtype: _DTypes = "fp32"
+    op: Literal[tuple(o.value for o in ReduceOp)] = "sum"  # type: ignore[valid-type]
+
+
+class _TopologyFile(BaseModel):
+    model_config = _Forbid
+    name: StrictStr
+    fingerprint: StrictStr
+
+
+class _PlanFile(BaseModel):
+    """A treeattn plan file (see ``treeattn.plan.ir`` for what the ops mean)."""
+
+    model_config = ConfigDict(extra="forbid", title="treeattn plan")
+    format: Literal["treeattn-plan"]
+    version: Literal[PLAN_VERSION]  # type: ignore[valid-type]
+    algorithm: StrictStr
+    chunks: _Pos
+    result_ranks: list[_NonNeg]
+    contributors: list[_NonNeg] | None = None
+    predicted_us: StrictFloat | StrictInt | None = None
+    topology: _TopologyFile
+    workload: Annotated[_AttentionFile | _RawFile, Field(discriminator="kind")]
+    params: dict[str, Any] = Field(default_factory=dict)
+    notes: dict[str, Any] = Field(default_factory=dict)
+    programs: list[list[_OpFile]]
+
+
+def plan_json_schema() -> dict[str, Any]:
+    """The JSON Schema of a plan file (current version).
+
+    Returns:
+        A JSON-serialisable dict (draft 2020-12, as pydantic writes it).
+    """
+    schema = _PlanFile.model_json_schema()
+    schema["$id"] = f"https://treeattn/schemas/plan-v{PLAN_VERSION}.json"
+    return schema
+
+
+# -- loading -------------------------------------------------------------------------------
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif i == 1 and loc[0] == "workload" and part in ("attention", "raw"):
+            continue  # the union's tag, not a field
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def payload_from_dict(data: dict[str, Any], *, source: str = "workload") -> Payload:
+    """Parse what ``Workload.to_dict`` or ``RawPayload.to_dict`` wrote.
+
+    Args:
+        data: the mapping (``kind`` is ``attention`` or ``raw``).
+        source: how to name it in errors.
+
+    Returns:
+        The ``Workload`` or ``RawPayload``.
+
+    Raises:
+        PlanFormatError: naming the field that is wrong.
+    """
+    kind = data.get("kind") if isinstance(data, dict) else None
+    model = {"attention": _AttentionFile, "raw": _RawFile}.get(kind)  # type: ignore[arg-type]
+    if model is None:
+        raise PlanFormatError(f"{source}.kind must be 'attention' or 'raw', got {_short(kind)}")
+    try:
+        m = model.model_validate(data)
+    except ValidationError as exc:
+        raise _format_error(source, exc, prefix=("workload",)) from None
+    return _payload(m, source)
+
+
+def _payload(m: _AttentionFile | _RawFile, source: str) -> Payload:
+    try:
+        if isinstance(m, _RawFile):
+            return RawPayload(nbytes=m.nbytes, ranks=m.ranks, dtype=m.dtype, op=m.op)
+        if sum(m.split) != m.seq_len:
+            raise PlanFormatError(f"{source}: workload.seq_len is {m.seq_len} but split sums to {sum(m.split)}")
+        return Workload(batch=m.batch, q_heads=m.q_heads, kv_heads=m.kv_heads, head_dim=m.head_dim,
+                        split=tuple(m.split), kv_dtype=m.kv_dtype, partial_dtype=m.partial_dtype,
+                        layers=m.layers, model=m.model)
+    except PlanFormatError:
+        raise
+    except TreeattnError as exc:
+        raise PlanFormatError(f"{source}: {exc}") from None
+
+
+def _format_error(source: str, exc: ValidationError, prefix: tuple[Any, ...] = ()) -> PlanFormatError:
+    errors = exc.errors()
+    first = errors[0]
+    loc = prefix + tuple(first["loc"])
+    msg = first["msg"]
+    if first["type"] == "missing":
+        text = f"{_path(loc)} is missing"
+    elif first["type"] == "extra_forbidden":
+        text = f"{_path(loc)} is not a known field"
+    else:
+        text = f"{_path(loc)}: {msg}, got {_short(first.get('input'))}"
+    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    return PlanFormatError(f"{source}: {text}{more}")
+
+
+def _upgrade(data: dict[str, Any], source: str) -> dict[str, Any]:
+    if "format" not in data:
+        raise PlanFormatError(f"{source}: not a plan file: no 'format: {FORMAT_TAG}' key")
+    if data["format"] != FORMAT_TAG:
+        raise PlanFormatError(f"{source}: format is {_short(data['format'])}, expected {FORMAT_TAG!r}; "
+                              "is this a plan file?")
+    version = data.get("version")
+    if type(version) is not int:
+        raise PlanFormatError(f"{source}: version must be an integer, got {_short(version)}")
+    if version > PLAN_VERSION:
+        raise PlanFormatError(f"{source}: plan version {version} was written by a newer treeattn; this one reads "
+                              f"versions up to {PLAN_VERSION}: upgrade treeattn")
+    while version < PLAN_VERSION:
+        step = UPGRADES.get(version)
+        if step is None:
+            raise PlanFormatError(f"{source}: plan version {version} is not supported and cannot be upgraded "
+                                  f"(this treeattn reads version {PLAN_VERSION})")
+        data = step(dict(data))
+        version = data.get("version")
+    return data
+
+
+def plan_from_dict(data: Any, *, source: str = "<data>") -> Plan:
+    """Validate a parsed plan mapping (any supported version) and build the ``Plan``.
+
+    Args:
+        data: what a YAML/JSON parser returned.
+        source: the file name for error messages.
+
+    Returns:
+        The plan.
+
+    Raises:
+        PlanFormatError: wrong type tag or version, unknown or missing field, wrong type.
+    """
+    if not isinstance(data, dict):
+        raise PlanFormatError(f"{source}: not a plan file: expected a mapping with 'format: {FORMAT_TAG}', "
+                              f"got {type(data).__name__}")
+    data = _upgrade(data, source)
+    try:
+        m = _PlanFile.model_validate(data)
+    except ValidationError as exc:
+        raise _format_error(source, exc) from None
+    workload = _payload(m.workload, source)
+    programs = []
+    kinds = {k.value: k for k in OpKind}
+    coll_k, compute_k = OpKind.COLLECTIVE, OpKind.COMPUTE
+    for r, prog in enumerate(m.programs):
+        ops = []
+        for i, d in enumerate(prog):
+            kind = kinds[d["kind"]]
+            get = d.get
+            peer, coll, reduce, part = get("peer"), get("coll"), get("reduce"), get("part")
+            # The checks of Op.__post_init__, in bulk (with the field path).
+            if kind is coll_k:
+                if coll is None or reduce is None or part is None:
+                    missing = next(x for x in ("coll", "reduce", "part") if get(x) is None)
+                    raise PlanFormatError(f"{source}: programs[{r}][{i}].{missing}: a collective op needs coll, "
+                                          "reduce and part")
+            elif peer is None and kind is not compute_k:
+                raise PlanFormatError(f"{source}: programs[{r}][{i}].peer: a {kind.value} op needs a peer")
+            ops.append(_unchecked_op(kind, d["step"], peer, get("chunk"), get("block"), coll, reduce, part))
+        programs.append(tuple(ops))
+    try:
+        return Plan(
+            algorithm=m.algorithm,
+            params=m.params,
+            workload=workload,
+            topology=TopologyRef(m.topology.name, m.topology.fingerprint),
+            chunks=m.chunks,
+            programs=tuple(programs),
+            result_ranks=tuple(m.result_ranks),
+            predicted_us=m.predicted_us,
+            version=m.version,
+            notes=m.notes,
+            contributors=None if m.contributors is None else tuple(m.contributors),
+        )
+    except PlanFormatError as exc:
+        raise PlanFormatError(f"{source}: {exc}") from None
+
+
+_PROGRAMS = re.compile(r"^programs:\n", re.M)
+_KEY = re.compile(r"^[a-z_]+$")
+_INT = re.compile(r"^-?(?:0|[1-9][0-9]*)$")
+_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _fast_yaml(text: str) -> dict[str, Any] | None:
+    """Parse a plan file in the exact layout ``dump_plan`` writes, or return None.
+
+    PyYAML builds every node in Python (about 80 s for a 16,384-rank plan); the programs
+    section of our own layout is one op per line, which is parsed here directly to the same
+    values YAML would give. Anything unexpected in that section (other indentation, quoting,
+    comments after an op, other scalars) returns None and the caller parses with YAML.
+    """
+    found = list(_PROGRAMS.finditer(text))
+    if len(found) != 1:
+        return None
+    programs: list[list[dict[str, Any]]] = []
+    cur: list[dict[str, Any]] | None = None
+    for line in text[found[0].end():].split("\n"):
+        if line.startswith("    - {") and line.endswith("}") and cur is not None:
+            inner = line[7:-1]
+        elif line.startswith("  - - {") and line.endswith("}"):
+            cur = []
+            programs.append(cur)
+            inner = line[7:-1]
+        elif line == "  - []":
+            programs.append([])
+            cur = None
+            continue
+        elif not line or line.startswith("  #"):
+            continue
+        else:
+            return None
+        op: dict[str, Any] = {}
+        for item in inner.split(", "):
+            key, sep, val = item.partition(": ")
+            if not sep or key in op or not _KEY.match(key):
+                return None
+            if _INT.match(val):
+                op[key] = int(val)
+            elif val == "null":
+                op[key] = None
+            elif _WORD.match(val) and val.lower() not in _RESERVED:
+                op[key] = val
+            else:
+                return None
+        cur.append(op)  # type: ignore[union-attr]
+    data = yaml.load(text[:found[0].start()], Loader=_SafeLoader)  # noqa: S506 - a safe loader
+    if not isinstance(data, dict) or "programs" in data:
+        return None
+    data["programs"] = programs
+    return data
+
+
+def load_plan(source: str | Path) -> Plan:
+    """Read a plan from a YAML or JSON file, or from its text.
+
+    Args:
+        source: a path (``str`` or ``Path``), or the text of a plan (a ``str`` holding a newline).
+
+    Returns:
+        The plan (upgraded to the current version if it was older).
+
+    Raises:
+        PlanFormatError: unreadable file, syntax error, wrong tag/version/field/type.
+    """
+    if isinstance(source, str) and ("\n" in source or source.lstrip().startswith("{")):
+        text, name = source, "<text>"
+    else:
+        path = Path(source)
+        name = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PlanFormatError(f"cannot read plan file {name}: {exc}") from None
+    with _gc_paused():
+        return _parse(text, name)
+
+
+def _parse(text: str, name: str) -> Plan:
+    if text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlanFormatError(f"{name}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") \
+                from None
+    else:
+        try:
+            data = _fast_yaml(text)
+            if data is None:
+                data = yaml.load(text, Loader=_SafeLoader)  # noqa: S506 - a safe loader
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise PlanFormatError(f"{name}: not valid YAML{where}: {problem}") from None
+    return plan_from_dict(data, source=name)
+
+
+# -- dumping -------------------------------------------------------------------------------
+
+_PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+_RESERVED = {"y", "n", "yes", "no", "true", "false", "on", "off", "null", "nan", "inf"}
+_UNPRINTABLE = re.compile("[\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+
+
+def _float(x: float) -> str:
+    if not math.isfinite(x):
+        raise PlanFormatError(f"cannot write {x!r}: plan files hold finite numbers only")
+    text = repr(x)
+    if "e" in text and "." not in text.split("e")[0]:
+        mant, exp = text.split("e")
+        text = f"{mant}.0e{exp}"  # YAML 1.1 floats need a dot
+    return text
+
+
+def _yaml_str(s: str) -> str:
+    if _PLAIN.match(s) and s.lower() not in _RESERVED:
+        return s
+    text = json.dumps(s, ensure_ascii=False)
+    return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _yaml_flow(v: Any) -> str:
+    if v is None:
+        return "null"
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return _float(v)
+    if isinstance(v, str):
+        return _yaml_str(v)
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_yaml_str(k)}: {_yaml_flow(v[k])}" for k in sorted(v)) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_yaml_flow(x) for x in v) + "]"
+    raise PlanFormatError(f"cannot write {v!r} ({type(v).__name__}) into a plan file")
+
+
+def _json_flow(v: Any) -> str:
+    return json.dumps(v, sort_keys=True, ensure_ascii=False, separators=(", ", ": "), allow_nan=False)
+
+
+_OP_FIELDS = ("peer", "chunk", "block", "coll", "reduce", "part")
+
+
+def _op_yaml(op: Op) -> str:
+    parts = [f"{{kind: {op.kind.value}, step: {op.step}"]
+    for key in _OP_FIELDS:
+        value = getattr(op, key)
+        if value is not None:
+            parts.append(f", {key}: {value}" if type(value) is int else f", {key}: {_yaml_flow(value)}")
+    parts.append("}")
+    return "".join(parts)
+
+
+def _op_json(op: Op) -> str:
+    parts = [f'{{"kind": "{op.kind.value}", "step": {op.step}']
+    for key in _OP_FIELDS:
+        value = getattr(op, key)
+        if value is not None:
+            parts.append(f', "{key}": {value}' if type(value) is int else f', "{key}": {json.dumps(value)}')
+    parts.append("}")
+    return "".join(parts)
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """The plan as the plain mapping a plan file holds (keys in file order).
+
+    Args:
+        plan: the plan.
+
+    Returns:
+        A JSON-serialisable dict.
+    """
+    out = _header(plan)
+    out["programs"] = [[op.to_dict() for op in prog] for prog in plan.programs]
+    return out
+
+
+def _header(plan: Plan) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "format": FORMAT_TAG,
+        "version": plan.version,
+        "algorithm": plan.algorithm,
+        "chunks": plan.chunks,
+        "result_ranks": list(plan.result_ranks),
+    }
+    if plan.contributors is not None:
+        out["contributors"] = list(plan.contributors)
+    out["predicted_us"] = plan.predicted_us
+    out["topology"] = {"fingerprint": plan.topology.fingerprint, "name": plan.topology.name}
+    out["workload"] = plan.workload.to_dict()
+    out["params"] = plan.params
+    out["notes"] = plan.notes
+    return out
+
+
+def _check_op_values(plan: Plan) -> None:
+    for r, prog in enumerate(plan.programs):
+        for i, op in enumerate(prog):
+            for key in ("step", "peer", "chunk", "block"):
+                v = getattr(op, key)
+                if v is not None and type(v) is not int:
+                    raise PlanFormatError(f"cannot write programs[{r}][{i}].{key} = {v!r}: it must be an integer")
+
+
+def dump_plan(plan: Plan, fmt: str = "yaml") -> str:
+    """Write a plan as YAML or JSON text, byte-for-byte deterministic.
+
+    Args:
+        plan: the plan.
+        fmt: ``yaml`` or ``json``.
+
+    Returns:
+        The text; ``load_plan(dump_plan(plan, fmt)) == plan``.
+    """
+    if fmt not in ("yaml", "json"):
+        raise PlanFormatError(f"plan format must be 'yaml' or 'json', got {fmt!r}")
+    _check_op_values(plan)
+    data = _header(plan)
+    lines: list[str] = []
+    if fmt == "yaml":
+        for key, value in data.items():
+            if key in ("params", "notes") and value:
+                lines.append(f"{key}:")
+                lines.extend(f"  {_yaml_str(k)}: {_yaml_flow(value[k])}" for k in sorted(value))
+            else:
+                lines.append(f"{key}: {_yaml_flow(value)}")
+        lines.append("programs:" if plan.programs else "programs: []")
+        for r, prog in enumerate(plan.programs):
+            lines.append(f"  # rank {r}")
+            if not prog:
+                lines.append("  - []")
+                continue
+            lines.append(f"  - - {_op_yaml(prog[0])}")
+            lines.extend(f"    - {_op_yaml(op)}" for op in prog[1:])
+        return "\n".join(lines) + "\n"
+    lines.append("{")
+    for key, value in data.items():
+        lines.append(f'  "{key}": {_json_flow(value)},')
+    if not plan.programs:
+        lines.append('  "programs": []')
+    else:
+        lines.append('  "programs": [')
+        for r, prog in enumerate(plan.programs):
+            end = "," if r + 1 < len(plan.programs) else ""
+            if not prog:
+                lines.append(f"    []{end}")
+                continue
+            lines.append("    [")
+            lines.extend(f"      {_op_json(op)}{',' if i + 1 < len(prog) else ''}" for i, op in enumerate(prog))
+            lines.append(f"    ]{end}")
+        lines.append("  ]")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def save_plan(plan: Plan, path: str | Path, fmt: str | None = None) -> Path:
+    """Write ``plan`` to ``path`` (JSON when the name ends in ``.json``, else YAML).
+
+    Args:
+        plan: the plan. path: where to write. fmt: ``yaml`` or ``json`` to override the suffix.
+
+    Returns:
+        The path written.
+    """
+    path = Path(path)
+    fmt = fmt or ("json" if path.suffix.lower() == ".json" else "yaml")
+    path.write_text(dump_plan(plan, fmt), encoding="utf-8")
+    return path
