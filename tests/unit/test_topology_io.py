@@ -144,6 +144,8 @@ links:
          "network: {}\n", "<t>:2: nodes: 3 nodes do not fill NVLink domains of 2 nodes"),
         ("name: x\nnode:\n  gpus: {count: 2, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1}\n"
          "  nics: {count: 2, bw_gbps: 1, gpus: [[0], [5]]}\n", "<t>:5: node.nics.gpus[1][0]: GPU 5 does not exist"),
+        ("name: x\nnode:\n  gpus: {count: 2, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1}\nnetwork: {kind: roce}\n",
+         "<t>:5: network: a network needs node.nics"),
     ],
 )
 def test_semantic_errors_name_line_and_field(text, expected):

@@ -10,6 +10,7 @@ Errors raise ``FieldError`` with the field path; the file loader adds file and l
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from treeattn.errors import TopologyError
@@ -76,10 +77,27 @@ def build_compact(spec: CompactFile) -> Topology:
     Returns:
         The Topology (not yet checked for routability).
     """
-    node = spec.node
-    n_gpu, n_cpu, n_sw = node.gpus.count, node.cpus.count, node.pcie.switches
+    _check(spec)
     owner, served = _nic_of_gpu(spec)
-    fabric = node.fabric
+    b = _Builder()
+    ranks: list[str] = []
+    for i in range(spec.nodes):
+        ranks.extend(_node(b, spec, i, owner, served))
+    if spec.network is not None:
+        _network(b, spec)
+    try:
+        return Topology(
+            name=spec.name, devices=b.devices, links=b.links, ranks=ranks, description=spec.description,
+            sources=spec.sources, cost=cost_params(spec.cost),
+        )
+    except TopologyError as exc:
+        raise FieldError((), str(exc)) from None
+
+
+def _check(spec: CompactFile) -> None:
+    """What pydantic cannot see: fields that depend on each other."""
+    node, fabric = spec.node, spec.node.fabric
+    n_gpu = node.gpus.count
     if fabric.kind is not FabricKind.NONE and fabric.bw_gbps is None:
         raise FieldError(("node", "fabric", "bw_gbps"), f"a {fabric.kind.value} fabric needs bw_gbps")
     if (fabric.kind is FabricKind.PAIRS) != (fabric.pairs is not None):
@@ -89,88 +107,81 @@ def build_compact(spec: CompactFile) -> Topology:
         raise FieldError(("node", "fabric", "nodes_per_domain"), "only an nvswitch fabric spans several nodes")
     if spec.nodes % per_domain:
         raise FieldError(("nodes",), f"{spec.nodes} nodes do not fill NVLink domains of {per_domain} nodes")
+    if spec.network is not None and node.nics is None:
+        raise FieldError(("network",), "a network needs node.nics to attach to")
     if spec.nodes > 1 and (node.nics is None or spec.network is None):
         raise FieldError(("nodes",), f"{spec.nodes} nodes need node.nics and a network section to reach each other")
-    if fabric.pairs is not None:
-        seen: set[tuple[int, int]] = set()
-        for p, (a, b, lanes) in enumerate(fabric.pairs):
-            if not (0 <= a < n_gpu and 0 <= b < n_gpu) or a == b:
-                raise FieldError(("node", "fabric", "pairs", p), f"[{a}, {b}] must name two GPUs in 0..{n_gpu - 1}")
-            if lanes < 1:
-                raise FieldError(("node", "fabric", "pairs", p, 2), f"lanes must be >= 1, got {lanes}")
-            if (min(a, b), max(a, b)) in seen:
-                raise FieldError(("node", "fabric", "pairs", p), f"pair [{a}, {b}] is listed twice")
-            seen.add((min(a, b), max(a, b)))
+    seen: set[tuple[int, int]] = set()
+    for p, (a, b, lanes) in enumerate(fabric.pairs or ()):
+        if not (0 <= a < n_gpu and 0 <= b < n_gpu) or a == b:
+            raise FieldError(("node", "fabric", "pairs", p), f"[{a}, {b}] must name two GPUs in 0..{n_gpu - 1}")
+        if lanes < 1:
+            raise FieldError(("node", "fabric", "pairs", p, 2), f"lanes must be >= 1, got {lanes}")
+        if (min(a, b), max(a, b)) in seen:
+            raise FieldError(("node", "fabric", "pairs", p), f"pair [{a}, {b}] is listed twice")
+        seen.add((min(a, b), max(a, b)))
 
-    b = _Builder()
-    pcie = node.pcie
+
+def _node(b: _Builder, spec: CompactFile, i: int, owner: list[int | None], served: list[list[int]]) -> list[str]:
+    """Add node ``i`` (sockets, PCIe tree, GPUs, GPU fabric, NICs); returns its GPUs."""
+    node, pcie = spec.node, spec.node.pcie
+    n_gpu, n_cpu, n_sw = node.gpus.count, node.cpus.count, pcie.switches
     pcie_kw = {"generation": pcie.generation, "width": pcie.width}
-    fab_kind = fabric.link or (LinkKind.XGMI if fabric.kind is FabricKind.FULL_MESH else LinkKind.NVLINK)
-    fab_kw = {"generation": fabric.generation}
-    ranks: list[str] = []
-    for i in range(spec.nodes):
-        p = f"n{i}."
-        cpus = [b.dev(f"{p}cpu{s}", DeviceKind.CPU, i, model=node.cpus.model) for s in range(n_cpu)]
-        if node.cpus.link is not None:
-            sl = node.cpus.link
-            for s in range(n_cpu):
-                for t in range(s + 1, n_cpu):
-                    b.duplex(cpus[s], cpus[t], sl.kind, sl.bw_gbps, sl.latency_us)
-        switches = []
-        for j in range(n_sw):
-            sw = b.dev(f"{p}pcie{j}", DeviceKind.PCIE_SWITCH, i)
-            b.duplex(sw, cpus[j * n_cpu // n_sw], LinkKind.PCIE, pcie.bw_gbps, pcie.latency_us, **pcie_kw)
-            switches.append(sw)
-        parents = switches or cpus
-        gpu_parent = [parents[g * len(parents) // n_gpu] for g in range(n_gpu)]
-        gpus = []
-        for g in range(n_gpu):
-            gpu = b.dev(
-                f"{p}gpu{g}", DeviceKind.GPU, i, model=node.gpus.model, mem_bw_gbps=node.gpus.mem_bw_gbps,
-                mem_gb=node.gpus.mem_gb, p2p=node.gpus.p2p, nic="" if owner[g] is None else f"{p}nic{owner[g]}",
-            )
-            hl = node.gpus.host_link
-            if hl is None:
-                b.duplex(gpu, gpu_parent[g], LinkKind.PCIE, pcie.bw_gbps, pcie.latency_us, **pcie_kw)
-            else:
-                b.duplex(gpu, gpu_parent[g], hl.kind, hl.bw_gbps, hl.latency_us,
-                         generation=hl.generation, width=hl.width)
-            gpus.append(gpu)
-            ranks.append(gpu)
-        if fabric.kind is FabricKind.NVSWITCH:
-            if per_domain == 1:
-                nvs = b.dev(f"{p}nvswitch", DeviceKind.NVSWITCH, i)
-            else:
-                nvs = f"nvl{i // per_domain}.nvswitch"
-                if i % per_domain == 0:
-                    b.dev(nvs, DeviceKind.NVSWITCH, -1)
-            for gpu in gpus:
-                b.duplex(gpu, nvs, fab_kind, fabric.bw_gbps, fabric.latency_us, count=fabric.count, **fab_kw)
-        elif fabric.kind is FabricKind.FULL_MESH:
-            for g in range(n_gpu):
-                for h in range(g + 1, n_gpu):
-                    b.duplex(gpus[g], gpus[h], fab_kind, fabric.bw_gbps, fabric.latency_us,
-                             count=fabric.count, **fab_kw)
-        elif fabric.kind is FabricKind.PAIRS:
-            for x, y, lanes in fabric.pairs:
-                b.duplex(gpus[x], gpus[y], fab_kind, fabric.bw_gbps * lanes, fabric.latency_us,
-                         count=lanes, **fab_kw)
-        if node.nics is not None:
-            for k in range(node.nics.count):
-                nic = b.dev(f"{p}nic{k}", DeviceKind.NIC, i, model=node.nics.model)
-                parent = gpu_parent[served[k][0]] if served[k] else parents[k * len(parents) // node.nics.count]
-                b.duplex(nic, parent, LinkKind.PCIE, pcie.bw_gbps, pcie.latency_us, **pcie_kw)
-    if spec.network is not None and node.nics is not None:
-        _network(b, spec)
-    try:
-        return Topology(
-            name=spec.name, devices=b.devices, links=b.links, ranks=ranks, description=spec.description,
-            sources=spec.sources, cost=cost_params(spec.cost),
+    p = f"n{i}."
+    cpus = [b.dev(f"{p}cpu{s}", DeviceKind.CPU, i, model=node.cpus.model) for s in range(n_cpu)]
+    if node.cpus.link is not None:
+        sl = node.cpus.link
+        for s in range(n_cpu):
+            for t in range(s + 1, n_cpu):
+                b.duplex(cpus[s], cpus[t], sl.kind, sl.bw_gbps, sl.latency_us)
+    switches = []
+    for j in range(n_sw):
+        sw = b.dev(f"{p}pcie{j}", DeviceKind.PCIE_SWITCH, i)
+        b.duplex(sw, cpus[j * n_cpu // n_sw], LinkKind.PCIE, pcie.bw_gbps, pcie.latency_us, **pcie_kw)
+        switches.append(sw)
+    parents = switches or cpus
+    gpu_parent = [parents[g * len(parents) // n_gpu] for g in range(n_gpu)]
+    gpus = []
+    hl = node.gpus.host_link
+    for g in range(n_gpu):
+        gpu = b.dev(
+            f"{p}gpu{g}", DeviceKind.GPU, i, model=node.gpus.model, mem_bw_gbps=node.gpus.mem_bw_gbps,
+            mem_gb=node.gpus.mem_gb, p2p=node.gpus.p2p, nic="" if owner[g] is None else f"{p}nic{owner[g]}",
         )
-    except FieldError:
-        raise
-    except TopologyError as exc:
-        raise FieldError((), str(exc)) from None
+        if hl is None:
+            b.duplex(gpu, gpu_parent[g], LinkKind.PCIE, pcie.bw_gbps, pcie.latency_us, **pcie_kw)
+        else:
+            b.duplex(gpu, gpu_parent[g], hl.kind, hl.bw_gbps, hl.latency_us, generation=hl.generation, width=hl.width)
+        gpus.append(gpu)
+    _gpu_fabric(b, spec, i, gpus)
+    if node.nics is not None:
+        for k in range(node.nics.count):
+            nic = b.dev(f"{p}nic{k}", DeviceKind.NIC, i, model=node.nics.model)
+            parent = gpu_parent[served[k][0]] if served[k] else parents[k * len(parents) // node.nics.count]
+            b.duplex(nic, parent, LinkKind.PCIE, pcie.bw_gbps, pcie.latency_us, **pcie_kw)
+    return gpus
+
+
+def _gpu_fabric(b: _Builder, spec: CompactFile, i: int, gpus: list[str]) -> None:
+    fabric = spec.node.fabric
+    kind = fabric.link or (LinkKind.XGMI if fabric.kind is FabricKind.FULL_MESH else LinkKind.NVLINK)
+    kw = {"generation": fabric.generation}
+    if fabric.kind is FabricKind.NVSWITCH:
+        per_domain = fabric.nodes_per_domain
+        if per_domain == 1:
+            nvs = b.dev(f"n{i}.nvswitch", DeviceKind.NVSWITCH, i)
+        else:
+            nvs = f"nvl{i // per_domain}.nvswitch"
+            if i % per_domain == 0:
+                b.dev(nvs, DeviceKind.NVSWITCH, -1)
+        for gpu in gpus:
+            b.duplex(gpu, nvs, kind, fabric.bw_gbps, fabric.latency_us, count=fabric.count, **kw)
+    elif fabric.kind is FabricKind.FULL_MESH:
+        for g, h in itertools.combinations(range(len(gpus)), 2):
+            b.duplex(gpus[g], gpus[h], kind, fabric.bw_gbps, fabric.latency_us, count=fabric.count, **kw)
+    elif fabric.kind is FabricKind.PAIRS:
+        for x, y, lanes in fabric.pairs:
+            b.duplex(gpus[x], gpus[y], kind, fabric.bw_gbps * lanes, fabric.latency_us, count=lanes, **kw)
 
 
 def _network(b: _Builder, spec: CompactFile) -> None:

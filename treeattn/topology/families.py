@@ -333,7 +333,9 @@ def _gb200(name: str, p: Mapping[str, Any]) -> Topology:
 
 # CPU-only runs (gloo over TCP loopback). Rough defaults that `treeattn calibrate` replaces:
 # loopback 2 GB/s and 20 us per message, 30 us software overhead, 20 GB/s memory read by a
-# CPU attention kernel.
+# CPU attention kernel. Check on the 2-core dev machine (torch 2.13 gloo send/recv ping-pong
+# between 2 processes, heavily loaded): 16 MiB one-way at ~2.4 GB/s; small-message latency
+# there (~0.7 ms) was scheduling-bound, so the latency figures are unloaded guesses.
 _CPU_LOOPBACK_GBPS = 2.0
 _CPU_LOOPBACK_US = 20.0
 _CPU_MEM_GBPS = 20.0

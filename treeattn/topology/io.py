@@ -20,6 +20,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from treeattn.errors import TopologyError
 from treeattn.topology.compact import build_compact, cost_params
+from treeattn.topology.families import build_family_file
 from treeattn.topology.model import Device, DeviceKind, Link, Topology
 from treeattn.topology.schema import (
     CompactFile,
@@ -66,7 +67,15 @@ def load_topology(path: str | Path) -> Topology:
 
 
 def load_topology_text(text: str, source: str = "<text>") -> Topology:
-    """Parse topology YAML ``text``; ``source`` names it in error messages."""
+    """Parse topology YAML (any form) and check it is routable.
+
+    Args:
+        text: the YAML document.
+        source: what to call it in error messages (a file name).
+
+    Returns:
+        The validated Topology.
+    """
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
@@ -86,7 +95,16 @@ def load_topology_text(text: str, source: str = "<text>") -> Topology:
 
 
 def topology_from_data(data: Any, source: str = "<data>", lines: _LineMap | None = None) -> Topology:
-    """Validate plain data (what a topology file holds) into a routable Topology."""
+    """Validate plain data (what a topology file holds) into a routable Topology.
+
+    Args:
+        data: a mapping in the explicit, compact or family form.
+        source: what to call it in error messages.
+        lines: where each field sits in the YAML text, for error messages.
+
+    Returns:
+        The validated Topology.
+    """
     lines = lines or _LineMap(None)
 
     def fail(loc: Loc, message: str) -> TopologyError:
@@ -114,8 +132,6 @@ def topology_from_data(data: Any, source: str = "<data>", lines: _LineMap | None
         elif isinstance(spec, CompactFile):
             topo = build_compact(spec)
         else:
-            from treeattn.topology.families import build_family_file
-
             topo = build_family_file(spec)
         try:
             topo.check_routable()
