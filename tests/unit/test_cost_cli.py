@@ -1,0 +1,102 @@
+"""``treeattn simulate`` and ``treeattn nccl-model`` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli_helpers import run_cli
+from treeattn.cost.simulate import simulate
+
+io = pytest.importorskip("treeattn.plan.io")
+builders = pytest.importorskip("treeattn.plan.builders")
+library = pytest.importorskip("treeattn.topology.library")
+
+from treeattn.workload import Workload  # noqa: E402
+
+TREEATTN = Path(sys.executable).with_name("treeattn")
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    d = tmp_path_factory.mktemp("plans")
+    out = {}
+    for key, spec, algo, chunks in [("p16", "dgx-h100:nodes=2", "binomial", 4), ("p72", "dgx-h100:nodes=9", "kary", 1)]:
+        topo = library.resolve(spec)
+        w = Workload.create(ranks=topo.num_ranks, seq_len=topo.num_ranks * 2048, model="llama-3.1-8b")
+        out[key] = io.save_plan(builders.build(algo, w, topo, chunks=chunks), d / f"{key}.yaml")
+    return out
+
+
+def test_simulate_json(plans):
+    r = run_cli("simulate", str(plans["p16"]), "--json")
+    assert r.exit_code == 0, r.stderr
+    data = json.loads(r.stdout)
+    for key in ("predicted_us", "lower_bound_us", "gap", "per_rank_finish_us", "critical_path", "bounds"):
+        assert key in data
+    plan = io.load_plan(plans["p16"])
+    topo = library.resolve("dgx-h100:nodes=2")
+    assert data["predicted_us"] == simulate(plan, topo).predicted_us
+    assert data["predicted_us"] >= data["lower_bound_us"] > 0
+    assert len(data["per_rank_finish_us"]) == 16
+    assert data["critical_path"][-1]["end_us"] <= data["predicted_us"]
+    assert data["fingerprint_mismatch"] is False
+    assert r.stderr == ""
+
+
+def test_simulate_text(plans):
+    r = run_cli("simulate", str(plans["p72"]))
+    assert r.exit_code == 0, r.stderr
+    for word in ("predicted", "lower bound", "gap", "median", "Critical path"):
+        assert word in r.stdout
+
+
+def test_simulate_on_another_topology_warns(plans):
+    r = run_cli("simulate", str(plans["p16"]), "--topology", "dgx-h200:nodes=2", "--json")
+    assert r.exit_code == 0
+    assert "warning" in r.stderr and "dgx-h200" in r.stderr
+    assert json.loads(r.stdout)["fingerprint_mismatch"] is True
+
+
+def test_simulate_rank_mismatch_is_one_line_exit_2(plans):
+    r = run_cli("simulate", str(plans["p16"]), "--topology", "dgx-h100")
+    assert r.exit_code == 2
+    assert "16 ranks" in r.stderr and "8" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_simulate_timeline_png(plans, tmp_path):
+    png = tmp_path / "gantt.png"
+    r = run_cli("simulate", str(plans["p72"]), "--timeline", str(png))
+    assert r.exit_code == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "first 64 of 72 ranks" in r.stdout
+
+
+def test_nccl_model_json_and_sizes():
+    r = run_cli("nccl-model", "--topology", "dgx-h100:nodes=4", "--collective", "allreduce", "--bytes", "1MiB",
+                "--json")
+    assert r.exit_code == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["bytes"] == 1 << 20 and data["ranks"] == 32
+    assert data["pick"] == min(data["estimates"], key=lambda e: e["time_us"])
+    assert len(data["estimates"]) == 6
+    r = run_cli("nccl-model", "-t", "dgx-h100", "-c", "broadcast", "--bytes", "16KB")
+    assert r.exit_code == 0 and "NCCL's pick" in r.stdout
+
+
+@pytest.mark.parametrize("args,needle", [(("-c", "alltoall", "--bytes", "1KB"), "unknown collective"),
+                                         (("-c", "allreduce", "--bytes", "lots"), "cannot read size")])
+def test_nccl_model_bad_input(args, needle):
+    r = run_cli("nccl-model", "-t", "dgx-h100", *args)
+    assert r.exit_code == 2 and needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_console_script_json_is_deterministic(plans):
+    cmd = [str(TREEATTN), "simulate", str(plans["p16"]), "--json"]
+    a = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    b = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert a.stdout == b.stdout and json.loads(a.stdout)["predicted_us"] > 0

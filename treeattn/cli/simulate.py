@@ -1,0 +1,197 @@
+"""``treeattn simulate`` (time a plan with the cost model) and ``treeattn nccl-model``
+(what NCCL's own tuner would pick for a collective on a topology)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from treeattn.cli import app, err_console
+from treeattn.cost import nccl
+from treeattn.cost.bounds import lower_bounds
+from treeattn.cost.simulate import SimResult, simulate
+from treeattn.errors import InputError
+from treeattn.units import format_size, parse_size
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys) instead of tables.")]
+MAX_GANTT_RANKS = 64
+PATH_SHOWN = 10
+
+
+def _echo_json(data: object) -> None:
+    typer.echo(json.dumps(data, sort_keys=True, indent=2))
+
+
+@app.command("simulate")
+def simulate_cmd(
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="Plan file (YAML or JSON).")],
+    topology: Annotated[
+        str | None,
+        typer.Option("--topology", "-t", help="Preset name or YAML file; default: the topology the plan names."),
+    ] = None,
+    json_out: JsonOpt = False,
+    timeline: Annotated[
+        Path | None, typer.Option("--timeline", help="Draw a per-rank Gantt chart into this PNG file.")
+    ] = None,
+) -> None:
+    """Predict a plan's time on a topology: total, lower bound, per-rank finish, critical path."""
+    from treeattn.plan.io import load_plan
+    from treeattn.topology.library import resolve
+
+    plan = load_plan(plan_file)
+    topo = resolve(topology if topology is not None else plan.topology.name)
+    mismatch = plan.topology.fingerprint != topo.fingerprint
+    if mismatch:
+        err_console.print(
+            f"warning: plan was made for {plan.topology.name} ({plan.topology.fingerprint}); "
+            f"simulating on {topo.name} ({topo.fingerprint})",
+            markup=False,
+        )
+    res = simulate(plan, topo, timeline=True)
+    bounds = lower_bounds(plan.workload, topo, result_ranks=plan.result_ranks,
+                          contributors=getattr(plan, "contributors", None))
+    gap = res.predicted_us / bounds.bound_us if bounds.bound_us > 0 else None
+    drawn = None
+    if timeline is not None:
+        drawn = _draw_timeline(res, timeline, f"{plan.algorithm} on {topo.name}")
+    path = _path_rows(res)
+    if json_out:
+        _echo_json({
+            "plan": {"file": str(plan_file), "algorithm": plan.algorithm, "chunks": plan.chunks, "ranks": plan.ranks},
+            "topology": {"name": topo.name, "fingerprint": topo.fingerprint},
+            "fingerprint_mismatch": mismatch,
+            "predicted_us": res.predicted_us,
+            "lower_bound_us": bounds.bound_us,
+            "gap": gap,
+            "bounds": bounds.to_dict(),
+            "per_rank_finish_us": list(res.per_rank_finish_us),
+            "critical_path": path,
+            "events": res.events,
+            "transfers": res.transfers,
+            "timeline_png": None if timeline is None else {"file": str(timeline), "ranks_drawn": drawn},
+        })
+        return
+    con = Console(highlight=False, soft_wrap=True)
+    con.print(f"[bold]{plan.algorithm}[/] ({plan.ranks} ranks, {plan.chunks} chunk(s)) on [bold]{topo.name}[/]")
+    con.print(f"predicted   {res.predicted_us:12.3f} us")
+    con.print(f"lower bound {bounds.bound_us:12.3f} us   ({bounds.cut}; depth {bounds.latency_us:.3f}, "
+              f"cut {bounds.bandwidth_us:.3f}, compute {bounds.compute_us:.3f} us)")
+    con.print(f"gap         {gap:12.2f} x" if gap is not None else "gap         n/a (bound is 0)")
+    _print_finish(con, res.per_rank_finish_us)
+    table = Table(title=f"Critical path (first {min(PATH_SHOWN, len(path))} of {len(path)} ops)")
+    for col in ("rank", "op", "kind", "peer", "chunk", "start us", "end us"):
+        table.add_column(col, justify="right" if col not in ("kind",) else "left")
+    for row in path[:PATH_SHOWN]:
+        table.add_row(*(("" if row[k] is None else f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k]))
+                        for k in ("rank", "op", "kind", "peer", "chunk", "start_us", "end_us")))
+    con.print(table)
+    if timeline is not None:
+        note = f" (the first {drawn} of {plan.ranks} ranks)" if drawn < plan.ranks else ""
+        con.print(f"timeline drawn to {timeline}{note}")
+
+
+def _path_rows(res: SimResult) -> list[dict]:
+    by = {(t.rank, t.op): t for t in res.timeline or ()}
+    rows = []
+    for rank, op in res.critical_path:
+        t = by[(rank, op)]
+        rows.append({"rank": rank, "op": op, "kind": t.kind, "peer": t.peer, "chunk": t.chunk,
+                     "start_us": t.start_us, "end_us": t.end_us})
+    return rows
+
+
+def _print_finish(con: Console, finish: tuple[float, ...]) -> None:
+    if len(finish) <= 16:
+        con.print("finish us   " + "  ".join(f"r{r}={t:.2f}" for r, t in enumerate(finish)))
+        return
+    order = sorted(range(len(finish)), key=lambda r: (-finish[r], r))
+    con.print(f"finish us   min {min(finish):.3f}  median {statistics.median(finish):.3f}  max {max(finish):.3f}"
+              f"  (last: " + ", ".join(f"r{r}={finish[r]:.3f}" for r in order[:5]) + ")")
+
+
+_COLORS = {"compute": "#4c72b0", "send": "#dd8452", "recv_merge": "#55a868", "recv_copy": "#8172b3",
+           "collective": "#c44e52"}
+
+
+def _draw_timeline(res: SimResult, path: Path, title: str) -> int:
+    """Draw the first ``MAX_GANTT_RANKS`` ranks' ops as bars; returns how many ranks were drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    ranks = min(len(res.per_rank_finish_us), MAX_GANTT_RANKS)
+    fig, ax = plt.subplots(figsize=(10, 1.0 + 0.25 * ranks))
+    for t in res.timeline or ():
+        if t.rank >= ranks:
+            continue
+        # A rank's send and receive of one step overlap: sends in the upper half of its row.
+        y, h = (t.rank - 0.4, 0.4) if t.kind == "send" else (t.rank - 0.4, 0.8) if t.kind == "compute" else (
+            t.rank, 0.4)
+        ax.broken_barh([(t.start_us, max(t.end_us - t.start_us, 1e-9))], (y, h), facecolors=_COLORS[t.kind])
+    ax.set_ylim(ranks - 0.5, -0.5)
+    ax.set_xlabel("time (us)")
+    ax.set_ylabel("rank")
+    shown = "" if ranks == len(res.per_rank_finish_us) else f" (ranks 0-{ranks - 1} of {len(res.per_rank_finish_us)})"
+    ax.set_title(f"{title}: {res.predicted_us:.2f} us{shown}")
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in _COLORS.items()], loc="upper left",
+              bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=100, metadata={"Software": None})
+    except OSError as exc:
+        raise InputError(f"cannot write timeline {path}: {exc}") from None
+    finally:
+        plt.close(fig)
+    return ranks
+
+
+@app.command("nccl-model")
+def nccl_model_cmd(
+    topology: Annotated[str, typer.Option("--topology", "-t", help="Preset name or YAML file.")],
+    collective: Annotated[
+        str, typer.Option("--collective", "-c", help="allreduce, allgather, reducescatter or broadcast.")
+    ],
+    nbytes: Annotated[str, typer.Option("--bytes", help="Size as nccl-tests counts it: 4096, 16KB, 1MiB.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """NCCL's pick, and every algorithm x protocol its tuning model considers, for one collective."""
+    from treeattn.topology.library import resolve
+
+    coll = nccl.Collective.parse(collective)
+    topo = resolve(topology)
+    size = parse_size(nbytes)
+    fab = nccl.fabric(topo)
+    ests = nccl.predict(fab, coll, size)
+    best = nccl.pick(fab, coll, size)
+    if json_out:
+        _echo_json({
+            "topology": {"name": topo.name, "fingerprint": topo.fingerprint},
+            "collective": coll.value,
+            "bytes": size,
+            "ranks": fab.ranks,
+            "nodes": fab.nodes,
+            "bus_bw_gbps": fab.bus_bw_gbps,
+            "pick": best.to_dict(),
+            "estimates": [e.to_dict() for e in ests],
+        })
+        return
+    con = Console(highlight=False, soft_wrap=True)
+    con.print(f"{coll.value} of {format_size(size)} on [bold]{topo.name}[/]: {fab.ranks} ranks, "
+              f"{fab.nodes} node(s), bus bandwidth {fab.bus_bw_gbps:.1f} GB/s")
+    table = Table()
+    for col in ("pick", "algorithm", "protocol", "time us", "latency us", "algbw GB/s", "busbw GB/s"):
+        table.add_column(col, justify="left" if col in ("pick", "algorithm", "protocol") else "right")
+    for e in ests:
+        table.add_row("*" if e == best else "", e.algorithm.value, e.protocol.value, f"{e.time_us:.2f}",
+                      f"{e.latency_us:.2f}", f"{e.algbw_gbps:.2f}", f"{e.busbw_gbps:.2f}")
+    con.print(table)
+    con.print(f"NCCL's pick: {best.algorithm.value}/{best.protocol.value}, {best.time_us:.2f} us, "
+              f"busbw {best.busbw_gbps:.2f} GB/s")
