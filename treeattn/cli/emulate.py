@@ -45,6 +45,10 @@ IdOpt = Annotated[str | None, typer.Option("--id", help="Run id: six hex digits 
                                            "every run for down).")]
 
 
+SLOW_RATIO = 0.85
+"""A measured rate below this fraction of the shaped one means the host, not the shaper, limits it."""
+
+
 def _console() -> Console:
     return Console(highlight=False)
 
@@ -192,6 +196,10 @@ def check_cmd(
         console.print(table)
         routes = escape("; ".join(report.route_errors)) or "every rank's kernel route takes the topology's first hop"
         console.print("routes: " + routes)
+    slow = [f for f in report.flows if f.ratio < SLOW_RATIO]
+    if slow:
+        err_console.print(f"[yellow]warning:[/] {escape(slow[0].label)} reached {slow[0].ratio:.0%} of its rate: this "
+                          "machine cannot move that much through the emulation; lower --scale")
     if report.route_errors or any(f.path_ok is False for f in report.flows):
         raise ExecutionError("the kernel's paths differ from the topology's routes (see above)")
 

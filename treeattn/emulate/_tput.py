@@ -6,7 +6,9 @@
     python -m treeattn.emulate._tput ping HOST PORT ROUNDS SIZE   # prints one JSON line
 
 The receiver reports the payload rate over the transfer less its first fifth (TCP slow
-start and the shaper's initial burst), which is the rate a long message sees.
+start and the shaper's initial burst), which is the rate a long message sees, and samples
+(monotonic clock, shared by all processes; bytes so far) every few milliseconds so that
+flows measured together can be compared over the time they all ran.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ __all__: list[str] = []
 
 _CHUNK = 1 << 16
 _SKIP = 0.2
+_SAMPLE_S = 0.005
 
 
 def _listen(port: int) -> socket.socket:
@@ -57,14 +60,18 @@ def recv(port: int) -> dict:
         if not n:
             break
         total += n
-        marks.append((time.perf_counter(), total))
+        marks.append((time.monotonic(), total))
     if len(marks) < 2:
-        return {"bytes": total, "secs": 0.0, "rate_bps": 0.0}
+        return {"bytes": total, "secs": 0.0, "rate_bps": 0.0, "samples": []}
     t0, t1 = marks[0][0], marks[-1][0]
     start = next(m for m in marks if m[0] >= t0 + _SKIP * (t1 - t0))
     span = t1 - start[0]
     rate = (total - start[1]) / span if span > 0 else 0.0
-    return {"bytes": total, "secs": t1 - t0, "rate_bps": rate}
+    samples = [marks[0]]
+    for m in marks[1:]:
+        if m[0] - samples[-1][0] >= _SAMPLE_S or m is marks[-1]:
+            samples.append(m)
+    return {"bytes": total, "secs": t1 - t0, "rate_bps": rate, "samples": samples}
 
 
 def send(host: str, port: int, seconds: float) -> None:

@@ -140,7 +140,8 @@ def pick_flows(cluster: Cluster) -> tuple[list[tuple[str, int, int, int]], list[
 
 
 def _measure(cluster: Cluster, pairs: list[tuple[int, int]], seconds: float) -> list[float]:
-    """Run one flow per pair at once; payload rate of each in bytes/s."""
+    """Run one flow per pair at once; payload rate of each in bytes/s (over the last four
+    fifths of the time all of them were sending, when there are several)."""
     py = sys.executable
     cmd: dict[int, list[str]] = {}
     for k, (a, b) in enumerate(pairs):
@@ -149,7 +150,26 @@ def _measure(cluster: Cluster, pairs: list[tuple[int, int]], seconds: float) -> 
         cmd[a] = [py, "-m", "treeattn.emulate._tput", "send", cluster.rank(b).ip, str(port), str(seconds)]
     res = run_in_namespaces(cluster, cmd.get, timeout_s=seconds + 60, check=True)
     by_rank = {r.rank: r for r in res}
-    return [json.loads(by_rank[b].stdout.strip().splitlines()[-1])["rate_bps"] for _, b in pairs]
+    reports = [json.loads(by_rank[b].stdout.strip().splitlines()[-1]) for _, b in pairs]
+    if len(pairs) == 1:
+        return [reports[0]["rate_bps"]]
+    begin = max(rep["samples"][0][0] for rep in reports)
+    end = min(rep["samples"][-1][0] for rep in reports)
+    begin += 0.2 * (end - begin)
+    if end - begin <= 0:
+        raise ExecutionError("the flows measured together did not overlap in time; use a longer --seconds")
+    return [(_bytes_at(rep["samples"], end) - _bytes_at(rep["samples"], begin)) / (end - begin) for rep in reports]
+
+
+def _bytes_at(samples: list[list[float]], t: float) -> float:
+    """Bytes received by time ``t``, interpolated between samples."""
+    prev = samples[0]
+    for cur in samples[1:]:
+        if cur[0] >= t:
+            span = cur[0] - prev[0]
+            return prev[1] + (cur[1] - prev[1]) * ((t - prev[0]) / span if span > 0 else 1.0)
+        prev = cur
+    return samples[-1][1]
 
 
 def _rtt(cluster: Cluster, a: int, b: int, rounds: int = 200) -> float:
