@@ -31,6 +31,7 @@ def _register() -> None:
     import treeattn.cli.run  # noqa: F401
     import treeattn.cli.simulate  # noqa: F401
     import treeattn.cli.topo  # noqa: F401
+    import treeattn.cli.verify  # noqa: F401
 
 
 def main(args: list[str] | None = None) -> None:

@@ -1,0 +1,70 @@
+"""``treeattn verify``: exit codes, one-line errors, JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from tests.cli_helpers import run_cli
+from tests.unit.test_plan_helpers import REF, attention, with_program
+from treeattn.plan import build
+from treeattn.plan.io import save_plan
+
+TREEATTN = Path(sys.executable).parent / "treeattn"
+
+
+def _valid(tmp_path: Path) -> Path:
+    return save_plan(build("kary", attention(6), REF, chunks=2, fanout=3), tmp_path / "kary.yaml")
+
+
+def _invalid(tmp_path: Path) -> Path:
+    plan = build("kary", attention(6), REF, chunks=2, fanout=3)
+    return save_plan(with_program(plan, 4, list(plan.programs[4][1:])), tmp_path / "bad.json")  # no compute
+
+
+def test_verify_a_valid_plan(tmp_path: Path) -> None:
+    res = run_cli("verify", str(_valid(tmp_path)))
+    assert res.exit_code == 0, res.stderr
+    assert "valid kary plan: 6 ranks, 2 chunks" in res.stdout and "result on every rank" in res.stdout
+
+
+def test_verify_an_invalid_plan_prints_one_line(tmp_path: Path) -> None:
+    res = run_cli("verify", str(_invalid(tmp_path)))
+    assert res.exit_code == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "rank 4 op 0" in lines[0] and "no contribution yet" in lines[0]
+    assert "Traceback" not in res.stderr
+
+
+def test_verify_json(tmp_path: Path) -> None:
+    res = run_cli("verify", str(_valid(tmp_path)), "--json")
+    assert res.exit_code == 0
+    data = json.loads(res.stdout)
+    assert data["valid"] is True and data["violation"] is None
+    assert (data["ranks"], data["algorithm"], data["chunks"]) == (6, "kary", 2) and data["ops"] > 0
+    bad = run_cli("verify", str(_invalid(tmp_path)), "--json")
+    assert bad.exit_code == 2
+    data = json.loads(bad.stdout)
+    assert data["valid"] is False and data["violation"]["kind"] == "empty-send"
+    assert (data["violation"]["rank"], data["violation"]["op_index"]) == (4, 0)
+
+
+def test_verify_a_malformed_file(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("format: treeattn-plan\nversion: 7\n")
+    res = run_cli("verify", str(path))
+    assert res.exit_code == 2 and "newer treeattn" in res.stderr and "Traceback" not in res.stderr
+    assert run_cli("verify", str(tmp_path / "absent.yaml")).exit_code == 2
+
+
+def test_verify_as_a_user_runs_it(tmp_path: Path) -> None:
+    plan = replace(build("ring", attention(4), REF), notes={"source": "test"})
+    path = save_plan(plan, tmp_path / "ring.yaml")
+    done = subprocess.run([str(TREEATTN), "verify", str(path)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and "valid ring plan" in done.stdout
+    done = subprocess.run([str(TREEATTN), "verify", str(_invalid(tmp_path))], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 2 and done.stderr.startswith("error: ")

@@ -1,0 +1,158 @@
+"""Plan files: exact round trips, deterministic bytes, and errors that name the field."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.unit.test_plan_helpers import REF, attention, every_plan, raw
+from treeattn.errors import PlanFormatError
+from treeattn.plan import PLAN_VERSION, build
+from treeattn.plan.io import (
+    UPGRADES,
+    _fast_yaml,
+    dump_plan,
+    load_plan,
+    payload_from_dict,
+    plan_json_schema,
+    plan_to_dict,
+    save_plan,
+)
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+def test_every_builder_round_trips_byte_for_byte(fmt: str) -> None:
+    for p, chunks in ((1, 1), (5, 3), (8, 4)):
+        for plan in every_plan(p, chunks):
+            text = dump_plan(plan, fmt)
+            again = load_plan(text)
+            assert again == plan, plan.algorithm
+            assert dump_plan(again, fmt) == text
+
+
+def test_yaml_fast_path_reads_what_yaml_reads() -> None:
+    for plan in every_plan(4, 2):
+        text = dump_plan(plan)
+        assert _fast_yaml(text) == yaml.safe_load(text)
+
+
+def test_other_layouts_of_the_same_data_load_too() -> None:
+    plan = build("ring-attention", attention(3), REF, chunks=2)
+    data = plan_to_dict(plan)
+    assert load_plan(yaml.safe_dump(data)) == plan  # block style: the full YAML parser reads it
+    assert load_plan(json.dumps(data, indent=None)) == plan
+    hand_edited = dump_plan(plan).replace("{kind: compute, step: 0}", "{kind: compute, step: 0}  # local partial")
+    assert _fast_yaml(hand_edited) is None and load_plan(hand_edited) == plan
+
+
+def test_files_and_suffixes(tmp_path: Path) -> None:
+    plan = build("binomial", raw(5), REF, chunks=2)
+    assert load_plan(save_plan(plan, tmp_path / "p.json")) == plan
+    assert (tmp_path / "p.json").read_text().startswith("{")
+    assert load_plan(str(save_plan(plan, tmp_path / "p.yaml"))) == plan
+    assert (tmp_path / "p.yaml").read_text().startswith("format: treeattn-plan\nversion: 1\n")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.dictionaries(
+        st.text(min_size=1, max_size=8),
+        st.recursive(
+            st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.text(max_size=12)
+            | st.floats(allow_nan=False, allow_infinity=False),
+            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+            max_leaves=8,
+        ),
+        max_size=4,
+    ),
+    st.none() | st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from(["yaml", "json"]),
+)
+def test_any_params_notes_and_prediction_round_trip(notes: dict, predicted: float | None, fmt: str) -> None:
+    plan = replace(build("star", attention(3), REF), notes=notes, predicted_us=predicted,
+                   topology=replace(REF, name="yes: no"))
+    text = dump_plan(plan, fmt)
+    assert load_plan(text) == plan
+    assert dump_plan(load_plan(text), fmt) == text
+
+
+def test_schema_describes_the_file() -> None:
+    schema = plan_json_schema()
+    assert schema["additionalProperties"] is False
+    assert {"format", "version", "programs", "workload"} <= set(schema["required"])
+    assert json.dumps(schema, sort_keys=True) == json.dumps(plan_json_schema(), sort_keys=True)
+
+
+def test_payload_parser_reads_to_dict() -> None:
+    for payload in (attention(3), raw(4)):
+        assert payload_from_dict(payload.to_dict()) == payload
+    with pytest.raises(PlanFormatError, match="workload.batch"):
+        payload_from_dict({**attention(3).to_dict(), "batch": "8"})
+
+
+def _text(**changes: object) -> str:
+    data = plan_to_dict(build("binomial", attention(4), REF, chunks=2))
+    for key, value in changes.items():
+        data[key] = value
+    return json.dumps(data)
+
+
+def _broken_op(r: int, i: int, **fields: object) -> str:
+    data = plan_to_dict(build("binomial", attention(4), REF, chunks=2))
+    data["programs"][r][i].update(fields)
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize("text, message", [
+    (_text(version=PLAN_VERSION + 1), "plan version 2 was written by a newer treeattn"),
+    (_text(version=0), "plan version 0 is not supported and cannot be upgraded"),
+    (_text(version="1"), "version must be an integer"),
+    (_text(format="treeattn-topology"), "format is 'treeattn-topology', expected 'treeattn-plan'"),
+    (_text(colour="blue"), "colour is not a known field"),
+    (_text(chunks=0), "chunks: Input should be greater than or equal to 1"),
+    (_text(chunks=1000), "plan.chunks \\(1000\\) exceeds the payload's rows \\(64\\)"),
+    (_text(workload={**attention(4).to_dict(), "seq_len": 1}), "workload.seq_len is 1 but split sums to 640"),
+    (_text(workload={**attention(3).to_dict()}), "3 ranks"),
+    (_text(workload={"kind": "attention"}), "workload.batch is missing"),
+    (_broken_op(0, 7, bogus=1), "programs\\[0\\]\\[7\\].bogus is not a known field"),
+    (_broken_op(2, 1, peer="one"), "programs\\[2\\]\\[1\\].peer: Input should be a valid integer, got 'one'"),
+    (_broken_op(1, 2, peer=None), "programs\\[1\\]\\[2\\].peer: a send op needs a peer"),
+    (_broken_op(0, 0, kind="launch"), "programs\\[0\\]\\[0\\].kind: Input should be"),
+    (_broken_op(0, 0, step=-1), "programs\\[0\\]\\[0\\].step: Input should be greater than or equal to 0"),
+    ("[1, 2]\n", "not a plan file"),
+    ("format: treeattn-plan\nversion: [\n", "not valid YAML at line 3"),
+    ("{\"format\": ", "not valid JSON at line 1"),
+])
+def test_format_errors_name_the_field(text: str, message: str) -> None:
+    with pytest.raises(PlanFormatError, match=message):
+        load_plan(text)
+
+
+def test_errors_name_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(_broken_op(2, 1, peer="one"))
+    with pytest.raises(PlanFormatError, match=f"^{path}: programs\\[2\\]\\[1\\].peer"):
+        load_plan(path)
+    with pytest.raises(PlanFormatError, match="cannot read plan file"):
+        load_plan(tmp_path / "missing.yaml")
+
+
+def test_older_versions_are_upgraded(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = build("star", attention(3), REF)
+    old = plan_to_dict(plan)
+    old["version"] = 0
+    old["algorithm_name"] = old.pop("algorithm")  # pretend version 0 called it that
+
+    def v0_to_v1(data: dict) -> dict:
+        data["algorithm"] = data.pop("algorithm_name")
+        data["version"] = 1
+        return data
+
+    monkeypatch.setitem(UPGRADES, 0, v0_to_v1)
+    assert load_plan(json.dumps(old)) == plan

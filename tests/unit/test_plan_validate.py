@@ -1,0 +1,238 @@
+"""The validator: each kind of violation on a hand-made plan, and mutations of built plans."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.unit.test_plan_helpers import REF, attention, every_plan, op_indices, raw, split_step, with_program
+from treeattn.errors import PlanInvalidError
+from treeattn.plan import ALGORITHMS, Op, OpKind, Plan, ViolationKind, build, check, tree_plan, validate
+
+V = ViolationKind
+
+
+def C(step: int, block: int | None = None) -> Op:
+    return Op(OpKind.COMPUTE, step, block=block)
+
+
+def S(step: int, peer: int, chunk: int | None = None, block: int | None = None) -> Op:
+    return Op(OpKind.SEND, step, peer=peer, chunk=chunk, block=block)
+
+
+def M(step: int, peer: int, chunk: int | None = None) -> Op:
+    return Op(OpKind.RECV_MERGE, step, peer=peer, chunk=chunk)
+
+
+def K(step: int, peer: int, chunk: int | None = None, block: int | None = None) -> Op:
+    return Op(OpKind.RECV_COPY, step, peer=peer, chunk=chunk, block=block)
+
+
+def A(step: int, reduce: str, part: str, coll: str = "allreduce", chunk: int | None = None) -> Op:
+    return Op(OpKind.COLLECTIVE, step, coll=coll, reduce=reduce, part=part, chunk=chunk)
+
+
+def hand(programs: list[list[Op]], *, is_raw: bool = False, chunks: int = 1, result=None,
+         contributors=None) -> Plan:
+    p = len(programs)
+    return Plan(algorithm="hand", params={}, workload=raw(p) if is_raw else attention(p), topology=REF,
+                chunks=chunks, programs=programs, result_ranks=tuple(range(p)) if result is None else result,
+                contributors=contributors)
+
+
+# An all-reduce over two ranks: rank 1 sends its partial to rank 0, which sends the result back.
+GOOD = [[C(0), M(1, 1), S(2, 1)], [C(0), S(1, 0), K(2, 0)]]
+
+
+def first(plan: Plan):
+    report = validate(plan)
+    assert not report.valid, "expected a violation"
+    return report.first
+
+
+def test_a_correct_plan_passes() -> None:
+    report = validate(hand(GOOD))
+    assert report.valid and report.first is None
+    assert (report.ranks, report.ops, report.steps, report.transfers) == (2, 6, 3, 2)
+    check(hand(GOOD))
+
+
+@pytest.mark.parametrize("programs, kwargs, kind, where", [
+    ([[C(0), M(1, 5), S(2, 1)], GOOD[1]], {}, V.PEER_RANGE, (0, 1)),
+    ([[C(0), M(1, 0), S(2, 1)], GOOD[1]], {}, V.SELF_SEND, (0, 1)),
+    ([[C(0), M(1, 1, chunk=2), S(2, 1)], GOOD[1]], {"chunks": 2}, V.CHUNK_RANGE, (0, 1)),
+    ([[C(0), M(2, 1), S(1, 1)], GOOD[1]], {}, V.STEP_ORDER, (0, 2)),
+    ([[C(1), M(1, 1), S(2, 1)], GOOD[1]], {}, V.NOT_ALONE, (0, 0)),
+    ([[C(0), M(1, 1), K(1, 1), S(2, 1)], [C(0), S(1, 0), S(1, 0), K(2, 0)]], {}, V.WRITE_CONFLICT, (0, 2)),
+    ([[C(0), M(1, 1), S(2, 1)], [C(0), S(1, 0)]], {}, V.UNMATCHED_SEND, (0, 2)),
+    ([[C(0), M(1, 1)], GOOD[1]], {}, V.UNMATCHED_RECV, (1, 2)),
+    ([[C(0), M(1, 1, 0), S(2, 1, 0)], [C(0), S(1, 0, 1), K(2, 0, 0)]], {"chunks": 2}, V.MISMATCH, (1, 1)),
+    ([[C(0), S(1, 1)], [C(0), K(1, 0)]], {}, V.MISSING, (0, None)),
+    ([[C(0), M(1, 1), S(2, 1)], [S(1, 0), K(2, 0)]], {}, V.EMPTY_SEND, (1, 0)),
+    ([[C(0), M(1, 1), M(2, 1), S(3, 1)], [C(0), S(1, 0), S(2, 0), K(3, 0)]], {}, V.DOUBLE_COUNT, (0, 2)),
+    ([[C(0), C(1), M(2, 1), S(3, 1)], [C(0), S(2, 0), K(3, 0)]], {}, V.DOUBLE_COUNT, (0, 1)),
+    ([[C(0, block=5), M(1, 1), S(2, 1)], GOOD[1]], {}, V.BLOCK_RANGE, (0, 0)),
+    ([[C(0), M(1, 1), S(2, 1)], [C(0), S(1, 0), K(2, 0)]], {"result": (0, 0)}, V.BAD_RESULT_RANKS, (None, None)),
+])
+def test_each_violation_is_located(programs, kwargs, kind, where) -> None:
+    v = first(hand(programs, **kwargs))
+    assert v.kind is kind, v
+    assert (v.rank, v.op_index) == where, v
+
+
+def test_deadlock_names_who_waits_on_whom() -> None:
+    # Both ranks receive first, then send: neither receive can ever complete.
+    v = first(hand([[C(0), K(1, 1), S(2, 1)], [C(0), K(1, 0), S(2, 0)]]))
+    assert v.kind is V.DEADLOCK
+    assert "rank 0 at step 1 (op 1) waits to recv_copy all chunks from rank 1" in v.message
+    assert "rank 1 at step 1 (op 1) waits to recv_copy all chunks from rank 0" in v.message
+
+
+def test_a_collective_waiting_on_a_receive_deadlocks() -> None:
+    v = first(hand([[C(0), M(1, 1), A(2, "merge", "partial", "allgather")],
+                    [C(0), A(1, "merge", "partial", "allgather"), S(2, 0)]]))
+    assert v.kind is V.DEADLOCK and "waits in collective #0 for rank 0" in v.message
+
+
+def test_raw_payloads_have_no_compute_and_broadcast_contributors() -> None:
+    assert first(hand([[C(0)], [C(0)]], is_raw=True)).kind is V.BAD_OP
+    # rank 1 keeps its own buffer instead of receiving rank 0's
+    v = first(hand([[], []], is_raw=True, contributors=(0,)))
+    assert v.kind is V.MISSING and v.rank == 1
+    v = first(hand([[S(0, 1)], [M(0, 0)]], is_raw=True, contributors=(0,)))
+    assert v.kind is V.EXTRA and v.rank == 1 and "ranks [1]" in v.message
+    assert validate(hand([[S(0, 1)], [K(0, 0)]], is_raw=True, contributors=(0,))).valid
+
+
+def test_kv_blocks_must_be_held() -> None:
+    ok = [[C(0), S(1, 1, block=0), K(1, 1, block=1), C(2, block=1)],
+          [C(0), S(1, 0, block=1), K(1, 0, block=0), C(2, block=0)]]
+    assert validate(hand(ok)).valid
+    bad = [[C(0), S(1, 1, block=1)], [C(0), K(1, 0, block=1)]]
+    assert first(hand(bad)).kind is V.BLOCK_NOT_HELD
+    assert first(hand([[C(0), C(1, block=1)], [C(0)]])).kind is V.BLOCK_NOT_HELD
+
+
+def test_collectives() -> None:
+    trio = [A(1, "max", "lse"), A(2, "sum", "num"), A(3, "sum", "den")]
+    assert validate(hand([[C(0), *trio], [C(0), *trio]])).valid
+    assert first(hand([[C(0), *trio[:2]], [C(0), *trio[:2]]])).kind is V.TRIO  # incomplete
+    assert first(hand([[C(0), A(1, "sum", "lse")], [C(0), A(1, "sum", "lse")]])).kind is V.BAD_COLLECTIVE
+    repeated = [C(0), trio[0], replace(trio[0], step=2), replace(trio[2], step=3)]
+    assert first(hand([repeated, repeated])).kind is V.TRIO
+    # rank 1's accumulator changes between the parts: it receives rank 0's partial in between
+    v = first(hand([[C(0), trio[0], S(2, 1), replace(trio[1], step=3), replace(trio[2], step=4)],
+                    [C(0), trio[0], M(2, 0), replace(trio[1], step=3), replace(trio[2], step=4)]]))
+    assert v.kind is V.TRIO and v.rank == 1
+    v = first(hand([[C(0), *trio], [C(0), trio[0], replace(trio[2], step=2), replace(trio[1], step=3)]]))
+    assert v.kind is V.COLLECTIVE_MISMATCH and v.rank == 1
+    assert first(hand([[C(0), *trio], [C(0)]])).kind is V.COLLECTIVE_MISMATCH
+    gathered = [C(0), A(1, "merge", "partial", "allgather")]
+    assert validate(hand([gathered, gathered])).valid
+    # two ranks bring the same contribution into one collective
+    v = first(hand([[C(0), S(1, 1), A(2, "merge", "partial", "allgather")],
+                    [C(0), M(1, 0), A(2, "merge", "partial", "allgather")]]))
+    assert v.kind is V.DOUBLE_COUNT
+
+
+def test_check_raises_with_the_violation() -> None:
+    with pytest.raises(PlanInvalidError, match="deadlock") as info:
+        check(hand([[C(0), K(1, 1), S(2, 1)], [C(0), K(1, 0), S(2, 0)]]))
+    assert info.value.violation.kind is V.DEADLOCK
+    assert info.value.exit_code == 2
+
+
+def test_structural_violations_are_all_listed() -> None:
+    report = validate(hand([[C(0), M(1, 7), S(2, 9)], [C(0), S(1, 0), K(2, 0)]]))
+    assert [v.kind for v in report.violations] == [V.PEER_RANGE, V.PEER_RANGE]
+    assert report.to_dict()["violation"]["kind"] == "peer-out-of-range"
+
+
+# -- mutations of built plans -----------------------------------------------------------------
+
+
+def test_every_single_dropped_op_is_caught() -> None:
+    for plan in every_plan(4, 2):
+        for r, prog in enumerate(plan.programs):
+            for i in range(len(prog)):
+                mutated = with_program(plan, r, [op for j, op in enumerate(prog) if j != i])
+                assert not validate(mutated).valid, (plan.algorithm, r, i)
+
+
+def test_a_duplicated_transfer_is_a_double_count_at_the_merge() -> None:
+    plan = build("binomial", attention(8), REF, chunks=2)
+    (r, i) = op_indices(plan, OpKind.RECV_MERGE)[3]
+    recv = plan.programs[r][i]
+    sender = list(plan.programs[recv.peer])
+    j = next(j for j, op in enumerate(sender) if op.kind is OpKind.SEND and op.peer == r and op.step == recv.step)
+    mutated = with_program(plan, r, [*plan.programs[r][:i + 1], recv, *plan.programs[r][i + 1:]])
+    mutated = with_program(mutated, recv.peer, [*sender[:j + 1], sender[j], *sender[j + 1:]])
+    v = first(mutated)
+    assert v.kind is V.DOUBLE_COUNT and (v.rank, v.op_index, v.chunk) == (r, i + 1, recv.chunk), v
+
+
+def test_a_retargeted_peer_is_caught() -> None:
+    plan = build("kary", attention(7), REF, chunks=3, fanout=3)
+    for r, i in op_indices(plan, OpKind.SEND)[::5]:
+        op = plan.programs[r][i]
+        other = next(q for q in range(7) if q not in (r, op.peer))
+        v = first(with_program(plan, r, [*plan.programs[r][:i], replace(op, peer=other), *plan.programs[r][i + 1:]]))
+        # the pair's FIFO sequence shifts (a mismatch) or just gains an unmatched end
+        assert v.kind in (V.UNMATCHED_SEND, V.UNMATCHED_RECV, V.MISMATCH), v
+
+
+def test_exchanging_ranks_that_both_receive_first_deadlock() -> None:
+    plan = build("butterfly", attention(4), REF, chunks=2)
+    prog0, prog1 = list(plan.programs[0]), list(plan.programs[1])
+    # round 0 of chunk 0: ranks 0 and 1 exchange in one step; make each receive, then send.
+    i_recv = next(i for i, op in enumerate(prog0) if op.kind is OpKind.RECV_MERGE and op.peer == 1)
+    i_send = next(i for i, op in enumerate(prog0) if op.kind is OpKind.SEND and op.peer == 1)
+    j_recv = next(i for i, op in enumerate(prog1) if op.kind is OpKind.RECV_MERGE and op.peer == 0)
+    j_send = next(i for i, op in enumerate(prog1) if op.kind is OpKind.SEND and op.peer == 0)
+    mutated = with_program(plan, 0, split_step(prog0, i_recv, i_send))
+    # One side alone cannot deadlock, but its send now carries what it just merged: rank 1's own partial.
+    v = first(mutated)
+    assert v.kind is V.DOUBLE_COUNT and v.rank == 1
+    mutated = with_program(mutated, 1, split_step(prog1, j_recv, j_send))
+    v = first(mutated)
+    assert v.kind is V.DEADLOCK and {v.rank} <= {0, 1}
+
+
+@st.composite
+def tree_plans(draw: st.DrawFn) -> Plan:
+    p = draw(st.integers(2, 16))
+    parents = [-1] + [draw(st.integers(0, i - 1)) for i in range(1, p)]
+    return tree_plan(parents, attention(p), REF, chunks=draw(st.integers(1, 4)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(tree_plans(), st.data())
+def test_mutations_of_tree_plans_are_caught(plan: Plan, data: st.DataObject) -> None:
+    parents = plan.params["parents"]
+    r = data.draw(st.integers(1, plan.ranks - 1))
+    prog = list(plan.programs[r])
+    # Dropping any op.
+    i = data.draw(st.integers(0, len(prog) - 1))
+    assert not validate(with_program(plan, r, prog[:i] + prog[i + 1:])).valid
+    # Sending the last chunk up only after receiving the broadcast of that chunk: the parent
+    # waits for it before it can finish the reduction that broadcast needs.
+    i_send = max(i for i, op in enumerate(prog) if op.kind is OpKind.SEND and op.peer == parents[r])
+    i_recv = max(i for i, op in enumerate(prog) if op.kind is OpKind.RECV_COPY)
+    assert first(with_program(plan, r, split_step(prog, i_recv, i_send))).kind is V.DEADLOCK
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(sorted(ALGORITHMS)), st.integers(2, 9), st.integers(1, 3), st.data())
+def test_dropping_any_op_of_any_plan_is_caught(name: str, p: int, chunks: int, data: st.DataObject) -> None:
+    spec = ALGORITHMS[name]
+    payload = attention(p) if "attention" in spec.payloads else raw(p)
+    extra = {"parents": [-1] + list(range(p - 1))} if name == "tree" else (
+        {"group_size": 2} if name == "hierarchical" else {})
+    plan = build(name, payload, REF, chunks=chunks, **extra)
+    r = data.draw(st.integers(0, p - 1))
+    prog = list(plan.programs[r])
+    i = data.draw(st.integers(0, len(prog) - 1))
+    assert not validate(with_program(plan, r, prog[:i] + prog[i + 1:])).valid
