@@ -1,0 +1,98 @@
+"""``treeattn probe`` as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli_helpers import run_cli
+from treeattn.probe.sysfs import scan_pci
+from treeattn.topology.io import load_topology
+
+FIX = Path(__file__).parents[1] / "fixtures" / "probe"
+DGX = str(FIX / "nvidia-smi-topo-m.dgx-a100.txt")
+TREEATTN = str(Path(sys.executable).with_name("treeattn"))
+
+
+def test_json_structure_and_determinism():
+    args = ("probe", "--from-nvidia-smi", DGX, "--gpu-model", "A100-SXM4-80GB", "--json")
+    a, b = run_cli(*args), run_cli(*args)
+    assert a.exit_code == 0, a.stderr
+    assert a.stdout == b.stdout
+    data = json.loads(a.stdout)
+    assert sorted(data) == ["assumptions", "source", "topology", "warnings"]
+    assert data["source"] == "nvidia-smi topo -m (nvidia-smi-topo-m.dgx-a100.txt)"
+    topo = data["topology"]
+    assert len(topo["ranks"]) == 8 and {"devices", "links", "name", "description"} <= set(topo)
+    assert any("mlx5_4" in w for w in data["warnings"])
+
+
+def test_out_writes_yaml_that_loads_back(tmp_path):
+    out = tmp_path / "probed.yaml"
+    res = run_cli("probe", "--from-nccl-xml", str(FIX / "nccl-topo.ibm-gx3d-8xh100.xml"), "--nodes", "2",
+                  "--out", str(out), "--json")
+    assert res.exit_code == 0, res.stderr
+    shown = json.loads(res.stdout)["topology"]
+    loaded = load_topology(out)
+    assert loaded.to_dict() == shown
+    assert loaded.num_ranks == 16 and loaded.name == "probed-nccl-topo.ibm-gx3d-8xh100-x2"
+
+
+def test_summary_prints_warnings_and_assumptions():
+    res = run_cli("probe", "--from-nccl-xml", str(FIX / "nccl-topo.azure-ndv4-a100.xml"), "--name", "ndv4")
+    assert res.exit_code == 0, res.stderr
+    assert "ndv4" in res.stdout and "no <gpu> elements" in res.stdout and "assumed:" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (("--from-nvidia-smi", str(FIX / "damaged" / "topo-m.dgx-a100.unknown-code.txt")), "unknown code 'NVX'"),
+        (("--from-rocm-smi", str(FIX / "damaged" / "rocm-smi-showtopo.asymmetric.txt")), "GPU0-GPU1"),
+        (("--from-nccl-xml", str(FIX / "damaged" / "nccl-topo.ibm-gx3d.unclosed.xml")), "malformed XML"),
+        (("--from-nvidia-smi", DGX, "--ibstat", str(FIX / "damaged" / "ibstat.truncated.txt")), "no 'Rate' line"),
+        (("--from-nvidia-smi", DGX, "--nodes", "2"), "--nic-gbps"),
+        (("--from-nvidia-smi", DGX, "--gpu-model", "Voodoo2"), "not a known GPU"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, match):
+    res = run_cli("probe", *args)
+    assert res.exit_code == 2
+    assert match in res.stderr and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+    assert res.stdout == ""
+
+
+def test_missing_file_is_one_line_exit_2():
+    res = run_cli("probe", "--from-nvidia-smi", str(FIX / "nope.txt"))
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1
+    assert "cannot read nvidia-smi topo -m file" in res.stderr and "nope.txt" in res.stderr
+
+
+def test_subprocess_real_entry_point(tmp_path):
+    ok = subprocess.run([TREEATTN, "probe", "--from-rocm-smi", str(FIX / "rocm-smi-showtopo.8x-mi308x.txt"),
+                         "--gpu-model", "MI300X", "--json"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert len(json.loads(ok.stdout)["topology"]["ranks"]) == 8
+    bad = tmp_path / "bad.txt"
+    bad.write_text("\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU1\tNV3\t X \n")
+    res = subprocess.run([TREEATTN, "probe", "--from-nvidia-smi", str(bad)], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and "bad.txt:2: GPU0-GPU1 is NV4 but GPU1-GPU0 is NV3" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def _has_gpu() -> bool:
+    return any((d.vendor in (0x10DE, 0x1002) and d.cls >> 16 == 0x03) for d in scan_pci(Path("/")).values())
+
+
+@pytest.mark.skipif(_has_gpu(), reason="this machine has a GPU: the live probe finds it")
+def test_live_probe_without_gpu_is_cpu_loopback():
+    res = run_cli("probe", "--ranks", "3", "--json")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["topology"]["ranks"] == ["host0"] * 3
+    assert "CPU-only loopback host" in data["topology"]["description"]

@@ -1,0 +1,391 @@
+"""nccl-tests / rccl-tests output (``all_reduce_perf``, ``all_gather_perf``, ...): parse and fit.
+
+The format, as printed by rank 0::
+
+    # nThread 1 nGpus 8 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20 ...
+    # Using devices
+    #  Rank  0 Group  0 Pid 1234 on host device  0 [0x18] NVIDIA H100 80GB HBM3
+    #                         out-of-place                       in-place
+    #       size   count   type   redop   root   time   algbw   busbw #wrong   time   algbw   busbw #wrong
+    #        (B) (elements)                      (us)  (GB/s)  (GB/s)           (us)  (GB/s)  (GB/s)
+             8       2    float     sum     -1   34.6    0.00    0.00      0   34.7    0.00    0.00      0
+    # Out of bounds values : 0 OK
+    # Avg bus bandwidth    : 107.51
+
+Older versions name the columns ``bytes N type op`` and ``error``/``res``; the parser reads the
+column header. Lines outside the table that are not recognised (shell echo, ``NCCL INFO``,
+trimmed device lists) are skipped and their numbers kept in ``ignored``. Inside the table
+every line must be a row, a ``#`` line or an ``NCCL INFO/WARN`` line.
+
+A damaged log is refused (``ProbeError`` with the line): a row with the wrong number of
+fields or an unreadable number, ``algbw`` that is not size/time, ``busbw``/``algbw`` ratios
+that disagree between rows, sizes out of order, fewer rows than ``minBytes``..``maxBytes``
+by ``step`` gives, an average bus bandwidth the rows do not give, or a log that ends inside
+the table.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from treeattn.errors import ProbeError
+from treeattn.probe.fit import COLLECTIVE_MODELS, CollectiveFit, Weighting, fit_collective
+from treeattn.probe.text import fail, read_input
+
+__all__ = ["Timing", "NcclRow", "NcclDevice", "NcclTestsLog", "parse_nccl_tests", "read_nccl_tests",
+           "calibrate_from_log", "collective_from_name"]
+
+_HEADER = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)(.*)$")
+_STEP = re.compile(r"step:\s*(\d+)\((factor|bytes)\)")
+_DEVICE = re.compile(
+    r"^#\s+Rank\s+(\d+)\s+(?:Group\s+(\d+)\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[([^\]]*)\]\s*(.*?)\s*$"
+)
+_ERR_COLS = ("#wrong", "wrong", "error", "res")
+_NAME = re.compile(r"(all_reduce|all_gather|reduce_scatter|broadcast|sendrecv|alltoall|hypercube|reduce|gather|"
+                   r"scatter)_perf")
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """One placement (out-of-place or in-place) of one row."""
+
+    time_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    wrong: float | None
+    """Validation errors (``#wrong``; ``error`` in old versions); None when not checked (N/A)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NcclRow:
+    line: int
+    size_bytes: int
+    count: int | None
+    dtype: str
+    redop: str
+    root: int | None
+    out_of_place: Timing | None
+    in_place: Timing | None
+
+
+@dataclass(frozen=True, slots=True)
+class NcclDevice:
+    rank: int
+    host: str
+    device: int
+    busid: str
+    name: str
+
+
+@dataclass(frozen=True)
+class NcclTestsLog:
+    source: str
+    n_threads: int
+    n_gpus: int
+    min_bytes: int
+    max_bytes: int
+    rows: tuple[NcclRow, ...]
+    devices: tuple[NcclDevice, ...] = ()
+    avg_busbw_gbps: float | None = None
+    out_of_bounds: str = ""
+    nccl_version: str = ""
+    collective: str | None = None
+    """From the file name (``all_reduce_perf...``) when it says; the output itself does not."""
+    ignored: tuple[int, ...] = field(default=())
+    """Lines outside the table that were skipped."""
+
+    @property
+    def ranks(self) -> int | None:
+        """Ranks listed in the ``#  Rank`` lines; None when the log has none."""
+        return len(self.devices) or None
+
+    def busbw_ratio(self) -> float:
+        """busbw / algbw of the row with the largest algbw (most digits)."""
+        timings = [t for r in self.rows for t in (r.out_of_place, r.in_place) if t and t.algbw_gbps > 0]
+        if not timings:
+            raise ProbeError(f"{self.source}: no row with a non-zero algbw: cannot tell the busbw factor")
+        best = max(timings, key=lambda t: t.algbw_gbps)
+        return best.busbw_gbps / best.algbw_gbps
+
+
+def collective_from_name(name: str) -> str | None:
+    """The collective a file name names (``all_reduce_perf.8xh100.txt`` -> ``all_reduce``)."""
+    m = _NAME.search(name)
+    return m.group(1) if m else None
+
+
+def _num(text: str, source: str, lineno: int, what: str, *, integer: bool = False) -> float | None:
+    if text == "N/A":
+        return None
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        raise fail(source, lineno, f"{what} {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise fail(source, lineno, f"{what} {text!r} is not finite")
+    return value
+
+
+def _columns(line: str, source: str, lineno: int) -> tuple[list[str], int]:
+    """Prefix column names and the number of (time, algbw, busbw, wrong) groups."""
+    tokens = line.lstrip("#").split()
+    first = tokens.index("time")
+    prefix, rest = tokens[:first], tokens[first:]
+    if not prefix or prefix[0] not in ("size", "bytes"):
+        raise fail(source, lineno, f"column header starts with {prefix[:1]}, expected size/bytes")
+    if len(rest) % 4 or len(rest) // 4 not in (1, 2):
+        raise fail(source, lineno, f"column header has {len(rest)} timing columns, expected 4 or 8")
+    for g in range(len(rest) // 4):
+        group = rest[4 * g: 4 * g + 4]
+        if group[:3] != ["time", "algbw", "busbw"] or group[3] not in _ERR_COLS:
+            raise fail(source, lineno, f"timing columns {group} are not time/algbw/busbw/#wrong")
+    return prefix, len(rest) // 4
+
+
+def _row(parts: list[str], prefix: list[str], groups: int, source: str, lineno: int) -> NcclRow:
+    width = len(prefix) + 4 * groups
+    if len(parts) != width:
+        raise fail(source, lineno, f"row has {len(parts)} fields, the table has {width} columns: damaged or truncated")
+    cells = dict(zip(prefix, parts, strict=False))
+    size = _num(cells.get("size", cells.get("bytes", "")), source, lineno, "size", integer=True)
+    if size is None or size < 0:
+        raise fail(source, lineno, f"size {parts[0]!r} is not a byte count")
+    count_text = cells.get("count", cells.get("N"))
+    count = _num(count_text, source, lineno, "count", integer=True) if count_text is not None else None
+    root_text = cells.get("root")
+    root = _num(root_text, source, lineno, "root", integer=True) if root_text is not None else None
+    timings: list[Timing | None] = []
+    for g in range(groups):
+        t, alg, bus, err = parts[len(prefix) + 4 * g: len(prefix) + 4 * g + 4]
+        values = [_num(v, source, lineno, w) for v, w in ((t, "time"), (alg, "algbw"), (bus, "busbw"))]
+        wrong = _num(err, source, lineno, "#wrong")
+        if all(v is None for v in values):
+            timings.append(None)
+            continue
+        if any(v is None for v in values):
+            raise fail(source, lineno, "time, algbw and busbw must be all numbers or all N/A")
+        time_us, algbw, busbw = values
+        if time_us <= 0 or algbw < 0 or busbw < 0:
+            raise fail(source, lineno, f"time {t} must be > 0 and bandwidths >= 0")
+        expect = size / time_us / 1e3
+        if abs(algbw - expect) > 0.02 * expect + 0.011:
+            raise fail(source, lineno, f"algbw {alg} GB/s but size/time = {expect:.3f} GB/s: columns shifted or "
+                       "values damaged")
+        timings.append(Timing(time_us, algbw, busbw, wrong))
+    return NcclRow(lineno, int(size), count, cells.get("type", ""), cells.get("redop", cells.get("op", "")),
+                   root, timings[0], timings[1] if groups > 1 else None)
+
+
+def parse_nccl_tests(text: str, source: str = "nccl-tests log") -> NcclTestsLog:
+    """Read one nccl-tests run (see the module docstring for what is checked).
+
+    Args:
+        text: the program's output.
+        source: file name for messages; a name like ``all_reduce_perf*`` sets ``collective``.
+
+    Returns:
+        The parsed log.
+
+    Raises:
+        ProbeError: the log is damaged, truncated, or not nccl-tests output.
+    """
+    lines = text.splitlines()
+    header: re.Match | None = None
+    header_line = 0
+    devices: list[NcclDevice] = []
+    ignored: list[int] = []
+    prefix: list[str] | None = None
+    groups = 0
+    rows: list[NcclRow] = []
+    avg: float | None = None
+    oob = version = ""
+    state = "pre"
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line:
+            continue
+        if state == "done":
+            if _HEADER.match(line):
+                raise fail(source, lineno, "a second run starts here; give one run per file")
+            if line != "#":
+                ignored.append(lineno)
+            continue
+        if "NCCL INFO" in line or "NCCL WARN" in line:
+            ignored.append(lineno)
+            continue
+        if state == "pre":
+            if m := _HEADER.match(line):
+                header, header_line, state = m, lineno, "head"
+            else:
+                ignored.append(lineno)
+            continue
+        if state == "head":
+            if m := _DEVICE.match(line):
+                devices.append(NcclDevice(int(m.group(1)), m.group(4), int(m.group(5)), m.group(6), m.group(7)))
+            elif line.startswith("#") and "time" in line.split() and "algbw" in line.split():
+                prefix, groups = _columns(line, source, lineno)
+                state = "table"
+            elif line.startswith("NCCL version"):
+                version = line.split("version", 1)[1].strip()
+            elif _HEADER.match(line):
+                raise fail(source, lineno, f"a second header before any table (first on line {header_line})")
+            elif not line.startswith("#"):
+                ignored.append(lineno)
+            continue
+        # state == "table"
+        if line.startswith("#"):
+            body = line.lstrip("#").strip()
+            if body.startswith("Out of bounds values"):
+                oob = body.split(":", 1)[-1].strip()
+            elif body.startswith("Avg bus bandwidth"):
+                avg = _num(body.split(":", 1)[-1].strip(), source, lineno, "average bus bandwidth")
+                state = "done"
+            continue
+        assert prefix is not None
+        row = _row(line.split(), prefix, groups, source, lineno)
+        if rows and row.size_bytes <= rows[-1].size_bytes:
+            raise fail(source, lineno, f"size {row.size_bytes} after {rows[-1].size_bytes} (line {rows[-1].line}): "
+                       "rows out of order or two runs mixed")
+        rows.append(row)
+    if header is None:
+        raise fail(source, None, "no '# nThread N nGpus M minBytes ... maxBytes ...' header: not nccl-tests output")
+    if state == "head":
+        raise fail(source, len(lines), "no table header (# size count type ... time algbw busbw): truncated?")
+    if not rows:
+        raise fail(source, len(lines), "the table has no rows")
+    if state != "done":
+        raise fail(source, len(lines), "the log ends inside the table (no '# Avg bus bandwidth' line): truncated?")
+    log = NcclTestsLog(
+        source=source, n_threads=int(header.group(1)), n_gpus=int(header.group(2)),
+        min_bytes=int(header.group(3)), max_bytes=int(header.group(4)), rows=tuple(rows), devices=tuple(devices),
+        avg_busbw_gbps=avg, out_of_bounds=oob, nccl_version=version, collective=collective_from_name(source),
+        ignored=tuple(ignored),
+    )
+    _check(log, header, header_line)
+    return log
+
+
+def _check(log: NcclTestsLog, header: re.Match, header_line: int) -> None:
+    source = log.source
+    ranks = [d.rank for d in log.devices]
+    if ranks and ranks != list(range(len(ranks))):
+        raise fail(source, header_line, f"'#  Rank' lines list ranks {ranks[:8]}..., not 0..{len(ranks) - 1}")
+    step = _STEP.search(header.group(5))
+    if step and log.min_bytes > 0:
+        value, kind = int(step.group(1)), step.group(2)
+        expected, size = 0, log.min_bytes
+        while size <= log.max_bytes and expected < 10_000:
+            expected += 1
+            if kind == "factor" and value <= 1:
+                break
+            size = size * value if kind == "factor" else size + value
+        if len(log.rows) != expected:
+            raise fail(source, log.rows[-1].line, f"{len(log.rows)} rows, but minBytes {log.min_bytes} .. maxBytes "
+                       f"{log.max_bytes} by step {step.group(0)[6:]} gives {expected}: rows missing or added")
+    ratios = [(t.busbw_gbps / t.algbw_gbps, r.line) for r in log.rows for t in (r.out_of_place, r.in_place)
+              if t and t.algbw_gbps >= 1.0]
+    if ratios:
+        ref = log.busbw_ratio()
+        for ratio, line in ratios:
+            if abs(ratio - ref) > 0.01 * ref + 0.006:
+                raise fail(source, line, f"busbw/algbw = {ratio:.4f} here but {ref:.4f} in the largest row: "
+                           "values damaged or columns swapped")
+    if log.avg_busbw_gbps is not None:
+        bus = [t.busbw_gbps for r in log.rows for t in (r.out_of_place, r.in_place) if t]
+        mean = sum(bus) / len(bus)
+        if abs(mean - log.avg_busbw_gbps) > 0.005 * log.avg_busbw_gbps + 0.01:
+            raise fail(source, None, f"'# Avg bus bandwidth' says {log.avg_busbw_gbps:g} but the rows average "
+                       f"{mean:.3f}: rows missing or altered")
+
+
+def read_nccl_tests(path: str | Path) -> NcclTestsLog:
+    """Read and parse a saved nccl-tests log file."""
+    p = Path(path)
+    return parse_nccl_tests(read_input(p, "nccl-tests"), p.name)
+
+
+def calibrate_from_log(
+    log: NcclTestsLog,
+    *,
+    collective: str | None = None,
+    ranks: int | None = None,
+    placement: str = "min",
+    min_bytes: int = 1,
+    max_bytes: int | None = None,
+    weighting: Weighting = Weighting.RELATIVE,
+) -> CollectiveFit:
+    """Fit per-step latency and per-link bandwidth to a log (model in ``treeattn.probe.fit``).
+
+    Args:
+        log: a parsed log.
+        collective: which test made it; default from the file name, else ``all_reduce`` when
+            busbw > algbw (only all-reduce has a factor above 1).
+        ranks: ranks in the run; default the ``#  Rank`` lines, else solved from busbw/algbw.
+        placement: ``out`` (out-of-place), ``in`` (in-place) or ``min`` (the faster of the two
+            per size, less sensitive to one-off stalls).
+        min_bytes: smallest size used (0-byte rows are always left out).
+        max_bytes: largest size used (default all).
+        weighting: see ``treeattn.probe.fit.Weighting``.
+
+    Returns:
+        The fit; its warnings say what was inferred and which rows were left out.
+
+    Raises:
+        ProbeError: the collective or rank count cannot be known or disagrees with busbw/algbw,
+            or fewer than two sizes remain.
+    """
+    notes: list[str] = []
+    ratio = log.busbw_ratio()
+    name = collective or log.collective
+    if name is None:
+        if ratio <= 1.0 + 1e-3:
+            raise ProbeError(f"{log.source}: say which collective made this log (busbw/algbw = {ratio:.4f} fits "
+                             "several); name the file like all_gather_perf.txt or pass the collective")
+        name = "all_reduce"
+        notes.append("collective taken as all_reduce (busbw > algbw)")
+    model = COLLECTIVE_MODELS.get(name)
+    if model is None:
+        known = ", ".join(COLLECTIVE_MODELS)
+        raise ProbeError(f"{log.source}: no model for collective {name!r}; choose one of {known}")
+    n = ranks or log.ranks
+    if n is None:
+        n = _ranks_from_ratio(name, ratio)
+        if n is None:
+            raise ProbeError(f"{log.source}: no '#  Rank' lines and busbw = algbw for {name}: pass the rank count")
+        notes.append(f"{n} ranks solved from busbw/algbw = {ratio:.4f} (no '#  Rank' lines)")
+    want = model.busbw_factor(n)
+    if abs(ratio - want) > 0.01 * want + 0.006:
+        raise ProbeError(f"{log.source}: busbw/algbw = {ratio:.4f}, but {name} over {n} ranks gives {want:.4f}: "
+                         "the collective or the rank count is not what the log was made with")
+    if placement not in ("out", "in", "min"):
+        raise ProbeError(f"placement must be out, in or min, got {placement!r}")
+    sizes, times, wrong = [], [], []
+    for r in log.rows:
+        if r.size_bytes < max(min_bytes, 1) or (max_bytes is not None and r.size_bytes > max_bytes):
+            continue
+        options = {"out": [r.out_of_place], "in": [r.in_place], "min": [r.out_of_place, r.in_place]}[placement]
+        good = [t for t in options if t is not None and not t.wrong]
+        if any(t is not None and t.wrong for t in options):
+            wrong.append(r.size_bytes)
+        if good:
+            sizes.append(r.size_bytes)
+            times.append(min(t.time_us for t in good))
+    if wrong:
+        notes.append(f"timings with validation errors (#wrong > 0) left out at sizes {wrong}")
+    if len(sizes) < 2:
+        raise ProbeError(f"{log.source}: {len(sizes)} usable size(s) in the chosen range; need at least 2")
+    result = fit_collective(sizes, times, name, n, weighting=weighting)
+    return CollectiveFit(result.collective, result.ranks, result.fit, result.alpha_step_us, result.beta_link_gbps,
+                         result.model, result.points, result.size_range, tuple(notes) + result.warnings)
+
+
+def _ranks_from_ratio(name: str, ratio: float) -> int | None:
+    """Invert the busbw factor: 2(n-1)/n = f gives n = 2/(2-f); (n-1)/n = f gives n = 1/(1-f)."""
+    if name == "all_reduce" and ratio < 2:
+        return max(2, round(2 / (2 - ratio)))
+    if COLLECTIVE_MODELS[name].busbw_factor(4) < 1 and ratio < 1:
+        return max(2, round(1 / (1 - ratio)))
+    return None
