@@ -29,14 +29,16 @@ ATTENTION_BASELINES = ("allreduce3", "allgather-merge", "ring-attention")
 RAW_BASELINES = ("allreduce",)
 
 
-def allreduce3(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str) -> torch.Tensor:
-    """The paper's three all-reduces on this rank's partial; returns the packed result."""
+def allreduce3(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
+               wire: torch.dtype = torch.float32) -> torch.Tensor:
+    """The paper's three all-reduces on this rank's partial; returns the packed result.
+    The weighted output travels in ``wire`` (the partial dtype); max and weights in fp32."""
     o, lse = unpack(partial_attention(q, kv, kernel))
     m = comm.all_reduce(lse.clone(), "max", "allreduce3 max lse")
     # Rows empty on every rank keep max -inf: their weights must be 0, not exp(nan).
     shift = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     w = torch.where(torch.isneginf(lse), torch.zeros_like(lse), torch.exp(lse - shift))
-    num = comm.all_reduce(o * w.unsqueeze(1), "sum", "allreduce3 sum num")
+    num = comm.all_reduce((o * w.unsqueeze(1)).to(wire), "sum", "allreduce3 sum num").float()
     den = comm.all_reduce(w, "sum", "allreduce3 sum den")
     live = den > 0
     safe = torch.where(live, den, torch.ones_like(den))
@@ -82,8 +84,6 @@ def ring_attention(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Work
 
 def library_allreduce(comm: Comm, buf: torch.Tensor) -> torch.Tensor:
     """Raw payload: the library's all-reduce sum (fp8 travels as fp32: libraries lack fp8 sums)."""
-    if buf.dtype.itemsize == 1 and buf.is_floating_point():
-        return comm.all_reduce(buf.float(), "sum", "allreduce sum").to(buf.dtype)
     return comm.all_reduce(buf.clone(), "sum", "allreduce sum")
 
 
@@ -91,7 +91,7 @@ def run_attention_baseline(name: str, comm: Comm, q: torch.Tensor, kv: torch.Ten
                            kernel: str, wire: torch.dtype) -> torch.Tensor:
     """Dispatch one of ``ATTENTION_BASELINES`` by name."""
     if name == "allreduce3":
-        return allreduce3(comm, q, kv, kernel)
+        return allreduce3(comm, q, kv, kernel, wire)
     if name == "allgather-merge":
         return allgather_merge(comm, q, kv, kernel, wire)
     if name == "ring-attention":

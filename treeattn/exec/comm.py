@@ -33,6 +33,10 @@ def _first_line(exc: BaseException) -> str:
     return re.sub(r"^\[[^\]]*\]\s*", "", first)
 
 
+def _is_fp8(tensor: torch.Tensor) -> bool:
+    return tensor.is_floating_point() and tensor.element_size() == 1
+
+
 class CommError(ExecutionError):
     """A communication failed on this rank (usually because a peer died or hung)."""
 
@@ -98,16 +102,23 @@ class Comm:
     # -- collectives ----------------------------------------------------------------------
 
     def all_reduce(self, tensor: torch.Tensor, op: str, what: str, setup: bool = False) -> torch.Tensor:
-        """In-place all-reduce (``max`` or ``sum``) of ``tensor``."""
+        """In-place all-reduce (``max`` or ``sum``) of ``tensor``; fp8 is reduced through fp32
+        (no library reduces fp8), so it moves 4x the bytes."""
         red = {"max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}[op]
+        if _is_fp8(tensor):
+            wide = tensor.float()
+            self.wait(dist.all_reduce(wide, op=red, async_op=True), what, setup)
+            return tensor.copy_(wide.to(tensor.dtype))
         self.wait(dist.all_reduce(tensor, op=red, async_op=True), what, setup)
         return tensor
 
     def all_gather(self, tensor: torch.Tensor, what: str, setup: bool = False) -> list[torch.Tensor]:
         """Every rank's ``tensor`` (same shape everywhere), in rank order."""
-        out = [torch.empty_like(tensor) for _ in range(self.world)]
-        self.wait(dist.all_gather(out, tensor.contiguous(), async_op=True), what, setup)
-        return out
+        src = tensor.contiguous()
+        wire = src.view(torch.uint8) if _is_fp8(src) else src  # gloo gathers bytes but knows no fp8
+        out = [torch.empty_like(wire) for _ in range(self.world)]
+        self.wait(dist.all_gather(out, wire, async_op=True), what, setup)
+        return [t.view(src.dtype) for t in out]
 
     def broadcast(self, tensor: torch.Tensor, src: int, what: str) -> torch.Tensor:
         self.wait(dist.broadcast(tensor, src, async_op=True), what, setup=True)

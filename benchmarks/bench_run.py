@@ -1,0 +1,113 @@
+"""Measured decode-attention time per method on local CPU ranks (gloo), llama-3.1-8b shapes.
+
+For each batch size: the planned merge (the builders' family and chunk count the simulator
+ranks best on ``cpu:ranks=P``; replace with the search's pick once it exists), the paper's
+three all-reduces, all-gather + merge and ring attention, each executed for real, checked
+against the single-process reference and timed (median and p10-p90 of the per-iteration
+maximum over ranks). Every method includes the local partial over the rank's KV shard.
+Rows are also written to results/bench_run-<time>.csv.
+
+    .venv/bin/python benchmarks/bench_run.py                     # B in {1, 64}, N = 64K per rank
+    .venv/bin/python benchmarks/bench_run.py --quick             # small shapes, seconds
+
+NOTE: B = 64 with 64K tokens per rank needs 17 GB of bf16 K/V per rank (68 GB for 4 ranks,
+twice that while ring attention holds two blocks); on a machine with less memory the script
+lowers N for that batch size (``--max-kv-gb``) and says so in the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from treeattn.cost.simulate import simulate
+from treeattn.exec.launch import launch
+from treeattn.exec.predict import predict
+from treeattn.exec.results import result_rows, write_csv
+from treeattn.exec.runner import Job, PlanJob, RunOptions
+from treeattn.plan.builders import build
+from treeattn.topology.library import resolve
+from treeattn.workload import Workload
+
+FAMILIES = ("star", "chain", "kary", "binomial", "butterfly", "ring", "hierarchical")
+BASELINES = ("allreduce3", "allgather-merge", "ring-attention")
+
+
+def best_plan(w: Workload, topo):  # noqa: ANN001, ANN201 - Topology in, Plan out
+    """The builders' family x chunk count with the least simulated time."""
+    best = None
+    for name in FAMILIES:
+        for chunks in (1, 2, 4, 8):
+            extra = {"group_size": 2} if name == "hierarchical" else {}
+            try:
+                plan = build(name, w, topo, chunks=chunks, **extra)
+            except Exception:  # noqa: BLE001 - a family that cannot take these parameters is skipped
+                continue
+            us = simulate(plan, topo, timeline=False).predicted_us
+            if best is None or us < best[0]:
+                best = (us, plan)
+    return best[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--batches", default="1,64")
+    ap.add_argument("--tokens-per-rank", type=int, default=65536)
+    ap.add_argument("--max-kv-gb", type=float, default=1.0, help="cap on one rank's K+V shard (GB)")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="B in {1, 4}, 1K tokens per rank, 3 repeats")
+    args = ap.parse_args()
+    if args.quick:
+        args.batches, args.tokens_per_rank, args.repeats, args.warmup = "1,4", 1024, 3, 1
+    p = args.ranks
+    topo = resolve(f"cpu:ranks={p}")
+    console = Console()
+    console.print(f"{p} local ranks, gloo, {os.cpu_count()} CPU cores; llama-3.1-8b (Hq 32, Hkv 8, D 128), bf16 KV")
+    table = Table(title="measured per decode step and layer (µs): median ± half p10-p90, max over ranks")
+    for col in ("B", "N/rank", "method", "measured", "±", "predicted", "correct", "plan / allreduce3",
+                "plan / ring-attn"):
+        table.add_column(col, justify="left" if col in ("method", "correct") else "right")
+    frames = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        kv_bytes = 2 * batch * 8 * args.tokens_per_rank * 128 * 2
+        n = args.tokens_per_rank
+        while 2 * batch * 8 * n * 128 * 2 > args.max_kv_gb * 1e9:
+            n //= 2
+        w = Workload.create(ranks=p, seq_len=n * p, batch=batch, model="llama-3.1-8b", kv_dtype="bf16")
+        plan = best_plan(w, topo)
+        label = f"B{batch}-{plan.algorithm}-c{plan.chunks}"
+        options = RunOptions(repeats=args.repeats, warmup=args.warmup, timeout_s=600, setup_timeout_s=1800,
+                             baselines=True, check="root")
+        t0 = time.time()
+        result = launch(Job((PlanJob(label, plan),), options))
+        pred = predict(plan, topo, BASELINES)
+        frame = result_rows(result, {label: plan}, {label: pred}, f"bench_run-B{batch}")
+        frames.append(frame)
+        us = dict(zip(frame["method"], frame["measured_median_us"], strict=True))
+        note = "" if n == args.tokens_per_rank else f" (cut from {args.tokens_per_rank}: {kv_bytes / 1e9:.0f} GB)"
+        for r in frame.itertuples():
+            name = f"plan: {plan.algorithm} c{plan.chunks}" if r.method == "plan" else r.method
+            table.add_row(str(batch), f"{n}{note}", name, f"{r.measured_median_us:,.0f}", f"{r.spread_us / 2:,.0f}",
+                          "—" if r.predicted_us is None or r.predicted_us != r.predicted_us
+                          else f"{r.predicted_us:,.0f}",
+                          f"{'yes' if r.correct else 'NO'} {r.max_rel_err:.0e}",
+                          f"{us['plan'] / us['allreduce3']:.2f}" if r.method == "plan" else "",
+                          f"{us['plan'] / us['ring-attention']:.2f}" if r.method == "plan" else "")
+        console.print(f"B={batch}: {time.time() - t0:.0f} s wall for the run")
+    console.print(table)
+    out = Path("results") / f"bench_run-{time.strftime('%Y%m%d-%H%M%S')}.csv"
+    for frame in frames:
+        write_csv(frame, out)
+    console.print(f"rows: {out}  (command: {' '.join([Path(sys.executable).name, *sys.argv])})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""``treeattn run``: end to end on local gloo ranks, and its refusals and exit statuses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.cli_helpers import run_cli
+from treeattn.exec import launch as launch_mod
+from treeattn.exec.interpreter import FAULT_ENV
+from treeattn.exec.results import COLUMNS
+from treeattn.exec.runner import JobResult, Measurement
+from treeattn.plan.builders import build
+from treeattn.plan.io import save_plan
+from treeattn.plan.ir import Op, OpKind, Plan, TopologyRef
+from treeattn.topology.library import resolve
+from treeattn.workload import Workload
+
+TREEATTN = str(Path(sys.executable).with_name("treeattn"))
+W2 = Workload(batch=2, q_heads=4, kv_heads=2, head_dim=8, split=(9, 0), kv_dtype="fp32")
+
+
+def plan_file(tmp_path: Path, plan: Plan, name: str = "plan.yaml") -> Path:
+    return save_plan(plan, tmp_path / name)
+
+
+def test_run_end_to_end_json(tmp_path):
+    path = plan_file(tmp_path, build("binomial", W2, resolve("cpu:ranks=2"), chunks=2))
+    out = tmp_path / "res" / "rows.csv"
+    args = [TREEATTN, "run", str(path), "--baselines", "--repeats", "2", "--warmup", "0", "--check", "all",
+            "--json", "--out", str(out)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "warning" not in proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [r["method"] for r in rows] == ["plan", "allreduce3", "allgather-merge", "ring-attention"]
+    for r in rows:
+        assert set(r) == set(COLUMNS)
+        assert r["correct"] is True and r["max_rel_err"] < 1e-5
+        assert r["ranks"] == 2 and r["algorithm"] == "binomial" and r["plan"] == "plan.yaml"
+        assert r["predicted_us"] > 0 and r["measured_median_us"] > 0
+        assert r["rel_error"] == pytest.approx(r["measured_median_us"] / r["predicted_us"] - 1, abs=1e-3)
+    frame = pd.read_csv(out)
+    assert list(frame.columns) == list(COLUMNS) and len(frame) == 4
+    timeline = pd.read_csv(out.with_name("rows.timeline.csv"))
+    plan_ops = sum(len(p) for p in build("binomial", W2, resolve("cpu:ranks=2"), chunks=2).programs)
+    assert len(timeline) == plan_ops and set(timeline["rank"]) == {0, 1}
+
+
+def test_run_table_warns_on_other_topology_and_fails_loudly_on_a_dead_rank(tmp_path, monkeypatch):
+    plan = build("star", W2, TopologyRef("elsewhere", "sha256:feedfeedfeedfeed"))
+    path = plan_file(tmp_path, plan)
+    monkeypatch.chdir(tmp_path)
+    ok = run_cli("run", str(path), "--repeats", "2", "--warmup", "0")
+    assert ok.exit_code == 0, ok.stderr
+    assert "warning:" in ok.stderr and "elsewhere" in ok.stderr
+    assert "× plan" in ok.stdout and "yes" in ok.stdout and "predicted" in ok.stdout
+    assert len(list((tmp_path / "results").glob("*-plan.csv"))) == 1
+    monkeypatch.setenv(FAULT_ENV, "1:1:exit")
+    dead = run_cli("run", str(path), "--repeats", "2", "--warmup", "0")
+    assert dead.exit_code == 1
+    assert "rank 1 died with exit code 17" in dead.stderr
+    assert "Traceback" not in dead.stderr
+
+
+def test_corrupt_and_invalid_plans_are_refused_before_launch(tmp_path, monkeypatch):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("launched")
+
+    monkeypatch.setattr(launch_mod, "launch", no_launch)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("format: treeattn-plan\nversion: 1\nalgorithm: [\n")
+    res = run_cli("run", str(bad))
+    assert res.exit_code == 2 and "bad.yaml" in res.stderr and "Traceback" not in res.stderr
+    # Parses, but rank 1's partial would be merged twice: the validator refuses it.
+    w = Workload(batch=1, q_heads=2, kv_heads=2, head_dim=4, split=(3, 3), kv_dtype="fp32")
+    programs = ((Op(OpKind.COMPUTE, 0), Op(OpKind.RECV_MERGE, 1, peer=1), Op(OpKind.RECV_MERGE, 2, peer=1)),
+                (Op(OpKind.COMPUTE, 0), Op(OpKind.SEND, 1, peer=0), Op(OpKind.SEND, 2, peer=0)))
+    invalid = plan_file(tmp_path, Plan("star", {}, w, TopologyRef("t", "f"), 1, programs, (0,)), "twice.yaml")
+    res = run_cli("run", str(invalid))
+    assert res.exit_code == 2 and "Traceback" not in res.stderr, res.stderr
+
+
+def test_rank_count_mismatch_under_torchrun_exits_2(tmp_path, monkeypatch):
+    path = plan_file(tmp_path, build("star", W2, TopologyRef("t", "f")))
+    for key, value in {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29999"}.items():
+        monkeypatch.setenv(key, value)
+    res = run_cli("run", str(path))
+    assert res.exit_code == 2
+    assert "torchrun started 3 processes but the plan has 2 ranks" in res.stderr
+
+
+def test_wrong_result_is_reported_and_exits_1(tmp_path, monkeypatch):
+    path = plan_file(tmp_path, build("star", W2, resolve("cpu:ranks=2")))
+    wrong = Measurement("plan.yaml", "plan", "explicit", (10.0, 12.0), max_rel_err=0.3, tolerance=1e-5,
+                        checked_ranks=(0,))
+    monkeypatch.setattr(launch_mod, "launch", lambda job: JobResult((wrong,), "gloo", "cpu", 2))
+    res = run_cli("run", str(path), "--out", str(tmp_path / "r.csv"))
+    assert res.exit_code == 1
+    assert "wrong result from plan (max relative error 0.3)" in res.stderr
+    assert "NO" in res.stdout
+    assert pd.read_csv(tmp_path / "r.csv")["correct"].tolist() == [False]

@@ -1,0 +1,85 @@
+"""Failures of a local run: a rank that raises, dies or hangs stops the whole run with an
+error naming it, and no worker process outlives ``launch``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from treeattn.errors import ExecutionError, InputError
+from treeattn.exec.interpreter import FAULT_ENV
+from treeattn.exec.launch import detect_env, launch
+from treeattn.exec.runner import Job, PlanJob, RunOptions
+from treeattn.plan.builders import build
+from treeattn.plan.ir import Op, OpKind, Plan, TopologyRef
+from treeattn.workload import Workload
+
+REF = TopologyRef("cpu:test", "sha256:test")
+W3 = Workload(batch=1, q_heads=4, kv_heads=2, head_dim=8, split=(5, 6, 7), kv_dtype="fp32")
+
+
+def children() -> list[int]:
+    """Pids of live processes whose parent is this test process."""
+    me, out = os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me and fields[0] != "Z":
+            out.append(int(entry.name))
+    return out
+
+
+def run_with_fault(monkeypatch, fault: str, plan: Plan | None = None, timeout_s: float = 30.0) -> str:
+    monkeypatch.setenv(FAULT_ENV, fault)
+    plan = plan or build("binomial", W3, REF, chunks=2)
+    with pytest.raises(ExecutionError) as info:
+        launch(Job((PlanJob("p", plan),), RunOptions(repeats=3, warmup=1, timeout_s=timeout_s)))
+    assert children() == []
+    assert info.value.exit_code == 1
+    return str(info.value)
+
+
+def test_rank_that_raises_is_named(monkeypatch):
+    # Rank 1's 3rd op (the first ops run in the checked, untimed iteration).
+    text = run_with_fault(monkeypatch, "1:2:raise")
+    assert text.startswith("rank 1 failed: injected fault on rank 1"), text
+    assert text.endswith("(ranks 0, 2 were stopped)")
+
+
+def test_rank_that_dies_is_named(monkeypatch):
+    # Rank 2 dies in a timed iteration, while its peers wait on it.
+    text = run_with_fault(monkeypatch, "2:9:exit")
+    assert text.startswith("rank 2 died with exit code 17"), text
+
+
+def test_hung_peer_times_out(monkeypatch):
+    # Rank 0 waits for a message rank 1 never sends: rank 0's op deadline fires.
+    w = Workload(batch=1, q_heads=2, kv_heads=2, head_dim=4, split=(3, 3), kv_dtype="fp32")
+    programs = ((Op(OpKind.COMPUTE, 0), Op(OpKind.RECV_MERGE, 1, peer=1)), (Op(OpKind.COMPUTE, 0),))
+    plan = Plan("broken", {}, w, REF, 1, programs, (0,))
+    text = run_with_fault(monkeypatch, "", plan, timeout_s=1.0)
+    assert text.startswith("rank 0 failed: rank 0: recv_merge chunk None with rank 1 (step 1) failed: Timed out"), text
+    assert text.endswith("(rank 1 was stopped)")
+
+
+def test_world_size_mismatch_under_a_launcher():
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    with pytest.raises(InputError, match="torchrun started 2 processes but the plan has 3 ranks") as info:
+        launch(Job((PlanJob("p", build("star", W3, REF)),)), environ=env)
+    assert info.value.exit_code == 2
+
+
+def test_launcher_detection():
+    assert detect_env({}) is None
+    assert detect_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None
+    slurm = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "MASTER_ADDR": "h", "MASTER_PORT": "5"}
+    placed = detect_env(slurm)
+    assert (placed.launcher, placed.rank, placed.world, placed.local_rank) == ("slurm", 3, 4, 1)
+    with pytest.raises(InputError, match="MASTER_ADDR, MASTER_PORT is not set"):
+        detect_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"})

@@ -1,0 +1,112 @@
+"""Every plan family from the builders, executed on 2, 4 and 8 gloo ranks and checked against
+the single-process reference. One process group per rank count runs all of its plans in
+sequence (``launch`` of a multi-plan ``Job``), since starting 8 ranks costs seconds here."""
+
+from __future__ import annotations
+
+import pytest
+
+from treeattn.exec.launch import launch
+from treeattn.exec.runner import Job, PlanJob, RunOptions
+from treeattn.plan.builders import ALGORITHMS, build
+from treeattn.plan.ir import Op, OpKind, Plan, TopologyRef
+from treeattn.plan.validate import check
+from treeattn.workload import RawPayload, Workload
+
+REF = TopologyRef("cpu:test", "sha256:test")
+
+
+def attention(p: int, kv_dtype: str = "fp32", partial: str = "fp32") -> Workload:
+    # GQA (8 query heads on 2 KV heads), uneven shards, rank 1 holds none.
+    split = tuple([40, 0, *[7 * (i + 1) for i in range(p - 2)]])
+    return Workload(batch=2, q_heads=8, kv_heads=2, head_dim=16, split=split, kv_dtype=kv_dtype,
+                    partial_dtype=partial)
+
+
+def family_params(name: str, p: int) -> dict:
+    if name == "tree":
+        return {"parents": [-1] + [(r - 1) // 3 for r in range(1, p)]}
+    if name == "hierarchical":
+        return {"groups": [list(range(0, p, 2)), list(range(1, p, 2))]}
+    if name == "kary":
+        return {"fanout": 3}
+    if name in ("star", "chain", "binomial"):
+        return {"root": p - 1}
+    return {}
+
+
+def family_plans(p: int, chunk_counts: dict[str, tuple[int, ...]]) -> list[PlanJob]:
+    """Every algorithm the builders know, on an attention and a raw payload, chunked and not."""
+    jobs = []
+    payloads = {"att": attention(p), "raw": RawPayload(nbytes=4 * 24, ranks=p)}
+    for name, spec in ALGORITHMS.items():
+        for tag, payload in payloads.items():
+            if payload.kind not in spec.payloads:
+                continue
+            for chunks in chunk_counts[tag]:
+                plan = build(name, payload, REF, chunks=chunks, **family_params(name, p))
+                check(plan)
+                jobs.append(PlanJob(f"{name}/{tag}/c{chunks}", plan))
+    if p >= 4:
+        root_only = build("binomial", payloads["att"], REF, chunks=2, root=2, result="root")
+        jobs.append(PlanJob("binomial/att/root-only", root_only))
+        half = attention(p, "bf16", "bf16")
+        jobs.append(PlanJob("star/bf16", build("star", half, REF, chunks=3)))
+        jobs.append(PlanJob("ring-attention/bf16", build("ring-attention", half, REF)))
+        # fp8 KV (partials in bf16) and fp8 raw buffers: gloo neither gathers nor sums fp8.
+        jobs.append(PlanJob("allreduce3/fp8-kv", build("allreduce3", attention(p, "fp8", "bf16"), REF)))
+        raw8 = RawPayload(nbytes=40, ranks=p, dtype="fp8")
+        for name in ("allreduce", "allgather-merge", "butterfly"):
+            jobs.append(PlanJob(f"{name}/fp8-raw", build(name, raw8, REF, chunks=2)))
+    return jobs
+
+
+def double_counting_star(p: int) -> Plan:
+    """Rank 1 sends its partial twice and the root merges both: the validator would refuse
+    it; the executor must run it and the check must call the result wrong."""
+    w = Workload(batch=1, q_heads=4, kv_heads=4, head_dim=8, split=tuple([5] * p), kv_dtype="fp32")
+    programs = []
+    for r in range(p):
+        ops = [Op(OpKind.COMPUTE, 0)]
+        if r == 0:
+            ops += [Op(OpKind.RECV_MERGE, 1, peer=s) for s in range(1, p)] + [Op(OpKind.RECV_MERGE, 2, peer=1)]
+        else:
+            ops.append(Op(OpKind.SEND, 1, peer=0))
+            if r == 1:
+                ops.append(Op(OpKind.SEND, 2, peer=0))
+        programs.append(tuple(ops))
+    return Plan("star", {}, w, REF, 1, tuple(programs), (0,))
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_every_family_is_correct(p):
+    # 8 ranks on 2 cores are slow: chunked attention plans and unchunked raw ones only.
+    chunk_counts = {"att": (1, 3), "raw": (1, 3)} if p < 8 else {"att": (2,), "raw": (1,)}
+    jobs = family_plans(p, chunk_counts)
+    if p == 4:
+        jobs.append(PlanJob("double-counting", double_counting_star(p)))
+    options = RunOptions(repeats=1, warmup=0, check="all", kernel="explicit", baselines=(p != 8), timeout_s=30)
+    result = launch(Job(tuple(jobs), options))
+    assert result.backend == "gloo" and result.world == p
+    by = {(m.label, m.method): m for m in result.measurements}
+    labels = [j.label for j in jobs]
+    assert [k for k in by if k[1] == "plan"] == [(label, "plan") for label in labels]
+    for job in jobs:
+        m = by[(job.label, "plan")]
+        if job.label == "double-counting":
+            assert not m.correct and m.max_rel_err > 1e-3
+            continue
+        assert m.correct, (job.label, m.max_rel_err)
+        plan = job.plan
+        # Fp32 plans with the explicit kernel are exact to fp32 rounding, not just within 1e-5.
+        assert m.max_rel_err <= (0.0 if plan.is_raw else 2e-2 if "/fp8" in job.label or "bf16" in job.label else 2e-6)
+        assert m.checked_ranks == tuple(sorted(plan.result_ranks))
+        assert sorted((t.rank, t.index) for t in m.timeline) == [
+            (r, i) for r in range(p) for i in range(len(plan.programs[r]))]
+        assert all(0 <= t.post_us <= t.done_us for t in m.timeline)
+    if p != 8:
+        methods = {k[1] for k in by}
+        assert methods == {"plan", "allreduce3", "allgather-merge", "ring-attention", "allreduce"}
+        for (_, method), m in by.items():
+            if method != "plan":
+                assert m.correct and m.checked_ranks == tuple(range(p)), (method, m.max_rel_err)

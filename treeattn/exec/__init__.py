@@ -1,0 +1,24 @@
+"""Execute plans on real ranks with torch.distributed (the only layer besides probe/ that imports torch).
+
+Modules, bottom up:
+
+* ``merge``: the merge operator of DESIGN.md section 1 on packed ``(rows, D + 1)`` partials.
+* ``attention``: deterministic inputs (q, KV shards, raw buffers) from a seed, the local
+  partial (explicit, torch's fused op, or flash-attn), the single-process reference.
+* ``comm``: tagged point-to-point and collectives with deadlines.
+* ``interpreter``: ``PlanExecutor``, one rank's program of a Plan, op by op, timed.
+* ``baselines``: all-reduce x3, all-gather + merge, ring attention, library all-reduce,
+  on code paths of their own.
+* ``runner``: what every rank does in a run (inputs, check, warm-up, timed repeats).
+* ``launch`` / ``worker``: local processes with a fault watchdog, or torchrun/SLURM ranks.
+* ``predict`` / ``results``: the simulator's prediction per method; tidy result rows.
+
+Typical use::
+
+    from treeattn.exec.launch import launch
+    from treeattn.exec.runner import Job, PlanJob, RunOptions
+
+    result = launch(Job((PlanJob("plan.yaml", plan),), RunOptions(baselines=True)))
+    for m in result.measurements:
+        print(m.method, m.median_us, m.correct)
+"""
