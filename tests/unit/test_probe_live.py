@@ -192,6 +192,7 @@ def test_nics_flag_parsing_and_conflicts():
         (dict(nvidia_smi=FIX / "nvidia-smi-topo-m.pcie-5gpu-2numa.club3090-46.txt", nodes=2), "needs NICs"),
         (dict(nvidia_smi=FIX / "missing.txt"), "cannot read nvidia-smi topo -m file"),
         (dict(nvidia_smi=FIX / "nvidia-smi-topo-m.dgx1-v100.txt", nic_gbps=-1), "--nic-gbps must be > 0"),
+        (dict(nvidia_smi=FIX / "nvidia-smi-topo-m.dgx1-v100.txt", cpu_vendor="arm"), "--cpu-vendor 'arm'"),
     ],
 )
 def test_bad_option_combinations(opts, match):

@@ -99,6 +99,12 @@ def _pcie_path_avoids_cpu(topo, a: str, b: str) -> bool:
     return False
 
 
+def test_cpu_vendor_sets_the_socket_link():
+    topo = _probe("dgx-a100", gpu_model="A100-SXM4-80GB", cpu_vendor="amd").topology
+    socket = {(ln.kind, ln.bw_gbps) for ln in topo.links if ln.src.startswith("n0.cpu") and ln.dst.startswith("n0.cpu")}
+    assert socket == {(LinkKind.INFINITY_FABRIC, 16.0)}
+
+
 def test_dgx_a100_gpu_reaches_its_nic_without_the_cpu():
     topo = _probe("dgx-a100", gpu_model="A100-SXM4-80GB").topology
     assert _pcie_path_avoids_cpu(topo, "n0.gpu0", "n0.mlx5_0")  # PXB: under one switch tree

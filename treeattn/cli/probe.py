@@ -24,7 +24,7 @@ _NET = "Nodes and network"
 def _file(flag: str, what: str) -> object:
     # NOTE: no exists=True: a missing file is reported by the probe like any unreadable input
     # (one line, exit 2, naming the file and the tool it should come from).
-    return typer.Option(flag, help=f"Read {what} from this file instead of running it.", rich_help_panel=_IN)
+    return typer.Option(flag, help=f"{what}, saved in this file (instead of probing live).", rich_help_panel=_IN)
 
 
 @app.command("probe")
@@ -34,13 +34,13 @@ def probe_cmd(
                                                           "as JSON.")] = False,
     ranks: Annotated[int | None, typer.Option("--ranks", min=1, help="CPU-only host: ranks (default: CPU "
                                                                      "count).")] = None,
-    from_nvidia_smi: Annotated[Path | None, _file("--from-nvidia-smi", "`nvidia-smi topo -m`")] = None,
-    nvlink_status: Annotated[Path | None, _file("--nvlink-status", "`nvidia-smi nvlink --status`")] = None,
-    from_rocm_smi: Annotated[Path | None, _file("--from-rocm-smi", "`rocm-smi --showtopo`")] = None,
-    from_nccl_xml: Annotated[Path | None, _file("--from-nccl-xml", "an NCCL topology XML (NCCL_TOPO_DUMP_FILE)")]
+    from_nvidia_smi: Annotated[Path | None, _file("--from-nvidia-smi", "Output of `nvidia-smi topo -m`")] = None,
+    nvlink_status: Annotated[Path | None, _file("--nvlink-status", "Output of `nvidia-smi nvlink --status`")] = None,
+    from_rocm_smi: Annotated[Path | None, _file("--from-rocm-smi", "Output of `rocm-smi --showtopo`")] = None,
+    from_nccl_xml: Annotated[Path | None, _file("--from-nccl-xml", "NCCL topology XML (NCCL_TOPO_DUMP_FILE)")]
     = None,
-    ibstat: Annotated[Path | None, _file("--ibstat", "`ibstat`")] = None,
-    gpu_names: Annotated[Path | None, _file("--gpu-names", "`nvidia-smi -L` (or --query-gpu=name)")] = None,
+    ibstat: Annotated[Path | None, _file("--ibstat", "Output of `ibstat`")] = None,
+    gpu_names: Annotated[Path | None, _file("--gpu-names", "Output of `nvidia-smi -L` or `--query-gpu=name`")] = None,
     gpu_model: Annotated[str | None, typer.Option("--gpu-model", help="GPU model of every GPU, e.g. H100-SXM5-80GB.",
                                                   rich_help_panel=_IN)] = None,
     cpu_vendor: Annotated[str, typer.Option("--cpu-vendor", help="intel or amd (socket link figures), when the "

@@ -302,8 +302,9 @@ def finish(
     for i in range(nodes):
         for d in draft.devices.values():
             nic = local(i, gpu_nic[d.name]) if d.name in gpu_nic else ""
+            model = (draft.nics[d.name].model or d.model) if d.name in draft.nics else d.model
             devices.append(
-                Device(local(i, d.name), d.kind, i, d.model, d.mem_bw_gbps, d.mem_gb, d.p2p, d.tier, nic)
+                Device(local(i, d.name), d.kind, i, model, d.mem_bw_gbps, d.mem_gb, d.p2p, d.tier, nic)
             )
         for ln in draft.links.values():
             links.append(

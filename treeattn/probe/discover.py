@@ -103,6 +103,8 @@ def probe(opts: ProbeOptions, runner: Runner = run_tool) -> ProbeResult:
         raise ProbeError("--nvlink-status needs --from-nvidia-smi (it gives link speeds, not the wiring)")
     if opts.nodes < 1:
         raise ProbeError(f"--nodes must be >= 1, got {opts.nodes}")
+    if opts.cpu_vendor.lower() not in ("", "intel", "amd", "genuineintel", "authenticamd"):
+        raise ProbeError(f"--cpu-vendor {opts.cpu_vendor!r}: choose intel or amd")
     if opts.nic_gbps is not None and opts.nic_gbps <= 0:
         raise ProbeError(f"--nic-gbps must be > 0, got {opts.nic_gbps}")
     names: tuple[str, ...] = ()

@@ -63,8 +63,8 @@ _ROWS: tuple[tuple, ...] = (
     ("A100-PCIE-40GB", "nvidia", 1555, 40, 3, 12, 25.0, 4, True, "NVIDIA A100 datasheet: 1,555 GB/s"),
     ("A100-PCIE-80GB", "nvidia", 1935, 80, 3, 12, 25.0, 4, True, "NVIDIA A100 datasheet: 1,935 GB/s (PCIe)"),
     ("H100-SXM5-80GB", "nvidia", 3350, 80, 4, 18, 25.0, 5, True, "HARDWARE.md: H100 SXM 3.35 TB/s, NVLink 4"),
-    ("H100-PCIE-80GB", "nvidia", 2000, 80, 4, 18, 25.0, 5, True, "NVIDIA H100 datasheet: H100 PCIe 2 TB/s"),
-    ("H100-NVL-94GB", "nvidia", 3900, 94, 4, 18, 25.0, 5, True, "NVIDIA H100 datasheet: H100 NVL 3.9 TB/s"),
+    ("H100-PCIE-80GB", "nvidia", 2000, 80, 4, 12, 25.0, 5, True, "NVIDIA H100 datasheet: H100 PCIe 2 TB/s"),
+    ("H100-NVL-94GB", "nvidia", 3900, 94, 4, 12, 25.0, 5, True, "NVIDIA H100 datasheet: H100 NVL 3.9 TB/s"),
     ("H200-SXM-141GB", "nvidia", 4800, 141, 4, 18, 25.0, 5, True, "HARDWARE.md: H200 4.8 TB/s, NVLink 4"),
     ("B200", "nvidia", 8000, 180, 5, 18, 50.0, 5, True, "HARDWARE.md: B200 8 TB/s, NVLink 5"),
     # NOTE: GeForce cards do not do PCIe peer-to-peer (HARDWARE.md PCIe 4.0 row, RTX 4090);

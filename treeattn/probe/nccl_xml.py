@@ -240,7 +240,8 @@ def _gpus(d: NodeDraft, found: _Found, catalog: GpuCatalog, source: str) -> None
     for pci, _, _ in items:
         vendor, device = _hex(pci, "vendor", source), _hex(pci, "device", source)
         spec = gpu_spec_by_pci_id(vendor, device) if vendor is not None and device is not None else None
-        names.append(spec.model if spec else (f"unknown PCI {vendor:#06x}:{device:#06x}" if device else ""))
+        known_ids = vendor is not None and device is not None
+        names.append(spec.model if spec else (f"unknown PCI {vendor:#06x}:{device:#06x}" if known_ids else ""))
     known_names = tuple(names) if all(names) else ()
     specs = GpuCatalog(known_names, catalog.model).apply(d, len(items), source)
     bus_to_gpu: dict[str, str] = {}

@@ -222,7 +222,6 @@ def sysfs_to_draft(root: str | Path = "/", catalog: GpuCatalog | None = None) ->
         return parent or "", *best
 
     for b in sorted(branch):
-        dev = pci.get(b)
         d.add(Device(names[b], DeviceKind.PCIE_SWITCH, 0))
     for b in sorted(branch):
         dev = pci.get(b)
