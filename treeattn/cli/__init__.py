@@ -49,7 +49,10 @@ def main(args: list[str] | None = None) -> None:
         err_console.print("aborted")
         sys.exit(130)
     except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
+        try:
+            import click
+        except ImportError:  # typer >= 0.22 vendors click as typer._click
+            from typer import _click as click
 
         if isinstance(exc, click.exceptions.UsageError):
             exc.show()
