@@ -2,10 +2,13 @@
 
 Each rank's process starts in a session of its own, so a Ctrl-C at the terminal reaches only
 treeattn, which then stops every rank itself (SIGTERM, then SIGKILL) before the cluster goes.
+Each also gets SIGKILL should treeattn die first (``kill -9``): ``ip netns exec`` execs the
+command in place, so the rank is the direct child the signal is armed on.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -84,6 +87,7 @@ def run_in_namespaces(
                 env=env,
                 cwd=cwd,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
             procs[r] = (proc, out, err)
         deadline = time.monotonic() + timeout_s
@@ -114,6 +118,14 @@ def run_in_namespaces(
             tail = " | ".join(bad[0].stderr.strip().splitlines()[-3:])
             raise ExecutionError(f"rank {bad[0].rank} exited with status {bad[0].returncode}: {tail}")
     return tuple(results)
+
+
+def _die_with_parent() -> None:
+    # NOTE: runs in the child between fork and exec; Linux only, silently skipped elsewhere.
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
