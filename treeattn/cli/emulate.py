@@ -238,8 +238,9 @@ def run_cmd(
         raise InputError(f"{plan_file} has {plan.ranks} ranks but {topo.name!r} places {topo.num_ranks}; "
                          "pick a plan made for it or use --ranks")
     if plan.topology.fingerprint != topo.fingerprint:
-        err_console.print(f"[yellow]warning:[/] {escape(str(plan_file))} was made for {escape(plan.topology.name)!s}, "
-                          f"not {escape(topo.name)}; predictions are for the emulated topology")
+        err_console.print(f"[yellow]warning:[/] {escape(str(plan_file))} was made for {escape(plan.topology.name)} "
+                          f"({plan.topology.fingerprint}), the emulated topology is {escape(topo.name)} "
+                          f"({topo.fingerprint}); predictions are for the emulated one")
     options = RunOptions(repeats=repeats, warmup=warmup, timeout_s=timeout, backend="gloo", seed=seed,
                          baselines=baselines)
     names = (RAW_BASELINES if plan.is_raw else ATTENTION_BASELINES) if baselines else ()
