@@ -39,7 +39,7 @@ def main(args: list[str] | None = None) -> None:
     """Entry point of the console script (``args`` defaults to ``sys.argv[1:]``)."""
     _register()
     try:
-        app(args=args, standalone_mode=False)
+        rc = app(args=args, standalone_mode=False)
     except TreeattnError as exc:
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)
         sys.exit(exc.exit_code)
@@ -61,3 +61,6 @@ def main(args: list[str] | None = None) -> None:
             exc.show()
             sys.exit(exc.exit_code)
         raise
+    # Not standalone, typer returns an exit status instead of raising (Ctrl-C gives 130).
+    if isinstance(rc, int) and rc:
+        sys.exit(rc)
