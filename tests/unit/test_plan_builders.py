@@ -46,7 +46,7 @@ def test_registry_describes_every_algorithm() -> None:
 def test_parent_list_helpers() -> None:
     assert parents_star(4) == [-1, 0, 0, 0]
     assert parents_chain(4, root=2) == [3, 0, -1, 2]
-    assert parents_kary(7, 3) == [-1, 0, 0, 0, 1, 1, 1]
+    assert parents_kary(7, fanout=3) == [-1, 0, 0, 0, 1, 1, 1]
     assert parents_binomial(8) == [-1, 0, 0, 2, 0, 4, 4, 6]
     assert parents_binomial(4, order=[3, 2, 1, 0]) == [1, 3, 3, -1]
     assert check_parents([None, 0, 1]) == [-1, 0, 1]
@@ -178,7 +178,7 @@ def random_trees(draw: st.DrawFn) -> list[int]:
     return parents
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(random_trees(), st.integers(1, 5), st.sampled_from(["all", "root"]), st.booleans())
 def test_any_tree_plan_validates(parents: list[int], chunks: int, result: str, is_raw: bool) -> None:
     p = len(parents)
@@ -188,7 +188,7 @@ def test_any_tree_plan_validates(parents: list[int], chunks: int, result: str, i
     assert plan.params["parents"] == parents
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(st.sampled_from(sorted(ALGORITHMS)), st.integers(1, 12), st.integers(1, 4), st.booleans(),
        st.permutations(range(12)))
 def test_any_algorithm_at_any_size_validates(name: str, p: int, chunks: int, is_raw: bool, perm: list[int]) -> None:

@@ -25,7 +25,7 @@ def raw(p: int) -> RawPayload:
 def extra_params(name: str, p: int) -> dict:
     """Parameters an algorithm needs (or that exercise its options) at p ranks."""
     if name == "tree":
-        return {"parents": parents_kary(p, 3)}
+        return {"parents": parents_kary(p, fanout=3)}
     if name == "hierarchical":
         return {"group_size": 3, "intra": "chain", "inter": "binomial"}
     if name == "multirail":

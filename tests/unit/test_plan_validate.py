@@ -208,7 +208,7 @@ def tree_plans(draw: st.DrawFn) -> Plan:
     return tree_plan(parents, attention(p), REF, chunks=draw(st.integers(1, 4)))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(tree_plans(), st.data())
 def test_mutations_of_tree_plans_are_caught(plan: Plan, data: st.DataObject) -> None:
     parents = plan.params["parents"]
@@ -224,7 +224,7 @@ def test_mutations_of_tree_plans_are_caught(plan: Plan, data: st.DataObject) -> 
     assert first(with_program(plan, r, split_step(prog, i_recv, i_send))).kind is V.DEADLOCK
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.sampled_from(sorted(ALGORITHMS)), st.integers(2, 9), st.integers(1, 3), st.data())
 def test_dropping_any_op_of_any_plan_is_caught(name: str, p: int, chunks: int, data: st.DataObject) -> None:
     spec = ALGORITHMS[name]

@@ -267,7 +267,7 @@ def _build_chain(a: _Args) -> Plan:
 
 def _build_kary(a: _Args) -> Plan:
     order = positions(a.p, a.root, a.order)
-    return _tree(a, "kary", parents_kary(a.p, a.fanout, order=order), {"order": order, "fanout": a.fanout})
+    return _tree(a, "kary", parents_kary(a.p, order=order, fanout=a.fanout), {"order": order, "fanout": a.fanout})
 
 
 def _build_binomial(a: _Args) -> Plan:

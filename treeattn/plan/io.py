@@ -141,7 +141,7 @@ class _PlanFile(BaseModel):
     chunks: _Pos
     result_ranks: list[_NonNeg]
     contributors: list[_NonNeg] | None = None
-    predicted_us: StrictFloat | StrictInt | None = None
+    predicted_us: StrictFloat | None = None
     topology: _TopologyFile
     workload: Annotated[_AttentionFile | _RawFile, Field(discriminator="kind")]
     params: dict[str, Any] = Field(default_factory=dict)
@@ -316,56 +316,68 @@ def plan_from_dict(data: Any, *, source: str = "<data>") -> Plan:
 
 
 _PROGRAMS = re.compile(r"^programs:\n", re.M)
-_KEY = re.compile(r"^[a-z_]+$")
-_INT = re.compile(r"^-?(?:0|[1-9][0-9]*)$")
-_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NUM = r"-?(?:0|[1-9][0-9]*)"
+_OP_RE = (r"\{kind: (?:compute|send|recv_merge|recv_copy|collective), step: " + _NUM
+          + r"(?:, peer: " + _NUM + r")?(?:, chunk: " + _NUM + r")?(?:, block: " + _NUM + r")?"
+          + r"(?:, coll: (?:allreduce|allgather), reduce: (?:max|sum|merge), part: (?:lse|num|den|partial))?\}")
+_BODY = re.compile(r"(?:(?:  #[^\n]*|  - \[\]|  - - " + _OP_RE + r"|    - " + _OP_RE + r")?\n)*")
+_TO_JSON = [("{kind: ", '{"kind": "'), (", step: ", '", "step": '), (", peer: ", ', "peer": '),
+            (", chunk: ", ', "chunk": '), (", block: ", ', "block": '), (", coll: ", ', "coll": "'),
+            (", reduce: ", '", "reduce": "'), (", part: ", '", "part": "')] + [
+    (f'"part": "{part}}}', f'"part": "{part}"}}') for part in PARTS]
+_INT_LIST = re.compile(r"^( {0,2})([A-Za-z_][A-Za-z0-9_]*): (\[[-0-9, ]*\])$")
 
 
 def _fast_yaml(text: str) -> dict[str, Any] | None:
     """Parse a plan file in the exact layout ``dump_plan`` writes, or return None.
 
-    PyYAML builds every node in Python (about 80 s for a 16,384-rank plan); the programs
-    section of our own layout is one op per line, which is parsed here directly to the same
-    values YAML would give. Anything unexpected in that section (other indentation, quoting,
-    comments after an op, other scalars) returns None and the caller parses with YAML.
+    PyYAML builds every node in Python (about 80 s for a 16,384-rank plan). The programs
+    section of our own layout (one flow mapping per op, fixed key order, closed vocabulary)
+    is checked against one regular expression and rewritten into JSON, and so are the
+    header's lists of integers (parent lists, orders): both give the values YAML would.
+    Any other layout of the programs (hand edits, comments after an op, other scalars or
+    key orders) returns None and the caller parses the whole file with YAML.
     """
     found = list(_PROGRAMS.finditer(text))
     if len(found) != 1:
         return None
-    programs: list[list[dict[str, Any]]] = []
-    cur: list[dict[str, Any]] | None = None
-    for line in text[found[0].end():].split("\n"):
-        if line.startswith("    - {") and line.endswith("}") and cur is not None:
-            inner = line[7:-1]
-        elif line.startswith("  - - {") and line.endswith("}"):
-            cur = []
-            programs.append(cur)
-            inner = line[7:-1]
+    body = text[found[0].end():]
+    if not body.endswith("\n") or not _BODY.fullmatch(body):
+        return None
+    for old, new in _TO_JSON:
+        body = body.replace(old, new)
+    ranks: list[list[str]] = []
+    for line in body.split("\n"):
+        if line.startswith("    - "):
+            if not ranks:
+                return None
+            ranks[-1].append(line[6:])
+        elif line.startswith("  - - "):
+            ranks.append([line[6:]])
         elif line == "  - []":
-            programs.append([])
-            cur = None
-            continue
-        elif not line or line.startswith("  #"):
-            continue
-        else:
-            return None
-        op: dict[str, Any] = {}
-        for item in inner.split(", "):
-            key, sep, val = item.partition(": ")
-            if not sep or key in op or not _KEY.match(key):
-                return None
-            if _INT.match(val):
-                op[key] = int(val)
-            elif val == "null":
-                op[key] = None
-            elif _WORD.match(val) and val.lower() not in _RESERVED:
-                op[key] = val
-            else:
-                return None
-        cur.append(op)  # type: ignore[union-attr]
-    data = yaml.load(text[:found[0].start()], Loader=_SafeLoader)  # noqa: S506 - a safe loader
+            ranks.append([])
+    lines = text[:found[0].start()].split("\n")
+    lists: list[tuple[str | None, str, list[int]]] = []
+    parent = None
+    try:
+        programs = json.loads("[" + ",".join("[" + ",".join(ops) + "]" for ops in ranks) + "]")
+        for i, line in enumerate(lines):
+            if not line.startswith(" "):
+                parent = line[:-1] if line.endswith(":") and _PLAIN.match(line[:-1]) else None
+            m = _INT_LIST.match(line)
+            if m and m.group(2).lower() not in _RESERVED and (not m.group(1) or parent):
+                lists.append((parent if m.group(1) else None, m.group(2), json.loads(m.group(3))))
+                lines[i] = f"{m.group(1)}{m.group(2)}: []"
+    except ValueError:
+        return None
+    data = yaml.load("\n".join(lines), Loader=_SafeLoader)  # noqa: S506 - a safe loader
     if not isinstance(data, dict) or "programs" in data:
         return None
+    for parent, key, values in lists:
+        where = data.get(parent) if parent else data
+        if not isinstance(where, dict) or where.get(key) != []:
+            return None
+        where[key] = values
     data["programs"] = programs
     return data
 

@@ -89,11 +89,12 @@ def parents_chain(p: int, root: int | None = None, order: Sequence[int] | None =
     return _place([-1] + list(range(p - 1)), positions(p, root, order))
 
 
-def parents_kary(p: int, fanout: int = 2, root: int | None = None, order: Sequence[int] | None = None) -> list[int]:
+def parents_kary(p: int, root: int | None = None, order: Sequence[int] | None = None, *,
+                 fanout: int = 2) -> list[int]:
     """Complete k-ary tree in heap layout: position i sends to (i - 1) // fanout.
 
     Args:
-        p: ranks. fanout: children per node (>= 1). root: the root rank. order: ranks by position.
+        p: ranks. root: the root rank. order: ranks by position. fanout: children per node (>= 1).
 
     Returns:
         The parent list.
@@ -134,7 +135,7 @@ def parents_of_shape(shape: str, p: int, *, root: int | None = None, order: Sequ
     if shape == "chain":
         return parents_chain(p, root, order)
     if shape == "kary":
-        return parents_kary(p, fanout, root, order)
+        return parents_kary(p, root, order, fanout=fanout)
     if shape == "binomial":
         return parents_binomial(p, root, order)
     raise InfeasiblePlanError(f"unknown tree shape {shape!r}; choose one of {', '.join(SHAPES)}")
