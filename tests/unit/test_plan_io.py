@@ -156,3 +156,15 @@ def test_older_versions_are_upgraded(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setitem(UPGRADES, 0, v0_to_v1)
     assert load_plan(json.dumps(old)) == plan
+
+
+def test_example_plans_load_validate_and_redump_identically() -> None:
+    from treeattn.plan import check
+
+    folder = Path(__file__).resolve().parents[2] / "plans" / "examples"
+    paths = sorted(folder.glob("*.yaml")) + sorted(folder.glob("*.json"))
+    assert len(paths) >= 5
+    for path in paths:
+        plan = load_plan(path)
+        check(plan)
+        assert dump_plan(plan, "json" if path.suffix == ".json" else "yaml") == path.read_text()

@@ -37,6 +37,9 @@ def verify_cmd(
         return
     where = "every rank" if len(plan.result_ranks) == plan.ranks else (
         "rank " + ", ".join(map(str, plan.result_ranks[:8])) + (" ..." if len(plan.result_ranks) > 8 else ""))
-    moves = f"{report.transfers} transfers" + (f", {report.collectives} collectives" if report.collectives else "")
-    typer.echo(f"{plan_file}: valid {plan.algorithm} plan: {report.ranks} ranks, {report.chunks} chunks, "
-               f"{report.ops} ops in {report.steps} steps, {moves}; result on {where}")
+    def n(count: int, word: str) -> str:
+        return f"{count} {word}" + ("" if count == 1 else "s")
+
+    moves = n(report.transfers, "transfer") + (f", {n(report.collectives, 'collective')}" if report.collectives else "")
+    typer.echo(f"{plan_file}: valid {plan.algorithm} plan: {n(report.ranks, 'rank')}, {n(report.chunks, 'chunk')}, "
+               f"{n(report.ops, 'op')} in {n(report.steps, 'step')}, {moves}; result on {where}")
