@@ -168,14 +168,7 @@ def validate(plan: Plan, *, max_violations: int = 20) -> ValidationReport:
 
 # -- implementation --------------------------------------------------------------------
 
-_SEND, _MERGE, _COPY, _COMPUTE, _COLL = 0, 1, 2, 3, 4
-_CODE = {
-    OpKind.SEND: _SEND,
-    OpKind.RECV_MERGE: _MERGE,
-    OpKind.RECV_COPY: _COPY,
-    OpKind.COMPUTE: _COMPUTE,
-    OpKind.COLLECTIVE: _COLL,
-}
+_SEND, _MERGE, _COPY, _COMPUTE, _COLL = 0, 1, 2, 3, 4  # op kinds as small ints (transfers <= _COPY)
 _TRIO = {"lse": "max", "num": "sum", "den": "sum"}
 
 
