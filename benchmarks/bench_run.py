@@ -9,6 +9,7 @@ Rows are also written to results/bench_run-<time>.csv.
 
     .venv/bin/python benchmarks/bench_run.py                     # B in {1, 64}, N = 64K per rank
     .venv/bin/python benchmarks/bench_run.py --quick             # small shapes, seconds
+    .venv/bin/python benchmarks/bench_run.py --tokens-per-rank 16  # merge-bound: communication only
 
 NOTE: B = 64 with 64K tokens per rank needs 17 GB of bf16 K/V per rank (68 GB for 4 ranks,
 twice that while ring attention holds two blocks); on a machine with less memory the script
@@ -69,7 +70,7 @@ def main() -> None:
         args.batches, args.tokens_per_rank, args.repeats, args.warmup = "1,4", 1024, 3, 1
     p = args.ranks
     topo = resolve(f"cpu:ranks={p}")
-    console = Console()
+    console = Console(width=160)
     console.print(f"{p} local ranks, gloo, {os.cpu_count()} CPU cores; llama-3.1-8b (Hq 32, Hkv 8, D 128), bf16 KV")
     table = Table(title="measured per decode step and layer (µs): median ± half p10-p90, max over ranks")
     for col in ("B", "N/rank", "method", "measured", "±", "predicted", "correct", "plan / allreduce3",

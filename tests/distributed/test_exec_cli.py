@@ -52,6 +52,17 @@ def test_run_end_to_end_json(tmp_path):
     assert len(timeline) == plan_ops and set(timeline["rank"]) == {0, 1}
 
 
+def test_run_under_torchrun(tmp_path):
+    # Each torchrun worker is one rank and runs in-process; only rank 0 prints the rows.
+    path = plan_file(tmp_path, build("butterfly", W2, resolve("cpu:ranks=2")))
+    args = [str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "2", "--no-python", TREEATTN, "run",
+            str(path), "--repeats", "2", "--warmup", "0", "--json", "--out", str(tmp_path / "r.csv")]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert len(rows) == 1 and rows[0]["correct"] is True and rows[0]["algorithm"] == "butterfly"
+
+
 def test_run_table_warns_on_other_topology_and_fails_loudly_on_a_dead_rank(tmp_path, monkeypatch):
     plan = build("star", W2, TopologyRef("elsewhere", "sha256:feedfeedfeedfeed"))
     path = plan_file(tmp_path, plan)
@@ -89,7 +100,7 @@ def test_corrupt_and_invalid_plans_are_refused_before_launch(tmp_path, monkeypat
 def test_rank_count_mismatch_under_torchrun_exits_2(tmp_path, monkeypatch):
     path = plan_file(tmp_path, build("star", W2, TopologyRef("t", "f")))
     for key, value in {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": "29999"}.items():
+                       "MASTER_PORT": "29999", "TORCHELASTIC_RUN_ID": "t"}.items():
         monkeypatch.setenv(key, value)
     res = run_cli("run", str(path))
     assert res.exit_code == 2

@@ -69,7 +69,8 @@ def test_hung_peer_times_out(monkeypatch):
 
 
 def test_world_size_mismatch_under_a_launcher():
-    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
+           "TORCHELASTIC_RUN_ID": "t"}
     with pytest.raises(InputError, match="torchrun started 2 processes but the plan has 3 ranks") as info:
         launch(Job((PlanJob("p", build("star", W3, REF)),)), environ=env)
     assert info.value.exit_code == 2
@@ -77,6 +78,8 @@ def test_world_size_mismatch_under_a_launcher():
 
 def test_launcher_detection():
     assert detect_env({}) is None
+    plain = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "5"}
+    assert detect_env(plain).launcher == "the RANK/WORLD_SIZE launcher" and detect_env(plain).local_rank == 0
     assert detect_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None
     slurm = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "MASTER_ADDR": "h", "MASTER_PORT": "5"}
     placed = detect_env(slurm)

@@ -202,8 +202,8 @@ def reference_attention(workload: Workload, seed: int, ranks: tuple[int, ...] | 
     """Exact attention over the full KV (or the shards of ``ranks``), in fp64, by a plain
     softmax over all tokens at once (no merge operator involved).
 
-    Rebuilds the cache from the seeds, one batch element and ``KV_BLOCK`` x 64 tokens at a
-    time, so memory stays at O(Hq x N) scores per batch element.
+    Rebuilds the cache from the seeds one batch element at a time: memory stays at the
+    scores (Hq x N fp64) and V (Hkv x N x D in the KV dtype) of one batch element.
 
     Args:
         workload: the shape.
@@ -229,18 +229,19 @@ def reference_attention(workload: Workload, seed: int, ranks: tuple[int, ...] | 
     for b in range(w.batch):
         qb = q[b].reshape(w.kv_heads, g, d)
         scores = torch.empty((w.kv_heads, g, n), dtype=torch.float64)
+        values = []  # V kept in the KV dtype between the two passes (a quarter of fp64)
         at = 0
         for s, e in spans:
-            k = make_kv(w, s, e, seed, batch=(b, b + 1))[0, 0].double()
-            scores[..., at : at + e - s] = torch.matmul(qb, k.transpose(-1, -2)) / math.sqrt(d)
+            kv = make_kv(w, s, e, seed, batch=(b, b + 1))
+            scores[..., at : at + e - s] = torch.matmul(qb, kv[0, 0].double().transpose(-1, -2)) / math.sqrt(d)
+            values.append(kv[1, 0])
             at += e - s
         lse = torch.logsumexp(scores, dim=-1)
         probs = torch.exp(scores - lse.unsqueeze(-1))
         o = torch.zeros((w.kv_heads, g, d), dtype=torch.float64)
         at = 0
-        for s, e in spans:
-            v = make_kv(w, s, e, seed, batch=(b, b + 1))[1, 0].double()
-            o += torch.matmul(probs[..., at : at + e - s], v)
+        for (s, e), v in zip(spans, values, strict=True):
+            o += torch.matmul(probs[..., at : at + e - s], v.double())
             at += e - s
         outs.append(o.reshape(w.q_heads, d))
         lses.append(lse.reshape(w.q_heads))

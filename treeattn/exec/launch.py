@@ -40,7 +40,7 @@ class RankEnv:
     """Where an external launcher put this process."""
 
     launcher: str
-    """``torchrun`` or ``slurm``."""
+    """``torchrun``, ``slurm`` or ``the RANK/WORLD_SIZE launcher``."""
     rank: int
     world: int
     local_rank: int
@@ -58,8 +58,10 @@ def detect_env(environ: dict[str, str] | None = None) -> RankEnv | None:
     env = os.environ if environ is None else environ
     try:
         if "RANK" in env and "WORLD_SIZE" in env:
-            _need(env, ("MASTER_ADDR", "MASTER_PORT"), "torchrun-style RANK/WORLD_SIZE")
-            return RankEnv("torchrun", int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0")))
+            # torchrun marks its workers; other launchers (treeattn emulate, scripts) set the same variables.
+            who = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "the RANK/WORLD_SIZE launcher"
+            _need(env, ("MASTER_ADDR", "MASTER_PORT"), who)
+            return RankEnv(who, int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0")))
         if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
             _need(env, ("MASTER_ADDR", "MASTER_PORT"), "SLURM")
             return RankEnv("slurm", int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]),

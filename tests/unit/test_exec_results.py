@@ -1,0 +1,77 @@
+"""Result rows, CSV/JSON output and prediction set-up of ``treeattn run`` (no processes started)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from treeattn.errors import TopologyError
+from treeattn.exec.interpreter import OpTiming
+from treeattn.exec.predict import predict, resolve_topology
+from treeattn.exec.results import COLUMNS, result_rows, rows_json, timeline_rows, workload_label, write_csv
+from treeattn.exec.runner import JobResult, Measurement
+from treeattn.plan.builders import build
+from treeattn.plan.ir import Op, OpKind, TopologyRef
+from treeattn.topology.library import resolve
+from treeattn.workload import RawPayload, Workload
+
+W = Workload(batch=2, q_heads=8, kv_heads=2, head_dim=16, split=(10, 0, 5, 7), kv_dtype="bf16", model=None)
+
+
+def test_workload_label():
+    assert workload_label(W) == "B2 Hq8/2 D16 N22 bf16/fp32 split=10,0,5,7"
+    even = Workload.create(ranks=4, seq_len=4096, model="llama-3.1-8b")
+    assert workload_label(even) == "llama-3.1-8b B1 Hq32/8 D128 N4096 bf16/fp32"
+    assert workload_label(RawPayload(nbytes=1024, ranks=2)) == "raw 1024B fp32 sum"
+
+
+def test_measurement_statistics():
+    m = Measurement("p", "plan", "explicit", (5.0, 1.0, 3.0, 2.0, 4.0), max_rel_err=1e-6, tolerance=1e-5,
+                    checked_ranks=(0,))
+    assert m.median_us == 3.0 and m.correct
+    assert m.spread_us == pytest.approx(4.6 - 1.4)
+    assert not Measurement("p", "plan", "explicit", (1.0,), 2e-5, 1e-5, (0,)).correct
+
+
+def test_rows_csv_json_and_timeline(tmp_path):
+    topo = resolve("cpu:ranks=4")
+    plan = build("star", W, topo)
+    timing = OpTiming(0, 0, Op(OpKind.COMPUTE, 0), 1.0, 9.5)
+    ms = (Measurement("a.yaml", "plan", "explicit", (10.0, 20.0, 30.0), 1e-7, 2e-2, (0,), (timing,)),
+          Measurement("a.yaml", "allreduce3", "explicit", (40.0,), float("inf"), 2e-2, (0, 1, 2, 3)))
+    preds = predict(plan, topo, ("allreduce3",))
+    frame = result_rows(JobResult(ms, "gloo", "cpu", 4), {"a.yaml": plan}, {"a.yaml": preds}, "rid")
+    assert list(frame.columns) == list(COLUMNS)
+    plan_row, base_row = frame.to_dict(orient="records")
+    assert plan_row["measured_median_us"] == 20.0 and plan_row["correct"] and plan_row["topology"] == topo.name
+    assert plan_row["predicted_us"] > 0
+    assert plan_row["rel_error"] == pytest.approx(20.0 / plan_row["predicted_us"] - 1, abs=1e-4)
+    assert not base_row["correct"] and pd.isna(base_row["max_rel_err"])
+    rows = json.loads(rows_json(frame))
+    assert rows[1]["max_rel_err"] is None and rows[0]["method"] == "plan"
+    path = tmp_path / "out" / "r.csv"
+    write_csv(frame, path)
+    write_csv(frame, path)  # appends without a second header
+    again = pd.read_csv(path)
+    assert len(again) == 4 and list(again.columns) == list(COLUMNS)
+    tl = timeline_rows(JobResult(ms, "gloo", "cpu", 4), "rid")
+    assert tl.to_dict(orient="records")[0]["kind"] == "compute" and len(tl) == 1
+
+
+def test_topology_resolution_and_warnings():
+    topo = resolve("cpu:ranks=4")
+    mine = build("star", W, topo)
+    assert resolve_topology(mine, None) == (topo, [])
+    other = build("star", W, TopologyRef("dgx-h100", "sha256:0123456789abcdef"))
+    found, warnings = resolve_topology(other, None)
+    assert found.num_ranks == 4 and any("predictions may not match" in w for w in warnings)
+    unknown = build("star", W, TopologyRef("no-such-machine", "sha256:0"))
+    found, warnings = resolve_topology(unknown, None)
+    assert found.fingerprint == topo.fingerprint and warnings
+    with pytest.raises(TopologyError):
+        resolve_topology(mine, "no-such-topology")
+    none, warnings = resolve_topology(mine, "cpu:ranks=2")
+    assert none is None and any("predictions skipped" in w for w in warnings)
+    assert predict(mine, None, ("allreduce3",)).us == {"plan": None, "allreduce3": None}
