@@ -10,6 +10,7 @@ scored trees is spent.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -162,8 +163,11 @@ def hill_climb(
     per_round: int,
     near: Sequence[Sequence[int]] | None = None,
     start_score: float | None = None,
+    on_move: Callable[[float], None] | None = None,
+    patience: int = 2,
+    kicks: int = 0,
 ) -> ClimbResult:
-    """Best-improvement local search over sampled neighbourhoods.
+    """Best-improvement local search over sampled neighbourhoods, with optional kicks.
 
     Args:
         start: the initial tree.
@@ -171,21 +175,29 @@ def hill_climb(
         rng: seeded generator: the climb is deterministic for a given seed and score.
         budget: trees scored in all.
         per_round: moves sampled per round; the best strict improvement (by more than
-            1e-9 relative) is taken, and the climb stops after a round without one.
+            1e-9 relative) is taken.
         near: see ``propose``.
         start_score: score of ``start`` if the caller has it already.
+        on_move: told the current tree's score whenever it changes (``inf`` just before a
+            kicked tree is scored): a caller may skip simulating trees that cannot beat it.
+        patience: rounds without an improvement before the climb is stuck.
+        kicks: when stuck, up to this many times restart from the best tree with two
+            random moves applied (iterated local search), while budget remains.
 
     Returns:
-        The best tree found, its score, trees scored and the moves taken.
+        The best tree found, its score, trees scored and the moves from ``start`` to it.
     """
     cur = tuple(start)
     cur_score = score(cur) if start_score is None else start_score
+    best_par, best_score = cur, cur_score
+    path: list[str] = []
+    best_path: list[str] = []
     evaluated = 0
-    taken: list[str] = []
     visited = {cur}
+    stale = 0
     while evaluated < budget:
         moves = propose(cur, rng, min(per_round, budget - evaluated), near)
-        best: tuple[float, tuple[int, ...], Move] | None = None
+        found: tuple[float, tuple[int, ...], Move] | None = None
         for m in moves:
             nxt = apply_move(cur, m)
             if nxt is None or nxt in visited:
@@ -193,12 +205,39 @@ def hill_climb(
             visited.add(nxt)
             s = score(nxt)
             evaluated += 1
-            if s < cur_score * (1 - 1e-9) and (best is None or s < best[0]):
-                best = (s, nxt, m)
+            if s < cur_score * (1 - 1e-9) and (found is None or s < found[0]):
+                found = (s, nxt, m)
             if evaluated >= budget:
                 break
-        if best is None:
+        if found is not None:
+            cur_score, cur = found[0], found[1]
+            path.append(str(found[2]))
+            stale = 0
+            if cur_score < best_score:
+                best_par, best_score, best_path = cur, cur_score, list(path)
+            if on_move is not None:
+                on_move(cur_score)
+            continue
+        stale += 1
+        if stale < patience:
+            continue
+        if kicks <= 0 or evaluated >= budget:
             break
-        cur_score, cur = best[0], best[1]
-        taken.append(str(best[2]))
-    return ClimbResult(cur, cur_score, evaluated, tuple(taken))
+        kicks -= 1
+        stale = 0
+        cur, path = best_par, list(best_path)
+        for m in propose(cur, rng, 2, near)[:2]:
+            nxt = apply_move(cur, m)
+            if nxt is not None:
+                cur = nxt
+                path.append("kick:" + str(m))
+        if on_move is not None:
+            on_move(math.inf)
+        cur_score = score(cur)
+        evaluated += 1
+        visited.add(cur)
+        if on_move is not None:
+            on_move(cur_score)
+        if cur_score < best_score:
+            best_par, best_score, best_path = cur, cur_score, list(path)
+    return ClimbResult(best_par, best_score, evaluated, tuple(best_path))
