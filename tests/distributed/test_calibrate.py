@@ -1,0 +1,65 @@
+"""``treeattn calibrate`` end to end on local gloo ranks (never asserts a timing)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from treeattn.probe.calibrate import CalibrateOptions, calibrate
+from treeattn.topology.io import load_topology
+from treeattn.topology.library import resolve
+
+TREEATTN = str(Path(sys.executable).with_name("treeattn"))
+
+
+def _finite_positive(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_cli_end_to_end_on_two_ranks(tmp_path):
+    out, png = tmp_path / "cpu2.yaml", tmp_path / "fit.png"
+    args = [TREEATTN, "calibrate", "-t", "cpu:ranks=2", "--max-size", "16MiB", "--sizes", "3", "--repeats", "3",
+            "--warmup", "0", "--round-trips", "1,2", "--compute", "sum", "--out", str(out), "--png", str(png),
+            "--json"]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    (cls,) = report["classes"]
+    assert cls["name"] == "loopback" and cls["pair"] == [0, 1]
+    assert [p["nbytes"] for p in cls["points"]] == [4, 4, 8192, 8192, 1 << 24, 1 << 24]
+    assert cls["alpha_us"] >= 0 and cls["skew_us"] >= 0 and _finite_positive(cls["beta_gbps"])
+    assert all(_finite_positive(c["measured_us"]) and _finite_positive(c["predicted_us"]) for c in report["cases"])
+    assert report["compute"]["kernel"] == "sum" and _finite_positive(report["compute"]["eff_bw_gbps"])
+    # The written topology loads back, is the one reported, and carries positive, finite figures.
+    topo = load_topology(out)
+    assert topo.fingerprint == report["fingerprint"] and topo.num_ranks == 2
+    (ln,) = topo.links
+    assert _finite_positive(ln.bw_gbps) and math.isfinite(ln.latency_us) and ln.latency_us >= 0
+    assert ln.bw_gbps == cls["beta_gbps"]
+    cost = topo.cost
+    assert math.isfinite(cost.overhead_us) and _finite_positive(cost.launch_us + 1e-9)
+    assert 0 < cost.mem_efficiency <= 1
+    assert cost.overhead_us + ln.latency_us == pytest.approx(cls["alpha_us"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_contention_cases_on_four_ranks():
+    # Sizes far apart, so that the fit sees time grow with size however loaded the machine is.
+    opt = CalibrateOptions(min_bytes=4, max_bytes=16 << 20, sizes=2, round_trips=(1, 2), repeats=1, warmup=0,
+                           contention_sizes=(16 << 20,), compute="none")
+    report = calibrate(resolve("cpu:ranks=4"), opt)
+    kinds = sorted((c.kind, c.nbytes, c.flows) for c in report.cases)
+    big = 16 << 20
+    assert kinds == [("concurrent", big, 2), ("fanin", big, 1), ("fanin", big, 3),
+                     ("pingpong", 4, 1), ("pingpong", 4, 1), ("pingpong", big, 1), ("pingpong", big, 1)]
+    # Two pairs at once and a three-way fan-in share the loopback link in the model.
+    by = {(c.kind, c.flows): c for c in report.cases if c.nbytes == big}
+    assert by[("fanin", 3)].predicted_us > by[("fanin", 1)].predicted_us
+    solo = next(c for c in report.cases if c.kind == "pingpong" and c.nbytes == big and c.round_trips == 2)
+    assert by[("concurrent", 2)].predicted_us > solo.predicted_us
+    assert report.topology.cost.launch_us == resolve("cpu:ranks=4").cost.launch_us  # --compute none keeps it

@@ -1,0 +1,105 @@
+"""``treeattn calibrate --from-nccl-tests``: fixture logs mapped onto topologies, damaged logs refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli_helpers import run_cli
+from treeattn.errors import InputError, ProbeError
+from treeattn.probe.calibrate_nccl import calibrate_from_nccl_tests
+from treeattn.probe.nccl_tests import calibrate_from_log, read_nccl_tests
+from treeattn.topology.io import load_topology
+from treeattn.topology.library import resolve
+
+FIX = Path(__file__).parents[1] / "fixtures" / "nccl-tests"
+ONE = FIX / "all_reduce_perf.8xh100-1node.txt"
+FOUR = FIX / "all_reduce_perf.4x8xh100-ib400.txt"
+DGX4 = resolve("dgx-h100:nodes=4")
+
+
+def test_one_node_log_sets_the_nvlink_class():
+    cf = calibrate_from_log(read_nccl_tests(ONE))
+    result = calibrate_from_nccl_tests(DGX4, [ONE])
+    (lf,) = result.logs
+    assert (lf.scope, lf.route_class) == ("node", "nvlink>nvlink")
+    # One NVSwitch port carries all of a GPU's NVLink: it gets the whole bus bandwidth.
+    assert lf.beta_gbps == pytest.approx(cf.beta_link_gbps) and lf.alpha_us == pytest.approx(cf.alpha_step_us)
+    topo = result.topology
+    assert topo.route_bw_gbps(0, 1) == pytest.approx(cf.beta_link_gbps)
+    assert topo.cost.overhead_us + topo.route_latency_us(0, 1) == pytest.approx(cf.alpha_step_us)
+    assert topo.route_bw_gbps(0, 8) == DGX4.route_bw_gbps(0, 8)  # the network is untouched
+
+
+def test_multi_node_log_sets_one_rail_link_from_the_node_egress():
+    cf = calibrate_from_log(read_nccl_tests(FOUR))
+    result = calibrate_from_nccl_tests(DGX4, [ONE, FOUR])
+    by_scope = {lf.scope: lf for lf in result.logs}
+    net = by_scope["network"]
+    assert net.route_class.startswith("pcie>pcie>infiniband")
+    # 8 NICs of 50 GB/s per node carry the bus bandwidth: one rail link gets an eighth of it.
+    assert net.beta_gbps == pytest.approx(cf.beta_link_gbps / 8)
+    assert result.topology.route_bw_gbps(0, 8) == pytest.approx(cf.beta_link_gbps / 8)
+    # The ring's latency is mostly NVLink steps: what is left for the network is negative, so
+    # the route latency is 0 and the log says why.
+    assert any("below the overhead" in n for n in net.notes)
+    assert by_scope["node"].beta_gbps == pytest.approx(calibrate_from_log(read_nccl_tests(ONE)).beta_link_gbps)
+
+
+def test_mi300x_bus_bandwidth_is_spread_over_seven_links(tmp_path):
+    # The 1-node log again, read as if it came from an 8 x MI300X node: xGMI full mesh, so
+    # each of a GPU's seven links carries a seventh.
+    cf = calibrate_from_log(read_nccl_tests(ONE))
+    (lf,) = calibrate_from_nccl_tests(resolve("mi300x"), [ONE]).logs
+    assert lf.route_class == "xgmi" and lf.beta_gbps == pytest.approx(cf.beta_link_gbps / 7)
+
+
+def test_logs_need_enough_ranks_and_intact_files():
+    with pytest.raises(InputError, match="ran on 32 ranks but topology"):
+        calibrate_from_nccl_tests(resolve("dgx-h100:nodes=2"), [FOUR])
+    with pytest.raises(ProbeError, match="ends inside the table"):
+        calibrate_from_nccl_tests(DGX4, [FIX / "damaged" / "all_reduce_perf.truncated.txt"])
+    with pytest.raises(InputError, match="at least one log"):
+        calibrate_from_nccl_tests(DGX4, [])
+
+
+# -- CLI ---------------------------------------------------------------------------------------------
+
+
+def test_cli_writes_a_topology_that_loads_back(tmp_path):
+    out = tmp_path / "dgx4.yaml"
+    res = run_cli("calibrate", "--from-nccl-tests", str(ONE), str(FOUR), "-t", "dgx-h100:nodes=4", "-o", str(out),
+                  "--json")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert [lf["scope"] for lf in data["logs"]] == ["node", "network"]
+    topo = load_topology(out)
+    assert topo.fingerprint == data["fingerprint"]
+    assert topo.route_bw_gbps(0, 1) == pytest.approx(data["logs"][0]["class_beta_gbps"])
+
+
+def test_cli_table_and_repeated_flag():
+    res = run_cli("calibrate", "--from-nccl-tests", str(ONE), "--from-nccl-tests", str(FOUR), "-t", "dgx-h100:nodes=4")
+    assert res.exit_code == 0, res.stderr
+    assert "nccl-tests fits" in res.stdout and "below the overhead" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--from-nccl-tests", str(FIX / "damaged" / "all_reduce_perf.row-missing.txt"), "-t", "dgx-h100:nodes=4"],
+         "all_reduce_perf.row-missing.txt:"),
+        (["--from-nccl-tests", str(FIX / "damaged" / "all_reduce_perf.truncated.txt"), "-t", "dgx-h100:nodes=4"],
+         "truncated?"),
+        (["--from-nccl-tests", str(ONE)], "needs --topology"),
+        ([str(ONE)], "go after --from-nccl-tests"),
+        (["--from-nccl-tests", str(FIX / "missing.txt"), "-t", "dgx-h100:nodes=4"], "cannot read nccl-tests file"),
+    ],
+)
+def test_cli_refuses_with_one_line(args, match):
+    res = run_cli("calibrate", *args)
+    assert res.exit_code == 2
+    assert match in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1

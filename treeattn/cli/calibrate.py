@@ -1,0 +1,213 @@
+"""``treeattn calibrate``: fit link latency/bandwidth, overhead and compute constants from
+live ping-pong on this machine's ranks, or from saved nccl-tests logs."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from treeattn.cli import app, err_console
+from treeattn.cli.options import JsonOpt
+from treeattn.errors import InputError
+from treeattn.units import format_size, parse_size
+
+__all__ = ["calibrate_cmd"]
+
+_LIVE = "Live measurement"
+
+
+class Kernel(StrEnum):
+    """Which executor kernel's fit sets launch_us and mem_efficiency."""
+
+    MERGE = "merge"
+    SUM = "sum"
+    ATTENTION = "attention"
+    NONE = "none"
+
+
+class Backend(StrEnum):
+    GLOO = "gloo"
+    NCCL = "nccl"
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    logs: Annotated[list[Path] | None, typer.Argument(metavar="[LOG]...", show_default=False,
+                                                      help="More nccl-tests logs (with --from-nccl-tests).")] = None,
+    topology: Annotated[str | None, typer.Option("--topology", "-t", help="Preset name or topology YAML to measure "
+                                                 "(or map the logs onto); default: probe this machine.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the fitted topology YAML here.")] = None,
+    png: Annotated[Path | None, typer.Option("--png", help="Plot measured times against the fitted lines.")] = None,
+    from_nccl_tests: Annotated[list[Path] | None, typer.Option(
+        "--from-nccl-tests", show_default=False,
+        help="Fit from saved nccl-tests/rccl-tests output instead of measuring (all_reduce_perf, sendrecv_perf, "
+             "...; repeat the flag or list the files after it).")] = None,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed iterations per case (medians).",
+                                         rich_help_panel=_LIVE)] = 10,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.",
+                                        rich_help_panel=_LIVE)] = 2,
+    min_size: Annotated[str, typer.Option("--min-size", help="Smallest ping-pong message.",
+                                          rich_help_panel=_LIVE)] = "4B",
+    max_size: Annotated[str, typer.Option("--max-size", help="Largest ping-pong message.",
+                                          rich_help_panel=_LIVE)] = "64MiB",
+    sizes: Annotated[int, typer.Option("--sizes", min=2, help="Log-spaced sizes from min to max.",
+                                       rich_help_panel=_LIVE)] = 13,
+    round_trips: Annotated[str, typer.Option("--round-trips", help="Round-trip counts per size, e.g. 1,4 (two or "
+                                             "more separate the per-iteration skew).", rich_help_panel=_LIVE)] = "1,4",
+    contention: Annotated[bool, typer.Option("--contention/--no-contention", help="Concurrent-flow and fan-in "
+                                             "tests.", rich_help_panel=_LIVE)] = True,
+    compute: Annotated[Kernel, typer.Option("--compute", help="Kernel whose fit sets launch_us and "
+                                            "mem_efficiency (merge: attention plans; sum: raw payloads).",
+                                            rich_help_panel=_LIVE)] = Kernel.MERGE,
+    backend: Annotated[Backend | None, typer.Option("--backend", help="Default: nccl on CUDA, else gloo.",
+                                                    rich_help_panel=_LIVE)] = None,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait.",
+                                           rich_help_panel=_LIVE)] = 60.0,
+    json_out: JsonOpt = False,
+) -> None:
+    """Measure this machine's ranks (ping-pong per route class, concurrent flows, merge kernel) and
+    write the fitted latency, bandwidth, overhead and compute constants into the topology; or fit
+    them from nccl-tests logs (--from-nccl-tests LOG... --topology FILE)."""
+    from treeattn.topology.library import resolve
+
+    paths = [*(from_nccl_tests or []), *(logs or [])]
+    if logs and not from_nccl_tests:
+        raise InputError(f"unexpected argument {str(logs[0])!r}: log files go after --from-nccl-tests")
+    if paths:
+        if topology is None:
+            raise InputError("--from-nccl-tests needs --topology: the machine the logs were measured on")
+        _from_logs(resolve(topology), paths, out, json_out)
+        return
+    from treeattn.probe.calibrate import CalibrateOptions, calibrate
+
+    try:
+        trips = tuple(int(x) for x in round_trips.split(",") if x.strip())
+    except ValueError:
+        raise InputError(f"--round-trips {round_trips!r}: write counts like 1,4") from None
+    options = CalibrateOptions(min_bytes=parse_size(min_size), max_bytes=parse_size(max_size), sizes=sizes,
+                               round_trips=trips, repeats=repeats, warmup=warmup, contention=contention,
+                               compute=compute.value, backend=backend.value if backend else None, timeout_s=timeout)
+    topo = resolve(topology) if topology is not None else _probe()
+    report = calibrate(topo, options)
+    if report is None:  # a non-zero rank of torchrun/SLURM
+        return
+    _write(out, report.topology)
+    if png is not None:
+        from treeattn.probe.calibrate_plot import plot_calibration
+
+        plot_calibration(report, png)
+    if json_out:
+        typer.echo(json.dumps(report.to_dict(), sort_keys=True, indent=2))
+        return
+    _tables(report, out, png)
+
+
+def _probe():  # noqa: ANN202 - a Topology
+    from treeattn.probe import ProbeOptions, probe
+
+    return probe(ProbeOptions()).topology
+
+
+def _write(out: Path | None, topo) -> None:  # noqa: ANN001 - a Topology
+    if out is None:
+        return
+    from treeattn.topology.io import dump_topology
+
+    try:
+        out.write_text(dump_topology(topo))
+    except OSError as exc:
+        raise InputError(f"cannot write --out {str(out)!r}: {exc.strerror or exc}") from None
+
+
+def _from_logs(topo, paths: list[Path], out: Path | None, json_out: bool) -> None:  # noqa: ANN001 - a Topology
+    from treeattn.probe.calibrate_nccl import calibrate_from_nccl_tests
+
+    result = calibrate_from_nccl_tests(topo, paths)
+    _write(out, result.topology)
+    if json_out:
+        typer.echo(json.dumps(result.to_dict(), sort_keys=True, indent=2))
+        return
+    con = Console(highlight=False)
+    table = Table(title=f"nccl-tests fits mapped onto {topo.name} ({topo.num_ranks} ranks)")
+    for col in ("log", "collective", "ranks", "sizes", "α/step µs", "bus GB/s", "R²", "class", "α µs", "β GB/s"):
+        table.add_column(col, justify="left" if col in ("log", "collective", "class") else "right")
+    for lf in result.logs:
+        f = lf.fit
+        table.add_row(escape(lf.source), f.collective, str(f.ranks), f"{f.points}", f"{f.alpha_step_us:.3g}",
+                      f"{f.beta_link_gbps:.4g}", f"{f.fit.r2:.4f}", f"{lf.scope}: {lf.route_class}",
+                      f"{lf.alpha_us:.3g}", f"{lf.beta_gbps:.4g}")
+    con.print(table)
+    for lf in result.logs:
+        for note in lf.notes:
+            err_console.print(f"[yellow]note:[/] {escape(lf.source)}: {escape(note)}")
+    for w in result.warnings:
+        err_console.print(f"[yellow]warning:[/] {escape(w)}")
+    con.print(f"overhead_us stays {result.topology.cost.overhead_us:g} (nccl-tests cannot separate it)"
+              + (f"; wrote {escape(str(out))}" if out else ""))
+
+
+def _tables(report, out: Path | None, png: Path | None) -> None:  # noqa: ANN001 - a CalibrationReport
+    from treeattn.probe.calibrate import median_abs_rel_error
+
+    con = Console(highlight=False)
+    cost = report.topology.cost
+    fits = Table(title=f"Fit per route class · {report.measured_on} · {report.topology.num_ranks} ranks · "
+                       f"{report.backend} · t = α + n/β per message")
+    for col in ("class", "pair", "pairs", "α µs", "β GB/s", "skew µs", "R²", "max |resid|"):
+        fits.add_column(col, justify="left" if col == "class" else "right")
+    for c in report.classes:
+        worst = max(abs(r) / p.median_us for r, p in zip(c.fit.residuals, c.points, strict=True))
+        fits.add_row(c.route_class.name, f"{c.route_class.pair}", str(len(c.route_class.pairs)),
+                     f"{c.fit.alpha_us:.1f}", f"{c.fit.beta_gbps:.3g}", f"{c.fit.skew_us:.0f}", f"{c.fit.r2:.4f}",
+                     f"{worst:.0%}")
+    con.print(fits)
+    points = Table(title="Ping-pong iterations (µs): measured median vs the fit (skew + 2R·(α + n/β))")
+    for col in ("class", "size", "R", "measured", "±", "fitted", "residual"):
+        points.add_column(col, justify="left" if col == "class" else "right")
+    for c in report.classes:
+        for p, r in zip(c.points, c.fit.residuals, strict=True):
+            points.add_row(c.route_class.name, format_size(p.nbytes), str(p.round_trips), f"{p.median_us:,.0f}",
+                           f"{p.spread_us / 2:,.0f}", f"{p.median_us - r:,.0f}", f"{r / p.median_us:+.0%}")
+    con.print(points)
+    if report.compute is not None:
+        k = report.compute
+        con.print(f"compute ({k.kernel} kernel, {k.threads} thread{'s' * (k.threads > 1)}): launch {k.launch_us:.1f} "
+                  f"µs, {k.eff_bw_gbps:.3g} GB/s effective (R² {k.fit.r2:.3f}) → launch_us {cost.launch_us:.1f}, "
+                  f"mem_efficiency {cost.mem_efficiency:.3g}")
+    con.print(f"per-message overhead {cost.overhead_us:.1f} µs (sender-side completion of messages ≤ 1 KiB)")
+    cases = Table(title="Every measured case · predicted by the simulator on the fitted topology (µs)")
+    for col in ("case", "size", "flows", "R", "measured", "±", "predicted", "error"):
+        cases.add_column(col, justify="left" if col == "case" else "right")
+    for cs in report.cases:
+        cases.add_row(cs.kind, format_size(cs.nbytes), str(cs.flows), str(cs.round_trips), f"{cs.measured_us:,.0f}",
+                      f"{cs.spread_us / 2:,.0f}", f"{cs.predicted_us:,.0f}", f"{cs.rel_error:+.0%}")
+    con.print(cases)
+    solo = {(c.route_class, c.nbytes): c for c in report.cases if c.kind == "pingpong"
+            and c.round_trips == max(report.options.round_trips)}
+    ones = {(c.route_class, c.nbytes): c for c in report.cases if c.kind == "fanin" and c.flows == 1}
+    rows = [(c, solo.get((c.route_class, c.nbytes)) if c.kind == "concurrent" else ones.get((c.route_class, c.nbytes)))
+            for c in report.cases if c.kind in ("concurrent", "fanin") and c.flows > 1]
+    if rows:
+        share = Table(title="Contention: time with k flows at once / time with one flow")
+        for col in ("test", "size", "k", "measured ratio", "model ratio"):
+            share.add_column(col, justify="left" if col == "test" else "right")
+        for c, ref in rows:
+            if ref is None:
+                continue
+            share.add_row(c.kind, format_size(c.nbytes), str(c.flows), f"{c.measured_us / ref.measured_us:.2f}",
+                          f"{c.predicted_us / ref.predicted_us:.2f}")
+        con.print(share)
+    con.print(f"median |error| over {len(report.cases)} cases: {median_abs_rel_error(report.cases):.1%}; "
+              f"load average {report.load_avg[0]:.1f} → {report.load_avg[1]:.1f}")
+    for w in report.warnings:
+        err_console.print(f"[yellow]warning:[/] {escape(w)}")
+    wrote = [str(p) for p in (out, png) if p is not None]
+    if wrote:
+        con.print(f"wrote {escape(', '.join(wrote))}")

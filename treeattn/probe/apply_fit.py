@@ -1,0 +1,166 @@
+"""Write fitted parameters into a Topology (pure: no torch, no measurement).
+
+What goes where (the simulator's message model: ``t = overhead_us + sum(hop latency_us) +
+bytes / bottleneck bw_gbps``):
+
+* A route class (hops = the (kind, bw_gbps) of each link on the route) fitted with
+  ``alpha_us`` and ``beta_gbps``:
+
+  - latency: the links of every hop get ``latency_us`` such that the route's latency sum
+    equals ``alpha_us - overhead_us``; hops whose (kind, bw) an earlier class already set keep
+    theirs, the rest share the remainder equally (clamped at 0, with a warning);
+  - bandwidth: the bottleneck hops (lowest bw_gbps in the class) get ``beta_gbps``; other hops
+    of the route below ``beta_gbps`` are raised to it, so that the route's bottleneck is
+    ``beta_gbps``.
+
+  Links are changed by signature: every link of the topology with the hop's (kind, bw_gbps)
+  gets the new value, so all routes of a class move together. Classes are applied in order of
+  hop count (fewest first): short routes fix the links they share with longer ones.
+* ``overhead_us``, ``launch_us``: into ``topo.cost``.
+* The compute model's effective memory bandwidth: ``mem_efficiency = effective / mem_bw_gbps``
+  of the rank devices; when that exceeds 1 (or the device has no figure), the rank devices'
+  ``mem_bw_gbps`` becomes the effective bandwidth and ``mem_efficiency`` 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from treeattn.errors import InputError
+from treeattn.topology.model import CostParams, Topology
+
+__all__ = ["ClassParams", "FittedParams", "apply_fit"]
+
+Hop = tuple[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class ClassParams:
+    """Fitted message parameters of one route class."""
+
+    hops: tuple[Hop, ...]
+    """(link kind, bw_gbps) of each hop, as in the topology before fitting."""
+    alpha_us: float
+    """Time of an empty message over the route, overhead included."""
+    beta_gbps: float
+    """Bandwidth of the route."""
+
+    def __post_init__(self) -> None:
+        if not self.hops:
+            raise InputError("a route class needs at least one hop")
+        if not (math.isfinite(self.alpha_us) and math.isfinite(self.beta_gbps) and self.beta_gbps > 0):
+            raise InputError(f"class {self.hops}: alpha must be finite and beta > 0, got {self.alpha_us}, "
+                             f"{self.beta_gbps}")
+
+
+@dataclass(frozen=True, slots=True)
+class FittedParams:
+    """Everything a calibration fitted; None leaves the topology's value as it is."""
+
+    classes: tuple[ClassParams, ...] = ()
+    overhead_us: float | None = None
+    launch_us: float | None = None
+    mem_eff_bw_gbps: float | None = None
+    """Effective memory bandwidth of a merge on the rank devices (GB/s)."""
+    source: str = ""
+    """What the figures came from (added to the topology's ``sources``)."""
+
+
+def _sig(kind: str, bw: float) -> Hop:
+    return (str(kind), float(bw))
+
+
+def apply_fit(topo: Topology, fit: FittedParams, *, name: str | None = None) -> tuple[Topology, list[str]]:
+    """A copy of ``topo`` carrying the fitted parameters (see the module docstring).
+
+    Args:
+        topo: the topology measured (or the one a log is mapped onto).
+        fit: the fitted parameters.
+        name: the new topology's name (default ``<name>-calibrated``).
+
+    Returns:
+        The new topology (routable, same devices, links and ranks) and warnings about what
+        could not be applied exactly.
+
+    Examples:
+        >>> from treeattn.topology.library import resolve
+        >>> t = resolve("cpu:ranks=2")
+        >>> new, _ = apply_fit(t, FittedParams((ClassParams((("loopback", 2.0),), 50.0, 1.5),), overhead_us=20.0))
+        >>> new.links[0].latency_us, new.links[0].bw_gbps, new.cost.overhead_us
+        (30.0, 1.5, 20.0)
+    """
+    warnings: list[str] = []
+    overhead = topo.cost.overhead_us if fit.overhead_us is None else max(0.0, float(fit.overhead_us))
+    lat: dict[Hop, float] = {}
+    bw: dict[Hop, float] = {}
+    present = {_sig(ln.kind.value, ln.bw_gbps) for ln in topo.links}
+    for cls in sorted(fit.classes, key=lambda c: len(c.hops)):
+        hops = [_sig(k, b) for k, b in cls.hops]
+        label = ">".join(k for k, _ in hops)
+        missing = [h for h in hops if h not in present]
+        if missing:
+            raise InputError(f"route class {label}: topology {topo.name!r} has no {missing[0][0]} link of "
+                             f"{missing[0][1]:g} GB/s; fit and apply on the same topology")
+        _latency(hops, cls.alpha_us - overhead, lat, label, warnings)
+        _bandwidth(hops, cls.beta_gbps, bw, label, warnings)
+    links = []
+    for ln in topo.links:
+        s = _sig(ln.kind.value, ln.bw_gbps)
+        links.append(dataclasses.replace(ln, latency_us=lat.get(s, ln.latency_us), bw_gbps=bw.get(s, ln.bw_gbps)))
+    devices, eff = _memory(topo, fit.mem_eff_bw_gbps, warnings)
+    cost = CostParams(
+        overhead_us=overhead,
+        launch_us=topo.cost.launch_us if fit.launch_us is None else max(0.0, float(fit.launch_us)),
+        mem_efficiency=eff,
+    )
+    sources = tuple(topo.sources) + ((fit.source,) if fit.source else ())
+    new = Topology(name=name or f"{topo.name}-calibrated", devices=devices, links=tuple(links), ranks=topo.ranks,
+                   description=topo.description, sources=sources, cost=cost)
+    new.check_routable()
+    return new, warnings
+
+
+def _latency(hops: Sequence[Hop], total: float, lat: dict[Hop, float], label: str, warnings: list[str]) -> None:
+    fixed = sum(lat[h] for h in hops if h in lat)
+    free = [h for h in hops if h not in lat]
+    if not free:
+        if abs(fixed - total) > 0.05 * max(abs(total), 1.0):
+            warnings.append(f"class {label}: its links were set by shorter classes to a latency sum of {fixed:.2f} µs; "
+                            f"this class measured {total:.2f} µs (alpha - overhead), not applied")
+        return
+    each = (total - fixed) / len(free)
+    if each < 0:
+        warnings.append(f"class {label}: alpha - overhead leaves {total - fixed:.2f} µs for its links' latency; "
+                        "set to 0 (the overhead or shorter classes account for all of alpha)")
+        each = 0.0
+    for h in free:
+        lat[h] = each  # a signature listed twice on the route gets `each` per crossing
+
+
+def _bandwidth(hops: Sequence[Hop], beta: float, bw: dict[Hop, float], label: str, warnings: list[str]) -> None:
+    low = min(b for _, b in hops)
+    for h in dict.fromkeys(hops):
+        if h not in bw and (h[1] == low or h[1] < beta):
+            bw[h] = beta
+    got = min(bw.get(h, h[1]) for h in hops)
+    if abs(got - beta) > 0.05 * beta:
+        warnings.append(f"class {label}: shorter classes set its links so that its bottleneck is {got:.3g} GB/s; "
+                        f"this class measured {beta:.3g} GB/s, not applied")
+
+
+def _memory(topo: Topology, eff_bw: float | None, warnings: list[str]):  # noqa: ANN202 - (devices, efficiency)
+    if eff_bw is None:
+        return topo.devices, topo.cost.mem_efficiency
+    if not (math.isfinite(eff_bw) and eff_bw > 0):
+        raise InputError(f"effective memory bandwidth must be > 0, got {eff_bw}")
+    rank_devs = set(topo.ranks)
+    mem = topo.device(topo.ranks[0]).mem_bw_gbps
+    if mem > 0 and eff_bw <= mem:
+        return topo.devices, eff_bw / mem
+    warnings.append(f"measured merge bandwidth {eff_bw:.3g} GB/s exceeds the rank devices' mem_bw_gbps {mem:g}: "
+                    "mem_bw_gbps set to it, mem_efficiency 1")
+    devices = tuple(dataclasses.replace(d, mem_bw_gbps=eff_bw) if d.name in rank_devs else d for d in topo.devices)
+    return devices, 1.0

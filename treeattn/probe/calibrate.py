@@ -1,0 +1,288 @@
+"""``treeattn calibrate``: measure this machine with real torch.distributed ranks and fit the
+cost model's parameters (imports torch through ``treeattn.exec``).
+
+What runs, in one launch of the topology's ranks (``treeattn.exec.launch``: local processes,
+or those of torchrun/SLURM), every case timed by the executor exactly as ``treeattn run``
+times a plan (barrier, then the plan; median over repeats of the maximum over ranks):
+
+1. ping-pong plans between the representative pair of every route class
+   (``calibrate_plans.route_classes``), at log-spaced sizes, with 1 and more round trips;
+2. concurrent-flow plans: disjoint pairs of one class ping-ponging at once, and a fan-in
+   of several ranks into one, at a few sizes (do flows that share a link split it?);
+
+then, in this process, the executor's merge (or sum, or attention) kernel at those sizes.
+
+Fits (``calibrate_fit``): per class ``alpha_us``/``beta_gbps`` (and the per-iteration skew the
+model has not); the backend's per-message overhead from the sender-side completion times of
+the smallest messages; ``launch_us`` and the effective memory bandwidth of the kernel. They
+are written into a copy of the topology (``apply_fit``), on which the simulator then predicts
+every plan that was measured: the report shows predicted against measured for each.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass, field
+
+from treeattn.cost.simulate import simulate
+from treeattn.errors import ExecutionError, InputError
+from treeattn.exec.launch import launch
+from treeattn.exec.runner import Job, Measurement, PlanJob, RunOptions
+from treeattn.plan.ir import OpKind, Plan
+from treeattn.probe.apply_fit import ClassParams, FittedParams, apply_fit
+from treeattn.probe.calibrate_compute import ComputeFit, measure_compute, rank_threads
+from treeattn.probe.calibrate_fit import PingPongFit, PingPongPoint, fit_pingpong, overhead_from_sends
+from treeattn.probe.calibrate_plans import (
+    RouteClass,
+    concurrent_plan,
+    fanin_plan,
+    log_sizes,
+    pingpong_plan,
+    route_classes,
+)
+from treeattn.topology.model import Topology
+
+__all__ = ["CalibrateOptions", "ClassResult", "CaseResult", "CalibrationReport", "calibrate", "median_abs_rel_error"]
+
+_SMALL_BYTES = 1024
+"""Messages up to this size time the sender's overhead."""
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrateOptions:
+    """What ``calibrate`` measures and how (the flags of ``treeattn calibrate``)."""
+
+    min_bytes: int = 4
+    max_bytes: int = 64 << 20
+    sizes: int = 13
+    """Log-spaced ping-pong sizes from ``min_bytes`` to ``max_bytes``."""
+    round_trips: tuple[int, ...] = (1, 4)
+    """Round-trip counts per size; two or more separate the per-iteration skew from alpha."""
+    repeats: int = 10
+    warmup: int = 2
+    contention: bool = True
+    contention_sizes: tuple[int, ...] = (64 << 10, 1 << 20, 16 << 20)
+    """Concurrent-flow sizes (those outside min..max are dropped)."""
+    compute: str = "merge"
+    """Kernel whose fit sets ``launch_us``/``mem_efficiency``: sum, merge, attention, or none."""
+    backend: str | None = None
+    timeout_s: float = 60.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.warmup < 0:
+            raise InputError(f"repeats must be >= 1 and warmup >= 0, got {self.repeats} and {self.warmup}")
+        if not self.round_trips or min(self.round_trips) < 1:
+            raise InputError(f"round trips must be >= 1, got {list(self.round_trips)}")
+        if self.compute not in ("sum", "merge", "attention", "none"):
+            raise InputError(f"unknown --compute {self.compute!r}; choose sum, merge, attention or none")
+
+
+@dataclass(frozen=True, slots=True)
+class CaseResult:
+    """One measured plan and the simulator's prediction for it on the fitted topology."""
+
+    label: str
+    kind: str
+    """``pingpong``, ``concurrent`` or ``fanin``."""
+    route_class: str
+    nbytes: int
+    flows: int
+    """Pairs ping-ponging at once, or senders of a fan-in."""
+    round_trips: int
+    measured_us: float
+    spread_us: float
+    predicted_us: float
+
+    @property
+    def rel_error(self) -> float:
+        return (self.predicted_us - self.measured_us) / self.measured_us
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "kind": self.kind, "route_class": self.route_class, "nbytes": self.nbytes,
+                "flows": self.flows, "round_trips": self.round_trips, "measured_us": self.measured_us,
+                "spread_us": self.spread_us, "predicted_us": self.predicted_us, "rel_error": self.rel_error}
+
+
+@dataclass(frozen=True, slots=True)
+class ClassResult:
+    """One route class: its ping-pong points and fit."""
+
+    route_class: RouteClass
+    points: tuple[PingPongPoint, ...]
+    fit: PingPongFit
+
+    def to_dict(self) -> dict:
+        c = self.route_class
+        return {
+            "name": c.name, "hops": [list(h) for h in c.hops], "pair": list(c.pair), "pairs": len(c.pairs),
+            **self.fit.to_dict(),
+            "points": [{"nbytes": p.nbytes, "round_trips": p.round_trips, "median_us": p.median_us,
+                        "spread_us": p.spread_us, "fitted_us": self.fit.predict_us(p.nbytes, p.round_trips)}
+                       for p in self.points],
+        }
+
+
+@dataclass(frozen=True)
+class CalibrationReport:
+    """What ``calibrate`` measured, fitted and predicted."""
+
+    topology: Topology
+    """The fitted topology."""
+    measured_on: str
+    """Name of the topology whose ranks ran."""
+    backend: str
+    classes: tuple[ClassResult, ...]
+    overhead_us: float
+    compute: ComputeFit | None
+    cases: tuple[CaseResult, ...]
+    options: CalibrateOptions
+    load_avg: tuple[float, float]
+    """1-minute load average before and after the measurements."""
+    warnings: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict:
+        cost = self.topology.cost
+        return {
+            "topology": self.topology.name,
+            "fingerprint": self.topology.fingerprint,
+            "measured_on": self.measured_on,
+            "backend": self.backend,
+            "ranks": self.topology.num_ranks,
+            "overhead_us": self.overhead_us,
+            "cost": {"overhead_us": cost.overhead_us, "launch_us": cost.launch_us,
+                     "mem_efficiency": cost.mem_efficiency},
+            "classes": [c.to_dict() for c in self.classes],
+            "compute": self.compute.to_dict() if self.compute else None,
+            "cases": [c.to_dict() for c in self.cases],
+            "load_avg": list(self.load_avg),
+            "options": {"sizes": list(self.sizes), "round_trips": list(self.options.round_trips),
+                        "repeats": self.options.repeats, "warmup": self.options.warmup,
+                        "compute": self.options.compute},
+            "warnings": list(self.warnings),
+        }
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return log_sizes(self.options.min_bytes, self.options.max_bytes, self.options.sizes)
+
+
+def _disjoint(pairs: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+    used: set[int] = set()
+    out = []
+    for a, b in pairs:
+        if a not in used and b not in used:
+            out.append((a, b))
+            used.update((a, b))
+    return out
+
+
+def _plans(topo: Topology, classes: tuple[RouteClass, ...], opt: CalibrateOptions) -> list[tuple[str, Plan, dict]]:
+    """Every plan to run, with a label and what it measures."""
+    p = topo.num_ranks
+    sizes = log_sizes(opt.min_bytes, opt.max_bytes, opt.sizes)
+    out: list[tuple[str, Plan, dict]] = []
+    for ci, cls in enumerate(classes):
+        for n in sizes:
+            for r in sorted(set(opt.round_trips)):
+                meta = {"kind": "pingpong", "class": ci, "nbytes": n, "flows": 1, "round_trips": r}
+                out.append((f"pingpong-c{ci}-{n}B-r{r}", pingpong_plan(topo, p, cls.pair, n, r), meta))
+    if not opt.contention:
+        return out
+    csizes = [n for n in opt.contention_sizes if opt.min_bytes <= n <= opt.max_bytes] or list(sizes[-2:])
+    r = max(opt.round_trips)
+    for ci, cls in enumerate(classes):
+        pairs = _disjoint(cls.pairs)
+        root = cls.pair[0]
+        senders = [b if a == root else a for a, b in cls.pairs if root in (a, b)]
+        for n in csizes:
+            if n not in sizes:  # the solo reference of a concurrent case
+                meta = {"kind": "pingpong", "class": ci, "nbytes": n, "flows": 1, "round_trips": r, "extra": True}
+                out.append((f"pingpong-c{ci}-{n}B-r{r}", pingpong_plan(topo, p, cls.pair, n, r), meta))
+            if len(pairs) > 1:
+                meta = {"kind": "concurrent", "class": ci, "nbytes": n, "flows": len(pairs), "round_trips": r}
+                out.append((f"concurrent-c{ci}-{n}B-x{len(pairs)}", concurrent_plan(topo, p, pairs, n, r), meta))
+            if len(senders) > 1:
+                for k in (1, len(senders)):
+                    meta = {"kind": "fanin", "class": ci, "nbytes": n, "flows": k, "round_trips": 1}
+                    out.append((f"fanin-c{ci}-{n}B-x{k}", fanin_plan(topo, p, root, senders[:k], n), meta))
+    return out
+
+
+def _sends(m: Measurement) -> list[float]:
+    return [t.done_us - t.post_us for t in m.timeline if t.op.kind is OpKind.SEND]
+
+
+def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> CalibrationReport | None:
+    """Measure ``topo``'s ranks and fit its parameters (see the module docstring).
+
+    Args:
+        topo: the topology whose ranks run (its rank count is the number of processes).
+        options: what to measure.
+
+    Returns:
+        The report (with the fitted topology) where this process is rank 0 (always for local
+        runs); None on the other ranks of a torchrun/SLURM launch.
+
+    Raises:
+        InputError: fewer than two ranks, or bad options.
+        ExecutionError: a rank failed, or a calibration plan delivered wrong data.
+    """
+    opt = options or CalibrateOptions()
+    if topo.num_ranks < 2:
+        raise InputError(f"topology {topo.name!r} has {topo.num_ranks} rank; calibration needs at least 2")
+    classes = route_classes(topo)
+    planned = _plans(topo, classes, opt)
+    run_opts = RunOptions(repeats=opt.repeats, warmup=opt.warmup, timeout_s=opt.timeout_s,
+                          setup_timeout_s=max(120.0, opt.timeout_s), backend=opt.backend, check="root", seed=opt.seed)
+    load0 = os.getloadavg()[0]
+    result = launch(Job(tuple(PlanJob(label, plan) for label, plan, _ in planned), run_opts))
+    if result is None:
+        return None
+    by_label = {m.label: m for m in result.measurements}
+    wrong = [m.label for m in result.measurements if not m.correct]
+    if wrong:
+        raise ExecutionError(f"calibration plans delivered wrong data: {', '.join(wrong[:5])}; the transport "
+                             "is broken, measurements would mean nothing")
+    warnings: list[str] = []
+    fits: list[ClassResult] = []
+    small_sends: list[float] = []
+    for ci, cls in enumerate(classes):
+        pts = []
+        for label, _, meta in planned:
+            if meta["kind"] == "pingpong" and meta["class"] == ci and not meta.get("extra"):
+                m = by_label[label]
+                pts.append(PingPongPoint(meta["nbytes"], meta["round_trips"], m.median_us, m.spread_us))
+                if ci == 0 and meta["nbytes"] <= _SMALL_BYTES:
+                    small_sends.extend(_sends(m))
+        fits.append(ClassResult(cls, tuple(pts), fit_pingpong(pts)))
+    overhead, notes = overhead_from_sends(small_sends, min(f.fit.alpha_us for f in fits))
+    warnings.extend(notes)
+    compute = None
+    if opt.compute != "none":
+        compute = measure_compute(opt.compute, log_sizes(opt.min_bytes, opt.max_bytes, opt.sizes),
+                                  repeats=opt.repeats, threads=rank_threads(topo.num_ranks))
+    params = FittedParams(
+        classes=tuple(ClassParams(f.route_class.hops, f.fit.alpha_us, f.fit.beta_gbps) for f in fits),
+        overhead_us=overhead,
+        launch_us=compute.launch_us if compute else None,
+        mem_eff_bw_gbps=compute.eff_bw_gbps if compute else None,
+        source=f"treeattn calibrate: {result.backend} ping-pong on {topo.num_ranks} ranks of {topo.name!r}, "
+               f"{opt.repeats} repeats" + (f", {opt.compute} kernel" if compute else ""),
+    )
+    fitted, notes = apply_fit(topo, params)
+    warnings.extend(notes)
+    cases = []
+    for label, plan, meta in planned:
+        m = by_label[label]
+        predicted = simulate(plan, fitted, timeline=False).predicted_us
+        cases.append(CaseResult(label, meta["kind"], classes[meta["class"]].name, meta["nbytes"], meta["flows"],
+                                meta["round_trips"], m.median_us, m.spread_us, predicted))
+    return CalibrationReport(fitted, topo.name, result.backend, tuple(fits), overhead, compute, tuple(cases), opt,
+                             (load0, os.getloadavg()[0]), tuple(warnings))
+
+
+def median_abs_rel_error(cases: list[CaseResult] | tuple[CaseResult, ...]) -> float:
+    """Median over cases of |predicted - measured| / measured."""
+    return statistics.median(abs(c.rel_error) for c in cases) if cases else float("nan")

@@ -1,0 +1,148 @@
+"""Compute microbenchmarks of ``treeattn calibrate``: the executor's own kernels, timed in
+this process (imports torch).
+
+Kernels, and the bytes the compute model (``treeattn.cost.compute``) says each moves:
+
+* ``sum``: ``treeattn.exec.merge.sum_into`` on fp32 buffers of ``n`` bytes (raw payload
+  plans): reads two, writes one, ``3n``;
+* ``merge``: ``treeattn.exec.merge.merge_into`` on packed partials (D = 128) of ``n`` bytes
+  (attention plans): ``3n``;
+* ``attention``: ``treeattn.exec.attention.partial_attention`` (explicit kernel) of one
+  llama-3.1-8b row set (B 1, Hq 32, Hkv 8, D 128, bf16 KV) over ``n`` bytes of KV:
+  KV + q + the partial written.
+
+A fit of time against bytes moved gives the fixed cost (``launch_us``) and the effective
+memory bandwidth; ``treeattn.probe.apply_fit`` turns the latter into ``mem_efficiency``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from treeattn.errors import InputError
+from treeattn.exec.attention import make_kv_shard, make_query, partial_attention
+from treeattn.exec.merge import merge_into, sum_into
+from treeattn.probe.fit import Fit, fit_alpha_beta
+from treeattn.workload import Workload
+
+__all__ = ["KERNELS", "ComputePoint", "ComputeFit", "measure_compute", "rank_threads"]
+
+KERNELS = ("sum", "merge", "attention")
+_D = 128
+_KV_PER_TOKEN = 2 * 8 * _D * 2  # K and V, Hkv 8, D 128, bf16
+
+
+@dataclass(frozen=True, slots=True)
+class ComputePoint:
+    nbytes: int
+    """Payload size the kernel works on (the merged buffer, or the KV read)."""
+    moved_bytes: int
+    """Bytes the compute model charges for it."""
+    median_us: float
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeFit:
+    """``t = launch_us + moved_bytes / (eff_bw_gbps * 1e3)`` for one kernel."""
+
+    kernel: str
+    threads: int
+    points: tuple[ComputePoint, ...]
+    fit: Fit
+
+    @property
+    def launch_us(self) -> float:
+        return max(0.0, self.fit.alpha_us)
+
+    @property
+    def eff_bw_gbps(self) -> float:
+        return self.fit.beta_gbps
+
+    def to_dict(self) -> dict:
+        return {"kernel": self.kernel, "threads": self.threads, "launch_us": self.launch_us,
+                "eff_bw_gbps": self.eff_bw_gbps, "alpha_us": self.fit.alpha_us, "r2": self.fit.r2,
+                "points": [{"nbytes": p.nbytes, "moved_bytes": p.moved_bytes, "median_us": p.median_us,
+                            "fitted_us": self.fit.predict_us(p.moved_bytes)} for p in self.points]}
+
+
+def _case(kernel: str, nbytes: int, gen: torch.Generator) -> tuple[int, int, Callable[[], object]] | None:
+    """(size, bytes moved, one call) for ``kernel`` at about ``nbytes``; None when too small."""
+    if kernel == "sum":
+        n = max(1, nbytes // 4)
+        acc, other = torch.rand(n, generator=gen), torch.rand(n, generator=gen)
+        return 4 * n, 3 * 4 * n, lambda: sum_into(acc, other)
+    if kernel == "merge":
+        rows = nbytes // (4 * (_D + 1))
+        if rows < 1:
+            return None
+        acc, other = torch.randn(rows, _D + 1, generator=gen), torch.randn(rows, _D + 1, generator=gen)
+        size = 4 * rows * (_D + 1)
+        return size, 3 * size, lambda: merge_into(acc, other)
+    tokens = nbytes // _KV_PER_TOKEN
+    if tokens < 1:
+        return None
+    w = Workload.create(ranks=1, seq_len=tokens, batch=1, model="llama-3.1-8b", kv_dtype="bf16")
+    q, kv = make_query(w, 0, "cpu"), make_kv_shard(w, 0, 0, "cpu")
+    moved = w.kv_bytes(0) + w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes + w.payload_bytes
+    return w.kv_bytes(0), moved, lambda: partial_attention(q, kv, "explicit")
+
+
+def measure_compute(kernel: str, sizes: Sequence[int], *, repeats: int = 10, threads: int | None = None,
+                    budget_s: float = 5.0) -> ComputeFit:
+    """Time ``kernel`` at each size (median of ``repeats`` calls after one warm-up) and fit it.
+
+    Args:
+        kernel: ``sum``, ``merge`` or ``attention``.
+        sizes: payload sizes in bytes (too small ones are skipped).
+        repeats: timed calls per size (fewer when a size would exceed ``budget_s``).
+        threads: torch threads while timing (default: what each local rank gets,
+            cpu_count // ranks, is the caller's to pass; None keeps the current setting).
+        budget_s: rough time limit per size.
+
+    Returns:
+        The fit (``launch_us`` and effective bandwidth) and its points.
+    """
+    if kernel not in KERNELS:
+        raise InputError(f"unknown compute kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+    old = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(max(1, threads))
+    gen = torch.Generator().manual_seed(0)
+    points: list[ComputePoint] = []
+    try:
+        for nbytes in sorted(set(sizes)):
+            case = _case(kernel, nbytes, gen)
+            if case is None:
+                continue
+            size, moved, call = case
+            t0 = time.perf_counter()
+            call()  # warm-up (allocations, first-touch)
+            once = time.perf_counter() - t0
+            n = max(3, min(repeats, int(budget_s / max(once, 1e-6))))
+            times = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                call()
+                times.append((time.perf_counter() - t0) * 1e6)
+            points.append(ComputePoint(size, moved, statistics.median(times)))
+    finally:
+        torch.set_num_threads(old)
+    if len(points) < 2:
+        raise InputError(f"compute kernel {kernel}: need at least two sizes it can run at, got {len(points)}; "
+                         "raise --max-size")
+    fit = fit_alpha_beta([p.moved_bytes for p in points], [p.median_us for p in points])
+    return ComputeFit(kernel, threads or torch.get_num_threads(), tuple(points), fit)
+
+
+def rank_threads(ranks: int) -> int:
+    """Threads each locally launched rank gets (``treeattn.exec.launch.launch_local``)."""
+    env = os.environ.get("OMP_NUM_THREADS")
+    if env and env.isdigit():
+        return int(env)
+    return max(1, (os.cpu_count() or 1) // max(1, ranks))

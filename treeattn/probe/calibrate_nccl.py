@@ -1,0 +1,192 @@
+"""``treeattn calibrate --from-nccl-tests``: the same per-class parameters, fitted from saved
+nccl-tests / rccl-tests logs instead of live ping-pong (pure: no torch).
+
+Each log is fitted by ``nccl_tests.calibrate_from_log`` (ring model of ``fit``: per-step
+latency ``alpha_step`` and per-link bus bandwidth ``beta_link``) and mapped onto a route class
+of the topology, placing the log's ``n`` ranks on the topology's first ``n``:
+
+* one node (every rank on one node): the class of the slowest ring hop ``i -> i+1``.
+  ``alpha_step`` is its alpha. ``beta_link`` is what one rank drives into the fabric, over all
+  its links of that kind (NCCL spreads its channels over them): the class's bottleneck link
+  gets ``beta_link x link bw / (sum of the rank's out-links of that class)``, e.g. the whole
+  figure for an NVSwitch port, one seventh for one of MI300X's seven xGMI links.
+* several nodes: the class from rank 0 to the first rank of another node (rail-aligned on
+  rail-optimized fabrics). A ring of ``s`` steps has ``s_net = s (Nn-1)/(n-1)`` network steps
+  (2(Nn-1) for all-reduce); with the one-node alpha known (an earlier log, else the
+  topology's overhead + route latency), ``alpha_net = (alpha - (s - s_net) alpha_intra) / s_net``.
+  ``beta_link`` is a node's egress: the bottleneck link gets ``beta_link x link bw / (sum of the
+  network out-links of the NICs rank 0's node uses)``.
+
+nccl-tests cannot tell the software overhead from the latency: ``overhead_us`` stays as it is
+and the route latencies take the rest of alpha. One-node logs are applied first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from treeattn.errors import InputError
+from treeattn.probe.apply_fit import ClassParams, FittedParams, apply_fit
+from treeattn.probe.fit import COLLECTIVE_MODELS, CollectiveFit
+from treeattn.probe.nccl_tests import calibrate_from_log, read_nccl_tests
+from treeattn.topology.model import LinkClass, Topology
+
+__all__ = ["LogFit", "NcclCalibration", "calibrate_from_nccl_tests"]
+
+
+@dataclass(frozen=True, slots=True)
+class LogFit:
+    """One log, its collective fit and the route class it was written into."""
+
+    source: str
+    fit: CollectiveFit
+    scope: str
+    """``node`` (one node) or ``network`` (several)."""
+    route_class: str
+    hops: tuple[tuple[str, float], ...]
+    alpha_us: float
+    """Per-message alpha written for the class."""
+    beta_gbps: float
+    """Bottleneck link bandwidth written for the class."""
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "scope": self.scope, "route_class": self.route_class,
+                "hops": [list(h) for h in self.hops], "class_alpha_us": self.alpha_us,
+                "class_beta_gbps": self.beta_gbps, **self.fit.to_dict(), "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class NcclCalibration:
+    topology: Topology
+    logs: tuple[LogFit, ...]
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        cost = self.topology.cost
+        return {"topology": self.topology.name, "fingerprint": self.topology.fingerprint,
+                "cost": {"overhead_us": cost.overhead_us, "launch_us": cost.launch_us,
+                         "mem_efficiency": cost.mem_efficiency},
+                "logs": [lf.to_dict() for lf in self.logs], "warnings": list(self.warnings)}
+
+
+def _hops(topo: Topology, a: int, b: int) -> tuple[tuple[str, float], ...]:
+    return tuple((ln.kind.value, float(ln.bw_gbps)) for ln in topo.route_links(a, b))
+
+
+def _alpha_of(topo: Topology, a: int, b: int) -> float:
+    return topo.cost.overhead_us + topo.route_latency_us(a, b)
+
+
+def _node_egress(topo: Topology, ranks: Sequence[int], other: int) -> float:
+    """Sum of network out-link bandwidth of the NICs ``ranks`` use to reach rank ``other``."""
+    nics: set[str] = set()
+    for r in ranks:
+        for ln in topo.route_links(r, other):
+            if ln.cls is LinkClass.NETWORK:
+                nics.add(ln.src)
+                break
+    return sum(ln.bw_gbps for ln in topo.links if ln.src in nics and ln.cls is LinkClass.NETWORK)
+
+
+def _rank_out(topo: Topology, rank: int, cls: LinkClass) -> float:
+    dev = topo.ranks[rank]
+    return sum(ln.bw_gbps for ln in topo.links if ln.src == dev and ln.cls is cls and ln.src != ln.dst) or 0.0
+
+
+def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> NcclCalibration:
+    """Fit the topology's route classes from nccl-tests logs (see the module docstring).
+
+    Args:
+        topo: the topology the logs were measured on (at least as many ranks as each log).
+        paths: nccl-tests / rccl-tests output files (``all_reduce_perf``, ``sendrecv_perf``, ...).
+
+    Returns:
+        The fitted topology and one ``LogFit`` per log.
+
+    Raises:
+        ProbeError: a log is damaged or cannot be fitted.
+        InputError: no logs, or a log ran on more ranks than the topology places.
+    """
+    if not paths:
+        raise InputError("--from-nccl-tests needs at least one log file")
+    parsed = []
+    for path in paths:
+        log = read_nccl_tests(path)
+        cf = calibrate_from_log(log)
+        n = cf.ranks
+        if n > topo.num_ranks:
+            raise InputError(f"{log.source}: the log ran on {n} ranks but topology {topo.name!r} places "
+                             f"{topo.num_ranks}; give the topology it ran on (e.g. a family spec with more nodes)")
+        nodes = {topo.rank_device(r).node for r in range(n)}
+        parsed.append((len(nodes) > 1, log.source, cf))
+    chosen: dict[tuple, LogFit] = {}
+    warnings: list[str] = []
+    intra_alpha: float | None = None
+    for network, source, cf in sorted(parsed, key=lambda x: x[0]):  # one-node logs first
+        lf = _network_fit(topo, source, cf, intra_alpha) if network else _node_fit(topo, source, cf)
+        if not network:
+            intra_alpha = lf.alpha_us if intra_alpha is None else intra_alpha
+        old = chosen.get(lf.hops)
+        if old is not None:
+            keep, drop = (old, lf) if old.fit.points >= lf.fit.points else (lf, old)
+            warnings.append(f"{drop.source} and {keep.source} both fit class {lf.route_class}: kept {keep.source} "
+                            f"({keep.fit.points} sizes)")
+            lf = keep
+        chosen[lf.hops] = lf
+    logs = tuple(chosen.values())
+    params = FittedParams(
+        classes=tuple(ClassParams(lf.hops, lf.alpha_us, lf.beta_gbps) for lf in logs),
+        source="treeattn calibrate --from-nccl-tests " + " ".join(lf.source for lf in logs),
+    )
+    fitted, notes = apply_fit(topo, params)
+    return NcclCalibration(fitted, logs, tuple(warnings + notes))
+
+
+def _node_fit(topo: Topology, source: str, cf: CollectiveFit) -> LogFit:
+    n = cf.ranks
+    ring = [(i, (i + 1) % n) for i in range(n)]
+    a, b = min(ring, key=lambda p: (topo.route_bw_gbps(*p), -len(topo.route(*p)), p))
+    hops = _hops(topo, a, b)
+    notes = list(cf.warnings)
+    first = topo.route_links(a, b)[0]
+    out = _rank_out(topo, a, first.cls)
+    low = min(bw for _, bw in hops)
+    share = low / out if out > 0 else 1.0
+    alpha = cf.alpha_step_us
+    if alpha < topo.cost.overhead_us:
+        notes.append(f"per-step latency {alpha:.3g} µs is below the overhead {topo.cost.overhead_us:g} µs: "
+                     "route latency set to 0")
+        alpha = topo.cost.overhead_us
+    return LogFit(source, cf, "node", ">".join(k for k, _ in hops), hops, alpha, cf.beta_link_gbps * share,
+                  tuple(notes))
+
+
+def _network_fit(topo: Topology, source: str, cf: CollectiveFit, intra_alpha: float | None) -> LogFit:
+    n = cf.ranks
+    node0 = topo.rank_device(0).node
+    local = [r for r in range(n) if topo.rank_device(r).node == node0]
+    other = next(r for r in range(n) if topo.rank_device(r).node != node0)
+    hops = _hops(topo, 0, other)
+    nn = len({topo.rank_device(r).node for r in range(n)})
+    notes = list(cf.warnings)
+    steps = COLLECTIVE_MODELS[cf.collective].steps(n)
+    if cf.collective == "sendrecv":
+        alpha = cf.fit.alpha_us
+    else:
+        s_net = steps * (nn - 1) / (n - 1)
+        if intra_alpha is None and len(local) > 1:
+            intra_alpha = _alpha_of(topo, local[0], local[1])
+            notes.append(f"one-node alpha {intra_alpha:.3g} µs taken from the topology (no one-node log given)")
+        alpha = (cf.fit.alpha_us - (steps - s_net) * (intra_alpha or 0.0)) / s_net
+    if alpha < topo.cost.overhead_us:
+        notes.append(f"network alpha {alpha:.3g} µs is below the overhead {topo.cost.overhead_us:g} µs: "
+                     "route latency set to 0")
+        alpha = topo.cost.overhead_us
+    egress = _node_egress(topo, local, other)
+    low = min(bw for _, bw in hops)
+    share = low / egress if egress > 0 else 1.0
+    return LogFit(source, cf, "network", ">".join(k for k, _ in hops), hops, alpha, cf.beta_link_gbps * share,
+                  tuple(notes))
