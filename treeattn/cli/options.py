@@ -6,7 +6,7 @@ passes their values to ``load_topology`` and ``make_payload``, so that every com
 (``treeattn.search.workload_file.workload_from_dict``).
 
     @app.command()
-    def cmd(topology: TopologyOpt, ranks: RanksOpt = None, model: ModelOpt = None, ...):
+    def cmd(topology: TopologyOpt = None, ranks: RanksOpt = None, model: ModelOpt = None, ...):
         topo = load_topology(topology, ranks)
         payload = make_payload(topo.num_ranks, model=model, ...)
 """
@@ -52,7 +52,7 @@ _W = "Workload"
 _T = "Topology"
 
 TopologyOpt = Annotated[
-    str,
+    str | None,
     typer.Option("--topology", "-t", help="Preset name (e.g. dgx-h100:nodes=2) or a topology YAML file.",
                  rich_help_panel=_T),
 ]
@@ -146,10 +146,20 @@ def subset_topology(topo: Topology, ranks: tuple[int, ...], label: str | None = 
     return dataclasses.replace(topo, name=f"{topo.name}[ranks {label}]", ranks=tuple(topo.ranks[r] for r in ranks))
 
 
-def load_topology(spec: str, ranks: str | None = None) -> Topology:
-    """Resolve ``--topology`` (preset name or file) and apply ``--ranks``."""
+def load_topology(spec: str | None, ranks: str | None = None) -> Topology:
+    """Resolve ``--topology`` (preset name, family spec or file) and apply ``--ranks``.
+
+    Args:
+        spec: what the user typed; None (the option left out) is an error naming the option.
+        ranks: the ``--ranks`` subset, if any.
+
+    Returns:
+        The topology, restricted to the subset.
+    """
     from treeattn.topology.library import resolve
 
+    if spec is None:
+        raise InputError("give --topology NAME|FILE (see `treeattn topo list`)")
     topo = resolve(spec)
     if ranks is None:
         return topo

@@ -138,8 +138,8 @@ def hierarchical_schedule(
     """
     chosen = [lay.levels[i] for i in level_ids]
     describe = {
-        "levels": [kind for kind, _ in chosen],
-        "shapes": [s if s != "kary" else f"kary{k}" for s, k in shapes],
+        "levels": "+".join(kind for kind, _ in chosen),
+        "shapes": "/".join(s if s != "kary" else f"kary{k}" for s, k in shapes),
         "root": root,
     }
     if len(chosen) == 1 and (shapes[0][0] != "kary" or shapes[1][0] != "kary" or shapes[0][1] == shapes[1][1]):
@@ -196,7 +196,7 @@ def multirail_schedules(lay: Layout, *, small: bool) -> list[Schedule]:
                         forest.append(_node_tree(lay, leaders, intra, inter, fan))
                     label = inter if inter != "kary" else f"kary{fan}"
                     out.append(Schedule("multirail", "multirail", {"parents": forest},
-                                        {"trees": t_count, "intra": intra, "inter": label, "rails": "per-node NIC"},
+                                        {"trees": t_count, "intra": intra, "inter": label, "leaders": "rails"},
                                         rows_per_chunk=t_count))
     else:
         for t_count in sorted({t for t in (2, 4, 8, p) if 2 <= t <= p and (not small or t <= 8)}):

@@ -369,7 +369,17 @@ def search(
     def ratio(t: float) -> float:
         return t / bound_us if bound_us > 0 else math.inf
 
-    cands = [Candidate(s.family, s.describe, c, t, ratio(t), s.algorithm) for s, c, t in ranked[: max(1, top_k)]]
+    cands: list[Candidate] = []
+    shown: set[tuple[str, int, float]] = set()
+    for s, c, t in ranked:
+        # Shapes that coincide on this topology (a "star" of two leaders is also their chain) give
+        # the same plan and time: list it once.
+        if (s.family, c, t) in shown:
+            continue
+        shown.add((s.family, c, t))
+        cands.append(Candidate(s.family, s.describe, c, t, ratio(t), s.algorithm))
+        if len(cands) >= max(1, top_k):
+            break
     top_sched, top_c, top_t = ranked[0]
     plan = ev.plan(top_sched, top_c)
     stats = {

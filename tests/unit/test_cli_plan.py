@@ -1,0 +1,153 @@
+"""``treeattn plan`` and ``treeattn compare`` as a user runs them."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli_helpers import run_cli
+from treeattn.plan.io import load_plan
+from treeattn.plan.validate import check
+
+TREEATTN = str(Path(sys.executable).parent / "treeattn")
+SHAPE = ("--model", "llama-3.1-8b", "--batch", "1", "--seq-len", "128K")
+
+
+def test_plan_json_keys_and_plan_file(tmp_path):
+    out = tmp_path / "p.yaml"
+    res = run_cli("plan", "--topology", "dgx-h100-2node", *SHAPE, "--out", str(out), "--json", "--top", "5")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert {"best", "lower_bound_us", "baselines", "candidates", "plan_path"} <= set(data)
+    assert {"algorithm", "params", "chunks", "predicted_us"} <= set(data["best"])
+    assert {"allreduce3_nccl_us", "allgather_merge_us", "ring_attention_us"} == set(data["baselines"])
+    assert 1 <= len(data["candidates"]) <= 5
+    assert data["plan_path"] == str(out)
+    plan = load_plan(out)
+    check(plan)
+    assert plan.predicted_us == data["best"]["predicted_us"] == data["candidates"][0]["predicted_us"]
+    # The headline: on two DGX nodes at B=1 the plan beats the paper's three all-reduces.
+    assert data["best"]["predicted_us"] < data["baselines"]["allreduce3_nccl_us"]
+
+
+def test_plan_is_byte_identical_on_rerun(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ("plan", "--topology", "dgx-h100", *SHAPE, "--json", "--seed", "7")
+    first = run_cli(*args)
+    path = Path(json.loads(first.stdout)["plan_path"])
+    assert path == Path("plans/dgx-h100.llama-3.1-8b.b1.n128K.yaml")
+    blob = path.read_bytes()
+    second = run_cli(*args)
+    assert first.stdout == second.stdout and path.read_bytes() == blob
+
+
+def test_plan_table_and_explain(tmp_path):
+    res = run_cli("plan", "-t", "dgx-h100-2node", "--ranks", "0-3,8-11", *SHAPE, "-o", str(tmp_path / "x.yaml"),
+                  "--explain", "--no-progress")
+    assert res.exit_code == 0, res.stderr
+    assert "Candidates" in res.stdout and "Per-level cost" in res.stdout and "root rank" in res.stdout
+    plan = load_plan(tmp_path / "x.yaml")
+    assert plan.ranks == 8 and "ranks 0-3,8-11" in plan.topology.name
+
+
+def test_algorithm_list():
+    res = run_cli("plan", "--algorithm", "list", "--json")
+    assert res.exit_code == 0
+    data = json.loads(res.stdout)
+    assert {"tree", "star", "kary", "binomial", "butterfly", "ring", "hierarchical", "multirail",
+            "allreduce3"} <= set(data)
+    assert "fanout" in data["kary"]["params"]
+    text = run_cli("plan", "--algorithm", "list")
+    assert text.exit_code == 0 and "hierarchical" in text.stdout and "fanout" in text.stdout
+
+
+def test_named_algorithm(tmp_path):
+    out = tmp_path / "k.yaml"
+    res = run_cli("plan", "-t", "dgx-h100", *SHAPE, "--algorithm", "kary", "--fanout", "3", "--chunks", "2",
+                  "-o", str(out), "--json")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["best"]["algorithm"] == "kary" and data["best"]["chunks"] == 2
+    assert data["best"]["params"]["fanout"] == 3
+    plan = load_plan(out)
+    assert plan.algorithm == "kary" and plan.predicted_us == data["best"]["predicted_us"]
+    res = run_cli("plan", "-t", "dgx-h100-2node", *SHAPE, "-a", "hierarchical", "--groups", "0-7/8-15",
+                  "--intra", "binomial", "-o", str(out), "--json")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["best"]["params"]["groups"] == [list(range(8)), list(range(8, 16))]
+
+
+def test_raw_payload(tmp_path):
+    res = run_cli("plan", "-t", "dgx-h100", "--bytes", "1MiB", "--op", "sum", "-o", str(tmp_path / "r.yaml"),
+                  "--json")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["workload"]["kind"] == "raw" and set(data["baselines"]) == {"allreduce_nccl_us", "allgather_merge_us"}
+    res = run_cli("plan", "-t", "cpu-4", "--bytes", "64KiB", "-a", "binomial", "-o", str(tmp_path / "b.yaml"))
+    assert res.exit_code == 0, res.stderr
+    assert load_plan(tmp_path / "b.yaml").is_raw
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("-t", "dgx-h100", "--model", "gpt-9", "--seq-len", "1K"), "unknown model 'gpt-9'"),
+        (("-t", "dgx-h100", *SHAPE, "--ranks", "0-9"), "rank 8 does not exist"),
+        (("-t", "dgx-h100", *SHAPE, "--ranks", "3-1"), "runs backwards"),
+        (("-t", "dgx-h101", *SHAPE), "unknown topology 'dgx-h101'"),
+        (("-t", "dgx-h100", "--model", "llama-3.1-8b", "--batch", "-4", "--seq-len", "1K"), "workload.batch"),
+        ((*SHAPE,), "give --topology"),
+        (("-t", "dgx-h100", *SHAPE, "--chunks", "2"), "add --algorithm"),
+        (("-t", "dgx-h100", *SHAPE, "-a", "star", "--fanout", "3"), "takes no fanout"),
+        (("-t", "dgx-h100", *SHAPE, "-a", "tree", "--parents", "1,0,1,2,3,4,5,5"), "exactly one root"),
+        (("-t", "dgx-h100", "--bytes", "1KB", "--heads", "8"), "--bytes gives a raw payload"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, needle):
+    res = run_cli("plan", *args)
+    assert res.exit_code == 2
+    assert needle in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+    assert res.stdout == ""
+
+
+def test_compare_csv_and_json(tmp_path):
+    out = tmp_path / "c.csv"
+    res = run_cli("compare", "-t", "dgx-h100:nodes={1,2}", "--seq-lens", "8K,64K", "--heads", "16",
+                  "--head-dim", "128", "--csv", str(out), "--json")
+    assert res.exit_code == 0, res.stderr
+    rows = json.loads(res.stdout)["rows"]
+    assert len(rows) == 2 * 2 * 4
+    with open(out) as fh:
+        lines = list(csv.DictReader(fh))
+    assert len(lines) == len(rows) and lines[0]["method"] == "planned"
+    speed = {(r["ranks"], r["seq_len"]): r["speedup_vs_ring"] for r in rows if r["method"] == "planned"}
+    # the tree's advantage over ring attention grows with sequence length and with rank count
+    assert speed[(8, 65536)] > speed[(8, 8192)] and speed[(16, 65536)] > speed[(16, 8192)]
+    assert speed[(16, 65536)] > speed[(8, 65536)]
+    peak = {r["method"]: r["peak_bytes"] for r in rows if r["ranks"] == 16 and r["seq_len"] == 65536}
+    assert peak["ring-attention"] > peak["planned"]
+
+
+def test_compare_bad_input():
+    res = run_cli("compare", "-t", "dgx-h100", "--nodes", "1,2", "--seq-lens", "8K", "--bytes", "1KB")
+    assert res.exit_code == 2
+    res = run_cli("compare", "-t", "dgx-h100:nodes={1,2}", "--nodes", "4", "--seq-lens", "8K", "-m", "llama-3.1-8b")
+    assert res.exit_code == 2 and "not both" in res.stderr
+    res = run_cli("compare", "-t", "dgx-h100", "--seq-lens", "0", "-m", "llama-3.1-8b")
+    assert res.exit_code == 2
+
+
+def test_console_script(tmp_path):
+    proc = subprocess.run([TREEATTN, "plan", "-t", "cpu-4", *SHAPE, "-o", str(tmp_path / "c.yaml"), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["plan_path"] == str(tmp_path / "c.yaml")
+    proc = subprocess.run([TREEATTN, "plan", "-t", "cpu-4", "--model", "nope", "--seq-len", "1K"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown model" in proc.stderr

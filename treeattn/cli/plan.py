@@ -1,0 +1,444 @@
+"""``treeattn plan`` (search for the fastest schedule, or build a named one) and ``treeattn
+compare`` (the planned merge against ring attention, three all-reduces and all-gather)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.tree import Tree
+
+from treeattn.cli import app, err_console
+from treeattn.cli.options import (
+    BatchOpt,
+    BytesOpt,
+    HeadDimOpt,
+    HeadsOpt,
+    JsonOpt,
+    KvDtypeOpt,
+    KvHeadsOpt,
+    LayersOpt,
+    ModelOpt,
+    OpOpt,
+    PartialDtypeOpt,
+    RanksOpt,
+    SeqLenOpt,
+    SplitOpt,
+    TopologyOpt,
+    WorkloadFileOpt,
+    load_topology,
+    make_payload,
+    parse_ranks,
+)
+from treeattn.errors import InputError
+from treeattn.units import format_size
+from treeattn.workload import Payload, Workload
+
+_ALG = "Named algorithm (instead of the search)"
+_SEARCH = "Search"
+_OUT = "Output"
+
+AlgorithmOpt = Annotated[
+    str | None,
+    typer.Option("--algorithm", "-a", help="Build this algorithm instead of searching; 'list' shows them all.",
+                 rich_help_panel=_ALG),
+]
+
+
+def _echo_json(data: object) -> None:
+    typer.echo(json.dumps(data, sort_keys=True, indent=2))
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
+
+
+def _tokens(n: int) -> str:
+    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+def default_plan_path(topo_name: str, payload: Payload, algorithm: str | None = None) -> Path:
+    """``plans/TOPOLOGY.MODEL.bB.nN[.ALGORITHM].yaml`` (raw payloads: ``TOPOLOGY.raw-SIZE.OP``)."""
+    if isinstance(payload, Workload):
+        what = payload.model or f"h{payload.q_heads}-kv{payload.kv_heads}-d{payload.head_dim}"
+        stem = f"{_slug(topo_name)}.{what}.b{payload.batch}.n{_tokens(payload.seq_len)}"
+    else:
+        stem = f"{_slug(topo_name)}.raw-{payload.nbytes}.{payload.op.value}"
+    if algorithm:
+        stem += f".{_slug(algorithm)}"
+    return Path("plans") / f"{stem}.yaml"
+
+
+@contextmanager
+def _progress(enabled: bool) -> Iterator[Any]:
+    """A rich progress bar on stderr, or a no-op callback."""
+    if not enabled:
+        yield None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
+        task = bar.add_task("planning", total=None)
+
+        def update(done: int, total: int, stage: str) -> None:
+            bar.update(task, completed=done, total=total, description=stage)
+
+        yield update
+
+
+def _int_list(text: str, what: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise InputError(f"cannot read {what} {text!r}: write integers separated by commas") from None
+
+
+def _build_kwargs(p: int, *, root, fanout, groups, order, parents, roots, trees, shape, intra, inter,
+                  result, group_size) -> dict[str, Any]:
+    kw: dict[str, Any] = {}
+    if root is not None:
+        kw["root"] = root
+    if fanout is not None:
+        kw["fanout"] = fanout
+    if groups is not None:
+        kw["groups"] = [list(parse_ranks(g, p)) for g in groups.split("/")]
+    if order is not None:
+        kw["order"] = list(parse_ranks(order, p))
+    if parents is not None:
+        lists = [_int_list(x, "--parents") for x in parents.split("/")]
+        kw["parents"] = lists if len(lists) > 1 else lists[0]
+    if roots is not None:
+        kw["roots"] = list(parse_ranks(roots, p))
+    for key, value in (("trees", trees), ("shape", shape), ("intra", intra), ("inter", inter),
+                       ("group_size", group_size)):
+        if value is not None:
+            kw[key] = value
+    if result is not None:
+        kw["result"] = result
+    return kw
+
+
+def _algorithm_list(json_out: bool) -> None:
+    from treeattn.plan.builders import ALGORITHMS
+
+    if json_out:
+        _echo_json({name: spec.to_dict() for name, spec in ALGORITHMS.items()})
+        return
+    con = Console(highlight=False, soft_wrap=False)
+    con.print("[bold]Algorithms[/] (treeattn plan --algorithm NAME; parameters are flags: --root, --fanout, ...)")
+    for name, spec in ALGORITHMS.items():
+        kind = "baseline" if spec.is_baseline else "schedule"
+        con.print(f"\n[bold]{name}[/] ({kind}; {', '.join(spec.payloads)} payloads): {spec.description}")
+        for prm in spec.params:
+            con.print(f"    {prm.name:<11} {prm.description}")
+
+
+@app.command("plan")
+def plan_cmd(
+    topology: TopologyOpt = None,
+    ranks: RanksOpt = None,
+    workload_file: WorkloadFileOpt = None,
+    model: ModelOpt = None,
+    heads: HeadsOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    head_dim: HeadDimOpt = None,
+    batch: BatchOpt = None,
+    seq_len: SeqLenOpt = None,
+    split: SplitOpt = None,
+    kv_dtype: KvDtypeOpt = None,
+    partial_dtype: PartialDtypeOpt = None,
+    layers: LayersOpt = None,
+    nbytes: BytesOpt = None,
+    op: OpOpt = None,
+    algorithm: AlgorithmOpt = None,
+    root: Annotated[int | None, typer.Option("--root", help="Root rank of a tree.", rich_help_panel=_ALG)] = None,
+    fanout: Annotated[int | None, typer.Option("--fanout", help="k of a k-ary tree.", rich_help_panel=_ALG)] = None,
+    chunks: Annotated[int | None, typer.Option("--chunks", help="Row chunks to pipeline (default 1).",
+                                               rich_help_panel=_ALG)] = None,
+    groups: Annotated[str | None, typer.Option("--groups", help="hierarchical: groups split by '/', e.g. 0-7/8-15.",
+                                               rich_help_panel=_ALG)] = None,
+    group_size: Annotated[int | None, typer.Option("--group-size", help="hierarchical: consecutive ranks per group.",
+                                                   rich_help_panel=_ALG)] = None,
+    order: Annotated[str | None, typer.Option("--order", help="Rank at each position: 0,8,1,9,...",
+                                              rich_help_panel=_ALG)] = None,
+    parents: Annotated[str | None, typer.Option("--parents", help="tree: parent per rank, -1 at the root "
+                                                "(multirail: one list per tree, split by '/').",
+                                                rich_help_panel=_ALG)] = None,
+    roots: Annotated[str | None, typer.Option("--roots", help="multirail: root of each tree.",
+                                              rich_help_panel=_ALG)] = None,
+    trees: Annotated[int | None, typer.Option("--trees", help="multirail: number of trees.",
+                                              rich_help_panel=_ALG)] = None,
+    shape: Annotated[str | None, typer.Option("--shape", help="multirail/broadcast: star, chain, kary, binomial.",
+                                              rich_help_panel=_ALG)] = None,
+    intra: Annotated[str | None, typer.Option("--intra", help="hierarchical: shape inside a group.",
+                                              rich_help_panel=_ALG)] = None,
+    inter: Annotated[str | None, typer.Option("--inter", help="hierarchical: shape across leaders.",
+                                              rich_help_panel=_ALG)] = None,
+    result: Annotated[str | None, typer.Option("--result", help="all (default) or root (a reduce only).",
+                                               rich_help_panel=_ALG)] = None,
+    top: Annotated[int, typer.Option("--top", help="Candidates shown.", rich_help_panel=_SEARCH)] = 10,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the local-improvement moves.",
+                                      rich_help_panel=_SEARCH)] = 0,
+    progress: Annotated[bool | None, typer.Option("--progress/--no-progress",
+                                                  help="Progress bar (default: when stderr is a terminal).",
+                                                  rich_help_panel=_SEARCH)] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Plan file to write (default under plans/).",
+                                             rich_help_panel=_OUT)] = None,
+    json_out: JsonOpt = False,
+    explain: Annotated[bool, typer.Option("--explain", help="Draw the chosen tree and its per-level cost.",
+                                          rich_help_panel=_OUT)] = False,
+) -> None:
+    """Find the fastest merge schedule for a decode shape on a topology and write it as a plan.
+
+    With --algorithm NAME the named algorithm's plan is built instead (no search); a raw
+    payload (--bytes N --op sum) plans a plain sum all-reduce the same way.
+    """
+    if algorithm == "list":
+        _algorithm_list(json_out)
+        return
+    if top < 1:
+        raise InputError(f"--top must be at least 1, got {top}")
+    topo = load_topology(topology, ranks)
+    payload = make_payload(topo.num_ranks, workload_file=workload_file, model=model, heads=heads,
+                           kv_heads=kv_heads, head_dim=head_dim, batch=batch, seq_len=seq_len, split=split,
+                           kv_dtype=kv_dtype, partial_dtype=partial_dtype, layers=layers, nbytes=nbytes, op=op)
+    alg_flags = {"--root": root, "--fanout": fanout, "--chunks": chunks, "--groups": groups,
+                 "--group-size": group_size, "--order": order,
+                 "--parents": parents, "--roots": roots, "--trees": trees, "--shape": shape, "--intra": intra,
+                 "--inter": inter, "--result": result}
+    started = time.perf_counter()
+    if algorithm is None:
+        given = sorted(k for k, v in alg_flags.items() if v is not None)
+        if given:
+            raise InputError(f"{', '.join(given)} set(s) a named algorithm's parameters; add --algorithm NAME "
+                             "(see --algorithm list) or drop them to search")
+        from treeattn.search import search
+
+        show = progress if progress is not None else err_console.is_terminal
+        with _progress(show) as update:
+            res = search(topo, payload, seed=seed, top_k=top, progress=update)
+        plan, report = res.best, res.to_dict()
+    else:
+        plan, report = _named(topo, payload, algorithm, chunks, _build_kwargs(
+            topo.num_ranks, root=root, fanout=fanout, groups=groups, order=order, parents=parents, roots=roots,
+            trees=trees, shape=shape, intra=intra, inter=inter, result=result, group_size=group_size))
+    elapsed = time.perf_counter() - started
+    from treeattn.plan.io import save_plan
+
+    path = out if out is not None else default_plan_path(topo.name, payload, algorithm)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the folder for {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        save_plan(plan, path)
+    except OSError as exc:
+        raise InputError(f"cannot write plan {str(path)!r}: {exc.strerror or exc}") from None
+    report["plan_path"] = str(path)
+    report["topology"] = {"name": topo.name, "fingerprint": topo.fingerprint, "ranks": topo.num_ranks}
+    report["workload"] = payload.to_dict()
+    explanation = None
+    if explain:
+        from treeattn.search.explain import explain as explain_plan
+
+        explanation = explain_plan(plan, topo)
+        report["explain"] = explanation.to_dict()
+    if json_out:
+        _echo_json(report)
+        return
+    _print_report(report, topo, payload, elapsed, algorithm is None)
+    if explanation is not None:
+        _print_explanation(explanation, topo)
+
+
+def _named(topo, payload: Payload, algorithm: str, chunks: int | None, kw: dict[str, Any]):
+    """Build, time and describe one named algorithm's plan."""
+    from dataclasses import replace
+
+    from treeattn.cost.bounds import lower_bounds
+    from treeattn.cost.simulate import simulate
+    from treeattn.plan.builders import build
+    from treeattn.search import baselines
+
+    plan = build(algorithm, payload, topo, chunks=chunks if chunks is not None else 1, **kw)
+    t = simulate(plan, topo, timeline=False).predicted_us
+    bound = lower_bounds(payload, topo, result_ranks=plan.result_ranks, contributors=plan.contributors)
+    base = baselines(topo, payload)
+    ratio = t / bound.bound_us if bound.bound_us > 0 else None
+    notes = {**plan.notes, "plan": {"lower_bound_us": bound.bound_us, "bound_cut": bound.cut,
+                                    "ratio_to_bound": ratio, "baselines": base}}
+    plan = replace(plan, predicted_us=t, notes=notes)
+    params = {k: v for k, v in plan.params.items() if k not in ("chunks",)}
+    entry = {"algorithm": algorithm, "builder": algorithm, "params": params, "chunks": plan.chunks,
+             "predicted_us": t, "ratio_to_bound": ratio}
+    return plan, {"best": entry, "candidates": [entry], "lower_bound_us": bound.bound_us, "baselines": base}
+
+
+def _short(params: dict[str, Any], limit: int = 60) -> str:
+    parts = []
+    for k, v in params.items():
+        text = json.dumps(v, separators=(",", ":")) if not isinstance(v, str) else v
+        if len(text) > 24:
+            text = text[:21] + "..."
+        parts.append(f"{k}={text}")
+    s = " ".join(parts)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float, searched: bool) -> None:
+    con = Console(highlight=False, soft_wrap=True)
+    base = report["baselines"]
+    ar3 = base.get("allreduce3_nccl_us") or base.get("allreduce_nccl_us")
+    ar3_name = "3 all-reduces" if "allreduce3_nccl_us" in base else "all-reduce"
+    what = (f"B={payload.batch} Hq={payload.q_heads} Hkv={payload.kv_heads} D={payload.head_dim} "
+            f"N={payload.seq_len}" if isinstance(payload, Workload)
+            else f"{format_size(payload.nbytes)} {payload.op.value}")
+    con.print(f"[bold]{topo.name}[/] ({topo.num_ranks} ranks), {what}: partial {format_size(payload.payload_bytes)}"
+              " per rank")
+    table = Table(title="Candidates (fastest first)" if searched else "Plan")
+    for col in ("#", "algorithm", "parameters", "chunks", "predicted us", "x bound", f"x {ar3_name} (NCCL)"):
+        table.add_column(col, justify="right" if col not in ("algorithm", "parameters") else "left")
+    for i, c in enumerate(report["candidates"], 1):
+        table.add_row(str(i), c["algorithm"], _short(c["params"]), str(c["chunks"]), f"{c['predicted_us']:.2f}",
+                      f"{c['ratio_to_bound']:.3f}" if c["ratio_to_bound"] else "-",
+                      f"{c['predicted_us'] / ar3:.3f}" if ar3 else "-")
+    con.print(table)
+    best = report["best"]["predicted_us"]
+    lines = [f"lower bound {report['lower_bound_us']:.2f} us"]
+    names = {"allreduce3_nccl_us": "3 all-reduces (NCCL model)", "allreduce_nccl_us": "all-reduce (NCCL model)",
+             "allgather_merge_us": "all-gather + merge", "ring_attention_us": "ring attention"}
+    for key, label in names.items():
+        if key in base:
+            v = base[key]
+            lines.append(f"{label} {v:.2f} us ({v / best:.2f}x the plan's time)" if v else f"{label}: not simulated")
+    con.print("; ".join(lines))
+    if searched:
+        st = report["stats"]
+        con.print(f"searched {st['schedules']} schedules ({st['simulations']} simulations) in {elapsed:.2f} s")
+    con.print(f"wrote {report['plan_path']}")
+
+
+def _print_explanation(ex, topo) -> None:
+    con = Console(highlight=False, soft_wrap=True)
+    limit = 64
+    for t, par in enumerate(ex.trees[:4]):
+        kids: dict[int, list[int]] = {}
+        root = 0
+        for r, q in enumerate(par):
+            if q < 0:
+                root = r
+            else:
+                kids.setdefault(q, []).append(r)
+        title = f"tree {t} of {len(ex.trees)}" if len(ex.trees) > 1 else "tree"
+        tree = Tree(f"[bold]{title}[/]: root rank {root} ({topo.ranks[root]})")
+        shown = 0
+        stack = [(tree, root)]
+        while stack and shown < limit:
+            node, r = stack.pop(0)
+            for c in kids.get(r, []):
+                if shown >= limit:
+                    break
+                kinds = sorted({topo.links[i].kind.value for i in topo.route(c, r)})
+                stack.append((node.add(f"rank {c} ({topo.ranks[c]}) via {'+'.join(kinds)}"), c))
+                shown += 1
+        if shown < len(par) - 1:
+            tree.add(f"... {len(par) - 1 - shown} more ranks")
+        con.print(tree)
+    if len(ex.trees) > 4:
+        con.print(f"... and {len(ex.trees) - 4} more trees")
+    table = Table(title=f"Per-level cost ({ex.algorithm}, {ex.predicted_us:.2f} us)")
+    for col in ("phase", "level", "transfers", "bytes", "start us", "end us", "span us", "links"):
+        table.add_column(col, justify="left" if col in ("phase", "links") else "right")
+    for lv in ex.levels:
+        table.add_row(lv.phase, str(lv.level), str(lv.transfers), format_size(lv.bytes), f"{lv.start_us:.2f}",
+                      f"{lv.end_us:.2f}", f"{lv.span_us:.2f}", ", ".join(lv.links))
+    con.print(table)
+
+
+@app.command("compare")
+def compare_cmd(
+    topology: TopologyOpt = None,
+    nodes: Annotated[str | None, typer.Option("--nodes", help="Node counts of a family: 1,2,4,16.",
+                                              rich_help_panel="Topology")] = None,
+    seq_lens: Annotated[str, typer.Option("--seq-lens", help="Sequence lengths: 128K,1M.")] = "128K,1M",
+    workload_file: WorkloadFileOpt = None,
+    model: ModelOpt = None,
+    heads: HeadsOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    head_dim: HeadDimOpt = None,
+    batch: BatchOpt = None,
+    kv_dtype: KvDtypeOpt = None,
+    partial_dtype: PartialDtypeOpt = None,
+    layers: LayersOpt = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the planner.")] = 0,
+    csv: Annotated[Path | None, typer.Option("--csv", help="Write the table as CSV.", rich_help_panel=_OUT)] = None,
+    png: Annotated[Path | None, typer.Option("--png", help="Plot speedup against sequence length.",
+                                             rich_help_panel=_OUT)] = None,
+    progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Per-layer decode attention time of the planned merge against ring attention, the paper's
+    three all-reduces and all-gather + merge, over sequence lengths and rank counts."""
+    from treeattn.search.compare import METHODS, compare, expand_topologies, plot_speedup, write_csv
+    from treeattn.search.workload_file import parse_tokens
+
+    if topology is None:
+        raise InputError("give --topology: a family (dgx-h100 --nodes 1,2,16 or dgx-h100:nodes={1,2,16}), "
+                         "a shipped name or a YAML file")
+    node_counts = _int_list(nodes, "--nodes") if nodes else None
+    if node_counts is not None and any(n < 1 for n in node_counts):
+        raise InputError(f"--nodes must be positive, got {nodes!r}")
+    lens = [parse_tokens(x, where="--seq-lens") for x in seq_lens.split(",") if x.strip()]
+    if not lens or any(n < 1 for n in lens):
+        raise InputError(f"--seq-lens must name positive token counts, got {seq_lens!r}")
+    topos = [load_topology(s) for s in expand_topologies(topology, node_counts)]
+
+    def make(p: int, n: int) -> Payload:
+        return make_payload(p, workload_file=workload_file, model=model, heads=heads, kv_heads=kv_heads,
+                            head_dim=head_dim, batch=batch, seq_len=str(n), kv_dtype=kv_dtype,
+                            partial_dtype=partial_dtype, layers=layers)
+
+    for t in topos:  # fail on a bad shape before the long part
+        make(t.num_ranks, lens[0])
+    show = progress if progress is not None else err_console.is_terminal
+    with _progress(show) as update:
+        rows = compare(topos, lens, make, seed=seed, progress=update)
+    if csv is not None:
+        write_csv(rows, csv)
+    if png is not None:
+        plot_speedup(rows, png)
+    if json_out:
+        _echo_json({"rows": [r.to_dict() for r in rows], "csv": None if csv is None else str(csv),
+                    "png": None if png is None else str(png)})
+        return
+    con = Console(highlight=False, soft_wrap=True)
+    table = Table(title="Predicted per-layer decode attention (compute + communication)")
+    cols = ["topology", "ranks", "N"] + [f"{m} us" for m in METHODS] + ["speedup vs ring", "vs 3 all-reduces",
+                                                                        "peak MiB plan/ring", "moved plan/ring"]
+    for col in cols:
+        table.add_column(col, justify="left" if col == "topology" else "right")
+    by: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in rows:
+        by.setdefault((r.topology, r.seq_len), {"ranks": r.ranks})[r.method] = r
+    for (name, n), entry in by.items():
+        pl, ring, ar3 = entry["planned"], entry["ring-attention"], entry["allreduce3"]
+        table.add_row(name, str(entry["ranks"]), _tokens(n), *(f"{entry[m].predicted_us:.1f}" for m in METHODS),
+                      f"{ring.predicted_us / pl.predicted_us:.1f}x", f"{ar3.predicted_us / pl.predicted_us:.2f}x",
+                      f"{pl.peak_bytes / 2**20:.0f}/{ring.peak_bytes / 2**20:.0f}",
+                      f"{format_size(pl.bytes_moved)}/{format_size(ring.bytes_moved)}")
+    con.print(table)
+    for path in (csv, png):
+        if path is not None:
+            con.print(f"wrote {path}")
