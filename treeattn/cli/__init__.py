@@ -29,6 +29,7 @@ def _register() -> None:
     # Each command module adds its commands to ``app`` when imported; one line per module.
     import treeattn.cli.calibrate  # noqa: F401
     import treeattn.cli.emulate  # noqa: F401
+    import treeattn.cli.plan  # noqa: F401
     import treeattn.cli.probe  # noqa: F401
     import treeattn.cli.run  # noqa: F401
     import treeattn.cli.simulate  # noqa: F401
