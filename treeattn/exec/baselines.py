@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from treeattn.exec.attention import partial_attention
-from treeattn.exec.comm import P2P, Comm
+from treeattn.exec.comm import P2P, BufferPool, Comm
 from treeattn.exec.merge import merge_into, merge_many, pack, unpack
 from treeattn.workload import Workload
 
@@ -54,7 +54,8 @@ def allgather_merge(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
     return merge_many(torch.stack(comm.all_gather(mine, "allgather-merge all-gather")))
 
 
-def ring_attention(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, kernel: str) -> torch.Tensor:
+def ring_attention(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, kernel: str,
+                   pool: BufferPool | None = None) -> torch.Tensor:
     """Ring attention for decode: p - 1 rotations of the KV shards, compute overlapped.
 
     At rotation s rank r holds block (r - s) mod p; it posts the send of that block to
@@ -63,6 +64,7 @@ def ring_attention(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Work
     rank keeps the same message sequence.
     """
     p, r, w = comm.world, comm.rank, workload
+    pool = pool if pool is not None else BufferPool(kv.device)
     acc = None
     current = kv
     for s in range(p):
@@ -71,14 +73,18 @@ def ring_attention(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Work
         if s < p - 1:
             nxt = (r - s - 1) % p
             shape = (2, w.batch, w.kv_heads, w.split[nxt], w.head_dim)
-            incoming = torch.empty(shape, dtype=kv.dtype, device=kv.device)
+            incoming = pool.take(shape, kv.dtype)
             works = comm.post([P2P(True, current, (r + 1) % p), P2P(False, incoming, (r - 1) % p)])
         part = partial_attention(q, current, kernel)
         acc = part if acc is None else merge_into(acc, part)
         for work in works:
             comm.wait(work, f"ring-attention rotation {s}")
         if incoming is not None:
+            if current is not kv:
+                pool.release(current)  # its send has completed
             current = incoming
+    if current is not kv:
+        pool.release(current)
     return acc
 
 
@@ -88,13 +94,13 @@ def library_allreduce(comm: Comm, buf: torch.Tensor) -> torch.Tensor:
 
 
 def run_attention_baseline(name: str, comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload,
-                           kernel: str, wire: torch.dtype) -> torch.Tensor:
+                           kernel: str, wire: torch.dtype, pool: BufferPool | None = None) -> torch.Tensor:
     """Dispatch one of ``ATTENTION_BASELINES`` by name."""
     if name == "allreduce3":
         return allreduce3(comm, q, kv, kernel, wire)
     if name == "allgather-merge":
         return allgather_merge(comm, q, kv, kernel, wire)
     if name == "ring-attention":
-        return ring_attention(comm, q, kv, workload, kernel)
+        return ring_attention(comm, q, kv, workload, kernel, pool)
     raise ValueError(f"unknown baseline {name!r}")
 

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from treeattn.errors import ExecutionError
 
-__all__ = ["CommError", "Comm", "P2P"]
+__all__ = ["CommError", "Comm", "P2P", "BufferPool"]
 
 
 def _first_line(exc: BaseException) -> str:
@@ -139,3 +139,34 @@ class Comm:
         """Seconds on this rank's clock, after the device caught up."""
         self.synchronize()
         return time.perf_counter()
+
+
+class BufferPool:
+    """Receive buffers reused across iterations, so a timed iteration does not pay for
+    fresh pages (large KV blocks cost page faults on first touch, not their transfer)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._free: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+        self._lent: list[torch.Tensor] = []
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised tensor of ``shape`` and ``dtype``, lent until ``release``/``release_all``."""
+        free = self._free[(tuple(shape), dtype)]
+        buf = free.pop() if free else torch.empty(shape, dtype=dtype, device=self.device)
+        self._lent.append(buf)
+        return buf
+
+    def release(self, buf: torch.Tensor) -> None:
+        """Give one lent buffer back (its transfer has completed and nothing reads it)."""
+        for i, lent in enumerate(self._lent):
+            if lent is buf:
+                del self._lent[i]
+                self._free[(tuple(buf.shape), buf.dtype)].append(buf)
+                return
+
+    def release_all(self) -> None:
+        """Give back every lent buffer (at the start of an iteration, when none is in use)."""
+        for buf in self._lent:
+            self._free[(tuple(buf.shape), buf.dtype)].append(buf)
+        self._lent.clear()

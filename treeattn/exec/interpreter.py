@@ -22,7 +22,7 @@ import torch
 
 from treeattn.errors import ExecutionError, PlanInvalidError
 from treeattn.exec.attention import partial_attention, torch_dtype
-from treeattn.exec.comm import P2P, Comm
+from treeattn.exec.comm import P2P, BufferPool, Comm
 from treeattn.exec.merge import empty_partial, merge_into, merge_many, sum_into
 from treeattn.plan.ir import Op, OpKind, Plan, chunk_rows
 
@@ -80,6 +80,7 @@ class PlanExecutor:
         self.steps = self._compile(plan.programs[self.rank])
         self._fault = _parse_fault()
         self._ops_done = 0
+        self._pool = BufferPool(comm.device)
         self.timeline: list[OpTiming] = []
 
     def _compile(self, program: tuple[Op, ...]) -> list[list[tuple[int, Op]]]:
@@ -115,6 +116,7 @@ class PlanExecutor:
             blocks = {self.rank: self.inputs.kv}
         trio: dict[str, torch.Tensor] = {}
         self.timeline = []
+        self._pool.release_all()  # the previous iteration's blocks and buffers are no longer read
         start = self.comm.now()
         for ops in self.steps:
             first = ops[0][1]
@@ -167,12 +169,11 @@ class PlanExecutor:
                 posts.append(P2P(True, tensor, op.peer))
             elif op.block is not None:
                 shape = (2, w.batch, w.kv_heads, w.split[op.block], w.head_dim)
-                posts.append(P2P(False, torch.empty(shape, dtype=torch_dtype(w.kv_dtype), device=self.comm.device),
-                                 op.peer))
+                posts.append(P2P(False, self._pool.take(shape, torch_dtype(w.kv_dtype)), op.peer))
             else:
                 rows = self._rows(op.chunk)
                 shape = (rows.stop - rows.start,) if self.plan.is_raw else (rows.stop - rows.start, w.head_dim + 1)
-                posts.append(P2P(False, torch.empty(shape, dtype=self.wire_dtype, device=self.comm.device), op.peer))
+                posts.append(P2P(False, self._pool.take(shape, self.wire_dtype), op.peer))
         works = self.comm.post(posts)
         done: list[float] = []
         if len(works) == len(posts):
@@ -193,11 +194,13 @@ class PlanExecutor:
                     sum_into(target, post.tensor)
                 else:
                     merge_into(target, post.tensor)
+                self._pool.release(post.tensor)
             elif op.kind is OpKind.RECV_COPY:
                 if op.block is not None:
-                    blocks[op.block] = post.tensor
+                    blocks[op.block] = post.tensor  # held to the end of the iteration
                 else:
                     acc[self._rows(op.chunk)] = post.tensor.to(acc.dtype)
+                    self._pool.release(post.tensor)
         return done
 
     # -- collectives -----------------------------------------------------------------------

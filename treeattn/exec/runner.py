@@ -29,7 +29,7 @@ from treeattn.exec.attention import (
     torch_dtype,
 )
 from treeattn.exec.baselines import ATTENTION_BASELINES, RAW_BASELINES, library_allreduce, run_attention_baseline
-from treeattn.exec.comm import Comm
+from treeattn.exec.comm import BufferPool, Comm
 from treeattn.exec.interpreter import OpTiming, PlanExecutor, RankInputs
 from treeattn.exec.merge import unpack
 from treeattn.plan.ir import Plan
@@ -267,6 +267,7 @@ class _RankRun:
         if opt.baselines and (repr(w), "baselines") not in self._baselines_done:
             self._baselines_done.add((repr(w), "baselines"))
             everyone = tuple(range(comm.world)) if opt.check == "all" else (0,)
+            pool = BufferPool(comm.device)
             for name in RAW_BASELINES if plan.is_raw else ATTENTION_BASELINES:
                 if plan.is_raw:
                     def fn(buf=inputs.raw):
@@ -275,7 +276,7 @@ class _RankRun:
                     wire = torch_dtype(w.partial_dtype)
 
                     def fn(name=name, wire=wire, w=w):
-                        return run_attention_baseline(name, comm, inputs.q, inputs.kv, w, kernel, wire)
+                        return run_attention_baseline(name, comm, inputs.q, inputs.kv, w, kernel, wire, pool)
                 out.append(self.measure(pj.label, name, fn, w, everyone))
         return [m for m in out if m is not None]
 
