@@ -54,10 +54,10 @@ F(contributors) - c. It is computed by dynamic programming over n, O(p log p).
 COLLECTIVE steps are timed by the NCCL model, whose constants do not know this topology's
 ``overhead_us``; the simulator floors each collective at ``collective_floor_us`` (the cut
 and depth bounds of a raw payload of its bytes and row size). F is homogeneous of degree
-one in (alpha, g), so collectives whose row sizes add up to at least a partial's row (the
-three all-reduces of the paper's method) are floored at no less than the depth bound of
-the whole partial (mu grows no slower than the row size), so the bounds hold for
-collective plans too.
+one in (alpha, g, mu) and grows with each, and mu's memory part is linear in the row
+size, so collectives whose row sizes add up to at least a partial's row (the three
+all-reduces of the paper's method) are floored, together, at no less than the depth bound
+of the whole partial: the bounds hold for collective plans too.
 """
 
 from __future__ import annotations

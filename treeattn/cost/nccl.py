@@ -262,7 +262,7 @@ def fabric(topo: Topology) -> NcclFabric:
             nics: set[str] = set()
             for r in ranks:
                 nics.add(_nic_of(topo, r, out, per_node))
-            bw = sum(ln.bw_gbps for nic in nics for ln in out.get(nic, ()) if ln.cls is LinkClass.NETWORK)
+            bw = sum(ln.bw_gbps for nic in sorted(nics) for ln in out.get(nic, ()) if ln.cls is LinkClass.NETWORK)
             inter = min(inter, bw)
     return NcclFabric(
         ranks=topo.num_ranks,

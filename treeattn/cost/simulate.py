@@ -26,7 +26,9 @@ transfer (or arrived at a collective) last. Contention is not an edge of it.
 
 from __future__ import annotations
 
+import gc
 import heapq
+from collections import deque
 from dataclasses import dataclass
 
 from treeattn.cost.bounds import CutModel
@@ -132,7 +134,15 @@ def simulate(plan: Plan, topo: Topology, *, timeline: bool = True) -> SimResult:
             f"plan has {plan.ranks} ranks but topology {topo.name!r} places {topo.num_ranks}; "
             "use a topology with as many ranks as the plan (or --ranks to pick them)"
         )
-    return _Engine(plan, topo).run(timeline)
+    # The engine allocates hundreds of thousands of small acyclic objects; the cyclic
+    # collector would rescan the growing heap again and again (superlinear time).
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return _Engine(plan, topo).run(timeline)
+    finally:
+        if was:
+            gc.enable()
 
 
 class _Engine:
@@ -217,14 +227,17 @@ class _Engine:
         self.last_end = [-1.0] * p
         self.last_gid = [-1] * p
         self.finish = [0.0] * p
-        self.routes: dict[int, tuple[tuple[int, ...], float]] = {}
+        self.routes: dict[int, tuple[tuple[int, ...], float, float]] = {}
         self.heap: list = []
+        self.fifo: deque = deque()
         self.seq = 0
         # Transfers and their flows (one flow per transfer, indexed alike).
         self.x_send: list[int] = []
         self.x_recv: list[int] = []
         self.x_route: list[tuple[int, ...]] = []
         self.x_lat: list[float] = []
+        self.x_min: list[float] = []
+        """Per transfer: the narrowest capacity on its route (its rate when alone)."""
         self.rem: list[float] = []
         self.rate: list[float] = []
         self.last: list[float] = []
@@ -274,18 +287,21 @@ class _Engine:
         for r in range(self.p):
             if self.steps[r]:
                 self._post_step(r, 0.0)
-        heap = self.heap
+        heap, fifo = self.heap, self.fifo
         events = 0
-        pop = heapq.heappop
+        pop, popleft = heapq.heappop, fifo.popleft
         ver, x_send, x_recv = self.ver, self.x_send, self.x_recv
         op_done, drained, bw_start = self._op_done, self._drained, self._bw_start
         t = 0.0
         while True:
-            if self.dirty and (not heap or heap[0][0] > t):
+            if self.dirty and (not heap or heap[0][0] > t) and (not fifo or fifo[0][0] > t):
                 self._reshare(t)
-            if not heap:
+            if fifo and (not heap or fifo[0] < heap[0]):
+                t, _, ev, a, b = popleft()
+            elif heap:
+                t, _, ev, a, b = pop(heap)
+            else:
                 break
-            t, _, ev, a, b = pop(heap)
             events += 1
             if ev == _EV_XFER_DONE:
                 op_done(x_send[a], t)
@@ -369,13 +385,15 @@ class _Engine:
         if hit is None:
             route = self.topo.route(sr, qr)
             lat = self.lat
-            hit = self.routes[key] = (route, sum(lat[i] for i in route))
+            cap = self.cap
+            hit = self.routes[key] = (route, sum(lat[i] for i in route), min((cap[i] for i in route), default=0.0))
         x = len(self.x_send)
         nbytes = self.nbytes[s]
         self.x_send.append(s)
         self.x_recv.append(q)
         self.x_route.append(hit[0])
         self.x_lat.append(hit[1])
+        self.x_min.append(hit[2])
         self.rem.append(float(nbytes))
         self.rate.append(0.0)
         self.last.append(t)
@@ -383,7 +401,10 @@ class _Engine:
         if not hit[0] or nbytes == 0:
             self._push(t + self.overhead + hit[1], _EV_XFER_DONE, x)
         elif self.overhead > 0:
-            self._push(t + self.overhead, _EV_BW_START, x)
+            # Every flow waits the same overhead, so these events come due in the order
+            # they are made: a FIFO beside the heap keeps them out of it.
+            self.seq += 1
+            self.fifo.append((t + self.overhead, self.seq, _EV_BW_START, x, 0))
         else:
             self._bw_start(x, t)
 
@@ -391,75 +412,130 @@ class _Engine:
         self.last[x] = t
         lf = self.link_flows
         route = self.x_route[x]
+        alone = True
         for i in route:
             s = lf[i]
             if s is None:
                 s = lf[i] = set()
+            elif s:
+                alone = False
             s.add(x)
-        self.dirty.update(route)
+        if alone:
+            # Nobody else on its links: it runs at its narrowest link's rate and changes no
+            # other flow's share (a flow that joins later pulls it into a reshare).
+            rate = self.rate[x] = self.x_min[x]
+            self.ver[x] += 1
+            self._push(t + self.rem[x] / rate, _EV_DRAIN, x, self.ver[x])
+        else:
+            self.dirty.update(route)
 
     def _drained(self, x: int, t: float) -> None:
         self.rem[x] = 0.0
         self.ver[x] += 1
         lf = self.link_flows
         route = self.x_route[x]
+        shared = False
         for i in route:
-            lf[i].discard(x)
-        self.dirty.update(route)
+            s = lf[i]
+            s.discard(x)
+            if s:
+                shared = True
+        if shared:
+            self.dirty.update(route)
         self._push(t + self.x_lat[x], _EV_XFER_DONE, x)
 
     def _reshare(self, t: float) -> None:
         """Max-min fair rates for the flows connected to the links that changed."""
         lf = self.link_flows
         routes = self.x_route
-        frontier = [i for i in self.dirty if lf[i]]
-        self.dirty.clear()
-        seen_links = set(frontier)
+        # The component: flows reachable from the changed links through links that carry
+        # more than one flow (a link with one flow couples nothing).
         flows: list[int] = []
-        seen_flows: set[int] = set()
-        while frontier:
-            i = frontier.pop()
-            for x in lf[i]:
-                if x not in seen_flows:
-                    seen_flows.add(x)
+        seen: set[int] = set()
+        cnt: dict[int, int] = {}
+        stack: list[int] = []
+        for i in self.dirty:
+            on = lf[i]
+            if not on:
+                continue
+            if len(on) > 1:
+                if i not in cnt:
+                    cnt[i] = len(on)
+                    stack.append(i)
+                continue
+            for x in on:
+                if x not in seen:
+                    seen.add(x)
                     flows.append(x)
                     for j in routes[x]:
-                        if j not in seen_links:
-                            seen_links.add(j)
-                            frontier.append(j)
+                        n = len(lf[j])
+                        if n > 1 and j not in cnt:
+                            cnt[j] = n
+                            stack.append(j)
+        self.dirty.clear()
+        while stack:
+            for x in lf[stack.pop()]:
+                if x not in seen:
+                    seen.add(x)
+                    flows.append(x)
+                    for j in routes[x]:
+                        n = len(lf[j])
+                        if n > 1 and j not in cnt:
+                            cnt[j] = n
+                            stack.append(j)
         if not flows:
             return
         cap = self.cap
-        # Progressive filling: the link with the smallest fair share saturates first and
-        # fixes the rate of its unfixed flows; shares of the other links can only grow.
-        cnt = {i: len(lf[i]) for i in seen_links}
-        left = {i: cap[i] for i in seen_links}
-        heap = [(left[i] / c, i) for i, c in cnt.items()]
-        heapq.heapify(heap)
         new_rate: dict[int, float] = {}
-        pop, push = heapq.heappop, heapq.heappush
-        floor = 0.0
-        while heap:
-            share, i = pop(heap)
-            c = cnt[i]
-            if c == 0 or share != left[i] / c:
-                continue
-            # Shares never decrease in exact arithmetic; keep rounding from making one smaller.
-            share = floor = share if share > floor else floor
-            for x in lf[i]:
-                if x in new_rate:
-                    continue
-                new_rate[x] = share
-                for j in routes[x]:
-                    if j == i:
+        # Progressive filling: the link with the smallest fair share saturates first and
+        # fixes the rate of its unfixed flows; shares of the other links can only grow. A
+        # link carrying one flow only caps that flow: it enters as the flow's own limit.
+        if not cnt:
+            x_min = self.x_min
+            for x in flows:
+                new_rate[x] = x_min[x]
+        else:
+            left = {i: cap[i] for i in cnt}
+            heap = [(left[i] / c, 0, i) for i, c in cnt.items()]
+            for x in flows:
+                own = [cap[j] for j in routes[x] if j not in cnt]
+                if own:
+                    heap.append((min(own), 1, x))
+            heapq.heapify(heap)
+            pop, push = heapq.heappop, heapq.heappush
+            floor = 0.0
+            while heap:
+                share, is_flow, i = pop(heap)
+                if is_flow:
+                    if i in new_rate:
                         continue
-                    cj = cnt[j] - 1
-                    cnt[j] = cj
-                    lj = left[j] - share
-                    lj = left[j] = lj if lj > 0.0 else 0.0
-                    if cj > 0:
-                        push(heap, (lj / cj, j))
-            cnt[i] = 0
+                    fixed: tuple | set = (i,)
+                    skip = -1
+                else:
+                    c = cnt[i]
+                    if c == 0:
+                        continue
+                    cur = left[i] / c
+                    if cur != share:
+                        # Keys are lazy: a link's share only grows as flows leave it, so
+                        # an old key is too small; put it back with its current share.
+                        push(heap, (cur, 0, i))
+                        continue
+                    fixed, skip = lf[i], i
+                    cnt[i] = 0
+                # Shares never decrease in exact arithmetic; keep rounding from making one smaller.
+                share = floor = share if share > floor else floor
+                for x in fixed:
+                    if x in new_rate:
+                        continue
+                    new_rate[x] = share
+                    for j in routes[x]:
+                        cj = cnt.get(j)
+                        if cj is None or j == skip:
+                            continue
+                        cnt[j] = cj - 1
+                        lj = left[j] - share
+                        left[j] = lj if lj > 0.0 else 0.0
         rem, rate, last, ver = self.rem, self.rate, self.last, self.ver
         for x in flows:
             nr = new_rate[x]
@@ -577,14 +653,13 @@ class _Engine:
         path.reverse()
         tl = None
         if want_timeline:
-            out = []
-            for r, prog in enumerate(self.plan.programs):
-                base = self.offset[r]
-                for i, op in enumerate(prog):
-                    g = base + i
-                    out.append(OpTiming(r, i, op.kind.value, op.peer, op.chunk, self.start[g], self.end[g],
-                                        self.nbytes[g]))
-            tl = tuple(out)
+            names = {code: kind.value for kind, code in _KIND_CODE.items()}
+            off = self.offset
+            tl = tuple(
+                OpTiming(r, g - off[r], names[k], op.peer, op.chunk, st, en, nb)
+                for g, (r, k, op, st, en, nb) in enumerate(
+                    zip(self.rank_of, self.kind, self.ops, self.start, self.end, self.nbytes, strict=True))
+            )
         return SimResult(
             predicted_us=predicted,
             per_rank_finish_us=finish,
