@@ -62,7 +62,7 @@ class CalibrateOptions:
     repeats: int = 10
     warmup: int = 2
     contention: bool = True
-    contention_sizes: tuple[int, ...] = (64 << 10, 1 << 20, 16 << 20)
+    contention_sizes: tuple[int, ...] = (16 << 10, 1 << 20, 16 << 20)
     """Concurrent-flow sizes (those outside min..max are dropped)."""
     compute: str = "merge"
     """Kernel whose fit sets ``launch_us``/``mem_efficiency``: sum, merge, attention, or none."""

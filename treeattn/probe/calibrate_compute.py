@@ -11,8 +11,13 @@ Kernels, and the bytes the compute model (``treeattn.cost.compute``) says each m
   llama-3.1-8b row set (B 1, Hq 32, Hkv 8, D 128, bf16 KV) over ``n`` bytes of KV:
   KV + q + the partial written.
 
-A fit of time against bytes moved gives the fixed cost (``launch_us``) and the effective
-memory bandwidth; ``treeattn.probe.apply_fit`` turns the latter into ``mem_efficiency``.
+The line ``t = launch_us + moved / (eff_bw_gbps 1e3)`` is fitted in two parts, because
+caches bend it: sizes that fit in cache run far faster per byte than the memory-bound sizes
+where a merge's time matters. ``launch_us`` is the median time of the sizes moving at most
+``LAUNCH_BYTES``; the bandwidth is the least-squares slope (absolute errors, through that
+intercept) over the sizes moving at least ``MEMORY_BYTES`` (all sizes above the launch ones
+when none is that large). ``treeattn.probe.apply_fit`` turns the bandwidth into
+``mem_efficiency``.
 """
 
 from __future__ import annotations
@@ -23,17 +28,20 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from treeattn.errors import InputError
+from treeattn.errors import InputError, ProbeError
 from treeattn.exec.attention import make_kv_shard, make_query, partial_attention
 from treeattn.exec.merge import merge_into, sum_into
 from treeattn.probe.fit import Fit, fit_alpha_beta
 from treeattn.workload import Workload
 
-__all__ = ["KERNELS", "ComputePoint", "ComputeFit", "measure_compute", "rank_threads"]
+__all__ = ["KERNELS", "ComputePoint", "ComputeFit", "measure_compute", "fit_compute", "rank_threads"]
 
 KERNELS = ("sum", "merge", "attention")
+LAUNCH_BYTES = 64 << 10
+MEMORY_BYTES = 3 << 20
 _D = 128
 _KV_PER_TOKEN = 2 * 8 * _D * 2  # K and V, Hkv 8, D 128, bf16
 
@@ -136,8 +144,36 @@ def measure_compute(kernel: str, sizes: Sequence[int], *, repeats: int = 10, thr
     if len(points) < 2:
         raise InputError(f"compute kernel {kernel}: need at least two sizes it can run at, got {len(points)}; "
                          "raise --max-size")
-    fit = fit_alpha_beta([p.moved_bytes for p in points], [p.median_us for p in points])
-    return ComputeFit(kernel, threads or torch.get_num_threads(), tuple(points), fit)
+    return ComputeFit(kernel, threads or torch.get_num_threads(), tuple(points), fit_compute(points))
+
+
+def fit_compute(points: Sequence[ComputePoint]) -> Fit:
+    """Launch from the small sizes, bandwidth from the large ones (module docstring).
+
+    Args:
+        points: at least two sizes.
+
+    Returns:
+        The line as a ``Fit`` (r2 and residuals over all points, relative metric).
+    """
+    small = [p.median_us for p in points if p.moved_bytes <= LAUNCH_BYTES] or [min(p.median_us for p in points)]
+    launch = statistics.median(small)
+    big = [p for p in points if p.moved_bytes >= MEMORY_BYTES] or [p for p in points if p.moved_bytes > LAUNCH_BYTES]
+    if not big:
+        return fit_alpha_beta([p.moved_bytes for p in points], [p.median_us for p in points])
+    x = np.array([p.moved_bytes for p in big], dtype=float)
+    y = np.array([p.median_us - launch for p in big])
+    slope = float(np.dot(x, y) / np.dot(x, x))
+    if not slope > 0:
+        raise ProbeError(f"compute fit: the large sizes take no longer than the launch ({launch:.3g} µs); "
+                         "raise --max-size")
+    t = np.array([p.median_us for p in points])
+    res = t - (launch + slope * np.array([p.moved_bytes for p in points], dtype=float))
+    w = 1.0 / t**2
+    mean = float(np.sum(w * t) / np.sum(w))
+    ss_tot = float(np.sum(w * (t - mean) ** 2))
+    r2 = 1.0 - float(np.sum(w * res**2)) / ss_tot if ss_tot > 0 else 1.0
+    return Fit(float(launch), 1.0 / (slope * 1e3), r2, tuple(float(r) for r in res))
 
 
 def rank_threads(ranks: int) -> int:

@@ -1,0 +1,192 @@
+"""Predicted vs measured after calibration: ping-pong at every size and every plan family.
+
+1. ``treeattn.probe.calibrate`` on ``cpu:ranks=P`` (gloo over loopback): ping-pong per route
+   class at 13 sizes from 4 B to 64 MiB, with 1 and 4 round trips, concurrent-flow and fan-in
+   tests, and the ``sum`` kernel (raw payloads are summed); fitted into the topology.
+2. Every builder family that reduces raw payloads, at 16 KB, 1 MB and 16 MB per rank, is run
+   by the executor (``treeattn.exec``: median over repeats of the per-iteration maximum over
+   ranks) and predicted by ``treeattn.cost.simulate`` on the calibrated topology.
+3. Prints the table of every case (measured median, predicted, relative error) and the median
+   and p90 of the absolute relative errors; with ``--out-dir`` also writes the fitted topology,
+   the calibration JSON, a CSV of every case, the fit's PNG and a README.md with the tables.
+
+    .venv/bin/python benchmarks/bench_calibrate.py --out-dir results/calibration-cpu4
+    .venv/bin/python benchmarks/bench_calibrate.py --quick          # fewer sizes and repeats
+
+``allreduce`` and ``allgather-merge`` are library collectives: the simulator times them with
+its model of NCCL's tuner (``treeattn.cost.nccl``), which calibration of links does not
+reach; they are shown, and summarized apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from treeattn.cost.simulate import simulate
+from treeattn.exec.launch import launch
+from treeattn.exec.runner import Job, PlanJob, RunOptions
+from treeattn.plan.builders import ALGORITHMS, build
+from treeattn.probe.calibrate import CalibrateOptions, calibrate
+from treeattn.probe.calibrate_plot import plot_calibration
+from treeattn.topology.io import dump_topology
+from treeattn.topology.library import resolve
+from treeattn.units import format_size, parse_size
+from treeattn.workload import RawPayload
+
+LIBRARY = ("allreduce", "allgather-merge")
+EXTRA = {"hierarchical": {"group_size": 2}}
+SKIP = ("tree",)  # the generic parent-list form of star/chain/kary/binomial
+
+
+def families() -> list[str]:
+    return [name for name, spec in ALGORITHMS.items() if "raw" in spec.payloads and name not in SKIP]
+
+
+def quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def summary(errs: list[float]) -> str:
+    a = [abs(e) for e in errs]
+    return f"median {statistics.median(a):.1%}, p90 {quantile(a, 0.9):.1%} over {len(a)} cases" if a else "no cases"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--sizes", default="16KB,1MB,16MB", help="payload per rank of the plan families")
+    ap.add_argument("--chunks", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=15, help="timed iterations per plan")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--cal-repeats", type=int, default=10, help="timed iterations per calibration case")
+    ap.add_argument("--out-dir", type=Path, default=None)
+    ap.add_argument("--quick", action="store_true", help="6 calibration sizes up to 4 MiB, 3 repeats")
+    args = ap.parse_args()
+    console = Console(width=140)
+    p = args.ranks
+    topo = resolve(f"cpu:ranks={p}")
+    opt = CalibrateOptions(repeats=args.cal_repeats, compute="sum")
+    if args.quick:
+        opt = CalibrateOptions(max_bytes=4 << 20, sizes=6, repeats=3, warmup=1, compute="sum",
+                               contention_sizes=(1 << 20,))
+        args.repeats, args.warmup = 3, 1
+    load = [os.getloadavg()[0]]
+    t0 = time.time()
+    report = calibrate(topo, opt)
+    fitted = report.topology
+    t_cal = time.time() - t0
+    load.append(os.getloadavg()[0])
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    plans = {}
+    for n in sizes:
+        for fam in families():
+            plans[f"{fam}-{n}B"] = (fam, n, build(fam, RawPayload(nbytes=n, ranks=p), fitted, chunks=args.chunks,
+                                                  **EXTRA.get(fam, {})))
+    run_opts = RunOptions(repeats=args.repeats, warmup=args.warmup, timeout_s=120, setup_timeout_s=600,
+                          backend="gloo")
+    t0 = time.time()
+    result = launch(Job(tuple(PlanJob(label, plan) for label, (_, _, plan) in plans.items()), run_opts))
+    t_run = time.time() - t0
+    load.append(os.getloadavg()[0])
+    rows = []
+    for m in result.measurements:
+        fam, n, plan = plans[m.label]
+        pred = simulate(plan, fitted, timeline=False).predicted_us
+        rows.append({"case": fam, "size_bytes": n, "flows": None, "round_trips": None, "measured_us": m.median_us,
+                     "spread_us": m.spread_us, "predicted_us": pred, "rel_error": (pred - m.median_us) / m.median_us,
+                     "correct": m.correct})
+    pp = [{"case": "pingpong", "size_bytes": c.nbytes, "flows": c.flows, "round_trips": c.round_trips,
+           "measured_us": c.measured_us, "spread_us": c.spread_us, "predicted_us": c.predicted_us,
+           "rel_error": c.rel_error, "correct": True} for c in report.cases if c.kind == "pingpong"]
+    other = [{"case": c.kind, "size_bytes": c.nbytes, "flows": c.flows, "round_trips": c.round_trips,
+              "measured_us": c.measured_us, "spread_us": c.spread_us, "predicted_us": c.predicted_us,
+              "rel_error": c.rel_error, "correct": True} for c in report.cases if c.kind != "pingpong"]
+    command = " ".join([".venv/bin/python", *sys.argv])
+    lines = render(console, report, rows, pp, other, load, t_cal, t_run, command, args)
+    if args.out_dir is not None:
+        write(args.out_dir, report, fitted, rows + pp + other, lines)
+
+
+def render(console: Console, report, rows, pp, other, load, t_cal, t_run, command, args) -> list[str]:  # noqa: ANN001
+    """Print the tables; return the same as Markdown lines for the README."""
+    c = report.classes[0]
+    cost = report.topology.cost
+    md = [f"Command: `{command}`", "",
+          f"Machine: {os.cpu_count()} CPU cores, {args.ranks} ranks (processes), gloo over TCP loopback. "
+          f"Load average (1 min) before calibration {load[0]:.1f}, after it {load[1]:.1f}, after the plan runs "
+          f"{load[2]:.1f}. Calibration {t_cal:.0f} s, plan runs {t_run:.0f} s.", "",
+          "## Fitted parameters", "",
+          f"- loopback class, pair {c.route_class.pair}: α = {c.fit.alpha_us:.1f} µs per message, "
+          f"β = {c.fit.beta_gbps:.3g} GB/s, per-iteration skew {c.fit.skew_us:.0f} µs (not in the model), "
+          f"R² = {c.fit.r2:.4f}",
+          f"- overhead_us = {cost.overhead_us:.1f}, link latency_us = {report.topology.links[0].latency_us:.1f}, "
+          f"bw_gbps = {report.topology.links[0].bw_gbps:.3g}",
+          f"- compute ({report.compute.kernel} kernel): launch_us = {cost.launch_us:.1f}, mem_efficiency = "
+          f"{cost.mem_efficiency:.3g} (effective {report.compute.eff_bw_gbps:.3g} GB/s)" if report.compute else "",
+          ""]
+    for title, data in ((f"Plan families (raw payloads, chunks={args.chunks})", rows),
+                        ("Ping-pong (calibration cases, every size)", pp),
+                        ("Concurrent flows and fan-in (calibration cases)", other)):
+        table = Table(title=title)
+        head = ("case", "size", "flows", "R", "measured µs", "± µs", "predicted µs", "error")
+        for col in head:
+            table.add_column(col, justify="left" if col == "case" else "right")
+        md += [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in data:
+            cells = (r["case"], format_size(r["size_bytes"]), "" if r["flows"] is None else str(r["flows"]),
+                     "" if r["round_trips"] is None else str(r["round_trips"]), f"{r['measured_us']:,.0f}",
+                     f"{r['spread_us'] / 2:,.0f}", f"{r['predicted_us']:,.0f}", f"{r['rel_error']:+.1%}")
+            table.add_row(*cells)
+            md.append("| " + " | ".join(cells) + " |")
+        console.print(table)
+        md.append("")
+    p2p = [r["rel_error"] for r in rows if r["case"] not in LIBRARY]
+    lib = [r["rel_error"] for r in rows if r["case"] in LIBRARY]
+    ppe = [r["rel_error"] for r in pp]
+    lines = [
+        f"plan families, point-to-point: {summary(p2p)}",
+        f"plan families, library collectives ({', '.join(LIBRARY)}): {summary(lib)}",
+        f"plan families, all: {summary(p2p + lib)}",
+        f"ping-pong: {summary(ppe)}",
+        f"ping-pong + point-to-point families: {summary(ppe + p2p)}",
+        f"everything above: {summary(ppe + p2p + lib)}",
+    ]
+    wrong = [r["case"] for r in rows if not r["correct"]]
+    if wrong:
+        lines.append(f"WRONG RESULTS: {wrong}")
+    md += ["## Absolute relative error |predicted - measured| / measured", ""] + [f"- {x}" for x in lines] + [""]
+    for x in lines:
+        console.print(x)
+    console.print(f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}; command: {command}")
+    return md
+
+
+def write(out: Path, report, fitted, rows, md) -> None:  # noqa: ANN001
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cpu-calibrated.yaml").write_text(dump_topology(fitted))
+    (out / "calibration.json").write_text(json.dumps(report.to_dict(), sort_keys=True, indent=2) + "\n")
+    head = ("case", "size_bytes", "flows", "round_trips", "measured_us", "spread_us", "predicted_us", "rel_error")
+    csv = [",".join(head)] + [",".join("" if r[k] is None else (f"{r[k]:.6g}" if isinstance(r[k], float) else str(r[k]))
+                                       for k in head) for r in rows]
+    (out / "cases.csv").write_text("\n".join(csv) + "\n")
+    plot_calibration(report, out / "fit.png")
+    title = ["# Calibration on this machine: predicted vs measured", "",
+             "Written by `benchmarks/bench_calibrate.py` (see its docstring for what runs).", ""]
+    (out / "README.md").write_text("\n".join(title + md) + "\n")
+
+
+if __name__ == "__main__":
+    main()

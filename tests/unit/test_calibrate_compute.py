@@ -1,0 +1,56 @@
+"""Compute microbenchmarks of ``treeattn calibrate``: the executor's kernels, sizes and bytes moved."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from treeattn.errors import InputError
+from treeattn.probe.calibrate_compute import measure_compute, rank_threads
+
+
+@pytest.mark.parametrize(
+    ("kernel", "sizes", "want"),
+    [
+        # sum: fp32 buffers, reads two and writes one.
+        ("sum", [4, 1 << 22], [(4, 12), (1 << 22, 3 << 22)]),
+        # merge: whole packed rows of D + 1 = 129 fp32 (516 B); below one row nothing runs.
+        ("merge", [100, 516 * 10, 516 * 4096], [(5160, 15480), (516 * 4096, 3 * 516 * 4096)]),
+    ],
+)
+def test_bytes_moved_follow_the_compute_model(kernel, sizes, want):
+    fit = measure_compute(kernel, sizes, repeats=2, threads=1, budget_s=0.5)
+    assert [(p.nbytes, p.moved_bytes) for p in fit.points] == want
+    assert fit.kernel == kernel and fit.threads == 1
+    assert all(math.isfinite(p.median_us) and p.median_us > 0 for p in fit.points)
+    assert fit.launch_us >= 0 and math.isfinite(fit.eff_bw_gbps)
+
+
+def test_attention_moves_kv_query_and_partial():
+    fit = measure_compute("attention", [4096, 4096 * 64], repeats=2, threads=1, budget_s=0.5)
+    # 1 token of llama-3.1-8b bf16 KV is 4096 B; q is 32 x 128 bf16; the partial 32 x 129 fp32.
+    assert [(p.nbytes, p.moved_bytes) for p in fit.points] == [(4096, 4096 + 8192 + 16512),
+                                                               (4096 * 64, 4096 * 64 + 8192 + 16512)]
+
+
+def test_refusals_and_thread_count(monkeypatch):
+    with pytest.raises(InputError, match="unknown compute kernel"):
+        measure_compute("fft", [4, 64])
+    with pytest.raises(InputError, match="at least two sizes"):
+        measure_compute("merge", [4, 64, 516])
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert rank_threads(4) == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert rank_threads(10**6) == 1
+
+
+def test_fit_takes_launch_from_small_sizes_and_bandwidth_from_large_ones():
+    from treeattn.probe.calibrate_compute import ComputePoint, fit_compute
+
+    # Cached sizes run faster per byte than the line through the memory-bound ones: launch
+    # comes from the former, bandwidth (2 GB/s) from the latter only.
+    pts = [ComputePoint(n, 3 * n, 5.0 + 3 * n / (2e6 if n < 1 << 20 else 2e3)) for n in (64, 1024, 1 << 20, 1 << 24)]
+    fit = fit_compute(pts)
+    assert fit.alpha_us == pytest.approx(5.0, rel=0.01) and fit.beta_gbps == pytest.approx(2.0, rel=0.01)
+    assert fit.residuals[-1] == pytest.approx(0.0, abs=1.0)
