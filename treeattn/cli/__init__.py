@@ -31,6 +31,7 @@ def _register() -> None:
     import treeattn.cli.emulate  # noqa: F401
     import treeattn.cli.plan  # noqa: F401
     import treeattn.cli.probe  # noqa: F401
+    import treeattn.cli.report  # noqa: F401
     import treeattn.cli.run  # noqa: F401
     import treeattn.cli.simulate  # noqa: F401
     import treeattn.cli.topo  # noqa: F401

@@ -1,0 +1,190 @@
+"""Report rendering from a small synthetic results folder: figures, files, determinism, CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.cli_helpers import run_cli
+from treeattn.errors import InputError
+from treeattn.report import ROW_COLUMNS, TIMELINE_COLUMNS, load_folder, render_folder, summarize, summary_json
+from treeattn.report.plots import choose_timeline
+from treeattn.report.summary import case_frame, error_frame
+
+# (method, role, is_pick, predicted_us, measured_us) per case; measured / predicted gives the error.
+CASES = {
+    ("emu-a", "B1", 1, 256): [("multirail", "candidate", True, 1000.0, 1100.0),
+                              ("star", "candidate", False, 2000.0, 1600.0),
+                              ("allreduce3", "baseline", False, 3000.0, 3300.0),
+                              ("ring-attention", "baseline", False, 5000.0, 4000.0)],
+    ("emu-a", "B64", 64, 256): [("multirail", "candidate", True, 10000.0, 12000.0),
+                                ("star", "candidate", False, 11000.0, 10000.0),
+                                ("allreduce3", "baseline", False, 20000.0, 25000.0)],
+    ("emu-a", "N64K", 1, 65536): [("multirail", "candidate", True, 4000.0, 5000.0),
+                                  ("ring-attention", "baseline", False, 900000.0, 1000000.0)],
+    ("emu-b", "B1", 1, 256): [("butterfly", "candidate", True, 500.0, 400.0),
+                              ("allreduce3", "baseline", False, 800.0, 1000.0)],
+}
+
+
+def _rows() -> pd.DataFrame:
+    out = []
+    for (topo, case, batch, tokens), methods in CASES.items():
+        for method, role, pick, pred, meas in methods:
+            out.append({
+                "topology": topo, "case": case, "regime": "long-context" if tokens > 256 else "sweep",
+                "ranks": 8 if topo == "emu-a" else 4, "batch": batch, "q_heads": 8, "kv_heads": 1, "head_dim": 32,
+                "tokens_per_rank": tokens, "payload_bytes": batch * 8 * 33 * 4, "kv_bytes_per_rank": tokens * 128,
+                "method": method, "role": role, "is_pick": pick, "algorithm": method, "chunks": 2,
+                "predicted_us": pred, "predicted_nominal_us": pred * 2, "measured_median_us": meas,
+                "measured_p10_us": meas * 0.9, "measured_p90_us": meas * 1.1, "repeats": 5, "correct": True,
+                "max_rel_err": 1e-6,
+            })
+    return pd.DataFrame(out, columns=list(ROW_COLUMNS))
+
+
+def _timeline() -> pd.DataFrame:
+    out = []
+    for source, scale in (("predicted", 1.0), ("measured", 1.3)):
+        for rank in range(2):
+            for i, (kind, peer, start, end) in enumerate([("compute", None, 0, 50), ("send", 1 - rank, 50, 400),
+                                                           ("recv_merge", 1 - rank, 50, 420)]):
+                out.append({"topology": "emu-a", "case": "B1", "method": "multirail", "source": source, "rank": rank,
+                            "op_index": i, "kind": kind, "peer": peer, "chunk": None, "start_us": start * scale,
+                            "end_us": end * scale})
+    return pd.DataFrame(out, columns=list(TIMELINE_COLUMNS))
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    d = tmp_path / "res"
+    d.mkdir()
+    _rows().to_csv(d / "rows.csv", index=False)
+    _timeline().to_csv(d / "timeline.csv", index=False)
+    (d / "meta.json").write_text(json.dumps({"primary_topology": "emu-a"}))
+    return d
+
+
+def test_error_figures():
+    err = error_frame(_rows())
+    assert len(err) == 11
+    # |pred - meas| / meas: 1/11, 1/4, 1/11, 1/4, 1/6, 1/10, 1/5, 1/5, 1/10, 1/4, 1/5
+    assert err["error"].median() == pytest.approx(0.2)
+    s = summarize(_rows())
+    assert s["errors"]["all"]["n"] == 11
+    assert s["errors"]["all"]["median"] == pytest.approx(0.2)
+    assert s["errors"]["all"]["p90"] == pytest.approx(0.25)
+    assert s["errors"]["nominal"]["median"] > s["errors"]["all"]["median"]  # the nominal predictions are 2x off
+    assert set(s["errors"]["by_topology"]) == {"emu-a", "emu-b"}
+
+
+def test_case_figures_and_targets():
+    cases = case_frame(_rows()).set_index(["topology", "case"])
+    b1 = cases.loc[("emu-a", "B1")]
+    assert b1["pick"] == "multirail" and b1["best"] == "multirail" and b1["regret"] == pytest.approx(0.0)
+    assert b1["speedup_allreduce3"] == pytest.approx(3.0) and b1["speedup_ring_attention"] == pytest.approx(4000 / 1100)
+    b64 = cases.loc[("emu-a", "B64")]
+    assert b64["best"] == "star" and b64["regret"] == pytest.approx(0.2)
+    s = summarize(_rows(), {"primary_topology": "emu-a"})
+    t = s["targets"]
+    assert s["primary_topology"] == "emu-a"
+    assert t["speedup_allreduce3_b1"]["value"] == pytest.approx(3.0) and t["speedup_allreduce3_b1"]["reached"]
+    assert t["speedup_ring_attention_64k"]["value"] == pytest.approx(200.0)
+    assert t["regret"]["value"] == pytest.approx(0.2) and t["regret"]["reached"] is False
+    assert t["error_cases"]["reached"] is False  # 11 rows < 30
+    # emu-b has fewer ranks: without meta the primary is still the larger cluster
+    assert summarize(_rows())["primary_topology"] == "emu-a"
+
+
+def test_wrong_results_leave_the_error_set():
+    rows = _rows()
+    rows.loc[0, "correct"] = False
+    s = summarize(rows)
+    assert s["errors"]["all"]["n"] == 10 and s["errors"]["excluded_rows"] == 1
+    assert s["cases"][0]["pick_us"] is None and s["cases"][0]["regret"] is None
+
+
+def test_render_writes_files_and_is_deterministic(folder: Path):
+    done = render_folder(folder)
+    names = sorted(p.name for p in done.files)
+    assert names == ["scatter.png", "speedup.png", "summary.json", "timeline.png"]
+    assert all((folder / n).stat().st_size > 1000 for n in names if n.endswith(".png"))
+    assert done.timeline == ("emu-a", "B1", "multirail")
+    first = (folder / "summary.json").read_bytes()
+    render_folder(folder, plots=False)
+    assert (folder / "summary.json").read_bytes() == first
+    assert json.loads(first) == json.loads(summary_json(summarize(load_folder(folder).rows, {"primary_topology":
+                                                                                             "emu-a"})))
+
+
+def test_timeline_choice(folder: Path):
+    f = load_folder(folder)
+    assert choose_timeline(f.rows, f.timeline, method="multirail") == ("emu-a", "B1", "multirail")
+    with pytest.raises(InputError, match="no timeline for"):
+        choose_timeline(f.rows, f.timeline, case="B64")
+
+
+def test_cli_report_json(folder: Path):
+    res = run_cli("report", str(folder), "--json", "--no-plots")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["targets"]["regret"]["value"] == pytest.approx(0.2)
+    assert res.stdout == (folder / "summary.json").read_text()
+
+
+def test_cli_report_tables(folder: Path):
+    res = run_cli("report", str(folder), "--timeline", "B1:multirail")
+    assert res.exit_code == 0, res.stderr
+    assert "Targets" in res.stdout and "timeline.png" in res.stdout
+
+
+@pytest.mark.parametrize(("setup", "match"), [
+    ("missing", "does not exist"),
+    ("no-rows", "has no rows.csv"),
+    ("bad-column", "lacks the columns"),
+])
+def test_cli_report_bad_folders(tmp_path: Path, setup: str, match: str):
+    d = tmp_path / "r"
+    if setup != "missing":
+        d.mkdir()
+    if setup == "bad-column":
+        _rows().drop(columns=["predicted_us"]).to_csv(d / "rows.csv", index=False)
+    res = run_cli("report", str(d))
+    assert res.exit_code == 2
+    assert match in res.stderr and "Traceback" not in res.stderr
+
+
+def test_cli_report_unknown_timeline(folder: Path):
+    res = run_cli("report", str(folder), "--timeline", "emu-a:B1:nope")
+    assert res.exit_code == 2 and "no timeline for emu-a:B1:nope" in res.stderr
+
+
+def test_report_imports_no_torch():
+    code = "import sys, treeattn.report, treeattn.validate; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(10, 1e6), st.floats(10, 1e6)), min_size=2, max_size=8),
+       st.integers(0, 7))
+def test_regret_and_error_properties(times, pick):
+    pick %= len(times)
+    recs = []
+    base = _rows().iloc[0].to_dict()
+    for i, (pred, meas) in enumerate(times):
+        recs.append({**base, "method": f"m{i}", "is_pick": i == pick, "predicted_us": pred,
+                     "measured_median_us": meas})
+    rows = pd.DataFrame(recs, columns=list(ROW_COLUMNS))
+    s = summarize(rows)
+    c = s["cases"][0]
+    assert c["regret"] >= 0
+    assert c["best_us"] == pytest.approx(min(m for _, m in times), rel=1e-5)
+    e = s["errors"]["all"]
+    assert e["median"] <= e["p90"] * (1 + 1e-9) <= e["max"] * (1 + 1e-9)

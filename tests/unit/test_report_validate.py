@@ -1,0 +1,74 @@
+"""The pure parts of ``treeattn validate``: scaled cases, what each case measures, flag errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cli_helpers import run_cli
+from treeattn.errors import InputError
+from treeattn.search.search import FAMILIES
+from treeattn.topology.library import resolve
+from treeattn.validate import EMU_HEADS, HeadShape, case_plans, default_cases
+
+
+def test_default_cases_are_scaled():
+    topo = resolve("topologies/emu-2x4.yaml")
+    cases = default_cases(topo)
+    assert [c.name for c in cases] == ["B1", "B4", "B16", "B64", "N64K"]
+    b1, n64 = cases[0].workload, cases[-1].workload
+    assert (b1.q_heads, b1.kv_heads, b1.head_dim) == (EMU_HEADS.q_heads, EMU_HEADS.kv_heads, EMU_HEADS.head_dim)
+    assert b1.payload_bytes == 8 * 33 * 4 and cases[3].workload.payload_bytes == 64 * 8 * 33 * 4
+    assert cases[-1].tokens_per_rank == 65536 and n64.kv_bytes(0) == 8 << 20
+    assert [c.regime for c in cases] == ["sweep"] * 4 + ["long-context"]
+    assert [c.name for c in default_cases(topo, batches=(2,), long_tokens_per_rank=0)] == ["B2"]
+
+
+@pytest.mark.parametrize("bad", [dict(batches=()), dict(batches=(1, 1)), dict(tokens_per_rank=0)])
+def test_bad_cases(bad):
+    with pytest.raises(InputError):
+        default_cases(resolve("emu-mesh"), **bad)
+    with pytest.raises(InputError, match="KV heads dividing"):
+        HeadShape(8, 3, 32)
+
+
+def test_case_plans_pick_and_dedup():
+    topo = resolve("emu-pcie-tree")
+    case = default_cases(topo, batches=(16,), long_tokens_per_rank=0)[0]
+    cp = case_plans(topo, case.workload)
+    picks = [m for m in cp.methods if m.is_pick]
+    assert len(picks) == 1
+    names = [m.method for m in cp.methods]
+    assert len(set(names)) == len(names)
+    covered = {f for m in names for f in m.split("+")}
+    assert covered <= set(FAMILIES) | {picks[0].method}
+    keys = {(m.plan.chunks, m.plan.programs) for m in cp.methods}
+    assert len(keys) == len(cp.methods)  # every method a different schedule
+    best = min(m.plan.predicted_us for m in cp.methods)
+    assert cp.pick.plan.predicted_us == pytest.approx(best) and cp.pick_predicted_us == pytest.approx(best)
+
+
+def test_case_plans_unknown_family():
+    topo = resolve("emu-mesh")
+    with pytest.raises(InputError, match="unknown candidate families"):
+        case_plans(topo, default_cases(topo)[0].workload, families=("nope",))
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    (["--heads", "8/3/32"], "KV heads dividing"),
+    (["--heads", "8x1"], "HQ/HKV/D"),
+    (["--batches", "1,x"], "--batches"),
+    (["--long-tokens", "lots"], "--long-tokens"),
+    (["--families", "star,nope"], "unknown candidate families"),
+])
+def test_validate_flag_errors(args, match, tmp_path):
+    # Errors in the flags surface before anything is emulated (no root needed).
+    res = run_cli("validate", "emu-mesh", "--out", str(tmp_path / "o"), "--no-calibrate", *args)
+    assert res.exit_code == 2, res.stderr
+    assert match in res.stderr and "Traceback" not in res.stderr
+
+
+def test_validate_calibrated_count(tmp_path):
+    cal = tmp_path / "cal.yaml"
+    cal.write_text("x: 1\n")
+    res = run_cli("validate", "emu-mesh", "emu-pcie-tree", "--calibrated", str(cal), "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2 and "one per topology" in res.stderr

@@ -1,0 +1,175 @@
+"""``treeattn validate`` (measure every candidate and baseline on emulated clusters, beside the
+prediction) and ``treeattn report`` (summary, tables and plots of a results folder).
+
+    treeattn validate topologies/emu-2x4.yaml topologies/emu-pcie-tree.yaml --out results/NAME
+    treeattn report results/NAME
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from treeattn.cli import app, err_console
+from treeattn.cli.options import JsonOpt, load_topology
+from treeattn.errors import InputError
+
+__all__ = ["validate_cmd", "report_cmd"]
+
+_CASES = "Cases"
+_MEASURE = "Measurement"
+DEFAULT_TOPOLOGIES = ("topologies/emu-2x4.yaml", "topologies/emu-pcie-tree.yaml", "topologies/emu-mesh.yaml")
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise InputError(f"{flag} {text!r}: write positive integers separated by commas, e.g. 1,4,16") from None
+    if not values:
+        raise InputError(f"{flag} {text!r} names nothing")
+    return values
+
+
+def _tokens(text: str, flag: str) -> int:
+    t = text.strip().upper()
+    try:
+        return int(t[:-1]) * 1024 if t.endswith("K") else int(t)
+    except ValueError:
+        raise InputError(f"{flag} {text!r}: write tokens like 256, 64K (K = 1024) or 0") from None
+
+
+def _heads(text: str) -> tuple[int, int, int]:
+    parts = text.replace("x", "/").split("/")
+    if len(parts) != 3:
+        raise InputError(f"--heads {text!r}: write HQ/HKV/D, e.g. 8/1/32")
+    try:
+        hq, hkv, d = (int(p) for p in parts)
+    except ValueError:
+        raise InputError(f"--heads {text!r}: write HQ/HKV/D with integers, e.g. 8/1/32") from None
+    return hq, hkv, d
+
+
+@app.command("validate")
+def validate_cmd(
+    topologies: Annotated[list[str] | None, typer.Argument(
+        metavar="[TOPOLOGY]...", show_default=False,
+        help="Emulated topologies (files or presets), the primary first; default: "
+             + ", ".join(DEFAULT_TOPOLOGIES) + ".")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Results folder to write (rows.csv, timeline.csv, "
+                                      "meta.json, calibration/, summary.json and the plots).")] = Path(
+        "results/validate"),
+    ranks: Annotated[str | None, typer.Option("--ranks", help="Use only these ranks of every topology "
+                                              "(0-3, 0,4).")] = None,
+    batches: Annotated[str, typer.Option("--batches", help="Batch sizes of the payload sweep.",
+                                         rich_help_panel=_CASES)] = "1,4,16,64",
+    tokens: Annotated[str, typer.Option("--tokens", help="KV tokens per rank of the sweep cases.",
+                                        rich_help_panel=_CASES)] = "256",
+    long_tokens: Annotated[str, typer.Option("--long-tokens", help="Tokens per rank of the long-context case "
+                                             "(B = 1); 0 leaves it out.", rich_help_panel=_CASES)] = "64K",
+    heads: Annotated[str, typer.Option("--heads", help="Head shape HQ/HKV/D of every case (scaled to the emulated "
+                                       "links: see treeattn.validate.cases).", rich_help_panel=_CASES)] = "8/1/32",
+    families: Annotated[str | None, typer.Option("--families", help="Candidate families to measure, comma "
+                                                 "separated (default: all).", rich_help_panel=_CASES)] = None,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed iterations per method.",
+                                         rich_help_panel=_MEASURE)] = 5,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.",
+                                        rich_help_panel=_MEASURE)] = 1,
+    scale: Annotated[float, typer.Option("--scale", min=1e-9, help="Factor on every emulated link's bandwidth.",
+                                         rich_help_panel=_MEASURE)] = 1.0,
+    calibrate: Annotated[bool, typer.Option("--calibrate/--no-calibrate", help="Calibrate inside each emulated "
+                                            "cluster first and plan/predict on the fitted topology.",
+                                            rich_help_panel=_MEASURE)] = True,
+    calibrated: Annotated[list[Path] | None, typer.Option(
+        "--calibrated", exists=True, dir_okay=False, show_default=False, rich_help_panel=_MEASURE,
+        help="Fitted topology (treeattn calibrate -o) to plan and predict on instead of calibrating, one per "
+             "TOPOLOGY in order.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the search and of q, K, V.",
+                                      rich_help_panel=_MEASURE)] = 0,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="Seconds one measured operation may "
+                                           "wait.", rich_help_panel=_MEASURE)] = 300.0,
+    max_load: Annotated[float | None, typer.Option(
+        "--max-load", min=0.0, rich_help_panel=_MEASURE,
+        help="Wait (up to --max-wait) until the 1-minute load average is at most this before calibrating and "
+             "before measuring: the ranks share the host's cores with whatever else runs.")] = None,
+    max_wait: Annotated[float, typer.Option("--max-wait", min=0.0, help="Seconds to wait for --max-load.",
+                                            rich_help_panel=_MEASURE)] = 600.0,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Render the report when done.")] = True,
+    json_out: JsonOpt = False,
+) -> None:
+    """Emulate each TOPOLOGY, calibrate inside it, and measure the best plan of every candidate family,
+    the planner's pick and the baselines at payloads from latency- to bandwidth-bound, beside the
+    simulator's prediction (root and iproute2)."""
+    from treeattn.topology.io import load_topology as load_file
+    from treeattn.validate import CalibrationSettings, HeadShape, TopologyTarget, ValidateOptions, default_cases
+    from treeattn.validate import validate as run_validate
+
+    specs = list(topologies or DEFAULT_TOPOLOGIES)
+    if calibrated and len(calibrated) != len(specs):
+        raise InputError(f"--calibrated names {len(calibrated)} files for {len(specs)} topologies; give one per "
+                         "topology, in the same order")
+    hq, hkv, d = _heads(heads)
+    shape = HeadShape(hq, hkv, d)
+    fams = tuple(f.strip() for f in families.split(",") if f.strip()) if families else None
+    targets = []
+    for i, spec in enumerate(specs):
+        topo = load_topology(spec, ranks)
+        cases = default_cases(topo, batches=_ints(batches, "--batches"), tokens_per_rank=_tokens(tokens, "--tokens"),
+                              long_tokens_per_rank=_tokens(long_tokens, "--long-tokens"), heads=shape)
+        fitted = load_file(calibrated[i]) if calibrated else None
+        targets.append(TopologyTarget(topo, tuple(cases), fitted, spec))
+    options = ValidateOptions(repeats=repeats, warmup=warmup, scale=scale, seed=seed, op_timeout_s=timeout,
+                              calibrate=calibrate, calibration=CalibrationSettings(), families=fams,
+                              max_load=max_load, max_wait_s=max_wait)
+    command = shlex.join(["treeattn", *sys.argv[1:]]) if Path(sys.argv[0]).name == "treeattn" else ""
+    from treeattn.emulate.cluster import interrupts_raise
+
+    try:
+        with interrupts_raise():
+            run_validate(targets, out, options, command=command,
+                         progress=lambda line: err_console.print(f"[dim]{escape(line)}[/]"))
+    except KeyboardInterrupt:
+        raise InputError(f"interrupted; the topologies finished so far are in {out}") from None
+    _render(out, plots=plots, json_out=json_out)
+
+
+@app.command("report")
+def report_cmd(
+    folder: Annotated[Path, typer.Argument(metavar="RESULTS", help="Results folder of treeattn validate.")],
+    timeline: Annotated[str | None, typer.Option(
+        "--timeline", help="Plan whose timeline to draw: TOPOLOGY:CASE:METHOD, CASE:METHOD or METHOD; "
+                           "parts may be empty (default: the primary topology's first pick).")] = None,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the PNGs (summary.json always).")] = True,
+    json_out: JsonOpt = False,
+) -> None:
+    """Summarize a results folder (prediction error, regret, speedups, targets) and draw the
+    predicted-vs-measured scatter, one plan's timeline and the speedup bars into it."""
+    _render(folder, timeline=timeline, plots=plots, json_out=json_out)
+
+
+def _render(folder: Path, *, timeline: str | None = None, plots: bool = True, json_out: bool = False) -> None:
+    from treeattn.report import render_folder, summary_json
+    from treeattn.report.tables import cases_table, errors_table, targets_table
+
+    parts: list[str | None] = [None, None, None]
+    if timeline is not None:
+        given = timeline.split(":")
+        if len(given) > 3:
+            raise InputError(f"--timeline {timeline!r}: write TOPOLOGY:CASE:METHOD (parts may be empty)")
+        parts[3 - len(given):] = [p or None for p in given]
+    done = render_folder(folder, topology=parts[0], case=parts[1], method=parts[2], plots=plots)
+    if json_out:
+        typer.echo(summary_json(done.summary), nl=False)
+        return
+    con = Console(highlight=False)
+    con.print(cases_table(done.summary))
+    con.print(errors_table(done.summary))
+    con.print(targets_table(done.summary))
+    shown = f" (timeline: {':'.join(done.timeline)})" if done.timeline else ""
+    con.print("wrote " + ", ".join(escape(str(p)) for p in done.files) + shown)

@@ -1,0 +1,129 @@
+"""The layout of a results folder (what ``treeattn validate`` writes and ``treeattn report`` reads).
+
+A results folder holds:
+
+* ``rows.csv``: one row per (topology, case, method): the method's measured median beside
+  the simulator's prediction (``ROW_COLUMNS``).
+* ``timeline.csv``: per-rank op timelines of some plans, measured and predicted
+  (``TIMELINE_COLUMNS``); measured times count from each rank's own start of the iteration.
+* ``meta.json``: how the rows were made (command, options, load average, calibration).
+* ``summary.json``, ``scatter.png``, ``timeline.png``, ``speedup.png``: what ``report`` renders.
+
+Words we use: a *case* is one workload on one topology; a *method* is one thing measured on
+it: a candidate family's best plan (``role`` ``candidate``, ``method`` the family, or several
+families joined by ``+`` when they gave the same plan) or a baseline (``role`` ``baseline``:
+``allreduce3``, ``allgather-merge``, ``ring-attention``). ``is_pick`` marks the planner's choice.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from treeattn.errors import InputError
+
+__all__ = [
+    "ROWS_FILE",
+    "TIMELINE_FILE",
+    "META_FILE",
+    "SUMMARY_FILE",
+    "ROW_COLUMNS",
+    "TIMELINE_COLUMNS",
+    "ResultsFolder",
+    "load_folder",
+]
+
+ROWS_FILE = "rows.csv"
+TIMELINE_FILE = "timeline.csv"
+META_FILE = "meta.json"
+SUMMARY_FILE = "summary.json"
+
+ROW_COLUMNS = (
+    "topology", "case", "regime", "ranks", "batch", "q_heads", "kv_heads", "head_dim", "tokens_per_rank",
+    "payload_bytes", "kv_bytes_per_rank", "method", "role", "is_pick", "algorithm", "chunks",
+    "predicted_us", "predicted_nominal_us", "measured_median_us", "measured_p10_us", "measured_p90_us", "repeats",
+    "correct", "max_rel_err",
+)
+"""``regime``: ``sweep`` (payloads from latency- to bandwidth-bound) or ``long-context``;
+``payload_bytes``: one rank's partial; ``predicted_us``: the simulator on the topology the
+plans were made for (calibrated when ``meta.json`` says so); ``predicted_nominal_us``: on the
+emulated topology's own figures (the file's, times the scale)."""
+
+TIMELINE_COLUMNS = ("topology", "case", "method", "source", "rank", "op_index", "kind", "peer", "chunk",
+                    "start_us", "end_us")
+"""``source``: ``measured`` (post and completion of each op on each rank, from its own start)
+or ``predicted`` (the simulator's start and end)."""
+
+
+@dataclass(frozen=True)
+class ResultsFolder:
+    """A results folder read back."""
+
+    path: Path
+    rows: pd.DataFrame
+    timeline: pd.DataFrame
+    """Empty (with the columns) when the folder has no timeline file."""
+    meta: dict = field(default_factory=dict)
+
+
+def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, ValueError) as exc:  # pandas raises ValueError subclasses on bad CSV
+        raise InputError(f"cannot read {path}: {exc}") from None
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise InputError(f"{path} lacks the columns {', '.join(missing)}; is it a treeattn validate results file?")
+    return frame[list(columns)]
+
+
+def load_folder(path: str | Path) -> ResultsFolder:
+    """Read a results folder (``rows.csv`` required; ``timeline.csv`` and ``meta.json`` optional).
+
+    Args:
+        path: the folder.
+
+    Returns:
+        The rows (``ROW_COLUMNS``, booleans parsed), the timeline and the metadata.
+
+    Raises:
+        InputError: the folder or its rows file is missing or malformed.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise InputError(f"results folder {str(folder)!r} does not exist (make one with `treeattn validate --out`)")
+    rows_path = folder / ROWS_FILE
+    if not rows_path.is_file():
+        raise InputError(f"{folder} has no {ROWS_FILE}; is it a treeattn validate results folder?")
+    rows = _read_csv(rows_path, ROW_COLUMNS)
+    if rows.empty:
+        raise InputError(f"{rows_path} holds no rows")
+    for col in ("is_pick", "correct"):
+        rows[col] = rows[col].map(_bool).astype(bool)
+    for col in ("topology", "case", "method", "role", "regime", "algorithm"):
+        rows[col] = rows[col].astype(str)
+    tl_path = folder / TIMELINE_FILE
+    timeline = _read_csv(tl_path, TIMELINE_COLUMNS) if tl_path.is_file() else pd.DataFrame(
+        columns=list(TIMELINE_COLUMNS))
+    meta: dict = {}
+    meta_path = folder / META_FILE
+    if meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise InputError(f"cannot read {meta_path}: {exc}") from None
+    return ResultsFolder(folder, rows, timeline, meta)
+
+
+def _bool(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", "", "nan"):
+        return False
+    raise InputError(f"expected true or false in a results file, got {value!r}")

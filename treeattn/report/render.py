@@ -1,0 +1,118 @@
+"""Render a results folder: ``summary.json`` and the three plots, written into the folder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from treeattn.report.folder import SUMMARY_FILE, ResultsFolder, load_folder
+from treeattn.report.plots import choose_timeline, plot_scatter, plot_speedups, plot_timeline
+from treeattn.report.summary import summarize, summary_json
+
+__all__ = ["SCATTER_FILE", "TIMELINE_PNG", "SPEEDUP_FILE", "README_FILE", "Rendered", "render_folder", "readme"]
+
+SCATTER_FILE = "scatter.png"
+TIMELINE_PNG = "timeline.png"
+SPEEDUP_FILE = "speedup.png"
+README_FILE = "README.md"
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """What ``render_folder`` read and wrote."""
+
+    folder: ResultsFolder
+    summary: dict
+    files: tuple[Path, ...]
+    timeline: tuple[str, str, str] | None
+    """(topology, case, method) of the plan drawn in ``timeline.png``; None when none was saved."""
+
+
+def render_folder(path: str | Path, *, topology: str | None = None, case: str | None = None,
+                  method: str | None = None, plots: bool = True) -> Rendered:
+    """Summarize a results folder and draw its plots into it.
+
+    Args:
+        path: the folder (``rows.csv``, optionally ``timeline.csv`` and ``meta.json``).
+        topology, case, method: which plan's timeline to draw (default: the primary
+            topology's first pick that has one).
+        plots: also write the PNGs (``summary.json`` is always written).
+
+    Returns:
+        The folder read, its summary and the files written.
+
+    Raises:
+        InputError: the folder is missing, malformed, or has no such timeline.
+    """
+    folder = load_folder(path)
+    summary = summarize(folder.rows, folder.meta)
+    files = [folder.path / SUMMARY_FILE]
+    files[0].write_text(summary_json(summary))
+    key = None
+    if plots:
+        files.append(plot_scatter(folder.rows, folder.path / SCATTER_FILE))
+        files.append(plot_speedups(folder.rows, folder.path / SPEEDUP_FILE))
+        key = choose_timeline(folder.rows, folder.timeline, topology, case, method)
+        if key is not None:
+            files.append(plot_timeline(folder.timeline, key, folder.path / TIMELINE_PNG))
+    files.append(folder.path / README_FILE)
+    files[-1].write_text(readme(folder, summary, key))
+    return Rendered(folder, summary, tuple(files), key)
+
+
+def _fmt(key: str, value: float | None) -> str:
+    if value is None:
+        return "not measured"
+    if key.startswith("speedup"):
+        return f"{value:.3g}x"
+    if key == "error_cases":
+        return f"{value:g}"
+    return f"{value:.1%}"
+
+
+def readme(folder: ResultsFolder, summary: dict, timeline: tuple[str, str, str] | None) -> str:
+    """The folder's README.md: the command that made it, what was measured, the figures.
+
+    Args:
+        folder: the folder read back.
+        summary: its ``summarize`` result.
+        timeline: the plan drawn in ``timeline.png``.
+
+    Returns:
+        Markdown text (deterministic for the same rows and metadata).
+    """
+    meta = folder.meta
+    lines = [f"# Validation results: {folder.path.name}", ""]
+    command = meta.get("command") or "(not recorded: made through the Python API)"
+    lines += ["Made by (from the repository root, as root: it emulates clusters on network namespaces):", "",
+              f"    {command}", "", "and rendered by", "", f"    treeattn report {folder.path}", ""]
+    host = meta.get("host", {})
+    if meta.get("started"):
+        lines.append(f"Started {meta['started']} on a {host.get('cpus', '?')}-CPU {host.get('machine', '')} host.")
+    for t in meta.get("topologies", []):
+        pred = t.get("predicted_on", {})
+        cal = pred.get("calibration", "?")
+        lines.append(f"- **{t.get('name')}** ({t.get('ranks')} ranks, scale {t.get('scale')}): planned and "
+                     f"predicted on {pred.get('name')} (calibration: {cal}); load average "
+                     f"{t.get('load_avg_before', ['?'])[0]} before, {t.get('load_avg_after', ['?'])[0]} after; "
+                     f"{t.get('wall_s')} s.")
+    lines += ["", "Cases: " + ", ".join(dict.fromkeys(f"{c['case']} ({c['regime']}, B={c['batch']}, "
+                                                   f"{c['tokens_per_rank']} tokens/rank)" for c in summary["cases"])),
+              "", "## Figures", "", "| figure | value | target | reached |", "|---|---|---|---|"]
+    for key, t in summary["targets"].items():
+        op = ">=" if key.startswith("speedup") or key == "error_cases" else "<="
+        reached = {True: "yes", False: "**no**", None: "not measured"}[t["reached"]]
+        lines.append(f"| {key} | {_fmt(key, t['value'])} | {op} {_fmt(key, t['limit'])} | {reached} |")
+    nominal = summary["errors"]["nominal"]
+    lines += ["", f"Prediction error on the topology files' own figures (no calibration): median "
+                  f"{_fmt('error', nominal['median'])}, p90 {_fmt('error', nominal['p90'])} over {nominal['n']} rows.",
+              "", "## Files", "",
+              "- `rows.csv`: one row per topology, case and method: measured median (p10, p90) beside the prediction",
+              "- `timeline.csv`: per-rank op timelines (measured and predicted) of the picks",
+              "- `meta.json`: command, options, load averages, calibration fits",
+              "- `calibration/`: the fitted topologies the plans were made for",
+              "- `summary.json`: every figure (`treeattn report --json`)",
+              "- `scatter.png`: predicted against measured, log-log, y = x",
+              f"- `timeline.png`: {':'.join(timeline) if timeline else 'no timeline saved'}, predicted above measured",
+              "- `speedup.png`: per case, each method's measured time over the pick's", ""]
+    return "\n".join(lines)

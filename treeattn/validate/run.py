@@ -1,0 +1,343 @@
+"""Validate the planner on emulated clusters: measure every candidate and baseline, predict each.
+
+For each topology, inside one emulated cluster (brought up, or reused when one is up):
+
+1. calibrate (``treeattn calibrate`` inside the namespaces), unless told not to or given a
+   fitted topology: plans are made for, and times predicted on, the fitted topology;
+2. per case, the best plan of every candidate family and the pick (``methods.case_plans``);
+3. one executor job with every plan of every case, the baselines once per case
+   (``RunOptions(baselines=True)``): gloo, one rank per namespace;
+4. per measured method, the simulator's prediction (baselines: the builders' plans of
+   ``allreduce3``, ``allgather-merge`` and ``ring-attention``), and the simulator's and the
+   executor's per-rank timelines of the picks.
+
+Rows go to ``OUT/rows.csv`` after each topology (``treeattn.report.folder`` documents the
+folder), so an interrupted run keeps what it finished.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from treeattn.cost.simulate import simulate
+from treeattn.errors import InputError
+from treeattn.plan.builders import build
+from treeattn.plan.ir import Plan, TopologyRef
+from treeattn.report.folder import META_FILE, ROW_COLUMNS, ROWS_FILE, TIMELINE_COLUMNS, TIMELINE_FILE
+from treeattn.search.search import FAMILIES
+from treeattn.topology.io import dump_topology
+from treeattn.topology.model import Topology
+from treeattn.validate.calibration import Calibration, CalibrationSettings, calibrate_in_cluster
+from treeattn.validate.cases import CaseSpec, default_cases
+from treeattn.validate.methods import CasePlans, case_plans
+
+__all__ = ["BASELINES", "ValidateOptions", "TopologyTarget", "TopologyRun", "validate", "validate_topology",
+           "wait_for_quiet"]
+
+BASELINES = ("allreduce3", "allgather-merge", "ring-attention")
+"""The executor's attention baselines (``treeattn.exec.baselines.ATTENTION_BASELINES``)."""
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ValidateOptions:
+    """How ``validate`` measures (the flags of ``treeattn validate``)."""
+
+    repeats: int = 5
+    """Timed iterations per method (medians)."""
+    warmup: int = 1
+    scale: float = 1.0
+    """Factor on every emulated link's bandwidth."""
+    seed: int = 0
+    """Seed of the search and of q, K, V."""
+    op_timeout_s: float = 300.0
+    """Deadline of one measured operation (a ring-attention step moves megabytes)."""
+    job_timeout_s: float = 3600.0
+    """Deadline of one topology's whole job."""
+    calibrate: bool = True
+    calibration: CalibrationSettings = field(default_factory=CalibrationSettings)
+    families: tuple[str, ...] | None = None
+    """Candidate families measured (default: all of ``treeattn.search.FAMILIES``)."""
+    reuse: bool = True
+    """Use an emulated cluster already up for the topology (left up)."""
+    timelines: str = "picks"
+    """Timelines saved: ``picks``, ``all`` plans, or ``none``."""
+    max_load: float | None = None
+    """Before calibrating and before measuring, wait until the 1-minute load average is at most
+    this (the emulated ranks share the host's cores with everything else running)."""
+    max_wait_s: float = 600.0
+    """How long to wait for ``max_load`` before measuring anyway (the metadata says so)."""
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.warmup < 0:
+            raise InputError(f"repeats must be >= 1 and warmup >= 0, got {self.repeats} and {self.warmup}")
+        if self.timelines not in ("picks", "all", "none"):
+            raise InputError(f"timelines must be picks, all or none, got {self.timelines!r}")
+        if not self.scale > 0:
+            raise InputError(f"scale must be > 0, got {self.scale}")
+        unknown = sorted(set(self.families or ()) - set(FAMILIES))
+        if unknown:
+            raise InputError(f"unknown candidate families {unknown}; choose from {', '.join(FAMILIES)}")
+
+
+@dataclass(frozen=True)
+class TopologyTarget:
+    """One topology to validate: what to emulate, its cases, and optionally a fitted copy."""
+
+    topology: Topology
+    """The emulated topology at scale 1 (``topologies/emu-*.yaml``)."""
+    cases: tuple[CaseSpec, ...] = ()
+    """Default: ``default_cases(topology)``."""
+    calibrated: Topology | None = None
+    """Plan and predict on this instead of calibrating (a ``treeattn calibrate -o`` file)."""
+    source: str = ""
+    """What the user named it by (file or preset), for the metadata."""
+
+
+@dataclass(frozen=True)
+class TopologyRun:
+    """What one topology gave."""
+
+    name: str
+    rows: pd.DataFrame
+    timeline: pd.DataFrame
+    meta: dict
+    predicted_on: Topology
+    """The topology plans were made for and predicted on (the fitted one after calibration)."""
+
+
+def _pct(values: list[float], q: float) -> float:
+    ts = sorted(values)
+    pos = q * (len(ts) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ts) - 1)
+    return ts[lo] + (ts[hi] - ts[lo]) * (pos - lo)
+
+
+def _round(x: float | None, digits: int = 3) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(float(x), digits)
+
+
+def wait_for_quiet(max_load: float | None, max_wait_s: float, say: Progress) -> dict:
+    """Wait until the 1-minute load average is at most ``max_load`` (None: do not wait).
+
+    Returns:
+        ``{"load": load when done waiting, "waited_s": seconds, "quiet": reached}``.
+    """
+    t0 = time.monotonic()
+    load = os.getloadavg()[0]
+    if max_load is None:
+        return {"load": round(load, 2), "waited_s": 0.0, "quiet": None}
+    told = False
+    while load > max_load and time.monotonic() - t0 < max_wait_s:
+        if not told:
+            say(f"load average {load:.1f} > {max_load:g}: waiting up to {max_wait_s:.0f} s for a quieter host")
+            told = True
+        time.sleep(5.0)
+        load = os.getloadavg()[0]
+    return {"load": round(load, 2), "waited_s": round(time.monotonic() - t0, 1), "quiet": load <= max_load}
+
+
+def _predict(plan: Plan, topo: Topology, timeline: bool = False):  # noqa: ANN202 - a SimResult
+    return simulate(plan, topo, timeline=timeline)
+
+
+def _baseline_plan(name: str, case: CaseSpec, topo: Topology) -> Plan:
+    return build(name, case.workload, TopologyRef.of(topo))
+
+
+def _row(topo_name: str, case: CaseSpec, method: str, role: str, is_pick: bool, plan: Plan, m,  # noqa: ANN001
+         predicted: float | None, nominal: float | None) -> dict:
+    w = case.workload
+    times = list(m.times_us)
+    return {
+        "topology": topo_name, "case": case.name, "regime": case.regime, "ranks": w.ranks, "batch": w.batch,
+        "q_heads": w.q_heads, "kv_heads": w.kv_heads, "head_dim": w.head_dim, "tokens_per_rank": case.tokens_per_rank,
+        "payload_bytes": w.payload_bytes, "kv_bytes_per_rank": w.kv_bytes(0), "method": method, "role": role,
+        "is_pick": is_pick, "algorithm": plan.algorithm, "chunks": plan.chunks,
+        "predicted_us": _round(predicted), "predicted_nominal_us": _round(nominal),
+        "measured_median_us": _round(m.median_us), "measured_p10_us": _round(_pct(times, 0.1)),
+        "measured_p90_us": _round(_pct(times, 0.9)), "repeats": len(times), "correct": bool(m.correct),
+        "max_rel_err": float(f"{m.max_rel_err:.3e}") if math.isfinite(m.max_rel_err) else None,
+    }
+
+
+def _timeline_rows(topo_name: str, case: str, method: str, sim, measured) -> list[dict]:  # noqa: ANN001
+    out = []
+    for t in sim.timeline or ():
+        out.append({"topology": topo_name, "case": case, "method": method, "source": "predicted", "rank": t.rank,
+                    "op_index": t.op, "kind": t.kind, "peer": t.peer, "chunk": t.chunk,
+                    "start_us": round(t.start_us, 3), "end_us": round(t.end_us, 3)})
+    for t in sorted(measured, key=lambda t: (t.rank, t.index)):
+        out.append({"topology": topo_name, "case": case, "method": method, "source": "measured", "rank": t.rank,
+                    "op_index": t.index, "kind": t.op.kind.value, "peer": t.op.peer, "chunk": t.op.chunk,
+                    "start_us": round(t.post_us, 3), "end_us": round(t.done_us, 3)})
+    return out
+
+
+def validate_topology(target: TopologyTarget, options: ValidateOptions | None = None,
+                      progress: Progress | None = None) -> TopologyRun:
+    """Calibrate, plan, measure and predict every case of one emulated topology.
+
+    Args:
+        target: the topology, its cases and optionally a fitted copy.
+        options: repeats, scale, calibration, families.
+        progress: called with one line per stage.
+
+    Returns:
+        The rows (``ROW_COLUMNS``), the timelines and this topology's metadata.
+
+    Raises:
+        EmulationError: no root or iproute2, or the cluster cannot be built.
+        ExecutionError: a rank failed.
+        InputError: bad cases or families.
+    """
+    from treeattn.emulate import emulated
+    from treeattn.emulate.jobs import launch_in_cluster
+    from treeattn.emulate.layout import scaled_topology
+    from treeattn.exec.runner import Job, PlanJob, RunOptions
+
+    opt = options or ValidateOptions()
+    say = progress or (lambda _line: None)
+    topo = target.topology
+    cases = target.cases or tuple(default_cases(topo))
+    names = [c.name for c in cases]
+    if len(set(names)) != len(names):
+        raise InputError(f"case names on {topo.name!r} must differ, got {names}")
+    emulated_topo = scaled_topology(topo, opt.scale)
+    load0 = os.getloadavg()
+    t0 = time.monotonic()
+    quiet: dict[str, dict] = {}
+    with emulated(topo, scale=opt.scale, reuse=opt.reuse) as cluster:
+        calib: Calibration | None = None
+        if target.calibrated is not None:
+            predict_on = target.calibrated
+            source = "given"
+        elif opt.calibrate:
+            quiet["calibration"] = wait_for_quiet(opt.max_load, opt.max_wait_s, say)
+            say(f"{topo.name}: calibrating inside the emulation ({cluster.num_ranks} ranks)")
+            calib = calibrate_in_cluster(cluster, emulated_topo, opt.calibration)
+            predict_on = calib.topology
+            source = "treeattn calibrate inside the emulation"
+        else:
+            predict_on = emulated_topo
+            source = "none: the topology file's figures"
+        if predict_on.num_ranks != topo.num_ranks:
+            raise InputError(f"the calibrated topology {predict_on.name!r} places {predict_on.num_ranks} ranks, "
+                             f"{topo.name!r} {topo.num_ranks}")
+        planned: dict[str, CasePlans] = {}
+        jobs = []
+        for case in cases:
+            say(f"{topo.name}: planning {case.name}")
+            cp = case_plans(predict_on, case.workload, families=opt.families, seed=opt.seed)
+            planned[case.name] = cp
+            jobs += [PlanJob(f"{case.name}|{m.method}", m.plan) for m in cp.methods]
+        run_opts = RunOptions(repeats=opt.repeats, warmup=opt.warmup, timeout_s=opt.op_timeout_s,
+                              setup_timeout_s=max(120.0, opt.op_timeout_s), backend="gloo", seed=opt.seed,
+                              baselines=True)
+        quiet["measurement"] = wait_for_quiet(opt.max_load, opt.max_wait_s, say)
+        say(f"{topo.name}: measuring {len(jobs)} plans and {len(BASELINES)} baselines x {len(cases)} cases")
+        result = launch_in_cluster(cluster, Job(tuple(jobs), run_opts), timeout_s=opt.job_timeout_s)
+    wall = time.monotonic() - t0
+    say(f"{topo.name}: predicting")
+    by_case = {c.name: c for c in cases}
+    rows: list[dict] = []
+    timeline: list[dict] = []
+    for m in result.measurements:
+        case_name, method = m.label.split("|", 1)
+        case = by_case[case_name]
+        if m.method == "plan":
+            mp = next(x for x in planned[case_name].methods if x.method == method)
+            plan, name, role, pick = mp.plan, method, "candidate", mp.is_pick
+        else:
+            plan, name, role, pick = _baseline_plan(m.method, case, predict_on), m.method, "baseline", False
+        keep = role == "candidate" and (opt.timelines == "all" or (opt.timelines == "picks" and pick))
+        sim = _predict(plan, predict_on, timeline=keep)
+        nominal = sim.predicted_us if predict_on is emulated_topo else _predict(plan, emulated_topo).predicted_us
+        rows.append(_row(topo.name, case, name, role, pick, plan, m, sim.predicted_us, nominal))
+        if keep:
+            timeline += _timeline_rows(topo.name, case_name, name, sim, m.timeline)
+    meta = {
+        "name": topo.name,
+        "source": target.source,
+        "fingerprint": topo.fingerprint,
+        "scale": opt.scale,
+        "ranks": topo.num_ranks,
+        "predicted_on": {"name": predict_on.name, "fingerprint": predict_on.fingerprint,
+                         "cost": asdict(predict_on.cost), "calibration": source},
+        "calibration": calib.summary() if calib is not None else None,
+        "cases": [{"name": c.name, "regime": c.regime, **c.workload.to_dict(),
+                   "tokens_per_rank": c.tokens_per_rank} for c in cases],
+        "skipped_families": {c: list(p.skipped) for c, p in planned.items() if p.skipped},
+        "load_avg_before": [round(x, 2) for x in load0],
+        "load_avg_after": [round(x, 2) for x in os.getloadavg()],
+        "wall_s": round(wall, 1),
+        "quiet": quiet,
+    }
+    return TopologyRun(topo.name, pd.DataFrame(rows, columns=list(ROW_COLUMNS)),
+                       pd.DataFrame(timeline, columns=list(TIMELINE_COLUMNS)), meta, predict_on)
+
+
+def validate(targets: Sequence[TopologyTarget], out: str | Path, options: ValidateOptions | None = None, *,
+             command: str = "", progress: Progress | None = None) -> list[TopologyRun]:
+    """Validate every target in turn and write the results folder ``out``.
+
+    Args:
+        targets: topologies to emulate (the first is the primary one: the report's
+            case-level targets are taken on it).
+        out: the results folder (created; ``rows.csv``, ``timeline.csv``, ``meta.json``,
+            ``calibration/<topology>.yaml`` are replaced).
+        options: how to measure.
+        command: the command line that ran, for ``meta.json``.
+        progress: called with one line per stage.
+
+    Returns:
+        One ``TopologyRun`` per target.
+    """
+    if not targets:
+        raise InputError("give at least one topology to validate")
+    opt = options or ValidateOptions()
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    runs: list[TopologyRun] = []
+    meta = {
+        "command": command,
+        "primary_topology": targets[0].topology.name,
+        "options": {**{k: v for k, v in asdict(opt).items() if k != "calibration"},
+                    "calibration": asdict(opt.calibration)},
+        "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "topologies": [],
+    }
+    for target in targets:
+        run = validate_topology(target, opt, progress)
+        runs.append(run)
+        meta["topologies"].append(run.meta)
+        if run.meta["calibration"] is not None:
+            cal_dir = folder / "calibration"
+            cal_dir.mkdir(exist_ok=True)
+            (cal_dir / f"{_stem(run.name)}.yaml").write_text(dump_topology(run.predicted_on))
+        _write(folder, runs, meta)
+    return runs
+
+
+def _stem(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def _write(folder: Path, runs: list[TopologyRun], meta: dict) -> None:
+    rows = pd.concat([r.rows for r in runs], ignore_index=True)
+    rows.to_csv(folder / ROWS_FILE, index=False)
+    timeline = pd.concat([r.timeline for r in runs], ignore_index=True)
+    timeline.to_csv(folder / TIMELINE_FILE, index=False)
+    (folder / META_FILE).write_text(json.dumps(meta, sort_keys=True, indent=2) + "\n")
