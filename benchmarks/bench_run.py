@@ -1,7 +1,7 @@
 """Measured decode-attention time per method on local CPU ranks (gloo), llama-3.1-8b shapes.
 
-For each batch size: the planned merge (the builders' family and chunk count the simulator
-ranks best on ``cpu:ranks=P``; replace with the search's pick once it exists), the paper's
+For each batch size: the planned merge (the search's pick for ``cpu:ranks=P``, or without
+the search the builders' family and chunk count the simulator ranks best), the paper's
 three all-reduces, all-gather + merge and ring attention, each executed for real, checked
 against the single-process reference and timed (median and p10-p90 of the per-iteration
 maximum over ranks). Every method includes the local partial over the rank's KV shard.
@@ -41,7 +41,14 @@ BASELINES = ("allreduce3", "allgather-merge", "ring-attention")
 
 
 def best_plan(w: Workload, topo):  # noqa: ANN001, ANN201 - Topology in, Plan out
-    """The builders' family x chunk count with the least simulated time."""
+    """The search's pick (``treeattn.search.search``), else the builders' family x chunk
+    count with the least simulated time."""
+    try:
+        from treeattn.search import search
+    except ImportError:
+        search = None
+    if search is not None:
+        return search(topo, w).best
     best = None
     for name in FAMILIES:
         for chunks in (1, 2, 4, 8):
@@ -85,6 +92,7 @@ def main() -> None:
         w = Workload.create(ranks=p, seq_len=n * p, batch=batch, model="llama-3.1-8b", kv_dtype="bf16")
         plan = best_plan(w, topo)
         label = f"B{batch}-{plan.algorithm}-c{plan.chunks}"
+        console.print(f"B={batch}: plan {plan.algorithm} chunks={plan.chunks} params={plan.params}")
         options = RunOptions(repeats=args.repeats, warmup=args.warmup, timeout_s=600, setup_timeout_s=1800,
                              baselines=True, check="root")
         t0 = time.time()
