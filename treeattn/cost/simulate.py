@@ -218,6 +218,7 @@ class _Engine:
         self.steps, self.merge_b = steps, merge_b
         n = len(kind)
         self.partner = self._pair()
+        self.routes = self._plan_routes()
         self.start = [0.0] * n
         self.end = [-1.0] * n
         self.post = [-1.0] * n
@@ -227,7 +228,6 @@ class _Engine:
         self.last_end = [-1.0] * p
         self.last_gid = [-1] * p
         self.finish = [0.0] * p
-        self.routes: dict[int, tuple[tuple[int, ...], float, float]] = {}
         self.heap: list = []
         self.fifo: deque = deque()
         self.seq = 0
@@ -276,6 +276,39 @@ class _Engine:
                     )
                 partner[s], partner[q] = q, s
         return partner
+
+    def _plan_routes(self) -> dict[int, tuple[tuple[int, ...], float, float]]:
+        """Per rank pair the plan sends over (key ``src * p + dst``): the route cut down for
+        sharing, its latency, and its narrowest capacity.
+
+        Links crossed by exactly the same set of this plan's routes always carry the same
+        flows, so for fair sharing one of them stands for all: the narrowest. Routes keep
+        one link per such class (latency still sums every hop), which makes the flow
+        bookkeeping about half as long on fabrics where a GPU's PCIe, NIC and leaf links
+        line up.
+        """
+        p, rank_of, partner, cap, lat = self.p, self.rank_of, self.partner, self.cap, self.lat
+        keys = sorted({rank_of[g] * p + rank_of[partner[g]]
+                       for g, k in enumerate(self.kind) if k == _SEND and partner[g] >= 0})
+        full: list[tuple[int, ...]] = []
+        users: dict[int, list[int]] = {}
+        for idx, key in enumerate(keys):
+            route = self.topo.route(key // p, key % p)
+            full.append(route)
+            for i in route:
+                users.setdefault(i, []).append(idx)
+        best: dict[tuple[int, ...], int] = {}
+        for i, us in users.items():
+            sig = tuple(us)
+            j = best.get(sig)
+            if j is None or cap[i] < cap[j]:
+                best[sig] = i
+        keep = set(best.values())
+        out = {}
+        for key, route in zip(keys, full, strict=True):
+            out[key] = (tuple(i for i in route if i in keep), sum(lat[i] for i in route),
+                        min((cap[i] for i in route), default=0.0))
+        return out
 
     # -- event plumbing ----------------------------------------------------------------------
 
@@ -380,13 +413,7 @@ class _Engine:
     def _match(self, s: int, q: int, t: float) -> None:
         self.start[s] = self.start[q] = t
         sr, qr = self.rank_of[s], self.rank_of[q]
-        key = sr * self.p + qr
-        hit = self.routes.get(key)
-        if hit is None:
-            route = self.topo.route(sr, qr)
-            lat = self.lat
-            cap = self.cap
-            hit = self.routes[key] = (route, sum(lat[i] for i in route), min((cap[i] for i in route), default=0.0))
+        hit = self.routes[sr * self.p + qr]
         x = len(self.x_send)
         nbytes = self.nbytes[s]
         self.x_send.append(s)
