@@ -103,3 +103,20 @@ def test_cli_refuses_with_one_line(args, match):
     assert res.exit_code == 2
     assert match in res.stderr and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["-t", "cpu:ranks=2", "--round-trips", "1,x"], "--round-trips '1,x'"),
+        (["-t", "cpu:ranks=2", "--round-trips", "0"], "round trips must be >= 1"),
+        (["-t", "cpu:ranks=2", "--min-size", "lots"], "cannot read size 'lots'"),
+        (["-t", "cpu:ranks=2", "--min-size", "1MiB", "--max-size", "4KiB"], "min <= max"),
+        (["-t", "cpu:ranks=1"], "calibration needs at least 2"),
+        (["-t", "no-such-machine"], "unknown topology"),
+        (["-t", "cpu:ranks=2", "--compute", "fft"], "fft"),
+    ],
+)
+def test_live_calibration_refuses_bad_flags_before_launching(args, match):
+    res = run_cli("calibrate", *args)
+    assert res.exit_code == 2 and match in res.stderr and "Traceback" not in res.stderr

@@ -262,7 +262,8 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
     compute = None
     if opt.compute != "none":
         compute = measure_compute(opt.compute, log_sizes(opt.min_bytes, opt.max_bytes, opt.sizes),
-                                  repeats=opt.repeats, threads=rank_threads(topo.num_ranks))
+                                  repeats=opt.repeats, threads=rank_threads(topo.num_ranks),
+                                  device="cuda" if result.backend == "nccl" else "cpu")
     params = FittedParams(
         classes=tuple(ClassParams(f.route_class.hops, f.fit.alpha_us, f.fit.beta_gbps) for f in fits),
         overhead_us=overhead,

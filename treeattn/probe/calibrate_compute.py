@@ -79,30 +79,31 @@ class ComputeFit:
                             "fitted_us": self.fit.predict_us(p.moved_bytes)} for p in self.points]}
 
 
-def _case(kernel: str, nbytes: int, gen: torch.Generator) -> tuple[int, int, Callable[[], object]] | None:
+def _case(kernel: str, nbytes: int, gen: torch.Generator,
+          device: torch.device) -> tuple[int, int, Callable[[], object]] | None:
     """(size, bytes moved, one call) for ``kernel`` at about ``nbytes``; None when too small."""
     if kernel == "sum":
         n = max(1, nbytes // 4)
-        acc, other = torch.rand(n, generator=gen), torch.rand(n, generator=gen)
+        acc, other = (torch.rand(n, generator=gen).to(device) for _ in range(2))
         return 4 * n, 3 * 4 * n, lambda: sum_into(acc, other)
     if kernel == "merge":
         rows = nbytes // (4 * (_D + 1))
         if rows < 1:
             return None
-        acc, other = torch.randn(rows, _D + 1, generator=gen), torch.randn(rows, _D + 1, generator=gen)
+        acc, other = (torch.randn(rows, _D + 1, generator=gen).to(device) for _ in range(2))
         size = 4 * rows * (_D + 1)
         return size, 3 * size, lambda: merge_into(acc, other)
     tokens = nbytes // _KV_PER_TOKEN
     if tokens < 1:
         return None
     w = Workload.create(ranks=1, seq_len=tokens, batch=1, model="llama-3.1-8b", kv_dtype="bf16")
-    q, kv = make_query(w, 0, "cpu"), make_kv_shard(w, 0, 0, "cpu")
+    q, kv = make_query(w, 0, device), make_kv_shard(w, 0, 0, device)
     moved = w.kv_bytes(0) + w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes + w.payload_bytes
     return w.kv_bytes(0), moved, lambda: partial_attention(q, kv, "explicit")
 
 
 def measure_compute(kernel: str, sizes: Sequence[int], *, repeats: int = 10, threads: int | None = None,
-                    budget_s: float = 5.0) -> ComputeFit:
+                    budget_s: float = 5.0, device: str = "cpu") -> ComputeFit:
     """Time ``kernel`` at each size (median of ``repeats`` calls after one warm-up) and fit it.
 
     Args:
@@ -112,6 +113,7 @@ def measure_compute(kernel: str, sizes: Sequence[int], *, repeats: int = 10, thr
         threads: torch threads while timing (default: what each local rank gets,
             cpu_count // ranks, is the caller's to pass; None keeps the current setting).
         budget_s: rough time limit per size.
+        device: where the kernel runs (``cuda`` after an NCCL run: the ranks' GPU).
 
     Returns:
         The fit (``launch_us`` and effective bandwidth) and its points.
@@ -122,21 +124,26 @@ def measure_compute(kernel: str, sizes: Sequence[int], *, repeats: int = 10, thr
     if threads is not None:
         torch.set_num_threads(max(1, threads))
     gen = torch.Generator().manual_seed(0)
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     points: list[ComputePoint] = []
     try:
         for nbytes in sorted(set(sizes)):
-            case = _case(kernel, nbytes, gen)
+            case = _case(kernel, nbytes, gen, dev)
             if case is None:
                 continue
             size, moved, call = case
+            sync()
             t0 = time.perf_counter()
             call()  # warm-up (allocations, first-touch)
+            sync()
             once = time.perf_counter() - t0
             n = max(3, min(repeats, int(budget_s / max(once, 1e-6))))
             times = []
             for _ in range(n):
                 t0 = time.perf_counter()
                 call()
+                sync()
                 times.append((time.perf_counter() - t0) * 1e6)
             points.append(ComputePoint(size, moved, statistics.median(times)))
     finally:
