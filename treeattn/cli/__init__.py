@@ -20,6 +20,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Markdown reflows docstring paragraphs, so wrapped source lines read as one sentence.
+    rich_markup_mode="markdown",
 )
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
