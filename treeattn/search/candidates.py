@@ -104,7 +104,8 @@ def standard_schedules(lay: Layout, payload: Payload, *, small: bool) -> list[Sc
         small: fewer orders and fan-outs (large p).
     """
     p = lay.p
-    out = [Schedule("star", "star", {"root": 0}, {"root": 0}), Schedule("chain", "chain", {"root": 0}, {"root": 0})]
+    out = [Schedule("star", "star", {"root": 0}, {"root": 0}),
+           Schedule("chain", "chain", {"root": 0}, {"root": 0}, chain_steps=2 * (p - 1))]
     orders: list[tuple[str, list[int] | None]] = [("natural", None)]
     inter = interleaved_order(lay)
     if inter is not None and inter != list(range(p)):
@@ -117,7 +118,7 @@ def standard_schedules(lay: Layout, payload: Payload, *, small: bool) -> list[Sc
         for k in fanouts if (name == "natural" or not small) else fanouts[:1]:
             out.append(Schedule("kary", "kary", {**kw, "fanout": k}, {"order": name, "fanout": k}))
     if p > 1 and payload.rows >= p:
-        out.append(Schedule("ring", "ring", {}, {"order": "natural"}, rows_per_chunk=p))
+        out.append(Schedule("ring", "ring", {}, {"order": "natural"}, rows_per_chunk=p, chain_steps=2 * (p - 1)))
     return out
 
 

@@ -19,7 +19,7 @@ from treeattn.errors import InfeasiblePlanError
 from treeattn.plan.builders import build
 from treeattn.plan.ir import OpKind, Plan, TopologyRef, message_bytes
 from treeattn.topology.model import Topology
-from treeattn.workload import Payload
+from treeattn.workload import Payload, Workload
 
 __all__ = ["Schedule", "Evaluator", "chunk_choices", "sweep_chunks"]
 
@@ -39,6 +39,10 @@ class Schedule:
     describe: dict[str, Any] = field(default_factory=dict)
     rows_per_chunk: int = 1
     """Plan chunks per requested chunk (ring: p segments; multirail: T trees)."""
+    chain_steps: int = 0
+    """A dependency chain of at least ``chain_steps + chunks - 1`` transfer steps runs through
+    the plan (ring: 2p - 2, chain: 2p - 2); each costs at least the sender overhead, so such
+    plans are pruned before they are even built."""
 
     @property
     def key(self) -> str:
@@ -86,67 +90,156 @@ class Evaluator:
         self._cache: dict[tuple[str, int], float] = {}
         self._on_eval = on_eval
         self._cm = ComputeModel.of(payload, topo)
-        self._pair: dict[tuple[int, int], tuple[float, float]] = {}
+        self._pair: dict[int, tuple[float, float]] = {}
+        self._floors: dict[tuple[str, int], float] = {}
         self._compute: dict[tuple[int, int | None], float] = {}
+        self._min_c: float | None = None
 
     def _pair_cost(self, a: int, b: int) -> tuple[float, float]:
         """(latency_us, bottleneck bytes per microsecond) of the route a -> b, cached."""
-        hit = self._pair.get((a, b))
+        key = a * self.topo.num_ranks + b
+        hit = self._pair.get(key)
         if hit is None:
             route = self.topo.route(a, b)
             links = self.topo.links
             bw = min((links[i].bw_gbps for i in route), default=math.inf) * 1e3
-            hit = self._pair[(a, b)] = (sum(links[i].latency_us for i in route), bw)
+            hit = self._pair[key] = (sum(links[i].latency_us for i in route), bw)
         return hit
 
     def floor_us(self, plan: Plan) -> float:
-        """A lower bound on what ``simulate`` predicts for ``plan``, in one pass over its ops.
+        """A lower bound on what ``simulate`` predicts for ``plan``: its critical path without contention.
 
-        Each rank's steps run one after another; a transfer step lasts at least its slowest
-        transfer alone on its route (sender overhead, bytes at the route's bottleneck, hop
-        latencies), then the step's merges; a COMPUTE lasts exactly its kernel. A
-        COLLECTIVE counts as 0. The simulator can only add waiting and sharing to that.
+        Nodes are the steps of each rank. A step is posted when the rank's previous step
+        ends; a transfer starts once both of its steps are posted and lasts at least the
+        sender's overhead, its bytes at the route's bottleneck bandwidth and the route's hop
+        latencies (what it costs alone on the network); a step ends after its transfers,
+        plus its merges; a COMPUTE step lasts exactly its kernel; a COLLECTIVE step counts
+        as 0. The simulator only adds link sharing, collective waits and costs to that, so
+        the longest path here never exceeds its prediction. One pass over the ops, then one
+        over the steps in dependency order.
         """
         overhead = self.topo.cost.overhead_us
         cm = self._cm
         sizes: dict[tuple, int] = {}
-        worst = 0.0
+        fixed: list[float] = []
+        merged: list[int] = []
+        first: list[bool] = []
+        rank_of: list[int] = []
+        sends: dict[tuple[int, int], list[tuple[int, float]]] = {}
+        recvs: dict[tuple[int, int], list[int]] = {}
+        compute = self._compute
+        pair = self._pair
+        p = self.topo.num_ranks
+        send_k, merge_k, compute_k, coll_k = OpKind.SEND, OpKind.RECV_MERGE, OpKind.COMPUTE, OpKind.COLLECTIVE
         for r, prog in enumerate(plan.programs):
-            total = 0.0
             step = None
-            longest = merged = 0.0
+            n = -1
             for op in prog:
                 if op.step != step:
-                    total += longest + (cm.step_merge_us(r, int(merged)) if merged else 0.0)
-                    step, longest, merged = op.step, 0.0, 0.0
+                    step = op.step
+                    n = len(fixed)
+                    fixed.append(0.0)
+                    merged.append(0)
+                    first.append(n == 0 or rank_of[-1] != r)
+                    rank_of.append(r)
                 kind = op.kind
-                if kind is OpKind.COMPUTE:
+                if kind is compute_k:
                     ck = (r, op.block)
-                    longest = self._compute.get(ck, -1.0)
-                    if longest < 0:
-                        longest = self._compute[ck] = cm.partial_us(r, op.block)
+                    c = compute.get(ck)
+                    if c is None:
+                        c = compute[ck] = cm.partial_us(r, op.block)
+                    fixed[n] = c
                     continue
-                if kind is OpKind.COLLECTIVE:
+                if kind is coll_k:
                     continue
                 key = (op.chunk, op.block)
                 nbytes = sizes.get(key)
                 if nbytes is None:
                     nbytes = sizes[key] = message_bytes(plan, op)
-                src, dst = (r, op.peer) if kind is OpKind.SEND else (op.peer, r)
-                lat, bw = self._pair_cost(src, dst)
-                cost = overhead + lat + nbytes / bw
-                if cost > longest:
-                    longest = cost
-                if kind is OpKind.RECV_MERGE:
-                    merged += nbytes
-            total += longest + (cm.step_merge_us(r, int(merged)) if merged else 0.0)
-            if total > worst:
-                worst = total
+                if kind is send_k:
+                    hit = pair.get(r * p + op.peer)
+                    if hit is None:
+                        hit = self._pair_cost(r, op.peer)
+                    sends.setdefault((r, op.peer), []).append((n, overhead + hit[0] + nbytes / hit[1]))
+                else:
+                    recvs.setdefault((op.peer, r), []).append(n)
+                    if kind is merge_k:
+                        merged[n] += nbytes
+        count = len(fixed)
+        partners: list[list[tuple[int, float]]] = [[] for _ in range(count)]
+        for key, ss in sends.items():
+            for (na, cost), nb in zip(ss, recvs.get(key, ()), strict=False):
+                partners[na].append((nb, cost))
+                partners[nb].append((na, cost))
+        # Node n waits for its own previous step and for each partner's previous step.
+        indeg = [0] * count
+        dependents: list[list[int]] = [[] for _ in range(count)]
+        for n in range(count):
+            if not first[n]:
+                indeg[n] += 1
+                dependents[n - 1].append(n)
+            for m, _ in partners[n]:
+                if not first[m]:
+                    indeg[n] += 1
+                    dependents[m - 1].append(n)
+        end = [0.0] * count
+        ready = [n for n in range(count) if indeg[n] == 0]
+        worst = 0.0
+        while ready:
+            n = ready.pop()
+            post = 0.0 if first[n] else end[n - 1]
+            t = post + fixed[n]
+            for m, cost in partners[n]:
+                other = 0.0 if first[m] else end[m - 1]
+                x = (post if post > other else other) + cost
+                if x > t:
+                    t = x
+            if merged[n]:
+                t += cm.step_merge_us(rank_of[n], merged[n])
+            end[n] = t
+            if t > worst:
+                worst = t
+            for d in dependents[n]:
+                indeg[d] -= 1
+                if indeg[d] == 0:
+                    ready.append(d)
         return worst
+
+    def _min_compute(self) -> float:
+        if self._min_c is None:
+            self._min_c = min(self._cm.partial_us(r) for r in range(self.topo.num_ranks)) if isinstance(
+                self.payload, Workload) else 0.0
+        return self._min_c
 
     def plan(self, sched: Schedule, chunks: int) -> Plan:
         """The plan of ``sched`` with ``chunks`` (raises InfeasiblePlanError when it cannot be built)."""
         return build(sched.algorithm, self.payload, self.ref, chunks=chunks, **sched.kwargs)
+
+    def chain_floor_us(self, sched: Schedule, chunks: int) -> float:
+        """What ``sched.chain_steps`` alone proves, without building the plan (0 when unknown)."""
+        if not sched.chain_steps:
+            return 0.0
+        return self._min_compute() + (sched.chain_steps + chunks - 1) * self.topo.cost.overhead_us
+
+    def screen_floor_us(self, sched: Schedule, chunks: int) -> float:
+        """``floor_us`` of the plan (cached), or the chain floor for schedules that say they are
+        long (not worth building to rank them); ``inf`` when it cannot be built."""
+        if sched.chain_steps:
+            return self.chain_floor_us(sched, chunks)
+        return self._floor(sched, chunks, None)
+
+    def _floor(self, sched: Schedule, chunks: int, plan: Plan | None) -> float:
+        key = (sched.key, chunks)
+        f = self._floors.get(key)
+        if f is None:
+            if plan is None:
+                try:
+                    plan = self.plan(sched, chunks)
+                except InfeasiblePlanError:
+                    self._floors[key] = math.inf
+                    return math.inf
+            f = self._floors[key] = self.floor_us(plan)
+        return f
 
     def time_us(self, sched: Schedule, chunks: int, cutoff: float = math.inf) -> float:
         """Predicted time of ``sched`` at ``chunks``.
@@ -154,8 +247,9 @@ class Evaluator:
         Args:
             sched: the schedule.
             chunks: its chunk count.
-            cutoff: skip the simulation when ``floor_us`` of the plan is already at least
-                this (the plan cannot beat it); then ``inf`` is returned and not cached.
+            cutoff: skip the simulation when a floor of the plan (``chain_floor_us``, then
+                ``floor_us``) already reaches this (the plan cannot beat it); then ``inf`` is
+                returned and not cached.
 
         Returns:
             Microseconds; ``inf`` when the builder refuses the parameters or it was pruned.
@@ -165,21 +259,26 @@ class Evaluator:
         if hit is not None:
             return hit
         if chunks * sched.rows_per_chunk > self.payload.rows:
-            t = math.inf
-        else:
-            try:
-                plan = self.plan(sched, chunks)
-            except InfeasiblePlanError:
-                self.infeasible += 1
-                t = math.inf
-            else:
-                if cutoff < math.inf and self.floor_us(plan) >= cutoff:
-                    self.pruned += 1
-                    return math.inf
-                t = simulate(plan, self.topo, timeline=False).predicted_us
-                self.simulations += 1
-                if self._on_eval is not None:
-                    self._on_eval(self.simulations)
+            self._cache[key] = math.inf
+            return math.inf
+        if cutoff < math.inf:
+            known = self._floors.get(key)
+            if self.chain_floor_us(sched, chunks) >= cutoff or (known is not None and known >= cutoff):
+                self.pruned += 1
+                return math.inf
+        try:
+            plan = self.plan(sched, chunks)
+        except InfeasiblePlanError:
+            self.infeasible += 1
+            self._cache[key] = math.inf
+            return math.inf
+        if cutoff < math.inf and self._floor(sched, chunks, plan) >= cutoff:
+            self.pruned += 1
+            return math.inf
+        t = simulate(plan, self.topo, timeline=False).predicted_us
+        self.simulations += 1
+        if self._on_eval is not None:
+            self._on_eval(self.simulations)
         self._cache[key] = t
         return t
 

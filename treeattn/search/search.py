@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from treeattn.cost.bounds import lower_bounds
-from treeattn.errors import InfeasiblePlanError, InputError
+from treeattn.errors import InputError
 from treeattn.plan.ir import Plan
 from treeattn.search.candidates import (
     HIER_SHAPES,
@@ -146,6 +146,8 @@ class Effort:
     """Hierarchy descent: shapes whose floor exceeds slack x the best so far are not simulated."""
     kicks: int = 0
     """Local improvement: restarts from the best tree with two random moves when stuck."""
+    improve_slack: float | None = None
+    """Local improvement starts only from trees within this factor of the best candidate."""
 
 
 def effort_for(p: int) -> Effort:
@@ -153,10 +155,10 @@ def effort_for(p: int) -> Effort:
     if p <= 16:
         return Effort(False, 2, 8, len(HIER_SHAPES), 3, 240, 48, kicks=6)
     if p <= 64:
-        return Effort(False, 2, 8, len(HIER_SHAPES), 2, 60, 20, sweep_top=12)
+        return Effort(False, 2, 8, len(HIER_SHAPES), 2, 60, 20, sweep_top=12, improve_slack=1.5)
     if p <= 256:
-        return Effort(True, 1, 4, 3, 1, 16, 8, sweep_top=4)
-    return Effort(True, 1, 3, 2, 1, 4, 4, sweep_top=2)
+        return Effort(True, 1, 4, 3, 1, 16, 8, sweep_top=4, improve_slack=1.2)
+    return Effort(True, 1, 3, 2, 1, 4, 4, sweep_top=1, improve_slack=1.2)
 
 
 def baselines(
@@ -299,11 +301,7 @@ def search(
     c0 = choices[0]
     floors = []
     for i, sched in enumerate(screen):
-        try:
-            f = ev.floor_us(ev.plan(sched, c0))
-        except InfeasiblePlanError:
-            f = math.inf
-        floors.append((f, i))
+        floors.append((ev.screen_floor_us(sched, c0), i))
         tick("screening")
     order = [screen[i] for _, i in sorted(floors)]
     for sched in order:
@@ -335,7 +333,8 @@ def search(
 
     # 4. local improvement of the best single trees
     moves_taken: list[str] = []
-    starts = [x for x in pool.ranked() if x[0].algorithm in TREE_ALGORITHMS][: eff.improve_starts]
+    limit = pool.best_t * eff.improve_slack if eff.improve_slack is not None else math.inf
+    starts = [x for x in pool.ranked() if x[0].algorithm in TREE_ALGORITHMS and x[2] <= limit][: eff.improve_starts]
     near = lay.near
     climb = {"cutoff": math.inf, "chunks": 1}
 
