@@ -68,7 +68,8 @@ def folder(tmp_path: Path) -> Path:
     d.mkdir()
     _rows().to_csv(d / "rows.csv", index=False)
     _timeline().to_csv(d / "timeline.csv", index=False)
-    (d / "meta.json").write_text(json.dumps({"primary_topology": "emu-a"}))
+    (d / "meta.json").write_text(json.dumps({"primary_topology": "emu-a",
+                                             "command": "treeattn validate emu-a --out res"}))
     return d
 
 
@@ -114,7 +115,9 @@ def test_wrong_results_leave_the_error_set():
 def test_render_writes_files_and_is_deterministic(folder: Path):
     done = render_folder(folder)
     names = sorted(p.name for p in done.files)
-    assert names == ["scatter.png", "speedup.png", "summary.json", "timeline.png"]
+    assert names == ["README.md", "scatter.png", "speedup.png", "summary.json", "timeline.png"]
+    text = (folder / "README.md").read_text()
+    assert "treeattn validate emu-a --out res" in text and "| regret | 20.0% | <= 10.0% | **no** |" in text
     assert all((folder / n).stat().st_size > 1000 for n in names if n.endswith(".png"))
     assert done.timeline == ("emu-a", "B1", "multirail")
     first = (folder / "summary.json").read_bytes()

@@ -70,7 +70,7 @@ def validate_cmd(
     batches: Annotated[str, typer.Option("--batches", help="Batch sizes of the payload sweep.",
                                          rich_help_panel=_CASES)] = "1,4,16,64",
     tokens: Annotated[str, typer.Option("--tokens", help="KV tokens per rank of the sweep cases.",
-                                        rich_help_panel=_CASES)] = "256",
+                                        rich_help_panel=_CASES)] = "32",
     long_tokens: Annotated[str, typer.Option("--long-tokens", help="Tokens per rank of the long-context case "
                                              "(B = 1); 0 leaves it out.", rich_help_panel=_CASES)] = "64K",
     heads: Annotated[str, typer.Option("--heads", help="Head shape HQ/HKV/D of every case (scaled to the emulated "

@@ -11,7 +11,11 @@ grouping of Llama-3.1-70B) and sweeps the batch:
 * ``sweep`` cases, ``B`` in ``SWEEP_BATCHES`` at ``SWEEP_TOKENS_PER_RANK`` tokens per rank:
   one rank's partial is ``B x 8 x 33 x 4`` bytes, 1 KiB at B = 1 (about 0.2 ms on a
   40 Mbit/s link, no more than one message's fixed cost: latency-bound) to 66 KiB at
-  B = 64 (13.5 ms: bandwidth-bound).
+  B = 64 (13.5 ms: bandwidth-bound). Few tokens per rank keep the local attention small:
+  on the emulated cluster every rank computes on the same two host cores at once, a
+  contention the compute model does not know (at 256 tokens and B = 64 the 2 MiB shards
+  took 15-38 ms per rank in parallel against 2.8 ms alone), so the sweep measures the
+  reduction rather than the host's CPU.
 * one ``long-context`` case, B = 1 at ``LONG_TOKENS_PER_RANK`` = 64K tokens per rank: each
   rank's KV shard is ``2 x 1 x 65536 x 32 x 2`` bytes = 8 MiB (bf16), which ring attention
   moves p - 1 times (about 1.7 s per step over a 40 Mbit/s NIC link); with Llama-3.1-8B's
@@ -55,7 +59,7 @@ class HeadShape:
 
 EMU_HEADS = HeadShape(q_heads=8, kv_heads=1, head_dim=32)
 SWEEP_BATCHES = (1, 4, 16, 64)
-SWEEP_TOKENS_PER_RANK = 256
+SWEEP_TOKENS_PER_RANK = 32
 LONG_TOKENS_PER_RANK = 65536
 
 
