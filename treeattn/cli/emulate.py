@@ -217,7 +217,7 @@ def run_cmd(
     timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait.")] = 30.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of q, K and V.")] = 0,
     out: Annotated[Path | None, typer.Option("--out", help="CSV to append rows to; default "
-                                             "results/<run-id>.csv.")] = None,
+                                             "results/runs/<run-id>.csv.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Run PLAN on the emulated TOPOLOGY (gloo, one rank per namespace) and compare with the prediction."""
@@ -252,7 +252,7 @@ def run_cmd(
         err_console.print(f"[yellow]warning:[/] {escape(text)}")
     run_id = new_run_id(f"emu-{plan_file.stem}")
     frame = result_rows(result, {label: plan}, {label: predictions}, run_id)
-    path = out if out is not None else Path("results") / f"{run_id}.csv"
+    path = out if out is not None else Path("results") / "runs" / f"{run_id}.csv"
     write_csv(frame, path)
     write_csv(timeline_rows(result, run_id), path.with_name(path.stem + ".timeline.csv"))
     if json_out:

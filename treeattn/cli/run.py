@@ -61,7 +61,7 @@ def run(
     topology: Annotated[str | None, typer.Option("--topology", "-t", help="Topology (preset or file) to "
                                                  "predict on; default: the plan's.")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="CSV to append rows to; default "
-                                             "results/<run-id>.csv.")] = None,
+                                             "results/runs/<run-id>.csv.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Run PLAN on its ranks (local processes, or those of torchrun/SLURM), check the result
@@ -89,7 +89,7 @@ def run(
         err_console.print(f"[yellow]warning:[/] {escape(text)}")
     run_id = new_run_id(plan_file.stem)
     frame = result_rows(result, {label: plan}, {label: predictions}, run_id)
-    path = out if out is not None else Path("results") / f"{run_id}.csv"
+    path = out if out is not None else Path("results") / "runs" / f"{run_id}.csv"
     write_csv(frame, path)
     write_csv(timeline_rows(result, run_id), path.with_name(path.stem + ".timeline.csv"))
     if json_out:
