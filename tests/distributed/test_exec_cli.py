@@ -71,7 +71,7 @@ def test_run_table_warns_on_other_topology_and_fails_loudly_on_a_dead_rank(tmp_p
     assert ok.exit_code == 0, ok.stderr
     assert "warning:" in ok.stderr and "elsewhere" in ok.stderr
     assert "× plan" in ok.stdout and "yes" in ok.stdout and "predicted" in ok.stdout
-    assert len(list((tmp_path / "results").glob("*-plan.csv"))) == 1
+    assert len(list((tmp_path / "results" / "runs").glob("*-plan.csv"))) == 1
     monkeypatch.setenv(FAULT_ENV, "1:1:exit")
     dead = run_cli("run", str(path), "--repeats", "2", "--warmup", "0")
     assert dead.exit_code == 1

@@ -1,14 +1,13 @@
 """Run an executor ``Job`` (treeattn.exec) with each rank inside its namespace.
 
-NOTE: ``treeattn.exec.launch.launch_local`` starts ranks on 127.0.0.1 and has no hook for
-a per-rank command prefix or environment, so this repeats its loop around the same worker
-entry point (``python -m treeattn.exec.worker RUN_DIR``): ``ip netns exec NS`` in front,
-MASTER_ADDR = rank 0's address, GLOO_SOCKET_IFNAME = the rank's interface.
+The ranks run the executor's own worker entry point (``python -m treeattn.exec.worker
+RUN_DIR``) with ``ip netns exec NS`` in front, MASTER_ADDR = rank 0's address and
+GLOO_SOCKET_IFNAME = the rank's interface; failures are reported by the executor's
+``rank_failure``, so both launchers name the failing rank the same way.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import shutil
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from treeattn.emulate.cluster import Cluster
 from treeattn.emulate.spawn import RankResult, run_in_namespaces
-from treeattn.errors import ExecutionError, InputError, TreeattnError
+from treeattn.errors import InputError, TreeattnError
 
 if TYPE_CHECKING:
     from treeattn.exec.runner import Job, JobResult
@@ -68,26 +67,15 @@ def launch_in_cluster(cluster: Cluster, job: Job, *, timeout_s: float = 1800.0) 
 
 
 def _failure(tmp: Path, results: tuple[RankResult, ...]) -> TreeattnError:
-    """The error of the rank that failed first: one that raised something other than a lost
-    peer, else any that failed by itself, else one this process stopped."""
-    reports = {}
-    for res in results:
-        path = tmp / f"rank{res.rank}.error.json"
-        if path.exists():
-            reports[res.rank] = json.loads(path.read_text())
+    from treeattn.exec.launch import rank_failure
+
+    by_rank = {res.rank: res for res in results}
+
+    def tail(r: int) -> str:
+        res = by_rank[r]
+        lines = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.strip()]
+        return f"; last output: {lines[-1][:300]}" if lines else ""
+
+    codes = [by_rank[r].returncode for r in sorted(by_rank)]
     stopped = {res.rank for res in results if res.returncode < 0}
-    failed = [res.rank for res in results if res.returncode > 0]
-    primary = [r for r in failed if reports.get(r, {}).get("kind") != "comm"] or failed or sorted(stopped)
-    first = {res.rank: res for res in results}[primary[0]]
-    if first.rank in reports:
-        what = f"rank {first.rank} failed: {reports[first.rank]['message']}"
-    else:
-        lines = [ln for ln in (first.stdout + first.stderr).splitlines() if ln.strip()]
-        tail = f"; last output: {lines[-1][:300]}" if lines else ""
-        what = f"rank {first.rank} exited with status {first.returncode}{tail}"
-    others = [res.rank for res in results if res.rank != first.rank]
-    if others:
-        what += f" (ranks {', '.join(map(str, others))} were stopped or lost their peer)"
-    if reports.get(first.rank, {}).get("exit_code") == 2:
-        return InputError(what)
-    return ExecutionError(what)
+    return rank_failure(tmp, codes, stopped, tail)

@@ -23,13 +23,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from treeattn.errors import ExecutionError, InputError
 from treeattn.exec.runner import Job, JobResult, run_rank
 
-__all__ = ["RankEnv", "detect_env", "launch", "launch_local", "free_port", "GRACE_S"]
+__all__ = ["RankEnv", "detect_env", "launch", "launch_local", "free_port", "rank_failure", "GRACE_S"]
 
 GRACE_S = 1.0
 """After the first failed rank, how long the others get to exit and say why before the kill."""
@@ -132,7 +133,7 @@ def launch_local(job: Job) -> JobResult:
         killed = _watch(procs)
         codes = [p.returncode for p in procs]
         if any(codes):
-            raise _failure(tmp, codes, killed)
+            raise rank_failure(tmp, codes, killed, lambda r: _log_tail(tmp, r))
         with open(tmp / "result.pkl", "rb") as f:
             return pickle.load(f)
     finally:
@@ -166,7 +167,19 @@ def _watch(procs: list[subprocess.Popen]) -> set[int]:
         time.sleep(0.02)
 
 
-def _failure(tmp: Path, codes: list[int], killed: set[int]) -> Exception:
+def rank_failure(
+    tmp: Path, codes: list[int], killed: set[int], log_tail: Callable[[int], str]
+) -> InputError | ExecutionError:
+    """The error of the rank that failed first, from the ranks' exit codes and the
+    ``rankN.error.json`` reports they left in ``tmp``: a rank that raised something other
+    than a lost peer, else any that failed by itself, else one the watchdog stopped.
+
+    Args:
+        tmp: the run directory the workers wrote their reports into.
+        codes: exit code per rank (negative: killed by that signal).
+        killed: ranks the launcher stopped itself.
+        log_tail: ``"; last output: ..."`` of a rank's output, or "".
+    """
     reports: dict[int, dict] = {}
     for r in range(len(codes)):
         path = tmp / f"rank{r}.error.json"
@@ -179,9 +192,9 @@ def _failure(tmp: Path, codes: list[int], killed: set[int]) -> Exception:
     if first in reports:
         what = f"rank {first} failed: {reports[first]['message']}"
     elif codes[first] < 0:
-        what = f"rank {first} was killed by signal {-codes[first]}{_log_tail(tmp, first)}"
+        what = f"rank {first} was killed by signal {-codes[first]}{log_tail(first)}"
     else:
-        what = f"rank {first} died with exit code {codes[first]} without reporting an error{_log_tail(tmp, first)}"
+        what = f"rank {first} died with exit code {codes[first]} without reporting an error{log_tail(first)}"
     others = sorted(set(range(len(codes))) - {first})
     if others:
         what += f" (rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} "
