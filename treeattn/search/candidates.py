@@ -175,8 +175,8 @@ def multirail_schedules(lay: Layout, *, small: bool) -> list[Schedule]:
     """Forests that split the rows over T trees, tree t crossing the network on its own rail.
 
     Tree t reduces inside every node to that node's rank on rail t (a star or binomial),
-    then across those ranks (binomial or k-ary), so the T trees drive T NICs per node at
-    once. With one node (or no NICs) the trees are rooted at spread-out ranks instead,
+    then across those ranks (star, binomial or k-ary), so the T trees drive T NICs per node
+    at once. With one node (or no NICs) the trees are rooted at spread-out ranks instead,
     which turns the star into a reduce-scatter-like pattern over the fabric.
     """
     out: list[Schedule] = []
@@ -185,7 +185,7 @@ def multirail_schedules(lay: Layout, *, small: bool) -> list[Schedule]:
     if node_rails and all(len(set(r)) == len(lay.nodes) for r in node_rails):
         count = len(node_rails)
         tree_counts = sorted({t for t in (2, 4, 8, 16, count) if 2 <= t <= count})
-        inters = [("binomial", 2)] if small else [("binomial", 2), ("kary", 4)]
+        inters = [("star", 2), ("binomial", 2), ("kary", 4)] + ([] if small else [("kary", 2), ("kary", 8)])
         for t_count in tree_counts:
             picked = [node_rails[i * count // t_count] for i in range(t_count)]
             for intra in ("star", "binomial"):
