@@ -332,7 +332,8 @@ def search(
         tick("hierarchies")
 
     # 4. local improvement of the best single trees
-    moves_taken: list[str] = []
+    climbs: list[dict[str, Any]] = []
+    moves_of: dict[str, list[str]] = {}
     limit = pool.best_t * eff.improve_slack if eff.improve_slack is not None else math.inf
     starts = [x for x in pool.ranked() if x[0].algorithm in TREE_ALGORITHMS and x[2] <= limit][: eff.improve_starts]
     near = lay.near
@@ -350,12 +351,14 @@ def search(
         climb.update(cutoff=t, chunks=c)
         res = hill_climb(par, score, rng, budget=eff.improve_budget, per_round=eff.per_round, near=near,
                          start_score=t, on_move=accepted, kicks=eff.kicks)
+        climbs.append({"from": sched.family, "describe": sched.describe, "start_us": t, "end_us": res.score,
+                       "trees_scored": res.evaluated, "moves": len(res.accepted)})
         if res.accepted:
             improved = Schedule("improved", "tree", {"parents": list(res.par)},
                                 {"from": sched.family, **sched.describe, "moves": len(res.accepted)})
             c2, t2 = sweep_chunks(ev, improved, choices, patience=eff.patience, start=c, cutoff=best_so_far)
             pool.add(improved, c2, min(t2, res.score) if c2 == c else t2)
-            moves_taken.extend(res.accepted)
+            moves_of[improved.key] = list(res.accepted)
         tick("local improvement")
 
     ranked = pool.ranked()
@@ -383,11 +386,13 @@ def search(
     plan = ev.plan(top_sched, top_c)
     stats = {
         "seed": seed,
+        "screened": len(screen),
         "schedules": len(pool.items),
         "simulations": ev.simulations,
+        "pruned": ev.pruned,
         "chunk_choices": list(choices),
-        "moves": moves_taken,
         "levels": [kind for kind, _ in lay.levels],
+        "climbs": climbs,
     }
     notes = dict(plan.notes)
     notes["search"] = {
@@ -397,8 +402,10 @@ def search(
         "bound_cut": bound.cut,
         "ratio_to_bound": ratio(top_t),
         "baselines": base,
-        **stats,
+        **{k: v for k, v in stats.items() if k != "climbs"},
     }
+    if top_sched.key in moves_of:
+        notes["search"]["moves"] = moves_of[top_sched.key]
     plan = _with(plan, predicted_us=top_t, notes=notes)
     return SearchResult(plan, cands, bound_us, base, stats)
 
