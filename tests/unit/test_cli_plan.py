@@ -151,3 +151,17 @@ def test_console_script(tmp_path):
     proc = subprocess.run([TREEATTN, "plan", "-t", "cpu-4", "--model", "nope", "--seq-len", "1K"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown model" in proc.stderr
+
+
+@pytest.mark.parametrize("name, args", [
+    ("dgx-h100-2node.llama-3.1-8b.b1.yaml", ("--topology", "dgx-h100-2node", "--model", "llama-3.1-8b", "--batch", "1",
+                                             "--seq-len", "128K")),
+    ("cpu-4.llama-3.1-8b.yaml", ("--topology", "cpu-4", "--model", "llama-3.1-8b", "--batch", "1", "--seq-len", "16K")),
+])
+def test_example_plans_are_what_the_cli_writes(tmp_path, name, args):
+    shipped = Path(__file__).resolve().parents[2] / "plans" / name
+    check(load_plan(shipped))
+    res = run_cli("plan", *args, "--out", str(tmp_path / name), "--no-progress")
+    assert res.exit_code == 0, res.stderr
+    assert (tmp_path / name).read_bytes() == shipped.read_bytes(), (
+        f"plans/{name} is stale (the planner or cost model changed): regenerate with plans/make_search_plans.sh")
