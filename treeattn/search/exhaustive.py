@@ -43,6 +43,8 @@ def exhaustive_trees(
     *,
     chunk_choices: tuple[int, ...] | None = None,
     progress: Callable[[int, int, str], None] | None = None,
+    evaluator: Evaluator | None = None,
+    cutoff: float = math.inf,
 ) -> ExhaustiveResult:
     """Time every rooted tree (as a ``tree`` plan: reduce up, broadcast down) at every chunk count.
 
@@ -51,6 +53,9 @@ def exhaustive_trees(
         workload: the payload.
         chunk_choices: chunk counts (default ``evaluate.chunk_choices(workload, p)``).
         progress: ``progress(done, total, stage)``.
+        evaluator: an ``Evaluator`` of the same topology and payload to share (its cache).
+        cutoff: only trees faster than this count (a time already found elsewhere); the
+            result has ``predicted_us = inf`` and empty ``parents`` when none is.
 
     Returns:
         The best (first found on ties, in enumeration order) tree, its chunks and time.
@@ -67,8 +72,9 @@ def exhaustive_trees(
         raise InputError(f"exhaustive search is for at most {EXHAUSTIVE_MAX_RANKS} ranks "
                          f"({count_rooted_trees(EXHAUSTIVE_MAX_RANKS)} trees); this topology has {p}")
     choices = tuple(sorted(set(chunk_choices or default_chunk_choices(workload, p))))
-    ev = Evaluator(topo, workload)
-    best: tuple[float, tuple[int, ...], int] = (math.inf, (), choices[0])
+    ev = evaluator if evaluator is not None else Evaluator(topo, workload)
+    sims, pruned = ev.simulations, ev.pruned
+    best: tuple[float, tuple[int, ...], int] = (cutoff, (), choices[0])
     total = count_rooted_trees(p)
     for i, par in enumerate(all_parent_lists(p)):
         sched = Schedule("tree", "tree", {"parents": list(par)})
@@ -78,4 +84,5 @@ def exhaustive_trees(
                 best = (t, par, c)
         if progress is not None:
             progress(i + 1, total, "trees")
-    return ExhaustiveResult(best[1], best[2], best[0], total, ev.simulations, ev.pruned)
+    t = best[0] if best[1] else math.inf
+    return ExhaustiveResult(best[1], best[2], t, total, ev.simulations - sims, ev.pruned - pruned)

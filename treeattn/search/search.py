@@ -37,6 +37,7 @@ from treeattn.search.candidates import (
 )
 from treeattn.search.evaluate import Evaluator, Schedule, sweep_chunks
 from treeattn.search.evaluate import chunk_choices as default_chunk_choices
+from treeattn.search.exhaustive import exhaustive_trees
 from treeattn.search.moves import hill_climb
 from treeattn.topology.model import Topology
 from treeattn.workload import Payload, Workload
@@ -57,8 +58,10 @@ Progress = Callable[[int, int, str], None]
 """``progress(done, total, stage)``: called as stages advance (the CLI draws a bar)."""
 
 TREE_ALGORITHMS = frozenset({"tree", "star", "chain", "kary", "binomial", "hierarchical"})
-FAMILIES = ("star", "chain", "kary", "binomial", "butterfly", "ring", "hierarchical", "multirail", "double-binary")
-"""Candidate families ``search`` generates (local improvement adds ``improved`` trees)."""
+FAMILIES = ("star", "chain", "kary", "binomial", "butterfly", "ring", "hierarchical", "multirail", "double-binary",
+            "exhaustive")
+"""Candidate families ``search`` generates (local improvement adds ``improved`` trees;
+``exhaustive`` is the best of all rooted trees, tried where p <= ``Effort.exact_ranks``)."""
 TREE_FAMILIES = frozenset({"star", "chain", "kary", "binomial", "hierarchical"})
 """Families whose plans are one tree (reduce up, broadcast down): what moves improve."""
 RING_ATTENTION_MAX_RANKS = 64
@@ -148,6 +151,8 @@ class Effort:
     """Local improvement: restarts from the best tree with two random moves when stuck."""
     improve_slack: float | None = None
     """Local improvement starts only from trees within this factor of the best candidate."""
+    exact_ranks: int = 5
+    """Up to this many ranks, every rooted tree is also tried (``exhaustive_trees``)."""
 
 
 def effort_for(p: int) -> Effort:
@@ -360,6 +365,13 @@ def search(
             pool.add(improved, c2, min(t2, res.score) if c2 == c else t2)
             moves_of[improved.key] = list(res.accepted)
         tick("local improvement")
+
+    # 5. exact where cheap: every rooted tree (pruned against the best so far)
+    if p <= eff.exact_ranks and (families is None or "exhaustive" in families):
+        ex = exhaustive_trees(topo, workload, chunk_choices=choices, evaluator=ev, cutoff=pool.best_t)
+        if ex.parents:
+            pool.add(Schedule("exhaustive", "tree", {"parents": list(ex.parents)},
+                              {"root": ex.parents.index(-1), "trees": ex.trees}), ex.chunks, ex.predicted_us)
 
     ranked = pool.ranked()
     if not ranked:
