@@ -114,7 +114,7 @@ def multinode(con: Console) -> None:
 
 
 def speed(con: Console) -> None:
-    table = Table(title="Planner speed (search only; route caches warm, as in a CLI run after loading)")
+    table = Table(title="Planner speed: search() after the topology is loaded (baselines included)")
     for col in ("topology", "ranks", "B", "wall s", "cpu s", "simulations", "schedules", "pick us"):
         table.add_column(col, justify="left" if col == "topology" else "right")
     for name in ("dgx-h100", "dgx-h100-16node", "dgx-h100:nodes=128"):
