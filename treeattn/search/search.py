@@ -1,17 +1,20 @@
-"""The planner: every candidate family, its best chunk count, then local improvement.
+"""The planner: every candidate family at its best chunk count, then local improvement.
 
-Stages (each scored by the simulator through ``Evaluator``):
+Stages, every time a simulator prediction (``Evaluator.time_us``):
 
-1. Standard families (star, chain, kary, binomial, butterfly, ring), chunk count swept.
-2. Hierarchies over every combination of the topology's domain levels, the shape of each
-   level chosen by coordinate descent.
-3. Multi-rail forests and double binary trees.
-4. Local improvement (re-parent a subtree, swap ranks, lift/push to change a fan-out,
-   reroot) of the best single-tree candidates, then a final chunk sweep.
+1. Screen: every candidate (standard families, a hierarchy per combination of domain
+   levels, multi-rail forests, double binary trees) at the smallest chunk count, in order
+   of its contention-free floor (``Evaluator.floor_us``), so that a good time is known early
+   and candidates whose floor already exceeds it are never simulated (exact pruning).
+2. Chunk sweep of the best screened candidates (all of them up to 16 ranks).
+3. Hierarchies: coordinate descent over the tree shape used at each level.
+4. Local improvement of the best single trees: re-parent a subtree, swap ranks, lift or
+   push (change a fan-out), reroot; seeded hill climbing with kicks, then a chunk sweep.
+5. Exact where cheap: the best of all p^(p-1) rooted trees for p <= 5.
 
-The effort shrinks with the rank count (fewer orders, fan-outs and moves) so that 1,024
-ranks plan in under a minute. Everything is seeded and ordered: the same inputs give the
-same candidates, the same plan and byte-identical files.
+The effort shrinks with the rank count (``effort_for``: fewer orders, fan-outs, sweeps and
+moves) so that 1,024 ranks plan in well under a minute. Everything is seeded and ordered:
+the same inputs give the same candidates, plan and bytes.
 """
 
 from __future__ import annotations
@@ -20,12 +23,11 @@ import itertools
 import math
 import random
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 from treeattn.cost.bounds import lower_bounds
 from treeattn.errors import InputError
-from treeattn.plan.ir import Plan
 from treeattn.search.candidates import (
     HIER_SHAPES,
     Layout,
@@ -39,8 +41,9 @@ from treeattn.search.evaluate import Evaluator, Schedule, sweep_chunks
 from treeattn.search.evaluate import chunk_choices as default_chunk_choices
 from treeattn.search.exhaustive import exhaustive_trees
 from treeattn.search.moves import hill_climb
+from treeattn.search.result import RING_ATTENTION_MAX_RANKS, Candidate, SearchResult, baselines
 from treeattn.topology.model import Topology
-from treeattn.workload import Payload, Workload
+from treeattn.workload import Payload
 
 __all__ = [
     "Candidate",
@@ -64,67 +67,6 @@ FAMILIES = ("star", "chain", "kary", "binomial", "butterfly", "ring", "hierarchi
 ``exhaustive`` is the best of all rooted trees, tried where p <= ``Effort.exact_ranks``)."""
 TREE_FAMILIES = frozenset({"star", "chain", "kary", "binomial", "hierarchical"})
 """Families whose plans are one tree (reduce up, broadcast down): what moves improve."""
-RING_ATTENTION_MAX_RANKS = 256
-"""Ring attention moves p(p-1) KV blocks: building and simulating it takes about 0.5 s at
-128 ranks, 2.5 s at 256 and 50 s at 1,024, so ``search`` leaves it out of the baselines
-above this many ranks (``treeattn compare`` simulates it at any size)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """One ranked schedule with its best chunk count."""
-
-    algorithm: str
-    """Family: star, chain, kary, binomial, butterfly, ring, hierarchical, multirail,
-    double-binary, or ``improved`` (a tree after local moves)."""
-    params: dict[str, Any]
-    """Short description of the family's parameters (orders named, not listed)."""
-    chunks: int
-    """Chunks the builder was given (per segment for ring, per tree for forests)."""
-    predicted_us: float
-    ratio_to_bound: float
-    """predicted_us / the lower bound."""
-    builder: str = ""
-    """The ``treeattn.plan.build`` algorithm that makes its plan."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "algorithm": self.algorithm,
-            "params": self.params,
-            "chunks": self.chunks,
-            "predicted_us": self.predicted_us,
-            "ratio_to_bound": self.ratio_to_bound,
-            "builder": self.builder,
-        }
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """What ``search`` found."""
-
-    best: Plan
-    """The winning plan, ``predicted_us`` filled, ``notes['search']`` holding the statistics."""
-    candidates: list[Candidate]
-    """The top candidates, fastest first (``candidates[0]`` is ``best``)."""
-    lower_bound_us: float
-    baselines: dict[str, float | None]
-    """``allreduce3_nccl_us`` (or ``allreduce_nccl_us`` for raw payloads), ``allgather_merge_us``,
-    ``ring_attention_us`` (None where not simulated)."""
-    stats: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        best = self.candidates[0]
-        return {
-            "best": {"algorithm": best.algorithm, "builder": best.builder, "params": best.params,
-                     "chunks": best.chunks, "predicted_us": best.predicted_us,
-                     "ratio_to_bound": best.ratio_to_bound},
-            "lower_bound_us": self.lower_bound_us,
-            "baselines": self.baselines,
-            "candidates": [c.to_dict() for c in self.candidates],
-            "stats": self.stats,
-        }
-
-
 @dataclass(frozen=True, slots=True)
 class Effort:
     """How hard the search tries; ``effort_for(p)`` picks it from the rank count."""
@@ -164,33 +106,6 @@ def effort_for(p: int) -> Effort:
     if p <= 256:
         return Effort(True, 1, 4, 3, 1, 16, 8, sweep_top=4, improve_slack=1.2)
     return Effort(True, 1, 3, 2, 1, 4, 4, sweep_top=1, improve_slack=1.2)
-
-
-def baselines(
-    topo: Topology,
-    payload: Payload,
-    ev: Evaluator | None = None,
-    *,
-    ring_max_ranks: int | None = RING_ATTENTION_MAX_RANKS,
-) -> dict[str, float | None]:
-    """Predicted times of what libraries and the paper do, as the simulator times them.
-
-    Returns:
-        ``allreduce3_nccl_us`` (attention: the paper's three all-reduces, each timed by the
-        NCCL model) or ``allreduce_nccl_us`` (raw: one NCCL all-reduce), ``allgather_merge_us``,
-        and ``ring_attention_us`` (attention only; None above ``ring_max_ranks`` ranks, which
-        None lifts).
-    """
-    ev = ev or Evaluator(topo, payload)
-    out: dict[str, float | None] = {}
-    if isinstance(payload, Workload):
-        out["allreduce3_nccl_us"] = ev.time_us(Schedule("allreduce3", "allreduce3", {}), 1)
-        out["ring_attention_us"] = (ev.time_us(Schedule("ring-attention", "ring-attention", {}), 1)
-                                    if ring_max_ranks is None or topo.num_ranks <= ring_max_ranks else None)
-    else:
-        out["allreduce_nccl_us"] = ev.time_us(Schedule("allreduce", "allreduce", {}), 1)
-    out["allgather_merge_us"] = ev.time_us(Schedule("allgather-merge", "allgather-merge", {}), 1)
-    return {k: (None if v is None or math.isinf(v) else v) for k, v in out.items()}
 
 
 class _Pool:
@@ -267,162 +182,187 @@ def search(
     p = topo.num_ranks
     if workload.ranks != p:
         raise InputError(f"the workload has {workload.ranks} ranks but topology {topo.name!r} places {p}")
-    eff = effort or effort_for(p)
-    choices = tuple(chunk_choices) if chunk_choices else default_chunk_choices(workload, p)
-    if any((not isinstance(c, int)) or c < 1 for c in choices):
-        raise InputError(f"chunk choices must be positive integers, got {list(choices)}")
-    choices = tuple(sorted(set(choices)))
-    rng = random.Random(seed)
-    lay = layout_of(topo)
-    ev = Evaluator(topo, workload)
-    bound = lower_bounds(workload, topo)
-    pool = _Pool()
-
-    standard = standard_schedules(lay, workload, small=eff.small)
-    level_sets = _level_sets(lay, eff.max_level_sets)
-    hier_start = [(ids, [("star", 2)] * len(ids) + [("binomial", 2)]) for ids in level_sets]
-    forests = multirail_schedules(lay, small=eff.small) + double_binary_schedules(lay)
-    screen = standard + [hierarchical_schedule(lay, ids, shapes) for ids, shapes in hier_start] + forests
     if families is not None:
         unknown = sorted(set(families) - set(FAMILIES))
         if unknown:
             raise InputError(f"unknown candidate families {unknown}; choose from {', '.join(FAMILIES)}")
-        screen = [s for s in screen if s.family in families]
-        if "hierarchical" not in families:
-            hier_start = []
-    total = 2 * len(screen) + len(level_sets) + eff.improve_starts + 1
-    done = 0
+    choices = tuple(chunk_choices) if chunk_choices else default_chunk_choices(workload, p)
+    if any((not isinstance(c, int)) or c < 1 for c in choices):
+        raise InputError(f"chunk choices must be positive integers, got {list(choices)}")
+    run = _Run(topo, workload, effort or effort_for(p), tuple(sorted(set(choices))), seed, families, progress)
+    run.screen()
+    run.sweep()
+    run.hierarchies()
+    run.improve()
+    run.exact()
+    return run.result(top_k)
 
-    def tick(stage: str, n: int = 1) -> None:
-        nonlocal done
-        done += n
-        if progress is not None:
-            progress(min(done, total), total, stage)
 
-    def best_so_far() -> float:
-        return pool.best_t
+class _Run:
+    """One search's state: the evaluator, the pool of scored schedules and the stage methods."""
 
-    # 1. screen every family at the smallest chunk count, most promising (lowest floor) first
-    c0 = choices[0]
-    floors = []
-    for i, sched in enumerate(screen):
-        floors.append((ev.screen_floor_us(sched, c0), i))
-        tick("screening")
-    order = [screen[i] for _, i in sorted(floors)]
-    for sched in order:
-        pool.add(sched, c0, ev.time_us(sched, c0, best_so_far()))
-    # 2. chunk sweep of the best screened schedules (and of the unscreenable ones when all are tried)
-    for k, sched in enumerate(order):
-        if eff.sweep_top is None or k < eff.sweep_top or sched.key in pool.top_keys(eff.sweep_top):
-            c, t = sweep_chunks(ev, sched, choices, patience=eff.patience, cutoff=best_so_far)
-            pool.add(sched, c, t)
-        tick("chunk counts")
+    def __init__(self, topo: Topology, workload: Payload, eff: Effort, choices: tuple[int, ...], seed: int,
+                 families: Collection[str] | None, progress: Progress | None) -> None:
+        self.topo, self.workload, self.eff, self.choices, self.seed = topo, workload, eff, choices, seed
+        self.families = families
+        self.rng = random.Random(seed)
+        self.lay = layout_of(topo)
+        self.ev = Evaluator(topo, workload)
+        self.pool = _Pool()
+        self.climbs: list[dict[str, Any]] = []
+        self.moves_of: dict[str, list[str]] = {}
+        level_sets = _level_sets(self.lay, eff.max_level_sets)
+        self.hier_start = [(ids, [("star", 2)] * len(ids) + [("binomial", 2)]) for ids in level_sets]
+        candidates = (standard_schedules(self.lay, workload, small=eff.small)
+                      + [hierarchical_schedule(self.lay, ids, shapes) for ids, shapes in self.hier_start]
+                      + multirail_schedules(self.lay, small=eff.small) + double_binary_schedules(self.lay))
+        if families is not None:
+            candidates = [s for s in candidates if s.family in families]
+            if "hierarchical" not in families:
+                self.hier_start = []
+        self.candidates = candidates
+        self.order: list[Schedule] = []
+        self._progress = progress
+        self._done = 0
+        self._total = 2 * len(candidates) + len(self.hier_start) + eff.improve_starts + 1
 
-    # 3. hierarchies: coordinate descent over the shape of each level
-    for level_ids, shapes in hier_start:
-        cur = hierarchical_schedule(lay, level_ids, shapes)
-        cur_c, cur_t = pool.get(cur.key, (c0, math.inf))
-        for j in range(len(shapes)):
-            for alt in HIER_SHAPES[: eff.hier_shapes]:
-                if alt == shapes[j]:
-                    continue
-                trial = shapes[:j] + [alt] + shapes[j + 1:]
-                sched = hierarchical_schedule(lay, level_ids, trial)
-                t = ev.time_us(sched, cur_c, min(cur_t, pool.best_t * eff.slack))
-                pool.add(sched, cur_c, t)
-                if t < cur_t:
-                    shapes, cur, cur_t = trial, sched, t
-        c, t = sweep_chunks(ev, cur, choices, patience=eff.patience, start=cur_c, cutoff=best_so_far)
-        pool.add(cur, c, t)
-        tick("hierarchies")
+    def _tick(self, stage: str) -> None:
+        self._done += 1
+        if self._progress is not None:
+            self._progress(min(self._done, self._total), self._total, stage)
 
-    # 4. local improvement of the best single trees
-    climbs: list[dict[str, Any]] = []
-    moves_of: dict[str, list[str]] = {}
-    limit = pool.best_t * eff.improve_slack if eff.improve_slack is not None else math.inf
-    starts = [x for x in pool.ranked() if x[0].algorithm in TREE_ALGORITHMS and x[2] <= limit][: eff.improve_starts]
-    near = lay.near
-    climb = {"cutoff": math.inf, "chunks": 1}
+    def _best(self) -> float:
+        return self.pool.best_t
 
-    def score(tree: tuple[int, ...]) -> float:
-        # Trees that cannot beat the climb's current one are not simulated.
-        return ev.time_us(Schedule("improved", "tree", {"parents": list(tree)}), climb["chunks"], climb["cutoff"])
+    def screen(self) -> None:
+        """Every candidate at the smallest chunk count, lowest floor first."""
+        c0 = self.choices[0]
+        floors = []
+        for i, sched in enumerate(self.candidates):
+            floors.append((self.ev.screen_floor_us(sched, c0), i))
+            self._tick("screening")
+        self.order = [self.candidates[i] for _, i in sorted(floors)]
+        for sched in self.order:
+            self.pool.add(sched, c0, self.ev.time_us(sched, c0, self.pool.best_t))
 
-    def accepted(t: float) -> None:
-        climb["cutoff"] = t
+    def sweep(self) -> None:
+        """Chunk counts of the best screened candidates (of all of them for small p)."""
+        top = self.eff.sweep_top
+        for k, sched in enumerate(self.order):
+            if top is None or k < top or sched.key in self.pool.top_keys(top):
+                c, t = sweep_chunks(self.ev, sched, self.choices, patience=self.eff.patience, cutoff=self._best)
+                self.pool.add(sched, c, t)
+            self._tick("chunk counts")
 
-    for sched, c, t in starts:
-        par = tuple(ev.plan(sched, c).params["parents"])
-        climb.update(cutoff=t, chunks=c)
-        res = hill_climb(par, score, rng, budget=eff.improve_budget, per_round=eff.per_round, near=near,
-                         start_score=t, on_move=accepted, kicks=eff.kicks)
-        climbs.append({"from": sched.family, "describe": sched.describe, "start_us": t, "end_us": res.score,
-                       "trees_scored": res.evaluated, "moves": len(res.accepted)})
-        if res.accepted:
-            improved = Schedule("improved", "tree", {"parents": list(res.par)},
-                                {"from": sched.family, **sched.describe, "moves": len(res.accepted)})
-            c2, t2 = sweep_chunks(ev, improved, choices, patience=eff.patience, start=c, cutoff=best_so_far)
-            pool.add(improved, c2, min(t2, res.score) if c2 == c else t2)
-            moves_of[improved.key] = list(res.accepted)
-        tick("local improvement")
+    def hierarchies(self) -> None:
+        """Coordinate descent over the shape of each level of each hierarchy."""
+        for level_ids, shapes in self.hier_start:
+            cur = hierarchical_schedule(self.lay, level_ids, shapes)
+            cur_c, cur_t = self.pool.get(cur.key, (self.choices[0], math.inf))
+            for j in range(len(shapes)):
+                for alt in HIER_SHAPES[: self.eff.hier_shapes]:
+                    if alt == shapes[j]:
+                        continue
+                    trial = shapes[:j] + [alt] + shapes[j + 1:]
+                    sched = hierarchical_schedule(self.lay, level_ids, trial)
+                    t = self.ev.time_us(sched, cur_c, min(cur_t, self.pool.best_t * self.eff.slack))
+                    self.pool.add(sched, cur_c, t)
+                    if t < cur_t:
+                        shapes, cur, cur_t = trial, sched, t
+            c, t = sweep_chunks(self.ev, cur, self.choices, patience=self.eff.patience, start=cur_c,
+                                cutoff=self._best)
+            self.pool.add(cur, c, t)
+            self._tick("hierarchies")
 
-    # 5. exact where cheap: every rooted tree (pruned against the best so far)
-    if p <= eff.exact_ranks and (families is None or "exhaustive" in families):
-        ex = exhaustive_trees(topo, workload, chunk_choices=choices, evaluator=ev, cutoff=pool.best_t)
+    def improve(self) -> None:
+        """Hill climbing from the best single trees (within ``improve_slack`` of the best)."""
+        eff, ev = self.eff, self.ev
+        limit = self.pool.best_t * eff.improve_slack if eff.improve_slack is not None else math.inf
+        starts = [x for x in self.pool.ranked() if x[0].algorithm in TREE_ALGORITHMS and x[2] <= limit]
+        climb = {"cutoff": math.inf, "chunks": 1}
+
+        def score(tree: tuple[int, ...]) -> float:
+            # Trees that cannot beat the climb's current one are not simulated.
+            return ev.time_us(Schedule("improved", "tree", {"parents": list(tree)}), climb["chunks"],
+                              climb["cutoff"])
+
+        def moved(t: float) -> None:
+            climb["cutoff"] = t
+
+        for sched, c, t in starts[: eff.improve_starts]:
+            par = tuple(ev.plan(sched, c).params["parents"])
+            climb.update(cutoff=t, chunks=c)
+            res = hill_climb(par, score, self.rng, budget=eff.improve_budget, per_round=eff.per_round,
+                             near=self.lay.near, start_score=t, on_move=moved, kicks=eff.kicks)
+            self.climbs.append({"from": sched.family, "describe": sched.describe, "start_us": t,
+                                "end_us": res.score, "trees_scored": res.evaluated, "moves": len(res.accepted)})
+            if res.accepted:
+                better = Schedule("improved", "tree", {"parents": list(res.par)},
+                                  {"from": sched.family, **sched.describe, "moves": len(res.accepted)})
+                c2, t2 = sweep_chunks(ev, better, self.choices, patience=eff.patience, start=c, cutoff=self._best)
+                self.pool.add(better, c2, min(t2, res.score) if c2 == c else t2)
+                self.moves_of[better.key] = list(res.accepted)
+            self._tick("local improvement")
+
+    def exact(self) -> None:
+        """Every rooted tree, where p is small enough (pruned against the best so far)."""
+        if self.topo.num_ranks > self.eff.exact_ranks or (self.families is not None
+                                                          and "exhaustive" not in self.families):
+            return
+        ex = exhaustive_trees(self.topo, self.workload, chunk_choices=self.choices, evaluator=self.ev,
+                              cutoff=self.pool.best_t)
         if ex.parents:
-            pool.add(Schedule("exhaustive", "tree", {"parents": list(ex.parents)},
-                              {"root": ex.parents.index(-1), "trees": ex.trees}), ex.chunks, ex.predicted_us)
+            self.pool.add(Schedule("exhaustive", "tree", {"parents": list(ex.parents)},
+                                   {"root": ex.parents.index(-1), "trees": ex.trees}), ex.chunks, ex.predicted_us)
 
-    ranked = pool.ranked()
-    if not ranked:
-        raise InputError(f"no schedule could be built for {p} ranks and {workload.rows} rows")
-    base = baselines(topo, workload, ev)
-    tick("baselines")
-    bound_us = bound.bound_us
+    def result(self, top_k: int) -> SearchResult:
+        """Rank the pool, time the baselines, and describe the winning plan."""
+        ranked = self.pool.ranked()
+        if not ranked:
+            raise InputError(f"no schedule could be built for {self.topo.num_ranks} ranks and "
+                             f"{self.workload.rows} rows")
+        base = baselines(self.topo, self.workload, self.ev)
+        self._tick("baselines")
+        bound = lower_bounds(self.workload, self.topo)
+        bound_us = bound.bound_us
 
-    def ratio(t: float) -> float:
-        return t / bound_us if bound_us > 0 else math.inf
+        def ratio(t: float) -> float:
+            return t / bound_us if bound_us > 0 else math.inf
 
-    cands: list[Candidate] = []
-    shown: set[tuple[str, int, float]] = set()
-    for s, c, t in ranked:
-        # Shapes that coincide on this topology (a "star" of two leaders is also their chain) give
-        # the same plan and time: list it once.
-        if (s.family, c, t) in shown:
-            continue
-        shown.add((s.family, c, t))
-        cands.append(Candidate(s.family, s.describe, c, t, ratio(t), s.algorithm))
-        if len(cands) >= max(1, top_k):
-            break
-    top_sched, top_c, top_t = ranked[0]
-    plan = ev.plan(top_sched, top_c)
-    stats = {
-        "seed": seed,
-        "screened": len(screen),
-        "schedules": len(pool.items),
-        "simulations": ev.simulations,
-        "pruned": ev.pruned,
-        "chunk_choices": list(choices),
-        "levels": [kind for kind, _ in lay.levels],
-        "climbs": climbs,
-    }
-    notes = dict(plan.notes)
-    notes["search"] = {
-        "family": top_sched.family,
-        "describe": top_sched.describe,
-        "lower_bound_us": bound_us,
-        "bound_cut": bound.cut,
-        "ratio_to_bound": ratio(top_t),
-        "baselines": base,
-        **{k: v for k, v in stats.items() if k != "climbs"},
-    }
-    if top_sched.key in moves_of:
-        notes["search"]["moves"] = moves_of[top_sched.key]
-    plan = _with(plan, predicted_us=top_t, notes=notes)
-    return SearchResult(plan, cands, bound_us, base, stats)
-
-
-def _with(plan: Plan, **changes: Any) -> Plan:
-    from dataclasses import replace
-
-    return replace(plan, **changes)
+        cands: list[Candidate] = []
+        shown: set[tuple[str, int, float]] = set()
+        for s, c, t in ranked:
+            # Shapes that coincide on this topology (a "star" of two leaders is also their
+            # chain) give the same plan and time: list it once.
+            if (s.family, c, t) in shown:
+                continue
+            shown.add((s.family, c, t))
+            cands.append(Candidate(s.family, s.describe, c, t, ratio(t), s.algorithm))
+            if len(cands) >= max(1, top_k):
+                break
+        top_sched, top_c, top_t = ranked[0]
+        plan = self.ev.plan(top_sched, top_c)
+        stats = {
+            "seed": self.seed,
+            "screened": len(self.candidates),
+            "schedules": len(self.pool.items),
+            "simulations": self.ev.simulations,
+            "pruned": self.ev.pruned,
+            "chunk_choices": list(self.choices),
+            "levels": [kind for kind, _ in self.lay.levels],
+            "climbs": self.climbs,
+        }
+        notes = dict(plan.notes)
+        notes["search"] = {
+            "family": top_sched.family,
+            "describe": top_sched.describe,
+            "lower_bound_us": bound_us,
+            "bound_cut": bound.cut,
+            "ratio_to_bound": ratio(top_t),
+            "baselines": base,
+            **{k: v for k, v in stats.items() if k != "climbs"},
+        }
+        if top_sched.key in self.moves_of:
+            notes["search"]["moves"] = self.moves_of[top_sched.key]
+        plan = replace(plan, predicted_us=top_t, notes=notes)
+        return SearchResult(plan, cands, bound_us, base, stats)

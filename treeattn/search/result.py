@@ -1,0 +1,101 @@
+"""What a search returns: ranked candidates, the winning plan, the bound and the baselines."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from treeattn.plan.ir import Plan
+from treeattn.search.evaluate import Evaluator, Schedule
+from treeattn.topology.model import Topology
+from treeattn.workload import Payload, Workload
+
+__all__ = ["Candidate", "SearchResult", "baselines", "RING_ATTENTION_MAX_RANKS"]
+
+RING_ATTENTION_MAX_RANKS = 256
+"""Ring attention moves p(p-1) KV blocks: building and simulating it takes about 0.5 s at
+128 ranks, 2.5 s at 256 and 50 s at 1,024, so ``search`` leaves it out of the baselines
+above this many ranks (``treeattn compare`` simulates it at any size)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One ranked schedule with its best chunk count."""
+
+    algorithm: str
+    """Family: star, chain, kary, binomial, butterfly, ring, hierarchical, multirail,
+    double-binary, or ``improved`` (a tree after local moves)."""
+    params: dict[str, Any]
+    """Short description of the family's parameters (orders named, not listed)."""
+    chunks: int
+    """Chunks the builder was given (per segment for ring, per tree for forests)."""
+    predicted_us: float
+    ratio_to_bound: float
+    """predicted_us / the lower bound."""
+    builder: str = ""
+    """The ``treeattn.plan.build`` algorithm that makes its plan."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "algorithm": self.algorithm,
+            "params": self.params,
+            "chunks": self.chunks,
+            "predicted_us": self.predicted_us,
+            "ratio_to_bound": self.ratio_to_bound,
+            "builder": self.builder,
+        }
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What ``search`` found."""
+
+    best: Plan
+    """The winning plan, ``predicted_us`` filled, ``notes['search']`` holding the statistics."""
+    candidates: list[Candidate]
+    """The top candidates, fastest first (``candidates[0]`` is ``best``)."""
+    lower_bound_us: float
+    baselines: dict[str, float | None]
+    """``allreduce3_nccl_us`` (or ``allreduce_nccl_us`` for raw payloads), ``allgather_merge_us``,
+    ``ring_attention_us`` (None where not simulated)."""
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        best = self.candidates[0]
+        return {
+            "best": {"algorithm": best.algorithm, "builder": best.builder, "params": best.params,
+                     "chunks": best.chunks, "predicted_us": best.predicted_us,
+                     "ratio_to_bound": best.ratio_to_bound},
+            "lower_bound_us": self.lower_bound_us,
+            "baselines": self.baselines,
+            "candidates": [c.to_dict() for c in self.candidates],
+            "stats": self.stats,
+        }
+
+
+def baselines(
+    topo: Topology,
+    payload: Payload,
+    ev: Evaluator | None = None,
+    *,
+    ring_max_ranks: int | None = RING_ATTENTION_MAX_RANKS,
+) -> dict[str, float | None]:
+    """Predicted times of what libraries and the paper do, as the simulator times them.
+
+    Returns:
+        ``allreduce3_nccl_us`` (attention: the paper's three all-reduces, each timed by the
+        NCCL model) or ``allreduce_nccl_us`` (raw: one NCCL all-reduce), ``allgather_merge_us``,
+        and ``ring_attention_us`` (attention only; None above ``ring_max_ranks`` ranks, which
+        None lifts).
+    """
+    ev = ev or Evaluator(topo, payload)
+    out: dict[str, float | None] = {}
+    if isinstance(payload, Workload):
+        out["allreduce3_nccl_us"] = ev.time_us(Schedule("allreduce3", "allreduce3", {}), 1)
+        out["ring_attention_us"] = (ev.time_us(Schedule("ring-attention", "ring-attention", {}), 1)
+                                    if ring_max_ranks is None or topo.num_ranks <= ring_max_ranks else None)
+    else:
+        out["allreduce_nccl_us"] = ev.time_us(Schedule("allreduce", "allreduce", {}), 1)
+    out["allgather_merge_us"] = ev.time_us(Schedule("allgather-merge", "allgather-merge", {}), 1)
+    return {k: (None if v is None or math.isinf(v) else v) for k, v in out.items()}
