@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.cli_helpers import run_cli
@@ -72,3 +74,15 @@ def test_validate_calibrated_count(tmp_path):
     cal.write_text("x: 1\n")
     res = run_cli("validate", "emu-mesh", "emu-pcie-tree", "--calibrated", str(cal), "--out", str(tmp_path / "o"))
     assert res.exit_code == 2 and "one per topology" in res.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setscheduler") or os.geteuid() != 0, reason="needs root")
+def test_realtime_priority_is_restored():
+    from treeattn.validate.run import realtime_priority
+
+    before = os.sched_getscheduler(0)
+    with realtime_priority(True):
+        assert os.sched_getscheduler(0) == os.SCHED_RR
+    assert os.sched_getscheduler(0) == before
+    with realtime_priority(False):
+        assert os.sched_getscheduler(0) == before

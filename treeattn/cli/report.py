@@ -100,6 +100,9 @@ def validate_cmd(
              "before measuring: the ranks share the host's cores with whatever else runs.")] = None,
     max_wait: Annotated[float, typer.Option("--max-wait", min=0.0, help="Seconds to wait for --max-load.",
                                             rich_help_panel=_MEASURE)] = 600.0,
+    realtime: Annotated[bool, typer.Option("--realtime/--no-realtime", rich_help_panel=_MEASURE,
+                                           help="Run the ranks under SCHED_RR so other work on the host does not "
+                                                "delay them (root; others keep 5 % of the CPU).")] = False,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Render the report when done.")] = True,
     json_out: JsonOpt = False,
 ) -> None:
@@ -126,7 +129,7 @@ def validate_cmd(
         targets.append(TopologyTarget(topo, tuple(cases), fitted, spec))
     options = ValidateOptions(repeats=repeats, warmup=warmup, scale=scale, seed=seed, op_timeout_s=timeout,
                               calibrate=calibrate, calibration=CalibrationSettings(), families=fams,
-                              max_load=max_load, max_wait_s=max_wait)
+                              max_load=max_load, max_wait_s=max_wait, realtime=realtime)
     command = shlex.join(["treeattn", *sys.argv[1:]]) if Path(sys.argv[0]).name == "treeattn" else ""
     from treeattn.emulate.cluster import interrupts_raise
 

@@ -63,6 +63,17 @@ def error_frame(rows: pd.DataFrame, column: str = "predicted_us") -> pd.DataFram
     return out
 
 
+def _p10_errors(rows: pd.DataFrame) -> pd.Series:
+    """|predicted - p10| / p10: the error against the fastest tenth of the iterations (what
+    interference from the rest of the host can only lengthen)."""
+    err = error_frame(rows)
+    if err.empty:
+        return pd.Series(dtype=float)
+    p10 = err["measured_p10_us"].astype(float)
+    ok = p10 > 0
+    return ((err["predicted_us"].astype(float) - p10).abs() / p10)[ok]
+
+
 def _measured(case: pd.DataFrame, method: str) -> float | None:
     hit = case[(case["method"] == method) & case["correct"]]
     return float(hit["measured_median_us"].iloc[0]) if len(hit) else None
@@ -160,6 +171,7 @@ def summarize(rows: pd.DataFrame, meta: dict | None = None) -> dict:
         "by_regime": {t: _stats(g["error"]) for t, g in err.groupby("regime", sort=True)},
         "excluded_rows": int(len(rows) - len(err)),
         "nominal": _stats(error_frame(rows, "predicted_nominal_us")["error"]),
+        "p10": _stats(_p10_errors(rows)),
     }
     prim = cases[cases["topology"] == primary] if len(cases) else cases
     sweep = prim[prim["regime"] == "sweep"] if len(prim) else prim
