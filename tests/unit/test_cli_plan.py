@@ -135,12 +135,14 @@ def test_compare_csv_and_json(tmp_path):
 
 
 def test_compare_bad_input():
-    res = run_cli("compare", "-t", "dgx-h100", "--nodes", "1,2", "--seq-lens", "8K", "--bytes", "1KB")
-    assert res.exit_code == 2
+    res = run_cli("compare", "-t", "dgx-h100", "--nodes", "1,2", "--seq-lens", "8K", "--model", "gpt-9")
+    assert res.exit_code == 2 and "unknown model" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     res = run_cli("compare", "-t", "dgx-h100:nodes={1,2}", "--nodes", "4", "--seq-lens", "8K", "-m", "llama-3.1-8b")
     assert res.exit_code == 2 and "not both" in res.stderr
     res = run_cli("compare", "-t", "dgx-h100", "--seq-lens", "0", "-m", "llama-3.1-8b")
-    assert res.exit_code == 2
+    assert res.exit_code == 2 and "--seq-lens" in res.stderr
+    res = run_cli("compare", "-t", "cpu-4", "--nodes", "2", "--seq-lens", "8K", "-m", "llama-3.1-8b")
+    assert res.exit_code == 2 and "cpu-4" in res.stderr
 
 
 def test_console_script(tmp_path):
