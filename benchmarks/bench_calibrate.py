@@ -36,6 +36,7 @@ from treeattn.exec.launch import launch
 from treeattn.exec.runner import Job, PlanJob, RunOptions
 from treeattn.plan.builders import ALGORITHMS, build
 from treeattn.probe.calibrate import CalibrateOptions, calibrate
+from treeattn.probe.calibrate_compute import measure_compute, rank_threads
 from treeattn.probe.calibrate_plot import plot_calibration
 from treeattn.topology.io import dump_topology
 from treeattn.topology.library import resolve
@@ -69,10 +70,12 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--sizes", default="16KB,1MB,16MB", help="payload per rank of the plan families")
     ap.add_argument("--chunks", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=15, help="timed iterations per plan")
+    ap.add_argument("--repeats", type=int, default=21, help="timed iterations per plan")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--cal-repeats", type=int, default=10, help="timed iterations per calibration case")
+    ap.add_argument("--cal-repeats", type=int, default=15, help="timed iterations per calibration case")
     ap.add_argument("--out-dir", type=Path, default=None)
+    ap.add_argument("--no-recalibrate", dest="recalibrate", action="store_false",
+                    help="skip the second calibration after the plan runs")
     ap.add_argument("--quick", action="store_true", help="6 calibration sizes up to 4 MiB, 3 repeats")
     args = ap.parse_args()
     console = Console(width=140)
@@ -101,54 +104,92 @@ def main() -> None:
     result = launch(Job(tuple(PlanJob(label, plan) for label, (_, _, plan) in plans.items()), run_opts))
     t_run = time.time() - t0
     load.append(os.getloadavg()[0])
+    # A second calibration right after the plans: how far the machine drifted meanwhile.
+    after = calibrate(topo, opt) if args.recalibrate else None
+    load.append(os.getloadavg()[0])
+    # Harness terms the model has not: the barrier skew (fitted) and the executor's clone of the
+    # payload before each iteration (timed like the calibration's set-up, at these sizes).
+    clone = {p.nbytes: p.median_us for p in measure_compute("clone", sizes + [c.nbytes for c in report.cases],
+                                                            repeats=10, threads=rank_threads(p)).points}
+
+    def iteration(n: int) -> float:
+        return report.classes[0].fit.skew_us + clone[n]
+
+    def row(case, n, flows, trips, measured, spread, pred, correct=True, after_us=None) -> dict:  # noqa: ANN001
+        out = {"case": case, "size_bytes": n, "flows": flows, "round_trips": trips, "measured_us": measured,
+               "spread_us": spread, "predicted_us": pred, "rel_error": (pred - measured) / measured,
+               "predicted_iter_us": pred + iteration(n), "correct": correct}
+        if after_us is not None:
+            out["predicted_after_us"] = after_us
+        return out
+
     rows = []
     for m in result.measurements:
         fam, n, plan = plans[m.label]
         pred = simulate(plan, fitted, timeline=False).predicted_us
-        rows.append({"case": fam, "size_bytes": n, "flows": None, "round_trips": None, "measured_us": m.median_us,
-                     "spread_us": m.spread_us, "predicted_us": pred, "rel_error": (pred - m.median_us) / m.median_us,
-                     "correct": m.correct})
-    pp = [{"case": "pingpong", "size_bytes": c.nbytes, "flows": c.flows, "round_trips": c.round_trips,
-           "measured_us": c.measured_us, "spread_us": c.spread_us, "predicted_us": c.predicted_us,
-           "rel_error": c.rel_error, "correct": True} for c in report.cases if c.kind == "pingpong"]
-    other = [{"case": c.kind, "size_bytes": c.nbytes, "flows": c.flows, "round_trips": c.round_trips,
-              "measured_us": c.measured_us, "spread_us": c.spread_us, "predicted_us": c.predicted_us,
-              "rel_error": c.rel_error, "correct": True} for c in report.cases if c.kind != "pingpong"]
+        pa = simulate(plan, after.topology, timeline=False).predicted_us if after is not None else None
+        rows.append(row(fam, n, None, None, m.median_us, m.spread_us, pred, m.correct, pa))
+    pp = [row("pingpong", c.nbytes, c.flows, c.round_trips, c.measured_us, c.spread_us, c.predicted_us)
+          for c in report.cases if c.kind == "pingpong"]
+    other = [row(c.kind, c.nbytes, c.flows, c.round_trips, c.measured_us, c.spread_us, c.predicted_us)
+             for c in report.cases if c.kind != "pingpong"]
     command = " ".join([".venv/bin/python", *sys.argv])
-    lines = render(console, report, rows, pp, other, load, t_cal, t_run, command, args)
+    lines = render(console, report, after, rows, pp, other, load, t_cal, t_run, command, args)
     if args.out_dir is not None:
         write(args.out_dir, report, fitted, rows + pp + other, lines)
 
 
-def render(console: Console, report, rows, pp, other, load, t_cal, t_run, command, args) -> list[str]:  # noqa: ANN001
-    """Print the tables; return the same as Markdown lines for the README."""
+def _params(report) -> list[str]:  # noqa: ANN001 - a CalibrationReport
     c = report.classes[0]
     cost = report.topology.cost
+    ln = report.topology.links[0]
+    return [f"- loopback class, pair {c.route_class.pair}: α = {c.fit.alpha_us:.1f} µs per message, "
+            f"β = {c.fit.beta_gbps:.3g} GB/s; per-iteration barrier skew {c.fit.skew_us:.0f} µs (not in the "
+            f"model); R² = {c.fit.r2:.4f}",
+            f"- overhead_us = {cost.overhead_us:.1f}, link latency_us = {ln.latency_us:.1f}, "
+            f"bw_gbps = {ln.bw_gbps:.3g}",
+            f"- compute ({report.compute.kernel} kernel): launch_us = {cost.launch_us:.1f}, mem_efficiency = "
+            f"{cost.mem_efficiency:.3g} (effective {report.compute.eff_bw_gbps:.3g} GB/s)" if report.compute else ""]
+
+
+def _err(r: dict, key: str) -> float:
+    return (r[key] - r["measured_us"]) / r["measured_us"]
+
+
+def render(console: Console, report, after, rows, pp, other, load, t_cal, t_run, command, args) -> list[str]:  # noqa: ANN001
+    """Print the tables; return the same as Markdown lines for the README."""
     md = [f"Command: `{command}`", "",
           f"Machine: {os.cpu_count()} CPU cores, {args.ranks} ranks (processes), gloo over TCP loopback. "
           f"Load average (1 min) before calibration {load[0]:.1f}, after it {load[1]:.1f}, after the plan runs "
-          f"{load[2]:.1f}. Calibration {t_cal:.0f} s, plan runs {t_run:.0f} s.", "",
-          "## Fitted parameters", "",
-          f"- loopback class, pair {c.route_class.pair}: α = {c.fit.alpha_us:.1f} µs per message, "
-          f"β = {c.fit.beta_gbps:.3g} GB/s, per-iteration skew {c.fit.skew_us:.0f} µs (not in the model), "
-          f"R² = {c.fit.r2:.4f}",
-          f"- overhead_us = {cost.overhead_us:.1f}, link latency_us = {report.topology.links[0].latency_us:.1f}, "
-          f"bw_gbps = {report.topology.links[0].bw_gbps:.3g}",
-          f"- compute ({report.compute.kernel} kernel): launch_us = {cost.launch_us:.1f}, mem_efficiency = "
-          f"{cost.mem_efficiency:.3g} (effective {report.compute.eff_bw_gbps:.3g} GB/s)" if report.compute else "",
-          ""]
+          f"{load[2]:.1f}, after the second calibration {load[3]:.1f}. Calibration {t_cal:.0f} s, plan runs "
+          f"{t_run:.0f} s.", "",
+          "## Fitted parameters (calibration before the plan runs: the one predictions use)", "", *_params(report), ""]
+    if after is not None:
+        md += ["Second calibration, right after the plan runs (machine drift; column 'pred. after'):", "",
+               *_params(after), ""]
+    md += ["Columns: *predicted* is `treeattn.cost.simulate` on the calibrated topology (the figure the issue "
+           "asks for); *+ iteration* adds the per-iteration harness terms the calibration measured but the model "
+           "has not (barrier skew, the executor cloning the payload), to show how much of the error they explain; "
+           "*± µs* is half the p10-p90 spread of the iterations.", ""]
     for title, data in ((f"Plan families (raw payloads, chunks={args.chunks})", rows),
                         ("Ping-pong (calibration cases, every size)", pp),
                         ("Concurrent flows and fan-in (calibration cases)", other)):
         table = Table(title=title)
-        head = ("case", "size", "flows", "R", "measured µs", "± µs", "predicted µs", "error")
+        extra = "predicted_after_us" in data[0]
+        head = ("case", "size", "flows", "R", "measured µs", "± µs", "predicted µs", "error", "+ iteration µs",
+                "error")
+        head += ("pred. after µs", "error after") if extra else ()
         for col in head:
             table.add_column(col, justify="left" if col == "case" else "right")
         md += [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in data:
             cells = (r["case"], format_size(r["size_bytes"]), "" if r["flows"] is None else str(r["flows"]),
                      "" if r["round_trips"] is None else str(r["round_trips"]), f"{r['measured_us']:,.0f}",
-                     f"{r['spread_us'] / 2:,.0f}", f"{r['predicted_us']:,.0f}", f"{r['rel_error']:+.1%}")
+                     f"{r['spread_us'] / 2:,.0f}", f"{r['predicted_us']:,.0f}", f"{r['rel_error']:+.1%}",
+                     f"{r['predicted_iter_us']:,.0f}", f"{_err(r, 'predicted_iter_us'):+.1%}")
+            if extra:
+                pa = r["predicted_after_us"]
+                cells += (f"{pa:,.0f}", f"{(pa - r['measured_us']) / r['measured_us']:+.1%}")
             table.add_row(*cells)
             md.append("| " + " | ".join(cells) + " |")
         console.print(table)
@@ -156,6 +197,9 @@ def render(console: Console, report, rows, pp, other, load, t_cal, t_run, comman
     p2p = [r["rel_error"] for r in rows if r["case"] not in LIBRARY]
     lib = [r["rel_error"] for r in rows if r["case"] in LIBRARY]
     ppe = [r["rel_error"] for r in pp]
+    after_p2p = [_err(r, "predicted_after_us") for r in rows if "predicted_after_us" in r and r["case"] not in LIBRARY]
+    iter_p2p = [_err(r, "predicted_iter_us") for r in rows if r["case"] not in LIBRARY]
+    iter_pp = [_err(r, "predicted_iter_us") for r in pp]
     lines = [
         f"plan families, point-to-point: {summary(p2p)}",
         f"plan families, library collectives ({', '.join(LIBRARY)}): {summary(lib)}",
@@ -164,13 +208,17 @@ def render(console: Console, report, rows, pp, other, load, t_cal, t_run, comman
         f"ping-pong + point-to-point families: {summary(ppe + p2p)}",
         f"everything above: {summary(ppe + p2p + lib)}",
     ]
+    lines += [f"analysis, simulator + per-iteration harness terms (skew, set-up): point-to-point families "
+              f"{summary(iter_p2p)}; ping-pong {summary(iter_pp)}"]
+    if after_p2p:
+        lines.append(f"analysis, point-to-point families predicted with the second calibration: {summary(after_p2p)}")
     wrong = [r["case"] for r in rows if not r["correct"]]
     if wrong:
         lines.append(f"WRONG RESULTS: {wrong}")
     md += ["## Absolute relative error |predicted - measured| / measured", ""] + [f"- {x}" for x in lines] + [""]
     for x in lines:
         console.print(x)
-    console.print(f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}; command: {command}")
+    console.print(f"load average {' / '.join(f'{x:.1f}' for x in load)}; command: {command}")
     return md
 
 
@@ -178,9 +226,13 @@ def write(out: Path, report, fitted, rows, md) -> None:  # noqa: ANN001
     out.mkdir(parents=True, exist_ok=True)
     (out / "cpu-calibrated.yaml").write_text(dump_topology(fitted))
     (out / "calibration.json").write_text(json.dumps(report.to_dict(), sort_keys=True, indent=2) + "\n")
-    head = ("case", "size_bytes", "flows", "round_trips", "measured_us", "spread_us", "predicted_us", "rel_error")
-    csv = [",".join(head)] + [",".join("" if r[k] is None else (f"{r[k]:.6g}" if isinstance(r[k], float) else str(r[k]))
-                                       for k in head) for r in rows]
+    head = ("case", "size_bytes", "flows", "round_trips", "measured_us", "spread_us", "predicted_us", "rel_error",
+            "predicted_iter_us", "predicted_after_us")
+
+    def cell(v) -> str:  # noqa: ANN001 - a number, text or None
+        return "" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v)
+
+    csv = [",".join(head)] + [",".join(cell(r.get(k)) for k in head) for r in rows]
     (out / "cases.csv").write_text("\n".join(csv) + "\n")
     plot_calibration(report, out / "fit.png")
     title = ["# Calibration on this machine: predicted vs measured", "",

@@ -14,13 +14,14 @@ from treeattn.probe.calibrate_compute import measure_compute, rank_threads
     ("kernel", "sizes", "want"),
     [
         # sum: fp32 buffers, reads two and writes one.
-        ("sum", [4, 1 << 22], [(4, 12), (1 << 22, 3 << 22)]),
+        ("sum", [4, 1 << 24], [(4, 12), (1 << 24, 3 << 24)]),
         # merge: whole packed rows of D + 1 = 129 fp32 (516 B); below one row nothing runs.
-        ("merge", [100, 516 * 10, 516 * 4096], [(5160, 15480), (516 * 4096, 3 * 516 * 4096)]),
+        ("merge", [100, 516 * 10, 516 * 16384], [(5160, 15480), (516 * 16384, 3 * 516 * 16384)]),
     ],
 )
 def test_bytes_moved_follow_the_compute_model(kernel, sizes, want):
-    fit = measure_compute(kernel, sizes, repeats=2, threads=1, budget_s=0.5)
+    # Sizes far apart: the fit needs the large one slower than the small one, however loaded the machine.
+    fit = measure_compute(kernel, sizes, repeats=5, threads=1, budget_s=0.5)
     assert [(p.nbytes, p.moved_bytes) for p in fit.points] == want
     assert fit.kernel == kernel and fit.threads == 1
     assert all(math.isfinite(p.median_us) and p.median_us > 0 for p in fit.points)
@@ -28,10 +29,15 @@ def test_bytes_moved_follow_the_compute_model(kernel, sizes, want):
 
 
 def test_attention_moves_kv_query_and_partial():
-    fit = measure_compute("attention", [4096, 4096 * 64], repeats=2, threads=1, budget_s=0.5)
+    fit = measure_compute("attention", [4096, 4096 * 2048], repeats=3, threads=1, budget_s=0.5)
     # 1 token of llama-3.1-8b bf16 KV is 4096 B; q is 32 x 128 bf16; the partial 32 x 129 fp32.
     assert [(p.nbytes, p.moved_bytes) for p in fit.points] == [(4096, 4096 + 8192 + 16512),
-                                                               (4096 * 64, 4096 * 64 + 8192 + 16512)]
+                                                               (4096 * 2048, 4096 * 2048 + 8192 + 16512)]
+
+
+def test_clone_is_the_executor_set_up():
+    fit = measure_compute("clone", [64, 1 << 24], repeats=3, threads=1, budget_s=0.5)
+    assert [(p.nbytes, p.moved_bytes) for p in fit.points] == [(64, 128), (1 << 24, 2 << 24)]
 
 
 def test_refusals_and_thread_count(monkeypatch):

@@ -27,31 +27,38 @@ CPU4 = resolve("cpu:ranks=4")
 DGX2 = resolve("dgx-h100:nodes=2")
 
 
-def synthetic(skew: float, alpha: float, beta: float, sizes=(4, 4096, 1 << 20, 1 << 24), trips=(1, 4)):
-    return [PingPongPoint(n, r, skew + 2 * r * (alpha + n / (beta * 1e3))) for n in sizes for r in trips]
+def synthetic(skew: float, alpha: float, beta: float, sizes=(4, 4096, 1 << 20, 1 << 24), trips=(1, 4),
+              setup: float = math.inf):
+    return [PingPongPoint(n, r, skew + n / (setup * 1e3) + 2 * r * (alpha + n / (beta * 1e3)),
+                          setup_us=n / (setup * 1e3)) for n in sizes for r in trips]
 
 
 # -- ping-pong fit -------------------------------------------------------------------------------
 
 
 def test_fit_recovers_exact_parameters():
-    f = fit_pingpong(synthetic(300.0, 45.0, 1.7))
+    f = fit_pingpong(synthetic(300.0, 45.0, 1.7, setup=6.0))
     assert f.skew_us == pytest.approx(300.0) and f.alpha_us == pytest.approx(45.0)
     assert f.beta_gbps == pytest.approx(1.7) and f.r2 == pytest.approx(1.0)
     assert max(abs(r) for r in f.residuals) < 1e-6
-    assert f.predict_us(1 << 20, 4) == pytest.approx(300 + 8 * (45 + (1 << 20) / 1.7e3))
+    n = 1 << 20
+    assert f.predict_us(n, 4, n / 6e3) == pytest.approx(300 + n / 6e3 + 8 * (45 + n / 1.7e3))
+    assert f.message_us(n) == pytest.approx(45 + n / 1.7e3)
 
 
 @settings(max_examples=40, deadline=None)
-@given(skew=st.floats(0, 5e3), alpha=st.floats(0.5, 500), beta=st.floats(0.05, 500))
-def test_fit_recovers_any_noiseless_parameters(skew, alpha, beta):
-    f = fit_pingpong(synthetic(skew, alpha, beta))
+@given(skew=st.floats(0, 5e3), alpha=st.floats(0.5, 500), beta=st.floats(0.05, 500),
+       setup=st.one_of(st.just(math.inf), st.floats(0.5, 50)))
+def test_fit_recovers_any_noiseless_parameters(skew, alpha, beta, setup):
+    f = fit_pingpong(synthetic(skew, alpha, beta, setup=setup))
     assert f.alpha_us == pytest.approx(alpha, rel=1e-6, abs=1e-6)
     assert f.beta_gbps == pytest.approx(beta, rel=1e-6)
     assert f.skew_us == pytest.approx(skew, rel=1e-6, abs=1e-5)
+    assert max(abs(r) / p.median_us for r, p in zip(f.residuals, synthetic(skew, alpha, beta, setup=setup),
+                                                     strict=True)) < 1e-6
 
 
-def test_one_round_trip_count_means_no_skew():
+def test_one_round_trip_count_means_no_per_iteration_terms():
     f = fit_pingpong(synthetic(0.0, 20.0, 2.0, trips=(3,)))
     assert f.skew_us == 0.0 and f.alpha_us == pytest.approx(20.0)
 

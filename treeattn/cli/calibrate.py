@@ -168,13 +168,14 @@ def _tables(report, out: Path | None, png: Path | None) -> None:  # noqa: ANN001
                      f"{c.fit.alpha_us:.1f}", f"{c.fit.beta_gbps:.3g}", f"{c.fit.skew_us:.0f}", f"{c.fit.r2:.4f}",
                      f"{worst:.0%}")
     con.print(fits)
-    points = Table(title="Ping-pong iterations (µs): measured median vs the fit (skew + 2R·(α + n/β))")
-    for col in ("class", "size", "R", "measured", "±", "fitted", "residual"):
+    points = Table(title="Ping-pong iterations (µs): measured median vs the fit (set-up + skew + 2R·(α + n/β))")
+    for col in ("class", "size", "R", "measured", "±", "set-up", "fitted", "residual"):
         points.add_column(col, justify="left" if col == "class" else "right")
     for c in report.classes:
         for p, r in zip(c.points, c.fit.residuals, strict=True):
             points.add_row(c.route_class.name, format_size(p.nbytes), str(p.round_trips), f"{p.median_us:,.0f}",
-                           f"{p.spread_us / 2:,.0f}", f"{p.median_us - r:,.0f}", f"{r / p.median_us:+.0%}")
+                           f"{p.spread_us / 2:,.0f}", f"{p.setup_us:,.0f}", f"{p.median_us - r:,.0f}",
+                           f"{r / p.median_us:+.0%}")
     con.print(points)
     if report.compute is not None:
         k = report.compute

@@ -10,7 +10,9 @@ times a plan (barrier, then the plan; median over repeats of the maximum over ra
 2. concurrent-flow plans: disjoint pairs of one class ping-ponging at once, and a fan-in
    of several ranks into one, at a few sizes (do flows that share a link split it?);
 
-then, in this process, the executor's merge (or sum, or attention) kernel at those sizes.
+then, in this process, the executor's merge (or sum, or attention) kernel at those sizes, and
+the clone of the payload the executor makes before every iteration (subtracted from the
+ping-pong times: the model has no such step).
 
 Fits (``calibrate_fit``): per class ``alpha_us``/``beta_gbps`` (and the per-iteration skew the
 model has not); the backend's per-message overhead from the sender-side completion times of
@@ -119,8 +121,8 @@ class ClassResult:
             "name": c.name, "hops": [list(h) for h in c.hops], "pair": list(c.pair), "pairs": len(c.pairs),
             **self.fit.to_dict(),
             "points": [{"nbytes": p.nbytes, "round_trips": p.round_trips, "median_us": p.median_us,
-                        "spread_us": p.spread_us, "fitted_us": self.fit.predict_us(p.nbytes, p.round_trips)}
-                       for p in self.points],
+                        "spread_us": p.spread_us, "setup_us": p.setup_us,
+                        "fitted_us": self.fit.predict_us(p.nbytes, p.round_trips, p.setup_us)} for p in self.points],
         }
 
 
@@ -136,6 +138,8 @@ class CalibrationReport:
     classes: tuple[ClassResult, ...]
     overhead_us: float
     compute: ComputeFit | None
+    setup: ComputeFit
+    """The executor's per-iteration clone of the payload, timed at every size (subtracted)."""
     cases: tuple[CaseResult, ...]
     options: CalibrateOptions
     load_avg: tuple[float, float]
@@ -155,6 +159,7 @@ class CalibrationReport:
                      "mem_efficiency": cost.mem_efficiency},
             "classes": [c.to_dict() for c in self.classes],
             "compute": self.compute.to_dict() if self.compute else None,
+            "setup": self.setup.to_dict(),
             "cases": [c.to_dict() for c in self.cases],
             "load_avg": list(self.load_avg),
             "options": {"sizes": list(self.sizes), "round_trips": list(self.options.round_trips),
@@ -246,6 +251,11 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
         raise ExecutionError(f"calibration plans delivered wrong data: {', '.join(wrong[:5])}; the transport "
                              "is broken, measurements would mean nothing")
     warnings: list[str] = []
+    device = "cuda" if result.backend == "nccl" else "cpu"
+    threads = rank_threads(topo.num_ranks)
+    setup = measure_compute("clone", sorted({meta["nbytes"] for _, _, meta in planned}), repeats=opt.repeats,
+                            threads=threads, device=device)
+    setup_us = {p.nbytes: p.median_us for p in setup.points}
     fits: list[ClassResult] = []
     small_sends: list[float] = []
     for ci, cls in enumerate(classes):
@@ -253,7 +263,8 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
         for label, _, meta in planned:
             if meta["kind"] == "pingpong" and meta["class"] == ci and not meta.get("extra"):
                 m = by_label[label]
-                pts.append(PingPongPoint(meta["nbytes"], meta["round_trips"], m.median_us, m.spread_us))
+                pts.append(PingPongPoint(meta["nbytes"], meta["round_trips"], m.median_us, m.spread_us,
+                                         setup_us[meta["nbytes"]]))
                 if ci == 0 and meta["nbytes"] <= _SMALL_BYTES:
                     small_sends.extend(_sends(m))
         fits.append(ClassResult(cls, tuple(pts), fit_pingpong(pts)))
@@ -262,8 +273,7 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
     compute = None
     if opt.compute != "none":
         compute = measure_compute(opt.compute, log_sizes(opt.min_bytes, opt.max_bytes, opt.sizes),
-                                  repeats=opt.repeats, threads=rank_threads(topo.num_ranks),
-                                  device="cuda" if result.backend == "nccl" else "cpu")
+                                  repeats=opt.repeats, threads=threads, device=device)
     params = FittedParams(
         classes=tuple(ClassParams(f.route_class.hops, f.fit.alpha_us, f.fit.beta_gbps) for f in fits),
         overhead_us=overhead,
@@ -280,8 +290,8 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
         predicted = simulate(plan, fitted, timeline=False).predicted_us
         cases.append(CaseResult(label, meta["kind"], classes[meta["class"]].name, meta["nbytes"], meta["flows"],
                                 meta["round_trips"], m.median_us, m.spread_us, predicted))
-    return CalibrationReport(fitted, topo.name, result.backend, tuple(fits), overhead, compute, tuple(cases), opt,
-                             (load0, os.getloadavg()[0]), tuple(warnings))
+    return CalibrationReport(fitted, topo.name, result.backend, tuple(fits), overhead, compute, setup, tuple(cases),
+                             opt, (load0, os.getloadavg()[0]), tuple(warnings))
 
 
 def median_abs_rel_error(cases: list[CaseResult] | tuple[CaseResult, ...]) -> float:

@@ -9,7 +9,9 @@ Kernels, and the bytes the compute model (``treeattn.cost.compute``) says each m
   (attention plans): ``3n``;
 * ``attention``: ``treeattn.exec.attention.partial_attention`` (explicit kernel) of one
   llama-3.1-8b row set (B 1, Hq 32, Hkv 8, D 128, bf16 KV) over ``n`` bytes of KV:
-  KV + q + the partial written.
+  KV + q + the partial written;
+* ``clone``: what the executor does before every iteration of a raw payload plan, cloning the
+  rank's buffer of ``n`` bytes: ``2n`` (the model has no such step; calibration subtracts it).
 
 The line ``t = launch_us + moved / (eff_bw_gbps 1e3)`` is fitted in two parts, because
 caches bend it: sizes that fit in cache run far faster per byte than the memory-bound sizes
@@ -39,7 +41,7 @@ from treeattn.workload import Workload
 
 __all__ = ["KERNELS", "ComputePoint", "ComputeFit", "measure_compute", "fit_compute", "rank_threads"]
 
-KERNELS = ("sum", "merge", "attention")
+KERNELS = ("sum", "merge", "attention", "clone")
 LAUNCH_BYTES = 64 << 10
 MEMORY_BYTES = 3 << 20
 _D = 128
@@ -82,9 +84,11 @@ class ComputeFit:
 def _case(kernel: str, nbytes: int, gen: torch.Generator,
           device: torch.device) -> tuple[int, int, Callable[[], object]] | None:
     """(size, bytes moved, one call) for ``kernel`` at about ``nbytes``; None when too small."""
-    if kernel == "sum":
+    if kernel in ("sum", "clone"):
         n = max(1, nbytes // 4)
         acc, other = (torch.rand(n, generator=gen).to(device) for _ in range(2))
+        if kernel == "clone":
+            return 4 * n, 2 * 4 * n, acc.clone
         return 4 * n, 3 * 4 * n, lambda: sum_into(acc, other)
     if kernel == "merge":
         rows = nbytes // (4 * (_D + 1))
@@ -107,7 +111,7 @@ def measure_compute(kernel: str, sizes: Sequence[int], *, repeats: int = 10, thr
     """Time ``kernel`` at each size (median of ``repeats`` calls after one warm-up) and fit it.
 
     Args:
-        kernel: ``sum``, ``merge`` or ``attention``.
+        kernel: ``sum``, ``merge``, ``attention`` or ``clone``.
         sizes: payload sizes in bytes (too small ones are skipped).
         repeats: timed calls per size (fewer when a size would exceed ``budget_s``).
         threads: torch threads while timing (default: what each local rank gets,

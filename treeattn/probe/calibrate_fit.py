@@ -8,15 +8,17 @@ from rank a to rank b costs
 
 A ping-pong plan of ``R`` round trips is ``m = 2R`` such messages one after the other. The
 executor times a whole iteration (barrier, then the plan; the maximum over ranks), which
-also holds a per-iteration constant the model has not: the skew between ranks leaving the
-barrier and the executor's set-up (cloning the buffer). So the ping-pong medians are fitted
-jointly over sizes and round-trip counts:
+also holds what the model has not: the executor's set-up, which clones the payload
+(``setup_us``, measured apart and subtracted), and the skew between ranks leaving the
+barrier (a constant, fitted). So the ping-pong medians are fitted jointly over sizes and
+round-trip counts:
 
-    T(n, R) = skew_us + m * alpha_us + m * n / (beta_gbps * 1e3),   m = 2R
+    T(n, R) - setup_us(n) = skew_us + m * (alpha_us + n / (beta_gbps * 1e3)),   m = 2R
 
 weighted by 1/T^2 (relative errors: small messages fix alpha, large ones beta), with skew
 and alpha kept >= 0. With a single round-trip count the skew cannot be told from alpha and
-is taken as 0.
+is taken as 0. Each message of a ping-pong lands by RECV_COPY, whose copy into the
+accumulator is then part of ``1/beta``.
 
 Compute (``treeattn.cost.compute``): a merge of ``n`` received bytes costs
 ``launch_us + 3n / (mem_bw_gbps * mem_efficiency * 1e3)``; a fit of ``t`` against the bytes
@@ -25,6 +27,7 @@ moved (3n) gives ``launch_us`` (intercept) and the effective bandwidth (inverse 
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -47,6 +50,8 @@ class PingPongPoint:
     """Median over repeats of the per-iteration time (maximum over ranks)."""
     spread_us: float = 0.0
     """p90 - p10 of the iteration times."""
+    setup_us: float = 0.0
+    """Known per-iteration time outside the plan (the executor cloning the payload), subtracted."""
 
     @property
     def messages(self) -> int:
@@ -55,22 +60,22 @@ class PingPongPoint:
 
 @dataclass(frozen=True, slots=True)
 class PingPongFit:
-    """``T(n, R) = skew_us + 2R (alpha_us + n / (beta_gbps 1e3))`` fitted to ping-pong points."""
+    """``T(n, R) = setup_us(n) + skew_us + 2R (alpha_us + n / (beta_gbps 1e3))`` fitted to ping-pong points."""
 
     alpha_us: float
     """Time of an empty message (overhead + route latency)."""
     beta_gbps: float
     """Bandwidth of the route (GB/s)."""
     skew_us: float
-    """Per-iteration constant (barrier skew, executor set-up): not in the cost model."""
+    """Per-iteration constant (barrier skew): not in the cost model."""
     r2: float
     """Coefficient of determination, relative metric (weights 1/T^2)."""
     residuals: tuple[float, ...]
     """Measured minus fitted iteration time per point, µs, in input order."""
 
-    def predict_us(self, nbytes: float, round_trips: int) -> float:
-        """Fitted iteration time of a ping-pong plan."""
-        return self.skew_us + 2 * round_trips * self.message_us(nbytes)
+    def predict_us(self, nbytes: float, round_trips: int, setup_us: float = 0.0) -> float:
+        """Fitted iteration time of a ping-pong plan (``setup_us``: its known set-up time)."""
+        return setup_us + self.skew_us + 2 * round_trips * self.message_us(nbytes)
 
     def message_us(self, nbytes: float) -> float:
         """Fitted time of one message (what the simulator charges)."""
@@ -93,8 +98,8 @@ def fit_pingpong(points: Sequence[PingPongPoint]) -> PingPongFit:
     """Least-squares fit of skew, latency and bandwidth to ping-pong medians.
 
     Args:
-        points: medians at two or more sizes; two or more round-trip counts let the skew be
-            fitted (else it is 0).
+        points: medians at two or more sizes, with their known set-up times; two or more
+            round-trip counts let the skew be fitted (else it is 0).
 
     Returns:
         The fit, with skew and alpha >= 0 (a negative one, from noise, is pinned at 0).
@@ -103,43 +108,45 @@ def fit_pingpong(points: Sequence[PingPongPoint]) -> PingPongFit:
         ProbeError: fewer than two sizes, bad values, or times that do not grow with size.
 
     Examples:
-        >>> pts = [PingPongPoint(n, r, 50 + 2 * r * (10 + n / 1e3)) for n in (0, 10**6) for r in (1, 4)]
+        >>> pts = [PingPongPoint(n, r, 50 + n / 4e3 + 2 * r * (10 + n / 1e3), setup_us=n / 4e3)
+        ...        for n in (0, 10**6) for r in (1, 4)]
         >>> f = fit_pingpong(pts)
-        >>> round(f.skew_us, 6), round(f.alpha_us, 6), round(f.beta_gbps, 6)
-        (50.0, 10.0, 1.0)
+        >>> [round(x, 6) for x in (f.skew_us, f.alpha_us, f.beta_gbps)]
+        [50.0, 10.0, 1.0]
     """
     _check_points(points)
     n = np.array([p.nbytes for p in points], dtype=float)
     m = np.array([p.messages for p in points], dtype=float)
     t = np.array([p.median_us for p in points], dtype=float)
+    y = t - np.array([p.setup_us for p in points], dtype=float)
     sw = 1.0 / t  # sqrt of the weights 1/T^2
     scale = float(np.max(n)) or 1.0  # keep the slope column near 1 next to the others
-    ones = np.ones_like(t)
-    with_skew = len({p.round_trips for p in points}) > 1
     # Skew and alpha are physical (>= 0): the best fit with the negative ones pinned at 0
     # (an exact non-negative least squares over these few active sets).
-    best: tuple[float, float, float, float] | None = None
-    for free_skew in ((True, False) if with_skew else (False,)):
-        for free_alpha in (True, False):
-            cols = [c for c, free in ((ones, free_skew), (m, free_alpha)) if free] + [m * n / scale]
-            coef = _solve(cols, sw, t)
-            skew = coef.pop(0) if free_skew else 0.0
-            alpha = coef.pop(0) if free_alpha else 0.0
-            slope = coef[0] / scale
-            if skew < 0 or alpha < 0:
+    cols = (np.ones_like(t), m)
+    optional = (0, 1) if len({p.round_trips for p in points}) > 1 else (1,)
+    best: tuple[float, list[float], float] | None = None
+    for k in range(len(optional) + 1):
+        for free in itertools.combinations(optional, k):
+            coef = _solve([cols[i] for i in free] + [m * n / scale], sw, y)
+            full = [0.0, 0.0]
+            for i, c in zip(free, coef, strict=False):
+                full[i] = c
+            slope = coef[-1] / scale
+            if min(full) < 0:
                 continue
-            sse = float(np.sum((sw * (t - skew - m * (alpha + slope * n))) ** 2))
-            if best is None or sse < best[0]:
-                best = (sse, skew, alpha, slope)
-    assert best is not None  # the set with neither skew nor alpha free is always feasible
-    _, skew, alpha, slope = best
+            sse = float(np.sum((sw * (y - full[0] - m * (full[1] + slope * n))) ** 2))
+            if best is None or sse < best[0] - 1e-12 * abs(best[0]):
+                best = (sse, full, slope)
+    assert best is not None  # the set with nothing optional free is always feasible
+    _, (skew, alpha), slope = best
     if not slope * float(np.ptp(n)) > 1e-9 * float(np.max(t)):
         raise ProbeError(
             f"ping-pong fit: time does not grow with size (slope {slope:.3g} µs/byte); measure larger messages "
             "(--max-size) or more repeats"
         )
     fitted = skew + m * (alpha + slope * n)
-    res = t - fitted
+    res = y - fitted
     w = sw**2
     mean = float(np.sum(w * t) / np.sum(w))
     ss_tot = float(np.sum(w * (t - mean) ** 2))
