@@ -29,6 +29,38 @@ network links at their port speed (NCCL takes the NIC speed). So an 18-link H100
 channels over all of them), else its PCIe uplinks, else its loopback link. Per-node
 inter = the egress of the NICs its ranks use, summed (NIC bandwidth x NICs per node).
 
+Routes (what NCCL's figures above do not see). Those figures count a rank's own links only;
+the topology's routes can be narrower where several of the collective's concurrent flows
+cross one link: a PCIe switch uplink shared by the GPUs below it, a copy bounced through
+host memory (GPUs without peer-to-peer: every flow goes up to the CPU and down again), a
+loopback shared by all ranks of a host, an oversubscribed network link. So each figure is
+capped by the flows NCCL would run, fair-shared (max-min) over the links that more than
+one of them crosses, at NCCL's scaled capacities, each flow also capped by its NCCL figure:
+
+* ring, inside each node: rank i -> rank i+1 of the node, cyclically (rank order: the
+  topologies number ranks domain by domain, which is the ring NCCL's search finds there);
+  ``intra`` = min(NCCL's figure, the slowest such flow);
+* tree, inside each node: the chain NCCL uses, up and down at once (i -> i+1 and
+  i+1 -> i); each flow capped at half the rank's figure since NCCL's tree bandwidth already
+  halves it for the two directions a rank's egress carries; ``tree_intra`` = twice the
+  slowest flow, at most the rank's figure;
+* across nodes, one channel per NIC: the first rank using the node's k-th NIC -> the rank
+  using the k-th NIC of the next node (cyclically); ``inter`` = min(NCCL's figure, the
+  slowest node's sum of its channels' rates).
+
+Ranks of a node joined by one GPU fabric (NVLink/xGMI, NVSwitch) keep NCCL's figure: NCCL
+spreads channels over every fabric link (a hybrid cube-mesh's rings use all six NVLinks),
+which one route per rank pair cannot show. Per-hop latency is at least the route's own
+(the sum of its links' ``latency_us``): max(NCCL's constant, the slowest ring hop's
+route) inside a node and across nodes (a bounce through host memory crosses four links).
+
+What is not charged here: the topology's per-message ``cost.overhead_us``. NCCL's
+constants are fitted to nccl-tests' back-to-back loop, where the host's cost of issuing a
+call overlaps the previous call; the simulator (``treeattn.cost.simulate``) adds one
+``overhead_us`` per collective call, as it charges one per message of a plan. Ranks on
+``host`` devices (CPU-only runs, gloo) are not timed by this model at all in the
+simulator (``treeattn.cost.gloo``).
+
 Derating, as NCCL: ring LL x0.5 capped at llMaxBw; ring LL128 x0.92; tree all-reduce
 x0.92; then tree LL x1/3.8 capped at llMaxBw; tree LL128 x7/9 on one node, x120/128
 across nodes. llMaxBw by GPU generation and node count (1 / 2 / more): Volta 39/39/20.4,
@@ -137,19 +169,35 @@ class NcclFabric:
     ranks: int
     nodes: int
     intra_bw_gbps: float
-    """Slowest per-rank intra-node bandwidth, NCCL's figures (inf when every node holds one rank)."""
+    """Slowest per-rank intra-node bandwidth of the ring: NCCL's figures, capped by the routes'
+    shared links (inf when every node holds one rank)."""
     inter_bw_gbps: float
-    """Slowest node's network bandwidth (inf on one node)."""
+    """Slowest node's network bandwidth, capped by the routes' shared links (inf on one node)."""
     intra_hw: str
     """``nvlink`` or ``pci``: which hop latencies apply inside a node."""
     arch: str
     """GPU generation for llMaxBw: volta, ampere, hopper, blackwell."""
     ll128: bool
     """Whether NCCL would enable LL128 (GPU fabric present)."""
+    tree_intra_bw_gbps: float = math.inf
+    """Like ``intra_bw_gbps`` for the tree's intra-node chain (inf: same as the ring's)."""
+    intra_route_us: float = 0.0
+    """Route latency of the slowest intra-node ring hop (a floor for NCCL's per-hop constant)."""
+    inter_route_us: float = 0.0
+    """Route latency of the slowest cross-node channel hop."""
+    limit: str = ""
+    """Which shared link capped a figure, in words (empty when NCCL's own figures stand)."""
 
     @property
     def bus_bw_gbps(self) -> float:
         bw = min(self.intra_bw_gbps, self.inter_bw_gbps)
+        return bw if math.isfinite(bw) else 0.0
+
+    @property
+    def tree_bus_bw_gbps(self) -> float:
+        """The bus bandwidth of the tree algorithm (its intra-node chain may share links differently)."""
+        intra = self.tree_intra_bw_gbps if math.isfinite(self.tree_intra_bw_gbps) else self.intra_bw_gbps
+        bw = min(intra, self.inter_bw_gbps)
         return bw if math.isfinite(bw) else 0.0
 
 
@@ -240,9 +288,14 @@ def fabric(topo: Topology) -> NcclFabric:
     any_fabric = all(
         d.kind is DeviceKind.GPU and any(ln.cls is LinkClass.GPU_FABRIC for ln in out.get(d.name, ())) for d in devs
     )
-    # Intra-node bandwidth of each rank that shares its node.
+    routes = _Routes(topo)
+    # Intra-node bandwidth of each rank that shares its node: NCCL's figure, then the routes.
     intra = math.inf
-    for ranks in per_node.values():
+    own: dict[int, float] = {}
+    ring: list[tuple[tuple[int, ...], float]] = []
+    chain: list[tuple[tuple[int, ...], float]] = []
+    intra_route = 0.0
+    for _, ranks in sorted(per_node.items()):
         if len(ranks) < 2:
             continue
         for r in ranks:
@@ -254,16 +307,68 @@ def fabric(topo: Topology) -> NcclFabric:
                 or links
             )
             bw = sum(nccl_link_bw_gbps(ln, arch) for ln in pick_links)
+            own[r] = bw if bw > 0 else math.inf
             if bw > 0:
                 intra = min(intra, bw)
+        n = len(ranks)
+        pairs = [(ranks[i], ranks[(i + 1) % n]) for i in range(n)]
+        if routes.one_fabric(ranks):
+            # NCCL's channels use every fabric link; only the hop latency comes from the routes.
+            intra_route = max([intra_route] + [routes.latency(a, b) for a, b in pairs if routes.on_fabric(a, b)])
+            continue
+        ring.extend((routes.route(a, b), own[a]) for a, b in pairs)
+        for i in range(n - 1):
+            a, b = ranks[i], ranks[i + 1]
+            chain.append((routes.route(a, b), own[a] / 2))
+            chain.append((routes.route(b, a), own[b] / 2))
+        intra_route = max([intra_route] + [routes.latency(a, b) for a, b in pairs])
+    limits: list[str] = []
+    tree_intra = intra
+    if ring:
+        rates, why = routes.fair(ring)
+        if min(rates) < intra:
+            limits.append(f"ring inside a node: {why}")
+            intra = min(rates)
+        rates, why = routes.fair(chain)
+        if 2 * min(rates) < tree_intra:
+            limits.append(f"tree chain inside a node: {why}")
+            tree_intra = 2 * min(rates)
     inter = math.inf
+    inter_route = 0.0
     if nodes > 1:
-        for ranks in per_node.values():
-            nics: set[str] = set()
-            for r in ranks:
-                nics.add(_nic_of(topo, r, out, per_node))
-            bw = sum(ln.bw_gbps for nic in sorted(nics) for ln in out.get(nic, ()) if ln.cls is LinkClass.NETWORK)
-            inter = min(inter, bw)
+        ordered = [ranks for _, ranks in sorted(per_node.items())]
+        flows: list[tuple[tuple[int, ...], float]] = []
+        owner: list[int] = []
+        for i, ranks in enumerate(ordered):
+            nxt = ordered[(i + 1) % nodes]
+            peers = [(r, nxt[j % len(nxt)]) for j, r in enumerate(ranks)]
+            if all(routes.on_fabric(a, b) for a, b in peers):
+                # One NVLink domain across machines (GB200 NVL72): every GPU drives its own
+                # fabric links to the next machine, at NCCL's fabric figure.
+                chans = [(a, b, _fabric_bw(out, devs[a].name, arch)) for a, b in peers]
+            else:
+                # One channel per NIC: its first rank to the rank on the same NIC index next door.
+                first: dict[str, int] = {}
+                for r in ranks:
+                    first.setdefault(_nic_of(topo, r, out, per_node), r)
+                nics = sorted(first.items())
+                nxt_first: dict[str, int] = {}
+                for r in nxt:
+                    nxt_first.setdefault(_nic_of(topo, r, out, per_node), r)
+                targets = [r for _, r in sorted(nxt_first.items())]
+                chans = [(r, targets[k % len(targets)], _nic_bw(out, nic)) for k, (nic, r) in enumerate(nics)]
+            inter = min(inter, sum(bw for _, _, bw in chans))
+            for a, b, bw in chans:
+                flows.append((routes.route(a, b), bw if bw > 0 else math.inf))
+                owner.append(i)
+                inter_route = max(inter_route, routes.latency(a, b))
+        rates, why = routes.fair(flows)
+        sums = [0.0] * nodes
+        for i, rate in zip(owner, rates, strict=True):
+            sums[i] += rate
+        if min(sums) < inter:
+            inter = min(sums)
+            limits.append(f"channels across nodes: {why}")
     return NcclFabric(
         ranks=topo.num_ranks,
         nodes=nodes,
@@ -272,7 +377,97 @@ def fabric(topo: Topology) -> NcclFabric:
         intra_hw="nvlink" if any_fabric else "pci",
         arch=arch,
         ll128=any_fabric,
+        tree_intra_bw_gbps=tree_intra,
+        intra_route_us=intra_route,
+        inter_route_us=inter_route,
+        limit="; ".join(limits),
     )
+
+
+def _nic_bw(out: dict[str, list[Link]], nic: str) -> float:
+    return sum(ln.bw_gbps for ln in out.get(nic, ()) if ln.cls is LinkClass.NETWORK)
+
+
+def _fabric_bw(out: dict[str, list[Link]], dev: str, arch: str) -> float:
+    return sum(nccl_link_bw_gbps(ln, arch) for ln in out.get(dev, ()) if ln.cls is LinkClass.GPU_FABRIC)
+
+
+class _Routes:
+    """Routes between ranks, and max-min fair shares of concurrent flows over them."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+
+    def route(self, a: int, b: int) -> tuple[int, ...]:
+        return self.topo.route(a, b)
+
+    def latency(self, a: int, b: int) -> float:
+        return self.topo.route_latency_us(a, b)
+
+    def on_fabric(self, a: int, b: int) -> bool:
+        links = self.topo.links
+        return all(links[i].cls is LinkClass.GPU_FABRIC for i in self.topo.route(a, b))
+
+    def one_fabric(self, ranks: list[int]) -> bool:
+        """Whether these ranks are GPUs of one NVLink/xGMI island."""
+        idx = self.topo._index
+        isl = {idx.island(self.topo.ranks[r]) for r in ranks}
+        return len(isl) == 1 and -1 not in isl and all(
+            self.topo.rank_device(r).kind is DeviceKind.GPU for r in ranks)
+
+    def fair(self, flows: list[tuple[tuple[int, ...], float]]) -> tuple[list[float], str]:
+        """Max-min fair rates (GB/s) of concurrent ``flows`` (route, own cap) over the links'
+        capacities (``bw_gbps``, as the simulator shares them; progressive filling), and a
+        phrase naming the link that bound the slowest flow (empty when its own cap did)."""
+        links = self.topo.links
+        users: dict[int, list[int]] = {}
+        rate: list[float] = []
+        fixed_by: list[int] = []
+        for f, (route, cap) in enumerate(flows):
+            for i in set(route):
+                users.setdefault(i, []).append(f)
+            # A link only this flow crosses just caps it: its narrowest one.
+            narrow = min(route, key=lambda i: (links[i].bw_gbps, i), default=-1)
+            alone = narrow >= 0 and links[narrow].bw_gbps < cap
+            rate.append(links[narrow].bw_gbps if alone else cap)
+            fixed_by.append(narrow if alone else -1)
+        shared = {i: us for i, us in users.items() if len(us) > 1}
+        on_shared: dict[int, list[int]] = {}
+        for i, us in shared.items():
+            for f in us:
+                on_shared.setdefault(f, []).append(i)
+        left = {i: links[i].bw_gbps for i in shared}
+        count = {i: len(us) for i, us in shared.items()}
+        # Progressive filling over the shared links; a flow's own limit (cap or narrowest
+        # link) fixes it when it is smaller than every share it sees.
+        todo = sorted(on_shared, key=lambda f: (rate[f], f))
+        done: set[int] = set()
+        k = 0
+        while k < len(todo):
+            link, share = -1, math.inf
+            for i, c in count.items():
+                if c and left[i] / c < share:
+                    link, share = i, left[i] / c
+            f_own = todo[k]
+            if rate[f_own] <= share:
+                fix, value, by = [f_own], rate[f_own], fixed_by[f_own]
+            else:
+                fix, value, by = [f for f in shared[link] if f not in done], share, link
+            for f in fix:
+                rate[f], fixed_by[f] = value, by
+                done.add(f)
+                for i in on_shared[f]:
+                    count[i] -= 1
+                    left[i] = max(left[i] - value, 0.0)
+            while k < len(todo) and todo[k] in done:
+                k += 1
+        slowest = min(range(len(flows)), key=lambda f: (rate[f], f)) if flows else -1
+        why = ""
+        if slowest >= 0 and fixed_by[slowest] >= 0:
+            i = fixed_by[slowest]
+            ln = links[i]
+            why = f"link {ln.src}->{ln.dst} ({ln.bw_gbps:.4g} GB/s) carries {len(users[i])} of its flows"
+        return rate, why
 
 
 def _nic_of(topo: Topology, rank: int, out: dict[str, list[Link]], per_node: dict[int, list[int]]) -> str:
@@ -283,7 +478,7 @@ def _nic_of(topo: Topology, rank: int, out: dict[str, list[Link]], per_node: dic
     if dev.nic:
         return dev.nic
     # Ask routing: the first network hop towards a rank on another node starts at the NIC.
-    other = next(rs[0] for node, rs in sorted(per_node.items()) if node != dev.node)
+    other = next(rs[0] for _, rs in sorted(per_node.items()) if rank not in rs)
     for i in topo.route(rank, other):
         ln = topo.links[i]
         if ln.cls is LinkClass.NETWORK:
@@ -305,8 +500,9 @@ def _nsteps(collective: Collective, ranks: int) -> int:
 
 def _latency_us(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int) -> float:
     r, nn = fab.ranks, fab.nodes
-    intra = _HOP[fab.intra_hw][algo][p]
-    inter = _HOP["net"][algo][p]
+    # A hop is never faster than its route's own latency (a bounce through host memory, a long network path).
+    intra = max(_HOP[fab.intra_hw][algo][p], fab.intra_route_us)
+    inter = max(_HOP["net"][algo][p], fab.inter_route_us)
     base = _BASE[algo][p]
     if algo is Algorithm.TREE:
         return base + 2 * ((r // nn - 1) * intra + _log2i(nn) * inter)
@@ -318,7 +514,7 @@ def _latency_us(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int
 
 
 def _algbw_gbps(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int, nbytes: int) -> float:
-    bus = fab.bus_bw_gbps
+    bus = fab.tree_bus_bw_gbps if algo is Algorithm.TREE else fab.bus_bw_gbps
     ll_max = _LL_MAX[fab.arch][0 if fab.nodes == 1 else 1 if fab.nodes == 2 else 2]
     proto = _PROTOS[p]
     if algo is Algorithm.RING:

@@ -14,9 +14,13 @@ It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
   one batch per instant, and only for the connected component of flows (linked through
   shared links) that the change touches.
 * COMPUTE costs ``ComputeModel.partial_us``. A COLLECTIVE starts when the last rank
-  arrives and ends on every rank at once, after NCCL's pick for that collective and size
-  on this topology (``treeattn.cost.nccl``), floored at what the cut bounds allow
-  (``CutModel.collective_floor_us``); an all-gather of partials adds the local merge.
+  arrives and ends on every rank at once, after the library's time for that collective
+  and size on this topology, floored at what the cut bounds allow
+  (``CutModel.collective_floor_us``): on GPUs, one ``overhead_us`` (issuing the call) plus
+  NCCL's pick (``treeattn.cost.nccl``, bus bandwidth capped by the routes); on ``host``
+  ranks, the schedule gloo runs, simulated here (``treeattn.cost.gloo``). An all-gather of
+  partials adds the local merge; an ``allreduce merge partial`` is two library calls, as
+  the executor runs it (all-reduce max of lse, then all-reduce sum of (w o, w)).
 * A plan whose ranks wait forever raises ``PlanInvalidError`` naming what they wait on.
 
 The critical path follows, back from the last rank to finish, for each op the op that
@@ -248,6 +252,7 @@ class _Engine:
         self.coll_count = [0] * p
         self.coll_arrivals: list[list[tuple[float, int, int]]] = []
         self._fabric = None
+        self._hosts = False
         self._cuts: CutModel | None = None
 
     def _pair(self) -> list[int]:
@@ -604,17 +609,15 @@ class _Engine:
         self._push(t0 + self._coll_us(gid), _EV_COLL_DONE, k)
 
     def _coll_us(self, gid: int) -> float:
-        from treeattn.cost import nccl
+        from treeattn.cost import gloo, nccl
 
-        if self._fabric is None:
-            self._fabric = nccl.fabric(self.topo)
+        if self._cuts is None:
             self._cuts = CutModel(self.topo)
+            self._hosts = gloo.on_hosts(self.topo)
+            if not self._hosts:
+                self._fabric = nccl.fabric(self.topo)
         op = self._op(self.rank_of[gid], gid)
         share = self.nbytes[gid]
-        if op.coll == "allgather":
-            est = nccl.pick(self._fabric, nccl.Collective.ALLGATHER, share * self.p)
-        else:
-            est = nccl.pick(self._fabric, nccl.Collective.ALLREDUCE, share)
         w = self.plan.workload
         if op.part in ("lse", "den"):
             row = 4
@@ -622,7 +625,23 @@ class _Engine:
             row = w.row_bytes - w.partial_dtype.nbytes
         else:
             row = w.row_bytes
-        return max(est.time_us, self._cuts.collective_floor_us(share, row))
+        calls = [("allgather" if op.coll == "allgather" else "allreduce", share, row)]
+        if op.coll == "allreduce" and op.reduce == "merge":
+            # No library reduces with the merge: the executor runs an all-reduce max of the
+            # rows' lse (4 bytes a row), then one all-reduce sum of (w o, w).
+            calls.insert(0, ("allreduce", share // w.row_bytes * 4, 4))
+        total = 0.0
+        for coll, nbytes, row_bytes in calls:
+            if self._hosts:
+                t = (gloo.allgather_us if coll == "allgather" else gloo.allreduce_us)(self.topo, nbytes)
+            else:
+                # NCCL's constants leave out the host's cost of issuing the call (nccl-tests
+                # overlaps it with the previous call): one overhead per call, as per message.
+                kind = nccl.Collective.ALLGATHER if coll == "allgather" else nccl.Collective.ALLREDUCE
+                size = nbytes * self.p if coll == "allgather" else nbytes
+                t = self.overhead + nccl.pick(self._fabric, kind, size).time_us
+            total += max(t, self._cuts.collective_floor_us(nbytes, row_bytes))
+        return total
 
     def _coll_done(self, k: int, t: float) -> None:
         for _, r, gid in self.coll_arrivals[k]:

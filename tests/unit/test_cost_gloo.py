@@ -1,0 +1,89 @@
+"""Collectives between host ranks (gloo) are simulated schedules; on GPUs NCCL's bus
+bandwidth is capped by the routes' shared links.
+
+Closed forms use ``switch_topo`` (every route: sender uplink + receiver downlink, beta
+bytes/us each, alpha = overhead + 2 latencies) whose hosts have merges for free.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.unit.test_cost_helpers import cluster_topo, switch_topo
+from treeattn.cost import gloo, nccl
+from treeattn.cost.bounds import CutModel
+from treeattn.cost.simulate import simulate
+from treeattn.plan.builders import build
+from treeattn.topology.library import resolve
+from treeattn.workload import Workload
+
+BETA = 10.0e3  # 10 GB/s in bytes per microsecond
+
+
+def test_allreduce_is_the_faster_of_ring_and_recursive_doubling():
+    p, o, lat = 4, 30.0, 1.0
+    topo = switch_topo(p, bw=10.0, lat=lat, overhead=o)
+    alpha = o + 2 * lat
+    picked = {}
+    for n in (64, 8_000_000):
+        ring = 2 * (p - 1) * (alpha + n / (p * BETA))
+        doubling = math.log2(p) * (alpha + n / BETA)
+        assert gloo.allreduce_us(topo, n) == pytest.approx(min(ring, doubling), rel=1e-9)
+        picked[n] = "ring" if ring < doubling else "doubling"
+    # small: doubling's 2 steps win; large (n / beta > 8 alpha): the ring's smaller messages win
+    assert picked == {64: "doubling", 8_000_000: "ring"}
+    assert gloo.allreduce_us(switch_topo(1), 64) == 0.0
+
+
+def test_allgather_of_two_ranks_is_one_message_each_way():
+    topo = switch_topo(2, bw=10.0, lat=1.0, overhead=30.0)
+    n = 8000
+    assert gloo.allgather_us(topo, n) == pytest.approx(30.0 + 2.0 + n / BETA, rel=1e-9)
+
+
+def test_host_collectives_in_a_plan_are_simulated_gloo_schedules():
+    topo = switch_topo(4, bw=0.05, lat=3.0, overhead=50.0, launch=20.0, mem_bw=20.0)
+    assert gloo.on_hosts(topo) and not gloo.on_hosts(cluster_topo(1, 2))
+    w = Workload(batch=2, q_heads=8, kv_heads=2, head_dim=64, split=(256,) * 4)
+    res = simulate(build("allreduce3", w, topo), topo)
+    cuts = CutModel(topo)
+    colls = [t for t in res.timeline if t.kind == "collective" and t.rank == 0]
+    assert [t.bytes for t in colls] == [w.rows * 4, w.rows * 64 * 4, w.rows * 4]
+    for t, row in zip(colls, (4, 256, 4), strict=True):
+        want = max(gloo.allreduce_us(topo, t.bytes), cuts.collective_floor_us(t.bytes, row))
+        assert t.end_us - t.start_us == pytest.approx(want, rel=1e-9)
+        # every message of gloo's schedule pays the host's overhead: far above NCCL's constants
+        assert want > 2 * 50.0
+
+
+def test_ring_over_bounced_pcie_shares_the_switch_uplink():
+    # RTX 4090 x 8: no peer-to-peer, so every ring flow goes up to its CPU and down again;
+    # the four GPUs under one switch send four flows up its 25 GB/s uplink.
+    fab = nccl.fabric(resolve("rtx4090-8"))
+    assert fab.intra_bw_gbps == pytest.approx(25.0 / 4)
+    assert "n0.pcie0->n0.cpu0" in fab.limit and "4 of its flows" in fab.limit
+    # the chain of NCCL's tree runs up and down at once: 7 flows up that uplink, and NCCL's
+    # tree already halves a rank's bandwidth for the two directions
+    assert fab.tree_intra_bw_gbps == pytest.approx(2 * 25.0 / 7)
+    # a hop through the host crosses 4 PCIe links, across sockets 5 (0.5 us each)
+    assert fab.intra_route_us == pytest.approx(2.5)
+    lat = {(e.algorithm.value, e.protocol.value): e.latency_us for e in nccl.predict(fab, "allreduce", 64)}
+    assert lat[("ring", "LL")] == pytest.approx(6.6 + 2 * 7 * 2.5)
+
+
+def test_narrow_uplink_caps_the_ring_even_unshared():
+    # emu-pcie-tree: the 0.0125 GB/s switch uplinks are narrower than a rank's own port.
+    fab = nccl.fabric(resolve("emu-pcie-tree"))
+    assert fab.intra_bw_gbps == pytest.approx(0.0125)
+
+
+def test_nvlink_and_rail_fabrics_keep_nccls_own_figures():
+    fab = nccl.fabric(cluster_topo(4, 8, nvl_bw=450.0, net_bw=50.0))
+    assert fab.intra_bw_gbps == pytest.approx(450 * 20.6 / 25)
+    assert fab.inter_bw_gbps == pytest.approx(8 * 50.0)
+    assert fab.limit == ""
+    # GB200 NVL72: machines joined by NVLink cross over the fabric, not the NICs
+    nvl = nccl.fabric(resolve("gb200-nvl72"))
+    assert nvl.inter_bw_gbps > nvl.intra_bw_gbps
