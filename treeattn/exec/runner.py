@@ -3,17 +3,21 @@
 One process group runs a whole ``Job`` (several plans in sequence, each with its
 baselines), so tests and benchmarks pay the process start-up once. Per method: one
 untimed run whose result is checked, ``warmup`` untimed runs, then ``repeats`` timed runs,
-each started after a barrier; an iteration's time is the maximum over ranks of its
-wall time (gathered after the loop), and the last iteration's result is checked as well.
+each started after a barrier. An iteration's time runs from the moment the last rank
+left the barrier to the moment the last rank finished when all ranks share one host's
+monotonic clock (so barrier release skew is not counted), else it is the maximum over
+ranks of each rank's own wall time; the last iteration's result is checked as well.
 Rank 0 returns the ``JobResult``; other ranks return None.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import math
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -194,6 +198,21 @@ class _RankRun:
         self.kernels = kernels
         self._refs: dict[tuple, torch.Tensor] = {}
         self._baselines_done: set[tuple] = set()
+        self._same_clock: bool | None = None
+
+    def _shared_clock(self) -> bool:
+        """Whether every rank runs under one kernel (same boot id), so their
+        ``time.perf_counter`` readings (CLOCK_MONOTONIC) are comparable."""
+        if self._same_clock is None:
+            try:
+                boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+            except OSError:
+                boot = ""
+            key = int(hashlib.sha256(boot.encode()).hexdigest()[:15], 16) if boot else -1
+            mine = torch.tensor([key], dtype=torch.int64, device=self.comm.device)
+            keys = [int(t.item()) for t in self.comm.all_gather(mine, "clock check", setup=True)]
+            self._same_clock = keys[0] != -1 and len(set(keys)) == 1
+        return self._same_clock
 
     def reference(self, payload: Payload, contributors: tuple[int, ...] | None = None) -> torch.Tensor:
         key = (repr(payload), self.opt.seed, contributors)
@@ -216,18 +235,26 @@ class _RankRun:
         first = fn()
         for _ in range(self.opt.warmup):
             fn()
-        times = []
+        starts, ends = [], []
         for _ in range(self.opt.repeats):
             comm.barrier()
-            t0 = comm.now()
+            starts.append(comm.now())
             last = fn()
-            times.append((comm.now() - t0) * 1e6)
+            ends.append(comm.now())
         ref = self.reference(payload, contributors)
         err = -1.0
         if comm.rank in check_ranks:
             err = max(relative_error(first, ref, raw), relative_error(last, ref, raw))
-        local = torch.tensor([err, *times], dtype=torch.float64, device=comm.device)
+        local = torch.tensor([err, *starts, *ends], dtype=torch.float64, device=comm.device)
         rows = torch.stack(comm.all_gather(local, f"{method} result gathering", setup=True)).cpu()
+        n = self.opt.repeats
+        t0, t1 = rows[:, 1:1 + n], rows[:, 1 + n:]
+        if self._shared_clock():
+            # One host, one monotonic clock: the step starts when the last rank leaves the
+            # barrier (ranks released earlier only wait for it) and ends when the last finishes.
+            times_us = ((t1.max(dim=0).values - t0.max(dim=0).values) * 1e6).tolist()
+        else:
+            times_us = ((t1 - t0).max(dim=0).values * 1e6).tolist()
         timeline: list = []
         if executor is not None:
             gathered: list = [None] * comm.world if comm.rank == 0 else None
@@ -241,7 +268,7 @@ class _RankRun:
             label=label,
             method=method,
             kernel=self.kernels.get(label, "none"),
-            times_us=tuple(rows[:, 1:].max(dim=0).values.tolist()),
+            times_us=tuple(times_us),
             max_rel_err=max(errs) if errs else math.inf,
             tolerance=tolerance(payload),
             checked_ranks=tuple(check_ranks),
