@@ -41,6 +41,7 @@ from treeattn.probe.calibrate_plot import plot_calibration
 from treeattn.topology.io import dump_topology
 from treeattn.topology.library import resolve
 from treeattn.units import format_size, parse_size
+from treeattn.validate.run import realtime_priority
 from treeattn.workload import RawPayload
 
 LIBRARY = ("allreduce", "allgather-merge")
@@ -77,7 +78,15 @@ def main() -> None:
     ap.add_argument("--no-recalibrate", dest="recalibrate", action="store_false",
                     help="skip the second calibration after the plan runs")
     ap.add_argument("--quick", action="store_true", help="6 calibration sizes up to 4 MiB, 3 repeats")
+    ap.add_argument("--realtime", action="store_true",
+                    help="run everything (the ranks too) under SCHED_RR, so other work on a shared host preempts "
+                         "it less (root only; treeattn.validate.run.realtime_priority)")
     args = ap.parse_args()
+    with realtime_priority(args.realtime):
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     console = Console(width=140)
     p = args.ranks
     topo = resolve(f"cpu:ranks={p}")
@@ -159,7 +168,8 @@ def _err(r: dict, key: str) -> float:
 def render(console: Console, report, after, rows, pp, other, load, t_cal, t_run, command, args) -> list[str]:  # noqa: ANN001
     """Print the tables; return the same as Markdown lines for the README."""
     md = [f"Command: `{command}`", "",
-          f"Machine: {os.cpu_count()} CPU cores, {args.ranks} ranks (processes), gloo over TCP loopback. "
+          f"Machine: {os.cpu_count()} CPU cores, {args.ranks} ranks (processes), gloo over TCP loopback"
+          f"{', every process under SCHED_RR (--realtime)' if args.realtime else ''}. "
           f"Load average (1 min) before calibration {load[0]:.1f}, after it {load[1]:.1f}, after the plan runs "
           f"{load[2]:.1f}, after the second calibration {load[3]:.1f}. Calibration {t_cal:.0f} s, plan runs "
           f"{t_run:.0f} s.", "",
@@ -236,7 +246,9 @@ def write(out: Path, report, fitted, rows, md) -> None:  # noqa: ANN001
     (out / "cases.csv").write_text("\n".join(csv) + "\n")
     plot_calibration(report, out / "fit.png")
     title = ["# Calibration on this machine: predicted vs measured", "",
-             "Written by `benchmarks/bench_calibrate.py` (see its docstring for what runs).", ""]
+             "Written by `benchmarks/bench_calibrate.py` (see its docstring for what runs)."
+             + (" What these figures show and why: [FINDINGS.md](FINDINGS.md)." if (out / "FINDINGS.md").exists()
+                else ""), ""]
     (out / "README.md").write_text("\n".join(title + md) + "\n")
 
 

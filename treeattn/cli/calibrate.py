@@ -70,6 +70,9 @@ def calibrate_cmd(
                                                     rich_help_panel=_LIVE)] = None,
     timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait.",
                                            rich_help_panel=_LIVE)] = 60.0,
+    realtime: Annotated[bool, typer.Option("--realtime", help="Run the ranks under SCHED_RR, so that other work on a "
+                                           "shared host preempts them less (root only).",
+                                           rich_help_panel=_LIVE)] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Measure this machine's ranks (ping-pong per route class, concurrent flows, merge kernel) and
@@ -94,8 +97,11 @@ def calibrate_cmd(
     options = CalibrateOptions(min_bytes=parse_size(min_size), max_bytes=parse_size(max_size), sizes=sizes,
                                round_trips=trips, repeats=repeats, warmup=warmup, contention=contention,
                                compute=compute.value, backend=backend.value if backend else None, timeout_s=timeout)
+    from treeattn.validate.run import realtime_priority
+
     topo = resolve(topology) if topology is not None else _probe()
-    report = calibrate(topo, options)
+    with realtime_priority(realtime):
+        report = calibrate(topo, options)
     if report is None:  # a non-zero rank of torchrun/SLURM
         return
     _write(out, report.topology)

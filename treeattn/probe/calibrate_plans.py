@@ -182,9 +182,8 @@ def fanin_plan(topo: TopologyRef | Topology, ranks: int, root: int, senders: Seq
     """
     if root in senders or len(set(senders)) != len(senders) or not senders:
         raise InputError(f"fan-in needs distinct senders other than the root {root}, got {list(senders)}")
-    _check_pairs([(root, s) for s in senders[:1]], ranks)
-    if any(not 0 <= s < ranks for s in senders):
-        raise InputError(f"senders {list(senders)} must be ranks in 0-{ranks - 1}")
+    if any(not 0 <= r < ranks for r in (root, *senders)):
+        raise InputError(f"fan-in root {root} and senders {list(senders)} must be ranks in 0-{ranks - 1}")
     progs = Programs(ranks)
     for s in senders:
         progs.transfer(s, root, 0)
