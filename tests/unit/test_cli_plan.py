@@ -50,9 +50,14 @@ def test_plan_table_and_explain(tmp_path):
     res = run_cli("plan", "-t", "dgx-h100-2node", "--ranks", "0-3,8-11", *SHAPE, "-o", str(tmp_path / "x.yaml"),
                   "--explain", "--no-progress")
     assert res.exit_code == 0, res.stderr
-    assert "Candidates" in res.stdout and "Per-level cost" in res.stdout and "root rank" in res.stdout
+    assert "Candidates" in res.stdout and "Per-level cost" in res.stdout
     plan = load_plan(tmp_path / "x.yaml")
     assert plan.ranks == 8 and "ranks 0-3,8-11" in plan.topology.name
+    # the pick here is a direct exchange (no tree to draw); a tree plan draws its tree
+    res = run_cli("plan", "-t", "dgx-h100-2node", "--ranks", "0-3,8-11", *SHAPE, "-o", str(tmp_path / "t.yaml"),
+                  "--algorithm", "binomial", "--explain")
+    assert res.exit_code == 0, res.stderr
+    assert "root rank" in res.stdout and "Per-level cost" in res.stdout
 
 
 def test_algorithm_list():

@@ -174,3 +174,31 @@ def test_builder_plans_never_beat_the_bound():
                 assert res.predicted_us >= b.bound_us * (1 - 1e-9), (name, w.kind, chunks)
                 checked += 1
     assert checked >= 10
+
+
+@st.composite
+def direct_cases(draw):
+    nodes, gpus = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    if nodes * gpus < 2:
+        gpus = 2
+    p = nodes * gpus
+    topo = cluster_topo(nodes, gpus, net_bw=draw(st.sampled_from([5.0, 25.0])),
+                        overhead=draw(st.sampled_from([0.0, 2.0, 10.0])), launch=draw(st.sampled_from([0.0, 4.0])))
+    perm = draw(st.permutations(range(p)))
+    size = draw(st.integers(1, p))
+    groups = [perm[i:i + size] for i in range(0, p, size)]
+    if draw(st.booleans()):
+        w = Workload(batch=2, q_heads=4, kv_heads=2, head_dim=32,
+                     split=tuple(draw(st.lists(st.sampled_from([64, 1000, 20000]), min_size=p, max_size=p))))
+    else:
+        w = RawPayload(nbytes=4 * 4 * draw(st.sampled_from([4, 100, 5000])), ranks=p)
+    return topo, w, groups, draw(st.integers(1, 3))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(direct_cases())
+def test_direct_exchanges_never_beat_the_bound(case):
+    builders = pytest.importorskip("treeattn.plan.builders")
+    topo, w, groups, chunks = case
+    plan = builders.build("direct", w, topo, chunks=chunks, groups=groups)
+    assert simulate(plan, topo).predicted_us >= lower_bounds(w, topo).bound_us * (1 - 1e-9)

@@ -73,18 +73,41 @@ def test_binomial_reduce_and_broadcast(kind, p):
 
 @pytest.mark.parametrize("kind", sorted(TOPOS))
 @pytest.mark.parametrize("p", [2, 3, 9])
-def test_star_reduce_and_broadcast_share_the_root_link(kind, p):
+def test_star_reduce_shares_the_root_link(kind, p):
     make, alpha = TOPOS[kind]
     topo = make(p)
     m = 8_000
     reduce = make_plan(tree_programs([-1] + [0] * (p - 1), 1, broadcast=False), raw(p, m), topo, result_ranks=[0])
     res = simulate(reduce, topo)
-    # switch: all p-1 flows share the root's downlink; mesh: each has its own link.
+    # switch: all p-1 flows share the root's downlink; mesh: each has its own link. Every
+    # sender issues one message, so no sender waits on its own issuing.
     share = p - 1 if kind == "switch" else 1
     assert close(res.predicted_us, alpha + share * m / BETA)
+
+
+@pytest.mark.parametrize("kind", sorted(TOPOS))
+@pytest.mark.parametrize("p", [2, 3, 9])
+@pytest.mark.parametrize("m", [8_000, 80_000])
+def test_star_broadcast_issues_one_message_per_overhead(kind, p, m):
+    make, alpha = TOPOS[kind]
+    topo = make(p)
+    o = topo.cost.overhead_us
+    lat = alpha - o
+    # The root issues its p-1 sends one overhead apart: the k-th drains from k o on.
     bcast = [[Op(SEND, 0, peer=v) for v in range(1, p)]] + [[Op(COPY, 0, peer=0)] for _ in range(1, p)]
     res = simulate(make_plan(bcast, raw(p, m), topo), topo)
-    assert close(res.predicted_us, alpha + share * m / BETA)
+    if kind == "mesh" or m / BETA <= o:
+        # Own links (mesh), or each message drained before the next is issued (switch, m/beta
+        # = 0.8 us <= o = 2 us): the last one issued arrives last, (p-1) o + lat + m/beta.
+        want = (p - 1) * o + lat + m / BETA
+    else:
+        # Switch, m/beta = 8 us > o: the root's uplink is busy from o on without a pause (by
+        # each arrival k o it has got k m bytes and drained less than (k-1) o beta), the equal
+        # messages share it fairly and finish in the order issued: o + (p-1) m/beta + lat.
+        want = o + (p - 1) * m / BETA + lat
+    assert close(res.predicted_us, want)
+    by = {t.peer: t for t in res.timeline if t.rank == 0}
+    assert [by[v].end_us for v in range(1, p)] == sorted(by[v].end_us for v in range(1, p))
 
 
 @pytest.mark.parametrize("kind", sorted(TOPOS))
@@ -142,8 +165,9 @@ def test_two_flows_on_one_link_each_get_half():
 
 
 def test_max_min_fair_shares_and_release():
-    # f1: 0->3 and f2: 0->2 share 0's uplink (10 GB/s): 5 each. f1 and f3: 1->3 share 3's
-    # downlink (30 GB/s): f3 gets the 25 left. Other links are wide (100 GB/s).
+    # f1: 0->3 and f2: 0->2 share 0's uplink (10 GB/s); f1 and f3: 1->3 share 3's downlink
+    # (30 GB/s). Other links are wide (100 GB/s). Rank 0 issues f1 (its first send) at o = 1
+    # and f2 one overhead later, at 2.
     p = 4
     topo = switch_topo(p, lat=0.5, overhead=1.0, up_bw=[10, 100, 100, 100], down_bw=[100, 100, 100, 30])
     m = 100_000
@@ -151,10 +175,35 @@ def test_max_min_fair_shares_and_release():
              [Op(MERGE, 0, peer=0)], [Op(MERGE, 0, peer=0), Op(MERGE, 0, peer=1)]]
     res = simulate(make_plan(progs, raw(p, m), topo, result_ranks=[2, 3]), topo)
     by = {(t.rank, t.op): t for t in res.timeline}
-    assert close(by[(1, 0)].end_us, 1.0 + m / 25e3 + 1.0)  # f3
-    assert close(by[(0, 0)].end_us, 1.0 + m / 5e3 + 1.0)  # f1 keeps 5: its bottleneck is 0's uplink
-    assert close(by[(0, 1)].end_us, 1.0 + m / 5e3 + 1.0)  # f2
-    assert close(res.predicted_us, 1.0 + m / 5e3 + 1.0)
+    # From 1 to 2: f1 is held to 10 by 0's uplink, f3 gets the 20 left of 3's downlink.
+    # From 2: f1 and f2 halve 0's uplink (5 each) and f3 takes 25 of the downlink.
+    f3_end = 2.0 + (m - 20e3) / 25e3 + 1.0
+    assert close(by[(1, 0)].end_us, f3_end)
+    # f3 leaving changes nothing for f1 and f2 (0's uplink is their bottleneck); f1 drains at
+    # 2 + (m - 10e3)/5e3, then f2 alone gets all 10 GB/s for the 10e3 bytes it still has.
+    f1_end = 2.0 + (m - 10e3) / 5e3 + 1.0
+    assert close(by[(0, 0)].end_us, f1_end)
+    assert close(by[(0, 1)].end_us, f1_end + 10e3 / 10e3)
+    assert close(res.predicted_us, f1_end + 10e3 / 10e3)
+
+
+def test_a_send_starting_while_its_sender_still_issues_waits():
+    # Rank 0 issues three sends at once (drain from o, 2o, 3o). Rank 3 first receives a small
+    # message from rank 4 and only then posts its receive from rank 0, at t3 = o + m/beta + lat
+    # < 2o: rank 0 is still issuing (until 2o), so that message drains from 3o, not t3 + o.
+    p, m = 5, 400
+    topo = mesh_topo(p, bw=10.0, lat=0.7, overhead=1.5)
+    o, lat = 1.5, 0.7
+    progs = [[Op(SEND, 0, peer=1), Op(SEND, 0, peer=2), Op(SEND, 0, peer=3)], [Op(COPY, 0, peer=0)],
+             [Op(COPY, 0, peer=0)], [Op(MERGE, 0, peer=4), Op(COPY, 1, peer=0)], [Op(SEND, 0, peer=3)]]
+    res = simulate(make_plan(progs, raw(p, m), topo, result_ranks=[1, 2, 3]), topo)
+    by = {(t.rank, t.op): t for t in res.timeline}
+    t3 = o + m / BETA + lat
+    assert t3 < 2 * o and close(by[(3, 1)].start_us, t3)
+    assert close(by[(0, 0)].end_us, o + m / BETA + lat)
+    assert close(by[(0, 1)].end_us, 2 * o + m / BETA + lat)
+    assert close(by[(0, 2)].end_us, 3 * o + m / BETA + lat)
+    assert close(res.predicted_us, 3 * o + m / BETA + lat)
 
 
 def test_a_late_flow_slows_an_early_one_and_order_does_not_matter():

@@ -206,3 +206,70 @@ def test_any_algorithm_at_any_size_validates(name: str, p: int, chunks: int, is_
         kwargs["group_size"] = max(1, p // 3)
     plan = build(name, payload, REF, chunks=chunks, **kwargs)
     assert validate(plan).valid, validate(plan).first
+
+
+# -- direct exchange ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 8, 16])
+@pytest.mark.parametrize("chunks", [1, 3, 4])
+def test_direct_validates_flat_and_grouped(p: int, chunks: int) -> None:
+    layouts: list[dict] = [{}, {"group_size": 2}, {"group_size": 3}, {"group_size": p}]
+    if p % 4 == 0:
+        # nodes of 4 listed by rail: rank n*4 + i is on rail i
+        layouts.append({"groups": [[n * 4 + i for i in range(4)] for n in range(p // 4)]})
+    for kwargs in layouts:
+        for payload in (attention(p), raw(p)):
+            plan = build("direct", payload, REF, chunks=chunks, **kwargs)
+            report = validate(plan)
+            assert report.valid, (kwargs, payload.kind, report.first)
+            assert plan.result_ranks == tuple(range(p))
+
+
+def test_direct_sends_every_partial_to_every_rank_in_one_step() -> None:
+    p = 5
+    plan = build("direct", attention(p), REF)
+    for r, prog in enumerate(plan.programs):
+        comm = [op for op in prog if op.kind is not OpKind.COMPUTE]
+        assert {op.step for op in comm} == {1}
+        assert sorted(op.peer for op in comm if op.kind is OpKind.SEND) == [q for q in range(p) if q != r]
+        assert sorted(op.peer for op in comm if op.kind is OpKind.RECV_MERGE) == [q for q in range(p) if q != r]
+    assert "groups" not in plan.params
+
+
+def test_grouped_direct_exchanges_inside_groups_then_along_positions() -> None:
+    groups = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    plan = build("direct", raw(12), REF, groups=groups, chunks=2)
+    assert plan.params["groups"] == groups
+    for r, prog in enumerate(plan.programs):
+        g, i = divmod(r, 4)
+        # chunk q of phase 1 at step q, of phase 2 at step 1 + q (raw payloads start at 0)
+        phase1 = {op.peer for op in prog if op.kind is OpKind.SEND and op.step == op.chunk}
+        phase2 = {op.peer for op in prog if op.kind is OpKind.SEND and op.step == op.chunk + 1}
+        assert phase1 == {g * 4 + j for j in range(4)} - {r}
+        assert phase2 == {h * 4 + i for h in range(3)} - {r}
+    # unequal groups: position 2 of [4, 5, 6] takes group [7, 8]'s merge from its position 0
+    uneven = build("direct", raw(9), REF, groups=[[0, 1, 2, 3], [4, 5, 6], [7, 8]])
+    check(uneven)
+    senders_to_6 = sorted(op.peer for op in uneven.programs[6] if op.kind is OpKind.RECV_MERGE and op.step == 1)
+    assert senders_to_6 == [2, 7]
+
+
+def test_direct_refuses_bad_groups() -> None:
+    with pytest.raises(InfeasiblePlanError, match="partition"):
+        build("direct", attention(4), REF, groups=[[0, 1], [1, 2, 3]])
+    with pytest.raises(InputError, match="not both"):
+        build("direct", attention(4), REF, groups=[[0, 1], [2, 3]], group_size=2)
+    with pytest.raises(InputError, match="takes no root"):
+        build("direct", attention(4), REF, root=1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 3), st.booleans(), st.data())
+def test_direct_over_any_partition_validates(p: int, chunks: int, is_raw: bool, data: st.DataObject) -> None:
+    perm = data.draw(st.permutations(range(p)))
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, p - 1)), max_size=p - 1)) if p > 1 else [])
+    bounds = [0, *[c for c in cuts if c < p], p]
+    groups = [perm[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    plan = build("direct", raw(p) if is_raw else attention(p), REF, chunks=chunks, groups=groups)
+    assert validate(plan).valid, validate(plan).first

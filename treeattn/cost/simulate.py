@@ -9,6 +9,10 @@ It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
   then its bytes drain at the flow's share of bandwidth, then its route latency (sum of
   hop ``latency_us``). SEND and RECV both complete when it arrives. A route with no links
   (a rank to itself) or an empty message costs the overhead (and latency) only.
+* A rank issues its messages one after another (LogP's gap, equal to the overhead): of the
+  transfers a rank starts at one instant, the k-th in its program order begins draining
+  k overheads after that instant, and a transfer that starts while its sender is still
+  issuing earlier ones waits for them. Receiving costs no issue time.
 * Bandwidth: every flow in its draining phase shares each link it crosses max-min
   fairly (progressive filling). Rates are recomputed whenever flows start or finish, in
   one batch per instant, and only for the connected component of flows (linked through
@@ -234,6 +238,10 @@ class _Engine:
         self.finish = [0.0] * p
         self.heap: list = []
         self.fifo: deque = deque()
+        self.issue: list[int] = []
+        """Transfers started at the current instant, waiting for their sender's issue slot."""
+        self.free = [0.0] * p
+        """Per rank: when its issuing of messages is done (the LogP gap)."""
         self.seq = 0
         # Transfers and their flows (one flow per transfer, indexed alike).
         self.x_send: list[int] = []
@@ -332,8 +340,12 @@ class _Engine:
         op_done, drained, bw_start = self._op_done, self._drained, self._bw_start
         t = 0.0
         while True:
-            if self.dirty and (not heap or heap[0][0] > t) and (not fifo or fifo[0][0] > t):
-                self._reshare(t)
+            if (self.dirty or self.issue) and (not heap or heap[0][0] > t) and (not fifo or fifo[0][0] > t):
+                # The instant is complete: issue its transfers, then share bandwidth anew.
+                if self.issue:
+                    self._issue(t)
+                if self.dirty:
+                    self._reshare(t)
             if fifo and (not heap or fifo[0] < heap[0]):
                 t, _, ev, a, b = popleft()
             elif heap:
@@ -430,15 +442,43 @@ class _Engine:
         self.rate.append(0.0)
         self.last.append(t)
         self.ver.append(0)
-        if not hit[0] or nbytes == 0:
-            self._push(t + self.overhead + hit[1], _EV_XFER_DONE, x)
-        elif self.overhead > 0:
-            # Every flow waits the same overhead, so these events come due in the order
-            # they are made: a FIFO beside the heap keeps them out of it.
-            self.seq += 1
-            self.fifo.append((t + self.overhead, self.seq, _EV_BW_START, x, 0))
+        if self.overhead > 0:
+            # The sender's issue slot is given once every transfer starting now is known.
+            self.issue.append(x)
+        elif not hit[0] or nbytes == 0:
+            self._push(t + hit[1], _EV_XFER_DONE, x)
         else:
             self._bw_start(x, t)
+
+    def _issue(self, t: float) -> None:
+        """Give the transfers that started at ``t`` their senders' issue slots.
+
+        A rank issues its messages one at a time (one thread or stream): the k-th it starts
+        at one instant, in program order, enters its bandwidth phase k overheads later, and
+        one that starts while the rank is still issuing waits for it (a LogP gap equal to
+        the overhead)."""
+        xs = self.issue
+        self.issue = []
+        x_send, rank_of, free = self.x_send, self.rank_of, self.free
+        if len(xs) > 1:
+            xs.sort(key=x_send.__getitem__)  # gids run rank by rank in program order
+        o = self.overhead
+        first = t + o
+        fifo, x_route = self.fifo, self.x_route
+        for x in xs:
+            sr = rank_of[x_send[x]]
+            f = free[sr]
+            begin = (t if f < t else f) + o
+            free[sr] = begin
+            if not x_route[x] or self.rem[x] == 0.0:
+                self._push(begin + self.x_lat[x], _EV_XFER_DONE, x)
+            elif begin == first:
+                # Most flows wait exactly one overhead, so these events come due in the order
+                # they are made: a FIFO beside the heap keeps them out of it.
+                self.seq += 1
+                fifo.append((begin, self.seq, _EV_BW_START, x, 0))
+            else:
+                self._push(begin, _EV_BW_START, x)
 
     def _bw_start(self, x: int, t: float) -> None:
         self.last[x] = t

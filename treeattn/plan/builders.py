@@ -24,7 +24,7 @@ from typing import Any
 
 from treeattn.errors import InfeasiblePlanError, InputError
 from treeattn.plan.ir import Plan, TopologyRef, _gc_paused
-from treeattn.plan.schedule import Programs, emit_butterfly, emit_ring, emit_tree
+from treeattn.plan.schedule import Programs, emit_butterfly, emit_direct, emit_ring, emit_tree
 from treeattn.plan.trees import (
     SHAPES,
     parents_binomial,
@@ -275,13 +275,15 @@ def _build_binomial(a: _Args) -> Plan:
     return _tree(a, "binomial", parents_binomial(a.p, order=order), {"order": order})
 
 
-def _groups(a: _Args) -> list[list[int]]:
+def _groups(a: _Args, name: str = "hierarchical", required: bool = True) -> list[list[int]] | None:
     size = a.extra.get("group_size")
     if a.groups is not None and size is not None:
         raise InputError("give groups or group_size, not both")
     if a.groups is None:
         if size is None:
-            raise InputError("algorithm 'hierarchical' needs groups (a partition of the ranks) or group_size")
+            if not required:
+                return None
+            raise InputError(f"algorithm {name!r} needs groups (a partition of the ranks) or group_size")
         if type(size) is not int or size < 1:
             raise InputError(f"group_size must be an integer >= 1, got {size!r}")
         return [list(range(s, min(s + size, a.p))) for s in range(0, a.p, size)]
@@ -295,6 +297,7 @@ def _groups(a: _Args) -> list[list[int]]:
 
 def _build_hierarchical(a: _Args) -> Plan:
     groups = _groups(a)
+    assert groups is not None
     intra, inter = _shape_arg(a, "intra", "star"), _shape_arg(a, "inter", "binomial")
     root = 0 if a.root is None else a.root
     if type(root) is not int or not 0 <= root < a.p:
@@ -408,6 +411,17 @@ def _build_ring(a: _Args) -> Plan:
     return _plan(a, "ring", {"order": order, "chunks": a.chunks}, progs, total)
 
 
+def _build_direct(a: _Args) -> Plan:
+    _need_chunks(a, a.chunks, f"direct with {a.chunks} chunks")
+    groups = _groups(a, "direct", required=False)
+    progs = _start(a)
+    emit_direct(progs, groups if groups is not None else [list(range(a.p))], range(a.chunks), a.base)
+    params: dict[str, Any] = {"chunks": a.chunks}
+    if groups is not None:
+        params["groups"] = groups
+    return _plan(a, "direct", params, progs, a.chunks)
+
+
 def _build_allreduce3(a: _Args) -> Plan:
     _need_chunks(a, a.chunks, f"allreduce3 with {a.chunks} chunks")
     progs = _start(a)
@@ -471,6 +485,12 @@ _SPECS: list[tuple[AlgorithmSpec, Callable[[_Args], Plan]]] = [
                    (_ORDER, _CHUNKS), results=("all",)), _build_butterfly),
     (AlgorithmSpec("ring", "ring reduce-scatter then all-gather (p segments of `chunks` chunks each)",
                    (_ORDER, _CHUNKS), results=("all",)), _build_ring),
+    (AlgorithmSpec("direct", "direct exchange: every rank sends its partial to every other and merges all it "
+                             "receives (with groups: inside each group, then with its peers in the other groups)",
+                   (_P("groups", "partition of the ranks: exchange inside each group first, then each rank with the "
+                                 "rank at its position in every other group (nodes listed by rail: along rails)"),
+                    _P("group_size", "instead of groups: consecutive ranks in groups of this size"), _CHUNKS),
+                   results=("all",)), _build_direct),
     (AlgorithmSpec("hierarchical", "reduce inside each group to its leader, then across the leaders, then back",
                    (_P("groups", "partition of the ranks; the first rank of a group (or root) leads it"),
                     _P("group_size", "instead of groups: consecutive ranks in groups of this size"),

@@ -1,4 +1,4 @@
-"""Schedules: emit the ops of tree, butterfly and ring patterns into per-rank programs.
+"""Schedules: emit the ops of tree, butterfly, ring and direct-exchange patterns into per-rank programs.
 
 Every emitter here puts both sides of a transfer in the *same step number*. Such plans
 cannot deadlock: the ranks at the smallest unfinished step find all their partners at that
@@ -19,7 +19,7 @@ from treeattn.plan.ir import Op, OpKind
 from treeattn.plan.ir import _unchecked_op as _op
 from treeattn.plan.trees import TreeInfo
 
-__all__ = ["Programs", "emit_tree", "emit_butterfly", "emit_ring"]
+__all__ = ["Programs", "emit_tree", "emit_butterfly", "emit_ring", "emit_direct"]
 
 _SEND, _MERGE, _COPY = OpKind.SEND, OpKind.RECV_MERGE, OpKind.RECV_COPY
 
@@ -162,3 +162,43 @@ def emit_ring(progs: Programs, order: Sequence[int], pieces: int, base: int) -> 
                 progs.transfer(src, dst, base + t + q, rs + q)
                 progs.transfer(src, dst, base + p - 1 + t + q, ag + q, copy=True)
     return base + 2 * (p - 1) + pieces - 1
+
+
+def emit_direct(progs: Programs, groups: Sequence[Sequence[int]], chunk_ids: Sequence[int], base: int) -> int:
+    """Direct exchange (all-to-all merge), in one or two phases, pipelined by chunk.
+
+    Phase 1: inside each group, every rank sends its accumulator to every other member and
+    merges what it receives: each then holds its group's merge. Phase 2 (several groups):
+    the rank at position i of a group receives from the rank at position ``i % len(h)`` of
+    every other group h (its peer along a rail when groups are nodes listed by rail), so it
+    gets each other group's merge exactly once. Piece q of phase j runs at step
+    ``base + j + q`` (phase 2 starts at ``base`` when every group is a single rank).
+
+    Args:
+        progs: where to add ops. groups: a partition of the ranks, members in position order
+        (one group: a flat exchange). chunk_ids: plan chunks in pipeline order. base: first step.
+
+    Returns:
+        The first step after the last one used.
+    """
+    k = len(chunk_ids)
+    last = base - 1
+    first = 0
+    if any(len(g) > 1 for g in groups):
+        for g in groups:
+            for u in g:
+                for v in g:
+                    if u != v:
+                        for q, c in enumerate(chunk_ids):
+                            progs.transfer(u, v, base + q, c)
+        last = base + k - 1
+        first = 1
+    if len(groups) > 1:
+        for gi, g in enumerate(groups):
+            for i, r in enumerate(g):
+                for hi, h in enumerate(groups):
+                    if hi != gi:
+                        for q, c in enumerate(chunk_ids):
+                            progs.transfer(h[i % len(h)], r, base + first + q, c)
+        last = base + first + k - 1
+    return last + 1

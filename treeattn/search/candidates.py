@@ -9,8 +9,9 @@ the coarsest level's groups so that tree positions far apart stay inside one gro
 Families: star, chain, kary (several fan-outs), binomial (two orders), butterfly
 (recursive doubling), ring (reduce-scatter + all-gather), hierarchical (reduce inside the
 fastest domain first, level by level), multirail forests (rows split over trees that each
-cross the network on their own rail) and double binary trees (a two-tree forest whose
-inner ranks in one tree are leaves in the other).
+cross the network on their own rail), double binary trees (a two-tree forest whose
+inner ranks in one tree are leaves in the other) and direct exchange (every rank sends its
+partial to every other at once; grouped: inside each domain first, then along rails).
 """
 
 from __future__ import annotations
@@ -33,8 +34,14 @@ __all__ = [
     "multirail_schedules",
     "double_binary_parents",
     "double_binary_schedules",
+    "direct_schedules",
     "HIER_SHAPES",
+    "DIRECT_MAX_MESSAGES",
 ]
+
+DIRECT_MAX_MESSAGES = 8192
+"""Direct exchanges sending more messages than this (at one chunk) are not generated: a flat
+exchange over p ranks sends p(p-1), and building and simulating them grows with that."""
 
 HIER_SHAPES: tuple[tuple[str, int], ...] = (("star", 2), ("binomial", 2), ("chain", 2), ("kary", 2), ("kary", 4))
 """(shape, fan-out) tried at each level of a hierarchy."""
@@ -262,4 +269,40 @@ def double_binary_schedules(lay: Layout) -> list[Schedule]:
                 forest.append(par)
             out.append(Schedule("double-binary", "multirail", {"parents": forest},
                                 {"scope": "across nodes", "intra": intra}, rows_per_chunk=2))
+    return out
+
+
+def _direct_messages(groups: Sequence[Sequence[int]]) -> int:
+    inside = sum(len(g) * (len(g) - 1) for g in groups)
+    across = sum(len(g) for g in groups) * (len(groups) - 1) if len(groups) > 1 else 0
+    return inside + across
+
+
+def direct_schedules(lay: Layout) -> list[Schedule]:
+    """Direct exchanges: flat, grouped by each domain level (exchange inside the group, then
+    with the same position of every other group), by node with members in rail order
+    (then along rails), and by rail (across nodes first, then inside the node). Exchanges
+    of more than ``DIRECT_MAX_MESSAGES`` messages are left out."""
+    p = lay.p
+    if p < 2:
+        return []
+    options: list[tuple[list[list[int]] | None, dict]] = [(None, {"groups": "none"})]
+    for kind, groups in lay.levels:
+        options.append(([list(g) for g in groups], {"groups": kind}))
+    covered = sorted(r for rail in lay.rails for r in rail) == list(range(p))
+    if len(lay.nodes) > 1 and lay.rails and covered:
+        rail_of = {r: i for i, rail in enumerate(lay.rails) for r in rail}
+        by_rail = [sorted(node, key=lambda r: (rail_of[r], r)) for node in lay.nodes]
+        options.append((by_rail, {"groups": "node", "then": "rails"}))
+        options.append(([list(rail) for rail in lay.rails], {"groups": "rail", "then": "node"}))
+    out: list[Schedule] = []
+    seen: set[str] = set()
+    for groups, describe in options:
+        count = _direct_messages(groups if groups is not None else [list(range(p))])
+        if count > DIRECT_MAX_MESSAGES:
+            continue
+        sched = Schedule("direct", "direct", {"groups": groups} if groups is not None else {}, describe)
+        if sched.key not in seen:
+            seen.add(sched.key)
+            out.append(sched)
     return out

@@ -112,16 +112,19 @@ class Evaluator:
         Nodes are the steps of each rank. A step is posted when the rank's previous step
         ends; a transfer starts once both of its steps are posted and lasts at least the
         sender's overhead, its bytes at the route's bottleneck bandwidth and the route's hop
-        latencies (what it costs alone on the network); a step ends after its transfers,
-        plus its merges; a COMPUTE step lasts exactly its kernel; a COLLECTIVE step counts
-        as 0. The simulator only adds link sharing, collective waits and costs to that, so
-        the longest path here never exceeds its prediction. One pass over the ops, then one
-        over the steps in dependency order.
+        latencies (what it costs alone on the network); a step whose rank sends m messages
+        lasts at least m overheads plus the cheapest of them (the rank issues them one at a
+        time); a step ends after its transfers, plus its merges; a COMPUTE step lasts exactly
+        its kernel; a COLLECTIVE step counts as 0. The simulator only adds link sharing,
+        issue waits, collective waits and costs to that, so the longest path here never
+        exceeds its prediction. One pass over the ops, then one over the steps in dependency
+        order.
         """
         overhead = self.topo.cost.overhead_us
         cm = self._cm
         sizes: dict[tuple, int] = {}
         fixed: list[float] = []
+        issued: list[float] = []
         merged: list[int] = []
         first: list[bool] = []
         rank_of: list[int] = []
@@ -139,6 +142,9 @@ class Evaluator:
                     step = op.step
                     n = len(fixed)
                     fixed.append(0.0)
+                    issued.append(0.0)
+                    sent = 0
+                    cheapest = math.inf
                     merged.append(0)
                     first.append(n == 0 or rank_of[-1] != r)
                     rank_of.append(r)
@@ -160,7 +166,13 @@ class Evaluator:
                     hit = pair.get(r * p + op.peer)
                     if hit is None:
                         hit = self._pair_cost(r, op.peer)
-                    sends.setdefault((r, op.peer), []).append((n, overhead + hit[0] + nbytes / hit[1]))
+                    rest = hit[0] + nbytes / hit[1]
+                    sends.setdefault((r, op.peer), []).append((n, overhead + rest))
+                    sent += 1
+                    if rest < cheapest:
+                        cheapest = rest
+                    if sent > 1:
+                        issued[n] = sent * overhead + cheapest
                 else:
                     recvs.setdefault((op.peer, r), []).append(n)
                     if kind is merge_k:
@@ -188,7 +200,7 @@ class Evaluator:
         while ready:
             n = ready.pop()
             post = 0.0 if first[n] else end[n - 1]
-            t = post + fixed[n]
+            t = post + (fixed[n] if fixed[n] > issued[n] else issued[n])
             for m, cost in partners[n]:
                 other = 0.0 if first[m] else end[m - 1]
                 x = (post if post > other else other) + cost

@@ -25,7 +25,7 @@ class Candidate:
 
     algorithm: str
     """Family: star, chain, kary, binomial, butterfly, ring, hierarchical, multirail,
-    double-binary, or ``improved`` (a tree after local moves)."""
+    double-binary, direct, or ``improved`` (a tree after local moves)."""
     params: dict[str, Any]
     """Short description of the family's parameters (orders named, not listed)."""
     chunks: int

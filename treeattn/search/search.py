@@ -3,7 +3,7 @@
 Stages, every time a simulator prediction (``Evaluator.time_us``):
 
 1. Screen: every candidate (standard families, a hierarchy per combination of domain
-   levels, multi-rail forests, double binary trees) at the smallest chunk count, in order
+   levels, multi-rail forests, double binary trees, direct exchanges) at the smallest chunk count, in order
    of its contention-free floor (``Evaluator.floor_us``), so that a good time is known early
    and candidates whose floor already exceeds it are never simulated (exact pruning).
 2. Chunk sweep of the best screened candidates (all of them up to 16 ranks).
@@ -31,6 +31,7 @@ from treeattn.errors import InputError
 from treeattn.search.candidates import (
     HIER_SHAPES,
     Layout,
+    direct_schedules,
     double_binary_schedules,
     hierarchical_schedule,
     layout_of,
@@ -62,7 +63,7 @@ Progress = Callable[[int, int, str], None]
 
 TREE_ALGORITHMS = frozenset({"tree", "star", "chain", "kary", "binomial", "hierarchical"})
 FAMILIES = ("star", "chain", "kary", "binomial", "butterfly", "ring", "hierarchical", "multirail", "double-binary",
-            "exhaustive")
+            "direct", "exhaustive")
 """Candidate families ``search`` generates (local improvement adds ``improved`` trees;
 ``exhaustive`` is the best of all rooted trees, tried where p <= ``Effort.exact_ranks``)."""
 TREE_FAMILIES = frozenset({"star", "chain", "kary", "binomial", "hierarchical"})
@@ -215,7 +216,8 @@ class _Run:
         self.hier_start = [(ids, [("star", 2)] * len(ids) + [("binomial", 2)]) for ids in level_sets]
         candidates = (standard_schedules(self.lay, workload, small=eff.small)
                       + [hierarchical_schedule(self.lay, ids, shapes) for ids, shapes in self.hier_start]
-                      + multirail_schedules(self.lay, small=eff.small) + double_binary_schedules(self.lay))
+                      + multirail_schedules(self.lay, small=eff.small) + double_binary_schedules(self.lay)
+                      + direct_schedules(self.lay))
         if families is not None:
             candidates = [s for s in candidates if s.family in families]
             if "hierarchical" not in families:
