@@ -1,0 +1,23 @@
+"""Units: element sizes, size parsing and formatting."""
+
+from __future__ import annotations
+
+import pytest
+
+from treeattn.errors import InputError
+from treeattn.units import DType, format_size, parse_size, transfer_us
+
+
+def test_every_dtype_has_its_element_size():
+    assert {d.value: d.nbytes for d in DType} == {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+    assert DType.parse("bfloat16").nbytes == 2 and DType.parse("float").nbytes == 4
+    with pytest.raises(InputError, match="unknown dtype"):
+        DType.parse("int4")
+
+
+def test_sizes_parse_and_format():
+    assert parse_size("16KB") == 16_000 and parse_size("1MiB") == 1 << 20 and parse_size(4096) == 4096
+    assert format_size(1 << 20) == "1 MiB" and format_size(100) == "100 B"
+    assert transfer_us(50_000, 50.0) == pytest.approx(1.0)
+    with pytest.raises(InputError, match="cannot read size"):
+        parse_size("lots")
