@@ -13,8 +13,6 @@ passes their values to ``load_topology`` and ``make_payload``, so that every com
 
 from __future__ import annotations
 
-import dataclasses
-import re
 from pathlib import Path
 from typing import Annotated
 
@@ -22,6 +20,7 @@ import typer
 
 from treeattn.errors import InputError
 from treeattn.search.workload_file import load_workload, workload_from_dict
+from treeattn.topology.library import parse_ranks, subset_topology
 from treeattn.topology.model import Topology
 from treeattn.workload import Payload
 
@@ -96,55 +95,6 @@ OpOpt = Annotated[
     str | None, typer.Option("--op", help="Reduction of a raw payload: sum (default) or merge.", rich_help_panel=_W)
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys) instead of tables.")]
-
-_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
-
-
-def parse_ranks(spec: str, num_ranks: int) -> tuple[int, ...]:
-    """Read a rank subset: ``0-7``, ``0,2,4,6``, ``0-3,8-11``.
-
-    Args:
-        spec: comma-separated ranks and inclusive ranges.
-        num_ranks: ranks the topology places; each named rank must be below it.
-
-    Returns:
-        The ranks in the order given (no repeats).
-    """
-    out: list[int] = []
-    for part in str(spec).split(","):
-        m = _RANGE.match(part)
-        if not m:
-            raise InputError(f"cannot read --ranks {spec!r}: {part!r} is not a rank or a range like 0-7")
-        lo = int(m.group(1))
-        hi = int(m.group(2)) if m.group(2) is not None else lo
-        if hi < lo:
-            raise InputError(f"--ranks {spec!r}: range {part.strip()!r} runs backwards; write it low-high")
-        out.extend(range(lo, hi + 1))
-    bad = [r for r in out if r >= num_ranks]
-    if bad:
-        raise InputError(f"--ranks {spec!r}: rank {bad[0]} does not exist; the topology places ranks 0-{num_ranks - 1}")
-    if len(set(out)) != len(out):
-        dup = next(r for r in out if out.count(r) > 1)
-        raise InputError(f"--ranks {spec!r} names rank {dup} twice")
-    return tuple(out)
-
-
-def subset_topology(topo: Topology, ranks: tuple[int, ...], label: str | None = None) -> Topology:
-    """The same machine with only ``ranks`` placed (renumbered 0..len-1 in the order given).
-
-    Args:
-        topo: the full topology.
-        ranks: old rank numbers to keep.
-        label: how the subset is written in the new name (default: the rank list).
-
-    Returns:
-        A Topology named ``NAME[ranks LABEL]``; its fingerprint differs from the full one's.
-    """
-    if tuple(ranks) == tuple(range(topo.num_ranks)):
-        return topo
-    label = label if label is not None else ",".join(map(str, ranks))
-    return dataclasses.replace(topo, name=f"{topo.name}[ranks {label}]", ranks=tuple(topo.ranks[r] for r in ranks))
-
 
 def load_topology(spec: str | None, ranks: str | None = None) -> Topology:
     """Resolve ``--topology`` (preset name, family spec or file) and apply ``--ranks``.

@@ -1,29 +1,38 @@
 """Where topologies come from: shipped files in ``topologies/``, family specs, or paths.
 
+A name may end in a rank selection, ``NAME[ranks 0-3,8-11]``: the topology with only those
+ranks placed, renumbered in the order given. ``treeattn plan --ranks`` writes such names
+into plans, so a plan names the topology it was made for.
+
 Examples:
     >>> from treeattn.topology.library import resolve
     >>> resolve("dgx-h100-2node").num_ranks
     16
     >>> resolve("dgx-h100:nodes=4").num_ranks
     32
+    >>> resolve("dgx-h100-2node[ranks 0-3,8-11]").num_ranks
+    8
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from treeattn.errors import TopologyError
+from treeattn.errors import InputError, TopologyError
 from treeattn.topology.families import FAMILIES, build_family, parse_family_spec
 from treeattn.topology.io import load_topology
 from treeattn.topology.model import Topology
 from treeattn.topology.schema import FieldError
 
-__all__ = ["PresetInfo", "topologies_dir", "shipped_files", "resolve", "list_presets"]
+__all__ = ["PresetInfo", "topologies_dir", "shipped_files", "resolve", "list_presets", "parse_ranks",
+           "subset_topology"]
 
 ENV_DIR = "TREEATTN_TOPOLOGIES"
 """Environment variable naming another folder of shipped topology files."""
@@ -67,13 +76,20 @@ def resolve(spec: str) -> Topology:
     Args:
         spec: a path to a YAML file; a shipped name (``dgx-h100-16node``); a family spec
             ``NAME:key=value,...`` (``dgx-h100:nodes=2048``); or a family name alone
-            (default parameters) when no shipped file has that name.
+            (default parameters) when no shipped file has that name. Any of them may end
+            in a rank selection ``[ranks 0-3,8-11]`` (see ``subset_topology``).
 
     Returns:
         The topology. Family members are cached (same spec, same object).
     """
     text = spec.strip()
     path = Path(text).expanduser()
+    sub = _SUBSET.match(text)
+    if sub is not None and not path.is_file():
+        base = resolve(sub.group("base"))
+        sel = sub.group("sel")
+        return subset_topology(base, parse_ranks(sel, base.num_ranks, what=f"topology {spec!r}: ranks"),
+                               sel.replace(" ", ""))
     name = text.partition(":")[0]
     if ":" in text and name in FAMILIES and not path.is_file():
         return _family(text)
@@ -123,3 +139,58 @@ def list_presets() -> list[PresetInfo]:
         desc = f"{fam.description} [{name}:{params}]" if params else fam.description
         out.append(PresetInfo(name, build_family(name).num_ranks, desc, "family"))
     return out
+
+
+_SUBSET = re.compile(r"^(?P<base>.+)\[ranks (?P<sel>[^\[\]]+)\]$")
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+def parse_ranks(spec: str, num_ranks: int, *, what: str = "--ranks") -> tuple[int, ...]:
+    """Read a rank selection: ``0-7``, ``0,2,4,6``, ``0-3,8-11``.
+
+    Args:
+        spec: comma-separated ranks and inclusive ranges.
+        num_ranks: ranks the topology places; each named rank must be below it.
+        what: how error messages name the selection (the flag or the topology spec).
+
+    Returns:
+        The ranks in the order given (no repeats).
+
+    Raises:
+        InputError: unreadable, backwards range, a rank out of range, or a repeat.
+    """
+    out: list[int] = []
+    for part in str(spec).split(","):
+        m = _RANGE.match(part)
+        if not m:
+            raise InputError(f"cannot read {what} {spec!r}: {part!r} is not a rank or a range like 0-7")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo:
+            raise InputError(f"{what} {spec!r}: range {part.strip()!r} runs backwards; write it low-high")
+        out.extend(range(lo, hi + 1))
+    bad = [r for r in out if r >= num_ranks]
+    if bad:
+        raise InputError(f"{what} {spec!r}: rank {bad[0]} does not exist; the topology places ranks 0-{num_ranks - 1}")
+    if len(set(out)) != len(out):
+        dup = next(r for r in out if out.count(r) > 1)
+        raise InputError(f"{what} {spec!r} names rank {dup} twice")
+    return tuple(out)
+
+
+def subset_topology(topo: Topology, ranks: tuple[int, ...], label: str | None = None) -> Topology:
+    """The same machine with only ``ranks`` placed (renumbered 0..len-1 in the order given).
+
+    Args:
+        topo: the full topology.
+        ranks: old rank numbers to keep.
+        label: how the subset is written in the new name (default: the rank list).
+
+    Returns:
+        A Topology named ``NAME[ranks LABEL]`` (``resolve`` reads that name back); its
+        fingerprint differs from the full one's. All ranks in order: ``topo`` itself.
+    """
+    if tuple(ranks) == tuple(range(topo.num_ranks)):
+        return topo
+    label = label if label is not None else ",".join(map(str, ranks))
+    return dataclasses.replace(topo, name=f"{topo.name}[ranks {label}]", ranks=tuple(topo.ranks[r] for r in ranks))

@@ -1,0 +1,56 @@
+"""``resolve`` reads back the names ``plan --ranks`` writes (``NAME[ranks SEL]``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.cli_helpers import run_cli
+from treeattn.cli.options import load_topology
+from treeattn.errors import InputError
+from treeattn.topology.library import parse_ranks, resolve, subset_topology
+
+
+def test_a_subset_name_resolves_to_the_same_machine():
+    sub = load_topology("dgx-h100-2node", "0-3, 8-11")
+    assert sub.name == "dgx-h100-2node[ranks 0-3,8-11]"
+    again = resolve(sub.name)
+    assert again.name == sub.name and again.fingerprint == sub.fingerprint
+    assert again.ranks == tuple(f"n{n}.gpu{g}" for n in (0, 1) for g in range(4))
+    # family specs, the order given, and a subset of a subset
+    fam = resolve("dgx-h100:nodes=2[ranks 9,1]")
+    assert fam.ranks == ("n1.gpu1", "n0.gpu1") and fam.num_ranks == 2
+    nested = resolve("dgx-h100-2node[ranks 0-3,8-11][ranks 4-7]")
+    assert nested.ranks == again.ranks[4:]
+    assert resolve("cpu-4[ranks 0-3]").name == "cpu-4"  # every rank in order: the machine itself
+
+
+def test_one_implementation_of_the_subset():
+    topo = resolve("emu-2x4")
+    assert subset_topology(topo, (0, 4)).name == "emu-2x4[ranks 0,4]"
+    assert subset_topology(topo, tuple(range(8))) is topo
+    assert parse_ranks("6,2", 8) == (6, 2)
+
+
+@pytest.mark.parametrize("spec, text", [
+    ("dgx-h100-2node[ranks 0-99]", "rank 16 does not exist"),
+    ("dgx-h100-2node[ranks 3-1]", "runs backwards"),
+    ("dgx-h100-2node[ranks a]", "cannot read topology"),
+    ("dgx-h100-2node[ranks 1,1]", "twice"),
+    ("nope[ranks 0-1]", "unknown topology 'nope'"),
+])
+def test_bad_selections_name_the_topology(spec, text):
+    with pytest.raises(InputError, match=text):
+        resolve(spec)
+
+
+def test_simulate_reads_the_topology_a_ranks_plan_names(tmp_path):
+    out = tmp_path / "p.yaml"
+    res = run_cli("plan", "-t", "dgx-h100-2node", "--ranks", "0-1,8-9", "--algorithm", "binomial", "--model",
+                  "llama-3.1-8b", "--seq-len", "8K", "-o", str(out))
+    assert res.exit_code == 0, res.stderr
+    res = run_cli("simulate", str(out), "--json")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["topology"]["name"] == "dgx-h100-2node[ranks 0-1,8-9]" and data["fingerprint_mismatch"] is False
