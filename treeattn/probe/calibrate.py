@@ -28,12 +28,18 @@ import statistics
 from dataclasses import dataclass, field
 
 from treeattn.cost.simulate import simulate
-from treeattn.errors import ExecutionError, InputError
+from treeattn.errors import ExecutionError, InputError, ProbeError
 from treeattn.exec.launch import launch
 from treeattn.exec.runner import Job, Measurement, PlanJob, RunOptions
 from treeattn.plan.ir import OpKind, Plan
 from treeattn.probe.apply_fit import ClassParams, FittedParams, apply_fit
-from treeattn.probe.calibrate_compute import ComputeFit, measure_compute, rank_threads
+from treeattn.probe.calibrate_compute import (
+    LAUNCH_BYTES,
+    MEMORY_BYTES,
+    ComputeFit,
+    measure_compute,
+    rank_threads,
+)
 from treeattn.probe.calibrate_fit import PingPongFit, PingPongPoint, fit_pingpong, overhead_from_sends
 from treeattn.probe.calibrate_plans import (
     RouteClass,
@@ -272,8 +278,14 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
     warnings.extend(notes)
     compute = None
     if opt.compute != "none":
-        compute = measure_compute(opt.compute, log_sizes(opt.min_bytes, opt.max_bytes, opt.sizes),
-                                  repeats=opt.repeats, threads=threads, device=device)
+        # The kernel's sizes reach the memory-bound regime whatever the ping-pong range is:
+        # a bandwidth fitted from launch-bound sizes alone is noise.
+        top = max(opt.max_bytes, 4 * MEMORY_BYTES)
+        try:
+            compute = measure_compute(opt.compute, log_sizes(min(opt.min_bytes, LAUNCH_BYTES), top, opt.sizes),
+                                      repeats=opt.repeats, threads=threads, device=device)
+        except ProbeError as exc:
+            warnings.append(f"{exc}; kept the topology's launch_us and mem_efficiency")
     params = FittedParams(
         classes=tuple(ClassParams(f.route_class.hops, f.fit.alpha_us, f.fit.beta_gbps) for f in fits),
         overhead_us=overhead,
