@@ -84,8 +84,12 @@ def test_nccl_model_json_and_sizes():
     assert data["bytes"] == 1 << 20 and data["ranks"] == 32
     assert data["pick"] == min(data["estimates"], key=lambda e: e["time_us"])
     assert len(data["estimates"]) == 6
+    assert data["bus_limit"] == ""  # NVLink and rails: NCCL's own figures stand
     r = run_cli("nccl-model", "-t", "dgx-h100", "-c", "broadcast", "--bytes", "16KB")
     assert r.exit_code == 0 and "NCCL's pick" in r.stdout
+    # no peer-to-peer: the bounce through the CPU shares each switch's uplink between 4 ring flows
+    r = run_cli("nccl-model", "-t", "rtx4090-8", "-c", "allreduce", "--bytes", "1MiB")
+    assert r.exit_code == 0 and "bus bandwidth 6.25 GB/s" in r.stdout and "capped by the routes" in r.stdout
 
 
 @pytest.mark.parametrize("args,needle", [(("-c", "alltoall", "--bytes", "1KB"), "unknown collective"),

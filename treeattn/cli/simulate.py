@@ -179,13 +179,17 @@ def nccl_model_cmd(
             "ranks": fab.ranks,
             "nodes": fab.nodes,
             "bus_bw_gbps": fab.bus_bw_gbps,
+            "tree_bus_bw_gbps": fab.tree_bus_bw_gbps,
+            "bus_limit": fab.limit,
             "pick": best.to_dict(),
             "estimates": [e.to_dict() for e in ests],
         })
         return
     con = Console(highlight=False, soft_wrap=True)
     con.print(f"{coll.value} of {format_size(size)} on [bold]{topo.name}[/]: {fab.ranks} ranks, "
-              f"{fab.nodes} node(s), bus bandwidth {fab.bus_bw_gbps:.1f} GB/s")
+              f"{fab.nodes} node(s), bus bandwidth {fab.bus_bw_gbps:.4g} GB/s (tree {fab.tree_bus_bw_gbps:.4g})")
+    if fab.limit:
+        con.print(f"capped by the routes: {fab.limit}", markup=False)
     table = Table()
     for col in ("pick", "algorithm", "protocol", "time us", "latency us", "algbw GB/s", "busbw GB/s"):
         table.add_column(col, justify="left" if col in ("pick", "algorithm", "protocol") else "right")

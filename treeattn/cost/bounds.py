@@ -51,8 +51,9 @@ F(contributors) - c. It is computed by dynamic programming over n, O(p log p).
 ``bound_us = max(compute_us, first_compute_us + max(latency_us, bandwidth_us))`` where
 ``compute_us`` is the slowest contribution's COMPUTE on the fastest device.
 
-COLLECTIVE steps are timed by the NCCL model, whose constants do not know this topology's
-``overhead_us``; the simulator floors each collective at ``collective_floor_us`` (the cut
+COLLECTIVE steps are timed by a model of the library (NCCL's constants on GPUs, which do not
+know this topology's links exactly; gloo's schedules simulated on hosts); the simulator
+floors each library call at ``collective_floor_us`` (the cut
 and depth bounds of a raw payload of its bytes and row size). F is homogeneous of degree
 one in (alpha, g, mu) and grows with each, and mu's memory part is linear in the row
 size, so collectives whose row sizes add up to at least a partial's row (the three

@@ -58,7 +58,9 @@ class SearchResult:
     lower_bound_us: float
     baselines: dict[str, float | None]
     """``allreduce3_nccl_us`` (or ``allreduce_nccl_us`` for raw payloads), ``allgather_merge_us``,
-    ``ring_attention_us`` (None where not simulated)."""
+    ``ring_attention_us`` (None where not simulated). The library calls are timed as the
+    simulator times COLLECTIVE steps: NCCL's model on GPUs, gloo's schedules on host ranks
+    (the ``_nccl`` in the keys is historical)."""
     stats: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
