@@ -5,7 +5,7 @@ the search the builders' family and chunk count the simulator ranks best), the p
 three all-reduces, all-gather + merge and ring attention, each executed for real, checked
 against the single-process reference and timed (median and p10-p90 of the per-iteration
 maximum over ranks). Every method includes the local partial over the rank's KV shard.
-Rows are also written to results/bench_run-<time>.csv.
+Rows are also written to results/runs/bench_run-<time>.csv.
 
     .venv/bin/python benchmarks/bench_run.py                     # B in {1, 64}, N = 64K per rank
     .venv/bin/python benchmarks/bench_run.py --quick             # small shapes, seconds
@@ -112,7 +112,7 @@ def main() -> None:
                           f"{us['plan'] / us['ring-attention']:.2f}" if r.method == "plan" else "")
         console.print(f"B={batch}: {time.time() - t0:.0f} s wall for the run")
     console.print(table)
-    out = Path("results") / f"bench_run-{time.strftime('%Y%m%d-%H%M%S')}.csv"
+    out = Path("results") / "runs" / f"bench_run-{time.strftime('%Y%m%d-%H%M%S')}.csv"
     for frame in frames:
         write_csv(frame, out)
     console.print(f"rows: {out}  (command: {' '.join([Path(sys.executable).name, *sys.argv])})")
