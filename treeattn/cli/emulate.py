@@ -221,12 +221,13 @@ def run_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Run PLAN on the emulated TOPOLOGY (gloo, one rank per namespace) and compare with the prediction."""
+    from treeattn.cli.run import emit_results
     from treeattn.emulate import emulated
     from treeattn.emulate.jobs import launch_in_cluster
     from treeattn.emulate.layout import scaled_topology
     from treeattn.exec.baselines import ATTENTION_BASELINES, RAW_BASELINES
     from treeattn.exec.predict import predict
-    from treeattn.exec.results import new_run_id, result_rows, rows_json, timeline_rows, write_csv
+    from treeattn.exec.results import new_run_id
     from treeattn.exec.runner import Job, PlanJob, RunOptions
     from treeattn.plan.io import load_plan
     from treeattn.plan.validate import check
@@ -250,25 +251,4 @@ def run_cmd(
         result = launch_in_cluster(cluster, Job((PlanJob(label, plan),), options))
     for text in predictions.warnings:
         err_console.print(f"[yellow]warning:[/] {escape(text)}")
-    run_id = new_run_id(f"emu-{plan_file.stem}")
-    frame = result_rows(result, {label: plan}, {label: predictions}, run_id)
-    path = out if out is not None else Path("results") / "runs" / f"{run_id}.csv"
-    write_csv(frame, path)
-    write_csv(timeline_rows(result, run_id), path.with_name(path.stem + ".timeline.csv"))
-    if json_out:
-        typer.echo(rows_json(frame))
-    else:
-        table = Table(title=f"{label} on emulated {topo.name} (scale {scale:g}), {plan.ranks} ranks, gloo")
-        for col in ("method", "measured µs", "predicted µs", "error", "correct"):
-            table.add_column(col, justify="left" if col in ("method", "correct") else "right")
-        for r in frame.itertuples():
-            pred = "—" if r.predicted_us is None or r.predicted_us != r.predicted_us else f"{r.predicted_us:,.1f}"
-            err = "—" if r.rel_error is None or r.rel_error != r.rel_error else f"{r.rel_error:+.0%}"
-            table.add_row(r.method, f"{r.measured_median_us:,.1f} ± {r.spread_us / 2:,.1f}", pred, err,
-                          "[green]yes[/]" if r.correct else "[bold red]NO[/]")
-        console = _console()
-        console.print(table)
-        console.print(f"rows: {path}")
-    wrong = frame[~frame["correct"]]
-    if len(wrong):
-        raise ExecutionError(f"wrong result from {', '.join(wrong['method'])} on {label}; see {path}")
+    emit_results(result, plan, label, predictions, new_run_id(f"emu-{plan_file.stem}"), out, json_out)

@@ -69,7 +69,7 @@ def run(
     from treeattn.exec.baselines import ATTENTION_BASELINES, RAW_BASELINES
     from treeattn.exec.launch import detect_env, launch
     from treeattn.exec.predict import predict, resolve_topology
-    from treeattn.exec.results import new_run_id, result_rows, rows_json, timeline_rows, write_csv
+    from treeattn.exec.results import new_run_id
     from treeattn.exec.runner import Job, PlanJob, RunOptions
 
     plan = _load(plan_file)
@@ -87,7 +87,15 @@ def run(
         return
     for text in (*warnings, *predictions.warnings):
         err_console.print(f"[yellow]warning:[/] {escape(text)}")
-    run_id = new_run_id(plan_file.stem)
+    emit_results(result, plan, label, predictions, new_run_id(plan_file.stem), out, json_out)
+
+
+def emit_results(result, plan, label: str, predictions, run_id: str, out: Path | None,  # noqa: ANN001
+                 json_out: bool) -> None:
+    """Write a run's rows and timeline (``results/runs/`` unless ``out``), print them as a
+    table or JSON, and fail loudly (exit 1) when any method's result was wrong."""
+    from treeattn.exec.results import result_rows, rows_json, timeline_rows, write_csv
+
     frame = result_rows(result, {label: plan}, {label: predictions}, run_id)
     path = out if out is not None else Path("results") / "runs" / f"{run_id}.csv"
     write_csv(frame, path)
