@@ -1,10 +1,12 @@
-"""Hardware discovery and offline calibration.
+"""Hardware discovery and calibration.
 
 ``probe`` reads saved tool output (``nvidia-smi topo -m``, ``rocm-smi --showtopo``, NCCL
 topology XML, ``ibstat``) or the live machine (vendor tools, then sysfs) into a Topology,
 with warnings for damaged or partial input and the assumptions made. ``nccl_tests`` reads
-nccl-tests logs; ``fit`` fits latency and bandwidth to timings. Only this package and
-``treeattn.exec`` may import torch; nothing here does.
+nccl-tests logs; ``fit`` fits latency and bandwidth to timings; ``calibrate`` measures the
+machine with real ranks. Only this package and ``treeattn.exec`` may import torch: the
+live calibration modules (``calibrate``, ``calibrate_compute``) do, through ``exec``;
+importing ``treeattn.probe`` itself does not.
 """
 
 from treeattn.probe.build import Fabric, ProbeResult
