@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,21 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.distributed.netns_skip import NETNS
 from treeattn.emulate import emulated, run_in_namespaces
 from treeattn.emulate.cluster import STATE_DIR
 from treeattn.emulate.netns import list_namespaces, namespace_inode, pids_in_netns, tx_bytes
 from treeattn.topology.library import resolve
 
-
-def _why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces"
-    if not (shutil.which("ip") and shutil.which("tc")):
-        return "needs iproute2 (ip and tc)"
-    return None
-
-
-pytestmark = [pytest.mark.netns, pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))]
+pytestmark = NETNS
 
 TREEATTN = str(Path(sys.executable).with_name("treeattn"))
 

@@ -8,31 +8,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
-import pytest
 
+from tests.distributed.netns_skip import NETNS
 from treeattn.emulate.cluster import STATE_DIR
 from treeattn.emulate.netns import list_namespaces
 from treeattn.report import ROW_COLUMNS, load_folder
 from treeattn.topology.library import resolve
 from treeattn.validate import BASELINES, CalibrationSettings, TopologyTarget, ValidateOptions, default_cases, validate
 
-
-def _why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces"
-    if not (shutil.which("ip") and shutil.which("tc")):
-        return "needs iproute2 (ip and tc)"
-    return None
-
-
-pytestmark = [pytest.mark.netns, pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))]
+pytestmark = NETNS
 
 TREEATTN = str(Path(sys.executable).with_name("treeattn"))
 

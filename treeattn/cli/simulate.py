@@ -16,7 +16,7 @@ from treeattn.cli import app, err_console
 from treeattn.cost import nccl
 from treeattn.cost.bounds import lower_bounds
 from treeattn.cost.simulate import SimResult, simulate
-from treeattn.errors import InputError
+from treeattn.figures import save_figure
 from treeattn.units import format_size, parse_size
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys) instead of tables.")]
@@ -144,12 +144,7 @@ def _draw_timeline(res: SimResult, path: Path, title: str) -> int:
     ax.legend(handles=[Patch(color=c, label=k) for k, c in _COLORS.items()], loc="upper left",
               bbox_to_anchor=(1.0, 1.0), fontsize=7)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=100, metadata={"Software": None})
-    except OSError as exc:
-        raise InputError(f"cannot write timeline {path}: {exc}") from None
-    finally:
-        plt.close(fig)
+    save_figure(fig, path)
     return ranks
 
 

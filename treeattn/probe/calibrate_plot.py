@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from treeattn.errors import InputError
+from treeattn.figures import save_figure
 from treeattn.probe.calibrate import CalibrationReport
 
 __all__ = ["plot_calibration"]
@@ -51,9 +51,4 @@ def plot_calibration(report: CalibrationReport, path: Path) -> None:
     bottom.set_ylabel("residual / measured")
     bottom.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as exc:
-        raise InputError(f"cannot write --png {str(path)!r}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
+    save_figure(fig, path, dpi=110)

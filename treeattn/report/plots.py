@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from treeattn.errors import InputError
+from treeattn.figures import save_figure
 from treeattn.report.summary import case_frame, error_frame
 
 __all__ = ["plot_scatter", "plot_timeline", "plot_speedups", "timeline_choices", "choose_timeline"]
@@ -32,10 +33,7 @@ def _plt():  # noqa: ANN202 - the pyplot module
 
 
 def _save(fig, path: Path) -> Path:  # noqa: ANN001 - a Figure
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    _plt().close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def plot_scatter(rows: pd.DataFrame, path: str | Path) -> Path:

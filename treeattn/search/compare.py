@@ -25,6 +25,7 @@ from typing import Any
 
 from treeattn.cost.simulate import simulate
 from treeattn.errors import InputError
+from treeattn.figures import save_figure
 from treeattn.plan.ir import OpKind, Plan, message_bytes
 from treeattn.search.evaluate import Evaluator, Schedule
 from treeattn.search.search import search
@@ -244,9 +245,4 @@ def plot_speedup(rows: Sequence[CompareRow], path: Any) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=100, metadata={"Software": None})
-    except OSError as exc:
-        raise InputError(f"cannot write {path}: {exc}") from None
-    finally:
-        plt.close(fig)
+    save_figure(fig, path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from treeattn.errors import InputError
+from treeattn.figures import save_figure
 from treeattn.topology.model import DeviceKind, LinkClass, Topology
 
 __all__ = ["draw_topology", "MAX_DRAWN_DEVICES"]
@@ -81,11 +82,4 @@ def draw_topology(topo: Topology, path: str | Path) -> Path:
             ax.annotate(d.name, (x, y), fontsize=6, rotation=45, xytext=(3, 3), textcoords="offset points")
     ax.set_title(f"{topo.name}: {topo.num_ranks} ranks, {len(topo.devices)} devices")
     ax.set_axis_off()
-    out = Path(path)
-    try:
-        fig.savefig(out, dpi=120, bbox_inches="tight", metadata={"Software": None})
-    except OSError as exc:
-        raise InputError(f"cannot write {out}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
-    return out
+    return save_figure(fig, path, dpi=120, bbox_inches="tight")
