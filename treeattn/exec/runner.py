@@ -2,11 +2,14 @@
 
 One process group runs a whole ``Job`` (several plans in sequence, each with its
 baselines), so tests and benchmarks pay the process start-up once. Per method: one
-untimed run whose result is checked, ``warmup`` untimed runs, then ``repeats`` timed runs,
-each started after a barrier. An iteration's time runs from the moment the last rank
-left the barrier to the moment the last rank finished when all ranks share one host's
-monotonic clock (so barrier release skew is not counted), else it is the maximum over
-ranks of each rank's own wall time; the last iteration's result is checked as well.
+untimed run whose result is checked, ``warmup`` untimed runs, then ``repeats`` timed runs.
+When all ranks share one host's monotonic clock, every run starts at one agreed instant
+(``Comm.release``: a little after the last rank arrived; everyone sleeps until then) and
+its time runs from that instant to the moment the last rank finished; a rank that only
+learns the instant after it has passed starts late, and then the run is timed from that
+rank's start (the margin grows for the next run). Elsewhere a run starts after a barrier
+and its time is the maximum over ranks of each rank's own wall time. The last
+iteration's result is checked as well.
 Rank 0 returns the ``JobResult``; other ranks return None.
 """
 
@@ -41,6 +44,11 @@ from treeattn.units import DType
 from treeattn.workload import Payload, RawPayload, Workload
 
 __all__ = ["RunOptions", "PlanJob", "Job", "Measurement", "JobResult", "tolerance", "relative_error", "run_rank"]
+
+
+_MIN_MARGIN_S = 0.002
+_MAX_MARGIN_S = 0.05
+"""Bounds of the time between the last rank's arrival and the agreed start of a run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,15 +238,36 @@ class _RankRun:
 
     def measure(self, label: str, method: str, fn, payload: Payload, check_ranks: tuple[int, ...],
                 executor: PlanExecutor | None = None, contributors: tuple[int, ...] | None = None,
-                ) -> Measurement | None:  # noqa: ANN001 - fn() -> Tensor
+                prepare=None) -> Measurement | None:  # noqa: ANN001 - fn() -> Tensor, prepare() -> None
+        """Time ``fn`` ``repeats`` times after ``warmup`` runs; ``prepare`` (restoring the inputs
+        ``fn`` changes in place) runs before each, outside the clock."""
         comm, raw = self.comm, isinstance(payload, RawPayload)
-        first = fn()
+        prepare = prepare or (lambda: None)
+        shared = self._shared_clock()
+        margin, delay = _MIN_MARGIN_S, 0.0
+
+        def begin() -> float:
+            nonlocal margin, delay
+            if not shared:
+                comm.barrier()
+                return comm.now()
+            start, arrived, worst = comm.release(margin, delay)
+            # Every rank sees the same worst delay, so all agree on the next margin.
+            margin = min(_MAX_MARGIN_S, max(_MIN_MARGIN_S, 2.0 * worst))
+            delay = arrived - (start - margin)
+            return max(start, arrived)
+
+        prepare()
+        begin()
+        first = fn().clone()  # fn may return a buffer the next run reuses
         for _ in range(self.opt.warmup):
+            prepare()
+            begin()
             fn()
         starts, ends = [], []
         for _ in range(self.opt.repeats):
-            comm.barrier()
-            starts.append(comm.now())
+            prepare()
+            starts.append(begin())
             last = fn()
             ends.append(comm.now())
         ref = self.reference(payload, contributors)
@@ -249,9 +278,10 @@ class _RankRun:
         rows = torch.stack(comm.all_gather(local, f"{method} result gathering", setup=True)).cpu()
         n = self.opt.repeats
         t0, t1 = rows[:, 1:1 + n], rows[:, 1 + n:]
-        if self._shared_clock():
-            # One host, one monotonic clock: the step starts when the last rank leaves the
-            # barrier (ranks released earlier only wait for it) and ends when the last finishes.
+        if shared:
+            # One host, one monotonic clock: every rank started at the agreed instant (or
+            # later, when it learnt it late: then from the latest start) and the step ends
+            # when the last one finishes.
             times_us = ((t1.max(dim=0).values - t0.max(dim=0).values) * 1e6).tolist()
         else:
             times_us = ((t1 - t0).max(dim=0).values * 1e6).tolist()
@@ -289,22 +319,28 @@ class _RankRun:
         checks = result_ranks if opt.check == "all" else result_ranks[:1]
         out = []
         contributors = getattr(plan, "contributors", None)
-        m = self.measure(pj.label, "plan", executor.run, w, checks, executor, contributors)
+        m = self.measure(pj.label, "plan", executor.run, w, checks, executor, contributors, executor.prepare)
         out.append(m)
         if opt.baselines and (repr(w), "baselines") not in self._baselines_done:
             self._baselines_done.add((repr(w), "baselines"))
             everyone = tuple(range(comm.world)) if opt.check == "all" else (0,)
             pool = BufferPool(comm.device)
             for name in RAW_BASELINES if plan.is_raw else ATTENTION_BASELINES:
+                prepare = None
                 if plan.is_raw:
-                    def fn(buf=inputs.raw):
-                        return library_allreduce(comm, buf)
+                    work = torch.empty_like(inputs.raw)
+
+                    def prepare(work=work, buf=inputs.raw):
+                        work.copy_(buf)
+
+                    def fn(work=work):
+                        return library_allreduce(comm, work)
                 else:
                     wire = torch_dtype(w.partial_dtype)
 
                     def fn(name=name, wire=wire, w=w):
                         return run_attention_baseline(name, comm, inputs.q, inputs.kv, w, kernel, wire, pool)
-                out.append(self.measure(pj.label, name, fn, w, everyone))
+                out.append(self.measure(pj.label, name, fn, w, everyone, prepare=prepare))
         return [m for m in out if m is not None]
 
 
