@@ -2,20 +2,21 @@
 
 1. ``treeattn.probe.calibrate`` on ``cpu:ranks=P`` (gloo over loopback): ping-pong per route
    class at 13 sizes from 4 B to 64 MiB, with 1 and 4 round trips, concurrent-flow and fan-in
-   tests, and the ``sum`` kernel (raw payloads are summed); fitted into the topology.
+   tests, and the ``sum`` kernel (raw payloads are summed); fitted into the topology, the
+   host CPU terms (``treeattn.probe.fit_host``) fitted to those calibration cases only.
 2. Every builder family that reduces raw payloads, at 16 KB, 1 MB and 16 MB per rank, is run
-   by the executor (``treeattn.exec``: median over repeats of the per-iteration maximum over
-   ranks) and predicted by ``treeattn.cost.simulate`` on the calibrated topology.
+   by the executor (``treeattn.exec``: every rank starts at one agreed instant; median over
+   repeats of the time to the last rank's end) and predicted by ``treeattn.cost.simulate`` on
+   the calibrated topology. The families are not part of the fit: they check it.
 3. Prints the table of every case (measured median, predicted, relative error) and the median
    and p90 of the absolute relative errors; with ``--out-dir`` also writes the fitted topology,
    the calibration JSON, a CSV of every case, the fit's PNG and a README.md with the tables.
 
-    .venv/bin/python benchmarks/bench_calibrate.py --out-dir results/calibration-cpu4
+    .venv/bin/python benchmarks/bench_calibrate.py --realtime --out-dir results/calibration-cpu4
     .venv/bin/python benchmarks/bench_calibrate.py --quick          # fewer sizes and repeats
 
-``allreduce`` and ``allgather-merge`` are library collectives: the simulator times them with
-its model of NCCL's tuner (``treeattn.cost.nccl``), which calibration of links does not
-reach; they are shown, and summarized apart.
+``allreduce`` and ``allgather-merge`` are library collectives: the simulator times them as
+the ring schedules gloo runs (``treeattn.cost.gloo``); they are shown, and summarized apart.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from treeattn.exec.launch import launch
 from treeattn.exec.runner import Job, PlanJob, RunOptions
 from treeattn.plan.builders import ALGORITHMS, build
 from treeattn.probe.calibrate import CalibrateOptions, calibrate
-from treeattn.probe.calibrate_compute import measure_compute, rank_threads
 from treeattn.probe.calibrate_plot import plot_calibration
 from treeattn.topology.io import dump_topology
 from treeattn.topology.library import resolve
@@ -116,18 +116,10 @@ def run(args: argparse.Namespace) -> None:
     # A second calibration right after the plans: how far the machine drifted meanwhile.
     after = calibrate(topo, opt) if args.recalibrate else None
     load.append(os.getloadavg()[0])
-    # Harness terms the model has not: the barrier skew (fitted) and the executor's clone of the
-    # payload before each iteration (timed like the calibration's set-up, at these sizes).
-    clone = {p.nbytes: p.median_us for p in measure_compute("clone", sizes + [c.nbytes for c in report.cases],
-                                                            repeats=10, threads=rank_threads(p)).points}
-
-    def iteration(n: int) -> float:
-        return report.classes[0].fit.skew_us + clone[n]
-
     def row(case, n, flows, trips, measured, spread, pred, correct=True, after_us=None) -> dict:  # noqa: ANN001
         out = {"case": case, "size_bytes": n, "flows": flows, "round_trips": trips, "measured_us": measured,
                "spread_us": spread, "predicted_us": pred, "rel_error": (pred - measured) / measured,
-               "predicted_iter_us": pred + iteration(n), "correct": correct}
+               "correct": correct}
         if after_us is not None:
             out["predicted_after_us"] = after_us
         return out
@@ -152,11 +144,16 @@ def _params(report) -> list[str]:  # noqa: ANN001 - a CalibrationReport
     c = report.classes[0]
     cost = report.topology.cost
     ln = report.topology.links[0]
-    return [f"- loopback class, pair {c.route_class.pair}: α = {c.fit.alpha_us:.1f} µs per message, "
-            f"β = {c.fit.beta_gbps:.3g} GB/s; per-iteration barrier skew {c.fit.skew_us:.0f} µs (not in the "
-            f"model); R² = {c.fit.r2:.4f}",
-            f"- overhead_us = {cost.overhead_us:.1f}, link latency_us = {ln.latency_us:.1f}, "
-            f"bw_gbps = {ln.bw_gbps:.3g}",
+    h = report.host
+    host = (f"- host terms (fitted to all {h.cases} calibration cases through the simulator, {h.evaluations} "
+            f"evaluations, rms log error {h.rms_log_error:.3f}): host_cores = {h.cores}, cpu_us = {h.cpu_us:.1f} "
+            f"per message end, wakeup_us = {h.wakeup_us:.0f}, loopback: one flow {ln.flow_cap_gbps:.3g} GB/s, all "
+            f"flows together {ln.bw_gbps:.3g} GB/s, latency_us = {ln.latency_us:.1f}" if h else
+            f"- overhead_us = {cost.overhead_us:.1f}, link latency_us = {ln.latency_us:.1f}, bw_gbps = "
+            f"{ln.bw_gbps:.3g}")
+    return [f"- ping-pong fit, loopback class, pair {c.route_class.pair}: α = {c.fit.alpha_us:.1f} µs per "
+            f"message, β = {c.fit.beta_gbps:.3g} GB/s, per-iteration term {c.fit.skew_us:.0f} µs; "
+            f"R² = {c.fit.r2:.4f}", host,
             f"- compute ({report.compute.kernel} kernel): launch_us = {cost.launch_us:.1f}, mem_efficiency = "
             f"{cost.mem_efficiency:.3g} (effective {report.compute.eff_bw_gbps:.3g} GB/s)" if report.compute else ""]
 
@@ -178,16 +175,14 @@ def render(console: Console, report, after, rows, pp, other, load, t_cal, t_run,
         md += ["Second calibration, right after the plan runs (machine drift; column 'pred. after'):", "",
                *_params(after), ""]
     md += ["Columns: *predicted* is `treeattn.cost.simulate` on the calibrated topology (the figure the issue "
-           "asks for); *+ iteration* adds the per-iteration harness terms the calibration measured but the model "
-           "has not (barrier skew, the executor cloning the payload), to show how much of the error they explain; "
-           "*± µs* is half the p10-p90 spread of the iterations.", ""]
+           "asks for); *± µs* is half the p10-p90 spread of the iterations. The plan families are not part of "
+           "the fit.", ""]
     for title, data in ((f"Plan families (raw payloads, chunks={args.chunks})", rows),
                         ("Ping-pong (calibration cases, every size)", pp),
                         ("Concurrent flows and fan-in (calibration cases)", other)):
         table = Table(title=title)
         extra = "predicted_after_us" in data[0]
-        head = ("case", "size", "flows", "R", "measured µs", "± µs", "predicted µs", "error", "+ iteration µs",
-                "error")
+        head = ("case", "size", "flows", "R", "measured µs", "± µs", "predicted µs", "error")
         head += ("pred. after µs", "error after") if extra else ()
         for col in head:
             table.add_column(col, justify="left" if col == "case" else "right")
@@ -195,8 +190,7 @@ def render(console: Console, report, after, rows, pp, other, load, t_cal, t_run,
         for r in data:
             cells = (r["case"], format_size(r["size_bytes"]), "" if r["flows"] is None else str(r["flows"]),
                      "" if r["round_trips"] is None else str(r["round_trips"]), f"{r['measured_us']:,.0f}",
-                     f"{r['spread_us'] / 2:,.0f}", f"{r['predicted_us']:,.0f}", f"{r['rel_error']:+.1%}",
-                     f"{r['predicted_iter_us']:,.0f}", f"{_err(r, 'predicted_iter_us'):+.1%}")
+                     f"{r['spread_us'] / 2:,.0f}", f"{r['predicted_us']:,.0f}", f"{r['rel_error']:+.1%}")
             if extra:
                 pa = r["predicted_after_us"]
                 cells += (f"{pa:,.0f}", f"{(pa - r['measured_us']) / r['measured_us']:+.1%}")
@@ -208,8 +202,7 @@ def render(console: Console, report, after, rows, pp, other, load, t_cal, t_run,
     lib = [r["rel_error"] for r in rows if r["case"] in LIBRARY]
     ppe = [r["rel_error"] for r in pp]
     after_p2p = [_err(r, "predicted_after_us") for r in rows if "predicted_after_us" in r and r["case"] not in LIBRARY]
-    iter_p2p = [_err(r, "predicted_iter_us") for r in rows if r["case"] not in LIBRARY]
-    iter_pp = [_err(r, "predicted_iter_us") for r in pp]
+    cal = [r["rel_error"] for r in other]
     lines = [
         f"plan families, point-to-point: {summary(p2p)}",
         f"plan families, library collectives ({', '.join(LIBRARY)}): {summary(lib)}",
@@ -217,9 +210,8 @@ def render(console: Console, report, after, rows, pp, other, load, t_cal, t_run,
         f"ping-pong: {summary(ppe)}",
         f"ping-pong + point-to-point families: {summary(ppe + p2p)}",
         f"everything above: {summary(ppe + p2p + lib)}",
+        f"concurrent flows and fan-in (calibration cases): {summary(cal)}",
     ]
-    lines += [f"analysis, simulator + per-iteration harness terms (skew, set-up): point-to-point families "
-              f"{summary(iter_p2p)}; ping-pong {summary(iter_pp)}"]
     if after_p2p:
         lines.append(f"analysis, point-to-point families predicted with the second calibration: {summary(after_p2p)}")
     wrong = [r["case"] for r in rows if not r["correct"]]
@@ -237,7 +229,7 @@ def write(out: Path, report, fitted, rows, md) -> None:  # noqa: ANN001
     (out / "cpu-calibrated.yaml").write_text(dump_topology(fitted))
     (out / "calibration.json").write_text(json.dumps(report.to_dict(), sort_keys=True, indent=2) + "\n")
     head = ("case", "size_bytes", "flows", "round_trips", "measured_us", "spread_us", "predicted_us", "rel_error",
-            "predicted_iter_us", "predicted_after_us")
+            "predicted_after_us")
 
     def cell(v) -> str:  # noqa: ANN001 - a number, text or None
         return "" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v)

@@ -143,10 +143,12 @@ def test_calibration_plans_are_valid():
 def test_simulated_pingpong_is_the_message_model():
     topo = CPU4
     ln = topo.links[0]
-    one = topo.cost.overhead_us + ln.latency_us + 65536 / (ln.bw_gbps * 1e3)
+    # Each message lands by RECV_COPY: the receiver copies it into its accumulator (read + write).
+    copy = topo.cost.launch_us + 2 * 65536 / (topo.devices[0].mem_bw_gbps * topo.cost.mem_efficiency * 1e3)
+    one = topo.cost.overhead_us + ln.latency_us + 65536 / (ln.bw_gbps * 1e3) + copy
     assert simulate(pingpong_plan(topo, 4, (0, 1), 65536, 3), topo).predicted_us == pytest.approx(6 * one)
     # Two pairs at once share the one loopback link: each message drains at half the rate.
-    two = topo.cost.overhead_us + ln.latency_us + 2 * 65536 / (ln.bw_gbps * 1e3)
+    two = topo.cost.overhead_us + ln.latency_us + 2 * 65536 / (ln.bw_gbps * 1e3) + copy
     assert simulate(concurrent_plan(topo, 4, [(0, 1), (2, 3)], 65536, 3), topo).predicted_us == pytest.approx(6 * two)
 
 
@@ -159,7 +161,9 @@ def test_apply_on_loopback():
     new, warnings = apply_fit(CPU4, fit)
     assert warnings == []
     ln = new.links[0]
-    assert (ln.latency_us, ln.bw_gbps) == (75.0, 1.25)
+    # alpha less the copy's launch and the overhead; the wire rate that with the receiver's
+    # copy (2 bytes moved a byte at 5 GB/s) gives 1.25 GB/s: 1 / (1/1.25 - 2/5).
+    assert (ln.latency_us, ln.bw_gbps) == (67.0, pytest.approx(2.5))
     assert (new.cost.overhead_us, new.cost.launch_us, new.cost.mem_efficiency) == (45.0, 8.0, 0.25)
     assert new.sources[-1] == "test" and new.name == f"{CPU4.name}-calibrated" and new.ranks == CPU4.ranks
     back = load_topology_text(dump_topology(new))
@@ -168,15 +172,17 @@ def test_apply_on_loopback():
 
 def test_apply_reproduces_each_class_on_a_cluster():
     classes = route_classes(DGX2)
-    fits = {classes[0].hops: (6.0, 300.0), classes[1].hops: (20.0, 40.0)}
+    fits = {classes[0].hops: (12.0, 300.0), classes[1].hops: (26.0, 40.0)}
     fit = FittedParams(tuple(ClassParams(h, a, b) for h, (a, b) in fits.items()), overhead_us=3.0)
     new, warnings = apply_fit(DGX2, fit)
     assert warnings == []
+    copy_gbps = new.rank_device(0).mem_bw_gbps * new.cost.mem_efficiency
     for cls in classes[:2]:
         alpha, beta = fits[cls.hops]
         for a, b in cls.pairs[:3] + cls.pairs[-2:]:
-            assert new.cost.overhead_us + new.route_latency_us(a, b) == pytest.approx(alpha)
-            assert new.route_bw_gbps(a, b) == pytest.approx(beta)
+            # What is left of alpha and beta once the receiver's copy is taken out.
+            assert new.cost.overhead_us + new.route_latency_us(a, b) == pytest.approx(alpha - new.cost.launch_us)
+            assert 1 / new.route_bw_gbps(a, b) == pytest.approx(1 / beta - 2 / copy_gbps)
             plan = pingpong_plan(new, new.num_ranks, (a, b), 1 << 20, 2)
             assert simulate(plan, new).predicted_us == pytest.approx(4 * (alpha + (1 << 20) / (beta * 1e3)))
 
@@ -187,7 +193,8 @@ def test_apply_warns_when_a_longer_class_disagrees_with_shorter_ones():
     new, warnings = apply_fit(DGX2, fit)
     assert any("latency sum" in w for w in warnings) and any("bottleneck" in w for w in warnings)
     a, b = c[1].pair
-    assert new.route_bw_gbps(a, b) == pytest.approx(40.0)  # the shorter class wins
+    copy_gbps = new.rank_device(0).mem_bw_gbps * new.cost.mem_efficiency
+    assert 1 / new.route_bw_gbps(a, b) == pytest.approx(1 / 40.0 - 2 / copy_gbps)  # the shorter class wins
 
 
 def test_apply_clamps_negative_latency_and_raises_memory_bandwidth():

@@ -22,18 +22,16 @@ from treeattn.workload import Workload
 BETA = 10.0e3  # 10 GB/s in bytes per microsecond
 
 
-def test_allreduce_is_the_faster_of_ring_and_recursive_doubling():
+def test_allreduce_is_gloos_ring_and_doubling_below_one_element_per_rank():
     p, o, lat = 4, 30.0, 1.0
     topo = switch_topo(p, bw=10.0, lat=lat, overhead=o)
     alpha = o + 2 * lat
-    picked = {}
     for n in (64, 8_000_000):
         ring = 2 * (p - 1) * (alpha + n / (p * BETA))
-        doubling = math.log2(p) * (alpha + n / BETA)
-        assert gloo.allreduce_us(topo, n) == pytest.approx(min(ring, doubling), rel=1e-9)
-        picked[n] = "ring" if ring < doubling else "doubling"
-    # small: doubling's 2 steps win; large (n / beta > 8 alpha): the ring's smaller messages win
-    assert picked == {64: "doubling", 8_000_000: "ring"}
+        assert gloo.allreduce_us(topo, n) == pytest.approx(ring, rel=1e-9)
+    # 2 fp32 elements for 4 ranks: the ring would have empty segments; recursive doubling
+    n = 8
+    assert gloo.allreduce_us(topo, n) == pytest.approx(math.log2(p) * (alpha + n / BETA), rel=1e-9)
     assert gloo.allreduce_us(switch_topo(1), 64) == 0.0
 
 

@@ -166,7 +166,7 @@ def _tables(report, out: Path | None, png: Path | None) -> None:  # noqa: ANN001
     cost = report.topology.cost
     fits = Table(title=f"Fit per route class · {report.measured_on} · {report.topology.num_ranks} ranks · "
                        f"{report.backend} · t = α + n/β per message")
-    for col in ("class", "pair", "pairs", "α µs", "β GB/s", "skew µs", "R²", "max |resid|"):
+    for col in ("class", "pair", "pairs", "α µs", "β GB/s", "per-iteration µs", "R²", "max |resid|"):
         fits.add_column(col, justify="left" if col == "class" else "right")
     for c in report.classes:
         worst = max(abs(r) / p.median_us for r, p in zip(c.fit.residuals, c.points, strict=True))
@@ -174,13 +174,13 @@ def _tables(report, out: Path | None, png: Path | None) -> None:  # noqa: ANN001
                      f"{c.fit.alpha_us:.1f}", f"{c.fit.beta_gbps:.3g}", f"{c.fit.skew_us:.0f}", f"{c.fit.r2:.4f}",
                      f"{worst:.0%}")
     con.print(fits)
-    points = Table(title="Ping-pong iterations (µs): measured median vs the fit (set-up + skew + 2R·(α + n/β))")
-    for col in ("class", "size", "R", "measured", "±", "set-up", "fitted", "residual"):
+    points = Table(title="Ping-pong iterations (µs): measured median vs the fit (per-iteration + 2R·(α + n/β))")
+    for col in ("class", "size", "R", "measured", "±", "fitted", "residual"):
         points.add_column(col, justify="left" if col == "class" else "right")
     for c in report.classes:
         for p, r in zip(c.points, c.fit.residuals, strict=True):
             points.add_row(c.route_class.name, format_size(p.nbytes), str(p.round_trips), f"{p.median_us:,.0f}",
-                           f"{p.spread_us / 2:,.0f}", f"{p.setup_us:,.0f}", f"{p.median_us - r:,.0f}",
+                           f"{p.spread_us / 2:,.0f}", f"{p.median_us - r:,.0f}",
                            f"{r / p.median_us:+.0%}")
     con.print(points)
     if report.compute is not None:
@@ -188,7 +188,18 @@ def _tables(report, out: Path | None, png: Path | None) -> None:  # noqa: ANN001
         con.print(f"compute ({k.kernel} kernel, {k.threads} thread{'s' * (k.threads > 1)}): launch {k.launch_us:.1f} "
                   f"µs, {k.eff_bw_gbps:.3g} GB/s effective (R² {k.fit.r2:.3f}) → launch_us {cost.launch_us:.1f}, "
                   f"mem_efficiency {cost.mem_efficiency:.3g}")
-    con.print(f"per-message overhead {cost.overhead_us:.1f} µs (sender-side completion of messages ≤ 1 KiB)")
+    if report.attention is not None:
+        k = report.attention
+        con.print(f"attention kernel (COMPUTE): launch {k.launch_us:.1f} µs, {k.eff_bw_gbps:.3g} GB/s effective "
+                  f"(R² {k.fit.r2:.3f}) → attn_launch_us, attn_gbps")
+    if report.host is not None:
+        h = report.host
+        loop = (f", loopback {h.loopback_gbps:.3g} GB/s for all flows together" if h.loopback_gbps else "")
+        con.print(f"host CPU terms (fitted to all {h.cases} cases through the simulator, rms log error "
+                  f"{h.rms_log_error:.3f}): {h.cores} cores shared by the ranks, cpu_us {h.cpu_us:.1f} per message "
+                  f"end, wakeup_us {h.wakeup_us:.0f}{loop}")
+    else:
+        con.print(f"per-message overhead {cost.overhead_us:.1f} µs (sender-side completion of messages ≤ 1 KiB)")
     cases = Table(title="Every measured case · predicted by the simulator on the fitted topology (µs)")
     for col in ("case", "size", "flows", "R", "measured", "±", "predicted", "error"):
         cases.add_column(col, justify="left" if col == "case" else "right")

@@ -1,8 +1,9 @@
 """Lower bounds on the time of any plan for a payload on a topology (DESIGN.md section 5).
 
 Every figure here is a true lower bound under the simulator's own model
-(``treeattn.cost.simulate``): a message costs the sender's ``overhead_us``, then its bytes
-drain at its max-min fair share of every link it crosses, then its route latency; flows
+(``treeattn.cost.simulate``): a message costs the sender's ``overhead_us`` (taken as 0 where
+host ranks pay CPU work instead: ``Topology.floor_overhead_us``), then its bytes drain at
+its max-min fair share of every link it crosses, then its route latency; flows
 never exceed a link's capacity; a COMPUTE is a step of its own; a contribution exists
 only after the COMPUTE over its KV block (attention) or from the start (raw payloads).
 
@@ -176,7 +177,7 @@ class CutModel:
 
     def __init__(self, topo: Topology) -> None:
         self.topo = topo
-        self.overhead_us = topo.cost.overhead_us
+        self.overhead_us = topo.floor_overhead_us
         node_of = {d.name: d.node for d in topo.devices}
         dev_in: dict[str, list[float]] = {}
         dev_out: dict[str, list[float]] = {}
@@ -351,7 +352,7 @@ def lower_bounds(
         compute, first = max(costs), min(costs)
         kv = {j: float(payload.kv_bytes(j)) for j in contrib}
     cuts = cuts if cuts is not None else CutModel(topo)
-    o = topo.cost.overhead_us
+    o = topo.floor_overhead_us
     bw_us, bw_name = 0.0, ""
     for name, lat, nbytes, cap in cuts.pieces(results, contrib, payload.payload_bytes, kv):
         t = o + lat + nbytes / (cap * 1e3)

@@ -9,9 +9,14 @@ over the device's memory bandwidth times ``topo.cost.mem_efficiency``:
   (o, lse) of the payload. A block with zero tokens costs the launch only (the kernel
   still runs to write the empty partial).
 * a merge (or raw sum) of n rows reads two partials of n rows and writes one:
-  ``3 * n * row_bytes / (mem_bw(r) * mem_efficiency)``. The merges of one step run after
-  its transfers as one kernel, so a step with merges pays one ``launch_us`` plus the sum
-  of its merges' byte terms (``step_merge_us``).
+  ``3 * n * row_bytes / (mem_bw(r) * mem_efficiency)``; a RECV_COPY of n rows into the
+  accumulator reads and writes them: ``2 * n * row_bytes / ...`` (a received KV block is
+  kept where it landed: free). The merges and copies of one step run after its transfers
+  as one kernel, so such a step pays one ``launch_us`` plus the sum of their byte terms
+  (``step_local_us``).
+
+Calibration may time the attention kernel apart (``cost.attn_launch_us``, ``cost.attn_gbps``):
+COMPUTE then uses those, merges and copies keep ``launch_us`` and the memory bandwidth.
 
 The device is the one the rank is placed on (a GPU, or a host for CPU-only runs). A
 device whose ``mem_bw_gbps`` is 0 (hosts may leave it unset) has its memory time not
@@ -40,6 +45,9 @@ class ComputeModel:
     best_bw_gbps: float = 0.0
     """The fastest rank's effective bandwidth; 0 when some rank's memory time is not modelled
     (then the fastest any kernel can run is its launch)."""
+    attn_launch_us: float | None = None
+    attn_bw_gbps: float | None = None
+    """The attention kernel's own launch and bandwidth when calibrated (every rank)."""
 
     @classmethod
     def of(cls, payload: Payload, topo: Topology) -> ComputeModel:
@@ -55,7 +63,8 @@ class ComputeModel:
         eff = topo.cost.mem_efficiency
         bws = tuple(topo.rank_device(r).mem_bw_gbps * eff for r in range(topo.num_ranks))
         best = max(bws) if bws and min(bws) > 0 else 0.0
-        return cls(payload=payload, launch_us=topo.cost.launch_us, eff_bw_gbps=bws, best_bw_gbps=best)
+        return cls(payload=payload, launch_us=topo.cost.launch_us, eff_bw_gbps=bws, best_bw_gbps=best,
+                   attn_launch_us=topo.cost.attn_launch_us, attn_bw_gbps=topo.cost.attn_gbps)
 
     def _mem_us(self, rank: int, nbytes: float) -> float:
         bw = self.eff_bw_gbps[rank]
@@ -83,14 +92,20 @@ class ComputeModel:
             Microseconds: launch plus memory time (launch only for zero tokens or raw payloads).
         """
         b = rank if block is None else block
-        return self.launch_us + self._mem_us(rank, self.partial_bytes(b))
+        nbytes = self.partial_bytes(b)
+        launch = self.launch_us if self.attn_launch_us is None else self.attn_launch_us
+        if self.attn_bw_gbps is not None:
+            return launch + nbytes / (self.attn_bw_gbps * 1e3)
+        return launch + self._mem_us(rank, nbytes)
 
     def min_partial_us(self, block: int) -> float:
         """The fastest any rank could compute KV ``block`` (for lower bounds)."""
         nbytes = self.partial_bytes(block)
-        if nbytes == 0 or self.best_bw_gbps <= 0:
-            return self.launch_us
-        return self.launch_us + nbytes / (self.best_bw_gbps * 1e3)
+        launch = self.launch_us if self.attn_launch_us is None else self.attn_launch_us
+        bw = self.best_bw_gbps if self.attn_bw_gbps is None else self.attn_bw_gbps
+        if nbytes == 0 or bw <= 0:
+            return launch
+        return launch + nbytes / (bw * 1e3)
 
     def merge_bytes_us(self, rank: int, nbytes: int) -> float:
         """Memory time of merging ``nbytes`` of received rows into an accumulator (no launch)."""
@@ -109,6 +124,13 @@ class ComputeModel:
         if merged_bytes <= 0:
             return 0.0
         return self.launch_us + self.merge_bytes_us(rank, merged_bytes)
+
+    def step_local_us(self, rank: int, moved_bytes: int) -> float:
+        """A step's merges and copies: one launch plus the memory time of ``moved_bytes``
+        (3 x the merged bytes plus 2 x the copied bytes); 0 when it moves nothing."""
+        if moved_bytes <= 0:
+            return 0.0
+        return self.launch_us + self._mem_us(rank, moved_bytes)
 
     def gather_merge_us(self, rank: int, share_bytes: int, parts: int) -> float:
         """Local merge after an all-gather of ``parts`` partials of ``share_bytes`` each:

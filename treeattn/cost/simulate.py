@@ -3,7 +3,7 @@
 It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
 
 * A rank posts the ops of a step together and starts its next step when all of them are
-  done and the step's merges have run (``ComputeModel.step_merge_us``).
+  done and the step's merges and copies have run (``ComputeModel.step_local_us``).
 * A transfer starts when both its SEND and its matching RECV are posted (k-th SEND a->b
   matches the k-th RECV at b from a). It costs the sender's ``topo.cost.overhead_us``,
   then its bytes drain at the flow's share of bandwidth, then its route latency (sum of
@@ -25,6 +25,19 @@ It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
   ranks, the schedule gloo runs, simulated here (``treeattn.cost.gloo``). An all-gather of
   partials adds the local merge; an ``allreduce merge partial`` is two library calls, as
   the executor runs it (all-reduce max of lse, then all-reduce sum of (w o, w)).
+* Host CPUs (``topo.cost.host_cores`` > 0; ranks on ``host`` devices only). The ranks of
+  one node (or of the whole machine, ``cost.cpu_scope``) share ``host_cores`` cores, and
+  each rank runs on at most one: every piece of CPU work below is a flow of that many
+  microseconds through its rank's core and its pool of cores, shared max-min fairly like
+  bandwidth. A message enters the wire when both sides posted it (no ``overhead_us``); it
+  costs ``cost.cpu_us`` of the sender's CPU from then on (the SEND completes when that is
+  done too) and ``cost.cpu_us`` of the receiver's after it arrived (both ops complete
+  then), except that receive work already running on the rank serves every message that
+  arrives meanwhile (one wake-up). COMPUTE and a step's merges and copies are CPU work too.
+  So ranks that outnumber the cores slow each other down, and a rank handles its messages
+  one core's worth at a time.
+* Every rank runs its first step ``cost.wakeup_us`` after time 0 (a blocked process wakes).
+* A link's ``flow_gbps`` caps each flow on it below the link's shared ``bw_gbps``.
 * A plan whose ranks wait forever raises ``PlanInvalidError`` naming what they wait on.
 
 The critical path follows, back from the last rank to finish, for each op the op that
@@ -43,7 +56,7 @@ from treeattn.cost.bounds import CutModel
 from treeattn.cost.compute import ComputeModel
 from treeattn.errors import InputError, PlanInvalidError
 from treeattn.plan.ir import OpKind, Plan, message_bytes
-from treeattn.topology.model import Topology
+from treeattn.topology.model import DeviceKind, Topology
 
 __all__ = ["OpTiming", "SimResult", "simulate"]
 
@@ -56,7 +69,11 @@ _KIND_CODE = {
     OpKind.COLLECTIVE: _COLL,
 }
 # Event kinds, in heap tuples (time, seq, kind, a, b).
-_EV_BW_START, _EV_DRAIN, _EV_XFER_DONE, _EV_OP_DONE, _EV_STEP_END, _EV_COLL_DONE = range(6)
+(_EV_BW_START, _EV_DRAIN, _EV_XFER_DONE, _EV_OP_DONE, _EV_STEP_END, _EV_COLL_DONE, _EV_POST,
+ _EV_ARRIVE) = range(8)
+# What a flow is: a transfer's bytes, or CPU work that, when done, goes on with a transfer
+# (sending: its bytes; receiving: its completion), an op (COMPUTE) or a step's end (merges).
+_FLOW_BYTES, _CPU_SENT, _CPU_RECV, _CPU_OP, _CPU_MERGE = range(5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +179,8 @@ class _Engine:
         self.cm = ComputeModel.of(plan.workload, topo)
         self.overhead = topo.cost.overhead_us
         self.cap = [ln.bw_gbps * 1e3 for ln in topo.links]  # bytes per microsecond
+        self.flow_cap = [ln.flow_cap_gbps * 1e3 for ln in topo.links]
+        self.wakeup = topo.cost.wakeup_us
         self.lat = [ln.latency_us for ln in topo.links]
         kind: list[int] = []
         peer: list[int] = []
@@ -212,7 +231,9 @@ class _Engine:
                     if b is None:
                         b = size_cache[key] = message_bytes(plan, op)
                     if code == _RECV_MERGE:
-                        rmerge[-1] += b
+                        rmerge[-1] += 3 * b
+                    elif code == _RECV_COPY and op.block is None:
+                        rmerge[-1] += 2 * b
                 kind.append(code)
                 peer.append(q)
                 nbytes.append(b)
@@ -256,12 +277,46 @@ class _Engine:
         self.ver: list[int] = []
         self.link_flows: list[set | None] = [None] * len(topo.links)
         self.dirty: set[int] = set()
+        self.x_what: list[int] = []
+        """Per flow: _FLOW_BYTES or the kind of CPU work (then ``x_send`` holds what it goes on with)."""
+        self.n_transfers = 0
+        self.hold: dict[int, int] = {}
+        self.batch: dict[int, int] = {}
+        """Per rank: the CPU work of receiving messages running now."""
+        self.riders: dict[int, list[int]] = {}
+        """Per such work: the other transfers it serves."""
+        self._host_cpus(topo)
         # Collectives: per instance k, the arrivals (time, rank, gid).
         self.coll_count = [0] * p
         self.coll_arrivals: list[list[tuple[float, int, int]]] = []
         self._fabric = None
         self._hosts = False
         self._cuts: CutModel | None = None
+
+    def _host_cpus(self, topo: Topology) -> None:
+        """Cores as resources after the links: one per host rank (capacity 1: a microsecond
+        of work per microsecond) and one pool per node or machine (``host_cores``)."""
+        p = self.p
+        self.core = [-1] * p
+        self.cpu_pool = [-1] * p
+        self.cpu_us = 0.0
+        cost = topo.cost
+        if cost.host_cores <= 0:
+            return
+        self.cpu_us = cost.cpu_us
+        pools: dict[int, int] = {}
+        for r in range(p):
+            dev = topo.rank_device(r)
+            if dev.kind is not DeviceKind.HOST:
+                continue
+            key = 0 if cost.cpu_scope == "machine" else dev.node
+            if key not in pools:
+                pools[key] = len(self.cap)
+                self.cap.append(float(cost.host_cores))
+            self.cpu_pool[r] = pools[key]
+            self.core[r] = len(self.cap)
+            self.cap.append(1.0)
+        self.link_flows.extend([None] * (len(self.cap) - len(self.link_flows)))
 
     def _pair(self) -> list[int]:
         """The k-th SEND a->b matches the k-th RECV at b from a: pair them once, up front."""
@@ -301,6 +356,7 @@ class _Engine:
         line up.
         """
         p, rank_of, partner, cap, lat = self.p, self.rank_of, self.partner, self.cap, self.lat
+        flow_cap = self.flow_cap
         keys = sorted({rank_of[g] * p + rank_of[partner[g]]
                        for g, k in enumerate(self.kind) if k == _SEND and partner[g] >= 0})
         full: list[tuple[int, ...]] = []
@@ -320,7 +376,7 @@ class _Engine:
         out = {}
         for key, route in zip(keys, full, strict=True):
             out[key] = (tuple(i for i in route if i in keep), sum(lat[i] for i in route),
-                        min((cap[i] for i in route), default=0.0))
+                        min((flow_cap[i] for i in route), default=0.0))
         return out
 
     # -- event plumbing ----------------------------------------------------------------------
@@ -332,11 +388,14 @@ class _Engine:
     def run(self, want_timeline: bool) -> SimResult:
         for r in range(self.p):
             if self.steps[r]:
-                self._post_step(r, 0.0)
+                if self.wakeup > 0:
+                    self._push(self.wakeup, _EV_POST, r)
+                else:
+                    self._post_step(r, 0.0)
         heap, fifo = self.heap, self.fifo
         events = 0
         pop, popleft = heapq.heappop, fifo.popleft
-        ver, x_send, x_recv = self.ver, self.x_send, self.x_recv
+        ver, x_recv = self.ver, self.x_recv
         op_done, drained, bw_start = self._op_done, self._drained, self._bw_start
         t = 0.0
         while True:
@@ -354,7 +413,7 @@ class _Engine:
                 break
             events += 1
             if ev == _EV_XFER_DONE:
-                op_done(x_send[a], t)
+                self._send_side(a, t)
                 op_done(x_recv[a], t)
             elif ev == _EV_DRAIN:
                 if ver[a] == b:
@@ -365,8 +424,12 @@ class _Engine:
                 self._step_end(a, t)
             elif ev == _EV_OP_DONE:
                 op_done(a, t)
-            else:
+            elif ev == _EV_COLL_DONE:
                 self._coll_done(a, t)
+            elif ev == _EV_POST:
+                self._post_step(a, t)
+            else:
+                self._message_cpu(_CPU_RECV, self.rank_of[x_recv[a]], a, t)
         self._check_finished()
         return self._result(want_timeline, events)
 
@@ -382,7 +445,11 @@ class _Engine:
         post, pred = self.post, self.pred
         if first == _COMPUTE:
             self.start[lo], post[lo], pred[lo] = t, t, spred
-            self._push(t + self.cm.partial_us(r, self.ops[lo].block), _EV_OP_DONE, lo)
+            us = self.cm.partial_us(r, self.ops[lo].block)
+            if self.core[r] >= 0:
+                self._cpu(_CPU_OP, r, us, lo, t)
+            else:
+                self._push(t + us, _EV_OP_DONE, lo)
             return
         if first == _COLL:
             post[lo], pred[lo] = t, spred
@@ -413,7 +480,11 @@ class _Engine:
         if left == 0:
             mb = self.merge_b[r][self.cur[r]]
             if mb:
-                self._push(t + self.cm.step_merge_us(r, mb), _EV_STEP_END, r)
+                us = self.cm.step_local_us(r, mb)
+                if self.core[r] >= 0:
+                    self._cpu(_CPU_MERGE, r, us, r, t)
+                else:
+                    self._push(t + us, _EV_STEP_END, r)
             else:
                 self._step_end(r, t)
 
@@ -442,13 +513,92 @@ class _Engine:
         self.rate.append(0.0)
         self.last.append(t)
         self.ver.append(0)
-        if self.overhead > 0:
+        self.x_what.append(_FLOW_BYTES)
+        self.n_transfers += 1
+        if self.core[sr] >= 0 and self.cpu_us > 0:
+            # The sender writes the message out at once; the rest of its CPU work for it runs
+            # meanwhile, and its SEND completes when both are done.
+            self.hold[x] = 2
+            self._message_cpu(_CPU_SENT, sr, x, t)
+            self._send(x, t)
+        elif self.overhead > 0 and self.core[sr] < 0:
             # The sender's issue slot is given once every transfer starting now is known.
             self.issue.append(x)
-        elif not hit[0] or nbytes == 0:
-            self._push(t + hit[1], _EV_XFER_DONE, x)
+        else:
+            self._send(x, t)
+
+    def _send(self, x: int, t: float) -> None:
+        """Transfer ``x`` enters the wire at ``t``."""
+        if not self.x_route[x] or self.rem[x] == 0.0:
+            self._land(x, t + self.x_lat[x])
         else:
             self._bw_start(x, t)
+
+    def _land(self, x: int, t: float) -> None:
+        """Transfer ``x``'s last byte reaches the receiver at ``t``; it completes then, or
+        after the receiver's CPU work for it."""
+        if self.cpu_us > 0 and self.core[self.rank_of[self.x_recv[x]]] >= 0:
+            self._push(t, _EV_ARRIVE, x)
+        else:
+            self._push(t, _EV_XFER_DONE, x)
+
+    def _cpu(self, what: int, r: int, us: float, then: int, t: float) -> None:
+        """Start ``us`` of CPU work on host rank ``r`` at ``t``; when done, go on with ``then``
+        (a transfer, an op or a rank, by ``what``)."""
+        x = len(self.x_send)
+        self.x_send.append(then)
+        self.x_recv.append(-1)
+        self.x_route.append((self.core[r], self.cpu_pool[r]))
+        self.x_lat.append(0.0)
+        self.x_min.append(1.0)
+        self.rem.append(us)
+        self.rate.append(0.0)
+        self.last.append(t)
+        self.ver.append(0)
+        self.x_what.append(what)
+        if us <= 0.0:
+            self.rem[x] = 0.0
+            self._cpu_done(x, t)
+        else:
+            self._bw_start(x, t)
+
+    def _send_side(self, x: int, t: float) -> None:
+        """Transfer ``x`` is done on the sender's side (delivered, or its CPU work done): its
+        SEND completes with the last of the two when both are counted."""
+        left = self.hold.get(x)
+        if left is not None:
+            if left > 1:
+                self.hold[x] = left - 1
+                return
+            del self.hold[x]
+        self._op_done(self.x_send[x], t)
+
+    def _message_cpu(self, what: int, r: int, x: int, t: float) -> None:
+        """Rank ``r``'s CPU work for transfer ``x``: sending it (every message: a system call
+        through the network stack), or receiving it; receive work already running on the
+        rank takes it along (one wake-up serves every message that arrived meanwhile)."""
+        if what == _CPU_RECV:
+            y = self.batch.get(r)
+            if y is not None:
+                self.riders.setdefault(y, []).append(x)
+                return
+            self.batch[r] = len(self.x_send)
+        self._cpu(what, r, self.cpu_us, x, t)
+
+    def _cpu_done(self, x: int, t: float) -> None:
+        what, then = self.x_what[x], self.x_send[x]
+        if what == _CPU_SENT or what == _CPU_RECV:
+            recv = what == _CPU_RECV
+            if recv:
+                del self.batch[self.rank_of[self.x_recv[then]]]
+            for y in (then, *self.riders.pop(x, ())):
+                self._send_side(y, t)
+                if recv:
+                    self._op_done(self.x_recv[y], t)
+        elif what == _CPU_OP:
+            self._op_done(then, t)
+        else:
+            self._step_end(then, t)
 
     def _issue(self, t: float) -> None:
         """Give the transfers that started at ``t`` their senders' issue slots.
@@ -471,7 +621,7 @@ class _Engine:
             begin = (t if f < t else f) + o
             free[sr] = begin
             if not x_route[x] or self.rem[x] == 0.0:
-                self._push(begin + self.x_lat[x], _EV_XFER_DONE, x)
+                self._land(x, begin + self.x_lat[x])
             elif begin == first:
                 # Most flows wait exactly one overhead, so these events come due in the order
                 # they are made: a FIFO beside the heap keeps them out of it.
@@ -514,7 +664,10 @@ class _Engine:
                 shared = True
         if shared:
             self.dirty.update(route)
-        self._push(t + self.x_lat[x], _EV_XFER_DONE, x)
+        if self.x_what[x] == _FLOW_BYTES:
+            self._land(x, t + self.x_lat[x])
+        else:
+            self._cpu_done(x, t)
 
     def _reshare(self, t: float) -> None:
         """Max-min fair rates for the flows connected to the links that changed."""
@@ -569,10 +722,12 @@ class _Engine:
         else:
             left = {i: cap[i] for i in cnt}
             heap = [(left[i] / c, 0, i) for i, c in cnt.items()]
+            x_min = self.x_min
             for x in flows:
+                # Its links that carry it alone, and its own cap (flow_gbps, a core).
                 own = [cap[j] for j in routes[x] if j not in cnt]
-                if own:
-                    heap.append((min(own), 1, x))
+                own.append(x_min[x])
+                heap.append((min(own), 1, x))
             heapq.heapify(heap)
             pop, push = heapq.heappop, heapq.heappush
             floor = 0.0
@@ -752,5 +907,5 @@ class _Engine:
             critical_path=tuple(path),
             timeline=tl,
             events=events,
-            transfers=len(self.x_send),
+            transfers=self.n_transfers,
         )

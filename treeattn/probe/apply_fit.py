@@ -1,17 +1,20 @@
 """Write fitted parameters into a Topology (pure: no torch, no measurement).
 
-What goes where (the simulator's message model: ``t = overhead_us + sum(hop latency_us) +
-bytes / bottleneck bw_gbps``):
+What goes where. The simulator's time for one ping-pong message (it lands by RECV_COPY):
+``t = overhead_us + sum(hop latency_us) + bytes / bottleneck bw_gbps + copy``, where the
+copy is ``launch_us + 2 bytes / (mem_bw_gbps * mem_efficiency)`` of the receiving rank's
+device. apply_fit inverts that:
 
 * A route class (hops = the (kind, bw_gbps) of each link on the route) fitted with
   ``alpha_us`` and ``beta_gbps``:
 
   - latency: the links of every hop get ``latency_us`` such that the route's latency sum
-    equals ``alpha_us - overhead_us``; hops whose (kind, bw) an earlier class already set keep
-    theirs, the rest share the remainder equally (clamped at 0, with a warning);
-  - bandwidth: the bottleneck hops (lowest bw_gbps in the class) get ``beta_gbps``; other hops
-    of the route below ``beta_gbps`` are raised to it, so that the route's bottleneck is
-    ``beta_gbps``.
+    equals ``alpha_us - launch_us - overhead_us``; hops whose (kind, bw) an earlier class
+    already set keep theirs, the rest share the remainder equally (clamped at 0, with a
+    warning);
+  - bandwidth: the wire rate ``w`` with ``1/w = 1/beta_gbps - 2/copy bandwidth``; the
+    bottleneck hops (lowest bw_gbps in the class) get ``w``; other hops of the route below
+    ``w`` are raised to it, so that the route's bottleneck is ``w``.
 
   Links are changed by signature: every link of the topology with the hop's (kind, bw_gbps)
   gets the new value, so all routes of a class move together. Classes are applied in order of
@@ -30,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from treeattn.errors import InputError
-from treeattn.topology.model import CostParams, Topology
+from treeattn.topology.model import Topology
 
 __all__ = ["ClassParams", "FittedParams", "apply_fit"]
 
@@ -67,6 +70,12 @@ class FittedParams:
     """Effective memory bandwidth of a merge on the rank devices (GB/s)."""
     source: str = ""
     """What the figures came from (added to the topology's ``sources``)."""
+    attn_launch_us: float | None = None
+    attn_gbps: float | None = None
+    """The attention kernel's own launch and effective bandwidth, when timed apart."""
+    landed_by_copy: bool = True
+    """The alphas and betas were measured through the executor, whose ping-pong lands each
+    message by RECV_COPY (the copy is taken out of them); False for nccl-tests logs."""
 
 
 def _sig(kind: str, bw: float) -> Hop:
@@ -88,12 +97,22 @@ def apply_fit(topo: Topology, fit: FittedParams, *, name: str | None = None) -> 
     Examples:
         >>> from treeattn.topology.library import resolve
         >>> t = resolve("cpu:ranks=2")
-        >>> new, _ = apply_fit(t, FittedParams((ClassParams((("loopback", 2.0),), 50.0, 1.5),), overhead_us=20.0))
-        >>> new.links[0].latency_us, new.links[0].bw_gbps, new.cost.overhead_us
-        (30.0, 1.5, 20.0)
+        >>> fit = FittedParams((ClassParams((("loopback", 2.0),), 50.0, 1.5),), overhead_us=20.0, launch_us=10.0,
+        ...                    mem_eff_bw_gbps=6.0)
+        >>> new, _ = apply_fit(t, fit)
+        >>> new.links[0].latency_us, round(new.links[0].bw_gbps, 6), new.cost.overhead_us
+        (20.0, 3.0, 20.0)
     """
     warnings: list[str] = []
     overhead = topo.cost.overhead_us if fit.overhead_us is None else max(0.0, float(fit.overhead_us))
+    launch = topo.cost.launch_us if fit.launch_us is None else max(0.0, float(fit.launch_us))
+    devices, eff = _memory(topo, fit.mem_eff_bw_gbps, warnings)
+    by_name = {d.name: d for d in devices}
+    copy_bw = min((by_name[name].mem_bw_gbps for name in set(topo.ranks)), default=0.0) * eff
+    if not fit.landed_by_copy:
+        launch_in_alpha, copy_bw = 0.0, 0.0
+    else:
+        launch_in_alpha = launch
     lat: dict[Hop, float] = {}
     bw: dict[Hop, float] = {}
     present = {_sig(ln.kind.value, ln.bw_gbps) for ln in topo.links}
@@ -104,23 +123,35 @@ def apply_fit(topo: Topology, fit: FittedParams, *, name: str | None = None) -> 
         if missing:
             raise InputError(f"route class {label}: topology {topo.name!r} has no {missing[0][0]} link of "
                              f"{missing[0][1]:g} GB/s; fit and apply on the same topology")
-        _latency(hops, cls.alpha_us - overhead, lat, label, warnings)
-        _bandwidth(hops, cls.beta_gbps, bw, label, warnings)
+        # A ping-pong message lands by RECV_COPY, which the simulator charges as a copy (a
+        # launch plus reading and writing the bytes): take it out of alpha and beta.
+        _latency(hops, cls.alpha_us - launch_in_alpha - overhead, lat, label, warnings)
+        _bandwidth(hops, _wire_gbps(cls.beta_gbps, copy_bw, label, warnings), bw, label, warnings)
     links = []
     for ln in topo.links:
         s = _sig(ln.kind.value, ln.bw_gbps)
         links.append(dataclasses.replace(ln, latency_us=lat.get(s, ln.latency_us), bw_gbps=bw.get(s, ln.bw_gbps)))
-    devices, eff = _memory(topo, fit.mem_eff_bw_gbps, warnings)
-    cost = CostParams(
-        overhead_us=overhead,
-        launch_us=topo.cost.launch_us if fit.launch_us is None else max(0.0, float(fit.launch_us)),
-        mem_efficiency=eff,
-    )
+    cost = dataclasses.replace(topo.cost, overhead_us=overhead, launch_us=launch, mem_efficiency=eff)
+    if fit.attn_launch_us is not None and fit.attn_gbps is not None:
+        cost = dataclasses.replace(cost, attn_launch_us=max(0.0, float(fit.attn_launch_us)),
+                                   attn_gbps=float(fit.attn_gbps))
     sources = tuple(topo.sources) + ((fit.source,) if fit.source else ())
     new = Topology(name=name or f"{topo.name}-calibrated", devices=devices, links=tuple(links), ranks=topo.ranks,
                    description=topo.description, sources=sources, cost=cost)
     new.check_routable()
     return new, warnings
+
+
+def _wire_gbps(beta: float, copy_bw: float, label: str, warnings: list[str]) -> float:
+    """The link rate that, with the receiver's copy at ``copy_bw`` after it, gives ``beta``."""
+    if copy_bw <= 0:
+        return beta
+    inv = 1 / beta - 2 / copy_bw
+    if inv <= 0.05 / beta:
+        warnings.append(f"route class {label}: beta {beta:.3g} GB/s leaves no time for the receiver's copy at "
+                        f"{copy_bw:.3g} GB/s; kept beta for the link")
+        return beta
+    return 1 / inv
 
 
 def _latency(hops: Sequence[Hop], total: float, lat: dict[Hop, float], label: str, warnings: list[str]) -> None:

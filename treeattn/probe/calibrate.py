@@ -10,15 +10,16 @@ times a plan (barrier, then the plan; median over repeats of the maximum over ra
 2. concurrent-flow plans: disjoint pairs of one class ping-ponging at once, and a fan-in
    of several ranks into one, at a few sizes (do flows that share a link split it?);
 
-then, in this process, the executor's merge (or sum, or attention) kernel at those sizes, and
-the clone of the payload the executor makes before every iteration (subtracted from the
-ping-pong times: the model has no such step).
+then, in this process, the executor's merge (or sum, or attention) kernel at those sizes.
 
-Fits (``calibrate_fit``): per class ``alpha_us``/``beta_gbps`` (and the per-iteration skew the
-model has not); the backend's per-message overhead from the sender-side completion times of
-the smallest messages; ``launch_us`` and the effective memory bandwidth of the kernel. They
-are written into a copy of the topology (``apply_fit``), on which the simulator then predicts
-every plan that was measured: the report shows predicted against measured for each.
+Fits (``calibrate_fit``): per class ``alpha_us``/``beta_gbps`` (and a per-iteration term);
+the backend's per-message overhead from the sender-side completion times of the smallest
+messages; ``launch_us`` and the effective memory bandwidth of the kernel. They are written
+into a copy of the topology (``apply_fit``). When every rank is a process on this host's
+CPUs, ``fit_host`` then fits the host terms (CPU time per message end, wake-up, loopback
+aggregate; the cores are this machine's) to all the cases at once through the simulator. On
+the fitted topology the simulator predicts every plan that was measured: the report shows
+predicted against measured for each.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from treeattn.probe.calibrate_plans import (
     pingpong_plan,
     route_classes,
 )
+from treeattn.probe.fit_host import HostFit, fit_host_terms, on_host_cpus
 from treeattn.topology.model import Topology
 
 __all__ = ["CalibrateOptions", "ClassResult", "CaseResult", "CalibrationReport", "calibrate", "median_abs_rel_error"]
@@ -144,8 +146,11 @@ class CalibrationReport:
     classes: tuple[ClassResult, ...]
     overhead_us: float
     compute: ComputeFit | None
-    setup: ComputeFit
-    """The executor's per-iteration clone of the payload, timed at every size (subtracted)."""
+    """The merge (or sum) kernel: what merges and copies cost."""
+    attention: ComputeFit | None
+    """The attention kernel the runs use, when ``--compute attention``."""
+    host: HostFit | None
+    """The host CPU terms, when every rank runs on this host's CPUs."""
     cases: tuple[CaseResult, ...]
     options: CalibrateOptions
     load_avg: tuple[float, float]
@@ -161,11 +166,11 @@ class CalibrationReport:
             "backend": self.backend,
             "ranks": self.topology.num_ranks,
             "overhead_us": self.overhead_us,
-            "cost": {"overhead_us": cost.overhead_us, "launch_us": cost.launch_us,
-                     "mem_efficiency": cost.mem_efficiency},
+            "cost": cost.to_dict(),
             "classes": [c.to_dict() for c in self.classes],
             "compute": self.compute.to_dict() if self.compute else None,
-            "setup": self.setup.to_dict(),
+            "attention": self.attention.to_dict() if self.attention else None,
+            "host": self.host.to_dict() if self.host else None,
             "cases": [c.to_dict() for c in self.cases],
             "load_avg": list(self.load_avg),
             "options": {"sizes": list(self.sizes), "round_trips": list(self.options.round_trips),
@@ -259,9 +264,6 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
     warnings: list[str] = []
     device = "cuda" if result.backend == "nccl" else "cpu"
     threads = rank_threads(topo.num_ranks)
-    setup = measure_compute("clone", sorted({meta["nbytes"] for _, _, meta in planned}), repeats=opt.repeats,
-                            threads=threads, device=device)
-    setup_us = {p.nbytes: p.median_us for p in setup.points}
     fits: list[ClassResult] = []
     small_sends: list[float] = []
     for ci, cls in enumerate(classes):
@@ -269,21 +271,23 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
         for label, _, meta in planned:
             if meta["kind"] == "pingpong" and meta["class"] == ci and not meta.get("extra"):
                 m = by_label[label]
-                pts.append(PingPongPoint(meta["nbytes"], meta["round_trips"], m.median_us, m.spread_us,
-                                         setup_us[meta["nbytes"]]))
+                pts.append(PingPongPoint(meta["nbytes"], meta["round_trips"], m.median_us, m.spread_us))
                 if ci == 0 and meta["nbytes"] <= _SMALL_BYTES:
                     small_sends.extend(_sends(m))
         fits.append(ClassResult(cls, tuple(pts), fit_pingpong(pts)))
     overhead, notes = overhead_from_sends(small_sends, min(f.fit.alpha_us for f in fits))
     warnings.extend(notes)
-    compute = None
+    compute = attention = None
     if opt.compute != "none":
         # The kernel's sizes reach the memory-bound regime whatever the ping-pong range is:
         # a bandwidth fitted from launch-bound sizes alone is noise.
-        top = max(opt.max_bytes, 4 * MEMORY_BYTES)
+        sizes = log_sizes(min(opt.min_bytes, LAUNCH_BYTES), max(opt.max_bytes, 4 * MEMORY_BYTES), opt.sizes)
+        # Merges and copies always pay the merge kernel's figures; attention gets its own.
+        local = "merge" if opt.compute == "attention" else opt.compute
         try:
-            compute = measure_compute(opt.compute, log_sizes(min(opt.min_bytes, LAUNCH_BYTES), top, opt.sizes),
-                                      repeats=opt.repeats, threads=threads, device=device)
+            compute = measure_compute(local, sizes, repeats=opt.repeats, threads=threads, device=device)
+            if opt.compute == "attention":
+                attention = measure_compute("attention", sizes, repeats=opt.repeats, threads=threads, device=device)
         except ProbeError as exc:
             warnings.append(f"{exc}; kept the topology's launch_us and mem_efficiency")
     params = FittedParams(
@@ -291,10 +295,17 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
         overhead_us=overhead,
         launch_us=compute.launch_us if compute else None,
         mem_eff_bw_gbps=compute.eff_bw_gbps if compute else None,
+        attn_launch_us=attention.launch_us if attention else None,
+        attn_gbps=attention.eff_bw_gbps if attention else None,
         source=f"treeattn calibrate: {result.backend} ping-pong on {topo.num_ranks} ranks of {topo.name!r}, "
                f"{opt.repeats} repeats" + (f", {opt.compute} kernel" if compute else ""),
     )
     fitted, notes = apply_fit(topo, params)
+    host = None
+    if on_host_cpus(topo) and result.backend == "gloo":
+        measured = [(plan, by_label[label].median_us) for label, plan, _ in planned]
+        fitted, host, notes = fit_host_terms(topo, params, measured, _cores(),
+                                             start_wakeup_us=statistics.median(f.fit.skew_us for f in fits))
     warnings.extend(notes)
     cases = []
     for label, plan, meta in planned:
@@ -302,8 +313,17 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
         predicted = simulate(plan, fitted, timeline=False).predicted_us
         cases.append(CaseResult(label, meta["kind"], classes[meta["class"]].name, meta["nbytes"], meta["flows"],
                                 meta["round_trips"], m.median_us, m.spread_us, predicted))
-    return CalibrationReport(fitted, topo.name, result.backend, tuple(fits), overhead, compute, setup, tuple(cases),
+    return CalibrationReport(fitted, topo.name, result.backend, tuple(fits), overhead, compute, attention, host,
+                             tuple(cases),
                              opt, (load0, os.getloadavg()[0]), tuple(warnings))
+
+
+def _cores() -> int:
+    """Cores this process may run on (the ranks' share of the machine)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def median_abs_rel_error(cases: list[CaseResult] | tuple[CaseResult, ...]) -> float:

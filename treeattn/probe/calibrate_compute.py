@@ -7,9 +7,9 @@ Kernels, and the bytes the compute model (``treeattn.cost.compute``) says each m
   plans): reads two, writes one, ``3n``;
 * ``merge``: ``treeattn.exec.merge.merge_into`` on packed partials (D = 128) of ``n`` bytes
   (attention plans): ``3n``;
-* ``attention``: ``treeattn.exec.attention.partial_attention`` (explicit kernel) of one
-  llama-3.1-8b row set (B 1, Hq 32, Hkv 8, D 128, bf16 KV) over ``n`` bytes of KV:
-  KV + q + the partial written;
+* ``attention``: ``treeattn.exec.attention.partial_attention`` with the kernel runs use by
+  default (``auto``: torch's fused sdpa on CPU) of one llama-3.1-8b row set (B 1, Hq 32,
+  Hkv 8, D 128, bf16 KV) over ``n`` bytes of KV: KV + q + the partial written;
 * ``clone``: what the executor does before every iteration of a raw payload plan, cloning the
   rank's buffer of ``n`` bytes: ``2n`` (the model has no such step; calibration subtracts it).
 
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from treeattn.errors import InputError, ProbeError
-from treeattn.exec.attention import make_kv_shard, make_query, partial_attention
+from treeattn.exec.attention import make_kv_shard, make_query, partial_attention, resolve_kernel
 from treeattn.exec.merge import merge_into, sum_into
 from treeattn.probe.fit import Fit, fit_alpha_beta
 from treeattn.workload import Workload
@@ -103,7 +103,8 @@ def _case(kernel: str, nbytes: int, gen: torch.Generator,
     w = Workload.create(ranks=1, seq_len=tokens, batch=1, model="llama-3.1-8b", kv_dtype="bf16")
     q, kv = make_query(w, 0, device), make_kv_shard(w, 0, 0, device)
     moved = w.kv_bytes(0) + w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes + w.payload_bytes
-    return w.kv_bytes(0), moved, lambda: partial_attention(q, kv, "explicit")
+    kernel = resolve_kernel("auto", device, w.kv_dtype)
+    return w.kv_bytes(0), moved, lambda: partial_attention(q, kv, kernel)
 
 
 def measure_compute(kernel: str, sizes: Sequence[int], *, repeats: int = 10, threads: int | None = None,

@@ -140,6 +140,7 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
     params = FittedParams(
         classes=tuple(ClassParams(lf.hops, lf.alpha_us, lf.beta_gbps) for lf in logs),
         source="treeattn calibrate --from-nccl-tests " + " ".join(lf.source for lf in logs),
+        landed_by_copy=False,
     )
     fitted, notes = apply_fit(topo, params)
     return NcclCalibration(fitted, logs, tuple(warnings + notes))

@@ -120,7 +120,7 @@ class Evaluator:
         exceeds its prediction. One pass over the ops, then one over the steps in dependency
         order.
         """
-        overhead = self.topo.cost.overhead_us
+        overhead = self.topo.floor_overhead_us
         cm = self._cm
         sizes: dict[tuple, int] = {}
         fixed: list[float] = []
@@ -231,7 +231,7 @@ class Evaluator:
         """What ``sched.chain_steps`` alone proves, without building the plan (0 when unknown)."""
         if not sched.chain_steps:
             return 0.0
-        return self._min_compute() + (sched.chain_steps + chunks - 1) * self.topo.cost.overhead_us
+        return self._min_compute() + (sched.chain_steps + chunks - 1) * self.topo.floor_overhead_us
 
     def screen_floor_us(self, sched: Schedule, chunks: int) -> float:
         """``floor_us`` of the plan (cached), or the chain floor for schedules that say they are

@@ -27,7 +27,7 @@ __all__ = ["build_compact", "cost_params"]
 
 
 def cost_params(spec: CostSpec) -> CostParams:
-    return CostParams(overhead_us=spec.overhead_us, launch_us=spec.launch_us, mem_efficiency=spec.mem_efficiency)
+    return CostParams(**spec.model_dump())
 
 
 class _Builder:

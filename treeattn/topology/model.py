@@ -152,6 +152,10 @@ class Link:
     """NVLink or PCIe generation."""
     width: int | None = None
     """PCIe lanes (x16 -> 16)."""
+    flow_gbps: float | None = None
+    """The most one flow gets on this link, below ``bw_gbps`` (which all flows share): TCP
+    over loopback moves one connection at one core's copy rate, while several connections
+    together use more cores. None: one flow may take the whole link."""
 
     def __post_init__(self) -> None:
         try:
@@ -172,6 +176,10 @@ class Link:
             )
         if not isinstance(self.count, int) or self.count < 1:
             raise TopologyError(f"link {self.src}->{self.dst}: count must be >= 1, got {self.count!r}")
+        if self.flow_gbps is not None and not (isinstance(self.flow_gbps, (int, float)) and self.flow_gbps > 0):
+            raise TopologyError(
+                f"link {self.src}->{self.dst}: flow_gbps must be > 0, got {self.flow_gbps!r}"
+            )
         if self.src == self.dst and self.kind is not LinkKind.LOOPBACK:
             raise TopologyError(f"link {self.src}->{self.dst}: only a loopback link may be a self-loop")
 
@@ -194,7 +202,14 @@ class Link:
             out["generation"] = self.generation
         if self.width is not None:
             out["width"] = self.width
+        if self.flow_gbps is not None:
+            out["flow_gbps"] = self.flow_gbps
         return out
+
+    @property
+    def flow_cap_gbps(self) -> float:
+        """The most one flow crossing this link alone gets."""
+        return self.bw_gbps if self.flow_gbps is None else min(self.flow_gbps, self.bw_gbps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,12 +222,61 @@ class CostParams:
     """Fixed cost of a local compute step (kernel launch)."""
     mem_efficiency: float = 0.8
     """Fraction of memory bandwidth a memory-bound kernel reaches."""
+    host_cores: int = 0
+    """CPU cores the ranks placed on ``host`` devices share (per node, or per machine, see
+    ``cpu_scope``). 0: not modelled, every host rank runs on a core of its own. When set,
+    the CPU work of host ranks (``cpu_us`` per message end, merges, compute) shares them."""
+    cpu_us: float = 0.0
+    """CPU time a message costs a host rank at each end (posting and sending it; waking up
+    for it and receiving it), on the message's path; only with ``host_cores`` set."""
+    cpu_scope: str = "node"
+    """Which host ranks share ``host_cores``: those of one ``node``, or all of the
+    ``machine`` (an emulated cluster: every namespace runs on the one host's cores)."""
+    wakeup_us: float = 0.0
+    """Time before a rank runs its first op when a step begins (waking a blocked process);
+    calibration measures it on hosts, where it is tens to hundreds of microseconds."""
+    attn_launch_us: float | None = None
+    """Fixed cost of the COMPUTE kernel (partial attention) when it differs from
+    ``launch_us`` (which merges and copies pay): on a CPU it is several library calls."""
+    attn_gbps: float | None = None
+    """Effective bandwidth of the COMPUTE kernel over the bytes it moves, when measured
+    (calibration); None: the device's ``mem_bw_gbps`` x ``mem_efficiency``."""
 
     def __post_init__(self) -> None:
         if self.overhead_us < 0 or self.launch_us < 0:
             raise TopologyError("cost.overhead_us and cost.launch_us must be >= 0")
         if not 0 < self.mem_efficiency <= 1:
             raise TopologyError(f"cost.mem_efficiency must be in (0, 1], got {self.mem_efficiency}")
+        if not isinstance(self.host_cores, int) or self.host_cores < 0:
+            raise TopologyError(f"cost.host_cores must be a whole number >= 0, got {self.host_cores!r}")
+        if self.cpu_us < 0 or self.wakeup_us < 0:
+            raise TopologyError("cost.cpu_us and cost.wakeup_us must be >= 0")
+        if (self.attn_launch_us is not None and self.attn_launch_us < 0) or (
+                self.attn_gbps is not None and self.attn_gbps <= 0):
+            raise TopologyError("cost.attn_launch_us must be >= 0 and cost.attn_gbps > 0")
+        if self.cpu_scope not in ("node", "machine"):
+            raise TopologyError(f"cost.cpu_scope must be 'node' or 'machine', got {self.cpu_scope!r}")
+
+    def to_dict(self) -> dict:
+        """The YAML ``cost:`` mapping; the host CPU terms only when they are set."""
+        out: dict = {"overhead_us": self.overhead_us, "launch_us": self.launch_us,
+                     "mem_efficiency": self.mem_efficiency}
+        if self.host_cores:
+            out.update(host_cores=self.host_cores, cpu_us=self.cpu_us, cpu_scope=self.cpu_scope)
+        if self.wakeup_us:
+            out["wakeup_us"] = self.wakeup_us
+        for key in ("attn_launch_us", "attn_gbps"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+    def key(self) -> tuple:
+        """What of it determines costs (for fingerprints)."""
+        base = (float(self.overhead_us), float(self.launch_us), float(self.mem_efficiency))
+        if not self.host_cores and not self.wakeup_us and self.attn_launch_us is None and self.attn_gbps is None:
+            return base  # fingerprints of topologies without the newer terms stay as they were
+        return (*base, self.host_cores, float(self.cpu_us), self.cpu_scope, float(self.wakeup_us),
+                self.attn_launch_us, self.attn_gbps)
 
 
 @dataclass(frozen=True)
@@ -292,6 +356,16 @@ class Topology:
     def num_ranks(self) -> int:
         return len(self.ranks)
 
+    @cached_property
+    def floor_overhead_us(self) -> float:
+        """The least fixed cost any message pays before its bytes move, for lower bounds:
+        ``cost.overhead_us``, or 0 when host ranks' messages cost CPU work instead
+        (``cost.host_cores`` set), which may overlap other messages' work."""
+        if self.cost.host_cores > 0 and any(self.rank_device(r).kind is DeviceKind.HOST
+                                            for r in range(self.num_ranks)):
+            return 0.0
+        return self.cost.overhead_us
+
     def rank_device(self, rank: int) -> Device:
         return self.device(self.ranks[rank])
 
@@ -358,11 +432,7 @@ class Topology:
             "name": self.name,
             "description": self.description,
             "sources": list(self.sources),
-            "cost": {
-                "overhead_us": self.cost.overhead_us,
-                "launch_us": self.cost.launch_us,
-                "mem_efficiency": self.cost.mem_efficiency,
-            },
+            "cost": self.cost.to_dict(),
             "devices": [d.to_dict() for d in self.devices],
             "links": [ln.to_dict() for ln in self.links],
             "ranks": list(self.ranks),
@@ -381,8 +451,9 @@ class Topology:
         )
         links = sorted(
             (ln.src, ln.dst, ln.kind.value, float(ln.bw_gbps), float(ln.latency_us), ln.count, ln.generation, ln.width)
+            + (() if ln.flow_gbps is None else (float(ln.flow_gbps),))
             for ln in self.links
         )
-        cost = (float(self.cost.overhead_us), float(self.cost.launch_us), float(self.cost.mem_efficiency))
+        cost = self.cost.key()
         blob = repr((devices, links, self.ranks, cost)).encode()
         return "sha256:" + hashlib.sha256(blob).hexdigest()[:16]

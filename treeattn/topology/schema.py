@@ -75,6 +75,14 @@ class CostSpec(_Spec):
     mem_efficiency: float = Field(
         0.8, gt=0, le=1, description="Fraction of memory bandwidth a memory-bound kernel reaches."
     )
+    host_cores: int = Field(0, ge=0, description="CPU cores the host ranks share (0: not modelled).")
+    cpu_us: float = Field(0.0, ge=0, description="CPU time a message costs a host rank at each end.")
+    cpu_scope: Literal["node", "machine"] = Field(
+        "node", description="Host ranks sharing host_cores: those of one node, or all (an emulated cluster)."
+    )
+    wakeup_us: float = Field(0.0, ge=0, description="Delay before a rank's first op (waking a blocked process).")
+    attn_launch_us: float | None = Field(None, ge=0, description="Fixed cost of the attention kernel (COMPUTE).")
+    attn_gbps: float | None = Field(None, gt=0, description="Effective GB/s of the attention kernel (COMPUTE).")
 
 
 # -- explicit form ---------------------------------------------------------------------------
@@ -105,6 +113,7 @@ class LinkSpec(_Spec):
     count: int = Field(1, ge=1, description="Bonded links/lanes making up this edge.")
     generation: int | None = Field(None, ge=1)
     width: int | None = Field(None, ge=1)
+    flow_gbps: float | None = Field(None, gt=0, description="The most one flow gets (loopback TCP: one core's rate).")
     duplex: bool = False
 
 

@@ -55,7 +55,7 @@ class Calibration:
                    for c in r.get("classes", [])]
         cases = r.get("cases", [])
         errs = sorted(abs(c["rel_error"]) for c in cases if isinstance(c.get("rel_error"), (int, float)))
-        return {"cost": r.get("cost"), "classes": classes, "load_avg": r.get("load_avg"),
+        return {"cost": r.get("cost"), "classes": classes, "host": r.get("host"), "load_avg": r.get("load_avg"),
                 "warnings": r.get("warnings", []),
                 "median_abs_error_of_its_cases": errs[len(errs) // 2] if errs else None}
 
