@@ -143,8 +143,9 @@ def list_clusters() -> list[dict]:
 
 @contextlib.contextmanager
 def interrupts_raise() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into KeyboardInterrupt (as SIGINT already is) while inside,
-    so ``finally`` blocks run; does nothing outside the main thread."""
+    """Turn SIGINT, SIGTERM and SIGHUP into KeyboardInterrupt while inside, so ``finally``
+    blocks run; does nothing outside the main thread. SIGINT too: a process started in the
+    background of a non-interactive shell inherits it ignored, and Python then leaves it so."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -152,7 +153,7 @@ def interrupts_raise() -> Iterator[None]:
     def _raise(signum, frame):  # noqa: ARG001 - signal handler signature
         raise KeyboardInterrupt(f"signal {signum}")
 
-    old = {s: signal.signal(s, _raise) for s in (signal.SIGTERM, signal.SIGHUP)}
+    old = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
