@@ -115,6 +115,8 @@ def test_cli_refuses_with_one_line(args, match):
         (["-t", "cpu:ranks=1"], "calibration needs at least 2"),
         (["-t", "no-such-machine"], "unknown topology"),
         (["-t", "cpu:ranks=2", "--compute", "fft"], "fft"),
+        (["-t", "cpu:ranks=2", "--attention-shape", "8-1-32"], "--attention-shape '8-1-32'"),
+        (["-t", "cpu:ranks=2", "--attention-shape", "8/3/32"], "HKV must divide HQ"),
     ],
 )
 def test_live_calibration_refuses_bad_flags_before_launching(args, match):

@@ -66,6 +66,9 @@ def calibrate_cmd(
     compute: Annotated[Kernel, typer.Option("--compute", help="Kernel whose fit sets launch_us and "
                                             "mem_efficiency (merge: attention plans; sum: raw payloads).",
                                             rich_help_panel=_LIVE)] = Kernel.MERGE,
+    attention_shape: Annotated[str, typer.Option("--attention-shape", help="HQ/HKV/D: the heads and head dim the "
+                                                 "attention kernel is timed with (--compute attention); use your "
+                                                 "model's.", rich_help_panel=_LIVE)] = "32/8/128",
     backend: Annotated[Backend | None, typer.Option("--backend", help="Default: nccl on CUDA, else gloo.",
                                                     rich_help_panel=_LIVE)] = None,
     timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait.",
@@ -94,9 +97,17 @@ def calibrate_cmd(
         trips = tuple(int(x) for x in round_trips.split(",") if x.strip())
     except ValueError:
         raise InputError(f"--round-trips {round_trips!r}: write counts like 1,4") from None
+    try:
+        hq, hkv, hd = (int(x) for x in attention_shape.split("/"))
+    except ValueError:
+        raise InputError(f"--attention-shape {attention_shape!r}: write HQ/HKV/D, e.g. 32/8/128") from None
+    if min(hq, hkv, hd) < 1 or hq % hkv:
+        raise InputError(f"--attention-shape {attention_shape!r}: heads and head dim must be >= 1 and HKV must "
+                         "divide HQ")
     options = CalibrateOptions(min_bytes=parse_size(min_size), max_bytes=parse_size(max_size), sizes=sizes,
                                round_trips=trips, repeats=repeats, warmup=warmup, contention=contention,
-                               compute=compute.value, backend=backend.value if backend else None, timeout_s=timeout)
+                               compute=compute.value, backend=backend.value if backend else None, timeout_s=timeout,
+                               attention_heads=(hq, hkv, hd))
     from treeattn.validate.run import realtime_priority
 
     topo = resolve(topology) if topology is not None else _probe()

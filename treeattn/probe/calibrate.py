@@ -36,6 +36,7 @@ from treeattn.plan.ir import OpKind, Plan
 from treeattn.probe.apply_fit import ClassParams, FittedParams, apply_fit
 from treeattn.probe.calibrate_compute import (
     LAUNCH_BYTES,
+    LLAMA_HEADS,
     MEMORY_BYTES,
     ComputeFit,
     measure_compute,
@@ -75,6 +76,8 @@ class CalibrateOptions:
     contention_sizes: tuple[int, ...] = (16 << 10, 1 << 20, 16 << 20)
     """Concurrent-flow sizes (those outside min..max are dropped)."""
     compute: str = "merge"
+    attention_heads: tuple[int, int, int] = LLAMA_HEADS
+    """(q heads, KV heads, head dim) the attention kernel is timed with (``compute="attention"``)."""
     """Kernel whose fit sets ``launch_us``/``mem_efficiency``: sum, merge, attention, or none."""
     backend: str | None = None
     timeout_s: float = 60.0
@@ -287,7 +290,8 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
         try:
             compute = measure_compute(local, sizes, repeats=opt.repeats, threads=threads, device=device)
             if opt.compute == "attention":
-                attention = measure_compute("attention", sizes, repeats=opt.repeats, threads=threads, device=device)
+                attention = measure_compute("attention", sizes, repeats=opt.repeats, threads=threads, device=device,
+                                            heads=opt.attention_heads)
         except ProbeError as exc:
             warnings.append(f"{exc}; kept the topology's launch_us and mem_efficiency")
     params = FittedParams(

@@ -8,8 +8,9 @@ Kernels, and the bytes the compute model (``treeattn.cost.compute``) says each m
 * ``merge``: ``treeattn.exec.merge.merge_into`` on packed partials (D = 128) of ``n`` bytes
   (attention plans): ``3n``;
 * ``attention``: ``treeattn.exec.attention.partial_attention`` with the kernel runs use by
-  default (``auto``: torch's fused sdpa on CPU) of one llama-3.1-8b row set (B 1, Hq 32,
-  Hkv 8, D 128, bf16 KV) over ``n`` bytes of KV: KV + q + the partial written;
+  default (``auto``: torch's fused sdpa on CPU) of one row set of the given heads (default
+  llama-3.1-8b's: B 1, Hq 32, Hkv 8, D 128; bf16 KV) over ``n`` bytes of KV: KV + q + the
+  partial written (the bytes a KV byte costs depend on the heads: time the shape you plan);
 * ``clone``: what the executor does before every iteration of a raw payload plan, cloning the
   rank's buffer of ``n`` bytes: ``2n`` (the model has no such step; calibration subtracts it).
 
@@ -45,7 +46,8 @@ KERNELS = ("sum", "merge", "attention", "clone")
 LAUNCH_BYTES = 64 << 10
 MEMORY_BYTES = 3 << 20
 _D = 128
-_KV_PER_TOKEN = 2 * 8 * _D * 2  # K and V, Hkv 8, D 128, bf16
+LLAMA_HEADS = (32, 8, 128)
+"""(q heads, KV heads, head dim) the attention kernel is timed with by default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +83,8 @@ class ComputeFit:
                             "fitted_us": self.fit.predict_us(p.moved_bytes)} for p in self.points]}
 
 
-def _case(kernel: str, nbytes: int, gen: torch.Generator,
-          device: torch.device) -> tuple[int, int, Callable[[], object]] | None:
+def _case(kernel: str, nbytes: int, gen: torch.Generator, device: torch.device,
+          heads: tuple[int, int, int] = LLAMA_HEADS) -> tuple[int, int, Callable[[], object]] | None:
     """(size, bytes moved, one call) for ``kernel`` at about ``nbytes``; None when too small."""
     if kernel in ("sum", "clone"):
         n = max(1, nbytes // 4)
@@ -97,10 +99,11 @@ def _case(kernel: str, nbytes: int, gen: torch.Generator,
         acc, other = (torch.randn(rows, _D + 1, generator=gen).to(device) for _ in range(2))
         size = 4 * rows * (_D + 1)
         return size, 3 * size, lambda: merge_into(acc, other)
-    tokens = nbytes // _KV_PER_TOKEN
+    hq, hkv, d = heads
+    tokens = nbytes // (2 * hkv * d * 2)  # K and V, bf16
     if tokens < 1:
         return None
-    w = Workload.create(ranks=1, seq_len=tokens, batch=1, model="llama-3.1-8b", kv_dtype="bf16")
+    w = Workload(batch=1, q_heads=hq, kv_heads=hkv, head_dim=d, split=(tokens,), kv_dtype="bf16")
     q, kv = make_query(w, 0, device), make_kv_shard(w, 0, 0, device)
     moved = w.kv_bytes(0) + w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes + w.payload_bytes
     kernel = resolve_kernel("auto", device, w.kv_dtype)
@@ -108,7 +111,8 @@ def _case(kernel: str, nbytes: int, gen: torch.Generator,
 
 
 def measure_compute(kernel: str, sizes: Sequence[int], *, repeats: int = 10, threads: int | None = None,
-                    budget_s: float = 5.0, device: str = "cpu") -> ComputeFit:
+                    budget_s: float = 5.0, device: str = "cpu",
+                    heads: tuple[int, int, int] = LLAMA_HEADS) -> ComputeFit:
     """Time ``kernel`` at each size (median of ``repeats`` calls after one warm-up) and fit it.
 
     Args:
@@ -119,6 +123,7 @@ def measure_compute(kernel: str, sizes: Sequence[int], *, repeats: int = 10, thr
             cpu_count // ranks, is the caller's to pass; None keeps the current setting).
         budget_s: rough time limit per size.
         device: where the kernel runs (``cuda`` after an NCCL run: the ranks' GPU).
+        heads: (q heads, KV heads, head dim) of the ``attention`` kernel.
 
     Returns:
         The fit (``launch_us`` and effective bandwidth) and its points.
@@ -134,7 +139,7 @@ def measure_compute(kernel: str, sizes: Sequence[int], *, repeats: int = 10, thr
     points: list[ComputePoint] = []
     try:
         for nbytes in sorted(set(sizes)):
-            case = _case(kernel, nbytes, gen, dev)
+            case = _case(kernel, nbytes, gen, dev, heads)
             if case is None:
                 continue
             size, moved, call = case

@@ -38,6 +38,8 @@ class CalibrationSettings:
     warmup: int = 1
     compute: str = "attention"
     """Kernel whose fit sets ``launch_us`` and the memory efficiency (the plans' COMPUTE ops)."""
+    attention_heads: tuple[int, int, int] = (32, 8, 128)
+    """(q heads, KV heads, head dim) the attention kernel is timed with: the cases'."""
     timeout_s: float = 900.0
 
 
@@ -82,6 +84,7 @@ def calibrate_in_cluster(cluster: Cluster, topo: Topology, settings: Calibration
         argv = [sys.executable, "-c", _ENTRY, "calibrate", "-t", str(topo_file), "-o", str(out), "--json",
                 "--max-size", format_size(s.max_bytes).replace(" ", ""), "--sizes", str(s.sizes), "--repeats",
                 str(s.repeats), "--warmup", str(s.warmup), "--compute", s.compute, "--backend", "gloo",
+                "--attention-shape", "/".join(str(x) for x in s.attention_heads),
                 "--timeout", str(min(s.timeout_s, 300.0))]
         results = run_in_namespaces(cluster, lambda r: argv, lambda r: {"OMP_NUM_THREADS": "1"},
                                     timeout_s=s.timeout_s)

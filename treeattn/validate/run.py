@@ -24,7 +24,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -258,7 +258,11 @@ def validate_topology(target: TopologyTarget, options: ValidateOptions | None = 
             quiet["calibration"] = wait_for_quiet(opt.max_load, opt.max_wait_s, say)
             say(f"{topo.name}: calibrating inside the emulation ({cluster.num_ranks} ranks)")
             with realtime_priority(opt.realtime):
-                calib = calibrate_in_cluster(cluster, emulated_topo, opt.calibration)
+                # Time the attention kernel with the heads the cases plan (the bytes a KV byte
+                # costs depend on them); the cases of one topology share them.
+                w = cases[0].workload
+                settings = replace(opt.calibration, attention_heads=(w.q_heads, w.kv_heads, w.head_dim))
+                calib = calibrate_in_cluster(cluster, emulated_topo, settings)
             predict_on = calib.topology
             source = "treeattn calibrate inside the emulation"
         else:
