@@ -169,3 +169,33 @@ def test_calibrated_attention_kernel_times_compute_and_merges_keep_theirs():
     assert timed.partial_us(0) == pytest.approx(200.0 + timed.partial_bytes(0) / 4e3)
     assert timed.min_partial_us(0) == pytest.approx(timed.partial_us(0))
     assert timed.step_local_us(0, 1 << 20) == plain.step_local_us(0, 1 << 20)
+
+
+def test_host_fit_scales_the_attention_kernel_to_ranks_computing_at_once():
+    from treeattn.probe.calibrate_plans import compute_plan
+
+    topo = bare_cpu4()
+    lb = topo.links[0]
+    truth = dataclasses.replace(topo, links=(dataclasses.replace(lb, latency_us=10.0, bw_gbps=4.0, flow_gbps=2.5),),
+                                cost=dataclasses.replace(topo.cost, host_cores=2, cpu_us=40.0, cpu_scope="machine",
+                                                         wakeup_us=90.0, attn_launch_us=50.0, attn_gbps=3.0))
+    plans = [compute_plan(topo, 4, (8, 1, 32), t) for t in (1024, 65536)]
+    for n in (4, 1 << 20):
+        plans += [pingpong_plan(topo, 4, (0, 1), n, r) for r in (1, 4)]
+        plans += [concurrent_plan(topo, 4, [(0, 1), (2, 3)], n, 4), fanin_plan(topo, 4, 0, [1, 2, 3], n)]
+    cases = [(p, simulate(p, truth, timeline=False).predicted_us) for p in plans]
+    # Timed alone, the kernel looked twice as fast as it runs with every rank computing.
+    params = FittedParams(classes=(ClassParams((("loopback", lb.bw_gbps),), 50.0, 2.5),), overhead_us=5.0,
+                          attn_launch_us=50.0, attn_gbps=6.0)
+    fitted, fit, _ = fit_host_terms(topo, params, cases, cores=2, start_wakeup_us=50.0)
+    assert fit.attn_factor == pytest.approx(0.5, rel=0.05)
+    assert fitted.cost.attn_gbps == pytest.approx(3.0, rel=0.05)
+
+
+def test_compute_plan_is_valid_and_every_rank_computes():
+    from treeattn.plan.validate import validate
+    from treeattn.probe.calibrate_plans import compute_plan
+
+    plan = compute_plan(resolve("cpu:ranks=4"), 4, (8, 1, 32), 2048)
+    assert not validate(plan).violations
+    assert all(prog[0].kind is OpKind.COMPUTE for prog in plan.programs) and plan.contributors == (0,)

@@ -45,6 +45,7 @@ from treeattn.probe.calibrate_compute import (
 from treeattn.probe.calibrate_fit import PingPongFit, PingPongPoint, fit_pingpong, overhead_from_sends
 from treeattn.probe.calibrate_plans import (
     RouteClass,
+    compute_plan,
     concurrent_plan,
     fanin_plan,
     log_sizes,
@@ -55,6 +56,9 @@ from treeattn.probe.fit_host import HostFit, fit_host_terms, on_host_cpus
 from treeattn.topology.model import Topology
 
 __all__ = ["CalibrateOptions", "ClassResult", "CaseResult", "CalibrationReport", "calibrate", "median_abs_rel_error"]
+
+_COMPUTE_KV_BYTES = (1 << 20, 16 << 20)
+"""KV bytes per rank of the concurrent attention cases."""
 
 _SMALL_BYTES = 1024
 """Messages up to this size time the sender's overhead."""
@@ -207,6 +211,14 @@ def _plans(topo: Topology, classes: tuple[RouteClass, ...], opt: CalibrateOption
             for r in sorted(set(opt.round_trips)):
                 meta = {"kind": "pingpong", "class": ci, "nbytes": n, "flows": 1, "round_trips": r}
                 out.append((f"pingpong-c{ci}-{n}B-r{r}", pingpong_plan(topo, p, cls.pair, n, r), meta))
+    if opt.compute == "attention":
+        # Every rank computing at once, as step 0 of an attention plan: the kernel's speed when
+        # the ranks share the cores (and the memory), which timing it alone does not show.
+        per_token = 2 * opt.attention_heads[1] * opt.attention_heads[2] * 2
+        for kv in _COMPUTE_KV_BYTES:
+            tokens = max(1, kv // per_token)
+            meta = {"kind": "compute", "class": 0, "nbytes": tokens * per_token, "flows": p, "round_trips": 1}
+            out.append((f"compute-{tokens}", compute_plan(topo, p, opt.attention_heads, tokens), meta))
     if not opt.contention:
         return out
     csizes = [n for n in opt.contention_sizes if opt.min_bytes <= n <= opt.max_bytes] or list(sizes[-2:])

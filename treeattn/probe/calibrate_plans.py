@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from treeattn.errors import InputError
-from treeattn.plan.ir import Plan, TopologyRef
+from treeattn.plan.ir import Op, OpKind, Plan, TopologyRef
 from treeattn.plan.schedule import Programs
 from treeattn.topology.model import Topology
-from treeattn.workload import RawPayload
+from treeattn.workload import RawPayload, Workload
 
 __all__ = [
     "Hop",
@@ -166,6 +166,28 @@ def concurrent_plan(topo: TopologyRef | Topology, ranks: int, pairs: Sequence[tu
     params = {"pairs": [list(p) for p in pairs], "round_trips": round_trips}
     first = pairs[0]
     return _plan(name, params, nbytes, ranks, TopologyRef.of(topo), progs, first, (first[0],))
+
+
+def compute_plan(topo: TopologyRef | Topology, ranks: int, heads: tuple[int, int, int], tokens: int) -> Plan:
+    """Every rank computes attention over its own ``tokens`` of KV at once (nothing moves):
+    what step 0 of every attention plan does, with the ranks sharing the host's cores.
+
+    Args:
+        topo: the topology (or its reference).
+        ranks: ranks of the run.
+        heads: (q heads, KV heads, head dim), B = 1, bf16 KV.
+        tokens: KV tokens per rank (>= 1).
+
+    Returns:
+        A valid plan whose result is rank 0's own partial.
+    """
+    if tokens < 1:
+        raise InputError(f"compute case needs at least 1 token per rank, got {tokens}")
+    hq, hkv, d = heads
+    w = Workload(batch=1, q_heads=hq, kv_heads=hkv, head_dim=d, split=(tokens,) * ranks, kv_dtype="bf16")
+    programs = tuple((Op(OpKind.COMPUTE, 0),) for _ in range(ranks))
+    return Plan(algorithm="compute", params={"tokens": tokens}, workload=w, topology=TopologyRef.of(topo),
+                chunks=1, programs=programs, result_ranks=(0,), contributors=(0,))
 
 
 def fanin_plan(topo: TopologyRef | Topology, ranks: int, root: int, senders: Sequence[int], nbytes: int) -> Plan:

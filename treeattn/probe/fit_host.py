@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from treeattn.cost.simulate import simulate
-from treeattn.plan.ir import Plan
+from treeattn.plan.ir import OpKind, Plan
 from treeattn.probe.apply_fit import FittedParams, apply_fit
 from treeattn.topology.model import DeviceKind, LinkKind, Topology
 
@@ -43,6 +43,8 @@ class HostFit:
     """Root mean square of log(predicted / measured) over the cases at the optimum."""
     cases: int
     evaluations: int
+    attn_factor: float | None = None
+    """The attention kernel's bandwidth with every rank computing, over its bandwidth alone."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -70,12 +72,18 @@ def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple[P
         The fitted topology, the fit, and warnings (from ``apply_fit``).
     """
     alpha = min(c.alpha_us for c in params.classes)
-    beta = {(ln.kind, ln.bw_gbps) for ln in topo.links if ln.kind is LinkKind.LOOPBACK}
-    has_loop = bool(beta)
+    has_loop = any(ln.kind is LinkKind.LOOPBACK for ln in topo.links)
+    # With cases where every rank computes at once, the attention kernel's bandwidth is fitted
+    # too (as a factor on the one timed alone): the ranks share the cores and the memory.
+    has_attn = params.attn_gbps is not None and any(
+        op.kind is OpKind.COMPUTE for plan, _ in cases for prog in plan.programs for op in prog)
 
     def build(x: Sequence[float]) -> tuple[Topology, list[str]]:
         cpu, wake = x[0], x[1]
-        fitted, notes = apply_fit(topo, dataclasses.replace(params, overhead_us=min(cpu, alpha)), name=name)
+        fit = dataclasses.replace(params, overhead_us=min(cpu, alpha))
+        if has_attn:
+            fit = dataclasses.replace(fit, attn_gbps=params.attn_gbps * x[-1])
+        fitted, notes = apply_fit(topo, fit, name=name)
         links = fitted.links
         if has_loop:
             links = tuple(dataclasses.replace(ln, flow_gbps=ln.bw_gbps, bw_gbps=max(ln.bw_gbps, x[2]))
@@ -91,12 +99,14 @@ def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple[P
         return total / len(cases)
 
     flow = max((ln.bw_gbps for ln in _loopbacks(apply_fit(topo, params, name=name)[0])), default=1.0)
-    start = [max(alpha / 2, 1.0), max(start_wakeup_us, 1.0)] + ([1.5 * flow] if has_loop else [])
-    lo = [0.0, 0.0] + ([flow] if has_loop else [])
+    start = [max(alpha / 2, 1.0), max(start_wakeup_us, 1.0)] + ([1.5 * flow] if has_loop else []) + (
+        [1.0] if has_attn else [])
+    lo = [0.0, 0.0] + ([flow] if has_loop else []) + ([0.0] if has_attn else [])
     best, value, evals = nelder_mead(loss, start, lower=lo)
     fitted, notes = build(best)
     fit = HostFit(cores=cores, cpu_us=best[0], wakeup_us=best[1], loopback_gbps=best[2] if has_loop else None,
-                  rms_log_error=math.sqrt(value), cases=len(cases), evaluations=evals)
+                  rms_log_error=math.sqrt(value), cases=len(cases), evaluations=evals,
+                  attn_factor=best[-1] if has_attn else None)
     return fitted, fit, notes
 
 
