@@ -502,18 +502,8 @@ class _Engine:
         self.start[s] = self.start[q] = t
         sr, qr = self.rank_of[s], self.rank_of[q]
         hit = self.routes[sr * self.p + qr]
-        x = len(self.x_send)
         nbytes = self.nbytes[s]
-        self.x_send.append(s)
-        self.x_recv.append(q)
-        self.x_route.append(hit[0])
-        self.x_lat.append(hit[1])
-        self.x_min.append(hit[2])
-        self.rem.append(float(nbytes))
-        self.rate.append(0.0)
-        self.last.append(t)
-        self.ver.append(0)
-        self.x_what.append(_FLOW_BYTES)
+        x = self._flow(_FLOW_BYTES, s, q, hit[0], hit[1], hit[2], float(nbytes), t)
         self.n_transfers += 1
         if self.core[sr] >= 0 and self.cpu_us > 0:
             # The sender writes the message out at once; the rest of its CPU work for it runs
@@ -526,6 +516,23 @@ class _Engine:
             self.issue.append(x)
         else:
             self._send(x, t)
+
+    def _flow(self, what: int, a: int, b: int, route: tuple[int, ...], lat: float, cap: float, amount: float,
+              t: float) -> int:
+        """A new flow (not yet draining): a transfer's bytes from op ``a`` to op ``b``, or CPU
+        work that goes on with ``a``. Returns its index."""
+        x = len(self.x_send)
+        self.x_send.append(a)
+        self.x_recv.append(b)
+        self.x_route.append(route)
+        self.x_lat.append(lat)
+        self.x_min.append(cap)
+        self.rem.append(amount)
+        self.rate.append(0.0)
+        self.last.append(t)
+        self.ver.append(0)
+        self.x_what.append(what)
+        return x
 
     def _send(self, x: int, t: float) -> None:
         """Transfer ``x`` enters the wire at ``t``."""
@@ -545,17 +552,7 @@ class _Engine:
     def _cpu(self, what: int, r: int, us: float, then: int, t: float) -> None:
         """Start ``us`` of CPU work on host rank ``r`` at ``t``; when done, go on with ``then``
         (a transfer, an op or a rank, by ``what``)."""
-        x = len(self.x_send)
-        self.x_send.append(then)
-        self.x_recv.append(-1)
-        self.x_route.append((self.core[r], self.cpu_pool[r]))
-        self.x_lat.append(0.0)
-        self.x_min.append(1.0)
-        self.rem.append(us)
-        self.rate.append(0.0)
-        self.last.append(t)
-        self.ver.append(0)
-        self.x_what.append(what)
+        x = self._flow(what, then, -1, (self.core[r], self.cpu_pool[r]), 0.0, 1.0, us, t)
         if us <= 0.0:
             self.rem[x] = 0.0
             self._cpu_done(x, t)
