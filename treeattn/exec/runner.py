@@ -252,9 +252,9 @@ class _RankRun:
                 comm.barrier()
                 return comm.now()
             start, arrived, worst = comm.release(margin, delay)
+            delay = arrived - (start - margin)  # how long after the last rank arrived this one knew
             # Every rank sees the same worst delay, so all agree on the next margin.
             margin = min(_MAX_MARGIN_S, max(_MIN_MARGIN_S, 2.0 * worst))
-            delay = arrived - (start - margin)
             return max(start, arrived)
 
         prepare()
