@@ -66,6 +66,10 @@ class ComputeModel:
         return cls(payload=payload, launch_us=topo.cost.launch_us, eff_bw_gbps=bws, best_bw_gbps=best,
                    attn_launch_us=topo.cost.attn_launch_us, attn_bw_gbps=topo.cost.attn_gbps)
 
+    @property
+    def _attn_launch_us(self) -> float:
+        return self.launch_us if self.attn_launch_us is None else self.attn_launch_us
+
     def _mem_us(self, rank: int, nbytes: float) -> float:
         bw = self.eff_bw_gbps[rank]
         return nbytes / (bw * 1e3) if bw > 0 else 0.0
@@ -93,19 +97,17 @@ class ComputeModel:
         """
         b = rank if block is None else block
         nbytes = self.partial_bytes(b)
-        launch = self.launch_us if self.attn_launch_us is None else self.attn_launch_us
         if self.attn_bw_gbps is not None:
-            return launch + nbytes / (self.attn_bw_gbps * 1e3)
-        return launch + self._mem_us(rank, nbytes)
+            return self._attn_launch_us + nbytes / (self.attn_bw_gbps * 1e3)
+        return self._attn_launch_us + self._mem_us(rank, nbytes)
 
     def min_partial_us(self, block: int) -> float:
         """The fastest any rank could compute KV ``block`` (for lower bounds)."""
         nbytes = self.partial_bytes(block)
-        launch = self.launch_us if self.attn_launch_us is None else self.attn_launch_us
         bw = self.best_bw_gbps if self.attn_bw_gbps is None else self.attn_bw_gbps
         if nbytes == 0 or bw <= 0:
-            return launch
-        return launch + nbytes / (bw * 1e3)
+            return self._attn_launch_us
+        return self._attn_launch_us + nbytes / (bw * 1e3)
 
     def merge_bytes_us(self, rank: int, nbytes: int) -> float:
         """Memory time of merging ``nbytes`` of received rows into an accumulator (no launch)."""

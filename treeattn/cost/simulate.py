@@ -429,7 +429,7 @@ class _Engine:
             elif ev == _EV_POST:
                 self._post_step(a, t)
             else:
-                self._message_cpu(_CPU_RECV, self.rank_of[x_recv[a]], a, t)
+                self._receive_cpu(self.rank_of[x_recv[a]], a, t)
         self._check_finished()
         return self._result(want_timeline, events)
 
@@ -509,7 +509,7 @@ class _Engine:
             # The sender writes the message out at once; the rest of its CPU work for it runs
             # meanwhile, and its SEND completes when both are done.
             self.hold[x] = 2
-            self._message_cpu(_CPU_SENT, sr, x, t)
+            self._cpu(_CPU_SENT, sr, self.cpu_us, x, t)
             self._send(x, t)
         elif self.overhead > 0 and self.core[sr] < 0:
             # The sender's issue slot is given once every transfer starting now is known.
@@ -570,17 +570,16 @@ class _Engine:
             del self.hold[x]
         self._op_done(self.x_send[x], t)
 
-    def _message_cpu(self, what: int, r: int, x: int, t: float) -> None:
-        """Rank ``r``'s CPU work for transfer ``x``: sending it (every message: a system call
-        through the network stack), or receiving it; receive work already running on the
-        rank takes it along (one wake-up serves every message that arrived meanwhile)."""
-        if what == _CPU_RECV:
-            y = self.batch.get(r)
-            if y is not None:
-                self.riders.setdefault(y, []).append(x)
-                return
-            self.batch[r] = len(self.x_send)
-        self._cpu(what, r, self.cpu_us, x, t)
+    def _receive_cpu(self, r: int, x: int, t: float) -> None:
+        """Rank ``r``'s CPU work for receiving transfer ``x``; receive work already running on
+        the rank takes it along (one wake-up serves every message that arrived meanwhile).
+        Sending costs every message its own work (a system call through the network stack)."""
+        y = self.batch.get(r)
+        if y is not None:
+            self.riders.setdefault(y, []).append(x)
+            return
+        self.batch[r] = len(self.x_send)
+        self._cpu(_CPU_RECV, r, self.cpu_us, x, t)
 
     def _cpu_done(self, x: int, t: float) -> None:
         what, then = self.x_what[x], self.x_send[x]
@@ -719,12 +718,10 @@ class _Engine:
         else:
             left = {i: cap[i] for i in cnt}
             heap = [(left[i] / c, 0, i) for i, c in cnt.items()]
+            # A flow's own limit: its narrowest link or flow cap (flow_gbps, a core), which no
+            # link of its route is narrower than.
             x_min = self.x_min
-            for x in flows:
-                # Its links that carry it alone, and its own cap (flow_gbps, a core).
-                own = [cap[j] for j in routes[x] if j not in cnt]
-                own.append(x_min[x])
-                heap.append((min(own), 1, x))
+            heap.extend((x_min[x], 1, x) for x in flows)
             heapq.heapify(heap)
             pop, push = heapq.heappop, heapq.heappush
             floor = 0.0

@@ -23,7 +23,7 @@ import torch
 from treeattn.errors import ExecutionError, PlanInvalidError
 from treeattn.exec.attention import partial_attention, torch_dtype
 from treeattn.exec.comm import P2P, BufferPool, Comm
-from treeattn.exec.merge import empty_partial, merge_into, merge_many, sum_into
+from treeattn.exec.merge import clear_partial, empty_partial, merge_into, merge_many, sum_into
 from treeattn.plan.ir import Op, OpKind, Plan, chunk_rows
 
 __all__ = ["FAULT_ENV", "OpTiming", "RankInputs", "PlanExecutor", "InjectedFault"]
@@ -122,8 +122,7 @@ class PlanExecutor:
             if self._acc is None:
                 self._acc = empty_partial(self.rows, w.head_dim, self.comm.device)
             else:
-                self._acc[:, :-1] = 0.0
-                self._acc[:, -1] = float("-inf")
+                clear_partial(self._acc)
         self._pool.release_all()  # the previous iteration's blocks and buffers are no longer read
         self._prepared = True
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["empty_partial", "pack", "unpack", "merge_into", "merge", "merge_many", "sum_into"]
+__all__ = ["empty_partial", "clear_partial", "pack", "unpack", "merge_into", "merge", "merge_many", "sum_into"]
 
 _NEG_INF = float("-inf")
 _FLOAT_MIN = torch.finfo(torch.float32).min
@@ -27,8 +27,13 @@ def empty_partial(rows: int, head_dim: int, device: torch.device | str = "cpu") 
     Returns:
         A ``(rows, D + 1)`` fp32 tensor.
     """
-    out = torch.zeros(rows, head_dim + 1, dtype=torch.float32, device=device)
-    out[:, head_dim] = _NEG_INF
+    return clear_partial(torch.empty(rows, head_dim + 1, dtype=torch.float32, device=device))
+
+
+def clear_partial(out: torch.Tensor) -> torch.Tensor:
+    """Set a packed partial ``(rows, D + 1)`` to the identity of the merge, in place."""
+    out[:, :-1] = 0.0
+    out[:, -1] = _NEG_INF
     return out
 
 

@@ -39,6 +39,7 @@ from treeattn.probe.calibrate_compute import (
     LLAMA_HEADS,
     MEMORY_BYTES,
     ComputeFit,
+    kv_bytes_per_token,
     measure_compute,
     rank_threads,
 )
@@ -214,7 +215,7 @@ def _plans(topo: Topology, classes: tuple[RouteClass, ...], opt: CalibrateOption
     if opt.compute == "attention":
         # Every rank computing at once, as step 0 of an attention plan: the kernel's speed when
         # the ranks share the cores (and the memory), which timing it alone does not show.
-        per_token = 2 * opt.attention_heads[1] * opt.attention_heads[2] * 2
+        per_token = kv_bytes_per_token(opt.attention_heads)
         for kv in _COMPUTE_KV_BYTES:
             tokens = max(1, kv // per_token)
             meta = {"kind": "compute", "class": 0, "nbytes": tokens * per_token, "flows": p, "round_trips": 1}

@@ -11,8 +11,8 @@ Kernels, and the bytes the compute model (``treeattn.cost.compute``) says each m
   default (``auto``: torch's fused sdpa on CPU) of one row set of the given heads (default
   llama-3.1-8b's: B 1, Hq 32, Hkv 8, D 128; bf16 KV) over ``n`` bytes of KV: KV + q + the
   partial written (the bytes a KV byte costs depend on the heads: time the shape you plan);
-* ``clone``: what the executor does before every iteration of a raw payload plan, cloning the
-  rank's buffer of ``n`` bytes: ``2n`` (the model has no such step; calibration subtracts it).
+* ``clone``: a copy of ``n`` bytes into a fresh buffer (page faults included): ``2n``; what
+  the executor once did inside the clock before every raw-payload iteration.
 
 The line ``t = launch_us + moved / (eff_bw_gbps 1e3)`` is fitted in two parts, because
 caches bend it: sizes that fit in cache run far faster per byte than the memory-bound sizes
@@ -48,6 +48,11 @@ MEMORY_BYTES = 3 << 20
 _D = 128
 LLAMA_HEADS = (32, 8, 128)
 """(q heads, KV heads, head dim) the attention kernel is timed with by default."""
+
+
+def kv_bytes_per_token(heads: tuple[int, int, int]) -> int:
+    """KV bytes of one token with ``heads`` = (q heads, KV heads, head dim): K and V, bf16."""
+    return 2 * heads[1] * heads[2] * 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +105,7 @@ def _case(kernel: str, nbytes: int, gen: torch.Generator, device: torch.device,
         size = 4 * rows * (_D + 1)
         return size, 3 * size, lambda: merge_into(acc, other)
     hq, hkv, d = heads
-    tokens = nbytes // (2 * hkv * d * 2)  # K and V, bf16
+    tokens = nbytes // kv_bytes_per_token(heads)
     if tokens < 1:
         return None
     w = Workload(batch=1, q_heads=hq, kv_heads=hkv, head_dim=d, split=(tokens,), kv_dtype="bf16")

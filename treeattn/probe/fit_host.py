@@ -98,7 +98,8 @@ def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple[P
             total += math.log(simulate(plan, t, timeline=False).predicted_us / measured) ** 2
         return total / len(cases)
 
-    flow = max((ln.bw_gbps for ln in _loopbacks(apply_fit(topo, params, name=name)[0])), default=1.0)
+    flow = max((ln.bw_gbps for ln in apply_fit(topo, params, name=name)[0].links if ln.kind is LinkKind.LOOPBACK),
+               default=1.0)
     start = [max(alpha / 2, 1.0), max(start_wakeup_us, 1.0)] + ([1.5 * flow] if has_loop else []) + (
         [1.0] if has_attn else [])
     lo = [0.0, 0.0] + ([flow] if has_loop else []) + ([0.0] if has_attn else [])
@@ -108,10 +109,6 @@ def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple[P
                   rms_log_error=math.sqrt(value), cases=len(cases), evaluations=evals,
                   attn_factor=best[-1] if has_attn else None)
     return fitted, fit, notes
-
-
-def _loopbacks(topo: Topology):  # noqa: ANN202 - iterator of Links
-    return (ln for ln in topo.links if ln.kind is LinkKind.LOOPBACK)
 
 
 def nelder_mead(f: Callable[[Sequence[float]], float], start: Sequence[float], lower: Sequence[float],
