@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from treeattn.errors import ExecutionError
+from treeattn.exec.board import HostBoard
 
 __all__ = ["CommError", "Comm", "P2P", "BufferPool"]
 
@@ -67,6 +68,8 @@ class Comm:
         self.setup_timeout = datetime.timedelta(seconds=setup_timeout_s)
         self._sent: dict[int, int] = defaultdict(int)
         self._received: dict[int, int] = defaultdict(int)
+        self.board: HostBoard | None = None
+        """Where ``release`` meets when every rank shares this host (``open_board``)."""
 
     # -- point to point ---------------------------------------------------------------------
 
@@ -135,19 +138,62 @@ class Comm:
         self.all_reduce(flag, "sum", "barrier", setup=True)
         self.synchronize()
 
+    def open_board(self) -> bool:
+        """Set up ``release``'s shared-memory board; only for ranks that share one host (the
+        caller checked). Rank 0 creates it and names it to the others; it is unlinked as soon
+        as every rank has it mapped, so nothing is left behind. Returns whether every rank
+        has it (otherwise ``release`` keeps meeting by a collective)."""
+        path, created = "", False
+        if self.rank == 0:
+            path = HostBoard.new_path()
+            try:
+                HostBoard.create(path, self.world)
+                created = True
+            except OSError:
+                path = ""
+        name = torch.zeros(256, dtype=torch.uint8, device=self.device)
+        if self.rank == 0 and path:
+            name[:len(path)] = torch.tensor(list(path.encode()), dtype=torch.uint8)
+        path = bytes(self.broadcast(name, 0, "board name").cpu().tolist()).rstrip(b"\0").decode()
+        board = None
+        try:
+            board = HostBoard(path, self.rank, self.world) if path else None
+        except OSError:
+            board = None
+        try:
+            count = torch.tensor([1.0 if board else 0.0], device=self.device)
+            opened = int(self.all_reduce(count, "sum", "board check", setup=True).item())
+        finally:
+            if created:
+                os.unlink(path)
+        if opened != self.world:
+            if board is not None:
+                board.close()
+            return False
+        self.board = board
+        return True
+
     def release(self, margin_s: float, last_delay_s: float) -> tuple[float, float, float]:
         """Meet the other ranks and start together: every rank contributes its clock (one host's
         CLOCK_MONOTONIC) and the worst delay it saw last time; all then sleep until
         ``max(clocks) + margin_s`` and start at that one instant, so no rank gets a head start
-        on work the others have not begun.
+        on work the others have not begun. With a board (``open_board``) they meet through
+        shared memory, so ranks that finished a run early send nothing while others still run it.
 
         Returns (start instant, when this rank had the agreed values, the worst delay of the
         previous release over all ranks: for the caller's next margin)."""
         self.synchronize()
-        mine = torch.tensor([time.perf_counter(), last_delay_s], dtype=torch.float64, device=self.device)
-        both = self.all_reduce(mine, "max", "start release", setup=True).cpu()
+        if self.board is not None:
+            try:
+                latest, worst = self.board.meet(time.perf_counter(), last_delay_s, self.setup_timeout.total_seconds())
+            except TimeoutError as exc:
+                raise CommError(f"rank {self.rank}: start release failed: {exc}") from exc
+        else:
+            mine = torch.tensor([time.perf_counter(), last_delay_s], dtype=torch.float64, device=self.device)
+            both = self.all_reduce(mine, "max", "start release", setup=True).cpu()
+            latest, worst = float(both[0]), float(both[1])
         arrived = time.perf_counter()
-        start = float(both[0]) + margin_s
+        start = latest + margin_s
         # Sleep most of the wait, then stay runnable (yielding) to the instant: a process
         # that sleeps through it wakes hundreds of microseconds to milliseconds late when
         # the ranks outnumber the cores, one that is runnable starts as soon as a core is free.
@@ -155,7 +201,7 @@ class Comm:
             time.sleep(start - _SPIN_S - arrived)
         while time.perf_counter() < start:
             os.sched_yield()
-        return start, arrived, float(both[1])
+        return start, arrived, worst
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

@@ -39,7 +39,8 @@ class InjectedFault(ExecutionError):
 
 @dataclass(frozen=True, slots=True)
 class OpTiming:
-    """When one op of the measured iteration was posted and completed (µs from its start)."""
+    """When one op of the measured iteration was posted and completed (µs from the run's origin:
+    the agreed start instant on one host, else the rank's own start)."""
 
     rank: int
     index: int
@@ -82,6 +83,9 @@ class PlanExecutor:
         self._ops_done = 0
         self._pool = BufferPool(comm.device)
         self.timeline: list[OpTiming] = []
+        self.origin: float | None = None
+        """Where the next run's timeline counts from (``Comm.now`` seconds): the instant the
+        ranks agreed to start, when the harness has one; else this rank's own start."""
         self._acc: torch.Tensor | None = None
         self._prepared = False
 
@@ -136,7 +140,8 @@ class PlanExecutor:
         blocks: dict[int, torch.Tensor] = {} if self.plan.is_raw else {self.rank: self.inputs.kv}
         trio: dict[str, torch.Tensor] = {}
         self.timeline = []
-        start = self.comm.now()
+        start = self.comm.now() if self.origin is None else self.origin
+        self.origin = None
         for ops in self.steps:
             first = ops[0][1]
             for index, _ in ops:

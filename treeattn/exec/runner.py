@@ -4,7 +4,8 @@ One process group runs a whole ``Job`` (several plans in sequence, each with its
 baselines), so tests and benchmarks pay the process start-up once. Per method: one
 untimed run whose result is checked, ``warmup`` untimed runs, then ``repeats`` timed runs.
 When all ranks share one host's monotonic clock, every run starts at one agreed instant
-(``Comm.release``: a little after the last rank arrived; everyone sleeps until then) and
+(``Comm.release``: a little after the last rank arrived, agreed through shared memory so a
+rank that finished early sends nothing while others still run; everyone sleeps until then) and
 its time runs from that instant to the moment the last rank finished; a rank that only
 learns the instant after it has passed starts late, and then the run is timed from that
 rank's start (the margin grows for the next run). Elsewhere a run starts after a barrier
@@ -220,6 +221,8 @@ class _RankRun:
             mine = torch.tensor([key], dtype=torch.int64, device=self.comm.device)
             keys = [int(t.item()) for t in self.comm.all_gather(mine, "clock check", setup=True)]
             self._same_clock = keys[0] != -1 and len(set(keys)) == 1
+            if self._same_clock:
+                self.comm.open_board()
         return self._same_clock
 
     def reference(self, payload: Payload, contributors: tuple[int, ...] | None = None) -> torch.Tensor:
@@ -268,6 +271,8 @@ class _RankRun:
         for _ in range(self.opt.repeats):
             prepare()
             starts.append(begin())
+            if executor is not None and shared:
+                executor.origin = starts[-1]  # one clock: timelines count from the agreed start
             last = fn()
             ends.append(comm.now())
         ref = self.reference(payload, contributors)
