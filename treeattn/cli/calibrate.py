@@ -206,16 +206,23 @@ def _tables(report, out: Path | None, png: Path | None) -> None:  # noqa: ANN001
     if report.host is not None:
         h = report.host
         loop = (f", loopback {h.loopback_gbps:.3g} GB/s for all flows together" if h.loopback_gbps else "")
+        step = f", step_us {h.step_us:.1f} per step of transfers" if h.step_us else ""
+        if h.coll_cpu_us is not None:
+            step += f", coll_cpu_us {h.coll_cpu_us:.1f} per message end inside a collective"
+        factors = "".join(f", {what} x{f:.2f}" for what, f in (("attention bandwidth", h.attn_factor),
+                                                                ("attention launch", h.attn_launch_factor),
+                                                                ("merge launch", h.merge_factor)) if f is not None)
         con.print(f"host CPU terms (fitted to all {h.cases} cases through the simulator, rms log error "
                   f"{h.rms_log_error:.3f}): {h.cores} cores shared by the ranks, cpu_us {h.cpu_us:.1f} per message "
-                  f"end, wakeup_us {h.wakeup_us:.0f}{loop}")
+                  f"end{step}, wakeup_us {h.wakeup_us:.0f}{loop}{factors}")
     else:
         con.print(f"per-message overhead {cost.overhead_us:.1f} µs (sender-side completion of messages ≤ 1 KiB)")
     cases = Table(title="Every measured case · predicted by the simulator on the fitted topology (µs)")
     for col in ("case", "size", "flows", "R", "measured", "±", "predicted", "error"):
         cases.add_column(col, justify="left" if col == "case" else "right")
     for cs in report.cases:
-        cases.add_row(cs.kind, format_size(cs.nbytes), str(cs.flows), str(cs.round_trips), f"{cs.measured_us:,.0f}",
+        name = cs.label if cs.kind in ("tree", "collective") else cs.kind
+        cases.add_row(name, format_size(cs.nbytes), str(cs.flows), str(cs.round_trips), f"{cs.measured_us:,.0f}",
                       f"{cs.spread_us / 2:,.0f}", f"{cs.predicted_us:,.0f}", f"{cs.rel_error:+.0%}")
     con.print(cases)
     solo = {(c.route_class, c.nbytes): c for c in report.cases if c.kind == "pingpong"

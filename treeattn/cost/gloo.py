@@ -17,7 +17,9 @@ message pays the overhead, flows share links max-min fairly):
 
 The reduction inside gloo is a loop over its receive buffer, not a kernel launch: the
 plans are simulated with the topology's ``launch_us`` set to 0 (memory time stays), and
-without ``wakeup_us`` (the plan that calls the collective already woke up).
+without ``wakeup_us`` (the plan that calls the collective already woke up) or ``step_us``
+(gloo steps in C++, not through the interpreter); a message end costs ``coll_cpu_us``
+where calibration measured it apart.
 Results are cached per (topology fingerprint, collective, size).
 """
 
@@ -55,7 +57,10 @@ def _no_launch(topo: Topology) -> Topology:
     key = topo.fingerprint
     hit = _NO_LAUNCH.get(key)
     if hit is None:
-        hit = dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, launch_us=0.0, wakeup_us=0.0))
+        cost = topo.cost
+        cpu = cost.cpu_us if cost.coll_cpu_us is None else cost.coll_cpu_us
+        hit = dataclasses.replace(topo, cost=dataclasses.replace(cost, launch_us=0.0, wakeup_us=0.0, step_us=0.0,
+                                                                 cpu_us=cpu, coll_cpu_us=None))
         if len(_NO_LAUNCH) > 64:
             _NO_LAUNCH.clear()
         _NO_LAUNCH[key] = hit

@@ -35,7 +35,11 @@ It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
   then), except that receive work already running on the rank serves every message that
   arrives meanwhile (one wake-up). COMPUTE and a step's merges and copies are CPU work too.
   So ranks that outnumber the cores slow each other down, and a rank handles its messages
-  one core's worth at a time.
+  one core's worth at a time. With ``cost.cpu_queue: fifo`` (ranks under a real-time policy,
+  which never preempts a running thread for another of its priority) the pool runs at most
+  ``host_cores`` pieces of work at once, each to its end, and the others wait their turn in
+  the order they became ready, instead of all sharing the cores at once.
+  Each transfer step first costs its rank ``cost.step_us`` of CPU (posting and collecting it).
 * Every rank runs its first step ``cost.wakeup_us`` after time 0 (a blocked process wakes).
 * A link's ``flow_gbps`` caps each flow on it below the link's shared ``bw_gbps``.
 * A plan whose ranks wait forever raises ``PlanInvalidError`` naming what they wait on.
@@ -73,7 +77,7 @@ _KIND_CODE = {
  _EV_ARRIVE) = range(8)
 # What a flow is: a transfer's bytes, or CPU work that, when done, goes on with a transfer
 # (sending: its bytes; receiving: its completion), an op (COMPUTE) or a step's end (merges).
-_FLOW_BYTES, _CPU_SENT, _CPU_RECV, _CPU_OP, _CPU_MERGE = range(5)
+_FLOW_BYTES, _CPU_SENT, _CPU_RECV, _CPU_OP, _CPU_MERGE, _CPU_STEP = range(6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,11 +303,15 @@ class _Engine:
         p = self.p
         self.core = [-1] * p
         self.cpu_pool = [-1] * p
-        self.cpu_us = 0.0
+        self.cpu_us = self.step_us = 0.0
+        self.cpu_fifo = False
+        self.pool_busy: dict[int, int] = {}
+        self.pool_wait: dict[int, deque] = {}
         cost = topo.cost
         if cost.host_cores <= 0:
             return
-        self.cpu_us = cost.cpu_us
+        self.cpu_us, self.step_us = cost.cpu_us, cost.step_us
+        self.cpu_fifo = cost.cpu_queue == "fifo"
         pools: dict[int, int] = {}
         for r in range(p):
             dev = topo.rank_device(r)
@@ -313,6 +321,8 @@ class _Engine:
             if key not in pools:
                 pools[key] = len(self.cap)
                 self.cap.append(float(cost.host_cores))
+                self.pool_busy[pools[key]] = 0
+                self.pool_wait[pools[key]] = deque()
             self.cpu_pool[r] = pools[key]
             self.core[r] = len(self.cap)
             self.cap.append(1.0)
@@ -455,6 +465,15 @@ class _Engine:
             post[lo], pred[lo] = t, spred
             self._arrive(r, lo, t)
             return
+        if self.step_us > 0 and self.core[r] >= 0:
+            self._cpu(_CPU_STEP, r, self.step_us, r, t)
+        else:
+            self._post_transfers(r, t)
+
+    def _post_transfers(self, r: int, t: float) -> None:
+        lo, hi = self.steps[r][self.cur[r]]
+        spred, kind = self.last_gid[r], self.kind
+        post, pred = self.post, self.pred
         partner = self.partner
         for gid in range(lo, hi):
             post[gid] = t
@@ -552,12 +571,18 @@ class _Engine:
     def _cpu(self, what: int, r: int, us: float, then: int, t: float) -> None:
         """Start ``us`` of CPU work on host rank ``r`` at ``t``; when done, go on with ``then``
         (a transfer, an op or a rank, by ``what``)."""
-        x = self._flow(what, then, -1, (self.core[r], self.cpu_pool[r]), 0.0, 1.0, us, t)
+        pool = self.cpu_pool[r]
+        x = self._flow(what, then, -1, (self.core[r], pool), 0.0, 1.0, us, t)
         if us <= 0.0:
             self.rem[x] = 0.0
             self._cpu_done(x, t)
-        else:
+        elif not self.cpu_fifo:
             self._bw_start(x, t)
+        elif self.pool_busy[pool] < self.cap[pool]:
+            self.pool_busy[pool] += 1
+            self._bw_start(x, t)
+        else:
+            self.pool_wait[pool].append(x)
 
     def _send_side(self, x: int, t: float) -> None:
         """Transfer ``x`` is done on the sender's side (delivered, or its CPU work done): its
@@ -593,6 +618,8 @@ class _Engine:
                     self._op_done(self.x_recv[y], t)
         elif what == _CPU_OP:
             self._op_done(then, t)
+        elif what == _CPU_STEP:
+            self._post_transfers(then, t)
         else:
             self._step_end(then, t)
 
@@ -662,8 +689,16 @@ class _Engine:
             self.dirty.update(route)
         if self.x_what[x] == _FLOW_BYTES:
             self._land(x, t + self.x_lat[x])
-        else:
-            self._cpu_done(x, t)
+            return
+        if self.cpu_fifo:
+            # Its core goes to the work that has waited longest.
+            pool = route[1]
+            waiting = self.pool_wait[pool]
+            if waiting:
+                self._bw_start(waiting.popleft(), t)
+            else:
+                self.pool_busy[pool] -= 1
+        self._cpu_done(x, t)
 
     def _reshare(self, t: float) -> None:
         """Max-min fair rates for the flows connected to the links that changed."""

@@ -9,6 +9,9 @@ times a plan (barrier, then the plan; median over repeats of the maximum over ra
    (``calibrate_plans.route_classes``), at log-spaced sizes, with 1 and more round trips;
 2. concurrent-flow plans: disjoint pairs of one class ping-ponging at once, and a fan-in
    of several ranks into one, at a few sizes (do flows that share a link split it?);
+3. with ``--compute attention``: every rank computing at once, and small attention plans
+   (star, chain and binomial trees over all ranks, ``calibrate_plans.tree_plans``) and the
+   library's all-reduce;
 
 then, in this process, the executor's merge (or sum, or attention) kernel at those sizes.
 
@@ -16,8 +19,9 @@ Fits (``calibrate_fit``): per class ``alpha_us``/``beta_gbps`` (and a per-iterat
 the backend's per-message overhead from the sender-side completion times of the smallest
 messages; ``launch_us`` and the effective memory bandwidth of the kernel. They are written
 into a copy of the topology (``apply_fit``). When every rank is a process on this host's
-CPUs, ``fit_host`` then fits the host terms (CPU time per message end, wake-up, loopback
-aggregate; the cores are this machine's) to all the cases at once through the simulator. On
+CPUs, ``fit_host`` then fits the host terms (CPU time per message end and per step, wake-up,
+loopback aggregate, and factors on the kernels' figures as they run amid the other ranks; the
+cores are this machine's) to all the cases at once through the simulator. On
 the fitted topology the simulator predicts every plan that was measured: the report shows
 predicted against measured for each.
 """
@@ -46,12 +50,14 @@ from treeattn.probe.calibrate_compute import (
 from treeattn.probe.calibrate_fit import PingPongFit, PingPongPoint, fit_pingpong, overhead_from_sends
 from treeattn.probe.calibrate_plans import (
     RouteClass,
+    allreduce_plan,
     compute_plan,
     concurrent_plan,
     fanin_plan,
     log_sizes,
     pingpong_plan,
     route_classes,
+    tree_plans,
 )
 from treeattn.probe.fit_host import HostFit, fit_host_terms, on_host_cpus
 from treeattn.topology.model import Topology
@@ -60,6 +66,12 @@ __all__ = ["CalibrateOptions", "ClassResult", "CaseResult", "CalibrationReport",
 
 _COMPUTE_KV_BYTES = (1 << 20, 16 << 20)
 """KV bytes per rank of the concurrent attention cases."""
+
+_TREE_BATCHES = (2, 32)
+_TREE_TOKENS = 48
+"""Batches and KV tokens per rank of the small attention plans (tree cases)."""
+_COLLECTIVE_BYTES = (64, 16 << 10)
+"""Bytes per rank of the library all-reduce cases."""
 
 _SMALL_BYTES = 1024
 """Messages up to this size time the sender's overhead."""
@@ -103,7 +115,7 @@ class CaseResult:
 
     label: str
     kind: str
-    """``pingpong``, ``concurrent`` or ``fanin``."""
+    """``pingpong``, ``concurrent``, ``fanin``, ``compute``, ``tree`` or ``collective``."""
     route_class: str
     nbytes: int
     flows: int
@@ -220,6 +232,15 @@ def _plans(topo: Topology, classes: tuple[RouteClass, ...], opt: CalibrateOption
             tokens = max(1, kv // per_token)
             meta = {"kind": "compute", "class": 0, "nbytes": tokens * per_token, "flows": p, "round_trips": 1}
             out.append((f"compute-{tokens}", compute_plan(topo, p, opt.attention_heads, tokens), meta))
+        # And small attention plans: steps, merges and messages amid the other ranks' work.
+        for batch in _TREE_BATCHES:
+            for shape, plan in tree_plans(topo, p, opt.attention_heads, batch, _TREE_TOKENS):
+                nbytes = plan.workload.rows * (plan.workload.head_dim + 1) * 4
+                meta = {"kind": "tree", "class": 0, "nbytes": nbytes, "flows": p, "round_trips": 1}
+                out.append((f"tree-{shape}-B{batch}", plan, meta))
+        for nbytes in _COLLECTIVE_BYTES:
+            meta = {"kind": "collective", "class": 0, "nbytes": nbytes, "flows": p, "round_trips": 1}
+            out.append((f"allreduce-{nbytes}B", allreduce_plan(topo, p, nbytes), meta))
     if not opt.contention:
         return out
     csizes = [n for n in opt.contention_sizes if opt.min_bytes <= n <= opt.max_bytes] or list(sizes[-2:])
@@ -322,7 +343,8 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
     if on_host_cpus(topo) and result.backend == "gloo":
         measured = [(plan, by_label[label].median_us) for label, plan, _ in planned]
         fitted, host, notes = fit_host_terms(topo, params, measured, _cores(),
-                                             start_wakeup_us=statistics.median(f.fit.skew_us for f in fits))
+                                             start_wakeup_us=statistics.median(f.fit.skew_us for f in fits),
+                                             cpu_queue="fifo" if _realtime() else "fair")
     warnings.extend(notes)
     cases = []
     for label, plan, meta in planned:
@@ -333,6 +355,16 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
     return CalibrationReport(fitted, topo.name, result.backend, tuple(fits), overhead, compute, attention, host,
                              tuple(cases),
                              opt, (load0, os.getloadavg()[0]), tuple(warnings))
+
+
+def _realtime() -> bool:
+    """Whether the ranks run under a real-time policy (inherited from this process, as
+    ``treeattn validate --realtime`` starts them): the kernel then never preempts a running
+    rank for another, and the simulator queues their CPU work first come, first served."""
+    try:
+        return os.sched_getscheduler(0) in (os.SCHED_RR, os.SCHED_FIFO)
+    except (AttributeError, OSError):  # not Linux
+        return False
 
 
 def _cores() -> int:

@@ -12,6 +12,12 @@ same plans on the fitted topology to show how well the fit predicts them.
   back). Valid plans (``contributors=(a,)``), so every run also checks what arrived.
 * *Concurrent flows*: several pairs ping-pong at once (do flows that share a link split it?),
   and *fan-in*: several ranks send to one rank in one step (how a star's root receives).
+* *Compute* and *tree* cases (attention calibration): every rank computing its partial at
+  once, and small attention plans of three tree shapes (star, chain, binomial; reduce then
+  broadcast) over every rank: what a step, a merge and a message cost a rank in the middle
+  of a plan, with the other ranks at work on the same cores, which the cases above (one
+  kind of work at a time, in a tight loop) do not show. Beside them, the library's own
+  all-reduce over every rank (*collective* cases), whose messages skip the interpreter.
 
 Legend: ``nbytes`` is the message size (the whole raw payload, one chunk).
 """
@@ -22,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from treeattn.errors import InputError
+from treeattn.plan.builders import build
 from treeattn.plan.ir import Op, OpKind, Plan, TopologyRef
 from treeattn.plan.schedule import Programs
 from treeattn.topology.model import Topology
@@ -35,7 +42,13 @@ __all__ = [
     "pingpong_plan",
     "concurrent_plan",
     "fanin_plan",
+    "TREE_SHAPES",
+    "tree_plans",
+    "allreduce_plan",
 ]
+
+TREE_SHAPES = ("star", "chain", "binomial")
+"""Tree shapes of the calibration's small attention plans."""
 
 Hop = tuple[str, float]
 """One hop of a route class: (link kind, bw_gbps)."""
@@ -211,3 +224,43 @@ def fanin_plan(topo: TopologyRef | Topology, ranks: int, root: int, senders: Seq
         progs.transfer(s, root, 0)
     params = {"root": root, "senders": list(senders)}
     return _plan("fanin", params, nbytes, ranks, TopologyRef.of(topo), progs, (root,), (root, *senders))
+
+
+def tree_plans(topo: TopologyRef | Topology, ranks: int, heads: tuple[int, int, int], batch: int,
+               tokens: int) -> list[tuple[str, Plan]]:
+    """Small attention plans over every rank, one per shape of ``TREE_SHAPES``, rooted at the
+    last rank: every rank computes its partial, the tree reduces them to the root with
+    merges, and the root's result goes back down (every rank ends with the whole).
+
+    Args:
+        topo: the topology (or its reference).
+        ranks: ranks of the run (>= 2).
+        heads: (q heads, KV heads, head dim), bf16 KV, fp32 partials.
+        batch: decode batch B (the partials are B x q heads rows).
+        tokens: KV tokens per rank (>= 1).
+
+    Returns:
+        (shape, plan) per shape.
+    """
+    if ranks < 2 or batch < 1 or tokens < 1:
+        raise InputError(f"tree cases need >= 2 ranks, batch >= 1 and >= 1 token per rank, got {ranks}, "
+                         f"{batch} and {tokens}")
+    hq, hkv, d = heads
+    w = Workload(batch=batch, q_heads=hq, kv_heads=hkv, head_dim=d, split=(tokens,) * ranks, kv_dtype="bf16")
+    return [(shape, build(shape, w, TopologyRef.of(topo), root=ranks - 1)) for shape in TREE_SHAPES]
+
+
+def allreduce_plan(topo: TopologyRef | Topology, ranks: int, nbytes: int) -> Plan:
+    """One library all-reduce (sum) of every rank's ``nbytes`` buffer.
+
+    Args:
+        topo: the topology (or its reference).
+        ranks: ranks of the run (>= 2).
+        nbytes: bytes per rank (a multiple of 4).
+
+    Returns:
+        The plan ``treeattn plan --algorithm allreduce`` builds.
+    """
+    if ranks < 2:
+        raise InputError(f"a collective case needs >= 2 ranks, got {ranks}")
+    return build("allreduce", RawPayload(nbytes=nbytes, ranks=ranks), TopologyRef.of(topo))

@@ -4,15 +4,20 @@ Ranks that are processes on one machine's CPUs do not behave like GPUs behind a 
 message costs CPU time at both ends, ranks that outnumber the cores slow each other down,
 every timed step starts with blocked processes waking up, and TCP over loopback gives one
 connection one core's copy rate while several connections use more cores. The simulator
-models these with ``cost.host_cores``, ``cost.cpu_us``, ``cost.wakeup_us`` and a loopback
-link's ``flow_gbps`` (see ``treeattn.cost.simulate``). Ping-pong alone cannot separate them
+models these with ``cost.host_cores``, ``cost.cpu_us``, ``cost.step_us``, ``cost.wakeup_us``
+and a loopback link's ``flow_gbps`` (see ``treeattn.cost.simulate``). Ping-pong alone cannot separate them
 (a lone message's time is its latency plus the receiver's CPU work, whatever the split), but
 the concurrent-flow and fan-in cases calibration runs beside it can. So this module takes
 the per-class alpha/beta fit, and searches (Nelder-Mead, on the logarithms) for the
 ``cpu_us``, ``wakeup_us`` and loopback aggregate bandwidth that make the simulator's
-predictions of *every calibration case* closest to the measured times (least squares of
-log(predicted / measured)). Link latencies follow as ``alpha - cpu_us``; ``flow_gbps`` is the
-fitted single-flow beta. Plans run later are not part of the fit: they check it.
+predictions of the message cases (ping-pong, concurrent flows, fan-in) closest to the
+measured times (least squares of log(predicted / measured)); then, those held, factors on
+the attention kernel's bandwidth and fixed cost from the cases where every rank computes at
+once; then, the attention terms held, ``step_us``, a factor on the merge kernel's fixed cost
+and ``coll_cpu_us`` from the small attention plans and library all-reduces (what a rank pays
+amid the others' work), refitting ``cpu_us`` and ``wakeup_us`` to them and the message cases. Link latencies follow as
+``alpha - cpu_us``; ``flow_gbps`` is the fitted single-flow beta. Plans run later are not
+part of the fit: they check it.
 """
 
 from __future__ import annotations
@@ -45,6 +50,16 @@ class HostFit:
     evaluations: int
     attn_factor: float | None = None
     """The attention kernel's bandwidth with every rank computing, over its bandwidth alone."""
+    step_us: float = 0.0
+    """CPU time per step of transfers (fitted only with tree cases)."""
+    coll_cpu_us: float | None = None
+    """CPU time per message end inside the library's collectives (with collective cases)."""
+    attn_launch_factor: float | None = None
+    """The attention kernel's fixed cost with every rank at work, over its cost alone."""
+    cpu_queue: str = "fair"
+    """How the ranks shared the cores (``fifo`` under a real-time policy)."""
+    merge_factor: float | None = None
+    """A merge's (and copy's) fixed cost inside a plan over the merge kernel's timed alone."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -56,8 +71,9 @@ def on_host_cpus(topo: Topology) -> bool:
 
 
 def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple[Plan, float]], cores: int,
-                   start_wakeup_us: float = 0.0, name: str | None = None) -> tuple[Topology, HostFit, list[str]]:
-    """Fit ``cpu_us``, ``wakeup_us`` and the loopback aggregate to ``cases``.
+                   start_wakeup_us: float = 0.0, name: str | None = None,
+                   cpu_queue: str = "fair") -> tuple[Topology, HostFit, list[str]]:
+    """Fit the host terms to ``cases``, in stages (see the module docstring).
 
     Args:
         topo: the topology before fitting (as passed to ``apply_fit``).
@@ -67,47 +83,103 @@ def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple[P
         cores: CPU cores the ranks share (this machine's).
         start_wakeup_us: starting point of the wake-up (the ping-pong fit's per-iteration term).
         name: name of the fitted topology.
+        cpu_queue: how the ranks share the cores (``fair``, or ``fifo`` for ranks under a
+            real-time policy); the cases were measured so, and plans will be.
 
     Returns:
         The fitted topology, the fit, and warnings (from ``apply_fit``).
     """
     alpha = min(c.alpha_us for c in params.classes)
     has_loop = any(ln.kind is LinkKind.LOOPBACK for ln in topo.links)
-    # With cases where every rank computes at once, the attention kernel's bandwidth is fitted
-    # too (as a factor on the one timed alone): the ranks share the cores and the memory.
-    has_attn = params.attn_gbps is not None and any(
-        op.kind is OpKind.COMPUTE for plan, _ in cases for prog in plan.programs for op in prog)
 
-    def build(x: Sequence[float]) -> tuple[Topology, list[str]]:
-        cpu, wake = x[0], x[1]
-        fit = dataclasses.replace(params, overhead_us=min(cpu, alpha))
+    def kind(plan: Plan) -> str:
+        ops = [op.kind for prog in plan.programs for op in prog]
+        if ops and all(k is OpKind.COMPUTE for k in ops):
+            return "compute"
+        if OpKind.COLLECTIVE in ops or (not plan.is_raw and OpKind.COMPUTE in ops):
+            return "plan"
+        return "messages"
+
+    staged: dict[str, list[tuple[Plan, float]]] = {"messages": [], "compute": [], "plan": []}
+    for plan, measured in cases:
+        staged[kind(plan)].append((plan, measured))
+    plans = staged["plan"]
+    # Cases where every rank computes at once fit the attention kernel as the ranks run it
+    # (factors on its bandwidth and, with two sizes or more, its fixed cost, timed alone).
+    has_attn = params.attn_gbps is not None and bool(staged["compute"])
+    sizes = {(p.workload.batch, p.workload.split) for p, _ in staged["compute"]}
+    has_launch = has_attn and params.attn_launch_us is not None and params.attn_launch_us > 0 and len(sizes) > 1
+    # Small attention plans separate a step's cost from a message's and show a merge amid the
+    # other ranks' work; the library's collectives pass messages in their own threads.
+    has_step = any(not p.is_raw for p, _ in plans)
+    has_merge = has_step and params.launch_us is not None and params.launch_us > 0
+    has_coll = on_host_cpus(topo) and any(op.kind is OpKind.COLLECTIVE for p, _ in plans
+                                          for prog in p.programs for op in prog)
+    flow = max((ln.bw_gbps for ln in apply_fit(topo, params, name=name)[0].links if ln.kind is LinkKind.LOOPBACK),
+               default=1.0)
+    values: dict[str, float] = {"cpu": max(alpha / 2, 1.0), "wake": max(start_wakeup_us, 1.0), "loop": 1.5 * flow,
+                                "attn": 1.0, "alaunch": 1.0, "step": 0.0, "merge": 1.0}
+    lowest = {"loop": flow}
+    fitted_keys: set[str] = set()
+
+    def build(v: dict[str, float]) -> tuple[Topology, list[str]]:
+        fit = dataclasses.replace(params, overhead_us=min(v["cpu"], alpha))
         if has_attn:
-            fit = dataclasses.replace(fit, attn_gbps=params.attn_gbps * x[-1])
+            fit = dataclasses.replace(fit, attn_gbps=params.attn_gbps * v["attn"])
+        if has_launch:
+            fit = dataclasses.replace(fit, attn_launch_us=params.attn_launch_us * v["alaunch"])
+        if has_merge:
+            fit = dataclasses.replace(fit, launch_us=params.launch_us * v["merge"])
         fitted, notes = apply_fit(topo, fit, name=name)
         links = fitted.links
         if has_loop:
-            links = tuple(dataclasses.replace(ln, flow_gbps=ln.bw_gbps, bw_gbps=max(ln.bw_gbps, x[2]))
+            links = tuple(dataclasses.replace(ln, flow_gbps=ln.bw_gbps, bw_gbps=max(ln.bw_gbps, v["loop"]))
                           if ln.kind is LinkKind.LOOPBACK else ln for ln in links)
-        cost = dataclasses.replace(fitted.cost, host_cores=cores, cpu_us=cpu, cpu_scope="machine", wakeup_us=wake)
+        cost = dataclasses.replace(fitted.cost, host_cores=cores, cpu_us=v["cpu"], cpu_scope="machine",
+                                   wakeup_us=v["wake"], step_us=v["step"], cpu_queue=cpu_queue,
+                                   coll_cpu_us=v.get("coll"))
         return dataclasses.replace(fitted, links=links, cost=cost), notes
 
-    def loss(x: Sequence[float]) -> float:
-        t, _ = build(x)
-        total = 0.0
-        for plan, measured in cases:
-            total += math.log(simulate(plan, t, timeline=False).predicted_us / measured) ** 2
-        return total / len(cases)
+    def rms(t: Topology, group: Sequence[tuple[Plan, float]]) -> float:
+        total = sum(math.log(simulate(plan, t, timeline=False).predicted_us / measured) ** 2
+                    for plan, measured in group)
+        return math.sqrt(total / len(group))
 
-    flow = max((ln.bw_gbps for ln in apply_fit(topo, params, name=name)[0].links if ln.kind is LinkKind.LOOPBACK),
-               default=1.0)
-    start = [max(alpha / 2, 1.0), max(start_wakeup_us, 1.0)] + ([1.5 * flow] if has_loop else []) + (
-        [1.0] if has_attn else [])
-    lo = [0.0, 0.0] + ([flow] if has_loop else []) + ([0.0] if has_attn else [])
-    best, value, evals = nelder_mead(loss, start, lower=lo)
-    fitted, notes = build(best)
-    fit = HostFit(cores=cores, cpu_us=best[0], wakeup_us=best[1], loopback_gbps=best[2] if has_loop else None,
-                  rms_log_error=math.sqrt(value), cases=len(cases), evaluations=evals,
-                  attn_factor=best[-1] if has_attn else None)
+    evals = 0
+    # In stages, each set of terms fitted to the cases that show it, the earlier terms held:
+    # fitted all at once, a noisy case lets one term stand in for another (a slow attention
+    # kernel for slow messages), and the plans predicted later inherit the mix-up.
+    stages = (("messages", ["cpu", "wake"] + (["loop"] if has_loop else [])),
+              ("compute", (["attn"] if has_attn else []) + (["alaunch"] if has_launch else [])),
+              ("plan", [k for k, on in (("step", has_step), ("merge", has_merge), ("coll", has_coll)) if on]))
+    for stage, keys in stages:
+        group = staged[stage] or (cases if stage == "messages" else [])
+        if stage == "plan" and keys:
+            # A plan's messages pay cpu_us too: refit it and the wake-up with the plans' terms,
+            # to the message cases and the plans together (the attention kernel stays held).
+            keys, group = ["cpu", "wake", *keys], staged["messages"] + group
+        if not keys or not group:
+            continue
+        if "coll" in keys:
+            values["coll"] = values["cpu"]
+
+        def loss(x: Sequence[float], keys: list[str] = keys, group: list = group) -> float:
+            return rms(build({**values, **dict(zip(keys, x, strict=True))})[0], group) ** 2
+
+        best, _, n = nelder_mead(loss, [max(values[k], 1.0) if k == "step" else values[k] for k in keys],
+                                 lower=[lowest.get(k, 0.0) for k in keys], iterations=max(200, 60 * len(keys)))
+        values.update(zip(keys, best, strict=True))
+        fitted_keys.update(keys)
+        evals += n
+    fitted, notes = build(values)
+
+    def got(key: str) -> float | None:
+        return values[key] if key in fitted_keys else None
+
+    fit = HostFit(cores=cores, cpu_us=values["cpu"], wakeup_us=values["wake"], loopback_gbps=got("loop"),
+                  rms_log_error=rms(fitted, cases), cases=len(cases), evaluations=evals, attn_factor=got("attn"),
+                  step_us=values["step"], cpu_queue=cpu_queue, merge_factor=got("merge"),
+                  attn_launch_factor=got("alaunch"), coll_cpu_us=got("coll"))
     return fitted, fit, notes
 
 

@@ -232,6 +232,17 @@ class CostParams:
     cpu_scope: str = "node"
     """Which host ranks share ``host_cores``: those of one ``node``, or all of the
     ``machine`` (an emulated cluster: every namespace runs on the one host's cores)."""
+    cpu_queue: str = "fair"
+    """How host ranks' CPU work shares the cores: ``fair`` (all at once, like the kernel's
+    default scheduler) or ``fifo`` (at most ``host_cores`` at once, each run to its end in
+    the order it became ready: ranks under SCHED_RR/SCHED_FIFO, as ``validate --realtime``)."""
+    coll_cpu_us: float | None = None
+    """CPU time a message end costs inside a library collective on host ranks (gloo's own
+    threads, not the interpreter); None: ``cpu_us``."""
+    step_us: float = 0.0
+    """CPU time a host rank spends on each step of transfers before its messages go out
+    (building and posting the step's operations, then collecting them): the interpreter's
+    own work, on the path; only with ``host_cores`` set."""
     wakeup_us: float = 0.0
     """Time before a rank runs its first op when a step begins (waking a blocked process);
     calibration measures it on hosts, where it is tens to hundreds of microseconds."""
@@ -249,11 +260,13 @@ class CostParams:
             raise TopologyError(f"cost.mem_efficiency must be in (0, 1], got {self.mem_efficiency}")
         if not isinstance(self.host_cores, int) or self.host_cores < 0:
             raise TopologyError(f"cost.host_cores must be a whole number >= 0, got {self.host_cores!r}")
-        if self.cpu_us < 0 or self.wakeup_us < 0:
-            raise TopologyError("cost.cpu_us and cost.wakeup_us must be >= 0")
+        if self.cpu_us < 0 or self.wakeup_us < 0 or self.step_us < 0 or (self.coll_cpu_us or 0.0) < 0:
+            raise TopologyError("cost.cpu_us, cost.coll_cpu_us, cost.step_us and cost.wakeup_us must be >= 0")
         if (self.attn_launch_us is not None and self.attn_launch_us < 0) or (
                 self.attn_gbps is not None and self.attn_gbps <= 0):
             raise TopologyError("cost.attn_launch_us must be >= 0 and cost.attn_gbps > 0")
+        if self.cpu_queue not in ("fair", "fifo"):
+            raise TopologyError(f"cost.cpu_queue must be 'fair' or 'fifo', got {self.cpu_queue!r}")
         if self.cpu_scope not in ("node", "machine"):
             raise TopologyError(f"cost.cpu_scope must be 'node' or 'machine', got {self.cpu_scope!r}")
 
@@ -263,6 +276,12 @@ class CostParams:
                      "mem_efficiency": self.mem_efficiency}
         if self.host_cores:
             out.update(host_cores=self.host_cores, cpu_us=self.cpu_us, cpu_scope=self.cpu_scope)
+            if self.step_us:
+                out["step_us"] = self.step_us
+            if self.cpu_queue != "fair":
+                out["cpu_queue"] = self.cpu_queue
+            if self.coll_cpu_us is not None:
+                out["coll_cpu_us"] = self.coll_cpu_us
         if self.wakeup_us:
             out["wakeup_us"] = self.wakeup_us
         for key in ("attn_launch_us", "attn_gbps"):
@@ -275,8 +294,11 @@ class CostParams:
         base = (float(self.overhead_us), float(self.launch_us), float(self.mem_efficiency))
         if not self.host_cores and not self.wakeup_us and self.attn_launch_us is None and self.attn_gbps is None:
             return base  # fingerprints of topologies without the newer terms stay as they were
-        return (*base, self.host_cores, float(self.cpu_us), self.cpu_scope, float(self.wakeup_us),
-                self.attn_launch_us, self.attn_gbps)
+        terms = (*base, self.host_cores, float(self.cpu_us), self.cpu_scope, float(self.wakeup_us),
+                 self.attn_launch_us, self.attn_gbps)
+        if self.step_us or self.cpu_queue != "fair" or self.coll_cpu_us is not None:
+            terms = (*terms, float(self.step_us), self.cpu_queue, self.coll_cpu_us)
+        return terms
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,13 @@ class CostSpec(_Spec):
     cpu_scope: Literal["node", "machine"] = Field(
         "node", description="Host ranks sharing host_cores: those of one node, or all (an emulated cluster)."
     )
+    cpu_queue: Literal["fair", "fifo"] = Field(
+        "fair", description="Host CPU sharing: fair (all at once) or fifo (real-time ranks: one at a time per core)."
+    )
+    coll_cpu_us: float | None = Field(
+        None, ge=0, description="CPU time a message end costs inside a library collective (default cpu_us)."
+    )
+    step_us: float = Field(0.0, ge=0, description="CPU time a host rank spends per step of transfers.")
     wakeup_us: float = Field(0.0, ge=0, description="Delay before a rank's first op (waking a blocked process).")
     attn_launch_us: float | None = Field(None, ge=0, description="Fixed cost of the attention kernel (COMPUTE).")
     attn_gbps: float | None = Field(None, gt=0, description="Effective GB/s of the attention kernel (COMPUTE).")
