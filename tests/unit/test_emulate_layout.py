@@ -161,6 +161,12 @@ def test_setup_steps_are_deterministic_and_shape_every_pair():
     text = "".join(s.stdin or "" for s in steps)
     assert text.count("root handle 1: htb") == len(lay.shapers)
     assert text.count("u32 match ip src") == sum(len(s.pairs) for s in lay.shapers)
+    # Small packets (ACKs) get a class of their own on every shaped link, matched first, so a
+    # link carries both directions at once.
+    assert text.count("classid 1:3 htb") == text.count("match u16 0x0000 0xff80 at 2 flowid 1:3") == len(lay.shapers)
+    for line in text.splitlines():
+        if "u32 match ip src" in line:
+            assert "prio 2" in line
     # Nothing is created in the root namespace except the namespaces themselves.
     for s in steps[1:]:
         assert "-n" in s.argv or s.argv[:3] == ("ip", "netns", "exec")

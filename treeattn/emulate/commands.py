@@ -7,12 +7,18 @@ Shaping of one link (HTB, the only shaper besides tbf built into these kernels):
 
     root 1: htb default 2
     └── 1:1   rate R ceil R               the link
-        ├── 1:2   rate R/(n+1) ceil R     anything unclassified (ARP)
-        └── 1:10.. rate R/(n+1) ceil R    one class per rank pair crossing the link (u32 on
+        ├── 1:2   rate R/(n+2) ceil R     anything unclassified (ARP)
+        ├── 1:3   rate R/(n+2) ceil R     packets under 128 bytes (TCP ACKs, gloo's notices),
+        │         prio 0                  matched before the pairs' filters
+        └── 1:10.. rate R/(n+2) ceil R    one class per rank pair crossing the link (u32 on
                                           source and destination address)
 
 Classes borrow the idle share of the others in equal quanta, so flows active together get
-max-min fair shares of R, as the cost model assumes; a single flow gets all of R. Buckets
+max-min fair shares of R, as the cost model assumes; a single flow gets all of R. The small
+packets' class keeps a link full duplex, as the links it stands for are: without it the ACKs
+of a transfer a -> b queue behind b -> a's data in b's pair class (a frame is 300 us at
+40 Mbit/s, not the microseconds of the real link), and both directions at once took twice as
+long as one (``results/validate-emu/experiments/duplex.py``). Buckets
 are ``BURST_S`` of R deep, and every veth hands the shaper one frame per packet (no GSO).
 """
 
@@ -96,7 +102,7 @@ def setup_steps(layout: Layout) -> list[Step]:
     steps += [_batch("ip", ns, lines) for ns, lines in config.items() if lines]
     shaping: dict[str, list[str]] = {}
     for s in layout.shapers:
-        share = max(s.rate_bit // (len(s.pairs) + 1), 8000)
+        share = max(s.rate_bit // (len(s.pairs) + 2), 8000)
         dev = f"dev {s.ifname}"
         burst = max(BURST_MIN_BYTES, int(s.rate_bit / 8 * BURST_S))
         q = f"quantum {QUANTUM_BYTES} burst {burst} cburst {burst}"
@@ -104,12 +110,15 @@ def setup_steps(layout: Layout) -> list[Step]:
             f"qdisc add {dev} root handle 1: htb default 2",
             f"class add {dev} parent 1: classid 1:1 htb rate {s.rate_bit}bit ceil {s.rate_bit}bit {q}",
             f"class add {dev} parent 1:1 classid 1:2 htb rate {share}bit ceil {s.rate_bit}bit {q}",
+            f"class add {dev} parent 1:1 classid 1:3 htb rate {share}bit ceil {s.rate_bit}bit {q} prio 0",
+            # IPv4 total length (bytes 2-3 of the header) below 128.
+            f"filter add {dev} parent 1: protocol ip prio 1 u32 match u16 0x0000 0xff80 at 2 flowid 1:3",
         ]
         for k, (a, b) in enumerate(s.pairs):
             minor = f"{k + 16:x}"
             lines += [
                 f"class add {dev} parent 1:1 classid 1:{minor} htb rate {share}bit ceil {s.rate_bit}bit {q}",
-                f"filter add {dev} parent 1: protocol ip prio 1 u32 match ip src {rank_ip(a)}/32 "
+                f"filter add {dev} parent 1: protocol ip prio 2 u32 match ip src {rank_ip(a)}/32 "
                 f"match ip dst {rank_ip(b)}/32 flowid 1:{minor}",
             ]
         shaping.setdefault(s.ns, []).extend(lines)
