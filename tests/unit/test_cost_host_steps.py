@@ -112,10 +112,13 @@ def test_fifo_with_a_core_per_rank_is_fair_sharing(cpu, step, nbytes):
 
 
 @settings(max_examples=25, deadline=None)
-@given(cores=st.integers(1, 3), cpu=st.floats(0.0, 40.0), step=st.floats(0.0, 40.0), fifo=st.booleans())
-def test_host_step_terms_only_ever_add_time(cores, cpu, step, fifo):
-    bare = hosts(4, cores=cores, cpu=cpu, queue="fifo" if fifo else "fair")
-    more = hosts(4, cores=cores, cpu=cpu, step=step, queue="fifo" if fifo else "fair")
+@given(cores=st.integers(1, 3), cpu=st.floats(0.0, 40.0), step=st.floats(0.0, 40.0))
+def test_host_step_terms_only_ever_add_time_with_fair_cores(cores, cpu, step):
+    # Only with fair sharing: first-come cores are a list schedule, where more work can finish
+    # sooner by changing the order work queues in (hypothesis found cpu 1, step 0.5 on 2 cores:
+    # a 3-sender fan-in 3.9 us with the step cost, 4.2 without).
+    bare = hosts(4, cores=cores, cpu=cpu)
+    more = hosts(4, cores=cores, cpu=cpu, step=step)
     for plan in (fanin_plan(bare, 4, 0, [1, 2, 3], 4000), concurrent_plan(bare, 4, [(0, 1), (2, 3)], 40, 2)):
         assert simulate(plan, more).predicted_us >= simulate(plan, bare).predicted_us - 1e-9
 
