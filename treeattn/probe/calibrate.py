@@ -21,7 +21,7 @@ messages; ``launch_us`` and the effective memory bandwidth of the kernel. They a
 into a copy of the topology (``apply_fit``). When every rank is a process on this host's
 CPUs, ``fit_host`` then fits the host terms (CPU time per message end and per step, wake-up,
 loopback aggregate, and factors on the kernels' figures as they run amid the other ranks; the
-cores are this machine's) to all the cases at once through the simulator. On
+cores are this machine's) to the cases through the simulator, in stages. On
 the fitted topology the simulator predicts every plan that was measured: the report shows
 predicted against measured for each.
 """
@@ -36,7 +36,7 @@ from treeattn.cost.simulate import simulate
 from treeattn.errors import ExecutionError, InputError, ProbeError
 from treeattn.exec.launch import launch
 from treeattn.exec.runner import Job, Measurement, PlanJob, RunOptions
-from treeattn.plan.ir import OpKind, Plan
+from treeattn.plan.ir import OpKind, Plan, message_bytes
 from treeattn.probe.apply_fit import ClassParams, FittedParams, apply_fit
 from treeattn.probe.calibrate_compute import (
     LAUNCH_BYTES,
@@ -235,7 +235,8 @@ def _plans(topo: Topology, classes: tuple[RouteClass, ...], opt: CalibrateOption
         # And small attention plans: steps, merges and messages amid the other ranks' work.
         for batch in _TREE_BATCHES:
             for shape, plan in tree_plans(topo, p, opt.attention_heads, batch, _TREE_TOKENS):
-                nbytes = plan.workload.rows * (plan.workload.head_dim + 1) * 4
+                nbytes = next(message_bytes(plan, op) for prog in plan.programs for op in prog
+                              if op.kind is OpKind.SEND)
                 meta = {"kind": "tree", "class": 0, "nbytes": nbytes, "flows": p, "round_trips": 1}
                 out.append((f"tree-{shape}-B{batch}", plan, meta))
         for nbytes in _COLLECTIVE_BYTES:

@@ -5,19 +5,23 @@ message costs CPU time at both ends, ranks that outnumber the cores slow each ot
 every timed step starts with blocked processes waking up, and TCP over loopback gives one
 connection one core's copy rate while several connections use more cores. The simulator
 models these with ``cost.host_cores``, ``cost.cpu_us``, ``cost.step_us``, ``cost.wakeup_us``
-and a loopback link's ``flow_gbps`` (see ``treeattn.cost.simulate``). Ping-pong alone cannot separate them
-(a lone message's time is its latency plus the receiver's CPU work, whatever the split), but
-the concurrent-flow and fan-in cases calibration runs beside it can. So this module takes
-the per-class alpha/beta fit, and searches (Nelder-Mead, on the logarithms) for the
-``cpu_us``, ``wakeup_us`` and loopback aggregate bandwidth that make the simulator's
-predictions of the message cases (ping-pong, concurrent flows, fan-in) closest to the
-measured times (least squares of log(predicted / measured)); then, those held, factors on
-the attention kernel's bandwidth and fixed cost from the cases where every rank computes at
-once; then, the attention terms held, ``step_us``, a factor on the merge kernel's fixed cost
-and ``coll_cpu_us`` from the small attention plans and library all-reduces (what a rank pays
-amid the others' work), refitting ``cpu_us`` and ``wakeup_us`` to them and the message cases. Link latencies follow as
-``alpha - cpu_us``; ``flow_gbps`` is the fitted single-flow beta. Plans run later are not
-part of the fit: they check it.
+and a loopback link's ``flow_gbps`` (see ``treeattn.cost.simulate``). Ping-pong alone cannot
+separate them (a lone message's time is its latency plus the receiver's CPU work, whatever
+the split), but the concurrent-flow and fan-in cases calibration runs beside it can. So this
+module takes the per-class alpha/beta fit and searches (Nelder-Mead, on the logarithms), in
+stages, each with the earlier terms held:
+
+1. ``cpu_us``, ``wakeup_us`` and the loopback aggregate bandwidth, to the message cases
+   (ping-pong, concurrent flows, fan-in);
+2. factors on the attention kernel's bandwidth and fixed cost, to the cases where every rank
+   computes at once;
+3. ``step_us``, a factor on the merge kernel's fixed cost and ``coll_cpu_us``, with
+   ``cpu_us`` and ``wakeup_us`` refitted, to the small attention plans and library
+   all-reduces (what a rank pays amid the others' work) and the message cases together.
+
+Each stage minimises the least squares of log(predicted / measured) over its cases. Link
+latencies follow as ``alpha - cpu_us``; ``flow_gbps`` is the fitted single-flow beta. Plans
+run later are not part of the fit: they check it.
 """
 
 from __future__ import annotations
