@@ -71,5 +71,11 @@ def test_contention_cases_on_four_ranks():
     by = {(c.kind, c.flows): c for c in report.cases if c.nbytes == big}
     assert by[("fanin", 3)].predicted_us > by[("fanin", 1)].predicted_us
     solo = next(c for c in report.cases if c.kind == "pingpong" and c.nbytes == big and c.round_trips == 2)
-    assert by[("concurrent", 2)].predicted_us > solo.predicted_us
+    # Two pairs share the link when the fitted aggregate is below two flows' worth; a noisy
+    # single repeat can fit it above (then they do not contend, and must not be faster).
+    ln = report.topology.links[0]
+    if ln.bw_gbps < 2 * ln.flow_gbps:
+        assert by[("concurrent", 2)].predicted_us > solo.predicted_us
+    else:
+        assert by[("concurrent", 2)].predicted_us >= solo.predicted_us
     assert report.topology.cost.launch_us == resolve("cpu:ranks=4").cost.launch_us  # --compute none keeps it
