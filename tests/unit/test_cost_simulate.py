@@ -272,6 +272,26 @@ def test_compute_and_merge_costs_follow_the_model():
     assert close(res.per_rank_finish_us[1], max(c0, c1) + msg)
 
 
+@pytest.mark.parametrize(("chunks_of", "copies", "kernels"), [
+    ((0, 0, 0), 0, 1),     # three partials for one chunk: merged at once
+    ((0, 1, 0), 0, 2),     # two chunks merged into
+    ((None, None, None), 0, 1),
+    ((0, 1, None), 0, 3),  # chunk None (every row) is a target of its own
+    ((0,), 2, 2),          # the copies are one kernel between them
+])
+def test_a_step_pays_one_launch_per_chunk_merged_and_one_for_copies(chunks_of, copies, kernels):
+    launch = 7.0
+    p = 1 + len(chunks_of) + copies
+    topo = switch_topo(p, launch=launch)
+    recvs = [Op(MERGE, 0, peer=i + 1, chunk=c) for i, c in enumerate(chunks_of)]
+    recvs += [Op(COPY, 0, peer=len(chunks_of) + 1 + i, chunk=2 + i) for i in range(copies)]
+    progs = [recvs] + [[Op(SEND, 0, peer=0, chunk=op.chunk)] for op in recvs]
+    plan = make_plan(progs, raw(p, 4096), topo, chunks=4, result_ranks=[0])
+    free = simulate(plan, dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, launch_us=0.0)))
+    res = simulate(plan, topo)
+    assert close(res.per_rank_finish_us[0] - free.per_rank_finish_us[0], kernels * launch)
+
+
 def test_collective_steps_run_together_and_take_ncclish_time():
     from treeattn.cost import nccl
     from treeattn.cost.bounds import CutModel

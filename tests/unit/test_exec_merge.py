@@ -9,7 +9,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treeattn.exec.merge import empty_partial, merge, merge_into, merge_many, pack, sum_into, unpack
+from treeattn.exec.merge import (
+    empty_partial,
+    merge,
+    merge_into,
+    merge_many,
+    merge_many_into,
+    pack,
+    sum_into,
+    sum_many_into,
+    unpack,
+)
 
 NEG_INF = float("-inf")
 MODERATE = st.floats(min_value=-80.0, max_value=80.0, allow_nan=False, width=32)
@@ -136,6 +146,55 @@ def test_merge_many_equals_a_fold(parts):
     for p in parts[1:]:
         merge_into(acc, p)
     assert_close(merge_many(torch.stack(parts)), acc, rtol=5e-5)
+
+
+def _one_by_one_and_at_once(parts, k):
+    one_by_one = parts[0].clone()
+    for p in parts[1 : k + 1]:
+        merge_into(one_by_one, p)
+    return one_by_one, merge_many_into(parts[0].clone(), torch.stack(parts[1 : k + 1]))
+
+
+@settings(max_examples=100, deadline=None)
+@given(partials(k=5), st.integers(1, 4))
+def test_merge_many_into_equals_merging_one_by_one(parts, k):
+    # What a step receiving k partials for one chunk does, against the merges one at a time.
+    one_by_one, at_once = _one_by_one_and_at_once(parts, k)
+    assert_close(at_once, one_by_one, rtol=5e-5)
+
+
+@settings(max_examples=100, deadline=None)
+@given(partials(k=5, lse=EXTREME), st.integers(1, 4))
+def test_merge_many_into_never_nan_and_keeps_empty_rows(parts, k):
+    one_by_one, at_once = _one_by_one_and_at_once(parts, k)
+    assert not torch.isnan(at_once).any()
+    assert torch.equal(torch.isneginf(unpack(at_once)[1]), torch.isneginf(unpack(one_by_one)[1]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(partials(k=4))
+def test_merge_many_into_is_exact_for_one_and_tolerates_16_bit(parts):
+    a, b = parts[0].clone(), parts[0].clone()
+    merge_many_into(a, parts[1].unsqueeze(0))
+    merge_into(b, parts[1])
+    assert torch.equal(a, b)
+    wide = merge_many_into(parts[0].clone(), torch.stack(parts[1:]))
+    narrow = merge_many_into(parts[0].clone(), torch.stack(parts[1:]).to(torch.bfloat16))
+    assert_close(narrow, wide, rtol=2e-2)
+
+
+def test_merge_many_into_rejects_a_stack_of_other_rows():
+    with pytest.raises(ValueError, match="stack"):
+        merge_many_into(empty_partial(2, 3), torch.stack([empty_partial(3, 3)]))
+
+
+def test_raw_sum_of_a_stack_in_place():
+    acc = torch.tensor([1.0, 2.0])
+    sum_many_into(acc, torch.tensor([[3.0, -2.0], [1.0, 1.0]]))
+    assert acc.tolist() == [5.0, 1.0]
+    f8 = torch.tensor([1.0, -1.0]).to(torch.float8_e4m3fn)
+    sum_many_into(f8, torch.tensor([[2.0, 1.0], [1.0, 1.0]]).to(torch.float8_e4m3fn))
+    assert f8.float().tolist() == [4.0, 1.0]
 
 
 def test_merge_takes_16_bit_wire_partials():

@@ -11,9 +11,10 @@ over the device's memory bandwidth times ``topo.cost.mem_efficiency``:
 * a merge (or raw sum) of n rows reads two partials of n rows and writes one:
   ``3 * n * row_bytes / (mem_bw(r) * mem_efficiency)``; a RECV_COPY of n rows into the
   accumulator reads and writes them: ``2 * n * row_bytes / ...`` (a received KV block is
-  kept where it landed: free). The merges and copies of one step run after its transfers
-  as one kernel, so such a step pays one ``launch_us`` plus the sum of their byte terms
-  (``step_local_us``).
+  kept where it landed: free). The merges and copies of one step run after its transfers:
+  the partials received for one chunk are merged as one kernel (the executor stacks them),
+  and the step's copies count as one more, so such a step pays ``launch_us`` per kernel plus
+  the sum of their byte terms (``step_local_us``).
 
 Calibration may time the attention kernel apart (``cost.attn_launch_us``, ``cost.attn_gbps``):
 COMPUTE then uses those, merges and copies keep ``launch_us`` and the memory bandwidth.
@@ -127,12 +128,13 @@ class ComputeModel:
             return 0.0
         return self.launch_us + self.merge_bytes_us(rank, merged_bytes)
 
-    def step_local_us(self, rank: int, moved_bytes: int) -> float:
-        """A step's merges and copies: one launch plus the memory time of ``moved_bytes``
-        (3 x the merged bytes plus 2 x the copied bytes); 0 when it moves nothing."""
+    def step_local_us(self, rank: int, moved_bytes: int, kernels: int = 1) -> float:
+        """A step's merges and copies: ``kernels`` launches (one per chunk merged into, one
+        for the copies) plus the memory time of ``moved_bytes`` (3 x the merged bytes plus
+        2 x the copied bytes); 0 when it moves nothing."""
         if moved_bytes <= 0:
             return 0.0
-        return self.launch_us + self._mem_us(rank, moved_bytes)
+        return kernels * self.launch_us + self._mem_us(rank, moved_bytes)
 
     def gather_merge_us(self, rank: int, share_bytes: int, parts: int) -> float:
         """Local merge after an all-gather of ``parts`` partials of ``share_bytes`` each:

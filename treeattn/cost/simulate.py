@@ -193,6 +193,9 @@ class _Engine:
         flat: list = []
         steps: list[list[tuple[int, int]]] = []
         merge_b: list[list[int]] = []
+        # Kernels of each step's merges and copies: a chunk merged into (its partials are
+        # merged at once) counts one, copies one between them.
+        merge_k: list[list[int]] = []
         self.offset: list[int] = []
         size_cache: dict[tuple, int] = {}
         codes = _KIND_CODE
@@ -202,6 +205,8 @@ class _Engine:
             self.offset.append(base)
             rsteps: list[tuple[int, int]] = []
             rmerge: list[int] = []
+            rkern: list[int] = []
+            targets: set = set()
             prev = None
             lo = base
             for i, op in enumerate(prog):
@@ -216,6 +221,8 @@ class _Engine:
                         rsteps.append((lo, gid))
                     lo = gid
                     rmerge.append(0)
+                    rkern.append(len(targets))
+                    targets = set()
                     prev = st
                 elif code in lone or kind[lo] in lone:
                     single = op if code in lone else prog[lo - base]
@@ -236,8 +243,10 @@ class _Engine:
                         b = size_cache[key] = message_bytes(plan, op)
                     if code == _RECV_MERGE:
                         rmerge[-1] += 3 * b
+                        targets.add(op.chunk)
                     elif code == _RECV_COPY and op.block is None:
                         rmerge[-1] += 2 * b
+                        targets.add("copy")
                 kind.append(code)
                 peer.append(q)
                 nbytes.append(b)
@@ -245,10 +254,12 @@ class _Engine:
                 flat.append(op)
             if prev is not None:
                 rsteps.append((lo, base + len(prog)))
+            rkern.append(len(targets))
             steps.append(rsteps)
             merge_b.append(rmerge)
+            merge_k.append(rkern[1:])
         self.kind, self.peer, self.nbytes, self.rank_of, self.ops = kind, peer, nbytes, rank_of, flat
-        self.steps, self.merge_b = steps, merge_b
+        self.steps, self.merge_b, self.merge_k = steps, merge_b, merge_k
         n = len(kind)
         self.partner = self._pair()
         self.routes = self._plan_routes()
@@ -497,9 +508,10 @@ class _Engine:
         left = self.pending[r] - 1
         self.pending[r] = left
         if left == 0:
-            mb = self.merge_b[r][self.cur[r]]
+            c = self.cur[r]
+            mb = self.merge_b[r][c]
             if mb:
-                us = self.cm.step_local_us(r, mb)
+                us = self.cm.step_local_us(r, mb, self.merge_k[r][c])
                 if self.core[r] >= 0:
                     self._cpu(_CPU_MERGE, r, us, r, t)
                 else:

@@ -2,7 +2,8 @@
 
 Per step: the ops of the step are posted together (SENDs read the accumulator as it stood
 when the step began, RECVs land in fresh buffers), every op is awaited, and only then are
-the received rows merged (RECV_MERGE, in op order) or stored (RECV_COPY). COMPUTE and
+the received rows stored (RECV_COPY) or merged (RECV_MERGE: the partials a step receives
+for one chunk land side by side and are merged in one pass). COMPUTE and
 COLLECTIVE ops are steps of their own. Each op gets a post and a completion timestamp; ops
 of one step are awaited in program order, so an op's completion time is when it *and the
 ops before it in the step* had completed.
@@ -23,7 +24,15 @@ import torch
 from treeattn.errors import ExecutionError, PlanInvalidError
 from treeattn.exec.attention import partial_attention, torch_dtype
 from treeattn.exec.comm import P2P, BufferPool, Comm
-from treeattn.exec.merge import clear_partial, empty_partial, merge_into, merge_many, sum_into
+from treeattn.exec.merge import (
+    clear_partial,
+    empty_partial,
+    merge_into,
+    merge_many,
+    merge_many_into,
+    sum_into,
+    sum_many_into,
+)
 from treeattn.plan.ir import Op, OpKind, Plan, chunk_rows
 
 __all__ = ["FAULT_ENV", "OpTiming", "RankInputs", "PlanExecutor", "InjectedFault"]
@@ -181,6 +190,15 @@ class PlanExecutor:
     def _transfer_step(self, ops: list[tuple[int, Op]], acc: torch.Tensor,
                        blocks: dict[int, torch.Tensor]) -> list[float]:
         w = self.plan.workload
+        # The partials merged into one chunk land side by side in one buffer, so the step
+        # merges each chunk once however many it receives (``merge_many_into``).
+        stacks: dict[int | None, torch.Tensor] = {}
+        merging = [op.chunk for _, op in ops if op.kind is OpKind.RECV_MERGE]
+        for chunk in dict.fromkeys(merging):
+            rows = self._rows(chunk)
+            row_shape = (rows.stop - rows.start,) if self.plan.is_raw else (rows.stop - rows.start, w.head_dim + 1)
+            stacks[chunk] = self._pool.take((merging.count(chunk), *row_shape), self.wire_dtype)
+        slot: dict[int | None, int] = dict.fromkeys(stacks, 0)
         posts: list[P2P] = []
         for _, op in ops:
             if op.kind is OpKind.SEND:
@@ -194,6 +212,11 @@ class PlanExecutor:
             elif op.block is not None:
                 shape = (2, w.batch, w.kv_heads, w.split[op.block], w.head_dim)
                 posts.append(P2P(False, self._pool.take(shape, torch_dtype(w.kv_dtype)), op.peer))
+            elif op.kind is OpKind.RECV_MERGE:
+                if op.block is not None:
+                    raise PlanInvalidError(f"rank {self.rank}: recv_merge of KV block {op.block}; use recv_copy")
+                posts.append(P2P(False, stacks[op.chunk][slot[op.chunk]], op.peer))
+                slot[op.chunk] += 1
             else:
                 rows = self._rows(op.chunk)
                 shape = (rows.stop - rows.start,) if self.plan.is_raw else (rows.stop - rows.start, w.head_dim + 1)
@@ -208,23 +231,23 @@ class PlanExecutor:
             for work in works:
                 self.comm.wait(work, f"step {ops[0][1].step} with ranks {sorted({op.peer for _, op in ops})}")
             done = [self.comm.now()] * len(posts)
-        # Merges and copies land only now, at the end of the step (IR semantics).
+        # Merges and copies land only now, at the end of the step (IR semantics). A step
+        # never both copies into and merges into one chunk (the validator's rule), so their
+        # order does not matter, and merges commute.
         for (_, op), post in zip(ops, posts, strict=True):
-            if op.kind is OpKind.RECV_MERGE:
-                if op.block is not None:
-                    raise PlanInvalidError(f"rank {self.rank}: recv_merge of KV block {op.block}; use recv_copy")
-                target = acc[self._rows(op.chunk)]
-                if self.plan.is_raw:
-                    sum_into(target, post.tensor)
-                else:
-                    merge_into(target, post.tensor)
-                self._pool.release(post.tensor)
-            elif op.kind is OpKind.RECV_COPY:
+            if op.kind is OpKind.RECV_COPY:
                 if op.block is not None:
                     blocks[op.block] = post.tensor  # held to the end of the iteration
                 else:
                     acc[self._rows(op.chunk)] = post.tensor.to(acc.dtype)
                     self._pool.release(post.tensor)
+        for chunk, stack in stacks.items():
+            target = acc[self._rows(chunk)]
+            if self.plan.is_raw:
+                sum_many_into(target, stack)
+            else:
+                merge_many_into(target, stack)
+            self._pool.release(stack)
         return done
 
     # -- collectives -----------------------------------------------------------------------

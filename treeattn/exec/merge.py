@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["empty_partial", "clear_partial", "pack", "unpack", "merge_into", "merge", "merge_many", "sum_into"]
+__all__ = ["empty_partial", "clear_partial", "pack", "unpack", "merge_into", "merge", "merge_many", "merge_many_into",
+           "sum_into", "sum_many_into"]
 
 _NEG_INF = float("-inf")
 _FLOAT_MIN = torch.finfo(torch.float32).min
@@ -112,10 +113,53 @@ def merge_many(parts: torch.Tensor) -> torch.Tensor:
     return torch.cat([out_o, (m + torch.log(total)).unsqueeze(1)], dim=1)
 
 
+def merge_many_into(acc: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
+    """``acc <- acc (+) parts[0] (+) ... (+) parts[k-1]``, in place, as one pass (fp32).
+
+    A step that receives k partials for one chunk merges them with one set of kernels
+    instead of k (the same rules as ``merge_into``; k = 1 is exactly ``merge_into``).
+
+    Args:
+        acc: packed partial ``(rows, D + 1)`` (a tensor or a contiguous row slice of one).
+        parts: ``(k, rows, D + 1)``, any float dtype.
+
+    Returns:
+        ``acc``.
+    """
+    if parts.dim() != acc.dim() + 1 or parts.shape[1:] != acc.shape:
+        raise ValueError(f"merge of a packed partial {tuple(acc.shape)} with a stack {tuple(parts.shape)}")
+    if parts.shape[0] == 1:
+        return merge_into(acc, parts[0])
+    parts = parts if parts.dtype == torch.float32 else parts.float()
+    oa, la = unpack(acc)
+    ob, lb = parts[..., :-1], parts[..., -1]
+    m = torch.maximum(la, lb.amax(dim=0))
+    shift = m.clamp(min=_FLOAT_MIN)
+    wa = (la - shift).exp_()
+    wb = (lb - shift).exp_()
+    total = wb.sum(dim=0).add_(wa)
+    la.copy_(torch.log(total).add_(m))
+    inv = total.clamp_(min=1.0).reciprocal_()
+    others = (ob * wb.unsqueeze(-1)).sum(dim=0)
+    oa.mul_(wa.mul_(inv).unsqueeze(1)).add_(others.mul_(inv.unsqueeze(1)))
+    return acc
+
+
 def sum_into(acc: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """``acc <- acc + other`` in place (raw payload plans); fp8 is summed through fp32."""
     if acc.dtype.itemsize == 1 and acc.is_floating_point():
         acc.copy_((acc.float() + other.float()).to(acc.dtype))
     else:
         acc.add_(other)
+    return acc
+
+
+def sum_many_into(acc: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
+    """``acc <- acc + parts[0] + ... + parts[k-1]`` in place, as one pass (raw payloads)."""
+    if parts.shape[0] == 1:
+        return sum_into(acc, parts[0])
+    if acc.dtype.itemsize == 1 and acc.is_floating_point():
+        acc.copy_((acc.float() + parts.float().sum(dim=0)).to(acc.dtype))
+    else:
+        acc.add_(parts.sum(dim=0))
     return acc
