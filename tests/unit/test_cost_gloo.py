@@ -7,8 +7,6 @@ bytes/us each, alpha = overhead + 2 latencies) whose hosts have merges for free.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from tests.unit.test_cost_helpers import cluster_topo, switch_topo
@@ -16,29 +14,52 @@ from treeattn.cost import gloo, nccl
 from treeattn.cost.bounds import CutModel
 from treeattn.cost.simulate import simulate
 from treeattn.plan.builders import build
+from treeattn.plan.ir import OpKind
+from treeattn.plan.validate import validate
 from treeattn.topology.library import resolve
 from treeattn.workload import Workload
 
 BETA = 10.0e3  # 10 GB/s in bytes per microsecond
 
 
-def test_allreduce_is_gloos_ring_and_doubling_below_one_element_per_rank():
+def test_allreduce_is_gloos_segmented_ring():
     p, o, lat = 4, 30.0, 1.0
     topo = switch_topo(p, bw=10.0, lat=lat, overhead=o)
     alpha = o + 2 * lat
-    for n in (64, 8_000_000):
-        ring = 2 * (p - 1) * (alpha + n / (p * BETA))
-        assert gloo.allreduce_us(topo, n) == pytest.approx(ring, rel=1e-9)
-    # 2 fp32 elements for 4 ranks: the ring would have empty segments; recursive doubling
-    n = 8
-    assert gloo.allreduce_us(topo, n) == pytest.approx(math.log2(p) * (alpha + n / BETA), rel=1e-9)
+    # 8 MB: 8 segments of 1 MB (two a rank); each step sends two to the rank below, and the
+    # second, issued one overhead later, shares the route with the first: as one message.
+    n = 8_000_000
+    assert gloo.allreduce_us(topo, n) == pytest.approx(2 * (p - 1) * (alpha + n / (p * BETA)), rel=1e-9)
+    # 64 B: still 8 segments of 8 B; a step is two messages one overhead apart
+    n = 64
+    assert gloo.allreduce_us(topo, n) == pytest.approx(2 * (p - 1) * (2 * o + 2 * lat + n / (2 * p * BETA)),
+                                                       rel=1e-9)
+    # one element: only segment 0 is sent, one hop a step: 2(p - 1) hops in a row
+    assert gloo.allreduce_us(topo, 4) == pytest.approx(2 * (p - 1) * (alpha + 4 / BETA), rel=1e-9)
     assert gloo.allreduce_us(switch_topo(1), 64) == 0.0
 
 
-def test_allgather_of_two_ranks_is_one_message_each_way():
+@pytest.mark.parametrize(("nbytes", "segments", "live"), [
+    (4, 16, 1), (32, 16, 8), (80, 16, 10), (16384, 16, 16), (20 << 20, 24, 24)])
+def test_ring_allreduce_plan_cuts_segments_as_gloo_does(nbytes, segments, live):
+    topo = switch_topo(8)
+    plan = gloo.ring_allreduce_plan(topo, nbytes)
+    validate(plan)  # every rank ends with every rank's buffer summed exactly once
+    assert plan.chunks == live
+    per = segments // 8
+    sends = [sum(op.kind is OpKind.SEND for op in prog) for prog in plan.programs]
+    # (segments - per) iterations per phase, a rank sends the live segments among them
+    assert sum(sends) == 2 * 8 * (segments - per) if live == segments else sum(sends) == 2 * (8 - 1) * live
+    assert {op.peer for op in plan.programs[3] if op.kind is OpKind.SEND} == {2}
+
+
+def test_allgather_of_two_ranks_is_two_halves_each_way():
     topo = switch_topo(2, bw=10.0, lat=1.0, overhead=30.0)
-    n = 8000
-    assert gloo.allgather_us(topo, n) == pytest.approx(30.0 + 2.0 + n / BETA, rel=1e-9)
+    n = 8000  # each half's wire time is far below the overhead that separates the two
+    assert gloo.allgather_us(topo, n) == pytest.approx(2 * 30.0 + 2.0 + n / 2 / BETA, rel=1e-9)
+    plan = gloo.ring_allgather_plan(topo, n)
+    validate(plan)
+    assert plan.chunks == 4 and gloo.ring_allgather_plan(topo, 1).chunks == 2
 
 
 def test_host_collectives_in_a_plan_are_simulated_gloo_schedules():

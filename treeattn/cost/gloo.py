@@ -8,13 +8,17 @@ algorithm gloo would run, built by the plan builders on a ``RawPayload`` of the
 collective's size and simulated on the same topology with the same simulator (every
 message pays the overhead, flows share links max-min fairly):
 
-* all-reduce: the ring (reduce-scatter + all-gather, 2(p-1) steps), which is what gloo's
-  ``allreduce`` runs for torch.distributed: a 4-byte all-reduce on 8 emulated ranks takes
-  the time of 14 steps, not of recursive doubling's 3 (results/validate-emu/NOTES.md).
-  Buffers of fewer elements than ranks are timed as recursive doubling (``butterfly``).
-* all-gather of ``nbytes`` per rank: gloo's ring (p-1 steps, each passing one rank's
-  buffer on; gloo's ``allgather`` is a ring).
+* all-reduce: gloo's ring (``gloo/allreduce.cc``): the buffer is cut into
+  ``max(2p, ceil(bytes / 1 MiB))`` segments rounded up to a multiple of p (at least two a
+  rank), and a reduce-scatter then an all-gather pass one segment to the rank below per
+  iteration, with two iterations in flight; segments past the buffer's end (fewer elements
+  than segments) are not sent. A 4-byte all-reduce on 8 emulated ranks takes the time of 14
+  hops, not of recursive doubling's 3 (results/validate-emu/NOTES.md).
+* all-gather of ``nbytes`` per rank: gloo's ring (``gloo/allgather.cc``): 2(p - 1)
+  iterations, each passing half of one rank's buffer to the rank above, two in flight.
 
+Two iterations in flight are one step here (posted together, both awaited), so a rank
+pays a message end per segment, as gloo's ranks do.
 The reduction inside gloo is a loop over its receive buffer, not a kernel launch: the
 plans are simulated with the topology's ``launch_us`` set to 0 (memory time stays), and
 without ``wakeup_us`` (the plan that calls the collective already woke up) or ``step_us``
@@ -27,18 +31,19 @@ from __future__ import annotations
 
 import dataclasses
 
-from treeattn.plan.builders import build
 from treeattn.plan.ir import Plan, TopologyRef
 from treeattn.plan.schedule import Programs
 from treeattn.topology.model import DeviceKind, Topology
 from treeattn.units import DType
 from treeattn.workload import RawPayload
 
-__all__ = ["on_hosts", "allreduce_us", "allgather_us"]
+__all__ = ["on_hosts", "allreduce_us", "allgather_us", "ring_allreduce_plan", "ring_allgather_plan"]
 
 _CACHE: dict[tuple[str, str, int], float] = {}
 _CACHE_MAX = 4096
 _NO_LAUNCH: dict[str, Topology] = {}
+_MAX_SEGMENT = 1 << 20
+"""gloo's largest all-reduce segment (``AllreduceOptionsImpl::kMaxSegmentSize``)."""
 
 
 def on_hosts(topo: Topology) -> bool:
@@ -85,7 +90,7 @@ def allreduce_us(topo: Topology, nbytes: int) -> float:
         nbytes: bytes of each rank's buffer (> 0).
 
     Returns:
-        Microseconds: gloo's ring (recursive doubling for fewer elements than ranks), as simulated.
+        Microseconds: gloo's segmented ring, as simulated.
     """
     p = topo.num_ranks
     if p < 2:
@@ -93,13 +98,40 @@ def allreduce_us(topo: Topology, nbytes: int) -> float:
     return _cached(topo, "allreduce", nbytes, lambda: _allreduce(topo, nbytes))
 
 
+def _segments(nbytes: int, elem: int, p: int) -> int:
+    """How many segments gloo's ring all-reduce cuts ``nbytes`` into (a multiple of p, >= 2p)."""
+    per_seg = elem * max(1, _MAX_SEGMENT // elem)
+    wanted = max(-(-nbytes // per_seg), 2 * p)
+    return -(-wanted // p) * p
+
+
+def ring_allreduce_plan(topo: Topology, nbytes: int) -> Plan:
+    """gloo's ring all-reduce of ``nbytes`` per rank as a plan (one chunk per segment)."""
+    p = topo.num_ranks
+    payload = _payload(nbytes, p)
+    segs = _segments(nbytes, payload.dtype.nbytes, p)
+    per = segs // p
+    # gloo's segments hold ceil(elements / segments) elements each, so a small buffer fills
+    # only the first few; the rest are not sent.
+    live = -(-payload.rows // -(-payload.rows // segs))
+    progs = Programs(p)
+    iterations = segs - per
+    for phase, (offset, kind) in enumerate(((1, False), (0, True))):
+        base = phase * -(-iterations // 2)
+        for i in range(iterations):
+            for r in range(p):
+                seg = ((r + offset) * per + i) % segs
+                if seg < live:
+                    progs.transfer(r, (r - 1) % p, base + i // 2, seg, copy=kind)
+    return Plan(algorithm="gloo-ring-allreduce", params={}, workload=payload, topology=TopologyRef.of(topo),
+                chunks=live, programs=progs.build(), result_ranks=tuple(range(p)))
+
+
 def _allreduce(topo: Topology, nbytes: int) -> float:
     from treeattn.cost.simulate import simulate
 
     sim_topo = _no_launch(topo)
-    payload = _payload(nbytes, topo.num_ranks)
-    name = "ring" if payload.rows >= topo.num_ranks else "butterfly"
-    return simulate(build(name, payload, sim_topo, chunks=1), sim_topo, timeline=False).predicted_us
+    return simulate(ring_allreduce_plan(sim_topo, nbytes), sim_topo, timeline=False).predicted_us
 
 
 def allgather_us(topo: Topology, nbytes: int) -> float:
@@ -118,16 +150,22 @@ def allgather_us(topo: Topology, nbytes: int) -> float:
     return _cached(topo, "allgather", nbytes, lambda: _allgather(topo, nbytes))
 
 
+def ring_allgather_plan(topo: Topology, nbytes: int) -> Plan:
+    """gloo's ring all-gather of ``nbytes`` from every rank as a plan (chunk 2j + h is half h
+    of rank j's buffer; a one-byte buffer is not halved)."""
+    p = topo.num_ranks
+    payload = RawPayload(nbytes=nbytes * p, ranks=p, dtype=DType.FP8)  # gloo cuts bytes, not elements
+    halves = 2 if nbytes > 1 else 1
+    ring = Programs(p)
+    for i in range(halves * (p - 1)):
+        for r in range(p):
+            ring.transfer(r, (r + 1) % p, i // halves, halves * ((r - i // halves) % p) + i % halves, copy=True)
+    return Plan(algorithm="gloo-ring-allgather", params={}, workload=payload, topology=TopologyRef.of(topo),
+                chunks=halves * p, programs=ring.build(), result_ranks=tuple(range(p)))
+
+
 def _allgather(topo: Topology, nbytes: int) -> float:
     from treeattn.cost.simulate import simulate
 
-    p = topo.num_ranks
-    # Chunk j is rank j's buffer; receives copy it in (no reduction inside the all-gather).
-    payload = RawPayload(nbytes=nbytes * p, ranks=p, dtype=_payload(nbytes, p).dtype)
-    ring = Programs(p)
-    for t in range(p - 1):
-        for i in range(p):
-            ring.transfer(i, (i + 1) % p, t, (i - t) % p, copy=True)
-    plan = Plan(algorithm="gloo-ring-allgather", params={}, workload=payload, topology=TopologyRef.of(topo),
-                chunks=p, programs=ring.build(), result_ranks=tuple(range(p)))
-    return simulate(plan, _no_launch(topo), timeline=False).predicted_us
+    sim_topo = _no_launch(topo)
+    return simulate(ring_allgather_plan(sim_topo, nbytes), sim_topo, timeline=False).predicted_us
