@@ -104,6 +104,9 @@ def test_every_family_is_correct(p):
         assert sorted((t.rank, t.index) for t in m.timeline) == [
             (r, i) for r in range(p) for i in range(len(plan.programs[r]))]
         assert all(0 <= t.post_us <= t.done_us for t in m.timeline)
+        # every rank's CPU time for its iteration (its process's threads may use more than one core)
+        assert len(m.cpu_us) == p and all(0 <= c <= 4 * max(m.times_us) + 1e5 for c in m.cpu_us)
+        assert sum(m.cpu_us) > 0
     if p != 8:
         methods = {k[1] for k in by}
         assert methods == {"plan", "allreduce3", "allgather-merge", "ring-attention", "allreduce"}

@@ -209,6 +209,9 @@ def _tables(report, out: Path | None, png: Path | None) -> None:  # noqa: ANN001
         step = f", step_us {h.step_us:.1f} per step of transfers" if h.step_us else ""
         if h.coll_cpu_us is not None:
             step += f", coll_cpu_us {h.coll_cpu_us:.1f} per message end inside a collective"
+        if h.start_cpu_us or h.cpu_us_per_kb:
+            step += (f"; from the ranks' measured CPU time also: cpu_us_per_kb {h.cpu_us_per_kb:.2f} per KiB at each "
+                     f"end (off the path), start_cpu_us {h.start_cpu_us:.1f} per rank as a run begins")
         factors = "".join(f", {what} x{f:.2f}" for what, f in (("attention bandwidth", h.attn_factor),
                                                                 ("attention launch", h.attn_launch_factor),
                                                                 ("merge launch", h.merge_factor)) if f is not None)
@@ -217,13 +220,17 @@ def _tables(report, out: Path | None, png: Path | None) -> None:  # noqa: ANN001
                   f"end{step}, wakeup_us {h.wakeup_us:.0f}{loop}{factors}")
     else:
         con.print(f"per-message overhead {cost.overhead_us:.1f} µs (sender-side completion of messages ≤ 1 KiB)")
-    cases = Table(title="Every measured case · predicted by the simulator on the fitted topology (µs)")
-    for col in ("case", "size", "flows", "R", "measured", "±", "predicted", "error"):
+    cases = Table(title="Every measured case · predicted by the simulator on the fitted topology (µs; CPU: the "
+                        "ranks' CPU time in one iteration, summed)")
+    with_cpu = any(cs.predicted_cpu_us is not None and cs.measured_cpu_us for cs in report.cases)
+    for col in ("case", "size", "flows", "R", "measured", "±", "predicted", "error",
+                *(("CPU measured", "CPU predicted") if with_cpu else ())):
         cases.add_column(col, justify="left" if col == "case" else "right")
     for cs in report.cases:
         name = cs.label if cs.kind in ("tree", "collective") else cs.kind
+        cpu = ((f"{cs.measured_cpu_us or 0:,.0f}", f"{cs.predicted_cpu_us or 0:,.0f}") if with_cpu else ())
         cases.add_row(name, format_size(cs.nbytes), str(cs.flows), str(cs.round_trips), f"{cs.measured_us:,.0f}",
-                      f"{cs.spread_us / 2:,.0f}", f"{cs.predicted_us:,.0f}", f"{cs.rel_error:+.0%}")
+                      f"{cs.spread_us / 2:,.0f}", f"{cs.predicted_us:,.0f}", f"{cs.rel_error:+.0%}", *cpu)
     con.print(cases)
     solo = {(c.route_class, c.nbytes): c for c in report.cases if c.kind == "pingpong"
             and c.round_trips == max(report.options.round_trips)}

@@ -19,11 +19,12 @@ message pays the overhead, flows share links max-min fairly):
 
 Two iterations in flight are one step here (posted together, both awaited), so a rank
 pays a message end per segment, as gloo's ranks do.
+
 The reduction inside gloo is a loop over its receive buffer, not a kernel launch: the
 plans are simulated with the topology's ``launch_us`` set to 0 (memory time stays), and
-without ``wakeup_us`` (the plan that calls the collective already woke up) or ``step_us``
-(gloo steps in C++, not through the interpreter); a message end costs ``coll_cpu_us``
-where calibration measured it apart.
+without ``wakeup_us`` or ``start_cpu_us`` (the plan that calls the collective already woke
+up) or ``step_us`` (gloo steps in C++, not through the interpreter); a message end costs
+``coll_cpu_us`` where calibration measured it apart.
 Results are cached per (topology fingerprint, collective, size).
 """
 
@@ -37,9 +38,9 @@ from treeattn.topology.model import DeviceKind, Topology
 from treeattn.units import DType
 from treeattn.workload import RawPayload
 
-__all__ = ["on_hosts", "allreduce_us", "allgather_us", "ring_allreduce_plan", "ring_allgather_plan"]
+__all__ = ["on_hosts", "collective", "allreduce_us", "allgather_us", "ring_allreduce_plan", "ring_allgather_plan"]
 
-_CACHE: dict[tuple[str, str, int], float] = {}
+_CACHE: dict[tuple[str, str, int], tuple[float, tuple[float, ...]]] = {}
 _CACHE_MAX = 4096
 _NO_LAUNCH: dict[str, Topology] = {}
 _MAX_SEGMENT = 1 << 20
@@ -65,14 +66,14 @@ def _no_launch(topo: Topology) -> Topology:
         cost = topo.cost
         cpu = cost.cpu_us if cost.coll_cpu_us is None else cost.coll_cpu_us
         hit = dataclasses.replace(topo, cost=dataclasses.replace(cost, launch_us=0.0, wakeup_us=0.0, step_us=0.0,
-                                                                 cpu_us=cpu, coll_cpu_us=None))
+                                                                 start_cpu_us=0.0, cpu_us=cpu, coll_cpu_us=None))
         if len(_NO_LAUNCH) > 64:
             _NO_LAUNCH.clear()
         _NO_LAUNCH[key] = hit
     return hit
 
 
-def _cached(topo: Topology, what: str, nbytes: int, compute) -> float:  # noqa: ANN001 - a callable
+def _cached(topo: Topology, what: str, nbytes: int, compute) -> tuple[float, tuple[float, ...]]:  # noqa: ANN001
     key = (topo.fingerprint, what, nbytes)
     hit = _CACHE.get(key)
     if hit is None:
@@ -80,6 +81,23 @@ def _cached(topo: Topology, what: str, nbytes: int, compute) -> float:  # noqa: 
             _CACHE.clear()
         hit = _CACHE[key] = compute()
     return hit
+
+
+def collective(topo: Topology, coll: str, nbytes: int) -> tuple[float, tuple[float, ...]]:
+    """Time of gloo's ``allreduce`` or ``allgather`` of ``nbytes`` per rank on ``topo``, and
+    the CPU work each rank pays for it (zeros without a host CPU model)."""
+    if topo.num_ranks < 2:
+        return 0.0, (0.0,) * topo.num_ranks
+    plan = ring_allgather_plan if coll == "allgather" else ring_allreduce_plan
+
+    def run() -> tuple[float, tuple[float, ...]]:
+        from treeattn.cost.simulate import simulate
+
+        sim_topo = _no_launch(topo)
+        res = simulate(plan(sim_topo, nbytes), sim_topo, timeline=False)
+        return res.predicted_us, res.cpu_us
+
+    return _cached(topo, coll, nbytes, run)
 
 
 def allreduce_us(topo: Topology, nbytes: int) -> float:
@@ -90,12 +108,9 @@ def allreduce_us(topo: Topology, nbytes: int) -> float:
         nbytes: bytes of each rank's buffer (> 0).
 
     Returns:
-        Microseconds: gloo's segmented ring, as simulated.
+        Microseconds: gloo's segmented ring, as simulated (0 for one rank).
     """
-    p = topo.num_ranks
-    if p < 2:
-        return 0.0
-    return _cached(topo, "allreduce", nbytes, lambda: _allreduce(topo, nbytes))
+    return collective(topo, "allreduce", nbytes)[0]
 
 
 def _segments(nbytes: int, elem: int, p: int) -> int:
@@ -127,13 +142,6 @@ def ring_allreduce_plan(topo: Topology, nbytes: int) -> Plan:
                 chunks=live, programs=progs.build(), result_ranks=tuple(range(p)))
 
 
-def _allreduce(topo: Topology, nbytes: int) -> float:
-    from treeattn.cost.simulate import simulate
-
-    sim_topo = _no_launch(topo)
-    return simulate(ring_allreduce_plan(sim_topo, nbytes), sim_topo, timeline=False).predicted_us
-
-
 def allgather_us(topo: Topology, nbytes: int) -> float:
     """Time of gloo's all-gather of ``nbytes`` from every rank on ``topo`` (no local merge).
 
@@ -144,10 +152,7 @@ def allgather_us(topo: Topology, nbytes: int) -> float:
     Returns:
         Microseconds: the ring all-gather, as simulated.
     """
-    p = topo.num_ranks
-    if p < 2:
-        return 0.0
-    return _cached(topo, "allgather", nbytes, lambda: _allgather(topo, nbytes))
+    return collective(topo, "allgather", nbytes)[0]
 
 
 def ring_allgather_plan(topo: Topology, nbytes: int) -> Plan:
@@ -162,10 +167,3 @@ def ring_allgather_plan(topo: Topology, nbytes: int) -> Plan:
             ring.transfer(r, (r + 1) % p, i // halves, halves * ((r - i // halves) % p) + i % halves, copy=True)
     return Plan(algorithm="gloo-ring-allgather", params={}, workload=payload, topology=TopologyRef.of(topo),
                 chunks=halves * p, programs=ring.build(), result_ranks=tuple(range(p)))
-
-
-def _allgather(topo: Topology, nbytes: int) -> float:
-    from treeattn.cost.simulate import simulate
-
-    sim_topo = _no_launch(topo)
-    return simulate(ring_allgather_plan(sim_topo, nbytes), sim_topo, timeline=False).predicted_us

@@ -40,6 +40,10 @@ It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
   ``host_cores`` pieces of work at once, each to its end, and the others wait their turn in
   the order they became ready, instead of all sharing the cores at once.
   Each transfer step first costs its rank ``cost.step_us`` of CPU (posting and collecting it).
+  Each end of a message also costs ``cost.cpu_us_per_kb`` per KiB from the moment it
+  starts, work nothing waits for but that takes its share of the cores (on any core of the
+  pool: the library's threads do it, not the rank's); and every host
+  rank spends ``cost.start_cpu_us`` of CPU before its first step (all ranks queue at once).
 * Every rank runs its first step ``cost.wakeup_us`` after time 0 (a blocked process wakes).
 * A link's ``flow_gbps`` caps each flow on it below the link's shared ``bw_gbps``.
 * A plan whose ranks wait forever raises ``PlanInvalidError`` naming what they wait on.
@@ -77,7 +81,7 @@ _KIND_CODE = {
  _EV_ARRIVE) = range(8)
 # What a flow is: a transfer's bytes, or CPU work that, when done, goes on with a transfer
 # (sending: its bytes; receiving: its completion), an op (COMPUTE) or a step's end (merges).
-_FLOW_BYTES, _CPU_SENT, _CPU_RECV, _CPU_OP, _CPU_MERGE, _CPU_STEP = range(6)
+_FLOW_BYTES, _CPU_SENT, _CPU_RECV, _CPU_OP, _CPU_MERGE, _CPU_STEP, _CPU_START, _CPU_BYTES = range(8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +126,9 @@ class SimResult:
     events: int
     """Events processed (a size measure for benchmarks)."""
     transfers: int
+    cpu_us: tuple[float, ...] = ()
+    """Per rank, the CPU work the host model charged it (messages, steps, computes, merges,
+    and its share of host collectives); zeros where ranks are not on host CPUs."""
 
     def to_dict(self, *, timeline: bool = False) -> dict:
         out = {
@@ -295,6 +302,7 @@ class _Engine:
         self.x_what: list[int] = []
         """Per flow: _FLOW_BYTES or the kind of CPU work (then ``x_send`` holds what it goes on with)."""
         self.n_transfers = 0
+        self.cpu_spent = [0.0] * p
         self.hold: dict[int, int] = {}
         self.batch: dict[int, int] = {}
         """Per rank: the CPU work of receiving messages running now."""
@@ -314,7 +322,7 @@ class _Engine:
         p = self.p
         self.core = [-1] * p
         self.cpu_pool = [-1] * p
-        self.cpu_us = self.step_us = 0.0
+        self.cpu_us = self.step_us = self.start_cpu = self.kb_us = 0.0
         self.cpu_fifo = False
         self.pool_busy: dict[int, int] = {}
         self.pool_wait: dict[int, deque] = {}
@@ -322,6 +330,7 @@ class _Engine:
         if cost.host_cores <= 0:
             return
         self.cpu_us, self.step_us = cost.cpu_us, cost.step_us
+        self.start_cpu, self.kb_us = cost.start_cpu_us, cost.cpu_us_per_kb
         self.cpu_fifo = cost.cpu_queue == "fifo"
         pools: dict[int, int] = {}
         for r in range(p):
@@ -408,11 +417,11 @@ class _Engine:
 
     def run(self, want_timeline: bool) -> SimResult:
         for r in range(self.p):
-            if self.steps[r]:
+            if self.steps[r] or (self.start_cpu > 0 and self.core[r] >= 0):
                 if self.wakeup > 0:
                     self._push(self.wakeup, _EV_POST, r)
                 else:
-                    self._post_step(r, 0.0)
+                    self._begin(r, 0.0)
         heap, fifo = self.heap, self.fifo
         events = 0
         pop, popleft = heapq.heappop, fifo.popleft
@@ -448,13 +457,26 @@ class _Engine:
             elif ev == _EV_COLL_DONE:
                 self._coll_done(a, t)
             elif ev == _EV_POST:
-                self._post_step(a, t)
+                self._begin(a, t)
             else:
                 self._receive_cpu(self.rank_of[x_recv[a]], a, t)
         self._check_finished()
         return self._result(want_timeline, events)
 
     # -- steps ---------------------------------------------------------------------------------
+
+    def _begin(self, r: int, t: float) -> None:
+        """Rank ``r`` is awake: its start-up CPU work, then its first step."""
+        if self.start_cpu > 0 and self.core[r] >= 0:
+            self._cpu(_CPU_START, r, self.start_cpu, r, t)
+        else:
+            self._started(r, t)
+
+    def _started(self, r: int, t: float) -> None:
+        if self.steps[r]:
+            self._post_step(r, t)
+        else:
+            self.finish[r] = t
 
     def _post_step(self, r: int, t: float) -> None:
         lo, hi = self.steps[r][self.cur[r]]
@@ -536,6 +558,13 @@ class _Engine:
         nbytes = self.nbytes[s]
         x = self._flow(_FLOW_BYTES, s, q, hit[0], hit[1], hit[2], float(nbytes), t)
         self.n_transfers += 1
+        if self.kb_us > 0 and nbytes:
+            # Both ends' stacks copy the bytes as they go (the library's threads): work
+            # nothing waits for.
+            us = nbytes / 1024.0 * self.kb_us
+            for r in (sr, qr):
+                if self.core[r] >= 0:
+                    self._cpu(_CPU_BYTES, r, us, -1, t)
         if self.core[sr] >= 0 and self.cpu_us > 0:
             # The sender writes the message out at once; the rest of its CPU work for it runs
             # meanwhile, and its SEND completes when both are done.
@@ -584,7 +613,11 @@ class _Engine:
         """Start ``us`` of CPU work on host rank ``r`` at ``t``; when done, go on with ``then``
         (a transfer, an op or a rank, by ``what``)."""
         pool = self.cpu_pool[r]
-        x = self._flow(what, then, -1, (self.core[r], pool), 0.0, 1.0, us, t)
+        self.cpu_spent[r] += us
+        # The rank's own thread runs its work one piece at a time; the library's threads run
+        # a message's background work (_CPU_BYTES) on any core of the pool.
+        route = (pool,) if what == _CPU_BYTES else (self.core[r], pool)
+        x = self._flow(what, then, -1, route, 0.0, 1.0, us, t)
         if us <= 0.0:
             self.rem[x] = 0.0
             self._cpu_done(x, t)
@@ -632,7 +665,9 @@ class _Engine:
             self._op_done(then, t)
         elif what == _CPU_STEP:
             self._post_transfers(then, t)
-        else:
+        elif what == _CPU_START:
+            self._started(then, t)
+        elif what == _CPU_MERGE:
             self._step_end(then, t)
 
     def _issue(self, t: float) -> None:
@@ -704,7 +739,7 @@ class _Engine:
             return
         if self.cpu_fifo:
             # Its core goes to the work that has waited longest.
-            pool = route[1]
+            pool = route[-1]
             waiting = self.pool_wait[pool]
             if waiting:
                 self._bw_start(waiting.popleft(), t)
@@ -869,7 +904,9 @@ class _Engine:
         total = 0.0
         for coll, nbytes, row_bytes in calls:
             if self._hosts:
-                t = (gloo.allgather_us if coll == "allgather" else gloo.allreduce_us)(self.topo, nbytes)
+                t, cpu = gloo.collective(self.topo, coll, nbytes)
+                for r, us in enumerate(cpu):
+                    self.cpu_spent[r] += us
             else:
                 # NCCL's constants leave out the host's cost of issuing the call (nccl-tests
                 # overlaps it with the previous call): one overhead per call, as per message.
@@ -949,4 +986,5 @@ class _Engine:
             timeline=tl,
             events=events,
             transfers=self.n_transfers,
+            cpu_us=tuple(self.cpu_spent),
         )

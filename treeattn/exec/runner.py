@@ -20,6 +20,7 @@ import datetime
 import hashlib
 import math
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,6 +129,9 @@ class Measurement:
     checked_ranks: tuple[int, ...]
     timeline: tuple[OpTiming, ...] = ()
     """``plan`` only: every rank's ops in the last timed iteration."""
+    cpu_us: tuple[float, ...] = ()
+    """Per rank, the median over the timed iterations of the CPU time its process used
+    (every thread, the library's included) from its start to its end."""
 
     @property
     def correct(self) -> bool:
@@ -267,22 +271,25 @@ class _RankRun:
             prepare()
             begin()
             fn()
-        starts, ends = [], []
+        starts, ends, cpus = [], [], []
         for _ in range(self.opt.repeats):
             prepare()
             starts.append(begin())
             if executor is not None and shared:
                 executor.origin = starts[-1]  # one clock: timelines count from the agreed start
+            cpu = time.process_time()
             last = fn()
             ends.append(comm.now())
+            cpus.append(time.process_time() - cpu)
         ref = self.reference(payload, contributors)
         err = -1.0
         if comm.rank in check_ranks:
             err = max(relative_error(first, ref, raw), relative_error(last, ref, raw))
-        local = torch.tensor([err, *starts, *ends], dtype=torch.float64, device=comm.device)
+        local = torch.tensor([err, *starts, *ends, statistics.median(cpus) * 1e6], dtype=torch.float64,
+                             device=comm.device)
         rows = torch.stack(comm.all_gather(local, f"{method} result gathering", setup=True)).cpu()
         n = self.opt.repeats
-        t0, t1 = rows[:, 1:1 + n], rows[:, 1 + n:]
+        t0, t1 = rows[:, 1:1 + n], rows[:, 1 + n:1 + 2 * n]
         if shared:
             # One host, one monotonic clock: every rank started at the agreed instant (or
             # later, when it learnt it late: then from the latest start) and the step ends
@@ -308,6 +315,7 @@ class _RankRun:
             tolerance=tolerance(payload),
             checked_ranks=tuple(check_ranks),
             timeline=tuple(timeline),
+            cpu_us=tuple(rows[:, -1].tolist()),
         )
 
     def run_plan(self, pj: PlanJob) -> list[Measurement]:

@@ -124,15 +124,24 @@ class CaseResult:
     measured_us: float
     spread_us: float
     predicted_us: float
+    measured_cpu_us: float | None = None
+    """CPU time the ranks' processes used in one iteration, summed over ranks (median per rank)."""
+    predicted_cpu_us: float | None = None
+    """The CPU work the host model charges the ranks for one iteration (host ranks only)."""
 
     @property
     def rel_error(self) -> float:
         return (self.predicted_us - self.measured_us) / self.measured_us
 
     def to_dict(self) -> dict:
-        return {"label": self.label, "kind": self.kind, "route_class": self.route_class, "nbytes": self.nbytes,
-                "flows": self.flows, "round_trips": self.round_trips, "measured_us": self.measured_us,
-                "spread_us": self.spread_us, "predicted_us": self.predicted_us, "rel_error": self.rel_error}
+        out = {"label": self.label, "kind": self.kind, "route_class": self.route_class, "nbytes": self.nbytes,
+               "flows": self.flows, "round_trips": self.round_trips, "measured_us": self.measured_us,
+               "spread_us": self.spread_us, "predicted_us": self.predicted_us, "rel_error": self.rel_error}
+        if self.measured_cpu_us is not None:
+            out["measured_cpu_us"] = self.measured_cpu_us
+        if self.predicted_cpu_us is not None:
+            out["predicted_cpu_us"] = self.predicted_cpu_us
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +351,8 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
     fitted, notes = apply_fit(topo, params)
     host = None
     if on_host_cpus(topo) and result.backend == "gloo":
-        measured = [(plan, by_label[label].median_us) for label, plan, _ in planned]
+        measured = [(plan, by_label[label].median_us, sum(by_label[label].cpu_us))
+                    for label, plan, _ in planned]
         fitted, host, notes = fit_host_terms(topo, params, measured, _cores(),
                                              start_wakeup_us=statistics.median(f.fit.skew_us for f in fits),
                                              cpu_queue="fifo" if _realtime() else "fair")
@@ -350,9 +360,11 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
     cases = []
     for label, plan, meta in planned:
         m = by_label[label]
-        predicted = simulate(plan, fitted, timeline=False).predicted_us
+        sim = simulate(plan, fitted, timeline=False)
         cases.append(CaseResult(label, meta["kind"], classes[meta["class"]].name, meta["nbytes"], meta["flows"],
-                                meta["round_trips"], m.median_us, m.spread_us, predicted))
+                                meta["round_trips"], m.median_us, m.spread_us, sim.predicted_us,
+                                sum(m.cpu_us) if m.cpu_us else None,
+                                sum(sim.cpu_us) if host is not None else None))
     return CalibrationReport(fitted, topo.name, result.backend, tuple(fits), overhead, compute, attention, host,
                              tuple(cases),
                              opt, (load0, os.getloadavg()[0]), tuple(warnings))

@@ -11,7 +11,8 @@ the split), but the concurrent-flow and fan-in cases calibration runs beside it 
 module takes the per-class alpha/beta fit and searches (Nelder-Mead, on the logarithms), in
 stages, each with the earlier terms held:
 
-1. ``cpu_us``, ``wakeup_us`` and the loopback aggregate bandwidth, to the message cases
+1. ``cpu_us``, ``wakeup_us``, the loopback aggregate bandwidth and, where the ranks' CPU
+   time was measured, ``start_cpu_us`` and ``cpu_us_per_kb``, to the message cases
    (ping-pong, concurrent flows, fan-in);
 2. factors on the attention kernel's bandwidth and fixed cost, to the cases where every rank
    computes at once;
@@ -19,7 +20,9 @@ stages, each with the earlier terms held:
    ``cpu_us`` and ``wakeup_us`` refitted, to the small attention plans and library
    all-reduces (what a rank pays amid the others' work) and the message cases together.
 
-Each stage minimises the least squares of log(predicted / measured) over its cases. Link
+Each stage minimises the least squares of log(predicted / measured) over its cases, of
+their times and, where measured, of the CPU time the ranks used (the simulator's CPU work
+summed over ranks): timing alone cannot tell a message's CPU work from its latency. Link
 latencies follow as ``alpha - cpu_us``; ``flow_gbps`` is the fitted single-flow beta. Plans
 run later are not part of the fit: they check it.
 """
@@ -30,6 +33,8 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from treeattn.cost.simulate import simulate
 from treeattn.plan.ir import OpKind, Plan
@@ -64,6 +69,10 @@ class HostFit:
     """How the ranks shared the cores (``fifo`` under a real-time policy)."""
     merge_factor: float | None = None
     """A merge's (and copy's) fixed cost inside a plan over the merge kernel's timed alone."""
+    start_cpu_us: float = 0.0
+    """CPU time each rank spends as a run begins (fitted only with measured CPU times)."""
+    cpu_us_per_kb: float = 0.0
+    """CPU time per KiB at each end of a message (fitted only with measured CPU times)."""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -74,7 +83,7 @@ def on_host_cpus(topo: Topology) -> bool:
     return all(topo.rank_device(r).kind is DeviceKind.HOST for r in range(topo.num_ranks))
 
 
-def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple[Plan, float]], cores: int,
+def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple], cores: int,
                    start_wakeup_us: float = 0.0, name: str | None = None,
                    cpu_queue: str = "fair") -> tuple[Topology, HostFit, list[str]]:
     """Fit the host terms to ``cases``, in stages (see the module docstring).
@@ -83,7 +92,8 @@ def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple[P
         topo: the topology before fitting (as passed to ``apply_fit``).
         params: the per-class alpha/beta fit (its ``overhead_us`` is replaced: on host CPUs a
             message's fixed cost is the receiver's ``cpu_us`` plus the route latency).
-        cases: (plan, measured median in µs) of every calibration case.
+        cases: (plan, measured median in µs[, CPU µs the ranks used in one iteration, summed])
+            of every calibration case.
         cores: CPU cores the ranks share (this machine's).
         start_wakeup_us: starting point of the wake-up (the ping-pong fit's per-iteration term).
         name: name of the fitted topology.
@@ -104,25 +114,28 @@ def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple[P
             return "plan"
         return "messages"
 
-    staged: dict[str, list[tuple[Plan, float]]] = {"messages": [], "compute": [], "plan": []}
-    for plan, measured in cases:
-        staged[kind(plan)].append((plan, measured))
+    # Each case: (plan, measured time, measured CPU summed over ranks or None).
+    cases = [(c[0], c[1], c[2] if len(c) > 2 and c[2] else None) for c in cases]
+    has_cpu = any(c[2] is not None for c in cases) and on_host_cpus(topo)
+    staged: dict[str, list[tuple[Plan, float, float | None]]] = {"messages": [], "compute": [], "plan": []}
+    for case in cases:
+        staged[kind(case[0])].append(case)
     plans = staged["plan"]
     # Cases where every rank computes at once fit the attention kernel as the ranks run it
     # (factors on its bandwidth and, with two sizes or more, its fixed cost, timed alone).
     has_attn = params.attn_gbps is not None and bool(staged["compute"])
-    sizes = {(p.workload.batch, p.workload.split) for p, _ in staged["compute"]}
+    sizes = {(c[0].workload.batch, c[0].workload.split) for c in staged["compute"]}
     has_launch = has_attn and params.attn_launch_us is not None and params.attn_launch_us > 0 and len(sizes) > 1
     # Small attention plans separate a step's cost from a message's and show a merge amid the
     # other ranks' work; the library's collectives pass messages in their own threads.
-    has_step = any(not p.is_raw for p, _ in plans)
+    has_step = any(not c[0].is_raw for c in plans)
     has_merge = has_step and params.launch_us is not None and params.launch_us > 0
-    has_coll = on_host_cpus(topo) and any(op.kind is OpKind.COLLECTIVE for p, _ in plans
-                                          for prog in p.programs for op in prog)
+    has_coll = on_host_cpus(topo) and any(op.kind is OpKind.COLLECTIVE for c in plans
+                                          for prog in c[0].programs for op in prog)
     flow = max((ln.bw_gbps for ln in apply_fit(topo, params, name=name)[0].links if ln.kind is LinkKind.LOOPBACK),
                default=1.0)
     values: dict[str, float] = {"cpu": max(alpha / 2, 1.0), "wake": max(start_wakeup_us, 1.0), "loop": 1.5 * flow,
-                                "attn": 1.0, "alaunch": 1.0, "step": 0.0, "merge": 1.0}
+                                "attn": 1.0, "alaunch": 1.0, "step": 0.0, "merge": 1.0, "start": 0.0, "kb": 0.0}
     lowest = {"loop": flow}
     fitted_keys: set[str] = set()
 
@@ -141,19 +154,58 @@ def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple[P
                           if ln.kind is LinkKind.LOOPBACK else ln for ln in links)
         cost = dataclasses.replace(fitted.cost, host_cores=cores, cpu_us=v["cpu"], cpu_scope="machine",
                                    wakeup_us=v["wake"], step_us=v["step"], cpu_queue=cpu_queue,
-                                   coll_cpu_us=v.get("coll"))
+                                   coll_cpu_us=v.get("coll"), start_cpu_us=v["start"], cpu_us_per_kb=v["kb"])
         return dataclasses.replace(fitted, links=links, cost=cost), notes
 
-    def rms(t: Topology, group: Sequence[tuple[Plan, float]]) -> float:
-        total = sum(math.log(simulate(plan, t, timeline=False).predicted_us / measured) ** 2
-                    for plan, measured in group)
-        return math.sqrt(total / len(group))
+    def rms(t: Topology, group: Sequence[tuple[Plan, float, float | None]]) -> float:
+        total, n = 0.0, 0
+        for plan, measured, cpu in group:
+            res = simulate(plan, t, timeline=False)
+            total += math.log(res.predicted_us / measured) ** 2
+            n += 1
+            if cpu is not None and has_cpu:
+                # The CPU the ranks used pins the CPU terms where timing alone cannot tell
+                # them from latency.
+                total += math.log(max(sum(res.cpu_us), 1e-3) / cpu) ** 2
+                n += 1
+        return math.sqrt(total / n)
+
+    def cpu_start(group: Sequence[tuple[Plan, float, float | None]]) -> None:
+        """Start the CPU terms where the measured CPU times put them: the CPU the model
+        charges is linear in them (up to the receive batching), so least squares on the
+        relative residuals, terms that come out negative dropped."""
+        keys = ["cpu", "start", "kb"]
+        rows = [(plan, cpu) for plan, _, cpu in group if cpu]
+        if len(rows) < len(keys):
+            return
+        zero = {**values, **dict.fromkeys(keys, 0.0)}
+
+        def charged(v: dict[str, float]) -> np.ndarray:
+            t = build(v)[0]
+            return np.array([sum(simulate(plan, t, timeline=False).cpu_us) for plan, _ in rows])
+
+        meas = np.array([cpu for _, cpu in rows])
+        base = charged(zero)
+        cols = np.stack([charged({**zero, k: 1.0}) - base for k in keys], axis=1) / meas[:, None]
+        target = (meas - base) / meas
+        live = list(range(len(keys)))
+        x = np.zeros(len(keys))
+        while live:
+            sol = np.linalg.lstsq(cols[:, live], target, rcond=None)[0]
+            if (sol >= 0).all():
+                x[live] = sol
+                break
+            live = [i for i, v in zip(live, sol, strict=True) if v > 0]
+        values.update({k: float(v) for k, v in zip(keys, x, strict=True) if v > 0})
 
     evals = 0
+    if has_cpu:
+        cpu_start(staged["messages"] or cases)
     # In stages, each set of terms fitted to the cases that show it, the earlier terms held:
     # fitted all at once, a noisy case lets one term stand in for another (a slow attention
     # kernel for slow messages), and the plans predicted later inherit the mix-up.
-    stages = (("messages", ["cpu", "wake"] + (["loop"] if has_loop else [])),
+    measured_cpu = ["start", "kb"] if has_cpu else []
+    stages = (("messages", ["cpu", "wake"] + (["loop"] if has_loop else []) + measured_cpu),
               ("compute", (["attn"] if has_attn else []) + (["alaunch"] if has_launch else [])),
               ("plan", [k for k, on in (("step", has_step), ("merge", has_merge), ("coll", has_coll)) if on]))
     for stage, keys in stages:
@@ -170,7 +222,8 @@ def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple[P
         def loss(x: Sequence[float], keys: list[str] = keys, group: list = group) -> float:
             return rms(build({**values, **dict(zip(keys, x, strict=True))})[0], group) ** 2
 
-        best, _, n = nelder_mead(loss, [max(values[k], 1.0) if k == "step" else values[k] for k in keys],
+        best, _, n = nelder_mead(loss, [max(values[k], 1.0) if k in ("step", "start", "kb") else values[k]
+                                        for k in keys],
                                  lower=[lowest.get(k, 0.0) for k in keys], iterations=max(200, 60 * len(keys)))
         values.update(zip(keys, best, strict=True))
         fitted_keys.update(keys)
@@ -183,7 +236,8 @@ def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple[P
     fit = HostFit(cores=cores, cpu_us=values["cpu"], wakeup_us=values["wake"], loopback_gbps=got("loop"),
                   rms_log_error=rms(fitted, cases), cases=len(cases), evaluations=evals, attn_factor=got("attn"),
                   step_us=values["step"], cpu_queue=cpu_queue, merge_factor=got("merge"),
-                  attn_launch_factor=got("alaunch"), coll_cpu_us=got("coll"))
+                  attn_launch_factor=got("alaunch"), coll_cpu_us=got("coll"), start_cpu_us=values["start"],
+                  cpu_us_per_kb=values["kb"])
     return fitted, fit, notes
 
 

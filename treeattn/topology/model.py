@@ -246,6 +246,14 @@ class CostParams:
     wakeup_us: float = 0.0
     """Time before a rank runs its first op when a step begins (waking a blocked process);
     calibration measures it on hosts, where it is tens to hundreds of microseconds."""
+    start_cpu_us: float = 0.0
+    """CPU time every host rank spends when a run begins, before its first step (returning
+    from the wait that started it, the interpreter's setup): the ranks queue for the cores
+    at once; only with ``host_cores`` set."""
+    cpu_us_per_kb: float = 0.0
+    """CPU time a message costs each end per KiB it carries (the network stack copying it
+    as it goes and arrives); nothing waits for it, but it loads the cores; only with
+    ``host_cores`` set."""
     attn_launch_us: float | None = None
     """Fixed cost of the COMPUTE kernel (partial attention) when it differs from
     ``launch_us`` (which merges and copies pay): on a CPU it is several library calls."""
@@ -260,8 +268,10 @@ class CostParams:
             raise TopologyError(f"cost.mem_efficiency must be in (0, 1], got {self.mem_efficiency}")
         if not isinstance(self.host_cores, int) or self.host_cores < 0:
             raise TopologyError(f"cost.host_cores must be a whole number >= 0, got {self.host_cores!r}")
-        if self.cpu_us < 0 or self.wakeup_us < 0 or self.step_us < 0 or (self.coll_cpu_us or 0.0) < 0:
-            raise TopologyError("cost.cpu_us, cost.coll_cpu_us, cost.step_us and cost.wakeup_us must be >= 0")
+        if min(self.cpu_us, self.wakeup_us, self.step_us, self.coll_cpu_us or 0.0, self.start_cpu_us,
+               self.cpu_us_per_kb) < 0:
+            raise TopologyError("cost.cpu_us, cost.coll_cpu_us, cost.step_us, cost.wakeup_us, cost.start_cpu_us "
+                                "and cost.cpu_us_per_kb must be >= 0")
         if (self.attn_launch_us is not None and self.attn_launch_us < 0) or (
                 self.attn_gbps is not None and self.attn_gbps <= 0):
             raise TopologyError("cost.attn_launch_us must be >= 0 and cost.attn_gbps > 0")
@@ -282,6 +292,9 @@ class CostParams:
                 out["cpu_queue"] = self.cpu_queue
             if self.coll_cpu_us is not None:
                 out["coll_cpu_us"] = self.coll_cpu_us
+            for key in ("start_cpu_us", "cpu_us_per_kb"):
+                if getattr(self, key):
+                    out[key] = getattr(self, key)
         if self.wakeup_us:
             out["wakeup_us"] = self.wakeup_us
         for key in ("attn_launch_us", "attn_gbps"):
@@ -298,6 +311,8 @@ class CostParams:
                  self.attn_launch_us, self.attn_gbps)
         if self.step_us or self.cpu_queue != "fair" or self.coll_cpu_us is not None:
             terms = (*terms, float(self.step_us), self.cpu_queue, self.coll_cpu_us)
+        if self.start_cpu_us or self.cpu_us_per_kb:
+            terms = (*terms, float(self.start_cpu_us), float(self.cpu_us_per_kb))
         return terms
 
 

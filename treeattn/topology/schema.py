@@ -88,6 +88,8 @@ class CostSpec(_Spec):
     )
     step_us: float = Field(0.0, ge=0, description="CPU time a host rank spends per step of transfers.")
     wakeup_us: float = Field(0.0, ge=0, description="Delay before a rank's first op (waking a blocked process).")
+    start_cpu_us: float = Field(0.0, ge=0, description="CPU time every host rank spends as a run begins.")
+    cpu_us_per_kb: float = Field(0.0, ge=0, description="CPU time a message costs each end per KiB it carries.")
     attn_launch_us: float | None = Field(None, ge=0, description="Fixed cost of the attention kernel (COMPUTE).")
     attn_gbps: float | None = Field(None, gt=0, description="Effective GB/s of the attention kernel (COMPUTE).")
 
