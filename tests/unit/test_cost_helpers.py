@@ -11,6 +11,8 @@ Plans use raw payloads (no COMPUTE); ``rows`` of 4 bytes each.
 
 from __future__ import annotations
 
+import dataclasses
+
 from treeattn.plan.ir import Op, OpKind, Plan, TopologyRef
 from treeattn.topology.model import CostParams, Device, DeviceKind, Link, LinkKind, Topology
 from treeattn.workload import RawPayload
@@ -179,3 +181,17 @@ def cluster_topo(nodes: int, gpus: int, *, nvl_bw: float = 300.0, nvl_lat: float
         links = [ln for ln in links if ln.kind is not LinkKind.INFINIBAND]
     return Topology(name=f"cluster{nodes}x{gpus}", devices=devices, links=links, ranks=ranks,
                     cost=CostParams(overhead_us=overhead, launch_us=launch, mem_efficiency=0.8))
+
+
+def loopback_hosts(ranks: int = 4, **cost) -> tuple[Topology, Topology]:
+    """``cpu:ranks=N`` with one loopback link (10 us, 2.5 GB/s) and no memory model: the bare
+    topology the host fit starts from, and the same with the host CPU terms ``cost`` (the
+    truth a fit should recover), 2 cores for the whole machine."""
+    from treeattn.topology.library import resolve
+
+    topo = resolve(f"cpu:ranks={ranks}")
+    dev = dataclasses.replace(topo.devices[0], mem_bw_gbps=0.0)
+    lb = dataclasses.replace(topo.links[0], latency_us=10.0, bw_gbps=2.5, flow_gbps=None)
+    topo = dataclasses.replace(topo, devices=(dev,), links=(lb,), cost=CostParams(overhead_us=0.0, launch_us=0.0))
+    truth = dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, host_cores=2, cpu_scope="machine", **cost))
+    return topo, truth

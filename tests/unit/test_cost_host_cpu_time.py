@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_cost_helpers import switch_topo
+from tests.unit.test_cost_helpers import loopback_hosts, switch_topo
 from treeattn.cost import gloo
 from treeattn.cost.simulate import simulate
 from treeattn.errors import TopologyError
@@ -114,13 +114,9 @@ def test_cpu_terms_round_trip_yaml_and_reject_negatives():
 
 
 def test_host_fit_pins_cpu_terms_with_measured_cpu_time():
-    topo = resolve("cpu:ranks=4")
-    dev = dataclasses.replace(topo.devices[0], mem_bw_gbps=0.0)
-    lb = dataclasses.replace(topo.links[0], latency_us=10.0, bw_gbps=2.5, flow_gbps=None)
-    topo = dataclasses.replace(topo, devices=(dev,), links=(lb,), cost=CostParams(overhead_us=0.0, launch_us=0.0))
-    truth = dataclasses.replace(topo, cost=dataclasses.replace(
-        topo.cost, host_cores=2, cpu_us=40.0, cpu_scope="machine", wakeup_us=90.0, step_us=25.0,
-        cpu_queue="fifo", attn_launch_us=300.0, attn_gbps=3.0, start_cpu_us=60.0, cpu_us_per_kb=2.0))
+    topo, truth = loopback_hosts(cpu_us=40.0, wakeup_us=90.0, step_us=25.0, cpu_queue="fifo", attn_launch_us=300.0,
+                                 attn_gbps=3.0, start_cpu_us=60.0, cpu_us_per_kb=2.0)
+    lb = topo.links[0]
     plans = [compute_plan(topo, 4, HEADS, t) for t in (1024, 65536)]
     plans += [plan for _, plan in tree_plans(topo, 4, HEADS, 2, 48)]
     for n in (4, 2048, 1 << 17, 1 << 20):

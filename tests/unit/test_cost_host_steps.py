@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_cost_helpers import switch_topo
+from tests.unit.test_cost_helpers import loopback_hosts, switch_topo
 from treeattn.cost import gloo
 from treeattn.cost.simulate import simulate
 from treeattn.errors import InputError, TopologyError
@@ -167,13 +167,9 @@ def test_tree_cases_are_valid_attention_plans_rooted_at_the_last_rank():
 
 
 def test_host_fit_recovers_step_and_collective_terms_from_plan_like_cases():
-    topo = resolve("cpu:ranks=4")
-    dev = dataclasses.replace(topo.devices[0], mem_bw_gbps=0.0)
-    lb = dataclasses.replace(topo.links[0], latency_us=10.0, bw_gbps=2.5, flow_gbps=None)
-    topo = dataclasses.replace(topo, devices=(dev,), links=(lb,), cost=CostParams(overhead_us=0.0, launch_us=0.0))
-    truth = dataclasses.replace(topo, cost=dataclasses.replace(
-        topo.cost, host_cores=2, cpu_us=40.0, cpu_scope="machine", wakeup_us=90.0, step_us=25.0,
-        cpu_queue="fifo", coll_cpu_us=15.0, attn_launch_us=300.0, attn_gbps=3.0))
+    topo, truth = loopback_hosts(cpu_us=40.0, wakeup_us=90.0, step_us=25.0, cpu_queue="fifo", attn_launch_us=300.0,
+                                 attn_gbps=3.0, coll_cpu_us=15.0)
+    lb = topo.links[0]
     plans = [compute_plan(topo, 4, HEADS, t) for t in (1024, 65536)]
     for batch in (2, 32):
         plans += [plan for _, plan in tree_plans(topo, 4, HEADS, batch, 48)]

@@ -51,15 +51,18 @@ class Calibration:
     report: dict
 
     def summary(self) -> dict:
-        """The fitted figures worth keeping beside results: cost constants and per-class fits."""
+        """The fitted figures worth keeping beside results: cost constants, per-class fits and
+        every calibration case, measured against predicted on the fitted topology."""
         r = self.report
         classes = [{k: c.get(k) for k in ("name", "pair", "alpha_us", "beta_gbps", "skew_us", "r2")}
                    for c in r.get("classes", [])]
         cases = r.get("cases", [])
         errs = sorted(abs(c["rel_error"]) for c in cases if isinstance(c.get("rel_error"), (int, float)))
+        keep = ("label", "kind", "measured_us", "predicted_us", "rel_error", "measured_cpu_us", "predicted_cpu_us")
         return {"cost": r.get("cost"), "classes": classes, "host": r.get("host"), "load_avg": r.get("load_avg"),
                 "warnings": r.get("warnings", []),
-                "median_abs_error_of_its_cases": errs[len(errs) // 2] if errs else None}
+                "median_abs_error_of_its_cases": errs[len(errs) // 2] if errs else None,
+                "cases": [{k: c[k] for k in keep if k in c} for c in cases]}
 
 
 def calibrate_in_cluster(cluster: Cluster, topo: Topology, settings: CalibrationSettings | None = None) -> Calibration:
