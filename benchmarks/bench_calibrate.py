@@ -179,7 +179,7 @@ def render(console: Console, report, after, rows, pp, other, load, t_cal, t_run,
            "the fit.", ""]
     for title, data in ((f"Plan families (raw payloads, chunks={args.chunks})", rows),
                         ("Ping-pong (calibration cases, every size)", pp),
-                        ("Concurrent flows and fan-in (calibration cases)", other)):
+                        ("Concurrent flows, fan-in and library all-reduces (calibration cases)", other)):
         table = Table(title=title)
         extra = "predicted_after_us" in data[0]
         head = ("case", "size", "flows", "R", "measured µs", "± µs", "predicted µs", "error")
@@ -210,7 +210,7 @@ def render(console: Console, report, after, rows, pp, other, load, t_cal, t_run,
         f"ping-pong: {summary(ppe)}",
         f"ping-pong + point-to-point families: {summary(ppe + p2p)}",
         f"everything above: {summary(ppe + p2p + lib)}",
-        f"concurrent flows and fan-in (calibration cases): {summary(cal)}",
+        f"concurrent flows, fan-in and library all-reduces (calibration cases): {summary(cal)}",
     ]
     if after_p2p:
         lines.append(f"analysis, point-to-point families predicted with the second calibration: {summary(after_p2p)}")

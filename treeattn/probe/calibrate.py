@@ -10,8 +10,8 @@ times a plan (barrier, then the plan; median over repeats of the maximum over ra
 2. concurrent-flow plans: disjoint pairs of one class ping-ponging at once, and a fan-in
    of several ranks into one, at a few sizes (do flows that share a link split it?);
 3. with ``--compute attention``: every rank computing at once, and small attention plans
-   (star, chain and binomial trees over all ranks, ``calibrate_plans.tree_plans``) and the
-   library's all-reduce;
+   (star, chain and binomial trees over all ranks, ``calibrate_plans.tree_plans``);
+4. ranks on host CPUs: two library all-reduces (gloo's own cost per message);
 
 then, in this process, the executor's merge (or sum, or attention) kernel at those sizes.
 
@@ -248,6 +248,9 @@ def _plans(topo: Topology, classes: tuple[RouteClass, ...], opt: CalibrateOption
                               if op.kind is OpKind.SEND)
                 meta = {"kind": "tree", "class": 0, "nbytes": nbytes, "flows": p, "round_trips": 1}
                 out.append((f"tree-{shape}-B{batch}", plan, meta))
+    if on_host_cpus(topo):
+        # The library's all-reduce: gloo passes its messages in its own threads, at a CPU cost
+        # per message far below the interpreter's (``coll_cpu_us``).
         for nbytes in _COLLECTIVE_BYTES:
             meta = {"kind": "collective", "class": 0, "nbytes": nbytes, "flows": p, "round_trips": 1}
             out.append((f"allreduce-{nbytes}B", allreduce_plan(topo, p, nbytes), meta))
