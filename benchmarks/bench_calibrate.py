@@ -147,8 +147,10 @@ def _params(report) -> list[str]:  # noqa: ANN001 - a CalibrationReport
     h = report.host
     host = (f"- host terms (fitted to all {h.cases} calibration cases through the simulator, {h.evaluations} "
             f"evaluations, rms log error {h.rms_log_error:.3f}): host_cores = {h.cores}, cpu_us = {h.cpu_us:.1f} "
-            f"per message end, wakeup_us = {h.wakeup_us:.0f}, loopback: one flow {ln.flow_cap_gbps:.3g} GB/s, all "
-            f"flows together {ln.bw_gbps:.3g} GB/s, latency_us = {ln.latency_us:.1f}" if h else
+            f"per message end, wakeup_us = {h.wakeup_us:.0f}, start_cpu_us = {h.start_cpu_us:.0f}, cpu_us_per_kb = "
+            f"{h.cpu_us_per_kb:.2f}, coll_cpu_us = {h.coll_cpu_us or 0:.1f}, loopback: one flow "
+            f"{ln.flow_cap_gbps:.3g} GB/s, all flows together {ln.bw_gbps:.3g} GB/s, latency_us = "
+            f"{ln.latency_us:.1f}" if h else
             f"- overhead_us = {cost.overhead_us:.1f}, link latency_us = {ln.latency_us:.1f}, bw_gbps = "
             f"{ln.bw_gbps:.3g}")
     return [f"- ping-pong fit, loopback class, pair {c.route_class.pair}: α = {c.fit.alpha_us:.1f} µs per "
