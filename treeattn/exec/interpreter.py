@@ -182,6 +182,12 @@ class PlanExecutor:
         start, stop = chunk_rows(self.rows, self.plan.chunks, chunk)
         return slice(start, stop)
 
+    def _row_shape(self, chunk: int | None) -> tuple[int, ...]:
+        """Shape of ``chunk``'s rows on the wire: raw elements, or packed partials (D + 1)."""
+        rows = self._rows(chunk)
+        n = rows.stop - rows.start
+        return (n,) if self.plan.is_raw else (n, self.plan.workload.head_dim + 1)
+
     def _block(self, blocks: dict[int, torch.Tensor], block: int, op: Op) -> torch.Tensor:
         if block not in blocks:
             raise PlanInvalidError(f"rank {self.rank}: op {op.to_dict()} uses KV block {block}, which it does not hold")
@@ -190,14 +196,15 @@ class PlanExecutor:
     def _transfer_step(self, ops: list[tuple[int, Op]], acc: torch.Tensor,
                        blocks: dict[int, torch.Tensor]) -> list[float]:
         w = self.plan.workload
+        for _, op in ops:
+            if op.kind is OpKind.RECV_MERGE and op.block is not None:
+                raise PlanInvalidError(f"rank {self.rank}: recv_merge of KV block {op.block}; use recv_copy")
         # The partials merged into one chunk land side by side in one buffer, so the step
         # merges each chunk once however many it receives (``merge_many_into``).
         stacks: dict[int | None, torch.Tensor] = {}
         merging = [op.chunk for _, op in ops if op.kind is OpKind.RECV_MERGE]
         for chunk in dict.fromkeys(merging):
-            rows = self._rows(chunk)
-            row_shape = (rows.stop - rows.start,) if self.plan.is_raw else (rows.stop - rows.start, w.head_dim + 1)
-            stacks[chunk] = self._pool.take((merging.count(chunk), *row_shape), self.wire_dtype)
+            stacks[chunk] = self._pool.take((merging.count(chunk), *self._row_shape(chunk)), self.wire_dtype)
         slot: dict[int | None, int] = dict.fromkeys(stacks, 0)
         posts: list[P2P] = []
         for _, op in ops:
@@ -213,14 +220,10 @@ class PlanExecutor:
                 shape = (2, w.batch, w.kv_heads, w.split[op.block], w.head_dim)
                 posts.append(P2P(False, self._pool.take(shape, torch_dtype(w.kv_dtype)), op.peer))
             elif op.kind is OpKind.RECV_MERGE:
-                if op.block is not None:
-                    raise PlanInvalidError(f"rank {self.rank}: recv_merge of KV block {op.block}; use recv_copy")
                 posts.append(P2P(False, stacks[op.chunk][slot[op.chunk]], op.peer))
                 slot[op.chunk] += 1
             else:
-                rows = self._rows(op.chunk)
-                shape = (rows.stop - rows.start,) if self.plan.is_raw else (rows.stop - rows.start, w.head_dim + 1)
-                posts.append(P2P(False, self._pool.take(shape, self.wire_dtype), op.peer))
+                posts.append(P2P(False, self._pool.take(self._row_shape(op.chunk), self.wire_dtype), op.peer))
         works = self.comm.post(posts)
         done: list[float] = []
         if len(works) == len(posts):
