@@ -85,9 +85,19 @@ def test_every_family_is_correct(p):
     jobs = family_plans(p, chunk_counts)
     if p == 4:
         jobs.append(PlanJob("double-counting", double_counting_star(p)))
-    options = RunOptions(repeats=1, warmup=0, check="all", kernel="explicit", baselines=(p != 8), timeout_s=30)
+    # Both orders of the timed runs: 4 ranks deal two rounds out, 2 ranks run each method's block.
+    repeats, order = (2, "interleaved") if p == 4 else (1, "blocked")
+    options = RunOptions(repeats=repeats, warmup=0, check="all", kernel="explicit", baselines=(p != 8), timeout_s=30,
+                         order=order)
     result = launch(Job(tuple(jobs), options))
     assert result.backend == "gloo" and result.world == p
+    starts = [m.starts_s for m in result.measurements]
+    assert all(len(s) == repeats for s in starts)
+    if order == "interleaved":
+        # every method's first timed run comes before any method's second
+        assert max(s[0] for s in starts) < min(s[1] for s in starts)
+    else:
+        assert all(a[-1] < b[0] for a, b in zip(starts, starts[1:], strict=False))
     by = {(m.label, m.method): m for m in result.measurements}
     labels = [j.label for j in jobs]
     assert [k for k in by if k[1] == "plan"] == [(label, "plan") for label in labels]

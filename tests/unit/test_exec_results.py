@@ -7,11 +7,11 @@ import json
 import pandas as pd
 import pytest
 
-from treeattn.errors import TopologyError
+from treeattn.errors import InputError, TopologyError
 from treeattn.exec.interpreter import OpTiming
 from treeattn.exec.predict import predict, resolve_topology
 from treeattn.exec.results import COLUMNS, result_rows, rows_json, timeline_rows, workload_label, write_csv
-from treeattn.exec.runner import JobResult, Measurement
+from treeattn.exec.runner import JobResult, Measurement, RunOptions, interleaved_order
 from treeattn.plan.builders import build
 from treeattn.plan.ir import Op, OpKind, TopologyRef
 from treeattn.topology.library import resolve
@@ -75,3 +75,17 @@ def test_topology_resolution_and_warnings():
     none, warnings = resolve_topology(mine, "cpu:ranks=2")
     assert none is None and any("predictions skipped" in w for w in warnings)
     assert predict(mine, None, ("allreduce3",)).us == {"plan": None, "allreduce3": None}
+
+
+def test_interleaved_order_deals_every_method_once_per_round():
+    order = interleaved_order(5, 3, seed=0)
+    rounds = [order[i:i + 5] for i in range(0, 15, 5)]
+    assert all(sorted(r) == list(range(5)) for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1  # shuffled per round, not one fixed order
+    assert interleaved_order(5, 3, seed=0) == order  # every rank computes the same order
+    assert interleaved_order(5, 3, seed=1) != order
+
+
+def test_unknown_order_is_an_input_error():
+    with pytest.raises(InputError, match="unknown order 'random'"):
+        RunOptions(order="random")

@@ -24,7 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app, err_console
-from treeattn.cli.options import JsonOpt, RanksOpt, load_topology
+from treeattn.cli.options import JsonOpt, MeasureOrder, OrderOpt, RanksOpt, load_topology
 from treeattn.errors import EmulationError, ExecutionError, InputError
 
 __all__ = ["emulate_app"]
@@ -214,6 +214,7 @@ def run_cmd(
                                             help="Also run the baselines on the same workload.")] = False,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed iterations per method.")] = 10,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.")] = 2,
+    order: OrderOpt = MeasureOrder.INTERLEAVED,
     timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait.")] = 30.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of q, K and V.")] = 0,
     out: Annotated[Path | None, typer.Option("--out", help="CSV to append rows to; default "
@@ -243,7 +244,7 @@ def run_cmd(
                           f"({plan.topology.fingerprint}), the emulated topology is {escape(topo.name)} "
                           f"({topo.fingerprint}); predictions are for the emulated one")
     options = RunOptions(repeats=repeats, warmup=warmup, timeout_s=timeout, backend="gloo", seed=seed,
-                         baselines=baselines)
+                         baselines=baselines, order=order.value)
     names = (RAW_BASELINES if plan.is_raw else ATTENTION_BASELINES) if baselines else ()
     predictions = predict(plan, scaled_topology(topo, scale), names)
     label = plan_file.name

@@ -13,6 +13,7 @@ passes their values to ``load_topology`` and ``make_payload``, so that every com
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -41,6 +42,8 @@ __all__ = [
     "BytesOpt",
     "OpOpt",
     "JsonOpt",
+    "MeasureOrder",
+    "OrderOpt",
     "parse_ranks",
     "subset_topology",
     "load_topology",
@@ -95,6 +98,18 @@ OpOpt = Annotated[
     str | None, typer.Option("--op", help="Reduction of a raw payload: sum (default) or merge.", rich_help_panel=_W)
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys) instead of tables.")]
+
+
+class MeasureOrder(StrEnum):
+    """How the timed runs of several methods are ordered (``treeattn.exec.runner.RunOptions.order``)."""
+
+    INTERLEAVED = "interleaved"
+    BLOCKED = "blocked"
+
+
+OrderOpt = Annotated[MeasureOrder, typer.Option(
+    "--order", help="interleaved: time every method once per round, so methods compared share the host's slow "
+    "spells; blocked: each method's runs back to back.")]
 
 def load_topology(spec: str | None, ranks: str | None = None) -> Topology:
     """Resolve ``--topology`` (preset name, family spec or file) and apply ``--ranks``.

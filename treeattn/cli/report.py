@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from treeattn.cli import app, err_console
-from treeattn.cli.options import JsonOpt, load_topology
+from treeattn.cli.options import JsonOpt, MeasureOrder, OrderOpt, load_topology
 from treeattn.errors import InputError
 
 __all__ = ["validate_cmd", "report_cmd"]
@@ -81,6 +81,7 @@ def validate_cmd(
                                          rich_help_panel=_MEASURE)] = 5,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.",
                                         rich_help_panel=_MEASURE)] = 1,
+    order: OrderOpt = MeasureOrder.INTERLEAVED,
     scale: Annotated[float, typer.Option("--scale", min=1e-9, help="Factor on every emulated link's bandwidth.",
                                          rich_help_panel=_MEASURE)] = 1.0,
     calibrate: Annotated[bool, typer.Option("--calibrate/--no-calibrate", help="Calibrate inside each emulated "
@@ -129,7 +130,7 @@ def validate_cmd(
         targets.append(TopologyTarget(topo, tuple(cases), fitted, spec))
     options = ValidateOptions(repeats=repeats, warmup=warmup, scale=scale, seed=seed, op_timeout_s=timeout,
                               calibrate=calibrate, calibration=CalibrationSettings(), families=fams,
-                              max_load=max_load, max_wait_s=max_wait, realtime=realtime)
+                              max_load=max_load, max_wait_s=max_wait, realtime=realtime, order=order.value)
     command = shlex.join(["treeattn", *sys.argv[1:]]) if Path(sys.argv[0]).name == "treeattn" else ""
     from treeattn.emulate.cluster import interrupts_raise
 

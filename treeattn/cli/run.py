@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app, err_console
-from treeattn.cli.options import JsonOpt
+from treeattn.cli.options import JsonOpt, MeasureOrder, OrderOpt
 from treeattn.errors import ExecutionError, InputError
 
 __all__ = ["run"]
@@ -52,6 +52,7 @@ def run(
                                             "and ring attention on the same workload.")] = False,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed iterations per method.")] = 10,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.")] = 2,
+    order: OrderOpt = MeasureOrder.INTERLEAVED,
     timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait "
                                            "before its rank gives up.")] = 5.0,
     backend: Annotated[Backend | None, typer.Option("--backend", help="Default: nccl on CUDA, else gloo.")] = None,
@@ -75,7 +76,7 @@ def run(
     plan = _load(plan_file)
     options = RunOptions(repeats=repeats, warmup=warmup, timeout_s=timeout,
                          backend=backend.value if backend else None, check=check.value, seed=seed,
-                         baselines=baselines)
+                         baselines=baselines, order=order.value)
     placed = detect_env()
     reporter = placed is None or placed.rank == 0
     names = (RAW_BASELINES if plan.is_raw else ATTENTION_BASELINES) if baselines else ()

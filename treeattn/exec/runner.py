@@ -1,8 +1,10 @@
 """What every rank does in a run: build inputs, run each method, check it, time it.
 
-One process group runs a whole ``Job`` (several plans in sequence, each with its
-baselines), so tests and benchmarks pay the process start-up once. Per method: one
-untimed run whose result is checked, ``warmup`` untimed runs, then ``repeats`` timed runs.
+One process group runs a whole ``Job`` (several plans, each with its baselines), so tests
+and benchmarks pay the process start-up once. Per method: one untimed run whose result is
+checked, ``warmup`` untimed runs, then ``repeats`` timed runs. By default (``order``
+``interleaved``) the timed runs of all methods are dealt out in rounds, each method once per
+round: on a shared host a slow spell then lands on every method compared, not on one.
 When all ranks share one host's monotonic clock, every run starts at one agreed instant
 (``Comm.release``: a little after the last rank arrived, agreed through shared memory so a
 rank that finished early sends nothing while others still run; everyone sleeps until then) and
@@ -19,8 +21,10 @@ from __future__ import annotations
 import datetime
 import hashlib
 import math
+import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,6 +78,10 @@ class RunOptions:
     """Also run the baselines on the plan's workload (once per distinct workload in a job)."""
     kernel: str = "auto"
     """Local attention kernel (see ``treeattn.exec.attention.KERNELS``)."""
+    order: str = "interleaved"
+    """``interleaved``: after every method's checked and warm-up runs, ``repeats`` rounds that
+    time each method once (shuffled per round), so methods compared with each other share the
+    host's slow and fast spells; ``blocked``: each method's runs back to back."""
 
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.warmup < 0:
@@ -84,6 +92,8 @@ class RunOptions:
             raise InputError(f"unknown backend {self.backend!r}; choose gloo or nccl")
         if self.check not in ("root", "all"):
             raise InputError(f"unknown check mode {self.check!r}; choose root or all")
+        if self.order not in ("interleaved", "blocked"):
+            raise InputError(f"unknown order {self.order!r}; choose interleaved or blocked")
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +142,9 @@ class Measurement:
     cpu_us: tuple[float, ...] = ()
     """Per rank, the median over the timed iterations of the CPU time its process used
     (every thread, the library's included) from its start to its end."""
+    starts_s: tuple[float, ...] = ()
+    """When each timed iteration started on rank 0 (seconds on its monotonic clock): where the
+    runs of one job's methods fell in time (see ``RunOptions.order``)."""
 
     @property
     def correct(self) -> bool:
@@ -201,6 +214,27 @@ def _pick_backend(options: RunOptions) -> tuple[str, torch.device]:
     return backend, torch.device("cpu")
 
 
+@dataclass(eq=False)
+class _Timed:
+    """One method of a job on one rank: what runs, and what its runs measured."""
+
+    label: str
+    method: str
+    fn: Callable[[], torch.Tensor]
+    payload: Payload
+    check_ranks: tuple[int, ...]
+    executor: PlanExecutor | None = None
+    contributors: tuple[int, ...] | None = None
+    prepare: Callable[[], None] = lambda: None
+    margin: float = _MIN_MARGIN_S
+    delay: float = 0.0
+    first: torch.Tensor | None = None
+    last: torch.Tensor | None = None
+    starts: list[float] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
+    cpus: list[float] = field(default_factory=list)
+
+
 class _RankRun:
     """State of one rank across the plans of a job."""
 
@@ -243,54 +277,54 @@ class _RankRun:
             self._refs[key] = self.comm.broadcast(ref.to(self.comm.device), 0, "reference broadcast").cpu()
         return self._refs[key]
 
-    def measure(self, label: str, method: str, fn, payload: Payload, check_ranks: tuple[int, ...],
-                executor: PlanExecutor | None = None, contributors: tuple[int, ...] | None = None,
-                prepare=None) -> Measurement | None:  # noqa: ANN001 - fn() -> Tensor, prepare() -> None
-        """Time ``fn`` ``repeats`` times after ``warmup`` runs; ``prepare`` (restoring the inputs
-        ``fn`` changes in place) runs before each, outside the clock."""
-        comm, raw = self.comm, isinstance(payload, RawPayload)
-        prepare = prepare or (lambda: None)
-        shared = self._shared_clock()
-        margin, delay = _MIN_MARGIN_S, 0.0
+    def _begin(self, t: _Timed) -> float:
+        """Start one run of ``t``: every rank at one agreed instant (one host's clock) or
+        after a barrier; returns this run's start on ``comm.now()``."""
+        if not self._shared_clock():
+            self.comm.barrier()
+            return self.comm.now()
+        start, arrived, worst = self.comm.release(t.margin, t.delay)
+        t.delay = arrived - (start - t.margin)  # how long after the last rank arrived this one knew
+        # Every rank sees the same worst delay, so all agree on the next margin.
+        t.margin = min(_MAX_MARGIN_S, max(_MIN_MARGIN_S, 2.0 * worst))
+        return max(start, arrived)
 
-        def begin() -> float:
-            nonlocal margin, delay
-            if not shared:
-                comm.barrier()
-                return comm.now()
-            start, arrived, worst = comm.release(margin, delay)
-            delay = arrived - (start - margin)  # how long after the last rank arrived this one knew
-            # Every rank sees the same worst delay, so all agree on the next margin.
-            margin = min(_MAX_MARGIN_S, max(_MIN_MARGIN_S, 2.0 * worst))
-            return max(start, arrived)
-
-        prepare()
-        begin()
-        first = fn().clone()  # fn may return a buffer the next run reuses
+    def warm(self, t: _Timed) -> None:
+        """The checked first run of ``t``, then its ``warmup`` untimed runs."""
+        t.prepare()
+        self._begin(t)
+        t.first = t.fn().clone()  # fn may return a buffer the next run reuses
         for _ in range(self.opt.warmup):
-            prepare()
-            begin()
-            fn()
-        starts, ends, cpus = [], [], []
-        for _ in range(self.opt.repeats):
-            prepare()
-            starts.append(begin())
-            if executor is not None and shared:
-                executor.origin = starts[-1]  # one clock: timelines count from the agreed start
-            cpu = time.process_time()
-            last = fn()
-            ends.append(comm.now())
-            cpus.append(time.process_time() - cpu)
-        ref = self.reference(payload, contributors)
+            t.prepare()
+            self._begin(t)
+            t.fn()
+
+    def time_once(self, t: _Timed) -> None:
+        """One timed run of ``t`` (``prepare`` outside the clock); the last one's result is kept."""
+        t.prepare()
+        t.starts.append(self._begin(t))
+        if t.executor is not None and self._shared_clock():
+            t.executor.origin = t.starts[-1]  # one clock: timelines count from the agreed start
+        cpu = time.process_time()
+        out = t.fn()
+        t.ends.append(self.comm.now())
+        t.cpus.append(time.process_time() - cpu)
+        if len(t.starts) == self.opt.repeats:
+            t.last = out.clone()  # methods timed after this one may reuse its buffers
+
+    def finish(self, t: _Timed) -> Measurement | None:
+        """Check ``t``'s first and last results and gather every rank's times (on rank 0)."""
+        comm, raw = self.comm, isinstance(t.payload, RawPayload)
+        ref = self.reference(t.payload, t.contributors)
         err = -1.0
-        if comm.rank in check_ranks:
-            err = max(relative_error(first, ref, raw), relative_error(last, ref, raw))
-        local = torch.tensor([err, *starts, *ends, statistics.median(cpus) * 1e6], dtype=torch.float64,
+        if comm.rank in t.check_ranks:
+            err = max(relative_error(t.first, ref, raw), relative_error(t.last, ref, raw))
+        local = torch.tensor([err, *t.starts, *t.ends, statistics.median(t.cpus) * 1e6], dtype=torch.float64,
                              device=comm.device)
-        rows = torch.stack(comm.all_gather(local, f"{method} result gathering", setup=True)).cpu()
+        rows = torch.stack(comm.all_gather(local, f"{t.method} result gathering", setup=True)).cpu()
         n = self.opt.repeats
         t0, t1 = rows[:, 1:1 + n], rows[:, 1 + n:1 + 2 * n]
-        if shared:
+        if self._shared_clock():
             # One host, one monotonic clock: every rank started at the agreed instant (or
             # later, when it learnt it late: then from the latest start) and the step ends
             # when the last one finishes.
@@ -298,27 +332,29 @@ class _RankRun:
         else:
             times_us = ((t1 - t0).max(dim=0).values * 1e6).tolist()
         timeline: list = []
-        if executor is not None:
+        if t.executor is not None:
             gathered: list = [None] * comm.world if comm.rank == 0 else None
-            dist.gather_object(executor.timeline, gathered, dst=0)
+            dist.gather_object(t.executor.timeline, gathered, dst=0)
             if comm.rank == 0:
-                timeline = [t for per_rank in gathered for t in per_rank]
+                timeline = [x for per_rank in gathered for x in per_rank]
         if comm.rank != 0:
             return None
         errs = [e for e in rows[:, 0].tolist() if e >= 0]
         return Measurement(
-            label=label,
-            method=method,
-            kernel=self.kernels.get(label, "none"),
+            label=t.label,
+            method=t.method,
+            kernel=self.kernels.get(t.label, "none"),
             times_us=tuple(times_us),
             max_rel_err=max(errs) if errs else math.inf,
-            tolerance=tolerance(payload),
-            checked_ranks=tuple(check_ranks),
+            tolerance=tolerance(t.payload),
+            checked_ranks=tuple(t.check_ranks),
             timeline=tuple(timeline),
             cpu_us=tuple(rows[:, -1].tolist()),
+            starts_s=tuple(t0[0].tolist()),
         )
 
-    def run_plan(self, pj: PlanJob) -> list[Measurement]:
+    def methods(self, pj: PlanJob) -> list[_Timed]:
+        """The plan of ``pj`` and, when asked and not done for its workload yet, its baselines."""
         plan, comm, opt = pj.plan, self.comm, self.opt
         w = plan.workload
         if plan.is_raw:
@@ -330,16 +366,13 @@ class _RankRun:
         executor = PlanExecutor(plan, comm, inputs, kernel)
         result_ranks = tuple(sorted(plan.result_ranks)) or (0,)
         checks = result_ranks if opt.check == "all" else result_ranks[:1]
-        out = []
-        contributors = getattr(plan, "contributors", None)
-        m = self.measure(pj.label, "plan", executor.run, w, checks, executor, contributors, executor.prepare)
-        out.append(m)
+        out = [_Timed(pj.label, "plan", executor.run, w, checks, executor, getattr(plan, "contributors", None),
+                      executor.prepare)]
         if opt.baselines and (repr(w), "baselines") not in self._baselines_done:
             self._baselines_done.add((repr(w), "baselines"))
             everyone = tuple(range(comm.world)) if opt.check == "all" else (0,)
             pool = BufferPool(comm.device)
             for name in RAW_BASELINES if plan.is_raw else ATTENTION_BASELINES:
-                prepare = None
                 if plan.is_raw:
                     work = torch.empty_like(inputs.raw)
 
@@ -348,13 +381,47 @@ class _RankRun:
 
                     def fn(work=work):
                         return library_allreduce(comm, work)
+
+                    out.append(_Timed(pj.label, name, fn, w, everyone, prepare=prepare))
                 else:
                     wire = torch_dtype(w.partial_dtype)
 
                     def fn(name=name, wire=wire, w=w):
                         return run_attention_baseline(name, comm, inputs.q, inputs.kv, w, kernel, wire, pool)
-                out.append(self.measure(pj.label, name, fn, w, everyone, prepare=prepare))
-        return [m for m in out if m is not None]
+
+                    out.append(_Timed(pj.label, name, fn, w, everyone))
+        return out
+
+    def run(self) -> list[Measurement]:
+        """Measure every method of the job in the options' order."""
+        done: list[Measurement | None] = []
+        if self.opt.order == "blocked":
+            for pj in self.job.plans:  # one plan's inputs alive at a time
+                for t in self.methods(pj):
+                    self.warm(t)
+                    for _ in range(self.opt.repeats):
+                        self.time_once(t)
+                    done.append(self.finish(t))
+        else:
+            timed = [t for pj in self.job.plans for t in self.methods(pj)]
+            for t in timed:
+                self.warm(t)
+            for i in interleaved_order(len(timed), self.opt.repeats, self.opt.seed):
+                self.time_once(timed[i])
+            done = [self.finish(t) for t in timed]
+        return [m for m in done if m is not None]
+
+
+def interleaved_order(methods: int, repeats: int, seed: int) -> list[int]:
+    """Indices of the timed runs when methods are interleaved: ``repeats`` rounds, each running
+    every method once in an order shuffled per round (the same on every rank for one seed), so
+    that a slow spell of the host lands on all methods alike rather than on one method's block."""
+    order: list[int] = []
+    for r in range(repeats):
+        one = list(range(methods))
+        random.Random(seed * 7919 + r).shuffle(one)
+        order += one
+    return order
 
 
 def run_rank(job: Job, rank: int, world: int, local_rank: int = 0) -> JobResult | None:
@@ -386,10 +453,7 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0) -> JobResult 
     dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=opt.setup_timeout_s), **init)
     comm = Comm(rank, world, backend, device, opt.timeout_s, opt.setup_timeout_s)
-    state = _RankRun(job, comm, kernels)
-    measurements: list[Measurement] = []
-    for pj in job.plans:
-        measurements.extend(state.run_plan(pj))
+    measurements = _RankRun(job, comm, kernels).run()
     comm.barrier()
     # Only on success: after a peer's failure, tearing the group down can block.
     dist.destroy_process_group()

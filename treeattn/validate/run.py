@@ -78,6 +78,8 @@ class ValidateOptions:
     this (the emulated ranks share the host's cores with everything else running)."""
     max_wait_s: float = 600.0
     """How long to wait for ``max_load`` before measuring anyway (the metadata says so)."""
+    order: str = "interleaved"
+    """Order of the timed runs (``treeattn.exec.runner.RunOptions.order``)."""
     realtime: bool = False
     """Run calibration and measurement ranks under ``SCHED_RR`` (priority ``REALTIME_PRIORITY``),
     so that other work on the host does not delay their wake-ups: on a loaded 2-core host a
@@ -280,7 +282,7 @@ def validate_topology(target: TopologyTarget, options: ValidateOptions | None = 
             jobs += [PlanJob(f"{case.name}|{m.method}", m.plan) for m in cp.methods]
         run_opts = RunOptions(repeats=opt.repeats, warmup=opt.warmup, timeout_s=opt.op_timeout_s,
                               setup_timeout_s=max(120.0, opt.op_timeout_s), backend="gloo", seed=opt.seed,
-                              baselines=True)
+                              baselines=True, order=opt.order)
         quiet["measurement"] = wait_for_quiet(opt.max_load, opt.max_wait_s, say)
         say(f"{topo.name}: measuring {len(jobs)} plans and {len(BASELINES)} baselines x {len(cases)} cases")
         with realtime_priority(opt.realtime):
