@@ -63,6 +63,8 @@ def test_tiny_validate_end_to_end(tmp_path: Path):
     assert t["predicted_on"]["calibration"].startswith("treeattn calibrate")
     assert (out / "calibration" / "emu-2x4_ranks_0_4_.yaml").is_file()
     assert runs[0].predicted_on.fingerprint == t["predicted_on"]["fingerprint"] != topo.fingerprint
+    for phase in ("calibration", "measurement"):  # what the host's CPUs did meanwhile
+        assert 0 <= t["host_cpu"][phase]["steal"] <= 1 and 0 < t["host_cpu"][phase]["busy"] <= 1
 
     timeline = load_folder(out).timeline
     assert set(timeline["source"]) == {"measured", "predicted"}

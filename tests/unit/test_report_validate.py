@@ -86,3 +86,19 @@ def test_realtime_priority_is_restored():
     assert os.sched_getscheduler(0) == before
     with realtime_priority(False):
         assert os.sched_getscheduler(0) == before
+
+
+def test_host_cpu_shares():
+    from treeattn.report.render import _host_cpu
+    from treeattn.validate.run import cpu_shares, cpu_ticks
+
+    # user nice system idle iowait irq softirq steal
+    shares = cpu_shares([100, 0, 50, 800, 0, 0, 10, 40], [150, 0, 80, 930, 0, 0, 40, 100])  # 300 ticks
+    assert shares == {"steal": 0.2, "softirq": 0.1, "busy": pytest.approx(170 / 300, abs=1e-3)}
+    assert cpu_shares(None, [1] * 8) is None and cpu_shares([1] * 8, [1] * 8) is None
+    now = cpu_ticks()
+    if os.path.exists("/proc/stat"):
+        assert now is not None and len(now) == 8 and all(x >= 0 for x in now)
+    line = _host_cpu({"calibration": None, "measurement": shares})
+    assert line == "; measurement: CPU 57% busy, 20% stolen by the hypervisor, 10% in packet processing"
+    assert _host_cpu(None) == ""

@@ -60,6 +60,17 @@ def render_folder(path: str | Path, *, topology: str | None = None, case: str | 
     return Rendered(folder, summary, tuple(files), key)
 
 
+def _host_cpu(shares: dict | None) -> str:
+    """``; while measuring: 12 % steal, 30 % softirq`` from a topology's ``host_cpu`` meta."""
+    parts = []
+    for phase in ("calibration", "measurement"):
+        got = (shares or {}).get(phase)
+        if got:
+            parts.append(f"{phase}: CPU {got['busy']:.0%} busy, {got['steal']:.0%} stolen by the hypervisor, "
+                         f"{got['softirq']:.0%} in packet processing")
+    return "; " + "; ".join(parts) if parts else ""
+
+
 def _fmt(key: str, value: float | None) -> str:
     if value is None:
         return "not measured"
@@ -95,7 +106,7 @@ def readme(folder: ResultsFolder, summary: dict, timeline: tuple[str, str, str] 
         lines.append(f"- **{t.get('name')}** ({t.get('ranks')} ranks, scale {t.get('scale')}): planned and "
                      f"predicted on {pred.get('name')} (calibration: {cal}); load average "
                      f"{t.get('load_avg_before', ['?'])[0]} before, {t.get('load_avg_after', ['?'])[0]} after; "
-                     f"{t.get('wall_s')} s.")
+                     f"{t.get('wall_s')} s{_host_cpu(t.get('host_cpu'))}.")
     lines += ["", "Cases: " + ", ".join(dict.fromkeys(f"{c['case']} ({c['regime']}, B={c['batch']}, "
                                                    f"{c['tokens_per_rank']} tokens/rank)" for c in summary["cases"])),
               "", "## Figures", "", "| figure | value | target | reached |", "|---|---|---|---|"]

@@ -181,6 +181,36 @@ def wait_for_quiet(max_load: float | None, max_wait_s: float, say: Progress) -> 
     return {"load": round(load, 2), "waited_s": round(time.monotonic() - t0, 1), "quiet": load <= max_load}
 
 
+_PROC_STAT = Path("/proc/stat")
+
+
+def cpu_ticks() -> list[int] | None:
+    """The host's CPU time so far, in ticks by state (the ``cpu`` line of ``/proc/stat``:
+    user, nice, system, idle, iowait, irq, softirq, steal); None where there is none."""
+    try:
+        first = _PROC_STAT.read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if len(first) < 9 or first[0] != "cpu":
+        return None
+    return [int(x) for x in first[1:9]]
+
+
+def cpu_shares(before: list[int] | None, after: list[int] | None) -> dict | None:
+    """What the host's CPUs did between two ``cpu_ticks`` readings, as shares of all CPU time:
+    ``steal`` (taken by the hypervisor for other guests: the ranks simply did not run),
+    ``softirq`` (the kernel's packet processing, which the emulated links' traffic costs) and
+    ``busy`` (everything but idle). A noisy measurement shows here first."""
+    if before is None or after is None:
+        return None
+    d = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(d)
+    if total <= 0:
+        return None
+    return {"steal": round(d[7] / total, 3), "softirq": round(d[6] / total, 3),
+            "busy": round(1.0 - (d[3] + d[4]) / total, 3)}
+
+
 def _predict(plan: Plan, topo: Topology, timeline: bool = False):  # noqa: ANN202 - a SimResult
     return simulate(plan, topo, timeline=timeline)
 
@@ -251,6 +281,7 @@ def validate_topology(target: TopologyTarget, options: ValidateOptions | None = 
     load0 = os.getloadavg()
     t0 = time.monotonic()
     quiet: dict[str, dict] = {}
+    host_cpu: dict[str, dict | None] = {}
     with emulated(topo, scale=opt.scale, reuse=opt.reuse) as cluster:
         calib: Calibration | None = None
         if target.calibrated is not None:
@@ -259,12 +290,14 @@ def validate_topology(target: TopologyTarget, options: ValidateOptions | None = 
         elif opt.calibrate:
             quiet["calibration"] = wait_for_quiet(opt.max_load, opt.max_wait_s, say)
             say(f"{topo.name}: calibrating inside the emulation ({cluster.num_ranks} ranks)")
+            ticks = cpu_ticks()
             with realtime_priority(opt.realtime):
                 # Time the attention kernel with the heads the cases plan (the bytes a KV byte
                 # costs depend on them); the cases of one topology share them.
                 w = cases[0].workload
                 settings = replace(opt.calibration, attention_heads=(w.q_heads, w.kv_heads, w.head_dim))
                 calib = calibrate_in_cluster(cluster, emulated_topo, settings)
+            host_cpu["calibration"] = cpu_shares(ticks, cpu_ticks())
             predict_on = calib.topology
             source = "treeattn calibrate inside the emulation"
         else:
@@ -285,8 +318,10 @@ def validate_topology(target: TopologyTarget, options: ValidateOptions | None = 
                               baselines=True, order=opt.order)
         quiet["measurement"] = wait_for_quiet(opt.max_load, opt.max_wait_s, say)
         say(f"{topo.name}: measuring {len(jobs)} plans and {len(BASELINES)} baselines x {len(cases)} cases")
+        ticks = cpu_ticks()
         with realtime_priority(opt.realtime):
             result = launch_in_cluster(cluster, Job(tuple(jobs), run_opts), timeout_s=opt.job_timeout_s)
+        host_cpu["measurement"] = cpu_shares(ticks, cpu_ticks())
     wall = time.monotonic() - t0
     say(f"{topo.name}: predicting")
     by_case = {c.name: c for c in cases}
@@ -322,6 +357,7 @@ def validate_topology(target: TopologyTarget, options: ValidateOptions | None = 
         "load_avg_after": [round(x, 2) for x in os.getloadavg()],
         "wall_s": round(wall, 1),
         "quiet": quiet,
+        "host_cpu": host_cpu,
     }
     return TopologyRun(topo.name, pd.DataFrame(rows, columns=list(ROW_COLUMNS)),
                        pd.DataFrame(timeline, columns=list(TIMELINE_COLUMNS)), meta, predict_on)
