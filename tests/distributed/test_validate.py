@@ -56,6 +56,7 @@ def test_tiny_validate_end_to_end(tmp_path: Path):
     assert rows["correct"].all()
     assert (rows["predicted_us"] > 0).all() and (rows["measured_median_us"] > 0).all()
     assert (rows["repeats"] == 2).all()
+    assert all(len(str(c).split()) == 2 for c in rows["measured_times_us"])  # every iteration, for the bootstrap
 
     meta = json.loads((out / "meta.json").read_text())
     assert meta["primary_topology"] == topo.name and meta["command"] == "pytest"

@@ -191,3 +191,64 @@ def test_regret_and_error_properties(times, pick):
     assert c["best_us"] == pytest.approx(min(m for _, m in times), rel=1e-5)
     e = s["errors"]["all"]
     assert e["median"] <= e["p90"] * (1 + 1e-9) <= e["max"] * (1 + 1e-9)
+
+
+def _case_with_times(times: dict[str, list[float]], pick: str) -> pd.DataFrame:
+    rows = _rows()
+    rows = rows[(rows["topology"] == "emu-a") & (rows["case"] == "B1")].copy()
+    rows = rows[rows["method"].isin(times)]
+    rows["is_pick"] = rows["method"] == pick
+    rows["measured_times_us"] = [" ".join(f"{t:.1f}" for t in times[m]) for m in rows["method"]]
+    rows["measured_median_us"] = [float(pd.Series(times[m]).median()) for m in rows["method"]]
+    return rows
+
+
+def test_regret_interval_keeps_rounds_paired():
+    # The pick is 10 % slower than star in every round; round 2 was a slow spell for both.
+    star = [1000.0, 1010.0, 3000.0, 990.0, 1005.0]
+    case = case_frame(_case_with_times({"multirail": [1.1 * t for t in star], "star": star}, "multirail")).iloc[0]
+    assert case["regret"] == pytest.approx(0.1)
+    # Resampling rounds, not each method's iterations alone, keeps the spell shared: every
+    # resample gives the same 10 %.
+    assert case["regret_low"] == pytest.approx(0.1) and case["regret_high"] == pytest.approx(0.1)
+    # A pick fastest in every round: no regret in any resample.
+    faster = case_frame(_case_with_times({"multirail": [0.9 * t for t in star], "star": star}, "multirail")).iloc[0]
+    assert faster["regret"] == 0.0 and faster["regret_low"] == 0.0 and faster["regret_high"] == 0.0
+
+
+def test_regret_interval_spans_the_noise_and_is_deterministic():
+    pick = [1100.0, 1300.0, 900.0, 1250.0, 950.0, 1200.0, 1120.0]
+    star = [1100.0, 1000.0, 1150.0, 980.0, 1120.0, 1010.0, 1090.0]
+    rows = _case_with_times({"multirail": pick, "star": star}, "multirail")
+    a, b = case_frame(rows).iloc[0], case_frame(rows).iloc[0]
+    assert a["regret_low"] == b["regret_low"] and a["regret_high"] == b["regret_high"]
+    assert a["regret_low"] == 0.0 < a["regret"] < a["regret_high"]
+
+
+@pytest.mark.parametrize("cells", [["", "1 2 3"], ["1 2 3", "1 2"], ["1 2 x", "1 2 3"]])
+def test_regret_interval_needs_every_methods_times(cells):
+    rows = _case_with_times({"multirail": [1.0, 2.0, 3.0], "star": [1.0, 2.0, 3.0]}, "multirail")
+    rows["measured_times_us"] = cells
+    case = case_frame(rows).iloc[0]
+    assert case["regret"] is not None and case["regret_low"] is None and case["regret_high"] is None
+
+
+def test_folders_without_iteration_times_still_load(folder: Path):
+    rows = pd.read_csv(folder / "rows.csv").drop(columns=["measured_times_us"])
+    rows.to_csv(folder / "rows.csv", index=False)
+    got = load_folder(folder)
+    assert (got.rows["measured_times_us"] == "").all()
+    assert summarize(got.rows, got.meta)["regret"]["primary_max_interval"] is None
+
+
+def test_readme_and_tables_give_the_worst_regrets_interval(folder: Path):
+    rows = pd.read_csv(folder / "rows.csv")
+    # emu-a B64 is the worst case (20 %): multirail 12 ms against star's 10 ms in every round.
+    rows["measured_times_us"] = [" ".join(f"{m * f:.1f}" for f in (1.0, 1.02, 0.98)) for m in
+                                 rows["measured_median_us"]]
+    rows.to_csv(folder / "rows.csv", index=False)
+    render_folder(folder, plots=False)
+    text = (folder / "README.md").read_text()
+    assert "5th percentile 20.0%, 95th 20.0%" in text
+    res = run_cli("report", str(folder))
+    assert res.exit_code == 0 and "20% (20%–20%)" in res.stdout

@@ -45,12 +45,17 @@ ROW_COLUMNS = (
     "topology", "case", "regime", "ranks", "batch", "q_heads", "kv_heads", "head_dim", "tokens_per_rank",
     "payload_bytes", "kv_bytes_per_rank", "method", "role", "is_pick", "algorithm", "chunks",
     "predicted_us", "predicted_nominal_us", "measured_median_us", "measured_p10_us", "measured_p90_us", "repeats",
-    "correct", "max_rel_err",
+    "correct", "max_rel_err", "measured_times_us",
 )
 """``regime``: ``sweep`` (payloads from latency- to bandwidth-bound) or ``long-context``;
 ``payload_bytes``: one rank's partial; ``predicted_us``: the simulator on the topology the
 plans were made for (calibrated when ``meta.json`` says so); ``predicted_nominal_us``: on the
-emulated topology's own figures (the file's, times the scale)."""
+emulated topology's own figures (the file's, times the scale); ``measured_times_us``: every
+timed iteration, space separated, in the order they ran (with the runner's interleaved order
+the i-th iterations of one topology's methods ran in the same round)."""
+
+OPTIONAL_COLUMNS = ("measured_times_us",)
+"""Columns folders made before them lack (read back as empty)."""
 
 TIMELINE_COLUMNS = ("topology", "case", "method", "source", "rank", "op_index", "kind", "peer", "chunk",
                     "start_us", "end_us")
@@ -74,6 +79,9 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
         frame = pd.read_csv(path)
     except (OSError, ValueError) as exc:  # pandas raises ValueError subclasses on bad CSV
         raise InputError(f"cannot read {path}: {exc}") from None
+    for c in OPTIONAL_COLUMNS:
+        if c in columns and c not in frame.columns:
+            frame[c] = ""
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise InputError(f"{path} lacks the columns {', '.join(missing)}; is it a treeattn validate results file?")

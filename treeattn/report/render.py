@@ -7,7 +7,7 @@ from pathlib import Path
 
 from treeattn.report.folder import SUMMARY_FILE, ResultsFolder, load_folder
 from treeattn.report.plots import choose_timeline, plot_scatter, plot_speedups, plot_timeline
-from treeattn.report.summary import summarize, summary_json
+from treeattn.report.summary import BOOTSTRAP, summarize, summary_json
 
 __all__ = ["SCATTER_FILE", "TIMELINE_PNG", "SPEEDUP_FILE", "README_FILE", "Rendered", "render_folder", "readme"]
 
@@ -114,6 +114,11 @@ def readme(folder: ResultsFolder, summary: dict, timeline: tuple[str, str, str] 
         op = ">=" if key.startswith("speedup") or key == "error_cases" else "<="
         reached = {True: "yes", False: "**no**", None: "not measured"}[t["reached"]]
         lines.append(f"| {key} | {_fmt(key, t['value'])} | {op} {_fmt(key, t['limit'])} | {reached} |")
+    interval = summary["regret"].get("primary_max_interval")
+    if interval:
+        lines += ["", f"The worst case's regret over {BOOTSTRAP} resamplings of the measured rounds (the i-th "
+                      f"iterations of every method together): 5th percentile {_fmt('regret', interval[0])}, 95th "
+                      f"{_fmt('regret', interval[1])}."]
     nominal = summary["errors"]["nominal"]
     lines += ["", f"Prediction error on the topology files' own figures (no calibration): median "
                   f"{_fmt('error', nominal['median'])}, p90 {_fmt('error', nominal['p90'])} over {nominal['n']} rows; "

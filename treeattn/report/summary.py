@@ -6,7 +6,10 @@ same summary, byte for byte):
 * *error* of a row: ``|predicted - measured| / measured``, over rows with both times and a
   correct result; its median and 90th percentile (linear interpolation) over those rows.
 * *regret* of a case: the pick's measured time over the fastest measured method of the case
-  (candidates and baselines alike), minus 1.
+  (candidates and baselines alike), minus 1; with every iteration's time in the rows, also its
+  5th-95th percentile interval over ``BOOTSTRAP`` resamplings of the rounds (the i-th
+  iterations of all methods together, as the runner interleaves them: a slow spell of the
+  host stays shared), seeded, so the same rows give the same interval.
 * *speedup over X*: X's measured time over the pick's.
 
 ``TARGETS`` are the issue's figures; ``summarize`` says of each whether it was reached. The
@@ -36,6 +39,9 @@ TARGETS = {
 """On the primary topology: the pick at least 1.5x faster than all-reduce x3 at B = 1 and 5x
 faster than ring attention at 64K tokens per rank, regret at most 10 %; over every row:
 median error at most 15 %, 90th percentile at most 35 %, over at least 30 rows."""
+
+BOOTSTRAP = 2000
+"""Resamplings behind a regret's interval."""
 
 LONG_CONTEXT_TOKENS = 65536
 """Tokens per rank from which a case counts for the ring-attention target."""
@@ -79,13 +85,40 @@ def _measured(case: pd.DataFrame, method: str) -> float | None:
     return float(hit["measured_median_us"].iloc[0]) if len(hit) else None
 
 
+def _times(cell: object) -> np.ndarray | None:
+    if not isinstance(cell, str) or not cell.strip():
+        return None
+    try:
+        out = np.array([float(x) for x in cell.split()])
+    except ValueError:
+        return None
+    return out if len(out) and np.isfinite(out).all() else None
+
+
+def regret_interval(good: pd.DataFrame, pick_method: str) -> tuple[float, float] | None:
+    """5th and 95th percentiles of the regret over ``BOOTSTRAP`` paired resamplings of the
+    rounds (None without every method's iteration times, all of one count)."""
+    series = [_times(c) for c in good["measured_times_us"]] if "measured_times_us" in good else []
+    if not series or any(s is None for s in series) or len({len(s) for s in series}) != 1:
+        return None
+    methods = list(good["method"])
+    if pick_method not in methods:
+        return None
+    n = len(series[0])
+    picks = np.random.default_rng(0).integers(0, n, size=(BOOTSTRAP, n))
+    medians = np.stack([np.median(s[picks], axis=1) for s in series])
+    regret = medians[methods.index(pick_method)] / medians.min(axis=0) - 1.0
+    return float(np.quantile(regret, 0.05)), float(np.quantile(regret, 0.95))
+
+
 def case_frame(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per (topology, case): the pick, the fastest measured method, regret and speedups.
 
     Returns:
         Columns ``topology, case, regime, batch, tokens_per_rank, payload_bytes, pick, pick_us,
-        pick_predicted_us, best, best_us, regret, speedup_allreduce3, speedup_allgather_merge,
-        speedup_ring_attention`` (None where a method is missing), in the rows' order.
+        pick_predicted_us, best, best_us, regret, regret_low, regret_high, speedup_allreduce3,
+        speedup_allgather_merge, speedup_ring_attention`` (None where a method is missing;
+        ``regret_low/high``: ``regret_interval``), in the rows' order.
     """
     out = []
     for (topo, case), grp in rows.groupby(["topology", "case"], sort=False):
@@ -95,6 +128,7 @@ def case_frame(rows: pd.DataFrame) -> pd.DataFrame:
         pick_us = float(pick["measured_median_us"]) if pick is not None and bool(pick["correct"]) else None
         best = good.loc[good["measured_median_us"].astype(float).idxmin()] if len(good) else None
         first = grp.iloc[0]
+        interval = regret_interval(good, pick["method"]) if pick_us and pick is not None else None
 
         def speedup(method: str, pick_us: float | None = pick_us, grp: pd.DataFrame = grp) -> float | None:
             other = _measured(grp, method)
@@ -113,6 +147,8 @@ def case_frame(rows: pd.DataFrame) -> pd.DataFrame:
             "best": None if best is None else best["method"],
             "best_us": None if best is None else float(best["measured_median_us"]),
             "regret": (pick_us / float(best["measured_median_us"]) - 1.0) if pick_us and best is not None else None,
+            "regret_low": interval[0] if interval else None,
+            "regret_high": interval[1] if interval else None,
             "speedup_allreduce3": speedup("allreduce3"),
             "speedup_allgather_merge": speedup("allgather-merge"),
             "speedup_ring_attention": speedup("ring-attention"),
@@ -199,9 +235,20 @@ def summarize(rows: pd.DataFrame, meta: dict | None = None) -> dict:
         "errors": errors,
         "cases": case_rows,
         "regret": {"primary_max": _r(float(regrets.max())) if len(regrets) else None,
+                   "primary_max_interval": _worst_interval(prim),
                    "all_max": _r(float(cases["regret"].dropna().max())) if len(cases["regret"].dropna()) else None},
         "targets": targets,
     }
+
+
+def _worst_interval(cases: pd.DataFrame) -> list[float] | None:
+    """The regret interval of the case with the largest regret."""
+    got = cases.dropna(subset=["regret"]) if len(cases) else cases
+    if not len(got):
+        return None
+    worst = got.loc[got["regret"].astype(float).idxmax()]
+    low, high = worst["regret_low"], worst["regret_high"]
+    return [_r(float(low)), _r(float(high))] if _ok(low) and _ok(high) else None
 
 
 def summary_json(summary: dict) -> str:

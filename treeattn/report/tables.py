@@ -42,6 +42,14 @@ def errors_table(summary: dict) -> Table:
     return table
 
 
+def _regret(case: dict) -> str:
+    """``12% (3–25%)``: the regret and its bootstrap interval, when the rows allow one."""
+    low, high = case.get("regret_low"), case.get("regret_high")
+    if low is None or high is None:
+        return _pct(case["regret"])
+    return f"{_pct(case['regret'])} ({_pct(low)}–{_pct(high)})"
+
+
 def cases_table(summary: dict) -> Table:
     """Per case: the pick, its measured and predicted time, the fastest method, regret, speedups."""
     table = Table(title="Per case: the planner's pick against the fastest measured method and the baselines (ms)")
@@ -50,7 +58,7 @@ def cases_table(summary: dict) -> Table:
         table.add_column(col, justify="left" if col in ("topology", "case", "pick", "fastest") else "right")
     for c in summary["cases"]:
         table.add_row(c["topology"], c["case"], format_size(c["payload_bytes"]), str(c["pick"]), _ms(c["pick_us"]),
-                      _ms(c["pick_predicted_us"]), str(c["best"]), _pct(c["regret"]), _x(c["speedup_allreduce3"]),
+                      _ms(c["pick_predicted_us"]), str(c["best"]), _regret(c), _x(c["speedup_allreduce3"]),
                       _x(c["speedup_allgather_merge"]), _x(c["speedup_ring_attention"]))
     return table
 
@@ -73,5 +81,11 @@ def targets_table(summary: dict) -> Table:
     for key, t in summary["targets"].items():
         text, op, fmt = _TARGET_TEXT[key]
         reached = {True: "[green]yes[/]", False: "[bold red]no[/]", None: "[yellow]not measured[/]"}[t["reached"]]
-        table.add_row(text, "—" if t["value"] is None else fmt(t["value"]), f"{op} {fmt(t['limit'])}", reached)
+        value = "—" if t["value"] is None else fmt(t["value"])
+        interval = summary["regret"].get("primary_max_interval") if key == "regret" else None
+        if interval and t["value"] is not None:
+            value += f" ({fmt(interval[0])}–{fmt(interval[1])})"
+        table.add_row(text, value, f"{op} {fmt(t['limit'])}", reached)
+    if summary["regret"].get("primary_max_interval"):
+        table.caption = "regret in brackets: 5th–95th percentile over resamplings of the measured rounds"
     return table

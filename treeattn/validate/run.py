@@ -232,6 +232,7 @@ def _row(topo_name: str, case: CaseSpec, method: str, role: str, is_pick: bool, 
         "measured_median_us": _round(m.median_us), "measured_p10_us": _round(_pct(times, 0.1)),
         "measured_p90_us": _round(_pct(times, 0.9)), "repeats": len(times), "correct": bool(m.correct),
         "max_rel_err": float(f"{m.max_rel_err:.3e}") if math.isfinite(m.max_rel_err) else None,
+        "measured_times_us": " ".join(f"{t:.1f}" for t in times),
     }
 
 
