@@ -252,3 +252,19 @@ def test_readme_and_tables_give_the_worst_regrets_interval(folder: Path):
     assert "5th percentile 20.0%, 95th 20.0%" in text
     res = run_cli("report", str(folder))
     assert res.exit_code == 0 and "20% (20%–20%)" in res.stdout
+
+
+def test_a_candidate_named_like_a_baseline_is_told_apart():
+    # The all-gather + merge family can be the pick while the baseline of that name runs too.
+    rows = _case_with_times({"star": [1000.0, 1000.0, 1000.0]}, "star")
+    pick = rows.iloc[0].copy()
+    base = rows.iloc[0].copy()
+    pick["method"], pick["role"], pick["is_pick"] = "allgather-merge", "candidate", True
+    base["method"], base["role"], base["is_pick"] = "allgather-merge", "baseline", False
+    base["measured_times_us"], base["measured_median_us"] = "1500.0 1500.0 1500.0", 1500.0
+    pick["measured_times_us"], pick["measured_median_us"] = "1200.0 1200.0 1200.0", 1200.0
+    rows["is_pick"] = False
+    case = case_frame(pd.concat([pd.DataFrame([base]), rows, pd.DataFrame([pick])], ignore_index=True)).iloc[0]
+    assert case["regret"] == pytest.approx(0.2)
+    assert case["regret_low"] == pytest.approx(0.2) and case["regret_high"] == pytest.approx(0.2)
+    assert case["speedup_allgather_merge"] == pytest.approx(1.25)

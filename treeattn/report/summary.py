@@ -81,7 +81,8 @@ def _p10_errors(rows: pd.DataFrame) -> pd.Series:
 
 
 def _measured(case: pd.DataFrame, method: str) -> float | None:
-    hit = case[(case["method"] == method) & case["correct"]]
+    """The baseline ``method``'s measured time (a candidate family may share its name)."""
+    hit = case[(case["method"] == method) & (case["role"] == "baseline") & case["correct"]]
     return float(hit["measured_median_us"].iloc[0]) if len(hit) else None
 
 
@@ -95,19 +96,20 @@ def _times(cell: object) -> np.ndarray | None:
     return out if len(out) and np.isfinite(out).all() else None
 
 
-def regret_interval(good: pd.DataFrame, pick_method: str) -> tuple[float, float] | None:
+def regret_interval(good: pd.DataFrame, pick_label: object) -> tuple[float, float] | None:
     """5th and 95th percentiles of the regret over ``BOOTSTRAP`` paired resamplings of the
-    rounds (None without every method's iteration times, all of one count)."""
+    rounds, for the pick at index label ``pick_label`` of ``good`` (None without every
+    method's iteration times, all of one count)."""
     series = [_times(c) for c in good["measured_times_us"]] if "measured_times_us" in good else []
     if not series or any(s is None for s in series) or len({len(s) for s in series}) != 1:
         return None
-    methods = list(good["method"])
-    if pick_method not in methods:
+    labels = list(good.index)
+    if pick_label not in labels:
         return None
     n = len(series[0])
     picks = np.random.default_rng(0).integers(0, n, size=(BOOTSTRAP, n))
     medians = np.stack([np.median(s[picks], axis=1) for s in series])
-    regret = medians[methods.index(pick_method)] / medians.min(axis=0) - 1.0
+    regret = medians[labels.index(pick_label)] / medians.min(axis=0) - 1.0
     return float(np.quantile(regret, 0.05)), float(np.quantile(regret, 0.95))
 
 
@@ -128,7 +130,7 @@ def case_frame(rows: pd.DataFrame) -> pd.DataFrame:
         pick_us = float(pick["measured_median_us"]) if pick is not None and bool(pick["correct"]) else None
         best = good.loc[good["measured_median_us"].astype(float).idxmin()] if len(good) else None
         first = grp.iloc[0]
-        interval = regret_interval(good, pick["method"]) if pick_us and pick is not None else None
+        interval = regret_interval(good, pick.name) if pick_us and pick is not None else None
 
         def speedup(method: str, pick_us: float | None = pick_us, grp: pd.DataFrame = grp) -> float | None:
             other = _measured(grp, method)
