@@ -24,7 +24,8 @@ __all__ = ["validate_cmd", "report_cmd"]
 
 _CASES = "Cases"
 _MEASURE = "Measurement"
-DEFAULT_TOPOLOGIES = ("topologies/emu-2x4.yaml", "topologies/emu-pcie-tree.yaml", "topologies/emu-mesh.yaml")
+DEFAULT_TOPOLOGIES = ("emu-2x4", "emu-pcie-tree", "emu-mesh")
+"""Shipped files (``topologies/``), found from any directory and by installed wheels too."""
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:

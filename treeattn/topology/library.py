@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import importlib.metadata
 import os
 import re
 from dataclasses import dataclass
@@ -54,12 +55,28 @@ class PresetInfo:
 
 def topologies_dir() -> Path | None:
     """The folder of shipped files: ``$TREEATTN_TOPOLOGIES``, else ``topologies/`` at the
-    root of the source tree this package was imported from (editable installs too)."""
+    root of the source tree this package was imported from (a checkout, an editable
+    install), else where an installed wheel put them (``<prefix>/share/treeattn/topologies``,
+    found through the distribution's record of its files)."""
     env = os.environ.get(ENV_DIR)
     if env:
         return Path(env)
     here = Path(__file__).resolve().parents[2] / "topologies"
-    return here if here.is_dir() else None
+    return here if here.is_dir() else _installed_dir()
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_dir() -> Path | None:
+    try:
+        files = importlib.metadata.files("treeattn") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if f.suffix == ".yaml" and f.parts[-4:-1] == ("share", "treeattn", "topologies"):
+            found = Path(f.locate()).resolve().parent
+            if found.is_dir():
+                return found
+    return None
 
 
 def shipped_files() -> dict[str, Path]:
