@@ -116,14 +116,15 @@ def test_cost_terms_round_trip_yaml_and_change_the_fingerprint():
     ln = dataclasses.replace(base.links[0], flow_gbps=1.5)
     topo = dataclasses.replace(base, links=(ln,), cost=CostParams(host_cores=2, cpu_us=40.0, cpu_scope="machine",
                                                                     wakeup_us=80.0, attn_launch_us=90.0,
-                                                                    attn_gbps=3.5))
+                                                                    attn_gbps=3.5, attn_next_launch_us=30.0))
     back = load_topology_text(dump_topology(topo), "t.yaml")
     assert back.cost == topo.cost and back.links[0].flow_gbps == 1.5
     assert back.fingerprint == topo.fingerprint != base.fingerprint
 
 
 @pytest.mark.parametrize("bad", [dict(host_cores=-1), dict(cpu_us=-1.0), dict(cpu_scope="rack"),
-                                 dict(wakeup_us=-2.0), dict(attn_launch_us=-1.0), dict(attn_gbps=0.0)])
+                                 dict(wakeup_us=-2.0), dict(attn_launch_us=-1.0), dict(attn_gbps=0.0),
+                                 dict(attn_next_launch_us=-1.0)])
 def test_bad_cost_terms_are_rejected(bad):
     with pytest.raises(TopologyError):
         CostParams(**bad)

@@ -187,3 +187,5 @@ def test_host_fit_recovers_step_and_collective_terms_from_plan_like_cases():
     assert fitted.cost.step_us == pytest.approx(25.0, abs=8.0)
     assert fitted.cost.coll_cpu_us == pytest.approx(15.0, abs=6.0)
     assert fitted.cost.attn_launch_us == pytest.approx(300.0, rel=0.1)
+    # A rank's later kernels of a run keep the cost timed alone (ring attention's).
+    assert fitted.cost.attn_next_launch_us == 50.0

@@ -367,3 +367,22 @@ def test_disagreeing_chunks_and_lonely_compute_are_rejected():
     progs = [[Op(OpKind.COMPUTE, 0), Op(SEND, 0, peer=1)], [Op(OpKind.COMPUTE, 0), Op(MERGE, 1, peer=0)]]
     with pytest.raises(PlanInvalidError, match="step of its own"):
         simulate(make_plan(progs, w, topo), topo)
+
+
+def test_a_ranks_later_computes_pay_the_next_launch():
+    topo = gpu_pair()
+    w = Workload(batch=2, q_heads=8, kv_heads=2, head_dim=64, split=(1000, 1000))
+    # Each rank computes its own block, then the other's (as ring attention does), then merges.
+    progs = [[Op(OpKind.COMPUTE, 0, block=0), Op(OpKind.COMPUTE, 1, block=1)],
+             [Op(OpKind.COMPUTE, 0, block=1), Op(OpKind.COMPUTE, 1, block=0)]]
+    plan = make_plan(progs, w, topo, result_ranks=[0, 1])
+    base = simulate(plan, topo).predicted_us
+    cheap = dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, attn_next_launch_us=1.0))
+    got = simulate(plan, cheap)
+    by = {(t.rank, t.op): t for t in got.timeline}
+    first = by[(0, 0)].end_us
+    assert close(first, by[(0, 1)].end_us - (first - 5.0 + 1.0))  # same bytes, launch 1 instead of 5
+    assert close(got.predicted_us, base - 4.0)
+    # One COMPUTE per rank: nothing changes.
+    one = make_plan([[Op(OpKind.COMPUTE, 0)], [Op(OpKind.COMPUTE, 0)]], w, topo, result_ranks=[0, 1])
+    assert simulate(one, cheap).predicted_us == simulate(one, topo).predicted_us

@@ -49,6 +49,8 @@ class ComputeModel:
     attn_launch_us: float | None = None
     attn_bw_gbps: float | None = None
     """The attention kernel's own launch and bandwidth when calibrated (every rank)."""
+    attn_next_launch_us: float | None = None
+    """The launch of a rank's later COMPUTE ops in one run (``cost.attn_next_launch_us``)."""
 
     @classmethod
     def of(cls, payload: Payload, topo: Topology) -> ComputeModel:
@@ -65,7 +67,8 @@ class ComputeModel:
         bws = tuple(topo.rank_device(r).mem_bw_gbps * eff for r in range(topo.num_ranks))
         best = max(bws) if bws and min(bws) > 0 else 0.0
         return cls(payload=payload, launch_us=topo.cost.launch_us, eff_bw_gbps=bws, best_bw_gbps=best,
-                   attn_launch_us=topo.cost.attn_launch_us, attn_bw_gbps=topo.cost.attn_gbps)
+                   attn_launch_us=topo.cost.attn_launch_us, attn_bw_gbps=topo.cost.attn_gbps,
+                   attn_next_launch_us=topo.cost.attn_next_launch_us)
 
     @property
     def _attn_launch_us(self) -> float:
@@ -86,29 +89,33 @@ class ComputeModel:
         q = w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes
         return kv + q + w.payload_bytes
 
-    def partial_us(self, rank: int, block: int | None = None) -> float:
+    def partial_us(self, rank: int, block: int | None = None, later: bool = False) -> float:
         """Time of the COMPUTE of KV ``block`` (default: the rank's own shard) on ``rank``.
 
         Args:
             rank: the rank whose device runs the kernel.
             block: KV block computed over; None = ``rank``'s own.
+            later: not the rank's first COMPUTE of the run (``attn_next_launch_us`` applies).
 
         Returns:
             Microseconds: launch plus memory time (launch only for zero tokens or raw payloads).
         """
         b = rank if block is None else block
         nbytes = self.partial_bytes(b)
+        launch = self.attn_next_launch_us if later and self.attn_next_launch_us is not None else self._attn_launch_us
         if self.attn_bw_gbps is not None:
-            return self._attn_launch_us + nbytes / (self.attn_bw_gbps * 1e3)
-        return self._attn_launch_us + self._mem_us(rank, nbytes)
+            return launch + nbytes / (self.attn_bw_gbps * 1e3)
+        return launch + self._mem_us(rank, nbytes)
 
     def min_partial_us(self, block: int) -> float:
         """The fastest any rank could compute KV ``block`` (for lower bounds)."""
         nbytes = self.partial_bytes(block)
         bw = self.best_bw_gbps if self.attn_bw_gbps is None else self.attn_bw_gbps
+        launch = min(self._attn_launch_us, self._attn_launch_us if self.attn_next_launch_us is None
+                     else self.attn_next_launch_us)
         if nbytes == 0 or bw <= 0:
-            return self._attn_launch_us
-        return self._attn_launch_us + nbytes / (bw * 1e3)
+            return launch
+        return launch + nbytes / (bw * 1e3)
 
     def merge_bytes_us(self, rank: int, nbytes: int) -> float:
         """Memory time of merging ``nbytes`` of received rows into an accumulator (no launch)."""

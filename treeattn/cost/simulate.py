@@ -17,7 +17,7 @@ It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
   fairly (progressive filling). Rates are recomputed whenever flows start or finish, in
   one batch per instant, and only for the connected component of flows (linked through
   shared links) that the change touches.
-* COMPUTE costs ``ComputeModel.partial_us``. A COLLECTIVE starts when the last rank
+* COMPUTE costs ``ComputeModel.partial_us`` (a rank's later ones ``later=True``). A COLLECTIVE starts when the last rank
   arrives and ends on every rank at once, after the library's time for that collective
   and size on this topology, floored at what the cut bounds allow
   (``CutModel.collective_floor_us``): on GPUs, one ``overhead_us`` (issuing the call) plus
@@ -275,6 +275,8 @@ class _Engine:
         self.post = [-1.0] * n
         self.pred = [-1] * n
         self.cur = [0] * p
+        self.computed = [False] * p
+        """Per rank: a COMPUTE already ran (the next pays ``cost.attn_next_launch_us``)."""
         self.pending = [0] * p
         self.last_end = [-1.0] * p
         self.last_gid = [-1] * p
@@ -488,7 +490,8 @@ class _Engine:
         post, pred = self.post, self.pred
         if first == _COMPUTE:
             self.start[lo], post[lo], pred[lo] = t, t, spred
-            us = self.cm.partial_us(r, self.ops[lo].block)
+            us = self.cm.partial_us(r, self.ops[lo].block, later=self.computed[r])
+            self.computed[r] = True
             if self.core[r] >= 0:
                 self._cpu(_CPU_OP, r, us, lo, t)
             else:

@@ -15,7 +15,8 @@ stages, each with the earlier terms held:
    time was measured, ``start_cpu_us`` and ``cpu_us_per_kb``, to the message cases
    (ping-pong, concurrent flows, fan-in);
 2. factors on the attention kernel's bandwidth and fixed cost, to the cases where every rank
-   computes at once;
+   computes at once (the fixed cost so fitted is a run's first kernel; a rank's later ones
+   keep the kernel's own, timed alone: ``attn_next_launch_us``);
 3. ``step_us``, a factor on the merge kernel's fixed cost and ``coll_cpu_us``, with
    ``cpu_us`` and ``wakeup_us`` refitted, to the small attention plans and library
    all-reduces (what a rank pays amid the others' work) and the message cases together.
@@ -154,7 +155,10 @@ def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple],
                           if ln.kind is LinkKind.LOOPBACK else ln for ln in links)
         cost = dataclasses.replace(fitted.cost, host_cores=cores, cpu_us=v["cpu"], cpu_scope="machine",
                                    wakeup_us=v["wake"], step_us=v["step"], cpu_queue=cpu_queue,
-                                   coll_cpu_us=v.get("coll"), start_cpu_us=v["start"], cpu_us_per_kb=v["kb"])
+                                   coll_cpu_us=v.get("coll"), start_cpu_us=v["start"], cpu_us_per_kb=v["kb"],
+                                   # The fitted launch is a run's first kernel amid every rank's; a
+                                   # rank's later ones (ring attention) run warm, as timed alone.
+                                   attn_next_launch_us=params.attn_launch_us if has_launch else None)
         return dataclasses.replace(fitted, links=links, cost=cost), notes
 
     def rms(t: Topology, group: Sequence[tuple[Plan, float, float | None]]) -> float:

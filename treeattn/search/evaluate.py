@@ -92,7 +92,7 @@ class Evaluator:
         self._cm = ComputeModel.of(payload, topo)
         self._pair: dict[int, tuple[float, float]] = {}
         self._floors: dict[tuple[str, int], float] = {}
-        self._compute: dict[tuple[int, int | None], float] = {}
+        self._compute: dict[tuple[int, int | None, bool], float] = {}
         self._min_c: float | None = None
 
     def _pair_cost(self, a: int, b: int) -> tuple[float, float]:
@@ -131,6 +131,7 @@ class Evaluator:
         sends: dict[tuple[int, int], list[tuple[int, float]]] = {}
         recvs: dict[tuple[int, int], list[int]] = {}
         compute = self._compute
+        computed: set[int] = set()
         pair = self._pair
         p = self.topo.num_ranks
         send_k, merge_k, compute_k, coll_k = OpKind.SEND, OpKind.RECV_MERGE, OpKind.COMPUTE, OpKind.COLLECTIVE
@@ -150,10 +151,11 @@ class Evaluator:
                     rank_of.append(r)
                 kind = op.kind
                 if kind is compute_k:
-                    ck = (r, op.block)
+                    ck = (r, op.block, r in computed)
                     c = compute.get(ck)
                     if c is None:
-                        c = compute[ck] = cm.partial_us(r, op.block)
+                        c = compute[ck] = cm.partial_us(r, op.block, later=ck[2])
+                    computed.add(r)
                     fixed[n] = c
                     continue
                 if kind is coll_k:

@@ -260,6 +260,10 @@ class CostParams:
     attn_gbps: float | None = None
     """Effective bandwidth of the COMPUTE kernel over the bytes it moves, when measured
     (calibration); None: the device's ``mem_bw_gbps`` x ``mem_efficiency``."""
+    attn_next_launch_us: float | None = None
+    """Fixed cost of a rank's later COMPUTE ops in one run (ring attention computes once per
+    KV block): the kernel warm, as timed back to back alone, where ``attn_launch_us`` is the
+    first one's as a run begins with every rank at work; None: ``attn_launch_us``."""
 
     def __post_init__(self) -> None:
         if self.overhead_us < 0 or self.launch_us < 0:
@@ -273,8 +277,9 @@ class CostParams:
             raise TopologyError("cost.cpu_us, cost.coll_cpu_us, cost.step_us, cost.wakeup_us, cost.start_cpu_us "
                                 "and cost.cpu_us_per_kb must be >= 0")
         if (self.attn_launch_us is not None and self.attn_launch_us < 0) or (
-                self.attn_gbps is not None and self.attn_gbps <= 0):
-            raise TopologyError("cost.attn_launch_us must be >= 0 and cost.attn_gbps > 0")
+                self.attn_gbps is not None and self.attn_gbps <= 0) or (
+                self.attn_next_launch_us is not None and self.attn_next_launch_us < 0):
+            raise TopologyError("cost.attn_launch_us and cost.attn_next_launch_us must be >= 0 and cost.attn_gbps > 0")
         if self.cpu_queue not in ("fair", "fifo"):
             raise TopologyError(f"cost.cpu_queue must be 'fair' or 'fifo', got {self.cpu_queue!r}")
         if self.cpu_scope not in ("node", "machine"):
@@ -297,7 +302,7 @@ class CostParams:
                     out[key] = getattr(self, key)
         if self.wakeup_us:
             out["wakeup_us"] = self.wakeup_us
-        for key in ("attn_launch_us", "attn_gbps"):
+        for key in ("attn_launch_us", "attn_gbps", "attn_next_launch_us"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
@@ -313,6 +318,8 @@ class CostParams:
             terms = (*terms, float(self.step_us), self.cpu_queue, self.coll_cpu_us)
         if self.start_cpu_us or self.cpu_us_per_kb:
             terms = (*terms, float(self.start_cpu_us), float(self.cpu_us_per_kb))
+        if self.attn_next_launch_us is not None:
+            terms = (*terms, "next", float(self.attn_next_launch_us))
         return terms
 
 
