@@ -74,6 +74,10 @@ class ComputeModel:
     def _attn_launch_us(self) -> float:
         return self.launch_us if self.attn_launch_us is None else self.attn_launch_us
 
+    @property
+    def _next_launch_us(self) -> float:
+        return self._attn_launch_us if self.attn_next_launch_us is None else self.attn_next_launch_us
+
     def _mem_us(self, rank: int, nbytes: float) -> float:
         bw = self.eff_bw_gbps[rank]
         return nbytes / (bw * 1e3) if bw > 0 else 0.0
@@ -102,7 +106,7 @@ class ComputeModel:
         """
         b = rank if block is None else block
         nbytes = self.partial_bytes(b)
-        launch = self.attn_next_launch_us if later and self.attn_next_launch_us is not None else self._attn_launch_us
+        launch = self._next_launch_us if later else self._attn_launch_us
         if self.attn_bw_gbps is not None:
             return launch + nbytes / (self.attn_bw_gbps * 1e3)
         return launch + self._mem_us(rank, nbytes)
@@ -111,8 +115,7 @@ class ComputeModel:
         """The fastest any rank could compute KV ``block`` (for lower bounds)."""
         nbytes = self.partial_bytes(block)
         bw = self.best_bw_gbps if self.attn_bw_gbps is None else self.attn_bw_gbps
-        launch = min(self._attn_launch_us, self._attn_launch_us if self.attn_next_launch_us is None
-                     else self.attn_next_launch_us)
+        launch = min(self._attn_launch_us, self._next_launch_us)
         if nbytes == 0 or bw <= 0:
             return launch
         return launch + nbytes / (bw * 1e3)
