@@ -19,7 +19,9 @@ stages, each with the earlier terms held:
    keep the kernel's own, timed alone: ``attn_next_launch_us``);
 3. ``step_us``, a factor on the merge kernel's fixed cost and ``coll_cpu_us``, with
    ``cpu_us`` and ``wakeup_us`` refitted, to the small attention plans and library
-   all-reduces (what a rank pays amid the others' work) and the message cases together.
+   all-reduces (what a rank pays amid the others' work) and the message cases together,
+   starting, where the ranks' CPU time was measured, from the ``cpu_us`` and ``step_us``
+   that it puts them at.
 
 Each stage minimises the least squares of log(predicted / measured) over its cases, of
 their times and, where measured, of the CPU time the ranks used (the simulator's CPU work
@@ -174,11 +176,11 @@ def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple],
                 n += 1
         return math.sqrt(total / n)
 
-    def cpu_start(group: Sequence[tuple[Plan, float, float | None]]) -> None:
-        """Start the CPU terms where the measured CPU times put them: the CPU the model
-        charges is linear in them (up to the receive batching), so least squares on the
+    def cpu_start(group: Sequence[tuple[Plan, float, float | None]], keys: Sequence[str]) -> None:
+        """Start the CPU terms ``keys`` where the measured CPU times put them: the CPU the
+        model charges is linear in them (up to the receive batching), so least squares on the
         relative residuals, terms that come out negative dropped."""
-        keys = ["cpu", "start", "kb"]
+        keys = list(keys)
         rows = [(plan, cpu) for plan, _, cpu in group if cpu]
         if len(rows) < len(keys):
             return
@@ -204,7 +206,7 @@ def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple],
 
     evals = 0
     if has_cpu:
-        cpu_start(staged["messages"] or cases)
+        cpu_start(staged["messages"] or cases, ("cpu", "start", "kb"))
     # In stages, each set of terms fitted to the cases that show it, the earlier terms held:
     # fitted all at once, a noisy case lets one term stand in for another (a slow attention
     # kernel for slow messages), and the plans predicted later inherit the mix-up.
@@ -218,6 +220,11 @@ def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple],
             # A plan's messages pay cpu_us too: refit it and the wake-up with the plans' terms,
             # to the message cases and the plans together (the attention kernel stays held).
             keys, group = ["cpu", "wake", *keys], staged["messages"] + group
+            if has_cpu and "step" in keys:
+                # Timing alone hardly tells a step's CPU from its messages' (a search that
+                # starts at a free step stays there, every message end paying for both);
+                # the CPU the ranks used does: plans send one message a step, or several.
+                cpu_start(group, ("cpu", "step"))
         if not keys or not group:
             continue
         if "coll" in keys:
