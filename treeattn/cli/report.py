@@ -78,8 +78,8 @@ def validate_cmd(
                                        "links: see treeattn.validate.cases).", rich_help_panel=_CASES)] = "8/1/32",
     families: Annotated[str | None, typer.Option("--families", help="Candidate families to measure, comma "
                                                  "separated (default: all).", rich_help_panel=_CASES)] = None,
-    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed iterations per method.",
-                                         rich_help_panel=_MEASURE)] = 5,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed iterations per method (rounds: each "
+                                         "times every method once).", rich_help_panel=_MEASURE)] = 15,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.",
                                         rich_help_panel=_MEASURE)] = 1,
     order: OrderOpt = MeasureOrder.INTERLEAVED,

@@ -54,8 +54,9 @@ Progress = Callable[[str], None]
 class ValidateOptions:
     """How ``validate`` measures (the flags of ``treeattn validate``)."""
 
-    repeats: int = 5
-    """Timed iterations per method (medians)."""
+    repeats: int = 15
+    """Timed rounds (medians). Fewer leave the regret to chance on a small host: candidates the
+    model ties differ by 10-15 % from one iteration to the next there."""
     warmup: int = 1
     scale: float = 1.0
     """Factor on every emulated link's bandwidth."""
