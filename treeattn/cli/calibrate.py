@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app, err_console
-from treeattn.cli.options import JsonOpt
+from treeattn.cli.options import Backend, JsonOpt
 from treeattn.errors import InputError
 from treeattn.units import format_size, parse_size
 
@@ -30,11 +30,6 @@ class Kernel(StrEnum):
     SUM = "sum"
     ATTENTION = "attention"
     NONE = "none"
-
-
-class Backend(StrEnum):
-    GLOO = "gloo"
-    NCCL = "nccl"
 
 
 @app.command("calibrate")

@@ -42,6 +42,8 @@ __all__ = [
     "BytesOpt",
     "OpOpt",
     "JsonOpt",
+    "Backend",
+    "BackendOpt",
     "MeasureOrder",
     "OrderOpt",
     "parse_ranks",
@@ -98,6 +100,16 @@ OpOpt = Annotated[
     str | None, typer.Option("--op", help="Reduction of a raw payload: sum (default) or merge.", rich_help_panel=_W)
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys) instead of tables.")]
+
+
+class Backend(StrEnum):
+    """Process-group backend: gloo (CPU tensors) or nccl (CUDA)."""
+
+    GLOO = "gloo"
+    NCCL = "nccl"
+
+
+BackendOpt = Annotated[Backend | None, typer.Option("--backend", help="Default: nccl on CUDA, else gloo.")]
 
 
 class MeasureOrder(StrEnum):

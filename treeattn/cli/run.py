@@ -12,17 +12,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app, err_console
-from treeattn.cli.options import JsonOpt, MeasureOrder, OrderOpt
+from treeattn.cli.options import BackendOpt, JsonOpt, MeasureOrder, OrderOpt
 from treeattn.errors import ExecutionError, InputError
 
 __all__ = ["run"]
-
-
-class Backend(StrEnum):
-    """Process-group backend: gloo (CPU tensors) or nccl (CUDA)."""
-
-    GLOO = "gloo"
-    NCCL = "nccl"
 
 
 class CheckMode(StrEnum):
@@ -55,7 +48,7 @@ def run(
     order: OrderOpt = MeasureOrder.INTERLEAVED,
     timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait "
                                            "before its rank gives up.")] = 5.0,
-    backend: Annotated[Backend | None, typer.Option("--backend", help="Default: nccl on CUDA, else gloo.")] = None,
+    backend: BackendOpt = None,
     check: Annotated[CheckMode, typer.Option("--check", help="root: the result rank checks; all: every "
                                              "result rank.")] = CheckMode.ROOT,
     seed: Annotated[int, typer.Option("--seed", help="Seed of q, K and V.")] = 0,
