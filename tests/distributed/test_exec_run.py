@@ -4,6 +4,8 @@ sequence (``launch`` of a multi-plan ``Job``), since starting 8 ranks costs seco
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from treeattn.exec.launch import launch
@@ -85,17 +87,23 @@ def test_every_family_is_correct(p):
     jobs = family_plans(p, chunk_counts)
     if p == 4:
         jobs.append(PlanJob("double-counting", double_counting_star(p)))
-    # Both orders of the timed runs: 4 ranks deal two rounds out, 2 ranks run each method's block.
+    # Both orders of the timed runs: 4 ranks deal two rounds out (a third for the first plan
+    # and the baselines run on its workload), 2 ranks run each method's block.
     repeats, order = (2, "interleaved") if p == 4 else (1, "blocked")
+    if p == 4:
+        jobs[0] = dataclasses.replace(jobs[0], repeats=3)
     options = RunOptions(repeats=repeats, warmup=0, check="all", kernel="explicit", baselines=(p != 8), timeout_s=30,
                          order=order)
     result = launch(Job(tuple(jobs), options))
     assert result.backend == "gloo" and result.world == p
     starts = [m.starts_s for m in result.measurements]
-    assert all(len(s) == repeats for s in starts)
+    want = {j.label: j.repeats or repeats for j in jobs}
+    assert [len(m.starts_s) for m in result.measurements] == [want[m.label] for m in result.measurements]
     if order == "interleaved":
-        # every method's first timed run comes before any method's second
+        # every method's first timed run comes before any method's second, and so on
         assert max(s[0] for s in starts) < min(s[1] for s in starts)
+        third = [m.starts_s[2] for m in result.measurements if m.label == jobs[0].label]
+        assert len(third) >= 2 and max(s[1] for s in starts) < min(third)  # the plan and its baselines
     else:
         assert all(a[-1] < b[0] for a, b in zip(starts, starts[1:], strict=False))
     by = {(m.label, m.method): m for m in result.measurements}

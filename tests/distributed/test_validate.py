@@ -20,6 +20,7 @@ from treeattn.emulate.netns import list_namespaces
 from treeattn.report import ROW_COLUMNS, load_folder
 from treeattn.topology.library import resolve
 from treeattn.validate import BASELINES, CalibrationSettings, TopologyTarget, ValidateOptions, default_cases, validate
+from treeattn.validate.run import case_rounds
 
 pytestmark = NETNS
 
@@ -37,7 +38,7 @@ def test_tiny_validate_end_to_end(tmp_path: Path):
     full = resolve("emu-2x4")
     topo = dataclasses.replace(full, name="emu-2x4[ranks 0,4]", ranks=(full.ranks[0], full.ranks[4]))
     cases = tuple(default_cases(topo, batches=(1, 4), long_tokens_per_rank=0))
-    options = ValidateOptions(repeats=2, warmup=0, families=("star", "butterfly"), op_timeout_s=60,
+    options = ValidateOptions(repeats=2, case_seconds=0.2, warmup=0, families=("star", "butterfly"), op_timeout_s=60,
                               job_timeout_s=300, reuse=False,
                               calibration=CalibrationSettings(max_bytes=64 << 10, sizes=4, repeats=3, warmup=0,
                                                                   compute="merge"))
@@ -55,8 +56,9 @@ def test_tiny_validate_end_to_end(tmp_path: Path):
                                                                       *grp.loc[grp["is_pick"], "method"]}
     assert rows["correct"].all()
     assert (rows["predicted_us"] > 0).all() and (rows["measured_median_us"] > 0).all()
-    assert (rows["repeats"] == 2).all()
-    assert all(len(str(c).split()) == 2 for c in rows["measured_times_us"])  # every iteration, for the bootstrap
+    for _, grp in rows.groupby("case"):  # a case's rounds: as many as its predicted times fit in 0.2 s
+        assert set(grp["repeats"]) == {case_rounds(options, grp["predicted_us"].sum())}
+    assert all(len(str(c).split()) == n for c, n in zip(rows["measured_times_us"], rows["repeats"], strict=True))
 
     meta = json.loads((out / "meta.json").read_text())
     assert meta["primary_topology"] == topo.name and meta["command"] == "pytest"

@@ -6,6 +6,8 @@ import json
 
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from treeattn.errors import InputError, TopologyError
 from treeattn.exec.interpreter import OpTiming
@@ -78,12 +80,24 @@ def test_topology_resolution_and_warnings():
 
 
 def test_interleaved_order_deals_every_method_once_per_round():
-    order = interleaved_order(5, 3, seed=0)
+    order = interleaved_order([3] * 5, seed=0)
     rounds = [order[i:i + 5] for i in range(0, 15, 5)]
     assert all(sorted(r) == list(range(5)) for r in rounds)
     assert len({tuple(r) for r in rounds}) > 1  # shuffled per round, not one fixed order
-    assert interleaved_order(5, 3, seed=0) == order  # every rank computes the same order
-    assert interleaved_order(5, 3, seed=1) != order
+    assert interleaved_order([3] * 5, seed=0) == order  # every rank computes the same order
+    assert interleaved_order([3] * 5, seed=1) != order
+
+
+@given(st.lists(st.integers(0, 6), max_size=6), st.integers(0, 3))
+def test_interleaved_order_times_each_method_its_own_count_in_rounds(repeats, seed):
+    order = interleaved_order(repeats, seed)
+    assert [order.count(i) for i in range(len(repeats))] == repeats
+    # Round r holds the methods with more than r runs, each once; rounds come in order.
+    pos = 0
+    for r in range(max(repeats, default=0)):
+        live = sorted(i for i, n in enumerate(repeats) if n > r)
+        assert sorted(order[pos:pos + len(live)]) == live
+        pos += len(live)
 
 
 def test_unknown_order_is_an_input_error():

@@ -10,7 +10,8 @@ from tests.cli_helpers import run_cli
 from treeattn.errors import InputError
 from treeattn.search.search import FAMILIES
 from treeattn.topology.library import resolve
-from treeattn.validate import EMU_HEADS, HeadShape, case_plans, default_cases
+from treeattn.validate import EMU_HEADS, HeadShape, ValidateOptions, case_plans, default_cases
+from treeattn.validate.run import MAX_ROUNDS_FACTOR, case_rounds
 
 
 def test_default_cases_are_scaled():
@@ -102,3 +103,15 @@ def test_host_cpu_shares():
     line = _host_cpu({"calibration": None, "measurement": shares})
     assert line == "; measurement: CPU 57% busy, 20% stolen by the hypervisor, 10% in packet processing"
     assert _host_cpu(None) == ""
+
+
+def test_cheap_cases_get_more_rounds_within_the_budget():
+    opt = ValidateOptions(repeats=15, case_seconds=10.0)
+    assert case_rounds(opt, 12e6) == 15  # a round dearer than the budget: the floor
+    assert case_rounds(opt, 0.25e6) == 40  # 10 s of 0.25 s rounds
+    assert case_rounds(opt, 1e3) == MAX_ROUNDS_FACTOR * 15  # capped
+    assert case_rounds(ValidateOptions(repeats=15, case_seconds=0.0), 1e3) == 15
+    with pytest.raises(InputError):
+        ValidateOptions(case_seconds=-1.0)
+    res = run_cli("validate", "emu-mesh", "--out", "/nonexistent/o", "--no-calibrate", "--case-seconds", "-1")
+    assert res.exit_code == 2 and "case-seconds" in res.stderr and "Traceback" not in res.stderr

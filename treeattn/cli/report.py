@@ -78,8 +78,12 @@ def validate_cmd(
                                        "links: see treeattn.validate.cases).", rich_help_panel=_CASES)] = "8/1/32",
     families: Annotated[str | None, typer.Option("--families", help="Candidate families to measure, comma "
                                                  "separated (default: all).", rich_help_panel=_CASES)] = None,
-    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed iterations per method (rounds: each "
-                                         "times every method once).", rich_help_panel=_MEASURE)] = 15,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed rounds of every case (a round times "
+                                         "each of the case's methods once).", rich_help_panel=_MEASURE)] = 15,
+    case_seconds: Annotated[float, typer.Option(
+        "--case-seconds", min=0.0, rich_help_panel=_MEASURE,
+        help="More rounds for cheap cases: as many as the case's predicted times fit in this many seconds, up "
+             "to 10x --repeats (0: --repeats for every case).")] = 10.0,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.",
                                         rich_help_panel=_MEASURE)] = 1,
     order: OrderOpt = MeasureOrder.INTERLEAVED,
@@ -129,7 +133,8 @@ def validate_cmd(
                               long_tokens_per_rank=_tokens(long_tokens, "--long-tokens"), heads=shape)
         fitted = load_file(calibrated[i]) if calibrated else None
         targets.append(TopologyTarget(topo, tuple(cases), fitted, spec))
-    options = ValidateOptions(repeats=repeats, warmup=warmup, scale=scale, seed=seed, op_timeout_s=timeout,
+    options = ValidateOptions(repeats=repeats, case_seconds=case_seconds, warmup=warmup, scale=scale, seed=seed,
+                              op_timeout_s=timeout,
                               calibrate=calibrate, calibration=CalibrationSettings(), families=fams,
                               max_load=max_load, max_wait_s=max_wait, realtime=realtime, order=order.value)
     command = shlex.join(["treeattn", *sys.argv[1:]]) if Path(sys.argv[0]).name == "treeattn" else ""

@@ -24,7 +24,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,7 +62,7 @@ class RunOptions:
     """How a run measures and checks (the flags of ``treeattn run``)."""
 
     repeats: int = 10
-    """Timed iterations per method."""
+    """Timed iterations per method (unless its ``PlanJob`` sets its own)."""
     warmup: int = 2
     """Untimed iterations before the timed ones (after the checked first run)."""
     timeout_s: float = 5.0
@@ -101,6 +101,12 @@ class PlanJob:
     label: str
     """What rows call the plan (its file name)."""
     plan: Plan
+    repeats: int | None = None
+    """Timed runs of this plan and of the baselines run on its workload (None: the options')."""
+
+    def __post_init__(self) -> None:
+        if self.repeats is not None and self.repeats < 1:
+            raise InputError(f"repeats of {self.label!r} must be >= 1, got {self.repeats}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +229,7 @@ class _Timed:
     fn: Callable[[], torch.Tensor]
     payload: Payload
     check_ranks: tuple[int, ...]
+    repeats: int
     executor: PlanExecutor | None = None
     contributors: tuple[int, ...] | None = None
     prepare: Callable[[], None] = lambda: None
@@ -309,7 +316,7 @@ class _RankRun:
         out = t.fn()
         t.ends.append(self.comm.now())
         t.cpus.append(time.process_time() - cpu)
-        if len(t.starts) == self.opt.repeats:
+        if len(t.starts) == t.repeats:
             t.last = out.clone()  # methods timed after this one may reuse its buffers
 
     def finish(self, t: _Timed) -> Measurement | None:
@@ -322,7 +329,7 @@ class _RankRun:
         local = torch.tensor([err, *t.starts, *t.ends, statistics.median(t.cpus) * 1e6], dtype=torch.float64,
                              device=comm.device)
         rows = torch.stack(comm.all_gather(local, f"{t.method} result gathering", setup=True)).cpu()
-        n = self.opt.repeats
+        n = t.repeats
         t0, t1 = rows[:, 1:1 + n], rows[:, 1 + n:1 + 2 * n]
         if self._shared_clock():
             # One host, one monotonic clock: every rank started at the agreed instant (or
@@ -366,8 +373,9 @@ class _RankRun:
         executor = PlanExecutor(plan, comm, inputs, kernel)
         result_ranks = tuple(sorted(plan.result_ranks)) or (0,)
         checks = result_ranks if opt.check == "all" else result_ranks[:1]
-        out = [_Timed(pj.label, "plan", executor.run, w, checks, executor, getattr(plan, "contributors", None),
-                      executor.prepare)]
+        repeats = pj.repeats or opt.repeats
+        out = [_Timed(pj.label, "plan", executor.run, w, checks, repeats, executor,
+                      getattr(plan, "contributors", None), executor.prepare)]
         if opt.baselines and (repr(w), "baselines") not in self._baselines_done:
             self._baselines_done.add((repr(w), "baselines"))
             everyone = tuple(range(comm.world)) if opt.check == "all" else (0,)
@@ -382,14 +390,14 @@ class _RankRun:
                     def fn(work=work):
                         return library_allreduce(comm, work)
 
-                    out.append(_Timed(pj.label, name, fn, w, everyone, prepare=prepare))
+                    out.append(_Timed(pj.label, name, fn, w, everyone, repeats, prepare=prepare))
                 else:
                     wire = torch_dtype(w.partial_dtype)
 
                     def fn(name=name, wire=wire, w=w):
                         return run_attention_baseline(name, comm, inputs.q, inputs.kv, w, kernel, wire, pool)
 
-                    out.append(_Timed(pj.label, name, fn, w, everyone))
+                    out.append(_Timed(pj.label, name, fn, w, everyone, repeats))
         return out
 
     def run(self) -> list[Measurement]:
@@ -399,26 +407,27 @@ class _RankRun:
             for pj in self.job.plans:  # one plan's inputs alive at a time
                 for t in self.methods(pj):
                     self.warm(t)
-                    for _ in range(self.opt.repeats):
+                    for _ in range(t.repeats):
                         self.time_once(t)
                     done.append(self.finish(t))
         else:
             timed = [t for pj in self.job.plans for t in self.methods(pj)]
             for t in timed:
                 self.warm(t)
-            for i in interleaved_order(len(timed), self.opt.repeats, self.opt.seed):
+            for i in interleaved_order([t.repeats for t in timed], self.opt.seed):
                 self.time_once(timed[i])
             done = [self.finish(t) for t in timed]
         return [m for m in done if m is not None]
 
 
-def interleaved_order(methods: int, repeats: int, seed: int) -> list[int]:
-    """Indices of the timed runs when methods are interleaved: ``repeats`` rounds, each running
-    every method once in an order shuffled per round (the same on every rank for one seed), so
-    that a slow spell of the host lands on all methods alike rather than on one method's block."""
+def interleaved_order(repeats: Sequence[int], seed: int) -> list[int]:
+    """Indices of the timed runs when methods are interleaved, method ``i`` timed
+    ``repeats[i]`` times: rounds that each run every method with runs left once, in an order
+    shuffled per round (the same on every rank for one seed), so that a slow spell of the
+    host lands on all methods alike rather than on one method's block."""
     order: list[int] = []
-    for r in range(repeats):
-        one = list(range(methods))
+    for r in range(max(repeats, default=0)):
+        one = [i for i, n in enumerate(repeats) if n > r]
         random.Random(seed * 7919 + r).shuffle(one)
         order += one
     return order

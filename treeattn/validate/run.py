@@ -41,11 +41,13 @@ from treeattn.validate.calibration import Calibration, CalibrationSettings, cali
 from treeattn.validate.cases import CaseSpec, default_cases
 from treeattn.validate.methods import CasePlans, case_plans
 
-__all__ = ["BASELINES", "ValidateOptions", "TopologyTarget", "TopologyRun", "validate", "validate_topology",
-           "wait_for_quiet", "realtime_priority", "REALTIME_PRIORITY"]
+__all__ = ["BASELINES", "MAX_ROUNDS_FACTOR", "ValidateOptions", "case_rounds", "TopologyTarget", "TopologyRun",
+           "validate", "validate_topology", "wait_for_quiet", "realtime_priority", "REALTIME_PRIORITY"]
 
 BASELINES = ("allreduce3", "allgather-merge", "ring-attention")
 """The executor's attention baselines (``treeattn.exec.baselines.ATTENTION_BASELINES``)."""
+MAX_ROUNDS_FACTOR = 10
+"""At most this many times ``repeats`` rounds for a cheap case (``ValidateOptions.case_seconds``)."""
 
 Progress = Callable[[str], None]
 
@@ -55,8 +57,11 @@ class ValidateOptions:
     """How ``validate`` measures (the flags of ``treeattn validate``)."""
 
     repeats: int = 15
-    """Timed rounds (medians). Fewer leave the regret to chance on a small host: candidates the
-    model ties differ by 10-15 % from one iteration to the next there."""
+    """Timed rounds of every case (medians). Fewer leave the regret to chance on a small host:
+    one plan's iterations there spread 20-30 % either way."""
+    case_seconds: float = 10.0
+    """Cheap cases get more rounds: as many as their methods' predicted times fit in this many
+    seconds, up to ``MAX_ROUNDS_FACTOR`` times ``repeats`` (0: ``repeats`` for every case)."""
     warmup: int = 1
     scale: float = 1.0
     """Factor on every emulated link's bandwidth."""
@@ -90,6 +95,8 @@ class ValidateOptions:
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.warmup < 0:
             raise InputError(f"repeats must be >= 1 and warmup >= 0, got {self.repeats} and {self.warmup}")
+        if not self.case_seconds >= 0:
+            raise InputError(f"case seconds must be >= 0, got {self.case_seconds}")
         if self.timelines not in ("picks", "all", "none"):
             raise InputError(f"timelines must be picks, all or none, got {self.timelines!r}")
         if not self.scale > 0:
@@ -220,6 +227,15 @@ def _baseline_plan(name: str, case: CaseSpec, topo: Topology) -> Plan:
     return build(name, case.workload, TopologyRef.of(topo))
 
 
+def case_rounds(options: ValidateOptions, round_us: float) -> int:
+    """Timed rounds of a case whose methods take ``round_us`` a round (predicted): ``repeats``,
+    or more while they fit in ``case_seconds``, up to ``MAX_ROUNDS_FACTOR`` times ``repeats``."""
+    if options.case_seconds <= 0 or not round_us > 0:
+        return options.repeats
+    fit = int(options.case_seconds * 1e6 // round_us)
+    return max(options.repeats, min(fit, MAX_ROUNDS_FACTOR * options.repeats))
+
+
 def _row(topo_name: str, case: CaseSpec, method: str, role: str, is_pick: bool, plan: Plan, m,  # noqa: ANN001
          predicted: float | None, nominal: float | None) -> dict:
     w = case.workload
@@ -314,7 +330,11 @@ def validate_topology(target: TopologyTarget, options: ValidateOptions | None = 
             say(f"{topo.name}: planning {case.name}")
             cp = case_plans(predict_on, case.workload, families=opt.families, seed=opt.seed)
             planned[case.name] = cp
-            jobs += [PlanJob(f"{case.name}|{m.method}", m.plan) for m in cp.methods]
+            baselines = (_baseline_plan(b, case, predict_on) for b in BASELINES)
+            round_us = (sum(m.plan.predicted_us or 0.0 for m in cp.methods)
+                        + sum(_predict(plan, predict_on).predicted_us for plan in baselines))
+            rounds = case_rounds(opt, round_us)
+            jobs += [PlanJob(f"{case.name}|{m.method}", m.plan, rounds) for m in cp.methods]
         run_opts = RunOptions(repeats=opt.repeats, warmup=opt.warmup, timeout_s=opt.op_timeout_s,
                               setup_timeout_s=max(120.0, opt.op_timeout_s), backend="gloo", seed=opt.seed,
                               baselines=True, order=opt.order)
