@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from treeattn.cost.simulate import simulate
+from treeattn.cost.simulate import SimResult, simulate
 from treeattn.errors import EmulationError, InputError
 from treeattn.plan.builders import build
 from treeattn.plan.ir import Plan, TopologyRef
@@ -219,7 +219,7 @@ def cpu_shares(before: list[int] | None, after: list[int] | None) -> dict | None
             "busy": round(1.0 - (d[3] + d[4]) / total, 3)}
 
 
-def _predict(plan: Plan, topo: Topology, timeline: bool = False):  # noqa: ANN202 - a SimResult
+def _predict(plan: Plan, topo: Topology, timeline: bool = False) -> SimResult:
     return simulate(plan, topo, timeline=timeline)
 
 
@@ -325,14 +325,17 @@ def validate_topology(target: TopologyTarget, options: ValidateOptions | None = 
             raise InputError(f"the calibrated topology {predict_on.name!r} places {predict_on.num_ranks} ranks, "
                              f"{topo.name!r} {topo.num_ranks}")
         planned: dict[str, CasePlans] = {}
+        baselines: dict[tuple[str, str], tuple[Plan, SimResult]] = {}  # (case, baseline): plan, prediction
         jobs = []
         for case in cases:
             say(f"{topo.name}: planning {case.name}")
             cp = case_plans(predict_on, case.workload, families=opt.families, seed=opt.seed)
             planned[case.name] = cp
-            baselines = (_baseline_plan(b, case, predict_on) for b in BASELINES)
+            for b in BASELINES:
+                plan = _baseline_plan(b, case, predict_on)
+                baselines[case.name, b] = plan, _predict(plan, predict_on)
             round_us = (sum(m.plan.predicted_us or 0.0 for m in cp.methods)
-                        + sum(_predict(plan, predict_on).predicted_us for plan in baselines))
+                        + sum(baselines[case.name, b][1].predicted_us for b in BASELINES))
             rounds = case_rounds(opt, round_us)
             jobs += [PlanJob(f"{case.name}|{m.method}", m.plan, rounds) for m in cp.methods]
         run_opts = RunOptions(repeats=opt.repeats, warmup=opt.warmup, timeout_s=opt.op_timeout_s,
@@ -355,10 +358,10 @@ def validate_topology(target: TopologyTarget, options: ValidateOptions | None = 
         if m.method == "plan":
             mp = next(x for x in planned[case_name].methods if x.method == method)
             plan, name, role, pick = mp.plan, method, "candidate", mp.is_pick
+            keep = opt.timelines == "all" or (opt.timelines == "picks" and pick)
+            sim = _predict(plan, predict_on, timeline=keep)
         else:
-            plan, name, role, pick = _baseline_plan(m.method, case, predict_on), m.method, "baseline", False
-        keep = role == "candidate" and (opt.timelines == "all" or (opt.timelines == "picks" and pick))
-        sim = _predict(plan, predict_on, timeline=keep)
+            (plan, sim), name, role, pick, keep = baselines[case_name, m.method], m.method, "baseline", False, False
         nominal = sim.predicted_us if predict_on is emulated_topo else _predict(plan, emulated_topo).predicted_us
         rows.append(_row(topo.name, case, name, role, pick, plan, m, sim.predicted_us, nominal))
         if keep:
