@@ -13,7 +13,7 @@ Latency, microseconds, per protocol (LL, LL128, Simple):
 
 * ring all-reduce: base + (2(R-1) - 2(Nn-1)) intra + 2(Nn-1) inter (R ranks, Nn nodes);
   ring all-gather / reduce-scatter: base + ((R-1) - (Nn-1)) intra + (Nn-1) inter;
-  broadcast, a pipelined chain through all ranks: base + (R-Nn) intra + (Nn-1) inter;
+  broadcast and reduce, a pipelined chain through all ranks: base + (R-Nn) intra + (Nn-1) inter;
   tree all-reduce (reduce up, broadcast down): base + 2((R/Nn - 1) intra + floor(log2 Nn) inter).
   Tree is offered for all-reduce only, as in NCCL. The intra hop is NVLink when the ranks'
   GPUs have a GPU fabric (NVLink/xGMI), else PCIe.
@@ -66,7 +66,7 @@ x0.92; then tree LL x1/3.8 capped at llMaxBw; tree LL128 x7/9 on one node, x120/
 across nodes. llMaxBw by GPU generation and node count (1 / 2 / more): Volta 39/39/20.4,
 Ampere 87.7/22.5/19, Hopper 141/45/35, Blackwell 282/90/70 (non-NVIDIA devices: Hopper's).
 Algorithm bandwidth = bus x R/nsteps for ring (nsteps 2(R-1) all-reduce, R-1 all-gather
-and reduce-scatter, R broadcast), bus x 0.5 for tree. Tree bandwidth is further scaled
+and reduce-scatter, R broadcast and reduce), bus x 0.5 for tree. Tree bandwidth is further scaled
 by NCCL's size-dependent ``treeCorrectionFactor`` (powers of two from 64 B to 256 MiB).
 time = latency + bytes / algbw. LL128 is offered only where the ranks share a GPU
 fabric (NCCL enables it by default only on NVLink systems).
@@ -76,9 +76,9 @@ Left out: NVLink SHARP (NVLS) and CollNet (in-network reduction; a DGX H100 node
 caps (channel counts are not modelled), the ring "plateau" latency factor, and CPU-side
 network overheads.
 
-Sizes follow nccl-tests: ``nbytes`` is the buffer size for all-reduce and broadcast and the
+Sizes follow nccl-tests: ``nbytes`` is the buffer size for all-reduce, broadcast and reduce and the
 total (all ranks') size for all-gather and reduce-scatter. busbw = algbw x 2(R-1)/R for
-all-reduce, x (R-1)/R for all-gather and reduce-scatter, x 1 for broadcast.
+all-reduce, x (R-1)/R for all-gather and reduce-scatter, x 1 for broadcast and reduce.
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ class Collective(StrEnum):
     ALLGATHER = "allgather"
     REDUCESCATTER = "reducescatter"
     BROADCAST = "broadcast"
+    REDUCE = "reduce"
 
     @classmethod
     def parse(cls, text: str) -> Collective:
@@ -227,7 +228,7 @@ class NcclEstimate:
 
 
 def busbw_factor(collective: Collective, ranks: int) -> float:
-    """nccl-tests' bus-bandwidth factor: 2(n-1)/n all-reduce, (n-1)/n gather/scatter, 1 broadcast."""
+    """nccl-tests' bus-bandwidth factor: 2(n-1)/n all-reduce, (n-1)/n gather/scatter, 1 broadcast and reduce."""
     collective = Collective(collective)
     if collective is Collective.ALLREDUCE:
         return 2.0 * (ranks - 1) / ranks
@@ -541,7 +542,7 @@ def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: i
 
     Args:
         topo: the topology (or its ``fabric`` summary, to skip re-deriving it).
-        collective: allreduce, allgather, reducescatter or broadcast.
+        collective: allreduce, allgather, reducescatter, broadcast or reduce.
         nbytes: size as nccl-tests counts it (total for all-gather and reduce-scatter).
 
     Returns:
@@ -583,7 +584,7 @@ def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int)
 
     Args:
         topo: the topology or its ``fabric`` summary.
-        collective: allreduce, allgather, reducescatter or broadcast.
+        collective: allreduce, allgather, reducescatter, broadcast or reduce.
         nbytes: size as nccl-tests counts it.
 
     Returns:
