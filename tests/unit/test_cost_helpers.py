@@ -43,11 +43,12 @@ def raw(p: int, nbytes: int) -> RawPayload:
     return RawPayload(nbytes=nbytes, ranks=p)
 
 
-def make_plan(programs, payload, topo: Topology, *, chunks: int = 1, result_ranks=None, name: str = "hand") -> Plan:
+def make_plan(programs, payload, topo: Topology, *, chunks: int = 1, result_ranks=None, name: str = "hand",
+              layout: str = "full") -> Plan:
     p = len(programs)
     return Plan(algorithm=name, params={}, workload=payload, topology=TopologyRef(topo.name, topo.fingerprint),
                 chunks=chunks, programs=[tuple(prog) for prog in programs],
-                result_ranks=tuple(range(p)) if result_ranks is None else tuple(result_ranks))
+                result_ranks=tuple(range(p)) if result_ranks is None else tuple(result_ranks), layout=layout)
 
 
 def tree_programs(parents: list[int], chunks: int, *, broadcast: bool = True, compute: bool = False):

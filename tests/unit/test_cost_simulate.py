@@ -358,15 +358,79 @@ def test_unmatched_send_is_reported():
         simulate(make_plan(progs, raw(2, 400), topo), topo)
 
 
-def test_disagreeing_chunks_and_lonely_compute_are_rejected():
+def test_disagreeing_chunks_and_lonely_collectives_are_rejected():
     topo = switch_topo(2)
     progs = [[Op(SEND, 0, peer=1, chunk=0)], [Op(MERGE, 0, peer=0, chunk=1)]]
     with pytest.raises(PlanInvalidError, match="chunk 0.*chunk 1"):
         simulate(make_plan(progs, raw(2, 400), topo, chunks=2), topo)
     w = Workload(batch=1, q_heads=2, kv_heads=2, head_dim=8, split=(4, 4))
-    progs = [[Op(OpKind.COMPUTE, 0), Op(SEND, 0, peer=1)], [Op(OpKind.COMPUTE, 0), Op(MERGE, 1, peer=0)]]
+    coll = Op(OpKind.COLLECTIVE, 0, coll="allreduce", reduce="merge", part="partial")
+    progs = [[coll, Op(SEND, 0, peer=1)], [coll, Op(MERGE, 0, peer=0)]]
     with pytest.raises(PlanInvalidError, match="step of its own"):
         simulate(make_plan(progs, w, topo), topo)
+    progs = [[Op(OpKind.COMPUTE, 0), Op(OpKind.COMPUTE, 0, block=1)], [Op(OpKind.COMPUTE, 0)]]
+    with pytest.raises(PlanInvalidError, match="at most one compute"):
+        simulate(make_plan(progs, w, topo), topo)
+
+
+@pytest.mark.parametrize("tokens", [100, 4000, 40000])
+def test_compute_runs_beside_the_transfers_of_its_step(tokens):
+    # Ring attention over two GPUs: step 0 computes the own block while the blocks cross,
+    # step 1 computes the received one. Step 0 ends at max(compute, transfer).
+    topo = gpu_pair(mem_bw=2000.0, launch=5.0, eff=0.5)
+    w = Workload(batch=2, q_heads=8, kv_heads=2, head_dim=64, split=(tokens, tokens))
+    B = OpKind.COMPUTE
+    progs = [[Op(B, 0), Op(SEND, 0, peer=1, block=0), Op(COPY, 0, peer=1, block=1), Op(B, 1, block=1)],
+             [Op(B, 0), Op(SEND, 0, peer=0, block=1), Op(COPY, 0, peer=0, block=0), Op(B, 1, block=0)]]
+    res = simulate(make_plan(progs, w, topo), topo)
+    kv = w.kv_bytes(0)
+    q = 2 * 8 * 64 * 2
+    c0 = 5.0 + (kv + q + w.payload_bytes) / (2000.0 * 0.5 * 1e3)  # rank 0's device
+    c1 = 5.0 + (kv + q + w.payload_bytes) / (1000.0 * 0.5 * 1e3)  # rank 1's is half as fast
+    xfer = 1.0 + 1.0 + kv / 100e3  # overhead, two hops of 0.5 us, the block at 100 GB/s
+    by = {(t.rank, t.op): t for t in res.timeline}
+    assert close(by[(0, 0)].end_us, c0) and close(by[(0, 1)].end_us, xfer)
+    assert close(by[(0, 3)].start_us, max(c0, xfer))
+    assert close(res.per_rank_finish_us[0], max(c0, xfer) + c0)
+    assert close(res.predicted_us, max(c1, xfer) + c1)
+
+
+def test_reduce_scatter_reduce_and_gathers_are_timed_by_their_calls():
+    from treeattn.cost import nccl
+    from treeattn.cost.bounds import CutModel
+
+    topo = gpu_pair()
+    cuts = CutModel(topo)
+    w = Workload(batch=2, q_heads=8, kv_heads=8, head_dim=64, split=(500, 1500))
+    lse = w.rows * 4
+
+    def coll_time(*calls):
+        return sum(max(topo.cost.overhead_us + nccl.pick(topo, c, size).time_us, cuts.collective_floor_us(fl, row))
+                   for c, size, fl, row in calls)
+
+    def run(op, layout="full", chunks=1, result_ranks=None):
+        progs = [[Op(OpKind.COMPUTE, 0), op] for _ in range(2)]
+        plan = make_plan(progs, w, topo, chunks=chunks, layout=layout, result_ranks=result_ranks)
+        computed = max(simulate(make_plan([[Op(OpKind.COMPUTE, 0)]] * 2, w, topo), topo).per_rank_finish_us)
+        return simulate(plan, topo).predicted_us - computed
+
+    rs = Op(OpKind.COLLECTIVE, 1, coll="reducescatter", reduce="merge", part="partial")
+    assert close(run(rs, "heads", 2), coll_time(("allreduce", lse, lse, 4),
+                                                ("reducescatter", w.payload_bytes, w.payload_bytes // 2, w.row_bytes)))
+    red = Op(OpKind.COLLECTIVE, 1, peer=1, coll="reduce", reduce="merge", part="partial")
+    assert close(run(red, result_ranks=[1]), coll_time(("allreduce", lse, lse, 4),
+                                                       ("reduce", w.payload_bytes, w.payload_bytes, w.row_bytes)))
+    q_share = 2 * 8 * 64 * 2 // 2
+    progs = [[Op(OpKind.COLLECTIVE, 0, coll="allgather", reduce="copy", part="q"), Op(OpKind.COMPUTE, 1),
+              Op(OpKind.COLLECTIVE, 2, coll="allgather", reduce="copy", part="lse"),
+              Op(OpKind.COLLECTIVE, 3, coll="reducescatter", reduce="sum", part="num")] for _ in range(2)]
+    res = simulate(make_plan(progs, w, topo, chunks=2, layout="heads"), topo)
+    by = {(t.rank, t.op): t for t in res.timeline}
+    assert close(by[(0, 0)].end_us, coll_time(("allgather", 2 * q_share, q_share, q_share)))
+    num = w.rows * 64 * 4
+    gathered = by[(0, 2)].end_us - by[(0, 2)].start_us
+    assert gathered > coll_time(("allgather", 2 * lse, lse, 4))  # the local correction after it
+    assert close(by[(0, 3)].end_us - by[(0, 3)].start_us, coll_time(("reducescatter", num, num // 2, 64 * 4)))
 
 
 def test_a_ranks_later_computes_pay_the_next_launch():

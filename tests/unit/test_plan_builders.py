@@ -36,7 +36,8 @@ def test_every_builder_validates(p: int, chunks: int) -> None:
 
 def test_registry_describes_every_algorithm() -> None:
     baselines = {name for name, spec in ALGORITHMS.items() if spec.is_baseline}
-    assert baselines == {"allreduce3", "allreduce", "allgather-merge", "ring-attention"}
+    assert baselines == {"allreduce3", "allreduce2", "allreduce", "allgather-merge", "dcp-ag-rs", "dcp-a2a",
+                         "ring-attention"}
     for name, spec in ALGORITHMS.items():
         assert spec.name == name and spec.description and "\n" not in spec.description
         assert all(param.description for param in spec.params)
@@ -151,7 +152,8 @@ def test_baselines_use_collectives_and_kv_blocks() -> None:
     (lambda: build("star", attention(2), REF, fanout=3), InputError, "takes no fanout"),
     (lambda: build("butterfly", attention(2), REF, root=1), InputError, "takes no root"),
     (lambda: build("kary", attention(2), REF, bogus=1), InputError, "no parameter 'bogus'"),
-    (lambda: build("ring", attention(2), REF, result="root"), InfeasiblePlanError, "every rank"),
+    (lambda: build("ring", attention(2), REF, result="root"), InfeasiblePlanError,
+     "builds result all or heads, not root"),
     (lambda: build("allreduce3", raw(2), REF), InfeasiblePlanError, "attention"),
     (lambda: build("star", attention(2), REF, chunks=0), InputError, "chunks"),
     (lambda: build("ring", attention(16), REF, chunks=5), InfeasiblePlanError, "80 row chunks"),

@@ -13,9 +13,10 @@ CHUNKS = (1, 3, 4)
 
 
 def attention(p: int) -> Workload:
-    """An attention payload with 64 rows (enough for a 16-rank ring with 4 chunks a segment)."""
+    """An attention payload with 64 rows (enough for a 16-rank ring with 4 chunks a segment) and a head
+    for each of 16 ranks."""
     split = tuple(64 * (i + 1) for i in range(p))
-    return Workload(batch=8, q_heads=8, kv_heads=2, head_dim=16, split=split)
+    return Workload(batch=4, q_heads=16, kv_heads=2, head_dim=16, split=split)
 
 
 def raw(p: int) -> RawPayload:

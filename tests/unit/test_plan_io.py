@@ -56,7 +56,7 @@ def test_files_and_suffixes(tmp_path: Path) -> None:
     assert load_plan(save_plan(plan, tmp_path / "p.json")) == plan
     assert (tmp_path / "p.json").read_text().startswith("{")
     assert load_plan(str(save_plan(plan, tmp_path / "p.yaml"))) == plan
-    assert (tmp_path / "p.yaml").read_text().startswith("format: treeattn-plan\nversion: 1\n")
+    assert (tmp_path / "p.yaml").read_text().startswith("format: treeattn-plan\nversion: 2\n")
 
 
 @settings(max_examples=40, deadline=None)
@@ -110,7 +110,7 @@ def _broken_op(r: int, i: int, **fields: object) -> str:
 
 
 @pytest.mark.parametrize("text, message", [
-    (_text(version=PLAN_VERSION + 1), "plan version 2 was written by a newer treeattn"),
+    (_text(version=PLAN_VERSION + 1), f"plan version {PLAN_VERSION + 1} was written by a newer treeattn"),
     (_text(version=0), "plan version 0 is not supported and cannot be upgraded"),
     (_text(version="1"), "version must be an integer"),
     (_text(format="treeattn-topology"), "format is 'treeattn-topology', expected 'treeattn-plan'"),
@@ -156,6 +156,24 @@ def test_older_versions_are_upgraded(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setitem(UPGRADES, 0, v0_to_v1)
     assert load_plan(json.dumps(old)) == plan
+
+
+def test_a_version_1_file_loads_as_the_same_plan() -> None:
+    # tests/fixtures/plans/v1-dgx-h100-binomial.yaml: plans/examples/dgx-h100-binomial.yaml as
+    # treeattn wrote it before version 2 (heads layouts, compute beside transfers).
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "plans" / "v1-dgx-h100-binomial.yaml"
+    text = path.read_text()
+    assert "\nversion: 1\n" in text
+    plan = load_plan(path)
+    assert plan.version == 2 and plan.layout == "full" and plan.result == "all"
+    assert dump_plan(plan) == text.replace("\nversion: 1\n", "\nversion: 2\n")
+
+
+def test_heads_layout_round_trips() -> None:
+    plan = build("binomial", attention(4), REF, chunks=2, result="heads")
+    text = dump_plan(plan)
+    assert "\nlayout: heads\n" in text
+    assert load_plan(text) == plan and load_plan(dump_plan(plan, "json")) == plan
 
 
 def test_example_plans_load_validate_and_redump_identically() -> None:

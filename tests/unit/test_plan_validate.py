@@ -36,11 +36,11 @@ def A(step: int, reduce: str, part: str, coll: str = "allreduce", chunk: int | N
 
 
 def hand(programs: list[list[Op]], *, is_raw: bool = False, chunks: int = 1, result=None,
-         contributors=None) -> Plan:
+         contributors=None, layout: str = "full") -> Plan:
     p = len(programs)
     return Plan(algorithm="hand", params={}, workload=raw(p) if is_raw else attention(p), topology=REF,
                 chunks=chunks, programs=programs, result_ranks=tuple(range(p)) if result is None else result,
-                contributors=contributors)
+                contributors=contributors, layout=layout)
 
 
 # An all-reduce over two ranks: rank 1 sends its partial to rank 0, which sends the result back.
@@ -65,7 +65,9 @@ def test_a_correct_plan_passes() -> None:
     ([[C(0), M(1, 0), S(2, 1)], GOOD[1]], {}, V.SELF_SEND, (0, 1)),
     ([[C(0), M(1, 1, chunk=2), S(2, 1)], GOOD[1]], {"chunks": 2}, V.CHUNK_RANGE, (0, 1)),
     ([[C(0), M(2, 1), S(1, 1)], GOOD[1]], {}, V.STEP_ORDER, (0, 2)),
-    ([[C(1), M(1, 1), S(2, 1)], GOOD[1]], {}, V.NOT_ALONE, (0, 0)),
+    ([[C(1), C(1, block=1), M(1, 1), S(2, 1)], GOOD[1]], {}, V.NOT_ALONE, (0, 1)),
+    ([[C(0), A(1, "max", "lse"), M(1, 1), S(2, 1)], GOOD[1]], {}, V.NOT_ALONE, (0, 1)),
+    ([[C(0), K(1, 1), C(1, block=1), S(2, 1)], GOOD[1]], {}, V.WRITE_CONFLICT, (0, 1)),
     ([[C(0), M(1, 1), K(1, 1), S(2, 1)], [C(0), S(1, 0), S(1, 0), K(2, 0)]], {}, V.WRITE_CONFLICT, (0, 2)),
     ([[C(0), M(1, 1), S(2, 1)], [C(0), S(1, 0)]], {}, V.UNMATCHED_SEND, (0, 2)),
     ([[C(0), M(1, 1)], GOOD[1]], {}, V.UNMATCHED_RECV, (1, 2)),
@@ -136,6 +138,58 @@ def test_collectives() -> None:
     v = first(hand([[C(0), S(1, 1), A(2, "merge", "partial", "allgather")],
                     [C(0), M(1, 0), A(2, "merge", "partial", "allgather")]]))
     assert v.kind is V.DOUBLE_COUNT
+
+
+def test_compute_overlaps_the_transfers_of_its_step() -> None:
+    # Ring attention over two ranks: each computes its own block while the blocks cross.
+    ring = [[C(0), S(0, 1, block=0), K(0, 1, block=1), C(1, block=1)],
+            [C(0), S(0, 0, block=1), K(0, 0, block=0), C(1, block=0)]]
+    assert validate(hand(ring)).valid
+    # the block received in a step is not yet held by that step's compute
+    v = first(hand([[S(0, 1, block=0), K(0, 1, block=1), C(0, block=1)],
+                    [C(0), S(0, 0, block=1), K(0, 0, block=0)]]))
+    assert v.kind is V.BLOCK_NOT_HELD and v.rank == 0
+    # a send of the compute's step carries the accumulator without it: here, nothing yet
+    v = first(hand([[C(0), S(0, 1)], [C(0), M(0, 0)]]))
+    assert v.kind is V.EMPTY_SEND and v.rank == 0
+    # a merge and a compute into one chunk in one step: both land
+    assert validate(hand([[C(1), M(1, 1), S(2, 1)], GOOD[1]])).valid
+
+
+def test_heads_layout_each_rank_its_own_chunks() -> None:
+    # two ranks, chunks = 2: chunk 0 is rank 0's heads, chunk 1 rank 1's; a direct reduce-scatter
+    rs = [[C(0), S(1, 1, 1), M(1, 1, 0)], [C(0), S(1, 0, 0), M(1, 0, 1)]]
+    assert validate(hand(rs, chunks=2, layout="heads")).valid
+    # the same ops in a full layout leave each rank half the rows
+    v = first(hand(rs, chunks=2))
+    assert v.kind is V.MISSING and v.chunk == 1 and v.rank == 0
+    # a rank that keeps the other's chunk instead of its own
+    wrong = [[C(0), S(1, 1, 0), M(1, 1, 1)], [C(0), S(1, 0, 1), M(1, 0, 0)]]
+    assert first(hand(wrong, chunks=2, layout="heads")).kind is V.MISSING
+    with pytest.raises(Exception, match="multiple of the 2 ranks"):
+        hand(rs, chunks=3, layout="heads")
+
+
+def test_reduce_scatter_reduce_and_the_dcp_pair() -> None:
+    rs = [C(0), A(1, "merge", "partial", "reducescatter")]
+    assert validate(hand([rs, rs], chunks=2, layout="heads")).valid
+    v = first(hand([rs, rs], chunks=2))
+    assert v.kind is V.BAD_COLLECTIVE and "heads layout" in v.message
+    root1 = Op(OpKind.COLLECTIVE, 1, peer=1, coll="reduce", reduce="merge", part="partial")
+    assert validate(hand([[C(0), root1], [C(0), root1]], result=(1,))).valid
+    assert first(hand([[C(0), root1], [C(0), root1]], result=(0,))).kind is V.MISSING
+    no_root = replace(root1, peer=None)
+    assert first(hand([[C(0), no_root], [C(0), no_root]], result=(1,))).kind is V.PEER_RANGE
+    q = A(0, "copy", "q", "allgather")
+    dcp = [q, C(1), A(2, "copy", "lse", "allgather"), A(3, "sum", "num", "reducescatter")]
+    assert validate(hand([dcp, dcp], chunks=2, layout="heads")).valid
+    assert first(hand([dcp[:3], dcp[:3]], chunks=2, layout="heads")).kind is V.TRIO  # incomplete pair
+    mixed = [C(0), A(1, "copy", "lse", "allgather"), A(2, "sum", "num"), A(3, "sum", "den")]
+    assert first(hand([mixed, mixed], chunks=2, layout="heads")).kind is V.TRIO
+    # the query's gather changes no accumulator: alone it leaves the rows empty
+    assert first(hand([[q, C(1)], [q]])).kind is V.MISSING
+    assert first(hand([[C(0), A(1, "sum", "partial", "reducescatter")]] * 2, chunks=2, layout="heads")
+                 ).kind is V.BAD_COLLECTIVE
 
 
 def test_check_raises_with_the_violation() -> None:

@@ -17,14 +17,16 @@ It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
   fairly (progressive filling). Rates are recomputed whenever flows start or finish, in
   one batch per instant, and only for the connected component of flows (linked through
   shared links) that the change touches.
-* COMPUTE costs ``ComputeModel.partial_us`` (a rank's later ones ``later=True``). A COLLECTIVE starts when the last rank
-  arrives and ends on every rank at once, after the library's time for that collective
-  and size on this topology, floored at what the cut bounds allow
-  (``CutModel.collective_floor_us``): on GPUs, one ``overhead_us`` (issuing the call) plus
-  NCCL's pick (``treeattn.cost.nccl``, bus bandwidth capped by the routes); on ``host``
-  ranks, the schedule gloo runs, simulated here (``treeattn.cost.gloo``). An all-gather of
-  partials adds the local merge; an ``allreduce merge partial`` is two library calls, as
-  the executor runs it (all-reduce max of lse, then all-reduce sum of (w o, w)).
+* COMPUTE costs ``ComputeModel.partial_us`` (a rank's later ones ``later=True``); it starts
+  when its step is posted and runs beside the step's transfers (the device computes while
+  the links carry them: a resource of its own). A COLLECTIVE starts when the last rank
+  arrives and ends on every rank at once, after the library's time for each call of its
+  form (``treeattn.plan.ir.COLLECTIVE_FORMS``) and size on this topology, each floored at
+  what the cut bounds allow (``CutModel.collective_floor_us``): on GPUs, one
+  ``overhead_us`` (issuing the call) plus NCCL's pick (``treeattn.cost.nccl``, bus
+  bandwidth capped by the routes); on ``host`` ranks, the schedule gloo runs, simulated
+  here (``treeattn.cost.gloo``; gloo reduce-scatters and reduces with an all-reduce of the
+  whole buffer). A form that gathers and merges adds the local merge.
 * Host CPUs (``topo.cost.host_cores`` > 0; ranks on ``host`` devices only). The ranks of
   one node (or of the whole machine, ``cost.cpu_scope``) share ``host_cores`` cores, and
   each rank runs on at most one: every piece of CPU work below is a flow of that many
@@ -63,7 +65,7 @@ from dataclasses import dataclass
 from treeattn.cost.bounds import CutModel
 from treeattn.cost.compute import ComputeModel
 from treeattn.errors import InputError, PlanInvalidError
-from treeattn.plan.ir import OpKind, Plan, message_bytes
+from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, message_bytes, row_bytes
 from treeattn.topology.model import DeviceKind, Topology
 
 __all__ = ["OpTiming", "SimResult", "simulate"]
@@ -203,16 +205,18 @@ class _Engine:
         # Kernels of each step's merges and copies: a chunk merged into (its partials are
         # merged at once) counts one, copies one between them.
         merge_k: list[list[int]] = []
+        step_compute: list[list[int]] = []
+        """Per rank and step: the gid of the step's COMPUTE, or -1."""
         self.offset: list[int] = []
         size_cache: dict[tuple, int] = {}
         codes = _KIND_CODE
-        lone = (_COMPUTE, _COLL)
         for r, prog in enumerate(plan.programs):
             base = len(kind)
             self.offset.append(base)
             rsteps: list[tuple[int, int]] = []
             rmerge: list[int] = []
             rkern: list[int] = []
+            rcomp: list[int] = []
             targets: set = set()
             prev = None
             lo = base
@@ -229,12 +233,15 @@ class _Engine:
                     lo = gid
                     rmerge.append(0)
                     rkern.append(len(targets))
+                    rcomp.append(-1)
                     targets = set()
                     prev = st
-                elif code in lone or kind[lo] in lone:
-                    single = op if code in lone else prog[lo - base]
-                    raise PlanInvalidError(f"rank {r} step {st}: a {single.kind.value} op must be a step of its own")
+                elif code == _COLL or kind[lo] == _COLL:
+                    raise PlanInvalidError(f"rank {r} step {st}: a collective op must be a step of its own")
                 if code == _COMPUTE:
+                    if rcomp[-1] >= 0:
+                        raise PlanInvalidError(f"rank {r} step {st}: a step holds at most one compute")
+                    rcomp[-1] = gid
                     blk = r if op.block is None else op.block
                     if not 0 <= blk < p:
                         raise PlanInvalidError(f"rank {r} op {i}: KV block {blk} out of range 0-{p - 1}")
@@ -265,8 +272,9 @@ class _Engine:
             steps.append(rsteps)
             merge_b.append(rmerge)
             merge_k.append(rkern[1:])
+            step_compute.append(rcomp)
         self.kind, self.peer, self.nbytes, self.rank_of, self.ops = kind, peer, nbytes, rank_of, flat
-        self.steps, self.merge_b, self.merge_k = steps, merge_b, merge_k
+        self.steps, self.merge_b, self.merge_k, self.step_compute = steps, merge_b, merge_k, step_compute
         n = len(kind)
         self.partner = self._pair()
         self.routes = self._plan_routes()
@@ -485,22 +493,22 @@ class _Engine:
         self.pending[r] = hi - lo
         spred = self.last_gid[r]
         self.last_end[r] = -1.0
-        kind = self.kind
-        first = kind[lo]
         post, pred = self.post, self.pred
-        if first == _COMPUTE:
-            self.start[lo], post[lo], pred[lo] = t, t, spred
-            us = self.cm.partial_us(r, self.ops[lo].block, later=self.computed[r])
-            self.computed[r] = True
-            if self.core[r] >= 0:
-                self._cpu(_CPU_OP, r, us, lo, t)
-            else:
-                self._push(t + us, _EV_OP_DONE, lo)
-            return
-        if first == _COLL:
+        if self.kind[lo] == _COLL:
             post[lo], pred[lo] = t, spred
             self._arrive(r, lo, t)
             return
+        cg = self.step_compute[r][self.cur[r]]
+        if cg >= 0:
+            self.start[cg], post[cg], pred[cg] = t, t, spred
+            us = self.cm.partial_us(r, self.ops[cg].block, later=self.computed[r])
+            self.computed[r] = True
+            if self.core[r] >= 0:
+                self._cpu(_CPU_OP, r, us, cg, t)
+            else:
+                self._push(t + us, _EV_OP_DONE, cg)
+            if hi - lo == 1:
+                return
         if self.step_us > 0 and self.core[r] >= 0:
             self._cpu(_CPU_STEP, r, self.step_us, r, t)
         else:
@@ -512,6 +520,8 @@ class _Engine:
         post, pred = self.post, self.pred
         partner = self.partner
         for gid in range(lo, hi):
+            if kind[gid] == _COMPUTE:
+                continue
             post[gid] = t
             pred[gid] = spred
             q = partner[gid]
@@ -891,38 +901,35 @@ class _Engine:
             if not self._hosts:
                 self._fabric = nccl.fabric(self.topo)
         op = self._op(self.rank_of[gid], gid)
-        share = self.nbytes[gid]
-        w = self.plan.workload
-        if op.part in ("lse", "den"):
-            row = 4
-        elif op.part == "num":
-            row = w.row_bytes - w.partial_dtype.nbytes
-        else:
-            row = w.row_bytes
-        calls = [("allgather" if op.coll == "allgather" else "allreduce", share, row)]
-        if op.coll == "allreduce" and op.reduce == "merge":
-            # No library reduces with the merge: the executor runs an all-reduce max of the
-            # rows' lse (4 bytes a row), then one all-reduce sum of (w o, w).
-            calls.insert(0, ("allreduce", share // w.row_bytes * 4, 4))
+        w, p = self.plan.workload, self.p
+        start, stop = self.plan.chunk_range(op.chunk)
         total = 0.0
-        for coll, nbytes, row_bytes in calls:
+        for coll, what in COLLECTIVE_FORMS[(op.coll, op.reduce, op.part)].calls:
+            if what == "q":
+                share = row = self.nbytes[gid]
+            else:
+                row = row_bytes(w, what)
+                share = (stop - start) * row
+            # What every rank must receive at least: a reduce-scatter delivers a p-th.
+            floor = self._cuts.collective_floor_us(share // p if coll == "reducescatter" else share, row)
             if self._hosts:
-                t, cpu = gloo.collective(self.topo, coll, nbytes)
+                # gloo reduce-scatters (and, here, reduces) with an all-reduce of the whole buffer.
+                t, cpu = gloo.collective(self.topo, "allgather" if coll == "allgather" else "allreduce", share)
                 for r, us in enumerate(cpu):
                     self.cpu_spent[r] += us
             else:
                 # NCCL's constants leave out the host's cost of issuing the call (nccl-tests
                 # overlaps it with the previous call): one overhead per call, as per message.
-                kind = nccl.Collective.ALLGATHER if coll == "allgather" else nccl.Collective.ALLREDUCE
-                size = nbytes * self.p if coll == "allgather" else nbytes
-                t = self.overhead + nccl.pick(self._fabric, kind, size).time_us
-            total += max(t, self._cuts.collective_floor_us(nbytes, row_bytes))
+                size = share * p if coll == "allgather" else share
+                t = self.overhead + nccl.pick(self._fabric, nccl.Collective(coll), size).time_us
+            total += max(t, floor)
         return total
 
     def _coll_done(self, k: int, t: float) -> None:
         for _, r, gid in self.coll_arrivals[k]:
             op = self._op(r, gid)
-            extra = self.cm.gather_merge_us(r, self.nbytes[gid], self.p) if op.coll == "allgather" else 0.0
+            merges = COLLECTIVE_FORMS[(op.coll, op.reduce, op.part)].local_merge
+            extra = self.cm.gather_merge_us(r, self.nbytes[gid], self.p) if merges else 0.0
             if extra > 0:
                 self._push(t + extra, _EV_OP_DONE, gid)
             else:

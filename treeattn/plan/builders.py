@@ -24,22 +24,22 @@ from typing import Any
 
 from treeattn.errors import InfeasiblePlanError, InputError
 from treeattn.plan.ir import Plan, TopologyRef, _gc_paused
-from treeattn.plan.schedule import Programs, emit_butterfly, emit_direct, emit_ring, emit_tree
+from treeattn.plan.schedule import Programs, emit_butterfly, emit_direct, emit_direct_scatter, emit_ring, emit_tree
 from treeattn.plan.trees import (
     SHAPES,
-    parents_binomial,
-    parents_chain,
-    parents_kary,
     parents_of_shape,
-    parents_star,
     positions,
+    reroot,
+    rotated,
     tree_info,
 )
 from treeattn.workload import Payload, RawPayload
 
 __all__ = ["ParamSpec", "AlgorithmSpec", "ALGORITHMS", "build", "tree_plan"]
 
-RESULTS = ("all", "root")
+RESULTS = ("all", "heads", "root")
+"""Result layouts: ``all`` (every rank ends with every row), ``heads`` (each rank with its own
+query heads: reduce-scatter semantics), ``root`` (only the root rank: a reduce)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +63,7 @@ class AlgorithmSpec:
     payloads: tuple[str, ...] = ("attention", "raw")
     """Payload kinds it can reduce (``Workload.kind``/``RawPayload.kind``)."""
     results: tuple[str, ...] = RESULTS
-    """``all``: every rank ends with the result; ``root``: only the root (a reduce)."""
+    """Result layouts it builds (``RESULTS``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -115,7 +115,7 @@ def build(
     groups: Sequence[Sequence[int]] | None = None,
     order: Sequence[int] | None = None,
     roots: Sequence[int] | None = None,
-    result: str = "all",
+    result: str | None = None,
     **extra: Any,
 ) -> Plan:
     """Build the plan of ``algorithm`` for ``workload``.
@@ -132,7 +132,10 @@ def build(
             ``root``, leads it).
         order: rank at each tree/ring/butterfly position (position 0 is the root).
         roots: ``multirail``: the root of each tree.
-        result: ``all`` (reduce then broadcast: an all-reduce) or ``root`` (reduce only).
+        result: ``all`` (reduce then broadcast: an all-reduce), ``heads`` (each rank ends with
+            its own query heads' rows: tree algorithms reduce each rank's rows along the tree
+            re-rooted at that rank) or ``root`` (reduce only); default the algorithm's first
+            (``all`` where it builds it).
         **extra: algorithm-specific parameters (``intra``, ``inter``, ``group_size``,
             ``trees``, ``shape``); see ``ALGORITHMS[name].params``.
 
@@ -160,11 +163,15 @@ def build(
     if workload.kind not in spec.payloads:
         raise InfeasiblePlanError(f"algorithm {algorithm!r} reduces {' or '.join(spec.payloads)} payloads, "
                                   f"not {workload.kind}")
+    if result is None:
+        result = spec.results[0]
     if result not in RESULTS:
-        raise InputError(f"result must be 'all' or 'root', got {result!r}")
+        raise InputError(f"result must be one of {', '.join(RESULTS)}, got {result!r}")
     if result not in spec.results:
-        raise InfeasiblePlanError(f"algorithm {algorithm!r} always leaves the result on every rank; "
-                                  "use result='all' (or a tree algorithm for a reduce to the root)")
+        raise InfeasiblePlanError(f"algorithm {algorithm!r} builds result {' or '.join(spec.results)}, not {result}; "
+                                  f"algorithms for {result}: "
+                                  + ", ".join(n for n, sp in ALGORITHMS.items() if result in sp.results
+                                              and workload.kind in sp.payloads))
     if type(chunks) is not int or chunks < 1:
         raise InputError(f"chunks must be an integer >= 1, got {chunks!r}")
     if topology is None:
@@ -217,7 +224,8 @@ def _start(a: _Args) -> Programs:
 
 
 def _plan(a: _Args, algorithm: str, params: dict[str, Any], progs: Programs, chunks: int,
-          result_ranks: Sequence[int] | None = None, contributors: Sequence[int] | None = None) -> Plan:
+          result_ranks: Sequence[int] | None = None, contributors: Sequence[int] | None = None,
+          layout: str = "full") -> Plan:
     return Plan(
         algorithm=algorithm,
         params=params,
@@ -227,16 +235,47 @@ def _plan(a: _Args, algorithm: str, params: dict[str, Any], progs: Programs, chu
         programs=progs.build(),
         result_ranks=tuple(range(a.p)) if result_ranks is None else tuple(result_ranks),
         contributors=None if contributors is None else tuple(contributors),
+        layout=layout,
     )
 
 
-def _tree(a: _Args, algorithm: str, parents: Sequence[Any], params: dict[str, Any]) -> Plan:
+def _need_heads(a: _Args, pieces: int, why: str) -> int:
+    """Chunks of a heads layout plan (``pieces`` per rank); checks every rank has that many rows."""
+    units = a.workload.q_heads if not a.raw else a.workload.rows  # type: ignore[union-attr]
+    if a.p > units:
+        what = "query heads" if not a.raw else "elements"
+        raise InfeasiblePlanError(f"result heads gives every rank a share: {units} {what} cannot go to {a.p} ranks")
+    per = units // a.p * (1 if a.raw else a.workload.batch)  # type: ignore[union-attr]
+    if pieces > per:
+        raise InfeasiblePlanError(f"{why} cuts each rank's {per} rows into {pieces} chunks; use fewer chunks")
+    return a.p * pieces
+
+
+def _tree(a: _Args, algorithm: str, make: Callable[[int | None], Sequence[Any]], params: dict[str, Any]) -> Plan:
+    """A tree algorithm: ``make(root)`` gives its parent list rooted at ``root`` (None: its own
+    root). ``heads`` reduces each rank's rows along the tree rooted at that rank."""
+    if a.result == "heads":
+        total = _need_heads(a, a.chunks, f"{algorithm} with {a.chunks} chunks")
+        progs = _start(a)
+        forest = []
+        for s in range(a.p):
+            info = tree_info(make(s), a.p)
+            emit_tree(progs, info, range(s * a.chunks, (s + 1) * a.chunks), a.base, reduce=True, broadcast=False)
+            forest.append(list(info.parents))
+        params = {**params, "parents": forest, "chunks": a.chunks, "result": a.result}
+        return _plan(a, algorithm, params, progs, total, layout="heads")
     _need_chunks(a, a.chunks, f"{algorithm} with {a.chunks} chunks")
-    info = tree_info(parents, a.p)
+    info = tree_info(make(None), a.p)
     progs = _start(a)
     emit_tree(progs, info, range(a.chunks), a.base, reduce=True, broadcast=a.result == "all")
     params = {**params, "root": info.root, "parents": list(info.parents), "chunks": a.chunks, "result": a.result}
     return _plan(a, algorithm, params, progs, a.chunks, None if a.result == "all" else (info.root,))
+
+
+def _shaped(a: _Args, shape: str, order: list[int]) -> Callable[[int | None], list[int]]:
+    """Parent lists of ``shape`` over ``order``, re-rooted by rotating the positions."""
+    return lambda root: parents_of_shape(shape, a.p, order=order if root is None else rotated(order, root),
+                                         fanout=a.fanout)
 
 
 def _shape_arg(a: _Args, key: str, default: str) -> str:
@@ -252,27 +291,28 @@ def _shape_arg(a: _Args, key: str, default: str) -> str:
 def _build_tree(a: _Args) -> Plan:
     if a.parents is None:
         raise InputError("algorithm 'tree' needs parents: a parent list with -1 at the root")
-    return _tree(a, "tree", a.parents, {})
+    parents = a.parents
+    return _tree(a, "tree", lambda root: parents if root is None else reroot(parents, root), {})
 
 
 def _build_star(a: _Args) -> Plan:
     order = positions(a.p, a.root, a.order)
-    return _tree(a, "star", parents_star(a.p, order=order), {"order": order})
+    return _tree(a, "star", _shaped(a, "star", order), {"order": order})
 
 
 def _build_chain(a: _Args) -> Plan:
     order = positions(a.p, a.root, a.order)
-    return _tree(a, "chain", parents_chain(a.p, order=order), {"order": order})
+    return _tree(a, "chain", _shaped(a, "chain", order), {"order": order})
 
 
 def _build_kary(a: _Args) -> Plan:
     order = positions(a.p, a.root, a.order)
-    return _tree(a, "kary", parents_kary(a.p, order=order, fanout=a.fanout), {"order": order, "fanout": a.fanout})
+    return _tree(a, "kary", _shaped(a, "kary", order), {"order": order, "fanout": a.fanout})
 
 
 def _build_binomial(a: _Args) -> Plan:
     order = positions(a.p, a.root, a.order)
-    return _tree(a, "binomial", parents_binomial(a.p, order=order), {"order": order})
+    return _tree(a, "binomial", _shaped(a, "binomial", order), {"order": order})
 
 
 def _groups(a: _Args, name: str = "hierarchical", required: bool = True) -> list[list[int]] | None:
@@ -302,23 +342,37 @@ def _build_hierarchical(a: _Args) -> Plan:
     root = 0 if a.root is None else a.root
     if type(root) is not int or not 0 <= root < a.p:
         raise InfeasiblePlanError(f"root {root!r} is out of range: there are {a.p} ranks")
-    home = next(i for i, g in enumerate(groups) if root in g)
-    leaders = [root if i == home else g[0] for i, g in enumerate(groups)]
-    ranked = [home] + [i for i in range(len(groups)) if i != home]  # the root's group leads the leaders
-    parents = [-1] * a.p
     up = parents_of_shape(inter, len(groups), fanout=a.fanout)
-    for pos, gi in enumerate(ranked):
-        if up[pos] >= 0:
-            parents[leaders[gi]] = leaders[ranked[up[pos]]]
-    for gi, g in enumerate(groups):
-        members = [leaders[gi]] + [r for r in g if r != leaders[gi]]
-        inside = parents_of_shape(intra, len(members), fanout=a.fanout)
-        for j in range(1, len(members)):
-            parents[members[j]] = members[inside[j]]
-    params = {"groups": groups, "intra": intra, "inter": inter, "leaders": leaders}
+
+    def make(owner: int | None) -> list[int]:
+        r0 = root if owner is None else owner
+        home = next(i for i, g in enumerate(groups) if r0 in g)
+        if owner is None:
+            leaders = [r0 if i == home else g[0] for i, g in enumerate(groups)]
+        else:
+            # Each group's leader sits where the owner sits in its own group (its rail).
+            at = groups[home].index(r0)
+            leaders = [r0 if i == home else g[at % len(g)] for i, g in enumerate(groups)]
+        ranked = [home] + [i for i in range(len(groups)) if i != home]  # the root's group leads the leaders
+        parents = [-1] * a.p
+        for pos, gi in enumerate(ranked):
+            if up[pos] >= 0:
+                parents[leaders[gi]] = leaders[ranked[up[pos]]]
+        for gi, g in enumerate(groups):
+            members = [leaders[gi]] + [r for r in g if r != leaders[gi]]
+            inside = parents_of_shape(intra, len(members), fanout=a.fanout)
+            for j in range(1, len(members)):
+                parents[members[j]] = members[inside[j]]
+        if owner is None:
+            params["leaders"] = leaders
+        return parents
+
+    params: dict[str, Any] = {"groups": groups, "intra": intra, "inter": inter}
     if "kary" in (intra, inter):
         params["fanout"] = a.fanout
-    return _tree(a, "hierarchical", parents, params)
+    if a.result != "heads":
+        make(None)  # fills params["leaders"] before the tree's own keys
+    return _tree(a, "hierarchical", make, params)
 
 
 def _build_multirail(a: _Args) -> Plan:
@@ -403,18 +457,30 @@ def _build_butterfly(a: _Args) -> Plan:
 
 
 def _build_ring(a: _Args) -> Plan:
-    total = a.chunks * (a.p if a.p > 1 else 1)
-    _need_chunks(a, total, f"ring over {a.p} ranks with {a.chunks} chunks per segment")
     order = positions(a.p, None, a.order)
     progs = _start(a)
+    if a.result == "heads":
+        total = _need_heads(a, a.chunks, f"ring with {a.chunks} chunks per rank")
+        emit_ring(progs, order, a.chunks, a.base, owned=True)
+        return _plan(a, "ring", {"order": order, "chunks": a.chunks, "result": "heads"}, progs, total,
+                     layout="heads")
+    total = a.chunks * (a.p if a.p > 1 else 1)
+    _need_chunks(a, total, f"ring over {a.p} ranks with {a.chunks} chunks per segment")
     emit_ring(progs, order, a.chunks, a.base)
     return _plan(a, "ring", {"order": order, "chunks": a.chunks}, progs, total)
 
 
 def _build_direct(a: _Args) -> Plan:
-    _need_chunks(a, a.chunks, f"direct with {a.chunks} chunks")
     groups = _groups(a, "direct", required=False)
     progs = _start(a)
+    if a.result == "heads":
+        if groups is not None:
+            raise InputError("direct with result heads exchanges over all ranks at once; for groups use "
+                             "hierarchical with result heads")
+        total = _need_heads(a, a.chunks, f"direct with {a.chunks} chunks per rank")
+        emit_direct_scatter(progs, a.p, a.chunks, a.base)
+        return _plan(a, "direct", {"chunks": a.chunks, "result": "heads"}, progs, total, layout="heads")
+    _need_chunks(a, a.chunks, f"direct with {a.chunks} chunks")
     emit_direct(progs, groups if groups is not None else [list(range(a.p))], range(a.chunks), a.base)
     params: dict[str, Any] = {"chunks": a.chunks}
     if groups is not None:
@@ -431,12 +497,37 @@ def _build_allreduce3(a: _Args) -> Plan:
     return _plan(a, "allreduce3", {"chunks": a.chunks}, progs, a.chunks)
 
 
-def _build_allreduce(a: _Args) -> Plan:
-    _need_chunks(a, a.chunks, f"allreduce with {a.chunks} chunks")
+def _library(a: _Args, algorithm: str) -> Plan:
+    """One library collective of the partials for the result layout: all-reduce, reduce-scatter
+    (heads) or reduce to the root (``root``); for attention each is an all-reduce max of lse
+    first, then the sum of (w o, w)."""
+    reduce = a.workload.reduce_op.value
+    params: dict[str, Any] = {"chunks": a.chunks}
+    if a.result == "heads":
+        chunks, coll, peer, layout = _need_heads(a, a.chunks, f"{algorithm} with {a.chunks} chunks"), \
+            "reducescatter", None, "heads"
+        params["result"] = "heads"
+    else:
+        _need_chunks(a, a.chunks, f"{algorithm} with {a.chunks} chunks")
+        chunks, coll, layout = a.chunks, "allreduce", "full"
+        peer = None
+        if a.result == "root":
+            coll, peer = "reduce", 0 if a.root is None else a.root
+            if type(peer) is not int or not 0 <= peer < a.p:
+                raise InfeasiblePlanError(f"root {peer!r} is out of range: there are {a.p} ranks")
+            params.update(result="root", root=peer)
     progs = _start(a)
     for r in range(a.p):
-        progs.collective(r, a.base, "allreduce", a.workload.reduce_op.value, "partial")
-    return _plan(a, "allreduce", {"chunks": a.chunks}, progs, a.chunks)
+        progs.collective(r, a.base, coll, reduce, "partial", peer=peer)
+    return _plan(a, algorithm, params, progs, chunks, None if peer is None else (peer,), layout=layout)
+
+
+def _build_allreduce2(a: _Args) -> Plan:
+    return _library(a, "allreduce2")
+
+
+def _build_allreduce(a: _Args) -> Plan:
+    return _library(a, "allreduce")
 
 
 def _build_allgather_merge(a: _Args) -> Plan:
@@ -447,24 +538,60 @@ def _build_allgather_merge(a: _Args) -> Plan:
     return _plan(a, "allgather-merge", {"chunks": a.chunks}, progs, a.chunks)
 
 
+def _build_dcp_ag_rs(a: _Args) -> Plan:
+    # vLLM's decode context parallel: gather the query's heads, attend every head over the
+    # local shard, gather every rank's lse, reduce-scatter the outputs corrected by it.
+    total = _need_heads(a, a.chunks, f"dcp-ag-rs with {a.chunks} chunks")
+    progs = Programs(a.p)
+    for r in range(a.p):
+        progs.collective(r, 0, "allgather", "copy", "q")
+        progs.compute(r, 1)
+        progs.collective(r, 2, "allgather", "copy", "lse")
+        progs.collective(r, 3, "reducescatter", "sum", "num")
+    return _plan(a, "dcp-ag-rs", {"chunks": a.chunks, "result": "heads"}, progs, total, layout="heads")
+
+
+def _build_dcp_a2a(a: _Args) -> Plan:
+    # vLLM's all-to-all variant: each rank sends every other rank that rank's heads of its
+    # partial (output and lse) and merges what it gets for its own heads.
+    total = _need_heads(a, a.chunks, f"dcp-a2a with {a.chunks} chunks")
+    progs = _start(a)
+    emit_direct_scatter(progs, a.p, a.chunks, a.base)
+    return _plan(a, "dcp-a2a", {"chunks": a.chunks, "result": "heads"}, progs, total, layout="heads")
+
+
 def _build_ring_attention(a: _Args) -> Plan:
     _need_chunks(a, a.chunks, f"ring-attention with {a.chunks} chunks")
     order = positions(a.p, None, a.order)
+    overlap = a.extra.get("overlap", True)
+    if type(overlap) is not bool:
+        raise InputError(f"overlap must be true or false, got {overlap!r}")
     p = a.p
-    progs = _start(a)
-    for t in range(1, p):
-        for i in range(p):
-            # Round t: pass on the block received in round t - 1 (own block first), get the next.
-            progs.transfer(order[i], order[(i + 1) % p], 2 * t - 1, block=order[(i - t + 1) % p])
-            progs.compute(order[i], 2 * t, block=order[(i - t) % p])
-    return _plan(a, "ring-attention", {"order": order, "chunks": a.chunks}, progs, a.chunks)
+    progs = Programs(p)
+    for i in range(p):
+        # Round t: rank order[i] computes over block order[i - t] (its own first) and, with
+        # overlap, passes it on in the same step while the next one arrives (ring-flash-attn's
+        # order); without, the transfer is a step of its own between two computes.
+        for t in range(p):
+            progs.compute(order[i], t if overlap else 2 * t, block=None if t == 0 else order[(i - t) % p])
+        for t in range(1, p):
+            progs.transfer(order[i], order[(i + 1) % p], t - 1 if overlap else 2 * t - 1,
+                           block=order[(i - t + 1) % p])
+    params: dict[str, Any] = {"order": order, "chunks": a.chunks}
+    if not overlap:
+        params["overlap"] = False
+    return _plan(a, "ring-attention", params, progs, a.chunks)
 
 
 # -- registry -----------------------------------------------------------------------------
 
 _P = ParamSpec
 _CHUNKS = _P("chunks", "row chunks pipelined through the schedule")
-_RESULT = _P("result", "'all' (reduce, then broadcast back: every rank gets the result) or 'root' (reduce only)")
+_RESULT = _P("result", "'all' (reduce, then broadcast back: every rank gets the result), 'heads' (each rank its own "
+                       "query heads: the tree re-rooted at each rank reduces that rank's rows) or 'root' (reduce only)")
+_RESULT_LIB = _P("result", "'all' (all-reduce), 'heads' (reduce-scatter: each rank its own query heads) or 'root' "
+                           "(reduce to the root)")
+_HEADS = _P("result", "always 'heads': each rank ends with its own query heads")
 _ROOT = _P("root", "rank the reduction ends at (default 0, or order[0])")
 _ORDER = _P("order", "rank at each tree position, position 0 first (default: ranks rotated to start at root)")
 _FANOUT = _P("fanout", "children per node (kary shape)")
@@ -483,14 +610,17 @@ _SPECS: list[tuple[AlgorithmSpec, Callable[[_Args], Plan]]] = [
      _build_binomial),
     (AlgorithmSpec("butterfly", "recursive-doubling all-reduce (non-powers of two fold the extra ranks in)",
                    (_ORDER, _CHUNKS), results=("all",)), _build_butterfly),
-    (AlgorithmSpec("ring", "ring reduce-scatter then all-gather (p segments of `chunks` chunks each)",
-                   (_ORDER, _CHUNKS), results=("all",)), _build_ring),
+    (AlgorithmSpec("ring", "ring reduce-scatter then all-gather (p segments of `chunks` chunks each); "
+                           "result heads: the reduce-scatter only",
+                   (_ORDER, _CHUNKS, _P("result", "'all' or 'heads' (reduce-scatter only)")), results=("all", "heads")),
+     _build_ring),
     (AlgorithmSpec("direct", "direct exchange: every rank sends its partial to every other and merges all it "
                              "receives (with groups: inside each group, then with its peers in the other groups)",
                    (_P("groups", "partition of the ranks: exchange inside each group first, then each rank with the "
                                  "rank at its position in every other group (nodes listed by rail: along rails)"),
-                    _P("group_size", "instead of groups: consecutive ranks in groups of this size"), _CHUNKS),
-                   results=("all",)), _build_direct),
+                    _P("group_size", "instead of groups: consecutive ranks in groups of this size"), _CHUNKS,
+                    _P("result", "'all' or 'heads' (every rank sends each other rank that rank's rows: no groups)")),
+                   results=("all", "heads")), _build_direct),
     (AlgorithmSpec("hierarchical", "reduce inside each group to its leader, then across the leaders, then back",
                    (_P("groups", "partition of the ranks; the first rank of a group (or root) leads it"),
                     _P("group_size", "instead of groups: consecutive ranks in groups of this size"),
@@ -511,13 +641,25 @@ _SPECS: list[tuple[AlgorithmSpec, Callable[[_Args], Plan]]] = [
                    payloads=("raw",), results=("all",)), _build_broadcast),
     (AlgorithmSpec("allreduce3", "the paper's reference: allreduce max lse, sum num, sum den (library collectives)",
                    (_CHUNKS,), is_baseline=True, payloads=("attention",), results=("all",)), _build_allreduce3),
-    (AlgorithmSpec("allreduce", "one library all-reduce (sum) of raw buffers, as nccl-tests runs it",
-                   (_CHUNKS,), is_baseline=True, payloads=("raw",), results=("all",)), _build_allreduce),
+    (AlgorithmSpec("allreduce2", "allreduce max lse, then one library collective summing (w o, w): all-reduce, "
+                                 "reduce-scatter (heads) or reduce (root)",
+                   (_CHUNKS, _RESULT_LIB, _ROOT), is_baseline=True, payloads=("attention",)), _build_allreduce2),
+    (AlgorithmSpec("allreduce", "one library collective (sum) of raw buffers, as nccl-tests runs it: all-reduce, "
+                                "reduce-scatter (heads) or reduce (root)",
+                   (_CHUNKS, _RESULT_LIB, _ROOT), is_baseline=True, payloads=("raw",)), _build_allreduce),
     (AlgorithmSpec("allgather-merge", "library all-gather of every partial, then a local merge (Star Attention)",
                    (_CHUNKS,), is_baseline=True, results=("all",)), _build_allgather_merge),
-    (AlgorithmSpec("ring-attention", "KV blocks rotate around the ring; each rank computes over every block",
-                   (_ORDER, _CHUNKS), is_baseline=True, payloads=("attention",), results=("all",)),
-     _build_ring_attention),
+    (AlgorithmSpec("dcp-ag-rs", "vLLM decode context parallel: all-gather q, attend every head over the shard, "
+                                "all-gather lse, reduce-scatter the corrected outputs",
+                   (_CHUNKS, _HEADS), is_baseline=True, payloads=("attention",), results=("heads",)),
+     _build_dcp_ag_rs),
+    (AlgorithmSpec("dcp-a2a", "vLLM decode context parallel, all-to-all: partial outputs and lse exchanged by head, "
+                              "merged locally",
+                   (_CHUNKS, _HEADS), is_baseline=True, payloads=("attention",), results=("heads",)), _build_dcp_a2a),
+    (AlgorithmSpec("ring-attention", "KV blocks rotate around the ring; each rank computes over every block, the "
+                                     "attention over one block overlapping the next block's transfer",
+                   (_ORDER, _CHUNKS, _P("overlap", "false: each transfer is a step of its own between computes")),
+                   is_baseline=True, payloads=("attention",), results=("all",)), _build_ring_attention),
 ]
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {spec.name: spec for spec, _ in _SPECS}

@@ -10,10 +10,11 @@ path (``programs[3][7].peer``) and what is wrong.
 Layout (the same keys in JSON)::
 
     format: treeattn-plan
-    version: 1
+    version: 2
     algorithm: binomial
     chunks: 2
     result_ranks: [0, 1, 2, 3]
+    layout: heads            # only when not ``full`` (see ``treeattn.plan.ir``)
     predicted_us: null
     topology: {fingerprint: "sha256:...", name: dgx-h100}
     workload: {batch: 1, head_dim: 128, kind: attention, ...}
@@ -45,6 +46,7 @@ from typing_extensions import TypedDict  # pydantic needs this one before Python
 from treeattn.errors import PlanFormatError, TreeattnError
 from treeattn.plan.ir import (
     COLLECTIVES,
+    LAYOUTS,
     PARTS,
     PLAN_VERSION,
     REDUCES,
@@ -73,9 +75,15 @@ __all__ = [
 FORMAT_TAG = "treeattn-plan"
 """Value of the ``format`` key of every plan file."""
 
-UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    # Version 2 added the heads layout (``layout``), compute sharing a step with transfers and
+    # more collectives; a version-1 plan means the same under version 2's rules.
+    return {**data, "version": 2}
+
+
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
 """``UPGRADES[v](data)`` returns the version v + 1 form of a version-v plan mapping (and sets
-``version``). Add one whenever ``PLAN_VERSION`` is bumped; none is needed yet (version 1)."""
+``version``). Add one whenever ``PLAN_VERSION`` is bumped."""
 
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -140,6 +148,7 @@ class _PlanFile(BaseModel):
     algorithm: StrictStr
     chunks: _Pos
     result_ranks: list[_NonNeg]
+    layout: Literal[LAYOUTS] = "full"  # type: ignore[valid-type]
     contributors: list[_NonNeg] | None = None
     predicted_us: StrictFloat | None = None
     topology: _TopologyFile
@@ -310,6 +319,7 @@ def plan_from_dict(data: Any, *, source: str = "<data>") -> Plan:
             version=m.version,
             notes=m.notes,
             contributors=None if m.contributors is None else tuple(m.contributors),
+            layout=m.layout,
         )
     except PlanFormatError as exc:
         raise PlanFormatError(f"{source}: {exc}") from None
@@ -319,7 +329,8 @@ _PROGRAMS = re.compile(r"^programs:\n", re.M)
 _NUM = r"-?(?:0|[1-9][0-9]*)"
 _OP_RE = (r"\{kind: (?:compute|send|recv_merge|recv_copy|collective), step: " + _NUM
           + r"(?:, peer: " + _NUM + r")?(?:, chunk: " + _NUM + r")?(?:, block: " + _NUM + r")?"
-          + r"(?:, coll: (?:allreduce|allgather), reduce: (?:max|sum|merge), part: (?:lse|num|den|partial))?\}")
+          + r"(?:, coll: (?:" + "|".join(COLLECTIVES) + r"), reduce: (?:" + "|".join(REDUCES) + r"), part: (?:"
+          + "|".join(PARTS) + r"))?\}")
 _BODY = re.compile(r"(?:(?:  #[^\n]*|  - \[\]|  - - " + _OP_RE + r"|    - " + _OP_RE + r")?\n)*")
 _TO_JSON = [("{kind: ", '{"kind": "'), (", step: ", '", "step": '), (", peer: ", ', "peer": '),
             (", chunk: ", ', "chunk": '), (", block: ", ', "block": '), (", coll: ", ', "coll": "'),
@@ -520,6 +531,8 @@ def _header(plan: Plan) -> dict[str, Any]:
         "chunks": plan.chunks,
         "result_ranks": list(plan.result_ranks),
     }
+    if plan.layout != "full":
+        out["layout"] = plan.layout
     if plan.contributors is not None:
         out["contributors"] = list(plan.contributors)
     out["predicted_us"] = plan.predicted_us

@@ -1,11 +1,20 @@
 """The Plan IR: one schedule read by the validator, the simulator and the executor alike.
 
 Words we use. A rank's *partial* is its (o_i, lse_i): ``rows`` independent rows (B x Hq)
-of (D + 1) values. The rows are cut into ``chunks`` contiguous, near-equal pieces
-(``chunk_rows``); chunk ``c`` of every rank covers the same rows. Each rank keeps an
+of (D + 1) values, **head-major** (row = h * B + b), so that a contiguous range of query heads
+is a contiguous range of rows. The rows are cut into ``chunks`` contiguous pieces
+(``Plan.chunk_range``); chunk ``c`` of every rank covers the same rows. Each rank keeps an
 *accumulator* per chunk: the merge of the contributions that reached it so far. A
 *contribution* is one rank's partial (or, for ring attention, the partial over one KV
 block; block j is rank j's KV shard).
+
+Result layouts (``Plan.layout``, with ``result_ranks``): ``full`` (every result rank ends
+with every row: ``all`` when every rank is a result rank, ``root:R`` when only R is) or
+``heads`` (reduce-scatter semantics: rank i ends with the rows of its own query heads,
+``head_split``: contiguous, as even as possible, larger shares first; for raw payloads the
+same rule over elements). In a ``heads`` plan the chunks are aligned with the owners:
+``chunks`` is a multiple of p, chunk c belongs to segment ``c // (chunks / p)`` (the rows of
+rank ``c // (chunks / p)``), cut into near-equal pieces.
 
 Semantics (every interpreter implements exactly this):
 
@@ -20,38 +29,42 @@ Semantics (every interpreter implements exactly this):
 * RECV_MERGE merges the received rows into the accumulator at the end of the step (the
   merge of DESIGN.md section 1, or a sum for raw payloads); RECV_COPY overwrites it
   (broadcast), or, with ``block`` set, stores that KV block.
-* COMPUTE is a step of its own: the partial attention over KV ``block`` (default: the
-  rank's own shard), merged into every chunk's accumulator.
-* COLLECTIVE is a step of its own, issued by every rank in the same order; it stands for a
-  library collective over all ranks (NCCL/gloo pick its algorithm). ``coll`` is
-  ``allreduce`` or ``allgather``; ``reduce`` is ``max``/``sum``/``merge``; ``part`` names
-  what it carries: ``lse`` (one fp32 value a row), ``num`` (the weighted output, D values a
-  row), ``den`` (the weight, one value a row), ``partial`` (the whole partial). The paper's
-  method is three: allreduce max lse, allreduce sum num, allreduce sum den; their effect
-  is the merge of all accumulators once all three are done. ``allgather partial`` merges
-  the gathered partials locally.
+* COMPUTE: the partial attention over KV ``block`` (default: the rank's own shard), merged
+  into every chunk's accumulator at the end of its step. It may share a step with the
+  step's transfers (at most one COMPUTE a step): it runs on the device while they run on
+  the links, over a block the rank held when the step began (ring attention computes block
+  k while block k + 1 arrives). A SEND of that step carries the accumulator without it.
+* COLLECTIVE is a step of its own, issued by every rank in the same order; it stands for
+  library collectives over all ranks (NCCL/gloo pick their algorithm). The valid forms,
+  what they do and which library calls they are, are ``COLLECTIVE_FORMS``: the paper's
+  trio (allreduce max lse, allreduce sum num, allreduce sum den: the merge of all
+  accumulators once all three are done), ``allreduce R partial`` and ``allgather R
+  partial`` (every rank: the merge of all), ``reducescatter R partial`` (each rank: the
+  merge of all in its own chunks; ``heads`` plans), ``reduce R partial`` (rank ``peer``:
+  the merge of all), with R ``merge`` for attention and ``sum`` for raw payloads; and the
+  decode-context-parallel pair (``allgather copy lse`` then ``reducescatter sum num``: each
+  rank's own chunks) with ``allgather copy q`` (gathers the query; changes no accumulator).
 * Attention plans start with empty accumulators and fill them by COMPUTE; raw payload
   plans (``RawPayload``) start with each rank's own buffer in every chunk.
-* At the end every rank in ``result_ranks`` must hold, in every chunk, each rank's
-  contribution exactly once (or, when ``Plan.contributors`` is set, exactly the
-  contributions of those ranks: a broadcast from rank r has ``contributors=(r,)``).
+* At the end every rank in ``result_ranks`` must hold, in every chunk it owns (every chunk
+  in a ``full`` plan; its own segment in a ``heads`` plan), each rank's contribution
+  exactly once (or, when ``Plan.contributors`` is set, exactly the contributions of those
+  ranks: a broadcast from rank r has ``contributors=(r,)``).
 
 Precisions the validator enforces (they follow from the rules above):
 
 * Two ops of one step may not both write one chunk when one of them is a RECV_COPY (the
-  result would depend on their order); several RECV_MERGE into one chunk are fine.
+  result would depend on their order); several RECV_MERGE into one chunk are fine, and so
+  is a COMPUTE beside them (it writes every chunk, so it may not share a step with a
+  RECV_COPY of a chunk).
 * A KV-block transfer (``block`` set) has ``chunk=None`` and is a SEND matched by a
   RECV_COPY; RECV_MERGE never carries a block. COMPUTE has ``chunk=None``. Raw payload
   plans have neither COMPUTE nor blocks. A rank initially holds its own KV block only;
-  blocks it receives stay held (memory is not modelled here).
+  blocks it receives stay held (their memory is modelled by ``treeattn.cost.memory``).
 * A SEND (or a COLLECTIVE) of a chunk whose accumulator is still empty is an error: it
   would ship the identity, and in an attention plan it means COMPUTE came too late.
-* COLLECTIVE ``chunk`` (None = all chunks) restricts it to those rows. The valid forms:
-  ``allreduce max lse``, ``allreduce sum num``, ``allreduce sum den`` (attention plans
-  only: the trio; each of the three runs over the same accumulators on every rank, and
-  they take effect once all three are done), ``allreduce R partial`` and
-  ``allgather R partial`` with R the payload's reduce op (``merge`` for attention,
-  ``sum`` for raw payloads): every rank's accumulator becomes the merge of all of them.
+* COLLECTIVE ``chunk`` (None = all chunks) restricts it to those rows. The trio and the
+  pair each run over the same accumulators on every rank, and take effect once complete.
 """
 
 from __future__ import annotations
@@ -62,22 +75,28 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 from treeattn.errors import PlanFormatError
-from treeattn.workload import Payload, RawPayload, Workload
+from treeattn.workload import Payload, RawPayload, Workload, even_split
 
 __all__ = [
     "PLAN_VERSION",
+    "LAYOUTS",
+    "COLLECTIVE_FORMS",
+    "CollectiveForm",
     "OpKind",
     "Op",
     "TopologyRef",
     "Plan",
     "chunk_rows",
+    "head_split",
     "message_bytes",
+    "row_bytes",
 ]
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 """Only change this when the file format changes; ``plan.io`` upgrades older files."""
 
 
@@ -91,9 +110,65 @@ class OpKind(StrEnum):
     COLLECTIVE = "collective"
 
 
-COLLECTIVES = ("allreduce", "allgather")
-REDUCES = ("max", "sum", "merge")
-PARTS = ("lse", "num", "den", "partial")
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "reduce")
+REDUCES = ("max", "sum", "merge", "copy")
+PARTS = ("lse", "num", "den", "partial", "q")
+LAYOUTS = ("full", "heads")
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveForm:
+    """What one valid (coll, reduce, part) COLLECTIVE does and which library calls it is.
+
+    The validator applies ``effect``, the simulator times ``calls`` and the executor runs
+    them: one table, so that a form cannot exist in one of them only."""
+
+    payloads: tuple[str, ...]
+    """Payload kinds it applies to (``attention``, ``raw``)."""
+    effect: str
+    """``all``: every rank gets the merge of all; ``owner``: each rank in its own chunks;
+    ``root``: rank ``peer`` only; ``group``: a part of ``group``; ``none``: no accumulator
+    changes (the query's all-gather)."""
+    calls: tuple[tuple[str, str], ...]
+    """The library calls, in order: (collective, what it carries per row: ``lse``/``den``
+    one fp32, ``num`` D partial-dtype values, ``wnum`` D + 1 (the weighted output and its
+    weight), ``partial`` a packed row, ``q`` the query)."""
+    group: str | None = None
+    """``trio`` or ``dcp``: the collectives that take effect together (``GROUPS``)."""
+    part_name: str | None = None
+    """Which part of its group it is."""
+    local_merge: bool = False
+    """Every rank merges what it gathered (all-gather of partials)."""
+
+
+_ATT, _BOTH = ("attention",), ("attention", "raw")
+COLLECTIVE_FORMS: dict[tuple[str, str, str], CollectiveForm] = {
+    ("allreduce", "max", "lse"): CollectiveForm(_ATT, "group", (("allreduce", "lse"),), "trio", "lse"),
+    ("allreduce", "sum", "num"): CollectiveForm(_ATT, "group", (("allreduce", "num"),), "trio", "num"),
+    ("allreduce", "sum", "den"): CollectiveForm(_ATT, "group", (("allreduce", "den"),), "trio", "den"),
+    # (each rank then corrects its own output by the gathered lse: a local kernel)
+    ("allgather", "copy", "lse"): CollectiveForm(_ATT, "group", (("allgather", "lse"),), "dcp", "lse",
+                                                 local_merge=True),
+    ("reducescatter", "sum", "num"): CollectiveForm(_ATT, "group", (("reducescatter", "num"),), "dcp", "num"),
+    ("allgather", "copy", "q"): CollectiveForm(_ATT, "none", (("allgather", "q"),)),
+    # No library reduces with the merge: a max of the rows' lse first, then one sum of (w o, w).
+    ("allreduce", "merge", "partial"): CollectiveForm(_ATT, "all", (("allreduce", "lse"), ("allreduce", "wnum"))),
+    ("reducescatter", "merge", "partial"): CollectiveForm(_ATT, "owner",
+                                                          (("allreduce", "lse"), ("reducescatter", "wnum"))),
+    ("reduce", "merge", "partial"): CollectiveForm(_ATT, "root", (("allreduce", "lse"), ("reduce", "wnum"))),
+    ("allgather", "merge", "partial"): CollectiveForm(_ATT, "all", (("allgather", "partial"),), local_merge=True),
+    ("allreduce", "sum", "partial"): CollectiveForm(("raw",), "all", (("allreduce", "partial"),)),
+    ("allgather", "sum", "partial"): CollectiveForm(("raw",), "all", (("allgather", "partial"),), local_merge=True),
+    ("reducescatter", "sum", "partial"): CollectiveForm(("raw",), "owner", (("reducescatter", "partial"),)),
+    ("reduce", "sum", "partial"): CollectiveForm(("raw",), "root", (("reduce", "partial"),)),
+}
+"""Every valid COLLECTIVE, by (coll, reduce, part)."""
+
+GROUPS: dict[str, tuple[frozenset[str], str]] = {
+    "trio": (frozenset({"lse", "num", "den"}), "all"),
+    "dcp": (frozenset({"lse", "num"}), "owner"),
+}
+"""Collectives that take effect together: their parts, and the effect once all have run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,17 +179,17 @@ class Op:
     step: int
     """Ops of a rank sharing a step are posted together; steps never decrease."""
     peer: int | None = None
-    """The other rank of a SEND or RECV_*."""
+    """The other rank of a SEND or RECV_*; the root of a ``reduce`` COLLECTIVE."""
     chunk: int | None = None
     """Row chunk carried; None = all chunks in one message."""
     block: int | None = None
     """KV block (ring attention): sent, received, or computed over."""
     coll: str | None = None
-    """COLLECTIVE only: ``allreduce`` or ``allgather``."""
+    """COLLECTIVE only: ``allreduce``, ``allgather``, ``reducescatter`` or ``reduce``."""
     reduce: str | None = None
-    """COLLECTIVE only: ``max``, ``sum`` or ``merge``."""
+    """COLLECTIVE only: ``max``, ``sum``, ``merge`` or ``copy`` (a gather that reduces nothing)."""
     part: str | None = None
-    """COLLECTIVE only: ``lse``, ``num``, ``den`` or ``partial``."""
+    """COLLECTIVE only: ``lse``, ``num``, ``den``, ``partial`` or ``q``."""
 
     def __post_init__(self) -> None:
         kind = self.kind
@@ -225,6 +300,9 @@ class Plan:
     contributors: tuple[int, ...] | None = None
     """Ranks whose contributions the result must hold; None = every rank (a reduction).
     A broadcast from rank r sets ``(r,)``."""
+    layout: str = "full"
+    """``full``: each result rank ends with every row; ``heads``: each rank with its own
+    query heads' rows (see the module docstring)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "programs", tuple(tuple(p) for p in self.programs))
@@ -248,6 +326,22 @@ class Plan:
             raise PlanFormatError(
                 f"plan has {len(self.programs)} rank programs but its workload has {self.ranks} ranks"
             )
+        if self.layout not in LAYOUTS:
+            raise PlanFormatError(f"plan.layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        if self.layout == "heads":
+            p = self.ranks
+            units = self.workload.q_heads if isinstance(self.workload, Workload) else self.workload.rows
+            if p > units:
+                what = "query heads" if isinstance(self.workload, Workload) else "elements"
+                raise PlanFormatError(f"a heads layout needs a share for every rank: {units} {what} over {p} ranks")
+            if self.chunks % p:
+                raise PlanFormatError(f"a heads layout plan cuts every rank's rows alike: plan.chunks ({self.chunks}) "
+                                      f"must be a multiple of the {p} ranks")
+            pieces = self.chunks // p
+            short = min(stop - start for start, stop in self.segments)
+            if pieces > short:
+                raise PlanFormatError(f"plan.chunks ({self.chunks}) cuts a rank's {short} rows into {pieces} pieces; "
+                                      "use fewer chunks")
 
     @property
     def ranks(self) -> int:
@@ -256,6 +350,54 @@ class Plan:
     @property
     def is_raw(self) -> bool:
         return isinstance(self.workload, RawPayload)
+
+    @property
+    def result(self) -> str:
+        """The result layout in the CLI's words: ``all``, ``heads``, ``root:R`` (or the result
+        ranks, ``ranks:0,3``, for a plan made by hand)."""
+        if self.layout == "heads":
+            return "heads"
+        if len(self.result_ranks) == self.ranks:
+            return "all"
+        if len(self.result_ranks) == 1:
+            return f"root:{self.result_ranks[0]}"
+        return "ranks:" + ",".join(map(str, self.result_ranks))
+
+    @cached_property
+    def segments(self) -> tuple[tuple[int, int], ...]:
+        """Per rank, the rows [start, stop) it owns in a ``heads`` layout (``head_split``)."""
+        w = self.workload
+        unit = w.batch if isinstance(w, Workload) else 1
+        shares = head_split(w.q_heads if isinstance(w, Workload) else w.rows, self.ranks)
+        out, at = [], 0
+        for n in shares:
+            out.append((at * unit, (at + n) * unit))
+            at += n
+        return tuple(out)
+
+    def chunk_range(self, chunk: int | None) -> tuple[int, int]:
+        """Rows [start, stop) of ``chunk`` (None: every row); see the module docstring."""
+        rows = self.workload.rows
+        if chunk is None:
+            return 0, rows
+        if self.layout != "heads":
+            return chunk_rows(rows, self.chunks, chunk)
+        pieces = self.chunks // self.ranks
+        seg, piece = divmod(chunk, pieces)
+        start, stop = self.segments[seg]
+        a, b = chunk_rows(stop - start, pieces, piece)
+        return start + a, start + b
+
+    def owned_chunks(self, rank: int) -> range:
+        """The chunks ``rank`` must hold at the end when it is a result rank."""
+        if self.layout != "heads":
+            return range(self.chunks)
+        pieces = self.chunks // self.ranks
+        return range(rank * pieces, (rank + 1) * pieces)
+
+    def owner(self, chunk: int) -> int | None:
+        """The rank that owns ``chunk`` in a ``heads`` plan (None in a ``full`` plan)."""
+        return chunk // (self.chunks // self.ranks) if self.layout == "heads" else None
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -280,6 +422,12 @@ def _plain(value: Any, where: str) -> Any:
     raise PlanFormatError(f"{where} = {value!r} ({type(value).__name__}) is not plain JSON data")
 
 
+def head_split(units: int, ranks: int) -> tuple[int, ...]:
+    """How a ``heads`` layout shares ``units`` query heads (or raw elements) among ``ranks``:
+    contiguous, as even as possible, larger shares first (32 heads over 3 ranks: 11, 11, 10)."""
+    return even_split(units, ranks)
+
+
 def chunk_rows(rows: int, chunks: int, chunk: int | None) -> tuple[int, int]:
     """Row range [start, stop) of ``chunk`` when ``rows`` are cut into ``chunks`` near-equal
     contiguous pieces (the first ``rows % chunks`` pieces one row longer); None = all rows."""
@@ -292,15 +440,24 @@ def chunk_rows(rows: int, chunks: int, chunk: int | None) -> tuple[int, int]:
 
 def message_bytes(plan: Plan, op: Op) -> int:
     """Bytes one SEND/RECV or one rank's share of a COLLECTIVE moves (a COLLECTIVE's
-    ``chunk`` restricts it to that chunk's rows, like a transfer's)."""
+    ``chunk`` restricts it to that chunk's rows, like a transfer's; the query's all-gather
+    moves a rank's share of q: B x Hq x D values of the KV dtype over p)."""
     w = plan.workload
     if op.block is not None and op.kind is not OpKind.COMPUTE:
         return w.kv_bytes(op.block)
-    start, stop = chunk_rows(w.rows, plan.chunks, op.chunk)
-    rows = stop - start
-    if op.kind is OpKind.COLLECTIVE:
-        if op.part in ("lse", "den"):
-            return rows * 4
-        if op.part == "num" and isinstance(w, Workload):
-            return rows * w.head_dim * w.partial_dtype.nbytes
-    return rows * w.row_bytes
+    if op.kind is OpKind.COLLECTIVE and op.part == "q" and isinstance(w, Workload):
+        return -(-w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes // plan.ranks)
+    start, stop = plan.chunk_range(op.chunk)
+    return (stop - start) * row_bytes(w, op.part if op.kind is OpKind.COLLECTIVE else "partial")
+
+
+def row_bytes(workload: Payload, what: str) -> int:
+    """Bytes a row carries as ``what``: ``lse``/``den`` one fp32, ``num`` D values of the
+    partial dtype, ``wnum`` D + 1 of them (the weighted output and its weight), else a
+    packed row (``partial``)."""
+    if isinstance(workload, Workload):
+        if what in ("lse", "den"):
+            return 4
+        if what == "num":
+            return workload.head_dim * workload.partial_dtype.nbytes
+    return workload.row_bytes

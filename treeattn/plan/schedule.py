@@ -19,7 +19,7 @@ from treeattn.plan.ir import Op, OpKind
 from treeattn.plan.ir import _unchecked_op as _op
 from treeattn.plan.trees import TreeInfo
 
-__all__ = ["Programs", "emit_tree", "emit_butterfly", "emit_ring", "emit_direct"]
+__all__ = ["Programs", "emit_tree", "emit_butterfly", "emit_ring", "emit_direct", "emit_direct_scatter"]
 
 _SEND, _MERGE, _COPY = OpKind.SEND, OpKind.RECV_MERGE, OpKind.RECV_COPY
 
@@ -35,8 +35,9 @@ class Programs:
     def compute(self, rank: int, step: int, block: int | None = None) -> None:
         self._ops[rank].append((step, 0, 0, 0, 0, _op(OpKind.COMPUTE, step, None, None, block)))
 
-    def collective(self, rank: int, step: int, coll: str, reduce: str, part: str, chunk: int | None = None) -> None:
-        self._ops[rank].append((step, 0, 0, 0, 0, _op(OpKind.COLLECTIVE, step, None, chunk, None, coll, reduce, part)))
+    def collective(self, rank: int, step: int, coll: str, reduce: str, part: str, chunk: int | None = None,
+                   peer: int | None = None) -> None:
+        self._ops[rank].append((step, 0, 0, 0, 0, _op(OpKind.COLLECTIVE, step, peer, chunk, None, coll, reduce, part)))
 
     def transfer(self, src: int, dst: int, step: int, chunk: int | None = None, *, copy: bool = False,
                  block: int | None = None) -> None:
@@ -135,7 +136,7 @@ def emit_butterfly(progs: Programs, order: Sequence[int], chunks: int, base: int
     return x + rounds + chunks - 1 + (1 if rem else 0)
 
 
-def emit_ring(progs: Programs, order: Sequence[int], pieces: int, base: int) -> int:
+def emit_ring(progs: Programs, order: Sequence[int], pieces: int, base: int, *, owned: bool = False) -> int:
     """Ring reduce-scatter then all-gather over positions ``order``.
 
     The rows are cut into p segments of ``pieces`` chunks each (plan chunk ``s * pieces + q``
@@ -143,9 +144,12 @@ def emit_ring(progs: Programs, order: Sequence[int], pieces: int, base: int) -> 
     position i + 1, which merges it; after p - 1 rounds position i holds segment i + 1
     complete, and all-gather round t passes segment i + 1 - t on (RECV_COPY). Piece q of
     round t runs at step ``base + t + q`` (all-gather rounds follow at ``base + p - 1``).
+    With ``owned`` (a heads layout) only the reduce-scatter runs, and segment labels follow
+    the owners: the segment position i ends with is rank ``order[i]``'s own.
 
     Args:
         progs: where to add ops. order: rank at each position. pieces: chunks per segment. base: first step.
+        owned: reduce-scatter only, each rank ending with its own segment.
 
     Returns:
         The first step after the last one used.
@@ -153,15 +157,21 @@ def emit_ring(progs: Programs, order: Sequence[int], pieces: int, base: int) -> 
     p = len(order)
     if p == 1:
         return base
+
+    def segment(j: int) -> int:
+        """Plan segment of ring segment j (the one position j - 1 ends with)."""
+        return order[(j - 1) % p] if owned else j % p
+
     for t in range(p - 1):
         for i in range(p):
             src, dst = order[i], order[(i + 1) % p]
-            rs = ((i - t) % p) * pieces
-            ag = ((i + 1 - t) % p) * pieces
+            rs = segment(i - t) * pieces
+            ag = segment(i + 1 - t) * pieces
             for q in range(pieces):
                 progs.transfer(src, dst, base + t + q, rs + q)
-                progs.transfer(src, dst, base + p - 1 + t + q, ag + q, copy=True)
-    return base + 2 * (p - 1) + pieces - 1
+                if not owned:
+                    progs.transfer(src, dst, base + p - 1 + t + q, ag + q, copy=True)
+    return base + (p - 1 if owned else 2 * (p - 1)) + pieces - 1
 
 
 def emit_direct(progs: Programs, groups: Sequence[Sequence[int]], chunk_ids: Sequence[int], base: int) -> int:
@@ -202,3 +212,24 @@ def emit_direct(progs: Programs, groups: Sequence[Sequence[int]], chunk_ids: Seq
                             progs.transfer(h[i % len(h)], r, base + first + q, c)
         last = base + first + k - 1
     return last + 1
+
+
+def emit_direct_scatter(progs: Programs, ranks: int, pieces: int, base: int) -> int:
+    """Direct reduce-scatter (a heads layout): every rank sends each other rank that rank's
+    own segment (``pieces`` chunks, plan chunk ``s * pieces + q``) and merges what it gets
+    for its own; piece q at step ``base + q``. What an all-to-all of partials does.
+
+    Args:
+        progs: where to add ops. ranks: p. pieces: chunks per segment. base: first step.
+
+    Returns:
+        The first step after the last one used.
+    """
+    if ranks == 1:
+        return base
+    for u in range(ranks):
+        for v in range(ranks):
+            if u != v:
+                for q in range(pieces):
+                    progs.transfer(u, v, base + q, v * pieces + q)
+    return base + pieces

@@ -225,3 +225,30 @@ def tree_info(parents: Sequence[int | None], p: int | None = None) -> TreeInfo:
         if x >= 0 and height[x] < height[r] + 1:
             height[x] = height[r] + 1
     return TreeInfo(tuple(norm), root, tuple(tuple(c) for c in children), tuple(depth), tuple(height), tuple(bfs))
+
+
+def reroot(parents: Sequence[int | None], root: int) -> list[int]:
+    """The same tree (the same edges) hanging from ``root``: the edges on the path from
+    ``root`` up to the old root are reversed.
+
+    Args:
+        parents: a parent list. root: the new root.
+
+    Returns:
+        The parent list rooted at ``root``.
+    """
+    out = list(tree_info(parents).parents)
+    if type(root) is not int or not 0 <= root < len(out):
+        raise InfeasiblePlanError(f"root {root!r} is out of range: there are {len(out)} ranks")
+    prev, r = -1, root
+    while r != -1:
+        up = out[r]
+        out[r] = prev
+        prev, r = r, up
+    return out
+
+
+def rotated(order: Sequence[int], first: int) -> list[int]:
+    """``order`` rotated so that rank ``first`` comes first (the tree positions re-rooted there)."""
+    i = list(order).index(first)
+    return list(order[i:]) + list(order[:i])

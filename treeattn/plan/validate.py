@@ -21,7 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from treeattn.errors import PlanInvalidError
-from treeattn.plan.ir import COLLECTIVES, PARTS, REDUCES, OpKind, Plan, _gc_paused
+from treeattn.plan.ir import COLLECTIVE_FORMS, GROUPS, OpKind, Plan, _gc_paused
 
 __all__ = ["ViolationKind", "Violation", "ValidationReport", "validate", "check"]
 
@@ -38,7 +38,7 @@ class ViolationKind(StrEnum):
     STEP_ORDER = "step-order"
     """Steps of a program decrease."""
     NOT_ALONE = "not-alone"
-    """A COMPUTE or COLLECTIVE shares its step with other ops."""
+    """A COLLECTIVE shares its step with other ops, or two COMPUTEs share one."""
     WRITE_CONFLICT = "write-conflict"
     """Two receives of one step write one chunk and one of them overwrites (order-dependent)."""
     BAD_RESULT_RANKS = "bad-result-ranks"
@@ -55,7 +55,8 @@ class ViolationKind(StrEnum):
     """A chunk is sent (or enters a collective) before it holds any contribution."""
     BLOCK_NOT_HELD = "block-not-held"
     TRIO = "trio"
-    """The lse/num/den all-reduce trio is repeated, incomplete, or runs over changing accumulators."""
+    """The lse/num/den all-reduce trio (or the lse/num pair of decode context parallel) is
+    repeated, incomplete, mixed, or runs over changing accumulators."""
     DEADLOCK = "deadlock"
     MISSING = "missing"
     """A result rank lacks some contribution in some chunk at the end."""
@@ -169,7 +170,6 @@ def validate(plan: Plan, *, max_violations: int = 20) -> ValidationReport:
 # -- implementation --------------------------------------------------------------------
 
 _SEND, _MERGE, _COPY, _COMPUTE, _COLL = 0, 1, 2, 3, 4  # op kinds as small ints (transfers <= _COPY)
-_TRIO = {"lse": "max", "num": "sum", "den": "sum"}
 
 
 class _Stop(Exception):
@@ -290,6 +290,7 @@ class _Validator:
         chunk_a: list[int] = []
         block_a: list[int] = []
         group_of: list[int] = []
+        g_compute: list[int] = []  # per step: its COMPUTE's gid, or -1
         g_start: list[int] = []
         g_rank: list[int] = []
         offset = [0] * (p + 1)
@@ -317,6 +318,7 @@ class _Validator:
                         self._group(r, prog, gstart, i)
                     gstart = i
                     g_start.append(gid)
+                    g_compute.append(-1)
                     g_rank.append(r)
                     steps.add(step)
                     prev = step
@@ -340,6 +342,8 @@ class _Validator:
                             lst.append(gid)
                 elif kind is compute_k:
                     c = _COMPUTE
+                    if g_compute and g_compute[-1] < 0:
+                        g_compute[-1] = gid
                     if not (clean and chunk is None and peer is None and not raw and block is None):
                         self._op(r, i, op)
                 else:
@@ -356,7 +360,7 @@ class _Validator:
         first_group[p] = len(g_start)
         g_start.append(len(ops))
         self.ops, self.code, self.peer_a, self.chunk_a, self.block_a = ops, code, peer_a, chunk_a, block_a
-        self.group_of, self.g_start, self.g_rank = group_of, g_start, g_rank
+        self.group_of, self.g_start, self.g_rank, self.g_compute = group_of, g_start, g_rank, g_compute
         self.offset, self.first_group = offset, first_group
         self.sends, self.recvs, self.colls = sends, recvs, colls
 
@@ -385,9 +389,9 @@ class _Validator:
                 if chunk is not None:
                     self._add(V.BAD_OP, r, i, "a KV block transfer carries no chunk (chunk must be null)")
             return
-        if peer is not None:
-            self._add(V.BAD_OP, r, i, f"{kind.value} takes no peer")
         if kind is OpKind.COMPUTE:
+            if peer is not None:
+                self._add(V.BAD_OP, r, i, "compute takes no peer")
             if self.raw:
                 self._add(V.BAD_OP, r, i, "a raw payload plan has no compute (its ranks start with their buffer)")
             if chunk is not None:
@@ -396,28 +400,43 @@ class _Validator:
         # COLLECTIVE
         if block is not None:
             self._add(V.BAD_OP, r, i, "a collective carries no KV block")
-        if op.coll not in COLLECTIVES or op.reduce not in REDUCES or op.part not in PARTS:
-            self._add(V.BAD_COLLECTIVE, r, i, "unknown collective")
-        if op.part in _TRIO:
-            ok = op.coll == "allreduce" and op.reduce == _TRIO[op.part] and not self.raw
-            want = f"allreduce {_TRIO[op.part]} {op.part}"
-            why = "the lse/num/den trio exists for attention payloads only" if self.raw else f"write {want}"
-        else:
-            red = self.plan.workload.reduce_op.value
-            ok = op.reduce == red
-            why = f"this payload reduces with {red!r}"
-        if not ok:
-            self._add(V.BAD_COLLECTIVE, r, i, f"{op.coll} {op.reduce} {op.part} is not a valid collective; {why}")
+        form = COLLECTIVE_FORMS.get((op.coll, op.reduce, op.part))
+        what = f"{op.coll} {op.reduce} {op.part}"
+        if form is None:
+            forms = ", ".join(" ".join(k) for k, f in COLLECTIVE_FORMS.items() if self.plan.workload.kind in f.payloads)
+            self._add(V.BAD_COLLECTIVE, r, i, f"{what} is not a valid collective; for this payload: {forms}")
+            return
+        if self.plan.workload.kind not in form.payloads:
+            self._add(V.BAD_COLLECTIVE, r, i, f"{what} is not a valid collective for a {self.plan.workload.kind} "
+                                              "payload")
+        if form.effect == "root":
+            if not _is_int(peer) or not 0 <= peer < p:
+                self._add(V.PEER_RANGE, r, i, f"a reduce names its root as peer, in [0, {p}); got {peer!r}")
+        elif peer is not None:
+            self._add(V.BAD_OP, r, i, f"{what} takes no peer")
+        if (form.effect == "owner" or form.group == "dcp") and self.plan.layout != "heads":
+            self._add(V.BAD_COLLECTIVE, r, i, f"{what} leaves each rank its own rows: it needs a heads layout plan")
 
     def _group(self, r: int, prog: Any, start: int, stop: int) -> None:
         """Checks of a step holding several ops."""
         kinds = [prog[i].kind for i in range(start, stop)]
-        for kind in (OpKind.COMPUTE, OpKind.COLLECTIVE):
-            if kind in kinds:
-                i = start + kinds.index(kind)
-                self._add(ViolationKind.NOT_ALONE, r, i,
-                          f"{kind.value} must be a step of its own ({stop - start} ops share step {prog[i].step})")
-                return
+        if OpKind.COLLECTIVE in kinds:
+            i = start + kinds.index(OpKind.COLLECTIVE)
+            self._add(ViolationKind.NOT_ALONE, r, i,
+                      f"collective must be a step of its own ({stop - start} ops share step {prog[i].step})")
+            return
+        if kinds.count(OpKind.COMPUTE) > 1:
+            i = start + kinds.index(OpKind.COMPUTE, kinds.index(OpKind.COMPUTE) + 1)
+            self._add(ViolationKind.NOT_ALONE, r, i, f"step {prog[i].step} holds more than one compute")
+            return
+        if OpKind.COMPUTE in kinds:
+            for i in range(start, stop):
+                op = prog[i]
+                if op.kind is OpKind.RECV_COPY and op.block is None:
+                    self._add(ViolationKind.WRITE_CONFLICT, r, i,
+                              "a compute of this step merges into every chunk and this receive overwrites one; "
+                              "the result would depend on their order")
+                    return
         if OpKind.RECV_COPY not in kinds:
             return
         # Receives that write one chunk in one step: fine if all merge, ambiguous if one copies.
@@ -490,7 +509,7 @@ class _Validator:
                                   "rank issues the same collectives in the same order"))
                     break
                 x, y = ops[mine[n]], ops[ref[n]]
-                if (x.coll, x.reduce, x.part, x.chunk) != (y.coll, y.reduce, y.part, y.chunk):
+                if (x.coll, x.reduce, x.part, x.chunk, x.peer) != (y.coll, y.reduce, y.part, y.chunk, y.peer):
                     found.append((r, mine[n] - self.offset[r], V.COLLECTIVE_MISMATCH,
                                   f"collective #{n} differs from rank 0's ({_describe(y)})"))
                     break
@@ -508,6 +527,7 @@ class _Validator:
         ops, code, peer_a, chunk_a, block_a = self.ops, self.code, self.peer_a, self.chunk_a, self.block_a
         group_of, g_start, first_group, offset, mate = (self.group_of, self.g_start, self.first_group,
                                                         self.offset, self.mate)
+        g_compute = self.g_compute
         n_groups = len(g_start) - 1
         want = (1 << p) - 1 if plan.contributors is None else sum(1 << c for c in set(plan.contributors))
         acc = [[1 << r] * k if self.raw else [0] * k for r in range(p)]
@@ -518,7 +538,8 @@ class _Validator:
         finished = [False] * p
         coll_index = [0] * p
         arrivals: dict[int, int] = {}
-        trio: dict[int, tuple[set[str], list[int]]] = {}
+        groups: dict[int, tuple[str, set[str], list[int]]] = {}
+        owner = plan.owner
         ready: deque[int] = deque()
         all_chunks = range(k)
 
@@ -591,33 +612,50 @@ class _Validator:
                 total |= m
             return total
 
-        def collective(op: Any) -> None:
-            chunks = all_chunks if op.chunk is None else (op.chunk,)
-            for c in chunks:
-                if op.part in _TRIO:
-                    snap = [acc[r][c] for r in range(p)]
-                    state = trio.get(c)
-                    if state is None:
-                        union(c)  # reports empty or overlapping inputs at the first part
-                        trio[c] = ({op.part}, snap)
-                        continue
-                    parts, first = state
-                    if op.part in parts:
-                        self._add(V.TRIO, 0, g_start[cur[0]] - offset[0],
-                                  f"allreduce {op.reduce} {op.part} repeats in chunk {c} before the lse/num/den "
-                                  f"trio is complete (done: {', '.join(sorted(parts))})", chunk=c)
-                    if snap != first:
-                        r = next(r for r in range(p) if snap[r] != first[r])
-                        self._add(V.TRIO, r, g_start[cur[r]] - offset[r],
-                                  f"rank {r}'s chunk {c} changed between the parts of the lse/num/den trio; all "
-                                  "three must run over the same accumulators", chunk=c)
-                    parts.add(op.part)
-                    if len(parts) < 3:
-                        continue
-                    del trio[c]
-                total = union(c)
+        def apply(effect: str, c: int, total: int, root: int | None) -> None:
+            if effect == "all":
                 for r in range(p):
                     acc[r][c] = total
+            elif effect == "owner":
+                acc[owner(c)][c] = total
+            elif effect == "root":
+                acc[root][c] = total
+
+        def collective(op: Any) -> None:
+            form = COLLECTIVE_FORMS[(op.coll, op.reduce, op.part)]
+            chunks = all_chunks if op.chunk is None else (op.chunk,)
+            for c in chunks:
+                if form.effect == "none":
+                    continue
+                if form.group is None:
+                    apply(form.effect, c, union(c), op.peer)
+                    continue
+                snap = [acc[r][c] for r in range(p)]
+                state = groups.get(c)
+                if state is None:
+                    union(c)  # reports empty or overlapping inputs at the first part
+                    groups[c] = (form.group, {form.part_name}, snap)
+                    continue
+                name, parts, first = state
+                label = "the lse/num/den trio" if name == "trio" else "the lse/num pair"
+                where = g_start[cur[0]] - offset[0]
+                if name != form.group:
+                    self._add(V.TRIO, 0, where, f"{op.coll} {op.reduce} {op.part} mixes into {label} of chunk {c}, "
+                                                f"which is not complete (done: {', '.join(sorted(parts))})", chunk=c)
+                if form.part_name in parts:
+                    self._add(V.TRIO, 0, where, f"{op.coll} {op.reduce} {op.part} repeats in chunk {c} before "
+                                                f"{label} is complete (done: {', '.join(sorted(parts))})", chunk=c)
+                if snap != first:
+                    r = next(r for r in range(p) if snap[r] != first[r])
+                    self._add(V.TRIO, r, g_start[cur[r]] - offset[r],
+                              f"rank {r}'s chunk {c} changed between the parts of {label}; all of them must run "
+                              "over the same accumulators", chunk=c)
+                parts.add(form.part_name)
+                need, effect = GROUPS[name]
+                if parts < need:
+                    continue
+                del groups[c]
+                apply(effect, c, union(c), None)
             for r in range(p):
                 pending[cur[r]] = 0
                 ready.append(r)
@@ -625,6 +663,22 @@ class _Validator:
         def finish_step(r: int) -> None:
             g = cur[r]
             a = acc[r]
+            # A COMPUTE reads a block held when the step began, before the step's received
+            # blocks are stored.
+            start = g_compute[g]
+            if start >= 0:
+                b = block_a[start]
+                if b < 0:
+                    b = r
+                if not held[r] >> b & 1:
+                    self._add(V.BLOCK_NOT_HELD, r, start - offset[r],
+                              f"rank {r} does not hold KV block {b} when this step begins")
+                bit = 1 << b
+                for c in all_chunks:
+                    if a[c] & bit:
+                        self._add(V.DOUBLE_COUNT, r, start - offset[r],
+                                  f"the partial over block {b} is already merged into chunk {c}", chunk=c)
+                    a[c] |= bit
             box = inbox[r]
             if box:
                 if len(box) > 1:
@@ -648,19 +702,6 @@ class _Validator:
                         else:
                             a[c] = m
                 inbox[r] = []
-            start = g_start[g]
-            if code[start] == _COMPUTE:
-                b = block_a[start]
-                if b < 0:
-                    b = r
-                if not held[r] >> b & 1:
-                    self._add(V.BLOCK_NOT_HELD, r, start - offset[r], f"rank {r} does not hold KV block {b}")
-                bit = 1 << b
-                for c in all_chunks:
-                    if a[c] & bit:
-                        self._add(V.DOUBLE_COUNT, r, start - offset[r],
-                                  f"the partial over block {b} is already merged into chunk {c}", chunk=c)
-                    a[c] |= bit
             if g + 1 < first_group[r + 1]:
                 post(r, g + 1)
             else:
@@ -676,11 +717,11 @@ class _Validator:
 
         if not all(finished):
             self._deadlock(cur, finished, coll_index)
-        for c, (parts, _) in sorted(trio.items()):
-            self._add(V.TRIO, None, None,
-                      f"the lse/num/den trio of chunk {c} is incomplete: only {', '.join(sorted(parts))} ran")
+        for c, (name, parts, _) in sorted(groups.items()):
+            label = "the lse/num/den trio" if name == "trio" else "the lse/num pair"
+            self._add(V.TRIO, None, None, f"{label} of chunk {c} is incomplete: only {', '.join(sorted(parts))} ran")
         for r in plan.result_ranks:
-            for c in all_chunks:
+            for c in plan.owned_chunks(r):
                 m = acc[r][c]
                 if m == want:
                     continue
