@@ -49,6 +49,15 @@ def family_plans(p: int, chunk_counts: dict[str, tuple[int, ...]]) -> list[PlanJ
                 plan = build(name, payload, REF, chunks=chunks, **family_params(name, p))
                 check(plan)
                 jobs.append(PlanJob(f"{name}/{tag}/c{chunks}", plan))
+            # The other result layouts, at the last chunk count (heads: chunks per rank).
+            for result in spec.results[1:]:
+                params = family_params(name, p)
+                if result == "heads":
+                    params.pop("root", None)
+                chunks = 2 if result == "heads" and tag == "att" else chunk_counts[tag][-1]
+                plan = build(name, payload, REF, chunks=chunks, result=result, **params)
+                check(plan)
+                jobs.append(PlanJob(f"{name}/{tag}/{result}", plan))
     if p >= 4:
         root_only = build("binomial", payloads["att"], REF, chunks=2, root=2, result="root")
         jobs.append(PlanJob("binomial/att/root-only", root_only))
@@ -127,7 +136,11 @@ def test_every_family_is_correct(p):
         assert sum(m.cpu_us) > 0
     if p != 8:
         methods = {k[1] for k in by}
-        assert methods == {"plan", "allreduce3", "allgather-merge", "ring-attention", "allreduce"}
-        for (_, method), m in by.items():
+        assert methods == {"plan", "allreduce3", "allreduce2", "allgather-merge", "dcp-ag-rs", "dcp-a2a",
+                           "ring-attention", "allreduce"}
+        for (label, method), m in by.items():
             if method != "plan":
-                assert m.correct and m.checked_ranks == tuple(range(p)), (method, m.max_rel_err)
+                plan = next(j.plan for j in jobs if j.label == label)
+                root_only = plan.result.startswith("root") and method in ("allreduce2", "allreduce")
+                want = plan.result_ranks if root_only else range(p)
+                assert m.correct and m.checked_ranks == tuple(want), (label, method, m.max_rel_err)

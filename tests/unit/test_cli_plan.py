@@ -25,7 +25,7 @@ def test_plan_json_keys_and_plan_file(tmp_path):
     data = json.loads(res.stdout)
     assert {"best", "lower_bound_us", "baselines", "candidates", "plan_path"} <= set(data)
     assert {"algorithm", "params", "chunks", "predicted_us"} <= set(data["best"])
-    assert {"allreduce3_nccl_us", "allgather_merge_us", "ring_attention_us"} == set(data["baselines"])
+    assert {"allreduce3_nccl_us", "allreduce2_us", "allgather_merge_us", "ring_attention_us"} == set(data["baselines"])
     assert 1 <= len(data["candidates"]) <= 5
     assert data["plan_path"] == str(out)
     plan = load_plan(out)

@@ -10,10 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from treeattn.errors import InputError, TopologyError
-from treeattn.exec.interpreter import OpTiming
+from treeattn.exec.interpreter import MeasuredOp
 from treeattn.exec.predict import predict, resolve_topology
 from treeattn.exec.results import COLUMNS, result_rows, rows_json, timeline_rows, workload_label, write_csv
 from treeattn.exec.runner import JobResult, Measurement, RunOptions, interleaved_order
+from treeattn.plan.baselines import Baseline
 from treeattn.plan.builders import build
 from treeattn.plan.ir import Op, OpKind, TopologyRef
 from treeattn.topology.library import resolve
@@ -40,10 +41,10 @@ def test_measurement_statistics():
 def test_rows_csv_json_and_timeline(tmp_path):
     topo = resolve("cpu:ranks=4")
     plan = build("star", W, topo)
-    timing = OpTiming(0, 0, Op(OpKind.COMPUTE, 0), 1.0, 9.5)
+    timing = MeasuredOp(0, 0, Op(OpKind.COMPUTE, 0), 1.0, 9.5)
     ms = (Measurement("a.yaml", "plan", "explicit", (10.0, 20.0, 30.0), 1e-7, 2e-2, (0,), (timing,)),
           Measurement("a.yaml", "allreduce3", "explicit", (40.0,), float("inf"), 2e-2, (0, 1, 2, 3)))
-    preds = predict(plan, topo, ("allreduce3",))
+    preds = predict(plan, topo, (Baseline("allreduce3"),))
     frame = result_rows(JobResult(ms, "gloo", "cpu", 4), {"a.yaml": plan}, {"a.yaml": preds}, "rid")
     assert list(frame.columns) == list(COLUMNS)
     plan_row, base_row = frame.to_dict(orient="records")
@@ -76,7 +77,7 @@ def test_topology_resolution_and_warnings():
         resolve_topology(mine, "no-such-topology")
     none, warnings = resolve_topology(mine, "cpu:ranks=2")
     assert none is None and any("predictions skipped" in w for w in warnings)
-    assert predict(mine, None, ("allreduce3",)).us == {"plan": None, "allreduce3": None}
+    assert predict(mine, None, (Baseline("allreduce3"),)).us == {"plan": None, "allreduce3": None}
 
 
 def test_interleaved_order_deals_every_method_once_per_round():

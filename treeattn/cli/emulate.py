@@ -226,8 +226,7 @@ def run_cmd(
     from treeattn.emulate import emulated
     from treeattn.emulate.jobs import launch_in_cluster
     from treeattn.emulate.layout import scaled_topology
-    from treeattn.exec.baselines import ATTENTION_BASELINES, RAW_BASELINES
-    from treeattn.exec.predict import predict
+    from treeattn.exec.predict import plan_baselines, predict
     from treeattn.exec.results import new_run_id
     from treeattn.exec.runner import Job, PlanJob, RunOptions
     from treeattn.plan.io import load_plan
@@ -245,11 +244,12 @@ def run_cmd(
                           f"({topo.fingerprint}); predictions are for the emulated one")
     options = RunOptions(repeats=repeats, warmup=warmup, timeout_s=timeout, backend="gloo", seed=seed,
                          baselines=baselines, order=order.value)
-    names = (RAW_BASELINES if plan.is_raw else ATTENTION_BASELINES) if baselines else ()
-    predictions = predict(plan, scaled_topology(topo, scale), names)
+    scaled = scaled_topology(topo, scale)
+    methods, ring = plan_baselines(plan, scaled)
+    predictions = predict(plan, scaled, methods if baselines else ())
     label = plan_file.name
     with _interruptible(), emulated(topo, scale=scale) as cluster:
-        result = launch_in_cluster(cluster, Job((PlanJob(label, plan),), options))
+        result = launch_in_cluster(cluster, Job((PlanJob(label, plan, ring_order=ring),), options))
     for text in predictions.warnings:
         err_console.print(f"[yellow]warning:[/] {escape(text)}")
     emit_results(result, plan, label, predictions, new_run_id(f"emu-{plan_file.stem}"), out, json_out)

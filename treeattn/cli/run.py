@@ -41,8 +41,10 @@ def _load(path: Path):  # noqa: ANN202 - a Plan
 def run(
     plan_file: Annotated[Path, typer.Argument(metavar="PLAN", exists=True, dir_okay=False,
                                               help="Plan file (from treeattn plan).")],
-    baselines: Annotated[bool, typer.Option("--baselines", help="Also run all-reduce x3, all-gather + merge "
-                                            "and ring attention on the same workload.")] = False,
+    baselines: Annotated[bool, typer.Option("--baselines", help="Also run the methods it competes with for its "
+                                            "result layout (all: all-reduce x3 and x2, all-gather + merge; heads: "
+                                            "reduce-scatter, vLLM's decode context parallel; ring attention "
+                                            "always) on the same workload.")] = False,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed iterations per method.")] = 10,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.")] = 2,
     order: OrderOpt = MeasureOrder.INTERLEAVED,
@@ -60,9 +62,8 @@ def run(
 ) -> None:
     """Run PLAN on its ranks (local processes, or those of torchrun/SLURM), check the result
     against a single-process reference and compare the measured time with the prediction."""
-    from treeattn.exec.baselines import ATTENTION_BASELINES, RAW_BASELINES
     from treeattn.exec.launch import detect_env, launch
-    from treeattn.exec.predict import predict, resolve_topology
+    from treeattn.exec.predict import plan_baselines, predict, resolve_topology
     from treeattn.exec.results import new_run_id
     from treeattn.exec.runner import Job, PlanJob, RunOptions
 
@@ -72,11 +73,11 @@ def run(
                          baselines=baselines, order=order.value)
     placed = detect_env()
     reporter = placed is None or placed.rank == 0
-    names = (RAW_BASELINES if plan.is_raw else ATTENTION_BASELINES) if baselines else ()
     topo, warnings = resolve_topology(plan, topology)
-    predictions = predict(plan, topo, names) if reporter else None
+    methods, ring = plan_baselines(plan, topo)
+    predictions = predict(plan, topo, methods if baselines else ()) if reporter else None
     label = plan_file.name
-    result = launch(Job((PlanJob(label, plan),), options))
+    result = launch(Job((PlanJob(label, plan, ring_order=ring),), options))
     if result is None or predictions is None:
         return
     for text in (*warnings, *predictions.warnings):

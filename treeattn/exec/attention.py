@@ -19,7 +19,7 @@ import math
 import torch
 
 from treeattn.errors import InputError
-from treeattn.exec.merge import empty_partial, pack
+from treeattn.exec.merge import empty_partial, pack_heads
 from treeattn.units import DType
 from treeattn.workload import RawPayload, Workload
 
@@ -33,6 +33,7 @@ __all__ = [
     "make_kv",
     "make_kv_shard",
     "partial_attention",
+    "attention_partial",
     "reference_attention",
     "make_raw",
     "reference_raw",
@@ -164,7 +165,7 @@ def _flash_attn():  # noqa: ANN202 - the optional module or None
 
 
 def partial_attention(q: torch.Tensor, kv: torch.Tensor, kernel: str = "explicit") -> torch.Tensor:
-    """One rank's partial (o_i, lse_i) over its KV, packed ``(B * Hq, D + 1)`` fp32.
+    """One rank's partial (o_i, lse_i) over its KV, packed ``(Hq * B, D + 1)`` fp32.
 
     Args:
         q: ``(B, Hq, D)``.
@@ -172,30 +173,101 @@ def partial_attention(q: torch.Tensor, kv: torch.Tensor, kernel: str = "explicit
         kernel: a concrete kernel name (see ``KERNELS``; resolve ``auto`` first).
 
     Returns:
-        The packed partial, rows batch-major (row = b * Hq + h).
+        The packed partial, rows head-major (row = h * B + b).
     """
     bsz, hq, d = q.shape
-    hkv, n = kv.shape[2], kv.shape[3]
-    if n == 0:
+    if kv.shape[3] == 0:
         return empty_partial(bsz * hq, d, q.device)
+    o, lse = _attend(q, kv[0], kv[1], kernel, 1.0 / math.sqrt(d))
+    return pack_heads(o, lse)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str,
+            scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o ``(B, Hq, D)``, lse ``(B, Hq)`` fp32) of decode attention over N >= 1 tokens; o is
+    fp32 for ``explicit``, the KV dtype for the fused kernels."""
+    bsz, hq, d = q.shape
+    hkv = k.shape[1]
     g = hq // hkv
-    scale = 1.0 / math.sqrt(d)
     if kernel == "sdpa":
         # GQA decode as attention with G queries per KV head: (B, Hkv, G, D) against (B, Hkv, N, D).
-        qg = q.reshape(bsz, hkv, g, d).to(kv.dtype)
-        out, lse = _sdpa_op(q.device.type == "cuda")(qg, kv[0], kv[1], 0.0, False)[:2]
-        return pack(out.reshape(bsz, hq, d), lse.reshape(bsz, hq))
+        qg = q.reshape(bsz, hkv, g, d).to(k.dtype)
+        out, lse = _sdpa_op(q.device.type == "cuda")(qg, k, v, 0.0, False, scale=scale)[:2]
+        return out.reshape(bsz, hq, d), lse.reshape(bsz, hq).float()
     if kernel == "flash-attn":
         fn = _flash_attn()
-        k, v = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # (B, N, Hkv, D)
-        out, lse, _ = fn(q.reshape(bsz, 1, hq, d).to(kv.dtype), k, v, softmax_scale=scale, return_attn_probs=True)
-        return pack(out.reshape(bsz, hq, d), lse.reshape(bsz, hq))
+        out, lse, _ = fn(q.reshape(bsz, 1, hq, d).to(k.dtype), k.transpose(1, 2), v.transpose(1, 2),
+                         softmax_scale=scale, return_attn_probs=True)
+        return out.reshape(bsz, hq, d), lse.reshape(bsz, hq).float()
     qf = q.reshape(bsz, hkv, g, d).float()
-    scores = torch.matmul(qf, kv[0].float().transpose(-1, -2)) * scale  # (B, Hkv, G, N)
+    scores = torch.matmul(qf, k.float().transpose(-1, -2)) * scale  # (B, Hkv, G, N)
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse.unsqueeze(-1))
-    o = torch.matmul(probs, kv[1].float())
-    return pack(o.reshape(bsz, hq, d), lse.reshape(bsz, hq))
+    o = torch.matmul(probs, v.float())
+    return o.reshape(bsz, hq, d), lse.reshape(bsz, hq)
+
+
+def attention_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                      scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's partial of one decode step's attention over its KV shard, for ``Merger``.
+
+    Args:
+        q: ``(B, Hq, D)``, the step's query (one token per sequence).
+        k: ``(B, Hkv, N, D)``, this rank's keys (Hkv must divide Hq: grouped-query attention
+            when Hkv < Hq; query head h reads KV head h // (Hq / Hkv)); N may be 0.
+        v: ``(B, Hkv, N, D)``, the values.
+        scale: the softmax scale (default ``1 / sqrt(D)``).
+
+    Returns:
+        ``o (B, Hq, D)`` in q's dtype and ``lse (B, Hq)`` fp32 (natural log); for N = 0
+        exactly o = 0 and lse = -inf. The kernel is torch's fused flash attention where it
+        takes the dtype on this device (it returns the log-sum-exp), else fp32 matmuls.
+
+    Raises:
+        ValueError / TypeError: wrong ranks, shapes, dtypes or devices (the message says what
+            was expected and what came).
+
+    Examples:
+        >>> import torch
+        >>> q, k, v = torch.randn(1, 4, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+        >>> o, lse = attention_partial(q, k, v)
+        >>> tuple(o.shape), tuple(lse.shape)
+        ((1, 4, 8), (1, 4))
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"attention_partial: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"attention_partial: {name} must be a floating-point tensor, got {t.dtype}")
+    if q.dim() != 3:
+        raise ValueError(f"attention_partial: q must be (B, Hq, D), got shape {tuple(q.shape)}")
+    if k.dim() != 4 or v.shape != k.shape:
+        raise ValueError(f"attention_partial: k and v must both be (B, Hkv, N, D), got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    bsz, hq, d = q.shape
+    if k.shape[0] != bsz or k.shape[3] != d:
+        raise ValueError(f"attention_partial: k is {tuple(k.shape)}; with q {tuple(q.shape)} it must be "
+                         f"({bsz}, Hkv, N, {d})")
+    hkv = k.shape[1]
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"attention_partial: KV heads ({hkv}) must divide query heads ({hq})")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"attention_partial: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.dtype != v.dtype:
+        raise TypeError(f"attention_partial: k and v must share a dtype, got {k.dtype} and {v.dtype}")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if k.shape[2] == 0:
+        return torch.zeros_like(q), torch.full((bsz, hq), float("-inf"), dtype=torch.float32, device=q.device)
+    kernel = _kernel_for(q.device, k.dtype)
+    o, lse = _attend(q, k, v, kernel, scale)
+    return o.to(q.dtype), lse
+
+
+def _kernel_for(device: torch.device, dtype: torch.dtype) -> str:
+    kinds = {torch.float32: DType.FP32, torch.bfloat16: DType.BF16, torch.float16: DType.FP16}
+    if dtype not in kinds:
+        return "explicit"
+    return resolve_kernel("auto", device, kinds[dtype])
 
 
 def reference_attention(workload: Workload, seed: int, ranks: tuple[int, ...] | None = None) -> torch.Tensor:
@@ -211,7 +283,7 @@ def reference_attention(workload: Workload, seed: int, ranks: tuple[int, ...] | 
         ranks: whose shards count (a broadcast plan's ``contributors``); None = all.
 
     Returns:
-        Packed ``(B * Hq, D + 1)`` fp32 on the CPU.
+        Packed ``(Hq * B, D + 1)`` fp32 on the CPU, rows head-major.
     """
     w = workload
     g, d = w.q_heads // w.kv_heads, w.head_dim
@@ -245,7 +317,7 @@ def reference_attention(workload: Workload, seed: int, ranks: tuple[int, ...] | 
             at += e - s
         outs.append(o.reshape(w.q_heads, d))
         lses.append(lse.reshape(w.q_heads))
-    return pack(torch.stack(outs), torch.stack(lses))
+    return pack_heads(torch.stack(outs), torch.stack(lses))
 
 
 def make_raw(payload: RawPayload, rank: int, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:

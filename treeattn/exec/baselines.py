@@ -1,16 +1,23 @@
 """The methods treeattn is compared with, executed for real on their own code paths.
 
 None of these reads a Plan: they are written the way their authors' code does it, so a bug
-in the plan interpreter cannot hide in both. Every function is one iteration on one rank
-and returns the full result (every rank ends with it).
+in the plan interpreter cannot hide in both. Every function is one iteration on one rank and
+returns its result rows, packed head-major: every row (result ``all``), its own heads' rows
+(``heads``: ``BASELINE_RESULTS``), or every row on the root (``root``).
 
 * ``allreduce3``: the tree-attention paper's reference code: all-reduce max of lse, then
   all-reduce sums of exp(lse - max) * o and of exp(lse - max).
-* ``allgather_merge``: Star Attention / vLLM decode context parallel: all-gather every
-  partial, merge locally.
-* ``ring_attention``: KV shards rotate around the ring (isend/irecv of the next block posted
-  before computing on the current one), every rank merging each block's partial.
-* ``library_allreduce``: raw payloads: the library's all-reduce sum.
+* ``allreduce2``: what an engineer writes first: all-reduce max of lse, then one sum of
+  (w o, w): an all-reduce, or for ``heads`` a reduce-scatter, for ``root`` a reduce.
+* ``allgather_merge``: Star Attention: all-gather every partial, merge locally.
+* ``dcp_ag_rs``: vLLM's decode context parallel: all-gather the query's heads, attend every
+  head over the local shard, all-gather the lse, reduce-scatter the outputs corrected by
+  the merged lse (each rank ends with its heads).
+* ``dcp_a2a``: vLLM's all-to-all variant: all-to-all of the partials by head, local merge.
+* ``ring_attention``: KV shards rotate around a ring (isend/irecv of the next block posted
+  before computing on the current one), every rank merging each block's partial; the ring
+  follows ``order`` (the topology's, as ``treeattn.search.rings`` finds it).
+* ``library_collective``: raw payloads: the library's all-reduce, reduce-scatter or reduce.
 """
 
 from __future__ import annotations
@@ -18,15 +25,29 @@ from __future__ import annotations
 import torch
 
 from treeattn.exec.attention import partial_attention
+from treeattn.exec.collectives import finish, weights
 from treeattn.exec.comm import P2P, BufferPool, Comm
 from treeattn.exec.merge import merge_into, merge_many, pack, unpack
+from treeattn.plan.ir import head_split
 from treeattn.workload import Workload
 
-__all__ = ["ATTENTION_BASELINES", "RAW_BASELINES", "allreduce3", "allgather_merge", "ring_attention",
-           "library_allreduce", "run_attention_baseline"]
+__all__ = ["ATTENTION_BASELINES", "RAW_BASELINES", "BASELINE_RESULTS", "allreduce3", "allreduce2", "allgather_merge",
+           "dcp_ag_rs", "dcp_a2a", "ring_attention", "library_collective", "run_attention_baseline", "segments"]
 
-ATTENTION_BASELINES = ("allreduce3", "allgather-merge", "ring-attention")
+ATTENTION_BASELINES = ("allreduce3", "allreduce2", "allgather-merge", "dcp-ag-rs", "dcp-a2a", "ring-attention")
 RAW_BASELINES = ("allreduce",)
+BASELINE_RESULTS = {"allreduce3": ("all",), "allreduce2": ("all", "heads", "root"), "allgather-merge": ("all",),
+                    "dcp-ag-rs": ("heads",), "dcp-a2a": ("heads",), "ring-attention": ("all",)}
+"""The result layouts each attention baseline delivers."""
+
+
+def segments(workload: Workload, world: int) -> list[tuple[int, int]]:
+    """Per rank, the head-major rows of its own query heads (``treeattn.plan.ir.head_split``)."""
+    out, at = [], 0
+    for n in head_split(workload.q_heads, world):
+        out.append((at * workload.batch, (at + n) * workload.batch))
+        at += n
+    return out
 
 
 def allreduce3(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
@@ -35,16 +56,51 @@ def allreduce3(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
     The weighted output travels in ``wire`` (the partial dtype); max and weights in fp32."""
     o, lse = unpack(partial_attention(q, kv, kernel))
     m = comm.all_reduce(lse.clone(), "max", "allreduce3 max lse")
-    # Rows empty on every rank keep max -inf: their weights must be 0, not exp(nan).
-    shift = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    w = torch.where(torch.isneginf(lse), torch.zeros_like(lse), torch.exp(lse - shift))
+    w = weights(lse, m)
     num = comm.all_reduce((o * w.unsqueeze(1)).to(wire), "sum", "allreduce3 sum num").float()
     den = comm.all_reduce(w, "sum", "allreduce3 sum den")
-    live = den > 0
-    safe = torch.where(live, den, torch.ones_like(den))
-    out_o = torch.where(live.unsqueeze(1), num / safe.unsqueeze(1), torch.zeros_like(num))
-    out_l = torch.where(live, m + torch.log(safe), torch.full_like(m, float("-inf")))
-    return pack(out_o, out_l)
+    res = torch.empty(o.shape[0], o.shape[1] + 1, dtype=torch.float32, device=o.device)
+    finish(res, m, num, den)
+    return res
+
+
+def allreduce2(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, kernel: str,
+               wire: torch.dtype = torch.float32, result: str = "all", root: int = 0) -> torch.Tensor:
+    """All-reduce max of lse, then one library sum of (w o, w): all-reduce (``all``),
+    reduce-scatter by head (``heads``: returns this rank's rows) or reduce to ``root``."""
+    part = partial_attention(q, kv, kernel)
+    m = comm.all_reduce(part[:, -1].contiguous(), "max", "allreduce2 max lse")
+    w = weights(part[:, -1], m)
+    packed = torch.cat([w.unsqueeze(1) * part[:, :-1], w.unsqueeze(1)], dim=1).to(wire)
+    if result == "heads":
+        segs = segments(workload, comm.world)
+        got = _reduce_scatter_rows(comm, packed, segs, "allreduce2 reduce-scatter").float()
+        a, b = segs[comm.rank]
+        out = torch.empty(b - a, packed.shape[1], dtype=torch.float32, device=packed.device)
+        finish(out, m[a:b], got[:, :-1], got[:, -1])
+        return out
+    if result == "root":
+        total = comm.reduce(packed, root, "sum", "allreduce2 reduce").float()
+    else:
+        total = comm.all_reduce(packed, "sum", "allreduce2 sum").float()
+    finish(part, m, total[:, :-1], total[:, -1])
+    return part
+
+
+def _reduce_scatter_rows(comm: Comm, x: torch.Tensor, segs: list[tuple[int, int]], what: str) -> torch.Tensor:
+    """Sum of every rank's ``x`` over this rank's rows (segments padded to the longest, as a
+    caller of the library's reduce-scatter must when the heads do not split evenly)."""
+    sizes = [b - a for a, b in segs]
+    n = max(sizes)
+    if min(sizes) == n:
+        inp = x.contiguous()
+    else:
+        inp = torch.zeros((len(segs) * n, *x.shape[1:]), dtype=x.dtype, device=x.device)
+        for j, (a, b) in enumerate(segs):
+            inp[j * n:j * n + b - a] = x[a:b]
+    out = torch.empty((n, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    comm.reduce_scatter(out, inp, "sum", what)
+    return out[:sizes[comm.rank]]
 
 
 def allgather_merge(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
@@ -54,16 +110,51 @@ def allgather_merge(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
     return merge_many(torch.stack(comm.all_gather(mine, "allgather-merge all-gather")))
 
 
+def dcp_ag_rs(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, kernel: str,
+              wire: torch.dtype = torch.float32) -> torch.Tensor:
+    """vLLM decode context parallel (all-gather + reduce-scatter); returns this rank's rows."""
+    p = comm.world
+    shares = head_split(workload.q_heads, p)
+    n, lo = max(shares), sum(shares[:comm.rank])
+    mine = torch.zeros((q.shape[0], n, q.shape[2]), dtype=q.dtype, device=q.device)
+    mine[:, :shares[comm.rank]] = q[:, lo:lo + shares[comm.rank]]  # the heads tensor parallelism gives it
+    full_q = torch.cat([t[:, :k] for t, k in zip(comm.all_gather(mine, "dcp-ag-rs all-gather q"), shares,
+                                                  strict=True)], dim=1)
+    o, lse = unpack(partial_attention(full_q, kv, kernel))
+    total = torch.logsumexp(torch.stack(comm.all_gather(lse.contiguous(), "dcp-ag-rs all-gather lse")), dim=0)
+    corrected = (o * weights(lse, total).unsqueeze(1)).to(wire)
+    segs = segments(workload, p)
+    got = _reduce_scatter_rows(comm, corrected, segs, "dcp-ag-rs reduce-scatter").float()
+    a, b = segs[comm.rank]
+    return pack(got, total[a:b])
+
+
+def dcp_a2a(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, kernel: str,
+            wire: torch.dtype = torch.float32) -> torch.Tensor:
+    """vLLM decode context parallel (all-to-all): partials exchanged by head, merged locally;
+    returns this rank's rows."""
+    part = partial_attention(q, kv, kernel).to(wire)
+    segs = segments(workload, comm.world)
+    a, b = segs[comm.rank]
+    got = torch.empty((comm.world * (b - a), part.shape[1]), dtype=wire, device=part.device)
+    comm.all_to_all(got, part, [hi - lo for lo, hi in segs], "dcp-a2a all-to-all")
+    return merge_many(got.view(comm.world, b - a, part.shape[1]))
+
+
 def ring_attention(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, kernel: str,
-                   pool: BufferPool | None = None) -> torch.Tensor:
+                   pool: BufferPool | None = None, order: list[int] | None = None) -> torch.Tensor:
     """Ring attention for decode: p - 1 rotations of the KV shards, compute overlapped.
 
-    At rotation s rank r holds block (r - s) mod p; it posts the send of that block to
-    r + 1 and the receive of block (r - s - 1) mod p from r - 1, computes on its block
-    while they fly, merges, then waits. Blocks of 0 tokens still travel (0 bytes) so every
-    rank keeps the same message sequence.
+    The ring visits ranks in ``order`` (default 0..p-1). At rotation s the rank at position i
+    holds the block of position i - s; it posts the send of that block to the next position
+    and the receive of the block of position i - s - 1 from the previous, computes on its
+    block while they fly, merges, then waits. Blocks of 0 tokens still travel (0 bytes) so
+    every rank keeps the same message sequence.
     """
-    p, r, w = comm.world, comm.rank, workload
+    p, w = comm.world, workload
+    order = list(range(p)) if order is None else list(order)
+    i = order.index(comm.rank)
+    nxt, prv = order[(i + 1) % p], order[(i - 1) % p]
     pool = pool if pool is not None else BufferPool(kv.device)
     acc = None
     current = kv
@@ -71,10 +162,10 @@ def ring_attention(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Work
         works: list = []
         incoming = None
         if s < p - 1:
-            nxt = (r - s - 1) % p
-            shape = (2, w.batch, w.kv_heads, w.split[nxt], w.head_dim)
+            block = order[(i - s - 1) % p]
+            shape = (2, w.batch, w.kv_heads, w.split[block], w.head_dim)
             incoming = pool.take(shape, kv.dtype)
-            works = comm.post([P2P(True, current, (r + 1) % p), P2P(False, incoming, (r - 1) % p)])
+            works = comm.post([P2P(True, current, nxt), P2P(False, incoming, prv)])
         part = partial_attention(q, current, kernel)
         acc = part if acc is None else merge_into(acc, part)
         for work in works:
@@ -88,20 +179,37 @@ def ring_attention(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Work
     return acc
 
 
-def library_allreduce(comm: Comm, buf: torch.Tensor) -> torch.Tensor:
-    """Raw payload: the library's all-reduce sum of ``buf``, in place (fp8 travels as fp32:
-    libraries lack fp8 sums); callers keep their input by passing a copy."""
-    return comm.all_reduce(buf, "sum", "allreduce sum")
+def library_collective(comm: Comm, buf: torch.Tensor, result: str = "all", root: int = 0) -> torch.Tensor:
+    """Raw payload: the library's sum of ``buf`` for the layout: all-reduce, in place (every
+    element); reduce-scatter (``heads``: returns this rank's even share of the elements,
+    ``treeattn.plan.ir.head_split``); reduce to ``root`` (in place). fp8 travels as fp32:
+    libraries lack fp8 sums. Callers keep their input by passing a copy."""
+    if result == "all":
+        return comm.all_reduce(buf, "sum", "allreduce sum")
+    if result == "root":
+        return comm.reduce(buf, root, "sum", "reduce sum")
+    segs, at = [], 0
+    for n in head_split(buf.shape[0], comm.world):
+        segs.append((at, at + n))
+        at += n
+    return _reduce_scatter_rows(comm, buf, segs, "reduce-scatter sum")
 
 
 def run_attention_baseline(name: str, comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload,
-                           kernel: str, wire: torch.dtype, pool: BufferPool | None = None) -> torch.Tensor:
-    """Dispatch one of ``ATTENTION_BASELINES`` by name."""
+                           kernel: str, wire: torch.dtype, pool: BufferPool | None = None, *, result: str = "all",
+                           root: int = 0, order: list[int] | None = None) -> torch.Tensor:
+    """Dispatch one of ``ATTENTION_BASELINES`` by name (``result`` for ``allreduce2``,
+    ``order`` for ``ring-attention``)."""
     if name == "allreduce3":
         return allreduce3(comm, q, kv, kernel, wire)
+    if name == "allreduce2":
+        return allreduce2(comm, q, kv, workload, kernel, wire, result, root)
     if name == "allgather-merge":
         return allgather_merge(comm, q, kv, kernel, wire)
+    if name == "dcp-ag-rs":
+        return dcp_ag_rs(comm, q, kv, workload, kernel, wire)
+    if name == "dcp-a2a":
+        return dcp_a2a(comm, q, kv, workload, kernel, wire)
     if name == "ring-attention":
-        return ring_attention(comm, q, kv, workload, kernel, pool)
+        return ring_attention(comm, q, kv, workload, kernel, pool, order)
     raise ValueError(f"unknown baseline {name!r}")
-

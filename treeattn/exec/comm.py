@@ -1,9 +1,11 @@
 """torch.distributed plumbing shared by the plan interpreter and the baselines.
 
-Point-to-point messages carry a tag equal to their sequence number on the ordered pair
-(k-th message from a to b has tag k on both sides), so gloo matches them FIFO per pair
-exactly as the Plan IR says, however many are in flight. NCCL ignores tags; its
-point-to-point operations are FIFO per pair on one communicator already.
+A ``Comm`` works over a process group (default the world): plan rank i is rank i of the
+group. Point-to-point messages carry a tag equal to their sequence number on the ordered
+pair of that group (k-th message from a to b has tag k on both sides, counted over the
+process's life, whichever ``Comm`` sent it), so gloo matches them FIFO per pair exactly as
+the Plan IR says, however many are in flight. NCCL ignores tags; its point-to-point
+operations are FIFO per pair on one communicator already.
 
 Every wait has a deadline: ``op_timeout_s`` for the operations being measured,
 ``setup_timeout_s`` for set-up, checks and barriers. A failed or timed-out wait raises
@@ -27,6 +29,10 @@ from treeattn.exec.board import HostBoard
 
 __all__ = ["CommError", "Comm", "P2P", "BufferPool"]
 
+_TAGS: dict[tuple[int, int, bool], int] = defaultdict(int)
+"""Messages so far per (group, peer, sent): shared by every ``Comm`` of the process, so two
+Comms on one group (two Mergers) never reuse a tag the other still has in flight."""
+
 _SPIN_S = 0.001
 """How long before an agreed start instant a rank stops sleeping and yields until it."""
 
@@ -40,6 +46,9 @@ def _first_line(exc: BaseException) -> str:
 
 def _is_fp8(tensor: torch.Tensor) -> bool:
     return tensor.is_floating_point() and tensor.element_size() == 1
+
+
+_REDUCE = {"max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}
 
 
 class CommError(ExecutionError):
@@ -59,15 +68,17 @@ class Comm:
     """This rank's view of the process group: tagged p2p, collectives and barriers with deadlines."""
 
     def __init__(self, rank: int, world: int, backend: str, device: torch.device,
-                 op_timeout_s: float, setup_timeout_s: float) -> None:
+                 op_timeout_s: float, setup_timeout_s: float, group: dist.ProcessGroup | None = None) -> None:
         self.rank = rank
+        """This process's rank in ``group``."""
         self.world = world
         self.backend = backend
         self.device = device
+        self.group = group
+        """The process group (None: the world)."""
         self.op_timeout = datetime.timedelta(seconds=op_timeout_s)
         self.setup_timeout = datetime.timedelta(seconds=setup_timeout_s)
-        self._sent: dict[int, int] = defaultdict(int)
-        self._received: dict[int, int] = defaultdict(int)
+        self._key = id(group) if group is not None else 0
         self.board: HostBoard | None = None
         """Where ``release`` meets when every rank shares this host (``open_board``)."""
 
@@ -78,19 +89,18 @@ class Comm:
         if not ops:
             return []
         p2p = []
+        g = self.group
         for op in ops:
-            if op.send:
-                tag = self._sent[op.peer]
-                self._sent[op.peer] += 1
-                p2p.append(dist.P2POp(dist.isend, op.tensor, op.peer, tag=tag))
-            else:
-                tag = self._received[op.peer]
-                self._received[op.peer] += 1
-                p2p.append(dist.P2POp(dist.irecv, op.tensor, op.peer, tag=tag))
+            key = (self._key, op.peer, op.send)
+            tag = _TAGS[key]
+            _TAGS[key] = tag + 1
+            fn = dist.isend if op.send else dist.irecv
+            p2p.append(dist.P2POp(fn, op.tensor, group=g, tag=tag, group_peer=op.peer))
         try:
             if self.backend == "nccl":
                 return list(dist.batch_isend_irecv(p2p))
-            return [p.op(p.tensor, p.peer, tag=p.tag) for p in p2p]
+            return [dist.isend(p.tensor, group=g, tag=p.tag, group_dst=p.group_peer) if p.op is dist.isend
+                    else dist.irecv(p.tensor, group=g, tag=p.tag, group_src=p.group_peer) for p in p2p]
         except RuntimeError as exc:
             raise CommError(f"rank {self.rank}: posting {len(ops)} point-to-point ops failed: "
                             f"{_first_line(exc)}") from exc
@@ -111,24 +121,56 @@ class Comm:
     def all_reduce(self, tensor: torch.Tensor, op: str, what: str, setup: bool = False) -> torch.Tensor:
         """In-place all-reduce (``max`` or ``sum``) of ``tensor``; fp8 is reduced through fp32
         (no library reduces fp8), so it moves 4x the bytes."""
-        red = {"max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}[op]
+        red = _REDUCE[op]
         if _is_fp8(tensor):
             wide = tensor.float()
-            self.wait(dist.all_reduce(wide, op=red, async_op=True), what, setup)
+            self.wait(dist.all_reduce(wide, op=red, group=self.group, async_op=True), what, setup)
             return tensor.copy_(wide.to(tensor.dtype))
-        self.wait(dist.all_reduce(tensor, op=red, async_op=True), what, setup)
+        self.wait(dist.all_reduce(tensor, op=red, group=self.group, async_op=True), what, setup)
         return tensor
+
+    def reduce_scatter(self, out: torch.Tensor, tensor: torch.Tensor, op: str, what: str) -> torch.Tensor:
+        """``out`` <- this rank's p-th (along dim 0) of the ``op``-reduction of every rank's ``tensor``
+        (dim 0 of ``tensor`` is p times ``out``'s); fp8 is reduced through fp32."""
+        if _is_fp8(tensor):
+            wide = torch.empty(out.shape, dtype=torch.float32, device=out.device)
+            self.wait(dist.reduce_scatter_single(wide, tensor.float(), op=_REDUCE[op], group=self.group,
+                                                 async_op=True), what)
+            return out.copy_(wide.to(out.dtype))
+        self.wait(dist.reduce_scatter_single(out, tensor.contiguous(), op=_REDUCE[op], group=self.group,
+                                             async_op=True), what)
+        return out
+
+    def reduce(self, tensor: torch.Tensor, root: int, op: str, what: str) -> torch.Tensor:
+        """In-place reduction of every rank's ``tensor`` into group rank ``root``'s (others' are
+        left as the library leaves them); fp8 through fp32."""
+        wide = tensor.float() if _is_fp8(tensor) else tensor
+        self.wait(dist.reduce(wide, op=_REDUCE[op], group=self.group, group_dst=root, async_op=True), what)
+        if wide is not tensor:
+            tensor.copy_(wide.to(tensor.dtype))
+        return tensor
+
+    def all_to_all(self, out: torch.Tensor, tensor: torch.Tensor, splits: list[int], what: str) -> torch.Tensor:
+        """``out`` <- the ``splits[self.rank]`` rows every rank sends this one, in rank order;
+        this rank sends rows ``[sum(splits[:j]), sum(splits[:j + 1]))`` of ``tensor`` to rank j."""
+        src = tensor.contiguous()
+        wire_in = src.view(torch.uint8) if _is_fp8(src) else src
+        wire_out = out.view(torch.uint8) if _is_fp8(out) else out
+        mine = splits[self.rank]
+        self.wait(dist.all_to_all_single(wire_out, wire_in, [mine] * self.world, list(splits), group=self.group,
+                                         async_op=True), what)
+        return out
 
     def all_gather(self, tensor: torch.Tensor, what: str, setup: bool = False) -> list[torch.Tensor]:
         """Every rank's ``tensor`` (same shape everywhere), in rank order."""
         src = tensor.contiguous()
         wire = src.view(torch.uint8) if _is_fp8(src) else src  # gloo gathers bytes but knows no fp8
         out = [torch.empty_like(wire) for _ in range(self.world)]
-        self.wait(dist.all_gather(out, wire, async_op=True), what, setup)
+        self.wait(dist.all_gather(out, wire, group=self.group, async_op=True), what, setup)
         return [t.view(src.dtype) for t in out]
 
     def broadcast(self, tensor: torch.Tensor, src: int, what: str) -> torch.Tensor:
-        self.wait(dist.broadcast(tensor, src, async_op=True), what, setup=True)
+        self.wait(dist.broadcast(tensor, group=self.group, group_src=src, async_op=True), what, setup=True)
         return tensor
 
     def barrier(self) -> None:

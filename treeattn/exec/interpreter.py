@@ -1,16 +1,17 @@
 """Execute a Plan on one rank with torch.distributed, exactly as ``treeattn.plan.ir`` says.
 
-Per step: the ops of the step are posted together (SENDs read the accumulator as it stood
-when the step began, RECVs land in fresh buffers), every op is awaited, and only then are
-the received rows stored (RECV_COPY) or merged (RECV_MERGE: the partials a step receives
-for one chunk land side by side and are merged in one pass). COMPUTE and
-COLLECTIVE ops are steps of their own. Each op gets a post and a completion timestamp; ops
-of one step are awaited in program order, so an op's completion time is when it *and the
-ops before it in the step* had completed.
+Per step: the step's transfers are posted together (SENDs read the accumulator as it stood
+when the step began, RECVs land in fresh buffers); a COMPUTE of the step runs while they
+fly (gloo and NCCL progress them on their own threads and streams); then every transfer is
+awaited, and only then are the computed partial and the received rows stored (RECV_COPY)
+or merged (RECV_MERGE: the partials a step receives for one chunk land side by side and are
+merged in one pass). A COLLECTIVE is a step of its own (``_collectives``). Each op gets a
+post and a completion timestamp; transfers of one step are awaited in program order, so an
+op's completion time is when it *and the ops before it in the step* had completed.
 
-Legend: acc is the packed accumulator ``(rows, D + 1)`` fp32 for attention plans (see
-``treeattn.exec.merge``) or the raw buffer ``(rows,)`` for raw payload plans; a KV block is
-``(2, B, Hkv, N_j, D)``.
+Legend: acc is the packed accumulator ``(rows, D + 1)`` fp32 for attention plans (rows
+head-major, see ``treeattn.exec.merge``) or the raw buffer ``(rows,)`` for raw payload plans;
+a KV block is ``(2, B, Hkv, N_j, D)``.
 """
 
 from __future__ import annotations
@@ -23,19 +24,12 @@ import torch
 
 from treeattn.errors import ExecutionError, PlanInvalidError
 from treeattn.exec.attention import partial_attention, torch_dtype
+from treeattn.exec.collectives import gather_query, run_collective
 from treeattn.exec.comm import P2P, BufferPool, Comm
-from treeattn.exec.merge import (
-    clear_partial,
-    empty_partial,
-    merge_into,
-    merge_many,
-    merge_many_into,
-    sum_into,
-    sum_many_into,
-)
-from treeattn.plan.ir import Op, OpKind, Plan, chunk_rows
+from treeattn.exec.merge import clear_partial, empty_partial, merge_into, merge_many_into, sum_many_into
+from treeattn.plan.ir import Op, OpKind, Plan
 
-__all__ = ["FAULT_ENV", "OpTiming", "RankInputs", "PlanExecutor", "InjectedFault"]
+__all__ = ["FAULT_ENV", "MeasuredOp", "RankInputs", "PlanExecutor", "InjectedFault"]
 
 FAULT_ENV = "TREEATTN_FAULT"
 """Test-only fault injection: ``RANK:OP:MODE`` makes rank RANK, before its OP-th plan op
@@ -47,7 +41,7 @@ class InjectedFault(ExecutionError):
 
 
 @dataclass(frozen=True, slots=True)
-class OpTiming:
+class MeasuredOp:
     """When one op of the measured iteration was posted and completed (µs from the run's origin:
     the agreed start instant on one host, else the rank's own start)."""
 
@@ -60,11 +54,13 @@ class OpTiming:
 
 @dataclass(slots=True)
 class RankInputs:
-    """What one rank starts from: q and its own KV shard (attention) or its buffer (raw)."""
+    """What one rank starts from: q and its own KV shard (attention), its buffer (raw), or
+    its own partial already computed (``partial``, packed: a model's attention kernel ran)."""
 
     q: torch.Tensor | None = None
     kv: torch.Tensor | None = None
     raw: torch.Tensor | None = None
+    partial: torch.Tensor | None = None
 
 
 def _parse_fault() -> tuple[int, int, str] | None:
@@ -75,8 +71,27 @@ def _parse_fault() -> tuple[int, int, str] | None:
     return int(rank), int(op), mode
 
 
+def given_partial_problem(plan: Plan) -> str | None:
+    """Why ``plan`` cannot merge partials computed elsewhere (None when it can): every rank
+    must compute once, over its own KV block, before it sends anything."""
+    for r, prog in enumerate(plan.programs):
+        computes = [op for op in prog if op.kind is OpKind.COMPUTE]
+        if len(computes) != 1 or computes[0].block not in (None, r):
+            return (f"plan {plan.algorithm!r} computes over KV blocks of other ranks (it moves KV, not partials); "
+                    "a Merger merges partials: use a plan that merges them (e.g. treeattn.search_plan)")
+    return None
+
+
 class PlanExecutor:
-    """Runs one rank's program of ``plan``; ``run`` is one iteration."""
+    """Runs one rank's program of ``plan``; ``run`` is one iteration.
+
+    Args:
+        plan: the plan.
+        comm: this rank's communicator (its rank is the plan rank).
+        inputs: q and KV (attention), the raw buffer, or the rank's own packed ``partial``
+            (then the plan's COMPUTE takes it instead of computing).
+        kernel: the attention kernel (``treeattn.exec.attention.KERNELS``, resolved).
+    """
 
     def __init__(self, plan: Plan, comm: Comm, inputs: RankInputs, kernel: str = "explicit") -> None:
         self.plan = plan
@@ -87,16 +102,22 @@ class PlanExecutor:
         w = plan.workload
         self.rows = w.rows
         self.wire_dtype = torch_dtype(w.dtype if plan.is_raw else w.partial_dtype)
+        if inputs.partial is not None:
+            problem = given_partial_problem(plan)
+            if problem:
+                raise ValueError(problem)
         self.steps = self._compile(plan.programs[self.rank])
         self._fault = _parse_fault()
         self._ops_done = 0
         self._pool = BufferPool(comm.device)
-        self.timeline: list[OpTiming] = []
+        self.timeline: list[MeasuredOp] = []
         self.origin: float | None = None
         """Where the next run's timeline counts from (``Comm.now`` seconds): the instant the
         ranks agreed to start, when the harness has one; else this rank's own start."""
         self._acc: torch.Tensor | None = None
         self._prepared = False
+        self._q: torch.Tensor | None = None
+        """The query gathered by an ``allgather copy q`` (decode context parallel)."""
 
     def _compile(self, program: tuple[Op, ...]) -> list[list[tuple[int, Op]]]:
         steps: list[list[tuple[int, Op]]] = []
@@ -106,14 +127,17 @@ class PlanExecutor:
             if last is not None and step < last:
                 raise PlanInvalidError(f"rank {self.rank}: step {step} follows step {last}; steps must not decrease")
             last = step
-            alone = [op for _, op in ops if op.kind in (OpKind.COMPUTE, OpKind.COLLECTIVE)]
-            if alone and len(ops) > 1:
-                raise PlanInvalidError(
-                    f"rank {self.rank}: step {step} mixes a {alone[0].kind.value} op with other ops; "
-                    "compute and collective ops are steps of their own"
-                )
+            kinds = [op.kind for _, op in ops]
+            if OpKind.COLLECTIVE in kinds and len(ops) > 1:
+                raise PlanInvalidError(f"rank {self.rank}: step {step} mixes a collective op with other ops; "
+                                       "collectives are steps of their own")
+            if kinds.count(OpKind.COMPUTE) > 1:
+                raise PlanInvalidError(f"rank {self.rank}: step {step} holds more than one compute")
             if self.plan.is_raw and any(op.kind is OpKind.COMPUTE or op.block is not None for _, op in ops):
                 raise PlanInvalidError(f"rank {self.rank}: step {step} computes or moves KV in a raw payload plan")
+            for _, op in ops:
+                if op.kind is OpKind.RECV_MERGE and op.block is not None:
+                    raise PlanInvalidError(f"rank {self.rank}: recv_merge of KV block {op.block}; use recv_copy")
             steps.append(ops)
         return steps
 
@@ -141,40 +165,39 @@ class PlanExecutor:
 
     def run(self) -> torch.Tensor:
         """Execute the rank's program once; returns its accumulator (see module legend), a
-        buffer the next iteration reuses (copy it to keep it)."""
+        buffer the next iteration reuses (copy it to keep it). In a ``heads`` plan only this
+        rank's own rows (``plan.segments[rank]``) hold the result, in ``root`` plans only the
+        root's accumulator."""
         if not self._prepared:
             self.prepare()
         self._prepared = False
         acc = self._acc
         blocks: dict[int, torch.Tensor] = {} if self.plan.is_raw else {self.rank: self.inputs.kv}
-        trio: dict[str, torch.Tensor] = {}
+        state: dict = {}
+        self._q = None
         self.timeline = []
         start = self.comm.now() if self.origin is None else self.origin
         self.origin = None
-        fresh = not self.plan.is_raw  # the accumulator holds the merge's identity until a step ran
+        empty = [not self.plan.is_raw]  # the accumulator still holds the merge's identity
         for ops in self.steps:
-            first = ops[0][1]
             for index, _ in ops:
                 self._maybe_fault(index)
             t_post = self.comm.now()
-            if first.kind is OpKind.COMPUTE:
-                kv = self._block(blocks, self.rank if first.block is None else first.block, first)
-                part = partial_attention(self.inputs.q, kv, self.kernel)
-                if fresh:
-                    # Merging into the identity gives the partial itself: a copy, not a dozen
-                    # kernels (about 200 us of CPU a rank at B4 on CPU ranks; the model charges none).
-                    acc.copy_(part)
+            first = ops[0][1]
+            if first.kind is OpKind.COLLECTIVE:
+                what = f"collective {first.coll} {first.reduce} {first.part} (step {first.step})"
+                if first.part == "q":
+                    # A Merger's partial was computed by the model with its own query: nothing to gather.
+                    if self.inputs.partial is None:
+                        self._q = gather_query(self, self.inputs.q, what)
                 else:
-                    merge_into(acc, part)
-                done = [self.comm.now()]
-            elif first.kind is OpKind.COLLECTIVE:
-                acc = self._collective(first, acc, trio)
+                    run_collective(self, first, acc, state, what)
+                    empty[0] = False
                 done = [self.comm.now()]
             else:
-                done = self._transfer_step(ops, acc, blocks)
+                done = self._step(ops, acc, blocks, empty)
             for (index, op), t_done in zip(ops, done, strict=True):
-                self.timeline.append(OpTiming(self.rank, index, op, (t_post - start) * 1e6, (t_done - start) * 1e6))
-            fresh = False
+                self.timeline.append(MeasuredOp(self.rank, index, op, (t_post - start) * 1e6, (t_done - start) * 1e6))
         return acc
 
     def _maybe_fault(self, index: int) -> None:
@@ -186,13 +209,14 @@ class PlanExecutor:
             os._exit(17)
         raise InjectedFault(f"injected fault on rank {self.rank} at op {count} (program op {index})")
 
-    def _rows(self, chunk: int | None) -> slice:
-        start, stop = chunk_rows(self.rows, self.plan.chunks, chunk)
+    def rows_of(self, chunk: int | None) -> slice:
+        """The accumulator rows of ``chunk`` (None: all)."""
+        start, stop = self.plan.chunk_range(chunk)
         return slice(start, stop)
 
     def _row_shape(self, chunk: int | None) -> tuple[int, ...]:
         """Shape of ``chunk``'s rows on the wire: raw elements, or packed partials (D + 1)."""
-        rows = self._rows(chunk)
+        rows = self.rows_of(chunk)
         n = rows.stop - rows.start
         return (n,) if self.plan.is_raw else (n, self.plan.workload.head_dim + 1)
 
@@ -201,26 +225,34 @@ class PlanExecutor:
             raise PlanInvalidError(f"rank {self.rank}: op {op.to_dict()} uses KV block {block}, which it does not hold")
         return blocks[block]
 
-    def _transfer_step(self, ops: list[tuple[int, Op]], acc: torch.Tensor,
-                       blocks: dict[int, torch.Tensor]) -> list[float]:
+    def _partial(self, op: Op, blocks: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The packed partial a COMPUTE contributes: the given one, or attention over its block."""
+        if self.inputs.partial is not None:
+            return self.inputs.partial
+        kv = self._block(blocks, self.rank if op.block is None else op.block, op)
+        q = self._q if self._q is not None else self.inputs.q
+        return partial_attention(q, kv, self.kernel)
+
+    def _step(self, ops: list[tuple[int, Op]], acc: torch.Tensor, blocks: dict[int, torch.Tensor],
+              empty: list[bool]) -> list[float]:
+        """One step of transfers, with its COMPUTE (if any) running while they fly."""
         w = self.plan.workload
-        for _, op in ops:
-            if op.kind is OpKind.RECV_MERGE and op.block is not None:
-                raise PlanInvalidError(f"rank {self.rank}: recv_merge of KV block {op.block}; use recv_copy")
+        compute = next((op for _, op in ops if op.kind is OpKind.COMPUTE), None)
+        transfers = [(i, op) for i, op in ops if op.kind is not OpKind.COMPUTE]
         # The partials merged into one chunk land side by side in one buffer, so the step
         # merges each chunk once however many it receives (``merge_many_into``).
         stacks: dict[int | None, torch.Tensor] = {}
-        merging = [op.chunk for _, op in ops if op.kind is OpKind.RECV_MERGE]
+        merging = [op.chunk for _, op in transfers if op.kind is OpKind.RECV_MERGE]
         for chunk in dict.fromkeys(merging):
             stacks[chunk] = self._pool.take((merging.count(chunk), *self._row_shape(chunk)), self.wire_dtype)
         slot: dict[int | None, int] = dict.fromkeys(stacks, 0)
         posts: list[P2P] = []
-        for _, op in ops:
+        for _, op in transfers:
             if op.kind is OpKind.SEND:
                 if op.block is not None:
                     tensor = self._block(blocks, op.block, op)
                 else:
-                    tensor = acc[self._rows(op.chunk)]
+                    tensor = acc[self.rows_of(op.chunk)]
                     if tensor.dtype != self.wire_dtype:
                         tensor = tensor.to(self.wire_dtype)
                 posts.append(P2P(True, tensor, op.peer))
@@ -233,117 +265,46 @@ class PlanExecutor:
             else:
                 posts.append(P2P(False, self._pool.take(self._row_shape(op.chunk), self.wire_dtype), op.peer))
         works = self.comm.post(posts)
+        part = None
+        t_compute = 0.0
+        if compute is not None:
+            part = self._partial(compute, blocks)  # while the transfers fly
+            t_compute = self.comm.now()
         done: list[float] = []
         if len(works) == len(posts):
-            for (_, op), work in zip(ops, works, strict=True):
+            for (_, op), work in zip(transfers, works, strict=True):
                 self.comm.wait(work, f"{op.kind.value} chunk {op.chunk} with rank {op.peer} (step {op.step})")
                 done.append(self.comm.now())
         else:  # NCCL coalesces a batch into fewer handles: one completion time for all
             for work in works:
-                self.comm.wait(work, f"step {ops[0][1].step} with ranks {sorted({op.peer for _, op in ops})}")
+                self.comm.wait(work, f"step {ops[0][1].step} with ranks {sorted({op.peer for _, op in transfers})}")
             done = [self.comm.now()] * len(posts)
-        # Merges and copies land only now, at the end of the step (IR semantics). A step
-        # never both copies into and merges into one chunk (the validator's rule), so their
-        # order does not matter, and merges commute.
-        for (_, op), post in zip(ops, posts, strict=True):
+        # What the step computed and received lands only now, at its end (IR semantics). A
+        # step never both copies into and merges into one chunk, nor computes beside a copy
+        # (the validator's rules), so their order does not matter, and merges commute.
+        if part is not None:
+            if empty[0]:
+                acc.copy_(part)  # merging into the identity gives the partial itself
+            else:
+                merge_into(acc, part)
+        for (_, op), post in zip(transfers, posts, strict=True):
             if op.kind is OpKind.RECV_COPY:
                 if op.block is not None:
                     blocks[op.block] = post.tensor  # held to the end of the iteration
                 else:
-                    acc[self._rows(op.chunk)] = post.tensor.to(acc.dtype)
+                    acc[self.rows_of(op.chunk)] = post.tensor.to(acc.dtype)
                     self._pool.release(post.tensor)
         for chunk, stack in stacks.items():
-            target = acc[self._rows(chunk)]
+            target = acc[self.rows_of(chunk)]
             if self.plan.is_raw:
                 sum_many_into(target, stack)
             else:
                 merge_many_into(target, stack)
             self._pool.release(stack)
-        return done
-
-    # -- collectives -----------------------------------------------------------------------
-
-    def _collective(self, op: Op, acc: torch.Tensor, trio: dict[str, torch.Tensor]) -> torch.Tensor:
-        rows = self._rows(op.chunk)
-        what = f"collective {op.coll} {op.reduce} {op.part} over rows {rows.start}:{rows.stop} (step {op.step})"
-        part = acc[rows]
-        if self.plan.is_raw:
-            if op.part != "partial" or op.reduce != "sum":
-                raise PlanInvalidError(f"rank {self.rank}: {what} is not defined for a raw payload; use sum partial")
-            if op.coll == "allreduce":
-                self.comm.all_reduce(part, "sum", what)
-            else:
-                gathered = self.comm.all_gather(part, what)
-                total = gathered[0].clone()
-                for other in gathered[1:]:
-                    sum_into(total, other)
-                part.copy_(total)
-            return acc
-        combo = (op.coll, op.reduce, op.part)
-        if combo == ("allgather", "merge", "partial"):
-            part.copy_(merge_many(torch.stack(self.comm.all_gather(part.to(self.wire_dtype), what))))
-        elif combo == ("allreduce", "merge", "partial"):
-            # No library reduces with the merge: a max of lse, then one sum of (w * o, w) rows.
-            m = self.comm.all_reduce(part[:, -1].contiguous(), "max", what + " (max lse)")
-            w = _weights(part[:, -1], m)
-            packed = torch.cat([w.unsqueeze(1) * part[:, :-1], w.unsqueeze(1)], dim=1).to(self.wire_dtype)
-            packed = self.comm.all_reduce(packed, "sum", what + " (sum)").float()
-            _finish(part, m, packed[:, :-1], packed[:, -1])
-        elif combo in (("allreduce", "max", "lse"), ("allreduce", "sum", "num"), ("allreduce", "sum", "den")):
-            self._trio(op.part, rows, part, trio, what)
-        else:
-            raise PlanInvalidError(
-                f"rank {self.rank}: {what} is not executable; attention plans use allgather/allreduce merge "
-                "partial or the trio allreduce max lse, allreduce sum num, allreduce sum den"
-            )
-        return acc
-
-    def _trio(self, name: str, rows: slice, part: torch.Tensor, trio: dict[str, torch.Tensor], what: str) -> None:
-        # Row-wise state, so the three parts may use different chunkings; each takes effect
-        # only when all three have run over a row.
-        d = part.shape[1] - 1
-        if not trio:
-            dev = part.device
-            trio.update(m=torch.zeros(self.rows, device=dev), num=torch.zeros(self.rows, d, device=dev),
-                        den=torch.zeros(self.rows, device=dev))
-            for k in ("lse", "num", "den"):
-                trio[f"has_{k}"] = torch.zeros(self.rows, dtype=torch.bool, device=dev)
-        lse = part[:, -1]
-        if name == "lse":
-            trio["m"][rows] = self.comm.all_reduce(lse.contiguous(), "max", what)
-        else:
-            if not bool(trio["has_lse"][rows].all()):
-                raise PlanInvalidError(
-                    f"rank {self.rank}: {what} runs before allreduce max lse of its rows; this executor needs the "
-                    "max first (the weights exp(lse - max) depend on it)"
-                )
-            w = _weights(lse, trio["m"][rows])
-            if name == "num":
-                num = (w.unsqueeze(1) * part[:, :-1]).to(self.wire_dtype)
-                trio["num"][rows] = self.comm.all_reduce(num, "sum", what).float()
-            else:
-                trio["den"][rows] = self.comm.all_reduce(w, "sum", what)
-        trio[f"has_{name}"][rows] = True
-        full = trio["has_lse"][rows] & trio["has_num"][rows] & trio["has_den"][rows]
-        if bool(full.any()):
-            idx = torch.nonzero(full).flatten()
-            sub = part[idx]
-            gidx = idx + rows.start
-            _finish(sub, trio["m"][gidx], trio["num"][gidx], trio["den"][gidx])
-            part[idx] = sub
-            for k in ("lse", "num", "den"):
-                trio[f"has_{k}"][gidx] = False
-
-
-def _weights(lse: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """exp(lse - m), 0 for empty rows, and no exp(nan) where every rank is empty (m = -inf)."""
-    shift = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    return torch.where(torch.isneginf(lse), torch.zeros_like(lse), torch.exp(lse - shift))
-
-
-def _finish(part: torch.Tensor, m: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> None:
-    """part <- (num / den, m + log den), the empty partial where den = 0."""
-    live = den > 0
-    safe = torch.where(live, den, torch.ones_like(den))
-    part[:, :-1] = torch.where(live.unsqueeze(1), num / safe.unsqueeze(1), torch.zeros_like(num))
-    part[:, -1] = torch.where(live, m + torch.log(safe), torch.full_like(m, float("-inf")))
+        if part is not None or stacks or any(op.kind is OpKind.RECV_COPY and op.block is None for _, op in transfers):
+            empty[0] = False
+        out: list[float] = []
+        it = iter(done)
+        for _, op in ops:
+            out.append(t_compute if op.kind is OpKind.COMPUTE else next(it))
+        return out

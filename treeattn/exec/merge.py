@@ -1,17 +1,17 @@
 """The merge operator of DESIGN.md section 1 on packed partials.
 
 Legend: a *packed* partial is a ``(rows, D + 1)`` fp32 tensor, row ``r`` = (o_r, lse_r):
-``[:, :D]`` the output, ``[:, D]`` the log-sum-exp. Rows are batch-major (row = b * Hq + h),
-so a chunk of rows (``treeattn.plan.ir.chunk_rows``) is one contiguous slice. The *empty*
-partial is (0, -inf): the identity of the merge.
+``[:, :D]`` the output, ``[:, D]`` the log-sum-exp. Rows are head-major (row = h * B + b,
+``pack_heads``), so a chunk of rows (``Plan.chunk_range``) is one contiguous slice and so is
+a range of query heads. The *empty* partial is (0, -inf): the identity of the merge.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["empty_partial", "clear_partial", "pack", "unpack", "merge_into", "merge", "merge_many", "merge_many_into",
-           "sum_into", "sum_many_into"]
+__all__ = ["empty_partial", "clear_partial", "pack", "unpack", "pack_heads", "pack_heads_into", "unpack_heads",
+           "merge_into", "merge", "merge_many", "merge_many_into", "sum_into", "sum_many_into"]
 
 _NEG_INF = float("-inf")
 _FLOAT_MIN = torch.finfo(torch.float32).min
@@ -55,6 +55,28 @@ def pack(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
 def unpack(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Views (o, lse) of a packed partial: ``(rows, D)`` and ``(rows,)``."""
     return packed[:, :-1], packed[:, -1]
+
+
+def pack_heads(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """Pack a model's ``o (B, Hq, D)`` and ``lse (B, Hq)`` into head-major rows ``(Hq * B, D + 1)`` fp32."""
+    bsz, hq, d = o.shape
+    return pack_heads_into(torch.empty(hq * bsz, d + 1, dtype=torch.float32, device=o.device), o, lse)
+
+
+def pack_heads_into(out: torch.Tensor, o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """``pack_heads`` into an existing ``(Hq * B, D + 1)`` buffer (no allocation)."""
+    bsz, hq, d = o.shape
+    view = out.view(hq, bsz, d + 1)
+    view[:, :, :d].copy_(o.transpose(0, 1))
+    view[:, :, d].copy_(lse.transpose(0, 1))
+    return out
+
+
+def unpack_heads(packed: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views ``o (B, H, D)`` and ``lse (B, H)`` of head-major packed rows ``(H * B, D + 1)``."""
+    rows, d1 = packed.shape
+    view = packed.view(rows // batch, batch, d1).transpose(0, 1)
+    return view[..., :-1], view[..., -1]
 
 
 def merge_into(acc: torch.Tensor, other: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Predicted times for what a run measures: the simulator on the plan and on the baselines'
-plans (the builders' ``allreduce3``, ``allgather-merge`` and ``ring-attention``), on the
-plan's topology, so every measured row has its prediction beside it.
+plans (``treeattn.plan.baselines.baselines_for`` the plan's result layout, ring attention on
+the topology's ring), on the plan's topology, so every measured row has its prediction beside it.
 """
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from treeattn.errors import TreeattnError
+from treeattn.plan.baselines import Baseline, baselines_for, parse_result
 from treeattn.plan.ir import Plan, TopologyRef
 from treeattn.topology.model import Topology
 
-__all__ = ["Predictions", "resolve_topology", "predict"]
+__all__ = ["Predictions", "resolve_topology", "predict", "plan_baselines"]
 
 
 @dataclass(slots=True)
@@ -75,19 +76,32 @@ def _simulate(plan: Plan, topo: Topology) -> float:
     return float(simulate(plan, topo, timeline=False).predicted_us)
 
 
-def predict(plan: Plan, topo: Topology | None, baselines: tuple[str, ...] = ()) -> Predictions:
+def plan_baselines(plan: Plan, topo: Topology | None) -> tuple[list[Baseline], tuple[int, ...] | None]:
+    """The baselines of ``plan``'s payload and result layout, and the ring ring attention runs
+    on (``treeattn.search.rings.ring_order`` of ``topo``; None without a topology: rank order)."""
+    ring = None
+    if topo is not None and topo.num_ranks == plan.ranks and not plan.is_raw:
+        from treeattn.search.rings import ring_order
+
+        ring = tuple(ring_order(topo)[1])
+    result = plan.result
+    layout, root = ("all", None) if result.startswith("ranks:") else parse_result(result, plan.ranks)
+    return baselines_for(plan.workload, layout, root, ring), ring
+
+
+def predict(plan: Plan, topo: Topology | None, baselines: list[Baseline] | tuple[Baseline, ...] = ()) -> Predictions:
     """Simulate ``plan`` and each baseline's builder plan on ``topo``.
 
     Args:
         plan: the plan run.
         topo: from ``resolve_topology`` (None: every prediction is None).
-        baselines: baseline method names (``allreduce3``, ``allgather-merge``, ``ring-attention``).
+        baselines: the baselines run beside it (``plan_baselines``).
 
     Returns:
-        ``Predictions`` keyed by method (``plan`` and the baselines).
+        ``Predictions`` keyed by method (``plan`` and the baselines' names).
     """
     out = Predictions(topology=topo.name if topo is not None else plan.topology.name)
-    out.us = {m: None for m in ("plan", *baselines)}
+    out.us = {m: None for m in ("plan", *(b.name for b in baselines))}
     if topo is None:
         return out
     try:
@@ -97,14 +111,11 @@ def predict(plan: Plan, topo: Topology | None, baselines: tuple[str, ...] = ()) 
         return out
     except TreeattnError as exc:
         out.warnings.append(f"cannot simulate the plan: {exc}")
-    for name in baselines:
-        try:
-            from treeattn.plan.builders import build
+    from treeattn.plan.builders import build
 
-            out.us[name] = _simulate(build(name, plan.workload, TopologyRef.of(topo)), topo)
-        except ImportError:
-            out.warnings.append("no plan builders (treeattn.plan.builders): baseline predictions skipped")
-            break
+    for b in baselines:
+        try:
+            out.us[b.name] = _simulate(build(b.name, plan.workload, TopologyRef.of(topo), **b.kwargs), topo)
         except TreeattnError as exc:
-            out.warnings.append(f"cannot predict baseline {name}: {exc}")
+            out.warnings.append(f"cannot predict baseline {b.name}: {exc}")
     return out

@@ -41,10 +41,11 @@ from treeattn.exec.attention import (
     resolve_kernel,
     torch_dtype,
 )
-from treeattn.exec.baselines import ATTENTION_BASELINES, RAW_BASELINES, library_allreduce, run_attention_baseline
+from treeattn.exec.baselines import library_collective, run_attention_baseline, segments
 from treeattn.exec.comm import BufferPool, Comm
-from treeattn.exec.interpreter import OpTiming, PlanExecutor, RankInputs
+from treeattn.exec.interpreter import MeasuredOp, PlanExecutor, RankInputs
 from treeattn.exec.merge import unpack
+from treeattn.plan.baselines import baselines_for, parse_result
 from treeattn.plan.ir import Plan
 from treeattn.units import DType
 from treeattn.workload import Payload, RawPayload, Workload
@@ -72,7 +73,8 @@ class RunOptions:
     backend: str | None = None
     """``gloo`` or ``nccl``; None follows the devices (NCCL when CUDA is present)."""
     check: str = "root"
-    """``root``: the plan's first result rank checks (rank 0 for baselines); ``all``: every result rank."""
+    """``root``: the plan's first result rank checks (rank 0 for baselines); ``all``: every result
+    rank. In a ``heads`` layout every rank checks its own rows either way."""
     seed: int = 0
     baselines: bool = False
     """Also run the baselines on the plan's workload (once per distinct workload in a job)."""
@@ -103,8 +105,13 @@ class PlanJob:
     plan: Plan
     repeats: int | None = None
     """Timed runs of this plan and of the baselines run on its workload (None: the options')."""
+    ring_order: tuple[int, ...] | None = None
+    """The ring the ring-attention baseline runs on (``treeattn.search.rings.ring_order`` of the
+    topology; None: rank order). The prediction builds its plan on the same ring."""
 
     def __post_init__(self) -> None:
+        if self.ring_order is not None and sorted(self.ring_order) != list(range(self.plan.ranks)):
+            raise InputError(f"the ring order of {self.label!r} must list the {self.plan.ranks} ranks once each")
         if self.repeats is not None and self.repeats < 1:
             raise InputError(f"repeats of {self.label!r} must be >= 1, got {self.repeats}")
 
@@ -143,7 +150,7 @@ class Measurement:
     """Largest relative error over the checked ranks and the two checked iterations."""
     tolerance: float
     checked_ranks: tuple[int, ...]
-    timeline: tuple[OpTiming, ...] = ()
+    timeline: tuple[MeasuredOp, ...] = ()
     """``plan`` only: every rank's ops in the last timed iteration."""
     cpu_us: tuple[float, ...] = ()
     """Per rank, the median over the timed iterations of the CPU time its process used
@@ -233,6 +240,10 @@ class _Timed:
     executor: PlanExecutor | None = None
     contributors: tuple[int, ...] | None = None
     prepare: Callable[[], None] = lambda: None
+    rows: tuple[int, int] | None = None
+    """The reference rows this rank's result holds (its heads); None: every row."""
+    sliced: bool = False
+    """The method returns only ``rows`` (else every row, of which ``rows`` are checked)."""
     margin: float = _MIN_MARGIN_S
     delay: float = 0.0
     first: torch.Tensor | None = None
@@ -325,7 +336,13 @@ class _RankRun:
         ref = self.reference(t.payload, t.contributors)
         err = -1.0
         if comm.rank in t.check_ranks:
-            err = max(relative_error(t.first, ref, raw), relative_error(t.last, ref, raw))
+            first, last = t.first, t.last
+            if t.rows is not None:
+                a, b = t.rows
+                ref = ref[a:b]
+                if not t.sliced:
+                    first, last = first[a:b], last[a:b]
+            err = max(relative_error(first, ref, raw), relative_error(last, ref, raw))
         local = torch.tensor([err, *t.starts, *t.ends, statistics.median(t.cpus) * 1e6], dtype=torch.float64,
                              device=comm.device)
         rows = torch.stack(comm.all_gather(local, f"{t.method} result gathering", setup=True)).cpu()
@@ -373,32 +390,52 @@ class _RankRun:
         executor = PlanExecutor(plan, comm, inputs, kernel)
         result_ranks = tuple(sorted(plan.result_ranks)) or (0,)
         checks = result_ranks if opt.check == "all" else result_ranks[:1]
+        rows = None
+        if plan.layout == "heads":
+            checks, rows = tuple(range(comm.world)), plan.segments[comm.rank]
         repeats = pj.repeats or opt.repeats
         out = [_Timed(pj.label, "plan", executor.run, w, checks, repeats, executor,
-                      getattr(plan, "contributors", None), executor.prepare)]
-        if opt.baselines and (repr(w), "baselines") not in self._baselines_done:
-            self._baselines_done.add((repr(w), "baselines"))
-            everyone = tuple(range(comm.world)) if opt.check == "all" else (0,)
+                      getattr(plan, "contributors", None), executor.prepare, rows=rows)]
+        if opt.baselines and (repr(w), plan.result, "baselines") not in self._baselines_done:
+            self._baselines_done.add((repr(w), plan.result, "baselines"))
+            layout, root = parse_result(plan.result, plan.ranks) if not plan.result.startswith("ranks:") else (
+                "all", None)
             pool = BufferPool(comm.device)
-            for name in RAW_BASELINES if plan.is_raw else ATTENTION_BASELINES:
+            for b in baselines_for(w, layout, root, pj.ring_order):
+                kind = b.result
+                everyone = tuple(range(comm.world)) if opt.check == "all" else (0,)
+                brows, sliced = None, False
+                if kind == "heads":
+                    everyone, sliced = tuple(range(comm.world)), True
+                    brows = segments(w, comm.world)[comm.rank] if not plan.is_raw else plan.segments[comm.rank]
+                elif kind == "root":
+                    everyone = (b.kwargs["root"],)
                 if plan.is_raw:
-                    work = torch.empty_like(inputs.raw)
+                    out.append(self._raw_baseline(pj, b, inputs, w, everyone, repeats, brows))
+                    continue
+                wire = torch_dtype(w.partial_dtype)
 
-                    def prepare(work=work, buf=inputs.raw):
-                        work.copy_(buf)
+                def fn(b=b, wire=wire, w=w):
+                    return run_attention_baseline(b.name, comm, inputs.q, inputs.kv, w, kernel, wire, pool,
+                                                  result=b.result, root=b.kwargs.get("root", 0),
+                                                  order=b.kwargs.get("order"))
 
-                    def fn(work=work):
-                        return library_allreduce(comm, work)
-
-                    out.append(_Timed(pj.label, name, fn, w, everyone, repeats, prepare=prepare))
-                else:
-                    wire = torch_dtype(w.partial_dtype)
-
-                    def fn(name=name, wire=wire, w=w):
-                        return run_attention_baseline(name, comm, inputs.q, inputs.kv, w, kernel, wire, pool)
-
-                    out.append(_Timed(pj.label, name, fn, w, everyone, repeats))
+                out.append(_Timed(pj.label, b.name, fn, w, everyone, repeats, rows=brows, sliced=sliced))
         return out
+
+    def _raw_baseline(self, pj: PlanJob, b, inputs: RankInputs, w: Payload, checks: tuple[int, ...],  # noqa: ANN001
+                      repeats: int, rows: tuple[int, int] | None) -> _Timed:
+        """A raw payload's library collective (all-reduce, reduce-scatter or reduce)."""
+        work = torch.empty_like(inputs.raw)
+
+        def prepare(work=work, buf=inputs.raw):
+            work.copy_(buf)
+
+        def fn(work=work):
+            return library_collective(self.comm, work, b.result, b.kwargs.get("root", 0))
+
+        return _Timed(pj.label, b.name, fn, w, checks, repeats, prepare=prepare, rows=rows,
+                      sliced=b.result == "heads")
 
     def run(self) -> list[Measurement]:
         """Measure every method of the job in the options' order."""

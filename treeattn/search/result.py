@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from treeattn.plan.baselines import baselines_for
 from treeattn.plan.ir import Plan
 from treeattn.search.evaluate import Evaluator, Schedule
 from treeattn.topology.model import Topology
@@ -57,10 +58,9 @@ class SearchResult:
     """The top candidates, fastest first (``candidates[0]`` is ``best``)."""
     lower_bound_us: float
     baselines: dict[str, float | None]
-    """``allreduce3_nccl_us`` (or ``allreduce_nccl_us`` for raw payloads), ``allgather_merge_us``,
-    ``ring_attention_us`` (None where not simulated). The library calls are timed as the
-    simulator times COLLECTIVE steps: NCCL's model on GPUs, gloo's schedules on host ranks
-    (the ``_nccl`` in the keys is historical)."""
+    """Predicted time of each baseline of the result layout (``baselines``; None where not
+    simulated). The library calls are timed as the simulator times COLLECTIVE steps: NCCL's
+    model on GPUs, gloo's schedules on host ranks (the ``_nccl`` in two keys is historical)."""
     stats: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -82,22 +82,26 @@ def baselines(
     ev: Evaluator | None = None,
     *,
     ring_max_ranks: int | None = RING_ATTENTION_MAX_RANKS,
+    result: str = "all",
+    root: int | None = None,
 ) -> dict[str, float | None]:
-    """Predicted times of what libraries and the paper do, as the simulator times them.
+    """Predicted times of what libraries, papers and serving engines do for ``result``
+    (``treeattn.plan.baselines.baselines_for``), as the simulator times them.
 
     Returns:
-        ``allreduce3_nccl_us`` (attention: the paper's three all-reduces, each timed by the
-        NCCL model) or ``allreduce_nccl_us`` (raw: one NCCL all-reduce), ``allgather_merge_us``,
-        and ``ring_attention_us`` (attention only; None above ``ring_max_ranks`` ranks, which
-        None lifts).
+        Per baseline its ``Baseline.key`` (``allreduce3_nccl_us``, ``allreduce2_us``,
+        ``allgather_merge_us``, ``dcp_ag_rs_us``, ``dcp_a2a_us``, ``ring_attention_us``; raw:
+        ``allreduce_nccl_us``, ...) and its time; ring attention runs on the topology's ring
+        (``treeattn.search.rings``) and is None above ``ring_max_ranks`` ranks (None lifts it).
     """
+    from treeattn.search.rings import ring_order
+
     ev = ev or Evaluator(topo, payload)
+    ring = ring_order(topo)[1] if isinstance(payload, Workload) else None
     out: dict[str, float | None] = {}
-    if isinstance(payload, Workload):
-        out["allreduce3_nccl_us"] = ev.time_us(Schedule("allreduce3", "allreduce3", {}), 1)
-        out["ring_attention_us"] = (ev.time_us(Schedule("ring-attention", "ring-attention", {}), 1)
-                                    if ring_max_ranks is None or topo.num_ranks <= ring_max_ranks else None)
-    else:
-        out["allreduce_nccl_us"] = ev.time_us(Schedule("allreduce", "allreduce", {}), 1)
-    out["allgather_merge_us"] = ev.time_us(Schedule("allgather-merge", "allgather-merge", {}), 1)
+    for b in baselines_for(payload, result, root, ring):
+        if b.name == "ring-attention" and ring_max_ranks is not None and topo.num_ranks > ring_max_ranks:
+            out[b.key] = None
+            continue
+        out[b.key] = ev.time_us(Schedule(b.name, b.name, b.kwargs), 1)
     return {k: (None if v is None or math.isinf(v) else v) for k, v in out.items()}

@@ -28,6 +28,9 @@ from typing import Any
 
 from treeattn.cost.bounds import lower_bounds
 from treeattn.errors import InputError
+from treeattn.plan.baselines import baselines_for
+from treeattn.plan.builders import ALGORITHMS
+from treeattn.plan.trees import reroot, rotated
 from treeattn.search.candidates import (
     HIER_SHAPES,
     Layout,
@@ -44,7 +47,7 @@ from treeattn.search.exhaustive import exhaustive_trees
 from treeattn.search.moves import hill_climb
 from treeattn.search.result import RING_ATTENTION_MAX_RANKS, Candidate, SearchResult, baselines
 from treeattn.topology.model import Topology
-from treeattn.workload import Payload
+from treeattn.workload import Payload, Workload
 
 __all__ = [
     "Candidate",
@@ -143,10 +146,40 @@ def _level_sets(lay: Layout, limit: int) -> list[tuple[int, ...]]:
     return sets[:limit]
 
 
+def for_result(sched: Schedule, p: int, result: str, root: int | None) -> Schedule | None:
+    """``sched`` made for another result layout (None where its algorithm cannot deliver it):
+    ``heads`` reduces each rank's rows along the schedule's tree re-rooted at that rank;
+    ``root`` re-roots the one tree at ``root``."""
+    if result == "all":
+        return sched
+    spec = ALGORITHMS[sched.algorithm]
+    if result not in spec.results or (result == "heads" and sched.kwargs.get("groups") is not None
+                                      and sched.algorithm == "direct"):
+        return None
+    kw = dict(sched.kwargs, result=result)
+    describe = dict(sched.describe, result=result)
+    if result == "root":
+        assert root is not None
+        if kw.get("order") is not None:
+            kw["order"] = rotated(kw["order"], root)
+        elif sched.algorithm == "tree":
+            kw["parents"] = reroot(kw["parents"], root)
+        else:
+            kw["root"] = root
+        return replace(sched, kwargs=kw, describe=describe)
+    kw.pop("root", None)
+    # Each rank's rows are one segment: p segments of ``chunks`` pieces; a chain or ring
+    # reduce-scatter still runs p - 1 transfers deep.
+    return replace(sched, kwargs=kw, describe=describe, rows_per_chunk=p,
+                   chain_steps=p - 1 if sched.chain_steps else 0)
+
+
 def search(
     topo: Topology,
     workload: Payload,
     *,
+    result: str = "all",
+    root: int | None = None,
     seed: int = 0,
     top_k: int = 10,
     chunk_choices: tuple[int, ...] | None = None,
@@ -154,11 +187,14 @@ def search(
     effort: Effort | None = None,
     families: Collection[str] | None = None,
 ) -> SearchResult:
-    """Find the fastest reduction schedule for ``workload`` on ``topo`` (every rank gets the result).
+    """Find the fastest reduction schedule for ``workload`` on ``topo`` for a result layout.
 
     Args:
         topo: the topology (its rank count must match the workload's).
         workload: a decode shape (the merge of attention partials) or a raw payload (a sum).
+        result: ``all`` (every rank gets every row), ``heads`` (each rank its own query
+            heads) or ``root`` (rank ``root`` only); ``treeattn.plan.baselines.parse_result``.
+        root: the root rank of ``root`` (default 0).
         seed: seeds the local-improvement moves; same seed, same result.
         top_k: candidates returned.
         chunk_choices: chunk counts to try (default: powers of two up to the rows).
@@ -187,10 +223,24 @@ def search(
         unknown = sorted(set(families) - set(FAMILIES))
         if unknown:
             raise InputError(f"unknown candidate families {unknown}; choose from {', '.join(FAMILIES)}")
+    if result not in ("all", "heads", "root"):
+        raise InputError(f"result must be all, heads or root, got {result!r}")
+    if result == "root":
+        root = 0 if root is None else root
+        if type(root) is not int or not 0 <= root < p:
+            raise InputError(f"root {root!r} is out of range: there are {p} ranks")
     choices = tuple(chunk_choices) if chunk_choices else default_chunk_choices(workload, p)
     if any((not isinstance(c, int)) or c < 1 for c in choices):
         raise InputError(f"chunk choices must be positive integers, got {list(choices)}")
-    run = _Run(topo, workload, effort or effort_for(p), tuple(sorted(set(choices))), seed, families, progress)
+    if result == "heads":
+        units = workload.q_heads if isinstance(workload, Workload) else workload.rows
+        if p > units:
+            what = "query heads" if isinstance(workload, Workload) else "elements"
+            raise InputError(f"result heads gives every rank its own share: {units} {what} cannot go to {p} ranks")
+        # chunks count the pieces of one rank's rows here
+        choices = tuple(c for c in choices if c * p <= workload.rows) or (1,)
+    run = _Run(topo, workload, effort or effort_for(p), tuple(sorted(set(choices))), seed, families, progress,
+               result, root)
     run.screen()
     run.sweep()
     run.hierarchies()
@@ -203,9 +253,11 @@ class _Run:
     """One search's state: the evaluator, the pool of scored schedules and the stage methods."""
 
     def __init__(self, topo: Topology, workload: Payload, eff: Effort, choices: tuple[int, ...], seed: int,
-                 families: Collection[str] | None, progress: Progress | None) -> None:
+                 families: Collection[str] | None, progress: Progress | None, result: str = "all",
+                 root: int | None = None) -> None:
         self.topo, self.workload, self.eff, self.choices, self.seed = topo, workload, eff, choices, seed
         self.families = families
+        self.layout, self.root = result, root
         self.rng = random.Random(seed)
         self.lay = layout_of(topo)
         self.ev = Evaluator(topo, workload)
@@ -222,11 +274,15 @@ class _Run:
             candidates = [s for s in candidates if s.family in families]
             if "hierarchical" not in families:
                 self.hier_start = []
+        candidates = [c for c in (self._fit(s) for s in candidates) if c is not None]
         self.candidates = candidates
         self.order: list[Schedule] = []
         self._progress = progress
         self._done = 0
         self._total = 2 * len(candidates) + len(self.hier_start) + eff.improve_starts + 1
+
+    def _fit(self, sched: Schedule) -> Schedule | None:
+        return for_result(sched, self.topo.num_ranks, self.layout, self.root)
 
     def _tick(self, stage: str) -> None:
         self._done += 1
@@ -259,14 +315,18 @@ class _Run:
     def hierarchies(self) -> None:
         """Coordinate descent over the shape of each level of each hierarchy."""
         for level_ids, shapes in self.hier_start:
-            cur = hierarchical_schedule(self.lay, level_ids, shapes)
+            cur = self._fit(hierarchical_schedule(self.lay, level_ids, shapes))
+            if cur is None:
+                continue
             cur_c, cur_t = self.pool.get(cur.key, (self.choices[0], math.inf))
             for j in range(len(shapes)):
                 for alt in HIER_SHAPES[: self.eff.hier_shapes]:
                     if alt == shapes[j]:
                         continue
                     trial = shapes[:j] + [alt] + shapes[j + 1:]
-                    sched = hierarchical_schedule(self.lay, level_ids, trial)
+                    sched = self._fit(hierarchical_schedule(self.lay, level_ids, trial))
+                    if sched is None:
+                        continue
                     t = self.ev.time_us(sched, cur_c, min(cur_t, self.pool.best_t * self.eff.slack))
                     self.pool.add(sched, cur_c, t)
                     if t < cur_t:
@@ -279,13 +339,15 @@ class _Run:
     def improve(self) -> None:
         """Hill climbing from the best single trees (within ``improve_slack`` of the best)."""
         eff, ev = self.eff, self.ev
+        if self.layout == "heads":
+            return  # the climb's moves change one tree; a heads plan is a forest of them
         limit = self.pool.best_t * eff.improve_slack if eff.improve_slack is not None else math.inf
         starts = [x for x in self.pool.ranked() if x[0].algorithm in TREE_ALGORITHMS and x[2] <= limit]
         climb = {"cutoff": math.inf, "chunks": 1}
 
         def score(tree: tuple[int, ...]) -> float:
             # Trees that cannot beat the climb's current one are not simulated.
-            return ev.time_us(Schedule("improved", "tree", {"parents": list(tree)}), climb["chunks"],
+            return ev.time_us(self._fit(Schedule("improved", "tree", {"parents": list(tree)})), climb["chunks"],
                               climb["cutoff"])
 
         def moved(t: float) -> None:
@@ -299,8 +361,8 @@ class _Run:
             self.climbs.append({"from": sched.family, "describe": sched.describe, "start_us": t,
                                 "end_us": res.score, "trees_scored": res.evaluated, "moves": len(res.accepted)})
             if res.accepted:
-                better = Schedule("improved", "tree", {"parents": list(res.par)},
-                                  {"from": sched.family, **sched.describe, "moves": len(res.accepted)})
+                better = self._fit(Schedule("improved", "tree", {"parents": list(res.par)},
+                                            {"from": sched.family, **sched.describe, "moves": len(res.accepted)}))
                 c2, t2 = sweep_chunks(ev, better, self.choices, patience=eff.patience, start=c, cutoff=self._best)
                 self.pool.add(better, c2, min(t2, res.score) if c2 == c else t2)
                 self.moves_of[better.key] = list(res.accepted)
@@ -308,8 +370,8 @@ class _Run:
 
     def exact(self) -> None:
         """Every rooted tree, where p is small enough (pruned against the best so far)."""
-        if self.topo.num_ranks > self.eff.exact_ranks or (self.families is not None
-                                                          and "exhaustive" not in self.families):
+        if self.topo.num_ranks > self.eff.exact_ranks or self.layout != "all" or (
+                self.families is not None and "exhaustive" not in self.families):
             return
         ex = exhaustive_trees(self.topo, self.workload, chunk_choices=self.choices, evaluator=self.ev,
                               cutoff=self.pool.best_t)
@@ -319,14 +381,15 @@ class _Run:
 
     def result(self, top_k: int) -> SearchResult:
         """Rank the pool, time the baselines, and describe the winning plan."""
-        base = baselines(self.topo, self.workload, self.ev)
+        base = baselines(self.topo, self.workload, self.ev, result=self.layout, root=self.root)
         self._tick("baselines")
         # The library's own collectives are executable plans too: where one of them is the
         # fastest schedule on this wiring, the planner says so rather than pick a slower tree.
-        for name, key in (("allreduce3", "allreduce3_nccl_us"), ("allreduce", "allreduce_nccl_us"),
-                          ("allgather-merge", "allgather_merge_us")):
-            if base.get(key) is not None and (self.families is None or name in self.families):
-                self.pool.add(Schedule(name, name, {}), 1, base[key])
+        for b in baselines_for(self.workload, self.layout, self.root):
+            if b.name != "ring-attention" and base.get(b.key) is not None and (self.families is None
+                                                                             or b.name in self.families):
+                self.pool.add(Schedule(b.name, b.name, b.kwargs, {"result": self.layout} if b.kwargs else {}), 1,
+                              base[b.key])
         ranked = self.pool.ranked()
         if not ranked:
             raise InputError(f"no schedule could be built for {self.topo.num_ranks} ranks and "
