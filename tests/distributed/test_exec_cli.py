@@ -38,7 +38,7 @@ def test_run_end_to_end_json(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "warning" not in proc.stderr
     rows = json.loads(proc.stdout)
-    assert [r["method"] for r in rows] == ["plan", "allreduce3", "allgather-merge", "ring-attention"]
+    assert [r["method"] for r in rows] == ["plan", "allreduce3", "allreduce2", "allgather-merge", "ring-attention"]
     for r in rows:
         assert set(r) == set(COLUMNS)
         assert r["correct"] is True and r["max_rel_err"] < 1e-5
@@ -46,7 +46,7 @@ def test_run_end_to_end_json(tmp_path):
         assert r["predicted_us"] > 0 and r["measured_median_us"] > 0
         assert r["rel_error"] == pytest.approx(r["measured_median_us"] / r["predicted_us"] - 1, abs=1e-3)
     frame = pd.read_csv(out)
-    assert list(frame.columns) == list(COLUMNS) and len(frame) == 4
+    assert list(frame.columns) == list(COLUMNS) and len(frame) == 5
     timeline = pd.read_csv(out.with_name("rows.timeline.csv"))
     plan_ops = sum(len(p) for p in build("binomial", W2, resolve("cpu:ranks=2"), chunks=2).programs)
     assert len(timeline) == plan_ops and set(timeline["rank"]) == {0, 1}

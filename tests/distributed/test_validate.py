@@ -19,7 +19,7 @@ from treeattn.emulate.cluster import STATE_DIR
 from treeattn.emulate.netns import list_namespaces
 from treeattn.report import ROW_COLUMNS, load_folder
 from treeattn.topology.library import resolve
-from treeattn.validate import BASELINES, CalibrationSettings, TopologyTarget, ValidateOptions, default_cases, validate
+from treeattn.validate import CalibrationSettings, TopologyTarget, ValidateOptions, default_cases, validate
 from treeattn.validate.run import case_rounds
 
 pytestmark = NETNS
@@ -37,7 +37,7 @@ def test_tiny_validate_end_to_end(tmp_path: Path):
     before = _ours()
     full = resolve("emu-2x4")
     topo = dataclasses.replace(full, name="emu-2x4[ranks 0,4]", ranks=(full.ranks[0], full.ranks[4]))
-    cases = tuple(default_cases(topo, batches=(1, 4), long_tokens_per_rank=0))
+    cases = tuple(default_cases(topo, batches=(1,), heads_batches=(4,), long_tokens_per_rank=0))
     options = ValidateOptions(repeats=2, case_seconds=0.2, warmup=0, families=("star", "butterfly"), op_timeout_s=60,
                               job_timeout_s=300, reuse=False,
                               calibration=CalibrationSettings(max_bytes=64 << 10, sizes=4, repeats=3, warmup=0,
@@ -48,9 +48,11 @@ def test_tiny_validate_end_to_end(tmp_path: Path):
 
     rows = pd.read_csv(out / "rows.csv")
     assert list(rows.columns) == list(ROW_COLUMNS)
-    assert sorted(set(rows["case"])) == ["B1", "B4"]
-    for _, grp in rows.groupby("case"):
-        assert set(BASELINES) <= set(grp["method"])
+    assert sorted(set(rows["case"])) == ["B1", "B4-heads"]
+    baselines = {"B1": {"allreduce3", "allreduce2", "allgather-merge", "ring-attention"},
+                 "B4-heads": {"allreduce2", "dcp-ag-rs", "dcp-a2a", "ring-attention"}}
+    for case, grp in rows.groupby("case"):
+        assert set(grp.loc[grp["role"] == "baseline", "method"]) == baselines[case]
         assert grp["is_pick"].sum() == 1
         assert set(grp.loc[grp["role"] == "candidate", "method"]) <= {"star", "butterfly", "star+butterfly",
                                                                       *grp.loc[grp["is_pick"], "method"]}
@@ -71,7 +73,7 @@ def test_tiny_validate_end_to_end(tmp_path: Path):
 
     timeline = load_folder(out).timeline
     assert set(timeline["source"]) == {"measured", "predicted"}
-    assert set(timeline["case"]) == {"B1", "B4"}
+    assert set(timeline["case"]) == {"B1", "B4-heads"}
 
     res = subprocess.run([TREEATTN, "report", str(out), "--json"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr

@@ -3,7 +3,8 @@
 None of these reads a Plan: they are written the way their authors' code does it, so a bug
 in the plan interpreter cannot hide in both. Every function is one iteration on one rank and
 returns its result rows, packed head-major: every row (result ``all``), its own heads' rows
-(``heads``: ``BASELINE_RESULTS``), or every row on the root (``root``).
+(``heads``), or every row on the root (``root``); ``treeattn.plan.baselines`` says which
+method delivers which layout.
 
 * ``allreduce3``: the tree-attention paper's reference code: all-reduce max of lse, then
   all-reduce sums of exp(lse - max) * o and of exp(lse - max).
@@ -31,14 +32,9 @@ from treeattn.exec.merge import merge_into, merge_many, pack, unpack
 from treeattn.plan.ir import head_split
 from treeattn.workload import Workload
 
-__all__ = ["ATTENTION_BASELINES", "RAW_BASELINES", "BASELINE_RESULTS", "allreduce3", "allreduce2", "allgather_merge",
+__all__ = ["allreduce3", "allreduce2", "allgather_merge",
            "dcp_ag_rs", "dcp_a2a", "ring_attention", "library_collective", "run_attention_baseline", "segments"]
 
-ATTENTION_BASELINES = ("allreduce3", "allreduce2", "allgather-merge", "dcp-ag-rs", "dcp-a2a", "ring-attention")
-RAW_BASELINES = ("allreduce",)
-BASELINE_RESULTS = {"allreduce3": ("all",), "allreduce2": ("all", "heads", "root"), "allgather-merge": ("all",),
-                    "dcp-ag-rs": ("heads",), "dcp-a2a": ("heads",), "ring-attention": ("all",)}
-"""The result layouts each attention baseline delivers."""
 
 
 def segments(workload: Workload, world: int) -> list[tuple[int, int]]:
@@ -198,8 +194,8 @@ def library_collective(comm: Comm, buf: torch.Tensor, result: str = "all", root:
 def run_attention_baseline(name: str, comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload,
                            kernel: str, wire: torch.dtype, pool: BufferPool | None = None, *, result: str = "all",
                            root: int = 0, order: list[int] | None = None) -> torch.Tensor:
-    """Dispatch one of ``ATTENTION_BASELINES`` by name (``result`` for ``allreduce2``,
-    ``order`` for ``ring-attention``)."""
+    """Dispatch an attention baseline by name (``treeattn.plan.baselines.baselines_for`` lists
+    them; ``result`` and ``root`` for ``allreduce2``, ``order`` for ``ring-attention``)."""
     if name == "allreduce3":
         return allreduce3(comm, q, kv, kernel, wire)
     if name == "allreduce2":

@@ -11,10 +11,9 @@ when it measures.
 from treeattn.validate.calibration import Calibration, CalibrationSettings, calibrate_in_cluster
 from treeattn.validate.cases import EMU_HEADS, CaseSpec, HeadShape, default_cases
 from treeattn.validate.methods import CasePlans, MethodPlan, case_plans
-from treeattn.validate.run import BASELINES, TopologyRun, TopologyTarget, ValidateOptions, validate, validate_topology
+from treeattn.validate.run import TopologyRun, TopologyTarget, ValidateOptions, validate, validate_topology
 
 __all__ = [
-    "BASELINES",
     "EMU_HEADS",
     "Calibration",
     "CalibrationSettings",

@@ -16,6 +16,9 @@ grouping of Llama-3.1-70B) and sweeps the batch:
   contention the compute model does not know (at 256 tokens and B = 64 the 2 MiB shards
   took 15-38 ms per rank in parallel against 2.8 ms alone), so the sweep measures the
   reduction rather than the host's CPU.
+* ``heads`` cases, ``B`` in ``HEADS_BATCHES``: the sweep's workload with the ``heads`` result
+  layout (each rank ends with its own query heads: reduce-scatter semantics), where vLLM's
+  decode-context-parallel methods and the all-reduce's reduce-scatter form are the baselines;
 * one ``long-context`` case, B = 1 at ``LONG_TOKENS_PER_RANK`` = 64K tokens per rank: each
   rank's KV shard is ``2 x 1 x 65536 x 32 x 2`` bytes = 8 MiB (bf16), which ring attention
   moves p - 1 times (about 1.7 s per step over a 40 Mbit/s NIC link); with Llama-3.1-8B's
@@ -36,6 +39,7 @@ __all__ = [
     "HeadShape",
     "EMU_HEADS",
     "SWEEP_BATCHES",
+    "HEADS_BATCHES",
     "SWEEP_TOKENS_PER_RANK",
     "LONG_TOKENS_PER_RANK",
     "CaseSpec",
@@ -59,6 +63,7 @@ class HeadShape:
 
 EMU_HEADS = HeadShape(q_heads=8, kv_heads=1, head_dim=32)
 SWEEP_BATCHES = (1, 4, 16, 64)
+HEADS_BATCHES = (16,)
 SWEEP_TOKENS_PER_RANK = 32
 LONG_TOKENS_PER_RANK = 65536
 
@@ -70,8 +75,10 @@ class CaseSpec:
     name: str
     """Short label, unique per topology: ``B1``, ``B64``, ``N64K``."""
     regime: str
-    """``sweep`` or ``long-context``."""
+    """``sweep``, ``heads`` or ``long-context``."""
     workload: Workload
+    result: str = "all"
+    """The result layout planned and compared (``all`` or ``heads``)."""
 
     @property
     def tokens_per_rank(self) -> int:
@@ -90,7 +97,7 @@ def _tokens_label(tokens: int) -> str:
 
 def default_cases(topo: Topology, *, batches: Sequence[int] = SWEEP_BATCHES,
                   tokens_per_rank: int = SWEEP_TOKENS_PER_RANK, long_tokens_per_rank: int = LONG_TOKENS_PER_RANK,
-                  heads: HeadShape = EMU_HEADS) -> list[CaseSpec]:
+                  heads: HeadShape = EMU_HEADS, heads_batches: Sequence[int] = HEADS_BATCHES) -> list[CaseSpec]:
     """The validation's cases for ``topo`` (see the module docstring).
 
     Args:
@@ -99,14 +106,17 @@ def default_cases(topo: Topology, *, batches: Sequence[int] = SWEEP_BATCHES,
         tokens_per_rank: KV tokens per rank of the sweep cases.
         long_tokens_per_rank: tokens per rank of the long-context case; 0 leaves it out.
         heads: the head shape of every case.
+        heads_batches: batch sizes of the ``heads`` layout cases (left out where the ranks
+            outnumber the query heads).
 
     Returns:
-        The sweep cases (``B<b>``), then the long-context one (``N<tokens>``).
+        The sweep cases (``B<b>``), the heads cases (``B<b>-heads``), then the long-context
+        one (``N<tokens>``).
 
     Examples:
         >>> from treeattn.topology.library import resolve
         >>> [c.name for c in default_cases(resolve("emu-mesh"))]
-        ['B1', 'B4', 'B16', 'B64', 'N64K']
+        ['B1', 'B4', 'B16', 'B64', 'B16-heads', 'N64K']
     """
     if tokens_per_rank < 1 or long_tokens_per_rank < 0:
         raise InputError(f"tokens per rank must be >= 1 (long context >= 0), got {tokens_per_rank} and "
@@ -115,6 +125,9 @@ def default_cases(topo: Topology, *, batches: Sequence[int] = SWEEP_BATCHES,
         raise InputError(f"batches must be distinct positive integers, got {list(batches)}")
     p = topo.num_ranks
     cases = [CaseSpec(f"B{b}", "sweep", _workload(p, b, tokens_per_rank, heads)) for b in batches]
+    if p <= heads.q_heads:
+        cases += [CaseSpec(f"B{b}-heads", "heads", _workload(p, b, tokens_per_rank, heads), "heads")
+                  for b in heads_batches]
     if long_tokens_per_rank:
         cases.append(CaseSpec(f"N{_tokens_label(long_tokens_per_rank)}", "long-context",
                               _workload(p, 1, long_tokens_per_rank, heads)))

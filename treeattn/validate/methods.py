@@ -50,7 +50,7 @@ def _key(plan: Plan) -> tuple:
 
 
 def case_plans(topo: Topology, workload: Workload, *, families: Collection[str] | None = None,
-               seed: int = 0) -> CasePlans:
+               seed: int = 0, result: str = "all") -> CasePlans:
     """The best plan of every candidate family on ``topo`` and the planner's overall pick.
 
     Args:
@@ -59,6 +59,7 @@ def case_plans(topo: Topology, workload: Workload, *, families: Collection[str] 
         families: the families to measure (default ``FAMILIES``); the pick always comes from
             the search over all of them.
         seed: the search's seed.
+        result: the result layout planned (``all`` or ``heads``).
 
     Returns:
         The methods in ``FAMILIES`` order (duplicates merged), the pick marked.
@@ -70,13 +71,13 @@ def case_plans(topo: Topology, workload: Workload, *, families: Collection[str] 
     unknown = sorted(set(wanted) - set(FAMILIES))
     if unknown:
         raise InputError(f"unknown candidate families {unknown}; choose from {', '.join(FAMILIES)}")
-    best = search(topo, workload, seed=seed, top_k=1).best
+    best = search(topo, workload, seed=seed, top_k=1, result=result).best
     groups: dict[tuple, list[str]] = {}
     plans: dict[tuple, Plan] = {}
     skipped = []
     for fam in wanted:
         try:
-            plan = search(topo, workload, seed=seed, top_k=1, families=[fam]).best
+            plan = search(topo, workload, seed=seed, top_k=1, families=[fam], result=result).best
         except InputError as exc:
             skipped.append(f"{fam}: {exc}")
             continue

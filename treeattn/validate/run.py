@@ -31,9 +31,11 @@ import pandas as pd
 
 from treeattn.cost.simulate import SimResult, simulate
 from treeattn.errors import EmulationError, InputError
+from treeattn.plan.baselines import Baseline, baselines_for
 from treeattn.plan.builders import build
 from treeattn.plan.ir import Plan, TopologyRef
 from treeattn.report.folder import META_FILE, ROW_COLUMNS, ROWS_FILE, TIMELINE_COLUMNS, TIMELINE_FILE
+from treeattn.search.rings import ring_order
 from treeattn.search.search import FAMILIES
 from treeattn.topology.io import dump_topology
 from treeattn.topology.model import Topology
@@ -41,11 +43,9 @@ from treeattn.validate.calibration import Calibration, CalibrationSettings, cali
 from treeattn.validate.cases import CaseSpec, default_cases
 from treeattn.validate.methods import CasePlans, case_plans
 
-__all__ = ["BASELINES", "MAX_ROUNDS_FACTOR", "ValidateOptions", "case_rounds", "TopologyTarget", "TopologyRun",
+__all__ = ["MAX_ROUNDS_FACTOR", "ValidateOptions", "case_rounds", "TopologyTarget", "TopologyRun",
            "validate", "validate_topology", "wait_for_quiet", "realtime_priority", "REALTIME_PRIORITY"]
 
-BASELINES = ("allreduce3", "allgather-merge", "ring-attention")
-"""The executor's attention baselines (``treeattn.exec.baselines.ATTENTION_BASELINES``)."""
 MAX_ROUNDS_FACTOR = 10
 """At most this many times ``repeats`` rounds for a cheap case (``ValidateOptions.case_seconds``)."""
 
@@ -223,8 +223,10 @@ def _predict(plan: Plan, topo: Topology, timeline: bool = False) -> SimResult:
     return simulate(plan, topo, timeline=timeline)
 
 
-def _baseline_plan(name: str, case: CaseSpec, topo: Topology) -> Plan:
-    return build(name, case.workload, TopologyRef.of(topo))
+def _case_baselines(case: CaseSpec, topo: Topology) -> tuple[list[Baseline], tuple[int, ...]]:
+    """The baselines the runner measures beside a case's plans (its layout's), and the ring."""
+    ring = tuple(ring_order(topo)[1])
+    return baselines_for(case.workload, case.result, None, ring), ring
 
 
 def case_rounds(options: ValidateOptions, round_us: float) -> int:
@@ -329,20 +331,21 @@ def validate_topology(target: TopologyTarget, options: ValidateOptions | None = 
         jobs = []
         for case in cases:
             say(f"{topo.name}: planning {case.name}")
-            cp = case_plans(predict_on, case.workload, families=opt.families, seed=opt.seed)
+            cp = case_plans(predict_on, case.workload, families=opt.families, seed=opt.seed, result=case.result)
             planned[case.name] = cp
-            for b in BASELINES:
-                plan = _baseline_plan(b, case, predict_on)
-                baselines[case.name, b] = plan, _predict(plan, predict_on)
+            methods, ring = _case_baselines(case, predict_on)
+            for b in methods:
+                plan = build(b.name, case.workload, TopologyRef.of(predict_on), **b.kwargs)
+                baselines[case.name, b.name] = plan, _predict(plan, predict_on)
             round_us = (sum(m.plan.predicted_us or 0.0 for m in cp.methods)
-                        + sum(baselines[case.name, b][1].predicted_us for b in BASELINES))
+                        + sum(baselines[case.name, b.name][1].predicted_us for b in methods))
             rounds = case_rounds(opt, round_us)
-            jobs += [PlanJob(f"{case.name}|{m.method}", m.plan, rounds) for m in cp.methods]
+            jobs += [PlanJob(f"{case.name}|{m.method}", m.plan, rounds, ring) for m in cp.methods]
         run_opts = RunOptions(repeats=opt.repeats, warmup=opt.warmup, timeout_s=opt.op_timeout_s,
                               setup_timeout_s=max(120.0, opt.op_timeout_s), backend="gloo", seed=opt.seed,
                               baselines=True, order=opt.order)
         quiet["measurement"] = wait_for_quiet(opt.max_load, opt.max_wait_s, say)
-        say(f"{topo.name}: measuring {len(jobs)} plans and {len(BASELINES)} baselines x {len(cases)} cases")
+        say(f"{topo.name}: measuring {len(jobs)} plans and their baselines over {len(cases)} cases")
         ticks = cpu_ticks()
         with realtime_priority(opt.realtime):
             result = launch_in_cluster(cluster, Job(tuple(jobs), run_opts), timeout_s=opt.job_timeout_s)

@@ -1,0 +1,172 @@
+"""What each rank of the API tests runs (spawned processes; no test here).
+
+Every scenario: each rank builds its KV shard (deterministic from the seed, uneven, some
+empty), computes its partial with ``treeattn.attention_partial``, merges it with
+``treeattn.Merger`` and compares what it got with exact attention over the whole KV
+(``attention_partial`` on one process, in fp64 inputs), for the rows the layout gives it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import treeattn
+from treeattn.plan.builders import build
+from treeattn.plan.ir import TopologyRef
+from treeattn.plan.trees import reroot
+from treeattn.workload import Workload
+
+REF = TopologyRef("cpu:test", "sha256:test")
+
+
+def shard_split(p: int, total: int) -> list[int]:
+    """Uneven shards, the second empty."""
+    base = [total // p + 7 * i for i in range(p)]
+    base[1 % p] = 0 if p > 1 else base[0]
+    return base
+
+
+def full_kv(b: int, hkv: int, d: int, split: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    n = sum(split)
+    return torch.randn(b, hkv, n, d, generator=g, dtype=torch.float64), torch.randn(b, hkv, n, d, generator=g,
+                                                                                    dtype=torch.float64)
+
+
+def scenario(rank: int, p: int, plan, dtype: torch.dtype, seed: int, group=None) -> dict:  # noqa: ANN001
+    w = plan.workload
+    g = torch.Generator().manual_seed(seed + 1)
+    q = torch.randn(w.batch, w.q_heads, w.head_dim, generator=g, dtype=torch.float64)
+    k, v = full_kv(w.batch, w.kv_heads, w.head_dim, list(w.split), seed)
+    start = sum(w.split[:rank])
+    mine = slice(start, start + w.split[rank])
+    o, lse = treeattn.attention_partial(q.to(dtype), k[:, :, mine].to(dtype), v[:, :, mine].to(dtype))
+    merger = treeattn.Merger(plan, group=group)
+    out_o, out_l = merger(o, lse)
+    # a second call (every rank makes it: the program runs on all) reuses every buffer
+    pool = merger._exec._pool
+    before = sum(len(v) for v in pool._free.values()) + len(pool._lent)
+    out2, _ = merger(o, lse)
+    after = sum(len(v) for v in pool._free.values()) + len(pool._lent)
+    got = {"rank": rank, "heads": merger.heads, "none": out_o is None}
+    if out_o is None:
+        return got
+    ref_o, ref_l = treeattn.attention_partial(q, k, v)  # fp64, one process, every token
+    h0, h1 = merger.heads
+    got["dtype"] = str(out_o.dtype)
+    got["shape"] = list(out_o.shape)
+    got["err_o"] = (out_o.double() - ref_o[:, h0:h1]).abs().max().item()
+    got["err_l"] = (out_l.double() - ref_l[:, h0:h1]).abs().max().item()
+    got["pooled"] = before == after
+    got["repeat_equal"] = bool(torch.equal(out2, out_o))
+    return got
+
+
+def run_worker(rank: int, p: int, port: int, out_dir: str, task: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=p, timeout=datetime.timedelta(seconds=60))
+    results = []
+    try:
+        for item in TASKS[task](rank, p):
+            results.append(item)
+    except Exception:  # the parent reads it and fails the test with it
+        results.append({"error": traceback.format_exc()})
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def _workload(p: int, q_heads: int = 8, kv_heads: int = 2, batch: int = 2, dtype: str = "fp32") -> Workload:
+    return Workload(batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=16, split=tuple(shard_split(p, 64)),
+                    kv_dtype=dtype, partial_dtype="fp32")
+
+
+def every_method(rank: int, p: int):  # noqa: ANN201 - a generator of result dicts
+    """Every family and baseline method that merges partials, in every layout it builds."""
+    from treeattn.plan.builders import ALGORITHMS
+
+    w = _workload(p, q_heads=12 if p == 3 else 8)
+    for name, spec in ALGORITHMS.items():
+        if "attention" not in spec.payloads or name == "ring-attention":
+            continue
+        for result in spec.results:
+            kwargs = {"parents": [-1] + [0] * (p - 1)} if name == "tree" else {}
+            if name == "hierarchical":
+                kwargs = {"group_size": 2}
+            if result == "root":
+                if name == "tree":
+                    kwargs["parents"] = reroot(kwargs["parents"], p - 1)
+                else:
+                    kwargs["root"] = p - 1
+            plan = build(name, w, REF, chunks=2 if result != "heads" else 1, result=result, **kwargs)
+            for dtype in (torch.float32, torch.bfloat16):
+                yield {"method": name, "result": result, "dtype_in": str(dtype),
+                       **scenario(rank, p, plan, dtype, seed=11)}
+
+
+def searched(rank: int, p: int):  # noqa: ANN201
+    w = _workload(p)
+    for result in ("all", "heads", "root:1"):
+        plan = treeattn.search_plan(f"cpu:ranks={p}", w, result=result)
+        yield {"method": "searched", "result": result, **scenario(rank, p, plan, torch.float32, seed=5)}
+
+
+def subgroup(rank: int, p: int):  # noqa: ANN201
+    """A Merger over ranks 1..p-1 of the world: plan rank i is rank i of that group."""
+    members = list(range(1, p))
+    group = dist.new_group(members)
+    if rank not in members:
+        yield {"outside": True}
+        return
+    w = _workload(len(members))
+    plan = build("binomial", w, REF, chunks=2)
+    yield {"method": "subgroup", **scenario(members.index(rank), len(members), plan, torch.float32, 3, group)}
+
+
+def errors(rank: int, p: int):  # noqa: ANN201
+    """Bad input raises before anything is sent; a rank that raised leaves the others a timeout."""
+    import time
+
+    from treeattn.errors import ExecutionError
+
+    w = _workload(p)
+    plan = build("binomial", w, REF)
+    out = {}
+    for label, call in (
+        ("group-size", lambda: treeattn.Merger(build("binomial", _workload(p + 1), REF))),
+        ("ring", lambda: treeattn.Merger(build("ring-attention", w, REF))),
+    ):
+        try:
+            call()
+            out[label] = "no error"
+        except ValueError as exc:
+            out[label] = str(exc)
+    merger = treeattn.Merger(plan, timeout_s=2.0)
+    o = torch.zeros(w.batch, w.q_heads, w.head_dim)
+    lse = torch.zeros(w.batch, w.q_heads)
+    for label, args in (("shape", (o[:, :4], lse)), ("lse-dtype", (o, lse.double())), ("not-tensor", (o, 1.0))):
+        try:
+            merger(*args)
+            out[label] = "no error"
+        except (ValueError, TypeError) as exc:
+            out[label] = f"{type(exc).__name__}: {exc}"
+    # rank 0 gets a bad shape and raises; the others wait for it, and give up by the timeout
+    t0 = time.monotonic()
+    try:
+        merger(o[:, :4] if rank == 0 else o, lse)
+        out["peer"] = "no error"
+    except ValueError:
+        out["peer"] = "raised"
+    except ExecutionError as exc:
+        out["peer"] = f"ExecutionError: {exc}"
+    out["peer_s"] = time.monotonic() - t0
+    yield out
+
+
+TASKS = {"every_method": every_method, "searched": searched, "subgroup": subgroup, "errors": errors}

@@ -1,0 +1,119 @@
+"""The public API on real gloo processes: ``attention_partial`` + ``Merger`` give exact attention
+for every method and layout, on 2, 3 and 4 ranks, bf16 and fp32 inputs, GQA, empty shards;
+subgroups; errors before anything is sent, and a rank that raised leaves its peers a timeout."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests.distributed.api_worker import run_worker
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(task: str, p: int, tmp_path) -> list[list[dict]]:  # noqa: ANN001
+    mp.start_processes(run_worker, args=(p, free_port(), str(tmp_path), task), nprocs=p, start_method="spawn")
+    out = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(p)]
+    for r, items in enumerate(out):
+        for item in items:
+            assert "error" not in item, f"rank {r}: {item['error']}"
+    return out
+
+
+def tolerance(dtype_in: str) -> float:
+    return 2e-2 if "bfloat16" in dtype_in else 1e-5
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_every_method_and_layout_is_exact(p, tmp_path):
+    ranks = run("every_method", p, tmp_path)
+    seen = set()
+    for r, items in enumerate(ranks):
+        for item in items:
+            seen.add((item["method"], item["result"]))
+            key = (item["method"], item["result"], item["dtype_in"], r)
+            if item["result"] == "root":
+                assert item["none"] == (r != p - 1), key
+                if r != p - 1:
+                    continue
+            assert not item["none"], key
+            h0, h1 = item["heads"]
+            if item["result"] == "heads":
+                hq = 12 if p == 3 else 8
+                assert (h0, h1) == (r * hq // p, (r + 1) * hq // p), key
+            assert item["shape"][1] == h1 - h0
+            assert item["dtype"] == item["dtype_in"], key
+            tol = tolerance(item["dtype_in"])
+            assert item["err_o"] <= tol and item["err_l"] <= tol, key
+            assert item["pooled"] and item["repeat_equal"], key
+    assert {"allreduce3", "allreduce2", "allgather-merge", "dcp-ag-rs", "dcp-a2a", "binomial", "ring",
+            "hierarchical"} <= {m for m, _ in seen}
+    assert {("binomial", "heads"), ("binomial", "root"), ("allreduce2", "root"), ("ring", "heads")} <= seen
+
+
+def test_searched_plans_and_subgroups(tmp_path):
+    ranks = run("searched", 4, tmp_path)
+    for r, items in enumerate(ranks):
+        assert [i["result"] for i in items] == ["all", "heads", "root:1"]
+        for item in items:
+            if item["result"] == "root:1" and r != 1:
+                assert item["none"]
+                continue
+            assert item["err_o"] <= 1e-5 and item["err_l"] <= 1e-5, (r, item)
+    ranks = run("subgroup", 3, tmp_path / "sub") if (tmp_path / "sub").mkdir() is None else None
+    assert ranks[0] == [{"outside": True}]
+    for items in ranks[1:]:
+        assert items[0]["err_o"] <= 1e-5 and items[0]["heads"] == [0, 8]
+
+
+def test_bad_input_raises_and_peers_time_out(tmp_path):
+    ranks = run("errors", 3, tmp_path)
+    for r, (item,) in enumerate(ranks):
+        assert "has 4 ranks but the process group has 3" in item["group-size"]
+        assert "moves KV, not partials" in item["ring"]
+        assert item["shape"].startswith("ValueError: Merger: o must be (B, Hq, D) = (2, 8, 16)")
+        assert item["lse-dtype"].startswith("TypeError: Merger: lse must be float32")
+        assert item["not-tensor"].startswith("TypeError: Merger: lse must be a torch.Tensor")
+        if r == 0:
+            assert item["peer"] == "raised"
+        else:
+            assert item["peer"].startswith("ExecutionError"), item
+            assert item["peer_s"] < 15
+
+
+def test_attention_partial_checks_and_empty_shards():
+    from treeattn import attention_partial
+
+    q = torch.randn(2, 8, 16)
+    o, lse = attention_partial(q, torch.zeros(2, 2, 0, 16), torch.zeros(2, 2, 0, 16))
+    assert torch.equal(o, torch.zeros_like(q)) and bool(torch.isneginf(lse).all())
+    with pytest.raises(ValueError, match="KV heads \\(3\\) must divide query heads \\(8\\)"):
+        attention_partial(q, torch.zeros(2, 3, 4, 16), torch.zeros(2, 3, 4, 16))
+    with pytest.raises(ValueError, match="q must be \\(B, Hq, D\\)"):
+        attention_partial(q[0], torch.zeros(2, 2, 4, 16), torch.zeros(2, 2, 4, 16))
+    with pytest.raises(TypeError, match="floating-point"):
+        attention_partial(q, torch.zeros(2, 2, 4, 16, dtype=torch.int32), torch.zeros(2, 2, 4, 16))
+    k = torch.randn(2, 2, 5, 16)
+    o, lse = attention_partial(q, k, k, scale=0.5)
+    s = torch.einsum("bhd,bhnd->bhn", q, k.repeat_interleave(4, dim=1)) * 0.5
+    assert torch.allclose(lse, torch.logsumexp(s, -1), atol=1e-5)
+
+
+def test_merger_needs_a_process_group():
+    import treeattn
+    from treeattn.plan.builders import build
+    from treeattn.plan.ir import TopologyRef
+    from treeattn.workload import Workload
+
+    plan = build("binomial", Workload(batch=1, q_heads=4, kv_heads=4, head_dim=8, split=(3, 3)), TopologyRef("t", "f"))
+    with pytest.raises(ValueError, match="init_process_group"):
+        treeattn.Merger(plan)

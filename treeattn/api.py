@@ -1,0 +1,74 @@
+"""The public Python API: what a model's code calls (``treeattn.load_plan``, ``treeattn.search_plan``,
+``treeattn.Merger``, ``treeattn.attention_partial``). This module imports no torch; the two
+torch-backed names are loaded by ``treeattn.__getattr__`` when first used."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from treeattn.errors import InputError
+from treeattn.plan.baselines import parse_result
+from treeattn.plan.io import load_plan
+from treeattn.plan.ir import Plan
+from treeattn.topology.model import Topology
+from treeattn.workload import MODELS, ModelPreset, Workload
+
+__all__ = ["load_plan", "search_plan"]
+
+_SEARCH_OPTIONS = ("seed", "chunk_choices", "families", "effort", "progress")
+_WORKLOAD_OPTIONS = ("split", "kv_dtype", "partial_dtype", "layers", "q_heads", "kv_heads", "head_dim")
+
+
+def search_plan(topology: str | Topology, workload_or_model: Workload | ModelPreset | str, *,
+                batch: int | None = None, seq_len: int | None = None, result: str = "all",
+                **options: Any) -> Plan:
+    """The fastest merge schedule for one decode step, as ``treeattn plan`` searches it.
+
+    Args:
+        topology: a ``Topology``, a shipped name (``dgx-h100``), a family spec
+            (``dgx-h100:nodes=16``, ``cpu:ranks=4``) or a topology YAML file.
+        workload_or_model: a ``Workload``, or a model preset (its name, ``llama-3.1-8b``, or a
+            ``ModelPreset``) made into one with ``batch`` and ``seq_len``.
+        batch: B, sequences decoded together (with a model).
+        seq_len: N, tokens of KV cache in all, split evenly over the ranks (with a model).
+        result: ``all``, ``heads`` or ``root[:R]`` (``treeattn.plan.baselines.RESULT_HELP``).
+        **options: the search's ``seed``, ``chunk_choices``, ``families``, ``effort``,
+            ``progress``; the workload's ``split``, ``kv_dtype``, ``partial_dtype``, ``layers``
+            (and ``q_heads``, ``kv_heads``, ``head_dim`` to override a preset).
+
+    Returns:
+        The plan (``predicted_us`` and ``notes['search']`` filled); same inputs, same plan.
+
+    Raises:
+        treeattn.errors.InputError: an unknown topology, model, option or layout, or a
+            workload that does not fit the topology.
+
+    Examples:
+        >>> plan = search_plan("dgx-h100", "llama-3.1-8b", batch=1, seq_len=131072, result="heads")
+        >>> plan.ranks, plan.result
+        (8, 'heads')
+    """
+    from treeattn.search.search import search
+    from treeattn.topology.library import resolve
+
+    unknown = sorted(set(options) - set(_SEARCH_OPTIONS) - set(_WORKLOAD_OPTIONS))
+    if unknown:
+        raise InputError(f"search_plan takes no option {unknown[0]!r}; it takes "
+                         f"{', '.join(_SEARCH_OPTIONS + _WORKLOAD_OPTIONS)}")
+    topo = topology if isinstance(topology, Topology) else resolve(str(topology))
+    shape = {k: options[k] for k in _WORKLOAD_OPTIONS if k in options}
+    if isinstance(workload_or_model, Workload):
+        if shape or batch is not None or seq_len is not None:
+            raise InputError("give batch, seq_len and workload options with a model, not with a Workload")
+        workload = workload_or_model
+    else:
+        name = workload_or_model.name if isinstance(workload_or_model, ModelPreset) else workload_or_model
+        if name not in MODELS:
+            raise InputError(f"unknown model {name!r}; choose one of {', '.join(sorted(MODELS))}")
+        if batch is None or seq_len is None:
+            raise InputError("search_plan with a model needs batch= and seq_len=")
+        workload = Workload.create(ranks=topo.num_ranks, seq_len=seq_len, batch=batch, model=name, **shape)
+    layout, root = parse_result(result, topo.num_ranks)
+    found = search(topo, workload, result=layout, root=root, **{k: options[k] for k in _SEARCH_OPTIONS
+                                                                 if k in options})
+    return found.best

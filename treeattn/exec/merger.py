@@ -1,0 +1,151 @@
+"""``Merger``: the plan's merge of this rank's attention partial, called by a model every decode step.
+
+A model computes its rank's partial over its KV shard with whatever kernel it uses
+(FlashAttention, FlashInfer, SDPA, ``treeattn.attention_partial``) and hands ``(o, lse)``
+over; the Merger runs this rank's program of the plan (its COMPUTE takes the given
+partial) and returns the merged rows the plan's result layout gives this rank.
+
+Buffers: the packed input, the accumulator and every receive buffer are allocated on the
+first call and reused by the next ones; each call returns fresh output tensors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from treeattn.exec.attention import torch_dtype
+from treeattn.exec.comm import Comm
+from treeattn.exec.interpreter import PlanExecutor, RankInputs, given_partial_problem
+from treeattn.exec.merge import pack_heads_into, unpack_heads
+from treeattn.plan.ir import Plan
+from treeattn.workload import Workload
+
+__all__ = ["Merger", "DEFAULT_TIMEOUT_S"]
+
+DEFAULT_TIMEOUT_S = 30.0
+"""How long a rank waits for one of its messages or collectives before it raises (gloo)."""
+
+
+class Merger:
+    """The merge of one decode step's partials along ``plan``, on this rank.
+
+    Args:
+        plan: a ``Plan`` (``treeattn.load_plan``, ``treeattn.search_plan``) or a plan file's path.
+        group: the process group whose rank i is plan rank i (default: the world); its size
+            must be the plan's rank count.
+        device: where the inputs live and the merge runs (default: the current CUDA device
+            on NCCL, else the CPU).
+        timeout_s: how long a rank waits for one message or collective before raising
+            ``treeattn.errors.ExecutionError`` (gloo: every wait; NCCL: the process group's own
+            timeout applies, set it with ``init_process_group(timeout=...)``). A rank that
+            raises before communicating (bad input) leaves the others to fail by this timeout
+            rather than wait forever.
+
+    Raises:
+        ValueError: no process group, a group whose size is not the plan's rank count, a raw
+            payload plan, or a plan that moves KV (ring attention) instead of partials.
+
+    Examples:
+        Every rank of a 4-rank group (torchrun, or ``torch.multiprocessing.spawn``)::
+
+            plan = treeattn.search_plan("cpu:ranks=4", "llama-3.1-8b", batch=1, seq_len=16384)
+            merge = treeattn.Merger(plan)
+            o, lse = treeattn.attention_partial(q, k_shard, v_shard)   # this rank's KV
+            o, lse = merge(o, lse)                                     # every rank: the exact attention
+    """
+
+    def __init__(self, plan: Plan | str | Path, group: dist.ProcessGroup | None = None,
+                 device: torch.device | str | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        if not isinstance(plan, Plan):
+            from treeattn.plan.io import load_plan
+
+            plan = load_plan(plan)
+        from treeattn.plan.validate import check
+
+        check(plan)
+        if not isinstance(plan.workload, Workload):
+            raise ValueError(f"Merger merges attention partials; plan {plan.algorithm!r} reduces a raw payload")
+        problem = given_partial_problem(plan)
+        if problem:
+            raise ValueError(problem)
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError("Merger needs torch.distributed initialised (init_process_group) on every rank")
+        size = dist.get_world_size(group)
+        if size != plan.ranks:
+            raise ValueError(f"plan {plan.algorithm!r} has {plan.ranks} ranks but the process group has {size}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        backend = str(dist.get_backend(group))
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.plan = plan
+        self.device = torch.device(device)
+        self.rank = dist.get_rank(group)
+        w = plan.workload
+        self._w = w
+        self._partial = torch.empty(w.rows, w.head_dim + 1, dtype=torch.float32, device=self.device)
+        self._comm = Comm(self.rank, size, "nccl" if backend == "nccl" else "gloo", self.device, timeout_s,
+                          timeout_s, group=group)
+        self._exec = PlanExecutor(plan, self._comm, RankInputs(partial=self._partial))
+        self.wire_dtype = torch_dtype(w.partial_dtype)
+        if plan.layout == "heads":
+            self.rows: tuple[int, int] | None = plan.segments[self.rank]
+        else:
+            self.rows = (0, w.rows) if self.rank in plan.result_ranks else None
+
+    @property
+    def heads(self) -> tuple[int, int] | None:
+        """The query heads [first, last) this rank's result holds (None: no result here)."""
+        if self.rows is None:
+            return None
+        return self.rows[0] // self._w.batch, self.rows[1] // self._w.batch
+
+    def __call__(self, o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Merge this rank's partial with every other rank's.
+
+        Args:
+            o: ``(B, Hq, D)``, any float dtype: this rank's attention output over its KV shard.
+            lse: ``(B, Hq)`` fp32: its log-sum-exp (natural log; -inf where the shard is empty).
+
+        Returns:
+            ``(o, lse)``, fresh tensors (o in o's dtype, lse fp32) holding what the plan's
+            result layout gives this rank: every head (``all``, and the root of ``root``), its
+            own heads ``(B, Hq_i, D)`` (``heads``, see ``heads``), or ``(None, None)``.
+
+        Raises:
+            TypeError / ValueError: a non-tensor, a wrong dtype, shape or device (checked
+                before anything is sent).
+            treeattn.errors.ExecutionError: a peer failed or did not answer within the timeout.
+        """
+        w = self._w
+        for name, t in (("o", o), ("lse", lse)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"Merger: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if not o.is_floating_point():
+            raise TypeError(f"Merger: o must be a floating-point tensor, got {o.dtype}")
+        if lse.dtype != torch.float32:
+            raise TypeError(f"Merger: lse must be float32 (natural log), got {lse.dtype}")
+        want = (w.batch, w.q_heads, w.head_dim)
+        if tuple(o.shape) != want:
+            raise ValueError(f"Merger: o must be (B, Hq, D) = {want} for plan {self.plan.algorithm!r}, "
+                             f"got {tuple(o.shape)}")
+        if tuple(lse.shape) != want[:2]:
+            raise ValueError(f"Merger: lse must be (B, Hq) = {want[:2]}, got {tuple(lse.shape)}")
+        for name, t in (("o", o), ("lse", lse)):
+            if t.device != self.device:
+                raise ValueError(f"Merger: {name} is on {t.device}, this Merger runs on {self.device}")
+        pack_heads_into(self._partial, o, lse)
+        self._exec.prepare()
+        acc = self._exec.run()
+        if self.rows is None:
+            return None, None
+        a, b = self.rows
+        mine_o, mine_l = unpack_heads(acc[a:b], w.batch)
+        out_o = torch.empty(mine_o.shape, dtype=o.dtype, device=self.device)
+        out_l = torch.empty(mine_l.shape, dtype=torch.float32, device=self.device)
+        out_o.copy_(mine_o)
+        out_l.copy_(mine_l)
+        return out_o, out_l
