@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check treeattn tests benchmarks
+.venv/bin/ruff check treeattn tests benchmarks examples
 .venv/bin/python -m pytest "$@"
