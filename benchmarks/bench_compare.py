@@ -1,80 +1,95 @@
-"""Planned merge vs ring attention vs three all-reduces vs all-gather + merge (``treeattn compare``).
+"""The planned merge against every method it competes with (``treeattn compare``), in the paper's setting.
 
-The published setting: DGX H100 nodes (1, 2, 4 and 16 of them: 8 to 128 ranks), 16 heads
-of dimension 128 in bf16 (no GQA), one sequence, sequence lengths 32K to 1M. Prints the
-predicted per-layer times (local compute included), the speedup of the planned merge over
-ring attention and over the three all-reduces, peak memory and bytes moved, and checks
-that the speedup over ring attention grows with the sequence length (at every rank count)
-and with the rank count (at every sequence length), as the published results do.
+Two sweeps, predicted by the simulator (per layer, compute included):
 
-    .venv/bin/python benchmarks/bench_compare.py
-    .venv/bin/python benchmarks/bench_compare.py --csv results/compare.csv --png results/compare.png
+* Llama-3.1-8B (32 query heads on 8 KV heads, bf16, B = 1) on 8, 16 and 128 H100s
+  (``dgx-h100:nodes={1,2,16}``) at 128K and 1M tokens;
+* the tree-attention paper's setting: 16 heads x 128, fp16, B = 1, 128 H100s, 160K to 5.12M
+  tokens, one layer.
+
+Then the heads layout against all on bandwidth-bound cases (Llama-3.1-8B, 1K tokens per
+GPU, large batches): the merge's predicted time (the step's time less its attention
+compute) and bytes moved by the best plan of each layout.
+
+It prints the tables and, for the paper's setting, the tree's speedup over ring attention
+and the ratio of ring attention's peak memory to the tree's beside the paper's "up to 8x"
+and "2x less peak memory", with ring attention without overlap (each transfer a step of
+its own) beside it: a ring that forwards the block it holds while the next one arrives
+holds two foreign blocks beside its own shard, overlapped or not.
+
+    .venv/bin/python benchmarks/bench_compare.py --out results/compare
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import time
+from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
-from treeattn.search.compare import compare, expand_topologies, plot_speedup, write_csv
-from treeattn.search.workload_file import parse_tokens
+from treeattn.cost.compute import ComputeModel
+from treeattn.cost.memory import peak_bytes
+from treeattn.plan.builders import build
+from treeattn.search.compare import compare, expand_topologies, plan_bytes_moved
+from treeattn.search.rings import ring_order
+from treeattn.search.search import search
 from treeattn.topology.library import resolve
-from treeattn.units import format_size
 from treeattn.workload import Workload
+
+PAPER_LENS = (160 << 10, 640 << 10, 1280 << 10, 2560 << 10, 5120 << 10)
+"""The paper's sweep (5.12M = 5,242,880 tokens is its longest)."""
+
+
+def paper(p: int, n: int) -> Workload:
+    return Workload.create(ranks=p, seq_len=n, batch=1, q_heads=16, kv_heads=16, head_dim=128, kv_dtype="fp16",
+                           partial_dtype="fp16")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--topology", default="dgx-h100:nodes={1,2,4,16}")
-    ap.add_argument("--seq-lens", default="32K,128K,512K,1M")
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--csv")
-    ap.add_argument("--png")
+    ap.add_argument("--out", type=Path, help="folder for the CSVs and the command's tables")
     args = ap.parse_args()
-    con = Console(highlight=False, width=170)
-    topos = [resolve(s) for s in expand_topologies(args.topology)]
-    lens = [parse_tokens(x) for x in args.seq_lens.split(",")]
-
-    def make(p: int, n: int) -> Workload:
-        return Workload.create(ranks=p, seq_len=n, batch=args.batch, q_heads=16, kv_heads=16, head_dim=128,
-                               kv_dtype="bf16")
-
-    started = time.perf_counter()
-    rows = compare(topos, lens, make)
-    elapsed = time.perf_counter() - started
-    by = {}
-    for r in rows:
-        by.setdefault((r.ranks, r.seq_len), {})[r.method] = r
-    table = Table(title=f"Predicted per-layer decode attention, 16 heads x 128, bf16, B={args.batch} (us)")
-    for col in ("ranks", "N", "planned", "family", "ring attn", "3 all-reduces", "all-gather", "x vs ring",
-                "x vs 3 AR", "peak plan / ring", "moved plan / ring"):
-        table.add_column(col, justify="left" if col == "family" else "right")
-    for (p, n), m in sorted(by.items()):
-        pl, ring = m["planned"], m["ring-attention"]
-        table.add_row(str(p), f"{n // 1024}K", f"{pl.predicted_us:.1f}", pl.detail, f"{ring.predicted_us:.1f}",
-                      f"{m['allreduce3'].predicted_us:.1f}", f"{m['allgather-merge'].predicted_us:.1f}",
-                      f"{ring.predicted_us / pl.predicted_us:.1f}",
-                      f"{m['allreduce3'].predicted_us / pl.predicted_us:.2f}",
-                      f"{format_size(pl.peak_bytes)} / {format_size(ring.peak_bytes)}",
-                      f"{format_size(pl.bytes_moved)} / {format_size(ring.bytes_moved)}")
-    con.print(table)
-    speed = {k: v["ring-attention"].predicted_us / v["planned"].predicted_us for k, v in by.items()}
-    ranks = sorted({p for p, _ in speed})
-    grows_n = all(speed[(p, a)] < speed[(p, b)] for p in ranks for a, b in zip(lens, lens[1:], strict=False))
-    grows_p = all(speed[(a, n)] < speed[(b, n)] for n in lens for a, b in zip(ranks, ranks[1:], strict=False))
-    yes = {True: "yes", False: "NO"}
-    con.print(f"speedup over ring attention grows with sequence length at every rank count: {yes[grows_n]}")
-    con.print(f"speedup over ring attention grows with rank count at every sequence length: {yes[grows_p]}")
-    con.print(f"{len(rows)} rows in {elapsed:.1f} s")
-    if args.csv:
-        write_csv(rows, args.csv)
-        con.print(f"wrote {args.csv}")
-    if args.png:
-        plot_speedup(rows, args.png)
-        con.print(f"wrote {args.png}")
+    t0 = time.perf_counter()
+    cli = [str(Path(sys.executable).with_name("treeattn"))]
+    commands = {
+        "llama-3.1-8b": ["compare", "-t", "dgx-h100", "--nodes", "1,2,16", "-m", "llama-3.1-8b", "--seq-lens",
+                         "128K,1M", "--no-progress"],
+        "paper": ["compare", "-t", "dgx-h100:nodes=16", "--heads", "16", "--kv-heads", "16", "--head-dim", "128",
+                  "--kv-dtype", "fp16", "--partial-dtype", "fp16", "--seq-lens", "160K,640K,1280K,2560K,5120K",
+                  "--no-progress"],
+    }
+    for name, argv in commands.items():
+        extra = ["--csv", str(args.out / f"{name}.csv")] if args.out else []
+        out = subprocess.run(cli + argv + extra, capture_output=True, text=True, check=True).stdout
+        print(f"$ treeattn {' '.join(argv + extra)}\n{out}")
+        if args.out:
+            (args.out / f"{name}.txt").write_text(f"$ treeattn {' '.join(argv + extra)}\n{out}")
+    topo = resolve(expand_topologies("dgx-h100:nodes=16")[0])
+    rows = compare([topo], PAPER_LENS, paper)
+    by = {(r.seq_len, r.method): r for r in rows}
+    ring = ring_order(topo)[1]
+    print("paper's setting, 128 H100s, 16 heads x 128, fp16: tree vs ring attention (paper: up to 8x faster, "
+          "2x less peak memory)")
+    print(f"{'N':>8} {'tree us':>9} {'ring us':>10} {'speedup':>8} {'mem ratio':>10} {'no-overlap ratio':>17}")
+    for n in PAPER_LENS:
+        tree, ra = by[(n, "tree")], by[(n, "ring-attention")]
+        serial = peak_bytes(build("ring-attention", paper(128, n), topo, order=ring, overlap=False))
+        print(f"{n // 1024:>7}K {tree.predicted_us:>9.1f} {ra.predicted_us:>10.1f} {ra.speedup_of_tree:>7.0f}x "
+              f"{ra.peak_bytes / tree.peak_bytes:>9.2f}x {serial / tree.peak_bytes:>16.2f}x")
+    print("\nheads against all (Llama-3.1-8B, 1K tokens a GPU): the merge's time (compute taken out) and bytes moved")
+    print(f"{'topology':>18} {'B':>4} {'all':>22} {'heads':>24} {'time':>6} {'bytes':>6}")
+    for spec, batch in (("dgx-h100", 64), ("dgx-h100-2node", 64), ("dgx-h100-2node", 256), ("dgx-h100:nodes=4", 256)):
+        t = resolve(spec)
+        w = Workload.create(ranks=t.num_ranks, seq_len=1024 * t.num_ranks, batch=batch, model="llama-3.1-8b")
+        c = max(ComputeModel.of(w, t).partial_us(r) for r in range(t.num_ranks))
+        got = {}
+        for layout in ("all", "heads"):
+            res = search(t, w, result=layout)
+            got[layout] = (res.candidates[0].algorithm, res.best.predicted_us - c, plan_bytes_moved(res.best))
+        (fa, ta, ba), (fh, th, bh) = got["all"], got["heads"]
+        print(f"{spec:>18} {batch:>4} {fa:>12} {ta:>6.1f} us {fh:>14} {th:>6.1f} us {ta / th:>5.2f}x {ba / bh:>5.2f}x")
+    print(f"{time.perf_counter() - t0:.1f} s")
 
 
 if __name__ == "__main__":

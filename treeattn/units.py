@@ -68,7 +68,7 @@ def parse_size(text: str | int) -> int:
 
 def format_size(nbytes: float) -> str:
     """Short human form of a byte count, powers of 1024 (as nccl-tests prints)."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale:
             return f"{nbytes / scale:.4g} {unit}"
     return f"{int(nbytes)} B"

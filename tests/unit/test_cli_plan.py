@@ -127,16 +127,30 @@ def test_compare_csv_and_json(tmp_path):
                   "--head-dim", "128", "--csv", str(out), "--json")
     assert res.exit_code == 0, res.stderr
     rows = json.loads(res.stdout)["rows"]
-    assert len(rows) == 2 * 2 * 4
+    assert len(rows) == 2 * 2 * 8
     with open(out) as fh:
         lines = list(csv.DictReader(fh))
-    assert len(lines) == len(rows) and lines[0]["method"] == "planned"
-    speed = {(r["ranks"], r["seq_len"]): r["speedup_vs_ring"] for r in rows if r["method"] == "planned"}
+    assert len(lines) == len(rows) and lines[0]["method"] == "tree"
+    speed = {(r["ranks"], r["seq_len"]): r["speedup_of_tree"] for r in rows if r["method"] == "ring-attention"}
     # the tree's advantage over ring attention grows with sequence length and with rank count
     assert speed[(8, 65536)] > speed[(8, 8192)] and speed[(16, 65536)] > speed[(16, 8192)]
     assert speed[(16, 65536)] > speed[(8, 65536)]
     peak = {r["method"]: r["peak_bytes"] for r in rows if r["ranks"] == 16 and r["seq_len"] == 65536}
-    assert peak["ring-attention"] > peak["planned"]
+    assert peak["ring-attention"] > peak["tree"]
+    delivered = {r["method"]: r["result"] for r in rows}
+    assert delivered["dcp-a2a"] == delivered["dcp-ag-rs"] == "heads" and delivered["allreduce2"] == "all"
+    assert all(r["fits"] for r in rows)
+
+
+def test_compare_heads_layout_and_rank_order_ring():
+    base = ("compare", "-t", "dgx-h100:nodes=4", "--seq-lens", "64K", "-m", "llama-3.1-8b", "--json")
+    rows = {r["method"]: r for r in json.loads(run_cli(*base, "--result", "heads").stdout)["rows"]}
+    assert {r["result"] for r in rows.values() if r["method"] not in ("ring-attention", "allreduce3",
+                                                                      "allgather-merge")} == {"heads"}
+    rank = {r["method"]: r for r in json.loads(run_cli(*base, "--ring", "rank").stdout)["rows"]}
+    topo = {r["method"]: r for r in json.loads(run_cli(*base).stdout)["rows"]}
+    # the rank-order ring changes rails at every node boundary, two crossings meet on a spine link
+    assert rank["ring-attention"]["predicted_us"] > topo["ring-attention"]["predicted_us"]
 
 
 def test_compare_bad_input():

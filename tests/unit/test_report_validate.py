@@ -17,13 +17,14 @@ from treeattn.validate.run import MAX_ROUNDS_FACTOR, case_rounds
 def test_default_cases_are_scaled():
     topo = resolve("topologies/emu-2x4.yaml")
     cases = default_cases(topo)
-    assert [c.name for c in cases] == ["B1", "B4", "B16", "B64", "N64K"]
+    assert [c.name for c in cases] == ["B1", "B4", "B16", "B64", "B16-heads", "N64K"]
     b1, n64 = cases[0].workload, cases[-1].workload
     assert (b1.q_heads, b1.kv_heads, b1.head_dim) == (EMU_HEADS.q_heads, EMU_HEADS.kv_heads, EMU_HEADS.head_dim)
     assert b1.payload_bytes == 8 * 33 * 4 and cases[3].workload.payload_bytes == 64 * 8 * 33 * 4
     assert cases[-1].tokens_per_rank == 65536 and n64.kv_bytes(0) == 8 << 20
-    assert [c.regime for c in cases] == ["sweep"] * 4 + ["long-context"]
-    assert [c.name for c in default_cases(topo, batches=(2,), long_tokens_per_rank=0)] == ["B2"]
+    assert [c.regime for c in cases] == ["sweep"] * 4 + ["heads", "long-context"]
+    assert [c.result for c in cases] == ["all"] * 4 + ["heads", "all"]
+    assert [c.name for c in default_cases(topo, batches=(2,), heads_batches=(), long_tokens_per_rank=0)] == ["B2"]
 
 
 @pytest.mark.parametrize("bad", [dict(batches=()), dict(batches=(1, 1)), dict(tokens_per_rank=0)])

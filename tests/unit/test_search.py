@@ -153,9 +153,10 @@ def test_search_matches_exhaustive_trees(spec, ranks, batch):
     topo = load_topology(spec, ranks)
     w = _w(topo.num_ranks, batch=batch)
     ex = exhaustive_trees(topo, w, chunk_choices=(1, 2, 4))
-    trees_only = search(topo, w, chunk_choices=(1, 2, 4), families=TREE_FAMILIES)
+    # (a 32-layer cache at B=16 would not fit a 24 GB RTX 4090: the comparison is about time)
+    trees_only = search(topo, w, chunk_choices=(1, 2, 4), families=TREE_FAMILIES, mem_fraction=None)
     assert trees_only.best.predicted_us <= ex.predicted_us * 1.01
-    full = search(topo, w, chunk_choices=(1, 2, 4))
+    full = search(topo, w, chunk_choices=(1, 2, 4), mem_fraction=None)
     assert full.best.predicted_us <= trees_only.best.predicted_us * (1 + 1e-12)
 
 

@@ -54,10 +54,10 @@ def main(args: list[str] | None = None) -> None:
         err_console.print("aborted")
         sys.exit(130)
     except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        try:
-            import click
-        except ImportError:  # typer >= 0.22 vendors click as typer._click
+        try:  # typer >= 0.22 raises its vendored click's exceptions, whether or not click is installed
             from typer import _click as click
+        except ImportError:
+            import click
 
         if isinstance(exc, click.exceptions.UsageError):
             exc.show()

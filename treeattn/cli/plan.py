@@ -186,8 +186,11 @@ def plan_cmd(
                                               rich_help_panel=_ALG)] = None,
     inter: Annotated[str | None, typer.Option("--inter", help="hierarchical: shape across leaders.",
                                               rich_help_panel=_ALG)] = None,
-    result: Annotated[str | None, typer.Option("--result", help="all (default) or root (a reduce only).",
-                                               rich_help_panel=_ALG)] = None,
+    result: Annotated[str, typer.Option("--result", help="all (every rank gets every row), heads (each rank its "
+                                        "own query heads: a tensor-parallel o_proj's input) or root[:R] (rank R "
+                                        "only, default 0).")] = "all",
+    mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="Share of each device's memory (mem_gb) a "
+                                                "rank may use; schedules that need more are left out.")] = 0.9,
     top: Annotated[int, typer.Option("--top", help="Candidates shown.", rich_help_panel=_SEARCH)] = 10,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the local-improvement moves.",
                                       rich_help_panel=_SEARCH)] = 0,
@@ -217,7 +220,12 @@ def plan_cmd(
     alg_flags = {"--root": root, "--fanout": fanout, "--chunks": chunks, "--groups": groups,
                  "--group-size": group_size, "--order": order,
                  "--parents": parents, "--roots": roots, "--trees": trees, "--shape": shape, "--intra": intra,
-                 "--inter": inter, "--result": result}
+                 "--inter": inter}
+    from treeattn.cost.memory import check_kv_fits
+    from treeattn.plan.baselines import parse_result
+
+    layout, result_root = parse_result(result, topo.num_ranks)
+    check_kv_fits(payload, topo, mem_fraction)
     started = time.perf_counter()
     if algorithm is None:
         given = sorted(k for k, v in alg_flags.items() if v is not None)
@@ -228,12 +236,16 @@ def plan_cmd(
 
         show = progress if progress is not None else err_console.is_terminal
         with _progress(show) as update:
-            res = search(topo, payload, seed=seed, top_k=top, progress=update)
+            res = search(topo, payload, result=layout, root=result_root, mem_fraction=mem_fraction, seed=seed,
+                         top_k=top, progress=update)
         plan, report = res.best, res.to_dict()
     else:
+        if root is not None and result_root is not None and root != result_root:
+            raise InputError(f"--root {root} and --result {result} name different roots")
         plan, report = _named(topo, payload, algorithm, chunks, _build_kwargs(
-            topo.num_ranks, root=root, fanout=fanout, groups=groups, order=order, parents=parents, roots=roots,
-            trees=trees, shape=shape, intra=intra, inter=inter, result=result, group_size=group_size))
+            topo.num_ranks, root=root if root is not None else result_root, fanout=fanout, groups=groups,
+            order=order, parents=parents, roots=roots, trees=trees, shape=shape, intra=intra, inter=inter,
+            result=None if layout == "all" else layout, group_size=group_size), mem_fraction)
     elapsed = time.perf_counter() - started
     from treeattn.plan.io import save_plan
 
@@ -258,32 +270,42 @@ def plan_cmd(
     if json_out:
         _echo_json(report)
         return
-    _print_report(report, topo, payload, elapsed, algorithm is None)
+    _print_report(report, topo, payload, elapsed, algorithm is None, plan.result)
     if explanation is not None:
         _print_explanation(explanation, topo)
 
 
-def _named(topo, payload: Payload, algorithm: str, chunks: int | None, kw: dict[str, Any]):
+def _named(topo, payload: Payload, algorithm: str, chunks: int | None, kw: dict[str, Any], mem_fraction: float):
     """Build, time and describe one named algorithm's plan."""
     from dataclasses import replace
 
     from treeattn.cost.bounds import lower_bounds
+    from treeattn.cost.memory import memory_check, peak_bytes
     from treeattn.cost.simulate import simulate
+    from treeattn.exec.predict import plan_baselines
     from treeattn.plan.builders import build
     from treeattn.search import baselines
 
     plan = build(algorithm, payload, topo, chunks=chunks if chunks is not None else 1, **kw)
     t = simulate(plan, topo, timeline=False).predicted_us
     bound = lower_bounds(payload, topo, result_ranks=plan.result_ranks, contributors=plan.contributors)
-    base = baselines(topo, payload)
+    layout, root = ("heads", None) if plan.layout == "heads" else (
+        ("all", None) if plan.result == "all" else ("root", plan.result_ranks[0]))
+    base = baselines(topo, payload, result=layout, root=root)
+    methods, _ = plan_baselines(plan, topo)
+    base_peaks = {b.key: None if base.get(b.key) is None else peak_bytes(build(b.name, payload, topo, **b.kwargs))
+                  for b in methods}
+    mem = memory_check(plan, topo, mem_fraction)
     ratio = t / bound.bound_us if bound.bound_us > 0 else None
     notes = {**plan.notes, "plan": {"lower_bound_us": bound.bound_us, "bound_cut": bound.cut,
                                     "ratio_to_bound": ratio, "baselines": base}}
     plan = replace(plan, predicted_us=t, notes=notes)
     params = {k: v for k, v in plan.params.items() if k not in ("chunks",)}
     entry = {"algorithm": algorithm, "builder": algorithm, "params": params, "chunks": plan.chunks,
-             "predicted_us": t, "ratio_to_bound": ratio}
-    return plan, {"best": entry, "candidates": [entry], "lower_bound_us": bound.bound_us, "baselines": base}
+             "predicted_us": t, "ratio_to_bound": ratio, "peak_bytes": mem.peak_bytes}
+    left = [] if mem.fits else [{"algorithm": algorithm, "why": mem.why(), "peak_bytes": mem.peak_bytes}]
+    return plan, {"best": entry, "candidates": [entry], "lower_bound_us": bound.bound_us, "baselines": base,
+                  "baseline_peak_bytes": base_peaks, "memory_limit_bytes": mem.limit_bytes, "left_out": left}
 
 
 def _short(params: dict[str, Any], limit: int = 60) -> str:
@@ -297,33 +319,49 @@ def _short(params: dict[str, Any], limit: int = 60) -> str:
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
-def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float, searched: bool) -> None:
+_BASELINE_NAMES = {"allreduce3_nccl_us": "3 all-reduces", "allreduce2_us": "2 all-reduces (max, then sum)",
+                   "allreduce_nccl_us": "library collective", "allgather_merge_us": "all-gather + merge",
+                   "dcp_ag_rs_us": "vLLM DCP all-gather + reduce-scatter", "dcp_a2a_us": "vLLM DCP all-to-all",
+                   "ring_attention_us": "ring attention (the topology's ring)"}
+
+
+def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float, searched: bool,
+                  result: str = "all") -> None:
     con = Console(highlight=False, soft_wrap=True)
     base = report["baselines"]
-    ar3 = base.get("allreduce3_nccl_us") or base.get("allreduce_nccl_us")
-    ar3_name = "3 all-reduces" if "allreduce3_nccl_us" in base else "all-reduce"
+    ref_key = next((k for k in ("allreduce3_nccl_us", "allreduce2_us", "allreduce_nccl_us") if base.get(k)), None)
+    ref = base.get(ref_key) if ref_key else None
+    ref_name = _BASELINE_NAMES.get(ref_key, "baseline").split(" (")[0]
     what = (f"B={payload.batch} Hq={payload.q_heads} Hkv={payload.kv_heads} D={payload.head_dim} "
             f"N={payload.seq_len}" if isinstance(payload, Workload)
             else f"{format_size(payload.nbytes)} {payload.op.value}")
-    con.print(f"[bold]{topo.name}[/] ({topo.num_ranks} ranks), {what}: partial {format_size(payload.payload_bytes)}"
-              " per rank")
+    con.print(f"[bold]{topo.name}[/] ({topo.num_ranks} ranks), {what}, result {result}: partial "
+              f"{format_size(payload.payload_bytes)} per rank")
     table = Table(title="Candidates (fastest first)" if searched else "Plan")
-    for col in ("#", "algorithm", "parameters", "chunks", "predicted us", "x bound", f"x {ar3_name} (NCCL)"):
+    for col in ("#", "algorithm", "parameters", "chunks", "predicted us", "x bound", f"x {ref_name}"):
         table.add_column(col, justify="right" if col not in ("algorithm", "parameters") else "left")
     for i, c in enumerate(report["candidates"], 1):
         table.add_row(str(i), c["algorithm"], _short(c["params"]), str(c["chunks"]), f"{c['predicted_us']:.2f}",
                       f"{c['ratio_to_bound']:.3f}" if c["ratio_to_bound"] else "-",
-                      f"{c['predicted_us'] / ar3:.3f}" if ar3 else "-")
+                      f"{c['predicted_us'] / ref:.3f}" if ref else "-")
     con.print(table)
     best = report["best"]["predicted_us"]
     lines = [f"lower bound {report['lower_bound_us']:.2f} us"]
-    names = {"allreduce3_nccl_us": "3 all-reduces (NCCL model)", "allreduce_nccl_us": "all-reduce (NCCL model)",
-             "allgather_merge_us": "all-gather + merge", "ring_attention_us": "ring attention"}
-    for key, label in names.items():
-        if key in base:
-            v = base[key]
-            lines.append(f"{label} {v:.2f} us ({v / best:.2f}x the plan's time)" if v else f"{label}: not simulated")
+    peaks = report.get("baseline_peak_bytes", {})
+    for key, v in base.items():
+        label = _BASELINE_NAMES.get(key, key)
+        mem = f", {format_size(peaks[key])} a rank" if peaks.get(key) else ""
+        lines.append(f"{label} {v:.2f} us ({v / best:.2f}x the plan's time{mem})" if v else f"{label}: not simulated")
     con.print("; ".join(lines))
+    peak, limit = report["best"].get("peak_bytes"), report.get("memory_limit_bytes")
+    if peak:
+        usable = f" of the {format_size(limit)} it may use" if limit else ""
+        con.print(f"memory: the plan's busiest rank holds {format_size(peak)}{usable}")
+    for x in report.get("left_out", []):
+        kind = "baseline" if x.get("baseline") else "schedule"
+        con.print(f"[yellow]left out ({kind}, does not fit):[/] {x['algorithm']} {x['predicted_us']:.2f} us "
+                  f"{'' if not x.get('baseline') else ''}- {x['why']}" if "predicted_us" in x else
+                  f"[yellow]does not fit:[/] {x['algorithm']} - {x['why']}")
     if searched:
         st = report["stats"]
         con.print(f"searched {st['schedules']} schedules ({st['simulations']} simulations) in {elapsed:.2f} s")
@@ -382,21 +420,32 @@ def compare_cmd(
     kv_dtype: KvDtypeOpt = None,
     partial_dtype: PartialDtypeOpt = None,
     layers: LayersOpt = None,
+    result: Annotated[str, typer.Option("--result", help="Layout compared: all, heads or root[:R] (each method "
+                                        "delivers it where it can, else its own).")] = "all",
+    ring: Annotated[str, typer.Option("--ring", help="Ring of ring attention and of the ring of partials: "
+                                      "topology (along rails) or rank (rank order).")] = "topology",
+    mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="Usable share of each device's memory "
+                                                "(methods over it are marked).")] = 0.9,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the planner.")] = 0,
-    csv: Annotated[Path | None, typer.Option("--csv", help="Write the table as CSV.", rich_help_panel=_OUT)] = None,
+    csv: Annotated[Path | None, typer.Option("--csv", help="Write the rows as CSV.", rich_help_panel=_OUT)] = None,
     png: Annotated[Path | None, typer.Option("--png", help="Plot speedup against sequence length.",
                                              rich_help_panel=_OUT)] = None,
     progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Per-layer decode attention time of the planned merge against ring attention, the paper's
-    three all-reduces and all-gather + merge, over sequence lengths and rank counts."""
-    from treeattn.search.compare import METHODS, compare, expand_topologies, plot_speedup, write_csv
+    """Per-layer decode attention time, peak memory and bytes moved of the planned merge (tree)
+    against ring attention, the ring of partials, two and three all-reduces, all-gather +
+    merge and vLLM's decode context parallel, over sequence lengths and rank counts."""
+    from treeattn.cost.memory import check_kv_fits
+    from treeattn.plan.baselines import parse_result
+    from treeattn.search.compare import compare, expand_topologies, plot_speedup, write_csv
     from treeattn.search.workload_file import parse_tokens
 
     if topology is None:
         raise InputError("give --topology: a family (dgx-h100 --nodes 1,2,16 or dgx-h100:nodes={1,2,16}), "
                          "a shipped name or a YAML file")
+    if ring not in ("topology", "rank"):
+        raise InputError(f"--ring must be topology or rank, got {ring!r}")
     node_counts = _int_list(nodes, "--nodes") if nodes else None
     if node_counts is not None and any(n < 1 for n in node_counts):
         raise InputError(f"--nodes must be positive, got {nodes!r}")
@@ -410,11 +459,19 @@ def compare_cmd(
                             head_dim=head_dim, batch=batch, seq_len=str(n), kv_dtype=kv_dtype,
                             partial_dtype=partial_dtype, layers=layers)
 
-    for t in topos:  # fail on a bad shape before the long part
-        make(t.num_ranks, lens[0])
+    layout, root = "all", None
+    for t in topos:  # fail on a bad shape, layout or memory before the long part
+        w = make(t.num_ranks, lens[0])
+        layout, root = parse_result(result, t.num_ranks)
+        for n in lens:
+            check_kv_fits(make(t.num_ranks, n), t, mem_fraction)
+        if layout == "heads" and isinstance(w, Workload) and t.num_ranks > w.q_heads:
+            raise InputError(f"--result heads gives every rank its own query heads: {w.q_heads} heads cannot go to "
+                             f"{t.num_ranks} ranks of {t.name}")
     show = progress if progress is not None else err_console.is_terminal
     with _progress(show) as update:
-        rows = compare(topos, lens, make, seed=seed, progress=update)
+        rows = compare(topos, lens, make, result=layout, root=root, ring=ring, mem_fraction=mem_fraction,
+                       seed=seed, progress=update)
     if csv is not None:
         write_csv(rows, csv)
     if png is not None:
@@ -423,22 +480,64 @@ def compare_cmd(
         _echo_json({"rows": [r.to_dict() for r in rows], "csv": None if csv is None else str(csv),
                     "png": None if png is None else str(png)})
         return
+    _compare_tables(rows, result, ring)
     con = Console(highlight=False, soft_wrap=True)
-    table = Table(title="Predicted per-layer decode attention (compute + communication)")
-    cols = ["topology", "ranks", "N"] + [f"{m} us" for m in METHODS] + ["speedup vs ring", "vs 3 all-reduces",
-                                                                        "peak MiB plan/ring", "moved plan/ring"]
-    for col in cols:
-        table.add_column(col, justify="left" if col == "topology" else "right")
-    by: dict[tuple[str, int], dict[str, Any]] = {}
-    for r in rows:
-        by.setdefault((r.topology, r.seq_len), {"ranks": r.ranks})[r.method] = r
-    for (name, n), entry in by.items():
-        pl, ring, ar3 = entry["planned"], entry["ring-attention"], entry["allreduce3"]
-        table.add_row(name, str(entry["ranks"]), _tokens(n), *(f"{entry[m].predicted_us:.1f}" for m in METHODS),
-                      f"{ring.predicted_us / pl.predicted_us:.1f}x", f"{ar3.predicted_us / pl.predicted_us:.2f}x",
-                      f"{pl.peak_bytes / 2**20:.0f}/{ring.peak_bytes / 2**20:.0f}",
-                      f"{format_size(pl.bytes_moved)}/{format_size(ring.bytes_moved)}")
-    con.print(table)
     for path in (csv, png):
         if path is not None:
             con.print(f"wrote {path}")
+
+
+def _compare_tables(rows, result: str, ring: str) -> None:  # noqa: ANN001 - CompareRows
+    """One narrow table per metric (time, the tree's speedup, peak memory, bytes moved)."""
+    from rich import box
+
+    from treeattn.search.compare import METHODS, SHORT
+
+    con = Console(highlight=False, soft_wrap=True)
+    by: dict[tuple[str, int], dict[str, Any]] = {}
+    names: dict[int, list[str]] = {}
+    for r in rows:
+        by.setdefault((r.topology, r.seq_len), {"ranks": r.ranks})[r.method] = r
+        if r.topology not in names.setdefault(r.ranks, []):
+            names[r.ranks].append(r.topology)
+    con.print("ranks: " + "; ".join(f"{p} = {', '.join(t)}" for p, t in sorted(names.items()))
+              + f". Result {result}; rings: {ring}. Methods: " + ", ".join(f"{SHORT[m]} {m}" for m in METHODS)
+              + " (AG+RS and A2A deliver heads; ringA, AR3 and AG+M every row).")
+    metrics = (("per-layer time, compute included", lambda r: _time(r.predicted_us)),
+               ("tree faster by (x)", lambda r: _ratio(r.speedup_of_tree)),
+               ("peak bytes a rank (* does not fit)", lambda r: _bytes(r.peak_bytes) + ("" if r.fits else "*")),
+               ("bytes moved, all ranks", lambda r: _bytes(r.bytes_moved)))
+    for title, cell in metrics:
+        table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+        table.add_column("ranks N", justify="left", no_wrap=True)
+        for m in METHODS:
+            table.add_column(SHORT[m], justify="right", no_wrap=True)
+        for (_, n), entry in by.items():
+            table.add_row(f"{entry['ranks']} {_tokens(n)}",
+                          *("-" if entry[m].predicted_us is None else cell(entry[m]) for m in METHODS))
+        con.print(table)
+
+
+def _time(us: float | None) -> str:
+    if us is None:
+        return "-"
+    if us < 1000:
+        return f"{us:.0f}us"
+    if us < 1e6:
+        return f"{us / 1e3:.3g}ms"
+    return f"{us / 1e6:.3g}s"
+
+
+def _ratio(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.2f}" if x < 10 else f"{x:.3g}" if x < 1000 else f"{x:.0f}"
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n}B"

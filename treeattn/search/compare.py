@@ -1,42 +1,55 @@
-"""The four ways to merge a sharded decode, side by side (DESIGN.md section 2).
+"""The ways to merge a sharded decode, side by side (DESIGN.md section 2), fairly.
 
-For each topology of a family sweep and each sequence length: the planned merge (the
-``search`` pick), ring attention, the paper's three all-reduces (NCCL model) and all-gather
-+ local merge, each as a plan timed by the simulator. Times are per layer and include the
-local attention compute. Memory and traffic are read off the same plans:
+For each topology of a family sweep and each sequence length, every method as a plan timed
+by the simulator (per layer, local attention compute included):
 
-* ``peak_bytes``: the most any rank holds at once of KV cache (its own shard plus KV blocks
-  received and not yet passed on and computed), its partial, and the buffers its busiest
-  step receives into (an all-gather holds all p partials; the three all-reduces reduce in
-  place, one part at a time).
-* ``bytes_moved``: bytes sent by all ranks together; a library collective is counted as
-  its ring implementation sends (all-reduce 2(p-1)/p of the buffer per rank, all-gather
-  (p-1) shares per rank).
+* ``tree``: the planner's pick for the result layout (``search``);
+* ``ring-attention``: KV blocks rotate, block k's attention overlapping block k + 1's
+  transfer, on the topology's ring (``treeattn.search.rings``: along rails where that is
+  least loaded; ``ring_order="rank"`` keeps rank order for comparison);
+* ``ring``: the ring of partials (reduce-scatter + all-gather; the reduce-scatter alone for
+  ``heads``) on the same ring, at its best chunk count;
+* ``allreduce2``: all-reduce max, then one library sum (all-reduce, reduce-scatter for
+  ``heads``, reduce for ``root``); ``allreduce3``: the paper's three all-reduces;
+  ``allgather-merge``: Star Attention;
+* ``dcp-ag-rs``, ``dcp-a2a``: vLLM's decode context parallel (they deliver ``heads``).
+
+A method delivers the compared layout where it can, else its own (``CompareRow.result``).
+Memory and traffic come off the same plans: ``peak_bytes`` (``treeattn.cost.memory``: the
+KV cache of every layer, the query, the partial and what the busiest step holds) and
+``bytes_moved`` (bytes all ranks send; a library collective counted as its ring
+implementation sends: an all-reduce 2(p-1)/p of its buffer per rank, a reduce-scatter or a
+reduce (p-1)/p, an all-gather p-1 shares).
 """
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from treeattn.cost.memory import DEFAULT_MEM_FRACTION, memory_check
 from treeattn.cost.simulate import simulate
 from treeattn.errors import InputError
 from treeattn.figures import save_figure
-from treeattn.plan.ir import OpKind, Plan, message_bytes
-from treeattn.search.evaluate import Evaluator, Schedule
+from treeattn.plan.builders import ALGORITHMS, build
+from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, message_bytes, row_bytes
+from treeattn.search.evaluate import Evaluator, Schedule, sweep_chunks
+from treeattn.search.rings import ring_order
 from treeattn.search.search import search
 from treeattn.topology.model import Topology
 from treeattn.workload import Payload, Workload
 
-__all__ = ["METHODS", "CompareRow", "expand_topologies", "plan_peak_bytes", "plan_bytes_moved", "compare",
-           "write_csv", "plot_speedup"]
+__all__ = ["METHODS", "SHORT", "CompareRow", "expand_topologies", "plan_bytes_moved", "compare", "write_csv",
+           "plot_speedup"]
 
-METHODS = ("planned", "ring-attention", "allreduce3", "allgather-merge")
+METHODS = ("tree", "ring-attention", "ring", "allreduce2", "allreduce3", "allgather-merge", "dcp-ag-rs", "dcp-a2a")
 """Methods compared, in column order."""
+SHORT = {"tree": "tree", "ring-attention": "ringA", "ring": "ring", "allreduce2": "AR2", "allreduce3": "AR3",
+         "allgather-merge": "AG+M", "dcp-ag-rs": "AG+RS", "dcp-a2a": "A2A"}
+"""Column headers narrow enough for 80 columns."""
 
 _BRACES = re.compile(r"\{([^{}]*)\}")
 
@@ -78,57 +91,22 @@ def plan_bytes_moved(plan: Plan) -> int:
     """Bytes all ranks send under ``plan`` (collectives as their ring implementation sends)."""
     p = plan.ranks
     total = 0
+    w = plan.workload
     for prog in plan.programs:
         for op in prog:
             if op.kind is OpKind.SEND:
                 total += message_bytes(plan, op)
             elif op.kind is OpKind.COLLECTIVE:
-                share = message_bytes(plan, op)
-                total += 2 * (p - 1) * share // p if op.coll == "allreduce" else (p - 1) * share
+                start, stop = plan.chunk_range(op.chunk)
+                for coll, what in COLLECTIVE_FORMS[(op.coll, op.reduce, op.part)].calls:
+                    buf = message_bytes(plan, op) if what == "q" else (stop - start) * row_bytes(w, what)
+                    if coll == "allgather":
+                        total += (p - 1) * buf
+                    elif coll == "allreduce":
+                        total += 2 * (p - 1) * buf // p
+                    else:
+                        total += (p - 1) * buf // p
     return total
-
-
-def plan_peak_bytes(plan: Plan) -> int:
-    """The most bytes any rank holds at once under ``plan`` (see the module docstring)."""
-    w = plan.workload
-    payload = w.payload_bytes
-    worst = 0
-    for r, prog in enumerate(plan.programs):
-        own_kv = w.kv_bytes(r)
-        steps: dict[int, list] = {}
-        for op in prog:
-            steps.setdefault(op.step, []).append(op)
-        order = sorted(steps)
-        # Foreign KV blocks are held from the step they arrive until their last use (send or compute).
-        arrive: dict[int, int] = {}
-        last_use: dict[int, int] = {}
-        for s in order:
-            for op in steps[s]:
-                if op.block is None or op.block == r:
-                    continue
-                if op.kind is OpKind.RECV_COPY:
-                    arrive.setdefault(op.block, s)
-                last_use[op.block] = max(last_use.get(op.block, s), s)
-        delta: dict[int, int] = {}
-        for b, a in arrive.items():
-            delta[a] = delta.get(a, 0) + w.kv_bytes(b)
-            end = max(a, last_use.get(b, a))
-            i = bisect.bisect_right(order, end)
-            if i < len(order):
-                delta[order[i]] = delta.get(order[i], 0) - w.kv_bytes(b)
-        peak = held = 0
-        for s in order:
-            held += delta.get(s, 0)
-            recv = 0
-            for op in steps[s]:
-                if op.kind in (OpKind.RECV_MERGE, OpKind.RECV_COPY) and op.block is None:
-                    recv += message_bytes(plan, op)
-                elif op.kind is OpKind.COLLECTIVE:
-                    share = message_bytes(plan, op)
-                    recv += plan.ranks * share if op.coll == "allgather" else share
-            peak = max(peak, held + recv)
-        worst = max(worst, own_kv + payload + peak)
-    return worst
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,19 +117,41 @@ class CompareRow:
     ranks: int
     seq_len: int
     method: str
+    result: str
+    """The layout the method delivered (``all``, ``heads``, ``root:R``)."""
     predicted_us: float | None
-    """Per layer, local compute included; None where the method could not be simulated."""
-    speedup_vs_ring: float | None
-    """Ring attention's time over this method's."""
+    """Per layer, local compute included; None where the method could not be built."""
+    speedup_of_tree: float | None
+    """This method's time over the tree's (how much faster the planned merge is)."""
     peak_bytes: int | None
     bytes_moved: int | None
+    fits: bool
+    """Its peak fits in the devices' memory (``mem_gb`` x the usable fraction)."""
     detail: str
-    """The planned merge: the family picked; others: the builder."""
+    """The tree: the family picked; others: the builder and its chunk count."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"topology": self.topology, "ranks": self.ranks, "seq_len": self.seq_len, "method": self.method,
-                "predicted_us": self.predicted_us, "speedup_vs_ring": self.speedup_vs_ring,
-                "peak_bytes": self.peak_bytes, "bytes_moved": self.bytes_moved, "detail": self.detail}
+                "result": self.result, "predicted_us": self.predicted_us, "speedup_of_tree": self.speedup_of_tree,
+                "peak_bytes": self.peak_bytes, "bytes_moved": self.bytes_moved, "fits": self.fits,
+                "detail": self.detail}
+
+
+def _method_plan(name: str, topo: Topology, w: Workload, layout: str, root: int | None, ring: list[int],
+                 ev: Evaluator) -> Plan:
+    """The plan of one compared method (not the tree) for ``layout`` where it builds it."""
+    spec = ALGORITHMS[name]
+    result = layout if layout in spec.results else spec.results[0]
+    kw: dict[str, Any] = {} if result == "all" else {"result": result}
+    if result == "root":
+        kw["root"] = root
+    if name in ("ring-attention", "ring"):
+        kw["order"] = ring
+    if name == "ring":
+        sched = Schedule("ring", "ring", kw, rows_per_chunk=topo.num_ranks)
+        chunks, _ = sweep_chunks(ev, sched, [1, 2, 4, 8, 16, 32])
+        return ev.plan(sched, chunks)
+    return build(name, w, topo, **kw)
 
 
 def compare(
@@ -159,42 +159,62 @@ def compare(
     seq_lens: Sequence[int],
     make_workload: Callable[[int, int], Payload],
     *,
+    result: str = "all",
+    root: int | None = None,
+    ring: str = "topology",
+    mem_fraction: float = DEFAULT_MEM_FRACTION,
     seed: int = 0,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> list[CompareRow]:
-    """Time the four methods on every topology and sequence length.
+    """Time every method on every topology and sequence length.
 
     Args:
         topologies: the sweep's topologies (rank counts).
         seq_lens: sequence lengths N in tokens.
         make_workload: ``make_workload(ranks, seq_len)`` gives the decode shape.
+        result: the layout compared (``all``, ``heads``, ``root``).
+        root: the root of ``root``.
+        ring: ``topology`` (the ring along rails, ``treeattn.search.rings``) or ``rank``
+            (rank order) for ring attention and the ring of partials.
+        mem_fraction: the usable share of a device's memory (``fits``; the tree's search
+            leaves out schedules that do not fit).
         seed: the planner's seed.
         progress: ``progress(done, total, stage)``.
 
     Returns:
         Rows ordered by topology, then sequence length, then ``METHODS``.
     """
+    if ring not in ("topology", "rank"):
+        raise InputError(f"ring order must be topology or rank, got {ring!r}")
     rows: list[CompareRow] = []
     total = len(topologies) * len(seq_lens)
     done = 0
     for topo in topologies:
+        order = ring_order(topo)[1] if ring == "topology" else list(range(topo.num_ranks))
         for n in seq_lens:
             w = make_workload(topo.num_ranks, n)
             if not isinstance(w, Workload):
                 raise InputError("compare needs a decode shape (--model or --heads/--head-dim), not --bytes")
-            res = search(topo, w, seed=seed, top_k=1)
             ev = Evaluator(topo, w)
-            plans: dict[str, Plan] = {"planned": res.best}
-            times = {"planned": res.best.predicted_us}
+            res = search(topo, w, result=result, root=root, mem_fraction=None, seed=seed, top_k=1)
+            plans: dict[str, Plan | None] = {"tree": res.best}
+            details = {"tree": res.candidates[0].algorithm}
             for name in METHODS[1:]:
-                plans[name] = ev.plan(Schedule(name, name, {}), 1)
-                times[name] = simulate(plans[name], topo, timeline=False).predicted_us
-            ring = times["ring-attention"]
+                try:
+                    plans[name] = _method_plan(name, topo, w, result, root, order, ev)
+                    details[name] = f"{name} x{plans[name].chunks}" if name == "ring" else name
+                except InputError as exc:
+                    plans[name], details[name] = None, str(exc)
+            times = {m: (None if pl is None else simulate(pl, topo, timeline=False).predicted_us)
+                     for m, pl in plans.items()}
+            tree = times["tree"]
             for name in METHODS:
-                t = times[name]
-                detail = res.candidates[0].algorithm if name == "planned" else name
-                rows.append(CompareRow(topo.name, topo.num_ranks, n, name, t, ring / t if t else None,
-                                       plan_peak_bytes(plans[name]), plan_bytes_moved(plans[name]), detail))
+                pl, t = plans[name], times[name]
+                mem = None if pl is None else memory_check(pl, topo, mem_fraction)
+                rows.append(CompareRow(topo.name, topo.num_ranks, n, name, "-" if pl is None else pl.result, t,
+                                       t / tree if t and tree else None, None if mem is None else mem.peak_bytes,
+                                       None if pl is None else plan_bytes_moved(pl),
+                                       mem is not None and mem.fits, details[name]))
             done += 1
             if progress is not None:
                 progress(done, total, f"{topo.name} N={n}")
@@ -205,8 +225,7 @@ def write_csv(rows: Sequence[CompareRow], path: Any) -> None:
     """Write the rows as CSV (one line per method), deterministic."""
     import csv
 
-    fields = ["topology", "ranks", "seq_len", "method", "predicted_us", "speedup_vs_ring", "peak_bytes",
-              "bytes_moved", "detail"]
+    fields = list(CompareRow.__slots__)
     try:
         with open(path, "w", newline="") as fh:
             out = csv.DictWriter(fh, fieldnames=fields, lineterminator="\n")
@@ -219,8 +238,8 @@ def write_csv(rows: Sequence[CompareRow], path: Any) -> None:
 
 
 def plot_speedup(rows: Sequence[CompareRow], path: Any) -> None:
-    """Line plot of the planned merge's speedup over ring attention against sequence length,
-    one line per rank count (and dashed: over the three all-reduces)."""
+    """Line plot of the tree's speedup over ring attention against sequence length, one line
+    per rank count (and dashed: over the two all-reduces)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -232,11 +251,12 @@ def plot_speedup(rows: Sequence[CompareRow], path: Any) -> None:
             by.setdefault((r.ranks, r.topology), {}).setdefault(r.seq_len, {})[r.method] = r.predicted_us
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for (ranks, _name), series in sorted(by.items()):
-        xs = sorted(series)
-        ring = [series[x]["ring-attention"] / series[x]["planned"] for x in xs]
+        xs = sorted(x for x in series if "ring-attention" in series[x])
+        ring = [series[x]["ring-attention"] / series[x]["tree"] for x in xs]
         line = ax.plot(xs, ring, marker="o", label=f"{ranks} ranks: vs ring attention")[0]
-        ar3 = [series[x]["allreduce3"] / series[x]["planned"] for x in xs]
-        ax.plot(xs, ar3, marker=".", linestyle="--", color=line.get_color(), label=f"{ranks} ranks: vs 3 all-reduces")
+        xs2 = sorted(x for x in series if "allreduce2" in series[x])
+        ar2 = [series[x]["allreduce2"] / series[x]["tree"] for x in xs2]
+        ax.plot(xs2, ar2, marker=".", linestyle="--", color=line.get_color(), label=f"{ranks} ranks: vs 2 all-reduces")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length (tokens)")

@@ -36,6 +36,8 @@ class Candidate:
     """predicted_us / the lower bound."""
     builder: str = ""
     """The ``treeattn.plan.build`` algorithm that makes its plan."""
+    peak_bytes: int | None = None
+    """The most bytes a rank holds at once under its plan (``treeattn.cost.memory``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -45,6 +47,7 @@ class Candidate:
             "predicted_us": self.predicted_us,
             "ratio_to_bound": self.ratio_to_bound,
             "builder": self.builder,
+            "peak_bytes": self.peak_bytes,
         }
 
 
@@ -62,15 +65,26 @@ class SearchResult:
     simulated). The library calls are timed as the simulator times COLLECTIVE steps: NCCL's
     model on GPUs, gloo's schedules on host ranks (the ``_nccl`` in two keys is historical)."""
     stats: dict[str, Any] = field(default_factory=dict)
+    baseline_peak_bytes: dict[str, int | None] = field(default_factory=dict)
+    """Per baseline (keys as ``baselines``), the most bytes a rank holds at once."""
+    left_out: list[dict[str, Any]] = field(default_factory=list)
+    """Schedules and baselines faster than the pick that do not fit in the devices' memory,
+    each with ``why``."""
+    memory_limit_bytes: int | None = None
+    """What the busiest rank may use (its device's memory times the usable fraction); None
+    when the devices do not say or memory was not checked."""
 
     def to_dict(self) -> dict[str, Any]:
         best = self.candidates[0]
         return {
             "best": {"algorithm": best.algorithm, "builder": best.builder, "params": best.params,
                      "chunks": best.chunks, "predicted_us": best.predicted_us,
-                     "ratio_to_bound": best.ratio_to_bound},
+                     "ratio_to_bound": best.ratio_to_bound, "peak_bytes": best.peak_bytes},
             "lower_bound_us": self.lower_bound_us,
             "baselines": self.baselines,
+            "baseline_peak_bytes": self.baseline_peak_bytes,
+            "memory_limit_bytes": self.memory_limit_bytes,
+            "left_out": self.left_out,
             "candidates": [c.to_dict() for c in self.candidates],
             "stats": self.stats,
         }

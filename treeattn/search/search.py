@@ -27,9 +27,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from treeattn.cost.bounds import lower_bounds
+from treeattn.cost.memory import DEFAULT_MEM_FRACTION, check_kv_fits, memory_check
 from treeattn.errors import InputError
 from treeattn.plan.baselines import baselines_for
 from treeattn.plan.builders import ALGORITHMS
+from treeattn.plan.ir import Plan
 from treeattn.plan.trees import reroot, rotated
 from treeattn.search.candidates import (
     HIER_SHAPES,
@@ -47,6 +49,7 @@ from treeattn.search.exhaustive import exhaustive_trees
 from treeattn.search.moves import hill_climb
 from treeattn.search.result import RING_ATTENTION_MAX_RANKS, Candidate, SearchResult, baselines
 from treeattn.topology.model import Topology
+from treeattn.units import format_size
 from treeattn.workload import Payload, Workload
 
 __all__ = [
@@ -157,7 +160,7 @@ def for_result(sched: Schedule, p: int, result: str, root: int | None) -> Schedu
                                       and sched.algorithm == "direct"):
         return None
     kw = dict(sched.kwargs, result=result)
-    describe = dict(sched.describe, result=result)
+    describe = dict(sched.describe)
     if result == "root":
         assert root is not None
         if kw.get("order") is not None:
@@ -166,8 +169,11 @@ def for_result(sched: Schedule, p: int, result: str, root: int | None) -> Schedu
             kw["parents"] = reroot(kw["parents"], root)
         else:
             kw["root"] = root
+        if "root" in describe:
+            describe["root"] = root
         return replace(sched, kwargs=kw, describe=describe)
     kw.pop("root", None)
+    describe.pop("root", None)
     # Each rank's rows are one segment: p segments of ``chunks`` pieces; a chain or ring
     # reduce-scatter still runs p - 1 transfers deep.
     return replace(sched, kwargs=kw, describe=describe, rows_per_chunk=p,
@@ -180,6 +186,7 @@ def search(
     *,
     result: str = "all",
     root: int | None = None,
+    mem_fraction: float | None = DEFAULT_MEM_FRACTION,
     seed: int = 0,
     top_k: int = 10,
     chunk_choices: tuple[int, ...] | None = None,
@@ -195,6 +202,8 @@ def search(
         result: ``all`` (every rank gets every row), ``heads`` (each rank its own query
             heads) or ``root`` (rank ``root`` only); ``treeattn.plan.baselines.parse_result``.
         root: the root rank of ``root`` (default 0).
+        mem_fraction: the share of each device's memory a rank may use (``mem_gb`` x this);
+            schedules whose peak exceeds it are left out of the pick. None: memory unchecked.
         seed: seeds the local-improvement moves; same seed, same result.
         top_k: candidates returned.
         chunk_choices: chunk counts to try (default: powers of two up to the rows).
@@ -205,7 +214,12 @@ def search(
 
     Returns:
         The SearchResult: the best Plan (``predicted_us`` and ``notes['search']`` set), the
-        ranked candidates with their ratio to the lower bound, the bound and the baselines.
+        ranked candidates with their ratio to the lower bound and peak memory, the bound,
+        the baselines, and what was left out for memory.
+
+    Raises:
+        InputError: bad arguments, or a rank's KV cache alone exceeds its device's memory
+            (``treeattn.cost.memory.check_kv_fits``), or no schedule fits.
 
     Examples:
         >>> from treeattn.topology.library import resolve
@@ -232,6 +246,8 @@ def search(
     choices = tuple(chunk_choices) if chunk_choices else default_chunk_choices(workload, p)
     if any((not isinstance(c, int)) or c < 1 for c in choices):
         raise InputError(f"chunk choices must be positive integers, got {list(choices)}")
+    if mem_fraction is not None:
+        check_kv_fits(workload, topo, mem_fraction)
     if result == "heads":
         units = workload.q_heads if isinstance(workload, Workload) else workload.rows
         if p > units:
@@ -240,7 +256,7 @@ def search(
         # chunks count the pieces of one rank's rows here
         choices = tuple(c for c in choices if c * p <= workload.rows) or (1,)
     run = _Run(topo, workload, effort or effort_for(p), tuple(sorted(set(choices))), seed, families, progress,
-               result, root)
+               result, root, mem_fraction)
     run.screen()
     run.sweep()
     run.hierarchies()
@@ -254,9 +270,10 @@ class _Run:
 
     def __init__(self, topo: Topology, workload: Payload, eff: Effort, choices: tuple[int, ...], seed: int,
                  families: Collection[str] | None, progress: Progress | None, result: str = "all",
-                 root: int | None = None) -> None:
+                 root: int | None = None, mem_fraction: float | None = DEFAULT_MEM_FRACTION) -> None:
         self.topo, self.workload, self.eff, self.choices, self.seed = topo, workload, eff, choices, seed
         self.families = families
+        self.mem_fraction = mem_fraction
         self.layout, self.root = result, root
         self.rng = random.Random(seed)
         self.lay = layout_of(topo)
@@ -388,8 +405,7 @@ class _Run:
         for b in baselines_for(self.workload, self.layout, self.root):
             if b.name != "ring-attention" and base.get(b.key) is not None and (self.families is None
                                                                              or b.name in self.families):
-                self.pool.add(Schedule(b.name, b.name, b.kwargs, {"result": self.layout} if b.kwargs else {}), 1,
-                              base[b.key])
+                self.pool.add(Schedule(b.name, b.name, b.kwargs), 1, base[b.key])
         ranked = self.pool.ranked()
         if not ranked:
             raise InputError(f"no schedule could be built for {self.topo.num_ranks} ranks and "
@@ -402,17 +418,42 @@ class _Run:
 
         cands: list[Candidate] = []
         shown: set[tuple[str, int, float]] = set()
+        left_out: list[dict[str, Any]] = []
+        top: tuple[Schedule, int, float, Plan] | None = None
+        limit = None
         for s, c, t in ranked:
             # Shapes that coincide on this topology (a "star" of two leaders is also their
             # chain) give the same plan and time: list it once.
             if (s.family, c, t) in shown:
                 continue
             shown.add((s.family, c, t))
-            cands.append(Candidate(s.family, s.describe, c, t, ratio(t), s.algorithm))
+            plan = self.ev.plan(s, c)
+            peak = None
+            if self.mem_fraction is not None:
+                mc = memory_check(plan, self.topo, self.mem_fraction)
+                peak, limit = mc.peak_bytes, mc.limit_bytes
+                if not mc.fits:
+                    left_out.append({"algorithm": s.family, "params": s.describe, "chunks": c, "predicted_us": t,
+                                     "peak_bytes": mc.peak_bytes, "why": mc.why()})
+                    continue
+            if top is None:
+                top = (s, c, t, plan)
+            cands.append(Candidate(s.family, s.describe, c, t, ratio(t), s.algorithm, peak))
             if len(cands) >= max(1, top_k):
                 break
-        top_sched, top_c, top_t = ranked[0]
-        plan = self.ev.plan(top_sched, top_c)
+        if top is None:
+            raise InputError(f"no schedule fits in memory: {left_out[0]['why']} (the fastest, "
+                             f"{left_out[0]['algorithm']}); use more ranks or a larger --mem-fraction")
+        top_sched, top_c, top_t, plan = top
+        base_peaks = self._baseline_peaks(base)
+        names = {b.key: b.name for b in baselines_for(self.workload, self.layout, self.root)}
+        for key, peak in base_peaks.items():
+            listed = {x["algorithm"] for x in left_out}
+            if (peak is not None and limit is not None and peak > limit and base.get(key) is not None
+                    and names[key] not in listed):
+                left_out.append({"algorithm": names[key], "baseline": True, "predicted_us": base[key],
+                                 "peak_bytes": peak, "why": f"needs {format_size(peak)} on a rank, over the "
+                                                            f"{format_size(limit)} it may use"})
         stats = {
             "seed": self.seed,
             "screened": len(self.candidates),
@@ -435,5 +476,19 @@ class _Run:
         }
         if top_sched.key in self.moves_of:
             notes["search"]["moves"] = self.moves_of[top_sched.key]
+        if left_out:
+            notes["search"]["left_out_for_memory"] = [x["algorithm"] for x in left_out]
         plan = replace(plan, predicted_us=top_t, notes=notes)
-        return SearchResult(plan, cands, bound_us, base, stats)
+        return SearchResult(plan, cands, bound_us, base, stats, base_peaks, left_out, limit)
+
+    def _baseline_peaks(self, base: dict[str, float | None]) -> dict[str, int | None]:
+        """Per baseline key, the most bytes a rank holds under its plan."""
+        from treeattn.cost.memory import peak_bytes
+        from treeattn.search.rings import ring_order
+
+        ring = ring_order(self.topo)[1] if isinstance(self.workload, Workload) else None
+        out: dict[str, int | None] = {}
+        for b in baselines_for(self.workload, self.layout, self.root, ring):
+            out[b.key] = None if base.get(b.key) is None else peak_bytes(
+                self.ev.plan(Schedule(b.name, b.name, b.kwargs), 1))
+        return out

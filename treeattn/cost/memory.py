@@ -1,0 +1,178 @@
+"""Memory: the most bytes a rank holds at once under a plan, and whether that fits its device.
+
+Per rank, during one layer's decode step (``peak_bytes``):
+
+* the KV cache it keeps: its shard of every layer (``layers x kv_bytes(r)``), resident the
+  whole time;
+* the query (B x Hq x D in the KV dtype) and its own partial (``payload_bytes``);
+* what its busiest step holds besides: the buffers its receives land in (a transfer's
+  rows; a KV block), the KV blocks of other ranks it received and has not yet passed on and
+  computed over (ring attention: the block in hand and the next one arriving), and what a
+  collective needs: an all-gather of partials holds all p, the query's gather the whole
+  query, the lse gather p lse vectors, the sum of (w o, w) a packed copy of the rows
+  (a reduce-scatter's output too); the paper's all-reduces reduce one part at a time in
+  place of a copy of it.
+
+``fits`` compares the worst rank against its device's ``mem_gb`` times a usable fraction
+(``--mem-fraction``, default 0.9: the rest is the weights, activations and the runtime).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from treeattn.errors import InputError
+from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, message_bytes, row_bytes
+from treeattn.topology.model import Topology
+from treeattn.units import format_size
+from treeattn.workload import Payload, Workload
+
+__all__ = ["DEFAULT_MEM_FRACTION", "MemoryCheck", "peak_bytes", "rank_peak_bytes", "kv_cache_bytes", "device_bytes",
+           "check_kv_fits", "memory_check"]
+
+DEFAULT_MEM_FRACTION = 0.9
+
+
+def kv_cache_bytes(payload: Payload, rank: int) -> int:
+    """The KV cache ``rank`` keeps for every layer (0 for raw payloads)."""
+    if not isinstance(payload, Workload):
+        return 0
+    return payload.layers * payload.kv_bytes(rank)
+
+
+def _collective_bytes(plan: Plan, op) -> int:  # noqa: ANN001 - an ir.Op
+    """Transient bytes a COLLECTIVE holds on a rank beside the accumulator."""
+    w, p = plan.workload, plan.ranks
+    share = message_bytes(plan, op)
+    form = COLLECTIVE_FORMS[(op.coll, op.reduce, op.part)]
+    start, stop = plan.chunk_range(op.chunk)
+    rows = stop - start
+    out = 0
+    for coll, what in form.calls:
+        if what == "q":
+            out = max(out, share * p)  # the gathered query
+            continue
+        buf = rows * row_bytes(w, what)
+        if coll == "allgather":
+            out = max(out, buf * p)
+        elif coll == "reducescatter":
+            out = max(out, buf + -(-buf // p))
+        else:
+            out = max(out, buf)
+    return out
+
+
+def rank_peak_bytes(plan: Plan, rank: int) -> int:
+    """The most bytes ``rank`` holds at once under ``plan`` (see the module docstring)."""
+    w = plan.workload
+    prog = plan.programs[rank]
+    steps: dict[int, list] = {}
+    for op in prog:
+        steps.setdefault(op.step, []).append(op)
+    order = sorted(steps)
+    # Foreign KV blocks are held from the step they arrive until their last use (send or compute).
+    arrive: dict[int, int] = {}
+    last_use: dict[int, int] = {}
+    for s in order:
+        for op in steps[s]:
+            if op.block is None or op.block == rank:
+                continue
+            if op.kind is OpKind.RECV_COPY:
+                arrive.setdefault(op.block, s)
+            last_use[op.block] = max(last_use.get(op.block, s), s)
+    delta: dict[int, int] = {}
+    for b, a in arrive.items():
+        delta[a] = delta.get(a, 0) + w.kv_bytes(b)
+        end = max(a, last_use.get(b, a))
+        i = bisect.bisect_right(order, end)
+        if i < len(order):
+            delta[order[i]] = delta.get(order[i], 0) - w.kv_bytes(b)
+    peak = held = 0
+    for s in order:
+        held += delta.get(s, 0)
+        extra = 0
+        for op in steps[s]:
+            if op.kind in (OpKind.RECV_MERGE, OpKind.RECV_COPY) and op.block is None:
+                extra += message_bytes(plan, op)
+            elif op.kind is OpKind.COLLECTIVE:
+                extra += _collective_bytes(plan, op)
+        peak = max(peak, held + extra)
+    q = w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes if isinstance(w, Workload) else 0
+    return kv_cache_bytes(w, rank) + q + w.payload_bytes + peak
+
+
+def peak_bytes(plan: Plan) -> int:
+    """The most bytes any rank holds at once under ``plan``."""
+    return max(rank_peak_bytes(plan, r) for r in range(plan.ranks))
+
+
+def device_bytes(topo: Topology, rank: int) -> int:
+    """Memory of ``rank``'s device (0: unknown, as hosts may leave ``mem_gb`` unset)."""
+    return int(topo.rank_device(rank).mem_gb * 2**30)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryCheck:
+    """A plan's peak against the memory its ranks may use."""
+
+    peak_bytes: int
+    """The worst rank's peak (``peak_bytes``)."""
+    limit_bytes: int | None
+    """That rank's device memory times the usable fraction; None when the device does not say."""
+    rank: int
+    """The rank closest to (or furthest past) its limit."""
+
+    @property
+    def fits(self) -> bool:
+        return self.limit_bytes is None or self.peak_bytes <= self.limit_bytes
+
+    def why(self) -> str:
+        """One line: what does not fit, or empty."""
+        if self.fits:
+            return ""
+        return (f"needs {format_size(self.peak_bytes)} on rank {self.rank}, over the {format_size(self.limit_bytes)} "
+                "it may use")
+
+    def to_dict(self) -> dict:
+        return {"peak_bytes": self.peak_bytes, "limit_bytes": self.limit_bytes, "fits": self.fits}
+
+
+def _fraction(fraction: float) -> float:
+    if not 0 < fraction <= 1:
+        raise InputError(f"--mem-fraction must be in (0, 1], got {fraction}")
+    return fraction
+
+
+def memory_check(plan: Plan, topo: Topology, fraction: float = DEFAULT_MEM_FRACTION) -> MemoryCheck:
+    """``plan``'s peak per rank against its device's memory times ``fraction``."""
+    fraction = _fraction(fraction)
+    worst: tuple[float, int, int, int | None] | None = None
+    for r in range(plan.ranks):
+        peak = rank_peak_bytes(plan, r)
+        cap = device_bytes(topo, r)
+        limit = int(cap * fraction) if cap > 0 else None
+        key = peak / limit if limit else -1.0
+        if worst is None or key > worst[0] or (key == worst[0] and peak > worst[1]):
+            worst = (key, peak, r, limit)
+    assert worst is not None
+    return MemoryCheck(peak_bytes=worst[1], limit_bytes=worst[3], rank=worst[2])
+
+
+def check_kv_fits(payload: Payload, topo: Topology, fraction: float = DEFAULT_MEM_FRACTION) -> None:
+    """Raise ``InputError`` when even a rank's KV cache exceeds what its device may hold: no
+    merge schedule can help then.
+
+    The message names what is needed and what the device has, e.g. ``needs 2.7 TiB of KV per
+    GPU; dgx-h100 has 80 GiB per GPU (72 GiB usable at --mem-fraction 0.9)``.
+    """
+    fraction = _fraction(fraction)
+    if not isinstance(payload, Workload):
+        return
+    worst = max(range(topo.num_ranks), key=lambda r: (kv_cache_bytes(payload, r), -r))
+    need, cap = kv_cache_bytes(payload, worst), device_bytes(topo, worst)
+    if cap > 0 and need > cap * fraction:
+        kind = topo.rank_device(worst).kind.value.upper() if topo.rank_device(worst).kind.value == "gpu" else "rank"
+        raise InputError(f"needs {format_size(need)} of KV per {kind} ({payload.layers} layers); {topo.name} has "
+                         f"{format_size(cap)} per {kind} ({format_size(int(cap * fraction))} usable at "
+                         f"--mem-fraction {fraction:g}): use more ranks, a shorter sequence or a smaller batch")
