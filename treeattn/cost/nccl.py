@@ -99,6 +99,7 @@ __all__ = [
     "fabric",
     "predict",
     "pick",
+    "allowed_by_env",
     "busbw_factor",
     "nccl_link_bw_gbps",
 ]
@@ -579,20 +580,62 @@ def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: i
     return out
 
 
-def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int) -> NcclEstimate:
+def _env_list(value: str, names: tuple[str, ...], what: str) -> set[str]:
+    """NCCL's list syntax (``Ring,Tree``, ``^LL128``), function prefixes left out: the
+    names it enables, lower-case."""
+    text = value.strip()
+    if ";" in text or ":" in text:
+        raise InputError(f"{what}={value!r}: per-function lists are not modelled; give one list for all")
+    negate = text.startswith("^")
+    items = {x.strip().lower() for x in text.lstrip("^").split(",") if x.strip()}
+    known = {n.lower() for n in names}
+    bad = sorted(items - known - {"collnetdirect", "collnetchain", "pat"})
+    if bad:
+        raise InputError(f"{what}={value!r}: unknown {bad[0]!r}; NCCL knows {', '.join(names)}")
+    return known - items if negate else items & known
+
+
+def allowed_by_env(env: dict[str, str] | None) -> tuple[set[str], set[str]]:
+    """The algorithms and protocols an NCCL environment leaves enabled (lower-case names).
+
+    Reads ``NCCL_ALGO`` and ``NCCL_PROTO`` (NCCL's list syntax) and ``NCCL_NVLS_ENABLE=0``;
+    other variables do not change what this model picks.
+    """
+    env = env or {}
+    algos = {a.value for a in Algorithm}
+    protos = {p.value.lower() for p in Protocol}
+    if "NCCL_ALGO" in env:
+        algos = _env_list(env["NCCL_ALGO"], tuple(a.value for a in Algorithm), "NCCL_ALGO")
+    if "NCCL_PROTO" in env:
+        protos = _env_list(env["NCCL_PROTO"], tuple(p.value for p in Protocol), "NCCL_PROTO")
+    if str(env.get("NCCL_NVLS_ENABLE", "")).strip() == "0":
+        algos -= {"nvls", "nvlstree"}
+    return algos, protos
+
+
+def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
+         env: dict[str, str] | None = None) -> NcclEstimate:
     """NCCL's choice: the estimate with the least time (ties keep NCCL's search order).
 
     Args:
         topo: the topology or its ``fabric`` summary.
         collective: allreduce, allgather, reducescatter, broadcast or reduce.
         nbytes: size as nccl-tests counts it.
+        env: NCCL environment variables that restrict the choice (``allowed_by_env``).
 
     Returns:
-        The fastest NcclEstimate.
+        The fastest NcclEstimate NCCL may use.
+
+    Raises:
+        InputError: the environment leaves no algorithm and protocol for this collective.
     """
+    algos, protos = allowed_by_env(env)
     best: NcclEstimate | None = None
     for est in predict(topo, collective, nbytes):
+        if est.algorithm.value not in algos or est.protocol.value.lower() not in protos:
+            continue
         if best is None or est.time_us < best.time_us:
             best = est
-    assert best is not None
+    if best is None:
+        raise InputError(f"the NCCL environment {env} leaves no algorithm and protocol for {collective}")
     return best
