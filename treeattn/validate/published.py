@@ -10,6 +10,10 @@ Every row of every table (``treeattn.validate.corpus``) is predicted on the tabl
   buffer, alltoall the ``direct`` plan with 1/R of the buffer to every peer; the time is
   when the last message lands (the merge a plan applies afterwards is not part of it).
 
+A table run by one process driving G GPUs (``nGpus G`` in its header, nccl-tests ``-g G``)
+takes at least G kernel launches (``cost.launch_us`` each) per operation: the process
+launches them one after another.
+
 The error of a row is predicted / published - 1 on time (published: the faster of the
 row's out-of-place and in-place timings). Rows are grouped by size regime (nccl-tests' size:
 the whole buffer; all-gather and alltoall count every rank's part) and by collective; each
@@ -126,13 +130,19 @@ class _Topologies:
 def predict_table(t: PublishedTable, cache: _Topologies | None = None) -> list[RowResult]:
     """Predict every row of one table (see the module docstring)."""
     cache = cache or _Topologies()
+    topo = cache.topo(t)
+    # One process driving G GPUs (nccl-tests -g G) launches their G kernels one after another:
+    # an operation takes at least G launches, however fast the GPUs are.
+    launches = t.log.n_gpus * topo.cost.launch_us if t.log.n_gpus > 1 else 0.0
     out = []
     for nbytes, published in t.points():
         if t.collective in ("sendrecv", "alltoall"):
-            pred, how = p2p_time_us(cache.topo(t), t.collective, nbytes), "p2p"
+            pred, how = p2p_time_us(topo, t.collective, nbytes), "p2p"
         else:
             est = nccl.pick(cache.fabric(t), _NCCL_NAMES[t.collective], nbytes, env=t.env)
             pred, how = est.time_us, f"{est.algorithm.value}/{est.protocol.value}"
+        if launches > pred:
+            pred, how = launches, f"{how}+launches"
         out.append(RowResult(t.name, t.source_id, t.collective, nbytes, published, pred, t.scored, how))
     return out
 
