@@ -169,7 +169,8 @@ def _row(parts: list[str], prefix: list[str], groups: int, source: str, lineno: 
     for g in range(groups):
         t, alg, bus, err = parts[len(prefix) + 4 * g: len(prefix) + 4 * g + 4]
         values = [_num(v, source, lineno, w) for v, w in ((t, "time"), (alg, "algbw"), (bus, "busbw"))]
-        wrong = _num(err, source, lineno, "#wrong")
+        # Old versions print the largest numerical error there ("error", e.g. 5e-07), not a count.
+        wrong = None if any(c in err for c in ".eE") and err != "N/A" else _num(err, source, lineno, "#wrong")
         if all(v is None for v in values):
             timings.append(None)
             continue
