@@ -47,16 +47,20 @@ def check_model_cmd(
         from treeattn.errors import InputError
 
         raise InputError(f"--png {png}: give a .png file name")
+    from treeattn.validate.attention import attention_summary, load_attention
+
     tables = load_corpus(list(paths or []))
     rows = predict_corpus(tables)
     summary = summarize(rows)
+    folders = [p for p in (paths or []) if p.is_dir()] if paths else None
+    attention = attention_summary(load_attention(folders))
     if png is not None:
         plot_corpus(rows, png)
     if json_out:
         sources = {t.name: {"url": t.url, "collective": t.collective, "topology": t.topology, "ranks": t.ranks,
                             "env": t.env, "scored": t.scored, "why": t.why} for t in tables}
-        typer.echo(json.dumps({"summary": summary, "tables": sources, "rows": [r.to_dict() for r in rows]},
-                              sort_keys=True, indent=2))
+        typer.echo(json.dumps({"summary": summary, "tables": sources, "rows": [r.to_dict() for r in rows],
+                               "attention": attention}, sort_keys=True, indent=2))
         return
     # Wide enough for the table names: rich would otherwise fold them in a narrow terminal.
     con = Console(highlight=False, soft_wrap=True, width=max(Console().width, 110))
@@ -76,5 +80,15 @@ def check_model_cmd(
     con.print(cells)
     con.print(_table("By table (not scored: marked *)", "table",
                      [_stat_row(n + ("" if st["scored"] else " *"), st) for n, st in summary["tables"].items()]))
+    if attention:
+        att = Table(title="Decode attention kernels (treeattn.cost.compute against published timings)",
+                    title_justify="left")
+        for i, col in enumerate(("GPU", "rows", "median |err| %", "p90 |err| %", "signed median %",
+                                 "fitted share of memory bandwidth")):
+            att.add_column(col, justify="left" if i == 0 else "right")
+        for gpu, st in attention.items():
+            att.add_row(gpu, str(st["rows"]), f"{100 * st['median_abs']:.1f}", f"{100 * st['p90_abs']:.1f}",
+                        f"{100 * st['median_signed']:+.1f}", f"{st['fitted_efficiency']:.2f}")
+        con.print(att)
     if png is not None:
         con.print(f"wrote {png}", markup=False)
