@@ -3,7 +3,8 @@
 Each builder fills a compact-form spec (``treeattn.topology.schema.CompactFile``) and
 builds it with ``treeattn.topology.compact``, so a family and a compact YAML file with the
 same figures give the same topology (same fingerprint). Every figure cites its source: a
-row of /work/shared/reference/HARDWARE.md ("HW: <row>") or a public spec. Latencies are
+row of the hardware reference table ("HW: <row>"; the figures are in docs/nccl-model.md) or a
+public spec. Latencies are
 per link and split NCCL's per-hop latencies (HW: "Its latency model": NVLink 0.6 us,
 PCIe 1 us per GPU-to-GPU hop, LL protocol) over the links of such a hop; they are rough
 defaults that ``treeattn calibrate`` replaces.
