@@ -9,7 +9,7 @@ import pytest
 
 from tests.cli_helpers import run_cli
 from treeattn.errors import InputError, ProbeError
-from treeattn.probe.calibrate_nccl import calibrate_from_nccl_tests
+from treeattn.probe.calibrate_nccl import calibrate_from_nccl_tests, half_split
 from treeattn.probe.nccl_tests import calibrate_from_log, read_nccl_tests
 from treeattn.topology.io import load_topology
 from treeattn.topology.library import resolve
@@ -122,3 +122,20 @@ def test_cli_refuses_with_one_line(args, match):
 def test_live_calibration_refuses_bad_flags_before_launching(args, match):
     res = run_cli("calibrate", *args)
     assert res.exit_code == 2 and match in res.stderr and "Traceback" not in res.stderr
+
+
+def test_half_split_predicts_the_sizes_in_between():
+    # 4 nodes x 8 H100, 8 B - 16 GiB: NCCL moves from LL to LL128/trees to Simple rings, which one
+    # line cannot follow; a line per size band fitted on even rows predicts the odd rows.
+    log = read_nccl_tests(FIX / "all_reduce_perf.4x8xh100-ib400.txt")
+    split = half_split(log)
+    assert len(split.held_out) == len(log.rows) // 2 and len(split.bands) == 3
+    errs = sorted(abs(e) for e in split.errors)
+    assert errs[len(errs) // 2] < 0.10
+    # every held-out size was predicted by its own band's line, not the training rows it interpolates
+    assert all(size not in {r.size_bytes for r in log.rows[0::2]} for size, _, _ in split.held_out)
+    one_line = calibrate_from_log(log.__class__(**{**log.__dict__, "rows": log.rows[0::2]}))
+    worse = sorted(abs(one_line.fit.predict_us(s) / m - 1) for s, m, _ in split.held_out)
+    assert worse[len(worse) // 2] > errs[len(errs) // 2]
+    with pytest.raises(ProbeError, match="at least 4"):
+        half_split(log.__class__(**{**log.__dict__, "rows": log.rows[:3]}))

@@ -1,11 +1,10 @@
 """The NCCL-model predictor: its formulas, and a sanity check against published nccl-tests runs.
 
-Fixtures (/work/shared/fixtures/nccl-tests/, see SOURCES.md there): all_reduce_perf on one
-DGX-class node of 8 H100 (NVLink + NVLink SHARP) and on 4 such nodes with 8 x 400G IB each.
-Tolerances, documented in the report: for sizes >= 64 MiB the predicted bus bandwidth is
-within 25 % of the measured one on both machines (on one node it is 11-22 % low: NCCL used
-NVLS there, which the model leaves out); for sizes <= 64 KiB the median predicted/measured
-time on 4 nodes is within 0.8-1.25.
+Fixtures (tests/fixtures/nccl-tests, see the README there): all_reduce_perf on one DGX-class
+node of 8 H100 (NVLink + NVLink SHARP) and on 4 such nodes with 8 x 400G IB each. For sizes
+>= 64 MiB the predicted bus bandwidth is within 20 % of the measured one on both machines;
+for sizes <= 64 KiB the median predicted/measured time on 4 nodes is within 0.8-1.25. The
+whole published corpus is scored by ``treeattn check-model`` (results/published/README.md).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from tests.unit.test_cost_helpers import cluster_topo, switch_topo
 from treeattn.cost import nccl
 from treeattn.errors import InputError
 
-FIXTURES = Path("/work/shared/fixtures/nccl-tests")
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nccl-tests"
 
 
 def parse_nccl_tests(path: Path) -> list[tuple[int, float, float]]:
@@ -52,7 +51,9 @@ def test_latency_formulas_and_search_order():
     fab = nccl.fabric(h100(4))
     est = {(e.algorithm.value, e.protocol.value): e for e in nccl.predict(fab, "allreduce", 8)}
     assert list(est) == [("tree", "LL"), ("tree", "LL128"), ("tree", "Simple"),
-                         ("ring", "LL"), ("ring", "LL128"), ("ring", "Simple")]
+                         ("ring", "LL"), ("ring", "LL128"), ("ring", "Simple"), ("nvlstree", "Simple")]
+    # NVLSTree: 25 us inside the node, 20.9 us per network level up and down (tuning.cc)
+    assert est[("nvlstree", "Simple")].latency_us == pytest.approx(25 + 2 * 2 * 20.9)
     # ring: base + (2(R-1) - 2(Nn-1)) intra + 2(Nn-1) inter; tree: base + 2((R/Nn-1) intra + log2(Nn) inter)
     assert est[("ring", "LL")].latency_us == pytest.approx(6.6 + (62 - 6) * 0.6 + 6 * 2.7)
     assert est[("ring", "Simple")].latency_us == pytest.approx(8.4 + (62 - 6) * 3.4 + 6 * 14)
@@ -83,7 +84,7 @@ def test_bandwidth_derating_and_busbw_conventions():
     assert (1 << 20) / (mid.time_us - mid.latency_us) / 1e3 == pytest.approx(bus * 0.92 * 0.5 * 0.5)
     assert nccl.busbw_factor("allgather", 8) == pytest.approx(7 / 8)
     assert nccl.busbw_factor("broadcast", 8) == 1.0
-    assert nccl.pick(fab, "allreduce", big) == min(nccl.predict(fab, "allreduce", big), key=lambda e: e.time_us)
+    assert nccl.pick(fab, "allreduce", big) == min(nccl.predict(fab, "allreduce", big), key=lambda e: e.rank_us)
 
 
 def test_single_rank_and_bad_input():
@@ -105,7 +106,7 @@ def test_large_messages_match_published_busbw(fixture, nodes):
     assert len(big) >= 5
     for size, bus in big:
         pred = nccl.pick(topo, "allreduce", size).busbw_gbps
-        assert 0.75 <= pred / bus <= 1.25, (size, pred, bus)
+        assert 0.8 <= pred / bus <= 1.2, (size, pred, bus)
 
 
 def test_small_messages_match_published_latency():
@@ -121,3 +122,46 @@ def test_shipped_preset_gives_the_same_fabric():
     fab = nccl.fabric(library.resolve("dgx-h100:nodes=4"))
     assert fab.intra_bw_gbps == pytest.approx(18 * 20.6)
     assert fab.inter_bw_gbps == pytest.approx(8 * 50.0)
+
+
+def test_nvls_where_nccl_offers_it():
+    h = nccl.fabric(h100(1))
+    assert h.nvls_gbps == pytest.approx(18 * 20.6)
+    big = 1 << 32
+    best = nccl.pick(h, "allreduce", big)
+    assert best.algorithm.value == "nvls"
+    # achieved: NVLink figure x nvlsEfficiency x the measured factor; busbw near the ~480 GB/s NCCL quotes
+    assert best.busbw_gbps == pytest.approx(18 * 20.6 * 0.85 * 0.86 * 2 * 7 / 8, rel=0.01)
+    assert 450 < best.busbw_gbps < 500
+    # NCCL's own estimate is faster than what runs; it is what NCCL picks by
+    assert best.rank_us < best.time_us
+    assert nccl.pick(h, "allreduce", big, env={"NCCL_NVLS_ENABLE": "0"}).algorithm.value == "ring"
+    assert nccl.pick(h, "allreduce", big, env={"NCCL_ALGO": "Tree"}).algorithm.value == "tree"
+    assert nccl.pick(h, "allreduce", 1024, env={"NCCL_PROTO": "^LL"}).protocol.value != "LL"
+    assert all(e.algorithm.value in ("tree", "ring") for e in nccl.predict(h, "allgather", big))
+    a100 = nccl.fabric(cluster_topo(1, 8, nvl_bw=300.0))
+    assert a100.nvls_gbps == pytest.approx(18 * 20.6 * 300 / 450)  # H100 models, 300 GB/s links
+    with pytest.raises(InputError, match="unknown 'bogus'"):
+        nccl.pick(h, "allreduce", 64, env={"NCCL_ALGO": "bogus"})
+
+
+def test_tuner_and_achieved_times_differ_only_where_nccl_overestimates():
+    fab = nccl.fabric(h100(2))
+    ring = {e.protocol.value: e for e in nccl.predict(fab, "allreduce", 8) if e.algorithm.value == "ring"}
+    # the tuner floors each intra step of a multi-node ring at the network post overhead (x3 Simple)
+    assert ring["Simple"].rank_us >= ring["Simple"].time_us
+    assert ring["LL"].rank_us == pytest.approx(6.6 + 28 * 1.0 + 2 * 2.7 + 8 / 1e3 / min(39.0, 400 * 0.5) * 16 / 30,
+                                               rel=1e-3)
+    assert ring["LL"].latency_us == pytest.approx(6.6 + 28 * 0.6 + 2 * 2.7)
+    one = nccl.fabric(h100(1))
+    assert all(e.nccl_us is None for e in nccl.predict(one, "allreduce", 1 << 20) if e.algorithm.value != "nvls")
+
+
+def test_nvl72_is_one_nccl_node():
+    from treeattn.topology.library import resolve
+
+    rack = nccl.fabric(resolve("gb200-nvl72"))
+    assert (rack.nodes, rack.ranks, rack.arch) == (1, 72, "blackwell")
+    assert nccl.pick(rack, "allreduce", 1 << 33).algorithm.value == "nvls"
+    two = nccl.fabric(resolve("gb200-nvl72:racks=2"))
+    assert two.nodes == 2 and nccl.pick(two, "allreduce", 1 << 33).algorithm.value == "nvlstree"

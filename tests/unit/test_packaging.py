@@ -1,4 +1,4 @@
-"""A wheel install (not a checkout) still finds the shipped topologies."""
+"""A wheel install (not a checkout) still finds the shipped topologies and the published corpus."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+
+from treeattn.validate.corpus import load_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +29,8 @@ def test_wheel_ships_the_topologies(tmp_path: Path):
     if not files:
         pytest.skip("not a git checkout")
     for name in files:
-        if name.startswith(("treeattn/", "topologies/")) or name in ("pyproject.toml", "README.md", "LICENSE"):
+        if name.startswith(("treeattn/", "topologies/", "results/published/")) or name in (
+                "pyproject.toml", "README.md", "LICENSE"):
             dest = src / name
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes((ROOT / name).read_bytes())
@@ -45,11 +48,15 @@ def test_wheel_ships_the_topologies(tmp_path: Path):
     shipped = sorted(p.name for p in (ROOT / "topologies").glob("*.yaml"))
     probe = ("from treeattn.topology.library import shipped_files, topologies_dir, resolve; "
              "print(topologies_dir()); print(' '.join(sorted(p.name for p in shipped_files().values()))); "
-             "print(resolve('emu-2x4').num_ranks)")
-    env = {k: v for k, v in os.environ.items() if k != "TREEATTN_TOPOLOGIES"}
+             "print(resolve('emu-2x4').num_ranks); "
+             "from treeattn.validate.corpus import corpus_dir, load_corpus; print(corpus_dir()); "
+             "print(len(load_corpus()))")
+    env = {k: v for k, v in os.environ.items() if k not in ("TREEATTN_TOPOLOGIES", "TREEATTN_PUBLISHED")}
     res = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                          env={**env, "PYTHONPATH": str(purelib)})
     assert res.returncode == 0, res.stderr[-2000:]
-    where, names, ranks = res.stdout.splitlines()
+    where, names, ranks, corpus, tables = res.stdout.splitlines()
     assert Path(where) == prefix / "share" / "treeattn" / "topologies"
     assert names.split() == shipped and ranks == "8"
+    assert Path(corpus) == prefix / "share" / "treeattn" / "published"
+    assert int(tables) == len(load_corpus())

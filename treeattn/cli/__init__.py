@@ -30,6 +30,7 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 def _register() -> None:
     # Each command module adds its commands to ``app`` when imported; one line per module.
     import treeattn.cli.calibrate  # noqa: F401
+    import treeattn.cli.check_model  # noqa: F401
     import treeattn.cli.emulate  # noqa: F401
     import treeattn.cli.plan  # noqa: F401
     import treeattn.cli.probe  # noqa: F401

@@ -18,6 +18,10 @@ over the device's memory bandwidth times ``topo.cost.mem_efficiency``:
 
 Calibration may time the attention kernel apart (``cost.attn_launch_us``, ``cost.attn_gbps``):
 COMPUTE then uses those, merges and copies keep ``launch_us`` and the memory bandwidth.
+Without a measured ``attn_gbps`` the kernel reads at its device's memory bandwidth x
+``cost.attn_efficiency`` when the topology sets one (the families set the share published
+decode kernels reach on that GPU generation, docs/attention-model.md), else x
+``mem_efficiency``.
 
 The device is the one the rank is placed on (a GPU, or a host for CPU-only runs). A
 device whose ``mem_bw_gbps`` is 0 (hosts may leave it unset) has its memory time not
@@ -51,6 +55,9 @@ class ComputeModel:
     """The attention kernel's own launch and bandwidth when calibrated (every rank)."""
     attn_next_launch_us: float | None = None
     """The launch of a rank's later COMPUTE ops in one run (``cost.attn_next_launch_us``)."""
+    attn_eff_bw_gbps: tuple[float, ...] = ()
+    """Per rank: memory bandwidth x ``cost.attn_efficiency`` when the topology sets it (else
+    empty: the attention kernel reads at ``eff_bw_gbps``)."""
 
     @classmethod
     def of(cls, payload: Payload, topo: Topology) -> ComputeModel:
@@ -66,9 +73,11 @@ class ComputeModel:
         eff = topo.cost.mem_efficiency
         bws = tuple(topo.rank_device(r).mem_bw_gbps * eff for r in range(topo.num_ranks))
         best = max(bws) if bws and min(bws) > 0 else 0.0
+        attn = topo.cost.attn_efficiency
+        attn_bws = () if attn is None else tuple(b / eff * attn for b in bws)
         return cls(payload=payload, launch_us=topo.cost.launch_us, eff_bw_gbps=bws, best_bw_gbps=best,
                    attn_launch_us=topo.cost.attn_launch_us, attn_bw_gbps=topo.cost.attn_gbps,
-                   attn_next_launch_us=topo.cost.attn_next_launch_us)
+                   attn_next_launch_us=topo.cost.attn_next_launch_us, attn_eff_bw_gbps=attn_bws)
 
     @property
     def _attn_launch_us(self) -> float:
@@ -109,12 +118,16 @@ class ComputeModel:
         launch = self._next_launch_us if later else self._attn_launch_us
         if self.attn_bw_gbps is not None:
             return launch + nbytes / (self.attn_bw_gbps * 1e3)
+        if self.attn_eff_bw_gbps and self.attn_eff_bw_gbps[rank] > 0:
+            return launch + nbytes / (self.attn_eff_bw_gbps[rank] * 1e3)
         return launch + self._mem_us(rank, nbytes)
 
     def min_partial_us(self, block: int) -> float:
         """The fastest any rank could compute KV ``block`` (for lower bounds)."""
         nbytes = self.partial_bytes(block)
         bw = self.best_bw_gbps if self.attn_bw_gbps is None else self.attn_bw_gbps
+        if self.attn_bw_gbps is None and self.attn_eff_bw_gbps and self.best_bw_gbps > 0:
+            bw = max(self.attn_eff_bw_gbps)
         launch = min(self._attn_launch_us, self._next_launch_us)
         if nbytes == 0 or bw <= 0:
             return launch

@@ -1,8 +1,11 @@
-"""A model of NCCL's own cost model: what NCCL would pick, and how long it says it takes.
+"""A model of NCCL's own cost model: what NCCL would pick, and how long that takes.
 
-Built from NCCL's published tuning constants (``src/graph/tuning.cc``, v2.19-2.30, as
-summarized in /work/shared/reference/HARDWARE.md), with the bus bandwidths derived from
-the topology. What we took, and what we left out:
+Built from NCCL's published tuning constants (``src/graph/tuning.cc``, v2.19-2.30; the
+figures and where they come from are in docs/nccl-model.md), with the bus bandwidths derived
+from the topology. Each estimate carries two times: ``rank_us``, NCCL's own estimate, which
+it picks by, and ``time_us``, what the algorithm achieves (what nccl-tests measures), which
+differs where the published record shows NCCL's estimate off (below). What we took, and
+what we left out:
 
 Latency, microseconds, per protocol (LL, LL128, Simple):
 
@@ -71,10 +74,24 @@ by NCCL's size-dependent ``treeCorrectionFactor`` (powers of two from 64 B to 25
 time = latency + bytes / algbw. LL128 is offered only where the ranks share a GPU
 fabric (NCCL enables it by default only on NVLink systems).
 
-Left out: NVLink SHARP (NVLS) and CollNet (in-network reduction; a DGX H100 node measures
-~470 GB/s bus bandwidth with NVLS, above the ~370 GB/s ring figure here), PAT, per-channel
-caps (channel counts are not modelled), the ring "plateau" latency factor, and CPU-side
-network overheads.
+NVLink SHARP: on Hopper and newer GPUs whose node shares one NVSwitch fabric, all-reduce
+also considers NVLS (one node) and NVLSTree (several), NCCL's estimate and what runs as in
+``treeattn.cost.nvls``. A node is NCCL's: one NVLink domain spanning machines (GB200 NVL72,
+multi-node NVLink) is one node.
+
+Picking (NCCL's estimate only): across nodes a ring's intra-node steps cost at least the
+network post overhead (``getNetOverhead``: 1 us on Intel hosts, 2 on AMD, x3 for Simple);
+with one rank per node the network hop is the tree's figure; llMaxBw across nodes follows
+the hosts' CPU (NCCL's rows: AMD hosts 22.5 / 19, others 39 / 20.4 GB/s on 2 / more nodes).
+
+Achieved (``time_us``): NCCL's formulas without the post overhead, and across nodes each
+protocol moves the network at ``NET_ACHIEVED`` of NCCL's figure (Simple 0.94: the 46-48 GB/s
+NCCL's maintainers quote for a 400 Gb/s NIC; LL128 0.6, measured on the corpus).
+``NCCL_ALGO``, ``NCCL_PROTO`` and ``NCCL_NVLS_ENABLE=0`` restrict the pick (``allowed_by_env``).
+
+Left out: CollNet (in-network reduction over InfiniBand SHARP), PAT, NVLS for all-gather and
+reduce-scatter, per-channel caps and the channel counts behind them, the ring "plateau"
+latency factor, and the latency of an EFA or RoCE network beyond NCCL's constants.
 
 Sizes follow nccl-tests: ``nbytes`` is the buffer size for all-reduce, broadcast and reduce and the
 total (all ranks') size for all-gather and reduce-scatter. busbw = algbw x 2(R-1)/R for
@@ -83,10 +100,12 @@ all-reduce, x (R-1)/R for all-gather and reduce-scatter, x 1 for broadcast and r
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from enum import StrEnum
 
+from treeattn.cost.nvls import nvls_allreduce
 from treeattn.errors import InputError
 from treeattn.topology.model import DeviceKind, Link, LinkClass, LinkKind, Topology
 
@@ -99,6 +118,7 @@ __all__ = [
     "fabric",
     "predict",
     "pick",
+    "allowed_by_env",
     "busbw_factor",
     "nccl_link_bw_gbps",
 ]
@@ -126,6 +146,8 @@ class Collective(StrEnum):
 class Algorithm(StrEnum):
     TREE = "tree"
     RING = "ring"
+    NVLS = "nvls"
+    NVLS_TREE = "nvlstree"
 
 
 class Protocol(StrEnum):
@@ -156,6 +178,13 @@ _LL_MAX = {
     "hopper": (141.0, 45.0, 35.0),
     "blackwell": (282.0, 90.0, 70.0),
 }
+# What each protocol achieves across nodes, as a share of NCCL's network figure (its NIC's port
+# speed): Simple 0.94, NCCL's maintainers' "46-48 GB/s from each CX7 NIC at 400Gbps"
+# (nccl-tests issues 290 and 319); LL128 0.6, measured on the corpus's multi-node rows
+# (results/published, docs/nccl-model.md); LL is capped by llMaxBw long before the network.
+NET_ACHIEVED = {Protocol.LL: 1.0, Protocol.LL128: 0.6, Protocol.SIMPLE: 0.94}
+# getNetOverhead: network post overhead per ring step, by CPU vendor (x3 for Simple).
+_NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "other": 1.0}
 # NCCL's per-link figure over the datasheet's, by NVLink generation.
 _NVLINK_SCALE = {2: 20.0 / 25.0, 3: 20.0 / 25.0, 4: 20.6 / 25.0, 5: 40.1 / 50.0}
 _XGMI_SCALE = 48.0 / 64.0
@@ -188,6 +217,12 @@ class NcclFabric:
     """Route latency of the slowest cross-node channel hop."""
     limit: str = ""
     """Which shared link capped a figure, in words (empty when NCCL's own figures stand)."""
+    cpu: str = "intel"
+    """CPU vendor of the hosts (``intel``, ``amd``, ``other``): NCCL's multi-node llMaxBw row and
+    its per-step network overhead depend on it."""
+    nvls_gbps: float = 0.0
+    """A GPU's NVLink bandwidth as NCCL rates it when NVLink SHARP can run (Hopper or newer,
+    every node's ranks on one NVSwitch fabric), else 0."""
 
     @property
     def bus_bw_gbps(self) -> float:
@@ -215,12 +250,21 @@ class NcclEstimate:
     """algbw x the nccl-tests factor of the collective."""
     latency_us: float
     """The latency term of ``time_us``."""
+    nccl_us: float | None = None
+    """NCCL's own estimate, which it picks by, where it differs from ``time_us`` (what the
+    algorithm achieves); None: the same."""
+
+    @property
+    def rank_us(self) -> float:
+        """What NCCL compares when it picks."""
+        return self.time_us if self.nccl_us is None else self.nccl_us
 
     def to_dict(self) -> dict:
         return {
             "algorithm": self.algorithm.value,
             "protocol": self.protocol.value,
             "time_us": self.time_us,
+            "nccl_us": self.rank_us,
             "algbw_gbps": self.algbw_gbps,
             "busbw_gbps": self.busbw_gbps,
             "latency_us": self.latency_us,
@@ -282,9 +326,7 @@ def fabric(topo: Topology) -> NcclFabric:
     out: dict[str, list[Link]] = {}
     for ln in topo.links:
         out.setdefault(ln.src, []).append(ln)
-    per_node: dict[int, list[int]] = {}
-    for r, d in enumerate(devs):
-        per_node.setdefault(d.node, []).append(r)
+    per_node = _nccl_nodes(topo, devs)
     nodes = len(per_node)
     any_fabric = all(
         d.kind is DeviceKind.GPU and any(ln.cls is LinkClass.GPU_FABRIC for ln in out.get(d.name, ())) for d in devs
@@ -371,6 +413,8 @@ def fabric(topo: Topology) -> NcclFabric:
             inter = min(sums)
             limits.append(f"channels across nodes: {why}")
     return NcclFabric(
+        cpu=_cpu_vendor(topo),
+        nvls_gbps=_nvls_gbps(topo, devs, per_node, out, arch),
         ranks=topo.num_ranks,
         nodes=nodes,
         intra_bw_gbps=intra,
@@ -383,6 +427,44 @@ def fabric(topo: Topology) -> NcclFabric:
         inter_route_us=inter_route,
         limit="; ".join(limits),
     )
+
+
+def _nccl_nodes(topo: Topology, devs: list) -> dict[tuple[int, int], list[int]]:
+    """Ranks by node as NCCL counts nodes: machines, except that one NVLink domain spanning
+    machines (GB200 NVL72 with NCCL's multi-node NVLink) is one node."""
+    idx = topo._index
+    isl = [idx.island(d.name) for d in devs]
+    machines: dict[int, set[int]] = {}
+    for i, d in zip(isl, devs, strict=True):
+        if i >= 0:
+            machines.setdefault(i, set()).add(d.node)
+    out: dict[tuple[int, int], list[int]] = {}
+    for r, (i, d) in enumerate(zip(isl, devs, strict=True)):
+        key = (1, i) if i >= 0 and len(machines[i]) > 1 else (0, d.node)
+        out.setdefault(key, []).append(r)
+    return out
+
+
+def _cpu_vendor(topo: Topology) -> str:
+    models = " ".join(d.model.upper() for d in topo.devices if d.kind is DeviceKind.CPU)
+    if "EPYC" in models or "AMD" in models:
+        return "amd"
+    if "XEON" in models or "INTEL" in models or not models:
+        return "intel"
+    return "other"
+
+
+def _nvls_gbps(topo: Topology, devs: list, per_node: dict, out: dict[str, list[Link]], arch: str) -> float:
+    """A GPU's NVLink figure when every node's ranks (two or more) share an NVSwitch fabric."""
+    if arch not in ("hopper", "blackwell"):
+        return 0.0
+    idx = topo._index
+    switched = {idx.island(d.name) for d in topo.devices if d.kind is DeviceKind.NVSWITCH} - {-1}
+    for ranks in per_node.values():
+        if len(ranks) < 2 or len({idx.island(devs[r].name) for r in ranks} - switched) or \
+                len({idx.island(devs[r].name) for r in ranks}) != 1:
+            return 0.0
+    return min(_fabric_bw(out, devs[r].name, arch) for r in range(len(devs)))
 
 
 def _nic_bw(out: dict[str, list[Link]], nic: str) -> float:
@@ -499,14 +581,21 @@ def _nsteps(collective: Collective, ranks: int) -> int:
     return ranks
 
 
-def _latency_us(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int) -> float:
+def _latency_us(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int, tuner: bool = True) -> float:
+    """Latency of one algorithm x protocol: NCCL's tuner's (``tuner``), or what runs, which
+    leaves out the per-step network post overhead NCCL adds to multi-node rings."""
     r, nn = fab.ranks, fab.nodes
     # A hop is never faster than its route's own latency (a bounce through host memory, a long network path).
     intra = max(_HOP[fab.intra_hw][algo][p], fab.intra_route_us)
-    inter = max(_HOP["net"][algo][p], fab.inter_route_us)
+    # One rank per node exposes the network latency whole: NCCL charges the tree's figure.
+    net = _HOP["net"][Algorithm.TREE if r == nn else algo][p]
+    inter = max(net, fab.inter_route_us)
     base = _BASE[algo][p]
     if algo is Algorithm.TREE:
         return base + 2 * ((r // nn - 1) * intra + _log2i(nn) * inter)
+    if tuner and nn > 1 and collective not in (Collective.BROADCAST, Collective.REDUCE):
+        # A multi-node ring still posts every step to the network proxy (getNetOverhead).
+        intra = max(intra, _NET_OVERHEAD_US[fab.cpu] * (3 if _PROTOS[p] is Protocol.SIMPLE else 1))
     if collective is Collective.ALLREDUCE:
         return base + (2 * (r - 1) - 2 * (nn - 1)) * intra + 2 * (nn - 1) * inter
     if collective in (Collective.ALLGATHER, Collective.REDUCESCATTER):
@@ -514,9 +603,19 @@ def _latency_us(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int
     return base + (r - nn) * intra + (nn - 1) * inter
 
 
+def _achieved(fab: NcclFabric, p: int) -> NcclFabric:
+    """The fabric as a protocol drives it across nodes: the network at ``NET_ACHIEVED`` of
+    NCCL's figure (see the module docstring)."""
+    if fab.nodes == 1 or not math.isfinite(fab.inter_bw_gbps):
+        return fab
+    return dataclasses.replace(fab, inter_bw_gbps=fab.inter_bw_gbps * NET_ACHIEVED[_PROTOS[p]])
+
+
 def _algbw_gbps(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int, nbytes: int) -> float:
     bus = fab.tree_bus_bw_gbps if algo is Algorithm.TREE else fab.bus_bw_gbps
-    ll_max = _LL_MAX[fab.arch][0 if fab.nodes == 1 else 1 if fab.nodes == 2 else 2]
+    # One node: by GPU generation; several: by the hosts' CPU (AMD rows of Ampere, else Volta's).
+    row = fab.arch if fab.nodes == 1 else "ampere" if fab.cpu == "amd" else "volta"
+    ll_max = _LL_MAX[row][0 if fab.nodes == 1 else 1 if fab.nodes == 2 else 2]
     proto = _PROTOS[p]
     if algo is Algorithm.RING:
         if proto is Protocol.LL:
@@ -570,29 +669,81 @@ def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: i
             bw = _algbw_gbps(fab, collective, algo, p, nbytes)
             if bw <= 0:
                 continue
-            lat = _latency_us(fab, collective, algo, p)
-            t = lat + nbytes / (bw * 1e3)
+            tuned = _latency_us(fab, collective, algo, p) + nbytes / (bw * 1e3)
+            lat = _latency_us(fab, collective, algo, p, tuner=False)
+            t = lat + nbytes / (_algbw_gbps(_achieved(fab, p), collective, algo, p, nbytes) * 1e3)
             algbw = nbytes / (t * 1e3)
-            out.append(NcclEstimate(algo, proto, t, algbw, algbw * factor, lat))
+            out.append(NcclEstimate(algo, proto, t, algbw, algbw * factor, lat, None if tuned == t else tuned))
+    if collective is Collective.ALLREDUCE and fab.nvls_gbps > 0:
+        log_size = _log2i(nbytes >> 6)
+        correction = _TREE_CORRECTION[2][log_size] if log_size < len(_TREE_CORRECTION[2]) else 1.0
+        got = nvls_allreduce(fab.arch, fab.ranks, fab.nodes, fab.nvls_gbps, fab.inter_bw_gbps, nbytes,
+                             NET_ACHIEVED[Protocol.SIMPLE], correction)
+        if got is not None:
+            name, nccl_us, t, lat = got
+            algbw = nbytes / (t * 1e3)
+            out.append(NcclEstimate(Algorithm(name), Protocol.SIMPLE, t, algbw, algbw * factor, lat, nccl_us))
     if not out:
         raise InputError(f"topology gives NCCL's model no bandwidth for {collective.value} (no links between ranks?)")
     return out
 
 
-def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int) -> NcclEstimate:
-    """NCCL's choice: the estimate with the least time (ties keep NCCL's search order).
+def _env_list(value: str, names: tuple[str, ...], what: str) -> set[str]:
+    """NCCL's list syntax (``Ring,Tree``, ``^LL128``), function prefixes left out: the
+    names it enables, lower-case."""
+    text = value.strip()
+    if ";" in text or ":" in text:
+        raise InputError(f"{what}={value!r}: per-function lists are not modelled; give one list for all")
+    negate = text.startswith("^")
+    items = {x.strip().lower() for x in text.lstrip("^").split(",") if x.strip()}
+    known = {n.lower() for n in names}
+    bad = sorted(items - known - {"collnetdirect", "collnetchain", "pat"})
+    if bad:
+        raise InputError(f"{what}={value!r}: unknown {bad[0]!r}; NCCL knows {', '.join(names)}")
+    return known - items if negate else items & known
+
+
+def allowed_by_env(env: dict[str, str] | None) -> tuple[set[str], set[str]]:
+    """The algorithms and protocols an NCCL environment leaves enabled (lower-case names).
+
+    Reads ``NCCL_ALGO`` and ``NCCL_PROTO`` (NCCL's list syntax) and ``NCCL_NVLS_ENABLE=0``;
+    other variables do not change what this model picks.
+    """
+    env = env or {}
+    algos = {a.value for a in Algorithm}
+    protos = {p.value.lower() for p in Protocol}
+    if "NCCL_ALGO" in env:
+        algos = _env_list(env["NCCL_ALGO"], tuple(a.value for a in Algorithm), "NCCL_ALGO")
+    if "NCCL_PROTO" in env:
+        protos = _env_list(env["NCCL_PROTO"], tuple(p.value for p in Protocol), "NCCL_PROTO")
+    if str(env.get("NCCL_NVLS_ENABLE", "")).strip() == "0":
+        algos -= {"nvls", "nvlstree"}
+    return algos, protos
+
+
+def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
+         env: dict[str, str] | None = None) -> NcclEstimate:
+    """NCCL's choice: the estimate NCCL's own model times fastest (ties keep NCCL's search order).
 
     Args:
         topo: the topology or its ``fabric`` summary.
         collective: allreduce, allgather, reducescatter, broadcast or reduce.
         nbytes: size as nccl-tests counts it.
+        env: NCCL environment variables that restrict the choice (``allowed_by_env``).
 
     Returns:
-        The fastest NcclEstimate.
+        The fastest NcclEstimate NCCL may use.
+
+    Raises:
+        InputError: the environment leaves no algorithm and protocol for this collective.
     """
+    algos, protos = allowed_by_env(env)
     best: NcclEstimate | None = None
     for est in predict(topo, collective, nbytes):
-        if best is None or est.time_us < best.time_us:
+        if est.algorithm.value not in algos or est.protocol.value.lower() not in protos:
+            continue
+        if best is None or est.rank_us < best.rank_us:
             best = est
-    assert best is not None
+    if best is None:
+        raise InputError(f"the NCCL environment {env} leaves no algorithm and protocol for {collective}")
     return best

@@ -19,21 +19,26 @@ of the topology, placing the log's ``n`` ranks on the topology's first ``n``:
 
 nccl-tests cannot tell the software overhead from the latency: ``overhead_us`` stays as it is
 and the route latencies take the rest of alpha. One-node logs are applied first.
+
+``half_split`` checks the fit itself: lines fitted per size band (``SIZE_BANDS``) on every
+other size of a log predict the sizes in between (results/published/README.md has the
+figures on the published corpus, ``benchmarks/bench_calibrate_half_split.py`` makes them).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from treeattn.errors import InputError
+from treeattn.errors import InputError, ProbeError
 from treeattn.probe.apply_fit import ClassParams, FittedParams, apply_fit
 from treeattn.probe.fit import COLLECTIVE_MODELS, CollectiveFit
-from treeattn.probe.nccl_tests import calibrate_from_log, read_nccl_tests
+from treeattn.probe.nccl_tests import NcclTestsLog, calibrate_from_log, read_nccl_tests
 from treeattn.topology.model import LinkClass, Topology
 
-__all__ = ["LogFit", "NcclCalibration", "calibrate_from_nccl_tests"]
+__all__ = ["LogFit", "NcclCalibration", "calibrate_from_nccl_tests", "SIZE_BANDS", "HalfSplit", "half_split"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,3 +196,59 @@ def _network_fit(topo: Topology, source: str, cf: CollectiveFit, intra_alpha: fl
     share = low / egress if egress > 0 else 1.0
     return LogFit(source, cf, "network", ">".join(k for k, _ in hops), hops, alpha, cf.beta_link_gbps * share,
                   tuple(notes))
+
+
+# Size bands fitted apart: NCCL changes protocol and algorithm with size (LL up to tens of
+# KiB, LL128 or trees to tens of MiB, Simple rings or NVLS beyond), so one latency and one
+# bandwidth cannot follow a whole sweep; each band's line can.
+SIZE_BANDS = ((1, 64 << 10), ((64 << 10) + 1, 16 << 20), ((16 << 20) + 1, None))
+
+
+@dataclass(frozen=True, slots=True)
+class HalfSplit:
+    """Fit on every other size of a log, predict the sizes in between."""
+
+    source: str
+    bands: tuple[tuple[int, int | None, CollectiveFit], ...]
+    """(first size, last size or None, the fit of the training rows in that band)."""
+    held_out: tuple[tuple[int, float, float], ...]
+    """(size, measured us, predicted us) per held-out row."""
+
+    @property
+    def errors(self) -> list[float]:
+        return [pred / meas - 1 for _, meas, pred in self.held_out]
+
+
+def _band_of(bands: Sequence[tuple[int, int | None, CollectiveFit]], size: int) -> CollectiveFit:
+    """The band holding ``size``, else the nearest one."""
+    def gap(b: tuple[int, int | None, CollectiveFit]) -> float:
+        lo, hi, _ = b
+        return max(lo - size, 0, size - hi if hi is not None else 0)
+    return min(bands, key=gap)[2]
+
+
+def half_split(log: NcclTestsLog, collective: str | None = None, ranks: int | None = None) -> HalfSplit:
+    """Fit ``SIZE_BANDS`` lines (``calibrate_from_log``) on the even-numbered rows of ``log``
+    and predict the odd-numbered ones (the faster of out-of-place and in-place each).
+
+    Raises:
+        ProbeError: fewer than four rows, or no band with two training sizes.
+    """
+    if len(log.rows) < 4:
+        raise ProbeError(f"{log.source}: {len(log.rows)} rows; a half split needs at least 4")
+    train = dataclasses.replace(log, rows=log.rows[0::2])
+    bands = []
+    for lo, hi in SIZE_BANDS:
+        try:
+            bands.append((lo, hi, calibrate_from_log(train, collective=collective, ranks=ranks, min_bytes=lo,
+                                                     max_bytes=hi)))
+        except ProbeError:
+            continue  # fewer than two training sizes in this band: its neighbours cover it
+    if not bands:
+        raise ProbeError(f"{log.source}: no size band holds two training rows")
+    held = []
+    for r in log.rows[1::2]:
+        times = [t.time_us for t in (r.out_of_place, r.in_place) if t is not None and not t.wrong]
+        if times:
+            held.append((r.size_bytes, min(times), _band_of(bands, r.size_bytes).fit.predict_us(r.size_bytes)))
+    return HalfSplit(log.source, tuple(bands), tuple(held))

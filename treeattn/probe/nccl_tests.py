@@ -17,6 +17,14 @@ column header. Lines outside the table that are not recognised (shell echo, ``NC
 trimmed device lists) are skipped and their numbers kept in ``ignored``. Inside the table
 every line must be a row, a ``#`` line or an ``NCCL INFO/WARN`` line.
 
+Tables copied from publications (``parse_published_table``) are read more leniently: a
+range of lines holding one table, with or without its headers, trailer or ``#  Rank`` lines,
+rows possibly tagged by the launcher (``0:``, ``[1,0]<stdout>:``) and columns not aligned;
+the layout comes from the column header when there is one, else from the number of fields
+(size count type [redop] [root], then one or two time/algbw/busbw/#wrong groups). Each row
+is still checked (algbw against size/time, one busbw/algbw ratio, sizes increasing), so a
+copying mistake is caught; rows of 0 bytes are left out.
+
 A damaged log is refused (``ProbeError`` with the line): a row with the wrong number of
 fields or an unreadable number, ``algbw`` that is not size/time, ``busbw``/``algbw`` ratios
 that disagree between rows, sizes out of order, fewer rows than ``minBytes``..``maxBytes``
@@ -36,7 +44,7 @@ from treeattn.probe.fit import COLLECTIVE_MODELS, CollectiveFit, Weighting, fit_
 from treeattn.probe.text import fail, read_input
 
 __all__ = ["Timing", "NcclRow", "NcclDevice", "NcclTestsLog", "parse_nccl_tests", "read_nccl_tests",
-           "calibrate_from_log", "collective_from_name"]
+           "parse_published_table", "calibrate_from_log", "collective_from_name"]
 
 _HEADER = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)(.*)$")
 _STEP = re.compile(r"step:\s*(\d+)\((factor|bytes)\)")
@@ -161,7 +169,8 @@ def _row(parts: list[str], prefix: list[str], groups: int, source: str, lineno: 
     for g in range(groups):
         t, alg, bus, err = parts[len(prefix) + 4 * g: len(prefix) + 4 * g + 4]
         values = [_num(v, source, lineno, w) for v, w in ((t, "time"), (alg, "algbw"), (bus, "busbw"))]
-        wrong = _num(err, source, lineno, "#wrong")
+        # Old versions print the largest numerical error there ("error", e.g. 5e-07), not a count.
+        wrong = None if any(c in err for c in ".eE") and err != "N/A" else _num(err, source, lineno, "#wrong")
         if all(v is None for v in values):
             timings.append(None)
             continue
@@ -299,6 +308,89 @@ def _check(log: NcclTestsLog, header: re.Match, header_line: int) -> None:
         if abs(mean - log.avg_busbw_gbps) > 0.005 * log.avg_busbw_gbps + 0.01:
             raise fail(source, None, f"'# Avg bus bandwidth' says {log.avg_busbw_gbps:g} but the rows average "
                        f"{mean:.3f}: rows missing or altered")
+
+
+_TAG = re.compile(r"^\s*(?:\[\d+(?:,\d+)?\](?:<std(?:out|err)>)?:|\d+:)\s?")
+# Fields of a row -> (prefix fields, timing groups): size count type, then redop and/or root.
+_LAYOUTS = {7: (3, 1), 8: (4, 1), 9: (5, 1), 11: (3, 2), 12: (4, 2), 13: (5, 2)}
+
+
+def _published_prefix(parts: list[str], n: int) -> list[str]:
+    if n == 4:  # old versions print either the reduction (all-reduce) or the root (broadcast) there
+        return ["size", "count", "type", "root" if parts[3].lstrip("-").isdigit() else "redop"]
+    return ["size", "count", "type", "redop", "root"][:n]
+
+
+def parse_published_table(text: str, source: str, lines: tuple[int, int] | None = None) -> NcclTestsLog:
+    """Read one nccl-tests / rccl-tests table as published (see the module docstring).
+
+    Args:
+        text: the published text (a log, a README excerpt, an issue comment).
+        source: name for messages and the result's ``source``.
+        lines: 1-based inclusive line range holding the table; None: the whole text.
+
+    Returns:
+        An NcclTestsLog with the rows (header fields 0 when the text has no header line).
+
+    Raises:
+        ProbeError: no rows, a row that does not fit the table's columns, an unreadable number,
+            algbw that is not size/time, busbw/algbw ratios that disagree, sizes out of order.
+    """
+    all_lines = text.splitlines()
+    first, last = lines if lines is not None else (1, len(all_lines))
+    if not 1 <= first <= last <= len(all_lines):
+        raise fail(source, None, f"lines {first}-{last} are not inside the text ({len(all_lines)} lines)")
+    header: re.Match | None = None
+    prefix: list[str] | None = None
+    groups = 0
+    rows: list[NcclRow] = []
+    version = ""
+    for lineno in range(first, last + 1):
+        line = _TAG.sub("", all_lines[lineno - 1], count=1).strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            tokens = line.lstrip("#").split()
+            if m := _HEADER.match(line):
+                header = m
+            elif "time" in tokens and "algbw" in tokens:
+                prefix, groups = _columns(line, source, lineno)
+            continue
+        if line.startswith(("NCCL version", "RCCL version")):
+            version = line.split("version", 1)[1].strip(" :")
+            continue
+        parts = line.split()
+        if not parts[0].isdigit():
+            continue
+        if prefix is not None:
+            row = _row(parts, prefix, groups, source, lineno)
+        else:
+            layout = _LAYOUTS.get(len(parts))
+            if layout is None:
+                raise fail(source, lineno, f"row has {len(parts)} fields; a table row has 7-9 or 11-13")
+            row = _row(parts, _published_prefix(parts, layout[0]), layout[1], source, lineno)
+        if row.size_bytes == 0:
+            continue
+        if rows and row.size_bytes <= rows[-1].size_bytes:
+            raise fail(source, lineno, f"size {row.size_bytes} after {rows[-1].size_bytes} (line {rows[-1].line}): "
+                       "rows out of order or two tables in one range")
+        rows.append(row)
+    if not rows:
+        raise fail(source, first, f"no table rows in lines {first}-{last}")
+    log = NcclTestsLog(
+        source=source, n_threads=int(header.group(1)) if header else 0, n_gpus=int(header.group(2)) if header else 0,
+        min_bytes=rows[0].size_bytes, max_bytes=rows[-1].size_bytes, rows=tuple(rows), nccl_version=version,
+        collective=collective_from_name(source),
+    )
+    if not any(t and t.algbw_gbps > 0 for r in log.rows for t in (r.out_of_place, r.in_place)):
+        return log  # sizes too small to print an algbw: nothing to check the ratio on
+    ref = log.busbw_ratio()
+    for r in log.rows:
+        for t in (r.out_of_place, r.in_place):
+            if t and t.algbw_gbps >= 1.0 and abs(t.busbw_gbps / t.algbw_gbps - ref) > 0.01 * ref + 0.006:
+                raise fail(source, r.line, f"busbw/algbw = {t.busbw_gbps / t.algbw_gbps:.4f} here but {ref:.4f} in "
+                           "the largest row: values damaged or columns swapped")
+    return log
 
 
 def read_nccl_tests(path: str | Path) -> NcclTestsLog:

@@ -3,7 +3,8 @@
 Each builder fills a compact-form spec (``treeattn.topology.schema.CompactFile``) and
 builds it with ``treeattn.topology.compact``, so a family and a compact YAML file with the
 same figures give the same topology (same fingerprint). Every figure cites its source: a
-row of /work/shared/reference/HARDWARE.md ("HW: <row>") or a public spec. Latencies are
+row of the hardware reference table ("HW: <row>"; the figures are in docs/nccl-model.md) or a
+public spec. Latencies are
 per link and split NCCL's per-hop latencies (HW: "Its latency model": NVLink 0.6 us,
 PCIe 1 us per GPU-to-GPU hop, LL protocol) over the links of such a hop; they are rough
 defaults that ``treeattn calibrate`` replaces.
@@ -26,6 +27,7 @@ from treeattn.topology.compact import build_compact, cost_params
 from treeattn.topology.model import CostParams, Device, DeviceKind, Link, LinkKind, Topology
 from treeattn.topology.schema import (
     CompactFile,
+    CostSpec,
     CpuSpec,
     FabricKind,
     FabricSpec,
@@ -146,15 +148,23 @@ def _network(kind: LinkKind, p: Mapping[str, Any]) -> NetworkSpec:
     )
 
 
+# Share of memory bandwidth published decode-attention kernels reach, by GPU generation
+# (results/published/attention, docs/attention-model.md): FlashAttention-3 on H100 0.55
+# (Dao-AILab/flash-attention issue 1572), FlashInfer trtllm-gen on B200 0.66 (flashinfer-ai/
+# flashinfer pull 1415). Other GPUs keep mem_efficiency: no published figure at hand.
+_ATTN_HOPPER = CostSpec(attn_efficiency=0.55)
+_ATTN_BLACKWELL = CostSpec(attn_efficiency=0.66)
+
+
 def _nvidia_hgx(
     name: str, description: str, sources: list[str], gpus: GpuSpec, fabric: FabricSpec, cpus: CpuSpec,
-    pcie: PcieSpec, nics: NicSpec, p: Mapping[str, Any],
+    pcie: PcieSpec, nics: NicSpec, p: Mapping[str, Any], cost: CostSpec | None = None,
 ) -> Topology:
     nodes = p["nodes"]
     spec = CompactFile(
         name=name, description=description, sources=sources, nodes=nodes,
         node=NodeSpec(gpus=gpus, cpus=cpus, pcie=pcie, fabric=fabric, nics=nics),
-        network=_network(LinkKind.INFINIBAND, p) if nodes > 1 else None,
+        network=_network(LinkKind.INFINIBAND, p) if nodes > 1 else None, cost=cost or CostSpec(),
     )
     return build_compact(spec)
 
@@ -190,7 +200,7 @@ def _hopper(p: Mapping[str, Any], name: str, gpu: GpuSpec, description: str, sou
         pcie=_PCIE5.model_copy(update={"switches": 8}),
         # 8 x ConnectX-7 400 Gb/s = 50 GB/s, GPU k <-> NIC k (HW: InfiniBand row).
         nics=NicSpec(count=8, model="ConnectX-7-NDR", bw_gbps=50.0),
-        p=p,
+        p=p, cost=_ATTN_HOPPER,
     )
 
 
@@ -326,7 +336,7 @@ def _gb200(name: str, p: Mapping[str, Any]) -> Topology:
                               latency_us=_NVSWITCH_LAT, nodes_per_domain=18),
             nics=NicSpec(count=4, model="ConnectX-7-NDR", bw_gbps=50.0),
         ),
-        network=_network(LinkKind.INFINIBAND, p),
+        network=_network(LinkKind.INFINIBAND, p), cost=_ATTN_BLACKWELL,
     )
     return build_compact(spec)
 

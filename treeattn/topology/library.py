@@ -65,14 +65,20 @@ def topologies_dir() -> Path | None:
     return here if here.is_dir() else _installed_dir()
 
 
-@functools.lru_cache(maxsize=1)
 def _installed_dir() -> Path | None:
+    return installed_data_dir("topologies")
+
+
+@functools.lru_cache(maxsize=4)
+def installed_data_dir(folder: str) -> Path | None:
+    """Where an installed wheel put ``<prefix>/share/treeattn/FOLDER`` (found through the
+    distribution's record of its files), or None (not installed, or no such folder)."""
     try:
         files = importlib.metadata.files("treeattn") or []
     except importlib.metadata.PackageNotFoundError:
         return None
     for f in files:
-        if f.suffix == ".yaml" and f.parts[-4:-1] == ("share", "treeattn", "topologies"):
+        if f.suffix == ".yaml" and f.parts[-4:-1] == ("share", "treeattn", folder):
             found = Path(f.locate()).resolve().parent
             if found.is_dir():
                 return found

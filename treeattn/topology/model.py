@@ -264,6 +264,11 @@ class CostParams:
     """Fixed cost of a rank's later COMPUTE ops in one run (ring attention computes once per
     KV block): the kernel warm, as timed back to back alone, where ``attn_launch_us`` is the
     first one's as a run begins with every rank at work; None: ``attn_launch_us``."""
+    attn_efficiency: float | None = None
+    """Share of its device's memory bandwidth the COMPUTE kernel (partial attention over a KV
+    block) reaches, where it differs from ``mem_efficiency`` (merges and copies keep that):
+    decode-attention kernels read KV at 50-75 % of peak (docs/attention-model.md); None:
+    ``mem_efficiency``. A measured ``attn_gbps`` takes precedence."""
 
     def __post_init__(self) -> None:
         if self.overhead_us < 0 or self.launch_us < 0:
@@ -280,6 +285,8 @@ class CostParams:
                 self.attn_gbps is not None and self.attn_gbps <= 0) or (
                 self.attn_next_launch_us is not None and self.attn_next_launch_us < 0):
             raise TopologyError("cost.attn_launch_us and cost.attn_next_launch_us must be >= 0 and cost.attn_gbps > 0")
+        if self.attn_efficiency is not None and not 0 < self.attn_efficiency <= 1:
+            raise TopologyError(f"cost.attn_efficiency must be in (0, 1], got {self.attn_efficiency}")
         if self.cpu_queue not in ("fair", "fifo"):
             raise TopologyError(f"cost.cpu_queue must be 'fair' or 'fifo', got {self.cpu_queue!r}")
         if self.cpu_scope not in ("node", "machine"):
@@ -302,7 +309,7 @@ class CostParams:
                     out[key] = getattr(self, key)
         if self.wakeup_us:
             out["wakeup_us"] = self.wakeup_us
-        for key in ("attn_launch_us", "attn_gbps", "attn_next_launch_us"):
+        for key in ("attn_launch_us", "attn_gbps", "attn_next_launch_us", "attn_efficiency"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
@@ -311,7 +318,8 @@ class CostParams:
         """What of it determines costs (for fingerprints)."""
         base = (float(self.overhead_us), float(self.launch_us), float(self.mem_efficiency))
         if not self.host_cores and not self.wakeup_us and self.attn_launch_us is None and self.attn_gbps is None:
-            return base  # fingerprints of topologies without the newer terms stay as they were
+            # fingerprints of topologies without the newer terms stay as they were
+            return base if self.attn_efficiency is None else (*base, "attn_eff", float(self.attn_efficiency))
         terms = (*base, self.host_cores, float(self.cpu_us), self.cpu_scope, float(self.wakeup_us),
                  self.attn_launch_us, self.attn_gbps)
         if self.step_us or self.cpu_queue != "fair" or self.coll_cpu_us is not None:
@@ -320,7 +328,7 @@ class CostParams:
             terms = (*terms, float(self.start_cpu_us), float(self.cpu_us_per_kb))
         if self.attn_next_launch_us is not None:
             terms = (*terms, "next", float(self.attn_next_launch_us))
-        return terms
+        return terms if self.attn_efficiency is None else (*terms, "attn_eff", float(self.attn_efficiency))
 
 
 @dataclass(frozen=True)

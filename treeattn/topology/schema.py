@@ -92,6 +92,10 @@ class CostSpec(_Spec):
     cpu_us_per_kb: float = Field(0.0, ge=0, description="CPU time a message costs each end per KiB it carries.")
     attn_launch_us: float | None = Field(None, ge=0, description="Fixed cost of the attention kernel (COMPUTE).")
     attn_gbps: float | None = Field(None, gt=0, description="Effective GB/s of the attention kernel (COMPUTE).")
+    attn_efficiency: float | None = Field(
+        None, gt=0, le=1, description="Share of a device's memory bandwidth the attention kernel reaches (COMPUTE; "
+        "default mem_efficiency; attn_gbps, when set, wins)."
+    )
     attn_next_launch_us: float | None = Field(
         None, ge=0, description="Fixed cost of a rank's later COMPUTE ops in one run (default attn_launch_us)."
     )

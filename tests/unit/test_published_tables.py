@@ -1,0 +1,84 @@
+"""Tables copied from publications: the lenient parser and the corpus's mapping files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from treeattn.errors import InputError, ProbeError
+from treeattn.probe.nccl_tests import parse_published_table
+from treeattn.validate.corpus import busbw_factor, load_corpus
+
+ROW = "   1048576    262144  float  sum  -1   82.17   12.76   24.73  0   82.21   12.75   24.71  0"
+ROW2 = "   2097152    524288  float  sum  -1   132.2   15.86   30.74  0   132.2   15.86   30.74  0"
+
+
+def test_rows_without_headers_and_with_launcher_tags():
+    log = parse_published_table(f" 0: {ROW}\n[1,0]<stdout>: {ROW2}\n", "t")
+    assert [r.size_bytes for r in log.rows] == [1048576, 2097152]
+    assert log.rows[0].out_of_place.time_us == 82.17 and log.rows[1].in_place.busbw_gbps == 30.74
+    assert log.busbw_ratio() == pytest.approx(30.74 / 15.86)
+
+
+def test_old_layouts_read_by_field_count():
+    # nccl-tests before 2.10: no root column, 'error' instead of '#wrong'; broadcast prints root, not the op.
+    old = parse_published_table("  1048576  262144  float  sum  120.1  8.73  16.37  5e-07  119.3  8.79  16.48  5e-07",
+                                "o")
+    assert old.rows[0].redop == "sum" and old.rows[0].root is None
+    bcast = parse_published_table("   8  2  float  0  45.82  0.00  0.00  N/A  38.17  0.00  0.00  N/A", "b")
+    assert bcast.rows[0].root == 0 and bcast.rows[0].out_of_place.wrong is None
+
+
+def test_line_range_selects_one_table():
+    text = "\n".join([ROW2, "# another run", ROW, ROW2])
+    assert len(parse_published_table(text, "t", (3, 4)).rows) == 2
+    with pytest.raises(ProbeError, match="t:3: size 1048576 after 2097152"):
+        parse_published_table(text, "t")
+    with pytest.raises(ProbeError, match="lines 3-9 are not inside"):
+        parse_published_table(text, "t", (3, 9))
+
+
+@pytest.mark.parametrize("row, what", [
+    (ROW.replace("82.17", "28.17"), "algbw 12.76 GB/s but size/time"),
+    (ROW.replace("24.73", "34.73"), "busbw/algbw"),
+    (ROW.replace("float", "float  x"), "fields"),
+])
+def test_copying_mistakes_are_caught(row, what):
+    with pytest.raises(ProbeError, match=what):
+        parse_published_table(f"{row}\n{ROW2}", "t")
+    with pytest.raises(ProbeError, match="no table rows"):
+        parse_published_table("# nothing\nabc def\n", "t")
+
+
+def test_shipped_corpus_loads_and_checks_rank_counts():
+    tables = load_corpus()
+    assert len(tables) >= 30 and len({t.source_id for t in tables}) >= 9
+    for t in tables:
+        assert t.log.busbw_ratio() == pytest.approx(busbw_factor(t.collective, t.ranks), rel=0.02)
+        assert t.points() and all(us > 0 for _, us in t.points())
+
+
+def _corpus(tmp: Path, mapping: str, text: str = f"{ROW}\n{ROW2}\n") -> Path:
+    (tmp / "src.txt").write_text(text)
+    (tmp / "src.yaml").write_text(mapping)
+    return tmp
+
+
+GOOD = """source: https://example.invalid/x
+tables:
+  - {id: a, lines: [1, 2], collective: all_reduce, topology: "dgx-h100:nodes=4", ranks: 32}
+"""
+
+
+@pytest.mark.parametrize("mapping, what", [
+    (GOOD.replace("ranks: 32", "ranks: 4"), "busbw/algbw = 1.9382 in the table, but all_reduce over 4 ranks"),
+    (GOOD.replace("all_reduce", "allreduce"), "collective 'allreduce'"),
+    (GOOD.replace("lines: [1, 2]", "lines: [1]"), "field 'lines' must be"),
+    (GOOD.replace("source:", "url:"), "unknown field 'url'"),
+    (GOOD.replace("ranks: 32", "ranks: eight"), "field 'ranks' must be a int"),
+    ("[1, 2", "not YAML"),
+])
+def test_bad_mapping_names_file_and_field(tmp_path, mapping, what):
+    with pytest.raises(InputError, match=what):
+        load_corpus([_corpus(tmp_path, mapping)])

@@ -1,0 +1,198 @@
+"""The corpus of published nccl-tests / rccl-tests tables (``results/published/``).
+
+Each source is a text file, the tables as published (``NAME.txt``), and a mapping file
+(``NAME.yaml``) saying where the text comes from and, per table, which lines hold it, which
+collective made it, on how many ranks, with which NCCL environment, and which topology
+(a shipped name, a family spec, either with a rank selection) stands for the machine:
+
+    source: https://github.com/NVIDIA/nccl-tests/issues/309
+    retrieved: issue text as of 2025-06-19
+    hardware: ...            # free text, kept for SOURCES.md
+    library: NCCL 2.26.2
+    quality: ...             # what the source says about its own numbers
+    cut: ...                 # what was left out when copying
+    tables:
+      - id: 2node
+        lines: [1, 42]       # 1-based, inclusive, in NAME.txt (or in ``file:``)
+        collective: all_reduce
+        topology: dgx-h100:nodes=2
+        ranks: 16            # checked against the table's busbw/algbw
+        env: {NCCL_ALGO: Ring}
+        scored: false        # optional: kept and predicted, left out of the figures
+        why: degraded fabric
+
+``corpus_dir`` finds the shipped corpus the way ``topologies_dir`` finds the shipped
+topologies: ``$TREEATTN_PUBLISHED``, else ``results/published`` in the source tree, else
+``<prefix>/share/treeattn/published`` of an installed wheel.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from treeattn.errors import InputError, ProbeError
+from treeattn.probe.nccl_tests import NcclTestsLog, parse_published_table
+from treeattn.probe.text import read_input
+from treeattn.topology.library import installed_data_dir
+
+__all__ = ["COLLECTIVES", "PublishedTable", "corpus_dir", "load_corpus", "busbw_factor"]
+
+ENV_DIR = "TREEATTN_PUBLISHED"
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "sendrecv", "alltoall")
+_SOURCE_KEYS = {"source", "retrieved", "hardware", "library", "quality", "cut", "tables"}
+_TABLE_KEYS = {"id", "file", "lines", "collective", "topology", "ranks", "env", "scored", "why"}
+
+
+def busbw_factor(collective: str, ranks: int) -> float:
+    """nccl-tests' busbw / algbw for ``collective`` on ``ranks`` ranks."""
+    if collective == "all_reduce":
+        return 2.0 * (ranks - 1) / ranks
+    if collective in ("all_gather", "reduce_scatter", "alltoall"):
+        return (ranks - 1) / ranks
+    return 1.0
+
+
+@dataclass(frozen=True)
+class PublishedTable:
+    """One published table, parsed and mapped."""
+
+    source_id: str
+    """The mapping file's stem."""
+    table_id: str
+    url: str
+    collective: str
+    topology: str
+    ranks: int
+    env: dict[str, str]
+    log: NcclTestsLog
+    scored: bool = True
+    why: str = ""
+    meta: dict = field(default_factory=dict)
+    """The source's free-text fields (retrieved, hardware, library, quality, cut)."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.source_id}/{self.table_id}"
+
+    def points(self) -> list[tuple[int, float]]:
+        """(size in bytes, time in us) per row: the faster of the out-of-place and in-place
+        timings (the same operation twice; a one-off stall in one of them is noise)."""
+        out = []
+        for r in self.log.rows:
+            times = [t.time_us for t in (r.out_of_place, r.in_place) if t is not None]
+            if times:
+                out.append((r.size_bytes, min(times)))
+        return out
+
+
+def corpus_dir() -> Path | None:
+    """The shipped corpus folder (see the module docstring), or None when there is none."""
+    env = os.environ.get(ENV_DIR)
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parents[2] / "results" / "published"
+    return here if here.is_dir() else installed_data_dir("published")
+
+
+def _mapping_files(paths: list[Path]) -> list[Path]:
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            found = sorted(p.glob("*.yaml"))
+            if not found:
+                raise InputError(f"{p}: no mapping files (*.yaml) in this folder")
+            out.extend(found)
+        elif p.suffix in (".yaml", ".yml") and p.is_file():
+            out.append(p)
+        else:
+            raise InputError(f"{p}: not a corpus folder or a mapping file (.yaml)")
+    return out
+
+
+def load_corpus(paths: list[str | Path] | None = None) -> list[PublishedTable]:
+    """Parse and map every table of the given folders or mapping files (default: the shipped corpus).
+
+    Raises:
+        InputError: a path that is neither, a mapping file that does not follow the format
+            (the message names the file and field), a table whose busbw/algbw disagrees with
+            its collective and rank count.
+        ProbeError: a table that does not parse (the message names the file and line).
+    """
+    if not paths:
+        d = corpus_dir()
+        if d is None or not d.is_dir():
+            raise InputError("no published corpus found: give a folder or set $TREEATTN_PUBLISHED")
+        paths = [d]
+    tables: list[PublishedTable] = []
+    for mf in _mapping_files([Path(p) for p in paths]):
+        tables.extend(_load_source(mf))
+    return tables
+
+
+def _field(where: str, data: dict, key: str, kind: type, default=None):  # noqa: ANN001, ANN202 - small reader
+    value = data.get(key, default)
+    if value is None:
+        raise InputError(f"{where}: field {key!r} is missing")
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise InputError(f"{where}: field {key!r} must be a {kind.__name__}, got {value!r}")
+    return value
+
+
+def _load_source(mf: Path) -> list[PublishedTable]:
+    try:
+        data = yaml.safe_load(read_input(mf, "mapping"))
+    except yaml.YAMLError as exc:
+        raise InputError(f"{mf}: not YAML ({str(exc).splitlines()[0]})") from None
+    except ProbeError as exc:
+        raise InputError(str(exc)) from None
+    if not isinstance(data, dict):
+        raise InputError(f"{mf}: a mapping file is a YAML mapping with 'source' and 'tables'")
+    unknown = sorted(set(data) - _SOURCE_KEYS)
+    if unknown:
+        raise InputError(f"{mf}: unknown field {unknown[0]!r}; fields: {', '.join(sorted(_SOURCE_KEYS))}")
+    url = _field(str(mf), data, "source", str)
+    specs = _field(str(mf), data, "tables", list)
+    meta = {k: str(data[k]) for k in ("retrieved", "hardware", "library", "quality", "cut") if k in data}
+    texts: dict[Path, str] = {}
+    out = []
+    for i, spec in enumerate(specs):
+        where = f"{mf}: tables[{i}]"
+        if not isinstance(spec, dict):
+            raise InputError(f"{where}: each table is a mapping")
+        unknown = sorted(set(spec) - _TABLE_KEYS)
+        if unknown:
+            raise InputError(f"{where}: unknown field {unknown[0]!r}; fields: {', '.join(sorted(_TABLE_KEYS))}")
+        tid = _field(where, spec, "id", str)
+        where = f"{mf}: table {tid!r}"
+        coll = _field(where, spec, "collective", str)
+        if coll not in COLLECTIVES:
+            raise InputError(f"{where}: collective {coll!r}; choose one of {', '.join(COLLECTIVES)}")
+        lines = _field(where, spec, "lines", list)
+        if len(lines) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in lines):
+            raise InputError(f"{where}: field 'lines' must be [first, last], got {lines!r}")
+        ranks = _field(where, spec, "ranks", int)
+        if ranks < 2:
+            raise InputError(f"{where}: field 'ranks' must be >= 2, got {ranks}")
+        env = _field(where, spec, "env", dict, {})
+        text_path = mf.parent / _field(where, spec, "file", str, mf.stem + ".txt")
+        if text_path not in texts:
+            try:
+                texts[text_path] = read_input(text_path, "published table")
+            except ProbeError as exc:
+                raise InputError(f"{where}: {exc}") from None
+        log = parse_published_table(texts[text_path], text_path.name, (lines[0], lines[1]))
+        ratio, want = log.busbw_ratio(), busbw_factor(coll, ranks)
+        if abs(ratio - want) > 0.01 * want + 0.006:
+            raise InputError(f"{where}: busbw/algbw = {ratio:.4f} in the table, but {coll} over {ranks} ranks "
+                             f"gives {want:.4f}: wrong collective or rank count")
+        out.append(PublishedTable(
+            source_id=mf.stem, table_id=tid, url=url, collective=coll,
+            topology=_field(where, spec, "topology", str), ranks=ranks,
+            env={str(k): str(v) for k, v in env.items()}, log=log,
+            scored=_field(where, spec, "scored", bool, True), why=str(spec.get("why", "")), meta=meta,
+        ))
+    return out

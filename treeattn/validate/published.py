@@ -1,0 +1,225 @@
+"""Score the GPU cost model on published nccl-tests tables (``treeattn check-model``).
+
+Every row of every table (``treeattn.validate.corpus``) is predicted on the table's topology:
+
+* all-reduce, all-gather, reduce-scatter, broadcast, reduce: NCCL's pick in the table's NCCL
+  environment (``treeattn.cost.nccl.pick``), without the per-call ``overhead_us`` the
+  simulator adds (nccl-tests times a back-to-back loop, where issuing overlaps);
+* sendrecv and alltoall: the simulator's point-to-point model on a plan of the exchange made
+  of SEND/RECV ops: sendrecv is rank r -> r+1 (nccl-tests' ring shift) with the whole
+  buffer, alltoall the ``direct`` plan with 1/R of the buffer to every peer; the time is
+  when the last message lands (the merge a plan applies afterwards is not part of it).
+
+A table run by one process driving G GPUs (``nGpus G`` in its header, nccl-tests ``-g G``)
+takes at least G kernel launches (``cost.launch_us`` each) per operation: the process
+launches them one after another.
+
+The error of a row is predicted / published - 1 on time (published: the faster of the
+row's out-of-place and in-place timings). Rows are grouped by size regime (nccl-tests' size:
+the whole buffer; all-gather and alltoall count every rank's part) and by collective; each
+group reports the median and 90th percentile of |error| and the median signed error.
+Tables marked ``scored: false`` (a degraded fabric, a source's own warning) are predicted
+and listed per source but left out of the groups.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from treeattn.cost import nccl
+from treeattn.cost.simulate import simulate
+from treeattn.errors import InputError, TopologyError
+from treeattn.plan.builders import build
+from treeattn.plan.ir import Plan, TopologyRef
+from treeattn.plan.schedule import Programs
+from treeattn.topology.library import resolve
+from treeattn.topology.model import Topology
+from treeattn.validate.corpus import PublishedTable
+from treeattn.workload import RawPayload
+
+__all__ = ["REGIMES", "RowResult", "predict_table", "predict_corpus", "summarize", "plot_corpus", "p2p_time_us"]
+
+KIB, MIB = 1024, 1024 * 1024
+REGIMES = ("<=64KiB", "64KiB-1MiB", "1-16MiB", "16-256MiB", ">=256MiB")
+_NCCL_NAMES = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
+               "broadcast": "broadcast", "reduce": "reduce"}
+
+
+def regime(nbytes: int) -> str:
+    """The size regime of a row: <= 64 KiB, (64 KiB, 1 MiB], (1, 16] MiB, (16, 256) MiB, >= 256 MiB."""
+    if nbytes <= 64 * KIB:
+        return REGIMES[0]
+    if nbytes <= MIB:
+        return REGIMES[1]
+    if nbytes <= 16 * MIB:
+        return REGIMES[2]
+    if nbytes < 256 * MIB:
+        return REGIMES[3]
+    return REGIMES[4]
+
+
+@dataclass(frozen=True, slots=True)
+class RowResult:
+    table: str
+    source_id: str
+    collective: str
+    nbytes: int
+    published_us: float
+    predicted_us: float
+    scored: bool
+    how: str
+    """What predicted it: ``ring/Simple`` (NCCL's pick) or ``p2p`` (the simulator)."""
+
+    @property
+    def error(self) -> float:
+        return self.predicted_us / self.published_us - 1.0
+
+    def to_dict(self) -> dict:
+        return {"table": self.table, "collective": self.collective, "bytes": self.nbytes,
+                "published_us": self.published_us, "predicted_us": round(self.predicted_us, 3),
+                "error": round(self.error, 4), "scored": self.scored, "how": self.how}
+
+
+def p2p_time_us(topo: Topology, collective: str, nbytes: int) -> float:
+    """Time of nccl-tests' sendrecv or alltoall of ``nbytes`` (its size) on every rank of
+    ``topo``, by the simulator's point-to-point model (see the module docstring)."""
+    n = topo.num_ranks
+    if collective == "sendrecv":
+        payload = RawPayload(nbytes=max(nbytes, 4), ranks=n)
+        progs = Programs(n)
+        for r in range(n):
+            progs.transfer(r, (r + 1) % n, 0, copy=True)
+        plan = Plan("sendrecv", {}, payload, TopologyRef.of(topo), 1, progs.build(), tuple(range(n)))
+    elif collective == "alltoall":
+        plan = build("direct", RawPayload(nbytes=max(nbytes // n, 4), ranks=n), topo)
+    else:
+        raise InputError(f"{collective} is not a point-to-point exchange; use the NCCL model")
+    res = simulate(plan, topo, timeline=True)
+    assert res.timeline is not None
+    return max(t.end_us for t in res.timeline if t.kind in ("recv_merge", "recv_copy"))
+
+
+class _Topologies:
+    """Each spec resolved and summarized once (families with many ranks take a while)."""
+
+    def __init__(self) -> None:
+        self.topos: dict[str, Topology] = {}
+        self.fabrics: dict[str, nccl.NcclFabric] = {}
+
+    def topo(self, t: PublishedTable) -> Topology:
+        if t.topology not in self.topos:
+            try:
+                self.topos[t.topology] = resolve(t.topology)
+            except TopologyError as exc:
+                raise InputError(f"{t.name}: {exc}") from None
+        topo = self.topos[t.topology]
+        if topo.num_ranks != t.ranks:
+            raise InputError(f"{t.name}: topology {t.topology!r} places {topo.num_ranks} ranks but the table ran "
+                             f"on {t.ranks}; select ranks with '[ranks ...]' or use another size")
+        return topo
+
+    def fabric(self, t: PublishedTable) -> nccl.NcclFabric:
+        if t.topology not in self.fabrics:
+            self.fabrics[t.topology] = nccl.fabric(self.topo(t))
+        return self.fabrics[t.topology]
+
+
+def predict_table(t: PublishedTable, cache: _Topologies | None = None) -> list[RowResult]:
+    """Predict every row of one table (see the module docstring)."""
+    cache = cache or _Topologies()
+    topo = cache.topo(t)
+    # One process driving G GPUs (nccl-tests -g G) launches their G kernels one after another:
+    # an operation takes at least G launches, however fast the GPUs are.
+    launches = t.log.n_gpus * topo.cost.launch_us if t.log.n_gpus > 1 else 0.0
+    out = []
+    for nbytes, published in t.points():
+        if t.collective in ("sendrecv", "alltoall"):
+            pred, how = p2p_time_us(topo, t.collective, nbytes), "p2p"
+        else:
+            est = nccl.pick(cache.fabric(t), _NCCL_NAMES[t.collective], nbytes, env=t.env)
+            pred, how = est.time_us, f"{est.algorithm.value}/{est.protocol.value}"
+        if launches > pred:
+            pred, how = launches, f"{how}+launches"
+        out.append(RowResult(t.name, t.source_id, t.collective, nbytes, published, pred, t.scored, how))
+    return out
+
+
+def predict_corpus(tables: Iterable[PublishedTable]) -> list[RowResult]:
+    """Predict every row of every table."""
+    cache = _Topologies()
+    return [r for t in tables for r in predict_table(t, cache)]
+
+
+def _pct(values: list[float], q: float) -> float:
+    """The q-quantile by linear interpolation between order statistics (numpy's default)."""
+    s = sorted(values)
+    pos = (len(s) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def _stats(rows: list[RowResult]) -> dict:
+    errs = [r.error for r in rows]
+    if not errs:
+        return {"rows": 0}
+    absolute = [abs(e) for e in errs]
+    return {"rows": len(errs), "median_abs": _pct(absolute, 0.5), "p90_abs": _pct(absolute, 0.9),
+            "median_signed": _pct(errs, 0.5)}
+
+
+def summarize(rows: list[RowResult]) -> dict:
+    """Figures per regime, per collective, per regime x collective, per source (all rows
+    of a source, scored or not) and over every scored row."""
+    scored = [r for r in rows if r.scored]
+    colls = sorted({r.collective for r in scored})
+    by_source: dict[str, list[RowResult]] = {}
+    for r in rows:
+        by_source.setdefault(r.table, []).append(r)
+    return {
+        "all": _stats(scored),
+        "regimes": {g: _stats([r for r in scored if regime(r.nbytes) == g]) for g in REGIMES},
+        "collectives": {c: _stats([r for r in scored if r.collective == c]) for c in colls},
+        "cells": {c: {g: _stats([r for r in scored if r.collective == c and regime(r.nbytes) == g])
+                      for g in REGIMES} for c in colls},
+        "tables": {name: {**_stats(rs), "scored": rs[0].scored} for name, rs in sorted(by_source.items())},
+    }
+
+
+def plot_corpus(rows: list[RowResult], out: str | Path) -> Path:
+    """Predicted against published time, log-log, one colour per collective (scored rows
+    filled, unscored ones hollow)."""
+    import matplotlib
+
+    from treeattn.figures import save_figure
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 6))
+    colls = sorted({r.collective for r in rows})
+    cmap = plt.get_cmap("tab10")
+    for i, c in enumerate(colls):
+        for scored in (True, False):
+            pts = [r for r in rows if r.collective == c and r.scored == scored]
+            if not pts:
+                continue
+            xs = [r.published_us for r in pts]
+            ys = [r.predicted_us for r in pts]
+            label = c if scored else f"{c} (not scored)"
+            ax.scatter(xs, ys, s=14, label=label, color=cmap(i % 10), facecolors=None if scored else "none")
+    lo = min(min(r.published_us, r.predicted_us) for r in rows) * 0.8
+    hi = max(max(r.published_us, r.predicted_us) for r in rows) * 1.25
+    ax.plot([lo, hi], [lo, hi], color="black", lw=0.8)
+    for f in (0.75, 1.25):
+        ax.plot([lo, hi], [lo * f, hi * f], color="grey", lw=0.5, ls="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("published time (us)")
+    ax.set_ylabel("predicted time (us)")
+    ax.set_title("treeattn's model against published nccl-tests / rccl-tests rows (dashed: +-25 %)")
+    ax.legend(fontsize=8)
+    return save_figure(fig, out)
