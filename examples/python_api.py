@@ -1,0 +1,27 @@
+"""The Python API in 20 lines: 4 gloo ranks, each with a quarter of the KV cache, merge their partials."""
+import os
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import treeattn
+
+
+def rank_main(rank: int, world: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29517")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    plan = treeattn.search_plan(f"cpu:ranks={world}", "llama-3.1-8b", batch=2, seq_len=4096)  # or load_plan(file)
+    merge = treeattn.Merger(plan)                        # once; then every decode step:
+    g = torch.Generator().manual_seed(0)                 # the same q, K, V on every rank
+    q, k, v = torch.randn(2, 32, 128, generator=g), torch.randn(2, 8, 4096, 128, generator=g), torch.randn(
+        2, 8, 4096, 128, generator=g)
+    mine = slice(rank * 1024, (rank + 1) * 1024)         # this rank's quarter of the sequence
+    o, lse = merge(*treeattn.attention_partial(q, k[:, :, mine], v[:, :, mine]))
+    exact, _ = treeattn.attention_partial(q, k, v)       # one process over every token, to compare
+    print(f"rank {rank}: {plan.algorithm}, max |error| {(o - exact).abs().max().item():.1e}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(rank_main, args=(4,), nprocs=4)
