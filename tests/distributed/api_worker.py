@@ -170,3 +170,19 @@ def errors(rank: int, p: int):  # noqa: ANN201
 
 
 TASKS = {"every_method": every_method, "searched": searched, "subgroup": subgroup, "errors": errors}
+
+
+def main() -> None:
+    """``python -m tests.distributed.api_worker TASK RANKS PORT OUT_DIR``: run TASK on RANKS
+    spawned processes (in this process, not pytest's: spawning leaves a resource-tracker
+    process behind for the life of its parent)."""
+    import sys
+
+    import torch.multiprocessing as mp
+
+    task, p, port, out_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    mp.start_processes(run_worker, args=(p, port, out_dir, task), nprocs=p, start_method="spawn")
+
+
+if __name__ == "__main__":
+    main()

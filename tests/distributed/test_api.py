@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from tests.distributed.api_worker import run_worker
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -21,7 +23,9 @@ def free_port() -> int:
 
 
 def run(task: str, p: int, tmp_path) -> list[list[dict]]:  # noqa: ANN001
-    mp.start_processes(run_worker, args=(p, free_port(), str(tmp_path), task), nprocs=p, start_method="spawn")
+    res = subprocess.run([sys.executable, "-m", "tests.distributed.api_worker", task, str(p), str(free_port()),
+                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
     out = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(p)]
     for r, items in enumerate(out):
         for item in items:
