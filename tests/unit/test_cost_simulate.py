@@ -243,13 +243,33 @@ def test_flow_to_itself_costs_only_overhead():
 # -- compute and merges ---------------------------------------------------------------------------
 
 
-def gpu_pair(mem_bw=2000.0, launch=5.0, eff=0.5):
+def gpu_pair(mem_bw=2000.0, launch=5.0, eff=0.5, link_rates="measured"):
+    """Two GPUs on an NVSwitch, links at 100 GB/s. The closed forms below count those 100 GB/s
+    (rates as measured); ``link_rates="datasheet"`` lets NCCL's rating of NVLink apply."""
     devs = [Device("g0", DeviceKind.GPU, node=0, mem_bw_gbps=mem_bw),
             Device("g1", DeviceKind.GPU, node=0, mem_bw_gbps=mem_bw / 2), Device("sw", DeviceKind.NVSWITCH)]
     links = [Link("g0", "sw", LinkKind.NVLINK, 100.0, 0.5), Link("sw", "g0", LinkKind.NVLINK, 100.0, 0.5),
              Link("g1", "sw", LinkKind.NVLINK, 100.0, 0.5), Link("sw", "g1", LinkKind.NVLINK, 100.0, 0.5)]
     return Topology("pair", devs, links, ["g0", "g1"], cost=CostParams(overhead_us=1.0, launch_us=launch,
-                                                                          mem_efficiency=eff))
+                                                                          mem_efficiency=eff, link_rates=link_rates))
+
+
+def test_gpu_transfers_reach_nccls_rating_of_datasheet_links():
+    from treeattn.cost.nccl import nccl_link_bw_gbps
+
+    w = Workload(batch=4, q_heads=32, kv_heads=8, head_dim=128, split=(1, 1))
+    progs = [[Op(OpKind.COMPUTE, 0), Op(SEND, 1, peer=1)], [Op(OpKind.COMPUTE, 0), Op(MERGE, 1, peer=0)]]
+
+    def transfer_us(topo):
+        t = {(x.rank, x.op): x for x in simulate(make_plan(progs, w, topo), topo).timeline}[(0, 1)]
+        return t.end_us - t.start_us
+
+    measured, datasheet = gpu_pair(), gpu_pair(link_rates="datasheet")
+    rated = nccl_link_bw_gbps(datasheet.links[0])
+    assert rated == pytest.approx(100.0 * 20.6 / 25.0)  # an H100-class NVLink (the devices name no model)
+    assert close(transfer_us(measured), 1.0 + 1.0 + w.payload_bytes / 100e3)
+    assert close(transfer_us(datasheet), 1.0 + 1.0 + w.payload_bytes / (rated * 1e3))
+    assert datasheet.fingerprint != measured.fingerprint
 
 
 def test_compute_and_merge_costs_follow_the_model():

@@ -121,6 +121,7 @@ __all__ = [
     "allowed_by_env",
     "busbw_factor",
     "nccl_link_bw_gbps",
+    "p2p_link_gbps",
 ]
 
 
@@ -309,6 +310,32 @@ def nccl_link_bw_gbps(link: Link, arch: str = "hopper") -> float:
             return link.bw_gbps * _PCIE_X16[link.generation] / _PCIE_DATASHEET_X16[link.generation]
         return link.bw_gbps * _PCIE_X16[4] / _PCIE_DATASHEET_X16[4]
     return link.bw_gbps
+
+
+def p2p_link_gbps(topo: Topology) -> list[float] | None:
+    """Per link of ``topo``, the rate NCCL's point-to-point transfers reach on it: its own
+    rating of GPU-fabric and PCIe links (``nccl_link_bw_gbps``) and ``NET_ACHIEVED`` (Simple)
+    of a network port; other links at their ``bw_gbps``. None where the ranks are host CPUs
+    (gloo over loopback or an emulated network: ``treeattn.cost.gloo`` times those) or the
+    links' rates were measured (``cost.link_rates: measured``, a calibrated topology).
+
+    The published sendrecv and alltoall tables (``results/published``) came out 25-36 % fast
+    on datasheet rates and 4-18 % fast on these."""
+    ranks = [topo.rank_device(r) for r in range(topo.num_ranks)]
+    if topo.cost.link_rates == "measured" or any(d.kind is DeviceKind.HOST for d in ranks):
+        return None
+    arch = _arch(ranks[0].model or "") if ranks else "hopper"
+    net = NET_ACHIEVED[Protocol.SIMPLE]
+    out = []
+    for ln in topo.links:
+        if ln.cls in (LinkClass.GPU_FABRIC, LinkClass.PCIE) and ln.kind in (LinkKind.NVLINK, LinkKind.XGMI,
+                                                                           LinkKind.PCIE):
+            out.append(nccl_link_bw_gbps(ln, arch))
+        elif ln.cls is LinkClass.NETWORK:
+            out.append(ln.bw_gbps * net)
+        else:
+            out.append(ln.bw_gbps)
+    return out
 
 
 def fabric(topo: Topology) -> NcclFabric:

@@ -47,7 +47,10 @@ It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
   pool: the library's threads do it, not the rank's); and every host
   rank spends ``cost.start_cpu_us`` of CPU before its first step (all ranks queue at once).
 * Every rank runs its first step ``cost.wakeup_us`` after time 0 (a blocked process wakes).
-* A link's ``flow_gbps`` caps each flow on it below the link's shared ``bw_gbps``.
+* A link's ``flow_gbps`` caps each flow on it below the link's shared ``bw_gbps``. Between
+  GPUs a link carries what NCCL's transfers reach on it, not its datasheet rate
+  (``treeattn.cost.nccl.p2p_link_gbps``: NCCL's own rating of NVLink, xGMI and PCIe links,
+  0.94 of a network port).
 * A plan whose ranks wait forever raises ``PlanInvalidError`` naming what they wait on.
 
 The critical path follows, back from the last rank to finish, for each op the op that
@@ -191,8 +194,12 @@ class _Engine:
         p = self.p = topo.num_ranks
         self.cm = ComputeModel.of(plan.workload, topo)
         self.overhead = topo.cost.overhead_us
-        self.cap = [ln.bw_gbps * 1e3 for ln in topo.links]  # bytes per microsecond
-        self.flow_cap = [ln.flow_cap_gbps * 1e3 for ln in topo.links]
+        from treeattn.cost.nccl import p2p_link_gbps
+
+        rated = p2p_link_gbps(topo)
+        gbps = [ln.bw_gbps for ln in topo.links] if rated is None else rated
+        self.cap = [bw * 1e3 for bw in gbps]  # bytes per microsecond
+        self.flow_cap = [min(ln.flow_cap_gbps, bw) * 1e3 for ln, bw in zip(topo.links, gbps, strict=True)]
         self.wakeup = topo.cost.wakeup_us
         self.lat = [ln.latency_us for ln in topo.links]
         kind: list[int] = []

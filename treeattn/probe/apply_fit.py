@@ -131,7 +131,8 @@ def apply_fit(topo: Topology, fit: FittedParams, *, name: str | None = None) -> 
     for ln in topo.links:
         s = _sig(ln.kind.value, ln.bw_gbps)
         links.append(dataclasses.replace(ln, latency_us=lat.get(s, ln.latency_us), bw_gbps=bw.get(s, ln.bw_gbps)))
-    cost = dataclasses.replace(topo.cost, overhead_us=overhead, launch_us=launch, mem_efficiency=eff)
+    cost = dataclasses.replace(topo.cost, overhead_us=overhead, launch_us=launch, mem_efficiency=eff,
+                               link_rates="measured" if fit.classes else topo.cost.link_rates)
     if fit.attn_launch_us is not None and fit.attn_gbps is not None:
         cost = dataclasses.replace(cost, attn_launch_us=max(0.0, float(fit.attn_launch_us)),
                                    attn_gbps=float(fit.attn_gbps))

@@ -264,6 +264,10 @@ class CostParams:
     """Fixed cost of a rank's later COMPUTE ops in one run (ring attention computes once per
     KV block): the kernel warm, as timed back to back alone, where ``attn_launch_us`` is the
     first one's as a run begins with every rank at work; None: ``attn_launch_us``."""
+    link_rates: str = "datasheet"
+    """What the links' ``bw_gbps`` are: ``datasheet`` figures, of which GPUs' transfers reach
+    what NCCL rates them (``treeattn.cost.nccl.p2p_link_gbps``), or ``measured`` rates
+    (``treeattn calibrate`` fitted them) that transfers reach as they are."""
     attn_efficiency: float | None = None
     """Share of its device's memory bandwidth the COMPUTE kernel (partial attention over a KV
     block) reaches, where it differs from ``mem_efficiency`` (merges and copies keep that):
@@ -287,6 +291,8 @@ class CostParams:
             raise TopologyError("cost.attn_launch_us and cost.attn_next_launch_us must be >= 0 and cost.attn_gbps > 0")
         if self.attn_efficiency is not None and not 0 < self.attn_efficiency <= 1:
             raise TopologyError(f"cost.attn_efficiency must be in (0, 1], got {self.attn_efficiency}")
+        if self.link_rates not in ("datasheet", "measured"):
+            raise TopologyError(f"cost.link_rates must be 'datasheet' or 'measured', got {self.link_rates!r}")
         if self.cpu_queue not in ("fair", "fifo"):
             raise TopologyError(f"cost.cpu_queue must be 'fair' or 'fifo', got {self.cpu_queue!r}")
         if self.cpu_scope not in ("node", "machine"):
@@ -312,10 +318,16 @@ class CostParams:
         for key in ("attn_launch_us", "attn_gbps", "attn_next_launch_us", "attn_efficiency"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.link_rates != "datasheet":
+            out["link_rates"] = self.link_rates
         return out
 
     def key(self) -> tuple:
         """What of it determines costs (for fingerprints)."""
+        terms = self._terms()
+        return terms if self.link_rates == "datasheet" else (*terms, "rates", self.link_rates)
+
+    def _terms(self) -> tuple:
         base = (float(self.overhead_us), float(self.launch_us), float(self.mem_efficiency))
         if not self.host_cores and not self.wakeup_us and self.attn_launch_us is None and self.attn_gbps is None:
             # fingerprints of topologies without the newer terms stay as they were
