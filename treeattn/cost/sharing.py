@@ -1,0 +1,128 @@
+"""Max-min fair sharing of links among flows (progressive filling), as pure functions.
+
+Words: a *flow* is an index with a route (the links it crosses) and its own limit (its
+narrowest link or flow cap, or a CPU core: capacity in bytes or work per microsecond); a
+*link* is an index with a capacity. ``link_flows[i]`` is the set of flows on link i now.
+The simulator (``treeattn.cost.simulate``) calls ``component`` for the links whose flows
+changed, then ``fair_rates`` for the flows it found, whenever flows start or finish.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+
+__all__ = ["component", "fair_rates"]
+
+
+def component(changed: Iterable[int], link_flows: Sequence[set | None],
+              routes: Sequence[tuple[int, ...]]) -> tuple[list[int], dict[int, int]]:
+    """The flows whose rates may change when the flows on links ``changed`` changed.
+
+    They are the flows reachable from those links through links that carry more than one
+    flow (a link with one flow couples nothing: it only caps that flow).
+
+    Args:
+        changed: links whose set of flows changed.
+        link_flows: per link, the flows on it now (None or empty: none).
+        routes: per flow, its links.
+
+    Returns:
+        (the flows, in the order found; per shared link among their routes, its flow count).
+    """
+    flows: list[int] = []
+    seen: set[int] = set()
+    cnt: dict[int, int] = {}
+    stack: list[int] = []
+    for i in changed:
+        on = link_flows[i]
+        if not on:
+            continue
+        if len(on) > 1:
+            if i not in cnt:
+                cnt[i] = len(on)
+                stack.append(i)
+            continue
+        for x in on:
+            if x not in seen:
+                seen.add(x)
+                flows.append(x)
+                for j in routes[x]:
+                    n = len(link_flows[j])
+                    if n > 1 and j not in cnt:
+                        cnt[j] = n
+                        stack.append(j)
+    while stack:
+        for x in link_flows[stack.pop()]:
+            if x not in seen:
+                seen.add(x)
+                flows.append(x)
+                for j in routes[x]:
+                    n = len(link_flows[j])
+                    if n > 1 and j not in cnt:
+                        cnt[j] = n
+                        stack.append(j)
+    return flows, cnt
+
+
+def fair_rates(flows: Sequence[int], cnt: dict[int, int], link_flows: Sequence[set | None],
+               routes: Sequence[tuple[int, ...]], cap: Sequence[float], limit: Sequence[float]) -> dict[int, float]:
+    """Max-min fair rates of ``flows`` by progressive filling.
+
+    The link with the smallest fair share saturates first and fixes the rate of its unfixed
+    flows; the shares of the other links can only grow. A flow's own ``limit`` (no link of
+    its route is narrower) enters as a link of its own.
+
+    Args:
+        flows: the flows to rate (``component``).
+        cnt: per shared link, its flow count (``component``; consumed).
+        link_flows: per link, its flows. routes: per flow, its links.
+        cap: per link, its capacity. limit: per flow, its own limit.
+
+    Returns:
+        Per flow, its rate.
+    """
+    new_rate: dict[int, float] = {}
+    if not cnt:
+        for x in flows:
+            new_rate[x] = limit[x]
+        return new_rate
+    left = {i: cap[i] for i in cnt}
+    heap = [(left[i] / c, 0, i) for i, c in cnt.items()]
+    heap.extend((limit[x], 1, x) for x in flows)
+    heapq.heapify(heap)
+    pop, push = heapq.heappop, heapq.heappush
+    floor = 0.0
+    while heap:
+        share, is_flow, i = pop(heap)
+        if is_flow:
+            if i in new_rate:
+                continue
+            fixed: Iterable[int] = (i,)
+            skip = -1
+        else:
+            c = cnt[i]
+            if c == 0:
+                continue
+            cur = left[i] / c
+            if cur != share:
+                # Keys are lazy: a link's share only grows as flows leave it, so an old key is
+                # too small; put it back with its current share.
+                push(heap, (cur, 0, i))
+                continue
+            fixed, skip = link_flows[i], i
+            cnt[i] = 0
+        # Shares never decrease in exact arithmetic; keep rounding from making one smaller.
+        share = floor = share if share > floor else floor
+        for x in fixed:
+            if x in new_rate:
+                continue
+            new_rate[x] = share
+            for j in routes[x]:
+                cj = cnt.get(j)
+                if cj is None or j == skip:
+                    continue
+                cnt[j] = cj - 1
+                lj = left[j] - share
+                left[j] = lj if lj > 0.0 else 0.0
+    return new_rate
