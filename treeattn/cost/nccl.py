@@ -122,6 +122,7 @@ __all__ = [
     "busbw_factor",
     "nccl_link_bw_gbps",
     "p2p_link_gbps",
+    "transfer_gbps",
 ]
 
 
@@ -336,6 +337,13 @@ def p2p_link_gbps(topo: Topology) -> list[float] | None:
         else:
             out.append(ln.bw_gbps)
     return out
+
+
+def transfer_gbps(topo: Topology) -> list[float]:
+    """Per link, the rate a transfer between ranks reaches on it: ``p2p_link_gbps`` where it
+    applies, else the link's ``bw_gbps`` (what the simulator and the search's floor use)."""
+    rated = p2p_link_gbps(topo)
+    return [ln.bw_gbps for ln in topo.links] if rated is None else rated
 
 
 def fabric(topo: Topology) -> NcclFabric:

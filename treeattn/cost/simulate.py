@@ -46,6 +46,7 @@ from collections import deque
 from treeattn.cost.compute import ComputeModel
 from treeattn.cost.host import CPU_MERGE, CPU_OP, HostModel
 from treeattn.cost.library import LibraryModel
+from treeattn.cost.nccl import transfer_gbps
 from treeattn.cost.program import _COLL, _COMPUTE, _KIND_CODE, _SEND, compile_plan
 from treeattn.cost.sharing import component, fair_rates
 from treeattn.cost.simresult import OpTiming, SimResult
@@ -108,10 +109,7 @@ class _Engine:
         p = self.p = topo.num_ranks
         self.cm = ComputeModel.of(plan.workload, topo)
         self.overhead = topo.cost.overhead_us
-        from treeattn.cost.nccl import p2p_link_gbps
-
-        rated = p2p_link_gbps(topo)
-        gbps = [ln.bw_gbps for ln in topo.links] if rated is None else rated
+        gbps = transfer_gbps(topo)
         self.cap = [bw * 1e3 for bw in gbps]  # bytes per microsecond
         self.flow_cap = [min(ln.flow_cap_gbps, bw) * 1e3 for ln, bw in zip(topo.links, gbps, strict=True)]
         self.wakeup = topo.cost.wakeup_us

@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from treeattn.cost.compute import ComputeModel
+from treeattn.cost.nccl import transfer_gbps
+from treeattn.cost.program import _SEND, compile_plan
 from treeattn.cost.simulate import simulate
 from treeattn.errors import InfeasiblePlanError
 from treeattn.plan.builders import build
-from treeattn.plan.ir import OpKind, Plan, TopologyRef, message_bytes
+from treeattn.plan.ir import Plan, TopologyRef
 from treeattn.topology.model import Topology
 from treeattn.workload import Payload, Workload
 
@@ -94,95 +96,88 @@ class Evaluator:
         self._floors: dict[tuple[str, int], float] = {}
         self._compute: dict[tuple[int, int | None, bool], float] = {}
         self._min_c: float | None = None
+        self._rates: list[float] | None = None
 
     def _pair_cost(self, a: int, b: int) -> tuple[float, float]:
-        """(latency_us, bottleneck bytes per microsecond) of the route a -> b, cached."""
+        """(latency_us, bottleneck bytes per microsecond) of the route a -> b at the rates
+        transfers reach (``treeattn.cost.nccl.transfer_gbps``, as the simulator drains them), cached."""
         key = a * self.topo.num_ranks + b
         hit = self._pair.get(key)
         if hit is None:
+            if self._rates is None:
+                self._rates = transfer_gbps(self.topo)
             route = self.topo.route(a, b)
-            links = self.topo.links
-            bw = min((links[i].bw_gbps for i in route), default=math.inf) * 1e3
+            links, rates = self.topo.links, self._rates
+            bw = min((min(rates[i], links[i].flow_cap_gbps) for i in route), default=math.inf) * 1e3
             hit = self._pair[key] = (sum(links[i].latency_us for i in route), bw)
         return hit
 
     def floor_us(self, plan: Plan) -> float:
         """A lower bound on what ``simulate`` predicts for ``plan``: its critical path without contention.
 
-        Nodes are the steps of each rank. A step is posted when the rank's previous step
-        ends; a transfer starts once both of its steps are posted and lasts at least the
-        sender's overhead, its bytes at the route's bottleneck bandwidth and the route's hop
-        latencies (what it costs alone on the network); a step whose rank sends m messages
-        lasts at least m overheads plus the cheapest of them (the rank issues them one at a
-        time); a step ends after its transfers, plus its merges; a COMPUTE step lasts exactly
-        its kernel; a COLLECTIVE step counts as 0. The simulator only adds link sharing,
-        issue waits, collective waits and costs to that, so the longest path here never
-        exceeds its prediction. One pass over the ops, then one over the steps in dependency
-        order.
+        It reads the plan as the simulator does (``treeattn.cost.program.compile_plan``) and
+        charges what the simulator charges, less what contention and waiting add: nodes are
+        the steps of each rank; a step is posted when the rank's previous step ends; a
+        transfer starts once both of its steps are posted and lasts at least the sender's
+        overhead, its bytes at the route's bottleneck rate and the route's hop latencies (what
+        it costs alone on the network); a step whose rank sends m messages lasts at least m
+        overheads plus the cheapest of them (the rank issues them one at a time); a step's
+        COMPUTE lasts its kernel (``ComputeModel.partial_us``); a step ends after its
+        transfers and compute, plus its merges and copies (``ComputeModel.step_local_us``,
+        the simulator's own); a COLLECTIVE step counts as 0. The simulator only adds link
+        sharing, issue waits, collective waits, the wake-up and host CPU queueing to that,
+        so the longest path here never exceeds its prediction. One pass over the ops, then
+        one over the steps in dependency order.
         """
+        p = self.topo.num_ranks
+        prog = compile_plan(plan, p, self._cm)
         overhead = self.topo.floor_overhead_us
         cm = self._cm
-        sizes: dict[tuple, int] = {}
+        kind, nbytes, rank_of, ops = prog.kind, prog.nbytes, prog.rank_of, prog.ops
+        partner = prog.pair(p)
         fixed: list[float] = []
         issued: list[float] = []
-        merged: list[int] = []
+        local: list[float] = []
         first: list[bool] = []
-        rank_of: list[int] = []
-        sends: dict[tuple[int, int], list[tuple[int, float]]] = {}
-        recvs: dict[tuple[int, int], list[int]] = {}
+        node_rank: list[int] = []
+        node_of = [0] * len(kind)
         compute = self._compute
-        computed: set[int] = set()
-        pair = self._pair
-        p = self.topo.num_ranks
-        send_k, merge_k, compute_k, coll_k = OpKind.SEND, OpKind.RECV_MERGE, OpKind.COMPUTE, OpKind.COLLECTIVE
-        for r, prog in enumerate(plan.programs):
-            step = None
-            n = -1
-            for op in prog:
-                if op.step != step:
-                    step = op.step
-                    n = len(fixed)
-                    fixed.append(0.0)
-                    issued.append(0.0)
-                    sent = 0
-                    cheapest = math.inf
-                    merged.append(0)
-                    first.append(n == 0 or rank_of[-1] != r)
-                    rank_of.append(r)
-                kind = op.kind
-                if kind is compute_k:
-                    ck = (r, op.block, r in computed)
-                    c = compute.get(ck)
-                    if c is None:
-                        c = compute[ck] = cm.partial_us(r, op.block, later=ck[2])
-                    computed.add(r)
-                    fixed[n] = c
-                    continue
-                if kind is coll_k:
-                    continue
-                key = (op.chunk, op.block)
-                nbytes = sizes.get(key)
-                if nbytes is None:
-                    nbytes = sizes[key] = message_bytes(plan, op)
-                if kind is send_k:
-                    hit = pair.get(r * p + op.peer)
-                    if hit is None:
-                        hit = self._pair_cost(r, op.peer)
-                    rest = hit[0] + nbytes / hit[1]
-                    sends.setdefault((r, op.peer), []).append((n, overhead + rest))
-                    sent += 1
-                    if rest < cheapest:
-                        cheapest = rest
-                    if sent > 1:
-                        issued[n] = sent * overhead + cheapest
-                else:
-                    recvs.setdefault((op.peer, r), []).append(n)
-                    if kind is merge_k:
-                        merged[n] += nbytes
+        for r in range(p):
+            computed = False
+            for c, (lo, hi) in enumerate(prog.steps[r]):
+                n = len(fixed)
+                first.append(c == 0)
+                node_rank.append(r)
+                cg = prog.step_compute[r][c]
+                f = 0.0
+                if cg >= 0:
+                    ck = (r, ops[cg].block, computed)
+                    f = compute.get(ck)
+                    if f is None:
+                        f = compute[ck] = cm.partial_us(r, ops[cg].block, later=computed)
+                    computed = True
+                sent = 0
+                cheapest = math.inf
+                for gid in range(lo, hi):
+                    node_of[gid] = n
+                    if kind[gid] == _SEND:
+                        rest = self._pair_cost(r, ops[gid].peer)
+                        rest = rest[0] + nbytes[gid] / rest[1]
+                        sent += 1
+                        if rest < cheapest:
+                            cheapest = rest
+                fixed.append(f)
+                issued.append(sent * overhead + cheapest if sent > 1 else 0.0)
+                mb = prog.merge_b[r][c]
+                local.append(cm.step_local_us(r, mb, prog.merge_k[r][c]) if mb else 0.0)
         count = len(fixed)
         partners: list[list[tuple[int, float]]] = [[] for _ in range(count)]
-        for key, ss in sends.items():
-            for (na, cost), nb in zip(ss, recvs.get(key, ()), strict=False):
+        for gid, code in enumerate(kind):
+            q = partner[gid]
+            if code == _SEND and q >= 0:
+                lat, bw = self._pair_cost(rank_of[gid], rank_of[q])
+                cost = overhead + lat + nbytes[gid] / bw
+                na, nb = node_of[gid], node_of[q]
                 partners[na].append((nb, cost))
                 partners[nb].append((na, cost))
         # Node n waits for its own previous step and for each partner's previous step.
@@ -208,8 +203,7 @@ class Evaluator:
                 x = (post if post > other else other) + cost
                 if x > t:
                     t = x
-            if merged[n]:
-                t += cm.step_merge_us(rank_of[n], merged[n])
+            t += local[n]
             end[n] = t
             if t > worst:
                 worst = t
