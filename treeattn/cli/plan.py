@@ -279,7 +279,7 @@ def _named(topo, payload: Payload, algorithm: str, chunks: int | None, kw: dict[
     """Build, time and describe one named algorithm's plan."""
     from dataclasses import replace
 
-    from treeattn.cost.bounds import lower_bounds
+    from treeattn.cost.bounds import plan_bounds
     from treeattn.cost.memory import memory_check, peak_bytes
     from treeattn.cost.simulate import simulate
     from treeattn.exec.predict import plan_baselines
@@ -288,7 +288,7 @@ def _named(topo, payload: Payload, algorithm: str, chunks: int | None, kw: dict[
 
     plan = build(algorithm, payload, topo, chunks=chunks if chunks is not None else 1, **kw)
     t = simulate(plan, topo, timeline=False).predicted_us
-    bound = lower_bounds(payload, topo, result_ranks=plan.result_ranks, contributors=plan.contributors)
+    bound = plan_bounds(plan, topo)
     layout, root = ("heads", None) if plan.layout == "heads" else (
         ("all", None) if plan.result == "all" else ("root", plan.result_ranks[0]))
     base = baselines(topo, payload, result=layout, root=root)

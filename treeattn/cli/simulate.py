@@ -14,7 +14,7 @@ from rich.table import Table
 
 from treeattn.cli import app, err_console
 from treeattn.cost import nccl
-from treeattn.cost.bounds import lower_bounds
+from treeattn.cost.bounds import plan_bounds
 from treeattn.cost.simulate import SimResult, simulate
 from treeattn.figures import save_figure
 from treeattn.units import format_size, parse_size
@@ -54,8 +54,7 @@ def simulate_cmd(
             markup=False,
         )
     res = simulate(plan, topo, timeline=True)
-    bounds = lower_bounds(plan.workload, topo, result_ranks=plan.result_ranks,
-                          contributors=getattr(plan, "contributors", None))
+    bounds = plan_bounds(plan, topo)
     gap = res.predicted_us / bounds.bound_us if bounds.bound_us > 0 else None
     drawn = None
     if timeline is not None:

@@ -49,8 +49,21 @@ ingress after the first partial existed:
 (raw payloads: c = 0 and only the rank's own buffer is local). ``latency_us`` is
 F(contributors) - c. It is computed by dynamic programming over n, O(p log p).
 
-``bound_us = max(compute_us, first_compute_us + max(latency_us, bandwidth_us))`` where
-``compute_us`` is the slowest contribution's COMPUTE on the fastest device.
+Spreading (``spread_us``). Where every rank must end holding every contribution (an
+all-reduce, or each rank its own heads: each rank's rows of contribution j must reach it),
+each contribution's data must reach every rank, and each message informs one rank. A rank
+issues one message per overhead o (LogP's gap) and a message arrives o + lambda after its
+issue began (lambda the smallest route latency), so a contribution held by one rank at time
+0 reaches n ranks no earlier than S(n), the greedy LogP broadcast: a rank informed at t
+informs others at t + k o + lambda, k = 1, 2, ... (the optimal broadcast under these rules
+is the greedy one). With o = 0 a rank informs any number at once: S(n) = lambda. A
+contribution exists after its COMPUTE (or, moved as a KV block, is computed after it
+arrives), so T >= first_compute_us + S(n). A binomial tree of p ranks meets it within a
+factor of about two; without it a star's depth term alone let the bound sit far below every
+plan at thousands of ranks.
+
+``bound_us = max(compute_us, first_compute_us + max(latency_us, bandwidth_us, spread_us))``
+where ``compute_us`` is the slowest contribution's COMPUTE on the fastest device.
 
 COLLECTIVE steps are timed by a model of the library (NCCL's constants on GPUs, which do not
 know this topology's links exactly; gloo's schedules simulated on hosts); the simulator
@@ -64,8 +77,9 @@ of the whole partial: the bounds hold for collective plans too.
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -74,7 +88,7 @@ from treeattn.errors import InputError
 from treeattn.topology.model import Topology
 from treeattn.workload import Payload, Workload
 
-__all__ = ["Bounds", "CutModel", "lower_bounds", "depth_bound_us"]
+__all__ = ["Bounds", "CutModel", "lower_bounds", "plan_bounds", "heads_shares", "depth_bound_us", "spread_bound_us"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,12 +106,15 @@ class Bounds:
     """The fastest COMPUTE of any contribution: it precedes (or, for a moved KV block,
     follows) the data that crosses a cut."""
     bound_us: float
-    """max(compute_us, first_compute_us + max(latency_us, bandwidth_us))."""
+    """max(compute_us, first_compute_us + max(latency_us, bandwidth_us, spread_us))."""
     cut: str
-    """Which term gives the bound: ``compute``, ``depth`` or the name of a cut."""
+    """Which term gives the bound: ``compute``, ``depth``, ``spread`` or the name of a cut."""
+    spread_us: float = 0.0
+    """Spreading one contribution to every rank that must hold it, one message per overhead."""
 
     def to_dict(self) -> dict:
         return {
+            "spread_us": self.spread_us,
             "latency_us": self.latency_us,
             "bandwidth_us": self.bandwidth_us,
             "compute_us": self.compute_us,
@@ -172,6 +189,28 @@ def depth_bound_us(n: int, alpha_us: float, g_us: float, mu_us: float, c_us: flo
     return f_of[n]
 
 
+@lru_cache(maxsize=64)
+def spread_bound_us(n: int, gap_us: float, latency_us: float) -> float:
+    """S(n) of the module docstring: the earliest data held by one rank at 0 can be held by
+    ``n`` ranks when a rank issues one message per ``gap_us`` and each arrives ``gap_us +
+    latency_us`` after its issue began (the greedy LogP broadcast)."""
+    if n < 2:
+        return 0.0
+    if gap_us <= 0.0:
+        return latency_us
+    # Arrivals in time order: (time, the issuing rank's k-th message); the informed rank
+    # starts issuing at once.
+    heap = [gap_us + latency_us]
+    informed = 1
+    t = 0.0
+    while informed < n:
+        t = heapq.heappop(heap)
+        informed += 1
+        heapq.heappush(heap, t + gap_us)  # the sender's next message
+        heapq.heappush(heap, t + gap_us + latency_us)  # the new rank's first
+    return t
+
+
 class CutModel:
     """Capacities and smallest latencies of the cuts of one topology (built once, O(links))."""
 
@@ -225,7 +264,8 @@ class CutModel:
         return depth_bound_us(n, self.alpha_us, g, self.merge_us(row_bytes), first_compute_us, raw)
 
     def pieces(
-        self, results: Iterable[int], contributors: Iterable[int], payload_bytes: float, kv: dict[int, float] | None
+        self, results: Iterable[int], contributors: Iterable[int], payload_bytes: float, kv: dict[int, float] | None,
+        shares: dict[int, float] | None = None,
     ) -> list[tuple[str, float, float, float]]:
         """Every applicable cut as (name, smallest latency, bytes needed, capacity GB/s).
 
@@ -236,6 +276,8 @@ class CutModel:
             kv: KV bytes per contributor when KV blocks may move instead of partials
                 (attention); None for raw payloads. Bytes needed for a set S of
                 contributors: min(P, sum of kv over S), or P.
+            shares: per result rank, the share of the rows it must hold (a heads layout);
+                None: every row. A set of result ranks needs the rows any of them holds.
         """
         results = sorted(set(results))
         contributors = sorted(set(contributors))
@@ -246,20 +288,28 @@ class CutModel:
         kv_of = (lambda j: kv[j]) if kv is not None else (lambda j: 0.0)
         total_kv = sum(kv_of(j) for j in contributors)
 
-        def need(kv_sum: float) -> float:
-            return payload_bytes if kv is None else min(payload_bytes, kv_sum)
+        def rows(ranks: Iterable[int]) -> float:
+            """Share of the rows some rank of ``ranks`` must end with."""
+            if shares is None:
+                return 1.0 if any(True for _ in ranks) else 0.0
+            return min(1.0, sum(shares[r] for r in ranks))
+
+        def need(kv_sum: float, share: float = 1.0) -> float:
+            return payload_bytes * share if kv is None else min(payload_bytes * share, kv_sum)
 
         for r in results:
             n_others = len(contributors) - (1 if r in cset else 0)
             if n_others:
                 cap, lat = _cap(self.dev_in, self.rank_dev[r])
                 if cap > 0:
-                    out.append((f"ingress of rank {r}", lat, need(total_kv - (kv_of(r) if r in cset else 0.0)), cap))
+                    out.append((f"ingress of rank {r}", lat,
+                                need(total_kv - (kv_of(r) if r in cset else 0.0), rows([r])), cap))
         for j in contributors:
-            if len(results) > 1 or results[0] != j:
+            others = [r for r in results if r != j]
+            if others:
                 cap, lat = _cap(self.dev_out, self.rank_dev[j])
                 if cap > 0:
-                    out.append((f"egress of rank {j}", lat, need(kv_of(j)), cap))
+                    out.append((f"egress of rank {j}", lat, need(kv_of(j), rows(others)), cap))
         node_count: dict[int, int] = {}
         node_kv: dict[int, float] = {}
         for j in contributors:
@@ -270,17 +320,20 @@ class CutModel:
         for n in result_nodes:
             cap, lat = _cap(self.node_in, n)
             if len(contributors) > node_count.get(n, 0) and cap > 0:
-                out.append((f"into node {n}", lat, need(total_kv - node_kv.get(n, 0.0)), cap))
+                inside = [r for r in results if self.rank_node[r] == n]
+                out.append((f"into node {n}", lat, need(total_kv - node_kv.get(n, 0.0), rows(inside)), cap))
         for n in sorted(node_count):
             if (len(result_nodes) > 1 or result_nodes[0] != n) and _cap(self.node_out, n)[0] > 0:
                 cap, lat = _cap(self.node_out, n)
-                out.append((f"out of node {n}", lat, need(node_kv[n]), cap))
+                outside = [r for r in results if self.rank_node[r] != n]
+                out.append((f"out of node {n}", lat, need(node_kv[n], rows(outside)), cap))
         return out
 
-    def collective_floor_us(self, nbytes: int, row_bytes: int) -> float:
+    def collective_floor_us(self, nbytes: int, row_bytes: int, everyone: bool = True) -> float:
         """The least time a collective over all ranks can take in this model when it delivers
         ``nbytes`` of every other rank's data, in rows of ``row_bytes``, to every rank: the
-        cut and depth bounds of a raw payload of that size."""
+        cut, depth and (``everyone``: every rank receives from every other) spreading bounds
+        of a raw payload of that size."""
         p = self.topo.num_ranks
         if p < 2:
             return 0.0
@@ -288,7 +341,12 @@ class CutModel:
             ranks = range(p)
             self._floor_cuts = [(lat, cap) for _, lat, _, cap in self.pieces(ranks, ranks, 0.0, None)]
         cut = max((self.overhead_us + lat + nbytes / (cap * 1e3) for lat, cap in self._floor_cuts), default=0.0)
-        return max(cut, self.depth_us(p, row_bytes, 0.0, True))
+        spread = self.spread_us(p) if everyone else 0.0
+        return max(cut, self.depth_us(p, row_bytes, 0.0, True), spread)
+
+    def spread_us(self, n: int) -> float:
+        """S(n) on this topology: one message per overhead, the smallest route latency."""
+        return spread_bound_us(n, self.overhead_us, self.alpha_us - self.overhead_us)
 
 
 def _add(table: dict, key, bw: float, lat: float) -> None:
@@ -311,6 +369,7 @@ def lower_bounds(
     *,
     result_ranks: Iterable[int] | None = None,
     contributors: Iterable[int] | None = None,
+    shares: Sequence[float] | None = None,
     cuts: CutModel | None = None,
 ) -> Bounds:
     """Lower bounds on any plan's time for ``payload`` on ``topo`` (see the module docstring).
@@ -321,6 +380,8 @@ def lower_bounds(
         result_ranks: ranks that must end with the result; None = every rank (an all-reduce
             pattern; pass a plan's ``result_ranks`` for a reduce to one root).
         contributors: ranks whose contributions the result holds; None = every rank.
+        shares: per rank, the share of the rows it must hold (a heads layout:
+            ``heads_shares``); None = every row.
         cuts: a prebuilt ``CutModel`` of ``topo`` (saves rebuilding it in a search loop).
 
     Returns:
@@ -354,17 +415,23 @@ def lower_bounds(
     cuts = cuts if cuts is not None else CutModel(topo)
     o = topo.floor_overhead_us
     bw_us, bw_name = 0.0, ""
-    for name, lat, nbytes, cap in cuts.pieces(results, contrib, payload.payload_bytes, kv):
+    share_of = None if shares is None else dict(enumerate(shares))
+    for name, lat, nbytes, cap in cuts.pieces(results, contrib, payload.payload_bytes, kv, share_of):
         t = o + lat + nbytes / (cap * 1e3)
         if t > bw_us:
             bw_us, bw_name = t, name
     needs_comm = any(r not in contrib or len(contrib) > 1 for r in results[:2]) if results else False
-    depth = 0.0
+    depth = spread = 0.0
     if needs_comm:
         depth = cuts.depth_us(len(contrib), payload.row_bytes, first, raw) - first
+        # A contribution must reach every result rank other than its own.
+        reach = len(results) + (0 if set(results) & set(contrib) else 1)
+        spread = cuts.spread_us(reach)
     bound, cut = compute, "compute"
     if first + depth > bound:
         bound, cut = first + depth, "depth"
+    if first + spread > bound:
+        bound, cut = first + spread, "spread"
     if first + bw_us > bound:
         bound, cut = first + bw_us, bw_name
     return Bounds(
@@ -374,4 +441,20 @@ def lower_bounds(
         first_compute_us=first,
         bound_us=bound,
         cut=cut,
+        spread_us=spread,
     )
+
+
+def heads_shares(payload: Payload, ranks: int) -> list[float]:
+    """Per rank, the share of the rows a heads layout gives it (``treeattn.plan.ir.head_split``)."""
+    from treeattn.plan.ir import head_split
+
+    units = payload.q_heads if isinstance(payload, Workload) else payload.rows
+    return [n / units for n in head_split(units, ranks)]
+
+
+def plan_bounds(plan, topo: Topology) -> Bounds:  # noqa: ANN001 - a Plan (plan imports cost, not the reverse)
+    """``lower_bounds`` for what ``plan`` delivers: its result ranks, contributors and layout."""
+    shares = heads_shares(plan.workload, plan.ranks) if plan.layout == "heads" else None
+    return lower_bounds(plan.workload, topo, result_ranks=plan.result_ranks, contributors=plan.contributors,
+                        shares=shares)

@@ -42,7 +42,8 @@ class LibraryModel:
                 row = row_bytes(w, what)
                 share = (stop - start) * row
             # What every rank must receive at least: a reduce-scatter delivers a p-th.
-            floor = self.cuts.collective_floor_us(share // p if coll == "reducescatter" else share, row)
+            floor = self.cuts.collective_floor_us(share // p if coll == "reducescatter" else share, row,
+                                                  everyone=coll != "reduce")
             if self.hosts:
                 t, cpu = gloo.collective(self.topo, "allgather" if coll == "allgather" else "allreduce", share)
                 spent.append(cpu)

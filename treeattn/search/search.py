@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
-from treeattn.cost.bounds import lower_bounds
+from treeattn.cost.bounds import heads_shares, lower_bounds
 from treeattn.cost.memory import DEFAULT_MEM_FRACTION, check_kv_fits, memory_check
 from treeattn.errors import InputError
 from treeattn.plan.baselines import baselines_for
@@ -410,7 +410,9 @@ class _Run:
         if not ranked:
             raise InputError(f"no schedule could be built for {self.topo.num_ranks} ranks and "
                              f"{self.workload.rows} rows")
-        bound = lower_bounds(self.workload, self.topo)
+        heads = self.layout == "heads"
+        bound = lower_bounds(self.workload, self.topo, result_ranks=(self.root,) if self.layout == "root" else None,
+                             shares=heads_shares(self.workload, self.topo.num_ranks) if heads else None)
         bound_us = bound.bound_us
 
         def ratio(t: float) -> float:
