@@ -363,7 +363,7 @@ def _fast_yaml(text: str) -> dict[str, Any] | None:
         programs = json.loads("[" + ",".join("[" + ",".join(ops) + "]" for ops in ranks) + "]")
         for i, line in enumerate(lines):
             if not line.startswith(" "):
-                parent = line[:-1] if line.endswith(":") and _PLAIN.match(line[:-1]) else None
+                parent = line[:-1] if line.endswith(":") and _PLAIN.fullmatch(line[:-1]) else None
             m = _INT_LIST.match(line)
             if m and m.group(2).lower() not in _RESERVED and (not m.group(1) or parent):
                 lists.append((parent if m.group(1) else None, m.group(2), json.loads(m.group(3))))
@@ -429,9 +429,10 @@ def _parse(text: str, name: str) -> Plan:
 
 # -- dumping -------------------------------------------------------------------------------
 
-_PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 _RESERVED = {"y", "n", "yes", "no", "true", "false", "on", "off", "null", "nan", "inf"}
-_UNPRINTABLE = re.compile("[\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+# Escaped inside quotes: what YAML cannot print, and the line breaks it would fold (NEL, LS, PS).
+_UNPRINTABLE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]")
 
 
 def _float(x: float) -> str:
@@ -445,7 +446,7 @@ def _float(x: float) -> str:
 
 
 def _yaml_str(s: str) -> str:
-    if _PLAIN.match(s) and s.lower() not in _RESERVED:
+    if _PLAIN.fullmatch(s) and s.lower() not in _RESERVED:
         return s
     text = json.dumps(s, ensure_ascii=False)
     return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
@@ -553,6 +554,11 @@ def dump_plan(plan: Plan, fmt: str = "yaml") -> str:
         raise PlanFormatError(f"plan format must be 'yaml' or 'json', got {fmt!r}")
     _check_op_values(plan)
     data = _header(plan)
+    try:  # a lone surrogate has no UTF-8 form: refuse it rather than write a file that cannot be read
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PlanFormatError(f"cannot write {exc.object[exc.start:exc.end]!r}: plan files hold text that UTF-8 "
+                              "can encode (no lone surrogates)") from None
     lines: list[str] = []
     if fmt == "yaml":
         for key, value in data.items():
