@@ -1,6 +1,6 @@
 """The NCCL-model predictor: its formulas, and a sanity check against published nccl-tests runs.
 
-Fixtures (/work/shared/fixtures/nccl-tests/, see SOURCES.md there): all_reduce_perf on one
+Fixtures (tests/fixtures/nccl-tests/, sources in its README): all_reduce_perf on one
 DGX-class node of 8 H100 (NVLink + NVLink SHARP) and on 4 such nodes with 8 x 400G IB each.
 Tolerances, documented in the report: for sizes >= 64 MiB the predicted bus bandwidth is
 within 25 % of the measured one on both machines (on one node it is 11-22 % low: NCCL used
@@ -19,7 +19,7 @@ from tests.unit.test_cost_helpers import cluster_topo, switch_topo
 from treeattn.cost import nccl
 from treeattn.errors import InputError
 
-FIXTURES = Path("/work/shared/fixtures/nccl-tests")
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "nccl-tests"
 
 
 def parse_nccl_tests(path: Path) -> list[tuple[int, float, float]]:

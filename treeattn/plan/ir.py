@@ -18,7 +18,7 @@ Semantics (every interpreter implements exactly this):
 * SEND carries the accumulator of ``chunk`` as it stood when the step began (or KV
   ``block`` when ``block`` is set). ``chunk=None`` sends every chunk in one message.
 * RECV_MERGE merges the received rows into the accumulator at the end of the step (the
-  merge of DESIGN.md section 1, or a sum for raw payloads); RECV_COPY overwrites it
+  merge of docs/design.md section 1, or a sum for raw payloads); RECV_COPY overwrites it
   (broadcast), or, with ``block`` set, stores that KV block.
 * COMPUTE is a step of its own: the partial attention over KV ``block`` (default: the
   rank's own shard), merged into every chunk's accumulator.

@@ -1,4 +1,4 @@
-"""The four ways to merge a sharded decode, side by side (DESIGN.md section 2).
+"""The four ways to merge a sharded decode, side by side (docs/design.md section 2).
 
 For each topology of a family sweep and each sequence length: the planned merge (the
 ``search`` pick), ring attention, the paper's three all-reduces (NCCL model) and all-gather

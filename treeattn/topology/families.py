@@ -3,7 +3,7 @@
 Each builder fills a compact-form spec (``treeattn.topology.schema.CompactFile``) and
 builds it with ``treeattn.topology.compact``, so a family and a compact YAML file with the
 same figures give the same topology (same fingerprint). Every figure cites its source: a
-row of /work/shared/reference/HARDWARE.md ("HW: <row>") or a public spec. Latencies are
+row of docs/hardware.md ("HW: <row>") or a public spec. Latencies are
 per link and split NCCL's per-hop latencies (HW: "Its latency model": NVLink 0.6 us,
 PCIe 1 us per GPU-to-GPU hop, LL protocol) over the links of such a hop; they are rough
 defaults that ``treeattn calibrate`` replaces.
@@ -159,15 +159,15 @@ def _nvidia_hgx(
     return build_compact(spec)
 
 
-_SRC_NCCL_LAT = "HARDWARE.md 'How NCCL models the same thing': per-hop latency NVLink 0.6 us, PCIe 1 us (LL)"
-_SRC_SWITCH = "HARDWARE.md 'InfiniBand HDR / NDR / XDR port' row: switch hop ~0.5-0.6 us"
-_SRC_PCIE5 = "HARDWARE.md 'PCIe 5.0 x16' row: 63 GB/s nominal, ~55 GB/s measured host-to-device (used)"
-_SRC_PCIE4 = "HARDWARE.md 'PCIe 4.0 x16' row: ~31.5 GB/s nominal, ~25 usable (used)"
+_SRC_NCCL_LAT = "docs/hardware.md 'How NCCL models the same thing': per-hop latency NVLink 0.6 us, PCIe 1 us (LL)"
+_SRC_SWITCH = "docs/hardware.md 'InfiniBand HDR / NDR / XDR port' row: switch hop ~0.5-0.6 us"
+_SRC_PCIE5 = "docs/hardware.md 'PCIe 5.0 x16' row: 63 GB/s nominal, ~55 GB/s measured host-to-device (used)"
+_SRC_PCIE4 = "docs/hardware.md 'PCIe 4.0 x16' row: ~31.5 GB/s nominal, ~25 usable (used)"
 _SRC_NDV5 = (
     "Azure/azhpc-images topology/ndv5-topo.xml (HGX H100, fixture nccl-topo.azure-ndv5-h100.xml): "
     "one PCIe Gen5 x16 bridge per GPU/NIC pair, 4 per socket"
 )
-_SRC_RAIL = "HARDWARE.md 'InfiniBand' row: DGX H100 8 x 400 Gb/s ConnectX-7, one per GPU, rail-optimized"
+_SRC_RAIL = "docs/hardware.md 'InfiniBand' row: DGX H100 8 x 400 Gb/s ConnectX-7, one per GPU, rail-optimized"
 _SRC_LEAF = "NVIDIA DGX SuperPOD reference architecture: 32 nodes per scalable unit, QM9700 leaves (64 NDR ports)"
 
 
@@ -175,9 +175,9 @@ def _hopper(p: Mapping[str, Any], name: str, gpu: GpuSpec, description: str, sou
     return _nvidia_hgx(
         name, description,
         sources + [
-            "HARDWARE.md 'NVLink 4 (H100/H200)' row: 18 links x 25 GB/s = 450 GB/s per GPU per direction",
+            "docs/hardware.md 'NVLink 4 (H100/H200)' row: 18 links x 25 GB/s = 450 GB/s per GPU per direction",
             _SRC_PCIE5, _SRC_NDV5, _SRC_RAIL,
-            "HARDWARE.md 'CPU socket link' row: Sapphire Rapids ~22 GB/s (NCCL SRP_QPI_BW)",
+            "docs/hardware.md 'CPU socket link' row: Sapphire Rapids ~22 GB/s (NCCL SRP_QPI_BW)",
             _SRC_NCCL_LAT, _SRC_SWITCH, _SRC_LEAF,
         ],
         gpus=gpu,
@@ -199,7 +199,7 @@ def _dgx_h100(name: str, p: Mapping[str, Any]) -> Topology:
     gpu = GpuSpec(count=8, model="H100-SXM5-80GB", mem_bw_gbps=3350.0, mem_gb=80.0)
     return _hopper(p, name, gpu, f"NVIDIA DGX H100 x {p['nodes']}: 8 H100 SXM5 per node on NVSwitch (NVLink 4), "
                    f"8 x 400 Gb/s NDR InfiniBand per node ({p['fabric']})",
-                   ["HARDWARE.md GPU memory bandwidth: H100 SXM 3.35 TB/s",
+                   ["docs/hardware.md GPU memory bandwidth: H100 SXM 3.35 TB/s",
                     "NVIDIA DGX H100 datasheet: 8x H100 80GB, 2x Xeon Platinum 8480C, 8x ConnectX-7 400Gb/s"])
 
 
@@ -209,7 +209,7 @@ def _hgx_h200(name: str, p: Mapping[str, Any]) -> Topology:
     return _hopper(p, name, gpu, f"NVIDIA HGX/DGX H200 x {p['nodes']}: 8 H200 per node on NVSwitch (NVLink 4), "
                    f"8 x 400 Gb/s NDR InfiniBand per node ({p['fabric']}); DGX H200 is this baseboard in "
                    "NVIDIA's chassis",
-                   ["HARDWARE.md GPU memory bandwidth: H200 4.8 TB/s",
+                   ["docs/hardware.md GPU memory bandwidth: H200 4.8 TB/s",
                     "NVIDIA H200 datasheet: 141 GB HBM3e; DGX H200 datasheet: 8x ConnectX-7 400Gb/s, "
                     "2x Xeon Platinum 8480C"])
 
@@ -220,12 +220,12 @@ def _dgx_a100(name: str, p: Mapping[str, Any]) -> Topology:
         f"NVIDIA DGX A100 x {p['nodes']}: 8 A100 SXM4 80GB per node on NVSwitch (NVLink 3), "
         f"8 x 200 Gb/s HDR InfiniBand per node ({p['fabric']})",
         [
-            "HARDWARE.md GPU memory bandwidth: A100 80GB 2.0 TB/s",
-            "HARDWARE.md 'NVLink 3 (A100)' row: 12 links x 25 GB/s = 300 GB/s per GPU per direction",
-            "HARDWARE.md 'InfiniBand' row: HDR 200 Gb/s per port",
+            "docs/hardware.md GPU memory bandwidth: A100 80GB 2.0 TB/s",
+            "docs/hardware.md 'NVLink 3 (A100)' row: 12 links x 25 GB/s = 300 GB/s per GPU per direction",
+            "docs/hardware.md 'InfiniBand' row: HDR 200 Gb/s per port",
             "NVIDIA DGX A100 datasheet: 2x AMD EPYC 7742, 8x single-port ConnectX-6 200Gb/s HDR",
             "fixture nvidia-smi-topo-m.dgx-a100.txt: GPU pairs share a PCIe switch tree with 2 NICs (PXB)",
-            "HARDWARE.md 'CPU socket link' row: AMD ~16 GB/s (NCCL AMD_BW)",
+            "docs/hardware.md 'CPU socket link' row: AMD ~16 GB/s (NCCL AMD_BW)",
             _SRC_PCIE4, _SRC_NCCL_LAT, _SRC_SWITCH, _SRC_LEAF,
         ],
         gpus=GpuSpec(count=8, model="A100-SXM4-80GB", mem_bw_gbps=2000.0, mem_gb=80.0),
@@ -248,10 +248,10 @@ def _mi300x(name: str, p: Mapping[str, Any]) -> Topology:
         description=f"AMD Instinct MI300X x {gpus} per node x {nodes}: xGMI full mesh (one 64 GB/s link per "
         f"GPU pair), 400 Gb/s RoCE NIC per GPU ({p['fabric']})",
         sources=[
-            "HARDWARE.md GPU memory bandwidth: MI300X 5.3 TB/s; AMD MI300X datasheet: 192 GB HBM3",
-            "HARDWARE.md 'xGMI / Infinity Fabric (MI300X)' row: 64 GB/s per link per direction, full mesh, "
+            "docs/hardware.md GPU memory bandwidth: MI300X 5.3 TB/s; AMD MI300X datasheet: 192 GB HBM3",
+            "docs/hardware.md 'xGMI / Infinity Fabric (MI300X)' row: 64 GB/s per link per direction, full mesh, "
             "one link per GPU pair",
-            "HARDWARE.md 'RoCE 400G' row: MI300X nodes in the paper's setup",
+            "docs/hardware.md 'RoCE 400G' row: MI300X nodes in the paper's setup",
             "NCCL src/graph/topo.h AMD_ZEN34_BW 24.0 GB/s (EPYC Genoa socket link)",
             "fixture rocm-smi-showtopo.8x-mi308x.txt: GPU0-3 on NUMA node 0, GPU4-7 on NUMA node 1",
             _SRC_PCIE5, _SRC_NCCL_LAT, _SRC_SWITCH,
@@ -281,11 +281,11 @@ def _rtx4090(name: str, p: Mapping[str, Any]) -> Topology:
         description=f"{gpus} x RTX 4090 on PCIe 4.0 x16, no GPU peer-to-peer (copies bounce through host memory)"
         + ("; two sockets, one PCIe switch of 4 GPUs per socket" if two else "; one socket, GPUs on CPU root ports"),
         sources=[
-            "HARDWARE.md GPU memory bandwidth: RTX 4090 1.0 TB/s; NVIDIA RTX 4090 spec: 24 GB GDDR6X",
-            "HARDWARE.md 'PCIe 4.0 x16' row: RTX 4090 has no GPU peer-to-peer",
+            "docs/hardware.md GPU memory bandwidth: RTX 4090 1.0 TB/s; NVIDIA RTX 4090 spec: 24 GB GDDR6X",
+            "docs/hardware.md 'PCIe 4.0 x16' row: RTX 4090 has no GPU peer-to-peer",
             _SRC_PCIE4, _SRC_NCCL_LAT,
         ] + ([
-            "HARDWARE.md 'CPU socket link' row: Intel Skylake ~10 GB/s (NCCL SKL_QPI_BW), assumed CPU class",
+            "docs/hardware.md 'CPU socket link' row: Intel Skylake ~10 GB/s (NCCL SKL_QPI_BW), assumed CPU class",
             "dual-root layout (one PCIe switch per socket) assumed, as in 8-GPU PCIe servers",
         ] if two else []),
         node=NodeSpec(
@@ -306,9 +306,9 @@ def _gb200(name: str, p: Mapping[str, Any]) -> Topology:
         description=f"NVIDIA GB200 NVL72 x {racks}: 72 B200 GPUs per rack in one NVLink 5 domain (900 GB/s per "
         "GPU), 18 compute trays (nodes) of 2 Grace CPUs + 4 GPUs, 4 x 400 Gb/s NICs per tray",
         sources=[
-            "HARDWARE.md 'NVLink 5 (B200/GB200)' row: 18 links x 50 GB/s = 900 GB/s per GPU, 72 GPUs in one "
+            "docs/hardware.md 'NVLink 5 (B200/GB200)' row: 18 links x 50 GB/s = 900 GB/s per GPU, 72 GPUs in one "
             "NVLink domain",
-            "HARDWARE.md GPU memory bandwidth: B200 8 TB/s; NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e per 72 GPUs "
+            "docs/hardware.md GPU memory bandwidth: B200 8 TB/s; NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e per 72 GPUs "
             "(~186 GB each), 18 compute trays",
             "NVIDIA GB200 spec: NVLink-C2C 900 GB/s bidirectional between Grace and Blackwell (450 per direction "
             "used per GPU; sharing between the two GPUs of a superchip not modelled)",

@@ -339,7 +339,7 @@ class Topology:
     """Device name of each rank, in rank order."""
     description: str = ""
     sources: tuple[str, ...] = ()
-    """Citations for the figures used (HARDWARE.md rows, public specs)."""
+    """Citations for the figures used (docs/hardware.md rows, public specs)."""
     cost: CostParams = field(default_factory=CostParams)
 
     def __post_init__(self) -> None:
@@ -425,7 +425,7 @@ class Topology:
     def route(self, src: int, dst: int) -> tuple[int, ...]:
         """Link indices a message from rank ``src`` to rank ``dst`` crosses, in order.
 
-        Routing follows DESIGN.md section 4: NVLink/xGMI (directly or through NVSwitches)
+        Routing follows docs/design.md section 4: NVLink/xGMI (directly or through NVSwitches)
         inside a node, else PCIe through the lowest common bridge (through host memory for
         GPUs without peer-to-peer), across sockets when needed; between nodes through each
         end's NIC and the switch fabric (ECMP spread over equal-length switch paths).
