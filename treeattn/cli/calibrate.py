@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app, err_console
 from treeattn.cli.options import Backend, JsonOpt
+from treeattn.cli.render import console
 from treeattn.errors import InputError
 from treeattn.units import format_size, parse_size
 
@@ -146,7 +146,7 @@ def _from_logs(topo, paths: list[Path], out: Path | None, json_out: bool) -> Non
     if json_out:
         typer.echo(json.dumps(result.to_dict(), sort_keys=True, indent=2))
         return
-    con = Console(highlight=False)
+    con = console()
     table = Table(title=f"nccl-tests fits mapped onto {topo.name} ({topo.num_ranks} ranks)")
     for col in ("log", "collective", "ranks", "sizes", "α/step µs", "bus GB/s", "R²", "class", "α µs", "β GB/s"):
         table.add_column(col, justify="left" if col in ("log", "collective", "class") else "right")
@@ -168,7 +168,7 @@ def _from_logs(topo, paths: list[Path], out: Path | None, json_out: bool) -> Non
 def _tables(report, out: Path | None, png: Path | None) -> None:  # noqa: ANN001 - a CalibrationReport
     from treeattn.probe.calibrate import median_abs_rel_error
 
-    con = Console(highlight=False)
+    con = console()
     cost = report.topology.cost
     fits = Table(title=f"Fit per route class · {report.measured_on} · {report.topology.num_ranks} ranks · "
                        f"{report.backend} · t = α + n/β per message")

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app, err_console
 from treeattn.cli.options import JsonOpt, MeasureOrder, OrderOpt, RanksOpt, load_topology
+from treeattn.cli.render import console
 from treeattn.errors import EmulationError, ExecutionError, InputError
 
 __all__ = ["emulate_app"]
@@ -47,10 +47,6 @@ IdOpt = Annotated[str | None, typer.Option("--id", help="Run id: six hex digits 
 
 SLOW_RATIO = 0.85
 """A measured rate below this fraction of the shaped one means the host, not the shaper, limits it."""
-
-
-def _console() -> Console:
-    return Console(highlight=False)
 
 
 class Interrupted(EmulationError):
@@ -97,9 +93,9 @@ def up_cmd(topology: TopoArg, scale: ScaleOpt = 1.0, ranks: RanksOpt = None, run
         table.add_column(col)
     for r in rank_rows:
         table.add_row(str(r["rank"]), r["device"], r["ns"], r["ip"], ", ".join(r["ifaces"]))
-    console = _console()
-    console.print(table)
-    console.print(f"{len(layout.bridges)} bridges in {layout.fabric_ns or '(none)'}, {len(layout.cables)} veth pairs, "
+    con = console()
+    con.print(table)
+    con.print(f"{len(layout.bridges)} bridges in {layout.fabric_ns or '(none)'}, {len(layout.cables)} veth pairs, "
                   f"{len(links)} shaped links; remove with: treeattn emulate down --id {layout.run_id}")
 
 
@@ -133,7 +129,7 @@ def status_cmd(json_out: JsonOpt = False) -> None:
         table.add_column(col)
     for r in rows:
         table.add_row(r["run_id"], r["status"], str(r["topology"]), str(r["scale"]), str(r["namespaces"]))
-    _console().print(table)
+    console().print(table)
 
 
 @emulate_app.command("exec")
@@ -192,10 +188,10 @@ def check_cmd(
             rtt = "—" if f.rtt_us is None else f"{f.rtt_us:.0f}"
             table.add_row(escape(f.label), f"{f.src}->{f.dst}", escape(f.bottleneck), f"{f.expected_mbit:.1f}",
                           f"{f.measured_mbit:.1f}", f"{f.ratio:.3f}", path, rtt)
-        console = _console()
-        console.print(table)
+        con = console()
+        con.print(table)
         routes = escape("; ".join(report.route_errors)) or "every rank's kernel route takes the topology's first hop"
-        console.print("routes: " + routes)
+        con.print("routes: " + routes)
     slow = [f for f in report.flows if f.ratio < SLOW_RATIO]
     if slow:
         err_console.print(f"[yellow]warning:[/] {escape(slow[0].label)} reached {slow[0].ratio:.0%} of its rate: this "

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
@@ -38,6 +37,7 @@ from treeattn.cli.options import (
     make_payload,
     parse_ranks,
 )
+from treeattn.cli.render import console, key_columns
 from treeattn.errors import InputError
 from treeattn.units import format_size
 from treeattn.workload import Payload, Workload
@@ -136,7 +136,7 @@ def _algorithm_list(json_out: bool) -> None:
     if json_out:
         _echo_json({name: spec.to_dict() for name, spec in ALGORITHMS.items()})
         return
-    con = Console(highlight=False, soft_wrap=False)
+    con = console()
     con.print("[bold]Algorithms[/] (treeattn plan --algorithm NAME; parameters are flags: --root, --fanout, ...)")
     for name, spec in ALGORITHMS.items():
         kind = "baseline" if spec.is_baseline else "schedule"
@@ -298,7 +298,7 @@ def _short(params: dict[str, Any], limit: int = 60) -> str:
 
 
 def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float, searched: bool) -> None:
-    con = Console(highlight=False, soft_wrap=True)
+    con = console()
     base = report["baselines"]
     ar3 = base.get("allreduce3_nccl_us") or base.get("allreduce_nccl_us")
     ar3_name = "3 all-reduces" if "allreduce3_nccl_us" in base else "all-reduce"
@@ -307,7 +307,7 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
             else f"{format_size(payload.nbytes)} {payload.op.value}")
     con.print(f"[bold]{topo.name}[/] ({topo.num_ranks} ranks), {what}: partial {format_size(payload.payload_bytes)}"
               " per rank")
-    table = Table(title="Candidates (fastest first)" if searched else "Plan")
+    table = key_columns(Table(title="Candidates (fastest first)" if searched else "Plan"), 2)
     for col in ("#", "algorithm", "parameters", "chunks", "predicted us", "x bound", f"x {ar3_name} (NCCL)"):
         table.add_column(col, justify="right" if col not in ("algorithm", "parameters") else "left")
     for i, c in enumerate(report["candidates"], 1):
@@ -331,7 +331,7 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
 
 
 def _print_explanation(ex, topo) -> None:
-    con = Console(highlight=False, soft_wrap=True)
+    con = console()
     limit = 64
     for t, par in enumerate(ex.trees[:4]):
         kids: dict[int, list[int]] = {}
@@ -423,8 +423,8 @@ def compare_cmd(
         _echo_json({"rows": [r.to_dict() for r in rows], "csv": None if csv is None else str(csv),
                     "png": None if png is None else str(png)})
         return
-    con = Console(highlight=False, soft_wrap=True)
-    table = Table(title="Predicted per-layer decode attention (compute + communication)")
+    con = console()
+    table = key_columns(Table(title="Predicted per-layer decode attention (compute + communication)"), 3)
     cols = ["topology", "ranks", "N"] + [f"{m} us" for m in METHODS] + ["speedup vs ring", "vs 3 all-reduces",
                                                                         "peak MiB plan/ring", "moved plan/ring"]
     for col in cols:

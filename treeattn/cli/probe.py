@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app
+from treeattn.cli.render import console
 from treeattn.errors import InputError
 from treeattn.probe import Fabric, ProbeOptions, ProbeResult, probe
 from treeattn.topology.io import dump_topology
@@ -76,7 +76,7 @@ def probe_cmd(
 
 def _summary(result: ProbeResult, out: Path | None) -> None:
     topo = result.topology
-    con = Console()
+    con = console()
     con.print(f"[bold]{escape(topo.name)}[/]  {topo.num_ranks} ranks  {topo.fingerprint}  from {escape(result.source)}")
     con.print(escape(topo.description))
     devices = Table(title="Devices")

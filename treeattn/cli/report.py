@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from treeattn.cli import app, err_console
 from treeattn.cli.options import JsonOpt, MeasureOrder, OrderOpt, load_topology
+from treeattn.cli.render import console
 from treeattn.errors import InputError
 
 __all__ = ["validate_cmd", "report_cmd"]
@@ -177,7 +177,7 @@ def _render(folder: Path, *, timeline: str | None = None, plots: bool = True, js
     if json_out:
         typer.echo(summary_json(done.summary), nl=False)
         return
-    con = Console(highlight=False)
+    con = console()
     con.print(cases_table(done.summary))
     con.print(errors_table(done.summary))
     con.print(targets_table(done.summary))

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app, err_console
 from treeattn.cli.options import BackendOpt, JsonOpt, MeasureOrder, OrderOpt
+from treeattn.cli.render import console
 from treeattn.errors import ExecutionError, InputError
 
 __all__ = ["run"]
@@ -105,7 +105,7 @@ def emit_results(result, plan, label: str, predictions, run_id: str, out: Path |
 
 
 def _table(frame, path: Path) -> None:  # noqa: ANN001 - a DataFrame
-    console = Console(highlight=False)
+    con = console()
     first = frame.iloc[0]
     table = Table(title=f"{first['plan']} · {first['algorithm']} · {first['workload']} · {first['ranks']} ranks "
                   f"({first['backend']}, predicted on {first['topology']}) · µs")
@@ -124,8 +124,8 @@ def _table(frame, path: Path) -> None:  # noqa: ANN001 - a DataFrame
             mark + ("" if _missing(r.max_rel_err) else f" {r.max_rel_err:.0e}"),
             f"{r.measured_median_us / plan_us:.2f}",
         )
-    console.print(table)
-    console.print(f"± half the p10-p90 spread; error = measured / predicted - 1; correct with the max relative "
+    con.print(table)
+    con.print(f"± half the p10-p90 spread; error = measured / predicted - 1; correct with the max relative "
                   f"error against the reference. Rows: {path}")
 
 

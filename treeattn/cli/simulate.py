@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from treeattn.cli import app, err_console
+from treeattn.cli.render import console
 from treeattn.cost import nccl
 from treeattn.cost.bounds import lower_bounds
 from treeattn.cost.simulate import SimResult, simulate
@@ -77,7 +77,7 @@ def simulate_cmd(
             "timeline_png": None if timeline is None else {"file": str(timeline), "ranks_drawn": drawn},
         })
         return
-    con = Console(highlight=False, soft_wrap=True)
+    con = console()
     con.print(f"[bold]{plan.algorithm}[/] ({plan.ranks} ranks, {plan.chunks} chunk(s)) on [bold]{topo.name}[/]")
     con.print(f"predicted   {res.predicted_us:12.3f} us")
     con.print(f"lower bound {bounds.bound_us:12.3f} us   ({bounds.cut}; depth {bounds.latency_us:.3f}, "
@@ -106,7 +106,7 @@ def _path_rows(res: SimResult) -> list[dict]:
     return rows
 
 
-def _print_finish(con: Console, finish: tuple[float, ...]) -> None:
+def _print_finish(con, finish: tuple[float, ...]) -> None:  # noqa: ANN001 - a Console
     if len(finish) <= 16:
         con.print("finish us   " + "  ".join(f"r{r}={t:.2f}" for r, t in enumerate(finish)))
         return
@@ -180,7 +180,7 @@ def nccl_model_cmd(
             "estimates": [e.to_dict() for e in ests],
         })
         return
-    con = Console(highlight=False, soft_wrap=True)
+    con = console()
     con.print(f"{coll.value} of {format_size(size)} on [bold]{topo.name}[/]: {fab.ranks} ranks, "
               f"{fab.nodes} node(s), bus bandwidth {fab.bus_bw_gbps:.4g} GB/s (tree {fab.tree_bus_bw_gbps:.4g})")
     if fab.limit:

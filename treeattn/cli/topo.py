@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from treeattn.cli import app
+from treeattn.cli.render import console
 from treeattn.topology import list_presets, resolve, topology_json_schema
 from treeattn.topology.summary import topology_summary
 
@@ -46,7 +46,7 @@ def list_cmd(json_out: JsonOpt = False) -> None:
         table.add_column(col, overflow="fold")
     for p in presets:
         table.add_row(p.name, p.source, str(p.ranks), p.description)
-    Console().print(table)
+    console().print(table)
 
 
 @topo_app.command("show")
@@ -65,7 +65,7 @@ def show(
     if json_out:
         _echo_json(summary)
         return
-    con = Console()
+    con = console()
     con.print(f"[bold]{topo.name}[/]  {summary['ranks']} ranks on {summary['nodes']} node(s)  {topo.fingerprint}")
     if topo.description:
         con.print(topo.description)
