@@ -36,6 +36,7 @@ from treeattn.cli.options import (
     load_topology,
     make_payload,
     parse_ranks,
+    print_models,
 )
 from treeattn.cli.render import console, key_columns
 from treeattn.errors import InputError
@@ -207,6 +208,9 @@ def plan_cmd(
     """
     if algorithm == "list":
         _algorithm_list(json_out)
+        return
+    if model == "list":
+        print_models(json_out)
         return
     if top < 1:
         raise InputError(f"--top must be at least 1, got {top}")
@@ -394,6 +398,9 @@ def compare_cmd(
     from treeattn.search.compare import METHODS, compare, expand_topologies, plot_speedup, write_csv
     from treeattn.search.workload_file import parse_tokens
 
+    if model == "list":
+        print_models(json_out)
+        return
     if topology is None:
         raise InputError("give --topology: a family (dgx-h100 --nodes 1,2,16 or dgx-h100:nodes={1,2,16}), "
                          "a shipped name or a YAML file")
