@@ -214,7 +214,7 @@ def run_cmd(
     timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait.")] = 30.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of q, K and V.")] = 0,
     out: Annotated[Path | None, typer.Option("--out", help="CSV to append rows to; default "
-                                             "results/runs/<run-id>.csv.")] = None,
+                                             "results/runs/RUN-ID.csv (the time, then the plan's name).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Run PLAN on the emulated TOPOLOGY (gloo, one rank per namespace) and compare with the prediction."""

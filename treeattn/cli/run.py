@@ -55,7 +55,7 @@ def run(
     topology: Annotated[str | None, typer.Option("--topology", "-t", help="Topology (preset or file) to "
                                                  "predict on; default: the plan's.")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="CSV to append rows to; default "
-                                             "results/runs/<run-id>.csv.")] = None,
+                                             "results/runs/RUN-ID.csv (the time, then the plan's name).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Run PLAN on its ranks (local processes, or those of torchrun/SLURM), check the result
