@@ -172,3 +172,15 @@ def test_example_plans_are_what_the_cli_writes(tmp_path, name, args):
     assert res.exit_code == 0, res.stderr
     assert (tmp_path / name).read_bytes() == shipped.read_bytes(), (
         f"plans/{name} is stale (the planner or cost model changed): regenerate with plans/make_search_plans.sh")
+
+
+@pytest.mark.parametrize("command", ["plan", "compare"])
+def test_model_list_works_on_its_own(command):
+    from treeattn.workload import MODELS
+
+    res = run_cli(command, "-m", "list")
+    assert res.exit_code == 0, res.stderr
+    assert all(name in res.stdout for name in MODELS)
+    shapes = json.loads(run_cli(command, "--model", "list", "--json").stdout)
+    assert shapes["llama-3.1-8b"] == {"q_heads": 32, "kv_heads": 8, "head_dim": 128, "layers": 32}
+    assert all(name in run_cli(command, "--help").stdout for name in MODELS)
