@@ -97,7 +97,8 @@ _ANY_CHAR = st.characters(exclude_categories=("Cs",))
 @example({"\x85": "\u2028"}, "\u2029", "yaml")
 @example({"k": "\ufeff"}, "a\tb", "yaml")
 def test_every_string_the_writer_emits_round_trips(notes: dict, name: str, fmt: str) -> None:
-    plan = replace(build("star", attention(3), REF), notes=notes, algorithm=name, topology=replace(REF, name=name),
+    plan = replace(build("star", attention(3), REF), notes=notes, algorithm=name,
+                   topology=replace(REF, name=name, source=name),
                    params={**build("star", attention(3), REF).params, **notes})
     text = dump_plan(plan, fmt)
     assert load_plan(text) == plan

@@ -38,6 +38,7 @@ from treeattn.cli.options import (
     parse_ranks,
     print_models,
 )
+from treeattn.cli.paths import output_file
 from treeattn.cli.render import console, key_columns
 from treeattn.errors import InputError
 from treeattn.units import format_size
@@ -222,12 +223,15 @@ def plan_cmd(
                  "--group-size": group_size, "--order": order,
                  "--parents": parents, "--roots": roots, "--trees": trees, "--shape": shape, "--intra": intra,
                  "--inter": inter, "--result": result}
-    started = time.perf_counter()
     if algorithm is None:
         given = sorted(k for k, v in alg_flags.items() if v is not None)
         if given:
             raise InputError(f"{', '.join(given)} set(s) a named algorithm's parameters; add --algorithm NAME "
                              "(see --algorithm list) or drop them to search")
+    default = default_plan_path(topo.name, payload, algorithm)
+    path = output_file(out if out is not None else default, "--out", default.name)
+    started = time.perf_counter()
+    if algorithm is None:
         from treeattn.search import search
 
         show = progress if progress is not None else err_console.is_terminal
@@ -239,13 +243,13 @@ def plan_cmd(
             topo.num_ranks, root=root, fanout=fanout, groups=groups, order=order, parents=parents, roots=roots,
             trees=trees, shape=shape, intra=intra, inter=inter, result=result, group_size=group_size))
     elapsed = time.perf_counter() - started
-    from treeattn.plan.io import save_plan
+    from dataclasses import replace
 
-    path = out if out is not None else default_plan_path(topo.name, payload, algorithm)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"cannot create the folder for {str(path)!r}: {exc.strerror or exc}") from None
+    from treeattn.plan.io import save_plan
+    from treeattn.topology.library import recorded_source
+
+    spec = topology if ranks is None else f"{topology}[ranks {ranks.replace(' ', '')}]"
+    plan = replace(plan, topology=replace(plan.topology, source=recorded_source(spec, topo, path)))
     try:
         save_plan(plan, path)
     except OSError as exc:

@@ -73,14 +73,16 @@ def run(
     placed = detect_env()
     reporter = placed is None or placed.rank == 0
     names = (RAW_BASELINES if plan.is_raw else ATTENTION_BASELINES) if baselines else ()
-    topo, warnings = resolve_topology(plan, topology)
+    topo, warnings = resolve_topology(plan, topology, plan_file)
     predictions = predict(plan, topo, names) if reporter else None
+    if predictions is not None:
+        # Before the run: a user who reads these may stop it.
+        for text in (*warnings, *predictions.warnings):
+            err_console.print(f"[yellow]warning:[/] {escape(text)}")
     label = plan_file.name
     result = launch(Job((PlanJob(label, plan),), options))
     if result is None or predictions is None:
         return
-    for text in (*warnings, *predictions.warnings):
-        err_console.print(f"[yellow]warning:[/] {escape(text)}")
     emit_results(result, plan, label, predictions, new_run_id(plan_file.stem), out, json_out)
 
 

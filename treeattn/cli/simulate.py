@@ -42,10 +42,12 @@ def simulate_cmd(
 ) -> None:
     """Predict a plan's time on a topology: total, lower bound, per-rank finish, critical path."""
     from treeattn.plan.io import load_plan
-    from treeattn.topology.library import resolve
+    from treeattn.topology.library import resolve, resolve_recorded
 
     plan = load_plan(plan_file)
-    topo = resolve(topology if topology is not None else plan.topology.name)
+    ref = plan.topology
+    topo = resolve(topology) if topology is not None else resolve_recorded(ref.name, ref.fingerprint, ref.source,
+                                                                           plan_file, what=str(plan_file))
     mismatch = plan.topology.fingerprint != topo.fingerprint
     if mismatch:
         err_console.print(

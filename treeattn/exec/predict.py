@@ -6,8 +6,9 @@ plan's topology, so every measured row has its prediction beside it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from treeattn.errors import TreeattnError
+from treeattn.errors import InputError, TreeattnError
 from treeattn.plan.ir import Plan, TopologyRef
 from treeattn.topology.model import Topology
 
@@ -24,39 +25,32 @@ class Predictions:
     warnings: list[str] = field(default_factory=list)
 
 
-def resolve_topology(plan: Plan, given: str | None) -> tuple[Topology | None, list[str]]:
-    """The topology to predict on: ``given`` (name or file), else the plan's own, else
-    ``cpu:ranks=p``. Warns when its fingerprint is not the one the plan was made for.
+def resolve_topology(plan: Plan, given: str | None,
+                     plan_path: Path | None = None) -> tuple[Topology | None, list[str]]:
+    """The topology to predict on: ``given`` (name or file), else the one the plan records
+    (``TopologyRef.source`` or its name), fingerprint checked; never another one silently.
 
     Args:
         plan: the plan run.
         given: ``--topology`` (preset name or YAML file), or None.
+        plan_path: the plan's file (a recorded topology file is relative to its folder).
 
     Returns:
-        The topology (None when no topology library is installed) and warnings.
+        The topology (None when the plan's is not found: no predictions) and warnings, which
+        say what to pass when it is not found and when ``given`` is another topology.
     """
     warnings: list[str] = []
-    try:
-        from treeattn.topology.library import resolve
-    except ImportError:
-        return None, ["no topology library (treeattn.topology.library): predictions skipped"]
+    from treeattn.topology.library import resolve, resolve_recorded
+
     want = plan.topology
     if given is not None:
         topo = resolve(given)  # a wrong name or file is the user's error: let it raise
     else:
-        # A family member's name lacks its parameters ("cpu", not "cpu:ranks=8"): try the
-        # plain name, then the CPU family at the plan's size; prefer the fingerprint match.
-        found = []
-        for spec in dict.fromkeys((want.name, f"cpu:ranks={plan.ranks}")):
-            try:
-                found.append(resolve(spec))
-            except TreeattnError:
-                continue
-        exact = [t for t in found if t.fingerprint == want.fingerprint]
-        sized = [t for t in found if t.num_ranks == plan.ranks]
-        if not (exact or sized):
-            return None, [f"cannot resolve the plan's topology {want.name!r}: predictions skipped"]
-        topo = (exact or sized)[0]
+        try:
+            topo = resolve_recorded(want.name, want.fingerprint, want.source, plan_path,
+                                    what=str(plan_path) if plan_path is not None else "the plan")
+        except InputError as exc:
+            return None, [f"{exc}; no predictions"]
     if topo.fingerprint != want.fingerprint:
         warnings.append(
             f"plan was made for topology {want.name!r} ({want.fingerprint}) but is predicted on "

@@ -15,7 +15,7 @@ Layout (the same keys in JSON)::
     chunks: 2
     result_ranks: [0, 1, 2, 3]
     predicted_us: null
-    topology: {fingerprint: "sha256:...", name: dgx-h100}
+    topology: {fingerprint: "sha256:...", name: dgx-h100}   # and source: FILE, for a topology file
     workload: {batch: 1, head_dim: 128, kind: attention, ...}
     params:
       parents: [-1, 0, 0, 2]
@@ -129,6 +129,7 @@ class _TopologyFile(BaseModel):
     model_config = _Forbid
     name: StrictStr
     fingerprint: StrictStr
+    source: StrictStr | None = None
 
 
 class _PlanFile(BaseModel):
@@ -302,7 +303,7 @@ def plan_from_dict(data: Any, *, source: str = "<data>") -> Plan:
             algorithm=m.algorithm,
             params=m.params,
             workload=workload,
-            topology=TopologyRef(m.topology.name, m.topology.fingerprint),
+            topology=TopologyRef(m.topology.name, m.topology.fingerprint, m.topology.source),
             chunks=m.chunks,
             programs=tuple(programs),
             result_ranks=tuple(m.result_ranks),
@@ -525,6 +526,8 @@ def _header(plan: Plan) -> dict[str, Any]:
         out["contributors"] = list(plan.contributors)
     out["predicted_us"] = plan.predicted_us
     out["topology"] = {"fingerprint": plan.topology.fingerprint, "name": plan.topology.name}
+    if plan.topology.source is not None:
+        out["topology"]["source"] = plan.topology.source
     out["workload"] = plan.workload.to_dict()
     out["params"] = plan.params
     out["notes"] = plan.notes

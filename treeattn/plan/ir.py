@@ -192,6 +192,9 @@ class TopologyRef:
 
     name: str
     fingerprint: str
+    source: str | None = None
+    """Where to find it again when ``name`` does not (a topology file: its path relative to
+    the plan file's folder, maybe with a ``[ranks ...]`` selection); None: by its name."""
 
     @classmethod
     def of(cls, topology: Any) -> TopologyRef:
