@@ -14,6 +14,7 @@ from rich.table import Table
 
 from treeattn.cli import app, err_console
 from treeattn.cli.options import Backend, JsonOpt
+from treeattn.cli.paths import output_file
 from treeattn.cli.render import console
 from treeattn.errors import InputError
 from treeattn.units import format_size, parse_size
@@ -78,6 +79,8 @@ def calibrate_cmd(
     them from nccl-tests logs (--from-nccl-tests LOG... --topology FILE)."""
     from treeattn.topology.library import resolve
 
+    out = output_file(out, "--out", "calibrated.yaml") if out is not None else None
+    png = output_file(png, "--png", "calibration.png", suffix=".png") if png is not None else None
     paths = [*(from_nccl_tests or []), *(logs or [])]
     if logs and not from_nccl_tests:
         raise InputError(f"unexpected argument {str(logs[0])!r}: log files go after --from-nccl-tests")

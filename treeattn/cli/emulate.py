@@ -218,7 +218,7 @@ def run_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Run PLAN on the emulated TOPOLOGY (gloo, one rank per namespace) and compare with the prediction."""
-    from treeattn.cli.run import emit_results
+    from treeattn.cli.run import emit_results, rows_path
     from treeattn.emulate import emulated
     from treeattn.emulate.jobs import launch_in_cluster
     from treeattn.emulate.layout import scaled_topology
@@ -232,6 +232,8 @@ def run_cmd(
     topo = load_topology(topology, ranks)
     plan = load_plan(plan_file)
     check(plan)
+    run_id = new_run_id(f"emu-{plan_file.stem}")
+    rows = rows_path(out, run_id)
     if plan.ranks != topo.num_ranks:
         raise InputError(f"{plan_file} has {plan.ranks} ranks but {topo.name!r} places {topo.num_ranks}; "
                          "pick a plan made for it or use --ranks")
@@ -248,4 +250,4 @@ def run_cmd(
         result = launch_in_cluster(cluster, Job((PlanJob(label, plan),), options))
     for text in predictions.warnings:
         err_console.print(f"[yellow]warning:[/] {escape(text)}")
-    emit_results(result, plan, label, predictions, new_run_id(f"emu-{plan_file.stem}"), out, json_out)
+    emit_results(result, plan, label, predictions, run_id, rows, json_out)

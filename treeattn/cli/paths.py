@@ -11,11 +11,17 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from treeattn.errors import InputError
 
-__all__ = ["output_file", "output_folder"]
+__all__ = ["output_file", "output_folder", "safe_name"]
+
+
+def safe_name(text: str) -> str:
+    """``text`` as a file name: runs of anything but letters, digits, ``_.-`` become ``-``."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
 
 
 def _make_folder(folder: Path, flag: str, shown: Path) -> None:

@@ -4,7 +4,6 @@ compare`` (the planned merge against ring attention, three all-reduces and all-g
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,7 +37,7 @@ from treeattn.cli.options import (
     parse_ranks,
     print_models,
 )
-from treeattn.cli.paths import output_file
+from treeattn.cli.paths import output_file, safe_name
 from treeattn.cli.render import console, key_columns
 from treeattn.errors import InputError
 from treeattn.units import format_size
@@ -59,10 +58,6 @@ def _echo_json(data: object) -> None:
     typer.echo(json.dumps(data, sort_keys=True, indent=2))
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
-
-
 def _tokens(n: int) -> str:
     for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
         if n >= scale and n % scale == 0:
@@ -74,11 +69,11 @@ def default_plan_path(topo_name: str, payload: Payload, algorithm: str | None = 
     """``plans/TOPOLOGY.MODEL.bB.nN[.ALGORITHM].yaml`` (raw payloads: ``TOPOLOGY.raw-SIZE.OP``)."""
     if isinstance(payload, Workload):
         what = payload.model or f"h{payload.q_heads}-kv{payload.kv_heads}-d{payload.head_dim}"
-        stem = f"{_slug(topo_name)}.{what}.b{payload.batch}.n{_tokens(payload.seq_len)}"
+        stem = f"{safe_name(topo_name)}.{what}.b{payload.batch}.n{_tokens(payload.seq_len)}"
     else:
-        stem = f"{_slug(topo_name)}.raw-{payload.nbytes}.{payload.op.value}"
+        stem = f"{safe_name(topo_name)}.raw-{payload.nbytes}.{payload.op.value}"
     if algorithm:
-        stem += f".{_slug(algorithm)}"
+        stem += f".{safe_name(algorithm)}"
     return Path("plans") / f"{stem}.yaml"
 
 
@@ -415,6 +410,8 @@ def compare_cmd(
     if not lens or any(n < 1 for n in lens):
         raise InputError(f"--seq-lens must name positive token counts, got {seq_lens!r}")
     topos = [load_topology(s) for s in expand_topologies(topology, node_counts)]
+    csv = output_file(csv, "--csv", "compare.csv") if csv is not None else None
+    png = output_file(png, "--png", "compare.png", suffix=".png") if png is not None else None
 
     def make(p: int, n: int) -> Payload:
         return make_payload(p, workload_file=workload_file, model=model, heads=heads, kv_heads=kv_heads,

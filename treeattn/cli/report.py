@@ -17,6 +17,7 @@ from rich.markup import escape
 
 from treeattn.cli import app, err_console
 from treeattn.cli.options import JsonOpt, MeasureOrder, OrderOpt, load_topology
+from treeattn.cli.paths import output_folder
 from treeattn.cli.render import console
 from treeattn.errors import InputError
 
@@ -119,6 +120,7 @@ def validate_cmd(
     from treeattn.validate import CalibrationSettings, HeadShape, TopologyTarget, ValidateOptions, default_cases
     from treeattn.validate import validate as run_validate
 
+    out = output_folder(out, "--out")
     specs = list(topologies or DEFAULT_TOPOLOGIES)
     if calibrated and len(calibrated) != len(specs):
         raise InputError(f"--calibrated names {len(calibrated)} files for {len(specs)} topologies; give one per "

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from treeattn.cli import app, err_console
 from treeattn.cli.options import BackendOpt, JsonOpt, MeasureOrder, OrderOpt
+from treeattn.cli.paths import output_file
 from treeattn.cli.render import console
 from treeattn.errors import ExecutionError, InputError
 
@@ -67,6 +68,8 @@ def run(
     from treeattn.exec.runner import Job, PlanJob, RunOptions
 
     plan = _load(plan_file)
+    run_id = new_run_id(plan_file.stem)
+    rows = rows_path(out, run_id)
     options = RunOptions(repeats=repeats, warmup=warmup, timeout_s=timeout,
                          backend=backend.value if backend else None, check=check.value, seed=seed,
                          baselines=baselines, order=order.value)
@@ -83,17 +86,23 @@ def run(
     result = launch(Job((PlanJob(label, plan),), options))
     if result is None or predictions is None:
         return
-    emit_results(result, plan, label, predictions, new_run_id(plan_file.stem), out, json_out)
+    emit_results(result, plan, label, predictions, run_id, rows, json_out)
 
 
-def emit_results(result, plan, label: str, predictions, run_id: str, out: Path | None,  # noqa: ANN001
+def rows_path(out: Path | None, run_id: str) -> Path:
+    """The CSV a run appends its rows to (``--out``, default ``results/runs/RUN-ID.csv``), checked
+    writable before the run."""
+    name = f"{run_id}.csv"
+    return output_file(out if out is not None else Path("results") / "runs" / name, "--out", name)
+
+
+def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,  # noqa: ANN001
                  json_out: bool) -> None:
-    """Write a run's rows and timeline (``results/runs/`` unless ``out``), print them as a
+    """Write a run's rows and timeline to ``path`` (from ``rows_path``), print them as a
     table or JSON, and fail loudly (exit 1) when any method's result was wrong."""
     from treeattn.exec.results import result_rows, rows_json, timeline_rows, write_csv
 
     frame = result_rows(result, {label: plan}, {label: predictions}, run_id)
-    path = out if out is not None else Path("results") / "runs" / f"{run_id}.csv"
     write_csv(frame, path)
     write_csv(timeline_rows(result, run_id), path.with_name(path.stem + ".timeline.csv"))
     if json_out:

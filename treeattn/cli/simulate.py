@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 
 from treeattn.cli import app, err_console
+from treeattn.cli.paths import output_file
 from treeattn.cli.render import console
 from treeattn.cost import nccl
 from treeattn.cost.bounds import lower_bounds
@@ -44,6 +45,8 @@ def simulate_cmd(
     from treeattn.plan.io import load_plan
     from treeattn.topology.library import resolve, resolve_recorded
 
+    if timeline is not None:
+        timeline = output_file(timeline, "--timeline", f"{plan_file.stem}.timeline.png", suffix=".png")
     plan = load_plan(plan_file)
     ref = plan.topology
     topo = resolve(topology) if topology is not None else resolve_recorded(ref.name, ref.fingerprint, ref.source,
