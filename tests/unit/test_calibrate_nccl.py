@@ -117,8 +117,17 @@ def test_cli_refuses_with_one_line(args, match):
         (["-t", "cpu:ranks=2", "--compute", "fft"], "fft"),
         (["-t", "cpu:ranks=2", "--attention-shape", "8-1-32"], "--attention-shape '8-1-32'"),
         (["-t", "cpu:ranks=2", "--attention-shape", "8/3/32"], "HKV must divide HQ"),
+        (["-t", "cpu:ranks=2", "--max-size", "16KiB", "--sizes", "2"], "--sizes 2: 1 of the merge kernel's sizes"),
+        (["-t", "cpu:ranks=2", "--compute", "attention", "--attention-shape", "32/32/512", "--sizes", "3"],
+         "1 of the attention kernel's sizes hold an attention token"),
     ],
 )
-def test_live_calibration_refuses_bad_flags_before_launching(args, match):
+def test_live_calibration_refuses_bad_flags_before_launching(args, match, monkeypatch):
+    import treeattn.probe.calibrate as calibrate_mod
+
+    def no_measuring(*a, **k):
+        raise AssertionError("measured before the flags were checked")
+
+    monkeypatch.setattr(calibrate_mod, "launch", no_measuring)
     res = run_cli("calibrate", *args)
     assert res.exit_code == 2 and match in res.stderr and "Traceback" not in res.stderr
