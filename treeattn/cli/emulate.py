@@ -203,7 +203,7 @@ def check_cmd(
 @emulate_app.command("run")
 def run_cmd(
     topology: TopoArg,
-    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", exists=True, dir_okay=False, help="Plan file.")],
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="Plan file.")],
     scale: ScaleOpt = 1.0,
     ranks: RanksOpt = None,
     baselines: Annotated[bool, typer.Option("--baselines",

@@ -94,7 +94,7 @@ def validate_cmd(
                                             "cluster first and plan/predict on the fitted topology.",
                                             rich_help_panel=_MEASURE)] = True,
     calibrated: Annotated[list[Path] | None, typer.Option(
-        "--calibrated", exists=True, dir_okay=False, show_default=False, rich_help_panel=_MEASURE,
+        "--calibrated", show_default=False, rich_help_panel=_MEASURE,
         help="Fitted topology (treeattn calibrate -o) to plan and predict on instead of calibrating, one per "
              "TOPOLOGY in order.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the search and of q, K, V.",

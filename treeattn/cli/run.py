@@ -40,7 +40,7 @@ def _load(path: Path):  # noqa: ANN202 - a Plan
 
 @app.command("run")
 def run(
-    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", exists=True, dir_okay=False,
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN",
                                               help="Plan file (from treeattn plan).")],
     baselines: Annotated[bool, typer.Option("--baselines", help="Also run all-reduce x3, all-gather + merge "
                                             "and ring attention on the same workload.")] = False,

@@ -55,6 +55,7 @@ from treeattn.plan.ir import (
     _gc_paused,
     _unchecked_op,
 )
+from treeattn.textfile import read_text
 from treeattn.units import DType
 from treeattn.workload import Payload, RawPayload, ReduceOp, Workload
 
@@ -400,10 +401,7 @@ def load_plan(source: str | Path) -> Plan:
     else:
         path = Path(source)
         name = str(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise PlanFormatError(f"cannot read plan file {name}: {exc}") from None
+        text = read_text(path, "plan file", PlanFormatError)
     with _gc_paused():
         return _parse(text, name)
 
