@@ -4,6 +4,7 @@ compare`` (the planned merge against ring attention, three all-reduces and all-g
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -77,17 +78,44 @@ def default_plan_path(topo_name: str, payload: Payload, algorithm: str | None = 
     return Path("plans") / f"{stem}.yaml"
 
 
+PROGRESS_EVERY_S = 10.0
+"""When stderr is not a terminal (a log, CI), a progress line at most this often."""
+
+
 @contextmanager
-def _progress(enabled: bool) -> Iterator[Any]:
-    """A rich progress bar on stderr, or a no-op callback."""
-    if not enabled:
+def _progress(enabled: bool | None, what: str) -> Iterator[Any]:
+    """Progress on stderr (None: on, False: off): a bar with done/total on a terminal, else a
+    line every ``PROGRESS_EVERY_S`` seconds, so a long search in a log shows it is alive."""
+    if enabled is False:
         yield None
         return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    if not err_console.is_terminal:
+        state = ["starting", 0, 0]
+        stop = threading.Event()
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
-        task = bar.add_task("planning", total=None)
+        def report() -> None:
+            start = time.monotonic()
+            while not stop.wait(PROGRESS_EVERY_S):
+                stage, done, total = state
+                err_console.print(f"{what}: {stage}: {done:,}/{total:,} steps, {time.monotonic() - start:.0f} s",
+                                  markup=False)
+
+        def update(done: int, total: int, stage: str) -> None:
+            state[:] = [stage, done, total]
+
+        ticker = threading.Thread(target=report, daemon=True)
+        ticker.start()
+        try:
+            yield update
+        finally:
+            stop.set()
+            ticker.join()
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        task = bar.add_task(what, total=None)
 
         def update(done: int, total: int, stage: str) -> None:
             bar.update(task, completed=done, total=total, description=stage)
@@ -189,7 +217,8 @@ def plan_cmd(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the local-improvement moves.",
                                       rich_help_panel=_SEARCH)] = 0,
     progress: Annotated[bool | None, typer.Option("--progress/--no-progress",
-                                                  help="Progress bar (default: when stderr is a terminal).",
+                                                  help="Progress on stderr: a bar on a terminal, else a line "
+                                                  "every 10 s (default: on).",
                                                   rich_help_panel=_SEARCH)] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Plan file to write (default under plans/).",
                                              rich_help_panel=_OUT)] = None,
@@ -229,8 +258,7 @@ def plan_cmd(
     if algorithm is None:
         from treeattn.search import search
 
-        show = progress if progress is not None else err_console.is_terminal
-        with _progress(show) as update:
+        with _progress(progress, "planning") as update:
             res = search(topo, payload, seed=seed, top_k=top, progress=update)
         plan, report = res.best, res.to_dict()
     else:
@@ -389,7 +417,8 @@ def compare_cmd(
     csv: Annotated[Path | None, typer.Option("--csv", help="Write the table as CSV.", rich_help_panel=_OUT)] = None,
     png: Annotated[Path | None, typer.Option("--png", help="Plot speedup against sequence length.",
                                              rich_help_panel=_OUT)] = None,
-    progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")] = None,
+    progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress on stderr: a bar on "
+                                                  "a terminal, else a line every 10 s (default: on).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Per-layer decode attention time of the planned merge against ring attention, the paper's
@@ -420,8 +449,7 @@ def compare_cmd(
 
     for t in topos:  # fail on a bad shape before the long part
         make(t.num_ranks, lens[0])
-    show = progress if progress is not None else err_console.is_terminal
-    with _progress(show) as update:
+    with _progress(progress, "comparing") as update:
         rows = compare(topos, lens, make, seed=seed, progress=update)
     if csv is not None:
         write_csv(rows, csv)

@@ -23,7 +23,7 @@ from typing import Any
 
 from treeattn.errors import TopologyError
 from treeattn.topology.compact import build_compact, cost_params
-from treeattn.topology.model import CostParams, Device, DeviceKind, Link, LinkKind, Topology
+from treeattn.topology.model import CostParams, Device, DeviceKind, Link, LinkKind, Topology, check_rank_count
 from treeattn.topology.schema import (
     CompactFile,
     CpuSpec,
@@ -342,6 +342,7 @@ _CPU_MEM_GBPS = 20.0
 
 
 def _cpu(name: str, p: Mapping[str, Any]) -> Topology:
+    check_rank_count(p["ranks"], f"ranks={p['ranks']}")
     host = Device("host0", DeviceKind.HOST, node=0, model="cpu", mem_bw_gbps=_CPU_MEM_GBPS)
     return Topology(
         name=name,

@@ -17,6 +17,8 @@ from functools import cached_property
 from treeattn.errors import TopologyError
 
 __all__ = [
+    "MAX_RANKS",
+    "check_rank_count",
     "DeviceKind",
     "LinkKind",
     "LinkClass",
@@ -26,6 +28,19 @@ __all__ = [
     "Topology",
     "link_class",
 ]
+
+
+MAX_RANKS = 16_384
+"""The most ranks a topology may place (``dgx-h100:nodes=2048``): the largest size the
+search, simulator and plan files are measured at (``benchmarks/``); beyond it a topology
+is refused before it is built (README, "Scale")."""
+
+
+def check_rank_count(ranks: int, what: str) -> None:
+    """Refuse ``ranks`` above ``MAX_RANKS`` (``what`` names the topology or flag)."""
+    if ranks > MAX_RANKS:
+        raise TopologyError(f"{what}: {ranks:,} ranks is above treeattn's limit of {MAX_RANKS:,} ranks "
+                            f"(dgx-h100:nodes=2048); see the README, 'Scale'")
 
 
 class DeviceKind(StrEnum):
@@ -367,6 +382,7 @@ class Topology:
             pairs.add((ln.src, ln.dst))
         if not self.ranks:
             raise TopologyError(f"topology {self.name!r}: no ranks placed")
+        check_rank_count(len(self.ranks), f"topology {self.name!r}")
         by_name = {d.name: d for d in self.devices}
         used: set[str] = set()
         for r, dev in enumerate(self.ranks):
