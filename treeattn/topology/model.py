@@ -325,7 +325,8 @@ class CostParams:
     def key(self) -> tuple:
         """What of it determines costs (for fingerprints)."""
         base = (float(self.overhead_us), float(self.launch_us), float(self.mem_efficiency))
-        if not self.host_cores and not self.wakeup_us and self.attn_launch_us is None and self.attn_gbps is None:
+        if (not self.host_cores and not self.wakeup_us and self.attn_launch_us is None and self.attn_gbps is None
+                and self.attn_next_launch_us is None):
             return base  # fingerprints of topologies without the newer terms stay as they were
         terms = (*base, self.host_cores, float(self.cpu_us), self.cpu_scope, float(self.wakeup_us),
                  self.attn_launch_us, self.attn_gbps)
