@@ -16,6 +16,7 @@ from treeattn.errors import PlanFormatError
 from treeattn.plan import PLAN_VERSION, build
 from treeattn.plan.io import (
     UPGRADES,
+    YAML_HEADER,
     _fast_yaml,
     dump_plan,
     load_plan,
@@ -56,7 +57,9 @@ def test_files_and_suffixes(tmp_path: Path) -> None:
     assert load_plan(save_plan(plan, tmp_path / "p.json")) == plan
     assert (tmp_path / "p.json").read_text().startswith("{")
     assert load_plan(str(save_plan(plan, tmp_path / "p.yaml"))) == plan
-    assert (tmp_path / "p.yaml").read_text().startswith("format: treeattn-plan\nversion: 1\n")
+    text = (tmp_path / "p.yaml").read_text()
+    assert text.startswith("\n".join(YAML_HEADER) + "\nformat: treeattn-plan\nversion: 1\n")
+    assert "predicted_us" in YAML_HEADER[0] and "one layer" in YAML_HEADER[1] and "included" in YAML_HEADER[1]
 
 
 @settings(max_examples=40, deadline=None)

@@ -61,6 +61,7 @@ from treeattn.workload import Payload, RawPayload, ReduceOp, Workload
 
 __all__ = [
     "FORMAT_TAG",
+    "YAML_HEADER",
     "UPGRADES",
     "dump_plan",
     "load_plan",
@@ -73,6 +74,12 @@ __all__ = [
 
 FORMAT_TAG = "treeattn-plan"
 """Value of the ``format`` key of every plan file."""
+
+YAML_HEADER = (
+    "# treeattn plan (docs/plan-format.md). predicted_us: simulated microseconds until every result",
+    "# rank holds the result; for attention, one layer of one decode step, local attention included.",
+)
+"""The comment a YAML plan file starts with (JSON has no comments; the format is the same)."""
 
 UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 """``UPGRADES[v](data)`` returns the version v + 1 form of a version-v plan mapping (and sets
@@ -562,6 +569,7 @@ def dump_plan(plan: Plan, fmt: str = "yaml") -> str:
                               "can encode (no lone surrogates)") from None
     lines: list[str] = []
     if fmt == "yaml":
+        lines.extend(YAML_HEADER)
         for key, value in data.items():
             if key in ("params", "notes") and value:
                 lines.append(f"{key}:")
