@@ -131,3 +131,13 @@ def test_live_calibration_refuses_bad_flags_before_launching(args, match, monkey
     monkeypatch.setattr(calibrate_mod, "launch", no_measuring)
     res = run_cli("calibrate", *args)
     assert res.exit_code == 2 and match in res.stderr and "Traceback" not in res.stderr
+
+
+def test_fitted_terms_are_printed_with_their_values():
+    from treeattn.cli.calibrate import fitted_terms
+    from treeattn.topology.model import CostParams
+
+    cost = CostParams(attn_launch_us=41.25, attn_gbps=3.5, launch_us=2.5)
+    assert fitted_terms(cost, "attn_launch_us", "attn_gbps", "attn_next_launch_us") == \
+        "attn_launch_us 41.25, attn_gbps 3.5"
+    assert fitted_terms(cost, "launch_us", "mem_efficiency") == "launch_us 2.5, mem_efficiency 0.8"

@@ -168,6 +168,11 @@ def _from_logs(topo, paths: list[Path], out: Path | None, json_out: bool) -> Non
               + (f"; wrote {escape(str(out))}" if out else ""))
 
 
+def fitted_terms(cost, *names: str) -> str:  # noqa: ANN001 - CostParams
+    """``name value`` for each cost term that is set, as the fitted topology holds it."""
+    return ", ".join(f"{n} {getattr(cost, n):.4g}" for n in names if getattr(cost, n) is not None)
+
+
 def _tables(report, out: Path | None, png: Path | None) -> None:  # noqa: ANN001 - a CalibrationReport
     from treeattn.probe.calibrate import median_abs_rel_error
 
@@ -195,12 +200,12 @@ def _tables(report, out: Path | None, png: Path | None) -> None:  # noqa: ANN001
     if report.compute is not None:
         k = report.compute
         con.print(f"compute ({k.kernel} kernel, {k.threads} thread{'s' * (k.threads > 1)}): launch {k.launch_us:.1f} "
-                  f"µs, {k.eff_bw_gbps:.3g} GB/s effective (R² {k.fit.r2:.3f}) → launch_us {cost.launch_us:.1f}, "
-                  f"mem_efficiency {cost.mem_efficiency:.3g}")
+                  f"µs, {k.eff_bw_gbps:.3g} GB/s effective (R² {k.fit.r2:.3f}) → "
+                  + fitted_terms(cost, "launch_us", "mem_efficiency"))
     if report.attention is not None:
         k = report.attention
         con.print(f"attention kernel (COMPUTE): launch {k.launch_us:.1f} µs, {k.eff_bw_gbps:.3g} GB/s effective "
-                  f"(R² {k.fit.r2:.3f}) → attn_launch_us, attn_gbps")
+                  f"(R² {k.fit.r2:.3f}) → " + fitted_terms(cost, "attn_launch_us", "attn_gbps", "attn_next_launch_us"))
     if report.host is not None:
         h = report.host
         loop = (f", loopback {h.loopback_gbps:.3g} GB/s for all flows together" if h.loopback_gbps else "")
