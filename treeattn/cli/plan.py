@@ -262,9 +262,12 @@ def plan_cmd(
             res = search(topo, payload, seed=seed, top_k=top, progress=update)
         plan, report = res.best, res.to_dict()
     else:
-        plan, report = _named(topo, payload, algorithm, chunks, _build_kwargs(
-            topo.num_ranks, root=root, fanout=fanout, groups=groups, order=order, parents=parents, roots=roots,
-            trees=trees, shape=shape, intra=intra, inter=inter, result=result, group_size=group_size))
+        kw = _build_kwargs(topo.num_ranks, root=root, fanout=fanout, groups=groups, order=order, parents=parents,
+                           roots=roots, trees=trees, shape=shape, intra=intra, inter=inter, result=result,
+                           group_size=group_size)
+        if algorithm == "hierarchical" and groups is None and group_size is None:
+            kw["groups"] = _node_groups(topo)
+        plan, report = _named(topo, payload, algorithm, chunks, kw)
     elapsed = time.perf_counter() - started
     from dataclasses import replace
 
@@ -292,6 +295,17 @@ def plan_cmd(
     _print_report(report, topo, payload, elapsed, algorithm is None)
     if explanation is not None:
         _print_explanation(explanation, topo)
+
+
+def _node_groups(topo) -> list[list[int]]:  # noqa: ANN001 - a Topology
+    """``hierarchical`` without --groups: the ranks of each node form a group."""
+    by_node: dict[int, list[int]] = {}
+    for r in range(topo.num_ranks):
+        by_node.setdefault(topo.rank_device(r).node, []).append(r)
+    if len(by_node) < 2:
+        raise InputError(f"--algorithm hierarchical: {topo.name!r} is one node, so there is no group to form by "
+                         "node; give --groups 0-3/4-7 or --group-size N")
+    return list(by_node.values())
 
 
 def _named(topo, payload: Payload, algorithm: str, chunks: int | None, kw: dict[str, Any]):
