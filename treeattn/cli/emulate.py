@@ -211,7 +211,8 @@ def run_cmd(
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed iterations per method.")] = 10,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.")] = 2,
     order: OrderOpt = MeasureOrder.INTERLEAVED,
-    timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait.")] = 30.0,
+    timeout: Annotated[float | None, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait; "
+                                                  "default: 10x the slowest predicted method, at least 30.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of q, K and V.")] = 0,
     out: Annotated[Path | None, typer.Option("--out", help="CSV to append rows to; default "
                                              "results/runs/RUN-ID.csv (the time, then the plan's name).")] = None,
@@ -223,7 +224,7 @@ def run_cmd(
     from treeattn.emulate.jobs import launch_in_cluster
     from treeattn.emulate.layout import scaled_topology
     from treeattn.exec.baselines import ATTENTION_BASELINES, RAW_BASELINES
-    from treeattn.exec.predict import predict
+    from treeattn.exec.predict import default_timeout_s, predict
     from treeattn.exec.results import new_run_id
     from treeattn.exec.runner import Job, PlanJob, RunOptions
     from treeattn.plan.io import load_plan
@@ -241,13 +242,14 @@ def run_cmd(
         err_console.print(f"[yellow]warning:[/] {escape(str(plan_file))} was made for {escape(plan.topology.name)} "
                           f"({plan.topology.fingerprint}), the emulated topology is {escape(topo.name)} "
                           f"({topo.fingerprint}); predictions are for the emulated one")
-    options = RunOptions(repeats=repeats, warmup=warmup, timeout_s=timeout, backend="gloo", seed=seed,
-                         baselines=baselines, order=order.value)
     names = (RAW_BASELINES if plan.is_raw else ATTENTION_BASELINES) if baselines else ()
     predictions = predict(plan, scaled_topology(topo, scale), names)
+    options = RunOptions(repeats=repeats, warmup=warmup, backend="gloo", seed=seed, baselines=baselines,
+                         timeout_s=timeout if timeout is not None else default_timeout_s(predictions, 30.0),
+                         order=order.value)
+    for text in predictions.warnings:
+        err_console.print(f"[yellow]warning:[/] {escape(text)}")
     label = plan_file.name
     with _interruptible(), emulated(topo, scale=scale) as cluster:
         result = launch_in_cluster(cluster, Job((PlanJob(label, plan),), options))
-    for text in predictions.warnings:
-        err_console.print(f"[yellow]warning:[/] {escape(text)}")
     emit_results(result, plan, label, predictions, run_id, rows, json_out)

@@ -47,8 +47,9 @@ def run(
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed iterations per method.")] = 10,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.")] = 2,
     order: OrderOpt = MeasureOrder.INTERLEAVED,
-    timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait "
-                                           "before its rank gives up.")] = 5.0,
+    timeout: Annotated[float | None, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait "
+                                                  "before its rank gives up; default: 10x the slowest predicted "
+                                                  "method, at least 5.")] = None,
     backend: BackendOpt = None,
     check: Annotated[CheckMode, typer.Option("--check", help="root: the result rank checks; all: every "
                                              "result rank.")] = CheckMode.ROOT,
@@ -63,28 +64,30 @@ def run(
     against a single-process reference and compare the measured time with the prediction."""
     from treeattn.exec.baselines import ATTENTION_BASELINES, RAW_BASELINES
     from treeattn.exec.launch import detect_env, launch
-    from treeattn.exec.predict import predict, resolve_topology
+    from treeattn.exec.predict import default_timeout_s, predict, resolve_topology
     from treeattn.exec.results import new_run_id
     from treeattn.exec.runner import Job, PlanJob, RunOptions
 
     plan = _load(plan_file)
     run_id = new_run_id(plan_file.stem)
     rows = rows_path(out, run_id)
-    options = RunOptions(repeats=repeats, warmup=warmup, timeout_s=timeout,
-                         backend=backend.value if backend else None, check=check.value, seed=seed,
-                         baselines=baselines, order=order.value)
     placed = detect_env()
     reporter = placed is None or placed.rank == 0
     names = (RAW_BASELINES if plan.is_raw else ATTENTION_BASELINES) if baselines else ()
     topo, warnings = resolve_topology(plan, topology, plan_file)
-    predictions = predict(plan, topo, names) if reporter else None
-    if predictions is not None:
+    # Every rank predicts: the default timeout follows from it and must be the same on all.
+    predictions = predict(plan, topo, names)
+    options = RunOptions(repeats=repeats, warmup=warmup,
+                         timeout_s=timeout if timeout is not None else default_timeout_s(predictions, 5.0),
+                         backend=backend.value if backend else None, check=check.value, seed=seed,
+                         baselines=baselines, order=order.value)
+    if reporter:
         # Before the run: a user who reads these may stop it.
         for text in (*warnings, *predictions.warnings):
             err_console.print(f"[yellow]warning:[/] {escape(text)}")
     label = plan_file.name
     result = launch(Job((PlanJob(label, plan),), options))
-    if result is None or predictions is None:
+    if result is None or not reporter:
         return
     emit_results(result, plan, label, predictions, run_id, rows, json_out)
 

@@ -12,7 +12,12 @@ from treeattn.errors import InputError, TreeattnError
 from treeattn.plan.ir import Plan, TopologyRef
 from treeattn.topology.model import Topology
 
-__all__ = ["Predictions", "resolve_topology", "predict"]
+__all__ = ["Predictions", "resolve_topology", "predict", "default_timeout_s", "TIMEOUT_FACTOR"]
+
+TIMEOUT_FACTOR = 10.0
+"""Without ``--timeout``, an operation may wait this many times the slowest predicted method's
+whole iteration (any one wait is part of it), so that long contexts (ring attention rotating
+its KV blocks) do not hit a fixed limit."""
 
 
 @dataclass(slots=True)
@@ -61,6 +66,13 @@ def resolve_topology(plan: Plan, given: str | None,
                         "predictions skipped")
         return None, warnings
     return topo, warnings
+
+
+def default_timeout_s(predictions: Predictions | None, floor_s: float) -> float:
+    """Seconds an operation may wait when the user gave no ``--timeout``: ``TIMEOUT_FACTOR``
+    times the slowest predicted method, at least ``floor_s`` (also when nothing is predicted)."""
+    known = [us for us in (predictions.us.values() if predictions is not None else ()) if us]
+    return max(floor_s, TIMEOUT_FACTOR * max(known, default=0.0) / 1e6)
 
 
 def _simulate(plan: Plan, topo: Topology) -> float:
