@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.unit.test_cost_helpers import bare_cpu
 from treeattn.cost.simulate import simulate
 from treeattn.errors import InputError, ProbeError
 from treeattn.plan.validate import check
@@ -23,7 +24,7 @@ from treeattn.probe.calibrate_plans import (
 from treeattn.topology.io import dump_topology, load_topology_text
 from treeattn.topology.library import resolve
 
-CPU4 = resolve("cpu:ranks=4")
+CPU4 = bare_cpu(4)
 DGX2 = resolve("dgx-h100:nodes=2")
 
 

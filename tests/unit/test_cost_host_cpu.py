@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_cost_helpers import make_plan, raw, switch_topo
+from tests.unit.test_cost_helpers import bare_cpu, make_plan, raw, switch_topo
 from treeattn.cost.simulate import simulate
 from treeattn.errors import TopologyError
 from treeattn.plan.ir import Op, OpKind
@@ -162,7 +162,7 @@ def test_calibrated_attention_kernel_times_compute_and_merges_keep_theirs():
     from treeattn.cost.compute import ComputeModel
     from treeattn.workload import Workload
 
-    topo = resolve("cpu:ranks=2")
+    topo = bare_cpu(2)
     w = Workload.create(ranks=2, seq_len=8192, batch=1, model="llama-3.1-8b")
     plain = ComputeModel.of(w, topo)
     timed = ComputeModel.of(w, dataclasses.replace(topo, cost=dataclasses.replace(

@@ -101,7 +101,7 @@ def test_sysfs_without_gpu_falls_back_to_cpu_host(tmp_path):
     topo = r.topology
     assert topo.num_ranks == 3 and [d.kind for d in topo.devices] == [DeviceKind.HOST]
     assert topo.links[0].kind is LinkKind.LOOPBACK
-    assert "CPU-only loopback host" in topo.description and "rough defaults" in topo.description
+    assert "CPU-only loopback host" in topo.description and "built-in profile" in topo.description
     assert r.warnings and "no GPU" in r.warnings[0]
 
 

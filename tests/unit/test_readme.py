@@ -30,8 +30,9 @@ COPIED = ("results/validate-emu",)
 
 
 def _syntax(cmd: str) -> bool:
-    """A span that shows syntax, not a command: placeholders (TOPO, PLAN), alternatives, '…'."""
-    return bool(re.search(r"\b[A-Z]{2,}\b|…|\[|\w/\w", cmd))
+    """A span that shows syntax, not a command: placeholders (TOPO, PLAN), '…' or optional
+    parts ([--out FILE])."""
+    return bool(re.search(r"\b[A-Z]{2,}\b|…|\[", cmd))
 
 
 def readme_commands() -> list[str]:

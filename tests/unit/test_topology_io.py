@@ -30,7 +30,7 @@ SAME_MACHINE = {
     "rtx4090-2": "rtx4090:gpus=2",
     "rtx4090-8": "rtx4090:gpus=8",
     "gb200-nvl72": "gb200-nvl72",
-    "cpu-4": "cpu:ranks=4",
+    "cpu-4": "cpu:ranks=4,cores=2",
 }
 
 # The DGX-1 of topologies/dgx1-v100.yaml (explicit form), written in the compact form.

@@ -64,7 +64,7 @@ def run(
     against a single-process reference and compare the measured time with the prediction."""
     from treeattn.exec.baselines import ATTENTION_BASELINES, RAW_BASELINES
     from treeattn.exec.launch import detect_env, launch
-    from treeattn.exec.predict import default_timeout_s, predict, resolve_topology
+    from treeattn.exec.predict import comparability, default_timeout_s, predict, resolve_topology
     from treeattn.exec.results import new_run_id
     from treeattn.exec.runner import Job, PlanJob, RunOptions
 
@@ -83,7 +83,8 @@ def run(
                          baselines=baselines, order=order.value)
     if reporter:
         # Before the run: a user who reads these may stop it.
-        for text in (*warnings, *predictions.warnings):
+        spec = topology or plan.topology.source or plan.topology.name
+        for text in (*warnings, *predictions.warnings, *comparability(topo, spec, options.backend)):
             err_console.print(f"[yellow]warning:[/] {escape(text)}")
     label = plan_file.name
     result = launch(Job((PlanJob(label, plan),), options))
@@ -111,18 +112,19 @@ def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,
     if json_out:
         typer.echo(rows_json(frame))
     else:
-        _table(frame, path)
+        _table(frame, path, predictions.calibrated)
     wrong = frame[~frame["correct"]]
     if len(wrong):
         worst = ", ".join(f"{r.method} (max relative error {r.max_rel_err})" for r in wrong.itertuples())
         raise ExecutionError(f"wrong result from {worst} on {label}; see {path}")
 
 
-def _table(frame, path: Path) -> None:  # noqa: ANN001 - a DataFrame
+def _table(frame, path: Path, calibrated: bool) -> None:  # noqa: ANN001 - a DataFrame
     con = console()
     first = frame.iloc[0]
     table = Table(title=f"{first['plan']} · {first['algorithm']} · {first['workload']} · {first['ranks']} ranks "
-                  f"({first['backend']}, predicted on {first['topology']}) · µs")
+                  f"({first['backend']}, predicted on {first['topology']}"
+                  f"{'' if calibrated else ', uncalibrated'}) · µs")
     table.add_column("method", no_wrap=True)
     for col in ("measured", "±", "predicted", "error", "correct", "× plan"):
         table.add_column(col, justify="left" if col == "correct" else "right")

@@ -12,7 +12,7 @@ from treeattn.errors import InputError, TreeattnError
 from treeattn.plan.ir import Plan, TopologyRef
 from treeattn.topology.model import Topology
 
-__all__ = ["Predictions", "resolve_topology", "predict", "default_timeout_s", "TIMEOUT_FACTOR"]
+__all__ = ["Predictions", "resolve_topology", "predict", "comparability", "default_timeout_s", "TIMEOUT_FACTOR"]
 
 TIMEOUT_FACTOR = 10.0
 """Without ``--timeout``, an operation may wait this many times the slowest predicted method's
@@ -28,6 +28,8 @@ class Predictions:
     """Name of the topology predicted on."""
     us: dict[str, float | None] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    calibrated: bool = False
+    """Whether the topology's figures were fitted by ``treeattn calibrate``."""
 
 
 def resolve_topology(plan: Plan, given: str | None,
@@ -68,6 +70,32 @@ def resolve_topology(plan: Plan, given: str | None,
     return topo, warnings
 
 
+def comparability(topo: Topology | None, spec: str, backend: str | None) -> list[str]:
+    """What to know before reading predicted against measured, said before the run: the
+    predictions are for another kind of machine, or for figures not fitted to this one.
+
+    Args:
+        topo: the topology predicted on (None: nothing is predicted, nothing to say).
+        spec: how the user can name it (for the ``treeattn calibrate`` hint).
+        backend: ``--backend`` (None: nccl where CUDA is, else gloo), which says where ranks run.
+    """
+    if topo is None:
+        return []
+    import torch
+
+    here_gpus = (backend or ("nccl" if torch.cuda.is_available() else "gloo")) == "nccl"
+    if topo.on_gpus != here_gpus:
+        made, runs = ("a GPU machine", "CPU processes (gloo)") if topo.on_gpus else ("CPU ranks", "GPUs (nccl)")
+        return [f"predictions are for {topo.name!r}, {made}, but these ranks run on {runs}: predicted and "
+                "measured times are not comparable here; predict on this machine with --topology (a "
+                "`treeattn calibrate --out` file, or cpu:ranks=N)"]
+    if not topo.calibrated:
+        return [f"predictions use {topo.name!r} as shipped, not fitted to this machine (uncalibrated); "
+                f"`treeattn calibrate --topology {spec} --compute attention --out FILE` fits it, then pass "
+                "--topology FILE"]
+    return []
+
+
 def default_timeout_s(predictions: Predictions | None, floor_s: float) -> float:
     """Seconds an operation may wait when the user gave no ``--timeout``: ``TIMEOUT_FACTOR``
     times the slowest predicted method, at least ``floor_s`` (also when nothing is predicted)."""
@@ -92,7 +120,8 @@ def predict(plan: Plan, topo: Topology | None, baselines: tuple[str, ...] = ()) 
     Returns:
         ``Predictions`` keyed by method (``plan`` and the baselines).
     """
-    out = Predictions(topology=topo.name if topo is not None else plan.topology.name)
+    out = Predictions(topology=topo.name if topo is not None else plan.topology.name,
+                      calibrated=topo is not None and topo.calibrated)
     out.us = {m: None for m in ("plan", *baselines)}
     if topo is None:
         return out

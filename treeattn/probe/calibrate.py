@@ -61,7 +61,7 @@ from treeattn.probe.calibrate_plans import (
     tree_plans,
 )
 from treeattn.probe.fit_host import HostFit, fit_host_terms, on_host_cpus
-from treeattn.topology.model import Topology
+from treeattn.topology.model import CALIBRATED_BY, Topology
 
 __all__ = ["CalibrateOptions", "ClassResult", "CaseResult", "CalibrationReport", "calibrate", "median_abs_rel_error"]
 
@@ -364,7 +364,7 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
         mem_eff_bw_gbps=compute.eff_bw_gbps if compute else None,
         attn_launch_us=attention.launch_us if attention else None,
         attn_gbps=attention.eff_bw_gbps if attention else None,
-        source=f"treeattn calibrate: {result.backend} ping-pong on {topo.num_ranks} ranks of {topo.name!r}, "
+        source=f"{CALIBRATED_BY}: {result.backend} ping-pong on {topo.num_ranks} ranks of {topo.name!r}, "
                f"{opt.repeats} repeats" + (f", {opt.compute} kernel" if compute else ""),
     )
     fitted, notes = apply_fit(topo, params)

@@ -17,6 +17,7 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -331,28 +332,47 @@ def _gb200(name: str, p: Mapping[str, Any]) -> Topology:
     return build_compact(spec)
 
 
-# CPU-only runs (gloo over TCP loopback). Rough defaults that `treeattn calibrate` replaces:
-# loopback 2 GB/s and 20 us per message, 30 us software overhead, 20 GB/s memory read by a
-# CPU attention kernel. Check on the 2-core dev machine (torch 2.13 gloo send/recv ping-pong
-# between 2 processes, heavily loaded): 16 MiB one-way at ~2.4 GB/s; small-message latency
-# there (~0.7 ms) was scheduling-bound, so the latency figures are unloaded guesses.
-_CPU_LOOPBACK_GBPS = 2.0
-_CPU_LOOPBACK_US = 20.0
+# CPU-only runs (gloo over TCP loopback). The host terms are a built-in profile: `treeattn
+# calibrate` of cpu:ranks=4 with --compute attention on a shared 2-core machine
+# (results/cpu-profile/, rounded to 3 digits), with the ranks sharing this machine's cores.
+# Per-operation CPU costs do not scale with the core count; how many cores the ranks share
+# does. Measured under SCHED_RR (--realtime) so others' work delayed the ranks less; the
+# queue is `fair`, as for runs without --realtime. `treeattn calibrate` fits this machine's.
 _CPU_MEM_GBPS = 20.0
+_CPU_LOOPBACK = {"bw_gbps": 10.4, "flow_gbps": 3.58, "latency_us": 0.0}
+_CPU_PROFILE = {"overhead_us": 63.1, "launch_us": 30.2, "mem_efficiency": 0.895, "cpu_us": 63.1,
+                "cpu_scope": "machine", "step_us": 7.43, "coll_cpu_us": 17.8, "start_cpu_us": 86.4,
+                "cpu_us_per_kb": 0.212, "wakeup_us": 124.0, "attn_launch_us": 199.0, "attn_gbps": 5.72,
+                "attn_next_launch_us": 56.3}
+_CPU_SOURCE = ("built-in profile: treeattn calibrate of cpu:ranks=4 --compute attention on a shared 2-core machine "
+               "(results/cpu-profile); `treeattn calibrate` fits this machine's")
+
+
+def _this_machine_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _cores(v: Any) -> int:
+    return _this_machine_cores() if v == "this machine" else _int(1)(v)
 
 
 def _cpu(name: str, p: Mapping[str, Any]) -> Topology:
     check_rank_count(p["ranks"], f"ranks={p['ranks']}")
+    # Both named (the core count is this machine's by default): one name, one topology, everywhere.
+    name = f"{name.partition(':')[0]}:ranks={p['ranks']},cores={p['cores']}"
     host = Device("host0", DeviceKind.HOST, node=0, model="cpu", mem_bw_gbps=_CPU_MEM_GBPS)
     return Topology(
         name=name,
-        description=f"{p['ranks']} CPU ranks (processes) on one host, gloo over TCP loopback",
+        description=f"{p['ranks']} CPU ranks (processes) on one host of {p['cores']} cores, gloo over TCP loopback "
+                    "(a built-in profile; `treeattn calibrate` fits this machine's figures)",
         devices=(host,),
-        links=(Link("host0", "host0", LinkKind.LOOPBACK, _CPU_LOOPBACK_GBPS, _CPU_LOOPBACK_US),),
+        links=(Link("host0", "host0", LinkKind.LOOPBACK, **_CPU_LOOPBACK),),
         ranks=("host0",) * p["ranks"],
-        sources=("rough defaults for gloo over TCP loopback (bandwidth, latency, overhead, memory); "
-                 "`treeattn calibrate` replaces them with measured ones",),
-        cost=CostParams(overhead_us=30.0, launch_us=50.0, mem_efficiency=0.5),
+        sources=(_CPU_SOURCE,),
+        cost=CostParams(host_cores=p["cores"], **_CPU_PROFILE),
     )
 
 
@@ -373,8 +393,9 @@ FAMILIES: dict[str, Family] = {
                (Param("gpus", 8, _choice(2, 8), "GPUs in the box"),), _rtx4090),
         Family("gb200-nvl72", "NVIDIA GB200 NVL72 racks: 72 GPUs per NVLink 5 domain, trays of 4 GPUs",
                _network_params("racks"), _gb200),
-        Family("cpu", "CPU-only: N ranks on one host over loopback (gloo)",
-               (Param("ranks", 4, _int(1), "ranks (processes)"),), _cpu),
+        Family("cpu", "CPU-only: N ranks on one host over loopback (gloo), a built-in host profile",
+               (Param("ranks", 4, _int(1), "ranks (processes)"),
+                Param("cores", "this machine", _cores, "CPU cores the ranks share")), _cpu),
     )
 }
 

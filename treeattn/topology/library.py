@@ -157,7 +157,14 @@ def recorded_source(spec: str, topo: Topology, plan_path: Path) -> str | None:
     """
     base, selection = _split_selection(spec)
     if not _names_file(base):
-        return None if spec.strip() == topo.name else spec.strip()
+        if spec.strip() == topo.name:
+            return None
+        try:  # a family member's name is its canonical spec: it finds it again
+            if resolve(topo.name).fingerprint == topo.fingerprint:
+                return None
+        except InputError:
+            pass
+        return spec.strip()
     path = Path(base).expanduser().resolve()
     try:
         where = os.path.relpath(path, Path(plan_path).resolve().parent)

@@ -17,6 +17,7 @@ from functools import cached_property
 from treeattn.errors import TopologyError
 
 __all__ = [
+    "CALIBRATED_BY",
     "MAX_RANKS",
     "check_rank_count",
     "DeviceKind",
@@ -29,6 +30,9 @@ __all__ = [
     "link_class",
 ]
 
+
+CALIBRATED_BY = "treeattn calibrate"
+"""How a fitted topology's ``sources`` entry begins (``Topology.calibrated``)."""
 
 MAX_RANKS = 16_384
 """The most ranks a topology may place (``dgx-h100:nodes=2048``): the largest size the
@@ -498,6 +502,16 @@ class Topology:
             "links": [ln.to_dict() for ln in self.links],
             "ranks": list(self.ranks),
         }
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether ``treeattn calibrate`` fitted its figures (rather than datasheet or built-in defaults)."""
+        return any(s.startswith(CALIBRATED_BY) for s in self.sources)
+
+    @property
+    def on_gpus(self) -> bool:
+        """Whether its ranks are GPUs (not processes on CPUs)."""
+        return any(self.rank_device(r).kind is DeviceKind.GPU for r in range(self.num_ranks))
 
     @cached_property
     def fingerprint(self) -> str:
