@@ -21,7 +21,7 @@ SHAPE = ("-m", "llama-3.1-8b", "-n", "1K", "--no-progress")
 
 @pytest.fixture()
 def plan(tmp_path: Path) -> Path:
-    return save_plan(build("star", W, resolve("cpu:ranks=2")), tmp_path / "p.yaml")
+    return save_plan(build("star", W, resolve("cpu:ranks=2,cores=2")), tmp_path / "p.yaml")
 
 
 # (command before the output flag, the flag, the work that must not start: module, attribute)

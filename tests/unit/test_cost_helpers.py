@@ -200,7 +200,7 @@ def loopback_hosts(ranks: int = 4, **cost) -> tuple[Topology, Topology]:
     truth a fit should recover), 2 cores for the whole machine."""
     from treeattn.topology.library import resolve
 
-    topo = resolve(f"cpu:ranks={ranks}")
+    topo = resolve(f"cpu:ranks={ranks},cores=2")
     dev = dataclasses.replace(topo.devices[0], mem_bw_gbps=0.0)
     lb = dataclasses.replace(topo.links[0], latency_us=10.0, bw_gbps=2.5, flow_gbps=None)
     topo = dataclasses.replace(topo, devices=(dev,), links=(lb,), cost=CostParams(overhead_us=0.0, launch_us=0.0))

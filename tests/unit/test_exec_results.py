@@ -38,7 +38,7 @@ def test_measurement_statistics():
 
 
 def test_rows_csv_json_and_timeline(tmp_path):
-    topo = resolve("cpu:ranks=4")
+    topo = resolve("cpu:ranks=4,cores=2")
     plan = build("star", W, topo)
     timing = OpTiming(0, 0, Op(OpKind.COMPUTE, 0), 1.0, 9.5)
     ms = (Measurement("a.yaml", "plan", "explicit", (10.0, 20.0, 30.0), 1e-7, 2e-2, (0,), (timing,)),
@@ -63,7 +63,7 @@ def test_rows_csv_json_and_timeline(tmp_path):
 
 
 def test_topology_resolution_and_warnings(tmp_path):
-    topo = resolve("cpu:ranks=4")
+    topo = resolve("cpu:ranks=4,cores=2")
     mine = build("star", W, topo)
     assert resolve_topology(mine, None) == (topo, [])
     # Never another topology without saying so: a fingerprint that differs, or a name not
@@ -86,7 +86,7 @@ def test_topology_resolution_and_warnings(tmp_path):
 def test_a_recorded_topology_file_is_read_from_the_plans_folder(tmp_path):
     from treeattn.topology.io import dump_topology
 
-    topo = resolve("cpu:ranks=4")
+    topo = resolve("cpu:ranks=4,cores=2")
     (tmp_path / "topos").mkdir()
     (tmp_path / "topos" / "mine.yaml").write_text(dump_topology(topo))
     plan = build("star", W, TopologyRef(topo.name, topo.fingerprint, "../topos/mine.yaml"))

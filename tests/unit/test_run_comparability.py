@@ -51,7 +51,7 @@ def test_an_uncalibrated_prediction_is_marked_with_what_to_run(tmp_path: Path, s
 
 
 def test_a_calibrated_topology_gets_no_note(tmp_path: Path, said_before_launch: list[str]) -> None:
-    topo = resolve("cpu:ranks=2")
+    topo = resolve("cpu:ranks=2,cores=2")
     fitted = dataclasses.replace(topo, name="mine", sources=(f"{CALIBRATED_BY}: gloo ping-pong on 2 ranks",))
     (tmp_path / "mine.yaml").write_text(dump_topology(fitted))
     plan = _plan(tmp_path, str(tmp_path / "mine.yaml"), 2)

@@ -221,7 +221,7 @@ def test_a_cost_term_that_changes_a_prediction_changes_the_fingerprint(base, fie
     from treeattn.workload import Workload
 
     assert set(_VARIANTS) == {f.name for f in dataclasses.fields(CostParams)}
-    cpu = resolve("cpu:ranks=4")
+    cpu = resolve("cpu:ranks=4,cores=2")
     changed = dataclasses.replace(base, **{field: _VARIANTS[field]})
     one, other = (dataclasses.replace(cpu, cost=c) for c in (base, changed))
     w = Workload(batch=2, q_heads=4, kv_heads=2, head_dim=16, split=(256,) * 4)
