@@ -166,7 +166,7 @@ def test_apply_on_loopback():
     # copy (2 bytes moved a byte at 5 GB/s) gives 1.25 GB/s: 1 / (1/1.25 - 2/5).
     assert (ln.latency_us, ln.bw_gbps) == (67.0, pytest.approx(2.5))
     assert (new.cost.overhead_us, new.cost.launch_us, new.cost.mem_efficiency) == (45.0, 8.0, 0.25)
-    assert new.sources[-1] == "test" and new.name == f"{CPU4.name}-calibrated" and new.ranks == CPU4.ranks
+    assert new.sources[-1] == "test" and new.name == "cpu-ranks4-cores2-calibrated" and new.ranks == CPU4.ranks
     back = load_topology_text(dump_topology(new))
     assert back.fingerprint == new.fingerprint
 
