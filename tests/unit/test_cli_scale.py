@@ -9,7 +9,7 @@ import pytest
 
 from tests.cli_helpers import run_cli
 from treeattn import cli
-from treeattn.cli import plan as plan_cli
+from treeattn.cli import progress as progress_cli
 from treeattn.topology.model import MAX_RANKS
 
 SHAPE = ("-m", "llama-3.1-8b", "-n", "16K")
@@ -37,7 +37,7 @@ def test_the_limit_itself_is_accepted():
 
 
 def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path, monkeypatch):
-    monkeypatch.setattr(plan_cli, "PROGRESS_EVERY_S", 0.02)
+    monkeypatch.setattr(progress_cli, "PROGRESS_EVERY_S", 0.02)
     res = run_cli("plan", "-t", "dgx-h100-2node", *SHAPE, "-o", str(tmp_path / "p.yaml"))
     assert res.exit_code == 0, res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("planning: ")]
@@ -53,7 +53,7 @@ def test_progress_bar_on_a_terminal_shows_a_total(monkeypatch):
     monkeypatch.setattr(cli.err_console, "_force_terminal", True)
     monkeypatch.setattr(cli.err_console, "is_interactive", True)
     monkeypatch.setattr(cli.err_console, "file", io.StringIO())
-    with plan_cli._progress(None, "planning") as update:
+    with progress_cli.progress_reporter(None, "planning") as update:
         time.sleep(0.3)  # the bar's first frame, before any step: "0/?" (it showed "0/None")
         update(3, 17, "screening")
         time.sleep(0.3)

@@ -4,10 +4,7 @@ compare`` (the planned merge against ring attention, three all-reduces and all-g
 from __future__ import annotations
 
 import json
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,7 +12,7 @@ import typer
 from rich.table import Table
 from rich.tree import Tree
 
-from treeattn.cli import app, err_console
+from treeattn.cli import app
 from treeattn.cli.options import (
     BatchOpt,
     BytesOpt,
@@ -39,6 +36,7 @@ from treeattn.cli.options import (
     print_models,
 )
 from treeattn.cli.paths import output_file, safe_name
+from treeattn.cli.progress import progress_reporter
 from treeattn.cli.render import console, key_columns
 from treeattn.errors import InputError
 from treeattn.units import format_size
@@ -76,51 +74,6 @@ def default_plan_path(topo_name: str, payload: Payload, algorithm: str | None = 
     if algorithm:
         stem += f".{safe_name(algorithm)}"
     return Path("plans") / f"{stem}.yaml"
-
-
-PROGRESS_EVERY_S = 10.0
-"""When stderr is not a terminal (a log, CI), a progress line at most this often."""
-
-
-@contextmanager
-def _progress(enabled: bool | None, what: str) -> Iterator[Any]:
-    """Progress on stderr (None: on, False: off): a bar with done/total on a terminal, else a
-    line every ``PROGRESS_EVERY_S`` seconds, so a long search in a log shows it is alive."""
-    if enabled is False:
-        yield None
-        return
-    if not err_console.is_terminal:
-        state = ["starting", 0, 0]
-        stop = threading.Event()
-
-        def report() -> None:
-            start = time.monotonic()
-            while not stop.wait(PROGRESS_EVERY_S):
-                stage, done, total = state
-                err_console.print(f"{what}: {stage}: {done:,}/{total:,} steps, {time.monotonic() - start:.0f} s",
-                                  markup=False)
-
-        def update(done: int, total: int, stage: str) -> None:
-            state[:] = [stage, done, total]
-
-        ticker = threading.Thread(target=report, daemon=True)
-        ticker.start()
-        try:
-            yield update
-        finally:
-            stop.set()
-            ticker.join()
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True) as bar:
-        task = bar.add_task(what, total=None)
-
-        def update(done: int, total: int, stage: str) -> None:
-            bar.update(task, completed=done, total=total, description=stage)
-
-        yield update
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -258,7 +211,7 @@ def plan_cmd(
     if algorithm is None:
         from treeattn.search import search
 
-        with _progress(progress, "planning") as update:
+        with progress_reporter(progress, "planning") as update:
             res = search(topo, payload, seed=seed, top_k=top, progress=update)
         plan, report = res.best, res.to_dict()
     else:
@@ -463,7 +416,7 @@ def compare_cmd(
 
     for t in topos:  # fail on a bad shape before the long part
         make(t.num_ranks, lens[0])
-    with _progress(progress, "comparing") as update:
+    with progress_reporter(progress, "comparing") as update:
         rows = compare(topos, lens, make, seed=seed, progress=update)
     if csv is not None:
         write_csv(rows, csv)
