@@ -83,7 +83,7 @@ def run(
                          baselines=baselines, order=order.value)
     if reporter:
         # Before the run: a user who reads these may stop it.
-        spec = topology or plan.topology.source or plan.topology.name
+        spec = topology or plan.topology.name
         for text in (*warnings, *predictions.warnings, *comparability(topo, spec, options.backend)):
             err_console.print(f"[yellow]warning:[/] {escape(text)}")
     label = plan_file.name
@@ -142,7 +142,7 @@ def _table(frame, path: Path, calibrated: bool) -> None:  # noqa: ANN001 - a Dat
         )
     con.print(table)
     con.print(f"± half the p10-p90 spread; error = measured / predicted - 1; correct with the max relative "
-                  f"error against the reference. Rows: {path}")
+              f"error against the reference. Rows: {path}")
 
 
 def _missing(value) -> bool:  # noqa: ANN001 - a number, None or NaN
