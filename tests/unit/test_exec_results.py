@@ -74,7 +74,7 @@ def test_topology_resolution_and_warnings(tmp_path):
     unknown = build("star", W, TopologyRef("no-such-machine", "sha256:0"))
     found, warnings = resolve_topology(unknown, None, tmp_path / "p.yaml")
     assert found is None and "'no-such-machine'" in warnings[0] and "pass --topology" in warnings[0]
-    found, warnings = resolve_topology(unknown, "cpu:ranks=4")
+    found, warnings = resolve_topology(unknown, "cpu:ranks=4,cores=2")
     assert found == topo and "predictions may not match" in warnings[0]
     with pytest.raises(TopologyError):
         resolve_topology(mine, "no-such-topology")
