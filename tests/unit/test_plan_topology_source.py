@@ -3,6 +3,7 @@ changed topology is named with what to pass (never another topology in silence).
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -49,7 +50,9 @@ def test_missing_or_changed_file_says_what_to_pass(made: Path) -> None:
     assert "cpu-4.yaml, which does not exist" in res.stderr and "pass --topology" in res.stderr
     res = run_cli("simulate", str(made), "-t", str(moved))
     assert res.exit_code == 0 and res.stderr == ""  # the same topology, found where the user says
-    topo_file.write_text(moved.read_text().replace("overhead_us: 30", "overhead_us: 31"))
+    changed = re.sub(r"overhead_us: [0-9.]+", "overhead_us: 99.5", moved.read_text())
+    assert changed != moved.read_text()
+    topo_file.write_text(changed)
     res = run_cli("simulate", str(made))
     assert res.exit_code == 2 and "changed since" in res.stderr and "pass --topology" in res.stderr
     res = run_cli("simulate", str(made), "-t", str(topo_file))
