@@ -84,8 +84,11 @@ def run(
     if reporter:
         # Before the run: a user who reads these may stop it.
         spec = topology or plan.topology.name
-        for text in (*warnings, *predictions.warnings, *comparability(topo, spec, options.backend)):
+        other, notes = comparability(topo, spec, options.backend)
+        for text in (*warnings, *predictions.warnings, *other):
             err_console.print(f"[yellow]warning:[/] {escape(text)}")
+        for text in notes:
+            err_console.print(f"[cyan]note:[/] {escape(text)}")
     label = plan_file.name
     result = launch(Job((PlanJob(label, plan),), options))
     if result is None or not reporter:

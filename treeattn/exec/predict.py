@@ -70,17 +70,21 @@ def resolve_topology(plan: Plan, given: str | None,
     return topo, warnings
 
 
-def comparability(topo: Topology | None, spec: str, backend: str | None) -> list[str]:
-    """What to know before reading predicted against measured, said before the run: the
-    predictions are for another kind of machine, or for figures not fitted to this one.
+def comparability(topo: Topology | None, spec: str, backend: str | None) -> tuple[list[str], list[str]]:
+    """What to know before reading predicted against measured, said before the run: a warning
+    when the predictions are for another kind of machine, else a note when they are on
+    figures not fitted to this one.
 
     Args:
         topo: the topology predicted on (None: nothing is predicted, nothing to say).
         spec: how the user can name it (for the ``treeattn calibrate`` hint).
         backend: ``--backend`` (None: nccl where CUDA is, else gloo), which says where ranks run.
+
+    Returns:
+        (warnings, notes).
     """
     if topo is None:
-        return []
+        return [], []
     import torch
 
     here_gpus = (backend or ("nccl" if torch.cuda.is_available() else "gloo")) == "nccl"
@@ -88,12 +92,12 @@ def comparability(topo: Topology | None, spec: str, backend: str | None) -> list
         made, runs = ("a GPU machine", "CPU processes (gloo)") if topo.on_gpus else ("CPU ranks", "GPUs (nccl)")
         return [f"predictions are for {topo.name!r}, {made}, but these ranks run on {runs}: predicted and "
                 "measured times are not comparable here; predict on this machine with --topology (a "
-                "`treeattn calibrate --out` file, or cpu:ranks=N)"]
+                "`treeattn calibrate --out` file, or cpu:ranks=N)"], []
     if not topo.calibrated:
-        return [f"predictions use {topo.name!r} as shipped, not fitted to this machine (uncalibrated); "
-                f"`treeattn calibrate --topology {spec} --compute attention --out FILE` fits it, then pass "
-                "--topology FILE"]
-    return []
+        return [], [f"predictions use {topo.name!r} as shipped, not fitted to this machine (uncalibrated); "
+                    f"`treeattn calibrate --topology {spec} --compute attention --out FILE` fits it, then pass "
+                    "--topology FILE"]
+    return [], []
 
 
 def default_timeout_s(predictions: Predictions | None, floor_s: float) -> float:
