@@ -13,4 +13,4 @@ $T calibrate --topology "cpu:ranks=$RANKS" --max-size 4MiB --sizes 9 --repeats 8
     --compute attention --out "topologies/local/cpu-$RANKS.yaml"
 $T plan --topology "topologies/local/cpu-$RANKS.yaml" --model llama-3.1-8b \
     --batch "${BATCH:-1}" --seq-len "${SEQ_LEN:-16K}" --out "plans/local/cpu-$RANKS.yaml" --no-progress
-$T run "plans/local/cpu-$RANKS.yaml" --topology "topologies/local/cpu-$RANKS.yaml" --baselines --repeats 10
+$T run "plans/local/cpu-$RANKS.yaml" --baselines --repeats 10

@@ -1,4 +1,13 @@
 import pytest
+from hypothesis import settings
+
+# CI and `bash scripts/test.sh` draw the same examples on every run (derandomized, no example
+# database), so a red run is reproducible and a green one stays green. Exploratory runs, with
+# fresh random examples and a database of past failures:
+#     bash scripts/test.sh --hypothesis-profile=explore
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("explore")
+settings.load_profile("ci")  # the hypothesis plugin's --hypothesis-profile, read later, overrides it
 
 
 def pytest_addoption(parser):

@@ -41,7 +41,7 @@ MODELS: dict[str, ModelPreset] = {
 
 class ReduceOp(StrEnum):
     """What a reduction computes: ``merge`` is the attention operator (o, lse) (+) (o, lse)
-    of DESIGN.md section 1; ``sum`` a plain elementwise sum (raw payloads)."""
+    of docs/design.md section 1; ``sum`` a plain elementwise sum (raw payloads)."""
 
     MERGE = "merge"
     SUM = "sum"

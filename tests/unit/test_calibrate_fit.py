@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.unit.test_cost_helpers import bare_cpu
 from treeattn.cost.simulate import simulate
 from treeattn.errors import InputError, ProbeError
 from treeattn.plan.validate import check
@@ -23,7 +24,7 @@ from treeattn.probe.calibrate_plans import (
 from treeattn.topology.io import dump_topology, load_topology_text
 from treeattn.topology.library import resolve
 
-CPU4 = resolve("cpu:ranks=4")
+CPU4 = bare_cpu(4)
 DGX2 = resolve("dgx-h100:nodes=2")
 
 
@@ -165,7 +166,7 @@ def test_apply_on_loopback():
     # copy (2 bytes moved a byte at 5 GB/s) gives 1.25 GB/s: 1 / (1/1.25 - 2/5).
     assert (ln.latency_us, ln.bw_gbps) == (67.0, pytest.approx(2.5))
     assert (new.cost.overhead_us, new.cost.launch_us, new.cost.mem_efficiency) == (45.0, 8.0, 0.25)
-    assert new.sources[-1] == "test" and new.name == f"{CPU4.name}-calibrated" and new.ranks == CPU4.ranks
+    assert new.sources[-1] == "test" and new.name == "cpu-ranks4-cores2-calibrated" and new.ranks == CPU4.ranks
     back = load_topology_text(dump_topology(new))
     assert back.fingerprint == new.fingerprint
 

@@ -117,9 +117,18 @@ def test_cli_refuses_with_one_line(args, match):
         (["-t", "cpu:ranks=2", "--compute", "fft"], "fft"),
         (["-t", "cpu:ranks=2", "--attention-shape", "8-1-32"], "--attention-shape '8-1-32'"),
         (["-t", "cpu:ranks=2", "--attention-shape", "8/3/32"], "HKV must divide HQ"),
+        (["-t", "cpu:ranks=2", "--max-size", "16KiB", "--sizes", "2"], "--sizes 2: 1 of the merge kernel's sizes"),
+        (["-t", "cpu:ranks=2", "--compute", "attention", "--attention-shape", "32/32/512", "--sizes", "3"],
+         "1 of the attention kernel's sizes hold an attention token"),
     ],
 )
-def test_live_calibration_refuses_bad_flags_before_launching(args, match):
+def test_live_calibration_refuses_bad_flags_before_launching(args, match, monkeypatch):
+    import treeattn.probe.calibrate as calibrate_mod
+
+    def no_measuring(*a, **k):
+        raise AssertionError("measured before the flags were checked")
+
+    monkeypatch.setattr(calibrate_mod, "launch", no_measuring)
     res = run_cli("calibrate", *args)
     assert res.exit_code == 2 and match in res.stderr and "Traceback" not in res.stderr
 
@@ -139,3 +148,13 @@ def test_half_split_predicts_the_sizes_in_between():
     assert worse[len(worse) // 2] > errs[len(errs) // 2]
     with pytest.raises(ProbeError, match="at least 4"):
         half_split(log.__class__(**{**log.__dict__, "rows": log.rows[:3]}))
+
+
+def test_fitted_terms_are_printed_with_their_values():
+    from treeattn.cli.calibrate import fitted_terms
+    from treeattn.topology.model import CostParams
+
+    cost = CostParams(attn_launch_us=41.25, attn_gbps=3.5, launch_us=2.5)
+    assert fitted_terms(cost, "attn_launch_us", "attn_gbps", "attn_next_launch_us") == \
+        "attn_launch_us 41.25, attn_gbps 3.5"
+    assert fitted_terms(cost, "launch_us", "mem_efficiency") == "launch_us 2.5, mem_efficiency 0.8"

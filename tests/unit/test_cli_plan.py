@@ -186,3 +186,24 @@ def test_example_plans_are_what_the_cli_writes(tmp_path, name, args):
     assert res.exit_code == 0, res.stderr
     assert (tmp_path / name).read_bytes() == shipped.read_bytes(), (
         f"plans/{name} is stale (the planner or cost model changed): regenerate with plans/make_search_plans.sh")
+
+
+@pytest.mark.parametrize("command", ["plan", "compare"])
+def test_model_list_works_on_its_own(command):
+    from treeattn.workload import MODELS
+
+    res = run_cli(command, "-m", "list")
+    assert res.exit_code == 0, res.stderr
+    assert all(name in res.stdout for name in MODELS)
+    shapes = json.loads(run_cli(command, "--model", "list", "--json").stdout)
+    assert shapes["llama-3.1-8b"] == {"q_heads": 32, "kv_heads": 8, "head_dim": 128, "layers": 32}
+    assert all(name in run_cli(command, "--help").stdout for name in MODELS)
+
+
+def test_hierarchical_without_groups_groups_by_node(tmp_path):
+    out = tmp_path / "h.yaml"
+    res = run_cli("plan", "-t", "dgx-h100-2node", *SHAPE, "-a", "hierarchical", "-o", str(out))
+    assert res.exit_code == 0, res.stderr
+    assert load_plan(out).params["groups"] == [list(range(8)), list(range(8, 16))]
+    one = run_cli("plan", "-t", "dgx-h100", *SHAPE, "-a", "hierarchical", "-o", str(out))
+    assert one.exit_code == 2 and "one node" in one.stderr and "--groups" in one.stderr

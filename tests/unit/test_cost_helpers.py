@@ -184,13 +184,24 @@ def cluster_topo(nodes: int, gpus: int, *, nvl_bw: float = 300.0, nvl_lat: float
                     cost=CostParams(overhead_us=overhead, launch_us=launch, mem_efficiency=0.8))
 
 
+def bare_cpu(ranks: int = 4) -> Topology:
+    """``cpu:ranks=N`` without host terms: one loopback link (2 GB/s, 20 us), 30 us overhead,
+    50 us launch, memory efficiency 0.5 (the figures the family had before its host profile)."""
+    from treeattn.topology.library import resolve
+
+    topo = resolve(f"cpu:ranks={ranks},cores=2")
+    lb = dataclasses.replace(topo.links[0], latency_us=20.0, bw_gbps=2.0, flow_gbps=None)
+    return dataclasses.replace(topo, links=(lb,), cost=CostParams(overhead_us=30.0, launch_us=50.0,
+                                                                  mem_efficiency=0.5))
+
+
 def loopback_hosts(ranks: int = 4, **cost) -> tuple[Topology, Topology]:
     """``cpu:ranks=N`` with one loopback link (10 us, 2.5 GB/s) and no memory model: the bare
     topology the host fit starts from, and the same with the host CPU terms ``cost`` (the
     truth a fit should recover), 2 cores for the whole machine."""
     from treeattn.topology.library import resolve
 
-    topo = resolve(f"cpu:ranks={ranks}")
+    topo = resolve(f"cpu:ranks={ranks},cores=2")
     dev = dataclasses.replace(topo.devices[0], mem_bw_gbps=0.0)
     lb = dataclasses.replace(topo.links[0], latency_us=10.0, bw_gbps=2.5, flow_gbps=None)
     topo = dataclasses.replace(topo, devices=(dev,), links=(lb,), cost=CostParams(overhead_us=0.0, launch_us=0.0))

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_cost_helpers import make_plan, raw, switch_topo
+from tests.unit.test_cost_helpers import bare_cpu, make_plan, raw, switch_topo
 from treeattn.cost.simulate import simulate
 from treeattn.errors import TopologyError
 from treeattn.plan.ir import Op, OpKind
@@ -33,7 +33,7 @@ def hosts(p: int, *, cores: int, cpu: float, wakeup: float = 0.0, lat: float = 1
 
 def bare_cpu4():
     """cpu:ranks=4 with local work free (no launch, memory time not modelled): only messages cost."""
-    t = resolve("cpu:ranks=4")
+    t = resolve("cpu:ranks=4,cores=2")
     dev = dataclasses.replace(t.devices[0], mem_bw_gbps=0.0)
     return dataclasses.replace(t, devices=(dev,), cost=CostParams(overhead_us=0.0, launch_us=0.0))
 
@@ -112,7 +112,7 @@ def test_host_terms_only_ever_add_time(cores, cpu, wakeup, nbytes):
 
 
 def test_cost_terms_round_trip_yaml_and_change_the_fingerprint():
-    base = resolve("cpu:ranks=4")
+    base = resolve("cpu:ranks=4,cores=2")
     ln = dataclasses.replace(base.links[0], flow_gbps=1.5)
     topo = dataclasses.replace(base, links=(ln,), cost=CostParams(host_cores=2, cpu_us=40.0, cpu_scope="machine",
                                                                     wakeup_us=80.0, attn_launch_us=90.0,
@@ -162,7 +162,7 @@ def test_calibrated_attention_kernel_times_compute_and_merges_keep_theirs():
     from treeattn.cost.compute import ComputeModel
     from treeattn.workload import Workload
 
-    topo = resolve("cpu:ranks=2")
+    topo = bare_cpu(2)
     w = Workload.create(ranks=2, seq_len=8192, batch=1, model="llama-3.1-8b")
     plain = ComputeModel.of(w, topo)
     timed = ComputeModel.of(w, dataclasses.replace(topo, cost=dataclasses.replace(
@@ -197,6 +197,6 @@ def test_compute_plan_is_valid_and_every_rank_computes():
     from treeattn.plan.validate import validate
     from treeattn.probe.calibrate_plans import compute_plan
 
-    plan = compute_plan(resolve("cpu:ranks=4"), 4, (8, 1, 32), 2048)
+    plan = compute_plan(resolve("cpu:ranks=4,cores=2"), 4, (8, 1, 32), 2048)
     assert not validate(plan).violations
     assert all(prog[0].kind is OpKind.COMPUTE for prog in plan.programs) and plan.contributors == (0,)

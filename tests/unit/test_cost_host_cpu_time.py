@@ -102,7 +102,7 @@ def test_host_collectives_report_each_ranks_cpu():
 
 
 def test_cpu_terms_round_trip_yaml_and_reject_negatives():
-    base = resolve("cpu:ranks=4")
+    base = resolve("cpu:ranks=4,cores=2")
     topo = dataclasses.replace(base, cost=CostParams(host_cores=2, cpu_us=40.0, cpu_scope="machine",
                                                      start_cpu_us=70.0, cpu_us_per_kb=2.5))
     text = dump_topology(topo)

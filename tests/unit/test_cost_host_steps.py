@@ -134,7 +134,7 @@ def test_library_collectives_pay_coll_cpu_us_per_message_end():
 
 
 def test_new_cost_terms_round_trip_yaml_and_change_the_fingerprint():
-    base = resolve("cpu:ranks=4")
+    base = resolve("cpu:ranks=4,cores=2")
     topo = dataclasses.replace(base, cost=CostParams(host_cores=2, cpu_us=40.0, cpu_scope="machine",
                                                      step_us=12.0, cpu_queue="fifo", coll_cpu_us=9.0))
     back = load_topology_text(dump_topology(topo), "t.yaml")
@@ -152,7 +152,7 @@ def test_bad_step_terms_are_rejected(bad):
 
 
 def test_tree_cases_are_valid_attention_plans_rooted_at_the_last_rank():
-    topo = resolve("cpu:ranks=4")
+    topo = resolve("cpu:ranks=4,cores=2")
     plans = tree_plans(topo, 4, HEADS, 2, 48)
     assert [shape for shape, _ in plans] == list(TREE_SHAPES)
     for _, plan in plans:

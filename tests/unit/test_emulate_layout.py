@@ -143,7 +143,7 @@ def test_a_rank_attached_twice_to_one_segment_is_refused():
 
 def test_ranks_sharing_a_device_are_refused():
     with pytest.raises(EmulationError, match="share device"):
-        plan_layout(resolve("cpu:ranks=2"))
+        plan_layout(resolve("cpu:ranks=2,cores=2"))
 
 
 def test_run_ids_are_checked():

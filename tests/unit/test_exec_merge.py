@@ -57,7 +57,7 @@ def assert_close(a: torch.Tensor, b: torch.Tensor, rtol: float = 2e-5) -> None:
 
 
 def exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The merge written from DESIGN.md section 1 in fp64 with logsumexp (moderate inputs)."""
+    """The merge written from docs/design.md section 1 in fp64 with logsumexp (moderate inputs)."""
     oa, la = (t.double() for t in unpack(a))
     ob, lb = (t.double() for t in unpack(b))
     lse = torch.logsumexp(torch.stack([la, lb]), dim=0)

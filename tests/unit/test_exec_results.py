@@ -39,7 +39,7 @@ def test_measurement_statistics():
 
 
 def test_rows_csv_json_and_timeline(tmp_path):
-    topo = resolve("cpu:ranks=4")
+    topo = resolve("cpu:ranks=4,cores=2")
     plan = build("star", W, topo)
     timing = MeasuredOp(0, 0, Op(OpKind.COMPUTE, 0), 1.0, 9.5)
     ms = (Measurement("a.yaml", "plan", "explicit", (10.0, 20.0, 30.0), 1e-7, 2e-2, (0,), (timing,)),
@@ -63,21 +63,36 @@ def test_rows_csv_json_and_timeline(tmp_path):
     assert tl.to_dict(orient="records")[0]["kind"] == "compute" and len(tl) == 1
 
 
-def test_topology_resolution_and_warnings():
-    topo = resolve("cpu:ranks=4")
+def test_topology_resolution_and_warnings(tmp_path):
+    topo = resolve("cpu:ranks=4,cores=2")
     mine = build("star", W, topo)
     assert resolve_topology(mine, None) == (topo, [])
+    # Never another topology without saying so: a fingerprint that differs, or a name not
+    # found here, gives no prediction and says what to pass.
     other = build("star", W, TopologyRef("dgx-h100", "sha256:0123456789abcdef"))
     found, warnings = resolve_topology(other, None)
-    assert found.num_ranks == 4 and any("predictions may not match" in w for w in warnings)
+    assert found is None and "pass --topology" in warnings[0] and "no predictions" in warnings[0]
     unknown = build("star", W, TopologyRef("no-such-machine", "sha256:0"))
-    found, warnings = resolve_topology(unknown, None)
-    assert found.fingerprint == topo.fingerprint and warnings
+    found, warnings = resolve_topology(unknown, None, tmp_path / "p.yaml")
+    assert found is None and "'no-such-machine'" in warnings[0] and "pass --topology" in warnings[0]
+    found, warnings = resolve_topology(unknown, "cpu:ranks=4,cores=2")
+    assert found == topo and "predictions may not match" in warnings[0]
     with pytest.raises(TopologyError):
         resolve_topology(mine, "no-such-topology")
     none, warnings = resolve_topology(mine, "cpu:ranks=2")
     assert none is None and any("predictions skipped" in w for w in warnings)
     assert predict(mine, None, (Baseline("allreduce3"),)).us == {"plan": None, "allreduce3": None}
+
+
+def test_a_recorded_topology_file_is_read_from_the_plans_folder(tmp_path):
+    from treeattn.topology.io import dump_topology
+
+    topo = resolve("cpu:ranks=4,cores=2")
+    (tmp_path / "topos").mkdir()
+    (tmp_path / "topos" / "mine.yaml").write_text(dump_topology(topo))
+    plan = build("star", W, TopologyRef(topo.name, topo.fingerprint, "../topos/mine.yaml"))
+    found, warnings = resolve_topology(plan, None, tmp_path / "plans" / "p.yaml")
+    assert found.fingerprint == topo.fingerprint and warnings == []
 
 
 def test_interleaved_order_deals_every_method_once_per_round():

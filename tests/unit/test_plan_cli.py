@@ -68,3 +68,11 @@ def test_verify_as_a_user_runs_it(tmp_path: Path) -> None:
     done = subprocess.run([str(TREEATTN), "verify", str(_invalid(tmp_path))], capture_output=True, text=True,
                           check=False)
     assert done.returncode == 2 and done.stderr.startswith("error: ")
+
+
+def test_plan_schema_command_prints_the_schema():
+    from treeattn.plan.io import plan_json_schema
+
+    res = run_cli("plan-schema")
+    assert res.exit_code == 0 and json.loads(res.stdout) == plan_json_schema()
+    assert "source" in json.loads(res.stdout)["$defs"]["_TopologyFile"]["properties"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.test_plan_helpers import REF, attention, every_plan, raw
@@ -16,6 +16,7 @@ from treeattn.errors import PlanFormatError
 from treeattn.plan import PLAN_VERSION, build
 from treeattn.plan.io import (
     UPGRADES,
+    YAML_HEADER,
     _fast_yaml,
     dump_plan,
     load_plan,
@@ -56,7 +57,9 @@ def test_files_and_suffixes(tmp_path: Path) -> None:
     assert load_plan(save_plan(plan, tmp_path / "p.json")) == plan
     assert (tmp_path / "p.json").read_text().startswith("{")
     assert load_plan(str(save_plan(plan, tmp_path / "p.yaml"))) == plan
-    assert (tmp_path / "p.yaml").read_text().startswith("format: treeattn-plan\nversion: 2\n")
+    text = (tmp_path / "p.yaml").read_text()
+    assert text.startswith("\n".join(YAML_HEADER) + "\nformat: treeattn-plan\nversion: 2\n")
+    assert "predicted_us" in YAML_HEADER[0] and "one layer" in YAML_HEADER[1] and "included" in YAML_HEADER[1]
 
 
 @settings(max_examples=40, deadline=None)
@@ -80,6 +83,36 @@ def test_any_params_notes_and_prediction_round_trip(notes: dict, predicted: floa
     text = dump_plan(plan, fmt)
     assert load_plan(text) == plan
     assert dump_plan(load_plan(text), fmt) == text
+
+
+# Any text UTF-8 can encode: control characters and YAML's own line breaks (NEL, LS, PS) too.
+_ANY_CHAR = st.characters(exclude_categories=("Cs",))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(_ANY_CHAR, min_size=1, max_size=6),
+                       st.text(_ANY_CHAR, max_size=6) | st.dictionaries(st.text(_ANY_CHAR, max_size=4),
+                                                                         st.text(_ANY_CHAR, max_size=4), max_size=2),
+                       max_size=3),
+       st.text(_ANY_CHAR, min_size=1, max_size=6), st.sampled_from(["yaml", "json"]))
+@example({"A\n": None}, "x", "yaml")  # "$" matched before a final newline: the key was written bare
+@example({"k": {"a\nb": "c"}}, "n", "yaml")
+@example({"\x85": "\u2028"}, "\u2029", "yaml")
+@example({"k": "\ufeff"}, "a\tb", "yaml")
+def test_every_string_the_writer_emits_round_trips(notes: dict, name: str, fmt: str) -> None:
+    plan = replace(build("star", attention(3), REF), notes=notes, algorithm=name,
+                   topology=replace(REF, name=name, source=name),
+                   params={**build("star", attention(3), REF).params, **notes})
+    text = dump_plan(plan, fmt)
+    assert load_plan(text) == plan
+    assert dump_plan(load_plan(text), fmt) == text
+
+
+def test_a_lone_surrogate_is_refused_not_written() -> None:
+    plan = replace(build("star", attention(3), REF), notes={"k": "\ud800"})
+    for fmt in ("yaml", "json"):
+        with pytest.raises(PlanFormatError, match="cannot write .*lone surrogate"):
+            dump_plan(plan, fmt)
 
 
 def test_schema_describes_the_file() -> None:
@@ -166,7 +199,7 @@ def test_a_version_1_file_loads_as_the_same_plan() -> None:
     assert "\nversion: 1\n" in text
     plan = load_plan(path)
     assert plan.version == 2 and plan.layout == "full" and plan.result == "all"
-    assert dump_plan(plan) == text.replace("\nversion: 1\n", "\nversion: 2\n")
+    assert dump_plan(plan) == "\n".join(YAML_HEADER) + "\n" + text.replace("\nversion: 1\n", "\nversion: 2\n")
 
 
 def test_heads_layout_round_trips() -> None:

@@ -101,7 +101,7 @@ def test_sysfs_without_gpu_falls_back_to_cpu_host(tmp_path):
     topo = r.topology
     assert topo.num_ranks == 3 and [d.kind for d in topo.devices] == [DeviceKind.HOST]
     assert topo.links[0].kind is LinkKind.LOOPBACK
-    assert "CPU-only loopback host" in topo.description and "rough defaults" in topo.description
+    assert "CPU-only loopback host" in topo.description and "built-in profile" in topo.description
     assert r.warnings and "no GPU" in r.warnings[0]
 
 
@@ -112,7 +112,11 @@ def test_cpu_host_defaults_and_limits():
         cpu_host(2, nodes=2)
 
 
-def test_live_tools_through_runner_match_saved_files():
+@pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD"])
+def test_live_tools_through_runner_match_saved_files(tmp_path, vendor):
+    # The live probe reads the CPU vendor from <root>/proc/cpuinfo: a fake root, never the host's.
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "cpuinfo").write_text(f"processor\t: 0\nvendor_id\t: {vendor}\n")
     outputs = {
         ("nvidia-smi", "topo", "-m"): (FIX / "nvidia-smi-topo-m.hgx-h100-della.txt").read_text(),
         ("nvidia-smi", "--query-gpu=name", "--format=csv,noheader"): "NVIDIA H100 80GB HBM3\n" * 8,
@@ -124,9 +128,9 @@ def test_live_tools_through_runner_match_saved_files():
         calls.append(tuple(cmd))
         return outputs.get(tuple(cmd))
 
-    live = probe(ProbeOptions(name="x"), runner=runner)
+    live = probe(ProbeOptions(name="x", root=tmp_path), runner=runner)
     saved = probe(ProbeOptions(nvidia_smi=FIX / "nvidia-smi-topo-m.hgx-h100-della.txt", gpu_model="H100-SXM5-80GB",
-                               ibstat=FIX / "ibstat.cx6-hdr100-single.txt", name="x"))
+                               ibstat=FIX / "ibstat.cx6-hdr100-single.txt", name="x", cpu_vendor=vendor))
     assert live.source == "live: nvidia-smi topo -m"
     assert live.topology.fingerprint == saved.topology.fingerprint
     assert ("nvidia-smi", "nvlink", "--status") in calls and ("ibstat",) in calls

@@ -65,7 +65,7 @@ def test_bad_inputs_give_one_line_and_exit_2(fixture, command):
 @pytest.mark.parametrize(
     ("spec", "needles"),
     [
-        ("missing-file.yaml", ["missing-file.yaml: topology file not found"]),
+        ("missing-file.yaml", ["cannot read topology file 'missing-file.yaml': no such file"]),
         ("no-such-preset", ["unknown topology 'no-such-preset'", "dgx-h100-16node"]),
         ("dgx-h10:nodes=2", ["unknown topology", "did you mean 'dgx-h100'"]),
         ("dgx-h100:nodes=0", ["nodes must be an integer >= 1"]),

@@ -15,6 +15,7 @@ from treeattn.topology import build_family, dump_topology, load_topology, load_t
 from treeattn.topology.compact import build_compact
 from treeattn.topology.io import expand_ranks, topology_from_data
 from treeattn.topology.library import shipped_files
+from treeattn.topology.model import CostParams
 from treeattn.topology.schema import CompactFile
 
 # Shipped file -> family spec describing the same machine.
@@ -29,7 +30,7 @@ SAME_MACHINE = {
     "rtx4090-2": "rtx4090:gpus=2",
     "rtx4090-8": "rtx4090:gpus=8",
     "gb200-nvl72": "gb200-nvl72",
-    "cpu-4": "cpu:ranks=4",
+    "cpu-4": "cpu:ranks=4,cores=2",
 }
 
 # The DGX-1 of topologies/dgx1-v100.yaml (explicit form), written in the compact form.
@@ -204,3 +205,28 @@ def test_family_names_carry_non_default_parameters():
     assert build_family("dgx-h100").name == "dgx-h100"
     assert build_family("dgx-h100", {"nodes": "2", "fabric": "rail-optimized"}).name == "dgx-h100:nodes=2"
     assert resolve("dgx-h100:nodes=3") is resolve("dgx-h100:nodes=3")  # family members are cached
+
+
+_VARIANTS = {"overhead_us": 3.0, "launch_us": 6.0, "mem_efficiency": 0.5, "host_cores": 2, "cpu_us": 10.0,
+             "cpu_scope": "machine", "cpu_queue": "fifo", "coll_cpu_us": 5.0, "step_us": 7.0, "wakeup_us": 9.0,
+             "start_cpu_us": 11.0, "cpu_us_per_kb": 0.5, "attn_launch_us": 13.0, "attn_gbps": 2.0,
+             "attn_next_launch_us": 3.0, "attn_efficiency": 0.5, "link_rates": "measured"}
+
+
+@pytest.mark.parametrize("base", [CostParams(), CostParams(host_cores=2, cpu_us=5.0)], ids=["bare", "host"])
+@pytest.mark.parametrize("field", sorted(_VARIANTS))
+def test_a_cost_term_that_changes_a_prediction_changes_the_fingerprint(base, field):
+    from treeattn.cost.simulate import simulate
+    from treeattn.plan.builders import build
+    from treeattn.workload import Workload
+
+    assert set(_VARIANTS) == {f.name for f in dataclasses.fields(CostParams)}
+    cpu = resolve("cpu:ranks=4,cores=2")
+    changed = dataclasses.replace(base, **{field: _VARIANTS[field]})
+    one, other = (dataclasses.replace(cpu, cost=c) for c in (base, changed))
+    w = Workload(batch=2, q_heads=4, kv_heads=2, head_dim=16, split=(256,) * 4)
+    # Ring attention computes several times a rank (later launches); the three all-reduces are collectives.
+    plans = [build(name, w, one) for name in ("ring-attention", "allreduce3", "binomial")]
+    times = [[simulate(p, t).predicted_us for p in plans] for t in (one, other)]
+    if times[0] != times[1]:
+        assert one.fingerprint != other.fingerprint, f"{field} changes predictions but not the fingerprint"

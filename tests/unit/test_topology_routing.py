@@ -1,4 +1,4 @@
-"""Routing on the shipped presets and families (DESIGN.md section 4)."""
+"""Routing on the shipped presets and families (docs/design.md section 4)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ with its ``exit_code`` (2 for bad input). Other exceptions keep their traceback.
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -27,6 +28,32 @@ app = typer.Typer(
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from treeattn import __version__
+
+        typer.echo(f"treeattn {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                          help="Print treeattn's version and exit.")] = False,
+) -> None:
+    """Plan, simulate and run the cross-device merge of tree attention on your cluster's wiring."""
+
+
+def _no_type_on_flags(command) -> None:  # noqa: ANN001 - a click Command or Group
+    """Flags take no value: show no type for them in --help (typer writes ``<bool>``)."""
+    helper = command.get_help_option(command.context_class(command))  # made once, then cached
+    for param in (*command.params, *([helper] if helper is not None else [])):
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        _no_type_on_flags(sub)
+
+
 def _register() -> None:
     # Each command module adds its commands to ``app`` when imported; one line per module.
     import treeattn.cli.calibrate  # noqa: F401
@@ -44,8 +71,10 @@ def _register() -> None:
 def main(args: list[str] | None = None) -> None:
     """Entry point of the console script (``args`` defaults to ``sys.argv[1:]``)."""
     _register()
+    command = typer.main.get_command(app)
+    _no_type_on_flags(command)
     try:
-        rc = app(args=args, standalone_mode=False)
+        rc = command(args=args, standalone_mode=False)
     except TreeattnError as exc:
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)
         sys.exit(exc.exit_code)

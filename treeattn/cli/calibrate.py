@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app, err_console
 from treeattn.cli.options import Backend, JsonOpt
+from treeattn.cli.paths import output_file
+from treeattn.cli.render import console
 from treeattn.errors import InputError
 from treeattn.units import format_size, parse_size
 
@@ -78,6 +79,8 @@ def calibrate_cmd(
     them from nccl-tests logs (--from-nccl-tests LOG... --topology FILE)."""
     from treeattn.topology.library import resolve
 
+    out = output_file(out, "--out", "calibrated.yaml") if out is not None else None
+    png = output_file(png, "--png", "calibration.png", suffix=".png") if png is not None else None
     paths = [*(from_nccl_tests or []), *(logs or [])]
     if logs and not from_nccl_tests:
         raise InputError(f"unexpected argument {str(logs[0])!r}: log files go after --from-nccl-tests")
@@ -146,7 +149,7 @@ def _from_logs(topo, paths: list[Path], out: Path | None, json_out: bool) -> Non
     if json_out:
         typer.echo(json.dumps(result.to_dict(), sort_keys=True, indent=2))
         return
-    con = Console(highlight=False)
+    con = console()
     table = Table(title=f"nccl-tests fits mapped onto {topo.name} ({topo.num_ranks} ranks)")
     for col in ("log", "collective", "ranks", "sizes", "α/step µs", "bus GB/s", "R²", "class", "α µs", "β GB/s"):
         table.add_column(col, justify="left" if col in ("log", "collective", "class") else "right")
@@ -165,10 +168,15 @@ def _from_logs(topo, paths: list[Path], out: Path | None, json_out: bool) -> Non
               + (f"; wrote {escape(str(out))}" if out else ""))
 
 
+def fitted_terms(cost, *names: str) -> str:  # noqa: ANN001 - CostParams
+    """``name value`` for each cost term that is set, as the fitted topology holds it."""
+    return ", ".join(f"{n} {getattr(cost, n):.4g}" for n in names if getattr(cost, n) is not None)
+
+
 def _tables(report, out: Path | None, png: Path | None) -> None:  # noqa: ANN001 - a CalibrationReport
     from treeattn.probe.calibrate import median_abs_rel_error
 
-    con = Console(highlight=False)
+    con = console()
     cost = report.topology.cost
     fits = Table(title=f"Fit per route class · {report.measured_on} · {report.topology.num_ranks} ranks · "
                        f"{report.backend} · t = α + n/β per message")
@@ -192,12 +200,12 @@ def _tables(report, out: Path | None, png: Path | None) -> None:  # noqa: ANN001
     if report.compute is not None:
         k = report.compute
         con.print(f"compute ({k.kernel} kernel, {k.threads} thread{'s' * (k.threads > 1)}): launch {k.launch_us:.1f} "
-                  f"µs, {k.eff_bw_gbps:.3g} GB/s effective (R² {k.fit.r2:.3f}) → launch_us {cost.launch_us:.1f}, "
-                  f"mem_efficiency {cost.mem_efficiency:.3g}")
+                  f"µs, {k.eff_bw_gbps:.3g} GB/s effective (R² {k.fit.r2:.3f}) → "
+                  + fitted_terms(cost, "launch_us", "mem_efficiency"))
     if report.attention is not None:
         k = report.attention
         con.print(f"attention kernel (COMPUTE): launch {k.launch_us:.1f} µs, {k.eff_bw_gbps:.3g} GB/s effective "
-                  f"(R² {k.fit.r2:.3f}) → attn_launch_us, attn_gbps")
+                  f"(R² {k.fit.r2:.3f}) → " + fitted_terms(cost, "attn_launch_us", "attn_gbps", "attn_next_launch_us"))
     if report.host is not None:
         h = report.host
         loop = (f", loopback {h.loopback_gbps:.3g} GB/s for all flows together" if h.loopback_gbps else "")

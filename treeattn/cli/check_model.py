@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from treeattn.cli import app
+from treeattn.cli.render import console
 
 
 def _stat_row(name: str, st: dict) -> list[str]:
@@ -63,7 +63,7 @@ def check_model_cmd(
                                "attention": attention}, sort_keys=True, indent=2))
         return
     # Wide enough for the table names: rich would otherwise fold them in a narrow terminal.
-    con = Console(highlight=False, soft_wrap=True, width=max(Console().width, 110))
+    con = console()
     scored = sum(1 for t in tables if t.scored)
     con.print(f"{len(tables)} tables ({scored} scored), {len(rows)} rows; error = predicted / published time - 1",
               markup=False)

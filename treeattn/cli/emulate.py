@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app, err_console
 from treeattn.cli.options import JsonOpt, MeasureOrder, OrderOpt, RanksOpt, load_topology
+from treeattn.cli.render import console
 from treeattn.errors import EmulationError, ExecutionError, InputError
 
 __all__ = ["emulate_app"]
@@ -47,10 +47,6 @@ IdOpt = Annotated[str | None, typer.Option("--id", help="Run id: six hex digits 
 
 SLOW_RATIO = 0.85
 """A measured rate below this fraction of the shaped one means the host, not the shaper, limits it."""
-
-
-def _console() -> Console:
-    return Console(highlight=False)
 
 
 class Interrupted(EmulationError):
@@ -97,9 +93,9 @@ def up_cmd(topology: TopoArg, scale: ScaleOpt = 1.0, ranks: RanksOpt = None, run
         table.add_column(col)
     for r in rank_rows:
         table.add_row(str(r["rank"]), r["device"], r["ns"], r["ip"], ", ".join(r["ifaces"]))
-    console = _console()
-    console.print(table)
-    console.print(f"{len(layout.bridges)} bridges in {layout.fabric_ns or '(none)'}, {len(layout.cables)} veth pairs, "
+    con = console()
+    con.print(table)
+    con.print(f"{len(layout.bridges)} bridges in {layout.fabric_ns or '(none)'}, {len(layout.cables)} veth pairs, "
                   f"{len(links)} shaped links; remove with: treeattn emulate down --id {layout.run_id}")
 
 
@@ -133,7 +129,7 @@ def status_cmd(json_out: JsonOpt = False) -> None:
         table.add_column(col)
     for r in rows:
         table.add_row(r["run_id"], r["status"], str(r["topology"]), str(r["scale"]), str(r["namespaces"]))
-    _console().print(table)
+    console().print(table)
 
 
 @emulate_app.command("exec")
@@ -192,10 +188,10 @@ def check_cmd(
             rtt = "—" if f.rtt_us is None else f"{f.rtt_us:.0f}"
             table.add_row(escape(f.label), f"{f.src}->{f.dst}", escape(f.bottleneck), f"{f.expected_mbit:.1f}",
                           f"{f.measured_mbit:.1f}", f"{f.ratio:.3f}", path, rtt)
-        console = _console()
-        console.print(table)
+        con = console()
+        con.print(table)
         routes = escape("; ".join(report.route_errors)) or "every rank's kernel route takes the topology's first hop"
-        console.print("routes: " + routes)
+        con.print("routes: " + routes)
     slow = [f for f in report.flows if f.ratio < SLOW_RATIO]
     if slow:
         err_console.print(f"[yellow]warning:[/] {escape(slow[0].label)} reached {slow[0].ratio:.0%} of its rate: this "
@@ -207,7 +203,7 @@ def check_cmd(
 @emulate_app.command("run")
 def run_cmd(
     topology: TopoArg,
-    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", exists=True, dir_okay=False, help="Plan file.")],
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="Plan file.")],
     scale: ScaleOpt = 1.0,
     ranks: RanksOpt = None,
     baselines: Annotated[bool, typer.Option("--baselines",
@@ -215,18 +211,19 @@ def run_cmd(
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed iterations per method.")] = 10,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.")] = 2,
     order: OrderOpt = MeasureOrder.INTERLEAVED,
-    timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait.")] = 30.0,
+    timeout: Annotated[float | None, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait; "
+                                                  "default: 10x the slowest predicted method, at least 30.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of q, K and V.")] = 0,
     out: Annotated[Path | None, typer.Option("--out", help="CSV to append rows to; default "
-                                             "results/runs/<run-id>.csv.")] = None,
+                                             "results/runs/RUN-ID.csv (the time, then the plan's name).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Run PLAN on the emulated TOPOLOGY (gloo, one rank per namespace) and compare with the prediction."""
-    from treeattn.cli.run import emit_results
+    from treeattn.cli.run import emit_results, rows_path
     from treeattn.emulate import emulated
     from treeattn.emulate.jobs import launch_in_cluster
     from treeattn.emulate.layout import scaled_topology
-    from treeattn.exec.predict import plan_baselines, predict
+    from treeattn.exec.predict import default_timeout_s, plan_baselines, predict
     from treeattn.exec.results import new_run_id
     from treeattn.exec.runner import Job, PlanJob, RunOptions
     from treeattn.plan.io import load_plan
@@ -235,6 +232,8 @@ def run_cmd(
     topo = load_topology(topology, ranks)
     plan = load_plan(plan_file)
     check(plan)
+    run_id = new_run_id(f"emu-{plan_file.stem}")
+    rows = rows_path(out, run_id)
     if plan.ranks != topo.num_ranks:
         raise InputError(f"{plan_file} has {plan.ranks} ranks but {topo.name!r} places {topo.num_ranks}; "
                          "pick a plan made for it or use --ranks")
@@ -242,14 +241,15 @@ def run_cmd(
         err_console.print(f"[yellow]warning:[/] {escape(str(plan_file))} was made for {escape(plan.topology.name)} "
                           f"({plan.topology.fingerprint}), the emulated topology is {escape(topo.name)} "
                           f"({topo.fingerprint}); predictions are for the emulated one")
-    options = RunOptions(repeats=repeats, warmup=warmup, timeout_s=timeout, backend="gloo", seed=seed,
-                         baselines=baselines, order=order.value)
     scaled = scaled_topology(topo, scale)
     methods, ring = plan_baselines(plan, scaled)
     predictions = predict(plan, scaled, methods if baselines else ())
+    options = RunOptions(repeats=repeats, warmup=warmup, backend="gloo", seed=seed, baselines=baselines,
+                         timeout_s=timeout if timeout is not None else default_timeout_s(predictions, 30.0),
+                         order=order.value)
+    for text in predictions.warnings:
+        err_console.print(f"[yellow]warning:[/] {escape(text)}")
     label = plan_file.name
     with _interruptible(), emulated(topo, scale=scale) as cluster:
         result = launch_in_cluster(cluster, Job((PlanJob(label, plan, ring_order=ring),), options))
-    for text in predictions.warnings:
-        err_console.print(f"[yellow]warning:[/] {escape(text)}")
-    emit_results(result, plan, label, predictions, new_run_id(f"emu-{plan_file.stem}"), out, json_out)
+    emit_results(result, plan, label, predictions, run_id, rows, json_out)

@@ -23,7 +23,7 @@ from treeattn.errors import InputError
 from treeattn.search.workload_file import load_workload, workload_from_dict
 from treeattn.topology.library import parse_ranks, subset_topology
 from treeattn.topology.model import Topology
-from treeattn.workload import Payload
+from treeattn.workload import MODELS, Payload
 
 __all__ = [
     "TopologyOpt",
@@ -50,6 +50,7 @@ __all__ = [
     "subset_topology",
     "load_topology",
     "make_payload",
+    "print_models",
 ]
 
 _W = "Workload"
@@ -70,7 +71,8 @@ WorkloadFileOpt = Annotated[
     typer.Option("--workload", help="Workload YAML file; flags given as well override its keys.", rich_help_panel=_W),
 ]
 ModelOpt = Annotated[
-    str | None, typer.Option("--model", "-m", help="Model preset (llama-3.1-8b, ...).", rich_help_panel=_W)
+    str | None, typer.Option("--model", "-m", help=f"Model preset: {', '.join(MODELS)}; 'list' prints their shapes.",
+                             rich_help_panel=_W)
 ]
 HeadsOpt = Annotated[int | None, typer.Option("--heads", help="Query heads Hq.", rich_help_panel=_W)]
 KvHeadsOpt = Annotated[int | None, typer.Option("--kv-heads", help="KV heads Hkv (default Hq).", rich_help_panel=_W)]
@@ -122,6 +124,26 @@ class MeasureOrder(StrEnum):
 OrderOpt = Annotated[MeasureOrder, typer.Option(
     "--order", help="interleaved: time every method once per round, so methods compared share the host's slow "
     "spells; blocked: each method's runs back to back.")]
+
+def print_models(json_out: bool) -> None:
+    """``--model list``: the presets and their attention shapes (a table, or JSON)."""
+    import json
+
+    from rich.table import Table
+
+    from treeattn.cli.render import console
+
+    if json_out:
+        typer.echo(json.dumps({name: {"q_heads": m.q_heads, "kv_heads": m.kv_heads, "head_dim": m.head_dim,
+                                      "layers": m.layers} for name, m in MODELS.items()}, sort_keys=True, indent=2))
+        return
+    table = Table(title="Model presets (--model NAME)")
+    for col in ("name", "query heads", "KV heads", "head dim", "layers"):
+        table.add_column(col, justify="left" if col == "name" else "right")
+    for name, m in MODELS.items():
+        table.add_row(name, str(m.q_heads), str(m.kv_heads), str(m.head_dim), str(m.layers))
+    console().print(table)
+
 
 def load_topology(spec: str | None, ranks: str | None = None) -> Topology:
     """Resolve ``--topology`` (preset name, family spec or file) and apply ``--ranks``.

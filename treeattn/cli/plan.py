@@ -4,19 +4,15 @@ compare`` (the planned merge against ring attention, three all-reduces and all-g
 from __future__ import annotations
 
 import json
-import re
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
-from treeattn.cli import app, err_console
+from treeattn.cli import app
 from treeattn.cli.options import (
     BatchOpt,
     BytesOpt,
@@ -37,7 +33,11 @@ from treeattn.cli.options import (
     load_topology,
     make_payload,
     parse_ranks,
+    print_models,
 )
+from treeattn.cli.paths import output_file, safe_name
+from treeattn.cli.progress import progress_reporter
+from treeattn.cli.render import console, key_columns
 from treeattn.errors import InputError
 from treeattn.units import format_size
 from treeattn.workload import Payload, Workload
@@ -57,10 +57,6 @@ def _echo_json(data: object) -> None:
     typer.echo(json.dumps(data, sort_keys=True, indent=2))
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
-
-
 def _tokens(n: int) -> str:
     for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
         if n >= scale and n % scale == 0:
@@ -72,30 +68,12 @@ def default_plan_path(topo_name: str, payload: Payload, algorithm: str | None = 
     """``plans/TOPOLOGY.MODEL.bB.nN[.ALGORITHM].yaml`` (raw payloads: ``TOPOLOGY.raw-SIZE.OP``)."""
     if isinstance(payload, Workload):
         what = payload.model or f"h{payload.q_heads}-kv{payload.kv_heads}-d{payload.head_dim}"
-        stem = f"{_slug(topo_name)}.{what}.b{payload.batch}.n{_tokens(payload.seq_len)}"
+        stem = f"{safe_name(topo_name)}.{what}.b{payload.batch}.n{_tokens(payload.seq_len)}"
     else:
-        stem = f"{_slug(topo_name)}.raw-{payload.nbytes}.{payload.op.value}"
+        stem = f"{safe_name(topo_name)}.raw-{payload.nbytes}.{payload.op.value}"
     if algorithm:
-        stem += f".{_slug(algorithm)}"
+        stem += f".{safe_name(algorithm)}"
     return Path("plans") / f"{stem}.yaml"
-
-
-@contextmanager
-def _progress(enabled: bool) -> Iterator[Any]:
-    """A rich progress bar on stderr, or a no-op callback."""
-    if not enabled:
-        yield None
-        return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
-        task = bar.add_task("planning", total=None)
-
-        def update(done: int, total: int, stage: str) -> None:
-            bar.update(task, completed=done, total=total, description=stage)
-
-        yield update
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -136,7 +114,7 @@ def _algorithm_list(json_out: bool) -> None:
     if json_out:
         _echo_json({name: spec.to_dict() for name, spec in ALGORITHMS.items()})
         return
-    con = Console(highlight=False, soft_wrap=False)
+    con = console()
     con.print("[bold]Algorithms[/] (treeattn plan --algorithm NAME; parameters are flags: --root, --fanout, ...)")
     for name, spec in ALGORITHMS.items():
         kind = "baseline" if spec.is_baseline else "schedule"
@@ -195,7 +173,8 @@ def plan_cmd(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the local-improvement moves.",
                                       rich_help_panel=_SEARCH)] = 0,
     progress: Annotated[bool | None, typer.Option("--progress/--no-progress",
-                                                  help="Progress bar (default: when stderr is a terminal).",
+                                                  help="Progress on stderr: a bar on a terminal, else a line "
+                                                  "every 10 s (default: on).",
                                                   rich_help_panel=_SEARCH)] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Plan file to write (default under plans/).",
                                              rich_help_panel=_OUT)] = None,
@@ -210,6 +189,9 @@ def plan_cmd(
     """
     if algorithm == "list":
         _algorithm_list(json_out)
+        return
+    if model == "list":
+        print_models(json_out)
         return
     if top < 1:
         raise InputError(f"--top must be at least 1, got {top}")
@@ -226,34 +208,39 @@ def plan_cmd(
 
     layout, result_root = parse_result(result, topo.num_ranks)
     check_kv_fits(payload, topo, mem_fraction)
-    started = time.perf_counter()
     if algorithm is None:
         given = sorted(k for k, v in alg_flags.items() if v is not None)
         if given:
             raise InputError(f"{', '.join(given)} set(s) a named algorithm's parameters; add --algorithm NAME "
                              "(see --algorithm list) or drop them to search")
+    default = default_plan_path(topo.name, payload, algorithm)
+    path = output_file(out if out is not None else default, "--out", default.name)
+    started = time.perf_counter()
+    if algorithm is None:
         from treeattn.search import search
 
-        show = progress if progress is not None else err_console.is_terminal
-        with _progress(show) as update:
+        with progress_reporter(progress, "planning") as update:
             res = search(topo, payload, result=layout, root=result_root, mem_fraction=mem_fraction, seed=seed,
                          top_k=top, progress=update)
         plan, report = res.best, res.to_dict()
     else:
         if root is not None and result_root is not None and root != result_root:
             raise InputError(f"--root {root} and --result {result} name different roots")
-        plan, report = _named(topo, payload, algorithm, chunks, _build_kwargs(
-            topo.num_ranks, root=root if root is not None else result_root, fanout=fanout, groups=groups,
-            order=order, parents=parents, roots=roots, trees=trees, shape=shape, intra=intra, inter=inter,
-            result=None if layout == "all" else layout, group_size=group_size), mem_fraction)
+        kw = _build_kwargs(topo.num_ranks, root=root if root is not None else result_root, fanout=fanout,
+                           groups=groups, order=order, parents=parents, roots=roots, trees=trees, shape=shape,
+                           intra=intra, inter=inter, result=None if layout == "all" else layout,
+                           group_size=group_size)
+        if algorithm == "hierarchical" and groups is None and group_size is None:
+            kw["groups"] = _node_groups(topo)
+        plan, report = _named(topo, payload, algorithm, chunks, kw, mem_fraction)
     elapsed = time.perf_counter() - started
-    from treeattn.plan.io import save_plan
+    from dataclasses import replace
 
-    path = out if out is not None else default_plan_path(topo.name, payload, algorithm)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"cannot create the folder for {str(path)!r}: {exc.strerror or exc}") from None
+    from treeattn.plan.io import save_plan
+    from treeattn.topology.library import recorded_source
+
+    spec = topology if ranks is None else f"{topology}[ranks {ranks.replace(' ', '')}]"
+    plan = replace(plan, topology=replace(plan.topology, source=recorded_source(spec, topo, path)))
     try:
         save_plan(plan, path)
     except OSError as exc:
@@ -273,6 +260,17 @@ def plan_cmd(
     _print_report(report, topo, payload, elapsed, algorithm is None, plan.result)
     if explanation is not None:
         _print_explanation(explanation, topo)
+
+
+def _node_groups(topo) -> list[list[int]]:  # noqa: ANN001 - a Topology
+    """``hierarchical`` without --groups: the ranks of each node form a group."""
+    by_node: dict[int, list[int]] = {}
+    for r in range(topo.num_ranks):
+        by_node.setdefault(topo.rank_device(r).node, []).append(r)
+    if len(by_node) < 2:
+        raise InputError(f"--algorithm hierarchical: {topo.name!r} is one node, so there is no group to form by "
+                         "node; give --groups 0-3/4-7 or --group-size N")
+    return list(by_node.values())
 
 
 def _named(topo, payload: Payload, algorithm: str, chunks: int | None, kw: dict[str, Any], mem_fraction: float):
@@ -327,7 +325,7 @@ _BASELINE_NAMES = {"allreduce3_nccl_us": "3 all-reduces", "allreduce2_us": "2 al
 
 def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float, searched: bool,
                   result: str = "all") -> None:
-    con = Console(highlight=False, soft_wrap=True)
+    con = console()
     base = report["baselines"]
     ref_key = next((k for k in ("allreduce3_nccl_us", "allreduce2_us", "allreduce_nccl_us") if base.get(k)), None)
     ref = base.get(ref_key) if ref_key else None
@@ -337,7 +335,7 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
             else f"{format_size(payload.nbytes)} {payload.op.value}")
     con.print(f"[bold]{topo.name}[/] ({topo.num_ranks} ranks), {what}, result {result}: partial "
               f"{format_size(payload.payload_bytes)} per rank")
-    table = Table(title="Candidates (fastest first)" if searched else "Plan")
+    table = key_columns(Table(title="Candidates (fastest first)" if searched else "Plan"), 2)
     for col in ("#", "algorithm", "parameters", "chunks", "predicted us", "x bound", f"x {ref_name}"):
         table.add_column(col, justify="right" if col not in ("algorithm", "parameters") else "left")
     for i, c in enumerate(report["candidates"], 1):
@@ -369,7 +367,7 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
 
 
 def _print_explanation(ex, topo) -> None:
-    con = Console(highlight=False, soft_wrap=True)
+    con = console()
     limit = 64
     for t, par in enumerate(ex.trees[:4]):
         kids: dict[int, list[int]] = {}
@@ -430,7 +428,8 @@ def compare_cmd(
     csv: Annotated[Path | None, typer.Option("--csv", help="Write the rows as CSV.", rich_help_panel=_OUT)] = None,
     png: Annotated[Path | None, typer.Option("--png", help="Plot speedup against sequence length.",
                                              rich_help_panel=_OUT)] = None,
-    progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")] = None,
+    progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress on stderr: a bar on "
+                                                  "a terminal, else a line every 10 s (default: on).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Per-layer decode attention time, peak memory and bytes moved of the planned merge (tree)
@@ -441,6 +440,9 @@ def compare_cmd(
     from treeattn.search.compare import compare, expand_topologies, plot_speedup, write_csv
     from treeattn.search.workload_file import parse_tokens
 
+    if model == "list":
+        print_models(json_out)
+        return
     if topology is None:
         raise InputError("give --topology: a family (dgx-h100 --nodes 1,2,16 or dgx-h100:nodes={1,2,16}), "
                          "a shipped name or a YAML file")
@@ -453,6 +455,8 @@ def compare_cmd(
     if not lens or any(n < 1 for n in lens):
         raise InputError(f"--seq-lens must name positive token counts, got {seq_lens!r}")
     topos = [load_topology(s) for s in expand_topologies(topology, node_counts)]
+    csv = output_file(csv, "--csv", "compare.csv") if csv is not None else None
+    png = output_file(png, "--png", "compare.png", suffix=".png") if png is not None else None
 
     def make(p: int, n: int) -> Payload:
         return make_payload(p, workload_file=workload_file, model=model, heads=heads, kv_heads=kv_heads,
@@ -468,8 +472,7 @@ def compare_cmd(
         if layout == "heads" and isinstance(w, Workload) and t.num_ranks > w.q_heads:
             raise InputError(f"--result heads gives every rank its own query heads: {w.q_heads} heads cannot go to "
                              f"{t.num_ranks} ranks of {t.name}")
-    show = progress if progress is not None else err_console.is_terminal
-    with _progress(show) as update:
+    with progress_reporter(progress, "comparing") as update:
         rows = compare(topos, lens, make, result=layout, root=root, ring=ring, mem_fraction=mem_fraction,
                        seed=seed, progress=update)
     if csv is not None:
@@ -481,7 +484,7 @@ def compare_cmd(
                     "png": None if png is None else str(png)})
         return
     _compare_tables(rows, result, ring)
-    con = Console(highlight=False, soft_wrap=True)
+    con = console()
     for path in (csv, png):
         if path is not None:
             con.print(f"wrote {path}")
@@ -493,22 +496,24 @@ def _compare_tables(rows, result: str, ring: str) -> None:  # noqa: ANN001 - Com
 
     from treeattn.search.compare import METHODS, SHORT
 
-    con = Console(highlight=False, soft_wrap=True)
+    con = console()
     by: dict[tuple[str, int], dict[str, Any]] = {}
     names: dict[int, list[str]] = {}
     for r in rows:
         by.setdefault((r.topology, r.seq_len), {"ranks": r.ranks})[r.method] = r
         if r.topology not in names.setdefault(r.ranks, []):
             names[r.ranks].append(r.topology)
-    con.print("ranks: " + "; ".join(f"{p} = {', '.join(t)}" for p, t in sorted(names.items()))
-              + f". Result {result}; rings: {ring}. Methods: " + ", ".join(f"{SHORT[m]} {m}" for m in METHODS)
-              + " (AG+RS and A2A deliver heads; ringA, AR3 and AG+M every row).")
-    metrics = (("per-layer time, compute included", lambda r: _time(r.predicted_us)),
+    for p, t in sorted(names.items()):
+        con.print(f"{p} ranks: {', '.join(t)}")
+    con.print(f"result {result}; rings: {ring} order")
+    for m in METHODS:
+        con.print(f"  {SHORT[m]:<6} {m}" + (" (delivers heads)" if m.startswith("dcp") else ""))
+    metrics = (("per-layer time, us (compute included)", lambda r: f"{r.predicted_us:.1f}"),
                ("tree faster by (x)", lambda r: _ratio(r.speedup_of_tree)),
                ("peak bytes a rank (* does not fit)", lambda r: _bytes(r.peak_bytes) + ("" if r.fits else "*")),
                ("bytes moved, all ranks", lambda r: _bytes(r.bytes_moved)))
     for title, cell in metrics:
-        table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+        table = key_columns(Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False), 1)
         table.add_column("ranks N", justify="left", no_wrap=True)
         for m in METHODS:
             table.add_column(SHORT[m], justify="right", no_wrap=True)
@@ -516,16 +521,6 @@ def _compare_tables(rows, result: str, ring: str) -> None:  # noqa: ANN001 - Com
             table.add_row(f"{entry['ranks']} {_tokens(n)}",
                           *("-" if entry[m].predicted_us is None else cell(entry[m]) for m in METHODS))
         con.print(table)
-
-
-def _time(us: float | None) -> str:
-    if us is None:
-        return "-"
-    if us < 1000:
-        return f"{us:.0f}us"
-    if us < 1e6:
-        return f"{us / 1e3:.3g}ms"
-    return f"{us / 1e6:.3g}s"
 
 
 def _ratio(x: float | None) -> str:

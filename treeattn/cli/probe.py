@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app
+from treeattn.cli.paths import output_file
+from treeattn.cli.render import console
 from treeattn.errors import InputError
 from treeattn.probe import Fabric, ProbeOptions, ProbeResult, probe
 from treeattn.topology.io import dump_topology
@@ -57,6 +58,7 @@ def probe_cmd(
 ) -> None:
     """Discover the GPUs, NVLink/xGMI, PCIe, CPUs and NICs of this machine (nvidia-smi, rocm-smi,
     then sysfs; a CPU-only loopback host when no GPU is found), or read them from saved output."""
+    out = output_file(out, "--out", "topology.yaml") if out is not None else None
     opts = ProbeOptions(
         nvidia_smi=from_nvidia_smi, nvlink_status=nvlink_status, rocm_smi=from_rocm_smi, nccl_xml=from_nccl_xml,
         ibstat=ibstat, gpu_names=gpu_names, gpu_model=gpu_model, cpu_vendor=cpu_vendor, nodes=nodes,
@@ -76,7 +78,7 @@ def probe_cmd(
 
 def _summary(result: ProbeResult, out: Path | None) -> None:
     topo = result.topology
-    con = Console()
+    con = console()
     con.print(f"[bold]{escape(topo.name)}[/]  {topo.num_ranks} ranks  {topo.fingerprint}  from {escape(result.source)}")
     con.print(escape(topo.description))
     devices = Table(title="Devices")

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from treeattn.cli import app, err_console
 from treeattn.cli.options import JsonOpt, MeasureOrder, OrderOpt, load_topology
+from treeattn.cli.paths import output_folder
+from treeattn.cli.render import console
 from treeattn.errors import InputError
 
 __all__ = ["validate_cmd", "report_cmd"]
@@ -93,7 +94,7 @@ def validate_cmd(
                                             "cluster first and plan/predict on the fitted topology.",
                                             rich_help_panel=_MEASURE)] = True,
     calibrated: Annotated[list[Path] | None, typer.Option(
-        "--calibrated", exists=True, dir_okay=False, show_default=False, rich_help_panel=_MEASURE,
+        "--calibrated", show_default=False, rich_help_panel=_MEASURE,
         help="Fitted topology (treeattn calibrate -o) to plan and predict on instead of calibrating, one per "
              "TOPOLOGY in order.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the search and of q, K, V.",
@@ -119,6 +120,7 @@ def validate_cmd(
     from treeattn.validate import CalibrationSettings, HeadShape, TopologyTarget, ValidateOptions, default_cases
     from treeattn.validate import validate as run_validate
 
+    out = output_folder(out, "--out")
     specs = list(topologies or DEFAULT_TOPOLOGIES)
     if calibrated and len(calibrated) != len(specs):
         raise InputError(f"--calibrated names {len(calibrated)} files for {len(specs)} topologies; give one per "
@@ -177,7 +179,7 @@ def _render(folder: Path, *, timeline: str | None = None, plots: bool = True, js
     if json_out:
         typer.echo(summary_json(done.summary), nl=False)
         return
-    con = Console(highlight=False)
+    con = console()
     con.print(cases_table(done.summary))
     con.print(errors_table(done.summary))
     con.print(targets_table(done.summary))

@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app, err_console
 from treeattn.cli.options import BackendOpt, JsonOpt, MeasureOrder, OrderOpt
+from treeattn.cli.paths import output_file
+from treeattn.cli.render import console
 from treeattn.errors import ExecutionError, InputError
 
 __all__ = ["run"]
@@ -39,7 +40,7 @@ def _load(path: Path):  # noqa: ANN202 - a Plan
 
 @app.command("run")
 def run(
-    plan_file: Annotated[Path, typer.Argument(metavar="PLAN", exists=True, dir_okay=False,
+    plan_file: Annotated[Path, typer.Argument(metavar="PLAN",
                                               help="Plan file (from treeattn plan).")],
     baselines: Annotated[bool, typer.Option("--baselines", help="Also run the methods it competes with for its "
                                             "result layout (all: all-reduce x3 and x2, all-gather + merge; heads: "
@@ -48,8 +49,9 @@ def run(
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed iterations per method.")] = 10,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.")] = 2,
     order: OrderOpt = MeasureOrder.INTERLEAVED,
-    timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait "
-                                           "before its rank gives up.")] = 5.0,
+    timeout: Annotated[float | None, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait "
+                                                  "before its rank gives up; default: 10x the slowest predicted "
+                                                  "method, at least 5.")] = None,
     backend: BackendOpt = None,
     check: Annotated[CheckMode, typer.Option("--check", help="root: the result rank checks; all: every "
                                              "result rank.")] = CheckMode.ROOT,
@@ -57,59 +59,76 @@ def run(
     topology: Annotated[str | None, typer.Option("--topology", "-t", help="Topology (preset or file) to "
                                                  "predict on; default: the plan's.")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="CSV to append rows to; default "
-                                             "results/runs/<run-id>.csv.")] = None,
+                                             "results/runs/RUN-ID.csv (the time, then the plan's name).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Run PLAN on its ranks (local processes, or those of torchrun/SLURM), check the result
     against a single-process reference and compare the measured time with the prediction."""
     from treeattn.exec.launch import detect_env, launch
-    from treeattn.exec.predict import plan_baselines, predict, resolve_topology
+    from treeattn.exec.predict import comparability, default_timeout_s, plan_baselines, predict, resolve_topology
     from treeattn.exec.results import new_run_id
     from treeattn.exec.runner import Job, PlanJob, RunOptions
 
     plan = _load(plan_file)
-    options = RunOptions(repeats=repeats, warmup=warmup, timeout_s=timeout,
-                         backend=backend.value if backend else None, check=check.value, seed=seed,
-                         baselines=baselines, order=order.value)
+    run_id = new_run_id(plan_file.stem)
+    rows = rows_path(out, run_id)
     placed = detect_env()
     reporter = placed is None or placed.rank == 0
-    topo, warnings = resolve_topology(plan, topology)
+    topo, warnings = resolve_topology(plan, topology, plan_file)
     methods, ring = plan_baselines(plan, topo)
-    predictions = predict(plan, topo, methods if baselines else ()) if reporter else None
+    # Every rank predicts: the default timeout follows from it and must be the same on all.
+    predictions = predict(plan, topo, methods if baselines else ())
+    options = RunOptions(repeats=repeats, warmup=warmup,
+                         timeout_s=timeout if timeout is not None else default_timeout_s(predictions, 5.0),
+                         backend=backend.value if backend else None, check=check.value, seed=seed,
+                         baselines=baselines, order=order.value)
+    if reporter:
+        # Before the run: a user who reads these may stop it.
+        spec = topology or plan.topology.name
+        other, notes = comparability(topo, spec, options.backend)
+        for text in (*warnings, *predictions.warnings, *other):
+            err_console.print(f"[yellow]warning:[/] {escape(text)}")
+        for text in notes:
+            err_console.print(f"[cyan]note:[/] {escape(text)}")
     label = plan_file.name
     result = launch(Job((PlanJob(label, plan, ring_order=ring),), options))
-    if result is None or predictions is None:
+    if result is None or not reporter:
         return
-    for text in (*warnings, *predictions.warnings):
-        err_console.print(f"[yellow]warning:[/] {escape(text)}")
-    emit_results(result, plan, label, predictions, new_run_id(plan_file.stem), out, json_out)
+    emit_results(result, plan, label, predictions, run_id, rows, json_out)
 
 
-def emit_results(result, plan, label: str, predictions, run_id: str, out: Path | None,  # noqa: ANN001
+def rows_path(out: Path | None, run_id: str) -> Path:
+    """The CSV a run appends its rows to (``--out``, default ``results/runs/RUN-ID.csv``), checked
+    writable before the run."""
+    name = f"{run_id}.csv"
+    return output_file(out if out is not None else Path("results") / "runs" / name, "--out", name)
+
+
+def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,  # noqa: ANN001
                  json_out: bool) -> None:
-    """Write a run's rows and timeline (``results/runs/`` unless ``out``), print them as a
+    """Write a run's rows and timeline to ``path`` (from ``rows_path``), print them as a
     table or JSON, and fail loudly (exit 1) when any method's result was wrong."""
     from treeattn.exec.results import result_rows, rows_json, timeline_rows, write_csv
 
     frame = result_rows(result, {label: plan}, {label: predictions}, run_id)
-    path = out if out is not None else Path("results") / "runs" / f"{run_id}.csv"
     write_csv(frame, path)
     write_csv(timeline_rows(result, run_id), path.with_name(path.stem + ".timeline.csv"))
     if json_out:
         typer.echo(rows_json(frame))
     else:
-        _table(frame, path)
+        _table(frame, path, predictions.calibrated)
     wrong = frame[~frame["correct"]]
     if len(wrong):
         worst = ", ".join(f"{r.method} (max relative error {r.max_rel_err})" for r in wrong.itertuples())
         raise ExecutionError(f"wrong result from {worst} on {label}; see {path}")
 
 
-def _table(frame, path: Path) -> None:  # noqa: ANN001 - a DataFrame
-    console = Console(highlight=False)
+def _table(frame, path: Path, calibrated: bool) -> None:  # noqa: ANN001 - a DataFrame
+    con = console()
     first = frame.iloc[0]
     table = Table(title=f"{first['plan']} · {first['algorithm']} · {first['workload']} · {first['ranks']} ranks "
-                  f"({first['backend']}, predicted on {first['topology']}) · µs")
+                  f"({first['backend']}, predicted on {first['topology']}"
+                  f"{'' if calibrated else ', uncalibrated'}) · µs")
     table.add_column("method", no_wrap=True)
     for col in ("measured", "±", "predicted", "error", "correct", "× plan"):
         table.add_column(col, justify="left" if col == "correct" else "right")
@@ -125,9 +144,9 @@ def _table(frame, path: Path) -> None:  # noqa: ANN001 - a DataFrame
             mark + ("" if _missing(r.max_rel_err) else f" {r.max_rel_err:.0e}"),
             f"{r.measured_median_us / plan_us:.2f}",
         )
-    console.print(table)
-    console.print(f"± half the p10-p90 spread; error = measured / predicted - 1; correct with the max relative "
-                  f"error against the reference. Rows: {path}")
+    con.print(table)
+    con.print(f"± half the p10-p90 spread; error = measured / predicted - 1; correct with the max relative "
+              f"error against the reference. Rows: {path}")
 
 
 def _missing(value) -> bool:  # noqa: ANN001 - a number, None or NaN

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from treeattn.cli import app, err_console
+from treeattn.cli.paths import output_file
+from treeattn.cli.render import console
 from treeattn.cost import nccl
 from treeattn.cost.bounds import plan_bounds
 from treeattn.cost.simulate import SimResult, simulate
@@ -42,10 +43,14 @@ def simulate_cmd(
 ) -> None:
     """Predict a plan's time on a topology: total, lower bound, per-rank finish, critical path."""
     from treeattn.plan.io import load_plan
-    from treeattn.topology.library import resolve
+    from treeattn.topology.library import resolve, resolve_recorded
 
+    if timeline is not None:
+        timeline = output_file(timeline, "--timeline", f"{plan_file.stem}.timeline.png", suffix=".png")
     plan = load_plan(plan_file)
-    topo = resolve(topology if topology is not None else plan.topology.name)
+    ref = plan.topology
+    topo = resolve(topology) if topology is not None else resolve_recorded(ref.name, ref.fingerprint, ref.source,
+                                                                           plan_file, what=str(plan_file))
     mismatch = plan.topology.fingerprint != topo.fingerprint
     if mismatch:
         err_console.print(
@@ -76,7 +81,7 @@ def simulate_cmd(
             "timeline_png": None if timeline is None else {"file": str(timeline), "ranks_drawn": drawn},
         })
         return
-    con = Console(highlight=False, soft_wrap=True)
+    con = console()
     con.print(f"[bold]{plan.algorithm}[/] ({plan.ranks} ranks, {plan.chunks} chunk(s)) on [bold]{topo.name}[/]")
     con.print(f"predicted   {res.predicted_us:12.3f} us")
     con.print(f"lower bound {bounds.bound_us:12.3f} us   ({bounds.cut}; depth {bounds.latency_us:.3f}, "
@@ -105,7 +110,7 @@ def _path_rows(res: SimResult) -> list[dict]:
     return rows
 
 
-def _print_finish(con: Console, finish: tuple[float, ...]) -> None:
+def _print_finish(con, finish: tuple[float, ...]) -> None:  # noqa: ANN001 - a Console
     if len(finish) <= 16:
         con.print("finish us   " + "  ".join(f"r{r}={t:.2f}" for r, t in enumerate(finish)))
         return
@@ -179,7 +184,7 @@ def nccl_model_cmd(
             "estimates": [e.to_dict() for e in ests],
         })
         return
-    con = Console(highlight=False, soft_wrap=True)
+    con = console()
     con.print(f"{coll.value} of {format_size(size)} on [bold]{topo.name}[/]: {fab.ranks} ranks, "
               f"{fab.nodes} node(s), bus bandwidth {fab.bus_bw_gbps:.4g} GB/s (tree {fab.tree_bus_bw_gbps:.4g})")
     if fab.limit:

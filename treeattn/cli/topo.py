@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from treeattn.cli import app
+from treeattn.cli.paths import output_file, safe_name
+from treeattn.cli.render import console
 from treeattn.topology import list_presets, resolve, topology_json_schema
 from treeattn.topology.summary import topology_summary
 
@@ -46,7 +47,7 @@ def list_cmd(json_out: JsonOpt = False) -> None:
         table.add_column(col, overflow="fold")
     for p in presets:
         table.add_row(p.name, p.source, str(p.ranks), p.description)
-    Console().print(table)
+    console().print(table)
 
 
 @topo_app.command("show")
@@ -57,15 +58,17 @@ def show(
 ) -> None:
     """Summarize a topology: devices, link kinds, domains, and routes between ranks."""
     topo = resolve(spec)
+    if png is not None:
+        png = output_file(png, "--png", f"{safe_name(topo.name)}.png", suffix=".png")
     summary = topology_summary(topo)
     if png is not None:
         from treeattn.topology.draw import draw_topology
 
         draw_topology(topo, png)
     if json_out:
-        _echo_json(summary)
+        _echo_json({**summary, "png": None if png is None else str(png)})
         return
-    con = Console()
+    con = console()
     con.print(f"[bold]{topo.name}[/]  {summary['ranks']} ranks on {summary['nodes']} node(s)  {topo.fingerprint}")
     if topo.description:
         con.print(topo.description)

@@ -1,4 +1,5 @@
-"""``treeattn verify``: prove a plan file correct with the symbolic validator."""
+"""``treeattn verify``: prove a plan file correct with the symbolic validator; ``treeattn plan-schema``:
+the JSON Schema of plan files."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import typer
 from treeattn.cli import app
 from treeattn.errors import PlanInvalidError
 
-__all__ = ["verify_cmd"]
+__all__ = ["verify_cmd", "plan_schema_cmd"]
 
 
 @app.command("verify")
@@ -43,3 +44,11 @@ def verify_cmd(
     moves = n(report.transfers, "transfer") + (f", {n(report.collectives, 'collective')}" if report.collectives else "")
     typer.echo(f"{plan_file}: valid {plan.algorithm} plan: {n(report.ranks, 'rank')}, {n(report.chunks, 'chunk')}, "
                f"{n(report.ops, 'op')} in {n(report.steps, 'step')}, {moves}; result on {where}")
+
+
+@app.command("plan-schema")
+def plan_schema_cmd() -> None:
+    """Print the JSON Schema of plan files (the format is described in docs/plan-format.md)."""
+    from treeattn.plan.io import plan_json_schema
+
+    typer.echo(json.dumps(plan_json_schema(), sort_keys=True, indent=2))

@@ -1,4 +1,4 @@
-"""Lower bounds on the time of any plan for a payload on a topology (DESIGN.md section 5).
+"""Lower bounds on the time of any plan for a payload on a topology (docs/design.md section 5).
 
 Every figure here is a true lower bound under the simulator's own model
 (``treeattn.cost.simulate``): a message costs the sender's ``overhead_us`` (taken as 0 where
@@ -29,7 +29,7 @@ must be computed after it arrives. Hence for every cut
 
     T >= first_compute_us + overhead_us + min_cut_latency_us + bytes / capacity  (bandwidth_us)
 
-Depth (``latency_us``). DESIGN.md asks for the depth of a reduction over p ranks, but
+Depth (``latency_us``). docs/design.md asks for the depth of a reduction over p ranks, but
 ``ceil(log2 p)`` message latencies is *not* a lower bound here: a rank may receive from
 many peers in one step and pays only its ingress bandwidth for it, so a star reduce of a
 tiny payload takes one message latency. What does hold, for any one row: let

@@ -1,4 +1,4 @@
-"""Compute model: what the local work of a plan costs on a rank's device (DESIGN.md section 5).
+"""Compute model: what the local work of a plan costs on a rank's device (docs/design.md section 5).
 
 Both kernels are memory-bound, so a kernel costs a fixed launch plus the bytes it moves
 over the device's memory bandwidth times ``topo.cost.mem_efficiency``:

@@ -2,7 +2,7 @@
 
 Modules, bottom up:
 
-* ``merge``: the merge operator of DESIGN.md section 1 on packed ``(rows, D + 1)`` partials.
+* ``merge``: the merge operator of docs/design.md section 1 on packed ``(rows, D + 1)`` partials.
 * ``attention``: deterministic inputs (q, KV shards, raw buffers) from a seed, the local
   partial (explicit, torch's fused op, or flash-attn), the single-process reference.
 * ``comm``: tagged point-to-point and collectives with deadlines.

@@ -1,4 +1,4 @@
-"""The merge operator of DESIGN.md section 1 on packed partials.
+"""The merge operator of docs/design.md section 1 on packed partials.
 
 Legend: a *packed* partial is a ``(rows, D + 1)`` fp32 tensor, row ``r`` = (o_r, lse_r):
 ``[:, :D]`` the output, ``[:, D]`` the log-sum-exp. Rows are head-major (row = h * B + b,

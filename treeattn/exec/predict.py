@@ -6,13 +6,20 @@ the topology's ring), on the plan's topology, so every measured row has its pred
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from treeattn.errors import TreeattnError
+from treeattn.errors import InputError, TreeattnError
 from treeattn.plan.baselines import Baseline, baselines_for, parse_result
 from treeattn.plan.ir import Plan, TopologyRef
 from treeattn.topology.model import Topology
 
-__all__ = ["Predictions", "resolve_topology", "predict", "plan_baselines"]
+__all__ = ["Predictions", "resolve_topology", "predict", "plan_baselines", "comparability", "default_timeout_s",
+           "TIMEOUT_FACTOR"]
+
+TIMEOUT_FACTOR = 10.0
+"""Without ``--timeout``, an operation may wait this many times the slowest predicted method's
+whole iteration (any one wait is part of it), so that long contexts (ring attention rotating
+its KV blocks) do not hit a fixed limit."""
 
 
 @dataclass(slots=True)
@@ -23,41 +30,36 @@ class Predictions:
     """Name of the topology predicted on."""
     us: dict[str, float | None] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    calibrated: bool = False
+    """Whether the topology's figures were fitted by ``treeattn calibrate``."""
 
 
-def resolve_topology(plan: Plan, given: str | None) -> tuple[Topology | None, list[str]]:
-    """The topology to predict on: ``given`` (name or file), else the plan's own, else
-    ``cpu:ranks=p``. Warns when its fingerprint is not the one the plan was made for.
+def resolve_topology(plan: Plan, given: str | None,
+                     plan_path: Path | None = None) -> tuple[Topology | None, list[str]]:
+    """The topology to predict on: ``given`` (name or file), else the one the plan records
+    (``TopologyRef.source`` or its name), fingerprint checked; never another one silently.
 
     Args:
         plan: the plan run.
         given: ``--topology`` (preset name or YAML file), or None.
+        plan_path: the plan's file (a recorded topology file is relative to its folder).
 
     Returns:
-        The topology (None when no topology library is installed) and warnings.
+        The topology (None when the plan's is not found: no predictions) and warnings, which
+        say what to pass when it is not found and when ``given`` is another topology.
     """
     warnings: list[str] = []
-    try:
-        from treeattn.topology.library import resolve
-    except ImportError:
-        return None, ["no topology library (treeattn.topology.library): predictions skipped"]
+    from treeattn.topology.library import resolve, resolve_recorded
+
     want = plan.topology
     if given is not None:
         topo = resolve(given)  # a wrong name or file is the user's error: let it raise
     else:
-        # A family member's name lacks its parameters ("cpu", not "cpu:ranks=8"): try the
-        # plain name, then the CPU family at the plan's size; prefer the fingerprint match.
-        found = []
-        for spec in dict.fromkeys((want.name, f"cpu:ranks={plan.ranks}")):
-            try:
-                found.append(resolve(spec))
-            except TreeattnError:
-                continue
-        exact = [t for t in found if t.fingerprint == want.fingerprint]
-        sized = [t for t in found if t.num_ranks == plan.ranks]
-        if not (exact or sized):
-            return None, [f"cannot resolve the plan's topology {want.name!r}: predictions skipped"]
-        topo = (exact or sized)[0]
+        try:
+            topo = resolve_recorded(want.name, want.fingerprint, want.source, plan_path,
+                                    what=str(plan_path) if plan_path is not None else "the plan")
+        except InputError as exc:
+            return None, [f"{exc}; no predictions"]
     if topo.fingerprint != want.fingerprint:
         warnings.append(
             f"plan was made for topology {want.name!r} ({want.fingerprint}) but is predicted on "
@@ -68,6 +70,43 @@ def resolve_topology(plan: Plan, given: str | None) -> tuple[Topology | None, li
                         "predictions skipped")
         return None, warnings
     return topo, warnings
+
+
+def comparability(topo: Topology | None, spec: str, backend: str | None) -> tuple[list[str], list[str]]:
+    """What to know before reading predicted against measured, said before the run: a warning
+    when the predictions are for another kind of machine, else a note when they are on
+    figures not fitted to this one.
+
+    Args:
+        topo: the topology predicted on (None: nothing is predicted, nothing to say).
+        spec: how the user can name it (for the ``treeattn calibrate`` hint).
+        backend: ``--backend`` (None: nccl where CUDA is, else gloo), which says where ranks run.
+
+    Returns:
+        (warnings, notes).
+    """
+    if topo is None:
+        return [], []
+    import torch
+
+    here_gpus = (backend or ("nccl" if torch.cuda.is_available() else "gloo")) == "nccl"
+    if topo.on_gpus != here_gpus:
+        made, runs = ("a GPU machine", "CPU processes (gloo)") if topo.on_gpus else ("CPU ranks", "GPUs (nccl)")
+        return [f"predictions are for {topo.name!r}, {made}, but these ranks run on {runs}: predicted and "
+                "measured times are not comparable here; predict on this machine with --topology (a "
+                "`treeattn calibrate --out` file, or cpu:ranks=N)"], []
+    if not topo.calibrated:
+        return [], [f"predictions use {topo.name!r} as shipped, not fitted to this machine (uncalibrated); "
+                    f"`treeattn calibrate --topology {spec} --compute attention --out FILE` fits it, then pass "
+                    "--topology FILE"]
+    return [], []
+
+
+def default_timeout_s(predictions: Predictions | None, floor_s: float) -> float:
+    """Seconds an operation may wait when the user gave no ``--timeout``: ``TIMEOUT_FACTOR``
+    times the slowest predicted method, at least ``floor_s`` (also when nothing is predicted)."""
+    known = [us for us in (predictions.us.values() if predictions is not None else ()) if us]
+    return max(floor_s, TIMEOUT_FACTOR * max(known, default=0.0) / 1e6)
 
 
 def _simulate(plan: Plan, topo: Topology) -> float:
@@ -100,7 +139,8 @@ def predict(plan: Plan, topo: Topology | None, baselines: list[Baseline] | tuple
     Returns:
         ``Predictions`` keyed by method (``plan`` and the baselines' names).
     """
-    out = Predictions(topology=topo.name if topo is not None else plan.topology.name)
+    out = Predictions(topology=topo.name if topo is not None else plan.topology.name,
+                      calibrated=topo is not None and topo.calibrated)
     out.us = {m: None for m in ("plan", *(b.name for b in baselines))}
     if topo is None:
         return out

@@ -16,7 +16,7 @@ Layout (the same keys in JSON)::
     result_ranks: [0, 1, 2, 3]
     layout: heads            # only when not ``full`` (see ``treeattn.plan.ir``)
     predicted_us: null
-    topology: {fingerprint: "sha256:...", name: dgx-h100}
+    topology: {fingerprint: "sha256:...", name: dgx-h100}   # and source: FILE, for a topology file
     workload: {batch: 1, head_dim: 128, kind: attention, ...}
     params:
       parents: [-1, 0, 0, 2]
@@ -57,11 +57,13 @@ from treeattn.plan.ir import (
     _gc_paused,
     _unchecked_op,
 )
+from treeattn.textfile import read_text
 from treeattn.units import DType
 from treeattn.workload import Payload, RawPayload, ReduceOp, Workload
 
 __all__ = [
     "FORMAT_TAG",
+    "YAML_HEADER",
     "UPGRADES",
     "dump_plan",
     "load_plan",
@@ -75,9 +77,16 @@ __all__ = [
 FORMAT_TAG = "treeattn-plan"
 """Value of the ``format`` key of every plan file."""
 
+YAML_HEADER = (
+    "# treeattn plan (docs/plan-format.md). predicted_us: simulated microseconds until every result",
+    "# rank holds the result; for attention, one layer of one decode step, local attention included.",
+)
+"""The comment a YAML plan file starts with (JSON has no comments; the format is the same)."""
+
+
 def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
-    # Version 2 added the heads layout (``layout``), compute sharing a step with transfers and
-    # more collectives; a version-1 plan means the same under version 2's rules.
+    # Version 2 added the heads layout (``layout``), compute sharing a step with transfers, more
+    # collectives and the topology's ``source``; a version-1 plan means the same under version 2.
     return {**data, "version": 2}
 
 
@@ -137,6 +146,7 @@ class _TopologyFile(BaseModel):
     model_config = _Forbid
     name: StrictStr
     fingerprint: StrictStr
+    source: StrictStr | None = None
 
 
 class _PlanFile(BaseModel):
@@ -311,7 +321,7 @@ def plan_from_dict(data: Any, *, source: str = "<data>") -> Plan:
             algorithm=m.algorithm,
             params=m.params,
             workload=workload,
-            topology=TopologyRef(m.topology.name, m.topology.fingerprint),
+            topology=TopologyRef(m.topology.name, m.topology.fingerprint, m.topology.source),
             chunks=m.chunks,
             programs=tuple(programs),
             result_ranks=tuple(m.result_ranks),
@@ -374,7 +384,7 @@ def _fast_yaml(text: str) -> dict[str, Any] | None:
         programs = json.loads("[" + ",".join("[" + ",".join(ops) + "]" for ops in ranks) + "]")
         for i, line in enumerate(lines):
             if not line.startswith(" "):
-                parent = line[:-1] if line.endswith(":") and _PLAIN.match(line[:-1]) else None
+                parent = line[:-1] if line.endswith(":") and _PLAIN.fullmatch(line[:-1]) else None
             m = _INT_LIST.match(line)
             if m and m.group(2).lower() not in _RESERVED and (not m.group(1) or parent):
                 lists.append((parent if m.group(1) else None, m.group(2), json.loads(m.group(3))))
@@ -410,10 +420,7 @@ def load_plan(source: str | Path) -> Plan:
     else:
         path = Path(source)
         name = str(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise PlanFormatError(f"cannot read plan file {name}: {exc}") from None
+        text = read_text(path, "plan file", PlanFormatError)
     with _gc_paused():
         return _parse(text, name)
 
@@ -440,9 +447,10 @@ def _parse(text: str, name: str) -> Plan:
 
 # -- dumping -------------------------------------------------------------------------------
 
-_PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 _RESERVED = {"y", "n", "yes", "no", "true", "false", "on", "off", "null", "nan", "inf"}
-_UNPRINTABLE = re.compile("[\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+# Escaped inside quotes: what YAML cannot print, and the line breaks it would fold (NEL, LS, PS).
+_UNPRINTABLE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]")
 
 
 def _float(x: float) -> str:
@@ -456,7 +464,7 @@ def _float(x: float) -> str:
 
 
 def _yaml_str(s: str) -> str:
-    if _PLAIN.match(s) and s.lower() not in _RESERVED:
+    if _PLAIN.fullmatch(s) and s.lower() not in _RESERVED:
         return s
     text = json.dumps(s, ensure_ascii=False)
     return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
@@ -537,6 +545,8 @@ def _header(plan: Plan) -> dict[str, Any]:
         out["contributors"] = list(plan.contributors)
     out["predicted_us"] = plan.predicted_us
     out["topology"] = {"fingerprint": plan.topology.fingerprint, "name": plan.topology.name}
+    if plan.topology.source is not None:
+        out["topology"]["source"] = plan.topology.source
     out["workload"] = plan.workload.to_dict()
     out["params"] = plan.params
     out["notes"] = plan.notes
@@ -566,8 +576,14 @@ def dump_plan(plan: Plan, fmt: str = "yaml") -> str:
         raise PlanFormatError(f"plan format must be 'yaml' or 'json', got {fmt!r}")
     _check_op_values(plan)
     data = _header(plan)
+    try:  # a lone surrogate has no UTF-8 form: refuse it rather than write a file that cannot be read
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PlanFormatError(f"cannot write {exc.object[exc.start:exc.end]!r}: plan files hold text that UTF-8 "
+                              "can encode (no lone surrogates)") from None
     lines: list[str] = []
     if fmt == "yaml":
+        lines.extend(YAML_HEADER)
         for key, value in data.items():
             if key in ("params", "notes") and value:
                 lines.append(f"{key}:")

@@ -27,7 +27,7 @@ Semantics (every interpreter implements exactly this):
 * SEND carries the accumulator of ``chunk`` as it stood when the step began (or KV
   ``block`` when ``block`` is set). ``chunk=None`` sends every chunk in one message.
 * RECV_MERGE merges the received rows into the accumulator at the end of the step (the
-  merge of DESIGN.md section 1, or a sum for raw payloads); RECV_COPY overwrites it
+  merge of docs/design.md section 1, or a sum for raw payloads); RECV_COPY overwrites it
   (broadcast), or, with ``block`` set, stores that KV block.
 * COMPUTE: the partial attention over KV ``block`` (default: the rank's own shard), merged
   into every chunk's accumulator at the end of its step. It may share a step with the
@@ -267,6 +267,9 @@ class TopologyRef:
 
     name: str
     fingerprint: str
+    source: str | None = None
+    """Where to find it again when ``name`` does not (a topology file: its path relative to
+    the plan file's folder, maybe with a ``[ranks ...]`` selection); None: by its name."""
 
     @classmethod
     def of(cls, topology: Any) -> TopologyRef:

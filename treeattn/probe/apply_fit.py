@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -137,7 +138,9 @@ def apply_fit(topo: Topology, fit: FittedParams, *, name: str | None = None) -> 
         cost = dataclasses.replace(cost, attn_launch_us=max(0.0, float(fit.attn_launch_us)),
                                    attn_gbps=float(fit.attn_gbps))
     sources = tuple(topo.sources) + ((fit.source,) if fit.source else ())
-    new = Topology(name=name or f"{topo.name}-calibrated", devices=devices, links=tuple(links), ranks=topo.ranks,
+    # A family member's name is a spec (cpu:ranks=4,cores=2); the fitted topology is no member.
+    plain = re.sub(r"[^A-Za-z0-9_.-]+", "-", topo.name.replace("=", "")).strip("-")
+    new = Topology(name=name or f"{plain}-calibrated", devices=devices, links=tuple(links), ranks=topo.ranks,
                    description=topo.description, sources=sources, cost=cost)
     new.check_routable()
     return new, warnings

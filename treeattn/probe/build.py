@@ -18,7 +18,7 @@ from enum import StrEnum
 
 from treeattn.errors import ProbeError
 from treeattn.probe.hardware import LATENCY_US, SOURCE_HARDWARE, pcie_bw_gbps
-from treeattn.topology.model import Device, DeviceKind, Link, LinkClass, LinkKind, Topology
+from treeattn.topology.model import Device, DeviceKind, Link, LinkClass, LinkKind, Topology, check_rank_count
 
 __all__ = ["NicInfo", "NodeDraft", "Fabric", "ProbeResult", "finish", "attach_near_gpu", "add_assumed_nics"]
 
@@ -261,6 +261,7 @@ def finish(
         raise ProbeError(f"--nodes must be >= 1, got {nodes}")
     if not draft.gpus:
         raise ProbeError(f"{source}: no GPU found; nothing to place ranks on")
+    check_rank_count(nodes * len(draft.gpus), f"--nodes {nodes} x {len(draft.gpus)} GPUs")
     gpu_nic = _assign_nics(draft)
     fabric_nics: list[str] = []
     for g in draft.gpus:

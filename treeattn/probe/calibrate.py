@@ -43,6 +43,7 @@ from treeattn.probe.calibrate_compute import (
     LLAMA_HEADS,
     MEMORY_BYTES,
     ComputeFit,
+    kernel_fits,
     kv_bytes_per_token,
     measure_compute,
     rank_threads,
@@ -60,7 +61,7 @@ from treeattn.probe.calibrate_plans import (
     tree_plans,
 )
 from treeattn.probe.fit_host import HostFit, fit_host_terms, on_host_cpus
-from treeattn.topology.model import Topology
+from treeattn.topology.model import CALIBRATED_BY, Topology
 
 __all__ = ["CalibrateOptions", "ClassResult", "CaseResult", "CalibrationReport", "calibrate", "median_abs_rel_error"]
 
@@ -107,6 +108,24 @@ class CalibrateOptions:
             raise InputError(f"round trips must be >= 1, got {list(self.round_trips)}")
         if self.compute not in ("sum", "merge", "attention", "none"):
             raise InputError(f"unknown --compute {self.compute!r}; choose sum, merge, attention or none")
+        # Every size is checked here, before anything is measured.
+        log_sizes(self.min_bytes, self.max_bytes, self.sizes)
+        for kernel in self.kernels():
+            runs = [n for n in self.compute_sizes() if kernel_fits(kernel, n, self.attention_heads)]
+            if len(runs) < 2:
+                unit = "an attention token" if kernel == "attention" else f"a {kernel} row"
+                raise InputError(f"--sizes {self.sizes}: {len(runs)} of the {kernel} kernel's sizes hold {unit} and "
+                                 "its fit needs two; raise --sizes or --min-size")
+
+    def kernels(self) -> tuple[str, ...]:
+        """The compute kernels timed: merges and copies always pay the merge kernel's figures."""
+        return () if self.compute == "none" else ("merge", "attention") if self.compute == "attention" \
+            else (self.compute,)
+
+    def compute_sizes(self) -> tuple[int, ...]:
+        """Sizes the kernels are timed at: the ping-pong range widened to reach both the launch-
+        and the memory-bound regime (a bandwidth fitted from launch-bound sizes alone is noise)."""
+        return log_sizes(min(self.min_bytes, LAUNCH_BYTES), max(self.max_bytes, 4 * MEMORY_BYTES), self.sizes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,11 +348,8 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
     warnings.extend(notes)
     compute = attention = None
     if opt.compute != "none":
-        # The kernel's sizes reach the memory-bound regime whatever the ping-pong range is:
-        # a bandwidth fitted from launch-bound sizes alone is noise.
-        sizes = log_sizes(min(opt.min_bytes, LAUNCH_BYTES), max(opt.max_bytes, 4 * MEMORY_BYTES), opt.sizes)
-        # Merges and copies always pay the merge kernel's figures; attention gets its own.
-        local = "merge" if opt.compute == "attention" else opt.compute
+        sizes = opt.compute_sizes()
+        local = opt.kernels()[0]
         try:
             compute = measure_compute(local, sizes, repeats=opt.repeats, threads=threads, device=device)
             if opt.compute == "attention":
@@ -348,7 +364,7 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
         mem_eff_bw_gbps=compute.eff_bw_gbps if compute else None,
         attn_launch_us=attention.launch_us if attention else None,
         attn_gbps=attention.eff_bw_gbps if attention else None,
-        source=f"treeattn calibrate: {result.backend} ping-pong on {topo.num_ranks} ranks of {topo.name!r}, "
+        source=f"{CALIBRATED_BY}: {result.backend} ping-pong on {topo.num_ranks} ranks of {topo.name!r}, "
                f"{opt.repeats} repeats" + (f", {opt.compute} kernel" if compute else ""),
     )
     fitted, notes = apply_fit(topo, params)

@@ -88,9 +88,20 @@ class ComputeFit:
                             "fitted_us": self.fit.predict_us(p.moved_bytes)} for p in self.points]}
 
 
+def kernel_fits(kernel: str, nbytes: int, heads: tuple[int, int, int] = LLAMA_HEADS) -> bool:
+    """Whether ``kernel`` can run at about ``nbytes`` (one merge row, one attention token)."""
+    if kernel == "merge":
+        return nbytes // (4 * (_D + 1)) >= 1
+    if kernel == "attention":
+        return nbytes // kv_bytes_per_token(heads) >= 1
+    return True
+
+
 def _case(kernel: str, nbytes: int, gen: torch.Generator, device: torch.device,
           heads: tuple[int, int, int] = LLAMA_HEADS) -> tuple[int, int, Callable[[], object]] | None:
     """(size, bytes moved, one call) for ``kernel`` at about ``nbytes``; None when too small."""
+    if not kernel_fits(kernel, nbytes, heads):
+        return None
     if kernel in ("sum", "clone"):
         n = max(1, nbytes // 4)
         acc, other = (torch.rand(n, generator=gen).to(device) for _ in range(2))
@@ -99,15 +110,11 @@ def _case(kernel: str, nbytes: int, gen: torch.Generator, device: torch.device,
         return 4 * n, 3 * 4 * n, lambda: sum_into(acc, other)
     if kernel == "merge":
         rows = nbytes // (4 * (_D + 1))
-        if rows < 1:
-            return None
         acc, other = (torch.randn(rows, _D + 1, generator=gen).to(device) for _ in range(2))
         size = 4 * rows * (_D + 1)
         return size, 3 * size, lambda: merge_into(acc, other)
     hq, hkv, d = heads
     tokens = nbytes // kv_bytes_per_token(heads)
-    if tokens < 1:
-        return None
     w = Workload(batch=1, q_heads=hq, kv_heads=hkv, head_dim=d, split=(tokens,), kv_dtype="bf16")
     q, kv = make_query(w, 0, device), make_kv_shard(w, 0, 0, device)
     moved = w.kv_bytes(0) + w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes + w.payload_bytes

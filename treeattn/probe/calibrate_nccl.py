@@ -36,7 +36,7 @@ from treeattn.errors import InputError, ProbeError
 from treeattn.probe.apply_fit import ClassParams, FittedParams, apply_fit
 from treeattn.probe.fit import COLLECTIVE_MODELS, CollectiveFit
 from treeattn.probe.nccl_tests import NcclTestsLog, calibrate_from_log, read_nccl_tests
-from treeattn.topology.model import LinkClass, Topology
+from treeattn.topology.model import CALIBRATED_BY, LinkClass, Topology
 
 __all__ = ["LogFit", "NcclCalibration", "calibrate_from_nccl_tests", "SIZE_BANDS", "HalfSplit", "half_split"]
 
@@ -144,7 +144,7 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
     logs = tuple(chosen.values())
     params = FittedParams(
         classes=tuple(ClassParams(lf.hops, lf.alpha_us, lf.beta_gbps) for lf in logs),
-        source="treeattn calibrate --from-nccl-tests " + " ".join(lf.source for lf in logs),
+        source=f"{CALIBRATED_BY} --from-nccl-tests " + " ".join(lf.source for lf in logs),
         landed_by_copy=False,
     )
     fitted, notes = apply_fit(topo, params)

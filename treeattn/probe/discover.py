@@ -219,7 +219,7 @@ def cpu_host(ranks: int | None = None, *, name: str | None = None, nodes: int = 
         source: what was tried, for the result.
 
     Returns:
-        The topology and a warning that its figures are rough defaults.
+        The topology and a warning that its figures are the cpu family's built-in profile.
     """
     from treeattn.topology.families import build_family
 
@@ -233,10 +233,11 @@ def cpu_host(ranks: int | None = None, *, name: str | None = None, nodes: int = 
     topo = dataclasses.replace(
         base,
         name=name or "cpu-loopback",
-        description=(f"CPU-only loopback host (no GPU found): {n} ranks as processes on one host, gloo over TCP "
-                     "loopback. Bandwidth, latency, overhead and memory figures are rough defaults for "
-                     "`treeattn calibrate` to replace."),
+        description=(f"CPU-only loopback host (no GPU found): {n} ranks as processes on one host of "
+                     f"{base.cost.host_cores} cores, gloo over TCP loopback. Its figures are the cpu family's built-in "
+                     "profile (measured on another machine) for `treeattn calibrate` to replace."),
     )
     topo.check_routable()
-    warning = "no GPU found: CPU-only loopback host with rough default figures; run `treeattn calibrate`"
+    warning = ("no GPU found: CPU-only loopback host with the cpu family's built-in figures; run `treeattn "
+               "calibrate` to fit this machine's")
     return ProbeResult(topo, (warning,), (f"{n} ranks (--ranks, default: CPU count)",), source or "cpu host")

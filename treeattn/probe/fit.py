@@ -3,7 +3,7 @@
 Plain (a ping-pong, one message): ``t_us = alpha_us + bytes / (beta_gbps * 1e3)``.
 
 A collective over ``n`` ranks, as its ring algorithm moves data (nccl-tests' bus-bandwidth
-conventions, HARDWARE.md "Benchmark conventions"):
+conventions, docs/hardware.md "Benchmark conventions"):
 
     T(M) = s(n) * alpha_step + v(n) * M / beta_link
 

@@ -1,7 +1,7 @@
 """Datasheet figures the probe fills in where tool output says *what* but not *how fast*.
 
-Every number is a default that ``calibrate`` replaces. Rows cite HARDWARE.md
-(/work/shared/reference/HARDWARE.md, "Links" table and "GPU memory bandwidth") or the
+Every number is a default that ``calibrate`` replaces. Rows cite docs/hardware.md
+("Links" table and "GPU memory bandwidth") or the
 vendor datasheet named beside them. Legend: ``_gbps`` GB/s per direction, ``_us`` µs.
 """
 
@@ -30,7 +30,7 @@ __all__ = [
     "SOURCE_HARDWARE",
 ]
 
-SOURCE_HARDWARE = "HARDWARE.md (treeattn reference figures: link and GPU memory bandwidth tables)"
+SOURCE_HARDWARE = "docs/hardware.md (treeattn reference figures: link and GPU memory bandwidth tables)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,22 +59,22 @@ _ROWS: tuple[tuple, ...] = (
     ("V100-SXM2-32GB", "nvidia", 900, 32, 2, 6, 25.0, 3, True, "NVIDIA V100 datasheet: 900 GB/s HBM2, NVLink 300 GB/s"),
     ("V100-PCIE", "nvidia", 900, 32, None, 0, 0.0, 3, True, "NVIDIA V100 datasheet"),
     ("A100-SXM4-40GB", "nvidia", 1555, 40, 3, 12, 25.0, 4, True, "NVIDIA A100 datasheet: 1,555 GB/s"),
-    ("A100-SXM4-80GB", "nvidia", 2039, 80, 3, 12, 25.0, 4, True, "HARDWARE.md: A100 80GB 2.0 TB/s, NVLink 3"),
+    ("A100-SXM4-80GB", "nvidia", 2039, 80, 3, 12, 25.0, 4, True, "docs/hardware.md: A100 80GB 2.0 TB/s, NVLink 3"),
     ("A100-PCIE-40GB", "nvidia", 1555, 40, 3, 12, 25.0, 4, True, "NVIDIA A100 datasheet: 1,555 GB/s"),
     ("A100-PCIE-80GB", "nvidia", 1935, 80, 3, 12, 25.0, 4, True, "NVIDIA A100 datasheet: 1,935 GB/s (PCIe)"),
-    ("H100-SXM5-80GB", "nvidia", 3350, 80, 4, 18, 25.0, 5, True, "HARDWARE.md: H100 SXM 3.35 TB/s, NVLink 4"),
+    ("H100-SXM5-80GB", "nvidia", 3350, 80, 4, 18, 25.0, 5, True, "docs/hardware.md: H100 SXM 3.35 TB/s, NVLink 4"),
     ("H100-PCIE-80GB", "nvidia", 2000, 80, 4, 12, 25.0, 5, True, "NVIDIA H100 datasheet: H100 PCIe 2 TB/s"),
     ("H100-NVL-94GB", "nvidia", 3900, 94, 4, 12, 25.0, 5, True, "NVIDIA H100 datasheet: H100 NVL 3.9 TB/s"),
-    ("H200-SXM-141GB", "nvidia", 4800, 141, 4, 18, 25.0, 5, True, "HARDWARE.md: H200 4.8 TB/s, NVLink 4"),
-    ("B200", "nvidia", 8000, 180, 5, 18, 50.0, 5, True, "HARDWARE.md: B200 8 TB/s, NVLink 5"),
-    # NOTE: GeForce cards do not do PCIe peer-to-peer (HARDWARE.md PCIe 4.0 row, RTX 4090);
+    ("H200-SXM-141GB", "nvidia", 4800, 141, 4, 18, 25.0, 5, True, "docs/hardware.md: H200 4.8 TB/s, NVLink 4"),
+    ("B200", "nvidia", 8000, 180, 5, 18, 50.0, 5, True, "docs/hardware.md: B200 8 TB/s, NVLink 5"),
+    # NOTE: GeForce cards do not do PCIe peer-to-peer (docs/hardware.md PCIe 4.0 row, RTX 4090);
     # the 5090 is assumed to follow the same product policy.
-    ("RTX-4090", "nvidia", 1008, 24, None, 0, 0.0, 4, False, "HARDWARE.md: RTX 4090 1.0 TB/s, no P2P"),
+    ("RTX-4090", "nvidia", 1008, 24, None, 0, 0.0, 4, False, "docs/hardware.md: RTX 4090 1.0 TB/s, no P2P"),
     ("RTX-5090", "nvidia", 1792, 32, None, 0, 0.0, 5, False, "NVIDIA RTX 5090 spec: 1,792 GB/s"),
     ("RTX-3090", "nvidia", 936, 24, 3, 4, 14.0625, 4, True, "NVIDIA RTX 3090 spec: 936 GB/s, NVLink bridge 112.5 GB/s"),
-    ("MI300X", "amd", 5300, 192, 0, 7, 64.0, 5, True, "HARDWARE.md: MI300X 5.3 TB/s, xGMI 64 GB/s per link"),
+    ("MI300X", "amd", 5300, 192, 0, 7, 64.0, 5, True, "docs/hardware.md: MI300X 5.3 TB/s, xGMI 64 GB/s per link"),
     # NOTE: MI308X memory figures assumed equal to MI300X (same HBM3 stack); not verified.
-    ("MI308X", "amd", 5300, 192, 0, 7, 64.0, 5, True, "assumed as MI300X (HARDWARE.md); not verified"),
+    ("MI308X", "amd", 5300, 192, 0, 7, 64.0, 5, True, "assumed as MI300X (docs/hardware.md); not verified"),
     ("MI325X", "amd", 6000, 256, 0, 7, 64.0, 5, True, "AMD MI325X datasheet: 6 TB/s"),
 )
 
@@ -163,14 +163,14 @@ def nvlink_gen_by_sm(sm: int) -> int | None:
 
 
 NVLINK_PER_LINK_GBPS: dict[int, float] = {2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
-"""Per link, per direction (HARDWARE.md NVLink 3/4/5 rows; NVLink 2 from the V100 datasheet)."""
+"""Per link, per direction (docs/hardware.md NVLink 3/4/5 rows; NVLink 2 from the V100 datasheet)."""
 
 XGMI_PER_LINK_GBPS = 64.0
-"""MI300X xGMI link, per direction (HARDWARE.md xGMI row)."""
+"""MI300X xGMI link, per direction (docs/hardware.md xGMI row)."""
 XGMI_RCCL_PER_LINK_GBPS = 48.0
-"""What RCCL models for a gfx94x xGMI link (HARDWARE.md, AMD section); kept for reference."""
+"""What RCCL models for a gfx94x xGMI link (docs/hardware.md, AMD section); kept for reference."""
 
-# Usable GB/s per lane per direction: HARDWARE.md gives 4.0 x16 ~25 usable (31.5 nominal) and
+# Usable GB/s per lane per direction: docs/hardware.md gives 4.0 x16 ~25 usable (31.5 nominal) and
 # 5.0 x16 ~55 measured (63 nominal); the other generations take 80 % of their nominal rate.
 _PCIE_LANE_GBPS = {1: 0.2, 2: 0.4, 3: 0.788, 4: 25.0 / 16, 5: 55.0 / 16, 6: 6.05}
 _GT_TO_GEN = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
@@ -185,12 +185,12 @@ def pcie_gen_from_speed(text: str) -> int | None:
 
 
 def pcie_bw_gbps(gen: int, width: int = 16) -> float:
-    """Usable per-direction bandwidth of a PCIe link (x16: Gen4 25, Gen5 55 GB/s, HARDWARE.md)."""
+    """Usable per-direction bandwidth of a PCIe link (x16: Gen4 25, Gen5 55 GB/s, docs/hardware.md)."""
     return round(_PCIE_LANE_GBPS[gen] * width, 3)
 
 
 def socket_link(vendor: str, model: int | None) -> tuple[LinkKind, float, str]:
-    """Kind, GB/s and a label of the CPU socket interconnect (HARDWARE.md CPU socket link row).
+    """Kind, GB/s and a label of the CPU socket interconnect (docs/hardware.md CPU socket link row).
 
     Args:
         vendor: ``GenuineIntel``/``AuthenticAMD`` (or ``intel``/``amd``); anything else is unknown.
@@ -212,13 +212,13 @@ def socket_link(vendor: str, model: int | None) -> tuple[LinkKind, float, str]:
 
 
 LATENCY_US: dict[LinkKind, float] = {
-    LinkKind.NVLINK: 0.6,  # a direct GPU-GPU link is one NCCL NVLink hop, 0.6 µs (HARDWARE.md, LL)
+    LinkKind.NVLINK: 0.6,  # a direct GPU-GPU link is one NCCL NVLink hop, 0.6 µs (docs/hardware.md, LL)
     LinkKind.XGMI: 0.6,  # assumed equal to NVLink
     LinkKind.PCIE: 0.5,  # half of NCCL's 1 µs PCIe hop: GPU -> switch -> GPU is two links
     LinkKind.C2C: 0.5,
     LinkKind.UPI: 0.5,  # no published figure at hand: one PCIe-link-like step
     LinkKind.INFINITY_FABRIC: 0.5,
-    LinkKind.INFINIBAND: 0.6,  # switch hop ≈ 0.5-0.6 µs (HARDWARE.md InfiniBand row)
+    LinkKind.INFINIBAND: 0.6,  # switch hop ≈ 0.5-0.6 µs (docs/hardware.md InfiniBand row)
     LinkKind.ROCE: 0.6,
     LinkKind.ETHERNET: 5.0,  # plain TCP over Ethernet, kernel stack on both ends; rough
     LinkKind.LOOPBACK: 20.0,

@@ -302,7 +302,7 @@ def _nvlinks(d, items, specs, bus_to_gpu, source) -> None:  # noqa: ANN001
     if gen is None:
         d.note("NVLink generation unknown (no sm, no GPU model): 25 GB/s per link assumed")
     else:
-        d.note(f"NVLink {gen}: {per_link:g} GB/s per link per direction (HARDWARE.md)")
+        d.note(f"NVLink {gen}: {per_link:g} GB/s per link per direction (docs/hardware.md)")
     if to_switch:
         d.add(Device("nvswitch", DeviceKind.NVSWITCH, 0))
         for gpu_name, count in to_switch.items():

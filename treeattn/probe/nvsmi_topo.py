@@ -1,6 +1,6 @@
 """``nvidia-smi topo -m``: the GPU x GPU and GPU x NIC connection matrix.
 
-Legend (HARDWARE.md, "nvidia-smi topo -m legend"): ``X`` self, ``NV#`` # bonded NVLinks,
+Legend (docs/hardware.md, "nvidia-smi topo -m legend"): ``X`` self, ``NV#`` # bonded NVLinks,
 ``PIX`` at most one PCIe bridge, ``PXB`` several bridges without the host bridge, ``PHB``
 through the host bridge (the CPU), ``NODE`` across host bridges inside one NUMA node,
 ``SYS`` across NUMA nodes (``SOC`` in old versions). Trailing columns: ``CPU Affinity``,
@@ -253,7 +253,7 @@ def topo_to_draft(
       modelled as one ``nvswitch`` device (the chips are merged: traffic is sprayed over all
       of them); each GPU gets its largest ``NV#`` as link count. Otherwise each ``NV#`` pair is
       a direct link of # NVLinks. Per-link GB/s from ``nvlink`` (``nvidia-smi nvlink --status``)
-      when given, else by generation (HARDWARE.md).
+      when given, else by generation (docs/hardware.md).
     * PCIe: GPUs and NICs related by ``PIX`` share a switch; ``PXB`` groups hang under one
       upper switch (``PIX`` groups as leaf switches below it); everything else attaches to
       the CPU of its NUMA node (``PHB`` and ``NODE`` are not told apart). PCIe links are
@@ -372,7 +372,7 @@ def _nvlinks(d, m, gpus, local, specs, nvlink, source) -> None:  # noqa: ANN001
     elif gen is None:
         d.note("NVLink generation unknown (no GPU model): 25 GB/s per link assumed; pass --gpu-model")
     else:
-        d.note(f"NVLink {gen}: {per_link:g} GB/s per link per direction (HARDWARE.md)")
+        d.note(f"NVLink {gen}: {per_link:g} GB/s per link per direction (docs/hardware.md)")
     max_links = max((s.max_links for s in specs if s.fabric_gen), default=18)
     switched = any(sum(c.values()) > max_links for c in counts.values())
     if switched:

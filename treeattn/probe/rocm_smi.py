@@ -7,7 +7,7 @@ the banner/WARNING lines are skipped. The link-type matrix is required; weights 
 when present, must have the same GPUs and be symmetric.
 
 Model (``rocm_to_draft``): a ``XGMI`` pair one hop apart is one direct xGMI link at 64 GB/s
-(HARDWARE.md MI300X row; RCCL models 48 GB/s per link on gfx94x, same file); every GPU
+(docs/hardware.md MI300X row; RCCL models 48 GB/s per link on gfx94x, same file); every GPU
 hangs off the CPU of its NUMA node over PCIe; CPUs are joined by socket links.
 ``rocm-smi --showtopo`` names no NICs (see ``ibstat``) and no GPU model (see ``--gpu-model``).
 """
@@ -168,7 +168,7 @@ def rocm_to_draft(t: RocmTopo, catalog: GpuCatalog, *, cpu_vendor: str = "", sou
         d.add(Device(f"gpu{g}", DeviceKind.GPU, 0, s.model, s.mem_bw_gbps, s.mem_gb, s.p2p))
         d.connect(f"gpu{g}", f"cpu{numa[g]}", LinkKind.PCIE, bw, generation=gen, width=16)
     per_link = next((s.per_link_gbps for s in specs if s.fabric_gen == 0), XGMI_PER_LINK_GBPS)
-    d.cite("HARDWARE.md: xGMI 64 GB/s per link (RCCL models 48 GB/s on gfx94x)")
+    d.cite("docs/hardware.md: xGMI 64 GB/s per link (RCCL models 48 GB/s on gfx94x)")
     direct, far = 0, []
     for a in range(t.gpus):
         for b in range(a + 1, t.gpus):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from treeattn.errors import ProbeError
+from treeattn.textfile import read_text
 
 __all__ = ["fail", "read_input"]
 
@@ -25,11 +26,4 @@ def read_input(path: str | Path, what: str) -> str:
     Returns:
         The text (undecodable bytes replaced, so garbage is reported by the parser).
     """
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise ProbeError(f"cannot read {what} file {str(p)!r}: {exc.strerror or exc}") from None
-    if b"\x00" in data[:4096]:
-        raise ProbeError(f"{p}: binary data, not {what} output")
-    return data.decode("utf-8", errors="replace")
+    return read_text(path, f"{what} file", ProbeError, strict=False)

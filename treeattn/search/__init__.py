@@ -1,6 +1,6 @@
 """Planners: a topology and a workload in, the fastest schedule (a Plan) out.
 
-``search`` tries every candidate family of DESIGN.md section 6 with its best chunk count,
+``search`` tries every candidate family of docs/design.md section 6 with its best chunk count,
 improves the best trees with local moves, and ranks everything by the simulator's
 prediction; ``exhaustive_trees`` is the exact answer over all trees for p <= 6 ranks.
 """

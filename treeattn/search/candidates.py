@@ -1,4 +1,4 @@
-"""Candidate schedules from every family of DESIGN.md section 6, for one topology.
+"""Candidate schedules from every family of docs/design.md section 6, for one topology.
 
 Legend: p ranks; a *level* is a partition of the ranks from ``treeattn.topology.domains``
 (NVLink island, PCIe switch, socket, node, leaf), finest first; a *rail* is the set of

@@ -1,4 +1,4 @@
-"""The ways to merge a sharded decode, side by side (DESIGN.md section 2), fairly.
+"""The ways to merge a sharded decode, side by side (docs/design.md section 2), fairly.
 
 For each topology of a family sweep and each sequence length, every method as a plan timed
 by the simulator (per layer, local attention compute included):

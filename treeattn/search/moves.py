@@ -1,6 +1,6 @@
 """Local improvement of a reduction tree: moves on parent lists and a seeded hill climb.
 
-Moves (DESIGN.md section 6): *reparent* a subtree under another rank, *swap* two ranks'
+Moves (docs/design.md section 6): *reparent* a subtree under another rank, *swap* two ranks'
 places, *lift* a rank to its grandparent (raises that vertex's fan-out), *push* a rank under
 a sibling (lowers its parent's fan-out), *reroot* at another rank. Each move yields a new
 parent list that is still one tree; the climb scores neighbours with a caller's function

@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from treeattn.errors import WorkloadError
+from treeattn.textfile import read_text
 from treeattn.units import DType, parse_size
 from treeattn.workload import MODELS, Payload, RawPayload, ReduceOp, Workload, even_split
 
@@ -198,10 +199,7 @@ def load_workload(path: str | Path, *, ranks: int | None = None) -> Payload:
         The validated ``Workload`` or ``RawPayload``.
     """
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise WorkloadError(f"cannot read workload file {str(path)!r}: {exc.strerror or exc}") from None
+    text = read_text(path, "workload file", WorkloadError)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

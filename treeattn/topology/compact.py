@@ -14,7 +14,7 @@ import itertools
 import math
 
 from treeattn.errors import TopologyError
-from treeattn.topology.model import CostParams, Device, DeviceKind, Link, LinkKind, Topology
+from treeattn.topology.model import CostParams, Device, DeviceKind, Link, LinkKind, Topology, check_rank_count
 from treeattn.topology.schema import (
     CompactFile,
     CostSpec,
@@ -98,6 +98,10 @@ def _check(spec: CompactFile) -> None:
     """What pydantic cannot see: fields that depend on each other."""
     node, fabric = spec.node, spec.node.fabric
     n_gpu = node.gpus.count
+    try:  # before anything is built: a million GPUs would take minutes and gigabytes first
+        check_rank_count(spec.nodes * n_gpu, f"{spec.nodes:,} nodes of {n_gpu} GPUs")
+    except TopologyError as exc:
+        raise FieldError(("nodes",), str(exc)) from None
     if fabric.kind is not FabricKind.NONE and fabric.bw_gbps is None:
         raise FieldError(("node", "fabric", "bw_gbps"), f"a {fabric.kind.value} fabric needs bw_gbps")
     if (fabric.kind is FabricKind.PAIRS) != (fabric.pairs is not None):

@@ -3,8 +3,7 @@
 Each builder fills a compact-form spec (``treeattn.topology.schema.CompactFile``) and
 builds it with ``treeattn.topology.compact``, so a family and a compact YAML file with the
 same figures give the same topology (same fingerprint). Every figure cites its source: a
-row of the hardware reference table ("HW: <row>"; the figures are in docs/nccl-model.md) or a
-public spec. Latencies are
+row of docs/hardware.md ("HW: <row>") or a public spec. Latencies are
 per link and split NCCL's per-hop latencies (HW: "Its latency model": NVLink 0.6 us,
 PCIe 1 us per GPU-to-GPU hop, LL protocol) over the links of such a hop; they are rough
 defaults that ``treeattn calibrate`` replaces.
@@ -18,13 +17,14 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from treeattn.errors import TopologyError
 from treeattn.topology.compact import build_compact, cost_params
-from treeattn.topology.model import CostParams, Device, DeviceKind, Link, LinkKind, Topology
+from treeattn.topology.model import CostParams, Device, DeviceKind, Link, LinkKind, Topology, check_rank_count
 from treeattn.topology.schema import (
     CompactFile,
     CostSpec,
@@ -169,15 +169,15 @@ def _nvidia_hgx(
     return build_compact(spec)
 
 
-_SRC_NCCL_LAT = "HARDWARE.md 'How NCCL models the same thing': per-hop latency NVLink 0.6 us, PCIe 1 us (LL)"
-_SRC_SWITCH = "HARDWARE.md 'InfiniBand HDR / NDR / XDR port' row: switch hop ~0.5-0.6 us"
-_SRC_PCIE5 = "HARDWARE.md 'PCIe 5.0 x16' row: 63 GB/s nominal, ~55 GB/s measured host-to-device (used)"
-_SRC_PCIE4 = "HARDWARE.md 'PCIe 4.0 x16' row: ~31.5 GB/s nominal, ~25 usable (used)"
+_SRC_NCCL_LAT = "docs/hardware.md 'How NCCL models the same thing': per-hop latency NVLink 0.6 us, PCIe 1 us (LL)"
+_SRC_SWITCH = "docs/hardware.md 'InfiniBand HDR / NDR / XDR port' row: switch hop ~0.5-0.6 us"
+_SRC_PCIE5 = "docs/hardware.md 'PCIe 5.0 x16' row: 63 GB/s nominal, ~55 GB/s measured host-to-device (used)"
+_SRC_PCIE4 = "docs/hardware.md 'PCIe 4.0 x16' row: ~31.5 GB/s nominal, ~25 usable (used)"
 _SRC_NDV5 = (
     "Azure/azhpc-images topology/ndv5-topo.xml (HGX H100, fixture nccl-topo.azure-ndv5-h100.xml): "
     "one PCIe Gen5 x16 bridge per GPU/NIC pair, 4 per socket"
 )
-_SRC_RAIL = "HARDWARE.md 'InfiniBand' row: DGX H100 8 x 400 Gb/s ConnectX-7, one per GPU, rail-optimized"
+_SRC_RAIL = "docs/hardware.md 'InfiniBand' row: DGX H100 8 x 400 Gb/s ConnectX-7, one per GPU, rail-optimized"
 _SRC_LEAF = "NVIDIA DGX SuperPOD reference architecture: 32 nodes per scalable unit, QM9700 leaves (64 NDR ports)"
 
 
@@ -185,9 +185,9 @@ def _hopper(p: Mapping[str, Any], name: str, gpu: GpuSpec, description: str, sou
     return _nvidia_hgx(
         name, description,
         sources + [
-            "HARDWARE.md 'NVLink 4 (H100/H200)' row: 18 links x 25 GB/s = 450 GB/s per GPU per direction",
+            "docs/hardware.md 'NVLink 4 (H100/H200)' row: 18 links x 25 GB/s = 450 GB/s per GPU per direction",
             _SRC_PCIE5, _SRC_NDV5, _SRC_RAIL,
-            "HARDWARE.md 'CPU socket link' row: Sapphire Rapids ~22 GB/s (NCCL SRP_QPI_BW)",
+            "docs/hardware.md 'CPU socket link' row: Sapphire Rapids ~22 GB/s (NCCL SRP_QPI_BW)",
             _SRC_NCCL_LAT, _SRC_SWITCH, _SRC_LEAF,
         ],
         gpus=gpu,
@@ -209,7 +209,7 @@ def _dgx_h100(name: str, p: Mapping[str, Any]) -> Topology:
     gpu = GpuSpec(count=8, model="H100-SXM5-80GB", mem_bw_gbps=3350.0, mem_gb=80.0)
     return _hopper(p, name, gpu, f"NVIDIA DGX H100 x {p['nodes']}: 8 H100 SXM5 per node on NVSwitch (NVLink 4), "
                    f"8 x 400 Gb/s NDR InfiniBand per node ({p['fabric']})",
-                   ["HARDWARE.md GPU memory bandwidth: H100 SXM 3.35 TB/s",
+                   ["docs/hardware.md GPU memory bandwidth: H100 SXM 3.35 TB/s",
                     "NVIDIA DGX H100 datasheet: 8x H100 80GB, 2x Xeon Platinum 8480C, 8x ConnectX-7 400Gb/s"])
 
 
@@ -219,7 +219,7 @@ def _hgx_h200(name: str, p: Mapping[str, Any]) -> Topology:
     return _hopper(p, name, gpu, f"NVIDIA HGX/DGX H200 x {p['nodes']}: 8 H200 per node on NVSwitch (NVLink 4), "
                    f"8 x 400 Gb/s NDR InfiniBand per node ({p['fabric']}); DGX H200 is this baseboard in "
                    "NVIDIA's chassis",
-                   ["HARDWARE.md GPU memory bandwidth: H200 4.8 TB/s",
+                   ["docs/hardware.md GPU memory bandwidth: H200 4.8 TB/s",
                     "NVIDIA H200 datasheet: 141 GB HBM3e; DGX H200 datasheet: 8x ConnectX-7 400Gb/s, "
                     "2x Xeon Platinum 8480C"])
 
@@ -230,12 +230,12 @@ def _dgx_a100(name: str, p: Mapping[str, Any]) -> Topology:
         f"NVIDIA DGX A100 x {p['nodes']}: 8 A100 SXM4 80GB per node on NVSwitch (NVLink 3), "
         f"8 x 200 Gb/s HDR InfiniBand per node ({p['fabric']})",
         [
-            "HARDWARE.md GPU memory bandwidth: A100 80GB 2.0 TB/s",
-            "HARDWARE.md 'NVLink 3 (A100)' row: 12 links x 25 GB/s = 300 GB/s per GPU per direction",
-            "HARDWARE.md 'InfiniBand' row: HDR 200 Gb/s per port",
+            "docs/hardware.md GPU memory bandwidth: A100 80GB 2.0 TB/s",
+            "docs/hardware.md 'NVLink 3 (A100)' row: 12 links x 25 GB/s = 300 GB/s per GPU per direction",
+            "docs/hardware.md 'InfiniBand' row: HDR 200 Gb/s per port",
             "NVIDIA DGX A100 datasheet: 2x AMD EPYC 7742, 8x single-port ConnectX-6 200Gb/s HDR",
             "fixture nvidia-smi-topo-m.dgx-a100.txt: GPU pairs share a PCIe switch tree with 2 NICs (PXB)",
-            "HARDWARE.md 'CPU socket link' row: AMD ~16 GB/s (NCCL AMD_BW)",
+            "docs/hardware.md 'CPU socket link' row: AMD ~16 GB/s (NCCL AMD_BW)",
             _SRC_PCIE4, _SRC_NCCL_LAT, _SRC_SWITCH, _SRC_LEAF,
         ],
         gpus=GpuSpec(count=8, model="A100-SXM4-80GB", mem_bw_gbps=2000.0, mem_gb=80.0),
@@ -258,10 +258,10 @@ def _mi300x(name: str, p: Mapping[str, Any]) -> Topology:
         description=f"AMD Instinct MI300X x {gpus} per node x {nodes}: xGMI full mesh (one 64 GB/s link per "
         f"GPU pair), 400 Gb/s RoCE NIC per GPU ({p['fabric']})",
         sources=[
-            "HARDWARE.md GPU memory bandwidth: MI300X 5.3 TB/s; AMD MI300X datasheet: 192 GB HBM3",
-            "HARDWARE.md 'xGMI / Infinity Fabric (MI300X)' row: 64 GB/s per link per direction, full mesh, "
+            "docs/hardware.md GPU memory bandwidth: MI300X 5.3 TB/s; AMD MI300X datasheet: 192 GB HBM3",
+            "docs/hardware.md 'xGMI / Infinity Fabric (MI300X)' row: 64 GB/s per link per direction, full mesh, "
             "one link per GPU pair",
-            "HARDWARE.md 'RoCE 400G' row: MI300X nodes in the paper's setup",
+            "docs/hardware.md 'RoCE 400G' row: MI300X nodes in the paper's setup",
             "NCCL src/graph/topo.h AMD_ZEN34_BW 24.0 GB/s (EPYC Genoa socket link)",
             "fixture rocm-smi-showtopo.8x-mi308x.txt: GPU0-3 on NUMA node 0, GPU4-7 on NUMA node 1",
             _SRC_PCIE5, _SRC_NCCL_LAT, _SRC_SWITCH,
@@ -291,11 +291,11 @@ def _rtx4090(name: str, p: Mapping[str, Any]) -> Topology:
         description=f"{gpus} x RTX 4090 on PCIe 4.0 x16, no GPU peer-to-peer (copies bounce through host memory)"
         + ("; two sockets, one PCIe switch of 4 GPUs per socket" if two else "; one socket, GPUs on CPU root ports"),
         sources=[
-            "HARDWARE.md GPU memory bandwidth: RTX 4090 1.0 TB/s; NVIDIA RTX 4090 spec: 24 GB GDDR6X",
-            "HARDWARE.md 'PCIe 4.0 x16' row: RTX 4090 has no GPU peer-to-peer",
+            "docs/hardware.md GPU memory bandwidth: RTX 4090 1.0 TB/s; NVIDIA RTX 4090 spec: 24 GB GDDR6X",
+            "docs/hardware.md 'PCIe 4.0 x16' row: RTX 4090 has no GPU peer-to-peer",
             _SRC_PCIE4, _SRC_NCCL_LAT,
         ] + ([
-            "HARDWARE.md 'CPU socket link' row: Intel Skylake ~10 GB/s (NCCL SKL_QPI_BW), assumed CPU class",
+            "docs/hardware.md 'CPU socket link' row: Intel Skylake ~10 GB/s (NCCL SKL_QPI_BW), assumed CPU class",
             "dual-root layout (one PCIe switch per socket) assumed, as in 8-GPU PCIe servers",
         ] if two else []),
         node=NodeSpec(
@@ -316,9 +316,9 @@ def _gb200(name: str, p: Mapping[str, Any]) -> Topology:
         description=f"NVIDIA GB200 NVL72 x {racks}: 72 B200 GPUs per rack in one NVLink 5 domain (900 GB/s per "
         "GPU), 18 compute trays (nodes) of 2 Grace CPUs + 4 GPUs, 4 x 400 Gb/s NICs per tray",
         sources=[
-            "HARDWARE.md 'NVLink 5 (B200/GB200)' row: 18 links x 50 GB/s = 900 GB/s per GPU, 72 GPUs in one "
+            "docs/hardware.md 'NVLink 5 (B200/GB200)' row: 18 links x 50 GB/s = 900 GB/s per GPU, 72 GPUs in one "
             "NVLink domain",
-            "HARDWARE.md GPU memory bandwidth: B200 8 TB/s; NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e per 72 GPUs "
+            "docs/hardware.md GPU memory bandwidth: B200 8 TB/s; NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e per 72 GPUs "
             "(~186 GB each), 18 compute trays",
             "NVIDIA GB200 spec: NVLink-C2C 900 GB/s bidirectional between Grace and Blackwell (450 per direction "
             "used per GPU; sharing between the two GPUs of a superchip not modelled)",
@@ -341,27 +341,47 @@ def _gb200(name: str, p: Mapping[str, Any]) -> Topology:
     return build_compact(spec)
 
 
-# CPU-only runs (gloo over TCP loopback). Rough defaults that `treeattn calibrate` replaces:
-# loopback 2 GB/s and 20 us per message, 30 us software overhead, 20 GB/s memory read by a
-# CPU attention kernel. Check on the 2-core dev machine (torch 2.13 gloo send/recv ping-pong
-# between 2 processes, heavily loaded): 16 MiB one-way at ~2.4 GB/s; small-message latency
-# there (~0.7 ms) was scheduling-bound, so the latency figures are unloaded guesses.
-_CPU_LOOPBACK_GBPS = 2.0
-_CPU_LOOPBACK_US = 20.0
+# CPU-only runs (gloo over TCP loopback). The host terms are a built-in profile: `treeattn
+# calibrate` of cpu:ranks=4 with --compute attention on a shared 2-core machine
+# (results/cpu-profile/, rounded to 3 digits), with the ranks sharing this machine's cores.
+# Per-operation CPU costs do not scale with the core count; how many cores the ranks share
+# does. Measured under SCHED_RR (--realtime) so others' work delayed the ranks less; the
+# queue is `fair`, as for runs without --realtime. `treeattn calibrate` fits this machine's.
 _CPU_MEM_GBPS = 20.0
+_CPU_LOOPBACK = {"bw_gbps": 10.4, "flow_gbps": 3.58, "latency_us": 0.0}
+_CPU_PROFILE = {"overhead_us": 63.1, "launch_us": 30.2, "mem_efficiency": 0.895, "cpu_us": 63.1,
+                "cpu_scope": "machine", "step_us": 7.43, "coll_cpu_us": 17.8, "start_cpu_us": 86.4,
+                "cpu_us_per_kb": 0.212, "wakeup_us": 124.0, "attn_launch_us": 199.0, "attn_gbps": 5.72,
+                "attn_next_launch_us": 56.3}
+_CPU_SOURCE = ("built-in profile: treeattn calibrate of cpu:ranks=4 --compute attention on a shared 2-core machine "
+               "(results/cpu-profile); `treeattn calibrate` fits this machine's")
+
+
+def _this_machine_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _cores(v: Any) -> int:
+    return _this_machine_cores() if v == "this machine" else _int(1)(v)
 
 
 def _cpu(name: str, p: Mapping[str, Any]) -> Topology:
+    check_rank_count(p["ranks"], f"ranks={p['ranks']}")
+    # Both named (the core count is this machine's by default): one name, one topology, everywhere.
+    name = f"{name.partition(':')[0]}:ranks={p['ranks']},cores={p['cores']}"
     host = Device("host0", DeviceKind.HOST, node=0, model="cpu", mem_bw_gbps=_CPU_MEM_GBPS)
     return Topology(
         name=name,
-        description=f"{p['ranks']} CPU ranks (processes) on one host, gloo over TCP loopback",
+        description=f"{p['ranks']} CPU ranks (processes) on one host of {p['cores']} cores, gloo over TCP loopback "
+                    "(a built-in profile; `treeattn calibrate` fits this machine's figures)",
         devices=(host,),
-        links=(Link("host0", "host0", LinkKind.LOOPBACK, _CPU_LOOPBACK_GBPS, _CPU_LOOPBACK_US),),
+        links=(Link("host0", "host0", LinkKind.LOOPBACK, **_CPU_LOOPBACK),),
         ranks=("host0",) * p["ranks"],
-        sources=("rough defaults for gloo over TCP loopback (bandwidth, latency, overhead, memory); "
-                 "`treeattn calibrate` replaces them with measured ones",),
-        cost=CostParams(overhead_us=30.0, launch_us=50.0, mem_efficiency=0.5),
+        sources=(_CPU_SOURCE,),
+        cost=CostParams(host_cores=p["cores"], **_CPU_PROFILE),
     )
 
 
@@ -382,8 +402,9 @@ FAMILIES: dict[str, Family] = {
                (Param("gpus", 8, _choice(2, 8), "GPUs in the box"),), _rtx4090),
         Family("gb200-nvl72", "NVIDIA GB200 NVL72 racks: 72 GPUs per NVLink 5 domain, trays of 4 GPUs",
                _network_params("racks"), _gb200),
-        Family("cpu", "CPU-only: N ranks on one host over loopback (gloo)",
-               (Param("ranks", 4, _int(1), "ranks (processes)"),), _cpu),
+        Family("cpu", "CPU-only: N ranks on one host over loopback (gloo), a built-in host profile",
+               (Param("ranks", 4, _int(1), "ranks (processes)"),
+                Param("cores", "this machine", _cores, "CPU cores the ranks share")), _cpu),
     )
 }
 

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from treeattn.errors import TopologyError
+from treeattn.textfile import read_text
 from treeattn.topology.compact import build_compact, cost_params
 from treeattn.topology.families import build_family_file
 from treeattn.topology.model import Device, DeviceKind, Link, Topology
@@ -57,13 +58,7 @@ def load_topology(path: str | Path) -> Topology:
         The validated Topology.
     """
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise TopologyError(f"{p}: topology file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TopologyError(f"{p}: cannot read topology file: {exc}") from None
-    return load_topology_text(text, source=str(p))
+    return load_topology_text(read_text(p, "topology file", TopologyError), source=str(p))
 
 
 def load_topology_text(text: str, source: str = "<text>") -> Topology:

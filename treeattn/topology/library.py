@@ -33,7 +33,7 @@ from treeattn.topology.model import Topology
 from treeattn.topology.schema import FieldError
 
 __all__ = ["PresetInfo", "topologies_dir", "shipped_files", "resolve", "list_presets", "parse_ranks",
-           "subset_topology"]
+           "subset_topology", "recorded_source", "resolve_recorded"]
 
 ENV_DIR = "TREEATTN_TOPOLOGIES"
 """Environment variable naming another folder of shipped topology files."""
@@ -116,7 +116,7 @@ def resolve(spec: str) -> Topology:
     name = text.partition(":")[0]
     if ":" in text and name in FAMILIES and not path.is_file():
         return _family(text)
-    if path.suffix in (".yaml", ".yml") or os.sep in text or path.is_file():
+    if _names_file(text):
         return load_topology(path)
     files = shipped_files()
     if text in files:
@@ -130,6 +130,91 @@ def resolve(spec: str) -> Topology:
         f"unknown topology {spec!r}{extra}; give a YAML file, a shipped name ({', '.join(files) or 'none found'}) "
         f"or a family spec NAME:key=value ({', '.join(sorted(FAMILIES))}); see `treeattn topo list`"
     )
+
+
+def _names_file(text: str) -> bool:
+    """Whether ``resolve`` reads ``text`` as a path (not a shipped name or family spec)."""
+    path = Path(text).expanduser()
+    if ":" in text and text.partition(":")[0] in FAMILIES and not path.is_file():
+        return False
+    return path.suffix in (".yaml", ".yml") or os.sep in text or path.is_file()
+
+
+def _split_selection(spec: str) -> tuple[str, str]:
+    """``("base", "[ranks 0-3]")`` for ``base[ranks 0-3]``; ``(spec, "")`` without a selection."""
+    sub = _SUBSET.match(spec.strip())
+    if sub is None or Path(spec.strip()).expanduser().is_file():
+        return spec.strip(), ""
+    return sub.group("base"), spec.strip()[len(sub.group("base")):]
+
+
+def recorded_source(spec: str, topo: Topology, plan_path: Path) -> str | None:
+    """What a plan written to ``plan_path`` records (``TopologyRef.source``) so that
+    ``resolve_recorded`` finds ``topo`` again from any directory.
+
+    Args:
+        spec: what the user typed (``resolve``'s argument), with any ``[ranks ...]`` selection.
+        topo: the topology it gave.
+        plan_path: where the plan is written.
+
+    Returns:
+        None when the topology's name finds it (a shipped name, a family member); else
+        ``spec``, a file's path made relative to the plan's folder (absolute when it cannot be).
+    """
+    base, selection = _split_selection(spec)
+    if not _names_file(base):
+        if spec.strip() == topo.name:
+            return None
+        try:  # a family member's name is its canonical spec: it finds it again
+            if resolve(topo.name).fingerprint == topo.fingerprint:
+                return None
+        except InputError:
+            pass
+        return spec.strip()
+    path = Path(base).expanduser().resolve()
+    try:
+        where = os.path.relpath(path, Path(plan_path).resolve().parent)
+    except ValueError:  # another drive
+        where = str(path)
+    return Path(where).as_posix() + selection
+
+
+def resolve_recorded(name: str, fingerprint: str, source: str | None, plan_path: Path | None,
+                     what: str = "the plan") -> Topology:
+    """The topology a plan was made for, from what it records, with its fingerprint checked.
+
+    Args:
+        name: ``TopologyRef.name``. fingerprint: ``TopologyRef.fingerprint``.
+        source: ``TopologyRef.source`` (a file relative to the plan's folder), or None.
+        plan_path: the plan file (relative sources are read from its folder).
+        what: how errors name the plan.
+
+    Returns:
+        The topology.
+
+    Raises:
+        InputError: it is not found, or it changed since; the message says what to pass.
+    """
+    made = f"{what} was made for topology {name!r} ({fingerprint})"
+    base, selection = _split_selection(source if source is not None else name)
+    from_file = source is not None and _names_file(base)
+    if from_file and plan_path is not None and not Path(base).expanduser().is_absolute():
+        base = os.path.normpath(Path(plan_path).parent / base)
+    spec = base + selection
+    try:
+        topo = resolve(spec)
+    except InputError as exc:
+        if source is None:
+            why = "a name that is no shipped topology or family here, and the plan records no file"
+        elif from_file and not Path(base).expanduser().is_file():
+            why = f"from {base}, which does not exist"
+        else:
+            why = f"from {spec}: {exc}"
+        raise InputError(f"{made}, {why}; pass --topology FILE|NAME with that topology") from None
+    if topo.fingerprint != fingerprint:
+        raise InputError(f"{made}, but {spec} is {topo.fingerprint} now (it changed since); pass --topology "
+                         f"{spec} to predict on it as it is, or plan again")
+    return topo
 
 
 @functools.lru_cache(maxsize=16)

@@ -17,6 +17,9 @@ from functools import cached_property
 from treeattn.errors import TopologyError
 
 __all__ = [
+    "CALIBRATED_BY",
+    "MAX_RANKS",
+    "check_rank_count",
     "DeviceKind",
     "LinkKind",
     "LinkClass",
@@ -26,6 +29,22 @@ __all__ = [
     "Topology",
     "link_class",
 ]
+
+
+CALIBRATED_BY = "treeattn calibrate"
+"""How a fitted topology's ``sources`` entry begins (``Topology.calibrated``)."""
+
+MAX_RANKS = 16_384
+"""The most ranks a topology may place (``dgx-h100:nodes=2048``): the largest size the
+search, simulator and plan files are measured at (``benchmarks/``); beyond it a topology
+is refused before it is built (README, "Scale")."""
+
+
+def check_rank_count(ranks: int, what: str) -> None:
+    """Refuse ``ranks`` above ``MAX_RANKS`` (``what`` names the topology or flag)."""
+    if ranks > MAX_RANKS:
+        raise TopologyError(f"{what}: {ranks:,} ranks is above treeattn's limit of {MAX_RANKS:,} ranks "
+                            f"(dgx-h100:nodes=2048); see the README, 'Scale'")
 
 
 class DeviceKind(StrEnum):
@@ -329,7 +348,8 @@ class CostParams:
 
     def _terms(self) -> tuple:
         base = (float(self.overhead_us), float(self.launch_us), float(self.mem_efficiency))
-        if not self.host_cores and not self.wakeup_us and self.attn_launch_us is None and self.attn_gbps is None:
+        if (not self.host_cores and not self.wakeup_us and self.attn_launch_us is None and self.attn_gbps is None
+                and self.attn_next_launch_us is None):
             # fingerprints of topologies without the newer terms stay as they were
             return base if self.attn_efficiency is None else (*base, "attn_eff", float(self.attn_efficiency))
         terms = (*base, self.host_cores, float(self.cpu_us), self.cpu_scope, float(self.wakeup_us),
@@ -359,7 +379,7 @@ class Topology:
     """Device name of each rank, in rank order."""
     description: str = ""
     sources: tuple[str, ...] = ()
-    """Citations for the figures used (HARDWARE.md rows, public specs)."""
+    """Citations for the figures used (docs/hardware.md rows, public specs)."""
     cost: CostParams = field(default_factory=CostParams)
 
     def __post_init__(self) -> None:
@@ -387,6 +407,7 @@ class Topology:
             pairs.add((ln.src, ln.dst))
         if not self.ranks:
             raise TopologyError(f"topology {self.name!r}: no ranks placed")
+        check_rank_count(len(self.ranks), f"topology {self.name!r}")
         by_name = {d.name: d for d in self.devices}
         used: set[str] = set()
         for r, dev in enumerate(self.ranks):
@@ -445,7 +466,7 @@ class Topology:
     def route(self, src: int, dst: int) -> tuple[int, ...]:
         """Link indices a message from rank ``src`` to rank ``dst`` crosses, in order.
 
-        Routing follows DESIGN.md section 4: NVLink/xGMI (directly or through NVSwitches)
+        Routing follows docs/design.md section 4: NVLink/xGMI (directly or through NVSwitches)
         inside a node, else PCIe through the lowest common bridge (through host memory for
         GPUs without peer-to-peer), across sockets when needed; between nodes through each
         end's NIC and the switch fabric (ECMP spread over equal-length switch paths).
@@ -501,6 +522,16 @@ class Topology:
             "links": [ln.to_dict() for ln in self.links],
             "ranks": list(self.ranks),
         }
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether ``treeattn calibrate`` fitted its figures (rather than datasheet or built-in defaults)."""
+        return any(s.startswith(CALIBRATED_BY) for s in self.sources)
+
+    @property
+    def on_gpus(self) -> bool:
+        """Whether its ranks are GPUs (not processes on CPUs)."""
+        return any(self.rank_device(r).kind is DeviceKind.GPU for r in range(self.num_ranks))
 
     @cached_property
     def fingerprint(self) -> str:

@@ -1,4 +1,4 @@
-"""Routing between devices (DESIGN.md section 4), cached so that fabrics of 16,000 GPUs
+"""Routing between devices (docs/design.md section 4), cached so that fabrics of 16,000 GPUs
 route in well under a second per thousand pairs.
 
 A route is a tuple of indices into ``Topology.links``. Rules, in order:

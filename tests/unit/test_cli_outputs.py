@@ -1,0 +1,90 @@
+"""One rule for every output path, checked before any work: missing folders are created, a
+folder means a file inside it, images get .png, and the path printed is the file written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli_helpers import run_cli
+from treeattn.plan.builders import build
+from treeattn.plan.io import save_plan
+from treeattn.topology.library import resolve
+from treeattn.workload import Workload
+
+W = Workload(batch=1, q_heads=4, kv_heads=2, head_dim=8, split=(4, 4), kv_dtype="fp32")
+LOG = Path(__file__).parents[1] / "fixtures" / "nccl-tests" / "all_reduce_perf.8xh100-1node.txt"
+SHAPE = ("-m", "llama-3.1-8b", "-n", "1K", "--no-progress")
+
+
+@pytest.fixture()
+def plan(tmp_path: Path) -> Path:
+    return save_plan(build("star", W, resolve("cpu:ranks=2,cores=2")), tmp_path / "p.yaml")
+
+
+# (command before the output flag, the flag, the work that must not start: module, attribute)
+CASES = [
+    (("plan", "-t", "cpu-4", *SHAPE), "--out", "treeattn.search", "search"),
+    (("compare", "-t", "cpu-4", "-m", "llama-3.1-8b", "--seq-lens", "1K"), "--csv", "treeattn.search.compare",
+     "compare"),
+    (("compare", "-t", "cpu-4", "-m", "llama-3.1-8b", "--seq-lens", "1K"), "--png", "treeattn.search.compare",
+     "compare"),
+    (("simulate", "PLAN"), "--timeline", "treeattn.cli.simulate", "simulate"),
+    (("topo", "show", "cpu-4"), "--png", "treeattn.cli.topo", "topology_summary"),
+    (("calibrate", "-t", "cpu:ranks=2"), "--out", "treeattn.probe.calibrate", "calibrate"),
+    (("calibrate", "-t", "cpu:ranks=2"), "--png", "treeattn.probe.calibrate", "calibrate"),
+    (("calibrate", "-t", "dgx-h100", "--from-nccl-tests", str(LOG)), "--out", "treeattn.probe.calibrate_nccl",
+     "calibrate_from_nccl_tests"),
+    (("probe", "--ranks", "2"), "--out", "treeattn.cli.probe", "probe"),
+    (("run", "PLAN"), "--out", "treeattn.exec.launch", "launch"),
+    (("emulate", "run", "cpu:ranks=2", "PLAN"), "--out", "treeattn.emulate", "emulated"),
+    (("validate", "cpu:ranks=2"), "--out", "treeattn.validate", "validate"),
+]
+
+
+@pytest.mark.parametrize("args, flag, module, name", CASES, ids=lambda x: x if isinstance(x, str) else " ".join(x[:2]))
+def test_an_unwritable_output_is_refused_before_any_work(tmp_path: Path, plan: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         args: tuple[str, ...], flag: str, module: str,
+                                                         name: str) -> None:
+    import importlib
+
+    def no_work(*a, **k):  # noqa: ANN002, ANN003
+        raise AssertionError(f"{module}.{name} ran before the output was checked")
+
+    monkeypatch.setattr(importlib.import_module(module), name, no_work)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    args = tuple(str(plan) if a == "PLAN" else a for a in args)
+    res = run_cli(*args, flag, str(blocker / "sub" / "out.x"))
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr.count("\n") == 1 and flag in res.stderr and "cannot create folder" in res.stderr
+
+
+def test_missing_folders_are_created(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "deeper" / "p.yaml"
+    assert run_cli("plan", "-t", "cpu-4", *SHAPE, "-a", "star", "--out", str(out)).exit_code == 0
+    assert out.is_file()
+
+
+@pytest.mark.parametrize("args, flag", [
+    (("simulate", "PLAN"), "--timeline"),
+    (("topo", "show", "cpu-4"), "--png"),
+    (("compare", "-t", "cpu-4", "-m", "llama-3.1-8b", "--seq-lens", "1K"), "--png"),
+])
+def test_images_are_written_where_printed(tmp_path: Path, plan: Path, args: tuple[str, ...], flag: str) -> None:
+    args = tuple(str(plan) if a == "PLAN" else a for a in args)
+    bare = tmp_path / "x" / "tl"  # no suffix: .png is added, and the printed path says so
+    res = run_cli(*args, flag, str(bare))
+    assert res.exit_code == 0, res.stderr
+    written = bare.with_name("tl.png")
+    assert written.is_file() and str(written) in res.stdout and not bare.exists()
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    res = run_cli(*args, flag, str(folder), "--json")
+    assert res.exit_code == 0, res.stderr
+    inside = list(folder.iterdir())
+    assert len(inside) == 1 and inside[0].suffix == ".png" and str(inside[0]) in res.stdout
+    assert not tmp_path.joinpath("dir.png").exists()
+    json.loads(res.stdout)

@@ -1,0 +1,70 @@
+"""Where a command writes: one rule for every output path, checked before any work.
+
+* A path that is an existing folder means a file inside it, named ``default_name``.
+* An image path without ``.png`` gets it (matplotlib would add it anyway), so the path a
+  command prints is the file it wrote.
+* Missing parent folders are created, as most tools do.
+* A path that cannot be written (a file in the way of a folder, no permission, an output
+  that is itself a folder) is bad input: exit 2 and one line, before measuring or searching.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from treeattn.errors import InputError
+
+__all__ = ["output_file", "output_folder", "safe_name"]
+
+
+def safe_name(text: str) -> str:
+    """``text`` as a file name: runs of anything but letters, digits, ``_.-`` become ``-``."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
+
+
+def _make_folder(folder: Path, flag: str, shown: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{flag} {str(shown)!r}: cannot create folder {str(folder)!r}: "
+                         f"{exc.strerror or exc}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {str(shown)!r}: folder {str(folder)!r} is not writable")
+
+
+def output_file(path: Path, flag: str, default_name: str, *, suffix: str | None = None) -> Path:
+    """The file a command will write for ``flag`` (see the module docstring), its folder made.
+
+    Args:
+        path: what the user gave.
+        flag: the option, for messages (``--out``).
+        default_name: the file's name when ``path`` is an existing folder.
+        suffix: the suffix the file must have (``.png``), added when missing.
+
+    Returns:
+        The path to write and to print.
+
+    Raises:
+        InputError: the path cannot be written.
+    """
+    given = Path(path).expanduser()
+    out = given / default_name if given.is_dir() else given
+    if suffix is not None and out.suffix.lower() != suffix:
+        out = out.with_name(out.name + suffix)
+    if out.is_dir():
+        raise InputError(f"{flag} {str(given)!r}: {str(out)!r} is a folder; give a file name")
+    _make_folder(out.parent, flag, given)
+    if out.exists() and not os.access(out, os.W_OK):
+        raise InputError(f"{flag} {str(given)!r}: {str(out)!r} is not writable")
+    return out
+
+
+def output_folder(path: Path, flag: str) -> Path:
+    """A folder a command writes into, created (with its parents) and checked writable."""
+    given = Path(path).expanduser()
+    if given.exists() and not given.is_dir():
+        raise InputError(f"{flag} {str(given)!r} is a file; give a folder")
+    _make_folder(given, flag, given)
+    return given

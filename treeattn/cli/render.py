@@ -1,0 +1,139 @@
+"""What every command prints on stdout goes through ``console()``: tables never lose a character.
+
+rich shrinks a table that is wider than the console by cutting cells (``130…``), and a
+console that is not a terminal (a pipe, a log, CI) is 80 columns wide. Here a table is
+laid out by ``fit_table`` instead: each column gets at least its longest word (headers
+wrap between words, cells too), and when even that is too wide for the console the table
+is split into parts that fit, each repeating the key columns (the first, unless
+``key_columns`` says more) so every row can be read across parts. A single word longer
+than the console folds onto the next line rather than being cut.
+
+    con = console()
+    table = key_columns(Table(title="..."), 3)   # topology, ranks, N identify a row
+    con.print(table)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+
+__all__ = ["console", "key_columns", "fit_table"]
+
+_KEY = "_treeattn_key_columns"
+
+
+def console() -> Console:
+    """The console a command prints its tables and lines to (stdout)."""
+    return _FittingConsole(highlight=False, soft_wrap=True)
+
+
+def key_columns(table: Table, n: int) -> Table:
+    """Mark the first ``n`` columns of ``table`` as the ones that identify a row (repeated
+    in every part when the table is split); returns the table."""
+    setattr(table, _KEY, n)
+    return table
+
+
+class _FittingConsole(Console):
+    def print(self, *objects: Any, **kwargs: Any) -> None:  # noqa: D102 - Console.print
+        rest: list[Any] = []
+        for obj in objects:
+            if isinstance(obj, Table) and obj.columns:
+                if rest:
+                    super().print(*rest, **kwargs)
+                    rest = []
+                for part in fit_table(obj, self.width, self):
+                    super().print(part, **kwargs)
+            else:
+                rest.append(obj)
+        if rest or not objects:
+            super().print(*rest, **kwargs)
+
+
+def _padding(table: Table, index: int, count: int) -> int:
+    _, right, _, left = table.padding
+    if not table.pad_edge:
+        left = 0 if index == 0 else left
+        right = 0 if index == count - 1 else right
+    return left + right
+
+
+def _borders(table: Table, count: int) -> int:
+    if table.box is None:
+        return 0
+    return (2 if table.show_edge else 0) + count - 1
+
+
+def _measure(con: Console, table: Table, column) -> tuple[int, int]:  # noqa: ANN001 - a rich Column
+    """(longest word, longest line) over the column's header and cells, without padding."""
+    options = con.options.update(width=10_000)
+    lo, hi = 1, 1
+    for cell in (column.header if table.show_header else "", *column._cells):
+        m = Measurement.get(con, options, cell)
+        lo, hi = max(lo, m.minimum), max(hi, m.maximum)
+    return lo, hi
+
+
+def fit_table(table: Table, width: int, con: Console) -> list[Table]:
+    """``table`` laid out to ``width`` columns without cutting a cell: one table, or parts
+    of it (each with the key columns first) when its columns cannot fit side by side."""
+    cols = table.columns
+    count = len(cols)
+    pads = [_padding(table, i, count) for i in range(count)]
+    sizes = [_measure(con, table, c) for c in cols]
+    need = [lo + p for (lo, _), p in zip(sizes, pads, strict=True)]
+    nkey = min(getattr(table, _KEY, 1), count - 1)
+    # Fewer key columns when they leave no room for the widest other column beside them.
+    while nkey > 0 and sum(need[:nkey]) + max(need[nkey:]) + _borders(table, nkey + 1) > width:
+        nkey -= 1
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for i in range(nkey, count):
+        trial = current + [i]
+        used = sum(need[j] for j in range(nkey)) + sum(need[j] for j in trial) + _borders(table, nkey + len(trial))
+        if current and used > width:
+            groups.append(current)
+            current = [i]
+        else:
+            current = trial
+    groups.append(current)
+    parts = []
+    for n, group in enumerate(groups, 1):
+        idx = [*range(nkey), *group]
+        part = copy.copy(table)
+        part.columns = [dataclasses.replace(cols[j], _index=k) for k, j in enumerate(idx)]
+        if len(groups) > 1 and table.title is not None:
+            part.title = f"{table.title} (part {n} of {len(groups)})"
+        _set_widths(part, [sizes[j] for j in idx], [pads[j] for j in idx], width - _borders(part, len(idx)))
+        parts.append(part)
+    return parts
+
+
+def _set_widths(part: Table, sizes: list[tuple[int, int]], pads: list[int], room: int) -> None:
+    """Give each column its natural width, then take the excess from the columns with the
+    most slack above their longest word; below that, fold (never cut)."""
+    widths = [hi for _, hi in sizes]
+    floor = [lo for lo, _ in sizes]
+    excess = sum(widths) + sum(pads) - room
+    while excess > 0:
+        slack = [w - f for w, f in zip(widths, floor, strict=True)]
+        i = max(range(len(widths)), key=lambda k: (slack[k], k))
+        if slack[i] <= 0:
+            # Even the longest words do not fit: the widest column folds inside its words.
+            i = max(range(len(widths)), key=lambda k: (widths[k], k))
+            if widths[i] <= 1:
+                break
+        widths[i] -= 1
+        excess -= 1
+    for col, w in zip(part.columns, widths, strict=True):
+        col.width = w
+        col.min_width = None
+        col.max_width = None
+        col.no_wrap = False
+        col.overflow = "fold"
