@@ -47,13 +47,13 @@ def test_cli_end_to_end_on_two_ranks(tmp_path):
     # CPU ranks: the host terms are fitted and written; one flow runs at the wire rate left of
     # beta once the receiver's copy is taken out, all flows together at least as fast.
     host = report["host"]
-    assert cost.host_cores == host["cores"] >= 1 and cost.cpu_scope == "machine"
-    assert cost.cpu_us == pytest.approx(host["cpu_us"]) and cost.wakeup_us == pytest.approx(host["wakeup_us"])
+    assert cost.host.host_cores == host["cores"] >= 1 and cost.host.cpu_scope == "machine"
+    assert cost.host.cpu_us == pytest.approx(host["cpu_us"]) and cost.host.wakeup_us == pytest.approx(host["wakeup_us"])
     copy_gbps = topo.devices[0].mem_bw_gbps * cost.mem_efficiency
     assert 1 / ln.flow_gbps == pytest.approx(1 / cls["beta_gbps"] - 2 / copy_gbps, rel=1e-6) or (
         ln.flow_gbps == pytest.approx(cls["beta_gbps"]))
     assert ln.bw_gbps >= ln.flow_gbps
-    assert ln.latency_us == pytest.approx(max(0.0, cls["alpha_us"] - cost.launch_us - min(cost.cpu_us,
+    assert ln.latency_us == pytest.approx(max(0.0, cls["alpha_us"] - cost.launch_us - min(cost.host.cpu_us,
                                                                                           cls["alpha_us"])))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

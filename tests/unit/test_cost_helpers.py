@@ -205,5 +205,5 @@ def loopback_hosts(ranks: int = 4, **cost) -> tuple[Topology, Topology]:
     dev = dataclasses.replace(topo.devices[0], mem_bw_gbps=0.0)
     lb = dataclasses.replace(topo.links[0], latency_us=10.0, bw_gbps=2.5, flow_gbps=None)
     topo = dataclasses.replace(topo, devices=(dev,), links=(lb,), cost=CostParams(overhead_us=0.0, launch_us=0.0))
-    truth = dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, host_cores=2, cpu_scope="machine", **cost))
+    truth = dataclasses.replace(topo, cost=topo.cost.updated(host_cores=2, cpu_scope="machine", **cost))
     return topo, truth

@@ -26,7 +26,7 @@ BETA = 10.0e3  # bytes per microsecond on switch_topo's links
 
 def hosts(p: int, *, cores: int, cpu: float, wakeup: float = 0.0, lat: float = 1.0):
     topo = switch_topo(p, bw=10.0, lat=lat, overhead=2.0)
-    cost = CostParams(overhead_us=2.0, launch_us=0.0, mem_efficiency=1.0, host_cores=cores, cpu_us=cpu,
+    cost = CostParams.from_flat(overhead_us=2.0, launch_us=0.0, mem_efficiency=1.0, host_cores=cores, cpu_us=cpu,
                       cpu_scope="machine", wakeup_us=wakeup)
     return dataclasses.replace(topo, cost=cost)
 
@@ -75,7 +75,7 @@ def test_merges_and_compute_share_the_cores():
     # Two ranks each merge 1 MB received from a third: on one core the merges take turns.
     def run(cores: int) -> float:
         base = switch_topo(3, bw=10.0, lat=0.0, overhead=0.0, mem_bw=10.0)
-        topo = dataclasses.replace(base, cost=CostParams(overhead_us=0.0, launch_us=0.0, mem_efficiency=1.0,
+        topo = dataclasses.replace(base, cost=CostParams.from_flat(overhead_us=0.0, launch_us=0.0, mem_efficiency=1.0,
                                                           host_cores=cores, cpu_scope="machine"))
         progs = [[Op(OpKind.SEND, 0, peer=1), Op(OpKind.SEND, 0, peer=2)],
                  [Op(OpKind.RECV_MERGE, 0, peer=0)], [Op(OpKind.RECV_MERGE, 0, peer=0)]]
@@ -114,9 +114,9 @@ def test_host_terms_only_ever_add_time(cores, cpu, wakeup, nbytes):
 def test_cost_terms_round_trip_yaml_and_change_the_fingerprint():
     base = resolve("cpu:ranks=4,cores=2")
     ln = dataclasses.replace(base.links[0], flow_gbps=1.5)
-    topo = dataclasses.replace(base, links=(ln,), cost=CostParams(host_cores=2, cpu_us=40.0, cpu_scope="machine",
-                                                                    wakeup_us=80.0, attn_launch_us=90.0,
-                                                                    attn_gbps=3.5, attn_next_launch_us=30.0))
+    topo = dataclasses.replace(base, links=(ln,), cost=CostParams.from_flat(
+        host_cores=2, cpu_us=40.0, cpu_scope="machine", wakeup_us=80.0, attn_launch_us=90.0, attn_gbps=3.5,
+        attn_next_launch_us=30.0))
     back = load_topology_text(dump_topology(topo), "t.yaml")
     assert back.cost == topo.cost and back.links[0].flow_gbps == 1.5
     assert back.fingerprint == topo.fingerprint != base.fingerprint
@@ -127,7 +127,7 @@ def test_cost_terms_round_trip_yaml_and_change_the_fingerprint():
                                  dict(attn_next_launch_us=-1.0)])
 def test_bad_cost_terms_are_rejected(bad):
     with pytest.raises(TopologyError):
-        CostParams(**bad)
+        CostParams.from_flat(**bad)
     with pytest.raises(TopologyError):
         Link("a", "a", LinkKind.LOOPBACK, 1.0, flow_gbps=0.0)
 
@@ -142,8 +142,8 @@ def test_host_fit_recovers_known_terms_from_simulated_cases():
     topo = bare_cpu4()
     lb = topo.links[0]
     truth_link = dataclasses.replace(lb, latency_us=10.0, bw_gbps=4.0, flow_gbps=2.5)
-    truth = dataclasses.replace(topo, links=(truth_link,), cost=dataclasses.replace(
-        topo.cost, host_cores=2, cpu_us=40.0, cpu_scope="machine", wakeup_us=90.0))
+    truth = dataclasses.replace(topo, links=(truth_link,), cost=topo.cost.with_host(
+        host_cores=2, cpu_us=40.0, cpu_scope="machine", wakeup_us=90.0))
     plans = []
     for n in (4, 16384, 1 << 20, 16 << 20):
         plans += [pingpong_plan(topo, 4, (0, 1), n, r) for r in (1, 4)]
@@ -155,7 +155,7 @@ def test_host_fit_recovers_known_terms_from_simulated_cases():
     assert fit.rms_log_error < 0.01
     assert abs(fit.cpu_us - 40.0) < 2.0 and abs(fit.wakeup_us - 90.0) < 5.0
     assert abs(fit.loopback_gbps - 4.0) < 0.2
-    assert fitted.cost.host_cores == 2 and fitted.links[0].flow_gbps == 2.5
+    assert fitted.cost.host.host_cores == 2 and fitted.links[0].flow_gbps == 2.5
 
 
 def test_calibrated_attention_kernel_times_compute_and_merges_keep_theirs():
@@ -178,8 +178,8 @@ def test_host_fit_scales_the_attention_kernel_to_ranks_computing_at_once():
     topo = bare_cpu4()
     lb = topo.links[0]
     truth = dataclasses.replace(topo, links=(dataclasses.replace(lb, latency_us=10.0, bw_gbps=4.0, flow_gbps=2.5),),
-                                cost=dataclasses.replace(topo.cost, host_cores=2, cpu_us=40.0, cpu_scope="machine",
-                                                         wakeup_us=90.0, attn_launch_us=50.0, attn_gbps=3.0))
+                                cost=dataclasses.replace(topo.cost, attn_launch_us=50.0, attn_gbps=3.0).with_host(
+                                    host_cores=2, cpu_us=40.0, cpu_scope="machine", wakeup_us=90.0))
     plans = [compute_plan(topo, 4, (8, 1, 32), t) for t in (1024, 65536)]
     for n in (4, 1 << 20):
         plans += [pingpong_plan(topo, 4, (0, 1), n, r) for r in (1, 4)]

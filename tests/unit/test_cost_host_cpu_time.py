@@ -30,7 +30,7 @@ HEADS = (8, 1, 32)
 def hosts(p: int, *, cores: int, cpu: float = 0.0, step: float = 0.0, start: float = 0.0, kb: float = 0.0,
           queue: str = "fifo", wakeup: float = 0.0):
     topo = switch_topo(p, bw=10.0, lat=1.0, overhead=2.0)
-    cost = CostParams(overhead_us=2.0, launch_us=0.0, mem_efficiency=1.0, host_cores=cores, cpu_us=cpu,
+    cost = CostParams.from_flat(overhead_us=2.0, launch_us=0.0, mem_efficiency=1.0, host_cores=cores, cpu_us=cpu,
                       cpu_scope="machine", step_us=step, cpu_queue=queue, wakeup_us=wakeup, start_cpu_us=start,
                       cpu_us_per_kb=kb)
     return dataclasses.replace(topo, cost=cost)
@@ -71,7 +71,7 @@ def test_byte_work_takes_its_share_of_a_shared_core():
     # One core, fair: a compute on rank 2 shares it with the byte work of a big message.
     topo = hosts(3, cores=1, kb=1.0, queue="fair")
     plan = fanin_plan(topo, 3, 0, [1], 1 << 20)
-    alone = simulate(plan, dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, cpu_us_per_kb=0.0)))
+    alone = simulate(plan, dataclasses.replace(topo, cost=topo.cost.with_host(cpu_us_per_kb=0.0)))
     assert simulate(plan, topo).cpu_us[0] == pytest.approx(1024.0)
     assert simulate(plan, topo).predicted_us >= alone.predicted_us
 
@@ -103,15 +103,15 @@ def test_host_collectives_report_each_ranks_cpu():
 
 def test_cpu_terms_round_trip_yaml_and_reject_negatives():
     base = resolve("cpu:ranks=4,cores=2")
-    topo = dataclasses.replace(base, cost=CostParams(host_cores=2, cpu_us=40.0, cpu_scope="machine",
+    topo = dataclasses.replace(base, cost=CostParams.from_flat(host_cores=2, cpu_us=40.0, cpu_scope="machine",
                                                      start_cpu_us=70.0, cpu_us_per_kb=2.5))
     text = dump_topology(topo)
     assert "start_cpu_us" in text and load_topology_text(text, "t.yaml").cost == topo.cost
-    plain = dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, start_cpu_us=0.0, cpu_us_per_kb=0.0))
+    plain = dataclasses.replace(topo, cost=topo.cost.with_host(start_cpu_us=0.0, cpu_us_per_kb=0.0))
     assert topo.fingerprint != plain.fingerprint and "cpu_us_per_kb" not in dump_topology(plain)
     for bad in (dict(start_cpu_us=-1.0), dict(cpu_us_per_kb=-0.5)):
         with pytest.raises(TopologyError):
-            CostParams(**bad)
+            CostParams.from_flat(**bad)
 
 
 def test_host_fit_pins_cpu_terms_with_measured_cpu_time():
@@ -131,9 +131,9 @@ def test_host_fit_pins_cpu_terms_with_measured_cpu_time():
                           attn_launch_us=50.0, attn_gbps=6.0)
     fitted, fit, _ = fit_host_terms(topo, params, cases, cores=2, start_wakeup_us=50.0, cpu_queue="fifo")
     assert fit.rms_log_error < 0.05
-    assert fitted.cost.cpu_us_per_kb == pytest.approx(2.0, rel=0.15)
-    assert fitted.cost.start_cpu_us == pytest.approx(60.0, rel=0.3)
-    assert fit.start_cpu_us == fitted.cost.start_cpu_us and fit.cpu_us_per_kb == fitted.cost.cpu_us_per_kb
+    assert fitted.cost.host.cpu_us_per_kb == pytest.approx(2.0, rel=0.15)
+    assert fitted.cost.host.start_cpu_us == pytest.approx(60.0, rel=0.3)
+    assert fit.start_cpu_us == fitted.cost.host.start_cpu_us and fit.cpu_us_per_kb == fitted.cost.host.cpu_us_per_kb
     # without measured CPU times the two terms are not fitted
     _, blind, _ = fit_host_terms(topo, params, [c[:2] for c in cases], cores=2, start_wakeup_us=50.0,
                                  cpu_queue="fifo")
@@ -165,4 +165,4 @@ def test_host_fit_tells_a_steps_cpu_from_a_messages_by_the_cpu_the_ranks_used(se
                           attn_launch_us=50.0, attn_gbps=6.0)
     fitted, fit, _ = fit_host_terms(topo, params, cases, cores=2, start_wakeup_us=50.0, cpu_queue="fifo")
     assert fit.rms_log_error < 0.08
-    assert fitted.cost.step_us == pytest.approx(120.0, rel=0.25)
+    assert fitted.cost.host.step_us == pytest.approx(120.0, rel=0.25)

@@ -39,7 +39,7 @@ HEADS = (8, 1, 32)
 def hosts(p: int, *, cores: int, cpu: float = 0.0, step: float = 0.0, queue: str = "fair",
           coll: float | None = None, attn_launch: float | None = None, attn_gbps: float | None = None):
     topo = switch_topo(p, bw=10.0, lat=1.0, overhead=2.0)
-    cost = CostParams(overhead_us=2.0, launch_us=0.0, mem_efficiency=1.0, host_cores=cores, cpu_us=cpu,
+    cost = CostParams.from_flat(overhead_us=2.0, launch_us=0.0, mem_efficiency=1.0, host_cores=cores, cpu_us=cpu,
                       cpu_scope="machine", step_us=step, cpu_queue=queue, coll_cpu_us=coll,
                       attn_launch_us=attn_launch, attn_gbps=attn_gbps)
     return dataclasses.replace(topo, cost=cost)
@@ -63,7 +63,7 @@ def test_step_us_is_not_paid_by_compute_or_without_host_cores():
     topo = hosts(4, cores=4, step=50.0, attn_launch=20.0, attn_gbps=1.0)
     plan = compute_plan(topo, 4, HEADS, 64)
     assert close(simulate(plan, topo).predicted_us,
-                 simulate(plan, dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, step_us=0.0)))
+                 simulate(plan, dataclasses.replace(topo, cost=topo.cost.with_host(step_us=0.0)))
                  .predicted_us)
     free = hosts(2, cores=0, step=50.0)
     assert simulate(pingpong_plan(free, 2, (0, 1), 4, 1), free).predicted_us < 50.0
@@ -135,12 +135,11 @@ def test_library_collectives_pay_coll_cpu_us_per_message_end():
 
 def test_new_cost_terms_round_trip_yaml_and_change_the_fingerprint():
     base = resolve("cpu:ranks=4,cores=2")
-    topo = dataclasses.replace(base, cost=CostParams(host_cores=2, cpu_us=40.0, cpu_scope="machine",
+    topo = dataclasses.replace(base, cost=CostParams.from_flat(host_cores=2, cpu_us=40.0, cpu_scope="machine",
                                                      step_us=12.0, cpu_queue="fifo", coll_cpu_us=9.0))
     back = load_topology_text(dump_topology(topo), "t.yaml")
     assert back.cost == topo.cost
-    plain = dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, step_us=0.0, cpu_queue="fair",
-                                                               coll_cpu_us=None))
+    plain = dataclasses.replace(topo, cost=topo.cost.with_host(step_us=0.0, cpu_queue="fair", coll_cpu_us=None))
     assert len({topo.fingerprint, plain.fingerprint}) == 2
     assert "step_us" not in dump_topology(plain) and "cpu_queue" not in dump_topology(plain)
 
@@ -148,7 +147,7 @@ def test_new_cost_terms_round_trip_yaml_and_change_the_fingerprint():
 @pytest.mark.parametrize("bad", [dict(step_us=-1.0), dict(cpu_queue="lifo"), dict(coll_cpu_us=-3.0)])
 def test_bad_step_terms_are_rejected(bad):
     with pytest.raises(TopologyError):
-        CostParams(**bad)
+        CostParams.from_flat(**bad)
 
 
 def test_tree_cases_are_valid_attention_plans_rooted_at_the_last_rank():
@@ -183,9 +182,9 @@ def test_host_fit_recovers_step_and_collective_terms_from_plan_like_cases():
                           attn_launch_us=50.0, attn_gbps=6.0)
     fitted, fit, _ = fit_host_terms(topo, params, cases, cores=2, start_wakeup_us=50.0, cpu_queue="fifo")
     assert fit.rms_log_error < 0.03
-    assert fit.cpu_queue == "fifo" and fitted.cost.cpu_queue == "fifo"
-    assert fitted.cost.step_us == pytest.approx(25.0, abs=8.0)
-    assert fitted.cost.coll_cpu_us == pytest.approx(15.0, abs=6.0)
+    assert fit.cpu_queue == "fifo" and fitted.cost.host.cpu_queue == "fifo"
+    assert fitted.cost.host.step_us == pytest.approx(25.0, abs=8.0)
+    assert fitted.cost.host.coll_cpu_us == pytest.approx(15.0, abs=6.0)
     assert fitted.cost.attn_launch_us == pytest.approx(300.0, rel=0.1)
     # A rank's later kernels of a run keep the cost timed alone (ring attention's).
     assert fitted.cost.attn_next_launch_us == 50.0

@@ -61,8 +61,8 @@ def test_a_calibrated_topology_gets_no_note(tmp_path: Path, said_before_launch: 
 
 def test_the_cpu_family_names_the_cores_it_was_built_for() -> None:
     here = resolve("cpu:ranks=4")
-    assert here.name == f"cpu:ranks=4,cores={here.cost.host_cores}" and here.cost.host_cores >= 1
+    assert here.name == f"cpu:ranks=4,cores={here.cost.host.host_cores}" and here.cost.host.host_cores >= 1
     assert resolve(here.name).fingerprint == here.fingerprint
     two = resolve("cpu:ranks=4,cores=2")
-    assert two.cost.host_cores == 2 and two.cost.cpu_us > 0 and two.cost.attn_gbps is not None
+    assert two.cost.host.host_cores == 2 and two.cost.host.cpu_us > 0 and two.cost.attn_gbps is not None
     assert not two.calibrated and two.fingerprint == resolve("cpu-4").fingerprint

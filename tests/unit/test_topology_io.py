@@ -15,7 +15,7 @@ from treeattn.topology import build_family, dump_topology, load_topology, load_t
 from treeattn.topology.compact import build_compact
 from treeattn.topology.io import expand_ranks, topology_from_data
 from treeattn.topology.library import shipped_files
-from treeattn.topology.model import CostParams
+from treeattn.topology.model import CostParams, HostParams
 from treeattn.topology.schema import CompactFile
 
 # Shipped file -> family spec describing the same machine.
@@ -213,16 +213,17 @@ _VARIANTS = {"overhead_us": 3.0, "launch_us": 6.0, "mem_efficiency": 0.5, "host_
              "attn_next_launch_us": 3.0, "attn_efficiency": 0.5, "link_rates": "measured"}
 
 
-@pytest.mark.parametrize("base", [CostParams(), CostParams(host_cores=2, cpu_us=5.0)], ids=["bare", "host"])
+@pytest.mark.parametrize("base", [CostParams(), CostParams.from_flat(host_cores=2, cpu_us=5.0)], ids=["bare", "host"])
 @pytest.mark.parametrize("field", sorted(_VARIANTS))
 def test_a_cost_term_that_changes_a_prediction_changes_the_fingerprint(base, field):
     from treeattn.cost.simulate import simulate
     from treeattn.plan.builders import build
     from treeattn.workload import Workload
 
-    assert set(_VARIANTS) == {f.name for f in dataclasses.fields(CostParams)}
+    host_fields = {f.name for f in dataclasses.fields(HostParams)}
+    assert set(_VARIANTS) == {f.name for f in dataclasses.fields(CostParams)} - {"host"} | host_fields
     cpu = resolve("cpu:ranks=4,cores=2")
-    changed = dataclasses.replace(base, **{field: _VARIANTS[field]})
+    changed = base.updated(**{field: _VARIANTS[field]})
     one, other = (dataclasses.replace(cpu, cost=c) for c in (base, changed))
     w = Workload(batch=2, q_heads=4, kv_heads=2, head_dim=16, split=(256,) * 4)
     # Ring attention computes several times a rank (later launches); the three all-reduces are collectives.

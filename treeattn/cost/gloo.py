@@ -63,10 +63,11 @@ def _no_launch(topo: Topology) -> Topology:
     key = topo.fingerprint
     hit = _NO_LAUNCH.get(key)
     if hit is None:
-        cost = topo.cost
-        cpu = cost.cpu_us if cost.coll_cpu_us is None else cost.coll_cpu_us
-        hit = dataclasses.replace(topo, cost=dataclasses.replace(cost, launch_us=0.0, wakeup_us=0.0, step_us=0.0,
-                                                                 start_cpu_us=0.0, cpu_us=cpu, coll_cpu_us=None))
+        host = topo.cost.host
+        cpu = host.cpu_us if host.coll_cpu_us is None else host.coll_cpu_us
+        cost = dataclasses.replace(topo.cost, launch_us=0.0).with_host(wakeup_us=0.0, step_us=0.0, start_cpu_us=0.0,
+                                                                        cpu_us=cpu, coll_cpu_us=None)
+        hit = dataclasses.replace(topo, cost=cost)
         if len(_NO_LAUNCH) > 64:
             _NO_LAUNCH.clear()
         _NO_LAUNCH[key] = hit

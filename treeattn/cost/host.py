@@ -46,7 +46,7 @@ class HostModel:
 
     def __init__(self, engine: _Engine, topo: Topology) -> None:
         self.e = engine
-        cost = topo.cost
+        cost = topo.cost.host
         self.cpu_us, self.step_us = cost.cpu_us, cost.step_us
         self.start_cpu, self.kb_us = cost.start_cpu_us, cost.cpu_us_per_kb
         self.fifo = cost.cpu_queue == "fifo"
@@ -78,7 +78,7 @@ class HostModel:
     @classmethod
     def attach(cls, engine: _Engine, topo: Topology) -> HostModel | None:
         """The host model of ``topo``'s ranks, or None when ``host_cores`` is 0 (not modelled)."""
-        return cls(engine, topo) if topo.cost.host_cores > 0 else None
+        return cls(engine, topo) if topo.cost.host.host_cores > 0 else None
 
     def active(self, r: int) -> bool:
         """Rank ``r`` runs on a host core."""

@@ -22,10 +22,10 @@ It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
   the links carry them: a resource of its own). A COLLECTIVE starts when the last rank
   arrives and ends on every rank at once, after the library's time for its calls
   (``treeattn.cost.library``); a form that gathers and merges adds the local merge.
-* Host CPUs (``topo.cost.host_cores`` > 0; ranks on ``host`` devices only): their cores are
+* Host CPUs (``topo.cost.host.host_cores`` > 0; ranks on ``host`` devices only): their cores are
   resources beside the links and their CPU work flows through them (``treeattn.cost.host``,
   which says what a message, a step, a merge and a compute cost there).
-* Every rank runs its first step ``cost.wakeup_us`` after time 0 (a blocked process wakes).
+* Every rank runs its first step ``cost.host.wakeup_us`` after time 0 (a blocked process wakes).
 * A link's ``flow_gbps`` caps each flow on it below the link's shared ``bw_gbps``. Between
   GPUs a link carries what NCCL's transfers reach on it, not its datasheet rate
   (``treeattn.cost.nccl.p2p_link_gbps``: NCCL's own rating of NVLink, xGMI and PCIe links,
@@ -112,7 +112,7 @@ class _Engine:
         gbps = transfer_gbps(topo)
         self.cap = [bw * 1e3 for bw in gbps]  # bytes per microsecond
         self.flow_cap = [min(ln.flow_cap_gbps, bw) * 1e3 for ln, bw in zip(topo.links, gbps, strict=True)]
-        self.wakeup = topo.cost.wakeup_us
+        self.wakeup = topo.cost.host.wakeup_us
         self.lat = [ln.latency_us for ln in topo.links]
         prog = compile_plan(plan, p, self.cm)
         kind, self.offset = prog.kind, prog.offset

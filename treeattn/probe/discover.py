@@ -234,7 +234,8 @@ def cpu_host(ranks: int | None = None, *, name: str | None = None, nodes: int = 
         base,
         name=name or "cpu-loopback",
         description=(f"CPU-only loopback host (no GPU found): {n} ranks as processes on one host of "
-                     f"{base.cost.host_cores} cores, gloo over TCP loopback. Its figures are the cpu family's built-in "
+                     f"{base.cost.host.host_cores} cores, gloo over TCP loopback. Its figures are the cpu family's "
+                     "built-in "
                      "profile (measured on another machine) for `treeattn calibrate` to replace."),
     )
     topo.check_routable()

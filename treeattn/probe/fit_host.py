@@ -4,7 +4,7 @@ Ranks that are processes on one machine's CPUs do not behave like GPUs behind a 
 message costs CPU time at both ends, ranks that outnumber the cores slow each other down,
 every timed step starts with blocked processes waking up, and TCP over loopback gives one
 connection one core's copy rate while several connections use more cores. The simulator
-models these with ``cost.host_cores``, ``cost.cpu_us``, ``cost.step_us``, ``cost.wakeup_us``
+models these with ``cost.host`` (``HostParams``: ``host_cores``, ``cpu_us``, ``step_us``, ``wakeup_us``
 and a loopback link's ``flow_gbps`` (see ``treeattn.cost.simulate``). Ping-pong alone cannot
 separate them (a lone message's time is its latency plus the receiver's CPU work, whatever
 the split), but the concurrent-flow and fan-in cases calibration runs beside it can. So this
@@ -155,12 +155,12 @@ def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple],
         if has_loop:
             links = tuple(dataclasses.replace(ln, flow_gbps=ln.bw_gbps, bw_gbps=max(ln.bw_gbps, v["loop"]))
                           if ln.kind is LinkKind.LOOPBACK else ln for ln in links)
-        cost = dataclasses.replace(fitted.cost, host_cores=cores, cpu_us=v["cpu"], cpu_scope="machine",
-                                   wakeup_us=v["wake"], step_us=v["step"], cpu_queue=cpu_queue,
-                                   coll_cpu_us=v.get("coll"), start_cpu_us=v["start"], cpu_us_per_kb=v["kb"],
-                                   # The fitted launch is a run's first kernel amid every rank's; a
-                                   # rank's later ones (ring attention) run warm, as timed alone.
-                                   attn_next_launch_us=params.attn_launch_us if has_launch else None)
+        # The fitted launch is a run's first kernel amid every rank's; a rank's later ones
+        # (ring attention) run warm, as timed alone.
+        cost = dataclasses.replace(fitted.cost, attn_next_launch_us=params.attn_launch_us if has_launch else None)
+        cost = cost.with_host(host_cores=cores, cpu_us=v["cpu"], cpu_scope="machine", wakeup_us=v["wake"],
+                              step_us=v["step"], cpu_queue=cpu_queue, coll_cpu_us=v.get("coll"),
+                              start_cpu_us=v["start"], cpu_us_per_kb=v["kb"])
         return dataclasses.replace(fitted, links=links, cost=cost), notes
 
     def rms(t: Topology, group: Sequence[tuple[Plan, float, float | None]]) -> float:

@@ -27,7 +27,7 @@ __all__ = ["build_compact", "cost_params"]
 
 
 def cost_params(spec: CostSpec) -> CostParams:
-    return CostParams(**spec.model_dump())
+    return CostParams.from_flat(**spec.model_dump())
 
 
 class _Builder:

@@ -381,7 +381,7 @@ def _cpu(name: str, p: Mapping[str, Any]) -> Topology:
         links=(Link("host0", "host0", LinkKind.LOOPBACK, **_CPU_LOOPBACK),),
         ranks=("host0",) * p["ranks"],
         sources=(_CPU_SOURCE,),
-        cost=CostParams(host_cores=p["cores"], **_CPU_PROFILE),
+        cost=CostParams.from_flat(host_cores=p["cores"], **_CPU_PROFILE),
     )
 
 

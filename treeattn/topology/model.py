@@ -9,10 +9,12 @@ rank to another crosses, in order. ``bw_gbps`` is GB/s per direction for the who
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
+from typing import Any
 
 from treeattn.errors import TopologyError
 
@@ -26,6 +28,7 @@ __all__ = [
     "Device",
     "Link",
     "CostParams",
+    "HostParams",
     "Topology",
     "link_class",
 ]
@@ -232,15 +235,10 @@ class Link:
 
 
 @dataclass(frozen=True, slots=True)
-class CostParams:
-    """Per-machine constants of the cost model that calibration replaces."""
+class HostParams:
+    """How ranks on host CPUs cost time (``treeattn.cost.host``); calibration fits them on
+    CPU ranks. GPU ranks never read them."""
 
-    overhead_us: float = 2.0
-    """Software overhead a sender pays per message (launch, protocol)."""
-    launch_us: float = 5.0
-    """Fixed cost of a local compute step (kernel launch)."""
-    mem_efficiency: float = 0.8
-    """Fraction of memory bandwidth a memory-bound kernel reaches."""
     host_cores: int = 0
     """CPU cores the ranks placed on ``host`` devices share (per node, or per machine, see
     ``cpu_scope``). 0: not modelled, every host rank runs on a core of its own. When set,
@@ -273,6 +271,37 @@ class CostParams:
     """CPU time a message costs each end per KiB it carries (the network stack copying it
     as it goes and arrives); nothing waits for it, but it loads the cores; only with
     ``host_cores`` set."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host_cores, int) or self.host_cores < 0:
+            raise TopologyError(f"cost.host_cores must be a whole number >= 0, got {self.host_cores!r}")
+        if min(self.cpu_us, self.wakeup_us, self.step_us, self.coll_cpu_us or 0.0, self.start_cpu_us,
+               self.cpu_us_per_kb) < 0:
+            raise TopologyError("cost.cpu_us, cost.coll_cpu_us, cost.step_us, cost.wakeup_us, cost.start_cpu_us "
+                                "and cost.cpu_us_per_kb must be >= 0")
+        if self.cpu_queue not in ("fair", "fifo"):
+            raise TopologyError(f"cost.cpu_queue must be 'fair' or 'fifo', got {self.cpu_queue!r}")
+        if self.cpu_scope not in ("node", "machine"):
+            raise TopologyError(f"cost.cpu_scope must be 'node' or 'machine', got {self.cpu_scope!r}")
+
+
+_HOST_FIELDS = frozenset(f.name for f in dataclasses.fields(HostParams))
+"""Keys of the YAML ``cost:`` mapping that belong to ``HostParams``."""
+
+
+@dataclass(frozen=True, slots=True)
+class CostParams:
+    """Per-machine constants of the cost model that calibration replaces: the devices' and
+    links' (here) and, for ranks on host CPUs, ``host`` (``HostParams``). The YAML ``cost:``
+    mapping holds both, flat (``from_flat``, ``to_dict``)."""
+
+    overhead_us: float = 2.0
+    """Software overhead a sender pays per message (launch, protocol). Host ranks with
+    ``host.host_cores`` set pay CPU work instead (``treeattn.cost.host``)."""
+    launch_us: float = 5.0
+    """Fixed cost of a local compute step (kernel launch)."""
+    mem_efficiency: float = 0.8
+    """Fraction of memory bandwidth a memory-bound kernel reaches."""
     attn_launch_us: float | None = None
     """Fixed cost of the COMPUTE kernel (partial attention) when it differs from
     ``launch_us`` (which merges and copies pay): on a CPU it is several library calls."""
@@ -292,18 +321,14 @@ class CostParams:
     block) reaches, where it differs from ``mem_efficiency`` (merges and copies keep that):
     decode-attention kernels read KV at 50-75 % of peak (docs/attention-model.md); None:
     ``mem_efficiency``. A measured ``attn_gbps`` takes precedence."""
+    host: HostParams = HostParams()
+    """How ranks on host CPUs cost time."""
 
     def __post_init__(self) -> None:
         if self.overhead_us < 0 or self.launch_us < 0:
             raise TopologyError("cost.overhead_us and cost.launch_us must be >= 0")
         if not 0 < self.mem_efficiency <= 1:
             raise TopologyError(f"cost.mem_efficiency must be in (0, 1], got {self.mem_efficiency}")
-        if not isinstance(self.host_cores, int) or self.host_cores < 0:
-            raise TopologyError(f"cost.host_cores must be a whole number >= 0, got {self.host_cores!r}")
-        if min(self.cpu_us, self.wakeup_us, self.step_us, self.coll_cpu_us or 0.0, self.start_cpu_us,
-               self.cpu_us_per_kb) < 0:
-            raise TopologyError("cost.cpu_us, cost.coll_cpu_us, cost.step_us, cost.wakeup_us, cost.start_cpu_us "
-                                "and cost.cpu_us_per_kb must be >= 0")
         if (self.attn_launch_us is not None and self.attn_launch_us < 0) or (
                 self.attn_gbps is not None and self.attn_gbps <= 0) or (
                 self.attn_next_launch_us is not None and self.attn_next_launch_us < 0):
@@ -312,28 +337,40 @@ class CostParams:
             raise TopologyError(f"cost.attn_efficiency must be in (0, 1], got {self.attn_efficiency}")
         if self.link_rates not in ("datasheet", "measured"):
             raise TopologyError(f"cost.link_rates must be 'datasheet' or 'measured', got {self.link_rates!r}")
-        if self.cpu_queue not in ("fair", "fifo"):
-            raise TopologyError(f"cost.cpu_queue must be 'fair' or 'fifo', got {self.cpu_queue!r}")
-        if self.cpu_scope not in ("node", "machine"):
-            raise TopologyError(f"cost.cpu_scope must be 'node' or 'machine', got {self.cpu_scope!r}")
+
+    @classmethod
+    def from_flat(cls, **terms: Any) -> CostParams:
+        """The cost of a YAML ``cost:`` mapping (host terms and device terms side by side)."""
+        host = {k: terms.pop(k) for k in list(terms) if k in _HOST_FIELDS}
+        return cls(**terms, host=HostParams(**host))
+
+    def with_host(self, **terms: Any) -> CostParams:
+        """A copy with these ``HostParams`` terms replaced."""
+        return dataclasses.replace(self, host=dataclasses.replace(self.host, **terms))
+
+    def updated(self, **terms: Any) -> CostParams:
+        """A copy with these terms replaced, named as in YAML (host and device side by side)."""
+        host = {k: terms.pop(k) for k in list(terms) if k in _HOST_FIELDS}
+        return dataclasses.replace(self, **terms).with_host(**host)
 
     def to_dict(self) -> dict:
         """The YAML ``cost:`` mapping; the host CPU terms only when they are set."""
+        h = self.host
         out: dict = {"overhead_us": self.overhead_us, "launch_us": self.launch_us,
                      "mem_efficiency": self.mem_efficiency}
-        if self.host_cores:
-            out.update(host_cores=self.host_cores, cpu_us=self.cpu_us, cpu_scope=self.cpu_scope)
-            if self.step_us:
-                out["step_us"] = self.step_us
-            if self.cpu_queue != "fair":
-                out["cpu_queue"] = self.cpu_queue
-            if self.coll_cpu_us is not None:
-                out["coll_cpu_us"] = self.coll_cpu_us
+        if h.host_cores:
+            out.update(host_cores=h.host_cores, cpu_us=h.cpu_us, cpu_scope=h.cpu_scope)
+            if h.step_us:
+                out["step_us"] = h.step_us
+            if h.cpu_queue != "fair":
+                out["cpu_queue"] = h.cpu_queue
+            if h.coll_cpu_us is not None:
+                out["coll_cpu_us"] = h.coll_cpu_us
             for key in ("start_cpu_us", "cpu_us_per_kb"):
-                if getattr(self, key):
-                    out[key] = getattr(self, key)
-        if self.wakeup_us:
-            out["wakeup_us"] = self.wakeup_us
+                if getattr(h, key):
+                    out[key] = getattr(h, key)
+        if h.wakeup_us:
+            out["wakeup_us"] = h.wakeup_us
         for key in ("attn_launch_us", "attn_gbps", "attn_next_launch_us", "attn_efficiency"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
@@ -347,17 +384,18 @@ class CostParams:
         return terms if self.link_rates == "datasheet" else (*terms, "rates", self.link_rates)
 
     def _terms(self) -> tuple:
+        h = self.host
         base = (float(self.overhead_us), float(self.launch_us), float(self.mem_efficiency))
-        if (not self.host_cores and not self.wakeup_us and self.attn_launch_us is None and self.attn_gbps is None
+        if (not h.host_cores and not h.wakeup_us and self.attn_launch_us is None and self.attn_gbps is None
                 and self.attn_next_launch_us is None):
             # fingerprints of topologies without the newer terms stay as they were
             return base if self.attn_efficiency is None else (*base, "attn_eff", float(self.attn_efficiency))
-        terms = (*base, self.host_cores, float(self.cpu_us), self.cpu_scope, float(self.wakeup_us),
+        terms = (*base, h.host_cores, float(h.cpu_us), h.cpu_scope, float(h.wakeup_us),
                  self.attn_launch_us, self.attn_gbps)
-        if self.step_us or self.cpu_queue != "fair" or self.coll_cpu_us is not None:
-            terms = (*terms, float(self.step_us), self.cpu_queue, self.coll_cpu_us)
-        if self.start_cpu_us or self.cpu_us_per_kb:
-            terms = (*terms, float(self.start_cpu_us), float(self.cpu_us_per_kb))
+        if h.step_us or h.cpu_queue != "fair" or h.coll_cpu_us is not None:
+            terms = (*terms, float(h.step_us), h.cpu_queue, h.coll_cpu_us)
+        if h.start_cpu_us or h.cpu_us_per_kb:
+            terms = (*terms, float(h.start_cpu_us), float(h.cpu_us_per_kb))
         if self.attn_next_launch_us is not None:
             terms = (*terms, "next", float(self.attn_next_launch_us))
         return terms if self.attn_efficiency is None else (*terms, "attn_eff", float(self.attn_efficiency))
@@ -445,8 +483,8 @@ class Topology:
     def floor_overhead_us(self) -> float:
         """The least fixed cost any message pays before its bytes move, for lower bounds:
         ``cost.overhead_us``, or 0 when host ranks' messages cost CPU work instead
-        (``cost.host_cores`` set), which may overlap other messages' work."""
-        if self.cost.host_cores > 0 and any(self.rank_device(r).kind is DeviceKind.HOST
+        (``cost.host.host_cores`` set), which may overlap other messages' work."""
+        if self.cost.host.host_cores > 0 and any(self.rank_device(r).kind is DeviceKind.HOST
                                             for r in range(self.num_ranks)):
             return 0.0
         return self.cost.overhead_us
