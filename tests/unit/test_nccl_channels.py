@@ -72,3 +72,8 @@ def test_multi_node_ring_plateau():
 
 def test_ada_gpus_take_nccls_ampere_row():
     assert nccl.fabric(resolve("rtx4090:gpus=2")).arch == "ampere"
+
+
+def test_rccl_keeps_every_channel():
+    # RCCL runs small all-reduces through MSCCL kernels: NCCL's channel loop is left out there
+    assert nccl.fabric(resolve("mi300x")).channels == 0

@@ -53,7 +53,7 @@ def test_copying_mistakes_are_caught(row, what):
 
 def test_shipped_corpus_loads_and_checks_rank_counts():
     tables = load_corpus()
-    assert len(tables) >= 30 and len({t.source_id for t in tables}) >= 9
+    assert len(tables) >= 60 and len({t.source_id for t in tables}) >= 13
     for t in tables:
         assert t.log.busbw_ratio() == pytest.approx(busbw_factor(t.collective, t.ranks), rel=0.02)
         assert t.points() and all(us > 0 for _, us in t.points())

@@ -91,7 +91,8 @@ NCCL's maintainers quote for a 400 Gb/s NIC; LL128 0.6, measured on the corpus).
 
 Channels (``treeattn.cost.nccl_channels``): NCCL's figures are those of all its channels;
 below a size NCCL runs a ring or tree on fewer (``run_channels``), and what runs moves that
-share of the bandwidth; NCCL's estimate does not see it. A multi-node ring all-reduce with
+share of the bandwidth; NCCL's estimate does not see it (RCCL, on AMD GPUs, left out: it runs
+small all-reduces through its MSCCL kernels). A multi-node ring all-reduce with
 Simple has NCCL's "plateau" latency, x1.4 (x1.9 on Volta) once each channel and rank holds
 64 bytes, in NCCL's estimate and in what runs.
 
@@ -466,8 +467,11 @@ def fabric(topo: Topology) -> NcclFabric:
             limits.append(f"channels across nodes: {why}")
     gpu_gbps = min(own.values()) if own else 0.0
     gpu_gbps = gpu_gbps if math.isfinite(gpu_gbps) else 0.0
+    # RCCL (AMD GPUs, xGMI) runs small all-reduces through its MSCCL/MSCCL++ kernels, not
+    # NCCL's channel loop (AMD in ROCm/rccl issue 1562): its channel counts are left out.
+    rccl = any(ln.kind is LinkKind.XGMI for ln in topo.links)
     channels, ring_gbps = (comm_channels(arch, nodes, path_gbps or gpu_gbps, gpu_gbps, n_nics, nic_gbps)
-                           if own or nodes > 1 else (0, 0.0))
+                           if (own or nodes > 1) and not rccl else (0, 0.0))
     return NcclFabric(
         channels=channels,
         ring_gbps=ring_gbps,
