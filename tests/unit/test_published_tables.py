@@ -53,7 +53,7 @@ def test_copying_mistakes_are_caught(row, what):
 
 def test_shipped_corpus_loads_and_checks_rank_counts():
     tables = load_corpus()
-    assert len(tables) >= 30 and len({t.source_id for t in tables}) >= 9
+    assert len(tables) >= 60 and len({t.source_id for t in tables}) >= 13
     for t in tables:
         assert t.log.busbw_ratio() == pytest.approx(busbw_factor(t.collective, t.ranks), rel=0.02)
         assert t.points() and all(us > 0 for _, us in t.points())
@@ -82,3 +82,28 @@ tables:
 def test_bad_mapping_names_file_and_field(tmp_path, mapping, what):
     with pytest.raises(InputError, match=what):
         load_corpus([_corpus(tmp_path, mapping)])
+
+
+def test_one_process_driving_g_gpus_launches_take_the_latencys_place(tmp_path):
+    from treeattn.cost import nccl
+    from treeattn.topology.library import resolve
+    from treeattn.validate.published import predict_table
+
+    header = "# nThread 1 nGpus 8 minBytes 1024 maxBytes 2097152 step: 2(factor) warmup iters: 5 iters: 20"
+    rows = ["        1024           256     float     sum      -1    43.74    0.02    0.04       0    43.70    0.02"
+            "    0.04       0",
+            "     2097152        524288     float     sum      -1    86.37   24.28   42.49       0    86.03   24.38"
+            "   42.66       0"]
+    (tmp_path / "g.txt").write_text("\n".join([header, *rows]) + "\n")
+    (tmp_path / "g.yaml").write_text("source: test\ntables:\n  - id: t\n    lines: [1, 3]\n    collective: all_reduce\n"
+                                     "    topology: dgx-h100\n    ranks: 8\n")
+    (table,) = load_corpus([tmp_path / "g.yaml"])
+    topo = resolve("dgx-h100")
+    out = predict_table(table)
+    fab = nccl.fabric(topo)
+    for row in out:
+        est = nccl.pick(fab, "allreduce", row.nbytes)
+        launches = 8 * topo.cost.launch_us
+        want = launches + est.time_us - est.latency_us if launches > est.latency_us else est.time_us
+        assert row.predicted_us == pytest.approx(want)
+    assert out[0].how.endswith("+launches")

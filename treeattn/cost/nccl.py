@@ -89,9 +89,19 @@ protocol moves the network at ``NET_ACHIEVED`` of NCCL's figure (Simple 0.94: th
 NCCL's maintainers quote for a 400 Gb/s NIC; LL128 0.6, measured on the corpus).
 ``NCCL_ALGO``, ``NCCL_PROTO`` and ``NCCL_NVLS_ENABLE=0`` restrict the pick (``allowed_by_env``).
 
+Channels (``treeattn.cost.nccl_channels``): NCCL's figures are those of all its channels;
+below a size NCCL runs a ring or tree on fewer (``run_channels``), and what runs moves that
+share of the bandwidth; NCCL's estimate does not see it (RCCL, on AMD GPUs, left out: it runs
+small all-reduces through its MSCCL kernels). A multi-node ring all-reduce with
+Simple has NCCL's "plateau" latency, x1.4 (x1.9 on Volta) once each channel and rank holds
+64 bytes, in NCCL's estimate and in what runs.
+
 Left out: CollNet (in-network reduction over InfiniBand SHARP), PAT, NVLS for all-gather and
-reduce-scatter, per-channel caps and the channel counts behind them, the ring "plateau"
-latency factor, and the latency of an EFA or RoCE network beyond NCCL's constants.
+reduce-scatter, NCCL's per-channel caps of rings and trees (above what the modelled
+machines reach), per-version constants (the figures are NCCL 2.23-2.30's; 2.19-2.22 rated
+Tree/Simple differently), NCCL's shared-memory transport between GPUs without
+peer-to-peer (its rate is not modelled: it runs at the routes' rate), and the latency of an
+EFA or RoCE network beyond NCCL's constants.
 
 Sizes follow nccl-tests: ``nbytes`` is the buffer size for all-reduce, broadcast and reduce and the
 total (all ranks') size for all-gather and reduce-scatter. busbw = algbw x 2(R-1)/R for
@@ -105,6 +115,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
+from treeattn.cost.nccl_channels import comm_channels, run_channels
 from treeattn.cost.nvls import nvls_allreduce
 from treeattn.errors import InputError
 from treeattn.topology.model import DeviceKind, Link, LinkClass, LinkKind, Topology
@@ -225,6 +236,11 @@ class NcclFabric:
     nvls_gbps: float = 0.0
     """A GPU's NVLink bandwidth as NCCL rates it when NVLink SHARP can run (Hopper or newer,
     every node's ranks on one NVSwitch fabric), else 0."""
+    channels: int = 0
+    """NCCL's ring/tree channel count (``treeattn.cost.nccl_channels``); 0: unknown, every
+    size runs on all channels."""
+    ring_gbps: float = 0.0
+    """NCCL's per-channel ring speed times ``channels`` (its ring's search bandwidth)."""
 
     @property
     def bus_bw_gbps(self) -> float:
@@ -283,11 +299,16 @@ def busbw_factor(collective: Collective, ranks: int) -> float:
     return 1.0
 
 
+_AMPERE_ROW = ("A100", "A800", "A30", "A10", "RTX-40", "RTX 40", "RTX-30", "RTX 30", "L40", "L4-", "A6000")
+
+
 def _arch(model: str) -> str:
     m = model.upper()
     if "B200" in m or "B100" in m or "GB200" in m or "B300" in m:
         return "blackwell"
-    if "A100" in m or "A800" in m or "A30" in m or "A10" in m:
+    # NCCL indexes its tables by compute capability: 8.x (Ampere, and Ada's 8.9: RTX 40xx,
+    # L40, L4) takes the Ampere row.
+    if any(k in m for k in _AMPERE_ROW):
         return "ampere"
     if "V100" in m:
         return "volta"
@@ -373,11 +394,13 @@ def fabric(topo: Topology) -> NcclFabric:
     ring: list[tuple[tuple[int, ...], float]] = []
     chain: list[tuple[tuple[int, ...], float]] = []
     intra_route = 0.0
+    path_gbps = 0.0
     for _, ranks in sorted(per_node.items()):
         if len(ranks) < 2:
             continue
         for r in ranks:
             links = out.get(devs[r].name, [])
+            path_gbps = max(path_gbps, _peer_path_gbps(topo, links, arch))
             pick_links = (
                 [ln for ln in links if ln.cls is LinkClass.GPU_FABRIC]
                 or [ln for ln in links if ln.cls is LinkClass.PCIE]
@@ -413,6 +436,7 @@ def fabric(topo: Topology) -> NcclFabric:
             tree_intra = 2 * min(rates)
     inter = math.inf
     inter_route = 0.0
+    n_nics, nic_gbps = 0, 0.0
     if nodes > 1:
         ordered = [ranks for _, ranks in sorted(per_node.items())]
         flows: list[tuple[tuple[int, ...], float]] = []
@@ -436,6 +460,8 @@ def fabric(topo: Topology) -> NcclFabric:
                 targets = [r for _, r in sorted(nxt_first.items())]
                 chans = [(r, targets[k % len(targets)], _nic_bw(out, nic)) for k, (nic, r) in enumerate(nics)]
             inter = min(inter, sum(bw for _, _, bw in chans))
+            if i == 0:
+                n_nics, nic_gbps = len(chans), max((bw for _, _, bw in chans), default=0.0)
             for a, b, bw in chans:
                 flows.append((routes.route(a, b), bw if bw > 0 else math.inf))
                 owner.append(i)
@@ -447,7 +473,16 @@ def fabric(topo: Topology) -> NcclFabric:
         if min(sums) < inter:
             inter = min(sums)
             limits.append(f"channels across nodes: {why}")
+    gpu_gbps = min(own.values()) if own else 0.0
+    gpu_gbps = gpu_gbps if math.isfinite(gpu_gbps) else 0.0
+    # RCCL (AMD GPUs, xGMI) runs small all-reduces through its MSCCL/MSCCL++ kernels, not
+    # NCCL's channel loop (AMD in ROCm/rccl issue 1562): its channel counts are left out.
+    rccl = any(ln.kind is LinkKind.XGMI for ln in topo.links)
+    channels, ring_gbps = (comm_channels(arch, nodes, path_gbps or gpu_gbps, gpu_gbps, n_nics, nic_gbps)
+                           if (own or nodes > 1) and not rccl else (0, 0.0))
     return NcclFabric(
+        channels=channels,
+        ring_gbps=ring_gbps,
         cpu=_cpu_vendor(topo),
         nvls_gbps=_nvls_gbps(topo, devs, per_node, out, arch),
         ranks=topo.num_ranks,
@@ -500,6 +535,19 @@ def _nvls_gbps(topo: Topology, devs: list, per_node: dict, out: dict[str, list[L
                 len({idx.island(devs[r].name) for r in ranks}) != 1:
             return 0.0
     return min(_fabric_bw(out, devs[r].name, arch) for r in range(len(devs)))
+
+
+def _peer_path_gbps(topo: Topology, links: list[Link], arch: str) -> float:
+    """The fastest path from a GPU to one peer as NCCL rates it: all its links through an
+    NVSwitch, the links to one peer on a direct mesh, else its PCIe uplink."""
+    fabric_links = [ln for ln in links if ln.cls is LinkClass.GPU_FABRIC]
+    if not fabric_links:
+        return max((nccl_link_bw_gbps(ln, arch) for ln in links if ln.cls is LinkClass.PCIE), default=0.0)
+    by_peer: dict[str, float] = {}
+    for ln in fabric_links:
+        by_peer[ln.dst] = by_peer.get(ln.dst, 0.0) + nccl_link_bw_gbps(ln, arch)
+    switched = any(topo.device(d).kind is DeviceKind.NVSWITCH for d in by_peer)
+    return sum(by_peer.values()) if switched else max(by_peer.values())
 
 
 def _nic_bw(out: dict[str, list[Link]], nic: str) -> float:
@@ -646,6 +694,24 @@ def _achieved(fab: NcclFabric, p: int) -> NcclFabric:
     return dataclasses.replace(fab, inter_bw_gbps=fab.inter_bw_gbps * NET_ACHIEVED[_PROTOS[p]])
 
 
+def _plateau(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int, nbytes: int) -> float:
+    """NCCL's "plateau effect of ring" (tuning.cc ncclTopoGetAlgoTime): a multi-node ring
+    all-reduce with Simple of at least 64 bytes per channel and rank has x1.4 the latency
+    (x1.9 before Ampere)."""
+    if (algo is not Algorithm.RING or _PROTOS[p] is not Protocol.SIMPLE or fab.nodes < 2
+            or collective is not Collective.ALLREDUCE or nbytes < 64 * max(fab.channels, 1) * fab.ranks):
+        return 1.0
+    return 1.9 if fab.arch == "volta" else 1.4
+
+
+def _channel_share(fab: NcclFabric, algo: Algorithm, p: int, nbytes: int) -> float:
+    """The share of NCCL's channels a ring or tree of ``nbytes`` runs on (nccl_channels)."""
+    if fab.channels <= 0:
+        return 1.0
+    nc = run_channels(fab.channels, _PROTOS[p].value, nbytes, fab.ranks, algo is Algorithm.RING, fab.ring_gbps)
+    return nc / fab.channels
+
+
 def _algbw_gbps(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int, nbytes: int) -> float:
     bus = fab.tree_bus_bw_gbps if algo is Algorithm.TREE else fab.bus_bw_gbps
     # One node: by GPU generation; several: by the hosts' CPU (AMD rows of Ampere, else Volta's).
@@ -704,9 +770,12 @@ def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: i
             bw = _algbw_gbps(fab, collective, algo, p, nbytes)
             if bw <= 0:
                 continue
-            tuned = _latency_us(fab, collective, algo, p) + nbytes / (bw * 1e3)
-            lat = _latency_us(fab, collective, algo, p, tuner=False)
-            t = lat + nbytes / (_algbw_gbps(_achieved(fab, p), collective, algo, p, nbytes) * 1e3)
+            plateau = _plateau(fab, collective, algo, p, nbytes)
+            tuned = plateau * _latency_us(fab, collective, algo, p) + nbytes / (bw * 1e3)
+            lat = plateau * _latency_us(fab, collective, algo, p, tuner=False)
+            achieved = (_algbw_gbps(_achieved(fab, p), collective, algo, p, nbytes)
+                        * _channel_share(fab, algo, p, nbytes))
+            t = lat + nbytes / (achieved * 1e3)
             algbw = nbytes / (t * 1e3)
             out.append(NcclEstimate(algo, proto, t, algbw, algbw * factor, lat, None if tuned == t else tuned))
     if collective is Collective.ALLREDUCE and fab.nvls_gbps > 0:
