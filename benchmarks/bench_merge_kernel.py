@@ -1,13 +1,15 @@
 """The merge of k partials into an accumulator: compiled (one fused kernel) against eager.
 
 Usage: .venv/bin/python benchmarks/bench_merge_kernel.py [--device cpu|cuda] [--rows 32,2048,32768]
-       [--k 1,4] [--dtype fp32] [--repeats 200]
+       [--k 1,4] [--dtype fp32] [--repeats 200] [--threads 1]
 
 For each size it times ``treeattn.exec.kernels.merge_into`` with ``TREEATTN_MERGE=fused`` and
 ``eager`` (D = 128, Llama-3.1-8B's head dim; rows = batch x query heads: 32 is one sequence,
 2048 a batch of 64) and prints the median µs per call, the ratio, the compile time of the fused
 kernel and which the executor uses on that device (``auto``). On CUDA each call is timed with
-events after a synchronisation, so the figure is the kernel(s) plus the launch.
+events after a synchronisation, so the figure is the kernel(s) plus the launch. On the CPU
+``--threads`` defaults to 1: what each rank of a run of two or more ranks on this machine gets
+(``launch_local`` gives each rank the cores divided by the ranks).
 """
 
 from __future__ import annotations
@@ -79,7 +81,9 @@ def main() -> None:
     ap.add_argument("--k", default="1,4")
     ap.add_argument("--dtype", default="fp32", help="dtype of the received partials (the accumulator is fp32)")
     ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     dtype = torch_dtype(args.dtype)
     print(f"device {args.device}, threads {torch.get_num_threads()}, partials {args.dtype}, D = 128; "
           "µs per call (median), reset copy included in both")

@@ -103,3 +103,22 @@ def test_eager_on_the_cpu_by_default(monkeypatch):
     monkeypatch.setenv("TREEATTN_MERGE", "fast")
     with pytest.raises(ValueError, match="TREEATTN_MERGE='fast'"):
         kernels.fused_on(torch.device("cpu"))
+
+
+def test_the_compute_model_charges_the_fused_kernel():
+    from treeattn.cost.compute import ComputeModel
+    from treeattn.topology.library import resolve
+    from treeattn.workload import Workload
+
+    topo = resolve("dgx-h100")
+    for partial, acc_over_wire in (("fp32", 1), ("bf16", 2)):
+        w = Workload(batch=64, q_heads=32, kv_heads=8, head_dim=128, split=(1024,) * 8, partial_dtype=partial)
+        cm = ComputeModel.of(w, topo)
+        rows, wire = 2048, 2048 * w.row_bytes
+        for k in (1, 4):
+            # the accumulator (fp32) read and written, the k partials read: one kernel
+            want = cm.launch_us + cm._mem_us(0, 2 * acc_over_wire * wire + k * wire)
+            assert abs(cm.merge_us(0, rows, k) - want) < 1e-9
+        if partial == "fp32":  # one fp32 partial: what the step model's byte term charges
+            assert abs(cm.merge_us(0, rows, 1) - cm.step_local_us(0, 3 * wire, 1)) < 1e-9
+    assert cm.merge_us(0, 0, 3) == 0.0

@@ -49,7 +49,11 @@ def run(
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.")] = 2,
     order: OrderOpt = MeasureOrder.INTERLEAVED,
     timeout: Annotated[float, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait "
-                                           "before its rank gives up.")] = 5.0,
+                                           "before its rank gives up (NCCL too: a rank that dies or hangs "
+                                           "stops every rank within it).")] = 5.0,
+    graph: Annotated[bool | None, typer.Option("--graph/--no-graph", help="Replay each method from a CUDA graph "
+                                               "after its warm-up (NCCL; default: on with NCCL, falling back to "
+                                               "eager with one line saying why when capture fails).")] = None,
     backend: BackendOpt = None,
     check: Annotated[CheckMode, typer.Option("--check", help="root: the result rank checks; all: every "
                                              "result rank.")] = CheckMode.ROOT,
@@ -70,7 +74,7 @@ def run(
     plan = _load(plan_file)
     options = RunOptions(repeats=repeats, warmup=warmup, timeout_s=timeout,
                          backend=backend.value if backend else None, check=check.value, seed=seed,
-                         baselines=baselines, order=order.value)
+                         baselines=baselines, order=order.value, graph=graph)
     placed = detect_env()
     reporter = placed is None or placed.rank == 0
     topo, warnings = resolve_topology(plan, topology)
@@ -82,6 +86,9 @@ def run(
         return
     for text in (*warnings, *predictions.warnings):
         err_console.print(f"[yellow]warning:[/] {escape(text)}")
+    kernels = sorted({m.kernel for m in result.measurements if m.kernel != "none"})
+    err_console.print(f"{result.backend} on {result.device}: attention kernel {', '.join(kernels) or 'none'}, "
+                      f"merges {result.merge}, CUDA graphs {'on' if result.graphs else 'off'}")
     emit_results(result, plan, label, predictions, new_run_id(plan_file.stem), out, json_out)
 
 

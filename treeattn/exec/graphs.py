@@ -64,7 +64,8 @@ def capture(comm: Comm, fn: Callable[[], object], name: str,
     try:
         comm.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: the NCCL watchdog's thread may query events while this thread captures.
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             out = fn()
         graphed = Graphed(comm, graph, out, comm.untracked(), before)
     except Exception as exc:  # noqa: BLE001 - any capture failure falls back to eager

@@ -123,6 +123,8 @@ def launch_local(job: Job) -> JobResult:
         problem = placement_problem(n, torch.cuda.device_count())
         if problem:
             raise InputError(problem)
+    elif job.options.graph:
+        raise InputError("CUDA graphs need the NCCL backend (CUDA devices); use --no-graph with gloo")
     tmp = Path(tempfile.mkdtemp(prefix="treeattn-run-"))
     procs: list[subprocess.Popen] = []
     try:
