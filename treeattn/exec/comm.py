@@ -250,18 +250,23 @@ class Comm:
             if setup:
                 self.settle(setup=True)
 
-    def done_mark(self, work) -> Mark:  # noqa: ANN001 - torch Work
-        """CUDA: a marker of ``work``'s own completion, on a side stream (the current stream
-        is not held by it); the caller still waits for it."""
-        if not self._sides:
-            self._sides = [torch.cuda.Stream(self.device) for _ in range(4)]
-        side = self._sides[len(self._pending) % len(self._sides)]
-        side.wait_stream(torch.cuda.current_stream(self.device))
+    def done_mark(self, work, slot: int) -> Mark:  # noqa: ANN001 - torch Work
+        """CUDA: a marker of ``work``'s own completion: recorded on side stream ``slot`` (one per
+        work of a step, so neither the current stream's compute nor another work delays it);
+        take it right after posting, and ``join_sides`` before the step ends."""
+        while len(self._sides) <= slot:
+            self._sides.append(torch.cuda.Stream(self.device))
+        side = self._sides[slot]
         with torch.cuda.stream(side):
             work.wait()
-            event = self.mark(side)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        return event
+            return self.mark(side)
+
+    def join_sides(self, used: int) -> None:
+        """The current stream waits for the first ``used`` side streams (a CUDA graph capture
+        must end with every stream it forked joined back)."""
+        current = torch.cuda.current_stream(self.device)
+        for side in self._sides[:used]:
+            current.wait_stream(side)
 
     # -- collectives ----------------------------------------------------------------------
 

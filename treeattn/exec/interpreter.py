@@ -294,21 +294,25 @@ class PlanExecutor:
             else:
                 posts.append(P2P(False, self._pool.take(self._row_shape(op.chunk), self.wire_dtype), op.peer))
         works = self.comm.post(posts)
+        own: dict[int, Mark] = {}  # CUDA: each work's own completion, marked before the compute is queued
+        if self.comm.cuda:
+            for work in works:
+                if work is not None and id(work) not in own:
+                    own[id(work)] = self.comm.done_mark(work, len(own))
         part = None
         t_compute: Mark = 0.0
         if compute is not None:
             part = self._partial(compute, blocks)  # while the transfers fly
             t_compute = self.comm.mark()
         done: list[Mark] = []
-        own: dict[int, Mark] = {}
         for (_, op), work in zip(transfers, works, strict=True):
             if work is None:  # an empty message: nothing was posted
                 done.append(self.comm.mark())
                 continue
-            if self.comm.cuda and id(work) not in own:
-                own[id(work)] = self.comm.done_mark(work)
             self.comm.wait(work, f"{op.kind.value} chunk {op.chunk} with rank {op.peer} (step {op.step})")
-            done.append(own[id(work)] if self.comm.cuda else self.comm.mark())
+            done.append(own[id(work)] if own else self.comm.mark())
+        if own:
+            self.comm.join_sides(len(own))
         # What the step computed and received lands only now, at its end (IR semantics). A
         # step never both copies into and merges into one chunk, nor computes beside a copy
         # (the validator's rules), so their order does not matter, and merges commute.
