@@ -86,19 +86,21 @@ def test_merger_graph_replay_equals_eager(nccl_world_of_one):
 def test_more_ranks_than_gpus_exits_2_before_launch():
     p = gpus() + 1
     w = Workload(batch=1, q_heads=4, kv_heads=2, head_dim=8, split=tuple([4] * p), kv_dtype="fp32")
+    before = set(children())
     with pytest.raises(InputError, match=f"^{p} ranks, {gpus()} GPUs? on this node") as info:
         launch(Job((PlanJob("star", build("star", w, REF)),), nccl()))
-    assert info.value.exit_code == 2 and children() == []
+    assert info.value.exit_code == 2 and set(children()) <= before
 
 
 def test_rank_that_dies_is_named_within_the_timeout(monkeypatch):
     need_gpus(3)
     monkeypatch.setenv(FAULT_ENV, "2:9:exit")
+    before = set(children())
     t = time.monotonic()
     with pytest.raises(ExecutionError) as info:
         launch(Job((PlanJob("p", build("binomial", W3, REF, chunks=2)),), nccl(repeats=3, timeout_s=3.0)))
     assert str(info.value).startswith("rank 2 died with exit code 17"), str(info.value)
-    assert info.value.exit_code == 1 and children() == []
+    assert info.value.exit_code == 1 and set(children()) <= before
     assert time.monotonic() - t < 120  # start-up and compile included; the wait itself is 3 s
 
 
@@ -107,11 +109,12 @@ def test_hung_peer_is_named_within_the_timeout():
     w = Workload(batch=1, q_heads=2, kv_heads=2, head_dim=8, split=(3, 3), kv_dtype="fp32")
     programs = ((Op(OpKind.COMPUTE, 0), Op(OpKind.RECV_MERGE, 1, peer=1)), (Op(OpKind.COMPUTE, 0),))
     plan = Plan("broken", {}, w, REF, 1, programs, (0,))
+    before = set(children())
     with pytest.raises(ExecutionError) as info:
         launch(Job((PlanJob("p", plan),), nccl(timeout_s=2.0, graph=False)))
     text = str(info.value)
     assert text.startswith("rank 0 failed: rank 0: recv_merge chunk None with rank 1 (step 1) failed: Timed out"), text
-    assert children() == []
+    assert set(children()) <= before
 
 
 def test_fp8_and_empty_shards_travel_over_nccl():

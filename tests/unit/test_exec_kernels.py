@@ -122,3 +122,21 @@ def test_the_compute_model_charges_the_fused_kernel():
         if partial == "fp32":  # one fp32 partial: what the step model's byte term charges
             assert abs(cm.merge_us(0, rows, 1) - cm.step_local_us(0, 3 * wire, 1)) < 1e-9
     assert cm.merge_us(0, 0, 3) == 0.0
+
+
+def test_warm_compiles_every_kernel_a_run_calls(fused):
+    from torch._dynamo.utils import counters
+
+    kernels.warm(torch.device("cpu"), torch.bfloat16)
+    assert kernels._FAILED == {}
+    before = counters["stats"]["unique_graphs"]
+    part = partials(1, 3, 8, torch.float32, 0)[0]
+    m = part[:, -1].clone()
+    kernels.merge_into(part.clone(), partials(5, 3, 8, torch.bfloat16, 1))
+    kernels.merged(partials(3, 3, 8, torch.bfloat16, 2))
+    kernels.weighted(part, m, torch.bfloat16)
+    kernels.finish(part.clone(), m, part[:, :-1], part[:, -1])
+    kernels.finish(part.clone(), m, part[:, :-1].contiguous(), torch.ones(3))
+    summed = partials(1, 3, 8, torch.bfloat16, 3)[0]
+    kernels.finish(part.clone(), m, summed[:, :-1], summed[:, -1])
+    assert counters["stats"]["unique_graphs"] == before  # nothing left to compile mid-run

@@ -28,6 +28,7 @@ an ``origin``.
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import re
 import time
@@ -133,7 +134,10 @@ class Comm:
         """``mark`` in host-clock seconds (the device must have passed it: ``settle``)."""
         if isinstance(mark, float):
             return mark
-        return origin[0] + origin[1].elapsed_time(mark) / 1e3
+        try:
+            return origin[0] + origin[1].elapsed_time(mark) / 1e3
+        except RuntimeError:  # an event a graph capture could not record (torch without external events)
+            return math.nan
 
     def track(self, what: str, mark: Mark | None = None) -> None:
         """CUDA: remember that the device must pass ``mark`` (default: a new one here) in time,
@@ -168,7 +172,9 @@ class Comm:
         """NCCL: a communicator for each pair of group ranks in ``pairs`` that this rank is in
         (each pair calls it; others are left alone). Every rank must pass the same pairs: they
         are created in one order (a local synchronisation per pair, deadlock-free in that
-        order), once per process, each with the set-up deadline as its watchdog timeout."""
+        order), once per process, each with the set-up deadline as its watchdog timeout, and
+        used once at once (one element each way) so that no communicator is set up lazily in
+        the middle of a step, where a pair's rendezvous could wait on a message not yet posted."""
         if self.backend != "nccl":
             return
         for a, b in sorted({(min(p), max(p)) for p in pairs if p[0] != p[1]}):
@@ -176,8 +182,20 @@ class Comm:
                 continue
             ga, gb = (dist.get_global_rank(self.group, r) if self.group is not None else r for r in (a, b))
             key = (min(ga, gb), max(ga, gb))
-            if key not in _PAIRS:
-                _PAIRS[key] = dist.new_group(list(key), timeout=self.setup_timeout, use_local_synchronization=True)
+            if key in _PAIRS:
+                continue
+            try:
+                group = dist.new_group(list(key), timeout=self.setup_timeout, use_local_synchronization=True,
+                                       device_id=self.device)
+            except TypeError:  # torch without eager initialisation of subgroups
+                group = dist.new_group(list(key), timeout=self.setup_timeout, use_local_synchronization=True)
+            _PAIRS[key] = group
+            peer = b if self.rank == a else a
+            out, back = torch.zeros(1, device=self.device), torch.empty(1, device=self.device)
+            at = self._pair(peer)[1]
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, out, group=group, group_peer=at),
+                                                dist.P2POp(dist.irecv, back, group=group, group_peer=at)]):
+                self.wait(work, f"opening the communicator with rank {peer}", setup=True)
 
     def _pair(self, peer: int) -> tuple[dist.ProcessGroup, int] | None:
         """The pair communicator with ``peer`` and the peer's rank in it (None: not opened)."""

@@ -20,6 +20,7 @@ an empty row is (0, -inf). Inputs may be fp32, bf16, fp16 or fp8; the arithmetic
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 
 import torch
@@ -117,20 +118,46 @@ def _unbacked(*dims: tuple[torch.Tensor, int]) -> None:
         mark(t, dim)
 
 
+def _plain(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tensors as aliases that are not views (same storage and strides): a compiled
+    function guards on a view's base, and the executor's row slices have bases of every shape."""
+    return tuple(t.detach() for t in tensors)
+
+
+_FAILED: dict[str, str] = {}
+"""Kernels whose compilation failed in this process (name: why); they run eager."""
+
+
 def warm(device: torch.device, wire: torch.dtype) -> None:
     """Compile every fused kernel the executor may call on ``device`` with partials of ``wire``
     on the wire, before the ranks communicate (a compile takes seconds; a peer waiting on a
-    rank that compiles would hit its timeout). Nothing happens where the merges run eager."""
+    rank that compiles would hit its timeout). Nothing happens where the merges run eager. A
+    kernel that does not compile here (say, fp8 on a GPU without fp8 conversions) runs eager
+    from then on, and one line on stderr says so."""
     if not fused_on(device):
         return
     acc = eager.empty_partial(2, 8, device)
-    for dtype in dict.fromkeys((torch.float32, wire)):
-        merge_into(acc, torch.zeros((2, 2, 9), dtype=dtype, device=device))
-        merged(torch.zeros((2, 2, 9), dtype=dtype, device=device))
     m = torch.zeros(2, device=device)
-    for with_weight in (True, False):
-        weighted(acc, m, wire, with_weight)
-    finish(acc, m, torch.zeros((2, 8), device=device), torch.ones(2, device=device))
+    calls = [("merge_into", lambda d=d: merge_into(acc, torch.zeros((2, 2, 9), dtype=d, device=device)))
+             for d in dict.fromkeys((torch.float32, wire))]
+    calls += [("merged", lambda: merged(torch.zeros((2, 2, 9), dtype=wire, device=device))),
+              ("weighted", lambda: (weighted(acc, m, wire), weighted(acc, m, wire, False))),
+              ("finish", lambda: finish(acc, m, torch.zeros((2, 8), device=device), torch.ones(2, device=device)))]
+    for d in dict.fromkeys((torch.float32, wire)):  # the sums of (w o, w) rows: views of one buffer
+        total = torch.ones((2, 9), dtype=d, device=device)
+        calls.append(("finish", lambda t=total: finish(acc, m, t[:, :-1], t[:, -1])))
+    for name, call in calls:
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - any compile failure leaves that kernel eager
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            _FAILED[name] = reason
+            print(f"treeattn: the fused {name} kernel does not compile here ({reason}); it runs eager",
+                  file=sys.stderr, flush=True)
+
+
+def _fused(name: str, device: torch.device) -> bool:
+    return fused_on(device) and name not in _FAILED
 
 
 # -- what the executor calls ------------------------------------------------------------------
@@ -142,39 +169,43 @@ def merge_into(acc: torch.Tensor, stack: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"merge of a packed partial {tuple(acc.shape)} with a stack {tuple(stack.shape)}")
     if acc.shape[0] == 0:
         return acc
-    if fused_on(acc.device):
-        _unbacked((acc, 0), (stack, 0), (stack, 1))
-        compiled("merge_into")(acc, stack)
+    if _fused("merge_into", acc.device):
+        a, st = _plain(acc, stack)
+        _unbacked((a, 0), (st, 0), (st, 1))
+        compiled("merge_into")(a, st)
         return acc
     return eager.merge_many_into(acc, stack)
 
 
 def merged(stack: torch.Tensor) -> torch.Tensor:
     """The merge of a stack ``(k, rows, D + 1)`` of partials, as a new fp32 partial."""
-    if stack.shape[1] == 0 or not fused_on(stack.device):
+    if stack.shape[1] == 0 or not _fused("merged", stack.device):
         return eager.merge_many(stack)
-    _unbacked((stack, 0), (stack, 1))
-    return compiled("merged")(stack)
+    (st,) = _plain(stack)
+    _unbacked((st, 0), (st, 1))
+    return compiled("merged")(st)
 
 
 def weighted(part: torch.Tensor, m: torch.Tensor, dtype: torch.dtype, with_weight: bool = True) -> torch.Tensor:
     """Rows ``(w o, w)`` (or ``w o`` alone) in ``dtype``, w = exp(lse - m): 0 for empty rows,
     and no exp(nan) where every rank is empty (m = -inf)."""
-    if part.shape[0] == 0 or not fused_on(part.device):
+    if part.shape[0] == 0 or not _fused("weighted", part.device):
         w = _weights(part[:, -1], m)
         o = w.unsqueeze(1) * part[:, :-1]
         return (torch.cat([o, w.unsqueeze(1)], dim=1) if with_weight else o).to(dtype)
-    _unbacked((part, 0), (m, 0))
-    return compiled("weighted")(part, m, dtype, with_weight)
+    p, mm = _plain(part, m)
+    _unbacked((p, 0), (mm, 0))
+    return compiled("weighted")(p, mm, dtype, with_weight)
 
 
 def finish(part: torch.Tensor, m: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> None:
     """``part <- (num / den, m + log den)`` in place; the empty partial where den = 0."""
     if part.shape[0] == 0:
         return
-    if fused_on(part.device):
-        _unbacked((part, 0), (m, 0), (num, 0), (den, 0))
-        compiled("finish")(part, m, num, den)
+    if _fused("finish", part.device):
+        args = _plain(part, m, num, den)
+        _unbacked(*((t, 0) for t in args))
+        compiled("finish")(*args)
         return
     _finish_eager(part, m, num.float(), den.float())
 
