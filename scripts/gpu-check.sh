@@ -43,13 +43,13 @@ cat "$out/command.txt"
 
 status=0
 echo "== tests/gpu"
-timeout 300 "$PY" -m pytest tests/gpu -q -rs -p no:cacheprovider 2>&1 | tee "$out/tests.txt" || status=1
+timeout 270 "$PY" -m pytest tests/gpu -q -rs -p no:cacheprovider 2>&1 | tee "$out/tests.txt" || status=1
 
 echo "== measured against modelled"
 "${treeattn[@]}" probe --out "$out/topology.yaml" >"$out/probe.txt" 2>&1 || echo "probe failed (see $out/probe.txt): modelling on the GPU's family"
 topo_arg=()
 [ -s "$out/topology.yaml" ] && topo_arg=(--topology "$out/topology.yaml")
-timeout 200 "$PY" benchmarks/gpu_check.py --out "$out" "${topo_arg[@]}" 2>&1 | tee "$out/check.txt" || status=1
+timeout 180 "$PY" benchmarks/gpu_check.py --out "$out" "${topo_arg[@]}" 2>&1 | tee "$out/check.txt" || status=1
 
 if [ "$n" -ge 2 ]; then
     echo "== a searched plan and the baselines on $n GPUs"

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import torch
 
+from treeattn.errors import TreeattnError
 from treeattn.exec.comm import Comm, _first_line
 
 __all__ = ["Graphed", "capture"]
@@ -68,6 +69,8 @@ def capture(comm: Comm, fn: Callable[[], object], name: str,
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             out = fn()
         graphed = Graphed(comm, graph, out, comm.untracked(), before)
+    except TreeattnError:  # the program's own failure (a fault injected in a test): not the capture's
+        raise
     except Exception as exc:  # noqa: BLE001 - any capture failure falls back to eager
         comm.untracked()
         reason = _first_line(exc)

@@ -53,6 +53,9 @@ class Merger:
             None: on with NCCL. A capture that fails on any rank leaves every rank eager,
             with one line on stderr saying why.
 
+    Every rank of the group constructs its Merger at the same point of its program (on NCCL
+    the ranks that exchange messages open a communicator per pair then).
+
     Raises:
         ValueError: no process group, a group whose size is not the plan's rank count, a raw
             payload plan, a plan that moves KV (ring attention) instead of partials, or
