@@ -1,4 +1,5 @@
-"""Inputs, local partials and the reference of treeattn.exec (single process, no torch.distributed)."""
+"""Inputs, local partials, kernel choice and the references of treeattn.exec (single process, no
+torch.distributed)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,16 @@ import torch
 
 from treeattn.errors import InputError
 from treeattn.exec.attention import (
-    make_kv,
+    choose_kernel,
     make_kv_shard,
     make_query,
     make_raw,
     partial_attention,
-    reference_attention,
-    reference_raw,
     resolve_kernel,
 )
 from treeattn.exec.merge import empty_partial, merge_into, unpack_heads
-from treeattn.exec.runner import relative_error, tolerance
+from treeattn.exec.reference import Reference, combine_stats, exact_attention, row_stats, sample_rows
+from treeattn.exec.runner import check_against, relative_error, tolerance
 from treeattn.workload import RawPayload, Workload
 
 
@@ -28,17 +28,22 @@ def wl(split, kv_dtype="fp32", batch=2, hq=8, hkv=2, d=16, partial="fp32"):
                     partial_dtype=partial)
 
 
-def test_inputs_are_deterministic_and_split_independent():
-    a, b = wl((300, 0, 5, 700)), wl((1, 1004, 0, 0))
-    assert torch.equal(make_query(a, 3), make_query(b, 3))
+def test_inputs_are_reproducible_per_rank():
+    a, b = wl((300, 0, 5, 700)), wl((300, 1004, 0, 0))
+    assert torch.equal(make_query(a, 3), make_query(b, 3))  # every rank holds the same q
     assert not torch.equal(make_query(a, 3), make_query(a, 4))
-    for w in (a, b):
-        shards = torch.cat([make_kv_shard(w, r, 3) for r in range(w.ranks)], dim=3)
-        assert torch.equal(shards, make_kv(w, 0, w.seq_len, 3))
+    # A shard depends on (seed, rank, its own shape) only: rank 0 holds 300 tokens in both.
+    assert torch.equal(make_kv_shard(a, 0, 3), make_kv_shard(b, 0, 3))
+    assert torch.equal(make_kv_shard(a, 3, 3), make_kv_shard(a, 3, 3))
+    assert not torch.equal(make_kv_shard(a, 0, 3), make_kv_shard(a, 0, 4))
+    assert not torch.equal(make_kv_shard(a, 2, 3), make_kv_shard(a, 3, 3)[:, :, :, :5])
     assert make_kv_shard(a, 1, 3).shape == (2, 2, 2, 0, 16)
-    # Token t holds the same K/V whoever holds it.
-    assert torch.equal(make_kv_shard(a, 0, 3), make_kv(b, 0, 300, 3))
-    assert torch.equal(make_kv_shard(a, 3, 3), make_kv_shard(b, 1, 3)[:, :, :, 305 - 1 : 1005 - 1])
+    for dtype, torch_dt in (("bf16", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
+        assert make_kv_shard(wl((9,), kv_dtype=dtype), 0, 1).dtype == torch_dt
+
+
+def shards(w, seed):
+    return [make_kv_shard(w, r, seed) for r in range(w.ranks)]
 
 
 def test_empty_shard_gives_the_identity():
@@ -74,7 +79,7 @@ def test_merged_shards_equal_the_reference(dtype):
     acc = empty_partial(w.rows, w.head_dim)
     for r in range(w.ranks):
         merge_into(acc, partial_attention(q, make_kv_shard(w, r, 9), "explicit"))
-    ref = reference_attention(w, 9)
+    ref = exact_attention(q, shards(w, 9))
     # The explicit kernel accumulates in fp32 from the same (rounded) inputs: fp32-level error.
     assert relative_error(acc, ref, raw=False) < 1e-5
 
@@ -85,23 +90,24 @@ def test_sdpa_bf16_within_the_bf16_tolerance():
     acc = empty_partial(w.rows, w.head_dim)
     for r in range(2):
         merge_into(acc, partial_attention(q, make_kv_shard(w, r, 2), "sdpa"))
-    err = relative_error(acc, reference_attention(w, 2), raw=False)
+    err = relative_error(acc, exact_attention(q, shards(w, 2)), raw=False)
     assert err < tolerance(w) == 2e-2
 
 
 def test_reference_of_some_contributors():
     w = wl((30, 40, 50))
     q = make_query(w, 5)
-    ref1 = reference_attention(w, 5, ranks=(1,))
-    assert relative_error(partial_attention(q, make_kv_shard(w, 1, 5)), ref1, raw=False) < 1e-5
-    acc = partial_attention(q, make_kv_shard(w, 0, 5))
-    merge_into(acc, partial_attention(q, make_kv_shard(w, 2, 5)))
-    assert relative_error(acc, reference_attention(w, 5, ranks=(0, 2)), raw=False) < 1e-5
+    kv = shards(w, 5)
+    ref1 = exact_attention(q, [kv[1]])
+    assert relative_error(partial_attention(q, kv[1]), ref1, raw=False) < 1e-5
+    acc = partial_attention(q, kv[0])
+    merge_into(acc, partial_attention(q, kv[2]))
+    assert relative_error(acc, exact_attention(q, [kv[0], kv[2]]), raw=False) < 1e-5
 
 
 def test_relative_error_flags_wrong_and_nan_results():
     w = wl((10, 10))
-    ref = reference_attention(w, 0)
+    ref = exact_attention(make_query(w, 0), shards(w, 0))
     wrong = ref.clone()
     wrong[3, 0] += 0.5
     assert relative_error(wrong, ref, raw=False) > 1e-2
@@ -121,7 +127,8 @@ def test_raw_buffers_are_small_integers_and_sum_exactly():
     total = bufs[0].clone()
     for b in bufs[1:]:
         total += b
-    assert relative_error(total, reference_raw(p, 0), raw=True) == 0.0
+    assert relative_error(total, sum(b.double() for b in bufs), raw=True) == 0.0
+    assert torch.equal(make_raw(p, 1, 0), bufs[1]) and not torch.equal(bufs[0], bufs[1])
     assert tolerance(p) == 0.0
 
 
@@ -134,3 +141,58 @@ def test_kernel_resolution():
         resolve_kernel("sdpa", "cpu", "fp8")
     with pytest.raises(InputError, match="unknown"):
         resolve_kernel("magic", "cpu")
+
+
+@pytest.mark.parametrize(("cap", "dtype", "d", "flash_attn", "want"), [
+    ((9, 0), "bf16", 128, True, "flash-attn"),
+    ((9, 0), "bf16", 128, False, "sdpa-flash"),
+    ((8, 0), "fp16", 64, False, "sdpa-flash"),
+    ((7, 0), "fp16", 128, True, "sdpa-efficient"),  # V100: no flash kernels
+    ((7, 0), "bf16", 128, False, "explicit"),  # nor bf16 in the memory-efficient one
+    ((9, 0), "fp32", 128, False, "sdpa-efficient"),
+    ((9, 0), "fp8", 128, True, "explicit"),
+    ((9, 0), "bf16", 12, True, "explicit"),  # a head dim the fused ops do not take
+])
+def test_attention_kernel_follows_the_device_capability(cap, dtype, d, flash_attn, want):
+    assert choose_kernel("auto", "cuda", dtype, d, cap, flash_attn) == want
+
+
+def test_named_kernels_are_checked_against_the_device():
+    assert choose_kernel("sdpa", "cuda", "bf16", 128, (9, 0)) == "sdpa-flash"
+    assert choose_kernel("sdpa", "cuda", "fp16", 128, (7, 5)) == "sdpa-efficient"
+    with pytest.raises(InputError, match=r"kernel sdpa-flash does not take fp16 KV .* \(sm70\)"):
+        choose_kernel("sdpa-flash", "cuda", "fp16", 128, (7, 0))
+    with pytest.raises(InputError, match="flash-attn"):
+        choose_kernel("flash-attn", "cuda", "bf16", 128, (9, 0), flash_attn=False)
+    assert choose_kernel("explicit", "cuda", "fp8", 128, (9, 0)) == "explicit"
+
+
+def test_sampled_rows_equal_the_exact_reference():
+    w = wl((300, 0, 5, 700, 1), batch=3)
+    q, kv = make_query(w, 4), shards(w, 4)
+    exact = exact_attention(q, kv)
+    rows = sample_rows(w, 4, w.ranks, count=10)
+    assert rows.tolist() == sorted(set(rows.tolist())) and rows[0] == 0 and rows[-1] == w.rows - 1
+    combined = combine_stats(torch.stack([row_stats(q, s, rows) for s in kv]))
+    assert relative_error(combined, exact[rows], raw=False) < 1e-6  # fp64 work, rounded to fp32
+    assert torch.allclose(combined.double(), exact[rows].double(), rtol=1e-6, atol=1e-6)
+    # Every rank empty: the empty partial.
+    nothing = combine_stats(torch.stack([row_stats(q, kv[1], rows)] * 2))
+    assert torch.equal(nothing, empty_partial(len(rows), w.head_dim))
+
+
+def test_a_check_reads_only_the_rows_the_reference_holds():
+    w = wl((20, 30))
+    q, kv = make_query(w, 1), shards(w, 1)
+    exact = exact_attention(q, kv)
+    rows = torch.tensor([0, 5, 9, 15])
+    ref = Reference(exact[rows], rows)
+    out = exact.clone()
+    out[1] += 1.0  # a row the sample does not hold
+    assert check_against(out, ref, None, False, raw=False) == 0.0
+    out[9, 0] += 1.0
+    assert check_against(out, ref, None, False, raw=False) > 1e-3
+    # A heads layout: rows [8, 16) of this rank, given alone (sliced) or within every row.
+    assert check_against(exact[8:16], ref, (8, 16), True, raw=False) == 0.0
+    assert check_against(out, ref, (8, 16), False, raw=False) > 1e-3
+    assert check_against(exact, Reference(exact), (8, 16), False, raw=False) == 0.0

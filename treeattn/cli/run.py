@@ -52,6 +52,9 @@ def run(
     timeout: Annotated[float | None, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait "
                                                   "before its rank gives up; default: 10x the slowest predicted "
                                                   "method, at least 5.")] = None,
+    graph: Annotated[bool | None, typer.Option("--graph/--no-graph", help="Replay each method from a CUDA graph "
+                                               "after its warm-up (NCCL; default: on with NCCL, falling back to "
+                                               "eager with one line saying why when capture fails).")] = None,
     backend: BackendOpt = None,
     check: Annotated[CheckMode, typer.Option("--check", help="root: the result rank checks; all: every "
                                              "result rank.")] = CheckMode.ROOT,
@@ -81,7 +84,7 @@ def run(
     options = RunOptions(repeats=repeats, warmup=warmup,
                          timeout_s=timeout if timeout is not None else default_timeout_s(predictions, 5.0),
                          backend=backend.value if backend else None, check=check.value, seed=seed,
-                         baselines=baselines, order=order.value)
+                         baselines=baselines, order=order.value, graph=graph)
     if reporter:
         # Before the run: a user who reads these may stop it.
         spec = topology or plan.topology.name
@@ -94,6 +97,9 @@ def run(
     result = launch(Job((PlanJob(label, plan, ring_order=ring),), options))
     if result is None or not reporter:
         return
+    kernels = sorted({m.kernel for m in result.measurements if m.kernel != "none"})
+    err_console.print(f"{result.backend} on {result.device}: attention kernel {', '.join(kernels) or 'none'}, "
+                      f"merges {result.merge}, CUDA graphs {'on' if result.graphs else 'off'}")
     emit_results(result, plan, label, predictions, run_id, rows, json_out)
 
 

@@ -16,6 +16,13 @@ over the device's memory bandwidth times ``topo.cost.mem_efficiency``:
   and the step's copies count as one more, so such a step pays ``launch_us`` per kernel plus
   the sum of their byte terms (``step_local_us``).
 
+On a GPU the executor runs each chunk's merge as one fused kernel (``treeattn.exec.kernels``:
+the accumulator and the k partials received for that chunk in, the accumulator out), so
+the one launch per chunk merged that ``step_local_us`` charges is what it launches;
+``merge_us`` is that kernel's exact cost (its bytes: the fp32 accumulator read and written
+plus the k partials read), which equals the byte term above for one fp32 partial. CPU ranks
+merge with the eager ops, whose cost calibration fits to the same line.
+
 Calibration may time the attention kernel apart (``cost.attn_launch_us``, ``cost.attn_gbps``):
 COMPUTE then uses those, merges and copies keep ``launch_us`` and the memory bandwidth.
 Without a measured ``attn_gbps`` the kernel reads at its device's memory bandwidth x
@@ -158,6 +165,25 @@ class ComputeModel:
         if moved_bytes <= 0:
             return 0.0
         return kernels * self.launch_us + self._mem_us(rank, moved_bytes)
+
+    def merge_us(self, rank: int, rows: int, parts: int) -> float:
+        """The fused merge of ``parts`` received partials of ``rows`` rows into the accumulator
+        on ``rank``: one launch plus the fp32 accumulator read and written and the parts read
+        (in the partial dtype); 0 when nothing is merged.
+
+        Args:
+            rank: the merging rank.
+            rows: rows of the chunk.
+            parts: partials received for it in one step (k).
+
+        Returns:
+            Microseconds.
+        """
+        w = self.payload
+        if rows <= 0 or parts <= 0:
+            return 0.0
+        acc_row = (w.head_dim + 1) * 4 if isinstance(w, Workload) else w.row_bytes
+        return self.launch_us + self._mem_us(rank, rows * (2 * acc_row + parts * w.row_bytes))
 
     def gather_merge_us(self, rank: int, share_bytes: int, parts: int) -> float:
         """Local merge after an all-gather of ``parts`` partials of ``share_bytes`` each:

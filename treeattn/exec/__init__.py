@@ -3,9 +3,12 @@
 Modules, bottom up:
 
 * ``merge``: the merge operator of docs/design.md section 1 on packed ``(rows, D + 1)`` partials.
-* ``attention``: deterministic inputs (q, KV shards, raw buffers) from a seed, the local
-  partial (explicit, torch's fused op, or flash-attn), the single-process reference.
-* ``comm``: tagged point-to-point and collectives with deadlines.
+* ``kernels``: the merges as fused compiled kernels (CUDA), or the eager ops (CPU).
+* ``attention``: inputs (q, KV shards, raw buffers) drawn on the device from a seed, the local
+  partial (explicit, torch's fused ops by device capability, or flash-attn).
+* ``reference``: what a run is checked against (exact, or sampled rows above a size).
+* ``comm``: tagged point-to-point and collectives with deadlines, device-side time marks.
+* ``graphs``: a rank's program captured as a CUDA graph and replayed.
 * ``interpreter``: ``PlanExecutor``, one rank's program of a Plan, op by op, timed.
 * ``baselines``: all-reduce x3, all-gather + merge, ring attention, library all-reduce,
   on code paths of their own.

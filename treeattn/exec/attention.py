@@ -1,14 +1,15 @@
-"""Deterministic inputs, local attention partials and the single-process reference.
+"""Deterministic inputs, local attention partials and the exact single-process reference.
 
 Legend: B batch, Hq query heads, Hkv KV heads, G = Hq / Hkv query heads per KV head, D head
 dim, N_i tokens of rank i. q is ``(B, Hq, D)``; a KV shard is one ``(2, B, Hkv, N_i, D)``
 tensor (K then V) so it travels as one message. Query head h reads KV head h // G.
 
-Inputs are a pure function of (workload shape, seed): q comes from one generator (the same
-on every rank), the KV cache from one generator per (batch element, block of ``KV_BLOCK``
-tokens of the *full* sequence). Rank i's shard is tokens [offset_i, offset_i + N_i) of that
-full cache, so the concatenation of the shards is the full KV whatever the split, and the
-reference can rebuild it block by block from the same seeds.
+Inputs are drawn on the device that uses them, from a generator on that device seeded by
+(seed, what, rank): q from one seed (the same on every rank), rank i's KV shard and raw buffer
+from seeds of their own. The same seed gives the same numbers on the same kind of device
+(a CPU and a GPU draw differently, as do GPU models with other core counts), so the check
+never rebuilds another rank's inputs: ``treeattn.exec.reference`` computes it from the
+inputs themselves.
 """
 
 from __future__ import annotations
@@ -24,29 +25,25 @@ from treeattn.units import DType
 from treeattn.workload import RawPayload, Workload
 
 __all__ = [
-    "KV_BLOCK",
     "KERNELS",
     "torch_dtype",
     "sub_seed",
     "shard_offsets",
     "make_query",
-    "make_kv",
     "make_kv_shard",
     "partial_attention",
     "attention_partial",
-    "reference_attention",
     "make_raw",
-    "reference_raw",
     "resolve_kernel",
+    "choose_kernel",
 ]
 
-KV_BLOCK = 256
-"""Tokens drawn from one generator: the granularity that makes shards split-independent."""
-
-KERNELS = ("auto", "explicit", "sdpa", "flash-attn")
-"""``explicit``: matmuls in fp32 (reference quality); ``sdpa``: torch's fused flash attention
-op, which returns the log-sum-exp (fp32 accumulation, output rounded to the KV dtype);
-``flash-attn``: the flash-attn package on CUDA; ``auto``: see ``resolve_kernel``."""
+KERNELS = ("auto", "explicit", "sdpa", "sdpa-flash", "sdpa-efficient", "flash-attn")
+"""``explicit``: matmuls in fp32 (reference quality; the math kernel); ``sdpa``: torch's fused
+attention op that returns the log-sum-exp: on the CPU its flash op, on CUDA ``sdpa-flash``
+(sm80 and later, 16-bit KV) or else ``sdpa-efficient`` (the memory-efficient op); both
+accumulate in fp32 and round the output to the KV dtype; ``flash-attn``: the flash-attn
+package on CUDA (sm80 and later); ``auto``: see ``choose_kernel``."""
 
 _TORCH_DTYPES = {
     DType.FP32: torch.float32,
@@ -67,10 +64,12 @@ def sub_seed(seed: int, *path: object) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") & ((1 << 63) - 1)
 
 
-def _randn(shape: tuple[int, ...], seed: int, device: torch.device | str) -> torch.Tensor:
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    # Drawn on the CPU so CPU and CUDA runs see the same numbers.
-    return torch.randn(shape, generator=gen, dtype=torch.float32).to(device)
+def _randn(shape: tuple[int, ...], seed: int, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+    """Normal values of ``dtype`` drawn on ``device`` (fp8 drawn in fp16 and rounded)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    draw = torch.float16 if dtype.itemsize == 1 else dtype
+    out = torch.randn(shape, generator=gen, dtype=draw, device=device)
+    return out if draw == dtype else out.to(dtype)
 
 
 def shard_offsets(split: tuple[int, ...]) -> tuple[int, ...]:
@@ -83,72 +82,79 @@ def shard_offsets(split: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def make_query(workload: Workload, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """q ``(B, Hq, D)`` in the KV dtype, identical on every rank for one seed."""
+    """q ``(B, Hq, D)`` in the KV dtype, identical on every rank (of one device kind) for one seed."""
     w = workload
-    q = _randn((w.batch, w.q_heads, w.head_dim), sub_seed(seed, "q"), device)
-    return q.to(torch_dtype(w.kv_dtype))
-
-
-def make_kv(
-    workload: Workload, start: int, stop: int, seed: int, device: torch.device | str = "cpu",
-    batch: tuple[int, int] | None = None,
-) -> torch.Tensor:
-    """Tokens [start, stop) of the full KV cache: ``(2, B', Hkv, stop - start, D)``.
-
-    Args:
-        workload: the shape (B, Hkv, D, dtype).
-        start: first token (of the full sequence).
-        stop: one past the last token.
-        seed: the run's seed.
-        device: where the result lives.
-        batch: batch elements [b0, b1) to build (all when None).
-
-    Returns:
-        K and V stacked, in the workload's KV dtype.
-    """
-    w = workload
-    b0, b1 = batch if batch is not None else (0, w.batch)
-    dtype = torch_dtype(w.kv_dtype)
-    out = torch.empty((2, b1 - b0, w.kv_heads, stop - start, w.head_dim), dtype=dtype, device=device)
-    if stop <= start:
-        return out
-    for b in range(b0, b1):
-        for blk in range(start // KV_BLOCK, (stop - 1) // KV_BLOCK + 1):
-            lo, hi = blk * KV_BLOCK, (blk + 1) * KV_BLOCK
-            data = _randn((2, w.kv_heads, KV_BLOCK, w.head_dim), sub_seed(seed, "kv", b, blk), device)
-            s, e = max(lo, start), min(hi, stop)
-            out[:, b - b0, :, s - start : e - start] = data[:, :, s - lo : e - lo].to(dtype)
-    return out
+    return _randn((w.batch, w.q_heads, w.head_dim), sub_seed(seed, "q"), device, torch_dtype(w.kv_dtype))
 
 
 def make_kv_shard(workload: Workload, rank: int, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Rank ``rank``'s KV shard ``(2, B, Hkv, N_rank, D)`` (N_rank may be 0)."""
-    start = shard_offsets(workload.split)[rank]
-    return make_kv(workload, start, start + workload.split[rank], seed, device)
+    """Rank ``rank``'s KV shard ``(2, B, Hkv, N_rank, D)`` (N_rank may be 0), drawn on ``device``
+    from the rank's own seed: it depends on (seed, rank, its shape) only."""
+    w = workload
+    shape = (2, w.batch, w.kv_heads, w.split[rank], w.head_dim)
+    return _randn(shape, sub_seed(seed, "kv", rank), device, torch_dtype(w.kv_dtype))
 
 
-def resolve_kernel(kernel: str, device: torch.device | str, kv_dtype: DType | str = DType.BF16) -> str:
-    """The concrete kernel ``kernel`` names for KV of ``kv_dtype`` on ``device``.
+def choose_kernel(kernel: str, device_type: str, kv_dtype: DType | str, head_dim: int,
+                  capability: tuple[int, int] | None = None, flash_attn: bool = False) -> str:
+    """The concrete kernel ``kernel`` names, from what the device can run (no device needed).
 
-    ``auto`` picks flash-attn on CUDA when importable (16-bit KV), else torch's fused
-    ``sdpa`` op where it takes the dtype (CPU: fp32/bf16/fp16; CUDA: bf16/fp16), else the
-    explicit matmuls.
+    ``auto`` on CUDA: flash-attn where importable on sm80+ with 16-bit KV, else torch's flash
+    op (``sdpa-flash``: sm80+, 16-bit KV), else its memory-efficient op (``sdpa-efficient``:
+    fp16 and fp32 KV on any CUDA device, bf16 on sm80+), else the explicit matmuls (the math
+    kernel: fp8 KV, a head dim the fused ops do not take). On the CPU: torch's flash op
+    (``sdpa``) for fp32/bf16/fp16 KV, else explicit.
+
+    Args:
+        kernel: one of ``KERNELS``.
+        device_type: ``cpu`` or ``cuda``.
+        kv_dtype: the KV dtype.
+        head_dim: D (the fused ops take multiples of 8 up to 256).
+        capability: the CUDA device's compute capability (major, minor).
+        flash_attn: whether the flash-attn package imports.
+
+    Raises:
+        InputError: an unknown name, or a kernel the device or dtype cannot run.
     """
     if kernel not in KERNELS:
         raise InputError(f"unknown attention kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
     dtype = DType.parse(kv_dtype)
-    is_cuda = torch.device(device).type == "cuda"
-    sdpa_ok = dtype in (DType.BF16, DType.FP16) or (dtype is DType.FP32 and not is_cuda)
+    half = dtype in (DType.BF16, DType.FP16)
+    shape_ok = head_dim % 8 == 0 and head_dim <= 256
+    if device_type != "cuda":
+        options = ["sdpa"] if dtype is not DType.FP8 and _sdpa_op(False) is not None else []
+    else:
+        sm80 = capability is not None and capability >= (8, 0)
+        options = []
+        if flash_attn and sm80 and half and shape_ok:
+            options.append("flash-attn")
+        if sm80 and half and shape_ok:
+            options.append("sdpa-flash")
+        if shape_ok and (dtype in (DType.FP16, DType.FP32) or (dtype is DType.BF16 and sm80)):
+            options.append("sdpa-efficient")
+    options.append("explicit")
     if kernel == "auto":
-        if is_cuda and dtype in (DType.BF16, DType.FP16) and _flash_attn() is not None:
-            return "flash-attn"
-        return "sdpa" if sdpa_ok and _sdpa_op(is_cuda) is not None else "explicit"
-    if kernel == "flash-attn" and (not is_cuda or _flash_attn() is None or dtype not in (DType.BF16, DType.FP16)):
-        raise InputError("kernel flash-attn needs CUDA devices, the flash-attn package and bf16/fp16 KV; "
-                         "use explicit or sdpa")
-    if kernel == "sdpa" and (not sdpa_ok or _sdpa_op(is_cuda) is None):
-        raise InputError(f"kernel sdpa does not take {dtype.value} KV on {torch.device(device).type}; use explicit")
+        return options[0]
+    if kernel == "sdpa" and device_type == "cuda":
+        fused = [k for k in options if k.startswith("sdpa-")]
+        if fused:
+            return fused[0]
+    if kernel not in options:
+        where = "CUDA" if device_type == "cuda" else "the CPU"
+        cap = f" (sm{capability[0]}{capability[1]})" if device_type == "cuda" and capability else ""
+        raise InputError(f"kernel {kernel} does not take {dtype.value} KV with head dim {head_dim} on {where}{cap}; "
+                         f"this device runs {', '.join(options)}")
     return kernel
+
+
+def resolve_kernel(kernel: str, device: torch.device | str, kv_dtype: DType | str = DType.BF16,
+                   head_dim: int = 128) -> str:
+    """``choose_kernel`` for ``device`` (its capability read from the driver)."""
+    dev = torch.device(device)
+    cap = None
+    if dev.type == "cuda" and torch.cuda.is_available():
+        cap = torch.cuda.get_device_capability(dev)
+    return choose_kernel(kernel, dev.type, kv_dtype, head_dim, cap, _flash_attn() is not None)
 
 
 def _sdpa_op(cuda: bool):  # noqa: ANN202 - the aten op or None
@@ -189,10 +195,14 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str,
     bsz, hq, d = q.shape
     hkv = k.shape[1]
     g = hq // hkv
-    if kernel == "sdpa":
+    if kernel in ("sdpa", "sdpa-flash", "sdpa-efficient"):
         # GQA decode as attention with G queries per KV head: (B, Hkv, G, D) against (B, Hkv, N, D).
         qg = q.reshape(bsz, hkv, g, d).to(k.dtype)
-        out, lse = _sdpa_op(q.device.type == "cuda")(qg, k, v, 0.0, False, scale=scale)[:2]
+        if kernel == "sdpa-efficient":
+            out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(qg, k, v, None, True, scale=scale)[:2]
+            lse = lse[..., :g]  # padded to a multiple of 32 queries
+        else:
+            out, lse = _sdpa_op(kernel == "sdpa-flash")(qg, k, v, 0.0, False, scale=scale)[:2]
         return out.reshape(bsz, hq, d), lse.reshape(bsz, hq).float()
     if kernel == "flash-attn":
         fn = _flash_attn()
@@ -258,80 +268,22 @@ def attention_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if k.shape[2] == 0:
         return torch.zeros_like(q), torch.full((bsz, hq), float("-inf"), dtype=torch.float32, device=q.device)
-    kernel = _kernel_for(q.device, k.dtype)
+    kernel = _kernel_for(q.device, k.dtype, d)
     o, lse = _attend(q, k, v, kernel, scale)
     return o.to(q.dtype), lse
 
 
-def _kernel_for(device: torch.device, dtype: torch.dtype) -> str:
+def _kernel_for(device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
     kinds = {torch.float32: DType.FP32, torch.bfloat16: DType.BF16, torch.float16: DType.FP16}
     if dtype not in kinds:
         return "explicit"
-    return resolve_kernel("auto", device, kinds[dtype])
-
-
-def reference_attention(workload: Workload, seed: int, ranks: tuple[int, ...] | None = None) -> torch.Tensor:
-    """Exact attention over the full KV (or the shards of ``ranks``), in fp64, by a plain
-    softmax over all tokens at once (no merge operator involved).
-
-    Rebuilds the cache from the seeds one batch element at a time: memory stays at the
-    scores (Hq x N fp64) and V (Hkv x N x D in the KV dtype) of one batch element.
-
-    Args:
-        workload: the shape.
-        seed: the run's seed.
-        ranks: whose shards count (a broadcast plan's ``contributors``); None = all.
-
-    Returns:
-        Packed ``(Hq * B, D + 1)`` fp32 on the CPU, rows head-major.
-    """
-    w = workload
-    g, d = w.q_heads // w.kv_heads, w.head_dim
-    offsets = shard_offsets(w.split)
-    step = KV_BLOCK * 64
-    spans = []  # (start, stop) token pieces of at most ``step`` tokens
-    for r in sorted(set(range(w.ranks) if ranks is None else ranks)):
-        for s in range(offsets[r], offsets[r] + w.split[r], step):
-            spans.append((s, min(s + step, offsets[r] + w.split[r])))
-    n = sum(e - s for s, e in spans)
-    if n == 0:
-        return empty_partial(w.rows, d)
-    q = make_query(w, seed).double()
-    outs, lses = [], []
-    for b in range(w.batch):
-        qb = q[b].reshape(w.kv_heads, g, d)
-        scores = torch.empty((w.kv_heads, g, n), dtype=torch.float64)
-        values = []  # V kept in the KV dtype between the two passes (a quarter of fp64)
-        at = 0
-        for s, e in spans:
-            kv = make_kv(w, s, e, seed, batch=(b, b + 1))
-            scores[..., at : at + e - s] = torch.matmul(qb, kv[0, 0].double().transpose(-1, -2)) / math.sqrt(d)
-            values.append(kv[1, 0])
-            at += e - s
-        lse = torch.logsumexp(scores, dim=-1)
-        probs = torch.exp(scores - lse.unsqueeze(-1))
-        o = torch.zeros((w.kv_heads, g, d), dtype=torch.float64)
-        at = 0
-        for (s, e), v in zip(spans, values, strict=True):
-            o += torch.matmul(probs[..., at : at + e - s], v.double())
-            at += e - s
-        outs.append(o.reshape(w.q_heads, d))
-        lses.append(lse.reshape(w.q_heads))
-    return pack_heads(torch.stack(outs), torch.stack(lses))
+    return resolve_kernel("auto", device, kinds[dtype], head_dim)
 
 
 def make_raw(payload: RawPayload, rank: int, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Rank ``rank``'s raw buffer: ``rows`` small integers in the payload dtype, so that any
-    summation order is exact (a check with zero tolerance)."""
-    gen = torch.Generator(device="cpu").manual_seed(sub_seed(seed, "raw", rank))
+    """Rank ``rank``'s raw buffer: ``rows`` small integers in the payload dtype, drawn on
+    ``device``, so that any summation order is exact (a check with zero tolerance)."""
+    gen = torch.Generator(device=device).manual_seed(sub_seed(seed, "raw", rank))
     bound = 1 if payload.dtype is DType.FP8 else 8
-    values = torch.randint(-bound, bound + 1, (payload.rows,), generator=gen, dtype=torch.int32)
-    return values.to(torch_dtype(payload.dtype)).to(device)
-
-
-def reference_raw(payload: RawPayload, seed: int, ranks: tuple[int, ...] | None = None) -> torch.Tensor:
-    """The sum of the raw buffers of ``ranks`` (None = every rank), as fp64 on the CPU."""
-    total = torch.zeros(payload.rows, dtype=torch.float64)
-    for r in sorted(set(range(payload.ranks) if ranks is None else ranks)):
-        total += make_raw(payload, r, seed).double()
-    return total
+    values = torch.randint(-bound, bound + 1, (payload.rows,), generator=gen, dtype=torch.int32, device=device)
+    return values.to(torch_dtype(payload.dtype))

@@ -1,10 +1,11 @@
 """The methods treeattn is compared with, executed for real on their own code paths.
 
 None of these reads a Plan: they are written the way their authors' code does it, so a bug
-in the plan interpreter cannot hide in both. Every function is one iteration on one rank and
-returns its result rows, packed head-major: every row (result ``all``), its own heads' rows
-(``heads``), or every row on the root (``root``); ``treeattn.plan.baselines`` says which
-method delivers which layout.
+in the plan interpreter cannot hide in both. Their local arithmetic runs on the same fused
+kernels as the plan's (``treeattn.exec.kernels``), so a comparison is of the schedules.
+Every function is one iteration on one rank and returns its result rows, packed head-major:
+every row (result ``all``), its own heads' rows (``heads``), or every row on the root
+(``root``); ``treeattn.plan.baselines`` says which method delivers which layout.
 
 * ``allreduce3``: the tree-attention paper's reference code: all-reduce max of lse, then
   all-reduce sums of exp(lse - max) * o and of exp(lse - max).
@@ -25,10 +26,11 @@ from __future__ import annotations
 
 import torch
 
+from treeattn.exec import kernels
 from treeattn.exec.attention import partial_attention
 from treeattn.exec.collectives import finish, weights
 from treeattn.exec.comm import P2P, BufferPool, Comm
-from treeattn.exec.merge import merge_into, merge_many, pack, unpack
+from treeattn.exec.merge import pack
 from treeattn.plan.ir import head_split
 from treeattn.workload import Workload
 
@@ -50,14 +52,12 @@ def allreduce3(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
                wire: torch.dtype = torch.float32) -> torch.Tensor:
     """The paper's three all-reduces on this rank's partial; returns the packed result.
     The weighted output travels in ``wire`` (the partial dtype); max and weights in fp32."""
-    o, lse = unpack(partial_attention(q, kv, kernel))
-    m = comm.all_reduce(lse.clone(), "max", "allreduce3 max lse")
-    w = weights(lse, m)
-    num = comm.all_reduce((o * w.unsqueeze(1)).to(wire), "sum", "allreduce3 sum num").float()
-    den = comm.all_reduce(w, "sum", "allreduce3 sum den")
-    res = torch.empty(o.shape[0], o.shape[1] + 1, dtype=torch.float32, device=o.device)
-    finish(res, m, num, den)
-    return res
+    part = partial_attention(q, kv, kernel)
+    m = comm.all_reduce(part[:, -1].clone(), "max", "allreduce3 max lse")
+    num = comm.all_reduce(kernels.weighted(part, m, wire, with_weight=False), "sum", "allreduce3 sum num")
+    den = comm.all_reduce(weights(part[:, -1], m), "sum", "allreduce3 sum den")
+    finish(part, m, num, den)
+    return part
 
 
 def allreduce2(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, kernel: str,
@@ -66,19 +66,18 @@ def allreduce2(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload
     reduce-scatter by head (``heads``: returns this rank's rows) or reduce to ``root``."""
     part = partial_attention(q, kv, kernel)
     m = comm.all_reduce(part[:, -1].contiguous(), "max", "allreduce2 max lse")
-    w = weights(part[:, -1], m)
-    packed = torch.cat([w.unsqueeze(1) * part[:, :-1], w.unsqueeze(1)], dim=1).to(wire)
+    packed = kernels.weighted(part, m, wire)
     if result == "heads":
         segs = segments(workload, comm.world)
-        got = _reduce_scatter_rows(comm, packed, segs, "allreduce2 reduce-scatter").float()
+        got = _reduce_scatter_rows(comm, packed, segs, "allreduce2 reduce-scatter")
         a, b = segs[comm.rank]
         out = torch.empty(b - a, packed.shape[1], dtype=torch.float32, device=packed.device)
         finish(out, m[a:b], got[:, :-1], got[:, -1])
         return out
     if result == "root":
-        total = comm.reduce(packed, root, "sum", "allreduce2 reduce").float()
+        total = comm.reduce(packed, root, "sum", "allreduce2 reduce")
     else:
-        total = comm.all_reduce(packed, "sum", "allreduce2 sum").float()
+        total = comm.all_reduce(packed, "sum", "allreduce2 sum")
     finish(part, m, total[:, :-1], total[:, -1])
     return part
 
@@ -103,7 +102,7 @@ def allgather_merge(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
                     wire: torch.dtype = torch.float32) -> torch.Tensor:
     """All-gather of every rank's packed partial, then one local k-way merge."""
     mine = partial_attention(q, kv, kernel).to(wire)
-    return merge_many(torch.stack(comm.all_gather(mine, "allgather-merge all-gather")))
+    return kernels.merged(torch.stack(comm.all_gather(mine, "allgather-merge all-gather")))
 
 
 def dcp_ag_rs(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, kernel: str,
@@ -116,9 +115,10 @@ def dcp_ag_rs(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload,
     mine[:, :shares[comm.rank]] = q[:, lo:lo + shares[comm.rank]]  # the heads tensor parallelism gives it
     full_q = torch.cat([t[:, :k] for t, k in zip(comm.all_gather(mine, "dcp-ag-rs all-gather q"), shares,
                                                   strict=True)], dim=1)
-    o, lse = unpack(partial_attention(full_q, kv, kernel))
-    total = torch.logsumexp(torch.stack(comm.all_gather(lse.contiguous(), "dcp-ag-rs all-gather lse")), dim=0)
-    corrected = (o * weights(lse, total).unsqueeze(1)).to(wire)
+    part = partial_attention(full_q, kv, kernel)
+    total = torch.logsumexp(torch.stack(comm.all_gather(part[:, -1].contiguous(), "dcp-ag-rs all-gather lse")),
+                            dim=0)
+    corrected = kernels.weighted(part, total, wire, with_weight=False)
     segs = segments(workload, p)
     got = _reduce_scatter_rows(comm, corrected, segs, "dcp-ag-rs reduce-scatter").float()
     a, b = segs[comm.rank]
@@ -134,7 +134,7 @@ def dcp_a2a(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, k
     a, b = segs[comm.rank]
     got = torch.empty((comm.world * (b - a), part.shape[1]), dtype=wire, device=part.device)
     comm.all_to_all(got, part, [hi - lo for lo, hi in segs], "dcp-a2a all-to-all")
-    return merge_many(got.view(comm.world, b - a, part.shape[1]))
+    return kernels.merged(got.view(comm.world, b - a, part.shape[1]))
 
 
 def ring_attention(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, kernel: str,
@@ -144,8 +144,8 @@ def ring_attention(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Work
     The ring visits ranks in ``order`` (default 0..p-1). At rotation s the rank at position i
     holds the block of position i - s; it posts the send of that block to the next position
     and the receive of the block of position i - s - 1 from the previous, computes on its
-    block while they fly, merges, then waits. Blocks of 0 tokens still travel (0 bytes) so
-    every rank keeps the same message sequence.
+    block while they fly, merges, then waits. Blocks of 0 tokens are not sent, on either side
+    (``Comm.post``'s rule for empty messages).
     """
     p, w = comm.world, workload
     order = list(range(p)) if order is None else list(order)
@@ -163,7 +163,7 @@ def ring_attention(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Work
             incoming = pool.take(shape, kv.dtype)
             works = comm.post([P2P(True, current, nxt), P2P(False, incoming, prv)])
         part = partial_attention(q, current, kernel)
-        acc = part if acc is None else merge_into(acc, part)
+        acc = part if acc is None else kernels.merge_into(acc, part.unsqueeze(0))
         for work in works:
             comm.wait(work, f"ring-attention rotation {s}")
         if incoming is not None:

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from treeattn.errors import PlanInvalidError
-from treeattn.exec.merge import merge_many, sum_many_into
+from treeattn.exec import kernels
+from treeattn.exec.merge import sum_many_into
 from treeattn.plan.ir import COLLECTIVE_FORMS, Op, head_split
 
 if TYPE_CHECKING:
@@ -29,16 +30,12 @@ __all__ = ["run_collective", "gather_query", "weights", "finish"]
 
 def weights(lse: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """exp(lse - m), 0 for empty rows, and no exp(nan) where every rank is empty (m = -inf)."""
-    shift = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    return torch.where(torch.isneginf(lse), torch.zeros_like(lse), torch.exp(lse - shift))
+    return kernels._weights(lse, m)
 
 
 def finish(part: torch.Tensor, m: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> None:
-    """part <- (num / den, m + log den), the empty partial where den = 0."""
-    live = den > 0
-    safe = torch.where(live, den, torch.ones_like(den))
-    part[:, :-1] = torch.where(live.unsqueeze(1), num / safe.unsqueeze(1), torch.zeros_like(num))
-    part[:, -1] = torch.where(live, m + torch.log(safe), torch.full_like(m, float("-inf")))
+    """part <- (num / den, m + log den), the empty partial where den = 0 (``kernels.finish``)."""
+    kernels.finish(part, m, num, den)
 
 
 def run_collective(ex: PlanExecutor, op: Op, acc: torch.Tensor, state: dict, what: str) -> None:
@@ -66,22 +63,20 @@ def run_collective(ex: PlanExecutor, op: Op, acc: torch.Tensor, state: dict, wha
                 acc[where] = got
         return
     if op.coll == "allgather" and op.part == "partial":
-        part.copy_(merge_many(torch.stack(comm.all_gather(part.to(wire), what))))
+        part.copy_(kernels.merged(torch.stack(comm.all_gather(part.to(wire), what))))
     elif form.group == "trio":
         _trio(ex, op.part, rows, part, state, what)
     elif form.group == "dcp":
         _dcp(ex, op, rows, part, acc, state, what)
     else:  # allreduce / reducescatter / reduce merge partial
         m = comm.all_reduce(part[:, -1].contiguous(), "max", what + " (max lse)")
-        w = weights(part[:, -1], m)
-        packed = torch.cat([w.unsqueeze(1) * part[:, :-1], w.unsqueeze(1)], dim=1).to(wire)
+        packed = kernels.weighted(part, m, wire)
         if op.coll == "allreduce":
-            total = comm.all_reduce(packed, "sum", what + " (sum)").float()
+            total = comm.all_reduce(packed, "sum", what + " (sum)")
             finish(part, m, total[:, :-1], total[:, -1])
         else:
             got, where = _sum_to_owners(ex, op, packed, rows, what + " (sum)")
             if got is not None:
-                got = got.float()
                 mine = acc[where]
                 finish(mine, m[where.start - rows.start:where.stop - rows.start], got[:, :-1], got[:, -1])
 
@@ -133,8 +128,7 @@ def _dcp(ex: PlanExecutor, op: Op, rows: slice, part: torch.Tensor, acc: torch.T
     if op.part == "lse":
         lses = torch.stack(ex.comm.all_gather(part[:, -1].contiguous(), what))
         total = torch.logsumexp(lses, dim=0)  # -inf where every rank is empty
-        scale = weights(part[:, -1], total)
-        state["dcp"] = (rows, total, (part[:, :-1] * scale.unsqueeze(1)).to(ex.wire_dtype))
+        state["dcp"] = (rows, total, kernels.weighted(part, total, ex.wire_dtype, with_weight=False))
         return
     if "dcp" not in state or state["dcp"][0] != rows:
         raise PlanInvalidError(f"rank {ex.rank}: {what} runs before allgather copy lse of its rows; the outputs "
@@ -148,8 +142,9 @@ def _dcp(ex: PlanExecutor, op: Op, rows: slice, part: torch.Tensor, acc: torch.T
 
 
 def _trio(ex: PlanExecutor, name: str, rows: slice, part: torch.Tensor, state: dict, what: str) -> None:
-    # Row-wise state, so the three parts may use different chunkings; each takes effect
-    # only when all three have run over a row.
+    # Row-wise state, so the three parts may use different chunkings; each takes effect only
+    # when all three have run over a row. Which rows have which part is known on the host
+    # (the plan says), so nothing waits on the device to decide.
     trio = state.get("trio")
     d = part.shape[1] - 1
     if trio is None:
@@ -157,29 +152,31 @@ def _trio(ex: PlanExecutor, name: str, rows: slice, part: torch.Tensor, state: d
         trio = state["trio"] = dict(m=torch.zeros(ex.rows, device=dev), num=torch.zeros(ex.rows, d, device=dev),
                                     den=torch.zeros(ex.rows, device=dev))
         for k in ("lse", "num", "den"):
-            trio[f"has_{k}"] = torch.zeros(ex.rows, dtype=torch.bool, device=dev)
+            trio[f"has_{k}"] = bytearray(ex.rows)
     lse = part[:, -1]
     if name == "lse":
         trio["m"][rows] = ex.comm.all_reduce(lse.contiguous(), "max", what)
     else:
-        if not bool(trio["has_lse"][rows].all()):
+        if not all(trio["has_lse"][rows]):
             raise PlanInvalidError(
                 f"rank {ex.rank}: {what} runs before allreduce max lse of its rows; this executor needs the "
                 "max first (the weights exp(lse - max) depend on it)"
             )
-        w = weights(lse, trio["m"][rows])
         if name == "num":
-            num = (w.unsqueeze(1) * part[:, :-1]).to(ex.wire_dtype)
+            num = kernels.weighted(part, trio["m"][rows], ex.wire_dtype, with_weight=False)
             trio["num"][rows] = ex.comm.all_reduce(num, "sum", what).float()
         else:
-            trio["den"][rows] = ex.comm.all_reduce(w, "sum", what)
-    trio[f"has_{name}"][rows] = True
-    full = trio["has_lse"][rows] & trio["has_num"][rows] & trio["has_den"][rows]
-    if bool(full.any()):
-        idx = torch.nonzero(full).flatten()
-        sub = part[idx]
-        gidx = idx + rows.start
-        finish(sub, trio["m"][gidx], trio["num"][gidx], trio["den"][gidx])
-        part[idx] = sub
-        for k in ("lse", "num", "den"):
-            trio[f"has_{k}"][gidx] = False
+            trio["den"][rows] = ex.comm.all_reduce(weights(lse, trio["m"][rows]), "sum", what)
+    trio[f"has_{name}"][rows] = b"\x01" * (rows.stop - rows.start)
+    has = [trio[f"has_{k}"] for k in ("lse", "num", "den")]
+    start = None
+    for i in range(rows.start, rows.stop + 1):  # finish each run of rows that has all three
+        full = i < rows.stop and all(h[i] for h in has)
+        if full and start is None:
+            start = i
+        elif not full and start is not None:
+            finish(part[start - rows.start:i - rows.start], trio["m"][start:i], trio["num"][start:i],
+                   trio["den"][start:i])
+            for h in has:
+                h[start:i] = bytes(i - start)
+            start = None

@@ -4,17 +4,31 @@ A ``Comm`` works over a process group (default the world): plan rank i is rank i
 group. Point-to-point messages carry a tag equal to their sequence number on the ordered
 pair of that group (k-th message from a to b has tag k on both sides, counted over the
 process's life, whichever ``Comm`` sent it), so gloo matches them FIFO per pair exactly as
-the Plan IR says, however many are in flight. NCCL ignores tags; its point-to-point
-operations are FIFO per pair on one communicator already.
+the Plan IR says, however many are in flight. On NCCL, which ignores tags, every pair of
+ranks that exchanges messages has a communicator of its own (``open_pairs``): a batch's
+messages to one peer are one NCCL group on it, FIFO per pair, and each peer's messages
+complete on their own instead of all of a step's at the end of one group.
+
+One rule for empty messages: a message of zero bytes (a KV shard of no tokens) is not
+posted, on either side (both sides know its size). fp8 travels as its bytes (a uint8 view).
 
 Every wait has a deadline: ``op_timeout_s`` for the operations being measured,
 ``setup_timeout_s`` for set-up, checks and barriers. A failed or timed-out wait raises
-``CommError``, which names the operation and the peer.
+``CommError``, which names the operation and the peer. On CUDA a wait does not hold the
+host: the device waits (the NCCL work joins the current stream), a marker records where,
+and ``settle`` later polls the markers in order, each within the deadline of the one
+before, so a rank that died or hung is named within the timeout without a host
+synchronisation inside a timed region.
+
+Time: ``mark`` is a timestamp of the current stream's position (a CUDA event on a GPU, the
+host clock on a CPU) and ``seconds`` turns it into seconds on the host clock, counted from
+an ``origin``.
 """
 
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import re
 import time
@@ -27,7 +41,13 @@ import torch.distributed as dist
 from treeattn.errors import ExecutionError
 from treeattn.exec.board import HostBoard
 
-__all__ = ["CommError", "Comm", "P2P", "BufferPool"]
+__all__ = ["CommError", "Comm", "P2P", "BufferPool", "Mark", "timing_event"]
+
+_PAIRS: dict[tuple[int, int], dist.ProcessGroup] = {}
+"""NCCL communicators of pairs of global ranks, created once per process (``Comm.open_pairs``)."""
+
+Mark = float | torch.cuda.Event
+"""A timestamp: host seconds on a CPU device, a recorded CUDA event on a GPU."""
 
 _TAGS: dict[tuple[int, int, bool], int] = defaultdict(int)
 """Messages so far per (group, peer, sent): shared by every ``Comm`` of the process, so two
@@ -48,7 +68,16 @@ def _is_fp8(tensor: torch.Tensor) -> bool:
     return tensor.is_floating_point() and tensor.element_size() == 1
 
 
-_REDUCE = {"max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}
+def timing_event() -> torch.cuda.Event:
+    """A CUDA event that times, and that a CUDA graph capture records as a node of the graph
+    (so each replay records it again), where this torch can."""
+    try:
+        return torch.cuda.Event(enable_timing=True, external=True)
+    except TypeError:  # torch before 2.5: recorded during capture only as a dependency
+        return torch.cuda.Event(enable_timing=True)
+
+
+_REDUCE = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}
 
 
 class CommError(ExecutionError):
@@ -81,32 +110,151 @@ class Comm:
         self._key = id(group) if group is not None else 0
         self.board: HostBoard | None = None
         """Where ``release`` meets when every rank shares this host (``open_board``)."""
+        self.cuda = device.type == "cuda"
+        self._pending: list[tuple[Mark, str]] = []
+        """CUDA: markers of waits the device has not been seen to pass yet (``settle``)."""
+        self._sides: list[torch.cuda.Stream] = []
+
+    # -- time ---------------------------------------------------------------------------------
+
+    def mark(self, stream: torch.cuda.Stream | None = None) -> Mark:
+        """Now, in the order of the current stream (or ``stream``): an event on CUDA, else the host clock."""
+        if not self.cuda:
+            return time.perf_counter()
+        event = timing_event()
+        event.record(stream)
+        return event
+
+    def origin(self) -> tuple[float, Mark]:
+        """The host clock and a mark taken together, when the device is idle: what ``seconds``
+        counts from (the mark runs as soon as it is recorded, so it is that host instant)."""
+        return time.perf_counter(), self.mark()
+
+    def seconds(self, mark: Mark, origin: tuple[float, Mark]) -> float:
+        """``mark`` in host-clock seconds (the device must have passed it: ``settle``)."""
+        if isinstance(mark, float):
+            return mark
+        try:
+            return origin[0] + origin[1].elapsed_time(mark) / 1e3
+        except RuntimeError:  # an event a graph capture could not record (torch without external events)
+            return math.nan
+
+    def track(self, what: str, mark: Mark | None = None) -> None:
+        """CUDA: remember that the device must pass ``mark`` (default: a new one here) in time,
+        ``what`` naming the operation if it does not (``settle``)."""
+        if self.cuda:
+            self._pending.append((self.mark() if mark is None else mark, what))
+
+    def untracked(self) -> list[tuple[Mark, str]]:
+        """Take the markers not settled yet (a CUDA graph keeps those it captured)."""
+        out, self._pending = self._pending, []
+        return out
+
+    def settle(self, setup: bool = False, pending: list[tuple[Mark, str]] | None = None) -> None:
+        """Wait on the host until the device has passed every tracked marker, in order, each
+        within the deadline of the one before (or of the call); raise ``CommError`` naming the
+        first one it did not pass."""
+        marks = self.untracked() if pending is None else pending
+        if not self.cuda or not marks:
+            return
+        limit = (self.setup_timeout if setup else self.op_timeout).total_seconds()
+        last = time.perf_counter()
+        for event, what in marks:
+            while not event.query():
+                if time.perf_counter() - last > limit:
+                    raise CommError(f"rank {self.rank}: {what} failed: Timed out after {limit:g} s (NCCL)")
+                time.sleep(2e-5)
+            last = time.perf_counter()
 
     # -- point to point ---------------------------------------------------------------------
 
+    def open_pairs(self, pairs: set[tuple[int, int]]) -> None:
+        """NCCL: a communicator for each pair of group ranks in ``pairs`` that this rank is in
+        (each pair calls it; others are left alone). Every rank must pass the same pairs: they
+        are created in one order (a local synchronisation per pair, deadlock-free in that
+        order), once per process, each with the set-up deadline as its watchdog timeout, and
+        used once at once (one element each way) so that no communicator is set up lazily in
+        the middle of a step, where a pair's rendezvous could wait on a message not yet posted."""
+        if self.backend != "nccl":
+            return
+        for a, b in sorted({(min(p), max(p)) for p in pairs if p[0] != p[1]}):
+            if self.rank not in (a, b):
+                continue
+            ga, gb = (dist.get_global_rank(self.group, r) if self.group is not None else r for r in (a, b))
+            key = (min(ga, gb), max(ga, gb))
+            if key in _PAIRS:
+                continue
+            try:
+                group = dist.new_group(list(key), timeout=self.setup_timeout, use_local_synchronization=True,
+                                       device_id=self.device)
+            except TypeError:  # torch without eager initialisation of subgroups
+                group = dist.new_group(list(key), timeout=self.setup_timeout, use_local_synchronization=True)
+            _PAIRS[key] = group
+            peer = b if self.rank == a else a
+            out, back = torch.zeros(1, device=self.device), torch.empty(1, device=self.device)
+            at = self._pair(peer)[1]
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, out, group=group, group_peer=at),
+                                                dist.P2POp(dist.irecv, back, group=group, group_peer=at)]):
+                self.wait(work, f"opening the communicator with rank {peer}", setup=True)
+
+    def _pair(self, peer: int) -> tuple[dist.ProcessGroup, int] | None:
+        """The pair communicator with ``peer`` and the peer's rank in it (None: not opened)."""
+        me, other = ((dist.get_global_rank(self.group, r) if self.group is not None else r)
+                     for r in (self.rank, peer))
+        group = _PAIRS.get((min(me, other), max(me, other)))
+        return None if group is None else (group, 0 if other < me else 1)
+
     def post(self, ops: list[P2P]) -> list:
-        """Post ``ops`` together; returns one work handle per op (NCCL: one per batch)."""
-        if not ops:
-            return []
-        p2p = []
+        """Post ``ops`` together; returns one work handle per op: None for an empty message
+        (not posted), and on NCCL the same handle for the ops of one batch with one peer."""
+        works: list = [None] * len(ops)
+        live = [i for i, op in enumerate(ops) if op.tensor.numel() > 0]
+        if not live:
+            return works
         g = self.group
-        for op in ops:
+        p2p = []
+        for i in live:
+            op = ops[i]
             key = (self._key, op.peer, op.send)
             tag = _TAGS[key]
             _TAGS[key] = tag + 1
             fn = dist.isend if op.send else dist.irecv
-            p2p.append(dist.P2POp(fn, op.tensor, group=g, tag=tag, group_peer=op.peer))
+            wire = op.tensor.view(torch.uint8) if _is_fp8(op.tensor) else op.tensor
+            p2p.append(dist.P2POp(fn, wire, group=g, tag=tag, group_peer=op.peer))
         try:
             if self.backend == "nccl":
-                return list(dist.batch_isend_irecv(p2p))
-            return [dist.isend(p.tensor, group=g, tag=p.tag, group_dst=p.group_peer) if p.op is dist.isend
-                    else dist.irecv(p.tensor, group=g, tag=p.tag, group_src=p.group_peer) for p in p2p]
+                return self._post_nccl(ops, live, p2p, works)
+            for i, p in zip(live, p2p, strict=True):
+                works[i] = (dist.isend(p.tensor, group=g, tag=p.tag, group_dst=p.group_peer) if p.op is dist.isend
+                            else dist.irecv(p.tensor, group=g, tag=p.tag, group_src=p.group_peer))
+            return works
         except RuntimeError as exc:
             raise CommError(f"rank {self.rank}: posting {len(ops)} point-to-point ops failed: "
                             f"{_first_line(exc)}") from exc
 
-    def wait(self, work, what: str, setup: bool = False) -> None:  # noqa: ANN001 - torch Work
-        """Wait for ``work``; raise ``CommError`` naming ``what`` on failure or deadline."""
+    def _post_nccl(self, ops: list[P2P], live: list[int], p2p: list, works: list) -> list:
+        by_peer: dict[int, list[int]] = defaultdict(list)
+        for j, i in enumerate(live):
+            by_peer[ops[i].peer].append(j)
+        if not all(self._pair(peer) for peer in by_peer):  # no pair communicators: one group for all
+            handles = dist.batch_isend_irecv(p2p)
+            for i in live:
+                works[i] = handles[0] if len(handles) == 1 else handles[live.index(i)]
+            return works
+        for peer, idx in by_peer.items():
+            group, at = self._pair(peer)
+            batch = [dist.P2POp(p2p[j].op, p2p[j].tensor, group=group, group_peer=at) for j in idx]
+            handles = dist.batch_isend_irecv(batch)
+            for n, j in enumerate(idx):
+                works[live[j]] = handles[0] if len(handles) == 1 else handles[n]
+        return works
+
+    def wait(self, work, what: str, setup: bool = False) -> None:  # noqa: ANN001 - torch Work or None
+        """Wait for ``work`` (None: an empty message, done); raise ``CommError`` naming ``what``
+        on failure or deadline. On CUDA the current stream waits, and the host only by
+        ``settle`` (at once for set-up waits)."""
+        if work is None:
+            return
         timeout = self.setup_timeout if setup else self.op_timeout
         try:
             if self.backend == "gloo":
@@ -115,6 +263,28 @@ class Comm:
                 work.wait()
         except RuntimeError as exc:
             raise CommError(f"rank {self.rank}: {what} failed: {_first_line(exc)}") from exc
+        if self.cuda:
+            self.track(what)
+            if setup:
+                self.settle(setup=True)
+
+    def done_mark(self, work, slot: int) -> Mark:  # noqa: ANN001 - torch Work
+        """CUDA: a marker of ``work``'s own completion: recorded on side stream ``slot`` (one per
+        work of a step, so neither the current stream's compute nor another work delays it);
+        take it right after posting, and ``join_sides`` before the step ends."""
+        while len(self._sides) <= slot:
+            self._sides.append(torch.cuda.Stream(self.device))
+        side = self._sides[slot]
+        with torch.cuda.stream(side):
+            work.wait()
+            return self.mark(side)
+
+    def join_sides(self, used: int) -> None:
+        """The current stream waits for the first ``used`` side streams (a CUDA graph capture
+        must end with every stream it forked joined back)."""
+        current = torch.cuda.current_stream(self.device)
+        for side in self._sides[:used]:
+            current.wait_stream(side)
 
     # -- collectives ----------------------------------------------------------------------
 
@@ -246,7 +416,9 @@ class Comm:
         return start, arrived, worst
 
     def synchronize(self) -> None:
-        if self.device.type == "cuda":
+        """Host waits for the device (tracked markers first, with their deadlines)."""
+        if self.cuda:
+            self.settle(setup=True)
             torch.cuda.synchronize(self.device)
 
     def now(self) -> float:

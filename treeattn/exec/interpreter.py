@@ -5,9 +5,13 @@ when the step began, RECVs land in fresh buffers); a COMPUTE of the step runs wh
 fly (gloo and NCCL progress them on their own threads and streams); then every transfer is
 awaited, and only then are the computed partial and the received rows stored (RECV_COPY)
 or merged (RECV_MERGE: the partials a step receives for one chunk land side by side and are
-merged in one pass). A COLLECTIVE is a step of its own (``_collectives``). Each op gets a
-post and a completion timestamp; transfers of one step are awaited in program order, so an
-op's completion time is when it *and the ops before it in the step* had completed.
+merged in one pass, one fused kernel on CUDA: ``treeattn.exec.kernels``). A COLLECTIVE is a
+step of its own (``treeattn.exec.collectives``). Each op gets a post and a completion
+timestamp (``Comm.mark``: CUDA events on a GPU, so nothing waits on the host inside the
+iteration). On NCCL an op's completion is its own (each peer's messages are an NCCL group of
+their own; ops of one step with one peer share it); on gloo transfers of one step are awaited
+in program order, so an op's completion time is when it *and the ops before it in the step*
+had completed.
 
 Legend: acc is the packed accumulator ``(rows, D + 1)`` fp32 for attention plans (rows
 head-major, see ``treeattn.exec.merge``) or the raw buffer ``(rows,)`` for raw payload plans;
@@ -23,10 +27,11 @@ from itertools import groupby
 import torch
 
 from treeattn.errors import ExecutionError, PlanInvalidError
+from treeattn.exec import kernels
 from treeattn.exec.attention import partial_attention, torch_dtype
 from treeattn.exec.collectives import gather_query, run_collective
-from treeattn.exec.comm import P2P, BufferPool, Comm
-from treeattn.exec.merge import clear_partial, empty_partial, merge_into, merge_many_into, sum_many_into
+from treeattn.exec.comm import P2P, BufferPool, Comm, Mark
+from treeattn.exec.merge import clear_partial, empty_partial, sum_many_into
 from treeattn.plan.ir import Op, OpKind, Plan
 
 __all__ = ["FAULT_ENV", "MeasuredOp", "RankInputs", "PlanExecutor", "InjectedFault"]
@@ -110,10 +115,11 @@ class PlanExecutor:
         self._fault = _parse_fault()
         self._ops_done = 0
         self._pool = BufferPool(comm.device)
-        self.timeline: list[MeasuredOp] = []
+        self._marks: list[tuple[int, Op, Mark, Mark]] = []
+        self._clock: tuple[tuple[float, Mark], float] | None = None
         self.origin: float | None = None
-        """Where the next run's timeline counts from (``Comm.now`` seconds): the instant the
-        ranks agreed to start, when the harness has one; else this rank's own start."""
+        """Where the next run's timeline counts from (host seconds): the instant the ranks
+        agreed to start, when the harness has one; else this rank's own start."""
         self._acc: torch.Tensor | None = None
         self._prepared = False
         self._q: torch.Tensor | None = None
@@ -175,14 +181,13 @@ class PlanExecutor:
         blocks: dict[int, torch.Tensor] = {} if self.plan.is_raw else {self.rank: self.inputs.kv}
         state: dict = {}
         self._q = None
-        self.timeline = []
-        start = self.comm.now() if self.origin is None else self.origin
-        self.origin = None
+        self._marks = []
+        self.rebase(self.comm.origin())
         empty = [not self.plan.is_raw]  # the accumulator still holds the merge's identity
         for ops in self.steps:
             for index, _ in ops:
                 self._maybe_fault(index)
-            t_post = self.comm.now()
+            t_post = self.comm.mark()
             first = ops[0][1]
             if first.kind is OpKind.COLLECTIVE:
                 what = f"collective {first.coll} {first.reduce} {first.part} (step {first.step})"
@@ -193,12 +198,36 @@ class PlanExecutor:
                 else:
                     run_collective(self, first, acc, state, what)
                     empty[0] = False
-                done = [self.comm.now()]
+                done = [self.comm.mark()]
             else:
                 done = self._step(ops, acc, blocks, empty)
             for (index, op), t_done in zip(ops, done, strict=True):
-                self.timeline.append(MeasuredOp(self.rank, index, op, (t_post - start) * 1e6, (t_done - start) * 1e6))
+                self._marks.append((index, op, t_post, t_done))
         return acc
+
+    def rebase(self, origin: tuple[float, Mark]) -> None:
+        """Count the last run's timeline from ``origin`` (``Comm.origin`` taken as it began;
+        a CUDA graph's replay takes its own)."""
+        self._clock = (origin, origin[0] if self.origin is None else self.origin)
+        self.origin = None
+
+    def replaying(self) -> None:
+        """What a CUDA graph's replay of ``run`` does on the host first: count the ops for the
+        test-only fault injection, and take the timeline's origin."""
+        for ops in self.steps:
+            for index, _ in ops:
+                self._maybe_fault(index)
+        self.rebase(self.comm.origin())
+
+    @property
+    def timeline(self) -> list[MeasuredOp]:
+        """When each op of the last run was posted and completed (read once the device is done)."""
+        if self._clock is None:
+            return []
+        origin, start = self._clock
+        sec = self.comm.seconds
+        return [MeasuredOp(self.rank, index, op, (sec(p, origin) - start) * 1e6, (sec(d, origin) - start) * 1e6)
+                for index, op, p, d in self._marks]
 
     def _maybe_fault(self, index: int) -> None:
         count = self._ops_done
@@ -234,7 +263,7 @@ class PlanExecutor:
         return partial_attention(q, kv, self.kernel)
 
     def _step(self, ops: list[tuple[int, Op]], acc: torch.Tensor, blocks: dict[int, torch.Tensor],
-              empty: list[bool]) -> list[float]:
+              empty: list[bool]) -> list[Mark]:
         """One step of transfers, with its COMPUTE (if any) running while they fly."""
         w = self.plan.workload
         compute = next((op for _, op in ops if op.kind is OpKind.COMPUTE), None)
@@ -265,20 +294,25 @@ class PlanExecutor:
             else:
                 posts.append(P2P(False, self._pool.take(self._row_shape(op.chunk), self.wire_dtype), op.peer))
         works = self.comm.post(posts)
+        own: dict[int, Mark] = {}  # CUDA: each work's own completion, marked before the compute is queued
+        if self.comm.cuda:
+            for work in works:
+                if work is not None and id(work) not in own:
+                    own[id(work)] = self.comm.done_mark(work, len(own))
         part = None
-        t_compute = 0.0
+        t_compute: Mark = 0.0
         if compute is not None:
             part = self._partial(compute, blocks)  # while the transfers fly
-            t_compute = self.comm.now()
-        done: list[float] = []
-        if len(works) == len(posts):
-            for (_, op), work in zip(transfers, works, strict=True):
-                self.comm.wait(work, f"{op.kind.value} chunk {op.chunk} with rank {op.peer} (step {op.step})")
-                done.append(self.comm.now())
-        else:  # NCCL coalesces a batch into fewer handles: one completion time for all
-            for work in works:
-                self.comm.wait(work, f"step {ops[0][1].step} with ranks {sorted({op.peer for _, op in transfers})}")
-            done = [self.comm.now()] * len(posts)
+            t_compute = self.comm.mark()
+        done: list[Mark] = []
+        for (_, op), work in zip(transfers, works, strict=True):
+            if work is None:  # an empty message: nothing was posted
+                done.append(self.comm.mark())
+                continue
+            self.comm.wait(work, f"{op.kind.value} chunk {op.chunk} with rank {op.peer} (step {op.step})")
+            done.append(own[id(work)] if own else self.comm.mark())
+        if own:
+            self.comm.join_sides(len(own))
         # What the step computed and received lands only now, at its end (IR semantics). A
         # step never both copies into and merges into one chunk, nor computes beside a copy
         # (the validator's rules), so their order does not matter, and merges commute.
@@ -286,7 +320,7 @@ class PlanExecutor:
             if empty[0]:
                 acc.copy_(part)  # merging into the identity gives the partial itself
             else:
-                merge_into(acc, part)
+                kernels.merge_into(acc, part.unsqueeze(0))
         for (_, op), post in zip(transfers, posts, strict=True):
             if op.kind is OpKind.RECV_COPY:
                 if op.block is not None:
@@ -299,11 +333,11 @@ class PlanExecutor:
             if self.plan.is_raw:
                 sum_many_into(target, stack)
             else:
-                merge_many_into(target, stack)
+                kernels.merge_into(target, stack)
             self._pool.release(stack)
         if part is not None or stacks or any(op.kind is OpKind.RECV_COPY and op.block is None for _, op in transfers):
             empty[0] = False
-        out: list[float] = []
+        out: list[Mark] = []
         it = iter(done)
         for _, op in ops:
             out.append(t_compute if op.kind is OpKind.COMPUTE else next(it))

@@ -5,7 +5,8 @@
 * SLURM (``SLURM_PROCID``, ``SLURM_NTASKS`` > 1, ``SLURM_LOCALID``, plus ``MASTER_ADDR`` and
   ``MASTER_PORT`` that the batch script exports): likewise.
 * Otherwise the plan's ranks are started here as ``python -m treeattn.exec.worker``
-  processes on 127.0.0.1 with a free TCP port. A watchdog polls them: when one exits with
+  processes on 127.0.0.1 with a free TCP port, each on its own GPU under NCCL (more ranks
+  than GPUs is refused before anything starts). A watchdog polls them: when one exits with
   an error (it raised, or died), the others get a short grace to report, then are killed;
   no child outlives the run (they also die with their parent, through PR_SET_PDEATHSIG).
   The error names the rank that failed first, not the ranks that lost their peer.
@@ -27,8 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from treeattn.errors import ExecutionError, InputError
-from treeattn.exec.runner import Job, JobResult, run_rank
+from treeattn.exec.runner import Job, JobResult, _pick_backend, placement_problem, run_rank
 
 __all__ = ["RankEnv", "detect_env", "launch", "launch_local", "free_port", "rank_failure", "GRACE_S"]
 
@@ -116,6 +119,12 @@ def free_port() -> int:
 def launch_local(job: Job) -> JobResult:
     """Start ``job.ranks`` worker processes here, watch them, and return rank 0's result."""
     n = job.ranks
+    if _pick_backend(job.options)[0] == "nccl":
+        problem = placement_problem(n, torch.cuda.device_count())
+        if problem:
+            raise InputError(problem)
+    elif job.options.graph:
+        raise InputError("CUDA graphs need the NCCL backend (CUDA devices); use --no-graph with gloo")
     tmp = Path(tempfile.mkdtemp(prefix="treeattn-run-"))
     procs: list[subprocess.Popen] = []
     try:

@@ -7,6 +7,11 @@ partial) and returns the merged rows the plan's result layout gives this rank.
 
 Buffers: the packed input, the accumulator and every receive buffer are allocated on the
 first call and reused by the next ones; each call returns fresh output tensors.
+
+On NCCL the merges are fused kernels (``treeattn.exec.kernels``) and, from the second call
+on, the program is replayed from a CUDA graph captured then (``graph``); nothing waits on
+the host: a call checks that the device finished the previous call's communication within
+the timeout, so a dead or hung peer is reported one call later at most.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from treeattn.exec import kernels
 from treeattn.exec.attention import torch_dtype
 from treeattn.exec.comm import Comm
+from treeattn.exec.graphs import capture
 from treeattn.exec.interpreter import PlanExecutor, RankInputs, given_partial_problem
 from treeattn.exec.merge import pack_heads_into, unpack_heads
 from treeattn.plan.ir import Plan
@@ -39,14 +46,20 @@ class Merger:
         device: where the inputs live and the merge runs (default: the current CUDA device
             on NCCL, else the CPU).
         timeout_s: how long a rank waits for one message or collective before raising
-            ``treeattn.errors.ExecutionError`` (gloo: every wait; NCCL: the process group's own
-            timeout applies, set it with ``init_process_group(timeout=...)``). A rank that
-            raises before communicating (bad input) leaves the others to fail by this timeout
-            rather than wait forever.
+            ``treeattn.errors.ExecutionError`` (gloo: every wait; NCCL: checked at the next
+            call, see the module docstring). A rank that raises before communicating (bad
+            input) leaves the others to fail by this timeout rather than wait forever.
+        graph: replay the program from a CUDA graph from the second call on (NCCL only);
+            None: on with NCCL. A capture that fails on any rank leaves every rank eager,
+            with one line on stderr saying why.
+
+    Every rank of the group constructs its Merger at the same point of its program (on NCCL
+    the ranks that exchange messages open a communicator per pair then).
 
     Raises:
         ValueError: no process group, a group whose size is not the plan's rank count, a raw
-            payload plan, or a plan that moves KV (ring attention) instead of partials.
+            payload plan, a plan that moves KV (ring attention) instead of partials, or
+            ``graph=True`` without NCCL.
 
     Examples:
         Every rank of a 4-rank group (torchrun, or ``torch.multiprocessing.spawn``)::
@@ -58,7 +71,8 @@ class Merger:
     """
 
     def __init__(self, plan: Plan | str | Path, group: dist.ProcessGroup | None = None,
-                 device: torch.device | str | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 device: torch.device | str | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 graph: bool | None = None) -> None:
         if not isinstance(plan, Plan):
             from treeattn.plan.io import load_plan
 
@@ -79,6 +93,8 @@ class Merger:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         backend = str(dist.get_backend(group))
+        if graph and backend != "nccl":
+            raise ValueError(f"Merger: CUDA graphs need an NCCL process group, this one is {backend}")
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self.plan = plan
@@ -91,6 +107,13 @@ class Merger:
                           timeout_s, group=group)
         self._exec = PlanExecutor(plan, self._comm, RankInputs(partial=self._partial))
         self.wire_dtype = torch_dtype(w.partial_dtype)
+        self._comm.open_pairs({(r, op.peer) for r, prog in enumerate(plan.programs) for op in prog if op.is_transfer})
+        kernels.warm(self.device, self.wire_dtype)
+        self.graph = backend == "nccl" if graph is None else graph
+        """Whether calls after the first replay a CUDA graph (if its capture worked)."""
+        self._run = self._exec.run
+        self._calls = 0
+        self._previous: list = []
         if plan.layout == "heads":
             self.rows: tuple[int, int] | None = plan.segments[self.rank]
         else:
@@ -137,9 +160,15 @@ class Merger:
         for name, t in (("o", o), ("lse", lse)):
             if t.device != self.device:
                 raise ValueError(f"Merger: {name} is on {t.device}, this Merger runs on {self.device}")
+        self._comm.settle(pending=self._previous)  # the previous call's communication, within the timeout
         pack_heads_into(self._partial, o, lse)
         self._exec.prepare()
-        acc = self._exec.run()
+        if self.graph and self._calls == 1:
+            self._run = capture(self._comm, self._exec.run, f"the Merger's program of plan {self.plan.algorithm!r}",
+                                self._exec.replaying)
+        acc = self._run()
+        self._calls += 1
+        self._previous = self._comm.untracked()
         if self.rows is None:
             return None, None
         a, b = self.rows

@@ -13,6 +13,11 @@ learns the instant after it has passed starts late, and then the run is timed fr
 rank's start (the margin grows for the next run). Elsewhere a run starts after a barrier
 and its time is the maximum over ranks of each rank's own wall time. The last
 iteration's result is checked as well.
+
+On CUDA the end of a run is a CUDA event (``Comm.mark``), read once the device has passed it
+(``Comm.settle``, which also enforces the op deadline), so nothing synchronises the host
+inside a timed run; with ``graph`` on (NCCL's default) every method is captured as a CUDA
+graph after its warm-up runs and the timed runs replay it (``treeattn.exec.graphs``).
 Rank 0 returns the ``JobResult``; other ranks return None.
 """
 
@@ -21,6 +26,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import math
+import os
 import random
 import statistics
 import time
@@ -32,25 +38,21 @@ import torch
 import torch.distributed as dist
 
 from treeattn.errors import InputError
-from treeattn.exec.attention import (
-    make_kv_shard,
-    make_query,
-    make_raw,
-    reference_attention,
-    reference_raw,
-    resolve_kernel,
-    torch_dtype,
-)
+from treeattn.exec import kernels as fused
+from treeattn.exec.attention import make_kv_shard, make_query, make_raw, resolve_kernel, torch_dtype
 from treeattn.exec.baselines import library_collective, run_attention_baseline, segments
 from treeattn.exec.comm import BufferPool, Comm
+from treeattn.exec.graphs import capture
 from treeattn.exec.interpreter import MeasuredOp, PlanExecutor, RankInputs
 from treeattn.exec.merge import unpack
+from treeattn.exec.reference import Reference, compute_reference
 from treeattn.plan.baselines import baselines_for, parse_result
 from treeattn.plan.ir import Plan
 from treeattn.units import DType
 from treeattn.workload import Payload, RawPayload, Workload
 
-__all__ = ["RunOptions", "PlanJob", "Job", "Measurement", "JobResult", "tolerance", "relative_error", "run_rank"]
+__all__ = ["RunOptions", "PlanJob", "Job", "Measurement", "JobResult", "tolerance", "relative_error", "run_rank",
+           "placement_problem", "check_against"]
 
 
 _MIN_MARGIN_S = 0.002
@@ -84,6 +86,8 @@ class RunOptions:
     """``interleaved``: after every method's checked and warm-up runs, ``repeats`` rounds that
     time each method once (shuffled per round), so methods compared with each other share the
     host's slow and fast spells; ``blocked``: each method's runs back to back."""
+    graph: bool | None = None
+    """Replay each method from a CUDA graph after its warm-up (NCCL only); None: on with NCCL."""
 
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.warmup < 0:
@@ -96,6 +100,8 @@ class RunOptions:
             raise InputError(f"unknown check mode {self.check!r}; choose root or all")
         if self.order not in ("interleaved", "blocked"):
             raise InputError(f"unknown order {self.order!r}; choose interleaved or blocked")
+        if self.graph and self.backend == "gloo":
+            raise InputError("CUDA graphs need the NCCL backend (CUDA devices); use --no-graph with gloo")
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +193,10 @@ class JobResult:
     backend: str
     device: str
     world: int
+    merge: str = "eager"
+    """How the merges ran: ``fused`` (compiled kernels) or ``eager``."""
+    graphs: bool = False
+    """Whether the timed runs replayed CUDA graphs."""
 
 
 _TOL = {DType.FP32: 1e-5, DType.BF16: 2e-2, DType.FP16: 2e-2, DType.FP8: 2e-2}
@@ -218,6 +228,24 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor, raw: bool) -> float:
     err_l = diff.max().item() / max(1.0, finite.abs().max().item() if finite.numel() else 1.0)
     err = max(err_o, err_l)
     return math.inf if math.isnan(err) else err
+
+
+def check_against(out: torch.Tensor, ref: Reference, span: tuple[int, int] | None, sliced: bool, raw: bool) -> float:
+    """``relative_error`` of a method's result on the rows the reference holds: every row, or
+    those of ``span`` (a heads layout's rows; ``sliced``: ``out`` holds only them)."""
+    start, stop = span if span is not None else (0, len(out))
+    rows, expected = ref.span(start, stop)
+    got = out[rows] if sliced else out[rows + start]
+    return relative_error(got, expected, raw)
+
+
+def placement_problem(local_ranks: int, gpus: int) -> str | None:
+    """Why ``local_ranks`` NCCL ranks cannot run on a node with ``gpus`` GPUs (NCCL needs one
+    GPU per rank: two ranks on one GPU fail in NCCL, or serialise), or None."""
+    if local_ranks > gpus:
+        return (f"{local_ranks} ranks, {gpus} GPU{'s' if gpus != 1 else ''} on this node: NCCL needs one GPU per rank; "
+                "run fewer ranks per node or use --backend gloo")
+    return None
 
 
 def _pick_backend(options: RunOptions) -> tuple[str, torch.device]:
@@ -256,12 +284,14 @@ class _Timed:
 class _RankRun:
     """State of one rank across the plans of a job."""
 
-    def __init__(self, job: Job, comm: Comm, kernels: dict[str, str]) -> None:
+    def __init__(self, job: Job, comm: Comm, kernels: dict[str, str], graphs: bool = False) -> None:
         self.job = job
         self.opt = job.options
         self.comm = comm
         self.kernels = kernels
-        self._refs: dict[tuple, torch.Tensor] = {}
+        self.graphs = graphs
+        self._refs: dict[tuple, Reference] = {}
+        self._inputs: dict[str, RankInputs] = {}
         self._baselines_done: set[tuple] = set()
         self._same_clock: bool | None = None
 
@@ -281,18 +311,12 @@ class _RankRun:
                 self.comm.open_board()
         return self._same_clock
 
-    def reference(self, payload: Payload, contributors: tuple[int, ...] | None = None) -> torch.Tensor:
+    def reference(self, payload: Payload, contributors: tuple[int, ...] | None = None) -> Reference:
         key = (repr(payload), self.opt.seed, contributors)
         if key not in self._refs:
-            raw = isinstance(payload, RawPayload)
-            if self.comm.rank == 0:
-                seed = self.opt.seed
-                ref = (reference_raw(payload, seed, contributors) if raw
-                       else reference_attention(payload, seed, contributors))
-            else:
-                shape = (payload.rows,) if raw else (payload.rows, payload.head_dim + 1)
-                ref = torch.empty(shape, dtype=torch.float64 if raw else torch.float32)
-            self._refs[key] = self.comm.broadcast(ref.to(self.comm.device), 0, "reference broadcast").cpu()
+            inputs = self._inputs[repr(payload)]
+            mine = inputs.raw if isinstance(payload, RawPayload) else inputs.kv
+            self._refs[key] = compute_reference(self.comm, payload, self.opt.seed, mine, inputs.q, contributors)
         return self._refs[key]
 
     def _begin(self, t: _Timed) -> float:
@@ -308,14 +332,21 @@ class _RankRun:
         return max(start, arrived)
 
     def warm(self, t: _Timed) -> None:
-        """The checked first run of ``t``, then its ``warmup`` untimed runs."""
+        """The checked first run of ``t``, then its ``warmup`` untimed runs; with graphs on,
+        then its capture (the timed runs replay it)."""
         t.prepare()
         self._begin(t)
         t.first = t.fn().clone()  # fn may return a buffer the next run reuses
+        self.comm.settle()
         for _ in range(self.opt.warmup):
             t.prepare()
             self._begin(t)
             t.fn()
+            self.comm.settle()
+        if self.graphs:
+            t.prepare()
+            ex = t.executor
+            t.fn = capture(self.comm, t.fn, f"{t.method} of {t.label}", ex.replaying if ex is not None else None)
 
     def time_once(self, t: _Timed) -> None:
         """One timed run of ``t`` (``prepare`` outside the clock); the last one's result is kept."""
@@ -324,8 +355,11 @@ class _RankRun:
         if t.executor is not None and self._shared_clock():
             t.executor.origin = t.starts[-1]  # one clock: timelines count from the agreed start
         cpu = time.process_time()
+        origin = self.comm.origin()
         out = t.fn()
-        t.ends.append(self.comm.now())
+        end = self.comm.mark()
+        self.comm.settle()  # the op deadlines, once the end is recorded: not inside the timed run
+        t.ends.append(self.comm.seconds(end, origin))
         t.cpus.append(time.process_time() - cpu)
         if len(t.starts) == t.repeats:
             t.last = out.clone()  # methods timed after this one may reuse its buffers
@@ -336,13 +370,7 @@ class _RankRun:
         ref = self.reference(t.payload, t.contributors)
         err = -1.0
         if comm.rank in t.check_ranks:
-            first, last = t.first, t.last
-            if t.rows is not None:
-                a, b = t.rows
-                ref = ref[a:b]
-                if not t.sliced:
-                    first, last = first[a:b], last[a:b]
-            err = max(relative_error(first, ref, raw), relative_error(last, ref, raw))
+            err = max(check_against(out, ref, t.rows, t.sliced, raw) for out in (t.first, t.last))
         local = torch.tensor([err, *t.starts, *t.ends, statistics.median(t.cpus) * 1e6], dtype=torch.float64,
                              device=comm.device)
         rows = torch.stack(comm.all_gather(local, f"{t.method} result gathering", setup=True)).cpu()
@@ -381,11 +409,13 @@ class _RankRun:
         """The plan of ``pj`` and, when asked and not done for its workload yet, its baselines."""
         plan, comm, opt = pj.plan, self.comm, self.opt
         w = plan.workload
-        if plan.is_raw:
+        inputs = self._inputs.get(repr(w))
+        if inputs is None and plan.is_raw:
             inputs = RankInputs(raw=make_raw(w, comm.rank, opt.seed, comm.device))
-        else:
+        elif inputs is None:
             inputs = RankInputs(q=make_query(w, opt.seed, comm.device), kv=make_kv_shard(w, comm.rank, opt.seed,
                                                                                         comm.device))
+        self._inputs[repr(w)] = inputs
         kernel = self.kernels.get(pj.label, "explicit")
         executor = PlanExecutor(plan, comm, inputs, kernel)
         result_ranks = tuple(sorted(plan.result_ranks)) or (0,)
@@ -490,19 +520,47 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0) -> JobResult 
                 f"launch {pj.plan.ranks} (e.g. torchrun --nproc-per-node {pj.plan.ranks})"
             )
     backend, device = _pick_backend(opt)
+    graphs = backend == "nccl" if opt.graph is None else opt.graph
+    if graphs and backend != "nccl":
+        raise InputError("CUDA graphs need the NCCL backend (CUDA devices); use --no-graph")
     if backend == "nccl":
-        device = torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
+        problem = placement_problem(max(local, local_rank + 1), torch.cuda.device_count())
+        if problem:
+            raise InputError(problem)
+        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-    kernels = {pj.label: resolve_kernel(opt.kernel, device, pj.plan.workload.kv_dtype)
+        # The watchdog's timeout is the set-up deadline: it counts from when a run was enqueued,
+        # not from when its op could start, so the op deadline is kept by Comm.settle instead.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    kernels = {pj.label: resolve_kernel(opt.kernel, device, pj.plan.workload.kv_dtype, pj.plan.workload.head_dim)
                for pj in job.plans if isinstance(pj.plan.workload, Workload)}
+    for pj in job.plans:
+        if isinstance(pj.plan.workload, Workload):
+            fused.warm(device, torch_dtype(pj.plan.workload.partial_dtype))
     init = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=opt.setup_timeout_s), **init)
     comm = Comm(rank, world, backend, device, opt.timeout_s, opt.setup_timeout_s)
-    measurements = _RankRun(job, comm, kernels).run()
+    comm.open_pairs(_pairs(job))
+    measurements = _RankRun(job, comm, kernels, graphs).run()
     comm.barrier()
     # Only on success: after a peer's failure, tearing the group down can block.
     dist.destroy_process_group()
     if rank != 0:
         return None
-    return JobResult(tuple(measurements), backend, str(device), world)
+    return JobResult(tuple(measurements), backend, str(device), world, "fused" if fused.fused_on(device) else "eager",
+                     graphs)
+
+
+def _pairs(job: Job) -> set[tuple[int, int]]:
+    """Every pair of ranks that exchanges point-to-point messages in ``job``: the plans' transfers,
+    the ring-attention baseline's ring, and the reference's gather to rank 0."""
+    out = {(0, r) for r in range(1, job.ranks)}
+    for pj in job.plans:
+        for r, prog in enumerate(pj.plan.programs):
+            out |= {(r, op.peer) for op in prog if op.is_transfer}
+        if job.options.baselines:
+            ring = list(pj.ring_order or range(job.ranks))
+            out |= {(a, b) for a, b in zip(ring, ring[1:] + ring[:1], strict=True)}
+    return {(min(p), max(p)) for p in out if p[0] != p[1]}

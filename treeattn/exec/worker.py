@@ -23,7 +23,9 @@ from treeattn.exec.runner import run_rank
 
 __all__ = ["main"]
 
-_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Timed out waiting", "Broken pipe")
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Timed out waiting", "Broken pipe",
+              # NCCL: a peer's communicator failed, was aborted, or its watchdog timed out
+              "NCCL communicator was aborted", "ncclRemoteError", "remote process exited", "Watchdog caught collective")
 
 
 def _die_with_parent() -> None:

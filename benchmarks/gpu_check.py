@@ -1,0 +1,148 @@
+"""Measured against modelled on this machine's GPUs (run by scripts/gpu-check.sh).
+
+Usage: python benchmarks/gpu_check.py --out results/gpu-NAME [--topology FILE] [--quick]
+
+Prints one table and writes it to OUT/check.csv and OUT/check.md:
+
+* the merge kernel (4 bf16 partials into the fp32 accumulator, D = 128), fused and eager, at
+  32, 2,048 and 32,768 rows (one sequence of Llama-3.1-8B heads; a batch of 64; of 1,024);
+  modelled: ``ComputeModel.merge_us`` (the fused kernel's launch and bytes);
+* the decode attention kernel the runs pick (``resolve_kernel("auto")``) over one shard of
+  8K, 128K and 1M tokens with Llama-3.1-8B heads (32 query, 8 KV, D = 128, bf16, batch 1);
+  modelled: ``ComputeModel.partial_us``;
+* a world-size-1 plan (COMPUTE only) through ``treeattn.exec`` on NCCL at 128K tokens,
+  modelled by the simulator.
+
+Kernels are timed with CUDA events: the median of ``--repeats`` after warm-up. The topology
+modelled on is ``--topology`` (gpu-check.sh writes this machine's with ``treeattn probe``),
+else the library's family of this GPU cut to the GPUs present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+from pathlib import Path
+
+import torch
+
+from treeattn.cost.compute import ComputeModel
+from treeattn.exec import kernels
+from treeattn.exec.attention import make_kv_shard, make_query, partial_attention, resolve_kernel
+from treeattn.exec.launch import launch
+from treeattn.exec.predict import predict
+from treeattn.exec.runner import Job, PlanJob, RunOptions
+from treeattn.plan.builders import build
+from treeattn.plan.ir import TopologyRef
+from treeattn.topology.library import resolve, subset_topology
+from treeattn.topology.model import Topology
+from treeattn.workload import Workload
+
+FAMILIES = (("H200", "hgx-h200"), ("H100", "dgx-h100"), ("A100", "dgx-a100"), ("V100", "dgx1-v100"),
+            ("B200", "gb200-nvl72"))
+"""Which library topology models a GPU whose name holds the first string (when none is probed)."""
+
+
+def llama(tokens: int, batch: int = 1, ranks: int = 1) -> Workload:
+    split = tuple([tokens // ranks] * ranks)
+    return Workload(batch=batch, q_heads=32, kv_heads=8, head_dim=128, split=split, kv_dtype="bf16",
+                    partial_dtype="bf16", model="llama-3.1-8b")
+
+
+def topology(path: str | None) -> Topology:
+    if path and Path(path).exists():
+        return resolve(path)
+    name = torch.cuda.get_device_name(0)
+    family = next((f for key, f in FAMILIES if key in name), "dgx-h100")
+    topo = resolve(family)
+    n = min(torch.cuda.device_count(), topo.num_ranks)
+    return subset_topology(topo, tuple(range(n)))
+
+
+def event_us(fn, repeats: int) -> float:  # noqa: ANN001 - a callable
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def merge_rows(topo: Topology, repeats: int) -> list[dict]:
+    out = []
+    dev = torch.device("cuda", 0)
+    cm = ComputeModel.of(llama(8192, ranks=topo.num_ranks), topo)
+    for rows in (32, 2048, 32768):
+        acc = torch.randn(rows, 129, device=dev)
+        acc[:, -1] *= 10
+        stack = torch.randn(4, rows, 129, device=dev).to(torch.bfloat16)
+        for mode in ("fused", "eager"):
+            os.environ["TREEATTN_MERGE"] = mode
+            us = event_us(lambda acc=acc, stack=stack: kernels.merge_into(acc, stack), repeats)
+            out.append(dict(what=f"merge 4 partials ({mode})", size=f"{rows} rows", measured_us=us,
+                            modelled_us=cm.merge_us(0, rows, 4)))
+    os.environ.pop("TREEATTN_MERGE", None)
+    return out
+
+
+def attention_rows(topo: Topology, repeats: int) -> list[dict]:
+    out = []
+    dev = torch.device("cuda", 0)
+    for tokens in (8 << 10, 128 << 10, 1 << 20):
+        w = llama(tokens)
+        kernel = resolve_kernel("auto", dev, w.kv_dtype, w.head_dim)
+        q, kv = make_query(w, 0, dev), make_kv_shard(w, 0, 0, dev)
+        us = event_us(lambda q=q, kv=kv, kernel=kernel: partial_attention(q, kv, kernel), repeats)
+        cm = ComputeModel.of(w if topo.num_ranks == 1 else llama(tokens * topo.num_ranks, ranks=topo.num_ranks), topo)
+        out.append(dict(what=f"attention ({kernel})", size=f"{tokens >> 10}K tokens", measured_us=us,
+                        modelled_us=cm.partial_us(0)))
+        del q, kv
+    return out
+
+
+def plan_rows(topo: Topology) -> list[dict]:
+    one = subset_topology(topo, (0,)) if topo.num_ranks > 1 else topo
+    w = llama(128 << 10)
+    plan = build("star", w, TopologyRef.of(one))
+    result = launch(Job((PlanJob("star-1", plan),), RunOptions(backend="nccl", repeats=20, warmup=3)))
+    m = result.measurements[0]
+    pred = predict(plan, one).us.get("plan")
+    return [dict(what=f"plan star, 1 rank ({m.kernel}, graphs {'on' if result.graphs else 'off'})",
+                 size="128K tokens", measured_us=m.median_us, modelled_us=pred, correct=m.correct)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--topology", default=None, help="topology file to model on (default: the GPU's family)")
+    ap.add_argument("--repeats", type=int, default=50)
+    args = ap.parse_args()
+    topo = topology(args.topology)
+    print(f"GPU: {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}; torch {torch.__version__}; "
+          f"modelled on {topo.name}")
+    rows = merge_rows(topo, args.repeats) + attention_rows(topo, args.repeats) + plan_rows(topo)
+    args.out.mkdir(parents=True, exist_ok=True)
+    lines = ["| what | size | measured µs | modelled µs | measured / modelled |", "|---|---|---:|---:|---:|"]
+    for r in rows:
+        ratio = r["measured_us"] / r["modelled_us"] if r.get("modelled_us") else float("nan")
+        r["ratio"] = ratio
+        model = f"{r['modelled_us']:.1f}" if r.get("modelled_us") is not None else "—"
+        lines.append(f"| {r['what']} | {r['size']} | {r['measured_us']:.1f} | {model} | {ratio:.2f} |")
+    with open(args.out / "check.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["what", "size", "measured_us", "modelled_us", "ratio", "correct"])
+        writer.writeheader()
+        writer.writerows(rows)
+    (args.out / "check.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

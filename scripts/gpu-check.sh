@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The one command for the first GPU machine (about 8 minutes on one GPU at most):
+#   bash scripts/gpu-check.sh
+# Finds a Python whose torch sees CUDA (the machine's own, else .venv-gpu with the CUDA build
+# of torch from PyPI), runs tests/gpu, then prints measured against modelled (merge kernel fused
+# and eager, the decode attention kernel at 8K/128K/1M tokens, a world-size-1 plan; with 2 or
+# more GPUs a searched plan and the baselines under `treeattn run`) and writes everything to
+# results/gpu-<gpu name>/ with the command that made it. Without CUDA: one line, exit 0.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "gpu-check: no CUDA GPU on this machine (nvidia-smi finds none); nothing to check"
+    exit 0
+fi
+start=$(date +%s)
+PY=""
+for cand in "${PYTHON:-}" python3 .venv-gpu/bin/python; do
+    if [ -n "$cand" ] && "$cand" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+        PY=$cand
+        break
+    fi
+done
+if [ -z "$PY" ]; then
+    echo "gpu-check: installing the CUDA build of torch into .venv-gpu (PyPI's Linux wheel)"
+    python3 -m venv .venv-gpu && .venv-gpu/bin/python -m pip install -q "torch==2.13.0" || exit 1
+    PY=.venv-gpu/bin/python
+fi
+"$PY" -c "import networkx, pandas, typer, rich, yaml, pytest, hypothesis" 2>/dev/null \
+    || "$PY" -m pip install -q networkx pandas typer rich pyyaml pytest hypothesis || exit 1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+treeattn=("$PY" -c 'import sys; from treeattn.cli import main; sys.argv[0] = "treeattn"; main()')
+
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '-' | sed 's/-$//')
+n=$(nvidia-smi -L | wc -l)
+out="results/gpu-$gpu"
+mkdir -p "$out"
+{
+    echo "bash scripts/gpu-check.sh   # $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "python: $PY ($("$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)'))"
+    nvidia-smi -L
+} > "$out/command.txt"
+cat "$out/command.txt"
+
+status=0
+echo "== tests/gpu"
+timeout 270 "$PY" -m pytest tests/gpu -q -rs -p no:cacheprovider 2>&1 | tee "$out/tests.txt" || status=1
+
+echo "== measured against modelled"
+"${treeattn[@]}" probe --out "$out/topology.yaml" >"$out/probe.txt" 2>&1 || echo "probe failed (see $out/probe.txt): modelling on the GPU's family"
+topo_arg=()
+[ -s "$out/topology.yaml" ] && topo_arg=(--topology "$out/topology.yaml")
+timeout 180 "$PY" benchmarks/gpu_check.py --out "$out" "${topo_arg[@]}" 2>&1 | tee "$out/check.txt" || status=1
+
+if [ "$n" -ge 2 ]; then
+    echo "== a searched plan and the baselines on $n GPUs"
+    t=${topo_arg[1]:-dgx-h100}
+    if "${treeattn[@]}" plan -t "$t" -m llama-3.1-8b -b 1 -n 131072 --out "$out/plan.yaml" >"$out/plan.txt" 2>&1; then
+        timeout 150 "${treeattn[@]}" run "$out/plan.yaml" --baselines -t "$t" --repeats 20 --out "$out/run.csv" 2>&1 \
+            | tee "$out/run.txt" || status=1
+    else
+        echo "plan failed: $(tail -1 "$out/plan.txt")"
+        status=1
+    fi
+fi
+echo "gpu-check: done in $(( $(date +%s) - start )) s; results in $out (status $status)"
+exit $status

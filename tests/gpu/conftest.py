@@ -1,0 +1,27 @@
+"""tests/gpu: CUDA and NCCL checks, skipped with the reason where CUDA is absent (scripts/gpu-check.sh
+runs them on a GPU machine). Every test here is marked ``gpu``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: ARG001 - pytest's signature
+    here = __file__.rsplit("/", 1)[0]
+    no_cuda = pytest.mark.skip(reason=f"needs CUDA: torch {torch.__version__} sees no CUDA device")
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.gpu)
+            if not gpus():
+                item.add_marker(no_cuda)
+
+
+def need_gpus(n: int) -> None:
+    """Skip the calling test unless this node has ``n`` GPUs."""
+    if gpus() < n:
+        pytest.skip(f"needs {n} GPUs, this node has {gpus()}")

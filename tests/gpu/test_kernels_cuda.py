@@ -1,0 +1,65 @@
+"""One GPU: the fused merge kernels against eager on CUDA, how many kernels a merge launches,
+the attention kernel the device's capability picks, and inputs drawn on the device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.unit.test_exec_kernels import assert_ulp_close, partials
+from treeattn.exec import kernels
+from treeattn.exec.attention import make_kv_shard, make_query, partial_attention, resolve_kernel
+from treeattn.exec.merge import merge_many, merge_many_into
+from treeattn.exec.reference import exact_attention
+from treeattn.exec.runner import relative_error, tolerance
+from treeattn.workload import Workload
+
+CUDA = torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_merge_equals_eager_on_cuda(dtype, monkeypatch):
+    monkeypatch.setenv("TREEATTN_MERGE", "fused")
+    for seed, (k, rows) in enumerate([(1, 9), (3, 17), (2, 1), (4, 2048), (2, 0)]):
+        acc = partials(1, rows, 128, torch.float32, 100 + seed)[0].to(CUDA)
+        stack = partials(k, rows, 128, dtype, seed).to(CUDA)
+        want = merge_many_into(acc.clone(), stack)
+        got = kernels.merge_into(acc.clone(), stack)
+        assert_ulp_close(got.cpu(), want.cpu())
+        if rows:
+            assert_ulp_close(kernels.merged(stack).cpu(), merge_many(stack).cpu())
+
+
+def test_a_fused_merge_is_at_most_two_kernels(monkeypatch):
+    monkeypatch.setenv("TREEATTN_MERGE", "fused")
+    acc = partials(1, 512, 128, torch.float32, 1)[0].to(CUDA)
+    stack = partials(4, 512, 128, torch.bfloat16, 2).to(CUDA)
+    kernels.merge_into(acc, stack)  # compiled
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        kernels.merge_into(acc, stack)
+        torch.cuda.synchronize()
+    launched = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    eager_count = 13
+    assert 1 <= len(launched) <= 2 < eager_count, [e.name for e in launched]
+
+
+def test_attention_kernel_by_capability_and_correct():
+    w = Workload(batch=2, q_heads=32, kv_heads=8, head_dim=128, split=(3000,), kv_dtype="bf16")
+    kernel = resolve_kernel("auto", CUDA, "bf16", 128)
+    major, _ = torch.cuda.get_device_capability(CUDA)
+    assert kernel in (("flash-attn", "sdpa-flash") if major >= 8 else ("explicit",))
+    q, kv = make_query(w, 0, CUDA), make_kv_shard(w, 0, 0, CUDA)
+    # The memory-efficient op (what a pre-sm80 GPU runs) on fp16 copies: bf16 values are exact in fp16.
+    for name, dtype in ((kernel, torch.bfloat16), ("sdpa-efficient", torch.float16), ("explicit", torch.bfloat16)):
+        assert resolve_kernel(name, CUDA, "fp16" if dtype == torch.float16 else "bf16", 128) == name
+        got = partial_attention(q.to(dtype), kv.to(dtype), name)
+        assert relative_error(got, exact_attention(q, [kv]), raw=False) < tolerance(w), name
+
+
+def test_inputs_are_drawn_on_the_device_and_reproducible():
+    w = Workload(batch=1, q_heads=8, kv_heads=2, head_dim=64, split=(1000, 24), kv_dtype="bf16")
+    a = make_kv_shard(w, 1, 5, CUDA)
+    assert a.device.type == "cuda" and torch.equal(a, make_kv_shard(w, 1, 5, CUDA))
+    assert not torch.equal(make_kv_shard(w, 0, 5, CUDA)[:, :, :, :24], a)
+    assert torch.equal(make_query(w, 5, CUDA), make_query(w, 5, CUDA))

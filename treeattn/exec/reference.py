@@ -1,0 +1,195 @@
+"""What a run's results are checked against, computed from the ranks' own inputs, on their devices.
+
+* Attention, small (every rank's KV together at most ``EXACT_MAX_KV_BYTES``): rank 0 gathers
+  the shards and computes the exact attention by a plain softmax over all tokens at once in
+  fp64 (no merge involved), on its device; every row is checked.
+* Attention, larger: ``SAMPLED_ROWS`` rows (the first and last row of every rank's heads and
+  a seeded sample of the rest) are checked. Each rank computes, in fp64 on its device over its
+  own shard, per sampled row the largest score m_i, l_i = sum exp(s - m_i) and
+  u_i = sum exp(s - m_i) v; gathered, they give o = sum u_i e^(m_i - m) / L and
+  lse = m + log L with m = max m_i, L = sum l_i e^(m_i - m): exact attention in fp64, by a
+  two-level softmax written apart from the fp32 merge under test. Nothing of the size of the
+  KV crosses the network or a host.
+* Raw payloads: the fp64 sum of the buffers (small integers: exact in any order).
+
+Legend as in ``treeattn.exec.attention``; rows are head-major (row = h * B + b).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from treeattn.exec.attention import sub_seed
+from treeattn.exec.comm import P2P, Comm
+from treeattn.exec.merge import pack_heads
+from treeattn.plan.ir import head_split
+from treeattn.workload import Payload, RawPayload, Workload
+
+__all__ = ["EXACT_MAX_KV_BYTES", "SAMPLED_ROWS", "Reference", "exact_attention", "row_stats", "combine_stats",
+           "sample_rows", "compute_reference"]
+
+EXACT_MAX_KV_BYTES = 256 << 20
+"""Largest KV (all ranks, K and V, every batch element) checked exactly on every row; above
+it, sampled rows are."""
+
+SAMPLED_ROWS = 64
+"""Rows checked above ``EXACT_MAX_KV_BYTES`` (besides the first and last of each rank's heads)."""
+
+_TOKENS = 1 << 16
+"""Tokens converted to fp64 at once (bounds the reference's memory at long shards)."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The expected rows: ``values[i]`` is row ``rows[i]`` (every row in order when ``rows`` is None);
+    packed partials ``(n, D + 1)`` fp32 or raw sums ``(n,)`` fp64, on the CPU."""
+
+    values: torch.Tensor
+    rows: torch.Tensor | None = None
+
+    def span(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(row indices within [start, stop), counted from ``start``; their expected values)."""
+        if self.rows is None:
+            return torch.arange(stop - start), self.values[start:stop]
+        keep = (self.rows >= start) & (self.rows < stop)
+        return self.rows[keep] - start, self.values[keep]
+
+
+def exact_attention(q: torch.Tensor, shards: list[torch.Tensor]) -> torch.Tensor:
+    """Exact attention of ``q`` over the concatenated ``shards`` (``(2, B, Hkv, N_i, D)``) by one
+    softmax over all tokens in fp64, one batch element at a time.
+
+    Returns:
+        Packed ``(Hq * B, D + 1)`` fp32 on q's device; (0, -inf) rows when there is no token.
+    """
+    bsz, hq, d = q.shape
+    shards = [s for s in shards if s.shape[3] > 0]
+    if not shards:
+        return pack_heads(torch.zeros(bsz, hq, d, device=q.device),
+                          torch.full((bsz, hq), float("-inf"), device=q.device))
+    hkv = shards[0].shape[2]
+    g = hq // hkv
+    outs, lses = [], []
+    for b in range(bsz):
+        qb = q[b].double().reshape(hkv, g, d)
+        scores = torch.cat([torch.matmul(qb, s[0, b].double().transpose(-1, -2)) for s in shards], dim=-1)
+        lse = torch.logsumexp(scores / math.sqrt(d), dim=-1)
+        probs = torch.exp(scores / math.sqrt(d) - lse.unsqueeze(-1))
+        o = torch.zeros((hkv, g, d), dtype=torch.float64, device=q.device)
+        at = 0
+        for s in shards:
+            n = s.shape[3]
+            o += torch.matmul(probs[..., at:at + n], s[1, b].double())
+            at += n
+        outs.append(o.reshape(hq, d))
+        lses.append(lse.reshape(hq))
+    return pack_heads(torch.stack(outs), torch.stack(lses))
+
+
+def row_stats(q: torch.Tensor, kv: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Per row of ``rows`` (head-major indices), over this shard, in fp64: ``[m, l, u_0..u_D-1]``
+    (see the module docstring); an empty shard gives (-inf, 0, 0...).
+
+    Returns:
+        ``(len(rows), D + 2)`` fp64 on q's device.
+    """
+    bsz, hq, d = q.shape
+    n = kv.shape[3]
+    out = torch.zeros((len(rows), d + 2), dtype=torch.float64, device=q.device)
+    out[:, 0] = float("-inf")
+    if n == 0:
+        return out
+    g = hq // kv.shape[2]
+    scale = 1.0 / math.sqrt(d)
+    for i, row in enumerate(rows.tolist()):
+        h, b = divmod(row, bsz)
+        k, v = kv[0, b, h // g], kv[1, b, h // g]
+        qv = q[b, h].double()
+        scores = torch.cat([torch.mv(k[t:t + _TOKENS].double(), qv) for t in range(0, n, _TOKENS)]) * scale
+        m = scores.max()
+        p = torch.exp(scores - m)
+        u = sum(torch.mv(v[t:t + _TOKENS].double().T, p[t:t + _TOKENS]) for t in range(0, n, _TOKENS))
+        out[i, 0], out[i, 1], out[i, 2:] = m, p.sum(), u
+    return out
+
+
+def combine_stats(stats: torch.Tensor) -> torch.Tensor:
+    """The packed rows ``(S, D + 1)`` fp32 from every rank's ``row_stats`` stacked ``(p, S, D + 2)``."""
+    m_i, l_i, u_i = stats[..., 0], stats[..., 1], stats[..., 2:]
+    m = m_i.max(dim=0).values
+    scale = torch.where(torch.isneginf(m_i), torch.zeros_like(m_i), torch.exp(m_i - m.clamp(min=-1e300)))
+    total = (l_i * scale).sum(dim=0)
+    live = total > 0
+    o = (u_i * scale.unsqueeze(-1)).sum(dim=0) / torch.where(live, total, torch.ones_like(total)).unsqueeze(-1)
+    lse = torch.where(live, m + torch.log(torch.where(live, total, torch.ones_like(total))),
+                      torch.full_like(m, float("-inf")))
+    return torch.cat([o, lse.unsqueeze(1)], dim=1).float()
+
+
+def sample_rows(workload: Workload, seed: int, world: int, count: int = SAMPLED_ROWS) -> torch.Tensor:
+    """The rows a large case checks: the first and last row of every rank's query heads (so
+    every rank of a ``heads`` layout checks some) and ``count`` more drawn from the seed; sorted."""
+    w = workload
+    chosen, at = set(), 0
+    for n in head_split(w.q_heads, world):
+        if n:
+            chosen |= {at * w.batch, (at + n) * w.batch - 1}
+        at += n
+    gen = torch.Generator().manual_seed(sub_seed(seed, "rows"))
+    chosen |= set(torch.randint(0, w.rows, (count,), generator=gen).tolist())
+    return torch.tensor(sorted(chosen), dtype=torch.int64)
+
+
+def compute_reference(comm: Comm, payload: Payload, seed: int, mine: torch.Tensor, q: torch.Tensor | None,
+                      contributors: tuple[int, ...] | None, exact_max_bytes: int = EXACT_MAX_KV_BYTES) -> Reference:
+    """The reference of a run, computed together by every rank (each calls it with its inputs).
+
+    Args:
+        comm: the ranks.
+        payload: the workload or raw payload.
+        seed: the run's seed (it picks the sampled rows).
+        mine: this rank's KV shard or raw buffer.
+        q: the query (attention).
+        contributors: whose inputs count (None: every rank's).
+        exact_max_bytes: where sampled rows take over (``EXACT_MAX_KV_BYTES``).
+
+    Returns:
+        The same ``Reference`` on every rank.
+    """
+    counts = contributors is None or comm.rank in contributors
+    if isinstance(payload, RawPayload):
+        total = mine.double() if counts else torch.zeros(mine.shape, dtype=torch.float64, device=mine.device)
+        return Reference(comm.all_reduce(total, "sum", "reference sum", setup=True).cpu())
+    w = payload
+    if sum(w.kv_bytes(r) for r in range(w.ranks)) <= exact_max_bytes:
+        return Reference(_exact(comm, w, mine, q, contributors).cpu())
+    rows = sample_rows(w, seed, comm.world)
+    stats = row_stats(q, mine, rows) if counts else row_stats(q, mine[:, :, :, :0], rows)
+    return Reference(combine_stats(torch.stack(comm.all_gather(stats, "reference rows", setup=True))).cpu(), rows)
+
+
+def _exact(comm: Comm, w: Workload, mine: torch.Tensor, q: torch.Tensor,
+           contributors: tuple[int, ...] | None) -> torch.Tensor:
+    """Rank 0 gathers the contributors' shards, computes, and broadcasts the packed result."""
+    who = range(comm.world) if contributors is None else sorted(set(contributors))
+    if comm.rank == 0:
+        shards, posts = [], []
+        for r in who:
+            if r == 0:
+                shards.append(mine)
+                continue
+            buf = torch.empty((2, w.batch, w.kv_heads, w.split[r], w.head_dim), dtype=mine.dtype, device=mine.device)
+            shards.append(buf)
+            posts.append(P2P(False, buf, r))
+        for work in comm.post(posts):
+            comm.wait(work, "reference gather", setup=True)
+        out = exact_attention(q, shards).float()
+    else:
+        if comm.rank in who:
+            for work in comm.post([P2P(True, mine, 0)]):
+                comm.wait(work, "reference gather", setup=True)
+        out = torch.empty((w.rows, w.head_dim + 1), dtype=torch.float32, device=mine.device)
+    return comm.broadcast(out, 0, "reference broadcast")
