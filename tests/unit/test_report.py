@@ -268,3 +268,23 @@ def test_a_candidate_named_like_a_baseline_is_told_apart():
     assert case["regret"] == pytest.approx(0.2)
     assert case["regret_low"] == pytest.approx(0.2) and case["regret_high"] == pytest.approx(0.2)
     assert case["speedup_allgather_merge"] == pytest.approx(1.25)
+
+
+def test_regret_is_reported_for_every_topology(folder: Path):
+    # emu-b's only case: butterfly (the pick, 400 us) is the only candidate: no regret there; emu-a's
+    # worst is B64 at 20 %.
+    rows = pd.read_csv(folder / "rows.csv")
+    extra = rows[rows["topology"] == "emu-b"].copy()
+    extra["method"], extra["role"], extra["is_pick"] = "star", "candidate", False
+    extra["measured_median_us"] = 320.0  # faster than the pick: 25 % regret on emu-b
+    extra = extra.iloc[:1]
+    pd.concat([rows, extra], ignore_index=True).to_csv(folder / "rows.csv", index=False)
+    s = summarize(load_folder(folder).rows, {"primary_topology": "emu-a"})
+    by = s["regret"]["by_topology"]
+    assert by["emu-a"]["max"] == pytest.approx(0.2) and by["emu-a"]["case"] == "B64"
+    assert by["emu-b"]["max"] == pytest.approx(0.25) and by["emu-b"]["reached"] is False
+    render_folder(folder, plots=False)
+    text = (folder / "README.md").read_text()
+    assert "| emu-b | B1 | 25.0% |" in text and "| emu-a | B64 | 20.0% |" in text
+    res = run_cli("report", str(folder))
+    assert res.exit_code == 0 and "Regret on every topology" in res.stdout and "emu-b" in res.stdout

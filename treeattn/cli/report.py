@@ -167,7 +167,7 @@ def report_cmd(
 
 def _render(folder: Path, *, timeline: str | None = None, plots: bool = True, json_out: bool = False) -> None:
     from treeattn.report import render_folder, summary_json
-    from treeattn.report.tables import cases_table, errors_table, targets_table
+    from treeattn.report.tables import cases_table, errors_table, regret_table, targets_table
 
     parts: list[str | None] = [None, None, None]
     if timeline is not None:
@@ -183,5 +183,6 @@ def _render(folder: Path, *, timeline: str | None = None, plots: bool = True, js
     con.print(cases_table(done.summary))
     con.print(errors_table(done.summary))
     con.print(targets_table(done.summary))
+    con.print(regret_table(done.summary))
     shown = f" (timeline: {':'.join(done.timeline)})" if done.timeline else ""
     con.print("wrote " + ", ".join(escape(str(p)) for p in done.files) + shown)

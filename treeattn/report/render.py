@@ -7,7 +7,7 @@ from pathlib import Path
 
 from treeattn.report.folder import SUMMARY_FILE, ResultsFolder, load_folder
 from treeattn.report.plots import choose_timeline, plot_scatter, plot_speedups, plot_timeline
-from treeattn.report.summary import BOOTSTRAP, summarize, summary_json
+from treeattn.report.summary import BOOTSTRAP, TARGETS, summarize, summary_json
 
 __all__ = ["SCATTER_FILE", "TIMELINE_PNG", "SPEEDUP_FILE", "README_FILE", "Rendered", "render_folder", "readme"]
 
@@ -119,6 +119,18 @@ def readme(folder: ResultsFolder, summary: dict, timeline: tuple[str, str, str] 
         lines += ["", f"The worst case's regret over {BOOTSTRAP} resamplings of the measured rounds (the i-th "
                       f"iterations of every method together): 5th percentile {_fmt('regret', interval[0])}, 95th "
                       f"{_fmt('regret', interval[1])}."]
+    by_topo = summary["regret"].get("by_topology") or {}
+    if by_topo:
+        lines += ["", "Regret on every topology (its worst case; target <= "
+                      f"{_fmt('regret', TARGETS['regret_max'])}):", "",
+                  "| topology | worst case | regret | 5th-95th percentile | cases | reached |",
+                  "|---|---|---|---|---|---|"]
+        for topo, r in by_topo.items():
+            iv = r["interval"]
+            reached = {True: "yes", False: "**no**", None: "not measured"}[r["reached"]]
+            lines.append(f"| {topo} | {r['case'] or '—'} | {_fmt('regret', r['max'])} | "
+                         f"{_fmt('regret', iv[0]) + '–' + _fmt('regret', iv[1]) if iv else '—'} | {r['cases']} | "
+                         f"{reached} |")
     nominal = summary["errors"]["nominal"]
     lines += ["", f"Prediction error on the topology files' own figures (no calibration): median "
                   f"{_fmt('error', nominal['median'])}, p90 {_fmt('error', nominal['p90'])} over {nominal['n']} rows; "

@@ -25,8 +25,8 @@ import math
 import numpy as np
 import pandas as pd
 
-__all__ = ["TARGETS", "LONG_CONTEXT_TOKENS", "error_frame", "case_frame", "primary_topology", "summarize",
-           "summary_json"]
+__all__ = ["TARGETS", "LONG_CONTEXT_TOKENS", "error_frame", "case_frame", "primary_topology", "regret_by_topology",
+           "summarize", "summary_json"]
 
 TARGETS = {
     "speedup_allreduce3_b1_min": 1.5,
@@ -238,9 +238,28 @@ def summarize(rows: pd.DataFrame, meta: dict | None = None) -> dict:
         "cases": case_rows,
         "regret": {"primary_max": _r(float(regrets.max())) if len(regrets) else None,
                    "primary_max_interval": _worst_interval(prim),
-                   "all_max": _r(float(cases["regret"].dropna().max())) if len(cases["regret"].dropna()) else None},
+                   "all_max": _r(float(cases["regret"].dropna().max())) if len(cases["regret"].dropna()) else None,
+                   "by_topology": regret_by_topology(cases)},
         "targets": targets,
     }
+
+
+def regret_by_topology(cases: pd.DataFrame) -> dict:
+    """Per topology, its worst case's regret: ``{"max", "case", "interval", "cases",
+    "reached"}`` (``reached``: against ``TARGETS["regret_max"]``; ``None`` without a measured pick)."""
+    out: dict = {}
+    if not len(cases):
+        return out
+    for topo, group in cases.groupby("topology", sort=True):
+        got = group.dropna(subset=["regret"])
+        if not len(got):
+            out[topo] = {"max": None, "case": None, "interval": None, "cases": 0, "reached": None}
+            continue
+        worst = got.loc[got["regret"].astype(float).idxmax()]
+        value = float(worst["regret"])
+        out[topo] = {"max": _r(value), "case": worst["case"], "interval": _worst_interval(got),
+                     "cases": int(len(got)), "reached": value <= TARGETS["regret_max"]}
+    return out
 
 
 def _worst_interval(cases: pd.DataFrame) -> list[float] | None:

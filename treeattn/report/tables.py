@@ -6,7 +6,7 @@ from rich.table import Table
 
 from treeattn.units import format_size
 
-__all__ = ["errors_table", "cases_table", "targets_table"]
+__all__ = ["errors_table", "cases_table", "targets_table", "regret_table"]
 
 
 def _pct(x: float | None, signed: bool = False) -> str:
@@ -88,4 +88,18 @@ def targets_table(summary: dict) -> Table:
         table.add_row(text, value, f"{op} {fmt(t['limit'])}", reached)
     if summary["regret"].get("primary_max_interval"):
         table.caption = "regret in brackets: 5th–95th percentile over resamplings of the measured rounds"
+    return table
+
+
+def regret_table(summary: dict) -> Table:
+    """Per topology, its worst case's regret and interval, against the target."""
+    limit = summary["targets"]["regret"]["limit"]
+    table = Table(title=f"Regret on every topology (worst case; target ≤ {_pct(limit)})")
+    for col in ("topology", "case", "regret", "interval", "reached"):
+        table.add_column(col, justify="right" if col in ("regret", "interval") else "left")
+    for topo, r in (summary["regret"].get("by_topology") or {}).items():
+        iv = r["interval"]
+        reached = {True: "[green]yes[/]", False: "[bold red]no[/]", None: "[yellow]not measured[/]"}[r["reached"]]
+        table.add_row(topo, str(r["case"] or "—"), _pct(r["max"]), f"{_pct(iv[0])}–{_pct(iv[1])}" if iv else "—",
+                      reached)
     return table
