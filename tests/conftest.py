@@ -6,7 +6,9 @@ from hypothesis import settings
 # fresh random examples and a database of past failures:
 #     bash scripts/test.sh --hypothesis-profile=explore
 settings.register_profile("ci", derandomize=True, database=None)
-settings.register_profile("explore")
+# Hypothesis loads its own "ci" profile (derandomized) where a CI variable is set; "explore"
+# starts from hypothesis's "default" profile, so it is random wherever it runs.
+settings.register_profile("explore", parent=settings.get_profile("default"))
 settings.load_profile("ci")  # the hypothesis plugin's --hypothesis-profile, read later, overrides it
 
 
