@@ -17,6 +17,7 @@ import pytest
 from tests.unit.test_cost_helpers import cluster_topo, switch_topo
 from treeattn.cost import nccl
 from treeattn.errors import InputError
+from treeattn.topology.library import resolve
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nccl-tests"
 
@@ -165,3 +166,20 @@ def test_nvl72_is_one_nccl_node():
     assert nccl.pick(rack, "allreduce", 1 << 33).algorithm.value == "nvls"
     two = nccl.fabric(resolve("gb200-nvl72:racks=2"))
     assert two.nodes == 2 and nccl.pick(two, "allreduce", 1 << 33).algorithm.value == "nvlstree"
+
+
+def test_nccl_rates_pcie_by_generation_and_width():
+    # topo.cc: width x per-lane speed / 80 -> 48 GB/s for a Gen5 x16 link, whatever its measured rate
+    link = next(ln for ln in resolve("dgx-h100").links if ln.kind.value == "pcie")
+    assert (link.generation, link.width) == (5, 16)
+    assert nccl.nccl_link_bw_gbps(link) == pytest.approx(48.0)
+
+
+def test_tree_bandwidth_has_nccls_per_channel_caps():
+    # 4 H100 nodes: 8 graph channels; tree LL128 capped at 8 x 29.0 GB/s of bus bandwidth
+    fab = nccl.fabric(resolve("dgx-h100:nodes=4"))
+    assert fab.graph_channels == 8
+    n = 1 << 30
+    est = next(e for e in nccl.predict(fab, "allreduce", n)
+               if (e.algorithm.value, e.protocol.value) == ("tree", "LL128"))
+    assert n / (est.rank_us - est.latency_us) / 1e3 == pytest.approx(8 * 29.0 * 0.5)

@@ -470,3 +470,27 @@ def test_a_ranks_later_computes_pay_the_next_launch():
     # One COMPUTE per rank: nothing changes.
     one = make_plan([[Op(OpKind.COMPUTE, 0)], [Op(OpKind.COMPUTE, 0)]], w, topo, result_ranks=[0, 1])
     assert simulate(one, cheap).predicted_us == simulate(one, topo).predicted_us
+
+
+@pytest.mark.parametrize("nbytes,communicator,channels", [
+    (256 << 10, "pair", 4),       # parts of at least 64 KiB: 4 channels
+    (32 << 20, "pair", 16),       # a two-rank communicator starts on 16 of its 32 channels
+    (32 << 20, "world", 4),       # 8 ranks share 32 channels: 4 each (nccl-tests' sendrecv)
+])
+def test_a_gpu_send_runs_on_nccls_channels_for_its_size(nbytes, communicator, channels):
+    from treeattn.topology.library import resolve
+
+    topo = resolve("dgx-h100")
+    progs = [[Op(SEND, 0, peer=1)], [Op(COPY, 0, peer=0)]] + [[] for _ in range(6)]
+    plan = make_plan(progs, raw(8, nbytes), topo)
+    t = {(x.rank, x.op): x for x in simulate(plan, topo, communicator=communicator).timeline}[(0, 0)]
+    lat = topo.route_latency_us(0, 1)
+    # one channel moves one NVLink's worth as NCCL rates it (20.6 GB/s on Hopper)
+    assert close(t.end_us - t.start_us, topo.cost.overhead_us + nbytes / (channels * 20.6e3) + lat)
+
+
+def test_host_ranks_keep_their_model_under_the_point_to_point_cap():
+    topo = switch_topo(2, bw=10.0, lat=1.0, overhead=2.0)
+    plan = make_plan([[Op(SEND, 0, peer=1)], [Op(COPY, 0, peer=0)]], raw(2, 1 << 20), topo)
+    for communicator in ("pair", "world"):
+        assert close(simulate(plan, topo, communicator=communicator).predicted_us, 2.0 + 2 * 1.0 + (1 << 20) / 10e3)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import pytest
 
 from treeattn.cost import nccl
 from treeattn.cost.nccl_channels import comm_channels, p2p_channels, run_channels
-from treeattn.cost.nccl_p2p import p2p_message_gbps
+from treeattn.cost.nccl_p2p import WORLD, p2p_message_gbps, peer_channels
 from treeattn.cost.nvls import nvls_graph
+from treeattn.errors import InputError
 from treeattn.topology.library import resolve
 
 MIB = 1 << 20
@@ -44,12 +48,33 @@ def test_point_to_point_channels_grow_with_the_message():
     assert p2p_channels(24, 32 * MIB, 4, 1, 36) == 8
     # 80 ranks on 10 nodes: one channel per network peer
     assert p2p_channels(16, 4096 * MIB, 80, 10, 4) == 1
+    # parts of at least chunk / 8 on one node: a 128 KiB chunk (PCIe) splits sooner than NVLink's 512 KiB
+    assert p2p_channels(24, 256 << 10, 2, 1, 36) == 4
+    assert p2p_channels(4, 256 << 10, 2, 1, 2, chunk=128 << 10) == 2
     topo = resolve("dgx-h100")
-    fab = nccl.fabric(topo)
-    assert p2p_message_gbps(topo, fab, 0, 1, 32 * MIB) == pytest.approx(4 * 20.6)
-    assert p2p_message_gbps(topo, fab, 0, 1, 256 * MIB) == pytest.approx(16 * 20.6)
+    assert p2p_message_gbps(topo, 0, 1, 32 * MIB, WORLD) == pytest.approx(4 * 20.6)
+    assert p2p_message_gbps(topo, 0, 1, 256 * MIB, WORLD) == pytest.approx(16 * 20.6)
+    # a communicator of two ranks spreads a send over up to 16 channels at once, 32 past 16 MiB parts
+    assert p2p_message_gbps(topo, 0, 1, 32 * MIB) == pytest.approx(16 * 20.6)
+    assert p2p_message_gbps(topo, 0, 1, 64 << 10) == pytest.approx(20.6)
+    assert p2p_message_gbps(topo, 0, 1, 256 << 10) == pytest.approx(4 * 20.6)
     far = resolve("dgx-h100:nodes=10")
-    assert p2p_message_gbps(far, nccl.fabric(far), 7, 8, 64 * MIB) == pytest.approx(14.0)
+    assert p2p_message_gbps(far, 7, 8, 64 * MIB, WORLD) == pytest.approx(14.0)
+    # NCCL takes the fewest channels any peer gets for all of a rank's peers: NVLink ones too
+    assert p2p_message_gbps(far, 0, 1, 64 * MIB, WORLD) == pytest.approx(20.6)
+    # a pair across nodes: 4 channels of 14 GB/s, above what the NIC carries
+    assert p2p_message_gbps(far, 7, 8, 64 * MIB) == pytest.approx(56.0)
+
+
+def test_point_to_point_cap_applies_to_nvidia_gpus_only():
+    assert peer_channels(resolve("cpu:ranks=4"), [(0, 1)]) is None
+    assert peer_channels(resolve("mi300x"), [(0, 1)]) is None  # RCCL's channels are not modelled
+    topo = resolve("dgx-h100")
+    measured = dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, link_rates="measured"))
+    assert peer_channels(measured, [(0, 1)]) is None
+    assert p2p_message_gbps(measured, 0, 1, 1 << 20) == math.inf
+    with pytest.raises(InputError, match="communicator"):
+        peer_channels(topo, [(0, 1)], "all")
 
 
 def test_nvls_graph_and_the_pick_on_four_gpus():
@@ -77,3 +102,4 @@ def test_ada_gpus_take_nccls_ampere_row():
 def test_rccl_keeps_every_channel():
     # RCCL runs small all-reduces through MSCCL kernels: NCCL's channel loop is left out there
     assert nccl.fabric(resolve("mi300x")).channels == 0
+

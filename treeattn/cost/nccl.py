@@ -25,8 +25,10 @@ Bandwidth (GB/s): ``bus`` = the slowest per-rank intra-node bandwidth (when a no
 more than one rank) and the slowest node's network bandwidth (when there is more than one
 node), whichever is smaller. NCCL's per-link figures are below datasheet; we scale each
 link by NCCL's figure over the datasheet one: NVLink 20.0/25 (gen 2-3, SM70-80),
-20.6/25 (gen 4, SM90), 40.1/50 (gen 5, SM100); xGMI 48/64 (RCCL, gfx94x); PCIe by its
-generation, 12/24/48/96 GB/s per x16 for Gen3/4/5/6 (NCCL's width x generation factor);
+20.6/25 (gen 4, SM90), 40.1/50 (gen 5, SM100); xGMI 48/64 (RCCL, gfx94x). A PCIe link
+NCCL rates by its generation and width alone (``topo.cc``: width x per-lane speed / 80:
+12/24/48/96 GB/s per x16 for Gen3/4/5/6), whatever rate the topology measured for it;
+a PCIe link without a width is scaled like the others, from the datasheet x16 figure;
 network links at their port speed (NCCL takes the NIC speed). So an 18-link H100 gives
 18 x 20.6 = 370.8 GB/s. Per-rank intra = its GPU-fabric links summed (NCCL spreads its
 channels over all of them), else its PCIe uplinks, else its loopback link. Per-node
@@ -66,8 +68,13 @@ simulator (``treeattn.cost.gloo``).
 
 Derating, as NCCL: ring LL x0.5 capped at llMaxBw; ring LL128 x0.92; tree all-reduce
 x0.92; then tree LL x1/3.8 capped at llMaxBw; tree LL128 x7/9 on one node, x120/128
-across nodes. llMaxBw by GPU generation and node count (1 / 2 / more): Volta 39/39/20.4,
-Ampere 87.7/22.5/19, Hopper 141/45/35, Blackwell 282/90/70 (non-NVIDIA devices: Hopper's).
+across nodes. Ring LL128, tree and tree LL128 are also capped at the ring/tree graph's
+channels (``nccl_channels.graph_channels``: 8 on DGX H100 nodes with 8 NICs) times NCCL's
+per-channel figure (``perChMaxRingLL128Bws``, ``perChMaxTreeBws``, ``perChMaxTreeLL128Bws``
+by GPU generation for 1 / 2 / more nodes; on 4 or more H100 nodes the tree's 8 x 36 GB/s
+and its LL128's 8 x 29 bind), in NCCL's estimate and in what runs. llMaxBw by GPU
+generation and node count (1 / 2 / more): Volta 39/39/20.4, Ampere 87.7/22.5/19, Hopper
+141/45/35, Blackwell 282/90/70 (non-NVIDIA devices: Hopper's).
 Algorithm bandwidth = bus x R/nsteps for ring (nsteps 2(R-1) all-reduce, R-1 all-gather
 and reduce-scatter, R broadcast and reduce), bus x 0.5 for tree. Tree bandwidth is further scaled
 by NCCL's size-dependent ``treeCorrectionFactor`` (powers of two from 64 B to 256 MiB).
@@ -97,8 +104,7 @@ Simple has NCCL's "plateau" latency, x1.4 (x1.9 on Volta) once each channel and 
 64 bytes, in NCCL's estimate and in what runs.
 
 Left out: CollNet (in-network reduction over InfiniBand SHARP), PAT, NVLS for all-gather and
-reduce-scatter, NCCL's per-channel caps of rings and trees (above what the modelled
-machines reach), per-version constants (the figures are NCCL 2.23-2.30's; 2.19-2.22 rated
+reduce-scatter, per-version constants (the figures are NCCL 2.23-2.30's; 2.19-2.22 rated
 Tree/Simple differently), NCCL's shared-memory transport between GPUs without
 peer-to-peer (its rate is not modelled: it runs at the routes' rate), and the latency of an
 EFA or RoCE network beyond NCCL's constants.
@@ -115,7 +121,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from treeattn.cost.nccl_channels import comm_channels, run_channels
+from treeattn.cost.nccl_channels import comm_channels, graph_channels, run_channels
 from treeattn.cost.nvls import nvls_allreduce
 from treeattn.errors import InputError
 from treeattn.topology.model import DeviceKind, Link, LinkClass, LinkKind, Topology
@@ -181,7 +187,7 @@ _HOP = {
 # two of nbytes/64, from 64 B (index 0) to 256 MiB (index 22); 1.0 beyond.
 _TREE_CORRECTION = (
     (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
-    (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .5, .6, .6, .7, .7, .8, .9, .9, .92, .92),
+    (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
     (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
 )
 # llMaxBw (GB/s) by GPU generation, for 1 / 2 / more nodes.
@@ -191,6 +197,14 @@ _LL_MAX = {
     "hopper": (141.0, 45.0, 35.0),
     "blackwell": (282.0, 90.0, 70.0),
 }
+# Per-channel caps (GB/s) of NCCL's bus bandwidth, by GPU generation for 1 / 2 / more nodes
+# (tuning.cc perChMaxRingLL128Bws, perChMaxTreeBws, perChMaxTreeLL128Bws, NCCL 2.30; the
+# same for Volta-Hopper since 2.19): times the ring/tree graph's channels.
+_PER_CH_RING_LL128 = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3, "hopper": (36.7,) * 3, "blackwell": (40.0,) * 3}
+_PER_CH_TREE = {"volta": (26.5, 18.5, 10.0), "ampere": (24.0, 23.6, 17.8), "hopper": (38.7, 41.4, 36.0),
+                "blackwell": (70.0, 42.8, 24.0)}
+_PER_CH_TREE_LL128 = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3, "hopper": (36.7, 36.7, 29.0),
+                      "blackwell": (55.6, 31.67, 20.0)}
 # What each protocol achieves across nodes, as a share of NCCL's network figure (its NIC's port
 # speed): Simple 0.94, NCCL's maintainers' "46-48 GB/s from each CX7 NIC at 400Gbps"
 # (nccl-tests issues 290 and 319); LL128 0.6, measured on the corpus's multi-node rows
@@ -241,6 +255,9 @@ class NcclFabric:
     size runs on all channels."""
     ring_gbps: float = 0.0
     """NCCL's per-channel ring speed times ``channels`` (its ring's search bandwidth)."""
+    graph_channels: int = 0
+    """Channels of NCCL's ring/tree graph (``nccl_channels.graph_channels``), which its
+    per-channel caps multiply; 0: no caps."""
 
     @property
     def bus_bw_gbps(self) -> float:
@@ -328,6 +345,9 @@ def nccl_link_bw_gbps(link: Link, arch: str = "hopper") -> float:
     if link.kind is LinkKind.XGMI:
         return link.bw_gbps * _XGMI_SCALE
     if link.kind is LinkKind.PCIE:
+        if link.generation in _PCIE_X16 and link.width:
+            # NCCL rates a PCIe link by its generation and width alone (topo.cc: width x speed / 80).
+            return _PCIE_X16[link.generation] * link.width / 16
         if link.generation in _PCIE_X16:
             return link.bw_gbps * _PCIE_X16[link.generation] / _PCIE_DATASHEET_X16[link.generation]
         return link.bw_gbps * _PCIE_X16[4] / _PCIE_DATASHEET_X16[4]
@@ -478,10 +498,13 @@ def fabric(topo: Topology) -> NcclFabric:
     # RCCL (AMD GPUs, xGMI) runs small all-reduces through its MSCCL/MSCCL++ kernels, not
     # NCCL's channel loop (AMD in ROCm/rccl issue 1562): its channel counts are left out.
     rccl = any(ln.kind is LinkKind.XGMI for ln in topo.links)
+    searched = (own or nodes > 1) and not rccl
     channels, ring_gbps = (comm_channels(arch, nodes, path_gbps or gpu_gbps, gpu_gbps, n_nics, nic_gbps)
-                           if (own or nodes > 1) and not rccl else (0, 0.0))
+                           if searched else (0, 0.0))
+    graph = graph_channels(arch, nodes, path_gbps or gpu_gbps, gpu_gbps, n_nics, nic_gbps)[0] if searched else 0
     return NcclFabric(
         channels=channels,
+        graph_channels=graph,
         ring_gbps=ring_gbps,
         cpu=_cpu_vendor(topo),
         nvls_gbps=_nvls_gbps(topo, devs, per_node, out, arch),
@@ -718,18 +741,21 @@ def _algbw_gbps(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int
     row = fab.arch if fab.nodes == 1 else "ampere" if fab.cpu == "amd" else "volta"
     ll_max = _LL_MAX[row][0 if fab.nodes == 1 else 1 if fab.nodes == 2 else 2]
     proto = _PROTOS[p]
+    scale = 0 if fab.nodes == 1 else 1 if fab.nodes == 2 else 2
+    # tuning.cc's per-channel caps (graph channels x perChMax*), none when the graph is unknown.
+    gch = fab.graph_channels or math.inf
     if algo is Algorithm.RING:
         if proto is Protocol.LL:
             bus = min(ll_max, bus * 0.5)
         elif proto is Protocol.LL128:
-            bus = bus * 0.92
+            bus = min(bus * 0.92, gch * _PER_CH_RING_LL128[fab.arch][scale])
         bw = bus * fab.ranks / _nsteps(collective, fab.ranks)
     else:
-        bus = bus * 0.92
+        bus = min(bus * 0.92, gch * _PER_CH_TREE[fab.arch][scale])
         if proto is Protocol.LL:
             bus = min(bus / 3.8, ll_max)
         elif proto is Protocol.LL128:
-            bus = bus * (7.0 / 9.0 if fab.nodes == 1 else 120.0 / 128.0)
+            bus = min(bus * (7.0 / 9.0 if fab.nodes == 1 else 120.0 / 128.0), gch * _PER_CH_TREE_LL128[fab.arch][scale])
         bw = bus * 0.5
         log_size = _log2i(nbytes >> 6)
         if log_size < len(_TREE_CORRECTION[p]):

@@ -27,7 +27,8 @@ The communicator's channel count follows NCCL's topology search (``src/graph/sea
 
 from __future__ import annotations
 
-__all__ = ["SPEEDS_INTRA", "SPEEDS_INTER", "P2P_NET_CHANNEL_GBPS", "comm_channels", "run_channels", "p2p_channels"]
+__all__ = ["SPEEDS_INTRA", "SPEEDS_INTER", "P2P_NET_CHANNEL_GBPS", "comm_channels", "graph_channels", "run_channels",
+           "p2p_channels"]
 
 MAX_CHANNELS = 64
 # search.cc speedArrayIntra / sm90SpeedArrayIntra / sm100SpeedArrayIntra (GB/s per channel).
@@ -51,6 +52,25 @@ def _row(arch: str) -> str:
     return arch if arch in ("hopper", "blackwell") else "other"
 
 
+def graph_channels(arch: str, nodes: int, path_gbps: float, gpu_gbps: float, nics: int = 0,
+                   nic_gbps: float = 0.0) -> tuple[int, float]:
+    """The channels of NCCL's ring/tree graph and the speed of each (GB/s), as its search
+    and ``ncclTopoDupChannels`` leave them (before ``ncclTopoPostset`` doubles them): what
+    ``tuning.cc`` multiplies its per-channel caps by. Arguments as ``comm_channels``."""
+    if nodes > 1 and nics > 0:
+        cap = min(nic_gbps, gpu_gbps) if gpu_gbps > 0 else nic_gbps
+        speed = next((s for s in SPEEDS_INTER[_row(arch)] if s <= cap), SPEEDS_INTER[_row(arch)][-1])
+        n = min(MAX_CHANNELS // 2, nics)
+    else:
+        speeds = SPEEDS_INTRA[_row(arch)]
+        speed = next((s for s in speeds if s <= path_gbps), speeds[-1])
+        n = max(1, min(MAX_CHANNELS // 2, int(gpu_gbps // speed))) if gpu_gbps > 0 else 1
+    modern = arch in ("hopper", "blackwell")
+    if speed >= 25.0 and not (modern and speed < 50.0 and n > 4):
+        n, speed = min(2 * n, MAX_CHANNELS // 2), speed / 2  # ncclTopoDupChannels
+    return n, speed
+
+
 def comm_channels(arch: str, nodes: int, path_gbps: float, gpu_gbps: float, nics: int = 0,
                   nic_gbps: float = 0.0) -> tuple[int, float]:
     """NCCL's ring channel count and its search bandwidth (GB/s, all channels) for one communicator.
@@ -63,20 +83,10 @@ def comm_channels(arch: str, nodes: int, path_gbps: float, gpu_gbps: float, nics
         nics: NICs of a node the ring uses (several nodes).
         nic_gbps: one NIC's bandwidth.
     """
-    if nodes > 1 and nics > 0:
-        cap = min(nic_gbps, gpu_gbps) if gpu_gbps > 0 else nic_gbps
-        speed = next((s for s in SPEEDS_INTER[_row(arch)] if s <= cap), SPEEDS_INTER[_row(arch)][-1])
-        n = min(MAX_CHANNELS // 2, nics)
-    else:
-        speeds = SPEEDS_INTRA[_row(arch)]
-        speed = next((s for s in speeds if s <= path_gbps), speeds[-1])
-        n = max(1, min(MAX_CHANNELS // 2, int(gpu_gbps // speed))) if gpu_gbps > 0 else 1
+    n, speed = graph_channels(arch, nodes, path_gbps, gpu_gbps, nics, nic_gbps)
     total = n * speed
-    modern = arch in ("hopper", "blackwell")
-    if speed >= 25.0 and not (modern and speed < 50.0 and n > 4):
-        n, speed = min(2 * n, MAX_CHANNELS // 2), speed / 2  # ncclTopoDupChannels
     n = min(MAX_CHANNELS, 2 * n)  # ncclTopoPostset
-    if modern and nodes > 1 and speed > 45.0 and n < 16:
+    if arch in ("hopper", "blackwell") and nodes > 1 and speed > 45.0 and n < 16:
         n *= 2
     return n, total
 
@@ -94,26 +104,25 @@ def run_channels(channels: int, protocol: str, nbytes: int, ranks: int, ring_ll:
     return nc
 
 
-# Point-to-point (send/recv) channels, NCCL 2.19-2.30 (src/graph/paths.cc, src/enqueue.cc,
-# src/init.cc): a peer over NVLink gets 2 channels per NVLink of its path, any other local
-# peer 2, a peer over the network one per local NIC or one per P2P_PER_CHANNEL_NET_BW =
-# 14 GB/s of it; counts are rounded up to powers of two and at most the communicator's
-# p2p channels (its channels, rounded up); across nodes the per-peer count is halved until
-# every 8 peers fit them. A message is cut into parts of at least
-# chunk / 8 (one node, NVLink chunk 512 KiB) or chunk / 2 (several nodes, network chunk
-# 128 KiB) on the fewest channels that keep every part under 32 chunks (one node) or one
-# chunk (several), starting from the per-peer count shrunk until every rank's peer fits
-# the p2p channels at once.
+# Point-to-point (send/recv) channels, NCCL 2.19-2.30 (src/graph/paths.cc, src/enqueue.cc
+# addP2pToPlan and scheduleP2pTasksToPlan): counts are rounded up to powers of two, the
+# communicator's p2p channels are its channels rounded up (at most 32, or 64 past 32); across
+# nodes the per-peer count is halved until the peers of one batch of
+# NCCL_MAX_DEV_WORK_P2P_PER_BATCH = 8 ranks fit them. A message is cut into parts of at least
+# chunk / 8 (one node) or chunk / 2 (several nodes) on the fewest channels that keep every
+# part under 32 chunks (one node) or one chunk (several), starting from the per-peer count
+# shrunk until every rank's peer fits the p2p channels at once. The per-peer counts and the
+# chunk are in treeattn.cost.nccl_p2p.
 P2P_NET_CHANNEL_GBPS = 14.0
+"""paths.cc P2P_PER_CHANNEL_NET_BW (GB/s): NCCL gives a network peer one channel per this much."""
 _NVL_CHUNK = 1 << 19
-_NET_CHUNK = 1 << 17
 
 
 def _pow2_up(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def p2p_channels(comm: int, nbytes: int, ranks: int, nodes: int, per_peer: int) -> int:
+def p2p_channels(comm: int, nbytes: int, ranks: int, nodes: int, per_peer: int, chunk: int = _NVL_CHUNK) -> int:
     """Channels NCCL moves one send of ``nbytes`` on, in an exchange where every rank sends
     to one peer (nccl-tests sendrecv; an all-to-all round).
 
@@ -122,19 +131,21 @@ def p2p_channels(comm: int, nbytes: int, ranks: int, nodes: int, per_peer: int) 
         nbytes: the message.
         ranks: ranks of the communicator.
         nodes: NCCL's nodes.
-        per_peer: the channels NCCL gives this peer (see the module's notes above).
+        per_peer: the channels NCCL gives a peer in this communicator.
+        chunk: NCCL's point-to-point chunk in this communicator (``comm->p2pChunkSize``).
     """
     p2p = min(MAX_CHANNELS // 2 if comm <= MAX_CHANNELS // 2 else MAX_CHANNELS, _pow2_up(max(comm, 1)))
-    n_max = min(p2p, _pow2_up(max(per_peer, 1)))
+    n_max = _pow2_up(max(per_peer, 1))
     if nodes > 1:
         # paths.cc: across nodes the per-peer count shrinks until the peers of one batch of
         # NCCL_MAX_DEV_WORK_P2P_PER_BATCH = 8 fit the p2p channels.
         while n_max * -(-ranks // 8) > p2p and n_max > 1:
             n_max //= 2
+    else:
+        n_max = min(n_max, p2p)
     n_min = n_max
     while n_min * ranks > p2p and n_min > 1:
         n_min //= 2
-    chunk = _NET_CHUNK if nodes > 1 else _NVL_CHUNK
     min_part = chunk // 2 if nodes > 1 else chunk // 8
     max_part = chunk if nodes > 1 else chunk * 32
     n = max(1, min(n_min, -(-nbytes // min_part)))

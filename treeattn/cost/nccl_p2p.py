@@ -2,52 +2,244 @@
 
 NCCL cuts a send into parts over a number of channels that grows with the message
 (``treeattn.cost.nccl_channels.p2p_channels``), and each channel moves about one link's
-worth: a 32-64 MiB send between two H100s runs on 4 channels at 80-82 GB/s, 128 MiB on 8 at
-162 GB/s, 256 MiB on 16 at 300 GB/s (results/published, xxrjun-nccl-tests-cluster), far
-below the 370 GB/s of the GPU's NVLink. The simulator (``treeattn.cost.simulate``) caps
-flows by their links only; this is the per-message cap it would apply (docs/nccl-model.md
-gives the proposed change and its effect on the published sendrecv tables).
+worth: a 32-64 MiB send between two H100s of an 8-rank communicator runs on 4 channels at
+80-82 GB/s, 128 MiB on 8 at 162 GB/s, 256 MiB on 16 at 300 GB/s (results/published,
+xxrjun-nccl-tests-cluster), far below the 370 GB/s of the GPU's NVLink. The simulator
+(``treeattn.cost.simulate``) caps each GPU send's flow at that rate.
+
+The channels depend on the communicator the send runs in. treeattn's executor gives every
+pair of ranks that exchanges messages a communicator of its own (``exec.comm``): two
+ranks, on one node or two (``PAIR``). nccl-tests runs one communicator of every rank
+(``WORLD``), whose per-peer channels are the fewest any peer of a rank gets (NCCL takes
+one figure per communicator, so across nodes the network's count holds for NVLink peers
+too) and whose sends share the communicator's channels with every rank's peer.
+
+From NCCL 2.19-2.30 (``src/graph/paths.cc`` ``ncclTopoGetNchannels`` and
+``ncclTopoComputeP2pChannels``, ``src/init.cc`` ``computeBuffSizes``):
+
+* channels per peer: a peer over NVLink 2 per NVLink of the path (NCCL's path bandwidth
+  over its per-link figure: 36 through the NVSwitches of an H100), any other local peer 2,
+  a peer across nodes one per local NIC or one per ``P2P_PER_CHANNEL_NET_BW`` = 14 GB/s of
+  them; rounded up to a power of two;
+* what a channel moves: NCCL's per-link NVLink figure (20.6 GB/s on Hopper; an 8-GPU H100
+  node measures 20.0-20.5 per channel at 4-8 channels), its PCIe rating of the path, or 14
+  GB/s over the network (the corpus measures 15.2 GB/s on one channel, 80 ranks on 10
+  nodes, and 12.5 per channel on two, one GPU per node on 10 nodes);
+* the chunk a part is cut by: 512 KiB (``P2P_NVL_CHUNKSIZE``) on one node whose GPUs all
+  share NVLink, 128 KiB (``P2P_PCI_CHUNKSIZE``) on one node without, 128 KiB
+  (``P2P_NET_CHUNKSIZE``) across nodes, twice that on Blackwell GPUs with Arm hosts.
+
+Not for AMD GPUs: RCCL's point-to-point channels are not modelled (an MI300X pair's one
+xGMI link caps its sends anyway). Not where the ranks are host CPUs, and not on a topology
+whose link rates were measured (``cost.link_rates: measured``): those rates are fitted to
+whole messages, channels included, so the cap would count the channels twice.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from treeattn.cost import nccl
-from treeattn.cost.nccl_channels import P2P_NET_CHANNEL_GBPS, p2p_channels
-from treeattn.topology.model import Link, LinkClass, Topology
+from treeattn.cost.nccl_channels import P2P_NET_CHANNEL_GBPS, comm_channels, p2p_channels
+from treeattn.errors import InputError
+from treeattn.topology.model import DeviceKind, LinkClass, LinkKind, Topology
 
-__all__ = ["p2p_message_gbps", "routes_on_fabric"]
+__all__ = ["PAIR", "WORLD", "PeerChannels", "applies", "peer_channels", "p2p_message_gbps", "routes_on_fabric"]
+
+PAIR = "pair"
+"""Every pair of ranks that exchanges messages has a communicator of its own (treeattn's executor)."""
+WORLD = "world"
+"""One communicator of every rank (nccl-tests)."""
+
+_NVL_CHUNK = 1 << 19
+_PCI_CHUNK = 1 << 17
+_NET_CHUNK = 1 << 17
 
 
-def p2p_message_gbps(topo: Topology, fab: nccl.NcclFabric, src: int, dst: int, nbytes: int) -> float:
-    """The most one send of ``nbytes`` from rank ``src`` to ``dst`` reaches under NCCL: the
-    channels NCCL moves it on (``nccl_channels.p2p_channels``) times what one channel
-    moves: NCCL's per-link NVLink figure over NVLink (20.6 GB/s on Hopper; an 8-GPU H100
-    node measures 20.0-20.5 per channel at 4-8 channels, results/published), its PCIe
-    rating over PCIe, ``P2P_NET_CHANNEL_GBPS`` over the network. Not yet applied by the
-    simulator (``cost.simulate`` caps flows by links only); see docs/nccl-model.md."""
-    a, b = topo.rank_device(src), topo.rank_device(dst)
-    arch = nccl._arch(a.model or "")
-    out: dict[str, list[Link]] = {}
-    for ln in topo.links:
-        out.setdefault(ln.src, []).append(ln)
-    links = out.get(a.name, [])
-    if routes_on_fabric(topo, src, dst):
-        path = nccl._peer_path_gbps(topo, links, arch)
-        nvl = [ln for ln in links if ln.cls is LinkClass.GPU_FABRIC]
-        per_link = nccl.nccl_link_bw_gbps(nvl[0], arch) / max(nvl[0].count, 1) if nvl else path
-        per_peer, per_channel = 2 * max(1, int(path / per_link + 1e-9)), per_link
-    elif a.node == b.node:
-        path = nccl._peer_path_gbps(topo, links, arch)
-        per_peer, per_channel = 2, path
-    else:
-        nic = nccl._nic_bw(out, a.nic) if a.nic else 0.0
-        per_peer, per_channel = max(1, math.ceil(nic / P2P_NET_CHANNEL_GBPS)), P2P_NET_CHANNEL_GBPS
-    n = p2p_channels(fab.channels or 1, nbytes, fab.ranks, fab.nodes, per_peer)
-    return n * per_channel
+@dataclass(frozen=True, slots=True)
+class PeerChannels:
+    """What decides the channels of a send from one rank to one peer, and their rate."""
+
+    comm: int
+    """The communicator's channels (``nccl_channels.comm_channels``)."""
+    ranks: int
+    nodes: int
+    per_peer: int
+    """Channels NCCL gives a peer in this communicator (before the power of two)."""
+    per_channel_gbps: float
+    chunk: int
+    """NCCL's point-to-point chunk (bytes) in this communicator."""
+
+    def channels(self, nbytes: int) -> int:
+        return p2p_channels(self.comm, nbytes, self.ranks, self.nodes, self.per_peer, self.chunk)
+
+    def gbps(self, nbytes: int) -> float:
+        """The most a send of ``nbytes`` reaches: its channels times one channel's rate."""
+        return self.channels(nbytes) * self.per_channel_gbps
+
+
+def applies(topo: Topology) -> bool:
+    """Whether NCCL's point-to-point channels cap sends on ``topo`` (module docstring)."""
+    if nccl.p2p_link_gbps(topo) is None:
+        return False
+    if any(topo.rank_device(r).kind is not DeviceKind.GPU for r in range(topo.num_ranks)):
+        return False
+    return not any(ln.kind is LinkKind.XGMI for ln in topo.links)
+
+
+def peer_channels(topo: Topology, pairs: Iterable[tuple[int, int]],
+                  communicator: str = PAIR) -> dict[tuple[int, int], PeerChannels] | None:
+    """Per (src, dst) rank pair, the figures of its sends (``PeerChannels``), or None where
+    the cap does not apply (``applies``). Kept with the topology's routes, so a topology
+    simulated again and again derives each pair once.
+
+    Args:
+        topo: the topology.
+        pairs: the (sender, receiver) rank pairs.
+        communicator: ``PAIR`` (a communicator per pair, as treeattn runs plans) or ``WORLD``
+            (one of every rank, as nccl-tests runs).
+    """
+    if communicator not in (PAIR, WORLD):
+        raise InputError(f"communicator must be {PAIR!r} or {WORLD!r}, got {communicator!r}")
+    idx = topo._index
+    view = _VIEWS.get(idx)
+    if view is None:
+        view = _VIEWS[idx] = _View(topo) if applies(topo) else None
+    if view is None:
+        return None
+    return {(a, b): view.peer(a, b, communicator) for a, b in pairs}
+
+
+def p2p_message_gbps(topo: Topology, src: int, dst: int, nbytes: int, communicator: str = PAIR) -> float:
+    """The most one send of ``nbytes`` from rank ``src`` to ``dst`` reaches under NCCL
+    (``math.inf`` where the cap does not apply)."""
+    got = peer_channels(topo, [(src, dst)], communicator)
+    return math.inf if got is None else got[(src, dst)].gbps(nbytes)
 
 
 def routes_on_fabric(topo: Topology, src: int, dst: int) -> bool:
     """Whether the route between two ranks stays on GPU fabric links (NVLink, xGMI)."""
     return all(topo.links[i].cls is LinkClass.GPU_FABRIC for i in topo.route(src, dst))
+
+
+class _View:
+    """The topology as NCCL's point-to-point code sees it, with what it derived so far."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+        self.idx = topo._index
+        self.arch = nccl._arch(topo.rank_device(0).model or "")
+        self.grace = any("GRACE" in d.model.upper() for d in topo.devices if d.kind is DeviceKind.CPU)
+        self.done: dict[tuple[str, int, int], PeerChannels] = {}
+        self._path: dict[tuple[int, int], tuple[bool, float, float]] = {}
+        self._world: tuple[int, int, int, dict[int, int]] | None = None
+
+    def peer(self, a: int, b: int, communicator: str) -> PeerChannels:
+        key = (communicator, a, b)
+        hit = self.done.get(key)
+        if hit is None:
+            hit = self.done[key] = self._world_peer(a, b) if communicator == WORLD else self._pair_peer(a, b)
+        return hit
+
+    def _pair_peer(self, a: int, b: int) -> PeerChannels:
+        nodes = 1 if self.same_node(a, b) else 2
+        nvlink, path, per_link = self.path(a, b)
+        if nodes > 1:
+            nic = min(self._nic_gbps(a), self._nic_gbps(b))
+            gpu = self._fabric_total(a)
+            comm = _comm(self.arch, 2, gpu, gpu, 1, nic)
+        else:
+            comm = _comm(self.arch, 1, path, (self._fabric_total(a) or path) if nvlink else path, 0, 0.0)
+        chunk = self._chunk(nodes, nvlink)
+        return PeerChannels(comm, 2, nodes, self.per_peer(a, b), self.per_channel(a, b), chunk)
+
+    def _world_peer(self, a: int, b: int) -> PeerChannels:
+        if self._world is None:
+            fab = nccl.fabric(self.topo)
+            p = self.topo.num_ranks
+            nvlink = fab.nodes == 1 and all(self.path(0, c)[0] for c in range(1, p))
+            self._world = (fab.channels or 1, fab.nodes, self._chunk(fab.nodes, nvlink), {})
+        comm, nodes, chunk, least = self._world
+        if a not in least:
+            # paths.cc: one per-peer figure per communicator, the fewest any peer of the rank gets
+            least[a] = min(self.per_peer(a, c) for c in range(self.topo.num_ranks) if c != a)
+        return PeerChannels(comm, self.topo.num_ranks, nodes, least[a], self.per_channel(a, b), chunk)
+
+    def _out(self, r: int) -> list:
+        links = self.topo.links
+        return [links[i] for i in self.idx.out[self.topo.ranks[r]]]
+
+    def same_node(self, a: int, b: int) -> bool:
+        """One NCCL node: one machine, or one NVLink domain spanning machines."""
+        da, db = self.topo.rank_device(a), self.topo.rank_device(b)
+        if da.node == db.node:
+            return True
+        ia = self.idx.island(da.name)
+        return ia >= 0 and ia == self.idx.island(db.name)
+
+    def path(self, a: int, b: int) -> tuple[bool, float, float]:
+        """(whether a reaches b over NVLink inside a node, NCCL's bandwidth of that path, its
+        per-link figure); off NVLink the NCCL-rated PCIe bottleneck of the route, twice."""
+        key = (a, b)
+        hit = self._path.get(key)
+        if hit is not None:
+            return hit
+        topo, arch = self.topo, self.arch
+        route = [topo.links[i] for i in topo.route(a, b)]
+        if self.same_node(a, b) and all(ln.cls is LinkClass.GPU_FABRIC for ln in route):
+            fab = [ln for ln in self._out(a) if ln.cls is LinkClass.GPU_FABRIC]
+            per_link = min(nccl.nccl_link_bw_gbps(ln, arch) / max(ln.count, 1) for ln in fab)
+            direct = [ln for ln in fab if ln.dst == topo.ranks[b]]
+            if any(topo.device(ln.dst).kind is DeviceKind.NVSWITCH for ln in fab):
+                bw = sum(nccl.nccl_link_bw_gbps(ln, arch) for ln in fab)
+            elif direct:
+                bw = sum(nccl.nccl_link_bw_gbps(ln, arch) for ln in direct)
+            else:
+                bw = min(nccl.nccl_link_bw_gbps(ln, arch) for ln in route)
+            hit = (True, bw, per_link)
+        else:
+            rated = [nccl.nccl_link_bw_gbps(ln, arch) for ln in route if ln.cls is LinkClass.PCIE]
+            bw = min(rated) if rated else min((ln.bw_gbps for ln in route), default=math.inf)
+            hit = (False, bw, bw)
+        self._path[key] = hit
+        return hit
+
+    def _nic_gbps(self, a: int) -> float:
+        nic = self.idx.nic_of(self.topo.rank_device(a))
+        if nic is None:
+            return 0.0
+        links = self.topo.links
+        return sum(links[i].bw_gbps for i in self.idx.out[nic] if links[i].cls is LinkClass.NETWORK)
+
+    def per_peer(self, a: int, b: int) -> int:
+        """ncclTopoGetNchannels: the channels NCCL gives peer b of rank a."""
+        if not self.same_node(a, b):
+            return max(1, math.ceil(self._nic_gbps(a) / P2P_NET_CHANNEL_GBPS))
+        nvlink, bw, per_link = self.path(a, b)
+        return 2 * max(1, int(bw / per_link + 1e-9)) if nvlink else 2
+
+    def per_channel(self, a: int, b: int) -> float:
+        if not self.same_node(a, b):
+            return P2P_NET_CHANNEL_GBPS
+        return self.path(a, b)[2]
+
+    def _chunk(self, nodes: int, nvlink: bool) -> int:
+        if nodes > 1:
+            return _NET_CHUNK * (2 if self.arch == "blackwell" and self.grace else 1)
+        return _NVL_CHUNK if nvlink else _PCI_CHUNK
+
+    def _fabric_total(self, a: int) -> float:
+        return sum(nccl.nccl_link_bw_gbps(ln, self.arch) for ln in self._out(a) if ln.cls is LinkClass.GPU_FABRIC)
+
+
+_VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Per topology (its route index, which lives as long as it does), its _View (None: no cap)."""
+
+
+@functools.lru_cache(maxsize=256)
+def _comm(arch: str, nodes: int, path: float, gpu: float, nics: int, nic: float) -> int:
+    return comm_channels(arch, nodes, path, gpu, nics, nic)[0]

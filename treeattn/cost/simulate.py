@@ -29,7 +29,9 @@ It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
 * A link's ``flow_gbps`` caps each flow on it below the link's shared ``bw_gbps``. Between
   GPUs a link carries what NCCL's transfers reach on it, not its datasheet rate
   (``treeattn.cost.nccl.p2p_link_gbps``: NCCL's own rating of NVLink, xGMI and PCIe links,
-  0.94 of a network port).
+  0.94 of a network port), and a send between NVIDIA GPUs runs at most at what NCCL's
+  channels for its size move (``treeattn.cost.nccl_p2p``: a communicator per pair of ranks,
+  as the executor runs plans, or one of every rank, as nccl-tests runs).
 * A plan whose ranks wait forever raises ``PlanInvalidError`` naming what they wait on.
 
 The critical path follows, back from the last rank to finish, for each op the op that
@@ -47,6 +49,7 @@ from treeattn.cost.compute import ComputeModel
 from treeattn.cost.host import CPU_MERGE, CPU_OP, HostModel
 from treeattn.cost.library import LibraryModel
 from treeattn.cost.nccl import transfer_gbps
+from treeattn.cost.nccl_p2p import PAIR, peer_channels
 from treeattn.cost.program import _COLL, _COMPUTE, _KIND_CODE, _SEND, compile_plan
 from treeattn.cost.sharing import component, fair_rates
 from treeattn.cost.simresult import OpTiming, SimResult
@@ -63,13 +66,16 @@ _FLOW_BYTES = 0
 """A flow that is a transfer's bytes (host CPU work has kinds of its own, ``treeattn.cost.host``)."""
 
 
-def simulate(plan: Plan, topo: Topology, *, timeline: bool = True) -> SimResult:
+def simulate(plan: Plan, topo: Topology, *, timeline: bool = True, communicator: str = PAIR) -> SimResult:
     """Predict how long ``plan`` takes on ``topo`` (see the module docstring for the model).
 
     Args:
         plan: the plan; its rank count must equal the topology's.
         topo: the topology to time it on.
         timeline: also return every op's start and end (costs memory on huge plans).
+        communicator: the NCCL communicators sends run in, which set their channels on GPUs
+            (``treeattn.cost.nccl_p2p``): ``pair`` (one per pair of ranks, as treeattn's
+            executor runs plans) or ``world`` (one of every rank, as nccl-tests runs).
 
     Returns:
         The SimResult.
@@ -95,7 +101,7 @@ def simulate(plan: Plan, topo: Topology, *, timeline: bool = True) -> SimResult:
     was = gc.isenabled()
     gc.disable()
     try:
-        return _Engine(plan, topo).run(timeline)
+        return _Engine(plan, topo, communicator).run(timeline)
     finally:
         if was:
             gc.enable()
@@ -104,7 +110,7 @@ def simulate(plan: Plan, topo: Topology, *, timeline: bool = True) -> SimResult:
 class _Engine:
     """One simulation's state. Ops are numbered globally (gid), rank by rank."""
 
-    def __init__(self, plan: Plan, topo: Topology) -> None:
+    def __init__(self, plan: Plan, topo: Topology, communicator: str = PAIR) -> None:
         self.plan, self.topo = plan, topo
         p = self.p = topo.num_ranks
         self.cm = ComputeModel.of(plan.workload, topo)
@@ -122,6 +128,10 @@ class _Engine:
         n = len(kind)
         self.partner = prog.pair(p)
         self.routes = self._plan_routes()
+        peers = peer_channels(topo, [(k // p, k % p) for k in self.routes], communicator)
+        self.peers = None if peers is None else {a * p + b: v for (a, b), v in peers.items()}
+        """Per route key, what NCCL's channels let one send of it reach (None: no such cap)."""
+        self.msg_cap: dict[tuple[int, int], float] = {}
         self.start = [0.0] * n
         self.end = [-1.0] * n
         self.post = [-1.0] * n
@@ -349,9 +359,11 @@ class _Engine:
     def _match(self, s: int, q: int, t: float) -> None:
         self.start[s] = self.start[q] = t
         sr, qr = self.rank_of[s], self.rank_of[q]
-        hit = self.routes[sr * self.p + qr]
+        key = sr * self.p + qr
+        hit = self.routes[key]
         nbytes = self.nbytes[s]
-        x = self.new_flow(_FLOW_BYTES, s, q, hit[0], hit[1], hit[2], float(nbytes), t)
+        cap = hit[2] if self.peers is None else min(hit[2], self._message_cap(key, nbytes))
+        x = self.new_flow(_FLOW_BYTES, s, q, hit[0], hit[1], cap, float(nbytes), t)
         self.n_transfers += 1
         host = self.host
         if host is not None and host.matched(x, sr, qr, nbytes, t):
@@ -361,6 +373,13 @@ class _Engine:
             self.issue.append(x)
         else:
             self.send(x, t)
+
+    def _message_cap(self, key: int, nbytes: int) -> float:
+        """Bytes per microsecond NCCL's channels move one send of ``nbytes`` over route ``key``."""
+        hit = self.msg_cap.get((key, nbytes))
+        if hit is None:
+            hit = self.msg_cap[(key, nbytes)] = self.peers[key].gbps(nbytes) * 1e3
+        return hit
 
     def new_flow(self, what: int, a: int, b: int, route: tuple[int, ...], lat: float, cap: float, amount: float,
               t: float) -> int:

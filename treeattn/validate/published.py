@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from treeattn.cost import nccl
+from treeattn.cost.nccl_p2p import WORLD
 from treeattn.cost.simulate import simulate
 from treeattn.errors import InputError, TopologyError
 from treeattn.plan.builders import build
@@ -99,7 +100,7 @@ def p2p_time_us(topo: Topology, collective: str, nbytes: int) -> float:
         plan = build("direct", RawPayload(nbytes=max(nbytes // n, 4), ranks=n), topo)
     else:
         raise InputError(f"{collective} is not a point-to-point exchange; use the NCCL model")
-    res = simulate(plan, topo, timeline=True)
+    res = simulate(plan, topo, timeline=True, communicator=WORLD)
     assert res.timeline is not None
     return max(t.end_us for t in res.timeline if t.kind in ("recv_merge", "recv_copy"))
 
