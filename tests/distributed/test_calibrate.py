@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from treeattn.probe.calibrate import CalibrateOptions, calibrate
+from treeattn.calibrate.live import CalibrateOptions, calibrate
 from treeattn.topology.io import load_topology
 from treeattn.topology.library import resolve
 

@@ -13,12 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.test_cost_helpers import loopback_hosts, switch_topo
+from treeattn.calibrate.apply_fit import ClassParams, FittedParams
+from treeattn.calibrate.fit_host import fit_host_terms
+from treeattn.calibrate.plans import compute_plan, fanin_plan, pingpong_plan, tree_plans
 from treeattn.cost import gloo
 from treeattn.cost.simulate import simulate
 from treeattn.errors import TopologyError
-from treeattn.probe.apply_fit import ClassParams, FittedParams
-from treeattn.probe.calibrate_plans import compute_plan, fanin_plan, pingpong_plan, tree_plans
-from treeattn.probe.fit_host import fit_host_terms
 from treeattn.topology.io import dump_topology, load_topology_text
 from treeattn.topology.library import resolve
 from treeattn.topology.model import CostParams

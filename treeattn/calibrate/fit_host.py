@@ -39,9 +39,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from treeattn.calibrate.apply_fit import FittedParams, apply_fit
 from treeattn.cost.simulate import simulate
 from treeattn.plan.ir import OpKind, Plan
-from treeattn.probe.apply_fit import FittedParams, apply_fit
 from treeattn.topology.model import DeviceKind, LinkKind, Topology
 
 __all__ = ["HostFit", "fit_host_terms", "on_host_cpus", "nelder_mead"]
