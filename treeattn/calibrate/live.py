@@ -63,7 +63,8 @@ from treeattn.exec.runner import Job, Measurement, PlanJob, RunOptions
 from treeattn.plan.ir import OpKind, Plan, message_bytes
 from treeattn.topology.model import CALIBRATED_BY, Topology
 
-__all__ = ["CalibrateOptions", "ClassResult", "CaseResult", "CalibrationReport", "calibrate", "median_abs_rel_error"]
+__all__ = ["CalibrateOptions", "ClassResult", "CaseResult", "CalibrationReport", "calibrate", "calibration_plans",
+           "median_abs_rel_error"]
 
 _COMPUTE_KV_BYTES = (1 << 20, 16 << 20)
 """KV bytes per rank of the concurrent attention cases."""
@@ -242,8 +243,9 @@ def _disjoint(pairs: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
     return out
 
 
-def _plans(topo: Topology, classes: tuple[RouteClass, ...], opt: CalibrateOptions) -> list[tuple[str, Plan, dict]]:
-    """Every plan to run, with a label and what it measures."""
+def calibration_plans(topo: Topology, classes: tuple[RouteClass, ...],
+                      opt: CalibrateOptions) -> list[tuple[str, Plan, dict]]:
+    """Every plan a calibration runs, with a label and what it measures."""
     p = topo.num_ranks
     sizes = log_sizes(opt.min_bytes, opt.max_bytes, opt.sizes)
     out: list[tuple[str, Plan, dict]] = []
@@ -318,7 +320,7 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
     if topo.num_ranks < 2:
         raise InputError(f"topology {topo.name!r} has {topo.num_ranks} rank; calibration needs at least 2")
     classes = route_classes(topo)
-    planned = _plans(topo, classes, opt)
+    planned = calibration_plans(topo, classes, opt)
     run_opts = RunOptions(repeats=opt.repeats, warmup=opt.warmup, timeout_s=opt.timeout_s,
                           setup_timeout_s=max(120.0, opt.timeout_s), backend=opt.backend, check="root", seed=opt.seed)
     load0 = os.getloadavg()[0]
