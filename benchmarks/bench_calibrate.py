@@ -1,9 +1,9 @@
 """Predicted vs measured after calibration: ping-pong at every size and every plan family.
 
-1. ``treeattn.probe.calibrate`` on ``cpu:ranks=P`` (gloo over loopback): ping-pong per route
+1. ``treeattn.calibrate.live`` on ``cpu:ranks=P`` (gloo over loopback): ping-pong per route
    class at 13 sizes from 4 B to 64 MiB, with 1 and 4 round trips, concurrent-flow and fan-in
    tests, and the ``sum`` kernel (raw payloads are summed); fitted into the topology, the
-   host CPU terms (``treeattn.probe.fit_host``) fitted to those calibration cases only.
+   host CPU terms (``treeattn.calibrate.fit_host``) fitted to those calibration cases only.
 2. Every builder family that reduces raw payloads, at 16 KB, 1 MB and 16 MB per rank, is run
    by the executor (``treeattn.exec``: every rank starts at one agreed instant; median over
    repeats of the time to the last rank's end) and predicted by ``treeattn.cost.simulate`` on
@@ -32,12 +32,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from treeattn.calibrate.live import CalibrateOptions, calibrate
+from treeattn.calibrate.plot import plot_calibration
 from treeattn.cost.simulate import simulate
 from treeattn.exec.launch import launch
 from treeattn.exec.runner import Job, PlanJob, RunOptions
 from treeattn.plan.builders import ALGORITHMS, build
-from treeattn.probe.calibrate import CalibrateOptions, calibrate
-from treeattn.probe.calibrate_plot import plot_calibration
 from treeattn.topology.io import dump_topology
 from treeattn.topology.library import resolve
 from treeattn.units import format_size, parse_size

@@ -14,7 +14,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from treeattn.probe.calibrate_nccl import SIZE_BANDS, half_split
+from treeattn.calibrate.from_nccl_tests import SIZE_BANDS, half_split
 from treeattn.validate.corpus import load_corpus
 
 

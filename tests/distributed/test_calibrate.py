@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from treeattn.probe.calibrate import CalibrateOptions, calibrate
+from treeattn.calibrate.live import CalibrateOptions, calibrate
 from treeattn.topology.io import load_topology
 from treeattn.topology.library import resolve
 
@@ -55,6 +55,11 @@ def test_cli_end_to_end_on_two_ranks(tmp_path):
     assert ln.bw_gbps >= ln.flow_gbps
     assert ln.latency_us == pytest.approx(max(0.0, cls["alpha_us"] - cost.launch_us - min(cost.host.cpu_us,
                                                                                           cls["alpha_us"])))
+    # Every host term the fit left at a bound: one warning each, and one line each in the
+    # written topology's sources.
+    flags = [w for w in report["warnings"] if w.startswith("fit: ")]
+    assert [w.split(": the cases")[0] for w in flags] == [f"fit: {a}" for a in host["at_bounds"]]
+    assert [s for s in topo.sources if s.startswith("fit: ")] == flags
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from treeattn.calibrate.compute import measure_compute, rank_threads
 from treeattn.errors import InputError
-from treeattn.probe.calibrate_compute import measure_compute, rank_threads
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,7 @@ def test_refusals_and_thread_count(monkeypatch):
 
 
 def test_fit_takes_launch_from_small_sizes_and_bandwidth_from_large_ones():
-    from treeattn.probe.calibrate_compute import ComputePoint, fit_compute
+    from treeattn.calibrate.compute import ComputePoint, fit_compute
 
     # Cached sizes run faster per byte than the line through the memory-bound ones: launch
     # comes from the former, bandwidth (2 GB/s) from the latter only.

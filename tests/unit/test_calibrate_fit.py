@@ -9,18 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.test_cost_helpers import bare_cpu
-from treeattn.cost.simulate import simulate
-from treeattn.errors import InputError, ProbeError
-from treeattn.plan.validate import check
-from treeattn.probe.apply_fit import ClassParams, FittedParams, apply_fit
-from treeattn.probe.calibrate_fit import PingPongPoint, fit_pingpong, overhead_from_sends
-from treeattn.probe.calibrate_plans import (
+from treeattn.calibrate.apply_fit import ClassParams, FittedParams, apply_fit
+from treeattn.calibrate.pingpong import PingPongPoint, fit_pingpong, overhead_from_sends
+from treeattn.calibrate.plans import (
     concurrent_plan,
     fanin_plan,
     log_sizes,
     pingpong_plan,
     route_classes,
 )
+from treeattn.cost.simulate import simulate
+from treeattn.errors import InputError, ProbeError
+from treeattn.plan.validate import check
 from treeattn.topology.io import dump_topology, load_topology_text
 from treeattn.topology.library import resolve
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import run_cli
+from treeattn.calibrate.from_nccl_tests import calibrate_from_nccl_tests, half_split
+from treeattn.calibrate.nccl_tests import calibrate_from_log, read_nccl_tests
 from treeattn.errors import InputError, ProbeError
-from treeattn.probe.calibrate_nccl import calibrate_from_nccl_tests, half_split
-from treeattn.probe.nccl_tests import calibrate_from_log, read_nccl_tests
 from treeattn.topology.io import load_topology
 from treeattn.topology.library import resolve
 
@@ -123,7 +123,7 @@ def test_cli_refuses_with_one_line(args, match):
     ],
 )
 def test_live_calibration_refuses_bad_flags_before_launching(args, match, monkeypatch):
-    import treeattn.probe.calibrate as calibrate_mod
+    import treeattn.calibrate.live as calibrate_mod
 
     def no_measuring(*a, **k):
         raise AssertionError("measured before the flags were checked")

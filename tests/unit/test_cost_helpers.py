@@ -207,3 +207,24 @@ def loopback_hosts(ranks: int = 4, **cost) -> tuple[Topology, Topology]:
     topo = dataclasses.replace(topo, devices=(dev,), links=(lb,), cost=CostParams(overhead_us=0.0, launch_us=0.0))
     truth = dataclasses.replace(topo, cost=topo.cost.updated(host_cores=2, cpu_scope="machine", **cost))
     return topo, truth
+
+
+def host_fit_cases(topo: Topology, truth: Topology, heads: tuple[int, int, int],
+                   tree_batches: tuple[int, ...] = (2,)) -> list[tuple[Plan, float, float]]:
+    """A host calibration's cases on 4 ranks of ``topo`` (every rank computing at two sizes,
+    small attention plans at ``tree_batches``, ping-pong and fan-in at four sizes), each with
+    the time and the CPU time summed over ranks that ``truth`` predicts for it."""
+    from treeattn.calibrate.plans import compute_plan, fanin_plan, pingpong_plan, tree_plans
+    from treeattn.cost.simulate import simulate
+
+    plans = [compute_plan(topo, 4, heads, t) for t in (1024, 65536)]
+    for batch in tree_batches:
+        plans += [plan for _, plan in tree_plans(topo, 4, heads, batch, 48)]
+    for n in (4, 2048, 1 << 17, 1 << 20):
+        plans += [pingpong_plan(topo, 4, (0, 1), n, r) for r in (1, 4)]
+        plans += [fanin_plan(topo, 4, 0, [1, 2, 3], n)]
+    out = []
+    for p in plans:
+        res = simulate(p, truth, timeline=False)
+        out.append((p, res.predicted_us, sum(res.cpu_us)))
+    return out

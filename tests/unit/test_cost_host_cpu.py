@@ -11,12 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.test_cost_helpers import bare_cpu, make_plan, raw, switch_topo
+from treeattn.calibrate.apply_fit import ClassParams, FittedParams
+from treeattn.calibrate.fit_host import fit_host_terms, nelder_mead
+from treeattn.calibrate.plans import concurrent_plan, fanin_plan, pingpong_plan
 from treeattn.cost.simulate import simulate
 from treeattn.errors import TopologyError
 from treeattn.plan.ir import Op, OpKind
-from treeattn.probe.apply_fit import ClassParams, FittedParams
-from treeattn.probe.calibrate_plans import concurrent_plan, fanin_plan, pingpong_plan
-from treeattn.probe.fit_host import fit_host_terms, nelder_mead
 from treeattn.topology.io import dump_topology, load_topology_text
 from treeattn.topology.library import resolve
 from treeattn.topology.model import CostParams, Link, LinkKind
@@ -173,7 +173,7 @@ def test_calibrated_attention_kernel_times_compute_and_merges_keep_theirs():
 
 
 def test_host_fit_scales_the_attention_kernel_to_ranks_computing_at_once():
-    from treeattn.probe.calibrate_plans import compute_plan
+    from treeattn.calibrate.plans import compute_plan
 
     topo = bare_cpu4()
     lb = topo.links[0]
@@ -194,8 +194,8 @@ def test_host_fit_scales_the_attention_kernel_to_ranks_computing_at_once():
 
 
 def test_compute_plan_is_valid_and_every_rank_computes():
+    from treeattn.calibrate.plans import compute_plan
     from treeattn.plan.validate import validate
-    from treeattn.probe.calibrate_plans import compute_plan
 
     plan = compute_plan(resolve("cpu:ranks=4,cores=2"), 4, (8, 1, 32), 2048)
     assert not validate(plan).violations

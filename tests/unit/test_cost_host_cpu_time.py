@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_cost_helpers import loopback_hosts, switch_topo
+from tests.unit.test_cost_helpers import host_fit_cases, loopback_hosts, switch_topo
+from treeattn.calibrate.apply_fit import ClassParams, FittedParams
+from treeattn.calibrate.fit_host import fit_host_terms
+from treeattn.calibrate.plans import compute_plan, fanin_plan, pingpong_plan, tree_plans
 from treeattn.cost import gloo
 from treeattn.cost.simulate import simulate
 from treeattn.errors import TopologyError
-from treeattn.probe.apply_fit import ClassParams, FittedParams
-from treeattn.probe.calibrate_plans import compute_plan, fanin_plan, pingpong_plan, tree_plans
-from treeattn.probe.fit_host import fit_host_terms
 from treeattn.topology.io import dump_topology, load_topology_text
 from treeattn.topology.library import resolve
 from treeattn.topology.model import CostParams
@@ -118,15 +118,7 @@ def test_host_fit_pins_cpu_terms_with_measured_cpu_time():
     topo, truth = loopback_hosts(cpu_us=40.0, wakeup_us=90.0, step_us=25.0, cpu_queue="fifo", attn_launch_us=300.0,
                                  attn_gbps=3.0, start_cpu_us=60.0, cpu_us_per_kb=2.0)
     lb = topo.links[0]
-    plans = [compute_plan(topo, 4, HEADS, t) for t in (1024, 65536)]
-    plans += [plan for _, plan in tree_plans(topo, 4, HEADS, 2, 48)]
-    for n in (4, 2048, 1 << 17, 1 << 20):
-        plans += [pingpong_plan(topo, 4, (0, 1), n, r) for r in (1, 4)]
-        plans += [fanin_plan(topo, 4, 0, [1, 2, 3], n)]
-    cases = []
-    for p in plans:
-        res = simulate(p, truth, timeline=False)
-        cases.append((p, res.predicted_us, sum(res.cpu_us)))
+    cases = host_fit_cases(topo, truth, HEADS)
     params = FittedParams(classes=(ClassParams((("loopback", lb.bw_gbps),), 50.0, 2.5),), overhead_us=5.0,
                           attn_launch_us=50.0, attn_gbps=6.0)
     fitted, fit, _ = fit_host_terms(topo, params, cases, cores=2, start_wakeup_us=50.0, cpu_queue="fifo")

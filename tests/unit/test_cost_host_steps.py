@@ -12,13 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.test_cost_helpers import loopback_hosts, switch_topo
-from treeattn.cost import gloo
-from treeattn.cost.simulate import simulate
-from treeattn.errors import InputError, TopologyError
-from treeattn.plan.ir import OpKind
-from treeattn.plan.validate import validate
-from treeattn.probe.apply_fit import ClassParams, FittedParams
-from treeattn.probe.calibrate_plans import (
+from treeattn.calibrate.apply_fit import ClassParams, FittedParams
+from treeattn.calibrate.fit_host import fit_host_terms
+from treeattn.calibrate.plans import (
     TREE_SHAPES,
     allreduce_plan,
     compute_plan,
@@ -27,7 +23,11 @@ from treeattn.probe.calibrate_plans import (
     pingpong_plan,
     tree_plans,
 )
-from treeattn.probe.fit_host import fit_host_terms
+from treeattn.cost import gloo
+from treeattn.cost.simulate import simulate
+from treeattn.errors import InputError, TopologyError
+from treeattn.plan.ir import OpKind
+from treeattn.plan.validate import validate
 from treeattn.topology.io import dump_topology, load_topology_text
 from treeattn.topology.library import resolve
 from treeattn.topology.model import CostParams

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from treeattn.calibrate.fit import COLLECTIVE_MODELS, Weighting, fit_alpha_beta, fit_collective
+from treeattn.calibrate.nccl_tests import calibrate_from_log, collective_from_name, parse_nccl_tests, read_nccl_tests
 from treeattn.errors import ProbeError
-from treeattn.probe.fit import COLLECTIVE_MODELS, Weighting, fit_alpha_beta, fit_collective
-from treeattn.probe.nccl_tests import calibrate_from_log, collective_from_name, parse_nccl_tests, read_nccl_tests
 
 FIX = Path(__file__).parents[1] / "fixtures" / "nccl-tests"
 ONE = FIX / "all_reduce_perf.8xh100-1node.txt"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from treeattn.calibrate.nccl_tests import parse_published_table
 from treeattn.errors import InputError, ProbeError
-from treeattn.probe.nccl_tests import parse_published_table
 from treeattn.validate.corpus import busbw_factor, load_corpus
 
 ROW = "   1048576    262144  float  sum  -1   82.17   12.76   24.73  0   82.21   12.75   24.71  0"

@@ -89,7 +89,7 @@ def calibrate_cmd(
             raise InputError("--from-nccl-tests needs --topology: the machine the logs were measured on")
         _from_logs(resolve(topology), paths, out, json_out)
         return
-    from treeattn.probe.calibrate import CalibrateOptions, calibrate
+    from treeattn.calibrate.live import CalibrateOptions, calibrate
 
     try:
         trips = tuple(int(x) for x in round_trips.split(",") if x.strip())
@@ -115,7 +115,7 @@ def calibrate_cmd(
         return
     _write(out, report.topology)
     if png is not None:
-        from treeattn.probe.calibrate_plot import plot_calibration
+        from treeattn.calibrate.plot import plot_calibration
 
         plot_calibration(report, png)
     if json_out:
@@ -142,7 +142,7 @@ def _write(out: Path | None, topo) -> None:  # noqa: ANN001 - a Topology
 
 
 def _from_logs(topo, paths: list[Path], out: Path | None, json_out: bool) -> None:  # noqa: ANN001 - a Topology
-    from treeattn.probe.calibrate_nccl import calibrate_from_nccl_tests
+    from treeattn.calibrate.from_nccl_tests import calibrate_from_nccl_tests
 
     result = calibrate_from_nccl_tests(topo, paths)
     _write(out, result.topology)
@@ -174,7 +174,7 @@ def fitted_terms(cost, *names: str) -> str:  # noqa: ANN001 - CostParams
 
 
 def _tables(report, out: Path | None, png: Path | None) -> None:  # noqa: ANN001 - a CalibrationReport
-    from treeattn.probe.calibrate import median_abs_rel_error
+    from treeattn.calibrate.live import median_abs_rel_error
 
     con = console()
     cost = report.topology.cost

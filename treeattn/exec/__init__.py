@@ -1,4 +1,4 @@
-"""Execute plans on real ranks with torch.distributed (the only layer besides probe/ that imports torch).
+"""Execute plans on real ranks with torch.distributed (the only layer besides calibrate/ that imports torch).
 
 Modules, bottom up:
 

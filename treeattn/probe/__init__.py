@@ -1,31 +1,14 @@
-"""Hardware discovery and calibration.
+"""Hardware discovery: what a machine has and how it is wired, as a Topology.
 
 ``probe`` reads saved tool output (``nvidia-smi topo -m``, ``rocm-smi --showtopo``, NCCL
 topology XML, ``ibstat``) or the live machine (vendor tools, then sysfs) into a Topology,
-with warnings for damaged or partial input and the assumptions made. ``nccl_tests`` reads
-nccl-tests logs; ``fit`` fits latency and bandwidth to timings; ``calibrate`` measures the
-machine with real ranks. Only this package and ``treeattn.exec`` may import torch: the
-live calibration modules (``calibrate``, ``calibrate_compute``) do, through ``exec``;
-importing ``treeattn.probe`` itself does not.
+with warnings for damaged or partial input and the assumptions made. The figures it gives
+links and devices are the hardware's nominal ones (``hardware``); measuring them is
+``treeattn.calibrate``'s job. This package imports only ``treeattn.topology`` and the
+helpers below it, never torch.
 """
 
 from treeattn.probe.build import Fabric, ProbeResult
 from treeattn.probe.discover import ProbeOptions, cpu_host, probe
-from treeattn.probe.fit import CollectiveFit, Fit, fit_alpha_beta, fit_collective
-from treeattn.probe.nccl_tests import NcclTestsLog, calibrate_from_log, parse_nccl_tests, read_nccl_tests
 
-__all__ = [
-    "Fabric",
-    "ProbeResult",
-    "ProbeOptions",
-    "probe",
-    "cpu_host",
-    "Fit",
-    "CollectiveFit",
-    "fit_alpha_beta",
-    "fit_collective",
-    "NcclTestsLog",
-    "parse_nccl_tests",
-    "read_nccl_tests",
-    "calibrate_from_log",
-]
+__all__ = ["Fabric", "ProbeResult", "ProbeOptions", "probe", "cpu_host"]

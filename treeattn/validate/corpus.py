@@ -34,8 +34,8 @@ from pathlib import Path
 
 import yaml
 
+from treeattn.calibrate.nccl_tests import NcclTestsLog, parse_published_table
 from treeattn.errors import InputError, ProbeError
-from treeattn.probe.nccl_tests import NcclTestsLog, parse_published_table
 from treeattn.probe.text import read_input
 from treeattn.topology.library import installed_data_dir
 

@@ -39,8 +39,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from treeattn.calibrate.fit import COLLECTIVE_MODELS, CollectiveFit, Weighting, fit_collective
 from treeattn.errors import ProbeError
-from treeattn.probe.fit import COLLECTIVE_MODELS, CollectiveFit, Weighting, fit_collective
 from treeattn.probe.text import fail, read_input
 
 __all__ = ["Timing", "NcclRow", "NcclDevice", "NcclTestsLog", "parse_nccl_tests", "read_nccl_tests",
@@ -409,7 +409,7 @@ def calibrate_from_log(
     max_bytes: int | None = None,
     weighting: Weighting = Weighting.RELATIVE,
 ) -> CollectiveFit:
-    """Fit per-step latency and per-link bandwidth to a log (model in ``treeattn.probe.fit``).
+    """Fit per-step latency and per-link bandwidth to a log (model in ``treeattn.calibrate.fit``).
 
     Args:
         log: a parsed log.
@@ -420,7 +420,7 @@ def calibrate_from_log(
             per size, less sensitive to one-off stalls).
         min_bytes: smallest size used (0-byte rows are always left out).
         max_bytes: largest size used (default all).
-        weighting: see ``treeattn.probe.fit.Weighting``.
+        weighting: see ``treeattn.calibrate.fit.Weighting``.
 
     Returns:
         The fit; its warnings say what was inferred and which rows were left out.

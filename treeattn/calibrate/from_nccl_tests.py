@@ -32,10 +32,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from treeattn.calibrate.apply_fit import ClassParams, FittedParams, apply_fit
+from treeattn.calibrate.fit import COLLECTIVE_MODELS, CollectiveFit
+from treeattn.calibrate.nccl_tests import NcclTestsLog, calibrate_from_log, read_nccl_tests
 from treeattn.errors import InputError, ProbeError
-from treeattn.probe.apply_fit import ClassParams, FittedParams, apply_fit
-from treeattn.probe.fit import COLLECTIVE_MODELS, CollectiveFit
-from treeattn.probe.nccl_tests import NcclTestsLog, calibrate_from_log, read_nccl_tests
 from treeattn.topology.model import CALIBRATED_BY, LinkClass, Topology
 
 __all__ = ["LogFit", "NcclCalibration", "calibrate_from_nccl_tests", "SIZE_BANDS", "HalfSplit", "half_split"]

@@ -6,16 +6,16 @@ or those of torchrun/SLURM), every case timed by the executor exactly as ``treea
 times a plan (barrier, then the plan; median over repeats of the maximum over ranks):
 
 1. ping-pong plans between the representative pair of every route class
-   (``calibrate_plans.route_classes``), at log-spaced sizes, with 1 and more round trips;
+   (``plans.route_classes``), at log-spaced sizes, with 1 and more round trips;
 2. concurrent-flow plans: disjoint pairs of one class ping-ponging at once, and a fan-in
    of several ranks into one, at a few sizes (do flows that share a link split it?);
 3. with ``--compute attention``: every rank computing at once, and small attention plans
-   (star, chain and binomial trees over all ranks, ``calibrate_plans.tree_plans``);
+   (star, chain and binomial trees over all ranks, ``plans.tree_plans``);
 4. ranks on host CPUs: two library all-reduces (gloo's own cost per message);
 
 then, in this process, the executor's merge (or sum, or attention) kernel at those sizes.
 
-Fits (``calibrate_fit``): per class ``alpha_us``/``beta_gbps`` (and a per-iteration term);
+Fits (``pingpong``): per class ``alpha_us``/``beta_gbps`` (and a per-iteration term);
 the backend's per-message overhead from the sender-side completion times of the smallest
 messages; ``launch_us`` and the effective memory bandwidth of the kernel. They are written
 into a copy of the topology (``apply_fit``). When every rank is a process on this host's
@@ -32,13 +32,8 @@ import os
 import statistics
 from dataclasses import dataclass, field
 
-from treeattn.cost.simulate import simulate
-from treeattn.errors import ExecutionError, InputError, ProbeError
-from treeattn.exec.launch import launch
-from treeattn.exec.runner import Job, Measurement, PlanJob, RunOptions
-from treeattn.plan.ir import OpKind, Plan, message_bytes
-from treeattn.probe.apply_fit import ClassParams, FittedParams, apply_fit
-from treeattn.probe.calibrate_compute import (
+from treeattn.calibrate.apply_fit import ClassParams, FittedParams, apply_fit
+from treeattn.calibrate.compute import (
     LAUNCH_BYTES,
     LLAMA_HEADS,
     MEMORY_BYTES,
@@ -48,8 +43,9 @@ from treeattn.probe.calibrate_compute import (
     measure_compute,
     rank_threads,
 )
-from treeattn.probe.calibrate_fit import PingPongFit, PingPongPoint, fit_pingpong, overhead_from_sends
-from treeattn.probe.calibrate_plans import (
+from treeattn.calibrate.fit_host import HostFit, fit_host_terms, on_host_cpus
+from treeattn.calibrate.pingpong import PingPongFit, PingPongPoint, fit_pingpong, overhead_from_sends
+from treeattn.calibrate.plans import (
     RouteClass,
     allreduce_plan,
     compute_plan,
@@ -60,10 +56,15 @@ from treeattn.probe.calibrate_plans import (
     route_classes,
     tree_plans,
 )
-from treeattn.probe.fit_host import HostFit, fit_host_terms, on_host_cpus
+from treeattn.cost.simulate import simulate
+from treeattn.errors import ExecutionError, InputError, ProbeError
+from treeattn.exec.launch import launch
+from treeattn.exec.runner import Job, Measurement, PlanJob, RunOptions
+from treeattn.plan.ir import OpKind, Plan, message_bytes
 from treeattn.topology.model import CALIBRATED_BY, Topology
 
-__all__ = ["CalibrateOptions", "ClassResult", "CaseResult", "CalibrationReport", "calibrate", "median_abs_rel_error"]
+__all__ = ["CalibrateOptions", "ClassResult", "CaseResult", "CalibrationReport", "calibrate", "calibration_plans",
+           "median_abs_rel_error"]
 
 _COMPUTE_KV_BYTES = (1 << 20, 16 << 20)
 """KV bytes per rank of the concurrent attention cases."""
@@ -242,8 +243,9 @@ def _disjoint(pairs: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
     return out
 
 
-def _plans(topo: Topology, classes: tuple[RouteClass, ...], opt: CalibrateOptions) -> list[tuple[str, Plan, dict]]:
-    """Every plan to run, with a label and what it measures."""
+def calibration_plans(topo: Topology, classes: tuple[RouteClass, ...],
+                      opt: CalibrateOptions) -> list[tuple[str, Plan, dict]]:
+    """Every plan a calibration runs, with a label and what it measures."""
     p = topo.num_ranks
     sizes = log_sizes(opt.min_bytes, opt.max_bytes, opt.sizes)
     out: list[tuple[str, Plan, dict]] = []
@@ -318,7 +320,7 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
     if topo.num_ranks < 2:
         raise InputError(f"topology {topo.name!r} has {topo.num_ranks} rank; calibration needs at least 2")
     classes = route_classes(topo)
-    planned = _plans(topo, classes, opt)
+    planned = calibration_plans(topo, classes, opt)
     run_opts = RunOptions(repeats=opt.repeats, warmup=opt.warmup, timeout_s=opt.timeout_s,
                           setup_timeout_s=max(120.0, opt.timeout_s), backend=opt.backend, check="root", seed=opt.seed)
     load0 = os.getloadavg()[0]

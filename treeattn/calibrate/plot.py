@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from treeattn.calibrate.live import CalibrationReport
 from treeattn.figures import save_figure
-from treeattn.probe.calibrate import CalibrationReport
 
 __all__ = ["plot_calibration"]
 

@@ -11,15 +11,15 @@ Kernels, and the bytes the compute model (``treeattn.cost.compute``) says each m
   default (``auto``: torch's fused sdpa on CPU) of one row set of the given heads (default
   llama-3.1-8b's: B 1, Hq 32, Hkv 8, D 128; bf16 KV) over ``n`` bytes of KV: KV + q + the
   partial written (the bytes a KV byte costs depend on the heads: time the shape you plan);
-* ``clone``: a copy of ``n`` bytes into a fresh buffer (page faults included): ``2n``; what
-  the executor once did inside the clock before every raw-payload iteration.
+* ``clone``: a copy of ``n`` bytes into a fresh buffer (page faults included): ``2n``; no
+  plan op, it prices copying a payload outside the interpreter.
 
 The line ``t = launch_us + moved / (eff_bw_gbps 1e3)`` is fitted in two parts, because
 caches bend it: sizes that fit in cache run far faster per byte than the memory-bound sizes
 where a merge's time matters. ``launch_us`` is the median time of the sizes moving at most
 ``LAUNCH_BYTES``; the bandwidth is the least-squares slope (absolute errors, through that
 intercept) over the sizes moving at least ``MEMORY_BYTES`` (all sizes above the launch ones
-when none is that large). ``treeattn.probe.apply_fit`` turns the bandwidth into
+when none is that large). ``treeattn.calibrate.apply_fit`` turns the bandwidth into
 ``mem_efficiency``.
 """
 
@@ -34,10 +34,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from treeattn.calibrate.fit import Fit, fit_alpha_beta
 from treeattn.errors import InputError, ProbeError
 from treeattn.exec.attention import make_kv_shard, make_query, partial_attention, resolve_kernel
 from treeattn.exec.merge import merge_into, sum_into
-from treeattn.probe.fit import Fit, fit_alpha_beta
 from treeattn.workload import Workload
 
 __all__ = ["KERNELS", "ComputePoint", "ComputeFit", "measure_compute", "fit_compute", "rank_threads"]
