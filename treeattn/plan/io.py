@@ -54,8 +54,8 @@ from treeattn.plan.ir import (
     OpKind,
     Plan,
     TopologyRef,
-    _gc_paused,
     _unchecked_op,
+    gc_paused,
 )
 from treeattn.textfile import read_text
 from treeattn.units import DType
@@ -421,7 +421,7 @@ def load_plan(source: str | Path) -> Plan:
         path = Path(source)
         name = str(path)
         text = read_text(path, "plan file", PlanFormatError)
-    with _gc_paused():
+    with gc_paused():
         return _parse(text, name)
 
 
