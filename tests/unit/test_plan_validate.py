@@ -290,3 +290,24 @@ def test_dropping_any_op_of_any_plan_is_caught(name: str, p: int, chunks: int, d
     prog = list(plan.programs[r])
     i = data.draw(st.integers(0, len(prog) - 1))
     assert not validate(with_program(plan, r, prog[:i] + prog[i + 1:])).valid
+
+
+@pytest.mark.parametrize("programs", [
+    [[C(0), M(2, 1), S(1, 1)], GOOD[1]],
+    [[C(1), C(1, block=1), M(1, 1), S(2, 1)], GOOD[1]],
+    [[C(0), A(1, "max", "lse"), M(1, 1), S(2, 1)], GOOD[1]],
+    [[C(0), K(1, 1), C(1, block=1), S(2, 1)], GOOD[1]],
+    [[C(0), M(1, 1), K(1, 1), S(2, 1)], [C(0), S(1, 0), S(1, 0), K(2, 0)]],
+])
+def test_the_simulator_refuses_a_broken_step_rule_where_the_validator_reports_it(programs):
+    from treeattn.cost.compute import ComputeModel
+    from treeattn.cost.program import compile_plan
+    from treeattn.topology.library import resolve
+
+    plan = hand(programs)
+    v = first(plan)
+    cm = ComputeModel.of(plan.workload, resolve("cpu:ranks=2"))
+    with pytest.raises(PlanInvalidError) as err:
+        compile_plan(plan, 2, cm)
+    assert str(err.value).startswith(f"rank {v.rank} op {v.op_index}: ")
+    assert str(err.value).split(": ", 1)[1] in str(v)

@@ -178,6 +178,9 @@ def plan_cmd(
                                                   rich_help_panel=_SEARCH)] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Plan file to write (default under plans/).",
                                              rich_help_panel=_OUT)] = None,
+    explicit: Annotated[bool, typer.Option("--explicit", help="List every op even in a big plan (which is "
+                                           "written compact otherwise: its builder and params, expanded when "
+                                           "read).", rich_help_panel=_OUT)] = False,
     json_out: JsonOpt = False,
     explain: Annotated[bool, typer.Option("--explain", help="Draw the chosen tree and its per-level cost.",
                                           rich_help_panel=_OUT)] = False,
@@ -242,7 +245,7 @@ def plan_cmd(
     spec = topology if ranks is None else f"{topology}[ranks {ranks.replace(' ', '')}]"
     plan = replace(plan, topology=replace(plan.topology, source=recorded_source(spec, topo, path)))
     try:
-        save_plan(plan, path)
+        save_plan(plan, path, compact=False if explicit else None)
     except OSError as exc:
         raise InputError(f"cannot write plan {str(path)!r}: {exc.strerror or exc}") from None
     report["plan_path"] = str(path)

@@ -304,29 +304,33 @@ class CutModel:
                 if cap > 0:
                     out.append((f"ingress of rank {r}", lat,
                                 need(total_kv - (kv_of(r) if r in cset else 0.0), rows([r])), cap))
+        # Without shares every nonempty set of result ranks needs every row: the sets below
+        # are only listed (in ``results`` order, so that sums come out alike) when shares count.
         for j in contributors:
-            others = [r for r in results if r != j]
-            if others:
+            if len(results) > 1 or results[0] != j:
                 cap, lat = _cap(self.dev_out, self.rank_dev[j])
                 if cap > 0:
-                    out.append((f"egress of rank {j}", lat, need(kv_of(j), rows(others)), cap))
+                    share = 1.0 if shares is None else rows([r for r in results if r != j])
+                    out.append((f"egress of rank {j}", lat, need(kv_of(j), share), cap))
         node_count: dict[int, int] = {}
         node_kv: dict[int, float] = {}
         for j in contributors:
             n = self.rank_node[j]
             node_count[n] = node_count.get(n, 0) + 1
             node_kv[n] = node_kv.get(n, 0.0) + kv_of(j)
-        result_nodes = sorted({self.rank_node[r] for r in results})
+        by_node: dict[int, list[int]] = {}
+        for r in results:
+            by_node.setdefault(self.rank_node[r], []).append(r)
+        result_nodes = sorted(by_node)
         for n in result_nodes:
             cap, lat = _cap(self.node_in, n)
             if len(contributors) > node_count.get(n, 0) and cap > 0:
-                inside = [r for r in results if self.rank_node[r] == n]
-                out.append((f"into node {n}", lat, need(total_kv - node_kv.get(n, 0.0), rows(inside)), cap))
+                out.append((f"into node {n}", lat, need(total_kv - node_kv.get(n, 0.0), rows(by_node[n])), cap))
         for n in sorted(node_count):
             if (len(result_nodes) > 1 or result_nodes[0] != n) and _cap(self.node_out, n)[0] > 0:
                 cap, lat = _cap(self.node_out, n)
-                outside = [r for r in results if self.rank_node[r] != n]
-                out.append((f"out of node {n}", lat, need(node_kv[n], rows(outside)), cap))
+                share = 1.0 if shares is None else rows([r for r in results if self.rank_node[r] != n])
+                out.append((f"out of node {n}", lat, need(node_kv[n], share), cap))
         return out
 
     def collective_floor_us(self, nbytes: int, row_bytes: int, everyone: bool = True) -> float:

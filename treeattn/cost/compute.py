@@ -39,6 +39,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from treeattn.topology.model import Topology
 from treeattn.workload import Payload, Workload
 
@@ -165,6 +167,17 @@ class ComputeModel:
         if moved_bytes <= 0:
             return 0.0
         return kernels * self.launch_us + self._mem_us(rank, moved_bytes)
+
+    def step_local_many_us(self, ranks: np.ndarray, moved_bytes: np.ndarray, kernels: np.ndarray) -> np.ndarray:
+        """``step_local_us`` of many steps at once (arrays of ranks, bytes and kernels), with
+        the same arithmetic, so each element equals the scalar call's result."""
+        bw = np.asarray(self.eff_bw_gbps, dtype=np.float64)[ranks]
+        ok = bw > 0
+        mem = np.zeros(len(ranks))
+        np.divide(moved_bytes, bw * 1e3, out=mem, where=ok)
+        out = kernels * self.launch_us + mem
+        out[moved_bytes <= 0] = 0.0
+        return out
 
     def merge_us(self, rank: int, rows: int, parts: int) -> float:
         """The fused merge of ``parts`` received partials of ``rows`` rows into the accumulator

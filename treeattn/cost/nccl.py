@@ -380,11 +380,21 @@ def p2p_link_gbps(topo: Topology) -> list[float] | None:
     return out
 
 
-def transfer_gbps(topo: Topology) -> list[float]:
+def transfer_gbps(topo: Topology) -> tuple[float, ...]:
     """Per link, the rate a transfer between ranks reaches on it: ``p2p_link_gbps`` where it
-    applies, else the link's ``bw_gbps`` (what the simulator and the search's floor use)."""
-    rated = p2p_link_gbps(topo)
-    return [ln.bw_gbps for ln in topo.links] if rated is None else rated
+    applies, else the link's ``bw_gbps`` (what the simulator and the search's floor use).
+
+    A topology is immutable, so the rates are kept with it: a search simulates one topology
+    hundreds of times, and rating 100,000 links takes a second."""
+    cached = vars(topo).get(_RATES_KEY)
+    if cached is None:
+        rated = p2p_link_gbps(topo)
+        cached = tuple(ln.bw_gbps for ln in topo.links) if rated is None else tuple(rated)
+        vars(topo)[_RATES_KEY] = cached
+    return cached
+
+
+_RATES_KEY = "_transfer_gbps"
 
 
 def fabric(topo: Topology) -> NcclFabric:

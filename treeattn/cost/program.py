@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from treeattn.cost.compute import ComputeModel
 from treeattn.errors import PlanInvalidError
 from treeattn.plan.ir import Op, OpKind, Plan, message_bytes
+from treeattn.plan.steps import order_problem, step_problem
 
 __all__ = ["Program", "compile_plan"]
 
@@ -41,45 +44,94 @@ class Program:
     merge_b: list[list[int]]
     merge_k: list[list[int]]
     step_compute: list[list[int]]
+    chunk: list[int]
+    """Per op its chunk, -1 for None."""
+    block: list[int]
+    """Per op its KV block, -1 for None."""
+    step_no: list[list[int]]
+    """Per rank and step: its step number."""
+    partner: list[int] | None = None
+    """``pair``'s answer, once asked."""
 
     def pair(self, p: int) -> list[int]:
         """Per op its partner (-1: none): the k-th SEND a->b matches the k-th RECV at b from a."""
-        kind, peer, rank_of, ops = self.kind, self.peer, self.rank_of, self.ops
-        sends: dict[int, list[int]] = {}
-        recvs: dict[int, list[int]] = {}
-        for gid, code in enumerate(kind):
-            if code == _SEND:
-                sends.setdefault(rank_of[gid] * p + peer[gid], []).append(gid)
-            elif code == _RECV_MERGE or code == _RECV_COPY:
-                recvs.setdefault(peer[gid] * p + rank_of[gid], []).append(gid)
-        partner = [-1] * len(kind)
-        off = self.offset
-        for key, ss in sends.items():
-            rs = recvs.get(key, ())
-            for s, q in zip(ss, rs, strict=False):
-                so, qo = ops[s], ops[q]
-                if so.chunk != qo.chunk or so.block != qo.block:
-                    sr, qr = rank_of[s], rank_of[q]
-                    raise PlanInvalidError(
-                        f"rank {sr} op {s - off[sr]} sends chunk {so.chunk} block {so.block} to rank {qr}, "
-                        f"whose matching op {q - off[qr]} receives chunk {qo.chunk} block {qo.block} "
-                        "(the k-th send a->b matches the k-th receive at b from a)"
-                    )
-                partner[s], partner[q] = q, s
-        return partner
+        if self.partner is None:
+            self.partner = self._pair(p)
+        return self.partner
+
+    def _pair(self, p: int) -> list[int]:
+        kind = np.array(self.kind, dtype=np.int8)
+        rank = np.array(self.rank_of, dtype=np.int64)
+        peer = np.array(self.peer, dtype=np.int64)
+        sends = np.flatnonzero(kind == _SEND)
+        recvs = np.flatnonzero((kind == _RECV_MERGE) | (kind == _RECV_COPY))
+        partner = np.full(len(kind), -1, dtype=np.int64)
+        if len(sends) and len(recvs):
+            skey = rank[sends] * p + peer[sends]
+            rkey = peer[recvs] * p + rank[recvs]
+            socc, rocc = _occurrence(skey), _occurrence(rkey)
+            m = int(max(socc.max(), rocc.max())) + 1
+            _, i_s, i_r = np.intersect1d(skey * m + socc, rkey * m + rocc, assume_unique=True, return_indices=True)
+            s, q = sends[i_s], recvs[i_r]
+            chunk, block = np.array(self.chunk), np.array(self.block)
+            bad = np.flatnonzero((chunk[s] != chunk[q]) | (block[s] != block[q]))
+            if len(bad):
+                j = bad[np.argmin(s[bad])]
+                self._mismatch(int(s[j]), int(q[j]))
+            partner[s], partner[q] = q, s
+        return partner.tolist()
+
+    def _mismatch(self, s: int, q: int) -> None:
+        so, qo, off, rank_of = self.ops[s], self.ops[q], self.offset, self.rank_of
+        sr, qr = rank_of[s], rank_of[q]
+        raise PlanInvalidError(
+            f"rank {sr} op {s - off[sr]} sends chunk {so.chunk} block {so.block} to rank {qr}, "
+            f"whose matching op {q - off[qr]} receives chunk {qo.chunk} block {qo.block} "
+            "(the k-th send a->b matches the k-th receive at b from a)"
+        )
+
+
+def _occurrence(keys: np.ndarray) -> np.ndarray:
+    """Per element, how many equal keys come before it (the k of the k-th send a->b)."""
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    n = len(keys)
+    starts = np.ones(n, dtype=bool)
+    starts[1:] = ordered[1:] != ordered[:-1]
+    first = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
+    out = np.empty(n, dtype=np.int64)
+    out[order] = np.arange(n) - first
+    return out
 
 
 def compile_plan(plan: Plan, p: int, cm: ComputeModel) -> Program:
-    """Read ``plan`` (of ``p`` ranks) into a ``Program``; raises ``PlanInvalidError`` for steps
-    that decrease, a collective sharing a step, two computes in a step, or out-of-range peers
-    and blocks."""
+    """Read ``plan`` (of ``p`` ranks) into a ``Program``; raises ``PlanInvalidError`` for a
+    broken step rule (``treeattn.plan.steps``) or out-of-range peers and blocks.
+
+    The Program is kept with the plan (a plan is immutable): the search's floor and the
+    simulator read the same plan one after the other."""
+    cached = vars(plan).get(_CACHE)
+    if cached is not None and cached[0] == p and cached[1] == cm.payload:
+        return cached[2]
+    prog = _compile(plan, p, cm)
+    vars(plan)[_CACHE] = (p, cm.payload, prog)
+    return prog
+
+
+_CACHE = "_program"
+
+
+def _compile(plan: Plan, p: int, cm: ComputeModel) -> Program:
     kind: list[int] = []
     peer: list[int] = []
     nbytes: list[int] = []
     rank_of: list[int] = []
+    chunk_of: list[int] = []
+    block_of: list[int] = []
     flat: list = []
     steps: list[list[tuple[int, int]]] = []
     merge_b: list[list[int]] = []
+    step_no: list[list[int]] = []
     # Kernels of each step's merges and copies: a chunk merged into (its partials are
     # merged at once) counts one, copies one between them.
     merge_k: list[list[int]] = []
@@ -92,12 +144,14 @@ def compile_plan(plan: Plan, p: int, cm: ComputeModel) -> Program:
         base = len(kind)
         offset.append(base)
         rsteps: list[tuple[int, int]] = []
+        rno: list[int] = []
         rmerge: list[int] = []
         rkern: list[int] = []
         rcomp: list[int] = []
         targets: set = set()
         prev = None
         lo = base
+        odd = False  # the step holds a collective, a compute or a copy beside other ops
         for i, op in enumerate(prog):
             gid = base + i
             code = codes[op.kind]
@@ -105,21 +159,23 @@ def compile_plan(plan: Plan, p: int, cm: ComputeModel) -> Program:
             if st != prev:
                 if prev is not None:
                     if st < prev:
-                        raise PlanInvalidError(
-                            f"rank {r} op {i}: step {st} follows step {prev}; steps must not decrease")
+                        raise PlanInvalidError(f"rank {r} op {i}: {order_problem(prev, st)}")
+                    if odd and gid - lo > 1:
+                        _check_step(prog, r, lo - base, i)
                     rsteps.append((lo, gid))
                 lo = gid
+                rno.append(st)
                 rmerge.append(0)
                 rkern.append(len(targets))
                 rcomp.append(-1)
                 targets = set()
                 prev = st
-            elif code == _COLL or kind[lo] == _COLL:
-                raise PlanInvalidError(f"rank {r} step {st}: a collective op must be a step of its own")
+                odd = code != _SEND and code != _RECV_MERGE
+            elif code != _SEND and code != _RECV_MERGE:
+                odd = True
             if code == _COMPUTE:
-                if rcomp[-1] >= 0:
-                    raise PlanInvalidError(f"rank {r} step {st}: a step holds at most one compute")
-                rcomp[-1] = gid
+                if rcomp[-1] < 0:
+                    rcomp[-1] = gid
                 blk = r if op.block is None else op.block
                 if not 0 <= blk < p:
                     raise PlanInvalidError(f"rank {r} op {i}: KV block {blk} out of range 0-{p - 1}")
@@ -143,12 +199,24 @@ def compile_plan(plan: Plan, p: int, cm: ComputeModel) -> Program:
             peer.append(q)
             nbytes.append(b)
             rank_of.append(r)
+            chunk_of.append(-1 if op.chunk is None else op.chunk)
+            block_of.append(-1 if op.block is None else op.block)
             flat.append(op)
         if prev is not None:
+            if odd and base + len(prog) - lo > 1:
+                _check_step(prog, r, lo - base, len(prog))
             rsteps.append((lo, base + len(prog)))
         rkern.append(len(targets))
         steps.append(rsteps)
+        step_no.append(rno)
         merge_b.append(rmerge)
         merge_k.append(rkern[1:])
         step_compute.append(rcomp)
-    return Program(kind, peer, nbytes, rank_of, flat, offset, steps, merge_b, merge_k, step_compute)
+    return Program(kind, peer, nbytes, rank_of, flat, offset, steps, merge_b, merge_k, step_compute, chunk_of,
+                   block_of, step_no)
+
+
+def _check_step(prog, r: int, start: int, stop: int) -> None:  # noqa: ANN001 - a rank's ops
+    found = step_problem(prog, start, stop)
+    if found is not None:
+        raise PlanInvalidError(f"rank {r} op {found.index}: {found.message}")

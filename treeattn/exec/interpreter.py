@@ -33,6 +33,7 @@ from treeattn.exec.collectives import gather_query, run_collective
 from treeattn.exec.comm import P2P, BufferPool, Comm, Mark
 from treeattn.exec.merge import clear_partial, empty_partial, sum_many_into
 from treeattn.plan.ir import Op, OpKind, Plan
+from treeattn.plan.steps import order_problem, step_problem
 
 __all__ = ["FAULT_ENV", "MeasuredOp", "RankInputs", "PlanExecutor", "InjectedFault"]
 
@@ -130,15 +131,13 @@ class PlanExecutor:
         last = None
         for step, group in groupby(enumerate(program), key=lambda item: item[1].step):
             ops = list(group)
-            if last is not None and step < last:
-                raise PlanInvalidError(f"rank {self.rank}: step {step} follows step {last}; steps must not decrease")
+            problem = None if last is None else order_problem(last, step)
+            if problem is not None:
+                raise PlanInvalidError(f"rank {self.rank} op {ops[0][0]}: {problem}")
             last = step
-            kinds = [op.kind for _, op in ops]
-            if OpKind.COLLECTIVE in kinds and len(ops) > 1:
-                raise PlanInvalidError(f"rank {self.rank}: step {step} mixes a collective op with other ops; "
-                                       "collectives are steps of their own")
-            if kinds.count(OpKind.COMPUTE) > 1:
-                raise PlanInvalidError(f"rank {self.rank}: step {step} holds more than one compute")
+            found = step_problem(program, ops[0][0], ops[-1][0] + 1)
+            if found is not None:
+                raise PlanInvalidError(f"rank {self.rank} op {found.index}: {found.message}")
             if self.plan.is_raw and any(op.kind is OpKind.COMPUTE or op.block is not None for _, op in ops):
                 raise PlanInvalidError(f"rank {self.rank}: step {step} computes or moves KV in a raw payload plan")
             for _, op in ops:

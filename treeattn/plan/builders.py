@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from treeattn.errors import InfeasiblePlanError, InputError
-from treeattn.plan.ir import Plan, TopologyRef, _gc_paused
+from treeattn.plan.ir import Plan, TopologyRef, gc_paused
 from treeattn.plan.schedule import Programs, emit_butterfly, emit_direct, emit_direct_scatter, emit_ring, emit_tree
 from treeattn.plan.trees import (
     SHAPES,
@@ -178,7 +178,7 @@ def build(
         topology = TopologyRef("none", "")
     args = _Args(workload, TopologyRef.of(topology), chunks, root, fanout, parents, groups, order, roots,
                  result, dict(extra))
-    with _gc_paused():
+    with gc_paused():
         return _BUILDERS[algorithm](args)
 
 

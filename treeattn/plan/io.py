@@ -28,6 +28,10 @@ Layout (the same keys in JSON)::
 
 Mappings whose order means nothing (workload, params, notes, topology) are written with
 sorted keys; each op is one line with its fields in a fixed order.
+
+A big plan that a builder makes is written compact: ``programs: built`` instead of the ops,
+which its builder makes again from ``algorithm`` and ``params`` when the file is read
+(``treeattn.plan.compact``), so every reader gets the same ``Plan``.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import json
 import math
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, Required
 
@@ -44,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 from typing_extensions import TypedDict  # pydantic needs this one before Python 3.12
 
 from treeattn.errors import PlanFormatError, TreeattnError
+from treeattn.plan.compact import BUILT, COMPACT_ABOVE_OPS, compact_args, expand
 from treeattn.plan.ir import (
     COLLECTIVES,
     LAYOUTS,
@@ -54,8 +60,8 @@ from treeattn.plan.ir import (
     OpKind,
     Plan,
     TopologyRef,
-    _gc_paused,
     _unchecked_op,
+    gc_paused,
 )
 from treeattn.textfile import read_text
 from treeattn.units import DType
@@ -166,6 +172,7 @@ class _PlanFile(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     notes: dict[str, Any] = Field(default_factory=dict)
     programs: list[list[_OpFile]]
+    """Or, in the file, the string ``built`` (a compact plan; read before validation)."""
 
 
 def plan_json_schema() -> dict[str, Any]:
@@ -292,11 +299,14 @@ def plan_from_dict(data: Any, *, source: str = "<data>") -> Plan:
         raise PlanFormatError(f"{source}: not a plan file: expected a mapping with 'format: {FORMAT_TAG}', "
                               f"got {type(data).__name__}")
     data = _upgrade(data, source)
+    built = data.get("programs") == BUILT
     try:
-        m = _PlanFile.model_validate(data)
+        m = _PlanFile.model_validate({**data, "programs": []} if built else data)
     except ValidationError as exc:
         raise _format_error(source, exc) from None
     workload = _payload(m.workload, source)
+    if built:
+        return _expanded(m, workload, source)
     programs = []
     kinds = {k.value: k for k in OpKind}
     coll_k, compute_k = OpKind.COLLECTIVE, OpKind.COMPUTE
@@ -333,6 +343,23 @@ def plan_from_dict(data: Any, *, source: str = "<data>") -> Plan:
         )
     except PlanFormatError as exc:
         raise PlanFormatError(f"{source}: {exc}") from None
+
+
+def _expanded(m: _PlanFile, workload: Payload, source: str) -> Plan:
+    """The plan of a compact file (``programs: built``): its builder run on its params, then
+    checked against the header, which must describe what the builder makes."""
+    topology = TopologyRef(m.topology.name, m.topology.fingerprint, m.topology.source)
+    try:
+        plan = expand(m.algorithm, m.params, workload, topology)
+    except PlanFormatError as exc:
+        raise PlanFormatError(f"{source}: {exc}") from None
+    header = {"chunks": m.chunks, "result_ranks": tuple(m.result_ranks), "layout": m.layout,
+              "contributors": None if m.contributors is None else tuple(m.contributors)}
+    for key, value in header.items():
+        if getattr(plan, key) != value:
+            raise PlanFormatError(f"{source}: {key}: {value!r} is not what the {m.algorithm} builder makes from "
+                                  f"params ({getattr(plan, key)!r})")
+    return replace(plan, predicted_us=m.predicted_us, notes=m.notes, version=m.version)
 
 
 _PROGRAMS = re.compile(r"^programs:\n", re.M)
@@ -421,7 +448,7 @@ def load_plan(source: str | Path) -> Plan:
         path = Path(source)
         name = str(path)
         text = read_text(path, "plan file", PlanFormatError)
-    with _gc_paused():
+    with gc_paused():
         return _parse(text, name)
 
 
@@ -562,18 +589,30 @@ def _check_op_values(plan: Plan) -> None:
                     raise PlanFormatError(f"cannot write programs[{r}][{i}].{key} = {v!r}: it must be an integer")
 
 
-def dump_plan(plan: Plan, fmt: str = "yaml") -> str:
+def dump_plan(plan: Plan, fmt: str = "yaml", compact: bool | None = None) -> str:
     """Write a plan as YAML or JSON text, byte-for-byte deterministic.
 
     Args:
         plan: the plan.
         fmt: ``yaml`` or ``json``.
+        compact: write ``programs: built`` (the builder and its params stand for the ops;
+            ``treeattn.plan.compact``) instead of the ops: True requires it, False never, None
+            (the default) when the plan has more than ``COMPACT_ABOVE_OPS`` ops and its builder
+            makes exactly its programs again.
 
     Returns:
         The text; ``load_plan(dump_plan(plan, fmt)) == plan``.
+
+    Raises:
+        PlanFormatError: unwritable values, or ``compact=True`` for a plan its builder does not make.
     """
     if fmt not in ("yaml", "json"):
         raise PlanFormatError(f"plan format must be 'yaml' or 'json', got {fmt!r}")
+    if compact is None:
+        compact = sum(map(len, plan.programs)) > COMPACT_ABOVE_OPS and compact_args(plan) is not None
+    elif compact and compact_args(plan) is None:
+        raise PlanFormatError(f"cannot write a {plan.algorithm} plan compact: its builder does not make exactly "
+                              "these programs from its params")
     _check_op_values(plan)
     data = _header(plan)
     try:  # a lone surrogate has no UTF-8 form: refuse it rather than write a file that cannot be read
@@ -590,6 +629,8 @@ def dump_plan(plan: Plan, fmt: str = "yaml") -> str:
                 lines.extend(f"  {_yaml_str(k)}: {_yaml_flow(value[k])}" for k in sorted(value))
             else:
                 lines.append(f"{key}: {_yaml_flow(value)}")
+        if compact:
+            return "\n".join([*lines, f"programs: {BUILT}"]) + "\n"
         lines.append("programs:" if plan.programs else "programs: []")
         for r, prog in enumerate(plan.programs):
             lines.append(f"  # rank {r}")
@@ -602,7 +643,9 @@ def dump_plan(plan: Plan, fmt: str = "yaml") -> str:
     lines.append("{")
     for key, value in data.items():
         lines.append(f'  "{key}": {_json_flow(value)},')
-    if not plan.programs:
+    if compact:
+        lines.append(f'  "programs": "{BUILT}"')
+    elif not plan.programs:
         lines.append('  "programs": []')
     else:
         lines.append('  "programs": [')
@@ -619,16 +662,17 @@ def dump_plan(plan: Plan, fmt: str = "yaml") -> str:
     return "\n".join(lines) + "\n"
 
 
-def save_plan(plan: Plan, path: str | Path, fmt: str | None = None) -> Path:
+def save_plan(plan: Plan, path: str | Path, fmt: str | None = None, compact: bool | None = None) -> Path:
     """Write ``plan`` to ``path`` (JSON when the name ends in ``.json``, else YAML).
 
     Args:
         plan: the plan. path: where to write. fmt: ``yaml`` or ``json`` to override the suffix.
+        compact: as ``dump_plan``'s.
 
     Returns:
         The path written.
     """
     path = Path(path)
     fmt = fmt or ("json" if path.suffix.lower() == ".json" else "yaml")
-    path.write_text(dump_plan(plan, fmt), encoding="utf-8")
+    path.write_text(dump_plan(plan, fmt, compact), encoding="utf-8")
     return path

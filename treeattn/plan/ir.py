@@ -91,6 +91,7 @@ __all__ = [
     "TopologyRef",
     "Plan",
     "chunk_rows",
+    "gc_paused",
     "head_split",
     "message_bytes",
     "row_bytes",
@@ -247,8 +248,8 @@ def _unchecked_op(kind: OpKind, step: int, peer: int | None = None, chunk: int |
 
 
 @contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while making or reading a large plan.
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while making or reading large plans (a search).
 
     A 16,384-rank plan allocates about a million small objects, none of them in cycles; the
     collector would rescan the growing heap again and again (2-5x the time of the work)."""

@@ -21,7 +21,8 @@ from enum import StrEnum
 from typing import Any
 
 from treeattn.errors import PlanInvalidError
-from treeattn.plan.ir import COLLECTIVE_FORMS, GROUPS, OpKind, Plan, _gc_paused
+from treeattn.plan.ir import COLLECTIVE_FORMS, GROUPS, OpKind, Plan, gc_paused
+from treeattn.plan.steps import order_problem, step_problem
 
 __all__ = ["ViolationKind", "Violation", "ValidationReport", "validate", "check"]
 
@@ -163,7 +164,7 @@ def validate(plan: Plan, *, max_violations: int = 20) -> ValidationReport:
     Returns:
         A ``ValidationReport``; ``report.valid`` is True when nothing is wrong.
     """
-    with _gc_paused():
+    with gc_paused():
         return _Validator(plan, max(1, max_violations)).run()
 
 
@@ -311,9 +312,9 @@ class _Validator:
                 if type(step) is not int or step < 0:
                     self._add(ViolationKind.BAD_OP, r, i, f"step must be an integer >= 0, got {step!r}")
                 elif step != prev:
-                    if step < prev:
-                        self._add(ViolationKind.STEP_ORDER, r, i,
-                                  f"step {step} comes after step {prev}; steps never decrease")
+                    problem = order_problem(prev, step)
+                    if problem is not None:
+                        self._add(ViolationKind.STEP_ORDER, r, i, problem)
                     if i - gstart > 1:
                         self._group(r, prog, gstart, i)
                     gstart = i
@@ -418,44 +419,10 @@ class _Validator:
             self._add(V.BAD_COLLECTIVE, r, i, f"{what} leaves each rank its own rows: it needs a heads layout plan")
 
     def _group(self, r: int, prog: Any, start: int, stop: int) -> None:
-        """Checks of a step holding several ops."""
-        kinds = [prog[i].kind for i in range(start, stop)]
-        if OpKind.COLLECTIVE in kinds:
-            i = start + kinds.index(OpKind.COLLECTIVE)
-            self._add(ViolationKind.NOT_ALONE, r, i,
-                      f"collective must be a step of its own ({stop - start} ops share step {prog[i].step})")
-            return
-        if kinds.count(OpKind.COMPUTE) > 1:
-            i = start + kinds.index(OpKind.COMPUTE, kinds.index(OpKind.COMPUTE) + 1)
-            self._add(ViolationKind.NOT_ALONE, r, i, f"step {prog[i].step} holds more than one compute")
-            return
-        if OpKind.COMPUTE in kinds:
-            for i in range(start, stop):
-                op = prog[i]
-                if op.kind is OpKind.RECV_COPY and op.block is None:
-                    self._add(ViolationKind.WRITE_CONFLICT, r, i,
-                              "a compute of this step merges into every chunk and this receive overwrites one; "
-                              "the result would depend on their order")
-                    return
-        if OpKind.RECV_COPY not in kinds:
-            return
-        # Receives that write one chunk in one step: fine if all merge, ambiguous if one copies.
-        written: set[int | None] = set()
-        copied: set[int | None] = set()
-        for i in range(start, stop):
-            op = prog[i]
-            if op.block is not None or op.kind not in (OpKind.RECV_MERGE, OpKind.RECV_COPY):
-                continue
-            key = op.chunk
-            against = written if op.kind is OpKind.RECV_COPY else copied
-            if key in against or None in against or (key is None and against):
-                self._add(ViolationKind.WRITE_CONFLICT, r, i,
-                          "another receive of this step writes the same chunk and one of them is recv_copy; "
-                          "the result would depend on their order")
-                return
-            written.add(key)
-            if op.kind is OpKind.RECV_COPY:
-                copied.add(key)
+        """The step rules (``treeattn.plan.steps``) of a step holding several ops."""
+        found = step_problem(prog, start, stop)
+        if found is not None:
+            self._add(ViolationKind(found.kind), r, found.index, found.message)
 
     # -- matching: FIFO per ordered pair, collectives in the same order ----------------------
 

@@ -31,7 +31,7 @@ from treeattn.cost.memory import DEFAULT_MEM_FRACTION, check_kv_fits, memory_che
 from treeattn.errors import InputError
 from treeattn.plan.baselines import baselines_for
 from treeattn.plan.builders import ALGORITHMS
-from treeattn.plan.ir import Plan
+from treeattn.plan.ir import Plan, gc_paused
 from treeattn.plan.trees import reroot, rotated
 from treeattn.search.candidates import (
     HIER_SHAPES,
@@ -255,14 +255,15 @@ def search(
             raise InputError(f"result heads gives every rank its own share: {units} {what} cannot go to {p} ranks")
         # chunks count the pieces of one rank's rows here
         choices = tuple(c for c in choices if c * p <= workload.rows) or (1,)
-    run = _Run(topo, workload, effort or effort_for(p), tuple(sorted(set(choices))), seed, families, progress,
-               result, root, mem_fraction)
-    run.screen()
-    run.sweep()
-    run.hierarchies()
-    run.improve()
-    run.exact()
-    return run.result(top_k)
+    with gc_paused():
+        run = _Run(topo, workload, effort or effort_for(p), tuple(sorted(set(choices))), seed, families, progress,
+                   result, root, mem_fraction)
+        run.screen()
+        run.sweep()
+        run.hierarchies()
+        run.improve()
+        run.exact()
+        return run.result(top_k)
 
 
 class _Run:

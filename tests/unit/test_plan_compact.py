@@ -1,0 +1,73 @@
+"""Compact plan files (``programs: built``): the builder and its params stand for the ops."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from tests.unit.test_plan_helpers import every_plan, with_program
+from treeattn.errors import PlanFormatError
+from treeattn.plan import build
+from treeattn.plan.compact import COMPACT_ABOVE_OPS, compact_args
+from treeattn.plan.io import dump_plan, load_plan
+from treeattn.topology.library import resolve
+from treeattn.workload import Workload
+
+
+@pytest.mark.parametrize("p", [1, 3, 8])
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+def test_every_builder_plan_reads_back_equal_from_its_compact_form(p, fmt):
+    compacted = 0
+    for chunks in (1, 3):
+        for plan in every_plan(p, chunks):
+            if compact_args(plan) is None:  # a tree's per-head parents: the builder takes one list
+                assert plan.algorithm == "tree" and plan.params.get("result") == "heads"
+                with pytest.raises(PlanFormatError, match="compact"):
+                    dump_plan(plan, fmt, compact=True)
+                continue
+            text = dump_plan(plan, fmt, compact=True)
+            assert "built" in text and "recv_merge" not in text
+            assert load_plan(text) == plan
+            compacted += 1
+    assert compacted > 20
+
+
+def test_big_plans_are_compact_by_default_and_explicit_on_request():
+    topo = resolve("dgx-h100:nodes=128")
+    w = Workload.create(ranks=topo.num_ranks, seq_len=1 << 20, batch=1, model="llama-3.1-8b")
+    plan = build("butterfly", w, topo, chunks=2)
+    assert sum(map(len, plan.programs)) > COMPACT_ABOVE_OPS
+    compact, explicit = dump_plan(plan), dump_plan(plan, compact=False)
+    assert compact.endswith("programs: built\n") and 20 * len(compact) < len(explicit)
+    assert load_plan(compact) == plan == load_plan(explicit)
+    small = build("butterfly", Workload.create(ranks=8, seq_len=1 << 16, batch=1, model="llama-3.1-8b"),
+                  resolve("dgx-h100"))
+    assert "programs:\n" in dump_plan(small)
+
+
+def test_a_big_plan_its_builder_does_not_make_is_written_explicit():
+    topo = resolve("dgx-h100:nodes=128")
+    w = Workload.create(ranks=topo.num_ranks, seq_len=1 << 20, batch=1, model="llama-3.1-8b")
+    plan = build("butterfly", w, topo, chunks=2)
+    edited = with_program(plan, 3, [replace(op, step=op.step + 1) for op in plan.programs[3]])
+    assert compact_args(edited) is None
+    assert "programs:\n" in dump_plan(edited)
+    with pytest.raises(PlanFormatError, match="does not make exactly"):
+        dump_plan(edited, compact=True)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d["params"].update(order="bogus"), "refuses params"),
+    (lambda d: d["params"].update(extra=1), "params"),
+    (lambda d: d.update(chunks=d["chunks"] + 1), "chunks"),
+    (lambda d: d.update(result_ranks=[0]), "result_ranks"),
+    (lambda d: d.update(algorithm="nonesuch"), "no builder is named"),
+])
+def test_a_compact_file_whose_header_the_builder_does_not_make_is_refused(edit, match):
+    plan = next(pl for pl in every_plan(8, 3) if pl.algorithm == "butterfly" and pl.workload.kind == "attention")
+    data = json.loads(dump_plan(plan, "json", compact=True))
+    edit(data)
+    with pytest.raises(PlanFormatError, match=match):
+        load_plan(json.dumps(data))
