@@ -28,9 +28,8 @@ import torch
 
 from treeattn.exec import kernels
 from treeattn.exec.attention import partial_attention
-from treeattn.exec.collectives import finish, weights
 from treeattn.exec.comm import P2P, BufferPool, Comm
-from treeattn.exec.merge import pack
+from treeattn.exec.merge import pack, weights
 from treeattn.plan.ir import head_split
 from treeattn.workload import Workload
 
@@ -56,7 +55,7 @@ def allreduce3(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
     m = comm.all_reduce(part[:, -1].clone(), "max", "allreduce3 max lse")
     num = comm.all_reduce(kernels.weighted(part, m, wire, with_weight=False), "sum", "allreduce3 sum num")
     den = comm.all_reduce(weights(part[:, -1], m), "sum", "allreduce3 sum den")
-    finish(part, m, num, den)
+    kernels.finish(part, m, num, den)
     return part
 
 
@@ -72,13 +71,13 @@ def allreduce2(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload
         got = _reduce_scatter_rows(comm, packed, segs, "allreduce2 reduce-scatter")
         a, b = segs[comm.rank]
         out = torch.empty(b - a, packed.shape[1], dtype=torch.float32, device=packed.device)
-        finish(out, m[a:b], got[:, :-1], got[:, -1])
+        kernels.finish(out, m[a:b], got[:, :-1], got[:, -1])
         return out
     if result == "root":
         total = comm.reduce(packed, root, "sum", "allreduce2 reduce")
     else:
         total = comm.all_reduce(packed, "sum", "allreduce2 sum")
-    finish(part, m, total[:, :-1], total[:, -1])
+    kernels.finish(part, m, total[:, :-1], total[:, -1])
     return part
 
 

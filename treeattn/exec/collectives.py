@@ -19,23 +19,13 @@ import torch
 
 from treeattn.errors import PlanInvalidError
 from treeattn.exec import kernels
-from treeattn.exec.merge import sum_many_into
+from treeattn.exec.merge import sum_many_into, weights
 from treeattn.plan.ir import COLLECTIVE_FORMS, Op, head_split
 
 if TYPE_CHECKING:
     from treeattn.exec.interpreter import PlanExecutor
 
-__all__ = ["run_collective", "gather_query", "weights", "finish"]
-
-
-def weights(lse: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """exp(lse - m), 0 for empty rows, and no exp(nan) where every rank is empty (m = -inf)."""
-    return kernels._weights(lse, m)
-
-
-def finish(part: torch.Tensor, m: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> None:
-    """part <- (num / den, m + log den), the empty partial where den = 0 (``kernels.finish``)."""
-    kernels.finish(part, m, num, den)
+__all__ = ["run_collective", "gather_query"]
 
 
 def run_collective(ex: PlanExecutor, op: Op, acc: torch.Tensor, state: dict, what: str) -> None:
@@ -73,12 +63,12 @@ def run_collective(ex: PlanExecutor, op: Op, acc: torch.Tensor, state: dict, wha
         packed = kernels.weighted(part, m, wire)
         if op.coll == "allreduce":
             total = comm.all_reduce(packed, "sum", what + " (sum)")
-            finish(part, m, total[:, :-1], total[:, -1])
+            kernels.finish(part, m, total[:, :-1], total[:, -1])
         else:
             got, where = _sum_to_owners(ex, op, packed, rows, what + " (sum)")
             if got is not None:
                 mine = acc[where]
-                finish(mine, m[where.start - rows.start:where.stop - rows.start], got[:, :-1], got[:, -1])
+                kernels.finish(mine, m[where.start - rows.start:where.stop - rows.start], got[:, :-1], got[:, -1])
 
 
 def _sum_to_owners(ex: PlanExecutor, op: Op, x: torch.Tensor, rows: slice,
@@ -175,8 +165,8 @@ def _trio(ex: PlanExecutor, name: str, rows: slice, part: torch.Tensor, state: d
         if full and start is None:
             start = i
         elif not full and start is not None:
-            finish(part[start - rows.start:i - rows.start], trio["m"][start:i], trio["num"][start:i],
-                   trio["den"][start:i])
+            kernels.finish(part[start - rows.start:i - rows.start], trio["m"][start:i], trio["num"][start:i],
+                           trio["den"][start:i])
             for h in has:
                 h[start:i] = bytes(i - start)
             start = None
