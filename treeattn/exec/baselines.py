@@ -101,7 +101,7 @@ def allgather_merge(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
                     wire: torch.dtype = torch.float32) -> torch.Tensor:
     """All-gather of every rank's packed partial, then one local k-way merge."""
     mine = partial_attention(q, kv, kernel).to(wire)
-    return kernels.merged(torch.stack(comm.all_gather(mine, "allgather-merge all-gather")))
+    return kernels.merged(comm.all_gather(mine, "allgather-merge all-gather"))
 
 
 def dcp_ag_rs(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, kernel: str,
@@ -115,8 +115,7 @@ def dcp_ag_rs(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload,
     full_q = torch.cat([t[:, :k] for t, k in zip(comm.all_gather(mine, "dcp-ag-rs all-gather q"), shares,
                                                   strict=True)], dim=1)
     part = partial_attention(full_q, kv, kernel)
-    total = torch.logsumexp(torch.stack(comm.all_gather(part[:, -1].contiguous(), "dcp-ag-rs all-gather lse")),
-                            dim=0)
+    total = torch.logsumexp(comm.all_gather(part[:, -1].contiguous(), "dcp-ag-rs all-gather lse"), dim=0)
     corrected = kernels.weighted(part, total, wire, with_weight=False)
     segs = segments(workload, p)
     got = _reduce_scatter_rows(comm, corrected, segs, "dcp-ag-rs reduce-scatter").float()
