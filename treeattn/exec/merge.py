@@ -16,6 +16,8 @@ __all__ = ["empty_partial", "clear_partial", "pack", "unpack", "pack_heads", "pa
 
 _NEG_INF = float("-inf")
 _FLOAT_MIN = torch.finfo(torch.float32).min
+_EAGER_SUM_MAX = 1 << 16
+"""The largest stack of outputs (elements) the eager merge sums as one product (``_add_weighted``)."""
 
 
 def empty_partial(rows: int, head_dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -120,10 +122,13 @@ def _add_weighted(out: torch.Tensor, o: torch.Tensor, w: torch.Tensor, accumulat
     """``out (+)= sum_k w[k] o[k]`` for a stack ``o (k, rows, D)`` and weights ``w (k, rows, 1)``
     (``out`` overwritten unless ``accumulate``).
 
-    Compiled, one reduction over k (inductor fuses it into the merge's kernel, for any k);
-    eager, one multiply-add per partial into ``out``, which reads each partial once and
-    allocates nothing (a product and a sum over k would write and read a k-sized temporary)."""
-    if torch.compiler.is_compiling():
+    Compiled, one reduction over k (inductor fuses it into the merge's kernel, for any k).
+    Eager, the same product and sum while the stack is small (``_EAGER_SUM_MAX`` elements:
+    there each kernel's dispatch costs more than its memory traffic, and this is three kernels
+    where the other form is k + 1); above, one multiply-add per partial into ``out``, which
+    reads each partial once and allocates nothing (the product would write and read a
+    k-sized temporary)."""
+    if torch.compiler.is_compiling() or o.numel() <= _EAGER_SUM_MAX:
         total = (o * w).sum(dim=0)
         out.add_(total) if accumulate else out.copy_(total)
         return
