@@ -51,7 +51,7 @@ def scenario(rank: int, p: int, plan, dtype: torch.dtype, seed: int, group=None)
     merger = treeattn.Merger(plan, group=group)
     out_o, out_l = merger(o, lse)
     # a second call (every rank makes it: the program runs on all) reuses every buffer
-    pool = merger._exec._pool
+    pool = merger._exec.pool
     before = sum(len(v) for v in pool._free.values()) + len(pool._lent)
     out2, _ = merger(o, lse)
     after = sum(len(v) for v in pool._free.values()) + len(pool._lent)

@@ -69,8 +69,10 @@ def test_compiled_weighted_rows_and_finish_equal_eager(fused, monkeypatch):
     part = partials(1, 33, 16, torch.float32, 3)[0]
     m = part[:, -1] + torch.rand(33)
     m[-1] = float("-inf")  # every rank empty on this row
-    num, den = part[:, :-1] * 2.0, torch.rand(33) + 0.5
-    den[3] = 0.0
+    # Sums as the collectives produce them: den >= 1 (the largest lse weighs 1), and on a row
+    # where every rank is empty den = 0 and num = 0 (every weight is 0).
+    num, den = part[:, :-1] * 2.0, torch.rand(33) * 3 + 1.0
+    den[3], num[3] = 0.0, 0.0
     got = [kernels.weighted(part, m, torch.bfloat16), kernels.weighted(part, m, torch.float32, with_weight=False)]
     out = part.clone()
     kernels.finish(out, m, num, den)

@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from treeattn.exec import merge as merge_module
 from treeattn.exec.merge import (
     empty_partial,
     merge,
@@ -28,6 +29,16 @@ EXTREME = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False, width=32),
 )
 OUT = st.floats(min_value=-100.0, max_value=100.0, allow_nan=False, width=32)
+
+
+@pytest.fixture(autouse=True, scope="module", params=["product and sum", "multiply-add per partial"])
+def weighted_sum_form(request):
+    """Every property holds for both eager forms of the weighted sum over a stack (small
+    stacks take the first, large ones the second: ``merge._EAGER_SUM_MAX``)."""
+    keep = merge_module._EAGER_SUM_MAX
+    merge_module._EAGER_SUM_MAX = keep if request.param == "product and sum" else -1
+    yield request.param
+    merge_module._EAGER_SUM_MAX = keep
 
 
 @st.composite

@@ -28,9 +28,8 @@ import torch
 
 from treeattn.exec import kernels
 from treeattn.exec.attention import partial_attention
-from treeattn.exec.collectives import finish, weights
 from treeattn.exec.comm import P2P, BufferPool, Comm
-from treeattn.exec.merge import pack
+from treeattn.exec.merge import pack, weights
 from treeattn.plan.ir import head_split
 from treeattn.workload import Workload
 
@@ -56,7 +55,7 @@ def allreduce3(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
     m = comm.all_reduce(part[:, -1].clone(), "max", "allreduce3 max lse")
     num = comm.all_reduce(kernels.weighted(part, m, wire, with_weight=False), "sum", "allreduce3 sum num")
     den = comm.all_reduce(weights(part[:, -1], m), "sum", "allreduce3 sum den")
-    finish(part, m, num, den)
+    kernels.finish(part, m, num, den)
     return part
 
 
@@ -72,13 +71,13 @@ def allreduce2(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload
         got = _reduce_scatter_rows(comm, packed, segs, "allreduce2 reduce-scatter")
         a, b = segs[comm.rank]
         out = torch.empty(b - a, packed.shape[1], dtype=torch.float32, device=packed.device)
-        finish(out, m[a:b], got[:, :-1], got[:, -1])
+        kernels.finish(out, m[a:b], got[:, :-1], got[:, -1])
         return out
     if result == "root":
         total = comm.reduce(packed, root, "sum", "allreduce2 reduce")
     else:
         total = comm.all_reduce(packed, "sum", "allreduce2 sum")
-    finish(part, m, total[:, :-1], total[:, -1])
+    kernels.finish(part, m, total[:, :-1], total[:, -1])
     return part
 
 
@@ -102,7 +101,7 @@ def allgather_merge(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
                     wire: torch.dtype = torch.float32) -> torch.Tensor:
     """All-gather of every rank's packed partial, then one local k-way merge."""
     mine = partial_attention(q, kv, kernel).to(wire)
-    return kernels.merged(torch.stack(comm.all_gather(mine, "allgather-merge all-gather")))
+    return kernels.merged(comm.all_gather(mine, "allgather-merge all-gather"))
 
 
 def dcp_ag_rs(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, kernel: str,
@@ -116,8 +115,7 @@ def dcp_ag_rs(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload,
     full_q = torch.cat([t[:, :k] for t, k in zip(comm.all_gather(mine, "dcp-ag-rs all-gather q"), shares,
                                                   strict=True)], dim=1)
     part = partial_attention(full_q, kv, kernel)
-    total = torch.logsumexp(torch.stack(comm.all_gather(part[:, -1].contiguous(), "dcp-ag-rs all-gather lse")),
-                            dim=0)
+    total = torch.logsumexp(comm.all_gather(part[:, -1].contiguous(), "dcp-ag-rs all-gather lse"), dim=0)
     corrected = kernels.weighted(part, total, wire, with_weight=False)
     segs = segments(workload, p)
     got = _reduce_scatter_rows(comm, corrected, segs, "dcp-ag-rs reduce-scatter").float()

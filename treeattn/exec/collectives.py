@@ -1,11 +1,13 @@
 """The COLLECTIVE forms of the Plan IR (``treeattn.plan.ir.COLLECTIVE_FORMS``) on torch.distributed.
 
 No library reduces with the merge operator, so the attention forms are built from sums and
-maxima the way their authors' code does: ``allreduce``/``reducescatter``/``reduce merge
-partial`` take an all-reduce max of the rows' lse m, then one sum of (w o, w) with
-w = exp(lse - m) and finish o = sum(w o) / sum(w), lse = m + log sum(w); the paper's trio
-runs the same three pieces as three calls; decode context parallel all-gathers the lse,
-corrects its own output by the merged lse and reduce-scatters the corrected outputs.
+maxima the way their authors' code does, with the pieces of ``treeattn.exec.merge``:
+``allreduce``/``reducescatter``/``reduce merge partial`` take an all-reduce max of the rows'
+lse m, then one sum of the rows (w o, w) (``weighted``) and ``finish`` o = sum(w o) / sum(w),
+lse = m + log sum(w); the paper's trio runs the same three pieces as three calls; decode
+context parallel all-gathers the lse, corrects its own output by the merged lse and
+reduce-scatters the corrected outputs. ``allgather merge partial`` merges the gathered stack
+locally. Buffers that receive come from the executor's pool (``PlanExecutor.pool``).
 
 Legend as in ``treeattn.exec.interpreter``: acc is the packed head-major accumulator; a
 rank's *segment* is the rows it owns in a heads layout (``Plan.segments``).
@@ -19,23 +21,13 @@ import torch
 
 from treeattn.errors import PlanInvalidError
 from treeattn.exec import kernels
-from treeattn.exec.merge import sum_many_into
+from treeattn.exec.merge import sum_many_into, weights
 from treeattn.plan.ir import COLLECTIVE_FORMS, Op, head_split
 
 if TYPE_CHECKING:
     from treeattn.exec.interpreter import PlanExecutor
 
-__all__ = ["run_collective", "gather_query", "weights", "finish"]
-
-
-def weights(lse: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """exp(lse - m), 0 for empty rows, and no exp(nan) where every rank is empty (m = -inf)."""
-    return kernels._weights(lse, m)
-
-
-def finish(part: torch.Tensor, m: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> None:
-    """part <- (num / den, m + log den), the empty partial where den = 0 (``kernels.finish``)."""
-    kernels.finish(part, m, num, den)
+__all__ = ["run_collective", "gather_query"]
 
 
 def run_collective(ex: PlanExecutor, op: Op, acc: torch.Tensor, state: dict, what: str) -> None:
@@ -52,18 +44,21 @@ def run_collective(ex: PlanExecutor, op: Op, acc: torch.Tensor, state: dict, wha
         if op.coll == "allreduce":
             comm.all_reduce(part, "sum", what)
         elif op.coll == "allgather":
-            gathered = comm.all_gather(part, what)
-            total = gathered[0].clone()
-            if len(gathered) > 1:
-                sum_many_into(total, torch.stack(gathered[1:]))
-            part.copy_(total)
+            gathered = comm.all_gather(part, what, out=ex.pool.take((comm.world, *part.shape), part.dtype))
+            part.copy_(gathered[0])
+            if comm.world > 1:
+                sum_many_into(part, gathered[1:])
         else:
             got, where = _sum_to_owners(ex, op, part.clone(), rows, what)
             if got is not None:
                 acc[where] = got
         return
     if op.coll == "allgather" and op.part == "partial":
-        part.copy_(kernels.merged(torch.stack(comm.all_gather(part.to(wire), what))))
+        # Every rank merges the same gathered stack (its own partial as the wire carried it),
+        # so every rank ends with the same rows.
+        gathered = comm.all_gather(part if part.dtype == wire else part.to(wire), what,
+                                   out=ex.pool.take((comm.world, *part.shape), wire))
+        kernels.merged_into(part, gathered)
     elif form.group == "trio":
         _trio(ex, op.part, rows, part, state, what)
     elif form.group == "dcp":
@@ -73,12 +68,12 @@ def run_collective(ex: PlanExecutor, op: Op, acc: torch.Tensor, state: dict, wha
         packed = kernels.weighted(part, m, wire)
         if op.coll == "allreduce":
             total = comm.all_reduce(packed, "sum", what + " (sum)")
-            finish(part, m, total[:, :-1], total[:, -1])
+            kernels.finish(part, m, total[:, :-1], total[:, -1])
         else:
             got, where = _sum_to_owners(ex, op, packed, rows, what + " (sum)")
             if got is not None:
                 mine = acc[where]
-                finish(mine, m[where.start - rows.start:where.stop - rows.start], got[:, :-1], got[:, -1])
+                kernels.finish(mine, m[where.start - rows.start:where.stop - rows.start], got[:, :-1], got[:, -1])
 
 
 def _sum_to_owners(ex: PlanExecutor, op: Op, x: torch.Tensor, rows: slice,
@@ -99,10 +94,10 @@ def _sum_to_owners(ex: PlanExecutor, op: Op, x: torch.Tensor, rows: slice,
     if min(sizes) == n:
         inp = x.contiguous()
     else:
-        inp = torch.zeros((len(segs) * n, *tail), dtype=x.dtype, device=x.device)
+        inp = ex.pool.take((len(segs) * n, *tail), x.dtype).zero_()
         for j, (a, b) in enumerate(segs):
             inp[j * n:j * n + b - a] = x[a - rows.start:b - rows.start]
-    out = torch.empty((n, *tail), dtype=x.dtype, device=x.device)
+    out = ex.pool.take((n, *tail), x.dtype)
     comm.reduce_scatter(out, inp, "sum", what)
     a, b = segs[comm.rank]
     return out[:b - a], slice(a, b)
@@ -116,9 +111,9 @@ def gather_query(ex: PlanExecutor, q: torch.Tensor, what: str) -> torch.Tensor:
     shares = head_split(hq, p)
     n = max(shares)
     lo = sum(shares[:ex.comm.rank])
-    mine = torch.zeros((q.shape[0], n, q.shape[2]), dtype=q.dtype, device=q.device)
+    mine = ex.pool.take((q.shape[0], n, q.shape[2]), q.dtype).zero_()
     mine[:, :shares[ex.comm.rank]] = q[:, lo:lo + shares[ex.comm.rank]]
-    parts = ex.comm.all_gather(mine, what)
+    parts = ex.comm.all_gather(mine, what, out=ex.pool.take((p, *mine.shape), q.dtype))
     return torch.cat([t[:, :k] for t, k in zip(parts, shares, strict=True)], dim=1)
 
 
@@ -126,7 +121,8 @@ def _dcp(ex: PlanExecutor, op: Op, rows: slice, part: torch.Tensor, acc: torch.T
          what: str) -> None:
     """vLLM's decode context parallel: all-gather lse, then reduce-scatter the corrected outputs."""
     if op.part == "lse":
-        lses = torch.stack(ex.comm.all_gather(part[:, -1].contiguous(), what))
+        lse = part[:, -1].contiguous()
+        lses = ex.comm.all_gather(lse, what, out=ex.pool.take((ex.comm.world, *lse.shape), lse.dtype))
         total = torch.logsumexp(lses, dim=0)  # -inf where every rank is empty
         state["dcp"] = (rows, total, kernels.weighted(part, total, ex.wire_dtype, with_weight=False))
         return
@@ -148,9 +144,10 @@ def _trio(ex: PlanExecutor, name: str, rows: slice, part: torch.Tensor, state: d
     trio = state.get("trio")
     d = part.shape[1] - 1
     if trio is None:
-        dev = part.device
-        trio = state["trio"] = dict(m=torch.zeros(ex.rows, device=dev), num=torch.zeros(ex.rows, d, device=dev),
-                                    den=torch.zeros(ex.rows, device=dev))
+        take = ex.pool.take
+        trio = state["trio"] = dict(m=take((ex.rows,), torch.float32).zero_(),
+                                    num=take((ex.rows, d), torch.float32).zero_(),
+                                    den=take((ex.rows,), torch.float32).zero_())
         for k in ("lse", "num", "den"):
             trio[f"has_{k}"] = bytearray(ex.rows)
     lse = part[:, -1]
@@ -175,8 +172,8 @@ def _trio(ex: PlanExecutor, name: str, rows: slice, part: torch.Tensor, state: d
         if full and start is None:
             start = i
         elif not full and start is not None:
-            finish(part[start - rows.start:i - rows.start], trio["m"][start:i], trio["num"][start:i],
-                   trio["den"][start:i])
+            kernels.finish(part[start - rows.start:i - rows.start], trio["m"][start:i], trio["num"][start:i],
+                           trio["den"][start:i])
             for h in has:
                 h[start:i] = bytes(i - start)
             start = None

@@ -331,13 +331,21 @@ class Comm:
                                          async_op=True), what)
         return out
 
-    def all_gather(self, tensor: torch.Tensor, what: str, setup: bool = False) -> list[torch.Tensor]:
-        """Every rank's ``tensor`` (same shape everywhere), in rank order."""
+    def all_gather(self, tensor: torch.Tensor, what: str, setup: bool = False,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+        """Every rank's ``tensor`` (same shape everywhere), stacked in rank order: ``(world, *shape)``,
+        in ``out`` when given (a buffer of that shape and dtype, e.g. a pooled one)."""
         src = tensor.contiguous()
-        wire = src.view(torch.uint8) if _is_fp8(src) else src  # gloo gathers bytes but knows no fp8
-        out = [torch.empty_like(wire) for _ in range(self.world)]
-        self.wait(dist.all_gather(out, wire, group=self.group, async_op=True), what, setup)
-        return [t.view(src.dtype) for t in out]
+        if out is None:
+            out = torch.empty((self.world, *src.shape), dtype=src.dtype, device=src.device)
+        elif out.shape != (self.world, *src.shape) or out.dtype != src.dtype:
+            raise ValueError(f"all-gather of {tuple(src.shape)} {src.dtype} into {tuple(out.shape)} {out.dtype}")
+        # Flat: gloo wants the output as the inputs concatenated. fp8 travels as its bytes
+        # (gloo gathers bytes but knows no fp8).
+        wire_out, wire_in = (out.view(torch.uint8), src.view(torch.uint8)) if _is_fp8(src) else (out, src)
+        self.wait(dist.all_gather_single(wire_out.view(-1), wire_in.view(-1), group=self.group, async_op=True),
+                  what, setup)
+        return out
 
     def broadcast(self, tensor: torch.Tensor, src: int, what: str) -> torch.Tensor:
         self.wait(dist.broadcast(tensor, group=self.group, group_src=src, async_op=True), what, setup=True)

@@ -7,11 +7,15 @@ awaited, and only then are the computed partial and the received rows stored (RE
 or merged (RECV_MERGE: the partials a step receives for one chunk land side by side and are
 merged in one pass, one fused kernel on CUDA: ``treeattn.exec.kernels``). A COLLECTIVE is a
 step of its own (``treeattn.exec.collectives``). Each op gets a post and a completion
-timestamp (``Comm.mark``: CUDA events on a GPU, so nothing waits on the host inside the
-iteration). On NCCL an op's completion is its own (each peer's messages are an NCCL group of
-their own; ops of one step with one peer share it); on gloo transfers of one step are awaited
-in program order, so an op's completion time is when it *and the ops before it in the step*
-had completed.
+timestamp when the executor is ``timed`` (``Comm.mark``: CUDA events on a GPU, so nothing
+waits on the host inside the iteration). On NCCL an op's completion is its own (each peer's
+messages are an NCCL group of their own; ops of one step with one peer share it); on gloo
+transfers of one step are awaited in program order, so an op's completion time is when it
+*and the ops before it in the step* had completed.
+
+A rank given its partial (``RankInputs.partial``, a ``Merger``) whose program touches the
+accumulator first with its COMPUTE uses the given buffer as its accumulator: the partial is
+where the plan's COMPUTE would have put it, and nothing is copied.
 
 Legend: acc is the packed accumulator ``(rows, D + 1)`` fp32 for attention plans (rows
 head-major, see ``treeattn.exec.merge``) or the raw buffer ``(rows,)`` for raw payload plans;
@@ -21,6 +25,7 @@ a KV block is ``(2, B, Hkv, N_j, D)``.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import groupby
 
@@ -77,6 +82,28 @@ def _parse_fault() -> tuple[int, int, str] | None:
     return int(rank), int(op), mode
 
 
+def _no_mark() -> Mark:
+    return 0.0
+
+
+def _touches_acc(op: Op) -> bool:
+    """Whether ``op`` reads or writes the accumulator (moving KV or gathering the query does not)."""
+    if op.kind is OpKind.COLLECTIVE:
+        return op.part != "q"
+    return op.block is None or op.kind is OpKind.COMPUTE
+
+
+def _partial_lands_first(steps: list[list[tuple[int, Op]]]) -> bool:
+    """Whether the first step that touches the accumulator holds the COMPUTE and sends none of
+    the accumulator's rows (a send reads the accumulator as the step began: the identity)."""
+    for ops in steps:
+        touching = [op for _, op in ops if _touches_acc(op)]
+        if touching:
+            return (any(op.kind is OpKind.COMPUTE for op in touching)
+                    and not any(op.kind is OpKind.SEND for op in touching))
+    return False
+
+
 def given_partial_problem(plan: Plan) -> str | None:
     """Why ``plan`` cannot merge partials computed elsewhere (None when it can): every rank
     must compute once, over its own KV block, before it sends anything."""
@@ -97,9 +124,12 @@ class PlanExecutor:
         inputs: q and KV (attention), the raw buffer, or the rank's own packed ``partial``
             (then the plan's COMPUTE takes it instead of computing).
         kernel: the attention kernel (``treeattn.exec.attention.KERNELS``, resolved).
+        timed: record when each op was posted and completed (``timeline``); a ``Merger``,
+            which reports no timeline, runs without.
     """
 
-    def __init__(self, plan: Plan, comm: Comm, inputs: RankInputs, kernel: str = "explicit") -> None:
+    def __init__(self, plan: Plan, comm: Comm, inputs: RankInputs, kernel: str = "explicit",
+                 timed: bool = True) -> None:
         self.plan = plan
         self.comm = comm
         self.inputs = inputs
@@ -113,9 +143,14 @@ class PlanExecutor:
             if problem:
                 raise ValueError(problem)
         self.steps = self._compile(plan.programs[self.rank])
+        self.timed = timed
+        self._mark: Callable[[], Mark] = comm.mark if timed else _no_mark
+        self.in_place = inputs.partial is not None and _partial_lands_first(self.steps)
+        """Whether the given partial is the accumulator itself (see the module docstring)."""
         self._fault = _parse_fault()
         self._ops_done = 0
-        self._pool = BufferPool(comm.device)
+        self.pool = BufferPool(comm.device)
+        """Receive and collective buffers, taken per iteration and reused by the next."""
         self._marks: list[tuple[int, Op, Mark, Mark]] = []
         self._clock: tuple[tuple[float, Mark], float] | None = None
         self.origin: float | None = None
@@ -160,12 +195,14 @@ class PlanExecutor:
             if self._acc is None:
                 self._acc = torch.empty_like(self.inputs.raw)
             self._acc.copy_(self.inputs.raw)
+        elif self.in_place:
+            self._acc = self.inputs.partial
         else:
             if self._acc is None:
                 self._acc = empty_partial(self.rows, w.head_dim, self.comm.device)
             else:
                 clear_partial(self._acc)
-        self._pool.release_all()  # the previous iteration's blocks and buffers are no longer read
+        self.pool.release_all()  # the previous iteration's blocks and buffers are no longer read
         self._prepared = True
 
     def run(self) -> torch.Tensor:
@@ -181,12 +218,13 @@ class PlanExecutor:
         state: dict = {}
         self._q = None
         self._marks = []
-        self.rebase(self.comm.origin())
+        if self.timed:
+            self.rebase(self.comm.origin())
         empty = [not self.plan.is_raw]  # the accumulator still holds the merge's identity
         for ops in self.steps:
             for index, _ in ops:
                 self._maybe_fault(index)
-            t_post = self.comm.mark()
+            t_post = self._mark()
             first = ops[0][1]
             if first.kind is OpKind.COLLECTIVE:
                 what = f"collective {first.coll} {first.reduce} {first.part} (step {first.step})"
@@ -197,11 +235,12 @@ class PlanExecutor:
                 else:
                     run_collective(self, first, acc, state, what)
                     empty[0] = False
-                done = [self.comm.mark()]
+                done = [self._mark()]
             else:
                 done = self._step(ops, acc, blocks, empty)
-            for (index, op), t_done in zip(ops, done, strict=True):
-                self._marks.append((index, op, t_post, t_done))
+            if self.timed:
+                for (index, op), t_done in zip(ops, done, strict=True):
+                    self._marks.append((index, op, t_post, t_done))
         return acc
 
     def rebase(self, origin: tuple[float, Mark]) -> None:
@@ -216,7 +255,8 @@ class PlanExecutor:
         for ops in self.steps:
             for index, _ in ops:
                 self._maybe_fault(index)
-        self.rebase(self.comm.origin())
+        if self.timed:
+            self.rebase(self.comm.origin())
 
     @property
     def timeline(self) -> list[MeasuredOp]:
@@ -261,18 +301,33 @@ class PlanExecutor:
         q = self._q if self._q is not None else self.inputs.q
         return partial_attention(q, kv, self.kernel)
 
+    @staticmethod
+    def _land(part: torch.Tensor, acc: torch.Tensor, empty: list[bool]) -> None:
+        """A COMPUTE's partial lands in the accumulator (unless it is the accumulator itself)."""
+        if part is not acc:
+            if empty[0]:
+                acc.copy_(part)  # merging into the identity gives the partial itself
+            else:
+                kernels.merge_into(acc, part.unsqueeze(0))
+        empty[0] = False
+
     def _step(self, ops: list[tuple[int, Op]], acc: torch.Tensor, blocks: dict[int, torch.Tensor],
               empty: list[bool]) -> list[Mark]:
         """One step of transfers, with its COMPUTE (if any) running while they fly."""
         w = self.plan.workload
         compute = next((op for _, op in ops if op.kind is OpKind.COMPUTE), None)
         transfers = [(i, op) for i, op in ops if op.kind is not OpKind.COMPUTE]
+        if not transfers:  # a COMPUTE alone
+            part = self._partial(compute, blocks)
+            t_compute = self._mark()
+            self._land(part, acc, empty)
+            return [t_compute]
         # The partials merged into one chunk land side by side in one buffer, so the step
         # merges each chunk once however many it receives (``merge_many_into``).
         stacks: dict[int | None, torch.Tensor] = {}
         merging = [op.chunk for _, op in transfers if op.kind is OpKind.RECV_MERGE]
         for chunk in dict.fromkeys(merging):
-            stacks[chunk] = self._pool.take((merging.count(chunk), *self._row_shape(chunk)), self.wire_dtype)
+            stacks[chunk] = self.pool.take((merging.count(chunk), *self._row_shape(chunk)), self.wire_dtype)
         slot: dict[int | None, int] = dict.fromkeys(stacks, 0)
         posts: list[P2P] = []
         for _, op in transfers:
@@ -282,19 +337,19 @@ class PlanExecutor:
                 else:
                     tensor = acc[self.rows_of(op.chunk)]
                     if tensor.dtype != self.wire_dtype:
-                        tensor = tensor.to(self.wire_dtype)
+                        tensor = self.pool.take(tensor.shape, self.wire_dtype).copy_(tensor)
                 posts.append(P2P(True, tensor, op.peer))
             elif op.block is not None:
                 shape = (2, w.batch, w.kv_heads, w.split[op.block], w.head_dim)
-                posts.append(P2P(False, self._pool.take(shape, torch_dtype(w.kv_dtype)), op.peer))
+                posts.append(P2P(False, self.pool.take(shape, torch_dtype(w.kv_dtype)), op.peer))
             elif op.kind is OpKind.RECV_MERGE:
                 posts.append(P2P(False, stacks[op.chunk][slot[op.chunk]], op.peer))
                 slot[op.chunk] += 1
             else:
-                posts.append(P2P(False, self._pool.take(self._row_shape(op.chunk), self.wire_dtype), op.peer))
+                posts.append(P2P(False, self.pool.take(self._row_shape(op.chunk), self.wire_dtype), op.peer))
         works = self.comm.post(posts)
         own: dict[int, Mark] = {}  # CUDA: each work's own completion, marked before the compute is queued
-        if self.comm.cuda:
+        if self.comm.cuda and self.timed:
             for work in works:
                 if work is not None and id(work) not in own:
                     own[id(work)] = self.comm.done_mark(work, len(own))
@@ -302,39 +357,36 @@ class PlanExecutor:
         t_compute: Mark = 0.0
         if compute is not None:
             part = self._partial(compute, blocks)  # while the transfers fly
-            t_compute = self.comm.mark()
+            t_compute = self._mark()
         done: list[Mark] = []
         for (_, op), work in zip(transfers, works, strict=True):
             if work is None:  # an empty message: nothing was posted
-                done.append(self.comm.mark())
+                done.append(self._mark())
                 continue
             self.comm.wait(work, f"{op.kind.value} chunk {op.chunk} with rank {op.peer} (step {op.step})")
-            done.append(own[id(work)] if own else self.comm.mark())
+            done.append(own[id(work)] if own else self._mark())
         if own:
             self.comm.join_sides(len(own))
         # What the step computed and received lands only now, at its end (IR semantics). A
         # step never both copies into and merges into one chunk, nor computes beside a copy
         # (the validator's rules), so their order does not matter, and merges commute.
         if part is not None:
-            if empty[0]:
-                acc.copy_(part)  # merging into the identity gives the partial itself
-            else:
-                kernels.merge_into(acc, part.unsqueeze(0))
+            self._land(part, acc, empty)
         for (_, op), post in zip(transfers, posts, strict=True):
             if op.kind is OpKind.RECV_COPY:
                 if op.block is not None:
                     blocks[op.block] = post.tensor  # held to the end of the iteration
                 else:
-                    acc[self.rows_of(op.chunk)] = post.tensor.to(acc.dtype)
-                    self._pool.release(post.tensor)
+                    acc[self.rows_of(op.chunk)].copy_(post.tensor)
+                    self.pool.release(post.tensor)
         for chunk, stack in stacks.items():
             target = acc[self.rows_of(chunk)]
             if self.plan.is_raw:
                 sum_many_into(target, stack)
             else:
                 kernels.merge_into(target, stack)
-            self._pool.release(stack)
-        if part is not None or stacks or any(op.kind is OpKind.RECV_COPY and op.block is None for _, op in transfers):
+            self.pool.release(stack)
+        if stacks or any(op.kind is OpKind.RECV_COPY and op.block is None for _, op in transfers):
             empty[0] = False
         out: list[Mark] = []
         it = iter(done)

@@ -1,12 +1,12 @@
-"""The local kernels of a merge schedule, fused: one compiled kernel per call on CUDA.
+"""The local arithmetic of a merge schedule, fused: one compiled kernel per call on CUDA.
 
 Every merge the executor, the baselines and ``Merger`` run goes through here: the merge of a
-stack of k received partials into an accumulator (``merge_into``), the merge of a stack into
-a new partial (``merged``), the weighted rows (w o, w) the library-collective forms sum
-(``weighted``) and their finish (``finish``). Each is one pure function of its inputs,
-compiled by ``torch.compile`` (inductor: Triton on CUDA, C++ on the CPU) with dynamic shapes,
-so one compilation serves every chunk size and fan-in; the eager functions of
-``treeattn.exec.merge`` are the same arithmetic as about a dozen separate kernels.
+stack of k partials into an accumulator (``merge_into``) or into a buffer of its own
+(``merged_into``, ``merged``), the weighted rows (w o, w) the library-collective forms sum
+(``weighted``) and their finish (``finish``). The arithmetic is ``treeattn.exec.merge``'s,
+written once there: this module runs those functions either as they are (eager, a dozen
+small kernels) or compiled by ``torch.compile`` (inductor: Triton on CUDA, C++ on the CPU)
+with dynamic shapes, so one compilation serves every chunk size and fan-in.
 
 Which runs: compiled on CUDA, eager on the CPU (``benchmarks/bench_merge_kernel.py``
 measures both; eager wins there at the sizes the CPU ranks merge, and a compile per process
@@ -27,12 +27,11 @@ import torch
 
 from treeattn.exec import merge as eager
 
-__all__ = ["MODES", "mode", "fused_on", "merge_into", "merged", "weighted", "finish", "compiled", "warm"]
+__all__ = ["MODES", "mode", "fused_on", "merge_into", "merged_into", "merged", "weighted", "finish", "compiled",
+           "warm"]
 
 MODES = ("auto", "fused", "eager")
 _ENV = "TREEATTN_MERGE"
-_FLOAT_MIN = torch.finfo(torch.float32).min
-_NEG_INF = float("-inf")
 
 
 def mode() -> str:
@@ -49,63 +48,21 @@ def fused_on(device: torch.device) -> bool:
     return m == "fused" or (m == "auto" and device.type == "cuda")
 
 
-# -- the arithmetic, one function each (the eager module's order of operations) -----------------
-
-def _merge_into(acc: torch.Tensor, stack: torch.Tensor) -> None:
-    parts = stack.float()
-    oa, la = acc[:, :-1], acc[:, -1]
-    ob, lb = parts[..., :-1], parts[..., -1]
-    m = torch.maximum(la, lb.amax(dim=0))
-    # The shift is clamped finite, so an empty side (-inf) weighs exp(-inf) = 0, never exp(nan).
-    shift = m.clamp(min=_FLOAT_MIN)
-    wa = torch.exp(la - shift)
-    wb = torch.exp(lb - shift)
-    total = wb.sum(dim=0) + wa
-    inv = 1.0 / total.clamp(min=1.0)  # total >= 1 unless every side is empty (then o = 0)
-    o = oa * (wa * inv).unsqueeze(1) + (ob * wb.unsqueeze(-1)).sum(dim=0) * inv.unsqueeze(1)
-    acc.copy_(torch.cat([o, (torch.log(total) + m).unsqueeze(1)], dim=1))
+def _finish_packed(part: torch.Tensor, m: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> None:
+    eager.finish(part[:, :-1], part[:, -1], m, num, den)
 
 
-def _merged(stack: torch.Tensor) -> torch.Tensor:
-    parts = stack.float()
-    o, lse = parts[..., :-1], parts[..., -1]
-    m = lse.amax(dim=0)
-    w = torch.exp(lse - m.clamp(min=_FLOAT_MIN))
-    total = w.sum(dim=0)
-    out_o = (o * (w / total.clamp(min=1.0)).unsqueeze(-1)).sum(dim=0)
-    return torch.cat([out_o, (m + torch.log(total)).unsqueeze(1)], dim=1)
-
-
-def _weights(lse: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    shift = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    return torch.where(torch.isneginf(lse), torch.zeros_like(lse), torch.exp(lse - shift))
-
-
-def _weighted(part: torch.Tensor, m: torch.Tensor, dtype: torch.dtype, with_weight: bool) -> torch.Tensor:
-    w = _weights(part[:, -1], m)
-    o = w.unsqueeze(1) * part[:, :-1]
-    return (torch.cat([o, w.unsqueeze(1)], dim=1) if with_weight else o).to(dtype)
-
-
-def _finish(part: torch.Tensor, m: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> None:
-    num, den = num.float(), den.float()
-    live = den > 0
-    safe = torch.where(live, den, torch.ones_like(den))
-    o = torch.where(live.unsqueeze(1), num / safe.unsqueeze(1), torch.zeros_like(num))
-    lse = torch.where(live, m + torch.log(safe), torch.full_like(m, _NEG_INF))
-    part.copy_(torch.cat([o, lse.unsqueeze(1)], dim=1))
-
+_FUNCTIONS: dict[str, Callable] = {"merge": eager.merge_stack, "weighted": eager.weighted, "finish": _finish_packed}
+"""What is compiled: the functions of ``treeattn.exec.merge`` themselves."""
 
 _COMPILED: dict[str, Callable] = {}
 
 
 def compiled(name: str) -> Callable:
-    """The compiled form of one of the functions above (compiled on first use, per process)."""
+    """The compiled form of a function of ``_FUNCTIONS`` (compiled on first use, per process)."""
     fn = _COMPILED.get(name)
     if fn is None:
-        fn = _COMPILED[name] = torch.compile({"merge_into": _merge_into, "merged": _merged,
-                                              "weighted": _weighted, "finish": _finish}[name],
-                                             dynamic=True, fullgraph=True)
+        fn = _COMPILED[name] = torch.compile(_FUNCTIONS[name], dynamic=True, fullgraph=True)
     return fn
 
 
@@ -138,9 +95,9 @@ def warm(device: torch.device, wire: torch.dtype) -> None:
         return
     acc = eager.empty_partial(2, 8, device)
     m = torch.zeros(2, device=device)
-    calls = [("merge_into", lambda d=d: merge_into(acc, torch.zeros((2, 2, 9), dtype=d, device=device)))
+    calls = [("merge", lambda d=d: merge_into(acc, torch.zeros((2, 2, 9), dtype=d, device=device)))
              for d in dict.fromkeys((torch.float32, wire))]
-    calls += [("merged", lambda: merged(torch.zeros((2, 2, 9), dtype=wire, device=device))),
+    calls += [("merge", lambda: merged(torch.zeros((2, 2, 9), dtype=wire, device=device))),
               ("weighted", lambda: (weighted(acc, m, wire), weighted(acc, m, wire, False))),
               ("finish", lambda: finish(acc, m, torch.zeros((2, 8), device=device), torch.ones(2, device=device)))]
     for d in dict.fromkeys((torch.float32, wire)):  # the sums of (w o, w) rows: views of one buffer
@@ -162,56 +119,51 @@ def _fused(name: str, device: torch.device) -> bool:
 
 # -- what the executor calls ------------------------------------------------------------------
 
+def _merge(out: torch.Tensor, stack: torch.Tensor, accumulate: bool) -> torch.Tensor:
+    if stack.dim() != out.dim() + 1 or stack.shape[1:] != out.shape:
+        raise ValueError(f"merge of a packed partial {tuple(out.shape)} with a stack {tuple(stack.shape)}")
+    if out.shape[0] == 0:
+        return out
+    if _fused("merge", out.device):
+        o, st = _plain(out, stack)
+        _unbacked((o, 0), (st, 0), (st, 1))
+        compiled("merge")(o, st, accumulate)
+        return out
+    return eager.merge_stack(out, stack, accumulate)
+
+
 def merge_into(acc: torch.Tensor, stack: torch.Tensor) -> torch.Tensor:
     """``acc <- acc (+) stack[0] (+) ... (+) stack[k-1]`` in place (``(rows, D + 1)`` fp32 and
-    ``(k, rows, D + 1)``); the rules of ``treeattn.exec.merge.merge_into``."""
-    if stack.dim() != acc.dim() + 1 or stack.shape[1:] != acc.shape:
-        raise ValueError(f"merge of a packed partial {tuple(acc.shape)} with a stack {tuple(stack.shape)}")
-    if acc.shape[0] == 0:
-        return acc
-    if _fused("merge_into", acc.device):
-        a, st = _plain(acc, stack)
-        _unbacked((a, 0), (st, 0), (st, 1))
-        compiled("merge_into")(a, st)
-        return acc
-    return eager.merge_many_into(acc, stack)
+    ``(k, rows, D + 1)``): ``treeattn.exec.merge.merge_stack``."""
+    return _merge(acc, stack, True)
+
+
+def merged_into(out: torch.Tensor, stack: torch.Tensor) -> torch.Tensor:
+    """``out <- stack[0] (+) ... (+) stack[k-1]`` in place (``out``'s rows do not take part)."""
+    return _merge(out, stack, False)
 
 
 def merged(stack: torch.Tensor) -> torch.Tensor:
     """The merge of a stack ``(k, rows, D + 1)`` of partials, as a new fp32 partial."""
-    if stack.shape[1] == 0 or not _fused("merged", stack.device):
-        return eager.merge_many(stack)
-    (st,) = _plain(stack)
-    _unbacked((st, 0), (st, 1))
-    return compiled("merged")(st)
+    return merged_into(torch.empty(stack.shape[1:], dtype=torch.float32, device=stack.device), stack)
 
 
 def weighted(part: torch.Tensor, m: torch.Tensor, dtype: torch.dtype, with_weight: bool = True) -> torch.Tensor:
-    """Rows ``(w o, w)`` (or ``w o`` alone) in ``dtype``, w = exp(lse - m): 0 for empty rows,
-    and no exp(nan) where every rank is empty (m = -inf)."""
+    """Rows ``(w o, w)`` (or ``w o`` alone) in ``dtype``: ``treeattn.exec.merge.weighted``."""
     if part.shape[0] == 0 or not _fused("weighted", part.device):
-        w = _weights(part[:, -1], m)
-        o = w.unsqueeze(1) * part[:, :-1]
-        return (torch.cat([o, w.unsqueeze(1)], dim=1) if with_weight else o).to(dtype)
+        return eager.weighted(part, m, dtype, with_weight)
     p, mm = _plain(part, m)
     _unbacked((p, 0), (mm, 0))
     return compiled("weighted")(p, mm, dtype, with_weight)
 
 
 def finish(part: torch.Tensor, m: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> None:
-    """``part <- (num / den, m + log den)`` in place; the empty partial where den = 0."""
+    """``part <- (num / den, m + log den)`` in place: ``treeattn.exec.merge.finish`` on its columns."""
     if part.shape[0] == 0:
         return
     if _fused("finish", part.device):
-        args = _plain(part, m, num, den)
-        _unbacked(*((t, 0) for t in args))
-        compiled("finish")(*args)
+        p, mm, n, d = _plain(part, m, num, den)
+        _unbacked(*((t, 0) for t in (p, mm, n, d)))
+        compiled("finish")(p, mm, n, d)
         return
-    _finish_eager(part, m, num.float(), den.float())
-
-
-def _finish_eager(part: torch.Tensor, m: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> None:
-    live = den > 0
-    safe = torch.where(live, den, torch.ones_like(den))
-    part[:, :-1] = torch.where(live.unsqueeze(1), num / safe.unsqueeze(1), torch.zeros_like(num))
-    part[:, -1] = torch.where(live, m + torch.log(safe), torch.full_like(m, _NEG_INF))
+    eager.finish(part[:, :-1], part[:, -1], m, num, den)

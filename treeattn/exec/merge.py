@@ -11,10 +11,13 @@ from __future__ import annotations
 import torch
 
 __all__ = ["empty_partial", "clear_partial", "pack", "unpack", "pack_heads", "pack_heads_into", "unpack_heads",
-           "merge_into", "merge", "merge_many", "merge_many_into", "sum_into", "sum_many_into"]
+           "weights", "weighted", "finish", "merge_stack", "merge_into", "merge", "merge_many", "merge_many_into",
+           "sum_into", "sum_many_into"]
 
 _NEG_INF = float("-inf")
 _FLOAT_MIN = torch.finfo(torch.float32).min
+_EAGER_SUM_MAX = 1 << 16
+"""The largest stack of outputs (elements) the eager merge sums as one product (``_add_weighted``)."""
 
 
 def empty_partial(rows: int, head_dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -66,9 +69,7 @@ def pack_heads(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
 def pack_heads_into(out: torch.Tensor, o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     """``pack_heads`` into an existing ``(Hq * B, D + 1)`` buffer (no allocation)."""
     bsz, hq, d = o.shape
-    view = out.view(hq, bsz, d + 1)
-    view[:, :, :d].copy_(o.transpose(0, 1))
-    view[:, :, d].copy_(lse.transpose(0, 1))
+    torch.cat([o.transpose(0, 1), lse.transpose(0, 1).unsqueeze(-1)], dim=-1, out=out.view(hq, bsz, d + 1))
     return out
 
 
@@ -79,70 +80,108 @@ def unpack_heads(packed: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.
     return view[..., :-1], view[..., -1]
 
 
-def merge_into(acc: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """``acc <- acc (+) other``, in place, row by row (fp32).
+def weights(lse: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """The weights w = exp(lse - m) in fp32, for ``m`` >= every ``lse`` of the merge (its
+    maximum, or its log-sum-exp): the largest weight is then exactly 1, an empty row
+    (lse = -inf) weighs 0, and so does every row where all are empty (m = -inf: the shift
+    is clamped finite, so it is exp(-inf), never exp(nan))."""
+    return torch.exp(lse.float() - m.clamp(min=_FLOAT_MIN))
 
-    Stable for logits of any finite magnitude; (x, -inf) is exactly the identity for any
-    finite x; two empty rows give (0, -inf); never NaN for finite outputs and lse in
-    [-inf, +inf).
+
+def weighted(part: torch.Tensor, m: torch.Tensor, dtype: torch.dtype, with_weight: bool = True) -> torch.Tensor:
+    """The rows ``(w o, w)`` of a packed partial (or ``w o`` alone) in ``dtype``, w = ``weights(lse, m)``:
+    what the library-collective forms sum across ranks before ``finish``."""
+    w = weights(part[:, -1], m)
+    o = part[:, :-1] * w.unsqueeze(1)
+    return (torch.cat([o, w.unsqueeze(1)], dim=1) if with_weight else o).to(dtype)
+
+
+def _inverse(den: torch.Tensor) -> torch.Tensor:
+    """1 / den for a sum of weights den of ``weights(lse, m)`` with m the largest lse: den is
+    0 (every contributor empty: then every w o is 0 too) or at least 1 (the contributor whose
+    lse is m weighs exactly 1, and a sum of non-negative terms rounds to no less than its
+    largest), so 1 / max(den, 1) is exact and makes an all-empty row's o = 0 without a branch."""
+    return den.clamp(min=1.0).reciprocal_()
+
+
+def _set_lse(lse: torch.Tensor, m: torch.Tensor, den: torch.Tensor) -> None:
+    """lse <- m + log den: -inf where den = 0 (log 0 = -inf, and m is finite or -inf)."""
+    lse.copy_(torch.log(den).add_(m))
+
+
+def finish(o: torch.Tensor, lse: torch.Tensor, m: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> None:
+    """``o, lse <- num / den, m + log den`` in place (the output and lse columns of a packed
+    partial), from sums num = sum of w o and den = sum of w with the weights of ``m`` (what
+    the library-collective forms sum across ranks); any float dtype, fp32 arithmetic."""
+    den = den.float()
+    o.copy_(num).mul_(_inverse(den).unsqueeze(1))
+    _set_lse(lse, m, den)
+
+
+def _add_weighted(out: torch.Tensor, o: torch.Tensor, w: torch.Tensor, accumulate: bool) -> None:
+    """``out (+)= sum_k w[k] o[k]`` for a stack ``o (k, rows, D)`` and weights ``w (k, rows, 1)``
+    (``out`` overwritten unless ``accumulate``).
+
+    Compiled, one reduction over k (inductor fuses it into the merge's kernel, for any k).
+    Eager, the same product and sum while the stack is small (``_EAGER_SUM_MAX`` elements:
+    there each kernel's dispatch costs more than its memory traffic, and this is three kernels
+    where the other form is k + 1); above, one multiply-add per partial into ``out``, which
+    reads each partial once and allocates nothing (the product would write and read a
+    k-sized temporary)."""
+    if torch.compiler.is_compiling() or o.numel() <= _EAGER_SUM_MAX:
+        total = (o * w).sum(dim=0)
+        out.add_(total) if accumulate else out.copy_(total)
+        return
+    pairs = zip(o.unbind(0), w.unbind(0), strict=True)
+    if not accumulate:
+        oj, wj = next(pairs)
+        torch.mul(oj, wj, out=out)
+    for oj, wj in pairs:
+        out.addcmul_(oj, wj)
+
+
+def merge_stack(out: torch.Tensor, stack: torch.Tensor, accumulate: bool) -> torch.Tensor:
+    """The merge: ``out <- out (+) stack[0] (+) ... (+) stack[k-1]`` (``accumulate``) or
+    ``out <- stack[0] (+) ... (+) stack[k-1]``, in place, row by row, in fp32.
+
+    m = max lse, w = ``weights(lse, m)``, o = sum of w o / sum of w, lse = m + log sum of w
+    (``finish``'s arithmetic, with the weights divided by their sum before they multiply the
+    outputs: the outputs are read and written once each, in ``out``'s own rows). Stable for
+    logits of any finite magnitude; (x, -inf) is exactly the identity for any finite x; empty
+    rows everywhere give (0, -inf); never NaN for finite outputs and lse in [-inf, +inf).
+    ``treeattn.exec.kernels`` compiles this function as it is.
 
     Args:
-        acc: packed partial (a tensor or a contiguous row slice of one), updated in place.
-        other: packed partial with the same shape (any float dtype; merged in fp32).
+        out: packed partial ``(rows, D + 1)`` fp32 (a tensor or a contiguous row slice of one).
+        stack: ``(k, rows, D + 1)``, k >= 1, any float dtype.
+        accumulate: whether ``out``'s own rows take part (else they are overwritten).
 
     Returns:
-        ``acc``.
+        ``out``.
     """
-    if acc.shape != other.shape:
-        raise ValueError(f"merge of packed partials with shapes {tuple(acc.shape)} and {tuple(other.shape)}")
-    oa, la = unpack(acc)
-    ob, lb = unpack(other if other.dtype == torch.float32 else other.float())
-    m = torch.maximum(la, lb)
-    # Shift by the row max so the larger weight is exactly 1 (no overflow); clamping the
-    # shift keeps it finite, so an empty side (-inf) gets weight exp(-inf) = 0, not exp(nan).
-    shift = m.clamp(min=_FLOAT_MIN)
-    wa = (la - shift).exp_()
-    wb = (lb - shift).exp_()
-    total = wa + wb
-    # m + log(0) = -inf + -inf = -inf: two empty rows stay empty without a branch.
-    la.copy_(torch.log(total).add_(m))
-    # total >= 1 unless both sides are empty (then 0): dividing by max(total, 1) makes o = 0 there.
-    inv = total.clamp_(min=1.0).reciprocal_()
-    oa.mul_(wa.mul_(inv).unsqueeze(1)).addcmul_(ob, wb.mul_(inv).unsqueeze(1))
-    return acc
-
-
-def merge(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a (+) b`` as a new tensor (see ``merge_into``)."""
-    return merge_into(a.to(dtype=torch.float32).clone(), b)
-
-
-def merge_many(parts: torch.Tensor) -> torch.Tensor:
-    """Merge ``k`` packed partials at once (same rules as ``merge_into``).
-
-    Args:
-        parts: ``(k, rows, D + 1)``, k >= 1.
-
-    Returns:
-        ``(rows, D + 1)``: the merge of all k.
-    """
-    parts = parts.to(dtype=torch.float32)
-    o, lse = parts[..., :-1], parts[..., -1]
-    m = lse.max(dim=0).values
-    w = torch.exp(lse - m.clamp(min=_FLOAT_MIN))
-    total = w.sum(dim=0)
-    out_o = (o * (w / total.clamp(min=1.0)).unsqueeze(-1)).sum(dim=0)
-    return torch.cat([out_o, (m + torch.log(total)).unsqueeze(1)], dim=1)
+    lse = stack.select(-1, -1).float()
+    o, la = out[:, :-1], out[:, -1]
+    m = lse.amax(dim=0)
+    if accumulate:
+        m = torch.maximum(m, la)
+    w = weights(lse, m)
+    den = w.sum(dim=0)
+    if accumulate:
+        wa = weights(la, m)
+        den.add_(wa)
+    inv = _inverse(den)
+    if accumulate:
+        o.mul_(wa.mul_(inv).unsqueeze(1))
+    _add_weighted(o, stack[..., :-1], w.mul_(inv).unsqueeze(-1), accumulate)
+    _set_lse(la, m, den)
+    return out
 
 
 def merge_many_into(acc: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
-    """``acc <- acc (+) parts[0] (+) ... (+) parts[k-1]``, in place, as one pass (fp32).
-
-    A step that receives k partials for one chunk merges them with one set of kernels
-    instead of k (the same rules as ``merge_into``; k = 1 is exactly ``merge_into``).
+    """``acc <- acc (+) parts[0] (+) ... (+) parts[k-1]``, in place, as one pass (``merge_stack``).
 
     Args:
-        acc: packed partial ``(rows, D + 1)`` (a tensor or a contiguous row slice of one).
+        acc: packed partial ``(rows, D + 1)`` fp32 (a tensor or a contiguous row slice of one).
         parts: ``(k, rows, D + 1)``, any float dtype.
 
     Returns:
@@ -150,21 +189,25 @@ def merge_many_into(acc: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
     """
     if parts.dim() != acc.dim() + 1 or parts.shape[1:] != acc.shape:
         raise ValueError(f"merge of a packed partial {tuple(acc.shape)} with a stack {tuple(parts.shape)}")
-    if parts.shape[0] == 1:
-        return merge_into(acc, parts[0])
-    parts = parts if parts.dtype == torch.float32 else parts.float()
-    oa, la = unpack(acc)
-    ob, lb = parts[..., :-1], parts[..., -1]
-    m = torch.maximum(la, lb.amax(dim=0))
-    shift = m.clamp(min=_FLOAT_MIN)
-    wa = (la - shift).exp_()
-    wb = (lb - shift).exp_()
-    total = wb.sum(dim=0).add_(wa)
-    la.copy_(torch.log(total).add_(m))
-    inv = total.clamp_(min=1.0).reciprocal_()
-    others = (ob * wb.unsqueeze(-1)).sum(dim=0)
-    oa.mul_(wa.mul_(inv).unsqueeze(1)).add_(others.mul_(inv.unsqueeze(1)))
-    return acc
+    return merge_stack(acc, parts, True)
+
+
+def merge_into(acc: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """``acc <- acc (+) other``, in place (``merge_stack`` with one partial; ``other`` any float dtype)."""
+    if acc.shape != other.shape:
+        raise ValueError(f"merge of packed partials with shapes {tuple(acc.shape)} and {tuple(other.shape)}")
+    return merge_stack(acc, other.unsqueeze(0), True)
+
+
+def merge(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a (+) b`` as a new fp32 tensor (see ``merge_stack``)."""
+    return merge_into(a.to(dtype=torch.float32).clone(), b)
+
+
+def merge_many(parts: torch.Tensor) -> torch.Tensor:
+    """The merge of ``k`` packed partials ``(k, rows, D + 1)``, k >= 1, as a new fp32 ``(rows, D + 1)``."""
+    out = torch.empty(parts.shape[1:], dtype=torch.float32, device=parts.device)
+    return merge_stack(out, parts, False)
 
 
 def sum_into(acc: torch.Tensor, other: torch.Tensor) -> torch.Tensor:

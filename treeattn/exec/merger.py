@@ -6,7 +6,9 @@ over; the Merger runs this rank's program of the plan (its COMPUTE takes the giv
 partial) and returns the merged rows the plan's result layout gives this rank.
 
 Buffers: the packed input, the accumulator and every receive buffer are allocated on the
-first call and reused by the next ones; each call returns fresh output tensors.
+first call and reused by the next ones; each call returns fresh output tensors. The packed
+input is the accumulator itself when the program's first use of the accumulator is its
+COMPUTE (``PlanExecutor.in_place``), and the Merger takes no per-op timestamps.
 
 On NCCL the merges are fused kernels (``treeattn.exec.kernels``) and, from the second call
 on, the program is replayed from a CUDA graph captured then (``graph``); nothing waits on
@@ -105,7 +107,7 @@ class Merger:
         self._partial = torch.empty(w.rows, w.head_dim + 1, dtype=torch.float32, device=self.device)
         self._comm = Comm(self.rank, size, "nccl" if backend == "nccl" else "gloo", self.device, timeout_s,
                           timeout_s, group=group)
-        self._exec = PlanExecutor(plan, self._comm, RankInputs(partial=self._partial))
+        self._exec = PlanExecutor(plan, self._comm, RankInputs(partial=self._partial), timed=False)
         self.wire_dtype = torch_dtype(w.partial_dtype)
         self._comm.open_pairs({(r, op.peer) for r, prog in enumerate(plan.programs) for op in prog if op.is_transfer})
         kernels.warm(self.device, self.wire_dtype)
@@ -173,8 +175,5 @@ class Merger:
             return None, None
         a, b = self.rows
         mine_o, mine_l = unpack_heads(acc[a:b], w.batch)
-        out_o = torch.empty(mine_o.shape, dtype=o.dtype, device=self.device)
-        out_l = torch.empty(mine_l.shape, dtype=torch.float32, device=self.device)
-        out_o.copy_(mine_o)
-        out_l.copy_(mine_l)
-        return out_o, out_l
+        return (mine_o.to(o.dtype, memory_format=torch.contiguous_format, copy=True),
+                mine_l.to(torch.float32, memory_format=torch.contiguous_format, copy=True))

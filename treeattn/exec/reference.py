@@ -168,7 +168,7 @@ def compute_reference(comm: Comm, payload: Payload, seed: int, mine: torch.Tenso
         return Reference(_exact(comm, w, mine, q, contributors).cpu())
     rows = sample_rows(w, seed, comm.world)
     stats = row_stats(q, mine, rows) if counts else row_stats(q, mine[:, :, :, :0], rows)
-    return Reference(combine_stats(torch.stack(comm.all_gather(stats, "reference rows", setup=True))).cpu(), rows)
+    return Reference(combine_stats(comm.all_gather(stats, "reference rows", setup=True)).cpu(), rows)
 
 
 def _exact(comm: Comm, w: Workload, mine: torch.Tensor, q: torch.Tensor,

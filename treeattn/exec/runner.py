@@ -373,7 +373,7 @@ class _RankRun:
             err = max(check_against(out, ref, t.rows, t.sliced, raw) for out in (t.first, t.last))
         local = torch.tensor([err, *t.starts, *t.ends, statistics.median(t.cpus) * 1e6], dtype=torch.float64,
                              device=comm.device)
-        rows = torch.stack(comm.all_gather(local, f"{t.method} result gathering", setup=True)).cpu()
+        rows = comm.all_gather(local, f"{t.method} result gathering", setup=True).cpu()
         n = t.repeats
         t0, t1 = rows[:, 1:1 + n], rows[:, 1 + n:1 + 2 * n]
         if self._shared_clock():
