@@ -56,3 +56,27 @@ def test_rates_are_feasible_and_max_min_fair(routes, cap):
         assert any(math.isclose(used[i], cap[i], rel_tol=1e-9)
                    and all(got[y] <= got[x] * (1 + 1e-9) for y, r in enumerate(routes) if i in r)
                    for i in route), (x, got)
+
+
+def test_shared_routes_keep_the_narrowest_link_of_each_class() -> None:
+    from treeattn.cost.sharing import shared_routes
+    from treeattn.topology.library import resolve
+
+    topo = resolve("dgx-h100-2node")
+    p = topo.num_ranks
+    keys = [0 * p + 8, 1 * p + 9]  # two node-crossing pairs with routes of their own
+    cap = [float(10 + i) for i in range(len(topo.links))]
+    lat = [1.0] * len(topo.links)
+    flow_cap = [float(100 + i) for i in range(len(topo.links))]
+    got = shared_routes(topo, keys, cap, lat, flow_cap)
+    for key in keys:
+        full = topo.route(key // p, key % p)
+        kept, latency, narrowest = got[key]
+        assert latency == len(full)  # every hop's latency, kept link or not
+        assert narrowest == min(flow_cap[i] for i in full)
+        assert set(kept) <= set(full) and kept
+        # a link is dropped only for a narrower one crossed by exactly the same routes
+        users = {i: tuple(k for k in keys if i in topo.route(k // p, k % p)) for i in full}
+        for i in full:
+            if i not in kept:
+                assert any(users[j] == users[i] and cap[j] <= cap[i] for j in kept)

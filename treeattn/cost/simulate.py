@@ -51,7 +51,7 @@ from treeattn.cost.library import LibraryModel
 from treeattn.cost.nccl import transfer_gbps
 from treeattn.cost.nccl_p2p import PAIR, peer_channels
 from treeattn.cost.program import _COLL, _COMPUTE, _KIND_CODE, _SEND, compile_plan
-from treeattn.cost.sharing import component, fair_rates
+from treeattn.cost.sharing import component, fair_rates, shared_routes
 from treeattn.cost.simresult import OpTiming, SimResult
 from treeattn.errors import InputError, PlanInvalidError
 from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan
@@ -127,7 +127,9 @@ class _Engine:
         self.step_compute = prog.step_compute
         n = len(kind)
         self.partner = prog.pair(p)
-        self.routes = self._plan_routes()
+        keys = sorted({self.rank_of[g] * p + self.rank_of[self.partner[g]]
+                       for g, k in enumerate(kind) if k == _SEND and self.partner[g] >= 0})
+        self.routes = shared_routes(topo, keys, self.cap, self.lat, self.flow_cap)
         peers = peer_channels(topo, [(k // p, k % p) for k in self.routes], communicator)
         self.peers = None if peers is None else {a * p + b: v for (a, b), v in peers.items()}
         """Per route key, what NCCL's channels let one send of it reach (None: no such cap)."""
@@ -179,40 +181,6 @@ class _Engine:
         self.cap.append(capacity)
         self.link_flows.append(None)
         return len(self.cap) - 1
-
-    def _plan_routes(self) -> dict[int, tuple[tuple[int, ...], float, float]]:
-        """Per rank pair the plan sends over (key ``src * p + dst``): the route cut down for
-        sharing, its latency, and its narrowest capacity.
-
-        Links crossed by exactly the same set of this plan's routes always carry the same
-        flows, so for fair sharing one of them stands for all: the narrowest. Routes keep
-        one link per such class (latency still sums every hop), which makes the flow
-        bookkeeping about half as long on fabrics where a GPU's PCIe, NIC and leaf links
-        line up.
-        """
-        p, rank_of, partner, cap, lat = self.p, self.rank_of, self.partner, self.cap, self.lat
-        flow_cap = self.flow_cap
-        keys = sorted({rank_of[g] * p + rank_of[partner[g]]
-                       for g, k in enumerate(self.kind) if k == _SEND and partner[g] >= 0})
-        full: list[tuple[int, ...]] = []
-        users: dict[int, list[int]] = {}
-        for idx, key in enumerate(keys):
-            route = self.topo.route(key // p, key % p)
-            full.append(route)
-            for i in route:
-                users.setdefault(i, []).append(idx)
-        best: dict[tuple[int, ...], int] = {}
-        for i, us in users.items():
-            sig = tuple(us)
-            j = best.get(sig)
-            if j is None or cap[i] < cap[j]:
-                best[sig] = i
-        keep = set(best.values())
-        out = {}
-        for key, route in zip(keys, full, strict=True):
-            out[key] = (tuple(i for i in route if i in keep), sum(lat[i] for i in route),
-                        min((flow_cap[i] for i in route), default=0.0))
-        return out
 
     # -- event plumbing ----------------------------------------------------------------------
 
