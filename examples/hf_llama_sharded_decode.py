@@ -147,6 +147,9 @@ def worker(rank: int, p: int, port: int, args: argparse.Namespace, out_dir: str)
             same = int((tokens == ref_tokens).sum().item())
             diff = max((a - b).abs().max().item() for a, b in zip(logits, ref_logits, strict=True))
             Path(out_dir, "result").write_text(f"{same} {tokens.numel()} {diff!r} {merger.plan.algorithm}")
+        # Every rank leaves the group together: a rank that tears its gloo connections down
+        # while rank 0 still works on the reference ended once in SIGABRT (std::terminate).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
