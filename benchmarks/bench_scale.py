@@ -128,7 +128,10 @@ def main() -> None:
     if args.child is not None:
         _child(json.loads(args.child))
         return
-    ranks = [int(x) for x in args.ranks.split(",")]
+    try:
+        ranks = [int(x) for x in args.ranks.split(",")]
+    except ValueError:
+        parser.error(f"--ranks {args.ranks!r}: give rank counts separated by commas, of {', '.join(map(str, CASES))}")
     unknown = [p for p in ranks if p not in CASES]
     if unknown:
         parser.error(f"--ranks: no case for {unknown}; choose from {', '.join(map(str, CASES))}")
@@ -136,6 +139,8 @@ def main() -> None:
         parser.error(f"--before {args.before}: no treeattn package there")
     recorded = {}
     if args.against is not None:
+        if not args.against.is_file():
+            parser.error(f"--against {args.against}: no such file")
         recorded = {(r["ranks"], r["batch"]): r for r in json.loads(args.against.read_text())["rows"]}
     print(f"treeattn plan -t dgx-h100:nodes=N -m {MODEL} -b B -n SEQ; load average before: {_load()}")
     print(f"{'':<7}{'ranks':>6} {'B':>4} {'N':>4} {'plan s':>7} {'cpu s':>7} {'proc s':>7} {'peak MB':>8} "

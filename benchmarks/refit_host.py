@@ -67,14 +67,14 @@ def rebuild(meta: dict, rows: pd.DataFrame, t: dict):
     if set(cases) != {label for label, _, _ in planned}:
         raise SystemExit(f"{t['name']}: the calibration's cases are not the ones this checkout plans")
     h, cost = cal["host"], cal["cost"]
-    # The recorded cost holds the kernels' figures times their fitted factors.
+    # The recorded cost holds the kernels' figures times their fitted factors (none: not fitted, 1).
     params = FittedParams(
         classes=tuple(ClassParams(c.hops, k["alpha_us"], k["beta_gbps"])
                       for c, k in zip(classes, cal["classes"], strict=True)),
-        launch_us=cost["launch_us"] / h["merge_factor"],
+        launch_us=cost["launch_us"] / (h["merge_factor"] or 1.0),
         mem_eff_bw_gbps=cost["mem_efficiency"] * topo.device(topo.ranks[0]).mem_bw_gbps,
-        attn_launch_us=cost["attn_launch_us"] / h["attn_launch_factor"],
-        attn_gbps=cost["attn_gbps"] / h["attn_factor"], source="rebuilt from meta.json")
+        attn_launch_us=cost["attn_launch_us"] / (h["attn_launch_factor"] or 1.0),
+        attn_gbps=cost["attn_gbps"] / (h["attn_factor"] or 1.0), source="rebuilt from meta.json")
     measured = [(plan, cases[label]["measured_us"], cases[label]["measured_cpu_us"]) for label, plan, _ in planned]
     skew = statistics.median(k["skew_us"] for k in cal["classes"])
     return topo, params, measured, skew, h
@@ -149,6 +149,9 @@ def main() -> None:
     ap.add_argument("--conditioning", action="store_true")
     ap.add_argument("--out-dir", type=Path)
     args = ap.parse_args()
+    missing = [name for name in ("meta.json", "rows.csv") if not (args.folder / name).is_file()]
+    if missing:
+        ap.error(f"{args.folder}: no {' or '.join(missing)} there (give a `treeattn validate --out` folder)")
     meta = json.loads((args.folder / "meta.json").read_text())
     rows = pd.read_csv(args.folder / "rows.csv")
     both: list[list[pd.DataFrame]] = [[], []]

@@ -47,10 +47,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from treeattn.calibrate.apply_fit import FittedParams
-from treeattn.calibrate.host_terms import HostTerms, on_host_cpus
+from treeattn.calibrate.host_terms import HostTerms
 from treeattn.topology.model import Topology
 
-__all__ = ["HostFit", "fit_host_terms", "on_host_cpus", "nelder_mead"]
+__all__ = ["HostFit", "fit_host_terms", "nelder_mead"]
 
 
 @dataclass(frozen=True, slots=True)

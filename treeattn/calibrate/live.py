@@ -43,7 +43,8 @@ from treeattn.calibrate.compute import (
     measure_compute,
     rank_threads,
 )
-from treeattn.calibrate.fit_host import HostFit, fit_host_terms, on_host_cpus
+from treeattn.calibrate.fit_host import HostFit, fit_host_terms
+from treeattn.calibrate.host_terms import on_host_cpus
 from treeattn.calibrate.pingpong import PingPongFit, PingPongPoint, fit_pingpong, overhead_from_sends
 from treeattn.calibrate.plans import (
     RouteClass,
@@ -61,6 +62,7 @@ from treeattn.errors import ExecutionError, InputError, ProbeError
 from treeattn.exec.launch import launch
 from treeattn.exec.runner import Job, Measurement, PlanJob, RunOptions
 from treeattn.plan.ir import OpKind, Plan, message_bytes
+from treeattn.topology.families import this_machine_cores
 from treeattn.topology.model import CALIBRATED_BY, Topology
 
 __all__ = ["CalibrateOptions", "ClassResult", "CaseResult", "CalibrationReport", "calibrate", "calibration_plans",
@@ -374,7 +376,7 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
     if on_host_cpus(topo) and result.backend == "gloo":
         measured = [(plan, by_label[label].median_us, sum(by_label[label].cpu_us))
                     for label, plan, _ in planned]
-        fitted, host, notes = fit_host_terms(topo, params, measured, _cores(),
+        fitted, host, notes = fit_host_terms(topo, params, measured, this_machine_cores(),
                                              start_wakeup_us=statistics.median(f.fit.skew_us for f in fits),
                                              cpu_queue="fifo" if _realtime() else "fair")
     warnings.extend(notes)
@@ -399,14 +401,6 @@ def _realtime() -> bool:
         return os.sched_getscheduler(0) in (os.SCHED_RR, os.SCHED_FIFO)
     except (AttributeError, OSError):  # not Linux
         return False
-
-
-def _cores() -> int:
-    """Cores this process may run on (the ranks' share of the machine)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def median_abs_rel_error(cases: list[CaseResult] | tuple[CaseResult, ...]) -> float:

@@ -27,7 +27,8 @@ The communicator's channel count follows NCCL's topology search (``src/graph/sea
 
 from __future__ import annotations
 
-__all__ = ["SPEEDS_INTRA", "SPEEDS_INTER", "P2P_NET_CHANNEL_GBPS", "comm_channels", "graph_channels", "run_channels",
+__all__ = ["SPEEDS_INTRA", "SPEEDS_INTER", "P2P_NET_CHANNEL_GBPS", "P2P_NVL_CHUNK", "comm_channels", "graph_channels",
+           "run_channels",
            "p2p_channels"]
 
 MAX_CHANNELS = 64
@@ -115,14 +116,14 @@ def run_channels(channels: int, protocol: str, nbytes: int, ranks: int, ring_ll:
 # chunk are in treeattn.cost.nccl_p2p.
 P2P_NET_CHANNEL_GBPS = 14.0
 """paths.cc P2P_PER_CHANNEL_NET_BW (GB/s): NCCL gives a network peer one channel per this much."""
-_NVL_CHUNK = 1 << 19
+P2P_NVL_CHUNK = 1 << 19
 
 
 def _pow2_up(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def p2p_channels(comm: int, nbytes: int, ranks: int, nodes: int, per_peer: int, chunk: int = _NVL_CHUNK) -> int:
+def p2p_channels(comm: int, nbytes: int, ranks: int, nodes: int, per_peer: int, chunk: int = P2P_NVL_CHUNK) -> int:
     """Channels NCCL moves one send of ``nbytes`` on, in an exchange where every rank sends
     to one peer (nccl-tests sendrecv; an all-to-all round).
 

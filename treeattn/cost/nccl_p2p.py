@@ -44,18 +44,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from treeattn.cost import nccl
-from treeattn.cost.nccl_channels import P2P_NET_CHANNEL_GBPS, comm_channels, p2p_channels
+from treeattn.cost.nccl_channels import P2P_NET_CHANNEL_GBPS, P2P_NVL_CHUNK, comm_channels, p2p_channels
 from treeattn.errors import InputError
 from treeattn.topology.model import DeviceKind, LinkClass, LinkKind, Topology
 
-__all__ = ["PAIR", "WORLD", "PeerChannels", "applies", "peer_channels", "p2p_message_gbps", "routes_on_fabric"]
+__all__ = ["PAIR", "WORLD", "PeerChannels", "applies", "peer_channels", "p2p_message_gbps"]
 
 PAIR = "pair"
 """Every pair of ranks that exchanges messages has a communicator of its own (treeattn's executor)."""
 WORLD = "world"
 """One communicator of every rank (nccl-tests)."""
 
-_NVL_CHUNK = 1 << 19
 _PCI_CHUNK = 1 << 17
 _NET_CHUNK = 1 << 17
 
@@ -119,11 +118,6 @@ def p2p_message_gbps(topo: Topology, src: int, dst: int, nbytes: int, communicat
     (``math.inf`` where the cap does not apply)."""
     got = peer_channels(topo, [(src, dst)], communicator)
     return math.inf if got is None else got[(src, dst)].gbps(nbytes)
-
-
-def routes_on_fabric(topo: Topology, src: int, dst: int) -> bool:
-    """Whether the route between two ranks stays on GPU fabric links (NVLink, xGMI)."""
-    return all(topo.links[i].cls is LinkClass.GPU_FABRIC for i in topo.route(src, dst))
 
 
 class _View:
@@ -230,7 +224,7 @@ class _View:
     def _chunk(self, nodes: int, nvlink: bool) -> int:
         if nodes > 1:
             return _NET_CHUNK * (2 if self.arch == "blackwell" and self.grace else 1)
-        return _NVL_CHUNK if nvlink else _PCI_CHUNK
+        return P2P_NVL_CHUNK if nvlink else _PCI_CHUNK
 
     def _fabric_total(self, a: int) -> float:
         return sum(nccl.nccl_link_bw_gbps(ln, self.arch) for ln in self._out(a) if ln.cls is LinkClass.GPU_FABRIC)

@@ -41,7 +41,6 @@ transfer (or arrived at a collective) last. Contention is not an edge of it.
 
 from __future__ import annotations
 
-import gc
 import heapq
 from collections import deque
 
@@ -54,7 +53,7 @@ from treeattn.cost.program import _COLL, _COMPUTE, _KIND_CODE, _SEND, compile_pl
 from treeattn.cost.sharing import component, fair_rates, shared_routes
 from treeattn.cost.simresult import OpTiming, SimResult
 from treeattn.errors import InputError, PlanInvalidError
-from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan
+from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, gc_paused
 from treeattn.topology.model import Topology
 
 __all__ = ["OpTiming", "SimResult", "simulate"]
@@ -98,13 +97,8 @@ def simulate(plan: Plan, topo: Topology, *, timeline: bool = True, communicator:
         )
     # The engine allocates hundreds of thousands of small acyclic objects; the cyclic
     # collector would rescan the growing heap again and again (superlinear time).
-    was = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         return _Engine(plan, topo, communicator).run(timeline)
-    finally:
-        if was:
-            gc.enable()
 
 
 class _Engine:

@@ -43,7 +43,8 @@ from treeattn.topology.schema import (
     SocketLinkSpec,
 )
 
-__all__ = ["Param", "Family", "FAMILIES", "parse_family_spec", "build_family", "build_family_file"]
+__all__ = ["Param", "Family", "FAMILIES", "parse_family_spec", "build_family", "build_family_file",
+           "this_machine_cores"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,7 +358,8 @@ _CPU_SOURCE = ("built-in profile: treeattn calibrate of cpu:ranks=4 --compute at
                "(results/cpu-profile); `treeattn calibrate` fits this machine's")
 
 
-def _this_machine_cores() -> int:
+def this_machine_cores() -> int:
+    """Cores this process may run on (the ranks' share of the machine)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -365,7 +367,7 @@ def _this_machine_cores() -> int:
 
 
 def _cores(v: Any) -> int:
-    return _this_machine_cores() if v == "this machine" else _int(1)(v)
+    return this_machine_cores() if v == "this machine" else _int(1)(v)
 
 
 def _cpu(name: str, p: Mapping[str, Any]) -> Topology:
