@@ -12,6 +12,8 @@ import pytest
 from tests.unit.test_cost_helpers import cluster_topo, switch_topo
 from treeattn.cost import gloo, nccl
 from treeattn.cost.bounds import CutModel
+from treeattn.cost.compute import ComputeModel
+from treeattn.cost.library import alltoall_us, exchange_plan
 from treeattn.cost.simulate import simulate
 from treeattn.plan.builders import build
 from treeattn.plan.ir import OpKind
@@ -106,3 +108,42 @@ def test_nvlink_and_rail_fabrics_keep_nccls_own_figures():
     # GB200 NVL72: machines joined by NVLink cross over the fabric, not the NICs
     nvl = nccl.fabric(resolve("gb200-nvl72"))
     assert nvl.inter_bw_gbps > nvl.intra_bw_gbps
+
+
+def test_alltoall_is_one_step_of_direct_messages():
+    # gloo posts every send and receive of an all-to-all at once: a p-th of the buffer to
+    # each peer, p - 1 messages a rank sharing its uplink, all issued one overhead apart.
+    p, o, lat = 4, 30.0, 1.0
+    topo = switch_topo(p, bw=10.0, lat=lat, overhead=o)
+    n = 4 * 6000
+    t, cpu = gloo.collective(topo, "alltoall", n)
+    assert t == gloo.collective(topo, "alltoall", n)[0] and len(cpu) == p
+    plan = exchange_plan(topo, n)
+    validate(plan)
+    assert {op.step for prog in plan.programs for op in prog} == {0}
+    assert sum(op.kind is OpKind.SEND for op in plan.programs[0]) == p - 1
+    assert plan.workload.nbytes == n // p
+    # three messages of n/p share the sender's uplink: the last ends after all three drained
+    assert t >= o + 2 * lat + (p - 1) * (n / p) / BETA - 1e-9
+    assert t < 3 * (o + 2 * lat + (p - 1) * (n / p) / BETA)
+
+
+def test_dcp_a2a_plans_time_one_library_alltoall():
+    w = Workload(batch=4, q_heads=8, kv_heads=2, head_dim=64, split=(256,) * 4)
+    share = w.rows * (64 + 1) * 4
+    # GPUs: NCCL's all-to-all is its grouped sends, timed by the point-to-point model
+    gpu = cluster_topo(1, 4)
+    res = simulate(build("dcp-a2a", w, gpu, result="heads"), gpu)
+    (coll,) = [t for t in res.timeline if t.kind == "collective" and t.rank == 0]
+    assert coll.bytes == share
+    want = max(gpu.cost.overhead_us + alltoall_us(gpu, share), CutModel(gpu).collective_floor_us(share // 4, 65 * 4))
+    # then each rank merges the four pieces of its own rows (not four whole buffers)
+    merge = ComputeModel.of(w, gpu).gather_merge_us(0, share // 4, 4)
+    assert coll.end_us - coll.start_us == pytest.approx(want + merge, rel=1e-9)
+    # host ranks: gloo's all-to-all schedule
+    hosts = switch_topo(4, bw=0.05, lat=3.0, overhead=50.0, launch=20.0, mem_bw=20.0)
+    res = simulate(build("dcp-a2a", w, hosts, result="heads"), hosts)
+    (coll,) = [t for t in res.timeline if t.kind == "collective" and t.rank == 0]
+    want = max(gloo.collective(hosts, "alltoall", share)[0], CutModel(hosts).collective_floor_us(share // 4, 65 * 4))
+    merge = ComputeModel.of(w, hosts).gather_merge_us(0, share // 4, 4)
+    assert coll.end_us - coll.start_us == pytest.approx(want + merge, rel=1e-9)

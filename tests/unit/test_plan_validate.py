@@ -190,6 +190,12 @@ def test_reduce_scatter_reduce_and_the_dcp_pair() -> None:
     assert first(hand([[q, C(1)], [q]])).kind is V.MISSING
     assert first(hand([[C(0), A(1, "sum", "partial", "reducescatter")]] * 2, chunks=2, layout="heads")
                  ).kind is V.BAD_COLLECTIVE
+    # vLLM's all-to-all: each rank ends with the merge of all in its own chunks, once
+    a2a = [C(0), A(1, "merge", "partial", "alltoall")]
+    assert validate(hand([a2a, a2a], chunks=2, layout="heads")).valid
+    assert "heads layout" in first(hand([a2a, a2a], chunks=2)).message
+    twice = a2a + [A(2, "merge", "partial", "alltoall")]
+    assert first(hand([twice, twice], chunks=2, layout="heads")).kind is V.DOUBLE_COUNT
 
 
 def test_check_raises_with_the_violation() -> None:

@@ -16,6 +16,9 @@ message pays the overhead, flows share links max-min fairly):
   hops, not of recursive doubling's 3 (results/validate-emu/NOTES.md).
 * all-gather of ``nbytes`` per rank: gloo's ring (``gloo/allgather.cc``): 2(p - 1)
   iterations, each passing half of one rank's buffer to the rank above, two in flight.
+* all-to-all of ``nbytes`` per rank (``gloo/alltoall.cc``, ``alltoallv.cc``): every send
+  and receive posted at once, then all awaited: one step of p - 1 messages a rank
+  (``treeattn.cost.library.exchange_plan``).
 
 Two iterations in flight are one step here (posted together, both awaited), so a rank
 pays a message end per segment, as gloo's ranks do.
@@ -85,11 +88,13 @@ def _cached(topo: Topology, what: str, nbytes: int, compute) -> tuple[float, tup
 
 
 def collective(topo: Topology, coll: str, nbytes: int) -> tuple[float, tuple[float, ...]]:
-    """Time of gloo's ``allreduce`` or ``allgather`` of ``nbytes`` per rank on ``topo``, and
+    """Time of gloo's ``allreduce``, ``allgather`` or ``alltoall`` of ``nbytes`` per rank on ``topo``, and
     the CPU work each rank pays for it (zeros without a host CPU model)."""
     if topo.num_ranks < 2:
         return 0.0, (0.0,) * topo.num_ranks
-    plan = ring_allgather_plan if coll == "allgather" else ring_allreduce_plan
+    from treeattn.cost.library import exchange_plan  # it times the library's calls with this module
+
+    plan = {"allgather": ring_allgather_plan, "alltoall": exchange_plan}.get(coll, ring_allreduce_plan)
 
     def run() -> tuple[float, tuple[float, ...]]:
         from treeattn.cost.simulate import simulate

@@ -3,8 +3,9 @@
 Each form of ``treeattn.plan.ir.COLLECTIVE_FORMS`` is one or more library calls; each call
 costs, on GPUs, one ``overhead_us`` (issuing it: NCCL's constants leave the host's cost of
 issuing out, since nccl-tests overlaps it with the previous call) plus NCCL's pick
-(``treeattn.cost.nccl``, bus bandwidth capped by the routes); on ``host`` ranks, the schedule
-gloo runs (``treeattn.cost.gloo``; gloo reduce-scatters, and here reduces, with an
+(``treeattn.cost.nccl``, bus bandwidth capped by the routes; an all-to-all, which NCCL runs
+as grouped sends and receives, by the point-to-point model: ``alltoall_us``); on ``host``
+ranks, the schedule gloo runs (``treeattn.cost.gloo``; gloo reduce-scatters, and here reduces, with an
 all-reduce of the whole buffer). Every call is floored at what the cut bounds allow
 (``CutModel.collective_floor_us``), for the bytes every rank must receive at least.
 """
@@ -13,10 +14,43 @@ from __future__ import annotations
 
 from treeattn.cost import gloo, nccl
 from treeattn.cost.bounds import CutModel
-from treeattn.plan.ir import COLLECTIVE_FORMS, Op, Plan, row_bytes
+from treeattn.cost.nccl_p2p import WORLD
+from treeattn.plan.builders import build
+from treeattn.plan.ir import COLLECTIVE_FORMS, Op, Plan, TopologyRef, row_bytes
 from treeattn.topology.model import Topology
+from treeattn.workload import RawPayload
 
-__all__ = ["LibraryModel"]
+__all__ = ["LibraryModel", "alltoall_us", "exchange_plan"]
+
+_A2A: dict[tuple[str, int], float] = {}
+
+
+def exchange_plan(topo: Topology, nbytes: int) -> Plan:
+    """An all-to-all of ``nbytes`` per rank as one step of point-to-point messages: every rank
+    sends a p-th of its buffer to every other rank at once (the ``direct`` plan: gloo's
+    ``alltoall`` posts every send and receive before waiting; NCCL's is one group of them)."""
+    return build("direct", RawPayload(nbytes=max(nbytes // topo.num_ranks, 4), ranks=topo.num_ranks),
+                 TopologyRef.of(topo))
+
+
+def alltoall_us(topo: Topology, nbytes: int, communicator: str = WORLD) -> float:
+    """Time of an all-to-all of ``nbytes`` per rank on ``topo`` between GPUs: the exchange's
+    messages under the simulator's point-to-point model (NCCL's per-message channels of
+    ``communicator``), until the last one lands; cached per (topology, size)."""
+    from treeattn.cost.simulate import simulate
+
+    if topo.num_ranks < 2:
+        return 0.0
+    key = (f"{topo.fingerprint}/{communicator}", nbytes)
+    hit = _A2A.get(key)
+    if hit is None:
+        res = simulate(exchange_plan(topo, nbytes), topo, timeline=True, communicator=communicator)
+        assert res.timeline is not None
+        hit = max(t.end_us for t in res.timeline if t.kind in ("recv_merge", "recv_copy"))
+        if len(_A2A) > 4096:
+            _A2A.clear()
+        _A2A[key] = hit
+    return hit
 
 
 class LibraryModel:
@@ -41,12 +75,15 @@ class LibraryModel:
             else:
                 row = row_bytes(w, what)
                 share = (stop - start) * row
-            # What every rank must receive at least: a reduce-scatter delivers a p-th.
-            floor = self.cuts.collective_floor_us(share // p if coll == "reducescatter" else share, row,
-                                                  everyone=coll != "reduce")
+            # What every rank must receive at least: a reduce-scatter and an all-to-all deliver
+            # a p-th of the buffer from every rank.
+            floor = self.cuts.collective_floor_us(share // p if coll in ("reducescatter", "alltoall") else share,
+                                                  row, everyone=coll != "reduce")
             if self.hosts:
-                t, cpu = gloo.collective(self.topo, "allgather" if coll == "allgather" else "allreduce", share)
+                t, cpu = gloo.collective(self.topo, coll if coll in ("allgather", "alltoall") else "allreduce", share)
                 spent.append(cpu)
+            elif coll == "alltoall":
+                t = self.topo.cost.overhead_us + alltoall_us(self.topo, share)
             else:
                 size = share * p if coll == "allgather" else share
                 t = self.topo.cost.overhead_us + nccl.pick(self.fabric, nccl.Collective(coll), size).time_us

@@ -510,7 +510,9 @@ class _Engine:
         for _, r, gid in self.coll_arrivals[k]:
             op = self._op(r, gid)
             merges = COLLECTIVE_FORMS[(op.coll, op.reduce, op.part)].local_merge
-            extra = self.cm.gather_merge_us(r, self.nbytes[gid], self.p) if merges else 0.0
+            # An all-gather's rank merges p whole buffers; an all-to-all's, p pieces of its own rows.
+            share = self.nbytes[gid] // self.p if op.coll == "alltoall" else self.nbytes[gid]
+            extra = self.cm.gather_merge_us(r, share, self.p) if merges else 0.0
             if extra > 0:
                 self._push(t + extra, _EV_OP_DONE, gid)
             else:

@@ -7,7 +7,8 @@ lse m, then one sum of the rows (w o, w) (``weighted``) and ``finish`` o = sum(w
 lse = m + log sum(w); the paper's trio runs the same three pieces as three calls; decode
 context parallel all-gathers the lse, corrects its own output by the merged lse and
 reduce-scatters the corrected outputs. ``allgather merge partial`` merges the gathered stack
-locally. Buffers that receive come from the executor's pool (``PlanExecutor.pool``).
+locally; ``alltoall merge partial`` the pieces of its own rows every rank sent it. Buffers
+that receive come from the executor's pool (``PlanExecutor.pool``).
 
 Legend as in ``treeattn.exec.interpreter``: acc is the packed head-major accumulator; a
 rank's *segment* is the rows it owns in a heads layout (``Plan.segments``).
@@ -59,6 +60,8 @@ def run_collective(ex: PlanExecutor, op: Op, acc: torch.Tensor, state: dict, wha
         gathered = comm.all_gather(part if part.dtype == wire else part.to(wire), what,
                                    out=ex.pool.take((comm.world, *part.shape), wire))
         kernels.merged_into(part, gathered)
+    elif op.coll == "alltoall":
+        _alltoall_merge(ex, rows, part, acc, what)
     elif form.group == "trio":
         _trio(ex, op.part, rows, part, state, what)
     elif form.group == "dcp":
@@ -74,6 +77,21 @@ def run_collective(ex: PlanExecutor, op: Op, acc: torch.Tensor, state: dict, wha
             if got is not None:
                 mine = acc[where]
                 kernels.finish(mine, m[where.start - rows.start:where.stop - rows.start], got[:, :-1], got[:, -1])
+
+
+def _alltoall_merge(ex: PlanExecutor, rows: slice, part: torch.Tensor, acc: torch.Tensor, what: str) -> None:
+    """vLLM's all-to-all variant: rank j gets every rank's rows of its own segment (the part
+    of ``rows`` it owns) in one library all-to-all, and merges them into its accumulator."""
+    comm, wire = ex.comm, ex.wire_dtype
+    splits = [max(0, min(b, rows.stop) - max(a, rows.start)) for a, b in ex.plan.segments]
+    if not any(splits):
+        return
+    mine = splits[comm.rank]
+    got = ex.pool.take((comm.world * mine, part.shape[1]), wire)
+    comm.all_to_all(got, part if part.dtype == wire else part.to(wire), splits, what)
+    if mine:
+        start = max(ex.plan.segments[comm.rank][0], rows.start)
+        kernels.merged_into(acc[start:start + mine], got.view(comm.world, mine, part.shape[1]))
 
 
 def _sum_to_owners(ex: PlanExecutor, op: Op, x: torch.Tensor, rows: slice,

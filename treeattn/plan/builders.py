@@ -553,10 +553,11 @@ def _build_dcp_ag_rs(a: _Args) -> Plan:
 
 def _build_dcp_a2a(a: _Args) -> Plan:
     # vLLM's all-to-all variant: each rank sends every other rank that rank's heads of its
-    # partial (output and lse) and merges what it gets for its own heads.
+    # partial (output and lse) in one library all-to-all and merges what it gets for its own.
     total = _need_heads(a, a.chunks, f"dcp-a2a with {a.chunks} chunks")
     progs = _start(a)
-    emit_direct_scatter(progs, a.p, a.chunks, a.base)
+    for r in range(a.p):
+        progs.collective(r, a.base, "alltoall", "merge", "partial")
     return _plan(a, "dcp-a2a", {"chunks": a.chunks, "result": "heads"}, progs, total, layout="heads")
 
 

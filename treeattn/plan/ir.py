@@ -40,8 +40,10 @@ Semantics (every interpreter implements exactly this):
   trio (allreduce max lse, allreduce sum num, allreduce sum den: the merge of all
   accumulators once all three are done), ``allreduce R partial`` and ``allgather R
   partial`` (every rank: the merge of all), ``reducescatter R partial`` (each rank: the
-  merge of all in its own chunks; ``heads`` plans), ``reduce R partial`` (rank ``peer``:
-  the merge of all), with R ``merge`` for attention and ``sum`` for raw payloads; and the
+  merge of all in its own chunks; ``heads`` plans), ``alltoall merge partial`` (the same
+  effect as one library all-to-all of the rows by owner, then a local merge), ``reduce R
+  partial`` (rank ``peer``: the merge of all), with R ``merge`` for attention and ``sum`` for
+  raw payloads; and the
   decode-context-parallel pair (``allgather copy lse`` then ``reducescatter sum num``: each
   rank's own chunks) with ``allgather copy q`` (gathers the query; changes no accumulator).
 * Attention plans start with empty accumulators and fill them by COMPUTE; raw payload
@@ -111,7 +113,7 @@ class OpKind(StrEnum):
     COLLECTIVE = "collective"
 
 
-COLLECTIVES = ("allreduce", "allgather", "reducescatter", "reduce")
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "reduce", "alltoall")
 REDUCES = ("max", "sum", "merge", "copy")
 PARTS = ("lse", "num", "den", "partial", "q")
 LAYOUTS = ("full", "heads")
@@ -139,7 +141,8 @@ class CollectiveForm:
     part_name: str | None = None
     """Which part of its group it is."""
     local_merge: bool = False
-    """Every rank merges what it gathered (all-gather of partials)."""
+    """Every rank merges what it received (all-gather of partials: every row, p times; the
+    all-to-all: its own segment's rows, p times)."""
 
 
 _ATT, _BOTH = ("attention",), ("attention", "raw")
@@ -158,6 +161,8 @@ COLLECTIVE_FORMS: dict[tuple[str, str, str], CollectiveForm] = {
                                                           (("allreduce", "lse"), ("reducescatter", "wnum"))),
     ("reduce", "merge", "partial"): CollectiveForm(_ATT, "root", (("allreduce", "lse"), ("reduce", "wnum"))),
     ("allgather", "merge", "partial"): CollectiveForm(_ATT, "all", (("allgather", "partial"),), local_merge=True),
+    # vLLM's all-to-all variant: rank j gets every rank's rows of its own segment, merges them.
+    ("alltoall", "merge", "partial"): CollectiveForm(_ATT, "owner", (("alltoall", "partial"),), local_merge=True),
     ("allreduce", "sum", "partial"): CollectiveForm(("raw",), "all", (("allreduce", "partial"),)),
     ("allgather", "sum", "partial"): CollectiveForm(("raw",), "all", (("allgather", "partial"),), local_merge=True),
     ("reducescatter", "sum", "partial"): CollectiveForm(("raw",), "owner", (("reducescatter", "partial"),)),

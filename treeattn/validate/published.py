@@ -7,7 +7,8 @@ Every row of every table (``treeattn.validate.corpus``) is predicted on the tabl
   simulator adds (nccl-tests times a back-to-back loop, where issuing overlaps);
 * sendrecv and alltoall: the simulator's point-to-point model on a plan of the exchange made
   of SEND/RECV ops: sendrecv is rank r -> r+1 (nccl-tests' ring shift) with the whole
-  buffer, alltoall the ``direct`` plan with 1/R of the buffer to every peer; the time is
+  buffer, alltoall the ``direct`` plan with 1/R of the buffer to every peer
+  (``treeattn.cost.library.alltoall_us``, as a plan's all-to-all is timed); the time is
   when the last message lands (the merge a plan applies afterwards is not part of it).
 
 A table run by one process driving G GPUs (``nGpus G`` in its header, nccl-tests ``-g G``)
@@ -32,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from treeattn.cost import nccl
+from treeattn.cost.library import alltoall_us
 from treeattn.cost.nccl_p2p import WORLD
 from treeattn.cost.simulate import simulate
 from treeattn.errors import InputError, TopologyError
-from treeattn.plan.builders import build
 from treeattn.plan.ir import Plan, TopologyRef
 from treeattn.plan.schedule import Programs
 from treeattn.topology.library import resolve
@@ -97,7 +98,7 @@ def p2p_time_us(topo: Topology, collective: str, nbytes: int) -> float:
             progs.transfer(r, (r + 1) % n, 0, copy=True)
         plan = Plan("sendrecv", {}, payload, TopologyRef.of(topo), 1, progs.build(), tuple(range(n)))
     elif collective == "alltoall":
-        plan = build("direct", RawPayload(nbytes=max(nbytes // n, 4), ranks=n), topo)
+        return alltoall_us(topo, nbytes)
     else:
         raise InputError(f"{collective} is not a point-to-point exchange; use the NCCL model")
     res = simulate(plan, topo, timeline=True, communicator=WORLD)

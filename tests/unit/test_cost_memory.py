@@ -1,0 +1,21 @@
+"""Per-rank peak bytes (``treeattn.cost.memory``) of the library-collective methods, in closed form."""
+
+from __future__ import annotations
+
+from tests.unit.test_cost_helpers import cluster_topo
+from treeattn.cost.memory import kv_cache_bytes, rank_peak_bytes
+from treeattn.plan.builders import build
+from treeattn.workload import Workload
+
+
+def test_alltoall_holds_p_pieces_of_its_own_rows_and_allgather_p_partials():
+    p, d = 4, 64
+    w = Workload(batch=4, q_heads=8, kv_heads=2, head_dim=d, split=(256,) * p)
+    topo = cluster_topo(1, p)
+    row = (d + 1) * 4  # a packed fp32 partial row: D values and the lse
+    base = kv_cache_bytes(w, 0) + w.batch * w.q_heads * d * w.kv_dtype.nbytes + w.payload_bytes
+    seg = w.batch * w.q_heads // p  # rows a rank owns in the heads layout
+    a2a = build("dcp-a2a", w, topo, result="heads")
+    assert rank_peak_bytes(a2a, 0) == base + p * seg * row
+    gather = build("allgather-merge", w, topo)
+    assert rank_peak_bytes(gather, 0) == base + p * w.rows * row
