@@ -183,3 +183,45 @@ def test_tree_bandwidth_has_nccls_per_channel_caps():
     est = next(e for e in nccl.predict(fab, "allreduce", n)
                if (e.algorithm.value, e.protocol.value) == ("tree", "LL128"))
     assert n / (est.rank_us - est.latency_us) / 1e3 == pytest.approx(8 * 29.0 * 0.5)
+
+
+def test_nvls_chunks_follow_nccls_enqueue():
+    from treeattn.cost.nvls import nvls_chunk
+
+    mib = 1 << 20
+    ops = 16 * 8  # 16 NVLS channels x 8 heads (one per H100 of a node)
+    # NVLSTree on 2 nodes: 128 KiB, shrunk under 4 loops' worth to 64 KiB and under one to 32 KiB
+    assert [nvls_chunk(2, ops, 128 << 10, 128 << 10, n * mib) for n in (4, 8, 16, 32, 64)] == \
+        [32 << 10, 64 << 10, 64 << 10, 64 << 10, 128 << 10]
+    # 4 nodes and more: at most 64 KiB
+    assert nvls_chunk(4, ops, 128 << 10, 64 << 10, 1 << 30) == 64 << 10
+    # NVLS on one node: 64 KiB under 64 loops, 32 KiB under 8, 16 KiB under 2
+    assert [nvls_chunk(1, ops, 128 << 10, 128 << 10, n * mib) for n in (4, 32, 64, 1024)] == \
+        [16 << 10, 32 << 10, 64 << 10, 128 << 10]
+
+
+def _nvls_data_us(fab, nbytes: int) -> float:
+    est = next(e for e in nccl.predict(fab, "allreduce", nbytes) if e.algorithm.value.startswith("nvls"))
+    return est.time_us - est.latency_us
+
+
+def test_nvlstree_pays_a_pipeline_fill_of_one_loop_per_tree_level_and_one():
+    from treeattn.cost.nvls import fill_loops
+
+    assert [fill_loops(n) for n in (1, 2, 4, 8)] == [1, 2, 3, 4]
+    mib = 1 << 20
+    two = nccl.fabric(resolve("dgx-h100:nodes=2"))
+    # a loop is 16 x 8 chunks: 8 MiB at 16-32 MiB (64 KiB chunks), 16 MiB at 64 MiB (128 KiB);
+    # 2 nodes fill 2 loops: 16 + 16, 32 + 16 and 64 + 32 MiB move at one rate
+    t16, t32, t64 = (_nvls_data_us(two, n * mib) for n in (16, 32, 64))
+    assert t32 / t16 == pytest.approx(48 / 32)
+    assert t64 / t32 == pytest.approx(96 / 48)
+    # 8 nodes: 64 KiB chunks at most, 4 loops of fill: 16 MiB moves as 16 + 32
+    eight = nccl.fabric(resolve("dgx-h100:nodes=8"))
+    assert _nvls_data_us(eight, 32 * mib) / _nvls_data_us(eight, 16 * mib) == pytest.approx(64 / 48)
+    # a buffer smaller than one loop (4 MiB of 32 KiB chunks) fills with itself: 2 + 2 x 2 MiB
+    assert _nvls_data_us(two, 2 * mib) / t16 == pytest.approx(6 / 32)
+    # one node: one loop of fill; at 16 GiB it is 0.1 % of the time
+    one = nccl.fabric(resolve("dgx-h100"))
+    big = _nvls_data_us(one, 1 << 34)
+    assert big == pytest.approx(((1 << 34) + 16 * mib) / (18 * 20.6 * 0.85 * 0.86 * 1e3))

@@ -815,10 +815,8 @@ def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: i
             algbw = nbytes / (t * 1e3)
             out.append(NcclEstimate(algo, proto, t, algbw, algbw * factor, lat, None if tuned == t else tuned))
     if collective is Collective.ALLREDUCE and fab.nvls_gbps > 0:
-        log_size = _log2i(nbytes >> 6)
-        correction = _TREE_CORRECTION[2][log_size] if log_size < len(_TREE_CORRECTION[2]) else 1.0
         got = nvls_allreduce(fab.arch, fab.ranks, fab.nodes, fab.nvls_gbps, fab.inter_bw_gbps, nbytes,
-                             NET_ACHIEVED[Protocol.SIMPLE], correction)
+                             NET_ACHIEVED[Protocol.SIMPLE])
         if got is not None:
             name, nccl_us, t, lat = got
             algbw = nbytes / (t * 1e3)
