@@ -119,10 +119,12 @@ def test_alltoall_is_one_step_of_direct_messages():
     t, cpu = gloo.collective(topo, "alltoall", n)
     assert t == gloo.collective(topo, "alltoall", n)[0] and len(cpu) == p
     plan = exchange_plan(topo, n)
-    validate(plan)
     assert {op.step for prog in plan.programs for op in prog} == {0}
     assert sum(op.kind is OpKind.SEND for op in plan.programs[0]) == p - 1
-    assert plan.workload.nbytes == n // p
+    # what lands is copied (gloo sums nothing), each source's piece into its own chunk
+    recvs = [op for op in plan.programs[0] if op.kind is not OpKind.SEND]
+    assert {op.kind for op in recvs} == {OpKind.RECV_COPY} and sorted(op.chunk for op in recvs) == [1, 2, 3]
+    assert plan.workload.nbytes == n and plan.chunks == p
     # three messages of n/p share the sender's uplink: the last ends after all three drained
     assert t >= o + 2 * lat + (p - 1) * (n / p) / BETA - 1e-9
     assert t < 3 * (o + 2 * lat + (p - 1) * (n / p) / BETA)
@@ -147,3 +149,19 @@ def test_dcp_a2a_plans_time_one_library_alltoall():
     want = max(gloo.collective(hosts, "alltoall", share)[0], CutModel(hosts).collective_floor_us(share // 4, 65 * 4))
     merge = ComputeModel.of(w, hosts).gather_merge_us(0, share // 4, 4)
     assert coll.end_us - coll.start_us == pytest.approx(want + merge, rel=1e-9)
+
+
+def test_alltoall_merges_each_ranks_own_rows():
+    # 8 heads on 3 ranks (3, 3 and 2 heads): the exchange is timed for the largest owner, and
+    # each rank then merges three pieces of its own rows.
+    w = Workload(batch=2, q_heads=8, kv_heads=2, head_dim=64, split=(256,) * 3)
+    gpu = cluster_topo(1, 3)
+    plan = build("dcp-a2a", w, gpu, result="heads")
+    res = simulate(plan, gpu)
+    colls = {t.rank: t for t in res.timeline if t.kind == "collective"}
+    cm, row = ComputeModel.of(w, gpu), 65 * 4
+    exchange = max(gpu.cost.overhead_us + alltoall_us(gpu, 3 * 6 * row),
+                   CutModel(gpu).collective_floor_us(6 * row, row))
+    for r, rows in enumerate(plan.owned_rows(None)):
+        got = colls[r].end_us - colls[r].start_us
+        assert got == pytest.approx(exchange + cm.gather_merge_us(r, rows * row, 3), rel=1e-9)

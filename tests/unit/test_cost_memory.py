@@ -19,3 +19,14 @@ def test_alltoall_holds_p_pieces_of_its_own_rows_and_allgather_p_partials():
     assert rank_peak_bytes(a2a, 0) == base + p * seg * row
     gather = build("allgather-merge", w, topo)
     assert rank_peak_bytes(gather, 0) == base + p * w.rows * row
+
+
+def test_uneven_heads_charge_the_rank_that_owns_the_most():
+    # 8 heads on 3 ranks: segments of 3, 3 and 2 heads; an all-to-all delivers each rank
+    # three pieces of its own rows, so the largest owner holds 3 x 3 heads' rows.
+    p, d = 3, 64
+    w = Workload(batch=2, q_heads=8, kv_heads=2, head_dim=d, split=(256,) * p)
+    plan = build("dcp-a2a", w, cluster_topo(1, p), result="heads")
+    assert plan.owned_rows(None) == (6, 6, 4)
+    base = kv_cache_bytes(w, 0) + w.batch * w.q_heads * d * w.kv_dtype.nbytes + w.payload_bytes
+    assert rank_peak_bytes(plan, 0) == base + p * 6 * (d + 1) * 4

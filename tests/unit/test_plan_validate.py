@@ -194,6 +194,8 @@ def test_reduce_scatter_reduce_and_the_dcp_pair() -> None:
     a2a = [C(0), A(1, "merge", "partial", "alltoall")]
     assert validate(hand([a2a, a2a], chunks=2, layout="heads")).valid
     assert "heads layout" in first(hand([a2a, a2a], chunks=2)).message
+    one_chunk = [C(0), Op(OpKind.COLLECTIVE, 1, chunk=0, coll="alltoall", reduce="merge", part="partial")]
+    assert "chunk must be null" in first(hand([one_chunk, one_chunk], chunks=2, layout="heads")).message
     twice = a2a + [A(2, "merge", "partial", "alltoall")]
     assert first(hand([twice, twice], chunks=2, layout="heads")).kind is V.DOUBLE_COUNT
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 from treeattn.cost import gloo, nccl
 from treeattn.cost.bounds import CutModel
 from treeattn.cost.nccl_p2p import WORLD
-from treeattn.plan.builders import build
 from treeattn.plan.ir import COLLECTIVE_FORMS, Op, Plan, TopologyRef, row_bytes
+from treeattn.plan.schedule import Programs
 from treeattn.topology.model import Topology
+from treeattn.units import DType
 from treeattn.workload import RawPayload
 
 __all__ = ["LibraryModel", "alltoall_us", "exchange_plan"]
@@ -27,10 +28,19 @@ _A2A: dict[tuple[str, int], float] = {}
 
 def exchange_plan(topo: Topology, nbytes: int) -> Plan:
     """An all-to-all of ``nbytes`` per rank as one step of point-to-point messages: every rank
-    sends a p-th of its buffer to every other rank at once (the ``direct`` plan: gloo's
-    ``alltoall`` posts every send and receive before waiting; NCCL's is one group of them)."""
-    return build("direct", RawPayload(nbytes=max(nbytes // topo.num_ranks, 4), ranks=topo.num_ranks),
-                 TopologyRef.of(topo))
+    sends a p-th of its buffer to every other rank at once, which lands as a copy (gloo's
+    ``alltoall`` posts every send and receive before waiting; NCCL's is one group of them).
+    Chunk j is rank j's piece (at least 4 bytes); like the all-gather's, the plan only times
+    the exchange: what ends where is the caller's (a COLLECTIVE's effect)."""
+    p = topo.num_ranks
+    piece = max(nbytes // p, 4)
+    progs = Programs(p)
+    for u in range(p):
+        for v in range(p):
+            if u != v:
+                progs.transfer(u, v, 0, u, copy=True)
+    return Plan(algorithm="alltoall", params={}, workload=RawPayload(nbytes=piece * p, ranks=p, dtype=DType.FP8),
+                topology=TopologyRef.of(topo), chunks=p, programs=progs.build(), result_ranks=tuple(range(p)))
 
 
 def alltoall_us(topo: Topology, nbytes: int, communicator: str = WORLD) -> float:
@@ -75,6 +85,8 @@ class LibraryModel:
             else:
                 row = row_bytes(w, what)
                 share = (stop - start) * row
+            if coll == "alltoall":  # every rank sends each the rows it owns: timed for the largest owner
+                share = p * max(plan.owned_rows(op.chunk)) * row
             # What every rank must receive at least: a reduce-scatter and an all-to-all deliver
             # a p-th of the buffer from every rank.
             floor = self.cuts.collective_floor_us(share // p if coll in ("reducescatter", "alltoall") else share,

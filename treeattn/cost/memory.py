@@ -9,7 +9,7 @@ Per rank, during one layer's decode step (``peak_bytes``):
   rows; a KV block), the KV blocks of other ranks it received and has not yet passed on and
   computed over (ring attention: the block in hand and the next one arriving), and what a
   collective needs: an all-gather of partials holds all p, an all-to-all of partials p
-  pieces of the rank's own rows (the longest segment's), the query's gather the whole
+  pieces of the rank's own rows (of the rank that owns the most), the query's gather the whole
   query, the lse gather p lse vectors, the sum of (w o, w) a packed copy of the rows
   (a reduce-scatter's output too); the paper's all-reduces reduce one part at a time in
   place of a copy of it.
@@ -57,9 +57,8 @@ def _collective_bytes(plan: Plan, op) -> int:  # noqa: ANN001 - an ir.Op
         buf = rows * row_bytes(w, what)
         if coll == "allgather":
             out = max(out, buf * p)
-        elif coll == "alltoall":  # p pieces of its own segment, padded to the longest
-            seg = max(b - a for a, b in plan.segments) if plan.layout == "heads" else -(-rows // p)
-            out = max(out, p * seg * row_bytes(w, what))
+        elif coll == "alltoall":  # p pieces of its own rows (the rank that owns the most)
+            out = max(out, p * max(plan.owned_rows(op.chunk)) * row_bytes(w, what))
         elif coll == "reducescatter":
             out = max(out, buf + -(-buf // p))
         else:

@@ -511,7 +511,10 @@ class _Engine:
             op = self._op(r, gid)
             merges = COLLECTIVE_FORMS[(op.coll, op.reduce, op.part)].local_merge
             # An all-gather's rank merges p whole buffers; an all-to-all's, p pieces of its own rows.
-            share = self.nbytes[gid] // self.p if op.coll == "alltoall" else self.nbytes[gid]
+            share = self.nbytes[gid]
+            if op.coll == "alltoall":
+                start, stop = self.plan.chunk_range(op.chunk)
+                share = share // max(stop - start, 1) * self.plan.owned_rows(op.chunk)[r]
             extra = self.cm.gather_merge_us(r, share, self.p) if merges else 0.0
             if extra > 0:
                 self._push(t + extra, _EV_OP_DONE, gid)

@@ -61,7 +61,7 @@ def run_collective(ex: PlanExecutor, op: Op, acc: torch.Tensor, state: dict, wha
                                    out=ex.pool.take((comm.world, *part.shape), wire))
         kernels.merged_into(part, gathered)
     elif op.coll == "alltoall":
-        _alltoall_merge(ex, rows, part, acc, what)
+        _alltoall_merge(ex, op.chunk, rows, part, acc, what)
     elif form.group == "trio":
         _trio(ex, op.part, rows, part, state, what)
     elif form.group == "dcp":
@@ -79,11 +79,12 @@ def run_collective(ex: PlanExecutor, op: Op, acc: torch.Tensor, state: dict, wha
                 kernels.finish(mine, m[where.start - rows.start:where.stop - rows.start], got[:, :-1], got[:, -1])
 
 
-def _alltoall_merge(ex: PlanExecutor, rows: slice, part: torch.Tensor, acc: torch.Tensor, what: str) -> None:
+def _alltoall_merge(ex: PlanExecutor, op_chunk: int | None, rows: slice, part: torch.Tensor, acc: torch.Tensor,
+                    what: str) -> None:
     """vLLM's all-to-all variant: rank j gets every rank's rows of its own segment (the part
     of ``rows`` it owns) in one library all-to-all, and merges them into its accumulator."""
     comm, wire = ex.comm, ex.wire_dtype
-    splits = [max(0, min(b, rows.stop) - max(a, rows.start)) for a, b in ex.plan.segments]
+    splits = list(ex.plan.owned_rows(op_chunk))
     if not any(splits):
         return
     mine = splits[comm.rank]

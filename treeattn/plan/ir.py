@@ -384,6 +384,12 @@ class Plan:
             at += n
         return tuple(out)
 
+    def owned_rows(self, chunk: int | None) -> tuple[int, ...]:
+        """Per rank, how many rows of ``chunk`` (None: every row) lie in its own segment: what
+        an all-to-all by owner delivers to each rank from every rank."""
+        start, stop = self.chunk_range(chunk)
+        return tuple(max(0, min(b, stop) - max(a, start)) for a, b in self.segments)
+
     def chunk_range(self, chunk: int | None) -> tuple[int, int]:
         """Rows [start, stop) of ``chunk`` (None: every row); see the module docstring."""
         rows = self.workload.rows

@@ -415,6 +415,8 @@ class _Validator:
                 self._add(V.PEER_RANGE, r, i, f"a reduce names its root as peer, in [0, {p}); got {peer!r}")
         elif peer is not None:
             self._add(V.BAD_OP, r, i, f"{what} takes no peer")
+        if op.coll == "alltoall" and chunk is not None:
+            self._add(V.BAD_COLLECTIVE, r, i, f"{what} exchanges every rank's rows at once (chunk must be null)")
         if (form.effect == "owner" or form.group == "dcp") and self.plan.layout != "heads":
             self._add(V.BAD_COLLECTIVE, r, i, f"{what} leaves each rank its own rows: it needs a heads layout plan")
 
