@@ -593,6 +593,7 @@ _RESULT = _P("result", "'all' (reduce, then broadcast back: every rank gets the 
 _RESULT_LIB = _P("result", "'all' (all-reduce), 'heads' (reduce-scatter: each rank its own query heads) or 'root' "
                            "(reduce to the root)")
 _HEADS = _P("result", "always 'heads': each rank ends with its own query heads")
+_LIB_CHUNKS = _P("chunks", "row chunks of each rank's heads (the library calls cover them all at once: not pipelined)")
 _ROOT = _P("root", "rank the reduction ends at (default 0, or order[0])")
 _ORDER = _P("order", "rank at each tree position, position 0 first (default: ranks rotated to start at root)")
 _FANOUT = _P("fanout", "children per node (kary shape)")
@@ -652,11 +653,12 @@ _SPECS: list[tuple[AlgorithmSpec, Callable[[_Args], Plan]]] = [
                    (_CHUNKS,), is_baseline=True, results=("all",)), _build_allgather_merge),
     (AlgorithmSpec("dcp-ag-rs", "vLLM decode context parallel: all-gather q, attend every head over the shard, "
                                 "all-gather lse, reduce-scatter the corrected outputs",
-                   (_CHUNKS, _HEADS), is_baseline=True, payloads=("attention",), results=("heads",)),
+                   (_LIB_CHUNKS, _HEADS), is_baseline=True, payloads=("attention",), results=("heads",)),
      _build_dcp_ag_rs),
     (AlgorithmSpec("dcp-a2a", "vLLM decode context parallel, all-to-all: partial outputs and lse exchanged by head, "
                               "merged locally",
-                   (_CHUNKS, _HEADS), is_baseline=True, payloads=("attention",), results=("heads",)), _build_dcp_a2a),
+                   (_LIB_CHUNKS, _HEADS), is_baseline=True, payloads=("attention",), results=("heads",)),
+     _build_dcp_a2a),
     (AlgorithmSpec("ring-attention", "KV blocks rotate around the ring; each rank computes over every block, the "
                                      "attention over one block overlapping the next block's transfer",
                    (_ORDER, _CHUNKS, _P("overlap", "false: each transfer is a step of its own between computes")),
