@@ -169,7 +169,34 @@ def errors(rank: int, p: int):  # noqa: ANN201
     yield out
 
 
-TASKS = {"every_method": every_method, "searched": searched, "subgroup": subgroup, "errors": errors}
+def mixed_trio(rank: int, p: int):  # noqa: ANN201
+    """The paper's three all-reduces over different chunkings: the max over every row, the
+    numerator chunk by chunk, the denominator in the other order (each row takes effect once
+    all three have run over it)."""
+    from treeattn.plan.ir import Plan
+    from treeattn.plan.schedule import Programs
+    from treeattn.plan.validate import check
+
+    w = _workload(p)
+    progs = Programs(p)
+    for r in range(p):
+        progs.compute(r, 0)
+        progs.collective(r, 1, "allreduce", "max", "lse")
+        progs.collective(r, 2, "allreduce", "sum", "num", chunk=0)
+        progs.collective(r, 3, "allreduce", "sum", "den", chunk=2)
+        progs.collective(r, 4, "allreduce", "sum", "num", chunk=1)
+        progs.collective(r, 5, "allreduce", "sum", "num", chunk=2)
+        progs.collective(r, 6, "allreduce", "sum", "den", chunk=1)
+        progs.collective(r, 7, "allreduce", "sum", "den", chunk=0)
+    plan = Plan(algorithm="allreduce3", params={"chunks": 3}, workload=w, topology=REF, chunks=3,
+                programs=progs.build(), result_ranks=tuple(range(p)))
+    check(plan)
+    yield {"method": "mixed-trio", "result": "all", "dtype_in": str(torch.float32),
+           **scenario(rank, p, plan, torch.float32, seed=3)}
+
+
+TASKS = {"every_method": every_method, "searched": searched, "subgroup": subgroup, "errors": errors,
+         "mixed_trio": mixed_trio}
 
 
 def main() -> None:

@@ -64,6 +64,12 @@ def test_every_method_and_layout_is_exact(p, tmp_path):
     assert {("binomial", "heads"), ("binomial", "root"), ("allreduce2", "root"), ("ring", "heads")} <= seen
 
 
+def test_trio_over_different_chunkings_is_exact(tmp_path):
+    for r, (item,) in enumerate(run("mixed_trio", 2, tmp_path)):
+        assert not item["none"] and item["err_o"] <= 1e-5 and item["err_l"] <= 1e-5, (r, item)
+        assert item["pooled"] and item["repeat_equal"], (r, item)
+
+
 def test_searched_plans_and_subgroups(tmp_path):
     ranks = run("searched", 4, tmp_path)
     for r, items in enumerate(ranks):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from treeattn.errors import PlanInvalidError
@@ -168,12 +169,12 @@ def _trio(ex: PlanExecutor, name: str, rows: slice, part: torch.Tensor, state: d
                                     num=take((ex.rows, d), torch.float32).zero_(),
                                     den=take((ex.rows,), torch.float32).zero_())
         for k in ("lse", "num", "den"):
-            trio[f"has_{k}"] = bytearray(ex.rows)
+            trio[f"has_{k}"] = np.zeros(ex.rows, dtype=bool)
     lse = part[:, -1]
     if name == "lse":
         trio["m"][rows] = ex.comm.all_reduce(lse.contiguous(), "max", what)
     else:
-        if not all(trio["has_lse"][rows]):
+        if not trio["has_lse"][rows].all():
             raise PlanInvalidError(
                 f"rank {ex.rank}: {what} runs before allreduce max lse of its rows; this executor needs the "
                 "max first (the weights exp(lse - max) depend on it)"
@@ -183,16 +184,13 @@ def _trio(ex: PlanExecutor, name: str, rows: slice, part: torch.Tensor, state: d
             trio["num"][rows] = ex.comm.all_reduce(num, "sum", what).float()
         else:
             trio["den"][rows] = ex.comm.all_reduce(weights(lse, trio["m"][rows]), "sum", what)
-    trio[f"has_{name}"][rows] = b"\x01" * (rows.stop - rows.start)
+    trio[f"has_{name}"][rows] = True
     has = [trio[f"has_{k}"] for k in ("lse", "num", "den")]
-    start = None
-    for i in range(rows.start, rows.stop + 1):  # finish each run of rows that has all three
-        full = i < rows.stop and all(h[i] for h in has)
-        if full and start is None:
-            start = i
-        elif not full and start is not None:
-            kernels.finish(part[start - rows.start:i - rows.start], trio["m"][start:i], trio["num"][start:i],
-                           trio["den"][start:i])
-            for h in has:
-                h[start:i] = bytes(i - start)
-            start = None
+    full = has[0][rows] & has[1][rows] & has[2][rows]
+    # finish each run of rows that now has all three (run edges where `full` flips)
+    edges = np.flatnonzero(np.diff(np.concatenate(([False], full, [False])).astype(np.int8)))
+    for a, b in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
+        start, stop = rows.start + a, rows.start + b
+        kernels.finish(part[a:b], trio["m"][start:stop], trio["num"][start:stop], trio["den"][start:stop])
+        for h in has:
+            h[start:stop] = False
