@@ -238,8 +238,8 @@ class Comm:
             by_peer[ops[i].peer].append(j)
         if not all(self._pair(peer) for peer in by_peer):  # no pair communicators: one group for all
             handles = dist.batch_isend_irecv(p2p)
-            for i in live:
-                works[i] = handles[0] if len(handles) == 1 else handles[live.index(i)]
+            for j, i in enumerate(live):
+                works[i] = handles[0] if len(handles) == 1 else handles[j]
             return works
         for peer, idx in by_peer.items():
             group, at = self._pair(peer)
