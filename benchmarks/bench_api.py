@@ -1,7 +1,7 @@
 """Per-call cost of ``treeattn.Merger`` against the same schedule written by hand on torch.distributed.
 
 Four gloo ranks on this machine. The schedule: all-gather of every rank's (o, lse), then a
-local merge (the ``allgather-merge`` plan); by hand that is one ``all_gather_into_tensor``
+local merge (the ``allgather-merge`` plan); by hand that is one ``all_gather_single``
 of the packed rows and a few torch ops. The two are called alternately in one loop (A, B,
 A, B, ...), after a warm-up, so both see the host's slow and fast spells; each call is
 timed on every rank and the table shows, per method, the median over calls of the slowest
@@ -35,7 +35,7 @@ def by_hand(o: torch.Tensor, lse: torch.Tensor, world: int) -> tuple[torch.Tenso
     """All-gather + merge, as a user writes it on torch.distributed."""
     mine = torch.cat([o.float(), lse.unsqueeze(-1)], dim=-1)
     every = torch.empty((world * mine.shape[0], *mine.shape[1:]), dtype=mine.dtype)
-    dist.all_gather_into_tensor(every, mine)
+    dist.all_gather_single(every.view(-1), mine.view(-1))
     every = every.view(world, *mine.shape)
     lses = every[..., -1]
     m = lses.amax(dim=0)
