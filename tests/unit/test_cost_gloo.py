@@ -13,7 +13,7 @@ from tests.unit.test_cost_helpers import cluster_topo, switch_topo
 from treeattn.cost import gloo, nccl
 from treeattn.cost.bounds import CutModel
 from treeattn.cost.compute import ComputeModel
-from treeattn.cost.library import alltoall_us, exchange_plan
+from treeattn.cost.library import alltoall_us
 from treeattn.cost.simulate import simulate
 from treeattn.plan.builders import build
 from treeattn.plan.ir import OpKind
@@ -118,7 +118,7 @@ def test_alltoall_is_one_step_of_direct_messages():
     n = 4 * 6000
     t, cpu = gloo.collective(topo, "alltoall", n)
     assert t == gloo.collective(topo, "alltoall", n)[0] and len(cpu) == p
-    plan = exchange_plan(topo, n)
+    plan = gloo.exchange_plan(topo, n)
     assert {op.step for prog in plan.programs for op in prog} == {0}
     assert sum(op.kind is OpKind.SEND for op in plan.programs[0]) == p - 1
     # what lands is copied (gloo sums nothing), each source's piece into its own chunk

@@ -18,7 +18,8 @@ message pays the overhead, flows share links max-min fairly):
   iterations, each passing half of one rank's buffer to the rank above, two in flight.
 * all-to-all of ``nbytes`` per rank (``gloo/alltoall.cc``, ``alltoallv.cc``): every send
   and receive posted at once, then all awaited: one step of p - 1 messages a rank
-  (``treeattn.cost.library.exchange_plan``).
+  (``exchange_plan``; NCCL's all-to-all is the same grouped exchange,
+  ``treeattn.cost.library.alltoall_us``).
 
 Two iterations in flight are one step here (posted together, both awaited), so a rank
 pays a message end per segment, as gloo's ranks do.
@@ -41,7 +42,8 @@ from treeattn.topology.model import DeviceKind, Topology
 from treeattn.units import DType
 from treeattn.workload import RawPayload
 
-__all__ = ["on_hosts", "collective", "allreduce_us", "allgather_us", "ring_allreduce_plan", "ring_allgather_plan"]
+__all__ = ["on_hosts", "collective", "allreduce_us", "allgather_us", "ring_allreduce_plan", "ring_allgather_plan",
+           "exchange_plan"]
 
 _CACHE: dict[tuple[str, str, int], tuple[float, tuple[float, ...]]] = {}
 _CACHE_MAX = 4096
@@ -92,8 +94,6 @@ def collective(topo: Topology, coll: str, nbytes: int) -> tuple[float, tuple[flo
     the CPU work each rank pays for it (zeros without a host CPU model)."""
     if topo.num_ranks < 2:
         return 0.0, (0.0,) * topo.num_ranks
-    from treeattn.cost.library import exchange_plan  # it times the library's calls with this module
-
     plan = {"allgather": ring_allgather_plan, "alltoall": exchange_plan}.get(coll, ring_allreduce_plan)
 
     def run() -> tuple[float, tuple[float, ...]]:
@@ -173,3 +173,20 @@ def ring_allgather_plan(topo: Topology, nbytes: int) -> Plan:
             ring.transfer(r, (r + 1) % p, i // halves, halves * ((r - i // halves) % p) + i % halves, copy=True)
     return Plan(algorithm="gloo-ring-allgather", params={}, workload=payload, topology=TopologyRef.of(topo),
                 chunks=halves * p, programs=ring.build(), result_ranks=tuple(range(p)))
+
+
+def exchange_plan(topo: Topology, nbytes: int) -> Plan:
+    """An all-to-all of ``nbytes`` per rank as one step of point-to-point messages: every rank
+    sends a p-th of its buffer to every other rank at once, which lands as a copy (gloo's
+    ``alltoall`` posts every send and receive before waiting; NCCL's is one group of them).
+    Chunk j is rank j's piece (at least 4 bytes); like the all-gather's, the plan only times
+    the exchange: what ends where is the caller's (a COLLECTIVE's effect)."""
+    p = topo.num_ranks
+    piece = max(nbytes // p, 4)
+    progs = Programs(p)
+    for u in range(p):
+        for v in range(p):
+            if u != v:
+                progs.transfer(u, v, 0, u, copy=True)
+    return Plan(algorithm="alltoall", params={}, workload=RawPayload(nbytes=piece * p, ranks=p, dtype=DType.FP8),
+                topology=TopologyRef.of(topo), chunks=p, programs=progs.build(), result_ranks=tuple(range(p)))

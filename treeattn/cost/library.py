@@ -15,48 +15,34 @@ from __future__ import annotations
 from treeattn.cost import gloo, nccl
 from treeattn.cost.bounds import CutModel
 from treeattn.cost.nccl_p2p import WORLD
-from treeattn.plan.ir import COLLECTIVE_FORMS, Op, Plan, TopologyRef, row_bytes
-from treeattn.plan.schedule import Programs
+from treeattn.plan.ir import COLLECTIVE_FORMS, Op, Plan, row_bytes
 from treeattn.topology.model import Topology
-from treeattn.units import DType
-from treeattn.workload import RawPayload
 
-__all__ = ["LibraryModel", "alltoall_us", "exchange_plan"]
+__all__ = ["LibraryModel", "alltoall_us", "last_landing_us"]
 
 _A2A: dict[tuple[str, int], float] = {}
 
 
-def exchange_plan(topo: Topology, nbytes: int) -> Plan:
-    """An all-to-all of ``nbytes`` per rank as one step of point-to-point messages: every rank
-    sends a p-th of its buffer to every other rank at once, which lands as a copy (gloo's
-    ``alltoall`` posts every send and receive before waiting; NCCL's is one group of them).
-    Chunk j is rank j's piece (at least 4 bytes); like the all-gather's, the plan only times
-    the exchange: what ends where is the caller's (a COLLECTIVE's effect)."""
-    p = topo.num_ranks
-    piece = max(nbytes // p, 4)
-    progs = Programs(p)
-    for u in range(p):
-        for v in range(p):
-            if u != v:
-                progs.transfer(u, v, 0, u, copy=True)
-    return Plan(algorithm="alltoall", params={}, workload=RawPayload(nbytes=piece * p, ranks=p, dtype=DType.FP8),
-                topology=TopologyRef.of(topo), chunks=p, programs=progs.build(), result_ranks=tuple(range(p)))
+def last_landing_us(plan: Plan, topo: Topology, communicator: str = WORLD) -> float:
+    """When the last message of ``plan`` lands on ``topo`` under the simulator's point-to-point
+    model (NCCL's per-message channels of ``communicator``): an exchange's time without the
+    merges a plan applies afterwards."""
+    from treeattn.cost.simulate import simulate
+
+    res = simulate(plan, topo, timeline=True, communicator=communicator)
+    assert res.timeline is not None
+    return max(t.end_us for t in res.timeline if t.kind in ("recv_merge", "recv_copy"))
 
 
 def alltoall_us(topo: Topology, nbytes: int, communicator: str = WORLD) -> float:
-    """Time of an all-to-all of ``nbytes`` per rank on ``topo`` between GPUs: the exchange's
-    messages under the simulator's point-to-point model (NCCL's per-message channels of
-    ``communicator``), until the last one lands; cached per (topology, size)."""
-    from treeattn.cost.simulate import simulate
-
+    """Time of an all-to-all of ``nbytes`` per rank on ``topo`` between GPUs: the last landing
+    of ``gloo.exchange_plan`` (NCCL's is the same grouped exchange); cached per (topology, size)."""
     if topo.num_ranks < 2:
         return 0.0
     key = (f"{topo.fingerprint}/{communicator}", nbytes)
     hit = _A2A.get(key)
     if hit is None:
-        res = simulate(exchange_plan(topo, nbytes), topo, timeline=True, communicator=communicator)
-        assert res.timeline is not None
-        hit = max(t.end_us for t in res.timeline if t.kind in ("recv_merge", "recv_copy"))
+        hit = last_landing_us(gloo.exchange_plan(topo, nbytes), topo, communicator)
         if len(_A2A) > 4096:
             _A2A.clear()
         _A2A[key] = hit

@@ -118,6 +118,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -138,6 +139,8 @@ __all__ = [
     "allowed_by_env",
     "busbw_factor",
     "nccl_link_bw_gbps",
+    "nic_bw",
+    "fabric_bw",
     "p2p_link_gbps",
     "transfer_gbps",
 ]
@@ -477,7 +480,7 @@ def fabric(topo: Topology) -> NcclFabric:
             if all(routes.on_fabric(a, b) for a, b in peers):
                 # One NVLink domain across machines (GB200 NVL72): every GPU drives its own
                 # fabric links to the next machine, at NCCL's fabric figure.
-                chans = [(a, b, _fabric_bw(out, devs[a].name, arch)) for a, b in peers]
+                chans = [(a, b, fabric_bw(out.get(devs[a].name, ()), arch)) for a, b in peers]
             else:
                 # One channel per NIC: its first rank to the rank on the same NIC index next door.
                 first: dict[str, int] = {}
@@ -488,7 +491,7 @@ def fabric(topo: Topology) -> NcclFabric:
                 for r in nxt:
                     nxt_first.setdefault(_nic_of(topo, r, out, per_node), r)
                 targets = [r for _, r in sorted(nxt_first.items())]
-                chans = [(r, targets[k % len(targets)], _nic_bw(out, nic)) for k, (nic, r) in enumerate(nics)]
+                chans = [(r, targets[k % len(targets)], nic_bw(out.get(nic, ()))) for k, (nic, r) in enumerate(nics)]
             inter = min(inter, sum(bw for _, _, bw in chans))
             if i == 0:
                 n_nics, nic_gbps = len(chans), max((bw for _, _, bw in chans), default=0.0)
@@ -567,7 +570,7 @@ def _nvls_gbps(topo: Topology, devs: list, per_node: dict, out: dict[str, list[L
         if len(ranks) < 2 or len({idx.island(devs[r].name) for r in ranks} - switched) or \
                 len({idx.island(devs[r].name) for r in ranks}) != 1:
             return 0.0
-    return min(_fabric_bw(out, devs[r].name, arch) for r in range(len(devs)))
+    return min(fabric_bw(out.get(devs[r].name, ()), arch) for r in range(len(devs)))
 
 
 def _peer_path_gbps(topo: Topology, links: list[Link], arch: str) -> float:
@@ -583,12 +586,14 @@ def _peer_path_gbps(topo: Topology, links: list[Link], arch: str) -> float:
     return sum(by_peer.values()) if switched else max(by_peer.values())
 
 
-def _nic_bw(out: dict[str, list[Link]], nic: str) -> float:
-    return sum(ln.bw_gbps for ln in out.get(nic, ()) if ln.cls is LinkClass.NETWORK)
+def nic_bw(links: Iterable[Link]) -> float:
+    """A NIC's network bandwidth: its network links out."""
+    return sum(ln.bw_gbps for ln in links if ln.cls is LinkClass.NETWORK)
 
 
-def _fabric_bw(out: dict[str, list[Link]], dev: str, arch: str) -> float:
-    return sum(nccl_link_bw_gbps(ln, arch) for ln in out.get(dev, ()) if ln.cls is LinkClass.GPU_FABRIC)
+def fabric_bw(links: Iterable[Link], arch: str) -> float:
+    """A GPU's NVLink/xGMI bandwidth as NCCL rates it: its fabric links out."""
+    return sum(nccl_link_bw_gbps(ln, arch) for ln in links if ln.cls is LinkClass.GPU_FABRIC)
 
 
 class _Routes:

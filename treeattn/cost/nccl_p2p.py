@@ -207,7 +207,7 @@ class _View:
         if nic is None:
             return 0.0
         links = self.topo.links
-        return sum(links[i].bw_gbps for i in self.idx.out[nic] if links[i].cls is LinkClass.NETWORK)
+        return nccl.nic_bw(links[i] for i in self.idx.out[nic])
 
     def per_peer(self, a: int, b: int) -> int:
         """ncclTopoGetNchannels: the channels NCCL gives peer b of rank a."""
@@ -227,7 +227,7 @@ class _View:
         return P2P_NVL_CHUNK if nvlink else _PCI_CHUNK
 
     def _fabric_total(self, a: int) -> float:
-        return sum(nccl.nccl_link_bw_gbps(ln, self.arch) for ln in self._out(a) if ln.cls is LinkClass.GPU_FABRIC)
+        return nccl.fabric_bw(self._out(a), self.arch)
 
 
 _VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

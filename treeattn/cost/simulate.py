@@ -53,7 +53,7 @@ from treeattn.cost.program import _COLL, _COMPUTE, _KIND_CODE, _SEND, compile_pl
 from treeattn.cost.sharing import component, fair_rates, shared_routes
 from treeattn.cost.simresult import OpTiming, SimResult
 from treeattn.errors import InputError, PlanInvalidError
-from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, gc_paused
+from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, gc_paused, row_bytes
 from treeattn.topology.model import Topology
 
 __all__ = ["OpTiming", "SimResult", "simulate"]
@@ -513,8 +513,7 @@ class _Engine:
             # An all-gather's rank merges p whole buffers; an all-to-all's, p pieces of its own rows.
             share = self.nbytes[gid]
             if op.coll == "alltoall":
-                start, stop = self.plan.chunk_range(op.chunk)
-                share = share // max(stop - start, 1) * self.plan.owned_rows(op.chunk)[r]
+                share = self.plan.owned_rows(op.chunk)[r] * row_bytes(self.plan.workload, op.part)
             extra = self.cm.gather_merge_us(r, share, self.p) if merges else 0.0
             if extra > 0:
                 self._push(t + extra, _EV_OP_DONE, gid)

@@ -7,8 +7,8 @@ Every row of every table (``treeattn.validate.corpus``) is predicted on the tabl
   simulator adds (nccl-tests times a back-to-back loop, where issuing overlaps);
 * sendrecv and alltoall: the simulator's point-to-point model on a plan of the exchange made
   of SEND/RECV ops: sendrecv is rank r -> r+1 (nccl-tests' ring shift) with the whole
-  buffer, alltoall the ``direct`` plan with 1/R of the buffer to every peer
-  (``treeattn.cost.library.alltoall_us``, as a plan's all-to-all is timed); the time is
+  buffer, alltoall 1/R of the buffer to every peer at once (``treeattn.cost.library.alltoall_us``,
+  as a plan's all-to-all is timed); the time is
   when the last message lands (the merge a plan applies afterwards is not part of it).
 
 A table run by one process driving G GPUs (``nGpus G`` in its header, nccl-tests ``-g G``)
@@ -33,9 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from treeattn.cost import nccl
-from treeattn.cost.library import alltoall_us
-from treeattn.cost.nccl_p2p import WORLD
-from treeattn.cost.simulate import simulate
+from treeattn.cost.library import alltoall_us, last_landing_us
 from treeattn.errors import InputError, TopologyError
 from treeattn.plan.ir import Plan, TopologyRef
 from treeattn.plan.schedule import Programs
@@ -101,9 +99,7 @@ def p2p_time_us(topo: Topology, collective: str, nbytes: int) -> float:
         return alltoall_us(topo, nbytes)
     else:
         raise InputError(f"{collective} is not a point-to-point exchange; use the NCCL model")
-    res = simulate(plan, topo, timeline=True, communicator=WORLD)
-    assert res.timeline is not None
-    return max(t.end_us for t in res.timeline if t.kind in ("recv_merge", "recv_copy"))
+    return last_landing_us(plan, topo)
 
 
 class _Topologies:
