@@ -48,11 +48,9 @@ from treeattn.validate.cases import default_cases
 from treeattn.validate.methods import case_plans
 
 TERMS = {"cpu": "cpu_us", "wake": "wakeup_us", "step": "step_us", "merge": "merge_factor", "coll": "coll_cpu_us",
-         "ag": "allgather_cpu_us", "a2a": "alltoall_cpu_us",
          "start": "start_cpu_us", "kb": "cpu_us_per_kb", "attn": "attn_factor", "alaunch": "attn_launch_factor"}
 
-HOST_TERMS = ("cpu_us", "wakeup_us", "step_us", "coll_cpu_us", "allgather_cpu_us", "alltoall_cpu_us", "start_cpu_us",
-              "cpu_us_per_kb")
+HOST_TERMS = ("cpu_us", "wakeup_us", "step_us", "coll_cpu_us", "start_cpu_us", "cpu_us_per_kb")
 
 
 def rebuild(meta: dict, rows: pd.DataFrame, t: dict):
@@ -84,7 +82,7 @@ def rebuild(meta: dict, rows: pd.DataFrame, t: dict):
 
 def conditioning(terms: HostTerms, values: dict, label: str) -> None:
     """d residual / d log(term) by central differences of 5 %, and its singular values."""
-    keys = [k for k in ("cpu", "wake", "step", "merge", "coll", "ag", "a2a") if values.get(k)]
+    keys = [k for k in ("cpu", "wake", "step", "merge", "coll") if values.get(k)]
     group = terms.staged["messages"] + terms.staged["plan"]
     cols = []
     for k in keys:

@@ -70,15 +70,11 @@ def test_contention_cases_on_four_ranks():
     report = calibrate(resolve("cpu:ranks=4"), opt)
     kinds = sorted((c.kind, c.nbytes, c.flows) for c in report.cases)
     big = 16 << 20
-    assert kinds == [("collective", 64, 4), ("collective", 64, 4), ("collective", 16384, 4), ("collective", 16384, 4),
+    assert kinds == [("collective", 64, 4), ("collective", 16384, 4),
                      ("concurrent", big, 2), ("fanin", big, 1), ("fanin", big, 3),
                      ("pingpong", 4, 1), ("pingpong", 4, 1), ("pingpong", big, 1), ("pingpong", big, 1)]
-    # host ranks: gloo's own cost per message end is fitted from the all-reduces, the
-    # all-gather's from the all-gathers; no all-to-all is timed without attention cases
-    assert {c.label for c in report.cases if c.kind == "collective"} == {
-        "allreduce-64B", "allreduce-16384B", "allgather-64B", "allgather-16384B"}
-    assert report.host.coll_cpu_us is not None and report.host.allgather_cpu_us is not None
-    assert report.host.alltoall_cpu_us is None and report.topology.cost.host.alltoall_cpu_us is None
+    # host ranks: gloo's own cost per message end is fitted from the all-reduces
+    assert report.host.coll_cpu_us is not None
     # Two pairs at once and a three-way fan-in share the loopback link in the model.
     by = {(c.kind, c.flows): c for c in report.cases if c.nbytes == big}
     assert by[("fanin", 3)].predicted_us > by[("fanin", 1)].predicted_us

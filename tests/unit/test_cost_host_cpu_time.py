@@ -96,7 +96,7 @@ def test_host_collectives_report_each_ranks_cpu():
     topo = hosts(4, cores=2, cpu=20.0, kb=1.0)
     t, cpu = gloo.collective(topo, "allreduce", 16384)
     assert t == gloo.allreduce_us(topo, 16384) and len(cpu) == 4 and min(cpu) > 0
-    res = simulate(gloo.ring_allreduce_plan(topo, 16384), gloo._no_launch(topo, "allreduce"), timeline=False)
+    res = simulate(gloo.ring_allreduce_plan(topo, 16384), gloo._no_launch(topo), timeline=False)
     assert cpu == res.cpu_us
     assert gloo.collective(hosts(1, cores=1), "allgather", 64) == (0.0, (0.0,))
 

@@ -16,9 +16,7 @@ from treeattn.calibrate.apply_fit import ClassParams, FittedParams
 from treeattn.calibrate.fit_host import fit_host_terms
 from treeattn.calibrate.plans import (
     TREE_SHAPES,
-    allgather_plan,
     allreduce_plan,
-    alltoall_plan,
     compute_plan,
     concurrent_plan,
     fanin_plan,
@@ -135,42 +133,18 @@ def test_library_collectives_pay_coll_cpu_us_per_message_end():
     assert simulate(plan, cheap).predicted_us < simulate(plan, plain).predicted_us
 
 
-def test_each_gloo_collective_pays_its_own_cpu_per_message_end():
-    # allgather_cpu_us and alltoall_cpu_us replace coll_cpu_us in their collective only: each
-    # send pays the term, and each receive at most the term (one wake-up serves the messages
-    # that arrived meanwhile). A ring all-gather of p ranks in two halves sends 2(p - 1)
-    # messages a rank, the exchange p - 1.
-    base = hosts(4, cores=2, cpu=50.0, coll=5.0)
-    own = dataclasses.replace(base, cost=base.cost.with_host(allgather_cpu_us=30.0, alltoall_cpu_us=70.0))
-    assert gloo.collective(own, "allreduce", 64) == gloo.collective(base, "allreduce", 64)
-    for coll, term, sends in (("allgather", 30.0, 2 * 3), ("alltoall", 70.0, 3)):
-        t0, cpu0 = gloo.collective(base, coll, 64)
-        t1, cpu1 = gloo.collective(own, coll, 64)
-        assert t1 > t0
-        for cpu, each in ((cpu0, 5.0), (cpu1, term)):
-            assert 4 * sends * each - 1e-6 <= sum(cpu) <= 2 * 4 * sends * each + 1e-6
-    assert gloo.coll_cpu_us(own, "reducescatter") == 5.0 and gloo.coll_cpu_us(hosts(4, cores=2, cpu=50.0),
-                                                                                "alltoall") == 50.0
-
-
 def test_new_cost_terms_round_trip_yaml_and_change_the_fingerprint():
     base = resolve("cpu:ranks=4,cores=2")
     topo = dataclasses.replace(base, cost=CostParams.from_flat(host_cores=2, cpu_us=40.0, cpu_scope="machine",
-                                                     step_us=12.0, cpu_queue="fifo", coll_cpu_us=9.0,
-                                                     allgather_cpu_us=20.0, alltoall_cpu_us=31.0))
+                                                     step_us=12.0, cpu_queue="fifo", coll_cpu_us=9.0))
     back = load_topology_text(dump_topology(topo), "t.yaml")
     assert back.cost == topo.cost
-    assert {"allgather_cpu_us", "alltoall_cpu_us"} <= set(topo.cost.to_dict())
-    mine = dataclasses.replace(topo, cost=topo.cost.with_host(alltoall_cpu_us=None))
-    assert mine.fingerprint != topo.fingerprint and "alltoall_cpu_us" not in dump_topology(mine)
-    plain = dataclasses.replace(topo, cost=topo.cost.with_host(step_us=0.0, cpu_queue="fair", coll_cpu_us=None,
-                                                               allgather_cpu_us=None, alltoall_cpu_us=None))
+    plain = dataclasses.replace(topo, cost=topo.cost.with_host(step_us=0.0, cpu_queue="fair", coll_cpu_us=None))
     assert len({topo.fingerprint, plain.fingerprint}) == 2
     assert "step_us" not in dump_topology(plain) and "cpu_queue" not in dump_topology(plain)
 
 
-@pytest.mark.parametrize("bad", [dict(step_us=-1.0), dict(cpu_queue="lifo"), dict(coll_cpu_us=-3.0),
-                                 dict(allgather_cpu_us=-1.0), dict(alltoall_cpu_us=-2.0)])
+@pytest.mark.parametrize("bad", [dict(step_us=-1.0), dict(cpu_queue="lifo"), dict(coll_cpu_us=-3.0)])
 def test_bad_step_terms_are_rejected(bad):
     with pytest.raises(TopologyError):
         CostParams.from_flat(**bad)
@@ -184,29 +158,21 @@ def test_tree_cases_are_valid_attention_plans_rooted_at_the_last_rank():
         assert not validate(plan).violations
         assert plan.params["order"][0] == 3 and plan.result_ranks == (0, 1, 2, 3)
         assert any(op.kind is OpKind.RECV_MERGE for prog in plan.programs for op in prog)
-    for case in (allreduce_plan(topo, 4, 64), allgather_plan(topo, 4, 64), alltoall_plan(topo, 4, HEADS, 2, 48)):
-        assert not validate(case).violations
+    assert not validate(allreduce_plan(topo, 4, 64)).violations
     with pytest.raises(InputError):
         tree_plans(topo, 1, HEADS, 2, 48)
-    with pytest.raises(InputError):
-        alltoall_plan(topo, 1, HEADS, 2, 48)
     with pytest.raises(InputError):
         allreduce_plan(topo, 1, 64)
 
 
-def fit_plan_like_cases(every_collective: bool = False, **truth_terms: float):
-    """The host fit of calibration's plan-like cases simulated on a known truth: kernels with
-    every rank at work, small trees, library collectives (the all-reduce; with
-    ``every_collective`` the all-gather and all-to-all too), ping-pongs and fan-ins."""
+def test_host_fit_recovers_step_and_collective_terms_from_plan_like_cases():
     topo, truth = loopback_hosts(cpu_us=40.0, wakeup_us=90.0, step_us=25.0, cpu_queue="fifo", attn_launch_us=300.0,
-                                 attn_gbps=3.0, **truth_terms)
+                                 attn_gbps=3.0, coll_cpu_us=15.0)
     lb = topo.links[0]
     plans = [compute_plan(topo, 4, HEADS, t) for t in (1024, 65536)]
     for batch in (2, 32):
         plans += [plan for _, plan in tree_plans(topo, 4, HEADS, batch, 48)]
-        plans += [alltoall_plan(topo, 4, HEADS, batch, 48)] if every_collective else []
-    makers = (allreduce_plan, allgather_plan) if every_collective else (allreduce_plan,)
-    plans += [make(topo, 4, n) for n in (64, 16384) for make in makers]
+    plans += [allreduce_plan(topo, 4, n) for n in (64, 16384)]
     for n in (4, 1 << 20):
         plans += [pingpong_plan(topo, 4, (0, 1), n, r) for r in (1, 4)]
         plans += [fanin_plan(topo, 4, 0, [1, 2, 3], n)]
@@ -214,27 +180,11 @@ def fit_plan_like_cases(every_collective: bool = False, **truth_terms: float):
     # Timed alone the attention kernel looked faster (a sixth of its fixed cost, twice its speed).
     params = FittedParams(classes=(ClassParams((("loopback", lb.bw_gbps),), 50.0, 2.5),), overhead_us=5.0,
                           attn_launch_us=50.0, attn_gbps=6.0)
-    return fit_host_terms(topo, params, cases, cores=2, start_wakeup_us=50.0, cpu_queue="fifo")
-
-
-def test_host_fit_recovers_step_and_collective_terms_from_plan_like_cases():
-    fitted, fit, _ = fit_plan_like_cases(coll_cpu_us=15.0)
+    fitted, fit, _ = fit_host_terms(topo, params, cases, cores=2, start_wakeup_us=50.0, cpu_queue="fifo")
     assert fit.rms_log_error < 0.03
     assert fit.cpu_queue == "fifo" and fitted.cost.host.cpu_queue == "fifo"
     assert fitted.cost.host.step_us == pytest.approx(25.0, abs=8.0)
     assert fitted.cost.host.coll_cpu_us == pytest.approx(15.0, abs=6.0)
-    assert fit.allgather_cpu_us is None and fitted.cost.host.alltoall_cpu_us is None  # not timed: not fitted
     assert fitted.cost.attn_launch_us == pytest.approx(300.0, rel=0.1)
     # A rank's later kernels of a run keep the cost timed alone (ring attention's).
     assert fitted.cost.attn_next_launch_us == 50.0
-
-
-def test_host_fit_gives_each_timed_collective_its_own_cpu_per_message_end():
-    # gloo's all-gather and all-to-all cost a message end more than its all-reduce (measured on
-    # emulated clusters); with cases of each, the fit tells the three apart.
-    fitted, fit, _ = fit_plan_like_cases(True, coll_cpu_us=15.0, allgather_cpu_us=45.0, alltoall_cpu_us=90.0)
-    assert fit.rms_log_error < 0.03
-    h = fitted.cost.host
-    assert h.coll_cpu_us == pytest.approx(15.0, abs=6.0)
-    assert h.allgather_cpu_us == pytest.approx(45.0, rel=0.25) and fit.allgather_cpu_us == h.allgather_cpu_us
-    assert h.alltoall_cpu_us == pytest.approx(90.0, rel=0.25) and fit.alltoall_cpu_us == h.alltoall_cpu_us

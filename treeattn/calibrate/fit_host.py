@@ -17,12 +17,11 @@ stages, each with the earlier terms held:
 2. factors on the attention kernel's bandwidth and fixed cost, to the cases where every rank
    computes at once (the fixed cost so fitted is a run's first kernel; a rank's later ones
    keep the kernel's own, timed alone: ``attn_next_launch_us``);
-3. ``step_us``, a factor on the merge kernel's fixed cost and the CPU per message end
-   inside each library collective timed (``coll_cpu_us`` the all-reduce's,
-   ``allgather_cpu_us``, ``alltoall_cpu_us``), with ``cpu_us`` and ``wakeup_us`` refitted,
-   to the small attention plans and library collectives (what a rank pays amid the others'
-   work) and the message cases together, starting, where the ranks' CPU time was measured,
-   from the ``cpu_us`` and ``step_us`` that it puts them at.
+3. ``step_us``, a factor on the merge kernel's fixed cost and ``coll_cpu_us``, with
+   ``cpu_us`` and ``wakeup_us`` refitted, to the small attention plans and library
+   all-reduces (what a rank pays amid the others' work) and the message cases together,
+   starting, where the ranks' CPU time was measured, from the ``cpu_us`` and ``step_us``
+   that it puts them at.
 
 Each stage minimises the least squares of log(predicted / measured) over its cases, of
 their times and, where measured, of the CPU time the ranks used (the simulator's CPU work
@@ -73,10 +72,6 @@ class HostFit:
     """CPU time per step of transfers (fitted only with tree cases)."""
     coll_cpu_us: float | None = None
     """CPU time per message end inside the library's collectives (with collective cases)."""
-    allgather_cpu_us: float | None = None
-    """The same inside the library's all-gather (with all-gather cases)."""
-    alltoall_cpu_us: float | None = None
-    """The same inside the library's all-to-all (with all-to-all cases)."""
     attn_launch_factor: float | None = None
     """The attention kernel's fixed cost with every rank at work, over its cost alone."""
     cpu_queue: str = "fair"
@@ -140,8 +135,7 @@ def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple],
     measured_cpu = ["start", "kb"] if has_cpu else []
     stages = (("messages", ["cpu", "wake"] + (["loop"] if h.has_loop else []) + measured_cpu),
               ("compute", (["attn"] if h.has_attn else []) + (["alaunch"] if h.has_launch else [])),
-              ("plan", [k for k, on in (("step", h.has_step), ("merge", h.has_merge), ("coll", h.has_coll)) if on]
-               + list(h.colls)))
+              ("plan", [k for k, on in (("step", h.has_step), ("merge", h.has_merge), ("coll", h.has_coll)) if on]))
     for stage, keys in stages:
         group = staged[stage] or (h.cases if stage == "messages" else [])
         if stage == "plan" and keys:
@@ -155,9 +149,8 @@ def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple],
                 h.cpu_start(values, group, ("cpu", "step"))
         if not keys or not group:
             continue
-        for k in ("coll", "ag", "a2a"):
-            if k in keys:
-                values[k] = values["cpu"]
+        if "coll" in keys:
+            values["coll"] = values["cpu"]
 
         def loss(x: Sequence[float], keys: list[str] = keys, group: list = group) -> float:
             return h.rms(h.build({**values, **dict(zip(keys, x, strict=True))})[0], group) ** 2
@@ -185,7 +178,6 @@ def fit_host_terms(topo: Topology, params: FittedParams, cases: Sequence[tuple],
                   rms_log_error=h.rms(fitted, h.cases), cases=len(h.cases), evaluations=evals,
                   attn_factor=got("attn"), step_us=values["step"], cpu_queue=cpu_queue, merge_factor=got("merge"),
                   attn_launch_factor=got("alaunch"), coll_cpu_us=got("coll"), start_cpu_us=values["start"],
-                  allgather_cpu_us=got("ag"), alltoall_cpu_us=got("a2a"),
                   cpu_us_per_kb=values["kb"], at_bounds=at)
     return fitted, fit, notes
 

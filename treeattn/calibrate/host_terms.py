@@ -103,10 +103,9 @@ class HostTerms:
 
     Values are keyed ``cpu`` (``cpu_us``), ``wake`` (``wakeup_us``), ``loop`` (the loopback
     aggregate), ``start`` (``start_cpu_us``), ``kb`` (``cpu_us_per_kb``), ``step`` (``step_us``),
-    ``coll`` (``coll_cpu_us``), ``ag`` and ``a2a`` (``allgather_cpu_us``, ``alltoall_cpu_us``),
-    and factors on what the kernels cost timed alone: ``attn`` (the attention kernel's
-    bandwidth), ``alaunch`` (its fixed cost), ``merge`` (the merge kernel's fixed cost, which
-    every merge and copy pays).
+    ``coll`` (``coll_cpu_us``), and factors on what the kernels cost timed alone: ``attn`` (the
+    attention kernel's bandwidth), ``alaunch`` (its fixed cost), ``merge`` (the merge kernel's
+    fixed cost, which every merge and copy pays).
     """
 
     def __init__(self, topo: Topology, params: FittedParams, cases: Sequence[tuple], cores: int,
@@ -130,12 +129,8 @@ class HostTerms:
         # other ranks' work; the library's collectives pass messages in their own threads.
         self.has_step = any(not c[0].is_raw for c in plans)
         self.has_merge = self.has_step and params.launch_us is not None and params.launch_us > 0
-        called = {op.coll for c in plans for prog in c[0].programs for op in prog
-                  if op.kind is OpKind.COLLECTIVE} if on_host_cpus(topo) else set()
-        # Each collective's CPU per message end is fitted where it was timed; gloo's
-        # all-reduce (and any other) pays ``coll``.
-        self.colls = tuple(key for key, coll in (("ag", "allgather"), ("a2a", "alltoall")) if coll in called)
-        self.has_coll = bool(called - {"allgather", "alltoall"})
+        self.has_coll = on_host_cpus(topo) and any(op.kind is OpKind.COLLECTIVE for c in plans
+                                                   for prog in c[0].programs for op in prog)
         self.flow = max((ln.bw_gbps for ln in apply_fit(topo, params, name=name)[0].links
                          if ln.kind is LinkKind.LOOPBACK), default=1.0)
 
@@ -161,7 +156,6 @@ class HostTerms:
         cost = dataclasses.replace(fitted.cost, attn_next_launch_us=params.attn_launch_us if has_launch else None)
         cost = cost.with_host(host_cores=self.cores, cpu_us=v["cpu"], cpu_scope="machine", wakeup_us=v["wake"],
                               step_us=v["step"], cpu_queue=self.cpu_queue, coll_cpu_us=v.get("coll"),
-                              allgather_cpu_us=v.get("ag"), alltoall_cpu_us=v.get("a2a"),
                               start_cpu_us=v["start"], cpu_us_per_kb=v["kb"])
         return dataclasses.replace(fitted, links=links, cost=cost), notes
 
@@ -219,8 +213,6 @@ class HostTerms:
         out = {
             "cpu": Bound(a / FLOOR, t, "cpu_us", per_message),
             "coll": Bound(a / FLOOR, t, "coll_cpu_us", per_message),
-            "ag": Bound(a / FLOOR, t, "allgather_cpu_us", per_message),
-            "a2a": Bound(a / FLOOR, t, "alltoall_cpu_us", per_message),
             "step": Bound(a / FLOOR, t, "step_us", per_message),
             "wake": Bound(t / FLOOR, t, "wakeup_us", f"the fastest message case, {t:.4g} µs"),
             "start": Bound(t / FLOOR, t, "start_cpu_us", f"the fastest message case, {t:.4g} µs"),

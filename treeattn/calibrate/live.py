@@ -48,9 +48,7 @@ from treeattn.calibrate.host_terms import on_host_cpus
 from treeattn.calibrate.pingpong import PingPongFit, PingPongPoint, fit_pingpong, overhead_from_sends
 from treeattn.calibrate.plans import (
     RouteClass,
-    allgather_plan,
     allreduce_plan,
-    alltoall_plan,
     compute_plan,
     concurrent_plan,
     fanin_plan,
@@ -274,20 +272,11 @@ def calibration_plans(topo: Topology, classes: tuple[RouteClass, ...],
                 meta = {"kind": "tree", "class": 0, "nbytes": nbytes, "flows": p, "round_trips": 1}
                 out.append((f"tree-{shape}-B{batch}", plan, meta))
     if on_host_cpus(topo):
-        # The library's collectives: gloo passes its messages in its own threads, at a CPU cost
-        # per message far below the interpreter's, and not the same in each collective
-        # (``coll_cpu_us``, ``allgather_cpu_us``, ``alltoall_cpu_us``): every collective a
-        # candidate plan may call is timed as it is called.
+        # The library's all-reduce: gloo passes its messages in its own threads, at a CPU cost
+        # per message far below the interpreter's (``coll_cpu_us``).
         for nbytes in _COLLECTIVE_BYTES:
             meta = {"kind": "collective", "class": 0, "nbytes": nbytes, "flows": p, "round_trips": 1}
             out.append((f"allreduce-{nbytes}B", allreduce_plan(topo, p, nbytes), meta))
-            out.append((f"allgather-{nbytes}B", allgather_plan(topo, p, nbytes), dict(meta)))
-        if opt.compute == "attention":
-            for batch in _TREE_BATCHES:
-                plan = alltoall_plan(topo, p, opt.attention_heads, batch, _TREE_TOKENS)
-                nbytes = plan.workload.payload_bytes
-                meta = {"kind": "collective", "class": 0, "nbytes": nbytes, "flows": p, "round_trips": 1}
-                out.append((f"alltoall-B{batch}", plan, meta))
     if not opt.contention:
         return out
     csizes = [n for n in opt.contention_sizes if opt.min_bytes <= n <= opt.max_bytes] or list(sizes[-2:])

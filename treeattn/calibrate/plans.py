@@ -45,8 +45,6 @@ __all__ = [
     "TREE_SHAPES",
     "tree_plans",
     "allreduce_plan",
-    "allgather_plan",
-    "alltoall_plan",
 ]
 
 TREE_SHAPES = ("star", "chain", "binomial")
@@ -263,26 +261,6 @@ def allreduce_plan(topo: TopologyRef | Topology, ranks: int, nbytes: int) -> Pla
     Returns:
         The plan ``treeattn plan --algorithm allreduce`` builds.
     """
-    return _collective_case("allreduce", RawPayload(nbytes=nbytes, ranks=ranks), topo)
-
-
-def allgather_plan(topo: TopologyRef | Topology, ranks: int, nbytes: int) -> Plan:
-    """One library all-gather of every rank's ``nbytes`` buffer, summed locally (the plan
-    ``treeattn plan --algorithm allgather-merge`` builds for a raw payload)."""
-    return _collective_case("allgather-merge", RawPayload(nbytes=nbytes, ranks=ranks), topo)
-
-
-def alltoall_plan(topo: TopologyRef | Topology, ranks: int, heads: tuple[int, int, int], batch: int,
-                  tokens: int) -> Plan:
-    """vLLM's all-to-all merge of attention partials (``dcp-a2a``, result layout ``heads``):
-    each rank's attention over ``tokens`` of KV, one library all-to-all, the local merge."""
-    hq, hkv, d = heads
-    w = Workload(batch=batch, q_heads=hq, kv_heads=hkv, head_dim=d, split=(tokens,) * ranks, kv_dtype="bf16")
-    return _collective_case("dcp-a2a", w, topo, result="heads")
-
-
-def _collective_case(algorithm: str, payload: RawPayload | Workload, topo: TopologyRef | Topology,
-                     **kwargs: str) -> Plan:
-    if payload.ranks < 2:
-        raise InputError(f"a collective case needs >= 2 ranks, got {payload.ranks}")
-    return build(algorithm, payload, TopologyRef.of(topo), **kwargs)
+    if ranks < 2:
+        raise InputError(f"a collective case needs >= 2 ranks, got {ranks}")
+    return build("allreduce", RawPayload(nbytes=nbytes, ranks=ranks), TopologyRef.of(topo))

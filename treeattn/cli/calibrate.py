@@ -210,10 +210,8 @@ def _tables(report, out: Path | None, png: Path | None) -> None:  # noqa: ANN001
         h = report.host
         loop = (f", loopback {h.loopback_gbps:.3g} GB/s for all flows together" if h.loopback_gbps else "")
         step = f", step_us {h.step_us:.1f} per step of transfers" if h.step_us else ""
-        for key, what in (("coll_cpu_us", "a collective"), ("allgather_cpu_us", "an all-gather"),
-                          ("alltoall_cpu_us", "an all-to-all")):
-            if getattr(h, key) is not None:
-                step += f", {key} {getattr(h, key):.1f} per message end inside {what}"
+        if h.coll_cpu_us is not None:
+            step += f", coll_cpu_us {h.coll_cpu_us:.1f} per message end inside a collective"
         if h.start_cpu_us or h.cpu_us_per_kb:
             step += (f"; from the ranks' measured CPU time also: cpu_us_per_kb {h.cpu_us_per_kb:.2f} per KiB at each "
                      f"end (off the path), start_cpu_us {h.start_cpu_us:.1f} per rank as a run begins")

@@ -28,8 +28,7 @@ The reduction inside gloo is a loop over its receive buffer, not a kernel launch
 plans are simulated with the topology's ``launch_us`` set to 0 (memory time stays), and
 without ``wakeup_us`` or ``start_cpu_us`` (the plan that calls the collective already woke
 up) or ``step_us`` (gloo steps in C++, not through the interpreter); a message end costs
-``coll_cpu_us`` where calibration measured it apart, ``allgather_cpu_us`` and
-``alltoall_cpu_us`` in those two (each fitted to gloo's own calls where calibration timed them).
+``coll_cpu_us`` where calibration measured it apart.
 Results are cached per (topology fingerprint, collective, size).
 """
 
@@ -43,12 +42,12 @@ from treeattn.topology.model import DeviceKind, Topology
 from treeattn.units import DType
 from treeattn.workload import RawPayload
 
-__all__ = ["on_hosts", "collective", "coll_cpu_us", "allreduce_us", "allgather_us", "ring_allreduce_plan",
-           "ring_allgather_plan", "exchange_plan"]
+__all__ = ["on_hosts", "collective", "allreduce_us", "allgather_us", "ring_allreduce_plan", "ring_allgather_plan",
+           "exchange_plan"]
 
 _CACHE: dict[tuple[str, str, int], tuple[float, tuple[float, ...]]] = {}
 _CACHE_MAX = 4096
-_NO_LAUNCH: dict[tuple[str, str], Topology] = {}
+_NO_LAUNCH: dict[str, Topology] = {}
 _MAX_SEGMENT = 1 << 20
 """gloo's largest all-reduce segment (``AllreduceOptionsImpl::kMaxSegmentSize``)."""
 
@@ -65,21 +64,14 @@ def _payload(nbytes: int, p: int) -> RawPayload:
     raise AssertionError("fp8 divides every size")
 
 
-def coll_cpu_us(topo: Topology, coll: str) -> float:
-    """CPU time a message end costs inside gloo's ``coll`` on ``topo``'s host ranks."""
-    h = topo.cost.host
-    own = {"allgather": h.allgather_cpu_us, "alltoall": h.alltoall_cpu_us}.get(coll)
-    return own if own is not None else h.cpu_us if h.coll_cpu_us is None else h.coll_cpu_us
-
-
-def _no_launch(topo: Topology, coll: str) -> Topology:
-    key = (topo.fingerprint, coll)
+def _no_launch(topo: Topology) -> Topology:
+    key = topo.fingerprint
     hit = _NO_LAUNCH.get(key)
     if hit is None:
-        cpu = coll_cpu_us(topo, coll)
-        cost = dataclasses.replace(topo.cost, launch_us=0.0).with_host(
-            wakeup_us=0.0, step_us=0.0, start_cpu_us=0.0, cpu_us=cpu, coll_cpu_us=None, allgather_cpu_us=None,
-            alltoall_cpu_us=None)
+        host = topo.cost.host
+        cpu = host.cpu_us if host.coll_cpu_us is None else host.coll_cpu_us
+        cost = dataclasses.replace(topo.cost, launch_us=0.0).with_host(wakeup_us=0.0, step_us=0.0, start_cpu_us=0.0,
+                                                                        cpu_us=cpu, coll_cpu_us=None)
         hit = dataclasses.replace(topo, cost=cost)
         if len(_NO_LAUNCH) > 64:
             _NO_LAUNCH.clear()
@@ -107,7 +99,7 @@ def collective(topo: Topology, coll: str, nbytes: int) -> tuple[float, tuple[flo
     def run() -> tuple[float, tuple[float, ...]]:
         from treeattn.cost.simulate import simulate
 
-        sim_topo = _no_launch(topo, coll)
+        sim_topo = _no_launch(topo)
         res = simulate(plan(sim_topo, nbytes), sim_topo, timeline=False)
         return res.predicted_us, res.cpu_us
 

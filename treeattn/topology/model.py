@@ -255,13 +255,7 @@ class HostParams:
     the order it became ready: ranks under SCHED_RR/SCHED_FIFO, as ``validate --realtime``)."""
     coll_cpu_us: float | None = None
     """CPU time a message end costs inside a library collective on host ranks (gloo's own
-    threads, not the interpreter); None: ``cpu_us``. Calibration fits it to gloo's all-reduce."""
-    allgather_cpu_us: float | None = None
-    """The same inside gloo's all-gather; None: ``coll_cpu_us``. Calibration fits it to gloo's
-    all-gather where it measures one (the all-reduce's figure prices it 10-30 % fast on
-    emulated clusters: results/validate-emu/NOTES.md)."""
-    alltoall_cpu_us: float | None = None
-    """The same inside gloo's all-to-all; None: ``coll_cpu_us`` (fitted as ``allgather_cpu_us``)."""
+    threads, not the interpreter); None: ``cpu_us``."""
     step_us: float = 0.0
     """CPU time a host rank spends on each step of transfers before its messages go out
     (building and posting the step's operations, then collecting them): the interpreter's
@@ -281,10 +275,10 @@ class HostParams:
     def __post_init__(self) -> None:
         if not isinstance(self.host_cores, int) or self.host_cores < 0:
             raise TopologyError(f"cost.host_cores must be a whole number >= 0, got {self.host_cores!r}")
-        if min(self.cpu_us, self.wakeup_us, self.step_us, self.coll_cpu_us or 0.0, self.allgather_cpu_us or 0.0,
-               self.alltoall_cpu_us or 0.0, self.start_cpu_us, self.cpu_us_per_kb) < 0:
-            raise TopologyError("cost.cpu_us, cost.coll_cpu_us, cost.allgather_cpu_us, cost.alltoall_cpu_us, "
-                                "cost.step_us, cost.wakeup_us, cost.start_cpu_us and cost.cpu_us_per_kb must be >= 0")
+        if min(self.cpu_us, self.wakeup_us, self.step_us, self.coll_cpu_us or 0.0, self.start_cpu_us,
+               self.cpu_us_per_kb) < 0:
+            raise TopologyError("cost.cpu_us, cost.coll_cpu_us, cost.step_us, cost.wakeup_us, cost.start_cpu_us "
+                                "and cost.cpu_us_per_kb must be >= 0")
         if self.cpu_queue not in ("fair", "fifo"):
             raise TopologyError(f"cost.cpu_queue must be 'fair' or 'fifo', got {self.cpu_queue!r}")
         if self.cpu_scope not in ("node", "machine"):
@@ -370,9 +364,8 @@ class CostParams:
                 out["step_us"] = h.step_us
             if h.cpu_queue != "fair":
                 out["cpu_queue"] = h.cpu_queue
-            for key in ("coll_cpu_us", "allgather_cpu_us", "alltoall_cpu_us"):
-                if getattr(h, key) is not None:
-                    out[key] = getattr(h, key)
+            if h.coll_cpu_us is not None:
+                out["coll_cpu_us"] = h.coll_cpu_us
             for key in ("start_cpu_us", "cpu_us_per_kb"):
                 if getattr(h, key):
                     out[key] = getattr(h, key)
@@ -403,8 +396,6 @@ class CostParams:
             terms = (*terms, float(h.step_us), h.cpu_queue, h.coll_cpu_us)
         if h.start_cpu_us or h.cpu_us_per_kb:
             terms = (*terms, float(h.start_cpu_us), float(h.cpu_us_per_kb))
-        if h.allgather_cpu_us is not None or h.alltoall_cpu_us is not None:
-            terms = (*terms, "coll_by", h.allgather_cpu_us, h.alltoall_cpu_us)
         if self.attn_next_launch_us is not None:
             terms = (*terms, "next", float(self.attn_next_launch_us))
         return terms if self.attn_efficiency is None else (*terms, "attn_eff", float(self.attn_efficiency))

@@ -86,12 +86,6 @@ class CostSpec(_Spec):
     coll_cpu_us: float | None = Field(
         None, ge=0, description="CPU time a message end costs inside a library collective (default cpu_us)."
     )
-    allgather_cpu_us: float | None = Field(
-        None, ge=0, description="The same inside the library's all-gather on host ranks (default coll_cpu_us)."
-    )
-    alltoall_cpu_us: float | None = Field(
-        None, ge=0, description="The same inside the library's all-to-all on host ranks (default coll_cpu_us)."
-    )
     step_us: float = Field(0.0, ge=0, description="CPU time a host rank spends per step of transfers.")
     wakeup_us: float = Field(0.0, ge=0, description="Delay before a rank's first op (waking a blocked process).")
     start_cpu_us: float = Field(0.0, ge=0, description="CPU time every host rank spends as a run begins.")
