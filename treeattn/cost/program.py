@@ -16,7 +16,7 @@ import numpy as np
 from treeattn.cost.compute import ComputeModel
 from treeattn.errors import PlanInvalidError
 from treeattn.plan.ir import Op, OpKind, Plan, message_bytes
-from treeattn.plan.steps import order_problem, step_problem
+from treeattn.plan.steps import NEVER_BREAK, order_problem, step_problem
 
 __all__ = ["Program", "compile_plan"]
 
@@ -151,7 +151,7 @@ def _compile(plan: Plan, p: int, cm: ComputeModel) -> Program:
         targets: set = set()
         prev = None
         lo = base
-        odd = False  # the step holds a collective, a compute or a copy beside other ops
+        odd = False  # the step holds an op outside NEVER_BREAK: its rules are checked
         for i, op in enumerate(prog):
             gid = base + i
             code = codes[op.kind]
@@ -170,8 +170,8 @@ def _compile(plan: Plan, p: int, cm: ComputeModel) -> Program:
                 rcomp.append(-1)
                 targets = set()
                 prev = st
-                odd = code != _SEND and code != _RECV_MERGE
-            elif code != _SEND and code != _RECV_MERGE:
+                odd = op.kind not in NEVER_BREAK
+            elif op.kind not in NEVER_BREAK:
                 odd = True
             if code == _COMPUTE:
                 if rcomp[-1] < 0:

@@ -15,12 +15,16 @@ from dataclasses import dataclass
 
 from treeattn.plan.ir import Op, OpKind
 
-__all__ = ["StepProblem", "order_problem", "step_problem"]
+__all__ = ["StepProblem", "order_problem", "step_problem", "NEVER_BREAK"]
 
 NOT_ALONE = "not-alone"
 WRITE_CONFLICT = "write-conflict"
 
 _COLL, _COMPUTE, _MERGE, _COPY = OpKind.COLLECTIVE, OpKind.COMPUTE, OpKind.RECV_MERGE, OpKind.RECV_COPY
+
+NEVER_BREAK = frozenset({OpKind.SEND, OpKind.RECV_MERGE})
+"""Kinds that break no rule among themselves: ``step_problem`` finds nothing in a step of only
+these, so a reader of many plans (the simulator's) may skip asking it for such steps."""
 
 
 @dataclass(frozen=True, slots=True)
