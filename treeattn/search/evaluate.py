@@ -137,7 +137,10 @@ class Evaluator:
         p = self.topo.num_ranks
         prog = compile_plan(plan, p, self._cm)
         partner = prog.pair(p)
-        return self._floor_by_step(prog, partner) if steps_aligned(prog, partner) else self._floor_any(prog, partner)
+        nodes = _node_arrays(prog)
+        if steps_aligned(prog, partner, nodes):
+            return self._floor_by_step(prog, partner, nodes)
+        return self._floor_any(prog, partner)
 
     def _pair_costs(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``_pair_cost`` of many rank pairs: (latencies, bytes per microsecond)."""
@@ -148,12 +151,13 @@ class Evaluator:
         bw = np.array([c[1] for c in costs], dtype=np.float64)
         return lat[inverse], bw[inverse]
 
-    def _floor_by_step(self, prog: Program, partner_list: list[int]) -> float:
+    def _floor_by_step(self, prog: Program, partner_list: list[int], nodes: _Nodes | None = None) -> float:
         """``floor_us`` of a plan whose transfers join steps of one number on both sides
         (``steps_aligned``; every builder's): the steps of each number depend only on steps of
         smaller numbers, so they are timed together, in arrays, with the arithmetic of
-        ``_floor_any`` (the same results, bit for bit)."""
-        kind, node_of, node_step = _node_arrays(prog)
+        ``_floor_any`` (the same results, bit for bit); ``nodes``: ``_node_arrays(prog)`` where
+        the caller has them."""
+        kind, node_of, node_step = nodes or _node_arrays(prog)
         sends = np.flatnonzero(kind == _SEND)
         partner = np.array(partner_list, dtype=np.int64)
         cm, overhead = self._cm, self.topo.floor_overhead_us
@@ -446,7 +450,10 @@ def sweep_chunks(
     return best_c, best_t
 
 
-def _node_arrays(prog: Program) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+_Nodes = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _node_arrays(prog: Program) -> _Nodes:
     """Per op its kind code and its node (the index of its rank's step among all steps);
     per node its step number."""
     kind = np.array(prog.kind, dtype=np.int8)
@@ -456,9 +463,10 @@ def _node_arrays(prog: Program) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return kind, node_of, node_step
 
 
-def steps_aligned(prog: Program, partner: list[int]) -> bool:
-    """Whether every matched transfer joins steps of one number on its two ranks."""
-    kind, node_of, node_step = _node_arrays(prog)
+def steps_aligned(prog: Program, partner: list[int], nodes: _Nodes | None = None) -> bool:
+    """Whether every matched transfer joins steps of one number on its two ranks (``nodes``:
+    ``_node_arrays(prog)`` where the caller has them)."""
+    kind, node_of, node_step = nodes or _node_arrays(prog)
     sends = np.flatnonzero(kind == _SEND)
     mates = np.array(partner, dtype=np.int64)[sends]
     live = mates >= 0
