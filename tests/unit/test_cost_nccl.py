@@ -234,7 +234,7 @@ def _nvlstree(fab, nbytes: int):
 def test_nvls_figures_follow_the_nccl_release():
     import dataclasses
 
-    from treeattn.cost.nccl_version import NEWEST, nccl_release
+    from treeattn.topology.nccl_version import NEWEST, nccl_release
 
     four = nccl.fabric(h100(4))
     assert four.nccl_release == NEWEST
@@ -265,7 +265,7 @@ def test_nvls_figures_follow_the_nccl_release():
 def test_default_and_host_predictions_do_not_depend_on_a_release_given_as_newest():
     import dataclasses
 
-    from treeattn.cost.nccl_version import NEWEST
+    from treeattn.topology.nccl_version import NEWEST
 
     for fab in (nccl.fabric(h100(1)), nccl.fabric(h100(2)), nccl.fabric(switch_topo(4, bw=12.5))):
         same = dataclasses.replace(fab, nccl_release=NEWEST)
@@ -282,7 +282,7 @@ def test_default_and_host_predictions_do_not_depend_on_a_release_given_as_newest
     ("<2.28.9", (2, 28, 8)), (" 2.30.4 ", (2, 30, 4)), ("unknown", None),
 ])
 def test_nccl_versions_parse_to_the_newest_release_they_allow(text, release):
-    from treeattn.cost.nccl_version import parse_version, release_text
+    from treeattn.topology.nccl_version import parse_version, release_text
 
     assert parse_version(text) == release
     if release is not None:
@@ -295,15 +295,39 @@ def test_nccl_versions_parse_to_the_newest_release_they_allow(text, release):
     ("<2.0", "names no release"),
 ])
 def test_malformed_nccl_versions_are_one_line_errors(text, what):
-    from treeattn.cost.nccl_version import parse_version
+    from treeattn.topology.nccl_version import parse_version
 
     with pytest.raises(InputError, match=what):
         parse_version(text)
 
 
 def test_releases_older_than_the_model_follows_are_refused():
-    from treeattn.cost.nccl_version import nccl_release
+    from treeattn.topology.nccl_version import nccl_release
 
     with pytest.raises(InputError, match="follows NCCL 2.19-2.30"):
         nccl_release("2.18.3")
     assert nccl_release("<2.20") == (2, 19, 999)
+
+
+def test_a_topology_names_its_nccl_release():
+    import dataclasses
+
+    from treeattn.errors import TopologyError
+    from treeattn.topology.io import load_topology_text
+
+    two = resolve("dgx-h100:nodes=2")
+    older = dataclasses.replace(two, cost=two.cost.updated(nccl_version="2.26.2"))
+    assert nccl.fabric(two).nccl_release == (2, 30, 7) and nccl.fabric(older).nccl_release == (2, 26, 2)
+    assert _nvlstree(nccl.fabric(older), 8).latency_us == pytest.approx(25 + 2 * 14.0)
+    assert older.fingerprint != two.fingerprint and "nccl_version" not in two.cost.to_dict()
+    assert older.cost.to_dict()["nccl_version"] == "2.26.2"
+    with pytest.raises(TopologyError, match=r"cost.nccl_version: version '2.x'"):
+        two.cost.updated(nccl_version="2.x")
+    yaml_text = (Path(__file__).resolve().parents[2] / "topologies" / "dgx-h100-2node.yaml").read_text()
+    assert "cost: {attn_efficiency: 0.55}" in yaml_text
+    loaded = load_topology_text(yaml_text.replace("cost: {attn_efficiency: 0.55}",
+                                                  'cost: {attn_efficiency: 0.55, nccl_version: "<2.28"}'))
+    assert nccl.fabric(loaded).nccl_release == (2, 27, 999)
+    with pytest.raises(TopologyError) as err:
+        load_topology_text(yaml_text.replace("cost: {attn_efficiency: 0.55}", "cost: {nccl_version: 2.26}"))
+    assert "nccl_version" in str(err.value) and "\n" not in str(err.value)

@@ -116,7 +116,7 @@ tables:""").replace("ranks: 32}", """ranks: 32}
 
 
 def test_library_version_per_source_and_per_table(tmp_path):
-    from treeattn.cost.nccl_version import NEWEST
+    from treeattn.topology.nccl_version import NEWEST
 
     a, b = load_corpus([_corpus(tmp_path, VERSIONED)])
     assert (a.library, a.version, a.evidence, a.nccl_release) == ("NCCL", "2.26.2", "printed", (2, 26, 2))
@@ -156,3 +156,14 @@ def test_shipped_tables_versions():
     assert by_name["nccl-tests-issue-309/8node-gj"].nccl_release < (2, 28, 0)
     assert by_name["spectrum-x-openshift-h200/2node"].nccl_release == (2, 30, 4)
     assert all(t.library in ("NCCL", "RCCL") and t.evidence for t in by_name.values())
+
+
+def test_library_version_agrees_with_the_version_a_table_prints(tmp_path):
+    text = f"NCCL version 2.27.3+cuda12.8\n{ROW}\n{ROW2}\n"
+    mapping = GOOD.replace("lines: [1, 2]", "lines: [1, 3]")
+    (t,) = load_corpus([_corpus(tmp_path, mapping.replace(
+        "tables:", 'library_version: {library: NCCL, version: "2.27.3", evidence: printed}\ntables:'), text)])
+    assert t.nccl_release == (2, 27, 3)
+    with pytest.raises(InputError, match=r"library_version '2.26.2', but the table prints '2.27.3\+cuda12.8'"):
+        load_corpus([_corpus(tmp_path, mapping.replace(
+            "tables:", 'library_version: {library: NCCL, version: "2.26.2", evidence: x}\ntables:'), text)])

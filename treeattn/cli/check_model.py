@@ -57,7 +57,7 @@ def check_model_cmd(
     if png is not None:
         plot_corpus(rows, png)
     if json_out:
-        from treeattn.cost.nccl_version import release_text
+        from treeattn.topology.nccl_version import release_text
 
         sources = {t.name: {"url": t.url, "collective": t.collective, "topology": t.topology, "ranks": t.ranks,
                             "env": t.env, "scored": t.scored, "why": t.why,

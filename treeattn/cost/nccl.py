@@ -104,8 +104,8 @@ Simple has NCCL's "plateau" latency, x1.4 (x1.9 on Volta) once each channel and 
 64 bytes, in NCCL's estimate and in what runs.
 
 NCCL releases: NVLS's latencies and NCCL's NVLS/NVLSTree estimate follow
-``NcclFabric.nccl_release`` (``treeattn.cost.nvls``; ``check-model`` sets it from each
-published table's NCCL version, everything else takes the newest release the model follows);
+``NcclFabric.nccl_release`` (``treeattn.cost.nvls``): the topology's ``cost.nccl_version``,
+else the newest release the model follows (``check-model`` sets each published table's);
 the other figures are NCCL 2.30's, whatever the release.
 
 Left out: CollNet (in-network reduction over InfiniBand SHARP), PAT, NVLS for all-gather and
@@ -128,10 +128,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from treeattn.cost.nccl_channels import comm_channels, graph_channels, run_channels
-from treeattn.cost.nccl_version import NEWEST, Release
 from treeattn.cost.nvls import nvls_allreduce
 from treeattn.errors import InputError
 from treeattn.topology.model import DeviceKind, Link, LinkClass, LinkKind, Topology
+from treeattn.topology.nccl_version import NEWEST, Release, nccl_release
 
 __all__ = [
     "Collective",
@@ -268,7 +268,7 @@ class NcclFabric:
     """Channels of NCCL's ring/tree graph (``nccl_channels.graph_channels``), which its
     per-channel caps multiply; 0: no caps."""
     nccl_release: Release = NEWEST
-    """The NCCL release whose release-dependent figures apply (``treeattn.cost.nccl_version``;
+    """The NCCL release whose release-dependent figures apply (``treeattn.topology.nccl_version``;
     NVLS only); default: the newest the model follows."""
 
     @property
@@ -525,6 +525,7 @@ def fabric(topo: Topology) -> NcclFabric:
                            if searched else (0, 0.0))
     graph = graph_channels(arch, nodes, path_gbps or gpu_gbps, gpu_gbps, n_nics, nic_gbps)[0] if searched else 0
     return NcclFabric(
+        nccl_release=nccl_release(topo.cost.nccl_version) if topo.cost.nccl_version is not None else NEWEST,
         channels=channels,
         graph_channels=graph,
         ring_gbps=ring_gbps,

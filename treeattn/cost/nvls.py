@@ -58,7 +58,7 @@ from -19..-5 % to -10..-2 %.
 from __future__ import annotations
 
 from treeattn.cost.nccl_channels import SPEEDS_INTER, SPEEDS_INTRA
-from treeattn.cost.nccl_version import NEWEST, Release, by_release
+from treeattn.topology.nccl_version import NEWEST, Release, by_release
 
 __all__ = ["NVLS_EFFICIENCY", "NVLS_ACHIEVED", "NVLS_CHANNELS", "NVLS_CHUNK", "nvls_allreduce", "nvls_graph",
            "nvls_chunk", "nvls_fill_bytes", "fill_loops"]
@@ -107,7 +107,7 @@ def nvls_allreduce(arch: str, ranks: int, domains: int, link_gbps: float, inter_
         inter_gbps: a domain's network bandwidth (NCCL's figure); unused on one domain.
         nbytes: buffer size.
         net_achieved: the share of ``inter_gbps`` the Simple protocol achieves.
-        release: the NCCL release (``treeattn.cost.nccl_version``) whose latencies and
+        release: the NCCL release (``treeattn.topology.nccl_version``) whose latencies and
             estimate apply; what runs is otherwise the same in every release.
 
     Returns:

@@ -26,7 +26,7 @@ collective made it, on how many ranks, with which NCCL environment, and which to
         why: degraded fabric
 
 An NCCL table's version chooses the NCCL model's release-dependent figures
-(``treeattn.cost.nccl_version``: the newest release the version allows; ``unknown``, no
+(``treeattn.topology.nccl_version``: the newest release the version allows; ``unknown``, no
 ``library_version`` and RCCL tables: the model's default, the newest NCCL it follows).
 
 ``corpus_dir`` finds the shipped corpus the way ``topologies_dir`` finds the shipped
@@ -37,16 +37,17 @@ topologies: ``$TREEATTN_PUBLISHED``, else ``results/published`` in the source tr
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from treeattn.calibrate.nccl_tests import NcclTestsLog, parse_published_table
-from treeattn.cost.nccl_version import NEWEST, Release, nccl_release, parse_version
 from treeattn.errors import InputError, ProbeError
 from treeattn.probe.text import read_input
 from treeattn.topology.library import installed_data_dir
+from treeattn.topology.nccl_version import NEWEST, Release, nccl_release, parse_version
 
 __all__ = ["COLLECTIVES", "LIBRARIES", "PublishedTable", "corpus_dir", "load_corpus", "busbw_factor"]
 
@@ -213,6 +214,9 @@ def _load_source(mf: Path) -> list[PublishedTable]:
             raise InputError(f"{where}: busbw/algbw = {ratio:.4f} in the table, but {coll} over {ranks} ranks "
                              f"gives {want:.4f}: wrong collective or rank count")
         library, version, evidence = _library_version(where, spec) or source_version or ("", "", "")
+        printed = re.match(r"\d+\.\d+\.\d+", log.nccl_version)
+        if printed and version and parse_version(version) != parse_version(printed.group(0)):
+            raise InputError(f"{where}: library_version {version!r}, but the table prints {log.nccl_version!r}")
         out.append(PublishedTable(
             source_id=mf.stem, table_id=tid, url=url, collective=coll,
             topology=_field(where, spec, "topology", str), ranks=ranks,
