@@ -7,7 +7,8 @@ NVLSTree: NVLS inside each domain, a tree across them over the network. NCCL off
 for all-reduce with the Simple protocol only (``src/graph/tuning.cc``, v2.30), and NVLS
 for all-gather and reduce-scatter on one domain (not modelled here: no published table).
 
-NCCL's own estimate (what it picks by), from ``tuning.cc``:
+NCCL's own estimate (what it picks by), from ``tuning.cc`` of NCCL 2.30, the default release
+(older releases: ``_estimate_gbps`` and docs/nccl-model.md, "By NCCL release"):
 
 * channels: the NVLS graph's (``nvls_graph``, ``src/graph/search.cc``): one per GPU of a
   domain (its heads, at most 32), at the fastest speed of NCCL's speed list that every head's
@@ -72,17 +73,18 @@ NVLS_CHANNELS = {("hopper", True): 16, ("hopper", False): 16, ("blackwell", True
 one domain (True) or several."""
 NVLS_CHUNK = 128 * 1024
 """nvls.cc NCCL_NVLS_CHUNKSIZE default."""
-# tuning.cc by release, each figure with the first release (tag) that carries it:
-# perChMaxNVLSTreeBws (Hopper, Blackwell; GB/s per channel on 2 / more domains), from 2.28.3,
-# the release whose NVLS/NVLSTree estimate first uses them (``_estimate_gbps``);
+# tuning.cc (ncclTopoTuneModel) by release, each figure with the first release (NVIDIA/nccl
+# tag) that carries it. perChMaxNVLSTreeBws (Hopper, Blackwell; GB/s per channel on 2 / more
+# domains), from 2.28.3, the release whose NVLS/NVLSTree estimate first uses them
+# (``_estimate_gbps``).
 _PER_CH_TREE = {
     "hopper": (((2, 28, 3), (57.7, 45.5)),),
     "blackwell": (((2, 28, 3), (96.0, 43.1)), ((2, 28, 9), (96.0, 43.8)), ((2, 30, 3), (96.0, 80.0))),
 }
 _PER_CHANNEL_ESTIMATE = (2, 28, 3)
-# hwLat[NVLINK][NVLS and NVLSTree][Simple] (base 0): 23 us in 2.19-2.20, 25 from 2.21.5;
+# hwLat[NVLINK][NVLS and NVLSTree][Simple] (base 0): 23 us in 2.19.1-2.20.5, 25 from 2.21.5.
 _LAT_NVLS_US = (((2, 19, 1), 23.0), ((2, 21, 5), 25.0))
-# hwLat[NET][NVLSTree][Simple]: 14 us in 2.19.1-2.28.7, 20.9 from 2.28.9;
+# hwLat[NET][NVLSTree][Simple]: 14 us in 2.19.1-2.28.7, 20.9 from 2.28.9.
 _LAT_NET_NVLSTREE_US = (((2, 19, 1), 14.0), ((2, 28, 9), 20.9))
 # hwLat[NET][Tree][Simple], which 2.23+ charge when a domain holds one rank (2.19-2.22 charge
 # NVLSTree's own network figure, 14 us there too).
