@@ -145,6 +145,9 @@ def test_library_version_names_its_library_and_evidence(tmp_path):
     with pytest.raises(InputError, match="library 'MPI'; choose one of NCCL, RCCL"):
         load_corpus([_corpus(tmp_path, GOOD.replace("tables:", 'library_version: {library: MPI, version: "1", '
                                                                  'evidence: x}\ntables:'))])
+    with pytest.raises(InputError, match="library_version: field 'version' is missing"):
+        load_corpus([_corpus(tmp_path, GOOD.replace("tables:", "library_version: {library: NCCL, evidence: x}"
+                                                                 "\ntables:"))])
     with pytest.raises(InputError, match="field 'evidence' is missing"):
         load_corpus([_corpus(tmp_path, GOOD.replace("tables:", 'library_version: {library: NCCL, version: "2.26"}'
                                                                  '\ntables:'))])

@@ -241,7 +241,9 @@ def _library_version(where: str, data: dict) -> tuple[str, str, str] | None:
     library = _field(where, spec, "library", str)
     if library not in LIBRARIES:
         raise InputError(f"{where}: library {library!r}; choose one of {', '.join(LIBRARIES)}")
-    version = _field(where, spec, "version", object)
+    version = spec.get("version")
+    if version is None:
+        raise InputError(f"{where}: field 'version' is missing")
     if not isinstance(version, str):
         # YAML reads 2.30 as the number 2.3: a version must be quoted.
         raise InputError(f"{where}: version {version!r} must be a quoted string, e.g. \"2.26.2\"")
