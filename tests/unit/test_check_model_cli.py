@@ -44,3 +44,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
                  ["check-model", "--png", str(tmp_path / "x.jpg")]):
         res = run_cli(*args)
         assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_table_versions_in_json_and_a_malformed_one_is_exit_2(tmp_path):
+    corpus = _small_corpus(tmp_path)
+    res = run_cli("check-model", str(corpus / "rccl-issue-1562.yaml"), "--json")
+    assert res.exit_code == 0, res.stderr
+    table = json.loads(res.stdout)["tables"]["rccl-issue-1562/1node"]
+    assert table["library_version"] == "RCCL 2.20.5"
+    mapping = corpus / "rccl-issue-1562.yaml"
+    mapping.write_text(mapping.read_text().replace('version: "2.20.5"', 'version: "2.20.x"'))
+    res = run_cli("check-model", str(mapping))
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "rccl-issue-1562.yaml: library_version: version '2.20.x'" in res.stderr

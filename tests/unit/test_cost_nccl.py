@@ -225,3 +225,108 @@ def test_nvlstree_pays_a_pipeline_fill_of_one_loop_per_tree_level_and_one():
     one = nccl.fabric(resolve("dgx-h100"))
     big = _nvls_data_us(one, 1 << 34)
     assert big == pytest.approx(((1 << 34) + 16 * mib) / (18 * 20.6 * 0.85 * 0.86 * 1e3))
+
+
+def _nvlstree(fab, nbytes: int):
+    return next(e for e in nccl.predict(fab, "allreduce", nbytes) if e.algorithm.value == "nvlstree")
+
+
+def test_nvls_figures_follow_the_nccl_release():
+    import dataclasses
+
+    from treeattn.topology.nccl_version import NEWEST, nccl_release
+
+    four = nccl.fabric(h100(4))
+    assert four.nccl_release == NEWEST
+    old = dataclasses.replace(four, nccl_release=nccl_release("2.26.2"))
+    new = dataclasses.replace(four, nccl_release=nccl_release("2.30.4"))
+    # tuning.cc hwLat[NET][NVLSTree][Simple]: 14 us in 2.19.1-2.28.7, 20.9 us from 2.28.9
+    assert _nvlstree(old, 8).latency_us == pytest.approx(25 + 2 * 2 * 14.0)
+    assert _nvlstree(new, 8).latency_us == pytest.approx(25 + 2 * 2 * 20.9)
+    assert _nvlstree(dataclasses.replace(four, nccl_release=nccl_release("2.28.7")), 8).latency_us == \
+        pytest.approx(25 + 2 * 2 * 14.0)
+    assert _nvlstree(dataclasses.replace(four, nccl_release=nccl_release("2.28.9")), 8).latency_us == \
+        pytest.approx(25 + 2 * 2 * 20.9)
+    # NVLS's NVLink hop: 23 us in 2.19-2.20, 25 from 2.21.5
+    assert _nvlstree(dataclasses.replace(four, nccl_release=nccl_release("2.20.5")), 8).latency_us == \
+        pytest.approx(23 + 2 * 2 * 14.0)
+    # NCCL's estimate: before 2.28.3 8 channels x min(bwIntra, bwInter / 2 beyond two nodes) x 5/6;
+    # the NVLS graph on 4 H100 nodes with a 400G NIC per GPU runs 8 channels at 48 GB/s.
+    big = 1 << 32
+    est_old = _nvlstree(old, big)
+    assert est_old.rank_us == pytest.approx(est_old.latency_us + big / (8 * 24.0 * 5 / 6 * 1e3))
+    # from 2.28.3: per channel 48 x 0.85 x 7/8 x 2, at most the network's 48 and perChMaxNVLSTreeBw 45.5
+    est_new = _nvlstree(new, big)
+    assert est_new.rank_us == pytest.approx(est_new.latency_us + big / (8 * 45.5 * 32 / 62 * 1e3))
+    # what runs is the same in every release but for the latency
+    assert est_old.time_us - est_old.latency_us == pytest.approx(est_new.time_us - est_new.latency_us)
+
+
+def test_the_release_moves_nvls_only():
+    import dataclasses
+
+    # Ring and tree figures are 2.30's whatever the release; host ranks have no NVLS at all.
+    for fab in (nccl.fabric(h100(1)), nccl.fabric(h100(2)), nccl.fabric(switch_topo(4, bw=12.5))):
+        old = dataclasses.replace(fab, nccl_release=(2, 19, 1))
+        for n in (8, 1 << 20, 1 << 30):
+            new_est, old_est = nccl.predict(fab, "allreduce", n), nccl.predict(old, "allreduce", n)
+            assert len(new_est) == len(old_est)
+            for a, b in zip(new_est, old_est, strict=True):
+                assert (a == b) != a.algorithm.value.startswith("nvls"), (a, b)
+            assert nccl.predict(fab, "allgather", n) == nccl.predict(old, "allgather", n)
+
+
+@pytest.mark.parametrize("text, release", [
+    ("2.26.2", (2, 26, 2)), ("2.26", (2, 26, 999)), ("<2.28", (2, 27, 999)), ("<=2.27.3", (2, 27, 3)),
+    ("<2.28.9", (2, 28, 8)), (" 2.30.4 ", (2, 30, 4)), ("unknown", None),
+])
+def test_nccl_versions_parse_to_the_newest_release_they_allow(text, release):
+    from treeattn.topology.nccl_version import parse_version, release_text
+
+    assert parse_version(text) == release
+    if release is not None:
+        series = f"{release[0]}.{release[1]}"
+        assert release_text(release) == (f"{series}.x" if release[2] == 999 else f"{series}.{release[2]}")
+
+
+@pytest.mark.parametrize("text, what", [
+    ("2.26.x", "write a release"), ("v2.26.2", "write a release"), ("", "write a release"),
+    ("<2.0", "names no release"),
+])
+def test_malformed_nccl_versions_are_one_line_errors(text, what):
+    from treeattn.topology.nccl_version import parse_version
+
+    with pytest.raises(InputError, match=what):
+        parse_version(text)
+
+
+def test_releases_older_than_the_model_follows_are_refused():
+    from treeattn.topology.nccl_version import nccl_release
+
+    with pytest.raises(InputError, match="follows NCCL 2.19-2.30"):
+        nccl_release("2.18.3")
+    assert nccl_release("<2.20") == (2, 19, 999)
+
+
+def test_a_topology_names_its_nccl_release():
+    import dataclasses
+
+    from treeattn.errors import TopologyError
+    from treeattn.topology.io import load_topology_text
+
+    two = resolve("dgx-h100:nodes=2")
+    older = dataclasses.replace(two, cost=two.cost.updated(nccl_version="2.26.2"))
+    assert nccl.fabric(two).nccl_release == (2, 30, 7) and nccl.fabric(older).nccl_release == (2, 26, 2)
+    assert _nvlstree(nccl.fabric(older), 8).latency_us == pytest.approx(25 + 2 * 14.0)
+    assert older.fingerprint != two.fingerprint and "nccl_version" not in two.cost.to_dict()
+    assert older.cost.to_dict()["nccl_version"] == "2.26.2"
+    with pytest.raises(TopologyError, match=r"cost.nccl_version: version '2.x'"):
+        two.cost.updated(nccl_version="2.x")
+    yaml_text = (Path(__file__).resolve().parents[2] / "topologies" / "dgx-h100-2node.yaml").read_text()
+    assert "cost: {attn_efficiency: 0.55}" in yaml_text
+    loaded = load_topology_text(yaml_text.replace("cost: {attn_efficiency: 0.55}",
+                                                  'cost: {attn_efficiency: 0.55, nccl_version: "<2.28"}'))
+    assert nccl.fabric(loaded).nccl_release == (2, 27, 999)
+    with pytest.raises(TopologyError) as err:
+        load_topology_text(yaml_text.replace("cost: {attn_efficiency: 0.55}", "cost: {nccl_version: 2.26}"))
+    assert "nccl_version" in str(err.value) and "\n" not in str(err.value)

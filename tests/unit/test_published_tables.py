@@ -107,3 +107,66 @@ def test_one_process_driving_g_gpus_launches_take_the_latencys_place(tmp_path):
         want = launches + est.time_us - est.latency_us if launches > est.latency_us else est.time_us
         assert row.predicted_us == pytest.approx(want)
     assert out[0].how.endswith("+launches")
+
+
+VERSIONED = GOOD.replace("tables:", """library_version: {library: NCCL, version: "2.26.2", evidence: printed}
+tables:""").replace("ranks: 32}", """ranks: 32}
+  - {id: b, lines: [1, 2], collective: all_reduce, topology: "dgx-h100:nodes=4", ranks: 32,
+     library_version: {library: NCCL, version: "<2.29", evidence: posted before 2.29}}""")
+
+
+def test_library_version_per_source_and_per_table(tmp_path):
+    from treeattn.topology.nccl_version import NEWEST
+
+    a, b = load_corpus([_corpus(tmp_path, VERSIONED)])
+    assert (a.library, a.version, a.evidence, a.nccl_release) == ("NCCL", "2.26.2", "printed", (2, 26, 2))
+    assert (b.version, b.nccl_release) == ("<2.29", (2, 28, 999))
+    (plain,) = load_corpus([_corpus(tmp_path, GOOD)])
+    assert (plain.library, plain.version, plain.nccl_release) == ("", "", NEWEST)
+    rccl = GOOD.replace("tables:", 'library_version: {library: RCCL, version: "2.20.5", evidence: x}\ntables:')
+    (amd,) = load_corpus([_corpus(tmp_path, rccl)])
+    assert (amd.library, amd.nccl_release) == ("RCCL", NEWEST)  # RCCL's releases are not NCCL's
+
+
+@pytest.mark.parametrize("version, what", [
+    ('"2.26.x"', r"library_version: version '2.26.x': write a release"),
+    ("2.30", r"version 2.3 must be a quoted string"),
+    ('"2.18.3"', r"follows NCCL 2.19-2.30"),
+    ('"2.26.2", evidence: x, year: 2025', r"unknown field 'year'"),
+])
+def test_malformed_library_version_is_one_line(tmp_path, version, what):
+    mapping = GOOD.replace("tables:", f"library_version: {{library: NCCL, version: {version}, evidence: x}}\ntables:")
+    with pytest.raises(InputError, match=what) as err:
+        load_corpus([_corpus(tmp_path, mapping)])
+    assert "\n" not in str(err.value) and "src.yaml" in str(err.value)
+
+
+def test_library_version_names_its_library_and_evidence(tmp_path):
+    with pytest.raises(InputError, match="library 'MPI'; choose one of NCCL, RCCL"):
+        load_corpus([_corpus(tmp_path, GOOD.replace("tables:", 'library_version: {library: MPI, version: "1", '
+                                                                 'evidence: x}\ntables:'))])
+    with pytest.raises(InputError, match="library_version: field 'version' is missing"):
+        load_corpus([_corpus(tmp_path, GOOD.replace("tables:", "library_version: {library: NCCL, evidence: x}"
+                                                                 "\ntables:"))])
+    with pytest.raises(InputError, match="field 'evidence' is missing"):
+        load_corpus([_corpus(tmp_path, GOOD.replace("tables:", 'library_version: {library: NCCL, version: "2.26"}'
+                                                                 '\ntables:'))])
+
+
+def test_shipped_tables_versions():
+    by_name = {t.name: t for t in load_corpus()}
+    assert by_name["nccl-tests-issue-309/2node-qoofyk"].nccl_release == (2, 26, 2)
+    assert by_name["nccl-tests-issue-309/8node-gj"].nccl_release < (2, 28, 0)
+    assert by_name["spectrum-x-openshift-h200/2node"].nccl_release == (2, 30, 4)
+    assert all(t.library in ("NCCL", "RCCL") and t.evidence for t in by_name.values())
+
+
+def test_library_version_agrees_with_the_version_a_table_prints(tmp_path):
+    text = f"NCCL version 2.27.3+cuda12.8\n{ROW}\n{ROW2}\n"
+    mapping = GOOD.replace("lines: [1, 2]", "lines: [1, 3]")
+    (t,) = load_corpus([_corpus(tmp_path, mapping.replace(
+        "tables:", 'library_version: {library: NCCL, version: "2.27.3", evidence: printed}\ntables:'), text)])
+    assert t.nccl_release == (2, 27, 3)
+    with pytest.raises(InputError, match=r"library_version '2.26.2', but the table prints '2.27.3\+cuda12.8'"):
+        load_corpus([_corpus(tmp_path, mapping.replace(
+            "tables:", 'library_version: {library: NCCL, version: "2.26.2", evidence: x}\ntables:'), text)])

@@ -103,11 +103,16 @@ small all-reduces through its MSCCL kernels). A multi-node ring all-reduce with
 Simple has NCCL's "plateau" latency, x1.4 (x1.9 on Volta) once each channel and rank holds
 64 bytes, in NCCL's estimate and in what runs.
 
+NCCL releases: NVLS's latencies and NCCL's NVLS/NVLSTree estimate follow
+``NcclFabric.nccl_release`` (``treeattn.cost.nvls``): the topology's ``cost.nccl_version``,
+else the newest release the model follows (``check-model`` sets each published table's);
+the other figures are NCCL 2.30's, whatever the release.
+
 Left out: CollNet (in-network reduction over InfiniBand SHARP), PAT, NVLS for all-gather and
-reduce-scatter, per-version constants (the figures are NCCL 2.23-2.30's; 2.19-2.22 rated
-Tree/Simple differently), NCCL's shared-memory transport between GPUs without
-peer-to-peer (its rate is not modelled: it runs at the routes' rate), and the latency of an
-EFA or RoCE network beyond NCCL's constants.
+reduce-scatter, the older releases' ring and tree figures (2.19-2.22 rated Tree/Simple at 28
+us a hop and charged a ring's own network latency with one rank per node), NCCL's
+shared-memory transport between GPUs without peer-to-peer (its rate is not modelled: it runs
+at the routes' rate), and the latency of an EFA or RoCE network beyond NCCL's constants.
 
 Sizes follow nccl-tests: ``nbytes`` is the buffer size for all-reduce, broadcast and reduce and the
 total (all ranks') size for all-gather and reduce-scatter. busbw = algbw x 2(R-1)/R for
@@ -126,6 +131,7 @@ from treeattn.cost.nccl_channels import comm_channels, graph_channels, run_chann
 from treeattn.cost.nvls import nvls_allreduce
 from treeattn.errors import InputError
 from treeattn.topology.model import DeviceKind, Link, LinkClass, LinkKind, Topology
+from treeattn.topology.nccl_version import NEWEST, Release, nccl_release
 
 __all__ = [
     "Collective",
@@ -261,6 +267,9 @@ class NcclFabric:
     graph_channels: int = 0
     """Channels of NCCL's ring/tree graph (``nccl_channels.graph_channels``), which its
     per-channel caps multiply; 0: no caps."""
+    nccl_release: Release = NEWEST
+    """The NCCL release whose release-dependent figures apply (``treeattn.topology.nccl_version``;
+    NVLS only); default: the newest the model follows."""
 
     @property
     def bus_bw_gbps(self) -> float:
@@ -516,6 +525,7 @@ def fabric(topo: Topology) -> NcclFabric:
                            if searched else (0, 0.0))
     graph = graph_channels(arch, nodes, path_gbps or gpu_gbps, gpu_gbps, n_nics, nic_gbps)[0] if searched else 0
     return NcclFabric(
+        nccl_release=nccl_release(topo.cost.nccl_version) if topo.cost.nccl_version is not None else NEWEST,
         channels=channels,
         graph_channels=graph,
         ring_gbps=ring_gbps,
@@ -821,7 +831,7 @@ def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: i
             out.append(NcclEstimate(algo, proto, t, algbw, algbw * factor, lat, None if tuned == t else tuned))
     if collective is Collective.ALLREDUCE and fab.nvls_gbps > 0:
         got = nvls_allreduce(fab.arch, fab.ranks, fab.nodes, fab.nvls_gbps, fab.inter_bw_gbps, nbytes,
-                             NET_ACHIEVED[Protocol.SIMPLE])
+                             NET_ACHIEVED[Protocol.SIMPLE], fab.nccl_release)
         if got is not None:
             name, nccl_us, t, lat = got
             algbw = nbytes / (t * 1e3)

@@ -7,7 +7,8 @@ NVLSTree: NVLS inside each domain, a tree across them over the network. NCCL off
 for all-reduce with the Simple protocol only (``src/graph/tuning.cc``, v2.30), and NVLS
 for all-gather and reduce-scatter on one domain (not modelled here: no published table).
 
-NCCL's own estimate (what it picks by), from ``tuning.cc``:
+NCCL's own estimate (what it picks by), from ``tuning.cc`` of NCCL 2.30, the default release
+(older releases: ``_estimate_gbps`` and docs/nccl-model.md, "By NCCL release"):
 
 * channels: the NVLS graph's (``nvls_graph``, ``src/graph/search.cc``): one per GPU of a
   domain (its heads, at most 32), at the fastest speed of NCCL's speed list that every head's
@@ -58,6 +59,7 @@ from -19..-5 % to -10..-2 %.
 from __future__ import annotations
 
 from treeattn.cost.nccl_channels import SPEEDS_INTER, SPEEDS_INTRA
+from treeattn.topology.nccl_version import NEWEST, Release, by_release
 
 __all__ = ["NVLS_EFFICIENCY", "NVLS_ACHIEVED", "NVLS_CHANNELS", "NVLS_CHUNK", "nvls_allreduce", "nvls_graph",
            "nvls_chunk", "nvls_fill_bytes", "fill_loops"]
@@ -71,9 +73,21 @@ NVLS_CHANNELS = {("hopper", True): 16, ("hopper", False): 16, ("blackwell", True
 one domain (True) or several."""
 NVLS_CHUNK = 128 * 1024
 """nvls.cc NCCL_NVLS_CHUNKSIZE default."""
-_PER_CH_TREE = {"hopper": (57.7, 45.5), "blackwell": (96.0, 80.0)}
-_LAT_NVLS_US = 25.0
-_LAT_NET_NVLSTREE_US = 20.9
+# tuning.cc (ncclTopoTuneModel) by release, each figure with the first release (NVIDIA/nccl
+# tag) that carries it. perChMaxNVLSTreeBws (Hopper, Blackwell; GB/s per channel on 2 / more
+# domains), from 2.28.3, the release whose NVLS/NVLSTree estimate first uses them
+# (``_estimate_gbps``).
+_PER_CH_TREE = {
+    "hopper": (((2, 28, 3), (57.7, 45.5)),),
+    "blackwell": (((2, 28, 3), (96.0, 43.1)), ((2, 28, 9), (96.0, 43.8)), ((2, 30, 3), (96.0, 80.0))),
+}
+_PER_CHANNEL_ESTIMATE = (2, 28, 3)
+# hwLat[NVLINK][NVLS and NVLSTree][Simple] (base 0): 23 us in 2.19.1-2.20.5, 25 from 2.21.5.
+_LAT_NVLS_US = (((2, 19, 1), 23.0), ((2, 21, 5), 25.0))
+# hwLat[NET][NVLSTree][Simple]: 14 us in 2.19.1-2.28.7, 20.9 from 2.28.9.
+_LAT_NET_NVLSTREE_US = (((2, 19, 1), 14.0), ((2, 28, 9), 20.9))
+# hwLat[NET][Tree][Simple], which 2.23+ charge when a domain holds one rank (2.19-2.22 charge
+# NVLSTree's own network figure, 14 us there too).
 _LAT_NET_TREE_SIMPLE_US = 14.0
 _MAX_NVLS_ARITY = 32
 
@@ -83,7 +97,8 @@ def _log2i(n: int) -> int:
 
 
 def nvls_allreduce(arch: str, ranks: int, domains: int, link_gbps: float, inter_gbps: float,
-                   nbytes: int, net_achieved: float = 1.0) -> tuple[str, float, float, float] | None:
+                   nbytes: int, net_achieved: float = 1.0,
+                   release: Release = NEWEST) -> tuple[str, float, float, float] | None:
     """NVLS (one domain) or NVLSTree (several) for an all-reduce of ``nbytes``.
 
     Args:
@@ -94,6 +109,8 @@ def nvls_allreduce(arch: str, ranks: int, domains: int, link_gbps: float, inter_
         inter_gbps: a domain's network bandwidth (NCCL's figure); unused on one domain.
         nbytes: buffer size.
         net_achieved: the share of ``inter_gbps`` the Simple protocol achieves.
+        release: the NCCL release (``treeattn.topology.nccl_version``) whose latencies and
+            estimate apply; what runs is otherwise the same in every release.
 
     Returns:
         (algorithm, NCCL's estimate us, achieved us, latency us), or None without NVLS.
@@ -107,24 +124,41 @@ def nvls_allreduce(arch: str, ranks: int, domains: int, link_gbps: float, inter_
     heads, speed = nvls_graph(arch, domains, gpus, link_gbps, nic_gbps)
     if heads < 2:
         return None
-    # tuning.cc: per channel bwIntra x nvlsEfficiency x (channels - 1) / channels, x2 for
-    # all-reduce, times the graph's channels (its heads).
-    per_ch = speed * eff * (heads - 1) / heads * 2.0
+    estimate = _estimate_gbps(arch, domains, heads, speed, to_alg, release)
     achieved = link_gbps * eff * NVLS_ACHIEVED
     fill = nvls_fill_bytes(arch, domains, heads, gpus, nic_gbps, nbytes)
+    lat = by_release(_LAT_NVLS_US, release)
     if domains == 1:
-        lat = _LAT_NVLS_US
         name = "nvls"
     else:
         spread = 2.0 if domains <= 2 else 1.0
-        per_ch = min(per_ch, speed * spread, _PER_CH_TREE[arch][0 if domains <= 2 else 1])
-        # NCCL's per-channel NVLSTree caps are measured figures: what runs stays under them.
-        achieved = min(achieved, inter_gbps * net_achieved * spread * to_alg, heads * per_ch * to_alg)
-        net = _LAT_NET_TREE_SIMPLE_US if ppn == 1 else _LAT_NET_NVLSTREE_US
-        lat = _LAT_NVLS_US + 2 * _log2i(domains) * net
+        # NCCL's newest per-channel NVLSTree caps are measured figures: what runs stays under
+        # them, whichever release's estimate picks the algorithm.
+        measured = _estimate_gbps(arch, domains, heads, speed, to_alg, NEWEST)
+        achieved = min(achieved, inter_gbps * net_achieved * spread * to_alg, measured)
+        net = _LAT_NET_TREE_SIMPLE_US if ppn == 1 else by_release(_LAT_NET_NVLSTREE_US, release)
+        lat += 2 * _log2i(domains) * net
         name = "nvlstree"
-    nccl_us = lat + nbytes / (heads * per_ch * to_alg * 1e3)
+    nccl_us = lat + nbytes / (estimate * 1e3)
     return name, nccl_us, lat + (nbytes + fill) / (achieved * 1e3), lat
+
+
+def _estimate_gbps(arch: str, domains: int, heads: int, speed: float, to_alg: float, release: Release) -> float:
+    """NCCL's NVLS (one domain) or NVLSTree algorithm bandwidth in ``release`` (tuning.cc
+    ncclTopoTuneModel) on its NVLS graph of ``heads`` channels at ``speed`` GB/s.
+
+    From 2.28.3: per channel speed x nvlsEfficiency x (heads - 1) / heads x 2 (all-reduce),
+    NVLSTree at most the network speed (x 2 on two domains) and perChMaxNVLSTreeBw, times
+    the channels and R / (2(R - 1)). In 2.19.1-2.28.2: per channel min(bwIntra, bwInter) (the
+    graph's one speed), for NVLSTree halved beyond two domains, times the channels and 5/6,
+    without per-channel caps."""
+    if release < _PER_CHANNEL_ESTIMATE:
+        return heads * (speed if domains <= 2 else speed / 2) * 5.0 / 6.0
+    per_ch = speed * NVLS_EFFICIENCY[arch] * (heads - 1) / heads * 2.0
+    if domains > 1:
+        spread = 2.0 if domains <= 2 else 1.0
+        per_ch = min(per_ch, speed * spread, by_release(_PER_CH_TREE[arch], release)[0 if domains <= 2 else 1])
+    return heads * per_ch * to_alg
 
 
 def _setup(arch: str, domains: int, ppn: int, nic_gbps: float) -> tuple[int, int, int]:

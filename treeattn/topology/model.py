@@ -16,7 +16,8 @@ from enum import StrEnum
 from functools import cached_property
 from typing import Any
 
-from treeattn.errors import TopologyError
+from treeattn.errors import InputError, TopologyError
+from treeattn.topology.nccl_version import nccl_release
 
 __all__ = [
     "CALIBRATED_BY",
@@ -321,6 +322,10 @@ class CostParams:
     block) reaches, where it differs from ``mem_efficiency`` (merges and copies keep that):
     decode-attention kernels read KV at 50-75 % of peak (docs/attention-model.md); None:
     ``mem_efficiency``. A measured ``attn_gbps`` takes precedence."""
+    nccl_version: str | None = None
+    """The NCCL release the cluster runs (``2.26.2``, or a bound such as ``<2.28``:
+    ``treeattn.topology.nccl_version``), for the NCCL model's release-dependent figures (NVLS
+    latencies and NCCL's NVLS estimate, docs/nccl-model.md); None: the newest it follows."""
     host: HostParams = HostParams()
     """How ranks on host CPUs cost time."""
 
@@ -337,6 +342,11 @@ class CostParams:
             raise TopologyError(f"cost.attn_efficiency must be in (0, 1], got {self.attn_efficiency}")
         if self.link_rates not in ("datasheet", "measured"):
             raise TopologyError(f"cost.link_rates must be 'datasheet' or 'measured', got {self.link_rates!r}")
+        if self.nccl_version is not None:
+            try:
+                nccl_release(self.nccl_version)
+            except InputError as exc:
+                raise TopologyError(f"cost.nccl_version: {exc}") from None
 
     @classmethod
     def from_flat(cls, **terms: Any) -> CostParams:
@@ -376,12 +386,16 @@ class CostParams:
                 out[key] = getattr(self, key)
         if self.link_rates != "datasheet":
             out["link_rates"] = self.link_rates
+        if self.nccl_version is not None:
+            out["nccl_version"] = self.nccl_version
         return out
 
     def key(self) -> tuple:
         """What of it determines costs (for fingerprints)."""
         terms = self._terms()
-        return terms if self.link_rates == "datasheet" else (*terms, "rates", self.link_rates)
+        if self.link_rates != "datasheet":
+            terms = (*terms, "rates", self.link_rates)
+        return terms if self.nccl_version is None else (*terms, "nccl", self.nccl_version)
 
     def _terms(self) -> tuple:
         h = self.host

@@ -99,6 +99,10 @@ class CostSpec(_Spec):
     attn_next_launch_us: float | None = Field(
         None, ge=0, description="Fixed cost of a rank's later COMPUTE ops in one run (default attn_launch_us)."
     )
+    nccl_version: str | None = Field(
+        None, description="The NCCL release the cluster runs (2.26.2, 2.26, or a bound: <2.28, <=2.27.3), for the NCCL "
+        "model's release-dependent NVLS figures; default: the newest release the model follows."
+    )
     link_rates: Literal["datasheet", "measured"] = Field(
         "datasheet", description="datasheet: link bw_gbps are datasheet figures, of which GPU transfers reach NCCL's "
         "rating; measured: fitted rates (treeattn calibrate), reached as they are."

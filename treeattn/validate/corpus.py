@@ -9,6 +9,10 @@ collective made it, on how many ranks, with which NCCL environment, and which to
     retrieved: issue text as of 2025-06-19
     hardware: ...            # free text, kept for SOURCES.md
     library: NCCL 2.26.2
+    library_version:         # the library's release, as data (a table may give its own)
+      library: NCCL          # NCCL or RCCL
+      version: "2.26.2"      # a release, a series "2.26", a bound "<2.28" / "<=2.27.3", or unknown
+      evidence: printed in the table's header
     quality: ...             # what the source says about its own numbers
     cut: ...                 # what was left out when copying
     tables:
@@ -21,6 +25,10 @@ collective made it, on how many ranks, with which NCCL environment, and which to
         scored: false        # optional: kept and predicted, left out of the figures
         why: degraded fabric
 
+An NCCL table's version chooses the NCCL model's release-dependent figures
+(``treeattn.topology.nccl_version``: the newest release the version allows; ``unknown``, no
+``library_version`` and RCCL tables: the model's default, the newest NCCL it follows).
+
 ``corpus_dir`` finds the shipped corpus the way ``topologies_dir`` finds the shipped
 topologies: ``$TREEATTN_PUBLISHED``, else ``results/published`` in the source tree, else
 ``<prefix>/share/treeattn/published`` of an installed wheel.
@@ -29,6 +37,7 @@ topologies: ``$TREEATTN_PUBLISHED``, else ``results/published`` in the source tr
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,13 +47,16 @@ from treeattn.calibrate.nccl_tests import NcclTestsLog, parse_published_table
 from treeattn.errors import InputError, ProbeError
 from treeattn.probe.text import read_input
 from treeattn.topology.library import installed_data_dir
+from treeattn.topology.nccl_version import NEWEST, Release, nccl_release, parse_version
 
-__all__ = ["COLLECTIVES", "PublishedTable", "corpus_dir", "load_corpus", "busbw_factor"]
+__all__ = ["COLLECTIVES", "LIBRARIES", "PublishedTable", "corpus_dir", "load_corpus", "busbw_factor"]
 
 ENV_DIR = "TREEATTN_PUBLISHED"
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "sendrecv", "alltoall")
-_SOURCE_KEYS = {"source", "retrieved", "hardware", "library", "quality", "cut", "tables"}
-_TABLE_KEYS = {"id", "file", "lines", "collective", "topology", "ranks", "env", "scored", "why"}
+_SOURCE_KEYS = {"source", "retrieved", "hardware", "library", "library_version", "quality", "cut", "tables"}
+_TABLE_KEYS = {"id", "file", "lines", "collective", "topology", "ranks", "env", "scored", "why", "library_version"}
+_VERSION_KEYS = ("library", "version", "evidence")
+LIBRARIES = ("NCCL", "RCCL")
 
 
 def busbw_factor(collective: str, ranks: int) -> float:
@@ -73,6 +85,17 @@ class PublishedTable:
     why: str = ""
     meta: dict = field(default_factory=dict)
     """The source's free-text fields (retrieved, hardware, library, quality, cut)."""
+    library: str = ""
+    """``NCCL`` or ``RCCL`` (``library_version.library``; empty: not given)."""
+    version: str = ""
+    """The release as the mapping writes it (``library_version.version``; empty: not given)."""
+    evidence: str = ""
+    """Where the version comes from, or the evidence for its bound."""
+
+    @property
+    def nccl_release(self) -> Release:
+        """The NCCL release the model takes for this table (``NEWEST`` unless an NCCL version is given)."""
+        return nccl_release(self.version) if self.library == "NCCL" and self.version else NEWEST
 
     @property
     def name(self) -> str:
@@ -157,6 +180,7 @@ def _load_source(mf: Path) -> list[PublishedTable]:
     url = _field(str(mf), data, "source", str)
     specs = _field(str(mf), data, "tables", list)
     meta = {k: str(data[k]) for k in ("retrieved", "hardware", "library", "quality", "cut") if k in data}
+    source_version = _library_version(str(mf), data)
     texts: dict[Path, str] = {}
     out = []
     for i, spec in enumerate(specs):
@@ -189,10 +213,44 @@ def _load_source(mf: Path) -> list[PublishedTable]:
         if abs(ratio - want) > 0.01 * want + 0.006:
             raise InputError(f"{where}: busbw/algbw = {ratio:.4f} in the table, but {coll} over {ranks} ranks "
                              f"gives {want:.4f}: wrong collective or rank count")
+        library, version, evidence = _library_version(where, spec) or source_version or ("", "", "")
+        printed = re.match(r"\d+\.\d+\.\d+", log.nccl_version)
+        if printed and version and parse_version(version) != parse_version(printed.group(0)):
+            raise InputError(f"{where}: library_version {version!r}, but the table prints {log.nccl_version!r}")
         out.append(PublishedTable(
             source_id=mf.stem, table_id=tid, url=url, collective=coll,
             topology=_field(where, spec, "topology", str), ranks=ranks,
             env={str(k): str(v) for k, v in env.items()}, log=log,
             scored=_field(where, spec, "scored", bool, True), why=str(spec.get("why", "")), meta=meta,
+            library=library, version=version, evidence=evidence,
         ))
     return out
+
+
+def _library_version(where: str, data: dict) -> tuple[str, str, str] | None:
+    """A mapping's ``library_version`` (library, version, evidence), checked; None when absent."""
+    spec = data.get("library_version")
+    if spec is None:
+        return None
+    where = f"{where}: library_version"
+    if not isinstance(spec, dict):
+        raise InputError(f"{where}: a mapping with {', '.join(_VERSION_KEYS)}")
+    unknown = sorted(set(spec) - set(_VERSION_KEYS))
+    if unknown:
+        raise InputError(f"{where}: unknown field {unknown[0]!r}; fields: {', '.join(_VERSION_KEYS)}")
+    library = _field(where, spec, "library", str)
+    if library not in LIBRARIES:
+        raise InputError(f"{where}: library {library!r}; choose one of {', '.join(LIBRARIES)}")
+    version = spec.get("version")
+    if version is None:
+        raise InputError(f"{where}: field 'version' is missing")
+    if not isinstance(version, str):
+        # YAML reads 2.30 as the number 2.3: a version must be quoted.
+        raise InputError(f"{where}: version {version!r} must be a quoted string, e.g. \"2.26.2\"")
+    try:
+        parse_version(version)
+        if library == "NCCL":
+            nccl_release(version)
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}") from None
+    return library, version.strip(), _field(where, spec, "evidence", str)

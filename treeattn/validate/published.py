@@ -3,7 +3,8 @@
 Every row of every table (``treeattn.validate.corpus``) is predicted on the table's topology:
 
 * all-reduce, all-gather, reduce-scatter, broadcast, reduce: NCCL's pick in the table's NCCL
-  environment (``treeattn.cost.nccl.pick``), without the per-call ``overhead_us`` the
+  environment and release (``treeattn.cost.nccl.pick``; the release from the table's
+  ``library_version``, the model's newest without one), without the per-call ``overhead_us`` the
   simulator adds (nccl-tests times a back-to-back loop, where issuing overlaps);
 * sendrecv and alltoall: the simulator's point-to-point model on a plan of the exchange made
   of SEND/RECV ops: sendrecv is rank r -> r+1 (nccl-tests' ring shift) with the whole
@@ -27,6 +28,7 @@ and listed per source but left out of the groups.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -122,9 +124,10 @@ class _Topologies:
         return topo
 
     def fabric(self, t: PublishedTable) -> nccl.NcclFabric:
+        """The table's topology summarized for NCCL's model, at the table's NCCL release."""
         if t.topology not in self.fabrics:
             self.fabrics[t.topology] = nccl.fabric(self.topo(t))
-        return self.fabrics[t.topology]
+        return dataclasses.replace(self.fabrics[t.topology], nccl_release=t.nccl_release)
 
 
 def predict_table(t: PublishedTable, cache: _Topologies | None = None) -> list[RowResult]:

@@ -1,0 +1,88 @@
+"""NCCL releases: how a published table names the NCCL it ran, and the release the model
+takes for it.
+
+The model follows NCCL 2.19-2.30 (``NEWEST`` is its default). A few of ``tuning.cc``'s
+figures changed in that span (``treeattn.cost.nvls``: NVLS's latencies and NCCL's own
+NVLS/NVLSTree estimate); the model chooses them by release. A version is written
+
+* ``2.26.2``: that release;
+* ``2.26``: some 2.26 release;
+* ``<2.28`` or ``<=2.27.3``: a bound argued from evidence (a table posted before 2.28's
+  release);
+* ``unknown``: nothing bounds it.
+
+The model takes the newest release the text allows (``2.26`` and ``<=2.26`` as the last 2.26,
+``<2.28`` as the last 2.27, ``unknown`` as ``NEWEST``): the same rule as its default, and
+inside one of the spans in which a figure holds any release gives the same figures.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TypeVar
+
+from treeattn.errors import InputError
+
+__all__ = ["NEWEST", "OLDEST", "UNKNOWN", "parse_version", "nccl_release", "release_text", "by_release"]
+
+Release = tuple[int, int, int]
+NEWEST: Release = (2, 30, 7)
+"""The newest NCCL release whose tuning.cc the model follows (tag v2.30.7-1)."""
+OLDEST: Release = (2, 19, 1)
+"""The oldest release the model's figures cover (tag v2.19.1-1)."""
+UNKNOWN = "unknown"
+_ANY_PATCH = 999
+_T = TypeVar("_T")
+_FORM = re.compile(r"^(<=|<)?\s*(\d+)\.(\d+)(?:\.(\d+))?$")
+
+
+def parse_version(text: str) -> Release | None:
+    """The newest release ``text`` allows (module docstring); None for ``unknown``.
+
+    Raises:
+        InputError: ``text`` is none of the forms above (the message says which are).
+    """
+    m = _FORM.match(str(text).strip())
+    if str(text).strip() == UNKNOWN:
+        return None
+    if m is None:
+        raise InputError(f"version {text!r}: write a release (2.26.2), a series (2.26), a bound (<2.28, <=2.27.3) "
+                         f"or {UNKNOWN}")
+    bound, major, minor, patch = m.group(1), int(m.group(2)), int(m.group(3)), m.group(4)
+    release = (major, minor, _ANY_PATCH if patch is None else int(patch))
+    if bound != "<":
+        return release
+    if patch is not None and int(patch) > 0:
+        return (major, minor, int(patch) - 1)
+    if minor > 0:
+        return (major, minor - 1, _ANY_PATCH)
+    raise InputError(f"version {text!r}: a bound below {major}.0 names no release")
+
+
+def nccl_release(text: str) -> Release:
+    """The release the NCCL model takes for ``text`` (``NEWEST`` for ``unknown``).
+
+    Raises:
+        InputError: a malformed version, or one older than the model's figures cover.
+    """
+    release = parse_version(text)
+    if release is None:
+        return NEWEST
+    if release < OLDEST:
+        raise InputError(f"NCCL {text}: the model follows NCCL 2.19-2.30; older releases rate NVLS differently")
+    return release
+
+
+def release_text(release: Release) -> str:
+    """``2.26.2``, or ``2.27.x`` for the newest release of a series."""
+    major, minor, patch = release
+    return f"{major}.{minor}.{'x' if patch == _ANY_PATCH else patch}"
+
+
+def by_release(table: tuple[tuple[Release, _T], ...], release: Release) -> _T:
+    """The figure of ``table`` ((first release carrying it, figure), oldest first) in ``release``."""
+    value = table[0][1]
+    for first, figure in table:
+        if release >= first:
+            value = figure
+    return value
