@@ -93,6 +93,8 @@ def test_case_figures_and_targets():
     assert b1["speedup_allreduce3"] == pytest.approx(3.0) and b1["speedup_ring_attention"] == pytest.approx(4000 / 1100)
     b64 = cases.loc[("emu-a", "B64")]
     assert b64["best"] == "star" and b64["regret"] == pytest.approx(0.2)
+    # against the baselines alone the pick is ahead: 12 ms against allreduce3's 25
+    assert b64["best_baseline"] == "allreduce3" and b64["regret_baselines"] == pytest.approx(12000 / 25000 - 1)
     s = summarize(_rows(), {"primary_topology": "emu-a"})
     t = s["targets"]
     assert s["primary_topology"] == "emu-a"
@@ -283,8 +285,13 @@ def test_regret_is_reported_for_every_topology(folder: Path):
     by = s["regret"]["by_topology"]
     assert by["emu-a"]["max"] == pytest.approx(0.2) and by["emu-a"]["case"] == "B64"
     assert by["emu-b"]["max"] == pytest.approx(0.25) and by["emu-b"]["reached"] is False
+    # against the baselines: emu-a's worst is B64 (12 ms / 25 ms), emu-b's its one case (400 / 1000 us)
+    assert by["emu-a"]["baselines_max"] == pytest.approx(-0.52) and by["emu-a"]["baselines_case"] == "B64"
+    assert by["emu-b"]["baselines_max"] == pytest.approx(-0.6) and by["emu-b"]["baselines_case"] == "B1"
     render_folder(folder, plots=False)
     text = (folder / "README.md").read_text()
     assert "| emu-b | B1 | 25.0% |" in text and "| emu-a | B64 | 20.0% |" in text
+    assert "| -52.0% (B64) |" in text and "| -60.0% (B1) |" in text
     res = run_cli("report", str(folder))
     assert res.exit_code == 0 and "Regret on every topology" in res.stdout and "emu-b" in res.stdout
+    assert "vs baselines" in res.stdout

@@ -123,14 +123,18 @@ def readme(folder: ResultsFolder, summary: dict, timeline: tuple[str, str, str] 
     if by_topo:
         lines += ["", "Regret on every topology (its worst case; target <= "
                       f"{_fmt('regret', TARGETS['regret_max'])}):", "",
-                  "| topology | worst case | regret | 5th-95th percentile | cases | reached |",
-                  "|---|---|---|---|---|---|"]
+                  "| topology | worst case | regret | 5th-95th percentile | cases | reached | against the baselines |",
+                  "|---|---|---|---|---|---|---|"]
         for topo, r in by_topo.items():
             iv = r["interval"]
             reached = {True: "yes", False: "**no**", None: "not measured"}[r["reached"]]
+            vs = r.get("baselines_max")
+            against = "—" if vs is None else f"{_fmt('regret', vs)} ({r['baselines_case']})"
             lines.append(f"| {topo} | {r['case'] or '—'} | {_fmt('regret', r['max'])} | "
                          f"{_fmt('regret', iv[0]) + '–' + _fmt('regret', iv[1]) if iv else '—'} | {r['cases']} | "
-                         f"{reached} |")
+                         f"{reached} | {against} |")
+        lines += ["", "Against the baselines: the worst case's pick over the fastest measured baseline (the "
+                      "library's collectives, vLLM's methods, ring attention), minus 1."]
     nominal = summary["errors"]["nominal"]
     lines += ["", f"Prediction error on the topology files' own figures (no calibration): median "
                   f"{_fmt('error', nominal['median'])}, p90 {_fmt('error', nominal['p90'])} over {nominal['n']} rows; "

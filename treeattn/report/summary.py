@@ -10,6 +10,9 @@ same summary, byte for byte):
   5th-95th percentile interval over ``BOOTSTRAP`` resamplings of the rounds (the i-th
   iterations of all methods together, as the runner interleaves them: a slow spell of the
   host stays shared), seeded, so the same rows give the same interval.
+* *regret against the baselines* of a case: the pick's measured time over the fastest
+  measured baseline (the library collectives, vLLM's methods, ring attention: what the pick
+  is offered instead of), minus 1; negative where the pick is faster than all of them.
 * *speedup over X*: X's measured time over the pick's.
 
 ``TARGETS`` are the issue's figures; ``summarize`` says of each whether it was reached. The
@@ -118,8 +121,9 @@ def case_frame(rows: pd.DataFrame) -> pd.DataFrame:
 
     Returns:
         Columns ``topology, case, regime, batch, tokens_per_rank, payload_bytes, pick, pick_us,
-        pick_predicted_us, best, best_us, regret, regret_low, regret_high, speedup_allreduce3,
-        speedup_allgather_merge, speedup_ring_attention`` (None where a method is missing;
+        pick_predicted_us, best, best_us, regret, regret_low, regret_high, best_baseline,
+        regret_baselines, speedup_allreduce3, speedup_allgather_merge, speedup_ring_attention`` (None
+        where a method is missing;
         ``regret_low/high``: ``regret_interval``), in the rows' order.
     """
     out = []
@@ -129,6 +133,8 @@ def case_frame(rows: pd.DataFrame) -> pd.DataFrame:
         pick = picks.iloc[0] if len(picks) else None
         pick_us = float(pick["measured_median_us"]) if pick is not None and bool(pick["correct"]) else None
         best = good.loc[good["measured_median_us"].astype(float).idxmin()] if len(good) else None
+        bases = good[good["role"] == "baseline"]
+        base = bases.loc[bases["measured_median_us"].astype(float).idxmin()] if len(bases) else None
         first = grp.iloc[0]
         interval = regret_interval(good, pick.name) if pick_us and pick is not None else None
 
@@ -151,6 +157,9 @@ def case_frame(rows: pd.DataFrame) -> pd.DataFrame:
             "regret": (pick_us / float(best["measured_median_us"]) - 1.0) if pick_us and best is not None else None,
             "regret_low": interval[0] if interval else None,
             "regret_high": interval[1] if interval else None,
+            "best_baseline": None if base is None else base["method"],
+            "regret_baselines": (pick_us / float(base["measured_median_us"]) - 1.0) if pick_us and base is not None
+            else None,
             "speedup_allreduce3": speedup("allreduce3"),
             "speedup_allgather_merge": speedup("allgather-merge"),
             "speedup_ring_attention": speedup("ring-attention"),
@@ -246,19 +255,26 @@ def summarize(rows: pd.DataFrame, meta: dict | None = None) -> dict:
 
 def regret_by_topology(cases: pd.DataFrame) -> dict:
     """Per topology, its worst case's regret: ``{"max", "case", "interval", "cases",
-    "reached"}`` (``reached``: against ``TARGETS["regret_max"]``; ``None`` without a measured pick)."""
+    "reached", "baselines_max", "baselines_case"}`` (``reached``: against
+    ``TARGETS["regret_max"]``; ``None`` without a measured pick; ``baselines_*``: the worst
+    case's regret against the baselines alone, None without any)."""
     out: dict = {}
     if not len(cases):
         return out
     for topo, group in cases.groupby("topology", sort=True):
         got = group.dropna(subset=["regret"])
         if not len(got):
-            out[topo] = {"max": None, "case": None, "interval": None, "cases": 0, "reached": None}
+            out[topo] = {"max": None, "case": None, "interval": None, "cases": 0, "reached": None,
+                         "baselines_max": None, "baselines_case": None}
             continue
         worst = got.loc[got["regret"].astype(float).idxmax()]
         value = float(worst["regret"])
+        vs = got.dropna(subset=["regret_baselines"])
+        vs_worst = vs.loc[vs["regret_baselines"].astype(float).idxmax()] if len(vs) else None
         out[topo] = {"max": _r(value), "case": worst["case"], "interval": _worst_interval(got),
-                     "cases": int(len(got)), "reached": value <= TARGETS["regret_max"]}
+                     "cases": int(len(got)), "reached": value <= TARGETS["regret_max"],
+                     "baselines_max": None if vs_worst is None else _r(float(vs_worst["regret_baselines"])),
+                     "baselines_case": None if vs_worst is None else vs_worst["case"]}
     return out
 
 

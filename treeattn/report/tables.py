@@ -95,11 +95,13 @@ def regret_table(summary: dict) -> Table:
     """Per topology, its worst case's regret and interval, against the target."""
     limit = summary["targets"]["regret"]["limit"]
     table = Table(title=f"Regret on every topology (worst case; target ≤ {_pct(limit)})")
-    for col in ("topology", "case", "regret", "interval", "reached"):
-        table.add_column(col, justify="right" if col in ("regret", "interval") else "left")
+    for col in ("topology", "case", "regret", "interval", "reached", "vs baselines"):
+        table.add_column(col, justify="right" if col in ("regret", "interval", "vs baselines") else "left")
     for topo, r in (summary["regret"].get("by_topology") or {}).items():
         iv = r["interval"]
         reached = {True: "[green]yes[/]", False: "[bold red]no[/]", None: "[yellow]not measured[/]"}[r["reached"]]
+        vs = r.get("baselines_max")
         table.add_row(topo, str(r["case"] or "—"), _pct(r["max"]), f"{_pct(iv[0])}–{_pct(iv[1])}" if iv else "—",
-                      reached)
+                      reached, "—" if vs is None else f"{_pct(vs)} ({r['baselines_case']})")
+    table.caption = "vs baselines: the worst case's pick / fastest baseline − 1 (the library's and vLLM's methods)"
     return table
