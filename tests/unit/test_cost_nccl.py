@@ -262,6 +262,33 @@ def test_nvls_figures_follow_the_nccl_release():
     assert est_old.time_us - est_old.latency_us == pytest.approx(est_new.time_us - est_new.latency_us)
 
 
+@pytest.mark.parametrize("before, after, what", [
+    ("2.21.4", "2.21.5", "latency"), ("2.28.7", "2.28.9", "latency"), ("2.28.2", "2.28.3", "estimate"),
+])
+def test_each_release_boundary_moves_its_figure_there_and_only_there(before, after, what):
+    import dataclasses
+
+    from treeattn.topology.nccl_version import nccl_release
+
+    four = nccl.fabric(h100(4))
+    a, b = (_nvlstree(dataclasses.replace(four, nccl_release=nccl_release(v)), 1 << 30) for v in (before, after))
+    assert (a.latency_us != b.latency_us) == (what == "latency")
+    assert ((a.rank_us - a.latency_us) != (b.rank_us - b.latency_us)) == (what == "estimate")
+    assert a.time_us - a.latency_us == pytest.approx(b.time_us - b.latency_us)  # what runs
+
+
+def test_blackwell_nvlstree_caps_follow_the_release():
+    from treeattn.cost import nvls
+
+    # Beyond two domains perChMaxNVLSTreeBw binds (a 100 GB/s graph speed is above it):
+    # 43.1 GB/s a channel in 2.28.3-2.28.7, 43.8 in 2.28.9-2.29, 80 from 2.30.3.
+    est = {r: nvls._estimate_gbps("blackwell", 4, 16, 100.0, 1.0, r) for r in
+           ((2, 28, 3), (2, 28, 7), (2, 28, 9), (2, 29, 999), (2, 30, 3), (2, 30, 7))}
+    assert est[(2, 28, 3)] == est[(2, 28, 7)] == pytest.approx(16 * 43.1)
+    assert est[(2, 28, 9)] == est[(2, 29, 999)] == pytest.approx(16 * 43.8)
+    assert est[(2, 30, 3)] == est[(2, 30, 7)] == pytest.approx(16 * 80.0)
+
+
 def test_the_release_moves_nvls_only():
     import dataclasses
 
@@ -291,7 +318,7 @@ def test_nccl_versions_parse_to_the_newest_release_they_allow(text, release):
 
 @pytest.mark.parametrize("text, what", [
     ("2.26.x", "write a release"), ("v2.26.2", "write a release"), ("", "write a release"),
-    ("<2.0", "names no release"),
+    ("<2.0", "not by a major release"), ("<3.0", "not by a major release"),
 ])
 def test_malformed_nccl_versions_are_one_line_errors(text, what):
     from treeattn.topology.nccl_version import parse_version

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -122,10 +123,18 @@ def test_library_version_per_source_and_per_table(tmp_path):
     assert (a.library, a.version, a.evidence, a.nccl_release) == ("NCCL", "2.26.2", "printed", (2, 26, 2))
     assert (b.version, b.nccl_release) == ("<2.29", (2, 28, 999))
     (plain,) = load_corpus([_corpus(tmp_path, GOOD)])
-    assert (plain.library, plain.version, plain.nccl_release) == ("", "", NEWEST)
+    assert (plain.library, plain.version, plain.nccl_release) == ("", "", None)
     rccl = GOOD.replace("tables:", 'library_version: {library: RCCL, version: "2.20.5", evidence: x}\ntables:')
     (amd,) = load_corpus([_corpus(tmp_path, rccl)])
-    assert (amd.library, amd.nccl_release) == ("RCCL", NEWEST)  # RCCL's releases are not NCCL's
+    assert (amd.library, amd.nccl_release) == ("RCCL", None)  # RCCL's releases are not NCCL's
+    # A table without an NCCL release of its own keeps its topology's; one with it, its own.
+    from treeattn.validate.published import _Topologies
+
+    cache = _Topologies()
+    cache.fabrics[plain.topology] = dataclasses.replace(cache.fabric(plain), nccl_release=(2, 26, 2))
+    assert cache.fabric(plain).nccl_release == cache.fabric(amd).nccl_release == (2, 26, 2)
+    assert cache.fabric(a).nccl_release == (2, 26, 2) and cache.fabric(b).nccl_release == (2, 28, 999)
+    assert NEWEST > (2, 28, 999)
 
 
 @pytest.mark.parametrize("version, what", [
@@ -167,6 +176,10 @@ def test_library_version_agrees_with_the_version_a_table_prints(tmp_path):
     (t,) = load_corpus([_corpus(tmp_path, mapping.replace(
         "tables:", 'library_version: {library: NCCL, version: "2.27.3", evidence: printed}\ntables:'), text)])
     assert t.nccl_release == (2, 27, 3)
+    # without a library_version, the version the table prints is the table's
+    (own,) = load_corpus([_corpus(tmp_path, mapping, text)])
+    assert (own.library, own.version, own.evidence, own.nccl_release) == ("NCCL", "2.27.3", "printed in the table",
+                                                                          (2, 27, 3))
     with pytest.raises(InputError, match=r"library_version '2.26.2', but the table prints '2.27.3\+cuda12.8'"):
         load_corpus([_corpus(tmp_path, mapping.replace(
             "tables:", 'library_version: {library: NCCL, version: "2.26.2", evidence: x}\ntables:'), text)])

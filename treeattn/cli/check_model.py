@@ -57,12 +57,12 @@ def check_model_cmd(
     if png is not None:
         plot_corpus(rows, png)
     if json_out:
-        from treeattn.topology.nccl_version import release_text
+        from treeattn.topology.nccl_version import NEWEST, release_text
 
         sources = {t.name: {"url": t.url, "collective": t.collective, "topology": t.topology, "ranks": t.ranks,
                             "env": t.env, "scored": t.scored, "why": t.why,
                             "library_version": f"{t.library} {t.version}".strip(),
-                            "nccl_release": release_text(t.nccl_release)} for t in tables}
+                            "nccl_release": release_text(t.nccl_release or NEWEST)} for t in tables}
         typer.echo(json.dumps({"summary": summary, "tables": sources, "rows": [r.to_dict() for r in rows],
                                "attention": attention}, sort_keys=True, indent=2))
         return

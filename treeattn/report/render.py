@@ -133,8 +133,9 @@ def readme(folder: ResultsFolder, summary: dict, timeline: tuple[str, str, str] 
             lines.append(f"| {topo} | {r['case'] or '—'} | {_fmt('regret', r['max'])} | "
                          f"{_fmt('regret', iv[0]) + '–' + _fmt('regret', iv[1]) if iv else '—'} | {r['cases']} | "
                          f"{reached} | {against} |")
-        lines += ["", "Against the baselines: the worst case's pick over the fastest measured baseline (the "
-                      "library's collectives, vLLM's methods, ring attention), minus 1."]
+        lines += ["", "Against the baselines: in the case (named) where the pick fares worst against the fastest "
+                      "measured baseline (the library's collectives, vLLM's methods, ring attention), the pick's "
+                      "time over that baseline's, minus 1."]
     nominal = summary["errors"]["nominal"]
     lines += ["", f"Prediction error on the topology files' own figures (no calibration): median "
                   f"{_fmt('error', nominal['median'])}, p90 {_fmt('error', nominal['p90'])} over {nominal['n']} rows; "

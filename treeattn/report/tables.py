@@ -103,5 +103,6 @@ def regret_table(summary: dict) -> Table:
         vs = r.get("baselines_max")
         table.add_row(topo, str(r["case"] or "—"), _pct(r["max"]), f"{_pct(iv[0])}–{_pct(iv[1])}" if iv else "—",
                       reached, "—" if vs is None else f"{_pct(vs)} ({r['baselines_case']})")
-    table.caption = "vs baselines: the worst case's pick / fastest baseline − 1 (the library's and vLLM's methods)"
+    table.caption = ("vs baselines: the case where the pick fares worst against the fastest baseline (library "
+                     "collectives, vLLM's methods, ring attention): pick / that baseline − 1")
     return table

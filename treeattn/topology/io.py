@@ -360,6 +360,8 @@ def _first_error(exc: ValidationError, model: type[BaseModel], lines: _LineMap) 
         msg = "missing required field"
     elif kind in ("enum", "literal_error"):
         msg = f"unknown value {value!r}; choose one of {ctx.get('expected', '')}"
+    elif kind == "value_error":
+        msg = str(ctx.get("error", e["msg"]))
     elif kind in _BOUNDS:
         op, key = _BOUNDS[kind]
         msg = f"must be {op} {ctx[key]:g} (got {value!r})"

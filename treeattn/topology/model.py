@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Any
 
 from treeattn.errors import InputError, TopologyError
-from treeattn.topology.nccl_version import nccl_release
+from treeattn.topology.nccl_version import NEWEST, nccl_release
 
 __all__ = [
     "CALIBRATED_BY",
@@ -395,7 +395,11 @@ class CostParams:
         terms = self._terms()
         if self.link_rates != "datasheet":
             terms = (*terms, "rates", self.link_rates)
-        return terms if self.nccl_version is None else (*terms, "nccl", self.nccl_version)
+        if self.nccl_version is None:
+            return terms
+        # keyed by the release the model takes: texts naming the same one cost the same
+        release = nccl_release(self.nccl_version)
+        return terms if release == NEWEST else (*terms, "nccl", release)
 
     def _terms(self) -> tuple:
         h = self.host

@@ -56,11 +56,12 @@ def parse_version(text: str) -> Release | None:
         return (major, minor, int(patch) - 1)
     if minor > 0:
         return (major, minor - 1, _ANY_PATCH)
-    raise InputError(f"version {text!r}: a bound below {major}.0 names no release")
+    raise InputError(f"version {text!r}: bound it by a series (<2.31, <=2.27.3), not by a major release")
 
 
 def nccl_release(text: str) -> Release:
-    """The release the NCCL model takes for ``text`` (``NEWEST`` for ``unknown``).
+    """The release the NCCL model takes for ``text`` (``NEWEST`` for ``unknown``). A release
+    newer than ``NEWEST`` takes the newest figures the model follows (``by_release``).
 
     Raises:
         InputError: a malformed version, or one older than the model's figures cover.
@@ -74,7 +75,8 @@ def nccl_release(text: str) -> Release:
 
 
 def release_text(release: Release) -> str:
-    """``2.26.2``, or ``2.27.x`` for the newest release of a series."""
+    """``2.26.2``, or ``2.27.x`` for the newest release of a series. A bound gives the newest
+    release it allows (``<2.28.9``: ``2.28.8``), whether or not NVIDIA tagged that one."""
     major, minor, patch = release
     return f"{major}.{minor}.{'x' if patch == _ANY_PATCH else patch}"
 

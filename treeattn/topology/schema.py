@@ -16,10 +16,11 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from treeattn.errors import TopologyError
+from treeattn.errors import InputError, TopologyError
 from treeattn.topology.model import DeviceKind, LinkKind
+from treeattn.topology.nccl_version import nccl_release
 
 __all__ = [
     "FieldError",
@@ -107,6 +108,20 @@ class CostSpec(_Spec):
         "datasheet", description="datasheet: link bw_gbps are datasheet figures, of which GPU transfers reach NCCL's "
         "rating; measured: fitted rates (treeattn calibrate), reached as they are."
     )
+
+    @field_validator("nccl_version", mode="before")
+    @classmethod
+    def _release(cls, value: object) -> object:
+        if value is None:
+            return value
+        if not isinstance(value, str):
+            # YAML reads 2.30 as the number 2.3
+            raise ValueError(f"write the version quoted, e.g. \"2.26.2\" (got {value!r})")
+        try:
+            nccl_release(value)
+        except InputError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
 
 # -- explicit form ---------------------------------------------------------------------------

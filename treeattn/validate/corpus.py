@@ -26,8 +26,10 @@ collective made it, on how many ranks, with which NCCL environment, and which to
         why: degraded fabric
 
 An NCCL table's version chooses the NCCL model's release-dependent figures
-(``treeattn.topology.nccl_version``: the newest release the version allows; ``unknown``, no
-``library_version`` and RCCL tables: the model's default, the newest NCCL it follows).
+(``treeattn.topology.nccl_version``: the newest release the version allows). Without a
+``library_version`` the version the table prints (``NCCL version ...``) is taken; ``unknown``,
+RCCL tables and tables with neither: the topology's release (by default the newest NCCL the
+model follows).
 
 ``corpus_dir`` finds the shipped corpus the way ``topologies_dir`` finds the shipped
 topologies: ``$TREEATTN_PUBLISHED``, else ``results/published`` in the source tree, else
@@ -47,7 +49,7 @@ from treeattn.calibrate.nccl_tests import NcclTestsLog, parse_published_table
 from treeattn.errors import InputError, ProbeError
 from treeattn.probe.text import read_input
 from treeattn.topology.library import installed_data_dir
-from treeattn.topology.nccl_version import NEWEST, Release, nccl_release, parse_version
+from treeattn.topology.nccl_version import Release, nccl_release, parse_version
 
 __all__ = ["COLLECTIVES", "LIBRARIES", "PublishedTable", "corpus_dir", "load_corpus", "busbw_factor"]
 
@@ -93,9 +95,12 @@ class PublishedTable:
     """Where the version comes from, or the evidence for its bound."""
 
     @property
-    def nccl_release(self) -> Release:
-        """The NCCL release the model takes for this table (``NEWEST`` unless an NCCL version is given)."""
-        return nccl_release(self.version) if self.library == "NCCL" and self.version else NEWEST
+    def nccl_release(self) -> Release | None:
+        """The NCCL release the model takes for this table; None where it gives no NCCL version
+        (RCCL, ``unknown``, none): the topology's own then applies (by default the newest)."""
+        if self.library != "NCCL" or not self.version or parse_version(self.version) is None:
+            return None
+        return nccl_release(self.version)
 
     @property
     def name(self) -> str:
@@ -217,6 +222,12 @@ def _load_source(mf: Path) -> list[PublishedTable]:
         printed = re.match(r"\d+\.\d+\.\d+", log.nccl_version)
         if printed and version and parse_version(version) != parse_version(printed.group(0)):
             raise InputError(f"{where}: library_version {version!r}, but the table prints {log.nccl_version!r}")
+        if printed and not version:  # nccl-tests prints "NCCL version X" only for NCCL
+            library, version, evidence = "NCCL", printed.group(0), "printed in the table"
+            try:
+                nccl_release(version)
+            except InputError as exc:
+                raise InputError(f"{where}: the table prints NCCL {version}: {exc}") from None
         out.append(PublishedTable(
             source_id=mf.stem, table_id=tid, url=url, collective=coll,
             topology=_field(where, spec, "topology", str), ranks=ranks,

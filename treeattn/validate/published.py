@@ -124,10 +124,12 @@ class _Topologies:
         return topo
 
     def fabric(self, t: PublishedTable) -> nccl.NcclFabric:
-        """The table's topology summarized for NCCL's model, at the table's NCCL release."""
+        """The table's topology summarized for NCCL's model, at the table's NCCL release where
+        it gives one (else the topology's)."""
         if t.topology not in self.fabrics:
             self.fabrics[t.topology] = nccl.fabric(self.topo(t))
-        return dataclasses.replace(self.fabrics[t.topology], nccl_release=t.nccl_release)
+        fab, release = self.fabrics[t.topology], t.nccl_release
+        return fab if release is None else dataclasses.replace(fab, nccl_release=release)
 
 
 def predict_table(t: PublishedTable, cache: _Topologies | None = None) -> list[RowResult]:
