@@ -129,6 +129,20 @@ def test_render_writes_files_and_is_deterministic(folder: Path):
                                                                                              "emu-a"})))
 
 
+def test_no_plots_keeps_the_readme_true_to_the_files(folder: Path):
+    # Before any PNG exists the README names the timeline's plan and says what is not drawn;
+    # once they are drawn, a --no-plots render writes the README a full render writes.
+    bare = render_folder(folder, plots=False)
+    text = (folder / "README.md").read_text()
+    assert bare.timeline == ("emu-a", "B1", "multirail") and "`timeline.png`: emu-a:B1:multirail" in text
+    assert "not drawn yet: scatter.png, speedup.png, timeline.png" in text
+    render_folder(folder)
+    full = (folder / "README.md").read_text()
+    assert "not drawn yet" not in full
+    render_folder(folder, plots=False)
+    assert (folder / "README.md").read_text() == full
+
+
 def test_timeline_choice(folder: Path):
     f = load_folder(folder)
     assert choose_timeline(f.rows, f.timeline, method="multirail") == ("emu-a", "B1", "multirail")

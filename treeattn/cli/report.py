@@ -167,6 +167,7 @@ def report_cmd(
 
 def _render(folder: Path, *, timeline: str | None = None, plots: bool = True, json_out: bool = False) -> None:
     from treeattn.report import render_folder, summary_json
+    from treeattn.report.render import TIMELINE_PNG
     from treeattn.report.tables import cases_table, errors_table, regret_table, targets_table
 
     parts: list[str | None] = [None, None, None]
@@ -184,5 +185,6 @@ def _render(folder: Path, *, timeline: str | None = None, plots: bool = True, js
     con.print(errors_table(done.summary))
     con.print(targets_table(done.summary))
     con.print(regret_table(done.summary))
-    shown = f" (timeline: {':'.join(done.timeline)})" if done.timeline else ""
+    drew = done.timeline and any(p.name == TIMELINE_PNG for p in done.files)
+    shown = f" (timeline: {':'.join(done.timeline)})" if drew else ""
     con.print("wrote " + ", ".join(escape(str(p)) for p in done.files) + shown)

@@ -25,7 +25,8 @@ class Rendered:
     summary: dict
     files: tuple[Path, ...]
     timeline: tuple[str, str, str] | None
-    """(topology, case, method) of the plan drawn in ``timeline.png``; None when none was saved."""
+    """(topology, case, method) of the plan ``timeline.png`` shows (drawn by this render unless
+    ``plots`` was off); None when the folder has no timeline to draw."""
 
 
 def render_folder(path: str | Path, *, topology: str | None = None, case: str | None = None,
@@ -48,11 +49,11 @@ def render_folder(path: str | Path, *, topology: str | None = None, case: str | 
     summary = summarize(folder.rows, folder.meta)
     files = [folder.path / SUMMARY_FILE]
     files[0].write_text(summary_json(summary))
-    key = None
+    # The README names the plan a render draws, drawn this time or not (--no-plots keeps the PNGs).
+    key = choose_timeline(folder.rows, folder.timeline, topology, case, method)
     if plots:
         files.append(plot_scatter(folder.rows, folder.path / SCATTER_FILE))
         files.append(plot_speedups(folder.rows, folder.path / SPEEDUP_FILE))
-        key = choose_timeline(folder.rows, folder.timeline, topology, case, method)
         if key is not None:
             files.append(plot_timeline(folder.timeline, key, folder.path / TIMELINE_PNG))
     files.append(folder.path / README_FILE)
@@ -151,4 +152,8 @@ def readme(folder: ResultsFolder, summary: dict, timeline: tuple[str, str, str] 
               "- `scatter.png`: predicted against measured, log-log, y = x",
               f"- `timeline.png`: {':'.join(timeline) if timeline else 'no timeline saved'}, predicted above measured",
               "- `speedup.png`: per case, each method's measured time over the pick's", ""]
+    drawn = (SCATTER_FILE, SPEEDUP_FILE) + ((TIMELINE_PNG,) if timeline else ())
+    missing = [name for name in drawn if not (folder.path / name).exists()]
+    if missing:
+        lines.insert(-1, f"- not drawn yet: {', '.join(missing)} (`treeattn report {folder.path}` draws them)")
     return "\n".join(lines)
