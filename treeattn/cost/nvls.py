@@ -131,11 +131,10 @@ def nvls_allreduce(arch: str, ranks: int, domains: int, link_gbps: float, inter_
     if domains == 1:
         name = "nvls"
     else:
-        spread = 2.0 if domains <= 2 else 1.0
         # NCCL's newest per-channel NVLSTree caps are measured figures: what runs stays under
         # them, whichever release's estimate picks the algorithm.
         measured = _estimate_gbps(arch, domains, heads, speed, to_alg, NEWEST)
-        achieved = min(achieved, inter_gbps * net_achieved * spread * to_alg, measured)
+        achieved = min(achieved, inter_gbps * net_achieved * _spread(domains) * to_alg, measured)
         net = _LAT_NET_TREE_SIMPLE_US if ppn == 1 else by_release(_LAT_NET_NVLSTREE_US, release)
         lat += 2 * _log2i(domains) * net
         name = "nvlstree"
@@ -156,9 +155,15 @@ def _estimate_gbps(arch: str, domains: int, heads: int, speed: float, to_alg: fl
         return heads * (speed if domains <= 2 else speed / 2) * 5.0 / 6.0
     per_ch = speed * NVLS_EFFICIENCY[arch] * (heads - 1) / heads * 2.0
     if domains > 1:
-        spread = 2.0 if domains <= 2 else 1.0
-        per_ch = min(per_ch, speed * spread, by_release(_PER_CH_TREE[arch], release)[0 if domains <= 2 else 1])
+        cap = by_release(_PER_CH_TREE[arch], release)[0 if domains <= 2 else 1]
+        per_ch = min(per_ch, speed * _spread(domains), cap)
     return heads * per_ch * to_alg
+
+
+def _spread(domains: int) -> float:
+    """NVLSTree's network rate over a domain's network speed, as tuning.cc rates it: x2 on two
+    domains, x1 beyond."""
+    return 2.0 if domains <= 2 else 1.0
 
 
 def _setup(arch: str, domains: int, ppn: int, nic_gbps: float) -> tuple[int, int, int]:
