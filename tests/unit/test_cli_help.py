@@ -46,3 +46,20 @@ def test_version_is_the_installed_distribution_version() -> None:
     res = run_cli("--version")
     assert res.exit_code == 0
     assert res.stdout == f"treeattn {importlib.metadata.version('treeattn')}\n"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("plan", "-b", "abc"), "treeattn plan: Invalid value for '--batch'"),
+    (("plan", "--bogus"), "treeattn plan: No such option: --bogus"),
+    (("nccl-model", "-t", "dgx-h100", "-c", "allreduce"), "treeattn nccl-model: Missing option '--bytes'"),
+    (("calibrate", "--compute", "atention"), "'atention' is not one of"),
+    (("emulate", "foo"), "treeattn emulate: No such command 'foo'"),
+    (("no-such-command",), "treeattn: No such command 'no-such-command'"),
+])
+def test_usage_errors_are_one_line_with_status_2(args: tuple[str, ...], needle: str) -> None:
+    # What the option parser refuses reads like every other bad input: one line, exit 2.
+    res = run_cli(*args)
+    assert res.exit_code == 2 and res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("error: "), res.stderr
+    assert "Value error" not in lines[0] and "Traceback" not in res.stderr

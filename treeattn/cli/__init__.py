@@ -74,7 +74,7 @@ def main(args: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     _no_type_on_flags(command)
     try:
-        rc = command(args=args, standalone_mode=False)
+        rc = command(args=args, standalone_mode=False, prog_name="treeattn")
     except TreeattnError as exc:
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)
         sys.exit(exc.exit_code)
@@ -90,7 +90,11 @@ def main(args: list[str] | None = None) -> None:
             import click
 
         if isinstance(exc, click.exceptions.UsageError):
-            exc.show()
+            # One line, as every other bad input (click writes usage, a hint and the error).
+            where = exc.ctx.command_path if exc.ctx is not None else "treeattn"
+            message = " ".join(exc.format_message().replace("Value error, ", "").split())
+            err_console.print(f"[bold red]error:[/] {escape(where)}: {escape(message)} (see --help)", markup=True,
+                              soft_wrap=True)
             sys.exit(2)
         if isinstance(exc, click.exceptions.ClickException):
             exc.show()
