@@ -47,6 +47,9 @@ def resolve_topology(plan: Plan, given: str | None,
     Returns:
         The topology (None when the plan's is not found: no predictions) and warnings, which
         say what to pass when it is not found and when ``given`` is another topology.
+
+    Raises:
+        InputError: ``given`` places another number of ranks than the plan runs on.
     """
     warnings: list[str] = []
     from treeattn.topology.library import resolve, resolve_recorded
@@ -66,6 +69,9 @@ def resolve_topology(plan: Plan, given: str | None,
             f"{topo.name!r} ({topo.fingerprint}); predictions may not match"
         )
     if topo.num_ranks != plan.ranks:
+        if given is not None:  # asked for by the user: a mistake to say before anything runs
+            raise InputError(f"--topology {given!r} has {topo.num_ranks} ranks but the plan runs on {plan.ranks}; "
+                             "pass a topology of the plan's ranks, or none (the plan's own)")
         warnings.append(f"topology {topo.name!r} has {topo.num_ranks} ranks, the plan {plan.ranks}: "
                         "predictions skipped")
         return None, warnings

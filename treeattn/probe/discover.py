@@ -240,5 +240,5 @@ def cpu_host(ranks: int | None = None, *, name: str | None = None, nodes: int = 
     )
     topo.check_routable()
     warning = ("no GPU found: CPU-only loopback host with the cpu family's built-in figures; run `treeattn "
-               "calibrate` to fit this machine's")
+               "calibrate` to fit them to this machine")
     return ProbeResult(topo, (warning,), (f"{n} ranks (--ranks, default: CPU count)",), source or "cpu host")
