@@ -86,11 +86,23 @@ def test_nccl_model_json_and_sizes():
     assert data["pick"] == min(data["estimates"], key=lambda e: e["nccl_us"])
     assert len(data["estimates"]) == 7  # tree and ring x 3 protocols, NVLSTree
     assert data["bus_limit"] == ""  # NVLink and rails: NCCL's own figures stand
+    assert data["nccl_release"] == "2.30.7"  # the newest the model follows, without cost.nccl_version
     r = run_cli("nccl-model", "-t", "dgx-h100", "-c", "broadcast", "--bytes", "16KB")
     assert r.exit_code == 0 and "NCCL's pick" in r.stdout
     # no peer-to-peer: the bounce through the CPU shares each switch's uplink between 4 ring flows
     r = run_cli("nccl-model", "-t", "rtx4090-8", "-c", "allreduce", "--bytes", "1MiB")
     assert r.exit_code == 0 and "bus bandwidth 6.25 GB/s" in r.stdout and "capped by the routes" in r.stdout
+
+
+def test_nccl_model_says_which_nccl_release_it_follows(tmp_path):
+    newer = tmp_path / "newer.yaml"
+    newer.write_text('family: dgx-h100\nparams: {nodes: 2}\nname: newer\ncost: {nccl_version: "2.31"}\n')
+    r = run_cli("nccl-model", "-t", str(newer), "-c", "allreduce", "--bytes", "1MiB")
+    assert r.exit_code == 0 and "NCCL 2.31.x, modelled with 2.30.7's figures" in " ".join(r.stdout.split())
+    older = tmp_path / "older.yaml"
+    older.write_text('family: dgx-h100\nparams: {nodes: 2}\nname: older\ncost: {nccl_version: "2.26.2"}\n')
+    r = run_cli("nccl-model", "-t", str(older), "-c", "allreduce", "--bytes", "1MiB", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["nccl_release"] == "2.26.2"
 
 
 @pytest.mark.parametrize("args,needle", [(("-c", "alltoall", "--bytes", "1KB"), "unknown collective"),

@@ -152,13 +152,23 @@ def _draw_timeline(res: SimResult, path: Path, title: str) -> int:
     return ranks
 
 
+def _release(release: tuple[int, int, int]) -> str:
+    """The NCCL release a prediction follows, as text (one newer than the model's: said so)."""
+    from treeattn.topology.nccl_version import NEWEST, release_text
+
+    if release > NEWEST:
+        return f"{release_text(release)}, modelled with {release_text(NEWEST)}'s figures (the newest it follows)"
+    return release_text(release)
+
+
 @app.command("nccl-model")
 def nccl_model_cmd(
     topology: Annotated[str, typer.Option("--topology", "-t", help="Preset name or YAML file.")],
     collective: Annotated[
-        str, typer.Option("--collective", "-c", help="allreduce, allgather, reducescatter or broadcast.")
+        str, typer.Option("--collective", "-c", help="allreduce, allgather, reducescatter, broadcast or reduce.")
     ],
-    nbytes: Annotated[str, typer.Option("--bytes", help="Size as nccl-tests counts it: 4096, 16KB, 1MiB.")],
+    nbytes: Annotated[str, typer.Option("--bytes", help="Size as nccl-tests counts it: 4096, 16KB, 1MiB (KB, MB: "
+                                                         "powers of 1000; KiB, MiB: of 1024).")],
     json_out: JsonOpt = False,
 ) -> None:
     """NCCL's pick, and every algorithm x protocol its tuning model considers, for one collective."""
@@ -170,9 +180,11 @@ def nccl_model_cmd(
     fab = nccl.fabric(topo)
     ests = nccl.predict(fab, coll, size)
     best = nccl.pick(fab, coll, size)
+    release = _release(fab.nccl_release)
     if json_out:
         _echo_json({
             "topology": {"name": topo.name, "fingerprint": topo.fingerprint},
+            "nccl_release": release,
             "collective": coll.value,
             "bytes": size,
             "ranks": fab.ranks,
@@ -186,7 +198,8 @@ def nccl_model_cmd(
         return
     con = console()
     con.print(f"{coll.value} of {format_size(size)} on [bold]{topo.name}[/]: {fab.ranks} ranks, "
-              f"{fab.nodes} node(s), bus bandwidth {fab.bus_bw_gbps:.4g} GB/s (tree {fab.tree_bus_bw_gbps:.4g})")
+              f"{fab.nodes} node(s), the fabric's bus bandwidth {fab.bus_bw_gbps:.4g} GB/s (tree "
+              f"{fab.tree_bus_bw_gbps:.4g}); NCCL {release}")
     if fab.limit:
         con.print(f"capped by the routes: {fab.limit}", markup=False)
     table = Table()
