@@ -15,6 +15,11 @@ def _pct(x: float | None, signed: bool = False) -> str:
     return f"{x:+.0%}" if signed else f"{x:.0%}"
 
 
+def _pct1(x: float | None) -> str:
+    """One decimal: a figure beside its target must not round onto it (15.1 % is not 15 %)."""
+    return "—" if x is None else f"{x:.1%}"
+
+
 def _ms(us: float | None) -> str:
     return "—" if us is None else f"{us / 1e3:,.3g}"
 
@@ -66,9 +71,9 @@ def cases_table(summary: dict) -> Table:
 _TARGET_TEXT = {
     "speedup_allreduce3_b1": ("pick over all-reduce ×3 at B = 1 (worst case)", "≥", _x),
     "speedup_ring_attention_64k": ("pick over ring attention at ≥ 64K tokens/rank", "≥", _x),
-    "regret": ("regret: pick / fastest measured − 1 (worst case)", "≤", _pct),
-    "error_median": ("median |error|, every row", "≤", _pct),
-    "error_p90": ("90th percentile |error|, every row", "≤", _pct),
+    "regret": ("regret: pick / fastest measured − 1 (worst case)", "≤", _pct1),
+    "error_median": ("median |error|, every row", "≤", _pct1),
+    "error_p90": ("90th percentile |error|, every row", "≤", _pct1),
     "error_cases": ("rows with a prediction and a correct measurement", "≥", lambda v: f"{v:g}"),
 }
 
