@@ -59,3 +59,15 @@ def test_progress_bar_on_a_terminal_shows_a_total(monkeypatch):
         time.sleep(0.3)
     shown = cli.err_console.file.getvalue()
     assert "None" not in shown and "3/17" in shown
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("compare", "-t", "dgx-h100-2node", "--nodes", "1,2"), "--nodes needs a family"),
+    (("compare", "-t", "cpu:ranks=4", "--nodes", "2"), "topology 'cpu:ranks=4,nodes=2': family cpu has no parameter"),
+    (("topo", "show", "dgx-h100:node=2"), "topology 'dgx-h100:node=2': family dgx-h100 has no parameter 'node'"),
+    (("topo", "show", "dgx-h100:nodes=0"), "topology 'dgx-h100:nodes=0': nodes must be an integer >= 1"),
+])
+def test_family_and_node_count_mistakes_read_as_one_sentence(args, needle):
+    res = run_cli(*args)
+    assert res.exit_code == 2 and needle in " ".join(res.stderr.split()), res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1

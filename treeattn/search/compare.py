@@ -70,6 +70,11 @@ def expand_topologies(spec: str, nodes: Sequence[int] | None = None) -> list[str
             raise InputError("give node counts either as --nodes or as braces in --topology, not both")
         if "nodes=" in spec:
             raise InputError(f"--topology {spec!r} already sets nodes; drop --nodes or the nodes= setting")
+        from treeattn.topology.families import FAMILIES
+
+        if spec.split(":", 1)[0] not in FAMILIES:
+            raise InputError(f"--nodes needs a family (--topology {', '.join(sorted(FAMILIES))}), not "
+                             f"{spec!r}: a shipped topology or file has its node count")
         sep = "," if ":" in spec else ":"
         return [f"{spec}{sep}nodes={n}" for n in nodes]
     parts = _BRACES.split(spec)
