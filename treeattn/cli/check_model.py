@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from treeattn.cli import app
+from treeattn.cli.progress import progress_reporter
 from treeattn.cli.render import console
 
 
@@ -37,6 +38,8 @@ def check_model_cmd(
     = False,
     png: Annotated[Path | None, typer.Option("--png", help="Draw predicted against published time into this PNG.")]
     = None,
+    progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress on stderr (tables "
+                                                  "predicted): a bar on a terminal, else a line every 10 s.")] = None,
 ) -> None:
     """Predict every row of published nccl-tests / rccl-tests tables and report the error:
     per size regime, per collective, then per table (error = predicted / published time - 1)."""
@@ -50,7 +53,8 @@ def check_model_cmd(
     from treeattn.validate.attention import attention_summary, load_attention
 
     tables = load_corpus(list(paths or []))
-    rows = predict_corpus(tables)
+    with progress_reporter(progress, "check-model") as update:
+        rows = predict_corpus(tables, update)
     summary = summarize(rows)
     folders = [p for p in (paths or []) if p.is_dir()] if paths else None
     attention = attention_summary(load_attention(folders))

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,10 +156,17 @@ def predict_table(t: PublishedTable, cache: _Topologies | None = None) -> list[R
     return out
 
 
-def predict_corpus(tables: Iterable[PublishedTable]) -> list[RowResult]:
-    """Predict every row of every table."""
+def predict_corpus(tables: Iterable[PublishedTable],
+                   progress: Callable[[int, int, str], None] | None = None) -> list[RowResult]:
+    """Predict every row of every table; ``progress(done, total, table)`` after each table."""
     cache = _Topologies()
-    return [r for t in tables for r in predict_table(t, cache)]
+    tables = list(tables)
+    out: list[RowResult] = []
+    for i, t in enumerate(tables):
+        out += predict_table(t, cache)
+        if progress is not None:
+            progress(i + 1, len(tables), t.name)
+    return out
 
 
 def _pct(values: list[float], q: float) -> float:
