@@ -207,3 +207,16 @@ def test_hierarchical_without_groups_groups_by_node(tmp_path):
     assert load_plan(out).params["groups"] == [list(range(8)), list(range(8, 16))]
     one = run_cli("plan", "-t", "dgx-h100", *SHAPE, "-a", "hierarchical", "-o", str(out))
     assert one.exit_code == 2 and "one node" in one.stderr and "--groups" in one.stderr
+
+
+def test_compare_says_why_a_method_has_no_figure():
+    # 32 query heads cannot be split over 128 ranks: the heads methods have no figure there,
+    # the table says why, and the JSON does not call them out of memory.
+    args = ("compare", "-t", "dgx-h100:nodes=16", "--seq-lens", "64K", "-m", "llama-3.1-8b", "--no-progress")
+    res = run_cli(*args)
+    text = " ".join(res.stdout.split())
+    assert res.exit_code == 0 and "- A2A at 128 ranks: result heads gives every rank a share" in text
+    rows = {r["method"]: r for r in json.loads(run_cli(*args, "--json").stdout)["rows"]}
+    assert rows["dcp-a2a"]["predicted_us"] is None and rows["dcp-a2a"]["fits"] is None
+    assert "32 query heads cannot go to 128 ranks" in rows["dcp-a2a"]["detail"]
+    assert rows["tree"]["fits"] is True

@@ -524,6 +524,11 @@ def _compare_tables(rows, result: str, ring: str) -> None:  # noqa: ANN001 - Com
             table.add_row(f"{entry['ranks']} {_tokens(n)}",
                           *("-" if entry[m].predicted_us is None else cell(entry[m]) for m in METHODS))
         con.print(table)
+    # Say why a method has no figure where it cannot run (too few rows for its chunks, heads
+    # that do not split over the ranks), once per method, rank count and reason.
+    missing = dict.fromkeys((SHORT[r.method], r.ranks, r.detail) for r in rows if r.predicted_us is None)
+    for short, ranks, why in missing:
+        con.print(f"- {short} at {ranks} ranks: {why}", markup=False, soft_wrap=False)
 
 
 def _ratio(x: float | None) -> str:

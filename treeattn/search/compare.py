@@ -130,8 +130,9 @@ class CompareRow:
     """This method's time over the tree's (how much faster the planned merge is)."""
     peak_bytes: int | None
     bytes_moved: int | None
-    fits: bool
-    """Its peak fits in the devices' memory (``mem_gb`` x the usable fraction)."""
+    fits: bool | None
+    """Its peak fits in the devices' memory (``mem_gb`` x the usable fraction); None when the
+    method cannot run there at all (``detail`` says why)."""
     detail: str
     """The tree: the family picked; others: the builder and its chunk count."""
 
@@ -219,7 +220,7 @@ def compare(
                 rows.append(CompareRow(topo.name, topo.num_ranks, n, name, "-" if pl is None else pl.result, t,
                                        t / tree if t and tree else None, None if mem is None else mem.peak_bytes,
                                        None if pl is None else plan_bytes_moved(pl),
-                                       mem is not None and mem.fits, details[name]))
+                                       None if mem is None else mem.fits, details[name]))
             done += 1
             if progress is not None:
                 progress(done, total, f"{topo.name} N={n}")
