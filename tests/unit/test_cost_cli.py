@@ -48,6 +48,15 @@ def test_simulate_json(plans):
     assert r.stderr == ""
 
 
+def test_simulate_names_the_plan_file_it_refuses(plans, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    text = plans["p16"].read_text()
+    first = next(line for line in text.splitlines() if "kind: send, step:" in line and "peer: " in line)
+    bad.write_text(text.replace(first, first.replace("peer: ", "peer: 9", 1), 1))
+    r = run_cli("simulate", str(bad))
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and f"{bad}: rank " in " ".join(r.stderr.split()), r.stderr
+
+
 def test_simulate_text(plans):
     r = run_cli("simulate", str(plans["p72"]))
     assert r.exit_code == 0, r.stderr

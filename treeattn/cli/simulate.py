@@ -17,6 +17,7 @@ from treeattn.cli.render import console
 from treeattn.cost import nccl
 from treeattn.cost.bounds import plan_bounds
 from treeattn.cost.simulate import SimResult, simulate
+from treeattn.errors import PlanInvalidError
 from treeattn.figures import save_figure
 from treeattn.units import format_size, parse_size
 
@@ -58,7 +59,10 @@ def simulate_cmd(
             f"simulating on {topo.name} ({topo.fingerprint})",
             markup=False,
         )
-    res = simulate(plan, topo, timeline=True)
+    try:
+        res = simulate(plan, topo, timeline=True)
+    except PlanInvalidError as exc:  # name the file, as verify does
+        raise PlanInvalidError(f"{plan_file}: {exc}") from None
     bounds = plan_bounds(plan, topo)
     gap = res.predicted_us / bounds.bound_us if bounds.bound_us > 0 else None
     drawn = None
