@@ -124,7 +124,7 @@ def resolve(spec: str) -> Topology:
     if text in FAMILIES:
         return _family(text)
     known = sorted(set(files) | set(FAMILIES))
-    hint = difflib.get_close_matches(name, known, n=1)
+    hint = [k for k in known if k.lower() == name.lower()] or difflib.get_close_matches(name, known, n=1)
     extra = f" (did you mean {hint[0]!r}?)" if hint else ""
     raise TopologyError(
         f"unknown topology {spec!r}{extra}; give a YAML file, a shipped name ({', '.join(files) or 'none found'}) "
