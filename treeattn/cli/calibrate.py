@@ -35,7 +35,7 @@ class Kernel(StrEnum):
 
 @app.command("calibrate")
 def calibrate_cmd(
-    logs: Annotated[list[Path] | None, typer.Argument(metavar="[LOG]...", show_default=False,
+    logs: Annotated[list[Path] | None, typer.Argument(metavar="LOG", show_default=False,
                                                       help="More nccl-tests logs (with --from-nccl-tests).")] = None,
     topology: Annotated[str | None, typer.Option("--topology", "-t", help="Preset name or topology YAML to measure "
                                                  "(or map the logs onto); default: probe this machine.")] = None,

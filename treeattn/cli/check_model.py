@@ -33,7 +33,7 @@ def _table(title: str, first: str, rows: list[list[str]]) -> Table:
 @app.command("check-model")
 def check_model_cmd(
     paths: Annotated[list[Path] | None, typer.Argument(
-        metavar="[PATH]...", help="Corpus folders or mapping files (.yaml); default: the shipped corpus.")] = None,
+        metavar="PATH", help="Corpus folders or mapping files (.yaml); default: the shipped corpus.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys): every row and every figure.")]
     = False,
     png: Annotated[Path | None, typer.Option("--png", help="Draw predicted against published time into this PNG.")]
@@ -41,8 +41,10 @@ def check_model_cmd(
     progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress on stderr (tables "
                                                   "predicted): a bar on a terminal, else a line every 10 s.")] = None,
 ) -> None:
-    """Predict every row of published nccl-tests / rccl-tests tables and report the error:
-    per size regime, per collective, then per table (error = predicted / published time - 1)."""
+    """Predict every row of published nccl-tests / rccl-tests tables (collectives by the NCCL
+    model, sendrecv and alltoall by the point-to-point model) and published decode-kernel
+    figures (the attention model), and report the error: per size regime, per collective,
+    then per table (error = predicted / published time - 1)."""
     from treeattn.validate.corpus import load_corpus
     from treeattn.validate.published import REGIMES, plot_corpus, predict_corpus, summarize
 

@@ -61,7 +61,7 @@ def _heads(text: str) -> tuple[int, int, int]:
 @app.command("validate")
 def validate_cmd(
     topologies: Annotated[list[str] | None, typer.Argument(
-        metavar="[TOPOLOGY]...", show_default=False,
+        metavar="TOPOLOGY", show_default=False,
         help="Emulated topologies (files or presets), the primary first; default: "
              + ", ".join(DEFAULT_TOPOLOGIES) + ".")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Results folder to write (rows.csv, timeline.csv, "
