@@ -72,7 +72,7 @@ class LibraryModel:
                 row = row_bytes(w, what)
                 share = (stop - start) * row
             if coll == "alltoall":  # every rank sends each the rows it owns: timed for the largest owner
-                share = p * max(plan.owned_rows(op.chunk)) * row
+                share = plan.alltoall_bytes(op.chunk, what)
             # What every rank must receive at least: a reduce-scatter and an all-to-all deliver
             # a p-th of the buffer from every rank.
             floor = self.cuts.collective_floor_us(share // p if coll in ("reducescatter", "alltoall") else share,

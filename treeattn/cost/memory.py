@@ -58,7 +58,7 @@ def _collective_bytes(plan: Plan, op) -> int:  # noqa: ANN001 - an ir.Op
         if coll == "allgather":
             out = max(out, buf * p)
         elif coll == "alltoall":  # p pieces of its own rows (the rank that owns the most)
-            out = max(out, p * max(plan.owned_rows(op.chunk)) * row_bytes(w, what))
+            out = max(out, plan.alltoall_bytes(op.chunk, what))
         elif coll == "reducescatter":
             out = max(out, buf + -(-buf // p))
         else:

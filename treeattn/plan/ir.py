@@ -390,6 +390,12 @@ class Plan:
         start, stop = self.chunk_range(chunk)
         return tuple(max(0, min(b, stop) - max(a, start)) for a, b in self.segments)
 
+    def alltoall_bytes(self, chunk: int | None, what: str) -> int:
+        """Bytes of an all-to-all by owner of ``chunk``'s rows as ``what`` (``row_bytes``),
+        sized for the rank that owns the most: it receives that many from every rank (p
+        pieces of its own rows), and every rank's buffer is counted at that size."""
+        return self.ranks * max(self.owned_rows(chunk)) * row_bytes(self.workload, what)
+
     def chunk_range(self, chunk: int | None) -> tuple[int, int]:
         """Rows [start, stop) of ``chunk`` (None: every row); see the module docstring."""
         rows = self.workload.rows

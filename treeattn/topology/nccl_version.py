@@ -23,7 +23,8 @@ from typing import TypeVar
 
 from treeattn.errors import InputError
 
-__all__ = ["NEWEST", "OLDEST", "UNKNOWN", "parse_version", "nccl_release", "release_text", "by_release"]
+__all__ = ["NEWEST", "OLDEST", "UNKNOWN", "parse_version", "version_text", "nccl_release", "release_text",
+           "by_release"]
 
 Release = tuple[int, int, int]
 NEWEST: Release = (2, 30, 7)
@@ -57,6 +58,14 @@ def parse_version(text: str) -> Release | None:
     if minor > 0:
         return (major, minor - 1, _ANY_PATCH)
     raise InputError(f"version {text!r}: bound it by a series (<2.31, <=2.27.3), not by a major release")
+
+
+def version_text(value: object) -> str:
+    """``value`` as a version's text, or InputError: YAML reads an unquoted 2.30 as the
+    number 2.3, which names another release."""
+    if not isinstance(value, str):
+        raise InputError(f"version {value!r} must be a quoted string, e.g. \"2.26.2\" (YAML reads 2.30 as 2.3)")
+    return value
 
 
 def nccl_release(text: str) -> Release:

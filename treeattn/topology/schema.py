@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from treeattn.errors import InputError, TopologyError
 from treeattn.topology.model import DeviceKind, LinkKind
-from treeattn.topology.nccl_version import nccl_release
+from treeattn.topology.nccl_version import nccl_release, version_text
 
 __all__ = [
     "FieldError",
@@ -114,11 +114,8 @@ class CostSpec(_Spec):
     def _release(cls, value: object) -> object:
         if value is None:
             return value
-        if not isinstance(value, str):
-            # YAML reads 2.30 as the number 2.3
-            raise ValueError(f"write the version quoted, e.g. \"2.26.2\" (got {value!r})")
         try:
-            nccl_release(value)
+            nccl_release(version_text(value))
         except InputError as exc:
             raise ValueError(str(exc)) from None
         return value

@@ -49,7 +49,7 @@ from treeattn.calibrate.nccl_tests import NcclTestsLog, parse_published_table
 from treeattn.errors import InputError, ProbeError
 from treeattn.probe.text import read_input
 from treeattn.topology.library import installed_data_dir
-from treeattn.topology.nccl_version import Release, nccl_release, parse_version
+from treeattn.topology.nccl_version import Release, nccl_release, parse_version, version_text
 
 __all__ = ["COLLECTIVES", "LIBRARIES", "PublishedTable", "corpus_dir", "load_corpus", "busbw_factor"]
 
@@ -255,10 +255,8 @@ def _library_version(where: str, data: dict) -> tuple[str, str, str] | None:
     version = spec.get("version")
     if version is None:
         raise InputError(f"{where}: field 'version' is missing")
-    if not isinstance(version, str):
-        # YAML reads 2.30 as the number 2.3: a version must be quoted.
-        raise InputError(f"{where}: version {version!r} must be a quoted string, e.g. \"2.26.2\"")
     try:
+        version = version_text(version)
         parse_version(version)
         if library == "NCCL":
             nccl_release(version)
