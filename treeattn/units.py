@@ -49,7 +49,9 @@ def parse_size(text: str | int) -> int:
     """Parse a byte size written as text: ``"16KB"``, ``"1MiB"``, ``"4096"``, ``"2M"``.
 
     Args:
-        text: the size; KB/MB/GB are powers of 1000, KiB/MiB/GiB powers of 1024.
+        text: the size; KB/MB/GB are powers of 1000; KiB/MiB/GiB and a bare K/M/G powers of
+            1024, as nccl-tests reads its ``-b``/``-e`` sizes and as token counts are read
+            (``1K`` is 1024 wherever treeattn reads a count).
 
     Returns:
         The size in bytes.
@@ -61,8 +63,8 @@ def parse_size(text: str | int) -> int:
     m = _SIZE.match(str(text))
     if not m:
         raise InputError(f"cannot read size {text!r}; write it like 4096, 16KB, 1MiB or 2GB")
-    num, prefix, binary, _ = m.groups()
-    base = 1024 if binary else 1000
+    num, prefix, binary, unit = m.groups()
+    base = 1024 if binary or not unit else 1000
     return int(round(float(num) * base ** _POW[prefix.lower()]))
 
 

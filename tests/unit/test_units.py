@@ -18,6 +18,12 @@ def test_every_dtype_has_its_element_size():
 def test_sizes_parse_and_format():
     assert parse_size("16KB") == 16_000 and parse_size("1MiB") == 1 << 20 and parse_size(4096) == 4096
     assert format_size(1 << 20) == "1 MiB" and format_size(100) == "100 B"
+
+
+def test_a_bare_prefix_counts_in_1024s_as_nccl_tests_and_token_counts_do():
+    assert parse_size("1K") == 1024 and parse_size("2M") == 2 << 20 and parse_size("1.5G") == 3 << 29
+    assert parse_size("1KB") == 1000 and parse_size("1KiB") == 1024 and parse_size("8B") == 8
+    assert parse_size("4 m") == 4 << 20
     assert transfer_us(50_000, 50.0) == pytest.approx(1.0)
     with pytest.raises(InputError, match="cannot read size"):
         parse_size("lots")

@@ -96,7 +96,8 @@ PartialDtypeOpt = Annotated[
 LayersOpt = Annotated[int | None, typer.Option("--layers", help="Layers per decode step.", rich_help_panel=_W)]
 BytesOpt = Annotated[
     str | None,
-    typer.Option("--bytes", help="Raw payload per rank (16KB, 1MiB) instead of a decode shape.", rich_help_panel=_W),
+    typer.Option("--bytes", help="Raw payload per rank (1M or 1MiB = 1,048,576; 1MB = 10^6) instead of a "
+                 "decode shape.", rich_help_panel=_W),
 ]
 OpOpt = Annotated[
     str | None, typer.Option("--op", help="Reduction of a raw payload: sum (default) or merge.", rich_help_panel=_W)

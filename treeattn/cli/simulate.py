@@ -171,8 +171,8 @@ def nccl_model_cmd(
     collective: Annotated[
         str, typer.Option("--collective", "-c", help="allreduce, allgather, reducescatter, broadcast or reduce.")
     ],
-    nbytes: Annotated[str, typer.Option("--bytes", help="Size as nccl-tests counts it: 4096, 16KB, 1MiB (KB, MB: "
-                                                         "powers of 1000; KiB, MiB: of 1024).")],
+    nbytes: Annotated[str, typer.Option("--bytes", help="Size: 4096, 1M, 16KB, 1MiB (1K, 1M as nccl-tests' "
+                                                         "-b/-e and KiB, MiB: powers of 1024; KB, MB: of 1000).")],
     json_out: JsonOpt = False,
 ) -> None:
     """NCCL's pick, and every algorithm x protocol its tuning model considers, for one collective."""

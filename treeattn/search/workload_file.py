@@ -18,7 +18,7 @@ A decode shape (every key optional except the sequence length and a way to get t
 A raw payload (a plain reduction, compared with nccl-tests)::
 
     kind: raw
-    bytes: 1MiB               # per rank; KB/MB powers of 1000, KiB/MiB powers of 1024
+    bytes: 1MiB               # per rank; KB/MB powers of 1000; KiB/MiB and a bare 1M powers of 1024
     op: sum                   # or merge
     dtype: fp32
 
