@@ -220,3 +220,23 @@ def test_compare_says_why_a_method_has_no_figure():
     assert rows["dcp-a2a"]["predicted_us"] is None and rows["dcp-a2a"]["fits"] is None
     assert "32 query heads cannot go to 128 ranks" in rows["dcp-a2a"]["detail"]
     assert rows["tree"]["fits"] is True
+
+
+def test_plan_summary_names_each_baseline_on_its_own_line(tmp_path):
+    res = run_cli("plan", "--topology", "dgx-h100-2node", *SHAPE, "--out", str(tmp_path / "p.yaml"))
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("lower bound "))
+    named = [line for line in lines[head + 1:] if line.startswith("  ")]
+    assert [line.split(" ")[2] for line in named[:2]] == ["3", "2"]  # "  3 all-reduces ...", "  2 all-reduces ..."
+    assert len(named) == 4 and all("x the plan's time" in line for line in named)
+
+
+def test_candidate_parameters_are_cut_at_whole_entries_and_the_rest_counted():
+    from treeattn.cli.plan import _short
+
+    params = {"from": "hierarchical", "levels": "fabric", "shapes": "kary4/chain", "root": 0, "moves": 5}
+    assert _short(params) == "from=hierarchical levels=fabric shapes=kary4/chain root=0 moves=5"
+    assert _short(params, limit=41) == "from=hierarchical levels=fabric (+3 more)"
+    assert _short(params, limit=40) == "from=hierarchical (+4 more)"
+    assert _short({"order": list(range(40))}) == "order=[0,1,2,3,4,5,6,7,8,9,..."

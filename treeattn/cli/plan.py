@@ -309,15 +309,22 @@ def _named(topo, payload: Payload, algorithm: str, chunks: int | None, kw: dict[
                   "baseline_peak_bytes": base_peaks, "memory_limit_bytes": mem.limit_bytes, "left_out": left}
 
 
-def _short(params: dict[str, Any], limit: int = 60) -> str:
+def _short(params: dict[str, Any], limit: int = 72) -> str:
+    """The parameters as ``key=value`` within ``limit`` characters: whole entries only, the
+    rest counted (the plan file and --json hold them all)."""
     parts = []
     for k, v in params.items():
         text = json.dumps(v, separators=(",", ":")) if not isinstance(v, str) else v
         if len(text) > 24:
             text = text[:21] + "..."
         parts.append(f"{k}={text}")
-    s = " ".join(parts)
-    return s if len(s) <= limit else s[: limit - 3] + "..."
+    shown: list[str] = []
+    for i, part in enumerate(parts):
+        more = f" (+{len(parts) - i} more)"
+        if len(" ".join([*shown, part])) + (len(more) if i < len(parts) - 1 else 0) > limit:
+            return " ".join([*shown, more.strip()])
+        shown.append(part)
+    return " ".join(shown)
 
 
 _BASELINE_NAMES = {"allreduce3_nccl_us": "3 all-reduces", "allreduce2_us": "2 all-reduces (max, then sum)",
@@ -347,13 +354,12 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
                       f"{c['predicted_us'] / ref:.3f}" if ref else "-")
     con.print(table)
     best = report["best"]["predicted_us"]
-    lines = [f"lower bound {report['lower_bound_us']:.2f} us"]
+    con.print(f"lower bound {report['lower_bound_us']:.2f} us; the baselines, predicted:")
     peaks = report.get("baseline_peak_bytes", {})
     for key, v in base.items():
         label = _BASELINE_NAMES.get(key, key)
         mem = f", {format_size(peaks[key])} a rank" if peaks.get(key) else ""
-        lines.append(f"{label} {v:.2f} us ({v / best:.2f}x the plan's time{mem})" if v else f"{label}: not simulated")
-    con.print("; ".join(lines))
+        con.print(f"  {label} {v:.2f} us ({v / best:.2f}x the plan's time{mem})" if v else f"  {label}: not simulated")
     peak, limit = report["best"].get("peak_bytes"), report.get("memory_limit_bytes")
     if peak:
         usable = f" of the {format_size(limit)} it may use" if limit else ""
