@@ -357,3 +357,19 @@ def test_a_topology_names_its_nccl_release():
     with pytest.raises(TopologyError) as err:
         load_topology_text(yaml_text.replace("cost: {attn_efficiency: 0.55}", "cost: {nccl_version: 2.26}"))
     assert "nccl_version" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("spec", ["rtx4090:gpus=2", "rtx4090[ranks 0-3]"])
+def test_gpus_without_peer_to_peer_run_at_the_shared_memory_rate_nccl_does_not_pick_by(spec):
+    topo = resolve(spec)
+    fab = nccl.fabric(topo)
+    assert fab.shm_gbps == nccl.SHM_GBPS and fab.bus_bw_gbps > 2 * nccl.SHM_GBPS  # NCCL rates PCIe
+    big = nccl.pick(topo, "allreduce", 1 << 30)
+    assert (big.algorithm, big.protocol) == (nccl.Algorithm.RING, nccl.Protocol.SIMPLE)
+    assert big.busbw_gbps == pytest.approx(nccl.SHM_GBPS, rel=1e-3)
+    # NCCL's own estimate, which it picks by, still sees the PCIe figure.
+    assert big.rank_us < big.time_us / 2
+    factor = nccl.busbw_factor(nccl.Collective.ALLGATHER, topo.num_ranks)
+    for est in nccl.predict(topo, "allgather", 1 << 28):
+        assert est.algbw_gbps <= nccl.SHM_GBPS / factor * (1 + 1e-9)
+    assert nccl.fabric(resolve("dgx-h100")).shm_gbps == 0.0

@@ -254,15 +254,20 @@ def gpu_pair(mem_bw=2000.0, launch=5.0, eff=0.5, link_rates="measured"):
                                                                           mem_efficiency=eff, link_rates=link_rates))
 
 
+def one_send_us(topo: Topology, w: Workload) -> float:
+    """How long rank 0's one send of its partial to rank 1 takes in the simulator."""
+    progs = [[Op(OpKind.COMPUTE, 0), Op(SEND, 1, peer=1)], [Op(OpKind.COMPUTE, 0), Op(MERGE, 1, peer=0)]]
+    t = {(x.rank, x.op): x for x in simulate(make_plan(progs, w, topo), topo).timeline}[(0, 1)]
+    return t.end_us - t.start_us
+
+
 def test_gpu_transfers_reach_nccls_rating_of_datasheet_links():
     from treeattn.cost.nccl import nccl_link_bw_gbps
 
     w = Workload(batch=4, q_heads=32, kv_heads=8, head_dim=128, split=(1, 1))
-    progs = [[Op(OpKind.COMPUTE, 0), Op(SEND, 1, peer=1)], [Op(OpKind.COMPUTE, 0), Op(MERGE, 1, peer=0)]]
 
     def transfer_us(topo):
-        t = {(x.rank, x.op): x for x in simulate(make_plan(progs, w, topo), topo).timeline}[(0, 1)]
-        return t.end_us - t.start_us
+        return one_send_us(topo, w)
 
     measured, datasheet = gpu_pair(), gpu_pair(link_rates="datasheet")
     rated = nccl_link_bw_gbps(datasheet.links[0])
@@ -494,3 +499,25 @@ def test_host_ranks_keep_their_model_under_the_point_to_point_cap():
     plan = make_plan([[Op(SEND, 0, peer=1)], [Op(COPY, 0, peer=0)]], raw(2, 1 << 20), topo)
     for communicator in ("pair", "world"):
         assert close(simulate(plan, topo, communicator=communicator).predicted_us, 2.0 + 2 * 1.0 + (1 << 20) / 10e3)
+
+
+def test_a_transfer_into_a_gpu_without_peer_to_peer_moves_at_nccls_shared_memory_rate():
+    from treeattn.cost.nccl import SHM_GBPS, flow_caps_gbps
+    from treeattn.topology.library import resolve
+
+    w = Workload(batch=64, q_heads=32, kv_heads=8, head_dim=128, split=(1, 1))
+
+    def transfer_us(topo):
+        return one_send_us(topo, w)
+
+    bounced = resolve("rtx4090:gpus=2")
+    into = [i for i, ln in enumerate(bounced.links) if ln.dst in bounced.ranks]
+    caps = flow_caps_gbps(bounced)
+    assert into and all(caps[i] == SHM_GBPS for i in into)
+    assert all(caps[i] == ln.flow_cap_gbps for i, ln in enumerate(bounced.links) if i not in into)
+    lat = sum(bounced.links[i].latency_us for i in bounced.route(0, 1)) + bounced.cost.overhead_us
+    assert transfer_us(bounced) == pytest.approx(lat + w.payload_bytes / (SHM_GBPS * 1e3), rel=1e-9)
+    # Measured link rates (a calibrated machine) stand as they are.
+    measured = dataclasses.replace(bounced, cost=dataclasses.replace(bounced.cost, link_rates="measured"))
+    assert flow_caps_gbps(measured) == tuple(ln.flow_cap_gbps for ln in measured.links)
+    assert transfer_us(measured) < transfer_us(bounced) / 5

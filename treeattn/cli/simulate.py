@@ -196,6 +196,7 @@ def nccl_model_cmd(
             "bus_bw_gbps": fab.bus_bw_gbps,
             "tree_bus_bw_gbps": fab.tree_bus_bw_gbps,
             "bus_limit": fab.limit,
+            "shm_gbps": fab.shm_gbps or None,
             "pick": best.to_dict(),
             "estimates": [e.to_dict() for e in ests],
         })
@@ -206,6 +207,9 @@ def nccl_model_cmd(
               f"{fab.tree_bus_bw_gbps:.4g}); NCCL {release}")
     if fab.limit:
         con.print(f"capped by the routes: {fab.limit}", markup=False)
+    if fab.shm_gbps:
+        con.print(f"GPUs without peer-to-peer: NCCL picks by that figure; what runs moves at most "
+                  f"{fab.shm_gbps:.3g} GB/s of bus bandwidth through host memory (its shared-memory transport)")
     table = Table()
     for col in ("pick", "algorithm", "protocol", "time us", "latency us", "algbw GB/s", "busbw GB/s"):
         table.add_column(col, justify="left" if col in ("pick", "algorithm", "protocol") else "right")

@@ -103,6 +103,11 @@ small all-reduces through its MSCCL kernels). A multi-node ring all-reduce with
 Simple has NCCL's "plateau" latency, x1.4 (x1.9 on Volta) once each channel and rank holds
 64 bytes, in NCCL's estimate and in what runs.
 
+GPUs without peer-to-peer (GeForce): NCCL's shared-memory transport carries their traffic
+through host memory. NCCL's estimate rates that path at PCIe speed and picks by it; what runs
+moves at most ``SHM_GBPS`` of bus bandwidth (``NcclFabric.shm_gbps``), and each point-to-point
+transfer into such a GPU at most that (``flow_caps_gbps``, which the simulator reads).
+
 NCCL releases: NVLS's latencies and NCCL's NVLS/NVLSTree estimate follow
 ``NcclFabric.nccl_release`` (``treeattn.cost.nvls``): the topology's ``cost.nccl_version``,
 else the newest release the model follows (``check-model`` sets each published table's);
@@ -110,9 +115,8 @@ the other figures are NCCL 2.30's, whatever the release.
 
 Left out: CollNet (in-network reduction over InfiniBand SHARP), PAT, NVLS for all-gather and
 reduce-scatter, the older releases' ring and tree figures (2.19-2.22 rated Tree/Simple at 28
-us a hop and charged a ring's own network latency with one rank per node), NCCL's
-shared-memory transport between GPUs without peer-to-peer (its rate is not modelled: it runs
-at the routes' rate), and the latency of an EFA or RoCE network beyond NCCL's constants.
+us a hop and charged a ring's own network latency with one rank per node), and the latency of an EFA or
+RoCE network beyond NCCL's constants.
 
 Sizes follow nccl-tests: ``nbytes`` is the buffer size for all-reduce, broadcast and reduce and the
 total (all ranks') size for all-gather and reduce-scatter. busbw = algbw x 2(R-1)/R for
@@ -149,6 +153,8 @@ __all__ = [
     "fabric_bw",
     "p2p_link_gbps",
     "transfer_gbps",
+    "flow_caps_gbps",
+    "SHM_GBPS",
 ]
 
 
@@ -219,6 +225,17 @@ _PER_CH_TREE_LL128 = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3, "hopper": (36
 # (nccl-tests issues 290 and 319); LL128 0.6, measured on the corpus's multi-node rows
 # (results/published, docs/nccl-model.md); LL is capped by llMaxBw long before the network.
 NET_ACHIEVED = {Protocol.LL: 1.0, Protocol.LL128: 0.6, Protocol.SIMPLE: 0.94}
+SHM_GBPS = 2.7
+"""What NCCL's shared-memory transport moves a connection into a GPU without peer-to-peer
+(GeForce cards), GB/s, with NCCL's defaults: the receiving GPU's kernels load the data from
+host memory over PCIe (``NCCL_SHM_USE_CUDA_MEMCPY=0``), far below the PCIe rate NCCL's
+search rates the path at (paths.cc diverts it through the CPU at the links' speed). Published
+all-reduce bus bandwidth with the defaults on two GPUs: 1.9 GB/s at 20 MB on 2 x RTX 5070 Ti,
+PCIe 4.0 x16 with 26 GB/s copies, under LL, LL128 and Simple alike (sgl-project/sglang PR
+39605); 3.9 GB/s on PCIe 3.0 x16 with one channel (NVIDIA/nccl issue 384, NCCL 2.4.8). The
+model takes their geometric mean. The host sets it (NVIDIA's maintainer in NVIDIA/nccl
+issues 384 and 1639: CPUs that handle two-way traffic badly; 28 GB/s on 8 RTX 5090 with 8
+channels forced): a tuned or measured machine is calibrated (``cost.link_rates: measured``)."""
 # getNetOverhead: network post overhead per ring step, by CPU vendor (x3 for Simple).
 _NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "other": 1.0}
 # NCCL's per-link figure over the datasheet's, by NVLink generation.
@@ -270,6 +287,10 @@ class NcclFabric:
     nccl_release: Release = NEWEST
     """The NCCL release whose release-dependent figures apply (``treeattn.topology.nccl_version``;
     NVLS only); default: the newest the model follows."""
+    shm_gbps: float = 0.0
+    """What NCCL's shared-memory transport moves a connection (``SHM_GBPS``) when a rank is a
+    GPU without peer-to-peer: what runs stays under it as bus bandwidth (NCCL's estimate,
+    which picks, rates the path at PCIe speed); 0: no such rank."""
 
     @property
     def bus_bw_gbps(self) -> float:
@@ -409,6 +430,35 @@ def transfer_gbps(topo: Topology) -> tuple[float, ...]:
 _RATES_KEY = "_transfer_gbps"
 
 
+def _shm_rated(topo: Topology) -> bool:
+    """Whether NCCL's shared-memory rate applies: a rank on a GPU without peer-to-peer, and
+    the link rates NCCL's figures (a calibrated topology's measured rates stand)."""
+    if topo.cost.link_rates == "measured":
+        return False
+    devs = [topo.rank_device(r) for r in range(topo.num_ranks)]
+    return any(d.kind is DeviceKind.GPU and not d.p2p for d in devs)
+
+
+def flow_caps_gbps(topo: Topology) -> tuple[float, ...]:
+    """Per link, the most one transfer gets on it: the link's ``flow_cap_gbps``, and on a PCIe
+    link into a GPU without peer-to-peer at most ``SHM_GBPS`` (everything that GPU receives
+    comes through host memory, which its kernels read at that rate a connection). Cached with
+    the topology, as ``transfer_gbps``."""
+    cached = vars(topo).get(_FLOW_KEY)
+    if cached is None:
+        caps = [ln.flow_cap_gbps for ln in topo.links]
+        if _shm_rated(topo):
+            no_p2p = {d.name for d in topo.devices if d.kind is DeviceKind.GPU and not d.p2p}
+            for i, ln in enumerate(topo.links):
+                if ln.cls is LinkClass.PCIE and ln.dst in no_p2p:
+                    caps[i] = min(caps[i], SHM_GBPS)
+        cached = vars(topo)[_FLOW_KEY] = tuple(caps)
+    return cached
+
+
+_FLOW_KEY = "_flow_caps_gbps"
+
+
 def fabric(topo: Topology) -> NcclFabric:
     """Summarize ``topo`` for NCCL's model: ranks, nodes, intra and inter bandwidth.
 
@@ -526,6 +576,7 @@ def fabric(topo: Topology) -> NcclFabric:
     graph = graph_channels(arch, nodes, path_gbps or gpu_gbps, gpu_gbps, n_nics, nic_gbps)[0] if searched else 0
     return NcclFabric(
         nccl_release=nccl_release(topo.cost.nccl_version) if topo.cost.nccl_version is not None else NEWEST,
+        shm_gbps=SHM_GBPS if _shm_rated(topo) else 0.0,
         channels=channels,
         graph_channels=graph,
         ring_gbps=ring_gbps,
@@ -826,6 +877,8 @@ def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: i
             lat = plateau * _latency_us(fab, collective, algo, p, tuner=False)
             achieved = (_algbw_gbps(_achieved(fab, p), collective, algo, p, nbytes)
                         * _channel_share(fab, algo, p, nbytes))
+            if fab.shm_gbps > 0:
+                achieved = min(achieved, fab.shm_gbps / factor)
             t = lat + nbytes / (achieved * 1e3)
             algbw = nbytes / (t * 1e3)
             out.append(NcclEstimate(algo, proto, t, algbw, algbw * factor, lat, None if tuned == t else tuned))

@@ -26,7 +26,9 @@ It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
   resources beside the links and their CPU work flows through them (``treeattn.cost.host``,
   which says what a message, a step, a merge and a compute cost there).
 * Every rank runs its first step ``cost.host.wakeup_us`` after time 0 (a blocked process wakes).
-* A link's ``flow_gbps`` caps each flow on it below the link's shared ``bw_gbps``. Between
+* A link's ``flow_gbps`` caps each flow on it below the link's shared ``bw_gbps``, and so
+  does NCCL's shared-memory rate on the PCIe link into a GPU without peer-to-peer
+  (``treeattn.cost.nccl.flow_caps_gbps``). Between
   GPUs a link carries what NCCL's transfers reach on it, not its datasheet rate
   (``treeattn.cost.nccl.p2p_link_gbps``: NCCL's own rating of NVLink, xGMI and PCIe links,
   0.94 of a network port), and a send between NVIDIA GPUs runs at most at what NCCL's
@@ -47,7 +49,7 @@ from collections import deque
 from treeattn.cost.compute import ComputeModel
 from treeattn.cost.host import CPU_MERGE, CPU_OP, HostModel
 from treeattn.cost.library import LibraryModel
-from treeattn.cost.nccl import transfer_gbps
+from treeattn.cost.nccl import flow_caps_gbps, transfer_gbps
 from treeattn.cost.nccl_p2p import PAIR, peer_channels
 from treeattn.cost.program import _COLL, _COMPUTE, _KIND_CODE, _SEND, compile_plan
 from treeattn.cost.sharing import component, fair_rates, shared_routes
@@ -111,7 +113,7 @@ class _Engine:
         self.overhead = topo.cost.overhead_us
         gbps = transfer_gbps(topo)
         self.cap = [bw * 1e3 for bw in gbps]  # bytes per microsecond
-        self.flow_cap = [min(ln.flow_cap_gbps, bw) * 1e3 for ln, bw in zip(topo.links, gbps, strict=True)]
+        self.flow_cap = [min(cap, bw) * 1e3 for cap, bw in zip(flow_caps_gbps(topo), gbps, strict=True)]
         self.wakeup = topo.cost.host.wakeup_us
         self.lat = [ln.latency_us for ln in topo.links]
         prog = compile_plan(plan, p, self.cm)
