@@ -101,6 +101,14 @@ def test_nccl_model_json_and_sizes():
     # no peer-to-peer: the bounce through the CPU shares each switch's uplink between 4 ring flows
     r = run_cli("nccl-model", "-t", "rtx4090-8", "-c", "allreduce", "--bytes", "1MiB")
     assert r.exit_code == 0 and "bus bandwidth 6.25 GB/s" in r.stdout and "capped by the routes" in r.stdout
+    assert "at most 2.7 GB/s of bus bandwidth through host memory" in " ".join(r.stdout.split())
+    assert data["shm_gbps"] is None
+    r = run_cli("nccl-model", "-t", "rtx4090-8", "-c", "allreduce", "--bytes", "1GiB", "--json")
+    big = json.loads(r.stdout)
+    assert big["shm_gbps"] == 2.7 and big["pick"]["busbw_gbps"] == pytest.approx(2.7, rel=1e-3)
+    r = run_cli("nccl-model", "-t", "mi300x", "-c", "allreduce", "--bytes", "16KiB")
+    assert r.exit_code == 0 and "RCCL runs its MSCCL all-pairs algorithm ahead of its tuner: allpairs/LL" in (
+        " ".join(r.stdout.split()))
 
 
 def test_nccl_model_says_which_nccl_release_it_follows(tmp_path):

@@ -501,23 +501,59 @@ def test_host_ranks_keep_their_model_under_the_point_to_point_cap():
         assert close(simulate(plan, topo, communicator=communicator).predicted_us, 2.0 + 2 * 1.0 + (1 << 20) / 10e3)
 
 
-def test_a_transfer_into_a_gpu_without_peer_to_peer_moves_at_nccls_shared_memory_rate():
-    from treeattn.cost.nccl import SHM_GBPS, flow_caps_gbps
+def test_a_transfer_between_gpus_without_peer_to_peer_moves_at_nccls_shared_memory_rate():
+    from treeattn.cost.nccl import SHM_GBPS, shm_pair_gbps
     from treeattn.topology.library import resolve
 
     w = Workload(batch=64, q_heads=32, kv_heads=8, head_dim=128, split=(1, 1))
-
-    def transfer_us(topo):
-        return one_send_us(topo, w)
-
     bounced = resolve("rtx4090:gpus=2")
-    into = [i for i, ln in enumerate(bounced.links) if ln.dst in bounced.ranks]
-    caps = flow_caps_gbps(bounced)
-    assert into and all(caps[i] == SHM_GBPS for i in into)
-    assert all(caps[i] == ln.flow_cap_gbps for i, ln in enumerate(bounced.links) if i not in into)
+    assert shm_pair_gbps(bounced, 0, 1) == shm_pair_gbps(bounced, 1, 0) == SHM_GBPS
     lat = sum(bounced.links[i].latency_us for i in bounced.route(0, 1)) + bounced.cost.overhead_us
-    assert transfer_us(bounced) == pytest.approx(lat + w.payload_bytes / (SHM_GBPS * 1e3), rel=1e-9)
+    assert one_send_us(bounced, w) == pytest.approx(lat + w.payload_bytes / (SHM_GBPS * 1e3), rel=1e-9)
+    # The search's floor drains the same send at the same rate.
+    from treeattn.plan.builders import build
+    from treeattn.search.evaluate import Evaluator
+
+    plan = build("star", w, bounced)
+    assert Evaluator(bounced, w).floor_us(plan) <= simulate(plan, bounced).predicted_us
+    assert Evaluator(bounced, w)._pair_cost(0, 1)[1] == pytest.approx(SHM_GBPS * 1e3)
     # Measured link rates (a calibrated machine) stand as they are.
     measured = dataclasses.replace(bounced, cost=dataclasses.replace(bounced.cost, link_rates="measured"))
-    assert flow_caps_gbps(measured) == tuple(ln.flow_cap_gbps for ln in measured.links)
-    assert transfer_us(measured) < transfer_us(bounced) / 5
+    assert shm_pair_gbps(measured, 0, 1) == math.inf
+    assert one_send_us(measured, w) < one_send_us(bounced, w) / 5
+
+
+def _pcie_pair(p2p: tuple[bool, bool], nodes: tuple[int, int]) -> Topology:
+    """Two GPUs on PCIe: on one node, through its CPU, or on two, each through its own NIC."""
+    devs = [Device("g0", DeviceKind.GPU, node=nodes[0], p2p=p2p[0], model="RTX-4090", mem_bw_gbps=1000.0),
+            Device("g1", DeviceKind.GPU, node=nodes[1], p2p=p2p[1], model="RTX-4090", mem_bw_gbps=1000.0)]
+    links = []
+
+    def duplex(a, b, kind, bw, lat):
+        links.extend([Link(a, b, kind, bw, lat), Link(b, a, kind, bw, lat)])
+
+    if nodes[0] == nodes[1]:
+        devs.append(Device("c0", DeviceKind.CPU, node=nodes[0]))
+        duplex("g0", "c0", LinkKind.PCIE, 25.0, 0.5)
+        duplex("g1", "c0", LinkKind.PCIE, 25.0, 0.5)
+    else:
+        devs += [Device("n0", DeviceKind.NIC, node=nodes[0]), Device("n1", DeviceKind.NIC, node=nodes[1]),
+                 Device("sw", DeviceKind.SWITCH, node=-1)]
+        for g in (0, 1):
+            duplex(f"g{g}", f"n{g}", LinkKind.PCIE, 25.0, 0.5)
+            duplex(f"n{g}", "sw", LinkKind.ROCE, 12.5, 2.0)
+    return Topology("pcie-pair", devs, links, ["g0", "g1"], cost=CostParams(overhead_us=1.0))
+
+
+def test_the_shared_memory_rate_binds_both_ways_inside_a_node_and_not_across_nodes():
+    from treeattn.cost import nccl
+
+    mixed = _pcie_pair((True, False), (0, 0))
+    assert nccl.shm_pair_gbps(mixed, 0, 1) == nccl.shm_pair_gbps(mixed, 1, 0) == nccl.SHM_GBPS
+    assert nccl.fabric(mixed).shm_gbps == nccl.SHM_GBPS
+    both = _pcie_pair((True, True), (0, 0))
+    assert nccl.shm_pair_gbps(both, 0, 1) == math.inf and nccl.fabric(both).shm_gbps == 0.0
+    apart = _pcie_pair((False, False), (0, 1))
+    assert nccl.shm_pair_gbps(apart, 0, 1) == math.inf and nccl.fabric(apart).shm_gbps == 0.0
+    big = nccl.pick(apart, "allreduce", 1 << 28)
+    assert big.busbw_gbps > 2 * nccl.SHM_GBPS

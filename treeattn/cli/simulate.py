@@ -217,5 +217,7 @@ def nccl_model_cmd(
         table.add_row("*" if e == best else "", e.algorithm.value, e.protocol.value, f"{e.time_us:.2f}",
                       f"{e.latency_us:.2f}", f"{e.algbw_gbps:.2f}", f"{e.busbw_gbps:.2f}")
     con.print(table)
-    con.print(f"NCCL's pick: {best.algorithm.value}/{best.protocol.value}, {best.time_us:.2f} us, "
+    who = ("RCCL runs its MSCCL all-pairs algorithm ahead of its tuner" if best.algorithm is nccl.Algorithm.ALLPAIRS
+           else "NCCL's pick")
+    con.print(f"{who}: {best.algorithm.value}/{best.protocol.value}, {best.time_us:.2f} us, "
               f"busbw {best.busbw_gbps:.2f} GB/s")

@@ -103,10 +103,15 @@ small all-reduces through its MSCCL kernels). A multi-node ring all-reduce with
 Simple has NCCL's "plateau" latency, x1.4 (x1.9 on Volta) once each channel and rank holds
 64 bytes, in NCCL's estimate and in what runs.
 
+RCCL (AMD GPUs): one node of 8 GPUs with an xGMI link per pair runs an all-reduce through
+RCCL's MSCCL all-pairs algorithm wherever one of its LL algorithm files covers the size
+(``treeattn.cost.msccl``: 1 KiB to 512 KiB; ``Algorithm.ALLPAIRS``, picked ahead of the
+tuner's ring and tree, not restricted by ``NCCL_ALGO``; ``RCCL_MSCCL_ENABLE=0`` turns it off).
+
 GPUs without peer-to-peer (GeForce): NCCL's shared-memory transport carries their traffic
 through host memory. NCCL's estimate rates that path at PCIe speed and picks by it; what runs
 moves at most ``SHM_GBPS`` of bus bandwidth (``NcclFabric.shm_gbps``), and each point-to-point
-transfer into such a GPU at most that (``flow_caps_gbps``, which the simulator reads).
+transfer between such GPUs at most that (``shm_pair_gbps``, which the simulator reads).
 
 NCCL releases: NVLS's latencies and NCCL's NVLS/NVLSTree estimate follow
 ``NcclFabric.nccl_release`` (``treeattn.cost.nvls``): the topology's ``cost.nccl_version``,
@@ -131,6 +136,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from treeattn.cost import msccl
 from treeattn.cost.nccl_channels import comm_channels, graph_channels, run_channels
 from treeattn.cost.nvls import nvls_allreduce
 from treeattn.errors import InputError
@@ -153,7 +159,7 @@ __all__ = [
     "fabric_bw",
     "p2p_link_gbps",
     "transfer_gbps",
-    "flow_caps_gbps",
+    "shm_pair_gbps",
     "SHM_GBPS",
 ]
 
@@ -182,6 +188,10 @@ class Algorithm(StrEnum):
     RING = "ring"
     NVLS = "nvls"
     NVLS_TREE = "nvlstree"
+    ALLPAIRS = "allpairs"  # RCCL's MSCCL all-reduce (treeattn.cost.msccl), not an NCCL_ALGO name
+
+
+_NCCL_ALGOS = (Algorithm.TREE, Algorithm.RING, Algorithm.NVLS, Algorithm.NVLS_TREE)
 
 
 class Protocol(StrEnum):
@@ -226,8 +236,8 @@ _PER_CH_TREE_LL128 = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3, "hopper": (36
 # (results/published, docs/nccl-model.md); LL is capped by llMaxBw long before the network.
 NET_ACHIEVED = {Protocol.LL: 1.0, Protocol.LL128: 0.6, Protocol.SIMPLE: 0.94}
 SHM_GBPS = 2.7
-"""What NCCL's shared-memory transport moves a connection into a GPU without peer-to-peer
-(GeForce cards), GB/s, with NCCL's defaults: the receiving GPU's kernels load the data from
+"""What NCCL's shared-memory transport moves between two GPUs of a node, one without
+peer-to-peer (GeForce cards), GB/s, with NCCL's defaults: the receiving GPU's kernels load the data from
 host memory over PCIe (``NCCL_SHM_USE_CUDA_MEMCPY=0``), far below the PCIe rate NCCL's
 search rates the path at (paths.cc diverts it through the CPU at the links' speed). Published
 all-reduce bus bandwidth with the defaults on two GPUs: 1.9 GB/s at 20 MB on 2 x RTX 5070 Ti,
@@ -287,10 +297,13 @@ class NcclFabric:
     nccl_release: Release = NEWEST
     """The NCCL release whose release-dependent figures apply (``treeattn.topology.nccl_version``;
     NVLS only); default: the newest the model follows."""
+    allpairs_gbps: float = 0.0
+    """NCCL's rating of the xGMI link joining each pair of a one-node RCCL fabric of 8 ranks,
+    where RCCL's MSCCL all-pairs all-reduce runs (``treeattn.cost.msccl``); 0: not such a node."""
     shm_gbps: float = 0.0
-    """What NCCL's shared-memory transport moves a connection (``SHM_GBPS``) when a rank is a
-    GPU without peer-to-peer: what runs stays under it as bus bandwidth (NCCL's estimate,
-    which picks, rates the path at PCIe speed); 0: no such rank."""
+    """What NCCL's shared-memory transport moves (``SHM_GBPS``) when a ring hop inside a node
+    goes through it (``shm_pair_gbps``): what runs stays under it as bus bandwidth (NCCL's
+    estimate, which picks, rates the path at PCIe speed); 0: no such hop."""
 
     @property
     def bus_bw_gbps(self) -> float:
@@ -431,32 +444,35 @@ _RATES_KEY = "_transfer_gbps"
 
 
 def _shm_rated(topo: Topology) -> bool:
-    """Whether NCCL's shared-memory rate applies: a rank on a GPU without peer-to-peer, and
-    the link rates NCCL's figures (a calibrated topology's measured rates stand)."""
-    if topo.cost.link_rates == "measured":
-        return False
-    devs = [topo.rank_device(r) for r in range(topo.num_ranks)]
-    return any(d.kind is DeviceKind.GPU and not d.p2p for d in devs)
+    """Whether NCCL's shared-memory rate can apply: GPU ranks (host ranks are timed by
+    ``treeattn.cost.gloo``) some without peer-to-peer, at NCCL's link figures (a calibrated
+    topology's measured rates stand). Cached with the topology."""
+    hit = vars(topo).get(_SHM_KEY)
+    if hit is None:
+        devs = [topo.rank_device(r) for r in range(topo.num_ranks)]
+        hit = (topo.cost.link_rates != "measured" and all(d.kind is DeviceKind.GPU for d in devs)
+               and any(not d.p2p for d in devs))
+        vars(topo)[_SHM_KEY] = hit
+    return hit
 
 
-def flow_caps_gbps(topo: Topology) -> tuple[float, ...]:
-    """Per link, the most one transfer gets on it: the link's ``flow_cap_gbps``, and on a PCIe
-    link into a GPU without peer-to-peer at most ``SHM_GBPS`` (everything that GPU receives
-    comes through host memory, which its kernels read at that rate a connection). Cached with
-    the topology, as ``transfer_gbps``."""
-    cached = vars(topo).get(_FLOW_KEY)
-    if cached is None:
-        caps = [ln.flow_cap_gbps for ln in topo.links]
-        if _shm_rated(topo):
-            no_p2p = {d.name for d in topo.devices if d.kind is DeviceKind.GPU and not d.p2p}
-            for i, ln in enumerate(topo.links):
-                if ln.cls is LinkClass.PCIE and ln.dst in no_p2p:
-                    caps[i] = min(caps[i], SHM_GBPS)
-        cached = vars(topo)[_FLOW_KEY] = tuple(caps)
-    return cached
+_SHM_KEY = "_shm_rated"
 
 
-_FLOW_KEY = "_flow_caps_gbps"
+def shm_pair_gbps(topo: Topology, a: int, b: int) -> float:
+    """The most a transfer from rank ``a`` to rank ``b`` moves through NCCL's shared-memory
+    transport: ``SHM_GBPS`` where the two are GPUs of one node, one without peer-to-peer, not
+    joined by a GPU fabric (routing bounces their copies through the CPU); else inf (other
+    routes, across nodes through a NIC, have their links' rates)."""
+    if not _shm_rated(topo):
+        return math.inf
+    da, db = topo.rank_device(a), topo.rank_device(b)
+    if a == b or da.node != db.node or da.node < 0 or (da.p2p and db.p2p):
+        return math.inf
+    links = topo.links
+    if all(links[i].cls is LinkClass.GPU_FABRIC for i in topo.route(a, b)):
+        return math.inf
+    return SHM_GBPS
 
 
 def fabric(topo: Topology) -> NcclFabric:
@@ -487,6 +503,7 @@ def fabric(topo: Topology) -> NcclFabric:
     chain: list[tuple[tuple[int, ...], float]] = []
     intra_route = 0.0
     path_gbps = 0.0
+    intra_pairs: list[tuple[int, int]] = []
     for _, ranks in sorted(per_node.items()):
         if len(ranks) < 2:
             continue
@@ -505,6 +522,7 @@ def fabric(topo: Topology) -> NcclFabric:
                 intra = min(intra, bw)
         n = len(ranks)
         pairs = [(ranks[i], ranks[(i + 1) % n]) for i in range(n)]
+        intra_pairs += pairs
         if routes.one_fabric(ranks):
             # NCCL's channels use every fabric link; only the hop latency comes from the routes.
             intra_route = max([intra_route] + [routes.latency(a, b) for a, b in pairs if routes.on_fabric(a, b)])
@@ -576,7 +594,8 @@ def fabric(topo: Topology) -> NcclFabric:
     graph = graph_channels(arch, nodes, path_gbps or gpu_gbps, gpu_gbps, n_nics, nic_gbps)[0] if searched else 0
     return NcclFabric(
         nccl_release=nccl_release(topo.cost.nccl_version) if topo.cost.nccl_version is not None else NEWEST,
-        shm_gbps=SHM_GBPS if _shm_rated(topo) else 0.0,
+        shm_gbps=SHM_GBPS if any(shm_pair_gbps(topo, a, b) < math.inf for a, b in intra_pairs) else 0.0,
+        allpairs_gbps=_allpairs_gbps(topo, arch) if rccl and nodes == 1 else 0.0,
         channels=channels,
         graph_channels=graph,
         ring_gbps=ring_gbps,
@@ -594,6 +613,23 @@ def fabric(topo: Topology) -> NcclFabric:
         inter_route_us=inter_route,
         limit="; ".join(limits),
     )
+
+
+def _allpairs_gbps(topo: Topology, arch: str) -> float:
+    """The slowest xGMI link joining two of the ranks, as NCCL rates it, when every pair of
+    exactly ``msccl.ALLPAIRS_GPUS`` ranks has one of its own; else 0."""
+    p = topo.num_ranks
+    if p != msccl.ALLPAIRS_GPUS:
+        return 0.0
+    rated = math.inf
+    for a in range(p):
+        for b in range(p):
+            route = topo.route(a, b) if a != b else ()
+            if a != b and (len(route) != 1 or topo.links[route[0]].kind is not LinkKind.XGMI):
+                return 0.0
+            if route:
+                rated = min(rated, nccl_link_bw_gbps(topo.links[route[0]], arch))
+    return rated
 
 
 def _nccl_nodes(topo: Topology, devs: list) -> dict[tuple[int, int], list[int]]:
@@ -889,6 +925,12 @@ def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: i
             name, nccl_us, t, lat = got
             algbw = nbytes / (t * 1e3)
             out.append(NcclEstimate(Algorithm(name), Protocol.SIMPLE, t, algbw, algbw * factor, lat, nccl_us))
+    if collective is Collective.ALLREDUCE and fab.allpairs_gbps > 0:
+        got = msccl.allpairs_allreduce(fab.ranks, fab.allpairs_gbps, nbytes)
+        if got is not None:
+            t, lat = got
+            algbw = nbytes / (t * 1e3)
+            out.append(NcclEstimate(Algorithm.ALLPAIRS, Protocol.LL, t, algbw, algbw * factor, lat))
     if not out:
         raise InputError(f"topology gives NCCL's model no bandwidth for {collective.value} (no links between ranks?)")
     return out
@@ -916,14 +958,18 @@ def allowed_by_env(env: dict[str, str] | None) -> tuple[set[str], set[str]]:
     other variables do not change what this model picks.
     """
     env = env or {}
-    algos = {a.value for a in Algorithm}
+    algos = {a.value for a in _NCCL_ALGOS}
     protos = {p.value.lower() for p in Protocol}
     if "NCCL_ALGO" in env:
-        algos = _env_list(env["NCCL_ALGO"], tuple(a.value for a in Algorithm), "NCCL_ALGO")
+        algos = _env_list(env["NCCL_ALGO"], tuple(a.value for a in _NCCL_ALGOS), "NCCL_ALGO")
     if "NCCL_PROTO" in env:
         protos = _env_list(env["NCCL_PROTO"], tuple(p.value for p in Protocol), "NCCL_PROTO")
     if str(env.get("NCCL_NVLS_ENABLE", "")).strip() == "0":
         algos -= {"nvls", "nvlstree"}
+    # RCCL's MSCCL runs ahead of its tuner, whatever NCCL_ALGO and NCCL_PROTO say; its own
+    # switch turns it off (msccl_lifecycle.cc: RCCL_MSCCL_ENABLE).
+    if str(env.get("RCCL_MSCCL_ENABLE", "")).strip() != "0":
+        algos.add(Algorithm.ALLPAIRS.value)
     return algos, protos
 
 
@@ -946,6 +992,8 @@ def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
     algos, protos = allowed_by_env(env)
     best: NcclEstimate | None = None
     for est in predict(topo, collective, nbytes):
+        if est.algorithm is Algorithm.ALLPAIRS and est.algorithm.value in algos:
+            return est  # RCCL's MSCCL runs whenever one of its files covers the call
         if est.algorithm.value not in algos or est.protocol.value.lower() not in protos:
             continue
         if best is None or est.rank_us < best.rank_us:

@@ -26,9 +26,9 @@ It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
   resources beside the links and their CPU work flows through them (``treeattn.cost.host``,
   which says what a message, a step, a merge and a compute cost there).
 * Every rank runs its first step ``cost.host.wakeup_us`` after time 0 (a blocked process wakes).
-* A link's ``flow_gbps`` caps each flow on it below the link's shared ``bw_gbps``, and so
-  does NCCL's shared-memory rate on the PCIe link into a GPU without peer-to-peer
-  (``treeattn.cost.nccl.flow_caps_gbps``). Between
+* A link's ``flow_gbps`` caps each flow on it below the link's shared ``bw_gbps``; a send
+  between two GPUs of a node, one without peer-to-peer, moves at most NCCL's shared-memory
+  rate (``treeattn.cost.nccl.shm_pair_gbps``). Between
   GPUs a link carries what NCCL's transfers reach on it, not its datasheet rate
   (``treeattn.cost.nccl.p2p_link_gbps``: NCCL's own rating of NVLink, xGMI and PCIe links,
   0.94 of a network port), and a send between NVIDIA GPUs runs at most at what NCCL's
@@ -49,7 +49,7 @@ from collections import deque
 from treeattn.cost.compute import ComputeModel
 from treeattn.cost.host import CPU_MERGE, CPU_OP, HostModel
 from treeattn.cost.library import LibraryModel
-from treeattn.cost.nccl import flow_caps_gbps, transfer_gbps
+from treeattn.cost.nccl import shm_pair_gbps, transfer_gbps
 from treeattn.cost.nccl_p2p import PAIR, peer_channels
 from treeattn.cost.program import _COLL, _COMPUTE, _KIND_CODE, _SEND, compile_plan
 from treeattn.cost.sharing import component, fair_rates, shared_routes
@@ -113,7 +113,7 @@ class _Engine:
         self.overhead = topo.cost.overhead_us
         gbps = transfer_gbps(topo)
         self.cap = [bw * 1e3 for bw in gbps]  # bytes per microsecond
-        self.flow_cap = [min(cap, bw) * 1e3 for cap, bw in zip(flow_caps_gbps(topo), gbps, strict=True)]
+        self.flow_cap = [min(ln.flow_cap_gbps, bw) * 1e3 for ln, bw in zip(topo.links, gbps, strict=True)]
         self.wakeup = topo.cost.host.wakeup_us
         self.lat = [ln.latency_us for ln in topo.links]
         prog = compile_plan(plan, p, self.cm)
@@ -126,6 +126,10 @@ class _Engine:
         keys = sorted({self.rank_of[g] * p + self.rank_of[self.partner[g]]
                        for g, k in enumerate(kind) if k == _SEND and self.partner[g] >= 0})
         self.routes = shared_routes(topo, keys, self.cap, self.lat, self.flow_cap)
+        for key, (route, lat, fcap) in self.routes.items():
+            shm = shm_pair_gbps(topo, key // p, key % p)
+            if shm * 1e3 < fcap:
+                self.routes[key] = (route, lat, shm * 1e3)
         peers = peer_channels(topo, [(k // p, k % p) for k in self.routes], communicator)
         self.peers = None if peers is None else {a * p + b: v for (a, b), v in peers.items()}
         """Per route key, what NCCL's channels let one send of it reach (None: no such cap)."""
