@@ -17,10 +17,21 @@ from treeattn.cost.bounds import CutModel
 from treeattn.cost.nccl_p2p import WORLD
 from treeattn.plan.ir import COLLECTIVE_FORMS, Op, Plan, row_bytes
 from treeattn.topology.model import Topology
+from treeattn.workload import Payload, Workload
 
-__all__ = ["LibraryModel", "alltoall_us", "last_landing_us"]
+__all__ = ["LibraryModel", "alltoall_us", "element_bytes", "last_landing_us"]
 
 _A2A: dict[tuple[str, int], float] = {}
+
+
+def element_bytes(workload: Payload, what: str) -> int:
+    """The element size of a collective's buffer of ``what`` (``row_bytes``'s names): fp32
+    for ``lse``/``den``, the query's dtype for ``q``, else the partials' (a raw payload's own)."""
+    if isinstance(workload, Workload):
+        if what in ("lse", "den"):
+            return 4
+        return (workload.kv_dtype if what == "q" else workload.partial_dtype).nbytes
+    return workload.dtype.nbytes
 
 
 def last_landing_us(plan: Plan, topo: Topology, communicator: str = WORLD) -> float:
@@ -84,6 +95,7 @@ class LibraryModel:
                 t = self.topo.cost.overhead_us + alltoall_us(self.topo, share)
             else:
                 size = share * p if coll == "allgather" else share
-                t = self.topo.cost.overhead_us + nccl.pick(self.fabric, nccl.Collective(coll), size).time_us
+                est = nccl.pick(self.fabric, nccl.Collective(coll), size, elem_bytes=element_bytes(w, what))
+                t = self.topo.cost.overhead_us + est.time_us
             total += max(t, floor)
         return total, spent

@@ -5,67 +5,94 @@ ring or tree whenever one of its algorithm files covers the call (``src/misc/msc
 msccl_lifecycle.cc``: the size within the file's ``minBytes``-``maxBytes`` and the element
 count a multiple of its ``nchunksperloop``), on machines whose topology enables MSCCL (the
 8 x MI300X model in ``src/graph/rome_models.cc``). Its files for 8 GPUs
-(``tools/msccl-algorithms/allreduce-allpairs-8n-*.xml``, in-place and out-of-place alike) are
-one all-pairs algorithm: every GPU sends each peer its share over the xGMI link between them
-and reduces what it receives, then sends each peer the reduced share (two steps). The LL
-files cover up to 512 KiB; their Simple files (512 KiB-11 MiB and 14-16 MiB) are left to the
-ring model, whose rate the all-pairs kernels have not been timed against.
+(``tools/msccl-algorithms/allreduce-allpairs-8n-*.xml``) are one all-pairs algorithm: every
+GPU sends each peer its share over the xGMI link between them and reduces what it receives,
+then sends each peer the reduced share (two steps).
 
-Modelled here (LL only):
+Modelled here:
 
-* when it runs: a single node of 8 ranks, every pair joined by its own xGMI link; LL
-  (``ll-32tb``, 256 chunks a loop) for 1 B-64 KiB, (``ll-64tb``, 512 chunks) for 64 KiB + 1 B to
-  512 KiB - 1 B, the count taken in 4-byte elements (nccl-tests' ``float``): a size that is
-  not a multiple of 1 KiB (2 KiB for the second file) falls back to RCCL's ring or tree;
-* its latency, from RCCL's own constants for a two-step algorithm: the LL base latency 12 us
-  plus two xGMI hops of 0.8 us (``src/graph/tuning.cc``: ``baseLat`` and the ring LL row of
-  tuning model 5, the MI300X's, which rates xGMI as its NVLink row): 13.6 us;
-* its transfer: each step moves a share (1/8) of the buffer over every link at once; LL
-  moves half a link's rate (8 bytes of every 16 are data), on NCCL's rating of an xGMI link.
+* when it runs: a single node of 8 ranks, every pair joined by its own xGMI link (RCCL's
+  ``rome_model_79``, the one that enables MSCCL; its multi-node MI300X models do not), with
+  the call's element count a multiple of the file's chunks a loop. In 4-byte elements (as
+  nccl-tests' ``float``; ``elem_bytes`` says otherwise): LL up to 64 KiB (``ll-32tb``, 256
+  chunks: from 1 KiB), LL from 64 KiB + 1 B to 512 KiB - 1 B (``ll-64tb``, 512 chunks),
+  Simple from 512 KiB to 16 MiB (``simple-op``, out of place; in place ``simple`` to 11 MiB
+  and ``simple_2`` from 14 MiB: an in-place call between, as torch.distributed makes, runs
+  RCCL's ring, which the model does not tell apart); other sizes fall back to RCCL's ring or
+  tree;
+* its latency: RCCL does not time MSCCL; the model borrows its tuner's constants for a
+  two-step algorithm: the protocol's base latency plus two xGMI hops
+  (``src/graph/tuning.cc``: ``baseLat`` 12 us LL, 17 Simple, and the ring row of tuning
+  model 5, the MI300X's, which rates xGMI as its NVLink row: 0.8 us LL, 2.1 Simple): 13.6 us
+  LL, 21.2 us Simple;
+* its transfer: each step moves a share (1/8) of the buffer over every link at once. LL
+  moves half a link's rate (8 bytes of every 16 are data), on NCCL's rating of an xGMI link;
+  Simple moves ``SIMPLE_ACHIEVED`` of it, fitted: the median rate per link the hisohara
+  MI300X rows of 512 KiB-16 MiB imply after the latency above (34.5 GB/s of NCCL's 48); the
+  ROCm blog's MI300X rows are held out of the fit (results/published/README.md).
 
-Published MI300X runs (results/published) show the steps it predicts: 23 us at 512 B (RCCL's
-ring), 12.8-13.7 us at 1 KiB, 16.6-16.9 us at 256 KiB, 24.8 us at 512 KiB (the Simple file).
+Published MI300X runs (results/published) show where it runs: 23 us at 512 B (RCCL's ring,
+which the model times at NCCL's 15 us), 12.8-13.7 us at 1 KiB, 16.6-16.9 us at 256 KiB,
+24-25 us at 512 KiB (Simple).
+
+Which RCCL: the files and rules of ROCm/rccl at commit 0cbce2a7 (2024-10-24, the 2.21 series,
+which the corpus's MI300X runs of RCCL 2.20-2.22 bracket). AMD's notes for RCCL 7.13 and
+later say MSCCL was removed: a topology of such a release is mistimed here (a topology
+carries no RCCL release to tell). Not modelled: RCCL_MSCCL_FORCE_ENABLE (MSCCL elsewhere), the
+average op (no MSCCL), NCCL_MAX_NCHANNELS below a file's channels (the file dropped), MSCCL++
+under CUDA-graph capture (sum all-reduces up to 1 MiB), and RCCL's all-to-all files.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ALLPAIRS_LL", "ALLPAIRS_GPUS", "AllpairsFile", "allpairs_allreduce"]
+__all__ = ["ALLPAIRS_FILES", "ALLPAIRS_GPUS", "AllpairsFile", "SIMPLE_ACHIEVED", "allpairs_allreduce"]
 
 ALLPAIRS_GPUS = 8
 """The GPU count RCCL's all-pairs algorithm files are written for."""
 
-_ELEMENT = 4  # bytes of nccl-tests' default element (float)
-_BASE_LL_US = 12.0  # tuning.cc baseLat, LL
-_XGMI_LL_HOP_US = 0.8  # tuning.cc tuning_model_5 hwLat[NVLINK][RING][LL]
+SIMPLE_ACHIEVED = 0.72
+"""The share of NCCL's xGMI link rating the all-pairs Simple kernels move, fitted (see the
+module docstring): 34.5 / 48 GB/s."""
+
+# tuning.cc: baseLat (LL, Simple) and tuning_model_5 hwLat[NVLINK][RING] (LL, Simple)
+_LATENCY_US = {"LL": 12.0 + 2 * 0.8, "Simple": 17.0 + 2 * 2.1}
 _LL_SHARE = 0.5  # LL carries 8 data bytes in every 16
 
 
 @dataclass(frozen=True, slots=True)
 class AllpairsFile:
-    """One of RCCL's algorithm files: the sizes it covers and its chunks a loop."""
+    """One of RCCL's algorithm files: its protocol, the sizes it covers and its chunks a loop."""
 
+    protocol: str
     min_bytes: int
     max_bytes: int
     chunks_per_loop: int
 
-    def covers(self, nbytes: int) -> bool:
-        count, rest = divmod(nbytes, _ELEMENT)
+    def covers(self, nbytes: int, elem_bytes: int = 4) -> bool:
+        count, rest = divmod(nbytes, elem_bytes)
         return (self.min_bytes <= nbytes <= self.max_bytes and rest == 0 and count > 0
                 and count % self.chunks_per_loop == 0)
 
 
-ALLPAIRS_LL = (AllpairsFile(0, 65536, 256), AllpairsFile(65537, 524287, 512))
-"""allreduce-allpairs-8n-ll-32tb.xml and -ll-64tb.xml (and their out-of-place -op twins)."""
+ALLPAIRS_FILES = (AllpairsFile("LL", 0, 65536, 256), AllpairsFile("LL", 65537, 524287, 512),
+                  AllpairsFile("Simple", 524288, 16777216, 512))
+"""allreduce-allpairs-8n-ll-32tb.xml, -ll-64tb.xml (each with its out-of-place -op twin) and
+-simple-op.xml (the in-place -simple.xml and -simple_2.xml cover 512 KiB-11 MiB and 14-16 MiB)."""
 
 
-def allpairs_allreduce(ranks: int, link_gbps: float, nbytes: int) -> tuple[float, float] | None:
-    """(time, latency) in us of RCCL's all-pairs LL all-reduce of ``nbytes`` on ``ranks``
-    GPUs whose every pair shares an xGMI link rated ``link_gbps``, or None where RCCL would
-    not run it (another GPU count, no such link, a size no file covers)."""
-    if ranks != ALLPAIRS_GPUS or link_gbps <= 0 or not any(f.covers(nbytes) for f in ALLPAIRS_LL):
+def allpairs_allreduce(ranks: int, link_gbps: float, nbytes: int,
+                       elem_bytes: int = 4) -> tuple[str, float, float] | None:
+    """(protocol, time, latency), times in us, of RCCL's all-pairs all-reduce of ``nbytes``
+    (in elements of ``elem_bytes``: nccl-tests' float by default) on ``ranks`` GPUs whose
+    every pair shares an xGMI link rated ``link_gbps``, or None where RCCL would not run it
+    (another GPU count, no such link, a size no file covers)."""
+    if ranks != ALLPAIRS_GPUS or link_gbps <= 0:
         return None
-    latency = _BASE_LL_US + 2 * _XGMI_LL_HOP_US
-    per_link = 2 * nbytes / ranks
-    return latency + per_link / (link_gbps * _LL_SHARE * 1e3), latency
+    proto = next((f.protocol for f in ALLPAIRS_FILES if f.covers(nbytes, elem_bytes)), None)
+    if proto is None:
+        return None
+    latency = _LATENCY_US[proto]
+    rate = link_gbps * (_LL_SHARE if proto == "LL" else SIMPLE_ACHIEVED)
+    return proto, latency + 2 * nbytes / ranks / (rate * 1e3), latency

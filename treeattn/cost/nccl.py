@@ -104,8 +104,8 @@ Simple has NCCL's "plateau" latency, x1.4 (x1.9 on Volta) once each channel and 
 64 bytes, in NCCL's estimate and in what runs.
 
 RCCL (AMD GPUs): one node of 8 GPUs with an xGMI link per pair runs an all-reduce through
-RCCL's MSCCL all-pairs algorithm wherever one of its LL algorithm files covers the size
-(``treeattn.cost.msccl``: 1 KiB to 512 KiB; ``Algorithm.ALLPAIRS``, picked ahead of the
+RCCL's MSCCL all-pairs algorithm wherever one of its algorithm files covers the size
+(``treeattn.cost.msccl``: 1 KiB to 16 MiB; ``Algorithm.ALLPAIRS``, picked ahead of the
 tuner's ring and tree, not restricted by ``NCCL_ALGO``; ``RCCL_MSCCL_ENABLE=0`` turns it off).
 
 GPUs without peer-to-peer (GeForce): NCCL's shared-memory transport carries their traffic
@@ -875,13 +875,15 @@ def _algbw_gbps(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int
     return bw
 
 
-def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int) -> list[NcclEstimate]:
+def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
+            elem_bytes: int = 4) -> list[NcclEstimate]:
     """Every algorithm x protocol NCCL would consider for ``collective`` of ``nbytes``.
 
     Args:
         topo: the topology (or its ``fabric`` summary, to skip re-deriving it).
         collective: allreduce, allgather, reducescatter, broadcast or reduce.
         nbytes: size as nccl-tests counts it (total for all-gather and reduce-scatter).
+        elem_bytes: the element's size (nccl-tests' float: 4); RCCL's MSCCL counts elements.
 
     Returns:
         Estimates in NCCL's search order (tree before ring, LL, LL128, Simple); one
@@ -926,11 +928,11 @@ def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: i
             algbw = nbytes / (t * 1e3)
             out.append(NcclEstimate(Algorithm(name), Protocol.SIMPLE, t, algbw, algbw * factor, lat, nccl_us))
     if collective is Collective.ALLREDUCE and fab.allpairs_gbps > 0:
-        got = msccl.allpairs_allreduce(fab.ranks, fab.allpairs_gbps, nbytes)
+        got = msccl.allpairs_allreduce(fab.ranks, fab.allpairs_gbps, nbytes, elem_bytes)
         if got is not None:
-            t, lat = got
+            proto, t, lat = got
             algbw = nbytes / (t * 1e3)
-            out.append(NcclEstimate(Algorithm.ALLPAIRS, Protocol.LL, t, algbw, algbw * factor, lat))
+            out.append(NcclEstimate(Algorithm.ALLPAIRS, Protocol(proto), t, algbw, algbw * factor, lat))
     if not out:
         raise InputError(f"topology gives NCCL's model no bandwidth for {collective.value} (no links between ranks?)")
     return out
@@ -951,11 +953,22 @@ def _env_list(value: str, names: tuple[str, ...], what: str) -> set[str]:
     return known - items if negate else items & known
 
 
+def _int_env(value: str | None, default: int) -> int:
+    """An integer variable as RCCL's parameters read it (strtoll: leading digits, else 0)."""
+    if value is None:
+        return default
+    text = str(value).strip()
+    digits = text[1:] if text[:1] in "+-" else text
+    n = len(digits) - len(digits.lstrip("0123456789"))
+    return int(text[: n + (len(text) - len(digits))]) if n else 0
+
+
 def allowed_by_env(env: dict[str, str] | None) -> tuple[set[str], set[str]]:
     """The algorithms and protocols an NCCL environment leaves enabled (lower-case names).
 
-    Reads ``NCCL_ALGO`` and ``NCCL_PROTO`` (NCCL's list syntax) and ``NCCL_NVLS_ENABLE=0``;
-    other variables do not change what this model picks.
+    Reads ``NCCL_ALGO`` and ``NCCL_PROTO`` (NCCL's list syntax), ``NCCL_NVLS_ENABLE=0`` and
+    ``RCCL_MSCCL_ENABLE`` (RCCL reads it as an integer; 0 turns MSCCL off); other variables
+    do not change what this model picks.
     """
     env = env or {}
     algos = {a.value for a in _NCCL_ALGOS}
@@ -968,20 +981,22 @@ def allowed_by_env(env: dict[str, str] | None) -> tuple[set[str], set[str]]:
         algos -= {"nvls", "nvlstree"}
     # RCCL's MSCCL runs ahead of its tuner, whatever NCCL_ALGO and NCCL_PROTO say; its own
     # switch turns it off (msccl_lifecycle.cc: RCCL_MSCCL_ENABLE).
-    if str(env.get("RCCL_MSCCL_ENABLE", "")).strip() != "0":
+    if _int_env(env.get("RCCL_MSCCL_ENABLE"), 1) != 0:
         algos.add(Algorithm.ALLPAIRS.value)
     return algos, protos
 
 
 def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
-         env: dict[str, str] | None = None) -> NcclEstimate:
-    """NCCL's choice: the estimate NCCL's own model times fastest (ties keep NCCL's search order).
+         env: dict[str, str] | None = None, elem_bytes: int = 4) -> NcclEstimate:
+    """NCCL's choice: the estimate NCCL's own model times fastest (ties keep NCCL's search order);
+    on RCCL, its MSCCL all-pairs algorithm wherever that runs (``treeattn.cost.msccl``).
 
     Args:
         topo: the topology or its ``fabric`` summary.
         collective: allreduce, allgather, reducescatter, broadcast or reduce.
         nbytes: size as nccl-tests counts it.
         env: NCCL environment variables that restrict the choice (``allowed_by_env``).
+        elem_bytes: the element's size (see ``predict``).
 
     Returns:
         The fastest NcclEstimate NCCL may use.
@@ -991,7 +1006,7 @@ def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
     """
     algos, protos = allowed_by_env(env)
     best: NcclEstimate | None = None
-    for est in predict(topo, collective, nbytes):
+    for est in predict(topo, collective, nbytes, elem_bytes):
         if est.algorithm is Algorithm.ALLPAIRS and est.algorithm.value in algos:
             return est  # RCCL's MSCCL runs whenever one of its files covers the call
         if est.algorithm.value not in algos or est.protocol.value.lower() not in protos:
