@@ -64,6 +64,15 @@ def test_simulate_text(plans):
         assert word in r.stdout
 
 
+def test_simulate_says_in_one_short_line_when_every_rank_finishes_together(plans):
+    data = json.loads(run_cli("simulate", str(plans["p16"]), "--json").stdout)
+    line = next(x for x in run_cli("simulate", str(plans["p16"])).stdout.splitlines() if x.startswith("finish us"))
+    if len(set(data["per_rank_finish_us"])) == 1:
+        assert line == f"finish us   {data['per_rank_finish_us'][0]:.2f} on every rank"
+    else:
+        assert line.startswith("finish us   min ") and len(line) <= 80
+
+
 def test_simulate_on_another_topology_warns(plans):
     r = run_cli("simulate", str(plans["p16"]), "--topology", "dgx-h200:nodes=2", "--json")
     assert r.exit_code == 0

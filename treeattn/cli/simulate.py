@@ -115,12 +115,15 @@ def _path_rows(res: SimResult) -> list[dict]:
 
 
 def _print_finish(con, finish: tuple[float, ...]) -> None:  # noqa: ANN001 - a Console
-    if len(finish) <= 16:
+    if len(set(finish)) == 1:
+        con.print(f"finish us   {finish[0]:.2f} on every rank")
+        return
+    if len(finish) <= 8:
         con.print("finish us   " + "  ".join(f"r{r}={t:.2f}" for r, t in enumerate(finish)))
         return
-    order = sorted(range(len(finish)), key=lambda r: (-finish[r], r))
-    con.print(f"finish us   min {min(finish):.3f}  median {statistics.median(finish):.3f}  max {max(finish):.3f}"
-              f"  (last: " + ", ".join(f"r{r}={finish[r]:.3f}" for r in order[:5]) + ")")
+    last = sorted(range(len(finish)), key=lambda r: (-finish[r], r))[:3]
+    con.print(f"finish us   min {min(finish):.2f}  median {statistics.median(finish):.2f}  max {max(finish):.2f}"
+              f" (r{last[0]}, then " + ", ".join(f"r{r}" for r in last[1:]) + ")")
 
 
 _COLORS = {"compute": "#4c72b0", "send": "#dd8452", "recv_merge": "#55a868", "recv_copy": "#8172b3",
