@@ -106,6 +106,7 @@ def test_a_term_the_cases_drive_to_nothing_stays_at_its_floor_and_is_flagged():
     assert fit.start_cpu_us == pytest.approx(fastest / 100, rel=0.011)
     assert [a.split(" at ")[0].split()[0] for a in fit.at_bounds] == ["start_cpu_us"]
     assert "lower bound" in fit.at_bounds[0] and fitted.sources[-1].startswith("fit: start_cpu_us")
+    assert fit.at_bounds[0].endswith(f"(the fastest message case, {fastest:.4g} µs, / 100 .. x 1)")
     assert fit.cpu_us == pytest.approx(CPU, rel=0.2) and fit.wakeup_us == pytest.approx(WAKE, rel=0.2)
     _inside(topo, params, cases, fit, fitted)
 

@@ -214,8 +214,8 @@ class HostTerms:
             "cpu": Bound(a / FLOOR, t, "cpu_us", per_message),
             "coll": Bound(a / FLOOR, t, "coll_cpu_us", per_message),
             "step": Bound(a / FLOOR, t, "step_us", per_message),
-            "wake": Bound(t / FLOOR, t, "wakeup_us", f"the fastest message case, {t:.4g} µs"),
-            "start": Bound(t / FLOOR, t, "start_cpu_us", f"the fastest message case, {t:.4g} µs"),
+            "wake": Bound(t / FLOOR, t, "wakeup_us", f"the fastest message case, {t:.4g} µs, / 100 .. x 1"),
+            "start": Bound(t / FLOOR, t, "start_cpu_us", f"the fastest message case, {t:.4g} µs, / 100 .. x 1"),
             "kb": Bound(0.0, math.inf, "cpu_us_per_kb", "CPU time is not negative"),
             "loop": Bound(self.flow, self.cores * self.flow, "loopback aggregate GB/s",
                           f"one flow's {self.flow:.4g} GB/s .. one per core"),
@@ -224,7 +224,7 @@ class HostTerms:
         if p.launch_us:
             ref = min(p.launch_us, a)
             out["merge"] = Bound(ref / FLOOR / p.launch_us, a / p.launch_us, "launch_us",
-                                 f"the smallest ping-pong alpha, {a:.4g} µs", scale=p.launch_us)
+                                 f"{ref:.4g} µs / 100 .. the smallest ping-pong alpha, {a:.4g} µs", scale=p.launch_us)
         if p.attn_gbps:
             out["attn"] = Bound(0.1, 10.0, "attn_gbps", f"ten times either way of {p.attn_gbps:.4g} GB/s timed alone",
                                 scale=p.attn_gbps)
@@ -232,5 +232,6 @@ class HostTerms:
             tc = min((m for _, m, _ in self.staged["compute"]), default=math.inf)
             ref = min(p.attn_launch_us, tc)
             out["alaunch"] = Bound(ref / FLOOR / p.attn_launch_us, tc / p.attn_launch_us, "attn_launch_us",
-                                   f"the fastest compute case, {tc:.4g} µs", scale=p.attn_launch_us)
+                                   f"{ref:.4g} µs / 100 .. the fastest compute case, {tc:.4g} µs",
+                                   scale=p.attn_launch_us)
         return out
