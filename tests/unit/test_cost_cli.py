@@ -115,6 +115,10 @@ def test_nccl_model_json_and_sizes():
     r = run_cli("nccl-model", "-t", "rtx4090-8", "-c", "allreduce", "--bytes", "1GiB", "--json")
     big = json.loads(r.stdout)
     assert big["shm_gbps"] == 2.7 and big["pick"]["busbw_gbps"] == pytest.approx(2.7, rel=1e-3)
+    r = run_cli("nccl-model", "-t", "mi300x", "-c", "allreduce", "--bytes", "512")
+    flat = " ".join(r.stdout.split())
+    assert "RCCL, timed with NCCL 2.30.7's figures" in flat and "RCCL's pick (NCCL's tuning figures): ring/LL" in flat
+    assert "picks by" in r.stdout  # the column NCCL's tuner ranks by, beside what runs
     r = run_cli("nccl-model", "-t", "mi300x", "-c", "allreduce", "--bytes", "16KiB")
     assert r.exit_code == 0 and "RCCL runs its MSCCL all-pairs algorithm ahead of its tuner: allpairs/LL" in (
         " ".join(r.stdout.split()))

@@ -19,6 +19,7 @@ from treeattn.cost.bounds import plan_bounds
 from treeattn.cost.simulate import SimResult, simulate
 from treeattn.errors import PlanInvalidError
 from treeattn.figures import save_figure
+from treeattn.topology.model import LinkKind
 from treeattn.units import format_size, parse_size
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys) instead of tables.")]
@@ -205,22 +206,26 @@ def nccl_model_cmd(
         })
         return
     con = console()
+    rccl = any(ln.kind is LinkKind.XGMI for ln in topo.links)
+    library = f"RCCL, timed with NCCL {release}'s figures" if rccl else f"NCCL {release}"
     con.print(f"{coll.value} of {format_size(size)} on [bold]{topo.name}[/]: {fab.ranks} ranks, "
               f"{fab.nodes} node(s), the fabric's bus bandwidth {fab.bus_bw_gbps:.4g} GB/s (tree "
-              f"{fab.tree_bus_bw_gbps:.4g}); NCCL {release}")
+              f"{fab.tree_bus_bw_gbps:.4g} GB/s); {library}")
     if fab.limit:
         con.print(f"capped by the routes: {fab.limit}", markup=False)
     if fab.shm_gbps:
-        con.print(f"GPUs without peer-to-peer: NCCL picks by that figure; what runs moves at most "
-                  f"{fab.shm_gbps:.3g} GB/s of bus bandwidth through host memory (its shared-memory transport)")
+        con.print(f"GPUs without peer-to-peer: NCCL's estimate rates their path at that figure; what runs "
+                  f"moves at most {fab.shm_gbps:.3g} GB/s of bus bandwidth through host memory (its "
+                  f"shared-memory transport)")
     table = Table()
-    for col in ("pick", "algorithm", "protocol", "time us", "latency us", "algbw GB/s", "busbw GB/s"):
+    for col in ("pick", "algorithm", "protocol", "time us", "picks by us", "latency us", "algbw GB/s", "busbw GB/s"):
         table.add_column(col, justify="left" if col in ("pick", "algorithm", "protocol") else "right")
     for e in ests:
         table.add_row("*" if e == best else "", e.algorithm.value, e.protocol.value, f"{e.time_us:.2f}",
-                      f"{e.latency_us:.2f}", f"{e.algbw_gbps:.2f}", f"{e.busbw_gbps:.2f}")
+                      f"{e.rank_us:.2f}", f"{e.latency_us:.2f}", f"{e.algbw_gbps:.2f}", f"{e.busbw_gbps:.2f}")
     con.print(table)
+    con.print("time us: what runs; picks by us: the tuner's own estimate, which ranks the choices")
     who = ("RCCL runs its MSCCL all-pairs algorithm ahead of its tuner" if best.algorithm is nccl.Algorithm.ALLPAIRS
-           else "NCCL's pick")
+           else "RCCL's pick (NCCL's tuning figures)" if rccl else "NCCL's pick")
     con.print(f"{who}: {best.algorithm.value}/{best.protocol.value}, {best.time_us:.2f} us, "
               f"busbw {best.busbw_gbps:.2f} GB/s")

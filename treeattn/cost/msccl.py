@@ -36,8 +36,9 @@ which the model times at NCCL's 15 us), 12.8-13.7 us at 1 KiB, 16.6-16.9 us at 2
 24-25 us at 512 KiB (Simple).
 
 Which RCCL: the files and rules of ROCm/rccl at commit 0cbce2a7 (2024-10-24, the 2.21 series,
-which the corpus's MI300X runs of RCCL 2.20-2.22 bracket). AMD's notes for RCCL 7.13 and
-later say MSCCL was removed: a topology of such a release is mistimed here (a topology
+which the corpus's MI300X runs of RCCL 2.20-2.22 bracket). AMD's RCCL documentation for
+ROCm 7.13 (preview) and later says MSCCL was removed (read there, not checked in a newer
+RCCL source): a topology of such a release is mistimed here (a topology
 carries no RCCL release to tell). Not modelled: RCCL_MSCCL_FORCE_ENABLE (MSCCL elsewhere), the
 average op (no MSCCL), NCCL_MAX_NCHANNELS below a file's channels (the file dropped), MSCCL++
 under CUDA-graph capture (sum all-reduces up to 1 MiB), and RCCL's all-to-all files.
