@@ -62,6 +62,8 @@ def parse_size(text: str | int) -> int:
         return text
     m = _SIZE.match(str(text))
     if not m:
+        if _SIZE.match(str(text).strip().removeprefix("-")):
+            raise InputError(f"size must be >= 0, got {text!r}")
         raise InputError(f"cannot read size {text!r}; write it like 4096, 16KB, 1MiB or 2GB")
     num, prefix, binary, unit = m.groups()
     base = 1024 if binary or not unit else 1000

@@ -27,3 +27,5 @@ def test_a_bare_prefix_counts_in_1024s_as_nccl_tests_and_token_counts_do():
     assert transfer_us(50_000, 50.0) == pytest.approx(1.0)
     with pytest.raises(InputError, match="cannot read size"):
         parse_size("lots")
+    with pytest.raises(InputError, match="size must be >= 0, got '-5'"):
+        parse_size("-5")
