@@ -84,7 +84,7 @@ def test_rccl_counts_elements_of_the_calls_own_type():
 
 
 def test_a_library_collective_passes_its_buffers_element_size():
-    from treeattn.cost.library import element_bytes
+    from treeattn.plan.ir import element_bytes
     from treeattn.workload import RawPayload, Workload
 
     w = Workload(batch=1, q_heads=8, kv_heads=2, head_dim=64, split=(1,) * 8, partial_dtype="bf16")

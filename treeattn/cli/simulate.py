@@ -19,7 +19,6 @@ from treeattn.cost.bounds import plan_bounds
 from treeattn.cost.simulate import SimResult, simulate
 from treeattn.errors import PlanInvalidError
 from treeattn.figures import save_figure
-from treeattn.topology.model import LinkKind
 from treeattn.units import format_size, parse_size
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys) instead of tables.")]
@@ -206,8 +205,7 @@ def nccl_model_cmd(
         })
         return
     con = console()
-    rccl = any(ln.kind is LinkKind.XGMI for ln in topo.links)
-    library = f"RCCL, timed with NCCL {release}'s figures" if rccl else f"NCCL {release}"
+    library = f"RCCL, timed with NCCL {release}'s figures" if fab.rccl else f"NCCL {release}"
     con.print(f"{coll.value} of {format_size(size)} on [bold]{topo.name}[/]: {fab.ranks} ranks, "
               f"{fab.nodes} node(s), the fabric's bus bandwidth {fab.bus_bw_gbps:.4g} GB/s (tree "
               f"{fab.tree_bus_bw_gbps:.4g} GB/s); {library}")
@@ -226,6 +224,6 @@ def nccl_model_cmd(
     con.print(table)
     con.print("time us: what runs; picks by us: the tuner's own estimate, which ranks the choices")
     who = ("RCCL runs its MSCCL all-pairs algorithm ahead of its tuner" if best.algorithm is nccl.Algorithm.ALLPAIRS
-           else "RCCL's pick (NCCL's tuning figures)" if rccl else "NCCL's pick")
+           else "RCCL's pick (NCCL's tuning figures)" if fab.rccl else "NCCL's pick")
     con.print(f"{who}: {best.algorithm.value}/{best.protocol.value}, {best.time_us:.2f} us, "
               f"busbw {best.busbw_gbps:.2f} GB/s")

@@ -15,23 +15,12 @@ from __future__ import annotations
 from treeattn.cost import gloo, nccl
 from treeattn.cost.bounds import CutModel
 from treeattn.cost.nccl_p2p import WORLD
-from treeattn.plan.ir import COLLECTIVE_FORMS, Op, Plan, row_bytes
+from treeattn.plan.ir import COLLECTIVE_FORMS, Op, Plan, element_bytes, row_bytes
 from treeattn.topology.model import Topology
-from treeattn.workload import Payload, Workload
 
-__all__ = ["LibraryModel", "alltoall_us", "element_bytes", "last_landing_us"]
+__all__ = ["LibraryModel", "alltoall_us", "last_landing_us"]
 
 _A2A: dict[tuple[str, int], float] = {}
-
-
-def element_bytes(workload: Payload, what: str) -> int:
-    """The element size of a collective's buffer of ``what`` (``row_bytes``'s names): fp32
-    for ``lse``/``den``, the query's dtype for ``q``, else the partials' (a raw payload's own)."""
-    if isinstance(workload, Workload):
-        if what in ("lse", "den"):
-            return 4
-        return (workload.kv_dtype if what == "q" else workload.partial_dtype).nbytes
-    return workload.dtype.nbytes
 
 
 def last_landing_us(plan: Plan, topo: Topology, communicator: str = WORLD) -> float:

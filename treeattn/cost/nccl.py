@@ -132,6 +132,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -297,6 +298,9 @@ class NcclFabric:
     nccl_release: Release = NEWEST
     """The NCCL release whose release-dependent figures apply (``treeattn.topology.nccl_version``;
     NVLS only); default: the newest the model follows."""
+    rccl: bool = False
+    """Whether the GPUs are AMD's (xGMI): RCCL, which the model times with NCCL's figures
+    except where its MSCCL all-pairs algorithm runs."""
     allpairs_gbps: float = 0.0
     """NCCL's rating of the xGMI link joining each pair of a one-node RCCL fabric of 8 ranks,
     where RCCL's MSCCL all-pairs all-reduce runs (``treeattn.cost.msccl``); 0: not such a node."""
@@ -595,6 +599,7 @@ def fabric(topo: Topology) -> NcclFabric:
     return NcclFabric(
         nccl_release=nccl_release(topo.cost.nccl_version) if topo.cost.nccl_version is not None else NEWEST,
         shm_gbps=SHM_GBPS if any(shm_pair_gbps(topo, a, b) < math.inf for a, b in intra_pairs) else 0.0,
+        rccl=rccl,
         allpairs_gbps=_allpairs_gbps(topo, arch) if rccl and nodes == 1 else 0.0,
         channels=channels,
         graph_channels=graph,
@@ -621,15 +626,10 @@ def _allpairs_gbps(topo: Topology, arch: str) -> float:
     p = topo.num_ranks
     if p != msccl.ALLPAIRS_GPUS:
         return 0.0
-    rated = math.inf
-    for a in range(p):
-        for b in range(p):
-            route = topo.route(a, b) if a != b else ()
-            if a != b and (len(route) != 1 or topo.links[route[0]].kind is not LinkKind.XGMI):
-                return 0.0
-            if route:
-                rated = min(rated, nccl_link_bw_gbps(topo.links[route[0]], arch))
-    return rated
+    links = [topo.route(a, b) for a in range(p) for b in range(p) if a != b]
+    if any(len(r) != 1 or topo.links[r[0]].kind is not LinkKind.XGMI for r in links):
+        return 0.0
+    return min(nccl_link_bw_gbps(topo.links[r[0]], arch) for r in links)
 
 
 def _nccl_nodes(topo: Topology, devs: list) -> dict[tuple[int, int], list[int]]:
@@ -957,10 +957,8 @@ def _int_env(value: str | None, default: int) -> int:
     """An integer variable as RCCL's parameters read it (strtoll: leading digits, else 0)."""
     if value is None:
         return default
-    text = str(value).strip()
-    digits = text[1:] if text[:1] in "+-" else text
-    n = len(digits) - len(digits.lstrip("0123456789"))
-    return int(text[: n + (len(text) - len(digits))]) if n else 0
+    m = re.match(r"\s*[+-]?\d+", str(value))
+    return int(m.group()) if m else 0
 
 
 def allowed_by_env(env: dict[str, str] | None) -> tuple[set[str], set[str]]:

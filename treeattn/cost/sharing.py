@@ -10,7 +10,8 @@ changed, then ``fair_rates`` for the flows it found, whenever flows start or fin
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -133,7 +134,8 @@ def fair_rates(flows: Sequence[int], cnt: dict[int, int], link_flows: Sequence[s
 
 
 def shared_routes(topo: Topology, keys: Sequence[int], cap: Sequence[float], lat: Sequence[float],
-                  flow_cap: Sequence[float]) -> dict[int, tuple[tuple[int, ...], float, float]]:
+                  flow_cap: Sequence[float], pair_cap: Callable[[int, int], float] | None = None,
+                  ) -> dict[int, tuple[tuple[int, ...], float, float]]:
     """Per rank pair a plan sends over (key ``src * p + dst``, ``p`` the topology's ranks):
     the route cut down for sharing, its latency, and its narrowest flow capacity.
 
@@ -146,6 +148,8 @@ def shared_routes(topo: Topology, keys: Sequence[int], cap: Sequence[float], lat
         topo: the topology (its routes).
         keys: the rank pairs, as ``src * p + dst``.
         cap, lat, flow_cap: per link, its shared capacity, latency and per-flow cap.
+        pair_cap: per rank pair (src, dst), a per-flow cap of the pair's own, in flow_cap's
+            unit (a transport the pair's ranks run on, whatever links it crosses).
     """
     p = topo.num_ranks
     full: list[tuple[int, ...]] = []
@@ -163,5 +167,6 @@ def shared_routes(topo: Topology, keys: Sequence[int], cap: Sequence[float], lat
             best[sig] = i
     keep = set(best.values())
     return {key: (tuple(i for i in route if i in keep), sum(lat[i] for i in route),
-                  min((flow_cap[i] for i in route), default=0.0))
+                  min(min((flow_cap[i] for i in route), default=0.0),
+                      math.inf if pair_cap is None else pair_cap(key // p, key % p)))
             for key, route in zip(keys, full, strict=True)}

@@ -125,11 +125,8 @@ class _Engine:
         self.partner = prog.pair(p)
         keys = sorted({self.rank_of[g] * p + self.rank_of[self.partner[g]]
                        for g, k in enumerate(kind) if k == _SEND and self.partner[g] >= 0})
-        self.routes = shared_routes(topo, keys, self.cap, self.lat, self.flow_cap)
-        for key, (route, lat, fcap) in self.routes.items():
-            shm = shm_pair_gbps(topo, key // p, key % p)
-            if shm * 1e3 < fcap:
-                self.routes[key] = (route, lat, shm * 1e3)
+        self.routes = shared_routes(topo, keys, self.cap, self.lat, self.flow_cap,
+                                    lambda a, b: shm_pair_gbps(topo, a, b) * 1e3)
         peers = peer_channels(topo, [(k // p, k % p) for k in self.routes], communicator)
         self.peers = None if peers is None else {a * p + b: v for (a, b), v in peers.items()}
         """Per route key, what NCCL's channels let one send of it reach (None: no such cap)."""

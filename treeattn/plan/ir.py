@@ -96,6 +96,7 @@ __all__ = [
     "gc_paused",
     "head_split",
     "message_bytes",
+    "element_bytes",
     "row_bytes",
 ]
 
@@ -470,6 +471,17 @@ def message_bytes(plan: Plan, op: Op) -> int:
         return -(-w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes // plan.ranks)
     start, stop = plan.chunk_range(op.chunk)
     return (stop - start) * row_bytes(w, op.part if op.kind is OpKind.COLLECTIVE else "partial")
+
+
+def element_bytes(workload: Payload, what: str) -> int:
+    """The element size of a buffer of ``what`` (``row_bytes``'s names, ``q``): fp32 for
+    ``lse``/``den``, the query's dtype (the KV cache's, as ``message_bytes`` counts it) for
+    ``q``, else the partials' (a raw payload's own)."""
+    if isinstance(workload, Workload):
+        if what in ("lse", "den"):
+            return 4
+        return (workload.kv_dtype if what == "q" else workload.partial_dtype).nbytes
+    return workload.dtype.nbytes
 
 
 def row_bytes(workload: Payload, what: str) -> int:
