@@ -31,6 +31,17 @@ def test_old_layouts_read_by_field_count():
     assert bcast.rows[0].root == 0 and bcast.rows[0].out_of_place.wrong is None
 
 
+def test_old_alltoall_rows_leave_the_operation_blank():
+    # superbench-a100-ndv4 (results/published): nccl-tests before 2.11 print alltoall's redop column empty.
+    header = ("#       size         count    type   redop     time   algbw   busbw  error     time   algbw   busbw"
+              "  error")
+    row = "     1048576         32768   float            87.42   11.99   10.50    N/A    88.90   11.79   10.32    N/A"
+    log = parse_published_table(f"{header}\n{row}\n", "a")
+    assert log.rows[0].redop == "" and log.rows[0].out_of_place.time_us == 87.42
+    with pytest.raises(ProbeError):  # a field lost elsewhere is still damage
+        parse_published_table(f"{header}\n{row.replace('N/A    88.90', '88.90')}\n", "a")
+
+
 def test_line_range_selects_one_table():
     text = "\n".join([ROW2, "# another run", ROW, ROW2])
     assert len(parse_published_table(text, "t", (3, 4)).rows) == 2

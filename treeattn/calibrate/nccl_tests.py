@@ -155,6 +155,11 @@ def _columns(line: str, source: str, lineno: int) -> tuple[list[str], int]:
 
 def _row(parts: list[str], prefix: list[str], groups: int, source: str, lineno: int) -> NcclRow:
     width = len(prefix) + 4 * groups
+    if len(parts) == width - 1 and "redop" in prefix:
+        at = prefix.index("redop")
+        if re.fullmatch(r"[\d.]+", parts[at]):
+            # Old versions print alltoall's operation as an empty name: the column is there, blank.
+            parts = [*parts[:at], "", *parts[at:]]
     if len(parts) != width:
         raise fail(source, lineno, f"row has {len(parts)} fields, the table has {width} columns: damaged or truncated")
     cells = dict(zip(prefix, parts, strict=False))
