@@ -96,29 +96,56 @@ def test_bad_mapping_names_file_and_field(tmp_path, mapping, what):
         load_corpus([_corpus(tmp_path, mapping)])
 
 
-def test_one_process_driving_g_gpus_launches_take_the_latencys_place(tmp_path):
+def _one_table(tmp: Path, text: str, collective: str, topology: str, ranks: int):
+    (tmp / "g.txt").write_text(text)
+    n = len(text.splitlines())
+    (tmp / "g.yaml").write_text(f"source: test\ntables:\n  - id: t\n    lines: [1, {n}]\n    collective: {collective}\n"
+                                f"    topology: {topology}\n    ranks: {ranks}\n")
+    (table,) = load_corpus([tmp / "g.yaml"])
+    return table
+
+
+def test_one_process_driving_g_gpus_takes_the_longer_of_its_launches_and_the_call(tmp_path):
     from treeattn.cost import nccl
     from treeattn.topology.library import resolve
     from treeattn.validate.published import predict_table
 
-    header = "# nThread 1 nGpus 8 minBytes 1024 maxBytes 2097152 step: 2(factor) warmup iters: 5 iters: 20"
-    rows = ["        1024           256     float     sum      -1    43.74    0.02    0.04       0    43.70    0.02"
-            "    0.04       0",
-            "     2097152        524288     float     sum      -1    86.37   24.28   42.49       0    86.03   24.38"
-            "   42.66       0"]
-    (tmp_path / "g.txt").write_text("\n".join([header, *rows]) + "\n")
-    (tmp_path / "g.yaml").write_text("source: test\ntables:\n  - id: t\n    lines: [1, 3]\n    collective: all_reduce\n"
-                                     "    topology: dgx-h100\n    ranks: 8\n")
-    (table,) = load_corpus([tmp_path / "g.yaml"])
+    # Two rows of together-h100-1node (results/published): one node of 8 x H100, -g 8, NVLS off.
+    header = "# nThread 1 nGpus 8 minBytes 8 maxBytes 8589934592 step: 2(factor) warmup iters: 5 iters: 20"
+    rows = ["           8             2     float     sum      -1    36.41    0.00    0.00       0    35.24    0.00"
+            "    0.00       0",
+            "     4194304       1048576     float     sum      -1    53.27   78.74  137.79       0    52.94   79.23"
+            "  138.66       0"]
+    table = _one_table(tmp_path, "\n".join([header, *rows]) + "\n", "all_reduce", "dgx-h100", 8)
     topo = resolve("dgx-h100")
+    launches = 8 * topo.cost.launch_us
+    est = [nccl.pick(nccl.fabric(topo), "allreduce", n) for n in (8, 4194304)]
+    assert est[0].time_us < launches < est[1].time_us  # the two rows take one side each
     out = predict_table(table)
-    fab = nccl.fabric(topo)
-    for row in out:
-        est = nccl.pick(fab, "allreduce", row.nbytes)
-        launches = 8 * topo.cost.launch_us
-        want = launches + est.time_us - est.latency_us if launches > est.latency_us else est.time_us
-        assert row.predicted_us == pytest.approx(want)
-    assert out[0].how.endswith("+launches")
+    assert out[0].predicted_us == launches and out[0].how.endswith("+launches")
+    assert out[1].predicted_us == pytest.approx(est[1].time_us) and "+launches" not in out[1].how
+
+
+def test_broadcast_calls_back_to_back_pay_one_hop_of_their_chain(tmp_path):
+    from treeattn.cost import nccl
+    from treeattn.topology.library import resolve
+    from treeattn.validate.published import predict_table
+
+    # Two rows of voltagepark-h100-4node (results/published): 32 H100 over 4 nodes, one process per GPU.
+    rows = ["           8             2     float    none       0    12.08    0.00    0.00       0     9.94    0.00"
+            "    0.00       0",
+            "  8589934592    2147483648     float    none       0  29998.7  286.34  286.34       0  30000.4  286.33"
+            "  286.33       0"]
+    table = _one_table(tmp_path, "\n".join(rows) + "\n", "broadcast", "dgx-h100:nodes=4", 32)
+    fab = nccl.fabric(resolve("dgx-h100:nodes=4"))
+    est = nccl.pick(fab, "broadcast", 8)
+    one_hop = nccl.chain_call_latency_us(fab, est.algorithm, est.protocol)
+    # Base latency and the network hop (LL: 6.6 us and NCCL's 2.7, or the route's own if longer),
+    # against one call's 31 hops.
+    assert one_hop == pytest.approx(6.6 + max(2.7, fab.inter_route_us)) and est.latency_us > 3 * one_hop
+    got = predict_table(table)[0]
+    assert got.predicted_us == pytest.approx(est.time_us - est.latency_us + one_hop)
+    assert got.how == f"{est.algorithm.value}/{est.protocol.value}+pipelined"
 
 
 VERSIONED = GOOD.replace("tables:", """library_version: {library: NCCL, version: "2.26.2", evidence: printed}

@@ -155,6 +155,7 @@ __all__ = [
     "pick",
     "allowed_by_env",
     "busbw_factor",
+    "chain_call_latency_us",
     "nccl_link_bw_gbps",
     "nic_bw",
     "fabric_bw",
@@ -819,6 +820,19 @@ def _latency_us(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int
     if collective in (Collective.ALLGATHER, Collective.REDUCESCATTER):
         return base + ((r - 1) - (nn - 1)) * intra + (nn - 1) * inter
     return base + (r - nn) * intra + (nn - 1) * inter
+
+
+def chain_call_latency_us(fab: NcclFabric, algo: Algorithm, protocol: Protocol) -> float:
+    """What one broadcast or reduce adds to a run of them issued back to back (nccl-tests'
+    timed loop): its pipelined chain lets each rank end its part once it has passed the data
+    on, and its next call starts then, while the chain's far end still works on the last one,
+    so a call costs the base latency and the chain's slowest hop, not every hop of it
+    (``_latency_us``, a single call's)."""
+    p = _PROTOS.index(protocol)
+    hop = max(_HOP[fab.intra_hw][algo][p], fab.intra_route_us)
+    if fab.nodes > 1:
+        hop = max(hop, _HOP["net"][Algorithm.TREE if fab.ranks == fab.nodes else algo][p], fab.inter_route_us)
+    return _BASE[algo][p] + hop
 
 
 def _achieved(fab: NcclFabric, p: int) -> NcclFabric:

@@ -13,10 +13,16 @@ Every row of every table (``treeattn.validate.corpus``) is predicted on the tabl
   when the last message lands (the merge a plan applies afterwards is not part of it).
 
 A table run by one process driving G GPUs (``nGpus G`` in its header, nccl-tests ``-g G``)
-launches the G kernels one after another (``cost.launch_us`` each): the ranks launched
-first wait for the last, so the launches take the place of the collective's latency when
-they are longer, and its transfer follows (an 8-GPU H200 node at 1-4 KiB: 43.7 us against
-8 x 5 us of launches; at 128 KiB the transfer adds ~40 us more).
+launches the G kernels of a call one after another (``cost.launch_us`` each) while the GPUs
+run the previous call: a call takes the longer of the two (8 x H100 of one node with
+``-g 8``: 35-38 us from 8 B to 512 KiB, whatever the collective, where 8 x 5 us of launches
+are predicted; the size shows once the collective alone takes longer).
+
+nccl-tests times a loop of calls issued back to back: an all-reduce's call ends on every rank
+at about the same time, but broadcast and reduce are pipelined chains, whose next call
+starts along the chain while its far end still works on the last one; such a call costs the
+base latency and one hop, not every hop (``nccl.chain_call_latency_us``; 32 H100 over 4 nodes
+broadcast 8-512 B in 9-10 us, where one call's chain takes 33 us).
 
 The error of a row is predicted / published - 1 on time (published: the faster of the
 row's out-of-place and in-place timings). Rows are grouped by size regime (nccl-tests' size:
@@ -136,22 +142,23 @@ def predict_table(t: PublishedTable, cache: _Topologies | None = None) -> list[R
     """Predict every row of one table (see the module docstring)."""
     cache = cache or _Topologies()
     topo = cache.topo(t)
-    # One process driving G GPUs (nccl-tests -g G) launches their G kernels one after another:
-    # an operation takes at least G launches, however fast the GPUs are.
+    # One process driving G GPUs (nccl-tests -g G) launches their G kernels one after another
+    # each call; the GPUs run one call while the process launches the next.
     launches = t.log.n_gpus * topo.cost.launch_us if t.log.n_gpus > 1 else 0.0
     out = []
     for nbytes, published in t.points():
         if t.collective in ("sendrecv", "alltoall"):
             pred, how = p2p_time_us(topo, t.collective, nbytes), "p2p"
-            lat = 0.0
         else:
-            est = nccl.pick(cache.fabric(t), _NCCL_NAMES[t.collective], nbytes, env=t.env)
+            fab = cache.fabric(t)
+            est = nccl.pick(fab, _NCCL_NAMES[t.collective], nbytes, env=t.env)
             pred, how = est.time_us, f"{est.algorithm.value}/{est.protocol.value}"
-            lat = est.latency_us
-        if launches > lat:
-            # The ranks that start early wait for the last one: the launches take the place of
-            # the collective's latency, and the data moves once every rank has joined.
-            pred, how = launches + pred - lat, f"{how}+launches"
+            if t.collective in ("broadcast", "reduce"):
+                # Back to back, a chain's calls overlap along it (chain_call_latency_us).
+                pred += nccl.chain_call_latency_us(fab, est.algorithm, est.protocol) - est.latency_us
+                how += "+pipelined"
+        if launches > pred:
+            pred, how = launches, f"{how}+launches"
         out.append(RowResult(t.name, t.source_id, t.collective, nbytes, published, pred, t.scored, how))
     return out
 
