@@ -38,8 +38,8 @@ def test_old_alltoall_rows_leave_the_operation_blank():
     row = "     1048576         32768   float            87.42   11.99   10.50    N/A    88.90   11.79   10.32    N/A"
     log = parse_published_table(f"{header}\n{row}\n", "a")
     assert log.rows[0].redop == "" and log.rows[0].out_of_place.time_us == 87.42
-    with pytest.raises(ProbeError):  # a field lost elsewhere is still damage
-        parse_published_table(f"{header}\n{row.replace('N/A    88.90', '88.90')}\n", "a")
+    with pytest.raises(ProbeError, match="11 fields"):  # a row that lost its type is damage, not a blank operation
+        parse_published_table(f"{header}\n{row.replace('float           ', 'sum')}\n", "a")
 
 
 def test_line_range_selects_one_table():
@@ -110,42 +110,56 @@ def test_one_process_driving_g_gpus_takes_the_longer_of_its_launches_and_the_cal
     from treeattn.topology.library import resolve
     from treeattn.validate.published import predict_table
 
-    # Two rows of together-h100-1node (results/published): one node of 8 x H100, -g 8, NVLS off.
+    # Three rows of together-h100-1node (results/published): one node of 8 x H100, -g 8, NVLS off.
     header = "# nThread 1 nGpus 8 minBytes 8 maxBytes 8589934592 step: 2(factor) warmup iters: 5 iters: 20"
     rows = ["           8             2     float     sum      -1    36.41    0.00    0.00       0    35.24    0.00"
             "    0.00       0",
+            "      262144         65536     float     sum      -1    41.69    6.29   11.00       0    38.49    6.81"
+            "   11.92       0",
             "     4194304       1048576     float     sum      -1    53.27   78.74  137.79       0    52.94   79.23"
             "  138.66       0"]
     table = _one_table(tmp_path, "\n".join([header, *rows]) + "\n", "all_reduce", "dgx-h100", 8)
     topo = resolve("dgx-h100")
     launches = 8 * topo.cost.launch_us
-    est = [nccl.pick(nccl.fabric(topo), "allreduce", n) for n in (8, 4194304)]
-    assert est[0].time_us < launches < est[1].time_us  # the two rows take one side each
+    est = [nccl.pick(nccl.fabric(topo), "allreduce", n) for n in (8, 262144, 4194304)]
+    # 8 B: the call is all latency; 256 KiB: latency and transfer, still under the launches
+    # (launches + transfer would differ); 4 MiB: the call is longer.
+    assert est[0].time_us < launches and est[1].latency_us < est[1].time_us < launches < est[2].time_us
     out = predict_table(table)
-    assert out[0].predicted_us == launches and out[0].how.endswith("+launches")
-    assert out[1].predicted_us == pytest.approx(est[1].time_us) and "+launches" not in out[1].how
+    for got in out[:2]:
+        assert got.predicted_us == launches and got.how.endswith("+launches")
+    assert out[2].predicted_us == pytest.approx(est[2].time_us) and "+launches" not in out[2].how
 
 
-def test_broadcast_calls_back_to_back_pay_one_hop_of_their_chain(tmp_path):
+@pytest.mark.parametrize("collective, rows", [
+    ("broadcast", ["           8             2     float    none       0    12.08    0.00    0.00       0     9.94"
+                   "    0.00    0.00       0",
+                   "  8589934592    2147483648     float    none       0  29998.7  286.34  286.34       0  30000.4"
+                   "  286.33  286.33       0"]),
+    ("reduce", ["           8             2     float     sum       0    10.87    0.00    0.00       0     9.76    0.00"
+                "    0.00       0",
+                "  8589934592    2147483648     float     sum       0  30061.8  285.74  285.74       0  30040.9  285.94"
+                "  285.94       0"]),
+])
+def test_chain_calls_back_to_back_pay_one_hop_of_their_chain(tmp_path, collective, rows):
     from treeattn.cost import nccl
     from treeattn.topology.library import resolve
     from treeattn.validate.published import predict_table
 
-    # Two rows of voltagepark-h100-4node (results/published): 32 H100 over 4 nodes, one process per GPU.
-    rows = ["           8             2     float    none       0    12.08    0.00    0.00       0     9.94    0.00"
-            "    0.00       0",
-            "  8589934592    2147483648     float    none       0  29998.7  286.34  286.34       0  30000.4  286.33"
-            "  286.33       0"]
-    table = _one_table(tmp_path, "\n".join(rows) + "\n", "broadcast", "dgx-h100:nodes=4", 32)
+    # Rows of voltagepark-h100-4node (results/published): 32 H100 over 4 nodes, one process per GPU.
+    table = _one_table(tmp_path, "\n".join(rows) + "\n", collective, "dgx-h100:nodes=4", 32)
     fab = nccl.fabric(resolve("dgx-h100:nodes=4"))
-    est = nccl.pick(fab, "broadcast", 8)
-    one_hop = nccl.chain_call_latency_us(fab, est.algorithm, est.protocol)
+    got = predict_table(table)
+    for nbytes, row in zip((8, 8589934592), got, strict=True):
+        est = nccl.pick(fab, collective, nbytes)
+        one_hop = nccl.chain_call_latency_us(fab, est.algorithm, est.protocol)
+        assert row.predicted_us == pytest.approx(est.time_us - est.latency_us + one_hop)
+        assert row.how == f"{est.algorithm.value}/{est.protocol.value}+pipelined"
+    est = nccl.pick(fab, collective, 8)
     # Base latency and the network hop (LL: 6.6 us and NCCL's 2.7, or the route's own if longer),
     # against one call's 31 hops.
+    one_hop = nccl.chain_call_latency_us(fab, est.algorithm, est.protocol)
     assert one_hop == pytest.approx(6.6 + max(2.7, fab.inter_route_us)) and est.latency_us > 3 * one_hop
-    got = predict_table(table)[0]
-    assert got.predicted_us == pytest.approx(est.time_us - est.latency_us + one_hop)
-    assert got.how == f"{est.algorithm.value}/{est.protocol.value}+pipelined"
 
 
 VERSIONED = GOOD.replace("tables:", """library_version: {library: NCCL, version: "2.26.2", evidence: printed}

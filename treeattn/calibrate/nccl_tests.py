@@ -153,11 +153,16 @@ def _columns(line: str, source: str, lineno: int) -> tuple[list[str], int]:
     return prefix, len(rest) // 4
 
 
+# nccl-tests' and rccl-tests' names of the data types (the column before redop).
+_TYPE_NAMES = frozenset({"int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16",
+                         "f8e4m3", "f8e5m2", "fp8_e4m3", "fp8_e5m2"})
+
+
 def _row(parts: list[str], prefix: list[str], groups: int, source: str, lineno: int) -> NcclRow:
     width = len(prefix) + 4 * groups
     if len(parts) == width - 1 and "redop" in prefix:
         at = prefix.index("redop")
-        if re.fullmatch(r"[\d.]+", parts[at]):
+        if parts[at - 1] in _TYPE_NAMES and re.fullmatch(r"[\d.]+", parts[at]):
             # Old versions print alltoall's operation as an empty name: the column is there, blank.
             parts = [*parts[:at], "", *parts[at:]]
     if len(parts) != width:

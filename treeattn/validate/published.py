@@ -15,8 +15,9 @@ Every row of every table (``treeattn.validate.corpus``) is predicted on the tabl
 A table run by one process driving G GPUs (``nGpus G`` in its header, nccl-tests ``-g G``)
 launches the G kernels of a call one after another (``cost.launch_us`` each) while the GPUs
 run the previous call: a call takes the longer of the two (8 x H100 of one node with
-``-g 8``: 35-38 us from 8 B to 512 KiB, whatever the collective, where 8 x 5 us of launches
-are predicted; the size shows once the collective alone takes longer).
+``-g 8``: 34-38 us from 8 B to 256 KiB, whatever the collective, where 8 x 5 us of launches
+are predicted). Other ``-g`` tables keep growing with the size under that floor (4 H100s
+with ``-g 4``: 22 us at 8 B, 28 at 512 KiB): the floor is a lower bound there.
 
 nccl-tests times a loop of calls issued back to back: an all-reduce's call ends on every rank
 at about the same time, but broadcast and reduce are pipelined chains, whose next call
