@@ -123,6 +123,11 @@ def test_show_tables_and_png(tmp_path):
     res = run_cli("topo", "show", "rtx4090-8", "--png", str(png))
     assert res.exit_code == 0, res.stderr
     assert "Route bandwidth" in res.stdout and "pcie-switch" in res.stdout
+    # RTX 4090s have no peer-to-peer: every pair goes through host memory at NCCL's shared-memory rate.
+    assert "56 of 56 rank pairs have no GPU peer-to-peer" in " ".join(res.stdout.split())
+    rtx = json.loads(run_cli("topo", "show", "rtx4090-8", "--json").stdout)
+    dgx = json.loads(run_cli("topo", "show", "dgx-h100", "--json").stdout)
+    assert (rtx["shm_pairs"], rtx["shm_gbps"]) == (56, 2.7) and (dgx["shm_pairs"], dgx["shm_gbps"]) == (0, None)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     big = run_cli("topo", "show", "dgx-h100:nodes=32")
     assert big.exit_code == 0 and "Routes from rank 0" in big.stdout
