@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,9 @@ def test_plan_table_and_explain(tmp_path):
                   "--explain", "--no-progress")
     assert res.exit_code == 0, res.stderr
     assert "Candidates" in res.stdout and "Per-level cost" in res.stdout
+    # The schedules the search skipped because their floor could not beat the best are counted.
+    skipped = re.search(r"searched \d+ schedules \((\d+) simulations, (\d+) skipped by their floor\)", res.stdout)
+    assert skipped and int(skipped.group(2)) > 0
     plan = load_plan(tmp_path / "x.yaml")
     assert plan.ranks == 8 and "ranks 0-3,8-11" in plan.topology.name
     # the pick here is a direct exchange (no tree to draw); a tree plan draws its tree

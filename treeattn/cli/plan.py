@@ -371,7 +371,8 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
                   f"[yellow]does not fit:[/] {x['algorithm']} - {x['why']}")
     if searched:
         st = report["stats"]
-        con.print(f"searched {st['schedules']} schedules ({st['simulations']} simulations) in {elapsed:.2f} s")
+        skipped = f", {st['pruned']} skipped by their floor" if st.get("pruned") else ""
+        con.print(f"searched {st['schedules']} schedules ({st['simulations']} simulations{skipped}) in {elapsed:.2f} s")
     con.print(f"wrote {report['plan_path']}")
 
 
