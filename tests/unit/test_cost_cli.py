@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,12 @@ def test_simulate_text(plans):
     assert r.exit_code == 0, r.stderr
     for word in ("predicted", "lower bound", "gap", "median", "Critical path"):
         assert word in r.stdout
+    # The bound names the term that sets it and lists every term, each line short when piped.
+    lines = r.stdout.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("lower bound"))
+    assert re.search(r"set by (compute|depth|spread|the cut \S+) \(see --help\)$", lines[at])
+    assert re.match(r"  terms: depth [\d.]+, cut [\d.]+, spread [\d.]+, compute [\d.]+ us$", lines[at + 1])
+    assert max(len(lines[at]), len(lines[at + 1])) <= 80
 
 
 def test_simulate_says_in_one_short_line_when_every_rank_finishes_together(plans):

@@ -42,7 +42,14 @@ def simulate_cmd(
         Path | None, typer.Option("--timeline", help="Draw a per-rank Gantt chart into this PNG file.")
     ] = None,
 ) -> None:
-    """Predict a plan's time on a topology: total, lower bound, per-rank finish, critical path."""
+    """Predict a plan's time on a topology: total, lower bound, per-rank finish, critical path.
+
+    The lower bound is what no plan of this workload can beat on this topology: the slowest
+    partial attention (compute), or the first one plus the largest of depth (the fewest
+    merge steps any order needs, at the routes' latency), cut (the bytes that must cross the
+    topology's narrowest cut) and spread (where every rank must end with every contribution:
+    how soon one rank's data can reach them all). treeattn/cost/bounds.py derives each.
+    """
     from treeattn.plan.io import load_plan
     from treeattn.topology.library import resolve, resolve_recorded
 
@@ -88,8 +95,10 @@ def simulate_cmd(
     con = console()
     con.print(f"[bold]{plan.algorithm}[/] ({plan.ranks} ranks, {plan.chunks} chunk(s)) on [bold]{topo.name}[/]")
     con.print(f"predicted   {res.predicted_us:12.3f} us")
-    con.print(f"lower bound {bounds.bound_us:12.3f} us   ({bounds.cut}; depth {bounds.latency_us:.3f}, "
-              f"cut {bounds.bandwidth_us:.3f}, compute {bounds.compute_us:.3f} us)")
+    term = bounds.cut if bounds.cut in ("compute", "depth", "spread") else f"the cut {bounds.cut}"
+    con.print(f"lower bound {bounds.bound_us:12.3f} us   set by {term} (see --help)")
+    con.print(f"  terms: depth {bounds.latency_us:.3f}, cut {bounds.bandwidth_us:.3f}, spread {bounds.spread_us:.3f}, "
+              f"compute {bounds.compute_us:.3f} us")
     con.print(f"gap         {gap:12.2f} x" if gap is not None else "gap         n/a (bound is 0)")
     _print_finish(con, res.per_rank_finish_us)
     table = Table(title=f"Critical path (first {min(PATH_SHOWN, len(path))} of {len(path)} ops)")
