@@ -118,6 +118,8 @@ def test_nccl_model_json_and_sizes():
     r = run_cli("nccl-model", "-t", "rtx4090-8", "-c", "allreduce", "--bytes", "1MiB")
     assert r.exit_code == 0 and "bus bandwidth 6.25 GB/s" in r.stdout and "capped by the routes" in r.stdout
     assert "at most 2.7 GB/s of bus bandwidth through host memory" in " ".join(r.stdout.split())
+    # One fact a line: each route cap on its own, no line far past 80 columns when piped.
+    assert r.stdout.count("capped by the routes: ") == 2 and max(map(len, r.stdout.splitlines())) <= 105
     assert data["shm_gbps"] is None
     r = run_cli("nccl-model", "-t", "rtx4090-8", "-c", "allreduce", "--bytes", "1GiB", "--json")
     big = json.loads(r.stdout)

@@ -215,15 +215,16 @@ def nccl_model_cmd(
         return
     con = console()
     library = f"RCCL, timed with NCCL {release}'s figures" if fab.rccl else f"NCCL {release}"
-    con.print(f"{coll.value} of {format_size(size)} on [bold]{topo.name}[/]: {fab.ranks} ranks, "
-              f"{fab.nodes} node(s), the fabric's bus bandwidth {fab.bus_bw_gbps:.4g} GB/s (tree "
-              f"{fab.tree_bus_bw_gbps:.4g} GB/s); {library}")
-    if fab.limit:
-        con.print(f"capped by the routes: {fab.limit}", markup=False)
+    # One fact a line, so that piped output stays near 80 columns.
+    con.print(f"{coll.value} of {format_size(size)} on [bold]{topo.name}[/]: {fab.ranks} ranks, {fab.nodes} node(s)")
+    con.print(f"{library}; the fabric's bus bandwidth {fab.bus_bw_gbps:.4g} GB/s "
+              f"(tree {fab.tree_bus_bw_gbps:.4g} GB/s)")
+    for limit in filter(None, fab.limit.split("; ")):
+        con.print(f"capped by the routes: {limit}", markup=False)
     if fab.shm_gbps:
-        con.print(f"GPUs without peer-to-peer: NCCL's estimate rates their path at that figure; what runs "
-                  f"moves at most {fab.shm_gbps:.3g} GB/s of bus bandwidth through host memory (its "
-                  f"shared-memory transport)")
+        con.print("GPUs without peer-to-peer: NCCL's estimate rates their path at that figure;")
+        con.print(f"what runs moves at most {fab.shm_gbps:.3g} GB/s of bus bandwidth through host memory")
+        con.print("(NCCL's shared-memory transport)")
     table = Table()
     for col in ("pick", "algorithm", "protocol", "time us", "picks by us", "latency us", "algbw GB/s", "busbw GB/s"):
         table.add_column(col, justify="left" if col in ("pick", "algorithm", "protocol") else "right")
