@@ -235,3 +235,15 @@ def test_library_version_agrees_with_the_version_a_table_prints(tmp_path):
     with pytest.raises(InputError, match=r"library_version '2.26.2', but the table prints '2.27.3\+cuda12.8'"):
         load_corpus([_corpus(tmp_path, mapping.replace(
             "tables:", 'library_version: {library: NCCL, version: "2.26.2", evidence: x}\ntables:'), text)])
+
+
+def test_corpus_progress_counts_rows_not_tables():
+    from treeattn.validate.corpus import corpus_dir
+    from treeattn.validate.published import predict_corpus
+
+    tables = load_corpus([corpus_dir() / "waynehacking8-h100-4gpu.yaml", corpus_dir() / "unnamed-a100-80gb-1node.yaml"])
+    calls: list[tuple[int, int, str]] = []
+    rows = predict_corpus(tables, lambda done, total, name: calls.append((done, total, name)))
+    assert len(calls) == len(rows) == sum(len(t.points()) for t in tables)
+    assert [c[0] for c in calls] == list(range(1, len(rows) + 1)) and {c[1] for c in calls} == {len(rows)}
+    assert calls[0][2] == tables[0].name and calls[-1][2] == tables[-1].name

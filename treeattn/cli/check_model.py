@@ -38,7 +38,7 @@ def check_model_cmd(
     = False,
     png: Annotated[Path | None, typer.Option("--png", help="Draw predicted against published time into this PNG.")]
     = None,
-    progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress on stderr (tables "
+    progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress on stderr (rows "
                                                   "predicted): a bar on a terminal, else a line every 10 s.")] = None,
 ) -> None:
     """Predict every row of published nccl-tests / rccl-tests tables (collectives by the NCCL

@@ -139,8 +139,9 @@ class _Topologies:
         return fab if release is None else dataclasses.replace(fab, nccl_release=release)
 
 
-def predict_table(t: PublishedTable, cache: _Topologies | None = None) -> list[RowResult]:
-    """Predict every row of one table (see the module docstring)."""
+def predict_table(t: PublishedTable, cache: _Topologies | None = None,
+                  on_row: Callable[[], None] | None = None) -> list[RowResult]:
+    """Predict every row of one table (see the module docstring); ``on_row()`` after each."""
     cache = cache or _Topologies()
     topo = cache.topo(t)
     # One process driving G GPUs (nccl-tests -g G) launches their G kernels one after another
@@ -161,19 +162,27 @@ def predict_table(t: PublishedTable, cache: _Topologies | None = None) -> list[R
         if launches > pred:
             pred, how = launches, f"{how}+launches"
         out.append(RowResult(t.name, t.source_id, t.collective, nbytes, published, pred, t.scored, how))
+        if on_row is not None:
+            on_row()
     return out
 
 
 def predict_corpus(tables: Iterable[PublishedTable],
                    progress: Callable[[int, int, str], None] | None = None) -> list[RowResult]:
-    """Predict every row of every table; ``progress(done, total, table)`` after each table."""
+    """Predict every row of every table; ``progress(rows done, rows, table)`` after each row
+    (one table's point-to-point rows can take minutes)."""
     cache = _Topologies()
     tables = list(tables)
+    total = sum(len(t.points()) for t in tables)
     out: list[RowResult] = []
-    for i, t in enumerate(tables):
-        out += predict_table(t, cache)
-        if progress is not None:
-            progress(i + 1, len(tables), t.name)
+    done = 0
+    for t in tables:
+        def tick(name: str = t.name) -> None:
+            nonlocal done
+            done += 1
+            progress(done, total, name)
+
+        out += predict_table(t, cache, None if progress is None else tick)
     return out
 
 
