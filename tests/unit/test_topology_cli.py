@@ -67,7 +67,8 @@ def test_bad_inputs_give_one_line_and_exit_2(fixture, command):
     [
         ("missing-file.yaml", ["cannot read topology file 'missing-file.yaml': no such file"]),
         ("no-such-preset", ["unknown topology 'no-such-preset'", "dgx-h100-16node"]),
-        ("dgx-h10:nodes=2", ["unknown topology", "did you mean 'dgx-h100'"]),
+        ("dgx-h10:nodes=2", ["unknown topology", "did you mean 'dgx-h100:nodes=2'"]),
+        ("dgx-h100-2nodes", ["unknown topology", "did you mean 'dgx-h100-2node'"]),
         ("DGX-H100", ["unknown topology 'DGX-H100'", "did you mean 'dgx-h100'"]),
         ("dgx-h100:nodes=0", ["nodes must be an integer >= 1"]),
         ("dgx-h100:racks=2", ["no parameter 'racks'"]),

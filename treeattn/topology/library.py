@@ -125,7 +125,8 @@ def resolve(spec: str) -> Topology:
         return _family(text)
     known = sorted(set(files) | set(FAMILIES))
     hint = [k for k in known if k.lower() == name.lower()] or difflib.get_close_matches(name, known, n=1)
-    extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+    # A family keeps the parameters (and ranks) the user gave; a shipped file takes none.
+    extra = f" (did you mean {hint[0] + (text[len(name):] if hint[0] in FAMILIES else '')!r}?)" if hint else ""
     raise TopologyError(
         f"unknown topology {spec!r}{extra}; give a YAML file, a shipped name ({', '.join(files) or 'none found'}) "
         f"or a family spec NAME:key=value ({', '.join(sorted(FAMILIES))}); see `treeattn topo list`"
