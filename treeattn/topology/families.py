@@ -456,7 +456,7 @@ def build_family(name: str, params: Mapping[str, Any] | None = None) -> Topology
         try:
             values[p.name] = p.parse(raw)
         except ValueError as exc:
-            raise FieldError(("params", p.name), f"{exc} (got {raw!r})") from None
+            raise FieldError(("params", p.name), f"{p.name} {exc} (got {raw!r})") from None
         if p.name in params and values[p.name] != p.parse(p.default):
             shown.append(f"{p.name}={values[p.name]}")
     full = name + (":" + ",".join(shown) if shown else "")

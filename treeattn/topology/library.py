@@ -225,9 +225,7 @@ def _family(spec: str) -> Topology:
         topo = build_family(name, params)
         topo.check_routable()
     except FieldError as exc:
-        # A parameter's own message lacks its name ("must be an integer >= 1"); the others name it.
-        what = f"{exc.loc[-1]} " if exc.loc[:1] == ("params",) and str(exc.loc[-1]) not in exc.message else ""
-        raise TopologyError(f"topology {spec!r}: {what}{exc.message}") from None
+        raise TopologyError(f"topology {spec!r}: {exc.message}") from None
     except TopologyError as exc:
         raise TopologyError(f"topology {spec!r}: {exc}") from None
     return topo
