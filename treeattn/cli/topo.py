@@ -68,8 +68,11 @@ def show(
 
         draw_topology(topo, png)
     ranks = topo.num_ranks
-    # Pairs whose transfers NCCL carries through host memory move far below their route's rate.
-    shm_pairs = sum(shm_pair_gbps(topo, a, b) < math.inf for a in range(ranks) for b in range(ranks) if a != b)
+    # Pairs whose transfers NCCL carries through host memory move far below their route's rate
+    # (only GPUs without peer-to-peer have any: the others' thousands of ranks are not paired up).
+    shm_pairs = 0
+    if any(not topo.rank_device(r).p2p for r in range(ranks)):
+        shm_pairs = sum(shm_pair_gbps(topo, a, b) < math.inf for a in range(ranks) for b in range(ranks) if a != b)
     if json_out:
         _echo_json({**summary, "png": None if png is None else str(png), "shm_pairs": shm_pairs,
                     "shm_gbps": SHM_GBPS if shm_pairs else None})
