@@ -7,7 +7,6 @@ Every TOPOLOGY argument takes a shipped name (``dgx-h100-16node``), a family spe
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Annotated
 
@@ -17,7 +16,7 @@ from rich.table import Table
 from treeattn.cli import app
 from treeattn.cli.paths import output_file, safe_name
 from treeattn.cli.render import console
-from treeattn.cost.nccl import SHM_GBPS, shm_pair_gbps
+from treeattn.cost.nccl import SHM_GBPS, shm_pairs
 from treeattn.topology import list_presets, resolve, topology_json_schema
 from treeattn.topology.summary import topology_summary
 
@@ -68,14 +67,11 @@ def show(
 
         draw_topology(topo, png)
     ranks = topo.num_ranks
-    # Pairs whose transfers NCCL carries through host memory move far below their route's rate
-    # (only GPUs without peer-to-peer have any: the others' thousands of ranks are not paired up).
-    shm_pairs = 0
-    if any(not topo.rank_device(r).p2p for r in range(ranks)):
-        shm_pairs = sum(shm_pair_gbps(topo, a, b) < math.inf for a in range(ranks) for b in range(ranks) if a != b)
+    # Pairs whose transfers NCCL carries through host memory move far below their route's rate.
+    shm_count = shm_pairs(topo)
     if json_out:
-        _echo_json({**summary, "png": None if png is None else str(png), "shm_pairs": shm_pairs,
-                    "shm_gbps": SHM_GBPS if shm_pairs else None})
+        _echo_json({**summary, "png": None if png is None else str(png), "shm_pairs": shm_count,
+                    "shm_gbps": SHM_GBPS if shm_count else None})
         return
     con = console()
     con.print(f"[bold]{topo.name}[/]  {summary['ranks']} ranks on {summary['nodes']} node(s)  {topo.fingerprint}")
@@ -119,8 +115,8 @@ def show(
         for (bw, lat, hops), n in sorted(classes.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
             routes.add_row(f"{bw:g}", f"{lat:g}", str(hops), str(n))
         con.print(routes)
-    if shm_pairs:
-        con.print(f"{shm_pairs} of {ranks * (ranks - 1)} rank pairs have no GPU peer-to-peer: NCCL moves")
+    if shm_count:
+        con.print(f"{shm_count} of {ranks * (ranks - 1)} rank pairs have no GPU peer-to-peer: NCCL moves")
         con.print(f"their data through host memory, at most {SHM_GBPS:g} GB/s a pair (docs/nccl-model.md).")
     if png is not None:
         con.print(f"wrote {png}")

@@ -162,6 +162,7 @@ __all__ = [
     "p2p_link_gbps",
     "transfer_gbps",
     "shm_pair_gbps",
+    "shm_pairs",
     "SHM_GBPS",
 ]
 
@@ -478,6 +479,14 @@ def shm_pair_gbps(topo: Topology, a: int, b: int) -> float:
     if all(links[i].cls is LinkClass.GPU_FABRIC for i in topo.route(a, b)):
         return math.inf
     return SHM_GBPS
+
+
+def shm_pairs(topo: Topology) -> int:
+    """How many ordered rank pairs move through NCCL's shared-memory transport (``shm_pair_gbps``)."""
+    if not _shm_rated(topo):
+        return 0
+    n = topo.num_ranks
+    return sum(shm_pair_gbps(topo, a, b) < math.inf for a in range(n) for b in range(n) if a != b)
 
 
 def fabric(topo: Topology) -> NcclFabric:
@@ -800,15 +809,20 @@ def _nsteps(collective: Collective, ranks: int) -> int:
     return ranks
 
 
+def _hop_us(fab: NcclFabric, algo: Algorithm, p: int) -> tuple[float, float]:
+    """One hop's latency inside a node and across nodes, for an algorithm x protocol."""
+    # A hop is never faster than its route's own latency (a bounce through host memory, a long network path).
+    intra = max(_HOP[fab.intra_hw][algo][p], fab.intra_route_us)
+    # One rank per node exposes the network latency whole: NCCL charges the tree's figure.
+    net = _HOP["net"][Algorithm.TREE if fab.ranks == fab.nodes else algo][p]
+    return intra, max(net, fab.inter_route_us)
+
+
 def _latency_us(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int, tuner: bool = True) -> float:
     """Latency of one algorithm x protocol: NCCL's tuner's (``tuner``), or what runs, which
     leaves out the per-step network post overhead NCCL adds to multi-node rings."""
     r, nn = fab.ranks, fab.nodes
-    # A hop is never faster than its route's own latency (a bounce through host memory, a long network path).
-    intra = max(_HOP[fab.intra_hw][algo][p], fab.intra_route_us)
-    # One rank per node exposes the network latency whole: NCCL charges the tree's figure.
-    net = _HOP["net"][Algorithm.TREE if r == nn else algo][p]
-    inter = max(net, fab.inter_route_us)
+    intra, inter = _hop_us(fab, algo, p)
     base = _BASE[algo][p]
     if algo is Algorithm.TREE:
         return base + 2 * ((r // nn - 1) * intra + _log2i(nn) * inter)
@@ -829,10 +843,8 @@ def chain_call_latency_us(fab: NcclFabric, algo: Algorithm, protocol: Protocol) 
     so a call costs the base latency and the chain's slowest hop, not every hop of it
     (``_latency_us``, a single call's)."""
     p = _PROTOS.index(protocol)
-    hop = max(_HOP[fab.intra_hw][algo][p], fab.intra_route_us)
-    if fab.nodes > 1:
-        hop = max(hop, _HOP["net"][Algorithm.TREE if fab.ranks == fab.nodes else algo][p], fab.inter_route_us)
-    return _BASE[algo][p] + hop
+    intra, inter = _hop_us(fab, algo, p)
+    return _BASE[algo][p] + (max(intra, inter) if fab.nodes > 1 else intra)
 
 
 def _achieved(fab: NcclFabric, p: int) -> NcclFabric:
