@@ -7,15 +7,16 @@ import dataclasses
 import pytest
 
 from treeattn.cost.compute import ComputeModel
-from treeattn.errors import TopologyError
+from treeattn.errors import InputError, TopologyError
 from treeattn.topology.library import resolve
 from treeattn.topology.model import CostParams
-from treeattn.validate.attention import attention_summary, load_attention
+from treeattn.validate.attention import attention_summary, fit_kernel_line, load_attention
 from treeattn.workload import Workload
 
 
 def test_attn_efficiency_scales_only_the_attention_kernel():
     topo = resolve("dgx-a100[ranks 0]")
+    topo = dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, attn_efficiency=None, attn_launch_us=None))
     w = Workload.create(ranks=1, seq_len=4096, batch=8, q_heads=32, kv_heads=8, head_dim=128)
     plain = ComputeModel.of(w, topo)
     half = ComputeModel.of(w, dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, attn_efficiency=0.4)))
@@ -30,19 +31,40 @@ def test_attn_efficiency_scales_only_the_attention_kernel():
     assert CostParams().key() == CostParams(attn_efficiency=None).key() != CostParams(attn_efficiency=0.5).key()
 
 
-def test_families_keep_the_published_efficiency():
-    assert resolve("dgx-h100").cost.attn_efficiency == 0.55
-    assert resolve("hgx-h200:nodes=2").cost.attn_efficiency == 0.55
-    assert resolve("gb200-nvl72").cost.attn_efficiency == 0.66
-    assert resolve("dgx-a100").cost.attn_efficiency is None  # no published figure: mem_efficiency
+def test_families_keep_the_published_kernel_line():
+    for fam, line in (("dgx-h100", (12.4, 0.56)), ("hgx-h200:nodes=2", (12.4, 0.56)), ("gb200-nvl72", (6.9, 0.80)),
+                      ("dgx-a100", (13.9, 0.72)), ("mi300x-8", (None, None))):
+        cost = resolve(fam).cost
+        assert (cost.attn_launch_us, cost.attn_efficiency) == line, fam
 
 
 def test_published_rows_are_predicted_and_fitted():
     rows = load_attention()
     summary = attention_summary(rows)
-    assert set(summary) == {"H100", "B200"} and sum(s["rows"] for s in summary.values()) == len(rows) == 10
-    for gpu, fam in (("H100", "dgx-h100"), ("B200", "gb200-nvl72")):
-        assert summary[gpu]["fitted_efficiency"] == pytest.approx(resolve(fam).cost.attn_efficiency, abs=0.01)
-    h = [r for r in rows if r.gpu == "H100"]
+    assert set(summary) == {"A100", "H100", "B200"} and sum(s["rows"] for s in summary.values()) == len(rows) == 24
+    for gpu, fam in (("A100", "dgx-a100"), ("H100", "dgx-h100"), ("B200", "gb200-nvl72")):
+        cost = resolve(fam).cost
+        assert summary[gpu]["fitted_efficiency"] == pytest.approx(cost.attn_efficiency, abs=0.01)
+        assert summary[gpu]["fitted_launch_us"] == pytest.approx(cost.attn_launch_us, abs=0.05)
+    h = [r for r in rows if r.source_id == "fa3-h100-issue-1572"]
     assert [r.workload.split[0] for r in h] == [128, 2000, 4000] and h[-1].published_us == 567.2
-    assert rows[-1].published_us == pytest.approx(1680.16, rel=1e-4)  # "1.68...ms" read with its unit
+    b = [r for r in rows if r.gpu == "B200"]
+    assert b[-1].published_us == pytest.approx(1680.16, rel=1e-4)  # "1.68...ms" read with its unit
+    a = [r for r in rows if r.gpu == "A100"]
+    assert [(r.workload.batch, r.workload.split[0]) for r in a][:2] == [(256, 256), (128, 512)]
+
+
+def test_kernel_line_fit_recovers_a_line_and_ignores_one_row_far_off():
+    base = load_attention()[0]
+    full_us = [10.0, 40.0, 160.0, 640.0]  # memory time at full bandwidth
+
+    def row(f: float, t: float):  # noqa: ANN202 - an AttentionRow
+        return dataclasses.replace(base, bytes=round(f * 1e3 * base.mem_bw_gbps), published_us=t)
+
+    rows = [row(f, 8.0 + f / 0.6) for f in full_us]
+    fixed, share = fit_kernel_line(rows)
+    assert fixed == pytest.approx(8.0, abs=0.05) and share == pytest.approx(0.6, abs=0.005)
+    fixed, share = fit_kernel_line([*rows, row(320.0, 4 * (8.0 + 320.0 / 0.6))])  # a run 4x slow
+    assert fixed == pytest.approx(8.0, abs=0.05) and share == pytest.approx(0.6, abs=0.005)
+    with pytest.raises(InputError, match="no published rows"):
+        fit_kernel_line([])

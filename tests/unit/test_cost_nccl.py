@@ -350,12 +350,12 @@ def test_a_topology_names_its_nccl_release():
     with pytest.raises(TopologyError, match=r"cost.nccl_version: version '2.x'"):
         two.cost.updated(nccl_version="2.x")
     yaml_text = (Path(__file__).resolve().parents[2] / "topologies" / "dgx-h100-2node.yaml").read_text()
-    assert "cost: {attn_efficiency: 0.55}" in yaml_text
-    loaded = load_topology_text(yaml_text.replace("cost: {attn_efficiency: 0.55}",
-                                                  'cost: {attn_efficiency: 0.55, nccl_version: "<2.28"}'))
+    line = "cost: {attn_launch_us: 12.4, attn_efficiency: 0.56}"
+    assert line in yaml_text
+    loaded = load_topology_text(yaml_text.replace(line, line[:-1] + ', nccl_version: "<2.28"}'))
     assert nccl.fabric(loaded).nccl_release == (2, 27, 999)
     with pytest.raises(TopologyError) as err:
-        load_topology_text(yaml_text.replace("cost: {attn_efficiency: 0.55}", "cost: {nccl_version: 2.26}"))
+        load_topology_text(yaml_text.replace(line, "cost: {nccl_version: 2.26}"))
     assert "nccl_version" in str(err.value) and "\n" not in str(err.value)
 
 

@@ -149,12 +149,15 @@ def _network(kind: LinkKind, p: Mapping[str, Any]) -> NetworkSpec:
     )
 
 
-# Share of memory bandwidth published decode-attention kernels reach, by GPU generation
-# (results/published/attention, docs/attention-model.md): FlashAttention-3 on H100 0.55
-# (Dao-AILab/flash-attention issue 1572), FlashInfer trtllm-gen on B200 0.66 (flashinfer-ai/
-# flashinfer pull 1415). Other GPUs keep mem_efficiency: no published figure at hand.
-_ATTN_HOPPER = CostSpec(attn_efficiency=0.55)
-_ATTN_BLACKWELL = CostSpec(attn_efficiency=0.66)
+# Decode attention as published kernels run it, by GPU generation: a fixed cost per call and a
+# share of memory bandwidth, fitted to their timings (results/published/attention,
+# docs/attention-model.md): Flash-Decoding on A100 (PyTorch blog "Flash-Decoding for
+# long-context inference"), FlashAttention-2/3 paged decode on H100 (onnxruntime pull 21414,
+# Dao-AILab/flash-attention issue 1572), FlashInfer trtllm-gen on B200 (flashinfer-ai/flashinfer
+# pull 1415). Other GPUs keep launch_us and mem_efficiency: no published figure at hand.
+_ATTN_AMPERE = CostSpec(attn_launch_us=13.9, attn_efficiency=0.72)
+_ATTN_HOPPER = CostSpec(attn_launch_us=12.4, attn_efficiency=0.56)
+_ATTN_BLACKWELL = CostSpec(attn_launch_us=6.9, attn_efficiency=0.80)
 
 
 def _nvidia_hgx(
@@ -248,7 +251,7 @@ def _dgx_a100(name: str, p: Mapping[str, Any]) -> Topology:
         pcie=_PCIE4.model_copy(update={"switches": 4}),
         # 8 x ConnectX-6 HDR 200 Gb/s = 25 GB/s, GPU k <-> NIC k.
         nics=NicSpec(count=8, model="ConnectX-6-HDR", bw_gbps=25.0),
-        p=p,
+        p=p, cost=_ATTN_AMPERE,
     )
 
 

@@ -4,9 +4,9 @@
 FlashInfer): batch, heads, head dim and KV tokens per sequence, and the time per call. Each
 row is predicted as one COMPUTE of a ``Workload`` on a 1-rank topology of that GPU
 (``ComputeModel.partial_us``: launch plus the KV, query and partial bytes over the kernel's
-bandwidth). ``fitted_efficiency`` is the share of the GPU's memory bandwidth the published
-runs reach (median over rows of bytes / (time - launch) / memory bandwidth): the figure the
-families keep as ``cost.attn_efficiency`` (docs/attention-model.md).
+bandwidth). ``fit_kernel_line`` fits each GPU's rows with that line's two terms, a fixed
+cost per call and a share of the memory bandwidth: the figures the families keep as
+``cost.attn_launch_us`` and ``cost.attn_efficiency`` (docs/attention-model.md).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from treeattn.topology.library import resolve
 from treeattn.validate.corpus import corpus_dir
 from treeattn.workload import Workload
 
-__all__ = ["AttentionRow", "load_attention", "attention_summary"]
+__all__ = ["AttentionRow", "attention_summary", "fit_kernel_line", "load_attention"]
 
 _UNITS = {"us": 1.0, "ms": 1e3, "s": 1e6}
 
@@ -44,11 +44,6 @@ class AttentionRow:
     @property
     def error(self) -> float:
         return self.predicted_us / self.published_us - 1.0
-
-    @property
-    def efficiency(self) -> float:
-        """Bytes over (time - launch), as a share of the GPU's memory bandwidth."""
-        return self.bytes / max(self.published_us - self.launch_us, 1e-9) / 1e3 / self.mem_bw_gbps
 
 
 def _time_us(text: object, where: str) -> float:
@@ -94,16 +89,52 @@ def load_attention(folders: list[Path] | None = None) -> list[AttentionRow]:
     return out
 
 
+def fit_kernel_line(rows: list[AttentionRow], step_us: float = 0.1) -> tuple[float, float]:
+    """The fixed cost (us) and share of memory bandwidth of ``time = fixed + bytes / (share x
+    bandwidth)`` that minimise the summed |relative error| over ``rows`` (one GPU's).
+
+    Least absolute error, so that one row far off the line (a run the source cannot explain)
+    does not drag the fit. For a fixed cost the best inverse bandwidth is a weighted median
+    (of (time - fixed) / memory time at full bandwidth, weights memory time / time); the
+    fixed cost is scanned in ``step_us`` steps below the fastest row's time.
+    """
+    if not rows:
+        raise InputError("no published rows to fit")
+    full = [r.bytes / 1e3 / r.mem_bw_gbps for r in rows]  # each row's memory time at full bandwidth
+    best: tuple[float, float, float] | None = None
+    for k in range(int(min(r.published_us for r in rows) / step_us) + 1):
+        fixed = round(k * step_us, 9)
+        pts = sorted(((r.published_us - fixed) / f, f / r.published_us)
+                     for r, f in zip(rows, full, strict=True) if f > 0)
+        if not pts:
+            continue
+        half, acc, slope = sum(w for _, w in pts) / 2, 0.0, pts[-1][0]
+        for v, w in pts:
+            acc += w
+            if acc >= half:
+                slope = v
+                break
+        if slope <= 0:
+            continue
+        loss = sum(abs((fixed + f * slope) / r.published_us - 1) for r, f in zip(rows, full, strict=True))
+        if best is None or loss < best[0] - 1e-12:
+            best = (loss, fixed, slope)
+    if best is None:
+        raise InputError("the published rows leave no positive bandwidth to fit")
+    return best[1], min(1.0, 1.0 / best[2])
+
+
 def attention_summary(rows: list[AttentionRow]) -> dict:
     """Per GPU: rows, median and p90 |error| and signed median of the model as it stands, and the
-    fitted efficiency (median of the rows' achieved share of memory bandwidth)."""
+    line fitted to them (``fit_kernel_line``: fixed cost, share of memory bandwidth)."""
     out = {}
     for gpu in sorted({r.gpu for r in rows}):
         rs = [r for r in rows if r.gpu == gpu]
+        fit = fit_kernel_line(rs)
         errs = sorted(abs(r.error) for r in rs)
         out[gpu] = {"rows": len(rs), "median_abs": statistics.median(errs),
                     "p90_abs": errs[min(len(errs) - 1, round(0.9 * (len(errs) - 1)))],
                     "median_signed": statistics.median(r.error for r in rs),
-                    "fitted_efficiency": statistics.median(r.efficiency for r in rs),
+                    "fitted_launch_us": fit[0], "fitted_efficiency": fit[1],
                     "sources": sorted({r.url for r in rs})}
     return out
