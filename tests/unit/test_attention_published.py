@@ -68,3 +68,7 @@ def test_kernel_line_fit_recovers_a_line_and_ignores_one_row_far_off():
     assert fixed == pytest.approx(8.0, abs=0.05) and share == pytest.approx(0.6, abs=0.005)
     with pytest.raises(InputError, match="no published rows"):
         fit_kernel_line([])
+    with pytest.raises(InputError, match="positive step"):
+        fit_kernel_line(rows, step_us=0.0)
+    with pytest.raises(InputError, match="no memory bandwidth"):
+        fit_kernel_line([*rows, dataclasses.replace(rows[0], mem_bw_gbps=0.0)])

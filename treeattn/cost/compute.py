@@ -1,13 +1,14 @@
 """Compute model: what the local work of a plan costs on a rank's device (docs/design.md section 5).
 
 Both kernels are memory-bound, so a kernel costs a fixed launch plus the bytes it moves
-over the device's memory bandwidth times ``topo.cost.mem_efficiency``:
+over the device's memory bandwidth times a share:
 
 * partial attention over KV block j on rank r:
-  ``launch_us + (kv_bytes(j) + q_bytes + partial_bytes) / (mem_bw(r) * mem_efficiency)``,
+  ``attn_launch + (kv_bytes(j) + q_bytes + partial_bytes) / (mem_bw(r) * attn_share)``,
   where q is B x Hq x D elements of the KV dtype and the partial written is the whole
-  (o, lse) of the payload. A block with zero tokens costs the launch only (the kernel
-  still runs to write the empty partial).
+  (o, lse) of the payload; the fixed cost and the share are the attention kernel's (below).
+  A block with zero tokens costs the fixed cost only (the kernel still runs to write the
+  empty partial).
 * a merge (or raw sum) of n rows reads two partials of n rows and writes one:
   ``3 * n * row_bytes / (mem_bw(r) * mem_efficiency)``; a RECV_COPY of n rows into the
   accumulator reads and writes them: ``2 * n * row_bytes / ...`` (a received KV block is
@@ -23,12 +24,12 @@ the one launch per chunk merged that ``step_local_us`` charges is what it launch
 plus the k partials read), which equals the byte term above for one fp32 partial. CPU ranks
 merge with the eager ops, whose cost calibration fits to the same line.
 
-Calibration may time the attention kernel apart (``cost.attn_launch_us``, ``cost.attn_gbps``):
-COMPUTE then uses those, merges and copies keep ``launch_us`` and the memory bandwidth.
-Without a measured ``attn_gbps`` the kernel reads at its device's memory bandwidth x
-``cost.attn_efficiency`` when the topology sets one (the families set the share published
-decode kernels reach on that GPU generation, docs/attention-model.md), else x
-``mem_efficiency``.
+The attention kernel's fixed cost is ``cost.attn_launch_us`` where set (calibration's
+timing of the kernel, or the family's fit to published decode kernels), else ``launch_us``;
+its bandwidth a measured ``cost.attn_gbps``, else the device's memory bandwidth x
+``cost.attn_efficiency`` where set (the families' fit on that GPU generation,
+docs/attention-model.md), else x ``mem_efficiency``. Merges and copies keep ``launch_us``
+and ``mem_efficiency``.
 
 The device is the one the rank is placed on (a GPU, or a host for CPU-only runs). A
 device whose ``mem_bw_gbps`` is 0 (hosts may leave it unset) has its memory time not

@@ -305,7 +305,9 @@ class CostParams:
     """Fraction of memory bandwidth a memory-bound kernel reaches."""
     attn_launch_us: float | None = None
     """Fixed cost of the COMPUTE kernel (partial attention) when it differs from
-    ``launch_us`` (which merges and copies pay): on a CPU it is several library calls."""
+    ``launch_us`` (which merges and copies pay): on a CPU several library calls; on a GPU
+    the launch, a split-KV kernel's combining kernel and the pipeline's fill (the families
+    set the fit to published decode kernels, docs/attention-model.md)."""
     attn_gbps: float | None = None
     """Effective bandwidth of the COMPUTE kernel over the bytes it moves, when measured
     (calibration); None: the device's ``mem_bw_gbps`` x ``mem_efficiency``."""
@@ -320,7 +322,8 @@ class CostParams:
     attn_efficiency: float | None = None
     """Share of its device's memory bandwidth the COMPUTE kernel (partial attention over a KV
     block) reaches, where it differs from ``mem_efficiency`` (merges and copies keep that):
-    decode-attention kernels read KV at 50-75 % of peak (docs/attention-model.md); None:
+    published decode-attention kernels read KV at 0.56-0.80 of peak beside a fixed cost of
+    7-14 us (docs/attention-model.md); None:
     ``mem_efficiency``. A measured ``attn_gbps`` takes precedence."""
     nccl_version: str | None = None
     """The NCCL release the cluster runs (``2.26.2``, or a bound such as ``<2.28``:

@@ -100,6 +100,11 @@ def fit_kernel_line(rows: list[AttentionRow], step_us: float = 0.1) -> tuple[flo
     """
     if not rows:
         raise InputError("no published rows to fit")
+    if step_us <= 0:
+        raise InputError(f"fixed-cost step {step_us} us: give a positive step")
+    for r in rows:
+        if r.mem_bw_gbps <= 0:
+            raise InputError(f"{r.source_id}: {r.topology} has no memory bandwidth to fit a share of")
     full = [r.bytes / 1e3 / r.mem_bw_gbps for r in rows]  # each row's memory time at full bandwidth
     best: tuple[float, float, float] | None = None
     for k in range(int(min(r.published_us for r in rows) / step_us) + 1):
