@@ -16,7 +16,7 @@ A table run by one process driving G GPUs (``nGpus G`` in its header, nccl-tests
 launches the G kernels of a call one after another (``GROUP_LAUNCH_US`` each) while the GPUs
 run the previous call: a call takes the longer of the two (8 x H100 of one node with
 ``-g 8``: 34-38 us from 8 B to 256 KiB, whatever the collective). Other ``-g`` tables keep
-growing with the size under that floor (4 H100s with ``-g 4``: 22 us at 8 B, 28 at 512 KiB):
+growing with the size under that floor (8 A100s with ``-g 8``: 35 us at 8 B, 56 at 512 KiB):
 the floor is a lower bound there.
 
 nccl-tests times a loop of calls issued back to back: an all-reduce's call ends on every rank
@@ -97,9 +97,10 @@ class RowResult:
 
 # Host time per GPU of one call that a single thread issues to G GPUs (nccl-tests -g G):
 # together-h100-1node's five -g 8 tables (NCCL 2.26) hold 34.3-35.9 us (median of 8 B-4 KiB),
-# 4.28-4.49 us a GPU; fitted there, and the same on SuperBench's A100 VM (NCCL < 2.11,
-# 4.31-4.42) and the unnamed A100 node (NCCL 2.19, 4.56). Not cost.launch_us (a kernel a
-# rank's own process launches, which merges pay): a grouped call's host work per device.
+# 4.28-4.49 us a GPU, median and mean 4.38, rounded. SuperBench's A100 VM (NCCL < 2.11) takes
+# 4.31-4.42 in its collectives (its alltoall, 16 point-to-point calls a GPU, 10.8) and the
+# unnamed A100 node (NCCL 2.19) 4.56; Spectrum-X's 2 x 8 H200 5.46. Not cost.launch_us (a kernel
+# a rank's own process launches, which merges pay): a grouped call's host work per device.
 GROUP_LAUNCH_US = 4.4
 
 
