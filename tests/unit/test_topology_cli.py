@@ -119,6 +119,20 @@ def test_show_reports_dgx_figures():
     assert [d["kind"] for d in data["domains"]] == ["fabric", "leaf"]
 
 
+def test_show_says_what_local_compute_costs():
+    # The families' decode-attention line (docs/attention-model.md), in the text and the JSON.
+    text = " ".join(run_cli("topo", "show", "dgx-h100").stdout.split())
+    assert "attention 12.4 us a call + KV at 0.56 of 3350 GB/s" in text
+    assert "merges 5 us a kernel + bytes at 0.8 of memory bandwidth" in text
+    for name, fixed, share in (("dgx-h100", 12.4, 0.56), ("dgx-a100", 13.9, 0.72), ("gb200-nvl72", 6.9, 0.8)):
+        cost = json.loads(run_cli("topo", "show", name, "--json").stdout)["cost"]
+        assert (cost["attn_launch_us"], cost["attn_efficiency"], cost["launch_us"]) == (fixed, share, 5.0), name
+    mi = json.loads(run_cli("topo", "show", "mi300x-8", "--json").stdout)["cost"]
+    assert "attn_launch_us" not in mi and "attn_efficiency" not in mi  # no published figure: the defaults
+    mi_text = " ".join(run_cli("topo", "show", "mi300x-8").stdout.split())
+    assert "attention 5 us a call + KV at 0.8 of 5300 GB/s" in mi_text
+
+
 def test_show_tables_and_png(tmp_path):
     png = tmp_path / "rtx.png"
     res = run_cli("topo", "show", "rtx4090-8", "--png", str(png))

@@ -17,7 +17,7 @@ from treeattn.cli import app
 from treeattn.cli.paths import output_file, safe_name
 from treeattn.cli.render import console
 from treeattn.cost.nccl import SHM_GBPS, shm_pairs
-from treeattn.topology import list_presets, resolve, topology_json_schema
+from treeattn.topology import Topology, list_presets, resolve, topology_json_schema
 from treeattn.topology.summary import topology_summary
 
 topo_app = typer.Typer(
@@ -77,6 +77,7 @@ def show(
     con.print(f"[bold]{topo.name}[/]  {summary['ranks']} ranks on {summary['nodes']} node(s)  {topo.fingerprint}")
     if topo.description:
         con.print(topo.description)
+    con.print(_compute_line(topo), markup=False)
     kinds = Table(title="Devices")
     kinds.add_column("kind")
     kinds.add_column("count", justify="right")
@@ -120,6 +121,22 @@ def show(
         con.print(f"their data through host memory, at most {SHM_GBPS:g} GB/s a pair (docs/nccl-model.md).")
     if png is not None:
         con.print(f"wrote {png}")
+
+
+def _compute_line(topo: Topology) -> str:
+    """What rank 0's local work costs (treeattn.cost.compute), two lines: the attention kernel,
+    then merges and copies."""
+    c = topo.cost
+    bw = topo.rank_device(0).mem_bw_gbps
+    fixed = c.launch_us if c.attn_launch_us is None else c.attn_launch_us
+    if c.attn_gbps is not None:
+        rate = f"{c.attn_gbps:g} GB/s (measured)"
+    else:
+        share = c.mem_efficiency if c.attn_efficiency is None else c.attn_efficiency
+        rate = f"{share:g} of {bw:g} GB/s" if bw > 0 else "memory time not modelled"
+    return (f"Local compute, rank 0: attention {fixed:g} us a call + KV at {rate};\n"
+            f"merges {c.launch_us:g} us a kernel + bytes at {c.mem_efficiency:g} of memory bandwidth "
+            "(docs/attention-model.md)")
 
 
 @topo_app.command("validate")

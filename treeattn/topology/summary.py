@@ -32,8 +32,9 @@ def topology_summary(topo: Topology, matrix_limit: int = 16) -> dict:
     Returns:
         Plain data with sorted keys when dumped: ``name``, ``fingerprint``, ``ranks``,
         ``nodes``, ``devices`` (count per kind), ``links`` (per kind: directed link count
-        and distinct bandwidths), ``cost``, ``domains``, ``rails``, ``from_rank0`` (per
-        rank: device, ``bw_gbps``, ``latency_us``, ``hops``) and, for small topologies,
+        and distinct bandwidths), ``cost`` (the YAML ``cost:`` mapping, every term set),
+        ``domains``, ``rails``, ``from_rank0`` (per rank: device, ``bw_gbps``, ``latency_us``,
+        ``hops``) and, for small topologies,
         ``bw_matrix_gbps``.
     """
     kinds = Counter(d.kind.value for d in topo.devices)
@@ -63,11 +64,7 @@ def topology_summary(topo: Topology, matrix_limit: int = 16) -> dict:
         "nodes": len({topo.rank_device(r).node for r in range(topo.num_ranks)}),
         "devices": dict(sorted(kinds.items())),
         "links": dict(sorted(links.items())),
-        "cost": {
-            "overhead_us": topo.cost.overhead_us,
-            "launch_us": topo.cost.launch_us,
-            "mem_efficiency": topo.cost.mem_efficiency,
-        },
+        "cost": topo.cost.to_dict(),
         "domains": [
             {"kind": lv.kind.value, "groups": len(lv.groups), "sizes": sorted({len(g) for g in lv.groups})}
             for lv in domains(topo)
