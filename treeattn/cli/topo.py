@@ -16,9 +16,11 @@ from rich.table import Table
 from treeattn.cli import app
 from treeattn.cli.paths import output_file, safe_name
 from treeattn.cli.render import console
+from treeattn.cost.compute import ComputeModel
 from treeattn.cost.nccl import SHM_GBPS, shm_pairs
 from treeattn.topology import Topology, list_presets, resolve, topology_json_schema
 from treeattn.topology.summary import topology_summary
+from treeattn.workload import RawPayload
 
 topo_app = typer.Typer(
     help="Inspect cluster topologies: shipped names, family specs NAME:key=value, or YAML files.",
@@ -127,13 +129,12 @@ def _compute_line(topo: Topology) -> str:
     """What rank 0's local work costs (treeattn.cost.compute), two lines: the attention kernel,
     then merges and copies."""
     c = topo.cost
-    bw = topo.rank_device(0).mem_bw_gbps
-    fixed = c.launch_us if c.attn_launch_us is None else c.attn_launch_us
+    fixed, gbps = ComputeModel.of(RawPayload(nbytes=4, ranks=topo.num_ranks), topo).attention_terms(0)
+    mem = topo.rank_device(0).mem_bw_gbps
     if c.attn_gbps is not None:
-        rate = f"{c.attn_gbps:g} GB/s (measured)"
+        rate = f"{gbps:g} GB/s (measured)"
     else:
-        share = c.mem_efficiency if c.attn_efficiency is None else c.attn_efficiency
-        rate = f"{share:g} of {bw:g} GB/s" if bw > 0 else "memory time not modelled"
+        rate = f"{gbps / mem:.3g} of {mem:g} GB/s" if gbps > 0 else "memory time not modelled"
     return (f"Local compute, rank 0: attention {fixed:g} us a call + KV at {rate};\n"
             f"merges {c.launch_us:g} us a kernel + bytes at {c.mem_efficiency:g} of memory bandwidth "
             "(docs/attention-model.md)")

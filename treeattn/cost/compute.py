@@ -101,6 +101,18 @@ class ComputeModel:
         bw = self.eff_bw_gbps[rank]
         return nbytes / (bw * 1e3) if bw > 0 else 0.0
 
+    def attention_terms(self, rank: int) -> tuple[float, float]:
+        """(fixed cost of the rank's first COMPUTE in us, the bandwidth it reads at in GB/s; 0:
+        memory time not modelled): a measured ``attn_gbps``, else memory bandwidth x
+        ``attn_efficiency``, else x ``mem_efficiency``."""
+        if self.attn_bw_gbps is not None:
+            bw = self.attn_bw_gbps
+        elif self.attn_eff_bw_gbps and self.attn_eff_bw_gbps[rank] > 0:
+            bw = self.attn_eff_bw_gbps[rank]
+        else:
+            bw = self.eff_bw_gbps[rank]
+        return self._attn_launch_us, bw
+
     def partial_bytes(self, block: int) -> int:
         """Bytes the partial-attention kernel over KV ``block`` moves (0 for an empty block)."""
         w = self.payload
@@ -126,11 +138,8 @@ class ComputeModel:
         b = rank if block is None else block
         nbytes = self.partial_bytes(b)
         launch = self._next_launch_us if later else self._attn_launch_us
-        if self.attn_bw_gbps is not None:
-            return launch + nbytes / (self.attn_bw_gbps * 1e3)
-        if self.attn_eff_bw_gbps and self.attn_eff_bw_gbps[rank] > 0:
-            return launch + nbytes / (self.attn_eff_bw_gbps[rank] * 1e3)
-        return launch + self._mem_us(rank, nbytes)
+        bw = self.attention_terms(rank)[1]
+        return launch + (nbytes / (bw * 1e3) if bw > 0 else 0.0)
 
     def min_partial_us(self, block: int) -> float:
         """The fastest any rank could compute KV ``block`` (for lower bounds)."""

@@ -85,7 +85,8 @@ def load_attention(folders: list[Path] | None = None) -> list[AttentionRow]:
                     cm = ComputeModel.of(w, topo)
                     out.append(AttentionRow(str(src["id"]), str(src["source"]), str(src["gpu"]), topo.name, w,
                                             _time_us(t, f"{where}.rows[{j}]"), cm.partial_us(0),
-                                            cm.partial_bytes(0), cm._attn_launch_us, topo.rank_device(0).mem_bw_gbps))
+                                            cm.partial_bytes(0), cm.attention_terms(0)[0],
+                                            topo.rank_device(0).mem_bw_gbps))
     return out
 
 
