@@ -289,18 +289,57 @@ def test_blackwell_nvlstree_caps_follow_the_release():
     assert est[(2, 30, 3)] == est[(2, 30, 7)] == pytest.approx(16 * 80.0)
 
 
-def test_the_release_moves_nvls_only():
+def test_the_release_moves_nvls_and_the_ring_low_latency_estimates_only():
     import dataclasses
 
-    # Ring and tree figures are 2.30's whatever the release; host ranks have no NVLS at all.
+    # What runs is 2.30's whatever the release but for NVLS; NCCL's estimate of LL (llMaxBw, ring's
+    # share) and of ring LL128 with one rank per node follow it; host ranks have no NVLS at all.
     for fab in (nccl.fabric(h100(1)), nccl.fabric(h100(2)), nccl.fabric(switch_topo(4, bw=12.5))):
         old = dataclasses.replace(fab, nccl_release=(2, 19, 1))
-        for n in (8, 1 << 20, 1 << 30):
-            new_est, old_est = nccl.predict(fab, "allreduce", n), nccl.predict(old, "allreduce", n)
-            assert len(new_est) == len(old_est)
-            for a, b in zip(new_est, old_est, strict=True):
-                assert (a == b) != a.algorithm.value.startswith("nvls"), (a, b)
-            assert nccl.predict(fab, "allgather", n) == nccl.predict(old, "allgather", n)
+        for coll in ("allreduce", "allgather"):
+            for n in (8, 1 << 20, 1 << 30):
+                new_est, old_est = nccl.predict(fab, coll, n), nccl.predict(old, coll, n)
+                assert len(new_est) == len(old_est)
+                for a, b in zip(new_est, old_est, strict=True):
+                    if a.algorithm.value.startswith("nvls"):
+                        assert a != b
+                    elif a.protocol.value == "Simple":
+                        assert a == b, (a, b)
+                    else:  # LL (llMaxBw, ring's share) and LL128: NCCL's estimate may move, not what runs
+                        assert dataclasses.replace(a, nccl_us=None) == dataclasses.replace(b, nccl_us=None)
+
+
+@pytest.mark.parametrize("release, share, hopper_max", [
+    ("2.19.1", 0.25, 87.7), ("2.20.5", 0.25, 87.7), ("2.21.5", 0.5, 141.0), ("2.30.7", 0.5, 141.0),
+])
+def test_nccl_rates_ring_ll_by_release(release, share, hopper_max):
+    import dataclasses
+
+    from treeattn.topology.nccl_version import nccl_release
+
+    # tuning.cc: min(llMaxBw, busBw / 4) for all-reduce until 2.20, min(llMaxBw, busBw * .5) from
+    # 2.21.5, which also raised Hopper's one-node llMaxBw from Ampere's 87.7 to 141 GB/s.
+    for spec, ll_max in (("dgx-a100", 87.7), ("dgx-h100", hopper_max)):
+        fab = dataclasses.replace(nccl.fabric(resolve(spec)), nccl_release=nccl_release(release))
+        n = 1 << 30
+        ring_ll = next(e for e in nccl.predict(fab, "allreduce", n)
+                       if e.algorithm.value == "ring" and e.protocol.value == "LL")
+        bus = min(ll_max, fab.bus_bw_gbps * share)
+        algbw = bus * fab.ranks / (2 * (fab.ranks - 1))
+        assert ring_ll.rank_us - n / (algbw * 1e3) == pytest.approx(ring_ll.latency_us, abs=0.5)
+
+
+def test_nccl_rates_ring_ll128_with_one_rank_per_node_by_release():
+    import dataclasses
+
+    # tuning.cc: busBw x (ppn < 2 ? 0.7 : 0.92) until 2.22, x 0.92 from 2.23.4; what runs: 0.92.
+    fab = nccl.fabric(h100(4))
+    one = dataclasses.replace(fab, ranks=4, nodes=4)
+    old, new = (dataclasses.replace(one, nccl_release=r) for r in ((2, 22, 999), (2, 23, 4)))
+    n = 1 << 30
+    a, b = (next(e for e in nccl.predict(f, "allgather", n) if e.protocol.value == "LL128") for f in (old, new))
+    assert a.time_us == b.time_us
+    assert a.rank_us > b.rank_us
 
 
 @pytest.mark.parametrize("text, release", [

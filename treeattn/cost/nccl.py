@@ -113,10 +113,12 @@ through host memory. NCCL's estimate rates that path at PCIe speed and picks by 
 moves at most ``SHM_GBPS`` of bus bandwidth (``NcclFabric.shm_gbps``), and each point-to-point
 transfer between such GPUs at most that (``shm_pair_gbps``, which the simulator reads).
 
-NCCL releases: NVLS's latencies and NCCL's NVLS/NVLSTree estimate follow
-``NcclFabric.nccl_release`` (``treeattn.cost.nvls``): the topology's ``cost.nccl_version``,
-else the newest release the model follows (``check-model`` sets each published table's);
-the other figures are NCCL 2.30's, whatever the release.
+NCCL releases: NVLS's latencies and NCCL's NVLS/NVLSTree estimate (``treeattn.cost.nvls``),
+and NCCL's estimate of ring LL and LL128 (before 2.21.5 LL at a quarter of the graph's
+bandwidth, not half, Hopper's llMaxBw Ampere's; before 2.23.4 LL128 at 0.7 with one rank per
+node), follow ``NcclFabric.nccl_release``: the topology's ``cost.nccl_version``, else the
+newest release the model follows (``check-model`` sets each published table's). The
+estimate only ranks the choices; what runs, and every other figure, is NCCL 2.30's.
 
 Left out: CollNet (in-network reduction over InfiniBand SHARP), PAT, NVLS for all-gather and
 reduce-scatter, the older releases' ring and tree figures (2.19-2.22 rated Tree/Simple at 28
@@ -142,7 +144,7 @@ from treeattn.cost.nccl_channels import comm_channels, graph_channels, run_chann
 from treeattn.cost.nvls import nvls_allreduce
 from treeattn.errors import InputError
 from treeattn.topology.model import DeviceKind, Link, LinkClass, LinkKind, Topology
-from treeattn.topology.nccl_version import NEWEST, Release, nccl_release
+from treeattn.topology.nccl_version import NEWEST, OLDEST, Release, by_release, nccl_release
 
 __all__ = [
     "Collective",
@@ -225,6 +227,17 @@ _LL_MAX = {
     "hopper": (141.0, 45.0, 35.0),
     "blackwell": (282.0, 90.0, 70.0),
 }
+# NCCL's estimate of ring LL and LL128 before 2.21.5 / 2.23.4 (tuning.cc, unchanged from 2.8
+# through 2.20): LL at a quarter of the graph's bandwidth (a third on one node for all-gather,
+# reduce-scatter and broadcast), not half, with Hopper's llMaxBw Ampere's; LL128 at 0.7 of it
+# with one rank per node. Only the estimate, which ranks the choices: 2.21.5 and 2.23.4 changed
+# tuning.cc, not the LL or LL128 kernels, so what runs keeps the newest figures.
+_RING_LL_SHARE: tuple[tuple[Release, tuple[float, float]], ...] = (
+    (OLDEST, (0.25, 1.0 / 3.0)), ((2, 21, 5), (0.5, 0.5)))
+"""(first release, (share of the graph's bandwidth: all-reduce, reduce or several nodes; other))."""
+_HOPPER_LL_MAX: tuple[tuple[Release, tuple[float, float, float]], ...] = (
+    (OLDEST, _LL_MAX["ampere"]), ((2, 21, 5), _LL_MAX["hopper"]))
+_RING_LL128_ONE_PER_NODE: tuple[tuple[Release, float], ...] = ((OLDEST, 0.7), ((2, 23, 4), 0.92))
 # Per-channel caps (GB/s) of NCCL's bus bandwidth, by GPU generation for 1 / 2 / more nodes
 # (tuning.cc perChMaxRingLL128Bws, perChMaxTreeBws, perChMaxTreeLL128Bws, NCCL 2.30; the
 # same for Volta-Hopper since 2.19): times the ring/tree graph's channels.
@@ -873,20 +886,27 @@ def _channel_share(fab: NcclFabric, algo: Algorithm, p: int, nbytes: int) -> flo
     return nc / fab.channels
 
 
-def _algbw_gbps(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int, nbytes: int) -> float:
+def _algbw_gbps(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int, nbytes: int,
+                release: Release = NEWEST) -> float:
+    """Algorithm bandwidth by tuning.cc's figures of ``release`` (NCCL's estimate: the fabric's
+    release; what runs: ``NEWEST``)."""
     bus = fab.tree_bus_bw_gbps if algo is Algorithm.TREE else fab.bus_bw_gbps
+    scale = 0 if fab.nodes == 1 else 1 if fab.nodes == 2 else 2
     # One node: by GPU generation; several: by the hosts' CPU (AMD rows of Ampere, else Volta's).
     row = fab.arch if fab.nodes == 1 else "ampere" if fab.cpu == "amd" else "volta"
-    ll_max = _LL_MAX[row][0 if fab.nodes == 1 else 1 if fab.nodes == 2 else 2]
+    ll_max = (by_release(_HOPPER_LL_MAX, release) if row == "hopper" else _LL_MAX[row])[scale]
     proto = _PROTOS[p]
-    scale = 0 if fab.nodes == 1 else 1 if fab.nodes == 2 else 2
     # tuning.cc's per-channel caps (graph channels x perChMax*), none when the graph is unknown.
     gch = fab.graph_channels or math.inf
     if algo is Algorithm.RING:
         if proto is Protocol.LL:
-            bus = min(ll_max, bus * 0.5)
+            share, other = by_release(_RING_LL_SHARE, release)
+            quarter = fab.nodes > 1 or collective in (Collective.ALLREDUCE, Collective.REDUCE)
+            bus = min(ll_max, bus * (share if quarter else other))
         elif proto is Protocol.LL128:
-            bus = min(bus * 0.92, gch * _PER_CH_RING_LL128[fab.arch][scale])
+            one_per_node = fab.ranks < 2 * fab.nodes
+            bus = min(bus * (by_release(_RING_LL128_ONE_PER_NODE, release) if one_per_node else 0.92),
+                      gch * _PER_CH_RING_LL128[fab.arch][scale])
         bw = bus * fab.ranks / _nsteps(collective, fab.ranks)
     else:
         bus = min(bus * 0.92, gch * _PER_CH_TREE[fab.arch][scale])
@@ -933,7 +953,7 @@ def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: i
         for p, proto in enumerate(_PROTOS):
             if proto is Protocol.LL128 and not fab.ll128:
                 continue
-            bw = _algbw_gbps(fab, collective, algo, p, nbytes)
+            bw = _algbw_gbps(fab, collective, algo, p, nbytes, fab.nccl_release)
             if bw <= 0:
                 continue
             plateau = _plateau(fab, collective, algo, p, nbytes)
