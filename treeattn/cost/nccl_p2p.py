@@ -29,6 +29,13 @@ From NCCL 2.19-2.30 (``src/graph/paths.cc`` ``ncclTopoGetNchannels`` and
   share NVLink, 128 KiB (``P2P_PCI_CHUNKSIZE``) on one node without, 128 KiB
   (``P2P_NET_CHUNKSIZE``) across nodes, twice that on Blackwell GPUs with Arm hosts.
 
+Routes (``router``): in a communicator of every rank NCCL sends to another node through
+the NIC on the peer's rail, over NVLink to the local GPU of the peer's index first (PXN,
+``search.cc`` ``ncclTopoGetNetDev``), so a rail-optimized fabric's spines carry none of it;
+on 10 H100 nodes (80 ranks, NCCL 2.29.2) nccl-tests' all-to-all of 128 MiB-16 GiB measures
+within -2..0 % of the model with PXN and +9..+12 % without (results/published). A
+communicator per pair holds no such GPU: the sender's own NIC, as ``Topology.route``.
+
 Not for AMD GPUs: RCCL's point-to-point channels are not modelled (an MI300X pair's one
 xGMI link caps its sends anyway). Not where the ranks are host CPUs, and not on a topology
 whose link rates were measured (``cost.link_rates: measured``): those rates are fitted to
@@ -40,21 +47,24 @@ from __future__ import annotations
 import functools
 import math
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from treeattn.cost import nccl
 from treeattn.cost.nccl_channels import P2P_NET_CHANNEL_GBPS, P2P_NVL_CHUNK, comm_channels, p2p_channels
 from treeattn.errors import InputError
 from treeattn.topology.model import DeviceKind, LinkClass, LinkKind, Topology
+from treeattn.topology.nccl_version import NEWEST, OLDEST, by_release, nccl_release
 
-__all__ = ["PAIR", "WORLD", "PeerChannels", "applies", "peer_channels", "p2p_message_gbps"]
+__all__ = ["PAIR", "WORLD", "PeerChannels", "applies", "peer_channels", "p2p_message_gbps", "router"]
 
 PAIR = "pair"
 """Every pair of ranks that exchanges messages has a communicator of its own (treeattn's executor)."""
 WORLD = "world"
 """One communicator of every rank (nccl-tests)."""
 
+_PXN_C2C = ((OLDEST, False), ((2, 28, 3), True))
+"""(first release, whether PXN may reach a NIC through the GPU's own CPU over NVLink-C2C)."""
 _PCI_CHUNK = 1 << 17
 _NET_CHUNK = 1 << 17
 
@@ -120,6 +130,26 @@ def p2p_message_gbps(topo: Topology, src: int, dst: int, nbytes: int, communicat
     return math.inf if got is None else got[(src, dst)].gbps(nbytes)
 
 
+def router(topo: Topology, communicator: str = PAIR) -> Callable[[int, int], tuple[int, ...]] | None:
+    """The links a send crosses under NCCL, per (src, dst) rank pair, where NCCL's PXN routes
+    it other than ``topo.route``; None where it never does.
+
+    PXN (NCCL 2.12 on, ``NCCL_P2P_PXN_LEVEL=2`` by default; ``search.cc``
+    ``ncclTopoGetNetDev``): a send to a rank of another node leaves through the NIC of the
+    local GPU with the peer's device index, which it reaches over NVLink, so it stays on the
+    peer's rail. NCCL finds that GPU among the communicator's ranks: in a communicator of
+    every rank (``WORLD``, nccl-tests) it is there; in one per pair of ranks (``PAIR``,
+    treeattn's executor) no other GPU of the sender's node is, and the send uses the sender's
+    own NIC.
+    """
+    if communicator != WORLD or not applies(topo):
+        return None
+    view = _VIEWS.get(topo._index)
+    if view is None:
+        view = _VIEWS[topo._index] = _View(topo)
+    return view.route if view.pxn_possible() else None
+
+
 class _View:
     """The topology as NCCL's point-to-point code sees it, with what it derived so far."""
 
@@ -131,6 +161,10 @@ class _View:
         self.done: dict[tuple[str, int, int], PeerChannels] = {}
         self._path: dict[tuple[int, int], tuple[bool, float, float]] = {}
         self._world: tuple[int, int, int, dict[int, int]] | None = None
+        self._pxn: dict[tuple[int, int], tuple[int, ...]] = {}
+        version = topo.cost.nccl_version
+        self.release = NEWEST if version is None else nccl_release(version)
+        self._local: tuple[dict[int, list[str]], dict[str, int]] | None = None
 
     def peer(self, a: int, b: int, communicator: str) -> PeerChannels:
         key = (communicator, a, b)
@@ -162,6 +196,58 @@ class _View:
             # paths.cc: one per-peer figure per communicator, the fewest any peer of the rank gets
             least[a] = min(self.per_peer(a, c) for c in range(self.topo.num_ranks) if c != a)
         return PeerChannels(comm, self.topo.num_ranks, nodes, least[a], self.per_channel(a, b), chunk)
+
+    def pxn_possible(self) -> bool:
+        nodes = {self.topo.rank_device(r).node for r in range(self.topo.num_ranks)}
+        return len(nodes) > 1
+
+    def route(self, a: int, b: int) -> tuple[int, ...]:
+        """The links of a send from rank ``a`` to rank ``b`` in a communicator of every rank
+        (``router``)."""
+        hit = self._pxn.get((a, b))
+        if hit is None:
+            proxy = None if self.same_node(a, b) else self._proxy(a, b)
+            topo = self.topo
+            hit = topo.route(a, b) if proxy is None else topo.route(a, proxy) + topo.route(proxy, b)
+            self._pxn[(a, b)] = hit
+        return hit
+
+    def _proxy(self, a: int, b: int) -> int | None:
+        """The rank a send from ``a`` to ``b`` goes through under PXN, or None: the GPU of
+        ``a``'s node with ``b``'s index on its node, when ``a`` reaches it over NVLink, its
+        NIC hangs under it without a CPU between (NCCL: PATH_PXB at most) and is not ``a``'s."""
+        topo, idx = self.topo, self.idx
+        if self._local is None:
+            gpus: dict[int, list[str]] = {}
+            for d in topo.devices:
+                if d.kind is DeviceKind.GPU:
+                    gpus.setdefault(d.node, []).append(d.name)
+            ranks = {topo.ranks[r]: r for r in range(topo.num_ranks)}
+            self._local = (gpus, ranks)
+        gpus, ranks = self._local
+        da, db = topo.rank_device(a), topo.rank_device(b)
+        j = gpus[db.node].index(db.name)
+        here = gpus.get(da.node, [])
+        if j >= len(here) or here[j] == da.name or here[j] not in ranks:
+            return None
+        c = ranks[here[j]]
+        if not self.path(a, c)[0]:
+            return None
+        got = idx.nic_path(topo.rank_device(c))
+        if got is None or got[0] == idx.nic_of(da) or not self._pxn_reach(got[1]):
+            return None
+        return c
+
+    def _pxn_reach(self, path: tuple[int, ...]) -> bool:
+        """Whether a GPU's path to its NIC lets NCCL send through it (PXN): PCIe switches only
+        (PATH_PXB), or from 2.28.3 also its own CPU over NVLink-C2C first (PATH_P2C,
+        ``NCCL_PXN_C2C``, 0 before then and 1 from v2.28.3-1)."""
+        links, by_name = self.topo.links, self.idx.by_name
+        inner = [by_name[links[i].dst].kind for i in path[:-1]]
+        if all(k is DeviceKind.PCIE_SWITCH for k in inner):
+            return True
+        return (by_release(_PXN_C2C, self.release) and links[path[0]].kind is LinkKind.C2C
+                and all(k is DeviceKind.PCIE_SWITCH for k in inner[1:]))
 
     def _out(self, r: int) -> list:
         links = self.topo.links

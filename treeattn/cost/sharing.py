@@ -135,6 +135,7 @@ def fair_rates(flows: Sequence[int], cnt: dict[int, int], link_flows: Sequence[s
 
 def shared_routes(topo: Topology, keys: Sequence[int], cap: Sequence[float], lat: Sequence[float],
                   flow_cap: Sequence[float], pair_cap: Callable[[int, int], float] | None = None,
+                  route: Callable[[int, int], tuple[int, ...]] | None = None,
                   ) -> dict[int, tuple[tuple[int, ...], float, float]]:
     """Per rank pair a plan sends over (key ``src * p + dst``, ``p`` the topology's ranks):
     the route cut down for sharing, its latency, and its narrowest flow capacity.
@@ -150,14 +151,16 @@ def shared_routes(topo: Topology, keys: Sequence[int], cap: Sequence[float], lat
         cap, lat, flow_cap: per link, its shared capacity, latency and per-flow cap.
         pair_cap: per rank pair (src, dst), a per-flow cap of the pair's own, in flow_cap's
             unit (a transport the pair's ranks run on, whatever links it crosses).
+        route: per rank pair (src, dst), the links it crosses, where they are not
+            ``topo.route``'s (NCCL's PXN, ``nccl_p2p.router``).
     """
     p = topo.num_ranks
     full: list[tuple[int, ...]] = []
     users: dict[int, list[int]] = {}
     for idx, key in enumerate(keys):
-        route = topo.route(key // p, key % p)
-        full.append(route)
-        for i in route:
+        links = (route or topo.route)(key // p, key % p)
+        full.append(links)
+        for i in links:
             users.setdefault(i, []).append(idx)
     best: dict[tuple[int, ...], int] = {}
     for i, us in users.items():
@@ -166,7 +169,7 @@ def shared_routes(topo: Topology, keys: Sequence[int], cap: Sequence[float], lat
         if j is None or cap[i] < cap[j]:
             best[sig] = i
     keep = set(best.values())
-    return {key: (tuple(i for i in route if i in keep), sum(lat[i] for i in route),
-                  min(min((flow_cap[i] for i in route), default=0.0),
+    return {key: (tuple(i for i in links if i in keep), sum(lat[i] for i in links),
+                  min(min((flow_cap[i] for i in links), default=0.0),
                       math.inf if pair_cap is None else pair_cap(key // p, key % p)))
-            for key, route in zip(keys, full, strict=True)}
+            for key, links in zip(keys, full, strict=True)}

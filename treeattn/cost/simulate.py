@@ -33,7 +33,9 @@ It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
   (``treeattn.cost.nccl.p2p_link_gbps``: NCCL's own rating of NVLink, xGMI and PCIe links,
   0.94 of a network port), and a send between NVIDIA GPUs runs at most at what NCCL's
   channels for its size move (``treeattn.cost.nccl_p2p``: a communicator per pair of ranks,
-  as the executor runs plans, or one of every rank, as nccl-tests runs).
+  as the executor runs plans, or one of every rank, as nccl-tests runs). In a communicator
+  of every rank a send to another node takes NCCL's PXN route (``nccl_p2p.router``): over
+  NVLink to the GPU on the peer's rail, then that GPU's NIC.
 * A plan whose ranks wait forever raises ``PlanInvalidError`` naming what they wait on.
 
 The critical path follows, back from the last rank to finish, for each op the op that
@@ -50,7 +52,7 @@ from treeattn.cost.compute import ComputeModel
 from treeattn.cost.host import CPU_MERGE, CPU_OP, HostModel
 from treeattn.cost.library import LibraryModel
 from treeattn.cost.nccl import shm_pair_gbps, transfer_gbps
-from treeattn.cost.nccl_p2p import PAIR, peer_channels
+from treeattn.cost.nccl_p2p import PAIR, peer_channels, router
 from treeattn.cost.program import _COLL, _COMPUTE, _KIND_CODE, _SEND, compile_plan
 from treeattn.cost.sharing import component, fair_rates, shared_routes
 from treeattn.cost.simresult import OpTiming, SimResult
@@ -126,7 +128,7 @@ class _Engine:
         keys = sorted({self.rank_of[g] * p + self.rank_of[self.partner[g]]
                        for g, k in enumerate(kind) if k == _SEND and self.partner[g] >= 0})
         self.routes = shared_routes(topo, keys, self.cap, self.lat, self.flow_cap,
-                                    lambda a, b: shm_pair_gbps(topo, a, b) * 1e3)
+                                    lambda a, b: shm_pair_gbps(topo, a, b) * 1e3, router(topo, communicator))
         peers = peer_channels(topo, [(k // p, k % p) for k in self.routes], communicator)
         self.peers = None if peers is None else {a * p + b: v for (a, b), v in peers.items()}
         """Per route key, what NCCL's channels let one send of it reach (None: no such cap)."""

@@ -84,6 +84,14 @@ class RouteIndex:
         except TopologyError:
             return None
 
+    def nic_path(self, dev: Device) -> tuple[str, tuple[int, ...]] | None:
+        """The NIC carrying ``dev``'s network traffic and the links from ``dev`` to it, or None
+        when none is reachable."""
+        try:
+            return self._endpoint(dev, outbound=True)
+        except TopologyError:
+            return None
+
     def nearest(self, name: str, kind: DeviceKind, through: frozenset[DeviceKind] = _PCIE_VIA) -> str | None:
         """Closest device of ``kind`` over PCIe-class links, passing only ``through`` kinds
         (ties: first explored)."""

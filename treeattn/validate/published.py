@@ -140,6 +140,17 @@ class _Topologies:
                              f"on {t.ranks}; select ranks with '[ranks ...]' or use another size")
         return topo
 
+    def p2p_topo(self, t: PublishedTable) -> Topology:
+        """The table's topology at the table's NCCL release where it gives one (PXN's reach,
+        ``nccl_p2p.router``), else the topology's."""
+        topo = self.topo(t)
+        if t.nccl_release is None or topo.cost.nccl_version is not None:
+            return topo
+        key = f"{t.topology}@{t.version}"
+        if key not in self.topos:
+            self.topos[key] = dataclasses.replace(topo, cost=topo.cost.updated(nccl_version=t.version))
+        return self.topos[key]
+
     def fabric(self, t: PublishedTable) -> nccl.NcclFabric:
         """The table's topology summarized for NCCL's model, at the table's NCCL release where
         it gives one (else the topology's)."""
@@ -153,13 +164,14 @@ def predict_table(t: PublishedTable, cache: _Topologies | None = None,
                   on_row: Callable[[], None] | None = None) -> list[RowResult]:
     """Predict every row of one table (see the module docstring); ``on_row()`` after each."""
     cache = cache or _Topologies()
-    topo = cache.topo(t)
+    point_to_point = t.collective in ("sendrecv", "alltoall")
+    topo = cache.p2p_topo(t) if point_to_point else cache.topo(t)
     # One process driving G GPUs (nccl-tests -g G) launches their G kernels one after another
     # each call; the GPUs run one call while the process launches the next.
     launches = t.log.n_gpus * GROUP_LAUNCH_US if t.log.n_gpus > 1 else 0.0
     out = []
     for nbytes, published in t.points():
-        if t.collective in ("sendrecv", "alltoall"):
+        if point_to_point:
             pred, how = p2p_time_us(topo, t.collective, nbytes), "p2p"
         else:
             fab = cache.fabric(t)
