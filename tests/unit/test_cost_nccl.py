@@ -412,3 +412,25 @@ def test_gpus_without_peer_to_peer_run_at_the_shared_memory_rate_nccl_does_not_p
     for est in nccl.predict(topo, "allgather", 1 << 28):
         assert est.algbw_gbps <= nccl.SHM_GBPS / factor * (1 + 1e-9)
     assert nccl.fabric(resolve("dgx-h100")).shm_gbps == 0.0
+
+
+@pytest.mark.parametrize("coll, nodes, share", [
+    ("allgather", 1, 1 / 3), ("reducescatter", 1, 1 / 3), ("broadcast", 1, 1 / 3), ("reduce", 1, 0.25),
+    ("allgather", 2, 0.25),
+])
+def test_nccl_rated_ring_ll_a_third_or_a_quarter_before_2_21_5(coll, nodes, share):
+    import dataclasses
+
+    from treeattn.topology.nccl_version import nccl_release
+
+    # tuning.cc until 2.20: busBw x (nNodes > 1 || allreduce || reduce ? 1/4 : 1/3), at most llMaxBw
+    fab = nccl.fabric(resolve("dgx-a100" if nodes == 1 else f"dgx-a100:nodes={nodes}"))
+    old = dataclasses.replace(fab, nccl_release=nccl_release("2.20.5"))
+    ll_max = {1: 87.7, 2: 22.5 if fab.cpu == "amd" else 39.0}[nodes]
+    n = 1 << 30
+    a, b = (next(e for e in nccl.predict(old, coll, m) if e.algorithm.value == "ring" and e.protocol.value == "LL")
+            for m in (n, 2 * n))
+    ranks = fab.ranks
+    steps = {"allgather": ranks - 1, "reducescatter": ranks - 1}.get(coll, ranks)
+    algbw = min(ll_max, fab.bus_bw_gbps * share) * ranks / steps
+    assert b.rank_us - a.rank_us == pytest.approx(n / (algbw * 1e3), rel=1e-6)  # the estimate's bandwidth

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from treeattn.cost.nccl_p2p import PAIR, WORLD, router
 from treeattn.topology.library import resolve
 from treeattn.topology.model import DeviceKind, LinkClass
@@ -68,3 +70,39 @@ def test_pxn_reaches_a_nic_behind_grace_from_nccl_2_28_3():
     hops = _hops(new, router(new, WORLD)(0, 73))
     assert hops[1] == ("nvl0.nvswitch", "n0.gpu1") and ("n0.cpu0", "n0.nic1") in hops
     assert router(topo, WORLD)(0, 73) == router(new, WORLD)(0, 73)  # the default: the newest release
+
+
+def test_the_peers_index_is_its_gpus_place_on_its_node_not_its_rank_among_the_ranks():
+    # ranks: n0.gpu1, n0.gpu2, n1.gpu1. A send n0.gpu2 -> n1.gpu1 goes through n0.gpu1 (GPU 1
+    # of the node: rank 0), not through GPU 0 (the peer is the first rank of its node).
+    topo = resolve("dgx-h100:nodes=2[ranks 1,2,9]")
+    hops = _hops(topo, router(topo, WORLD)(1, 2))
+    assert hops[:2] == [("n0.gpu2", "n0.nvswitch"), ("n0.nvswitch", "n0.gpu1")]
+
+
+def _one_message_us(topo, src: int, dst: int, communicator: str) -> float:
+    from treeattn.cost.library import last_landing_us
+    from treeattn.plan.ir import Plan, TopologyRef
+    from treeattn.plan.schedule import Programs
+    from treeattn.workload import RawPayload
+
+    progs = Programs(topo.num_ranks)
+    progs.transfer(src, dst, 0, copy=True)
+    plan = Plan("one", {}, RawPayload(nbytes=4, ranks=topo.num_ranks), TopologyRef.of(topo), 1, progs.build(),
+                tuple(range(topo.num_ranks)))
+    return last_landing_us(plan, topo, communicator)
+
+
+def test_the_simulator_sends_over_the_pxn_route_in_a_communicator_of_every_rank():
+    # A 4-byte message: its time is the route's latency (plus nanoseconds of bandwidth), so the
+    # two communicators differ by the two routes' latencies.
+    from treeattn.cost.nccl_p2p import PAIR
+
+    topo = resolve("dgx-h100:nodes=2")
+    lat = sum(topo.links[i].latency_us for i in router(topo, WORLD)(0, 9))
+    plain = sum(topo.links[i].latency_us for i in topo.route(0, 9))
+    assert lat != plain
+    world, pair = _one_message_us(topo, 0, 9, WORLD), _one_message_us(topo, 0, 9, PAIR)
+    assert world - pair == pytest.approx(lat - plain, abs=0.01)
+    # the same rail: one route, one time
+    assert _one_message_us(topo, 0, 8, WORLD) == pytest.approx(_one_message_us(topo, 0, 8, PAIR), abs=0.01)

@@ -32,8 +32,8 @@ From NCCL 2.19-2.30 (``src/graph/paths.cc`` ``ncclTopoGetNchannels`` and
 Routes (``router``): in a communicator of every rank NCCL sends to another node through
 the NIC on the peer's rail, over NVLink to the local GPU of the peer's index first (PXN,
 ``search.cc`` ``ncclTopoGetNetDev``), so a rail-optimized fabric's spines carry none of it;
-on 10 H100 nodes (80 ranks, NCCL 2.29.2) nccl-tests' all-to-all of 128 MiB-16 GiB measures
-within -2..0 % of the model with PXN and +9..+12 % without (results/published). A
+on 10 H100 nodes (80 ranks, NCCL 2.29.2) the model comes within -2.3..-0.5 % of nccl-tests'
+all-to-all of 128 MiB-16 GiB with PXN, +9..+12 % without (results/published). A
 communicator per pair holds no such GPU: the sender's own NIC, as ``Topology.route``.
 
 Not for AMD GPUs: RCCL's point-to-point channels are not modelled (an MI300X pair's one
@@ -215,7 +215,9 @@ class _View:
     def _proxy(self, a: int, b: int) -> int | None:
         """The rank a send from ``a`` to ``b`` goes through under PXN, or None: the GPU of
         ``a``'s node with ``b``'s index on its node, when ``a`` reaches it over NVLink, its
-        NIC hangs under it without a CPU between (NCCL: PATH_PXB at most) and is not ``a``'s."""
+        NIC hangs under it without a CPU between (NCCL: PATH_PXB at most; ``_pxn_reach``) and
+        is not ``a``'s. NCCL takes the first local GPU of that NIC as the proxy, even where the
+        NIC is ``a``'s own; the direct path kept here crosses the same network hop."""
         topo, idx = self.topo, self.idx
         if self._local is None:
             gpus: dict[int, list[str]] = {}

@@ -3,8 +3,9 @@ takes for it.
 
 The model follows NCCL 2.19-2.30 (``NEWEST`` is its default). A few of ``tuning.cc``'s
 figures changed in that span (``treeattn.cost.nvls``: NVLS's latencies and NCCL's own
-NVLS/NVLSTree estimate; ``treeattn.cost.nccl``: NCCL's estimate of ring LL and LL128); the
-model chooses them by release. A version is written
+NVLS/NVLSTree estimate; ``treeattn.cost.nccl``: NCCL's estimate of ring LL and LL128;
+``treeattn.cost.nccl_p2p``: whether PXN reaches a NIC through Grace); the model chooses them
+by release. A version is written
 
 * ``2.26.2``: that release;
 * ``2.26``: some 2.26 release;

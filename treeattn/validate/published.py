@@ -142,9 +142,9 @@ class _Topologies:
 
     def p2p_topo(self, t: PublishedTable) -> Topology:
         """The table's topology at the table's NCCL release where it gives one (PXN's reach,
-        ``nccl_p2p.router``), else the topology's."""
+        ``nccl_p2p.router``), else the topology's: the same precedence as ``fabric``."""
         topo = self.topo(t)
-        if t.nccl_release is None or topo.cost.nccl_version is not None:
+        if t.nccl_release is None or topo.cost.nccl_version == t.version:
             return topo
         key = f"{t.topology}@{t.version}"
         if key not in self.topos:
