@@ -114,10 +114,7 @@ def peer_channels(topo: Topology, pairs: Iterable[tuple[int, int]],
     """
     if communicator not in (PAIR, WORLD):
         raise InputError(f"communicator must be {PAIR!r} or {WORLD!r}, got {communicator!r}")
-    idx = topo._index
-    view = _VIEWS.get(idx)
-    if view is None:
-        view = _VIEWS[idx] = _View(topo) if applies(topo) else None
+    view = _view(topo)
     if view is None:
         return None
     return {(a, b): view.peer(a, b, communicator) for a, b in pairs}
@@ -142,12 +139,17 @@ def router(topo: Topology, communicator: str = PAIR) -> Callable[[int, int], tup
     treeattn's executor) no other GPU of the sender's node is, and the send uses the sender's
     own NIC.
     """
-    if communicator != WORLD or not applies(topo):
-        return None
-    view = _VIEWS.get(topo._index)
-    if view is None:
-        view = _VIEWS[topo._index] = _View(topo)
-    return view.route if view.pxn_possible() else None
+    view = _view(topo) if communicator == WORLD else None
+    return view.route if view is not None and view.pxn_possible() else None
+
+
+def _view(topo: Topology) -> _View | None:
+    """The topology's ``_View``, made once and kept with its routes; None where NCCL's
+    point-to-point model does not apply (``applies``)."""
+    idx = topo._index
+    if idx not in _VIEWS:
+        _VIEWS[idx] = _View(topo) if applies(topo) else None
+    return _VIEWS[idx]
 
 
 class _View:
