@@ -115,6 +115,7 @@ def test_raw_payload(tmp_path):
         (("-t", "dgx-h100", *SHAPE, "-a", "star", "--fanout", "3"), "takes no fanout"),
         (("-t", "dgx-h100", *SHAPE, "-a", "tree", "--parents", "1,0,1,2,3,4,5,5"), "exactly one root"),
         (("-t", "dgx-h100", "--bytes", "1KB", "--heads", "8"), "--bytes gives a raw payload"),
+        (("-t", "dgx-h100", "--bytes", "-1"), "workload.bytes must be >= 0, got '-1'"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, needle):

@@ -148,7 +148,8 @@ def test_nccl_model_says_which_nccl_release_it_follows(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [(("-c", "alltoall", "--bytes", "1KB"), "unknown collective"),
-                                         (("-c", "allreduce", "--bytes", "lots"), "cannot read size")])
+                                         (("-c", "allreduce", "--bytes", "lots"), "cannot read --bytes 'lots'"),
+                                         (("-c", "allreduce", "--bytes", "-1"), "--bytes must be >= 0, got '-1'")])
 def test_nccl_model_bad_input(args, needle):
     r = run_cli("nccl-model", "-t", "dgx-h100", *args)
     assert r.exit_code == 2 and needle in r.stderr and "Traceback" not in r.stderr

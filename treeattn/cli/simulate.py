@@ -195,7 +195,7 @@ def nccl_model_cmd(
 
     coll = nccl.Collective.parse(collective)
     topo = resolve(topology)
-    size = parse_size(nbytes)
+    size = parse_size(nbytes, "--bytes")
     fab = nccl.fabric(topo)
     ests = nccl.predict(fab, coll, size)
     best = nccl.pick(fab, coll, size)
