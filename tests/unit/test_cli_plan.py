@@ -169,6 +169,19 @@ def test_compare_bad_input():
     assert res.exit_code == 2 and "cpu-4" in res.stderr
 
 
+@pytest.mark.parametrize(("args", "needle"), [
+    (("-t", "dgx-h100", "--nodes", "1,1", "--seq-lens", "8K"), "--nodes '1,1' names 1 twice"),
+    (("-t", "dgx-h100", "--seq-lens", "8K,8192"), "--seq-lens '8K,8192' names 8192 twice"),
+    (("-t", "dgx-h100:nodes={2,2}", "--seq-lens", "8K"), "names dgx-h100:nodes=2 twice"),
+])
+def test_compare_refuses_a_repeated_case(args, needle):
+    # A repeat would be compared twice: printed once in the table but twice in --json and --csv.
+    res = run_cli("compare", *args, "-m", "llama-3.1-8b", "--json")
+    assert res.exit_code == 2 and res.stdout == "", res.stdout
+    [line] = res.stderr.strip().splitlines()
+    assert needle in line, line
+
+
 def test_console_script(tmp_path):
     proc = subprocess.run([TREEATTN, "plan", "-t", "cpu-4", *SHAPE, "-o", str(tmp_path / "c.yaml"), "--json"],
                           capture_output=True, text=True, timeout=120)
