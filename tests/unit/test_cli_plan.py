@@ -169,6 +169,15 @@ def test_compare_bad_input():
     assert res.exit_code == 2 and "cpu-4" in res.stderr
 
 
+@pytest.mark.parametrize(("fraction", "advice"), [("0.9", "use more ranks or a larger --mem-fraction"),
+                                                   ("1", "use more ranks")])
+def test_plan_that_fits_nowhere_advises_only_what_can_help(tmp_path, fraction, advice):
+    res = run_cli("plan", "-t", "dgx-h100", "--bytes", "1TiB", "--mem-fraction", fraction, "-o", str(tmp_path / "p"))
+    assert res.exit_code == 2
+    [line] = res.stderr.strip().splitlines()
+    assert line.startswith("error: no schedule fits in memory") and line.endswith(advice), line
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (("-t", "dgx-h100", "--nodes", "1,1", "--seq-lens", "8K"), "--nodes '1,1' names 1 twice"),
     (("-t", "dgx-h100", "--seq-lens", "8K,8192"), "--seq-lens '8K,8192' names 8192 twice"),
