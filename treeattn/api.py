@@ -20,7 +20,7 @@ _WORKLOAD_OPTIONS = ("split", "kv_dtype", "partial_dtype", "layers", "q_heads", 
 
 
 def search_plan(topology: str | Topology, workload_or_model: Workload | ModelPreset | str, *,
-                batch: int | None = None, seq_len: int | None = None, result: str = "all",
+                batch: int | None = None, seq_len: int | str | None = None, result: str = "all",
                 **options: Any) -> Plan:
     """The fastest merge schedule for one decode step, as ``treeattn plan`` searches it.
 
@@ -30,7 +30,8 @@ def search_plan(topology: str | Topology, workload_or_model: Workload | ModelPre
         workload_or_model: a ``Workload``, or a model preset (its name, ``llama-3.1-8b``, or a
             ``ModelPreset``) made into one with ``batch`` and ``seq_len``.
         batch: B, sequences decoded together (with a model).
-        seq_len: N, tokens of KV cache in all, split evenly over the ranks (with a model).
+        seq_len: N, tokens of KV cache in all (an int, or text such as ``"128K"`` as ``plan -n``
+            takes), split evenly over the ranks (with a model).
         result: ``all``, ``heads`` or ``root[:R]`` (``treeattn.plan.baselines.RESULT_HELP``).
         **options: the search's ``seed``, ``chunk_choices``, ``families``, ``effort``,
             ``progress``; the workload's ``split``, ``kv_dtype``, ``partial_dtype``, ``layers``
@@ -49,6 +50,7 @@ def search_plan(topology: str | Topology, workload_or_model: Workload | ModelPre
         (8, 'heads')
     """
     from treeattn.search.search import search
+    from treeattn.search.workload_file import workload_from_dict
     from treeattn.topology.library import resolve
 
     unknown = sorted(set(options) - set(_SEARCH_OPTIONS) - set(_WORKLOAD_OPTIONS))
@@ -67,7 +69,9 @@ def search_plan(topology: str | Topology, workload_or_model: Workload | ModelPre
             raise InputError(f"unknown model {name!r}; choose one of {', '.join(sorted(MODELS))}")
         if batch is None or seq_len is None:
             raise InputError("search_plan with a model needs batch= and seq_len=")
-        workload = Workload.create(ranks=topo.num_ranks, seq_len=seq_len, batch=batch, model=name, **shape)
+        # The CLI's and workload files' own reader: "128K" reads as there, and a bad value is refused alike.
+        workload = workload_from_dict({"model": name, "batch": batch, "seq_len": seq_len, **shape},
+                                      ranks=topo.num_ranks, where="search_plan")
     layout, root = parse_result(result, topo.num_ranks)
     found = search(topo, workload, result=layout, root=root, **{k: options[k] for k in _SEARCH_OPTIONS
                                                                  if k in options})

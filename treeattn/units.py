@@ -45,26 +45,27 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)([bB]?)\s*$")
 _POW = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
 
-def parse_size(text: str | int) -> int:
+def parse_size(text: str | int, what: str = "size") -> int:
     """Parse a byte size written as text: ``"16KB"``, ``"1MiB"``, ``"4096"``, ``"2M"``.
 
     Args:
         text: the size; KB/MB/GB are powers of 1000; KiB/MiB/GiB and a bare K/M/G powers of
             1024, as nccl-tests reads its ``-b``/``-e`` sizes and as token counts are read
             (``1K`` is 1024 wherever treeattn reads a count).
+        what: how error messages name the value (the flag or field it came from).
 
     Returns:
         The size in bytes.
     """
     if isinstance(text, int):
         if text < 0:
-            raise InputError(f"size must be >= 0, got {text}")
+            raise InputError(f"{what} must be >= 0, got {text}")
         return text
     m = _SIZE.match(str(text))
     if not m:
         if _SIZE.match(str(text).strip().removeprefix("-")):
-            raise InputError(f"size must be >= 0, got {text!r}")
-        raise InputError(f"cannot read size {text!r}; write it like 4096, 16KB, 1MiB or 2GB")
+            raise InputError(f"{what} must be >= 0, got {text!r}")
+        raise InputError(f"cannot read {what} {text!r}; write it like 4096, 16KB, 1MiB or 2GB")
     num, prefix, binary, unit = m.groups()
     base = 1024 if binary or not unit else 1000
     return int(round(float(num) * base ** _POW[prefix.lower()]))

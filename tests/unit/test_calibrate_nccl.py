@@ -110,7 +110,8 @@ def test_cli_refuses_with_one_line(args, match):
     [
         (["-t", "cpu:ranks=2", "--round-trips", "1,x"], "--round-trips '1,x'"),
         (["-t", "cpu:ranks=2", "--round-trips", "0"], "round trips must be >= 1"),
-        (["-t", "cpu:ranks=2", "--min-size", "lots"], "cannot read size 'lots'"),
+        (["-t", "cpu:ranks=2", "--min-size", "lots"], "cannot read --min-size 'lots'"),
+        (["-t", "cpu:ranks=2", "--max-size", "-1"], "--max-size must be >= 0, got '-1'"),
         (["-t", "cpu:ranks=2", "--min-size", "1MiB", "--max-size", "4KiB"], "min <= max"),
         (["-t", "cpu:ranks=1"], "calibration needs at least 2"),
         (["-t", "no-such-machine"], "unknown topology"),

@@ -42,6 +42,11 @@ def test_help_shows_no_type_for_flags_and_keeps_every_word(path: tuple[str, ...]
         assert not re.search(r"<[A-Za-z][\w-]*>", param.help or ""), (param.name, param.help)
 
 
+@pytest.mark.parametrize("path", _commands(), ids=lambda p: " ".join(p) or "treeattn")
+def test_h_is_help(path: tuple[str, ...]) -> None:
+    assert run_cli(*path, "-h").stdout == run_cli(*path, "--help").stdout
+
+
 def test_version_is_the_installed_distribution_version() -> None:
     res = run_cli("--version")
     assert res.exit_code == 0

@@ -60,6 +60,14 @@ def test_an_unwritable_output_is_refused_before_any_work(tmp_path: Path, plan: P
     res = run_cli(*args, flag, str(blocker / "sub" / "out.x"))
     assert res.exit_code == 2, res.stderr
     assert res.stderr.count("\n") == 1 and flag in res.stderr and "cannot create folder" in res.stderr
+    assert f"{str(blocker)!r} is a file" in res.stderr, res.stderr  # which part of the path is in the way
+
+
+def test_a_file_where_the_folder_would_be_is_named(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    res = run_cli("topo", "show", "cpu-4", "--png", str(tmp_path / "a-file" / "t.png"))
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1
+    assert res.stderr.rstrip().endswith(f"cannot create folder {str(tmp_path / 'a-file')!r}: a file has that name")
 
 
 def test_missing_folders_are_created(tmp_path: Path) -> None:

@@ -115,6 +115,7 @@ def test_raw_payload(tmp_path):
         (("-t", "dgx-h100", *SHAPE, "-a", "star", "--fanout", "3"), "takes no fanout"),
         (("-t", "dgx-h100", *SHAPE, "-a", "tree", "--parents", "1,0,1,2,3,4,5,5"), "exactly one root"),
         (("-t", "dgx-h100", "--bytes", "1KB", "--heads", "8"), "--bytes gives a raw payload"),
+        (("-t", "dgx-h100", "--bytes", "-1"), "workload.bytes must be >= 0, got '-1'"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, needle):
@@ -166,6 +167,28 @@ def test_compare_bad_input():
     assert res.exit_code == 2 and "--seq-lens" in res.stderr
     res = run_cli("compare", "-t", "cpu-4", "--nodes", "2", "--seq-lens", "8K", "-m", "llama-3.1-8b")
     assert res.exit_code == 2 and "cpu-4" in res.stderr
+
+
+@pytest.mark.parametrize(("fraction", "advice"), [("0.9", "use more ranks or a larger --mem-fraction"),
+                                                   ("1", "use more ranks")])
+def test_plan_that_fits_nowhere_advises_only_what_can_help(tmp_path, fraction, advice):
+    res = run_cli("plan", "-t", "dgx-h100", "--bytes", "1TiB", "--mem-fraction", fraction, "-o", str(tmp_path / "p"))
+    assert res.exit_code == 2
+    [line] = res.stderr.strip().splitlines()
+    assert line.startswith("error: no schedule fits in memory") and line.endswith(advice), line
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (("-t", "dgx-h100", "--nodes", "1,1", "--seq-lens", "8K"), "--nodes '1,1' names 1 twice"),
+    (("-t", "dgx-h100", "--seq-lens", "8K,8192"), "--seq-lens '8K,8192' names 8192 twice"),
+    (("-t", "dgx-h100:nodes={2,2}", "--seq-lens", "8K"), "names dgx-h100:nodes=2 twice"),
+])
+def test_compare_refuses_a_repeated_case(args, needle):
+    # A repeat would be compared twice: printed once in the table but twice in --json and --csv.
+    res = run_cli("compare", *args, "-m", "llama-3.1-8b", "--json")
+    assert res.exit_code == 2 and res.stdout == "", res.stdout
+    [line] = res.stderr.strip().splitlines()
+    assert needle in line, line
 
 
 def test_console_script(tmp_path):

@@ -89,8 +89,11 @@ def test_simulate_on_another_topology_warns(plans):
 
 def test_simulate_rank_mismatch_is_one_line_exit_2(plans):
     r = run_cli("simulate", str(plans["p16"]), "--topology", "dgx-h100")
-    assert r.exit_code == 2
-    assert "16 ranks" in r.stderr and "8" in r.stderr and "Traceback" not in r.stderr
+    assert r.exit_code == 2 and r.stdout == ""
+    # One line (no fingerprint warning first), naming the plan file, and no hint of an option simulate lacks.
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith("error: --topology 'dgx-h100' places 8 ranks") and str(plans["p16"]) in line, line
+    assert "runs on 16" in line and "--ranks" not in line, line
 
 
 def test_simulate_timeline_png(plans, tmp_path):
@@ -145,7 +148,8 @@ def test_nccl_model_says_which_nccl_release_it_follows(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [(("-c", "alltoall", "--bytes", "1KB"), "unknown collective"),
-                                         (("-c", "allreduce", "--bytes", "lots"), "cannot read size")])
+                                         (("-c", "allreduce", "--bytes", "lots"), "cannot read --bytes 'lots'"),
+                                         (("-c", "allreduce", "--bytes", "-1"), "--bytes must be >= 0, got '-1'")])
 def test_nccl_model_bad_input(args, needle):
     r = run_cli("nccl-model", "-t", "dgx-h100", *args)
     assert r.exit_code == 2 and needle in r.stderr and "Traceback" not in r.stderr

@@ -166,12 +166,15 @@ def test_cli_report_tables(folder: Path):
 
 @pytest.mark.parametrize(("setup", "match"), [
     ("missing", "does not exist"),
+    ("a-file", "is a file"),
     ("no-rows", "has no rows.csv"),
     ("bad-column", "lacks the columns"),
 ])
 def test_cli_report_bad_folders(tmp_path: Path, setup: str, match: str):
     d = tmp_path / "r"
-    if setup != "missing":
+    if setup == "a-file":
+        d.write_text("rows\n")
+    elif setup != "missing":
         d.mkdir()
     if setup == "bad-column":
         _rows().drop(columns=["predicted_us"]).to_csv(d / "rows.csv", index=False)

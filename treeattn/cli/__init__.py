@@ -15,12 +15,14 @@ from rich.markup import escape
 
 from treeattn.errors import TreeattnError
 
+HELP_OPTIONS = ["-h", "--help"]
 app = typer.Typer(
     name="treeattn",
     help="Plan, simulate and run the cross-device merge of tree attention on your cluster's wiring.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": HELP_OPTIONS},
     # Markdown reflows docstring paragraphs, so wrapped source lines read as one sentence.
     rich_markup_mode="markdown",
 )
@@ -46,7 +48,8 @@ def _options(
 
 def _no_type_on_flags(command) -> None:  # noqa: ANN001 - a click Command or Group
     """Flags take no value: show no type for them in --help (typer writes ``<bool>``)."""
-    helper = command.get_help_option(command.context_class(command))  # made once, then cached
+    # Made once, then cached: with every command's names, as a subcommand's context would inherit them.
+    helper = command.get_help_option(command.context_class(command, help_option_names=HELP_OPTIONS))
     for param in (*command.params, *([helper] if helper is not None else [])):
         if getattr(param, "is_flag", False) and param.metavar is None:
             param.metavar = ""

@@ -102,7 +102,8 @@ def calibrate_cmd(
     if min(hq, hkv, hd) < 1 or hq % hkv:
         raise InputError(f"--attention-shape {attention_shape!r}: heads and head dim must be >= 1 and HKV must "
                          "divide HQ")
-    options = CalibrateOptions(min_bytes=parse_size(min_size), max_bytes=parse_size(max_size), sizes=sizes,
+    options = CalibrateOptions(min_bytes=parse_size(min_size, "--min-size"),
+                               max_bytes=parse_size(max_size, "--max-size"), sizes=sizes,
                                round_trips=trips, repeats=repeats, warmup=warmup, contention=contention,
                                compute=compute.value, backend=backend.value if backend else None, timeout_s=timeout,
                                attention_heads=(hq, hkv, hd))

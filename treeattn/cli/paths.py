@@ -28,8 +28,11 @@ def _make_folder(folder: Path, flag: str, shown: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise InputError(f"{flag} {str(shown)!r}: cannot create folder {str(folder)!r}: "
-                         f"{exc.strerror or exc}") from None
+        # mkdir's "File exists" does not say which part of the path is in the way.
+        file = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        why = (exc.strerror or exc if file is None else "a file has that name" if file == folder
+               else f"{str(file)!r} is a file")
+        raise InputError(f"{flag} {str(shown)!r}: cannot create folder {str(folder)!r}: {why}") from None
     if not os.access(folder, os.W_OK | os.X_OK):
         raise InputError(f"{flag} {str(shown)!r}: folder {str(folder)!r} is not writable")
 

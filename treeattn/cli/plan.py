@@ -465,6 +465,12 @@ def compare_cmd(
     if not lens or any(n < 1 for n in lens):
         raise InputError(f"--seq-lens must name positive token counts, got {seq_lens!r}")
     topos = [load_topology(s) for s in expand_topologies(topology, node_counts)]
+    # A repeat would be compared twice: the table shows it once, --json and --csv twice.
+    for what, given, values in (("--nodes", nodes, node_counts or []), ("--seq-lens", seq_lens, lens),
+                                ("--topology", topology, [t.name for t in topos])):
+        dup = next((v for i, v in enumerate(values) if v in values[:i]), None)
+        if dup is not None:
+            raise InputError(f"{what} {given!r} names {dup} twice")
     csv = output_file(csv, "--csv", "compare.csv") if csv is not None else None
     png = output_file(png, "--png", "compare.png", suffix=".png") if png is not None else None
 

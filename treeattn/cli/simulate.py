@@ -17,7 +17,7 @@ from treeattn.cli.render import console
 from treeattn.cost import nccl
 from treeattn.cost.bounds import plan_bounds
 from treeattn.cost.simulate import SimResult, simulate
-from treeattn.errors import PlanInvalidError
+from treeattn.errors import InputError, PlanInvalidError
 from treeattn.figures import save_figure
 from treeattn.units import format_size, parse_size
 
@@ -59,6 +59,9 @@ def simulate_cmd(
     ref = plan.topology
     topo = resolve(topology) if topology is not None else resolve_recorded(ref.name, ref.fingerprint, ref.source,
                                                                            plan_file, what=str(plan_file))
+    if topo.num_ranks != plan.ranks:  # before the warning below: one line, and no hint of a --ranks simulate lacks
+        raise InputError(f"--topology {topology!r} places {topo.num_ranks} ranks but {plan_file} runs on "
+                         f"{plan.ranks}; pass a topology of the plan's ranks, or none (the plan's own)")
     mismatch = plan.topology.fingerprint != topo.fingerprint
     if mismatch:
         err_console.print(
@@ -192,7 +195,7 @@ def nccl_model_cmd(
 
     coll = nccl.Collective.parse(collective)
     topo = resolve(topology)
-    size = parse_size(nbytes)
+    size = parse_size(nbytes, "--bytes")
     fab = nccl.fabric(topo)
     ests = nccl.predict(fab, coll, size)
     best = nccl.pick(fab, coll, size)

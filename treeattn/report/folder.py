@@ -101,6 +101,8 @@ def load_folder(path: str | Path) -> ResultsFolder:
         InputError: the folder or its rows file is missing or malformed.
     """
     folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"results folder {str(folder)!r} is a file; give the folder `treeattn validate --out` wrote")
     if not folder.is_dir():
         raise InputError(f"results folder {str(folder)!r} does not exist (make one with `treeattn validate --out`)")
     rows_path = folder / ROWS_FILE

@@ -445,8 +445,9 @@ class _Run:
             if len(cands) >= max(1, top_k):
                 break
         if top is None:
+            more = " or a larger --mem-fraction" if (self.mem_fraction or 1) < 1 else ""
             raise InputError(f"no schedule fits in memory: {left_out[0]['why']} (the fastest, "
-                             f"{left_out[0]['algorithm']}); use more ranks or a larger --mem-fraction")
+                             f"{left_out[0]['algorithm']}); use more ranks{more}")
         top_sched, top_c, top_t, plan = top
         base_peaks = self._baseline_peaks(base)
         names = {b.key: b.name for b in baselines_for(self.workload, self.layout, self.root)}

@@ -145,7 +145,8 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
             raise WorkloadError(
                 f"{where}.op must be one of {', '.join(o.value for o in ReduceOp)}, got {data['op']!r}"
             ) from None
-        return RawPayload(nbytes=parse_size(data["bytes"]), ranks=ranks, dtype=DType.parse(data.get("dtype", "fp32")),
+        return RawPayload(nbytes=parse_size(data["bytes"], f"{where}.bytes"), ranks=ranks,
+                          dtype=DType.parse(data.get("dtype", "fp32")),
                           op=op)
     if "seq_len" not in data and "split" not in data:
         raise WorkloadError(f"{where}: give seq_len (tokens in all), e.g. seq_len: 128K")

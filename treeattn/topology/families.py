@@ -429,6 +429,8 @@ def parse_family_spec(spec: str) -> tuple[str, dict[str, str]]:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise TopologyError(f"topology {spec!r}: parameter {item!r} is not key=value")
+        if key.strip() in params:  # the last would silently win: a typo'd spec must not build another cluster
+            raise TopologyError(f"topology {spec!r}: parameter {key.strip()!r} is given twice")
         params[key.strip()] = value.strip()
     return name.strip(), params
 
