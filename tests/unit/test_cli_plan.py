@@ -41,7 +41,8 @@ def test_plan_is_byte_identical_on_rerun(tmp_path, monkeypatch):
     args = ("plan", "--topology", "dgx-h100", *SHAPE, "--json", "--seed", "7")
     first = run_cli(*args)
     path = Path(json.loads(first.stdout)["plan_path"])
-    assert path == Path("plans/dgx-h100.llama-3.1-8b.b1.n128K.yaml")
+    # Under plans/local/, which .gitignore leaves to the user: a clone's tracked plans stay as shipped.
+    assert path == Path("plans/local/dgx-h100.llama-3.1-8b.b1.n128K.yaml")
     blob = path.read_bytes()
     second = run_cli(*args)
     assert first.stdout == second.stdout and path.read_bytes() == blob
@@ -268,3 +269,17 @@ def test_candidate_parameters_are_cut_at_whole_entries_and_the_rest_counted():
     assert _short(params, limit=41) == "from=hierarchical levels=fabric (+3 more)"
     assert _short(params, limit=40) == "from=hierarchical (+4 more)"
     assert _short({"order": list(range(40))}) == "order=[0,1,2,3,4,5,6,7,8,9,..."
+
+
+def test_a_bad_flag_over_a_workload_file_is_named_as_the_flag(tmp_path):
+    wl = tmp_path / "wl.yaml"
+    wl.write_text("model: llama-3.1-8b\nbatch: 1\nseq_len: 4K\n")
+    for flags, key in ((("-m", "nosuch"), "workload.model"), (("--head-dim", "0"), "workload.head_dim")):
+        res = run_cli("plan", "-t", "cpu-4", "--workload", str(wl), *flags, "-o", str(tmp_path / "p.yaml"))
+        assert res.exit_code == 2
+        line = res.stderr.strip()
+        assert "\n" not in line and key in line and str(wl) not in line, line
+    # The file alone is still named by its path.
+    wl.write_text("model: nosuch\nbatch: 1\nseq_len: 4K\n")
+    res = run_cli("plan", "-t", "cpu-4", "--workload", str(wl), "-o", str(tmp_path / "p.yaml"))
+    assert res.exit_code == 2 and str(wl) in res.stderr

@@ -73,6 +73,14 @@ def test_every_readme_command_runs_as_shown(tmp_path: Path) -> None:
         assert "Traceback" not in proc.stderr
         ran.append(cmd)
     assert len(ran) >= 10
+    # What the tour writes is the user's: in a clone, git ignores every file of it.
+    written = [str(f.relative_to(tmp_path)) for f in sorted(tmp_path.rglob("*"))
+               if f.is_file() and not any(f.is_relative_to(tmp_path / rel) for rel in COPIED)]
+    assert written
+    tracked = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "--verbose", "--non-matching",
+                              "--stdin"], input="\n".join(written), capture_output=True, text=True, check=False)
+    kept = [line.split("\t")[-1] for line in tracked.stdout.splitlines() if line.startswith("::")]
+    assert not kept, f"README commands write files git would track: {kept}"
 
 
 def _subcommands(span: str) -> list[list[str]]:

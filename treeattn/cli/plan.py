@@ -65,7 +65,8 @@ def _tokens(n: int) -> str:
 
 
 def default_plan_path(topo_name: str, payload: Payload, algorithm: str | None = None) -> Path:
-    """``plans/TOPOLOGY.MODEL.bB.nN[.ALGORITHM].yaml`` (raw payloads: ``TOPOLOGY.raw-SIZE.OP``)."""
+    """``plans/local/TOPOLOGY.MODEL.bB.nN[.ALGORITHM].yaml`` (raw payloads: ``TOPOLOGY.raw-SIZE.OP``):
+    beside the shipped plans, in the folder the repository's ``.gitignore`` leaves to the user."""
     if isinstance(payload, Workload):
         what = payload.model or f"h{payload.q_heads}-kv{payload.kv_heads}-d{payload.head_dim}"
         stem = f"{safe_name(topo_name)}.{what}.b{payload.batch}.n{_tokens(payload.seq_len)}"
@@ -73,7 +74,7 @@ def default_plan_path(topo_name: str, payload: Payload, algorithm: str | None = 
         stem = f"{safe_name(topo_name)}.raw-{payload.nbytes}.{payload.op.value}"
     if algorithm:
         stem += f".{safe_name(algorithm)}"
-    return Path("plans") / f"{stem}.yaml"
+    return Path("plans") / "local" / f"{stem}.yaml"
 
 
 def _int_list(text: str, what: str) -> list[int]:
