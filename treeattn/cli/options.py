@@ -228,4 +228,8 @@ def make_payload(
                 data.pop("q_heads", None)
             data.update(given)
     data.pop("ranks", None)
+    if given and workload_file is not None:
+        # load_workload has checked the file alone: what fails now is a flag's value (or how it sits
+        # with the file's), so the error names the flags' key, as without a file.
+        where = "workload"
     return workload_from_dict(data, ranks=num_ranks, where=where)
