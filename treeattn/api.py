@@ -57,6 +57,14 @@ def search_plan(topology: str | Topology, workload_or_model: Workload | ModelPre
     if unknown:
         raise InputError(f"search_plan takes no option {unknown[0]!r}; it takes "
                          f"{', '.join(_SEARCH_OPTIONS + _WORKLOAD_OPTIONS)}")
+    from treeattn.search.search import Effort
+
+    # The search reads these as it goes: a wrong type would fail deep inside it, not here.
+    if "seed" in options and (not isinstance(options["seed"], int) or isinstance(options["seed"], bool)):
+        raise InputError(f"search_plan seed must be an integer, got {options['seed']!r}")
+    if options.get("effort") is not None and not isinstance(options["effort"], Effort):
+        raise InputError(f"search_plan effort must be a treeattn.search.search.Effort (or None: chosen from "
+                         f"the rank count), got {options['effort']!r}")
     topo = topology if isinstance(topology, Topology) else resolve(str(topology))
     shape = {k: options[k] for k in _WORKLOAD_OPTIONS if k in options}
     if isinstance(workload_or_model, Workload):

@@ -24,3 +24,13 @@ def test_seq_len_reads_as_the_cli_reads_it():
 def test_bad_values_raise_the_library_error_naming_the_argument(kwargs, needle):
     with pytest.raises(TreeattnError, match=needle):
         treeattn.search_plan("cpu:ranks=2", "llama-3.2-1b", **kwargs)
+
+
+@pytest.mark.parametrize(("options", "needle"), [
+    ({"seed": "a"}, "seed must be an integer"),
+    ({"seed": True}, "seed must be an integer"),
+    ({"effort": "x"}, "effort must be a treeattn.search.search.Effort"),
+])
+def test_search_options_of_the_wrong_type_raise_the_library_error(options, needle):
+    with pytest.raises(TreeattnError, match=needle):
+        treeattn.search_plan("cpu:ranks=2", "llama-3.2-1b", batch=1, seq_len=4096, **options)

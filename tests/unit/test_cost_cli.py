@@ -55,7 +55,22 @@ def test_simulate_names_the_plan_file_it_refuses(plans, tmp_path):
     first = next(line for line in text.splitlines() if "kind: send, step:" in line and "peer: " in line)
     bad.write_text(text.replace(first, first.replace("peer: ", "peer: 9", 1), 1))
     r = run_cli("simulate", str(bad))
-    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and f"{bad}: rank " in " ".join(r.stderr.split()), r.stderr
+    # verify's check runs first and names the file, the plan, the rank and the op.
+    said = " ".join(r.stderr.split())
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and f"{bad}: plan 'binomial' is invalid: rank 0 op " in said
+    assert "peer 91 is out of range" in said, r.stderr
+
+
+def test_simulate_refuses_a_plan_that_does_not_compute_the_merge(plans, tmp_path):
+    # Well formed for the simulator (every send received), but the receiver copies where it must
+    # merge: a contribution is lost. verify refuses it; simulate must not print a time for it.
+    bad = tmp_path / "copy.yaml"
+    text = plans["p16"].read_text()
+    assert "kind: recv_merge" in text
+    bad.write_text(text.replace("kind: recv_merge", "kind: recv_copy", 1))
+    assert run_cli("verify", str(bad)).exit_code == 2
+    r = run_cli("simulate", str(bad))
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and str(bad) in r.stderr and "predicted" not in r.stdout
 
 
 def test_simulate_text(plans):

@@ -76,7 +76,7 @@ def calibrate_cmd(
 ) -> None:
     """Measure this machine's ranks (ping-pong per route class, concurrent flows, merge kernel) and
     write the fitted latency, bandwidth, overhead and compute constants into the topology; or fit
-    them from nccl-tests logs (--from-nccl-tests LOG... --topology FILE)."""
+    them from nccl-tests logs (--from-nccl-tests LOG... --topology TOPOLOGY)."""
     from treeattn.topology.library import resolve
 
     out = output_file(out, "--out", "calibrated.yaml") if out is not None else None

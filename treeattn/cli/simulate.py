@@ -35,7 +35,8 @@ def simulate_cmd(
     plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="Plan file (YAML or JSON).")],
     topology: Annotated[
         str | None,
-        typer.Option("--topology", "-t", help="Preset name or YAML file; default: the topology the plan names."),
+        typer.Option("--topology", "-t", help="Preset name (e.g. dgx-h100:nodes=2) or a topology YAML file; "
+                                              "default: the topology the plan names."),
     ] = None,
     json_out: JsonOpt = False,
     timeline: Annotated[
@@ -51,11 +52,16 @@ def simulate_cmd(
     how soon one rank's data can reach them all). treeattn/cost/bounds.py derives each.
     """
     from treeattn.plan.io import load_plan
+    from treeattn.plan.validate import check
     from treeattn.topology.library import resolve, resolve_recorded
 
     if timeline is not None:
         timeline = output_file(timeline, "--timeline", f"{plan_file.stem}.timeline.png", suffix=".png")
     plan = load_plan(plan_file)
+    try:  # a time for a plan that does not compute the merge would mislead: verify's check first, as run does
+        check(plan)
+    except PlanInvalidError as exc:
+        raise PlanInvalidError(f"{plan_file}: {exc}") from None
     ref = plan.topology
     topo = resolve(topology) if topology is not None else resolve_recorded(ref.name, ref.fingerprint, ref.source,
                                                                            plan_file, what=str(plan_file))
@@ -182,7 +188,8 @@ def _release(release: tuple[int, int, int]) -> str:
 
 @app.command("nccl-model")
 def nccl_model_cmd(
-    topology: Annotated[str, typer.Option("--topology", "-t", help="Preset name or YAML file.")],
+    topology: Annotated[str, typer.Option("--topology", "-t",
+                                          help="Preset name (e.g. dgx-h100:nodes=2) or a topology YAML file.")],
     collective: Annotated[
         str, typer.Option("--collective", "-c", help="allreduce, allgather, reducescatter, broadcast or reduce.")
     ],

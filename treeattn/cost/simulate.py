@@ -97,7 +97,7 @@ def simulate(plan: Plan, topo: Topology, *, timeline: bool = True, communicator:
     if plan.ranks != topo.num_ranks:
         raise InputError(
             f"plan has {plan.ranks} ranks but topology {topo.name!r} places {topo.num_ranks}; "
-            "use a topology with as many ranks as the plan (or --ranks to pick them)"
+            "use a topology with as many ranks as the plan"
         )
     # The engine allocates hundreds of thousands of small acyclic objects; the cyclic
     # collector would rescan the growing heap again and again (superlinear time).

@@ -127,7 +127,8 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise WorkloadError(
-            f"{where}: unknown key(s) {', '.join(unknown)} for a {kind} workload; "
+            f"{where}: unknown key(s) {', '.join(unknown)} for {'an' if kind == 'attention' else 'a'} {kind} "
+            "workload; "
             f"allowed: {', '.join(sorted(allowed))}"
         )
     declared = _positive_int(data, "ranks", where)
