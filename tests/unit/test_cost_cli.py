@@ -175,3 +175,8 @@ def test_console_script_json_is_deterministic(plans):
     a = subprocess.run(cmd, capture_output=True, text=True, check=True)
     b = subprocess.run(cmd, capture_output=True, text=True, check=True)
     assert a.stdout == b.stdout and json.loads(a.stdout)["predicted_us"] > 0
+
+
+def test_nccl_model_on_one_rank_is_one_line_exit_2():
+    r = run_cli("nccl-model", "-t", "cpu:ranks=1", "-c", "allreduce", "--bytes", "1MiB")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "at least 2" in r.stderr and r.stdout == ""

@@ -202,6 +202,8 @@ def nccl_model_cmd(
 
     coll = nccl.Collective.parse(collective)
     topo = resolve(topology)
+    if topo.num_ranks < 2:  # NCCL moves nothing for one rank: a table of zeros would answer nothing
+        raise InputError(f"--topology {topology!r} places {topo.num_ranks} rank; a collective needs at least 2")
     size = parse_size(nbytes, "--bytes")
     fab = nccl.fabric(topo)
     ests = nccl.predict(fab, coll, size)
