@@ -9,7 +9,7 @@ import pytest
 
 from tests.cli_helpers import run_cli
 from treeattn.calibrate.from_nccl_tests import calibrate_from_nccl_tests, half_split
-from treeattn.calibrate.nccl_tests import calibrate_from_log, read_nccl_tests
+from treeattn.calibrate.nccl_tests import calibrate_from_log, log_run, parse_nccl_tests, read_nccl_tests
 from treeattn.errors import InputError, ProbeError
 from treeattn.topology.io import load_topology
 from treeattn.topology.library import resolve
@@ -159,3 +159,16 @@ def test_fitted_terms_are_printed_with_their_values():
     assert fitted_terms(cost, "attn_launch_us", "attn_gbps", "attn_next_launch_us") == \
         "attn_launch_us 41.25, attn_gbps 3.5"
     assert fitted_terms(cost, "launch_us", "mem_efficiency") == "launch_us 2.5, mem_efficiency 0.8"
+
+
+def test_the_collective_comes_from_the_line_newer_nccl_tests_print_first():
+    text = ONE.read_text()
+    assert parse_nccl_tests(text, "run.txt").collective is None
+    log = parse_nccl_tests("# Collective test starting: all_reduce_perf\n" + text, "run.txt")
+    assert log.collective == "all_reduce" and log_run(log)[:2] == ("all_reduce", 8)
+    # The file name, when it says, comes first; a line naming another test is then checked by busbw/algbw.
+    assert parse_nccl_tests("# Collective test starting: all_gather_perf\n" + text, "all_reduce_perf.txt").collective \
+        == "all_reduce"
+    wrong = parse_nccl_tests("# Collective test starting: all_gather_perf\n" + text, "run.txt")
+    with pytest.raises(ProbeError, match="all_gather over 8 ranks gives 0.8750"):
+        log_run(wrong)

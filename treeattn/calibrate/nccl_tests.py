@@ -44,7 +44,7 @@ from treeattn.errors import ProbeError
 from treeattn.probe.text import fail, read_input
 
 __all__ = ["Timing", "NcclRow", "NcclDevice", "NcclTestsLog", "parse_nccl_tests", "read_nccl_tests",
-           "parse_published_table", "calibrate_from_log", "collective_from_name"]
+           "parse_published_table", "calibrate_from_log", "collective_from_name", "log_run"]
 
 _HEADER = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)(.*)$")
 _STEP = re.compile(r"step:\s*(\d+)\((factor|bytes)\)")
@@ -54,6 +54,8 @@ _DEVICE = re.compile(
 _ERR_COLS = ("#wrong", "wrong", "error", "res")
 _NAME = re.compile(r"(all_reduce|all_gather|reduce_scatter|broadcast|sendrecv|alltoall|hypercube|reduce|gather|"
                    r"scatter)_perf")
+_STARTING = re.compile(r"^#?\s*Collective test starting:\s*(\S+)")
+"""nccl-tests 2.13 and later name the test before the header."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +103,8 @@ class NcclTestsLog:
     out_of_bounds: str = ""
     nccl_version: str = ""
     collective: str | None = None
-    """From the file name (``all_reduce_perf...``) when it says; the output itself does not."""
+    """From the file name (``all_reduce_perf...``) when it says, else from the line newer
+    nccl-tests print first (``# Collective test starting: all_reduce_perf``)."""
     ignored: tuple[int, ...] = field(default=())
     """Lines outside the table that were skipped."""
 
@@ -221,6 +224,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log") -> NcclTestsLog:
     rows: list[NcclRow] = []
     avg: float | None = None
     oob = version = ""
+    named = None
     state = "pre"
     for lineno, raw in enumerate(lines, 1):
         line = raw.strip()
@@ -239,6 +243,8 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log") -> NcclTestsLog:
             if m := _HEADER.match(line):
                 header, header_line, state = m, lineno, "head"
             else:
+                if m := _STARTING.match(line):
+                    named = collective_from_name(m.group(1))
                 ignored.append(lineno)
             continue
         if state == "head":
@@ -280,7 +286,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log") -> NcclTestsLog:
     log = NcclTestsLog(
         source=source, n_threads=int(header.group(1)), n_gpus=int(header.group(2)),
         min_bytes=int(header.group(3)), max_bytes=int(header.group(4)), rows=tuple(rows), devices=tuple(devices),
-        avg_busbw_gbps=avg, out_of_bounds=oob, nccl_version=version, collective=collective_from_name(source),
+        avg_busbw_gbps=avg, out_of_bounds=oob, nccl_version=version, collective=collective_from_name(source) or named,
         ignored=tuple(ignored),
     )
     _check(log, header, header_line)
@@ -423,9 +429,7 @@ def calibrate_from_log(
 
     Args:
         log: a parsed log.
-        collective: which test made it; default from the file name, else ``all_reduce`` when
-            busbw > algbw (only all-reduce has a factor above 1).
-        ranks: ranks in the run; default the ``#  Rank`` lines, else solved from busbw/algbw.
+        collective, ranks: as ``log_run`` infers them when not given.
         placement: ``out`` (out-of-place), ``in`` (in-place) or ``min`` (the faster of the two
             per size, less sensitive to one-off stalls).
         min_bytes: smallest size used (0-byte rows are always left out).
@@ -438,6 +442,46 @@ def calibrate_from_log(
     Raises:
         ProbeError: the collective or rank count cannot be known or disagrees with busbw/algbw,
             or fewer than two sizes remain.
+    """
+    name, n, inferred = log_run(log, collective, ranks)
+    notes = list(inferred)
+    if placement not in ("out", "in", "min"):
+        raise ProbeError(f"placement must be out, in or min, got {placement!r}")
+    sizes, times, wrong = [], [], []
+    for r in log.rows:
+        if r.size_bytes < max(min_bytes, 1) or (max_bytes is not None and r.size_bytes > max_bytes):
+            continue
+        options = {"out": [r.out_of_place], "in": [r.in_place], "min": [r.out_of_place, r.in_place]}[placement]
+        good = [t for t in options if t is not None and not t.wrong]
+        if any(t is not None and t.wrong for t in options):
+            wrong.append(r.size_bytes)
+        if good:
+            sizes.append(r.size_bytes)
+            times.append(min(t.time_us for t in good))
+    if wrong:
+        notes.append(f"timings with validation errors (#wrong > 0) left out at sizes {wrong}")
+    if len(sizes) < 2:
+        raise ProbeError(f"{log.source}: {len(sizes)} usable size(s) in the chosen range; need at least 2")
+    result = fit_collective(sizes, times, name, n, weighting=weighting)
+    return CollectiveFit(result.collective, result.ranks, result.fit, result.alpha_step_us, result.beta_link_gbps,
+                         result.model, result.points, result.size_range, tuple(notes) + result.warnings)
+
+
+def log_run(log: NcclTestsLog, collective: str | None = None, ranks: int | None = None
+            ) -> tuple[str, int, tuple[str, ...]]:
+    """Which collective made ``log`` and on how many ranks, checked against its busbw/algbw.
+
+    Args:
+        log: a parsed log.
+        collective: which test made it; default the log's (file name or its first line), else
+            ``all_reduce`` when busbw > algbw (only all-reduce has a factor above 1).
+        ranks: ranks in the run; default the ``#  Rank`` lines, else solved from busbw/algbw.
+
+    Returns:
+        (collective, ranks, notes saying what was inferred).
+
+    Raises:
+        ProbeError: the collective or rank count cannot be known or disagrees with busbw/algbw.
     """
     notes: list[str] = []
     ratio = log.busbw_ratio()
@@ -462,26 +506,7 @@ def calibrate_from_log(
     if abs(ratio - want) > 0.01 * want + 0.006:
         raise ProbeError(f"{log.source}: busbw/algbw = {ratio:.4f}, but {name} over {n} ranks gives {want:.4f}: "
                          "the collective or the rank count is not what the log was made with")
-    if placement not in ("out", "in", "min"):
-        raise ProbeError(f"placement must be out, in or min, got {placement!r}")
-    sizes, times, wrong = [], [], []
-    for r in log.rows:
-        if r.size_bytes < max(min_bytes, 1) or (max_bytes is not None and r.size_bytes > max_bytes):
-            continue
-        options = {"out": [r.out_of_place], "in": [r.in_place], "min": [r.out_of_place, r.in_place]}[placement]
-        good = [t for t in options if t is not None and not t.wrong]
-        if any(t is not None and t.wrong for t in options):
-            wrong.append(r.size_bytes)
-        if good:
-            sizes.append(r.size_bytes)
-            times.append(min(t.time_us for t in good))
-    if wrong:
-        notes.append(f"timings with validation errors (#wrong > 0) left out at sizes {wrong}")
-    if len(sizes) < 2:
-        raise ProbeError(f"{log.source}: {len(sizes)} usable size(s) in the chosen range; need at least 2")
-    result = fit_collective(sizes, times, name, n, weighting=weighting)
-    return CollectiveFit(result.collective, result.ranks, result.fit, result.alpha_step_us, result.beta_link_gbps,
-                         result.model, result.points, result.size_range, tuple(notes) + result.warnings)
+    return name, n, tuple(notes)
 
 
 def _ranks_from_ratio(name: str, ratio: float) -> int | None:

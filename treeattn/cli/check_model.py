@@ -21,6 +21,19 @@ def _stat_row(name: str, st: dict) -> list[str]:
             f"{100 * st['median_signed']:+.1f}"]
 
 
+def _env(items: list[str]) -> dict[str, str]:
+    """--env NAME=VALUE flags as a mapping; each must name an NCCL_ setting."""
+    from treeattn.errors import InputError
+
+    out: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip().startswith("NCCL_") or not value.strip():
+            raise InputError(f"--env {item!r}: write NAME=VALUE with an NCCL_ name, e.g. NCCL_ALGO=Ring")
+        out[name.strip()] = value.strip()
+    return out
+
+
 def _table(title: str, first: str, rows: list[list[str]]) -> Table:
     t = Table(title=title, title_justify="left")
     for i, col in enumerate((first, "rows", "median |err| %", "p90 |err| %", "signed median %")):
@@ -33,7 +46,14 @@ def _table(title: str, first: str, rows: list[list[str]]) -> Table:
 @app.command("check-model")
 def check_model_cmd(
     paths: Annotated[list[Path] | None, typer.Argument(
-        metavar="PATH", help="Corpus folders or mapping files (.yaml); default: the shipped corpus.")] = None,
+        metavar="PATH", help="Corpus folders, mapping files (.yaml) or your own nccl-tests / rccl-tests logs (one "
+        "run a file, with --topology); default: the shipped corpus.")] = None,
+    topology: Annotated[str | None, typer.Option(
+        "--topology", "-t", help="The machine the logs ran on: preset name (e.g. dgx-h100:nodes=2) or a topology "
+        "YAML file.")] = None,
+    env: Annotated[list[str] | None, typer.Option(
+        "--env", metavar="NAME=VALUE", help="NCCL setting the logs ran with (NCCL_ALGO=Ring, NCCL_PROTO=Simple, "
+        "...); repeat for several.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys): every row and every figure.")]
     = False,
     png: Annotated[Path | None, typer.Option("--png", help="Draw predicted against published time into this PNG.")]
@@ -44,17 +64,31 @@ def check_model_cmd(
     """Predict every row of published nccl-tests / rccl-tests tables (collectives by the NCCL
     model, sendrecv and alltoall by the point-to-point model) and published decode-kernel
     figures (the attention model), and report the error: per size regime, per collective,
-    then per table (error = predicted / published time - 1)."""
-    from treeattn.validate.corpus import load_corpus
+    then per table (error = predicted / published time - 1). Your own cluster's logs are
+    scored the same way: `treeattn check-model all_reduce_perf.txt -t dgx-h100:nodes=2`
+    (the collective from the file name or the log's first line, the ranks from its device
+    lines)."""
+    from treeattn.errors import InputError
+    from treeattn.validate.corpus import load_corpus, load_logs
     from treeattn.validate.published import REGIMES, plot_corpus, predict_corpus, summarize
 
     if png is not None and png.suffix.lower() != ".png":
-        from treeattn.errors import InputError
-
         raise InputError(f"--png {png}: give a .png file name")
     from treeattn.validate.attention import attention_summary, load_attention
 
-    tables = load_corpus(list(paths or []))
+    missing = next((p for p in paths or [] if not p.exists()), None)
+    if missing is not None:
+        raise InputError(f"{missing}: no such file or folder")
+    logs = [p for p in paths or [] if not p.is_dir() and p.suffix.lower() not in (".yaml", ".yml")]
+    corpus = [p for p in paths or [] if p not in logs]
+    settings = _env(env or [])
+    if logs and topology is None:
+        raise InputError(f"{logs[0]}: a log needs --topology, the machine it ran on (e.g. -t dgx-h100:nodes=2)")
+    if not logs and (topology is not None or settings):
+        raise InputError(f"{'--topology' if topology is not None else '--env'} applies to nccl-tests logs; "
+                         "give LOG files (the corpus's tables name their own)")
+    tables = (load_corpus(corpus) if corpus or not logs else []) + (load_logs(logs, topology, settings) if logs
+                                                                       else [])
     with progress_reporter(progress, "check-model") as update:
         rows = predict_corpus(tables, update)
     summary = summarize(rows)
@@ -77,6 +111,13 @@ def check_model_cmd(
     scored = sum(1 for t in tables if t.scored)
     con.print(f"{len(tables)} tables ({scored} scored), {len(rows)} rows; error = predicted / published time - 1",
               markup=False)
+    for t in tables:
+        if t.url in map(str, logs):  # what was read from each log, and what was inferred
+            gpus = f", {t.log.n_gpus} GPUs a process (-g)" if t.log.n_gpus > 1 else ""
+            nccl = f"NCCL {t.version} (printed)" if t.version else "the topology's NCCL release"
+            inferred = f"; {t.meta['inferred']}" if t.meta.get("inferred") else ""
+            con.print(f"{t.url}: {t.collective} over {t.ranks} ranks on {t.topology}{gpus}, {nccl}{inferred}",
+                      markup=False)
     con.print(_table("By size regime (scored rows)", "regime",
                      [_stat_row(g, summary["regimes"][g]) for g in REGIMES] + [_stat_row("all", summary["all"])]))
     con.print(_table("By collective (scored rows)", "collective",

@@ -45,13 +45,13 @@ from pathlib import Path
 
 import yaml
 
-from treeattn.calibrate.nccl_tests import NcclTestsLog, parse_published_table
+from treeattn.calibrate.nccl_tests import NcclTestsLog, log_run, parse_published_table, read_nccl_tests
 from treeattn.errors import InputError, ProbeError
 from treeattn.probe.text import read_input
 from treeattn.topology.library import installed_data_dir
 from treeattn.topology.nccl_version import Release, nccl_release, parse_version, version_text
 
-__all__ = ["COLLECTIVES", "LIBRARIES", "PublishedTable", "corpus_dir", "load_corpus", "busbw_factor"]
+__all__ = ["COLLECTIVES", "LIBRARIES", "PublishedTable", "corpus_dir", "load_corpus", "load_logs", "busbw_factor"]
 
 ENV_DIR = "TREEATTN_PUBLISHED"
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "sendrecv", "alltoall")
@@ -161,6 +161,43 @@ def load_corpus(paths: list[str | Path] | None = None) -> list[PublishedTable]:
     return tables
 
 
+def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None = None) -> list[PublishedTable]:
+    """Saved nccl-tests / rccl-tests logs (one run a file, as ``calibrate --from-nccl-tests``
+    reads them) mapped onto ``topology``: your own cluster's runs, scored like the corpus.
+    The collective and rank count are inferred as ``log_run`` does, the NCCL release from the
+    ``NCCL version`` line the log prints (else the topology's)."""
+    out = []
+    seen: set[Path] = set()
+    for p in map(Path, paths):
+        if p.resolve() in seen:
+            raise InputError(f"{p}: given twice")
+        seen.add(p.resolve())
+        log = read_nccl_tests(p)
+        coll, ranks, notes = log_run(log)
+        if coll not in COLLECTIVES:
+            raise InputError(f"{p}: a {coll} test; the model scores {', '.join(COLLECTIVES)}")
+        library, version, evidence = _printed_version(str(p), log)
+        # Named by the path: runs in two folders may share a file name.
+        out.append(PublishedTable(
+            source_id=str(p.with_suffix("")), table_id=coll, url=str(p), collective=coll, topology=topology,
+            ranks=ranks, env=dict(env or {}), log=log, library=library, version=version, evidence=evidence,
+            meta={"inferred": "; ".join(notes)} if notes else {}))
+    return out
+
+
+def _printed_version(where: str, log: NcclTestsLog) -> tuple[str, str, str]:
+    """(library, version, evidence) from the ``NCCL version`` line a table prints (nccl-tests
+    prints it only for NCCL), checked; empty strings when it prints none."""
+    printed = re.match(r"\d+\.\d+\.\d+", log.nccl_version)
+    if not printed:
+        return "", "", ""
+    try:
+        nccl_release(printed.group(0))
+    except InputError as exc:
+        raise InputError(f"{where}: the table prints NCCL {printed.group(0)}: {exc}") from None
+    return "NCCL", printed.group(0), "printed in the table"
+
+
 def _field(where: str, data: dict, key: str, kind: type, default=None):  # noqa: ANN001, ANN202 - small reader
     value = data.get(key, default)
     if value is None:
@@ -219,15 +256,11 @@ def _load_source(mf: Path) -> list[PublishedTable]:
             raise InputError(f"{where}: busbw/algbw = {ratio:.4f} in the table, but {coll} over {ranks} ranks "
                              f"gives {want:.4f}: wrong collective or rank count")
         library, version, evidence = _library_version(where, spec) or source_version or ("", "", "")
-        printed = re.match(r"\d+\.\d+\.\d+", log.nccl_version)
-        if printed and version and parse_version(version) != parse_version(printed.group(0)):
+        printed = _printed_version(where, log)
+        if printed[1] and version and parse_version(version) != parse_version(printed[1]):
             raise InputError(f"{where}: library_version {version!r}, but the table prints {log.nccl_version!r}")
-        if printed and not version:  # nccl-tests prints "NCCL version X" only for NCCL
-            library, version, evidence = "NCCL", printed.group(0), "printed in the table"
-            try:
-                nccl_release(version)
-            except InputError as exc:
-                raise InputError(f"{where}: the table prints NCCL {version}: {exc}") from None
+        if not version:
+            library, version, evidence = printed
         out.append(PublishedTable(
             source_id=mf.stem, table_id=tid, url=url, collective=coll,
             topology=_field(where, spec, "topology", str), ranks=ranks,
