@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -69,7 +70,7 @@ def test_own_log_is_scored_as_the_same_table_in_a_mapping_would_be(tmp_path):
     res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=4", "--json")
     assert res.exit_code == 0, res.stderr
     data = json.loads(res.stdout)
-    name = f"{tmp_path / 'run'}/all_reduce"
+    name = f"{log}/all_reduce"
     table = data["tables"][name]
     assert table["ranks"] == 32 and table["library_version"] == "NCCL 2.26.2"
     assert table["topology"] == "dgx-h100:nodes=4"
@@ -101,11 +102,64 @@ def test_own_log_env_reaches_the_model(tmp_path):
 def test_own_log_bad_input_is_one_line_and_exit_2(tmp_path):
     log = tmp_path / "run.txt"
     shutil.copy(FIXTURE, log)
+    own = ["check-model", str(log), "-t", "dgx-h100:nodes=4"]
     for args, said in ((["check-model", str(log)], "needs --topology"),
                        (["check-model", "-t", "dgx-h100"], "--topology applies to nccl-tests logs"),
                        (["check-model", str(log), "-t", "dgx-h100:nodes=2"], "places 16 ranks but the table ran on 32"),
-                       (["check-model", str(log), "-t", "dgx-h100:nodes=4", "--env", "ALGO=Ring"], "NCCL_ name"),
-                       (["check-model", str(log), str(log), "-t", "dgx-h100:nodes=4"], "given twice"),
+                       (["check-model", str(log), "-t", "nosuch"], "--topology 'nosuch': "),
+                       ([*own, "--env", "ALGO=Ring"], "the model reads only NCCL_ALGO"),
+                       ([*own, "--env", "NCCL_MIN_NCHANNELS=32"], "the model reads only NCCL_ALGO"),
+                       ([*own, "--env", "NCCL_ALGO=Ring", "--env", "NCCL_ALGO=Tree"], "names NCCL_ALGO twice"),
+                       ([*own, "--env", "NCCL_ALGO=Bogus"], "--env: NCCL_ALGO"),
+                       ([*own, str(log)], "given twice"),
                        (["check-model", str(tmp_path / "gone.txt"), "-t", "dgx-h100"], "no such file or folder")):
         res = run_cli(*args)
         assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1 and said in res.stderr, res.stderr
+
+
+def _voltage_park_all_gather(tmp_path: Path, name: str) -> Path:
+    """Voltage Park's all-gather run as its log holds it (results/published): the collective
+    named by the line nccl-tests prints, sizes under one element per rank printed as 0."""
+    lines = (corpus_dir() / "voltagepark-h100-4node.txt").read_text().splitlines()
+    log = tmp_path / name
+    log.write_text("\n".join(lines[165:247]) + "\n")
+    return log
+
+
+def test_own_log_with_zero_rows_scores_as_its_corpus_table(tmp_path):
+    log = _voltage_park_all_gather(tmp_path, "run.txt")
+    assert "       0 " in log.read_text()
+    res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=4", "--json")
+    assert res.exit_code == 0, res.stderr
+    ours = [(r["bytes"], r["predicted_us"]) for r in json.loads(res.stdout)["rows"]]
+    mapped = run_cli("check-model", str(corpus_dir() / "voltagepark-h100-4node.yaml"), "--json")
+    theirs = [(r["bytes"], r["predicted_us"]) for r in json.loads(mapped.stdout)["rows"]
+              if r["table"] == "voltagepark-h100-4node/allgather"]
+    assert ours == theirs and len(ours) == 25
+
+
+def test_own_log_of_an_older_nccl_takes_the_topology_release(tmp_path):
+    log = _voltage_park_all_gather(tmp_path, "old.txt")
+    log.write_text(log.read_text().replace("NCCL version 2.24.3", "NCCL version 2.18.3"))
+    res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=4")
+    assert res.exit_code == 0, res.stderr
+    assert "NCCL 2.18.3: the model follows NCCL 2.19-2.30" in res.stdout and "the topology's release used" in res.stdout
+    # A topology that names its release: the JSON reports the one the rows were predicted at.
+    from treeattn.topology.io import dump_topology
+    from treeattn.topology.library import resolve
+
+    topo = resolve("dgx-h100:nodes=4")
+    (tmp_path / "t.yaml").write_text(dump_topology(dataclasses.replace(topo, cost=topo.cost.updated(
+        nccl_version="2.21.5"))))
+    res = run_cli("check-model", str(log), "-t", str(tmp_path / "t.yaml"), "--json")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["tables"][f"{log}/all_gather"]["nccl_release"] == "2.21.5"
+
+
+def test_own_logs_of_one_name_stay_apart(tmp_path):
+    for name in ("run.txt", "run.log"):
+        shutil.copy(FIXTURE, tmp_path / name)
+    res = run_cli("check-model", str(tmp_path / "run.txt"), str(tmp_path / "run.log"), "-t", "dgx-h100:nodes=4",
+                  "--json")
+    assert res.exit_code == 0, res.stderr
+    assert len(json.loads(res.stdout)["summary"]["tables"]) == 2

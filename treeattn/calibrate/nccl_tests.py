@@ -103,8 +103,8 @@ class NcclTestsLog:
     out_of_bounds: str = ""
     nccl_version: str = ""
     collective: str | None = None
-    """From the file name (``all_reduce_perf...``) when it says, else from the line newer
-    nccl-tests print first (``# Collective test starting: all_reduce_perf``)."""
+    """From the line nccl-tests 2.13 and later print before the header (``# Collective test
+    starting: all_reduce_perf``), else from the file name (``all_reduce_perf...``)."""
     ignored: tuple[int, ...] = field(default=())
     """Lines outside the table that were skipped."""
 
@@ -271,7 +271,8 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log") -> NcclTestsLog:
             continue
         assert prefix is not None
         row = _row(line.split(), prefix, groups, source, lineno)
-        if rows and row.size_bytes <= rows[-1].size_bytes:
+        # Sizes under one element per rank print as 0, several times (all-gather, reduce-scatter).
+        if rows and row.size_bytes <= rows[-1].size_bytes and not row.size_bytes == rows[-1].size_bytes == 0:
             raise fail(source, lineno, f"size {row.size_bytes} after {rows[-1].size_bytes} (line {rows[-1].line}): "
                        "rows out of order or two runs mixed")
         rows.append(row)
@@ -286,7 +287,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log") -> NcclTestsLog:
     log = NcclTestsLog(
         source=source, n_threads=int(header.group(1)), n_gpus=int(header.group(2)),
         min_bytes=int(header.group(3)), max_bytes=int(header.group(4)), rows=tuple(rows), devices=tuple(devices),
-        avg_busbw_gbps=avg, out_of_bounds=oob, nccl_version=version, collective=collective_from_name(source) or named,
+        avg_busbw_gbps=avg, out_of_bounds=oob, nccl_version=version, collective=named or collective_from_name(source),
         ignored=tuple(ignored),
     )
     _check(log, header, header_line)
@@ -473,7 +474,7 @@ def log_run(log: NcclTestsLog, collective: str | None = None, ranks: int | None 
 
     Args:
         log: a parsed log.
-        collective: which test made it; default the log's (file name or its first line), else
+        collective: which test made it; default the log's (its printed test name or file name), else
             ``all_reduce`` when busbw > algbw (only all-reduce has a factor above 1).
         ranks: ranks in the run; default the ``#  Rank`` lines, else solved from busbw/algbw.
 
@@ -489,7 +490,8 @@ def log_run(log: NcclTestsLog, collective: str | None = None, ranks: int | None 
     if name is None:
         if ratio <= 1.0 + 1e-3:
             raise ProbeError(f"{log.source}: say which collective made this log (busbw/algbw = {ratio:.4f} fits "
-                             "several); name the file like all_gather_perf.txt or pass the collective")
+                             "several): keep the '# Collective test starting' line nccl-tests prints, or name "
+                             "the file like all_gather_perf.txt")
         name = "all_reduce"
         notes.append("collective taken as all_reduce (busbw > algbw)")
     model = COLLECTIVE_MODELS.get(name)
@@ -500,7 +502,8 @@ def log_run(log: NcclTestsLog, collective: str | None = None, ranks: int | None 
     if n is None:
         n = _ranks_from_ratio(name, ratio)
         if n is None:
-            raise ProbeError(f"{log.source}: no '#  Rank' lines and busbw = algbw for {name}: pass the rank count")
+            raise ProbeError(f"{log.source}: no '#  Rank' lines and busbw = algbw for {name}: the rank count is "
+                             "unknown; keep the '#  Rank' lines nccl-tests prints")
         notes.append(f"{n} ranks solved from busbw/algbw = {ratio:.4f} (no '#  Rank' lines)")
     want = model.busbw_factor(n)
     if abs(ratio - want) > 0.01 * want + 0.006:

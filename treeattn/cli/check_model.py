@@ -22,15 +22,24 @@ def _stat_row(name: str, st: dict) -> list[str]:
 
 
 def _env(items: list[str]) -> dict[str, str]:
-    """--env NAME=VALUE flags as a mapping; each must name an NCCL_ setting."""
+    """--env NAME=VALUE flags as a mapping: the settings the model reads, each once."""
+    from treeattn.cost.nccl import ENV_SETTINGS, allowed_by_env
     from treeattn.errors import InputError
 
     out: dict[str, str] = {}
     for item in items:
-        name, eq, value = item.partition("=")
-        if not eq or not name.strip().startswith("NCCL_") or not value.strip():
-            raise InputError(f"--env {item!r}: write NAME=VALUE with an NCCL_ name, e.g. NCCL_ALGO=Ring")
-        out[name.strip()] = value.strip()
+        name, eq, value = (x.strip() for x in item.partition("="))
+        if not eq or not name or not value:
+            raise InputError(f"--env {item!r}: write NAME=VALUE, e.g. NCCL_ALGO=Ring")
+        if name not in ENV_SETTINGS:  # a setting the model ignores would score as if it were not set
+            raise InputError(f"--env {item!r}: the model reads only {', '.join(ENV_SETTINGS)}")
+        if name in out:
+            raise InputError(f"--env names {name} twice")
+        out[name] = value
+    try:
+        allowed_by_env(out)
+    except InputError as exc:
+        raise InputError(f"--env: {exc}") from None
     return out
 
 
@@ -52,8 +61,8 @@ def check_model_cmd(
         "--topology", "-t", help="The machine the logs ran on: preset name (e.g. dgx-h100:nodes=2) or a topology "
         "YAML file.")] = None,
     env: Annotated[list[str] | None, typer.Option(
-        "--env", metavar="NAME=VALUE", help="NCCL setting the logs ran with (NCCL_ALGO=Ring, NCCL_PROTO=Simple, "
-        "...); repeat for several.")] = None,
+        "--env", metavar="NAME=VALUE", help="A setting the logs ran with that the model reads: NCCL_ALGO, NCCL_PROTO, "
+        "NCCL_NVLS_ENABLE or RCCL_MSCCL_ENABLE (e.g. NCCL_ALGO=Ring); repeat for several.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys): every row and every figure.")]
     = False,
     png: Annotated[Path | None, typer.Option("--png", help="Draw predicted against published time into this PNG.")]
@@ -66,11 +75,12 @@ def check_model_cmd(
     figures (the attention model), and report the error: per size regime, per collective,
     then per table (error = predicted / published time - 1). Your own cluster's logs are
     scored the same way: `treeattn check-model all_reduce_perf.txt -t dgx-h100:nodes=2`
-    (the collective from the file name or the log's first line, the ranks from its device
-    lines)."""
+    (the collective from the test name nccl-tests prints or the file name, the ranks from its
+    device lines)."""
     from treeattn.errors import InputError
-    from treeattn.validate.corpus import load_corpus, load_logs
-    from treeattn.validate.published import REGIMES, plot_corpus, predict_corpus, summarize
+    from treeattn.topology.nccl_version import release_text
+    from treeattn.validate.corpus import is_mapping, load_corpus, load_logs
+    from treeattn.validate.published import REGIMES, plot_corpus, predict_corpus, summarize, table_releases
 
     if png is not None and png.suffix.lower() != ".png":
         raise InputError(f"--png {png}: give a .png file name")
@@ -79,7 +89,7 @@ def check_model_cmd(
     missing = next((p for p in paths or [] if not p.exists()), None)
     if missing is not None:
         raise InputError(f"{missing}: no such file or folder")
-    logs = [p for p in paths or [] if not p.is_dir() and p.suffix.lower() not in (".yaml", ".yml")]
+    logs = [p for p in paths or [] if not p.is_dir() and not is_mapping(p)]
     corpus = [p for p in paths or [] if p not in logs]
     settings = _env(env or [])
     if logs and topology is None:
@@ -87,22 +97,30 @@ def check_model_cmd(
     if not logs and (topology is not None or settings):
         raise InputError(f"{'--topology' if topology is not None else '--env'} applies to nccl-tests logs; "
                          "give LOG files (the corpus's tables name their own)")
+    if topology is not None:
+        from treeattn.errors import TopologyError
+        from treeattn.topology.library import resolve
+
+        try:
+            resolve(topology)  # before any log is read: a wrong name is the flag's error
+        except TopologyError as exc:
+            raise InputError(f"--topology {topology!r}: {exc}") from None
     tables = (load_corpus(corpus) if corpus or not logs else []) + (load_logs(logs, topology, settings) if logs
                                                                        else [])
     with progress_reporter(progress, "check-model") as update:
         rows = predict_corpus(tables, update)
     summary = summarize(rows)
+    releases = table_releases(tables)
     folders = [p for p in (paths or []) if p.is_dir()] if paths else None
     attention = attention_summary(load_attention(folders))
     if png is not None:
         plot_corpus(rows, png)
     if json_out:
-        from treeattn.topology.nccl_version import NEWEST, release_text
 
         sources = {t.name: {"url": t.url, "collective": t.collective, "topology": t.topology, "ranks": t.ranks,
                             "env": t.env, "scored": t.scored, "why": t.why,
                             "library_version": f"{t.library} {t.version}".strip(),
-                            "nccl_release": release_text(t.nccl_release or NEWEST)} for t in tables}
+                            "nccl_release": release_text(releases[t.name])} for t in tables}
         typer.echo(json.dumps({"summary": summary, "tables": sources, "rows": [r.to_dict() for r in rows],
                                "attention": attention}, sort_keys=True, indent=2))
         return
@@ -114,7 +132,8 @@ def check_model_cmd(
     for t in tables:
         if t.url in map(str, logs):  # what was read from each log, and what was inferred
             gpus = f", {t.log.n_gpus} GPUs a process (-g)" if t.log.n_gpus > 1 else ""
-            nccl = f"NCCL {t.version} (printed)" if t.version else "the topology's NCCL release"
+            nccl = (f"NCCL {t.version} (printed)" if t.version
+                    else f"the topology's NCCL release ({release_text(releases[t.name])})")
             inferred = f"; {t.meta['inferred']}" if t.meta.get("inferred") else ""
             con.print(f"{t.url}: {t.collective} over {t.ranks} ranks on {t.topology}{gpus}, {nccl}{inferred}",
                       markup=False)

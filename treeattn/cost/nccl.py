@@ -147,6 +147,7 @@ from treeattn.topology.model import DeviceKind, Link, LinkClass, LinkKind, Topol
 from treeattn.topology.nccl_version import NEWEST, OLDEST, Release, by_release, nccl_release
 
 __all__ = [
+    "ENV_SETTINGS",
     "Collective",
     "Algorithm",
     "Protocol",
@@ -1005,6 +1006,10 @@ def _int_env(value: str | None, default: int) -> int:
         return default
     m = re.match(r"\s*[+-]?\d+", str(value))
     return int(m.group()) if m else 0
+
+
+ENV_SETTINGS = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE", "RCCL_MSCCL_ENABLE")
+"""The environment variables ``allowed_by_env`` reads: the only ones that change the model's pick."""
 
 
 def allowed_by_env(env: dict[str, str] | None) -> tuple[set[str], set[str]]:

@@ -51,7 +51,8 @@ from treeattn.probe.text import read_input
 from treeattn.topology.library import installed_data_dir
 from treeattn.topology.nccl_version import Release, nccl_release, parse_version, version_text
 
-__all__ = ["COLLECTIVES", "LIBRARIES", "PublishedTable", "corpus_dir", "load_corpus", "load_logs", "busbw_factor"]
+__all__ = ["COLLECTIVES", "LIBRARIES", "PublishedTable", "corpus_dir", "is_mapping", "load_corpus", "load_logs",
+           "busbw_factor"]
 
 ENV_DIR = "TREEATTN_PUBLISHED"
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "sendrecv", "alltoall")
@@ -111,6 +112,8 @@ class PublishedTable:
         timings (the same operation twice; a one-off stall in one of them is noise)."""
         out = []
         for r in self.log.rows:
+            if r.size_bytes == 0:  # a saved log's rows under one element per rank: nothing moved
+                continue
             times = [t.time_us for t in (r.out_of_place, r.in_place) if t is not None]
             if times:
                 out.append((r.size_bytes, min(times)))
@@ -126,15 +129,20 @@ def corpus_dir() -> Path | None:
     return here if here.is_dir() else installed_data_dir("published")
 
 
+def is_mapping(path: Path) -> bool:
+    """Whether a file is read as a mapping (by its suffix); any other file is a log."""
+    return path.suffix.lower() in (".yaml", ".yml")
+
+
 def _mapping_files(paths: list[Path]) -> list[Path]:
     out: list[Path] = []
     for p in paths:
         if p.is_dir():
-            found = sorted(p.glob("*.yaml"))
+            found = sorted(f for f in p.iterdir() if is_mapping(f) and f.is_file())
             if not found:
                 raise InputError(f"{p}: no mapping files (*.yaml) in this folder")
             out.extend(found)
-        elif p.suffix in (".yaml", ".yml") and p.is_file():
+        elif is_mapping(p) and p.is_file():
             out.append(p)
         else:
             raise InputError(f"{p}: not a corpus folder or a mapping file (.yaml)")
@@ -173,29 +181,30 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
             raise InputError(f"{p}: given twice")
         seen.add(p.resolve())
         log = read_nccl_tests(p)
-        coll, ranks, notes = log_run(log)
+        coll, ranks, inferred = log_run(log)
+        notes = list(inferred)
         if coll not in COLLECTIVES:
             raise InputError(f"{p}: a {coll} test; the model scores {', '.join(COLLECTIVES)}")
-        library, version, evidence = _printed_version(str(p), log)
+        library = version = evidence = ""
+        if printed := _printed_version(log):
+            try:
+                nccl_release(printed)
+                library, version, evidence = "NCCL", printed, "printed in the log"
+            except InputError as exc:  # as the corpus writes such a table's version "unknown"
+                notes.append(f"{exc}: the topology's release used instead")
         # Named by the path: runs in two folders may share a file name.
         out.append(PublishedTable(
-            source_id=str(p.with_suffix("")), table_id=coll, url=str(p), collective=coll, topology=topology,
+            source_id=str(p), table_id=coll, url=str(p), collective=coll, topology=topology,
             ranks=ranks, env=dict(env or {}), log=log, library=library, version=version, evidence=evidence,
             meta={"inferred": "; ".join(notes)} if notes else {}))
     return out
 
 
-def _printed_version(where: str, log: NcclTestsLog) -> tuple[str, str, str]:
-    """(library, version, evidence) from the ``NCCL version`` line a table prints (nccl-tests
-    prints it only for NCCL), checked; empty strings when it prints none."""
+def _printed_version(log: NcclTestsLog) -> str:
+    """The release in the ``NCCL version`` line a table prints (nccl-tests prints it only for
+    NCCL); empty when it prints none."""
     printed = re.match(r"\d+\.\d+\.\d+", log.nccl_version)
-    if not printed:
-        return "", "", ""
-    try:
-        nccl_release(printed.group(0))
-    except InputError as exc:
-        raise InputError(f"{where}: the table prints NCCL {printed.group(0)}: {exc}") from None
-    return "NCCL", printed.group(0), "printed in the table"
+    return printed.group(0) if printed else ""
 
 
 def _field(where: str, data: dict, key: str, kind: type, default=None):  # noqa: ANN001, ANN202 - small reader
@@ -256,11 +265,15 @@ def _load_source(mf: Path) -> list[PublishedTable]:
             raise InputError(f"{where}: busbw/algbw = {ratio:.4f} in the table, but {coll} over {ranks} ranks "
                              f"gives {want:.4f}: wrong collective or rank count")
         library, version, evidence = _library_version(where, spec) or source_version or ("", "", "")
-        printed = _printed_version(where, log)
-        if printed[1] and version and parse_version(version) != parse_version(printed[1]):
+        printed = _printed_version(log)
+        if printed and version and parse_version(version) != parse_version(printed):
             raise InputError(f"{where}: library_version {version!r}, but the table prints {log.nccl_version!r}")
-        if not version:
-            library, version, evidence = printed
+        if printed and not version:
+            try:
+                nccl_release(printed)
+            except InputError as exc:
+                raise InputError(f"{where}: the table prints {exc}") from None
+            library, version, evidence = "NCCL", printed, "printed in the table"
         out.append(PublishedTable(
             source_id=mf.stem, table_id=tid, url=url, collective=coll,
             topology=_field(where, spec, "topology", str), ranks=ranks,

@@ -48,10 +48,12 @@ from treeattn.plan.ir import Plan, TopologyRef
 from treeattn.plan.schedule import Programs
 from treeattn.topology.library import resolve
 from treeattn.topology.model import Topology
+from treeattn.topology.nccl_version import NEWEST, Release, nccl_release
 from treeattn.validate.corpus import PublishedTable
 from treeattn.workload import RawPayload
 
 __all__ = ["GROUP_LAUNCH_US", "REGIMES", "RowResult", "predict_table", "predict_corpus", "summarize", "plot_corpus",
+           "table_releases",
            "p2p_time_us"]
 
 KIB, MIB = 1024, 1024 * 1024
@@ -158,6 +160,17 @@ class _Topologies:
             self.fabrics[t.topology] = nccl.fabric(self.topo(t))
         fab, release = self.fabrics[t.topology], t.nccl_release
         return fab if release is None else dataclasses.replace(fab, nccl_release=release)
+
+
+def table_releases(tables: Iterable[PublishedTable]) -> dict[str, Release]:
+    """The NCCL release the model predicts each table at (by name): the table's own, else its
+    topology's (``cost.nccl_version``, by default the newest the model follows)."""
+    cache = _Topologies()
+    out = {}
+    for t in tables:
+        version = cache.topo(t).cost.nccl_version
+        out[t.name] = t.nccl_release or (nccl_release(version) if version is not None else NEWEST)
+    return out
 
 
 def predict_table(t: PublishedTable, cache: _Topologies | None = None,
