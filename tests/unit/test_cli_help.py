@@ -47,6 +47,26 @@ def test_h_is_help(path: tuple[str, ...]) -> None:
     assert run_cli(*path, "-h").stdout == run_cli(*path, "--help").stdout
 
 
+@pytest.mark.parametrize("path", _commands(), ids=lambda p: " ".join(p) or "treeattn")
+def test_an_option_of_one_value_given_twice_is_refused(path: tuple[str, ...]) -> None:
+    # click would keep the last value silently; a repeatable option (--env, --from-nccl-tests)
+    # and a flag (--json) may be given again.
+    for param in _params(path):
+        if param.param_type_name != "option" or getattr(param, "is_flag", False) or param.is_eager:
+            continue
+        name = max(param.opts, key=len)
+        res = run_cli(*path, name, "1", name, "1")
+        if param.multiple or getattr(param, "count", False):
+            assert "given twice" not in res.stderr, (name, res.stderr)
+        else:
+            assert res.exit_code == 2 and res.stderr.count("\n") == 1, (name, res.stderr)
+            assert f"option {name} given twice; give it once" in res.stderr, res.stderr
+    # The long and the short name of one option count as the same option.
+    if path == ("plan",):
+        res = run_cli("plan", "-t", "cpu-4", "--topology", "cpu-4", "-m", "llama-3.2-1b", "-n", "4K")
+        assert res.exit_code == 2 and "option --topology given twice" in res.stderr
+
+
 def test_version_is_the_installed_distribution_version() -> None:
     res = run_cli("--version")
     assert res.exit_code == 0

@@ -57,6 +57,43 @@ def _no_type_on_flags(command) -> None:  # noqa: ANN001 - a click Command or Gro
         _no_type_on_flags(sub)
 
 
+def _click():  # noqa: ANN202 - the click module typer runs on
+    try:  # typer >= 0.22 raises its vendored click's exceptions, whether or not click is installed
+        from typer import _click as click
+    except ImportError:
+        import click
+    return click
+
+
+def _refuse_repeated_options(command) -> None:  # noqa: ANN001 - a click Command or Group
+    """An option that takes one value, given twice, is an error: click keeps the last one
+    silently, so a typo'd command line would run something else than it reads."""
+    if getattr(command, "_refuses_repeats", False):
+        return
+    command._refuses_repeats = True
+    click = _click()
+    parse = command.parse_args
+
+    def parse_args(ctx, args):  # noqa: ANN001, ANN202 - click's signature
+        try:
+            order = command.make_parser(ctx).parse_args(args=list(args))[2]
+        except click.exceptions.ClickException:
+            order = []  # the parse below reports what is wrong
+        seen = set()
+        for param in order:
+            if (param.param_type_name == "option" and not param.multiple and not getattr(param, "count", False)
+                    and not getattr(param, "is_flag", False)):
+                if param.name in seen:
+                    raise click.exceptions.UsageError(f"option {max(param.opts, key=len)} given twice; give it once",
+                                                      ctx=ctx)
+                seen.add(param.name)
+        return parse(ctx, args)
+
+    command.parse_args = parse_args
+    for sub in getattr(command, "commands", {}).values():
+        _refuse_repeated_options(sub)
+
+
 def _register() -> None:
     # Each command module adds its commands to ``app`` when imported; one line per module.
     import treeattn.cli.calibrate  # noqa: F401
@@ -76,6 +113,7 @@ def main(args: list[str] | None = None) -> None:
     _register()
     command = typer.main.get_command(app)
     _no_type_on_flags(command)
+    _refuse_repeated_options(command)
     try:
         rc = command(args=args, standalone_mode=False, prog_name="treeattn")
     except TreeattnError as exc:
@@ -87,11 +125,7 @@ def main(args: list[str] | None = None) -> None:
         err_console.print("aborted")
         sys.exit(130)
     except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        try:  # typer >= 0.22 raises its vendored click's exceptions, whether or not click is installed
-            from typer import _click as click
-        except ImportError:
-            import click
-
+        click = _click()
         if isinstance(exc, click.exceptions.UsageError):
             # One line, as every other bad input (click writes usage, a hint and the error).
             where = exc.ctx.command_path if exc.ctx is not None else "treeattn"
