@@ -49,7 +49,7 @@ def search_plan(topology: str | Topology, workload_or_model: Workload | ModelPre
         >>> plan.ranks, plan.result
         (8, 'heads')
     """
-    from treeattn.search.search import search
+    from treeattn.search.search import Effort, search
     from treeattn.search.workload_file import workload_from_dict
     from treeattn.topology.library import resolve
 
@@ -57,8 +57,6 @@ def search_plan(topology: str | Topology, workload_or_model: Workload | ModelPre
     if unknown:
         raise InputError(f"search_plan takes no option {unknown[0]!r}; it takes "
                          f"{', '.join(_SEARCH_OPTIONS + _WORKLOAD_OPTIONS)}")
-    from treeattn.search.search import Effort
-
     # The search reads these as it goes: a wrong type would fail deep inside it, not here.
     if "seed" in options and (not isinstance(options["seed"], int) or isinstance(options["seed"], bool)):
         raise InputError(f"search_plan seed must be an integer, got {options['seed']!r}")

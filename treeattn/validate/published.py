@@ -48,7 +48,7 @@ from treeattn.plan.ir import Plan, TopologyRef
 from treeattn.plan.schedule import Programs
 from treeattn.topology.library import resolve
 from treeattn.topology.model import Topology
-from treeattn.topology.nccl_version import NEWEST, Release, nccl_release
+from treeattn.topology.nccl_version import Release
 from treeattn.validate.corpus import PublishedTable
 from treeattn.workload import RawPayload
 
@@ -166,11 +166,7 @@ def table_releases(tables: Iterable[PublishedTable]) -> dict[str, Release]:
     """The NCCL release the model predicts each table at (by name): the table's own, else its
     topology's (``cost.nccl_version``, by default the newest the model follows)."""
     cache = _Topologies()
-    out = {}
-    for t in tables:
-        version = cache.topo(t).cost.nccl_version
-        out[t.name] = t.nccl_release or (nccl_release(version) if version is not None else NEWEST)
-    return out
+    return {t.name: cache.fabric(t).nccl_release for t in tables}
 
 
 def predict_table(t: PublishedTable, cache: _Topologies | None = None,
