@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,8 +11,11 @@ import pytest
 from tests.cli_helpers import run_cli
 from treeattn.calibrate.from_nccl_tests import calibrate_from_nccl_tests, half_split
 from treeattn.calibrate.nccl_tests import calibrate_from_log, log_run, parse_nccl_tests, read_nccl_tests
+from treeattn.cost import nccl
+from treeattn.cost.bounds import CutModel
+from treeattn.cost.library import LibraryModel
 from treeattn.errors import InputError, ProbeError
-from treeattn.topology.io import load_topology
+from treeattn.topology.io import dump_topology, load_topology
 from treeattn.topology.library import resolve
 
 FIX = Path(__file__).parents[1] / "fixtures" / "nccl-tests"
@@ -46,6 +50,49 @@ def test_multi_node_log_sets_one_rail_link_from_the_node_egress():
     # the route latency is 0 and the log says why.
     assert any("below the overhead" in n for n in net.notes)
     assert by_scope["node"].beta_gbps == pytest.approx(calibrate_from_log(read_nccl_tests(ONE)).beta_link_gbps)
+
+
+def test_nccls_collective_model_reads_the_hardware_ratings_a_calibration_keeps(tmp_path):
+    # The ring fit gives the rail links 39 GB/s, which is right for treeattn's own sends and
+    # wrong for NCCL's trees and protocols, which read a link as NCCL rates the hardware
+    # (50 GB/s ports): the calibrated topology keeps the ratings, and NCCL's model reads them.
+    result = calibrate_from_nccl_tests(DGX4, [ONE, FOUR])
+    out = tmp_path / "cal.yaml"
+    out.write_text(dump_topology(result.topology))
+    topo = load_topology(out)
+    assert topo.fingerprint == result.topology.fingerprint
+    assert topo.route_bw_gbps(0, 8) == pytest.approx(calibrate_from_log(read_nccl_tests(FOUR)).beta_link_gbps / 8)
+    assert nccl.fabric(topo) == nccl.fabric(DGX4)
+    assert nccl.pick(topo, "all_reduce", 1 << 30) == nccl.pick(DGX4, "all_reduce", 1 << 30)
+    rated = topo.rated
+    assert rated.cost.link_rates == "datasheet" and rated.route_bw_gbps(0, 8) == DGX4.route_bw_gbps(0, 8)
+    assert rated.route_latency_us(0, 8) == DGX4.route_latency_us(0, 8)
+    # Calibrated again, a link keeps the first rating (the hardware's), not the first fit.
+    again = calibrate_from_nccl_tests(topo, [FOUR]).topology
+    assert nccl.fabric(again) == nccl.fabric(DGX4)
+    assert DGX4.rated is DGX4  # nothing measured: the topology itself
+    # The floor under NCCL's collectives is the hardware's too: a cut at the fitted 39 GB/s
+    # would put a 1 GiB all-reduce's floor 27 % above the hardware's.
+    floor = LibraryModel(topo).cuts.collective_floor_us(1 << 30, 1 << 20, everyone=True)
+    assert floor == LibraryModel(DGX4).cuts.collective_floor_us(1 << 30, 1 << 20, everyone=True)
+    assert CutModel(topo).collective_floor_us(1 << 30, 1 << 20, everyone=True) > 1.2 * floor
+
+
+def test_a_calibrated_shared_memory_hop_keeps_its_measured_rate(tmp_path):
+    # GeForce cards have no peer-to-peer: NCCL copies through host memory at a rate the host
+    # sets (nccl.SHM_GBPS when unknown). Calibrated from kalavai's 2 x RTX 4090 log (the
+    # corpus's k8s-2gpu table), NCCL's model takes the measured rate for that hop, and the
+    # hardware's ratings for everything else.
+    text = (Path(__file__).parents[2] / "results" / "published" / "kalavai-rtx4090.txt").read_text().splitlines()
+    log = tmp_path / "all_reduce_perf.k8s-2gpu.txt"
+    log.write_text("\n".join(text[147:187]) + "\n")
+    family = resolve("rtx4090:gpus=2")
+    result = calibrate_from_nccl_tests(family, [log])
+    (lf,) = result.logs
+    fab = nccl.fabric(result.topology)
+    assert nccl.fabric(family).shm_gbps == nccl.SHM_GBPS
+    assert fab.shm_gbps == pytest.approx(lf.beta_gbps) != pytest.approx(nccl.SHM_GBPS, rel=0.1)
+    assert dataclasses.replace(fab, shm_gbps=nccl.SHM_GBPS) == nccl.fabric(family)
 
 
 def test_mi300x_bus_bandwidth_is_spread_over_seven_links(tmp_path):

@@ -73,6 +73,31 @@ def test_fingerprint_ignores_listing_order_but_not_figures():
     slower = dataclasses.replace(t, links=[dataclasses.replace(links[0], bw_gbps=1.0), *links[1:]])
     assert slower.fingerprint != t.fingerprint
     assert dataclasses.replace(t, ranks=t.ranks[::-1]).fingerprint != t.fingerprint
+    rated = dataclasses.replace(t, links=[dataclasses.replace(links[0], rated_gbps=links[0].bw_gbps), *links[1:]])
+    assert rated.fingerprint != t.fingerprint
+
+
+def test_a_measured_link_keeps_its_rating_through_yaml():
+    text = """
+name: two
+devices:
+  - {name: c, kind: cpu}
+  - {name: g0, kind: gpu, mem_bw_gbps: 10}
+  - {name: g1, kind: gpu, mem_bw_gbps: 10}
+links:
+  - {src: g0, dst: c, kind: pcie, bw_gbps: 4, latency_us: 3, rated_gbps: 5, rated_latency_us: 1, duplex: true}
+  - {src: g1, dst: c, kind: pcie, bw_gbps: 5, duplex: true}
+"""
+    t = load_topology_text(text)
+    assert (t.links[0].rated_gbps, t.links[0].rated_latency_us) == (5, 1)
+    back = load_topology_text(dump_topology(t))
+    assert back.to_dict() == t.to_dict() and back.fingerprint == t.fingerprint
+    assert (t.route_bw_gbps(0, 1), t.rated.route_bw_gbps(0, 1)) == (4, 5)
+    assert (t.route_latency_us(0, 1), t.rated.route_latency_us(0, 1)) == (3, 1)
+    with pytest.raises(TopologyError, match=r"links\[0\]\.rated_gbps"):
+        load_topology_text(text.replace("rated_gbps: 5", "rated_gbps: 0"))
+    with pytest.raises(TopologyError, match="rated_latency_us must be >= 0"):
+        dataclasses.replace(t.links[0], rated_latency_us=-1.0)
 
 
 @pytest.mark.parametrize("name", sorted(shipped_files()))

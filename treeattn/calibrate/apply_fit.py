@@ -19,6 +19,9 @@ device. apply_fit inverts that:
   Links are changed by signature: every link of the topology with the hop's (kind, bw_gbps)
   gets the new value, so all routes of a class move together. Classes are applied in order of
   hop count (fewest first): short routes fix the links they share with longer ones.
+  A link whose rate or latency changes keeps the one it had as ``rated_gbps`` /
+  ``rated_latency_us``: the hardware's, which NCCL's collective model reads
+  (``Topology.rated``).
 * ``overhead_us``, ``launch_us``: into ``topo.cost``.
 * The compute model's effective memory bandwidth: ``mem_efficiency = effective / mem_bw_gbps``
   of the rank devices; when that exceeds 1 (or the device has no figure), the rank devices'
@@ -34,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from treeattn.errors import InputError
-from treeattn.topology.model import Topology
+from treeattn.topology.model import Link, Topology
 
 __all__ = ["ClassParams", "FittedParams", "apply_fit"]
 
@@ -128,10 +131,7 @@ def apply_fit(topo: Topology, fit: FittedParams, *, name: str | None = None) -> 
         # launch plus reading and writing the bytes): take it out of alpha and beta.
         _latency(hops, cls.alpha_us - launch_in_alpha - overhead, lat, label, warnings)
         _bandwidth(hops, _wire_gbps(cls.beta_gbps, copy_bw, label, warnings), bw, label, warnings)
-    links = []
-    for ln in topo.links:
-        s = _sig(ln.kind.value, ln.bw_gbps)
-        links.append(dataclasses.replace(ln, latency_us=lat.get(s, ln.latency_us), bw_gbps=bw.get(s, ln.bw_gbps)))
+    links = [_measured(ln, lat, bw) for ln in topo.links]
     cost = dataclasses.replace(topo.cost, overhead_us=overhead, launch_us=launch, mem_efficiency=eff,
                                link_rates="measured" if fit.classes else topo.cost.link_rates)
     if fit.attn_launch_us is not None and fit.attn_gbps is not None:
@@ -144,6 +144,16 @@ def apply_fit(topo: Topology, fit: FittedParams, *, name: str | None = None) -> 
                    description=topo.description, sources=sources, cost=cost)
     new.check_routable()
     return new, warnings
+
+
+def _measured(ln: Link, lat: dict[Hop, float], bw: dict[Hop, float]) -> Link:
+    """``ln`` with its fitted latency and rate, keeping what it had before as its rating
+    (a link calibrated twice keeps the first: the hardware's)."""
+    s = _sig(ln.kind.value, ln.bw_gbps)
+    latency, rate = lat.get(s, ln.latency_us), bw.get(s, ln.bw_gbps)
+    rated_gbps = ln.rated_gbps if ln.rated_gbps is not None or rate == ln.bw_gbps else ln.bw_gbps
+    rated_lat = ln.rated_latency_us if ln.rated_latency_us is not None or latency == ln.latency_us else ln.latency_us
+    return dataclasses.replace(ln, latency_us=latency, bw_gbps=rate, rated_gbps=rated_gbps, rated_latency_us=rated_lat)
 
 
 def _wire_gbps(beta: float, copy_bw: float, label: str, warnings: list[str]) -> float:

@@ -54,8 +54,10 @@ class LibraryModel:
 
     def __init__(self, topo: Topology) -> None:
         self.topo = topo
-        self.cuts = CutModel(topo)
         self.hosts = gloo.on_hosts(topo)
+        # NCCL's collectives are bounded by the hardware, not by rates a calibration fitted to
+        # treeattn's own transfers (Topology.rated); gloo's by what was measured.
+        self.cuts = CutModel(topo if self.hosts else topo.rated)
         self.fabric = None if self.hosts else nccl.fabric(topo)
 
     def time_us(self, plan: Plan, op: Op, share_bytes: int) -> tuple[float, list[tuple[float, ...]]]:

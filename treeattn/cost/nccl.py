@@ -262,7 +262,8 @@ PCIe 4.0 x16 with 26 GB/s copies, under LL, LL128 and Simple alike (sgl-project/
 39605); 3.9 GB/s on PCIe 3.0 x16 with one channel (NVIDIA/nccl issue 384, NCCL 2.4.8). The
 model takes their geometric mean. The host sets it (NVIDIA's maintainer in NVIDIA/nccl
 issues 384 and 1639: CPUs that handle two-way traffic badly; 28 GB/s on 8 RTX 5090 with 8
-channels forced): a tuned or measured machine is calibrated (``cost.link_rates: measured``)."""
+channels forced): a tuned machine is calibrated, and a hop whose route calibration measured
+moves at its measured rate instead (``_shm_gbps``, ``shm_pair_gbps``)."""
 # getNetOverhead: network post overhead per ring step, by CPU vendor (x3 for Simple).
 _NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "other": 1.0}
 # NCCL's per-link figure over the datasheet's, by NVLink generation.
@@ -510,8 +511,10 @@ def fabric(topo: Topology) -> NcclFabric:
         topo: the topology; a node is a value of ``Device.node`` holding a rank.
 
     Returns:
-        The NcclFabric (see the module docstring for how each figure is derived).
+        The NcclFabric (see the module docstring for how each figure is derived), from the
+        hardware's link ratings where a calibration measured the links (``Topology.rated``).
     """
+    measured, topo = topo, topo.rated
     devs = [topo.rank_device(r) for r in range(topo.num_ranks)]
     gpu_models = [d.model for d in devs if d.kind is DeviceKind.GPU]
     arch = _arch(gpu_models[0]) if gpu_models else "hopper"
@@ -622,7 +625,7 @@ def fabric(topo: Topology) -> NcclFabric:
     graph = graph_channels(arch, nodes, path_gbps or gpu_gbps, gpu_gbps, n_nics, nic_gbps)[0] if searched else 0
     return NcclFabric(
         nccl_release=nccl_release(topo.cost.nccl_version) if topo.cost.nccl_version is not None else NEWEST,
-        shm_gbps=SHM_GBPS if any(shm_pair_gbps(topo, a, b) < math.inf for a, b in intra_pairs) else 0.0,
+        shm_gbps=_shm_gbps(measured, intra_pairs),
         rccl=rccl,
         allpairs_gbps=_allpairs_gbps(topo, arch) if rccl and nodes == 1 else 0.0,
         channels=channels,
@@ -642,6 +645,20 @@ def fabric(topo: Topology) -> NcclFabric:
         inter_route_us=inter_route,
         limit="; ".join(limits),
     )
+
+
+def _shm_gbps(topo: Topology, pairs: list[tuple[int, int]]) -> float:
+    """``SHM_GBPS`` when one of the ring's hops inside a node goes through NCCL's
+    shared-memory transport (``shm_pair_gbps`` on the hardware's ratings), else 0. The host
+    sets that rate (``SHM_GBPS``): where a calibration measured such a hop's route, its
+    measured rate stands instead."""
+    rated = topo.rated
+    hops = [(a, b) for a, b in pairs if shm_pair_gbps(rated, a, b) < math.inf]
+    if not hops:
+        return 0.0
+    links = topo.links
+    return min(topo.route_bw_gbps(a, b) if any(links[i].rated_gbps is not None for i in topo.route(a, b))
+               else SHM_GBPS for a, b in hops)
 
 
 def _allpairs_gbps(topo: Topology, arch: str) -> float:

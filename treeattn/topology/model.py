@@ -179,6 +179,11 @@ class Link:
     """The most one flow gets on this link, below ``bw_gbps`` (which all flows share): TCP
     over loopback moves one connection at one core's copy rate, while several connections
     together use more cores. None: one flow may take the whole link."""
+    rated_gbps: float | None = None
+    """The hardware's rate where ``bw_gbps`` holds a measured one (``treeattn calibrate``
+    keeps it): NCCL's collective model rates links from the hardware (``Topology.rated``)."""
+    rated_latency_us: float | None = None
+    """Likewise the latency ``latency_us`` had before calibration replaced it."""
 
     def __post_init__(self) -> None:
         try:
@@ -203,6 +208,16 @@ class Link:
             raise TopologyError(
                 f"link {self.src}->{self.dst}: flow_gbps must be > 0, got {self.flow_gbps!r}"
             )
+        if self.rated_gbps is not None and not (isinstance(self.rated_gbps, (int, float)) and self.rated_gbps > 0):
+            raise TopologyError(
+                f"link {self.src}->{self.dst}: rated_gbps must be > 0, got {self.rated_gbps!r}"
+            )
+        if self.rated_latency_us is not None and not (
+            isinstance(self.rated_latency_us, (int, float)) and self.rated_latency_us >= 0
+        ):
+            raise TopologyError(
+                f"link {self.src}->{self.dst}: rated_latency_us must be >= 0, got {self.rated_latency_us!r}"
+            )
         if self.src == self.dst and self.kind is not LinkKind.LOOPBACK:
             raise TopologyError(f"link {self.src}->{self.dst}: only a loopback link may be a self-loop")
 
@@ -225,8 +240,10 @@ class Link:
             out["generation"] = self.generation
         if self.width is not None:
             out["width"] = self.width
-        if self.flow_gbps is not None:
-            out["flow_gbps"] = self.flow_gbps
+        for key in ("flow_gbps", "rated_gbps", "rated_latency_us"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
         return out
 
     @property
@@ -582,6 +599,27 @@ class Topology:
             "ranks": list(self.ranks),
         }
 
+    @cached_property
+    def rated(self) -> Topology:
+        """This topology with each link's hardware rating (``Link.rated_gbps``,
+        ``rated_latency_us``) where calibration measured it, and ``cost.link_rates`` back to
+        datasheet; itself where nothing was measured so. A calibrated link rate is fitted to
+        treeattn's own transfers; NCCL's collective model reads a link as NCCL rates the
+        hardware and runs its trees, NVLS and protocols on it, so it reads this instead."""
+        if all(ln.rated_gbps is None and ln.rated_latency_us is None for ln in self.links):
+            return self
+        links = tuple(
+            dataclasses.replace(
+                ln,
+                bw_gbps=ln.bw_gbps if ln.rated_gbps is None else ln.rated_gbps,
+                latency_us=ln.latency_us if ln.rated_latency_us is None else ln.rated_latency_us,
+                rated_gbps=None,
+                rated_latency_us=None,
+            )
+            for ln in self.links
+        )
+        return dataclasses.replace(self, links=links, cost=dataclasses.replace(self.cost, link_rates="datasheet"))
+
     @property
     def calibrated(self) -> bool:
         """Whether ``treeattn calibrate`` fitted its figures (rather than datasheet or built-in defaults)."""
@@ -606,6 +644,8 @@ class Topology:
         links = sorted(
             (ln.src, ln.dst, ln.kind.value, float(ln.bw_gbps), float(ln.latency_us), ln.count, ln.generation, ln.width)
             + (() if ln.flow_gbps is None else (float(ln.flow_gbps),))
+            + (() if ln.rated_gbps is None and ln.rated_latency_us is None
+               else ("rated", ln.rated_gbps, ln.rated_latency_us))
             for ln in self.links
         )
         cost = self.cost.key()

@@ -150,6 +150,12 @@ class LinkSpec(_Spec):
     generation: int | None = Field(None, ge=1)
     width: int | None = Field(None, ge=1)
     flow_gbps: float | None = Field(None, gt=0, description="The most one flow gets (loopback TCP: one core's rate).")
+    rated_gbps: float | None = Field(
+        None, gt=0, description="The hardware's rate where bw_gbps was measured (calibrate keeps it for NCCL's model)."
+    )
+    rated_latency_us: float | None = Field(
+        None, ge=0, description="The latency latency_us had before calibration measured it."
+    )
     duplex: bool = False
 
 
