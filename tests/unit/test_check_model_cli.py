@@ -99,6 +99,27 @@ def test_own_log_env_reaches_the_model(tmp_path):
     assert all(r["how"].startswith("ring/") for r in rows) and rows != default
 
 
+def test_own_log_env_is_said_not_to_reach_point_to_point_rows(tmp_path):
+    # A sendrecv log: li-plus's published table (one process driving 8 GPUs, -g 8) under the
+    # header and device lines of the one-node fixture (a run of the same form) set to the sizes
+    # of li-plus's command (-b 128M -e 1G), which its README left out, and the closing lines
+    # nccl-tests prints.
+    corpus = Path(__file__).resolve().parents[2] / "results" / "published"
+    head = (FIXTURE.parent / "all_reduce_perf.8xh100-1node.txt").read_text().splitlines()[:12]
+    head[0] = head[0].replace("maxBytes 4294967296", "maxBytes 1073741824")
+    rows = (corpus / "li-plus-playground-a100-sendrecv.txt").read_text().splitlines()[7:15]
+    log = tmp_path / "sendrecv_perf.txt"
+    log.write_text("\n".join([*head, *rows, "# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 172.031"])
+                   + "\n")
+    res = run_cli("check-model", str(log), "-t", "dgx-a100", "--env", "NCCL_PROTO=Simple")
+    assert res.exit_code == 0, res.stderr
+    said = [line for line in res.stdout.splitlines() if "--env not applied" in line]
+    assert len(said) == 1 and said[0].startswith(f"{log}: sendrecv over 8 ranks")
+    assert "--env not applied" not in run_cli("check-model", str(log), "-t", "dgx-a100").stdout
+    collective = run_cli("check-model", str(FIXTURE), "-t", "dgx-h100:nodes=4", "--env", "NCCL_PROTO=Simple")
+    assert collective.exit_code == 0 and "--env not applied" not in collective.stdout
+
+
 def test_own_log_bad_input_is_one_line_and_exit_2(tmp_path):
     log = tmp_path / "run.txt"
     shutil.copy(FIXTURE, log)

@@ -80,7 +80,14 @@ def check_model_cmd(
     from treeattn.errors import InputError
     from treeattn.topology.nccl_version import release_text
     from treeattn.validate.corpus import is_mapping, load_corpus, load_logs
-    from treeattn.validate.published import REGIMES, plot_corpus, predict_corpus, summarize, table_releases
+    from treeattn.validate.published import (
+        POINT_TO_POINT,
+        REGIMES,
+        plot_corpus,
+        predict_corpus,
+        summarize,
+        table_releases,
+    )
 
     if png is not None and png.suffix.lower() != ".png":
         raise InputError(f"--png {png}: give a .png file name")
@@ -135,6 +142,8 @@ def check_model_cmd(
             nccl = (f"NCCL {t.version} (printed)" if t.version
                     else f"the topology's NCCL release ({release_text(releases[t.name])})")
             inferred = f"; {t.meta['inferred']}" if t.meta.get("inferred") else ""
+            if settings and t.collective in POINT_TO_POINT:
+                inferred += "; --env not applied (the point-to-point model reads no NCCL setting)"
             con.print(f"{t.url}: {t.collective} over {t.ranks} ranks on {t.topology}{gpus}, {nccl}{inferred}",
                       markup=False)
     con.print(_table("By size regime (scored rows)", "regime",

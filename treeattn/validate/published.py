@@ -52,9 +52,8 @@ from treeattn.topology.nccl_version import Release
 from treeattn.validate.corpus import PublishedTable
 from treeattn.workload import RawPayload
 
-__all__ = ["GROUP_LAUNCH_US", "REGIMES", "RowResult", "predict_table", "predict_corpus", "summarize", "plot_corpus",
-           "table_releases",
-           "p2p_time_us"]
+__all__ = ["GROUP_LAUNCH_US", "POINT_TO_POINT", "REGIMES", "RowResult", "predict_table", "predict_corpus", "summarize",
+           "plot_corpus", "table_releases", "p2p_time_us"]
 
 KIB, MIB = 1024, 1024 * 1024
 REGIMES = ("<=64KiB", "64KiB-1MiB", "1-16MiB", "16-256MiB", ">=256MiB")
@@ -169,11 +168,15 @@ def table_releases(tables: Iterable[PublishedTable]) -> dict[str, Release]:
     return {t.name: cache.fabric(t).nccl_release for t in tables}
 
 
+POINT_TO_POINT = ("sendrecv", "alltoall")
+"""Collectives the point-to-point model times (it reads no NCCL setting); the NCCL model the rest."""
+
+
 def predict_table(t: PublishedTable, cache: _Topologies | None = None,
                   on_row: Callable[[], None] | None = None) -> list[RowResult]:
     """Predict every row of one table (see the module docstring); ``on_row()`` after each."""
     cache = cache or _Topologies()
-    point_to_point = t.collective in ("sendrecv", "alltoall")
+    point_to_point = t.collective in POINT_TO_POINT
     topo = cache.p2p_topo(t) if point_to_point else cache.topo(t)
     # One process driving G GPUs (nccl-tests -g G) launches their G kernels one after another
     # each call; the GPUs run one call while the process launches the next.
