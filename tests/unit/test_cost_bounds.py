@@ -202,3 +202,32 @@ def test_direct_exchanges_never_beat_the_bound(case):
     topo, w, groups, chunks = case
     plan = builders.build("direct", w, topo, chunks=chunks, groups=groups)
     assert simulate(plan, topo).predicted_us >= lower_bounds(w, topo).bound_us * (1 - 1e-9)
+
+
+def test_library_collectives_on_their_ratings_never_beat_the_bound():
+    # A calibration that measured NVLink well below its rating: treeattn's transfers move at
+    # the measured 100 GB/s, NCCL's collectives at the 450 GB/s rating (Topology.rated). The
+    # bound read the measured rates only and sat above the all-reduce (0.70x on 64 MiB).
+    import dataclasses
+
+    from treeattn.cost.bounds import bound_topology
+    from treeattn.plan.builders import build
+    from treeattn.topology.library import resolve
+    from treeattn.topology.model import LinkKind
+
+    family = resolve("dgx-h100")
+    links = tuple(dataclasses.replace(ln, bw_gbps=100.0, rated_gbps=ln.bw_gbps, latency_us=3.5,
+                                      rated_latency_us=ln.latency_us) if ln.kind is LinkKind.NVLINK else ln
+                  for ln in family.links)
+    topo = dataclasses.replace(family, links=links)
+    for payload in (RawPayload(nbytes=64 << 20, ranks=8), RawPayload(nbytes=8, ranks=8)):
+        plan = build("allreduce", payload, topo)
+        assert simulate(plan, topo).predicted_us >= lower_bounds(payload, topo).bound_us
+    w = Workload.create(ranks=8, seq_len=1 << 17, model="llama-3.1-8b")
+    for name in ("allreduce3", "allgather-merge", "binomial"):
+        plan = build(name, w, topo)
+        assert simulate(plan, topo).predicted_us >= lower_bounds(w, topo).bound_us
+    assert bound_topology(family) is family
+    faster = bound_topology(topo)
+    assert faster.route_bw_gbps(0, 1) == family.route_bw_gbps(0, 1)
+    assert faster.route_latency_us(0, 1) == family.route_latency_us(0, 1)

@@ -72,11 +72,15 @@ and depth bounds of a raw payload of its bytes and row size). F is homogeneous o
 one in (alpha, g, mu) and grows with each, and mu's memory part is linear in the row
 size, so collectives whose row sizes add up to at least a partial's row (the three
 all-reduces of the paper's method) are floored, together, at no less than the depth bound
-of the whole partial: the bounds hold for collective plans too.
+of the whole partial: the bounds hold for collective plans too. Where a calibration kept a link's hardware
+rating beside its measured rate, NCCL's collectives move at the rating (``Topology.rated``)
+and point-to-point transfers at the measured rate: the bounds read each link at the faster
+of the two and the smaller latency (``bound_topology``), so they hold for either.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Iterable, Sequence
@@ -84,11 +88,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from treeattn.cost.compute import ComputeModel
+from treeattn.cost.gloo import on_hosts
 from treeattn.errors import InputError
 from treeattn.topology.model import Topology
 from treeattn.workload import Payload, Workload
 
-__all__ = ["Bounds", "CutModel", "lower_bounds", "plan_bounds", "heads_shares", "depth_bound_us", "spread_bound_us"]
+__all__ = ["Bounds", "CutModel", "bound_topology", "lower_bounds", "plan_bounds", "heads_shares", "depth_bound_us",
+           "spread_bound_us"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,6 +373,27 @@ def _cap(table: dict, key) -> tuple[float, float]:
     return (hit[0], hit[1]) if hit else (0.0, 0.0)
 
 
+def bound_topology(topo: Topology) -> Topology:
+    """The links the bounds read: ``topo`` itself, except that a link whose measured rate
+    calibration kept beside its hardware rating (``Link.rated_gbps``, ``rated_latency_us``)
+    counts at the faster rate and the smaller latency of the two where NCCL runs the
+    collectives (GPU ranks), as those move at the ratings and treeattn's own transfers at the
+    measured rates. On host ranks both use the measured rates (gloo)."""
+    if on_hosts(topo) or topo.rated is topo:
+        return topo
+    links = tuple(
+        dataclasses.replace(
+            ln,
+            bw_gbps=max(ln.bw_gbps, ln.rated_gbps or 0.0),
+            latency_us=min(ln.latency_us, ln.latency_us if ln.rated_latency_us is None else ln.rated_latency_us),
+            rated_gbps=None,
+            rated_latency_us=None,
+        )
+        for ln in topo.links
+    )
+    return dataclasses.replace(topo, links=links)
+
+
 def lower_bounds(
     payload: Payload,
     topo: Topology,
@@ -386,7 +413,8 @@ def lower_bounds(
         contributors: ranks whose contributions the result holds; None = every rank.
         shares: per rank, the share of the rows it must hold (a heads layout:
             ``heads_shares``); None = every row.
-        cuts: a prebuilt ``CutModel`` of ``topo`` (saves rebuilding it in a search loop).
+        cuts: a prebuilt ``CutModel`` of ``bound_topology(topo)`` (saves rebuilding it in a
+            search loop).
 
     Returns:
         The Bounds; ``bound_us`` never exceeds what ``simulate`` predicts for a valid plan.
@@ -416,7 +444,7 @@ def lower_bounds(
         costs = [cm.min_partial_us(j) for j in contrib]
         compute, first = max(costs), min(costs)
         kv = {j: float(payload.kv_bytes(j)) for j in contrib}
-    cuts = cuts if cuts is not None else CutModel(topo)
+    cuts = cuts if cuts is not None else CutModel(bound_topology(topo))
     o = topo.floor_overhead_us
     bw_us, bw_name = 0.0, ""
     share_of = None if shares is None else dict(enumerate(shares))
