@@ -11,7 +11,7 @@ from rich.table import Table
 
 from treeattn.cli import app
 from treeattn.cli.progress import progress_reporter
-from treeattn.cli.render import console
+from treeattn.cli.render import console, print_rates_note
 
 
 def _stat_row(name: str, st: dict) -> list[str]:
@@ -146,6 +146,10 @@ def check_model_cmd(
                 inferred += "; --env not applied (the point-to-point model reads no NCCL setting)"
             con.print(f"{t.url}: {t.collective} over {t.ranks} ranks on {t.topology}{gpus}, {nccl}{inferred}",
                       markup=False)
+    if logs and topology is not None:
+        from treeattn.topology.library import resolve
+
+        print_rates_note(con, resolve(topology))
     con.print(_table("By size regime (scored rows)", "regime",
                      [_stat_row(g, summary["regimes"][g]) for g in REGIMES] + [_stat_row("all", summary["all"])]))
     con.print(_table("By collective (scored rows)", "collective",

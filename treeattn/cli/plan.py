@@ -37,7 +37,7 @@ from treeattn.cli.options import (
 )
 from treeattn.cli.paths import output_file, safe_name
 from treeattn.cli.progress import progress_reporter
-from treeattn.cli.render import console, key_columns
+from treeattn.cli.render import console, key_columns, print_rates_note
 from treeattn.errors import InputError
 from treeattn.units import format_size
 from treeattn.workload import Payload, Workload
@@ -346,6 +346,7 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
             else f"{format_size(payload.nbytes)} {payload.op.value}")
     con.print(f"[bold]{topo.name}[/] ({topo.num_ranks} ranks), {what}, result {result}: partial "
               f"{format_size(payload.payload_bytes)} per rank")
+    print_rates_note(con, topo)
     table = key_columns(Table(title="Candidates (fastest first)" if searched else "Plan"), 2)
     for col in ("#", "algorithm", "parameters", "chunks", "predicted us", "x bound", f"x {ref_name}"):
         table.add_column(col, justify="right" if col not in ("algorithm", "parameters") else "left")
@@ -502,6 +503,8 @@ def compare_cmd(
         return
     _compare_tables(rows, result, ring)
     con = console()
+    for t in topos:
+        print_rates_note(con, t, f"{t.name}:\n" if len(topos) > 1 else "")
     for path in (csv, png):
         if path is not None:
             con.print(f"wrote {path}")

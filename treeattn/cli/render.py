@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-__all__ = ["console", "key_columns", "fit_table"]
+__all__ = ["console", "key_columns", "fit_table", "print_rates_note"]
 
 _KEY = "_treeattn_key_columns"
 
@@ -31,6 +31,16 @@ _KEY = "_treeattn_key_columns"
 def console() -> Console:
     """The console a command prints its tables and lines to (stdout)."""
     return _FittingConsole(highlight=False, soft_wrap=True)
+
+
+def print_rates_note(con: Console, topo: Any, prefix: str = "") -> None:
+    """Print which link rates the figures on ``topo`` (a Topology) read, where a calibration
+    measured them (``treeattn.cost.library.link_rates_note``); nothing elsewhere."""
+    from treeattn.cost.library import link_rates_note
+
+    note = link_rates_note(topo)
+    if note:
+        con.print(prefix + note, markup=False)
 
 
 def key_columns(table: Table, n: int) -> Table:

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from treeattn.cli import app, err_console
 from treeattn.cli.paths import output_file
-from treeattn.cli.render import console
+from treeattn.cli.render import console, print_rates_note
 from treeattn.cost import nccl
 from treeattn.cost.bounds import plan_bounds
 from treeattn.cost.simulate import SimResult, simulate
@@ -103,6 +103,7 @@ def simulate_cmd(
         return
     con = console()
     con.print(f"[bold]{plan.algorithm}[/] ({plan.ranks} ranks, {plan.chunks} chunk(s)) on [bold]{topo.name}[/]")
+    print_rates_note(con, topo)
     con.print(f"predicted   {res.predicted_us:12.3f} us")
     term = bounds.cut if bounds.cut in ("compute", "depth", "spread") else f"the cut {bounds.cut}"
     con.print(f"lower bound {bounds.bound_us:12.3f} us   set by {term} (see --help)")
@@ -231,6 +232,7 @@ def nccl_model_cmd(
     con.print(f"{coll.value} of {format_size(size)} on [bold]{topo.name}[/]: {fab.ranks} ranks, {fab.nodes} node(s)")
     con.print(f"{library}; the fabric's bus bandwidth {fab.bus_bw_gbps:.4g} GB/s "
               f"(tree {fab.tree_bus_bw_gbps:.4g} GB/s)")
+    print_rates_note(con, topo)
     for limit in filter(None, fab.limit.split("; ")):
         con.print(f"capped by the routes: {limit}", markup=False)
     if fab.shm_gbps:

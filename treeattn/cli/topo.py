@@ -15,7 +15,7 @@ from rich.table import Table
 
 from treeattn.cli import app
 from treeattn.cli.paths import output_file, safe_name
-from treeattn.cli.render import console
+from treeattn.cli.render import console, print_rates_note
 from treeattn.cost.compute import ComputeModel
 from treeattn.cost.nccl import SHM_GBPS, shm_pairs
 from treeattn.topology import Topology, list_presets, resolve, topology_json_schema
@@ -87,11 +87,13 @@ def show(
         kinds.add_row(kind, str(n))
     con.print(kinds)
     links = Table(title="Links (directed)")
-    for col in ("kind", "count", "GB/s per direction"):
+    keys = [k for k in _LINK_COLUMNS if all(k in e for e in summary["links"].values())]
+    for col in ("kind", "count", *(_LINK_COLUMNS[k] for k in keys)):
         links.add_column(col)
     for kind, entry in summary["links"].items():
-        links.add_row(kind, str(entry["count"]), ", ".join(f"{b:g}" for b in entry["bw_gbps"]))
+        links.add_row(kind, str(entry["count"]), *(", ".join(f"{b:g}" for b in entry[k]) for k in keys))
     con.print(links)
+    print_rates_note(con, topo)
     if summary["domains"]:
         doms = Table(title="Domains (fastest first)")
         for col in ("level", "groups", "ranks per group"):
@@ -123,6 +125,10 @@ def show(
         con.print(f"their data through host memory, at most {SHM_GBPS:g} GB/s a pair (docs/nccl-model.md).")
     if png is not None:
         con.print(f"wrote {png}")
+
+
+_LINK_COLUMNS = {"bw_gbps": "GB/s per direction", "latency_us": "latency us", "rated_gbps": "rated GB/s",
+                 "rated_latency_us": "rated latency us"}
 
 
 def _compute_line(topo: Topology) -> str:

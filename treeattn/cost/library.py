@@ -18,7 +18,7 @@ from treeattn.cost.nccl_p2p import WORLD
 from treeattn.plan.ir import COLLECTIVE_FORMS, Op, Plan, element_bytes, row_bytes
 from treeattn.topology.model import Topology
 
-__all__ = ["LibraryModel", "alltoall_us", "last_landing_us"]
+__all__ = ["LibraryModel", "alltoall_us", "last_landing_us", "link_rates_note"]
 
 _A2A: dict[tuple[str, int], float] = {}
 
@@ -47,6 +47,20 @@ def alltoall_us(topo: Topology, nbytes: int, communicator: str = WORLD) -> float
             _A2A.clear()
         _A2A[key] = hit
     return hit
+
+
+def link_rates_note(topo: Topology) -> str | None:
+    """Which link rates the predictions on ``topo`` read, in two lines of at most 80
+    characters, where a calibration measured them on GPU ranks (``cost.link_rates:
+    measured``); None elsewhere (datasheet rates, or host ranks, where gloo and treeattn's
+    transfers alike read the measured ones)."""
+    if topo.cost.link_rates != "measured" or gloo.on_hosts(topo):
+        return None
+    if topo.rated is topo:
+        return ("link rates: measured, and the topology keeps no hardware ratings (rated_gbps):\n"
+                "NCCL's collectives read the measured rates too (docs/nccl-model.md)")
+    return ("link rates: point-to-point transfers at the rates calibration measured;\n"
+            "NCCL's collectives at the hardware ratings kept (rated_gbps; docs/nccl-model.md)")
 
 
 class LibraryModel:

@@ -32,19 +32,28 @@ def topology_summary(topo: Topology, matrix_limit: int = 16) -> dict:
     Returns:
         Plain data with sorted keys when dumped: ``name``, ``fingerprint``, ``ranks``,
         ``nodes``, ``devices`` (count per kind), ``links`` (per kind: directed link count
-        and distinct bandwidths), ``cost`` (the YAML ``cost:`` mapping, every term set),
+        and distinct bandwidths and latencies; where calibration kept the links' hardware
+        ratings, also the distinct ``rated_gbps`` and ``rated_latency_us`` NCCL's collective
+        model reads, ``Topology.rated``), ``cost`` (the YAML ``cost:`` mapping, every term set),
         ``domains``, ``rails``, ``from_rank0`` (per rank: device, ``bw_gbps``, ``latency_us``,
         ``hops``) and, for small topologies,
         ``bw_matrix_gbps``.
     """
     kinds = Counter(d.kind.value for d in topo.devices)
     links: dict[str, dict] = {}
-    for ln in topo.links:
-        entry = links.setdefault(ln.kind.value, {"count": 0, "bw_gbps": set()})
+    rated = topo.rated
+    keys = ("bw_gbps", "latency_us") + (() if rated is topo else ("rated_gbps", "rated_latency_us"))
+    for ln, hw in zip(topo.links, rated.links, strict=True):
+        entry = links.setdefault(ln.kind.value, {"count": 0, **{k: set() for k in keys}})
         entry["count"] += 1
         entry["bw_gbps"].add(ln.bw_gbps)
+        entry["latency_us"].add(ln.latency_us)
+        if rated is not topo:
+            entry["rated_gbps"].add(hw.bw_gbps)
+            entry["rated_latency_us"].add(hw.latency_us)
     for entry in links.values():
-        entry["bw_gbps"] = sorted(entry["bw_gbps"])
+        for k in keys:
+            entry[k] = sorted(entry[k])
     from_rank0 = []
     for r in range(topo.num_ranks):
         route = topo.route(0, r)

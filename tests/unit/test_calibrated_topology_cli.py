@@ -1,0 +1,67 @@
+"""A topology calibrated from nccl-tests logs, through every command a user runs on it next:
+each says which link rates its figures read (measured for point-to-point transfers, the
+hardware's ratings for NCCL's collectives), and the ratings reach what they should."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli_helpers import run_cli
+
+LOG = Path(__file__).parents[1] / "fixtures" / "nccl-tests" / "all_reduce_perf.8xh100-1node.txt"
+NOTE = "NCCL's collectives at the hardware ratings kept (rated_gbps"
+
+
+@pytest.fixture(scope="module")
+def mine(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("calibrated") / "mine.yaml"
+    res = run_cli("calibrate", "--from-nccl-tests", str(LOG), "-t", "dgx-h100", "-o", str(out))
+    assert res.exit_code == 0, res.stderr
+    return out
+
+
+def test_topo_show_gives_measured_and_rated_figures(mine):
+    data = json.loads(run_cli("topo", "show", str(mine), "--json").stdout)
+    nvlink = data["links"]["nvlink"]
+    assert nvlink["rated_gbps"] == [450.0] and nvlink["rated_latency_us"] == [0.3]
+    assert nvlink["bw_gbps"] != [450.0] and nvlink["latency_us"] != [0.3]
+    assert data["links"]["pcie"]["rated_gbps"] == data["links"]["pcie"]["bw_gbps"]  # not measured: as is
+    text = run_cli("topo", "show", str(mine)).stdout
+    row = next(ln for ln in text.splitlines() if ln.startswith("│ nvlink"))
+    assert [c.strip() for c in row.strip("│").split("│")][2:] == ["474.378", "3.53565", "450", "0.3"]
+    assert NOTE in text
+    family = run_cli("topo", "show", "dgx-h100")
+    assert "rated" not in family.stdout and "link rates" not in family.stdout
+    assert "rated_gbps" not in json.loads(run_cli("topo", "show", "dgx-h100", "--json").stdout)["links"]["nvlink"]
+
+
+def test_every_command_says_which_rates_it_reads(mine, tmp_path):
+    plan = tmp_path / "plan.yaml"
+    runs = {
+        "plan": ("plan", "-t", str(mine), "-m", "llama-3.1-8b", "-n", "16K", "-o", str(plan), "--no-progress"),
+        "simulate": ("simulate", str(plan)),
+        "compare": ("compare", "-t", str(mine), "-m", "llama-3.1-8b", "--seq-lens", "16K", "--no-progress"),
+        "nccl-model": ("nccl-model", "-t", str(mine), "-c", "allreduce", "--bytes", "1MiB"),
+        "check-model": ("check-model", str(LOG), "-t", str(mine), "--no-progress"),
+    }
+    for name, args in runs.items():
+        res = run_cli(*args)
+        assert res.exit_code == 0, (name, res.stderr)
+        assert NOTE in res.stdout and "point-to-point transfers at the rates calibration measured" in res.stdout, name
+    for name, args in runs.items():  # on the family's datasheet rates there is nothing to say
+        if name == "simulate":
+            continue
+        res = run_cli(*[("dgx-h100" if a == str(mine) else a) for a in args])
+        assert res.exit_code == 0 and "link rates" not in res.stdout, (name, res.stderr)
+
+
+def test_a_measured_topology_without_ratings_says_nccl_reads_the_measured_rates(mine, tmp_path):
+    bare = tmp_path / "bare.yaml"
+    lines = mine.read_text().splitlines()
+    bare.write_text("\n".join(ln.replace(", rated_gbps: 450.0, rated_latency_us: 0.3", "") for ln in lines) + "\n")
+    assert "rated_gbps" not in bare.read_text()
+    res = run_cli("nccl-model", "-t", str(bare), "-c", "allreduce", "--bytes", "1MiB")
+    assert res.exit_code == 0 and "NCCL's collectives read the measured rates too" in res.stdout
