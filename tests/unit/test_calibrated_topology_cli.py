@@ -65,3 +65,23 @@ def test_a_measured_topology_without_ratings_says_nccl_reads_the_measured_rates(
     assert "rated_gbps" not in bare.read_text()
     res = run_cli("nccl-model", "-t", str(bare), "-c", "allreduce", "--bytes", "1MiB")
     assert res.exit_code == 0 and "NCCL's collectives read the measured rates too" in res.stdout
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("rated_gbps", "0", "must be > 0"), ("rated_gbps", "-1", "must be > 0"),
+    ("rated_gbps", "fast", "valid number"), ("rated_gbps", ".inf", "finite number"),
+    ("rated_latency_us", "-1", "must be >= 0"), ("rated_latency_us", ".nan", "finite number"),
+])
+def test_a_bad_rating_is_one_line_naming_the_field_and_line(mine, tmp_path, field, value, says):
+    lines = mine.read_text().splitlines()
+    at = next(i for i, ln in enumerate(lines) if f"{field}: " in ln)
+    old = "450.0" if field == "rated_gbps" else "0.3"
+    lines[at] = lines[at].replace(f"{field}: {old}", f"{field}: {value}", 1)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("\n".join(lines) + "\n")
+    for args in (("topo", "show", str(bad)), ("nccl-model", "-t", str(bad), "-c", "allreduce", "--bytes", "1MiB"),
+                 ("plan", "-t", str(bad), "--bytes", "1MiB", "-o", str(tmp_path / "p.yaml"))):
+        res = run_cli(*args)
+        assert res.exit_code == 2 and res.stdout == "", args
+        assert res.stderr.count("\n") == 1 and f"bad.yaml:{at + 1}:" in res.stderr, res.stderr
+        assert f".{field}: " in res.stderr and says in res.stderr, res.stderr

@@ -65,7 +65,7 @@ def format_loc(loc: Loc) -> str:
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class CostSpec(_Spec):
