@@ -70,6 +70,10 @@ def test_nccls_collective_model_reads_the_hardware_ratings_a_calibration_keeps(t
     # Calibrated again, a link keeps the first rating (the hardware's), not the first fit.
     again = calibrate_from_nccl_tests(topo, [FOUR]).topology
     assert nccl.fabric(again) == nccl.fabric(DGX4)
+    # ... is named once (not dgx-h100-nodes4-calibrated-calibrated), and the same logs again
+    # are listed once.
+    assert again.name == topo.name == "dgx-h100-nodes4-calibrated"
+    assert calibrate_from_nccl_tests(topo, [ONE, FOUR]).topology.sources == topo.sources
     assert DGX4.rated is DGX4  # nothing measured: the topology itself
     # The floor under NCCL's collectives is the hardware's too: a cut at the fitted 39 GB/s
     # would put a 1 GiB all-reduce's floor 27 % above the hardware's.

@@ -92,7 +92,8 @@ def apply_fit(topo: Topology, fit: FittedParams, *, name: str | None = None) -> 
     Args:
         topo: the topology measured (or the one a log is mapped onto).
         fit: the fitted parameters.
-        name: the new topology's name (default ``<name>-calibrated``).
+        name: the new topology's name (default ``<name>-calibrated``, or ``<name>`` where it
+            already ends so).
 
     Returns:
         The new topology (routable, same devices, links and ranks) and warnings about what
@@ -137,10 +138,12 @@ def apply_fit(topo: Topology, fit: FittedParams, *, name: str | None = None) -> 
     if fit.attn_launch_us is not None and fit.attn_gbps is not None:
         cost = dataclasses.replace(cost, attn_launch_us=max(0.0, float(fit.attn_launch_us)),
                                    attn_gbps=float(fit.attn_gbps))
-    sources = tuple(topo.sources) + ((fit.source,) if fit.source else ())
+    # Calibrated again (a calibrated file as the topology), it is named and sourced once.
+    sources = tuple(topo.sources) + ((fit.source,) if fit.source and fit.source not in topo.sources else ())
     # A family member's name is a spec (cpu:ranks=4,cores=2); the fitted topology is no member.
     plain = re.sub(r"[^A-Za-z0-9_.-]+", "-", topo.name.replace("=", "")).strip("-")
-    new = Topology(name=name or f"{plain}-calibrated", devices=devices, links=tuple(links), ranks=topo.ranks,
+    plain = plain if plain.endswith("-calibrated") else f"{plain}-calibrated"
+    new = Topology(name=name or plain, devices=devices, links=tuple(links), ranks=topo.ranks,
                    description=topo.description, sources=sources, cost=cost)
     new.check_routable()
     return new, warnings
