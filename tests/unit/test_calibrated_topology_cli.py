@@ -85,3 +85,16 @@ def test_a_bad_rating_is_one_line_naming_the_field_and_line(mine, tmp_path, fiel
         assert res.exit_code == 2 and res.stdout == "", args
         assert res.stderr.count("\n") == 1 and f"bad.yaml:{at + 1}:" in res.stderr, res.stderr
         assert f".{field}: " in res.stderr and says in res.stderr, res.stderr
+
+
+def test_ratings_written_by_hand_are_announced_too(tmp_path):
+    from treeattn.topology.io import dump_topology
+    from treeattn.topology.library import resolve
+
+    text = dump_topology(resolve("dgx-h100"))
+    hand = tmp_path / "hand.yaml"
+    nvlink = "bw_gbps: 450.0, latency_us: 0.3,"
+    hand.write_text(text.replace(nvlink, "bw_gbps: 300.0, latency_us: 0.3, rated_gbps: 450.0,"))
+    assert "rated_gbps: 450.0" in hand.read_text() and "link_rates" not in hand.read_text()
+    res = run_cli("nccl-model", "-t", str(hand), "-c", "allreduce", "--bytes", "1MiB")
+    assert res.exit_code == 0 and NOTE in res.stdout
