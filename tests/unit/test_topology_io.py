@@ -163,6 +163,13 @@ links:
          "  - {src: g, dst: c, kind: pcie, bw_gbps: 1, duplex: true}\n  - {src: c, dst: g, kind: pcie, bw_gbps: 2}\n",
          "<t>:7: links[1]: repeats c->g (also links[0])"),
         ("- a\n- b\n", "<t>:1: the top level must be a mapping"),
+        ("name: x\ndevices:\n  - {name: g, kind: gpu, mem_bw_gbps: true}\n",
+         "<t>:3: devices[0].mem_bw_gbps: input should be a valid number (got True)"),
+        ("name: x\ndevices:\n  - {name: g, kind: gpu, mem_bw_gbps: '1'}\n",
+         "<t>:3: devices[0].mem_bw_gbps: input should be a valid number (got '1')"),
+        ("name: x\ndevices:\n  - {name: g, kind: gpu, mem_bw_gbps: 1}\n  - {name: c, kind: cpu}\nlinks:\n"
+         "  - {src: g, dst: c, kind: pcie, bw_gbps: 1, count: 2.0}\n", "<t>:6: links[0].count: input should be a valid "
+         "integer (got 2.0)"),
         ("name: x\nnode: {gpus: {count: 2, mem_bw_gbps: 1}, pcie: {bw_gbps: 1}, fabric: {kind: nvswitch}}\n",
          "<t>:2: node.fabric.bw_gbps: a nvswitch fabric needs bw_gbps"),
         ("name: x\nnodes: 3\nnode:\n  gpus: {count: 2, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1}\n"

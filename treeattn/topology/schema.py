@@ -14,9 +14,9 @@ Every model forbids unknown fields, so a typo is an error that names the field.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 
 from treeattn.errors import InputError, TopologyError
 from treeattn.topology.model import DeviceKind, LinkKind
@@ -45,6 +45,11 @@ __all__ = [
 
 Loc = tuple[str | int, ...]
 
+# Numbers as YAML writes them: an integer where a float goes, but neither true/false (which
+# lax parsing reads as 1/0) nor a quoted string, nor a float where a count goes.
+Float = Annotated[float, Strict()]
+Int = Annotated[int, Strict()]
+
 
 class FieldError(TopologyError):
     """A semantic error at a field path (``("links", 3, "dst")``); the loader adds the
@@ -71,33 +76,33 @@ class _Spec(BaseModel):
 class CostSpec(_Spec):
     """Per-machine constants of the cost model (``treeattn calibrate`` replaces them)."""
 
-    overhead_us: float = Field(2.0, ge=0, description="Software overhead a sender pays per message.")
-    launch_us: float = Field(5.0, ge=0, description="Fixed cost of a local compute step (kernel launch).")
-    mem_efficiency: float = Field(
+    overhead_us: Float = Field(2.0, ge=0, description="Software overhead a sender pays per message.")
+    launch_us: Float = Field(5.0, ge=0, description="Fixed cost of a local compute step (kernel launch).")
+    mem_efficiency: Float = Field(
         0.8, gt=0, le=1, description="Fraction of memory bandwidth a memory-bound kernel reaches."
     )
-    host_cores: int = Field(0, ge=0, description="CPU cores the host ranks share (0: not modelled).")
-    cpu_us: float = Field(0.0, ge=0, description="CPU time a message costs a host rank at each end.")
+    host_cores: Int = Field(0, ge=0, description="CPU cores the host ranks share (0: not modelled).")
+    cpu_us: Float = Field(0.0, ge=0, description="CPU time a message costs a host rank at each end.")
     cpu_scope: Literal["node", "machine"] = Field(
         "node", description="Host ranks sharing host_cores: those of one node, or all (an emulated cluster)."
     )
     cpu_queue: Literal["fair", "fifo"] = Field(
         "fair", description="Host CPU sharing: fair (all at once) or fifo (real-time ranks: one at a time per core)."
     )
-    coll_cpu_us: float | None = Field(
+    coll_cpu_us: Float | None = Field(
         None, ge=0, description="CPU time a message end costs inside a library collective (default cpu_us)."
     )
-    step_us: float = Field(0.0, ge=0, description="CPU time a host rank spends per step of transfers.")
-    wakeup_us: float = Field(0.0, ge=0, description="Delay before a rank's first op (waking a blocked process).")
-    start_cpu_us: float = Field(0.0, ge=0, description="CPU time every host rank spends as a run begins.")
-    cpu_us_per_kb: float = Field(0.0, ge=0, description="CPU time a message costs each end per KiB it carries.")
-    attn_launch_us: float | None = Field(None, ge=0, description="Fixed cost of the attention kernel (COMPUTE).")
-    attn_gbps: float | None = Field(None, gt=0, description="Effective GB/s of the attention kernel (COMPUTE).")
-    attn_efficiency: float | None = Field(
+    step_us: Float = Field(0.0, ge=0, description="CPU time a host rank spends per step of transfers.")
+    wakeup_us: Float = Field(0.0, ge=0, description="Delay before a rank's first op (waking a blocked process).")
+    start_cpu_us: Float = Field(0.0, ge=0, description="CPU time every host rank spends as a run begins.")
+    cpu_us_per_kb: Float = Field(0.0, ge=0, description="CPU time a message costs each end per KiB it carries.")
+    attn_launch_us: Float | None = Field(None, ge=0, description="Fixed cost of the attention kernel (COMPUTE).")
+    attn_gbps: Float | None = Field(None, gt=0, description="Effective GB/s of the attention kernel (COMPUTE).")
+    attn_efficiency: Float | None = Field(
         None, gt=0, le=1, description="Share of a device's memory bandwidth the attention kernel reaches (COMPUTE; "
         "default mem_efficiency; attn_gbps, when set, wins)."
     )
-    attn_next_launch_us: float | None = Field(
+    attn_next_launch_us: Float | None = Field(
         None, ge=0, description="Fixed cost of a rank's later COMPUTE ops in one run (default attn_launch_us)."
     )
     nccl_version: str | None = Field(
@@ -129,10 +134,10 @@ class DeviceSpec(_Spec):
 
     name: str = Field(min_length=1, description="Unique name, e.g. n0.gpu3.")
     kind: DeviceKind
-    node: int = Field(0, ge=-1, description="Machine index; -1 for devices shared by machines.")
+    node: Int = Field(0, ge=-1, description="Machine index; -1 for devices shared by machines.")
     model: str = ""
-    mem_bw_gbps: float = Field(0.0, ge=0, description="Memory bandwidth, GB/s (required > 0 for GPUs).")
-    mem_gb: float = Field(0.0, ge=0)
+    mem_bw_gbps: Float = Field(0.0, ge=0, description="Memory bandwidth, GB/s (required > 0 for GPUs).")
+    mem_gb: Float = Field(0.0, ge=0)
     p2p: bool = Field(True, description="GPU peer-to-peer over PCIe; false bounces copies through host memory.")
     tier: Literal["", "leaf", "spine", "core"] = ""
     nic: str = Field("", description="NIC carrying this device's cross-node traffic (nearest when empty).")
@@ -144,16 +149,16 @@ class LinkSpec(_Spec):
     src: str = Field(min_length=1)
     dst: str = Field(min_length=1)
     kind: LinkKind
-    bw_gbps: float = Field(gt=0, description="GB/s per direction, all bonded lanes together.")
-    latency_us: float = Field(0.0, ge=0)
-    count: int = Field(1, ge=1, description="Bonded links/lanes making up this edge.")
-    generation: int | None = Field(None, ge=1)
-    width: int | None = Field(None, ge=1)
-    flow_gbps: float | None = Field(None, gt=0, description="The most one flow gets (loopback TCP: one core's rate).")
-    rated_gbps: float | None = Field(
+    bw_gbps: Float = Field(gt=0, description="GB/s per direction, all bonded lanes together.")
+    latency_us: Float = Field(0.0, ge=0)
+    count: Int = Field(1, ge=1, description="Bonded links/lanes making up this edge.")
+    generation: Int | None = Field(None, ge=1)
+    width: Int | None = Field(None, ge=1)
+    flow_gbps: Float | None = Field(None, gt=0, description="The most one flow gets (loopback TCP: one core's rate).")
+    rated_gbps: Float | None = Field(
         None, gt=0, description="The hardware's rate where bw_gbps was measured (calibrate keeps it for NCCL's model)."
     )
-    rated_latency_us: float | None = Field(
+    rated_latency_us: Float | None = Field(
         None, ge=0, description="The latency latency_us had before calibration measured it."
     )
     duplex: bool = False
@@ -180,19 +185,19 @@ class HostLinkSpec(_Spec):
     """How each GPU attaches to its PCIe switch or socket, when not plain PCIe (``c2c``)."""
 
     kind: LinkKind = LinkKind.PCIE
-    bw_gbps: float = Field(gt=0)
-    latency_us: float = Field(0.0, ge=0)
-    generation: int | None = Field(None, ge=1)
-    width: int | None = Field(None, ge=1)
+    bw_gbps: Float = Field(gt=0)
+    latency_us: Float = Field(0.0, ge=0)
+    generation: Int | None = Field(None, ge=1)
+    width: Int | None = Field(None, ge=1)
 
 
 class GpuSpec(_Spec):
     """The GPUs of one node."""
 
-    count: int = Field(ge=1)
+    count: Int = Field(ge=1)
     model: str = ""
-    mem_bw_gbps: float = Field(gt=0)
-    mem_gb: float = Field(0.0, ge=0)
+    mem_bw_gbps: Float = Field(gt=0)
+    mem_gb: Float = Field(0.0, ge=0)
     p2p: bool = True
     host_link: HostLinkSpec | None = None
 
@@ -201,15 +206,15 @@ class SocketLinkSpec(_Spec):
     """The link between two CPU sockets of a node (every pair gets one, both directions)."""
 
     kind: LinkKind = LinkKind.UPI
-    bw_gbps: float = Field(gt=0)
-    latency_us: float = Field(0.0, ge=0)
+    bw_gbps: Float = Field(gt=0)
+    latency_us: Float = Field(0.0, ge=0)
 
 
 class CpuSpec(_Spec):
     """CPU sockets of one node (each with its PCIe root complex). Without ``link`` the
     sockets are not joined: their devices then talk over the GPU fabric or the network."""
 
-    count: int = Field(1, ge=1)
+    count: Int = Field(1, ge=1)
     model: str = ""
     link: SocketLinkSpec | None = None
 
@@ -219,11 +224,11 @@ class PcieSpec(_Spec):
     evenly over the switches (over the sockets when there are none); NIC k sits beside
     the first GPU it serves. Every PCIe link gets ``bw_gbps``."""
 
-    generation: int | None = Field(None, ge=1)
-    width: int | None = Field(16, ge=1)
-    bw_gbps: float = Field(gt=0)
-    latency_us: float = Field(0.0, ge=0)
-    switches: int = Field(0, ge=0)
+    generation: Int | None = Field(None, ge=1)
+    width: Int | None = Field(16, ge=1)
+    bw_gbps: Float = Field(gt=0)
+    latency_us: Float = Field(0.0, ge=0)
+    switches: Int = Field(0, ge=0)
 
 
 class FabricKind(StrEnum):
@@ -243,12 +248,12 @@ class FabricSpec(_Spec):
 
     kind: FabricKind = FabricKind.NONE
     link: LinkKind | None = Field(None, description="Link kind; default xgmi for full-mesh, else nvlink.")
-    bw_gbps: float | None = Field(None, gt=0)
-    count: int = Field(1, ge=1, description="Bonded links per GPU (nvswitch) or per pair (full-mesh).")
-    generation: int | None = Field(None, ge=1)
-    latency_us: float = Field(0.0, ge=0)
-    pairs: list[tuple[int, int, int]] | None = Field(None, description="pairs only: [gpu_a, gpu_b, lanes].")
-    nodes_per_domain: int = Field(
+    bw_gbps: Float | None = Field(None, gt=0)
+    count: Int = Field(1, ge=1, description="Bonded links per GPU (nvswitch) or per pair (full-mesh).")
+    generation: Int | None = Field(None, ge=1)
+    latency_us: Float = Field(0.0, ge=0)
+    pairs: list[tuple[Int, Int, Int]] | None = Field(None, description="pairs only: [gpu_a, gpu_b, lanes].")
+    nodes_per_domain: Int = Field(
         1, ge=1, description="nvswitch only: consecutive nodes sharing one NVLink domain (GB200 NVL72: 18)."
     )
 
@@ -257,10 +262,10 @@ class NicSpec(_Spec):
     """Network adapters of one node. ``gpus[k]`` lists the GPUs NIC k serves; by default
     GPU g is served by NIC g*count//gpus (rail-optimized GPU k <-> NIC k when equal)."""
 
-    count: int = Field(ge=1)
+    count: Int = Field(ge=1)
     model: str = ""
-    bw_gbps: float = Field(gt=0, description="Port speed, GB/s per direction (400 Gb/s = 50).")
-    gpus: list[list[int]] | None = None
+    bw_gbps: Float = Field(gt=0, description="Port speed, GB/s per direction (400 Gb/s = 50).")
+    gpus: list[list[Int]] | None = None
 
 
 class NodeSpec(_Spec):
@@ -287,12 +292,12 @@ class NetworkSpec(_Spec):
 
     kind: Literal[LinkKind.INFINIBAND, LinkKind.ROCE, LinkKind.ETHERNET] = LinkKind.INFINIBAND
     topology: NetworkTopology = NetworkTopology.FAT_TREE
-    nics_per_leaf: int = Field(32, ge=1)
-    spines: int | None = Field(
+    nics_per_leaf: Int = Field(32, ge=1)
+    spines: Int | None = Field(
         None, ge=0, description="Default: none for one leaf, else one per leaf uplink port (nics/oversubscription)."
     )
-    oversubscription: float = Field(1.0, ge=1)
-    switch_latency_us: float = Field(0.6, ge=0, description="Latency of each network link (one switch hop).")
+    oversubscription: Float = Field(1.0, ge=1)
+    switch_latency_us: Float = Field(0.6, ge=0, description="Latency of each network link (one switch hop).")
 
 
 class CompactFile(_Spec):
@@ -303,7 +308,7 @@ class CompactFile(_Spec):
     description: str = ""
     sources: list[str] = []
     cost: CostSpec = CostSpec()
-    nodes: int = Field(1, ge=1)
+    nodes: Int = Field(1, ge=1)
     node: NodeSpec
     network: NetworkSpec | None = None
 
