@@ -1,19 +1,22 @@
 """The public Python API: what a model's code calls (``treeattn.load_plan``, ``treeattn.search_plan``,
-``treeattn.Merger``, ``treeattn.attention_partial``). This module imports no torch; the two
-torch-backed names are loaded by ``treeattn.__getattr__`` when first used."""
+``treeattn.save_plan``, ``treeattn.Merger``, ``treeattn.attention_partial``). This module imports no
+torch; the two torch-backed names are loaded by ``treeattn.__getattr__`` when first used."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Any
 
 from treeattn.errors import InputError
 from treeattn.plan.baselines import parse_result
 from treeattn.plan.io import load_plan
 from treeattn.plan.ir import Plan
+from treeattn.topology.library import recorded_source, relocated_source, resolve
 from treeattn.topology.model import Topology
 from treeattn.workload import MODELS, ModelPreset, Workload
 
-__all__ = ["load_plan", "search_plan"]
+__all__ = ["load_plan", "save_plan", "search_plan"]
 
 _SEARCH_OPTIONS = ("seed", "chunk_choices", "families", "effort", "progress")
 _WORKLOAD_OPTIONS = ("split", "kv_dtype", "partial_dtype", "layers", "q_heads", "kv_heads", "head_dim")
@@ -51,7 +54,6 @@ def search_plan(topology: str | Topology, workload_or_model: Workload | ModelPre
     """
     from treeattn.search.search import Effort, search
     from treeattn.search.workload_file import workload_from_dict
-    from treeattn.topology.library import resolve
 
     unknown = sorted(set(options) - set(_SEARCH_OPTIONS) - set(_WORKLOAD_OPTIONS))
     if unknown:
@@ -81,4 +83,36 @@ def search_plan(topology: str | Topology, workload_or_model: Workload | ModelPre
     layout, root = parse_result(result, topo.num_ranks)
     found = search(topo, workload, result=layout, root=root, **{k: options[k] for k in _SEARCH_OPTIONS
                                                                  if k in options})
-    return found.best
+    if isinstance(topology, Topology):
+        return found.best
+    # Where the topology came from, so that a saved plan finds it again (save_plan).
+    source = recorded_source(str(topology), topo)
+    return dataclasses.replace(found.best, topology=dataclasses.replace(found.best.topology, source=source))
+
+
+def save_plan(plan: Plan, path: str | Path) -> Path:
+    """Write ``plan`` where ``treeattn run``, ``simulate`` and ``load_plan`` read it (JSON when
+    the name ends in ``.json``, else YAML), as ``treeattn plan`` writes its plans: a topology
+    file the plan was searched on is recorded relative to the plan's folder, so ``run`` finds
+    it from any directory.
+
+    Args:
+        plan: the plan (``search_plan``'s or ``load_plan``'s).
+        path: the file to write.
+
+    Returns:
+        The path written.
+
+    Raises:
+        treeattn.errors.InputError: the file cannot be written.
+    """
+    from treeattn.plan import io
+
+    path = Path(path)
+    source = relocated_source(plan.topology.source, path)
+    if source != plan.topology.source:
+        plan = dataclasses.replace(plan, topology=dataclasses.replace(plan.topology, source=source))
+    try:
+        return io.save_plan(plan, path)
+    except OSError as exc:
+        raise InputError(f"cannot write plan {str(path)!r}: {exc.strerror or exc}") from None

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
+import yaml
 
 import treeattn
+from tests.cli_helpers import run_cli
 from treeattn.errors import TreeattnError
 from treeattn.plan.io import dump_plan
+from treeattn.topology.io import dump_topology
+from treeattn.topology.library import resolve
 
 
 def test_seq_len_reads_as_the_cli_reads_it():
@@ -34,3 +41,26 @@ def test_bad_values_raise_the_library_error_naming_the_argument(kwargs, needle):
 def test_search_options_of_the_wrong_type_raise_the_library_error(options, needle):
     with pytest.raises(TreeattnError, match=needle):
         treeattn.search_plan("cpu:ranks=2", "llama-3.2-1b", batch=1, seq_len=4096, **options)
+
+
+def test_a_plan_saved_from_the_api_finds_its_topology_file_from_anywhere(tmp_path, monkeypatch):
+    # A topology file of the user's, a plan searched on it and saved elsewhere: simulate and
+    # verify read the plan from a third directory and find the topology, as for `plan --out`.
+    (tmp_path / "topo").mkdir()
+    topo_file = tmp_path / "topo" / "mine.yaml"
+    topo_file.write_text(dump_topology(dataclasses.replace(resolve("cpu:ranks=2"), name="mine")))
+    monkeypatch.chdir(tmp_path / "topo")
+    plan = treeattn.search_plan("mine.yaml", "llama-3.2-1b", batch=1, seq_len=4096)
+    (tmp_path / "plans").mkdir()
+    saved = treeattn.save_plan(plan, tmp_path / "plans" / "p.yaml")
+    assert yaml.safe_load(saved.read_text())["topology"]["source"] == "../topo/mine.yaml"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    res = run_cli("simulate", str(saved), "--json")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["topology"]["name"] == "mine"
+    # A plan on a shipped name or family records none: the name finds it.
+    assert treeattn.search_plan("cpu:ranks=2", "llama-3.2-1b", batch=1, seq_len=4096).topology.source is None
+    with pytest.raises(TreeattnError, match="cannot write plan"):
+        treeattn.save_plan(plan, tmp_path / "no-such-dir" / "p.yaml")

@@ -149,18 +149,20 @@ def _split_selection(spec: str) -> tuple[str, str]:
     return sub.group("base"), spec.strip()[len(sub.group("base")):]
 
 
-def recorded_source(spec: str, topo: Topology, plan_path: Path) -> str | None:
+def recorded_source(spec: str, topo: Topology, plan_path: Path | None = None) -> str | None:
     """What a plan written to ``plan_path`` records (``TopologyRef.source``) so that
     ``resolve_recorded`` finds ``topo`` again from any directory.
 
     Args:
         spec: what the user typed (``resolve``'s argument), with any ``[ranks ...]`` selection.
         topo: the topology it gave.
-        plan_path: where the plan is written.
+        plan_path: where the plan is written; None: not known yet (``relocated_source``
+            makes the absolute path this gives relative once it is).
 
     Returns:
         None when the topology's name finds it (a shipped name, a family member); else
-        ``spec``, a file's path made relative to the plan's folder (absolute when it cannot be).
+        ``spec``, a file's path made relative to the plan's folder (absolute when it cannot be,
+        or without ``plan_path``).
     """
     base, selection = _split_selection(spec)
     if not _names_file(base):
@@ -172,11 +174,23 @@ def recorded_source(spec: str, topo: Topology, plan_path: Path) -> str | None:
         except InputError:
             pass
         return spec.strip()
-    path = Path(base).expanduser().resolve()
+    absolute = Path(base).expanduser().resolve().as_posix() + selection
+    return absolute if plan_path is None else relocated_source(absolute, plan_path)
+
+
+def relocated_source(source: str | None, plan_path: Path) -> str | None:
+    """``source`` (``TopologyRef.source``) for a plan written to ``plan_path``: a file named by
+    its absolute path (``recorded_source`` without a plan path) relative to the plan's folder,
+    so that the two can move together; anything else as it is."""
+    if source is None:
+        return None
+    base, selection = _split_selection(source)
+    if not _names_file(base) or not Path(base).is_absolute():
+        return source
     try:
-        where = os.path.relpath(path, Path(plan_path).resolve().parent)
+        where = os.path.relpath(base, Path(plan_path).resolve().parent)
     except ValueError:  # another drive
-        where = str(path)
+        return source
     return Path(where).as_posix() + selection
 
 
