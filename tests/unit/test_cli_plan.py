@@ -244,7 +244,7 @@ def test_compare_says_why_a_method_has_no_figure():
     res = run_cli(*args)
     text = " ".join(res.stdout.split())
     assert res.exit_code == 0 and "- A2A at 128 ranks: result heads gives every rank a share" in text
-    assert "tree the planner's pick (a tree or the direct exchange)" in text  # its column's legend
+    assert "tree the planner's pick (the fastest plan its search found)" in text  # its column's legend
     rows = {r["method"]: r for r in json.loads(run_cli(*args, "--json").stdout)["rows"]}
     assert rows["dcp-a2a"]["predicted_us"] is None and rows["dcp-a2a"]["fits"] is None
     assert "32 query heads cannot go to 128 ranks" in rows["dcp-a2a"]["detail"]

@@ -527,7 +527,7 @@ def _compare_tables(rows, result: str, ring: str) -> None:  # noqa: ANN001 - Com
         con.print(f"{p} ranks: {', '.join(t)}")
     con.print(f"result {result}; rings: {ring} order")
     for m in METHODS:
-        what = "the planner's pick (a tree or the direct exchange)" if m == "tree" else m
+        what = "the planner's pick (the fastest plan its search found)" if m == "tree" else m
         con.print(f"  {SHORT[m]:<6} {what}" + (" (delivers heads)" if m.startswith("dcp") else ""))
     metrics = (("per-layer time, us (compute included)", lambda r: f"{r.predicted_us:.1f}"),
                ("tree faster by (x)", lambda r: _ratio(r.speedup_of_tree)),
