@@ -30,11 +30,30 @@ def test_one_node_log_sets_the_nvlink_class():
     (lf,) = result.logs
     assert (lf.scope, lf.route_class) == ("node", "nvlink>nvlink")
     # One NVSwitch port carries all of a GPU's NVLink: it gets the whole bus bandwidth.
-    assert lf.beta_gbps == pytest.approx(cf.beta_link_gbps) and lf.alpha_us == pytest.approx(cf.alpha_step_us)
+    assert lf.beta_gbps == pytest.approx(cf.beta_link_gbps)
     topo = result.topology
     assert topo.route_bw_gbps(0, 1) == pytest.approx(cf.beta_link_gbps)
-    assert topo.cost.overhead_us + topo.route_latency_us(0, 1) == pytest.approx(cf.alpha_step_us)
     assert topo.route_bw_gbps(0, 8) == DGX4.route_bw_gbps(0, 8)  # the network is untouched
+    # Its sizes (128 MiB-4 GiB) all lie past the size whose transfer takes as long as the fitted
+    # latency (127 us a call, 9 a ring step): the latency is the line's offset, not measured,
+    # and the route keeps the topology's.
+    assert cf.latency_extrapolated and cf.size_range[0] > cf.half_bandwidth_bytes
+    assert any("extrapolated" in n for n in lf.notes) and any("kept from the topology" in n for n in lf.notes)
+    assert lf.alpha_us == DGX4.cost.overhead_us + DGX4.route_latency_us(0, 1) < cf.alpha_step_us
+    assert [ln.latency_us for ln in topo.links] == [ln.latency_us for ln in DGX4.links]
+
+
+def test_a_log_from_small_sizes_sets_the_latency(tmp_path):
+    # kalavai's 2 x RTX 4090 log (the corpus's k8s-2gpu table) starts at 8 bytes: its latency
+    # is measured, and the class gets it.
+    text = (Path(__file__).parents[2] / "results" / "published" / "kalavai-rtx4090.txt").read_text().splitlines()
+    log = tmp_path / "all_reduce_perf.k8s-2gpu.txt"
+    log.write_text("\n".join(text[147:187]) + "\n")
+    family = resolve("rtx4090:gpus=2")
+    (lf,) = calibrate_from_nccl_tests(family, [log]).logs
+    assert not lf.fit.latency_extrapolated and lf.alpha_us == pytest.approx(lf.fit.alpha_step_us)
+    topo = calibrate_from_nccl_tests(family, [log]).topology
+    assert topo.cost.overhead_us + topo.route_latency_us(0, 1) == pytest.approx(lf.fit.alpha_step_us)
 
 
 def test_multi_node_log_sets_one_rail_link_from_the_node_egress():

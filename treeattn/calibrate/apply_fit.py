@@ -11,7 +11,7 @@ device. apply_fit inverts that:
   - latency: the links of every hop get ``latency_us`` such that the route's latency sum
     equals ``alpha_us - launch_us - overhead_us``; hops whose (kind, bw) an earlier class
     already set keep theirs, the rest share the remainder equally (clamped at 0, with a
-    warning);
+    warning); an alpha of None leaves them as they are;
   - bandwidth: the wire rate ``w`` with ``1/w = 1/beta_gbps - 2/copy bandwidth``; the
     bottleneck hops (lowest bw_gbps in the class) get ``w``; other hops of the route below
     ``w`` are raised to it, so that the route's bottleneck is ``w``.
@@ -50,15 +50,17 @@ class ClassParams:
 
     hops: tuple[Hop, ...]
     """(link kind, bw_gbps) of each hop, as in the topology before fitting."""
-    alpha_us: float
-    """Time of an empty message over the route, overhead included."""
+    alpha_us: float | None
+    """Time of an empty message over the route, overhead included; None: not measured (the
+    route's latencies stay as they are)."""
     beta_gbps: float
     """Bandwidth of the route."""
 
     def __post_init__(self) -> None:
         if not self.hops:
             raise InputError("a route class needs at least one hop")
-        if not (math.isfinite(self.alpha_us) and math.isfinite(self.beta_gbps) and self.beta_gbps > 0):
+        alpha_ok = self.alpha_us is None or math.isfinite(self.alpha_us)
+        if not (alpha_ok and math.isfinite(self.beta_gbps) and self.beta_gbps > 0):
             raise InputError(f"class {self.hops}: alpha must be finite and beta > 0, got {self.alpha_us}, "
                              f"{self.beta_gbps}")
 
@@ -130,7 +132,8 @@ def apply_fit(topo: Topology, fit: FittedParams, *, name: str | None = None) -> 
                              f"{missing[0][1]:g} GB/s; fit and apply on the same topology")
         # A ping-pong message lands by RECV_COPY, which the simulator charges as a copy (a
         # launch plus reading and writing the bytes): take it out of alpha and beta.
-        _latency(hops, cls.alpha_us - launch_in_alpha - overhead, lat, label, warnings)
+        if cls.alpha_us is not None:
+            _latency(hops, cls.alpha_us - launch_in_alpha - overhead, lat, label, warnings)
         _bandwidth(hops, _wire_gbps(cls.beta_gbps, copy_bw, label, warnings), bw, label, warnings)
     links = [_measured(ln, lat, bw) for ln in topo.links]
     cost = dataclasses.replace(topo.cost, overhead_us=overhead, launch_us=launch, mem_efficiency=eff,

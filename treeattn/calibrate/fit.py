@@ -26,6 +26,7 @@ NVLS), so one line over all sizes is an average; restrict the size range to stud
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -162,6 +163,17 @@ class CollectiveFit:
     size_range: tuple[int, int]
     warnings: tuple[str, ...] = ()
 
+    @property
+    def half_bandwidth_bytes(self) -> float:
+        """The size whose transfer takes as long as the latency (Hockney's n_1/2)."""
+        return self.fit.alpha_us * self.fit.beta_gbps * 1e3
+
+    @property
+    def latency_extrapolated(self) -> bool:
+        """Whether every size is past ``half_bandwidth_bytes``: the rows see the latency only as
+        their line's offset, where any ramp to the asymptote lands too."""
+        return self.fit.alpha_us >= 0 and self.size_range[0] > self.half_bandwidth_bytes
+
     def to_dict(self) -> dict:
         return {
             "collective": self.collective, "ranks": self.ranks, "model": self.model, "points": self.points,
@@ -198,12 +210,17 @@ def fit_collective(
     if ranks < 2:
         raise ProbeError(f"a collective needs >= 2 ranks to fit, got {ranks}")
     fit = fit_alpha_beta(sizes_bytes, times_us, weighting=weighting)
-    warnings = []
-    if fit.alpha_us < 0:
-        warnings.append(f"negative latency {fit.alpha_us:.3g} µs: the sizes are all bandwidth-bound, "
-                        "so latency is not identifiable from them")
     sizes = [int(s) for s in sizes_bytes]
-    return CollectiveFit(
+    out = CollectiveFit(
         collective, ranks, fit, fit.alpha_us / model.steps(ranks), fit.beta_gbps * model.volume(ranks),
-        model.formula, len(sizes), (min(sizes), max(sizes)), tuple(warnings),
+        model.formula, len(sizes), (min(sizes), max(sizes)),
     )
+    if fit.alpha_us < 0:
+        why = (f"negative latency {fit.alpha_us:.3g} µs: the sizes are all bandwidth-bound, "
+               "so latency is not identifiable from them")
+    elif out.latency_extrapolated:
+        why = (f"latency {fit.alpha_us:.3g} µs extrapolated: every size is past the half-bandwidth size "
+               f"({out.half_bandwidth_bytes / 2**20:.3g} MiB), where transfers outlast it")
+    else:
+        return out
+    return dataclasses.replace(out, warnings=(why,))

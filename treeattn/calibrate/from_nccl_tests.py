@@ -18,7 +18,9 @@ of the topology, placing the log's ``n`` ranks on the topology's first ``n``:
   network out-links of the NICs rank 0's node uses)``.
 
 nccl-tests cannot tell the software overhead from the latency: ``overhead_us`` stays as it is
-and the route latencies take the rest of alpha. One-node logs are applied first.
+and the route latencies take the rest of alpha. A log whose sizes all lie past the size whose
+transfer takes as long as the latency (``CollectiveFit.latency_extrapolated``) cannot tell the
+latency either: its class keeps the topology's route latency. One-node logs are applied first.
 
 ``half_split`` checks the fit itself: lines fitted per size band (``SIZE_BANDS``) on every
 other size of a log predict the sizes in between (results/published/README.md has the
@@ -52,7 +54,8 @@ class LogFit:
     route_class: str
     hops: tuple[tuple[str, float], ...]
     alpha_us: float
-    """Per-message alpha written for the class."""
+    """Per-message alpha of the class: the one written, or the topology's where the log's
+    latency was extrapolated (``CollectiveFit.latency_extrapolated``) and left unwritten."""
     beta_gbps: float
     """Bottleneck link bandwidth written for the class."""
     notes: tuple[str, ...] = ()
@@ -143,7 +146,8 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
         chosen[lf.hops] = lf
     logs = tuple(chosen.values())
     params = FittedParams(
-        classes=tuple(ClassParams(lf.hops, lf.alpha_us, lf.beta_gbps) for lf in logs),
+        classes=tuple(ClassParams(lf.hops, None if lf.fit.latency_extrapolated else lf.alpha_us, lf.beta_gbps)
+                      for lf in logs),
         source=f"{CALIBRATED_BY} --from-nccl-tests " + " ".join(lf.source for lf in logs),
         landed_by_copy=False,
     )
@@ -162,7 +166,10 @@ def _node_fit(topo: Topology, source: str, cf: CollectiveFit) -> LogFit:
     low = min(bw for _, bw in hops)
     share = low / out if out > 0 else 1.0
     alpha = cf.alpha_step_us
-    if alpha < topo.cost.overhead_us:
+    if cf.latency_extrapolated:
+        alpha = _alpha_of(topo, a, b)
+        notes.append(f"route latency kept from the topology (alpha {alpha:.3g} µs)")
+    elif alpha < topo.cost.overhead_us:
         notes.append(f"per-step latency {alpha:.3g} µs is below the overhead {topo.cost.overhead_us:g} µs: "
                      "route latency set to 0")
         alpha = topo.cost.overhead_us
@@ -179,7 +186,10 @@ def _network_fit(topo: Topology, source: str, cf: CollectiveFit, intra_alpha: fl
     nn = len({topo.rank_device(r).node for r in range(n)})
     notes = list(cf.warnings)
     steps = COLLECTIVE_MODELS[cf.collective].steps(n)
-    if cf.collective == "sendrecv":
+    if cf.latency_extrapolated:
+        alpha = _alpha_of(topo, 0, other)
+        notes.append(f"route latency kept from the topology (alpha {alpha:.3g} µs)")
+    elif cf.collective == "sendrecv":
         alpha = cf.fit.alpha_us
     else:
         s_net = steps * (nn - 1) / (n - 1)
