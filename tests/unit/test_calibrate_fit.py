@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from tests.unit.test_cost_helpers import bare_cpu
 from treeattn.calibrate.apply_fit import ClassParams, FittedParams, apply_fit
+from treeattn.calibrate.fit import fit_collective
 from treeattn.calibrate.pingpong import PingPongPoint, fit_pingpong, overhead_from_sends
 from treeattn.calibrate.plans import (
     concurrent_plan,
@@ -211,3 +212,22 @@ def test_apply_refuses_a_class_the_topology_lacks():
         apply_fit(CPU4, FittedParams((ClassParams((("nvlink", 450.0),), 5.0, 300.0),)))
     with pytest.raises(InputError):
         ClassParams((("loopback", 2.0),), 5.0, 0.0)
+
+
+def test_latency_is_measured_only_where_the_sizes_reach_it():
+    # An 8-rank all-reduce of 20 us and 100 GB/s of algbw: the half-bandwidth size is 2 MB.
+    sizes = [2.0**k for k in range(3, 33)]
+    line = [20.0 + s / 100e3 for s in sizes]
+    assert fit_collective(sizes, line, "all_reduce", 8).latency_measured
+    past = [(s, t) for s, t in zip(sizes, line, strict=True) if s > 4e6]
+    late = fit_collective([s for s, _ in past], [t for _, t in past], "all_reduce", 8)
+    assert not late.latency_measured and "extrapolated" in late.warnings[0]
+    negative = fit_collective(sizes[20:], [s / 100e3 - 40.0 for s in sizes[20:]], "all_reduce", 8)
+    assert not negative.latency_measured and "negative latency" in negative.warnings[0]
+
+
+def test_host_ranks_keep_no_ratings():
+    # Ratings are what NCCL's model reads; gloo on CPU ranks reads the measured rates alone.
+    t = resolve("cpu:ranks=2")
+    new, _ = apply_fit(t, FittedParams((ClassParams((("loopback", 10.4),), 50.0, 1.5),)))
+    assert new.links[0].bw_gbps != t.links[0].bw_gbps and new.links[0].rated_gbps is None

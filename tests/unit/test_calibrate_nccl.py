@@ -37,7 +37,7 @@ def test_one_node_log_sets_the_nvlink_class():
     # Its sizes (128 MiB-4 GiB) all lie past the size whose transfer takes as long as the fitted
     # latency (127 us a call, 9 a ring step): the latency is the line's offset, not measured,
     # and the route keeps the topology's.
-    assert cf.latency_extrapolated and cf.size_range[0] > cf.half_bandwidth_bytes
+    assert not cf.latency_measured and cf.size_range[0] > cf.half_bandwidth_bytes and not lf.latency_written
     assert any("extrapolated" in n for n in lf.notes) and any("kept from the topology" in n for n in lf.notes)
     assert lf.alpha_us == DGX4.cost.overhead_us + DGX4.route_latency_us(0, 1) < cf.alpha_step_us
     assert [ln.latency_us for ln in topo.links] == [ln.latency_us for ln in DGX4.links]
@@ -51,7 +51,7 @@ def test_a_log_from_small_sizes_sets_the_latency(tmp_path):
     log.write_text("\n".join(text[147:187]) + "\n")
     family = resolve("rtx4090:gpus=2")
     (lf,) = calibrate_from_nccl_tests(family, [log]).logs
-    assert not lf.fit.latency_extrapolated and lf.alpha_us == pytest.approx(lf.fit.alpha_step_us)
+    assert lf.latency_written and lf.alpha_us == pytest.approx(lf.fit.alpha_step_us)
     topo = calibrate_from_nccl_tests(family, [log]).topology
     assert topo.cost.overhead_us + topo.route_latency_us(0, 1) == pytest.approx(lf.fit.alpha_step_us)
 
@@ -99,6 +99,18 @@ def test_nccls_collective_model_reads_the_hardware_ratings_a_calibration_keeps(t
     floor = LibraryModel(topo).cuts.collective_floor_us(1 << 30, 1 << 20, everyone=True)
     assert floor == LibraryModel(DGX4).cuts.collective_floor_us(1 << 30, 1 << 20, everyone=True)
     assert CutModel(topo).collective_floor_us(1 << 30, 1 << 20, everyone=True) > 1.2 * floor
+
+
+def test_a_topology_measured_without_ratings_gets_none_invented():
+    # A calibrated file from before ratings were kept: its rates are measured, and the
+    # hardware's are unknown. Calibrated again, it gets no ratings (its fitted rates are none).
+    cal = calibrate_from_nccl_tests(DGX4, [FOUR]).topology
+    bare = dataclasses.replace(cal, links=tuple(dataclasses.replace(ln, rated_gbps=None, rated_latency_us=None)
+                                                for ln in cal.links))
+    again = calibrate_from_nccl_tests(bare, [FOUR])
+    assert all(ln.rated_gbps is None and ln.rated_latency_us is None for ln in again.topology.links)
+    assert again.topology.rated is again.topology
+    assert any("without keeping its links' hardware ratings" in w for w in again.warnings)
 
 
 def test_a_calibrated_shared_memory_hop_keeps_its_measured_rate(tmp_path):

@@ -19,9 +19,10 @@ device. apply_fit inverts that:
   Links are changed by signature: every link of the topology with the hop's (kind, bw_gbps)
   gets the new value, so all routes of a class move together. Classes are applied in order of
   hop count (fewest first): short routes fix the links they share with longer ones.
-  A link whose rate or latency changes keeps the one it had as ``rated_gbps`` /
+  On GPU ranks, a link whose rate or latency changes keeps the one it had as ``rated_gbps`` /
   ``rated_latency_us``: the hardware's, which NCCL's collective model reads
-  (``Topology.rated``).
+  (``Topology.rated``); not on a topology already measured without them (its rates are no
+  hardware's), nor on host ranks (gloo reads the measured rates).
 * ``overhead_us``, ``launch_us``: into ``topo.cost``.
 * The compute model's effective memory bandwidth: ``mem_efficiency = effective / mem_bw_gbps``
   of the rank devices; when that exceeds 1 (or the device has no figure), the rank devices'
@@ -135,7 +136,14 @@ def apply_fit(topo: Topology, fit: FittedParams, *, name: str | None = None) -> 
         if cls.alpha_us is not None:
             _latency(hops, cls.alpha_us - launch_in_alpha - overhead, lat, label, warnings)
         _bandwidth(hops, _wire_gbps(cls.beta_gbps, copy_bw, label, warnings), bw, label, warnings)
-    links = [_measured(ln, lat, bw) for ln in topo.links]
+    # Ratings are what NCCL's model reads (GPU ranks; gloo reads the measured rates). A topology
+    # measured before without keeping them no longer knows the hardware's: none are invented.
+    unrated = topo.cost.link_rates == "measured" and topo.rated is topo
+    keep = topo.on_gpus and not unrated
+    if fit.classes and topo.on_gpus and unrated:
+        warnings.append(f"{topo.name!r} was calibrated without keeping its links' hardware ratings (rated_gbps): "
+                        "NCCL's model reads the measured rates; calibrate the datasheet topology to keep them")
+    links = [_measured(ln, lat, bw, keep) for ln in topo.links]
     cost = dataclasses.replace(topo.cost, overhead_us=overhead, launch_us=launch, mem_efficiency=eff,
                                link_rates="measured" if fit.classes else topo.cost.link_rates)
     if fit.attn_launch_us is not None and fit.attn_gbps is not None:
@@ -152,11 +160,13 @@ def apply_fit(topo: Topology, fit: FittedParams, *, name: str | None = None) -> 
     return new, warnings
 
 
-def _measured(ln: Link, lat: dict[Hop, float], bw: dict[Hop, float]) -> Link:
-    """``ln`` with its fitted latency and rate, keeping what it had before as its rating
-    (a link calibrated twice keeps the first: the hardware's)."""
+def _measured(ln: Link, lat: dict[Hop, float], bw: dict[Hop, float], keep: bool) -> Link:
+    """``ln`` with its fitted latency and rate, keeping (``keep``) what it had before as its
+    rating (a link calibrated twice keeps the first: the hardware's)."""
     s = _sig(ln.kind.value, ln.bw_gbps)
     latency, rate = lat.get(s, ln.latency_us), bw.get(s, ln.bw_gbps)
+    if not keep:
+        return dataclasses.replace(ln, latency_us=latency, bw_gbps=rate)
     rated_gbps = ln.rated_gbps if ln.rated_gbps is not None or rate == ln.bw_gbps else ln.bw_gbps
     rated_lat = ln.rated_latency_us if ln.rated_latency_us is not None or latency == ln.latency_us else ln.latency_us
     return dataclasses.replace(ln, latency_us=latency, bw_gbps=rate, rated_gbps=rated_gbps, rated_latency_us=rated_lat)

@@ -169,10 +169,11 @@ class CollectiveFit:
         return self.fit.alpha_us * self.fit.beta_gbps * 1e3
 
     @property
-    def latency_extrapolated(self) -> bool:
-        """Whether every size is past ``half_bandwidth_bytes``: the rows see the latency only as
-        their line's offset, where any ramp to the asymptote lands too."""
-        return self.fit.alpha_us >= 0 and self.size_range[0] > self.half_bandwidth_bytes
+    def latency_measured(self) -> bool:
+        """Whether the rows determine the latency: it is not negative, and some size is at or
+        below ``half_bandwidth_bytes`` (past it, the rows see the latency only as their line's
+        offset, where any ramp to the asymptote lands too)."""
+        return self.fit.alpha_us >= 0 and self.size_range[0] <= self.half_bandwidth_bytes
 
     def to_dict(self) -> dict:
         return {
@@ -218,7 +219,7 @@ def fit_collective(
     if fit.alpha_us < 0:
         why = (f"negative latency {fit.alpha_us:.3g} µs: the sizes are all bandwidth-bound, "
                "so latency is not identifiable from them")
-    elif out.latency_extrapolated:
+    elif not out.latency_measured:
         why = (f"latency {fit.alpha_us:.3g} µs extrapolated: every size is past the half-bandwidth size "
                f"({out.half_bandwidth_bytes / 2**20:.3g} MiB), where transfers outlast it")
     else:

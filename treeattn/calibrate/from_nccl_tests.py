@@ -19,8 +19,10 @@ of the topology, placing the log's ``n`` ranks on the topology's first ``n``:
 
 nccl-tests cannot tell the software overhead from the latency: ``overhead_us`` stays as it is
 and the route latencies take the rest of alpha. A log whose sizes all lie past the size whose
-transfer takes as long as the latency (``CollectiveFit.latency_extrapolated``) cannot tell the
-latency either: its class keeps the topology's route latency. One-node logs are applied first.
+transfer takes as long as the latency, or whose latency comes out negative
+(``CollectiveFit.latency_measured``), cannot tell the latency either: its class keeps the
+topology's route latency, as does a network class whose share of the latency comes out
+below the overhead. One-node logs are applied first.
 
 ``half_split`` checks the fit itself: lines fitted per size band (``SIZE_BANDS``) on every
 other size of a log predict the sizes in between (results/published/README.md has the
@@ -55,14 +57,17 @@ class LogFit:
     hops: tuple[tuple[str, float], ...]
     alpha_us: float
     """Per-message alpha of the class: the one written, or the topology's where the log's
-    latency was extrapolated (``CollectiveFit.latency_extrapolated``) and left unwritten."""
+    latency the log does not measure was left unwritten."""
     beta_gbps: float
     """Bottleneck link bandwidth written for the class."""
     notes: tuple[str, ...] = ()
+    latency_written: bool = True
+    """Whether the log measured the class's latency (else ``alpha_us`` is the topology's)."""
 
     def to_dict(self) -> dict:
         return {"source": self.source, "scope": self.scope, "route_class": self.route_class,
                 "hops": [list(h) for h in self.hops], "class_alpha_us": self.alpha_us,
+                "latency_written": self.latency_written,
                 "class_beta_gbps": self.beta_gbps, **self.fit.to_dict(), "notes": list(self.notes)}
 
 
@@ -146,7 +151,7 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
         chosen[lf.hops] = lf
     logs = tuple(chosen.values())
     params = FittedParams(
-        classes=tuple(ClassParams(lf.hops, None if lf.fit.latency_extrapolated else lf.alpha_us, lf.beta_gbps)
+        classes=tuple(ClassParams(lf.hops, lf.alpha_us if lf.latency_written else None, lf.beta_gbps)
                       for lf in logs),
         source=f"{CALIBRATED_BY} --from-nccl-tests " + " ".join(lf.source for lf in logs),
         landed_by_copy=False,
@@ -165,16 +170,10 @@ def _node_fit(topo: Topology, source: str, cf: CollectiveFit) -> LogFit:
     out = _rank_out(topo, a, first.cls)
     low = min(bw for _, bw in hops)
     share = low / out if out > 0 else 1.0
-    alpha = cf.alpha_step_us
-    if cf.latency_extrapolated:
-        alpha = _alpha_of(topo, a, b)
-        notes.append(f"route latency kept from the topology (alpha {alpha:.3g} µs)")
-    elif alpha < topo.cost.overhead_us:
-        notes.append(f"per-step latency {alpha:.3g} µs is below the overhead {topo.cost.overhead_us:g} µs: "
-                     "route latency set to 0")
-        alpha = topo.cost.overhead_us
+    alpha, written = _class_alpha(cf.alpha_step_us if cf.latency_measured else None, "per-step latency",
+                                  topo, (a, b), notes)
     return LogFit(source, cf, "node", ">".join(k for k, _ in hops), hops, alpha, cf.beta_link_gbps * share,
-                  tuple(notes))
+                  tuple(notes), written)
 
 
 def _network_fit(topo: Topology, source: str, cf: CollectiveFit, intra_alpha: float | None) -> LogFit:
@@ -185,27 +184,42 @@ def _network_fit(topo: Topology, source: str, cf: CollectiveFit, intra_alpha: fl
     hops = _hops(topo, 0, other)
     nn = len({topo.rank_device(r).node for r in range(n)})
     notes = list(cf.warnings)
-    steps = COLLECTIVE_MODELS[cf.collective].steps(n)
-    if cf.latency_extrapolated:
-        alpha = _alpha_of(topo, 0, other)
-        notes.append(f"route latency kept from the topology (alpha {alpha:.3g} µs)")
-    elif cf.collective == "sendrecv":
-        alpha = cf.fit.alpha_us
-    else:
-        s_net = steps * (nn - 1) / (n - 1)
-        if intra_alpha is None and len(local) > 1:
-            intra_alpha = _alpha_of(topo, local[0], local[1])
-            notes.append(f"one-node alpha {intra_alpha:.3g} µs taken from the topology (no one-node log given)")
-        alpha = (cf.fit.alpha_us - (steps - s_net) * (intra_alpha or 0.0)) / s_net
-    if alpha < topo.cost.overhead_us:
-        notes.append(f"network alpha {alpha:.3g} µs is below the overhead {topo.cost.overhead_us:g} µs: "
-                     "route latency set to 0")
-        alpha = topo.cost.overhead_us
+    alpha, written = _class_alpha(_network_alpha(cf, topo, local, nn, intra_alpha, notes) if cf.latency_measured
+                                  else None, "network alpha", topo, (0, other), notes)
     egress = _node_egress(topo, local, other)
     low = min(bw for _, bw in hops)
     share = low / egress if egress > 0 else 1.0
     return LogFit(source, cf, "network", ">".join(k for k, _ in hops), hops, alpha, cf.beta_link_gbps * share,
-                  tuple(notes))
+                  tuple(notes), written)
+
+
+def _class_alpha(alpha: float | None, what: str, topo: Topology, pair: tuple[int, int],
+                 notes: list[str]) -> tuple[float, bool]:
+    """(the class's alpha, whether the log measured it): ``alpha`` where the log measured one
+    at least the overhead (nccl-tests cannot tell the two apart), else the topology's route."""
+    if alpha is not None and alpha < topo.cost.overhead_us:
+        notes.append(f"{what} {alpha:.3g} µs is below the overhead {topo.cost.overhead_us:g} µs")
+        alpha = None
+    if alpha is not None:
+        return alpha, True
+    kept = _alpha_of(topo, *pair)
+    notes.append(f"route latency kept from the topology (alpha {kept:.3g} µs)")
+    return kept, False
+
+
+def _network_alpha(cf: CollectiveFit, topo: Topology, local: list[int], nodes: int, intra_alpha: float | None,
+                   notes: list[str]) -> float:
+    """A network hop's share of the log's latency: its network steps' share of the ring's,
+    the rest at the one-node alpha (an earlier log's, else the topology's)."""
+    if cf.collective == "sendrecv":
+        return cf.fit.alpha_us
+    n = cf.ranks
+    steps = COLLECTIVE_MODELS[cf.collective].steps(n)
+    s_net = steps * (nodes - 1) / (n - 1)
+    if intra_alpha is None and len(local) > 1:
+        intra_alpha = _alpha_of(topo, local[0], local[1])
+        notes.append(f"one-node alpha {intra_alpha:.3g} µs taken from the topology (no one-node log given)")
+    return (cf.fit.alpha_us - (steps - s_net) * (intra_alpha or 0.0)) / s_net
 
 
 # Size bands fitted apart: NCCL changes protocol and algorithm with size (LL up to tens of
