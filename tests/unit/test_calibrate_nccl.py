@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import run_cli
+from treeattn.calibrate.apply_fit import ClassParams, FittedParams, apply_fit
 from treeattn.calibrate.from_nccl_tests import calibrate_from_nccl_tests, half_split
 from treeattn.calibrate.nccl_tests import calibrate_from_log, log_run, parse_nccl_tests, read_nccl_tests
 from treeattn.cost import nccl
 from treeattn.cost.bounds import CutModel
 from treeattn.cost.library import LibraryModel
 from treeattn.errors import InputError, ProbeError
-from treeattn.topology.io import dump_topology, load_topology
+from treeattn.topology.io import dump_topology, load_topology, load_topology_text
 from treeattn.topology.library import resolve
 
 FIX = Path(__file__).parents[1] / "fixtures" / "nccl-tests"
@@ -101,6 +102,20 @@ def test_nccls_collective_model_reads_the_hardware_ratings_a_calibration_keeps(t
     assert CutModel(topo).collective_floor_us(1 << 30, 1 << 20, everyone=True) > 1.2 * floor
 
 
+def test_a_calibration_of_other_routes_leaves_the_shared_memory_rate_alone():
+    # Two nodes of 4 GeForce GPUs: a fit of the network class changes PCIe links the
+    # shared-memory pairs' routes share (calibration changes links by kind and rate), but
+    # measured no such pair: NCCL's model keeps SHM_GBPS for them.
+    geforce = load_topology_text(
+        "name: geforce-2x4\nnodes: 2\nnode:\n  gpus: {count: 4, model: RTX-4090, mem_bw_gbps: 1000, p2p: false}\n"
+        "  pcie: {generation: 4, width: 16, bw_gbps: 25}\n  nics: {count: 1, bw_gbps: 50}\n"
+        "network: {kind: infiniband}\n")
+    net = ClassParams(tuple((ln.kind.value, ln.bw_gbps) for ln in geforce.route_links(0, 4)), 10.0, 20.0)
+    fitted, _ = apply_fit(geforce, FittedParams((net,), landed_by_copy=False))
+    assert any(ln.rated_gbps is not None for ln in fitted.route_links(0, 1))
+    assert nccl.fabric(fitted).shm_gbps == nccl.fabric(geforce).shm_gbps == nccl.SHM_GBPS
+
+
 def test_a_topology_measured_without_ratings_gets_none_invented():
     # A calibrated file from before ratings were kept: its rates are measured, and the
     # hardware's are unknown. Calibrated again, it gets no ratings (its fitted rates are none).
@@ -128,6 +143,13 @@ def test_a_calibrated_shared_memory_hop_keeps_its_measured_rate(tmp_path):
     assert nccl.fabric(family).shm_gbps == nccl.SHM_GBPS
     assert fab.shm_gbps == pytest.approx(lf.beta_gbps) != pytest.approx(nccl.SHM_GBPS, rel=0.1)
     assert dataclasses.replace(fab, shm_gbps=nccl.SHM_GBPS) == nccl.fabric(family)
+    assert result.topology.cost.shm_gbps == pytest.approx(lf.fit.beta_link_gbps)
+    # Written by hand (a tuned host), it reaches NCCL's model and the simulator's pairs alike,
+    # and survives the YAML.
+    hand = dataclasses.replace(family, cost=dataclasses.replace(family.cost, shm_gbps=12.5))
+    back = load_topology_text(dump_topology(hand))
+    assert back.fingerprint == hand.fingerprint != family.fingerprint
+    assert nccl.fabric(back).shm_gbps == nccl.shm_pair_gbps(back, 0, 1) == 12.5
 
 
 def test_mi300x_bus_bandwidth_is_spread_over_seven_links(tmp_path):

@@ -80,6 +80,9 @@ class FittedParams:
     attn_launch_us: float | None = None
     attn_gbps: float | None = None
     """The attention kernel's own launch and effective bandwidth, when timed apart."""
+    shm_gbps: float | None = None
+    """What NCCL's shared-memory transport moved between GPUs without peer-to-peer, GB/s of
+    bus bandwidth (``CostParams.shm_gbps``), where a log measured such a pair."""
     landed_by_copy: bool = True
     """The alphas and betas were measured through the executor, whose ping-pong lands each
     message by RECV_COPY (the copy is taken out of them); False for nccl-tests logs."""
@@ -146,6 +149,8 @@ def apply_fit(topo: Topology, fit: FittedParams, *, name: str | None = None) -> 
     links = [_measured(ln, lat, bw, keep) for ln in topo.links]
     cost = dataclasses.replace(topo.cost, overhead_us=overhead, launch_us=launch, mem_efficiency=eff,
                                link_rates="measured" if fit.classes else topo.cost.link_rates)
+    if fit.shm_gbps is not None:
+        cost = dataclasses.replace(cost, shm_gbps=float(fit.shm_gbps))
     if fit.attn_launch_us is not None and fit.attn_gbps is not None:
         cost = dataclasses.replace(cost, attn_launch_us=max(0.0, float(fit.attn_launch_us)),
                                    attn_gbps=float(fit.attn_gbps))

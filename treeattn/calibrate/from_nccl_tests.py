@@ -32,6 +32,7 @@ figures on the published corpus, ``benchmarks/bench_calibrate_half_split.py`` ma
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from pathlib import Path
 from treeattn.calibrate.apply_fit import ClassParams, FittedParams, apply_fit
 from treeattn.calibrate.fit import COLLECTIVE_MODELS, CollectiveFit
 from treeattn.calibrate.nccl_tests import NcclTestsLog, calibrate_from_log, read_nccl_tests
+from treeattn.cost import nccl
 from treeattn.errors import InputError, ProbeError
 from treeattn.topology.model import CALIBRATED_BY, LinkClass, Topology
 
@@ -63,6 +65,9 @@ class LogFit:
     notes: tuple[str, ...] = ()
     latency_written: bool = True
     """Whether the log measured the class's latency (else ``alpha_us`` is the topology's)."""
+    shm: bool = False
+    """Whether the class's route goes through NCCL's shared-memory transport (GPUs without
+    peer-to-peer): the log's bus bandwidth is then the host's ``cost.shm_gbps``."""
 
     def to_dict(self) -> dict:
         return {"source": self.source, "scope": self.scope, "route_class": self.route_class,
@@ -154,6 +159,7 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
         classes=tuple(ClassParams(lf.hops, lf.alpha_us if lf.latency_written else None, lf.beta_gbps)
                       for lf in logs),
         source=f"{CALIBRATED_BY} --from-nccl-tests " + " ".join(lf.source for lf in logs),
+        shm_gbps=next((lf.fit.beta_link_gbps for lf in logs if lf.shm), None),
         landed_by_copy=False,
     )
     fitted, notes = apply_fit(topo, params)
@@ -172,8 +178,9 @@ def _node_fit(topo: Topology, source: str, cf: CollectiveFit) -> LogFit:
     share = low / out if out > 0 else 1.0
     alpha, written = _class_alpha(cf.alpha_step_us if cf.latency_measured else None, "per-step latency",
                                   topo, (a, b), notes)
+    shm = nccl.shm_pair_gbps(topo.rated, a, b) < math.inf
     return LogFit(source, cf, "node", ">".join(k for k, _ in hops), hops, alpha, cf.beta_link_gbps * share,
-                  tuple(notes), written)
+                  tuple(notes), written, shm)
 
 
 def _network_fit(topo: Topology, source: str, cf: CollectiveFit, intra_alpha: float | None) -> LogFit:

@@ -17,7 +17,7 @@ from treeattn.cli import app
 from treeattn.cli.paths import output_file, safe_name
 from treeattn.cli.render import console, print_rates_note
 from treeattn.cost.compute import ComputeModel
-from treeattn.cost.nccl import SHM_GBPS, shm_pairs
+from treeattn.cost.nccl import shm_pairs, shm_rate_gbps
 from treeattn.topology import Topology, list_presets, resolve, topology_json_schema
 from treeattn.topology.summary import topology_summary
 from treeattn.workload import RawPayload
@@ -73,7 +73,7 @@ def show(
     shm_count = shm_pairs(topo)
     if json_out:
         _echo_json({**summary, "png": None if png is None else str(png), "shm_pairs": shm_count,
-                    "shm_gbps": SHM_GBPS if shm_count else None})
+                    "shm_gbps": shm_rate_gbps(topo) if shm_count else None})
         return
     con = console()
     con.print(f"[bold]{topo.name}[/]  {summary['ranks']} ranks on {summary['nodes']} node(s)  {topo.fingerprint}")
@@ -122,7 +122,7 @@ def show(
         con.print(routes)
     if shm_count:
         con.print(f"{shm_count} of {ranks * (ranks - 1)} rank pairs have no GPU peer-to-peer: NCCL moves")
-        con.print(f"their data through host memory, at most {SHM_GBPS:g} GB/s a pair (docs/nccl-model.md).")
+        con.print(f"their data through host memory, at most {shm_rate_gbps(topo):g} GB/s a pair (docs/nccl-model.md).")
     if png is not None:
         con.print(f"wrote {png}")
 

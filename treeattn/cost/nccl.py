@@ -110,7 +110,8 @@ tuner's ring and tree, not restricted by ``NCCL_ALGO``; ``RCCL_MSCCL_ENABLE=0`` 
 
 GPUs without peer-to-peer (GeForce): NCCL's shared-memory transport carries their traffic
 through host memory. NCCL's estimate rates that path at PCIe speed and picks by it; what runs
-moves at most ``SHM_GBPS`` of bus bandwidth (``NcclFabric.shm_gbps``), and each point-to-point
+moves at most ``SHM_GBPS`` of bus bandwidth, or the host's measured ``cost.shm_gbps``
+(``NcclFabric.shm_gbps``, ``shm_rate_gbps``), and each point-to-point
 transfer between such GPUs at most that (``shm_pair_gbps``, which the simulator reads).
 
 NCCL releases: NVLS's latencies and NCCL's NVLS/NVLSTree estimate (``treeattn.cost.nvls``),
@@ -165,6 +166,7 @@ __all__ = [
     "p2p_link_gbps",
     "transfer_gbps",
     "shm_pair_gbps",
+    "shm_rate_gbps",
     "shm_pairs",
     "SHM_GBPS",
 ]
@@ -262,8 +264,8 @@ PCIe 4.0 x16 with 26 GB/s copies, under LL, LL128 and Simple alike (sgl-project/
 39605); 3.9 GB/s on PCIe 3.0 x16 with one channel (NVIDIA/nccl issue 384, NCCL 2.4.8). The
 model takes their geometric mean. The host sets it (NVIDIA's maintainer in NVIDIA/nccl
 issues 384 and 1639: CPUs that handle two-way traffic badly; 28 GB/s on 8 RTX 5090 with 8
-channels forced): a tuned machine is calibrated, and a hop whose route calibration measured
-moves at its measured rate instead (``_shm_gbps``, ``shm_pair_gbps``)."""
+channels forced): a tuned machine's rate is its ``cost.shm_gbps`` (``shm_rate_gbps``), which
+``calibrate --from-nccl-tests`` fits from a log of such GPUs."""
 # getNetOverhead: network post overhead per ring step, by CPU vendor (x3 for Simple).
 _NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "other": 1.0}
 # NCCL's per-link figure over the datasheet's, by NVLink generation.
@@ -322,7 +324,7 @@ class NcclFabric:
     """NCCL's rating of the xGMI link joining each pair of a one-node RCCL fabric of 8 ranks,
     where RCCL's MSCCL all-pairs all-reduce runs (``treeattn.cost.msccl``); 0: not such a node."""
     shm_gbps: float = 0.0
-    """What NCCL's shared-memory transport moves (``SHM_GBPS``) when a ring hop inside a node
+    """What NCCL's shared-memory transport moves (``shm_rate_gbps``) when a ring hop inside a node
     goes through it (``shm_pair_gbps``): what runs stays under it as bus bandwidth (NCCL's
     estimate, which picks, rates the path at PCIe speed); 0: no such hop."""
 
@@ -482,7 +484,7 @@ _SHM_KEY = "_shm_rated"
 
 def shm_pair_gbps(topo: Topology, a: int, b: int) -> float:
     """The most a transfer from rank ``a`` to rank ``b`` moves through NCCL's shared-memory
-    transport: ``SHM_GBPS`` where the two are GPUs of one node, one without peer-to-peer, not
+    transport: ``shm_rate_gbps`` where the two are GPUs of one node, one without peer-to-peer, not
     joined by a GPU fabric (routing bounces their copies through the CPU); else inf (other
     routes, across nodes through a NIC, have their links' rates)."""
     if not _shm_rated(topo):
@@ -493,7 +495,7 @@ def shm_pair_gbps(topo: Topology, a: int, b: int) -> float:
     links = topo.links
     if all(links[i].cls is LinkClass.GPU_FABRIC for i in topo.route(a, b)):
         return math.inf
-    return SHM_GBPS
+    return shm_rate_gbps(topo)
 
 
 def shm_pairs(topo: Topology) -> int:
@@ -648,17 +650,16 @@ def fabric(topo: Topology) -> NcclFabric:
 
 
 def _shm_gbps(topo: Topology, pairs: list[tuple[int, int]]) -> float:
-    """``SHM_GBPS`` when one of the ring's hops inside a node goes through NCCL's
-    shared-memory transport (``shm_pair_gbps`` on the hardware's ratings), else 0. The host
-    sets that rate (``SHM_GBPS``): where a calibration measured such a hop's route, its
-    measured rate stands instead."""
+    """What NCCL's shared-memory transport moves (``shm_rate_gbps``) when one of the ring's
+    hops inside a node goes through it (``shm_pair_gbps`` on the hardware's ratings), else 0."""
     rated = topo.rated
-    hops = [(a, b) for a, b in pairs if shm_pair_gbps(rated, a, b) < math.inf]
-    if not hops:
-        return 0.0
-    links = topo.links
-    return min(topo.route_bw_gbps(a, b) if any(links[i].rated_gbps is not None for i in topo.route(a, b))
-               else SHM_GBPS for a, b in hops)
+    return shm_rate_gbps(topo) if any(shm_pair_gbps(rated, a, b) < math.inf for a, b in pairs) else 0.0
+
+
+def shm_rate_gbps(topo: Topology) -> float:
+    """What NCCL's shared-memory transport moves between two GPUs without peer-to-peer on
+    ``topo``'s host: its ``cost.shm_gbps`` (measured or written), else ``SHM_GBPS``."""
+    return topo.cost.shm_gbps or SHM_GBPS
 
 
 def _allpairs_gbps(topo: Topology, arch: str) -> float:

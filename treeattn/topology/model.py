@@ -346,10 +346,17 @@ class CostParams:
     """The NCCL release the cluster runs (``2.26.2``, or a bound such as ``<2.28``:
     ``treeattn.topology.nccl_version``), for the NCCL model's release-dependent figures (NVLS
     latencies and NCCL's NVLS estimate, docs/nccl-model.md); None: the newest it follows."""
+    shm_gbps: float | None = None
+    """What NCCL's shared-memory transport moves between two GPUs of a node without
+    peer-to-peer (GeForce), GB/s of bus bandwidth, on this machine: the host sets it
+    (``treeattn calibrate --from-nccl-tests`` fits it from a log of such GPUs, or write it);
+    None: ``treeattn.cost.nccl.SHM_GBPS``."""
     host: HostParams = HostParams()
     """How ranks on host CPUs cost time."""
 
     def __post_init__(self) -> None:
+        if self.shm_gbps is not None and not self.shm_gbps > 0:
+            raise TopologyError(f"cost.shm_gbps must be > 0, got {self.shm_gbps}")
         if self.overhead_us < 0 or self.launch_us < 0:
             raise TopologyError("cost.overhead_us and cost.launch_us must be >= 0")
         if not 0 < self.mem_efficiency <= 1:
@@ -408,6 +415,8 @@ class CostParams:
             out["link_rates"] = self.link_rates
         if self.nccl_version is not None:
             out["nccl_version"] = self.nccl_version
+        if self.shm_gbps is not None:
+            out["shm_gbps"] = self.shm_gbps
         return out
 
     def key(self) -> tuple:
@@ -415,6 +424,8 @@ class CostParams:
         terms = self._terms()
         if self.link_rates != "datasheet":
             terms = (*terms, "rates", self.link_rates)
+        if self.shm_gbps is not None:
+            terms = (*terms, "shm", float(self.shm_gbps))
         if self.nccl_version is None:
             return terms
         # keyed by the release the model takes: texts naming the same one cost the same

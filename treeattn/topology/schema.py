@@ -109,6 +109,10 @@ class CostSpec(_Spec):
         None, description="The NCCL release the cluster runs (2.26.2, 2.26, or a bound: <2.28, <=2.27.3), for the NCCL "
         "model's release-dependent NVLS figures; default: the newest release the model follows."
     )
+    shm_gbps: Float | None = Field(
+        None, gt=0, description="GB/s of bus bandwidth NCCL's shared-memory transport moves between GPUs without "
+        "peer-to-peer on this host (default: treeattn.cost.nccl.SHM_GBPS)."
+    )
     link_rates: Literal["datasheet", "measured"] = Field(
         "datasheet", description="datasheet: link bw_gbps are datasheet figures, of which GPU transfers reach NCCL's "
         "rating; measured: fitted rates (treeattn calibrate), reached as they are."
