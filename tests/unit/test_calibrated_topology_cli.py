@@ -91,7 +91,7 @@ def test_a_bad_rating_is_one_line_naming_the_field_and_line(mine, tmp_path, fiel
         assert f".{field}: " in res.stderr and says in res.stderr, res.stderr
 
 
-def test_ratings_written_by_hand_are_announced_too(tmp_path):
+def test_a_rating_beside_a_datasheet_figure_is_refused(tmp_path):
     from treeattn.topology.io import dump_topology
     from treeattn.topology.library import resolve
 
@@ -101,4 +101,10 @@ def test_ratings_written_by_hand_are_announced_too(tmp_path):
     hand.write_text(text.replace(nvlink, "bw_gbps: 300.0, latency_us: 0.3, rated_gbps: 450.0,"))
     assert "rated_gbps: 450.0" in hand.read_text() and "link_rates" not in hand.read_text()
     res = run_cli("nccl-model", "-t", str(hand), "-c", "allreduce", "--bytes", "1MiB")
-    assert res.exit_code == 0 and NOTE in res.stdout
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "hand.yaml:" in res.stderr and ".rated_gbps: a rating" in res.stderr
+    assert "not measured (cost.link_rates)" in res.stderr
+    measured = hand.read_text().replace("cost: {", "cost: {link_rates: measured, ", 1)
+    hand.write_text(measured)
+    res = run_cli("nccl-model", "-t", str(hand), "-c", "allreduce", "--bytes", "1MiB")
+    assert res.exit_code == 0 and NOTE in res.stdout, res.stderr

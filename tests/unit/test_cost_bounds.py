@@ -219,7 +219,7 @@ def test_library_collectives_on_their_ratings_never_beat_the_bound():
     links = tuple(dataclasses.replace(ln, bw_gbps=100.0, rated_gbps=ln.bw_gbps, latency_us=3.5,
                                       rated_latency_us=ln.latency_us) if ln.kind is LinkKind.NVLINK else ln
                   for ln in family.links)
-    topo = dataclasses.replace(family, links=links)
+    topo = dataclasses.replace(family, links=links, cost=dataclasses.replace(family.cost, link_rates="measured"))
     for payload in (RawPayload(nbytes=64 << 20, ranks=8), RawPayload(nbytes=8, ranks=8)):
         plan = build("allreduce", payload, topo)
         assert simulate(plan, topo).predicted_us >= lower_bounds(payload, topo).bound_us

@@ -73,13 +73,16 @@ def test_fingerprint_ignores_listing_order_but_not_figures():
     slower = dataclasses.replace(t, links=[dataclasses.replace(links[0], bw_gbps=1.0), *links[1:]])
     assert slower.fingerprint != t.fingerprint
     assert dataclasses.replace(t, ranks=t.ranks[::-1]).fingerprint != t.fingerprint
-    rated = dataclasses.replace(t, links=[dataclasses.replace(links[0], rated_gbps=links[0].bw_gbps), *links[1:]])
-    assert rated.fingerprint != t.fingerprint
+    measured = dataclasses.replace(t, cost=dataclasses.replace(t.cost, link_rates="measured"))
+    rated = dataclasses.replace(measured, links=[dataclasses.replace(links[0], rated_gbps=links[0].bw_gbps),
+                                                 *links[1:]])
+    assert rated.fingerprint != measured.fingerprint
 
 
 def test_a_measured_link_keeps_its_rating_through_yaml():
     text = """
 name: two
+cost: {link_rates: measured}
 devices:
   - {name: c, kind: cpu}
   - {name: g0, kind: gpu, mem_bw_gbps: 10}
@@ -98,6 +101,8 @@ links:
         load_topology_text(text.replace("rated_gbps: 5", "rated_gbps: 0"))
     with pytest.raises(TopologyError, match="rated_latency_us must be >= 0"):
         dataclasses.replace(t.links[0], rated_latency_us=-1.0)
+    with pytest.raises(TopologyError, match=r"links\[0\] \(g0->c\): a rating .* not measured"):
+        dataclasses.replace(t, cost=dataclasses.replace(t.cost, link_rates="datasheet"))
 
 
 @pytest.mark.parametrize("name", sorted(shipped_files()))

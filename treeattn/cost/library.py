@@ -52,10 +52,9 @@ def alltoall_us(topo: Topology, nbytes: int, communicator: str = WORLD) -> float
 def link_rates_note(topo: Topology) -> str | None:
     """Which link rates the predictions on ``topo`` read, in two lines of at most 80
     characters, where a calibration measured them on GPU ranks (``cost.link_rates:
-    measured``) or links keep ratings (``rated_gbps``, also written by hand); None elsewhere
-    (datasheet rates, or host ranks, where gloo and treeattn's transfers alike read the
-    measured ones)."""
-    if gloo.on_hosts(topo) or (topo.rated is topo and topo.cost.link_rates != "measured"):
+    measured``); None elsewhere (datasheet rates, or host ranks, where gloo and treeattn's
+    transfers alike read the measured ones)."""
+    if gloo.on_hosts(topo) or topo.cost.link_rates != "measured":
         return None
     if topo.rated is topo:
         return ("link rates: measured, and the topology keeps no hardware ratings (rated_gbps):\n"

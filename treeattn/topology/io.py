@@ -22,7 +22,7 @@ from treeattn.errors import TopologyError
 from treeattn.textfile import read_text
 from treeattn.topology.compact import build_compact, cost_params
 from treeattn.topology.families import build_family_file
-from treeattn.topology.model import Device, DeviceKind, Link, Topology
+from treeattn.topology.model import RATING_UNMEASURED, Device, DeviceKind, Link, Topology
 from treeattn.topology.schema import (
     CompactFile,
     ExplicitFile,
@@ -216,6 +216,9 @@ def _build_explicit(spec: ExplicitFile) -> Topology:
                 links.append(Link(**{**fields, "src": src, "dst": dst}))
             except TopologyError as exc:
                 raise FieldError(("links", i), str(exc)) from None
+            if links[-1].has_rating and spec.cost.link_rates != "measured":
+                raise FieldError(("links", i, "rated_gbps" if ln.rated_gbps is not None else "rated_latency_us"),
+                                 RATING_UNMEASURED)
     if spec.ranks is None:
         kinds = [DeviceKind.GPU] if any(d.kind is DeviceKind.GPU for d in devices) else [DeviceKind.HOST]
         ranks = [d.name for d in devices if d.kind in kinds]

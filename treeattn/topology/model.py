@@ -158,6 +158,10 @@ class Device:
         return out
 
 
+RATING_UNMEASURED = ("a rating (rated_gbps, rated_latency_us) keeps the hardware's figure beside a measured one; "
+                     "this topology's rates are not measured (cost.link_rates)")
+
+
 @dataclass(frozen=True, slots=True)
 class Link:
     """A directed edge ``src -> dst``."""
@@ -220,6 +224,12 @@ class Link:
             )
         if self.src == self.dst and self.kind is not LinkKind.LOOPBACK:
             raise TopologyError(f"link {self.src}->{self.dst}: only a loopback link may be a self-loop")
+
+    @property
+    def has_rating(self) -> bool:
+        """Whether it keeps a hardware figure beside a measured one (``rated_gbps``,
+        ``rated_latency_us``), which a topology allows with ``cost.link_rates: measured`` only."""
+        return self.rated_gbps is not None or self.rated_latency_us is not None
 
     @property
     def cls(self) -> LinkClass:
@@ -492,6 +502,8 @@ class Topology:
                     "bond parallel links with count instead"
                 )
             pairs.add((ln.src, ln.dst))
+            if ln.has_rating and self.cost.link_rates != "measured":
+                raise TopologyError(f"topology {self.name!r}: links[{i}] ({ln.src}->{ln.dst}): {RATING_UNMEASURED}")
         if not self.ranks:
             raise TopologyError(f"topology {self.name!r}: no ranks placed")
         check_rank_count(len(self.ranks), f"topology {self.name!r}")
