@@ -14,9 +14,9 @@ Every model forbids unknown fields, so a typo is an error that names the field.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from treeattn.errors import InputError, TopologyError
 from treeattn.topology.model import DeviceKind, LinkKind
@@ -45,10 +45,17 @@ __all__ = [
 
 Loc = tuple[str | int, ...]
 
-# Numbers as YAML writes them: an integer where a float goes, but neither true/false (which
-# lax parsing reads as 1/0) nor a quoted string, nor a float where a count goes.
-Float = Annotated[float, Strict()]
-Int = Annotated[int, Strict()]
+
+
+def _not_bool(value: Any) -> Any:
+    # Lax parsing reads true/false as 1/0; PyYAML (YAML 1.1) reads 1e3 as text, which it keeps.
+    if isinstance(value, bool):
+        raise ValueError(f"input should be a number, not {str(value).lower()}")
+    return value
+
+
+Float = Annotated[float, BeforeValidator(_not_bool)]
+Int = Annotated[int, BeforeValidator(_not_bool)]
 
 
 class FieldError(TopologyError):
