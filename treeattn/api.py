@@ -109,7 +109,7 @@ def save_plan(plan: Plan, path: str | Path) -> Path:
     from treeattn.plan import io
 
     path = Path(path)
-    source = relocated_source(plan.topology.source, path)
+    source = relocated_source(plan.topology.source, path, plan.topology.base)
     if source != plan.topology.source:
         plan = dataclasses.replace(plan, topology=dataclasses.replace(plan.topology, source=source))
     try:

@@ -60,6 +60,13 @@ def test_a_plan_saved_from_the_api_finds_its_topology_file_from_anywhere(tmp_pat
     res = run_cli("simulate", str(saved), "--json")
     assert res.exit_code == 0, res.stderr
     assert json.loads(res.stdout)["topology"]["name"] == "mine"
+    # Loaded and saved again two levels deeper: still found (the loaded source was relative
+    # to the first plan's folder).
+    (tmp_path / "b" / "sub").mkdir(parents=True)
+    again = treeattn.save_plan(treeattn.load_plan(saved), tmp_path / "b" / "sub" / "q.yaml")
+    assert yaml.safe_load(again.read_text())["topology"]["source"] == "../../topo/mine.yaml"
+    res = run_cli("simulate", str(again), "--json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["topology"]["name"] == "mine", res.stderr
     # A plan on a shipped name or family records none: the name finds it.
     assert treeattn.search_plan("cpu:ranks=2", "llama-3.2-1b", batch=1, seq_len=4096).topology.source is None
     with pytest.raises(TreeattnError, match="cannot write plan"):

@@ -449,7 +449,10 @@ def load_plan(source: str | Path) -> Plan:
         name = str(path)
         text = read_text(path, "plan file", PlanFormatError)
     with gc_paused():
-        return _parse(text, name)
+        plan = _parse(text, name)
+    if name == "<text>" or plan.topology.source is None:
+        return plan
+    return replace(plan, topology=replace(plan.topology, base=str(Path(name).resolve().parent)))
 
 
 def _parse(text: str, name: str) -> Plan:

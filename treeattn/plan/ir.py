@@ -277,6 +277,9 @@ class TopologyRef:
     source: str | None = None
     """Where to find it again when ``name`` does not (a topology file: its path relative to
     the plan file's folder, maybe with a ``[ranks ...]`` selection); None: by its name."""
+    base: str | None = field(default=None, compare=False)
+    """The folder a relative ``source`` is relative to: the plan file's, which ``load_plan``
+    sets (not written into plans; ``treeattn.save_plan`` rebases the source on it)."""
 
     @classmethod
     def of(cls, topology: Any) -> TopologyRef:

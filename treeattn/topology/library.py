@@ -33,7 +33,7 @@ from treeattn.topology.model import Topology
 from treeattn.topology.schema import FieldError
 
 __all__ = ["PresetInfo", "topologies_dir", "shipped_files", "resolve", "list_presets", "parse_ranks",
-           "subset_topology", "recorded_source", "resolve_recorded"]
+           "subset_topology", "recorded_source", "relocated_source", "resolve_recorded"]
 
 ENV_DIR = "TREEATTN_TOPOLOGIES"
 """Environment variable naming another folder of shipped topology files."""
@@ -178,17 +178,18 @@ def recorded_source(spec: str, topo: Topology, plan_path: Path | None = None) ->
     return absolute if plan_path is None else relocated_source(absolute, plan_path)
 
 
-def relocated_source(source: str | None, plan_path: Path) -> str | None:
-    """``source`` (``TopologyRef.source``) for a plan written to ``plan_path``: a file named by
-    its absolute path (``recorded_source`` without a plan path) relative to the plan's folder,
-    so that the two can move together; anything else as it is."""
+def relocated_source(source: str | None, plan_path: Path, base: str | None = None) -> str | None:
+    """``source`` (``TopologyRef.source``) for a plan written to ``plan_path``: a file,
+    named by its absolute path (``recorded_source`` without a plan path) or relative to the
+    folder ``base`` (a loaded plan's ``TopologyRef.base``), relative to the plan's folder, so
+    that the two can move together; anything else as it is."""
     if source is None:
         return None
-    base, selection = _split_selection(source)
-    if not _names_file(base) or not Path(base).is_absolute():
+    spec, selection = _split_selection(source)
+    if not _names_file(spec) or not (Path(spec).is_absolute() or base is not None):
         return source
     try:
-        where = os.path.relpath(base, Path(plan_path).resolve().parent)
+        where = os.path.relpath(Path(base or "/") / spec, Path(plan_path).resolve().parent)
     except ValueError:  # another drive
         return source
     return Path(where).as_posix() + selection
