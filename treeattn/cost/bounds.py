@@ -379,19 +379,12 @@ def bound_topology(topo: Topology) -> Topology:
     counts at the faster rate and the smaller latency of the two where NCCL runs the
     collectives (GPU ranks), as those move at the ratings and treeattn's own transfers at the
     measured rates. On host ranks both use the measured rates (gloo)."""
-    if on_hosts(topo) or topo.rated is topo:
+    rated = topo.rated
+    if on_hosts(topo) or rated is topo:
         return topo
-    links = tuple(
-        dataclasses.replace(
-            ln,
-            bw_gbps=max(ln.bw_gbps, ln.rated_gbps or 0.0),
-            latency_us=min(ln.latency_us, ln.latency_us if ln.rated_latency_us is None else ln.rated_latency_us),
-            rated_gbps=None,
-            rated_latency_us=None,
-        )
-        for ln in topo.links
-    )
-    return dataclasses.replace(topo, links=links)
+    links = tuple(dataclasses.replace(r, bw_gbps=max(r.bw_gbps, m.bw_gbps), latency_us=min(r.latency_us, m.latency_us))
+                  for r, m in zip(rated.links, topo.links, strict=True))
+    return dataclasses.replace(rated, links=links)
 
 
 def lower_bounds(
