@@ -23,6 +23,9 @@ FIX = Path(__file__).parents[1] / "fixtures" / "nccl-tests"
 ONE = FIX / "all_reduce_perf.8xh100-1node.txt"
 FOUR = FIX / "all_reduce_perf.4x8xh100-ib400.txt"
 DGX4 = resolve("dgx-h100:nodes=4")
+GEFORCE = load_topology_text(
+    "name: geforce-2x4\nnodes: 2\nnode:\n  gpus: {count: 4, model: RTX-4090, mem_bw_gbps: 1000, p2p: false}\n"
+    "  pcie: {generation: 4, width: 16, bw_gbps: 25}\n  nics: {count: 1, bw_gbps: 50}\nnetwork: {kind: infiniband}\n")
 
 
 def test_one_node_log_sets_the_nvlink_class():
@@ -45,15 +48,15 @@ def test_one_node_log_sets_the_nvlink_class():
 
 
 def test_a_log_from_small_sizes_sets_the_latency(tmp_path):
-    # kalavai's 2 x RTX 4090 log (the corpus's k8s-2gpu table) starts at 8 bytes: its latency
-    # is measured, and the class gets it.
-    text = (Path(__file__).parents[2] / "results" / "published" / "kalavai-rtx4090.txt").read_text().splitlines()
-    log = tmp_path / "all_reduce_perf.k8s-2gpu.txt"
-    log.write_text("\n".join(text[147:187]) + "\n")
-    family = resolve("rtx4090:gpus=2")
-    (lf,) = calibrate_from_nccl_tests(family, [log]).logs
-    assert lf.latency_written and lf.alpha_us == pytest.approx(lf.fit.alpha_step_us)
-    topo = calibrate_from_nccl_tests(family, [log]).topology
+    # Together's 8 x H100 ring all-reduce (the corpus's together-h100-1node/ring table) starts
+    # at 8 bytes: its latency is measured, and the class gets it.
+    text = (Path(__file__).parents[2] / "results" / "published" / "together-h100-1node.txt").read_text().splitlines()
+    log = tmp_path / "all_reduce_perf.ring.txt"
+    log.write_text("\n".join(text[1:54]) + "\n")
+    result = calibrate_from_nccl_tests(resolve("dgx-h100"), [log])
+    (lf,) = result.logs
+    assert lf.fit.size_range[0] == 8 and lf.latency_written and lf.alpha_us == pytest.approx(lf.fit.alpha_step_us)
+    topo = result.topology
     assert topo.cost.overhead_us + topo.route_latency_us(0, 1) == pytest.approx(lf.fit.alpha_step_us)
 
 
@@ -102,14 +105,26 @@ def test_nccls_collective_model_reads_the_hardware_ratings_a_calibration_keeps(t
     assert CutModel(topo).collective_floor_us(1 << 30, 1 << 20, everyone=True) > 1.2 * floor
 
 
+def test_a_shared_memory_log_leaves_the_routes_to_other_nodes_alone(tmp_path):
+    # The same 2-GPU log on two nodes of 4 GeForce GPUs: the cross-node route keeps its PCIe
+    # links (calibration had set every 25 GB/s PCIe link to the host's 3.6 GB/s), and with
+    # the network measured too, the two GPUs' transfers keep the host's rate.
+    text = (Path(__file__).parents[2] / "results" / "published" / "kalavai-rtx4090.txt").read_text().splitlines()
+    log = tmp_path / "all_reduce_perf.k8s-2gpu.txt"
+    log.write_text("\n".join(text[147:187]) + "\n")
+    result = calibrate_from_nccl_tests(GEFORCE, [log])
+    assert result.topology.route_bw_gbps(0, 4) == GEFORCE.route_bw_gbps(0, 4)
+    net = ClassParams(tuple((ln.kind.value, ln.bw_gbps) for ln in GEFORCE.route_links(0, 4)), 10.0, 20.0)
+    both, _ = apply_fit(result.topology, FittedParams((net,), landed_by_copy=False))
+    assert both.cost.link_rates == "measured"
+    assert nccl.shm_pair_gbps(both, 0, 1) == nccl.fabric(both).shm_gbps == result.topology.cost.shm_gbps
+
+
 def test_a_calibration_of_other_routes_leaves_the_shared_memory_rate_alone():
     # Two nodes of 4 GeForce GPUs: a fit of the network class changes PCIe links the
     # shared-memory pairs' routes share (calibration changes links by kind and rate), but
     # measured no such pair: NCCL's model keeps SHM_GBPS for them.
-    geforce = load_topology_text(
-        "name: geforce-2x4\nnodes: 2\nnode:\n  gpus: {count: 4, model: RTX-4090, mem_bw_gbps: 1000, p2p: false}\n"
-        "  pcie: {generation: 4, width: 16, bw_gbps: 25}\n  nics: {count: 1, bw_gbps: 50}\n"
-        "network: {kind: infiniband}\n")
+    geforce = GEFORCE
     net = ClassParams(tuple((ln.kind.value, ln.bw_gbps) for ln in geforce.route_links(0, 4)), 10.0, 20.0)
     fitted, _ = apply_fit(geforce, FittedParams((net,), landed_by_copy=False))
     assert any(ln.rated_gbps is not None for ln in fitted.route_links(0, 1))
@@ -144,6 +159,11 @@ def test_a_calibrated_shared_memory_hop_keeps_its_measured_rate(tmp_path):
     assert fab.shm_gbps == pytest.approx(lf.beta_gbps) != pytest.approx(nccl.SHM_GBPS, rel=0.1)
     assert dataclasses.replace(fab, shm_gbps=nccl.SHM_GBPS) == nccl.fabric(family)
     assert result.topology.cost.shm_gbps == pytest.approx(lf.fit.beta_link_gbps)
+    # The rate is the host's, not the links': they keep their figures (calibration changes
+    # links by kind and rate, so the PCIe links to the NICs would have moved too), and the
+    # simulator's transfers between the two GPUs move at it.
+    assert lf.shm and result.topology.links == family.links and result.topology.cost.link_rates == "datasheet"
+    assert nccl.shm_pair_gbps(result.topology, 0, 1) == pytest.approx(lf.fit.beta_link_gbps)
     # Written by hand (a tuned host), it reaches NCCL's model and the simulator's pairs alike,
     # and survives the YAML.
     hand = dataclasses.replace(family, cost=dataclasses.replace(family.cost, shm_gbps=12.5))

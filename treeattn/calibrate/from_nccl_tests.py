@@ -32,7 +32,6 @@ figures on the published corpus, ``benchmarks/bench_calibrate_half_split.py`` ma
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,12 +66,13 @@ class LogFit:
     """Whether the log measured the class's latency (else ``alpha_us`` is the topology's)."""
     shm: bool = False
     """Whether the class's route goes through NCCL's shared-memory transport (GPUs without
-    peer-to-peer): the log's bus bandwidth is then the host's ``cost.shm_gbps``."""
+    peer-to-peer): the log's bus bandwidth is then the host's ``cost.shm_gbps``, and no link
+    is written (calibration changes links by kind and rate: the PCIe links to the NICs too)."""
 
     def to_dict(self) -> dict:
         return {"source": self.source, "scope": self.scope, "route_class": self.route_class,
                 "hops": [list(h) for h in self.hops], "class_alpha_us": self.alpha_us,
-                "latency_written": self.latency_written,
+                "latency_written": self.latency_written, "shm": self.shm,
                 "class_beta_gbps": self.beta_gbps, **self.fit.to_dict(), "notes": list(self.notes)}
 
 
@@ -157,7 +157,7 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
     logs = tuple(chosen.values())
     params = FittedParams(
         classes=tuple(ClassParams(lf.hops, lf.alpha_us if lf.latency_written else None, lf.beta_gbps)
-                      for lf in logs),
+                      for lf in logs if not lf.shm),
         source=f"{CALIBRATED_BY} --from-nccl-tests " + " ".join(lf.source for lf in logs),
         shm_gbps=next((lf.fit.beta_link_gbps for lf in logs if lf.shm), None),
         landed_by_copy=False,
@@ -176,11 +176,16 @@ def _node_fit(topo: Topology, source: str, cf: CollectiveFit) -> LogFit:
     out = _rank_out(topo, a, first.cls)
     low = min(bw for _, bw in hops)
     share = low / out if out > 0 else 1.0
+    shm = nccl.shm_pair(topo, a, b)
+    if shm:  # what the ring moved is the host's, not the links': they keep their figures
+        notes.append(f"its ring runs through host memory (GPUs without peer-to-peer): {cf.beta_link_gbps:.4g} "
+                     "GB/s is the host's shared-memory rate (cost.shm_gbps); the links keep their rates and latency")
+        return LogFit(source, cf, "node", ">".join(k for k, _ in hops), hops, _alpha_of(topo, a, b),
+                      cf.beta_link_gbps, tuple(notes), False, True)
     alpha, written = _class_alpha(cf.alpha_step_us if cf.latency_measured else None, "per-step latency",
                                   topo, (a, b), notes)
-    shm = nccl.shm_pair_gbps(topo.rated, a, b) < math.inf
     return LogFit(source, cf, "node", ">".join(k for k, _ in hops), hops, alpha, cf.beta_link_gbps * share,
-                  tuple(notes), written, shm)
+                  tuple(notes), written)
 
 
 def _network_fit(topo: Topology, source: str, cf: CollectiveFit, intra_alpha: float | None) -> LogFit:

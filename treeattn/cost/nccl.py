@@ -165,6 +165,7 @@ __all__ = [
     "fabric_bw",
     "p2p_link_gbps",
     "transfer_gbps",
+    "shm_pair",
     "shm_pair_gbps",
     "shm_rate_gbps",
     "shm_pairs",
@@ -468,13 +469,14 @@ _RATES_KEY = "_transfer_gbps"
 
 def _shm_rated(topo: Topology) -> bool:
     """Whether NCCL's shared-memory rate can apply: GPU ranks (host ranks are timed by
-    ``treeattn.cost.gloo``) some without peer-to-peer, at NCCL's link figures (a calibrated
-    topology's measured rates stand). Cached with the topology."""
+    ``treeattn.cost.gloo``) some without peer-to-peer, at NCCL's link figures or with the
+    host's rate named (``cost.shm_gbps``; otherwise a calibrated topology's measured rates
+    stand). Cached with the topology."""
     hit = vars(topo).get(_SHM_KEY)
     if hit is None:
         devs = [topo.rank_device(r) for r in range(topo.num_ranks)]
-        hit = (topo.cost.link_rates != "measured" and all(d.kind is DeviceKind.GPU for d in devs)
-               and any(not d.p2p for d in devs))
+        hit = ((topo.cost.link_rates != "measured" or topo.cost.shm_gbps is not None)
+               and all(d.kind is DeviceKind.GPU for d in devs) and any(not d.p2p for d in devs))
         vars(topo)[_SHM_KEY] = hit
     return hit
 
@@ -482,20 +484,24 @@ def _shm_rated(topo: Topology) -> bool:
 _SHM_KEY = "_shm_rated"
 
 
+def shm_pair(topo: Topology, a: int, b: int) -> bool:
+    """Whether rank ``a``'s transfers to rank ``b`` go through NCCL's shared-memory transport:
+    GPUs of one node, one without peer-to-peer, not joined by a GPU fabric (routing bounces
+    their copies through the CPU)."""
+    da, db = topo.rank_device(a), topo.rank_device(b)
+    if (a == b or da.kind is not DeviceKind.GPU or db.kind is not DeviceKind.GPU or da.node != db.node
+            or da.node < 0 or (da.p2p and db.p2p)):
+        return False
+    links = topo.links
+    return not all(links[i].cls is LinkClass.GPU_FABRIC for i in topo.route(a, b))
+
+
 def shm_pair_gbps(topo: Topology, a: int, b: int) -> float:
     """The most a transfer from rank ``a`` to rank ``b`` moves through NCCL's shared-memory
-    transport: ``shm_rate_gbps`` where the two are GPUs of one node, one without peer-to-peer, not
-    joined by a GPU fabric (routing bounces their copies through the CPU); else inf (other
-    routes, across nodes through a NIC, have their links' rates)."""
-    if not _shm_rated(topo):
-        return math.inf
-    da, db = topo.rank_device(a), topo.rank_device(b)
-    if a == b or da.node != db.node or da.node < 0 or (da.p2p and db.p2p):
-        return math.inf
-    links = topo.links
-    if all(links[i].cls is LinkClass.GPU_FABRIC for i in topo.route(a, b)):
-        return math.inf
-    return shm_rate_gbps(topo)
+    transport: ``shm_rate_gbps`` where it goes through it (``shm_pair``) and the rate applies
+    (``_shm_rated``); else inf (other routes, across nodes through a NIC, have their links'
+    rates)."""
+    return shm_rate_gbps(topo) if _shm_rated(topo) and shm_pair(topo, a, b) else math.inf
 
 
 def shm_pairs(topo: Topology) -> int:
