@@ -76,3 +76,26 @@ def test_a_selection_of_a_file_is_recorded_with_it(made: Path) -> None:
     assert res.exit_code == 0, res.stderr
     assert load_plan(out).topology.source == "../topologies/local/cpu-4.yaml[ranks 0-2]"
     assert run_cli("simulate", str(out)).exit_code == 0
+
+
+def test_a_topology_file_without_suffix_or_through_a_symlinked_folder_is_found(tmp_path, monkeypatch):
+    import dataclasses
+    import os
+
+    from treeattn.topology.io import dump_topology
+    from treeattn.topology.library import recorded_source, resolve, resolve_recorded
+
+    topo = dataclasses.replace(resolve("cpu:ranks=2"), name="mine")
+    (tmp_path / "mytopo").write_text(dump_topology(topo))
+    # Beside the plan, a bare name would read back as a topology name, not a file.
+    source = recorded_source(str(tmp_path / "mytopo"), topo, tmp_path / "p.yaml")
+    assert source == "./mytopo"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert resolve_recorded("mine", topo.fingerprint, source, tmp_path / "p.yaml").fingerprint == topo.fingerprint
+    # A plan written through a symlinked folder records the path from its real folder.
+    (tmp_path / "real" / "a" / "b").mkdir(parents=True)
+    os.symlink(tmp_path / "real" / "a" / "b", tmp_path / "link")
+    linked = recorded_source(str(tmp_path / "mytopo"), topo, tmp_path / "link" / "p.yaml")
+    assert linked == "../../../mytopo"
+    assert resolve_recorded("mine", topo.fingerprint, linked, tmp_path / "link" / "p.yaml").name == "mine"

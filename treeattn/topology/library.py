@@ -189,10 +189,11 @@ def relocated_source(source: str | None, plan_path: Path, base: str | None = Non
     if not _names_file(spec) or not (Path(spec).is_absolute() or base is not None):
         return source
     try:
-        where = os.path.relpath(Path(base or "/") / spec, Path(plan_path).resolve().parent)
+        where = Path(os.path.relpath(Path(base or "/") / spec, Path(plan_path).resolve().parent)).as_posix()
     except ValueError:  # another drive
         return source
-    return Path(where).as_posix() + selection
+    # A bare file name without a .yaml suffix would read back as a topology name.
+    return (where if "/" in where or Path(where).suffix in (".yaml", ".yml") else f"./{where}") + selection
 
 
 def resolve_recorded(name: str, fingerprint: str, source: str | None, plan_path: Path | None,
@@ -215,7 +216,8 @@ def resolve_recorded(name: str, fingerprint: str, source: str | None, plan_path:
     base, selection = _split_selection(source if source is not None else name)
     from_file = source is not None and _names_file(base)
     if from_file and plan_path is not None and not Path(base).expanduser().is_absolute():
-        base = os.path.normpath(Path(plan_path).parent / base)
+        # From the plan's real folder, as the source was written (a symlinked folder resolves).
+        base = os.path.normpath(Path(plan_path).resolve().parent / base)
     spec = base + selection
     try:
         topo = resolve(spec)
