@@ -629,7 +629,7 @@ class Topology:
         datasheet; itself where nothing was measured so. A calibrated link rate is fitted to
         treeattn's own transfers; NCCL's collective model reads a link as NCCL rates the
         hardware and runs its trees, NVLS and protocols on it, so it reads this instead."""
-        if all(ln.rated_gbps is None and ln.rated_latency_us is None for ln in self.links):
+        if not any(ln.has_rating for ln in self.links):
             return self
         links = tuple(
             dataclasses.replace(
