@@ -522,7 +522,7 @@ def fabric(topo: Topology) -> NcclFabric:
         The NcclFabric (see the module docstring for how each figure is derived), from the
         hardware's link ratings where a calibration measured the links (``Topology.rated``).
     """
-    measured, topo = topo, topo.rated
+    topo = topo.rated
     devs = [topo.rank_device(r) for r in range(topo.num_ranks)]
     gpu_models = [d.model for d in devs if d.kind is DeviceKind.GPU]
     arch = _arch(gpu_models[0]) if gpu_models else "hopper"
@@ -633,7 +633,7 @@ def fabric(topo: Topology) -> NcclFabric:
     graph = graph_channels(arch, nodes, path_gbps or gpu_gbps, gpu_gbps, n_nics, nic_gbps)[0] if searched else 0
     return NcclFabric(
         nccl_release=nccl_release(topo.cost.nccl_version) if topo.cost.nccl_version is not None else NEWEST,
-        shm_gbps=_shm_gbps(measured, intra_pairs),
+        shm_gbps=shm_rate_gbps(topo) if any(shm_pair_gbps(topo, a, b) < math.inf for a, b in intra_pairs) else 0.0,
         rccl=rccl,
         allpairs_gbps=_allpairs_gbps(topo, arch) if rccl and nodes == 1 else 0.0,
         channels=channels,
@@ -653,13 +653,6 @@ def fabric(topo: Topology) -> NcclFabric:
         inter_route_us=inter_route,
         limit="; ".join(limits),
     )
-
-
-def _shm_gbps(topo: Topology, pairs: list[tuple[int, int]]) -> float:
-    """What NCCL's shared-memory transport moves (``shm_rate_gbps``) when one of the ring's
-    hops inside a node goes through it (``shm_pair_gbps`` on the hardware's ratings), else 0."""
-    rated = topo.rated
-    return shm_rate_gbps(topo) if any(shm_pair_gbps(rated, a, b) < math.inf for a, b in pairs) else 0.0
 
 
 def shm_rate_gbps(topo: Topology) -> float:
