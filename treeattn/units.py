@@ -11,7 +11,12 @@ from enum import StrEnum
 
 from treeattn.errors import InputError
 
-__all__ = ["DType", "parse_size", "format_size", "transfer_us"]
+__all__ = ["DType", "MAX_BYTES", "parse_size", "check_bytes", "format_size", "transfer_us"]
+
+MAX_BYTES = 1 << 40
+"""The largest buffer a rank may hold, 1 TiB: more than any one device's memory. Sizes past it
+are refused where they are read; the simulator's byte counts are 64-bit integers, and a host
+rank's library baseline is simulated segment by segment (time and memory grow with the size)."""
 
 
 class DType(StrEnum):
@@ -60,7 +65,7 @@ def parse_size(text: str | int, what: str = "size") -> int:
     if isinstance(text, int):
         if text < 0:
             raise InputError(f"{what} must be >= 0, got {text}")
-        return text
+        return check_bytes(text, what)
     m = _SIZE.match(str(text))
     if not m:
         if _SIZE.match(str(text).strip().removeprefix("-")):
@@ -68,7 +73,15 @@ def parse_size(text: str | int, what: str = "size") -> int:
         raise InputError(f"cannot read {what} {text!r}; write it like 4096, 16KB, 1MiB or 2GB")
     num, prefix, binary, unit = m.groups()
     base = 1024 if binary or not unit else 1000
-    return int(round(float(num) * base ** _POW[prefix.lower()]))
+    return check_bytes(int(round(float(num) * base ** _POW[prefix.lower()])), what, text)
+
+
+def check_bytes(nbytes: int, what: str = "size", text: str | None = None) -> int:
+    """``nbytes``, or ``InputError`` naming ``what`` (as written: ``text``) when it exceeds ``MAX_BYTES``."""
+    if nbytes > MAX_BYTES:
+        written = repr(text) if text is not None else f"({format_size(nbytes)})"
+        raise InputError(f"{what} {written} is over {format_size(MAX_BYTES)}, more than any device's memory")
+    return nbytes
 
 
 def format_size(nbytes: float) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from treeattn.errors import WorkloadError
-from treeattn.units import DType
+from treeattn.units import DType, check_bytes
 
 __all__ = ["ModelPreset", "MODELS", "ReduceOp", "Workload", "RawPayload", "Payload", "even_split"]
 
@@ -97,6 +97,9 @@ class Workload:
             raise WorkloadError("workload.split holds no tokens at all")
         object.__setattr__(self, "kv_dtype", DType.parse(self.kv_dtype))
         object.__setattr__(self, "partial_dtype", DType.parse(self.partial_dtype))
+        check_bytes(self.payload_bytes, "workload: a rank's partial (batch x q_heads x (head_dim + 1) values)")
+        worst = max(range(len(self.split)), key=lambda r: self.split[r])
+        check_bytes(self.kv_bytes(worst), f"workload: rank {worst}'s KV cache")
 
     @classmethod
     def create(
@@ -223,6 +226,7 @@ class RawPayload:
             raise WorkloadError(
                 f"payload.nbytes must be at least one {self.dtype.value} element, got {self.nbytes!r}"
             )
+        check_bytes(self.nbytes, "payload.nbytes")
         object.__setattr__(self, "split", tuple([0] * self.ranks))
 
     @property

@@ -179,6 +179,16 @@ def test_plan_that_fits_nowhere_advises_only_what_can_help(tmp_path, fraction, a
     assert line.startswith("error: no schedule fits in memory") and line.endswith(advice), line
 
 
+@pytest.mark.parametrize("args", [("--bytes", "9999999999999999999999"),
+                                  ("-m", "llama-3.1-8b", "-b", "9999999999999", "-n", "128K")])
+def test_plan_refuses_sizes_past_any_memory_in_one_line(tmp_path, args):
+    # On host ranks (no device memory to check against) these overflowed 64-bit arrays: a traceback.
+    res = run_cli("plan", "-t", "cpu-4", *args, "-o", str(tmp_path / "p"))
+    assert res.exit_code == 2
+    [line] = res.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "is over 1 TiB, more than any device's memory" in line, line
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (("-t", "dgx-h100", "--nodes", "1,1", "--seq-lens", "8K"), "--nodes '1,1' names 1 twice"),
     (("-t", "dgx-h100", "--seq-lens", "8K,8192"), "--seq-lens '8K,8192' names 8192 twice"),

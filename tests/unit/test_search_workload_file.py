@@ -89,3 +89,15 @@ def test_parse_ranks():
     for bad in ("0-", "a", "3-1", "0-8", "1,1"):
         with pytest.raises(InputError):
             parse_ranks(bad, 8)
+
+
+def test_payloads_past_the_largest_buffer_are_refused():
+    # Byte counts past 1 TiB a rank overflowed the simulator's 64-bit arrays (a traceback).
+    with pytest.raises(InputError, match=r"payload.nbytes \(2 TiB\) is over 1 TiB"):
+        RawPayload(nbytes=2 << 40, ranks=2)
+    shape = {"model": "llama-3.1-8b", "seq_len": "128K"}
+    with pytest.raises(InputError, match=r"a rank's partial .* is over 1 TiB"):
+        workload_from_dict({**shape, "batch": 10**13}, ranks=4)
+    with pytest.raises(InputError, match=r"rank 0's KV cache \(.* TiB\) is over 1 TiB"):
+        workload_from_dict({**shape, "seq_len": 10**20}, ranks=4)
+    assert workload_from_dict({**shape, "batch": 64}, ranks=4).batch == 64

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from treeattn.errors import InputError
-from treeattn.units import DType, format_size, parse_size, transfer_us
+from treeattn.units import MAX_BYTES, DType, format_size, parse_size, transfer_us
 
 
 def test_every_dtype_has_its_element_size():
@@ -29,3 +29,11 @@ def test_a_bare_prefix_counts_in_1024s_as_nccl_tests_and_token_counts_do():
         parse_size("lots")
     with pytest.raises(InputError, match="size must be >= 0, got '-5'"):
         parse_size("-5")
+
+
+def test_sizes_past_the_largest_buffer_are_refused_where_read():
+    assert parse_size("1TiB") == MAX_BYTES and parse_size(MAX_BYTES) == MAX_BYTES
+    with pytest.raises(InputError, match=r"^--bytes '2TiB' is over 1 TiB, more than any device's memory$"):
+        parse_size("2TiB", "--bytes")
+    with pytest.raises(InputError, match=r"--max-size \(2 TiB\) is over 1 TiB"):
+        parse_size(2 * MAX_BYTES, "--max-size")
