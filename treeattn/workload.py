@@ -99,7 +99,7 @@ class Workload:
         object.__setattr__(self, "partial_dtype", DType.parse(self.partial_dtype))
         check_bytes(self.payload_bytes, "workload: a rank's partial (batch x q_heads x (head_dim + 1) values)")
         worst = max(range(len(self.split)), key=lambda r: self.split[r])
-        check_bytes(self.kv_bytes(worst), f"workload: rank {worst}'s KV cache")
+        check_bytes(self.layers * self.kv_bytes(worst), f"workload: rank {worst}'s KV cache of {self.layers} layer(s)")
 
     @classmethod
     def create(
