@@ -1,8 +1,9 @@
 """Measured decode-attention time per method on local CPU ranks (gloo), llama-3.1-8b shapes.
 
 For each batch size: the planned merge (the search's pick for ``cpu:ranks=P``, or without
-the search the builders' family and chunk count the simulator ranks best), the paper's
-three all-reduces, all-gather + merge and ring attention, each executed for real, checked
+the search the builders' family and chunk count the simulator ranks best) and the baselines
+``treeattn run --baselines`` runs beside it (the paper's three all-reduces, two all-reduces,
+all-gather + merge and ring attention), each executed for real, checked
 against the single-process reference and timed (median and p10-p90 of the per-iteration
 maximum over ranks). Every method includes the local partial over the rank's KV shard.
 Rows are also written to results/runs/bench_run-<time>.csv.
@@ -29,7 +30,7 @@ from rich.table import Table
 
 from treeattn.cost.simulate import simulate
 from treeattn.exec.launch import launch
-from treeattn.exec.predict import predict
+from treeattn.exec.predict import plan_baselines, predict
 from treeattn.exec.results import result_rows, write_csv
 from treeattn.exec.runner import Job, PlanJob, RunOptions
 from treeattn.plan.builders import build
@@ -37,7 +38,6 @@ from treeattn.topology.library import resolve
 from treeattn.workload import Workload
 
 FAMILIES = ("star", "chain", "kary", "binomial", "butterfly", "ring", "hierarchical")
-BASELINES = ("allreduce3", "allgather-merge", "ring-attention")
 
 
 def best_plan(w: Workload, topo):  # noqa: ANN001, ANN201 - Topology in, Plan out
@@ -96,8 +96,10 @@ def main() -> None:
         options = RunOptions(repeats=args.repeats, warmup=args.warmup, timeout_s=600, setup_timeout_s=1800,
                              baselines=True, check="root")
         t0 = time.time()
-        result = launch(Job((PlanJob(label, plan),), options))
-        pred = predict(plan, topo, BASELINES)
+        # The baselines `treeattn run --baselines` runs beside this plan, on the topology's ring.
+        methods, ring = plan_baselines(plan, topo)
+        result = launch(Job((PlanJob(label, plan, ring_order=ring),), options))
+        pred = predict(plan, topo, methods)
         frame = result_rows(result, {label: plan}, {label: pred}, f"bench_run-B{batch}")
         frames.append(frame)
         us = dict(zip(frame["method"], frame["measured_median_us"], strict=True))
