@@ -19,7 +19,7 @@ weights) and prints one line: identical tokens and the largest |logit difference
 only when every token is identical and that difference is at most 1e-3.
 
     python examples/hf_llama_sharded_decode.py --ranks 4 --prompt-len 512 --new-tokens 32
-    python examples/hf_llama_sharded_decode.py --ranks 3 --method allgather-merge --result heads
+    python examples/hf_llama_sharded_decode.py --ranks 3 --method dcp-ag-rs --result heads
 
 Needs ``pip install -e .[hf]`` (transformers).
 """
