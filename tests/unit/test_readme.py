@@ -94,9 +94,32 @@ def _subcommands(span: str) -> list[list[str]]:
     return [list(p) for p in itertools.product(*words)]
 
 
+def _positionals(span: str, path: list[str]) -> int:
+    """How many arguments a span gives its command after ``path`` that no option takes:
+    ``treeattn emulate run TOPO PLAN`` 2, ``treeattn plan -t TOPO`` 0, ``... exec TOPO -- CMD…`` 2."""
+    words = span.split()[1 + len(path):]
+    count, i = 0, 0
+    while i < len(words):
+        word = words[i].strip("[]")
+        if word == "--":
+            return count + 1
+        if word.startswith("-"):
+            nxt = words[i + 1] if i + 1 < len(words) else ""
+            i += 2 if nxt and not nxt.lstrip("[").startswith("-") and not words[i].endswith("]") else 1
+            continue
+        count, i = count + 1, i + 1
+    return count
+
+
 @pytest.mark.parametrize("span", sorted(set(re.findall(r"`(treeattn [^`]+)`", (ROOT / "README.md").read_text()))))
 def test_every_command_named_in_the_text_exists(span: str) -> None:
-    """Inline spans show syntax (``treeattn plan -t TOPO ...``): the commands they name exist."""
+    """Inline spans show syntax (``treeattn plan -t TOPO ...``): the commands they name exist
+    and take as many arguments as the span gives them (``emulate down TOPO`` took none)."""
     for path in _subcommands(span):
         proc = subprocess.run([TREEATTN, *path, "--help"], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, f"`{span}`: treeattn {' '.join(path)} --help: {proc.stderr[-500:]}"
+        usage = re.search(r"Usage: (.*)", proc.stdout)
+        assert usage, proc.stdout[:300]
+        taken = re.findall(r"\{[^}]+\}|\[[A-Z_]+\](?:\.\.\.)?", usage.group(1))
+        given = _positionals(span, path)
+        assert given <= len(taken), f"`{span}` gives {given} argument(s); {usage.group(1).strip()}"
