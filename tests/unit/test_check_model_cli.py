@@ -41,10 +41,24 @@ def test_table_output_names_regimes_and_tables(tmp_path):
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    # An unwritable --png is refused before the corpus is predicted (it used to be after a minute).
     for args in (["check-model", str(tmp_path / "missing")], ["check-model", str(tmp_path)],
-                 ["check-model", "--png", str(tmp_path / "x.jpg")]):
+                 ["check-model", "--png", str(tmp_path / "a-file" / "x.png")]):
         res = run_cli(*args)
         assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_png_follows_the_output_file_rule(tmp_path):
+    corpus = _small_corpus(tmp_path) / "rccl-issue-1562.yaml"
+    (tmp_path / "plots").mkdir()
+    res = run_cli("check-model", str(corpus), "--png", str(tmp_path / "plots"), "--json")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["png"] == str(tmp_path / "plots" / "check-model.png")
+    assert (tmp_path / "plots" / "check-model.png").stat().st_size > 10_000
+    res = run_cli("check-model", str(corpus), "--png", str(tmp_path / "new" / "cm"))
+    assert res.exit_code == 0, res.stderr
+    assert f"wrote {tmp_path / 'new' / 'cm.png'}" in res.stdout and (tmp_path / "new" / "cm.png").exists()
 
 
 def test_table_versions_in_json_and_a_malformed_one_is_exit_2(tmp_path):

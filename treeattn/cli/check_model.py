@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from treeattn.cli import app
+from treeattn.cli.paths import output_file
 from treeattn.cli.progress import progress_reporter
 from treeattn.cli.render import console, print_rates_note
 
@@ -89,8 +90,8 @@ def check_model_cmd(
         table_releases,
     )
 
-    if png is not None and png.suffix.lower() != ".png":
-        raise InputError(f"--png {png}: give a .png file name")
+    if png is not None:
+        png = output_file(png, "--png", "check-model.png", suffix=".png")
     from treeattn.validate.attention import attention_summary, load_attention
 
     missing = next((p for p in paths or [] if not p.exists()), None)
@@ -129,7 +130,8 @@ def check_model_cmd(
                             "library_version": f"{t.library} {t.version}".strip(),
                             "nccl_release": release_text(releases[t.name])} for t in tables}
         typer.echo(json.dumps({"summary": summary, "tables": sources, "rows": [r.to_dict() for r in rows],
-                               "attention": attention}, sort_keys=True, indent=2))
+                               "attention": attention, "png": None if png is None else str(png)},
+                              sort_keys=True, indent=2))
         return
     # Wide enough for the table names: rich would otherwise fold them in a narrow terminal.
     con = console()
