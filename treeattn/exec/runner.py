@@ -213,12 +213,16 @@ def tolerance(payload: Payload) -> float:
 def relative_error(out: torch.Tensor, ref: torch.Tensor, raw: bool) -> float:
     """Max-norm relative error of ``out`` against ``ref``; for partials the larger of the
     output's error and the lse's (absolute below 1, relative above); NaN counts as infinite."""
-    out = out.detach().to("cpu", torch.float64)
     ref = ref.to(torch.float64)
     if raw:
-        scale = max(ref.abs().max().item(), 1e-30)
-        err = (out - ref).abs().max().item() / scale
+        # One fp64 copy of the result, worked in place: the buffers of a raw payload are the
+        # size of the plan's own, so each temporary here would outweigh its working set.
+        lo, hi = ref.aminmax()
+        scale = max(abs(lo.item()), abs(hi.item()), 1e-30)
+        diff = out.detach().to("cpu", torch.float64, copy=True)
+        err = diff.sub_(ref).abs_().max().item() / scale
         return math.inf if math.isnan(err) else err
+    out = out.detach().to("cpu", torch.float64)
     o, lse = unpack(out)
     o_ref, lse_ref = unpack(ref)
     err_o = (o - o_ref).abs().max().item() / max(o_ref.abs().max().item(), 1e-30)
@@ -234,6 +238,8 @@ def check_against(out: torch.Tensor, ref: Reference, span: tuple[int, int] | Non
     """``relative_error`` of a method's result on the rows the reference holds: every row, or
     those of ``span`` (a heads layout's rows; ``sliced``: ``out`` holds only them)."""
     start, stop = span if span is not None else (0, len(out))
+    if ref.rows is None:  # every row: views, not an index of every row and a gathered copy
+        return relative_error(out[:stop - start] if sliced else out[start:stop], ref.values[start:stop], raw)
     rows, expected = ref.span(start, stop)
     got = out[rows] if sliced else out[rows + start]
     return relative_error(got, expected, raw)
@@ -336,7 +342,9 @@ class _RankRun:
         then its capture (the timed runs replay it)."""
         t.prepare()
         self._begin(t)
-        t.first = t.fn().clone()  # fn may return a buffer the next run reuses
+        out = t.fn()
+        if self.comm.rank in t.check_ranks:  # only a checking rank reads it (``finish``)
+            t.first = out.clone()  # fn may return a buffer the next run reuses
         self.comm.settle()
         for _ in range(self.opt.warmup):
             t.prepare()
@@ -361,7 +369,7 @@ class _RankRun:
         self.comm.settle()  # the op deadlines, once the end is recorded: not inside the timed run
         t.ends.append(self.comm.seconds(end, origin))
         t.cpus.append(time.process_time() - cpu)
-        if len(t.starts) == t.repeats:
+        if len(t.starts) == t.repeats and self.comm.rank in t.check_ranks:
             t.last = out.clone()  # methods timed after this one may reuse its buffers
 
     def finish(self, t: _Timed) -> Measurement | None:
