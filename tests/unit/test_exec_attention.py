@@ -8,8 +8,11 @@ import math
 import pytest
 import torch
 
+from tests.rss import can_reset_peak, peak_growth_bytes
 from treeattn.errors import InputError
 from treeattn.exec.attention import (
+    EXPLICIT_BLOCK_BYTES,
+    _explicit,
     choose_kernel,
     make_kv_shard,
     make_query,
@@ -196,3 +199,28 @@ def test_a_check_reads_only_the_rows_the_reference_holds():
     assert check_against(exact[8:16], ref, (8, 16), True, raw=False) == 0.0
     assert check_against(out, ref, (8, 16), False, raw=False) > 1e-3
     assert check_against(exact, Reference(exact), (8, 16), False, raw=False) == 0.0
+
+
+@pytest.mark.parametrize("tokens_per_block", [1, 7, 37, 1000])
+def test_explicit_kernel_block_by_block_is_attention(tokens_per_block):
+    w = wl((37,), hkv=2, kv_dtype="bf16")
+    q, kv = make_query(w, 3), make_kv_shard(w, 0, 3)
+    qf = q.reshape(w.batch, 2, 4, w.head_dim).float()
+    per_token = 4 * w.batch * 2 * (2 * w.head_dim + 2 * 4)
+    o, lse = _explicit(qf, kv[0], kv[1], 1 / math.sqrt(w.head_dim), block_bytes=tokens_per_block * per_token)
+    o_ref, lse_ref = explicit_gqa(q, kv)
+    assert torch.allclose(o.reshape(w.batch, 8, w.head_dim).double(), o_ref, atol=1e-5)
+    assert torch.allclose(lse.reshape(w.batch, 8).double(), lse_ref, atol=1e-5)
+
+
+@pytest.mark.skipif(not can_reset_peak(), reason="needs Linux's /proc/self/clear_refs and VmHWM")
+def test_explicit_kernel_holds_a_block_not_an_fp32_copy_of_the_shard():
+    # fp8 KV runs the explicit kernel (on CUDA too); the fp32 copy of a 128 MiB fp8 shard's
+    # keys, then of its values, is 256 MiB (the kernel grew the resident set by 293 MiB
+    # before it went block by block), which no plan's memory check counts.
+    w = wl((1 << 17,), kv_dtype="fp8", batch=2, hq=8, hkv=2, d=128)
+    q, kv = make_query(w, 4), make_kv_shard(w, 0, 4)
+    assert kv.numel() == 128 << 20
+    grew = peak_growth_bytes(lambda: partial_attention(q, kv, "explicit"))
+    # A block's copies (the allocator keeps some of a freed block resident: 130 MiB here).
+    assert grew < 3 * EXPLICIT_BLOCK_BYTES, f"the explicit kernel grew the resident set by {grew / 2**20:.0f} MiB"

@@ -20,7 +20,7 @@ import math
 import torch
 
 from treeattn.errors import InputError
-from treeattn.exec.merge import empty_partial, pack_heads
+from treeattn.exec.merge import empty_partial, merge_into, pack, pack_heads, unpack
 from treeattn.units import DType
 from treeattn.workload import RawPayload, Workload
 
@@ -209,12 +209,38 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str,
         out, lse, _ = fn(q.reshape(bsz, 1, hq, d).to(k.dtype), k.transpose(1, 2), v.transpose(1, 2),
                          softmax_scale=scale, return_attn_probs=True)
         return out.reshape(bsz, hq, d), lse.reshape(bsz, hq).float()
-    qf = q.reshape(bsz, hkv, g, d).float()
-    scores = torch.matmul(qf, k.float().transpose(-1, -2)) * scale  # (B, Hkv, G, N)
-    lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - lse.unsqueeze(-1))
-    o = torch.matmul(probs, v.float())
+    o, lse = _explicit(q.reshape(bsz, hkv, g, d).float(), k, v, scale)
     return o.reshape(bsz, hq, d), lse.reshape(bsz, hq)
+
+
+EXPLICIT_BLOCK_BYTES = 64 << 20
+"""The explicit kernel's fp32 working set (K and V rows, scores, probabilities) per block of
+tokens: an fp32 copy of a whole shard's keys or values is twice an fp8 shard, more than the
+memory a plan leaves free (``--mem-fraction``), and no plan's memory check counts it."""
+
+
+def _explicit(qf: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+              block_bytes: int = EXPLICIT_BLOCK_BYTES) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 matmul attention of ``qf (B, Hkv, G, D)`` over ``k``, ``v`` ``(B, Hkv, N >= 1, D)``,
+    block by block of tokens, each block's partial merged into the others with the merge a
+    plan applies across ranks (``merge_into``): (o ``(B, Hkv, G, D)``, lse ``(B, Hkv, G)``)."""
+    bsz, hkv, g, d = qf.shape
+    step = max(1, block_bytes // (4 * bsz * hkv * (2 * d + 2 * g)))
+
+    def block(start: int) -> tuple[torch.Tensor, torch.Tensor]:  # its fp32 copies die on return
+        scores = torch.matmul(qf, k[:, :, start:start + step].float().transpose(-1, -2))
+        scores.mul_(scale)  # (B, Hkv, G, tokens)
+        lse_b = torch.logsumexp(scores, dim=-1)
+        return torch.matmul(scores.sub_(lse_b.unsqueeze(-1)).exp_(), v[:, :, start:start + step].float()), lse_b
+
+    o, lse = block(0)
+    if k.shape[2] <= step:
+        return o, lse
+    acc = pack(o, lse)  # rows (b, kv head, query of the group)
+    for start in range(step, k.shape[2], step):
+        merge_into(acc, pack(*block(start)))
+    o, lse = unpack(acc)
+    return o.reshape(bsz, hkv, g, d), lse.reshape(bsz, hkv, g)
 
 
 def attention_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
