@@ -214,8 +214,9 @@ def run_cmd(
     timeout: Annotated[float | None, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait; "
                                                   "default: 10x the slowest predicted method, at least 30.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of q, K and V.")] = 0,
-    out: Annotated[Path | None, typer.Option("--out", help="CSV to append rows to; default "
-                                             "results/runs/RUN-ID.csv (the time, then the plan's name).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="CSV to append rows to (each op's times go to "
+                                             "NAME.timeline.csv beside it); default results/runs/RUN-ID.csv (the "
+                                             "time, then the plan's name).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Run PLAN on the emulated TOPOLOGY (gloo, one rank per namespace) and compare with the prediction."""
