@@ -219,3 +219,9 @@ def test_example_plans_load_validate_and_redump_identically() -> None:
         plan = load_plan(path)
         check(plan)
         assert dump_plan(plan, "json" if path.suffix == ".json" else "yaml") == path.read_text()
+
+
+def test_the_format_page_shows_the_current_version():
+    # docs/plan-format.md's example is what a user compares a file against.
+    page = (Path(__file__).resolve().parents[2] / "docs" / "plan-format.md").read_text()
+    assert f"\n    version: {PLAN_VERSION}\n" in page
