@@ -79,8 +79,8 @@ def parse_size(text: str | int, what: str = "size") -> int:
 def check_bytes(nbytes: int, what: str = "size", text: str | None = None) -> int:
     """``nbytes``, or ``InputError`` naming ``what`` (as written: ``text``) when it exceeds ``MAX_BYTES``."""
     if nbytes > MAX_BYTES:
-        written = repr(text) if text is not None else f"({format_size(nbytes)})"
-        raise InputError(f"{what} {written} is over {format_size(MAX_BYTES)}, more than any device's memory")
+        size = f"{text!r} is over" if text is not None else f"is {format_size(nbytes)}, over"
+        raise InputError(f"{what} {size} {format_size(MAX_BYTES)}, more than any device's memory")
     return nbytes
 
 

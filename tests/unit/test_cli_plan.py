@@ -186,7 +186,7 @@ def test_plan_refuses_sizes_past_any_memory_in_one_line(tmp_path, args):
     res = run_cli("plan", "-t", "cpu-4", *args, "-o", str(tmp_path / "p"))
     assert res.exit_code == 2
     [line] = res.stderr.strip().splitlines()
-    assert line.startswith("error: ") and "is over 1 TiB, more than any device's memory" in line, line
+    assert line.startswith("error: ") and " over 1 TiB, more than any device's memory" in line, line
 
 
 @pytest.mark.parametrize(("args", "needle"), [

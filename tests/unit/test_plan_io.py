@@ -153,6 +153,8 @@ def _broken_op(r: int, i: int, **fields: object) -> str:
     (_text(workload={**attention(4).to_dict(), "seq_len": 1}), "workload.seq_len is 1 but split sums to 640"),
     (_text(workload={**attention(3).to_dict()}), "3 ranks"),
     (_text(workload={"kind": "attention"}), "workload.batch is missing"),
+    (_text(workload={**raw(4).to_dict(), "nbytes": 2 << 40}),
+     "workload.nbytes is 2 TiB, over 1 TiB, more than any device's memory"),
     (_broken_op(0, 7, bogus=1), "programs\\[0\\]\\[7\\].bogus is not a known field"),
     (_broken_op(2, 1, peer="one"), "programs\\[2\\]\\[1\\].peer: Input should be a valid integer, got 'one'"),
     (_broken_op(1, 2, peer=None), "programs\\[1\\]\\[2\\].peer: a send op needs a peer"),

@@ -120,6 +120,7 @@ def test_every_command_named_in_the_text_exists(span: str) -> None:
         assert proc.returncode == 0, f"`{span}`: treeattn {' '.join(path)} --help: {proc.stderr[-500:]}"
         usage = re.search(r"Usage: (.*)", proc.stdout)
         assert usage, proc.stdout[:300]
-        taken = re.findall(r"\{[^}]+\}|\[[A-Z_]+\](?:\.\.\.)?", usage.group(1))
+        # {ARG} is required, [ARG] optional; [OPTIONS] stands for the options, not an argument.
+        taken = re.findall(r"\{[^}]+\}|\[(?!OPTIONS\])[A-Z_]+\](?:\.\.\.)?", usage.group(1))
         given = _positionals(span, path)
         assert given <= len(taken), f"`{span}` gives {given} argument(s); {usage.group(1).strip()}"

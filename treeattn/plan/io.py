@@ -64,7 +64,7 @@ from treeattn.plan.ir import (
     gc_paused,
 )
 from treeattn.textfile import read_text
-from treeattn.units import DType
+from treeattn.units import DType, check_bytes
 from treeattn.workload import Payload, RawPayload, ReduceOp, Workload
 
 __all__ = [
@@ -233,7 +233,7 @@ def payload_from_dict(data: dict[str, Any], *, source: str = "workload") -> Payl
 def _payload(m: _AttentionFile | _RawFile, source: str) -> Payload:
     try:
         if isinstance(m, _RawFile):
-            return RawPayload(nbytes=m.nbytes, ranks=m.ranks, dtype=m.dtype, op=m.op)
+            return RawPayload(nbytes=check_bytes(m.nbytes, "workload.nbytes"), ranks=m.ranks, dtype=m.dtype, op=m.op)
         if sum(m.split) != m.seq_len:
             raise PlanFormatError(f"{source}: workload.seq_len is {m.seq_len} but split sums to {sum(m.split)}")
         return Workload(batch=m.batch, q_heads=m.q_heads, kv_heads=m.kv_heads, head_dim=m.head_dim,
