@@ -13,7 +13,7 @@
    the calibration JSON, a CSV of every case, the fit's PNG and a README.md with the tables.
 
     .venv/bin/python benchmarks/bench_calibrate.py --realtime --out-dir results/calibration-cpu4
-    .venv/bin/python benchmarks/bench_calibrate.py --quick          # fewer sizes and repeats
+    .venv/bin/python benchmarks/bench_calibrate.py --quick          # fewer sizes and repeats (~20 s)
 
 ``allreduce`` and ``allgather-merge`` are library collectives: the simulator times them as
 the ring schedules gloo runs (``treeattn.cost.gloo``); they are shown, and summarized apart.

@@ -2,6 +2,7 @@
 
 Usage: .venv/bin/python benchmarks/bench_simulate.py [--nodes 128,512,2048] [--algorithm binomial]
        [--chunks 4] [--profile]
+(about 25 s at the defaults on the 2-core development machine)
 
 For each ``dgx-h100:nodes=N`` (8 GPUs a node, rail-optimized fat tree) it builds one
 tree-reduce + broadcast plan of Llama-3.1-8B decode partials (B = 1) and times
