@@ -14,9 +14,10 @@ from treeattn.errors import InputError
 __all__ = ["DType", "MAX_BYTES", "parse_size", "check_bytes", "format_size", "transfer_us"]
 
 MAX_BYTES = 1 << 40
-"""The largest buffer a rank may hold, 1 TiB: more than any one device's memory. Sizes past it
-are refused where they are read; the simulator's byte counts are 64-bit integers, and a host
-rank's library baseline is simulated segment by segment (time and memory grow with the size)."""
+"""The largest buffer a rank may hold, 1 TiB: more than any one device's memory. A size a user
+gives past it is refused where it is read (sizes near 2^60 bytes overflowed the simulator's
+64-bit byte counts). On host ranks, with no device memory to check, a plan near it still
+takes long: gloo's library baseline is simulated 1 MiB segment by segment."""
 
 
 class DType(StrEnum):
