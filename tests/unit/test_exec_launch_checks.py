@@ -1,15 +1,19 @@
-"""What a run refuses before it starts anything: more NCCL ranks than GPUs, CUDA graphs without NCCL."""
+"""What a run refuses before it starts anything: more NCCL ranks than GPUs, CUDA graphs without
+NCCL, gloo ranks whose buffers this host's memory cannot hold."""
 
 from __future__ import annotations
 
 import pytest
 
+from tests.cli_helpers import run_cli
+from treeattn.cost.memory import rank_peak_bytes, run_bytes
 from treeattn.errors import InputError
-from treeattn.exec.launch import launch_local
+from treeattn.exec.launch import host_memory_problem, launch_local
 from treeattn.exec.runner import Job, PlanJob, RunOptions, placement_problem
 from treeattn.plan.builders import build
 from treeattn.plan.ir import TopologyRef
-from treeattn.workload import Workload
+from treeattn.units import format_size
+from treeattn.workload import RawPayload, Workload
 
 
 def test_more_ranks_than_gpus_is_named():
@@ -26,3 +30,27 @@ def test_graphs_need_nccl():
     job = Job((PlanJob("p", build("star", w, TopologyRef("a", "b"))),), RunOptions(graph=True))
     with pytest.raises(InputError, match="CUDA graphs need the NCCL backend"):
         launch_local(job)  # refused before a process starts (this machine has no CUDA: gloo)
+
+
+def test_a_run_past_this_hosts_memory_is_refused_before_a_rank_starts():
+    # gloo ranks all run on this host: calibrate --max-size 64GiB on a 24 GiB machine measured
+    # its smaller sizes, then failed allocating (or woke the OOM killer).
+    raw = build("star", RawPayload(nbytes=64 << 20, ranks=2), TopologyRef("a", "b"))
+    job = Job((PlanJob("star-64MiB", raw),), RunOptions())
+    need = run_bytes(raw, 0) + run_bytes(raw, 1)
+    assert need >= 2 * (64 << 20)
+    assert host_memory_problem(job, need) == ""
+    assert host_memory_problem(job, None) == ""
+    assert host_memory_problem(job, need - 1) == (
+        f"star-64MiB: its 2 ranks hold at least {format_size(need)} at once on this host, which has "
+        f"{format_size(need - 1)} available; use fewer ranks or a smaller payload")
+    res = run_cli("calibrate", "-t", "cpu:ranks=2", "--max-size", "1TiB", "--sizes", "3", "--compute", "none")
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "ranks hold at least" in res.stderr and "available" in res.stderr
+
+
+def test_a_run_holds_one_layer_of_its_kv_cache():
+    w = Workload(batch=1, q_heads=2, kv_heads=2, head_dim=4, split=(300, 100), kv_dtype="fp32", layers=32)
+    plan = build("star", w, TopologyRef("a", "b"))
+    for r in range(2):
+        assert run_bytes(plan, r) == rank_peak_bytes(plan, r) - 31 * w.kv_bytes(r)

@@ -29,8 +29,8 @@ from treeattn.topology.model import Topology
 from treeattn.units import format_size
 from treeattn.workload import Payload, Workload
 
-__all__ = ["DEFAULT_MEM_FRACTION", "MemoryCheck", "peak_bytes", "rank_peak_bytes", "kv_cache_bytes", "device_bytes",
-           "check_kv_fits", "memory_check"]
+__all__ = ["DEFAULT_MEM_FRACTION", "MemoryCheck", "peak_bytes", "rank_peak_bytes", "run_bytes", "kv_cache_bytes",
+           "device_bytes", "check_kv_fits", "memory_check"]
 
 DEFAULT_MEM_FRACTION = 0.9
 
@@ -103,6 +103,15 @@ def rank_peak_bytes(plan: Plan, rank: int) -> int:
         peak = max(peak, held + extra)
     q = w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes if isinstance(w, Workload) else 0
     return kv_cache_bytes(w, rank) + q + w.payload_bytes + peak
+
+
+def run_bytes(plan: Plan, rank: int) -> int:
+    """What ``rank`` holds at least while ``treeattn run`` times ``plan``: its peak with one
+    layer of KV cache, the one a run builds (the harness's own copies and the correctness
+    check come on top)."""
+    w = plan.workload
+    other_layers = (w.layers - 1) * w.kv_bytes(rank) if isinstance(w, Workload) else 0
+    return rank_peak_bytes(plan, rank) - other_layers
 
 
 def peak_bytes(plan: Plan) -> int:

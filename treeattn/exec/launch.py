@@ -30,10 +30,13 @@ from pathlib import Path
 
 import torch
 
+from treeattn.cost.memory import run_bytes
 from treeattn.errors import ExecutionError, InputError
 from treeattn.exec.runner import Job, JobResult, _pick_backend, placement_problem, run_rank
+from treeattn.units import format_size
 
-__all__ = ["RankEnv", "detect_env", "launch", "launch_local", "free_port", "rank_failure", "GRACE_S"]
+__all__ = ["RankEnv", "detect_env", "launch", "launch_local", "free_port", "rank_failure", "GRACE_S", "available_bytes",
+           "host_memory_problem"]
 
 GRACE_S = 1.0
 """After the first failed rank, how long the others get to exit and say why before the kill."""
@@ -125,6 +128,10 @@ def launch_local(job: Job) -> JobResult:
             raise InputError(problem)
     elif job.options.graph:
         raise InputError("CUDA graphs need the NCCL backend (CUDA devices); use --no-graph with gloo")
+    else:
+        problem = host_memory_problem(job, available_bytes())
+        if problem:
+            raise InputError(problem)
     tmp = Path(tempfile.mkdtemp(prefix="treeattn-run-"))
     procs: list[subprocess.Popen] = []
     try:
@@ -152,6 +159,31 @@ def launch_local(job: Job) -> JobResult:
         for p in procs:
             p.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def available_bytes() -> int | None:
+    """This host's memory available to new processes (Linux ``MemAvailable``); None: unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def host_memory_problem(job: Job, available: int | None) -> str:
+    """Why ``job``'s ranks, all on this host (gloo), cannot hold a plan's buffers in the
+    ``available`` bytes (``cost.memory.run_bytes`` summed over ranks: a lower bound of what
+    the run holds), or "". Checked before any rank starts, so nothing is measured first."""
+    if available is None:
+        return ""
+    for pj in job.plans:
+        need = sum(run_bytes(pj.plan, r) for r in range(pj.plan.ranks))
+        if need > available:
+            return (f"{pj.label}: its {pj.plan.ranks} ranks hold at least {format_size(need)} at once on this host, "
+                    f"which has {format_size(available)} available; use fewer ranks or a smaller payload")
+    return ""
 
 
 def _watch(procs: list[subprocess.Popen]) -> set[int]:
