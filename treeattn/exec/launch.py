@@ -6,7 +6,8 @@
   ``MASTER_PORT`` that the batch script exports): likewise.
 * Otherwise the plan's ranks are started here as ``python -m treeattn.exec.worker``
   processes on 127.0.0.1 with a free TCP port, each on its own GPU under NCCL (more ranks
-  than GPUs is refused before anything starts). A watchdog polls them: when one exits with
+  than GPUs is refused before anything starts, as are gloo ranks whose buffers together exceed
+  this host's available memory). A watchdog polls them: when one exits with
   an error (it raised, or died), the others get a short grace to report, then are killed;
   no child outlives the run (they also die with their parent, through PR_SET_PDEATHSIG).
   The error names the rank that failed first, not the ranks that lost their peer.
