@@ -99,7 +99,7 @@ class Workload:
         object.__setattr__(self, "partial_dtype", DType.parse(self.partial_dtype))
         check_bytes(self.payload_bytes, "workload: a rank's partial (batch x q_heads x (head_dim + 1) values)")
         worst = max(range(len(self.split)), key=lambda r: self.split[r])
-        check_bytes(self.layers * self.kv_bytes(worst), f"workload: rank {worst}'s KV cache of {self.layers} layer(s)")
+        check_bytes(self.cache_bytes(worst), f"workload: rank {worst}'s KV cache of {self.layers} layer(s)")
 
     @classmethod
     def create(
@@ -187,6 +187,10 @@ class Workload:
     def kv_bytes(self, rank: int) -> int:
         """Bytes of rank ``rank``'s K and V shard."""
         return 2 * self.batch * self.kv_heads * self.split[rank] * self.head_dim * self.kv_dtype.nbytes
+
+    def cache_bytes(self, rank: int) -> int:
+        """Bytes of the KV cache rank ``rank`` keeps: its shard of every layer."""
+        return self.layers * self.kv_bytes(rank)
 
     def to_dict(self) -> dict:
         return {

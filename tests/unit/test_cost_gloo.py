@@ -64,6 +64,12 @@ def test_allgather_of_two_ranks_is_two_halves_each_way():
     assert plan.chunks == 4 and gloo.ring_allgather_plan(topo, 1).chunks == 2
 
 
+def test_a_gathered_buffer_past_the_users_size_cap_is_built():
+    # What the simulator builds for itself is no rank's input: gloo's all-gather of a 300 GiB
+    # partial from 4 ranks gathers 1.17 TiB on each (a baseline whose memory the plan reports).
+    assert gloo.ring_allgather_plan(resolve("cpu-4"), 300 << 30).workload.nbytes == 1200 << 30
+
+
 def test_host_collectives_in_a_plan_are_simulated_gloo_schedules():
     topo = switch_topo(4, bw=0.05, lat=3.0, overhead=50.0, launch=20.0, mem_bw=20.0)
     assert gloo.on_hosts(topo) and not gloo.on_hosts(cluster_topo(1, 2))

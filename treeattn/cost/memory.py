@@ -39,7 +39,7 @@ def kv_cache_bytes(payload: Payload, rank: int) -> int:
     """The KV cache ``rank`` keeps for every layer (0 for raw payloads)."""
     if not isinstance(payload, Workload):
         return 0
-    return payload.layers * payload.kv_bytes(rank)
+    return payload.cache_bytes(rank)
 
 
 def _collective_bytes(plan: Plan, op) -> int:  # noqa: ANN001 - an ir.Op
