@@ -72,7 +72,7 @@ def test_a_gathered_buffer_past_the_users_size_cap_is_built():
 
 def test_host_collectives_in_a_plan_are_simulated_gloo_schedules():
     topo = switch_topo(4, bw=0.05, lat=3.0, overhead=50.0, launch=20.0, mem_bw=20.0)
-    assert gloo.on_hosts(topo) and not gloo.on_hosts(cluster_topo(1, 2))
+    assert topo.on_hosts and not cluster_topo(1, 2).on_hosts
     w = Workload(batch=2, q_heads=8, kv_heads=2, head_dim=64, split=(256,) * 4)
     res = simulate(build("allreduce3", w, topo), topo)
     cuts = CutModel(topo)

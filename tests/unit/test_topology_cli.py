@@ -120,6 +120,52 @@ def test_show_reports_dgx_figures():
     assert [d["kind"] for d in data["domains"]] == ["fabric", "leaf"]
 
 
+HOST_RATED = """\
+name: host-rated
+cost: {link_rates: measured}
+devices:
+  - {name: host0, kind: host, node: 0, model: cpu, mem_bw_gbps: 20}
+  - {name: host1, kind: host, node: 1, model: cpu, mem_bw_gbps: 20}
+  - {name: sw, kind: switch, node: -1}
+links:
+  - {src: host0, dst: host0, kind: loopback, bw_gbps: 10, rated_gbps: 20}
+  - {src: host1, dst: host1, kind: loopback, bw_gbps: 10, rated_gbps: 20}
+  - {src: host0, dst: sw, kind: ethernet, bw_gbps: 1.1, latency_us: 30, rated_gbps: 12.5, rated_latency_us: 5,
+     duplex: true}
+  - {src: host1, dst: sw, kind: ethernet, bw_gbps: 1.1, latency_us: 30, rated_gbps: 12.5, rated_latency_us: 5,
+     duplex: true}
+ranks: ["host0*2", "host1*2"]
+"""
+
+
+def test_show_leaves_out_ratings_nothing_reads_on_host_ranks(tmp_path):
+    # On host ranks gloo's collectives read the measured rates: a hand-written file's ratings
+    # change no prediction, so show does not list them as if a model read them.
+    import dataclasses
+
+    from treeattn.cost.simulate import simulate
+    from treeattn.plan.builders import build
+    from treeattn.topology import resolve
+    from treeattn.workload import Workload
+
+    path = tmp_path / "host-rated.yaml"
+    path.write_text(HOST_RATED)
+    topo = resolve(str(path))
+    bare = dataclasses.replace(topo, links=tuple(dataclasses.replace(ln, rated_gbps=None, rated_latency_us=None)
+                                                 for ln in topo.links))
+    w = Workload(1, 32, 8, 128, (4096,) * 4)
+    for name in ("allreduce3", "allreduce2", "allgather-merge"):
+        assert simulate(build(name, w, topo), topo).predicted_us == simulate(build(name, w, bare), bare).predicted_us
+    data = json.loads(run_cli("topo", "show", str(path), "--json").stdout)
+    assert data["links"]["ethernet"] == {"count": 4, "bw_gbps": [1.1], "latency_us": [30.0]}
+    res = run_cli("topo", "show", str(path))
+    assert res.exit_code == 0, res.stderr
+    assert "rated" not in next(ln for ln in res.stdout.splitlines() if "latency us" in ln)
+    lines = res.stdout.splitlines()
+    at = lines.index("the links' ratings (rated_gbps, rated_latency_us) are read by nothing here:")
+    assert lines[at + 1] == "on host ranks gloo's collectives and treeattn's transfers use the measured rates"
+
+
 def test_show_says_what_local_compute_costs():
     # The families' decode-attention line (docs/attention-model.md), in the text and the JSON.
     text = " ".join(run_cli("topo", "show", "dgx-h100").stdout.split())

@@ -94,6 +94,9 @@ def show(
         links.add_row(kind, str(entry["count"]), *(", ".join(f"{b:g}" for b in entry[k]) for k in keys))
     con.print(links)
     print_rates_note(con, topo)
+    if topo.on_hosts and any(ln.has_rating for ln in topo.links):
+        con.print("the links' ratings (rated_gbps, rated_latency_us) are read by nothing here:\n"
+                  "on host ranks gloo's collectives and treeattn's transfers use the measured rates", markup=False)
     if summary["domains"]:
         doms = Table(title="Domains (fastest first)")
         for col in ("level", "groups", "ranks per group"):

@@ -88,7 +88,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from treeattn.cost.compute import ComputeModel
-from treeattn.cost.gloo import on_hosts
 from treeattn.errors import InputError
 from treeattn.topology.model import Topology
 from treeattn.workload import Payload, Workload
@@ -380,7 +379,7 @@ def bound_topology(topo: Topology) -> Topology:
     collectives (GPU ranks), as those move at the ratings and treeattn's own transfers at the
     measured rates. On host ranks both use the measured rates (gloo)."""
     rated = topo.rated
-    if on_hosts(topo) or rated is topo:
+    if topo.on_hosts or rated is topo:
         return topo
     links = tuple(dataclasses.replace(r, bw_gbps=max(r.bw_gbps, m.bw_gbps), latency_us=min(r.latency_us, m.latency_us))
                   for r, m in zip(rated.links, topo.links, strict=True))

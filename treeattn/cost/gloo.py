@@ -38,11 +38,11 @@ import dataclasses
 
 from treeattn.plan.ir import Plan, TopologyRef
 from treeattn.plan.schedule import Programs
-from treeattn.topology.model import DeviceKind, Topology
+from treeattn.topology.model import Topology
 from treeattn.units import DType
 from treeattn.workload import RawPayload
 
-__all__ = ["on_hosts", "collective", "allreduce_us", "allgather_us", "ring_allreduce_plan", "ring_allgather_plan",
+__all__ = ["collective", "allreduce_us", "allgather_us", "ring_allreduce_plan", "ring_allgather_plan",
            "exchange_plan"]
 
 _CACHE: dict[tuple[str, str, int], tuple[float, tuple[float, ...]]] = {}
@@ -50,11 +50,6 @@ _CACHE_MAX = 4096
 _NO_LAUNCH: dict[str, Topology] = {}
 _MAX_SEGMENT = 1 << 20
 """gloo's largest all-reduce segment (``AllreduceOptionsImpl::kMaxSegmentSize``)."""
-
-
-def on_hosts(topo: Topology) -> bool:
-    """Whether any rank sits on a ``host`` device (then collectives run on gloo, not NCCL)."""
-    return any(topo.rank_device(r).kind is DeviceKind.HOST for r in range(topo.num_ranks))
 
 
 def _payload(nbytes: int, p: int) -> RawPayload:

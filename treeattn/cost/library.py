@@ -54,7 +54,7 @@ def link_rates_note(topo: Topology) -> str | None:
     characters, where a calibration measured them on GPU ranks (``cost.link_rates:
     measured``); None elsewhere (datasheet rates, or host ranks, where gloo and treeattn's
     transfers alike read the measured ones)."""
-    if gloo.on_hosts(topo) or topo.cost.link_rates != "measured":
+    if topo.on_hosts or topo.cost.link_rates != "measured":
         return None
     if topo.rated is topo:
         return ("link rates: measured, and the topology keeps no hardware ratings (rated_gbps):\n"
@@ -68,7 +68,7 @@ class LibraryModel:
 
     def __init__(self, topo: Topology) -> None:
         self.topo = topo
-        self.hosts = gloo.on_hosts(topo)
+        self.hosts = topo.on_hosts
         # NCCL's collectives are bounded by the hardware, not by rates a calibration fitted to
         # treeattn's own transfers (Topology.rated); gloo's by what was measured.
         self.cuts = CutModel(topo if self.hosts else topo.rated)

@@ -541,12 +541,17 @@ class Topology:
         return len(self.ranks)
 
     @cached_property
+    def on_hosts(self) -> bool:
+        """Whether any rank sits on a ``host`` device (then collectives run on gloo, not NCCL,
+        at the measured rates: nothing reads the links' ratings)."""
+        return any(self.rank_device(r).kind is DeviceKind.HOST for r in range(self.num_ranks))
+
+    @cached_property
     def floor_overhead_us(self) -> float:
         """The least fixed cost any message pays before its bytes move, for lower bounds:
         ``cost.overhead_us``, or 0 when host ranks' messages cost CPU work instead
         (``cost.host.host_cores`` set), which may overlap other messages' work."""
-        if self.cost.host.host_cores > 0 and any(self.rank_device(r).kind is DeviceKind.HOST
-                                            for r in range(self.num_ranks)):
+        if self.cost.host.host_cores > 0 and self.on_hosts:
             return 0.0
         return self.cost.overhead_us
 

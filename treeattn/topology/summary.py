@@ -34,14 +34,18 @@ def topology_summary(topo: Topology, matrix_limit: int = 16) -> dict:
         ``nodes``, ``devices`` (count per kind), ``links`` (per kind: directed link count
         and distinct bandwidths and latencies; where calibration kept the links' hardware
         ratings, also the distinct ``rated_gbps`` and ``rated_latency_us`` NCCL's collective
-        model reads, ``Topology.rated``), ``cost`` (the YAML ``cost:`` mapping, every term set),
+        model reads, ``Topology.rated``: on GPU ranks only, as on host ranks gloo's
+        collectives read the measured rates and nothing reads the ratings), ``cost`` (the
+        YAML ``cost:`` mapping, every term set),
         ``domains``, ``rails``, ``from_rank0`` (per rank: device, ``bw_gbps``, ``latency_us``,
         ``hops``) and, for small topologies,
         ``bw_matrix_gbps``.
     """
     kinds = Counter(d.kind.value for d in topo.devices)
     links: dict[str, dict] = {}
-    rated = topo.rated
+    # On host ranks the collectives run on gloo at the measured rates (cost.library,
+    # cost.bounds): a hand-written file's ratings there are read by no prediction.
+    rated = topo if topo.on_hosts else topo.rated
     keys = ("bw_gbps", "latency_us") + (() if rated is topo else ("rated_gbps", "rated_latency_us"))
     for ln, hw in zip(topo.links, rated.links, strict=True):
         entry = links.setdefault(ln.kind.value, {"count": 0, **{k: set() for k in keys}})
