@@ -193,6 +193,10 @@ def test_plan_refuses_sizes_past_any_memory_in_one_line(tmp_path, args):
     (("-t", "dgx-h100", "--nodes", "1,1", "--seq-lens", "8K"), "--nodes '1,1' names 1 twice"),
     (("-t", "dgx-h100", "--seq-lens", "8K,8192"), "--seq-lens '8K,8192' names 8192 twice"),
     (("-t", "dgx-h100:nodes={2,2}", "--seq-lens", "8K"), "names dgx-h100:nodes=2 twice"),
+    # Two names of one machine: a shipped file and the family member it is.
+    (("-t", "{dgx-h100-2node,dgx-h100:nodes=2}", "--seq-lens", "8K"),
+     "names one machine twice: dgx-h100-2node and dgx-h100:nodes=2 are the same topology"),
+    (("-t", "{cpu-4,cpu}", "--seq-lens", "8K"), "names one machine twice: cpu-4 and cpu:ranks=4,cores=2"),
 ])
 def test_compare_refuses_a_repeated_case(args, needle):
     # A repeat would be compared twice: printed once in the table but twice in --json and --csv.
@@ -200,6 +204,22 @@ def test_compare_refuses_a_repeated_case(args, needle):
     assert res.exit_code == 2 and res.stdout == "", res.stdout
     [line] = res.stderr.strip().splitlines()
     assert needle in line, line
+
+
+def test_compare_refuses_a_copy_of_a_topology_file(tmp_path):
+    # The same machine is found by what it is (its fingerprint), not by its name or file.
+    from treeattn.topology.library import shipped_files
+
+    copy = tmp_path / "my-cluster.yaml"
+    copy.write_text(shipped_files()["dgx-h100"].read_text().replace("name: dgx-h100", "name: my-cluster", 1))
+    res = run_cli("compare", "-t", f"{{dgx-h100,{copy}}}", "--seq-lens", "8K", "-m", "llama-3.1-8b", "--json")
+    assert res.exit_code == 2 and res.stdout == "", res.stdout
+    [line] = res.stderr.strip().splitlines()
+    assert "names one machine twice: dgx-h100 and my-cluster are the same topology" in line, line
+    # Different machines are still compared.
+    res = run_cli("compare", "-t", "{dgx-h100,hgx-h200}", "--seq-lens", "8K", "-m", "llama-3.1-8b", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert {r["topology"] for r in json.loads(res.stdout)["rows"]} == {"dgx-h100", "hgx-h200"}
 
 
 def test_console_script(tmp_path):

@@ -91,3 +91,44 @@ def test_every_command_prints_through_the_one_console() -> None:
     own = [p.name for p in sorted(cli.glob("*.py"))
            if p.name not in ("render.py", "__init__.py") and "Console(" in p.read_text()]
     assert not own, f"{own} make their own rich Console: print through treeattn.cli.render.console()"
+
+
+@pytest.mark.parametrize("width", [24, 37, 38, 61, 62, 80])
+def test_a_no_wrap_column_keeps_its_header_whole(width: int) -> None:
+    # Split into parts if need be, but "× plan" never becomes "×" over "plan".
+    table = key_columns(Table(title="t"), 1)
+    for name in ("method", "measured", "predicted", "error"):
+        table.add_column(name)
+    table.add_column("× plan", no_wrap=True)
+    table.add_row("allgather-merge", "1,234,567", "2,679", "+123450%", "1.00")
+    text = _render(table, width)
+    assert "× plan" in text and all(len(line) <= width for line in text.splitlines()), text
+
+
+def test_run_table_keeps_its_ratio_header_whole(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    # `treeattn run p.yaml --baselines -t mi300x-4 | cat` (a cpu-4 plan predicted on a GPU
+    # machine): errors of +35804% left no room, and the last header printed "×" above "plan".
+    import pandas as pd
+
+    from treeattn.cli.run import _table
+
+    monkeypatch.setenv("COLUMNS", "80")
+    rows = [{"plan": "p.yaml", "algorithm": "allreduce", "workload": "raw 1048576B fp32 sum", "ranks": 4,
+             "backend": "gloo", "topology": "mi300x-4", "method": method, "measured_median_us": us,
+             "spread_us": 15_004.0, "predicted_us": 34.0, "rel_error": us / 34.0 - 1, "correct": True,
+             "max_rel_err": 0.0} for method, us in (("plan", 12_224.0), ("allreduce", 12_576.0),
+                                                     ("allgather-merge", 13_071.0))]
+    _table(pd.DataFrame(rows), Path("runs/c.csv"), False)
+    lines = capsys.readouterr().out.splitlines()
+    header = [line for line in lines if line.startswith("┃")]
+    assert any("× plan" in line for line in header), "\n".join(lines)
+    assert all(len(line) <= 80 for line in lines if line[:1] in "┏┃┡│└")
+
+
+def test_plan_table_keeps_its_ratio_headers_whole(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    res = run_cli("plan", "-t", "dgx-h100-2node", "-m", "llama-3.1-8b", "-b", "1", "-n", "128K",
+                  "-o", str(tmp_path / "p.yaml"), "--no-progress")
+    assert res.exit_code == 0, res.stderr
+    header = [line for line in res.stdout.splitlines() if line.startswith("┃")]
+    assert any("x bound" in line for line in header) and any("x 3 all-reduces" in line for line in header), res.stdout

@@ -349,7 +349,9 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
     print_rates_note(con, topo)
     table = key_columns(Table(title="Candidates (fastest first)" if searched else "Plan"), 2)
     for col in ("#", "algorithm", "parameters", "chunks", "predicted us", "x bound", f"x {ref_name}"):
-        table.add_column(col, justify="right" if col not in ("algorithm", "parameters") else "left")
+        # a ratio's "x" stays on its line with what it divides by (run's "× plan" likewise)
+        table.add_column(col, justify="right" if col not in ("algorithm", "parameters") else "left",
+                         no_wrap=col.startswith("x "))
     for i, c in enumerate(report["candidates"], 1):
         table.add_row(str(i), c["algorithm"], _short(c["params"]), str(c["chunks"]), f"{c['predicted_us']:.2f}",
                       f"{c['ratio_to_bound']:.3f}" if c["ratio_to_bound"] else "-",
@@ -473,6 +475,15 @@ def compare_cmd(
         dup = next((v for i, v in enumerate(values) if v in values[:i]), None)
         if dup is not None:
             raise InputError(f"{what} {given!r} names {dup} twice")
+    # Two names of one machine (a shipped file and the family member it is, or a copy of a
+    # file) would be compared twice too, with the same figures under each name: the
+    # fingerprint covers all that determines costs and no names.
+    first: dict[str, str] = {}
+    for t in topos:
+        other = first.setdefault(t.fingerprint, t.name)
+        if other != t.name:
+            raise InputError(f"--topology {topology!r} names one machine twice: {other} and {t.name} are the "
+                             f"same topology ({t.fingerprint}); give one of them")
     csv = output_file(csv, "--csv", "compare.csv") if csv is not None else None
     png = output_file(png, "--png", "compare.png", suffix=".png") if png is not None else None
 

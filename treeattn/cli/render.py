@@ -3,10 +3,11 @@
 rich shrinks a table that is wider than the console by cutting cells (``130…``), and a
 console that is not a terminal (a pipe, a log, CI) is 80 columns wide. Here a table is
 laid out by ``fit_table`` instead: each column gets at least its longest word (headers
-wrap between words, cells too), and when even that is too wide for the console the table
-is split into parts that fit, each repeating the key columns (the first, unless
-``key_columns`` says more) so every row can be read across parts. A single word longer
-than the console folds onto the next line rather than being cut.
+wrap between words, cells too; a column added with ``no_wrap=True`` gets its longest
+line, for a header such as ``× plan`` that reads wrong broken), and when even that is too
+wide for the console the table is split into parts that fit, each repeating the key
+columns (the first, unless ``key_columns`` says more) so every row can be read across
+parts. A single word longer than the console folds onto the next line rather than being cut.
 
     con = console()
     table = key_columns(Table(title="..."), 3)   # topology, ranks, N identify a row
@@ -96,7 +97,8 @@ def fit_table(table: Table, width: int, con: Console) -> list[Table]:
     cols = table.columns
     count = len(cols)
     pads = [_padding(table, i, count) for i in range(count)]
-    sizes = [_measure(con, table, c) for c in cols]
+    # A column its table marks no_wrap keeps its lines whole: split into parts, not broken.
+    sizes = [(hi, hi) if c.no_wrap else (lo, hi) for c, (lo, hi) in ((c, _measure(con, table, c)) for c in cols)]
     need = [lo + p for (lo, _), p in zip(sizes, pads, strict=True)]
     nkey = min(getattr(table, _KEY, 1), count - 1)
     # Fewer key columns when they leave no room for the widest other column beside them.

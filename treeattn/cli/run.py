@@ -138,7 +138,8 @@ def _table(frame, path: Path, calibrated: bool) -> None:  # noqa: ANN001 - a Dat
                   f"{'' if calibrated else ', uncalibrated'}) · µs")
     table.add_column("method", no_wrap=True)
     for col in ("measured", "±", "predicted", "error", "correct", "× plan"):
-        table.add_column(col, justify="left" if col == "correct" else "right")
+        # "×" alone atop "plan" would read as a column of the plan's own figures
+        table.add_column(col, justify="left" if col == "correct" else "right", no_wrap=col == "× plan")
     plan_us = frame.loc[frame["method"] == "plan", "measured_median_us"].iloc[0]
     for r in frame.itertuples():
         mark = "[green]yes[/]" if r.correct else "[bold red]NO[/]"
