@@ -12,7 +12,13 @@ from treeattn.errors import InputError
 from treeattn.plan.baselines import parse_result
 from treeattn.plan.io import load_plan
 from treeattn.plan.ir import Plan
-from treeattn.topology.library import recorded_source, relocated_source, resolve
+from treeattn.topology.library import (
+    recorded_source,
+    relative_file_source,
+    relocated_source,
+    resolve,
+    resolve_recorded,
+)
 from treeattn.topology.model import Topology
 from treeattn.workload import MODELS, ModelPreset, Workload
 
@@ -104,11 +110,24 @@ def save_plan(plan: Plan, path: str | Path) -> Path:
         The path written.
 
     Raises:
-        treeattn.errors.InputError: the file cannot be written.
+        treeattn.errors.InputError: the file cannot be written; or the plan names its topology
+            file relative to a folder it does not know (loaded from text, not from its file)
+            and that path does not find the topology from ``path``'s folder either.
     """
     from treeattn.plan import io
 
     path = Path(path)
+    ref = plan.topology
+    if ref.base is None and relative_file_source(ref.source):
+        # Loaded from text: the plan file's folder, which the source is relative to, is not
+        # known, so the source cannot be moved; written as it is, it must find the topology there.
+        try:
+            resolve_recorded(ref.name, ref.fingerprint, ref.source, path)
+        except InputError:
+            raise InputError(f"cannot save the plan to {str(path)!r}: it names its topology file {ref.source!r} "
+                             "relative to the folder of the plan file it came from, which a plan loaded from "
+                             "text does not know; load it from that file (load_plan(PATH)) to save it "
+                             "anywhere") from None
     source = relocated_source(plan.topology.source, path, plan.topology.base)
     if source != plan.topology.source:
         plan = dataclasses.replace(plan, topology=dataclasses.replace(plan.topology, source=source))

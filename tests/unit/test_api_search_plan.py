@@ -71,3 +71,26 @@ def test_a_plan_saved_from_the_api_finds_its_topology_file_from_anywhere(tmp_pat
     assert treeattn.search_plan("cpu:ranks=2", "llama-3.2-1b", batch=1, seq_len=4096).topology.source is None
     with pytest.raises(TreeattnError, match="cannot write plan"):
         treeattn.save_plan(plan, tmp_path / "no-such-dir" / "p.yaml")
+
+
+def test_a_plan_loaded_from_text_is_never_saved_where_its_topology_file_is_lost(tmp_path):
+    # Its source is relative to the plan file's folder, which text does not carry: written
+    # elsewhere as it was, `simulate` looked for the topology beside the new file and failed.
+    (tmp_path / "topo").mkdir()
+    (tmp_path / "topo" / "mine.yaml").write_text(dump_topology(dataclasses.replace(resolve("cpu:ranks=2"),
+                                                                                   name="mine")))
+    plan = treeattn.search_plan(str(tmp_path / "topo" / "mine.yaml"), "llama-3.2-1b", batch=1, seq_len=4096)
+    (tmp_path / "plans").mkdir()
+    first = treeattn.save_plan(plan, tmp_path / "plans" / "p.yaml")
+    text = first.read_text()
+    assert yaml.safe_load(text)["topology"]["source"] == "../topo/mine.yaml"
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    with pytest.raises(TreeattnError, match=r"cannot save the plan to .*'\.\./topo/mine\.yaml' relative to the "
+                                            r"folder of the plan file it came from.*load_plan\(PATH\)"):
+        treeattn.save_plan(treeattn.load_plan(text), tmp_path / "a" / "b" / "q.yaml")
+    assert not (tmp_path / "a" / "b" / "q.yaml").exists()
+    # Beside the file it came from the path still holds; from the file itself, anywhere.
+    for saved in (treeattn.save_plan(treeattn.load_plan(text), tmp_path / "plans" / "again.yaml"),
+                  treeattn.save_plan(treeattn.load_plan(first), tmp_path / "a" / "b" / "q.yaml")):
+        res = run_cli("simulate", str(saved), "--json")
+        assert res.exit_code == 0 and json.loads(res.stdout)["topology"]["name"] == "mine", res.stderr

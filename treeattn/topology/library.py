@@ -33,7 +33,7 @@ from treeattn.topology.model import Topology
 from treeattn.topology.schema import FieldError
 
 __all__ = ["PresetInfo", "topologies_dir", "shipped_files", "resolve", "list_presets", "parse_ranks",
-           "subset_topology", "recorded_source", "relocated_source", "resolve_recorded"]
+           "subset_topology", "recorded_source", "relocated_source", "relative_file_source", "resolve_recorded"]
 
 ENV_DIR = "TREEATTN_TOPOLOGIES"
 """Environment variable naming another folder of shipped topology files."""
@@ -194,6 +194,15 @@ def relocated_source(source: str | None, plan_path: Path, base: str | None = Non
         return source
     # A bare file name without a .yaml suffix would read back as a topology name.
     return (where if "/" in where or Path(where).suffix in (".yaml", ".yml") else f"./{where}") + selection
+
+
+def relative_file_source(source: str | None) -> bool:
+    """Whether ``source`` (``TopologyRef.source``) names a topology file by a path relative
+    to the plan's folder (not a name, a family spec or an absolute path)."""
+    if source is None:
+        return False
+    spec, _ = _split_selection(source)
+    return _names_file(spec) and not Path(spec).expanduser().is_absolute()
 
 
 def resolve_recorded(name: str, fingerprint: str, source: str | None, plan_path: Path | None,
