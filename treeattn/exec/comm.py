@@ -436,31 +436,72 @@ class Comm:
 
 
 class BufferPool:
-    """Receive buffers reused across iterations, so a timed iteration does not pay for
-    fresh pages (large KV blocks cost page faults on first touch, not their transfer)."""
+    """Receive and collective buffers reused across iterations, so a timed iteration does not pay for
+    fresh pages (large KV blocks cost page faults on first touch, not their transfer).
+
+    A buffer is a view of a flat byte storage (a slot) that nothing holds at the time, whatever
+    shape and dtype it had before: an iteration holds what its busiest moment needs (what
+    ``cost.memory`` counts), not one buffer per shape it ever received. Callers start each
+    iteration with ``release_all`` and take and release in the same order every iteration. The
+    first picks each take's slot (the smallest free one that is large enough, else the largest
+    free one grown, else a new one); later iterations give each take the slot the same take had,
+    which is free at that moment and large enough, so they allocate nothing and keep their
+    addresses (a CUDA graph captured from one replays those)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._free: dict[tuple, list[torch.Tensor]] = defaultdict(list)
-        self._lent: list[torch.Tensor] = []
+        self._slots: list[torch.Tensor] = []
+        self._free: set[int] = set()
+        self._lent: list[tuple[torch.Tensor, int]] = []
+        self._taken: list[int] = []
+        """The slot of each take of this iteration, in order."""
+        self._last: list[int] = []
+        """The same for the previous iteration."""
+
+    @property
+    def nbytes(self) -> int:
+        """What the pool holds, lent or free."""
+        return sum(slot.numel() for slot in self._slots)
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised tensor of ``shape`` and ``dtype``, lent until ``release``/``release_all``."""
-        free = self._free[(tuple(shape), dtype)]
-        buf = free.pop() if free else torch.empty(shape, dtype=dtype, device=self.device)
-        self._lent.append(buf)
+        nbytes = math.prod(shape) * dtype.itemsize
+        k = len(self._taken)
+        slot = self._last[k] if k < len(self._last) else -1
+        if slot not in self._free or self._slots[slot].numel() < nbytes:
+            slot = self._pick(nbytes)
+        self._free.discard(slot)
+        self._taken.append(slot)
+        buf = self._slots[slot][:nbytes].view(dtype).view(shape)
+        self._lent.append((buf, slot))
         return buf
+
+    def _pick(self, nbytes: int) -> int:
+        free = sorted(self._free, key=lambda s: self._slots[s].numel())
+        fits = [s for s in free if self._slots[s].numel() >= nbytes]
+        if fits:
+            return fits[0]
+        if not free:
+            self._slots.append(torch.empty(nbytes, dtype=torch.uint8, device=self.device))
+            return len(self._slots) - 1
+        # The largest free slot grows (its old storage freed first), so what the pool holds
+        # tends to the most an iteration holds at once, not to the sum of what it took.
+        slot = free[-1]
+        self._slots[slot] = torch.empty(0, dtype=torch.uint8, device=self.device)
+        self._slots[slot] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return slot
 
     def release(self, buf: torch.Tensor) -> None:
         """Give one lent buffer back (its transfer has completed and nothing reads it)."""
-        for i, lent in enumerate(self._lent):
+        for i, (lent, slot) in enumerate(self._lent):
             if lent is buf:
                 del self._lent[i]
-                self._free[(tuple(buf.shape), buf.dtype)].append(buf)
+                self._free.add(slot)
                 return
 
     def release_all(self) -> None:
-        """Give back every lent buffer (at the start of an iteration, when none is in use)."""
-        for buf in self._lent:
-            self._free[(tuple(buf.shape), buf.dtype)].append(buf)
+        """Give back every lent buffer and start an iteration (when none is in use)."""
+        self._free.update(slot for _, slot in self._lent)
         self._lent.clear()
+        if self._taken:
+            self._last, self._taken = self._taken, []

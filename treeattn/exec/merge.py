@@ -220,11 +220,15 @@ def sum_into(acc: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
 
 
 def sum_many_into(acc: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
-    """``acc <- acc + parts[0] + ... + parts[k-1]`` in place, as one pass (raw payloads)."""
+    """``acc <- acc + parts[0] + ... + parts[k-1]`` in place (raw payloads).
+
+    One part at a time: a sum of the stack first would be a temporary of the chunk's size,
+    which the memory model (``cost.memory``) does not count."""
     if parts.shape[0] == 1:
         return sum_into(acc, parts[0])
     if acc.dtype.itemsize == 1 and acc.is_floating_point():
         acc.copy_((acc.float() + parts.float().sum(dim=0)).to(acc.dtype))
     else:
-        acc.add_(parts.sum(dim=0))
+        for part in parts:
+            acc.add_(part)
     return acc

@@ -41,6 +41,10 @@ SAMPLED_ROWS = 64
 _TOKENS = 1 << 16
 """Tokens converted to fp64 at once (bounds the reference's memory at long shards)."""
 
+_SUM_ELEMENTS = 1 << 21
+"""Elements of a raw payload summed at once (16 MiB of fp64): what a rank that does not check
+holds for its reference, rather than its whole buffer in fp64."""
+
 
 @dataclass(frozen=True)
 class Reference:
@@ -144,7 +148,8 @@ def sample_rows(workload: Workload, seed: int, world: int, count: int = SAMPLED_
 
 
 def compute_reference(comm: Comm, payload: Payload, seed: int, mine: torch.Tensor, q: torch.Tensor | None,
-                      contributors: tuple[int, ...] | None, exact_max_bytes: int = EXACT_MAX_KV_BYTES) -> Reference:
+                      contributors: tuple[int, ...] | None, exact_max_bytes: int = EXACT_MAX_KV_BYTES,
+                      keep: bool = True) -> Reference | None:
     """The reference of a run, computed together by every rank (each calls it with its inputs).
 
     Args:
@@ -155,20 +160,40 @@ def compute_reference(comm: Comm, payload: Payload, seed: int, mine: torch.Tenso
         q: the query (attention).
         contributors: whose inputs count (None: every rank's).
         exact_max_bytes: where sampled rows take over (``EXACT_MAX_KV_BYTES``).
+        keep: whether this rank keeps the result (it checks against it); every rank computes.
 
     Returns:
-        The same ``Reference`` on every rank.
+        The same ``Reference`` on every rank that keeps it; None on the others.
     """
     counts = contributors is None or comm.rank in contributors
     if isinstance(payload, RawPayload):
-        total = mine.double() if counts else torch.zeros(mine.shape, dtype=torch.float64, device=mine.device)
-        return Reference(comm.all_reduce(total, "sum", "reference sum", setup=True).cpu())
+        return _raw_sum(comm, mine, counts, keep)
     w = payload
     if sum(w.kv_bytes(r) for r in range(w.ranks)) <= exact_max_bytes:
-        return Reference(_exact(comm, w, mine, q, contributors).cpu())
+        values = _exact(comm, w, mine, q, contributors).cpu()
+        return Reference(values) if keep else None
     rows = sample_rows(w, seed, comm.world)
     stats = row_stats(q, mine, rows) if counts else row_stats(q, mine[:, :, :, :0], rows)
-    return Reference(combine_stats(comm.all_gather(stats, "reference rows", setup=True)).cpu(), rows)
+    values = combine_stats(comm.all_gather(stats, "reference rows", setup=True)).cpu()
+    return Reference(values, rows) if keep else None
+
+
+def _raw_sum(comm: Comm, mine: torch.Tensor, counts: bool, keep: bool) -> Reference | None:
+    """The fp64 sum of the contributing ranks' raw buffers, ``_SUM_ELEMENTS`` at a time; None
+    where not ``keep``."""
+    total = torch.empty(mine.shape, dtype=torch.float64) if keep else None
+    buf = torch.empty(min(mine.numel(), _SUM_ELEMENTS), dtype=torch.float64, device=mine.device)
+    for start in range(0, mine.numel(), _SUM_ELEMENTS):
+        src = mine[start:start + _SUM_ELEMENTS]
+        piece = buf[:len(src)]
+        if counts:
+            piece.copy_(src)
+        else:
+            piece.zero_()
+        comm.all_reduce(piece, "sum", "reference sum", setup=True)
+        if total is not None:
+            total[start:start + len(piece)] = piece
+    return Reference(total) if total is not None else None
 
 
 def _exact(comm: Comm, w: Workload, mine: torch.Tensor, q: torch.Tensor,

@@ -296,7 +296,8 @@ class _RankRun:
         self.comm = comm
         self.kernels = kernels
         self.graphs = graphs
-        self._refs: dict[tuple, Reference] = {}
+        self._refs: dict[tuple, tuple[frozenset[int], Reference | None]] = {}
+        """Per payload: the ranks that hold its reference (the same on every rank) and this rank's copy."""
         self._inputs: dict[str, RankInputs] = {}
         self._baselines_done: set[tuple] = set()
         self._same_clock: bool | None = None
@@ -317,13 +318,22 @@ class _RankRun:
                 self.comm.open_board()
         return self._same_clock
 
-    def reference(self, payload: Payload, contributors: tuple[int, ...] | None = None) -> Reference:
+    def reference(self, payload: Payload, contributors: tuple[int, ...] | None,
+                  checks: tuple[int, ...]) -> Reference | None:
+        """The reference of ``payload`` on a rank of ``checks``; None elsewhere. Every rank calls
+        it with the same arguments; the ranks compute it together when one of ``checks`` lacks
+        it, and only those keep it (a raw payload's is its whole buffer in fp64)."""
         key = (repr(payload), self.opt.seed, contributors)
-        if key not in self._refs:
+        holders, ref = self._refs.get(key, (frozenset(), None))
+        missing = frozenset(checks) - holders
+        if missing:
             inputs = self._inputs[repr(payload)]
             mine = inputs.raw if isinstance(payload, RawPayload) else inputs.kv
-            self._refs[key] = compute_reference(self.comm, payload, self.opt.seed, mine, inputs.q, contributors)
-        return self._refs[key]
+            got = compute_reference(self.comm, payload, self.opt.seed, mine, inputs.q, contributors,
+                                    keep=self.comm.rank in missing)
+            ref = got if got is not None else ref
+            self._refs[key] = (holders | missing, ref)
+        return ref if self.comm.rank in checks else None
 
     def _begin(self, t: _Timed) -> float:
         """Start one run of ``t``: every rank at one agreed instant (one host's clock) or
@@ -375,9 +385,9 @@ class _RankRun:
     def finish(self, t: _Timed) -> Measurement | None:
         """Check ``t``'s first and last results and gather every rank's times (on rank 0)."""
         comm, raw = self.comm, isinstance(t.payload, RawPayload)
-        ref = self.reference(t.payload, t.contributors)
+        ref = self.reference(t.payload, t.contributors, t.check_ranks)
         err = -1.0
-        if comm.rank in t.check_ranks:
+        if ref is not None:
             err = max(check_against(out, ref, t.rows, t.sliced, raw) for out in (t.first, t.last))
         local = torch.tensor([err, *t.starts, *t.ends, statistics.median(t.cpus) * 1e6], dtype=torch.float64,
                              device=comm.device)
@@ -458,7 +468,8 @@ class _RankRun:
                                                   result=b.result, root=b.kwargs.get("root", 0),
                                                   order=b.kwargs.get("order"))
 
-                out.append(_Timed(pj.label, b.name, fn, w, everyone, repeats, rows=brows, sliced=sliced))
+                out.append(_Timed(pj.label, b.name, fn, w, everyone, repeats, prepare=pool.release_all, rows=brows,
+                                  sliced=sliced))
         return out
 
     def _raw_baseline(self, pj: PlanJob, b, inputs: RankInputs, w: Payload, checks: tuple[int, ...],  # noqa: ANN001

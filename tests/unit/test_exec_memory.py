@@ -1,0 +1,168 @@
+"""What a rank holds while it runs a plan, against the memory model (``cost.memory``): the
+receive pool, the raw sums, and the reference of the correctness check (single process: the
+peers are stand-ins)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.rss import can_reset_peak, peak_growth_bytes
+from treeattn.cost.memory import run_bytes
+from treeattn.exec.attention import make_raw
+from treeattn.exec.comm import BufferPool
+from treeattn.exec.interpreter import PlanExecutor, RankInputs
+from treeattn.exec.merge import sum_many_into
+from treeattn.exec.reference import compute_reference
+from treeattn.exec.runner import Job, PlanJob, _RankRun
+from treeattn.plan.builders import build
+from treeattn.plan.ir import TopologyRef
+from treeattn.workload import RawPayload
+
+REF = TopologyRef("t", "sha256:0")
+CPU = torch.device("cpu")
+MIB = 1 << 20
+needs_rss = pytest.mark.skipif(not can_reset_peak(), reason="needs Linux's /proc/self/clear_refs and VmHWM")
+
+
+class _Stand:
+    """Rank ``rank`` of ``world`` whose peers are not there: a receive lands (its pages are
+    written), a send and an all-reduce leave their tensors as they are (a sum with zeros)."""
+
+    cuda = False
+    device = CPU
+
+    def __init__(self, rank: int = 0, world: int = 4) -> None:
+        self.rank, self.world, self.reductions = rank, world, 0
+
+    def post(self, posts):  # noqa: ANN001, ANN201
+        for p in posts:
+            if not p.send:
+                p.tensor.fill_(1)
+        return [None] * len(posts)
+
+    def all_reduce(self, tensor, op, what, setup=False):  # noqa: ANN001, ANN201
+        self.reductions += 1
+        return tensor
+
+
+def _ptrs(bufs: list[torch.Tensor]) -> list[int]:
+    return [b.data_ptr() for b in bufs]
+
+
+def test_the_pool_reuses_a_free_buffer_of_any_shape_and_dtype_that_is_large_enough():
+    pool = BufferPool(CPU)
+    stack = pool.take((3, 1000), torch.float32)
+    pool.release(stack)
+    row = pool.take((1000,), torch.float32)  # a later step's receive: another shape
+    assert row.data_ptr() == stack.data_ptr() and row.shape == (1000,) and row.dtype == torch.float32
+    pool.release(row)
+    wide = pool.take((2, 6000), torch.uint8)
+    assert wide.data_ptr() == stack.data_ptr() and wide.shape == (2, 6000)
+    # Lent buffers never share storage; a view is given back by identity.
+    other = pool.take((10,), torch.float16)
+    assert other.untyped_storage().data_ptr() != wide.untyped_storage().data_ptr()
+    pool.release(wide)
+    assert pool.take((4,), torch.int64).data_ptr() == stack.data_ptr()
+
+
+def test_the_pool_holds_the_largest_need_not_the_sum():
+    pool = BufferPool(CPU)
+    small = pool.take((100,), torch.float32)
+    pool.release(small)
+    big = pool.take((3, 100), torch.float32)  # none free is large enough: the free one grows
+    pool.release(big)
+    assert pool.nbytes == 1200
+
+
+@pytest.mark.parametrize("sequence", [
+    # Best fit alone, freeing smaller buffers for a larger one, allocates again in the second
+    # iteration of this one: its first take gets the 20 bytes made last, and the last take
+    # then finds nothing large enough.
+    [("take", 12), ("release", 0), ("take", 8), ("take", 8), ("release", 0), ("take", 20)],
+    [("take", 4), ("take", 40), ("release", 0), ("take", 16), ("release", 1), ("take", 40), ("take", 4)],
+])
+def test_every_iteration_after_the_first_takes_the_same_buffers(sequence):
+    # A CUDA graph replays the addresses its capture saw, and a capture must not allocate.
+    pool = BufferPool(CPU)
+
+    def iteration() -> list[int]:
+        pool.release_all()
+        held, taken = [], []
+        for what, arg in sequence:
+            if what == "take":
+                held.append(pool.take((arg,), torch.uint8))
+                taken.append(held[-1])
+            else:
+                pool.release(held.pop(arg))
+        return _ptrs(taken)
+
+    iteration()
+    held = pool.nbytes
+    second = iteration()
+    assert pool.nbytes == held  # nothing allocated, nothing freed
+    assert iteration() == second
+    pool.release_all()  # a second call without takes between keeps the order
+    assert iteration() == second and pool.nbytes == held
+
+
+@needs_rss
+def test_a_two_chunk_multirail_root_holds_what_the_model_counts():
+    # The root of each tree merges three halves in step 0 and copies the other tree's half in
+    # step 1: the model counts the accumulator and the larger step, P + 3P/2 (not P + 4P/2,
+    # nor a temporary half for the sum of the three).
+    payload = RawPayload(nbytes=64 * MIB, ranks=4)
+    plan = build("multirail", payload, REF, trees=2, shape="star", roots=[0, 1])
+    assert plan.chunks == 2
+    raw = make_raw(payload, 0, 0)
+
+    def run() -> None:
+        executor = PlanExecutor(plan, _Stand(), RankInputs(raw=raw), timed=False)
+        for _ in range(3):
+            executor.prepare()
+            executor.run()
+
+    grew = peak_growth_bytes(run)
+    model = run_bytes(plan, 0)
+    assert model == 160 * MIB
+    assert grew < model + 8 * MIB, f"rank 0 held {grew / MIB:.0f} MiB, the model counts {model / MIB:.0f}"
+
+
+@needs_rss
+def test_a_raw_sum_of_a_stack_makes_no_temporary_of_the_rows():
+    acc = torch.ones(8 << 20)  # 32 MiB
+    parts = torch.ones((3, 8 << 20))
+    grew = peak_growth_bytes(lambda: sum_many_into(acc, parts))
+    assert torch.equal(acc[:3], torch.full((3,), 4.0))
+    assert grew < 4 * MIB, f"the sum grew the resident set by {grew / MIB:.0f} MiB"
+
+
+@needs_rss
+def test_a_rank_that_does_not_check_holds_no_copy_of_the_raw_reference():
+    payload = RawPayload(nbytes=32 * MIB, ranks=2)
+    mine = make_raw(payload, 1, 0)
+    got = []
+    grew = peak_growth_bytes(lambda: got.append(compute_reference(_Stand(1, 2), payload, 0, mine, None, None,
+                                                                  keep=False)))
+    assert got == [None]
+    assert grew < 24 * MIB, f"the reference grew the resident set by {grew / MIB:.0f} MiB"  # fp64: 64 MiB
+    kept = compute_reference(_Stand(1, 2), payload, 0, mine, None, None)
+    assert torch.equal(kept.values, mine.double())  # the stand-in's peer adds nothing
+
+
+def test_only_the_ranks_that_check_keep_the_reference_and_all_compute_it_together():
+    payload = RawPayload(nbytes=4 * 16, ranks=4)
+    plan = build("allreduce", payload, REF)
+    runs = {}
+    for rank in range(4):
+        comm = _Stand(rank, 4)
+        run = _RankRun(Job((PlanJob("p", plan),)), comm, {})
+        run._inputs[repr(payload)] = RankInputs(raw=make_raw(payload, rank, 0))
+        got = [run.reference(payload, None, checks) for checks in [(0,), (0,), (0, 2), (2,), (1, 2, 3)]]
+        runs[rank] = (got, comm.reductions)
+    # Every rank takes part in the same computations (a collective), whoever keeps the result.
+    assert {n for _, n in runs.values()} == {3}
+    assert [r is not None for r in runs[0][0]] == [True, True, True, False, False]
+    assert [r is not None for r in runs[1][0]] == [False, False, False, False, True]
+    assert [r is not None for r in runs[2][0]] == [False, False, True, True, True]
+    assert runs[2][0][2] is runs[2][0][4]  # computed once, then kept
