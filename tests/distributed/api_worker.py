@@ -169,6 +169,43 @@ def errors(rank: int, p: int):  # noqa: ANN201
     yield out
 
 
+def agreement(rank: int, p: int):  # noqa: ANN201
+    """Ranks holding different plans, inputs that require grad, a group this rank is not in:
+    one ValueError each, on every rank, at once; fp8 partials on the wire merge."""
+    w = _workload(p)
+    out = {}
+    other = Workload(batch=1, q_heads=16, kv_heads=2, head_dim=16, split=w.split)  # as many rows as w
+    for label, mine in (("algorithm", "binomial" if rank == 0 else "ring"),
+                        ("shape", _workload(p) if rank == 0 else other)):
+        plan = build(mine, w, REF) if label == "algorithm" else build("allgather-merge", mine, REF)
+        try:
+            treeattn.Merger(plan, timeout_s=5.0)
+            out[label] = "no error"
+        except ValueError as exc:
+            out[label] = str(exc)
+    merger = treeattn.Merger(build("binomial", w, REF), timeout_s=5.0)
+    o, lse = torch.zeros(w.batch, w.q_heads, w.head_dim, requires_grad=True), torch.zeros(w.batch, w.q_heads)
+    try:
+        merger(o, lse)
+        out["grad"] = "no error"
+    except ValueError as exc:
+        out["grad"] = str(exc)
+    with torch.no_grad():
+        out["no_grad"] = merger(o, lse)[0] is not None
+    group = dist.new_group([0, 1])
+    if rank >= 2:
+        try:
+            treeattn.Merger(build("binomial", _workload(2), REF), group=group)
+            out["outside"] = "no error"
+        except ValueError as exc:
+            out["outside"] = str(exc)
+    yield out
+    for name in ("binomial", "ring", "allgather-merge", "dcp-a2a"):
+        wire8 = Workload(batch=2, q_heads=8, kv_heads=2, head_dim=16, split=w.split, partial_dtype="fp8")
+        plan = build(name, wire8, REF, result="heads" if name.startswith("dcp") else "all")
+        yield {"method": name, **scenario(rank, p, plan, torch.float32, seed=7)}
+
+
 def mixed_trio(rank: int, p: int):  # noqa: ANN201
     """The paper's three all-reduces over different chunkings: the max over every row, the
     numerator chunk by chunk, the denominator in the other order (each row takes effect once
@@ -196,7 +233,7 @@ def mixed_trio(rank: int, p: int):  # noqa: ANN201
 
 
 TASKS = {"every_method": every_method, "searched": searched, "subgroup": subgroup, "errors": errors,
-         "mixed_trio": mixed_trio}
+         "mixed_trio": mixed_trio, "agreement": agreement}
 
 
 def main() -> None:

@@ -100,6 +100,19 @@ def test_bad_input_raises_and_peers_time_out(tmp_path):
             assert item["peer_s"] < 15
 
 
+def test_plans_that_differ_across_ranks_grad_and_outsiders_raise_and_fp8_wire_merges(tmp_path):
+    ranks = run("agreement", 3, tmp_path)
+    for r, (item, *fp8) in enumerate(ranks):
+        for label in ("algorithm", "shape"):  # every rank says so, at construction, instead of hanging or aborting
+            assert item[label].startswith("Merger: the ranks of the group hold different plans (ranks 1, 2 differ "
+                                          "from rank 0"), (r, label, item[label])
+        assert "requires grad" in item["grad"] and item["no_grad"], (r, item)
+        if r >= 2:
+            assert "not a member of the process group" in item["outside"], item
+        for merged in fp8:  # e4m3 keeps 3 mantissa bits: o within a few percent, an lse of 4..8 within 0.25 a hop
+            assert not merged["none"] and merged["err_o"] <= 0.25 and merged["err_l"] <= 0.75, (r, merged)
+
+
 def test_attention_partial_checks_and_empty_shards():
     from treeattn import attention_partial
 

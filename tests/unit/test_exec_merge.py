@@ -218,6 +218,24 @@ def test_merge_takes_16_bit_wire_partials():
     assert out[0, 2].item() == pytest.approx(0.5 + math.log(2.0), abs=1e-6)
 
 
+def test_merge_takes_fp8_wire_partials_as_if_upcast():
+    """A plan with partial_dtype fp8 receives fp8 partials: merged through fp32 (torch promotes
+    no fp8 type, so ``w * o`` on the fp8 rows themselves raises)."""
+    g, rows = torch.Generator().manual_seed(0), 3
+    acc = pack(torch.randn(rows, 32, generator=g), torch.randn(rows, generator=g))
+    stack = torch.stack([pack(torch.randn(rows, 32, generator=g), torch.randn(rows, generator=g))
+                         for _ in range(3)]).to(torch.float8_e4m3fn)
+    got = merge_many_into(acc.clone(), stack)
+    assert torch.equal(got, merge_many_into(acc.clone(), stack.float()))
+    assert torch.equal(merge(acc, stack[0]), merge(acc, stack[0].float()))
+
+
+def test_pack_heads_takes_an_fp8_output():
+    o, lse = torch.randn(2, 4, 8).to(torch.float8_e4m3fn), torch.randn(2, 4)
+    packed = merge_module.pack_heads(o, lse)
+    assert torch.equal(packed, merge_module.pack_heads(o.float(), lse))
+
+
 def test_shape_mismatch_is_an_error():
     with pytest.raises(ValueError, match="shapes"):
         merge_into(empty_partial(2, 3), empty_partial(3, 3))

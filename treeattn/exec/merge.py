@@ -69,6 +69,8 @@ def pack_heads(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
 def pack_heads_into(out: torch.Tensor, o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     """``pack_heads`` into an existing ``(Hq * B, D + 1)`` buffer (no allocation)."""
     bsz, hq, d = o.shape
+    if o.dtype.itemsize == 1:  # fp8: torch promotes no fp8 type, so cat would refuse to mix it with fp32
+        o = o.float()
     torch.cat([o.transpose(0, 1), lse.transpose(0, 1).unsqueeze(-1)], dim=-1, out=out.view(hq, bsz, d + 1))
     return out
 
@@ -172,7 +174,10 @@ def merge_stack(out: torch.Tensor, stack: torch.Tensor, accumulate: bool) -> tor
     inv = _inverse(den)
     if accumulate:
         o.mul_(wa.mul_(inv).unsqueeze(1))
-    _add_weighted(o, stack[..., :-1], w.mul_(inv).unsqueeze(-1), accumulate)
+    parts = stack[..., :-1]
+    if parts.dtype.itemsize == 1:  # fp8 partials: torch promotes no fp8 type, so w * o would refuse them
+        parts = parts.float()
+    _add_weighted(o, parts, w.mul_(inv).unsqueeze(-1), accumulate)
     _set_lse(la, m, den)
     return out
 

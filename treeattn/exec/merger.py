@@ -18,6 +18,7 @@ the timeout, so a dead or hung peer is reported one call later at most.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -89,6 +90,9 @@ class Merger:
             raise ValueError(problem)
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError("Merger needs torch.distributed initialised (init_process_group) on every rank")
+        if dist.get_rank(group) < 0:
+            raise ValueError("Merger: this process is not a member of the process group it was given; only the "
+                             "group's ranks construct its Merger")
         size = dist.get_world_size(group)
         if size != plan.ranks:
             raise ValueError(f"plan {plan.algorithm!r} has {plan.ranks} ranks but the process group has {size}")
@@ -107,6 +111,7 @@ class Merger:
         self._partial = torch.empty(w.rows, w.head_dim + 1, dtype=torch.float32, device=self.device)
         self._comm = Comm(self.rank, size, "nccl" if backend == "nccl" else "gloo", self.device, timeout_s,
                           timeout_s, group=group)
+        self._check_same_plan(plan)
         self._exec = PlanExecutor(plan, self._comm, RankInputs(partial=self._partial), timed=False)
         self.wire_dtype = torch_dtype(w.partial_dtype)
         self._comm.open_pairs({(r, op.peer) for r, prog in enumerate(plan.programs) for op in prog if op.is_transfer})
@@ -120,6 +125,24 @@ class Merger:
             self.rows: tuple[int, int] | None = plan.segments[self.rank]
         else:
             self.rows = (0, w.rows) if self.rank in plan.result_ranks else None
+
+    def _check_same_plan(self, plan: Plan) -> None:
+        """Raise ValueError on every rank unless every rank of the group holds the same merge
+        (one all-gather of a digest, at construction): ranks that built different plans (say,
+        each searched with its own sequence length) would otherwise exchange mismatched messages,
+        which hangs, aborts the process inside gloo, or silently returns wrong rows."""
+        w = plan.workload
+        what = (plan.programs, plan.chunks, plan.layout, plan.result_ranks, plan.segments, w.batch, w.q_heads,
+                w.head_dim, str(w.partial_dtype))
+        digest = int(hashlib.sha256(repr(what).encode()).hexdigest()[:15], 16)
+        mine = torch.tensor([digest], dtype=torch.int64, device=self.device)
+        every = self._comm.all_gather(mine, "Merger plan check", setup=True).view(-1).tolist()
+        differ = [r for r, d in enumerate(every) if d != every[0]]
+        if differ:
+            ranks = f"rank{'s' if len(differ) > 1 else ''} {', '.join(map(str, differ))}"
+            raise ValueError(f"Merger: the ranks of the group hold different plans ({ranks} differ from rank 0; "
+                             f"this rank's is {plan.algorithm!r}, "
+                             f"B={w.batch}, Hq={w.q_heads}, D={w.head_dim}): build every rank's Merger from one plan")
 
     @property
     def heads(self) -> tuple[int, int] | None:
@@ -151,6 +174,9 @@ class Merger:
                 raise TypeError(f"Merger: {name} must be a torch.Tensor, got {type(t).__name__}")
         if not o.is_floating_point():
             raise TypeError(f"Merger: o must be a floating-point tensor, got {o.dtype}")
+        if torch.is_grad_enabled() and (o.requires_grad or lse.requires_grad):
+            raise ValueError("Merger: o or lse requires grad, and the merge is not differentiable: call it under "
+                             "torch.no_grad() or torch.inference_mode() (or pass o.detach(), lse.detach())")
         if lse.dtype != torch.float32:
             raise TypeError(f"Merger: lse must be float32 (natural log), got {lse.dtype}")
         want = (w.batch, w.q_heads, w.head_dim)
