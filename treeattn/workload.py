@@ -176,8 +176,9 @@ class Workload:
 
     @property
     def row_bytes(self) -> int:
-        """Bytes of one row of a partial: (D + 1) values."""
-        return (self.head_dim + 1) * self.partial_dtype.nbytes
+        """Bytes of one row of a partial on the wire: D values of the partial dtype and the lse,
+        fp32 whatever that dtype (see ``treeattn.exec.merge``)."""
+        return self.head_dim * self.partial_dtype.nbytes + 4
 
     @property
     def payload_bytes(self) -> int:

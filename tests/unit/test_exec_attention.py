@@ -3,6 +3,7 @@ torch.distributed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -23,6 +24,7 @@ from treeattn.exec.attention import (
 from treeattn.exec.merge import empty_partial, merge_into, unpack_heads
 from treeattn.exec.reference import Reference, combine_stats, exact_attention, row_stats, sample_rows
 from treeattn.exec.runner import check_against, relative_error, tolerance
+from treeattn.plan.ir import TopologyRef
 from treeattn.workload import RawPayload, Workload
 
 
@@ -106,6 +108,21 @@ def test_reference_of_some_contributors():
     acc = partial_attention(q, kv[0])
     merge_into(acc, partial_attention(q, kv[2]))
     assert relative_error(acc, exact_attention(q, [kv[0], kv[2]]), raw=False) < 1e-5
+
+
+def test_the_tolerance_grows_with_the_roundings_a_narrow_wire_makes():
+    from treeattn.exec.runner import wire_roundings
+    from treeattn.plan.builders import build
+
+    assert tolerance(wl((10, 10))) == 1e-5
+    fp8 = Workload(batch=1, q_heads=4, kv_heads=2, head_dim=8, split=(10,) * 4, kv_dtype="bf16", partial_dtype="fp8")
+    assert tolerance(fp8) == 2.0**-4 and tolerance(fp8, 3) == 3 * 2.0**-4
+    bf16 = dataclasses.replace(fp8, partial_dtype="bf16")
+    assert tolerance(bf16, 3) == 2e-2 and tolerance(bf16, 8) == 8 * 2.0**-8
+    ref = TopologyRef("t", "sha256:0")
+    # star: the leaves send, then the root sends the result back; a chain of 4: 3 + 3 hops
+    assert wire_roundings(build("star", fp8, ref)) == 2
+    assert wire_roundings(build("chain", fp8, ref)) == 6
 
 
 def test_relative_error_flags_wrong_and_nan_results():

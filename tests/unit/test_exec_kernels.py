@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from treeattn.exec import kernels
-from treeattn.exec.merge import empty_partial, merge_many, merge_many_into
+from treeattn.exec.merge import empty_partial, merge_many, merge_many_into, wired
 
 ULPS = 4
 """Largest difference accepted, in units of fp32 rounding of the larger magnitude (exp and log
@@ -38,7 +38,7 @@ def partials(k: int, rows: int, d: int, dtype: torch.dtype, seed: int) -> torch.
         lse[:, -1] = float("-inf")  # empty everywhere
     x[..., -1] = lse
     x[..., :-1][torch.isneginf(lse)] = 0.0
-    return x.to(dtype)
+    return wired(x, dtype)
 
 
 @pytest.fixture
@@ -113,13 +113,14 @@ def test_the_compute_model_charges_the_fused_kernel():
     from treeattn.workload import Workload
 
     topo = resolve("dgx-h100")
-    for partial, acc_over_wire in (("fp32", 1), ("bf16", 2)):
+    for partial, wire_row in (("fp32", 129 * 4), ("bf16", 128 * 2 + 4)):  # the lse stays fp32 on the wire
         w = Workload(batch=64, q_heads=32, kv_heads=8, head_dim=128, split=(1024,) * 8, partial_dtype=partial)
+        assert w.row_bytes == wire_row
         cm = ComputeModel.of(w, topo)
         rows, wire = 2048, 2048 * w.row_bytes
         for k in (1, 4):
             # the accumulator (fp32) read and written, the k partials read: one kernel
-            want = cm.launch_us + cm._mem_us(0, 2 * acc_over_wire * wire + k * wire)
+            want = cm.launch_us + cm._mem_us(0, 2 * rows * 129 * 4 + k * wire)
             assert abs(cm.merge_us(0, rows, k) - want) < 1e-9
         if partial == "fp32":  # one fp32 partial: what the step model's byte term charges
             assert abs(cm.merge_us(0, rows, 1) - cm.step_local_us(0, 3 * wire, 1)) < 1e-9
@@ -139,6 +140,6 @@ def test_warm_compiles_every_kernel_a_run_calls(fused):
     kernels.weighted(part, m, torch.bfloat16)
     kernels.finish(part.clone(), m, part[:, :-1], part[:, -1])
     kernels.finish(part.clone(), m, part[:, :-1].contiguous(), torch.ones(3))
-    summed = partials(1, 3, 8, torch.bfloat16, 3)[0]
+    summed = partials(1, 3, 8, torch.float32, 3)[0].to(torch.bfloat16)  # rows (w o, w), not a partial
     kernels.finish(part.clone(), m, summed[:, :-1], summed[:, -1])
     assert counters["stats"]["unique_graphs"] == before  # nothing left to compile mid-run

@@ -12,14 +12,19 @@ from hypothesis import strategies as st
 from treeattn.exec import merge as merge_module
 from treeattn.exec.merge import (
     empty_partial,
+    from_wire,
     merge,
     merge_into,
     merge_many,
     merge_many_into,
     pack,
+    split_wire,
     sum_into,
     sum_many_into,
+    to_wire,
     unpack,
+    wire_cols,
+    wired,
 )
 
 NEG_INF = float("-inf")
@@ -189,10 +194,10 @@ def test_merge_many_into_is_exact_for_one_and_tolerates_16_bit(parts):
     merge_many_into(a, parts[1].unsqueeze(0))
     merge_into(b, parts[1])
     assert torch.equal(a, b)
-    # 16-bit wire partials are merged through fp32: as if upcast first
-    stack = torch.stack(parts[1:]).to(torch.bfloat16)
-    narrow = merge_many_into(parts[0].clone(), stack)
-    assert torch.equal(narrow, merge_many_into(parts[0].clone(), stack.float()))
+    # 16-bit wire partials are merged through fp32: as if their outputs were upcast first
+    stack = torch.stack(parts[1:])
+    narrow = merge_many_into(parts[0].clone(), wired(stack, torch.bfloat16))
+    assert torch.equal(narrow, merge_many_into(parts[0].clone(), _rounded(stack, torch.bfloat16)))
 
 
 def test_merge_many_into_rejects_a_stack_of_other_rows():
@@ -212,7 +217,7 @@ def test_raw_sum_of_a_stack_in_place():
 def test_merge_takes_16_bit_wire_partials():
     a = pack(torch.tensor([[1.0, -1.0]]), torch.tensor([0.5]))
     b = pack(torch.tensor([[3.0, 1.0]]), torch.tensor([0.5]))
-    out = merge(a, b.to(torch.bfloat16))
+    out = merge(a, wired(b, torch.bfloat16))
     assert out.dtype == torch.float32
     assert out[0, :2].tolist() == [2.0, 0.0]
     assert out[0, 2].item() == pytest.approx(0.5 + math.log(2.0), abs=1e-6)
@@ -223,11 +228,49 @@ def test_merge_takes_fp8_wire_partials_as_if_upcast():
     no fp8 type, so ``w * o`` on the fp8 rows themselves raises)."""
     g, rows = torch.Generator().manual_seed(0), 3
     acc = pack(torch.randn(rows, 32, generator=g), torch.randn(rows, generator=g))
-    stack = torch.stack([pack(torch.randn(rows, 32, generator=g), torch.randn(rows, generator=g))
-                         for _ in range(3)]).to(torch.float8_e4m3fn)
+    packed = torch.stack([pack(torch.randn(rows, 32, generator=g), torch.randn(rows, generator=g))
+                          for _ in range(3)])
+    stack = wired(packed, torch.float8_e4m3fn)
     got = merge_many_into(acc.clone(), stack)
-    assert torch.equal(got, merge_many_into(acc.clone(), stack.float()))
-    assert torch.equal(merge(acc, stack[0]), merge(acc, stack[0].float()))
+    assert torch.equal(got, merge_many_into(acc.clone(), _rounded(packed, torch.float8_e4m3fn)))
+    assert torch.equal(merge(acc, stack[0]), merge(acc, _rounded(packed, torch.float8_e4m3fn)[0]))
+
+
+def _rounded(packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Packed fp32 rows with their outputs rounded to ``dtype`` and their lse as they are:
+    what the wire carries, upcast."""
+    out = packed.clone()
+    out[..., :-1] = out[..., :-1].to(dtype).float()
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn])
+def test_the_wire_form_keeps_the_lse_in_fp32(dtype):
+    g = torch.Generator().manual_seed(1)
+    packed = pack(torch.randn(5, 6, generator=g), torch.randn(5, generator=g) * 30 + 40)
+    packed[2, -1] = float("-inf")
+    packed[2, :-1] = 0.0
+    rows = wired(packed, dtype)
+    assert rows.dtype == dtype and rows.shape == (5, wire_cols(6, dtype)) == (5, 6 + max(1, 4 // dtype.itemsize))
+    o, lse = split_wire(rows)
+    assert torch.equal(lse, packed[:, -1]) and torch.equal(o.float(), packed[:, :-1].to(dtype).float())
+    back = from_wire(torch.empty_like(packed), rows)
+    assert torch.equal(back, _rounded(packed, dtype))
+    assert torch.equal(to_wire(torch.empty_like(rows), packed).view(torch.uint8), rows.view(torch.uint8))
+
+
+def test_a_16_bit_wire_merges_at_long_context_lse_as_closely_as_its_outputs_allow():
+    # lse of tens (long context, large logits): rounded to bf16 (spacing 0.25 at 32-64) it put
+    # the weights 8 % off; kept fp32, the merge is as close as bf16 outputs allow.
+    g = torch.Generator().manual_seed(0)
+    k, rows, d = 8, 256, 128
+    parts = torch.cat([torch.randn(k, rows, d, generator=g) * 0.3,
+                       (40 + math.log(16384) + torch.randn(k, rows, generator=g) * 0.5).unsqueeze(-1)], dim=-1)
+    exact = merge_many(parts)
+    got = merge_many(wired(parts, torch.bfloat16))
+    err = ((got[:, :-1] - exact[:, :-1]).abs().max() / exact[:, :-1].abs().max()).item()
+    assert err < 5e-3, err
+    assert (got[:, -1] - exact[:, -1]).abs().max().item() < 1e-4
 
 
 def test_pack_heads_takes_an_fp8_output():
@@ -237,8 +280,10 @@ def test_pack_heads_takes_an_fp8_output():
 
 
 def test_shape_mismatch_is_an_error():
-    with pytest.raises(ValueError, match="shapes"):
+    with pytest.raises(ValueError, match="stack"):
         merge_into(empty_partial(2, 3), empty_partial(3, 3))
+    with pytest.raises(ValueError, match=r"wire form: 5 columns"):  # bf16 rows as if packed fp32
+        merge_into(empty_partial(2, 3), empty_partial(2, 3).to(torch.bfloat16))
 
 
 def test_raw_sum_in_place_and_fp8_through_fp32():

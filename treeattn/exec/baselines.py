@@ -29,7 +29,7 @@ import torch
 from treeattn.exec import kernels
 from treeattn.exec.attention import partial_attention
 from treeattn.exec.comm import P2P, BufferPool, Comm
-from treeattn.exec.merge import pack, weights
+from treeattn.exec.merge import pack, weights, wired
 from treeattn.plan.ir import head_split
 from treeattn.workload import Workload
 
@@ -100,7 +100,7 @@ def _reduce_scatter_rows(comm: Comm, x: torch.Tensor, segs: list[tuple[int, int]
 def allgather_merge(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
                     wire: torch.dtype = torch.float32) -> torch.Tensor:
     """All-gather of every rank's packed partial, then one local k-way merge."""
-    mine = partial_attention(q, kv, kernel).to(wire)
+    mine = wired(partial_attention(q, kv, kernel), wire)
     return kernels.merged(comm.all_gather(mine, "allgather-merge all-gather"))
 
 
@@ -127,7 +127,7 @@ def dcp_a2a(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, k
             wire: torch.dtype = torch.float32) -> torch.Tensor:
     """vLLM decode context parallel (all-to-all): partials exchanged by head, merged locally;
     returns this rank's rows."""
-    part = partial_attention(q, kv, kernel).to(wire)
+    part = wired(partial_attention(q, kv, kernel), wire)
     segs = segments(workload, comm.world)
     a, b = segs[comm.rank]
     got = torch.empty((comm.world * (b - a), part.shape[1]), dtype=wire, device=part.device)

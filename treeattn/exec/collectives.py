@@ -23,7 +23,7 @@ import torch
 
 from treeattn.errors import PlanInvalidError
 from treeattn.exec import kernels
-from treeattn.exec.merge import sum_many_into, weights
+from treeattn.exec.merge import sum_many_into, weights, wire_cols, wired
 from treeattn.plan.ir import COLLECTIVE_FORMS, Op, head_split
 
 if TYPE_CHECKING:
@@ -58,8 +58,8 @@ def run_collective(ex: PlanExecutor, op: Op, acc: torch.Tensor, state: dict, wha
     if op.coll == "allgather" and op.part == "partial":
         # Every rank merges the same gathered stack (its own partial as the wire carried it),
         # so every rank ends with the same rows.
-        gathered = comm.all_gather(part if part.dtype == wire else part.to(wire), what,
-                                   out=ex.pool.take((comm.world, *part.shape), wire))
+        mine = wired(part, wire)
+        gathered = comm.all_gather(mine, what, out=ex.pool.take((comm.world, *mine.shape), wire))
         kernels.merged_into(part, gathered)
     elif op.coll == "alltoall":
         _alltoall_merge(ex, op.chunk, rows, part, acc, what)
@@ -89,11 +89,12 @@ def _alltoall_merge(ex: PlanExecutor, op_chunk: int | None, rows: slice, part: t
     if not any(splits):
         return
     mine = splits[comm.rank]
-    got = ex.pool.take((comm.world * mine, part.shape[1]), wire)
-    comm.all_to_all(got, part if part.dtype == wire else part.to(wire), splits, what)
+    cols = wire_cols(part.shape[1] - 1, wire)
+    got = ex.pool.take((comm.world * mine, cols), wire)
+    comm.all_to_all(got, wired(part, wire), splits, what)
     if mine:
         start = max(ex.plan.segments[comm.rank][0], rows.start)
-        kernels.merged_into(acc[start:start + mine], got.view(comm.world, mine, part.shape[1]))
+        kernels.merged_into(acc[start:start + mine], got.view(comm.world, mine, cols))
 
 
 def _sum_to_owners(ex: PlanExecutor, op: Op, x: torch.Tensor, rows: slice,

@@ -36,7 +36,7 @@ from treeattn.exec import kernels
 from treeattn.exec.attention import partial_attention, torch_dtype
 from treeattn.exec.collectives import gather_query, run_collective
 from treeattn.exec.comm import P2P, BufferPool, Comm, Mark
-from treeattn.exec.merge import clear_partial, empty_partial, sum_many_into
+from treeattn.exec.merge import clear_partial, empty_partial, from_wire, sum_many_into, to_wire, wire_cols
 from treeattn.plan.ir import Op, OpKind, Plan
 from treeattn.plan.steps import order_problem, step_problem
 
@@ -283,10 +283,10 @@ class PlanExecutor:
         return slice(start, stop)
 
     def _row_shape(self, chunk: int | None) -> tuple[int, ...]:
-        """Shape of ``chunk``'s rows on the wire: raw elements, or packed partials (D + 1)."""
+        """Shape of ``chunk``'s rows on the wire: raw elements, or partials in wire form (``wire_cols``)."""
         rows = self.rows_of(chunk)
         n = rows.stop - rows.start
-        return (n,) if self.plan.is_raw else (n, self.plan.workload.head_dim + 1)
+        return (n,) if self.plan.is_raw else (n, wire_cols(self.plan.workload.head_dim, self.wire_dtype))
 
     def _block(self, blocks: dict[int, torch.Tensor], block: int, op: Op) -> torch.Tensor:
         if block not in blocks:
@@ -337,7 +337,7 @@ class PlanExecutor:
                 else:
                     tensor = acc[self.rows_of(op.chunk)]
                     if tensor.dtype != self.wire_dtype:
-                        tensor = self.pool.take(tensor.shape, self.wire_dtype).copy_(tensor)
+                        tensor = to_wire(self.pool.take(self._row_shape(op.chunk), self.wire_dtype), tensor)
                 posts.append(P2P(True, tensor, op.peer))
             elif op.block is not None:
                 shape = (2, w.batch, w.kv_heads, w.split[op.block], w.head_dim)
@@ -377,7 +377,8 @@ class PlanExecutor:
                 if op.block is not None:
                     blocks[op.block] = post.tensor  # held to the end of the iteration
                 else:
-                    acc[self.rows_of(op.chunk)].copy_(post.tensor)
+                    target = acc[self.rows_of(op.chunk)]
+                    target.copy_(post.tensor) if self.plan.is_raw else from_wire(target, post.tensor)
                     self.pool.release(post.tensor)
         for chunk, stack in stacks.items():
             target = acc[self.rows_of(chunk)]

@@ -95,9 +95,10 @@ def warm(device: torch.device, wire: torch.dtype) -> None:
         return
     acc = eager.empty_partial(2, 8, device)
     m = torch.zeros(2, device=device)
-    calls = [("merge", lambda d=d: merge_into(acc, torch.zeros((2, 2, 9), dtype=d, device=device)))
+    calls = [("merge", lambda d=d: merge_into(acc, torch.zeros((2, 2, eager.wire_cols(8, d)), dtype=d,
+                                                               device=device)))
              for d in dict.fromkeys((torch.float32, wire))]
-    calls += [("merge", lambda: merged(torch.zeros((2, 2, 9), dtype=wire, device=device))),
+    calls += [("merge", lambda: merged(torch.zeros((2, 2, eager.wire_cols(8, wire)), dtype=wire, device=device))),
               ("weighted", lambda: (weighted(acc, m, wire), weighted(acc, m, wire, False))),
               ("finish", lambda: finish(acc, m, torch.zeros((2, 8), device=device), torch.ones(2, device=device)))]
     for d in dict.fromkeys((torch.float32, wire)):  # the sums of (w o, w) rows: views of one buffer
@@ -120,21 +121,21 @@ def _fused(name: str, device: torch.device) -> bool:
 # -- what the executor calls ------------------------------------------------------------------
 
 def _merge(out: torch.Tensor, stack: torch.Tensor, accumulate: bool) -> torch.Tensor:
-    if stack.dim() != out.dim() + 1 or stack.shape[1:] != out.shape:
-        raise ValueError(f"merge of a packed partial {tuple(out.shape)} with a stack {tuple(stack.shape)}")
+    eager.check_stack(out, stack)
     if out.shape[0] == 0:
         return out
+    parts, lse = eager.split_wire(stack)
     if _fused("merge", out.device):
-        o, st = _plain(out, stack)
-        _unbacked((o, 0), (st, 0), (st, 1))
-        compiled("merge")(o, st, accumulate)
+        o, st, ls = _plain(out, parts, lse)
+        _unbacked((o, 0), (st, 0), (st, 1), (ls, 0))
+        compiled("merge")(o, st, ls, accumulate)
         return out
-    return eager.merge_stack(out, stack, accumulate)
+    return eager.merge_stack(out, parts, lse, accumulate)
 
 
 def merge_into(acc: torch.Tensor, stack: torch.Tensor) -> torch.Tensor:
     """``acc <- acc (+) stack[0] (+) ... (+) stack[k-1]`` in place (``(rows, D + 1)`` fp32 and
-    ``(k, rows, D + 1)``): ``treeattn.exec.merge.merge_stack``."""
+    ``(k, rows, wire_cols)`` in wire form): ``treeattn.exec.merge.merge_stack``."""
     return _merge(acc, stack, True)
 
 
@@ -144,8 +145,9 @@ def merged_into(out: torch.Tensor, stack: torch.Tensor) -> torch.Tensor:
 
 
 def merged(stack: torch.Tensor) -> torch.Tensor:
-    """The merge of a stack ``(k, rows, D + 1)`` of partials, as a new fp32 partial."""
-    return merged_into(torch.empty(stack.shape[1:], dtype=torch.float32, device=stack.device), stack)
+    """The merge of a stack ``(k, rows, wire_cols)`` of partials in wire form, as a new fp32 partial."""
+    d = stack.shape[-1] - eager.wire_cols(0, stack.dtype)
+    return merged_into(torch.empty((stack.shape[1], d + 1), dtype=torch.float32, device=stack.device), stack)
 
 
 def weighted(part: torch.Tensor, m: torch.Tensor, dtype: torch.dtype, with_weight: bool = True) -> torch.Tensor:

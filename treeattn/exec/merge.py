@@ -4,13 +4,21 @@ Legend: a *packed* partial is a ``(rows, D + 1)`` fp32 tensor, row ``r`` = (o_r,
 ``[:, :D]`` the output, ``[:, D]`` the log-sum-exp. Rows are head-major (row = h * B + b,
 ``pack_heads``), so a chunk of rows (``Plan.chunk_range``) is one contiguous slice and so is
 a range of query heads. The *empty* partial is (0, -inf): the identity of the merge.
+
+On the wire a partial travels in the plan's partial dtype, except its lse, which stays fp32
+whatever that dtype (``to_wire``): a log-sum-exp grows with the context and the logits' scale
+(tens at long context), where bf16's spacing is 0.125-0.25 and e4m3's 2-4, and a merge weighs
+each partial by exp of its lse, so an lse rounded so would put every weight off by as much. A
+row of a narrower dtype ends with the lse's four bytes in ``4 / itemsize`` of its columns
+(``wire_cols``); fp32 rows are the packed rows themselves.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["empty_partial", "clear_partial", "pack", "unpack", "pack_heads", "pack_heads_into", "unpack_heads",
+__all__ = ["empty_partial", "clear_partial", "pack", "unpack", "wire_cols", "to_wire", "wired", "from_wire",
+           "split_wire", "check_stack", "pack_heads", "pack_heads_into", "unpack_heads",
            "weights", "weighted", "finish", "merge_stack", "merge_into", "merge", "merge_many", "merge_many_into",
            "sum_into", "sum_many_into"]
 
@@ -58,6 +66,56 @@ def pack(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
 def unpack(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Views (o, lse) of a packed partial: ``(rows, D)`` and ``(rows,)``."""
     return packed[:, :-1], packed[:, -1]
+
+
+def wire_cols(head_dim: int, wire: torch.dtype) -> int:
+    """Columns of a partial's row on the wire in ``wire``: D values and the fp32 lse's bytes."""
+    return head_dim + max(1, 4 // wire.itemsize)
+
+
+def _lse_bytes(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """The bytes of the fp32 lse at the end of each row of a partial in wire form."""
+    return rows.view(torch.uint8)[..., head_dim * rows.dtype.itemsize:]
+
+
+def to_wire(out: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """Write packed fp32 rows ``(..., D + 1)`` into ``out``, their wire form in ``out``'s
+    dtype ``(..., wire_cols(D, dtype))``: o converted, the lse's fp32 bytes as they are."""
+    if out.dtype == torch.float32:
+        return out.copy_(packed)
+    d = packed.shape[-1] - 1
+    out[..., :d].copy_(packed[..., :d])
+    _lse_bytes(out, d).copy_(packed[..., d:].view(torch.uint8))
+    return out
+
+
+def wired(packed: torch.Tensor, wire: torch.dtype) -> torch.Tensor:
+    """Packed fp32 rows in their wire form in ``wire``: themselves for fp32, else a new tensor."""
+    if wire == torch.float32:
+        return packed
+    shape = (*packed.shape[:-1], wire_cols(packed.shape[-1] - 1, wire))
+    return to_wire(torch.empty(shape, dtype=wire, device=packed.device), packed)
+
+
+def split_wire(stack: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(o, lse)`` of partials in wire form ``(..., wire_cols)``: a view of the outputs in
+    their dtype ``(..., D)`` and the lse in fp32 ``(...)`` (a view for fp32 rows, else a copy)."""
+    if stack.dtype == torch.float32:
+        return stack[..., :-1], stack[..., -1]
+    d = stack.shape[-1] - max(1, 4 // stack.dtype.itemsize)
+    lse = torch.empty((*stack.shape[:-1], 1), dtype=torch.float32, device=stack.device)
+    lse.view(torch.uint8).copy_(_lse_bytes(stack, d))
+    return stack[..., :d], lse[..., 0]
+
+
+def from_wire(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Write partials in wire form ``rows`` into packed fp32 rows ``out`` (``to_wire`` undone)."""
+    if rows.dtype == torch.float32:
+        return out.copy_(rows)
+    d = out.shape[-1] - 1
+    out[..., :d].copy_(rows[..., :d])
+    out[..., d:].view(torch.uint8).copy_(_lse_bytes(rows, d))
+    return out
 
 
 def pack_heads(o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
@@ -142,9 +200,10 @@ def _add_weighted(out: torch.Tensor, o: torch.Tensor, w: torch.Tensor, accumulat
         out.addcmul_(oj, wj)
 
 
-def merge_stack(out: torch.Tensor, stack: torch.Tensor, accumulate: bool) -> torch.Tensor:
+def merge_stack(out: torch.Tensor, parts: torch.Tensor, lse: torch.Tensor, accumulate: bool) -> torch.Tensor:
     """The merge: ``out <- out (+) stack[0] (+) ... (+) stack[k-1]`` (``accumulate``) or
-    ``out <- stack[0] (+) ... (+) stack[k-1]``, in place, row by row, in fp32.
+    ``out <- stack[0] (+) ... (+) stack[k-1]``, in place, row by row, in fp32, for a stack of
+    k partials given as their outputs ``parts`` and their ``lse`` (``split_wire``).
 
     m = max lse, w = ``weights(lse, m)``, o = sum of w o / sum of w, lse = m + log sum of w
     (``finish``'s arithmetic, with the weights divided by their sum before they multiply the
@@ -155,13 +214,13 @@ def merge_stack(out: torch.Tensor, stack: torch.Tensor, accumulate: bool) -> tor
 
     Args:
         out: packed partial ``(rows, D + 1)`` fp32 (a tensor or a contiguous row slice of one).
-        stack: ``(k, rows, D + 1)``, k >= 1, any float dtype.
+        parts: ``(k, rows, D)``, k >= 1, any float dtype.
+        lse: ``(k, rows)`` fp32.
         accumulate: whether ``out``'s own rows take part (else they are overwritten).
 
     Returns:
         ``out``.
     """
-    lse = stack.select(-1, -1).float()
     o, la = out[:, :-1], out[:, -1]
     m = lse.amax(dim=0)
     if accumulate:
@@ -174,7 +233,6 @@ def merge_stack(out: torch.Tensor, stack: torch.Tensor, accumulate: bool) -> tor
     inv = _inverse(den)
     if accumulate:
         o.mul_(wa.mul_(inv).unsqueeze(1))
-    parts = stack[..., :-1]
     if parts.dtype.itemsize == 1:  # fp8 partials: torch promotes no fp8 type, so w * o would refuse them
         parts = parts.float()
     _add_weighted(o, parts, w.mul_(inv).unsqueeze(-1), accumulate)
@@ -182,37 +240,42 @@ def merge_stack(out: torch.Tensor, stack: torch.Tensor, accumulate: bool) -> tor
     return out
 
 
+def check_stack(out: torch.Tensor, stack: torch.Tensor) -> None:
+    """Raise ValueError unless ``stack`` is a stack of partials in wire form of ``out``'s rows."""
+    if stack.dim() != out.dim() + 1 or stack.shape[1:] != (out.shape[0], wire_cols(out.shape[1] - 1, stack.dtype)):
+        raise ValueError(f"merge of a packed partial {tuple(out.shape)} with a stack {tuple(stack.shape)} "
+                         f"of {stack.dtype} (wire form: {wire_cols(out.shape[1] - 1, stack.dtype)} columns)")
+
+
 def merge_many_into(acc: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
     """``acc <- acc (+) parts[0] (+) ... (+) parts[k-1]``, in place, as one pass (``merge_stack``).
 
     Args:
         acc: packed partial ``(rows, D + 1)`` fp32 (a tensor or a contiguous row slice of one).
-        parts: ``(k, rows, D + 1)``, any float dtype.
+        parts: ``(k, rows, wire_cols)``, partials in wire form of any float dtype.
 
     Returns:
         ``acc``.
     """
-    if parts.dim() != acc.dim() + 1 or parts.shape[1:] != acc.shape:
-        raise ValueError(f"merge of a packed partial {tuple(acc.shape)} with a stack {tuple(parts.shape)}")
-    return merge_stack(acc, parts, True)
+    check_stack(acc, parts)
+    return merge_stack(acc, *split_wire(parts), True)
 
 
 def merge_into(acc: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """``acc <- acc (+) other``, in place (``merge_stack`` with one partial; ``other`` any float dtype)."""
-    if acc.shape != other.shape:
-        raise ValueError(f"merge of packed partials with shapes {tuple(acc.shape)} and {tuple(other.shape)}")
-    return merge_stack(acc, other.unsqueeze(0), True)
+    """``acc <- acc (+) other``, in place (``merge_stack`` with one partial; ``other`` in wire form)."""
+    return merge_many_into(acc, other.unsqueeze(0))
 
 
 def merge(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a (+) b`` as a new fp32 tensor (see ``merge_stack``)."""
-    return merge_into(a.to(dtype=torch.float32).clone(), b)
+    """``a (+) b`` as a new fp32 tensor (see ``merge_stack``): ``a`` packed fp32 rows, ``b`` in wire form."""
+    return merge_into(a.clone(), b)
 
 
 def merge_many(parts: torch.Tensor) -> torch.Tensor:
-    """The merge of ``k`` packed partials ``(k, rows, D + 1)``, k >= 1, as a new fp32 ``(rows, D + 1)``."""
-    out = torch.empty(parts.shape[1:], dtype=torch.float32, device=parts.device)
-    return merge_stack(out, parts, False)
+    """The merge of ``k`` partials in wire form ``(k, rows, wire_cols)``, k >= 1, as a new fp32 ``(rows, D + 1)``."""
+    o, lse = split_wire(parts)
+    out = torch.empty((*o.shape[1:-1], o.shape[-1] + 1), dtype=torch.float32, device=parts.device)
+    return merge_stack(out, o, lse, False)
 
 
 def sum_into(acc: torch.Tensor, other: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,7 @@ from treeattn.exec.interpreter import MeasuredOp, PlanExecutor, RankInputs
 from treeattn.exec.merge import unpack
 from treeattn.exec.reference import Reference, compute_reference
 from treeattn.plan.baselines import baselines_for, parse_result
-from treeattn.plan.ir import Plan
+from treeattn.plan.ir import OpKind, Plan
 from treeattn.units import DType
 from treeattn.workload import Payload, RawPayload, Workload
 
@@ -205,12 +205,25 @@ _CHECK_ELEMENTS = 1 << 21
 _TOL = {DType.FP32: 1e-5, DType.BF16: 2e-2, DType.FP16: 2e-2, DType.FP8: 2e-2}
 
 
-def tolerance(payload: Payload) -> float:
-    """Largest accepted relative error: fp32 1e-5, 16-bit or 8-bit inputs or partials 2e-2;
-    raw payloads are sums of small integers, exact in any order: 0."""
+_UNIT_ROUNDOFF = {DType.FP32: 2.0**-24, DType.BF16: 2.0**-8, DType.FP16: 2.0**-11, DType.FP8: 2.0**-4}
+"""Relative error of one rounding to each dtype (half its spacing; fp8 is e4m3)."""
+
+
+def tolerance(payload: Payload, roundings: int = 1) -> float:
+    """Largest accepted relative error: fp32 1e-5, 16-bit or 8-bit inputs or partials 2e-2,
+    or, when more, the partials' ``roundings`` to their dtype on the wire at most (each one off
+    by its unit roundoff; a merge, a convex combination, carries an error on and adds none):
+    e4m3 partials are 6 % off after one; raw payloads are sums of small integers, exact in any
+    order: 0."""
     if isinstance(payload, RawPayload):
         return 0.0
-    return max(_TOL[payload.kv_dtype], _TOL[payload.partial_dtype])
+    return max(_TOL[payload.kv_dtype], _TOL[payload.partial_dtype], roundings * _UNIT_ROUNDOFF[payload.partial_dtype])
+
+
+def wire_roundings(plan: Plan) -> int:
+    """The most times a partial of ``plan`` is rounded to the wire's dtype on its way: once a
+    step at most, so the steps that move data (transfers and collectives)."""
+    return max(1, len({op.step for prog in plan.programs for op in prog if op.kind is not OpKind.COMPUTE}))
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor, raw: bool) -> float:
@@ -289,6 +302,8 @@ class _Timed:
     """The reference rows this rank's result holds (its heads); None: every row."""
     sliced: bool = False
     """The method returns only ``rows`` (else every row, of which ``rows`` are checked)."""
+    roundings: int = 1
+    """How many times a partial may be rounded on the wire (``tolerance``)."""
     margin: float = _MIN_MARGIN_S
     delay: float = 0.0
     first: torch.Tensor | None = None
@@ -427,7 +442,7 @@ class _RankRun:
             kernel=self.kernels.get(t.label, "none"),
             times_us=tuple(times_us),
             max_rel_err=max(errs) if errs else math.inf,
-            tolerance=tolerance(t.payload),
+            tolerance=tolerance(t.payload, t.roundings),
             checked_ranks=tuple(t.check_ranks),
             timeline=tuple(timeline),
             cpu_us=tuple(rows[:, -1].tolist()),
@@ -454,7 +469,7 @@ class _RankRun:
             checks, rows = tuple(range(comm.world)), plan.segments[comm.rank]
         repeats = pj.repeats or opt.repeats
         out = [_Timed(pj.label, "plan", executor.run, w, checks, repeats, executor,
-                      getattr(plan, "contributors", None), executor.prepare, rows=rows)]
+                      getattr(plan, "contributors", None), executor.prepare, rows=rows, roundings=wire_roundings(plan))]
         if opt.baselines and (repr(w), plan.result, "baselines") not in self._baselines_done:
             self._baselines_done.add((repr(w), plan.result, "baselines"))
             layout, root = parse_result(plan.result, plan.ranks) if not plan.result.startswith("ranks:") else (
@@ -479,8 +494,9 @@ class _RankRun:
                                                   result=b.result, root=b.kwargs.get("root", 0),
                                                   order=b.kwargs.get("order"))
 
+                # a library's ring reduction rounds at each of its p - 1 hops, then gathers
                 out.append(_Timed(pj.label, b.name, fn, w, everyone, repeats, prepare=pool.release_all, rows=brows,
-                                  sliced=sliced))
+                                  sliced=sliced, roundings=comm.world))
         return out
 
     def _raw_baseline(self, pj: PlanJob, b, inputs: RankInputs, w: Payload, checks: tuple[int, ...],  # noqa: ANN001
