@@ -8,7 +8,9 @@ empty), computes its partial with ``treeattn.attention_partial``, merges it with
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import hashlib
 import json
 import os
 import traceback
@@ -64,6 +66,7 @@ def scenario(rank: int, p: int, plan, dtype: torch.dtype, seed: int, group=None)
     got["shape"] = list(out_o.shape)
     got["err_o"] = (out_o.double() - ref_o[:, h0:h1]).abs().max().item()
     got["err_l"] = (out_l.double() - ref_l[:, h0:h1]).abs().max().item()
+    got["bits"] = hashlib.sha256(out_o.float().contiguous().numpy().tobytes()).hexdigest()
     got["pooled"] = before == after
     got["repeat_equal"] = bool(torch.equal(out2, out_o))
     return got
@@ -108,6 +111,10 @@ def every_method(rank: int, p: int):  # noqa: ANN201 - a generator of result dic
             for dtype in (torch.float32, torch.bfloat16):
                 yield {"method": name, "result": result, "dtype_in": str(dtype),
                        **scenario(rank, p, plan, dtype, seed=11)}
+            if name in ("direct", "butterfly") and result == "all":  # exchanges on a bf16 wire
+                plan = build(name, dataclasses.replace(w, partial_dtype="bf16"), REF, chunks=2, result=result, **kwargs)
+                yield {"method": f"{name}/bf16-wire", "result": result, "dtype_in": str(torch.bfloat16),
+                       **scenario(rank, p, plan, torch.bfloat16, seed=11)}
 
 
 def searched(rank: int, p: int):  # noqa: ANN201

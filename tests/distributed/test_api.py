@@ -40,6 +40,15 @@ def tolerance(dtype_in: str) -> float:
 @pytest.mark.parametrize("p", [2, 3, 4])
 def test_every_method_and_layout_is_exact(p, tmp_path):
     ranks = run("every_method", p, tmp_path)
+    # Every rank of an "all" layout holds the same bits, as an all-reduce gives (the ranks of
+    # direct and butterfly each merge the same partials: in rank order, as sent).
+    bits: dict[tuple, set[str]] = {}
+    for items in ranks:
+        for item in items:
+            if item["result"] == "all":
+                bits.setdefault((item["method"], item["dtype_in"]), set()).add(item["bits"])
+    assert {key for key, seen in bits.items() if len(seen) > 1} == set()
+    assert {"direct/bf16-wire", "butterfly/bf16-wire"} <= {m for m, _ in bits}
     seen = set()
     for r, items in enumerate(ranks):
         for item in items:

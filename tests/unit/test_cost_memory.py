@@ -30,3 +30,20 @@ def test_uneven_heads_charge_the_rank_that_owns_the_most():
     assert plan.owned_rows(None) == (6, 6, 4)
     base = kv_cache_bytes(w, 0) + w.batch * w.q_heads * d * w.kv_dtype.nbytes + w.payload_bytes
     assert rank_peak_bytes(plan, 0) == base + p * 6 * (d + 1) * 4
+
+
+def test_an_exchange_holds_its_own_partial_as_sent_beside_what_it_receives():
+    # direct: every rank sends its partial to every other and merges theirs in one step, so
+    # its stack holds p partials (its own as sent); a star's root merges p - 1 beside its own.
+    from treeattn.plan.ir import exchanged_chunks, message_bytes
+
+    w = Workload(batch=1, q_heads=8, kv_heads=2, head_dim=16, split=(32,) * 4)
+    direct, star = build("direct", w, cluster_topo(1, 4)), build("star", w, cluster_topo(1, 4))
+    steps = {op.step for op in direct.programs[1]}
+    exchange = [s for s in steps if exchanged_chunks(op for op in direct.programs[1] if op.step == s)]
+    assert len(exchange) == 1
+    assert not any(exchanged_chunks(op for op in star.programs[0] if op.step == s) for s in range(5))
+    partial = message_bytes(direct, next(op for op in direct.programs[1] if op.step == exchange[0]))
+    base = kv_cache_bytes(w, 1) + w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes + w.payload_bytes
+    assert rank_peak_bytes(direct, 1) - base == 4 * partial
+    assert rank_peak_bytes(star, 0) - base == 3 * partial

@@ -6,8 +6,9 @@ Per rank, during one layer's decode step (``peak_bytes``):
   whole time;
 * the query (B x Hq x D in the KV dtype) and its own partial (``payload_bytes``);
 * what its busiest step holds besides: the buffers its receives land in (a transfer's
-  rows; a KV block), the KV blocks of other ranks it received and has not yet passed on and
-  computed over (ring attention: the block in hand and the next one arriving), and what a
+  rows; a KV block; in an exchange its own partial as sent too), the KV blocks of other ranks
+  it received and has not yet passed on and computed over (ring attention: the block in hand
+  and the next one arriving), and what a
   collective needs: an all-gather of partials holds all p, an all-to-all of partials p
   pieces of the rank's own rows (of the rank that owns the most), the query's gather the whole
   query, the lse gather p lse vectors, the sum of (w o, w) a packed copy of the rows
@@ -24,7 +25,7 @@ import bisect
 from dataclasses import dataclass
 
 from treeattn.errors import InputError
-from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, message_bytes, row_bytes
+from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, exchanged_chunks, message_bytes, row_bytes
 from treeattn.topology.model import Topology
 from treeattn.units import format_size
 from treeattn.workload import Payload, Workload
@@ -94,7 +95,9 @@ def rank_peak_bytes(plan: Plan, rank: int) -> int:
     peak = held = 0
     for s in order:
         held += delta.get(s, 0)
-        extra = 0
+        # an exchange's stack also holds this rank's own partial as sent, once per chunk
+        extra = 0 if plan.is_raw else sum(message_bytes(plan, next(op for op in steps[s] if op.chunk == c))
+                                          for c in exchanged_chunks(steps[s]))
         for op in steps[s]:
             if op.kind in (OpKind.RECV_MERGE, OpKind.RECV_COPY) and op.block is None:
                 extra += message_bytes(plan, op)

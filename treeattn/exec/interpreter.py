@@ -37,7 +37,7 @@ from treeattn.exec.attention import partial_attention, torch_dtype
 from treeattn.exec.collectives import gather_query, run_collective
 from treeattn.exec.comm import P2P, BufferPool, Comm, Mark
 from treeattn.exec.merge import clear_partial, empty_partial, from_wire, sum_many_into, to_wire, wire_cols
-from treeattn.plan.ir import Op, OpKind, Plan
+from treeattn.plan.ir import Op, OpKind, Plan, exchanged_chunks
 from treeattn.plan.steps import order_problem, step_problem
 
 __all__ = ["FAULT_ENV", "MeasuredOp", "RankInputs", "PlanExecutor", "InjectedFault"]
@@ -323,17 +323,27 @@ class PlanExecutor:
             self._land(part, acc, empty)
             return [t_compute]
         # The partials merged into one chunk land side by side in one buffer, so the step
-        # merges each chunk once however many it receives (``merge_many_into``).
+        # merges each chunk once however many it receives (``merge_many_into``). An exchanged
+        # chunk's (``exchanged_chunks``) holds every rank's partial in rank order, this rank's
+        # as it sends it, so the ranks of the exchange merge the same bits in the same order.
         stacks: dict[int | None, torch.Tensor] = {}
         merging = [op.chunk for _, op in transfers if op.kind is OpKind.RECV_MERGE]
+        exchanged = set() if self.plan.is_raw else exchanged_chunks(op for _, op in ops)
         for chunk in dict.fromkeys(merging):
-            stacks[chunk] = self.pool.take((merging.count(chunk), *self._row_shape(chunk)), self.wire_dtype)
+            count = merging.count(chunk) + (chunk in exchanged)
+            stacks[chunk] = self.pool.take((count, *self._row_shape(chunk)), self.wire_dtype)
         slot: dict[int | None, int] = dict.fromkeys(stacks, 0)
+        order = {c: sorted([self.rank, *(op.peer for _, op in transfers
+                                        if op.kind is OpKind.RECV_MERGE and op.chunk == c)]) for c in exchanged}
+        for c in exchanged:
+            to_wire(stacks[c][order[c].index(self.rank)], acc[self.rows_of(c)])
         posts: list[P2P] = []
         for _, op in transfers:
             if op.kind is OpKind.SEND:
                 if op.block is not None:
                     tensor = self._block(blocks, op.block, op)
+                elif op.chunk in exchanged:
+                    tensor = stacks[op.chunk][order[op.chunk].index(self.rank)]
                 else:
                     tensor = acc[self.rows_of(op.chunk)]
                     if tensor.dtype != self.wire_dtype:
@@ -343,7 +353,8 @@ class PlanExecutor:
                 shape = (2, w.batch, w.kv_heads, w.split[op.block], w.head_dim)
                 posts.append(P2P(False, self.pool.take(shape, torch_dtype(w.kv_dtype)), op.peer))
             elif op.kind is OpKind.RECV_MERGE:
-                posts.append(P2P(False, stacks[op.chunk][slot[op.chunk]], op.peer))
+                at = order[op.chunk].index(op.peer) if op.chunk in exchanged else slot[op.chunk]
+                posts.append(P2P(False, stacks[op.chunk][at], op.peer))
                 slot[op.chunk] += 1
             else:
                 posts.append(P2P(False, self.pool.take(self._row_shape(op.chunk), self.wire_dtype), op.peer))
@@ -384,6 +395,8 @@ class PlanExecutor:
             target = acc[self.rows_of(chunk)]
             if self.plan.is_raw:
                 sum_many_into(target, stack)
+            elif chunk in exchanged:
+                kernels.merged_into(target, stack)
             else:
                 kernels.merge_into(target, stack)
             self.pool.release(stack)

@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -85,6 +85,7 @@ from treeattn.workload import Payload, RawPayload, Workload, even_split
 
 __all__ = [
     "PLAN_VERSION",
+    "exchanged_chunks",
     "LAYOUTS",
     "COLLECTIVE_FORMS",
     "CollectiveForm",
@@ -461,6 +462,26 @@ def chunk_rows(rows: int, chunks: int, chunk: int | None) -> tuple[int, int]:
     base, extra = divmod(rows, chunks)
     start = chunk * base + min(chunk, extra)
     return start, start + base + (1 if chunk < extra else 0)
+
+
+def exchanged_chunks(ops: Iterable[Op]) -> set[int | None]:
+    """The chunks one rank's step (``ops``: its ops of one step) exchanges: it sends the chunk
+    to exactly the peers it merges it from, once each, and computes nothing beside. The ranks
+    of an exchange each merge the same partials (direct, butterfly), so the executor merges
+    them in rank order from a stack holding its own as sent, and every rank ends with the same
+    bits; the stack's own slot is a message more in memory (``cost.memory``)."""
+    ops = list(ops)
+    if any(op.kind is OpKind.COMPUTE for op in ops):
+        return set()
+    sent: dict[int | None, list[int | None]] = {}
+    merged: dict[int | None, list[int | None]] = {}
+    for op in ops:
+        if op.kind is OpKind.SEND and op.block is None:
+            sent.setdefault(op.chunk, []).append(op.peer)
+        elif op.kind is OpKind.RECV_MERGE:
+            merged.setdefault(op.chunk, []).append(op.peer)
+    return {c for c, peers in merged.items()
+            if len(set(peers)) == len(peers) and sorted(peers) == sorted(sent.get(c, []))}
 
 
 def message_bytes(plan: Plan, op: Op) -> int:
