@@ -1,5 +1,6 @@
-"""The Python API in 20 lines: 4 gloo ranks, each with a quarter of the KV cache, merge their partials."""
+"""The Python API on one page: 4 gloo ranks, each with a quarter of the KV cache, merge their partials."""
 import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -8,8 +9,8 @@ import torch.multiprocessing as mp
 import treeattn
 
 
-def rank_main(rank: int, world: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29517")
+def rank_main(rank: int, world: int, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     plan = treeattn.search_plan(f"cpu:ranks={world}", "llama-3.1-8b", batch=2, seq_len=4096)  # or load_plan(file)
     merge = treeattn.Merger(plan)                        # once; then every decode step:
@@ -24,4 +25,7 @@ def rank_main(rank: int, world: int) -> None:
 
 
 if __name__ == "__main__":
-    mp.spawn(rank_main, args=(4,), nprocs=4)
+    with socket.socket() as s:  # a free port for the ranks' rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(rank_main, args=(4, port), nprocs=4)

@@ -148,15 +148,27 @@ def errors(rank: int, p: int):  # noqa: ANN201
     for label, call in (
         ("group-size", lambda: treeattn.Merger(build("binomial", _workload(p + 1), REF))),
         ("ring", lambda: treeattn.Merger(build("ring-attention", w, REF))),
+        ("plan-type", lambda: treeattn.Merger(None)),
+        ("timeout", lambda: treeattn.Merger(plan, timeout_s=None)),
     ):
         try:
             call()
             out[label] = "no error"
-        except ValueError as exc:
-            out[label] = str(exc)
+        except (ValueError, TypeError) as exc:
+            out[label] = f"{type(exc).__name__}: {exc}"
+    o = torch.randn(w.batch, w.q_heads, w.head_dim)
+    lse = torch.randn(w.batch, w.q_heads)
+    # built (and first called) under inference mode, as a model's setup may be; called outside later
+    try:
+        with torch.inference_mode():
+            built = treeattn.Merger(plan, timeout_s=5.0)
+            first, _ = built(o, lse)
+        again, _ = built(o, lse)
+        out["inference"] = "same" if (first is None and again is None) or torch.equal(first, again) else "differ"
+    except RuntimeError as exc:
+        out["inference"] = f"RuntimeError: {exc}"
     merger = treeattn.Merger(plan, timeout_s=2.0)
-    o = torch.zeros(w.batch, w.q_heads, w.head_dim)
-    lse = torch.zeros(w.batch, w.q_heads)
+    o, lse = o.zero_(), lse.zero_()
     for label, args in (("shape", (o[:, :4], lse)), ("lse-dtype", (o, lse.double())), ("not-tensor", (o, 1.0))):
         try:
             merger(*args)

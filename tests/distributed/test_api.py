@@ -99,6 +99,10 @@ def test_bad_input_raises_and_peers_time_out(tmp_path):
     for r, (item,) in enumerate(ranks):
         assert "has 4 ranks but the process group has 3" in item["group-size"]
         assert "moves KV, not partials" in item["ring"]
+        assert item["plan-type"] == ("TypeError: Merger: plan must be a Plan, or a plan file's path or text, got "
+                                     "NoneType")
+        assert item["timeout"] == "ValueError: timeout_s must be > 0, got None"
+        assert item["inference"] == "same", item["inference"]
         assert item["shape"].startswith("ValueError: Merger: o must be (B, Hq, D) = (2, 8, 16)")
         assert item["lse-dtype"].startswith("TypeError: Merger: lse must be float32")
         assert item["not-tensor"].startswith("TypeError: Merger: lse must be a torch.Tensor")
@@ -118,8 +122,8 @@ def test_plans_that_differ_across_ranks_grad_and_outsiders_raise_and_fp8_wire_me
         assert "requires grad" in item["grad"] and item["no_grad"], (r, item)
         if r >= 2:
             assert "not a member of the process group" in item["outside"], item
-        for merged in fp8:  # e4m3 keeps 3 mantissa bits: o within a few percent, an lse of 4..8 within 0.25 a hop
-            assert not merged["none"] and merged["err_o"] <= 0.25 and merged["err_l"] <= 0.75, (r, merged)
+        for merged in fp8:  # e4m3 keeps 3 mantissa bits: o within a few percent; the lse travels in fp32
+            assert not merged["none"] and merged["err_o"] <= 0.25 and merged["err_l"] <= 1e-4, (r, merged)
 
 
 def test_attention_partial_checks_and_empty_shards():

@@ -110,6 +110,13 @@ def test_reference_of_some_contributors():
     assert relative_error(acc, exact_attention(q, [kv[0], kv[2]]), raw=False) < 1e-5
 
 
+def test_attention_partial_refuses_an_empty_head_dimension():
+    from treeattn.exec.attention import attention_partial
+
+    with pytest.raises(ValueError, match="head dimension must be at least 1"):
+        attention_partial(torch.zeros(1, 2, 0), torch.zeros(1, 1, 3, 0), torch.zeros(1, 1, 3, 0))
+
+
 def test_the_tolerance_grows_with_the_roundings_a_narrow_wire_makes():
     from treeattn.exec.runner import wire_roundings
     from treeattn.plan.builders import build

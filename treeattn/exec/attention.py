@@ -281,6 +281,8 @@ def attention_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         raise ValueError(f"attention_partial: k and v must both be (B, Hkv, N, D), got {tuple(k.shape)} and "
                          f"{tuple(v.shape)}")
     bsz, hq, d = q.shape
+    if d < 1:
+        raise ValueError(f"attention_partial: the head dimension must be at least 1, got q {tuple(q.shape)}")
     if k.shape[0] != bsz or k.shape[3] != d:
         raise ValueError(f"attention_partial: k is {tuple(k.shape)}; with q {tuple(q.shape)} it must be "
                          f"({bsz}, Hkv, N, {d})")

@@ -76,6 +76,8 @@ class Merger:
     def __init__(self, plan: Plan | str | Path, group: dist.ProcessGroup | None = None,
                  device: torch.device | str | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                  graph: bool | None = None) -> None:
+        if not isinstance(plan, (Plan, str, Path)):
+            raise TypeError(f"Merger: plan must be a Plan, or a plan file's path or text, got {type(plan).__name__}")
         if not isinstance(plan, Plan):
             from treeattn.plan.io import load_plan
 
@@ -96,7 +98,7 @@ class Merger:
         size = dist.get_world_size(group)
         if size != plan.ranks:
             raise ValueError(f"plan {plan.algorithm!r} has {plan.ranks} ranks but the process group has {size}")
-        if not timeout_s > 0:
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         backend = str(dist.get_backend(group))
         if graph and backend != "nccl":
@@ -108,14 +110,18 @@ class Merger:
         self.rank = dist.get_rank(group)
         w = plan.workload
         self._w = w
-        self._partial = torch.empty(w.rows, w.head_dim + 1, dtype=torch.float32, device=self.device)
-        self._comm = Comm(self.rank, size, "nccl" if backend == "nccl" else "gloo", self.device, timeout_s,
-                          timeout_s, group=group)
-        self._check_same_plan(plan)
-        self._exec = PlanExecutor(plan, self._comm, RankInputs(partial=self._partial), timed=False)
-        self.wire_dtype = torch_dtype(w.partial_dtype)
-        self._comm.open_pairs({(r, op.peer) for r, prog in enumerate(plan.programs) for op in prog if op.is_transfer})
-        kernels.warm(self.device, self.wire_dtype)
+        # Normal tensors even under torch.inference_mode (a model's setup may build its Mergers
+        # there): the calls update them in place, which inference tensors refuse outside it.
+        with torch.inference_mode(False), torch.no_grad():
+            self._partial = torch.empty(w.rows, w.head_dim + 1, dtype=torch.float32, device=self.device)
+            self._comm = Comm(self.rank, size, "nccl" if backend == "nccl" else "gloo", self.device, timeout_s,
+                              timeout_s, group=group)
+            self._check_same_plan(plan)
+            self._exec = PlanExecutor(plan, self._comm, RankInputs(partial=self._partial), timed=False)
+            self.wire_dtype = torch_dtype(w.partial_dtype)
+            self._comm.open_pairs({(r, op.peer) for r, prog in enumerate(plan.programs) for op in prog
+                                   if op.is_transfer})
+            kernels.warm(self.device, self.wire_dtype)
         self.graph = backend == "nccl" if graph is None else graph
         """Whether calls after the first replay a CUDA graph (if its capture worked)."""
         self._run = self._exec.run
@@ -188,6 +194,11 @@ class Merger:
         for name, t in (("o", o), ("lse", lse)):
             if t.device != self.device:
                 raise ValueError(f"Merger: {name} is on {t.device}, this Merger runs on {self.device}")
+        with torch.inference_mode(False), torch.no_grad():  # the buffers stay normal tensors (see __init__)
+            return self._merge(o, lse)
+
+    def _merge(self, o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        w = self._w
         self._comm.settle(pending=self._previous)  # the previous call's communication, within the timeout
         pack_heads_into(self._partial, o, lse)
         self._exec.prepare()
