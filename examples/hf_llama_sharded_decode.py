@@ -160,6 +160,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def usable_methods() -> list[str]:
+    """The algorithms this example builds as they are (no parameters) whose plans merge
+    partials (not ring attention, which moves KV)."""
+    from treeattn.exec.interpreter import given_partial_problem
+
+    w = Workload.create(ranks=2, seq_len=8, batch=1, q_heads=HEADS, kv_heads=KV_HEADS, head_dim=HIDDEN // HEADS)
+    out = []
+    for name, spec in ALGORITHMS.items():
+        if "attention" not in spec.payloads:
+            continue
+        try:
+            plan = build(name, w, TopologyRef("cpu:ranks=2", ""))
+        except Exception:  # noqa: BLE001 - needs parameters (tree's parents, hierarchical's groups)
+            continue
+        if given_partial_problem(plan) is None:
+            out.append(name)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=4, help="gloo processes the KV cache is split over")
@@ -168,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1, help="sequences decoded together")
     parser.add_argument("--method", default="searched",
                         help="searched (treeattn.search_plan on cpu:ranks=N) or an algorithm: "
-                             + ", ".join(n for n, s in ALGORITHMS.items() if "attention" in s.payloads))
+                             + ", ".join(usable_methods()))
     parser.add_argument("--result", default="all", help="all, heads or root[:R]")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the prompt")
     args = parser.parse_args(argv)

@@ -38,3 +38,12 @@ def test_a_plan_that_moves_kv_is_refused_before_starting():
     res = run("--ranks", "2", "--method", "ring-attention")
     assert res.returncode == 2 and "moves KV, not partials" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_help_lists_only_methods_the_example_can_run():
+    res = subprocess.run([sys.executable, str(EXAMPLE), "--help"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    listed = " ".join(res.stdout.split()).split("an algorithm: ")[1].split(" --result")[0]
+    names = [n.strip() for n in listed.split(",")]
+    assert {"star", "direct", "allgather-merge", "dcp-a2a"} <= set(names)
+    assert not {"tree", "hierarchical", "ring-attention"} & set(names), names
