@@ -124,3 +124,12 @@ def test_every_command_named_in_the_text_exists(span: str) -> None:
         taken = re.findall(r"\{[^}]+\}|\[(?!OPTIONS\])[A-Z_]+\](?:\.\.\.)?", usage.group(1))
         given = _positionals(span, path)
         assert given <= len(taken), f"`{span}` gives {given} argument(s); {usage.group(1).strip()}"
+
+
+def test_the_readme_shows_the_python_example_as_it_is() -> None:
+    # the block under `examples/python_api.py` is that file's code from rank_main on, verbatim
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index("```python\n", text.index("`examples/python_api.py`, four gloo ranks")):]
+    block = block[len("```python\n"):block.index("```", len("```python\n"))]
+    example = (ROOT / "examples" / "python_api.py").read_text()
+    assert block.strip() == example[example.index("def rank_main"):].strip()
