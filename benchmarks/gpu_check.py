@@ -32,6 +32,7 @@ from treeattn.cost.compute import ComputeModel
 from treeattn.exec import kernels
 from treeattn.exec.attention import make_kv_shard, make_query, partial_attention, resolve_kernel
 from treeattn.exec.launch import launch
+from treeattn.exec.merge import wired
 from treeattn.exec.predict import predict
 from treeattn.exec.runner import Job, PlanJob, RunOptions
 from treeattn.plan.builders import build
@@ -83,7 +84,7 @@ def merge_rows(topo: Topology, repeats: int) -> list[dict]:
     for rows in (32, 2048, 32768):
         acc = torch.randn(rows, 129, device=dev)
         acc[:, -1] *= 10
-        stack = torch.randn(4, rows, 129, device=dev).to(torch.bfloat16)
+        stack = wired(torch.randn(4, rows, 129, device=dev), torch.bfloat16)  # as they arrive on a bf16 wire
         for mode in ("fused", "eager"):
             os.environ["TREEATTN_MERGE"] = mode
             us = event_us(lambda acc=acc, stack=stack: kernels.merge_into(acc, stack), repeats)
