@@ -41,7 +41,8 @@ def tolerance(dtype_in: str) -> float:
 def test_every_method_and_layout_is_exact(p, tmp_path):
     ranks = run("every_method", p, tmp_path)
     # Every rank of an "all" layout holds the same bits, as an all-reduce gives (the ranks of
-    # direct and butterfly each merge the same partials: in rank order, as sent).
+    # direct and butterfly each merge the same partials: in rank order, as sent; on a bf16
+    # wire under fp32 o, rows some rank copies end rounded on every rank, as the copies are).
     bits: dict[tuple, set[str]] = {}
     for items in ranks:
         for item in items:
@@ -65,7 +66,7 @@ def test_every_method_and_layout_is_exact(p, tmp_path):
                 assert (h0, h1) == (r * hq // p, (r + 1) * hq // p), key
             assert item["shape"][1] == h1 - h0
             assert item["dtype"] == item["dtype_in"], key
-            tol = tolerance(item["dtype_in"])
+            tol = 2e-2 if item["method"].endswith("/bf16-wire") else tolerance(item["dtype_in"])
             assert item["err_o"] <= tol and item["err_l"] <= tol, key
             assert item["pooled"] and item["repeat_equal"], key
     assert {"allreduce3", "allreduce2", "allgather-merge", "dcp-ag-rs", "dcp-a2a", "binomial", "ring",

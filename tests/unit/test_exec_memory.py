@@ -166,3 +166,25 @@ def test_only_the_ranks_that_check_keep_the_reference_and_all_compute_it_togethe
     assert [r is not None for r in runs[1][0]] == [False, False, False, False, True]
     assert [r is not None for r in runs[2][0]] == [False, False, True, True, True]
     assert runs[2][0][2] is runs[2][0][4]  # computed once, then kept
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "star", "chain", "binomial", "butterfly"])
+def test_sends_on_a_narrower_wire_hold_what_the_model_counts(algorithm):
+    # Each chunk a step sends is converted to the wire's dtype once, and its buffer is given
+    # back when the step ends: the pool holds the busiest step, as the model counts it (it
+    # held every send of the iteration, 14 times the model on a bf16 ring of 8).
+    from treeattn.cost.memory import kv_cache_bytes, rank_peak_bytes
+    from treeattn.workload import Workload
+
+    p = 8
+    w = Workload(batch=4, q_heads=32, kv_heads=8, head_dim=128, split=(64,) * p, partial_dtype="bf16")
+    plan = build(algorithm, w, REF, chunks=2)
+    for rank in (0, 1):
+        executor = PlanExecutor(plan, _Stand(rank, p), RankInputs(partial=torch.zeros(w.rows, w.head_dim + 1)),
+                                timed=False)
+        for _ in range(2):
+            executor.prepare()
+            executor.run()
+        q = w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes
+        model = rank_peak_bytes(plan, rank) - kv_cache_bytes(w, rank) - q - w.payload_bytes
+        assert executor.pool.nbytes <= model, (rank, executor.pool.nbytes, model)

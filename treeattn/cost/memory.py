@@ -6,7 +6,8 @@ Per rank, during one layer's decode step (``peak_bytes``):
   whole time;
 * the query (B x Hq x D in the KV dtype) and its own partial (``payload_bytes``);
 * what its busiest step holds besides: the buffers its receives land in (a transfer's
-  rows; a KV block; in an exchange its own partial as sent too), the KV blocks of other ranks
+  rows; a KV block; in an exchange its own partial as sent too; on a wire narrower than fp32
+  each other chunk it sends, converted once), the KV blocks of other ranks
   it received and has not yet passed on and computed over (ring attention: the block in hand
   and the next one arriving), and what a
   collective needs: an all-gather of partials holds all p, an all-to-all of partials p
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from treeattn.errors import InputError
 from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, exchanged_chunks, message_bytes, row_bytes
 from treeattn.topology.model import Topology
-from treeattn.units import format_size
+from treeattn.units import DType, format_size
 from treeattn.workload import Payload, Workload
 
 __all__ = ["DEFAULT_MEM_FRACTION", "MemoryCheck", "peak_bytes", "rank_peak_bytes", "run_bytes", "kv_cache_bytes",
@@ -96,8 +97,13 @@ def rank_peak_bytes(plan: Plan, rank: int) -> int:
     for s in order:
         held += delta.get(s, 0)
         # an exchange's stack also holds this rank's own partial as sent, once per chunk
-        extra = 0 if plan.is_raw else sum(message_bytes(plan, next(op for op in steps[s] if op.chunk == c))
-                                          for c in exchanged_chunks(steps[s]))
+        # ... and on a narrower wire the other chunks it sends, once each, in their wire form
+        narrow = not plan.is_raw and w.partial_dtype is not DType.FP32
+        exchanged = set() if plan.is_raw else exchanged_chunks(steps[s])
+        converted = {op.chunk: op for op in steps[s]
+                     if narrow and op.kind is OpKind.SEND and op.block is None and op.chunk not in exchanged}
+        extra = sum(message_bytes(plan, next(op for op in steps[s] if op.chunk == c)) for c in exchanged)
+        extra += sum(message_bytes(plan, op) for op in converted.values())
         for op in steps[s]:
             if op.kind in (OpKind.RECV_MERGE, OpKind.RECV_COPY) and op.block is None:
                 extra += message_bytes(plan, op)

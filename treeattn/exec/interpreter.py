@@ -143,6 +143,11 @@ class PlanExecutor:
             if problem:
                 raise ValueError(problem)
         self.steps = self._compile(plan.programs[self.rank])
+        self._rounded: tuple[int | None, ...] = () if plan.is_raw or self.wire_dtype == torch.float32 else tuple(
+            dict.fromkeys(op.chunk for prog in plan.programs for op in prog
+                          if op.kind is OpKind.RECV_COPY and op.block is None))
+        """The chunks some rank copies from another on a narrower wire: every rank ends with them
+        rounded to the wire's dtype, as the copies are, so all hold the same bits (``run``)."""
         self.timed = timed
         self._mark: Callable[[], Mark] = comm.mark if timed else _no_mark
         self.in_place = inputs.partial is not None and _partial_lands_first(self.steps)
@@ -241,6 +246,14 @@ class PlanExecutor:
             if self.timed:
                 for (index, op), t_done in zip(ops, done, strict=True):
                     self._marks.append((index, op, t_post, t_done))
+        for chunk in self._rounded:
+            # A copy on a narrower wire lands rounded (o in the partial dtype): the rank it came
+            # from, and those that merged the same rows (an exchange beside it), round theirs
+            # too, so every rank ends with the same bits (rounding a rounded row changes nothing).
+            rows = acc[self.rows_of(chunk)]
+            buf = self.pool.take(self._row_shape(chunk), self.wire_dtype)
+            from_wire(rows, to_wire(buf, rows))
+            self.pool.release(buf)
         return acc
 
     def rebase(self, origin: tuple[float, Mark]) -> None:
@@ -338,16 +351,20 @@ class PlanExecutor:
         for c in exchanged:
             to_wire(stacks[c][order[c].index(self.rank)], acc[self.rows_of(c)])
         posts: list[P2P] = []
+        sent: dict[int | None, torch.Tensor] = {}  # a chunk's wire form, once a step however many it goes to
         for _, op in transfers:
             if op.kind is OpKind.SEND:
                 if op.block is not None:
                     tensor = self._block(blocks, op.block, op)
                 elif op.chunk in exchanged:
                     tensor = stacks[op.chunk][order[op.chunk].index(self.rank)]
+                elif op.chunk in sent:
+                    tensor = sent[op.chunk]
                 else:
                     tensor = acc[self.rows_of(op.chunk)]
                     if tensor.dtype != self.wire_dtype:
-                        tensor = to_wire(self.pool.take(self._row_shape(op.chunk), self.wire_dtype), tensor)
+                        tensor = sent[op.chunk] = to_wire(self.pool.take(self._row_shape(op.chunk), self.wire_dtype),
+                                                          tensor)
                 posts.append(P2P(True, tensor, op.peer))
             elif op.block is not None:
                 shape = (2, w.batch, w.kv_heads, w.split[op.block], w.head_dim)
@@ -381,6 +398,8 @@ class PlanExecutor:
         # What the step computed and received lands only now, at its end (IR semantics). A
         # step never both copies into and merges into one chunk, nor computes beside a copy
         # (the validator's rules), so their order does not matter, and merges commute.
+        for tensor in sent.values():  # sent: nothing reads them any more
+            self.pool.release(tensor)
         if part is not None:
             self._land(part, acc, empty)
         for (_, op), post in zip(transfers, posts, strict=True):
