@@ -102,7 +102,7 @@ def split_wire(stack: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     their dtype ``(..., D)`` and the lse in fp32 ``(...)`` (a view for fp32 rows, else a copy)."""
     if stack.dtype == torch.float32:
         return stack[..., :-1], stack[..., -1]
-    d = stack.shape[-1] - max(1, 4 // stack.dtype.itemsize)
+    d = stack.shape[-1] - wire_cols(0, stack.dtype)
     lse = torch.empty((*stack.shape[:-1], 1), dtype=torch.float32, device=stack.device)
     lse.view(torch.uint8).copy_(_lse_bytes(stack, d))
     return stack[..., :d], lse[..., 0]
