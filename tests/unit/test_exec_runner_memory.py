@@ -9,20 +9,20 @@ import pytest
 import torch
 
 from tests.rss import can_reset_peak, peak_growth_bytes
-from treeattn.exec.reference import Reference
-from treeattn.exec.runner import _CHECK_ELEMENTS, check_against
+from treeattn.exec.reference import FP64_BLOCK_ELEMENTS, Reference
+from treeattn.exec.runner import check_against
 
 
 @pytest.mark.skipif(not can_reset_peak(), reason="needs Linux's /proc/self/clear_refs and VmHWM")
 def test_checking_a_raw_result_holds_one_block_of_it():
     # A raw payload's check compares every element; its temporaries would be of the size of
-    # the plan's buffers, so it holds one fp64 block (_CHECK_ELEMENTS), not a copy of the
+    # the plan's buffers, so it holds one fp64 block (FP64_BLOCK_ELEMENTS), not a copy of the
     # result, an index of every row, or one fp64 temporary per arithmetic step.
     n = 8 << 20  # 32 MiB of fp32
     out = torch.randint(-8, 9, (n,), dtype=torch.int32).float()
     ref = Reference(out.double())
     out[n // 2] += 1.0
-    block = _CHECK_ELEMENTS * 8
+    block = FP64_BLOCK_ELEMENTS * 8
     errs = []
     grew = peak_growth_bytes(lambda: errs.append(check_against(out, ref, None, False, raw=True)))
     assert errs[0] == pytest.approx(1 / 8)

@@ -93,12 +93,12 @@ def rank_peak_bytes(plan: Plan, rank: int) -> int:
         i = bisect.bisect_right(order, end)
         if i < len(order):
             delta[order[i]] = delta.get(order[i], 0) - w.kv_bytes(b)
+    narrow = not plan.is_raw and w.partial_dtype is not DType.FP32
     peak = held = 0
     for s in order:
         held += delta.get(s, 0)
-        # an exchange's stack also holds this rank's own partial as sent, once per chunk
-        # ... and on a narrower wire the other chunks it sends, once each, in their wire form
-        narrow = not plan.is_raw and w.partial_dtype is not DType.FP32
+        # an exchange's stack also holds this rank's own partial as sent, once per chunk, and
+        # on a narrower wire the other chunks it sends, once each, in their wire form
         exchanged = set() if plan.is_raw else exchanged_chunks(steps[s])
         converted = {op.chunk: op for op in steps[s]
                      if narrow and op.kind is OpKind.SEND and op.block is None and op.chunk not in exchanged}

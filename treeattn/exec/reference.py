@@ -41,9 +41,9 @@ SAMPLED_ROWS = 64
 _TOKENS = 1 << 16
 """Tokens converted to fp64 at once (bounds the reference's memory at long shards)."""
 
-_SUM_ELEMENTS = 1 << 21
-"""Elements of a raw payload summed at once (16 MiB of fp64): what a rank that does not check
-holds for its reference, rather than its whole buffer in fp64."""
+FP64_BLOCK_ELEMENTS = 1 << 21
+"""Elements of a raw payload summed, or checked, at once (16 MiB of fp64): what the reference
+and the check hold beside the buffers themselves, rather than a whole buffer in fp64."""
 
 
 @dataclass(frozen=True)
@@ -179,12 +179,12 @@ def compute_reference(comm: Comm, payload: Payload, seed: int, mine: torch.Tenso
 
 
 def _raw_sum(comm: Comm, mine: torch.Tensor, counts: bool, keep: bool) -> Reference | None:
-    """The fp64 sum of the contributing ranks' raw buffers, ``_SUM_ELEMENTS`` at a time; None
+    """The fp64 sum of the contributing ranks' raw buffers, ``FP64_BLOCK_ELEMENTS`` at a time; None
     where not ``keep``."""
     total = torch.empty(mine.shape, dtype=torch.float64) if keep else None
-    buf = torch.empty(min(mine.numel(), _SUM_ELEMENTS), dtype=torch.float64, device=mine.device)
-    for start in range(0, mine.numel(), _SUM_ELEMENTS):
-        src = mine[start:start + _SUM_ELEMENTS]
+    buf = torch.empty(min(mine.numel(), FP64_BLOCK_ELEMENTS), dtype=torch.float64, device=mine.device)
+    for start in range(0, mine.numel(), FP64_BLOCK_ELEMENTS):
+        src = mine[start:start + FP64_BLOCK_ELEMENTS]
         piece = buf[:len(src)]
         if counts:
             piece.copy_(src)

@@ -45,7 +45,7 @@ from treeattn.exec.comm import BufferPool, Comm
 from treeattn.exec.graphs import capture
 from treeattn.exec.interpreter import MeasuredOp, PlanExecutor, RankInputs
 from treeattn.exec.merge import unpack
-from treeattn.exec.reference import Reference, compute_reference
+from treeattn.exec.reference import FP64_BLOCK_ELEMENTS, Reference, compute_reference
 from treeattn.plan.baselines import baselines_for, parse_result
 from treeattn.plan.ir import OpKind, Plan
 from treeattn.units import DType
@@ -199,9 +199,6 @@ class JobResult:
     """Whether the timed runs replayed CUDA graphs."""
 
 
-_CHECK_ELEMENTS = 1 << 21
-"""Elements of a raw result checked at once (16 MiB of fp64)."""
-
 _TOL = {DType.FP32: 1e-5, DType.BF16: 2e-2, DType.FP16: 2e-2, DType.FP8: 2e-2}
 
 
@@ -235,13 +232,13 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor, raw: bool) -> float:
         # the plan's own, so a whole fp64 copy here would outweigh its working set.
         lo, hi = ref.aminmax()
         scale = max(abs(lo.item()), abs(hi.item()), 1e-30)
-        flat_out, flat_ref = out.detach().reshape(-1), ref.reshape(-1)
-        block = torch.empty(min(flat_ref.numel(), _CHECK_ELEMENTS), dtype=torch.float64)
+        flat_out, flat_ref, n = out.detach().reshape(-1), ref.reshape(-1), ref.numel()
+        block = torch.empty(min(n, FP64_BLOCK_ELEMENTS), dtype=torch.float64)
         err = 0.0
-        for start in range(0, flat_ref.numel(), _CHECK_ELEMENTS):
-            part = block[:len(flat_ref[start:start + _CHECK_ELEMENTS])]
-            part.copy_(flat_out[start:start + len(part)])
-            worst = part.sub_(flat_ref[start:start + len(part)]).abs_().max().item()
+        for start in range(0, n, FP64_BLOCK_ELEMENTS):
+            stop = min(n, start + FP64_BLOCK_ELEMENTS)
+            part = block[:stop - start].copy_(flat_out[start:stop])
+            worst = part.sub_(flat_ref[start:stop]).abs_().max().item()
             if math.isnan(worst):
                 return math.inf
             err = max(err, worst / scale)
