@@ -135,6 +135,12 @@ def test_a_raw_sum_of_a_stack_makes_no_temporary_of_the_rows():
     grew = peak_growth_bytes(lambda: sum_many_into(acc, parts))
     assert torch.equal(acc[:3], torch.full((3,), 4.0))
     assert grew < 4 * MIB, f"the sum grew the resident set by {grew / MIB:.0f} MiB"
+    # fp8 is summed through fp32 (torch adds no fp8): one fp32 copy of the rows and one of a
+    # part at a time, not the whole stack in fp32 (3 x 4 x 8 MiB) and its sum beside
+    acc8, parts8 = torch.ones(8 << 20).to(torch.float8_e4m3fn), torch.ones((3, 8 << 20)).to(torch.float8_e4m3fn)
+    grew = peak_growth_bytes(lambda: sum_many_into(acc8, parts8))
+    assert torch.equal(acc8[:3].float(), torch.full((3,), 4.0))
+    assert grew < 9.5 * 8 * MIB, f"the fp8 sum grew the resident set by {grew / MIB:.0f} MiB"
 
 
 @needs_rss

@@ -294,8 +294,11 @@ def sum_many_into(acc: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
     which the memory model (``cost.memory``) does not count."""
     if parts.shape[0] == 1:
         return sum_into(acc, parts[0])
-    if acc.dtype.itemsize == 1 and acc.is_floating_point():
-        acc.copy_((acc.float() + parts.float().sum(dim=0)).to(acc.dtype))
+    if acc.dtype.itemsize == 1 and acc.is_floating_point():  # fp8: through one fp32 copy, a part at a time
+        total = acc.float()
+        for part in parts:
+            total.add_(part.float())
+        acc.copy_(total.to(acc.dtype))
     else:
         for part in parts:
             acc.add_(part)
