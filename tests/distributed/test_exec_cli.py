@@ -114,6 +114,6 @@ def test_wrong_result_is_reported_and_exits_1(tmp_path, monkeypatch):
     monkeypatch.setattr(launch_mod, "launch", lambda job: JobResult((wrong,), "gloo", "cpu", 2))
     res = run_cli("run", str(path), "--out", str(tmp_path / "r.csv"))
     assert res.exit_code == 1
-    assert "wrong result from plan (max relative error 0.3)" in res.stderr
+    assert "wrong result from plan (max relative error 0.3, tolerance 1e-05)" in res.stderr
     assert "NO" in res.stdout
     assert pd.read_csv(tmp_path / "r.csv")["correct"].tolist() == [False]

@@ -96,3 +96,30 @@ def test_images_are_written_where_printed(tmp_path: Path, plan: Path, args: tupl
     assert len(inside) == 1 and inside[0].suffix == ".png" and str(inside[0]) in res.stdout
     assert not tmp_path.joinpath("dir.png").exists()
     json.loads(res.stdout)
+
+
+@pytest.mark.parametrize("args, module, name", [(("run", "PLAN"), "treeattn.exec.launch", "launch"),
+                                                (("emulate", "run", "cpu:ranks=2", "PLAN"), "treeattn.emulate",
+                                                 "emulated")])
+def test_a_run_never_appends_rows_under_another_header(tmp_path: Path, plan: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       args: tuple[str, ...], module: str, name: str) -> None:
+    # A run appends to --out; rows of this treeattn's columns under an older header would be
+    # read under the wrong names, so the run stops before it starts.
+    import importlib
+
+    from treeattn.exec.results import COLUMNS
+
+    def no_work(*a, **k):  # noqa: ANN002, ANN003
+        raise AssertionError(f"{module}.{name} ran before the output was checked")
+
+    monkeypatch.setattr(importlib.import_module(module), name, no_work)
+    old = tmp_path / "runs.csv"
+    old.write_text(",".join(COLUMNS[:-1]) + "\n" + ",".join(["x"] * (len(COLUMNS) - 1)) + "\n")
+    args = tuple(str(plan) if a == "PLAN" else a for a in args)
+    res = run_cli(*args, "--out", str(old))
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert f"--out: {str(old)!r} holds rows of other columns" in res.stderr and "give a new file" in res.stderr
+    timeline = tmp_path / "fresh.timeline.csv"  # its timeline beside it counts too
+    timeline.write_text("a,b\n1,2\n")
+    res = run_cli(*args, "--out", str(tmp_path / "fresh.csv"))
+    assert res.exit_code == 2 and f"{str(timeline)!r} holds rows of other columns" in res.stderr, res.stderr

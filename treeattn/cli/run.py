@@ -107,8 +107,15 @@ def run(
 def rows_path(out: Path | None, run_id: str) -> Path:
     """The CSV a run appends its rows to (``--out``, default ``results/runs/RUN-ID.csv``), checked
     writable before the run."""
+    from treeattn.exec.results import COLUMNS, TIMELINE_COLUMNS, appendable_problem
+
     name = f"{run_id}.csv"
-    return output_file(out if out is not None else Path("results") / "runs" / name, "--out", name)
+    path = output_file(out if out is not None else Path("results") / "runs" / name, "--out", name)
+    for file, columns in ((path, COLUMNS), (path.with_name(path.stem + ".timeline.csv"), TIMELINE_COLUMNS)):
+        problem = appendable_problem(file, columns)
+        if problem:
+            raise InputError(f"--out: {problem}")
+    return path
 
 
 def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,  # noqa: ANN001
@@ -126,7 +133,8 @@ def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,
         _table(frame, path, predictions.calibrated)
     wrong = frame[~frame["correct"]]
     if len(wrong):
-        worst = ", ".join(f"{r.method} (max relative error {r.max_rel_err})" for r in wrong.itertuples())
+        worst = ", ".join(f"{r.method} (max relative error {r.max_rel_err}, tolerance {r.tolerance:g})"
+                          for r in wrong.itertuples())
         raise ExecutionError(f"wrong result from {worst} on {label}; see {path}")
 
 
@@ -154,7 +162,7 @@ def _table(frame, path: Path, calibrated: bool) -> None:  # noqa: ANN001 - a Dat
         )
     con.print(table)
     con.print(f"± half the p10-p90 spread; error = measured / predicted - 1; correct with the max relative "
-              f"error against the reference. Rows: {path}")
+              f"error against the reference (the rows give its tolerance). Rows: {path}")
 
 
 def _missing(value) -> bool:  # noqa: ANN001 - a number, None or NaN

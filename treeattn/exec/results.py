@@ -4,7 +4,8 @@ Columns of a result row: ``run_id``, ``plan`` (file name), ``algorithm``, ``topo
 (predicted on), ``workload`` (compact shape), ``method`` (``plan`` or a baseline), ``ranks``,
 ``backend``, ``predicted_us``, ``measured_median_us`` (median over iterations of the max
 over ranks), ``spread_us`` (p90 - p10), ``rel_error`` ((measured - predicted) / predicted),
-``correct``, ``max_rel_err`` (numerical error against the single-process reference).
+``correct``, ``max_rel_err`` (numerical error against the single-process reference),
+``tolerance`` (the most it may be: ``treeattn.exec.runner.tolerance``).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from treeattn.plan.ir import Plan
 from treeattn.workload import Payload, RawPayload, even_split
 
 __all__ = ["COLUMNS", "TIMELINE_COLUMNS", "workload_label", "new_run_id", "result_rows", "timeline_rows",
-           "write_csv", "rows_json"]
+           "appendable_problem", "write_csv", "rows_json"]
 
 COLUMNS = ("run_id", "plan", "algorithm", "topology", "workload", "method", "ranks", "backend", "predicted_us",
-           "measured_median_us", "spread_us", "rel_error", "correct", "max_rel_err")
+           "measured_median_us", "spread_us", "rel_error", "correct", "max_rel_err", "tolerance")
 TIMELINE_COLUMNS = ("run_id", "plan", "rank", "op_index", "step", "kind", "peer", "chunk", "block", "post_us",
                     "done_us")
 
@@ -87,6 +88,7 @@ def result_rows(result: JobResult, plans: dict[str, Plan], predictions: dict[str
             "rel_error": _num(rel, 4),
             "correct": bool(m.correct),
             "max_rel_err": float(f"{m.max_rel_err:.3e}") if math.isfinite(m.max_rel_err) else None,
+            "tolerance": float(f"{m.tolerance:.3e}"),
         })
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
@@ -102,6 +104,19 @@ def timeline_rows(result: JobResult, run_id: str) -> pd.DataFrame:
                 "post_us": round(t.post_us, 3), "done_us": round(t.done_us, 3),
             })
     return pd.DataFrame(rows, columns=list(TIMELINE_COLUMNS))
+
+
+def appendable_problem(path: Path, columns: tuple[str, ...]) -> str | None:
+    """Why rows of ``columns`` cannot be appended to ``path`` (a CSV with another header, say
+    from an older treeattn: the rows would land under the wrong names), or None."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    with path.open(encoding="utf-8", errors="replace") as f:
+        header = f.readline().strip()
+    if header != ",".join(columns):
+        return (f"{str(path)!r} holds rows of other columns ({header[:60]}{'...' if len(header) > 60 else ''}); "
+                "give a new file")
+    return None
 
 
 def write_csv(frame: pd.DataFrame, path: Path) -> None:
