@@ -12,6 +12,7 @@
    and p90 of the absolute relative errors; with ``--out-dir`` also writes the fitted topology,
    the calibration JSON, a CSV of every case, the fit's PNG and a README.md with the tables.
 
+    .venv/bin/python benchmarks/bench_calibrate.py                  # every case (80 s here)
     .venv/bin/python benchmarks/bench_calibrate.py --realtime --out-dir results/calibration-cpu4
     .venv/bin/python benchmarks/bench_calibrate.py --quick          # fewer sizes and repeats (~20 s)
 
