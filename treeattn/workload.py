@@ -97,7 +97,7 @@ class Workload:
             raise WorkloadError("workload.split holds no tokens at all")
         object.__setattr__(self, "kv_dtype", DType.parse(self.kv_dtype))
         object.__setattr__(self, "partial_dtype", DType.parse(self.partial_dtype))
-        check_bytes(self.payload_bytes, "workload: a rank's partial (batch x q_heads x (head_dim + 1) values)")
+        check_bytes(self.payload_bytes, "workload: a rank's partial (batch x q_heads rows)")
         worst = max(range(len(self.split)), key=lambda r: self.split[r])
         check_bytes(self.cache_bytes(worst), f"workload: rank {worst}'s KV cache of {self.layers} layer(s)")
 

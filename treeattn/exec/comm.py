@@ -28,6 +28,7 @@ an ``origin``.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import math
 import os
 import re
@@ -346,6 +347,13 @@ class Comm:
         self.wait(dist.all_gather_single(wire_out.view(-1), wire_in.view(-1), group=self.group, async_op=True),
                   what, setup)
         return out
+
+    def digests(self, text: str, what: str) -> list[int]:
+        """Every rank's 60-bit digest of its ``text``, in rank order (set-up deadline): equal
+        digests mean the ranks hold the same text."""
+        mine = torch.tensor([int(hashlib.sha256(text.encode()).hexdigest()[:15], 16)], dtype=torch.int64,
+                            device=self.device)
+        return self.all_gather(mine, what, setup=True).view(-1).tolist()
 
     def broadcast(self, tensor: torch.Tensor, src: int, what: str) -> torch.Tensor:
         self.wait(dist.broadcast(tensor, group=self.group, group_src=src, async_op=True), what, setup=True)

@@ -18,7 +18,6 @@ the timeout, so a dead or hung peer is reported one call later at most.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import torch
@@ -140,9 +139,7 @@ class Merger:
         w = plan.workload
         what = (plan.programs, plan.chunks, plan.layout, plan.result_ranks, plan.segments, w.batch, w.q_heads,
                 w.head_dim, str(w.partial_dtype))
-        digest = int(hashlib.sha256(repr(what).encode()).hexdigest()[:15], 16)
-        mine = torch.tensor([digest], dtype=torch.int64, device=self.device)
-        every = self._comm.all_gather(mine, "Merger plan check", setup=True).view(-1).tolist()
+        every = self._comm.digests(repr(what), "Merger plan check")
         differ = [r for r, d in enumerate(every) if d != every[0]]
         if differ:
             ranks = f"rank{'s' if len(differ) > 1 else ''} {', '.join(map(str, differ))}"
