@@ -1,6 +1,7 @@
 """NCCL runs: every plan family and baseline correct on 2, 4 and 8 GPUs (where present), graph
-replay equal to eager, a world-size-1 run, and the failure cases: more ranks than GPUs, a rank
-that dies or hangs (every rank stops within the timeout, naming it), empty shards and fp8."""
+replay equal to eager, a world-size-1 run, and the failure cases: more ranks than GPUs, a plan
+past the GPU's free memory, a rank that dies or hangs (every rank stops within the timeout,
+naming it), empty shards and fp8."""
 
 from __future__ import annotations
 
@@ -90,6 +91,15 @@ def test_more_ranks_than_gpus_exits_2_before_launch():
     with pytest.raises(InputError, match=f"^{p} ranks, {gpus()} GPUs? on this node") as info:
         launch(Job((PlanJob("star", build("star", w, REF)),), nccl()))
     assert info.value.exit_code == 2 and set(children()) <= before
+
+
+def test_a_plan_past_the_gpus_free_memory_exits_2_before_allocating():
+    # One layer of bf16 KV, 8 heads of 128: 4 KiB a token; one token more than the GPU has free.
+    tokens = torch.cuda.mem_get_info(0)[0] // 4096 + 1
+    w = Workload(batch=1, q_heads=32, kv_heads=8, head_dim=128, split=(tokens,), kv_dtype="bf16")
+    with pytest.raises(InputError, match=r"^rank 0 failed: star: rank 0 holds at least .* on GPU 0 \(") as info:
+        launch(Job((PlanJob("star", build("star", w, REF)),), nccl()))
+    assert info.value.exit_code == 2 and "available; free that memory" in str(info.value)
 
 
 def test_rank_that_dies_is_named_within_the_timeout(monkeypatch):

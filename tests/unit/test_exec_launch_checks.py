@@ -1,5 +1,6 @@
 """What a run refuses before it starts anything: more NCCL ranks than GPUs, CUDA graphs without
-NCCL, gloo ranks whose buffers this host's memory cannot hold."""
+NCCL, gloo ranks whose buffers this host's memory cannot hold, an NCCL rank whose GPU has too
+little free memory."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from tests.cli_helpers import run_cli
 from treeattn.cost.memory import rank_peak_bytes, run_bytes
 from treeattn.errors import InputError
 from treeattn.exec.launch import host_memory_problem, launch_local
-from treeattn.exec.runner import Job, PlanJob, RunOptions, placement_problem
+from treeattn.exec.runner import Job, PlanJob, RunOptions, memory_problem, placement_problem
 from treeattn.plan.builders import build
 from treeattn.plan.ir import TopologyRef
 from treeattn.units import format_size
@@ -44,6 +45,11 @@ def test_a_run_past_this_hosts_memory_is_refused_before_a_rank_starts():
     assert host_memory_problem(job, need - 1) == (
         f"star-64MiB: its 2 ranks hold at least {format_size(need)} at once on this host, which has "
         f"{format_size(need - 1)} available; use fewer ranks or a smaller payload")
+    # One GPU (checked on each NCCL rank before the process group starts): that rank's buffers alone.
+    assert memory_problem(job, [1], run_bytes(raw, 1), "GPU 1 (H100)") is None
+    assert memory_problem(job, [1], run_bytes(raw, 1) - 1, "GPU 1 (H100)") == (
+        f"star-64MiB: rank 1 holds at least {format_size(run_bytes(raw, 1))} at once on GPU 1 (H100), which has "
+        f"{format_size(run_bytes(raw, 1) - 1)} available; free that memory or use a smaller payload")
     res = run_cli("calibrate", "-t", "cpu:ranks=2", "--max-size", "1TiB", "--sizes", "3", "--compute", "none")
     assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
     assert "ranks hold at least" in res.stderr and "available" in res.stderr

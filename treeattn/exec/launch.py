@@ -31,10 +31,8 @@ from pathlib import Path
 
 import torch
 
-from treeattn.cost.memory import run_bytes
 from treeattn.errors import ExecutionError, InputError
-from treeattn.exec.runner import Job, JobResult, _pick_backend, placement_problem, run_rank
-from treeattn.units import format_size
+from treeattn.exec.runner import Job, JobResult, _pick_backend, memory_problem, placement_problem, run_rank
 
 __all__ = ["RankEnv", "detect_env", "launch", "launch_local", "free_port", "rank_failure", "GRACE_S", "available_bytes",
            "host_memory_problem"]
@@ -175,16 +173,8 @@ def available_bytes() -> int | None:
 
 def host_memory_problem(job: Job, available: int | None) -> str:
     """Why ``job``'s ranks, all on this host (gloo), cannot hold a plan's buffers in the
-    ``available`` bytes (``cost.memory.run_bytes`` summed over ranks: a lower bound of what
-    the run holds), or "". Checked before any rank starts, so nothing is measured first."""
-    if available is None:
-        return ""
-    for pj in job.plans:
-        need = sum(run_bytes(pj.plan, r) for r in range(pj.plan.ranks))
-        if need > available:
-            return (f"{pj.label}: its {pj.plan.ranks} ranks hold at least {format_size(need)} at once on this host, "
-                    f"which has {format_size(available)} available; use fewer ranks or a smaller payload")
-    return ""
+    ``available`` bytes, or "" (``runner.memory_problem`` over every rank)."""
+    return memory_problem(job, range(job.ranks), available, "this host") or ""
 
 
 def _watch(procs: list[subprocess.Popen]) -> set[int]:

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from treeattn.cost.memory import run_bytes
 from treeattn.errors import InputError
 from treeattn.exec import kernels as fused
 from treeattn.exec.attention import make_kv_shard, make_query, make_raw, resolve_kernel, torch_dtype
@@ -47,11 +48,11 @@ from treeattn.exec.merge import unpack
 from treeattn.exec.reference import FP64_BLOCK_ELEMENTS, Reference, compute_reference
 from treeattn.plan.baselines import baselines_for, parse_result
 from treeattn.plan.ir import OpKind, Plan
-from treeattn.units import DType
+from treeattn.units import DType, format_size
 from treeattn.workload import Payload, RawPayload, Workload
 
 __all__ = ["RunOptions", "PlanJob", "Job", "Measurement", "JobResult", "tolerance", "relative_error", "run_rank",
-           "placement_problem", "check_against"]
+           "placement_problem", "memory_problem", "check_against"]
 
 
 _MIN_MARGIN_S = 0.002
@@ -271,6 +272,23 @@ def placement_problem(local_ranks: int, gpus: int) -> str | None:
     if local_ranks > gpus:
         return (f"{local_ranks} ranks, {gpus} GPU{'s' if gpus != 1 else ''} on this node: NCCL needs one GPU per rank; "
                 "run fewer ranks per node or use --backend gloo")
+    return None
+
+
+def memory_problem(job: Job, ranks: Sequence[int], available: int | None, where: str) -> str | None:
+    """Why ``ranks``, sharing ``available`` bytes of memory (``where``: this host, or one
+    GPU), cannot hold a plan's buffers (``cost.memory.run_bytes`` summed: a lower bound of
+    what the run holds), or None. Checked before the process group starts, so nothing is
+    measured first and no rank is left waiting on a peer that failed allocating."""
+    if available is None:
+        return None
+    for pj in job.plans:
+        need = sum(run_bytes(pj.plan, r) for r in ranks)
+        if need > available:
+            who, fix = ((f"its {len(ranks)} ranks hold", "use fewer ranks or a smaller payload") if len(ranks) > 1
+                        else (f"rank {ranks[0]} holds", "free that memory or use a smaller payload"))
+            return (f"{pj.label}: {who} at least {format_size(need)} at once on {where}, which has "
+                    f"{format_size(available)} available; {fix}")
     return None
 
 
@@ -570,6 +588,11 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0) -> JobResult 
             raise InputError(problem)
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+        # Other processes may hold this GPU's memory, which the topology's mem_gb cannot know.
+        problem = memory_problem(job, [rank], torch.cuda.mem_get_info(device)[0],
+                                 f"GPU {local_rank} ({torch.cuda.get_device_name(device)})")
+        if problem:
+            raise InputError(problem)
         # The watchdog's timeout is the set-up deadline: it counts from when a run was enqueued,
         # not from when its op could start, so the op deadline is kept by Comm.settle instead.
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
