@@ -171,6 +171,11 @@ def test_show_says_what_local_compute_costs():
     text = " ".join(run_cli("topo", "show", "dgx-h100").stdout.split())
     assert "attention 12.4 us a call + KV at 0.56 of 3350 GB/s" in text
     assert "merges 5 us a kernel + bytes at 0.8 of memory bandwidth" in text
+    for name in ("dgx-h100", "cpu-4", "mi300x-8"):  # piped, rich wraps nothing: the lines fit 80 columns
+        lines = run_cli("topo", "show", name).stdout.splitlines()
+        at = lines.index("Local compute, rank 0 (docs/attention-model.md):")
+        assert [ln.split()[0] for ln in lines[at + 1:at + 3]] == ["attention", "merges"], name
+        assert all(len(ln) <= 80 for ln in lines[at:at + 3]), lines[at:at + 3]
     for name, fixed, share in (("dgx-h100", 12.4, 0.56), ("dgx-a100", 13.9, 0.72), ("gb200-nvl72", 6.9, 0.8)):
         cost = json.loads(run_cli("topo", "show", name, "--json").stdout)["cost"]
         assert (cost["attn_launch_us"], cost["attn_efficiency"], cost["launch_us"]) == (fixed, share, 5.0), name

@@ -135,8 +135,8 @@ _LINK_COLUMNS = {"bw_gbps": "GB/s per direction", "latency_us": "latency us", "r
 
 
 def _compute_line(topo: Topology) -> str:
-    """What rank 0's local work costs (treeattn.cost.compute), two lines: the attention kernel,
-    then merges and copies."""
+    """What rank 0's local work costs (treeattn.cost.compute): a heading, then the attention
+    kernel, then merges and copies, each line within 80 columns."""
     c = topo.cost
     fixed, gbps = ComputeModel.of(RawPayload(nbytes=4, ranks=topo.num_ranks), topo).attention_terms(0)
     mem = topo.rank_device(0).mem_bw_gbps
@@ -144,9 +144,9 @@ def _compute_line(topo: Topology) -> str:
         rate = f"{gbps:g} GB/s (measured)"
     else:
         rate = f"{gbps / mem:.3g} of {mem:g} GB/s" if gbps > 0 else "memory time not modelled"
-    return (f"Local compute, rank 0: attention {fixed:g} us a call + KV at {rate};\n"
-            f"merges {c.launch_us:g} us a kernel + bytes at {c.mem_efficiency:g} of memory bandwidth "
-            "(docs/attention-model.md)")
+    return ("Local compute, rank 0 (docs/attention-model.md):\n"
+            f"  attention {fixed:g} us a call + KV at {rate};\n"
+            f"  merges {c.launch_us:g} us a kernel + bytes at {c.mem_efficiency:g} of memory bandwidth")
 
 
 @topo_app.command("validate")
