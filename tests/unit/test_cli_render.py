@@ -132,3 +132,27 @@ def test_plan_table_keeps_its_ratio_headers_whole(monkeypatch: pytest.MonkeyPatc
     assert res.exit_code == 0, res.stderr
     header = [line for line in res.stdout.splitlines() if line.startswith("┃")]
     assert any("x bound" in line for line in header) and any("x 3 all-reduces" in line for line in header), res.stdout
+
+
+@pytest.mark.parametrize("tag", ["[red]", "[/x]"])
+def test_names_and_paths_print_as_given_not_as_markup(tmp_path, tag):
+    # rich reads "[red]" as a style (dropped without a word) and "[/x]" as a closing tag
+    # (a MarkupError traceback): a topology's name, a path and a description are not markup.
+    topo = tmp_path / "box.yaml"
+    topo.write_text(f'name: "box{tag}"\ndescription: "lab box {tag} [bold]"\n'
+                    "node:\n  gpus: {count: 2, mem_bw_gbps: 864, mem_gb: 48}\n  pcie: {bw_gbps: 25}\n")
+    plan, csv = (tmp_path / f"{stem}{tag.replace('/', '')}.{ext}" for stem, ext in (("p", "yaml"), ("c", "csv")))
+    runs = {
+        "plan": (("plan", "-t", str(topo), "-m", "llama-3.1-8b", "-n", "128K", "-o", str(plan)),
+                 (f"box{tag} (2 ranks)", f"wrote {plan}")),
+        "simulate": (("simulate", str(plan)), (f"on box{tag}",)),
+        "nccl-model": (("nccl-model", "-t", str(topo), "-c", "allreduce", "--bytes", "1MiB"), (f"on box{tag}:",)),
+        "topo show": (("topo", "show", str(topo)), (f"box{tag}  2 ranks", f"lab box {tag} [bold]")),
+        "compare": (("compare", "-t", str(topo), "-m", "llama-3.1-8b", "--seq-lens", "128K", "--csv", str(csv)),
+                    (f"2 ranks: box{tag}", f"wrote {csv}")),
+    }
+    for name, (args, wanted) in runs.items():
+        res = run_cli(*args)
+        assert res.exit_code == 0, (name, res.stderr)
+        for text in wanted:
+            assert text in res.stdout, (name, text, res.stdout)

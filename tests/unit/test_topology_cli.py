@@ -222,3 +222,39 @@ def test_console_script_renders_errors_without_traceback():
     good = subprocess.run([str(TREEATTN), "topo", "show", "mi300x-8", "--json"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert good.returncode == 0 and json.loads(good.stdout)["links"]["xgmi"]["bw_gbps"] == [64.0]
+
+
+def test_list_table_shows_family_keys():
+    res = run_cli("topo", "list")
+    assert res.exit_code == 0, res.stderr
+    assert "nics_per_leaf=32" in res.stdout and "gpus=8" in res.stdout
+
+
+def test_schema_uses_json_schema_bound_keywords():
+    res = run_cli("topo", "schema")
+    assert res.exit_code == 0, res.stderr
+    schema = json.loads(res.stdout)
+
+    def walk(node):
+        if isinstance(node, dict):
+            assert not {"gt", "ge", "lt", "le"} & set(node), node
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+    fabric_bw = schema["$defs"]["FabricSpec"]["properties"]["bw_gbps"]["anyOf"][0]
+    assert fabric_bw["exclusiveMinimum"] == 0
+
+
+def test_show_prints_names_and_descriptions_with_brackets_verbatim(tmp_path):
+    path = tmp_path / "box.yaml"
+    path.write_text(
+        'name: "box[/x]"\ndescription: "lab box [bold] [/]"\n'
+        "node:\n  gpus: {count: 2, mem_bw_gbps: 864}\n  pcie: {bw_gbps: 25}\n"
+    )
+    res = run_cli("topo", "show", str(path))
+    assert res.exit_code == 0, res.stderr
+    assert "box[/x]" in res.stdout and "lab box [bold] [/]" in res.stdout

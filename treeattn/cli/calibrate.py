@@ -151,7 +151,7 @@ def _from_logs(topo, paths: list[Path], out: Path | None, json_out: bool) -> Non
         typer.echo(json.dumps(result.to_dict(), sort_keys=True, indent=2))
         return
     con = console()
-    table = Table(title=f"nccl-tests fits mapped onto {topo.name} ({topo.num_ranks} ranks)")
+    table = Table(title=f"nccl-tests fits mapped onto {escape(topo.name)} ({topo.num_ranks} ranks)")
     for col in ("log", "collective", "ranks", "sizes", "α/step µs", "bus GB/s", "R²", "class", "α µs", "β GB/s"):
         table.add_column(col, justify="left" if col in ("log", "collective", "class") else "right")
     for lf in result.logs:

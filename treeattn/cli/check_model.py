@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app
@@ -49,7 +50,7 @@ def _table(title: str, first: str, rows: list[list[str]]) -> Table:
     for i, col in enumerate((first, "rows", "median |err| %", "p90 |err| %", "signed median %")):
         t.add_column(col, justify="left" if i == 0 else "right")
     for r in rows:
-        t.add_row(*r)
+        t.add_row(escape(r[0]), *r[1:])  # the first: a table's name, which a log's path gives
     return t
 
 

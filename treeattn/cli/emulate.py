@@ -88,7 +88,7 @@ def up_cmd(topology: TopoArg, scale: ScaleOpt = 1.0, ranks: RanksOpt = None, run
                                "namespaces": list(layout.namespaces), "ranks": rank_rows, "links": links},
                               sort_keys=True, indent=2))
         return
-    table = Table(title=f"{topo.name} emulated as run {layout.run_id} (scale {scale:g})")
+    table = Table(title=f"{escape(topo.name)} emulated as run {layout.run_id} (scale {scale:g})")
     for col in ("rank", "device", "namespace", "address", "interfaces"):
         table.add_column(col)
     for r in rank_rows:
@@ -179,7 +179,7 @@ def check_cmd(
     if json_out:
         typer.echo(json.dumps(report.to_dict(), sort_keys=True, indent=2))
     else:
-        table = Table(title=f"{topo.name} (scale {scale:g}): payload rates, Mbit/s")
+        table = Table(title=f"{escape(topo.name)} (scale {scale:g}): payload rates, Mbit/s")
         for col, justify in (("flow", "left"), ("ranks", "left"), ("bottleneck", "left"), ("expected", "right"),
                              ("measured", "right"), ("ratio", "right"), ("path", "left"), ("64 B RTT µs", "right")):
             table.add_column(col, justify=justify)

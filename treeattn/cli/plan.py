@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
@@ -344,7 +345,7 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
     what = (f"B={payload.batch} Hq={payload.q_heads} Hkv={payload.kv_heads} D={payload.head_dim} "
             f"N={payload.seq_len}" if isinstance(payload, Workload)
             else f"{format_size(payload.nbytes)} {payload.op.value}")
-    con.print(f"[bold]{topo.name}[/] ({topo.num_ranks} ranks), {what}, result {result}: partial "
+    con.print(f"[bold]{escape(topo.name)}[/] ({topo.num_ranks} ranks), {what}, result {result}: partial "
               f"{format_size(payload.payload_bytes)} per rank")
     print_rates_note(con, topo)
     table = key_columns(Table(title="Candidates (fastest first)" if searched else "Plan"), 2)
@@ -371,13 +372,13 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
     for x in report.get("left_out", []):
         kind = "baseline" if x.get("baseline") else "schedule"
         con.print(f"[yellow]left out ({kind}, does not fit):[/] {x['algorithm']} {x['predicted_us']:.2f} us "
-                  f"{'' if not x.get('baseline') else ''}- {x['why']}" if "predicted_us" in x else
-                  f"[yellow]does not fit:[/] {x['algorithm']} - {x['why']}")
+                  f"- {escape(x['why'])}" if "predicted_us" in x else
+                  f"[yellow]does not fit:[/] {x['algorithm']} - {escape(x['why'])}")
     if searched:
         st = report["stats"]
         skipped = f", {st['pruned']} skipped by their floor" if st.get("pruned") else ""
         con.print(f"searched {st['schedules']} schedules ({st['simulations']} simulations{skipped}) in {elapsed:.2f} s")
-    con.print(f"wrote {report['plan_path']}")
+    con.print(f"wrote {escape(str(report['plan_path']))}")
 
 
 def _print_explanation(ex, topo) -> None:
@@ -518,7 +519,7 @@ def compare_cmd(
         print_rates_note(con, t, f"{t.name}:\n" if len(topos) > 1 else "")
     for path in (csv, png):
         if path is not None:
-            con.print(f"wrote {path}")
+            con.print(f"wrote {escape(str(path))}")
 
 
 def _compare_tables(rows, result: str, ring: str) -> None:  # noqa: ANN001 - CompareRows
@@ -535,7 +536,7 @@ def _compare_tables(rows, result: str, ring: str) -> None:  # noqa: ANN001 - Com
         if r.topology not in names.setdefault(r.ranks, []):
             names[r.ranks].append(r.topology)
     for p, t in sorted(names.items()):
-        con.print(f"{p} ranks: {', '.join(t)}")
+        con.print(f"{p} ranks: {escape(', '.join(t))}")
     con.print(f"result {result}; rings: {ring} order")
     for m in METHODS:
         what = "the planner's pick (the fastest plan its search found)" if m == "tree" else m

@@ -141,9 +141,9 @@ def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,
 def _table(frame, path: Path, calibrated: bool) -> None:  # noqa: ANN001 - a DataFrame
     con = console()
     first = frame.iloc[0]
-    table = Table(title=f"{first['plan']} · {first['algorithm']} · {first['workload']} · {first['ranks']} ranks "
-                  f"({first['backend']}, predicted on {first['topology']}"
-                  f"{'' if calibrated else ', uncalibrated'}) · µs")
+    table = Table(title=escape(f"{first['plan']} · {first['algorithm']} · {first['workload']} · {first['ranks']} ranks "
+                         f"({first['backend']}, predicted on {first['topology']}")
+                  + f"{'' if calibrated else ', uncalibrated'}) · µs")
     table.add_column("method", no_wrap=True)
     for col in ("measured", "±", "predicted", "error", "correct", "× plan"):
         # "×" alone atop "plan" would read as a column of the plan's own figures
@@ -162,7 +162,7 @@ def _table(frame, path: Path, calibrated: bool) -> None:  # noqa: ANN001 - a Dat
         )
     con.print(table)
     con.print(f"± half the p10-p90 spread; error = measured / predicted - 1; correct with the max relative "
-              f"error against the reference (the rows give its tolerance). Rows: {path}")
+              f"error against the reference (the rows give its tolerance). Rows: {escape(str(path))}")
 
 
 def _missing(value) -> bool:  # noqa: ANN001 - a number, None or NaN

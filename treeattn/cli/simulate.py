@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app, err_console
@@ -102,7 +103,7 @@ def simulate_cmd(
         })
         return
     con = console()
-    con.print(f"[bold]{plan.algorithm}[/] ({plan.ranks} ranks, {plan.chunks} chunk(s)) on [bold]{topo.name}[/]")
+    con.print(f"[bold]{plan.algorithm}[/] ({plan.ranks} ranks, {plan.chunks} chunk(s)) on [bold]{escape(topo.name)}[/]")
     print_rates_note(con, topo)
     con.print(f"predicted   {res.predicted_us:12.3f} us")
     term = bounds.cut if bounds.cut in ("compute", "depth", "spread") else f"the cut {bounds.cut}"
@@ -120,7 +121,7 @@ def simulate_cmd(
     con.print(table)
     if timeline is not None:
         note = f" (the first {drawn} of {plan.ranks} ranks)" if drawn < plan.ranks else ""
-        con.print(f"timeline drawn to {timeline}{note}")
+        con.print(f"timeline drawn to {escape(str(timeline))}{note}")
 
 
 def _path_rows(res: SimResult) -> list[dict]:
@@ -229,7 +230,8 @@ def nccl_model_cmd(
     con = console()
     library = f"RCCL, timed with NCCL {release}'s figures" if fab.rccl else f"NCCL {release}"
     # One fact a line, so that piped output stays near 80 columns.
-    con.print(f"{coll.value} of {format_size(size)} on [bold]{topo.name}[/]: {fab.ranks} ranks, {fab.nodes} node(s)")
+    con.print(f"{coll.value} of {format_size(size)} on [bold]{escape(topo.name)}[/]: "
+              f"{fab.ranks} ranks, {fab.nodes} node(s)")
     con.print(f"{library}; the fabric's bus bandwidth {fab.bus_bw_gbps:.4g} GB/s "
               f"(tree {fab.tree_bus_bw_gbps:.4g} GB/s)")
     print_rates_note(con, topo)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app
@@ -49,7 +50,12 @@ def list_cmd(json_out: JsonOpt = False) -> None:
     for col in ("name", "source", "ranks", "description"):
         table.add_column(col, overflow="fold")
     for p in presets:
-        table.add_row(p.name, p.source, str(p.ranks), p.description)
+        desc = p.description
+        if p.source == "family" and desc.endswith("]") and " [" in desc:
+            # "<text> [name:k=v,k=v]": the keys on a line of their own, breakable between keys
+            text, spec = desc[:-1].rsplit(" [", 1)
+            desc = f"{text}\nkeys (defaults): {spec.partition(':')[2].replace(',', ', ')}"
+        table.add_row(escape(p.name), p.source, str(p.ranks), escape(desc))
     console().print(table)
 
 
@@ -76,9 +82,10 @@ def show(
                     "shm_gbps": shm_rate_gbps(topo) if shm_count else None})
         return
     con = console()
-    con.print(f"[bold]{topo.name}[/]  {summary['ranks']} ranks on {summary['nodes']} node(s)  {topo.fingerprint}")
+    con.print(f"[bold]{escape(topo.name)}[/]  {summary['ranks']} ranks on {summary['nodes']} node(s)  "
+              f"{topo.fingerprint}")
     if topo.description:
-        con.print(topo.description)
+        con.print(topo.description, markup=False)
     con.print(_compute_line(topo), markup=False)
     kinds = Table(title="Devices")
     kinds.add_column("kind")
@@ -127,7 +134,7 @@ def show(
         con.print(f"{shm_count} of {ranks * (ranks - 1)} rank pairs have no GPU peer-to-peer: NCCL moves")
         con.print(f"their data through host memory, at most {shm_rate_gbps(topo):g} GB/s a pair (docs/nccl-model.md).")
     if png is not None:
-        con.print(f"wrote {png}")
+        con.print(f"wrote {escape(str(png))}")
 
 
 _LINK_COLUMNS = {"bw_gbps": "GB/s per direction", "latency_us": "latency us", "rated_gbps": "rated GB/s",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
 from treeattn.units import format_size
@@ -36,7 +37,7 @@ def errors_table(summary: dict) -> Table:
         table.add_column(col, justify="left" if col == "rows" else "right")
     groups = [("all", e["all"])]
     for key in ("by_topology", "by_role", "by_regime"):
-        groups += [(f"{key[3:]}: {name}", stats) for name, stats in e[key].items()]
+        groups += [(escape(f"{key[3:]}: {name}"), stats) for name, stats in e[key].items()]
     for name, s in groups:
         table.add_row(name, str(s["n"]), _pct(s["median"]), _pct(s["p90"]), _pct(s["max"]))
     for name, s in (("on the file's figures (uncalibrated)", e["nominal"]),
@@ -62,9 +63,9 @@ def cases_table(summary: dict) -> Table:
                 "× allgather", "× ring attn"):
         table.add_column(col, justify="left" if col in ("topology", "case", "pick", "fastest") else "right")
     for c in summary["cases"]:
-        table.add_row(c["topology"], c["case"], format_size(c["payload_bytes"]), str(c["pick"]), _ms(c["pick_us"]),
-                      _ms(c["pick_predicted_us"]), str(c["best"]), _regret(c), _x(c["speedup_allreduce3"]),
-                      _x(c["speedup_allgather_merge"]), _x(c["speedup_ring_attention"]))
+        table.add_row(escape(c["topology"]), escape(c["case"]), format_size(c["payload_bytes"]), str(c["pick"]),
+                      _ms(c["pick_us"]), _ms(c["pick_predicted_us"]), str(c["best"]), _regret(c),
+                      _x(c["speedup_allreduce3"]), _x(c["speedup_allgather_merge"]), _x(c["speedup_ring_attention"]))
     return table
 
 
@@ -80,7 +81,7 @@ _TARGET_TEXT = {
 
 def targets_table(summary: dict) -> Table:
     """The issue's figures: value, limit, reached."""
-    table = Table(title=f"Targets (case figures on {summary['primary_topology']})")
+    table = Table(title=f"Targets (case figures on {escape(summary['primary_topology'])})")
     for col in ("figure", "value", "target", "reached"):
         table.add_column(col, justify="left" if col in ("figure", "reached") else "right")
     for key, t in summary["targets"].items():
@@ -106,8 +107,9 @@ def regret_table(summary: dict) -> Table:
         iv = r["interval"]
         reached = {True: "[green]yes[/]", False: "[bold red]no[/]", None: "[yellow]not measured[/]"}[r["reached"]]
         vs = r.get("baselines_max")
-        table.add_row(topo, str(r["case"] or "—"), _pct(r["max"]), f"{_pct(iv[0])}–{_pct(iv[1])}" if iv else "—",
-                      reached, "—" if vs is None else f"{_pct(vs)} ({r['baselines_case']})")
+        table.add_row(escape(topo), escape(str(r["case"] or "—")), _pct(r["max"]),
+                      f"{_pct(iv[0])}–{_pct(iv[1])}" if iv else "—", reached,
+                      "—" if vs is None else f"{_pct(vs)} ({escape(str(r['baselines_case']))})")
     table.caption = ("vs baselines: the case where the pick fares worst against the fastest baseline (library "
                      "collectives, vLLM's methods, ring attention): pick / that baseline − 1")
     return table

@@ -290,12 +290,30 @@ def topology_json_schema() -> dict:
     """JSON schema of a topology file (any of the three forms)."""
     adapter = TypeAdapter(ExplicitFile | CompactFile | FamilyFile)
     schema = adapter.json_schema()
+    _standard_bounds(schema)
     schema["title"] = "treeattn topology file"
     schema["description"] = (
         "One of three forms: explicit (devices, links, ranks), compact (node template x nodes + network) "
         "or family (a parametric builder by name). Units: *_gbps GB/s per direction, *_us microseconds."
     )
     return schema
+
+
+_BOUND_KEYWORDS = {"gt": "exclusiveMinimum", "ge": "minimum", "lt": "exclusiveMaximum", "le": "maximum"}
+
+
+def _standard_bounds(node: object) -> None:
+    """Rename pydantic's raw ``gt``/``ge``/``lt``/``le`` (left on optional fields) to JSON Schema's keywords."""
+    if isinstance(node, dict):
+        if node.get("type") in ("number", "integer"):
+            for raw, keyword in _BOUND_KEYWORDS.items():
+                if raw in node:
+                    node[keyword] = node.pop(raw)
+        for value in node.values():
+            _standard_bounds(value)
+    elif isinstance(node, list):
+        for value in node:
+            _standard_bounds(value)
 
 
 # -- error reporting ------------------------------------------------------------------------------
