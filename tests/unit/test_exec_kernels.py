@@ -90,7 +90,7 @@ def test_compiled_weighted_rows_and_finish_equal_eager(fused, monkeypatch):
 def test_one_compilation_serves_every_size(fused):
     from torch._dynamo.utils import counters
 
-    kernels.merge_into(empty_partial(5, 16), partials(2, 5, 16, torch.float32, 0))  # compiled (or cached)
+    kernels.warm(torch.device("cpu"), torch.float32)  # compiled (or cached): what a run compiles first
     before = counters["stats"]["unique_graphs"]
     for k, rows in [(1, 1), (2, 1), (1, 200), (7, 3), (3, 0)]:
         kernels.merge_into(empty_partial(rows, 16), partials(k, rows, 16, torch.float32, k))
@@ -142,4 +142,11 @@ def test_warm_compiles_every_kernel_a_run_calls(fused):
     kernels.finish(part.clone(), m, part[:, :-1].contiguous(), torch.ones(3))
     summed = partials(1, 3, 8, torch.float32, 3)[0].to(torch.bfloat16)  # rows (w o, w), not a partial
     kernels.finish(part.clone(), m, summed[:, :-1], summed[:, -1])
+    # a chunk of one row (a one-head segment at B = 1), a row slice of a larger accumulator
+    one = partials(1, 4, 8, torch.float32, 4)[0]
+    kernels.merge_into(one[2:3], partials(2, 1, 8, torch.bfloat16, 5))
+    kernels.merge_into(one[1:2], partials(1, 1, 8, torch.float32, 6))
+    kernels.merged(partials(2, 1, 8, torch.bfloat16, 7))
+    kernels.weighted(one[3:4], m[:1], torch.bfloat16)
+    kernels.finish(one[0:1], m[:1], part[:1, :-1], part[:1, -1])
     assert counters["stats"]["unique_graphs"] == before  # nothing left to compile mid-run

@@ -162,12 +162,18 @@ def _sdpa_op(cuda: bool):  # noqa: ANN202 - the aten op or None
     return getattr(torch.ops.aten, name, None)
 
 
+_FLASH_ATTN: list = []
+"""The flash-attn function or None, once looked up (a failed import costs ~0.1 ms each time)."""
+
+
 def _flash_attn():  # noqa: ANN202 - the optional module or None
-    try:
-        from flash_attn import flash_attn_func  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return flash_attn_func
+    if not _FLASH_ATTN:
+        try:
+            from flash_attn import flash_attn_func  # type: ignore[import-not-found]
+        except ImportError:
+            flash_attn_func = None
+        _FLASH_ATTN.append(flash_attn_func)
+    return _FLASH_ATTN[0]
 
 
 def partial_attention(q: torch.Tensor, kv: torch.Tensor, kernel: str = "explicit") -> torch.Tensor:
@@ -301,7 +307,19 @@ def attention_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     return o.to(q.dtype), lse
 
 
+_KERNEL_FOR: dict[tuple[torch.device, torch.dtype, int], str] = {}
+"""``attention_partial``'s kernel per (device, dtype, D): it runs every decode step of every layer."""
+
+
 def _kernel_for(device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
+    key = (device, dtype, head_dim)
+    kernel = _KERNEL_FOR.get(key)
+    if kernel is None:
+        kernel = _KERNEL_FOR[key] = _resolve_for(device, dtype, head_dim)
+    return kernel
+
+
+def _resolve_for(device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
     kinds = {torch.float32: DType.FP32, torch.bfloat16: DType.BF16, torch.float16: DType.FP16}
     if dtype not in kinds:
         return "explicit"

@@ -143,6 +143,7 @@ class PlanExecutor:
             if problem:
                 raise ValueError(problem)
         self.steps = self._compile(plan.programs[self.rank])
+        self._op_count = sum(len(ops) for ops in self.steps)
         self._rounded: tuple[int | None, ...] = () if plan.is_raw or self.wire_dtype == torch.float32 else tuple(
             dict.fromkeys(op.chunk for prog in plan.programs for op in prog
                           if op.kind is OpKind.RECV_COPY and op.block is None))
@@ -250,9 +251,10 @@ class PlanExecutor:
             # A copy on a narrower wire lands rounded (o in the partial dtype): the rank it came
             # from, and those that merged the same rows (an exchange beside it), round theirs
             # too, so every rank ends with the same bits (rounding a rounded row changes nothing).
-            rows = acc[self.rows_of(chunk)]
-            buf = self.pool.take(self._row_shape(chunk), self.wire_dtype)
-            from_wire(rows, to_wire(buf, rows))
+            # Only o is rounded: the lse travels as fp32 bytes, so its round trip changes nothing.
+            o = acc[self.rows_of(chunk), :-1]
+            buf = self.pool.take(tuple(o.shape), self.wire_dtype)
+            o.copy_(buf.copy_(o))
             self.pool.release(buf)
         return acc
 
@@ -265,9 +267,12 @@ class PlanExecutor:
     def replaying(self) -> None:
         """What a CUDA graph's replay of ``run`` does on the host first: count the ops for the
         test-only fault injection, and take the timeline's origin."""
-        for ops in self.steps:
-            for index, _ in ops:
-                self._maybe_fault(index)
+        if self._fault is None:  # every decode step: count the ops without a loop over them
+            self._ops_done += self._op_count
+        else:
+            for ops in self.steps:
+                for index, _ in ops:
+                    self._maybe_fault(index)
         if self.timed:
             self.rebase(self.comm.origin())
 
@@ -324,6 +329,33 @@ class PlanExecutor:
                 kernels.merge_into(acc, part.unsqueeze(0))
         empty[0] = False
 
+    def _sent_on_wire(self, transfers: list[tuple[int, Op]], acc: torch.Tensor,
+                      exchanged: set) -> tuple[dict[int | None, torch.Tensor], list[torch.Tensor]]:
+        """The wire form of the accumulator's chunks a step sends (on a wire narrower than the
+        accumulator): each chunk converted once however many it goes to, and the chunks of one
+        contiguous run of rows in one conversion (two kernels, not two per chunk: a heads
+        layout's root sends p - 1 chunks). Returns each chunk's view and the pooled buffers."""
+        if acc.dtype == self.wire_dtype:
+            return {}, []
+        chunks = dict.fromkeys(op.chunk for _, op in transfers
+                               if op.kind is OpKind.SEND and op.block is None and op.chunk not in exchanged)
+        spans = sorted(((self.rows_of(c).start, self.rows_of(c).stop, c) for c in chunks), key=lambda t: t[:2])
+        sent: dict[int | None, torch.Tensor] = {}
+        bufs: list[torch.Tensor] = []
+        i = 0
+        while i < len(spans):
+            j, stop = i, spans[i][1]
+            while j + 1 < len(spans) and spans[j + 1][0] == stop:
+                j, stop = j + 1, spans[j + 1][1]
+            start = spans[i][0]
+            rows = acc[start:stop]
+            buf = to_wire(self.pool.take((stop - start, *self._row_shape(None)[1:]), self.wire_dtype), rows)
+            bufs.append(buf)
+            for a, b, c in spans[i:j + 1]:
+                sent[c] = buf[a - start:b - start]
+            i = j + 1
+        return sent, bufs
+
     def _step(self, ops: list[tuple[int, Op]], acc: torch.Tensor, blocks: dict[int, torch.Tensor],
               empty: list[bool]) -> list[Mark]:
         """One step of transfers, with its COMPUTE (if any) running while they fly."""
@@ -351,7 +383,7 @@ class PlanExecutor:
         for c in exchanged:
             to_wire(stacks[c][order[c].index(self.rank)], acc[self.rows_of(c)])
         posts: list[P2P] = []
-        sent: dict[int | None, torch.Tensor] = {}  # a chunk's wire form, once a step however many it goes to
+        sent, wire_bufs = self._sent_on_wire(transfers, acc, exchanged)
         for _, op in transfers:
             if op.kind is OpKind.SEND:
                 if op.block is not None:
@@ -362,9 +394,6 @@ class PlanExecutor:
                     tensor = sent[op.chunk]
                 else:
                     tensor = acc[self.rows_of(op.chunk)]
-                    if tensor.dtype != self.wire_dtype:
-                        tensor = sent[op.chunk] = to_wire(self.pool.take(self._row_shape(op.chunk), self.wire_dtype),
-                                                          tensor)
                 posts.append(P2P(True, tensor, op.peer))
             elif op.block is not None:
                 shape = (2, w.batch, w.kv_heads, w.split[op.block], w.head_dim)
@@ -398,7 +427,7 @@ class PlanExecutor:
         # What the step computed and received lands only now, at its end (IR semantics). A
         # step never both copies into and merges into one chunk, nor computes beside a copy
         # (the validator's rules), so their order does not matter, and merges commute.
-        for tensor in sent.values():  # sent: nothing reads them any more
+        for tensor in wire_bufs:  # sent: nothing reads them any more
             self.pool.release(tensor)
         if part is not None:
             self._land(part, acc, empty)

@@ -93,17 +93,23 @@ def warm(device: torch.device, wire: torch.dtype) -> None:
     from then on, and one line on stderr says so."""
     if not fused_on(device):
         return
-    acc = eager.empty_partial(2, 8, device)
-    m = torch.zeros(2, device=device)
-    calls = [("merge", lambda d=d: merge_into(acc, torch.zeros((2, 2, eager.wire_cols(8, d)), dtype=d,
-                                                               device=device)))
-             for d in dict.fromkeys((torch.float32, wire))]
-    calls += [("merge", lambda: merged(torch.zeros((2, 2, eager.wire_cols(8, wire)), dtype=wire, device=device))),
-              ("weighted", lambda: (weighted(acc, m, wire), weighted(acc, m, wire, False))),
-              ("finish", lambda: finish(acc, m, torch.zeros((2, 8), device=device), torch.ones(2, device=device)))]
-    for d in dict.fromkeys((torch.float32, wire)):  # the sums of (w o, w) rows: views of one buffer
-        total = torch.ones((2, 9), dtype=d, device=device)
-        calls.append(("finish", lambda t=total: finish(acc, m, t[:, :-1], t[:, -1])))
+    calls: list = []
+    # Two row counts: a chunk of one row (a heads segment of one head at B = 1) compiles a
+    # variant of its own (a size-1 column is dense, which the guards tell apart).
+    for rows in (2, 1):
+        acc = eager.empty_partial(rows, 8, device)
+        m = torch.zeros(rows, device=device)
+        calls += [("merge", lambda d=d, acc=acc, n=rows: merge_into(
+                      acc, torch.zeros((2, n, eager.wire_cols(8, d)), dtype=d, device=device)))
+                  for d in dict.fromkeys((torch.float32, wire))]
+        calls += [("merge", lambda n=rows: merged(torch.zeros((2, n, eager.wire_cols(8, wire)), dtype=wire,
+                                                              device=device))),
+                  ("weighted", lambda acc=acc, m=m: (weighted(acc, m, wire), weighted(acc, m, wire, False))),
+                  ("finish", lambda acc=acc, m=m, n=rows: finish(acc, m, torch.zeros((n, 8), device=device),
+                                                                 torch.ones(n, device=device)))]
+        for d in dict.fromkeys((torch.float32, wire)):  # the sums of (w o, w) rows: views of one buffer
+            total = torch.ones((rows, 9), dtype=d, device=device)
+            calls.append(("finish", lambda t=total, acc=acc, m=m: finish(acc, m, t[:, :-1], t[:, -1])))
     for name, call in calls:
         try:
             call()
