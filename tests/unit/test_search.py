@@ -100,16 +100,22 @@ def test_direct_exchanges_flat_by_domain_and_along_rails():
     lay = layout_of(resolve("dgx-h100-2node"))
     by = {json.dumps(s.describe, sort_keys=True): s for s in direct_schedules(lay)}
     # nodes listed by rail are the NVLink islands here: that exchange is listed once, as "fabric"
-    assert set(by) == {'{"groups": "none"}', '{"groups": "fabric"}', '{"groups": "rail", "then": "node"}'}
+    rails = [f'{{"groups": "rails", "rails_per_group": {k}, "then": "node"}}' for k in (2, 4)]
+    assert set(by) == {'{"groups": "none"}', '{"groups": "fabric"}', '{"groups": "rail", "then": "node"}', *rails}
     assert by['{"groups": "none"}'].kwargs == {}
     assert by['{"groups": "fabric"}'].kwargs["groups"] == [list(range(8)), list(range(8, 16))]
     assert by['{"groups": "rail", "then": "node"}'].kwargs["groups"][3] == [3, 11]
+    # k adjacent rails a group, members node by node: across groups, each position stays in its node
+    assert by[rails[0]].kwargs["groups"] == [[0, 1, 8, 9], [2, 3, 10, 11], [4, 5, 12, 13], [6, 7, 14, 15]]
+    assert by[rails[1]].kwargs["groups"][1] == [4, 5, 6, 7, 12, 13, 14, 15]
     # 128 ranks: the flat exchange (128 x 127 messages) is too big; grouped ones stay
     big = direct_schedules(layout_of(resolve("dgx-h100-16node")))
     assert big and all(s.kwargs.get("groups") for s in big)
     assert 128 * 127 > DIRECT_MAX_MESSAGES
     res = search(resolve("dgx-h100-2node"), _w(16), families={"direct"})
     assert res.best.algorithm == "direct" and res.candidates[0].algorithm == "direct"
+    # two rails a group beats whole nodes and whole rails here (as in plans/dgx-h100-2node.*.yaml)
+    assert res.best.params["groups"] == by[rails[0]].kwargs["groups"]
     check(res.best)
 
 

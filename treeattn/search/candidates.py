@@ -281,7 +281,8 @@ def _direct_messages(groups: Sequence[Sequence[int]]) -> int:
 def direct_schedules(lay: Layout) -> list[Schedule]:
     """Direct exchanges: flat, grouped by each domain level (exchange inside the group, then
     with the same position of every other group), by node with members in rail order
-    (then along rails), and by rail (across nodes first, then inside the node). Exchanges
+    (then along rails), by rail (across nodes first, then inside the node), and by k
+    adjacent rails for each k dividing the rail count. Exchanges
     of more than ``DIRECT_MAX_MESSAGES`` messages are left out."""
     p = lay.p
     if p < 2:
@@ -295,6 +296,13 @@ def direct_schedules(lay: Layout) -> list[Schedule]:
         by_rail = [sorted(node, key=lambda r: (rail_of[r], r)) for node in lay.nodes]
         options.append((by_rail, {"groups": "node", "then": "rails"}))
         options.append(([list(rail) for rail in lay.rails], {"groups": "rail", "then": "node"}))
+        # k adjacent rails a group (its members node by node): the exchange inside a group
+        # crosses nodes on k rails at once, the one across groups stays inside each node.
+        n = len(lay.rails)
+        for k in (k for k in range(2, n) if n % k == 0):
+            groups = [sorted((r for rail in lay.rails[i:i + k] for r in rail), key=lambda r: (lay.node_of[r], r))
+                      for i in range(0, n, k)]
+            options.append((groups, {"groups": "rails", "rails_per_group": k, "then": "node"}))
     out: list[Schedule] = []
     seen: set[str] = set()
     for groups, describe in options:
