@@ -12,7 +12,8 @@ from treeattn.probe.build import NodeDraft
 from treeattn.probe.gpus import GpuCatalog, parse_gpu_names
 from treeattn.probe.nvlink_status import parse_nvlink_status
 from treeattn.probe.nvsmi_topo import parse_topo_matrix
-from treeattn.topology.model import DeviceKind, LinkKind
+from treeattn.topology.library import resolve
+from treeattn.topology.model import CostParams, DeviceKind, LinkKind
 
 FIX = Path(__file__).parents[1] / "fixtures" / "probe"
 TOPO = {
@@ -81,6 +82,10 @@ def test_dgx_a100_topology():
     assert [d.nic for d in gpus] == [f"n0.mlx5_{i}" for i in (0, 1, 2, 3, 6, 7, 8, 9)]
     assert sorted(d.name for d in topo.devices if d.kind is DeviceKind.CPU) == [f"n0.cpu{i}" for i in (1, 3, 5, 7)]
     assert any("mlx5_4" in w and "NUMA" in w for w in r.warnings)
+    # The decode kernel as published on A100 (the dgx-a100 family's figures), said as assumed.
+    assert (topo.cost.attn_launch_us, topo.cost.attn_efficiency) == (13.9, 0.72)
+    assert resolve("dgx-a100").cost == topo.cost
+    assert any(a.startswith("attention kernel: the fit to published decode kernels on A100") for a in r.assumptions)
 
 
 def _pcie_path_avoids_cpu(topo, a: str, b: str) -> bool:
@@ -127,6 +132,7 @@ def test_dgx1_hybrid_cube_mesh():
     assert topo.route_bw_gbps(0, 3) == 50.0
     assert sum(d.kind is DeviceKind.CPU for d in topo.devices) == 2
     assert any("CPU Affinity" in a for a in r.assumptions)
+    assert topo.cost == CostParams()  # no decode kernel published on V100: the defaults
 
 
 def test_hgx_h100_reports_numa_contradiction():

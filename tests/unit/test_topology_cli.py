@@ -176,6 +176,16 @@ def test_show_says_what_local_compute_costs():
         at = lines.index("Local compute, rank 0 (docs/attention-model.md):")
         assert [ln.split()[0] for ln in lines[at + 1:at + 3]] == ["attention", "merges"], name
         assert all(len(ln) <= 80 for ln in lines[at:at + 3]), lines[at:at + 3]
+        assert "cost sets no attention figures" not in " ".join(lines)  # set, or no fit for the GPU
+
+
+def test_show_names_the_published_fit_a_file_leaves_out(tmp_path):
+    path = tmp_path / "a100.yaml"
+    path.write_text("name: my-a100\nnode:\n  gpus: {count: 2, model: A100-SXM4-80GB, mem_bw_gbps: 2039, mem_gb: 80}\n"
+                    "  pcie: {bw_gbps: 25}\n")
+    lines = run_cli("topo", "show", str(path)).stdout.splitlines()
+    at = lines.index("  cost sets no attention figures; published decode kernels on A100 (Ampere) fit")
+    assert lines[at + 1] == "  attn_launch_us 13.9, attn_efficiency 0.72 (add them to cost: to use them)"
     for name, fixed, share in (("dgx-h100", 12.4, 0.56), ("dgx-a100", 13.9, 0.72), ("gb200-nvl72", 6.9, 0.8)):
         cost = json.loads(run_cli("topo", "show", name, "--json").stdout)["cost"]
         assert (cost["attn_launch_us"], cost["attn_efficiency"], cost["launch_us"]) == (fixed, share, 5.0), name

@@ -20,6 +20,7 @@ from treeattn.cli.render import console, print_rates_note
 from treeattn.cost.compute import ComputeModel
 from treeattn.cost.nccl import shm_pairs, shm_rate_gbps
 from treeattn.topology import Topology, list_presets, resolve, topology_json_schema
+from treeattn.topology.attention_fits import published_attention_fit
 from treeattn.topology.summary import topology_summary
 from treeattn.workload import RawPayload
 
@@ -143,7 +144,8 @@ _LINK_COLUMNS = {"bw_gbps": "GB/s per direction", "latency_us": "latency us", "r
 
 def _compute_line(topo: Topology) -> str:
     """What rank 0's local work costs (treeattn.cost.compute): a heading, then the attention
-    kernel, then merges and copies, each line within 80 columns."""
+    kernel, then merges and copies, each line within 80 columns; then, where the file sets no
+    attention figures for a GPU that published decode kernels were fitted on, that fit."""
     c = topo.cost
     fixed, gbps = ComputeModel.of(RawPayload(nbytes=4, ranks=topo.num_ranks), topo).attention_terms(0)
     mem = topo.rank_device(0).mem_bw_gbps
@@ -151,9 +153,16 @@ def _compute_line(topo: Topology) -> str:
         rate = f"{gbps:g} GB/s (measured)"
     else:
         rate = f"{gbps / mem:.3g} of {mem:g} GB/s" if gbps > 0 else "memory time not modelled"
-    return ("Local compute, rank 0 (docs/attention-model.md):\n"
+    text = ("Local compute, rank 0 (docs/attention-model.md):\n"
             f"  attention {fixed:g} us a call + KV at {rate};\n"
             f"  merges {c.launch_us:g} us a kernel + bytes at {c.mem_efficiency:g} of memory bandwidth")
+    fit = published_attention_fit(topo.rank_device(0).model or "")
+    if fit and c.attn_launch_us is None and c.attn_efficiency is None and c.attn_gbps is None:
+        which, spec = fit
+        text += (f"\n  cost sets no attention figures; published decode kernels on {which} fit\n"
+                 f"  attn_launch_us {spec.attn_launch_us:g}, attn_efficiency {spec.attn_efficiency:g} "
+                 "(add them to cost: to use them)")
+    return text
 
 
 @topo_app.command("validate")

@@ -18,7 +18,18 @@ from enum import StrEnum
 
 from treeattn.errors import ProbeError
 from treeattn.probe.hardware import LATENCY_US, SOURCE_HARDWARE, pcie_bw_gbps
-from treeattn.topology.model import Device, DeviceKind, Link, LinkClass, LinkKind, Topology, check_rank_count
+from treeattn.topology.attention_fits import published_attention_fit
+from treeattn.topology.compact import cost_params
+from treeattn.topology.model import (
+    CostParams,
+    Device,
+    DeviceKind,
+    Link,
+    LinkClass,
+    LinkKind,
+    Topology,
+    check_rank_count,
+)
 
 __all__ = ["NicInfo", "NodeDraft", "Fabric", "ProbeResult", "finish", "attach_near_gpu", "add_assumed_nics"]
 
@@ -328,9 +339,23 @@ def finish(
         ranks=tuple(ranks),
         description=description,
         sources=tuple(draft.sources),
+        cost=_attention_cost(draft),
     )
     topo.check_routable()
     return ProbeResult(topo, tuple(draft.warnings), tuple(draft.assumptions), source)
+
+
+def _attention_cost(draft: NodeDraft) -> CostParams:
+    """The published decode-kernel fit of the node's GPU model (all GPUs one model), noted
+    as an assumption; else the defaults (``launch_us``, ``mem_efficiency``)."""
+    models = {draft.devices[g].model for g in draft.gpus}
+    fit = published_attention_fit(models.pop()) if len(models) == 1 else None
+    if fit is None:
+        return CostParams()
+    which, spec = fit
+    draft.note(f"attention kernel: the fit to published decode kernels on {which} (cost.attn_launch_us "
+               f"{spec.attn_launch_us:g}, cost.attn_efficiency {spec.attn_efficiency:g}; docs/attention-model.md)")
+    return cost_params(spec)
 
 
 def _join_nodes(draft, nodes, fabric, fabric_nics, rates, devices, links, local) -> str:  # noqa: ANN001

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from treeattn.errors import TopologyError
+from treeattn.topology.attention_fits import ATTN_AMPERE, ATTN_BLACKWELL, ATTN_HOPPER
 from treeattn.topology.compact import build_compact, cost_params
 from treeattn.topology.model import CostParams, Device, DeviceKind, Link, LinkKind, Topology, check_rank_count
 from treeattn.topology.schema import (
@@ -149,15 +150,6 @@ def _network(kind: LinkKind, p: Mapping[str, Any]) -> NetworkSpec:
     )
 
 
-# Decode attention as published kernels run it, by GPU generation: a fixed cost per call and a
-# share of memory bandwidth, fitted to their timings (results/published/attention,
-# docs/attention-model.md): Flash-Decoding on A100 (PyTorch blog "Flash-Decoding for
-# long-context inference"), FlashAttention-2/3 paged decode on H100 (onnxruntime pull 21414,
-# Dao-AILab/flash-attention issue 1572), FlashInfer trtllm-gen on B200 (flashinfer-ai/flashinfer
-# pull 1415). Other GPUs keep launch_us and mem_efficiency: no published figure at hand.
-_ATTN_AMPERE = CostSpec(attn_launch_us=13.9, attn_efficiency=0.72)
-_ATTN_HOPPER = CostSpec(attn_launch_us=12.4, attn_efficiency=0.56)
-_ATTN_BLACKWELL = CostSpec(attn_launch_us=6.9, attn_efficiency=0.80)
 
 
 def _nvidia_hgx(
@@ -204,7 +196,7 @@ def _hopper(p: Mapping[str, Any], name: str, gpu: GpuSpec, description: str, sou
         pcie=_PCIE5.model_copy(update={"switches": 8}),
         # 8 x ConnectX-7 400 Gb/s = 50 GB/s, GPU k <-> NIC k (HW: InfiniBand row).
         nics=NicSpec(count=8, model="ConnectX-7-NDR", bw_gbps=50.0),
-        p=p, cost=_ATTN_HOPPER,
+        p=p, cost=ATTN_HOPPER,
     )
 
 
@@ -251,7 +243,7 @@ def _dgx_a100(name: str, p: Mapping[str, Any]) -> Topology:
         pcie=_PCIE4.model_copy(update={"switches": 4}),
         # 8 x ConnectX-6 HDR 200 Gb/s = 25 GB/s, GPU k <-> NIC k.
         nics=NicSpec(count=8, model="ConnectX-6-HDR", bw_gbps=25.0),
-        p=p, cost=_ATTN_AMPERE,
+        p=p, cost=ATTN_AMPERE,
     )
 
 
@@ -340,7 +332,7 @@ def _gb200(name: str, p: Mapping[str, Any]) -> Topology:
                               latency_us=_NVSWITCH_LAT, nodes_per_domain=18),
             nics=NicSpec(count=4, model="ConnectX-7-NDR", bw_gbps=50.0),
         ),
-        network=_network(LinkKind.INFINIBAND, p), cost=_ATTN_BLACKWELL,
+        network=_network(LinkKind.INFINIBAND, p), cost=ATTN_BLACKWELL,
     )
     return build_compact(spec)
 

@@ -1,0 +1,35 @@
+"""Decode attention as published kernels run it, by GPU product: a fixed cost per call and a
+share of memory bandwidth, fitted to their timings (results/published/attention,
+docs/attention-model.md): Flash-Decoding on A100 (PyTorch blog "Flash-Decoding for
+long-context inference"), FlashAttention-2/3 paged decode on H100 (onnxruntime pull 21414,
+Dao-AILab/flash-attention issue 1572), FlashInfer trtllm-gen on B200 (flashinfer-ai/flashinfer
+pull 1415). The families carry them, and `treeattn probe` writes them for the GPUs they were
+fitted on (the same generation's HBM parts). Other GPUs (MI300X, RTX 4090, V100, L40S) keep
+``launch_us`` and ``mem_efficiency``: no published timing with every shape term stated."""
+
+from __future__ import annotations
+
+from treeattn.topology.schema import CostSpec
+
+__all__ = ["ATTN_AMPERE", "ATTN_HOPPER", "ATTN_BLACKWELL", "published_attention_fit"]
+
+ATTN_AMPERE = CostSpec(attn_launch_us=13.9, attn_efficiency=0.72)
+ATTN_HOPPER = CostSpec(attn_launch_us=12.4, attn_efficiency=0.56)
+ATTN_BLACKWELL = CostSpec(attn_launch_us=6.9, attn_efficiency=0.80)
+
+# Canonical model names (treeattn.probe.hardware) by prefix: the parts the fits describe.
+_BY_PREFIX: tuple[tuple[str, str, CostSpec], ...] = (
+    ("A100-", "A100 (Ampere)", ATTN_AMPERE),
+    ("H100-", "H100 (Hopper)", ATTN_HOPPER),
+    ("H200-", "H100 (Hopper)", ATTN_HOPPER),
+    ("B200", "B200 (Blackwell)", ATTN_BLACKWELL),
+    ("GB200", "B200 (Blackwell)", ATTN_BLACKWELL),
+)
+
+
+def published_attention_fit(model: str) -> tuple[str, CostSpec] | None:
+    """(which fit, its cost fields) for a GPU model name, or None when none was fitted on it."""
+    for prefix, name, spec in _BY_PREFIX:
+        if model.upper().startswith(prefix):
+            return name, spec
+    return None
