@@ -125,6 +125,9 @@ def _algorithm_list(json_out: bool) -> None:
             con.print(f"    {prm.name:<11} {prm.description}")
 
 
+_MEM_COUNTS = ("A rank's peak counts its KV cache (every layer), the query, partials and receive buffers, "
+               "not the model's weights or activations: lower this to leave them room.")
+
 @app.command("plan")
 def plan_cmd(
     topology: TopologyOpt = None,
@@ -170,7 +173,8 @@ def plan_cmd(
                                         "own query heads: a tensor-parallel o_proj's input) or root[:R] (rank R "
                                         "only, default 0).")] = "all",
     mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="Share of each device's memory (mem_gb) a "
-                                                "rank may use; schedules that need more are left out.")] = 0.9,
+                                                "rank may use; schedules that need more are left out. " + _MEM_COUNTS
+                                                )] = 0.9,
     top: Annotated[int, typer.Option("--top", help="Candidates shown.", rich_help_panel=_SEARCH)] = 10,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the local-improvement moves.",
                                       rich_help_panel=_SEARCH)] = 0,
@@ -438,7 +442,7 @@ def compare_cmd(
     ring: Annotated[str, typer.Option("--ring", help="Ring of ring attention and of the ring of partials: "
                                       "topology (along rails) or rank (rank order).")] = "topology",
     mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="Usable share of each device's memory "
-                                                "(methods over it are marked).")] = 0.9,
+                                                "(methods over it are marked). " + _MEM_COUNTS)] = 0.9,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the planner.")] = 0,
     csv: Annotated[Path | None, typer.Option("--csv", help="Write the rows as CSV.", rich_help_panel=_OUT)] = None,
     png: Annotated[Path | None, typer.Option("--png", help="Plot speedup against sequence length.",
