@@ -37,6 +37,8 @@ BAD = {
     "family-bad-param.yaml": ["family-bad-param.yaml:3:", "params.nodes", "integer >= 1"],
     "family-unknown.yaml": ["family-unknown.yaml:1:", "family:", "unknown family 'dgx-h900'"],
     "oversubscription-below-one.yaml": ["oversubscription-below-one.yaml:7:", "network.oversubscription", ">= 1"],
+    "compact-sockets-unjoined.yaml": ["compact-sockets-unjoined.yaml:", "rank 0 (n0.gpu0) cannot reach rank 2",
+                                      "on one machine (node 0)", "node.cpus.link"],
 }
 
 

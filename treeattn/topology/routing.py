@@ -143,6 +143,14 @@ class RouteIndex:
             path = self._pcie_route(da, db)
             if path is not None:
                 return path
+            try:
+                return self._network_route(da, db)
+            except TopologyError:  # the usual cause is not a missing NIC: say what joins one machine
+                raise TopologyError(
+                    f"topology {self.topo.name!r}: {a!r} and {b!r} are on one machine (node {da.node}) but no GPU "
+                    "fabric, PCIe path or NIC joins them; join their CPU sockets (a compact file's node.cpus.link, "
+                    "e.g. {kind: upi, bw_gbps: 22}; an explicit file's link between the CPUs) or link the devices"
+                ) from None
         return self._network_route(da, db)
 
     def _pcie_route(self, da: Device, db: Device) -> tuple[int, ...] | None:
