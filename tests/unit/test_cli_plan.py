@@ -168,6 +168,24 @@ def test_compare_bad_input():
     assert res.exit_code == 2 and "--seq-lens" in res.stderr
     res = run_cli("compare", "-t", "cpu-4", "--nodes", "2", "--seq-lens", "8K", "-m", "llama-3.1-8b")
     assert res.exit_code == 2 and "cpu-4" in res.stderr
+    res = run_cli("compare", "-t", "dgx-h100", "--seq-lens", "8K,,64K", "-m", "llama-3.1-8b")
+    assert res.exit_code == 2 and "cannot read --seq-lens ''" in res.stderr  # not read as "8K,64K"
+
+
+def test_compare_leaves_out_the_lengths_whose_kv_cache_fits_no_device():
+    # 70B at B = 16 over 16 A100s: 128K fits (40 GiB of KV a GPU), 256K does not (80 of 72 usable).
+    base = ("compare", "-t", "dgx-a100:nodes=2", "-m", "llama-3.1-70b", "-b", "16")
+    res = run_cli(*base, "--seq-lens", "128K,256K", "--json")
+    assert res.exit_code == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert {r["seq_len"] for r in out["rows"]} == {131072}
+    [gone] = out["left_out"]
+    assert (gone["topology"], gone["seq_len"]) == ("dgx-a100:nodes=2", 262144)
+    assert gone["why"].startswith("N=256K: needs 80 GiB of KV per GPU")
+    text = run_cli(*base, "--seq-lens", "128K,256K").stdout
+    assert "left out, the KV cache does not fit: N=256K: needs 80 GiB of KV per GPU" in text
+    res = run_cli(*base, "--seq-lens", "256K,1M")
+    assert res.exit_code == 2 and res.stderr.startswith("error: no sequence length fits any topology; N=256K")
 
 
 @pytest.mark.parametrize(("fraction", "advice"), [("0.9", "use more ranks or a larger --mem-fraction"),

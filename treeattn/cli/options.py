@@ -80,7 +80,7 @@ HeadDimOpt = Annotated[int | None, typer.Option("--head-dim", help="Head dimensi
 BatchOpt = Annotated[int | None, typer.Option("--batch", "-b", help="Batch B (default 1).", rich_help_panel=_W)]
 SeqLenOpt = Annotated[
     str | None,
-    typer.Option("--seq-len", "-n", help="Sequence length N in tokens: 131072, 128K, 1M (K = 1024).",
+    typer.Option("--seq-len", "-n", help="Sequence length N in tokens: 131072, 128K or 128Ki, 1M (K = 1024).",
                  rich_help_panel=_W),
 ]
 SplitOpt = Annotated[

@@ -427,7 +427,9 @@ def compare_cmd(
     topology: TopologyOpt = None,
     nodes: Annotated[str | None, typer.Option("--nodes", help="Node counts of a family: 1,2,4,16.",
                                               rich_help_panel="Topology")] = None,
-    seq_lens: Annotated[str, typer.Option("--seq-lens", help="Sequence lengths: 128K,1M.")] = "128K,1M",
+    seq_lens: Annotated[str, typer.Option("--seq-lens", help="Sequence lengths in tokens, comma-separated: 128K,1M "
+                                          "(K = 1024); a length whose KV cache fits no device is left out, and "
+                                          "said.")] = "128K,1M",
     workload_file: WorkloadFileOpt = None,
     model: ModelOpt = None,
     heads: HeadsOpt = None,
@@ -470,7 +472,7 @@ def compare_cmd(
     node_counts = _int_list(nodes, "--nodes") if nodes else None
     if node_counts is not None and any(n < 1 for n in node_counts):
         raise InputError(f"--nodes must be positive, got {nodes!r}")
-    lens = [parse_tokens(x, where="--seq-lens") for x in seq_lens.split(",") if x.strip()]
+    lens = [parse_tokens(x, where="--seq-lens") for x in seq_lens.split(",")]
     if not lens or any(n < 1 for n in lens):
         raise InputError(f"--seq-lens must name positive token counts, got {seq_lens!r}")
     topos = [load_topology(s) for s in expand_topologies(topology, node_counts)]
@@ -498,27 +500,37 @@ def compare_cmd(
                             partial_dtype=partial_dtype, layers=layers)
 
     layout, root = "all", None
+    unfit: dict[tuple[str, int], str] = {}  # (topology, N) whose KV cache alone no device holds
     for t in topos:  # fail on a bad shape, layout or memory before the long part
         w = make(t.num_ranks, lens[0])
         layout, root = parse_result(result, t.num_ranks)
         for n in lens:
-            check_kv_fits(make(t.num_ranks, n), t, mem_fraction)
+            try:
+                check_kv_fits(make(t.num_ranks, n), t, mem_fraction)
+            except InputError as exc:
+                unfit[(t.name, n)] = f"N={_tokens(n)}: {exc}"
         if layout == "heads" and isinstance(w, Workload) and t.num_ranks > w.q_heads:
             raise InputError(f"--result heads gives every rank its own query heads: {w.q_heads} heads cannot go to "
                              f"{t.num_ranks} ranks of {t.name}")
+    if len(unfit) == len(topos) * len(lens):
+        raise InputError(next(iter(unfit.values())) if len(unfit) == 1 else
+                         f"no sequence length fits any topology; {next(iter(unfit.values()))}")
     with progress_reporter(progress, "comparing") as update:
         rows = compare(topos, lens, make, result=layout, root=root, ring=ring, mem_fraction=mem_fraction,
-                       seed=seed, progress=update)
+                       seed=seed, progress=update, skip=unfit)
     if csv is not None:
         write_csv(rows, csv)
     if png is not None:
         plot_speedup(rows, png)
     if json_out:
         _echo_json({"rows": [r.to_dict() for r in rows], "csv": None if csv is None else str(csv),
-                    "png": None if png is None else str(png)})
+                    "png": None if png is None else str(png),
+                    "left_out": [{"topology": t, "seq_len": n, "why": why} for (t, n), why in unfit.items()]})
         return
     _compare_tables(rows, result, ring)
     con = console()
+    for why in unfit.values():
+        con.print(f"left out, the KV cache does not fit: {why}", markup=False)
     for t in topos:
         print_rates_note(con, t, f"{t.name}:\n" if len(topos) > 1 else "")
     for path in (csv, png):

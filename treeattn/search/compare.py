@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,6 +171,7 @@ def compare(
     mem_fraction: float = DEFAULT_MEM_FRACTION,
     seed: int = 0,
     progress: Callable[[int, int, str], None] | None = None,
+    skip: Collection[tuple[str, int]] = (),
 ) -> list[CompareRow]:
     """Time every method on every topology and sequence length.
 
@@ -186,6 +187,7 @@ def compare(
             leaves out schedules that do not fit).
         seed: the planner's seed.
         progress: ``progress(done, total, stage)``.
+        skip: (topology name, N) pairs left out (a KV cache that no device could hold).
 
     Returns:
         Rows ordered by topology, then sequence length, then ``METHODS``.
@@ -193,11 +195,13 @@ def compare(
     if ring not in ("topology", "rank"):
         raise InputError(f"ring order must be topology or rank, got {ring!r}")
     rows: list[CompareRow] = []
-    total = len(topologies) * len(seq_lens)
+    total = sum(1 for t in topologies for n in seq_lens if (t.name, n) not in skip)
     done = 0
     for topo in topologies:
         order = ring_order(topo)[1] if ring == "topology" else list(range(topo.num_ranks))
         for n in seq_lens:
+            if (topo.name, n) in skip:
+                continue
             w = make_workload(topo.num_ranks, n)
             if not isinstance(w, Workload):
                 raise InputError("compare needs a decode shape (--model or --heads/--head-dim), not --bytes")

@@ -47,7 +47,7 @@ ATTENTION_KEYS = frozenset(
 )
 RAW_KEYS = frozenset({"kind", "bytes", "op", "dtype", "ranks"})
 
-_TOKENS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*$")
+_TOKENS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kKmMgG])i?)?\s*$")  # "128Ki" as sizes write it: the same
 _TOKEN_POW = {"": 0, "k": 1, "m": 2, "g": 3}
 
 
@@ -55,8 +55,8 @@ def parse_tokens(value: Any, *, where: str = "seq_len") -> int:
     """Read a token count: an integer, or text such as ``"4096"``, ``"128K"``, ``"1M"``.
 
     Args:
-        value: the count; K, M, G are powers of 1024, as context lengths are quoted
-            (Llama 3.1's 128K context is 131072 tokens).
+        value: the count; K, M, G (or Ki, Mi, Gi) are powers of 1024, as context lengths
+            are quoted (Llama 3.1's 128K context is 131072 tokens).
         where: the field name, for the error message.
 
     Returns:
@@ -71,7 +71,7 @@ def parse_tokens(value: Any, *, where: str = "seq_len") -> int:
     m = _TOKENS.match(str(value))
     if not m:
         raise WorkloadError(f"cannot read {where} {value!r}; write it like 4096, 128K or 1M")
-    count = float(m.group(1)) * 1024 ** _TOKEN_POW[m.group(2).lower()]
+    count = float(m.group(1)) * 1024 ** _TOKEN_POW[(m.group(2) or "").lower()]
     if count != int(count):
         raise WorkloadError(f"{where} {value!r} is not a whole number of tokens")
     return int(count)
