@@ -54,6 +54,7 @@ def test_yaml_raw_payload(tmp_path):
         ({"model": "llama-3.1-8b", "seq_len": 11, "ranks": 3}, 2, "topology places 2"),
         ({"model": "llama-3.1-8b"}, 2, "give seq_len"),
         ({"heads": 6, "kv_heads": 4, "head_dim": 8, "seq_len": 4}, 2, "must divide"),
+        ({"model": "llama-3.1-8b", "seq_len": 10, "kv_dtype": "bf17"}, 2, "workload.kv_dtype: unknown dtype 'bf17'"),
     ],
 )
 def test_bad_workloads_name_the_field(data, ranks, needle):
@@ -67,8 +68,12 @@ def test_bad_file(tmp_path):
         load_workload(tmp_path / "missing.yaml")
     f = tmp_path / "bad.yaml"
     f.write_text("batch: [1\n")
-    with pytest.raises(WorkloadError, match="not valid YAML"):
+    with pytest.raises(WorkloadError, match="bad.yaml:2: not valid YAML: expected ',' or ']'"):
         load_workload(f)
+    # the shape's own checks name the file too
+    f.write_text("workload:\n  q_heads: 64\n  kv_heads: 7\n  head_dim: 128\n  seq_len: 128K\n")
+    with pytest.raises(WorkloadError, match=r"bad.yaml: workload.kv_heads \(7\) must divide q_heads \(64\)"):
+        load_workload(f, ranks=2)
 
 
 def test_flags_override_file(tmp_path):

@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from treeattn.errors import WorkloadError
+from treeattn.errors import InputError, WorkloadError
 from treeattn.textfile import read_text
 from treeattn.units import DType, parse_size
 from treeattn.workload import MODELS, Payload, RawPayload, ReduceOp, Workload, even_split
@@ -175,19 +175,28 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
         split = _split(raw_split, ranks, seq_len, where)
         if sum(split) != seq_len:
             raise WorkloadError(f"{where}.split sums to {sum(split)} tokens but seq_len is {seq_len}")
-    return Workload.create(
-        ranks=len(split),
-        seq_len=seq_len,
-        batch=ints["batch"] if ints["batch"] is not None else 1,
-        model=model,
-        q_heads=ints["q_heads"],
-        kv_heads=ints["kv_heads"],
-        head_dim=ints["head_dim"],
-        split=split,
-        kv_dtype=DType.parse(data.get("kv_dtype", "bf16")),
-        partial_dtype=DType.parse(data.get("partial_dtype", "fp32")),
-        layers=ints["layers"],
-    )
+    dtypes = {}
+    for key, default in (("kv_dtype", "bf16"), ("partial_dtype", "fp32")):
+        try:
+            dtypes[key] = DType.parse(data.get(key, default))
+        except (InputError, ValueError) as exc:
+            raise WorkloadError(f"{where}.{key}: {exc}") from None
+    try:
+        return Workload.create(
+            ranks=len(split),
+            seq_len=seq_len,
+            batch=ints["batch"] if ints["batch"] is not None else 1,
+            model=model,
+            q_heads=ints["q_heads"],
+            kv_heads=ints["kv_heads"],
+            head_dim=ints["head_dim"],
+            split=split,
+            layers=ints["layers"],
+            **dtypes,
+        )
+    except (InputError, ValueError) as exc:  # the shape's own checks: name the file they read
+        text = str(exc)
+        raise WorkloadError(text if text.startswith(where) else f"{where}: {text}") from None
 
 
 def load_workload(path: str | Path, *, ranks: int | None = None) -> Payload:
@@ -205,7 +214,10 @@ def load_workload(path: str | Path, *, ranks: int | None = None) -> Payload:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise WorkloadError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+        mark = getattr(exc, "problem_mark", None)
+        at = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise WorkloadError(f"{path}{at}: not valid YAML: {problem}") from None
     if isinstance(data, dict) and set(data) == {"workload"}:
         data = data["workload"]
     return workload_from_dict(data if data is not None else {}, ranks=ranks, where=str(path))
