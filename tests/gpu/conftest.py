@@ -3,8 +3,13 @@ runs them on a GPU machine). Every test here is marked ``gpu``."""
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 import torch
+import torch.distributed as dist
+
+from treeattn.exec.launch import free_port
 
 
 def gpus() -> int:
@@ -25,3 +30,13 @@ def need_gpus(n: int) -> None:
     """Skip the calling test unless this node has ``n`` GPUs."""
     if gpus() < n:
         pytest.skip(f"needs {n} GPUs, this node has {gpus()}")
+
+
+@pytest.fixture
+def nccl_world_of_one():
+    """An NCCL process group of this process alone, on GPU 0."""
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60), device_id=torch.device("cuda", 0))
+    torch.cuda.set_device(0)
+    yield
+    dist.destroy_process_group()

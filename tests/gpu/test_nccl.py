@@ -5,19 +5,17 @@ naming it), empty shards and fp8."""
 
 from __future__ import annotations
 
-import datetime
 import time
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from tests.distributed.test_exec_faults import W3, children
 from tests.distributed.test_exec_run import attention, family_plans
 from tests.gpu.conftest import gpus, need_gpus
 from treeattn.errors import ExecutionError, InputError
 from treeattn.exec.interpreter import FAULT_ENV
-from treeattn.exec.launch import free_port, launch
+from treeattn.exec.launch import launch
 from treeattn.exec.merger import Merger
 from treeattn.exec.runner import Job, PlanJob, RunOptions
 from treeattn.plan.builders import build
@@ -61,15 +59,6 @@ def test_world_size_one_run():
     result = launch(Job(jobs, nccl(baselines=True)))
     assert result.world == 1 and result.graphs
     assert all(m.correct for m in result.measurements)
-
-
-@pytest.fixture
-def nccl_world_of_one():
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60), device_id=torch.device("cuda", 0))
-    torch.cuda.set_device(0)
-    yield
-    dist.destroy_process_group()
 
 
 def test_merger_graph_replay_equals_eager(nccl_world_of_one):

@@ -28,7 +28,7 @@ import torch
 
 from treeattn.exec import kernels
 from treeattn.exec.attention import partial_attention
-from treeattn.exec.comm import P2P, BufferPool, Comm
+from treeattn.exec.comm import P2P, BufferPool, Comm, distinct
 from treeattn.exec.merge import pack, weights, wired
 from treeattn.plan.ir import head_split
 from treeattn.workload import Workload
@@ -162,7 +162,7 @@ def ring_attention(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Work
             works = comm.post([P2P(True, current, nxt), P2P(False, incoming, prv)])
         part = partial_attention(q, current, kernel)
         acc = part if acc is None else kernels.merge_into(acc, part.unsqueeze(0))
-        for work in works:
+        for work in distinct(works):
             comm.wait(work, f"ring-attention rotation {s}")
         if incoming is not None:
             if current is not kv:

@@ -15,10 +15,12 @@ posted, on either side (both sides know its size). fp8 travels as its bytes (a u
 Every wait has a deadline: ``op_timeout_s`` for the operations being measured,
 ``setup_timeout_s`` for set-up, checks and barriers. A failed or timed-out wait raises
 ``CommError``, which names the operation and the peer. On CUDA a wait does not hold the
-host: the device waits (the NCCL work joins the current stream), a marker records where,
-and ``settle`` later polls the markers in order, each within the deadline of the one
-before, so a rank that died or hung is named within the timeout without a host
-synchronisation inside a timed region.
+host: the device waits (the NCCL work joins the current stream), a marker (an untimed
+event, one per work handle) records where, and ``settle`` later waits for the markers,
+each within the deadline of the one before (``treeattn.exec.deadline``), so a rank that
+died or hung is named within the timeout without a host synchronisation inside a timed
+region. A ``Merger`` hands each call's markers to ``calls`` instead, which checks them
+without waiting unless the host has run more than ``CALLS_AHEAD`` calls ahead of the device.
 
 Time: ``mark`` is a timestamp of the current stream's position (a CUDA event on a GPU, the
 host clock on a CPU) and ``seconds`` turns it into seconds on the host clock, counted from
@@ -41,8 +43,10 @@ import torch.distributed as dist
 
 from treeattn.errors import ExecutionError
 from treeattn.exec.board import HostBoard
+from treeattn.exec.deadline import Outstanding, wait_marks
 
-__all__ = ["CommError", "Comm", "P2P", "BufferPool", "Mark", "timing_event"]
+__all__ = ["CALLS_AHEAD", "CommError", "Comm", "P2P", "BufferPool", "Mark", "timing_event", "deadline_event",
+           "distinct"]
 
 _PAIRS: dict[tuple[int, int], dist.ProcessGroup] = {}
 """NCCL communicators of pairs of global ranks, created once per process (``Comm.open_pairs``)."""
@@ -56,6 +60,13 @@ Comms on one group (two Mergers) never reuse a tag the other still has in flight
 
 _SPIN_S = 0.001
 """How long before an agreed start instant a rank stops sleeping and yields until it."""
+
+CALLS_AHEAD = 3
+"""How many earlier calls (``Comm.calls``) the device may not have finished when a call starts
+without the call waiting (more: it waits for the oldest). When the host has to wait, the
+device still has that many calls queued, so the host's late wake-up (tens of µs) costs it
+nothing; a host that ran ahead of a hung peer stops within that many calls and raises by
+the deadline; and the markers held are those of at most that many calls and the current one."""
 
 
 def _first_line(exc: BaseException) -> str:
@@ -76,6 +87,21 @@ def timing_event() -> torch.cuda.Event:
         return torch.cuda.Event(enable_timing=True, external=True)
     except TypeError:  # torch before 2.5: recorded during capture only as a dependency
         return torch.cuda.Event(enable_timing=True)
+
+
+def deadline_event() -> torch.cuda.Event:
+    """A CUDA event that only marks a position (no timing: cheaper to record), recorded as a
+    node of a CUDA graph being captured where this torch can."""
+    try:
+        return torch.cuda.Event(external=True)
+    except TypeError:  # torch before 2.5: a capture records it as a dependency only (never queried late)
+        return torch.cuda.Event()
+
+
+def distinct(works: list) -> list:
+    """The distinct work handles of ``works`` in first-seen order, without None (ops of one
+    NCCL batch with one peer share a handle: it is waited for, and marked, once)."""
+    return list({id(w): w for w in works if w is not None}.values())
 
 
 _REDUCE = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}
@@ -114,6 +140,13 @@ class Comm:
         self.cuda = device.type == "cuda"
         self._pending: list[tuple[Mark, str]] = []
         """CUDA: markers of waits the device has not been seen to pass yet (``settle``)."""
+        self.tracking = True
+        """Whether a CUDA wait records a marker (off while a caller's CUDA graph capture records
+        the waits: its replays happen where no deadline can see them)."""
+        limit = op_timeout_s
+        self.calls = Outstanding(limit, CALLS_AHEAD, lambda what: CommError(
+            f"rank {rank}: {what} failed: Timed out after {limit:g} s (NCCL)"))
+        """CUDA: the markers of calls issued and not yet seen finished (a ``Merger``'s)."""
         self._sides: list[torch.cuda.Stream] = []
 
     # -- time ---------------------------------------------------------------------------------
@@ -141,31 +174,29 @@ class Comm:
             return math.nan
 
     def track(self, what: str, mark: Mark | None = None) -> None:
-        """CUDA: remember that the device must pass ``mark`` (default: a new one here) in time,
-        ``what`` naming the operation if it does not (``settle``)."""
+        """CUDA: remember that the device must pass ``mark`` (default: a new untimed one here)
+        in time, ``what`` naming the operation if it does not (``settle``)."""
         if self.cuda:
-            self._pending.append((self.mark() if mark is None else mark, what))
+            if mark is None:
+                mark = deadline_event()
+                mark.record()
+            self._pending.append((mark, what))
 
     def untracked(self) -> list[tuple[Mark, str]]:
         """Take the markers not settled yet (a CUDA graph keeps those it captured)."""
         out, self._pending = self._pending, []
         return out
 
-    def settle(self, setup: bool = False, pending: list[tuple[Mark, str]] | None = None) -> None:
-        """Wait on the host until the device has passed every tracked marker, in order, each
-        within the deadline of the one before (or of the call); raise ``CommError`` naming the
-        first one it did not pass."""
-        marks = self.untracked() if pending is None else pending
-        if not self.cuda or not marks:
+    def settle(self, setup: bool = False) -> None:
+        """Wait on the host until the device has finished the outstanding ``calls`` and passed
+        every tracked marker, each within the deadline of the one before (or of the call);
+        raise ``CommError`` naming the first one it did not pass."""
+        if not self.cuda:
             return
+        self.calls.drain()
         limit = (self.setup_timeout if setup else self.op_timeout).total_seconds()
-        last = time.perf_counter()
-        for event, what in marks:
-            while not event.query():
-                if time.perf_counter() - last > limit:
-                    raise CommError(f"rank {self.rank}: {what} failed: Timed out after {limit:g} s (NCCL)")
-                time.sleep(2e-5)
-            last = time.perf_counter()
+        wait_marks(self.untracked(), limit,
+                   lambda what: CommError(f"rank {self.rank}: {what} failed: Timed out after {limit:g} s (NCCL)"))
 
     # -- point to point ---------------------------------------------------------------------
 
@@ -264,7 +295,7 @@ class Comm:
                 work.wait()
         except RuntimeError as exc:
             raise CommError(f"rank {self.rank}: {what} failed: {_first_line(exc)}") from exc
-        if self.cuda:
+        if self.cuda and self.tracking:
             self.track(what)
             if setup:
                 self.settle(setup=True)

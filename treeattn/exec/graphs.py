@@ -5,7 +5,10 @@ few µs each from Python) would swamp 16 KB NVLink messages. ``Graphed`` capture
 iteration (point-to-point batches, collectives, merges, the timing and deadline markers)
 into a CUDA graph after the eager warm-up runs (which compiled the kernels and opened the
 communicators) and replays it: the inputs and the accumulator are buffers that every replay
-reuses, so a replay computes what an eager run would.
+reuses, so a replay computes what an eager run would. Every replay is followed by one marker
+of its own, recorded outside the graph: the markers inside it are recorded again by each
+replay, so only that one says when this replay finished while a later one is queued (and
+on a torch whose capture cannot record them, it is the only one).
 
 Every rank captures at the same point of its program and then all agree (one all-reduce): if
 any rank's capture failed, every rank keeps running eager and each that failed says why in
@@ -30,13 +33,14 @@ class Graphed:
     the captured output (the same tensor every time)."""
 
     def __init__(self, comm: Comm, graph: torch.cuda.CUDAGraph, out: object, marks: list,
-                 before: Callable[[], None] | None) -> None:
+                 before: Callable[[], None] | None, name: str) -> None:
         self.comm = comm
         self.graph = graph
         self.out = out
         self.marks = marks
         """The deadline markers recorded inside the graph (each replay records them again)."""
         self.before = before
+        self.name = name
 
     def __call__(self) -> object:
         if self.before is not None:
@@ -44,6 +48,7 @@ class Graphed:
         self.graph.replay()
         for mark in self.marks:
             self.comm.track(mark[1], mark[0])
+        self.comm.track(f"the end of {self.name}")  # this replay's own marker, after the graph
         return self.out
 
 
@@ -68,7 +73,7 @@ def capture(comm: Comm, fn: Callable[[], object], name: str,
         # thread_local: the NCCL watchdog's thread may query events while this thread captures.
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             out = fn()
-        graphed = Graphed(comm, graph, out, comm.untracked(), before)
+        graphed = Graphed(comm, graph, out, comm.untracked(), before, name)
     except TreeattnError:  # the program's own failure (a fault injected in a test): not the capture's
         raise
     except Exception as exc:  # noqa: BLE001 - any capture failure falls back to eager

@@ -416,11 +416,14 @@ class PlanExecutor:
             part = self._partial(compute, blocks)  # while the transfers fly
             t_compute = self._mark()
         done: list[Mark] = []
+        waited: set[int] = set()  # ops of one NCCL batch with one peer share a work: waited (and marked) once
         for (_, op), work in zip(transfers, works, strict=True):
             if work is None:  # an empty message: nothing was posted
                 done.append(self._mark())
                 continue
-            self.comm.wait(work, f"{op.kind.value} chunk {op.chunk} with rank {op.peer} (step {op.step})")
+            if id(work) not in waited:
+                waited.add(id(work))
+                self.comm.wait(work, f"{op.kind.value} chunk {op.chunk} with rank {op.peer} (step {op.step})")
             done.append(own[id(work)] if own else self._mark())
         if own:
             self.comm.join_sides(len(own))

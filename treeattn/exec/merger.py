@@ -11,9 +11,26 @@ input is the accumulator itself when the program's first use of the accumulator 
 COMPUTE (``PlanExecutor.in_place``), and the Merger takes no per-op timestamps.
 
 On NCCL the merges are fused kernels (``treeattn.exec.kernels``) and, from the second call
-on, the program is replayed from a CUDA graph captured then (``graph``); nothing waits on
-the host: a call checks that the device finished the previous call's communication within
-the timeout, so a dead or hung peer is reported one call later at most.
+on, the program is replayed from a CUDA graph captured then (``graph``). A call does not
+wait for the device: it queries (without sleeping) whether the earlier calls' communication
+has finished, and raises ``ExecutionError`` for one the device has not finished within
+``timeout_s`` of the host first seeing it unfinished; only while more than ``CALLS_AHEAD``
+(3) earlier calls are unfinished does it wait for the oldest (``treeattn.exec.deadline``).
+So a dead or hung peer is reported by a later call within about ``timeout_s``, as long as
+the model keeps calling; a host that itself waits on the device (say, to read a sampled
+token) is stopped only by the process group's watchdog, which watches eager NCCL work, not
+a CUDA graph's.
+
+A Merger may be called inside the caller's CUDA graph capture (a whole decode step captured,
+as vLLM and SGLang do): such a call runs the program eagerly into the caller's graph, and
+neither checks earlier calls, nor records deadline markers, nor captures a graph of its own.
+Call it once outside any capture first, on every rank (that call allocates the buffers all
+later calls reuse and sets up NCCL's communicators), and capture at the same calls on every
+rank. No deadline applies to the caller's replays: a hung peer hangs them. The Merger must
+outlive the caller's graph, whose replays use its buffers. The Merger captures its own graph
+with ``capture_error_mode="thread_local"`` (the process group's watchdog thread may query
+events meanwhile); a caller whose capture fails that way can do the same. With the whole
+step captured by the caller, ``graph=False`` saves the Merger's own graph.
 """
 
 from __future__ import annotations
@@ -26,7 +43,7 @@ import torch.distributed as dist
 from treeattn.exec import kernels
 from treeattn.exec.attention import torch_dtype
 from treeattn.exec.comm import Comm
-from treeattn.exec.graphs import capture
+from treeattn.exec.graphs import Graphed, capture
 from treeattn.exec.interpreter import PlanExecutor, RankInputs, given_partial_problem
 from treeattn.exec.merge import pack_heads_into, unpack_heads
 from treeattn.plan.ir import Plan
@@ -48,12 +65,14 @@ class Merger:
         device: where the inputs live and the merge runs (default: the current CUDA device
             on NCCL, else the CPU).
         timeout_s: how long a rank waits for one message or collective before raising
-            ``treeattn.errors.ExecutionError`` (gloo: every wait; NCCL: checked at the next
-            call, see the module docstring). A rank that raises before communicating (bad
-            input) leaves the others to fail by this timeout rather than wait forever.
+            ``treeattn.errors.ExecutionError`` (gloo: every wait; NCCL: a call's communication,
+            checked by later calls, see the module docstring). A rank that raises before
+            communicating (bad input) leaves the others to fail by this timeout rather than
+            wait forever.
         graph: replay the program from a CUDA graph from the second call on (NCCL only);
             None: on with NCCL. A capture that fails on any rank leaves every rank eager,
-            with one line on stderr saying why.
+            with one line on stderr saying why (and ``graph`` False). Calls made inside the
+            caller's CUDA graph capture neither capture nor replay it (module docstring).
 
     Every rank of the group constructs its Merger at the same point of its program (on NCCL
     the ranks that exchange messages open a communicator per pair then).
@@ -122,10 +141,12 @@ class Merger:
                                    if op.is_transfer})
             kernels.warm(self.device, self.wire_dtype)
         self.graph = backend == "nccl" if graph is None else graph
-        """Whether calls after the first replay a CUDA graph (if its capture worked)."""
+        """Whether calls replay a CUDA graph of the Merger's own: as asked until the second call
+        (outside a caller's capture) captures it, then whether that worked on every rank."""
+        self._capture = self.graph
         self._run = self._exec.run
         self._calls = 0
-        self._previous: list = []
+        """Calls made outside a caller's CUDA graph capture."""
         if plan.layout == "heads":
             self.rows: tuple[int, int] | None = plan.segments[self.rank]
         else:
@@ -169,7 +190,9 @@ class Merger:
         Raises:
             TypeError / ValueError: a non-tensor, a wrong dtype, shape or device (checked
                 before anything is sent).
-            treeattn.errors.ExecutionError: a peer failed or did not answer within the timeout.
+            RuntimeError: the first call made inside a CUDA graph capture.
+            treeattn.errors.ExecutionError: a peer failed or did not answer within the timeout
+                (on NCCL: this call's or an earlier call's communication).
         """
         w = self._w
         for name, t in (("o", o), ("lse", lse)):
@@ -195,19 +218,42 @@ class Merger:
             return self._merge(o, lse)
 
     def _merge(self, o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        w = self._w
-        self._comm.settle(pending=self._previous)  # the previous call's communication, within the timeout
+        comm = self._comm
+        if comm.cuda and torch.cuda.is_current_stream_capturing():
+            return self._merge_captured(o, lse)
+        comm.calls.check()  # the earlier calls' communication, within the timeout; waits only when far ahead
         pack_heads_into(self._partial, o, lse)
         self._exec.prepare()
-        if self.graph and self._calls == 1:
-            self._run = capture(self._comm, self._exec.run, f"the Merger's program of plan {self.plan.algorithm!r}",
+        if self._capture and self._calls:
+            self._capture = self.graph = False  # until the capture worked on every rank
+            self._run = capture(comm, self._exec.run, f"the Merger's program of plan {self.plan.algorithm!r}",
                                 self._exec.replaying)
+            self.graph = isinstance(self._run, Graphed)
         acc = self._run()
         self._calls += 1
-        self._previous = self._comm.untracked()
+        comm.calls.add(comm.untracked(), self._run.name if isinstance(self._run, Graphed) else None)
+        return self._mine(acc, o.dtype)
+
+    def _merge_captured(self, o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """A call inside the caller's CUDA graph capture: the program runs eagerly into it, with
+        no deadline markers (its replays happen where no later call could check them)."""
+        if not self._calls:
+            raise RuntimeError("Merger: first called inside a CUDA graph capture; call it once outside the capture "
+                               "first (on every rank): that call allocates the buffers the captured calls reuse")
+        pack_heads_into(self._partial, o, lse)
+        self._exec.prepare()
+        self._comm.tracking = False
+        try:
+            acc = self._exec.run()
+        finally:
+            self._comm.tracking = True
+        return self._mine(acc, o.dtype)
+
+    def _mine(self, acc: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """This rank's result rows of the accumulator, as fresh tensors (o in ``dtype``)."""
         if self.rows is None:
             return None, None
         a, b = self.rows
-        mine_o, mine_l = unpack_heads(acc[a:b], w.batch)
-        return (mine_o.to(o.dtype, memory_format=torch.contiguous_format, copy=True),
+        mine_o, mine_l = unpack_heads(acc[a:b], self._w.batch)
+        return (mine_o.to(dtype, memory_format=torch.contiguous_format, copy=True),
                 mine_l.to(torch.float32, memory_format=torch.contiguous_format, copy=True))
