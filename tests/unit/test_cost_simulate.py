@@ -340,6 +340,19 @@ def test_collective_steps_run_together_and_take_ncclish_time():
     assert res.critical_path[-1][1] == 1
 
 
+def test_the_weighted_sum_carries_its_weight_in_the_partial_dtype():
+    import torch
+
+    from treeattn.exec import kernels
+    from treeattn.plan.ir import row_bytes
+
+    w = Workload(batch=1, q_heads=8, kv_heads=8, head_dim=64, split=(500, 1500), partial_dtype="bf16")
+    # An all-reduce of (w o, w) sums D + 1 values of the partial dtype (what kernels.weighted
+    # gives the collective); a point-to-point partial's row keeps its lse as 4 fp32 bytes.
+    packed = kernels.weighted(torch.zeros(w.rows, 65), torch.zeros(w.rows), torch.bfloat16)
+    assert row_bytes(w, "wnum") == packed[0].nbytes == 65 * 2 and w.row_bytes == 64 * 2 + 4
+
+
 # -- results ------------------------------------------------------------------------------------
 
 

@@ -517,4 +517,6 @@ def row_bytes(workload: Payload, what: str) -> int:
             return 4
         if what == "num":
             return workload.head_dim * workload.partial_dtype.nbytes
+        if what == "wnum":  # summed by the collective: the weight too in the partial dtype
+            return (workload.head_dim + 1) * workload.partial_dtype.nbytes
     return workload.row_bytes
