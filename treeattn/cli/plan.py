@@ -128,6 +128,7 @@ def _algorithm_list(json_out: bool) -> None:
 _MEM_COUNTS = ("A rank's peak counts its KV cache (every layer), the query, partials and receive buffers, "
                "not the model's weights or activations: lower this to leave them room.")
 
+
 @app.command("plan")
 def plan_cmd(
     topology: TopologyOpt = None,
