@@ -57,6 +57,7 @@ def scenario(rank: int, p: int, plan, dtype: torch.dtype, seed: int, group=None)
     before = pool.nbytes
     out2, _ = merger(o, lse)
     after = pool.nbytes
+    merger.synchronize()  # every earlier call finished (gloo: each call already waited)
     got = {"rank": rank, "heads": merger.heads, "none": out_o is None}
     if out_o is None:
         return got

@@ -170,6 +170,9 @@ def test_compare_bad_input():
     assert res.exit_code == 2 and "cpu-4" in res.stderr
     res = run_cli("compare", "-t", "dgx-h100", "--seq-lens", "8K,,64K", "-m", "llama-3.1-8b")
     assert res.exit_code == 2 and "cannot read --seq-lens ''" in res.stderr  # not read as "8K,64K"
+    # a bad fraction is said as such, not as a KV cache that fits no device
+    res = run_cli("compare", "-t", "dgx-h100", "--seq-lens", "8K,16K", "--mem-fraction", "1.5", "-m", "llama-3.1-8b")
+    assert res.exit_code == 2 and res.stderr == "error: --mem-fraction must be in (0, 1], got 1.5\n", res.stderr
 
 
 def test_compare_leaves_out_the_lengths_whose_kv_cache_fits_no_device():

@@ -344,13 +344,26 @@ def test_the_weighted_sum_carries_its_weight_in_the_partial_dtype():
     import torch
 
     from treeattn.exec import kernels
-    from treeattn.plan.ir import row_bytes
+    from treeattn.plan.builders import build
+    from treeattn.plan.ir import TopologyRef, collective_row_bytes, row_bytes
 
     w = Workload(batch=1, q_heads=8, kv_heads=8, head_dim=64, split=(500, 1500), partial_dtype="bf16")
     # An all-reduce of (w o, w) sums D + 1 values of the partial dtype (what kernels.weighted
     # gives the collective); a point-to-point partial's row keeps its lse as 4 fp32 bytes.
     packed = kernels.weighted(torch.zeros(w.rows, 65), torch.zeros(w.rows), torch.bfloat16)
     assert row_bytes(w, "wnum") == packed[0].nbytes == 65 * 2 and w.row_bytes == 64 * 2 + 4
+    assert collective_row_bytes(w, "allreduce", "wnum") == 65 * 2
+    # No library reduces fp8: the executor's Comm reduces it through an fp32 copy (tensor.float()),
+    # 4 bytes an element on the wire and beside the buffer in memory; an all-gather moves its bytes.
+    w8 = Workload(batch=1, q_heads=8, kv_heads=8, head_dim=64, split=(500, 1500), partial_dtype="fp8")
+    packed8 = kernels.weighted(torch.zeros(w8.rows, 65), torch.zeros(w8.rows), torch.float8_e4m3fn)
+    for coll in ("allreduce", "reducescatter", "reduce"):
+        assert collective_row_bytes(w8, coll, "wnum") == packed8[0].float().nbytes == 65 * 4
+    assert collective_row_bytes(w8, "allgather", "partial") == w8.row_bytes == 64 + 4
+    topo = gpu_pair()
+    t8, t16 = (simulate(build("allreduce2", x, TopologyRef(topo.name, topo.fingerprint)), topo).predicted_us
+               for x in (w8, w))
+    assert t8 > t16  # fp8's rows move as fp32: twice bf16's bytes
 
 
 # -- results ------------------------------------------------------------------------------------

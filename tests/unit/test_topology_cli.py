@@ -179,15 +179,6 @@ def test_show_says_what_local_compute_costs():
         assert [ln.split()[0] for ln in lines[at + 1:at + 3]] == ["attention", "merges"], name
         assert all(len(ln) <= 80 for ln in lines[at:at + 3]), lines[at:at + 3]
         assert "cost sets no attention figures" not in " ".join(lines)  # set, or no fit for the GPU
-
-
-def test_show_names_the_published_fit_a_file_leaves_out(tmp_path):
-    path = tmp_path / "a100.yaml"
-    path.write_text("name: my-a100\nnode:\n  gpus: {count: 2, model: A100-SXM4-80GB, mem_bw_gbps: 2039, mem_gb: 80}\n"
-                    "  pcie: {bw_gbps: 25}\n")
-    lines = run_cli("topo", "show", str(path)).stdout.splitlines()
-    at = lines.index("  cost sets no attention figures; published decode kernels on A100 (Ampere) fit")
-    assert lines[at + 1] == "  attn_launch_us 13.9, attn_efficiency 0.72 (add them to cost: to use them)"
     for name, fixed, share in (("dgx-h100", 12.4, 0.56), ("dgx-a100", 13.9, 0.72), ("gb200-nvl72", 6.9, 0.8)):
         cost = json.loads(run_cli("topo", "show", name, "--json").stdout)["cost"]
         assert (cost["attn_launch_us"], cost["attn_efficiency"], cost["launch_us"]) == (fixed, share, 5.0), name
@@ -195,6 +186,20 @@ def test_show_names_the_published_fit_a_file_leaves_out(tmp_path):
     assert "attn_launch_us" not in mi and "attn_efficiency" not in mi  # no published figure: the defaults
     mi_text = " ".join(run_cli("topo", "show", "mi300x-8").stdout.split())
     assert "attention 5 us a call + KV at 0.8 of 5300 GB/s" in mi_text
+
+
+def test_show_names_the_published_fit_a_file_leaves_out(tmp_path):
+    path = tmp_path / "a100.yaml"
+    path.write_text("name: my-a100\nnode:\n  gpus: {count: 2, model: A100-SXM4-80GB, mem_bw_gbps: 2039, mem_gb: 80}\n"
+                    "  pcie: {bw_gbps: 25}\n")
+    lines = run_cli("topo", "show", str(path)).stdout.splitlines()
+    at = lines.index("  cost sets no attention figures; published decode kernels on A100 (Ampere)")
+    assert lines[at + 1] == "  fit attn_launch_us 13.9, attn_efficiency 0.72 (add them to cost: to use them)"
+    # the longest product name too: every line within 80 columns
+    path.write_text(path.read_text().replace("A100-SXM4-80GB", "B200").replace("name: my-a100", "name: my-b200"))
+    lines = run_cli("topo", "show", str(path)).stdout.splitlines()
+    at = lines.index("  cost sets no attention figures; published decode kernels on B200 (Blackwell)")
+    assert all(len(ln) <= 80 for ln in lines[at - 3:at + 2]), lines[at - 3:at + 2]
 
 
 def test_show_tables_and_png(tmp_path):

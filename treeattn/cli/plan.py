@@ -457,7 +457,7 @@ def compare_cmd(
     """Per-layer decode attention time, peak memory and bytes moved of the planned merge (tree)
     against ring attention, the ring of partials, two and three all-reduces, all-gather +
     merge and vLLM's decode context parallel, over sequence lengths and rank counts."""
-    from treeattn.cost.memory import check_kv_fits
+    from treeattn.cost.memory import check_fraction, check_kv_fits
     from treeattn.plan.baselines import parse_result
     from treeattn.search.compare import compare, expand_topologies, plot_speedup, write_csv
     from treeattn.search.workload_file import parse_tokens
@@ -501,6 +501,7 @@ def compare_cmd(
                             partial_dtype=partial_dtype, layers=layers)
 
     layout, root = "all", None
+    check_fraction(mem_fraction)  # a bad fraction is not a KV cache that fits nowhere (below)
     unfit: dict[tuple[str, int], str] = {}  # (topology, N) whose KV cache alone no device holds
     for t in topos:  # fail on a bad shape, layout or memory before the long part
         w = make(t.num_ranks, lens[0])

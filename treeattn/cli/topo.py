@@ -159,8 +159,8 @@ def _compute_line(topo: Topology) -> str:
     fit = published_attention_fit(topo.rank_device(0).model or "")
     if fit and c.attn_launch_us is None and c.attn_efficiency is None and c.attn_gbps is None:
         which, spec = fit
-        text += (f"\n  cost sets no attention figures; published decode kernels on {which} fit\n"
-                 f"  attn_launch_us {spec.attn_launch_us:g}, attn_efficiency {spec.attn_efficiency:g} "
+        text += (f"\n  cost sets no attention figures; published decode kernels on {which}\n"
+                 f"  fit attn_launch_us {spec.attn_launch_us:g}, attn_efficiency {spec.attn_efficiency:g} "
                  "(add them to cost: to use them)")
     return text
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from treeattn.cost import gloo, nccl
 from treeattn.cost.bounds import CutModel
 from treeattn.cost.nccl_p2p import WORLD
-from treeattn.plan.ir import COLLECTIVE_FORMS, Op, Plan, element_bytes, row_bytes
+from treeattn.plan.ir import COLLECTIVE_FORMS, Op, Plan, collective_row_bytes, element_bytes, widened
 from treeattn.topology.model import Topology
 
 __all__ = ["LibraryModel", "alltoall_us", "last_landing_us", "link_rates_note"]
@@ -85,7 +85,7 @@ class LibraryModel:
             if what == "q":
                 share = row = share_bytes
             else:
-                row = row_bytes(w, what)
+                row = collective_row_bytes(w, coll, what)
                 share = (stop - start) * row
             if coll == "alltoall":  # every rank sends each the rows it owns: timed for the largest owner
                 share = plan.alltoall_bytes(op.chunk, what)
@@ -100,7 +100,8 @@ class LibraryModel:
                 t = self.topo.cost.overhead_us + alltoall_us(self.topo, share)
             else:
                 size = share * p if coll == "allgather" else share
-                est = nccl.pick(self.fabric, nccl.Collective(coll), size, elem_bytes=element_bytes(w, what))
+                elem = 4 if widened(w, coll, what) else element_bytes(w, what)
+                est = nccl.pick(self.fabric, nccl.Collective(coll), size, elem_bytes=elem)
                 t = self.topo.cost.overhead_us + est.time_us
             total += max(t, floor)
         return total, spent

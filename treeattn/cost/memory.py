@@ -26,13 +26,22 @@ import bisect
 from dataclasses import dataclass
 
 from treeattn.errors import InputError
-from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, exchanged_chunks, message_bytes, row_bytes
+from treeattn.plan.ir import (
+    COLLECTIVE_FORMS,
+    OpKind,
+    Plan,
+    collective_row_bytes,
+    exchanged_chunks,
+    message_bytes,
+    row_bytes,
+    widened,
+)
 from treeattn.topology.model import Topology
 from treeattn.units import DType, format_size
 from treeattn.workload import Payload, Workload
 
 __all__ = ["DEFAULT_MEM_FRACTION", "MemoryCheck", "peak_bytes", "rank_peak_bytes", "run_bytes", "kv_cache_bytes",
-           "device_bytes", "check_kv_fits", "memory_check"]
+           "device_bytes", "check_kv_fits", "check_fraction", "memory_check"]
 
 DEFAULT_MEM_FRACTION = 0.9
 
@@ -56,7 +65,8 @@ def _collective_bytes(plan: Plan, op) -> int:  # noqa: ANN001 - an ir.Op
         if what == "q":
             out = max(out, share * p)  # the gathered query
             continue
-        buf = rows * row_bytes(w, what)
+        # a widened (fp8) reduction holds the fp32 copy beside its own buffer
+        buf = rows * (collective_row_bytes(w, coll, what) + (row_bytes(w, what) if widened(w, coll, what) else 0))
         if coll == "allgather":
             out = max(out, buf * p)
         elif coll == "alltoall":  # p pieces of its own rows (the rank that owns the most)
@@ -159,7 +169,8 @@ class MemoryCheck:
         return {"peak_bytes": self.peak_bytes, "limit_bytes": self.limit_bytes, "fits": self.fits}
 
 
-def _fraction(fraction: float) -> float:
+def check_fraction(fraction: float) -> float:
+    """``fraction`` (``--mem-fraction``), or ``InputError`` unless it is in (0, 1]."""
     if not 0 < fraction <= 1:
         raise InputError(f"--mem-fraction must be in (0, 1], got {fraction}")
     return fraction
@@ -167,7 +178,7 @@ def _fraction(fraction: float) -> float:
 
 def memory_check(plan: Plan, topo: Topology, fraction: float = DEFAULT_MEM_FRACTION) -> MemoryCheck:
     """``plan``'s peak per rank against its device's memory times ``fraction``."""
-    fraction = _fraction(fraction)
+    fraction = check_fraction(fraction)
     worst: tuple[float, int, int, int | None] | None = None
     for r in range(plan.ranks):
         peak = rank_peak_bytes(plan, r)
@@ -187,7 +198,7 @@ def check_kv_fits(payload: Payload, topo: Topology, fraction: float = DEFAULT_ME
     The message names what is needed and what the device has, e.g. ``needs 2.7 TiB of KV per
     GPU; dgx-h100 has 80 GiB per GPU (72 GiB usable at --mem-fraction 0.9)``.
     """
-    fraction = _fraction(fraction)
+    fraction = check_fraction(fraction)
     if not isinstance(payload, Workload):
         return
     worst = max(range(topo.num_ranks), key=lambda r: (kv_cache_bytes(payload, r), -r))

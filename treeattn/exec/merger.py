@@ -31,6 +31,10 @@ outlive the caller's graph, whose replays use its buffers. The Merger captures i
 with ``capture_error_mode="thread_local"`` (the process group's watchdog thread may query
 events meanwhile); a caller whose capture fails that way can do the same. With the whole
 step captured by the caller, ``graph=False`` saves the Merger's own graph.
+
+Not yet run on a GPU: the calls inside a caller's capture and the calls ahead of the device
+above (``tests/gpu/test_merger_graphs.py`` is written for them); only the bookkeeping is
+unit-tested, on CPU (``tests/unit/test_exec_deadline.py``).
 """
 
 from __future__ import annotations
@@ -167,6 +171,13 @@ class Merger:
             raise ValueError(f"Merger: the ranks of the group hold different plans ({ranks} differ from rank 0; "
                              f"this rank's is {plan.algorithm!r}, "
                              f"B={w.batch}, Hq={w.q_heads}, D={w.head_dim}): build every rank's Merger from one plan")
+
+    def synchronize(self) -> None:
+        """Wait until the device has finished every earlier call's communication, each within
+        ``timeout_s``, or raise ``ExecutionError`` naming what it waits on. Call it before the
+        model itself waits on the device (reading a sampled token) and at shutdown, where no
+        later call would notice a hung peer (module docstring). Not inside a CUDA graph capture."""
+        self._comm.settle()
 
     @property
     def heads(self) -> tuple[int, int] | None:

@@ -85,6 +85,9 @@ from treeattn.workload import Payload, RawPayload, Workload, even_split
 
 __all__ = [
     "PLAN_VERSION",
+    "REDUCTIONS",
+    "widened",
+    "collective_row_bytes",
     "exchanged_chunks",
     "LAYOUTS",
     "COLLECTIVE_FORMS",
@@ -506,6 +509,20 @@ def element_bytes(workload: Payload, what: str) -> int:
             return 4
         return (workload.kv_dtype if what == "q" else workload.partial_dtype).nbytes
     return workload.dtype.nbytes
+
+
+REDUCTIONS = ("allreduce", "reducescatter", "reduce")
+
+
+def widened(workload: Payload, coll: str, what: str) -> bool:
+    """Whether collective ``coll`` of ``what`` runs through fp32: a reduction of fp8, which no
+    library reduces (``treeattn.exec.comm`` widens it, 4 bytes an element on the wire)."""
+    return coll in REDUCTIONS and element_bytes(workload, what) == 1  # fp8: the one 1-byte dtype
+
+
+def collective_row_bytes(workload: Payload, coll: str, what: str) -> int:
+    """Bytes a row of ``what`` moves in collective ``coll`` (``row_bytes``, x 4 where widened)."""
+    return row_bytes(workload, what) * (4 if widened(workload, coll, what) else 1)
 
 
 def row_bytes(workload: Payload, what: str) -> int:

@@ -35,7 +35,7 @@ from treeattn.cost.simulate import simulate
 from treeattn.errors import InputError
 from treeattn.figures import save_figure
 from treeattn.plan.builders import ALGORITHMS, build
-from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, message_bytes, row_bytes
+from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, collective_row_bytes, message_bytes
 from treeattn.search.evaluate import Evaluator, Schedule, sweep_chunks
 from treeattn.search.rings import ring_order
 from treeattn.search.search import search
@@ -104,7 +104,8 @@ def plan_bytes_moved(plan: Plan) -> int:
             elif op.kind is OpKind.COLLECTIVE:
                 start, stop = plan.chunk_range(op.chunk)
                 for coll, what in COLLECTIVE_FORMS[(op.coll, op.reduce, op.part)].calls:
-                    buf = message_bytes(plan, op) if what == "q" else (stop - start) * row_bytes(w, what)
+                    rows = stop - start
+                    buf = message_bytes(plan, op) if what == "q" else rows * collective_row_bytes(w, coll, what)
                     if coll == "allgather":
                         total += (p - 1) * buf
                     elif coll == "allreduce":
