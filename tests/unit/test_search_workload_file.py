@@ -15,7 +15,8 @@ def test_parse_tokens():
     assert parse_tokens("1M") == 1 << 20
     assert parse_tokens(4096) == 4096
     assert parse_tokens("0.5K") == 512
-    assert parse_tokens("1Mi") == parse_tokens("1m") == 1 << 20  # as --bytes writes sizes: the same powers
+    # as --bytes writes sizes: the same powers of 1024
+    assert parse_tokens("1Mi") == parse_tokens("1m") == parse_tokens("1MI") == 1 << 20
     for bad in ("-3", "12X", True, -1, "0.3K", "1MiB", "1e6", "1i", "", "Ki"):
         with pytest.raises(WorkloadError):
             parse_tokens(bad)

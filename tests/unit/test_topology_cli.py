@@ -200,6 +200,11 @@ def test_show_names_the_published_fit_a_file_leaves_out(tmp_path):
     lines = run_cli("topo", "show", str(path)).stdout.splitlines()
     at = lines.index("  cost sets no attention figures; published decode kernels on B200 (Blackwell)")
     assert all(len(ln) <= 80 for ln in lines[at - 3:at + 2]), lines[at - 3:at + 2]
+    # a model as a file may write it, and the parts of the same memory system, take the fit too
+    for model, which in (("H100", "H100 (Hopper)"), ("GH200", "H100 (Hopper)"), ("A800-SXM4-80GB", "A100 (Ampere)")):
+        path.write_text(path.read_text().replace("B200", model, 1))
+        assert f"published decode kernels on {which}" in run_cli("topo", "show", str(path)).stdout, model
+        path.write_text(path.read_text().replace(model, "B200", 1))
 
 
 def test_show_tables_and_png(tmp_path):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import inspect
 import math
 import os
 import re
@@ -45,8 +46,8 @@ from treeattn.errors import ExecutionError
 from treeattn.exec.board import HostBoard
 from treeattn.exec.deadline import Outstanding, wait_marks
 
-__all__ = ["CALLS_AHEAD", "CommError", "Comm", "P2P", "BufferPool", "Mark", "timing_event", "deadline_event",
-           "distinct"]
+__all__ = ["CALLS_AHEAD", "EXTERNAL_EVENTS", "CommError", "Comm", "P2P", "BufferPool", "Mark", "timing_event",
+           "deadline_event", "distinct"]
 
 _PAIRS: dict[tuple[int, int], dist.ProcessGroup] = {}
 """NCCL communicators of pairs of global ranks, created once per process (``Comm.open_pairs``)."""
@@ -80,22 +81,23 @@ def _is_fp8(tensor: torch.Tensor) -> bool:
     return tensor.is_floating_point() and tensor.element_size() == 1
 
 
+EXTERNAL_EVENTS = "external" in inspect.signature(torch.cuda.Event.__new__).parameters
+"""Whether this torch records an event as a node of a CUDA graph being captured (2.5 on);
+before, such an event is only a dependency inside the graph, and querying it later fails
+(CUDA error 907), so a captured graph keeps no markers of its own then (``graphs``)."""
+
+
 def timing_event() -> torch.cuda.Event:
     """A CUDA event that times, and that a CUDA graph capture records as a node of the graph
-    (so each replay records it again), where this torch can."""
-    try:
-        return torch.cuda.Event(enable_timing=True, external=True)
-    except TypeError:  # torch before 2.5: recorded during capture only as a dependency
-        return torch.cuda.Event(enable_timing=True)
+    (so each replay records it again), where this torch can (``EXTERNAL_EVENTS``)."""
+    return torch.cuda.Event(enable_timing=True, external=True) if EXTERNAL_EVENTS else torch.cuda.Event(
+        enable_timing=True)
 
 
 def deadline_event() -> torch.cuda.Event:
     """A CUDA event that only marks a position (no timing: cheaper to record), recorded as a
-    node of a CUDA graph being captured where this torch can."""
-    try:
-        return torch.cuda.Event(external=True)
-    except TypeError:  # torch before 2.5: a capture records it as a dependency only (never queried late)
-        return torch.cuda.Event()
+    node of a CUDA graph being captured where this torch can (``EXTERNAL_EVENTS``)."""
+    return torch.cuda.Event(external=True) if EXTERNAL_EVENTS else torch.cuda.Event()
 
 
 def distinct(works: list) -> list:
@@ -143,9 +145,7 @@ class Comm:
         self.tracking = True
         """Whether a CUDA wait records a marker (off while a caller's CUDA graph capture records
         the waits: its replays happen where no deadline can see them)."""
-        limit = op_timeout_s
-        self.calls = Outstanding(limit, CALLS_AHEAD, lambda what: CommError(
-            f"rank {rank}: {what} failed: Timed out after {limit:g} s (NCCL)"))
+        self.calls = Outstanding(op_timeout_s, CALLS_AHEAD, lambda what: self.timed_out(what, op_timeout_s))
         """CUDA: the markers of calls issued and not yet seen finished (a ``Merger``'s)."""
         self._sides: list[torch.cuda.Stream] = []
 
@@ -195,8 +195,11 @@ class Comm:
             return
         self.calls.drain()
         limit = (self.setup_timeout if setup else self.op_timeout).total_seconds()
-        wait_marks(self.untracked(), limit,
-                   lambda what: CommError(f"rank {self.rank}: {what} failed: Timed out after {limit:g} s (NCCL)"))
+        wait_marks(self.untracked(), limit, lambda what: self.timed_out(what, limit))
+
+    def timed_out(self, what: str, limit_s: float) -> CommError:
+        """The error of ``what``, which the device did not pass within ``limit_s``."""
+        return CommError(f"rank {self.rank}: {what} failed: Timed out after {limit_s:g} s (NCCL)")
 
     # -- point to point ---------------------------------------------------------------------
 

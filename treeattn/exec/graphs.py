@@ -7,8 +7,9 @@ into a CUDA graph after the eager warm-up runs (which compiled the kernels and o
 communicators) and replays it: the inputs and the accumulator are buffers that every replay
 reuses, so a replay computes what an eager run would. Every replay is followed by one marker
 of its own, recorded outside the graph: the markers inside it are recorded again by each
-replay, so only that one says when this replay finished while a later one is queued (and
-on a torch whose capture cannot record them, it is the only one).
+replay, so only that one says when this replay finished while a later one is queued. A
+torch whose capture cannot record them as graph nodes (before 2.5: ``comm.EXTERNAL_EVENTS``)
+keeps none from inside the graph, since querying them later fails: that marker is the only one.
 
 Every rank captures at the same point of its program and then all agree (one all-reduce): if
 any rank's capture failed, every rank keeps running eager and each that failed says why in
@@ -23,7 +24,7 @@ from collections.abc import Callable
 import torch
 
 from treeattn.errors import TreeattnError
-from treeattn.exec.comm import Comm, _first_line
+from treeattn.exec.comm import EXTERNAL_EVENTS, Comm, _first_line
 
 __all__ = ["Graphed", "capture"]
 
@@ -73,7 +74,8 @@ def capture(comm: Comm, fn: Callable[[], object], name: str,
         # thread_local: the NCCL watchdog's thread may query events while this thread captures.
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             out = fn()
-        graphed = Graphed(comm, graph, out, comm.untracked(), before, name)
+        marks = comm.untracked()  # kept where this torch records them in the graph (EXTERNAL_EVENTS)
+        graphed = Graphed(comm, graph, out, marks if EXTERNAL_EVENTS else [], before, name)
     except TreeattnError:  # the program's own failure (a fault injected in a test): not the capture's
         raise
     except Exception as exc:  # noqa: BLE001 - any capture failure falls back to eager

@@ -32,6 +32,10 @@ with ``capture_error_mode="thread_local"`` (the process group's watchdog thread 
 events meanwhile); a caller whose capture fails that way can do the same. With the whole
 step captured by the caller, ``graph=False`` saves the Merger's own graph.
 
+Call a Merger on one CUDA stream (the one current at each call): its buffers are reused from
+call to call in that stream's order, and nothing else orders a call on another stream after
+the one before it.
+
 Not yet run on a GPU: the calls inside a caller's capture and the calls ahead of the device
 above (``tests/gpu/test_merger_graphs.py`` is written for them); only the bookkeeping is
 unit-tested, on CPU (``tests/unit/test_exec_deadline.py``).

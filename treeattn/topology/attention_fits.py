@@ -17,19 +17,19 @@ ATTN_AMPERE = CostSpec(attn_launch_us=13.9, attn_efficiency=0.72)
 ATTN_HOPPER = CostSpec(attn_launch_us=12.4, attn_efficiency=0.56)
 ATTN_BLACKWELL = CostSpec(attn_launch_us=6.9, attn_efficiency=0.80)
 
-# Canonical model names (treeattn.probe.hardware) by prefix: the parts the fits describe.
-_BY_PREFIX: tuple[tuple[str, str, CostSpec], ...] = (
-    ("A100-", "A100 (Ampere)", ATTN_AMPERE),
-    ("H100-", "H100 (Hopper)", ATTN_HOPPER),
-    ("H200-", "H100 (Hopper)", ATTN_HOPPER),
-    ("B200", "B200 (Blackwell)", ATTN_BLACKWELL),
-    ("GB200", "B200 (Blackwell)", ATTN_BLACKWELL),
+# GPU model names by prefix (treeattn.probe.hardware's canonical names, or as a file writes
+# them: "H100", "A100-SXM4-80GB"): the parts the fits describe, and their variants with the same
+# memory system (A800, H800, GH200's H100 with HBM3e).
+_BY_PREFIX: tuple[tuple[tuple[str, ...], str, CostSpec], ...] = (
+    (("A100", "A800"), "A100 (Ampere)", ATTN_AMPERE),
+    (("H100", "H200", "H800", "GH200"), "H100 (Hopper)", ATTN_HOPPER),
+    (("B200", "GB200", "B100"), "B200 (Blackwell)", ATTN_BLACKWELL),
 )
 
 
 def published_attention_fit(model: str) -> tuple[str, CostSpec] | None:
     """(which fit, its cost fields) for a GPU model name, or None when none was fitted on it."""
-    for prefix, name, spec in _BY_PREFIX:
-        if model.upper().startswith(prefix):
+    for prefixes, name, spec in _BY_PREFIX:
+        if model.upper().startswith(prefixes):
             return name, spec
     return None

@@ -145,11 +145,13 @@ class RouteIndex:
                 return path
             try:
                 return self._network_route(da, db)
-            except TopologyError:  # the usual cause is not a missing NIC: say what joins one machine
+            except TopologyError as exc:  # the usual cause is not a missing NIC: say what joins one machine
+                why = str(exc).removeprefix(f"topology {self.topo.name!r}: ")
                 raise TopologyError(
                     f"topology {self.topo.name!r}: {a!r} and {b!r} are on one machine (node {da.node}) but no GPU "
-                    "fabric, PCIe path or NIC joins them; join their CPU sockets (a compact file's node.cpus.link, "
-                    "e.g. {kind: upi, bw_gbps: 22}; an explicit file's link between the CPUs) or link the devices"
+                    "fabric or PCIe path joins them; join their CPU sockets (a compact file's node.cpus.link, "
+                    "e.g. {kind: upi, bw_gbps: 22}; an explicit file's link between the CPUs) or link the devices "
+                    f"(over the network: {why})"
                 ) from None
         return self._network_route(da, db)
 
