@@ -51,11 +51,8 @@ def list_cmd(json_out: JsonOpt = False) -> None:
     for col in ("name", "source", "ranks", "description"):
         table.add_column(col, overflow="fold")
     for p in presets:
-        desc = p.description
-        if p.source == "family" and desc.endswith("]") and " [" in desc:
-            # "<text> [name:k=v,k=v]": the keys on a line of their own, breakable between keys
-            text, spec = desc[:-1].rsplit(" [", 1)
-            desc = f"{text}\nkeys (defaults): {spec.partition(':')[2].replace(',', ', ')}"
+        # a family's keys on a line of their own, breakable between keys
+        desc = f"{p.description}\nkeys (defaults): {p.keys.replace(',', ', ')}" if p.keys else p.description
         table.add_row(escape(p.name), p.source, str(p.ranks), escape(desc))
     console().print(table)
 

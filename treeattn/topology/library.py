@@ -48,9 +48,16 @@ class PresetInfo:
     description: str
     source: Literal["file", "family"]
     """``file``: a YAML file in topologies/; ``family``: a builder (``NAME:k=v`` for other sizes)."""
+    keys: str = ""
+    """A family's parameters with their defaults, ``k=v,k=v`` ("" for files)."""
+
+    @property
+    def listed(self) -> str:
+        """The description with a family's spec appended, ``... [NAME:k=v,k=v]``."""
+        return f"{self.description} [{self.name}:{self.keys}]" if self.keys else self.description
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "ranks": self.ranks, "description": self.description, "source": self.source}
+        return {"name": self.name, "ranks": self.ranks, "description": self.listed, "source": self.source}
 
 
 def topologies_dir() -> Path | None:
@@ -270,8 +277,7 @@ def list_presets() -> list[PresetInfo]:
     for name in sorted(FAMILIES):
         fam = FAMILIES[name]
         params = ",".join(f"{p.name}={p.default}" for p in fam.params)
-        desc = f"{fam.description} [{name}:{params}]" if params else fam.description
-        out.append(PresetInfo(name, build_family(name).num_ranks, desc, "family"))
+        out.append(PresetInfo(name, build_family(name).num_ranks, fam.description, "family", params))
     return out
 
 
