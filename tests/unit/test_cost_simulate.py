@@ -25,9 +25,10 @@ from tests.unit.test_cost_helpers import (
     switch_topo,
     tree_programs,
 )
+from treeattn.cost.compute import ComputeModel
 from treeattn.cost.simulate import simulate
 from treeattn.errors import InputError, PlanInvalidError
-from treeattn.plan.ir import Op, OpKind
+from treeattn.plan.ir import Op, OpKind, collective_kernels, message_bytes
 from treeattn.topology.model import CostParams, Device, DeviceKind, Link, LinkKind, Topology
 from treeattn.workload import Workload
 
@@ -334,8 +335,13 @@ def test_collective_steps_run_together_and_take_ncclish_time():
     lse = w.rows * 4
     coll = sum(max(topo.cost.overhead_us + nccl.pick(topo, "allreduce", n).time_us, cuts.collective_floor_us(n, row))
                for n, row in ((lse, 4), (w.payload_bytes, w.row_bytes)))
-    assert res.per_rank_finish_us[0] == res.per_rank_finish_us[1]
-    assert close(res.predicted_us, c_slow + coll)
+    # It ends on both ranks at once; then each runs its three other kernels (the lse copied
+    # out, the weights, the finish), each reading and writing the rows once.
+    cm = ComputeModel.of(w, topo)
+    local = [cm.step_local_us(r, 2 * 3 * w.payload_bytes, 3) for r in range(2)]
+    assert local[0] > 3 * topo.cost.launch_us
+    for r in range(2):
+        assert close(res.per_rank_finish_us[r], c_slow + coll + local[r])
     # The rank that arrived first waited for the other: its collective's predecessor is the other's.
     assert res.critical_path[-1][1] == 1
 
@@ -459,11 +465,19 @@ def test_reduce_scatter_reduce_and_gathers_are_timed_by_their_calls():
         return sum(max(topo.cost.overhead_us + nccl.pick(topo, c, size).time_us, cuts.collective_floor_us(fl, row))
                    for c, size, fl, row in calls)
 
+    cm = ComputeModel.of(w, topo)
+
+    def local(plan, op, rank=None):
+        """The kernels around the calls (``collective_kernels``): on ``rank``, else the slower rank."""
+        k = collective_kernels(plan, op)
+        us = [cm.step_local_us(r, 2 * k * message_bytes(plan, op), k) for r in range(2)]
+        return max(us) if rank is None else us[rank]
+
     def run(op, layout="full", chunks=1, result_ranks=None):
         progs = [[Op(OpKind.COMPUTE, 0), op] for _ in range(2)]
         plan = make_plan(progs, w, topo, chunks=chunks, layout=layout, result_ranks=result_ranks)
         computed = max(simulate(make_plan([[Op(OpKind.COMPUTE, 0)]] * 2, w, topo), topo).per_rank_finish_us)
-        return simulate(plan, topo).predicted_us - computed
+        return simulate(plan, topo).predicted_us - computed - local(plan, op)
 
     rs = Op(OpKind.COLLECTIVE, 1, coll="reducescatter", reduce="merge", part="partial")
     assert close(run(rs, "heads", 2), coll_time(("allreduce", lse, lse, 4),
@@ -475,13 +489,16 @@ def test_reduce_scatter_reduce_and_gathers_are_timed_by_their_calls():
     progs = [[Op(OpKind.COLLECTIVE, 0, coll="allgather", reduce="copy", part="q"), Op(OpKind.COMPUTE, 1),
               Op(OpKind.COLLECTIVE, 2, coll="allgather", reduce="copy", part="lse"),
               Op(OpKind.COLLECTIVE, 3, coll="reducescatter", reduce="sum", part="num")] for _ in range(2)]
-    res = simulate(make_plan(progs, w, topo, chunks=2, layout="heads"), topo)
+    plan = make_plan(progs, w, topo, chunks=2, layout="heads")
+    res = simulate(plan, topo)
     by = {(t.rank, t.op): t for t in res.timeline}
-    assert close(by[(0, 0)].end_us, coll_time(("allgather", 2 * q_share, q_share, q_share)))
+    ops = plan.programs[0]
+    assert close(by[(0, 0)].end_us, coll_time(("allgather", 2 * q_share, q_share, q_share)) + local(plan, ops[0], 0))
     num = w.rows * 64 * 4
     gathered = by[(0, 2)].end_us - by[(0, 2)].start_us
-    assert gathered > coll_time(("allgather", 2 * lse, lse, 4))  # the local correction after it
-    assert close(by[(0, 3)].end_us - by[(0, 3)].start_us, coll_time(("reducescatter", num, num // 2, 64 * 4)))
+    assert gathered > coll_time(("allgather", 2 * lse, lse, 4)) + local(plan, ops[2], 0)  # and the correction
+    assert close(by[(0, 3)].end_us - by[(0, 3)].start_us,
+                 coll_time(("reducescatter", num, num // 2, 64 * 4)) + local(plan, ops[3], 0))
 
 
 def test_a_ranks_later_computes_pay_the_next_launch():

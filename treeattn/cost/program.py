@@ -1,10 +1,17 @@
 """A plan read into flat per-op arrays for the simulator (``treeattn.cost.simulate``).
 
 Ops are numbered globally (gid), rank by rank; ``offset[r]`` is rank r's first. Per rank,
-its steps are gid ranges; per step, the bytes its merges and copies move (merged rows count
-3 times: read both, write one; copied rows twice), the kernels they take (a chunk merged
-into counts one, however many partials it receives; the copies one between them) and its
-COMPUTE's gid (-1: none).
+its steps are gid ranges; per step, the bytes its local work moves and the kernels it takes
+(``merge_b``, ``merge_k``), and its COMPUTE's gid (-1: none). The local work of a step is:
+
+* its merges and copies: merged rows count 3 times (read both, write one), copied rows
+  twice; a chunk merged into counts one kernel, however many partials it receives, and the
+  copies one between them;
+* the next step's conversions before it posts (``wire_conversions``): the rank's own slot of
+  an exchanged chunk, and the chunks it sends on a narrow wire. They run between the two
+  steps, so charging them at this step's end delays the next post exactly as they do
+  (a rank's first step has no step before: its conversions are charged at its own end);
+* on a rank's last step, the end-of-run rounding of copied rows (``Plan.rounded_runs``).
 """
 
 from __future__ import annotations
@@ -15,10 +22,10 @@ import numpy as np
 
 from treeattn.cost.compute import ComputeModel
 from treeattn.errors import PlanInvalidError
-from treeattn.plan.ir import Op, OpKind, Plan, message_bytes
+from treeattn.plan.ir import Op, OpKind, Plan, contiguous_runs, exchanged_chunks, message_bytes, wire_converted
 from treeattn.plan.steps import NEVER_BREAK, order_problem, step_problem
 
-__all__ = ["Program", "compile_plan"]
+__all__ = ["Program", "compile_plan", "wire_conversions", "end_rounding"]
 
 _COMPUTE, _SEND, _RECV_MERGE, _RECV_COPY, _COLL = 0, 1, 2, 3, 4
 _KIND_CODE = {
@@ -207,13 +214,68 @@ def _compile(plan: Plan, p: int, cm: ComputeModel) -> Program:
                 _check_step(prog, r, lo - base, len(prog))
             rsteps.append((lo, base + len(prog)))
         rkern.append(len(targets))
+        rkern = rkern[1:]
+        _charge_conversions(plan, prog, rsteps, base, rmerge, rkern)
         steps.append(rsteps)
         step_no.append(rno)
         merge_b.append(rmerge)
-        merge_k.append(rkern[1:])
+        merge_k.append(rkern)
         step_compute.append(rcomp)
     return Program(kind, peer, nbytes, rank_of, flat, offset, steps, merge_b, merge_k, step_compute, chunk_of,
                    block_of, step_no)
+
+
+def wire_conversions(plan: Plan, ops: list[Op]) -> tuple[int, int]:
+    """The bytes moved and kernels run converting what one rank's step (``ops``) sends,
+    before it posts (``exec.interpreter``): each exchanged chunk's own slot of its stack
+    (``exchanged_chunks``; one kernel, two on a narrow wire), and the chunks it sends on a
+    narrow wire, two kernels per contiguous run of rows (``wire_converted``). A conversion
+    reads the fp32 accumulator's rows and writes their wire form."""
+    if plan.is_raw:
+        return 0, 0
+    w = plan.workload
+    acc_row = (w.head_dim + 1) * 4
+    per_kernel = 2 if plan.narrow_wire else 1
+    exchanged = exchanged_chunks(ops)
+    moved = kernels = 0
+    for c in exchanged:
+        start, stop = plan.chunk_range(c)
+        moved += (stop - start) * (acc_row + w.row_bytes)
+        kernels += per_kernel
+    for start, stop in contiguous_runs(plan.chunk_range(c) for c in wire_converted(plan, ops, exchanged)):
+        moved += (stop - start) * (acc_row + w.row_bytes)
+        kernels += 2
+    return moved, kernels
+
+
+def end_rounding(plan: Plan) -> tuple[int, int]:
+    """The bytes moved and kernels run by every rank's end-of-run rounding of copied rows
+    (``Plan.rounded_runs``): o read in fp32, written and read back in the partial dtype,
+    written in fp32, two kernels per run."""
+    runs = plan.rounded_runs
+    if not runs:
+        return 0, 0
+    w = plan.workload
+    rows = sum(stop - start for start, stop in runs)
+    return rows * w.head_dim * 2 * (4 + w.partial_dtype.nbytes), 2 * len(runs)
+
+
+def _charge_conversions(plan: Plan, prog: list[Op], rsteps: list[tuple[int, int]], base: int,
+                        rmerge: list[int], rkern: list[int]) -> None:
+    """Add a rank's conversions and end rounding to its steps' local work (module docstring)."""
+    if plan.is_raw or not rsteps:
+        return
+    for c, (lo, hi) in enumerate(rsteps):
+        ops = prog[lo - base:hi - base]
+        if not any(op.kind is OpKind.SEND and op.block is None for op in ops):
+            continue
+        moved, kernels = wire_conversions(plan, ops)
+        at = max(c - 1, 0)
+        rmerge[at] += moved
+        rkern[at] += kernels
+    moved, kernels = end_rounding(plan)
+    rmerge[-1] += moved
+    rkern[-1] += kernels
 
 
 def _check_step(prog, r: int, start: int, stop: int) -> None:  # noqa: ANN001 - a rank's ops

@@ -21,7 +21,8 @@ It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
   when its step is posted and runs beside the step's transfers (the device computes while
   the links carry them: a resource of its own). A COLLECTIVE starts when the last rank
   arrives and ends on every rank at once, after the library's time for its calls
-  (``treeattn.cost.library``); a form that gathers and merges adds the local merge.
+  (``treeattn.cost.library``); a form that gathers and merges adds the local merge, and
+  every form the other kernels its ranks launch around the calls (``collective_kernels``).
 * Host CPUs (``topo.cost.host.host_cores`` > 0; ranks on ``host`` devices only): their cores are
   resources beside the links and their CPU work flows through them (``treeattn.cost.host``,
   which says what a message, a step, a merge and a compute cost there).
@@ -57,7 +58,7 @@ from treeattn.cost.program import _COLL, _COMPUTE, _KIND_CODE, _SEND, compile_pl
 from treeattn.cost.sharing import component, fair_rates, shared_routes
 from treeattn.cost.simresult import OpTiming, SimResult
 from treeattn.errors import InputError, PlanInvalidError
-from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, gc_paused, row_bytes
+from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, collective_kernels, gc_paused, row_bytes
 from treeattn.topology.model import Topology
 
 __all__ = ["OpTiming", "SimResult", "simulate"]
@@ -520,6 +521,9 @@ class _Engine:
             if op.coll == "alltoall":
                 share = self.plan.owned_rows(op.chunk)[r] * row_bytes(self.plan.workload, op.part)
             extra = self.cm.gather_merge_us(r, share, self.p) if merges else 0.0
+            kernels = collective_kernels(self.plan, op)
+            if kernels:  # each reads and writes the rows once
+                extra += self.cm.step_local_us(r, 2 * kernels * self.nbytes[gid], kernels)
             if extra > 0:
                 self._push(t + extra, _EV_OP_DONE, gid)
             else:

@@ -37,7 +37,7 @@ from treeattn.exec.attention import partial_attention, torch_dtype
 from treeattn.exec.collectives import gather_query, run_collective
 from treeattn.exec.comm import P2P, BufferPool, Comm, Mark
 from treeattn.exec.merge import clear_partial, empty_partial, from_wire, sum_many_into, to_wire, wire_cols
-from treeattn.plan.ir import Op, OpKind, Plan, exchanged_chunks
+from treeattn.plan.ir import Op, OpKind, Plan, contiguous_runs, exchanged_chunks, wire_converted
 from treeattn.plan.steps import order_problem, step_problem
 
 __all__ = ["FAULT_ENV", "MeasuredOp", "RankInputs", "PlanExecutor", "InjectedFault"]
@@ -144,11 +144,6 @@ class PlanExecutor:
                 raise ValueError(problem)
         self.steps = self._compile(plan.programs[self.rank])
         self._op_count = sum(len(ops) for ops in self.steps)
-        self._rounded: tuple[int | None, ...] = () if plan.is_raw or self.wire_dtype == torch.float32 else tuple(
-            dict.fromkeys(op.chunk for prog in plan.programs for op in prog
-                          if op.kind is OpKind.RECV_COPY and op.block is None))
-        """The chunks some rank copies from another on a narrower wire: every rank ends with them
-        rounded to the wire's dtype, as the copies are, so all hold the same bits (``run``)."""
         self.timed = timed
         self._mark: Callable[[], Mark] = comm.mark if timed else _no_mark
         self.in_place = inputs.partial is not None and _partial_lands_first(self.steps)
@@ -247,12 +242,12 @@ class PlanExecutor:
             if self.timed:
                 for (index, op), t_done in zip(ops, done, strict=True):
                     self._marks.append((index, op, t_post, t_done))
-        for chunk in self._rounded:
+        for start, stop in self.plan.rounded_runs:
             # A copy on a narrower wire lands rounded (o in the partial dtype): the rank it came
             # from, and those that merged the same rows (an exchange beside it), round theirs
             # too, so every rank ends with the same bits (rounding a rounded row changes nothing).
             # Only o is rounded: the lse travels as fp32 bytes, so its round trip changes nothing.
-            o = acc[self.rows_of(chunk), :-1]
+            o = acc[start:stop, :-1]
             buf = self.pool.take(tuple(o.shape), self.wire_dtype)
             o.copy_(buf.copy_(o))
             self.pool.release(buf)
@@ -335,25 +330,18 @@ class PlanExecutor:
         accumulator): each chunk converted once however many it goes to, and the chunks of one
         contiguous run of rows in one conversion (two kernels, not two per chunk: a heads
         layout's root sends p - 1 chunks). Returns each chunk's view and the pooled buffers."""
-        if acc.dtype == self.wire_dtype:
-            return {}, []
-        chunks = dict.fromkeys(op.chunk for _, op in transfers
-                               if op.kind is OpKind.SEND and op.block is None and op.chunk not in exchanged)
-        spans = sorted(((self.rows_of(c).start, self.rows_of(c).stop, c) for c in chunks), key=lambda t: t[:2])
+        chunks = wire_converted(self.plan, (op for _, op in transfers), exchanged)
         sent: dict[int | None, torch.Tensor] = {}
         bufs: list[torch.Tensor] = []
+        spans = sorted(((*self.plan.chunk_range(c), c) for c in chunks), key=lambda t: t[:2])  # as the runs
         i = 0
-        while i < len(spans):
-            j, stop = i, spans[i][1]
-            while j + 1 < len(spans) and spans[j + 1][0] == stop:
-                j, stop = j + 1, spans[j + 1][1]
-            start = spans[i][0]
-            rows = acc[start:stop]
-            buf = to_wire(self.pool.take((stop - start, *self._row_shape(None)[1:]), self.wire_dtype), rows)
+        for start, stop in contiguous_runs(span[:2] for span in spans):
+            buf = to_wire(self.pool.take((stop - start, *self._row_shape(None)[1:]), self.wire_dtype), acc[start:stop])
             bufs.append(buf)
-            for a, b, c in spans[i:j + 1]:
+            while i < len(spans) and spans[i][1] <= stop:
+                a, b, c = spans[i]
                 sent[c] = buf[a - start:b - start]
-            i = j + 1
+                i += 1
         return sent, bufs
 
     def _step(self, ops: list[tuple[int, Op]], acc: torch.Tensor, blocks: dict[int, torch.Tensor],

@@ -89,6 +89,9 @@ __all__ = [
     "widened",
     "collective_row_bytes",
     "exchanged_chunks",
+    "contiguous_runs",
+    "collective_kernels",
+    "wire_converted",
     "LAYOUTS",
     "COLLECTIVE_FORMS",
     "CollectiveForm",
@@ -148,30 +151,45 @@ class CollectiveForm:
     local_merge: bool = False
     """Every rank merges what it received (all-gather of partials: every row, p times; the
     all-to-all: its own segment's rows, p times)."""
+    kernels: int = 0
+    """The other local kernels each rank launches around the calls (``exec.collectives``, on a
+    GPU, where the merge arithmetic is one compiled kernel a call): copies of the lse out of the
+    packed rows, the weights, ``finish``, results stored back. The simulator charges them as
+    the executor's own merges and copies (``collective_kernels``)."""
+    narrow_kernels: int = 0
+    """Kernels more on a narrow wire (``Plan.narrow_wire``): partials converted to the wire
+    dtype before the calls (two), or sums converted back to fp32 after them (one)."""
 
 
 _ATT, _BOTH = ("attention",), ("attention", "raw")
 COLLECTIVE_FORMS: dict[tuple[str, str, str], CollectiveForm] = {
-    ("allreduce", "max", "lse"): CollectiveForm(_ATT, "group", (("allreduce", "lse"),), "trio", "lse"),
-    ("allreduce", "sum", "num"): CollectiveForm(_ATT, "group", (("allreduce", "num"),), "trio", "num"),
-    ("allreduce", "sum", "den"): CollectiveForm(_ATT, "group", (("allreduce", "den"),), "trio", "den"),
+    ("allreduce", "max", "lse"): CollectiveForm(_ATT, "group", (("allreduce", "lse"),), "trio", "lse", kernels=2),
+    ("allreduce", "sum", "num"): CollectiveForm(_ATT, "group", (("allreduce", "num"),), "trio", "num", kernels=2,
+                                                 narrow_kernels=1),
+    # The weights run eager (clamp, subtract, exp); the trio finishes after its last part.
+    ("allreduce", "sum", "den"): CollectiveForm(_ATT, "group", (("allreduce", "den"),), "trio", "den", kernels=5),
     # (each rank then corrects its own output by the gathered lse: a local kernel)
     ("allgather", "copy", "lse"): CollectiveForm(_ATT, "group", (("allgather", "lse"),), "dcp", "lse",
-                                                 local_merge=True),
-    ("reducescatter", "sum", "num"): CollectiveForm(_ATT, "group", (("reducescatter", "num"),), "dcp", "num"),
-    ("allgather", "copy", "q"): CollectiveForm(_ATT, "none", (("allgather", "q"),)),
+                                                 local_merge=True, kernels=2),
+    ("reducescatter", "sum", "num"): CollectiveForm(_ATT, "group", (("reducescatter", "num"),), "dcp", "num",
+                                                     kernels=2, narrow_kernels=1),
+    ("allgather", "copy", "q"): CollectiveForm(_ATT, "none", (("allgather", "q"),), kernels=3),
     # No library reduces with the merge: a max of the rows' lse first, then one sum of (w o, w).
-    ("allreduce", "merge", "partial"): CollectiveForm(_ATT, "all", (("allreduce", "lse"), ("allreduce", "wnum"))),
+    ("allreduce", "merge", "partial"): CollectiveForm(_ATT, "all", (("allreduce", "lse"), ("allreduce", "wnum")),
+                                                      kernels=3),
     ("reducescatter", "merge", "partial"): CollectiveForm(_ATT, "owner",
-                                                          (("allreduce", "lse"), ("reducescatter", "wnum"))),
-    ("reduce", "merge", "partial"): CollectiveForm(_ATT, "root", (("allreduce", "lse"), ("reduce", "wnum"))),
-    ("allgather", "merge", "partial"): CollectiveForm(_ATT, "all", (("allgather", "partial"),), local_merge=True),
+                                                          (("allreduce", "lse"), ("reducescatter", "wnum")), kernels=3),
+    ("reduce", "merge", "partial"): CollectiveForm(_ATT, "root", (("allreduce", "lse"), ("reduce", "wnum")), kernels=3),
+    ("allgather", "merge", "partial"): CollectiveForm(_ATT, "all", (("allgather", "partial"),), local_merge=True,
+                                                      narrow_kernels=2),
     # vLLM's all-to-all variant: rank j gets every rank's rows of its own segment, merges them.
-    ("alltoall", "merge", "partial"): CollectiveForm(_ATT, "owner", (("alltoall", "partial"),), local_merge=True),
+    ("alltoall", "merge", "partial"): CollectiveForm(_ATT, "owner", (("alltoall", "partial"),), local_merge=True,
+                                                     narrow_kernels=2),
     ("allreduce", "sum", "partial"): CollectiveForm(("raw",), "all", (("allreduce", "partial"),)),
-    ("allgather", "sum", "partial"): CollectiveForm(("raw",), "all", (("allgather", "partial"),), local_merge=True),
-    ("reducescatter", "sum", "partial"): CollectiveForm(("raw",), "owner", (("reducescatter", "partial"),)),
-    ("reduce", "sum", "partial"): CollectiveForm(("raw",), "root", (("reduce", "partial"),)),
+    ("allgather", "sum", "partial"): CollectiveForm(("raw",), "all", (("allgather", "partial"),), local_merge=True,
+                                                    kernels=1),
+    ("reducescatter", "sum", "partial"): CollectiveForm(("raw",), "owner", (("reducescatter", "partial"),), kernels=2),
+    ("reduce", "sum", "partial"): CollectiveForm(("raw",), "root", (("reduce", "partial"),), kernels=2),
 }
 """Every valid COLLECTIVE, by (coll, reduce, part)."""
 
@@ -417,6 +435,24 @@ class Plan:
         a, b = chunk_rows(stop - start, pieces, piece)
         return start + a, start + b
 
+    @property
+    def narrow_wire(self) -> bool:
+        """Whether partials travel in a dtype narrower than the fp32 accumulator (``partial_dtype``)."""
+        return not self.is_raw and self.workload.partial_dtype.nbytes < 4
+
+    @cached_property
+    def rounded_runs(self) -> tuple[tuple[int, int], ...]:
+        """The rows every rank rounds to the partial dtype when a run ends, as contiguous runs
+        [start, stop): those of the chunks some rank copies from another on a narrow wire. A
+        copy lands rounded, so the rank it came from and those that merged the same rows round
+        theirs too, and every rank ends with the same bits (``exec.interpreter``); the
+        simulator charges the pass (``cost.program``)."""
+        if not self.narrow_wire:
+            return ()
+        chunks = dict.fromkeys(op.chunk for prog in self.programs for op in prog
+                               if op.kind is OpKind.RECV_COPY and op.block is None)
+        return contiguous_runs(self.chunk_range(c) for c in chunks)
+
     def owned_chunks(self, rank: int) -> range:
         """The chunks ``rank`` must hold at the end when it is a result rank."""
         if self.layout != "heads":
@@ -465,6 +501,35 @@ def chunk_rows(rows: int, chunks: int, chunk: int | None) -> tuple[int, int]:
     base, extra = divmod(rows, chunks)
     start = chunk * base + min(chunk, extra)
     return start, start + base + (1 if chunk < extra else 0)
+
+
+def collective_kernels(plan: Plan, op: Op) -> int:
+    """The local kernels besides a merge that each rank launches for COLLECTIVE ``op``
+    (``CollectiveForm.kernels``, and ``narrow_kernels`` on a narrow wire)."""
+    form = COLLECTIVE_FORMS[(op.coll, op.reduce, op.part)]
+    return form.kernels + (form.narrow_kernels if plan.narrow_wire else 0)
+
+
+def contiguous_runs(spans: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Row ranges [start, stop) joined into the fewest runs covering the same rows, in row
+    order (ranges that touch or overlap join): what one kernel over a slice can treat at once."""
+    runs: list[list[int]] = []
+    for start, stop in sorted(spans):
+        if runs and start <= runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], stop)
+        else:
+            runs.append([start, stop])
+    return tuple((a, b) for a, b in runs)
+
+
+def wire_converted(plan: Plan, ops: Iterable[Op], exchanged: set[int | None]) -> tuple[int | None, ...]:
+    """The chunks of the accumulator a rank's step (``ops``) sends converted to a narrow wire
+    (``Plan.narrow_wire``): each once, however many peers it goes to; none on an fp32 wire.
+    An exchanged chunk (``exchanged_chunks``) is converted into its stack instead."""
+    if not plan.narrow_wire:
+        return ()
+    return tuple(dict.fromkeys(op.chunk for op in ops
+                               if op.kind is OpKind.SEND and op.block is None and op.chunk not in exchanged))
 
 
 def exchanged_chunks(ops: Iterable[Op]) -> set[int | None]:
