@@ -39,6 +39,12 @@ BAD = {
     "oversubscription-below-one.yaml": ["oversubscription-below-one.yaml:7:", "network.oversubscription", ">= 1"],
     "compact-sockets-unjoined.yaml": ["compact-sockets-unjoined.yaml:", "rank 0 (n0.gpu0) cannot reach rank 2",
                                       "on one machine (node 0)", "node.cpus.link"],
+    # A GPU sends through one NIC: NICs that would carry nothing are refused, not built.
+    "compact-more-nics-than-gpus.yaml": ["compact-more-nics-than-gpus.yaml:8:", "node.nics.count",
+                                         "16 NICs for 8 GPUs", "8 would carry nothing", "give count: 8"],
+    "compact-nic-serves-none.yaml": ["compact-nic-serves-none.yaml:5:", "node.nics.gpus[1]", "NIC 1 serves no GPU"],
+    "compact-gpu-on-two-nics.yaml": ["compact-gpu-on-two-nics.yaml:8:", "node.nics.gpus[1][0]",
+                                     "GPU 1 is already served by NIC 0"],
 }
 
 
@@ -211,7 +217,7 @@ def test_show_tables_and_png(tmp_path):
     png = tmp_path / "rtx.png"
     res = run_cli("topo", "show", "rtx4090-8", "--png", str(png))
     assert res.exit_code == 0, res.stderr
-    assert "Route bandwidth" in res.stdout and "pcie-switch" in res.stdout
+    assert "Transfer rate, GB/s" in res.stdout and "pcie-switch" in res.stdout
     # RTX 4090s have no peer-to-peer: every pair goes through host memory at NCCL's shared-memory rate.
     assert "56 of 56 rank pairs have no GPU peer-to-peer" in " ".join(res.stdout.split())
     rtx = json.loads(run_cli("topo", "show", "rtx4090-8", "--json").stdout)

@@ -17,8 +17,9 @@ from rich.table import Table
 from treeattn.cli import app
 from treeattn.cli.paths import output_file, safe_name
 from treeattn.cli.render import console, print_rates_note
+from treeattn.cli.topo_text import domain_shares, gbps, network_lines, rate_lines
 from treeattn.cost.compute import ComputeModel
-from treeattn.cost.nccl import shm_pairs, shm_rate_gbps
+from treeattn.cost.nccl import pair_rate_gbps, shm_pairs, shm_rate_gbps
 from treeattn.topology import Topology, list_presets, resolve, topology_json_schema
 from treeattn.topology.attention_fits import published_attention_fit
 from treeattn.topology.summary import topology_summary
@@ -63,7 +64,8 @@ def show(
     json_out: JsonOpt = False,
     png: Annotated[Path | None, typer.Option("--png", help="Also draw the graph into this PNG file.")] = None,
 ) -> None:
-    """Summarize a topology: devices, link kinds, domains, and routes between ranks."""
+    """Summarize a topology: devices, link kinds, domains, the network and its NICs, and
+    the rate a message moves at between ranks (the cost model's, alone on its route)."""
     topo = resolve(spec)
     if png is not None:
         png = output_file(png, "--png", f"{safe_name(topo.name)}.png", suffix=".png")
@@ -75,6 +77,13 @@ def show(
     ranks = topo.num_ranks
     # Pairs whose transfers NCCL carries through host memory move far below their route's rate.
     shm_count = shm_pairs(topo)
+    # The rate a message moves at alone on its route, as the cost model drains it: the
+    # matrix prints this, not the narrowest link's datasheet figure (bw_gbps).
+    for e in summary["from_rank0"]:
+        e["rate_gbps"] = _rate(pair_rate_gbps(topo, 0, e["rank"]))
+    if "bw_matrix_gbps" in summary:
+        summary["rate_matrix_gbps"] = [[_rate(pair_rate_gbps(topo, i, j)) for j in range(ranks)]
+                                       for i in range(ranks)]
     if json_out:
         _echo_json({**summary, "png": None if png is None else str(png), "shm_pairs": shm_count,
                     "shm_gbps": shm_rate_gbps(topo) if shm_count else None})
@@ -104,35 +113,44 @@ def show(
                   "on host ranks gloo's collectives and treeattn's transfers use the measured rates", markup=False)
     if summary["domains"]:
         doms = Table(title="Domains (fastest first)")
-        for col in ("level", "groups", "ranks per group"):
+        for col in ("level", "groups", "ranks per group", "what a group's ranks share"):
             doms.add_column(col)
         for d in summary["domains"]:
-            doms.add_row(d["kind"], str(d["groups"]), ", ".join(map(str, d["sizes"])))
+            doms.add_row(d["kind"], str(d["groups"]), ", ".join(map(str, d["sizes"])), domain_shares(d, summary))
         con.print(doms)
-    if "bw_matrix_gbps" in summary:
-        mat = Table(title="Route bandwidth, GB/s (row = from rank, column = to rank)")
+    for line in network_lines(summary):
+        con.print(line, markup=False)
+    if "rate_matrix_gbps" in summary:
+        mat = Table(title="Transfer rate, GB/s (row = from rank, column = to rank)")
         mat.add_column("")
-        for j in range(topo.num_ranks):
+        for j in range(ranks):
             mat.add_column(str(j), justify="right")
-        for i, row in enumerate(summary["bw_matrix_gbps"]):
-            mat.add_row(str(i), *("-" if x is None else f"{x:g}" for x in row))
+        for i, row in enumerate(summary["rate_matrix_gbps"]):
+            mat.add_row(str(i), *("-" if x is None else gbps(x) for x in row))
         con.print(mat)
     else:
         classes: dict[tuple, int] = {}
         for e in summary["from_rank0"][1:]:
-            key = (e["bw_gbps"], e["latency_us"], e["hops"])
+            key = (e["rate_gbps"], e["latency_us"], e["hops"])
             classes[key] = classes.get(key, 0) + 1
         routes = Table(title="Routes from rank 0")
         for col in ("GB/s", "latency us", "links", "ranks"):
             routes.add_column(col, justify="right")
         for (bw, lat, hops), n in sorted(classes.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
-            routes.add_row(f"{bw:g}", f"{lat:g}", str(hops), str(n))
+            routes.add_row(gbps(bw), f"{lat:g}", str(hops), str(n))
         con.print(routes)
+    for line in rate_lines(topo, shm_count):
+        con.print(line, markup=False)
     if shm_count:
         con.print(f"{shm_count} of {ranks * (ranks - 1)} rank pairs have no GPU peer-to-peer: NCCL moves")
         con.print(f"their data through host memory, at most {shm_rate_gbps(topo):g} GB/s a pair (docs/nccl-model.md).")
     if png is not None:
         con.print(f"wrote {escape(str(png))}")
+
+
+def _rate(x: float) -> float | None:
+    """JSON has no infinity: a rank's rate to itself is null, as in ``bw_matrix_gbps``."""
+    return None if x == float("inf") else round(x, 6)
 
 
 _LINK_COLUMNS = {"bw_gbps": "GB/s per direction", "latency_us": "latency us", "rated_gbps": "rated GB/s",

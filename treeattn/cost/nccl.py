@@ -169,6 +169,7 @@ __all__ = [
     "shm_pair_gbps",
     "shm_rate_gbps",
     "shm_pairs",
+    "pair_rate_gbps",
     "SHM_GBPS",
 ]
 
@@ -510,6 +511,18 @@ def shm_pairs(topo: Topology) -> int:
         return 0
     n = topo.num_ranks
     return sum(shm_pair_gbps(topo, a, b) < math.inf for a in range(n) for b in range(n) if a != b)
+
+
+def pair_rate_gbps(topo: Topology, a: int, b: int) -> float:
+    """What one transfer from rank ``a`` to rank ``b`` moves alone on its route (inf for a
+    rank to itself), as the simulator and the search's floor drain it: the least of its
+    links' ``transfer_gbps`` and per-flow caps (``flow_gbps``) and of ``shm_pair_gbps``;
+    before the cap NCCL's channels put on a send of a given size (``nccl_p2p``) and before
+    sharing links with other flows."""
+    rates, links = transfer_gbps(topo), topo.links
+    route = topo.route(a, b)
+    return min(min((min(rates[i], links[i].flow_cap_gbps) for i in route), default=math.inf),
+               shm_pair_gbps(topo, a, b))
 
 
 def fabric(topo: Topology) -> NcclFabric:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from treeattn.cost.compute import ComputeModel
-from treeattn.cost.nccl import shm_pair_gbps, transfer_gbps
+from treeattn.cost.nccl import pair_rate_gbps
 from treeattn.cost.program import _COMPUTE, _SEND, Program, compile_plan
 from treeattn.cost.simulate import simulate
 from treeattn.errors import InfeasiblePlanError
@@ -99,22 +99,17 @@ class Evaluator:
         self._floors: dict[tuple[str, int], float] = {}
         self._compute: dict[tuple[int, int | None, bool], float] = {}
         self._min_c: float | None = None
-        self._rates: tuple[float, ...] | None = None
 
     def _pair_cost(self, a: int, b: int) -> tuple[float, float]:
         """(latency_us, bottleneck bytes per microsecond) of the route a -> b at the rates
-        transfers reach (``treeattn.cost.nccl.transfer_gbps`` and ``shm_pair_gbps``, as the
+        transfers reach (``treeattn.cost.nccl.pair_rate_gbps``, as the
         simulator drains them), cached."""
         key = a * self.topo.num_ranks + b
         hit = self._pair.get(key)
         if hit is None:
-            if self._rates is None:
-                self._rates = transfer_gbps(self.topo)
             route = self.topo.route(a, b)
-            links, rates = self.topo.links, self._rates
-            bw = min(min((min(rates[i], links[i].flow_cap_gbps) for i in route), default=math.inf),
-                     shm_pair_gbps(self.topo, a, b)) * 1e3
-            hit = self._pair[key] = (sum(links[i].latency_us for i in route), bw)
+            hit = self._pair[key] = (sum(self.topo.links[i].latency_us for i in route),
+                                     pair_rate_gbps(self.topo, a, b) * 1e3)
         return hit
 
     def floor_us(self, plan: Plan) -> float:

@@ -45,12 +45,23 @@ class _Builder:
 
 
 def _nic_of_gpu(spec: CompactFile) -> tuple[list[int | None], list[list[int]]]:
-    """For each GPU the NIC index serving it (None: nearest), and each NIC's GPU list."""
+    """For each GPU the NIC index serving it (None: nearest), and each NIC's GPU list.
+
+    A GPU sends through one NIC (``Device.nic``; routing and NCCL's model alike), so a NIC
+    that serves no GPU would carry nothing while the network still gave it a leaf port:
+    refused, as is a GPU listed under two NICs (the second would be ignored)."""
     n_gpu = spec.node.gpus.count
     nics = spec.node.nics
     if nics is None:
         return [None] * n_gpu, []
     if nics.gpus is None:
+        if nics.count > n_gpu:
+            raise FieldError(
+                ("node", "nics", "count"),
+                f"{nics.count} NICs for {n_gpu} GPUs: a GPU sends through one NIC here, so "
+                f"{nics.count - n_gpu} would carry nothing; give count: {n_gpu} with bw_gbps the total of "
+                "a GPU's NICs (docs/topology-format.md, 'NICs')",
+            )
         served = [[g for g in range(n_gpu) if g * nics.count // n_gpu == k] for k in range(nics.count)]
     else:
         if len(nics.gpus) != nics.count:
@@ -60,11 +71,16 @@ def _nic_of_gpu(spec: CompactFile) -> tuple[list[int | None], list[list[int]]]:
         served = nics.gpus
     owner: list[int | None] = [None] * n_gpu
     for k, gpus in enumerate(served):
+        if not gpus:
+            raise FieldError(("node", "nics", "gpus", k), f"NIC {k} serves no GPU, so it would carry nothing; "
+                             "leave it out (a GPU sends through one NIC)")
         for j, g in enumerate(gpus):
             if not 0 <= g < n_gpu:
                 raise FieldError(("node", "nics", "gpus", k, j), f"GPU {g} does not exist (node has {n_gpu})")
-            if owner[g] is None:
-                owner[g] = k
+            if owner[g] is not None:
+                raise FieldError(("node", "nics", "gpus", k, j), f"GPU {g} is already served by NIC {owner[g]}; "
+                                 "a GPU sends through one NIC")
+            owner[g] = k
     return owner, served
 
 
@@ -161,7 +177,7 @@ def _node(b: _Builder, spec: CompactFile, i: int, owner: list[int | None], serve
     if node.nics is not None:
         for k in range(node.nics.count):
             nic = b.dev(f"{p}nic{k}", DeviceKind.NIC, i, model=node.nics.model)
-            parent = gpu_parent[served[k][0]] if served[k] else parents[k * len(parents) // node.nics.count]
+            parent = gpu_parent[served[k][0]]  # every NIC serves a GPU (_nic_of_gpu)
             b.duplex(nic, parent, LinkKind.PCIE, pcie.bw_gbps, pcie.latency_us, **pcie_kw)
     return gpus
 

@@ -20,7 +20,7 @@ from enum import StrEnum
 
 from treeattn.topology.model import DeviceKind, Topology
 
-__all__ = ["DomainKind", "DomainLevel", "domains", "rank_nic", "rails"]
+__all__ = ["DomainKind", "DomainLevel", "domains", "nic_positions", "rank_nic", "rails"]
 
 
 class DomainKind(StrEnum):
@@ -134,6 +134,17 @@ def rank_nic(topo: Topology, rank: int) -> str | None:
     return topo._index.nic_of(topo.rank_device(rank))
 
 
+def nic_positions(topo: Topology) -> dict[str, int]:
+    """Each NIC's rail: its index among its node's NICs, in device order."""
+    position: dict[str, int] = {}
+    per_node: dict[int, int] = {}
+    for d in topo.devices:
+        if d.kind is DeviceKind.NIC:
+            position[d.name] = per_node.get(d.node, 0)
+            per_node[d.node] = position[d.name] + 1
+    return position
+
+
 def rails(topo: Topology) -> tuple[tuple[int, ...], ...]:
     """Ranks grouped by rail: ``rails(t)[k]`` are the ranks whose NIC is the k-th NIC (in
     device order) of its node. Ranks without a NIC are left out; ``()`` when none has one.
@@ -144,12 +155,7 @@ def rails(topo: Topology) -> tuple[tuple[int, ...], ...]:
     Returns:
         One tuple of ascending ranks per rail index.
     """
-    position: dict[str, int] = {}
-    per_node: dict[int, int] = {}
-    for d in topo.devices:
-        if d.kind is DeviceKind.NIC:
-            position[d.name] = per_node.get(d.node, 0)
-            per_node[d.node] = position[d.name] + 1
+    position = nic_positions(topo)
     by_rail: dict[int, list[int]] = {}
     for r in range(topo.num_ranks):
         nic = rank_nic(topo, r)

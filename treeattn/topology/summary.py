@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from treeattn.topology.domains import domains, rails
+from treeattn.topology.domains import DomainKind, DomainLevel, domains, rails
 from treeattn.topology.model import Topology
+from treeattn.topology.network import leaf_spans, network_summary, nic_sharing
 
 __all__ = ["topology_summary", "route_matrix"]
 
@@ -37,9 +38,13 @@ def topology_summary(topo: Topology, matrix_limit: int = 16) -> dict:
         model reads, ``Topology.rated``: on GPU ranks only, as on host ranks gloo's
         collectives read the measured rates and nothing reads the ratings), ``cost`` (the
         YAML ``cost:`` mapping, every term set),
-        ``domains``, ``rails``, ``from_rank0`` (per rank: device, ``bw_gbps``, ``latency_us``,
-        ``hops``) and, for small topologies,
-        ``bw_matrix_gbps``.
+        ``domains`` (per level: ``kind``, ``groups``, ``sizes``; the ``leaf`` level also
+        ``leaves``, how many leaf switches a group spans), ``rails``, ``network``
+        (``treeattn.topology.network.network_summary``, None without switches), ``nics``
+        (``nic_sharing``: how many ranks send through each NIC; None without networked NICs),
+        ``from_rank0`` (per rank: device, ``bw_gbps``, ``latency_us``, ``hops``) and, for
+        small topologies, ``bw_matrix_gbps`` (``bw_gbps`` is a route's narrowest link as the
+        file rates it; ``treeattn.cost.nccl.pair_rate_gbps`` is what a transfer moves).
     """
     kinds = Counter(d.kind.value for d in topo.devices)
     links: dict[str, dict] = {}
@@ -78,13 +83,19 @@ def topology_summary(topo: Topology, matrix_limit: int = 16) -> dict:
         "devices": dict(sorted(kinds.items())),
         "links": dict(sorted(links.items())),
         "cost": topo.cost.to_dict(),
-        "domains": [
-            {"kind": lv.kind.value, "groups": len(lv.groups), "sizes": sorted({len(g) for g in lv.groups})}
-            for lv in domains(topo)
-        ],
+        "domains": [_domain(topo, lv) for lv in domains(topo)],
         "rails": len(rails(topo)),
+        "network": network_summary(topo),
+        "nics": nic_sharing(topo),
         "from_rank0": from_rank0,
     }
     if topo.num_ranks <= matrix_limit:
         out["bw_matrix_gbps"] = route_matrix(topo)
+    return out
+
+
+def _domain(topo: Topology, level: DomainLevel) -> dict:
+    out = {"kind": level.kind.value, "groups": len(level.groups), "sizes": sorted({len(g) for g in level.groups})}
+    if level.kind is DomainKind.LEAF:
+        out["leaves"] = leaf_spans(topo, level)
     return out

@@ -1,0 +1,109 @@
+"""The sentences ``treeattn topo show`` prints about domains, the network, its NICs and
+the transfer rates, from ``topology_summary``'s data; each line within 80 columns."""
+
+from __future__ import annotations
+
+import textwrap
+
+from treeattn.cost import nccl, nccl_p2p
+from treeattn.topology import LinkClass, LinkKind, Topology
+from treeattn.topology.model import link_class
+
+__all__ = ["domain_shares", "gbps", "network_lines", "rate_lines"]
+
+_SHARES = {"device": "one host device", "pcie-switch": "a PCIe switch", "socket": "a CPU socket",
+           "node": "one machine"}
+_ABOVE = {"spine": "spines", "core": "core switches"}
+_BELOW = {"nic": "NICs", "host": "hosts"}
+
+
+def gbps(x: float) -> str:
+    """A rate to 4 significant digits, never in exponent form (41.9048 -> 41.9)."""
+    return f"{float(f'{x:.4g}'):g}"
+
+
+def _wrap(text: str) -> list[str]:
+    return textwrap.wrap(text, 80, subsequent_indent="  ", break_on_hyphens=False)
+
+
+def domain_shares(level: dict, summary: dict) -> str:
+    """What the ranks of one group of a ``domains`` level have in common."""
+    kind = level["kind"]
+    if kind == "fabric":
+        names = [n for k, n in (("nvlink", "NVLink"), ("xgmi", "xGMI")) if k in summary["links"]]
+        via = " through NVSwitches" if summary["devices"].get("nvswitch") else ""
+        return f"an {'/'.join(names) or 'GPU'} fabric{via}"
+    if kind != "leaf":
+        return _SHARES[kind]
+    spans, net = level["leaves"], summary["network"]
+    if spans == [1]:
+        return "one leaf switch"
+    # A leaf group joins nodes whose NICs share leaves; on a rail-optimized fabric each rail
+    # has leaves of its own, so the group spans several and traffic between them goes above.
+    above = [_ABOVE.get(t, f"{t} switches") for t in net["switches"] if t != "leaf"]
+    how = f"through the {' and '.join(above)}" if above else "over links between leaves"
+    rails = ", one rail each" if net["rail_optimized"] else ""
+    return f"{' or '.join(map(str, spans))} leaf switches{rails}; between leaves {how}"
+
+
+def network_lines(summary: dict) -> list[str]:
+    """The switch fabric and how the ranks' network traffic spreads over the NICs."""
+    out: list[str] = []
+    net, nics = summary["network"], summary["nics"]
+    if net is not None and net["switches"]["leaf"]:
+        sw = dict(net["switches"])
+        leaves = sw.pop("leaf")
+        above = " and ".join(_ABOVE.get(t, f"{t} switches") for t in sw) or "links between leaves"
+        lo, hi = net["per_leaf"][0], net["per_leaf"][-1]
+        below = " and ".join(_BELOW.get(k, k) for k in net["below"])
+        text = (f"Network: {leaves} leaf switch{'es' if leaves != 1 else ''} with "
+                f"{lo if lo == hi else f'{lo} to {hi}'} {below}{' each' if leaves != 1 else ''}")
+        for tier, n in sw.items():
+            text += f", {n} {tier} switch{'es' if n != 1 else ''}"
+        if net["rail_optimized"]:
+            text += (f"; rail-optimized, {net['rails']} rails: NIC k of every node sits on a leaf of rail k, so "
+                     f"network traffic between rails goes through the {above}")
+        out += _wrap(text + ".")
+    if nics is not None:
+        parts = []
+        # NICs carrying ranks first, then the idle ones (under "0")
+        for k, count in sorted(nics["ranks_per_nic"].items(), key=lambda kv: kv[0] == "0"):
+            verb = "carry" if count != 1 else "carries"
+            if k == "0":
+                names = nics["idle"]
+                shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+                parts.append(f"{count} {verb} none ({shown})")
+            else:
+                shared = ", sharing its links" if k != "1" else ""
+                parts.append(f"{count} {verb} {k} rank{'s' if k != '1' else ''} each{shared}")
+        out += _wrap(f"NICs on the network: {nics['nics']}; a rank's network traffic leaves through one (its "
+                     f"device's nic, else the nearest over PCIe): {'; '.join(parts)}.")
+    return out
+
+
+def rate_lines(topo: Topology, shm_pairs: int = 0) -> list[str]:
+    """What the transfer rates ``topo show`` prints are made of on ``topo`` (``shm_pairs``:
+    how many rank pairs NCCL's shared-memory transport carries, ``nccl.shm_pairs``)."""
+    kinds = {ln.kind for ln in topo.links}
+    if nccl.p2p_link_gbps(topo) is None:
+        parts, where = ["its links at their bw_gbps"], ""
+    else:  # the kinds nccl.p2p_link_gbps rates, as it rates them
+        rated = [n for k, n in ((LinkKind.NVLINK, "NVLink"), (LinkKind.XGMI, "xGMI"), (LinkKind.PCIE, "PCIe"))
+                 if k in kinds]
+        parts = [f"{' and '.join(rated)} links as NCCL rates them"] if rated else []
+        if any(link_class(k) is LinkClass.NETWORK for k in kinds):
+            parts.append(f"network ports at {nccl.NET_ACHIEVED[nccl.Protocol.SIMPLE]:g} of their speed")
+        if any(k not in _RATED and link_class(k) is not LinkClass.NETWORK for k in kinds):
+            parts.append("other links at their bw_gbps")
+        where = " (docs/nccl-model.md)"
+    if any(ln.flow_gbps is not None for ln in topo.links):
+        parts.append("one flow at most a link's flow_gbps")
+    if shm_pairs:
+        parts.append("GPUs without peer-to-peer at most NCCL's shared-memory rate (below)")
+    text = f"GB/s: what one message moves at alone on its route: {', '.join(parts)}"
+    if nccl_p2p.applies(topo):
+        text += "; NCCL's channels cap a send further by its size"
+    return _wrap(text + where + ".")
+
+
+_RATED = frozenset({LinkKind.NVLINK, LinkKind.XGMI, LinkKind.PCIE})
