@@ -128,8 +128,18 @@ def test_family_file_form_with_overrides(tmp_path):
                  "cost: {overhead_us: 9}\n")
     t = load_topology(p)
     assert t.name == "my-mi300x" and t.num_ranks == 8 and t.sources[-1] == "mine" and t.cost.overhead_us == 9
-    assert dataclasses.replace(t, cost=resolve("mi300x:gpus=4,nodes=2").cost).fingerprint == resolve(
-        "mi300x:gpus=4,nodes=2").fingerprint
+    family = resolve("mi300x:gpus=4,nodes=2")
+    assert dataclasses.replace(t, cost=family.cost).fingerprint == family.fingerprint
+    assert t.cost == family.cost.updated(overhead_us=9)  # the terms left out keep the family's values
+
+
+def test_a_family_files_cost_terms_override_the_familys_one_by_one(tmp_path):
+    p = tmp_path / "fam.yaml"
+    p.write_text("family: dgx-h100\ncost: {launch_us: 3, attn_efficiency: 0.6}\n")
+    t, family = load_topology(p), resolve("dgx-h100:")
+    assert (t.cost.launch_us, t.cost.attn_efficiency) == (3, 0.6)
+    assert t.cost.attn_launch_us == family.cost.attn_launch_us == 12.4
+    assert t.cost == family.cost.updated(launch_us=3.0, attn_efficiency=0.6)
 
 
 def test_rank_patterns():

@@ -24,7 +24,7 @@ from typing import Any
 
 from treeattn.errors import TopologyError
 from treeattn.topology.attention_fits import ATTN_AMPERE, ATTN_BLACKWELL, ATTN_HOPPER
-from treeattn.topology.compact import build_compact, cost_params
+from treeattn.topology.compact import build_compact
 from treeattn.topology.model import CostParams, Device, DeviceKind, Link, LinkKind, Topology, check_rank_count
 from treeattn.topology.schema import (
     CompactFile,
@@ -468,6 +468,6 @@ def build_family_file(spec: FamilyFile) -> Topology:
         changes["name"] = spec.name
     if spec.description is not None:
         changes["description"] = spec.description
-    if spec.cost is not None:
-        changes["cost"] = cost_params(spec.cost)
+    if spec.cost is not None:  # the terms it gives, over the family's own (its decode-kernel fit)
+        changes["cost"] = topo.cost.updated(**spec.cost.model_dump(exclude_unset=True))
     return dataclasses.replace(topo, **changes)
