@@ -193,4 +193,6 @@ def test_sends_on_a_narrower_wire_hold_what_the_model_counts(algorithm):
             executor.run()
         q = w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes
         model = rank_peak_bytes(plan, rank) - kv_cache_bytes(w, rank) - q - w.payload_bytes
-        assert executor.pool.nbytes <= model, (rank, executor.pool.nbytes, model)
+        # plans that copy rows (all but the butterfly here) round them at the end, in a buffer of their own
+        assert (executor.buffer_bytes > executor.pool.nbytes) == bool(plan.rounded_runs) == (algorithm != "butterfly")
+        assert executor.buffer_bytes <= model, (rank, executor.buffer_bytes, model)

@@ -14,7 +14,9 @@ Per rank, during one layer's decode step (``peak_bytes``):
   pieces of the rank's own rows (of the rank that owns the most), the query's gather the whole
   query, the lse gather p lse vectors, the sum of (w o, w) a packed copy of the rows
   (a reduce-scatter's output too); the paper's all-reduces reduce one part at a time in
-  place of a copy of it.
+  place of a copy of it;
+* on a narrow wire, the buffer the end-of-run rounding of copied rows uses, the longest run
+  of them (``Plan.rounded_runs``) in the partial dtype.
 
 ``fits`` compares the worst rank against its device's ``mem_gb`` times a usable fraction
 (``--mem-fraction``, default 0.9: the rest is the weights, activations and the runtime).
@@ -35,9 +37,10 @@ from treeattn.plan.ir import (
     message_bytes,
     row_bytes,
     widened,
+    wire_converted,
 )
 from treeattn.topology.model import Topology
-from treeattn.units import DType, format_size
+from treeattn.units import format_size
 from treeattn.workload import Payload, Workload
 
 __all__ = ["DEFAULT_MEM_FRACTION", "MemoryCheck", "peak_bytes", "rank_peak_bytes", "run_bytes", "kv_cache_bytes",
@@ -103,23 +106,26 @@ def rank_peak_bytes(plan: Plan, rank: int) -> int:
         i = bisect.bisect_right(order, end)
         if i < len(order):
             delta[order[i]] = delta.get(order[i], 0) - w.kv_bytes(b)
-    narrow = not plan.is_raw and w.partial_dtype is not DType.FP32
     peak = held = 0
     for s in order:
         held += delta.get(s, 0)
         # an exchange's stack also holds this rank's own partial as sent, once per chunk, and
         # on a narrower wire the other chunks it sends, once each, in their wire form
         exchanged = set() if plan.is_raw else exchanged_chunks(steps[s])
-        converted = {op.chunk: op for op in steps[s]
-                     if narrow and op.kind is OpKind.SEND and op.block is None and op.chunk not in exchanged}
-        extra = sum(message_bytes(plan, next(op for op in steps[s] if op.chunk == c)) for c in exchanged)
-        extra += sum(message_bytes(plan, op) for op in converted.values())
+        sent = {}
+        for op in steps[s]:
+            if op.kind is OpKind.SEND and op.block is None:
+                sent.setdefault(op.chunk, op)
+        held_sent = [*exchanged, *wire_converted(plan, steps[s], exchanged)]
+        extra = sum(message_bytes(plan, sent[c]) for c in held_sent)
         for op in steps[s]:
             if op.kind in (OpKind.RECV_MERGE, OpKind.RECV_COPY) and op.block is None:
                 extra += message_bytes(plan, op)
             elif op.kind is OpKind.COLLECTIVE:
                 extra += _collective_bytes(plan, op)
         peak = max(peak, held + extra)
+    if plan.rounded_runs:  # the end-of-run rounding's buffer, held beside: o of its longest run
+        peak += max(stop - start for start, stop in plan.rounded_runs) * w.head_dim * w.partial_dtype.nbytes
     q = w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes if isinstance(w, Workload) else 0
     return kv_cache_bytes(w, rank) + q + w.payload_bytes + peak
 

@@ -152,6 +152,11 @@ class PlanExecutor:
         self._ops_done = 0
         self.pool = BufferPool(comm.device)
         """Receive and collective buffers, taken per iteration and reused by the next."""
+        runs = plan.rounded_runs
+        self._rounding = None if not runs else torch.empty(
+            (max(stop - start for start, stop in runs), w.head_dim), dtype=self.wire_dtype, device=comm.device)
+        """The end-of-run rounding's buffer, one run of rows: its own, as the pool's slots are
+        sized by the steps (taken from the pool, it grew a slot past what any step holds)."""
         self._marks: list[tuple[int, Op, Mark, Mark]] = []
         self._clock: tuple[tuple[float, Mark], float] | None = None
         self.origin: float | None = None
@@ -248,9 +253,7 @@ class PlanExecutor:
             # too, so every rank ends with the same bits (rounding a rounded row changes nothing).
             # Only o is rounded: the lse travels as fp32 bytes, so its round trip changes nothing.
             o = acc[start:stop, :-1]
-            buf = self.pool.take(tuple(o.shape), self.wire_dtype)
-            o.copy_(buf.copy_(o))
-            self.pool.release(buf)
+            o.copy_(self._rounding[:stop - start].copy_(o))
         return acc
 
     def rebase(self, origin: tuple[float, Mark]) -> None:
@@ -289,6 +292,12 @@ class PlanExecutor:
         if self._fault[2] == "exit":
             os._exit(17)
         raise InjectedFault(f"injected fault on rank {self.rank} at op {count} (program op {index})")
+
+    @property
+    def buffer_bytes(self) -> int:
+        """What the executor holds beside the accumulator and the inputs: its pool and the
+        rounding buffer (``cost.memory`` counts both)."""
+        return self.pool.nbytes + (0 if self._rounding is None else self._rounding.nbytes)
 
     def rows_of(self, chunk: int | None) -> slice:
         """The accumulator rows of ``chunk`` (None: all)."""
