@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from treeattn.exec.comm import Comm, distinct
+from treeattn.exec.comm import Comm, distinct, first_uses
 from treeattn.exec.deadline import Outstanding, first_pending, wait_marks
 from treeattn.exec.interpreter import PlanExecutor, RankInputs
 from treeattn.exec.merge import clear_partial
 from treeattn.plan.builders import build
-from treeattn.plan.ir import TopologyRef
+from treeattn.plan.ir import OpKind, TopologyRef
 from treeattn.workload import Workload
 
 
@@ -218,5 +218,53 @@ def test_ops_sharing_a_work_handle_are_waited_for_and_marked_once():
 
 def test_distinct_keeps_each_handle_once_in_order():
     a, b = object(), object()
+    assert first_uses([a, None, a, b, None, b, a]) == [True, False, False, True, False, False, False]
     assert distinct([a, None, a, b, None, b, a]) == [a, b]
-    assert distinct([None, None]) == []
+    assert first_uses([None, None]) == [False, False] and distinct([None, None]) == []
+
+
+class TimedNcclLikeComm(NcclLikeComm):
+    """As on CUDA with timing: each distinct work of a step gets a completion marker on a side
+    stream of its own (``done_mark``), here recorded instead of recorded on a device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cuda = True
+        self.posted: list[list[object]] = []
+        self.marked: list[tuple[int, object]] = []
+        self.joined: list[int] = []
+        self.clock = 0.0
+
+    def post(self, ops):  # noqa: ANN001, ANN201
+        works = super().post(ops)
+        self.posted.append(works)
+        return works
+
+    def mark(self, stream=None) -> float:  # noqa: ANN001, ARG002
+        self.clock += 1.0
+        return self.clock
+
+    def done_mark(self, work, slot: int) -> float:  # noqa: ANN001
+        self.marked.append((slot, work))
+        return 100.0 + len(self.marked)
+
+    def join_sides(self, used: int) -> None:
+        self.joined.append(used)
+
+
+def test_ops_sharing_a_work_handle_share_one_completion_marker():
+    w = Workload(batch=1, q_heads=4, kv_heads=2, head_dim=8, split=(5, 6, 7), kv_dtype="fp32")
+    plan = build("star", w, TopologyRef("cpu:test", "sha256:test"), chunks=2)
+    comm = TimedNcclLikeComm()
+    ex = PlanExecutor(plan, comm, RankInputs(partial=torch.randn(w.rows, w.head_dim + 1)), timed=True)
+    ex.run()
+    # per step, one marker per distinct work in first-seen order, on side streams 0, 1, ...
+    want = [(slot, work) for works in comm.posted for slot, work in enumerate(distinct(works))]
+    assert comm.marked == want and len(want) == 6
+    assert comm.joined == [len(distinct(works)) for works in comm.posted] == [2, 2, 2]
+    # each transfer completes at its work's marker: the two ops with one peer in one step alike
+    done = {(m.op.step, m.op.peer): set() for m in ex.timeline if m.op.kind is not OpKind.COMPUTE}
+    for m in ex.timeline:
+        if m.op.kind is not OpKind.COMPUTE:
+            done[m.op.step, m.op.peer].add(m.done_us)
+    assert all(len(times) == 1 for times in done.values()) and len(done) == 6

@@ -150,3 +150,22 @@ def test_warm_compiles_every_kernel_a_run_calls(fused):
     kernels.weighted(one[3:4], m[:1], torch.bfloat16)
     kernels.finish(one[0:1], m[:1], part[:1, :-1], part[:1, -1])
     assert counters["stats"]["unique_graphs"] == before  # nothing left to compile mid-run
+
+
+@pytest.mark.parametrize(("wire", "d"), [(torch.float8_e4m3fn, 8), (torch.bfloat16, 7)])
+def test_warm_compiles_the_lse_layout_of_the_runs_head_dim(fused, wire, d):
+    # A narrow wire's lse is a view of the rows where it is 4-byte aligned (fp8 at D = 8,
+    # where the view's storage offset, 2, equals warm's row count) and a copy where it is
+    # not (bf16 at D = 7); the compiled merge tells the two apart, and warm compiles the
+    # run's own, so no row count or fan-in compiles anything mid-run.
+    from torch._dynamo.utils import counters
+
+    kernels.warm(torch.device("cpu"), wire, d)
+    assert kernels._FAILED == {}
+    before = counters["stats"]["unique_graphs"]
+    for k, rows in [(1, 1), (2, 3), (5, 40)]:
+        acc = partials(1, rows, d, torch.float32, 10 + k)[0]
+        stack = partials(k, rows, d, wire, k)
+        assert_ulp_close(kernels.merge_into(acc.clone(), stack), merge_many_into(acc.clone(), stack))
+        assert_ulp_close(kernels.merged(stack), merge_many(stack))
+    assert counters["stats"]["unique_graphs"] == before

@@ -31,6 +31,7 @@ class _Stand:
 
     cuda = False
     device = CPU
+    backend = "gloo"
 
     def __init__(self, rank: int = 0, world: int = 4) -> None:
         self.rank, self.world, self.reductions = rank, world, 0

@@ -259,6 +259,63 @@ def test_the_wire_form_keeps_the_lse_in_fp32(dtype):
     assert torch.equal(to_wire(torch.empty_like(rows), packed).view(torch.uint8), rows.view(torch.uint8))
 
 
+def _copied_split(stack: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``split_wire`` with the lse always copied out of the rows (what the view must equal)."""
+    d = stack.shape[-1] - wire_cols(0, stack.dtype)
+    lse = torch.empty((*stack.shape[:-1], 1), dtype=torch.float32)
+    lse.view(torch.uint8).copy_(stack.view(torch.uint8)[..., d * stack.dtype.itemsize:])
+    return stack[..., :d], lse[..., 0]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32)
+
+
+def _wire_stack(k: int, rows: int, d: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """k partials of ``rows`` rows in wire form (an empty row among them) and an accumulator."""
+    g = torch.Generator().manual_seed(k * 100 + d)
+    packed = pack(torch.randn(k * rows, d, generator=g), torch.randn(k * rows, generator=g) * 30 + 40)
+    packed[1, -1], packed[1, :-1] = NEG_INF, 0.0
+    acc = pack(torch.randn(rows, d, generator=g), torch.randn(rows, generator=g) * 30 + 40)
+    return wired(packed, dtype).view(k, rows, -1), acc
+
+
+@pytest.mark.parametrize(("dtype", "d", "view"), [
+    (torch.bfloat16, 8, True), (torch.float16, 128, True), (torch.float8_e4m3fn, 8, True),
+    (torch.float8_e4m3fn, 64, True),
+    # an odd D (2-byte dtypes) or one not a multiple of 4 (fp8) puts the lse off a 4-byte boundary
+    (torch.bfloat16, 7, False), (torch.float16, 5, False), (torch.float8_e4m3fn, 6, False),
+    (torch.float8_e4m3fn, 5, False)])
+def test_split_wire_views_the_lse_where_it_is_aligned_and_copies_it_otherwise(dtype, d, view):
+    stack, acc = _wire_stack(3, 5, d, dtype)
+    o, lse = split_wire(stack)
+    want_o, want_lse = _copied_split(stack)
+    assert torch.equal(_bits(lse), _bits(want_lse)) and o.data_ptr() == want_o.data_ptr() == stack.data_ptr()
+    shares = lse.untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
+    assert shares == view
+    if view:
+        assert lse.data_ptr() == stack.data_ptr() + d * dtype.itemsize and lse.stride() == (
+            stack.stride(0) * dtype.itemsize // 4, stack.stride(1) * dtype.itemsize // 4)
+    # the merges read the same bits either way
+    assert torch.equal(_bits(merge_many_into(acc.clone(), stack)),
+                       _bits(merge_module.merge_stack(acc.clone(), want_o, want_lse, True)))
+    assert torch.equal(_bits(merge_many(stack)), _bits(merge_module.merge_stack(
+        torch.empty_like(acc), want_o, want_lse, False)))
+
+
+def test_split_wire_views_a_row_slice_and_copies_rows_that_start_off_a_4_byte_boundary():
+    stack, _ = _wire_stack(2, 6, 8, torch.bfloat16)
+    part = stack[:, 2:5]  # rows of 20 bytes: every slice of whole rows stays aligned
+    assert split_wire(part)[1].untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
+    assert torch.equal(_bits(split_wire(part)[1]), _bits(_copied_split(part)[1]))
+    flat = torch.zeros(stack.numel() + 1, dtype=torch.bfloat16)
+    shifted = flat[1:].view(stack.shape)  # the same rows two bytes further on
+    shifted.copy_(stack)
+    lse = split_wire(shifted)[1]
+    assert lse.untyped_storage().data_ptr() != flat.untyped_storage().data_ptr()
+    assert torch.equal(_bits(lse), _bits(split_wire(stack)[1]))
+
+
 def test_a_16_bit_wire_merges_at_long_context_lse_as_closely_as_its_outputs_allow():
     # lse of tens (long context, large logits): rounded to bf16 (spacing 0.25 at 32-64) it put
     # the weights 8 % off; kept fp32, the merge is as close as bf16 outputs allow.

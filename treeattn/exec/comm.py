@@ -7,7 +7,14 @@ process's life, whichever ``Comm`` sent it), so gloo matches them FIFO per pair 
 the Plan IR says, however many are in flight. On NCCL, which ignores tags, every pair of
 ranks that exchanges messages has a communicator of its own (``open_pairs``): a batch's
 messages to one peer are one NCCL group on it, FIFO per pair, and each peer's messages
-complete on their own instead of all of a step's at the end of one group.
+complete on their own instead of all of a step's at the end of one group. NCCL requires
+operations on different communicators to be issued in one order on every rank, or they may
+deadlock (its user guide, "Using multiple NCCL communicators concurrently"), so a batch posts
+its groups in ascending peer rank: on every rank that is ascending pair (min, max), and a
+plan whose transfers have both sides in one step (every builder's, ``plan.schedule``) is
+issued in one order on all ranks: by step, then by pair. A plan whose transfers straddle
+steps can be valid and still issue communicators in a cycle: ``PlanExecutor`` refuses it on
+NCCL (``treeattn.exec.issue_order``).
 
 One rule for empty messages: a message of zero bytes (a KV shard of no tokens) is not
 posted, on either side (both sides know its size). fp8 travels as its bytes (a uint8 view).
@@ -38,6 +45,7 @@ import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from itertools import compress
 
 import torch
 import torch.distributed as dist
@@ -47,7 +55,7 @@ from treeattn.exec.board import HostBoard
 from treeattn.exec.deadline import Outstanding, wait_marks
 
 __all__ = ["CALLS_AHEAD", "EXTERNAL_EVENTS", "CommError", "Comm", "P2P", "BufferPool", "Mark", "timing_event",
-           "deadline_event", "distinct"]
+           "deadline_event", "distinct", "first_uses"]
 
 _PAIRS: dict[tuple[int, int], dist.ProcessGroup] = {}
 """NCCL communicators of pairs of global ranks, created once per process (``Comm.open_pairs``)."""
@@ -100,10 +108,22 @@ def deadline_event() -> torch.cuda.Event:
     return torch.cuda.Event(external=True) if EXTERNAL_EVENTS else torch.cuda.Event()
 
 
+def first_uses(works: list) -> list[bool]:
+    """For each of ``works`` (one per op posted), whether it is its handle's first occurrence;
+    never for None (an empty message, not posted). Ops of one NCCL batch with one peer share a
+    handle: it is waited for, and marked, once, at its first op."""
+    seen: set[int] = set()
+    first = []
+    for w in works:
+        first.append(w is not None and id(w) not in seen)
+        if w is not None:
+            seen.add(id(w))
+    return first
+
+
 def distinct(works: list) -> list:
-    """The distinct work handles of ``works`` in first-seen order, without None (ops of one
-    NCCL batch with one peer share a handle: it is waited for, and marked, once)."""
-    return list({id(w): w for w in works if w is not None}.values())
+    """The distinct work handles of ``works`` in first-seen order, without None (``first_uses``)."""
+    return list(compress(works, first_uses(works)))
 
 
 _REDUCE = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}
@@ -276,7 +296,10 @@ class Comm:
             for j, i in enumerate(live):
                 works[i] = handles[0] if len(handles) == 1 else handles[j]
             return works
-        for peer, idx in by_peer.items():
+        # Peer by peer in ascending rank order, whatever the order of ``ops``: see the module
+        # docstring (NCCL's rule for operations on different communicators).
+        for peer in sorted(by_peer):
+            idx = by_peer[peer]
             group, at = self._pair(peer)
             batch = [dist.P2POp(p2p[j].op, p2p[j].tensor, group=group, group_peer=at) for j in idx]
             handles = dist.batch_isend_irecv(batch)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import groupby
+from itertools import compress, groupby
 
 import torch
 
@@ -35,7 +35,8 @@ from treeattn.errors import ExecutionError, PlanInvalidError
 from treeattn.exec import kernels
 from treeattn.exec.attention import partial_attention, torch_dtype
 from treeattn.exec.collectives import gather_query, run_collective
-from treeattn.exec.comm import P2P, BufferPool, Comm, Mark
+from treeattn.exec.comm import P2P, BufferPool, Comm, Mark, first_uses
+from treeattn.exec.issue_order import nccl_order_problem
 from treeattn.exec.merge import clear_partial, empty_partial, from_wire, sum_many_into, to_wire, wire_cols
 from treeattn.plan.ir import Op, OpKind, Plan, contiguous_runs, exchanged_chunks, wire_converted
 from treeattn.plan.steps import order_problem, step_problem
@@ -130,6 +131,10 @@ class PlanExecutor:
 
     def __init__(self, plan: Plan, comm: Comm, inputs: RankInputs, kernel: str = "explicit",
                  timed: bool = True) -> None:
+        if comm.backend == "nccl":  # every rank finds the same, before anything is posted
+            problem = nccl_order_problem(plan)
+            if problem:
+                raise PlanInvalidError(problem)
         self.plan = plan
         self.comm = comm
         self.inputs = inputs
@@ -402,24 +407,21 @@ class PlanExecutor:
             else:
                 posts.append(P2P(False, self.pool.take(self._row_shape(op.chunk), self.wire_dtype), op.peer))
         works = self.comm.post(posts)
+        first = first_uses(works)  # ops of one NCCL batch with one peer share a work: waited (and marked) once
         own: dict[int, Mark] = {}  # CUDA: each work's own completion, marked before the compute is queued
         if self.comm.cuda and self.timed:
-            for work in works:
-                if work is not None and id(work) not in own:
-                    own[id(work)] = self.comm.done_mark(work, len(own))
+            own = {id(work): self.comm.done_mark(work, slot) for slot, work in enumerate(compress(works, first))}
         part = None
         t_compute: Mark = 0.0
         if compute is not None:
             part = self._partial(compute, blocks)  # while the transfers fly
             t_compute = self._mark()
         done: list[Mark] = []
-        waited: set[int] = set()  # ops of one NCCL batch with one peer share a work: waited (and marked) once
-        for (_, op), work in zip(transfers, works, strict=True):
+        for (_, op), work, new in zip(transfers, works, first, strict=True):
             if work is None:  # an empty message: nothing was posted
                 done.append(self._mark())
                 continue
-            if id(work) not in waited:
-                waited.add(id(work))
+            if new:
                 self.comm.wait(work, f"{op.kind.value} chunk {op.chunk} with rank {op.peer} (step {op.step})")
             done.append(own[id(work)] if own else self._mark())
         if own:

@@ -85,30 +85,34 @@ _FAILED: dict[str, str] = {}
 """Kernels whose compilation failed in this process (name: why); they run eager."""
 
 
-def warm(device: torch.device, wire: torch.dtype) -> None:
+def warm(device: torch.device, wire: torch.dtype, head_dim: int = 8) -> None:
     """Compile every fused kernel the executor may call on ``device`` with partials of ``wire``
-    on the wire, before the ranks communicate (a compile takes seconds; a peer waiting on a
-    rank that compiles would hit its timeout). Nothing happens where the merges run eager. A
-    kernel that does not compile here (say, fp8 on a GPU without fp8 conversions) runs eager
-    from then on, and one line on stderr says so."""
+    on the wire and ``head_dim`` values a row, before the ranks communicate (a compile takes
+    seconds; a peer waiting on a rank that compiles would hit its timeout). The head dim
+    decides whether a narrow wire's lse is a view of the rows or a copy
+    (``treeattn.exec.merge.split_wire``), which a compiled kernel tells apart by its strides;
+    every other size is dynamic. Nothing happens where the merges run eager. A kernel that
+    does not compile here (say, fp8 on a GPU without fp8 conversions) runs eager from then
+    on, and one line on stderr says so."""
     if not fused_on(device):
         return
+    d = head_dim
     calls: list = []
     # Two row counts: a chunk of one row (a heads segment of one head at B = 1) compiles a
     # variant of its own (a size-1 column is dense, which the guards tell apart).
     for rows in (2, 1):
-        acc = eager.empty_partial(rows, 8, device)
+        acc = eager.empty_partial(rows, d, device)
         m = torch.zeros(rows, device=device)
-        calls += [("merge", lambda d=d, acc=acc, n=rows: merge_into(
-                      acc, torch.zeros((2, n, eager.wire_cols(8, d)), dtype=d, device=device)))
-                  for d in dict.fromkeys((torch.float32, wire))]
-        calls += [("merge", lambda n=rows: merged(torch.zeros((2, n, eager.wire_cols(8, wire)), dtype=wire,
+        calls += [("merge", lambda dt=dt, acc=acc, n=rows: merge_into(
+                      acc, torch.zeros((2, n, eager.wire_cols(d, dt)), dtype=dt, device=device)))
+                  for dt in dict.fromkeys((torch.float32, wire))]
+        calls += [("merge", lambda n=rows: merged(torch.zeros((2, n, eager.wire_cols(d, wire)), dtype=wire,
                                                               device=device))),
                   ("weighted", lambda acc=acc, m=m: (weighted(acc, m, wire), weighted(acc, m, wire, False))),
-                  ("finish", lambda acc=acc, m=m, n=rows: finish(acc, m, torch.zeros((n, 8), device=device),
+                  ("finish", lambda acc=acc, m=m, n=rows: finish(acc, m, torch.zeros((n, d), device=device),
                                                                  torch.ones(n, device=device)))]
-        for d in dict.fromkeys((torch.float32, wire)):  # the sums of (w o, w) rows: views of one buffer
-            total = torch.ones((rows, 9), dtype=d, device=device)
+        for dt in dict.fromkeys((torch.float32, wire)):  # the sums of (w o, w) rows: views of one buffer
+            total = torch.ones((rows, d + 1), dtype=dt, device=device)
             calls.append(("finish", lambda t=total, acc=acc, m=m: finish(acc, m, t[:, :-1], t[:, -1])))
     for name, call in calls:
         try:
@@ -133,7 +137,10 @@ def _merge(out: torch.Tensor, stack: torch.Tensor, accumulate: bool) -> torch.Te
     parts, lse = eager.split_wire(stack)
     if _fused("merge", out.device):
         o, st, ls = _plain(out, parts, lse)
-        _unbacked((o, 0), (st, 0), (st, 1), (ls, 0))
+        # The lse's rows too: a backed size is equated with any other of equal value when
+        # compiled (the lse view's storage offset is 2 for fp8 at D = 8, as warm's rows are),
+        # and a run with other row counts would fail that guard and compile mid-run.
+        _unbacked((o, 0), (st, 0), (st, 1), (ls, 0), (ls, 1))
         compiled("merge")(o, st, ls, accumulate)
         return out
     return eager.merge_stack(out, parts, lse, accumulate)

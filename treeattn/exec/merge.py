@@ -97,14 +97,28 @@ def wired(packed: torch.Tensor, wire: torch.dtype) -> torch.Tensor:
     return to_wire(torch.empty(shape, dtype=wire, device=packed.device), packed)
 
 
+def _as_fp32(raw: torch.Tensor) -> torch.Tensor | None:
+    """Bytes ``(..., 4)`` (last stride 1) as fp32 ``(..., 1)`` without a copy, or None where
+    some element would not start at a multiple of 4 bytes: fp32 loads need that alignment
+    (a GPU faults on a misaligned one), and torch refuses such a view."""
+    if raw.data_ptr() % 4 or raw.storage_offset() % 4 or any(s % 4 for s in raw.stride()[:-1]):
+        return None
+    return raw.view(torch.float32)
+
+
 def split_wire(stack: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o, lse)`` of partials in wire form ``(..., wire_cols)``: a view of the outputs in
-    their dtype ``(..., D)`` and the lse in fp32 ``(...)`` (a view for fp32 rows, else a copy)."""
+    their dtype ``(..., D)`` and the lse in fp32 ``(...)``: a view of the rows too where every
+    lse starts at a multiple of 4 bytes (fp32 rows; 2-byte dtypes with D even, fp8 with D a
+    multiple of 4, in a buffer that starts so aligned, as the executor's do), else a copy."""
     if stack.dtype == torch.float32:
         return stack[..., :-1], stack[..., -1]
     d = stack.shape[-1] - wire_cols(0, stack.dtype)
-    lse = torch.empty((*stack.shape[:-1], 1), dtype=torch.float32, device=stack.device)
-    lse.view(torch.uint8).copy_(_lse_bytes(stack, d))
+    raw = _lse_bytes(stack, d)
+    lse = _as_fp32(raw)
+    if lse is None:
+        lse = torch.empty((*stack.shape[:-1], 1), dtype=torch.float32, device=stack.device)
+        lse.view(torch.uint8).copy_(raw)
     return stack[..., :d], lse[..., 0]
 
 

@@ -147,7 +147,7 @@ class Merger:
             self.wire_dtype = torch_dtype(w.partial_dtype)
             self._comm.open_pairs({(r, op.peer) for r, prog in enumerate(plan.programs) for op in prog
                                    if op.is_transfer})
-            kernels.warm(self.device, self.wire_dtype)
+            kernels.warm(self.device, self.wire_dtype, w.head_dim)
         self.graph = backend == "nccl" if graph is None else graph
         """Whether calls replay a CUDA graph of the Merger's own: as asked until the second call
         (outside a caller's capture) captures it, then whether that worked on every rank."""
