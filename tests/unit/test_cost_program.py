@@ -60,7 +60,7 @@ def test_an_exchange_pays_its_own_slot_before_it_posts(dtype):
     prog = compile_plan(plan, 2, cm)
     # Charged at the end of the step before (the compute), so the exchange posts after it.
     assert prog.merge_b[0] == [moved, 3 * w.payload_bytes]
-    assert prog.merge_k[0] == [kernels, 1]
+    assert prog.merge_k[0] == [kernels, 1]  # bf16 at D = 64: the merge reads the stack's lse in place
     res = simulate(plan, topo)
     by = {(t.rank, t.op): t for t in res.timeline}
     convert = cm.step_local_us(0, moved, kernels)
@@ -95,8 +95,8 @@ def test_copied_rows_are_rounded_at_the_end_on_every_rank_of_a_narrow_wire():
     cm = ComputeModel.of(w, topo)
     prog = compile_plan(plan, 2, cm)
     # Rank 1: its step-1 send converts chunk 1 (charged on step 0); its last step copies
-    # (twice the message) and rounds.
+    # (twice the message: o and the lse's bytes, two kernels) and rounds.
     send_moved, send_kernels = wire_conversions(plan, progs[1][1:2])
     assert prog.merge_b[1] == [send_moved, 0, 2 * 8 * w.row_bytes + moved]
-    assert prog.merge_k[1] == [send_kernels, 0, 1 + kernels]
+    assert prog.merge_k[1] == [send_kernels, 0, 2 + kernels]
     assert make_plan(progs, _work(2, "fp32", rows_per_head=2), topo, chunks=2).rounded_runs == ()

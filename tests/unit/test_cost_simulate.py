@@ -303,9 +303,9 @@ def test_compute_and_merge_costs_follow_the_model():
     ((0, 1, 0), 0, 2),     # two chunks merged into
     ((None, None, None), 0, 1),
     ((0, 1, None), 0, 3),  # chunk None (every row) is a target of its own
-    ((0,), 2, 2),          # the copies are one kernel between them
+    ((0,), 2, 3),          # each copy one: the executor stores each copied chunk on its own
 ])
-def test_a_step_pays_one_launch_per_chunk_merged_and_one_for_copies(chunks_of, copies, kernels):
+def test_a_step_pays_one_launch_per_chunk_merged_and_one_per_copy(chunks_of, copies, kernels):
     launch = 7.0
     p = 1 + len(chunks_of) + copies
     topo = switch_topo(p, launch=launch)

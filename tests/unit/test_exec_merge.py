@@ -350,3 +350,21 @@ def test_raw_sum_in_place_and_fp8_through_fp32():
     f8 = torch.tensor([1.0, -1.0]).to(torch.float8_e4m3fn)
     sum_into(f8, torch.tensor([2.0, 1.0]).to(torch.float8_e4m3fn))
     assert f8.float().tolist() == [3.0, 0.0]
+
+
+def test_the_dcp_correction_takes_the_log_sum_exp_of_every_ranks_lse():
+    from treeattn.exec.merge import corrected
+
+    torch.manual_seed(0)
+    lses = torch.randn(3, 6) * 20
+    lses[:, 1] = float("-inf")  # every rank empty there: total -inf, weight 0
+    lses[0, 2] = float("-inf")
+    part = torch.randn(6, 9)
+    part[:, -1] = lses[1]
+    total, wo = corrected(part, lses, torch.float32)
+    want = torch.logsumexp(lses, dim=0)
+    assert torch.equal(torch.isinf(total), torch.isinf(want))
+    finite = torch.isfinite(want)
+    assert torch.allclose(total[finite], want[finite], rtol=1e-6, atol=0)
+    assert torch.allclose(wo, part[:, :-1] * torch.exp(lses[1] - want).nan_to_num(0.0).unsqueeze(1), rtol=1e-5)
+    assert torch.equal(wo[1], torch.zeros(8))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -33,6 +34,7 @@ from treeattn.search.candidates import (
 from treeattn.search.evaluate import sweep_chunks
 from treeattn.search.trees import children_of, count_rooted_trees, is_tree
 from treeattn.topology.library import resolve
+from treeattn.units import DType
 from treeattn.workload import RawPayload, Workload
 
 
@@ -131,7 +133,9 @@ def test_chunk_choices_are_powers_of_two_capped_by_rows():
 def test_floor_never_exceeds_the_simulation(spec, ranks):
     topo = load_topology(spec, ranks)
     lay = layout_of(topo)
-    for w in (_w(topo.num_ranks), _w(topo.num_ranks, batch=64), RawPayload(nbytes=1 << 20, ranks=topo.num_ranks)):
+    p = topo.num_ranks
+    narrow = dataclasses.replace(_w(p, batch=64), partial_dtype=DType.BF16)  # conversions, rounding
+    for w in (_w(p), _w(p, batch=64), narrow, RawPayload(nbytes=1 << 20, ranks=p)):
         ev = Evaluator(topo, w)
         for s in standard_schedules(lay, w, small=True) + multirail_schedules(lay, small=True) + direct_schedules(lay):
             for c in (1, 4):

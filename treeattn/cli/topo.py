@@ -7,6 +7,7 @@ Every TOPOLOGY argument takes a shipped name (``dgx-h100-16node``), a family spe
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 from typing import Annotated
 
@@ -91,8 +92,8 @@ def show(
     con = console()
     con.print(f"[bold]{escape(topo.name)}[/]  {summary['ranks']} ranks on {summary['nodes']} node(s)  "
               f"{topo.fingerprint}")
-    if topo.description:
-        con.print(topo.description, markup=False)
+    for line in textwrap.wrap(topo.description or "", 80, break_on_hyphens=False):
+        con.print(line, markup=False)
     con.print(_compute_line(topo), markup=False)
     kinds = Table(title="Devices")
     kinds.add_column("kind")

@@ -171,9 +171,10 @@ class ComputeModel:
         return self.launch_us + self.merge_bytes_us(rank, merged_bytes)
 
     def step_local_us(self, rank: int, moved_bytes: int, kernels: int = 1) -> float:
-        """A step's merges and copies: ``kernels`` launches (one per chunk merged into, one
-        for the copies) plus the memory time of ``moved_bytes`` (3 x the merged bytes plus
-        2 x the copied bytes); 0 when it moves nothing."""
+        """A step's local work: ``kernels`` launches (``treeattn.cost.program`` counts them:
+        merges, copies, conversions) plus the memory time of ``moved_bytes`` (3 x the merged
+        bytes plus 2 x the copied bytes, and what the conversions read and write); 0 when it
+        moves nothing."""
         if moved_bytes <= 0:
             return 0.0
         return kernels * self.launch_us + self._mem_us(rank, moved_bytes)

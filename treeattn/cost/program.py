@@ -5,8 +5,11 @@ its steps are gid ranges; per step, the bytes its local work moves and the kerne
 (``merge_b``, ``merge_k``), and its COMPUTE's gid (-1: none). The local work of a step is:
 
 * its merges and copies: merged rows count 3 times (read both, write one), copied rows
-  twice; a chunk merged into counts one kernel, however many partials it receives, and the
-  copies one between them;
+  twice; a chunk merged into counts one kernel, however many partials it receives, and each
+  copy one (``exec.interpreter`` stores every copied chunk on its own); on a narrow wire a
+  copy counts two (its lse's bytes go into the accumulator's column beside its rows:
+  ``from_wire``), and so does a merge where the lse is not aligned (``lse_copied``: copied
+  out of the stack first, ``exec.merge.split_wire``);
 * the next step's conversions before it posts (``wire_conversions``): the rank's own slot of
   an exchanged chunk, and the chunks it sends on a narrow wire. They run between the two
   steps, so charging them at this step's end delays the next post exactly as they do
@@ -22,7 +25,16 @@ import numpy as np
 
 from treeattn.cost.compute import ComputeModel
 from treeattn.errors import PlanInvalidError
-from treeattn.plan.ir import Op, OpKind, Plan, contiguous_runs, exchanged_chunks, message_bytes, wire_converted
+from treeattn.plan.ir import (
+    Op,
+    OpKind,
+    Plan,
+    contiguous_runs,
+    exchanged_chunks,
+    lse_copied,
+    message_bytes,
+    wire_converted,
+)
 from treeattn.plan.steps import NEVER_BREAK, order_problem, step_problem
 
 __all__ = ["Program", "compile_plan", "wire_conversions", "end_rounding"]
@@ -139,9 +151,11 @@ def _compile(plan: Plan, p: int, cm: ComputeModel) -> Program:
     steps: list[list[tuple[int, int]]] = []
     merge_b: list[list[int]] = []
     step_no: list[list[int]] = []
-    # Kernels of each step's merges and copies: a chunk merged into (its partials are
-    # merged at once) counts one, copies one between them.
+    # Kernels of each step's merges and copies (module docstring): a chunk merged into (its
+    # partials are merged at once) counts per_merge, each copy per_copy.
     merge_k: list[list[int]] = []
+    per_copy = 2 if plan.narrow_wire else 1
+    per_merge = 2 if plan.narrow_wire and lse_copied(plan.workload) else 1
     step_compute: list[list[int]] = []
     """Per rank and step: the gid of the step's COMPUTE, or -1."""
     offset: list[int] = []
@@ -156,6 +170,7 @@ def _compile(plan: Plan, p: int, cm: ComputeModel) -> Program:
         rkern: list[int] = []
         rcomp: list[int] = []
         targets: set = set()
+        copies = 0
         prev = None
         lo = base
         odd = False  # the step holds an op outside NEVER_BREAK: its rules are checked
@@ -173,9 +188,10 @@ def _compile(plan: Plan, p: int, cm: ComputeModel) -> Program:
                 lo = gid
                 rno.append(st)
                 rmerge.append(0)
-                rkern.append(len(targets))
+                rkern.append(len(targets) * per_merge + copies * per_copy)
                 rcomp.append(-1)
                 targets = set()
+                copies = 0
                 prev = st
                 odd = op.kind not in NEVER_BREAK
             elif op.kind not in NEVER_BREAK:
@@ -201,7 +217,7 @@ def _compile(plan: Plan, p: int, cm: ComputeModel) -> Program:
                     targets.add(op.chunk)
                 elif code == _RECV_COPY and op.block is None:
                     rmerge[-1] += 2 * b
-                    targets.add("copy")
+                    copies += 1
             kind.append(code)
             peer.append(q)
             nbytes.append(b)
@@ -213,7 +229,7 @@ def _compile(plan: Plan, p: int, cm: ComputeModel) -> Program:
             if odd and base + len(prog) - lo > 1:
                 _check_step(prog, r, lo - base, len(prog))
             rsteps.append((lo, base + len(prog)))
-        rkern.append(len(targets))
+        rkern.append(len(targets) * per_merge + copies * per_copy)
         rkern = rkern[1:]
         _charge_conversions(plan, prog, rsteps, base, rmerge, rkern)
         steps.append(rsteps)

@@ -3,7 +3,8 @@
 It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
 
 * A rank posts the ops of a step together and starts its next step when all of them are
-  done and the step's merges and copies have run (``ComputeModel.step_local_us``).
+  done and the step's local work has run: its merges and copies, and the next step's
+  conversions before it posts (``treeattn.cost.program``, ``ComputeModel.step_local_us``).
 * A transfer starts when both its SEND and its matching RECV are posted (k-th SEND a->b
   matches the k-th RECV at b from a). It costs the sender's ``topo.cost.overhead_us``,
   then its bytes drain at the flow's share of bandwidth, then its route latency (sum of

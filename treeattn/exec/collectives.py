@@ -144,8 +144,8 @@ def _dcp(ex: PlanExecutor, op: Op, rows: slice, part: torch.Tensor, acc: torch.T
     if op.part == "lse":
         lse = part[:, -1].contiguous()
         lses = ex.comm.all_gather(lse, what, out=ex.pool.take((ex.comm.world, *lse.shape), lse.dtype))
-        total = torch.logsumexp(lses, dim=0)  # -inf where every rank is empty
-        state["dcp"] = (rows, total, kernels.weighted(part, total, ex.wire_dtype, with_weight=False))
+        total, weighted_o = kernels.corrected(part, lses, ex.wire_dtype)
+        state["dcp"] = (rows, total, weighted_o)
         return
     if "dcp" not in state or state["dcp"][0] != rows:
         raise PlanInvalidError(f"rank {ex.rank}: {what} runs before allgather copy lse of its rows; the outputs "
@@ -166,9 +166,9 @@ def _trio(ex: PlanExecutor, name: str, rows: slice, part: torch.Tensor, state: d
     d = part.shape[1] - 1
     if trio is None:
         take = ex.pool.take
-        trio = state["trio"] = dict(m=take((ex.rows,), torch.float32).zero_(),
-                                    num=take((ex.rows, d), torch.float32).zero_(),
-                                    den=take((ex.rows,), torch.float32).zero_())
+        # Left unwritten: a row of each is written by its part before ``finish`` reads it.
+        trio = state["trio"] = dict(m=take((ex.rows,), torch.float32), num=take((ex.rows, d), torch.float32),
+                                    den=take((ex.rows,), torch.float32))
         for k in ("lse", "num", "den"):
             trio[f"has_{k}"] = np.zeros(ex.rows, dtype=bool)
     lse = part[:, -1]

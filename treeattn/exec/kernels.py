@@ -3,7 +3,8 @@
 Every merge the executor, the baselines and ``Merger`` run goes through here: the merge of a
 stack of k partials into an accumulator (``merge_into``) or into a buffer of its own
 (``merged_into``, ``merged``), the weighted rows (w o, w) the library-collective forms sum
-(``weighted``) and their finish (``finish``). The arithmetic is ``treeattn.exec.merge``'s,
+(``weighted``), decode context parallel's correction by the gathered lse (``corrected``) and
+their finish (``finish``). The arithmetic is ``treeattn.exec.merge``'s,
 written once there: this module runs those functions either as they are (eager, a dozen
 small kernels) or compiled by ``torch.compile`` (inductor: Triton on CUDA, C++ on the CPU)
 with dynamic shapes, so one compilation serves every chunk size and fan-in.
@@ -27,8 +28,8 @@ import torch
 
 from treeattn.exec import merge as eager
 
-__all__ = ["MODES", "mode", "fused_on", "merge_into", "merged_into", "merged", "weighted", "finish", "compiled",
-           "warm"]
+__all__ = ["MODES", "mode", "fused_on", "merge_into", "merged_into", "merged", "weighted", "corrected", "finish",
+           "compiled", "warm"]
 
 MODES = ("auto", "fused", "eager")
 _ENV = "TREEATTN_MERGE"
@@ -52,7 +53,8 @@ def _finish_packed(part: torch.Tensor, m: torch.Tensor, num: torch.Tensor, den: 
     eager.finish(part[:, :-1], part[:, -1], m, num, den)
 
 
-_FUNCTIONS: dict[str, Callable] = {"merge": eager.merge_stack, "weighted": eager.weighted, "finish": _finish_packed}
+_FUNCTIONS: dict[str, Callable] = {"merge": eager.merge_stack, "weighted": eager.weighted, "corrected": eager.corrected,
+                                   "finish": _finish_packed}
 """What is compiled: the functions of ``treeattn.exec.merge`` themselves."""
 
 _COMPILED: dict[str, Callable] = {}
@@ -109,6 +111,7 @@ def warm(device: torch.device, wire: torch.dtype, head_dim: int = 8) -> None:
         calls += [("merge", lambda n=rows: merged(torch.zeros((2, n, eager.wire_cols(d, wire)), dtype=wire,
                                                               device=device))),
                   ("weighted", lambda acc=acc, m=m: (weighted(acc, m, wire), weighted(acc, m, wire, False))),
+                  ("corrected", lambda acc=acc, n=rows: corrected(acc, torch.zeros((2, n), device=device), wire)),
                   ("finish", lambda acc=acc, m=m, n=rows: finish(acc, m, torch.zeros((n, d), device=device),
                                                                  torch.ones(n, device=device)))]
         for dt in dict.fromkeys((torch.float32, wire)):  # the sums of (w o, w) rows: views of one buffer
@@ -170,6 +173,16 @@ def weighted(part: torch.Tensor, m: torch.Tensor, dtype: torch.dtype, with_weigh
     p, mm = _plain(part, m)
     _unbacked((p, 0), (mm, 0))
     return compiled("weighted")(p, mm, dtype, with_weight)
+
+
+def corrected(part: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(total, w o) of decode context parallel's correction: ``treeattn.exec.merge.corrected``
+    (eager, the log-sum-exp alone is nine kernels on a GPU)."""
+    if part.shape[0] == 0 or not _fused("corrected", part.device):
+        return eager.corrected(part, lses, dtype)
+    p, ls = _plain(part, lses)
+    _unbacked((p, 0), (ls, 0), (ls, 1))
+    return compiled("corrected")(p, ls, dtype)
 
 
 def finish(part: torch.Tensor, m: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> None:

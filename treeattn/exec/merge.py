@@ -19,8 +19,8 @@ import torch
 
 __all__ = ["empty_partial", "clear_partial", "pack", "unpack", "wire_cols", "to_wire", "wired", "from_wire",
            "split_wire", "check_stack", "pack_heads", "pack_heads_into", "unpack_heads",
-           "weights", "weighted", "finish", "merge_stack", "merge_into", "merge", "merge_many", "merge_many_into",
-           "sum_into", "sum_many_into"]
+           "weights", "weighted", "corrected", "finish", "merge_stack", "merge_into", "merge", "merge_many",
+           "merge_many_into", "sum_into", "sum_many_into"]
 
 _NEG_INF = float("-inf")
 _FLOAT_MIN = torch.finfo(torch.float32).min
@@ -168,6 +168,18 @@ def weighted(part: torch.Tensor, m: torch.Tensor, dtype: torch.dtype, with_weigh
     w = weights(part[:, -1], m)
     o = part[:, :-1] * w.unsqueeze(1)
     return (torch.cat([o, w.unsqueeze(1)], dim=1) if with_weight else o).to(dtype)
+
+
+def corrected(part: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode context parallel's correction of a rank's rows by every rank's lse (``lses``
+    ``(p, rows)``): their log-sum-exp ``total`` (-inf where every rank is empty) and the rows'
+    outputs weighted by exp(lse - total), ``w o`` in ``dtype``, which the ranks then sum."""
+    # torch.logsumexp's arithmetic, without its branch on an empty input (which a compile for
+    # any row count cannot take)
+    m = lses.amax(dim=0)
+    m = torch.where(m.abs() == float("inf"), 0.0, m)
+    total = torch.log(torch.exp(lses - m).sum(dim=0)) + m
+    return total, weighted(part, total, dtype, with_weight=False)
 
 
 def _inverse(den: torch.Tensor) -> torch.Tensor:

@@ -91,6 +91,7 @@ __all__ = [
     "exchanged_chunks",
     "contiguous_runs",
     "collective_kernels",
+    "lse_copied",
     "wire_converted",
     "LAYOUTS",
     "COLLECTIVE_FORMS",
@@ -158,7 +159,9 @@ class CollectiveForm:
     the executor's own merges and copies (``collective_kernels``)."""
     narrow_kernels: int = 0
     """Kernels more on a narrow wire (``Plan.narrow_wire``): partials converted to the wire
-    dtype before the calls (two), or sums converted back to fp32 after them (one)."""
+    dtype before the calls (two), or sums converted back to fp32 after them (one); and, where
+    the wire's lse is not aligned (``lse_copied``), one more to copy it out of a received
+    stack before the local merge."""
 
 
 _ATT, _BOTH = ("attention",), ("attention", "raw")
@@ -170,7 +173,7 @@ COLLECTIVE_FORMS: dict[tuple[str, str, str], CollectiveForm] = {
     ("allreduce", "sum", "den"): CollectiveForm(_ATT, "group", (("allreduce", "den"),), "trio", "den", kernels=5),
     # (each rank then corrects its own output by the gathered lse: a local kernel)
     ("allgather", "copy", "lse"): CollectiveForm(_ATT, "group", (("allgather", "lse"),), "dcp", "lse",
-                                                 local_merge=True, kernels=2),
+                                                 local_merge=True, kernels=1),
     ("reducescatter", "sum", "num"): CollectiveForm(_ATT, "group", (("reducescatter", "num"),), "dcp", "num",
                                                      kernels=2, narrow_kernels=1),
     ("allgather", "copy", "q"): CollectiveForm(_ATT, "none", (("allgather", "q"),), kernels=3),
@@ -507,7 +510,18 @@ def collective_kernels(plan: Plan, op: Op) -> int:
     """The local kernels besides a merge that each rank launches for COLLECTIVE ``op``
     (``CollectiveForm.kernels``, and ``narrow_kernels`` on a narrow wire)."""
     form = COLLECTIVE_FORMS[(op.coll, op.reduce, op.part)]
-    return form.kernels + (form.narrow_kernels if plan.narrow_wire else 0)
+    if not plan.narrow_wire:
+        return form.kernels
+    stack = form.local_merge and op.part == "partial" and lse_copied(plan.workload)
+    return form.kernels + form.narrow_kernels + stack
+
+
+def lse_copied(workload: Payload) -> bool:
+    """Whether a merge of partials received on a narrow wire copies their lse out first
+    (``exec.merge.split_wire``): where its fp32 bytes, after D values of the partial dtype,
+    do not start at a multiple of 4 bytes (odd D in bf16 or fp16, D not a multiple of 4 in
+    fp8); elsewhere the merge reads them in place."""
+    return isinstance(workload, Workload) and workload.head_dim * workload.partial_dtype.nbytes % 4 != 0
 
 
 def contiguous_runs(spans: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:

@@ -123,9 +123,9 @@ class Evaluator:
         it costs alone on the network); a step whose rank sends m messages lasts at least m
         overheads plus the cheapest of them (the rank issues them one at a time); a step's
         COMPUTE lasts its kernel (``ComputeModel.partial_us``); a step ends after its
-        transfers and compute, plus its merges and copies (``ComputeModel.step_local_us``,
-        the simulator's own); a COLLECTIVE step counts as 0. The simulator only adds link
-        sharing, issue waits, collective waits, the wake-up and host CPU queueing to that,
+        transfers and compute, plus its local work (``treeattn.cost.program``,
+        ``ComputeModel.step_local_us``: the simulator's own); a COLLECTIVE step counts as 0.
+        The simulator only adds link sharing, issue waits, collective waits, the wake-up and host CPU queueing to that,
         so the longest path here never exceeds its prediction. Plans whose transfers join steps
         of one number (``steps_aligned``) are timed a step number at a time in arrays
         (``_floor_by_step``), others step by step in dependency order (``_floor_any``); the two
