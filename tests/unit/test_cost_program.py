@@ -14,7 +14,7 @@ from tests.unit.test_cost_helpers import COPY, MERGE, SEND, make_plan, switch_to
 from treeattn.cost.compute import ComputeModel
 from treeattn.cost.program import compile_plan, end_rounding, wire_conversions
 from treeattn.cost.simulate import simulate
-from treeattn.plan.ir import Op, OpKind, contiguous_runs, wire_converted
+from treeattn.plan.ir import Op, OpKind, collective_kernels, contiguous_runs, wire_converted
 from treeattn.workload import Workload
 
 LAUNCH = 7.0
@@ -100,3 +100,13 @@ def test_copied_rows_are_rounded_at_the_end_on_every_rank_of_a_narrow_wire():
     assert prog.merge_b[1] == [send_moved, 0, 2 * 8 * w.row_bytes + moved]
     assert prog.merge_k[1] == [send_kernels, 0, 2 + kernels]
     assert make_plan(progs, _work(2, "fp32", rows_per_head=2), topo, chunks=2).rounded_runs == ()
+
+
+@pytest.mark.parametrize(("dtype", "extra"), [("fp32", 0), ("bf16", 0), ("fp8", 2)])
+def test_an_fp8_reduction_pays_its_conversions_to_fp32_and_back(dtype, extra):
+    """No library reduces fp8: the Comm reduces an fp32 copy and copies it back, two kernels
+    for each call that carries fp8 (the sum of (w o, w); the max of the lse is fp32 anyway)."""
+    topo = _topo(2)
+    coll = Op(OpKind.COLLECTIVE, 1, coll="allreduce", reduce="merge", part="partial")
+    plan = make_plan([[_compute(), coll]] * 2, _work(2, dtype), topo)
+    assert collective_kernels(plan, coll) == 3 + extra

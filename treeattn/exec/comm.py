@@ -353,7 +353,7 @@ class Comm:
         if _is_fp8(tensor):
             wide = tensor.float()
             self.wait(dist.all_reduce(wide, op=red, group=self.group, async_op=True), what, setup)
-            return tensor.copy_(wide.to(tensor.dtype))
+            return tensor.copy_(wide)  # converted back by the copy: one kernel
         self.wait(dist.all_reduce(tensor, op=red, group=self.group, async_op=True), what, setup)
         return tensor
 
@@ -364,7 +364,7 @@ class Comm:
             wide = torch.empty(out.shape, dtype=torch.float32, device=out.device)
             self.wait(dist.reduce_scatter_single(wide, tensor.float(), op=_REDUCE[op], group=self.group,
                                                  async_op=True), what)
-            return out.copy_(wide.to(out.dtype))
+            return out.copy_(wide)
         self.wait(dist.reduce_scatter_single(out, tensor.contiguous(), op=_REDUCE[op], group=self.group,
                                              async_op=True), what)
         return out
@@ -375,7 +375,7 @@ class Comm:
         wide = tensor.float() if _is_fp8(tensor) else tensor
         self.wait(dist.reduce(wide, op=_REDUCE[op], group=self.group, group_dst=root, async_op=True), what)
         if wide is not tensor:
-            tensor.copy_(wide.to(tensor.dtype))
+            tensor.copy_(wide)
         return tensor
 
     def all_to_all(self, out: torch.Tensor, tensor: torch.Tensor, splits: list[int], what: str) -> torch.Tensor:

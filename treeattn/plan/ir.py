@@ -508,12 +508,15 @@ def chunk_rows(rows: int, chunks: int, chunk: int | None) -> tuple[int, int]:
 
 def collective_kernels(plan: Plan, op: Op) -> int:
     """The local kernels besides a merge that each rank launches for COLLECTIVE ``op``
-    (``CollectiveForm.kernels``, and ``narrow_kernels`` on a narrow wire)."""
+    (``CollectiveForm.kernels``, ``narrow_kernels`` on a narrow wire, and two for each of its
+    calls that reduces fp8 through fp32, ``widened``)."""
     form = COLLECTIVE_FORMS[(op.coll, op.reduce, op.part)]
+    # an fp8 reduction goes through an fp32 copy and back (``exec.comm``): two kernels a call
+    wide = 2 * sum(widened(plan.workload, coll, what) for coll, what in form.calls)
     if not plan.narrow_wire:
-        return form.kernels
+        return form.kernels + wide
     stack = form.local_merge and op.part == "partial" and lse_copied(plan.workload)
-    return form.kernels + form.narrow_kernels + stack
+    return form.kernels + form.narrow_kernels + stack + wide
 
 
 def lse_copied(workload: Payload) -> bool:
