@@ -59,6 +59,9 @@ class _Unsent:
         tensor.contiguous()
         return out
 
+    def reduce(self, tensor, root, op, what):  # noqa: ANN001, ANN201
+        return tensor
+
     def reduce_scatter(self, out, tensor, op, what):  # noqa: ANN001, ANN201
         return out
 
@@ -101,7 +104,7 @@ def _charged(plan, rank: int) -> int:
     for op in plan.programs[rank]:
         if op.kind is OpKind.COLLECTIVE and op.part != "q":  # the local merge (``gather_merge_us``) is one launch;
             # the query's gather is skipped where the partial is given, as here (a Merger's)
-            total += collective_kernels(plan, op) + COLLECTIVE_FORMS[(op.coll, op.reduce, op.part)].local_merge
+            total += collective_kernels(plan, op, rank) + COLLECTIVE_FORMS[(op.coll, op.reduce, op.part)].local_merge
     return total
 
 
@@ -111,7 +114,8 @@ def _charged(plan, rank: int) -> int:
     ("tree", "all", 1), ("tree", "heads", 4), ("binomial", "all", 3), ("butterfly", "all", 1),
     ("ring", "all", 4), ("ring", "heads", 4), ("direct", "all", 1), ("direct", "heads", 4),
     ("hierarchical", "all", 1), ("multirail", "all", 1), ("multirail", "all", 2), ("star", "root", 1),
-    ("allreduce2", "all", 1), ("allreduce3", "all", 1), ("allgather-merge", "all", 1), ("dcp-a2a", "heads", 4),
+    ("allreduce2", "all", 1), ("allreduce2", "root", 1), ("allreduce2", "heads", 4), ("allreduce3", "all", 1),
+    ("allgather-merge", "all", 1), ("dcp-a2a", "heads", 4),
     ("dcp-ag-rs", "heads", 4),
 ])
 def test_the_simulator_charges_the_kernels_the_executor_launches(name, result, chunks, dtype, head_dim,

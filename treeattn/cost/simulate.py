@@ -522,7 +522,7 @@ class _Engine:
             if op.coll == "alltoall":
                 share = self.plan.owned_rows(op.chunk)[r] * row_bytes(self.plan.workload, op.part)
             extra = self.cm.gather_merge_us(r, share, self.p) if merges else 0.0
-            kernels = collective_kernels(self.plan, op)
+            kernels = collective_kernels(self.plan, op, r)
             if kernels:  # each reads and writes the rows once
                 extra += self.cm.step_local_us(r, 2 * kernels * self.nbytes[gid], kernels)
             if extra > 0:

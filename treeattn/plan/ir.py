@@ -157,6 +157,9 @@ class CollectiveForm:
     GPU, where the merge arithmetic is one compiled kernel a call): copies of the lse out of the
     packed rows, the weights, ``finish``, results stored back. The simulator charges them as
     the executor's own merges and copies (``collective_kernels``)."""
+    result_kernels: int = 0
+    """Of ``kernels``, those only the ranks that get a result run (storing it: the root of a
+    reduce, a chunk's owner)."""
     narrow_kernels: int = 0
     """Kernels more on a narrow wire (``Plan.narrow_wire``): partials converted to the wire
     dtype before the calls (two), or sums converted back to fp32 after them (one); and, where
@@ -181,8 +184,10 @@ COLLECTIVE_FORMS: dict[tuple[str, str, str], CollectiveForm] = {
     ("allreduce", "merge", "partial"): CollectiveForm(_ATT, "all", (("allreduce", "lse"), ("allreduce", "wnum")),
                                                       kernels=3),
     ("reducescatter", "merge", "partial"): CollectiveForm(_ATT, "owner",
-                                                          (("allreduce", "lse"), ("reducescatter", "wnum")), kernels=3),
-    ("reduce", "merge", "partial"): CollectiveForm(_ATT, "root", (("allreduce", "lse"), ("reduce", "wnum")), kernels=3),
+                                                          (("allreduce", "lse"), ("reducescatter", "wnum")), kernels=3,
+                                                          result_kernels=1),
+    ("reduce", "merge", "partial"): CollectiveForm(_ATT, "root", (("allreduce", "lse"), ("reduce", "wnum")), kernels=3,
+                                                   result_kernels=1),
     ("allgather", "merge", "partial"): CollectiveForm(_ATT, "all", (("allgather", "partial"),), local_merge=True,
                                                       narrow_kernels=2),
     # vLLM's all-to-all variant: rank j gets every rank's rows of its own segment, merges them.
@@ -191,8 +196,10 @@ COLLECTIVE_FORMS: dict[tuple[str, str, str], CollectiveForm] = {
     ("allreduce", "sum", "partial"): CollectiveForm(("raw",), "all", (("allreduce", "partial"),)),
     ("allgather", "sum", "partial"): CollectiveForm(("raw",), "all", (("allgather", "partial"),), local_merge=True,
                                                     kernels=1),
-    ("reducescatter", "sum", "partial"): CollectiveForm(("raw",), "owner", (("reducescatter", "partial"),), kernels=2),
-    ("reduce", "sum", "partial"): CollectiveForm(("raw",), "root", (("reduce", "partial"),), kernels=2),
+    ("reducescatter", "sum", "partial"): CollectiveForm(("raw",), "owner", (("reducescatter", "partial"),), kernels=2,
+                                                       result_kernels=1),
+    ("reduce", "sum", "partial"): CollectiveForm(("raw",), "root", (("reduce", "partial"),), kernels=2,
+                                                result_kernels=1),
 }
 """Every valid COLLECTIVE, by (coll, reduce, part)."""
 
@@ -506,17 +513,22 @@ def chunk_rows(rows: int, chunks: int, chunk: int | None) -> tuple[int, int]:
     return start, start + base + (1 if chunk < extra else 0)
 
 
-def collective_kernels(plan: Plan, op: Op) -> int:
-    """The local kernels besides a merge that each rank launches for COLLECTIVE ``op``
-    (``CollectiveForm.kernels``, ``narrow_kernels`` on a narrow wire, and two for each of its
-    calls that reduces fp8 through fp32, ``widened``)."""
+def collective_kernels(plan: Plan, op: Op, rank: int | None = None) -> int:
+    """The local kernels besides a merge that ``rank`` (None: a rank that gets a result)
+    launches for COLLECTIVE ``op`` (``CollectiveForm.kernels``, less ``result_kernels`` where
+    it gets none; ``narrow_kernels`` on a narrow wire; and two for each of its calls that
+    reduces fp8 through fp32, ``widened``)."""
     form = COLLECTIVE_FORMS[(op.coll, op.reduce, op.part)]
+    kernels = form.kernels
+    if rank is not None and form.result_kernels:
+        to = op.peer if form.effect == "root" else None if op.chunk is None else plan.owner(op.chunk)
+        kernels -= form.result_kernels if to is not None and rank != to else 0
     # an fp8 reduction goes through an fp32 copy and back (``exec.comm``): two kernels a call
     wide = 2 * sum(widened(plan.workload, coll, what) for coll, what in form.calls)
     if not plan.narrow_wire:
-        return form.kernels + wide
+        return kernels + wide
     stack = form.local_merge and op.part == "partial" and lse_copied(plan.workload)
-    return form.kernels + form.narrow_kernels + stack + wide
+    return kernels + form.narrow_kernels + stack + wide
 
 
 def lse_copied(workload: Payload) -> bool:
