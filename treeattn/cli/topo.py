@@ -7,7 +7,6 @@ Every TOPOLOGY argument takes a shipped name (``dgx-h100-16node``), a family spe
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 from typing import Annotated
 
@@ -18,7 +17,7 @@ from rich.table import Table
 from treeattn.cli import app
 from treeattn.cli.paths import output_file, safe_name
 from treeattn.cli.render import console, print_rates_note
-from treeattn.cli.topo_text import domain_shares, gbps, network_lines, rate_lines
+from treeattn.cli.topo_text import domain_shares, gbps, network_lines, rate_lines, wrap
 from treeattn.cost.compute import ComputeModel
 from treeattn.cost.nccl import pair_rate_gbps, shm_pairs, shm_rate_gbps
 from treeattn.topology import Topology, list_presets, resolve, topology_json_schema
@@ -92,7 +91,7 @@ def show(
     con = console()
     con.print(f"[bold]{escape(topo.name)}[/]  {summary['ranks']} ranks on {summary['nodes']} node(s)  "
               f"{topo.fingerprint}")
-    for line in textwrap.wrap(topo.description or "", 80, break_on_hyphens=False):
+    for line in wrap(topo.description or "", indent=""):
         con.print(line, markup=False)
     con.print(_compute_line(topo), markup=False)
     kinds = Table(title="Devices")

@@ -9,7 +9,7 @@ from treeattn.cost import nccl, nccl_p2p
 from treeattn.topology import LinkClass, LinkKind, Topology
 from treeattn.topology.model import link_class
 
-__all__ = ["domain_shares", "gbps", "network_lines", "rate_lines"]
+__all__ = ["domain_shares", "gbps", "network_lines", "rate_lines", "wrap"]
 
 _SHARES = {"device": "one host device", "pcie-switch": "a PCIe switch", "socket": "a CPU socket",
            "node": "one machine"}
@@ -22,8 +22,9 @@ def gbps(x: float) -> str:
     return f"{float(f'{x:.4g}'):g}"
 
 
-def _wrap(text: str) -> list[str]:
-    return textwrap.wrap(text, 80, subsequent_indent="  ", break_on_hyphens=False)
+def wrap(text: str, indent: str = "  ") -> list[str]:
+    """``text`` in lines of at most 80 columns, the later ones indented by ``indent``."""
+    return textwrap.wrap(text, 80, subsequent_indent=indent, break_on_hyphens=False)
 
 
 def domain_shares(level: dict, summary: dict) -> str:
@@ -63,7 +64,7 @@ def network_lines(summary: dict) -> list[str]:
         if net["rail_optimized"]:
             text += (f"; rail-optimized, {net['rails']} rails: NIC k of every node sits on a leaf of rail k, so "
                      f"network traffic between rails goes through the {above}")
-        out += _wrap(text + ".")
+        out += wrap(text + ".")
     if nics is not None:
         parts = []
         # NICs carrying ranks first, then the idle ones (under "0")
@@ -76,7 +77,7 @@ def network_lines(summary: dict) -> list[str]:
             else:
                 shared = ", sharing its links" if k != "1" else ""
                 parts.append(f"{count} {verb} {k} rank{'s' if k != '1' else ''} each{shared}")
-        out += _wrap(f"NICs on the network: {nics['nics']}; a rank's network traffic leaves through one (its "
+        out += wrap(f"NICs on the network: {nics['nics']}; a rank's network traffic leaves through one (its "
                      f"device's nic, else the nearest over PCIe): {'; '.join(parts)}.")
     return out
 
@@ -103,7 +104,7 @@ def rate_lines(topo: Topology, shm_pairs: int = 0) -> list[str]:
     text = f"GB/s: what one message moves at alone on its route: {', '.join(parts)}"
     if nccl_p2p.applies(topo):
         text += "; NCCL's channels cap a send further by its size"
-    return _wrap(text + where + ".")
+    return wrap(text + where + ".")
 
 
 _RATED = frozenset({LinkKind.NVLINK, LinkKind.XGMI, LinkKind.PCIE})
