@@ -20,7 +20,7 @@ from treeattn.exec.merger import Merger
 from treeattn.exec.runner import Job, PlanJob, RunOptions
 from treeattn.plan.builders import build
 from treeattn.plan.ir import Op, OpKind, Plan, TopologyRef
-from treeattn.workload import Workload
+from treeattn.workload import RawPayload, Workload
 
 REF = TopologyRef("cuda:test", "sha256:test")
 
@@ -89,6 +89,22 @@ def test_a_plan_past_the_gpus_free_memory_exits_2_before_allocating():
     with pytest.raises(InputError, match=r"^rank 0 failed: star: rank 0 holds at least .* on GPU 0 \(") as info:
         launch(Job((PlanJob("star", build("star", w, REF)),), nccl()))
     assert info.value.exit_code == 2 and "available; free that memory" in str(info.value)
+
+
+def test_a_plan_whose_ranks_would_issue_communicators_in_a_cycle_exits_2_before_starting():
+    # tests/unit/test_exec_nccl_order.py's straddling plan: valid, and run by gloo, but its
+    # ranks would use their pair communicators in a cycle on NCCL
+    need_gpus(3)
+    raw = RawPayload(nbytes=64, ranks=3)
+    send, copy = OpKind.SEND, OpKind.RECV_COPY
+    plan = Plan(algorithm="straddle", params={}, workload=raw, topology=REF, chunks=1,
+                programs=[(Op(send, 0, peer=1), Op(send, 0, peer=2)), (Op(copy, 0, peer=2), Op(copy, 1, peer=0)),
+                          (Op(copy, 0, peer=0), Op(send, 1, peer=1))],
+                result_ranks=(0, 1, 2), contributors=(0,))
+    with pytest.raises(InputError, match=r"on NCCL its ranks would issue operations on their communicators in a "
+                                         r"cycle \(ranks 0-1 -> ranks 0-2 -> ranks 1-2 -> ranks 0-1") as info:
+        launch(Job((PlanJob("straddle", plan),), nccl()))
+    assert info.value.exit_code == 2
 
 
 def test_rank_that_dies_is_named_within_the_timeout(monkeypatch):

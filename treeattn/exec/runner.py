@@ -37,13 +37,14 @@ import torch
 import torch.distributed as dist
 
 from treeattn.cost.memory import run_bytes
-from treeattn.errors import InputError
+from treeattn.errors import InputError, PlanInvalidError
 from treeattn.exec import kernels as fused
 from treeattn.exec.attention import make_kv_shard, make_query, make_raw, resolve_kernel, torch_dtype
 from treeattn.exec.baselines import library_collective, run_attention_baseline, segments
 from treeattn.exec.comm import BufferPool, Comm
 from treeattn.exec.graphs import capture
 from treeattn.exec.interpreter import MeasuredOp, PlanExecutor, RankInputs
+from treeattn.exec.issue_order import nccl_order_problem
 from treeattn.exec.merge import unpack
 from treeattn.exec.reference import FP64_BLOCK_ELEMENTS, Reference, compute_reference
 from treeattn.plan.baselines import baselines_for, parse_result
@@ -582,6 +583,10 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0) -> JobResult 
     if graphs and backend != "nccl":
         raise InputError("CUDA graphs need the NCCL backend (CUDA devices); use --no-graph")
     if backend == "nccl":
+        for pj in job.plans:  # the executor refuses them too; here before anything starts
+            problem = nccl_order_problem(pj.plan)
+            if problem:
+                raise PlanInvalidError(problem)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
         problem = placement_problem(max(local, local_rank + 1), torch.cuda.device_count())
         if problem:
