@@ -1,4 +1,4 @@
-"""One GPU: the fused merge kernels against eager on CUDA, how many kernels a merge launches,
+"""One GPU: the fused merge and raw-sum kernels against eager on CUDA, how many kernels each launches,
 the attention kernel the device's capability picks, and inputs drawn on the device."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from tests.unit.test_exec_kernels import assert_ulp_close, partials
 from treeattn.exec import kernels
 from treeattn.exec.attention import make_kv_shard, make_query, partial_attention, resolve_kernel
-from treeattn.exec.merge import merge_many, merge_many_into
+from treeattn.exec.merge import merge_many, merge_many_into, sum_many_into
 from treeattn.exec.reference import exact_attention
 from treeattn.exec.runner import relative_error, tolerance
 from treeattn.workload import Workload
@@ -42,6 +42,22 @@ def test_a_fused_merge_is_at_most_two_kernels(monkeypatch):
     launched = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     eager_count = 13
     assert 1 <= len(launched) <= 2 < eager_count, [e.name for e in launched]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
+def test_a_raw_sum_is_one_fused_kernel_equal_to_eager(dtype, monkeypatch):
+    monkeypatch.setenv("TREEATTN_MERGE", "fused")
+    stack = torch.randint(-3, 4, (5, 1 << 20), device=CUDA).to(dtype)  # small integers: exact sums
+    acc = torch.randint(-3, 4, (1 << 20,), device=CUDA).to(dtype)
+    want = sum_many_into(acc.clone(), stack)
+    got = kernels.add_stack_into(acc.clone(), stack)  # compiled
+    assert torch.equal(got.float(), want.float())
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        kernels.add_stack_into(got, stack)
+        torch.cuda.synchronize()
+    launched = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert 1 <= len(launched) <= 2, [e.name for e in launched]
 
 
 def test_attention_kernel_by_capability_and_correct():

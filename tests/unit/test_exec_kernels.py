@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from treeattn.exec import kernels
-from treeattn.exec.merge import empty_partial, merge_many, merge_many_into, wired
+from treeattn.exec.merge import empty_partial, merge_many, merge_many_into, sum_many_into, wired
 
 ULPS = 4
 """Largest difference accepted, in units of fp32 rounding of the larger magnitude (exp and log
@@ -168,4 +168,28 @@ def test_warm_compiles_the_lse_layout_of_the_runs_head_dim(fused, wire, d):
         stack = partials(k, rows, d, wire, k)
         assert_ulp_close(kernels.merge_into(acc.clone(), stack), merge_many_into(acc.clone(), stack))
         assert_ulp_close(kernels.merged(stack), merge_many(stack))
+    assert counters["stats"]["unique_graphs"] == before
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
+def test_a_raw_payloads_sum_is_one_compilation_equal_to_eager(fused, dtype):
+    # Small integers sum exactly in every dtype, so the fused and the one-part-at-a-time sums agree
+    # bit for bit; warm compiles what a raw run calls, for every length, fan-in and row slice.
+    from torch._dynamo.utils import counters
+
+    kernels.warm_sum(torch.device("cpu"), dtype)
+    assert kernels._FAILED == {}
+    before = counters["stats"]["unique_graphs"]
+    gen = torch.Generator().manual_seed(0)
+    for k, n in [(1, 1), (2, 5), (7, 300), (3, 0)]:
+        stack = torch.randint(-3, 4, (k, n), generator=gen).to(dtype)
+        buf = torch.randint(-3, 4, (n + 4,), generator=gen).to(dtype)
+        want = buf.clone()
+        sum_many_into(want[2:n + 2], stack)
+        got = buf.clone()
+        kernels.add_stack_into(got[2:n + 2], stack)
+        assert torch.equal(got.float(), want.float())
+        want[2:n + 2] = stack.float().sum(dim=0).to(dtype)
+        kernels.sum_stack_into(got[2:n + 2], stack)
+        assert torch.equal(got.float(), want.float())
     assert counters["stats"]["unique_graphs"] == before

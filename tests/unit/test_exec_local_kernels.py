@@ -16,11 +16,12 @@ from tests.unit.test_plan_helpers import REF, extra_params
 from treeattn.cost.compute import ComputeModel
 from treeattn.cost.program import compile_plan
 from treeattn.exec import kernels
+from treeattn.exec.attention import torch_dtype
 from treeattn.exec.interpreter import PlanExecutor, RankInputs
 from treeattn.exec.merge import empty_partial
 from treeattn.plan import OpKind, build
 from treeattn.plan.ir import COLLECTIVE_FORMS, collective_kernels
-from treeattn.workload import Workload
+from treeattn.workload import RawPayload, Workload
 
 # Ops that launch nothing: views, and allocations (the pool's buffers).
 _FREE = {"view", "_unsafe_view", "slice", "select", "unsqueeze", "squeeze", "detach", "alias", "as_strided",
@@ -41,7 +42,8 @@ class _Launches(TorchDispatchMode):
 
 class _Unsent:
     """A communicator that posts nothing (every message counts as empty) and whose
-    collectives leave their outputs as they are (``exec.comm.Comm``'s, fp8 aside)."""
+    collectives leave their outputs as they are, but for what ``exec.comm.Comm`` launches
+    itself: an fp8 reduction's conversion to fp32 and back."""
 
     cuda = False
     backend = "gloo"
@@ -53,21 +55,27 @@ class _Unsent:
         return [None] * len(posts)
 
     def all_reduce(self, tensor, op, what):  # noqa: ANN001, ANN201
-        return tensor
+        return _widened(tensor, tensor)
 
     def all_gather(self, tensor, what, out):  # noqa: ANN001, ANN201
         tensor.contiguous()
         return out
 
     def reduce(self, tensor, root, op, what):  # noqa: ANN001, ANN201
-        return tensor
+        return _widened(tensor, tensor)
 
     def reduce_scatter(self, out, tensor, op, what):  # noqa: ANN001, ANN201
-        return out
+        return _widened(out, tensor[:out.shape[0]])
 
     def all_to_all(self, out, tensor, splits, what):  # noqa: ANN001, ANN201
         tensor.contiguous()
         return out
+
+
+def _widened(out, tensor):  # noqa: ANN001, ANN202
+    if tensor.dtype.itemsize == 1:  # fp8: reduced through an fp32 copy, converted back into ``out``
+        out.copy_(tensor.float())
+    return out
 
 
 def _launches(plan, rank: int, monkeypatch) -> int:
@@ -88,9 +96,12 @@ def _launches(plan, rank: int, monkeypatch) -> int:
     monkeypatch.setattr(kernels, "compiled", one_kernel)
     monkeypatch.setattr(kernels, "_unbacked", lambda *dims: None)
     w = plan.workload
-    partial = empty_partial(w.rows, w.head_dim).normal_()
-    ex = PlanExecutor(plan, _Unsent(rank, plan.ranks), RankInputs(partial=partial), timed=False)
-    assert ex.in_place  # the given partial is the accumulator: landing it launches nothing
+    if plan.is_raw:  # the buffer is restored outside the run (``prepare``)
+        inputs = RankInputs(raw=torch.ones(w.rows, dtype=torch_dtype(w.dtype)))
+    else:
+        inputs = RankInputs(partial=empty_partial(w.rows, w.head_dim).normal_())
+    ex = PlanExecutor(plan, _Unsent(rank, plan.ranks), inputs, timed=False)
+    assert plan.is_raw or ex.in_place  # the given partial is the accumulator: landing it launches nothing
     ex.prepare()
     with mode:
         ex.run()
@@ -125,3 +136,18 @@ def test_the_simulator_charges_the_kernels_the_executor_launches(name, result, c
     plan = build(name, w, REF, chunks=chunks, result=result, **extra_params(name, p))
     for r in range(p):
         assert _launches(plan, r, monkeypatch) == _charged(plan, r), (name, result, chunks, dtype, head_dim, r)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp8"])
+@pytest.mark.parametrize(("name", "result", "chunks"), [
+    ("tree", "all", 1), ("tree", "heads", 4), ("star", "root", 1), ("binomial", "all", 3), ("butterfly", "all", 1),
+    ("ring", "all", 4), ("direct", "all", 1), ("direct", "heads", 4), ("hierarchical", "all", 1),
+    ("allreduce", "all", 1), ("allreduce", "root", 1), ("allreduce", "heads", 4), ("allgather-merge", "all", 1),
+])
+def test_raw_payload_plans_are_charged_the_kernels_they_launch(name, result, chunks, dtype, monkeypatch):
+    # a raw sum of k received parts is one kernel, as a merge is (``kernels.add_stack_into``)
+    p = 4
+    plan = build(name, RawPayload(nbytes=256, ranks=p, dtype=dtype), REF, chunks=chunks, result=result,
+                 **extra_params(name, p))
+    for r in range(p):
+        assert _launches(plan, r, monkeypatch) == _charged(plan, r), (name, result, chunks, dtype, r)

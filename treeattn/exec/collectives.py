@@ -23,7 +23,7 @@ import torch
 
 from treeattn.errors import PlanInvalidError
 from treeattn.exec import kernels
-from treeattn.exec.merge import sum_many_into, weights, wire_cols, wired
+from treeattn.exec.merge import weights, wire_cols, wired
 from treeattn.plan.ir import COLLECTIVE_FORMS, Op, head_split
 
 if TYPE_CHECKING:
@@ -47,9 +47,7 @@ def run_collective(ex: PlanExecutor, op: Op, acc: torch.Tensor, state: dict, wha
             comm.all_reduce(part, "sum", what)
         elif op.coll == "allgather":
             gathered = comm.all_gather(part, what, out=ex.pool.take((comm.world, *part.shape), part.dtype))
-            part.copy_(gathered[0])
-            if comm.world > 1:
-                sum_many_into(part, gathered[1:])
+            kernels.sum_stack_into(part, gathered)
         else:
             got, where = _sum_to_owners(ex, op, part.clone(), rows, what)
             if got is not None:

@@ -37,7 +37,7 @@ from treeattn.exec.attention import partial_attention, torch_dtype
 from treeattn.exec.collectives import gather_query, run_collective
 from treeattn.exec.comm import P2P, BufferPool, Comm, Mark, first_uses
 from treeattn.exec.issue_order import nccl_order_problem
-from treeattn.exec.merge import clear_partial, empty_partial, from_wire, sum_many_into, to_wire, wire_cols
+from treeattn.exec.merge import clear_partial, empty_partial, from_wire, to_wire, wire_cols
 from treeattn.plan.ir import Op, OpKind, Plan, contiguous_runs, exchanged_chunks, wire_converted
 from treeattn.plan.steps import order_problem, step_problem
 
@@ -444,7 +444,7 @@ class PlanExecutor:
         for chunk, stack in stacks.items():
             target = acc[self.rows_of(chunk)]
             if self.plan.is_raw:
-                sum_many_into(target, stack)
+                kernels.add_stack_into(target, stack)
             elif chunk in exchanged:
                 kernels.merged_into(target, stack)
             else:

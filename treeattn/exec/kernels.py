@@ -3,8 +3,9 @@
 Every merge the executor, the baselines and ``Merger`` run goes through here: the merge of a
 stack of k partials into an accumulator (``merge_into``) or into a buffer of its own
 (``merged_into``, ``merged``), the weighted rows (w o, w) the library-collective forms sum
-(``weighted``), decode context parallel's correction by the gathered lse (``corrected``) and
-their finish (``finish``). The arithmetic is ``treeattn.exec.merge``'s,
+(``weighted``), decode context parallel's correction by the gathered lse (``corrected``),
+their finish (``finish``), and a raw payload's sum of a stack into its buffer (``add_stack_into``,
+``sum_stack_into``). The arithmetic is ``treeattn.exec.merge``'s,
 written once there: this module runs those functions either as they are (eager, a dozen
 small kernels) or compiled by ``torch.compile`` (inductor: Triton on CUDA, C++ on the CPU)
 with dynamic shapes, so one compilation serves every chunk size and fan-in.
@@ -29,7 +30,7 @@ import torch
 from treeattn.exec import merge as eager
 
 __all__ = ["MODES", "mode", "fused_on", "merge_into", "merged_into", "merged", "weighted", "corrected", "finish",
-           "compiled", "warm"]
+           "add_stack_into", "sum_stack_into", "compiled", "warm", "warm_sum"]
 
 MODES = ("auto", "fused", "eager")
 _ENV = "TREEATTN_MERGE"
@@ -54,7 +55,7 @@ def _finish_packed(part: torch.Tensor, m: torch.Tensor, num: torch.Tensor, den: 
 
 
 _FUNCTIONS: dict[str, Callable] = {"merge": eager.merge_stack, "weighted": eager.weighted, "corrected": eager.corrected,
-                                   "finish": _finish_packed}
+                                   "finish": _finish_packed, "sum": eager.sum_stack}
 """What is compiled: the functions of ``treeattn.exec.merge`` themselves."""
 
 _COMPILED: dict[str, Callable] = {}
@@ -117,6 +118,23 @@ def warm(device: torch.device, wire: torch.dtype, head_dim: int = 8) -> None:
         for dt in dict.fromkeys((torch.float32, wire)):  # the sums of (w o, w) rows: views of one buffer
             total = torch.ones((rows, d + 1), dtype=dt, device=device)
             calls.append(("finish", lambda t=total, acc=acc, m=m: finish(acc, m, t[:, :-1], t[:, -1])))
+    _compile(calls)
+
+
+def warm_sum(device: torch.device, dtype: torch.dtype) -> None:
+    """``warm`` for a raw payload plan of ``dtype``: its one fused kernel, the sum of a stack."""
+    if not fused_on(device):
+        return
+    calls: list = []
+    for rows in (2, 1):  # as ``warm``: a one-element chunk compiles a variant of its own
+        buf = torch.zeros(rows, dtype=dtype, device=device)
+        stack = torch.zeros((2, rows), dtype=dtype, device=device)
+        calls.append(("sum", lambda b=buf, s=stack: (add_stack_into(b, s), sum_stack_into(b, s))))
+    _compile(calls)
+
+
+def _compile(calls: list) -> None:
+    """Run each (name, call) once; a kernel whose call fails runs eager from then on (``warm``)."""
     for name, call in calls:
         try:
             call()
@@ -164,6 +182,33 @@ def merged(stack: torch.Tensor) -> torch.Tensor:
     """The merge of a stack ``(k, rows, wire_cols)`` of partials in wire form, as a new fp32 partial."""
     d = stack.shape[-1] - eager.wire_cols(0, stack.dtype)
     return merged_into(torch.empty((stack.shape[1], d + 1), dtype=torch.float32, device=stack.device), stack)
+
+
+def add_stack_into(acc: torch.Tensor, stack: torch.Tensor) -> torch.Tensor:
+    """``acc <- acc + stack[0] + ... + stack[k-1]`` in place (a raw payload's buffer ``(rows,)``
+    and a stack ``(k, rows)`` of its dtype): ``treeattn.exec.merge.sum_stack``."""
+    return _sum(acc, stack, True)
+
+
+def sum_stack_into(out: torch.Tensor, stack: torch.Tensor) -> torch.Tensor:
+    """``out <- stack[0] + ... + stack[k-1]`` in place (``out``'s elements do not take part)."""
+    return _sum(out, stack, False)
+
+
+def _sum(out: torch.Tensor, stack: torch.Tensor, accumulate: bool) -> torch.Tensor:
+    if out.shape[0] == 0:
+        return out
+    if _fused("sum", out.device):
+        o, st = _plain(out, stack)
+        _unbacked((o, 0), (st, 0), (st, 1))
+        compiled("sum")(o, st, accumulate)
+        return out
+    if not accumulate:  # eager: the first part copied, the rest added one at a time (no temporary)
+        out.copy_(stack[0])
+        stack = stack[1:]
+        if stack.shape[0] == 0:
+            return out
+    return eager.sum_many_into(out, stack)
 
 
 def weighted(part: torch.Tensor, m: torch.Tensor, dtype: torch.dtype, with_weight: bool = True) -> torch.Tensor:

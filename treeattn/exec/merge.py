@@ -20,7 +20,7 @@ import torch
 __all__ = ["empty_partial", "clear_partial", "pack", "unpack", "wire_cols", "to_wire", "wired", "from_wire",
            "split_wire", "check_stack", "pack_heads", "pack_heads_into", "unpack_heads",
            "weights", "weighted", "corrected", "finish", "merge_stack", "merge_into", "merge", "merge_many",
-           "merge_many_into", "sum_into", "sum_many_into"]
+           "merge_many_into", "sum_into", "sum_many_into", "sum_stack"]
 
 _NEG_INF = float("-inf")
 _FLOAT_MIN = torch.finfo(torch.float32).min
@@ -328,4 +328,19 @@ def sum_many_into(acc: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
     else:
         for part in parts:
             acc.add_(part)
+    return acc
+
+
+def sum_stack(acc: torch.Tensor, parts: torch.Tensor, accumulate: bool) -> torch.Tensor:
+    """``acc <- acc + parts[0] + ... + parts[k-1]`` (``accumulate``) or ``acc <- parts[0] + ...
+    + parts[k-1]``, in place, as one expression (raw payloads; fp8 through fp32).
+
+    The form ``treeattn.exec.kernels`` compiles: inductor reduces over k in registers, one
+    kernel and no temporary. Run eager it would allocate the stack's sum, which the memory
+    model does not count: eager callers use ``sum_many_into``."""
+    wide = acc.dtype.itemsize == 1 and acc.is_floating_point()
+    total = (parts.float() if wide else parts).sum(dim=0)
+    if accumulate:
+        total = total + (acc.float() if wide else acc)
+    acc.copy_(total)
     return acc

@@ -606,6 +606,8 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0) -> JobResult 
     for pj in job.plans:
         if isinstance(pj.plan.workload, Workload):
             fused.warm(device, torch_dtype(pj.plan.workload.partial_dtype), pj.plan.workload.head_dim)
+        else:
+            fused.warm_sum(device, torch_dtype(pj.plan.workload.dtype))
     init = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=opt.setup_timeout_s), **init)
