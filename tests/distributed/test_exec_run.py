@@ -74,6 +74,13 @@ def family_plans(p: int, chunk_counts: dict[str, tuple[int, ...]]) -> list[PlanJ
         raw8 = RawPayload(nbytes=40, ranks=p, dtype="fp8")
         for name in ("allreduce", "allgather-merge", "butterfly"):
             jobs.append(PlanJob(f"{name}/fp8-raw", build(name, raw8, REF, chunks=2)))
+    if p == 4:  # heads that do not split evenly: a reduce-scatter pads the segments (2, 2, 1, 1 heads)
+        six = Workload(batch=2, q_heads=6, kv_heads=2, head_dim=16, split=attention(p).split)
+        for name in ("allreduce2", "dcp-ag-rs", "tree"):
+            params = {k: v for k, v in family_params(name, p).items() if k != "root"}
+            jobs.append(PlanJob(f"{name}/att/uneven-heads", build(name, six, REF, chunks=2, result="heads", **params)))
+        odd = RawPayload(nbytes=4 * 23, ranks=p)
+        jobs.append(PlanJob("allreduce/raw/uneven-heads", build("allreduce", odd, REF, chunks=2, result="heads")))
     return jobs
 
 

@@ -129,25 +129,28 @@ def _charged(plan, rank: int) -> int:
     ("allgather-merge", "all", 1), ("dcp-a2a", "heads", 4),
     ("dcp-ag-rs", "heads", 4),
 ])
-def test_the_simulator_charges_the_kernels_the_executor_launches(name, result, chunks, dtype, head_dim,
-                                                                 monkeypatch):
+# 6 heads over 4 ranks: heads segments of 2, 2, 1, 1 heads (at B = 4, so that 4 chunks fit in one)
+@pytest.mark.parametrize(("q_heads", "batch"), [(8, 2), (6, 4)])
+def test_the_simulator_charges_the_kernels_the_executor_launches(name, result, chunks, dtype, head_dim, q_heads,
+                                                                 batch, monkeypatch):
     p = 4
-    w = Workload(batch=2, q_heads=8, kv_heads=2, head_dim=head_dim, split=(64,) * p, partial_dtype=dtype)
+    w = Workload(batch=batch, q_heads=q_heads, kv_heads=2, head_dim=head_dim, split=(64,) * p, partial_dtype=dtype)
     plan = build(name, w, REF, chunks=chunks, result=result, **extra_params(name, p))
     for r in range(p):
-        assert _launches(plan, r, monkeypatch) == _charged(plan, r), (name, result, chunks, dtype, head_dim, r)
+        assert _launches(plan, r, monkeypatch) == _charged(plan, r), (name, result, chunks, dtype, head_dim, q_heads, r)
 
 
+@pytest.mark.parametrize("nbytes", [256, 232])  # 232 bytes: 58 elements, segments of 15, 15, 14, 14
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp8"])
 @pytest.mark.parametrize(("name", "result", "chunks"), [
     ("tree", "all", 1), ("tree", "heads", 4), ("star", "root", 1), ("binomial", "all", 3), ("butterfly", "all", 1),
     ("ring", "all", 4), ("direct", "all", 1), ("direct", "heads", 4), ("hierarchical", "all", 1),
     ("allreduce", "all", 1), ("allreduce", "root", 1), ("allreduce", "heads", 4), ("allgather-merge", "all", 1),
 ])
-def test_raw_payload_plans_are_charged_the_kernels_they_launch(name, result, chunks, dtype, monkeypatch):
+def test_raw_payload_plans_are_charged_the_kernels_they_launch(name, result, chunks, dtype, nbytes, monkeypatch):
     # a raw sum of k received parts is one kernel, as a merge is (``kernels.add_stack_into``)
     p = 4
-    plan = build(name, RawPayload(nbytes=256, ranks=p, dtype=dtype), REF, chunks=chunks, result=result,
+    plan = build(name, RawPayload(nbytes=nbytes, ranks=p, dtype=dtype), REF, chunks=chunks, result=result,
                  **extra_params(name, p))
     for r in range(p):
-        assert _launches(plan, r, monkeypatch) == _charged(plan, r), (name, result, chunks, dtype, r)
+        assert _launches(plan, r, monkeypatch) == _charged(plan, r), (name, result, chunks, dtype, nbytes, r)

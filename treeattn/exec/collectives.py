@@ -107,15 +107,16 @@ def _sum_to_owners(ex: PlanExecutor, op: Op, x: torch.Tensor, rows: slice,
         comm.reduce(x, root, "sum", what)
         return (x, rows) if comm.rank == root else (None, rows)
     segs = plan.segments
-    sizes = [b - a for a, b in segs]
-    n = max(sizes)
+    n = max(b - a for a, b in segs)
     tail = tuple(x.shape[1:])
-    if min(sizes) == n:
+    if not plan.padded_runs:
         inp = x.contiguous()
-    else:
-        inp = ex.pool.take((len(segs) * n, *tail), x.dtype).zero_()
-        for j, (a, b) in enumerate(segs):
-            inp[j * n:j * n + b - a] = x[a - rows.start:b - rows.start]
+    else:  # one copy per run of equal segments; the padding is not written: it lands in rows its owner drops
+        inp = ex.pool.take((len(segs) * n, *tail), x.dtype)
+        pieces = inp.view(len(segs), n, *tail)
+        for first, stop, size in plan.padded_runs:
+            at = segs[first][0] - rows.start
+            pieces[first:stop, :size] = x[at:at + (stop - first) * size].view(stop - first, size, *tail)
     out = ex.pool.take((n, *tail), x.dtype)
     comm.reduce_scatter(out, inp, "sum", what)
     a, b = segs[comm.rank]

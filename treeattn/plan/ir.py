@@ -419,6 +419,23 @@ class Plan:
             at += n
         return tuple(out)
 
+    @cached_property
+    def padded_runs(self) -> tuple[tuple[int, int, int], ...]:
+        """Where the ``heads`` segments are uneven, a reduce-scatter to them pads each to the
+        longest (the library scatters equal pieces): runs (first, stop, rows) of consecutive
+        segments of one length, each moved into the padded input by one copy (the padding is
+        left unwritten: it lands in rows the owner drops). Empty where the segments are even."""
+        sizes = [b - a for a, b in self.segments]
+        if min(sizes) == max(sizes):
+            return ()
+        runs: list[list[int]] = []
+        for j, n in enumerate(sizes):
+            if runs and runs[-1][2] == n:
+                runs[-1][1] = j + 1
+            else:
+                runs.append([j, j + 1, n])
+        return tuple((a, b, n) for a, b, n in runs)
+
     def owned_rows(self, chunk: int | None) -> tuple[int, ...]:
         """Per rank, how many rows of ``chunk`` (None: every row) lie in its own segment: what
         an all-to-all by owner delivers to each rank from every rank."""
@@ -515,10 +532,12 @@ def chunk_rows(rows: int, chunks: int, chunk: int | None) -> tuple[int, int]:
 def collective_kernels(plan: Plan, op: Op, rank: int | None = None) -> int:
     """The local kernels besides a merge that ``rank`` (None: a rank that gets a result)
     launches for COLLECTIVE ``op`` (``CollectiveForm.kernels``, less ``result_kernels`` where
-    it gets none; ``narrow_kernels`` on a narrow wire; and two for each of its calls that
-    reduces fp8 through fp32, ``widened``)."""
+    it gets none; ``narrow_kernels`` on a narrow wire; two for each of its calls that reduces
+    fp8 through fp32, ``widened``; and a reduce-scatter's padding, ``Plan.padded_runs``)."""
     form = COLLECTIVE_FORMS[(op.coll, op.reduce, op.part)]
     kernels = form.kernels
+    if op.coll == "reducescatter" and op.chunk is None:
+        kernels += len(plan.padded_runs)
     if rank is not None and form.result_kernels:
         to = op.peer if form.effect == "root" else None if op.chunk is None else plan.owner(op.chunk)
         kernels -= form.result_kernels if to is not None and rank != to else 0
