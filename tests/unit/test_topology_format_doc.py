@@ -105,5 +105,5 @@ def test_every_field_of_the_schema_and_every_family_parameter_is_described():
         for p in fam.params:
             assert f"`{p.name}=" in text, (fam.name, p.name)
     # the figures it quotes are the model's
-    assert f"| {SHM_GBPS:g} |" in text and f"({SHM_GBPS:g} GB/s unless set)" in text
+    assert f"| none: {SHM_GBPS:g} at `datasheet` rates;" in text and f"({SHM_GBPS:g} GB/s unless set)" in text
     assert f"network ports at {NET_ACHIEVED[Protocol.SIMPLE]:g} of their speed" in text

@@ -120,7 +120,7 @@ def _network_params(nodes_name: str = "nodes", fabric: str = "rail-optimized") -
         Param(nodes_name, 1, _int(1), f"how many {nodes_name}"),
         Param("fabric", fabric, _choice("rail-optimized", "fat-tree"), "network layout between nodes"),
         Param("nics_per_leaf", 32, _int(1), "NICs per leaf switch"),
-        Param("spines", "auto", _spines, "spine switches (auto: one per leaf uplink port)"),
+        Param("spines", "auto", _spines, "spine switches (auto: fullest leaf's NICs / oversubscription)"),
         Param("oversubscription", 1.0, _ratio, "leaf downlink / uplink bandwidth"),
     )
 

@@ -298,14 +298,16 @@ class NetworkTopology(StrEnum):
 
 
 class NetworkSpec(_Spec):
-    """Two-tier switch fabric between nodes. Each leaf's uplink bandwidth is its downlink
-    total divided by ``oversubscription``, split evenly over the spines."""
+    """Two-tier switch fabric between nodes. Leaves are built alike: each one's uplink
+    bandwidth is the fullest leaf's downlink total (its NICs' bandwidth) divided by
+    ``oversubscription``, split evenly over the spines."""
 
     kind: Literal[LinkKind.INFINIBAND, LinkKind.ROCE, LinkKind.ETHERNET] = LinkKind.INFINIBAND
     topology: NetworkTopology = NetworkTopology.FAT_TREE
     nics_per_leaf: Int = Field(32, ge=1)
     spines: Int | None = Field(
-        None, ge=0, description="Default: none for one leaf, else one per leaf uplink port (nics/oversubscription)."
+        None, ge=0,
+        description="Default: none for one leaf, else the fullest leaf's NICs / oversubscription, rounded up.",
     )
     oversubscription: Float = Field(1.0, ge=1)
     switch_latency_us: Float = Field(0.6, ge=0, description="Latency of each network link (one switch hop).")
