@@ -127,6 +127,27 @@ def test_the_compute_model_charges_the_fused_kernel():
     assert cm.merge_us(0, 0, 3) == 0.0
 
 
+@pytest.mark.parametrize("partial", ["fp32", "bf16"])
+def test_a_step_merging_k_partials_is_charged_the_fused_kernel_on_a_gpu_and_the_eager_ops_on_a_host(partial):
+    from treeattn.cost.compute import ComputeModel
+    from treeattn.cost.program import compile_plan
+    from treeattn.plan import build
+    from treeattn.plan.ir import TopologyRef
+    from treeattn.topology.library import resolve
+    from treeattn.workload import Workload
+
+    w = Workload(batch=64, q_heads=32, kv_heads=8, head_dim=128, split=(1024,) * 8, partial_dtype=partial)
+    plan = build("star", w, TopologyRef("t", "sha256:t"), root=0, result="root")  # 7 partials merged in one step
+    for topo, fused in ((resolve("dgx-h100"), True), (resolve("cpu:ranks=8"), False)):
+        cm = ComputeModel.of(w, topo)
+        prog = compile_plan(plan, 8, cm)
+        assert prog.merge_k[0] == [0, 1]  # the root's merge step: one kernel, nothing else
+        charged = cm.step_local_us(0, prog.merge_b[0][1], 1)
+        eager = cm.step_local_us(0, 3 * 7 * w.payload_bytes, 1)
+        assert abs(charged - (cm.merge_us(0, w.rows, 7) if fused else eager)) < 1e-9
+        assert (charged < eager) == fused
+
+
 def test_warm_compiles_every_kernel_a_run_calls(fused):
     from torch._dynamo.utils import counters
 

@@ -9,20 +9,17 @@ over the device's memory bandwidth times a share:
   (o, lse) of the payload; the fixed cost and the share are the attention kernel's (below).
   A block with zero tokens costs the fixed cost only (the kernel still runs to write the
   empty partial).
-* a merge (or raw sum) of n rows reads two partials of n rows and writes one:
-  ``3 * n * row_bytes / (mem_bw(r) * mem_efficiency)``; a RECV_COPY of n rows into the
-  accumulator reads and writes them: ``2 * n * row_bytes / ...`` (a received KV block is
-  kept where it landed: free). The merges and copies of one step run after its transfers:
-  the partials received for one chunk are merged as one kernel (the executor stacks them),
-  and the step's copies count as one more, so such a step pays ``launch_us`` per kernel plus
-  the sum of their byte terms (``step_local_us``).
-
-On a GPU the executor runs each chunk's merge as one fused kernel (``treeattn.exec.kernels``:
-the accumulator and the k partials received for that chunk in, the accumulator out), so
-the one launch per chunk merged that ``step_local_us`` charges is what it launches;
-``merge_us`` is that kernel's exact cost (its bytes: the fp32 accumulator read and written
-plus the k partials read), which equals the byte term above for one fp32 partial. CPU ranks
-merge with the eager ops, whose cost calibration fits to the same line.
+* a merge (or raw sum) of k partials of n rows each, received in one step, into the
+  accumulator: on a GPU one fused kernel (``treeattn.exec.kernels``) reads the k partials
+  and reads and writes the accumulator's n rows, ``(k * n * row_bytes + 2 * n * acc_row) /
+  (mem_bw(r) * mem_efficiency)`` (``merge_us``; for one fp32 partial, 3 x its bytes); on a
+  host, the eager ops move 3 x the received bytes, the line calibration fits. A RECV_COPY
+  of n rows into the accumulator reads and writes them: ``2 * n * row_bytes / ...`` (a
+  received KV block is kept where it landed: free). The merges and copies of one step run
+  after its transfers: the partials received for one chunk are merged as one kernel (the
+  executor stacks them), and each copy is one more, so such a step pays ``launch_us`` per
+  kernel plus the sum of their byte terms (``step_local_us``; ``treeattn.cost.program``
+  counts them).
 
 The attention kernel's fixed cost is ``cost.attn_launch_us`` where set (calibration's
 timing of the kernel, or the family's fit to published decode kernels), else ``launch_us``;
@@ -42,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from treeattn.topology.model import Topology
+from treeattn.topology.model import DeviceKind, Topology
 from treeattn.workload import Payload, Workload
 
 __all__ = ["ComputeModel"]
@@ -68,6 +65,9 @@ class ComputeModel:
     attn_eff_bw_gbps: tuple[float, ...] = ()
     """Per rank: memory bandwidth x ``cost.attn_efficiency`` when the topology sets it (else
     empty: the attention kernel reads at ``eff_bw_gbps``)."""
+    fused: tuple[bool, ...] = ()
+    """Per rank: whether its merges are one fused kernel each (GPU ranks, ``merge_us``'s
+    bytes); else (hosts, or empty) the eager ops' byte term, 3 x the received bytes."""
 
     @classmethod
     def of(cls, payload: Payload, topo: Topology) -> ComputeModel:
@@ -85,9 +85,23 @@ class ComputeModel:
         best = max(bws) if bws and min(bws) > 0 else 0.0
         attn = topo.cost.attn_efficiency
         attn_bws = () if attn is None else tuple(b / eff * attn for b in bws)
+        fused = tuple(topo.rank_device(r).kind is DeviceKind.GPU for r in range(topo.num_ranks))
         return cls(payload=payload, launch_us=topo.cost.launch_us, eff_bw_gbps=bws, best_bw_gbps=best,
                    attn_launch_us=topo.cost.attn_launch_us, attn_bw_gbps=topo.cost.attn_gbps,
-                   attn_next_launch_us=topo.cost.attn_next_launch_us, attn_eff_bw_gbps=attn_bws)
+                   attn_next_launch_us=topo.cost.attn_next_launch_us, attn_eff_bw_gbps=attn_bws, fused=fused)
+
+    def merge_bytes(self, rank: int, received: int, acc: int) -> int:
+        """Bytes a merge on ``rank`` moves for ``received`` bytes of partials into ``acc``
+        bytes of accumulator rows: one fused kernel reads the partials and reads and writes
+        the accumulator once (``merge_us``); the eager ops move 3 x the partials' bytes."""
+        if self.fused and self.fused[rank]:
+            return received + 2 * acc
+        return 3 * received
+
+    def acc_row_bytes(self) -> int:
+        """Bytes of one accumulator row: a packed fp32 partial, or a raw element."""
+        w = self.payload
+        return (w.head_dim + 1) * 4 if isinstance(w, Workload) else w.row_bytes
 
     @property
     def _attn_launch_us(self) -> float:
@@ -203,11 +217,9 @@ class ComputeModel:
         Returns:
             Microseconds.
         """
-        w = self.payload
         if rows <= 0 or parts <= 0:
             return 0.0
-        acc_row = (w.head_dim + 1) * 4 if isinstance(w, Workload) else w.row_bytes
-        return self.launch_us + self._mem_us(rank, rows * (2 * acc_row + parts * w.row_bytes))
+        return self.launch_us + self._mem_us(rank, rows * (2 * self.acc_row_bytes() + parts * self.payload.row_bytes))
 
     def gather_merge_us(self, rank: int, share_bytes: int, parts: int) -> float:
         """Local merge after an all-gather of ``parts`` partials of ``share_bytes`` each:

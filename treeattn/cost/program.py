@@ -4,8 +4,10 @@ Ops are numbered globally (gid), rank by rank; ``offset[r]`` is rank r's first. 
 its steps are gid ranges; per step, the bytes its local work moves and the kernels it takes
 (``merge_b``, ``merge_k``), and its COMPUTE's gid (-1: none). The local work of a step is:
 
-* its merges and copies: merged rows count 3 times (read both, write one), copied rows
-  twice; a chunk merged into counts one kernel, however many partials it receives, and each
+* its merges and copies: a chunk merged into moves what ``ComputeModel.merge_bytes`` says
+  (on a GPU the k partials received and the accumulator's rows twice; on a host 3 x the
+  received bytes), copied rows count twice; a chunk merged into counts one kernel, however
+  many partials it receives, and each
   copy one (``exec.interpreter`` stores every copied chunk on its own); on a narrow wire a
   copy counts two (its lse's bytes go into the accumulator's column beside its rows:
   ``from_wire``), and so does a merge where the lse is not aligned (``lse_copied``: copied
@@ -129,11 +131,12 @@ def compile_plan(plan: Plan, p: int, cm: ComputeModel) -> Program:
 
     The Program is kept with the plan (a plan is immutable): the search's floor and the
     simulator read the same plan one after the other."""
+    key = (p, cm.payload, cm.fused)  # what the Program depends on besides the plan
     cached = vars(plan).get(_CACHE)
-    if cached is not None and cached[0] == p and cached[1] == cm.payload:
-        return cached[2]
+    if cached is not None and cached[0] == key:
+        return cached[1]
     prog = _compile(plan, p, cm)
-    vars(plan)[_CACHE] = (p, cm.payload, prog)
+    vars(plan)[_CACHE] = (key, prog)
     return prog
 
 
@@ -160,6 +163,12 @@ def _compile(plan: Plan, p: int, cm: ComputeModel) -> Program:
     """Per rank and step: the gid of the step's COMPUTE, or -1."""
     offset: list[int] = []
     size_cache: dict[tuple, int] = {}
+    acc_row = cm.acc_row_bytes()
+
+    def acc_bytes(chunk: int | None) -> int:
+        start, stop = plan.chunk_range(chunk)
+        return (stop - start) * acc_row
+
     codes = _KIND_CODE
     for r, prog in enumerate(plan.programs):
         base = len(kind)
@@ -213,7 +222,8 @@ def _compile(plan: Plan, p: int, cm: ComputeModel) -> Program:
                 if b is None:
                     b = size_cache[key] = message_bytes(plan, op)
                 if code == _RECV_MERGE:
-                    rmerge[-1] += 3 * b
+                    new_target = op.chunk not in targets
+                    rmerge[-1] += cm.merge_bytes(r, b, acc_bytes(op.chunk) if new_target else 0)
                     targets.add(op.chunk)
                 elif code == _RECV_COPY and op.block is None:
                     rmerge[-1] += 2 * b
