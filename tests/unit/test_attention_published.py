@@ -23,7 +23,7 @@ def test_attn_efficiency_scales_only_the_attention_kernel():
     nbytes = plain.partial_bytes(0)
     assert half.partial_us(0) == pytest.approx(topo.cost.launch_us + nbytes / (2000 * 0.4 * 1e3))
     assert plain.partial_us(0) == pytest.approx(topo.cost.launch_us + nbytes / (2000 * 0.8 * 1e3))
-    assert half.step_merge_us(0, 1 << 20) == plain.step_merge_us(0, 1 << 20)  # merges keep mem_efficiency
+    assert half.merge_us(0, 4096, 3) == plain.merge_us(0, 4096, 3)  # merges keep mem_efficiency
     assert half.min_partial_us(0) == pytest.approx(half.partial_us(0))
     # a measured kernel bandwidth wins; a share outside (0, 1] is refused; unset leaves the fingerprint alone
     with pytest.raises(TopologyError, match="attn_efficiency"):

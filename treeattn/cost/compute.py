@@ -166,24 +166,6 @@ class ComputeModel:
             return launch
         return launch + nbytes / (bw * 1e3)
 
-    def merge_bytes_us(self, rank: int, nbytes: int) -> float:
-        """Memory time of merging ``nbytes`` of received rows into an accumulator (no launch)."""
-        return self._mem_us(rank, 3 * nbytes)
-
-    def step_merge_us(self, rank: int, merged_bytes: int) -> float:
-        """A step's merge phase: one launch plus the memory time of all rows it merged.
-
-        Args:
-            rank: the merging rank.
-            merged_bytes: total bytes of rows received by the step's RECV_MERGE ops.
-
-        Returns:
-            Microseconds; 0 when the step merges nothing.
-        """
-        if merged_bytes <= 0:
-            return 0.0
-        return self.launch_us + self.merge_bytes_us(rank, merged_bytes)
-
     def step_local_us(self, rank: int, moved_bytes: int, kernels: int = 1) -> float:
         """A step's local work: ``kernels`` launches (``treeattn.cost.program`` counts them:
         merges, copies, conversions) plus the memory time of ``moved_bytes`` (3 x the merged
