@@ -71,6 +71,18 @@ def search_plan(topology: str | Topology, workload_or_model: Workload | ModelPre
     if options.get("effort") is not None and not isinstance(options["effort"], Effort):
         raise InputError(f"search_plan effort must be a treeattn.search.search.Effort (or None: chosen from "
                          f"the rank count), got {options['effort']!r}")
+    families = options.get("families")
+    if families is not None and (not isinstance(families, (list, tuple, set, frozenset))
+                                 or not all(isinstance(f, str) for f in families)):
+        # A bare string would be read letter by letter ('star' as s, t, a, r).
+        raise InputError(f"search_plan families must be a list of family names, e.g. ['star'], got {families!r}")
+    if options.get("chunk_choices") is not None and not isinstance(options["chunk_choices"],
+                                                                   (list, tuple, set, frozenset, range)):
+        raise InputError(f"search_plan chunk_choices must be a list of chunk counts, e.g. [1, 2, 4], "
+                         f"got {options['chunk_choices']!r}")
+    if options.get("progress") is not None and not callable(options["progress"]):
+        raise InputError(f"search_plan progress must be a callable progress(done, total, stage) or None, "
+                         f"got {options['progress']!r}")
     topo = topology if isinstance(topology, Topology) else resolve(str(topology))
     shape = {k: options[k] for k in _WORKLOAD_OPTIONS if k in options}
     if isinstance(workload_or_model, Workload):

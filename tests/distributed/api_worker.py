@@ -151,6 +151,7 @@ def errors(rank: int, p: int):  # noqa: ANN201
         ("ring", lambda: treeattn.Merger(build("ring-attention", w, REF))),
         ("plan-type", lambda: treeattn.Merger(None)),
         ("timeout", lambda: treeattn.Merger(plan, timeout_s=None)),
+        ("device", lambda: treeattn.Merger(plan, device="meta")),
     ):
         try:
             call()

@@ -103,6 +103,7 @@ def test_bad_input_raises_and_peers_time_out(tmp_path):
         assert item["plan-type"] == ("TypeError: Merger: plan must be a Plan, or a plan file's path or text, got "
                                      "NoneType")
         assert item["timeout"] == "ValueError: timeout_s must be > 0, got None"
+        assert item["device"] == "ValueError: Merger: device meta cannot hold the merge's buffers; give cpu or cuda"
         assert item["inference"] == "same", item["inference"]
         assert item["shape"].startswith("ValueError: Merger: o must be (B, Hq, D) = (2, 8, 16)")
         assert item["lse-dtype"].startswith("TypeError: Merger: lse must be float32")
@@ -143,6 +144,9 @@ def test_attention_partial_checks_and_empty_shards():
     o, lse = attention_partial(q, k, k, scale=0.5)
     s = torch.einsum("bhd,bhnd->bhn", q, k.repeat_interleave(4, dim=1)) * 0.5
     assert torch.allclose(lse, torch.logsumexp(s, -1), atol=1e-5)
+    for bad in ("x", float("nan"), [1]):  # named, not torch's bare conversion error
+        with pytest.raises(ValueError, match="attention_partial: scale must be a finite number"):
+            attention_partial(q, k, k, scale=bad)
 
 
 def test_merger_needs_a_process_group():
@@ -154,3 +158,19 @@ def test_merger_needs_a_process_group():
     plan = build("binomial", Workload(batch=1, q_heads=4, kv_heads=4, head_dim=8, split=(3, 3)), TopologyRef("t", "f"))
     with pytest.raises(ValueError, match="init_process_group"):
         treeattn.Merger(plan)
+
+
+@pytest.mark.parametrize(("device", "needle"), [
+    ("meta", "device meta cannot hold the merge's buffers"),
+    ("nonsense", "device 'nonsense' is not a torch device"),
+    pytest.param("cuda", "this torch sees no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")),
+])
+def test_merger_refuses_an_unusable_device_before_it_allocates(device, needle):
+    from treeattn.exec.merger import _usable_device
+
+    with pytest.raises(ValueError, match=needle):
+        _usable_device(device, "gloo")
+    assert _usable_device("cpu", "gloo") == torch.device("cpu")
+    with pytest.raises(ValueError, match="NCCL process group sends from CUDA devices"):
+        _usable_device("cpu", "nccl")

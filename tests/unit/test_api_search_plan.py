@@ -37,10 +37,20 @@ def test_bad_values_raise_the_library_error_naming_the_argument(kwargs, needle):
     ({"seed": "a"}, "seed must be an integer"),
     ({"seed": True}, "seed must be an integer"),
     ({"effort": "x"}, "effort must be a treeattn.search.search.Effort"),
+    ({"families": "star"}, "families must be a list of family names"),
+    ({"families": 3}, "families must be a list of family names"),
+    ({"chunk_choices": 4}, "chunk_choices must be a list of chunk counts"),
+    ({"progress": True}, "progress must be a callable"),
 ])
 def test_search_options_of_the_wrong_type_raise_the_library_error(options, needle):
     with pytest.raises(TreeattnError, match=needle):
         treeattn.search_plan("cpu:ranks=2", "llama-3.2-1b", batch=1, seq_len=4096, **options)
+
+
+def test_families_that_build_nothing_for_the_layout_are_named():
+    with pytest.raises(TreeattnError, match=r"with result heads from families \['butterfly'\]"):
+        treeattn.search_plan("cpu:ranks=4", "llama-3.2-1b", batch=1, seq_len=4096, result="heads",
+                             families=["butterfly"])
 
 
 def test_a_plan_saved_from_the_api_finds_its_topology_file_from_anywhere(tmp_path, monkeypatch):

@@ -299,12 +299,24 @@ def attention_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         raise ValueError(f"attention_partial: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if k.dtype != v.dtype:
         raise TypeError(f"attention_partial: k and v must share a dtype, got {k.dtype} and {v.dtype}")
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(d) if scale is None else _finite_scale(scale)
     if k.shape[2] == 0:
         return torch.zeros_like(q), torch.full((bsz, hq), float("-inf"), dtype=torch.float32, device=q.device)
     kernel = _kernel_for(q.device, k.dtype, d)
     o, lse = _attend(q, k, v, kernel, scale)
     return o.to(q.dtype), lse
+
+
+def _finite_scale(scale: object) -> float:
+    """``scale`` as a float; anything float() takes (numpy or 0-d torch numbers too), else ValueError
+    naming it: torch's own conversion error would not say which argument it was."""
+    try:
+        value = math.nan if isinstance(scale, bool) else float(scale)  # type: ignore[arg-type]
+    except (TypeError, ValueError, RuntimeError):
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"attention_partial: scale must be a finite number (or None: 1/sqrt(D)), got {scale!r}")
+    return value
 
 
 _KERNEL_FOR: dict[tuple[torch.device, torch.dtype, int], str] = {}

@@ -63,6 +63,23 @@ DEFAULT_TIMEOUT_S = 30.0
 """How long a rank waits for one of its messages or collectives before it raises (gloo)."""
 
 
+def _usable_device(device: torch.device | str, backend: str) -> torch.device:
+    """``device`` as a torch device the Merger can allocate on and its backend can send from, or
+    ValueError: torch's own failure comes later, from the first allocation, as an AssertionError
+    ("Torch not compiled with CUDA enabled") or a meta tensor's NotImplementedError."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"Merger: device {device!r} is not a torch device (cpu, cuda, cuda:N)") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"Merger: device {dev} cannot hold the merge's buffers; give cpu or cuda")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"Merger: device {dev} asked for, but this torch sees no CUDA device")
+    if backend == "nccl" and dev.type != "cuda":
+        raise ValueError(f"Merger: an NCCL process group sends from CUDA devices, device is {dev}")
+    return dev
+
+
 class Merger:
     """The merge of one decode step's partials along ``plan``, on this rank.
 
@@ -87,8 +104,9 @@ class Merger:
 
     Raises:
         ValueError: no process group, a group whose size is not the plan's rank count, a raw
-            payload plan, a plan that moves KV (ring attention) instead of partials, or
-            ``graph=True`` without NCCL.
+            payload plan, a plan that moves KV (ring attention) instead of partials,
+            ``graph=True`` without NCCL, or a device that is not cpu or an available cuda
+            device (cuda with NCCL).
 
     Examples:
         Every rank of a 4-rank group (torchrun, or ``torch.multiprocessing.spawn``)::
@@ -132,7 +150,7 @@ class Merger:
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self.plan = plan
-        self.device = torch.device(device)
+        self.device = _usable_device(device, backend)
         self.rank = dist.get_rank(group)
         w = plan.workload
         self._w = w
@@ -195,7 +213,10 @@ class Merger:
 
         Args:
             o: ``(B, Hq, D)``, any float dtype: this rank's attention output over its KV shard.
-            lse: ``(B, Hq)`` fp32: its log-sum-exp (natural log; -inf where the shard is empty).
+            lse: ``(B, Hq)`` fp32: its log-sum-exp (natural log; -inf where the shard is empty,
+                and there o must be finite, zeros as ``attention_partial`` gives: a NaN row
+                beside lse = -inf, as some kernels give for a fully masked row, makes that
+                row of the merged result NaN).
 
         Returns:
             ``(o, lse)``, fresh tensors (o in o's dtype, lse fp32) holding what the plan's

@@ -409,8 +409,11 @@ class _Run:
                 self.pool.add(Schedule(b.name, b.name, b.kwargs), 1, base[b.key])
         ranked = self.pool.ranked()
         if not ranked:
+            # Name what narrowed the search: an empty pool is almost always families that build
+            # nothing for this layout (butterfly for heads, say), not the shape itself.
+            only = f" from families {sorted(self.families)}" if self.families is not None else ""
             raise InputError(f"no schedule could be built for {self.topo.num_ranks} ranks and "
-                             f"{self.workload.rows} rows")
+                             f"{self.workload.rows} rows with result {self.layout}{only}")
         heads = self.layout == "heads"
         bound = lower_bounds(self.workload, self.topo, result_ranks=(self.root,) if self.layout == "root" else None,
                              shares=heads_shares(self.workload, self.topo.num_ranks) if heads else None)
