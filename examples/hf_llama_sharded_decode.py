@@ -63,9 +63,7 @@ def make_plan(args: argparse.Namespace, ranks: int):  # noqa: ANN201 - a Plan
                         head_dim=head_dim, kv_dtype="fp32")
     if args.method == "searched":
         return treeattn.search_plan(f"cpu:ranks={ranks}", w, result=args.result)
-    layout, _, root = args.result.partition(":")
-    kwargs = {"root": int(root)} if layout == "root" and root else {}
-    return build(args.method, w, TopologyRef(f"cpu:ranks={ranks}", ""), result=layout, **kwargs)
+    return treeattn.build_plan(f"cpu:ranks={ranks}", w, args.method, result=args.result)
 
 
 def reference(model, prompt: torch.Tensor, steps: int) -> tuple[torch.Tensor, list[torch.Tensor]]:  # noqa: ANN001

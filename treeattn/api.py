@@ -1,6 +1,7 @@
 """The public Python API: what a model's code calls (``treeattn.load_plan``, ``treeattn.search_plan``,
-``treeattn.save_plan``, ``treeattn.Merger``, ``treeattn.attention_partial``). This module imports no
-torch; the two torch-backed names are loaded by ``treeattn.__getattr__`` when first used."""
+``treeattn.build_plan``, ``treeattn.save_plan``, ``treeattn.Merger``, ``treeattn.attention_partial``).
+This module imports no torch; the two torch-backed names are loaded by ``treeattn.__getattr__``
+when first used."""
 
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ from treeattn.topology.library import (
     resolve_recorded,
 )
 from treeattn.topology.model import Topology
-from treeattn.workload import MODELS, ModelPreset, Workload
+from treeattn.workload import MODELS, ModelPreset, Payload, Workload
 
-__all__ = ["load_plan", "save_plan", "search_plan"]
+__all__ = ["load_plan", "save_plan", "search_plan", "build_plan", "named_plan"]
 
 _SEARCH_OPTIONS = ("seed", "chunk_choices", "families", "effort", "progress")
 _WORKLOAD_OPTIONS = ("split", "kv_dtype", "partial_dtype", "layers", "q_heads", "kv_heads", "head_dim")
+_ALGORITHM_OPTIONS = ("root", "fanout", "parents", "groups", "order", "roots", "trees", "shape", "intra", "inter",
+                      "group_size")
 
 
 def search_plan(topology: str | Topology, workload_or_model: Workload | ModelPreset | str, *,
@@ -59,7 +62,6 @@ def search_plan(topology: str | Topology, workload_or_model: Workload | ModelPre
         (8, 'heads')
     """
     from treeattn.search.search import Effort, search
-    from treeattn.search.workload_file import workload_from_dict
 
     unknown = sorted(set(options) - set(_SEARCH_OPTIONS) - set(_WORKLOAD_OPTIONS))
     if unknown:
@@ -84,28 +86,142 @@ def search_plan(topology: str | Topology, workload_or_model: Workload | ModelPre
         raise InputError(f"search_plan progress must be a callable progress(done, total, stage) or None, "
                          f"got {options['progress']!r}")
     topo = topology if isinstance(topology, Topology) else resolve(str(topology))
+    workload = _workload(topo, workload_or_model, batch, seq_len, options, "search_plan")
+    layout, root = parse_result(result, topo.num_ranks)
+    found = search(topo, workload, result=layout, root=root, **{k: options[k] for k in _SEARCH_OPTIONS
+                                                                 if k in options})
+    return _sourced(found.best, topology, topo)
+
+
+def build_plan(topology: str | Topology, workload_or_model: Workload | ModelPreset | str, algorithm: str, *,
+               batch: int | None = None, seq_len: int | str | None = None, result: str = "all", chunks: int = 1,
+               **options: Any) -> Plan:
+    """The plan of one named algorithm, as ``treeattn plan --algorithm NAME`` builds it (no search):
+    a family (``tree``, ``butterfly``, ``hierarchical``, ...) with the parameters given, or a
+    method treeattn is compared with (``allreduce2``, ``allgather-merge``, ``dcp-a2a``, ...).
+
+    Args:
+        topology: as ``search_plan``'s.
+        workload_or_model: as ``search_plan``'s, with ``batch`` and ``seq_len``.
+        algorithm: a name ``treeattn plan --algorithm list`` lists.
+        result: ``all``, ``heads`` or ``root[:R]``; what the algorithm builds (``--algorithm list``).
+        chunks: row chunks to pipeline.
+        **options: the algorithm's parameters (``root``, ``fanout``, ``parents``, ``groups``,
+            ``order``, ``roots``, ``trees``, ``shape``, ``intra``, ``inter``, ``group_size``:
+            ``--algorithm list`` says which it takes; ``hierarchical`` without ``groups`` or
+            ``group_size`` groups the ranks by node) and the workload options of ``search_plan``.
+
+    Returns:
+        The plan, ``predicted_us`` and ``notes['plan']`` (lower bound, baselines) filled: the
+        plan ``treeattn plan --algorithm`` writes for the same inputs.
+
+    Raises:
+        treeattn.errors.InputError: an unknown topology, model, algorithm or option, a parameter
+            the algorithm does not take, or a layout it does not build.
+
+    Examples:
+        >>> plan = build_plan("dgx-h100", "llama-3.1-8b", "dcp-a2a", batch=1, seq_len=131072, result="heads")
+        >>> plan.algorithm, plan.result
+        ('dcp-a2a', 'heads')
+    """
+    from treeattn.cost.memory import check_kv_fits
+
+    unknown = sorted(set(options) - set(_ALGORITHM_OPTIONS) - set(_WORKLOAD_OPTIONS))
+    if unknown:
+        raise InputError(f"build_plan takes no option {unknown[0]!r}; it takes "
+                         f"{', '.join(_ALGORITHM_OPTIONS + _WORKLOAD_OPTIONS)}")
+    if not isinstance(algorithm, str):
+        raise InputError(f"build_plan algorithm must be a name (treeattn plan --algorithm list), got {algorithm!r}")
+    topo = topology if isinstance(topology, Topology) else resolve(str(topology))
+    workload = _workload(topo, workload_or_model, batch, seq_len, options, "build_plan")
+    layout, root = parse_result(result, topo.num_ranks)
+    kw = {k: options[k] for k in _ALGORITHM_OPTIONS if k in options}
+    if root is not None:
+        if kw.get("root", root) != root:
+            raise InputError(f"build_plan root={kw['root']} and result={result!r} name different roots")
+        kw["root"] = root
+    if layout != "all":
+        kw["result"] = layout
+    if algorithm == "hierarchical" and "groups" not in kw and "group_size" not in kw:
+        kw["groups"] = node_groups(topo)
+    check_kv_fits(workload, topo, _MEM_FRACTION)
+    plan, _ = named_plan(topo, workload, algorithm, chunks, kw, _MEM_FRACTION)
+    return _sourced(plan, topology, topo)
+
+
+_MEM_FRACTION = 0.9
+"""Share of a device's memory a rank may use: ``treeattn plan --mem-fraction``'s default."""
+
+
+def node_groups(topo: Topology) -> list[list[int]]:
+    """``hierarchical`` without groups: the ranks of each node form a group."""
+    if len(topo.node_ranks) < 2:
+        raise InputError(f"algorithm hierarchical: {topo.name!r} is one node, so there is no group to form by "
+                         "node; give groups (--groups 0-3/4-7) or a group size (--group-size N)")
+    return [list(g) for g in topo.node_ranks]
+
+
+def named_plan(topo: Topology, payload: Payload, algorithm: str, chunks: int | None, kw: dict[str, Any],
+               mem_fraction: float) -> tuple[Plan, dict]:
+    """Build, time and describe one named algorithm's plan: the plan (``predicted_us``, and
+    ``notes['plan']``: lower bound, ratio to it, baselines) and the report ``treeattn plan``
+    prints (``--json``)."""
+    from treeattn.cost.bounds import plan_bounds
+    from treeattn.cost.memory import memory_check, peak_bytes
+    from treeattn.cost.simulate import simulate
+    from treeattn.exec.predict import plan_baselines
+    from treeattn.plan.builders import build
+    from treeattn.search import baselines
+
+    plan = build(algorithm, payload, topo, chunks=chunks if chunks is not None else 1, **kw)
+    t = simulate(plan, topo, timeline=False).predicted_us
+    bound = plan_bounds(plan, topo)
+    layout, root = ("heads", None) if plan.layout == "heads" else (
+        ("all", None) if plan.result == "all" else ("root", plan.result_ranks[0]))
+    base = baselines(topo, payload, result=layout, root=root)
+    methods, _ = plan_baselines(plan, topo)
+    base_peaks = {b.key: None if base.get(b.key) is None else peak_bytes(build(b.name, payload, topo, **b.kwargs))
+                  for b in methods}
+    mem = memory_check(plan, topo, mem_fraction)
+    ratio = t / bound.bound_us if bound.bound_us > 0 else None
+    notes = {**plan.notes, "plan": {"lower_bound_us": bound.bound_us, "bound_cut": bound.cut,
+                                    "ratio_to_bound": ratio, "baselines": base}}
+    plan = dataclasses.replace(plan, predicted_us=t, notes=notes)
+    params = {k: v for k, v in plan.params.items() if k not in ("chunks",)}
+    entry = {"algorithm": algorithm, "builder": algorithm, "params": params, "chunks": plan.chunks,
+             "predicted_us": t, "ratio_to_bound": ratio, "peak_bytes": mem.peak_bytes}
+    left = [] if mem.fits else [{"algorithm": algorithm, "why": mem.why(), "peak_bytes": mem.peak_bytes}]
+    return plan, {"best": entry, "candidates": [entry], "lower_bound_us": bound.bound_us, "baselines": base,
+                  "baseline_peak_bytes": base_peaks, "memory_limit_bytes": mem.limit_bytes, "left_out": left}
+
+
+def _workload(topo: Topology, workload_or_model: Workload | ModelPreset | str, batch: int | None,
+              seq_len: int | str | None, options: dict[str, Any], fn: str) -> Workload:
+    """The workload ``fn`` (``search_plan``, ``build_plan``) was given, or made from a model."""
+    from treeattn.search.workload_file import workload_from_dict
+
     shape = {k: options[k] for k in _WORKLOAD_OPTIONS if k in options}
     if isinstance(workload_or_model, Workload):
         if shape or batch is not None or seq_len is not None:
             raise InputError("give batch, seq_len and workload options with a model, not with a Workload")
-        workload = workload_or_model
-    else:
-        name = workload_or_model.name if isinstance(workload_or_model, ModelPreset) else workload_or_model
-        if name not in MODELS:
-            raise InputError(f"unknown model {name!r}; choose one of {', '.join(sorted(MODELS))}")
-        if batch is None or seq_len is None:
-            raise InputError("search_plan with a model needs batch= and seq_len=")
-        # The CLI's and workload files' own reader: "128K" reads as there, and a bad value is refused alike.
-        workload = workload_from_dict({"model": name, "batch": batch, "seq_len": seq_len, **shape},
-                                      ranks=topo.num_ranks, where="search_plan")
-    layout, root = parse_result(result, topo.num_ranks)
-    found = search(topo, workload, result=layout, root=root, **{k: options[k] for k in _SEARCH_OPTIONS
-                                                                 if k in options})
+        return workload_or_model
+    name = workload_or_model.name if isinstance(workload_or_model, ModelPreset) else workload_or_model
+    if not isinstance(name, str) or name not in MODELS:
+        raise InputError(f"unknown model {name!r}; choose one of {', '.join(sorted(MODELS))}")
+    if batch is None or seq_len is None:
+        raise InputError(f"{fn} with a model needs batch= and seq_len=")
+    # The CLI's and workload files' own reader: "128K" reads as there, and a bad value is refused alike.
+    return workload_from_dict({"model": name, "batch": batch, "seq_len": seq_len, **shape},
+                              ranks=topo.num_ranks, where=fn)
+
+
+def _sourced(plan: Plan, topology: str | Topology, topo: Topology) -> Plan:
+    """``plan`` recording where its topology came from, so that a saved plan finds it again
+    (``save_plan``); a ``Topology`` object given has no source to record."""
     if isinstance(topology, Topology):
-        return found.best
-    # Where the topology came from, so that a saved plan finds it again (save_plan).
+        return plan
     source = recorded_source(str(topology), topo)
-    return dataclasses.replace(found.best, topology=dataclasses.replace(found.best.topology, source=source))
+    return dataclasses.replace(plan, topology=dataclasses.replace(plan.topology, source=source))
 
 
 def save_plan(plan: Plan, path: str | Path) -> Path:

@@ -234,6 +234,8 @@ def plan_cmd(
                          top_k=top, progress=update)
         plan, report = res.best, res.to_dict()
     else:
+        from treeattn.api import named_plan, node_groups
+
         if root is not None and result_root is not None and root != result_root:
             raise InputError(f"--root {root} and --result {result} name different roots")
         kw = _build_kwargs(topo.num_ranks, root=root if root is not None else result_root, fanout=fanout,
@@ -241,8 +243,8 @@ def plan_cmd(
                            intra=intra, inter=inter, result=None if layout == "all" else layout,
                            group_size=group_size)
         if algorithm == "hierarchical" and groups is None and group_size is None:
-            kw["groups"] = _node_groups(topo)
-        plan, report = _named(topo, payload, algorithm, chunks, kw, mem_fraction)
+            kw["groups"] = node_groups(topo)
+        plan, report = named_plan(topo, payload, algorithm, chunks, kw, mem_fraction)
     elapsed = time.perf_counter() - started
     from dataclasses import replace
 
@@ -270,50 +272,6 @@ def plan_cmd(
     _print_report(report, topo, payload, elapsed, algorithm is None, plan.result)
     if explanation is not None:
         _print_explanation(explanation, topo)
-
-
-def _node_groups(topo) -> list[list[int]]:  # noqa: ANN001 - a Topology
-    """``hierarchical`` without --groups: the ranks of each node form a group."""
-    by_node: dict[int, list[int]] = {}
-    for r in range(topo.num_ranks):
-        by_node.setdefault(topo.rank_device(r).node, []).append(r)
-    if len(by_node) < 2:
-        raise InputError(f"--algorithm hierarchical: {topo.name!r} is one node, so there is no group to form by "
-                         "node; give --groups 0-3/4-7 or --group-size N")
-    return list(by_node.values())
-
-
-def _named(topo, payload: Payload, algorithm: str, chunks: int | None, kw: dict[str, Any], mem_fraction: float):
-    """Build, time and describe one named algorithm's plan."""
-    from dataclasses import replace
-
-    from treeattn.cost.bounds import plan_bounds
-    from treeattn.cost.memory import memory_check, peak_bytes
-    from treeattn.cost.simulate import simulate
-    from treeattn.exec.predict import plan_baselines
-    from treeattn.plan.builders import build
-    from treeattn.search import baselines
-
-    plan = build(algorithm, payload, topo, chunks=chunks if chunks is not None else 1, **kw)
-    t = simulate(plan, topo, timeline=False).predicted_us
-    bound = plan_bounds(plan, topo)
-    layout, root = ("heads", None) if plan.layout == "heads" else (
-        ("all", None) if plan.result == "all" else ("root", plan.result_ranks[0]))
-    base = baselines(topo, payload, result=layout, root=root)
-    methods, _ = plan_baselines(plan, topo)
-    base_peaks = {b.key: None if base.get(b.key) is None else peak_bytes(build(b.name, payload, topo, **b.kwargs))
-                  for b in methods}
-    mem = memory_check(plan, topo, mem_fraction)
-    ratio = t / bound.bound_us if bound.bound_us > 0 else None
-    notes = {**plan.notes, "plan": {"lower_bound_us": bound.bound_us, "bound_cut": bound.cut,
-                                    "ratio_to_bound": ratio, "baselines": base}}
-    plan = replace(plan, predicted_us=t, notes=notes)
-    params = {k: v for k, v in plan.params.items() if k not in ("chunks",)}
-    entry = {"algorithm": algorithm, "builder": algorithm, "params": params, "chunks": plan.chunks,
-             "predicted_us": t, "ratio_to_bound": ratio, "peak_bytes": mem.peak_bytes}
-    left = [] if mem.fits else [{"algorithm": algorithm, "why": mem.why(), "peak_bytes": mem.peak_bytes}]
-    return plan, {"best": entry, "candidates": [entry], "lower_bound_us": bound.bound_us, "baselines": base,
-                  "baseline_peak_bytes": base_peaks, "memory_limit_bytes": mem.limit_bytes, "left_out": left}
 
 
 def _short(params: dict[str, Any], limit: int = 72) -> str:
@@ -505,7 +463,7 @@ def compare_cmd(
     unfit: dict[tuple[str, int], str] = {}  # (topology, N) whose KV cache alone no device holds
     for t in topos:  # fail on a bad shape, layout or memory before the long part
         w = make(t.num_ranks, lens[0])
-        layout, root = parse_result(result, t.num_ranks)
+        layout, root = parse_result(result, t.num_ranks, on=t.name)
         for n in lens:
             try:
                 check_kv_fits(make(t.num_ranks, n), t, mem_fraction)

@@ -44,11 +44,12 @@ class Baseline:
         return _KEYS.get(self.name, self.name.replace("-", "_") + "_us")
 
 
-def parse_result(text: str, ranks: int) -> tuple[str, int | None]:
+def parse_result(text: str, ranks: int, on: str | None = None) -> tuple[str, int | None]:
     """``all`` / ``heads`` / ``root`` / ``root:R`` as (layout, root).
 
     Args:
-        text: what the user wrote. ranks: p, the range of R.
+        text: what the user wrote. ranks: p, the range of R. on: the topology, named where R
+            is out of range (``compare`` reads one layout on several).
 
     Returns:
         (``all`` | ``heads`` | ``root``, R or None).
@@ -56,18 +57,19 @@ def parse_result(text: str, ranks: int) -> tuple[str, int | None]:
     Raises:
         InputError: anything else, or R out of range.
     """
-    word, _, arg = str(text).partition(":")
-    if word in ("all", "heads") and not arg:
+    word, colon, arg = str(text).partition(":")
+    if word in ("all", "heads") and not colon:
         return word, None
     if word == "root":
         try:
-            root = int(arg) if arg else 0
+            root = int(arg) if colon else 0  # "root:" names no rank: refused, not read as 0
         except ValueError:
-            raise InputError(f"--result root:R needs an integer rank R, got {text!r}") from None
+            raise InputError(f"result root:R needs an integer rank R, got {text!r}") from None
         if not 0 <= root < ranks:
-            raise InputError(f"--result {text}: rank {root} is out of range: there are {ranks} ranks")
+            raise InputError(f"result {text}: rank {root} is out of range: there are {ranks} ranks"
+                             + (f" on {on}" if on else ""))
         return "root", root
-    raise InputError(f"--result must be all, heads or root[:R], got {text!r}")
+    raise InputError(f"result must be all, heads or root[:R], got {text!r}")
 
 
 def baselines_for(payload: Payload, result: str = "all", root: int | None = None,

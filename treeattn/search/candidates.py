@@ -76,10 +76,7 @@ def layout_of(topo: Topology) -> Layout:
     """Levels, rails and nodes of ``topo`` (``treeattn.topology.domains``)."""
     p = topo.num_ranks
     levels = tuple((lv.kind.value, lv.groups) for lv in domains(topo) if len(lv.groups) > 1)
-    by_node: dict[int, list[int]] = {}
-    for r in range(p):
-        by_node.setdefault(topo.rank_device(r).node, []).append(r)
-    nodes = tuple(tuple(by_node[n]) for n in sorted(by_node))
+    nodes = topo.node_ranks
     node_of = [0] * p
     for i, members in enumerate(nodes):
         for r in members:

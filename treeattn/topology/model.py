@@ -558,6 +558,14 @@ class Topology:
     def rank_device(self, rank: int) -> Device:
         return self.device(self.ranks[rank])
 
+    @cached_property
+    def node_ranks(self) -> tuple[tuple[int, ...], ...]:
+        """The ranks of each node, nodes in the order of their numbers."""
+        by_node: dict[int, list[int]] = {}
+        for r in range(self.num_ranks):
+            by_node.setdefault(self.rank_device(r).node, []).append(r)
+        return tuple(tuple(by_node[n]) for n in sorted(by_node))
+
     def link_index(self, src: str, dst: str) -> int:
         """Index in ``links`` of the link ``src -> dst``."""
         try:

@@ -1,0 +1,63 @@
+"""``treeattn.build_plan``: one named algorithm from Python, the plan ``treeattn plan --algorithm`` writes."""
+
+from __future__ import annotations
+
+import pytest
+
+import treeattn
+from tests.cli_helpers import run_cli
+from treeattn.errors import TreeattnError
+from treeattn.plan.io import load_plan
+
+
+@pytest.mark.parametrize(("algorithm", "topology", "result", "options", "flags"), [
+    ("dcp-a2a", "dgx-h100", "heads", {}, []),
+    ("star", "dgx-h100", "root:3", {}, []),
+    ("kary", "dgx-h100", "all", {"fanout": 3}, ["--fanout", "3"]),
+    ("hierarchical", "dgx-h100-2node", "all", {}, []),  # grouped by node, as the CLI groups it
+    ("tree", "cpu:ranks=4", "heads", {"parents": [-1, 0, 0, 1]}, ["--parents=-1,0,0,1"]),
+])
+def test_the_plan_is_the_one_plan_algorithm_writes(tmp_path, algorithm, topology, result, options, flags):
+    plan = treeattn.build_plan(topology, "llama-3.1-8b", algorithm, batch=2, seq_len="64K", result=result,
+                               chunks=2 if result == "heads" else 1, **options)
+    assert plan.algorithm == algorithm and plan.result == result and plan.predicted_us > 0
+    assert plan.notes["plan"]["lower_bound_us"] <= plan.predicted_us
+    saved = treeattn.save_plan(plan, tmp_path / "api.yaml")
+    cli = run_cli("plan", "-t", topology, "-m", "llama-3.1-8b", "-b", "2", "-n", "64K", "--algorithm", algorithm,
+                  "--result", result, "--chunks", "2" if result == "heads" else "1", *flags,
+                  "-o", str(tmp_path / "cli.yaml"), "--json")
+    assert cli.exit_code == 0, cli.stderr
+    assert saved.read_bytes() == (tmp_path / "cli.yaml").read_bytes()
+    assert load_plan(saved).predicted_us == plan.predicted_us
+
+
+@pytest.mark.parametrize(("algorithm", "kwargs", "needle"), [
+    ("nope", {}, "unknown algorithm 'nope'; choose one of tree"),
+    ("butterfly", {"result": "heads"}, "algorithm 'butterfly' builds result all, not heads"),
+    ("star", {"fanout": 3}, "algorithm 'star' takes no fanout"),
+    ("hierarchical", {}, "'dgx-h100' is one node, so there is no group to form by node"),
+    ("star", {"bogus": 1}, "build_plan takes no option 'bogus'"),
+    ("star", {"root": 2, "result": "root:3"}, "root=2 and result='root:3' name different roots"),
+    (3, {}, "build_plan algorithm must be a name"),
+    ("star", {"result": "root:8"}, "out of range"),
+])
+def test_bad_input_raises_the_library_error_naming_it(algorithm, kwargs, needle):
+    with pytest.raises(TreeattnError, match=needle):
+        treeattn.build_plan("dgx-h100", "llama-3.1-8b", algorithm, batch=1, seq_len="128K", **kwargs)
+
+
+def test_a_workload_is_taken_as_it_is():
+    plan = treeattn.search_plan("cpu:ranks=4", "llama-3.2-1b", batch=1, seq_len=4096)
+    built = treeattn.build_plan("cpu:ranks=4", plan.workload, "butterfly")
+    assert built.workload == plan.workload and built.ranks == 4
+    with pytest.raises(TreeattnError, match="give batch, seq_len and workload options with a model"):
+        treeattn.build_plan("cpu:ranks=4", plan.workload, "butterfly", batch=1)
+
+
+def test_the_api_docstrings_examples_run_as_shown():
+    import doctest
+
+    import treeattn.api
+
+    failed, attempted = doctest.testmod(treeattn.api, verbose=False)
+    assert attempted >= 4 and failed == 0
