@@ -5,6 +5,7 @@ little free memory."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.cli_helpers import run_cli
 from treeattn.cost.memory import rank_peak_bytes, run_bytes
@@ -60,3 +61,14 @@ def test_a_run_holds_one_layer_of_its_kv_cache():
     plan = build("star", w, TopologyRef("a", "b"))
     for r in range(2):
         assert run_bytes(plan, r) == rank_peak_bytes(plan, r) - 31 * w.kv_bytes(r)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible here")
+@pytest.mark.parametrize(("flag", "needle"), [("--backend=nccl", "backend nccl needs CUDA devices"),
+                                               ("--graph", "CUDA graphs need the NCCL backend")])
+def test_run_refuses_a_backend_this_machine_cannot_run_in_one_line_before_anything_else(tmp_path, flag, needle):
+    plan = tmp_path / "p.yaml"
+    assert run_cli("plan", "-t", "cpu:ranks=2", "-m", "llama-3.2-1b", "-n", "4K", "-o", str(plan)).exit_code == 0
+    res = run_cli("run", str(plan), flag, "--out", str(tmp_path / "rows.csv"))
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1 and needle in res.stderr, res.stderr
+    assert not (tmp_path / "rows.csv").exists()

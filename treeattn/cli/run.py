@@ -71,7 +71,7 @@ def run(
     from treeattn.exec.launch import detect_env, launch
     from treeattn.exec.predict import comparability, default_timeout_s, plan_baselines, predict, resolve_topology
     from treeattn.exec.results import new_run_id
-    from treeattn.exec.runner import Job, PlanJob, RunOptions
+    from treeattn.exec.runner import Job, PlanJob, RunOptions, pick_backend
 
     plan = _load(plan_file)
     run_id = new_run_id(plan_file.stem)
@@ -86,6 +86,7 @@ def run(
                          timeout_s=timeout if timeout is not None else default_timeout_s(predictions, 5.0),
                          backend=backend.value if backend else None, check=check.value, seed=seed,
                          baselines=baselines, order=order.value, graph=graph)
+    pick_backend(options)  # a backend this machine cannot run: one line, before the run's warnings
     if reporter:
         # Before the run: a user who reads these may stop it.
         spec = topology or plan.topology.name

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from treeattn.errors import ExecutionError, InputError
-from treeattn.exec.runner import Job, JobResult, _pick_backend, memory_problem, placement_problem, run_rank
+from treeattn.exec.runner import Job, JobResult, memory_problem, pick_backend, placement_problem, run_rank
 
 __all__ = ["RankEnv", "detect_env", "launch", "launch_local", "free_port", "rank_failure", "GRACE_S", "available_bytes",
            "host_memory_problem"]
@@ -121,12 +121,10 @@ def free_port() -> int:
 def launch_local(job: Job) -> JobResult:
     """Start ``job.ranks`` worker processes here, watch them, and return rank 0's result."""
     n = job.ranks
-    if _pick_backend(job.options)[0] == "nccl":
+    if pick_backend(job.options)[0] == "nccl":
         problem = placement_problem(n, torch.cuda.device_count())
         if problem:
             raise InputError(problem)
-    elif job.options.graph:
-        raise InputError("CUDA graphs need the NCCL backend (CUDA devices); use --no-graph with gloo")
     else:
         problem = host_memory_problem(job, available_bytes())
         if problem:

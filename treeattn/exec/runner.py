@@ -293,10 +293,15 @@ def memory_problem(job: Job, ranks: Sequence[int], available: int | None, where:
     return None
 
 
-def _pick_backend(options: RunOptions) -> tuple[str, torch.device]:
+def pick_backend(options: RunOptions) -> tuple[str, torch.device]:
+    """The run's backend (``--backend``, else NCCL where CUDA is visible) and its rank's first
+    device, or InputError where this machine cannot run them: NCCL without a CUDA device, CUDA
+    graphs without NCCL. ``treeattn run`` asks before it says anything about the run."""
     backend = options.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl" and not torch.cuda.is_available():
         raise InputError("backend nccl needs CUDA devices; none is visible (use --backend gloo)")
+    if options.graph and backend != "nccl":
+        raise InputError("CUDA graphs need the NCCL backend (CUDA devices); use --no-graph with gloo")
     return backend, torch.device("cpu")
 
 
@@ -578,10 +583,8 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0) -> JobResult 
                 f"plan {pj.label!r} has {pj.plan.ranks} ranks but the launcher started {world} processes; "
                 f"launch {pj.plan.ranks} (e.g. torchrun --nproc-per-node {pj.plan.ranks})"
             )
-    backend, device = _pick_backend(opt)
+    backend, device = pick_backend(opt)
     graphs = backend == "nccl" if opt.graph is None else opt.graph
-    if graphs and backend != "nccl":
-        raise InputError("CUDA graphs need the NCCL backend (CUDA devices); use --no-graph")
     if backend == "nccl":
         for pj in job.plans:  # the executor refuses them too; here before anything starts
             problem = nccl_order_problem(pj.plan)
