@@ -198,3 +198,17 @@ def test_own_logs_of_one_name_stay_apart(tmp_path):
                   "--json")
     assert res.exit_code == 0, res.stderr
     assert len(json.loads(res.stdout)["summary"]["tables"]) == 2
+
+
+def test_own_log_from_other_gpus_than_the_topologys_is_said_so(tmp_path):
+    # This fixture's device lines name H100s: scored on an A100 or a CPU topology, as asked, with a note.
+    log = tmp_path / "run.txt"
+    shutil.copy(FIXTURE.with_name("all_reduce_perf.8xh100-1node.txt"), log)
+    same = run_cli("check-model", str(log), "-t", "dgx-h100")
+    assert same.exit_code == 0 and "the log ran on" not in same.stdout
+    other = run_cli("check-model", str(log), "-t", "dgx-a100")
+    assert other.exit_code == 0, other.stderr
+    said = " ".join(other.stdout.split())  # the line wraps at the console's width
+    assert "the log ran on NVIDIA H100 80GB HBM3, not dgx-a100's A100-SXM4-80GB" in said
+    hosts = run_cli("check-model", str(log), "-t", "cpu:ranks=8")
+    assert hosts.exit_code == 0 and "ranks are no GPUs" in " ".join(hosts.stdout.split()), hosts.stdout

@@ -49,6 +49,7 @@ from treeattn.calibrate.nccl_tests import NcclTestsLog, log_run, parse_published
 from treeattn.errors import InputError, ProbeError
 from treeattn.probe.text import read_input
 from treeattn.topology.library import installed_data_dir
+from treeattn.topology.model import DeviceKind, Topology
 from treeattn.topology.nccl_version import Release, nccl_release, parse_version, version_text
 
 __all__ = ["COLLECTIVES", "LIBRARIES", "PublishedTable", "corpus_dir", "is_mapping", "load_corpus", "load_logs",
@@ -174,6 +175,9 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
     reads them) mapped onto ``topology``: your own cluster's runs, scored like the corpus.
     The collective and rank count are inferred as ``log_run`` does, the NCCL release from the
     ``NCCL version`` line the log prints (else the topology's)."""
+    from treeattn.topology.library import resolve
+
+    topo = resolve(topology)
     out = []
     seen: set[Path] = set()
     for p in map(Path, paths):
@@ -183,6 +187,8 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
         log = read_nccl_tests(p)
         coll, ranks, inferred = log_run(log)
         notes = list(inferred)
+        if other := _other_devices(log, topo):
+            notes.append(other)
         if coll not in COLLECTIVES:
             raise InputError(f"{p}: a {coll} test; the model scores {', '.join(COLLECTIVES)}")
         library = version = evidence = ""
@@ -198,6 +204,22 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
             ranks=ranks, env=dict(env or {}), log=log, library=library, version=version, evidence=evidence,
             meta={"inferred": "; ".join(notes)} if notes else {}))
     return out
+
+
+def _other_devices(log: NcclTestsLog, topo: Topology) -> str:
+    """A note where the log's device lines name GPUs other than the topology's (its model's
+    product number, ``H100`` of ``H100-SXM5-80GB``, found in none of them), or the topology
+    has no GPU rank: the rows are still predicted on the topology, as asked."""
+    names = sorted({d.name for d in log.devices if d.name})
+    if not names:
+        return ""
+    gpus = sorted({d.model for d in map(topo.rank_device, range(topo.num_ranks)) if d.kind is DeviceKind.GPU})
+    if not gpus:
+        return f"the log ran on {', '.join(names)}; {topo.name}'s ranks are no GPUs"
+    keys = [next((t for t in m.upper().split("-") if any(c.isdigit() for c in t)), m.upper()) for m in gpus if m]
+    if not keys or any(k in n.upper() for k in keys for n in names):
+        return ""
+    return f"the log ran on {', '.join(names)}, not {topo.name}'s {', '.join(gpus)}"
 
 
 def _printed_version(log: NcclTestsLog) -> str:
