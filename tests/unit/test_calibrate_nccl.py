@@ -217,6 +217,9 @@ def test_cli_table_and_repeated_flag():
          "all_reduce_perf.row-missing.txt:"),
         (["--from-nccl-tests", str(FIX / "damaged" / "all_reduce_perf.truncated.txt"), "-t", "dgx-h100:nodes=4"],
          "truncated?"),
+        # a damaged log is named by the path given (two folders may hold logs of one name)
+        (["--from-nccl-tests", str(FIX / "damaged" / "all_reduce_perf.truncated.txt"), "-t", "dgx-h100:nodes=4"],
+         f"error: {FIX / 'damaged' / 'all_reduce_perf.truncated.txt'}:"),
         (["--from-nccl-tests", str(ONE)], "needs --topology"),
         ([str(ONE)], "go after --from-nccl-tests"),
         (["--from-nccl-tests", str(FIX / "missing.txt"), "-t", "dgx-h100:nodes=4"], "cannot read nccl-tests file"),

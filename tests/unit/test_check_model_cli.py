@@ -212,3 +212,14 @@ def test_own_log_from_other_gpus_than_the_topologys_is_said_so(tmp_path):
     assert "the log ran on NVIDIA H100 80GB HBM3, not dgx-a100's A100-SXM4-80GB" in said
     hosts = run_cli("check-model", str(log), "-t", "cpu:ranks=8")
     assert hosts.exit_code == 0 and "ranks are no GPUs" in " ".join(hosts.stdout.split()), hosts.stdout
+
+
+def test_own_log_on_a_topology_of_another_size_says_how_to_select_ranks(tmp_path):
+    log = tmp_path / "run.txt"
+    shutil.copy(FIXTURE.with_name("all_reduce_perf.8xh100-1node.txt"), log)
+    more = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2")
+    assert more.exit_code == 2 and "(e.g. 'dgx-h100:nodes=2[ranks 0-7]')" in more.stderr, more.stderr
+    picked = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2[ranks 0-7]")
+    assert picked.exit_code == 0, picked.stderr
+    fewer = run_cli("check-model", str(log), "-t", "cpu:ranks=4")
+    assert fewer.exit_code == 2 and "use a topology of that size" in fewer.stderr, fewer.stderr

@@ -201,12 +201,13 @@ def _row(parts: list[str], prefix: list[str], groups: int, source: str, lineno: 
                    root, timings[0], timings[1] if groups > 1 else None)
 
 
-def parse_nccl_tests(text: str, source: str = "nccl-tests log") -> NcclTestsLog:
+def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None = None) -> NcclTestsLog:
     """Read one nccl-tests run (see the module docstring for what is checked).
 
     Args:
         text: the program's output.
-        source: file name for messages; a name like ``all_reduce_perf*`` sets ``collective``.
+        source: the log's name (its file's); a name like ``all_reduce_perf*`` sets ``collective``.
+        path: the file as the user gave it, which errors name (default ``source``).
 
     Returns:
         The parsed log.
@@ -214,6 +215,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log") -> NcclTestsLog:
     Raises:
         ProbeError: the log is damaged, truncated, or not nccl-tests output.
     """
+    shown = path or source
     lines = text.splitlines()
     header: re.Match | None = None
     header_line = 0
@@ -232,7 +234,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log") -> NcclTestsLog:
             continue
         if state == "done":
             if _HEADER.match(line):
-                raise fail(source, lineno, "a second run starts here; give one run per file")
+                raise fail(shown, lineno, "a second run starts here; give one run per file")
             if line != "#":
                 ignored.append(lineno)
             continue
@@ -251,12 +253,12 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log") -> NcclTestsLog:
             if m := _DEVICE.match(line):
                 devices.append(NcclDevice(int(m.group(1)), m.group(4), int(m.group(5)), m.group(6), m.group(7)))
             elif line.startswith("#") and "time" in line.split() and "algbw" in line.split():
-                prefix, groups = _columns(line, source, lineno)
+                prefix, groups = _columns(line, shown, lineno)
                 state = "table"
             elif line.startswith("NCCL version"):
                 version = line.split("version", 1)[1].strip()
             elif _HEADER.match(line):
-                raise fail(source, lineno, f"a second header before any table (first on line {header_line})")
+                raise fail(shown, lineno, f"a second header before any table (first on line {header_line})")
             elif not line.startswith("#"):
                 ignored.append(lineno)
             continue
@@ -266,24 +268,24 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log") -> NcclTestsLog:
             if body.startswith("Out of bounds values"):
                 oob = body.split(":", 1)[-1].strip()
             elif body.startswith("Avg bus bandwidth"):
-                avg = _num(body.split(":", 1)[-1].strip(), source, lineno, "average bus bandwidth")
+                avg = _num(body.split(":", 1)[-1].strip(), shown, lineno, "average bus bandwidth")
                 state = "done"
             continue
         assert prefix is not None
-        row = _row(line.split(), prefix, groups, source, lineno)
+        row = _row(line.split(), prefix, groups, shown, lineno)
         # Sizes under one element per rank print as 0, several times (all-gather, reduce-scatter).
         if rows and row.size_bytes <= rows[-1].size_bytes and not row.size_bytes == rows[-1].size_bytes == 0:
-            raise fail(source, lineno, f"size {row.size_bytes} after {rows[-1].size_bytes} (line {rows[-1].line}): "
+            raise fail(shown, lineno, f"size {row.size_bytes} after {rows[-1].size_bytes} (line {rows[-1].line}): "
                        "rows out of order or two runs mixed")
         rows.append(row)
     if header is None:
-        raise fail(source, None, "no '# nThread N nGpus M minBytes ... maxBytes ...' header: not nccl-tests output")
+        raise fail(shown, None, "no '# nThread N nGpus M minBytes ... maxBytes ...' header: not nccl-tests output")
     if state == "head":
-        raise fail(source, len(lines), "no table header (# size count type ... time algbw busbw): truncated?")
+        raise fail(shown, len(lines), "no table header (# size count type ... time algbw busbw): truncated?")
     if not rows:
-        raise fail(source, len(lines), "the table has no rows")
+        raise fail(shown, len(lines), "the table has no rows")
     if state != "done":
-        raise fail(source, len(lines), "the log ends inside the table (no '# Avg bus bandwidth' line): truncated?")
+        raise fail(shown, len(lines), "the log ends inside the table (no '# Avg bus bandwidth' line): truncated?")
     log = NcclTestsLog(
         source=source, n_threads=int(header.group(1)), n_gpus=int(header.group(2)),
         min_bytes=int(header.group(3)), max_bytes=int(header.group(4)), rows=tuple(rows), devices=tuple(devices),
@@ -413,7 +415,7 @@ def parse_published_table(text: str, source: str, lines: tuple[int, int] | None 
 def read_nccl_tests(path: str | Path) -> NcclTestsLog:
     """Read and parse a saved nccl-tests log file."""
     p = Path(path)
-    return parse_nccl_tests(read_input(p, "nccl-tests"), p.name)
+    return parse_nccl_tests(read_input(p, "nccl-tests"), p.name, str(p))
 
 
 def calibrate_from_log(

@@ -137,8 +137,10 @@ class _Topologies:
                 raise InputError(f"{t.name}: {exc}") from None
         topo = self.topos[t.topology]
         if topo.num_ranks != t.ranks:
+            fix = (f"select ranks with '[ranks ...]' (e.g. '{t.topology.split('[')[0]}[ranks 0-{t.ranks - 1}]') "
+                   "or use another size" if t.ranks < topo.num_ranks else "use a topology of that size")
             raise InputError(f"{t.name}: topology {t.topology!r} places {topo.num_ranks} ranks but the table ran "
-                             f"on {t.ranks}; select ranks with '[ranks ...]' or use another size")
+                             f"on {t.ranks}; {fix}")
         return topo
 
     def p2p_topo(self, t: PublishedTable) -> Topology:
