@@ -59,6 +59,16 @@ def test_missing_or_changed_file_says_what_to_pass(made: Path) -> None:
     assert res.exit_code == 0 and "warning: plan was made for cpu-calibrated" in res.stderr
 
 
+def test_a_file_that_now_places_another_rank_count_says_so(made: Path) -> None:
+    topo_file = made.parents[2] / "topologies" / "local" / "cpu-4.yaml"
+    text = topo_file.read_text()
+    assert 'ranks: ["host0*4"]' in text
+    topo_file.write_text(text.replace('ranks: ["host0*4"]', 'ranks: ["host0*2"]'))
+    res = run_cli("simulate", str(made))
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "places 2 ranks now, not the plan's 4" in res.stderr and "changed since" not in res.stderr
+
+
 def test_shipped_names_and_families_record_no_file(tmp_path: Path) -> None:
     for spec, ranks in (("dgx-h100-2node", None), ("cpu:ranks=3", None), ("dgx-h100-2node", "0-3")):
         args = ("-t", spec, *(("--ranks", ranks) if ranks else ()))

@@ -65,7 +65,8 @@ def simulate_cmd(
         raise PlanInvalidError(f"{plan_file}: {exc}") from None
     ref = plan.topology
     topo = resolve(topology) if topology is not None else resolve_recorded(ref.name, ref.fingerprint, ref.source,
-                                                                           plan_file, what=str(plan_file))
+                                                                           plan_file, what=str(plan_file),
+                                                                           ranks=plan.ranks)
     if topo.num_ranks != plan.ranks:  # before the warning below: one line, and no hint of a --ranks simulate lacks
         raise InputError(f"--topology {topology!r} places {topo.num_ranks} ranks but {plan_file} runs on "
                          f"{plan.ranks}; pass a topology of the plan's ranks, or none (the plan's own)")

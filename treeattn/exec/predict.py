@@ -60,7 +60,7 @@ def resolve_topology(plan: Plan, given: str | None,
     else:
         try:
             topo = resolve_recorded(want.name, want.fingerprint, want.source, plan_path,
-                                    what=str(plan_path) if plan_path is not None else "the plan")
+                                    what=str(plan_path) if plan_path is not None else "the plan", ranks=plan.ranks)
         except InputError as exc:
             return None, [f"{exc}; no predictions"]
     if topo.fingerprint != want.fingerprint:

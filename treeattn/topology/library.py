@@ -213,7 +213,7 @@ def relative_file_source(source: str | None) -> bool:
 
 
 def resolve_recorded(name: str, fingerprint: str, source: str | None, plan_path: Path | None,
-                     what: str = "the plan") -> Topology:
+                     what: str = "the plan", ranks: int | None = None) -> Topology:
     """The topology a plan was made for, from what it records, with its fingerprint checked.
 
     Args:
@@ -221,6 +221,7 @@ def resolve_recorded(name: str, fingerprint: str, source: str | None, plan_path:
         source: ``TopologyRef.source`` (a file relative to the plan's folder), or None.
         plan_path: the plan file (relative sources are read from its folder).
         what: how errors name the plan.
+        ranks: the plan's rank count, named where the topology now places another.
 
     Returns:
         The topology.
@@ -245,6 +246,9 @@ def resolve_recorded(name: str, fingerprint: str, source: str | None, plan_path:
         else:
             why = f"from {spec}: {exc}"
         raise InputError(f"{made}, {why}; pass --topology FILE|NAME with that topology") from None
+    if topo.fingerprint != fingerprint and ranks is not None and topo.num_ranks != ranks:
+        raise InputError(f"{made}, but {spec} places {topo.num_ranks} ranks now, not the plan's {ranks}; pass "
+                         f"--topology with a topology of {ranks} ranks, or plan again")
     if topo.fingerprint != fingerprint:
         raise InputError(f"{made}, but {spec} is {topo.fingerprint} now (it changed since); pass --topology "
                          f"{spec} to predict on it as it is, or plan again")
