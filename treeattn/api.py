@@ -124,7 +124,7 @@ def build_plan(topology: str | Topology, workload_or_model: Workload | ModelPres
         >>> plan.algorithm, plan.result
         ('dcp-a2a', 'heads')
     """
-    from treeattn.cost.memory import check_kv_fits
+    from treeattn.cost.memory import DEFAULT_MEM_FRACTION, check_kv_fits
 
     unknown = sorted(set(options) - set(_ALGORITHM_OPTIONS) - set(_WORKLOAD_OPTIONS))
     if unknown:
@@ -132,10 +132,13 @@ def build_plan(topology: str | Topology, workload_or_model: Workload | ModelPres
                          f"{', '.join(_ALGORITHM_OPTIONS + _WORKLOAD_OPTIONS)}")
     if not isinstance(algorithm, str):
         raise InputError(f"build_plan algorithm must be a name (treeattn plan --algorithm list), got {algorithm!r}")
+    kw = {k: options[k] for k in _ALGORITHM_OPTIONS if k in options}
+    for key, value in kw.items():  # the builders read them as they go: a wrong type would mislead there
+        if not _OPTION_TYPES[key][0](value):
+            raise InputError(f"build_plan {key} must be {_OPTION_TYPES[key][1]}, got {value!r}")
     topo = topology if isinstance(topology, Topology) else resolve(str(topology))
     workload = _workload(topo, workload_or_model, batch, seq_len, options, "build_plan")
     layout, root = parse_result(result, topo.num_ranks)
-    kw = {k: options[k] for k in _ALGORITHM_OPTIONS if k in options}
     if root is not None:
         if kw.get("root", root) != root:
             raise InputError(f"build_plan root={kw['root']} and result={result!r} name different roots")
@@ -144,20 +147,39 @@ def build_plan(topology: str | Topology, workload_or_model: Workload | ModelPres
         kw["result"] = layout
     if algorithm == "hierarchical" and "groups" not in kw and "group_size" not in kw:
         kw["groups"] = node_groups(topo)
-    check_kv_fits(workload, topo, _MEM_FRACTION)
-    plan, _ = named_plan(topo, workload, algorithm, chunks, kw, _MEM_FRACTION)
+    check_kv_fits(workload, topo, DEFAULT_MEM_FRACTION)
+    plan, _ = named_plan(topo, workload, algorithm, chunks, kw, DEFAULT_MEM_FRACTION)
     return _sourced(plan, topology, topo)
 
 
-_MEM_FRACTION = 0.9
-"""Share of a device's memory a rank may use: ``treeattn plan --mem-fraction``'s default."""
+def _int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _ints(v: object) -> bool:
+    return isinstance(v, (list, tuple)) and all(map(_int, v))
+
+
+_OPTION_TYPES: dict[str, tuple[Any, str]] = {
+    "root": (_int, "a rank (an integer)"), "fanout": (_int, "an integer"), "trees": (_int, "an integer"),
+    "group_size": (_int, "an integer"),
+    "groups": (lambda v: isinstance(v, (list, tuple)) and all(map(_ints, v)),
+               "a list of rank lists, e.g. [[0, 1], [2, 3]]"),
+    "parents": (lambda v: _ints(v) or (isinstance(v, (list, tuple)) and bool(v) and all(map(_ints, v))),
+                "a parent per rank, -1 at the root (multirail: a list of them)"),
+    "order": (_ints, "a list of ranks"), "roots": (_ints, "a list of ranks"),
+    "shape": (lambda v: isinstance(v, str), "a shape name (star, chain, kary, binomial)"),
+    "intra": (lambda v: isinstance(v, str), "a shape name"), "inter": (lambda v: isinstance(v, str), "a shape name"),
+}
+"""What each algorithm parameter of ``build_plan`` must be, and how its error says it."""
 
 
 def node_groups(topo: Topology) -> list[list[int]]:
     """``hierarchical`` without groups: the ranks of each node form a group."""
     if len(topo.node_ranks) < 2:
         raise InputError(f"algorithm hierarchical: {topo.name!r} is one node, so there is no group to form by "
-                         "node; give groups (--groups 0-3/4-7) or a group size (--group-size N)")
+                         "node; give groups (plan --groups 0-3/4-7, build_plan groups=[[0, 1], [2, 3]]) "
+                         "or a group size (--group-size N, group_size=N)")
     return [list(g) for g in topo.node_ranks]
 
 

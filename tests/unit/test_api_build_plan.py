@@ -40,6 +40,10 @@ def test_the_plan_is_the_one_plan_algorithm_writes(tmp_path, algorithm, topology
     ("star", {"root": 2, "result": "root:3"}, "root=2 and result='root:3' name different roots"),
     (3, {}, "build_plan algorithm must be a name"),
     ("star", {"result": "root:8"}, "out of range"),
+    ("star", {"root": "1"}, "build_plan root must be a rank \\(an integer\\), got '1'"),
+    ("hierarchical", {"groups": "0-3/4-7"}, "build_plan groups must be a list of rank lists"),
+    ("tree", {"parents": [-1, "0"]}, "build_plan parents must be a parent per rank"),
+    ("kary", {"fanout": True}, "build_plan fanout must be an integer"),
 ])
 def test_bad_input_raises_the_library_error_naming_it(algorithm, kwargs, needle):
     with pytest.raises(TreeattnError, match=needle):

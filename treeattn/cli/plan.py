@@ -39,6 +39,7 @@ from treeattn.cli.options import (
 from treeattn.cli.paths import output_file, safe_name
 from treeattn.cli.progress import progress_reporter
 from treeattn.cli.render import console, key_columns, print_rates_note
+from treeattn.cost.memory import DEFAULT_MEM_FRACTION
 from treeattn.errors import InputError
 from treeattn.units import format_size
 from treeattn.workload import Payload, Workload
@@ -175,7 +176,7 @@ def plan_cmd(
                                         "only, default 0).")] = "all",
     mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="Share of each device's memory (mem_gb) a "
                                                 "rank may use; schedules that need more are left out. " + _MEM_COUNTS
-                                                )] = 0.9,
+                                                )] = DEFAULT_MEM_FRACTION,
     top: Annotated[int, typer.Option("--top", help="Candidates shown.", rich_help_panel=_SEARCH)] = 10,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the local-improvement moves.",
                                       rich_help_panel=_SEARCH)] = 0,
@@ -403,7 +404,7 @@ def compare_cmd(
     ring: Annotated[str, typer.Option("--ring", help="Ring of ring attention and of the ring of partials: "
                                       "topology (along rails) or rank (rank order).")] = "topology",
     mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="Usable share of each device's memory "
-                                                "(methods over it are marked). " + _MEM_COUNTS)] = 0.9,
+                                                "(methods over it are marked). " + _MEM_COUNTS)] = DEFAULT_MEM_FRACTION,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the planner.")] = 0,
     csv: Annotated[Path | None, typer.Option("--csv", help="Write the rows as CSV.", rich_help_panel=_OUT)] = None,
     png: Annotated[Path | None, typer.Option("--png", help="Plot speedup against sequence length.",

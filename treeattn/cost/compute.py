@@ -168,9 +168,9 @@ class ComputeModel:
 
     def step_local_us(self, rank: int, moved_bytes: int, kernels: int = 1) -> float:
         """A step's local work: ``kernels`` launches (``treeattn.cost.program`` counts them:
-        merges, copies, conversions) plus the memory time of ``moved_bytes`` (3 x the merged
-        bytes plus 2 x the copied bytes, and what the conversions read and write); 0 when it
-        moves nothing."""
+        merges, copies, conversions) plus the memory time of ``moved_bytes`` (each merge's
+        ``merge_bytes``, 2 x the copied bytes, and what the conversions read and write); 0 when
+        it moves nothing."""
         if moved_bytes <= 0:
             return 0.0
         return kernels * self.launch_us + self._mem_us(rank, moved_bytes)
