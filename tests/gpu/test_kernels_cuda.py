@@ -44,6 +44,34 @@ def test_a_fused_merge_is_at_most_two_kernels(monkeypatch):
     assert 1 <= len(launched) <= 2 < eager_count, [e.name for e in launched]
 
 
+def _launches(call) -> list[str]:  # noqa: ANN001 - a call of one fused kernel
+    call()  # compiled (or cached)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def test_a_fused_kernel_on_a_row_slice_that_is_not_16_byte_aligned_launches_no_more(monkeypatch):
+    # The executor merges into row slices of its accumulator, which start anywhere (row r of a
+    # D = 128 fp32 accumulator at 516 r bytes). Inductor compiles a kernel that assumes 16-byte
+    # aligned inputs where its first inputs were, and then copies an unaligned one in and out
+    # around each call: two kernels the simulator does not charge (and warm compiles at offset 0).
+    monkeypatch.setenv("TREEATTN_MERGE", "fused")
+    kernels.warm(CUDA, torch.bfloat16, 128)
+    kernels.warm_sum(CUDA, torch.float32)
+    acc = partials(1, 513, 128, torch.float32, 1)[0].to(CUDA)
+    stack = partials(3, 512, 128, torch.bfloat16, 2).to(CUDA)
+    aligned = _launches(lambda: kernels.merge_into(acc[:512], stack))
+    unaligned = _launches(lambda: kernels.merge_into(acc[1:513], stack))  # starts 516 bytes in
+    assert len(unaligned) == len(aligned), (aligned, unaligned)
+    buf = torch.zeros(1 << 20, device=CUDA)
+    parts = torch.ones((3, (1 << 20) - 1), device=CUDA)
+    assert len(_launches(lambda: kernels.add_stack_into(buf[1:], parts))) == len(
+        _launches(lambda: kernels.add_stack_into(buf[:-1], parts)))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
 def test_a_raw_sum_is_one_fused_kernel_equal_to_eager(dtype, monkeypatch):
     monkeypatch.setenv("TREEATTN_MERGE", "fused")
