@@ -7,6 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from tests.cli_helpers import run_cli
 from treeattn.validate.corpus import corpus_dir
 
@@ -223,3 +225,22 @@ def test_own_log_on_a_topology_of_another_size_says_how_to_select_ranks(tmp_path
     assert picked.exit_code == 0, picked.stderr
     fewer = run_cli("check-model", str(log), "-t", "cpu:ranks=4")
     assert fewer.exit_code == 2 and "use a topology of that size" in fewer.stderr, fewer.stderr
+
+
+@pytest.mark.parametrize(("model", "device", "other"), [
+    ("H100-SXM5-80GB", "NVIDIA H100 80GB HBM3", False), ("B200-GB200", "NVIDIA GB200", False),
+    ("MI300X", "AMD Instinct MI300X", False), ("RTX-4090", "NVIDIA GeForce RTX 4090", False),
+    ("A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB", False), ("unknown-gpu", "NVIDIA H100 80GB HBM3", False),
+    ("H20", "NVIDIA H200", True), ("A10", "NVIDIA A100-SXM4-40GB", True), ("H200-SXM-141GB", "NVIDIA H100", True),
+])
+def test_a_logs_devices_are_told_from_the_topologys_gpus_by_whole_product_numbers(model, device, other):
+    from types import SimpleNamespace
+
+    from treeattn.calibrate.nccl_tests import NcclDevice
+    from treeattn.topology.model import Device, DeviceKind
+    from treeattn.validate.corpus import _other_devices
+
+    gpu = Device("g", DeviceKind.GPU, model=model, mem_bw_gbps=1.0, mem_gb=1.0)
+    topo = SimpleNamespace(name="t", num_ranks=1, rank_device=lambda r: gpu)
+    log = SimpleNamespace(devices=[NcclDevice(0, "host", 0, "0x1", device)])
+    assert bool(_other_devices(log, topo)) == other

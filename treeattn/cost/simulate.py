@@ -59,7 +59,7 @@ from treeattn.cost.program import _COLL, _COMPUTE, _KIND_CODE, _SEND, compile_pl
 from treeattn.cost.sharing import component, fair_rates, shared_routes
 from treeattn.cost.simresult import OpTiming, SimResult
 from treeattn.errors import InputError, PlanInvalidError
-from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, collective_kernels, gc_paused, row_bytes
+from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, collective_kernels, gc_paused, padding_kernels, row_bytes
 from treeattn.topology.model import Topology
 
 __all__ = ["OpTiming", "SimResult", "simulate"]
@@ -523,8 +523,10 @@ class _Engine:
                 share = self.plan.owned_rows(op.chunk)[r] * row_bytes(self.plan.workload, op.part)
             extra = self.cm.gather_merge_us(r, share, self.p) if merges else 0.0
             kernels = collective_kernels(self.plan, op, r)
-            if kernels:  # each reads and writes the rows once
-                extra += self.cm.step_local_us(r, 2 * kernels * self.nbytes[gid], kernels)
+            if kernels:  # each reads and writes the rows once, but the padding's copies share one pass
+                pad = padding_kernels(self.plan, op)
+                passes = kernels - pad + (pad > 0)
+                extra += self.cm.step_local_us(r, 2 * passes * self.nbytes[gid], kernels)
             if extra > 0:
                 self._push(t + extra, _EV_OP_DONE, gid)
             else:

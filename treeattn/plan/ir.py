@@ -536,8 +536,7 @@ def collective_kernels(plan: Plan, op: Op, rank: int | None = None) -> int:
     fp8 through fp32, ``widened``; and a reduce-scatter's padding, ``Plan.padded_runs``)."""
     form = COLLECTIVE_FORMS[(op.coll, op.reduce, op.part)]
     kernels = form.kernels
-    if op.coll == "reducescatter" and op.chunk is None:
-        kernels += len(plan.padded_runs)
+    kernels += padding_kernels(plan, op)
     if rank is not None and form.result_kernels:
         to = op.peer if form.effect == "root" else None if op.chunk is None else plan.owner(op.chunk)
         kernels -= form.result_kernels if to is not None and rank != to else 0
@@ -547,6 +546,12 @@ def collective_kernels(plan: Plan, op: Op, rank: int | None = None) -> int:
         return kernels + wide
     stack = form.local_merge and op.part == "partial" and lse_copied(plan.workload)
     return kernels + form.narrow_kernels + stack + wide
+
+
+def padding_kernels(plan: Plan, op: Op) -> int:
+    """The copies a COLLECTIVE ``op`` runs to pad uneven heads segments (``Plan.padded_runs``):
+    one per run; together they copy the rows once."""
+    return len(plan.padded_runs) if op.coll == "reducescatter" and op.chunk is None else 0
 
 
 def lse_copied(workload: Payload) -> bool:

@@ -208,7 +208,7 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
 
 def _other_devices(log: NcclTestsLog, topo: Topology) -> str:
     """A note where the log's device lines name GPUs other than the topology's (its model's
-    product number, ``H100`` of ``H100-SXM5-80GB``, found in none of them), or the topology
+    product number, ``H100`` of ``H100-SXM5-80GB``, ends no word of them), or the topology
     has no GPU rank: the rows are still predicted on the topology, as asked."""
     names = sorted({d.name for d in log.devices if d.name})
     if not names:
@@ -216,8 +216,11 @@ def _other_devices(log: NcclTestsLog, topo: Topology) -> str:
     gpus = sorted({d.model for d in map(topo.rank_device, range(topo.num_ranks)) if d.kind is DeviceKind.GPU})
     if not gpus:
         return f"the log ran on {', '.join(names)}; {topo.name}'s ranks are no GPUs"
-    keys = [next((t for t in m.upper().split("-") if any(c.isdigit() for c in t)), m.upper()) for m in gpus if m]
-    if not keys or any(k in n.upper() for k in keys for n in names):
+    known = [m for m in gpus if m and m != "unknown-gpu"]  # probe's name for a GPU it could not tell
+    keys = [next((t for t in m.upper().split("-") if any(c.isdigit() for c in t)), m.upper()) for m in known]
+    # Whole words of the device names, or their ends (GB200 for B200): H20 is not H200, nor A10 A100.
+    words = {w for n in names for w in re.split(r"[^0-9A-Z]+", n.upper()) if w}
+    if not keys or any(w.endswith(k) for k in keys for w in words):
         return ""
     return f"the log ran on {', '.join(names)}, not {topo.name}'s {', '.join(gpus)}"
 
