@@ -223,6 +223,8 @@ def test_cli_table_and_repeated_flag():
         (["--from-nccl-tests", str(ONE)], "needs --topology"),
         ([str(ONE)], "go after --from-nccl-tests"),
         (["--from-nccl-tests", str(FIX / "missing.txt"), "-t", "dgx-h100:nodes=4"], "cannot read nccl-tests file"),
+        # the plot is of live measurements: asked for with logs, it is refused rather than never drawn
+        (["--from-nccl-tests", str(FOUR), "-t", "dgx-h100:nodes=4", "--png", "never.png"], "check-model"),
     ],
 )
 def test_cli_refuses_with_one_line(args, match):

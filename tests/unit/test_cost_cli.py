@@ -162,6 +162,18 @@ def test_nccl_model_says_which_nccl_release_it_follows(tmp_path):
     assert r.exit_code == 0 and json.loads(r.stdout)["nccl_release"] == "2.26.2"
 
 
+def test_nccl_model_says_what_plan_adds_to_its_figure(tmp_path):
+    # The same 1 MiB all-reduce, printed by nccl-model and by plan: the note accounts for the gap.
+    r = run_cli("nccl-model", "-t", "dgx-h100", "-c", "allreduce", "--bytes", "1MiB", "--json")
+    nccl_us = json.loads(r.stdout)["pick"]["time_us"]
+    p = run_cli("plan", "-t", "dgx-h100", "--bytes", "1MiB", "-a", "allreduce", "--json", "--no-progress",
+                "-o", str(tmp_path / "ar.yaml"))
+    assert p.exit_code == 0, p.stderr
+    assert json.loads(p.stdout)["best"]["predicted_us"] == pytest.approx(nccl_us + 2.0)
+    text = " ".join(run_cli("nccl-model", "-t", "dgx-h100", "-c", "allreduce", "--bytes", "1MiB").stdout.split())
+    assert "plan and simulate add cost.overhead_us, 2 us, per call" in text
+
+
 @pytest.mark.parametrize("args,needle", [(("-c", "alltoall", "--bytes", "1KB"), "unknown collective"),
                                          (("-c", "allreduce", "--bytes", "lots"), "cannot read --bytes 'lots'"),
                                          (("-c", "allreduce", "--bytes", "-1"), "--bytes must be >= 0, got '-1'")])

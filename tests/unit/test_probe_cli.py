@@ -48,6 +48,21 @@ def test_summary_prints_warnings_and_assumptions():
     assert "ndv4" in res.stdout and "no <gpu> elements" in res.stdout and "assumed:" in res.stdout
 
 
+def test_a_nic_rate_the_input_overrides_is_said():
+    xml = str(FIX / "nccl-topo.ibm-gx3d-8xh100.xml")  # 8 NICs at 200 Gb/s
+    said = json.loads(run_cli("probe", "--from-nccl-xml", xml, "--nics", "8x400", "--json").stdout)["warnings"]
+    assert any("--nics rate 400 Gb/s ignored" in w and "200 Gb/s" in w for w in said)
+    same = json.loads(run_cli("probe", "--from-nccl-xml", xml, "--nics", "8x200", "--json").stdout)["warnings"]
+    assert not any("--nics" in w for w in same)
+
+
+def test_bus_ids_print_as_read():
+    # rich reads ':ab:' as an emoji code; the IBM dump's warning names bus 0000:ab:00.0.
+    res = run_cli("probe", "--from-nccl-xml", str(FIX / "nccl-topo.ibm-gx3d-8xh100.xml"))
+    assert res.exit_code == 0, res.stderr
+    assert "0000:ab:00.0" in res.stdout + res.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "match"),
     [

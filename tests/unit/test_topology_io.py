@@ -200,6 +200,10 @@ links:
          "  nics: {count: 2, bw_gbps: 1, gpus: [[0], [5]]}\n", "<t>:5: node.nics.gpus[1][0]: GPU 5 does not exist"),
         ("name: x\nnode:\n  gpus: {count: 2, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1}\nnetwork: {kind: roce}\n",
          "<t>:5: network: a network needs node.nics"),
+        # The choices of a field typed as some enum members read as a file spells them.
+        ("name: x\nnode:\n  gpus: {count: 2, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1}\n  nics: {count: 1, bw_gbps: 1}\n"
+         "network: {kind: infinband}\n",
+         "<t>:6: network.kind: unknown value 'infinband'; choose one of 'infiniband', 'roce' or 'ethernet'"),
     ],
 )
 def test_semantic_errors_name_line_and_field(text, expected):

@@ -27,7 +27,8 @@ app = typer.Typer(
     rich_markup_mode="markdown",
 )
 
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+# emoji=False: text such as a PCI bus id (0000:ab:00.0) is printed as written.
+err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 def _print_version(value: bool) -> None:

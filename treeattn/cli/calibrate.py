@@ -79,9 +79,12 @@ def calibrate_cmd(
     them from nccl-tests logs (--from-nccl-tests LOG... --topology TOPOLOGY)."""
     from treeattn.topology.library import resolve
 
+    paths = [*(from_nccl_tests or []), *(logs or [])]
+    if paths and png is not None:  # the plot draws live measurements; refused rather than left undrawn
+        raise InputError("--png plots a live calibration's measurements; for nccl-tests logs draw predicted "
+                         "against measured with treeattn check-model LOG... -t TOPOLOGY --png FILE")
     out = output_file(out, "--out", "calibrated.yaml") if out is not None else None
     png = output_file(png, "--png", "calibration.png", suffix=".png") if png is not None else None
-    paths = [*(from_nccl_tests or []), *(logs or [])]
     if logs and not from_nccl_tests:
         raise InputError(f"unexpected argument {str(logs[0])!r}: log files go after --from-nccl-tests")
     if paths:

@@ -312,7 +312,11 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
     con.print(f"[bold]{escape(topo.name)}[/] ({topo.num_ranks} ranks), {what}, result {result}: partial "
               f"{format_size(payload.payload_bytes)} per rank")
     print_rates_note(con, topo)
-    table = key_columns(Table(title="Candidates (fastest first)" if searched else "Plan"), 2)
+    # Say what a figure covers: one layer, not the decode step (the plan file's predicted_us).
+    covers = ("one layer, local attention included" if isinstance(payload, Workload)
+              else "one reduction of the payload")
+    title = "Candidates (fastest first)" if searched else "Plan"
+    table = key_columns(Table(title=f"{title}; predicted us: {covers}"), 2)
     for col in ("#", "algorithm", "parameters", "chunks", "predicted us", "x bound", f"x {ref_name}"):
         # a ratio's "x" stays on its line with what it divides by (run's "× plan" likewise)
         table.add_column(col, justify="right" if col not in ("algorithm", "parameters") else "left",

@@ -31,7 +31,8 @@ _KEY = "_treeattn_key_columns"
 
 def console() -> Console:
     """The console a command prints its tables and lines to (stdout)."""
-    return _FittingConsole(highlight=False, soft_wrap=True)
+    # emoji=False: a PCI bus id such as 0000:ab:00.0 must not print as 0000🆎00.0.
+    return _FittingConsole(highlight=False, soft_wrap=True, emoji=False)
 
 
 def print_rates_note(con: Console, topo: Any, prefix: str = "") -> None:

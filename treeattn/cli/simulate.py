@@ -250,6 +250,11 @@ def nccl_model_cmd(
                       f"{e.rank_us:.2f}", f"{e.latency_us:.2f}", f"{e.algbw_gbps:.2f}", f"{e.busbw_gbps:.2f}")
     con.print(table)
     con.print("time us: what runs; picks by us: the tuner's own estimate, which ranks the choices")
+    # plan and simulate time the same call plus the host's cost of issuing it (treeattn/cost/nccl.py):
+    # say so, or the two commands print the same all-reduce as two figures.
+    if topo.cost.overhead_us and not topo.on_hosts:
+        con.print(f"(plan and simulate add cost.overhead_us, {topo.cost.overhead_us:g} us, per call: "
+                  "nccl-tests overlaps it)")
     who = ("RCCL runs its MSCCL all-pairs algorithm ahead of its tuner" if best.algorithm is nccl.Algorithm.ALLPAIRS
            else "RCCL's pick (NCCL's tuning figures)" if fab.rccl else "NCCL's pick")
     con.print(f"{who}: {best.algorithm.value}/{best.protocol.value}, {best.time_us:.2f} us, "

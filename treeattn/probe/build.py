@@ -143,6 +143,11 @@ def add_assumed_nics(draft: NodeDraft, count: int, rate_gbps: float | None) -> N
     if draft.nics:
         if len(draft.nics) != count:
             draft.warnings.append(f"--nics {count} ignored: the input shows {len(draft.nics)} NICs")
+        # A rate the input gives wins too; said, so that 8x400 over an input's 200 is not silently dropped.
+        kept = sorted({info.rate_gbps for info in draft.nics.values() if info.rate_gbps is not None})
+        if rate_gbps is not None and any(r != rate_gbps for r in kept):
+            draft.warnings.append(f"--nics rate {rate_gbps:g} Gb/s ignored where the input gives one "
+                                  f"({'/'.join(f'{r:g}' for r in kept)} Gb/s); edit the written file to change it")
         for info in draft.nics.values():
             if info.rate_gbps is None and rate_gbps is not None:
                 info.rate_gbps = rate_gbps

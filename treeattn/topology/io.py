@@ -380,7 +380,10 @@ def _first_error(exc: ValidationError, model: type[BaseModel], lines: _LineMap) 
     elif kind == "missing":
         msg = "missing required field"
     elif kind in ("enum", "literal_error"):
-        msg = f"unknown value {value!r}; choose one of {ctx.get('expected', '')}"
+        # A Literal of enum members is listed by pydantic as their reprs
+        # (<LinkKind.ROCE: 'roce'>): show the values a file spells instead.
+        expected = re.sub(r"<\w+\.\w+: ('[^']*')>", r"\1", str(ctx.get("expected", "")))
+        msg = f"unknown value {value!r}; choose one of {expected}"
     elif kind == "value_error":
         msg = str(ctx.get("error", e["msg"]))
     elif kind in _BOUNDS:
