@@ -29,6 +29,8 @@ GEFORCE = load_topology_text(
 
 
 def test_one_node_log_sets_the_nvlink_class():
+    from treeattn.cost.nccl import pair_rate_gbps
+
     cf = calibrate_from_log(read_nccl_tests(ONE))
     result = calibrate_from_nccl_tests(DGX4, [ONE])
     (lf,) = result.logs
@@ -37,7 +39,9 @@ def test_one_node_log_sets_the_nvlink_class():
     assert lf.beta_gbps == pytest.approx(cf.beta_link_gbps)
     topo = result.topology
     assert topo.route_bw_gbps(0, 1) == pytest.approx(cf.beta_link_gbps)
-    assert topo.route_bw_gbps(0, 8) == DGX4.route_bw_gbps(0, 8)  # the network is untouched
+    # The network is not fitted: a transfer reaches what it reached before (its links' rates
+    # are now those it reached, a measured topology's being read as they are).
+    assert pair_rate_gbps(topo, 0, 8) == pytest.approx(pair_rate_gbps(DGX4, 0, 8))
     # Its sizes (128 MiB-4 GiB) all lie past the size whose transfer takes as long as the fitted
     # latency (127 us a call, 9 a ring step): the latency is the line's offset, not measured,
     # and the route keeps the topology's.
@@ -85,14 +89,16 @@ def test_nccls_collective_model_reads_the_hardware_ratings_a_calibration_keeps(t
     topo = load_topology(out)
     assert topo.fingerprint == result.topology.fingerprint
     assert topo.route_bw_gbps(0, 8) == pytest.approx(calibrate_from_log(read_nccl_tests(FOUR)).beta_link_gbps / 8)
-    assert nccl.fabric(topo) == nccl.fabric(DGX4)
-    assert nccl.pick(topo, "all_reduce", 1 << 30) == nccl.pick(DGX4, "all_reduce", 1 << 30)
+    # ... at the NCCL release the log printed, which the calibrated topology names
+    same = dataclasses.replace(DGX4, cost=dataclasses.replace(DGX4.cost, nccl_version="2.26.2"))
+    assert nccl.fabric(topo) == nccl.fabric(same)
+    assert nccl.pick(topo, "all_reduce", 1 << 30) == nccl.pick(same, "all_reduce", 1 << 30)
     rated = topo.rated
     assert rated.cost.link_rates == "datasheet" and rated.route_bw_gbps(0, 8) == DGX4.route_bw_gbps(0, 8)
     assert rated.route_latency_us(0, 8) == DGX4.route_latency_us(0, 8)
     # Calibrated again, a link keeps the first rating (the hardware's), not the first fit.
     again = calibrate_from_nccl_tests(topo, [FOUR]).topology
-    assert nccl.fabric(again) == nccl.fabric(DGX4)
+    assert nccl.fabric(again) == nccl.fabric(same)
     # ... is named once (not dgx-h100-nodes4-calibrated-calibrated), and the same logs again
     # are listed once.
     assert again.name == topo.name == "dgx-h100-nodes4-calibrated"
@@ -175,8 +181,10 @@ def test_a_calibrated_shared_memory_hop_keeps_its_measured_rate(tmp_path):
 def test_mi300x_bus_bandwidth_is_spread_over_seven_links(tmp_path):
     # The 1-node log again, read as if it came from an 8 x MI300X node: xGMI full mesh, so
     # each of a GPU's seven links carries a seventh.
-    cf = calibrate_from_log(read_nccl_tests(ONE))
-    (lf,) = calibrate_from_nccl_tests(resolve("mi300x"), [ONE]).logs
+    as_mi300x = tmp_path / ONE.name  # its device lines renamed: a log's GPUs must be the topology's
+    as_mi300x.write_text(ONE.read_text().replace("NVIDIA H100 80GB HBM3", "AMD Instinct MI300X"))
+    cf = calibrate_from_log(read_nccl_tests(as_mi300x))
+    (lf,) = calibrate_from_nccl_tests(resolve("mi300x"), [as_mi300x]).logs
     assert lf.route_class == "xgmi" and lf.beta_gbps == pytest.approx(cf.beta_link_gbps / 7)
 
 
@@ -223,6 +231,8 @@ def test_cli_table_and_repeated_flag():
         (["--from-nccl-tests", str(ONE)], "needs --topology"),
         ([str(ONE)], "go after --from-nccl-tests"),
         (["--from-nccl-tests", str(FIX / "missing.txt"), "-t", "dgx-h100:nodes=4"], "cannot read nccl-tests file"),
+        # H100s' rates are not written into an A100 topology's links
+        (["--from-nccl-tests", str(ONE), "-t", "dgx-a100"], "the log ran on NVIDIA H100 80GB HBM3, not dgx-a100's"),
         # the plot is of live measurements: asked for with logs, it is refused rather than never drawn
         (["--from-nccl-tests", str(FOUR), "-t", "dgx-h100:nodes=4", "--png", "never.png"], "check-model"),
     ],
@@ -300,3 +310,50 @@ def test_the_collective_comes_from_the_line_newer_nccl_tests_print_first():
     assert wrong.collective == "all_gather"
     with pytest.raises(ProbeError, match="all_gather over 8 ranks gives 0.8750"):
         log_run(wrong)
+
+
+def test_links_a_log_does_not_fit_keep_the_rate_a_transfer_reached_on_them(tmp_path):
+    # A network log fits the InfiniBand ports; a measured topology's rates are read as they are,
+    # so the NVLink links it never measured must not jump from NCCL's 370.8 to the datasheet 450.
+    from treeattn.cost.nccl import transfer_gbps
+
+    out = tmp_path / "cal.yaml"
+    res = run_cli("calibrate", "--from-nccl-tests", str(FOUR), "-t", "dgx-h100:nodes=4", "--out", str(out))
+    assert res.exit_code == 0, res.stderr
+    cal = resolve(str(out))
+    assert cal.cost.link_rates == "measured"
+    before = dict(zip(((ln.src, ln.dst) for ln in DGX4.links), transfer_gbps(DGX4), strict=True))
+    fitted = {ln.kind.value for ln, r in zip(cal.links, transfer_gbps(cal), strict=True)
+              if abs(r - before[(ln.src, ln.dst)]) > 1e-9}
+    assert fitted == {"infiniband"}
+    nvlink = next(ln for ln in cal.links if ln.kind.value == "nvlink")
+    assert nvlink.bw_gbps == pytest.approx(370.8) and nvlink.rated_gbps == 450  # NCCL's model reads the rating
+
+
+def test_gpus_without_peer_to_peer_keep_nccls_shared_memory_cap_once_rates_are_measured():
+    from treeattn.calibrate.apply_fit import ClassParams, FittedParams, apply_fit
+    from treeattn.cost.nccl import SHM_GBPS, shm_pair_gbps
+    from treeattn.topology.io import load_topology_text
+
+    box = load_topology_text("name: box\nnode:\n  gpus: {count: 4, model: RTX-4090, mem_bw_gbps: 1000, mem_gb: 24, "
+                             "p2p: false}\n  pcie: {generation: 4, bw_gbps: 25, latency_us: 0.5}\n")
+    pcie = next(ln for ln in box.links if ln.kind.value == "pcie")
+    fit = FittedParams((ClassParams((("pcie", pcie.bw_gbps),), 10.0, 20.0),), landed_by_copy=False)
+    cal, _ = apply_fit(box, fit)
+    assert cal.cost.link_rates == "measured" and cal.cost.shm_gbps == SHM_GBPS
+    assert shm_pair_gbps(cal, 0, 1) == shm_pair_gbps(box, 0, 1)
+
+
+def test_the_nccl_release_a_log_printed_is_the_calibrated_topologys(tmp_path):
+    # The 4-node log prints NCCL 2.26.2: plan and nccl-model then model the NCCL check-model scores it on.
+    result = calibrate_from_nccl_tests(DGX4, [FOUR])
+    assert result.topology.cost.nccl_version == "2.26.2"
+    assert calibrate_from_nccl_tests(resolve("dgx-h100"), [ONE]).topology.cost.nccl_version is None  # prints none
+    named = dataclasses.replace(DGX4, cost=dataclasses.replace(DGX4.cost, nccl_version="2.27.3"))
+    kept = calibrate_from_nccl_tests(named, [FOUR])
+    assert kept.topology.cost.nccl_version == "2.27.3"
+    assert any("ran on NCCL 2.26.2; the topology's cost.nccl_version 2.27.3 is kept" in w for w in kept.warnings)
+    old = tmp_path / FOUR.name
+    old.write_text(FOUR.read_text().replace("NCCL version 2.26.2", "NCCL version 2.18.1"))
+    older = calibrate_from_nccl_tests(DGX4, [old])
+    assert older.topology.cost.nccl_version is None and any("2.18.1" in w for w in older.warnings)

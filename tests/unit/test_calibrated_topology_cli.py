@@ -30,7 +30,16 @@ def test_topo_show_gives_measured_and_rated_figures(mine):
     assert nvlink["rated_gbps"] == [450.0] and nvlink["rated_latency_us"] == [0.3]
     # The log's sizes (128 MiB-4 GiB) measure the rate but not the latency, which stays.
     assert nvlink["bw_gbps"] != [450.0] and nvlink["latency_us"] == [0.3]
-    assert data["links"]["pcie"]["rated_gbps"] == data["links"]["pcie"]["bw_gbps"]  # not measured: as is
+    # PCIe is not measured: it keeps the rate a transfer reached on it at datasheet rates (NCCL's
+    # rating of the link), a measured topology's rates being read as they are, and the datasheet
+    # figure as its rating.
+    from treeattn.cost.nccl import transfer_gbps
+    from treeattn.topology.library import resolve
+
+    family = resolve("dgx-h100")
+    reached = sorted({r for ln, r in zip(family.links, transfer_gbps(family), strict=True) if ln.kind.value == "pcie"})
+    assert data["links"]["pcie"]["bw_gbps"] == reached
+    assert data["links"]["pcie"]["rated_gbps"] == sorted({ln.bw_gbps for ln in family.links if ln.kind.value == "pcie"})
     text = run_cli("topo", "show", str(mine)).stdout
     row = next(ln for ln in text.splitlines() if ln.startswith("│ nvlink"))
     assert [c.strip() for c in row.strip("│").split("│")][2:] == ["474.378", "0.3", "450", "0.3"]
@@ -76,7 +85,7 @@ def test_a_measured_topology_without_ratings_says_nccl_reads_the_measured_rates(
 ])
 def test_a_bad_rating_is_one_line_naming_the_field_and_line(mine, tmp_path, field, value, says):
     lines = mine.read_text().splitlines()
-    at = next(i for i, ln in enumerate(lines) if "rated_gbps: " in ln)
+    at = next(i for i, ln in enumerate(lines) if "rated_gbps: 450.0" in ln)
     # The log measures NVLink's rate only (its sizes start past the latency's reach), so the
     # calibrated file keeps no rated latency: a bad one is written in beside the rating.
     new = f"{field}: {value}" if field == "rated_gbps" else f"rated_gbps: 450.0, {field}: {value}"

@@ -236,11 +236,10 @@ def test_own_log_on_a_topology_of_another_size_says_how_to_select_ranks(tmp_path
 def test_a_logs_devices_are_told_from_the_topologys_gpus_by_whole_product_numbers(model, device, other):
     from types import SimpleNamespace
 
-    from treeattn.calibrate.nccl_tests import NcclDevice
+    from treeattn.calibrate.nccl_tests import NcclDevice, other_devices
     from treeattn.topology.model import Device, DeviceKind
-    from treeattn.validate.corpus import _other_devices
 
     gpu = Device("g", DeviceKind.GPU, model=model, mem_bw_gbps=1.0, mem_gb=1.0)
     topo = SimpleNamespace(name="t", num_ranks=1, rank_device=lambda r: gpu)
     log = SimpleNamespace(devices=[NcclDevice(0, "host", 0, "0x1", device)])
-    assert bool(_other_devices(log, topo)) == other
+    assert bool(other_devices(log, topo)) == other

@@ -23,6 +23,12 @@ device. apply_fit inverts that:
   ``rated_latency_us``: the hardware's, which NCCL's collective model reads
   (``Topology.rated``); not on a topology already measured without them (its rates are no
   hardware's), nor on host ranks (gloo reads the measured rates).
+* Links no class fitted: a measured topology's rates are read as they are, so on a datasheet
+  GPU topology each takes the rate a transfer reaches on it there (``cost.nccl.transfer_gbps``:
+  NCCL's rating of NVLink or PCIe, a network port's achieved share), keeping the datasheet
+  figure as its rating; NCCL's shared-memory cap of GPUs without peer-to-peer, which applies
+  at datasheet rates, is written as ``cost.shm_gbps`` where no fit gives one. A log of the
+  network alone then leaves the NVLink pairs as fast as they were.
 * ``overhead_us``, ``launch_us``: into ``topo.cost``.
 * The compute model's effective memory bandwidth: ``mem_efficiency = effective / mem_bw_gbps``
   of the rank devices; when that exceeds 1 (or the device has no figure), the rank devices'
@@ -37,6 +43,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from treeattn.cost.nccl import SHM_GBPS, shm_rate_applies, transfer_gbps
 from treeattn.errors import InputError
 from treeattn.topology.model import Link, Topology
 
@@ -146,11 +153,15 @@ def apply_fit(topo: Topology, fit: FittedParams, *, name: str | None = None) -> 
     if fit.classes and topo.on_gpus and unrated:
         warnings.append(f"{topo.name!r} was calibrated without keeping its links' hardware ratings (rated_gbps): "
                         "NCCL's model reads the measured rates; calibrate the datasheet topology to keep them")
-    links = [_measured(ln, lat, bw, keep) for ln in topo.links]
+    # The rate each link reached before, which one no class fitted keeps once rates are measured.
+    reach = transfer_gbps(topo) if fit.classes else tuple(ln.bw_gbps for ln in topo.links)
+    links = [_measured(ln, lat, bw, keep, was) for ln, was in zip(topo.links, reach, strict=True)]
     cost = dataclasses.replace(topo.cost, overhead_us=overhead, launch_us=launch, mem_efficiency=eff,
                                link_rates="measured" if fit.classes else topo.cost.link_rates)
     if fit.shm_gbps is not None:
         cost = dataclasses.replace(cost, shm_gbps=float(fit.shm_gbps))
+    elif fit.classes and cost.shm_gbps is None and shm_rate_applies(topo):
+        cost = dataclasses.replace(cost, shm_gbps=SHM_GBPS)
     if fit.attn_launch_us is not None and fit.attn_gbps is not None:
         cost = dataclasses.replace(cost, attn_launch_us=max(0.0, float(fit.attn_launch_us)),
                                    attn_gbps=float(fit.attn_gbps))
@@ -165,11 +176,12 @@ def apply_fit(topo: Topology, fit: FittedParams, *, name: str | None = None) -> 
     return new, warnings
 
 
-def _measured(ln: Link, lat: dict[Hop, float], bw: dict[Hop, float], keep: bool) -> Link:
-    """``ln`` with its fitted latency and rate, keeping (``keep``) what it had before as its
-    rating (a link calibrated twice keeps the first: the hardware's)."""
+def _measured(ln: Link, lat: dict[Hop, float], bw: dict[Hop, float], keep: bool, reached: float) -> Link:
+    """``ln`` with its fitted latency and rate (else ``reached``, the rate a transfer reached
+    on it before), keeping (``keep``) what it had before as its rating (a link calibrated
+    twice keeps the first: the hardware's)."""
     s = _sig(ln.kind.value, ln.bw_gbps)
-    latency, rate = lat.get(s, ln.latency_us), bw.get(s, ln.bw_gbps)
+    latency, rate = lat.get(s, ln.latency_us), bw.get(s, reached)
     if not keep:
         return dataclasses.replace(ln, latency_us=latency, bw_gbps=rate)
     rated_gbps = ln.rated_gbps if ln.rated_gbps is not None or rate == ln.bw_gbps else ln.bw_gbps

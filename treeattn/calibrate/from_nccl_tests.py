@@ -38,10 +38,17 @@ from pathlib import Path
 
 from treeattn.calibrate.apply_fit import ClassParams, FittedParams, apply_fit
 from treeattn.calibrate.fit import COLLECTIVE_MODELS, CollectiveFit
-from treeattn.calibrate.nccl_tests import NcclTestsLog, calibrate_from_log, read_nccl_tests
+from treeattn.calibrate.nccl_tests import (
+    NcclTestsLog,
+    calibrate_from_log,
+    other_devices,
+    printed_version,
+    read_nccl_tests,
+)
 from treeattn.cost import nccl
 from treeattn.errors import InputError, ProbeError
 from treeattn.topology.model import CALIBRATED_BY, LinkClass, Topology
+from treeattn.topology.nccl_version import nccl_release, parse_version
 
 __all__ = ["LogFit", "NcclCalibration", "calibrate_from_nccl_tests", "SIZE_BANDS", "HalfSplit", "half_split"]
 
@@ -131,13 +138,17 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
     if not paths:
         raise InputError("--from-nccl-tests needs at least one log file")
     parsed = []
+    logs_read: list[tuple[NcclTestsLog, str]] = []
     for path in paths:
         log = read_nccl_tests(path)
+        logs_read.append((log, str(path)))
         cf = calibrate_from_log(log)
         n = cf.ranks
         if n > topo.num_ranks:
             raise InputError(f"{log.source}: the log ran on {n} ranks but topology {topo.name!r} places "
                              f"{topo.num_ranks}; give the topology it ran on (e.g. a family spec with more nodes)")
+        if other := other_devices(log, topo):  # its rates would be written into another machine's links
+            raise InputError(f"{path}: {other}; give the topology it ran on")
         nodes = {topo.rank_device(r).node for r in range(n)}
         parsed.append((len(nodes) > 1, log.source, cf))
     chosen: dict[tuple, LogFit] = {}
@@ -163,7 +174,33 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
         landed_by_copy=False,
     )
     fitted, notes = apply_fit(topo, params)
+    fitted = _with_release(fitted, [log for log, _ in logs_read], warnings)
     return NcclCalibration(fitted, logs, tuple(warnings + notes))
+
+
+def _with_release(topo: Topology, logs: list[NcclTestsLog], warnings: list[str]) -> Topology:
+    """``topo`` naming the NCCL release its logs printed (``cost.nccl_version``), which the NCCL
+    model's release-dependent figures follow, so that ``plan`` and ``nccl-model`` model the
+    NCCL the logs ran on, as ``check-model`` does; a release the topology names already, or
+    logs of several releases, are said and left as they are."""
+    printed = sorted({v for v in map(printed_version, logs) if v})
+    if not printed:
+        return topo
+    if topo.cost.nccl_version is not None:
+        if any(parse_version(v) != parse_version(topo.cost.nccl_version) for v in printed):
+            warnings.append(f"the logs ran on NCCL {', '.join(printed)}; the topology's cost.nccl_version "
+                            f"{topo.cost.nccl_version} is kept")
+        return topo
+    if len(printed) > 1:
+        warnings.append(f"the logs ran on NCCL {', '.join(printed)}: cost.nccl_version left unset (the model's "
+                        "newest release); set it to the cluster's")
+        return topo
+    try:
+        nccl_release(printed[0])
+    except InputError as exc:
+        warnings.append(f"{exc}: cost.nccl_version left unset (the model's newest release)")
+        return topo
+    return dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, nccl_version=printed[0]))
 
 
 def _node_fit(topo: Topology, source: str, cf: CollectiveFit) -> LogFit:

@@ -42,6 +42,7 @@ from pathlib import Path
 from treeattn.calibrate.fit import COLLECTIVE_MODELS, CollectiveFit, Weighting, fit_collective
 from treeattn.errors import ProbeError
 from treeattn.probe.text import fail, read_input
+from treeattn.topology.model import DeviceKind, Topology
 
 __all__ = ["Timing", "NcclRow", "NcclDevice", "NcclTestsLog", "parse_nccl_tests", "read_nccl_tests",
            "parse_published_table", "calibrate_from_log", "collective_from_name", "log_run"]
@@ -410,6 +411,33 @@ def parse_published_table(text: str, source: str, lines: tuple[int, int] | None 
                 raise fail(source, r.line, f"busbw/algbw = {t.busbw_gbps / t.algbw_gbps:.4f} here but {ref:.4f} in "
                            "the largest row: values damaged or columns swapped")
     return log
+
+
+def printed_version(log: NcclTestsLog) -> str:
+    """The release in the ``NCCL version`` line a table prints (nccl-tests prints it only for
+    NCCL); empty when it prints none."""
+    printed = re.match(r"\d+\.\d+\.\d+", log.nccl_version)
+    return printed.group(0) if printed else ""
+
+
+def other_devices(log: NcclTestsLog, topo: Topology) -> str:
+    """What is wrong where the log's device lines name GPUs other than the topology's (its
+    model's product number, ``H100`` of ``H100-SXM5-80GB``, ends no word of them), or the
+    topology has no GPU rank; empty where they agree, or the log or the topology does not say
+    (no device lines, probe's ``unknown-gpu``). ``check-model`` notes it; ``calibrate`` refuses."""
+    names = sorted({d.name for d in log.devices if d.name})
+    if not names:
+        return ""
+    gpus = sorted({d.model for d in map(topo.rank_device, range(topo.num_ranks)) if d.kind is DeviceKind.GPU})
+    if not gpus:
+        return f"the log ran on {', '.join(names)}; {topo.name}'s ranks are no GPUs"
+    known = [m for m in gpus if m and m != "unknown-gpu"]  # probe's name for a GPU it could not tell
+    keys = [next((t for t in m.upper().split("-") if any(c.isdigit() for c in t)), m.upper()) for m in known]
+    # Whole words of the device names, or their ends (GB200 for B200): H20 is not H200, nor A10 A100.
+    words = {w for n in names for w in re.split(r"[^0-9A-Z]+", n.upper()) if w}
+    if not keys or any(w.endswith(k) for k in keys for w in words):
+        return ""
+    return f"the log ran on {', '.join(names)}, not {topo.name}'s {', '.join(gpus)}"
 
 
 def read_nccl_tests(path: str | Path) -> NcclTestsLog:

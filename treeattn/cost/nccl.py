@@ -171,6 +171,7 @@ __all__ = [
     "shm_pairs",
     "pair_rate_gbps",
     "SHM_GBPS",
+    "shm_rate_applies",
 ]
 
 
@@ -475,14 +476,19 @@ def _shm_rated(topo: Topology) -> bool:
     stand). Cached with the topology."""
     hit = vars(topo).get(_SHM_KEY)
     if hit is None:
-        devs = [topo.rank_device(r) for r in range(topo.num_ranks)]
-        hit = ((topo.cost.link_rates != "measured" or topo.cost.shm_gbps is not None)
-               and all(d.kind is DeviceKind.GPU for d in devs) and any(not d.p2p for d in devs))
+        hit = (topo.cost.link_rates != "measured" or topo.cost.shm_gbps is not None) and shm_rate_applies(topo)
         vars(topo)[_SHM_KEY] = hit
     return hit
 
 
 _SHM_KEY = "_shm_rated"
+
+
+def shm_rate_applies(topo: Topology) -> bool:
+    """Whether ``topo``'s ranks are GPUs some of which lack peer-to-peer: pairs NCCL's
+    shared-memory transport carries (``shm_pair``), whatever the links' rates."""
+    devs = [topo.rank_device(r) for r in range(topo.num_ranks)]
+    return all(d.kind is DeviceKind.GPU for d in devs) and any(not d.p2p for d in devs)
 
 
 def shm_pair(topo: Topology, a: int, b: int) -> bool:

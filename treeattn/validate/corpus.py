@@ -39,17 +39,22 @@ topologies: ``$TREEATTN_PUBLISHED``, else ``results/published`` in the source tr
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from treeattn.calibrate.nccl_tests import NcclTestsLog, log_run, parse_published_table, read_nccl_tests
+from treeattn.calibrate.nccl_tests import (
+    NcclTestsLog,
+    log_run,
+    other_devices,
+    parse_published_table,
+    printed_version,
+    read_nccl_tests,
+)
 from treeattn.errors import InputError, ProbeError
 from treeattn.probe.text import read_input
 from treeattn.topology.library import installed_data_dir
-from treeattn.topology.model import DeviceKind, Topology
 from treeattn.topology.nccl_version import Release, nccl_release, parse_version, version_text
 
 __all__ = ["COLLECTIVES", "LIBRARIES", "PublishedTable", "corpus_dir", "is_mapping", "load_corpus", "load_logs",
@@ -187,12 +192,12 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
         log = read_nccl_tests(p)
         coll, ranks, inferred = log_run(log)
         notes = list(inferred)
-        if other := _other_devices(log, topo):
+        if other := other_devices(log, topo):
             notes.append(other)
         if coll not in COLLECTIVES:
             raise InputError(f"{p}: a {coll} test; the model scores {', '.join(COLLECTIVES)}")
         library = version = evidence = ""
-        if printed := _printed_version(log):
+        if printed := printed_version(log):
             try:
                 nccl_release(printed)
                 library, version, evidence = "NCCL", printed, "printed in the log"
@@ -204,32 +209,6 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
             ranks=ranks, env=dict(env or {}), log=log, library=library, version=version, evidence=evidence,
             meta={"inferred": "; ".join(notes)} if notes else {}))
     return out
-
-
-def _other_devices(log: NcclTestsLog, topo: Topology) -> str:
-    """A note where the log's device lines name GPUs other than the topology's (its model's
-    product number, ``H100`` of ``H100-SXM5-80GB``, ends no word of them), or the topology
-    has no GPU rank: the rows are still predicted on the topology, as asked."""
-    names = sorted({d.name for d in log.devices if d.name})
-    if not names:
-        return ""
-    gpus = sorted({d.model for d in map(topo.rank_device, range(topo.num_ranks)) if d.kind is DeviceKind.GPU})
-    if not gpus:
-        return f"the log ran on {', '.join(names)}; {topo.name}'s ranks are no GPUs"
-    known = [m for m in gpus if m and m != "unknown-gpu"]  # probe's name for a GPU it could not tell
-    keys = [next((t for t in m.upper().split("-") if any(c.isdigit() for c in t)), m.upper()) for m in known]
-    # Whole words of the device names, or their ends (GB200 for B200): H20 is not H200, nor A10 A100.
-    words = {w for n in names for w in re.split(r"[^0-9A-Z]+", n.upper()) if w}
-    if not keys or any(w.endswith(k) for k in keys for w in words):
-        return ""
-    return f"the log ran on {', '.join(names)}, not {topo.name}'s {', '.join(gpus)}"
-
-
-def _printed_version(log: NcclTestsLog) -> str:
-    """The release in the ``NCCL version`` line a table prints (nccl-tests prints it only for
-    NCCL); empty when it prints none."""
-    printed = re.match(r"\d+\.\d+\.\d+", log.nccl_version)
-    return printed.group(0) if printed else ""
 
 
 def _field(where: str, data: dict, key: str, kind: type, default=None):  # noqa: ANN001, ANN202 - small reader
@@ -290,7 +269,7 @@ def _load_source(mf: Path) -> list[PublishedTable]:
             raise InputError(f"{where}: busbw/algbw = {ratio:.4f} in the table, but {coll} over {ranks} ranks "
                              f"gives {want:.4f}: wrong collective or rank count")
         library, version, evidence = _library_version(where, spec) or source_version or ("", "", "")
-        printed = _printed_version(log)
+        printed = printed_version(log)
         if printed and version and parse_version(version) != parse_version(printed):
             raise InputError(f"{where}: library_version {version!r}, but the table prints {log.nccl_version!r}")
         if printed and not version:
