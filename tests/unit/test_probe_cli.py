@@ -111,3 +111,11 @@ def test_live_probe_without_gpu_is_cpu_loopback():
     data = json.loads(res.stdout)
     assert data["topology"]["ranks"] == ["host0"] * 3
     assert "CPU-only loopback host" in data["topology"]["description"]
+
+
+def test_a_gpu_model_read_loosely_is_said():
+    xml = str(FIX / "nccl-topo.ibm-gx3d-8xh100.xml")
+    loose = json.loads(run_cli("probe", "--from-nccl-xml", xml, "--gpu-model", "H200-BOGUS", "--json").stdout)
+    assert "--gpu-model 'H200-BOGUS' read as H200-SXM-141GB" in loose["warnings"]
+    exact = json.loads(run_cli("probe", "--from-nccl-xml", xml, "--gpu-model", "h200-sxm-141gb", "--json").stdout)
+    assert not any("read as" in w for w in exact["warnings"])

@@ -22,6 +22,7 @@ from treeattn.cost.compute import ComputeModel
 from treeattn.cost.nccl import pair_rate_gbps, shm_pairs, shm_rate_gbps
 from treeattn.topology import Topology, list_presets, resolve, topology_json_schema
 from treeattn.topology.attention_fits import published_attention_fit
+from treeattn.topology.model import DeviceKind
 from treeattn.topology.summary import topology_summary
 from treeattn.workload import RawPayload
 
@@ -177,6 +178,12 @@ def _compute_line(topo: Topology) -> str:
         text += (f"\n  cost sets no attention figures; published decode kernels on {which}\n"
                  f"  fit attn_launch_us {spec.attn_launch_us:g}, attn_efficiency {spec.attn_efficiency:g} "
                  "(add them to cost: to use them)")
+    elif (not fit and c.attn_launch_us is None and c.attn_efficiency is None and c.attn_gbps is None
+          and topo.rank_device(0).kind is DeviceKind.GPU):
+        # Families of fitted GPUs set 12.4 us and 0.56 (H100): a default beside them flatters this GPU.
+        text += (f"\n  the attention figures are launch_us' and mem_efficiency's defaults: no\n"
+                 f"  published decode kernel on {topo.rank_device(0).model or 'this GPU'} was fitted "
+                 "(docs/attention-model.md)")
     return text
 
 

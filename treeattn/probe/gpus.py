@@ -85,6 +85,8 @@ class GpuCatalog:
             if spec is None:
                 known = ", ".join(GPU_SPECS)
                 raise ProbeError(f"--gpu-model {self.model!r} is not a known GPU; choose one of {known}")
+            if self.model.strip().upper() != spec.model.upper():  # read as a tool's product name is
+                draft.warnings.append(f"--gpu-model {self.model!r} read as {spec.model}")
             other = {n for n in self.names if gpu_spec(n) != spec}
             if other:
                 draft.warnings.append(f"--gpu-model {spec.model} overrides names read from the input: {sorted(other)}")
