@@ -152,3 +152,24 @@ def test_the_matrix_prints_the_rate_the_cost_model_moves_a_message_at(spec):
     at = next(i for i, line in enumerate(lines) if line.startswith("Transfer rate, GB/s"))
     row = next(line for line in lines[at:] if line.startswith("│ 0 "))
     assert [c.strip() for c in row.split("│")[2:-1]] == ["-", f"{float(f'{moved:.4g}'):g}"]
+
+
+@pytest.mark.parametrize(("spec", "ratio", "said"), [
+    ("dgx-h100:nodes=4", [1.0, 1.0], "non-blocking (a leaf's uplinks carry what its NICs do)"),
+    ("dgx-h100:nodes=4,oversubscription=2", [2.0, 2.0], "leaves oversubscribed 2:1"),
+    ("dgx-h100:nodes=64,oversubscription=1.5", None, "leaves oversubscribed"),
+])
+def test_the_network_says_how_oversubscribed_its_leaves_are(spec, ratio, said):
+    topo = resolve(spec)
+    data, text = show(spec)
+    got = data["network"]["oversubscription"]
+    if ratio is not None:
+        assert got == ratio
+    leaf = next(d.name for d in topo.devices if d.tier == "leaf")  # checked against the links themselves
+    down = sum(ln.bw_gbps * ln.count for ln in topo.links if ln.src == leaf and topo.device(ln.dst).kind
+               is not DeviceKind.SWITCH)
+    up = sum(ln.bw_gbps * ln.count for ln in topo.links if ln.src == leaf and topo.device(ln.dst).kind
+             is DeviceKind.SWITCH)
+    assert got[0] <= round(down / up, 2) <= got[1]
+    assert said in " ".join(text.split())
+    assert show("cpu:ranks=2")[0].get("network") is None

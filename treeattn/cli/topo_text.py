@@ -61,6 +61,11 @@ def network_lines(summary: dict) -> list[str]:
                 f"{lo if lo == hi else f'{lo} to {hi}'} {below}{' each' if leaves != 1 else ''}")
         for tier, n in sw.items():
             text += f", {n} {tier} switch{'es' if n != 1 else ''}"
+        if ratio := net.get("oversubscription"):  # a leaf's bandwidth down to its NICs over up to the spines
+            lo_r, hi_r = ratio
+            text += ("; non-blocking (a leaf's uplinks carry what its NICs do)" if hi_r <= 1.0 else
+                     f"; leaves oversubscribed {lo_r:g}:1" + (f" to {hi_r:g}:1" if hi_r != lo_r else "")
+                     + " (down to the NICs over up to the switches above)")
         if net["rail_optimized"]:
             text += (f"; rail-optimized, {net['rails']} rails: NIC k of every node sits on a leaf of rail k, so "
                      f"network traffic between rails goes through the {above}")

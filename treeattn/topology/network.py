@@ -37,7 +37,9 @@ def network_summary(topo: Topology) -> dict | None:
     Returns:
         ``switches`` (count per tier: ``leaf``, then the tiers above), ``per_leaf`` (the
         distinct counts of devices below a leaf), ``below`` (their kinds), ``rails`` (how
-        many NIC indices the leaves hold) and ``rail_optimized``.
+        many NIC indices the leaves hold), ``rail_optimized`` and ``oversubscription`` (the
+        least and greatest of a leaf's bandwidth down to its devices over its bandwidth up
+        to the switches above, 1 where non-blocking; None where no leaf has uplinks).
     """
     switches = [d for d in topo.devices if d.kind is DeviceKind.SWITCH]
     if not switches:
@@ -54,7 +56,20 @@ def network_summary(topo: Topology) -> dict | None:
         "below": sorted({kind[end] for ends in leaves.values() for end in ends}),
         "rails": len(used - {None}),
         "rail_optimized": None not in used and len(used) > 1 and all(len(r) == 1 for r in rails_of),
+        "oversubscription": _oversubscription(topo, set(leaves)),
     }
+
+
+def _oversubscription(topo: Topology, leaves: set[str]) -> list[float] | None:
+    """[least, greatest] over the leaves with uplinks of down / up bandwidth (``network_summary``)."""
+    kind = {d.name: d.kind for d in topo.devices}
+    down: Counter = Counter()
+    up: Counter = Counter()
+    for ln in topo.links:
+        if ln.src in leaves and ln.cls is LinkClass.NETWORK and ln.src != ln.dst:
+            (up if kind[ln.dst] is DeviceKind.SWITCH else down)[ln.src] += ln.bw_gbps * ln.count
+    ratios = sorted(round(down[leaf] / up[leaf], 2) for leaf in leaves if up[leaf] > 0)
+    return [ratios[0], ratios[-1]] if ratios else None
 
 
 def nic_sharing(topo: Topology) -> dict | None:
