@@ -155,7 +155,7 @@ def _from_logs(topo, paths: list[Path], out: Path | None, json_out: bool) -> Non
         return
     con = console()
     table = Table(title=f"nccl-tests fits mapped onto {escape(topo.name)} ({topo.num_ranks} ranks)")
-    for col in ("log", "collective", "ranks", "sizes", "α/step µs", "bus GB/s", "R²", "class", "α µs", "β GB/s"):
+    for col in ("log", "collective", "ranks", "sizes", "α/step µs", "fit bus GB/s", "R²", "class", "α µs", "β GB/s"):
         table.add_column(col, justify="left" if col in ("log", "collective", "class") else "right")
     for lf in result.logs:
         f = lf.fit
@@ -163,6 +163,9 @@ def _from_logs(topo, paths: list[Path], out: Path | None, json_out: bool) -> Non
                       f"{f.beta_link_gbps:.4g}", f"{f.fit.r2:.4f}", f"{lf.scope}: {lf.route_class}",
                       f"{lf.alpha_us:.3g}", f"{lf.beta_gbps:.4g}")
     con.print(table)
+    con.print("fit bus GB/s: the bus bandwidth of the line fitted to the log's times\n"
+              "(α + size / β), not its largest busbw; α µs, β GB/s: what the links of the\n"
+              "route class got")
     for lf in result.logs:
         for note in lf.notes:
             err_console.print(f"[yellow]note:[/] {escape(lf.source)}: {escape(note)}")
