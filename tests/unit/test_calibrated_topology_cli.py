@@ -117,3 +117,15 @@ def test_a_rating_beside_a_datasheet_figure_is_refused(tmp_path):
     hand.write_text(measured)
     res = run_cli("nccl-model", "-t", str(hand), "-c", "allreduce", "--bytes", "1MiB")
     assert res.exit_code == 0 and NOTE in res.stdout, res.stderr
+
+
+def test_the_json_of_plan_and_compare_carries_the_rates_note_the_text_prints(mine, tmp_path):
+    plan = json.loads(run_cli("plan", "-t", str(mine), "-m", "llama-3.1-8b", "-n", "16K", "-o",
+                              str(tmp_path / "p.yaml"), "--no-progress", "--json").stdout)
+    assert NOTE in plan["topology"]["link_rates_note"]
+    compare = json.loads(run_cli("compare", "-t", str(mine), "-m", "llama-3.1-8b", "--seq-lens", "16K",
+                                 "--no-progress", "--json").stdout)
+    assert [NOTE in note for note in compare["link_rates_notes"].values()] == [True]
+    family = json.loads(run_cli("plan", "-t", "dgx-h100", "-m", "llama-3.1-8b", "-n", "16K", "-o",
+                                str(tmp_path / "f.yaml"), "--no-progress", "--json").stdout)
+    assert family["topology"]["link_rates_note"] is None

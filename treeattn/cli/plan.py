@@ -39,6 +39,7 @@ from treeattn.cli.options import (
 from treeattn.cli.paths import output_file, safe_name
 from treeattn.cli.progress import progress_reporter
 from treeattn.cli.render import console, key_columns, print_rates_note
+from treeattn.cost.library import link_rates_note
 from treeattn.cost.memory import DEFAULT_MEM_FRACTION
 from treeattn.errors import InputError
 from treeattn.units import format_size
@@ -259,7 +260,8 @@ def plan_cmd(
     except OSError as exc:
         raise InputError(f"cannot write plan {str(path)!r}: {exc.strerror or exc}") from None
     report["plan_path"] = str(path)
-    report["topology"] = {"name": topo.name, "fingerprint": topo.fingerprint, "ranks": topo.num_ranks}
+    report["topology"] = {"name": topo.name, "fingerprint": topo.fingerprint, "ranks": topo.num_ranks,
+                          "link_rates_note": link_rates_note(topo)}  # what the text prints below the table
     report["workload"] = payload.to_dict()
     explanation = None
     if explain:
@@ -490,7 +492,8 @@ def compare_cmd(
     if json_out:
         _echo_json({"rows": [r.to_dict() for r in rows], "csv": None if csv is None else str(csv),
                     "png": None if png is None else str(png),
-                    "left_out": [{"topology": t, "seq_len": n, "why": why} for (t, n), why in unfit.items()]})
+                    "left_out": [{"topology": t, "seq_len": n, "why": why} for (t, n), why in unfit.items()],
+                    "link_rates_notes": {t.name: note for t in topos if (note := link_rates_note(t))}})
         return
     _compare_tables(rows, result, ring)
     con = console()
