@@ -315,3 +315,11 @@ def test_missing_nic_row_is_reported():
     lines = [ln for ln in lines if not ln.startswith("mlx5_10\t")]
     with pytest.raises(ProbeError, match="no row gives the relation mlx5_10-mlx5_11"):
         parse_topo_matrix("\n".join(lines), "m.txt")
+
+
+def test_rocm_smi_output_given_as_nvidia_smi_is_named():
+    from treeattn.errors import ProbeError
+
+    text = (FIX / "rocm-smi-showtopo.8x-mi308x.txt").read_text()
+    with pytest.raises(ProbeError, match="rocm-smi output, not `nvidia-smi topo -m`: give it with --from-rocm-smi"):
+        parse_topo_matrix(text, "x.txt")

@@ -75,6 +75,8 @@ def parse_topo_matrix(text: str, source: str = "nvidia-smi topo -m") -> TopoMatr
             the diagonal; the message names the line.
     """
     lines = text.splitlines()
+    if any("ROCm System Management Interface" in ln for ln in lines[:5]):  # its matrices name GPU0 too
+        raise fail(source, None, "rocm-smi output, not `nvidia-smi topo -m`: give it with --from-rocm-smi")
     # The header names GPU0 and, unlike every row, holds no "X" cell.
     head = next((i for i, ln in enumerate(lines) if "GPU0" in ln.split() and "X" not in ln.split()), None)
     if head is None:
