@@ -522,13 +522,15 @@ def _compare_tables(rows, result: str, ring: str) -> None:  # noqa: ANN001 - Com
     for p, t in sorted(names.items()):
         con.print(f"{p} ranks: {escape(', '.join(t))}")
     con.print(f"result {result}; rings: {ring} order")
+    what = {"tree": "the planner's pick (the fastest plan its search found)",
+            "ring-attention": "ring-attention (moves the KV shards, not partials: each crosses p - 1 hops)"}
     for m in METHODS:
-        what = "the planner's pick (the fastest plan its search found)" if m == "tree" else m
-        con.print(f"  {SHORT[m]:<6} {what}" + (" (delivers heads)" if m.startswith("dcp") else ""))
+        con.print(f"  {SHORT[m]:<6} {what.get(m, m)}" + (" (delivers heads)" if m.startswith("dcp") else ""))
     metrics = (("per-layer time, us (compute included)", lambda r: f"{r.predicted_us:.1f}"),
                ("tree faster by (x)", lambda r: _ratio(r.speedup_of_tree)),
-               ("peak bytes a rank (* does not fit)", lambda r: _bytes(r.peak_bytes) + ("" if r.fits else "*")),
-               ("bytes moved, all ranks", lambda r: _bytes(r.bytes_moved)))
+               ("peak bytes a rank (K, M, G: 2^10, 2^20, 2^30; * does not fit)",
+                lambda r: _bytes(r.peak_bytes) + ("" if r.fits else "*")),
+               ("bytes moved, all ranks (K, M, G: 2^10, 2^20, 2^30)", lambda r: _bytes(r.bytes_moved)))
     for title, cell in metrics:
         table = key_columns(Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False), 1)
         table.add_column("ranks N", justify="left", no_wrap=True)
