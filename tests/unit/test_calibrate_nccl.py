@@ -348,6 +348,9 @@ def test_the_nccl_release_a_log_printed_is_the_calibrated_topologys(tmp_path):
     # The 4-node log prints NCCL 2.26.2: plan and nccl-model then model the NCCL check-model scores it on.
     result = calibrate_from_nccl_tests(DGX4, [FOUR])
     assert result.topology.cost.nccl_version == "2.26.2"
+    both = calibrate_from_nccl_tests(DGX4, [ONE, FOUR])  # the 1-node log prints none: said, not assumed silently
+    assert both.topology.cost.nccl_version == "2.26.2"
+    assert any("1 of the logs print no NCCL version: taken as the others' (2.26.2)" in w for w in both.warnings)
     assert calibrate_from_nccl_tests(resolve("dgx-h100"), [ONE]).topology.cost.nccl_version is None  # prints none
     named = dataclasses.replace(DGX4, cost=dataclasses.replace(DGX4.cost, nccl_version="2.27.3"))
     kept = calibrate_from_nccl_tests(named, [FOUR])

@@ -232,6 +232,10 @@ def test_own_log_on_a_topology_of_another_size_says_how_to_select_ranks(tmp_path
     ("MI300X", "AMD Instinct MI300X", False), ("RTX-4090", "NVIDIA GeForce RTX 4090", False),
     ("A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB", False), ("unknown-gpu", "NVIDIA H100 80GB HBM3", False),
     ("H20", "NVIDIA H200", True), ("A10", "NVIDIA A100-SXM4-40GB", True), ("H200-SXM-141GB", "NVIDIA H100", True),
+    # a hand-written model spelled with spaces or run together; a name without a product number says nothing
+    ("H100 SXM", "NVIDIA H100 80GB HBM3", False), ("RTX4090", "NVIDIA GeForce RTX 4090", False),
+    ("GeForce RTX 4090", "NVIDIA GeForce RTX 4090", False), ("B200-GB200", "NVIDIA Graphics Device", False),
+    ("RTX4090", "NVIDIA GeForce RTX 3090", True), ("H100 SXM", "NVIDIA A100-SXM4-40GB", True),
 ])
 def test_a_logs_devices_are_told_from_the_topologys_gpus_by_whole_product_numbers(model, device, other):
     from types import SimpleNamespace

@@ -154,3 +154,27 @@ def test_raw_payload_plans_are_charged_the_kernels_they_launch(name, result, chu
                  **extra_params(name, p))
     for r in range(p):
         assert _launches(plan, r, monkeypatch) == _charged(plan, r), (name, result, chunks, dtype, nbytes, r)
+
+
+def test_a_padded_reduce_scatters_copies_are_charged_one_pass_over_its_rows(monkeypatch):
+    # 6 heads over 4 ranks: two runs of equal segments (2, 2 | 1, 1), two copies that together
+    # move the rows once (``Plan.padded_runs``); the other kernels of the form move them once each.
+    from treeattn.cost.simulate import simulate
+    from treeattn.plan.ir import message_bytes, padding_kernels
+    from treeattn.topology.library import resolve
+
+    p = 4
+    topo = resolve("dgx-h100[ranks 0-3]")
+    w = Workload(batch=4, q_heads=6, kv_heads=2, head_dim=16, split=(64,) * p)
+    plan = build("allreduce2", w, REF, chunks=4, result="heads")
+    (op,) = [op for op in plan.programs[0] if op.kind is OpKind.COLLECTIVE and op.coll == "reducescatter"]
+    pad, kernels = padding_kernels(plan, op), collective_kernels(plan, op, 0)
+    assert pad == len(plan.padded_runs) == 2 and kernels > pad
+    calls = []
+    real = ComputeModel.step_local_us
+    monkeypatch.setattr(ComputeModel, "step_local_us",
+                        lambda self, r, b, k=1: calls.append((r, b, k)) or real(self, r, b, k))
+    simulate(plan, topo, timeline=False)
+    nbytes = message_bytes(plan, op)
+    assert (0, 2 * (kernels - pad + 1) * nbytes, kernels) in calls
+    assert not any(c[1] == 2 * kernels * nbytes and c[2] == kernels for c in calls)  # not a pass per copy

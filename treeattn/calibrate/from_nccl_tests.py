@@ -186,6 +186,8 @@ def _with_release(topo: Topology, logs: list[NcclTestsLog], warnings: list[str])
     printed = sorted({v for v in map(printed_version, logs) if v})
     if not printed:
         return topo
+    if silent := sum(not printed_version(log) for log in logs):
+        warnings.append(f"{silent} of the logs print no NCCL version: taken as the others' ({', '.join(printed)})")
     if topo.cost.nccl_version is not None:
         if any(parse_version(v) != parse_version(topo.cost.nccl_version) for v in printed):
             warnings.append(f"the logs ran on NCCL {', '.join(printed)}; the topology's cost.nccl_version "

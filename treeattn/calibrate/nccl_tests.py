@@ -422,9 +422,11 @@ def printed_version(log: NcclTestsLog) -> str:
 
 def other_devices(log: NcclTestsLog, topo: Topology) -> str:
     """What is wrong where the log's device lines name GPUs other than the topology's (its
-    model's product number, ``H100`` of ``H100-SXM5-80GB``, ends no word of them), or the
-    topology has no GPU rank; empty where they agree, or the log or the topology does not say
-    (no device lines, probe's ``unknown-gpu``). ``check-model`` notes it; ``calibrate`` refuses."""
+    model's product number, ``H100`` of ``H100-SXM5-80GB``, ends no word of them, nor two
+    words run together: ``RTX4090``), or the topology has no GPU rank; empty where they agree,
+    or the log or the topology does not say (no device lines, names without a product number
+    such as ``NVIDIA Graphics Device``, probe's ``unknown-gpu``). ``check-model`` notes it;
+    ``calibrate`` refuses."""
     names = sorted({d.name for d in log.devices if d.name})
     if not names:
         return ""
@@ -432,12 +434,19 @@ def other_devices(log: NcclTestsLog, topo: Topology) -> str:
     if not gpus:
         return f"the log ran on {', '.join(names)}; {topo.name}'s ranks are no GPUs"
     known = [m for m in gpus if m and m != "unknown-gpu"]  # probe's name for a GPU it could not tell
-    keys = [next((t for t in m.upper().split("-") if any(c.isdigit() for c in t)), m.upper()) for m in known]
+    keys = [next((t for t in _words(m) if any(c.isdigit() for c in t)), m.upper()) for m in known]
     # Whole words of the device names, or their ends (GB200 for B200): H20 is not H200, nor A10 A100.
-    words = {w for n in names for w in re.split(r"[^0-9A-Z]+", n.upper()) if w}
-    if not keys or any(w.endswith(k) for k in keys for w in words):
+    # A name with no number in it (GB200s on early drivers print "NVIDIA Graphics Device") says nothing.
+    split = [_words(n) for n in names if any(c.isdigit() for c in n)]
+    words = {w for ws in split for w in ws} | {a + b for ws in split for a, b in zip(ws, ws[1:], strict=False)}
+    if not keys or not split or any(w.endswith(k) for k in keys for w in words):
         return ""
     return f"the log ran on {', '.join(names)}, not {topo.name}'s {', '.join(gpus)}"
+
+
+def _words(name: str) -> list[str]:
+    """``name``'s words, upper case, split at anything but letters and digits (``H100 SXM``, ``H100_SXM``)."""
+    return [w for w in re.split(r"[^0-9A-Z]+", name.upper()) if w]
 
 
 def read_nccl_tests(path: str | Path) -> NcclTestsLog:

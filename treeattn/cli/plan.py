@@ -261,7 +261,7 @@ def plan_cmd(
         raise InputError(f"cannot write plan {str(path)!r}: {exc.strerror or exc}") from None
     report["plan_path"] = str(path)
     report["topology"] = {"name": topo.name, "fingerprint": topo.fingerprint, "ranks": topo.num_ranks,
-                          "link_rates_note": link_rates_note(topo)}  # what the text prints below the table
+                          "link_rates_note": link_rates_note(topo)}  # what the text prints above the table
     report["workload"] = payload.to_dict()
     explanation = None
     if explain:
@@ -523,14 +523,14 @@ def _compare_tables(rows, result: str, ring: str) -> None:  # noqa: ANN001 - Com
         con.print(f"{p} ranks: {escape(', '.join(t))}")
     con.print(f"result {result}; rings: {ring} order")
     what = {"tree": "the planner's pick (the fastest plan its search found)",
-            "ring-attention": "ring-attention (moves the KV shards, not partials: each crosses p - 1 hops)"}
+            "ring-attention": "ring-attention (moves KV shards, not partials: each p - 1 hops)"}
     for m in METHODS:
         con.print(f"  {SHORT[m]:<6} {what.get(m, m)}" + (" (delivers heads)" if m.startswith("dcp") else ""))
     metrics = (("per-layer time, us (compute included)", lambda r: f"{r.predicted_us:.1f}"),
                ("tree faster by (x)", lambda r: _ratio(r.speedup_of_tree)),
-               ("peak bytes a rank (K, M, G: 2^10, 2^20, 2^30; * does not fit)",
+               ("peak bytes a rank (K, M, G, T: powers of 1024; * does not fit)",
                 lambda r: _bytes(r.peak_bytes) + ("" if r.fits else "*")),
-               ("bytes moved, all ranks (K, M, G: 2^10, 2^20, 2^30)", lambda r: _bytes(r.bytes_moved)))
+               ("bytes moved, all ranks (K, M, G, T: powers of 1024)", lambda r: _bytes(r.bytes_moved)))
     for title, cell in metrics:
         table = key_columns(Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False), 1)
         table.add_column("ranks N", justify="left", no_wrap=True)

@@ -180,10 +180,10 @@ def _compute_line(topo: Topology) -> str:
                  "(add them to cost: to use them)")
     elif (not fit and c.attn_launch_us is None and c.attn_efficiency is None and c.attn_gbps is None
           and topo.rank_device(0).kind is DeviceKind.GPU):
-        # Families of fitted GPUs set 12.4 us and 0.56 (H100): a default beside them flatters this GPU.
-        text += (f"\n  the attention figures are launch_us' and mem_efficiency's defaults: no\n"
-                 f"  published decode kernel on {topo.rank_device(0).model or 'this GPU'} was fitted "
-                 "(docs/attention-model.md)")
+        # Families of fitted GPUs set 12.4 us and 0.56 (H100): these figures beside them may flatter this GPU.
+        note = (f"  the attention figures are launch_us and mem_efficiency: no published decode kernel on "
+                f"{topo.rank_device(0).model or 'this GPU'} was fitted (docs/attention-model.md)")
+        text += "\n" + "\n".join(wrap(note, "  "))
     return text
 
 

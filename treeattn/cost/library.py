@@ -59,7 +59,7 @@ def link_rates_note(topo: Topology) -> str | None:
     if topo.rated is topo:
         return ("link rates: measured, and the topology keeps no hardware ratings (rated_gbps):\n"
                 "NCCL's collectives read the measured rates too (docs/nccl-model.md)")
-    return ("link rates: point-to-point transfers at the rates calibration measured;\n"
+    return ("link rates: point-to-point at the rates calibration measured (else NCCL's);\n"
             "NCCL's collectives at the hardware ratings kept (rated_gbps; docs/nccl-model.md)")
 
 
