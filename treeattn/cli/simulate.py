@@ -17,6 +17,7 @@ from treeattn.cli.paths import output_file
 from treeattn.cli.render import console, print_rates_note
 from treeattn.cost import nccl
 from treeattn.cost.bounds import plan_bounds
+from treeattn.cost.library import link_rates_note
 from treeattn.cost.simulate import SimResult, simulate
 from treeattn.errors import InputError, PlanInvalidError
 from treeattn.figures import save_figure
@@ -90,7 +91,7 @@ def simulate_cmd(
     if json_out:
         _echo_json({
             "plan": {"file": str(plan_file), "algorithm": plan.algorithm, "chunks": plan.chunks, "ranks": plan.ranks},
-            "topology": {"name": topo.name, "fingerprint": topo.fingerprint},
+            "topology": {"name": topo.name, "fingerprint": topo.fingerprint, "link_rates_note": link_rates_note(topo)},
             "fingerprint_mismatch": mismatch,
             "predicted_us": res.predicted_us,
             "lower_bound_us": bounds.bound_us,
@@ -214,7 +215,7 @@ def nccl_model_cmd(
     release = _release(fab.nccl_release)
     if json_out:
         _echo_json({
-            "topology": {"name": topo.name, "fingerprint": topo.fingerprint},
+            "topology": {"name": topo.name, "fingerprint": topo.fingerprint, "link_rates_note": link_rates_note(topo)},
             "nccl_release": release,
             "collective": coll.value,
             "bytes": size,

@@ -19,6 +19,7 @@ from treeattn.cli.paths import output_file, safe_name
 from treeattn.cli.render import console, print_rates_note
 from treeattn.cli.topo_text import domain_shares, gbps, network_lines, rate_lines, wrap
 from treeattn.cost.compute import ComputeModel
+from treeattn.cost.library import link_rates_note
 from treeattn.cost.nccl import pair_rate_gbps, shm_pairs, shm_rate_gbps
 from treeattn.topology import Topology, list_presets, resolve, topology_json_schema
 from treeattn.topology.attention_fits import published_attention_fit
@@ -87,7 +88,7 @@ def show(
                                        for i in range(ranks)]
     if json_out:
         _echo_json({**summary, "png": None if png is None else str(png), "shm_pairs": shm_count,
-                    "shm_gbps": shm_rate_gbps(topo) if shm_count else None})
+                    "shm_gbps": shm_rate_gbps(topo) if shm_count else None, "link_rates_note": link_rates_note(topo)})
         return
     con = console()
     con.print(f"[bold]{escape(topo.name)}[/]  {summary['ranks']} ranks on {summary['nodes']} node(s)  "

@@ -39,7 +39,7 @@ def network_summary(topo: Topology) -> dict | None:
         distinct counts of devices below a leaf), ``below`` (their kinds), ``rails`` (how
         many NIC indices the leaves hold), ``rail_optimized`` and ``oversubscription`` (the
         least and greatest of a leaf's bandwidth down to its devices over its bandwidth up
-        to the switches above, 1 where non-blocking; None where no leaf has uplinks).
+        to the switches above, at least 1: non-blocking; None where no leaf has uplinks).
     """
     switches = [d for d in topo.devices if d.kind is DeviceKind.SWITCH]
     if not switches:
@@ -68,7 +68,8 @@ def _oversubscription(topo: Topology, leaves: set[str]) -> list[float] | None:
     for ln in topo.links:
         if ln.src in leaves and ln.cls is LinkClass.NETWORK and ln.src != ln.dst:
             (up if kind[ln.dst] is DeviceKind.SWITCH else down)[ln.src] += ln.bw_gbps * ln.count
-    ratios = sorted(round(down[leaf] / up[leaf], 2) for leaf in leaves if up[leaf] > 0)
+    # a leaf with more up than down is non-blocking: 1, not a fraction beside others' ratios
+    ratios = sorted(max(1.0, round(down[leaf] / up[leaf], 2)) for leaf in leaves if up[leaf] > 0)
     return [ratios[0], ratios[-1]] if ratios else None
 
 
