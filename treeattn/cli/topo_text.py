@@ -14,6 +14,12 @@ __all__ = ["domain_shares", "gbps", "network_lines", "rate_lines", "wrap"]
 _SHARES = {"device": "one host device", "pcie-switch": "a PCIe switch", "socket": "a CPU socket",
            "node": "one machine"}
 _ABOVE = {"spine": "spines", "core": "core switches"}
+_ABOVE_ONE = {"spine": "spine", "core": "core switch"}
+
+
+def _above(tier: str, count: int) -> str:
+    """The switches of ``tier`` above the leaves, as the text names them (one, or several)."""
+    return (_ABOVE_ONE.get(tier, f"{tier} switch") if count == 1 else _ABOVE.get(tier, f"{tier} switches"))
 _BELOW = {"nic": "NICs", "host": "hosts"}
 
 
@@ -41,7 +47,7 @@ def domain_shares(level: dict, summary: dict) -> str:
         return "one leaf switch"
     # A leaf group joins nodes whose NICs share leaves; on a rail-optimized fabric each rail
     # has leaves of its own, so the group spans several and traffic between them goes above.
-    above = [_ABOVE.get(t, f"{t} switches") for t in net["switches"] if t != "leaf"]
+    above = [_above(t, n) for t, n in net["switches"].items() if t != "leaf"]
     how = f"through the {' and '.join(above)}" if above else "over links between leaves"
     rails = ", one rail each" if net["rail_optimized"] else ""
     return f"{' or '.join(map(str, spans))} leaf switches{rails}; between leaves {how}"
@@ -54,7 +60,7 @@ def network_lines(summary: dict) -> list[str]:
     if net is not None and net["switches"]["leaf"]:
         sw = dict(net["switches"])
         leaves = sw.pop("leaf")
-        above = " and ".join(_ABOVE.get(t, f"{t} switches") for t in sw) or "links between leaves"
+        above = " and ".join(_above(t, n) for t, n in sw.items()) or "links between leaves"
         lo, hi = net["per_leaf"][0], net["per_leaf"][-1]
         below = " and ".join(_BELOW.get(k, k) for k in net["below"])
         text = (f"Network: {leaves} leaf switch{'es' if leaves != 1 else ''} with "
