@@ -48,9 +48,9 @@ def run_collective(ex: PlanExecutor, op: Op, acc: torch.Tensor, state: dict, wha
         elif op.coll == "allgather":
             gathered = comm.all_gather(part, what, out=ex.pool.take((comm.world, *part.shape), part.dtype))
             kernels.sum_stack_into(part, gathered)
-        else:
-            got, where = _sum_to_owners(ex, op, part.clone(), rows, what)
-            if got is not None:
+        else:  # in place where the library allows: a reduce into the root's rows, an even reduce-scatter
+            got, where = _sum_to_owners(ex, op, part, rows, what, into=acc)
+            if got is not None and got.data_ptr() != acc[where].data_ptr():
                 acc[where] = got
         return
     if op.coll == "allgather" and op.part == "partial":
@@ -95,12 +95,14 @@ def _alltoall_merge(ex: PlanExecutor, op_chunk: int | None, rows: slice, part: t
         kernels.merged_into(acc[start:start + mine], got.view(comm.world, mine, cols))
 
 
-def _sum_to_owners(ex: PlanExecutor, op: Op, x: torch.Tensor, rows: slice,
-                   what: str) -> tuple[torch.Tensor | None, slice]:
+def _sum_to_owners(ex: PlanExecutor, op: Op, x: torch.Tensor, rows: slice, what: str,
+                   into: torch.Tensor | None = None) -> tuple[torch.Tensor | None, slice]:
     """Sum ``x`` (the rows ``rows``) over the ranks to where the plan wants them: to the root
-    (``reduce``), to the chunk's owner (one chunk), or each rank its segment (reduce-scatter,
-    segments padded to the longest when the heads do not split evenly). Returns this rank's
-    summed rows and the accumulator rows they are for, or (None, ...) when it gets none."""
+    (``reduce``, in ``x`` itself), to the chunk's owner (one chunk), or each rank its segment
+    (reduce-scatter, segments padded to the longest when the heads do not split evenly; into
+    ``into``'s own rows where they are even: NCCL's in-place reduce-scatter, whose output is
+    the rank's piece of its input). Returns this rank's summed rows and the accumulator rows
+    they are for, or (None, ...) when it gets none; a non-root's ``x`` may be overwritten."""
     plan, comm = ex.plan, ex.comm
     if op.coll == "reduce" or op.chunk is not None:
         root = op.peer if op.coll == "reduce" else plan.owner(op.chunk)
@@ -117,9 +119,9 @@ def _sum_to_owners(ex: PlanExecutor, op: Op, x: torch.Tensor, rows: slice,
         for first, stop, size in plan.padded_runs:
             at = segs[first][0] - rows.start
             pieces[first:stop, :size] = x[at:at + (stop - first) * size].view(stop - first, size, *tail)
-    out = ex.pool.take((n, *tail), x.dtype)
-    comm.reduce_scatter(out, inp, "sum", what)
     a, b = segs[comm.rank]
+    out = into[a:b] if into is not None and not plan.padded_runs else ex.pool.take((n, *tail), x.dtype)
+    comm.reduce_scatter(out, inp, "sum", what)
     return out[:b - a], slice(a, b)
 
 

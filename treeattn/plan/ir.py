@@ -195,10 +195,9 @@ COLLECTIVE_FORMS: dict[tuple[str, str, str], CollectiveForm] = {
                                                      narrow_kernels=2),
     ("allreduce", "sum", "partial"): CollectiveForm(("raw",), "all", (("allreduce", "partial"),)),
     ("allgather", "sum", "partial"): CollectiveForm(("raw",), "all", (("allgather", "partial"),), local_merge=True),
-    ("reducescatter", "sum", "partial"): CollectiveForm(("raw",), "owner", (("reducescatter", "partial"),), kernels=2,
-                                                       result_kernels=1),
-    ("reduce", "sum", "partial"): CollectiveForm(("raw",), "root", (("reduce", "partial"),), kernels=2,
-                                                result_kernels=1),
+    # raw sums land in place (``exec.collectives``); a padded reduce-scatter stores its rows (``padding_kernels``)
+    ("reducescatter", "sum", "partial"): CollectiveForm(("raw",), "owner", (("reducescatter", "partial"),)),
+    ("reduce", "sum", "partial"): CollectiveForm(("raw",), "root", (("reduce", "partial"),)),
 }
 """Every valid COLLECTIVE, by (coll, reduce, part)."""
 
@@ -550,8 +549,11 @@ def collective_kernels(plan: Plan, op: Op, rank: int | None = None) -> int:
 
 def padding_kernels(plan: Plan, op: Op) -> int:
     """The copies a COLLECTIVE ``op`` runs to pad uneven heads segments (``Plan.padded_runs``):
-    one per run; together they copy the rows once."""
-    return len(plan.padded_runs) if op.coll == "reducescatter" and op.chunk is None else 0
+    one per run, together copying the rows once, and for a raw payload the store of the
+    rank's summed rows (an even reduce-scatter sums into them in place)."""
+    if op.coll != "reducescatter" or op.chunk is not None or not plan.padded_runs:
+        return 0
+    return len(plan.padded_runs) + plan.is_raw
 
 
 def lse_copied(workload: Payload) -> bool:
