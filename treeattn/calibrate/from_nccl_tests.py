@@ -138,10 +138,10 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
     if not paths:
         raise InputError("--from-nccl-tests needs at least one log file")
     parsed = []
-    logs_read: list[tuple[NcclTestsLog, str]] = []
+    logs_read: list[NcclTestsLog] = []
     for path in paths:
         log = read_nccl_tests(path)
-        logs_read.append((log, str(path)))
+        logs_read.append(log)
         cf = calibrate_from_log(log)
         n = cf.ranks
         if n > topo.num_ranks:
@@ -174,7 +174,7 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
         landed_by_copy=False,
     )
     fitted, notes = apply_fit(topo, params)
-    fitted = _with_release(fitted, [log for log, _ in logs_read], warnings)
+    fitted = _with_release(fitted, logs_read, warnings)
     return NcclCalibration(fitted, logs, tuple(warnings + notes))
 
 

@@ -65,8 +65,8 @@ DEFAULT_TIMEOUT_S = 30.0
 
 def _usable_device(device: torch.device | str, backend: str) -> torch.device:
     """``device`` as a torch device the Merger can allocate on and its backend can send from, or
-    ValueError: torch's own failure comes later, from the first allocation, as an AssertionError
-    ("Torch not compiled with CUDA enabled") or a meta tensor's NotImplementedError."""
+    a ValueError naming it, before anything is allocated: left to torch, a CUDA device without
+    CUDA or a meta device fails only at the first allocation, with an error naming no argument."""
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
