@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -328,6 +329,37 @@ def test_links_a_log_does_not_fit_keep_the_rate_a_transfer_reached_on_them(tmp_p
     assert fitted == {"infiniband"}
     nvlink = next(ln for ln in cal.links if ln.kind.value == "nvlink")
     assert nvlink.bw_gbps == pytest.approx(370.8) and nvlink.rated_gbps == 450  # NCCL's model reads the rating
+
+
+def test_nccls_channels_cap_sends_over_links_no_log_fitted(tmp_path):
+    # A network log fits the InfiniBand ports, marked fitted: a send across nodes is not capped
+    # again by NCCL's channels (its fitted rate has them in it), while one over NVLink is capped
+    # as at datasheet rates, so ring attention on one node's ranks (128 MiB sends) is as fast
+    # as on the datasheet topology.
+    from treeattn.api import build_plan
+    from treeattn.cost.nccl_p2p import WORLD, p2p_message_gbps
+
+    out = tmp_path / "cal.yaml"
+    res = run_cli("calibrate", "--from-nccl-tests", str(FOUR), "-t", "dgx-h100:nodes=4", "--out", str(out))
+    assert res.exit_code == 0, res.stderr
+    cal = resolve(str(out))
+    assert {cal.links[i].kind.value for i in cal.fitted_links} == {"infiniband"}
+    for comm in ("pair", WORLD):
+        assert p2p_message_gbps(cal, 0, 1, 128 << 20, comm) == p2p_message_gbps(DGX4, 0, 1, 128 << 20, comm) < 370
+        assert p2p_message_gbps(cal, 0, 8, 128 << 20, comm) == math.inf > p2p_message_gbps(DGX4, 0, 8, 128 << 20, comm)
+    ring = [build_plan(f"{t}[ranks 0-7]", "llama-3.1-70b", "ring-attention", batch=8, seq_len="32K").predicted_us
+            for t in ("dgx-h100:nodes=4", out)]
+    assert ring[0] == ring[1]
+    # A file written before the mark (no link marked) had every rate fitted: nothing is capped.
+    legacy = resolve(str(out)).to_dict()
+    for ln in legacy["links"]:
+        ln.pop("fitted", None)
+    old = tmp_path / "old.yaml"
+    old.write_text(dump_topology(load_topology_text(json.dumps(legacy))))
+    assert p2p_message_gbps(resolve(str(old)), 0, 1, 128 << 20) == math.inf
+    # Both logs: every rank's sends cross a fitted link, and none is capped.
+    both = calibrate_from_nccl_tests(DGX4, [ONE, FOUR]).topology
+    assert p2p_message_gbps(both, 0, 1, 128 << 20) == p2p_message_gbps(both, 0, 8, 128 << 20) == math.inf
 
 
 def test_gpus_without_peer_to_peer_keep_nccls_shared_memory_cap_once_rates_are_measured():

@@ -79,8 +79,7 @@ def test_fingerprint_ignores_listing_order_but_not_figures():
     assert rated.fingerprint != measured.fingerprint
 
 
-def test_a_measured_link_keeps_its_rating_through_yaml():
-    text = """
+MEASURED_PAIR = """
 name: two
 cost: {link_rates: measured}
 devices:
@@ -91,6 +90,11 @@ links:
   - {src: g0, dst: c, kind: pcie, bw_gbps: 4, latency_us: 3, rated_gbps: 5, rated_latency_us: 1, duplex: true}
   - {src: g1, dst: c, kind: pcie, bw_gbps: 5, duplex: true}
 """
+"""Two GPUs under one CPU, rates measured, g0's links keeping their ratings."""
+
+
+def test_a_measured_link_keeps_its_rating_through_yaml():
+    text = MEASURED_PAIR
     t = load_topology_text(text)
     assert (t.links[0].rated_gbps, t.links[0].rated_latency_us) == (5, 1)
     back = load_topology_text(dump_topology(t))
@@ -103,6 +107,22 @@ links:
         dataclasses.replace(t.links[0], rated_latency_us=-1.0)
     with pytest.raises(TopologyError, match=r"links\[0\] \(g0->c\): a rating .* not measured"):
         dataclasses.replace(t, cost=dataclasses.replace(t.cost, link_rates="datasheet"))
+
+
+def test_a_fitted_mark_goes_through_yaml_and_only_on_measured_rates():
+    text = MEASURED_PAIR.replace("latency_us: 3, rated_gbps: 5, rated_latency_us: 1,", "rated_gbps: 5, fitted: true,")
+    t = load_topology_text(text)
+    assert t.fitted_links == {0, 1} and t.links[0].to_dict()["fitted"] is True and "fitted" not in t.links[2].to_dict()
+    back = load_topology_text(dump_topology(t))
+    assert back.to_dict() == t.to_dict() and back.fingerprint == t.fingerprint
+    assert t.rated.fitted_links == frozenset() and not any(ln.fitted for ln in t.rated.links)
+    # written before the mark: a measured topology that marks no link had every rate fitted
+    legacy = load_topology_text(text.replace(", fitted: true", ""))
+    assert legacy.fitted_links == {0, 1, 2, 3} and legacy.fingerprint != t.fingerprint
+    with pytest.raises(TopologyError, match=r"links\[0\]\.fitted: .* fitted marks a measured rate"):
+        load_topology_text(text.replace("cost: {link_rates: measured}", "cost: {}").replace(" rated_gbps: 5,", ""))
+    with pytest.raises(TopologyError, match=r"links\[0\]\.fitted"):
+        load_topology_text(text.replace("fitted: true", "fitted: maybe"))
 
 
 @pytest.mark.parametrize("name", sorted(shipped_files()))

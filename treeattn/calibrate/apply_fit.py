@@ -27,8 +27,11 @@ device. apply_fit inverts that:
   GPU topology each takes the rate a transfer reaches on it there (``cost.nccl.transfer_gbps``:
   NCCL's rating of NVLink or PCIe, a network port's achieved share), keeping the datasheet
   figure as its rating; NCCL's shared-memory cap of GPUs without peer-to-peer, which applies
-  at datasheet rates, is written as ``cost.shm_gbps`` where no fit gives one. A log of the
-  network alone then leaves the NVLink pairs as fast as they were.
+  at datasheet rates, is written as ``cost.shm_gbps`` where no fit gives one. On GPU ranks
+  the links a class fitted are marked ``fitted``: NCCL's per-channel cap on one send
+  (``cost.nccl_p2p``) bounds sends over the others, as at datasheet rates, and not those over
+  a fitted link, whose rate has NCCL's channels in it. A log of the network alone then leaves
+  the NVLink pairs as fast as they were.
 * ``overhead_us``, ``launch_us``: into ``topo.cost``.
 * The compute model's effective memory bandwidth: ``mem_efficiency = effective / mem_bw_gbps``
   of the rank devices; when that exceeds 1 (or the device has no figure), the rank devices'
@@ -155,7 +158,7 @@ def apply_fit(topo: Topology, fit: FittedParams, *, name: str | None = None) -> 
                         "NCCL's model reads the measured rates; calibrate the datasheet topology to keep them")
     # The rate each link reached before, which one no class fitted keeps once rates are measured.
     reach = transfer_gbps(topo) if fit.classes else tuple(ln.bw_gbps for ln in topo.links)
-    links = [_measured(ln, lat, bw, keep, was) for ln, was in zip(topo.links, reach, strict=True)]
+    links = [_measured(ln, lat, bw, keep, was, topo.on_gpus) for ln, was in zip(topo.links, reach, strict=True)]
     cost = dataclasses.replace(topo.cost, overhead_us=overhead, launch_us=launch, mem_efficiency=eff,
                                link_rates="measured" if fit.classes else topo.cost.link_rates)
     if fit.shm_gbps is not None:
@@ -176,12 +179,15 @@ def apply_fit(topo: Topology, fit: FittedParams, *, name: str | None = None) -> 
     return new, warnings
 
 
-def _measured(ln: Link, lat: dict[Hop, float], bw: dict[Hop, float], keep: bool, reached: float) -> Link:
+def _measured(ln: Link, lat: dict[Hop, float], bw: dict[Hop, float], keep: bool, reached: float,
+              mark: bool) -> Link:
     """``ln`` with its fitted latency and rate (else ``reached``, the rate a transfer reached
     on it before), keeping (``keep``) what it had before as its rating (a link calibrated
-    twice keeps the first: the hardware's)."""
+    twice keeps the first: the hardware's), and marked ``fitted`` (``mark``: GPU ranks, where
+    NCCL's per-channel cap on a send reads the mark) where a fit set its rate now or before."""
     s = _sig(ln.kind.value, ln.bw_gbps)
     latency, rate = lat.get(s, ln.latency_us), bw.get(s, reached)
+    ln = dataclasses.replace(ln, fitted=mark and (ln.fitted or s in bw))
     if not keep:
         return dataclasses.replace(ln, latency_us=latency, bw_gbps=rate)
     rated_gbps = ln.rated_gbps if ln.rated_gbps is not None or rate == ln.bw_gbps else ln.bw_gbps

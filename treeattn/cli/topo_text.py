@@ -114,7 +114,8 @@ def rate_lines(topo: Topology, shm_pairs: int = 0) -> list[str]:
         parts.append("GPUs without peer-to-peer at most NCCL's shared-memory rate (below)")
     text = f"GB/s: what one message moves at alone on its route: {', '.join(parts)}"
     if nccl_p2p.applies(topo):
-        text += "; NCCL's channels cap a send further by its size"
+        over = " over links no log fitted" if topo.fitted_links else ""
+        text += f"; NCCL's channels cap a send{over} further by its size"
     return wrap(text + where + ".")
 
 

@@ -37,9 +37,12 @@ all-to-all of 128 MiB-16 GiB with PXN, +9..+12 % without (results/published). A
 communicator per pair holds no such GPU: the sender's own NIC, as ``Topology.route``.
 
 Not for AMD GPUs: RCCL's point-to-point channels are not modelled (an MI300X pair's one
-xGMI link caps its sends anyway). Not where the ranks are host CPUs, and not on a topology
-whose link rates were measured (``cost.link_rates: measured``): those rates are fitted to
-whole messages, channels included, so the cap would count the channels twice.
+xGMI link caps its sends anyway). Not where the ranks are host CPUs. On a topology whose link
+rates were measured (``cost.link_rates: measured``), not on a send that crosses a link whose
+rate calibration fitted (``Topology.fitted_links``): that rate has the channels in it, and the
+cap would count them twice. A send over links no log fitted (which keep the rate a transfer
+reached on them at datasheet rates) is capped as at datasheet rates, NCCL's figures read from
+the hardware ratings the topology keeps (``Topology.rated``); one that keeps none is not capped.
 """
 
 from __future__ import annotations
@@ -92,7 +95,13 @@ class PeerChannels:
 
 
 def applies(topo: Topology) -> bool:
-    """Whether NCCL's point-to-point channels cap sends on ``topo`` (module docstring)."""
+    """Whether NCCL's point-to-point channels cap sends on ``topo`` (module docstring): on a
+    measured topology, the sends that cross no fitted link (``peer_channels`` leaves the others
+    out)."""
+    if topo.cost.link_rates == "measured":
+        if topo.rated is topo or len(topo.fitted_links) == len(topo.links):
+            return False
+        topo = topo.rated
     if nccl.p2p_link_gbps(topo) is None:
         return False
     if any(topo.rank_device(r).kind is not DeviceKind.GPU for r in range(topo.num_ranks)):
@@ -103,7 +112,8 @@ def applies(topo: Topology) -> bool:
 def peer_channels(topo: Topology, pairs: Iterable[tuple[int, int]],
                   communicator: str = PAIR) -> dict[tuple[int, int], PeerChannels] | None:
     """Per (src, dst) rank pair, the figures of its sends (``PeerChannels``), or None where
-    the cap does not apply (``applies``). Kept with the topology's routes, so a topology
+    the cap does not apply (``applies``); a pair whose sends cross a fitted link
+    (``Topology.fitted_links``) is left out. Kept with the topology's routes, so a topology
     simulated again and again derives each pair once.
 
     Args:
@@ -117,14 +127,17 @@ def peer_channels(topo: Topology, pairs: Iterable[tuple[int, int]],
     view = _view(topo)
     if view is None:
         return None
-    return {(a, b): view.peer(a, b, communicator) for a, b in pairs}
+    fitted = topo.fitted_links
+    route = view.route if communicator == WORLD else topo.route
+    return {(a, b): view.peer(a, b, communicator) for a, b in pairs if fitted.isdisjoint(route(a, b))}
 
 
 def p2p_message_gbps(topo: Topology, src: int, dst: int, nbytes: int, communicator: str = PAIR) -> float:
     """The most one send of ``nbytes`` from rank ``src`` to ``dst`` reaches under NCCL
     (``math.inf`` where the cap does not apply)."""
     got = peer_channels(topo, [(src, dst)], communicator)
-    return math.inf if got is None else got[(src, dst)].gbps(nbytes)
+    hit = None if got is None else got.get((src, dst))
+    return math.inf if hit is None else hit.gbps(nbytes)
 
 
 def router(topo: Topology, communicator: str = PAIR) -> Callable[[int, int], tuple[int, ...]] | None:
@@ -144,11 +157,12 @@ def router(topo: Topology, communicator: str = PAIR) -> Callable[[int, int], tup
 
 
 def _view(topo: Topology) -> _View | None:
-    """The topology's ``_View``, made once and kept with its routes; None where NCCL's
-    point-to-point model does not apply (``applies``)."""
+    """The topology's ``_View`` (of its hardware ratings where its rates were measured), made
+    once and kept with its routes; None where NCCL's point-to-point model does not apply
+    (``applies``)."""
     idx = topo._index
     if idx not in _VIEWS:
-        _VIEWS[idx] = _View(topo) if applies(topo) else None
+        _VIEWS[idx] = _View(topo.rated) if applies(topo) else None
     return _VIEWS[idx]
 
 

@@ -133,7 +133,8 @@ class _Engine:
                                     lambda a, b: shm_pair_gbps(topo, a, b) * 1e3, router(topo, communicator))
         peers = peer_channels(topo, [(k // p, k % p) for k in self.routes], communicator)
         self.peers = None if peers is None else {a * p + b: v for (a, b), v in peers.items()}
-        """Per route key, what NCCL's channels let one send of it reach (None: no such cap)."""
+        """Per route key, what NCCL's channels let one send of it reach (None, or a key left
+        out: no such cap)."""
         self.msg_cap: dict[tuple[int, int], float] = {}
         self.start = [0.0] * n
         self.end = [-1.0] * n
@@ -331,7 +332,7 @@ class _Engine:
         key = sr * self.p + qr
         hit = self.routes[key]
         nbytes = self.nbytes[s]
-        cap = hit[2] if self.peers is None else min(hit[2], self._message_cap(key, nbytes))
+        cap = hit[2] if self.peers is None or key not in self.peers else min(hit[2], self._message_cap(key, nbytes))
         x = self.new_flow(_FLOW_BYTES, s, q, hit[0], hit[1], cap, float(nbytes), t)
         self.n_transfers += 1
         host = self.host

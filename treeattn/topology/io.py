@@ -217,8 +217,9 @@ def _build_explicit(spec: ExplicitFile) -> Topology:
             except TopologyError as exc:
                 raise FieldError(("links", i), str(exc)) from None
             if links[-1].has_rating and spec.cost.link_rates != "measured":
-                raise FieldError(("links", i, "rated_gbps" if ln.rated_gbps is not None else "rated_latency_us"),
-                                 RATING_UNMEASURED)
+                key = next(k for k in ("rated_gbps", "rated_latency_us", "fitted")
+                           if getattr(ln, k) not in (None, False))
+                raise FieldError(("links", i, key), RATING_UNMEASURED)
     if spec.ranks is None:
         kinds = [DeviceKind.GPU] if any(d.kind is DeviceKind.GPU for d in devices) else [DeviceKind.HOST]
         ranks = [d.name for d in devices if d.kind in kinds]

@@ -158,8 +158,8 @@ class Device:
         return out
 
 
-RATING_UNMEASURED = ("a rating (rated_gbps, rated_latency_us) keeps the hardware's figure beside a measured one; "
-                     "this topology's rates are not measured (cost.link_rates)")
+RATING_UNMEASURED = ("a rating (rated_gbps, rated_latency_us) keeps the hardware's figure beside a measured one, "
+                     "and fitted marks a measured rate; this topology's rates are not measured (cost.link_rates)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +188,10 @@ class Link:
     keeps it): NCCL's collective model rates links from the hardware (``Topology.rated``)."""
     rated_latency_us: float | None = None
     """Likewise the latency ``latency_us`` had before calibration replaced it."""
+    fitted: bool = False
+    """Whether calibration fitted ``bw_gbps`` to whole measured messages (NCCL's channels
+    included), where other links of a measured topology keep the rate a transfer reached on
+    them at datasheet rates (``Topology.fitted_links``)."""
 
     def __post_init__(self) -> None:
         try:
@@ -222,14 +226,17 @@ class Link:
             raise TopologyError(
                 f"link {self.src}->{self.dst}: rated_latency_us must be >= 0, got {self.rated_latency_us!r}"
             )
+        if not isinstance(self.fitted, bool):
+            raise TopologyError(f"link {self.src}->{self.dst}: fitted must be true or false, got {self.fitted!r}")
         if self.src == self.dst and self.kind is not LinkKind.LOOPBACK:
             raise TopologyError(f"link {self.src}->{self.dst}: only a loopback link may be a self-loop")
 
     @property
     def has_rating(self) -> bool:
         """Whether it keeps a hardware figure beside a measured one (``rated_gbps``,
-        ``rated_latency_us``), which a topology allows with ``cost.link_rates: measured`` only."""
-        return self.rated_gbps is not None or self.rated_latency_us is not None
+        ``rated_latency_us``) or is marked ``fitted``, which a topology allows with
+        ``cost.link_rates: measured`` only."""
+        return self.rated_gbps is not None or self.rated_latency_us is not None or self.fitted
 
     @property
     def cls(self) -> LinkClass:
@@ -254,6 +261,8 @@ class Link:
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
+        if self.fitted:
+            out["fitted"] = True
         return out
 
     @property
@@ -642,7 +651,7 @@ class Topology:
         datasheet; itself where nothing was measured so. A calibrated link rate is fitted to
         treeattn's own transfers; NCCL's collective model reads a link as NCCL rates the
         hardware and runs its trees, NVLS and protocols on it, so it reads this instead."""
-        if not any(ln.has_rating for ln in self.links):
+        if not any(ln.rated_gbps is not None or ln.rated_latency_us is not None for ln in self.links):
             return self
         links = tuple(
             dataclasses.replace(
@@ -651,10 +660,22 @@ class Topology:
                 latency_us=ln.latency_us if ln.rated_latency_us is None else ln.rated_latency_us,
                 rated_gbps=None,
                 rated_latency_us=None,
+                fitted=False,
             )
             for ln in self.links
         )
         return dataclasses.replace(self, links=links, cost=dataclasses.replace(self.cost, link_rates="datasheet"))
+
+    @cached_property
+    def fitted_links(self) -> frozenset[int]:
+        """The links whose rate calibration fitted to whole measured messages (``Link.fitted``);
+        on a measured topology that marks none (written before the mark), all of them. The
+        other links of a measured topology hold the rate a transfer reached on them at datasheet
+        rates, which NCCL's per-channel cap on a send still bounds (``cost.nccl_p2p``)."""
+        if self.cost.link_rates != "measured":
+            return frozenset()
+        marked = frozenset(i for i, ln in enumerate(self.links) if ln.fitted)
+        return marked or frozenset(range(len(self.links)))
 
     @property
     def calibrated(self) -> bool:
@@ -682,6 +703,7 @@ class Topology:
             + (() if ln.flow_gbps is None else (float(ln.flow_gbps),))
             + (() if ln.rated_gbps is None and ln.rated_latency_us is None
                else ("rated", ln.rated_gbps, ln.rated_latency_us))
+            + (("fitted",) if ln.fitted else ())
             for ln in self.links
         )
         cost = self.cost.key()

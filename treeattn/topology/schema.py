@@ -172,6 +172,9 @@ class LinkSpec(_Spec):
     rated_latency_us: Float | None = Field(
         None, ge=0, description="The latency latency_us had before calibration measured it."
     )
+    fitted: bool = Field(
+        False, description="Calibration fitted bw_gbps to whole measured messages (NCCL's channels included)."
+    )
     duplex: bool = False
 
 
