@@ -47,3 +47,25 @@ def test_an_exchange_holds_its_own_partial_as_sent_beside_what_it_receives():
     base = kv_cache_bytes(w, 1) + w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes + w.payload_bytes
     assert rank_peak_bytes(direct, 1) - base == 4 * partial
     assert rank_peak_bytes(star, 0) - base == 3 * partial
+
+
+def test_a_raw_sum_holds_nothing_in_place_and_a_padded_reduce_scatter_its_pieces():
+    # exec.collectives: a raw all-reduce, reduce and even reduce-scatter sum the accumulator's
+    # rows in place; uneven segments are padded to the longest, p of them handed to the library
+    # and one taken back; fp8 goes through fp32 copies of what is summed and what comes back.
+    from treeattn.workload import RawPayload
+
+    topo = cluster_topo(1, 4)
+    for dtype, widen in (("fp32", 0), ("fp8", 4)):
+        even = RawPayload(nbytes=64 * 4096, ranks=4, dtype=dtype)  # rows split 4 ways evenly
+        row = even.row_bytes
+        for name, kw, extra in (("allreduce", {}, even.rows * row * widen),
+                                ("allreduce", {"result": "root", "root": 2}, even.rows * row * widen),
+                                ("allreduce", {"result": "heads"}, (even.rows + even.rows // 4) * row * widen)):
+            plan = build(name, even, topo, **kw)
+            assert rank_peak_bytes(plan, 0) == even.payload_bytes + extra, (dtype, kw)
+        uneven = RawPayload(nbytes=6 * even.dtype.nbytes, ranks=4, dtype=dtype)  # 2, 2, 1, 1 rows
+        plan = build("allreduce", uneven, topo, result="heads")
+        assert plan.padded_runs and max(b - a for a, b in plan.segments) == 2
+        held = (4 * 2 + 2) * uneven.row_bytes * (1 + widen)
+        assert rank_peak_bytes(plan, 0) == uneven.payload_bytes + held

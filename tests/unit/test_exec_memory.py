@@ -46,6 +46,13 @@ class _Stand:
         self.reductions += 1
         return tensor
 
+    def reduce(self, tensor, root, op, what):  # noqa: ANN001, ANN201
+        return tensor
+
+    def reduce_scatter(self, out, tensor, op, what):  # noqa: ANN001, ANN201
+        n = out.shape[0]
+        return out.copy_(tensor[self.rank * n:(self.rank + 1) * n])
+
 
 def _ptrs(bufs: list[torch.Tensor]) -> list[int]:
     return [b.data_ptr() for b in bufs]
@@ -197,3 +204,19 @@ def test_sends_on_a_narrower_wire_hold_what_the_model_counts(algorithm):
         # plans that copy rows (all but the butterfly here) round them at the end, in a buffer of their own
         assert (executor.buffer_bytes > executor.pool.nbytes) == bool(plan.rounded_runs) == (algorithm != "butterfly")
         assert executor.buffer_bytes <= model, (rank, executor.buffer_bytes, model)
+
+
+@pytest.mark.parametrize(("nbytes", "result"), [(64 * 4096, "root"), (64 * 4096, "heads"), (6 * 4, "heads")])
+def test_a_raw_library_sum_holds_what_the_model_counts(nbytes, result):
+    # In place but for uneven segments (6 rows on 4 ranks), whose padded pieces and output the
+    # pool lends: what it lends is the model's count beside the payload.
+    from treeattn.cost.memory import rank_peak_bytes
+
+    payload = RawPayload(nbytes=nbytes, ranks=4)
+    plan = build("allreduce", payload, REF, result=result)
+    for rank in range(4):
+        executor = PlanExecutor(plan, _Stand(rank, 4), RankInputs(raw=make_raw(payload, rank, 0)), timed=False)
+        for _ in range(2):
+            executor.prepare()
+            executor.run()
+        assert executor.buffer_bytes == rank_peak_bytes(plan, rank) - payload.payload_bytes, rank

@@ -14,7 +14,9 @@ Per rank, during one layer's decode step (``peak_bytes``):
   pieces of the rank's own rows (of the rank that owns the most), the query's gather the whole
   query, the lse gather p lse vectors, the sum of (w o, w) a packed copy of the rows
   (a reduce-scatter's output too); the paper's all-reduces reduce one part at a time in
-  place of a copy of it;
+  place of a copy of it; a raw payload's all-reduce, reduce and even reduce-scatter sum in
+  place (nothing), a padded reduce-scatter its p segments of the longest and its output, and
+  an fp8 payload's sums their fp32 copies;
 * on a narrow wire, the buffer the end-of-run rounding of copied rows uses, the longest run
   of them (``Plan.rounded_runs``) in the partial dtype.
 
@@ -65,6 +67,9 @@ def _collective_bytes(plan: Plan, op) -> int:  # noqa: ANN001 - an ir.Op
     rows = stop - start
     out = 0
     for coll, what in form.calls:
+        if plan.is_raw and coll != "allgather":
+            out = max(out, _raw_sum_bytes(plan, op, coll, rows))
+            continue
         if what == "q":
             out = max(out, share * p)  # the gathered query
             continue
@@ -79,6 +84,23 @@ def _collective_bytes(plan: Plan, op) -> int:  # noqa: ANN001 - an ir.Op
         else:
             out = max(out, buf)
     return out
+
+
+def _raw_sum_bytes(plan: Plan, op, coll: str, rows: int) -> int:  # noqa: ANN001 - an ir.Op
+    """What a raw payload's library sum of ``rows`` holds beside the accumulator
+    (``exec.collectives``): nothing in place (an all-reduce, a reduce, a reduce-scatter of one
+    chunk to its owner or of even segments into each rank's own rows); a padded
+    reduce-scatter's input of p segments of the longest and its output; on fp8, which the
+    library reduces through fp32 (``exec.comm``), the fp32 copies of what it sums and gets."""
+    w = plan.workload
+    row = w.row_bytes
+    widen = 4 * row if widened(w, coll, "partial") else 0
+    if coll != "reducescatter" or op.chunk is not None:
+        return rows * widen
+    n = max(b - a for a, b in plan.segments)
+    padded = bool(plan.padded_runs)
+    taken = len(plan.segments) * n if padded else rows  # what the library is handed
+    return (taken + n) * (row * padded + widen)
 
 
 def rank_peak_bytes(plan: Plan, rank: int) -> int:
