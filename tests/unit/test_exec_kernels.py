@@ -148,6 +148,27 @@ def test_a_step_merging_k_partials_is_charged_the_fused_kernel_on_a_gpu_and_the_
         assert (charged < eager) == fused
 
 
+@pytest.mark.parametrize("partial", ["fp32", "bf16"])
+def test_an_exchanged_chunk_on_a_gpu_is_charged_its_own_slot_not_the_accumulators_read(partial):
+    # direct: each rank merges the stack of every rank's partial, its own as sent, into rows it
+    # overwrites (kernels.merged_into): the k received, its own slot and the rows written.
+    from treeattn.cost.compute import ComputeModel
+    from treeattn.cost.program import compile_plan
+    from treeattn.plan import build
+    from treeattn.plan.ir import TopologyRef, exchanged_chunks
+    from treeattn.topology.library import resolve
+    from treeattn.workload import Workload
+
+    w = Workload(batch=64, q_heads=32, kv_heads=8, head_dim=128, split=(1024,) * 8, partial_dtype=partial)
+    plan = build("direct", w, TopologyRef("t", "sha256:t"))
+    step = [op for op in plan.programs[0] if op.step == 1]
+    assert exchanged_chunks(step) == {0}
+    for topo, fused in ((resolve("dgx-h100"), True), (resolve("cpu:ranks=8"), False)):
+        prog = compile_plan(plan, 8, ComputeModel.of(w, topo))
+        acc = w.rows * (w.head_dim + 1) * 4
+        assert prog.merge_b[0][1] == (8 * w.payload_bytes + acc if fused else 3 * 7 * w.payload_bytes)
+
+
 def test_warm_compiles_every_kernel_a_run_calls(fused):
     from torch._dynamo.utils import counters
 

@@ -94,9 +94,11 @@ class ComputeModel:
         """Bytes a merge on ``rank`` moves for ``received`` bytes of partials into ``acc``
         bytes of accumulator rows: one fused kernel reads the partials and reads and writes
         the accumulator once (``merge_us``); the eager ops move 3 x the partials' bytes."""
-        if self.fused and self.fused[rank]:
-            return received + 2 * acc
-        return 3 * received
+        return received + 2 * acc if self.fuses(rank) else 3 * received
+
+    def fuses(self, rank: int) -> bool:
+        """Whether ``rank`` merges with one fused kernel (a GPU), not eager ops (a host)."""
+        return bool(self.fused) and self.fused[rank]
 
     def acc_row_bytes(self) -> int:
         """Bytes of one accumulator row: a packed fp32 partial, or a raw element."""

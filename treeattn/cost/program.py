@@ -6,7 +6,9 @@ its steps are gid ranges; per step, the bytes its local work moves and the kerne
 
 * its merges and copies: a chunk merged into moves what ``ComputeModel.merge_bytes`` says
   (on a GPU the k partials received and the accumulator's rows twice; on a host 3 x the
-  received bytes), copied rows count twice; a chunk merged into counts one kernel, however
+  received bytes), but on a GPU an exchanged chunk (``exchanged_chunks``) moves its own slot
+  of the stack in place of the accumulator's read (``kernels.merged_into`` writes the rows
+  and does not read them); copied rows count twice; a chunk merged into counts one kernel, however
   many partials it receives, and each
   copy one (``exec.interpreter`` stores every copied chunk on its own); on a narrow wire a
   copy counts two (its lse's bytes go into the accumulator's column beside its rows:
@@ -21,6 +23,7 @@ its steps are gid ranges; per step, the bytes its local work moves and the kerne
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -241,7 +244,7 @@ def _compile(plan: Plan, p: int, cm: ComputeModel) -> Program:
             rsteps.append((lo, base + len(prog)))
         rkern.append(len(targets) * per_merge + copies * per_copy)
         rkern = rkern[1:]
-        _charge_conversions(plan, prog, rsteps, base, rmerge, rkern)
+        _charge_conversions(plan, prog, rsteps, base, rmerge, rkern, cm.fuses(r), acc_bytes)
         steps.append(rsteps)
         step_no.append(rno)
         merge_b.append(rmerge)
@@ -287,14 +290,20 @@ def end_rounding(plan: Plan) -> tuple[int, int]:
 
 
 def _charge_conversions(plan: Plan, prog: list[Op], rsteps: list[tuple[int, int]], base: int,
-                        rmerge: list[int], rkern: list[int]) -> None:
-    """Add a rank's conversions and end rounding to its steps' local work (module docstring)."""
+                        rmerge: list[int], rkern: list[int], fused: bool,
+                        acc_bytes: Callable[[int | None], int]) -> None:
+    """Add a rank's conversions and end rounding to its steps' local work, and on a GPU
+    (``fused``) take off what an exchanged chunk's merge does not read (module docstring)."""
     if plan.is_raw or not rsteps:
         return
     for c, (lo, hi) in enumerate(rsteps):
         ops = prog[lo - base:hi - base]
         if not any(op.kind is OpKind.SEND and op.block is None for op in ops):
             continue
+        if fused:
+            own = {op.chunk: op for op in ops if op.kind is OpKind.SEND and op.block is None}
+            for chunk in exchanged_chunks(ops):
+                rmerge[c] += message_bytes(plan, own[chunk]) - acc_bytes(chunk)
         moved, kernels = wire_conversions(plan, ops)
         at = max(c - 1, 0)
         rmerge[at] += moved
