@@ -253,7 +253,29 @@ def mixed_trio(rank: int, p: int):  # noqa: ANN201
            **scenario(rank, p, plan, torch.float32, seed=3)}
 
 
-TASKS = {"every_method": every_method, "searched": searched, "subgroup": subgroup, "errors": errors,
+def bits_as_predicted(rank: int, p: int):  # noqa: ANN201
+    """Plans whose ranks the bit tracker (``plan.bits``) says end with the same bits, and plans
+    it says do not: the bits each rank gets, and the prediction."""
+    from treeattn.plan.bits import bit_groups
+
+    w = _workload(p)
+    plans = {
+        "direct/lined-up": build("direct", w, REF, groups=[[0, 2], [1, 3], [4, 5]]),
+        "direct/crossed": build("direct", w, REF, groups=[[0, 3], [1, 2], [4, 5]]),
+        "direct/rotated": build("direct", w, REF, groups=[[0, 5], [1, 3], [2, 4]]),
+        "direct/unequal": build("direct", w, REF, groups=[[0, 1, 2], [3, 4], [5]]),
+        "direct/crossed/bf16-wire": build("direct", dataclasses.replace(w, partial_dtype="bf16"), REF,
+                                          groups=[[0, 3], [1, 2], [4, 5]]),
+        "butterfly": build("butterfly", w, REF),
+        "hierarchical": build("hierarchical", w, REF, group_size=3),
+    }
+    for name, plan in plans.items():
+        yield {"method": name, "predicted": {str(c): g for c, g in bit_groups(plan).items()},
+               **scenario(rank, p, plan, torch.float32, seed=3)}
+
+
+TASKS = {"bits_as_predicted": bits_as_predicted,
+         "every_method": every_method, "searched": searched, "subgroup": subgroup, "errors": errors,
          "mixed_trio": mixed_trio, "agreement": agreement}
 
 

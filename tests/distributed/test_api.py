@@ -74,6 +74,27 @@ def test_every_method_and_layout_is_exact(p, tmp_path):
     assert {("binomial", "heads"), ("binomial", "root"), ("allreduce2", "root"), ("ring", "heads")} <= seen
 
 
+def test_the_ranks_end_with_the_bits_the_tracker_predicts(tmp_path):
+    # plan.bits follows the executor's merges symbolically: ranks it says end with the same
+    # bits must get them. It tells merges apart by their operands' order, so ranks it puts
+    # apart may still agree (a sum of a and b first is a sum of b and a: direct/crossed swaps
+    # only the first two of three), but where more moves, they differ.
+    ranks = run("bits_as_predicted", 6, tmp_path)
+    methods = [item["method"] for item in ranks[0]]
+    measured: dict[str, list[list[int]]] = {}
+    for i, method in enumerate(methods):
+        by_bits: dict[str, list[int]] = {}
+        for r, items in enumerate(ranks):
+            by_bits.setdefault(items[i]["bits"], []).append(r)
+        measured[method] = sorted(by_bits.values())
+        predicted = ranks[0][i]["predicted"].get("0", [list(range(6))])
+        assert all(any(set(g) <= set(m) for m in measured[method]) for g in predicted), (method, measured[method])
+    assert {m for m in methods if ranks[0][methods.index(m)]["predicted"]} == {
+        "direct/crossed", "direct/rotated", "direct/unequal", "direct/crossed/bf16-wire"}
+    assert measured["direct/rotated"] == [[0, 1, 2], [3, 4, 5]]
+    assert measured["butterfly"] == measured["hierarchical"] == measured["direct/lined-up"] == [list(range(6))]
+
+
 def test_trio_over_different_chunkings_is_exact(tmp_path):
     for r, (item,) in enumerate(run("mixed_trio", 2, tmp_path)):
         assert not item["none"] and item["err_o"] <= 1e-5 and item["err_l"] <= 1e-5, (r, item)

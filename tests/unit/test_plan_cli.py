@@ -52,6 +52,18 @@ def test_verify_json(tmp_path: Path) -> None:
     assert (data["violation"]["rank"], data["violation"]["op_index"]) == (4, 0)
 
 
+def test_verify_says_whether_the_result_ranks_end_with_the_same_bits(tmp_path: Path) -> None:
+    same = run_cli("verify", str(_valid(tmp_path)))
+    assert "every result rank ends with the same bits" in same.stdout
+    crossed = save_plan(build("direct", attention(6), REF, groups=[[0, 5], [1, 3], [2, 4]]), tmp_path / "d.yaml")
+    res = run_cli("verify", str(crossed))
+    assert res.exit_code == 0, res.stderr  # valid: it merges every contribution once
+    assert "may end with different bits in 1 chunk (chunk 0: ranks 0,1,2 | 3,4,5)" in res.stdout
+    assert json.loads(run_cli("verify", str(crossed), "--json").stdout)["bit_groups"] == {"0": [[0, 1, 2], [3, 4, 5]]}
+    root = save_plan(build("star", attention(3), REF, result="root", root=1), tmp_path / "r.yaml")
+    assert "bits" not in run_cli("verify", str(root)).stdout  # one rank holds the result
+
+
 def test_verify_a_malformed_file(tmp_path: Path) -> None:
     path = tmp_path / "broken.yaml"
     path.write_text("format: treeattn-plan\nversion: 7\n")

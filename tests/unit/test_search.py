@@ -237,3 +237,19 @@ def test_bad_search_inputs():
     with pytest.raises(Exception, match="positive integers"):
         search(topo, _w(8), chunk_choices=(0, 2))
     assert not math.isinf(search(topo, _w(8), chunk_choices=(3,)).best.predicted_us)
+
+
+def test_under_all_the_search_leaves_out_plans_whose_ranks_end_with_other_bits():
+    # 12 ranks on nodes of 8 and 4: a direct exchange grouped by node is faster here, but its
+    # ranks merge the groups' results in other orders (plan.bits): every rank must get the
+    # same bits, so it is left out, and said.
+    import treeattn
+    from treeattn.plan.bits import bit_groups
+
+    plan = treeattn.search_plan("dgx-h100:nodes=2[ranks 0-11]", "llama-3.1-8b", batch=16, seq_len="64K")
+    assert bit_groups(plan) == {}
+    assert "direct" in plan.notes["search"]["left_out_for_bits"]
+    assert "left_out_for_memory" not in plan.notes["search"]
+    grouped = treeattn.build_plan("dgx-h100:nodes=2[ranks 0-11]", "llama-3.1-8b", "direct", batch=16, seq_len="64K",
+                                  groups=[list(range(8)), list(range(8, 12))])
+    assert bit_groups(grouped) and grouped.predicted_us < plan.predicted_us

@@ -341,7 +341,8 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
         con.print(f"memory: the plan's busiest rank holds {format_size(peak)}{usable}")
     for x in report.get("left_out", []):
         kind = "baseline" if x.get("baseline") else "schedule"
-        con.print(f"[yellow]left out ({kind}, does not fit):[/] {x['algorithm']} {x['predicted_us']:.2f} us "
+        why = "bits differ" if x.get("reason") == "bits" else "does not fit"
+        con.print(f"[yellow]left out ({kind}, {why}):[/] {x['algorithm']} {x['predicted_us']:.2f} us "
                   f"- {escape(x['why'])}" if "predicted_us" in x else
                   f"[yellow]does not fit:[/] {x['algorithm']} - {escape(x['why'])}")
     if searched:

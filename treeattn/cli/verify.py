@@ -21,15 +21,19 @@ def verify_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys) instead of a summary.")] = False,
 ) -> None:
     """Check that every result rank ends with each contribution exactly once, that sends and
-    receives match, and that the plan cannot deadlock. Exit 0 when valid, 2 when not."""
+    receives match, and that the plan cannot deadlock; say whether the result ranks end with
+    the same bits. Exit 0 when valid, 2 when not."""
+    from treeattn.plan.bits import bit_groups
     from treeattn.plan.io import load_plan
     from treeattn.plan.validate import validate
 
     plan = load_plan(plan_file)
     report = validate(plan)
+    split = bit_groups(plan) if report.valid else {}
     if json_out:
         data = report.to_dict()
         data["file"] = str(plan_file)
+        data["bit_groups"] = {str(c): groups for c, groups in split.items()}
         typer.echo(json.dumps(data, sort_keys=True, indent=2))
     if not report.valid:
         # Also with --json: the JSON is on stdout, the one-line error on stderr, exit status 2.
@@ -44,6 +48,13 @@ def verify_cmd(
     moves = n(report.transfers, "transfer") + (f", {n(report.collectives, 'collective')}" if report.collectives else "")
     typer.echo(f"{plan_file}: valid {plan.algorithm} plan: {n(report.ranks, 'rank')}, {n(report.chunks, 'chunk')}, "
                f"{n(report.ops, 'op')} in {n(report.steps, 'step')}, {moves}; result on {where}")
+    if split:
+        c, groups = next(iter(split.items()))
+        shown = " | ".join(",".join(map(str, g)) for g in groups[:4]) + (" | ..." if len(groups) > 4 else "")
+        typer.echo(f"its result ranks may end with different bits in {n(len(split), 'chunk')} (chunk {c}: ranks "
+                   f"{shown}): they merge the same partials in other orders")
+    elif any(len([r for r in plan.result_ranks if c in plan.owned_chunks(r)]) > 1 for c in range(plan.chunks)):
+        typer.echo("every result rank ends with the same bits (as the executor merges)")
 
 
 @app.command("plan-schema")

@@ -24,7 +24,7 @@ from treeattn.errors import PlanInvalidError
 from treeattn.plan.ir import COLLECTIVE_FORMS, GROUPS, OpKind, Plan, gc_paused
 from treeattn.plan.steps import order_problem, step_problem
 
-__all__ = ["ViolationKind", "Violation", "ValidationReport", "validate", "check"]
+__all__ = ["ViolationKind", "Violation", "ValidationReport", "validate", "check", "check_with"]
 
 
 class ViolationKind(StrEnum):
@@ -153,6 +153,14 @@ def check(plan: Plan) -> None:
         raise err
 
 
+def check_with(plan: Plan, tracker: Any) -> None:
+    """``check``, feeding ``tracker`` (``treeattn.plan.bits.BitTracker``) as the plan runs."""
+    with gc_paused():
+        report = _Validator(plan, 1, tracker).run()
+    if report.violations:
+        raise PlanInvalidError(f"plan {plan.algorithm!r} is invalid: {report.violations[0].message}")
+
+
 def validate(plan: Plan, *, max_violations: int = 20) -> ValidationReport:
     """Prove (or refute) that ``plan`` computes its result exactly once and terminates.
 
@@ -206,9 +214,11 @@ def _describe(op: Any) -> str:
 
 
 class _Validator:
-    def __init__(self, plan: Plan, limit: int) -> None:
+    def __init__(self, plan: Plan, limit: int, tracker: Any = None) -> None:
         self.plan = plan
         self.limit = limit
+        self.tracker = tracker
+        """Fed each transfer, step end and collective as the plan runs (``plan.bits``), or None."""
         self.p = plan.ranks
         self.k = plan.chunks
         self.raw = plan.is_raw
@@ -511,6 +521,9 @@ class _Validator:
         owner = plan.owner
         ready: deque[int] = deque()
         all_chunks = range(k)
+        tracker = self.tracker
+        if tracker is not None:
+            tracker.attach(self)
 
         def value_of(sender: int, gid: int) -> Any:
             b = block_a[gid]
@@ -555,9 +568,9 @@ class _Validator:
                 gq = cur[q]
                 if gq == group_of[m]:
                     if c == _SEND:
-                        inbox[q].append((m, value_of(r, gid)))
+                        inbox[q].append((m, value_of(r, gid), tracker and tracker.sent(r, gid)))
                     else:
-                        inbox[r].append((gid, value_of(q, m)))
+                        inbox[r].append((gid, value_of(q, m), tracker and tracker.sent(q, m)))
                     left -= 1
                     pending[gq] -= 1
                     if not pending[gq]:
@@ -581,7 +594,9 @@ class _Validator:
                 total |= m
             return total
 
-        def apply(effect: str, c: int, total: int, root: int | None) -> None:
+        def apply(op: Any, effect: str, c: int, total: int, root: int | None) -> None:
+            if tracker is not None:
+                tracker.collective(op, c, effect, root)
             if effect == "all":
                 for r in range(p):
                     acc[r][c] = total
@@ -597,7 +612,7 @@ class _Validator:
                 if form.effect == "none":
                     continue
                 if form.group is None:
-                    apply(form.effect, c, union(c), op.peer)
+                    apply(op, form.effect, c, union(c), op.peer)
                     continue
                 snap = [acc[r][c] for r in range(p)]
                 state = groups.get(c)
@@ -624,7 +639,7 @@ class _Validator:
                 if parts < need:
                     continue
                 del groups[c]
-                apply(effect, c, union(c), None)
+                apply(op, effect, c, union(c), None)
             for r in range(p):
                 pending[cur[r]] = 0
                 ready.append(r)
@@ -649,10 +664,12 @@ class _Validator:
                                   f"the partial over block {b} is already merged into chunk {c}", chunk=c)
                     a[c] |= bit
             box = inbox[r]
+            if len(box) > 1:
+                box.sort(key=lambda item: item[0])
+            if tracker is not None:
+                tracker.finish(r, g, box)
             if box:
-                if len(box) > 1:
-                    box.sort(key=lambda item: item[0])
-                for gid, val in box:
+                for gid, val, _ in box:
                     b = block_a[gid]
                     if b >= 0:
                         held[r] |= 1 << b

@@ -30,6 +30,7 @@ from treeattn.cost.bounds import heads_shares, lower_bounds
 from treeattn.cost.memory import DEFAULT_MEM_FRACTION, check_kv_fits, memory_check
 from treeattn.errors import InputError
 from treeattn.plan.baselines import baselines_for
+from treeattn.plan.bits import bit_groups
 from treeattn.plan.builders import ALGORITHMS
 from treeattn.plan.ir import Plan, gc_paused
 from treeattn.plan.trees import reroot, rotated
@@ -442,15 +443,28 @@ class _Run:
                     left_out.append({"algorithm": s.family, "params": s.describe, "chunks": c, "predicted_us": t,
                                      "peak_bytes": mc.peak_bytes, "why": mc.why()})
                     continue
+            if self.layout == "all" and not plan.is_raw and (split := bit_groups(plan)):
+                # Tensor parallelism goes on from every rank's rows: they must be the same bits,
+                # as an all-reduce gives, or the ranks may sample different tokens.
+                chunk, groups = next(iter(split.items()))
+                left_out.append({"algorithm": s.family, "params": s.describe, "chunks": c, "predicted_us": t,
+                                 "peak_bytes": peak, "reason": "bits",
+                                 "why": f"its ranks would end in {len(groups)} groups whose bits differ "
+                                        f"(chunk {chunk})"})
+                continue
             if top is None:
                 top = (s, c, t, plan)
             cands.append(Candidate(s.family, s.describe, c, t, ratio(t), s.algorithm, peak))
             if len(cands) >= max(1, top_k):
                 break
         if top is None:
-            more = " or a larger --mem-fraction" if (self.mem_fraction or 1) < 1 else ""
-            raise InputError(f"no schedule fits in memory: {left_out[0]['why']} (the fastest, "
-                             f"{left_out[0]['algorithm']}); use more ranks{more}")
+            first = left_out[0]
+            if first.get("reason") != "bits":
+                more = " or a larger --mem-fraction" if (self.mem_fraction or 1) < 1 else ""
+                raise InputError(f"no schedule fits in memory: {first['why']} (the fastest, "
+                                 f"{first['algorithm']}); use more ranks{more}")
+            raise InputError(f"no schedule searched gives every rank the same bits: {first['why']} (the fastest, "
+                             f"{first['algorithm']}); search other families")
         top_sched, top_c, top_t, plan = top
         base_peaks = self._baseline_peaks(base)
         names = {b.key: b.name for b in baselines_for(self.workload, self.layout, self.root)}
@@ -483,8 +497,10 @@ class _Run:
         }
         if top_sched.key in self.moves_of:
             notes["search"]["moves"] = self.moves_of[top_sched.key]
-        if left_out:
-            notes["search"]["left_out_for_memory"] = [x["algorithm"] for x in left_out]
+        for reason, key in (("memory", "left_out_for_memory"), ("bits", "left_out_for_bits")):
+            out = [x["algorithm"] for x in left_out if x.get("reason", "memory") == reason]
+            if out:
+                notes["search"][key] = out
         plan = replace(plan, predicted_us=top_t, notes=notes)
         return SearchResult(plan, cands, bound_us, base, stats, base_peaks, left_out, limit)
 

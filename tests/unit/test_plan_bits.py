@@ -1,0 +1,70 @@
+"""``treeattn.plan.bits``: which result ranks end with the same bits, as the executor merges
+(the real processes' bits are compared with it in tests/distributed/test_api.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from treeattn.errors import PlanInvalidError
+from treeattn.plan.bits import bit_groups
+from treeattn.plan.builders import ALGORITHMS, build
+from treeattn.plan.ir import Op, OpKind, TopologyRef
+from treeattn.workload import RawPayload, Workload
+
+REF = TopologyRef("t", "sha256:0")
+
+
+def att(p: int, wire: str = "fp32") -> Workload:
+    return Workload(batch=2, q_heads=8, kv_heads=2, head_dim=16, split=(32,) * p, partial_dtype=wire)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("wire", ["fp32", "bf16"])
+def test_every_family_merging_partials_gives_every_rank_the_same_bits(p, wire):
+    # copies of one merge, exchanges (every rank's partial in rank order, its own as sent) and
+    # library collectives; rows copied on a narrow wire are rounded by every rank at the end
+    for name, spec in ALGORITHMS.items():
+        if "attention" not in spec.payloads or name == "ring-attention":
+            continue
+        for chunks in (1, 2):
+            try:
+                plan = build(name, att(p, wire), REF, chunks=chunks)
+            except Exception:  # noqa: BLE001 - a family that builds nothing for this shape
+                continue
+            assert bit_groups(plan) == {}, (name, chunks)
+
+
+def test_ring_attention_merges_the_blocks_in_a_different_order_on_every_rank():
+    plan = build("ring-attention", att(4), REF)
+    assert bit_groups(plan) == {0: [[0], [1], [2], [3]]}
+
+
+def test_direct_groups_whose_positions_do_not_line_up_diverge():
+    # [[0, 3], [1, 2], [4, 5]]: positions 0 (ranks 0, 1, 4) and 1 (ranks 3, 2, 5) exchange the
+    # three groups' merges, each in rank order: the second puts group [1, 2]'s first
+    plan = build("direct", att(6), REF, groups=[[0, 3], [1, 2], [4, 5]])
+    assert bit_groups(plan) == {0: [[0, 1, 4], [2, 3, 5]]}
+    assert bit_groups(build("direct", att(6), REF, groups=[[0, 2], [1, 3], [4, 5]])) == {}
+    # unequal groups: rank 6 (position 2 of [4, 5, 6]) merges group [7, 8]'s from rank 7 into
+    # its own, where ranks 4 and 7 exchange
+    uneven = build("direct", att(9), REF, groups=[[0, 1, 2, 3], [4, 5, 6], [7, 8]])
+    assert bit_groups(uneven) == {0: [[0, 1, 5], [2, 3], [4, 6], [7, 8]]}
+
+
+def test_raw_sums_and_layouts_with_one_holder_a_chunk():
+    raw = RawPayload(nbytes=4 * 64, ranks=4)
+    assert bit_groups(build("ring", raw, REF)) == {}
+    # a raw exchange sums in program order, its own rows first: the two ranks add in other orders
+    assert set(bit_groups(build("direct", RawPayload(nbytes=4 * 64, ranks=3), REF))) == {0}
+    assert bit_groups(build("ring", att(4), REF, result="heads")) == {}  # each head on one rank
+    assert bit_groups(build("binomial", att(4), REF, result="root", root=2)) == {}
+
+
+def test_an_invalid_plan_is_refused():
+    plan = build("star", att(3), REF)
+    broken = dataclasses.replace(plan, programs=[[*plan.programs[0], Op(OpKind.SEND, 9, peer=1)],
+                                                 *plan.programs[1:]])
+    with pytest.raises(PlanInvalidError, match="invalid"):
+        bit_groups(broken)
