@@ -217,6 +217,11 @@ def test_cli_table_and_repeated_flag():
     res = run_cli("calibrate", "--from-nccl-tests", str(ONE), "--from-nccl-tests", str(FOUR), "-t", "dgx-h100:nodes=4")
     assert res.exit_code == 0, res.stderr
     assert "nccl-tests fits" in res.stdout and "below the overhead" in res.stderr
+    # the bus bandwidth column is the fitted line's, and the legend says so (the log's own
+    # largest busbw on the 4-node log is 366 GB/s; the line's, 314)
+    assert "fit bus GB/s: the bus bandwidth of the line fitted to the log's times" in res.stdout
+    for path in (ONE, FOUR):
+        assert f"│ {calibrate_from_log(read_nccl_tests(path)).beta_link_gbps:.4g} │" in res.stdout.replace("  ", " ")
 
 
 @pytest.mark.parametrize(
