@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import traceback
+import warnings
 from pathlib import Path
 
 import torch
@@ -270,8 +271,11 @@ def bits_as_predicted(rank: int, p: int):  # noqa: ANN201
         "hierarchical": build("hierarchical", w, REF, group_size=3),
     }
     for name, plan in plans.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = scenario(rank, p, plan, torch.float32, seed=3)
         yield {"method": name, "predicted": {str(c): g for c, g in bit_groups(plan).items()},
-               **scenario(rank, p, plan, torch.float32, seed=3)}
+               "warned": [str(w.message) for w in caught if "different bits" in str(w.message)], **got}
 
 
 TASKS = {"bits_as_predicted": bits_as_predicted,

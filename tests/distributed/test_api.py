@@ -89,6 +89,8 @@ def test_the_ranks_end_with_the_bits_the_tracker_predicts(tmp_path):
         measured[method] = sorted(by_bits.values())
         predicted = ranks[0][i]["predicted"].get("0", [list(range(6))])
         assert all(any(set(g) <= set(m) for m in measured[method]) for g in predicted), (method, measured[method])
+        # the Merger of such a plan warns when it is built
+        assert bool(ranks[0][i]["warned"]) == bool(ranks[0][i]["predicted"]), method
     assert {m for m in methods if ranks[0][methods.index(m)]["predicted"]} == {
         "direct/crossed", "direct/rotated", "direct/unequal", "direct/crossed/bf16-wire"}
     assert measured["direct/rotated"] == [[0, 1, 2], [3, 4, 5]]

@@ -43,6 +43,7 @@ unit-tested, on CPU (``tests/unit/test_exec_deadline.py``).
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -126,11 +127,17 @@ class Merger:
             from treeattn.plan.io import load_plan
 
             plan = load_plan(plan)
-        from treeattn.plan.validate import check
+        from treeattn.plan.bits import bit_groups
 
-        check(plan)
+        split = bit_groups(plan)  # validates it too
         if not isinstance(plan.workload, Workload):
             raise ValueError(f"Merger merges attention partials; plan {plan.algorithm!r} reduces a raw payload")
+        if split and plan.result == "all":
+            c, groups = next(iter(split.items()))
+            warnings.warn(f"plan {plan.algorithm!r}: its ranks may end with different bits (chunk {c}: ranks "
+                          f"{' | '.join(','.join(map(str, g)) for g in groups)}), merging the same partials in other "
+                          "orders; under tensor parallelism they may then sample different tokens "
+                          "(treeattn.search_plan leaves such plans out)", stacklevel=2)
         problem = given_partial_problem(plan)
         if problem:
             raise ValueError(problem)
