@@ -45,6 +45,7 @@ def test_run_end_to_end_json(tmp_path):
         assert r["ranks"] == 2 and r["algorithm"] == "binomial" and r["plan"] == "plan.yaml"
         assert r["predicted_us"] > 0 and r["measured_median_us"] > 0
         assert r["rel_error"] == pytest.approx(r["measured_median_us"] / r["predicted_us"] - 1, abs=1e-3)
+        assert r["same_bits"] is True  # every rank holds the result; two ranks merge their two partials alike
     frame = pd.read_csv(out)
     assert list(frame.columns) == list(COLUMNS) and len(frame) == 5
     timeline = pd.read_csv(out.with_name("rows.timeline.csv"))

@@ -116,7 +116,7 @@ def test_run_table_keeps_its_ratio_header_whole(monkeypatch: pytest.MonkeyPatch,
     rows = [{"plan": "p.yaml", "algorithm": "allreduce", "workload": "raw 1048576B fp32 sum", "ranks": 4,
              "backend": "gloo", "topology": "mi300x-4", "method": method, "measured_median_us": us,
              "spread_us": 15_004.0, "predicted_us": 34.0, "rel_error": us / 34.0 - 1, "correct": True,
-             "max_rel_err": 0.0} for method, us in (("plan", 12_224.0), ("allreduce", 12_576.0),
+             "max_rel_err": 0.0, "same_bits": True} for method, us in (("plan", 12_224.0), ("allreduce", 12_576.0),
                                                      ("allgather-merge", 13_071.0))]
     _table(pd.DataFrame(rows), Path("runs/c.csv"), False)
     lines = capsys.readouterr().out.splitlines()

@@ -164,6 +164,9 @@ def _table(frame, path: Path, calibrated: bool) -> None:  # noqa: ANN001 - a Dat
     con.print(table)
     con.print(f"± half the p10-p90 spread; error = measured / predicted - 1; correct with the max relative "
               f"error against the reference (the rows give its tolerance). Rows: {escape(str(path))}")
+    differ = [r.method for r in frame.itertuples() if r.same_bits is False]
+    if differ:
+        con.print(f"[yellow]ranks ended with different bits[/] (every rank holds the result): {', '.join(differ)}")
 
 
 def _missing(value) -> bool:  # noqa: ANN001 - a number, None or NaN

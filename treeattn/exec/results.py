@@ -5,7 +5,9 @@ Columns of a result row: ``run_id``, ``plan`` (file name), ``algorithm``, ``topo
 ``backend``, ``predicted_us``, ``measured_median_us`` (median over iterations of the max
 over ranks), ``spread_us`` (p90 - p10), ``rel_error`` ((measured - predicted) / predicted),
 ``correct``, ``max_rel_err`` (numerical error against the single-process reference),
-``tolerance`` (the most it may be: ``treeattn.exec.runner.tolerance``).
+``tolerance`` (the most it may be: ``treeattn.exec.runner.tolerance``), ``same_bits``
+(where every rank ends with the whole result: whether all of them got the same bits; empty
+elsewhere).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ __all__ = ["COLUMNS", "TIMELINE_COLUMNS", "workload_label", "new_run_id", "resul
            "appendable_problem", "write_csv", "rows_json"]
 
 COLUMNS = ("run_id", "plan", "algorithm", "topology", "workload", "method", "ranks", "backend", "predicted_us",
-           "measured_median_us", "spread_us", "rel_error", "correct", "max_rel_err", "tolerance")
+           "measured_median_us", "spread_us", "rel_error", "correct", "max_rel_err", "tolerance", "same_bits")
 TIMELINE_COLUMNS = ("run_id", "plan", "rank", "op_index", "step", "kind", "peer", "chunk", "block", "post_us",
                     "done_us")
 
@@ -89,6 +91,7 @@ def result_rows(result: JobResult, plans: dict[str, Plan], predictions: dict[str
             "correct": bool(m.correct),
             "max_rel_err": float(f"{m.max_rel_err:.3e}") if math.isfinite(m.max_rel_err) else None,
             "tolerance": float(f"{m.tolerance:.3e}"),
+            "same_bits": m.same_bits,
         })
     return pd.DataFrame(rows, columns=list(COLUMNS))
 

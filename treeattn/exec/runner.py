@@ -24,6 +24,7 @@ Rank 0 returns the ``JobResult``; other ranks return None.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import math
 import os
 import random
@@ -165,6 +166,9 @@ class Measurement:
     starts_s: tuple[float, ...] = ()
     """When each timed iteration started on rank 0 (seconds on its monotonic clock): where the
     runs of one job's methods fell in time (see ``RunOptions.order``)."""
+    same_bits: bool | None = None
+    """Where every rank ends with the whole result (``all``): whether their first results were
+    the same bits (tensor parallelism goes on from every rank's); None elsewhere."""
 
     @property
     def correct(self) -> bool:
@@ -324,6 +328,10 @@ class _Timed:
     """The method returns only ``rows`` (else every row, of which ``rows`` are checked)."""
     roundings: int = 1
     """How many times a partial may be rounded on the wire (``tolerance``)."""
+    everyone_holds: bool = False
+    """Every rank ends with the whole result (``all``): their bits are compared (``finish``)."""
+    digest: str = ""
+    """This rank's first result's digest, where ``everyone_holds``."""
     margin: float = _MIN_MARGIN_S
     delay: float = 0.0
     first: torch.Tensor | None = None
@@ -399,6 +407,8 @@ class _RankRun:
         out = t.fn()
         if self.comm.rank in t.check_ranks:  # only a checking rank reads it (``finish``)
             t.first = out.clone()  # fn may return a buffer the next run reuses
+        if t.everyone_holds:
+            t.digest = hashlib.sha256(out.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
         self.comm.settle()
         for _ in range(self.opt.warmup):
             t.prepare()
@@ -436,6 +446,7 @@ class _RankRun:
         local = torch.tensor([err, *t.starts, *t.ends, statistics.median(t.cpus) * 1e6], dtype=torch.float64,
                              device=comm.device)
         rows = comm.all_gather(local, f"{t.method} result gathering", setup=True).cpu()
+        same_bits = len(set(comm.digests(t.digest, f"{t.method} result digests"))) == 1 if t.everyone_holds else None
         n = t.repeats
         t0, t1 = rows[:, 1:1 + n], rows[:, 1 + n:1 + 2 * n]
         if self._shared_clock():
@@ -465,6 +476,7 @@ class _RankRun:
             timeline=tuple(timeline),
             cpu_us=tuple(rows[:, -1].tolist()),
             starts_s=tuple(t0[0].tolist()),
+            same_bits=same_bits,
         )
 
     def methods(self, pj: PlanJob) -> list[_Timed]:
@@ -487,7 +499,8 @@ class _RankRun:
             checks, rows = tuple(range(comm.world)), plan.segments[comm.rank]
         repeats = pj.repeats or opt.repeats
         out = [_Timed(pj.label, "plan", executor.run, w, checks, repeats, executor,
-                      getattr(plan, "contributors", None), executor.prepare, rows=rows, roundings=wire_roundings(plan))]
+                      getattr(plan, "contributors", None), executor.prepare, rows=rows, roundings=wire_roundings(plan),
+                      everyone_holds=plan.result == "all")]
         if opt.baselines and (repr(w), plan.result, "baselines") not in self._baselines_done:
             self._baselines_done.add((repr(w), plan.result, "baselines"))
             layout, root = parse_result(plan.result, plan.ranks) if not plan.result.startswith("ranks:") else (
@@ -514,7 +527,7 @@ class _RankRun:
 
                 # a library's ring reduction rounds at each of its p - 1 hops, then gathers
                 out.append(_Timed(pj.label, b.name, fn, w, everyone, repeats, prepare=pool.release_all, rows=brows,
-                                  sliced=sliced, roundings=comm.world))
+                                  sliced=sliced, roundings=comm.world, everyone_holds=kind == "all"))
         return out
 
     def _raw_baseline(self, pj: PlanJob, b, inputs: RankInputs, w: Payload, checks: tuple[int, ...],  # noqa: ANN001
@@ -529,7 +542,7 @@ class _RankRun:
             return library_collective(self.comm, work, b.result, b.kwargs.get("root", 0))
 
         return _Timed(pj.label, b.name, fn, w, checks, repeats, prepare=prepare, rows=rows,
-                      sliced=b.result == "heads")
+                      sliced=b.result == "heads", everyone_holds=b.result == "all")
 
     def run(self) -> list[Measurement]:
         """Measure every method of the job in the options' order."""
