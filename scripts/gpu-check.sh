@@ -14,24 +14,38 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
 fi
 start=$(date +%s)
 PY=""
+# treeattn needs Python 3.11 (enum.StrEnum): a 3.10 python3 with a CUDA torch is passed over.
+usable='import sys, torch; sys.exit(0 if sys.version_info >= (3, 11) and torch.cuda.is_available() else 1)'
 for cand in "${PYTHON:-}" python3 .venv-gpu/bin/python; do
-    if [ -n "$cand" ] && "$cand" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    if [ -n "$cand" ] && "$cand" -c "$usable" 2>/dev/null; then
         PY=$cand
         break
     fi
 done
 if [ -z "$PY" ]; then
-    echo "gpu-check: installing the CUDA build of torch into .venv-gpu (PyPI's Linux wheel)"
+    if ! python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+        echo "gpu-check: treeattn needs Python 3.11 or later; python3 is $(python3 --version 2>&1) (set PYTHON=...)"
+        exit 1
+    fi
+    echo "gpu-check: installing the CUDA build of torch into .venv-gpu (PyPI's Linux wheel; needs network)"
     python3 -m venv .venv-gpu && .venv-gpu/bin/python -m pip install -q "torch==2.13.0" || exit 1
     PY=.venv-gpu/bin/python
+    if ! "$PY" -c "$usable"; then  # e.g. a driver older than the wheel's CUDA: every test would skip
+        built=$("$PY" -c 'import torch; print(torch.version.cuda)')
+        driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
+        echo "gpu-check: the installed torch (CUDA $built) sees no GPU under driver $driver; install a torch" \
+             "built for this driver (PyTorch's --index-url for your CUDA) into .venv-gpu, then run this again"
+        exit 1
+    fi
 fi
-"$PY" -c "import networkx, pandas, typer, rich, yaml, pytest, hypothesis" 2>/dev/null \
-    || "$PY" -m pip install -q networkx pandas typer rich pyyaml pytest hypothesis || exit 1
+# Every import of the package's dependencies (pyproject.toml), and the tests'.
+"$PY" -c "import networkx, numpy, pandas, typer, rich, yaml, pydantic, matplotlib, pytest, hypothesis" 2>/dev/null \
+    || "$PY" -m pip install -q networkx numpy pandas typer rich pyyaml pydantic matplotlib pytest hypothesis || exit 1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 treeattn=("$PY" -c 'import sys; from treeattn.cli import main; sys.argv[0] = "treeattn"; main()')
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '-' | sed 's/-$//')
-n=$(nvidia-smi -L | wc -l)
+n=$("$PY" -c "import torch; print(torch.cuda.device_count())")  # honours CUDA_VISIBLE_DEVICES; MIG lines aside
 out="results/gpu-$gpu"
 mkdir -p "$out"
 {

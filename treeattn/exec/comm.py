@@ -44,6 +44,8 @@ import os
 import re
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import compress
 
@@ -127,6 +129,28 @@ def distinct(works: list) -> list:
 
 
 _REDUCE = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}
+
+
+@contextmanager
+def _members_only() -> Iterator[None]:
+    """While a pair's communicator is created by its two ranks alone: torch makes a new NCCL
+    group by ``ncclCommSplit`` of the default group's communicator whenever the default group
+    is bound to a device (``init_process_group(device_id=...)``, as ``run_rank`` and most
+    models do), and that split is collective over every rank of the default group. The other
+    ranks do not take part in a pair's creation, so with p > 2 the split waits for them, or
+    pairs up ranks that each split for a different pair. With the binding lifted meanwhile,
+    torch initialises the pair's communicator from an id its two ranks exchange through the
+    store (``distributed_c10d._new_process_group_helper``: it splits only from a bound group)."""
+    default = dist.distributed_c10d._get_default_group()
+    bound = getattr(default, "bound_device_id", None)
+    if bound is None:
+        yield
+        return
+    default.bound_device_id = None
+    try:
+        yield
+    finally:
+        default.bound_device_id = bound
 
 
 class CommError(ExecutionError):
@@ -239,11 +263,12 @@ class Comm:
             key = (min(ga, gb), max(ga, gb))
             if key in _PAIRS:
                 continue
-            try:
-                group = dist.new_group(list(key), timeout=self.setup_timeout, use_local_synchronization=True,
-                                       device_id=self.device)
-            except TypeError:  # torch without eager initialisation of subgroups
-                group = dist.new_group(list(key), timeout=self.setup_timeout, use_local_synchronization=True)
+            with _members_only():
+                try:
+                    group = dist.new_group(list(key), timeout=self.setup_timeout, use_local_synchronization=True,
+                                           device_id=self.device)
+                except TypeError:  # torch without eager initialisation of subgroups
+                    group = dist.new_group(list(key), timeout=self.setup_timeout, use_local_synchronization=True)
             _PAIRS[key] = group
             peer = b if self.rank == a else a
             out, back = torch.zeros(1, device=self.device), torch.empty(1, device=self.device)
