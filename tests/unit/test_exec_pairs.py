@@ -53,3 +53,22 @@ def test_an_unbound_default_group_is_left_alone(monkeypatch):
     monkeypatch.setattr(comm_module, "_PAIRS", {})
     Comm(0, 2, "nccl", torch.device("cpu"), 1.0, 1.0).open_pairs({(0, 1)})
     assert default.bound_device_id is None and set(comm_module._PAIRS) == {(0, 1)}
+
+
+def test_pairs_made_under_an_earlier_default_group_are_not_reused(monkeypatch):
+    # A process that destroys its default group and initialises again (a test fixture, a
+    # restarted model) must not send on the old pairs' communicators.
+    made: list[list[int]] = []
+    worlds = [_Default(None), _Default(None)]
+    now = [worlds[0]]
+    monkeypatch.setattr(dist.distributed_c10d, "_get_default_group", lambda: now[0])
+    monkeypatch.setattr(dist, "new_group", lambda ranks, **kw: made.append(ranks) or object())
+    monkeypatch.setattr(dist, "P2POp", lambda *a, **kw: None)
+    monkeypatch.setattr(dist, "batch_isend_irecv", lambda ops: [_Work()])
+    monkeypatch.setattr(comm_module, "_PAIRS", {})
+    comm = Comm(0, 2, "nccl", torch.device("cpu"), 1.0, 1.0)
+    comm.open_pairs({(0, 1)})
+    comm.open_pairs({(0, 1)})  # made once per default group
+    now[0] = worlds[1]
+    comm.open_pairs({(0, 1)})
+    assert made == [[0, 1], [0, 1]]

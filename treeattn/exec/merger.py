@@ -24,9 +24,10 @@ a CUDA graph's.
 A Merger may be called inside the caller's CUDA graph capture (a whole decode step captured,
 as vLLM and SGLang do): such a call runs the program eagerly into the caller's graph, and
 neither checks earlier calls, nor records deadline markers, nor captures a graph of its own.
-Call it once outside any capture first, on every rank (that call allocates the buffers all
-later calls reuse and sets up NCCL's communicators), and capture at the same calls on every
-rank. No deadline applies to the caller's replays: a hung peer hangs them. The Merger must
+Call it once outside any capture first, on every rank, with the shapes the captured calls will
+have (that call allocates the buffers all later calls reuse, sets up NCCL's communicators,
+and compiles the fused merges: a compile inside a capture would break it), and capture at
+the same calls on every rank. No deadline applies to the caller's replays: a hung peer hangs them. The Merger must
 outlive the caller's graph, whose replays use its buffers. The Merger captures its own graph
 with ``capture_error_mode="thread_local"`` (the process group's watchdog thread may query
 events meanwhile); a caller whose capture fails that way can do the same. With the whole
