@@ -61,6 +61,17 @@ def test_simulate_names_the_plan_file_it_refuses(plans, tmp_path):
     assert "peer 91 is out of range" in said, r.stderr
 
 
+def test_run_names_the_plan_file_it_refuses(plans, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    text = plans["p16"].read_text()
+    first = next(line for line in text.splitlines() if "kind: send, step:" in line and "peer: " in line)
+    bad.write_text(text.replace(first, first.replace("peer: ", "peer: 9", 1), 1))
+    r = run_cli("run", str(bad), "--out", str(tmp_path / "rows.csv"))
+    said = " ".join(r.stderr.split())
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and f"{bad}: plan 'binomial' is invalid: rank 0 op " in said
+    assert not (tmp_path / "rows.csv").exists()  # refused before any rank started or any row was written
+
+
 def test_simulate_refuses_a_plan_that_does_not_compute_the_merge(plans, tmp_path):
     # Well formed for the simulator (every send received), but the receiver copies where it must
     # merge: a contribution is lost. verify refuses it; simulate must not print a time for it.

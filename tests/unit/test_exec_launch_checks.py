@@ -4,6 +4,9 @@ little free memory."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -72,3 +75,12 @@ def test_run_refuses_a_backend_this_machine_cannot_run_in_one_line_before_anythi
     res = run_cli("run", str(plan), flag, "--out", str(tmp_path / "rows.csv"))
     assert res.exit_code == 2 and res.stderr.count("\n") == 1 and needle in res.stderr, res.stderr
     assert not (tmp_path / "rows.csv").exists()
+
+
+def test_python_m_treeattn_is_the_console_script(tmp_path):
+    # What torchrun starts with -m (``torchrun --nproc-per-node N -m treeattn run PLAN``).
+    missing = tmp_path / "none.yaml"
+    res = subprocess.run([sys.executable, "-m", "treeattn", "run", str(missing)], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip() == f"error: cannot read plan file '{missing}': no such file"

@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "treeattn"
 # own layer and those before it.
 LAYERS = (
     "errors", "units", "textfile", "figures", "workload", "topology", "probe", "plan", "cost", "search",
-    "exec", "calibrate", "emulate", "report", "validate", "api", "cli", "__init__",
+    "exec", "calibrate", "emulate", "report", "validate", "api", "cli", "__init__", "__main__",
 )
 TORCH = {"exec", "calibrate"}
 

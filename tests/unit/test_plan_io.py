@@ -161,6 +161,7 @@ def _broken_op(r: int, i: int, **fields: object) -> str:
     (_broken_op(0, 0, kind="launch"), "programs\\[0\\]\\[0\\].kind: Input should be"),
     (_broken_op(0, 0, step=-1), "programs\\[0\\]\\[0\\].step: Input should be greater than or equal to 0"),
     ("[1, 2]\n", "not a plan file"),
+    ("# only a comment\n", "not a plan file: it is empty$"),
     ("format: treeattn-plan\nversion: [\n", "not valid YAML at line 3"),
     ("{\"format\": ", "not valid JSON at line 1"),
 ])

@@ -169,6 +169,7 @@ def test_cli_report_tables(folder: Path):
     ("a-file", "is a file"),
     ("no-rows", "has no rows.csv"),
     ("bad-column", "lacks the columns"),
+    ("bad-number", "rows.csv:3: ranks is 'eight', not a number"),
 ])
 def test_cli_report_bad_folders(tmp_path: Path, setup: str, match: str):
     d = tmp_path / "r"
@@ -178,6 +179,10 @@ def test_cli_report_bad_folders(tmp_path: Path, setup: str, match: str):
         d.mkdir()
     if setup == "bad-column":
         _rows().drop(columns=["predicted_us"]).to_csv(d / "rows.csv", index=False)
+    if setup == "bad-number":
+        rows = _rows().astype({"ranks": object})
+        rows.loc[1, "ranks"] = "eight"  # the second row: line 3 of the file
+        rows.to_csv(d / "rows.csv", index=False)
     res = run_cli("report", str(d))
     assert res.exit_code == 2
     assert match in res.stderr and "Traceback" not in res.stderr

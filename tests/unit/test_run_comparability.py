@@ -50,6 +50,15 @@ def test_an_uncalibrated_prediction_is_marked_with_what_to_run(tmp_path: Path, s
     assert "treeattn calibrate --topology cpu:ranks=2,cores=" in said_before_launch[0]
 
 
+def test_the_command_it_suggests_survives_a_paste_into_a_shell(tmp_path: Path,
+                                                               said_before_launch: list[str]) -> None:
+    # A rank selection's name holds a space: unquoted, the shell splits it into two arguments.
+    plan = _plan(tmp_path, "emu-2x4", 8)
+    assert run_cli("run", str(plan), "-t", "emu-2x4[ranks 0-7]").exit_code == 0
+    said = " ".join(said_before_launch[0].split())
+    assert "treeattn calibrate --topology 'emu-2x4[ranks 0-7]' --compute attention" in said, said
+
+
 def test_a_calibrated_topology_gets_no_note(tmp_path: Path, said_before_launch: list[str]) -> None:
     topo = resolve("cpu:ranks=2,cores=2")
     fitted = dataclasses.replace(topo, name="mine", sources=(f"{CALIBRATED_BY}: gloo ping-pong on 2 ranks",))

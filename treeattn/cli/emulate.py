@@ -128,7 +128,8 @@ def status_cmd(json_out: JsonOpt = False) -> None:
     for col in ("run id", "status", "topology", "scale", "namespaces"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["run_id"], r["status"], str(r["topology"]), str(r["scale"]), str(r["namespaces"]))
+        # escape: a rank selection's "[ranks 0,4]" would otherwise be read as markup and vanish
+        table.add_row(r["run_id"], r["status"], escape(str(r["topology"])), str(r["scale"]), str(r["namespaces"]))
     console().print(table)
 
 
@@ -220,19 +221,16 @@ def run_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Run PLAN on the emulated TOPOLOGY (gloo, one rank per namespace) and compare with the prediction."""
-    from treeattn.cli.run import emit_results, rows_path
+    from treeattn.cli.run import emit_results, load_checked, rows_path
     from treeattn.emulate import emulated
     from treeattn.emulate.jobs import launch_in_cluster
     from treeattn.emulate.layout import scaled_topology
     from treeattn.exec.predict import default_timeout_s, plan_baselines, predict
     from treeattn.exec.results import new_run_id
     from treeattn.exec.runner import Job, PlanJob, RunOptions
-    from treeattn.plan.io import load_plan
-    from treeattn.plan.validate import check
 
     topo = load_topology(topology, ranks)
-    plan = load_plan(plan_file)
-    check(plan)
+    plan = load_checked(plan_file)
     run_id = new_run_id(f"emu-{plan_file.stem}")
     rows = rows_path(out, run_id)
     if plan.ranks != topo.num_ranks:

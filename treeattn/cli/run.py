@@ -14,9 +14,9 @@ from treeattn.cli import app, err_console
 from treeattn.cli.options import BackendOpt, JsonOpt, MeasureOrder, OrderOpt
 from treeattn.cli.paths import output_file
 from treeattn.cli.render import console
-from treeattn.errors import ExecutionError, InputError
+from treeattn.errors import ExecutionError, InputError, PlanInvalidError
 
-__all__ = ["run"]
+__all__ = ["run", "load_checked"]
 
 
 class CheckMode(StrEnum):
@@ -26,7 +26,8 @@ class CheckMode(StrEnum):
     ALL = "all"
 
 
-def _load(path: Path):  # noqa: ANN202 - a Plan
+def load_checked(path: Path):  # noqa: ANN202 - a Plan
+    """The plan in ``path``, validated; an invalid one raises naming the file, as verify does."""
     try:
         from treeattn.plan.io import load_plan
     except ImportError:
@@ -34,7 +35,10 @@ def _load(path: Path):  # noqa: ANN202 - a Plan
     from treeattn.plan.validate import check
 
     plan = load_plan(path)
-    check(plan)
+    try:
+        check(plan)
+    except PlanInvalidError as exc:
+        raise PlanInvalidError(f"{path}: {exc}") from None
     return plan
 
 
@@ -73,7 +77,7 @@ def run(
     from treeattn.exec.results import new_run_id
     from treeattn.exec.runner import Job, PlanJob, RunOptions, pick_backend
 
-    plan = _load(plan_file)
+    plan = load_checked(plan_file)
     run_id = new_run_id(plan_file.stem)
     rows = rows_path(out, run_id)
     placed = detect_env()

@@ -77,5 +77,6 @@ def _failure(tmp: Path, results: tuple[RankResult, ...]) -> TreeattnError:
         return f"; last output: {lines[-1][:300]}" if lines else ""
 
     codes = [by_rank[r].returncode for r in sorted(by_rank)]
-    stopped = {res.rank for res in results if res.returncode < 0}
+    # Only the ranks the spawner stopped: one killed from outside (OOM killer, kill -9) is the cause.
+    stopped = {res.rank for res in results if res.stopped}
     return rank_failure(tmp, codes, stopped, tail)

@@ -31,6 +31,7 @@ class RankResult:
     returncode: int
     stdout: str
     stderr: str
+    stopped: bool = False  # signalled by run_in_namespaces itself (not a rank that died on its own)
 
 
 def run_in_namespaces(
@@ -68,6 +69,7 @@ def run_in_namespaces(
         ExecutionError: on timeout, or with ``check`` when a rank exits non-zero.
     """
     procs: dict[int, tuple[subprocess.Popen, object, object]] = {}
+    stopped: set[int] = set()
     try:
         for r in range(cluster.num_ranks):
             argv = cmd_for_rank(r)
@@ -103,13 +105,13 @@ def run_in_namespaces(
                 break
             time.sleep(0.02)
     finally:
-        _stop([p for p, _, _ in procs.values()])
+        stopped = _stop([p for p, _, _ in procs.values()])
     results = []
     for r, (proc, out, err) in sorted(procs.items()):
         out.seek(0)
         err.seek(0)
         results.append(RankResult(r, proc.returncode, out.read().decode(errors="replace"),
-                                  err.read().decode(errors="replace")))
+                                  err.read().decode(errors="replace"), proc.pid in stopped))
         out.close()
         err.close()
     if check:
@@ -128,9 +130,11 @@ def _die_with_parent() -> None:
         pass
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM each still-running process group, SIGKILL after a second, reap all."""
+def _stop(procs: list[subprocess.Popen]) -> set[int]:
+    """SIGTERM each still-running process group, SIGKILL after a second, reap all; returns the
+    pids it signalled."""
     running = [p for p in procs if p.poll() is None]
+    signalled = {p.pid for p in running}
     for sig, wait_s in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
         for p in running:
             try:
@@ -146,3 +150,4 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait(timeout=1)
         except subprocess.TimeoutExpired:
             pass
+    return signalled

@@ -80,7 +80,8 @@ def detect_env(environ: dict[str, str] | None = None) -> RankEnv | None:
 def _need(env, names: tuple[str, ...], who: str) -> None:  # noqa: ANN001 - a mapping
     missing = [n for n in names if not env.get(n)]
     if missing:
-        raise InputError(f"{who} environment found but {', '.join(missing)} is not set; export it "
+        verb, it = ("is", "it") if len(missing) == 1 else ("are", "them")
+        raise InputError(f"{who} environment found but {', '.join(missing)} {verb} not set; export {it} "
                          "(e.g. MASTER_ADDR=$(hostname) MASTER_PORT=29500) before launching")
 
 

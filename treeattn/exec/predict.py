@@ -5,6 +5,7 @@ the topology's ring), on the plan's topology, so every measured row has its pred
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,8 +104,8 @@ def comparability(topo: Topology | None, spec: str, backend: str | None) -> tupl
                 "`treeattn calibrate --out` file, or cpu:ranks=N)"], []
     if not topo.calibrated:
         return [], [f"predictions use {topo.name!r} as shipped, not fitted to this machine (uncalibrated); "
-                    f"`treeattn calibrate --topology {spec} --compute attention --out FILE` fits it, then pass "
-                    "--topology FILE"]
+                    f"`treeattn calibrate --topology {shlex.quote(spec)} --compute attention --out FILE` fits it, "
+                    "then pass --topology FILE"]
     return [], []
 
 

@@ -594,7 +594,7 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0) -> JobResult 
         if pj.plan.ranks != world:
             raise InputError(
                 f"plan {pj.label!r} has {pj.plan.ranks} ranks but the launcher started {world} processes; "
-                f"launch {pj.plan.ranks} (e.g. torchrun --nproc-per-node {pj.plan.ranks})"
+                f"launch {pj.plan.ranks} (e.g. torchrun --nproc-per-node {pj.plan.ranks} -m treeattn run PLAN)"
             )
     backend, device = pick_backend(opt)
     graphs = backend == "nccl" if opt.graph is None else opt.graph

@@ -295,6 +295,8 @@ def plan_from_dict(data: Any, *, source: str = "<data>") -> Plan:
     Raises:
         PlanFormatError: wrong type tag or version, unknown or missing field, wrong type.
     """
+    if data is None:
+        raise PlanFormatError(f"{source}: not a plan file: it is empty")
     if not isinstance(data, dict):
         raise PlanFormatError(f"{source}: not a plan file: expected a mapping with 'format: {FORMAT_TAG}', "
                               f"got {type(data).__name__}")

@@ -57,6 +57,13 @@ the i-th iterations of one topology's methods ran in the same round)."""
 OPTIONAL_COLUMNS = ("measured_times_us",)
 """Columns folders made before them lack (read back as empty)."""
 
+NUMERIC_COLUMNS = frozenset({
+    "ranks", "batch", "q_heads", "kv_heads", "head_dim", "tokens_per_rank", "payload_bytes", "kv_bytes_per_rank",
+    "chunks", "predicted_us", "predicted_nominal_us", "measured_median_us", "measured_p10_us", "measured_p90_us",
+    "repeats", "max_rel_err", "rank", "op_index", "peer", "chunk", "start_us", "end_us",
+})
+"""Columns read as numbers (empty cells stay missing)."""
+
 TIMELINE_COLUMNS = ("topology", "case", "method", "source", "rank", "op_index", "kind", "peer", "chunk",
                     "start_us", "end_us")
 """``source``: ``measured`` (post and completion of each op on each rank, from its own start)
@@ -85,7 +92,16 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise InputError(f"{path} lacks the columns {', '.join(missing)}; is it a treeattn validate results file?")
-    return frame[list(columns)]
+    frame = frame[list(columns)]
+    for col in NUMERIC_COLUMNS & set(columns):
+        # A hand-edited or truncated number would otherwise surface later as a traceback.
+        values = pd.to_numeric(frame[col], errors="coerce")
+        bad = frame[col].notna() & values.isna()
+        if bad.any():
+            line = int(bad.to_numpy().nonzero()[0][0]) + 2  # the header is line 1
+            raise InputError(f"{path}:{line}: {col} is {frame[col][bad].iloc[0]!r}, not a number")
+        frame[col] = values
+    return frame
 
 
 def load_folder(path: str | Path) -> ResultsFolder:

@@ -1,0 +1,42 @@
+"""What emulated runs report: the rank that died, not the peer that lost it; the clusters up."""
+
+from __future__ import annotations
+
+import json
+
+from treeattn.emulate.jobs import _failure
+from treeattn.emulate.spawn import RankResult
+
+LOST = "rank 0: collective allgather merge partial (step 1) failed: Read error: Connection reset by peer"
+
+
+def _lost_peer_report(tmp) -> None:  # noqa: ANN001 - a Path
+    (tmp / "rank0.error.json").write_text(json.dumps({"rank": 0, "kind": "comm", "message": LOST, "exit_code": 1}))
+
+
+def test_a_rank_killed_from_outside_is_named_as_the_cause(tmp_path) -> None:  # noqa: ANN001
+    _lost_peer_report(tmp_path)
+    results = (RankResult(0, 1, "", ""), RankResult(1, -9, "", ""))  # kill -9 (OOM killer, a user)
+    message = str(_failure(tmp_path, results))
+    assert message.startswith("rank 1 was killed by signal 9"), message
+    assert message.endswith("(rank 0 was stopped)"), message
+
+
+def test_a_rank_the_spawner_stopped_is_not_the_cause(tmp_path) -> None:  # noqa: ANN001
+    _lost_peer_report(tmp_path)
+    (tmp_path / "rank1.error.json").write_text(json.dumps(
+        {"rank": 1, "kind": "error", "message": "ValueError: bad shard", "exit_code": 1}))
+    results = (RankResult(0, -15, "", "", stopped=True), RankResult(1, 1, "", ""))
+    message = str(_failure(tmp_path, results))
+    assert message.startswith("rank 1 failed: ValueError: bad shard"), message
+
+
+def test_status_shows_a_rank_selection_in_the_topologys_name(monkeypatch) -> None:  # noqa: ANN001
+    from tests.cli_helpers import run_cli
+    from treeattn import emulate
+
+    cluster = {"run_id": "3570bf", "status": "ready", "topology": "emu-2x4[ranks 0,4]", "scale": 1.0,
+               "live_namespaces": ["a", "b", "c"]}
+    monkeypatch.setattr(emulate, "list_clusters", lambda: [cluster])
+    res = run_cli("emulate", "status")
+    assert res.exit_code == 0 and "emu-2x4[ranks 0,4]" in res.stdout, res.stdout
