@@ -95,6 +95,16 @@ def test_simulate_text(plans):
     assert re.search(r"set by (compute|depth|spread|the cut \S+) \(see --help\)$", lines[at])
     assert re.match(r"  terms: depth [\d.]+, cut [\d.]+, spread [\d.]+, compute [\d.]+ us$", lines[at + 1])
     assert max(len(lines[at]), len(lines[at + 1])) <= 80
+    # The path's ops end before the predicted time where the last rank's own work (its last
+    # merge) follows its last op: said, with the figures of --json.
+    data = json.loads(run_cli("simulate", str(plans["p72"]), "--json").stdout)
+    last = data["critical_path"][-1]
+    tail = data["per_rank_finish_us"][last["rank"]] - last["end_us"]
+    assert tail > 0 and data["per_rank_finish_us"][last["rank"]] == data["predicted_us"]
+    said = " ".join(r.stdout.split())
+    assert (f"after its last op, rank {last['rank']}'s own work takes {tail:.3f} us more, to the predicted "
+            f"{data['predicted_us']:.3f} us") in said
+    assert all(len(x) <= 80 for x in lines if not x.startswith(("┏", "┃", "┡", "│", "└")))
 
 
 def test_simulate_says_in_one_short_line_when_every_rank_finishes_together(plans):

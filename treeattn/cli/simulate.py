@@ -15,6 +15,7 @@ from rich.table import Table
 from treeattn.cli import app, err_console
 from treeattn.cli.paths import output_file
 from treeattn.cli.render import console, print_rates_note
+from treeattn.cli.topo_text import wrap
 from treeattn.cost import nccl
 from treeattn.cost.bounds import plan_bounds
 from treeattn.cost.library import link_rates_note
@@ -121,6 +122,13 @@ def simulate_cmd(
         table.add_row(*(("" if row[k] is None else f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k]))
                         for k in ("rank", "op", "kind", "peer", "chunk", "start_us", "end_us")))
     con.print(table)
+    if path:
+        last = path[-1]
+        tail = res.per_rank_finish_us[last["rank"]] - last["end_us"]
+        after = (f"; after its last op, rank {last['rank']}'s own work takes {tail:.3f} us more, to the "
+                 f"predicted {res.predicted_us:.3f} us") if tail > 1e-9 else ""
+        con.print(escape("\n".join(wrap("Between ops a rank runs its own work: merges and copies, conversions for "
+                                         f"the wire, and the overhead of each message it issues{after}.", ""))))
     if timeline is not None:
         note = f" (the first {drawn} of {plan.ranks} ranks)" if drawn < plan.ranks else ""
         con.print(f"timeline drawn to {escape(str(timeline))}{note}")
