@@ -84,3 +84,18 @@ def test_python_m_treeattn_is_the_console_script(tmp_path):
                          timeout=120, cwd=tmp_path)
     assert res.returncode == 2, res.stderr
     assert res.stderr.strip() == f"error: cannot read plan file '{missing}': no such file"
+
+
+def test_a_rank_that_never_connects_is_not_blamed_on_the_rank_that_waited(tmp_path):
+    # Rank 1 hung before it connected (kill -STOP): rank 0's store times out "waiting for
+    # clients", and the launcher stops rank 1. The message says who waited and why.
+    import json
+
+    from treeattn.exec.launch import rank_failure
+
+    message = ("DistStoreError: Timed out after 121 seconds waiting for clients. 1/2 clients joined.")
+    (tmp_path / "rank0.error.json").write_text(json.dumps({"rank": 0, "kind": "error", "message": message,
+                                                            "exit_code": 1}))
+    err = rank_failure(tmp_path, [1, -15], {1}, lambda r: "")
+    assert str(err) == ("only 1 of 2 ranks connected within the 121 s set-up deadline (rank 0 waited; a rank that "
+                        "never connected hung or could not start) (rank 1 was stopped)")

@@ -55,7 +55,8 @@ def run(
     order: OrderOpt = MeasureOrder.INTERLEAVED,
     timeout: Annotated[float | None, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait "
                                                   "before its rank gives up; default: 10x the slowest predicted "
-                                                  "method, at least 5.")] = None,
+                                                  "method, at least 5 (connecting the ranks and opening their "
+                                                  "communicators may take 120 s).")] = None,
     graph: Annotated[bool | None, typer.Option("--graph/--no-graph", help="Replay each method from a CUDA graph "
                                                "after its warm-up (NCCL; default: on with NCCL, falling back to "
                                                "eager with one line saying why when capture fails).")] = None,

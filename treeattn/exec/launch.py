@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 import signal
 import socket
@@ -220,7 +221,13 @@ def rank_failure(
     # The root cause is a rank that died silently or raised something other than a lost peer.
     primary = [r for r in failed if reports.get(r, {}).get("kind") != "comm"] or failed or sorted(killed)
     first = primary[0]
-    if first in reports:
+    joined = re.search(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined",
+                       reports.get(first, {}).get("message", ""))
+    if joined:  # the store's words blame the rank that waited, not those that never came
+        secs, came, n = joined.groups()
+        what = (f"only {came} of {n} ranks connected within the {secs} s set-up deadline (rank {first} waited; "
+                "a rank that never connected hung or could not start)")
+    elif first in reports:
         what = f"rank {first} failed: {reports[first]['message']}"
     elif codes[first] < 0:
         what = f"rank {first} was killed by signal {-codes[first]}{log_tail(first)}"
