@@ -99,3 +99,10 @@ def test_a_rank_that_never_connects_is_not_blamed_on_the_rank_that_waited(tmp_pa
     err = rank_failure(tmp_path, [1, -15], {1}, lambda r: "")
     assert str(err) == ("only 1 of 2 ranks connected within the 121 s set-up deadline (rank 0 waited; a rank that "
                         "never connected hung or could not start) (rank 1 was stopped)")
+
+
+def test_run_help_names_the_set_up_deadline_the_runner_keeps():
+    from treeattn.exec.runner import RunOptions
+
+    text = " ".join(run_cli("run", "--help").stdout.replace("│", " ").split())
+    assert f"may take {RunOptions().setup_timeout_s:g} s" in text
