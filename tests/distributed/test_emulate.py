@@ -166,7 +166,7 @@ def test_run_a_plan_on_two_namespaces(tmp_path):
                           "--warmup", "0", "--json", "--out", str(tmp_path / "rows.csv")],
                          capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stderr
-    (row,) = json.loads(res.stdout)
+    (row,) = json.loads(res.stdout)["rows"]
     assert row["method"] == "plan" and row["correct"] is True and row["ranks"] == 2
     assert row["measured_median_us"] > 0 and row["predicted_us"] is not None
     assert (tmp_path / "rows.csv").exists()

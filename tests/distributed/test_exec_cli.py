@@ -37,7 +37,10 @@ def test_run_end_to_end_json(tmp_path):
     proc = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "warning" not in proc.stderr
-    rows = json.loads(proc.stdout)
+    data = json.loads(proc.stdout)
+    assert data["rows_csv"] == str(out) and data["timeline_csv"] == str(out.with_name("rows.timeline.csv"))
+    assert data["calibrated"] is False  # cpu:ranks=2 as shipped
+    rows = data["rows"]
     assert [r["method"] for r in rows] == ["plan", "allreduce3", "allreduce2", "allgather-merge", "ring-attention"]
     for r in rows:
         assert set(r) == set(COLUMNS)
@@ -60,7 +63,7 @@ def test_run_under_torchrun(tmp_path):
             str(path), "--repeats", "2", "--warmup", "0", "--json", "--out", str(tmp_path / "r.csv")]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    rows = json.loads(proc.stdout)
+    rows = json.loads(proc.stdout)["rows"]
     assert len(rows) == 1 and rows[0]["correct"] is True and rows[0]["algorithm"] == "butterfly"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -128,13 +129,15 @@ def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,
                  json_out: bool) -> None:
     """Write a run's rows and timeline to ``path`` (from ``rows_path``), print them as a
     table or JSON, and fail loudly (exit 1) when any method's result was wrong."""
-    from treeattn.exec.results import result_rows, rows_json, timeline_rows, write_csv
+    from treeattn.exec.results import result_rows, rows_records, timeline_rows, write_csv
 
     frame = result_rows(result, {label: plan}, {label: predictions}, run_id)
+    timeline = path.with_name(path.stem + ".timeline.csv")
     write_csv(frame, path)
-    write_csv(timeline_rows(result, run_id), path.with_name(path.stem + ".timeline.csv"))
+    write_csv(timeline_rows(result, run_id), timeline)
     if json_out:
-        typer.echo(rows_json(frame))
+        typer.echo(json.dumps({"rows": rows_records(frame), "rows_csv": str(path), "timeline_csv": str(timeline),
+                               "calibrated": predictions.calibrated}, sort_keys=True, indent=2))
     else:
         _table(frame, path, predictions.calibrated)
     wrong = frame[~frame["correct"]]

@@ -25,7 +25,7 @@ from treeattn.plan.ir import Plan
 from treeattn.workload import Payload, RawPayload, even_split
 
 __all__ = ["COLUMNS", "TIMELINE_COLUMNS", "workload_label", "new_run_id", "result_rows", "timeline_rows",
-           "appendable_problem", "write_csv", "rows_json"]
+           "appendable_problem", "write_csv", "rows_records", "rows_json"]
 
 COLUMNS = ("run_id", "plan", "algorithm", "topology", "workload", "method", "ranks", "backend", "predicted_us",
            "measured_median_us", "spread_us", "rel_error", "correct", "max_rel_err", "tolerance", "same_bits")
@@ -129,8 +129,12 @@ def write_csv(frame: pd.DataFrame, path: Path) -> None:
     frame.to_csv(path, mode="w" if new else "a", header=new, index=False)
 
 
+def rows_records(frame: pd.DataFrame) -> list[dict]:
+    """The rows as plain dicts (missing numbers as None)."""
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+            for row in frame.astype(object).to_dict(orient="records")]
+
+
 def rows_json(frame: pd.DataFrame) -> str:
     """The rows as a JSON list (sorted keys; missing numbers as null)."""
-    records = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
-               for row in frame.astype(object).to_dict(orient="records")]
-    return json.dumps(records, sort_keys=True, indent=2)
+    return json.dumps(rows_records(frame), sort_keys=True, indent=2)
