@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,28 @@ def test_wrong_result_is_reported_and_exits_1(tmp_path, monkeypatch):
     assert "wrong result from plan (max relative error 0.3, tolerance 1e-05)" in res.stderr
     assert "NO" in res.stdout
     assert pd.read_csv(tmp_path / "r.csv")["correct"].tolist() == [False]
+
+
+def test_a_terminated_run_stops_its_ranks_and_removes_its_run_directory(tmp_path):
+    # `timeout 60 treeattn run ...` or a batch system ending the job sends SIGTERM: the
+    # launcher unwinds as on Ctrl-C (exit 130), its ranks stop and its run directory goes.
+    import signal
+    import time
+
+    path = plan_file(tmp_path, build("binomial", W2, resolve("cpu:ranks=2")))
+    runs = tmp_path / "tmp"
+    runs.mkdir()
+    env = {**os.environ, "TMPDIR": str(runs)}
+    proc = subprocess.Popen([TREEATTN, "run", str(path), "--repeats", "100000", "--warmup", "0", "--out",
+                             str(tmp_path / "rows.csv")], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(runs.glob("treeattn-run-*/rank1.log")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)  # the ranks are running
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "aborted" in err, err
+    assert list(runs.iterdir()) == []
+    left = subprocess.run(["pgrep", "-f", str(runs)], capture_output=True, text=True)
+    assert left.stdout == "", left.stdout

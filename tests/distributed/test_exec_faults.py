@@ -85,5 +85,5 @@ def test_launcher_detection():
     slurm = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "MASTER_ADDR": "h", "MASTER_PORT": "5"}
     placed = detect_env(slurm)
     assert (placed.launcher, placed.rank, placed.world, placed.local_rank) == ("slurm", 3, 4, 1)
-    with pytest.raises(InputError, match="MASTER_ADDR, MASTER_PORT is not set"):
+    with pytest.raises(InputError, match="MASTER_ADDR, MASTER_PORT are not set"):
         detect_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"})

@@ -140,4 +140,6 @@ def main(args: list[str] | None = None) -> None:
         raise
     # Not standalone, typer returns an exit status instead of raising (Ctrl-C gives 130).
     if isinstance(rc, int) and rc:
+        if rc == 130:
+            err_console.print("aborted")
         sys.exit(rc)

@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,6 +134,7 @@ def launch_local(job: Job) -> JobResult:
             raise InputError(problem)
     tmp = Path(tempfile.mkdtemp(prefix="treeattn-run-"))
     procs: list[subprocess.Popen] = []
+    previous = _stop_on_sigterm()
     try:
         (tmp / "job.pkl").write_bytes(pickle.dumps(job))
         port = free_port()
@@ -158,6 +160,21 @@ def launch_local(job: Job) -> JobResult:
         for p in procs:
             p.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_on_sigterm():  # noqa: ANN202 - the handler it replaced, or None
+    """Make SIGTERM (``timeout``, a batch system ending the job) unwind the launcher like
+    Ctrl-C, so that it stops its ranks and removes its run directory; returns the handler it
+    replaced (None off the main thread, where a handler cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum, frame):  # noqa: ANN001, ANN202, ARG001 - signal's handler signature
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, interrupt)
 
 
 def available_bytes() -> int | None:
