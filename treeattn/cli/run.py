@@ -67,9 +67,9 @@ def run(
     seed: Annotated[int, typer.Option("--seed", help="Seed of q, K and V.")] = 0,
     topology: Annotated[str | None, typer.Option("--topology", "-t", help="Topology (preset or file) to "
                                                  "predict on; default: the plan's.")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="CSV to append rows to (each op's times go to "
-                                             "NAME.timeline.csv beside it); default: a new file in results/runs/ "
-                                             "named after the time and the plan.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="CSV to append rows to (the plan's ops in its last "
+                                             "timed run go to NAME.timeline.csv beside it); default: a new "
+                                             "file in results/runs/ named after the time and the plan.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Run PLAN on its ranks (local processes, or those of torchrun/SLURM), check the result
