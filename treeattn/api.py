@@ -212,7 +212,8 @@ def named_plan(topo: Topology, payload: Payload, algorithm: str, chunks: int | N
     params = {k: v for k, v in plan.params.items() if k not in ("chunks",)}
     entry = {"algorithm": algorithm, "builder": algorithm, "params": params, "chunks": plan.chunks,
              "predicted_us": t, "ratio_to_bound": ratio, "peak_bytes": mem.peak_bytes}
-    left = [] if mem.fits else [{"algorithm": algorithm, "why": mem.why(), "peak_bytes": mem.peak_bytes}]
+    left = [] if mem.fits else [{"algorithm": algorithm, "reason": "memory", "why": mem.why(),
+                                 "peak_bytes": mem.peak_bytes}]
     return plan, {"best": entry, "candidates": [entry], "lower_bound_us": bound.bound_us, "baselines": base,
                   "baseline_peak_bytes": base_peaks, "memory_limit_bytes": mem.limit_bytes, "left_out": left}
 

@@ -342,7 +342,7 @@ def test_nccls_channels_cap_sends_over_links_no_log_fitted(tmp_path):
     # as at datasheet rates, so ring attention on one node's ranks (128 MiB sends) is as fast
     # as on the datasheet topology.
     from treeattn.api import build_plan
-    from treeattn.cost.nccl_p2p import WORLD, p2p_message_gbps
+    from treeattn.cost.nccl_p2p import WORLD, p2p_message_gbps, router
 
     out = tmp_path / "cal.yaml"
     res = run_cli("calibrate", "--from-nccl-tests", str(FOUR), "-t", "dgx-h100:nodes=4", "--out", str(out))
@@ -352,6 +352,8 @@ def test_nccls_channels_cap_sends_over_links_no_log_fitted(tmp_path):
     for comm in ("pair", WORLD):
         assert p2p_message_gbps(cal, 0, 1, 128 << 20, comm) == p2p_message_gbps(DGX4, 0, 1, 128 << 20, comm) < 370
         assert p2p_message_gbps(cal, 0, 8, 128 << 20, comm) == math.inf > p2p_message_gbps(DGX4, 0, 8, 128 << 20, comm)
+    # NCCL's PXN routes a send to another node in a communicator of every rank, whatever the rates
+    assert router(cal, WORLD)(1, 8) == router(DGX4, WORLD)(1, 8) != cal.route(1, 8)
     ring = [build_plan(f"{t}[ranks 0-7]", "llama-3.1-70b", "ring-attention", batch=8, seq_len="32K").predicted_us
             for t in ("dgx-h100:nodes=4", out)]
     assert ring[0] == ring[1]
@@ -362,6 +364,11 @@ def test_nccls_channels_cap_sends_over_links_no_log_fitted(tmp_path):
     old = tmp_path / "old.yaml"
     old.write_text(dump_topology(load_topology_text(json.dumps(legacy))))
     assert p2p_message_gbps(resolve(str(old)), 0, 1, 128 << 20) == math.inf
+    # and calibrated again, it does not know which were: every link stays fitted
+    again = tmp_path / "again.yaml"
+    res = run_cli("calibrate", "--from-nccl-tests", str(FOUR), "-t", str(old), "--out", str(again))
+    assert res.exit_code == 0, res.stderr
+    assert resolve(str(again)).fitted_links == frozenset(range(len(DGX4.links)))
     # Both logs: every rank's sends cross a fitted link, and none is capped.
     both = calibrate_from_nccl_tests(DGX4, [ONE, FOUR]).topology
     assert p2p_message_gbps(both, 0, 1, 128 << 20) == p2p_message_gbps(both, 0, 8, 128 << 20) == math.inf

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from treeattn.errors import InputError, TopologyError
 from treeattn.exec.interpreter import MeasuredOp
 from treeattn.exec.predict import predict, resolve_topology
-from treeattn.exec.results import COLUMNS, result_rows, rows_json, timeline_rows, workload_label, write_csv
+from treeattn.exec.results import COLUMNS, result_rows, rows_records, timeline_rows, workload_label, write_csv
 from treeattn.exec.runner import JobResult, Measurement, RunOptions, interleaved_order
 from treeattn.plan.baselines import Baseline
 from treeattn.plan.builders import build
@@ -52,7 +52,7 @@ def test_rows_csv_json_and_timeline(tmp_path):
     assert plan_row["predicted_us"] > 0
     assert plan_row["rel_error"] == pytest.approx(20.0 / plan_row["predicted_us"] - 1, abs=1e-4)
     assert not base_row["correct"] and pd.isna(base_row["max_rel_err"])
-    rows = json.loads(rows_json(frame))
+    rows = json.loads(json.dumps(rows_records(frame)))
     assert rows[1]["max_rel_err"] is None and rows[0]["method"] == "plan"
     path = tmp_path / "out" / "r.csv"
     write_csv(frame, path)

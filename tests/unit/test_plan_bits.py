@@ -10,7 +10,7 @@ import pytest
 from treeattn.errors import PlanInvalidError
 from treeattn.plan.bits import bit_groups
 from treeattn.plan.builders import ALGORITHMS, build
-from treeattn.plan.ir import Op, OpKind, TopologyRef
+from treeattn.plan.ir import Op, OpKind, Plan, TopologyRef
 from treeattn.workload import RawPayload, Workload
 
 REF = TopologyRef("t", "sha256:0")
@@ -60,6 +60,25 @@ def test_raw_sums_and_layouts_with_one_holder_a_chunk():
     assert set(bit_groups(build("direct", RawPayload(nbytes=4 * 64, ranks=3), REF))) == {0}
     assert bit_groups(build("ring", att(4), REF, result="heads")) == {}  # each head on one rank
     assert bit_groups(build("binomial", att(4), REF, result="root", root=2)) == {}
+
+
+def test_a_chunk_merged_alone_and_among_all_rows_is_merged_twice():
+    # Ranks 0 and 1 start from rank 0's partial and merge ranks 2's and 3's. Rank 0 gets both
+    # for all rows: one stack, one merge. Rank 1 gets rank 3's chunk by chunk: the executor
+    # merges its stack of all rows (rank 2's) and then each chunk's (rank 3's), two merges, and
+    # ends with other bits (gloo: `treeattn run` reports them); ranks 2 and 3 copy rank 0's.
+    k = OpKind
+    programs = (
+        (Op(k.COMPUTE, 0), Op(k.SEND, 1, peer=1), Op(k.RECV_MERGE, 2, peer=2), Op(k.RECV_MERGE, 2, peer=3),
+         Op(k.SEND, 3, peer=2), Op(k.SEND, 3, peer=3)),
+        (Op(k.RECV_COPY, 1, peer=0), Op(k.RECV_MERGE, 2, peer=2), Op(k.RECV_MERGE, 2, peer=3, chunk=0),
+         Op(k.RECV_MERGE, 2, peer=3, chunk=1)),
+        (Op(k.COMPUTE, 0), Op(k.SEND, 2, peer=0), Op(k.SEND, 2, peer=1), Op(k.RECV_COPY, 3, peer=0)),
+        (Op(k.COMPUTE, 0), Op(k.SEND, 2, peer=0), Op(k.SEND, 2, peer=1, chunk=0), Op(k.SEND, 2, peer=1, chunk=1),
+         Op(k.RECV_COPY, 3, peer=0)),
+    )
+    plan = Plan("by-hand", {}, att(4), REF, 2, programs, (0, 1, 2, 3), contributors=(0, 2, 3))
+    assert bit_groups(plan) == {0: [[0, 2, 3], [1]], 1: [[0, 2, 3], [1]]}
 
 
 def test_an_invalid_plan_is_refused():

@@ -49,6 +49,7 @@ def test_verify_json(tmp_path: Path) -> None:
     assert bad.exit_code == 2
     data = json.loads(bad.stdout)
     assert data["valid"] is False and data["violation"]["kind"] == "empty-send"
+    assert data["bit_groups"] is None  # not an empty mapping: that would say every rank's bits agree
     assert (data["violation"]["rank"], data["violation"]["op_index"]) == (4, 0)
 
 

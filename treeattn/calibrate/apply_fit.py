@@ -158,7 +158,10 @@ def apply_fit(topo: Topology, fit: FittedParams, *, name: str | None = None) -> 
                         "NCCL's model reads the measured rates; calibrate the datasheet topology to keep them")
     # The rate each link reached before, which one no class fitted keeps once rates are measured.
     reach = transfer_gbps(topo) if fit.classes else tuple(ln.bw_gbps for ln in topo.links)
-    links = [_measured(ln, lat, bw, keep, was, topo.on_gpus) for ln, was in zip(topo.links, reach, strict=True)]
+    # Fitted before: a measured file that marks no link (written before the mark) had them all.
+    before = topo.fitted_links
+    links = [_measured(ln, lat, bw, keep, was, topo.on_gpus, i in before)
+             for i, (ln, was) in enumerate(zip(topo.links, reach, strict=True))]
     cost = dataclasses.replace(topo.cost, overhead_us=overhead, launch_us=launch, mem_efficiency=eff,
                                link_rates="measured" if fit.classes else topo.cost.link_rates)
     if fit.shm_gbps is not None:
@@ -180,14 +183,14 @@ def apply_fit(topo: Topology, fit: FittedParams, *, name: str | None = None) -> 
 
 
 def _measured(ln: Link, lat: dict[Hop, float], bw: dict[Hop, float], keep: bool, reached: float,
-              mark: bool) -> Link:
+              mark: bool, fitted_before: bool) -> Link:
     """``ln`` with its fitted latency and rate (else ``reached``, the rate a transfer reached
     on it before), keeping (``keep``) what it had before as its rating (a link calibrated
     twice keeps the first: the hardware's), and marked ``fitted`` (``mark``: GPU ranks, where
     NCCL's per-channel cap on a send reads the mark) where a fit set its rate now or before."""
     s = _sig(ln.kind.value, ln.bw_gbps)
     latency, rate = lat.get(s, ln.latency_us), bw.get(s, reached)
-    ln = dataclasses.replace(ln, fitted=mark and (ln.fitted or s in bw))
+    ln = dataclasses.replace(ln, fitted=mark and (fitted_before or s in bw))
     if not keep:
         return dataclasses.replace(ln, latency_us=latency, bw_gbps=rate)
     rated_gbps = ln.rated_gbps if ln.rated_gbps is not None or rate == ln.bw_gbps else ln.bw_gbps

@@ -16,6 +16,7 @@ from treeattn.cli.options import BackendOpt, JsonOpt, MeasureOrder, OrderOpt
 from treeattn.cli.paths import output_file
 from treeattn.cli.render import console
 from treeattn.errors import ExecutionError, InputError, PlanInvalidError
+from treeattn.exec.deadline import SETUP_TIMEOUT_S
 
 __all__ = ["run", "load_checked"]
 
@@ -57,7 +58,7 @@ def run(
     timeout: Annotated[float | None, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait "
                                                   "before its rank gives up; default: 10x the slowest predicted "
                                                   "method, at least 5 (connecting the ranks and opening their "
-                                                  "communicators may take 120 s).")] = None,
+                                                  f"communicators may take {SETUP_TIMEOUT_S:g} s).")] = None,
     graph: Annotated[bool | None, typer.Option("--graph/--no-graph", help="Replay each method from a CUDA graph "
                                                "after its warm-up (NCCL; default: on with NCCL, falling back to "
                                                "eager with one line saying why when capture fails).")] = None,

@@ -33,7 +33,8 @@ def verify_cmd(
     if json_out:
         data = report.to_dict()
         data["file"] = str(plan_file)
-        data["bit_groups"] = {str(c): groups for c, groups in split.items()}
+        # null for an invalid plan: an empty mapping would say its ranks all end with the same bits
+        data["bit_groups"] = {str(c): groups for c, groups in split.items()} if report.valid else None
         typer.echo(json.dumps(data, sort_keys=True, indent=2))
     if not report.valid:
         # Also with --json: the JSON is on stdout, the one-line error on stderr, exit status 2.
@@ -52,7 +53,7 @@ def verify_cmd(
         c, groups = next(iter(split.items()))
         shown = " | ".join(",".join(map(str, g)) for g in groups[:4]) + (" | ..." if len(groups) > 4 else "")
         typer.echo(f"its result ranks may end with different bits in {n(len(split), 'chunk')} (chunk {c}: ranks "
-                   f"{shown}): they merge the same partials in other orders")
+                   f"{shown}): they merge the same partials in other orders or groupings")
     elif any(len([r for r in plan.result_ranks if c in plan.owned_chunks(r)]) > 1 for c in range(plan.chunks)):
         typer.echo("every result rank ends with the same bits (as the executor merges)")
 

@@ -24,7 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["POLL_S", "Call", "Outstanding", "first_pending", "wait_marks"]
+SETUP_TIMEOUT_S = 120.0
+"""How long connecting the ranks and opening their communicators may take (``RunOptions``)."""
+
+__all__ = ["POLL_S", "SETUP_TIMEOUT_S", "Call", "Outstanding", "first_pending", "wait_marks"]
 
 POLL_S = 2e-5
 """How long a blocking wait sleeps between queries (a sleep lasts longer: tens of µs)."""

@@ -137,7 +137,7 @@ class Merger:
             c, groups = next(iter(split.items()))
             warnings.warn(f"plan {plan.algorithm!r}: its ranks may end with different bits (chunk {c}: ranks "
                           f"{' | '.join(','.join(map(str, g)) for g in groups)}), merging the same partials in other "
-                          "orders; under tensor parallelism they may then sample different tokens "
+                          "orders or groupings; under tensor parallelism they may then sample different tokens "
                           "(treeattn.search_plan leaves such plans out)", stacklevel=2)
         problem = given_partial_problem(plan)
         if problem:

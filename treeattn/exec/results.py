@@ -12,7 +12,6 @@ elsewhere).
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from treeattn.plan.ir import Plan
 from treeattn.workload import Payload, RawPayload, even_split
 
 __all__ = ["COLUMNS", "TIMELINE_COLUMNS", "workload_label", "new_run_id", "result_rows", "timeline_rows",
-           "appendable_problem", "write_csv", "rows_records", "rows_json"]
+           "appendable_problem", "write_csv", "rows_records"]
 
 COLUMNS = ("run_id", "plan", "algorithm", "topology", "workload", "method", "ranks", "backend", "predicted_us",
            "measured_median_us", "spread_us", "rel_error", "correct", "max_rel_err", "tolerance", "same_bits")
@@ -133,8 +132,3 @@ def rows_records(frame: pd.DataFrame) -> list[dict]:
     """The rows as plain dicts (missing numbers as None)."""
     return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
             for row in frame.astype(object).to_dict(orient="records")]
-
-
-def rows_json(frame: pd.DataFrame) -> str:
-    """The rows as a JSON list (sorted keys; missing numbers as null)."""
-    return json.dumps(rows_records(frame), sort_keys=True, indent=2)

@@ -43,6 +43,7 @@ from treeattn.exec import kernels as fused
 from treeattn.exec.attention import make_kv_shard, make_query, make_raw, resolve_kernel, torch_dtype
 from treeattn.exec.baselines import library_collective, run_attention_baseline, segments
 from treeattn.exec.comm import BufferPool, Comm
+from treeattn.exec.deadline import SETUP_TIMEOUT_S
 from treeattn.exec.graphs import capture
 from treeattn.exec.interpreter import MeasuredOp, PlanExecutor, RankInputs
 from treeattn.exec.issue_order import nccl_order_problem
@@ -72,7 +73,7 @@ class RunOptions:
     """Untimed iterations before the timed ones (after the checked first run)."""
     timeout_s: float = 5.0
     """Deadline of one measured operation (a step's wait, one collective)."""
-    setup_timeout_s: float = 120.0
+    setup_timeout_s: float = SETUP_TIMEOUT_S
     """Deadline of start-up, barriers, reference broadcast and result gathering."""
     backend: str | None = None
     """``gloo`` or ``nccl``; None follows the devices (NCCL when CUDA is present)."""

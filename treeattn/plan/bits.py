@@ -15,10 +15,12 @@ rank runs over the same partials, in the same order, as the wire carried them.
   accumulator first);
 * what a rank sends is its chunk as its step began, in the wire's form (on a wire narrower
   than the accumulator, ``Plan.narrow_wire``, rounded);
-* at a step's end the copies land (as sent) and each chunk merged into is merged once over
-  what it received: an exchanged chunk (``exchanged_chunks``) over every rank's partial in
-  rank order, its own as sent, not reading the accumulator; any other the accumulator first,
-  then what it received in program order (a raw payload: summed so);
+* at a step's end the copies land (as sent) and what it received is merged one stack per op
+  chunk (None: every row), the stacks in the order the step first merges each (a chunk a step
+  merges both alone and among all rows is merged twice): an exchanged chunk
+  (``exchanged_chunks``) over every rank's partial in rank order, its own as sent, not reading
+  the accumulator; any other the accumulator first, then what it received in program order (a
+  raw payload: summed so);
 * a library collective gives each rank it delivers to the same bits (NCCL's and gloo's
   all-reduce do), a function of every rank's input;
 * on a narrow wire the rows some rank copies are rounded by every rank at the end
@@ -91,6 +93,7 @@ class BitTracker:
         (receive gid, mask, what the send carried), in program order)."""
         v = self.v
         acc = self.acc[r]
+        began = acc[:]  # an exchange's own slot holds the chunk as the step began
         start = v.g_compute[g]
         if start >= 0:
             b = v.block_a[start]
@@ -98,32 +101,32 @@ class BitTracker:
             for c in range(len(acc)):
                 acc[c] = part if self.empty[r] else self._id(("merge", acc[c], part))
             self.empty[r] = False
-        merges: dict[int, list[tuple[int, int]]] = {}
-        exchanged = None
+        # As the executor stacks them: one stack per op chunk (None: every row), in the order
+        # the step first merges each, merged one after the other over the stack's rows.
+        stacks: dict[int | None, list[tuple[int, Any]]] = {}
         for gid, _, carried in box:
             if carried is None:
                 continue
             ch = v.chunk_a[gid]
-            chunks = range(len(acc)) if ch < 0 else (ch,)
             if v.ops[gid].kind is not OpKind.RECV_MERGE:
-                for c in chunks:
+                for c in range(len(acc)) if ch < 0 else (ch,):
                     acc[c] = carried[c] if ch < 0 else carried
                 self.empty[r] = False
                 continue
-            if exchanged is None:
-                lo, hi = v.g_start[g], v.g_start[g + 1]
-                exchanged = set() if self.raw else exchanged_chunks(v.ops[lo:hi])
-            key = None if ch < 0 else ch
-            sender = v.peer_a[gid]
-            for c in chunks:
-                merges.setdefault(c, []).append((sender, carried[c] if ch < 0 else carried, key in exchanged))
-        for c, got in merges.items():
-            if got[0][2]:  # exchanged: every rank's partial in rank order, this rank's as sent
-                ordered = sorted([(r, self._wire(acc[c])), *((s, e) for s, e, _ in got)])
-                acc[c] = self._id(("stack", *(e for _, e in ordered)))
-            else:
-                acc[c] = self._id(("sum" if self.raw else "merge", acc[c], *(e for _, e, _ in got)))
-            self.empty[r] = False
+            stacks.setdefault(None if ch < 0 else ch, []).append((v.peer_a[gid], carried))
+        if not stacks:
+            return
+        lo, hi = v.g_start[g], v.g_start[g + 1]
+        exchanged = set() if self.raw else exchanged_chunks(v.ops[lo:hi])
+        for key, got in stacks.items():
+            for c in range(len(acc)) if key is None else (key,):
+                parts = [(s, e[c] if key is None else e) for s, e in got]
+                if key in exchanged:  # every rank's partial in rank order, this rank's as sent
+                    ordered = sorted([(r, self._wire(began[c])), *parts])
+                    acc[c] = self._id(("stack", *(e for _, e in ordered)))
+                else:  # the accumulator first, then what it received in program order
+                    acc[c] = self._id(("sum" if self.raw else "merge", acc[c], *(e for _, e in parts)))
+        self.empty[r] = False
 
     def collective(self, op: Any, c: int, effect: str, root: int | None) -> None:
         """A collective's effect on chunk ``c``: the ranks it delivers to get the same bits."""

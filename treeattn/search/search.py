@@ -441,11 +441,13 @@ class _Run:
                 peak, limit = mc.peak_bytes, mc.limit_bytes
                 if not mc.fits:
                     left_out.append({"algorithm": s.family, "params": s.describe, "chunks": c, "predicted_us": t,
-                                     "peak_bytes": mc.peak_bytes, "why": mc.why()})
+                                     "peak_bytes": mc.peak_bytes, "reason": "memory", "why": mc.why()})
                     continue
             if self.layout == "all" and not plan.is_raw and (split := bit_groups(plan)):
                 # Tensor parallelism goes on from every rank's rows: they must be the same bits,
-                # as an all-reduce gives, or the ranks may sample different tokens.
+                # as an all-reduce gives, or the ranks may sample different tokens. Raw sums are
+                # not held to it: the tracker tells sums apart by operand order, and two ranks'
+                # a + b and b + a, which IEEE addition makes equal, would leave out the butterfly.
                 chunk, groups = next(iter(split.items()))
                 left_out.append({"algorithm": s.family, "params": s.describe, "chunks": c, "predicted_us": t,
                                  "peak_bytes": peak, "reason": "bits",
@@ -472,9 +474,10 @@ class _Run:
             listed = {x["algorithm"] for x in left_out}
             if (peak is not None and limit is not None and peak > limit and base.get(key) is not None
                     and names[key] not in listed):
-                left_out.append({"algorithm": names[key], "baseline": True, "predicted_us": base[key],
-                                 "peak_bytes": peak, "why": f"needs {format_size(peak)} on a rank, over the "
-                                                            f"{format_size(limit)} it may use"})
+                left_out.append({"algorithm": names[key], "baseline": True, "reason": "memory",
+                                 "predicted_us": base[key], "peak_bytes": peak,
+                                 "why": f"needs {format_size(peak)} on a rank, over the {format_size(limit)} "
+                                        "it may use"})
         stats = {
             "seed": self.seed,
             "screened": len(self.candidates),
@@ -498,7 +501,7 @@ class _Run:
         if top_sched.key in self.moves_of:
             notes["search"]["moves"] = self.moves_of[top_sched.key]
         for reason, key in (("memory", "left_out_for_memory"), ("bits", "left_out_for_bits")):
-            out = [x["algorithm"] for x in left_out if x.get("reason", "memory") == reason]
+            out = [x["algorithm"] for x in left_out if x["reason"] == reason]
             if out:
                 notes["search"][key] = out
         plan = replace(plan, predicted_us=top_t, notes=notes)
