@@ -151,9 +151,11 @@ def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,
 def _table(frame, path: Path, calibrated: bool) -> None:  # noqa: ANN001 - a DataFrame
     con = console()
     first = frame.iloc[0]
-    table = Table(title=escape(f"{first['plan']} · {first['algorithm']} · {first['workload']} · {first['ranks']} ranks "
-                         f"({first['backend']}, predicted on {first['topology']}")
-                  + f"{'' if calibrated else ', uncalibrated'}) · µs")
+    # Two short lines (within 80 columns for the usual names), not one long title: the workload
+    # and what predicted it, then the plan, its ranks and backend as the table's title.
+    con.print(escape(f"{first['workload']}; predicted on {first['topology']}{'' if calibrated else ' (uncalibrated)'}"))
+    table = Table(title=escape(f"{first['plan']} · {first['algorithm']} · {first['ranks']} ranks ({first['backend']}) "
+                               "· µs"))
     table.add_column("method", no_wrap=True)
     for col in ("measured", "±", "predicted", "error", "correct", "× plan"):
         # "×" alone atop "plan" would read as a column of the plan's own figures
