@@ -61,19 +61,18 @@ __all__ = ["CALLS_AHEAD", "EXTERNAL_EVENTS", "CommError", "Comm", "P2P", "Buffer
 
 _PAIRS: dict[tuple[int, int], dist.ProcessGroup] = {}
 """NCCL communicators of pairs of global ranks, created once per default process group
-(``Comm.open_pairs``; ``_pairs_of_this_world``)."""
+(``Comm.open_pairs``; ``_forget_pairs_of_another_world``)."""
 _PAIRS_WORLD: list = [None]
 """The default process group ``_PAIRS`` were made under."""
 
 
-def _pairs_of_this_world() -> dict[tuple[int, int], dist.ProcessGroup]:
-    """``_PAIRS``, emptied where the default process group is not the one they were made under
-    (a process that destroyed it and initialised again: the old pairs' communicators are gone)."""
+def _forget_pairs_of_another_world() -> None:
+    """Empty ``_PAIRS`` where the default process group is not the one they were made under (a
+    process that destroyed it and initialised again: the old pairs' communicators are gone)."""
     world = dist.distributed_c10d._get_default_group()
     if _PAIRS_WORLD[0] is not world:
         _PAIRS.clear()
         _PAIRS_WORLD[0] = world
-    return _PAIRS
 
 Mark = float | torch.cuda.Event
 """A timestamp: host seconds on a CPU device, a recorded CUDA event on a GPU."""
@@ -269,7 +268,7 @@ class Comm:
         the middle of a step, where a pair's rendezvous could wait on a message not yet posted."""
         if self.backend != "nccl":
             return
-        _pairs_of_this_world()
+        _forget_pairs_of_another_world()
         for a, b in sorted({(min(p), max(p)) for p in pairs if p[0] != p[1]}):
             if self.rank not in (a, b):
                 continue

@@ -27,11 +27,12 @@ neither checks earlier calls, nor records deadline markers, nor captures a graph
 Call it once outside any capture first, on every rank, with the shapes the captured calls will
 have (that call allocates the buffers all later calls reuse, sets up NCCL's communicators,
 and compiles the fused merges: a compile inside a capture would break it), and capture at
-the same calls on every rank. No deadline applies to the caller's replays: a hung peer hangs them. The Merger must
-outlive the caller's graph, whose replays use its buffers. The Merger captures its own graph
-with ``capture_error_mode="thread_local"`` (the process group's watchdog thread may query
-events meanwhile); a caller whose capture fails that way can do the same. With the whole
-step captured by the caller, ``graph=False`` saves the Merger's own graph.
+the same calls on every rank. No deadline applies to the caller's replays: a hung peer hangs
+them. The Merger must outlive the caller's graph, whose replays use its buffers. The Merger
+captures its own graph with ``capture_error_mode="thread_local"`` (the process group's
+watchdog thread may query events meanwhile); a caller whose capture fails that way can do
+the same. With the whole step captured by the caller, ``graph=False`` saves the Merger's own
+graph.
 
 Call a Merger on one CUDA stream (the one current at each call): its buffers are reused from
 call to call in that stream's order, and nothing else orders a call on another stream after
@@ -128,17 +129,16 @@ class Merger:
             from treeattn.plan.io import load_plan
 
             plan = load_plan(plan)
-        from treeattn.plan.bits import bit_groups
+        from treeattn.plan.bits import bit_groups, split_text
 
         split = bit_groups(plan)  # validates it too
         if not isinstance(plan.workload, Workload):
             raise ValueError(f"Merger merges attention partials; plan {plan.algorithm!r} reduces a raw payload")
         if split and plan.result == "all":
-            c, groups = next(iter(split.items()))
-            warnings.warn(f"plan {plan.algorithm!r}: its ranks may end with different bits (chunk {c}: ranks "
-                          f"{' | '.join(','.join(map(str, g)) for g in groups)}), merging the same partials in other "
-                          "orders or groupings; under tensor parallelism they may then sample different tokens "
-                          "(treeattn.search_plan leaves such plans out)", stacklevel=2)
+            warnings.warn(f"plan {plan.algorithm!r}: its ranks may end with different bits ({split_text(split)}), "
+                          "merging the same partials in other orders or groupings; under tensor parallelism they "
+                          "may then sample different tokens (treeattn.search_plan leaves such plans out)",
+                          stacklevel=2)
         problem = given_partial_problem(plan)
         if problem:
             raise ValueError(problem)

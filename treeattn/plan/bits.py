@@ -41,7 +41,7 @@ from treeattn.plan.validate import check_with
 if TYPE_CHECKING:
     from treeattn.plan.validate import _Validator
 
-__all__ = ["BitTracker", "bit_groups"]
+__all__ = ["BitTracker", "bit_groups", "split_text"]
 
 _EMPTY = 0
 
@@ -175,3 +175,11 @@ def bit_groups(plan: Plan) -> dict[int, list[list[int]]]:
             out[c] = sorted(sorted(g) for g in by_bits.values())
     return out
 
+
+
+def split_text(split: dict[int, list[list[int]]], shown: int = 4) -> str:
+    """``bit_groups``' first chunk as a user reads it: ``chunk 0: ranks 0,1 | 2,3`` (its first
+    ``shown`` groups)."""
+    c, groups = next(iter(split.items()))
+    more = " | ..." if len(groups) > shown else ""
+    return f"chunk {c}: ranks " + " | ".join(",".join(map(str, g)) for g in groups[:shown]) + more

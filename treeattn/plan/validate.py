@@ -145,20 +145,19 @@ def check(plan: Plan) -> None:
         PlanInvalidError: with the one-line message of the violation; the ``Violation``
             itself is on its ``violation`` attribute.
     """
-    report = validate(plan, max_violations=1)
+    check_with(plan, None)
+
+
+def check_with(plan: Plan, tracker: Any) -> None:
+    """``check``, feeding ``tracker`` (``treeattn.plan.bits.BitTracker``; None: none) as the
+    plan runs."""
+    with gc_paused():
+        report = _Validator(plan, 1, tracker).run()
     if report.violations:
         v = report.violations[0]
         err = PlanInvalidError(f"plan {plan.algorithm!r} is invalid: {v.message}")
         err.violation = v  # type: ignore[attr-defined]
         raise err
-
-
-def check_with(plan: Plan, tracker: Any) -> None:
-    """``check``, feeding ``tracker`` (``treeattn.plan.bits.BitTracker``) as the plan runs."""
-    with gc_paused():
-        report = _Validator(plan, 1, tracker).run()
-    if report.violations:
-        raise PlanInvalidError(f"plan {plan.algorithm!r} is invalid: {report.violations[0].message}")
 
 
 def validate(plan: Plan, *, max_violations: int = 20) -> ValidationReport:
