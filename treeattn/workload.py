@@ -181,6 +181,11 @@ class Workload:
         return self.head_dim * self.partial_dtype.nbytes + 4
 
     @property
+    def acc_row_bytes(self) -> int:
+        """Bytes of one row of the accumulator a rank merges into: D + 1 fp32 values."""
+        return (self.head_dim + 1) * 4
+
+    @property
     def payload_bytes(self) -> int:
         """Bytes of one rank's whole partial."""
         return self.rows * self.row_bytes
@@ -243,6 +248,11 @@ class RawPayload:
 
     @property
     def row_bytes(self) -> int:
+        return self.dtype.nbytes
+
+    @property
+    def acc_row_bytes(self) -> int:
+        """Bytes of one element of the buffer a rank sums into: the payload's dtype."""
         return self.dtype.nbytes
 
     @property

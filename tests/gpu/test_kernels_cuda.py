@@ -12,7 +12,8 @@ from treeattn.exec.attention import make_kv_shard, make_query, partial_attention
 from treeattn.exec.merge import merge_many, merge_many_into, sum_many_into
 from treeattn.exec.reference import exact_attention
 from treeattn.exec.runner import relative_error, tolerance
-from treeattn.workload import Workload
+from treeattn.plan.ir import row_quantum
+from treeattn.workload import RawPayload, Workload
 
 CUDA = torch.device("cuda", 0)
 
@@ -53,23 +54,27 @@ def _launches(call) -> list[str]:  # noqa: ANN001 - a call of one fused kernel
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
-def test_a_fused_kernel_on_a_row_slice_that_is_not_16_byte_aligned_launches_no_more(monkeypatch):
-    # The executor merges into row slices of its accumulator, which start anywhere (row r of a
-    # D = 128 fp32 accumulator at 516 r bytes). Inductor compiles a kernel that assumes 16-byte
-    # aligned inputs where its first inputs were, and then copies an unaligned one in and out
-    # around each call: two kernels the simulator does not charge (and warm compiles at offset 0).
+def test_a_fused_kernel_on_a_chunk_the_plan_cuts_launches_no_more_than_at_offset_0(monkeypatch):
+    # The executor merges into row slices of its accumulator. Inductor compiles a kernel that
+    # assumes 16-byte aligned inputs where its first inputs were (warm's, at offset 0), and copies
+    # one that is not in and out around each call: two kernels the simulator does not charge. The
+    # plan cuts its chunks where rows start on 16 bytes (``plan.ir.row_quantum``: every 4th row of
+    # a D = 128 fp32 accumulator, every 4th fp32 element), and such a slice takes the kernel as is.
     monkeypatch.setenv("TREEATTN_MERGE", "fused")
     kernels.warm(CUDA, torch.bfloat16, 128)
     kernels.warm_sum(CUDA, torch.float32)
-    acc = partials(1, 513, 128, torch.float32, 1)[0].to(CUDA)
+    w = Workload(batch=1, q_heads=32, kv_heads=8, head_dim=128, split=(64,))
+    q = row_quantum(w)
+    acc = partials(1, 512 + q, 128, torch.float32, 1)[0].to(CUDA)
     stack = partials(3, 512, 128, torch.bfloat16, 2).to(CUDA)
-    aligned = _launches(lambda: kernels.merge_into(acc[:512], stack))
-    unaligned = _launches(lambda: kernels.merge_into(acc[1:513], stack))  # starts 516 bytes in
-    assert len(unaligned) == len(aligned), (aligned, unaligned)
+    at_zero = _launches(lambda: kernels.merge_into(acc[:512], stack))
+    cut = _launches(lambda: kernels.merge_into(acc[q:512 + q], stack))  # starts 2064 bytes in
+    assert len(cut) == len(at_zero), (at_zero, cut)
+    q = row_quantum(RawPayload(nbytes=1 << 22, ranks=1))
     buf = torch.zeros(1 << 20, device=CUDA)
-    parts = torch.ones((3, (1 << 20) - 1), device=CUDA)
-    assert len(_launches(lambda: kernels.add_stack_into(buf[1:], parts))) == len(
-        _launches(lambda: kernels.add_stack_into(buf[:-1], parts)))
+    parts = torch.ones((3, (1 << 20) - q), device=CUDA)
+    assert len(_launches(lambda: kernels.add_stack_into(buf[q:], parts))) == len(
+        _launches(lambda: kernels.add_stack_into(buf[:-q], parts)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])

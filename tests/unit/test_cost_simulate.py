@@ -52,7 +52,7 @@ BETA = 10.0e3  # bytes per microsecond (10 GB/s)
 def test_chunked_chain_pipeline(kind, p, k):
     make, alpha = TOPOS[kind]
     topo = make(p)
-    m = 4 * 24 * 7  # rows divisible by every k used
+    m = 16 * 24 * 7  # bytes that every k used cuts into equal chunks of whole 16-byte pieces
     plan = make_plan(tree_programs([-1, *range(p - 1)], k, broadcast=False), raw(p, m), topo, chunks=k,
                      result_ranks=[0])
     res = simulate(plan, topo)

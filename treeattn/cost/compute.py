@@ -102,8 +102,7 @@ class ComputeModel:
 
     def acc_row_bytes(self) -> int:
         """Bytes of one accumulator row: a packed fp32 partial, or a raw element."""
-        w = self.payload
-        return (w.head_dim + 1) * 4 if isinstance(w, Workload) else w.row_bytes
+        return self.payload.acc_row_bytes
 
     @property
     def _attn_launch_us(self) -> float:

@@ -263,7 +263,7 @@ def wire_conversions(plan: Plan, ops: list[Op]) -> tuple[int, int]:
     if plan.is_raw:
         return 0, 0
     w = plan.workload
-    acc_row = (w.head_dim + 1) * 4
+    acc_row = w.acc_row_bytes
     per_kernel = 2 if plan.narrow_wire else 1
     exchanged = exchanged_chunks(ops)
     moved = kernels = 0

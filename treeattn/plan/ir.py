@@ -14,7 +14,8 @@ with every row: ``all`` when every rank is a result rank, ``root:R`` when only R
 ``head_split``: contiguous, as even as possible, larger shares first; for raw payloads the
 same rule over elements). In a ``heads`` plan the chunks are aligned with the owners:
 ``chunks`` is a multiple of p, chunk c belongs to segment ``c // (chunks / p)`` (the rows of
-rank ``c // (chunks / p)``), cut into near-equal pieces.
+rank ``c // (chunks / p)``), cut into near-equal pieces. Cuts fall where an accumulator row
+starts at a multiple of 16 bytes wherever there are rows enough (``chunk_rows``).
 
 Semantics (every interpreter implements exactly this):
 
@@ -100,12 +101,14 @@ __all__ = [
     "Op",
     "TopologyRef",
     "Plan",
+    "ROW_ALIGN_BYTES",
     "chunk_rows",
     "gc_paused",
     "head_split",
     "message_bytes",
     "element_bytes",
     "row_bytes",
+    "row_quantum",
 ]
 
 PLAN_VERSION = 2
@@ -452,13 +455,13 @@ class Plan:
         rows = self.workload.rows
         if chunk is None:
             return 0, rows
+        quantum = row_quantum(self.workload)
         if self.layout != "heads":
-            return chunk_rows(rows, self.chunks, chunk)
+            return chunk_rows(rows, self.chunks, chunk, quantum)
         pieces = self.chunks // self.ranks
         seg, piece = divmod(chunk, pieces)
         start, stop = self.segments[seg]
-        a, b = chunk_rows(stop - start, pieces, piece)
-        return start + a, start + b
+        return chunk_rows(stop - start, pieces, piece, quantum, start)
 
     @property
     def narrow_wire(self) -> bool:
@@ -518,14 +521,39 @@ def head_split(units: int, ranks: int) -> tuple[int, ...]:
     return even_split(units, ranks)
 
 
-def chunk_rows(rows: int, chunks: int, chunk: int | None) -> tuple[int, int]:
-    """Row range [start, stop) of ``chunk`` when ``rows`` are cut into ``chunks`` near-equal
-    contiguous pieces (the first ``rows % chunks`` pieces one row longer); None = all rows."""
+ROW_ALIGN_BYTES = 16
+"""Where a chunk's rows start in the accumulator, where they can: a GPU kernel loads 16-byte
+vectors, and a compiled kernel handed a row slice that starts elsewhere copies it in and out
+around the call (inductor assumes the alignment its first inputs had)."""
+
+
+def row_quantum(workload: Payload) -> int:
+    """The fewest accumulator rows whose bytes make a multiple of ``ROW_ALIGN_BYTES`` (4 for
+    packed fp32 partials at an even head dim, 4 fp32 or 8 bf16 elements of a raw payload)."""
+    return ROW_ALIGN_BYTES // math.gcd(ROW_ALIGN_BYTES, workload.acc_row_bytes)
+
+
+def chunk_rows(rows: int, chunks: int, chunk: int | None, quantum: int = 1, first: int = 0) -> tuple[int, int]:
+    """Row range [start, stop) of ``chunk`` when rows [first, first + rows) are cut into
+    ``chunks`` contiguous pieces; None = all of them.
+
+    The cuts fall on multiples of ``quantum`` rows, and the whole quanta are shared as evenly
+    as possible (the first pieces one quantum more), the rows before the first multiple going
+    to the first piece and those after the last to the last. Where there are fewer whole quanta
+    than pieces, the rows themselves are shared so (the first ``rows % chunks`` pieces one row
+    longer)."""
+    end = first + rows
     if chunk is None:
-        return 0, rows
-    base, extra = divmod(rows, chunks)
-    start = chunk * base + min(chunk, extra)
-    return start, start + base + (1 if chunk < extra else 0)
+        return first, end
+    lo, hi = -(-first // quantum), end // quantum
+    if hi - lo < chunks:
+        lo, hi, quantum = first, end, 1
+    base, extra = divmod(hi - lo, chunks)
+
+    def cut(i: int) -> int:
+        return first if i == 0 else end if i == chunks else (lo + i * base + min(i, extra)) * quantum
+
+    return cut(chunk), cut(chunk + 1)
 
 
 def collective_kernels(plan: Plan, op: Op, rank: int | None = None) -> int:
