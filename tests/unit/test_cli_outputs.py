@@ -76,6 +76,21 @@ def test_missing_folders_are_created(tmp_path: Path) -> None:
     assert out.is_file()
 
 
+def test_a_command_refused_after_its_output_was_checked_takes_back_the_folders_it_made(tmp_path: Path,
+                                                                                       plan: Path) -> None:
+    # run checks --out (making its folders) before it resolves the topology it predicts on
+    (tmp_path / "kept").mkdir()
+    out = tmp_path / "kept" / "new" / "deeper" / "rows.csv"
+    res = run_cli("run", str(plan), "--out", str(out), "--topology", "no-such-topology")
+    assert res.exit_code == 2 and "unknown topology 'no-such-topology'" in res.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["kept", "p.yaml"]
+    # a folder that holds what a failed command wrote stays
+    (tmp_path / "kept" / "new").mkdir()
+    (tmp_path / "kept" / "new" / "other.csv").write_text("")
+    assert run_cli("run", str(plan), "--out", str(out), "--topology", "no-such-topology").exit_code == 2
+    assert not (tmp_path / "kept" / "new" / "deeper").exists() and (tmp_path / "kept" / "new" / "other.csv").exists()
+
+
 @pytest.mark.parametrize("args, flag", [
     (("simulate", "PLAN"), "--timeline"),
     (("topo", "show", "cpu-4"), "--png"),

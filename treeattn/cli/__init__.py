@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from treeattn.cli.paths import kept_on_success
 from treeattn.errors import TreeattnError
 
 HELP_OPTIONS = ["-h", "--help"]
@@ -115,6 +116,11 @@ def main(args: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     _no_type_on_flags(command)
     _refuse_repeated_options(command)
+    with kept_on_success():
+        _run(command, args)
+
+
+def _run(command, args: list[str] | None) -> None:  # noqa: ANN001 - a click Group
     try:
         rc = command(args=args, standalone_mode=False, prog_name="treeattn")
     except TreeattnError as exc:

@@ -6,17 +6,24 @@
 * Missing parent folders are created, as most tools do.
 * A path that cannot be written (a file in the way of a folder, no permission, an output
   that is itself a folder) is bad input: exit 2 and one line, before measuring or searching.
+* A command that fails takes back the folders it created and left empty (``kept_on_success``):
+  a run refused after its ``--out`` was checked leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from treeattn.errors import InputError
 
-__all__ = ["output_file", "output_folder", "safe_name"]
+__all__ = ["kept_on_success", "output_file", "output_folder", "safe_name"]
+
+_CREATED: list[Path] = []
+"""The folders this command created, each after its parent."""
 
 
 def safe_name(text: str) -> str:
@@ -24,9 +31,28 @@ def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
 
 
+@contextlib.contextmanager
+def kept_on_success() -> Iterator[None]:
+    """Run a command; where it exits with an error, remove the folders it created that are
+    still empty (what it wrote stays, and so do the folders that hold it)."""
+    _CREATED.clear()
+    try:
+        yield
+    except BaseException as exc:
+        if not isinstance(exc, SystemExit) or exc.code not in (0, None):
+            for folder in reversed(_CREATED):
+                with contextlib.suppress(OSError):  # not empty, or gone
+                    folder.rmdir()
+        raise
+    finally:
+        _CREATED.clear()
+
+
 def _make_folder(folder: Path, flag: str, shown: Path) -> None:
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        _CREATED.extend(reversed(missing))
     except OSError as exc:
         # mkdir's "File exists" does not say which part of the path is in the way.
         file = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
