@@ -93,7 +93,7 @@ def test_simulate_text(plans):
     lines = r.stdout.splitlines()
     at = next(i for i, x in enumerate(lines) if x.startswith("lower bound"))
     assert re.search(r"set by (compute|depth|spread|the cut \S+) \(see --help\)$", lines[at])
-    assert re.match(r"  terms: depth [\d.]+, cut [\d.]+, spread [\d.]+, compute [\d.]+ us$", lines[at + 1])
+    assert re.match(r"  terms: depth [\d.]+, cut [\d.]+, spread [\d.]+, compute [\d.]+ µs$", lines[at + 1])
     assert max(len(lines[at]), len(lines[at + 1])) <= 80
     # The path's ops end before the predicted time where the last rank's own work (its last
     # merge) follows its last op: said, with the figures of --json.
@@ -102,18 +102,18 @@ def test_simulate_text(plans):
     tail = data["per_rank_finish_us"][last["rank"]] - last["end_us"]
     assert tail > 0 and data["per_rank_finish_us"][last["rank"]] == data["predicted_us"]
     said = " ".join(r.stdout.split())
-    assert (f"after its last op, rank {last['rank']}'s own work takes {tail:.3f} us more, to the predicted "
-            f"{data['predicted_us']:.3f} us") in said
+    assert (f"after its last op, rank {last['rank']}'s own work takes {tail:.3f} µs more, to the predicted "
+            f"{data['predicted_us']:.3f} µs") in said
     assert all(len(x) <= 80 for x in lines if not x.startswith(("┏", "┃", "┡", "│", "└")))
 
 
 def test_simulate_says_in_one_short_line_when_every_rank_finishes_together(plans):
     data = json.loads(run_cli("simulate", str(plans["p16"]), "--json").stdout)
-    line = next(x for x in run_cli("simulate", str(plans["p16"])).stdout.splitlines() if x.startswith("finish us"))
+    line = next(x for x in run_cli("simulate", str(plans["p16"])).stdout.splitlines() if x.startswith("finish µs"))
     if len(set(data["per_rank_finish_us"])) == 1:
-        assert line == f"finish us   {data['per_rank_finish_us'][0]:.2f} on every rank"
+        assert line == f"finish µs   {data['per_rank_finish_us'][0]:.2f} on every rank"
     else:
-        assert line.startswith("finish us   min ") and len(line) <= 80
+        assert line.startswith("finish µs   min ") and len(line) <= 80
 
 
 def test_simulate_on_another_topology_warns(plans):
@@ -192,7 +192,7 @@ def test_nccl_model_says_what_plan_adds_to_its_figure(tmp_path):
     assert p.exit_code == 0, p.stderr
     assert json.loads(p.stdout)["best"]["predicted_us"] == pytest.approx(nccl_us + 2.0)
     text = " ".join(run_cli("nccl-model", "-t", "dgx-h100", "-c", "allreduce", "--bytes", "1MiB").stdout.split())
-    assert "plan and simulate add cost.overhead_us, 2 us, per call" in text
+    assert "plan and simulate add cost.overhead_us, 2 µs, per call" in text
 
 
 @pytest.mark.parametrize("args,needle", [(("-c", "alltoall", "--bytes", "1KB"), "unknown collective"),

@@ -168,7 +168,7 @@ def test_show_leaves_out_ratings_nothing_reads_on_host_ranks(tmp_path):
     assert data["links"]["ethernet"] == {"count": 4, "bw_gbps": [1.1], "latency_us": [30.0]}
     res = run_cli("topo", "show", str(path))
     assert res.exit_code == 0, res.stderr
-    assert "rated" not in next(ln for ln in res.stdout.splitlines() if "latency us" in ln)
+    assert "rated" not in next(ln for ln in res.stdout.splitlines() if "latency µs" in ln)
     lines = res.stdout.splitlines()
     at = lines.index("the links' ratings (rated_gbps, rated_latency_us) are read by nothing here:")
     assert lines[at + 1] == "on host ranks gloo's collectives and treeattn's transfers use the measured rates"
@@ -177,8 +177,8 @@ def test_show_leaves_out_ratings_nothing_reads_on_host_ranks(tmp_path):
 def test_show_says_what_local_compute_costs():
     # The families' decode-attention line (docs/attention-model.md), in the text and the JSON.
     text = " ".join(run_cli("topo", "show", "dgx-h100").stdout.split())
-    assert "attention 12.4 us a call + KV at 0.56 of 3350 GB/s" in text
-    assert "merges 5 us a kernel + bytes at 0.8 of memory bandwidth" in text
+    assert "attention 12.4 µs a call + KV at 0.56 of 3350 GB/s" in text
+    assert "merges 5 µs a kernel + bytes at 0.8 of memory bandwidth" in text
     for name in ("dgx-h100", "cpu-4", "mi300x-8"):  # piped, rich wraps nothing: the lines fit 80 columns
         lines = run_cli("topo", "show", name).stdout.splitlines()
         at = lines.index("Local compute, rank 0 (docs/attention-model.md):")
@@ -191,7 +191,7 @@ def test_show_says_what_local_compute_costs():
     mi = json.loads(run_cli("topo", "show", "mi300x-8", "--json").stdout)["cost"]
     assert "attn_launch_us" not in mi and "attn_efficiency" not in mi  # no published figure: the defaults
     mi_text = " ".join(run_cli("topo", "show", "mi300x-8").stdout.split())
-    assert "attention 5 us a call + KV at 0.8 of 5300 GB/s" in mi_text
+    assert "attention 5 µs a call + KV at 0.8 of 5300 GB/s" in mi_text
     # ... and says so, where a fitted GPU's 12.4 us and 0.56 would flatter it beside them
     assert "the attention figures are launch_us and mem_efficiency: no published decode kernel " \
            "on MI300X was fitted" in mi_text

@@ -170,7 +170,7 @@ def check_model_cmd(
         att = Table(title="Decode attention kernels (treeattn.cost.compute against published timings)",
                     title_justify="left")
         for i, col in enumerate(("GPU", "rows", "median |err| %", "p90 |err| %", "signed median %",
-                                 "fitted fixed us", "fitted share of memory bandwidth")):
+                                 "fitted fixed µs", "fitted share of memory bandwidth")):
             att.add_column(col, justify="left" if i == 0 else "right")
         for gpu, st in attention.items():
             att.add_row(gpu, str(st["rows"]), f"{100 * st['median_abs']:.1f}", f"{100 * st['p90_abs']:.1f}",

@@ -318,8 +318,8 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
     covers = ("one layer, local attention included" if isinstance(payload, Workload)
               else "one reduction of the payload")
     title = "Candidates (fastest first)" if searched else "Plan"
-    table = key_columns(Table(title=f"{title}; predicted us: {covers}"), 2)
-    for col in ("#", "algorithm", "parameters", "chunks", "predicted us", "x bound", f"x {ref_name}"):
+    table = key_columns(Table(title=f"{title}; predicted µs: {covers}"), 2)
+    for col in ("#", "algorithm", "parameters", "chunks", "predicted µs", "x bound", f"x {ref_name}"):
         # a ratio's "x" stays on its line with what it divides by (run's "× plan" likewise)
         table.add_column(col, justify="right" if col not in ("algorithm", "parameters") else "left",
                          no_wrap=col.startswith("x "))
@@ -329,12 +329,12 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
                       f"{c['predicted_us'] / ref:.3f}" if ref else "-")
     con.print(table)
     best = report["best"]["predicted_us"]
-    con.print(f"lower bound {report['lower_bound_us']:.2f} us; the baselines, predicted:")
+    con.print(f"lower bound {report['lower_bound_us']:.2f} µs; the baselines, predicted:")
     peaks = report.get("baseline_peak_bytes", {})
     for key, v in base.items():
         label = _BASELINE_NAMES.get(key, key)
         mem = f", {format_size(peaks[key])} a rank" if peaks.get(key) else ""
-        con.print(f"  {label} {v:.2f} us ({v / best:.2f}x the plan's time{mem})" if v else f"  {label}: not simulated")
+        con.print(f"  {label} {v:.2f} µs ({v / best:.2f}x the plan's time{mem})" if v else f"  {label}: not simulated")
     peak, limit = report["best"].get("peak_bytes"), report.get("memory_limit_bytes")
     if peak:
         usable = f" of the {format_size(limit)} it may use" if limit else ""
@@ -342,7 +342,7 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
     for x in report.get("left_out", []):
         kind = "baseline" if x.get("baseline") else "schedule"
         why = "bits differ" if x.get("reason") == "bits" else "does not fit"
-        con.print(f"[yellow]left out ({kind}, {why}):[/] {x['algorithm']} {x['predicted_us']:.2f} us "
+        con.print(f"[yellow]left out ({kind}, {why}):[/] {x['algorithm']} {x['predicted_us']:.2f} µs "
                   f"- {escape(x['why'])}" if "predicted_us" in x else
                   f"[yellow]does not fit:[/] {x['algorithm']} - {escape(x['why'])}")
     if searched:
@@ -380,8 +380,8 @@ def _print_explanation(ex, topo) -> None:
         con.print(tree)
     if len(ex.trees) > 4:
         con.print(f"... and {len(ex.trees) - 4} more trees")
-    table = Table(title=f"Per-level cost ({ex.algorithm}, {ex.predicted_us:.2f} us)")
-    for col in ("phase", "level", "transfers", "bytes", "start us", "end us", "span us", "links"):
+    table = Table(title=f"Per-level cost ({ex.algorithm}, {ex.predicted_us:.2f} µs)")
+    for col in ("phase", "level", "transfers", "bytes", "start µs", "end µs", "span µs", "links"):
         table.add_column(col, justify="left" if col in ("phase", "links") else "right")
     for lv in ex.levels:
         table.add_row(lv.phase, str(lv.level), str(lv.transfers), format_size(lv.bytes), f"{lv.start_us:.2f}",
@@ -527,7 +527,7 @@ def _compare_tables(rows, result: str, ring: str) -> None:  # noqa: ANN001 - Com
             "ring-attention": "ring-attention (moves KV shards, not partials: each p - 1 hops)"}
     for m in METHODS:
         con.print(f"  {SHORT[m]:<6} {what.get(m, m)}" + (" (delivers heads)" if m.startswith("dcp") else ""))
-    metrics = (("per-layer time, us (compute included)", lambda r: f"{r.predicted_us:.1f}"),
+    metrics = (("per-layer time, µs (compute included)", lambda r: f"{r.predicted_us:.1f}"),
                ("tree faster by (x)", lambda r: _ratio(r.speedup_of_tree)),
                ("peak bytes a rank (K, M, G, T: powers of 1024; * does not fit)",
                 lambda r: _bytes(r.peak_bytes) + ("" if r.fits else "*")),

@@ -108,15 +108,15 @@ def simulate_cmd(
     con = console()
     con.print(f"[bold]{plan.algorithm}[/] ({plan.ranks} ranks, {plan.chunks} chunk(s)) on [bold]{escape(topo.name)}[/]")
     print_rates_note(con, topo)
-    con.print(f"predicted   {res.predicted_us:12.3f} us")
+    con.print(f"predicted   {res.predicted_us:12.3f} µs")
     term = bounds.cut if bounds.cut in ("compute", "depth", "spread") else f"the cut {bounds.cut}"
-    con.print(f"lower bound {bounds.bound_us:12.3f} us   set by {term} (see --help)")
+    con.print(f"lower bound {bounds.bound_us:12.3f} µs   set by {term} (see --help)")
     con.print(f"  terms: depth {bounds.latency_us:.3f}, cut {bounds.bandwidth_us:.3f}, spread {bounds.spread_us:.3f}, "
-              f"compute {bounds.compute_us:.3f} us")
+              f"compute {bounds.compute_us:.3f} µs")
     con.print(f"gap         {gap:12.2f} x" if gap is not None else "gap         n/a (bound is 0)")
     _print_finish(con, res.per_rank_finish_us)
     table = Table(title=f"Critical path (first {min(PATH_SHOWN, len(path))} of {len(path)} ops)")
-    for col in ("rank", "op", "kind", "peer", "chunk", "start us", "end us"):
+    for col in ("rank", "op", "kind", "peer", "chunk", "start µs", "end µs"):
         table.add_column(col, justify="right" if col not in ("kind",) else "left")
     for row in path[:PATH_SHOWN]:
         table.add_row(*(("" if row[k] is None else f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k]))
@@ -125,8 +125,8 @@ def simulate_cmd(
     if path:
         last = path[-1]
         tail = res.per_rank_finish_us[last["rank"]] - last["end_us"]
-        after = (f"; after its last op, rank {last['rank']}'s own work takes {tail:.3f} us more, to the "
-                 f"predicted {res.predicted_us:.3f} us") if tail > 1e-9 else ""
+        after = (f"; after its last op, rank {last['rank']}'s own work takes {tail:.3f} µs more, to the "
+                 f"predicted {res.predicted_us:.3f} µs") if tail > 1e-9 else ""
         con.print(escape("\n".join(wrap("Between ops a rank runs its own work: merges and copies, conversions for "
                                          f"the wire, and the overhead of each message it issues{after}.", ""))))
     if timeline is not None:
@@ -146,13 +146,13 @@ def _path_rows(res: SimResult) -> list[dict]:
 
 def _print_finish(con, finish: tuple[float, ...]) -> None:  # noqa: ANN001 - a Console
     if len(set(finish)) == 1:
-        con.print(f"finish us   {finish[0]:.2f} on every rank")
+        con.print(f"finish µs   {finish[0]:.2f} on every rank")
         return
     if len(finish) <= 8:
-        con.print("finish us   " + "  ".join(f"r{r}={t:.2f}" for r, t in enumerate(finish)))
+        con.print("finish µs   " + "  ".join(f"r{r}={t:.2f}" for r, t in enumerate(finish)))
         return
     last = sorted(range(len(finish)), key=lambda r: (-finish[r], r))[:3]
-    con.print(f"finish us   min {min(finish):.2f}  median {statistics.median(finish):.2f}  max {max(finish):.2f}"
+    con.print(f"finish µs   min {min(finish):.2f}  median {statistics.median(finish):.2f}  max {max(finish):.2f}"
               f" (r{last[0]}, then " + ", ".join(f"r{r}" for r in last[1:]) + ")")
 
 
@@ -178,7 +178,7 @@ def _draw_timeline(res: SimResult, path: Path, title: str) -> int:
             t.rank, 0.4)
         ax.broken_barh([(t.start_us, max(t.end_us - t.start_us, 1e-9))], (y, h), facecolors=_COLORS[t.kind])
     ax.set_ylim(ranks - 0.5, -0.5)
-    ax.set_xlabel("time (us)")
+    ax.set_xlabel("time (µs)")
     ax.set_ylabel("rank")
     shown = "" if ranks == len(res.per_rank_finish_us) else f" (ranks 0-{ranks - 1} of {len(res.per_rank_finish_us)})"
     ax.set_title(f"{title}: {res.predicted_us:.2f} us{shown}")
@@ -252,19 +252,19 @@ def nccl_model_cmd(
         con.print(f"what runs moves at most {fab.shm_gbps:.3g} GB/s of bus bandwidth through host memory")
         con.print("(NCCL's shared-memory transport)")
     table = Table()
-    for col in ("pick", "algorithm", "protocol", "time us", "picks by us", "latency us", "algbw GB/s", "busbw GB/s"):
+    for col in ("pick", "algorithm", "protocol", "time µs", "picks by µs", "latency µs", "algbw GB/s", "busbw GB/s"):
         table.add_column(col, justify="left" if col in ("pick", "algorithm", "protocol") else "right")
     for e in ests:
         table.add_row("*" if e == best else "", e.algorithm.value, e.protocol.value, f"{e.time_us:.2f}",
                       f"{e.rank_us:.2f}", f"{e.latency_us:.2f}", f"{e.algbw_gbps:.2f}", f"{e.busbw_gbps:.2f}")
     con.print(table)
-    con.print("time us: what runs; picks by us: the tuner's own estimate, which ranks the choices")
+    con.print("time µs: what runs; picks by µs: the tuner's own estimate, which ranks the choices")
     # plan and simulate time the same call plus the host's cost of issuing it (treeattn/cost/nccl.py):
     # say so, or the two commands print the same all-reduce as two figures.
     if topo.cost.overhead_us and not topo.on_hosts:
-        con.print(f"(plan and simulate add cost.overhead_us, {topo.cost.overhead_us:g} us, per call: "
+        con.print(f"(plan and simulate add cost.overhead_us, {topo.cost.overhead_us:g} µs, per call: "
                   "nccl-tests overlaps it)")
     who = ("RCCL runs its MSCCL all-pairs algorithm ahead of its tuner" if best.algorithm is nccl.Algorithm.ALLPAIRS
            else "RCCL's pick (NCCL's tuning figures)" if fab.rccl else "NCCL's pick")
-    con.print(f"{who}: {best.algorithm.value}/{best.protocol.value}, {best.time_us:.2f} us, "
+    con.print(f"{who}: {best.algorithm.value}/{best.protocol.value}, {best.time_us:.2f} µs, "
               f"busbw {best.busbw_gbps:.2f} GB/s")

@@ -136,7 +136,7 @@ def show(
             key = (e["rate_gbps"], e["latency_us"], e["hops"])
             classes[key] = classes.get(key, 0) + 1
         routes = Table(title="Routes from rank 0")
-        for col in ("GB/s", "latency us", "links", "ranks"):
+        for col in ("GB/s", "latency µs", "links", "ranks"):
             routes.add_column(col, justify="right")
         for (bw, lat, hops), n in sorted(classes.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
             routes.add_row(gbps(bw), f"{lat:g}", str(hops), str(n))
@@ -155,8 +155,8 @@ def _rate(x: float) -> float | None:
     return None if x == float("inf") else round(x, 6)
 
 
-_LINK_COLUMNS = {"bw_gbps": "GB/s per direction", "latency_us": "latency us", "rated_gbps": "rated GB/s",
-                 "rated_latency_us": "rated latency us"}
+_LINK_COLUMNS = {"bw_gbps": "GB/s per direction", "latency_us": "latency µs", "rated_gbps": "rated GB/s",
+                 "rated_latency_us": "rated latency µs"}
 
 
 def _compute_line(topo: Topology) -> str:
@@ -171,8 +171,8 @@ def _compute_line(topo: Topology) -> str:
     else:
         rate = f"{gbps / mem:.3g} of {mem:g} GB/s" if gbps > 0 else "memory time not modelled"
     text = ("Local compute, rank 0 (docs/attention-model.md):\n"
-            f"  attention {fixed:g} us a call + KV at {rate};\n"
-            f"  merges {c.launch_us:g} us a kernel + bytes at {c.mem_efficiency:g} of memory bandwidth")
+            f"  attention {fixed:g} µs a call + KV at {rate};\n"
+            f"  merges {c.launch_us:g} µs a kernel + bytes at {c.mem_efficiency:g} of memory bandwidth")
     fit = published_attention_fit(topo.rank_device(0).model or "")
     if fit and c.attn_launch_us is None and c.attn_efficiency is None and c.attn_gbps is None:
         which, spec = fit
