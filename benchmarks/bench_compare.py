@@ -70,7 +70,7 @@ def paper_table(lens: Sequence[int] = PAPER_LENS) -> list[str]:
     ring = ring_order(topo)[1]
     out = ["paper's setting, 128 H100s, 16 heads x 128, fp16: tree vs ring attention (paper: up to 8x faster, "
            "2x less peak memory)",
-           f"{'N':>8} {'tree us':>9} {'ring us':>10} {'speedup':>8} {'mem ratio':>10} {'no-overlap ratio':>17}"]
+           f"{'N':>8} {'tree µs':>9} {'ring µs':>10} {'speedup':>8} {'mem ratio':>10} {'no-overlap ratio':>17}"]
     for n in lens:
         tree, ra = by[(n, "tree")], by[(n, "ring-attention")]
         serial = peak_bytes(build("ring-attention", paper(topo.num_ranks, n), topo, order=ring, overlap=False))
@@ -92,7 +92,7 @@ def heads_table(cases: Sequence[tuple[str, int]] = HEADS_CASES) -> list[str]:
             res = search(t, w, result=layout)
             got[layout] = (res.candidates[0].algorithm, res.best.predicted_us - c, plan_bytes_moved(res.best))
         (fa, ta, ba), (fh, th, bh) = got["all"], got["heads"]
-        out.append(f"{spec:>18} {batch:>4} {fa:>12} {ta:>6.1f} us {fh:>14} {th:>6.1f} us {ta / th:>5.2f}x "
+        out.append(f"{spec:>18} {batch:>4} {fa:>12} {ta:>6.1f} µs {fh:>14} {th:>6.1f} µs {ta / th:>5.2f}x "
                    f"{ba / bh:>5.2f}x")
     return out
 

@@ -3,7 +3,9 @@ folder means a file inside it, images get .png, and the path printed is the file
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -89,6 +91,18 @@ def test_a_command_refused_after_its_output_was_checked_takes_back_the_folders_i
     (tmp_path / "kept" / "new" / "other.csv").write_text("")
     assert run_cli("run", str(plan), "--out", str(out), "--topology", "no-such-topology").exit_code == 2
     assert not (tmp_path / "kept" / "new" / "deeper").exists() and (tmp_path / "kept" / "new" / "other.csv").exists()
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_name_too_long_is_bad_input_and_leaves_no_folder_behind(tmp_path: Path, existing: bool) -> None:
+    # the folder before the name is made (when missing) before the name is refused: it goes too
+    if existing:
+        (tmp_path / "new").mkdir()
+    name = "x" * (os.pathconf(tmp_path, "PC_NAME_MAX") + 1)
+    res = run_cli("topo", "show", "cpu-4", "--png", str(tmp_path / "new" / name / "t.png"))
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "--png" in res.stderr and os.strerror(errno.ENAMETOOLONG) in res.stderr
+    assert [p.name for p in tmp_path.iterdir()] == (["new"] if existing else [])
 
 
 @pytest.mark.parametrize("args, flag", [

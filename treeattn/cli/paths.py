@@ -48,14 +48,29 @@ def kept_on_success() -> Iterator[None]:
         _CREATED.clear()
 
 
-def _make_folder(folder: Path, flag: str, shown: Path) -> None:
-    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+def _is_file(path: Path) -> bool:
+    """Whether something other than a folder has that name (False where it cannot be looked up)."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        _CREATED.extend(reversed(missing))
+        return path.exists() and not path.is_dir()
+    except OSError:  # a name too long, say
+        return False
+
+
+def _make_folder(folder: Path, flag: str, shown: Path) -> None:
+    try:
+        missing = [p for p in (folder, *folder.parents) if not p.exists()]
+        for p in reversed(missing):  # top down, each one this command made noted as soon as made
+            try:
+                p.mkdir()
+            except FileExistsError:
+                if not p.is_dir():
+                    raise
+                continue  # made meanwhile by another process (another rank of the run): not ours
+            _CREATED.append(p)
+        folder.mkdir(parents=True, exist_ok=True)  # what was there already: folders, or an error
     except OSError as exc:
         # mkdir's "File exists" does not say which part of the path is in the way.
-        file = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        file = next((p for p in (folder, *folder.parents) if _is_file(p)), None)
         why = (exc.strerror or exc if file is None else "a file has that name" if file == folder
                else f"{str(file)!r} is a file")
         raise InputError(f"{flag} {str(shown)!r}: cannot create folder {str(folder)!r}: {why}") from None
@@ -79,21 +94,27 @@ def output_file(path: Path, flag: str, default_name: str, *, suffix: str | None 
         InputError: the path cannot be written.
     """
     given = Path(path).expanduser()
-    out = given / default_name if given.is_dir() else given
-    if suffix is not None and out.suffix.lower() != suffix:
-        out = out.with_name(out.name + suffix)
-    if out.is_dir():
-        raise InputError(f"{flag} {str(given)!r}: {str(out)!r} is a folder; give a file name")
-    _make_folder(out.parent, flag, given)
-    if out.exists() and not os.access(out, os.W_OK):
-        raise InputError(f"{flag} {str(given)!r}: {str(out)!r} is not writable")
+    try:
+        out = given / default_name if given.is_dir() else given
+        if suffix is not None and out.suffix.lower() != suffix:
+            out = out.with_name(out.name + suffix)
+        if out.is_dir():
+            raise InputError(f"{flag} {str(given)!r}: {str(out)!r} is a folder; give a file name")
+        _make_folder(out.parent, flag, given)
+        if out.exists() and not os.access(out, os.W_OK):
+            raise InputError(f"{flag} {str(given)!r}: {str(out)!r} is not writable")
+    except OSError as exc:  # a name the system cannot look up (too long, say)
+        raise InputError(f"{flag} {str(given)!r}: {exc.strerror or exc}") from None
     return out
 
 
 def output_folder(path: Path, flag: str) -> Path:
     """A folder a command writes into, created (with its parents) and checked writable."""
     given = Path(path).expanduser()
-    if given.exists() and not given.is_dir():
-        raise InputError(f"{flag} {str(given)!r} is a file; give a folder")
-    _make_folder(given, flag, given)
+    try:
+        if given.exists() and not given.is_dir():
+            raise InputError(f"{flag} {str(given)!r} is a file; give a folder")
+        _make_folder(given, flag, given)
+    except OSError as exc:  # a name the system cannot look up (too long, say)
+        raise InputError(f"{flag} {str(given)!r}: {exc.strerror or exc}") from None
     return given

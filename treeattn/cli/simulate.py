@@ -181,7 +181,7 @@ def _draw_timeline(res: SimResult, path: Path, title: str) -> int:
     ax.set_xlabel("time (µs)")
     ax.set_ylabel("rank")
     shown = "" if ranks == len(res.per_rank_finish_us) else f" (ranks 0-{ranks - 1} of {len(res.per_rank_finish_us)})"
-    ax.set_title(f"{title}: {res.predicted_us:.2f} us{shown}")
+    ax.set_title(f"{title}: {res.predicted_us:.2f} µs{shown}")
     ax.legend(handles=[Patch(color=c, label=k) for k, c in _COLORS.items()], loc="upper left",
               bbox_to_anchor=(1.0, 1.0), fontsize=7)
     fig.tight_layout()

@@ -14,8 +14,9 @@ with every row: ``all`` when every rank is a result rank, ``root:R`` when only R
 ``head_split``: contiguous, as even as possible, larger shares first; for raw payloads the
 same rule over elements). In a ``heads`` plan the chunks are aligned with the owners:
 ``chunks`` is a multiple of p, chunk c belongs to segment ``c // (chunks / p)`` (the rows of
-rank ``c // (chunks / p)``), cut into near-equal pieces. Cuts fall where an accumulator row
-starts at a multiple of 16 bytes wherever there are rows enough (``chunk_rows``).
+rank ``c // (chunks / p)``), cut into pieces. Every cut falls where an accumulator row starts
+at a multiple of 16 bytes wherever there are rows enough, so pieces differ by up to a few rows
+(``chunk_rows``).
 
 Semantics (every interpreter implements exactly this):
 

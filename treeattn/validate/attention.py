@@ -102,7 +102,7 @@ def fit_kernel_line(rows: list[AttentionRow], step_us: float = 0.1) -> tuple[flo
     if not rows:
         raise InputError("no published rows to fit")
     if step_us <= 0:
-        raise InputError(f"fixed-cost step {step_us} us: give a positive step")
+        raise InputError(f"fixed-cost step {step_us} µs: give a positive step")
     for r in rows:
         if r.mem_bw_gbps <= 0:
             raise InputError(f"{r.source_id}: {r.topology} has no memory bandwidth to fit a share of")
