@@ -220,3 +220,21 @@ def test_a_raw_library_sum_holds_what_the_model_counts(nbytes, result):
             executor.prepare()
             executor.run()
         assert executor.buffer_bytes == rank_peak_bytes(plan, rank) - payload.payload_bytes, rank
+
+
+@pytest.mark.parametrize(("algorithm", "p"), [("direct", 4), ("direct", 2), ("butterfly", 4)])
+def test_a_raw_exchange_holds_what_the_model_counts(algorithm, p):
+    # An exchange of three or more sums every rank's part in rank order, its own copied into the
+    # stack (a message more); a sum of two (a butterfly's partners) adds the one part in place.
+    from treeattn.cost.memory import rank_peak_bytes
+
+    payload = RawPayload(nbytes=4 * 4096, ranks=p)
+    plan = build(algorithm, payload, REF)
+    for rank in range(p):
+        executor = PlanExecutor(plan, _Stand(rank, p), RankInputs(raw=make_raw(payload, rank, 0)), timed=False)
+        for _ in range(2):
+            executor.prepare()
+            executor.run()
+        assert executor.buffer_bytes == rank_peak_bytes(plan, rank) - payload.payload_bytes, rank
+        stacked = p if algorithm == "direct" and p > 2 else 1
+        assert executor.pool.nbytes == stacked * payload.payload_bytes, rank

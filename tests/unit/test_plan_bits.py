@@ -56,8 +56,15 @@ def test_direct_groups_whose_positions_do_not_line_up_diverge():
 def test_raw_sums_and_layouts_with_one_holder_a_chunk():
     raw = RawPayload(nbytes=4 * 64, ranks=4)
     assert bit_groups(build("ring", raw, REF)) == {}
-    # a raw exchange sums in program order, its own rows first: the two ranks add in other orders
-    assert set(bit_groups(build("direct", RawPayload(nbytes=4 * 64, ranks=3), REF))) == {0}
+    # a raw exchange of three or more sums every rank's part in rank order, its own as sent
+    for p in (3, 5, 8):
+        assert bit_groups(build("direct", RawPayload(nbytes=4 * 64, ranks=p), REF)) == {}, p
+    # where the groups do not line up, the ranks still sum other operands in other orders
+    assert bit_groups(build("direct", RawPayload(nbytes=4 * 64, ranks=6), REF, groups=[[0, 3], [1, 2], [4, 5]]))
+    # two operands commute: a butterfly's partners, and a raw exchange of two, add the same pair
+    for p in (2, 4, 8):
+        assert bit_groups(build("butterfly", RawPayload(nbytes=4 * 64, ranks=p), REF, chunks=2)) == {}, p
+    assert bit_groups(build("direct", RawPayload(nbytes=4 * 64, ranks=2), REF)) == {}
     assert bit_groups(build("ring", att(4), REF, result="heads")) == {}  # each head on one rank
     assert bit_groups(build("binomial", att(4), REF, result="root", root=2)) == {}
 

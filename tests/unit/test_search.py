@@ -253,3 +253,20 @@ def test_under_all_the_search_leaves_out_plans_whose_ranks_end_with_other_bits()
     grouped = treeattn.build_plan("dgx-h100:nodes=2[ranks 0-11]", "llama-3.1-8b", "direct", batch=16, seq_len="64K",
                                   groups=[list(range(8)), list(range(8, 12))])
     assert bit_groups(grouped) and grouped.predicted_us < plan.predicted_us
+
+
+def test_a_raw_sum_is_held_to_the_same_bits_too():
+    # A raw all-reduce feeds the next layer on every rank: a direct exchange grouped by rails
+    # sums the groups' results in other orders and is left out; the plain exchange of every
+    # rank (each sums all parts in rank order) and the butterfly (a + b either way) are kept.
+    from treeattn.plan.bits import bit_groups
+
+    topo = load_topology("dgx-h100:nodes=2[ranks 0-11]")
+    res = search(topo, RawPayload(nbytes=64 * 1024, ranks=12), top_k=20)
+    assert bit_groups(res.best) == {}
+    left = [x for x in res.left_out if x["reason"] == "bits"]
+    assert left and {x["algorithm"] for x in left} == {"direct"}
+    assert all(x["params"]["groups"] != "none" for x in left)
+    assert any(c.algorithm == "direct" and c.params["groups"] == "none" for c in res.candidates)
+    eight = search(resolve("dgx-h100"), RawPayload(nbytes=64 * 1024, ranks=8), top_k=20)
+    assert "butterfly" in {c.algorithm for c in eight.candidates}

@@ -35,9 +35,9 @@ from treeattn.plan.ir import (
     OpKind,
     Plan,
     collective_row_bytes,
-    exchanged_chunks,
     message_bytes,
     row_bytes,
+    stacked_exchanges,
     widened,
     wire_converted,
 )
@@ -133,7 +133,7 @@ def rank_peak_bytes(plan: Plan, rank: int) -> int:
         held += delta.get(s, 0)
         # an exchange's stack also holds this rank's own partial as sent, once per chunk, and
         # on a narrower wire the other chunks it sends, once each, in their wire form
-        exchanged = set() if plan.is_raw else exchanged_chunks(steps[s])
+        exchanged = stacked_exchanges(plan, steps[s])
         sent = {}
         for op in steps[s]:
             if op.kind is OpKind.SEND and op.block is None:

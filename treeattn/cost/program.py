@@ -6,7 +6,7 @@ its steps are gid ranges; per step, the bytes its local work moves and the kerne
 
 * its merges and copies: a chunk merged into moves what ``ComputeModel.merge_bytes`` says
   (on a GPU the k partials received and the accumulator's rows twice; on a host 3 x the
-  received bytes), but on a GPU an exchanged chunk (``exchanged_chunks``) moves its own slot
+  received bytes), but on a GPU an exchanged chunk (``stacked_exchanges``) moves its own slot
   of the stack in place of the accumulator's read (``kernels.merged_into`` writes the rows
   and does not read them); copied rows count twice; a chunk merged into counts one kernel, however
   many partials it receives, and each
@@ -35,9 +35,9 @@ from treeattn.plan.ir import (
     OpKind,
     Plan,
     contiguous_runs,
-    exchanged_chunks,
     lse_copied,
     message_bytes,
+    stacked_exchanges,
     wire_converted,
 )
 from treeattn.plan.steps import NEVER_BREAK, order_problem, step_problem
@@ -257,15 +257,13 @@ def _compile(plan: Plan, p: int, cm: ComputeModel) -> Program:
 def wire_conversions(plan: Plan, ops: list[Op]) -> tuple[int, int]:
     """The bytes moved and kernels run converting what one rank's step (``ops``) sends,
     before it posts (``exec.interpreter``): each exchanged chunk's own slot of its stack
-    (``exchanged_chunks``; one kernel, two on a narrow wire), and the chunks it sends on a
+    (``stacked_exchanges``; one kernel, two on a narrow wire), and the chunks it sends on a
     narrow wire, two kernels per contiguous run of rows (``wire_converted``). A conversion
     reads the fp32 accumulator's rows and writes their wire form."""
-    if plan.is_raw:
-        return 0, 0
     w = plan.workload
     acc_row = w.acc_row_bytes
     per_kernel = 2 if plan.narrow_wire else 1
-    exchanged = exchanged_chunks(ops)
+    exchanged = stacked_exchanges(plan, ops)
     moved = kernels = 0
     for c in exchanged:
         start, stop = plan.chunk_range(c)
@@ -294,7 +292,7 @@ def _charge_conversions(plan: Plan, prog: list[Op], rsteps: list[tuple[int, int]
                         acc_bytes: Callable[[int | None], int]) -> None:
     """Add a rank's conversions and end rounding to its steps' local work, and on a GPU
     (``fused``) take off what an exchanged chunk's merge does not read (module docstring)."""
-    if plan.is_raw or not rsteps:
+    if not rsteps:
         return
     for c, (lo, hi) in enumerate(rsteps):
         ops = prog[lo - base:hi - base]
@@ -302,7 +300,7 @@ def _charge_conversions(plan: Plan, prog: list[Op], rsteps: list[tuple[int, int]
             continue
         if fused:
             own = {op.chunk: op for op in ops if op.kind is OpKind.SEND and op.block is None}
-            for chunk in exchanged_chunks(ops):
+            for chunk in stacked_exchanges(plan, ops):
                 rmerge[c] += message_bytes(plan, own[chunk]) - acc_bytes(chunk)
         moved, kernels = wire_conversions(plan, ops)
         at = max(c - 1, 0)

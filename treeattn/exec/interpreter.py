@@ -38,7 +38,7 @@ from treeattn.exec.collectives import gather_query, run_collective
 from treeattn.exec.comm import P2P, BufferPool, Comm, Mark, first_uses
 from treeattn.exec.issue_order import nccl_order_problem
 from treeattn.exec.merge import clear_partial, empty_partial, from_wire, to_wire, wire_cols
-from treeattn.plan.ir import Op, OpKind, Plan, contiguous_runs, exchanged_chunks, wire_converted
+from treeattn.plan.ir import Op, OpKind, Plan, contiguous_runs, stacked_exchanges, wire_converted
 from treeattn.plan.steps import order_problem, step_problem
 
 __all__ = ["FAULT_ENV", "MeasuredOp", "RankInputs", "PlanExecutor", "InjectedFault"]
@@ -371,11 +371,11 @@ class PlanExecutor:
             return [t_compute]
         # The partials merged into one chunk land side by side in one buffer, so the step
         # merges each chunk once however many it receives (``merge_many_into``). An exchanged
-        # chunk's (``exchanged_chunks``) holds every rank's partial in rank order, this rank's
+        # chunk's (``stacked_exchanges``) holds every rank's partial in rank order, this rank's
         # as it sends it, so the ranks of the exchange merge the same bits in the same order.
         stacks: dict[int | None, torch.Tensor] = {}
         merging = [op.chunk for _, op in transfers if op.kind is OpKind.RECV_MERGE]
-        exchanged = set() if self.plan.is_raw else exchanged_chunks(op for _, op in ops)
+        exchanged = stacked_exchanges(self.plan, (op for _, op in ops))
         for chunk in dict.fromkeys(merging):
             count = merging.count(chunk) + (chunk in exchanged)
             stacks[chunk] = self.pool.take((count, *self._row_shape(chunk)), self.wire_dtype)
@@ -383,7 +383,8 @@ class PlanExecutor:
         order = {c: sorted([self.rank, *(op.peer for _, op in transfers
                                         if op.kind is OpKind.RECV_MERGE and op.chunk == c)]) for c in exchanged}
         for c in exchanged:
-            to_wire(stacks[c][order[c].index(self.rank)], acc[self.rows_of(c)])
+            own = stacks[c][order[c].index(self.rank)]
+            own.copy_(acc[self.rows_of(c)]) if self.plan.is_raw else to_wire(own, acc[self.rows_of(c)])
         posts: list[P2P] = []
         sent, wire_bufs = self._sent_on_wire(transfers, acc, exchanged)
         for _, op in transfers:
@@ -444,7 +445,7 @@ class PlanExecutor:
         for chunk, stack in stacks.items():
             target = acc[self.rows_of(chunk)]
             if self.plan.is_raw:
-                kernels.add_stack_into(target, stack)
+                (kernels.sum_stack_into if chunk in exchanged else kernels.add_stack_into)(target, stack)
             elif chunk in exchanged:
                 kernels.merged_into(target, stack)
             else:

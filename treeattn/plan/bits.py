@@ -18,7 +18,7 @@ rank runs over the same partials, in the same order, as the wire carried them.
 * at a step's end the copies land (as sent) and what it received is merged one stack per op
   chunk (None: every row), the stacks in the order the step first merges each (a chunk a step
   merges both alone and among all rows is merged twice): an exchanged chunk
-  (``exchanged_chunks``) over every rank's partial in rank order, its own as sent, not reading
+  (``stacked_exchanges``) over every rank's partial in rank order, its own as sent, not reading
   the accumulator; any other the accumulator first, then what it received in program order (a
   raw payload: summed so);
 * a library collective gives each rank it delivers to the same bits (NCCL's and gloo's
@@ -28,14 +28,19 @@ rank runs over the same partials, in the same order, as the wire carried them.
 
 Operands and order are matched exactly: two merges of the same partials in another order count
 as different bits (floating-point addition is not associative, and a compiled kernel may fuse a
-multiply and an add), so ``True`` is a proof and ``False`` a warning.
+multiply and an add), so ``True`` is a proof and ``False`` a warning. One exception: a raw
+payload's sum of two operands, the accumulator and one part received, is the same whichever
+is which (IEEE addition commutes, eager or compiled: ``treeattn.exec.merge.sum_many_into``,
+``sum_stack``), so the butterfly's ranks, each adding its partner's sum to its own, agree.
+Three or more are summed in program order (eager from the accumulator, compiled the parts
+first), which another order can change.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, exchanged_chunks
+from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, stacked_exchanges
 from treeattn.plan.validate import check_with
 
 if TYPE_CHECKING:
@@ -117,13 +122,15 @@ class BitTracker:
         if not stacks:
             return
         lo, hi = v.g_start[g], v.g_start[g + 1]
-        exchanged = set() if self.raw else exchanged_chunks(v.ops[lo:hi])
+        exchanged = stacked_exchanges(self.plan, v.ops[lo:hi])
         for key, got in stacks.items():
             for c in range(len(acc)) if key is None else (key,):
                 parts = [(s, e[c] if key is None else e) for s, e in got]
                 if key in exchanged:  # every rank's partial in rank order, this rank's as sent
                     ordered = sorted([(r, self._wire(began[c])), *parts])
                     acc[c] = self._id(("stack", *(e for _, e in ordered)))
+                elif self.raw and len(parts) == 1:  # a + b: IEEE addition gives b + a's bits
+                    acc[c] = self._id(("sum", *sorted((acc[c], parts[0][1]))))
                 else:  # the accumulator first, then what it received in program order
                     acc[c] = self._id(("sum" if self.raw else "merge", acc[c], *(e for _, e in parts)))
         self.empty[r] = False

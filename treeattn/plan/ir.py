@@ -91,6 +91,7 @@ __all__ = [
     "widened",
     "collective_row_bytes",
     "exchanged_chunks",
+    "stacked_exchanges",
     "contiguous_runs",
     "collective_kernels",
     "lse_copied",
@@ -633,6 +634,19 @@ def exchanged_chunks(ops: Iterable[Op]) -> set[int | None]:
             merged.setdefault(op.chunk, []).append(op.peer)
     return {c for c, peers in merged.items()
             if len(set(peers)) == len(peers) and sorted(peers) == sorted(sent.get(c, []))}
+
+
+def stacked_exchanges(plan: Plan, ops: Iterable[Op]) -> set[int | None]:
+    """The exchanged chunks (``exchanged_chunks``) a rank's step merges from a stack holding
+    its own slot: every one of a plan of partials; of a raw payload, those it gets from two
+    peers or more. A raw sum of two, the accumulator and one part, gives the same bits either
+    way round (IEEE addition commutes), so a butterfly's partners agree without the copy."""
+    ops = list(ops)
+    exchanged = exchanged_chunks(ops)
+    if not plan.is_raw or not exchanged:
+        return exchanged
+    received = [op.chunk for op in ops if op.kind is OpKind.RECV_MERGE]
+    return {c for c in exchanged if received.count(c) >= 2}
 
 
 def message_bytes(plan: Plan, op: Op) -> int:

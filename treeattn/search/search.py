@@ -443,11 +443,10 @@ class _Run:
                     left_out.append({"algorithm": s.family, "params": s.describe, "chunks": c, "predicted_us": t,
                                      "peak_bytes": mc.peak_bytes, "reason": "memory", "why": mc.why()})
                     continue
-            if self.layout == "all" and not plan.is_raw and (split := bit_groups(plan)):
+            if self.layout == "all" and (split := bit_groups(plan)):
                 # Tensor parallelism goes on from every rank's rows: they must be the same bits,
-                # as an all-reduce gives, or the ranks may sample different tokens. Raw sums are
-                # not held to it: the tracker tells sums apart by operand order, and two ranks'
-                # a + b and b + a, which IEEE addition makes equal, would leave out the butterfly.
+                # as an all-reduce gives, or the ranks may sample different tokens (or, for a
+                # raw sum, run the next layer on different activations).
                 chunk, groups = next(iter(split.items()))
                 left_out.append({"algorithm": s.family, "params": s.describe, "chunks": c, "predicted_us": t,
                                  "peak_bytes": peak, "reason": "bits",
