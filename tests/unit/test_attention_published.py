@@ -72,3 +72,18 @@ def test_kernel_line_fit_recovers_a_line_and_ignores_one_row_far_off():
         fit_kernel_line(rows, step_us=0.0)
     with pytest.raises(InputError, match="no memory bandwidth"):
         fit_kernel_line([*rows, dataclasses.replace(rows[0], mem_bw_gbps=0.0)])
+
+
+@pytest.mark.parametrize(("text", "us"), [("21.1us", 21.1), ("21.1 µs", 21.1), ("0.5ms", 500.0), ("2 s", 2e6)])
+def test_a_published_time_reads_in_every_unit_treeattn_prints(text, us):
+    from treeattn.validate.attention import _time_us
+
+    assert _time_us(text, "row 1") == pytest.approx(us)
+
+
+@pytest.mark.parametrize("text", ["21.1", "-3us", "fast µs", "0 ms"])
+def test_a_time_without_a_unit_or_not_positive_is_named(text):
+    from treeattn.validate.attention import _time_us
+
+    with pytest.raises(InputError, match=r"row 1: time .* is not a positive number with a unit \(us, µs, ms, s\)"):
+        _time_us(text, "row 1")

@@ -25,7 +25,8 @@ from treeattn.workload import Workload
 
 __all__ = ["AttentionRow", "attention_summary", "fit_kernel_line", "load_attention"]
 
-_UNITS = {"us": 1.0, "ms": 1e3, "s": 1e6}
+_UNITS = {"us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
+"""Time units a table may give, longest suffix first where one ends another (``ms``, ``s``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,7 @@ class AttentionRow:
 
 def _time_us(text: object, where: str) -> float:
     s = str(text).strip()
-    for unit in ("us", "ms", "s"):
+    for unit in _UNITS:
         if s.endswith(unit):
             try:
                 value = float(s[: -len(unit)])
@@ -56,7 +57,7 @@ def _time_us(text: object, where: str) -> float:
                 break
             if value > 0:
                 return value * _UNITS[unit]
-    raise InputError(f"{where}: time {text!r} is not a positive number with a unit (us, ms, s)")
+    raise InputError(f"{where}: time {text!r} is not a positive number with a unit ({', '.join(_UNITS)})")
 
 
 def load_attention(folders: list[Path] | None = None) -> list[AttentionRow]:
