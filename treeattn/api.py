@@ -104,7 +104,8 @@ def build_plan(topology: str | Topology, workload_or_model: Workload | ModelPres
         topology: as ``search_plan``'s.
         workload_or_model: as ``search_plan``'s, with ``batch`` and ``seq_len``.
         algorithm: a name ``treeattn plan --algorithm list`` lists.
-        result: ``all``, ``heads`` or ``root[:R]``; what the algorithm builds (``--algorithm list``).
+        result: ``all``, ``heads`` or ``root[:R]``, one the algorithm builds (``--algorithm list``):
+            ``dcp-a2a`` and ``dcp-ag-rs`` build ``heads`` only, and the default ``all`` is refused.
         chunks: row chunks to pipeline.
         **options: the algorithm's parameters (``root``, ``fanout``, ``parents``, ``groups``,
             ``order``, ``roots``, ``trees``, ``shape``, ``intra``, ``inter``, ``group_size``:
@@ -143,8 +144,7 @@ def build_plan(topology: str | Topology, workload_or_model: Workload | ModelPres
         if kw.get("root", root) != root:
             raise InputError(f"build_plan root={kw['root']} and result={result!r} name different roots")
         kw["root"] = root
-    if layout != "all":
-        kw["result"] = layout
+    kw["result"] = layout  # "all" too: an algorithm that does not build it is refused, not switched
     if algorithm == "hierarchical" and "groups" not in kw and "group_size" not in kw:
         kw["groups"] = node_groups(topo)
     check_kv_fits(workload, topo, DEFAULT_MEM_FRACTION)

@@ -35,6 +35,11 @@ def test_the_plan_is_the_one_plan_algorithm_writes(tmp_path, algorithm, topology
     ("nope", {}, "unknown algorithm 'nope'; choose one of tree"),
     ("butterfly", {"result": "heads"}, "algorithm 'butterfly' builds result all, not heads"),
     ("star", {"fanout": 3}, "algorithm 'star' takes no fanout"),
+    ("star", {"fanout": 2}, "algorithm 'star' takes no fanout"),  # 2 is kary's default, not a no
+    # the default result is all, which decode context parallel does not build: refused, not switched
+    ("dcp-a2a", {}, "algorithm 'dcp-a2a' builds result heads, not all"),
+    ("dcp-ag-rs", {"result": "all"}, "algorithm 'dcp-ag-rs' builds result heads, not all"),
+    ("dcp-a2a", {"result": "root:0"}, "algorithm 'dcp-a2a' builds result heads, not root"),
     ("hierarchical", {}, "'dgx-h100' is one node, so there is no group to form by node"),
     ("star", {"bogus": 1}, "build_plan takes no option 'bogus'"),
     ("star", {"root": 2, "result": "root:3"}, "root=2 and result='root:3' name different roots"),
@@ -65,3 +70,13 @@ def test_the_api_docstrings_examples_run_as_shown():
 
     failed, attempted = doctest.testmod(treeattn.api, verbose=False)
     assert attempted >= 4 and failed == 0
+
+
+def test_the_cli_refuses_a_layout_the_algorithm_does_not_build(tmp_path):
+    out = tmp_path / "p.yaml"
+    res = run_cli("plan", "-t", "dgx-h100", "-m", "llama-3.1-8b", "-b", "1", "-n", "64K", "--algorithm", "dcp-a2a",
+                  "-o", str(out))
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1 and not out.exists()
+    assert "algorithm 'dcp-a2a' builds result heads, not all" in " ".join(res.stderr.split())
+    assert run_cli("plan", "-t", "dgx-h100", "-m", "llama-3.1-8b", "-b", "1", "-n", "64K", "--algorithm", "dcp-a2a",
+                   "--result", "heads", "-o", str(out)).exit_code == 0

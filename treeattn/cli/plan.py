@@ -242,7 +242,7 @@ def plan_cmd(
             raise InputError(f"--root {root} and --result {result} name different roots")
         kw = _build_kwargs(topo.num_ranks, root=root if root is not None else result_root, fanout=fanout,
                            groups=groups, order=order, parents=parents, roots=roots, trees=trees, shape=shape,
-                           intra=intra, inter=inter, result=None if layout == "all" else layout,
+                           intra=intra, inter=inter, result=layout,
                            group_size=group_size)
         if algorithm == "hierarchical" and groups is None and group_size is None:
             kw["groups"] = node_groups(topo)

@@ -134,14 +134,14 @@ class Merger:
         split = bit_groups(plan)  # validates it too
         if not isinstance(plan.workload, Workload):
             raise ValueError(f"Merger merges attention partials; plan {plan.algorithm!r} reduces a raw payload")
+        problem = given_partial_problem(plan)
+        if problem:
+            raise ValueError(problem)
         if split and plan.result == "all":
             warnings.warn(f"plan {plan.algorithm!r}: its ranks may end with different bits ({split_text(split)}), "
                           "merging the same partials in other orders or groupings; under tensor parallelism they "
                           "may then sample different tokens (treeattn.search_plan leaves such plans out)",
                           stacklevel=2)
-        problem = given_partial_problem(plan)
-        if problem:
-            raise ValueError(problem)
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError("Merger needs torch.distributed initialised (init_process_group) on every rank")
         if dist.get_rank(group) < 0:

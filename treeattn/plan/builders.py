@@ -110,7 +110,7 @@ def build(
     *,
     chunks: int = 1,
     root: int | None = None,
-    fanout: int = 2,
+    fanout: int | None = None,
     parents: Sequence[Any] | None = None,
     groups: Sequence[Sequence[int]] | None = None,
     order: Sequence[int] | None = None,
@@ -126,7 +126,7 @@ def build(
         topology: a ``TopologyRef`` or a ``Topology`` (only its name and fingerprint are kept).
         chunks: row chunks to pipeline (per segment for ``ring``, per tree for ``multirail``).
         root: the root rank of tree algorithms (default 0, or ``order[0]``).
-        fanout: children per node for ``kary`` (and the ``kary`` shape elsewhere).
+        fanout: children per node for ``kary`` (and the ``kary`` shape elsewhere; default 2).
         parents: a parent list (``tree``, ``broadcast``) or a list of them (``multirail``).
         groups: ``hierarchical``: a partition of the ranks (the first rank of each group, or
             ``root``, leads it).
@@ -149,20 +149,10 @@ def build(
     spec = ALGORITHMS.get(algorithm)
     if spec is None:
         raise InputError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
-    names = {p.name for p in spec.params}
-    given = {"root": root, "parents": parents, "groups": groups, "order": order, "roots": roots}
-    for name, value in given.items():
-        if value is not None and name not in names:
-            raise InputError(f"algorithm {algorithm!r} takes no {name}; it takes: {', '.join(sorted(names))}")
-    if fanout != 2 and "fanout" not in names:
-        raise InputError(f"algorithm {algorithm!r} takes no fanout; it takes: {', '.join(sorted(names))}")
-    for name in extra:
-        if name not in names:
-            raise InputError(f"algorithm {algorithm!r} takes no parameter {name!r}; "
-                             f"it takes: {', '.join(sorted(names))}")
     if workload.kind not in spec.payloads:
         raise InfeasiblePlanError(f"algorithm {algorithm!r} reduces {' or '.join(spec.payloads)} payloads, "
                                   f"not {workload.kind}")
+    # The layout before the parameters: a root that came with result root:R is the layout's.
     if result is None:
         result = spec.results[0]
     if result not in RESULTS:
@@ -172,6 +162,16 @@ def build(
                                   f"algorithms for {result}: "
                                   + ", ".join(n for n, sp in ALGORITHMS.items() if result in sp.results
                                               and workload.kind in sp.payloads))
+    names = {p.name for p in spec.params}
+    given = {"root": root, "fanout": fanout, "parents": parents, "groups": groups, "order": order, "roots": roots}
+    for name, value in given.items():
+        if value is not None and name not in names:
+            raise InputError(f"algorithm {algorithm!r} takes no {name}; it takes: {', '.join(sorted(names))}")
+    for name in extra:
+        if name not in names:
+            raise InputError(f"algorithm {algorithm!r} takes no parameter {name!r}; "
+                             f"it takes: {', '.join(sorted(names))}")
+    fanout = 2 if fanout is None else fanout
     if type(chunks) is not int or chunks < 1:
         raise InputError(f"chunks must be an integer >= 1, got {chunks!r}")
     if topology is None:
