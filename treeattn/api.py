@@ -21,7 +21,7 @@ from treeattn.topology.library import (
     resolve_recorded,
 )
 from treeattn.topology.model import Topology
-from treeattn.workload import MODELS, ModelPreset, Payload, Workload
+from treeattn.workload import MODELS, ModelPreset, Payload, RawPayload, Workload
 
 __all__ = ["load_plan", "save_plan", "search_plan", "build_plan", "named_plan"]
 
@@ -31,7 +31,7 @@ _ALGORITHM_OPTIONS = ("root", "fanout", "parents", "groups", "order", "roots", "
                       "group_size")
 
 
-def search_plan(topology: str | Topology, workload_or_model: Workload | ModelPreset | str, *,
+def search_plan(topology: str | Topology, workload_or_model: Payload | ModelPreset | str, *,
                 batch: int | None = None, seq_len: int | str | None = None, result: str = "all",
                 **options: Any) -> Plan:
     """The fastest merge schedule for one decode step, as ``treeattn plan`` searches it.
@@ -39,8 +39,9 @@ def search_plan(topology: str | Topology, workload_or_model: Workload | ModelPre
     Args:
         topology: a ``Topology``, a shipped name (``dgx-h100``), a family spec
             (``dgx-h100:nodes=16``, ``cpu:ranks=4``) or a topology YAML file.
-        workload_or_model: a ``Workload``, or a model preset (its name, ``llama-3.1-8b``, or a
-            ``ModelPreset``) made into one with ``batch`` and ``seq_len``.
+        workload_or_model: a ``Workload``, a ``RawPayload`` (a plain sum, as ``plan --bytes``),
+            or a model preset (its name, ``llama-3.1-8b``, or a ``ModelPreset``) made into a
+            ``Workload`` with ``batch`` and ``seq_len``.
         batch: B, sequences decoded together (with a model).
         seq_len: N, tokens of KV cache in all (an int, or text such as ``"128K"`` as ``plan -n``
             takes), split evenly over the ranks (with a model).
@@ -93,7 +94,7 @@ def search_plan(topology: str | Topology, workload_or_model: Workload | ModelPre
     return _sourced(found.best, topology, topo)
 
 
-def build_plan(topology: str | Topology, workload_or_model: Workload | ModelPreset | str, algorithm: str, *,
+def build_plan(topology: str | Topology, workload_or_model: Payload | ModelPreset | str, algorithm: str, *,
                batch: int | None = None, seq_len: int | str | None = None, result: str = "all", chunks: int = 1,
                **options: Any) -> Plan:
     """The plan of one named algorithm, as ``treeattn plan --algorithm NAME`` builds it (no search):
@@ -218,15 +219,17 @@ def named_plan(topo: Topology, payload: Payload, algorithm: str, chunks: int | N
                   "baseline_peak_bytes": base_peaks, "memory_limit_bytes": mem.limit_bytes, "left_out": left}
 
 
-def _workload(topo: Topology, workload_or_model: Workload | ModelPreset | str, batch: int | None,
-              seq_len: int | str | None, options: dict[str, Any], fn: str) -> Workload:
-    """The workload ``fn`` (``search_plan``, ``build_plan``) was given, or made from a model."""
+def _workload(topo: Topology, workload_or_model: Payload | ModelPreset | str, batch: int | None,
+              seq_len: int | str | None, options: dict[str, Any], fn: str) -> Payload:
+    """The workload ``fn`` (``search_plan``, ``build_plan``) was given (an attention ``Workload``
+    or a ``RawPayload``, the CLI's ``--bytes``), or made from a model."""
     from treeattn.search.workload_file import workload_from_dict
 
     shape = {k: options[k] for k in _WORKLOAD_OPTIONS if k in options}
-    if isinstance(workload_or_model, Workload):
+    if isinstance(workload_or_model, (Workload, RawPayload)):
         if shape or batch is not None or seq_len is not None:
-            raise InputError("give batch, seq_len and workload options with a model, not with a Workload")
+            raise InputError(f"give batch, seq_len and workload options with a model, not with a "
+                             f"{type(workload_or_model).__name__}")
         return workload_or_model
     name = workload_or_model.name if isinstance(workload_or_model, ModelPreset) else workload_or_model
     if not isinstance(name, str) or name not in MODELS:

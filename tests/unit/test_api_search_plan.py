@@ -104,3 +104,20 @@ def test_a_plan_loaded_from_text_is_never_saved_where_its_topology_file_is_lost(
                   treeattn.save_plan(treeattn.load_plan(first), tmp_path / "a" / "b" / "q.yaml")):
         res = run_cli("simulate", str(saved), "--json")
         assert res.exit_code == 0 and json.loads(res.stdout)["topology"]["name"] == "mine", res.stderr
+
+
+def test_a_raw_payload_is_planned_as_plan_bytes_plans_it(tmp_path):
+    from treeattn.workload import RawPayload
+
+    payload = RawPayload(nbytes=1 << 20, ranks=8)
+    plan = treeattn.search_plan("dgx-h100", payload)
+    assert plan.is_raw and plan.workload == payload
+    saved = treeattn.save_plan(plan, tmp_path / "api.yaml")
+    cli = run_cli("plan", "-t", "dgx-h100", "--bytes", "1MiB", "--no-progress", "-o", str(tmp_path / "cli.yaml"))
+    assert cli.exit_code == 0, cli.stderr
+    assert saved.read_bytes() == (tmp_path / "cli.yaml").read_bytes()
+    assert treeattn.build_plan("dgx-h100", payload, "butterfly").workload == payload
+    with pytest.raises(TreeattnError, match="not with a RawPayload"):
+        treeattn.search_plan("dgx-h100", payload, batch=1)
+    with pytest.raises(TreeattnError, match="the workload has 4 ranks but topology 'dgx-h100' places 8"):
+        treeattn.search_plan("dgx-h100", RawPayload(nbytes=1 << 20, ranks=4))
