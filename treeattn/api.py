@@ -25,7 +25,7 @@ from treeattn.workload import MODELS, ModelPreset, Payload, RawPayload, Workload
 
 __all__ = ["load_plan", "save_plan", "search_plan", "build_plan", "named_plan"]
 
-_SEARCH_OPTIONS = ("seed", "chunk_choices", "families", "effort", "progress")
+_SEARCH_OPTIONS = ("seed", "chunk_choices", "families", "effort", "progress", "mem_fraction")
 _WORKLOAD_OPTIONS = ("split", "kv_dtype", "partial_dtype", "layers", "q_heads", "kv_heads", "head_dim")
 _ALGORITHM_OPTIONS = ("root", "fanout", "parents", "groups", "order", "roots", "trees", "shape", "intra", "inter",
                       "group_size")
@@ -47,8 +47,10 @@ def search_plan(topology: str | Topology, workload_or_model: Payload | ModelPres
             takes), split evenly over the ranks (with a model).
         result: ``all``, ``heads`` or ``root[:R]`` (``treeattn.plan.baselines.RESULT_HELP``).
         **options: the search's ``seed``, ``chunk_choices``, ``families``, ``effort``,
-            ``progress``; the workload's ``split``, ``kv_dtype``, ``partial_dtype``, ``layers``
-            (and ``q_heads``, ``kv_heads``, ``head_dim`` to override a preset).
+            ``progress``, ``mem_fraction`` (``plan --mem-fraction``: the share of each device's
+            memory a rank may use, 0.9 by default); the workload's ``split``, ``kv_dtype``,
+            ``partial_dtype``, ``layers`` (and ``q_heads``, ``kv_heads``, ``head_dim`` to override
+            a preset).
 
     Returns:
         The plan (``predicted_us`` and ``notes['search']`` filled); same inputs, same plan.
@@ -83,6 +85,8 @@ def search_plan(topology: str | Topology, workload_or_model: Payload | ModelPres
                                                                    (list, tuple, set, frozenset, range)):
         raise InputError(f"search_plan chunk_choices must be a list of chunk counts, e.g. [1, 2, 4], "
                          f"got {options['chunk_choices']!r}")
+    if "mem_fraction" in options:
+        _mem_fraction(options, "search_plan")
     if options.get("progress") is not None and not callable(options["progress"]):
         raise InputError(f"search_plan progress must be a callable progress(done, total, stage) or None, "
                          f"got {options['progress']!r}")
@@ -111,7 +115,8 @@ def build_plan(topology: str | Topology, workload_or_model: Payload | ModelPrese
         **options: the algorithm's parameters (``root``, ``fanout``, ``parents``, ``groups``,
             ``order``, ``roots``, ``trees``, ``shape``, ``intra``, ``inter``, ``group_size``:
             ``--algorithm list`` says which it takes; ``hierarchical`` without ``groups`` or
-            ``group_size`` groups the ranks by node) and the workload options of ``search_plan``.
+            ``group_size`` groups the ranks by node), ``mem_fraction`` and the workload options
+            of ``search_plan``.
 
     Returns:
         The plan, ``predicted_us`` and ``notes['plan']`` (lower bound, baselines) filled: the
@@ -126,12 +131,13 @@ def build_plan(topology: str | Topology, workload_or_model: Payload | ModelPrese
         >>> plan.algorithm, plan.result
         ('dcp-a2a', 'heads')
     """
-    from treeattn.cost.memory import DEFAULT_MEM_FRACTION, check_kv_fits
+    from treeattn.cost.memory import check_kv_fits
 
-    unknown = sorted(set(options) - set(_ALGORITHM_OPTIONS) - set(_WORKLOAD_OPTIONS))
+    unknown = sorted(set(options) - set(_ALGORITHM_OPTIONS) - set(_WORKLOAD_OPTIONS) - {"mem_fraction"})
     if unknown:
         raise InputError(f"build_plan takes no option {unknown[0]!r}; it takes "
-                         f"{', '.join(_ALGORITHM_OPTIONS + _WORKLOAD_OPTIONS)}")
+                         f"{', '.join((*_ALGORITHM_OPTIONS, *_WORKLOAD_OPTIONS, 'mem_fraction'))}")
+    fraction = _mem_fraction(options, "build_plan")
     if not isinstance(algorithm, str):
         raise InputError(f"build_plan algorithm must be a name (treeattn plan --algorithm list), got {algorithm!r}")
     kw = {k: options[k] for k in _ALGORITHM_OPTIONS if k in options}
@@ -148,9 +154,20 @@ def build_plan(topology: str | Topology, workload_or_model: Payload | ModelPrese
     kw["result"] = layout  # "all" too: an algorithm that does not build it is refused, not switched
     if algorithm == "hierarchical" and "groups" not in kw and "group_size" not in kw:
         kw["groups"] = node_groups(topo)
-    check_kv_fits(workload, topo, DEFAULT_MEM_FRACTION)
-    plan, _ = named_plan(topo, workload, algorithm, chunks, kw, DEFAULT_MEM_FRACTION)
+    check_kv_fits(workload, topo, fraction)
+    plan, _ = named_plan(topo, workload, algorithm, chunks, kw, fraction)
     return _sourced(plan, topology, topo)
+
+
+def _mem_fraction(options: dict[str, Any], fn: str) -> float:
+    """``options``' ``mem_fraction`` (``--mem-fraction``: the share of each device's memory a rank
+    may use), checked, or the CLI's default."""
+    from treeattn.cost.memory import DEFAULT_MEM_FRACTION
+
+    value = options.get("mem_fraction", DEFAULT_MEM_FRACTION)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise InputError(f"{fn} mem_fraction must be a number in (0, 1], got {value!r}")
+    return float(value)
 
 
 def _int(v: object) -> bool:

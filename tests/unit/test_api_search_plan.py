@@ -41,6 +41,8 @@ def test_bad_values_raise_the_library_error_naming_the_argument(kwargs, needle):
     ({"families": 3}, "families must be a list of family names"),
     ({"chunk_choices": 4}, "chunk_choices must be a list of chunk counts"),
     ({"progress": True}, "progress must be a callable"),
+    ({"mem_fraction": 1.5}, r"mem_fraction must be a number in \(0, 1\], got 1.5"),
+    ({"mem_fraction": "0.5"}, r"mem_fraction must be a number in \(0, 1\], got '0.5'"),
 ])
 def test_search_options_of_the_wrong_type_raise_the_library_error(options, needle):
     with pytest.raises(TreeattnError, match=needle):
@@ -121,3 +123,12 @@ def test_a_raw_payload_is_planned_as_plan_bytes_plans_it(tmp_path):
         treeattn.search_plan("dgx-h100", payload, batch=1)
     with pytest.raises(TreeattnError, match="the workload has 4 ranks but topology 'dgx-h100' places 8"):
         treeattn.search_plan("dgx-h100", RawPayload(nbytes=1 << 20, ranks=4))
+
+
+def test_mem_fraction_is_the_share_a_rank_may_use_as_plan_takes_it():
+    # Llama-3.1-8B at B = 8, 256K on 8 GPUs: 32 GiB of KV a GPU fits 0.5 of 80 GiB, not 0.1
+    kw = {"batch": 8, "seq_len": "256K"}
+    assert treeattn.search_plan("dgx-h100", "llama-3.1-8b", **kw, mem_fraction=0.5).predicted_us > 0
+    for call in (treeattn.search_plan, lambda *a, **k: treeattn.build_plan(*a[:2], "star", **k)):
+        with pytest.raises(TreeattnError, match=r"needs 32 GiB of KV per GPU .*\(8 GiB usable at --mem-fraction 0.1\)"):
+            call("dgx-h100", "llama-3.1-8b", **kw, mem_fraction=0.1)
