@@ -248,7 +248,9 @@ def test_under_all_the_search_leaves_out_plans_whose_ranks_end_with_other_bits()
 
     plan = treeattn.search_plan("dgx-h100:nodes=2[ranks 0-11]", "llama-3.1-8b", batch=16, seq_len="64K")
     assert bit_groups(plan) == {}
-    assert "direct" in plan.notes["search"]["left_out_for_bits"]
+    left = plan.notes["search"]["left_out_for_bits"]
+    assert {x["algorithm"] for x in left} == {"direct"} and all(x["params"]["groups"] != "none" for x in left)
+    assert all(x["predicted_us"] > 0 and "bits differ" in x["why"] and x["chunks"] >= 1 for x in left)
     assert "left_out_for_memory" not in plan.notes["search"]
     grouped = treeattn.build_plan("dgx-h100:nodes=2[ranks 0-11]", "llama-3.1-8b", "direct", batch=16, seq_len="64K",
                                   groups=[list(range(8)), list(range(8, 12))])

@@ -500,7 +500,9 @@ class _Run:
         if top_sched.key in self.moves_of:
             notes["search"]["moves"] = self.moves_of[top_sched.key]
         for reason, key in (("memory", "left_out_for_memory"), ("bits", "left_out_for_bits")):
-            out = [x["algorithm"] for x in left_out if x["reason"] == reason]
+            # what a reader needs to tell the variants apart and rebuild one (build_plan)
+            out = [{k: x[k] for k in ("algorithm", "params", "chunks", "predicted_us", "why")}
+                   for x in left_out if x["reason"] == reason]
             if out:
                 notes["search"][key] = out
         plan = replace(plan, predicted_us=top_t, notes=notes)
