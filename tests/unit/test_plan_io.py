@@ -228,3 +228,14 @@ def test_the_format_page_shows_the_current_version():
     # docs/plan-format.md's example is what a user compares a file against.
     page = (Path(__file__).resolve().parents[2] / "docs" / "plan-format.md").read_text()
     assert f"\n    version: {PLAN_VERSION}\n" in page
+
+
+def test_a_plan_prints_as_a_summary_not_its_programs():
+    from treeattn.plan.builders import build
+    from treeattn.plan.ir import TopologyRef
+    from treeattn.workload import RawPayload
+
+    plan = build("butterfly", RawPayload(nbytes=4 * 1024, ranks=32), TopologyRef("t", "sha256:0"), chunks=2)
+    text = repr(plan)
+    assert text.startswith("Plan(algorithm='butterfly', params=") and "ranks=32, chunks=2, result='all'" in text
+    assert f"ops={sum(map(len, plan.programs))}" in text and 10 * len(text) < len(repr(plan.programs))
