@@ -121,11 +121,13 @@ def test_direct_exchanges_flat_by_domain_and_along_rails():
     check(res.best)
 
 
-def test_chunk_choices_are_powers_of_two_capped_by_rows():
-    assert chunk_choices(_w(8), 8) == (1, 2, 4, 8, 16, 32)
+def test_chunk_choices_are_powers_of_two_capped_by_whole_quanta_of_rows():
+    # 32 rows of 516 bytes make 8 quanta of 4 rows: more chunks would start some mid-vector
+    assert _w(8).rows == 32 and chunk_choices(_w(8), 8) == (1, 2, 4, 8)
     assert chunk_choices(_w(8, batch=128), 8) == (1, 2, 4, 8, 16, 32, 64)
     assert chunk_choices(_w(512, batch=128), 512) == (1, 2, 4, 8, 16)
-    assert chunk_choices(RawPayload(nbytes=8, ranks=2), 2) == (1, 2)
+    assert chunk_choices(RawPayload(nbytes=32, ranks=2), 2) == (1, 2)  # 8 fp32: 2 quanta
+    assert chunk_choices(RawPayload(nbytes=8, ranks=2), 2) == (1,)
 
 
 @pytest.mark.parametrize("spec, ranks", [("dgx-h100-2node", "0,1,2,8,9"), ("emu-2x4", "0,1,4,5"),

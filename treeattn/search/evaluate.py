@@ -22,7 +22,7 @@ from treeattn.cost.program import _COMPUTE, _SEND, Program, compile_plan
 from treeattn.cost.simulate import simulate
 from treeattn.errors import InfeasiblePlanError
 from treeattn.plan.builders import build
-from treeattn.plan.ir import Plan, TopologyRef
+from treeattn.plan.ir import Plan, TopologyRef, row_quantum
 from treeattn.topology.model import Topology
 from treeattn.workload import Payload, Workload
 
@@ -55,10 +55,12 @@ class Schedule:
 
 
 def chunk_choices(payload: Payload, ranks: int, limit: int | None = None) -> tuple[int, ...]:
-    """Chunk counts to try: powers of two up to the payload's rows (and ``limit``).
+    """Chunk counts to try: powers of two up to the payload's whole quanta of rows (and ``limit``).
 
     Args:
-        payload: the workload; its ``rows`` caps the chunk count.
+        payload: the workload; its rows in 16-byte quanta (``plan.ir.row_quantum``) cap the
+            chunk count: more chunks than quanta would start some on rows a GPU kernel copies
+            in and out (``plan.ir.chunk_rows``), which the simulator does not charge.
         ranks: p; large rank counts get a lower cap, as every chunk multiplies the ops.
         limit: an explicit cap.
 
@@ -68,7 +70,7 @@ def chunk_choices(payload: Payload, ranks: int, limit: int | None = None) -> tup
     cap = 64 if ranks <= 64 else 32 if ranks <= 256 else 16
     if limit is not None:
         cap = min(cap, limit)
-    cap = max(1, min(cap, payload.rows))
+    cap = max(1, min(cap, payload.rows // row_quantum(payload)))
     out, c = [], 1
     while c <= cap:
         out.append(c)
