@@ -328,14 +328,6 @@ class TopologyRef:
 class Plan:
     """A versioned, self-describing schedule: per-rank programs plus what they were made for."""
 
-    def __repr__(self) -> str:
-        # The programs of 32 ranks print as 230,000 characters: a summary, as verify's line.
-        ops = sum(len(prog) for prog in self.programs)
-        time = "" if self.predicted_us is None else f", predicted_us={self.predicted_us:.3f}"
-        return (f"Plan(algorithm={self.algorithm!r}, params={self.params!r}, ranks={self.ranks}, "
-                f"chunks={self.chunks}, result={self.result!r}, ops={ops}{time}, topology={self.topology.name!r}, "
-                f"workload={self.workload!r})")
-
     algorithm: str
     """Builder name (``star``, ``kary``, ``butterfly``, ..., ``allreduce3``)."""
     params: dict[str, Any]
@@ -359,6 +351,14 @@ class Plan:
     layout: str = "full"
     """``full``: each result rank ends with every row; ``heads``: each rank with its own
     query heads' rows (see the module docstring)."""
+
+    def __repr__(self) -> str:
+        # The programs of 32 ranks print as 230,000 characters: a summary, as verify's line.
+        ops = sum(len(prog) for prog in self.programs)
+        time = "" if self.predicted_us is None else f", predicted_us={self.predicted_us:.3f}"
+        return (f"Plan(algorithm={self.algorithm!r}, params={self.params!r}, ranks={self.ranks}, "
+                f"chunks={self.chunks}, result={self.result!r}, ops={ops}{time}, topology={self.topology.name!r}, "
+                f"workload={self.workload!r})")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "programs", tuple(tuple(p) for p in self.programs))
