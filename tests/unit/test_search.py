@@ -274,3 +274,15 @@ def test_a_raw_sum_is_held_to_the_same_bits_too():
     assert any(c.algorithm == "direct" and c.params["groups"] == "none" for c in res.candidates)
     eight = search(resolve("dgx-h100"), RawPayload(nbytes=64 * 1024, ranks=8), top_k=20)
     assert "butterfly" in {c.algorithm for c in eight.candidates}
+
+
+def test_a_baseline_left_out_for_memory_is_named_in_the_plans_notes():
+    # Llama-3.1-8B at B = 16, 256K: 64 GiB of KV a GPU fits 0.85 of 80 GiB, but ring attention
+    # holds a second block; a baseline has no parameters or chunks of its own to record
+    from treeattn.search.workload_file import workload_from_dict
+
+    w = workload_from_dict({"model": "llama-3.1-8b", "batch": 16, "seq_len": "256K"}, ranks=8, where="test")
+    res = search(resolve("dgx-h100"), w, mem_fraction=0.85)
+    (left,) = res.best.notes["search"]["left_out_for_memory"]
+    assert left["algorithm"] == "ring-attention" and left["predicted_us"] > 0 and "may use" in left["why"]
+    assert set(left) == {"algorithm", "predicted_us", "why"}

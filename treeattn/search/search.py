@@ -500,8 +500,9 @@ class _Run:
         if top_sched.key in self.moves_of:
             notes["search"]["moves"] = self.moves_of[top_sched.key]
         for reason, key in (("memory", "left_out_for_memory"), ("bits", "left_out_for_bits")):
-            # what a reader needs to tell the variants apart and rebuild one (build_plan)
-            out = [{k: x[k] for k in ("algorithm", "params", "chunks", "predicted_us", "why")}
+            # what a reader needs to tell the variants apart and rebuild one (build_plan); a
+            # baseline left out for memory has no parameters or chunks of its own
+            out = [{k: x[k] for k in ("algorithm", "params", "chunks", "predicted_us", "why") if k in x}
                    for x in left_out if x["reason"] == reason]
             if out:
                 notes["search"][key] = out
