@@ -100,10 +100,6 @@ class ComputeModel:
         """Whether ``rank`` merges with one fused kernel (a GPU), not eager ops (a host)."""
         return bool(self.fused) and self.fused[rank]
 
-    def acc_row_bytes(self) -> int:
-        """Bytes of one accumulator row: a packed fp32 partial, or a raw element."""
-        return self.payload.acc_row_bytes
-
     @property
     def _attn_launch_us(self) -> float:
         return self.launch_us if self.attn_launch_us is None else self.attn_launch_us
@@ -202,7 +198,8 @@ class ComputeModel:
         """
         if rows <= 0 or parts <= 0:
             return 0.0
-        return self.launch_us + self._mem_us(rank, rows * (2 * self.acc_row_bytes() + parts * self.payload.row_bytes))
+        w = self.payload
+        return self.launch_us + self._mem_us(rank, rows * (2 * w.acc_row_bytes + parts * w.row_bytes))
 
     def gather_merge_us(self, rank: int, share_bytes: int, parts: int) -> float:
         """Local merge after an all-gather of ``parts`` partials of ``share_bytes`` each:

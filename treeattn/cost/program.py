@@ -166,7 +166,7 @@ def _compile(plan: Plan, p: int, cm: ComputeModel) -> Program:
     """Per rank and step: the gid of the step's COMPUTE, or -1."""
     offset: list[int] = []
     size_cache: dict[tuple, int] = {}
-    acc_row = cm.acc_row_bytes()
+    acc_row = plan.workload.acc_row_bytes
 
     def acc_bytes(chunk: int | None) -> int:
         start, stop = plan.chunk_range(chunk)

@@ -183,7 +183,6 @@ def bit_groups(plan: Plan) -> dict[int, list[list[int]]]:
     return out
 
 
-
 def split_text(split: dict[int, list[list[int]]], shown: int = 4) -> str:
     """``bit_groups``' first chunk as a user reads it: ``chunk 0: ranks 0,1 | 2,3`` (its first
     ``shown`` groups)."""
