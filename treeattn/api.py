@@ -5,7 +5,9 @@ when first used."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,7 @@ def search_plan(topology: str | Topology, workload_or_model: Payload | ModelPres
         >>> plan.ranks, plan.result
         (8, 'heads')
     """
+    from treeattn.cost.memory import DEFAULT_MEM_FRACTION, check_kv_fits
     from treeattn.search.search import Effort, search
 
     unknown = sorted(set(options) - set(_SEARCH_OPTIONS) - set(_WORKLOAD_OPTIONS))
@@ -90,12 +93,25 @@ def search_plan(topology: str | Topology, workload_or_model: Payload | ModelPres
     if options.get("progress") is not None and not callable(options["progress"]):
         raise InputError(f"search_plan progress must be a callable progress(done, total, stage) or None, "
                          f"got {options['progress']!r}")
-    topo = topology if isinstance(topology, Topology) else resolve(str(topology))
-    workload = _workload(topo, workload_or_model, batch, seq_len, options, "search_plan")
-    layout, root = parse_result(result, topo.num_ranks)
-    found = search(topo, workload, result=layout, root=root, **{k: options[k] for k in _SEARCH_OPTIONS
-                                                                 if k in options})
+    with _named("search_plan"):
+        topo = topology if isinstance(topology, Topology) else resolve(str(topology))
+        workload = _workload(topo, workload_or_model, batch, seq_len, options, "search_plan")
+        layout, root = parse_result(result, topo.num_ranks)
+        check_kv_fits(workload, topo, options.get("mem_fraction", DEFAULT_MEM_FRACTION), option="mem_fraction")
+        found = search(topo, workload, result=layout, root=root, **{k: options[k] for k in _SEARCH_OPTIONS
+                                                                     if k in options})
     return _sourced(found.best, topology, topo)
+
+
+@contextlib.contextmanager
+def _named(fn: str) -> Iterator[None]:
+    """Errors from below name the call they came through, as its own checks' do."""
+    try:
+        yield
+    except InputError as e:
+        if str(e).startswith(fn):
+            raise
+        raise type(e)(f"{fn}: {e}") from None
 
 
 def build_plan(topology: str | Topology, workload_or_model: Payload | ModelPreset | str, algorithm: str, *,
@@ -144,18 +160,19 @@ def build_plan(topology: str | Topology, workload_or_model: Payload | ModelPrese
     for key, value in kw.items():  # the builders read them as they go: a wrong type would mislead there
         if not _OPTION_TYPES[key][0](value):
             raise InputError(f"build_plan {key} must be {_OPTION_TYPES[key][1]}, got {value!r}")
-    topo = topology if isinstance(topology, Topology) else resolve(str(topology))
-    workload = _workload(topo, workload_or_model, batch, seq_len, options, "build_plan")
-    layout, root = parse_result(result, topo.num_ranks)
-    if root is not None:
-        if kw.get("root", root) != root:
-            raise InputError(f"build_plan root={kw['root']} and result={result!r} name different roots")
-        kw["root"] = root
-    kw["result"] = layout  # "all" too: an algorithm that does not build it is refused, not switched
-    if algorithm == "hierarchical" and "groups" not in kw and "group_size" not in kw:
-        kw["groups"] = node_groups(topo)
-    check_kv_fits(workload, topo, fraction)
-    plan, _ = named_plan(topo, workload, algorithm, chunks, kw, fraction)
+    with _named("build_plan"):
+        topo = topology if isinstance(topology, Topology) else resolve(str(topology))
+        workload = _workload(topo, workload_or_model, batch, seq_len, options, "build_plan")
+        layout, root = parse_result(result, topo.num_ranks)
+        if root is not None:
+            if kw.get("root", root) != root:
+                raise InputError(f"build_plan root={kw['root']} and result={result!r} name different roots")
+            kw["root"] = root
+        kw["result"] = layout  # "all" too: an algorithm that does not build it is refused, not switched
+        if algorithm == "hierarchical" and "groups" not in kw and "group_size" not in kw:
+            kw["groups"] = node_groups(topo)
+        check_kv_fits(workload, topo, fraction, option="mem_fraction")
+        plan, _ = named_plan(topo, workload, algorithm, chunks, kw, fraction)
     return _sourced(plan, topology, topo)
 
 

@@ -129,6 +129,17 @@ def test_mem_fraction_is_the_share_a_rank_may_use_as_plan_takes_it():
     # Llama-3.1-8B at B = 8, 256K on 8 GPUs: 32 GiB of KV a GPU fits 0.5 of 80 GiB, not 0.1
     kw = {"batch": 8, "seq_len": "256K"}
     assert treeattn.search_plan("dgx-h100", "llama-3.1-8b", **kw, mem_fraction=0.5).predicted_us > 0
-    for call in (treeattn.search_plan, lambda *a, **k: treeattn.build_plan(*a[:2], "star", **k)):
-        with pytest.raises(TreeattnError, match=r"needs 32 GiB of KV per GPU .*\(8 GiB usable at --mem-fraction 0.1\)"):
+    for name, call in (("search_plan", treeattn.search_plan),
+                       ("build_plan", lambda *a, **k: treeattn.build_plan(*a[:2], "star", **k))):
+        with pytest.raises(TreeattnError, match=rf"^{name}: needs 32 GiB of KV per GPU .*\(8 GiB usable at "
+                                                r"mem_fraction 0.1\)"):
             call("dgx-h100", "llama-3.1-8b", **kw, mem_fraction=0.1)
+
+
+def test_errors_from_below_name_the_call_they_came_through():
+    with pytest.raises(TreeattnError, match=r"^search_plan: unknown topology 'dgx-h900'"):
+        treeattn.search_plan("dgx-h900", "llama-3.1-8b", batch=1, seq_len=4096)
+    with pytest.raises(TreeattnError, match=r"^build_plan: algorithm 'dcp-a2a' builds result heads, not all"):
+        treeattn.build_plan("dgx-h100", "llama-3.1-8b", "dcp-a2a", batch=1, seq_len=4096)
+    with pytest.raises(TreeattnError, match=r"^search_plan\.batch must be a positive integer"):  # named once
+        treeattn.search_plan("dgx-h100", "llama-3.1-8b", batch=0, seq_len=4096)

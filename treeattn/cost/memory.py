@@ -219,12 +219,14 @@ def memory_check(plan: Plan, topo: Topology, fraction: float = DEFAULT_MEM_FRACT
     return MemoryCheck(peak_bytes=worst[1], limit_bytes=worst[3], rank=worst[2])
 
 
-def check_kv_fits(payload: Payload, topo: Topology, fraction: float = DEFAULT_MEM_FRACTION) -> None:
+def check_kv_fits(payload: Payload, topo: Topology, fraction: float = DEFAULT_MEM_FRACTION, *,
+                  option: str = "--mem-fraction") -> None:
     """Raise ``InputError`` when even a rank's KV cache exceeds what its device may hold: no
     merge schedule can help then.
 
     The message names what is needed and what the device has, e.g. ``needs 2.7 TiB of KV per
-    GPU; dgx-h100 has 80 GiB per GPU (72 GiB usable at --mem-fraction 0.9)``.
+    GPU; dgx-h100 has 80 GiB per GPU (72 GiB usable at --mem-fraction 0.9)``; ``option`` is
+    the fraction's name where the caller took it (the API's ``mem_fraction``).
     """
     fraction = check_fraction(fraction)
     if not isinstance(payload, Workload):
@@ -235,4 +237,4 @@ def check_kv_fits(payload: Payload, topo: Topology, fraction: float = DEFAULT_ME
         kind = topo.rank_device(worst).kind.value.upper() if topo.rank_device(worst).kind.value == "gpu" else "rank"
         raise InputError(f"needs {format_size(need)} of KV per {kind} ({payload.layers} layers); {topo.name} has "
                          f"{format_size(cap)} per {kind} ({format_size(int(cap * fraction))} usable at "
-                         f"--mem-fraction {fraction:g}): use more ranks, a shorter sequence or a smaller batch")
+                         f"{option} {fraction:g}): use more ranks, a shorter sequence or a smaller batch")
