@@ -144,7 +144,7 @@ def main() -> None:
         recorded = {(r["ranks"], r["batch"]): r for r in json.loads(args.against.read_text())["rows"]}
     print(f"treeattn plan -t dgx-h100:nodes=N -m {MODEL} -b B -n SEQ; load average before: {_load()}")
     print(f"{'':<7}{'ranks':>6} {'B':>4} {'N':>4} {'plan s':>7} {'cpu s':>7} {'proc s':>7} {'peak MB':>8} "
-          f"{'file MB':>8}  {'predicted us':>12}  pick")
+          f"{'file MB':>8}  {'predicted µs':>12}  pick")
     rows, before_rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for p in ranks:

@@ -72,7 +72,7 @@ def quality(con: Console, batches: list[int], seq_lens: list[int]) -> None:
             continue
         seen[topo.fingerprint] = pre.name
         specs.append(pre.name)
-    table = Table(title=f"Planner quality, {MODEL} (us per layer, compute included)")
+    table = Table(title=f"Planner quality, {MODEL} (µs per layer, compute included)")
     for col in ("topology", "p", "B", "N", "pick", "family", "x bound", "best standard", "3 all-reduces",
                 "all-gather", "ok"):
         table.add_column(col, justify="left" if col in ("topology", "family") else "right")
@@ -117,7 +117,7 @@ def quality(con: Console, batches: list[int], seq_lens: list[int]) -> None:
 
 def multinode(con: Console) -> None:
     table = Table(title=f"Multi-node at B = 1, {MODEL}: pick vs the paper's three all-reduces (NCCL model)")
-    for col in ("topology", "p", "N", "pick us", "family", "3 all-reduces us", "speedup"):
+    for col in ("topology", "p", "N", "pick µs", "family", "3 all-reduces µs", "speedup"):
         table.add_column(col, justify="left" if col in ("topology", "family") else "right")
     for name in ("dgx-h100-2node", "dgx-h100-16node"):
         topo = resolve(name)
@@ -133,7 +133,7 @@ def speed(con: Console) -> None:
     # One layer of KV, so that B = 128 fits on 8 GPUs too: what search() does does not depend
     # on the layer count, only its memory check does.
     table = Table(title="Planner speed: search() after the topology is loaded (baselines included; one layer)")
-    for col in ("topology", "ranks", "B", "wall s", "cpu s", "simulations", "schedules", "pick us"):
+    for col in ("topology", "ranks", "B", "wall s", "cpu s", "simulations", "schedules", "pick µs"):
         table.add_column(col, justify="left" if col == "topology" else "right")
     for name in ("dgx-h100", "dgx-h100-16node", "dgx-h100:nodes=128"):
         topo = resolve(name)
