@@ -53,7 +53,8 @@ COMMANDS = {
 }
 """The ``treeattn compare`` runs, by the name of the files they write (NAME.txt, NAME.csv)."""
 
-HEADS_CASES = (("dgx-h100", 64), ("dgx-h100-2node", 64), ("dgx-h100-2node", 256), ("dgx-h100:nodes=4", 256))
+HEADS_CASES = (("dgx-h100", 64), ("dgx-h100-2node", 64), ("dgx-h100-2node", 256), ("dgx-h100:nodes=4", 256),
+               ("dgx-h100:nodes=4", 1))
 """(topology, batch) of the heads-against-all table."""
 
 
@@ -90,7 +91,9 @@ def heads_table(cases: Sequence[tuple[str, int]] = HEADS_CASES) -> list[str]:
         got = {}
         for layout in ("all", "heads"):
             res = search(t, w, result=layout)
-            got[layout] = (res.candidates[0].algorithm, res.best.predicted_us - c, plan_bytes_moved(res.best))
+            # "(whole)": an all plan of which each rank keeps its own heads (``build``'s whole_rows)
+            pick = res.candidates[0].algorithm + (" (whole)" if res.best.params.get("whole_rows") else "")
+            got[layout] = (pick, res.best.predicted_us - c, plan_bytes_moved(res.best))
         (fa, ta, ba), (fh, th, bh) = got["all"], got["heads"]
         out.append(f"{spec:>18} {batch:>4} {fa:>12} {ta:>6.1f} µs {fh:>14} {th:>6.1f} µs {ta / th:>5.2f}x "
                    f"{ba / bh:>5.2f}x")

@@ -30,7 +30,7 @@ __all__ = ["load_plan", "save_plan", "search_plan", "build_plan", "named_plan"]
 _SEARCH_OPTIONS = ("seed", "chunk_choices", "families", "effort", "progress", "mem_fraction")
 _WORKLOAD_OPTIONS = ("split", "kv_dtype", "partial_dtype", "layers", "q_heads", "kv_heads", "head_dim")
 _ALGORITHM_OPTIONS = ("root", "fanout", "parents", "groups", "order", "roots", "trees", "shape", "intra", "inter",
-                      "group_size")
+                      "group_size", "whole_rows")
 
 
 def search_plan(topology: str | Topology, workload_or_model: Payload | ModelPreset | str, *,
@@ -130,7 +130,9 @@ def build_plan(topology: str | Topology, workload_or_model: Payload | ModelPrese
         chunks: row chunks to pipeline.
         **options: the algorithm's parameters (``root``, ``fanout``, ``parents``, ``groups``,
             ``order``, ``roots``, ``trees``, ``shape``, ``intra``, ``inter``, ``group_size``:
-            ``--algorithm list`` says which it takes; ``hierarchical`` without ``groups`` or
+            ``--algorithm list`` says which it takes; ``whole_rows=True`` with ``result="heads"``:
+            the algorithm's all plan in one chunk, each rank keeping its own heads (``plan
+            --whole-rows``); ``hierarchical`` without ``groups`` or
             ``group_size`` groups the ranks by node), ``mem_fraction`` and the workload options
             of ``search_plan``.
 
@@ -205,6 +207,7 @@ _OPTION_TYPES: dict[str, tuple[Any, str]] = {
     "order": (_ints, "a list of ranks"), "roots": (_ints, "a list of ranks"),
     "shape": (lambda v: isinstance(v, str), "a shape name (star, chain, kary, binomial)"),
     "intra": (lambda v: isinstance(v, str), "a shape name"), "inter": (lambda v: isinstance(v, str), "a shape name"),
+    "whole_rows": (lambda v: isinstance(v, bool), "true or false"),
 }
 """What each algorithm parameter of ``build_plan`` must be, and how its error says it."""
 

@@ -72,6 +72,10 @@ def family_plans(p: int, chunk_counts: dict[str, tuple[int, ...]]) -> list[PlanJ
         jobs.append(PlanJob("star/fp8-wire", build("star", attention(p, "bf16", "fp8"), REF, chunks=2)))
         # fp8 KV (partials in bf16) and fp8 raw buffers: gloo neither gathers nor sums fp8.
         jobs.append(PlanJob("allreduce3/fp8-kv", build("allreduce3", attention(p, "fp8", "bf16"), REF)))
+        # Heads kept of an all plan (whole_rows): messages of every row, each rank's own rows its result.
+        for name, tag in (("butterfly", "att"), ("direct", "raw"), ("star", "att")):
+            whole = build(name, payloads[tag], REF, result="heads", whole_rows=True)
+            jobs.append(PlanJob(f"{name}/{tag}/heads-whole", whole))
         raw8 = RawPayload(nbytes=40, ranks=p, dtype="fp8")
         for name in ("allreduce", "allgather-merge", "butterfly"):
             jobs.append(PlanJob(f"{name}/fp8-raw", build(name, raw8, REF, chunks=2)))

@@ -50,9 +50,9 @@ def test_search_options_of_the_wrong_type_raise_the_library_error(options, needl
 
 
 def test_families_that_build_nothing_for_the_layout_are_named():
-    with pytest.raises(TreeattnError, match=r"with result heads from families \['butterfly'\]"):
+    with pytest.raises(TreeattnError, match=r"with result heads from families \['multirail'\]"):
         treeattn.search_plan("cpu:ranks=4", "llama-3.2-1b", batch=1, seq_len=4096, result="heads",
-                             families=["butterfly"])
+                             families=["multirail"])
 
 
 def test_a_plan_saved_from_the_api_finds_its_topology_file_from_anywhere(tmp_path, monkeypatch):

@@ -92,6 +92,21 @@ def test_named_algorithm(tmp_path):
     assert json.loads(res.stdout)["best"]["params"]["groups"] == [list(range(8)), list(range(8, 16))]
 
 
+def test_whole_rows_builds_heads_of_an_all_plan(tmp_path):
+    out = tmp_path / "w.yaml"
+    res = run_cli("plan", "-t", "dgx-h100-2node", *SHAPE, "-a", "direct", "--groups", "0-7/8-15", "--result",
+                  "heads", "--whole-rows", "-o", str(out), "--json")
+    assert res.exit_code == 0, res.stderr
+    plan = load_plan(out)
+    assert plan.result == "heads" and plan.params["whole_rows"] is True and plan.chunks == 16
+    assert plan.params["groups"] == [list(range(8)), list(range(8, 16))]
+    full = run_cli("plan", "-t", "dgx-h100-2node", *SHAPE, "-a", "direct", "--groups", "0-7/8-15", "-o",
+                   str(tmp_path / "f.yaml"), "--json")
+    # the same messages: the same time (the merge of every row on every rank)
+    assert json.loads(res.stdout)["best"]["predicted_us"] == json.loads(full.stdout)["best"]["predicted_us"]
+    assert "--whole-rows" in run_cli("plan", "--algorithm", "list").stdout
+
+
 def test_raw_payload(tmp_path):
     res = run_cli("plan", "-t", "dgx-h100", "--bytes", "1MiB", "--op", "sum", "-o", str(tmp_path / "r.yaml"),
                   "--json")
@@ -117,6 +132,9 @@ def test_raw_payload(tmp_path):
         (("-t", "dgx-h100", *SHAPE, "-a", "tree", "--parents", "1,0,1,2,3,4,5,5"), "exactly one root"),
         (("-t", "dgx-h100", "--bytes", "1KB", "--heads", "8"), "--bytes gives a raw payload"),
         (("-t", "dgx-h100", "--bytes", "-1"), "workload.bytes must be >= 0, got '-1'"),
+        (("-t", "dgx-h100", *SHAPE, "--whole-rows"), "--whole-rows set(s) a named algorithm's parameters"),
+        (("-t", "dgx-h100", *SHAPE, "-a", "star", "--whole-rows"), "give result heads, not all"),
+        (("-t", "dgx-h100", *SHAPE, "-a", "ring", "--result", "heads", "--whole-rows"), "ring cuts the rows"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, needle):

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_plan_helpers import CHUNKS, RANKS, REF, attention, every_plan, raw
+from tests.unit.test_plan_helpers import CHUNKS, RANKS, REF, attention, every_plan, extra_params, raw
 from treeattn.errors import InfeasiblePlanError, InputError
 from treeattn.plan import (
     ALGORITHMS,
@@ -21,6 +21,7 @@ from treeattn.plan import (
     tree_plan,
     validate,
 )
+from treeattn.plan.compact import compact_args
 from treeattn.plan.io import dump_plan
 
 
@@ -255,6 +256,39 @@ def test_grouped_direct_exchanges_inside_groups_then_along_positions() -> None:
     check(uneven)
     senders_to_6 = sorted(op.peer for op in uneven.programs[6] if op.kind is OpKind.RECV_MERGE and op.step == 1)
     assert senders_to_6 == [2, 7]
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+def test_whole_rows_keeps_each_ranks_heads_of_the_all_plan(p: int) -> None:
+    for name, spec in ALGORITHMS.items():
+        for payload in (attention(p), raw(p)):
+            if "all" not in spec.results or payload.kind not in spec.payloads or name in ("ring", "multirail"):
+                continue
+            full = build(name, payload, REF, **extra_params(name, p))
+            plan = build(name, payload, REF, result="heads", whole_rows=True, **extra_params(name, p))
+            assert validate(plan).valid, (name, payload.kind, validate(plan).first)
+            assert plan.layout == "heads" and plan.chunks == p
+            assert plan.params == {**full.params, "result": "heads", "whole_rows": True}
+            # the same messages, each carrying every row
+            assert [[(op.kind, op.step, op.peer, op.block) for op in prog] for prog in plan.programs] == \
+                [[(op.kind, op.step, op.peer, op.block) for op in prog] for prog in full.programs]
+            assert {op.chunk for prog in plan.programs for op in prog} == {None}
+            assert compact_args(plan) is not None  # its builder makes it again from its params
+
+
+def test_whole_rows_refusals() -> None:
+    with pytest.raises(InputError, match="give result heads, not all"):
+        build("binomial", attention(4), REF, whole_rows=True)
+    with pytest.raises(InputError, match="whole_rows must be true or false, got 1"):
+        build("binomial", attention(4), REF, result="heads", whole_rows=1)
+    with pytest.raises(InfeasiblePlanError, match="it takes 1 chunk, not 2"):
+        build("binomial", attention(4), REF, result="heads", whole_rows=True, chunks=2)
+    with pytest.raises(InfeasiblePlanError, match="'dcp-a2a' builds no all plan"):
+        build("dcp-a2a", attention(4), REF, result="heads", whole_rows=True)
+    with pytest.raises(InfeasiblePlanError, match="ring cuts the rows into 4 even at chunks=1"):
+        build("ring", attention(4), REF, result="heads", whole_rows=True)
+    with pytest.raises(InfeasiblePlanError, match="16 query heads cannot go to 32 ranks"):
+        build("binomial", attention(32), REF, result="heads", whole_rows=True)
 
 
 def test_direct_refuses_bad_groups() -> None:

@@ -121,6 +121,21 @@ def test_direct_exchanges_flat_by_domain_and_along_rails():
     check(res.best)
 
 
+def test_a_heads_search_takes_an_all_plan_where_its_fewer_messages_win():
+    # 32 ranks on 4 nodes, B = 1: a heads plan sends every rank's 516-byte segment on its own
+    # (31 messages a rank); the all plan grouped by rails sends 10 of 16 KiB, and each rank
+    # keeps its own heads of it.
+    topo, w = resolve("dgx-h100:nodes=4"), _w(32, batch=1, seq=32 * 1024)
+    heads, full = search(topo, w, result="heads"), search(topo, w)
+    assert heads.best.layout == "heads" and heads.best.params.get("whole_rows") is True
+    assert heads.candidates[0].params["rows"] == "whole"
+    assert heads.best.predicted_us <= full.best.predicted_us
+    check(heads.best)
+    # B = 64 on one node: a heads plan's own segments win, as before
+    one = search(resolve("dgx-h100"), _w(8, batch=64, seq=8 * 1024), result="heads")
+    assert "whole_rows" not in one.best.params
+
+
 def test_chunk_choices_are_powers_of_two_capped_by_whole_quanta_of_rows():
     # 32 rows of 516 bytes make 8 quanta of 4 rows: more chunks would start some mid-vector
     assert _w(8).rows == 32 and chunk_choices(_w(8), 8) == (1, 2, 4, 8)

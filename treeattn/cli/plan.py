@@ -88,8 +88,10 @@ def _int_list(text: str, what: str) -> list[int]:
 
 
 def _build_kwargs(p: int, *, root, fanout, groups, order, parents, roots, trees, shape, intra, inter,
-                  result, group_size) -> dict[str, Any]:
+                  result, group_size, whole_rows=False) -> dict[str, Any]:
     kw: dict[str, Any] = {}
+    if whole_rows:
+        kw["whole_rows"] = True
     if root is not None:
         kw["root"] = root
     if fanout is not None:
@@ -125,6 +127,8 @@ def _algorithm_list(json_out: bool) -> None:
         con.print(f"\n[bold]{name}[/] ({kind}; {', '.join(spec.payloads)} payloads): {spec.description}")
         for prm in spec.params:
             con.print(f"    {prm.name:<11} {prm.description}")
+    con.print("\nWith --result heads, --whole-rows builds an algorithm's all plan in one chunk instead, each "
+              "rank keeping its own heads.")
 
 
 _MEM_COUNTS = ("A rank's peak counts its KV cache (every layer), the query, partials and receive buffers, "
@@ -172,6 +176,9 @@ def plan_cmd(
                                               rich_help_panel=_ALG)] = None,
     inter: Annotated[str | None, typer.Option("--inter", help="hierarchical: shape across leaders.",
                                               rich_help_panel=_ALG)] = None,
+    whole_rows: Annotated[bool, typer.Option("--whole-rows", help="With --result heads: the algorithm's all "
+                                             "plan in one chunk, each rank keeping its own heads.",
+                                             rich_help_panel=_ALG)] = False,
     result: Annotated[str, typer.Option("--result", help="all (every rank gets every row), heads (each rank its "
                                         "own query heads: a tensor-parallel o_proj's input) or root[:R] (rank R "
                                         "only, default 0).")] = "all",
@@ -214,7 +221,7 @@ def plan_cmd(
     alg_flags = {"--root": root, "--fanout": fanout, "--chunks": chunks, "--groups": groups,
                  "--group-size": group_size, "--order": order,
                  "--parents": parents, "--roots": roots, "--trees": trees, "--shape": shape, "--intra": intra,
-                 "--inter": inter}
+                 "--inter": inter, "--whole-rows": True if whole_rows else None}
     from treeattn.cost.memory import check_kv_fits
     from treeattn.plan.baselines import parse_result
 
@@ -243,7 +250,7 @@ def plan_cmd(
         kw = _build_kwargs(topo.num_ranks, root=root if root is not None else result_root, fanout=fanout,
                            groups=groups, order=order, parents=parents, roots=roots, trees=trees, shape=shape,
                            intra=intra, inter=inter, result=layout,
-                           group_size=group_size)
+                           group_size=group_size, whole_rows=whole_rows)
         if algorithm == "hierarchical" and groups is None and group_size is None:
             kw["groups"] = node_groups(topo)
         plan, report = named_plan(topo, payload, algorithm, chunks, kw, mem_fraction)

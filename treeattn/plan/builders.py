@@ -19,7 +19,7 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from treeattn.errors import InfeasiblePlanError, InputError
@@ -116,6 +116,7 @@ def build(
     order: Sequence[int] | None = None,
     roots: Sequence[int] | None = None,
     result: str | None = None,
+    whole_rows: bool = False,
     **extra: Any,
 ) -> Plan:
     """Build the plan of ``algorithm`` for ``workload``.
@@ -136,6 +137,10 @@ def build(
             its own query heads' rows: tree algorithms reduce each rank's rows along the tree
             re-rooted at that rank) or ``root`` (reduce only); default the algorithm's first
             (``all`` where it builds it).
+        whole_rows: with ``result='heads'``: the algorithm's ``all`` plan in one chunk, each
+            rank keeping its own heads' rows (what an all-reduce then a slice does). Every rank
+            merges every row, but in fewer messages than a heads plan's one per segment: on
+            many ranks the per-message overheads cost more than the bytes saved.
         **extra: algorithm-specific parameters (``intra``, ``inter``, ``group_size``,
             ``trees``, ``shape``); see ``ALGORITHMS[name].params``.
 
@@ -157,6 +162,8 @@ def build(
         result = spec.results[0]
     if result not in RESULTS:
         raise InputError(f"result must be one of {', '.join(RESULTS)}, got {result!r}")
+    if whole_rows is not False:
+        result = _whole_rows_result(spec, result, whole_rows, chunks)
     if result not in spec.results:
         raise InfeasiblePlanError(f"algorithm {algorithm!r} builds result {' or '.join(spec.results)}, not {result}; "
                                   f"algorithms for {result}: "
@@ -179,7 +186,34 @@ def build(
     args = _Args(workload, TopologyRef.of(topology), chunks, root, fanout, parents, groups, order, roots,
                  result, dict(extra))
     with gc_paused():
-        return _BUILDERS[algorithm](args)
+        plan = _BUILDERS[algorithm](args)
+    return _kept_heads(args, plan) if whole_rows else plan
+
+
+def _whole_rows_result(spec: AlgorithmSpec, result: str | None, whole_rows: object, chunks: object) -> str:
+    """The layout to build for ``whole_rows``: ``all``, checked."""
+    if whole_rows is not True:
+        raise InputError(f"whole_rows must be true or false, got {whole_rows!r}")
+    if result != "heads":
+        raise InputError(f"whole_rows keeps each rank's own heads of an all plan: give result heads, not {result}")
+    if "all" not in spec.results:
+        raise InfeasiblePlanError(f"algorithm {spec.name!r} builds no all plan to keep heads of (whole_rows)")
+    if chunks != 1:
+        raise InfeasiblePlanError(f"whole_rows sends every row in one message: it takes 1 chunk, not {chunks}")
+    return "all"
+
+
+def _kept_heads(a: _Args, plan: Plan) -> Plan:
+    """``plan`` (result ``all``, one chunk) as a heads plan: the same messages, each carrying
+    every row (``chunk=None``), and each rank's own segment its result."""
+    _need_heads(a, 1, "whole_rows")
+    if plan.chunks != 1:
+        raise InfeasiblePlanError(f"whole_rows needs an all plan of one chunk; {plan.algorithm} cuts the rows "
+                                  f"into {plan.chunks} even at chunks=1")
+    programs = tuple(tuple(replace(op, chunk=None) if op.chunk == 0 else op for op in prog)
+                     for prog in plan.programs)
+    return replace(plan, programs=programs, chunks=a.p, layout="heads",
+                               params={**plan.params, "result": "heads", "whole_rows": True})
 
 
 def tree_plan(parents: Sequence[int | None], workload: Payload, topology_ref: Any, chunks: int = 1,

@@ -33,7 +33,7 @@ def build_args(algorithm: str, params: dict[str, Any]) -> dict[str, Any] | None:
     spec = ALGORITHMS.get(algorithm)
     if spec is None:
         return None
-    names = {p.name for p in spec.params} | {"result"}
+    names = {p.name for p in spec.params} | {"result", "whole_rows"}
     args = {k: v for k, v in params.items() if k in names}
     # A tree given by its shape also records the parent lists it made; the shape is the argument.
     if "shape" in args:

@@ -181,6 +181,16 @@ def for_result(sched: Schedule, p: int, result: str, root: int | None) -> Schedu
                    chain_steps=p - 1 if sched.chain_steps else 0)
 
 
+def whole_rows(sched: Schedule) -> Schedule | None:
+    """``sched``'s all plan in one chunk, each rank keeping its own heads (``build``'s
+    ``whole_rows``), for a heads search; None where its algorithm builds no all plan of one
+    chunk (a ring's has p segments, a multirail forest's one chunk a tree)."""
+    if "all" not in ALGORITHMS[sched.algorithm].results or sched.rows_per_chunk != 1:
+        return None
+    return replace(sched, kwargs=dict(sched.kwargs, result="heads", whole_rows=True),
+                   describe=dict(sched.describe, rows="whole"))
+
+
 def search(
     topo: Topology,
     workload: Payload,
@@ -293,8 +303,10 @@ class _Run:
             candidates = [s for s in candidates if s.family in families]
             if "hierarchical" not in families:
                 self.hier_start = []
-        candidates = [c for c in (self._fit(s) for s in candidates) if c is not None]
-        self.candidates = candidates
+        fitted = [c for c in (self._fit(s) for s in candidates) if c is not None]
+        if result == "heads":
+            fitted += [w for w in (whole_rows(s) for s in candidates) if w is not None]
+        self.candidates = candidates = fitted
         self.order: list[Schedule] = []
         self._progress = progress
         self._done = 0
@@ -411,7 +423,7 @@ class _Run:
         ranked = self.pool.ranked()
         if not ranked:
             # Name what narrowed the search: an empty pool is almost always families that build
-            # nothing for this layout (butterfly for heads, say), not the shape itself.
+            # nothing for this layout (multirail for heads, say), not the shape itself.
             only = f" from families {sorted(self.families)}" if self.families is not None else ""
             raise InputError(f"no schedule could be built for {self.topo.num_ranks} ranks and "
                              f"{self.workload.rows} rows with result {self.layout}{only}")
