@@ -131,6 +131,12 @@ def test_a_heads_search_takes_an_all_plan_where_its_fewer_messages_win():
     assert heads.candidates[0].params["rows"] == "whole"
     assert heads.best.predicted_us <= full.best.predicted_us
     check(heads.best)
+    # 8 V100s, Llama-3.1-70B at B = 4: the library's all-gather + merge, each rank keeping its heads
+    v100 = resolve("dgx1-v100")
+    w70 = Workload.create(ranks=8, seq_len=64 * 1024, batch=4, model="llama-3.1-70b")
+    gather = search(v100, w70, result="heads")
+    assert gather.best.algorithm == "allgather-merge" and gather.best.params["whole_rows"] is True
+    assert gather.best.predicted_us == search(v100, w70).best.predicted_us
     # B = 64 on one node: a heads plan's own segments win, as before
     one = search(resolve("dgx-h100"), _w(8, batch=64, seq=8 * 1024), result="heads")
     assert "whole_rows" not in one.best.params

@@ -305,6 +305,9 @@ class _Run:
                 self.hier_start = []
         fitted = [c for c in (self._fit(s) for s in candidates) if c is not None]
         if result == "heads":
+            if families is None:  # the library's collectives join a search unless narrowed (``result``)
+                candidates += [Schedule(b.name, b.name, b.kwargs) for b in baselines_for(workload, "all")
+                               if b.name != "ring-attention"]
             fitted += [w for w in (whole_rows(s) for s in candidates) if w is not None]
         self.candidates = candidates = fitted
         self.order: list[Schedule] = []
