@@ -232,6 +232,9 @@ class RawPayload:
             raise WorkloadError(f"payload.ranks must be a positive integer, got {self.ranks!r}")
         object.__setattr__(self, "dtype", DType.parse(self.dtype))
         object.__setattr__(self, "op", ReduceOp(self.op))
+        if self.op is not ReduceOp.SUM:
+            raise WorkloadError(f"payload.op: a raw payload is summed (op sum), got {self.op.value!r}; the "
+                                "attention merge needs a Workload (a decode shape)")
         if not isinstance(self.nbytes, int) or self.nbytes < self.dtype.nbytes:
             raise WorkloadError(
                 f"payload.nbytes must be at least one {self.dtype.value} element, got {self.nbytes!r}"

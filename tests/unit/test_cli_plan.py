@@ -133,6 +133,9 @@ def test_raw_payload(tmp_path):
         (("-t", "dgx-h100", "--bytes", "1KB", "--heads", "8"), "--bytes gives a raw payload"),
         (("-t", "dgx-h100", "--bytes", "-1"), "workload.bytes must be >= 0, got '-1'"),
         (("-t", "dgx-h100", *SHAPE, "--whole-rows"), "--whole-rows set(s) a named algorithm's parameters"),
+        # a raw buffer is summed; only a decode shape's partials are merged
+        (("-t", "dgx-h100", "--bytes", "1M", "--op", "merge"), "a raw payload is summed (op sum), got 'merge'"),
+        (("-t", "dgx-h100", "--bytes", "1M", "--op", "merge", "-a", "allgather-merge"), "a raw payload is summed"),
         (("-t", "dgx-h100", *SHAPE, "-a", "star", "--whole-rows"), "give result heads, not all"),
         (("-t", "dgx-h100", *SHAPE, "-a", "ring", "--result", "heads", "--whole-rows"), "ring cuts the rows"),
     ],

@@ -41,6 +41,12 @@ def test_yaml_raw_payload(tmp_path):
     f.write_text("kind: raw\nbytes: 1MiB\nop: sum\n")
     w = load_workload(f, ranks=8)
     assert isinstance(w, RawPayload) and w.nbytes == 1 << 20 and w.ranks == 8
+    # A raw buffer is summed: the executor has no (o, lse) in it to merge.
+    f.write_text("kind: raw\nbytes: 1MiB\nop: merge\n")
+    with pytest.raises(WorkloadError, match=r"op: a raw payload is summed \(op sum\), got 'merge'"):
+        load_workload(f, ranks=8)
+    with pytest.raises(WorkloadError, match="a raw payload is summed"):
+        RawPayload(nbytes=64, ranks=2, op="merge")
 
 
 @pytest.mark.parametrize(

@@ -100,7 +100,8 @@ BytesOpt = Annotated[
                  "decode shape.", rich_help_panel=_W),
 ]
 OpOpt = Annotated[
-    str | None, typer.Option("--op", help="Reduction of a raw payload: sum (default) or merge.", rich_help_panel=_W)
+    str | None, typer.Option("--op", help="Reduction of a raw payload: sum (the only one; partials to merge "
+                                     "come from a decode shape).", rich_help_panel=_W)
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys) instead of tables.")]
 

@@ -19,7 +19,7 @@ A raw payload (a plain reduction, compared with nccl-tests)::
 
     kind: raw
     bytes: 1MiB               # per rank; KB/MB powers of 1000; KiB/MiB and a bare 1M powers of 1024
-    op: sum                   # or merge
+    op: sum                   # a raw buffer is summed (a decode shape's partials are merged)
     dtype: fp32
 
 CLI flags are mapped onto the same keys (``treeattn.cli.options``), so files and flags are
@@ -140,12 +140,11 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
             raise WorkloadError(f"{where}: a raw payload needs bytes (per rank), e.g. bytes: 1MiB")
         if ranks is None:
             raise WorkloadError(f"{where}: give ranks (or a topology) for a raw payload")
-        try:
-            op = ReduceOp(str(data.get("op", "sum")).lower())
-        except ValueError:
-            raise WorkloadError(
-                f"{where}.op must be one of {', '.join(o.value for o in ReduceOp)}, got {data['op']!r}"
-            ) from None
+        op = str(data.get("op", "sum")).lower()
+        if op != ReduceOp.SUM.value:
+            # The executor sums a raw buffer; merging needs partials (o, lse), which a decode shape has.
+            raise WorkloadError(f"{where}.op: a raw payload is summed (op sum), got {data['op']!r}; the attention "
+                                "merge needs a decode shape (--model, or --heads and --head-dim)")
         return RawPayload(nbytes=parse_size(data["bytes"], f"{where}.bytes"), ranks=ranks,
                           dtype=DType.parse(data.get("dtype", "fp32")),
                           op=op)
