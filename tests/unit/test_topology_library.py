@@ -35,6 +35,8 @@ def test_one_implementation_of_the_subset():
 
 @pytest.mark.parametrize("spec, text", [
     ("dgx-h100-2node[ranks 0-99]", "rank 16 does not exist"),
+    # refused before the range is built: this one overflowed range() with a traceback
+    ("dgx-h100-2node[ranks 0-3,20-99999999999999999999]", "rank 20 does not exist"),
     ("dgx-h100-2node[ranks 3-1]", "runs backwards"),
     ("dgx-h100-2node[ranks a]", "cannot read topology"),
     ("dgx-h100-2node[ranks 1,1]", "twice"),
@@ -54,3 +56,17 @@ def test_simulate_reads_the_topology_a_ranks_plan_names(tmp_path):
     assert res.exit_code == 0, res.stderr
     data = json.loads(res.stdout)
     assert data["topology"]["name"] == "dgx-h100-2node[ranks 0-1,8-9]" and data["fingerprint_mismatch"] is False
+
+
+@pytest.mark.parametrize("flag, value, algorithm", [
+    ("--order", "0,1,x", "ring"),
+    ("--groups", "0-3/4-8", "hierarchical"),
+    ("--roots", "0,9", "multirail"),
+])
+def test_a_bad_rank_list_names_its_own_flag(tmp_path, flag, value, algorithm):
+    # They share --ranks's reader, and its messages named --ranks, which the command line did not give.
+    res = run_cli("plan", "-t", "dgx-h100", "-m", "llama-3.1-8b", "-n", "1K", "--algorithm", algorithm, flag, value,
+                  "-o", str(tmp_path / "p.yaml"))
+    assert res.exit_code == 2
+    assert len(res.stderr.strip().splitlines()) == 1 and flag in res.stderr and "--ranks" not in res.stderr
+    assert not list(tmp_path.iterdir())

@@ -97,14 +97,14 @@ def _build_kwargs(p: int, *, root, fanout, groups, order, parents, roots, trees,
     if fanout is not None:
         kw["fanout"] = fanout
     if groups is not None:
-        kw["groups"] = [list(parse_ranks(g, p)) for g in groups.split("/")]
+        kw["groups"] = [list(parse_ranks(g, p, what="--groups")) for g in groups.split("/")]
     if order is not None:
-        kw["order"] = list(parse_ranks(order, p))
+        kw["order"] = list(parse_ranks(order, p, what="--order"))
     if parents is not None:
         lists = [_int_list(x, "--parents") for x in parents.split("/")]
         kw["parents"] = lists if len(lists) > 1 else lists[0]
     if roots is not None:
-        kw["roots"] = list(parse_ranks(roots, p))
+        kw["roots"] = list(parse_ranks(roots, p, what="--roots"))
     for key, value in (("trees", trees), ("shape", shape), ("intra", intra), ("inter", inter),
                        ("group_size", group_size)):
         if value is not None:

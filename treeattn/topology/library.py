@@ -312,13 +312,15 @@ def parse_ranks(spec: str, num_ranks: int, *, what: str = "--ranks") -> tuple[in
         hi = int(m.group(2)) if m.group(2) is not None else lo
         if hi < lo:
             raise InputError(f"{what} {spec!r}: range {part.strip()!r} runs backwards; write it low-high")
+        if hi >= num_ranks:  # before the range is built: 0-99999999999999999999 overflows, 0-999999999 fills memory
+            raise InputError(f"{what} {spec!r}: rank {max(lo, num_ranks)} does not exist; the topology places "
+                             f"ranks 0-{num_ranks - 1}")
         out.extend(range(lo, hi + 1))
-    bad = [r for r in out if r >= num_ranks]
-    if bad:
-        raise InputError(f"{what} {spec!r}: rank {bad[0]} does not exist; the topology places ranks 0-{num_ranks - 1}")
-    if len(set(out)) != len(out):
-        dup = next(r for r in out if out.count(r) > 1)
-        raise InputError(f"{what} {spec!r} names rank {dup} twice")
+    seen: set[int] = set()
+    for r in out:
+        if r in seen:
+            raise InputError(f"{what} {spec!r} names rank {r} twice")
+        seen.add(r)
     return tuple(out)
 
 
