@@ -152,3 +152,34 @@ def test_a_run_never_appends_rows_under_another_header(tmp_path: Path, plan: Pat
     timeline.write_text("a,b\n1,2\n")
     res = run_cli(*args, "--out", str(tmp_path / "fresh.csv"))
     assert res.exit_code == 2 and f"{str(timeline)!r} holds rows of other columns" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("args, module, name", [(("run", "PLAN"), "treeattn.exec.launch", "launch"),
+                                                (("emulate", "run", "cpu:ranks=2", "PLAN"), "treeattn.emulate",
+                                                 "emulated")])
+def test_rows_that_cannot_be_appended_stop_the_run_before_it_starts(tmp_path: Path, plan: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    args: tuple[str, ...], module: str,
+                                                                    name: str) -> None:
+    # A read-only file system (or, for root, /sys) passes every permission check; the rows were
+    # written only after the run, which then ended in a traceback and lost them.
+    import importlib
+
+    def no_work(*a, **k):  # noqa: ANN002, ANN003
+        raise AssertionError(f"{module}.{name} ran before the output was checked")
+
+    monkeypatch.setattr(importlib.import_module(module), name, no_work)
+    target = tmp_path / "ro" / "runs.csv"
+    real_open = Path.open
+
+    def read_only(self: Path, mode: str = "r", *a, **k):  # noqa: ANN002, ANN003, ANN202
+        if self.parent == target.parent and mode != "r":
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+        return real_open(self, mode, *a, **k)
+
+    monkeypatch.setattr(Path, "open", read_only)
+    args = tuple(str(plan) if a == "PLAN" else a for a in args)
+    res = run_cli(*args, "--out", str(target))
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert f"cannot write --out {str(target)!r}: {os.strerror(errno.EROFS)}" in res.stderr
+    assert not target.parent.exists()  # nor the folder made for it

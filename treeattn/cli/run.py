@@ -123,7 +123,23 @@ def rows_path(out: Path | None, run_id: str) -> Path:
         problem = appendable_problem(file, columns)
         if problem:
             raise InputError(f"--out: {problem}")
+        _try_append(file)
     return path
+
+
+def _try_append(file: Path) -> None:
+    """Open ``file`` for appending, as the rows will be, and leave it as it was: a permission
+    check cannot see a read-only file system, nor what root may not write (``/sys``, say),
+    and the run would find out only once it is over."""
+    existed = file.exists()
+    try:
+        with file.open("a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise InputError(f"cannot write --out {str(file)!r}: {exc.strerror or exc}") from None
+    finally:
+        if not existed:
+            file.unlink(missing_ok=True)
 
 
 def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,  # noqa: ANN001
@@ -134,8 +150,11 @@ def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,
 
     frame = result_rows(result, {label: plan}, {label: predictions}, run_id)
     timeline = path.with_name(path.stem + ".timeline.csv")
-    write_csv(frame, path)
-    write_csv(timeline_rows(result, run_id), timeline)
+    try:
+        write_csv(frame, path)
+        write_csv(timeline_rows(result, run_id), timeline)
+    except OSError as exc:  # checked before the run (rows_path); a disk that filled up since, say
+        raise InputError(f"cannot write --out {exc.filename or str(path)!r}: {exc.strerror or exc}") from None
     if json_out:
         typer.echo(json.dumps({"rows": rows_records(frame), "rows_csv": str(path), "timeline_csv": str(timeline),
                                "calibrated": predictions.calibrated}, sort_keys=True, indent=2))
