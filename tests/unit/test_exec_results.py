@@ -120,3 +120,14 @@ def test_interleaved_order_times_each_method_its_own_count_in_rounds(repeats, se
 def test_unknown_order_is_an_input_error():
     with pytest.raises(InputError, match="unknown order 'random'"):
         RunOptions(order="random")
+
+
+def test_the_timeline_csv_writes_ranks_and_chunks_as_integers(tmp_path):
+    # A compute op has no peer nor chunk; beside it a send's peer 1 was written "1.0".
+    ops = (MeasuredOp(0, 0, Op(OpKind.COMPUTE, 0), 1.0, 9.5), MeasuredOp(0, 1, Op(OpKind.SEND, 1, peer=1, chunk=0),
+                                                                          9.5, 12.0))
+    ms = (Measurement("a.yaml", "plan", "explicit", (10.0,), 1e-7, 2e-2, (0,), ops),)
+    path = tmp_path / "r.timeline.csv"
+    write_csv(timeline_rows(JobResult(ms, "gloo", "cpu", 2), "rid"), path)
+    compute, send = path.read_text().splitlines()[1:]
+    assert compute.split(",")[6:9] == ["", "", ""] and send.split(",")[6:9] == ["1", "0", ""]

@@ -105,7 +105,10 @@ def timeline_rows(result: JobResult, run_id: str) -> pd.DataFrame:
                 "kind": t.op.kind.value, "peer": t.op.peer, "chunk": t.op.chunk, "block": t.op.block,
                 "post_us": round(t.post_us, 3), "done_us": round(t.done_us, 3),
             })
-    return pd.DataFrame(rows, columns=list(TIMELINE_COLUMNS))
+    # peer, chunk and block are missing on some ops (compute has no peer): as plain ints they
+    # would turn float where one is missing, and the CSV would read "peer 2.0".
+    return pd.DataFrame(rows, columns=list(TIMELINE_COLUMNS)).astype({"peer": "Int64", "chunk": "Int64",
+                                                                      "block": "Int64"})
 
 
 def appendable_problem(path: Path, columns: tuple[str, ...]) -> str | None:
