@@ -106,3 +106,13 @@ def test_run_help_names_the_set_up_deadline_the_runner_keeps():
 
     text = " ".join(run_cli("run", "--help").stdout.replace("│", " ").split())
     assert f"may take {RunOptions().setup_timeout_s:g} s" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible here")
+def test_calibrate_refuses_a_gpu_topology_its_cpu_ranks_would_fit(tmp_path):
+    # It measured loopback TCP and wrote it as the NVLink class of a "dgx-h100-calibrated".
+    out = tmp_path / "c.yaml"
+    res = run_cli("calibrate", "-t", "dgx-h100", "--out", str(out))
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "places its ranks on GPUs, but they run here on CPU processes (gloo)" in res.stderr
+    assert not out.exists()

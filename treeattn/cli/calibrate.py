@@ -113,6 +113,14 @@ def calibrate_cmd(
     from treeattn.validate.run import realtime_priority
 
     topo = resolve(topology) if topology is not None else _probe()
+    from treeattn.exec.predict import ranks_on_gpus
+
+    if topo.on_gpus != ranks_on_gpus(options.backend):
+        # The fit would give the topology's links what these ranks measure: loopback TCP for NVLink.
+        made, runs = ("GPUs", "CPU processes (gloo)") if topo.on_gpus else ("CPU ranks", "GPUs (nccl)")
+        raise InputError(f"--topology {topology!r} places its ranks on {made}, but they run here on {runs}: "
+                         "calibrate on the machine it describes, or a topology of this one (cpu:ranks=N, or "
+                         "none: probed)")
     with realtime_priority(realtime):
         report = calibrate(topo, options)
     if report is None:  # a non-zero rank of torchrun/SLURM

@@ -94,10 +94,7 @@ def comparability(topo: Topology | None, spec: str, backend: str | None) -> tupl
     """
     if topo is None:
         return [], []
-    import torch
-
-    here_gpus = (backend or ("nccl" if torch.cuda.is_available() else "gloo")) == "nccl"
-    if topo.on_gpus != here_gpus:
+    if topo.on_gpus != ranks_on_gpus(backend):
         made, runs = ("a GPU machine", "CPU processes (gloo)") if topo.on_gpus else ("CPU ranks", "GPUs (nccl)")
         return [f"predictions are for {topo.name!r}, {made}, but these ranks run on {runs}: predicted and "
                 "measured times are not comparable here; predict on this machine with --topology (a "
@@ -107,6 +104,13 @@ def comparability(topo: Topology | None, spec: str, backend: str | None) -> tupl
                     f"`treeattn calibrate --topology {shlex.quote(spec)} --compute attention --out FILE` fits it, "
                     "then pass --topology FILE"]
     return [], []
+
+
+def ranks_on_gpus(backend: str | None) -> bool:
+    """Whether this machine's ranks run on GPUs: ``--backend`` nccl, or none given where CUDA is."""
+    import torch
+
+    return (backend or ("nccl" if torch.cuda.is_available() else "gloo")) == "nccl"
 
 
 def default_timeout_s(predictions: Predictions | None, floor_s: float) -> float:
