@@ -156,13 +156,16 @@ def test_a_run_never_appends_rows_under_another_header(tmp_path: Path, plan: Pat
 
 @pytest.mark.parametrize("args, module, name", [(("run", "PLAN"), "treeattn.exec.launch", "launch"),
                                                 (("emulate", "run", "cpu:ranks=2", "PLAN"), "treeattn.emulate",
-                                                 "emulated")])
-def test_rows_that_cannot_be_appended_stop_the_run_before_it_starts(tmp_path: Path, plan: Path,
+                                                 "emulated"),
+                                                (("plan", "-t", "dgx-h100", "-m", "llama-3.1-8b", "-n", "16K"),
+                                                 "treeattn.search", "search")])
+def test_an_output_that_cannot_be_written_stops_the_command_before_its_work(tmp_path: Path, plan: Path,
                                                                     monkeypatch: pytest.MonkeyPatch,
                                                                     args: tuple[str, ...], module: str,
                                                                     name: str) -> None:
-    # A read-only file system (or, for root, /sys) passes every permission check; the rows were
-    # written only after the run, which then ended in a traceback and lost them.
+    # A read-only file system (or, for root, /sys) passes every permission check; a run's rows
+    # were written only after the run, which then ended in a traceback and lost them, and a
+    # plan was refused only after its search.
     import importlib
 
     def no_work(*a, **k):  # noqa: ANN002, ANN003

@@ -5,7 +5,8 @@
   command prints is the file it wrote.
 * Missing parent folders are created, as most tools do.
 * A path that cannot be written (a file in the way of a folder, no permission, an output
-  that is itself a folder) is bad input: exit 2 and one line, before measuring or searching.
+  that is itself a folder, a read-only file system: the file is opened once to see) is bad
+  input: exit 2 and one line, before measuring or searching.
 * A command that fails takes back the folders it created and left empty (``kept_on_success``):
   a run refused after its ``--out`` was checked leaves nothing behind.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from treeattn.errors import InputError
 
-__all__ = ["kept_on_success", "output_file", "output_folder", "safe_name"]
+__all__ = ["appendable", "kept_on_success", "output_file", "output_folder", "safe_name"]
 
 _CREATED: list[Path] = []
 """The folders this command created, each after its parent."""
@@ -105,7 +106,24 @@ def output_file(path: Path, flag: str, default_name: str, *, suffix: str | None 
             raise InputError(f"{flag} {str(given)!r}: {str(out)!r} is not writable")
     except OSError as exc:  # a name the system cannot look up (too long, say)
         raise InputError(f"{flag} {str(given)!r}: {exc.strerror or exc}") from None
+    appendable(out, flag)
     return out
+
+
+def appendable(file: Path, flag: str) -> None:
+    """Open ``file`` for appending and leave it as it was (removed again where this made it):
+    a permission check cannot see a read-only file system, nor what root may not write
+    (``/sys``, say), which the command would otherwise find only once its work is done."""
+    existed = file.exists()
+    try:
+        with file.open("a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise InputError(f"cannot write {flag} {str(file)!r}: {exc.strerror or exc}") from None
+    finally:
+        if not existed:
+            with contextlib.suppress(OSError):
+                file.unlink()
 
 
 def output_folder(path: Path, flag: str) -> Path:

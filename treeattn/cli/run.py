@@ -13,7 +13,7 @@ from rich.table import Table
 
 from treeattn.cli import app, err_console
 from treeattn.cli.options import BackendOpt, JsonOpt, MeasureOrder, OrderOpt
-from treeattn.cli.paths import output_file
+from treeattn.cli.paths import appendable, output_file
 from treeattn.cli.render import console
 from treeattn.errors import ExecutionError, InputError, PlanInvalidError
 from treeattn.exec.deadline import SETUP_TIMEOUT_S
@@ -123,23 +123,8 @@ def rows_path(out: Path | None, run_id: str) -> Path:
         problem = appendable_problem(file, columns)
         if problem:
             raise InputError(f"--out: {problem}")
-        _try_append(file)
+        appendable(file, "--out")
     return path
-
-
-def _try_append(file: Path) -> None:
-    """Open ``file`` for appending, as the rows will be, and leave it as it was: a permission
-    check cannot see a read-only file system, nor what root may not write (``/sys``, say),
-    and the run would find out only once it is over."""
-    existed = file.exists()
-    try:
-        with file.open("a", encoding="utf-8"):
-            pass
-    except OSError as exc:
-        raise InputError(f"cannot write --out {str(file)!r}: {exc.strerror or exc}") from None
-    finally:
-        if not existed:
-            file.unlink(missing_ok=True)
 
 
 def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,  # noqa: ANN001
