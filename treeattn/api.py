@@ -248,7 +248,9 @@ def named_plan(topo: Topology, payload: Payload, algorithm: str, chunks: int | N
                                     "ratio_to_bound": ratio, "baselines": base}}
     plan = dataclasses.replace(plan, predicted_us=t, notes=notes)
     params = {k: v for k, v in plan.params.items() if k not in ("chunks",)}
-    entry = {"algorithm": algorithm, "builder": algorithm, "params": params, "chunks": plan.chunks,
+    # the chunks asked for, as a search's candidates count them (a ring's per segment, a heads
+    # plan's per rank); the plan's own chunks count them all
+    entry = {"algorithm": algorithm, "builder": algorithm, "params": params, "chunks": chunks or 1,
              "predicted_us": t, "ratio_to_bound": ratio, "peak_bytes": mem.peak_bytes}
     left = [] if mem.fits else [{"algorithm": algorithm, "reason": "memory", "why": mem.why(),
                                  "peak_bytes": mem.peak_bytes}]

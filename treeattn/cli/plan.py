@@ -335,6 +335,8 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
                       f"{c['ratio_to_bound']:.3f}" if c["ratio_to_bound"] else "-",
                       f"{c['predicted_us'] / ref:.3f}" if ref else "-")
     con.print(table)
+    if result == "heads":
+        con.print("chunks: pieces of each rank's rows (the plan file's chunks counts every rank's)")
     best = report["best"]["predicted_us"]
     con.print(f"lower bound {report['lower_bound_us']:.2f} µs; the baselines, predicted:")
     peaks = report.get("baseline_peak_bytes", {})
