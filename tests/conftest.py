@@ -12,6 +12,19 @@ settings.register_profile("explore", parent=settings.get_profile("default"))
 settings.load_profile("ci")  # the hypothesis plugin's --hypothesis-profile, read later, overrides it
 
 
+def pytest_sessionstart(session):
+    # Hypothesis also draws literals it reads from every local module imported so far
+    # (treeattn's, a benchmark a test loads), so a test run alone would draw other examples than
+    # beside files that import more. The pinned profile draws from each test's seed alone; the
+    # hook is Hypothesis-internal: test_hypothesis_profile.py fails if it stops taking effect.
+    if settings.default.derandomize:
+        from hypothesis.internal.conjecture import providers
+
+        if hasattr(providers, "_get_local_constants"):
+            none = providers.Constants()
+            providers._get_local_constants = lambda: none
+
+
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="run tests marked slow")
 

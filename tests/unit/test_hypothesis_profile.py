@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def test_default_profile_is_derandomized_without_a_database(request: pytest.FixtureRequest) -> None:
@@ -40,3 +42,29 @@ def test_profiles_hold_with_and_without_a_ci_variable(ci: str) -> None:
     out = subprocess.run([sys.executable, "-c", probe], cwd=tests_dir, env=env,
                          capture_output=True, text=True, check=True).stdout.split()
     assert out == ["True", "None", "False", "False"]
+
+
+def test_draws_do_not_depend_on_the_modules_imported(request: pytest.FixtureRequest, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hypothesis also draws literals it reads from every local module imported so far, so a test
+    # run alone would draw other examples than beside files that import more of treeattn.
+    chosen = request.config.getoption("--hypothesis-profile", default=None)
+    if chosen not in (None, "ci"):
+        pytest.skip(f"--hypothesis-profile={chosen}: an exploratory run")
+    drawn: list[str] = []
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.text(max_size=6))
+    def draw(s: str) -> None:
+        drawn.append(s)
+
+    draw()
+    before, drawn[:] = list(drawn), []
+    (tmp_path / "audit_literals.py").write_text("WORDS = [" + ", ".join(f"'w{i}'" for i in range(200)) + "]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("audit_literals")
+    try:
+        draw()
+    finally:
+        del sys.modules["audit_literals"]
+    assert drawn == before
