@@ -11,4 +11,4 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
         || .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" \
             --index-url https://download.pytorch.org/whl/cpu
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,hf]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -c scripts/constraints.txt -e ".[dev,hf]"
