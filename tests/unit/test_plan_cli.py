@@ -28,7 +28,10 @@ def _invalid(tmp_path: Path) -> Path:
 def test_verify_a_valid_plan(tmp_path: Path) -> None:
     res = run_cli("verify", str(_valid(tmp_path)))
     assert res.exit_code == 0, res.stderr
-    assert "valid kary plan: 6 ranks, 2 chunks" in res.stdout and "result on every rank" in res.stdout
+    assert "valid kary plan: 6 ranks, 2 chunks" in res.stdout and "result on every rank\n" in res.stdout
+    heads = save_plan(build("ring", attention(6), REF, result="heads"), tmp_path / "heads.yaml")
+    res = run_cli("verify", str(heads))
+    assert res.exit_code == 0 and "result on every rank, its own heads" in res.stdout, res.stderr
 
 
 def test_verify_an_invalid_plan_prints_one_line(tmp_path: Path) -> None:
