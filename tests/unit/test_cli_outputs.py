@@ -186,3 +186,19 @@ def test_an_output_that_cannot_be_written_stops_the_command_before_its_work(tmp_
     assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
     assert f"cannot write --out {str(target)!r}: {os.strerror(errno.EROFS)}" in res.stderr
     assert not target.parent.exists()  # nor the folder made for it
+
+
+def test_an_empty_output_path_is_refused_and_a_trailing_slash_names_a_folder(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    shape = ("-t", "dgx-h100", "-m", "llama-3.1-8b", "-n", "16K")
+    # typer read "" as Path("."): the plan went into the current folder
+    res = run_cli("plan", *shape, "-o", "")
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1 and "an empty path" in res.stderr, res.stderr
+    assert not list(tmp_path.iterdir())
+    # a missing folder given with its slash was a file of that name
+    res = run_cli("plan", *shape, "-o", "new/plans/")
+    assert res.exit_code == 0, res.stderr
+    assert [p.name for p in (tmp_path / "new" / "plans").iterdir()] == ["dgx-h100.llama-3.1-8b.b1.n16K.yaml"]
+    res = run_cli("topo", "show", "dgx-h100", "--png", "figs/")
+    assert res.exit_code == 0 and (tmp_path / "figs" / "dgx-h100.png").is_file(), res.stderr

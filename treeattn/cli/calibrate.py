@@ -14,7 +14,7 @@ from rich.table import Table
 
 from treeattn.cli import app, err_console
 from treeattn.cli.options import Backend, JsonOpt
-from treeattn.cli.paths import output_file
+from treeattn.cli.paths import OUT_PATH, output_file
 from treeattn.cli.render import console
 from treeattn.errors import InputError
 from treeattn.units import format_size, parse_size
@@ -39,8 +39,10 @@ def calibrate_cmd(
                                                       help="More nccl-tests logs (with --from-nccl-tests).")] = None,
     topology: Annotated[str | None, typer.Option("--topology", "-t", help="Preset name or topology YAML to measure "
                                                  "(or map the logs onto); default: probe this machine.")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the fitted topology YAML here.")] = None,
-    png: Annotated[Path | None, typer.Option("--png", help="Plot measured times against the fitted lines.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", **OUT_PATH,
+                                             help="Write the fitted topology YAML here.")] = None,
+    png: Annotated[Path | None, typer.Option("--png", **OUT_PATH,
+                                             help="Plot measured times against the fitted lines.")] = None,
     from_nccl_tests: Annotated[list[Path] | None, typer.Option(
         "--from-nccl-tests", show_default=False,
         help="Fit from saved nccl-tests/rccl-tests output instead of measuring (all_reduce_perf, sendrecv_perf, "

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app
-from treeattn.cli.paths import output_file
+from treeattn.cli.paths import OUT_PATH, output_file
 from treeattn.cli.progress import progress_reporter
 from treeattn.cli.render import console, print_rates_note
 
@@ -67,7 +67,8 @@ def check_model_cmd(
         "NCCL_NVLS_ENABLE or RCCL_MSCCL_ENABLE (e.g. NCCL_ALGO=Ring); repeat for several.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys): every row and every figure.")]
     = False,
-    png: Annotated[Path | None, typer.Option("--png", help="Draw predicted against published time into this PNG.")]
+    png: Annotated[Path | None, typer.Option("--png", **OUT_PATH,
+                                             help="Draw predicted against published time into this PNG.")]
     = None,
     progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress on stderr (rows "
                                                   "predicted): a bar on a terminal, else a line every 10 s.")] = None,

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from treeattn.cli import app, err_console
 from treeattn.cli.options import JsonOpt, MeasureOrder, OrderOpt, RanksOpt, load_topology
+from treeattn.cli.paths import OUT_PATH
 from treeattn.cli.render import console
 from treeattn.errors import EmulationError, ExecutionError, InputError
 
@@ -215,7 +216,8 @@ def run_cmd(
     timeout: Annotated[float | None, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait; "
                                                   "default: 10x the slowest predicted method, at least 30.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of q, K and V.")] = 0,
-    out: Annotated[Path | None, typer.Option("--out", help="CSV to append rows to (each op's times go to "
+    out: Annotated[Path | None, typer.Option("--out", **OUT_PATH,
+                                             help="CSV to append rows to (each op's times go to "
                                              "NAME.timeline.csv beside it); default results/runs/RUN-ID.csv (the "
                                              "time, then the plan's name).")] = None,
     json_out: JsonOpt = False,

@@ -1,6 +1,7 @@
 """Where a command writes: one rule for every output path, checked before any work.
 
-* A path that is an existing folder means a file inside it, named ``default_name``.
+* A path that is an existing folder, or ends in a slash, means a file inside it, named
+  ``default_name`` (an empty path is refused: ``out_path`` reads the options).
 * An image path without ``.png`` gets it (matplotlib would add it anyway), so the path a
   command prints is the file it wrote.
 * Missing parent folders are created, as most tools do.
@@ -21,7 +22,8 @@ from pathlib import Path
 
 from treeattn.errors import InputError
 
-__all__ = ["appendable", "kept_on_success", "output_file", "output_folder", "safe_name"]
+__all__ = ["OUT_PATH", "FolderPath", "appendable", "kept_on_success", "out_path", "output_file", "output_folder",
+           "safe_name"]
 
 _CREATED: list[Path] = []
 """The folders this command created, each after its parent."""
@@ -79,6 +81,25 @@ def _make_folder(folder: Path, flag: str, shown: Path) -> None:
         raise InputError(f"{flag} {str(shown)!r}: folder {str(folder)!r} is not writable")
 
 
+class FolderPath(type(Path())):  # type: ignore[misc]
+    """An output path given with a trailing slash (``-o plans/``): a folder, made where missing,
+    the file inside it named as the command names it (``out_path`` reads it so)."""
+
+
+def out_path(value: str) -> Path:
+    """An output option's path as typed: an empty one is refused (it would mean the current
+    folder), and one ending in a slash is a ``FolderPath``."""
+    import typer
+
+    if not value.strip():
+        raise typer.BadParameter("an empty path; give a file or folder")
+    return FolderPath(value) if value.endswith(("/", os.sep)) else Path(value)
+
+
+OUT_PATH = {"parser": out_path, "metavar": "<path>"}
+"""What an output option passes to ``typer.Option``: ``out_path`` reads it, --help shows <path>."""
+
+
 def output_file(path: Path, flag: str, default_name: str, *, suffix: str | None = None) -> Path:
     """The file a command will write for ``flag`` (see the module docstring), its folder made.
 
@@ -94,9 +115,10 @@ def output_file(path: Path, flag: str, default_name: str, *, suffix: str | None 
     Raises:
         InputError: the path cannot be written.
     """
+    folder = isinstance(path, FolderPath)
     given = Path(path).expanduser()
     try:
-        out = given / default_name if given.is_dir() else given
+        out = given / default_name if folder or given.is_dir() else given
         if suffix is not None and out.suffix.lower() != suffix:
             out = out.with_name(out.name + suffix)
         if out.is_dir():

@@ -36,7 +36,7 @@ from treeattn.cli.options import (
     parse_ranks,
     print_models,
 )
-from treeattn.cli.paths import output_file, safe_name
+from treeattn.cli.paths import OUT_PATH, output_file, safe_name
 from treeattn.cli.progress import progress_reporter
 from treeattn.cli.render import console, key_columns, print_rates_note
 from treeattn.cost.library import link_rates_note
@@ -192,7 +192,8 @@ def plan_cmd(
                                                   help="Progress on stderr: a bar on a terminal, else a line "
                                                   "every 10 s (default: on).",
                                                   rich_help_panel=_SEARCH)] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Plan file to write (default under plans/).",
+    out: Annotated[Path | None, typer.Option("--out", "-o", **OUT_PATH,
+                                             help="Plan file to write (default under plans/).",
                                              rich_help_panel=_OUT)] = None,
     explicit: Annotated[bool, typer.Option("--explicit", help="List every op even in a big plan (which is "
                                            "written compact otherwise: its builder and params, expanded when "
@@ -422,8 +423,9 @@ def compare_cmd(
     mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="Usable share of each device's memory "
                                                 "(methods over it are marked). " + _MEM_COUNTS)] = DEFAULT_MEM_FRACTION,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the planner.")] = 0,
-    csv: Annotated[Path | None, typer.Option("--csv", help="Write the rows as CSV.", rich_help_panel=_OUT)] = None,
-    png: Annotated[Path | None, typer.Option("--png", help="Plot speedup against sequence length.",
+    csv: Annotated[Path | None, typer.Option("--csv", **OUT_PATH,
+                                             help="Write the rows as CSV.", rich_help_panel=_OUT)] = None,
+    png: Annotated[Path | None, typer.Option("--png", **OUT_PATH, help="Plot speedup against sequence length.",
                                              rich_help_panel=_OUT)] = None,
     progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress on stderr: a bar on "
                                                   "a terminal, else a line every 10 s (default: on).")] = None,

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app
-from treeattn.cli.paths import output_file
+from treeattn.cli.paths import OUT_PATH, output_file
 from treeattn.cli.render import console
 from treeattn.errors import InputError
 from treeattn.probe import Fabric, ProbeOptions, ProbeResult, probe
@@ -30,7 +30,8 @@ def _file(flag: str, what: str) -> object:
 
 @app.command("probe")
 def probe_cmd(
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the topology YAML here.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", **OUT_PATH,
+                                             help="Write the topology YAML here.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print {topology, warnings, assumptions, source} "
                                                           "as JSON.")] = False,
     ranks: Annotated[int | None, typer.Option("--ranks", min=1, help="CPU-only host: ranks (default: CPU "

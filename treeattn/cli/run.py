@@ -13,7 +13,7 @@ from rich.table import Table
 
 from treeattn.cli import app, err_console
 from treeattn.cli.options import BackendOpt, JsonOpt, MeasureOrder, OrderOpt
-from treeattn.cli.paths import appendable, output_file
+from treeattn.cli.paths import OUT_PATH, appendable, output_file
 from treeattn.cli.render import console
 from treeattn.errors import ExecutionError, InputError, PlanInvalidError
 from treeattn.exec.deadline import SETUP_TIMEOUT_S
@@ -68,7 +68,8 @@ def run(
     seed: Annotated[int, typer.Option("--seed", help="Seed of q, K and V.")] = 0,
     topology: Annotated[str | None, typer.Option("--topology", "-t", help="Topology (preset or file) to "
                                                  "predict on; default: the plan's.")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="CSV to append rows to (the plan's ops in its last "
+    out: Annotated[Path | None, typer.Option("--out", **OUT_PATH,
+                                             help="CSV to append rows to (the plan's ops in its last "
                                              "timed run go to NAME.timeline.csv beside it); default: a new "
                                              "file in results/runs/ named after the time and the plan.")] = None,
     json_out: JsonOpt = False,

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app, err_console
-from treeattn.cli.paths import output_file
+from treeattn.cli.paths import OUT_PATH, output_file
 from treeattn.cli.render import console, print_rates_note
 from treeattn.cli.topo_text import wrap
 from treeattn.cost import nccl
@@ -43,7 +43,7 @@ def simulate_cmd(
     ] = None,
     json_out: JsonOpt = False,
     timeline: Annotated[
-        Path | None, typer.Option("--timeline", help="Draw a per-rank Gantt chart into this PNG file.")
+        Path | None, typer.Option("--timeline", **OUT_PATH, help="Draw a per-rank Gantt chart into this PNG file.")
     ] = None,
 ) -> None:
     """Predict a plan's time on a topology: total, lower bound, per-rank finish, critical path.

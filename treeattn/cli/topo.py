@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app
-from treeattn.cli.paths import output_file, safe_name
+from treeattn.cli.paths import OUT_PATH, output_file, safe_name
 from treeattn.cli.render import console, print_rates_note
 from treeattn.cli.topo_text import domain_shares, gbps, network_lines, rate_lines, wrap
 from treeattn.cost.compute import ComputeModel
@@ -64,7 +64,8 @@ def list_cmd(json_out: JsonOpt = False) -> None:
 def show(
     spec: TopoArg,
     json_out: JsonOpt = False,
-    png: Annotated[Path | None, typer.Option("--png", help="Also draw the graph into this PNG file.")] = None,
+    png: Annotated[Path | None, typer.Option("--png", **OUT_PATH,
+                                             help="Also draw the graph into this PNG file.")] = None,
 ) -> None:
     """Summarize a topology: devices, link kinds, domains, the network and its NICs, and
     the rate a message moves at between ranks (the cost model's, alone on its route)."""
