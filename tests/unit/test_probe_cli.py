@@ -72,6 +72,8 @@ def test_bus_ids_print_as_read():
         (("--from-nvidia-smi", DGX, "--ibstat", str(FIX / "damaged" / "ibstat.truncated.txt")), "no 'Rate' line"),
         (("--from-nvidia-smi", DGX, "--nodes", "2"), "--nic-gbps"),
         (("--from-nvidia-smi", DGX, "--gpu-model", "Voodoo2"), "not a known GPU"),
+        # read before probing: on a host without GPUs (this one, probed live) it was never read
+        (("--nics", "3xfoo"), "--nics '3xfoo': write COUNT or COUNTxGBPS"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, match):

@@ -111,6 +111,8 @@ def probe(opts: ProbeOptions, runner: Runner = run_tool) -> ProbeResult:
     if opts.gpu_names is not None:
         names = parse_gpu_names(read_input(opts.gpu_names, "GPU name listing"), opts.gpu_names.name)
 
+    # Read before anything is probed: a bad --nics is bad input on a host without GPUs too.
+    assumed_nics = parse_nics(opts.nics) if opts.nics is not None else None
     if given:
         draft, source = _from_files(opts, names)
     else:
@@ -121,9 +123,8 @@ def probe(opts: ProbeOptions, runner: Runner = run_tool) -> ProbeResult:
     if opts.ibstat is not None:
         text = read_input(opts.ibstat, "ibstat")
         apply_ibstat(draft, parse_ibstat(text, opts.ibstat.name), opts.ibstat.name)
-    if opts.nics is not None:
-        count, rate = parse_nics(opts.nics)
-        add_assumed_nics(draft, count, rate)
+    if assumed_nics is not None:
+        add_assumed_nics(draft, *assumed_nics)
     if opts.ranks is not None:
         draft.warnings.append(f"--ranks {opts.ranks} ignored: GPUs were found, one rank each")
     name = opts.name or _default_name(opts, given)
