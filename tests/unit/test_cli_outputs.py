@@ -202,3 +202,14 @@ def test_an_empty_output_path_is_refused_and_a_trailing_slash_names_a_folder(tmp
     assert [p.name for p in (tmp_path / "new" / "plans").iterdir()] == ["dgx-h100.llama-3.1-8b.b1.n16K.yaml"]
     res = run_cli("topo", "show", "dgx-h100", "--png", "figs/")
     assert res.exit_code == 0 and (tmp_path / "figs" / "dgx-h100.png").is_file(), res.stderr
+
+
+def test_an_output_through_a_dangling_link_keeps_the_link(tmp_path: Path) -> None:
+    # The check opened the link (making its target) and then removed the name it opened: the
+    # link was gone, an empty target left behind, and the plan written as a plain file.
+    (tmp_path / "real").mkdir()
+    link = tmp_path / "p.yaml"
+    link.symlink_to(Path("real") / "target.yaml")
+    res = run_cli("plan", "-t", "dgx-h100", *SHAPE, "-o", str(link))
+    assert res.exit_code == 0, res.stderr
+    assert link.is_symlink() and (tmp_path / "real" / "target.yaml").read_text().startswith("# treeattn plan")

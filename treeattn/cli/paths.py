@@ -136,16 +136,23 @@ def appendable(file: Path, flag: str) -> None:
     """Open ``file`` for appending and leave it as it was (removed again where this made it):
     a permission check cannot see a read-only file system, nor what root may not write
     (``/sys``, say), which the command would otherwise find only once its work is done."""
-    existed = file.exists()
+    made = None
     try:
-        with file.open("a", encoding="utf-8"):
-            pass
+        # A link is written through: the file this makes and removes is its target, and the
+        # link stays (removing the name opened would take a dangling link away, its target made).
+        real = Path(os.path.realpath(file)) if file.is_symlink() else file
+        try:
+            with real.open("x", encoding="utf-8"):  # made here: no other process writes it yet
+                made = real
+        except FileExistsError:
+            with real.open("a", encoding="utf-8"):
+                pass
     except OSError as exc:
         raise InputError(f"cannot write {flag} {str(file)!r}: {exc.strerror or exc}") from None
     finally:
-        if not existed:
+        if made is not None:
             with contextlib.suppress(OSError):
-                file.unlink()
+                made.unlink()
 
 
 def output_folder(path: Path, flag: str) -> Path:
