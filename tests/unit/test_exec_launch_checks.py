@@ -116,3 +116,13 @@ def test_calibrate_refuses_a_gpu_topology_its_cpu_ranks_would_fit(tmp_path):
     assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
     assert "places its ranks on GPUs, but they run here on CPU processes (gloo)" in res.stderr
     assert not out.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible here")
+@pytest.mark.parametrize("topology", [(), ("-t", "cpu:ranks=2")])
+def test_calibrate_says_nccl_needs_cuda_before_any_topology_mismatch(topology):
+    # It said "--topology None places its ranks on CPU ranks, but they run here on GPUs (nccl)"
+    # on a machine without GPUs.
+    res = run_cli("calibrate", *topology, "--backend", "nccl")
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "backend nccl needs CUDA devices" in res.stderr and "None" not in res.stderr

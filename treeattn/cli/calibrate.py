@@ -112,17 +112,21 @@ def calibrate_cmd(
                                round_trips=trips, repeats=repeats, warmup=warmup, contention=contention,
                                compute=compute.value, backend=backend.value if backend else None, timeout_s=timeout,
                                attention_heads=(hq, hkv, hd))
+    from treeattn.exec.predict import ranks_on_gpus
+    from treeattn.exec.runner import RunOptions, pick_backend
     from treeattn.validate.run import realtime_priority
 
+    # A backend this machine cannot run (nccl without CUDA) is said as such, not as a mismatch below.
+    pick_backend(RunOptions(backend=options.backend))
     topo = resolve(topology) if topology is not None else _probe()
-    from treeattn.exec.predict import ranks_on_gpus
-
     if topo.on_gpus != ranks_on_gpus(options.backend):
         # The fit would give the topology's links what these ranks measure: loopback TCP for NVLink.
         made, runs = ("GPUs", "CPU processes (gloo)") if topo.on_gpus else ("CPU ranks", "GPUs (nccl)")
-        raise InputError(f"--topology {topology!r} places its ranks on {made}, but they run here on {runs}: "
-                         "calibrate on the machine it describes, or a topology of this one (cpu:ranks=N, or "
-                         "none: probed)")
+        which = f"--topology {topology!r}" if topology is not None else f"this machine's probed topology {topo.name!r}"
+        raise InputError(f"{which} places its ranks on {made}, but they run here on {runs}: "
+                         + ("calibrate on the machine it describes, or a topology of this one (cpu:ranks=N, or "
+                            "none: probed)" if topology is not None else
+                            f"use --backend {'nccl' if topo.on_gpus else 'gloo'}, or a topology of these ranks"))
     with realtime_priority(realtime):
         report = calibrate(topo, options)
     if report is None:  # a non-zero rank of torchrun/SLURM
