@@ -74,6 +74,7 @@ def test_bus_ids_print_as_read():
         (("--from-nvidia-smi", DGX, "--gpu-model", "Voodoo2"), "not a known GPU"),
         # read before probing: on a host without GPUs (this one, probed live) it was never read
         (("--nics", "3xfoo"), "--nics '3xfoo': write COUNT or COUNTxGBPS"),
+        (("--ibstat", "/nonexistent/ibstat.txt"), "cannot read ibstat file"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, match):
@@ -113,6 +114,9 @@ def test_live_probe_without_gpu_is_cpu_loopback():
     data = json.loads(res.stdout)
     assert data["topology"]["ranks"] == ["host0"] * 3
     assert "CPU-only loopback host" in data["topology"]["description"]
+    # what only GPUs' NICs use is said to be ignored, as --ranks is where GPUs are found
+    said = json.loads(run_cli("probe", "--ranks", "3", "--nics", "2x100", "--json").stdout)["warnings"]
+    assert any(w.startswith("--nics ignored: no GPU was found") for w in said), said
 
 
 def test_a_gpu_model_read_loosely_is_said():

@@ -65,7 +65,7 @@ from treeattn.plan.ir import (
 )
 from treeattn.textfile import read_text
 from treeattn.units import DType, check_bytes
-from treeattn.workload import Payload, RawPayload, ReduceOp, Workload
+from treeattn.workload import Payload, RawPayload, Workload
 
 __all__ = [
     "FORMAT_TAG",
@@ -145,7 +145,7 @@ class _RawFile(BaseModel):
     nbytes: _Pos
     ranks: _Pos
     dtype: _DTypes = "fp32"
-    op: Literal[tuple(o.value for o in ReduceOp)] = "sum"  # type: ignore[valid-type]
+    op: Literal["sum"] = "sum"  # a raw buffer is summed (``RawPayload``)
 
 
 class _TopologyFile(BaseModel):

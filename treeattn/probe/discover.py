@@ -111,18 +111,24 @@ def probe(opts: ProbeOptions, runner: Runner = run_tool) -> ProbeResult:
     if opts.gpu_names is not None:
         names = parse_gpu_names(read_input(opts.gpu_names, "GPU name listing"), opts.gpu_names.name)
 
-    # Read before anything is probed: a bad --nics is bad input on a host without GPUs too.
+    # Read before anything is probed: a bad --nics or --ibstat is bad input on a host without GPUs too.
     assumed_nics = parse_nics(opts.nics) if opts.nics is not None else None
+    ib = parse_ibstat(read_input(opts.ibstat, "ibstat"), opts.ibstat.name) if opts.ibstat is not None else None
     if given:
         draft, source = _from_files(opts, names)
     else:
         draft, source = _live(opts, names, runner)
         if draft is None:
-            return cpu_host(opts.ranks, name=opts.name, nodes=opts.nodes, source=source)
+            host = cpu_host(opts.ranks, name=opts.name, nodes=opts.nodes, source=source)
+            unused = [flag for flag, value in (("--ibstat", opts.ibstat), ("--nics", opts.nics),
+                                               ("--nic-gbps", opts.nic_gbps)) if value is not None]
+            if unused:  # said, as --ranks is where GPUs are found
+                said = f"{', '.join(unused)} ignored: no GPU was found, and a CPU host's ranks talk over loopback"
+                host = dataclasses.replace(host, warnings=(*host.warnings, said))
+            return host
 
-    if opts.ibstat is not None:
-        text = read_input(opts.ibstat, "ibstat")
-        apply_ibstat(draft, parse_ibstat(text, opts.ibstat.name), opts.ibstat.name)
+    if ib is not None:
+        apply_ibstat(draft, ib, opts.ibstat.name)
     if assumed_nics is not None:
         add_assumed_nics(draft, *assumed_nics)
     if opts.ranks is not None:
