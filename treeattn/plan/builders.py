@@ -213,7 +213,7 @@ def _kept_heads(a: _Args, plan: Plan) -> Plan:
     programs = tuple(tuple(replace(op, chunk=None) if op.chunk == 0 else op for op in prog)
                      for prog in plan.programs)
     return replace(plan, programs=programs, chunks=a.p, layout="heads",
-                               params={**plan.params, "result": "heads", "whole_rows": True})
+                   params={**plan.params, "result": "heads", "whole_rows": True})
 
 
 def tree_plan(parents: Sequence[int | None], workload: Payload, topology_ref: Any, chunks: int = 1,
