@@ -119,12 +119,13 @@ def rows_path(out: Path | None, run_id: str) -> Path:
     from treeattn.exec.results import COLUMNS, TIMELINE_COLUMNS, appendable_problem
 
     name = f"{run_id}.csv"
-    path = output_file(out if out is not None else Path("results") / "runs" / name, "--out", name)
-    for file, columns in ((path, COLUMNS), (path.with_name(path.stem + ".timeline.csv"), TIMELINE_COLUMNS)):
+    path = output_file(out if out is not None else Path("results") / "runs" / name, "--out", name)  # opened once
+    timeline = path.with_name(path.stem + ".timeline.csv")
+    for file, columns in ((path, COLUMNS), (timeline, TIMELINE_COLUMNS)):
         problem = appendable_problem(file, columns)
         if problem:
             raise InputError(f"--out: {problem}")
-        appendable(file, "--out")
+    appendable(timeline, "--out")
     return path
 
 

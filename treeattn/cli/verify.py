@@ -41,9 +41,10 @@ def verify_cmd(
         raise PlanInvalidError(f"{plan_file}: invalid {plan.algorithm} plan: {report.first}")
     if json_out:
         return
-    where = "every rank, its own heads" if plan.layout == "heads" else "every rank" if len(
-        plan.result_ranks) == plan.ranks else (
-        "rank " + ", ".join(map(str, plan.result_ranks[:8])) + (" ..." if len(plan.result_ranks) > 8 else ""))
+    if len(plan.result_ranks) == plan.ranks:
+        where = "every rank, its own heads" if plan.layout == "heads" else "every rank"
+    else:
+        where = "rank " + ", ".join(map(str, plan.result_ranks[:8])) + (" ..." if len(plan.result_ranks) > 8 else "")
     def n(count: int, word: str) -> str:
         return f"{count} {word}" + ("" if count == 1 else "s")
 

@@ -305,15 +305,16 @@ class _Run:
                 self.hier_start = []
         fitted = [c for c in (self._fit(s) for s in candidates) if c is not None]
         if result == "heads":
-            if families is None:  # the library's collectives join a search unless narrowed (``result``)
-                candidates += [Schedule(b.name, b.name, b.kwargs) for b in baselines_for(workload, "all")
-                               if b.name != "ring-attention"]
-            fitted += [w for w in (whole_rows(s) for s in candidates) if w is not None]
-        self.candidates = candidates = fitted
+            # the library's all collectives join a search unless it is narrowed (as in ``result``)
+            library = [] if families is not None else [Schedule(b.name, b.name, b.kwargs)
+                                                        for b in baselines_for(workload, "all")
+                                                        if b.name != "ring-attention"]
+            fitted += [w for w in map(whole_rows, candidates + library) if w is not None]
+        self.candidates = fitted
         self.order: list[Schedule] = []
         self._progress = progress
         self._done = 0
-        self._total = 2 * len(candidates) + len(self.hier_start) + eff.improve_starts + 1
+        self._total = 2 * len(fitted) + len(self.hier_start) + eff.improve_starts + 1
 
     def _fit(self, sched: Schedule) -> Schedule | None:
         return for_result(sched, self.topo.num_ranks, self.layout, self.root)
