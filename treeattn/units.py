@@ -7,6 +7,7 @@ Legend: ``_gbps`` is GB/s (10^9 bytes per second, per direction), ``_us`` micros
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from enum import StrEnum
 
 from treeattn.errors import InputError
@@ -74,7 +75,10 @@ def parse_size(text: str | int, what: str = "size") -> int:
         raise InputError(f"cannot read {what} {text!r}; write it like 4096, 16KB, 1MiB or 2GB")
     num, prefix, binary, unit = m.groups()
     base = 1024 if binary or not unit else 1000
-    return check_bytes(int(round(float(num) * base ** _POW[prefix.lower()])), what, text)
+    nbytes = Decimal(num) * base ** _POW[prefix.lower()]  # exact: 1.1MB is 1,100,000 bytes
+    if nbytes != nbytes.to_integral_value():
+        raise InputError(f"{what} {text!r} is not a whole number of bytes")
+    return check_bytes(int(nbytes), what, text)
 
 
 def check_bytes(nbytes: int, what: str = "size", text: str | None = None) -> int:

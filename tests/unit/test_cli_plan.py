@@ -125,13 +125,16 @@ def test_raw_payload(tmp_path):
         (("-t", "dgx-h100", *SHAPE, "--ranks", "0-9"), "rank 8 does not exist"),
         (("-t", "dgx-h100", *SHAPE, "--ranks", "3-1"), "runs backwards"),
         (("-t", "dgx-h101", *SHAPE), "unknown topology 'dgx-h101'"),
-        (("-t", "dgx-h100", "--model", "llama-3.1-8b", "--batch", "-4", "--seq-len", "1K"), "workload.batch"),
+        (("-t", "dgx-h100", "--model", "llama-3.1-8b", "--batch", "-4", "--seq-len", "1K"), "--batch must be"),
+        (("-t", "dgx-h100", "--model", "llama-3.1-8b", "-n", "12Q"), "cannot read --seq-len '12Q'"),
+        (("-t", "dgx-h100", "--bytes", "0"), "--bytes must be at least one fp32 element (4 bytes), got 0"),
+        (("-t", "dgx-h100", "--bytes", "1.5B"), "--bytes '1.5B' is not a whole number of bytes"),
         ((*SHAPE,), "give --topology"),
         (("-t", "dgx-h100", *SHAPE, "--chunks", "2"), "add --algorithm"),
         (("-t", "dgx-h100", *SHAPE, "-a", "star", "--fanout", "3"), "takes no fanout"),
         (("-t", "dgx-h100", *SHAPE, "-a", "tree", "--parents", "1,0,1,2,3,4,5,5"), "exactly one root"),
         (("-t", "dgx-h100", "--bytes", "1KB", "--heads", "8"), "--bytes gives a raw payload"),
-        (("-t", "dgx-h100", "--bytes", "-1"), "workload.bytes must be >= 0, got '-1'"),
+        (("-t", "dgx-h100", "--bytes", "-1"), "--bytes must be >= 0, got '-1'"),
         (("-t", "dgx-h100", *SHAPE, "--whole-rows"), "--whole-rows set(s) a named algorithm's parameters"),
         # a raw buffer is summed; only a decode shape's partials are merged
         (("-t", "dgx-h100", "--bytes", "1M", "--op", "merge"), "a raw payload is summed (op sum), got 'merge'"),
@@ -346,7 +349,7 @@ def test_candidate_parameters_are_cut_at_whole_entries_and_the_rest_counted():
 def test_a_bad_flag_over_a_workload_file_is_named_as_the_flag(tmp_path):
     wl = tmp_path / "wl.yaml"
     wl.write_text("model: llama-3.1-8b\nbatch: 1\nseq_len: 4K\n")
-    for flags, key in ((("-m", "nosuch"), "workload.model"), (("--head-dim", "0"), "workload.head_dim")):
+    for flags, key in ((("-m", "nosuch"), "--model: unknown model"), (("--head-dim", "0"), "--head-dim must be")):
         res = run_cli("plan", "-t", "cpu-4", "--workload", str(wl), *flags, "-o", str(tmp_path / "p.yaml"))
         assert res.exit_code == 2
         line = res.stderr.strip()

@@ -24,6 +24,9 @@ def test_a_bare_prefix_counts_in_1024s_as_nccl_tests_and_token_counts_do():
     assert parse_size("1K") == 1024 and parse_size("2M") == 2 << 20 and parse_size("1.5G") == 3 << 29
     assert parse_size("1KB") == 1000 and parse_size("1KiB") == 1024 and parse_size("8B") == 8
     assert parse_size("4 m") == 4 << 20
+    assert parse_size("1.1MB") == 1_100_000 and parse_size("0.5KiB") == 512  # decimal, not float, arithmetic
+    with pytest.raises(InputError, match=r"^--bytes '1.5B' is not a whole number of bytes$"):
+        parse_size("1.5B", "--bytes")
     assert transfer_us(50_000, 50.0) == pytest.approx(1.0)
     with pytest.raises(InputError, match="cannot read size"):
         parse_size("lots")

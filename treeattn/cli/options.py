@@ -187,7 +187,7 @@ def make_payload(
     """Build the Workload (decode shape) or RawPayload (``--bytes``) the flags describe.
 
     Flags override the keys of ``--workload FILE``; both are validated by
-    ``workload_from_dict``, so errors name the flag's key (``workload.batch``).
+    ``workload_from_dict``; its errors name the flag (``--batch``), or the key of a file.
     """
     data: dict = {}
     where = "workload"
@@ -231,6 +231,12 @@ def make_payload(
     data.pop("ranks", None)
     if given and workload_file is not None:
         # load_workload has checked the file alone: what fails now is a flag's value (or how it sits
-        # with the file's), so the error names the flags' key, as without a file.
+        # with the file's), so the error names the flag, or the workload's key, as without a file.
         where = "workload"
-    return workload_from_dict(data, ranks=num_ranks, where=where)
+    flags = {"bytes": "--bytes", "op": "--op"} if nbytes is not None else {}
+    flags.update({_KEY_OF.get(k, k): "--" + k.replace("_", "-") for k in given})
+    return workload_from_dict(data, ranks=num_ranks, where=where, flags=flags)
+
+
+# The workload key a flag sets, where the two are named differently (--heads sets q_heads).
+_KEY_OF = {"heads": "q_heads"}

@@ -29,6 +29,7 @@ validated by one code path, ``workload_from_dict``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,16 +78,27 @@ def parse_tokens(value: Any, *, where: str = "seq_len") -> int:
     return int(count)
 
 
-def _positive_int(data: dict, key: str, where: str) -> int | None:
+class _Names:
+    """How errors name a key: by the flag it came from, else as ``where.key`` (a file's, the API's)."""
+
+    def __init__(self, where: str, flags: Mapping[str, str] | None) -> None:
+        self.where, self.flags = where, dict(flags or {})
+
+    def __call__(self, key: str) -> str:
+        return self.flags.get(key) or f"{self.where}.{key}"
+
+
+def _positive_int(data: dict, key: str, name: _Names) -> int | None:
     value = data.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise WorkloadError(f"{where}.{key} must be a positive integer, got {value!r}")
+        raise WorkloadError(f"{name(key)} must be a positive integer, got {value!r}")
     return value
 
 
-def _split(value: Any, ranks: int | None, seq_len: int, where: str) -> tuple[int, ...]:
+def _split(value: Any, ranks: int | None, seq_len: int, name: _Names) -> tuple[int, ...]:
+    where = name.where
     if value is None or value == "even":
         if ranks is None:
             raise WorkloadError(f"{where}: give ranks (or a topology) to split {seq_len} tokens evenly")
@@ -94,20 +106,23 @@ def _split(value: Any, ranks: int | None, seq_len: int, where: str) -> tuple[int
     if isinstance(value, str):
         value = [v for v in value.split(",") if v.strip()]
     if not isinstance(value, (list, tuple)) or not value:
-        raise WorkloadError(f"{where}.split must be 'even' or a list of tokens per rank, got {value!r}")
-    split = tuple(parse_tokens(v, where=f"{where}.split[{i}]") for i, v in enumerate(value))
+        raise WorkloadError(f"{name('split')} must be 'even' or a list of tokens per rank, got {value!r}")
+    split = tuple(parse_tokens(v, where=f"{name('split')}[{i}]") for i, v in enumerate(value))
     if ranks is not None and len(split) != ranks:
-        raise WorkloadError(f"{where}.split names {len(split)} ranks but there are {ranks}; give one size per rank")
+        raise WorkloadError(f"{name('split')} names {len(split)} ranks but there are {ranks}; give one size per rank")
     return split
 
 
-def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where: str = "workload") -> Payload:
+def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where: str = "workload",
+                       flags: Mapping[str, str] | None = None) -> Payload:
     """Validate plain data (a parsed YAML file or CLI flags) into a Workload or RawPayload.
 
     Args:
         data: the keys of the module docstring; ``None`` values count as absent.
         ranks: rank count from the topology; must agree with ``data['ranks']`` and the split.
         where: prefix for error messages (a file name, or ``workload``).
+        flags: the flag each key came from (``{"seq_len": "--seq-len"}``): errors about that key
+            name the flag instead of ``where.key``.
 
     Returns:
         A ``Workload`` (decode shape) or a ``RawPayload`` (``kind: raw`` or a ``bytes`` key).
@@ -120,9 +135,10 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
     if not isinstance(data, dict):
         raise WorkloadError(f"{where} must be a mapping of keys to values, got {type(data).__name__}")
     data = {k: v for k, v in data.items() if v is not None}
+    name = _Names(where, flags)
     kind = data.get("kind", "raw" if "bytes" in data else "attention")
     if kind not in ("attention", "raw"):
-        raise WorkloadError(f"{where}.kind must be 'attention' or 'raw', got {kind!r}")
+        raise WorkloadError(f"{name('kind')} must be 'attention' or 'raw', got {kind!r}")
     allowed = RAW_KEYS if kind == "raw" else ATTENTION_KEYS
     unknown = sorted(set(data) - allowed)
     if unknown:
@@ -131,9 +147,9 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
             "workload; "
             f"allowed: {', '.join(sorted(allowed))}"
         )
-    declared = _positive_int(data, "ranks", where)
+    declared = _positive_int(data, "ranks", name)
     if declared is not None and ranks is not None and declared != ranks:
-        raise WorkloadError(f"{where}.ranks is {declared} but the topology places {ranks} ranks")
+        raise WorkloadError(f"{name('ranks')} is {declared} but the topology places {ranks} ranks")
     ranks = ranks if ranks is not None else declared
     if kind == "raw":
         if "bytes" not in data:
@@ -143,43 +159,46 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
         op = str(data.get("op", "sum")).lower()
         if op != ReduceOp.SUM.value:
             # The executor sums a raw buffer; merging needs partials (o, lse), which a decode shape has.
-            raise WorkloadError(f"{where}.op: a raw payload is summed (op sum), got {data['op']!r}; the attention "
+            raise WorkloadError(f"{name('op')}: a raw payload is summed (op sum), got {data['op']!r}; the attention "
                                 "merge needs a decode shape (--model, or --heads and --head-dim)")
-        return RawPayload(nbytes=parse_size(data["bytes"], f"{where}.bytes"), ranks=ranks,
-                          dtype=DType.parse(data.get("dtype", "fp32")),
-                          op=op)
+        dtype = DType.parse(data.get("dtype", "fp32"))
+        nbytes = parse_size(data["bytes"], name("bytes"))
+        if nbytes < dtype.nbytes:
+            raise WorkloadError(f"{name('bytes')} must be at least one {dtype.value} element "
+                                f"({dtype.nbytes} bytes), got {nbytes}")
+        return RawPayload(nbytes=nbytes, ranks=ranks, dtype=dtype, op=op)
     if "seq_len" not in data and "split" not in data:
         raise WorkloadError(f"{where}: give seq_len (tokens in all), e.g. seq_len: 128K")
     model = data.get("model")
     if model is not None and model not in MODELS:
-        raise WorkloadError(f"{where}.model: unknown model {model!r}; choose one of {', '.join(sorted(MODELS))}")
+        raise WorkloadError(f"{name('model')}: unknown model {model!r}; choose one of {', '.join(sorted(MODELS))}")
     if "heads" in data and "q_heads" in data and data["heads"] != data["q_heads"]:
         raise WorkloadError(f"{where}: heads and q_heads disagree ({data['heads']} vs {data['q_heads']})")
     if "heads" in data:
         data["q_heads"] = data.pop("heads")
     if model is None and ("q_heads" not in data or "head_dim" not in data):
         raise WorkloadError(f"{where}: give a model preset or both q_heads (--heads) and head_dim (--head-dim)")
-    ints = {k: _positive_int(data, k, where) for k in ("batch", "q_heads", "kv_heads", "head_dim", "layers")}
+    ints = {k: _positive_int(data, k, name) for k in ("batch", "q_heads", "kv_heads", "head_dim", "layers")}
     if "seq_len" in data:
-        seq_len = parse_tokens(data["seq_len"], where=f"{where}.seq_len")
+        seq_len = parse_tokens(data["seq_len"], where=name("seq_len"))
         if seq_len < 1:
-            raise WorkloadError(f"{where}.seq_len must be at least 1 token")
+            raise WorkloadError(f"{name('seq_len')} must be at least 1 token")
     else:
         seq_len = None
     raw_split = data.get("split")
     if seq_len is None:
-        split = _split(raw_split, ranks, 0, where)
+        split = _split(raw_split, ranks, 0, name)
         seq_len = sum(split)
     else:
-        split = _split(raw_split, ranks, seq_len, where)
+        split = _split(raw_split, ranks, seq_len, name)
         if sum(split) != seq_len:
-            raise WorkloadError(f"{where}.split sums to {sum(split)} tokens but seq_len is {seq_len}")
+            raise WorkloadError(f"{name('split')} sums to {sum(split)} tokens but seq_len is {seq_len}")
     dtypes = {}
     for key, default in (("kv_dtype", "bf16"), ("partial_dtype", "fp32")):
         try:
             dtypes[key] = DType.parse(data.get(key, default))
         except (InputError, ValueError) as exc:
-            raise WorkloadError(f"{where}.{key}: {exc}") from None
+            raise WorkloadError(f"{name(key)}: {exc}") from None
     try:
         return Workload.create(
             ranks=len(split),
