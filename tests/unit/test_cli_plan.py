@@ -139,7 +139,10 @@ def test_raw_payload(tmp_path):
         # a raw buffer is summed; only a decode shape's partials are merged
         (("-t", "dgx-h100", "--bytes", "1M", "--op", "merge"), "a raw payload is summed (op sum), got 'merge'"),
         (("-t", "dgx-h100", "--bytes", "1M", "--op", "merge", "-a", "allgather-merge"), "a raw payload is summed"),
-        (("-t", "dgx-h100", *SHAPE, "-a", "star", "--whole-rows"), "give result heads, not all"),
+        (("-t", "dgx-h100", *SHAPE, "-a", "star", "--whole-rows"), "--whole-rows keeps each rank's own heads of an all "
+         "plan: add --result heads (not all)"),
+        (("-t", "dgx-h100", *SHAPE, "-a", "star", "--result", "heads", "--whole-rows", "--chunks", "2"),
+         "--whole-rows sends every row in one message: --chunks must be 1, not 2"),
         (("-t", "dgx-h100", *SHAPE, "-a", "ring", "--result", "heads", "--whole-rows"), "ring cuts the rows"),
     ],
 )

@@ -248,6 +248,11 @@ def plan_cmd(
 
         if root is not None and result_root is not None and root != result_root:
             raise InputError(f"--root {root} and --result {result} name different roots")
+        if whole_rows and layout != "heads":
+            raise InputError(f"--whole-rows keeps each rank's own heads of an all plan: add --result heads "
+                             f"(not {result})")
+        if whole_rows and chunks not in (None, 1):
+            raise InputError(f"--whole-rows sends every row in one message: --chunks must be 1, not {chunks}")
         kw = _build_kwargs(topo.num_ranks, root=root if root is not None else result_root, fanout=fanout,
                            groups=groups, order=order, parents=parents, roots=roots, trees=trees, shape=shape,
                            intra=intra, inter=inter, result=layout,
