@@ -12,7 +12,7 @@ from enum import StrEnum
 
 from treeattn.errors import InputError
 
-__all__ = ["DType", "MAX_BYTES", "parse_size", "check_bytes", "format_size", "transfer_us"]
+__all__ = ["DType", "MAX_BYTES", "parse_size", "check_bytes", "counted", "format_size", "transfer_us"]
 
 MAX_BYTES = 1 << 40
 """The largest buffer a rank may hold, 1 TiB: more than any one device's memory. A size a user
@@ -95,6 +95,11 @@ def format_size(nbytes: float) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:.4g} {unit}"
     return f"{int(nbytes)} B"
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` with ``noun``, plural unless one: ``1 rank``, ``8 ranks``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def transfer_us(nbytes: float, bw_gbps: float) -> float:

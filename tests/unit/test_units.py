@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from treeattn.errors import InputError
-from treeattn.units import MAX_BYTES, DType, format_size, parse_size, transfer_us
+from treeattn.units import MAX_BYTES, DType, counted, format_size, parse_size, transfer_us
 
 
 def test_every_dtype_has_its_element_size():
@@ -18,6 +18,7 @@ def test_every_dtype_has_its_element_size():
 def test_sizes_parse_and_format():
     assert parse_size("16KB") == 16_000 and parse_size("1MiB") == 1 << 20 and parse_size(4096) == 4096
     assert format_size(1 << 20) == "1 MiB" and format_size(100) == "100 B"
+    assert counted(1, "rank") == "1 rank" and counted(8, "rank") == "8 ranks" and counted(0, "chunk") == "0 chunks"
 
 
 def test_a_bare_prefix_counts_in_1024s_as_nccl_tests_and_token_counts_do():

@@ -42,7 +42,7 @@ from treeattn.cli.render import console, key_columns, print_rates_note
 from treeattn.cost.library import link_rates_note
 from treeattn.cost.memory import DEFAULT_MEM_FRACTION
 from treeattn.errors import InputError
-from treeattn.units import format_size
+from treeattn.units import counted, format_size
 from treeattn.workload import Payload, Workload
 
 _ALG = "Named algorithm (instead of the search)"
@@ -324,7 +324,7 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
     what = (f"B={payload.batch} Hq={payload.q_heads} Hkv={payload.kv_heads} D={payload.head_dim} "
             f"N={payload.seq_len}" if isinstance(payload, Workload)
             else f"{format_size(payload.nbytes)} {payload.op.value}")
-    con.print(f"[bold]{escape(topo.name)}[/] ({topo.num_ranks} ranks), {what}, result {result}: partial "
+    con.print(f"[bold]{escape(topo.name)}[/] ({counted(topo.num_ranks, 'rank')}), {what}, result {result}: partial "
               f"{format_size(payload.payload_bytes)} per rank")
     print_rates_note(con, topo)
     # Say what a figure covers: one layer, not the decode step (the plan file's predicted_us).

@@ -22,7 +22,7 @@ from treeattn.cost.library import link_rates_note
 from treeattn.cost.simulate import SimResult, simulate
 from treeattn.errors import InputError, PlanInvalidError
 from treeattn.figures import save_figure
-from treeattn.units import format_size, parse_size
+from treeattn.units import counted, format_size, parse_size
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys) instead of tables.")]
 MAX_GANTT_RANKS = 64
@@ -106,7 +106,8 @@ def simulate_cmd(
         })
         return
     con = console()
-    con.print(f"[bold]{plan.algorithm}[/] ({plan.ranks} ranks, {plan.chunks} chunk(s)) on [bold]{escape(topo.name)}[/]")
+    con.print(f"[bold]{plan.algorithm}[/] ({counted(plan.ranks, 'rank')}, {counted(plan.chunks, 'chunk')}) "
+              f"on [bold]{escape(topo.name)}[/]")
     print_rates_note(con, topo)
     con.print(f"predicted   {res.predicted_us:12.3f} µs")
     term = bounds.cut if bounds.cut in ("compute", "depth", "spread") else f"the cut {bounds.cut}"
