@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from treeattn.errors import InputError
+from treeattn.errors import InputError, PlanFormatError
+from treeattn.plan import io as plan_io
 from treeattn.plan.baselines import parse_result
-from treeattn.plan.io import load_plan
 from treeattn.plan.ir import Plan
 from treeattn.topology.library import (
     recorded_source,
@@ -94,13 +95,23 @@ def search_plan(topology: str | Topology, workload_or_model: Payload | ModelPres
         raise InputError(f"search_plan progress must be a callable progress(done, total, stage) or None, "
                          f"got {options['progress']!r}")
     with _named("search_plan"):
-        topo = topology if isinstance(topology, Topology) else resolve(str(topology))
+        topo = _topology(topology, "search_plan")
         workload = _workload(topo, workload_or_model, batch, seq_len, options, "search_plan")
         layout, root = parse_result(result, topo.num_ranks)
         check_kv_fits(workload, topo, options.get("mem_fraction", DEFAULT_MEM_FRACTION), option="mem_fraction")
         found = search(topo, workload, result=layout, root=root, **{k: options[k] for k in _SEARCH_OPTIONS
                                                                      if k in options})
     return _sourced(found.best, topology, topo)
+
+
+def _topology(topology: str | os.PathLike | Topology, fn: str) -> Topology:
+    """The topology ``fn`` was given, resolved; anything else is named here, where ``str()``
+    would make it an unknown topology called 'None' or '8'."""
+    if isinstance(topology, Topology):
+        return topology
+    if not isinstance(topology, (str, os.PathLike)):
+        raise InputError(f"{fn} topology must be a name, a file's path or a Topology, got {topology!r}")
+    return resolve(os.fspath(topology))
 
 
 @contextlib.contextmanager
@@ -127,7 +138,8 @@ def build_plan(topology: str | Topology, workload_or_model: Payload | ModelPrese
         algorithm: a name ``treeattn plan --algorithm list`` lists.
         result: ``all``, ``heads`` or ``root[:R]``, one the algorithm builds (``--algorithm list``):
             ``dcp-a2a`` and ``dcp-ag-rs`` build ``heads`` only, and the default ``all`` is refused.
-        chunks: row chunks to pipeline.
+        chunks: row chunks to pipeline, as ``plan --chunks`` counts them: a ring's per segment
+            and a ``heads`` plan's per rank, so that ``plan.chunks`` is then ``chunks`` x the ranks.
         **options: the algorithm's parameters (``root``, ``fanout``, ``parents``, ``groups``,
             ``order``, ``roots``, ``trees``, ``shape``, ``intra``, ``inter``, ``group_size``:
             ``--algorithm list`` says which it takes; ``whole_rows=True`` with ``result="heads"``:
@@ -163,7 +175,7 @@ def build_plan(topology: str | Topology, workload_or_model: Payload | ModelPrese
         if not _OPTION_TYPES[key][0](value):
             raise InputError(f"build_plan {key} must be {_OPTION_TYPES[key][1]}, got {value!r}")
     with _named("build_plan"):
-        topo = topology if isinstance(topology, Topology) else resolve(str(topology))
+        topo = _topology(topology, "build_plan")
         workload = _workload(topo, workload_or_model, batch, seq_len, options, "build_plan")
         layout, root = parse_result(result, topo.num_ranks)
         if root is not None:
@@ -269,6 +281,9 @@ def _workload(topo: Topology, workload_or_model: Payload | ModelPreset | str, ba
         if shape or batch is not None or seq_len is not None:
             raise InputError(f"give batch, seq_len and workload options with a model, not with a "
                              f"{type(workload_or_model).__name__}")
+        if workload_or_model.ranks != topo.num_ranks:  # read past its split's end below, unnamed
+            raise InputError(f"the workload has {workload_or_model.ranks} ranks but topology {topo.name!r} places "
+                             f"{topo.num_ranks}; make it for {topo.num_ranks} ranks")
         return workload_or_model
     name = workload_or_model.name if isinstance(workload_or_model, ModelPreset) else workload_or_model
     if not isinstance(name, str) or name not in MODELS:
@@ -289,6 +304,26 @@ def _sourced(plan: Plan, topology: str | Topology, topo: Topology) -> Plan:
     return dataclasses.replace(plan, topology=dataclasses.replace(plan.topology, source=source))
 
 
+def load_plan(source: str | Path) -> Plan:
+    """A plan from its file, or from its text (a ``str`` holding a newline or JSON): what
+    ``treeattn plan`` and ``save_plan`` write.
+
+    Args:
+        source: a path (``str`` or ``Path``), or a plan's text (a ``str`` holding a newline).
+
+    Returns:
+        The plan (upgraded to the current version if it was older).
+
+    Raises:
+        treeattn.errors.PlanFormatError: not a path or text, an unreadable file, a syntax
+            error, or a wrong tag, version, field or type.
+    """
+    if not isinstance(source, (str, os.PathLike)):
+        # Path() would raise a TypeError naming no argument
+        raise PlanFormatError(f"load_plan takes a plan file's path or a plan's text, got {source!r}")
+    return plan_io.load_plan(source)
+
+
 def save_plan(plan: Plan, path: str | Path) -> Path:
     """Write ``plan`` where ``treeattn run``, ``simulate`` and ``load_plan`` read it (JSON when
     the name ends in ``.json``, else YAML), as ``treeattn plan`` writes its plans: a topology
@@ -303,12 +338,16 @@ def save_plan(plan: Plan, path: str | Path) -> Path:
         The path written.
 
     Raises:
-        treeattn.errors.InputError: the file cannot be written; or the plan names its topology
-            file relative to a folder it does not know (loaded from text, not from its file)
-            and that path does not find the topology from ``path``'s folder either.
+        treeattn.errors.InputError: ``plan`` is not a Plan or ``path`` not a path; the file cannot
+            be written; or the plan names its topology file relative to a folder it does not know
+            (loaded from text, not from its file) and that path does not find the topology from
+            ``path``'s folder either.
     """
-    from treeattn.plan import io
-
+    if not isinstance(plan, Plan):
+        raise InputError(f"save_plan plan must be a Plan (search_plan's, build_plan's or load_plan's), "
+                         f"got {type(plan).__name__}")
+    if not isinstance(path, (str, os.PathLike)):
+        raise InputError(f"save_plan path must be a file's path, got {path!r}")
     path = Path(path)
     ref = plan.topology
     if ref.base is None and relative_file_source(ref.source):
@@ -325,6 +364,6 @@ def save_plan(plan: Plan, path: str | Path) -> Path:
     if source != plan.topology.source:
         plan = dataclasses.replace(plan, topology=dataclasses.replace(plan.topology, source=source))
     try:
-        return io.save_plan(plan, path)
+        return plan_io.save_plan(plan, path)
     except OSError as exc:
         raise InputError(f"cannot write plan {str(path)!r}: {exc.strerror or exc}") from None

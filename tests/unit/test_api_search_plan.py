@@ -143,3 +143,34 @@ def test_errors_from_below_name_the_call_they_came_through():
         treeattn.build_plan("dgx-h100", "llama-3.1-8b", "dcp-a2a", batch=1, seq_len=4096)
     with pytest.raises(TreeattnError, match=r"^search_plan\.batch must be a positive integer"):  # named once
         treeattn.search_plan("dgx-h100", "llama-3.1-8b", batch=0, seq_len=4096)
+
+
+@pytest.mark.parametrize("call", [treeattn.search_plan, lambda *a: treeattn.build_plan(*a, "butterfly")])
+def test_a_workload_made_for_other_ranks_is_named_not_an_index_error(call):
+    # A Workload carries its own rank count (its split): one made for 2 ranks, given with a
+    # topology of 4, was read past its split's end (IndexError) before anything named it.
+    from treeattn.workload import RawPayload, Workload
+
+    two = Workload.create(ranks=2, seq_len=64, q_heads=8, kv_heads=2, head_dim=32)
+    for payload in (two, RawPayload(nbytes=1024, ranks=2)):
+        with pytest.raises(TreeattnError, match=r"has 2 ranks but topology 'cpu:ranks=4,cores=\d+' places 4"):
+            call("cpu:ranks=4", payload)
+        with pytest.raises(TreeattnError, match="has 2 ranks but topology"):
+            call(resolve("cpu:ranks=4"), payload)
+
+
+@pytest.mark.parametrize(("call", "needle"), [
+    (lambda: treeattn.search_plan(None, "llama-3.2-1b", batch=1, seq_len=64),
+     "^search_plan topology must be a name, a file's path or a Topology, got None"),
+    (lambda: treeattn.build_plan(8, "llama-3.2-1b", "star", batch=1, seq_len=64),
+     "^build_plan topology must be a name, a file's path or a Topology, got 8"),
+    (lambda: treeattn.save_plan("plan.yaml", "out.yaml"), "^save_plan plan must be a Plan"),
+    (lambda: treeattn.save_plan(treeattn.build_plan("cpu:ranks=2", "llama-3.2-1b", "star", batch=1, seq_len=64),
+                                None), "^save_plan path must be a file's path"),
+    (lambda: treeattn.load_plan(None), "^load_plan takes a plan file's path or a plan's text, got None"),
+    (lambda: treeattn.load_plan(3), "^load_plan takes a plan file's path or a plan's text, got 3"),
+])
+def test_arguments_of_the_wrong_type_are_named(call, needle):
+    # Not "unknown topology 'None'", nor an AttributeError or TypeError from deep inside.
+    with pytest.raises(TreeattnError, match=needle):
+        call()
