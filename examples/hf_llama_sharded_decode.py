@@ -192,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = ([f"--ranks must be >= 2, got {args.ranks}"] if args.ranks < 2 else []) + (
         [f"--prompt-len must be >= --ranks, got {args.prompt_len}"] if args.prompt_len < args.ranks else []) + (
         [f"--new-tokens must be >= 1, got {args.new_tokens}"] if args.new_tokens < 1 else []) + (
+        [f"--batch must be >= 1, got {args.batch}"] if args.batch < 1 else []) + (
         [f"--method {args.method!r} is not searched or an attention algorithm"]
         if args.method != "searched" and args.method not in ALGORITHMS else [])
     if bad:

@@ -120,7 +120,7 @@ def _named(fn: str) -> Iterator[None]:
     try:
         yield
     except InputError as e:
-        if str(e).startswith(fn):
+        if str(e).startswith(fn) or f"{fn}." in str(e):  # named already: search_plan.seq_len
             raise
         raise type(e)(f"{fn}: {e}") from None
 

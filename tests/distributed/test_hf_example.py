@@ -47,3 +47,10 @@ def test_help_lists_only_methods_the_example_can_run():
     names = [n.strip() for n in listed.split(",")]
     assert {"star", "direct", "allgather-merge", "dcp-a2a"} <= set(names)
     assert not {"tree", "hierarchical", "ring-attention"} & set(names), names
+
+
+@pytest.mark.parametrize(("args", "needle"), [(("--batch", "0"), "--batch must be >= 1, got 0"),
+                                              (("--new-tokens", "0"), "--new-tokens must be >= 1, got 0")])
+def test_bad_flags_are_named_in_one_line(args, needle):
+    res = run(*args)
+    assert res.returncode == 2 and res.stderr == f"error: {needle}\n", res.stderr

@@ -10,6 +10,7 @@ import pytest
 
 from treeattn.cli.options import load_topology
 from treeattn.cost.simulate import simulate
+from treeattn.errors import InputError
 from treeattn.plan.io import dump_plan
 from treeattn.plan.validate import check
 from treeattn.search import (
@@ -259,6 +260,11 @@ def test_bad_search_inputs():
         search(topo, _w(8), families={"spiral"})
     with pytest.raises(Exception, match="positive integers"):
         search(topo, _w(8), chunk_choices=(0, 2))
+    with pytest.raises(InputError, match="at least one chunk count"):  # not the default, unsaid
+        search(topo, _w(8), chunk_choices=())
+    rows = _w(8).rows
+    with pytest.raises(InputError, match=f"chunk choice {rows + 1} exceeds the payload's {rows} rows"):
+        search(topo, _w(8), chunk_choices=(1, rows + 1))
     assert not math.isinf(search(topo, _w(8), chunk_choices=(3,)).best.predicted_us)
 
 

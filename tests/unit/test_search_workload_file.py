@@ -20,6 +20,10 @@ def test_parse_tokens():
     for bad in ("-3", "12X", True, -1, "0.3K", "1MiB", "1e6", "1i", "", "Ki"):
         with pytest.raises(WorkloadError):
             parse_tokens(bad)
+    assert parse_tokens(0) == 0
+    for bad in (0, -5, "0"):  # a sequence's length is at least one token, whatever the sign
+        with pytest.raises(WorkloadError, match=f"^seq_len must be at least 1 token, got {bad!r}$"):
+            parse_tokens(bad, least=1)
 
 
 def test_yaml_form_round_trips_through_to_dict(tmp_path):

@@ -197,8 +197,9 @@ class Merger:
         every = self._comm.digests(repr(what), "Merger plan check")
         differ = [r for r, d in enumerate(every) if d != every[0]]
         if differ:
-            ranks = f"rank{'s' if len(differ) > 1 else ''} {', '.join(map(str, differ))}"
-            raise ValueError(f"Merger: the ranks of the group hold different plans ({ranks} differ from rank 0; "
+            ranks = (f"ranks {', '.join(map(str, differ))} differ" if len(differ) > 1
+                     else f"rank {differ[0]} differs")
+            raise ValueError(f"Merger: the ranks of the group hold different plans ({ranks} from rank 0; "
                              f"this rank's is {plan.algorithm!r}, "
                              f"B={w.batch}, Hq={w.q_heads}, D={w.head_dim}): build every rank's Merger from one plan")
 

@@ -254,9 +254,14 @@ def search(
         root = 0 if root is None else root
         if type(root) is not int or not 0 <= root < p:
             raise InputError(f"root {root!r} is out of range: there are {p} ranks")
-    choices = tuple(chunk_choices) if chunk_choices else default_chunk_choices(workload, p)
-    if any((not isinstance(c, int)) or c < 1 for c in choices):
+    if chunk_choices is not None and not list(chunk_choices):
+        raise InputError("chunk choices must name at least one chunk count (None: the default)")
+    choices = tuple(chunk_choices) if chunk_choices is not None else default_chunk_choices(workload, p)
+    if any(type(c) is not int or c < 1 for c in choices):
         raise InputError(f"chunk choices must be positive integers, got {list(choices)}")
+    if max(choices) > workload.rows:
+        # No schedule cuts rows finer than one a chunk: the search would drop the choice unsaid.
+        raise InputError(f"chunk choice {max(choices)} exceeds the payload's {workload.rows} rows")
     if mem_fraction is not None:
         check_kv_fits(workload, topo, mem_fraction)
     if result == "heads":

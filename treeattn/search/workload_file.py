@@ -37,7 +37,7 @@ import yaml
 
 from treeattn.errors import InputError, WorkloadError
 from treeattn.textfile import read_text
-from treeattn.units import DType, parse_size
+from treeattn.units import DType, counted, parse_size
 from treeattn.workload import MODELS, Payload, RawPayload, ReduceOp, Workload, even_split
 
 __all__ = ["ATTENTION_KEYS", "RAW_KEYS", "parse_tokens", "workload_from_dict", "load_workload"]
@@ -52,30 +52,33 @@ _TOKENS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kKmMgG])[iI]?)?\s*$")  # "128K
 _TOKEN_POW = {"": 0, "k": 1, "m": 2, "g": 3}
 
 
-def parse_tokens(value: Any, *, where: str = "seq_len") -> int:
+def parse_tokens(value: Any, *, where: str = "seq_len", least: int = 0) -> int:
     """Read a token count: an integer, or text such as ``"4096"``, ``"128K"``, ``"1M"``.
 
     Args:
         value: the count; K, M, G (or Ki, Mi, Gi) are powers of 1024, as context lengths
             are quoted (Llama 3.1's 128K context is 131072 tokens).
         where: the field name, for the error message.
+        least: the smallest count allowed (a split's share may be 0 tokens, a sequence not).
 
     Returns:
-        The count, >= 0.
+        The count, >= ``least``.
     """
     if isinstance(value, bool):
         raise WorkloadError(f"{where} must be a token count, got {value!r}")
     if isinstance(value, int):
-        if value < 0:
-            raise WorkloadError(f"{where} must be >= 0 tokens, got {value}")
-        return value
-    m = _TOKENS.match(str(value))
-    if not m:
-        raise WorkloadError(f"cannot read {where} {value!r}; write it like 4096, 128K or 1M")
-    count = float(m.group(1)) * 1024 ** _TOKEN_POW[(m.group(2) or "").lower()]
-    if count != int(count):
-        raise WorkloadError(f"{where} {value!r} is not a whole number of tokens")
-    return int(count)
+        count = value
+    else:
+        m = _TOKENS.match(str(value))
+        if not m:
+            raise WorkloadError(f"cannot read {where} {value!r}; write it like 4096, 128K or 1M")
+        whole = float(m.group(1)) * 1024 ** _TOKEN_POW[(m.group(2) or "").lower()]
+        if whole != int(whole):
+            raise WorkloadError(f"{where} {value!r} is not a whole number of tokens")
+        count = int(whole)
+    if count < least:
+        raise WorkloadError(f"{where} must be at least {counted(least, 'token')}, got {value!r}")
+    return count
 
 
 class _Names:
@@ -180,9 +183,7 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
         raise WorkloadError(f"{where}: give a model preset or both q_heads (--heads) and head_dim (--head-dim)")
     ints = {k: _positive_int(data, k, name) for k in ("batch", "q_heads", "kv_heads", "head_dim", "layers")}
     if "seq_len" in data:
-        seq_len = parse_tokens(data["seq_len"], where=name("seq_len"))
-        if seq_len < 1:
-            raise WorkloadError(f"{name('seq_len')} must be at least 1 token")
+        seq_len = parse_tokens(data["seq_len"], where=name("seq_len"), least=1)
     else:
         seq_len = None
     raw_split = data.get("split")
