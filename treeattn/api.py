@@ -41,7 +41,10 @@ def search_plan(topology: str | Topology, workload_or_model: Payload | ModelPres
 
     Args:
         topology: a ``Topology``, a shipped name (``dgx-h100``), a family spec
-            (``dgx-h100:nodes=16``, ``cpu:ranks=4``) or a topology YAML file.
+            (``dgx-h100:nodes=16``, ``cpu:ranks=4``) or a topology YAML file. The plan records
+            the name or the file, where ``run`` and ``simulate`` find it again; a ``Topology``
+            object records only its name: unless that is a shipped name or a family spec, give
+            them its file with ``--topology``.
         workload_or_model: a ``Workload``, a ``RawPayload`` (a plain sum, as ``plan --bytes``),
             or a model preset (its name, ``llama-3.1-8b``, or a ``ModelPreset``) made into a
             ``Workload`` with ``batch`` and ``seq_len``.
