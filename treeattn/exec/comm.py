@@ -143,6 +143,14 @@ def distinct(works: list) -> list:
 _REDUCE = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}
 
 
+def _collective(name: str, before: str):  # noqa: ANN202 - a torch.distributed function
+    """``torch.distributed``'s collective ``name``, else the same one under its name ``before``
+    (same arguments): torch 2.13 renamed ``all_gather_into_tensor`` and ``reduce_scatter_tensor``
+    to the ``_single`` names, and the pyproject admits torch from 2.2 (a GPU machine's own torch
+    is often older than the pin). Looked up per call, not at import, so tests can take one away."""
+    return getattr(dist, name, None) or getattr(dist, before)
+
+
 @contextmanager
 def _members_only() -> Iterator[None]:
     """While a pair's communicator is created by its two ranks alone: torch makes a new NCCL
@@ -398,13 +406,12 @@ class Comm:
     def reduce_scatter(self, out: torch.Tensor, tensor: torch.Tensor, op: str, what: str) -> torch.Tensor:
         """``out`` <- this rank's p-th (along dim 0) of the ``op``-reduction of every rank's ``tensor``
         (dim 0 of ``tensor`` is p times ``out``'s); fp8 is reduced through fp32."""
+        scatter = _collective("reduce_scatter_single", "reduce_scatter_tensor")
         if _is_fp8(tensor):
             wide = torch.empty(out.shape, dtype=torch.float32, device=out.device)
-            self.wait(dist.reduce_scatter_single(wide, tensor.float(), op=_REDUCE[op], group=self.group,
-                                                 async_op=True), what)
+            self.wait(scatter(wide, tensor.float(), op=_REDUCE[op], group=self.group, async_op=True), what)
             return out.copy_(wide)
-        self.wait(dist.reduce_scatter_single(out, tensor.contiguous(), op=_REDUCE[op], group=self.group,
-                                             async_op=True), what)
+        self.wait(scatter(out, tensor.contiguous(), op=_REDUCE[op], group=self.group, async_op=True), what)
         return out
 
     def reduce(self, tensor: torch.Tensor, root: int, op: str, what: str) -> torch.Tensor:
@@ -439,8 +446,8 @@ class Comm:
         # Flat: gloo wants the output as the inputs concatenated. fp8 travels as its bytes
         # (gloo gathers bytes but knows no fp8).
         wire_out, wire_in = (out.view(torch.uint8), src.view(torch.uint8)) if _is_fp8(src) else (out, src)
-        self.wait(dist.all_gather_single(wire_out.view(-1), wire_in.view(-1), group=self.group, async_op=True),
-                  what, setup)
+        gather = _collective("all_gather_single", "all_gather_into_tensor")
+        self.wait(gather(wire_out.view(-1), wire_in.view(-1), group=self.group, async_op=True), what, setup)
         return out
 
     def digests(self, text: str, what: str) -> list[int]:

@@ -29,8 +29,8 @@ import torch
 
 from treeattn.exec import merge as eager
 
-__all__ = ["MODES", "mode", "fused_on", "merge_into", "merged_into", "merged", "weighted", "corrected", "finish",
-           "add_stack_into", "sum_stack_into", "compiled", "warm", "warm_sum"]
+__all__ = ["MODES", "mode", "fused_on", "merge_label", "merge_into", "merged_into", "merged", "weighted", "corrected",
+           "finish", "add_stack_into", "sum_stack_into", "compiled", "warm", "warm_sum"]
 
 MODES = ("auto", "fused", "eager")
 _ENV = "TREEATTN_MERGE"
@@ -143,6 +143,18 @@ def _compile(calls: list) -> None:
             _FAILED[name] = reason
             print(f"treeattn: the fused {name} kernel does not compile here ({reason}); it runs eager",
                   file=sys.stderr, flush=True)
+
+
+def merge_label(device: torch.device) -> str:
+    """How the merges on ``device`` ran, for a run's report: ``eager``, ``fused``, or ``fused``
+    naming the kernels that did not compile and ran eager (``warm``): its line on stderr lands
+    in a locally launched rank's log, which a run that succeeds removes, so the report is the
+    one place that says so."""
+    if not fused_on(device):
+        return "eager"
+    if not _FAILED:
+        return "fused"
+    return f"fused, but {', '.join(sorted(_FAILED))} eager (did not compile)"
 
 
 def _fused(name: str, device: torch.device) -> bool:

@@ -44,7 +44,7 @@ from treeattn.exec.attention import make_kv_shard, make_query, make_raw, resolve
 from treeattn.exec.baselines import library_collective, run_attention_baseline, segments
 from treeattn.exec.comm import BufferPool, Comm
 from treeattn.exec.deadline import SETUP_TIMEOUT_S
-from treeattn.exec.graphs import capture
+from treeattn.exec.graphs import Graphed, capture
 from treeattn.exec.interpreter import MeasuredOp, PlanExecutor, RankInputs
 from treeattn.exec.issue_order import nccl_order_problem
 from treeattn.exec.merge import unpack
@@ -200,9 +200,10 @@ class JobResult:
     device: str
     world: int
     merge: str = "eager"
-    """How the merges ran: ``fused`` (compiled kernels) or ``eager``."""
+    """How the merges ran: ``fused`` (compiled kernels) or ``eager`` (``kernels.merge_label``:
+    rank 0's, naming any kernel that did not compile)."""
     graphs: bool = False
-    """Whether the timed runs replayed CUDA graphs."""
+    """Whether the timed runs replayed CUDA graphs: every method's (False where a capture failed)."""
 
 
 _TOL = {DType.FP32: 1e-5, DType.BF16: 2e-2, DType.FP16: 2e-2, DType.FP8: 2e-2}
@@ -356,6 +357,9 @@ class _RankRun:
         self._inputs: dict[str, RankInputs] = {}
         self._baselines_done: set[tuple] = set()
         self._same_clock: bool | None = None
+        self.eager: list[str] = []
+        """With graphs on, the methods whose capture failed (on some rank: then every rank runs
+        them eager, ``treeattn.exec.graphs.capture``): the report must not say graphs for them."""
 
     def _shared_clock(self) -> bool:
         """Whether every rank runs under one kernel (same boot id), so their
@@ -420,6 +424,8 @@ class _RankRun:
             t.prepare()
             ex = t.executor
             t.fn = capture(self.comm, t.fn, f"{t.method} of {t.label}", ex.replaying if ex is not None else None)
+            if not isinstance(t.fn, Graphed):
+                self.eager.append(f"{t.method} of {t.label}")
 
     def time_once(self, t: _Timed) -> None:
         """One timed run of ``t`` (``prepare`` outside the clock); the last one's result is kept."""
@@ -431,6 +437,10 @@ class _RankRun:
         origin = self.comm.origin()
         out = t.fn()
         end = self.comm.mark()
+        # settle waits for the end itself: the last op's marker can pass with kernels still
+        # queued behind it (a merge, the rounding), and the time of an event the device has not
+        # passed cannot be read (CUDA's "not ready", which ``Comm.seconds`` would make NaN)
+        self.comm.track(f"the end of {t.method} of {t.label}", end)
         self.comm.settle()  # the op deadlines, once the end is recorded: not inside the timed run
         t.ends.append(self.comm.seconds(end, origin))
         t.cpus.append(time.process_time() - cpu)
@@ -630,14 +640,16 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0) -> JobResult 
                             timeout=datetime.timedelta(seconds=opt.setup_timeout_s), **init)
     comm = Comm(rank, world, backend, device, opt.timeout_s, opt.setup_timeout_s)
     comm.open_pairs(_pairs(job))
-    measurements = _RankRun(job, comm, kernels, graphs).run()
+    run = _RankRun(job, comm, kernels, graphs)
+    measurements = run.run()
     comm.barrier()
     # Only on success: after a peer's failure, tearing the group down can block.
     dist.destroy_process_group()
     if rank != 0:
         return None
-    return JobResult(tuple(measurements), backend, str(device), world, "fused" if fused.fused_on(device) else "eager",
-                     graphs)
+    # What ran, not what was asked: a failed compile or capture says why only in the rank's log.
+    return JobResult(tuple(measurements), backend, str(device), world, fused.merge_label(device),
+                     graphs and not run.eager)
 
 
 def _pairs(job: Job) -> set[tuple[int, int]]:

@@ -1,0 +1,99 @@
+"""A run reports what ran, not what was asked: merges that did not compile, and methods whose
+CUDA graph capture failed, run eager, and say why only on a rank's stderr, which a locally
+launched run that succeeds removes with its run directory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from treeattn.exec import kernels
+from treeattn.exec import runner as runner_module
+from treeattn.exec.graphs import Graphed
+from treeattn.exec.runner import Job, PlanJob, _RankRun, _Timed
+from treeattn.plan.builders import build
+from treeattn.plan.ir import TopologyRef
+from treeattn.workload import RawPayload
+
+CUDA = torch.device("cuda", 0)  # only named: nothing is allocated on it
+
+
+def test_the_merge_label_names_the_kernels_that_ran_eager(monkeypatch):
+    monkeypatch.setenv("TREEATTN_MERGE", "auto")
+    monkeypatch.setattr(kernels, "_FAILED", {})
+    assert kernels.merge_label(torch.device("cpu")) == "eager"
+    assert kernels.merge_label(CUDA) == "fused"
+    monkeypatch.setitem(kernels._FAILED, "weighted", "no fp8 conversions")
+    monkeypatch.setitem(kernels._FAILED, "merge", "no fp8 conversions")
+    assert kernels.merge_label(CUDA) == "fused, but merge, weighted eager (did not compile)"
+    monkeypatch.setenv("TREEATTN_MERGE", "eager")
+    assert kernels.merge_label(CUDA) == "eager"
+
+
+class _Comm:
+    """Rank 0 of a group that meets at once (no shared clock)."""
+
+    rank, world, cuda = 0, 1, False
+
+    def barrier(self) -> None:
+        pass
+
+    def now(self) -> float:
+        return 0.0
+
+    def settle(self, setup: bool = False) -> None:
+        pass
+
+
+@pytest.mark.parametrize("captured", [True, False])
+def test_a_method_whose_capture_failed_is_not_reported_as_replayed(monkeypatch, captured):
+    payload = RawPayload(nbytes=64, ranks=1)
+    run = _RankRun(Job((PlanJob("p", build("allreduce", payload, TopologyRef("t", "sha256:t"))),)), _Comm(), {},
+                   graphs=True)
+    run._same_clock = False
+
+    def capture(comm, fn, name, before=None):  # noqa: ANN001, ANN202 - graphs.capture's signature
+        return Graphed(comm, None, None, [], before, name) if captured else fn
+
+    monkeypatch.setattr(runner_module, "capture", capture)
+    t = _Timed("p", "plan", lambda: torch.zeros(1), payload, check_ranks=(), repeats=1)
+    run.warm(t)
+    assert isinstance(t.fn, Graphed) is captured
+    assert run.eager == ([] if captured else ["plan of p"])
+
+
+class _Device(_Comm):
+    """A device whose marks can be read only once ``settle`` has seen them passed (CUDA's events:
+    the time of one the device has not passed yet is not ready)."""
+
+    def __init__(self) -> None:
+        self.tracked: list[object] = []
+        self.passed: set[int] = set()
+
+    def origin(self) -> tuple[float, object]:
+        return 0.0, self.mark()
+
+    def mark(self) -> object:
+        return object()
+
+    def track(self, what: str, mark: object = None) -> None:
+        self.tracked.append(mark)
+
+    def settle(self, setup: bool = False) -> None:
+        self.passed.update(id(m) for m in self.tracked)
+        self.tracked = []
+
+    def seconds(self, mark: object, origin: tuple[float, object]) -> float:
+        return 1.0 if id(mark) in self.passed else float("nan")
+
+
+def test_a_timed_run_reads_its_end_only_once_the_device_has_passed_it():
+    # The last op's marker passes while kernels queued behind it still run: settling on the
+    # markers alone left the end unread (NaN), on a GPU, for every eager method.
+    payload = RawPayload(nbytes=64, ranks=1)
+    run = _RankRun(Job((PlanJob("p", build("allreduce", payload, TopologyRef("t", "sha256:t"))),)), _Device(), {})
+    run._same_clock = False
+    t = _Timed("p", "plan", lambda: torch.zeros(1), payload, check_ranks=(), repeats=2)
+    for _ in range(2):
+        run.time_once(t)
+    assert t.ends == [1.0, 1.0]
