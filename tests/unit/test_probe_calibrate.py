@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,44 @@ def test_nccl_info_lines_inside_the_table_are_skipped():
     noisy = lines[:i] + ["node005:295203:295203 [0] NCCL INFO Channel 00/24 : 0 1 2 3"] + lines[i:]
     log = parse_nccl_tests("\n".join(noisy), "n.txt")
     assert len(log.rows) == 6 and log.ignored == (i + 1,)
+
+
+def test_lines_tagged_by_the_launcher_are_read():
+    # srun -l prefixes each line with its task (" 0: "); the published 2-node run of nccl-tests issue 290.
+    log = read_nccl_tests(FIX / "all_reduce_perf.2x8xh100-srun-l.txt")
+    assert (log.n_gpus, log.min_bytes, log.max_bytes, len(log.rows)) == (1, 8388608, 8589934592, 11)
+    last = log.rows[-1]
+    assert (last.size_bytes, last.out_of_place.time_us, last.in_place.time_us) == (8589934592, 103530, 103538)
+    assert last.in_place.wrong is None and log.avg_busbw_gbps == 142.735  # -c 0 prints #wrong N/A
+    # mpirun --tag-output: "[1,0]<stdout>:" before every line, NCCL INFO lines of other ranks between.
+    tagged = [f"[1,0]<stdout>:{ln}" for ln in _lines(ONE)]
+    tagged.insert(3, "[1,3]<stdout>:node005:295203:295210 [3] NCCL INFO comm 0x1 rank 3 nranks 8 - Init COMPLETE")
+    log = parse_nccl_tests("\n".join(tagged), "t.txt")
+    assert log.ranks == 8 and [r.size_bytes for r in log.rows] == [134217728 << k for k in range(6)]
+    assert log.rows[-1].out_of_place.time_us == 15870
+
+
+def test_a_tagged_second_run_is_refused_not_skipped():
+    # Issue 290's text: a one-node run, then a two-node run relayed by srun -l. Read as one file,
+    # the second run used to be skipped as noise after the first, and the first calibrated alone.
+    text = "\n".join(_lines(ONE) + _lines(FIX / "all_reduce_perf.2x8xh100-srun-l.txt"))
+    with pytest.raises(ProbeError, match=r"both.txt:25: a second run starts here"):
+        parse_nccl_tests(text, "both.txt")
+
+
+def test_the_average_is_read_with_the_verdict_nccl_tests_min_bw_adds():
+    # NCCL_TESTS_MIN_BW=... makes nccl-tests print "# Avg bus bandwidth : 439.369 OK" (or FAILED).
+    for verdict in ("OK", "FAILED"):
+        lines = [f"{ln} {verdict}" if ln.startswith("# Avg bus") else ln for ln in _lines(ONE)]
+        assert parse_nccl_tests("\n".join(lines), "v.txt").avg_busbw_gbps == 439.369
+
+
+def test_errors_name_the_file_as_given(tmp_path):
+    # Every refusal names the path the user typed, not just its last part.
+    path = tmp_path / "all_reduce_perf.row-missing.txt"
+    path.write_text((FIX / "damaged" / "all_reduce_perf.row-missing.txt").read_text())
+    with pytest.raises(ProbeError, match=rf"^{re.escape(str(path))}:38: 31 rows"):
+        read_nccl_tests(path)
 
 
 # -- fitting ----------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ The format, as printed by rank 0::
     # Avg bus bandwidth    : 107.51
 
 Older versions name the columns ``bytes N type op`` and ``error``/``res``; the parser reads the
-column header. Lines outside the table that are not recognised (shell echo, ``NCCL INFO``,
+column header. Lines a launcher tagged (``srun -l``'s ``0:``, ``mpirun --tag-output``'s
+``[1,0]<stdout>:``) are read untagged. Lines outside the table that are not recognised (shell echo, ``NCCL INFO``,
 trimmed device lists) are skipped and their numbers kept in ``ignored``. Inside the table
 every line must be a row, a ``#`` line or an ``NCCL INFO/WARN`` line.
 
@@ -57,6 +58,9 @@ _NAME = re.compile(r"(all_reduce|all_gather|reduce_scatter|broadcast|sendrecv|al
                    r"scatter)_perf")
 _STARTING = re.compile(r"^#?\s*Collective test starting:\s*(\S+)")
 """nccl-tests 2.13 and later name the test before the header."""
+_TAG = re.compile(r"^\s*(?:\[\d+(?:,\d+)?\](?:<std(?:out|err)>)?:|\d+:)\s?")
+"""What a launcher puts before each line it relays: ``mpirun --tag-output`` (``[1,0]<stdout>:``),
+``srun -l`` (``0:``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +234,8 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
     named = None
     state = "pre"
     for lineno, raw in enumerate(lines, 1):
-        line = raw.strip()
+        # Untagged, so that a tagged header or second run is seen as one (not skipped as noise).
+        line = _TAG.sub("", raw, count=1).strip()
         if not line:
             continue
         if state == "done":
@@ -269,7 +274,9 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
             if body.startswith("Out of bounds values"):
                 oob = body.split(":", 1)[-1].strip()
             elif body.startswith("Avg bus bandwidth"):
-                avg = _num(body.split(":", 1)[-1].strip(), shown, lineno, "average bus bandwidth")
+                # With NCCL_TESTS_MIN_BW set, nccl-tests follows the figure with its verdict (OK / FAILED).
+                figure = body.split(":", 1)[-1].split()
+                avg = _num(figure[0] if figure else "", shown, lineno, "average bus bandwidth")
                 state = "done"
             continue
         assert prefix is not None
@@ -293,12 +300,12 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         avg_busbw_gbps=avg, out_of_bounds=oob, nccl_version=version, collective=named or collective_from_name(source),
         ignored=tuple(ignored),
     )
-    _check(log, header, header_line)
+    _check(log, header, header_line, shown)
     return log
 
 
-def _check(log: NcclTestsLog, header: re.Match, header_line: int) -> None:
-    source = log.source
+def _check(log: NcclTestsLog, header: re.Match, header_line: int, source: str) -> None:
+    """Refuse what the rows disagree with; errors name ``source``, the file as the user gave it."""
     ranks = [d.rank for d in log.devices]
     if ranks and ranks != list(range(len(ranks))):
         raise fail(source, header_line, f"'#  Rank' lines list ranks {ranks[:8]}..., not 0..{len(ranks) - 1}")
@@ -330,7 +337,6 @@ def _check(log: NcclTestsLog, header: re.Match, header_line: int) -> None:
                        f"{mean:.3f}: rows missing or altered")
 
 
-_TAG = re.compile(r"^\s*(?:\[\d+(?:,\d+)?\](?:<std(?:out|err)>)?:|\d+:)\s?")
 # Fields of a row -> (prefix fields, timing groups): size count type, then redop and/or root.
 _LAYOUTS = {7: (3, 1), 8: (4, 1), 9: (5, 1), 11: (3, 2), 12: (4, 2), 13: (5, 2)}
 
