@@ -4,6 +4,7 @@ runs them on a GPU machine). Every test here is marked ``gpu``."""
 from __future__ import annotations
 
 import datetime
+import gc
 
 import pytest
 import torch
@@ -39,4 +40,9 @@ def nccl_world_of_one():
                             timeout=datetime.timedelta(seconds=60), device_id=torch.device("cuda", 0))
     torch.cuda.set_device(0)
     yield
+    # A test's frames (pytest.raises keeps one through its traceback) may still hold a Merger
+    # whose CUDA graph captured NCCL ops, and NCCL's teardown waits for every such graph to be
+    # destroyed (pytorch#115388): collect them first, or destroy_process_group hangs.
+    gc.collect()
+    torch.cuda.synchronize()
     dist.destroy_process_group()

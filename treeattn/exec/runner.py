@@ -232,8 +232,9 @@ def wire_roundings(plan: Plan) -> int:
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor, raw: bool) -> float:
     """Max-norm relative error of ``out`` against ``ref``; for partials the larger of the
-    output's error and the lse's (absolute below 1, relative above); NaN counts as infinite."""
-    ref = ref.to(torch.float64)
+    output's error and the lse's (absolute below 1, relative above); NaN counts as infinite.
+    Compared on the CPU, wherever either was made (a CUDA reference in the GPU tests)."""
+    ref = ref.to("cpu", torch.float64)
     if raw:
         # Block by block through one fp64 buffer: the buffers of a raw payload are the size of
         # the plan's own, so a whole fp64 copy here would outweigh its working set.
