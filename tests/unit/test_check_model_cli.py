@@ -245,5 +245,5 @@ def test_a_logs_devices_are_told_from_the_topologys_gpus_by_whole_product_number
 
     gpu = Device("g", DeviceKind.GPU, model=model, mem_bw_gbps=1.0, mem_gb=1.0)
     topo = SimpleNamespace(name="t", num_ranks=1, rank_device=lambda r: gpu)
-    log = SimpleNamespace(devices=[NcclDevice(0, "host", 0, "0x1", device)])
+    log = SimpleNamespace(devices=[NcclDevice(0, "host", 0, "0x1", device)], rccl=False)
     assert bool(other_devices(log, topo)) == other

@@ -166,6 +166,37 @@ def test_the_average_is_read_with_the_verdict_nccl_tests_min_bw_adds():
         assert parse_nccl_tests("\n".join(lines), "v.txt").avg_busbw_gbps == 439.369
 
 
+def test_a_wrong_count_printed_in_g_format_is_a_count():
+    # nccl-tests prints #wrong with %6g: a million wrong elements read 1e+06. The old reading
+    # (any "e" is an old version's error magnitude: not checked) kept such a timing in the fit.
+    lines = _lines(ONE)
+    i = _row_index(lines, 268435456)
+    parts = lines[i].split()
+    parts[8] = "1.23457e+06"
+    lines[i] = "  ".join(parts)
+    log = parse_nccl_tests("\n".join(lines), "w.txt")
+    assert log.rows[1].out_of_place.wrong == 1234570 and log.rows[1].in_place.wrong == 0
+    fit = calibrate_from_log(log, placement="out")
+    assert any("left out at sizes [268435456]" in n for n in fit.warnings), fit.warnings
+
+
+def test_an_rccl_tests_log_is_refused_on_an_nvlink_topology():
+    # rccl-tests on MI300X (rocm/rccl issue 1562) prints no '#  Rank' lines to tell its GPUs by:
+    # its version line does. Calibrated onto dgx-h100 it wrote 317 GB/s into NVLink, exit 0.
+    from treeattn.calibrate.nccl_tests import other_devices
+    from treeattn.topology.library import resolve
+
+    lines = _lines(ONE)
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("# nThread"))
+    amd = lines[:head + 1] + ["rccl-tests: Version develop:448c4c7"] + [
+        ln for ln in lines[head + 1:] if not ln.startswith("#  Rank")]
+    log = parse_nccl_tests("\n".join(amd), "amd.txt")
+    assert log.rccl and not log.devices and not read_nccl_tests(ONE).rccl
+    assert other_devices(log, resolve("dgx-h100")) == ("the log ran rccl-tests (AMD GPUs); dgx-h100's GPUs are "
+                                                       "joined by NVLink (NVIDIA's)")
+    assert other_devices(log, resolve("mi300x")) == ""
+
+
 def test_errors_name_the_file_as_given(tmp_path):
     # Every refusal names the path the user typed, not just its last part.
     path = tmp_path / "all_reduce_perf.row-missing.txt"

@@ -43,7 +43,7 @@ from pathlib import Path
 from treeattn.calibrate.fit import COLLECTIVE_MODELS, CollectiveFit, Weighting, fit_collective
 from treeattn.errors import ProbeError
 from treeattn.probe.text import fail, read_input
-from treeattn.topology.model import DeviceKind, Topology
+from treeattn.topology.model import DeviceKind, LinkKind, Topology
 
 __all__ = ["Timing", "NcclRow", "NcclDevice", "NcclTestsLog", "parse_nccl_tests", "read_nccl_tests",
            "parse_published_table", "calibrate_from_log", "collective_from_name", "log_run"]
@@ -112,6 +112,8 @@ class NcclTestsLog:
     starting: all_reduce_perf``), else from the file name (``all_reduce_perf...``)."""
     ignored: tuple[int, ...] = field(default=())
     """Lines outside the table that were skipped."""
+    rccl: bool = False
+    """rccl-tests' output (a ``rccl-tests: Version`` or ``RCCL version`` line): AMD GPUs."""
 
     @property
     def ranks(self) -> int | None:
@@ -145,8 +147,9 @@ def _num(text: str, source: str, lineno: int, what: str, *, integer: bool = Fals
     return value
 
 
-def _columns(line: str, source: str, lineno: int) -> tuple[list[str], int]:
-    """Prefix column names and the number of (time, algbw, busbw, wrong) groups."""
+def _columns(line: str, source: str, lineno: int) -> tuple[list[str], int, bool]:
+    """Prefix column names, the number of (time, algbw, busbw, wrong) groups, and whether the
+    last of each counts wrong elements (``#wrong``) rather than giving the largest error."""
     tokens = line.lstrip("#").split()
     first = tokens.index("time")
     prefix, rest = tokens[:first], tokens[first:]
@@ -158,7 +161,7 @@ def _columns(line: str, source: str, lineno: int) -> tuple[list[str], int]:
         group = rest[4 * g: 4 * g + 4]
         if group[:3] != ["time", "algbw", "busbw"] or group[3] not in _ERR_COLS:
             raise fail(source, lineno, f"timing columns {group} are not time/algbw/busbw/#wrong")
-    return prefix, len(rest) // 4
+    return prefix, len(rest) // 4, rest[3] in ("#wrong", "wrong")
 
 
 # nccl-tests' and rccl-tests' names of the data types (the column before redop).
@@ -166,7 +169,10 @@ _TYPE_NAMES = frozenset({"int8", "uint8", "int32", "uint32", "int64", "uint64", 
                          "f8e4m3", "f8e5m2", "fp8_e4m3", "fp8_e5m2"})
 
 
-def _row(parts: list[str], prefix: list[str], groups: int, source: str, lineno: int) -> NcclRow:
+def _row(parts: list[str], prefix: list[str], groups: int, source: str, lineno: int,
+         counts: bool | None = None) -> NcclRow:
+    """One table row; ``counts``: its header names a count of wrong elements (``#wrong``), an
+    error (``error``: False), or no header is known (None: told apart by the figure)."""
     width = len(prefix) + 4 * groups
     if len(parts) == width - 1 and "redop" in prefix:
         at = prefix.index("redop")
@@ -187,8 +193,12 @@ def _row(parts: list[str], prefix: list[str], groups: int, source: str, lineno: 
     for g in range(groups):
         t, alg, bus, err = parts[len(prefix) + 4 * g: len(prefix) + 4 * g + 4]
         values = [_num(v, source, lineno, w) for v, w in ((t, "time"), (alg, "algbw"), (bus, "busbw"))]
-        # Old versions print the largest numerical error there ("error", e.g. 5e-07), not a count.
-        wrong = None if any(c in err for c in ".eE") and err != "N/A" else _num(err, source, lineno, "#wrong")
+        # Old versions print the largest numerical error there ("error", e.g. 5e-07), not a count;
+        # a count is printed %g: past 999,999 wrong elements it reads 1.23457e+06.
+        if counts:
+            wrong = _num(err, source, lineno, "#wrong")
+        else:
+            wrong = None if any(c in err for c in ".eE") and err != "N/A" else _num(err, source, lineno, "#wrong")
         if all(v is None for v in values):
             timings.append(None)
             continue
@@ -228,6 +238,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
     ignored: list[int] = []
     prefix: list[str] | None = None
     groups = 0
+    counts = rccl = False
     rows: list[NcclRow] = []
     avg: float | None = None
     oob = version = ""
@@ -247,6 +258,8 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         if "NCCL INFO" in line or "NCCL WARN" in line:
             ignored.append(lineno)
             continue
+        if line.startswith(("rccl-tests", "RCCL version")):
+            rccl = True
         if state == "pre":
             if m := _HEADER.match(line):
                 header, header_line, state = m, lineno, "head"
@@ -259,7 +272,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
             if m := _DEVICE.match(line):
                 devices.append(NcclDevice(int(m.group(1)), m.group(4), int(m.group(5)), m.group(6), m.group(7)))
             elif line.startswith("#") and "time" in line.split() and "algbw" in line.split():
-                prefix, groups = _columns(line, shown, lineno)
+                prefix, groups, counts = _columns(line, shown, lineno)
                 state = "table"
             elif line.startswith("NCCL version"):
                 version = line.split("version", 1)[1].strip()
@@ -280,7 +293,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
                 state = "done"
             continue
         assert prefix is not None
-        row = _row(line.split(), prefix, groups, shown, lineno)
+        row = _row(line.split(), prefix, groups, shown, lineno, counts)
         # Sizes under one element per rank print as 0, several times (all-gather, reduce-scatter).
         if rows and row.size_bytes <= rows[-1].size_bytes and not row.size_bytes == rows[-1].size_bytes == 0:
             raise fail(shown, lineno, f"size {row.size_bytes} after {rows[-1].size_bytes} (line {rows[-1].line}): "
@@ -298,7 +311,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         source=source, n_threads=int(header.group(1)), n_gpus=int(header.group(2)),
         min_bytes=int(header.group(3)), max_bytes=int(header.group(4)), rows=tuple(rows), devices=tuple(devices),
         avg_busbw_gbps=avg, out_of_bounds=oob, nccl_version=version, collective=named or collective_from_name(source),
-        ignored=tuple(ignored),
+        ignored=tuple(ignored), rccl=rccl,
     )
     _check(log, header, header_line, shown)
     return log
@@ -371,6 +384,7 @@ def parse_published_table(text: str, source: str, lines: tuple[int, int] | None 
     groups = 0
     rows: list[NcclRow] = []
     version = ""
+    counts: bool | None = None
     for lineno in range(first, last + 1):
         line = _TAG.sub("", all_lines[lineno - 1], count=1).strip()
         if not line:
@@ -380,7 +394,7 @@ def parse_published_table(text: str, source: str, lines: tuple[int, int] | None 
             if m := _HEADER.match(line):
                 header = m
             elif "time" in tokens and "algbw" in tokens:
-                prefix, groups = _columns(line, source, lineno)
+                prefix, groups, counts = _columns(line, source, lineno)
             continue
         if line.startswith(("NCCL version", "RCCL version")):
             version = line.split("version", 1)[1].strip(" :")
@@ -389,7 +403,7 @@ def parse_published_table(text: str, source: str, lines: tuple[int, int] | None 
         if not parts[0].isdigit():
             continue
         if prefix is not None:
-            row = _row(parts, prefix, groups, source, lineno)
+            row = _row(parts, prefix, groups, source, lineno, counts)
         else:
             layout = _LAYOUTS.get(len(parts))
             if layout is None:
@@ -432,7 +446,9 @@ def other_devices(log: NcclTestsLog, topo: Topology) -> str:
     words run together: ``RTX4090``), or the topology has no GPU rank; empty where they agree,
     or the log or the topology does not say (no device lines, names without a product number
     such as ``NVIDIA Graphics Device``, probe's ``unknown-gpu``). ``check-model`` notes it;
-    ``calibrate`` refuses."""
+    ``calibrate`` refuses. rccl-tests' output (AMD GPUs) disagrees with NVLink, device lines or not."""
+    if log.rccl and any(ln.kind is LinkKind.NVLINK for ln in topo.links):
+        return f"the log ran rccl-tests (AMD GPUs); {topo.name}'s GPUs are joined by NVLink (NVIDIA's)"
     names = sorted({d.name for d in log.devices if d.name})
     if not names:
         return ""
