@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The one command for the first GPU machine (about 8 minutes on one GPU at most):
-#   bash scripts/gpu-check.sh
+#   bash scripts/gpu-check.sh [FOLDER]
 # Finds a Python whose torch sees CUDA (the machine's own, else .venv-gpu with the CUDA build
 # of torch from PyPI), runs tests/gpu, then prints measured against modelled (merge kernel fused
 # and eager, the decode attention kernel at 8K/128K/1M tokens, a world-size-1 plan; with 2 or
 # more GPUs a searched plan and the baselines under `treeattn run`) and writes everything to
-# results/gpu-<gpu name>/ with the command that made it. Without CUDA: one line, exit 0.
+# FOLDER (default results/gpu-<gpu name>/) with the command that made it. Without CUDA: one
+# line, exit 0. A machine without network whose Python lacks pydantic (a CUDA image's) installs
+# it from .whl/, which `bash scripts/gpu-wheels.sh` fills beforehand on a machine with network.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -39,14 +41,23 @@ if [ -z "$PY" ]; then
     fi
 fi
 # Every import of the package's dependencies (pyproject.toml), and the tests'.
-"$PY" -c "import networkx, numpy, pandas, typer, rich, yaml, pydantic, matplotlib, pytest, hypothesis" 2>/dev/null \
-    || "$PY" -m pip install -q networkx numpy pandas typer rich pyyaml pydantic matplotlib pytest hypothesis || exit 1
+deps="import networkx, numpy, pandas, typer, rich, yaml, pydantic, matplotlib, pytest, hypothesis"
+if ! "$PY" -c "$deps" 2>/dev/null; then
+    if compgen -G ".whl/*.whl" >/dev/null; then  # carried wheels, installed beside the image's packages
+        site="${TMPDIR:-/tmp}/treeattn-site"
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl || exit 1
+        export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+    else
+        "$PY" -m pip install -q networkx numpy pandas typer rich pyyaml pydantic matplotlib pytest hypothesis || exit 1
+    fi
+    "$PY" -c "$deps" || { echo "gpu-check: treeattn's dependencies do not import under $PY"; exit 1; }
+fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 treeattn=("$PY" -c 'import sys; from treeattn.cli import main; sys.argv[0] = "treeattn"; main()')
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '-' | sed 's/-$//')
 n=$("$PY" -c "import torch; print(torch.cuda.device_count())")  # honours CUDA_VISIBLE_DEVICES; MIG lines aside
-out="results/gpu-$gpu"
+out="${1:-results/gpu-$gpu}"
 mkdir -p "$out"
 {
     echo "bash scripts/gpu-check.sh   # $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
