@@ -357,6 +357,11 @@ def test_a_bad_flag_over_a_workload_file_is_named_as_the_flag(tmp_path):
         assert res.exit_code == 2
         line = res.stderr.strip()
         assert "\n" not in line and key in line and str(wl) not in line, line
+    # --op over a raw file: the flag's value is wrong, not the file's op (it has none).
+    raw = tmp_path / "raw.yaml"
+    raw.write_text("kind: raw\nbytes: 1MB\n")
+    res = run_cli("plan", "-t", "cpu-4", "--workload", str(raw), "--op", "merge", "-o", str(tmp_path / "p.yaml"))
+    assert res.exit_code == 2 and res.stderr.startswith("error: --op: a raw payload is summed"), res.stderr
     # The file alone is still named by its path.
     wl.write_text("model: nosuch\nbatch: 1\nseq_len: 4K\n")
     res = run_cli("plan", "-t", "cpu-4", "--workload", str(wl), "-o", str(tmp_path / "p.yaml"))

@@ -268,6 +268,20 @@ def test_bad_search_inputs():
     assert not math.isinf(search(topo, _w(8), chunk_choices=(3,)).best.predicted_us)
 
 
+def test_chunk_choices_a_search_would_not_try_are_refused_and_an_iterator_is_read_once():
+    topo = resolve("cpu:ranks=4")
+    w = _w(4, seq=256)  # 32 rows: 8 a rank under result heads
+    # under result heads a choice counts the pieces of one rank's rows: 8 rows cannot make 16
+    with pytest.raises(InputError, match=r"chunk choice 16 exceeds the 8 rows a rank keeps of result heads "
+                                         r"\(32 rows over 4 ranks\)"):
+        search(topo, w, result="heads", chunk_choices=(2, 16), mem_fraction=None)
+    tried = search(topo, w, result="heads", chunk_choices=(8,), mem_fraction=None).best.notes["search"]
+    assert tried["chunk_choices"] == [8]
+    # an iterator is read once: a second reading would find it empty
+    tried = search(topo, w, chunk_choices=iter((1, 2)), mem_fraction=None).best.notes["search"]
+    assert tried["chunk_choices"] == [1, 2]
+
+
 def test_under_all_the_search_leaves_out_plans_whose_ranks_end_with_other_bits():
     # 12 ranks on nodes of 8 and 4: a direct exchange grouped by node is faster here, but its
     # ranks merge the groups' results in other orders (plan.bits): every rank must get the

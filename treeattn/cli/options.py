@@ -233,7 +233,9 @@ def make_payload(
         # load_workload has checked the file alone: what fails now is a flag's value (or how it sits
         # with the file's), so the error names the flag, or the workload's key, as without a file.
         where = "workload"
-    flags = {"bytes": "--bytes", "op": "--op"} if nbytes is not None else {}
+    flags = {"bytes": "--bytes"} if nbytes is not None else {}
+    if op is not None:  # over a raw file too: it sets the op, whatever the file says
+        flags["op"] = "--op"
     flags.update({_KEY_OF.get(k, k): "--" + k.replace("_", "-") for k in given})
     return workload_from_dict(data, ranks=num_ranks, where=where, flags=flags)
 

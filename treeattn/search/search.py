@@ -217,7 +217,8 @@ def search(
             schedules whose peak exceeds it are left out of the pick. None: memory unchecked.
         seed: seeds the local-improvement moves; same seed, same result.
         top_k: candidates returned.
-        chunk_choices: chunk counts to try (default: powers of two up to the rows).
+        chunk_choices: chunk counts to try (default: powers of two up to the rows); under
+            ``heads``, pieces of one rank's rows, so at most the rows over the ranks.
         progress: ``progress(done, total, stage)`` callback.
         effort: override ``effort_for(p)``.
         families: only these candidate families (``FAMILIES``; ``TREE_FAMILIES`` for
@@ -254,9 +255,10 @@ def search(
         root = 0 if root is None else root
         if type(root) is not int or not 0 <= root < p:
             raise InputError(f"root {root!r} is out of range: there are {p} ranks")
-    if chunk_choices is not None and not list(chunk_choices):
-        raise InputError("chunk choices must name at least one chunk count (None: the default)")
+    # Read once: an iterator is spent by its first reading.
     choices = tuple(chunk_choices) if chunk_choices is not None else default_chunk_choices(workload, p)
+    if not choices:
+        raise InputError("chunk choices must name at least one chunk count (None: the default)")
     if any(type(c) is not int or c < 1 for c in choices):
         raise InputError(f"chunk choices must be positive integers, got {list(choices)}")
     if max(choices) > workload.rows:
@@ -269,7 +271,12 @@ def search(
         if p > units:
             what = "query heads" if isinstance(workload, Workload) else "elements"
             raise InputError(f"result heads gives every rank its own share: {units} {what} cannot go to {p} ranks")
-        # chunks count the pieces of one rank's rows here
+        # chunks count the pieces of one rank's rows here: the default's too many are dropped,
+        # a caller's refused (the search would try (1,) instead, unsaid)
+        over = [c for c in choices if c * p > workload.rows]
+        if chunk_choices is not None and over:
+            raise InputError(f"chunk choice {max(over)} exceeds the {workload.rows // p} rows a rank keeps of "
+                             f"result heads ({workload.rows} rows over {p} ranks)")
         choices = tuple(c for c in choices if c * p <= workload.rows) or (1,)
     with gc_paused():
         run = _Run(topo, workload, effort or effort_for(p), tuple(sorted(set(choices))), seed, families, progress,
