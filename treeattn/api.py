@@ -34,7 +34,7 @@ _ALGORITHM_OPTIONS = ("root", "fanout", "parents", "groups", "order", "roots", "
                       "group_size", "whole_rows")
 
 
-def search_plan(topology: str | Topology, workload_or_model: Payload | ModelPreset | str, *,
+def search_plan(topology: str | os.PathLike | Topology, workload_or_model: Payload | ModelPreset | str, *,
                 batch: int | None = None, seq_len: int | str | None = None, result: str = "all",
                 **options: Any) -> Plan:
     """The fastest merge schedule for one decode step, as ``treeattn plan`` searches it.
@@ -128,9 +128,9 @@ def _named(fn: str) -> Iterator[None]:
         raise type(e)(f"{fn}: {e}") from None
 
 
-def build_plan(topology: str | Topology, workload_or_model: Payload | ModelPreset | str, algorithm: str, *,
-               batch: int | None = None, seq_len: int | str | None = None, result: str = "all", chunks: int = 1,
-               **options: Any) -> Plan:
+def build_plan(topology: str | os.PathLike | Topology, workload_or_model: Payload | ModelPreset | str,
+               algorithm: str, *, batch: int | None = None, seq_len: int | str | None = None, result: str = "all",
+               chunks: int = 1, **options: Any) -> Plan:
     """The plan of one named algorithm, as ``treeattn plan --algorithm NAME`` builds it (no search):
     a family (``tree``, ``butterfly``, ``hierarchical``, ...) with the parameters given, or a
     method treeattn is compared with (``allreduce2``, ``allgather-merge``, ``dcp-a2a``, ...).
@@ -312,7 +312,8 @@ def load_plan(source: str | Path) -> Plan:
     ``treeattn plan`` and ``save_plan`` write.
 
     Args:
-        source: a path (``str`` or ``Path``), or a plan's text (a ``str`` holding a newline).
+        source: a path (``str`` or ``Path``), or a plan's text (a ``str`` holding a newline, or
+            JSON on one line).
 
     Returns:
         The plan (upgraded to the current version if it was older).

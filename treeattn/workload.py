@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from treeattn.errors import WorkloadError
-from treeattn.units import DType, check_bytes
+from treeattn.units import DType, check_bytes, counted
 
 __all__ = ["ModelPreset", "MODELS", "ReduceOp", "Workload", "RawPayload", "Payload", "even_split"]
 
@@ -99,7 +99,7 @@ class Workload:
         object.__setattr__(self, "partial_dtype", DType.parse(self.partial_dtype))
         check_bytes(self.payload_bytes, "workload: a rank's partial (batch x q_heads rows)")
         worst = max(range(len(self.split)), key=lambda r: self.split[r])
-        check_bytes(self.cache_bytes(worst), f"workload: rank {worst}'s KV cache of {self.layers} layer(s)")
+        check_bytes(self.cache_bytes(worst), f"workload: rank {worst}'s KV cache of {counted(self.layers, 'layer')}")
 
     @classmethod
     def create(

@@ -127,7 +127,8 @@ def test_raw_payload(tmp_path):
         (("-t", "dgx-h101", *SHAPE), "unknown topology 'dgx-h101'"),
         (("-t", "dgx-h100", "--model", "llama-3.1-8b", "--batch", "-4", "--seq-len", "1K"), "--batch must be"),
         (("-t", "dgx-h100", "--model", "llama-3.1-8b", "-n", "12Q"), "cannot read --seq-len '12Q'"),
-        (("-t", "dgx-h100", "--bytes", "0"), "--bytes must be at least one fp32 element (4 bytes), got 0"),
+        (("-t", "dgx-h100", "--bytes", "0"), "--bytes must be a whole number of fp32 elements (4 bytes each), got 0"),
+        (("-t", "dgx-h100", "--bytes", "6"), "--bytes must be a whole number of fp32 elements (4 bytes each), got 6"),
         (("-t", "dgx-h100", "--bytes", "1.5B"), "--bytes '1.5B' is not a whole number of bytes"),
         ((*SHAPE,), "give --topology"),
         (("-t", "dgx-h100", *SHAPE, "--chunks", "2"), "add --algorithm"),
@@ -141,6 +142,8 @@ def test_raw_payload(tmp_path):
         (("-t", "dgx-h100", "--bytes", "1M", "--op", "merge", "-a", "allgather-merge"), "a raw payload is summed"),
         (("-t", "dgx-h100", *SHAPE, "-a", "star", "--whole-rows"), "--whole-rows keeps each rank's own heads of an all "
          "plan: add --result heads (not all)"),
+        (("-t", "dgx-h100", *SHAPE, "-a", "dcp-a2a", "--whole-rows"),  # not "add --result heads", then this
+         "--whole-rows keeps each rank's own heads of an all plan; dcp-a2a builds no all plan"),
         (("-t", "dgx-h100", *SHAPE, "-a", "star", "--result", "heads", "--whole-rows", "--chunks", "2"),
          "--whole-rows sends every row in one message: --chunks must be 1, not 2"),
         (("-t", "dgx-h100", *SHAPE, "-a", "ring", "--result", "heads", "--whole-rows"), "ring cuts the rows"),

@@ -248,6 +248,11 @@ def plan_cmd(
 
         if root is not None and result_root is not None and root != result_root:
             raise InputError(f"--root {root} and --result {result} name different roots")
+        from treeattn.plan.builders import ALGORITHMS
+
+        if whole_rows and algorithm in ALGORITHMS and "all" not in ALGORITHMS[algorithm].results:
+            raise InputError(f"--whole-rows keeps each rank's own heads of an all plan; {algorithm} builds "
+                             f"no all plan")
         if whole_rows and layout != "heads":
             raise InputError(f"--whole-rows keeps each rank's own heads of an all plan: add --result heads "
                              f"(not {result})")

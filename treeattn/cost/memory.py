@@ -42,7 +42,7 @@ from treeattn.plan.ir import (
     wire_converted,
 )
 from treeattn.topology.model import Topology
-from treeattn.units import format_size
+from treeattn.units import counted, format_size
 from treeattn.workload import Payload, Workload
 
 __all__ = ["DEFAULT_MEM_FRACTION", "MemoryCheck", "peak_bytes", "rank_peak_bytes", "run_bytes", "kv_cache_bytes",
@@ -235,6 +235,6 @@ def check_kv_fits(payload: Payload, topo: Topology, fraction: float = DEFAULT_ME
     need, cap = kv_cache_bytes(payload, worst), device_bytes(topo, worst)
     if cap > 0 and need > cap * fraction:
         kind = topo.rank_device(worst).kind.value.upper() if topo.rank_device(worst).kind.value == "gpu" else "rank"
-        raise InputError(f"needs {format_size(need)} of KV per {kind} ({payload.layers} layers); {topo.name} has "
-                         f"{format_size(cap)} per {kind} ({format_size(int(cap * fraction))} usable at "
+        raise InputError(f"needs {format_size(need)} of KV per {kind} ({counted(payload.layers, 'layer')}); "
+                         f"{topo.name} has {format_size(cap)} per {kind} ({format_size(int(cap * fraction))} usable at "
                          f"{option} {fraction:g}): use more ranks, a shorter sequence or a smaller batch")

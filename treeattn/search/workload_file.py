@@ -166,9 +166,11 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
                                 "merge needs a decode shape (--model, or --heads and --head-dim)")
         dtype = DType.parse(data.get("dtype", "fp32"))
         nbytes = parse_size(data["bytes"], name("bytes"))
-        if nbytes < dtype.nbytes:
-            raise WorkloadError(f"{name('bytes')} must be at least one {dtype.value} element "
-                                f"({dtype.nbytes} bytes), got {nbytes}")
+        if nbytes < dtype.nbytes or nbytes % dtype.nbytes:
+            # Stricter than RawPayload's own check (one element at least), which reads the plans and
+            # sizes treeattn makes: a user's 6 bytes of fp32 would be summed as 4 without a word.
+            raise WorkloadError(f"{name('bytes')} must be a whole number of {dtype.value} elements "
+                                f"({dtype.nbytes} bytes each), got {nbytes}")
         return RawPayload(nbytes=nbytes, ranks=ranks, dtype=dtype, op=op)
     if "seq_len" not in data and "split" not in data:
         raise WorkloadError(f"{where}: give seq_len (tokens in all), e.g. seq_len: 128K")
