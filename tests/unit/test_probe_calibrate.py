@@ -195,6 +195,13 @@ def test_an_rccl_tests_log_is_refused_on_an_nvlink_topology():
     assert other_devices(log, resolve("dgx-h100")) == ("the log ran rccl-tests (AMD GPUs); dgx-h100's GPUs are "
                                                        "joined by NVLink (NVIDIA's)")
     assert other_devices(log, resolve("mi300x")) == ""
+    # The version line may come anywhere, '#'-prefixed too, and the published reader marks it alike.
+    trailing = [ln for ln in lines if not ln.startswith("#  Rank")] + ["# RCCL version : 2.22.3-develop:f5b15f2"]
+    assert parse_nccl_tests("\n".join(trailing), "amd2.txt").rccl
+    from treeattn.calibrate.nccl_tests import parse_published_table
+
+    assert parse_published_table("\n".join(amd), "amd3.txt").rccl and not parse_published_table(
+        "\n".join(lines), "one.txt").rccl
 
 
 def test_errors_name_the_file_as_given(tmp_path):

@@ -249,6 +249,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         line = _TAG.sub("", raw, count=1).strip()
         if not line:
             continue
+        rccl = rccl or line.lstrip("# ").startswith(("rccl-tests", "RCCL version"))  # wherever it is printed
         if state == "done":
             if _HEADER.match(line):
                 raise fail(shown, lineno, "a second run starts here; give one run per file")
@@ -258,8 +259,6 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         if "NCCL INFO" in line or "NCCL WARN" in line:
             ignored.append(lineno)
             continue
-        if line.startswith(("rccl-tests", "RCCL version")):
-            rccl = True
         if state == "pre":
             if m := _HEADER.match(line):
                 header, header_line, state = m, lineno, "head"
@@ -274,8 +273,8 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
             elif line.startswith("#") and "time" in line.split() and "algbw" in line.split():
                 prefix, groups, counts = _columns(line, shown, lineno)
                 state = "table"
-            elif line.startswith("NCCL version"):
-                version = line.split("version", 1)[1].strip()
+            elif line.startswith(("NCCL version", "RCCL version")):
+                version = line.split("version", 1)[1].strip(" :")
             elif _HEADER.match(line):
                 raise fail(shown, lineno, f"a second header before any table (first on line {header_line})")
             elif not line.startswith("#"):
@@ -385,10 +384,12 @@ def parse_published_table(text: str, source: str, lines: tuple[int, int] | None 
     rows: list[NcclRow] = []
     version = ""
     counts: bool | None = None
+    rccl = False
     for lineno in range(first, last + 1):
         line = _TAG.sub("", all_lines[lineno - 1], count=1).strip()
         if not line:
             continue
+        rccl = rccl or line.lstrip("# ").startswith(("rccl-tests", "RCCL version"))
         if line.startswith("#"):
             tokens = line.lstrip("#").split()
             if m := _HEADER.match(line):
@@ -420,7 +421,7 @@ def parse_published_table(text: str, source: str, lines: tuple[int, int] | None 
     log = NcclTestsLog(
         source=source, n_threads=int(header.group(1)) if header else 0, n_gpus=int(header.group(2)) if header else 0,
         min_bytes=rows[0].size_bytes, max_bytes=rows[-1].size_bytes, rows=tuple(rows), nccl_version=version,
-        collective=collective_from_name(source),
+        collective=collective_from_name(source), rccl=rccl,
     )
     if not any(t and t.algbw_gbps > 0 for r in log.rows for t in (r.out_of_place, r.in_place)):
         return log  # sizes too small to print an algbw: nothing to check the ratio on
