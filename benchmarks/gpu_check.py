@@ -13,10 +13,12 @@ Prints one table and writes it to OUT/check.csv and OUT/check.md:
 * a world-size-1 plan (COMPUTE only) through ``treeattn.exec`` on NCCL at 128K tokens,
   modelled by the simulator.
 
-Kernels are timed with CUDA events around ``CALLS`` back-to-back calls (per call: their time
-over ``CALLS``), the median of ``--repeats`` after warm-up: one call on an idle GPU would time
-the host's dispatch of it (the compiled function's guards), which a run replaying its CUDA graph
-does not pay, and the model does not charge. The topology
+Kernels are timed with CUDA events around ``CALLS`` back-to-back calls queued behind a spin
+kernel (per call: their time over ``CALLS``), the median of ``--repeats`` after warm-up: calls
+timed on an idle GPU would time the host's dispatch of them (the compiled function's guards)
+wherever it is slower than the kernel, which a run replaying its CUDA graph does not pay, and
+the model does not charge. The spin (``torch.cuda._sleep``) keeps the GPU busy until all
+``CALLS`` are queued. The topology
 modelled on is ``--topology`` (gpu-check.sh writes this machine's with ``treeattn probe``),
 else the library's family of this GPU cut to the GPUs present.
 """
@@ -66,6 +68,8 @@ def topology(path: str | None) -> Topology:
 
 
 CALLS = 10
+SPIN_CYCLES = 20_000_000
+"""About 10 ms at 2 GHz: longer than the host takes to queue ``CALLS`` calls."""
 
 
 def event_us(fn, repeats: int) -> float:  # noqa: ANN001 - a callable
@@ -75,6 +79,7 @@ def event_us(fn, repeats: int) -> float:  # noqa: ANN001 - a callable
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(SPIN_CYCLES)
         start.record()
         for _ in range(CALLS):
             fn()

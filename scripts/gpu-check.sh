@@ -9,6 +9,8 @@
 # line, exit 0. A machine without network whose Python lacks pydantic (a CUDA image's) installs
 # it from .whl/, which `bash scripts/gpu-wheels.sh` fills beforehand on a machine with network.
 set -uo pipefail
+folder=""
+[ -n "${1:-}" ] && folder=$(realpath -m -- "$1")  # as typed from where the script was called
 cd "$(dirname "$0")/.."
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
     echo "gpu-check: no CUDA GPU on this machine (nvidia-smi finds none); nothing to check"
@@ -45,7 +47,12 @@ deps="import networkx, numpy, pandas, typer, rich, yaml, pydantic, matplotlib, p
 if ! "$PY" -c "$deps" 2>/dev/null; then
     if compgen -G ".whl/*.whl" >/dev/null; then  # carried wheels, installed beside the image's packages
         site="${TMPDIR:-/tmp}/treeattn-site"
-        "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl || exit 1
+        pyver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl || {
+            echo "gpu-check: the wheels in .whl/ do not install under $PY (Python $pyver):" \
+                 "run 'bash scripts/gpu-wheels.sh $pyver' where PyPI is reachable"
+            exit 1
+        }
         export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
     else
         "$PY" -m pip install -q networkx numpy pandas typer rich pyyaml pydantic matplotlib pytest hypothesis || exit 1
@@ -57,10 +64,10 @@ treeattn=("$PY" -c 'import sys; from treeattn.cli import main; sys.argv[0] = "tr
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '-' | sed 's/-$//')
 n=$("$PY" -c "import torch; print(torch.cuda.device_count())")  # honours CUDA_VISIBLE_DEVICES; MIG lines aside
-out="${1:-results/gpu-$gpu}"
+out="${folder:-results/gpu-$gpu}"
 mkdir -p "$out"
 {
-    echo "bash scripts/gpu-check.sh   # $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "bash scripts/gpu-check.sh${1:+ $1}   # $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     echo "python: $PY ($("$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)'))"
     nvidia-smi -L
 } > "$out/command.txt"
@@ -74,11 +81,14 @@ echo "== measured against modelled"
 "${treeattn[@]}" probe --out "$out/topology.yaml" >"$out/probe.txt" 2>&1 || echo "probe failed (see $out/probe.txt): modelling on the GPU's family"
 topo_arg=()
 [ -s "$out/topology.yaml" ] && topo_arg=(--topology "$out/topology.yaml")
-timeout 180 "$PY" benchmarks/gpu_check.py --out "$out" "${topo_arg[@]}" 2>&1 | tee "$out/check.txt" || status=1
+timeout 180 "$PY" benchmarks/gpu_check.py --out "$out" ${topo_arg[@]+"${topo_arg[@]}"} 2>&1 | tee "$out/check.txt" || status=1
 
-if [ "$n" -ge 2 ]; then
+if [ "$n" -ge 2 ] && [ ${#topo_arg[@]} -eq 0 ]; then
+    echo "== no searched plan on $n GPUs: probe wrote no topology of this machine to plan on (see $out/probe.txt)"
+    status=1
+elif [ "$n" -ge 2 ]; then
     echo "== a searched plan and the baselines on $n GPUs"
-    t=${topo_arg[1]:-dgx-h100}
+    t=${topo_arg[1]}
     if "${treeattn[@]}" plan -t "$t" -m llama-3.1-8b -b 1 -n 131072 --out "$out/plan.yaml" >"$out/plan.txt" 2>&1; then
         timeout 150 "${treeattn[@]}" run "$out/plan.yaml" --baselines -t "$t" --repeats 20 --out "$out/run.csv" 2>&1 \
             | tee "$out/run.txt" || status=1
