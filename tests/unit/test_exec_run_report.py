@@ -62,6 +62,16 @@ def test_a_method_whose_capture_failed_is_not_reported_as_replayed(monkeypatch, 
     assert run.eager == ([] if captured else ["plan of p"])
 
 
+def test_the_run_line_names_the_methods_whose_capture_failed():
+    from treeattn.exec.runner import JobResult
+
+    base = dict(measurements=(), backend="nccl", device="cuda:0", world=2)
+    assert JobResult(**base, graphs=True).graphs_text == "on"
+    assert JobResult(**base).graphs_text == "off"
+    failed = JobResult(**base, uncaptured=("plan of p", "allreduce2 of p"))
+    assert failed.graphs_text == "on, but not for plan of p, allreduce2 of p (capture failed: see the rank's log)"
+
+
 class _Device(_Comm):
     """A device whose marks can be read only once ``settle`` has seen them passed (CUDA's events:
     the time of one the device has not passed yet is not ready)."""

@@ -109,7 +109,7 @@ def run(
         return
     kernels = sorted({m.kernel for m in result.measurements if m.kernel != "none"})
     err_console.print(f"{result.backend} on {result.device}: attention kernel {', '.join(kernels) or 'none'}, "
-                      f"merges {result.merge}, CUDA graphs {'on' if result.graphs else 'off'}")
+                      f"merges {result.merge}, CUDA graphs {result.graphs_text}")
     emit_results(result, plan, label, predictions, run_id, rows, json_out)
 
 

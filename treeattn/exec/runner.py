@@ -204,6 +204,15 @@ class JobResult:
     rank 0's, naming any kernel that did not compile)."""
     graphs: bool = False
     """Whether the timed runs replayed CUDA graphs: every method's (False where a capture failed)."""
+    uncaptured: tuple[str, ...] = ()
+    """With graphs asked for, the methods that ran eager because their capture failed."""
+
+    @property
+    def graphs_text(self) -> str:
+        """``on``, ``off``, or ``on, but not for ...`` (the captures that failed)."""
+        if self.uncaptured:
+            return f"on, but not for {', '.join(self.uncaptured)} (capture failed: see the rank's log)"
+        return "on" if self.graphs else "off"
 
 
 _TOL = {DType.FP32: 1e-5, DType.BF16: 2e-2, DType.FP16: 2e-2, DType.FP8: 2e-2}
@@ -650,7 +659,7 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0) -> JobResult 
         return None
     # What ran, not what was asked: a failed compile or capture says why only in the rank's log.
     return JobResult(tuple(measurements), backend, str(device), world, fused.merge_label(device),
-                     graphs and not run.eager)
+                     graphs and not run.eager, tuple(run.eager))
 
 
 def _pairs(job: Job) -> set[tuple[int, int]]:
