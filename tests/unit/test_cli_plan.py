@@ -127,6 +127,10 @@ def test_raw_payload(tmp_path):
         (("-t", "dgx-h101", *SHAPE), "unknown topology 'dgx-h101'"),
         (("-t", "dgx-h100", "--model", "llama-3.1-8b", "--batch", "-4", "--seq-len", "1K"), "--batch must be"),
         (("-t", "dgx-h100", "--model", "llama-3.1-8b", "-n", "12Q"), "cannot read --seq-len '12Q'"),
+        # named by the flags that give them, not the workload file's keys (seq_len: 128K)
+        (("-t", "dgx-h100", "--model", "llama-3.1-8b"), "give the sequence length: --seq-len N (-n 128K)"),
+        (("-t", "dgx-h100", "--heads", "8", "-n", "8K"), "give --model NAME (--model list shows them), or --heads "
+         "and --head-dim"),
         (("-t", "dgx-h100", "--bytes", "0"), "--bytes must be a whole number of fp32 elements (4 bytes each), got 0"),
         (("-t", "dgx-h100", "--bytes", "6"), "--bytes must be a whole number of fp32 elements (4 bytes each), got 6"),
         (("-t", "dgx-h100", "--bytes", "1.5B"), "--bytes '1.5B' is not a whole number of bytes"),

@@ -228,6 +228,12 @@ def make_payload(
             if "heads" in given:
                 data.pop("q_heads", None)
             data.update(given)
+    if workload_file is None and nbytes is None:
+        # What a decode shape needs, named by the flags that give it (the reader's words are a file's keys).
+        if seq_len is None and split is None:
+            raise InputError("give the sequence length: --seq-len N (-n 128K), or --split with tokens per rank")
+        if model is None and (heads is None or head_dim is None):
+            raise InputError("give --model NAME (--model list shows them), or --heads and --head-dim")
     data.pop("ranks", None)
     if given and workload_file is not None:
         # load_workload has checked the file alone: what fails now is a flag's value (or how it sits
