@@ -102,6 +102,19 @@ def test_corrupt_and_invalid_plans_are_refused_before_launch(tmp_path, monkeypat
     assert res.exit_code == 2 and "Traceback" not in res.stderr, res.stderr
 
 
+@pytest.mark.parametrize("timeout", ["inf", "1e14"])
+def test_a_timeout_no_deadline_can_hold_is_refused_before_launch(tmp_path, monkeypatch, timeout):
+    # Before, each rank failed on it (OverflowError) after the ranks had started.
+    def no_launch(*args, **kwargs):
+        raise AssertionError("launched")
+
+    monkeypatch.setattr(launch_mod, "launch", no_launch)
+    path = plan_file(tmp_path, build("star", W2, resolve("cpu:ranks=2")))
+    res = run_cli("run", str(path), "--timeout", timeout, "--out", str(tmp_path / "r.csv"))
+    assert res.exit_code == 2, res.stderr
+    assert f"error: timeout must be > 0 and at most 8.64e+13 seconds, got {float(timeout)}" in res.stderr
+
+
 def test_rank_count_mismatch_under_torchrun_exits_2(tmp_path, monkeypatch):
     path = plan_file(tmp_path, build("star", W2, TopologyRef("t", "f")))
     for key, value in {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
@@ -147,3 +160,56 @@ def test_a_terminated_run_stops_its_ranks_and_removes_its_run_directory(tmp_path
     assert list(runs.iterdir()) == []
     left = subprocess.run(["pgrep", "-f", str(runs)], capture_output=True, text=True)
     assert left.stdout == "", left.stdout
+
+
+def _launched(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """``treeattn run`` on a 2-rank plan as one process of an external launcher (``env``)."""
+    path = plan_file(tmp_path, build("binomial", W2, resolve("cpu:ranks=2"), chunks=2))
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC"))}
+    full.update(MASTER_ADDR="127.0.0.1", **env)
+    return subprocess.run([TREEATTN, "run", str(path), "--out", str(tmp_path / "rows.csv"), *args], env=full,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=30)
+
+
+def test_a_slurm_task_out_of_range_exits_2_at_once(tmp_path):
+    # srun started more tasks than SLURM_NTASKS says, say: before, task 2 waited for the
+    # rendezvous for the whole set-up deadline (120 s), then failed with a traceback.
+    proc = _launched(tmp_path, {"SLURM_PROCID": "2", "SLURM_NTASKS": "2", "MASTER_PORT": "29500"})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == ["error: SLURM_PROCID=2 is not a rank of SLURM_NTASKS=2: it must be 0 "
+                                                "to 1"], proc.stderr
+
+
+def test_a_torch_failure_under_a_launcher_is_one_line_not_a_traceback(tmp_path):
+    # Rank 0 serves the rendezvous on MASTER_PORT; here something else holds that port.
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = _launched(tmp_path, {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": str(port)}, "--timeout", "5")
+    assert proc.returncode == 1, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert errors == [errors[0]] and "rank 0 failed: DistNetworkError:" in errors[0], proc.stderr
+    assert "EADDRINUSE" in errors[0] and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "rows.csv").exists()
+
+
+def test_ranks_that_never_connect_are_counted_in_one_line(tmp_path):
+    # SLURM_NTASKS=2 but only task 0 started: the store's timeout, worded as for local ranks.
+    code = ("from treeattn.exec.launch import launch\n"
+            "from treeattn.exec.runner import Job, PlanJob, RunOptions\n"
+            "from treeattn.plan.builders import build\nfrom treeattn.topology.library import resolve\n"
+            "from treeattn.workload import Workload\n"
+            "w = Workload(batch=2, q_heads=4, kv_heads=2, head_dim=8, split=(9, 0), kv_dtype='fp32')\n"
+            "plan = build('star', w, resolve('cpu:ranks=2'))\n"
+            "try:\n"
+            "    launch(Job((PlanJob('p', plan),), RunOptions(repeats=1, warmup=0, setup_timeout_s=1)))\n"
+            "except Exception as exc:\n"
+            "    print(type(exc).__name__, exc)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC"))}
+    env.update(SLURM_PROCID="0", SLURM_NTASKS="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(launch_mod.free_port()))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.stdout.startswith("ExecutionError only 1 of 2 ranks connected within the "), proc.stdout + proc.stderr
+    assert proc.stdout.strip().endswith("(rank 0 waited; a rank that never connected hung or could not start)")

@@ -4,6 +4,7 @@ error naming it, and no worker process outlives ``launch``."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,24 @@ def test_launcher_detection():
     assert (placed.launcher, placed.rank, placed.world, placed.local_rank) == ("slurm", 3, 4, 1)
     with pytest.raises(InputError, match="MASTER_ADDR, MASTER_PORT are not set"):
         detect_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"})
+
+
+@pytest.mark.parametrize(("changed", "message"), [
+    ({"RANK": "2"}, "RANK=2 is not a rank of WORLD_SIZE=2: it must be 0 to 1"),
+    ({"RANK": "-1"}, "RANK=-1 is not a rank of WORLD_SIZE=2"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0 must be at least 1"),
+    ({"LOCAL_RANK": "-1"}, "LOCAL_RANK=-1 is negative"),
+    ({"LOCAL_RANK": "x"}, "variable LOCAL_RANK='x': not an integer"),
+    ({"MASTER_PORT": "abc"}, "variable MASTER_PORT='abc': not an integer"),
+    ({"MASTER_PORT": "99999"}, "MASTER_PORT=99999 is not a TCP port"),
+    ({"RANK": None, "WORLD_SIZE": None, "SLURM_PROCID": "4", "SLURM_NTASKS": "4"},
+     "SLURM_PROCID=4 is not a rank of SLURM_NTASKS=4"),
+    ({"RANK": None, "WORLD_SIZE": None, "SLURM_PROCID": "0", "SLURM_NTASKS": "two"}, "variable SLURM_NTASKS='two'"),
+])
+def test_launcher_variables_out_of_range_are_refused(changed, message):
+    # Passed on, a rank out of range waits for peers until the set-up deadline (minutes) and a
+    # bad port fails inside torch with a traceback: refused here, naming the variable.
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    env = {k: v for k, v in {**env, **changed}.items() if v is not None}
+    with pytest.raises(InputError, match=re.escape(message)):
+        detect_env(env)

@@ -33,11 +33,14 @@ from pathlib import Path
 
 import torch
 
-from treeattn.errors import ExecutionError, InputError
+from treeattn.errors import ExecutionError, InputError, TreeattnError
 from treeattn.exec.runner import Job, JobResult, memory_problem, pick_backend, placement_problem, run_rank
 
 __all__ = ["RankEnv", "detect_env", "launch", "launch_local", "free_port", "rank_failure", "GRACE_S", "available_bytes",
            "host_memory_problem"]
+
+_STORE_WAIT = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")
+"""torch's rendezvous store's words when not every rank connected in time."""
 
 GRACE_S = 1.0
 """After the first failed rank, how long the others get to exit and say why before the kill."""
@@ -64,19 +67,35 @@ def detect_env(environ: dict[str, str] | None = None) -> RankEnv | None:
         A ``RankEnv`` under torchrun or a multi-task SLURM step, else None.
     """
     env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        # torchrun marks its workers; other launchers (treeattn emulate, scripts) set the same variables.
+        who = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "the RANK/WORLD_SIZE launcher"
+        names = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    elif "SLURM_PROCID" in env and _int(env, "SLURM_NTASKS", "1") > 1:
+        who, names = "slurm", ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
+    else:
+        return None
+    _need(env, ("MASTER_ADDR", "MASTER_PORT"), "SLURM" if who == "slurm" else who)
+    rank, world, local = (_int(env, n, "0" if n == names[2] else None) for n in names)
+    # Out of range, a rank would wait for its peers until the set-up deadline (minutes), or
+    # torch would fail with a traceback: refuse at once, naming the variable.
+    if world < 1:
+        raise InputError(f"{names[1]}={world} must be at least 1")
+    if not 0 <= rank < world:
+        raise InputError(f"{names[0]}={rank} is not a rank of {names[1]}={world}: it must be 0 to {world - 1}")
+    if local < 0:
+        raise InputError(f"{names[2]}={local} is negative")
+    if not 1 <= _int(env, "MASTER_PORT") <= 65535:
+        raise InputError(f"MASTER_PORT={env['MASTER_PORT']} is not a TCP port (1 to 65535)")
+    return RankEnv(who, rank, world, local)
+
+
+def _int(env, name: str, default: str | None = None) -> int:  # noqa: ANN001 - a mapping
+    text = env.get(name, default)
     try:
-        if "RANK" in env and "WORLD_SIZE" in env:
-            # torchrun marks its workers; other launchers (treeattn emulate, scripts) set the same variables.
-            who = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "the RANK/WORLD_SIZE launcher"
-            _need(env, ("MASTER_ADDR", "MASTER_PORT"), who)
-            return RankEnv(who, int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0")))
-        if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
-            _need(env, ("MASTER_ADDR", "MASTER_PORT"), "SLURM")
-            return RankEnv("slurm", int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]),
-                           int(env.get("SLURM_LOCALID", "0")))
-    except ValueError as exc:
-        raise InputError(f"cannot read the launcher's rank variables: {exc}") from None
-    return None
+        return int(text)
+    except (TypeError, ValueError):
+        raise InputError(f"cannot read the launcher's variable {name}={text!r}: not an integer") from None
 
 
 def _need(env, names: tuple[str, ...], who: str) -> None:  # noqa: ANN001 - a mapping
@@ -111,7 +130,33 @@ def launch(job: Job, environ: dict[str, str] | None = None) -> JobResult | None:
         )
     if placed.launcher == "slurm":
         os.environ.update(RANK=str(placed.rank), WORLD_SIZE=str(placed.world), LOCAL_RANK=str(placed.local_rank))
-    return run_rank(job, placed.rank, placed.world, placed.local_rank)
+    try:
+        return run_rank(job, placed.rank, placed.world, placed.local_rank)
+    except TreeattnError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - torch's own (store, socket) errors: one line, not a traceback
+        raise ExecutionError(_in_process_failure(placed.rank, exc)) from None
+
+
+def _in_process_failure(rank: int, exc: Exception) -> str:
+    """One line for what a torch call of this rank raised (its message can run on with C++ frames)."""
+    text = str(exc).strip()
+    waited = _store_wait(text, rank)
+    if waited:  # as rank_failure words it for local ranks
+        return waited
+    first = text.splitlines()[0] if text else ""
+    return f"rank {rank} failed: {type(exc).__name__}: {first}"
+
+
+def _store_wait(message: str, rank: int) -> str | None:
+    """The store's "clients joined" timeout in treeattn's words (the store blames ``rank``,
+    which waited, not those that never came); None for other errors."""
+    joined = _STORE_WAIT.search(message)
+    if not joined:
+        return None
+    secs, came, n = joined.groups()
+    return (f"only {came} of {n} ranks connected within the {secs} s set-up deadline (rank {rank} waited; "
+            "a rank that never connected hung or could not start)")
 
 
 def free_port() -> int:
@@ -238,12 +283,9 @@ def rank_failure(
     # The root cause is a rank that died silently or raised something other than a lost peer.
     primary = [r for r in failed if reports.get(r, {}).get("kind") != "comm"] or failed or sorted(killed)
     first = primary[0]
-    joined = re.search(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined",
-                       reports.get(first, {}).get("message", ""))
-    if joined:  # the store's words blame the rank that waited, not those that never came
-        secs, came, n = joined.groups()
-        what = (f"only {came} of {n} ranks connected within the {secs} s set-up deadline (rank {first} waited; "
-                "a rank that never connected hung or could not start)")
+    waited = _store_wait(reports.get(first, {}).get("message", ""), first)
+    if waited:
+        what = waited
     elif first in reports:
         what = f"rank {first} failed: {reports[first]['message']}"
     elif codes[first] < 0:

@@ -95,8 +95,10 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.warmup < 0:
             raise InputError(f"repeats must be >= 1 and warmup >= 0, got {self.repeats} and {self.warmup}")
-        if self.timeout_s <= 0:
-            raise InputError(f"timeout must be > 0 seconds, got {self.timeout_s}")
+        longest = datetime.timedelta.max.total_seconds()  # the deadlines are timedeltas
+        for name, value in (("timeout", self.timeout_s), ("set-up timeout", self.setup_timeout_s)):
+            if not 0 < value <= longest:  # also NaN; inf would fail only in a rank, after the start
+                raise InputError(f"{name} must be > 0 and at most {longest:g} seconds, got {value}")
         if self.backend not in (None, "gloo", "nccl"):
             raise InputError(f"unknown backend {self.backend!r}; choose gloo or nccl")
         if self.check not in ("root", "all"):
