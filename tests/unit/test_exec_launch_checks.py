@@ -126,3 +126,17 @@ def test_calibrate_says_nccl_needs_cuda_before_any_topology_mismatch(topology):
     res = run_cli("calibrate", *topology, "--backend", "nccl")
     assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
     assert "backend nccl needs CUDA devices" in res.stderr and "None" not in res.stderr
+
+
+def test_a_launchers_wrong_world_is_refused_before_predictions_say_anything(tmp_path, monkeypatch):
+    # torchrun with --nproc-per-node 3 for a plan of 2: one line, before the uncalibrated note
+    # the predictions print (it came first, on the one rank that reports).
+    plan = tmp_path / "p.yaml"
+    assert run_cli("plan", "-t", "cpu:ranks=2", "-m", "llama-3.2-1b", "-n", "4K", "-o", str(plan)).exit_code == 0
+    for key, value in {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29999", "TORCHELASTIC_RUN_ID": "t"}.items():
+        monkeypatch.setenv(key, value)
+    res = run_cli("run", str(plan), "--out", str(tmp_path / "rows.csv"))
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr == "error: torchrun started 3 processes but the plan has 2 ranks; launch exactly 2\n"
+    assert not (tmp_path / "rows.csv").exists()

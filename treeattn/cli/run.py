@@ -76,7 +76,7 @@ def run(
 ) -> None:
     """Run PLAN on its ranks (local processes, or those of torchrun/SLURM), check the result
     against a single-process reference and compare the measured time with the prediction."""
-    from treeattn.exec.launch import detect_env, launch
+    from treeattn.exec.launch import check_world, detect_env, launch
     from treeattn.exec.predict import comparability, default_timeout_s, plan_baselines, predict, resolve_topology
     from treeattn.exec.results import new_run_id
     from treeattn.exec.runner import Job, PlanJob, RunOptions, pick_backend
@@ -85,6 +85,8 @@ def run(
     run_id = new_run_id(plan_file.stem)
     rows = rows_path(out, run_id)
     placed = detect_env()
+    if placed is not None:
+        check_world(placed, plan.ranks)  # before the predictions and their notes: one line, at once
     reporter = placed is None or placed.rank == 0
     topo, warnings = resolve_topology(plan, topology, plan_file)
     methods, ring = plan_baselines(plan, topo)

@@ -36,8 +36,8 @@ import torch
 from treeattn.errors import ExecutionError, InputError, TreeattnError
 from treeattn.exec.runner import Job, JobResult, memory_problem, pick_backend, placement_problem, run_rank
 
-__all__ = ["RankEnv", "detect_env", "launch", "launch_local", "free_port", "rank_failure", "GRACE_S", "available_bytes",
-           "host_memory_problem"]
+__all__ = ["RankEnv", "detect_env", "check_world", "launch", "launch_local", "free_port", "rank_failure", "GRACE_S",
+           "available_bytes", "host_memory_problem"]
 
 _STORE_WAIT = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")
 """torch's rendezvous store's words when not every rank connected in time."""
@@ -90,6 +90,14 @@ def detect_env(environ: dict[str, str] | None = None) -> RankEnv | None:
     return RankEnv(who, rank, world, local)
 
 
+def check_world(placed: RankEnv, ranks: int) -> None:
+    """Refuse a launcher's world that is not the plan's ``ranks``: every rank would wait for
+    peers that are not there, or hold a rank no program has."""
+    if placed.world != ranks:
+        raise InputError(f"{placed.launcher} started {placed.world} processes but the plan has {ranks} ranks; "
+                         f"launch exactly {ranks}")
+
+
 def _int(env, name: str, default: str | None = None) -> int:  # noqa: ANN001 - a mapping
     text = env.get(name, default)
     try:
@@ -123,11 +131,7 @@ def launch(job: Job, environ: dict[str, str] | None = None) -> JobResult | None:
     placed = detect_env(environ)
     if placed is None:
         return launch_local(job)
-    if placed.world != job.ranks:
-        raise InputError(
-            f"{placed.launcher} started {placed.world} processes but the plan has {job.ranks} ranks; "
-            f"launch exactly {job.ranks}"
-        )
+    check_world(placed, job.ranks)
     if placed.launcher == "slurm":
         os.environ.update(RANK=str(placed.rank), WORLD_SIZE=str(placed.world), LOCAL_RANK=str(placed.local_rank))
     try:
