@@ -156,3 +156,22 @@ def test_names_and_paths_print_as_given_not_as_markup(tmp_path, tag):
         assert res.exit_code == 0, (name, res.stderr)
         for text in wanted:
             assert text in res.stdout, (name, text, res.stdout)
+
+
+def test_a_run_without_predictions_does_not_say_what_predicted_it(capsys) -> None:
+    # A plan whose topology is found nowhere runs unpredicted (a warning says so); the table's
+    # first line said "predicted on NAME (uncalibrated)" all the same.
+    import pandas as pd
+
+    from treeattn.cli.run import _table
+
+    rows = [{"plan": "p.yaml", "algorithm": "star", "workload": "raw 4096B fp32 sum", "ranks": 2,
+             "backend": "gloo", "topology": "my-lab", "method": "plan", "measured_median_us": 90.0,
+             "spread_us": 4.0, "predicted_us": float("nan"), "rel_error": float("nan"), "correct": True,
+             "max_rel_err": 0.0, "same_bits": True}]
+    _table(pd.DataFrame(rows), Path("runs/c.csv"), False)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == "raw 4096B fp32 sum; not predicted (my-lab not found: pass --topology)", first
+    rows[0].update(predicted_us=80.0, rel_error=0.125)
+    _table(pd.DataFrame(rows), Path("runs/c.csv"), True)
+    assert capsys.readouterr().out.splitlines()[0] == "raw 4096B fp32 sum; predicted on my-lab"

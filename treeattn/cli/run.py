@@ -161,7 +161,11 @@ def _table(frame, path: Path, calibrated: bool) -> None:  # noqa: ANN001 - a Dat
     first = frame.iloc[0]
     # Two short lines (within 80 columns for the usual names), not one long title: the workload
     # and what predicted it, then the plan, its ranks and backend as the table's title.
-    con.print(escape(f"{first['workload']}; predicted on {first['topology']}{'' if calibrated else ' (uncalibrated)'}"))
+    if frame["predicted_us"].map(_missing).all():  # the plan's topology was not found: nothing predicted
+        what = f"not predicted ({first['topology']} not found: pass --topology)"
+    else:
+        what = f"predicted on {first['topology']}{'' if calibrated else ' (uncalibrated)'}"
+    con.print(escape(f"{first['workload']}; {what}"))
     table = Table(title=escape(f"{first['plan']} · {first['algorithm']} · {first['ranks']} ranks ({first['backend']}) "
                                "· µs"))
     table.add_column("method", no_wrap=True)
