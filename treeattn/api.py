@@ -277,6 +277,7 @@ def _workload(topo: Topology, workload_or_model: Payload | ModelPreset | str, ba
               seq_len: int | str | None, options: dict[str, Any], fn: str) -> Payload:
     """The workload ``fn`` (``search_plan``, ``build_plan``) was given (an attention ``Workload``
     or a ``RawPayload``, the CLI's ``--bytes``), or made from a model."""
+    from treeattn.search.search import check_ranks
     from treeattn.search.workload_file import workload_from_dict
 
     shape = {k: options[k] for k in _WORKLOAD_OPTIONS if k in options}
@@ -284,9 +285,7 @@ def _workload(topo: Topology, workload_or_model: Payload | ModelPreset | str, ba
         if shape or batch is not None or seq_len is not None:
             raise InputError(f"give batch, seq_len and workload options with a model, not with a "
                              f"{type(workload_or_model).__name__}")
-        if workload_or_model.ranks != topo.num_ranks:  # read past its split's end below, unnamed
-            raise InputError(f"the workload has {workload_or_model.ranks} ranks but topology {topo.name!r} places "
-                             f"{topo.num_ranks}; make it for {topo.num_ranks} ranks")
+        check_ranks(workload_or_model, topo)  # before the memory check reads its split
         return workload_or_model
     name = workload_or_model.name if isinstance(workload_or_model, ModelPreset) else workload_or_model
     if not isinstance(name, str) or name not in MODELS:

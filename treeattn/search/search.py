@@ -58,6 +58,7 @@ __all__ = [
     "SearchResult",
     "Effort",
     "effort_for",
+    "check_ranks",
     "search",
     "baselines",
     "FAMILIES",
@@ -191,6 +192,14 @@ def whole_rows(sched: Schedule) -> Schedule | None:
                    describe=dict(sched.describe, rows="whole"))
 
 
+def check_ranks(workload: Payload, topo: Topology) -> None:
+    """Refuse a workload made for another rank count than ``topo`` places (read past its
+    split's end, it would fail unnamed)."""
+    if workload.ranks != topo.num_ranks:
+        raise InputError(f"the workload has {workload.ranks} ranks but topology {topo.name!r} places "
+                         f"{topo.num_ranks}; make it for {topo.num_ranks} ranks")
+
+
 def search(
     topo: Topology,
     workload: Payload,
@@ -243,8 +252,7 @@ def search(
         True
     """
     p = topo.num_ranks
-    if workload.ranks != p:
-        raise InputError(f"the workload has {workload.ranks} ranks but topology {topo.name!r} places {p}")
+    check_ranks(workload, topo)
     if families is not None:
         unknown = sorted(set(families) - set(FAMILIES))
         if unknown:
