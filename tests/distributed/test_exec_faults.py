@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from treeattn.errors import ExecutionError, InputError
 from treeattn.exec.interpreter import FAULT_ENV
-from treeattn.exec.launch import detect_env, launch
+from treeattn.exec.launch import detect_env, free_port, launch, slurm_threads
 from treeattn.exec.runner import Job, PlanJob, RunOptions
 from treeattn.plan.builders import build
 from treeattn.plan.ir import Op, OpKind, Plan, TopologyRef
@@ -88,6 +90,43 @@ def test_launcher_detection():
     assert (placed.launcher, placed.rank, placed.world, placed.local_rank) == ("slurm", 3, 4, 1)
     with pytest.raises(InputError, match="MASTER_ADDR, MASTER_PORT are not set"):
         detect_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"})
+
+
+@pytest.mark.parametrize(("env", "usable", "cpus", "threads"), [
+    ({"SLURM_CPUS_PER_TASK": "6", "SLURM_STEP_TASKS_PER_NODE": "8"}, 64, 64, 6),  # asked for
+    ({"SLURM_STEP_TASKS_PER_NODE": "8"}, 16, 64, 16),  # srun bound the task to 16 CPUs
+    ({"SLURM_STEP_TASKS_PER_NODE": "8"}, 64, 64, 8),
+    ({"SLURM_STEP_TASKS_PER_NODE": "4(x2),3", "SLURM_NODEID": "2"}, 64, 64, 21),
+    ({"SLURM_STEP_TASKS_PER_NODE": "4(x2),3", "SLURM_NODEID": "1"}, 64, 64, 16),
+    ({"SLURM_TASKS_PER_NODE": "3"}, 2, 2, 1),  # never below one thread
+    ({"SLURM_STEP_TASKS_PER_NODE": "odd"}, 64, 64, 64),  # unreadable: one task a node, as before
+    ({}, 64, 64, 64),
+])
+def test_slurm_task_threads(env, usable, cpus, threads):
+    assert slurm_threads(env, usable, cpus) == threads
+
+
+def test_slurm_tasks_share_the_cores(tmp_path):
+    # Two real tasks as srun starts them on one node: each takes half the usable CPUs
+    # (torch's default is all of them, which the two tasks would contend for).
+    code = ("import torch\nfrom treeattn.exec.launch import launch\n"
+            "from treeattn.exec.runner import Job, PlanJob, RunOptions\n"
+            "from treeattn.plan.builders import build\nfrom treeattn.topology.library import resolve\n"
+            "from treeattn.workload import Workload\n"
+            "w = Workload(batch=2, q_heads=4, kv_heads=2, head_dim=8, split=(9, 7), kv_dtype='fp32')\n"
+            "launch(Job((PlanJob('p', build('star', w, resolve('cpu:ranks=2'))),), RunOptions(repeats=1, warmup=0)))\n"
+            "print(torch.get_num_threads())\n")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "TORCHELASTIC", "OMP_")) and k not in ("RANK", "WORLD_SIZE")}
+    env.update(SLURM_NTASKS="2", SLURM_STEP_TASKS_PER_NODE="2", SLURM_NODEID="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()))
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env={**env, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)}, text=True, cwd=tmp_path)
+             for r in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    usable = len(os.sched_getaffinity(0))
+    assert [o.split()[-1] for o in outs] == [str(max(1, usable // 2))] * 2, outs
 
 
 @pytest.mark.parametrize(("changed", "message"), [

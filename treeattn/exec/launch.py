@@ -3,7 +3,8 @@
 * torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``): this
   process is one rank; it runs its part in-process.
 * SLURM (``SLURM_PROCID``, ``SLURM_NTASKS`` > 1, ``SLURM_LOCALID``, plus ``MASTER_ADDR`` and
-  ``MASTER_PORT`` that the batch script exports): likewise.
+  ``MASTER_PORT`` that the batch script exports): likewise, sharing the node's CPUs among
+  its tasks as torchrun does (``slurm_threads``) unless ``OMP_NUM_THREADS`` is set.
 * Otherwise the plan's ranks are started here as ``python -m treeattn.exec.worker``
   processes on 127.0.0.1 with a free TCP port, each on its own GPU under NCCL (more ranks
   than GPUs is refused before anything starts, as are gloo ranks whose buffers together exceed
@@ -36,8 +37,8 @@ import torch
 from treeattn.errors import ExecutionError, InputError, TreeattnError
 from treeattn.exec.runner import Job, JobResult, memory_problem, pick_backend, placement_problem, run_rank
 
-__all__ = ["RankEnv", "detect_env", "check_world", "launch", "launch_local", "free_port", "rank_failure", "GRACE_S",
-           "available_bytes", "host_memory_problem"]
+__all__ = ["RankEnv", "detect_env", "check_world", "slurm_threads", "launch", "launch_local", "free_port",
+           "rank_failure", "GRACE_S", "available_bytes", "host_memory_problem"]
 
 _STORE_WAIT = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")
 """torch's rendezvous store's words when not every rank connected in time."""
@@ -90,6 +91,28 @@ def detect_env(environ: dict[str, str] | None = None) -> RankEnv | None:
     return RankEnv(who, rank, world, local)
 
 
+def slurm_threads(env, usable: int, cpus: int) -> int:  # noqa: ANN001 - a mapping
+    """Intra-op threads for one SLURM task: ``SLURM_CPUS_PER_TASK`` where set; the ``usable``
+    CPUs where srun bound the task to fewer than the node's ``cpus``; else the ``usable`` CPUs
+    shared among the node's tasks (``SLURM_STEP_TASKS_PER_NODE``, e.g. ``4(x2),3``, at
+    ``SLURM_NODEID``; one task where that cannot be read)."""
+    given = env.get("SLURM_CPUS_PER_TASK", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    if usable < cpus:
+        return max(1, usable)
+    counts: list[int] = []
+    for part in env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", "")).split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            counts = []
+            break
+        counts += [int(m[1])] * int(m[2] or 1)
+    node = env.get("SLURM_NODEID", "0")
+    tasks = counts[int(node)] if node.isdigit() and int(node) < len(counts) else 1
+    return max(1, usable // max(1, tasks))
+
+
 def check_world(placed: RankEnv, ranks: int) -> None:
     """Refuse a launcher's world that is not the plan's ``ranks``: every rank would wait for
     peers that are not there, or hold a rank no program has."""
@@ -134,6 +157,10 @@ def launch(job: Job, environ: dict[str, str] | None = None) -> JobResult | None:
     check_world(placed, job.ranks)
     if placed.launcher == "slurm":
         os.environ.update(RANK=str(placed.rank), WORLD_SIZE=str(placed.world), LOCAL_RANK=str(placed.local_rank))
+        if "OMP_NUM_THREADS" not in os.environ:
+            # srun, unlike torchrun and local launches, leaves every task a thread per core:
+            # the tasks of a node would contend for its cores (5x slower on gloo here).
+            torch.set_num_threads(slurm_threads(os.environ, len(os.sched_getaffinity(0)), os.cpu_count() or 1))
     try:
         return run_rank(job, placed.rank, placed.world, placed.local_rank)
     except TreeattnError:
