@@ -115,6 +115,15 @@ def test_a_timeout_no_deadline_can_hold_is_refused_before_launch(tmp_path, monke
     assert f"error: timeout must be > 0 and at most 8.64e+13 seconds, got {float(timeout)}" in res.stderr
 
 
+@pytest.mark.parametrize("flag", ["--repeats", "--warmup"])
+def test_iteration_counts_past_the_bound_are_refused_at_the_flag(tmp_path, flag):
+    path = plan_file(tmp_path, build("star", W2, resolve("cpu:ranks=2")))
+    res = run_cli("run", str(path), flag, "10000000000000000000000", "--out", str(tmp_path / "r.csv"))
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert f"Invalid value for '{flag}'" in res.stderr and "1000000" in res.stderr, res.stderr
+    assert not (tmp_path / "r.csv").exists()
+
+
 def test_rank_count_mismatch_under_torchrun_exits_2(tmp_path, monkeypatch):
     path = plan_file(tmp_path, build("star", W2, TopologyRef("t", "f")))
     for key, value in {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",

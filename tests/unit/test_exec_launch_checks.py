@@ -27,6 +27,16 @@ def test_more_ranks_than_gpus_is_named():
     assert placement_problem(4, 4) is None and placement_problem(1, 8) is None
 
 
+@pytest.mark.parametrize("options", [{"repeats": 1_000_001}, {"warmup": 1_000_001}, {"repeats": 0}, {"warmup": -1}])
+def test_iteration_counts_are_bounded(options):
+    # A count without bound built its schedule (and the list of times) before the first run.
+    with pytest.raises(InputError, match="repeats must be 1 to 1000000 and warmup 0 to 1000000"):
+        RunOptions(**options)
+    w = Workload(batch=1, q_heads=2, kv_heads=2, head_dim=4, split=(3, 3), kv_dtype="fp32")
+    with pytest.raises(InputError, match="repeats of 'p' must be 1 to 1000000, got 1000001"):
+        PlanJob("p", build("star", w, TopologyRef("a", "b")), repeats=1_000_001)
+
+
 def test_graphs_need_nccl():
     with pytest.raises(InputError, match="CUDA graphs need the NCCL backend") as info:
         RunOptions(backend="gloo", graph=True)

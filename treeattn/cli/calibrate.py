@@ -17,6 +17,7 @@ from treeattn.cli.options import Backend, JsonOpt
 from treeattn.cli.paths import OUT_PATH, output_file
 from treeattn.cli.render import console
 from treeattn.errors import InputError
+from treeattn.exec.deadline import MAX_ITERATIONS
 from treeattn.units import format_size, parse_size
 
 __all__ = ["calibrate_cmd"]
@@ -47,9 +48,10 @@ def calibrate_cmd(
         "--from-nccl-tests", show_default=False,
         help="Fit from saved nccl-tests/rccl-tests output instead of measuring (all_reduce_perf, sendrecv_perf, "
              "...; repeat the flag or list the files after it).")] = None,
-    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed iterations per case (medians).",
+    repeats: Annotated[int, typer.Option("--repeats", min=1, max=MAX_ITERATIONS,
+                                         help="Timed iterations per case (medians).",
                                          rich_help_panel=_LIVE)] = 10,
-    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.",
+    warmup: Annotated[int, typer.Option("--warmup", min=0, max=MAX_ITERATIONS, help="Untimed iterations first.",
                                         rich_help_panel=_LIVE)] = 2,
     min_size: Annotated[str, typer.Option("--min-size", help="Smallest ping-pong message.",
                                           rich_help_panel=_LIVE)] = "4B",

@@ -27,6 +27,7 @@ from treeattn.cli.options import JsonOpt, MeasureOrder, OrderOpt, RanksOpt, load
 from treeattn.cli.paths import OUT_PATH
 from treeattn.cli.render import console
 from treeattn.errors import EmulationError, ExecutionError, InputError
+from treeattn.exec.deadline import MAX_ITERATIONS
 
 __all__ = ["emulate_app"]
 
@@ -210,8 +211,9 @@ def run_cmd(
     ranks: RanksOpt = None,
     baselines: Annotated[bool, typer.Option("--baselines",
                                             help="Also run the baselines on the same workload.")] = False,
-    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed iterations per method.")] = 10,
-    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.")] = 2,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, max=MAX_ITERATIONS,
+                                         help="Timed iterations per method.")] = 10,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, max=MAX_ITERATIONS, help="Untimed iterations first.")] = 2,
     order: OrderOpt = MeasureOrder.INTERLEAVED,
     timeout: Annotated[float | None, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait; "
                                                   "default: 10x the slowest predicted method, at least 30.")] = None,

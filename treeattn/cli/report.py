@@ -20,6 +20,7 @@ from treeattn.cli.options import JsonOpt, MeasureOrder, OrderOpt, load_topology
 from treeattn.cli.paths import output_folder
 from treeattn.cli.render import console
 from treeattn.errors import InputError
+from treeattn.exec.deadline import MAX_ITERATIONS
 
 __all__ = ["validate_cmd", "report_cmd"]
 
@@ -79,13 +80,14 @@ def validate_cmd(
                                        "links: see treeattn.validate.cases).", rich_help_panel=_CASES)] = "8/1/32",
     families: Annotated[str | None, typer.Option("--families", help="Candidate families to measure, comma "
                                                  "separated (default: all).", rich_help_panel=_CASES)] = None,
-    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed rounds of every case (a round times "
+    repeats: Annotated[int, typer.Option("--repeats", min=1, max=MAX_ITERATIONS,
+                                         help="Timed rounds of every case (a round times "
                                          "each of the case's methods once).", rich_help_panel=_MEASURE)] = 15,
     case_seconds: Annotated[float, typer.Option(
         "--case-seconds", min=0.0, rich_help_panel=_MEASURE,
         help="More rounds for cheap cases: as many as the case's predicted times fit in this many seconds, up "
              "to 10x --repeats (0: --repeats for every case).")] = 10.0,
-    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.",
+    warmup: Annotated[int, typer.Option("--warmup", min=0, max=MAX_ITERATIONS, help="Untimed iterations first.",
                                         rich_help_panel=_MEASURE)] = 1,
     order: OrderOpt = MeasureOrder.INTERLEAVED,
     scale: Annotated[float, typer.Option("--scale", min=1e-9, help="Factor on every emulated link's bandwidth.",

@@ -16,7 +16,7 @@ from treeattn.cli.options import BackendOpt, JsonOpt, MeasureOrder, OrderOpt
 from treeattn.cli.paths import OUT_PATH, appendable, output_file
 from treeattn.cli.render import console
 from treeattn.errors import ExecutionError, InputError, PlanInvalidError
-from treeattn.exec.deadline import SETUP_TIMEOUT_S
+from treeattn.exec.deadline import MAX_ITERATIONS, SETUP_TIMEOUT_S
 
 __all__ = ["run", "load_checked"]
 
@@ -52,8 +52,9 @@ def run(
                                             "result layout (all: all-reduce x3 and x2, all-gather + merge; heads: "
                                             "reduce-scatter, vLLM's decode context parallel; ring attention "
                                             "always) on the same workload.")] = False,
-    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed iterations per method.")] = 10,
-    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed iterations first.")] = 2,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, max=MAX_ITERATIONS,
+                                         help="Timed iterations per method.")] = 10,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, max=MAX_ITERATIONS, help="Untimed iterations first.")] = 2,
     order: OrderOpt = MeasureOrder.INTERLEAVED,
     timeout: Annotated[float | None, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait "
                                                   "before its rank gives up; default: 10x the slowest predicted "

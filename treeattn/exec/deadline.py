@@ -27,7 +27,12 @@ from typing import Any
 SETUP_TIMEOUT_S = 120.0
 """How long connecting the ranks and opening their communicators may take (``RunOptions``)."""
 
-__all__ = ["POLL_S", "SETUP_TIMEOUT_S", "Call", "Outstanding", "first_pending", "wait_marks"]
+MAX_ITERATIONS = 1_000_000
+"""Most timed (or warm-up) runs of one method or case (``--repeats``, ``--warmup``): a run keeps
+every timed run's times and builds its schedule up front, so a count without bound would fill
+memory before the first run."""
+
+__all__ = ["POLL_S", "SETUP_TIMEOUT_S", "MAX_ITERATIONS", "Call", "Outstanding", "first_pending", "wait_marks"]
 
 POLL_S = 2e-5
 """How long a blocking wait sleeps between queries (a sleep lasts longer: tens of µs)."""
