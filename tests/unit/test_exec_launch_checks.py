@@ -111,6 +111,20 @@ def test_a_rank_that_never_connects_is_not_blamed_on_the_rank_that_waited(tmp_pa
                         "never connected hung or could not start) (rank 1 was stopped)")
 
 
+def test_a_ranks_multi_line_error_is_reported_in_one_line(tmp_path):
+    import json
+
+    from treeattn.exec.launch import rank_failure
+
+    message = "RuntimeError: [enforce fail at ../gloo/transport/tcp/pair.cc:446] op.preamble.length <= op.nbytes\n" \
+              "Exception raised from ... (most recent call first):\nframe #0: c10::Error::Error(...)\n"
+    (tmp_path / "rank1.error.json").write_text(json.dumps({"rank": 1, "kind": "error", "message": message,
+                                                            "exit_code": 1}))
+    err = rank_failure(tmp_path, [-9, 1], {0}, lambda r: "")
+    assert str(err) == ("rank 1 failed: RuntimeError: [enforce fail at ../gloo/transport/tcp/pair.cc:446] "
+                        "op.preamble.length <= op.nbytes (rank 0 was stopped)")
+
+
 def test_run_help_names_the_set_up_deadline_the_runner_keeps():
     from treeattn.exec.runner import RunOptions
 

@@ -175,8 +175,12 @@ def _in_process_failure(rank: int, exc: Exception) -> str:
     waited = _store_wait(text, rank)
     if waited:  # as rank_failure words it for local ranks
         return waited
-    first = text.splitlines()[0] if text else ""
-    return f"rank {rank} failed: {type(exc).__name__}: {first}"
+    return f"rank {rank} failed: {type(exc).__name__}: {_first_line(text)}"
+
+
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[0] if lines else ""
 
 
 def _store_wait(message: str, rank: int) -> str | None:
@@ -317,8 +321,8 @@ def rank_failure(
     waited = _store_wait(reports.get(first, {}).get("message", ""), first)
     if waited:
         what = waited
-    elif first in reports:
-        what = f"rank {first} failed: {reports[first]['message']}"
+    elif first in reports:  # its first line: torch's messages run on with C++ frames (in the rank's log)
+        what = f"rank {first} failed: {_first_line(reports[first]['message'])}"
     elif codes[first] < 0:
         what = f"rank {first} was killed by signal {-codes[first]}{log_tail(first)}"
     else:
