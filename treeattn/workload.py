@@ -13,7 +13,7 @@ from enum import StrEnum
 from treeattn.errors import WorkloadError
 from treeattn.units import DType, check_bytes, counted
 
-__all__ = ["ModelPreset", "MODELS", "ReduceOp", "Workload", "RawPayload", "Payload", "even_split"]
+__all__ = ["ModelPreset", "MODELS", "ReduceOp", "Workload", "RawPayload", "Payload", "even_split", "preset_heads"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +45,21 @@ class ReduceOp(StrEnum):
 
     MERGE = "merge"
     SUM = "sum"
+
+
+def preset_heads(model: str | None, q_heads: int | None, kv_heads: int | None,
+                 head_dim: int | None) -> tuple[int | None, int | None, int | None]:
+    """Hq, Hkv and D: those given, else the preset ``model``'s (Hkv: Hq without a preset);
+    None where neither gives one."""
+    preset = None
+    if model is not None:
+        if model not in MODELS:
+            raise WorkloadError(f"unknown model {model!r}; choose one of {', '.join(sorted(MODELS))}")
+        preset = MODELS[model]
+    hq = q_heads if q_heads is not None else (preset.q_heads if preset else None)
+    hkv = kv_heads if kv_heads is not None else (preset.kv_heads if preset else hq)
+    d = head_dim if head_dim is not None else (preset.head_dim if preset else None)
+    return hq, hkv, d
 
 
 def even_split(total: int, ranks: int) -> tuple[int, ...]:
@@ -125,16 +140,7 @@ class Workload:
             model: a key of ``MODELS``; explicit head counts override it.
             split: tokens per rank; even when omitted.
         """
-        preset = None
-        if model is not None:
-            if model not in MODELS:
-                raise WorkloadError(
-                    f"unknown model {model!r}; choose one of {', '.join(sorted(MODELS))}"
-                )
-            preset = MODELS[model]
-        hq = q_heads if q_heads is not None else (preset.q_heads if preset else None)
-        hkv = kv_heads if kv_heads is not None else (preset.kv_heads if preset else hq)
-        d = head_dim if head_dim is not None else (preset.head_dim if preset else None)
+        hq, hkv, d = preset_heads(model, q_heads, kv_heads, head_dim)
         if hq is None or d is None:
             raise WorkloadError("give --model or both --heads and --head-dim")
         if split is None:
@@ -153,7 +159,7 @@ class Workload:
             split=split,
             kv_dtype=DType.parse(kv_dtype),
             partial_dtype=DType.parse(partial_dtype),
-            layers=layers if layers is not None else (preset.layers if preset else 1),
+            layers=layers if layers is not None else (MODELS[model].layers if model is not None else 1),
             model=model,
         )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from treeattn.cli.options import make_payload, parse_ranks
@@ -85,6 +87,22 @@ def test_bad_file(tmp_path):
     f.write_text("workload:\n  q_heads: 64\n  kv_heads: 7\n  head_dim: 128\n  seq_len: 128K\n")
     with pytest.raises(WorkloadError, match=r"bad.yaml: workload.kv_heads \(7\) must divide q_heads \(64\)"):
         load_workload(f, ranks=2)
+
+
+@pytest.mark.parametrize(("data", "flags", "message"), [
+    # A preset's KV heads were named as the flags' own (workload.kv_heads (8) must divide q_heads (7)).
+    ({"model": "llama-3.1-8b", "heads": 7}, {"q_heads": "--heads"},
+     "--heads (7) must be a multiple of llama-3.1-8b's 8 KV heads; give --kv-heads as well"),
+    ({"model": "llama-3.1-8b", "kv_heads": 5}, {"kv_heads": "--kv-heads"},
+     "--kv-heads (5) must divide llama-3.1-8b's 32 query heads"),
+    ({"heads": 8, "kv_heads": 3, "head_dim": 4}, {"q_heads": "--heads", "kv_heads": "--kv-heads"},
+     "--kv-heads (3) must divide --heads (8)"),
+    ({"heads": 8, "head_dim": 4, "split": "0,0"}, {"split": "--split"}, "--split holds no tokens at all"),
+])
+def test_shape_errors_name_the_flags(data, flags, message):
+    data = data if "split" in data else {**data, "seq_len": 64}
+    with pytest.raises(WorkloadError, match=f"^{re.escape(message)}$"):
+        workload_from_dict(data, ranks=2, flags=flags)
 
 
 def test_flags_override_file(tmp_path):

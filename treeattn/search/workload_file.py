@@ -38,7 +38,7 @@ import yaml
 from treeattn.errors import InputError, WorkloadError
 from treeattn.textfile import read_text
 from treeattn.units import DType, counted, parse_size
-from treeattn.workload import MODELS, Payload, RawPayload, ReduceOp, Workload, even_split
+from treeattn.workload import MODELS, Payload, RawPayload, ReduceOp, Workload, even_split, preset_heads
 
 __all__ = ["ATTENTION_KEYS", "RAW_KEYS", "parse_tokens", "workload_from_dict", "load_workload"]
 
@@ -116,6 +116,21 @@ def _split(value: Any, ranks: int | None, seq_len: int, name: _Names) -> tuple[i
     return split
 
 
+def _check_heads(model: str | None, ints: dict[str, int | None], name: _Names) -> None:
+    """Hkv must divide Hq, said in the flags' words where a flag gave either (the preset's
+    counts named as such); a file's or the API's are left to ``Workload``'s own check."""
+    if not {"q_heads", "kv_heads"} & set(name.flags):
+        return
+    hq, hkv, _ = preset_heads(model, ints["q_heads"], ints["kv_heads"], ints["head_dim"])
+    if hq is None or hkv is None or not hq % hkv:
+        return
+    if ints["kv_heads"] is None:
+        raise WorkloadError(f"{name('q_heads')} ({hq}) must be a multiple of {model}'s {hkv} KV heads; "
+                            "give --kv-heads as well")  # flags are the CLI's
+    of = f"{name('q_heads')} ({hq})" if ints["q_heads"] is not None else f"{model}'s {hq} query heads"
+    raise WorkloadError(f"{name('kv_heads')} ({hkv}) must divide {of}")
+
+
 def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where: str = "workload",
                        flags: Mapping[str, str] | None = None) -> Payload:
     """Validate plain data (a parsed YAML file or CLI flags) into a Workload or RawPayload.
@@ -188,9 +203,12 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
         seq_len = parse_tokens(data["seq_len"], where=name("seq_len"), least=1)
     else:
         seq_len = None
+    _check_heads(model, ints, name)
     raw_split = data.get("split")
     if seq_len is None:
         split = _split(raw_split, ranks, 0, name)
+        if not sum(split):
+            raise WorkloadError(f"{name('split')} holds no tokens at all")
         seq_len = sum(split)
     else:
         split = _split(raw_split, ranks, seq_len, name)
