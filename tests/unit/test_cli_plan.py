@@ -193,6 +193,57 @@ def test_compare_heads_layout_and_rank_order_ring():
     assert rank["ring-attention"]["predicted_us"] > topo["ring-attention"]["predicted_us"]
 
 
+def test_compare_legend_says_what_each_row_assumes_and_delivers():
+    # Under root:R, AR2 reduces to R; ring attention, the ring, AR3 and all-gather + merge give
+    # every rank the result, vLLM's DCP each rank its heads: each legend line says so.
+    res = run_cli("compare", "-t", "dgx-h100", "--seq-lens", "8K", "-m", "llama-3.1-8b", "--result", "root:3",
+                  "--no-progress")
+    assert res.exit_code == 0, res.stderr
+    from treeattn.search.compare import SHORT
+
+    def legend_of(text: str) -> dict[str, str]:
+        return {line.split()[0]: line for line in text.splitlines()
+                if line.startswith("  ") and line.split()[:1] and line.split()[0] in SHORT.values()}
+
+    legend = legend_of(res.stdout)
+    assert legend["AR2"].endswith("one library sum of (w o, w)"), legend["AR2"]
+    assert all(legend[m].endswith(" [all]") for m in ("ringA", "ring", "AR3", "AG+M")), legend
+    assert legend["AG+RS"].endswith(" [heads]") and legend["A2A"].endswith(" [heads]"), legend
+    assert max(len(line) for line in legend.values()) <= 80
+    # Where every method delivers the layout compared (heads on 8 ranks: ringA, AR3 and AG+M
+    # cannot), nothing is marked but what differs.
+    res = run_cli("compare", "-t", "dgx-h100", "--seq-lens", "8K", "-m", "llama-3.1-8b", "--result", "heads",
+                  "--no-progress")
+    marked = {m for m, line in legend_of(res.stdout).items() if line.endswith("]")}
+    assert marked == {"ringA", "AR3", "AG+M"}, marked
+
+
+def test_compare_tells_apart_two_topologies_of_one_rank_count():
+    # Both have 8 ranks: their rows were both labelled "8 8K", the figures of two machines
+    # that the table did not say which was which.
+    res = run_cli("compare", "-t", "{dgx-h100,hgx-h200}", "--seq-lens", "8K", "-m", "llama-3.1-8b", "--no-progress")
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == "8 ranks: dgx-h100 (8a), hgx-h200 (8b)", lines[0]
+    labels = [line.split()[:2] for line in lines if line.startswith(" 8")]
+    assert labels == [["8a", "8K"], ["8b", "8K"]] * 4, labels  # one row each in each of the four tables
+
+
+def test_compare_marks_a_speedup_over_a_method_that_does_not_fit():
+    # 70B over 8 H100s at 1800K: 70.3 GiB of KV a GPU fits the 72 usable, ring attention's two
+    # blocks in flight (1.76 GiB) do not; its speedup was printed as if it could run.
+    res = run_cli("compare", "-t", "dgx-h100", "-m", "llama-3.1-70b", "--seq-lens", "1800K,1M", "--no-progress")
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    at = lines.index("tree faster by (x); * does not fit")
+    rows = {line.split()[1]: line.split()[2:] for line in lines[at:at + 7] if line.startswith(" 8 ")}
+    assert rows["1800K"][1].endswith("*") and not any(c.endswith("*") for c in rows["1800K"][2:]), rows
+    assert not any(c.endswith("*") for c in rows["1M"]), rows
+    # where everything fits the title is as before
+    res = run_cli("compare", "-t", "dgx-h100", "-m", "llama-3.1-70b", "--seq-lens", "1M", "--no-progress")
+    assert "tree faster by (x)" in res.stdout.splitlines() and "*" not in res.stdout.split("peak bytes")[0]
+
+
 def test_compare_bad_input():
     res = run_cli("compare", "-t", "dgx-h100", "--nodes", "1,2", "--seq-lens", "8K", "--model", "gpt-9")
     assert res.exit_code == 2 and "unknown model" in res.stderr and len(res.stderr.strip().splitlines()) == 1
@@ -204,6 +255,10 @@ def test_compare_bad_input():
     assert res.exit_code == 2 and "cpu-4" in res.stderr
     res = run_cli("compare", "-t", "dgx-h100", "--seq-lens", "8K,,64K", "-m", "llama-3.1-8b")
     assert res.exit_code == 2 and "cannot read --seq-lens ''" in res.stderr  # not read as "8K,64K"
+    for nodes in ("1,,2", ",", "1,"):  # not read as 1,2, as no --nodes at all (one node), or as 1
+        res = run_cli("compare", "-t", "dgx-h100", "--nodes", nodes, "--seq-lens", "8K", "-m", "llama-3.1-8b")
+        assert res.exit_code == 2 and res.stderr == f"error: cannot read --nodes {nodes!r}: write integers separated " \
+            "by commas\n", res.stderr
     # a bad fraction is said as such, not as a KV cache that fits no device
     res = run_cli("compare", "-t", "dgx-h100", "--seq-lens", "8K,16K", "--mem-fraction", "1.5", "-m", "llama-3.1-8b")
     assert res.exit_code == 2 and res.stderr == "error: --mem-fraction must be in (0, 1], got 1.5\n", res.stderr

@@ -458,6 +458,8 @@ def compare_cmd(
     if ring not in ("topology", "rank"):
         raise InputError(f"--ring must be topology or rank, got {ring!r}")
     node_counts = _int_list(nodes, "--nodes") if nodes else None
+    if nodes and any(not x.strip() for x in nodes.split(",")):  # "1,,2" or "," is a slip, not 1,2 or nothing
+        raise InputError(f"cannot read --nodes {nodes!r}: write integers separated by commas")
     if node_counts is not None and any(n < 1 for n in node_counts):
         raise InputError(f"--nodes must be positive, got {nodes!r}")
     lens = [parse_tokens(x, where="--seq-lens") for x in seq_lens.split(",")]
@@ -532,7 +534,7 @@ def _compare_tables(rows, result: str, ring: str) -> None:  # noqa: ANN001 - Com
     """One narrow table per metric (time, the tree's speedup, peak memory, bytes moved)."""
     from rich import box
 
-    from treeattn.search.compare import METHODS, SHORT
+    from treeattn.search.compare import METHODS, NOTES, SHORT
 
     con = console()
     by: dict[tuple[str, int], dict[str, Any]] = {}
@@ -541,15 +543,26 @@ def _compare_tables(rows, result: str, ring: str) -> None:  # noqa: ANN001 - Com
         by.setdefault((r.topology, r.seq_len), {"ranks": r.ranks})[r.method] = r
         if r.topology not in names.setdefault(r.ranks, []):
             names[r.ranks].append(r.topology)
+    # Topologies of one rank count are told apart by a letter (8a, 8b), which their rows carry.
+    label: dict[str, str] = {}
+    for p, ts in names.items():
+        for i, t in enumerate(ts):
+            label[t] = str(p) if len(ts) == 1 else f"{p}{chr(ord('a') + i)}" if i < 26 else f"{p}#{i + 1}"
     for p, t in sorted(names.items()):
-        con.print(f"{p} ranks: {escape(', '.join(t))}")
+        con.print(f"{p} ranks: " + ", ".join(escape(x) + (f" ({label[x]})" if len(t) > 1 else "") for x in t))
     con.print(f"result {result}; rings: {ring} order")
-    what = {"tree": "the planner's pick (the fastest plan its search found)",
-            "ring-attention": "ring-attention (moves KV shards, not partials: each p - 1 hops)"}
+    # A method that cannot build the compared layout delivers its own: say which, from the rows.
+    delivered = {m: sorted({r.result for r in rows if r.method == m and r.predicted_us is not None}) for m in METHODS}
+    marks = {m: f"[{', '.join(d)}]" for m, d in delivered.items() if d and d != delivered["tree"]}
     for m in METHODS:
-        con.print(f"  {SHORT[m]:<6} {what.get(m, m)}" + (" (delivers heads)" if m.startswith("dcp") else ""))
+        con.print(f"  {SHORT[m]:<6} {NOTES[m]}" + (f" {marks[m]}" if m in marks else ""), markup=False)
+    if marks:
+        con.print(f"  {', '.join(sorted(set(marks.values())))}: what a method delivers where it cannot deliver "
+                  f"{result}", markup=False)
     metrics = (("per-layer time, µs (compute included)", lambda r: f"{r.predicted_us:.1f}"),
-               ("tree faster by (x)", lambda r: _ratio(r.speedup_of_tree)),
+               # a speedup over a method that cannot run there is marked as its peak is
+               ("tree faster by (x)" + ("; * does not fit" if any(r.fits is False for r in rows) else ""),
+                lambda r: _ratio(r.speedup_of_tree) + ("" if r.fits else "*")),
                ("peak bytes a rank (K, M, G, T: powers of 1024; * does not fit)",
                 lambda r: _bytes(r.peak_bytes) + ("" if r.fits else "*")),
                ("bytes moved, all ranks (K, M, G, T: powers of 1024)", lambda r: _bytes(r.bytes_moved)))
@@ -558,8 +571,8 @@ def _compare_tables(rows, result: str, ring: str) -> None:  # noqa: ANN001 - Com
         table.add_column("ranks N", justify="left", no_wrap=True)
         for m in METHODS:
             table.add_column(SHORT[m], justify="right", no_wrap=True)
-        for (_, n), entry in by.items():
-            table.add_row(f"{entry['ranks']} {_tokens(n)}",
+        for (name, n), entry in by.items():
+            table.add_row(f"{label[name]} {_tokens(n)}",
                           *("-" if entry[m].predicted_us is None else cell(entry[m]) for m in METHODS))
         con.print(table)
     # Say why a method has no figure where it cannot run (too few rows for its chunks, heads

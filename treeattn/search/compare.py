@@ -37,12 +37,13 @@ from treeattn.figures import save_figure
 from treeattn.plan.builders import ALGORITHMS, build
 from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, collective_row_bytes, message_bytes
 from treeattn.search.evaluate import Evaluator, Schedule, sweep_chunks
+from treeattn.search.result import SearchResult
 from treeattn.search.rings import ring_order
 from treeattn.search.search import search
 from treeattn.topology.model import Topology
 from treeattn.workload import Payload, Workload
 
-__all__ = ["METHODS", "SHORT", "CompareRow", "expand_topologies", "plan_bytes_moved", "compare", "write_csv",
+__all__ = ["METHODS", "SHORT", "NOTES", "CompareRow", "expand_topologies", "plan_bytes_moved", "compare", "write_csv",
            "plot_speedup"]
 
 METHODS = ("tree", "ring-attention", "ring", "allreduce2", "allreduce3", "allgather-merge", "dcp-ag-rs", "dcp-a2a")
@@ -50,6 +51,16 @@ METHODS = ("tree", "ring-attention", "ring", "allreduce2", "allreduce3", "allgat
 SHORT = {"tree": "tree", "ring-attention": "ringA", "ring": "ring", "allreduce2": "AR2", "allreduce3": "AR3",
          "allgather-merge": "AG+M", "dcp-ag-rs": "AG+RS", "dcp-a2a": "A2A"}
 """Column headers narrow enough for 80 columns."""
+
+NOTES = {"tree": "the planner's pick (the fastest plan its search found)",
+         "ring-attention": "ring attention: KV shards go p - 1 hops, overlapping attention",
+         "ring": "ring of partials: reduce-scatter + all-gather, best chunk count",
+         "allreduce2": "all-reduce max of lse, then one library sum of (w o, w)",
+         "allreduce3": "the paper's three all-reduces: max of lse, sums of w o and w",
+         "allgather-merge": "all-gather of every partial, merged locally (Star Attention)",
+         "dcp-ag-rs": "vLLM DCP: all-gather q, attend, all-gather lse, reduce-scatter",
+         "dcp-a2a": "vLLM DCP: one all-to-all of the partials by heads, local merge"}
+"""What each method's row assumes, one line of at most 71 characters (the legend of the tables)."""
 
 _BRACES = re.compile(r"\{([^{}]*)\}")
 
@@ -161,6 +172,17 @@ def _method_plan(name: str, topo: Topology, w: Workload, layout: str, root: int 
     return build(name, w, topo, **kw)
 
 
+def _tree(topo: Topology, w: Workload, result: str, root: int | None, mem_fraction: float,
+          seed: int) -> SearchResult:
+    """The planner's pick as ``treeattn plan`` makes it: the fastest schedule that fits. Where
+    none fits, the fastest of all, so the tree keeps its row, marked as not fitting like any
+    other method's (a refusal that is not about memory is raised again by the second search)."""
+    try:
+        return search(topo, w, result=result, root=root, mem_fraction=mem_fraction, seed=seed, top_k=1)
+    except InputError:
+        return search(topo, w, result=result, root=root, mem_fraction=None, seed=seed, top_k=1)
+
+
 def compare(
     topologies: Sequence[Topology],
     seq_lens: Sequence[int],
@@ -207,7 +229,7 @@ def compare(
             if not isinstance(w, Workload):
                 raise InputError("compare needs a decode shape (--model or --heads/--head-dim), not --bytes")
             ev = Evaluator(topo, w)
-            res = search(topo, w, result=result, root=root, mem_fraction=None, seed=seed, top_k=1)
+            res = _tree(topo, w, result, root, mem_fraction, seed)
             plans: dict[str, Plan | None] = {"tree": res.best}
             details = {"tree": res.candidates[0].algorithm}
             for name in METHODS[1:]:
@@ -261,13 +283,16 @@ def plot_speedup(rows: Sequence[CompareRow], path: Any) -> None:
         if r.predicted_us is not None:
             by.setdefault((r.ranks, r.topology), {}).setdefault(r.seq_len, {})[r.method] = r.predicted_us
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for (ranks, _name), series in sorted(by.items()):
+    counts = [ranks for ranks, _ in by]
+    for (ranks, name), series in sorted(by.items()):
+        # topologies of one rank count are told apart by name
+        who = f"{ranks} ranks" + (f" ({name})" if counts.count(ranks) > 1 else "")
         xs = sorted(x for x in series if "ring-attention" in series[x])
         ring = [series[x]["ring-attention"] / series[x]["tree"] for x in xs]
-        line = ax.plot(xs, ring, marker="o", label=f"{ranks} ranks: vs ring attention")[0]
+        line = ax.plot(xs, ring, marker="o", label=f"{who}: vs ring attention")[0]
         xs2 = sorted(x for x in series if "allreduce2" in series[x])
         ar2 = [series[x]["allreduce2"] / series[x]["tree"] for x in xs2]
-        ax.plot(xs2, ar2, marker=".", linestyle="--", color=line.get_color(), label=f"{ranks} ranks: vs 2 all-reduces")
+        ax.plot(xs2, ar2, marker=".", linestyle="--", color=line.get_color(), label=f"{who}: vs 2 all-reduces")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length (tokens)")

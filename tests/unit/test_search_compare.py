@@ -1,0 +1,60 @@
+"""``treeattn.search.compare``: the tree's row is the plan ``treeattn plan`` would pick."""
+
+from __future__ import annotations
+
+from treeattn.cost.memory import DEFAULT_MEM_FRACTION, device_bytes
+from treeattn.search.compare import compare
+from treeattn.search.search import search
+from treeattn.topology.library import resolve
+from treeattn.workload import MODELS, Workload
+
+TOPO = resolve("dgx-h100")
+
+
+def _tokens_short_of_the_limit(slack_tokens: int) -> int:
+    """A sequence length for Llama-3.1-8B (B = 1, bf16) over dgx-h100's 8 GPUs whose KV cache
+    per GPU is ``slack_tokens`` tokens short of what the default fraction allows."""
+    m = MODELS["llama-3.1-8b"]
+    per_token = 2 * m.kv_heads * m.head_dim * 2 * m.layers  # K and V of every layer, bf16
+    limit = int(device_bytes(TOPO, 0) * DEFAULT_MEM_FRACTION)
+    return (limit // per_token - slack_tokens) * TOPO.num_ranks
+
+
+def _make(p: int, n: int) -> Workload:
+    return Workload.create(ranks=p, seq_len=n, model="llama-3.1-8b")
+
+
+def test_the_tree_is_the_fastest_plan_that_fits():
+    # One token (128 KiB) short of the limit: an exchange holding 7 received partials (about
+    # 140 KB with the query and its own) does not fit, the two all-reduces (41 KB) do. The tree
+    # was searched without memory and picked the exchange, marked as not fitting, faster than
+    # what `plan` picks on the same input.
+    n = _tokens_short_of_the_limit(1)
+    [tree, *_] = compare([TOPO], [n], _make)
+    want = search(TOPO, _make(TOPO.num_ranks, n), top_k=1)
+    assert tree.method == "tree" and tree.fits is True
+    assert tree.predicted_us == want.best.predicted_us and tree.detail == want.candidates[0].algorithm
+
+
+def test_where_nothing_fits_the_tree_is_still_timed_and_marked():
+    # The KV cache alone fills the limit: every method holds more, so none fits; the tree's
+    # row still shows the fastest schedule, marked, as the other methods' rows are.
+    rows = compare([TOPO], [_tokens_short_of_the_limit(0)], _make)
+    assert {r.fits for r in rows if r.predicted_us is not None} == {False}
+    assert rows[0].method == "tree" and rows[0].predicted_us is not None
+
+
+def test_the_plot_tells_apart_two_topologies_of_one_rank_count(monkeypatch):
+    # dgx-h100 and hgx-h200 both have 8 ranks: their lines were both labelled "8 ranks".
+    import treeattn.search.compare as mod
+
+    shown: list[str] = []
+    monkeypatch.setattr(mod, "save_figure", lambda fig, path: shown.extend(
+        t.get_text() for t in fig.axes[0].get_legend().get_texts()))
+    rows = compare([TOPO, resolve("hgx-h200")], [8192], _make)
+    mod.plot_speedup(rows, "unused.png")
+    assert shown == ["8 ranks (dgx-h100): vs ring attention", "8 ranks (dgx-h100): vs 2 all-reduces",
+                     "8 ranks (hgx-h200): vs ring attention", "8 ranks (hgx-h200): vs 2 all-reduces"], shown
+    shown.clear()
+    mod.plot_speedup([r for r in rows if r.topology == "dgx-h100"], "unused.png")
+    assert shown == ["8 ranks: vs ring attention", "8 ranks: vs 2 all-reduces"], shown
