@@ -10,6 +10,7 @@ from treeattn.errors import ProbeError
 from treeattn.probe import ProbeOptions, probe
 from treeattn.probe.build import NodeDraft
 from treeattn.probe.gpus import GpuCatalog, parse_gpu_names
+from treeattn.probe.hardware import gpu_spec
 from treeattn.probe.nvlink_status import parse_nvlink_status
 from treeattn.probe.nvsmi_topo import parse_topo_matrix
 from treeattn.topology.library import resolve
@@ -215,6 +216,19 @@ def test_gpu_names_listings():
         parse_gpu_names("GPU 0: A (UUID: x)\nGPU 2: B (UUID: y)\n")
     with pytest.raises(ProbeError, match="cannot read"):
         parse_gpu_names("GPU 0: A (UUID: x)\n%%%: ???\n")
+
+
+def test_gpu_names_from_nvidia_smi_l_in_mig_mode():
+    # nvidia-smi -L lists each MIG instance under its GPU; those lines were refused as unreadable.
+    text = (FIX / "nvidia-smi-L.mig-2xa100.txt").read_text()
+    assert parse_gpu_names(text, "mig.txt") == ("NVIDIA A100-SXM4-80GB",) * 2
+
+
+def test_grace_hopper_is_not_read_as_an_h200():
+    # "NVIDIA GH200 480GB" is how nvidia-smi names a GH200 (marin-community/marin, lib/iris
+    # CoreWeave notes, "GPU Configs"); it matched the H200 pattern and took an H200's memory.
+    assert gpu_spec("NVIDIA GH200 480GB") is None
+    assert gpu_spec("NVIDIA H200").model == gpu_spec("H200-SXM-141GB").model == "H200-SXM-141GB"
 
 
 def test_unknown_gpu_model_flag_refused():

@@ -170,6 +170,20 @@ def test_rank_patterns():
         expand_ranks("gpu{3..1}")
 
 
+@pytest.mark.parametrize("entry", ["g{0..99999999}", "h*9999999999", "n{0..9999}.g{0..9999}"])
+def test_a_rank_pattern_past_the_limit_is_refused_before_it_expands(entry):
+    # These once built every name first (minutes and gigabytes, or a MemoryError) for the
+    # topology's rank limit to refuse afterwards.
+    with pytest.raises(ValueError, match="above treeattn's limit of 16,384"):
+        expand_ranks(entry)
+    text = f"name: x\ndevices:\n  - {{name: h, kind: host, mem_bw_gbps: 1}}\nranks: ['{entry}']\n"
+    with pytest.raises(TopologyError, match=r"^<t>:4: ranks\[0\]: bad pattern .*above treeattn's limit"):
+        load_topology_text(text, source="<t>")
+    many = "name: x\ndevices:\n  - {name: h, kind: host, mem_bw_gbps: 1}\nranks: ['h*9000', 'h*9000']\n"
+    with pytest.raises(TopologyError, match=r"^<t>:4: ranks\[1\]: ranks reach 18,000 here"):
+        load_topology_text(many, source="<t>")
+
+
 def test_numbers_in_exponent_form_load():
     # PyYAML reads YAML 1.1, where 1e3 (no dot, no sign) is text: it still reads as a number.
     t = load_topology_text("name: x\ndevices:\n  - {name: g, kind: gpu, mem_bw_gbps: 1e3}\n"
@@ -220,6 +234,21 @@ links:
          "  nics: {count: 2, bw_gbps: 1, gpus: [[0], [5]]}\n", "<t>:5: node.nics.gpus[1][0]: GPU 5 does not exist"),
         ("name: x\nnode:\n  gpus: {count: 2, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1}\nnetwork: {kind: roce}\n",
          "<t>:5: network: a network needs node.nics"),
+        ("family: dgx-h100\nname: ''\n", "<t>:2: name: string should have at least 1 character"),
+        # A fabric without its kind is kind none: its NVLink figures were dropped without a word.
+        ("name: x\nnode:\n  gpus: {count: 2, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1}\n"
+         "  fabric: {bw_gbps: 450, count: 18}\n", "<t>:5: node.fabric.bw_gbps: given, but fabric.kind is none"),
+        # Each link of the compact form has the kinds its role routes as; others built a
+        # topology routed as something else, or refused it as unroutable without naming the field.
+        ("name: x\nnode:\n  gpus: {count: 2, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1}\n"
+         "  fabric: {kind: nvswitch, bw_gbps: 9, link: pcie}\n",
+         "<t>:5: node.fabric.link: unknown value 'pcie'; choose one of 'nvlink' or 'xgmi'"),
+        ("name: x\nnode:\n  gpus: {count: 2, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1}\n"
+         "  cpus: {count: 2, link: {kind: nvlink, bw_gbps: 9}}\n",
+         "<t>:5: node.cpus.link.kind: unknown value 'nvlink'; choose one of 'upi' or 'infinity-fabric'"),
+        ("name: x\nnode:\n  gpus: {count: 2, mem_bw_gbps: 1, host_link: {kind: nvlink, bw_gbps: 9}}\n"
+         "  pcie: {bw_gbps: 1}\n",
+         "<t>:3: node.gpus.host_link.kind: unknown value 'nvlink'; choose one of 'pcie' or 'c2c'"),
         # The choices of a field typed as some enum members read as a file spells them.
         ("name: x\nnode:\n  gpus: {count: 2, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1}\n  nics: {count: 1, bw_gbps: 1}\n"
          "network: {kind: infinband}\n",

@@ -1,9 +1,10 @@
 """GPU product names: read them from tool output and turn them into specs.
 
 Accepted name lists (one GPU a line): ``nvidia-smi -L`` (``GPU 0: NVIDIA A100-SXM4-80GB
-(UUID: ...)``), ``nvidia-smi --query-gpu=name --format=csv[,noheader]`` (a ``name`` header,
-then one name a line), ``--query-gpu=index,name`` (``0, NVIDIA H100 80GB HBM3``) and
-``rocm-smi --showproductname`` lines ``GPU[0] : Card series: ...``.
+(UUID: ...)``; the ``MIG ... Device N:`` lines under a MIG-enabled GPU are skipped),
+``nvidia-smi --query-gpu=name --format=csv[,noheader]`` (a ``name`` header, then one name a
+line), ``--query-gpu=index,name`` (``0, NVIDIA H100 80GB HBM3``) and ``rocm-smi
+--showproductname`` lines ``GPU[0] : Card series: ...``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = ["parse_gpu_names", "GpuCatalog"]
 _SMI_L = re.compile(r"^GPU\s+(\d+):\s+(.+?)(?:\s+\(UUID:.*\))?\s*$")
 _ROCM = re.compile(r"^GPU\[(\d+)\]\s*:\s*Card (?:series|Series|model|Model)\s*:\s*(.+?)\s*$")
 _INDEXED = re.compile(r"^(\d+)\s*,\s*(.+?)\s*$")
+_MIG = re.compile(r"^MIG\s+\S+\s+Device\s+\d+:")
 
 
 def parse_gpu_names(text: str, source: str = "GPU names") -> tuple[str, ...]:
@@ -50,6 +52,8 @@ def parse_gpu_names(text: str, source: str = "GPU names") -> tuple[str, ...]:
             by_index[idx] = (m.group(2), lineno)
         elif line.startswith("GPU["):
             continue  # other rocm-smi --showproductname fields (vendor, SKU, ...)
+        elif _MIG.match(line):
+            continue  # nvidia-smi -L lists a MIG-enabled GPU's instances under it; the GPU line names it
         elif re.fullmatch(r"[\w .()/+-]+", line):
             plain.append(line)
         else:

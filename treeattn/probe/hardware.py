@@ -95,7 +95,9 @@ _NAME_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"H100.*NVL", "H100-NVL-94GB"),
     (r"H100.*PCIE", "H100-PCIE-80GB"),
     (r"H100", "H100-SXM5-80GB"),  # "H100 80GB HBM3" is the SXM5 part
-    (r"H200", "H200-SXM-141GB"),
+    # Not GH200 ("NVIDIA GH200 480GB"): a Grace Hopper superchip whose HBM (about 96 GiB on that
+    # part, as nvidia-smi shows it) read as an H200's 141 would overstate what plan's memory check allows.
+    (r"(?<![A-Z])H200", "H200-SXM-141GB"),
     (r"B200", "B200"),
     (r"RTX\s*4090", "RTX-4090"),
     (r"RTX\s*5090", "RTX-5090"),

@@ -118,6 +118,12 @@ def _check(spec: CompactFile) -> None:
         check_rank_count(spec.nodes * n_gpu, f"{spec.nodes:,} nodes of {n_gpu} GPUs")
     except TopologyError as exc:
         raise FieldError(("nodes",), str(exc)) from None
+    # kind defaults to none: a fabric written without it (`{bw_gbps: 450, count: 18}`) would
+    # silently be a PCIe-only node, its NVLink figures dropped.
+    ignored = sorted(fabric.model_fields_set - {"kind"}) if fabric.kind is FabricKind.NONE else []
+    if ignored:
+        raise FieldError(("node", "fabric", ignored[0]), "given, but fabric.kind is none (PCIe only), which "
+                         "reads no other field; set kind: nvswitch, full-mesh or pairs")
     if fabric.kind is not FabricKind.NONE and fabric.bw_gbps is None:
         raise FieldError(("node", "fabric", "bw_gbps"), f"a {fabric.kind.value} fabric needs bw_gbps")
     if (fabric.kind is FabricKind.PAIRS) != (fabric.pairs is not None):

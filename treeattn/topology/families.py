@@ -17,6 +17,7 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -100,9 +101,10 @@ def _ratio(v: Any) -> float:
     try:
         x = float(v)
     except (TypeError, ValueError):
-        raise ValueError("must be a number >= 1") from None
-    if isinstance(v, bool) or not x >= 1:
-        raise ValueError("must be a number >= 1")
+        raise ValueError("must be a finite number >= 1") from None
+    # inf passes ">= 1", and the network spec built from it then refused it with a traceback.
+    if isinstance(v, bool) or not x >= 1 or math.isinf(x):
+        raise ValueError("must be a finite number >= 1")
     return x
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import math
 import re
 import types
 import typing
@@ -22,7 +23,7 @@ from treeattn.errors import TopologyError
 from treeattn.textfile import read_text
 from treeattn.topology.compact import build_compact, cost_params
 from treeattn.topology.families import build_family_file
-from treeattn.topology.model import RATING_UNMEASURED, Device, DeviceKind, Link, Topology
+from treeattn.topology.model import MAX_RANKS, RATING_UNMEASURED, Device, DeviceKind, Link, Topology
 from treeattn.topology.schema import (
     CompactFile,
     ExplicitFile,
@@ -167,6 +168,11 @@ def expand_ranks(entry: str) -> list[str]:
         if int(lo) > int(hi):
             raise ValueError(f"range {{{lo}..{hi}}} is empty")
         spans.append(range(int(lo), int(hi) + 1))
+    # Counted before expanding: a typo such as gpu{0..99999999} would otherwise build a
+    # hundred million names (minutes, gigabytes) before the topology's rank limit refused them.
+    size = repeat * math.prod(len(s) for s in spans)
+    if size > MAX_RANKS:
+        raise ValueError(f"it expands to {size:,} ranks, above treeattn's limit of {MAX_RANKS:,}")
     names = []
     for combo in itertools.product(*spans):
         name = fixed[0]
@@ -232,6 +238,9 @@ def _build_explicit(spec: ExplicitFile) -> Topology:
                 names = expand_ranks(entry)
             except ValueError as exc:
                 raise FieldError(("ranks", r), f"bad pattern {entry!r}: {exc}") from None
+            if len(ranks) + len(names) > MAX_RANKS:  # many entries, each under the limit
+                raise FieldError(("ranks", r), f"ranks reach {len(ranks) + len(names):,} here, above "
+                                 f"treeattn's limit of {MAX_RANKS:,}")
             for name in names:
                 if name not in first:
                     raise FieldError(("ranks", r), f"unknown device {name!r}")

@@ -198,7 +198,9 @@ class ExplicitFile(_Spec):
 class HostLinkSpec(_Spec):
     """How each GPU attaches to its PCIe switch or socket, when not plain PCIe (``c2c``)."""
 
-    kind: LinkKind = LinkKind.PCIE
+    # Only the kinds routed as a GPU's host attachment; an NVLink here left the GPU with no
+    # PCIe path to its NIC, refused later as an unroutable rank without naming this field.
+    kind: Literal[LinkKind.PCIE, LinkKind.C2C] = LinkKind.PCIE
     bw_gbps: Float = Field(gt=0)
     latency_us: Float = Field(0.0, ge=0)
     generation: Int | None = Field(None, ge=1)
@@ -219,7 +221,7 @@ class GpuSpec(_Spec):
 class SocketLinkSpec(_Spec):
     """The link between two CPU sockets of a node (every pair gets one, both directions)."""
 
-    kind: LinkKind = LinkKind.UPI
+    kind: Literal[LinkKind.UPI, LinkKind.INFINITY_FABRIC] = LinkKind.UPI
     bw_gbps: Float = Field(gt=0)
     latency_us: Float = Field(0.0, ge=0)
 
@@ -261,7 +263,11 @@ class FabricSpec(_Spec):
     ``full-mesh``, per bonded lane for ``pairs`` (a pair with 2 lanes gets twice it)."""
 
     kind: FabricKind = FabricKind.NONE
-    link: LinkKind | None = Field(None, description="Link kind; default xgmi for full-mesh, else nvlink.")
+    # A GPU fabric is NVLink or xGMI: a pcie or network kind here built a topology that routed
+    # as something else (GPUs into an "nvswitch" over PCIe) without a word.
+    link: Literal[LinkKind.NVLINK, LinkKind.XGMI] | None = Field(
+        None, description="Link kind; default xgmi for full-mesh, else nvlink."
+    )
     bw_gbps: Float | None = Field(None, gt=0)
     count: Int = Field(1, ge=1, description="Bonded links per GPU (nvswitch) or per pair (full-mesh).")
     generation: Int | None = Field(None, ge=1)
@@ -334,7 +340,7 @@ class FamilyFile(_Spec):
 
     family: str = Field(min_length=1)
     params: dict[str, int | float | str | bool] = {}
-    name: str | None = None
+    name: str | None = Field(None, min_length=1)  # as the other forms: "" named the topology nothing
     description: str | None = None
     sources: list[str] = Field([], description="Added to the family's own citations.")
     cost: CostSpec | None = None
