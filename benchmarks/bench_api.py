@@ -17,6 +17,7 @@ import argparse
 import os
 import socket
 import statistics
+import sys
 import time
 
 import torch
@@ -24,6 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import treeattn
+from treeattn.cli.script import ArgumentParser, count, count_list, run
 from treeattn.plan.builders import build
 from treeattn.plan.ir import TopologyRef
 from treeattn.workload import Workload
@@ -75,11 +77,11 @@ def rank_main(rank: int, port: int, batches: list[int], calls: int, out: dict) -
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calls", type=int, default=1000, help="timed calls of each method per batch size")
-    ap.add_argument("--batches", default="1,16")
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=count, default=1000, help="timed calls of each method per batch size")
+    ap.add_argument("--batches", type=count_list, default=[1, 16])
     args = ap.parse_args()
-    batches = [int(x) for x in args.batches.split(",")]
+    batches = args.batches
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -96,4 +98,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run(main))

@@ -14,7 +14,10 @@
 
     .venv/bin/python benchmarks/bench_calibrate.py                  # every case (80 s here)
     .venv/bin/python benchmarks/bench_calibrate.py --realtime --out-dir results/calibration-cpu4
-    .venv/bin/python benchmarks/bench_calibrate.py --quick          # fewer sizes and repeats (~20 s)
+    .venv/bin/python benchmarks/bench_calibrate.py --quick          # fewer sizes and repeats
+
+``--quick`` shortens the two calibrations (about 20 s each here), not the plan runs (about 30 s
+either way): about 1.5 min in all on the 2 busy cores; ``--no-recalibrate`` skips the second.
 
 ``allreduce`` and ``allgather-merge`` are library collectives: the simulator times them as
 the ring schedules gloo runs (``treeattn.cost.gloo``); they are shown, and summarized apart.
@@ -35,13 +38,16 @@ from rich.table import Table
 
 from treeattn.calibrate.live import CalibrateOptions, calibrate
 from treeattn.calibrate.plot import plot_calibration
+from treeattn.cli.paths import output_folder
+from treeattn.cli.script import ArgumentParser, count, size_list
+from treeattn.cli.script import run as run_script
 from treeattn.cost.simulate import simulate
 from treeattn.exec.launch import launch
 from treeattn.exec.runner import Job, PlanJob, RunOptions
 from treeattn.plan.builders import ALGORITHMS, build
 from treeattn.topology.io import dump_topology
 from treeattn.topology.library import resolve
-from treeattn.units import format_size, parse_size
+from treeattn.units import format_size
 from treeattn.validate.run import realtime_priority
 from treeattn.workload import RawPayload
 
@@ -68,13 +74,13 @@ def summary(errs: list[float]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--sizes", default="16KB,1MB,16MB", help="payload per rank of the plan families")
-    ap.add_argument("--chunks", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=21, help="timed iterations per plan")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--cal-repeats", type=int, default=15, help="timed iterations per calibration case")
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=count, default=4)
+    ap.add_argument("--sizes", type=size_list, default="16KB,1MB,16MB", help="payload per rank of the plan families")
+    ap.add_argument("--chunks", type=count, default=1)
+    ap.add_argument("--repeats", type=count, default=21, help="timed iterations per plan")
+    ap.add_argument("--warmup", type=lambda x: count(x, 0), default=3)
+    ap.add_argument("--cal-repeats", type=count, default=15, help="timed iterations per calibration case")
     ap.add_argument("--out-dir", type=Path, default=None)
     ap.add_argument("--no-recalibrate", dest="recalibrate", action="store_false",
                     help="skip the second calibration after the plan runs")
@@ -83,6 +89,8 @@ def main() -> None:
                     help="run everything (the ranks too) under SCHED_RR, so other work on a shared host preempts "
                          "it less (root only; treeattn.validate.run.realtime_priority)")
     args = ap.parse_args()
+    if args.out_dir is not None:  # checked before the minutes of measuring, not after
+        args.out_dir = output_folder(args.out_dir, "--out-dir")
     with realtime_priority(args.realtime):
         run(args)
 
@@ -102,9 +110,8 @@ def run(args: argparse.Namespace) -> None:
     fitted = report.topology
     t_cal = time.time() - t0
     load.append(os.getloadavg()[0])
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
     plans = {}
-    for n in sizes:
+    for n in args.sizes:
         for fam in families():
             plans[f"{fam}-{n}B"] = (fam, n, build(fam, RawPayload(nbytes=n, ranks=p), fitted, chunks=args.chunks,
                                                   **EXTRA.get(fam, {})))
@@ -171,7 +178,8 @@ def render(console: Console, report, after, rows, pp, other, load, t_cal, t_run,
           f"Machine: {os.cpu_count()} CPU cores, {args.ranks} ranks (processes), gloo over TCP loopback"
           f"{', every process under SCHED_RR (--realtime)' if args.realtime else ''}. "
           f"Load average (1 min) before calibration {load[0]:.1f}, after it {load[1]:.1f}, after the plan runs "
-          f"{load[2]:.1f}, after the second calibration {load[3]:.1f}. Calibration {t_cal:.0f} s, plan runs "
+          f"{load[2]:.1f}{f', after the second calibration {load[3]:.1f}' if after is not None else ''}. "
+          f"Calibration {t_cal:.0f} s, plan runs "
           f"{t_run:.0f} s.", "",
           "## Fitted parameters (calibration before the plan runs: the one predictions use)", "", *_params(report), ""]
     if after is not None:
@@ -223,7 +231,8 @@ def render(console: Console, report, after, rows, pp, other, load, t_cal, t_run,
     md += ["## Absolute relative error |predicted - measured| / measured", ""] + [f"- {x}" for x in lines] + [""]
     for x in lines:
         console.print(x)
-    console.print(f"load average {' / '.join(f'{x:.1f}' for x in load)}; command: {command}")
+    console.print(f"load average {' / '.join(f'{x:.1f}' for x in load[:4 if after is not None else 3])}; "
+                  f"command: {command}")
     return md
 
 
@@ -248,4 +257,4 @@ def write(out: Path, report, fitted, rows, md) -> None:  # noqa: ANN001
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main))

@@ -9,19 +9,21 @@ median and largest |predicted / measured - 1|, then the median over every held-o
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
 
 from treeattn.calibrate.from_nccl_tests import SIZE_BANDS, half_split
+from treeattn.cli.paths import output_file
+from treeattn.cli.script import ArgumentParser, run
 from treeattn.validate.corpus import load_corpus
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="also write the table to this file")
     args = ap.parse_args()
+    out = output_file(args.out, "--out", "calibration-half-split.txt") if args.out else None
     bands = ", ".join(f"{lo}-{hi or 'max'} B" for lo, hi in SIZE_BANDS)
     lines = [f"size bands: {bands}; fit on rows 0, 2, 4, ...; predict rows 1, 3, 5, ...",
              f"{'table':48} {'held out':>8} {'median |err|':>13} {'max |err|':>10}"]
@@ -35,10 +37,10 @@ def main() -> int:
     lines.append(f"{'all held-out rows':48} {len(every):>8} {statistics.median(every):>12.1%} {max(every):>10.1%}")
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
-    if args.out:
-        args.out.write_text(text)
+    if out:
+        out.write_text(text)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -17,7 +17,7 @@ and "2x less peak memory", with ring attention without overlap (each transfer a 
 its own) beside it: a ring that forwards the block it holds while the next one arrives
 holds two foreign blocks beside its own shard, overlapped or not.
 
-    .venv/bin/python benchmarks/bench_compare.py --out results/compare
+    .venv/bin/python benchmarks/bench_compare.py --out results/compare > results/compare/bench_compare.txt
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from treeattn.cli.paths import output_folder
+from treeattn.cli.script import ArgumentParser, run
 from treeattn.cost.compute import ComputeModel
 from treeattn.cost.memory import peak_bytes
 from treeattn.plan.builders import build
@@ -101,9 +103,11 @@ def heads_table(cases: Sequence[tuple[str, int]] = HEADS_CASES) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="folder for the CSVs and the command's tables")
     args = ap.parse_args()
+    if args.out is not None:
+        args.out = output_folder(args.out, "--out")
     t0 = time.perf_counter()
     cli = [str(Path(sys.executable).with_name("treeattn"))]
     # Tables are as wide as the console: 80 columns, whatever the shell exports (as the test
@@ -122,4 +126,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run(main))

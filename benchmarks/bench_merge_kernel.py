@@ -14,13 +14,14 @@ events after a synchronisation, so the figure is the kernel(s) plus the launch. 
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
+import sys
 import time
 
 import torch
 
+from treeattn.cli.script import ArgumentParser, count, count_list, run
 from treeattn.exec import kernels
 from treeattn.exec.attention import torch_dtype
 from treeattn.exec.merge import wired
@@ -69,28 +70,27 @@ def measure(rows: int, k: int, dtype: torch.dtype, device: str, repeats: int, d:
         out[f"{m}_first_s"] = time.perf_counter() - t
         out[f"{m}_us"] = median_us(lambda acc=acc: kernels.merge_into(acc.copy_(acc0), parts), repeats, device)
     os.environ.pop("TREEATTN_MERGE", None)
-    # The copy that resets the accumulator is timed with both; subtract it once.
-    copy_us = median_us(lambda: acc0.clone(), repeats, device)
-    out["copy_us"] = copy_us
     return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--rows", default="32,2048,32768")
-    ap.add_argument("--k", default="1,4")
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--rows", type=count_list, default="32,2048,32768")
+    ap.add_argument("--k", type=count_list, default="1,4")
     ap.add_argument("--dtype", default="fp32", help="dtype of the received partials (the accumulator is fp32)")
-    ap.add_argument("--repeats", type=int, default=200)
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--repeats", type=count, default=200)
+    ap.add_argument("--threads", type=count, default=1, help="torch CPU threads")
     args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: this torch sees no CUDA device")
     torch.set_num_threads(args.threads)
     dtype = torch_dtype(args.dtype)
     print(f"device {args.device}, threads {torch.get_num_threads()}, partials {args.dtype}, D = 128; "
           "µs per call (median), reset copy included in both")
     print(f"{'rows':>7} {'k':>3} {'fused µs':>10} {'eager µs':>10} {'eager/fused':>12} {'compile s':>10}")
-    for rows in (int(x) for x in args.rows.split(",")):
-        for k in (int(x) for x in args.k.split(",")):
+    for rows in args.rows:
+        for k in args.k:
             r = measure(rows, k, dtype, args.device, args.repeats)
             print(f"{rows:>7} {k:>3} {r['fused_us']:>10.1f} {r['eager_us']:>10.1f} "
                   f"{r['eager_us'] / r['fused_us']:>12.2f} {r['fused_first_s']:>10.2f}")
@@ -99,4 +99,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run(main))

@@ -7,9 +7,10 @@ asserted. Usage: ``.venv/bin/python benchmarks/bench_plan.py [--ranks 16384] [--
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
 
+from treeattn.cli.script import ArgumentParser, count, run
 from treeattn.plan import TopologyRef, build, validate
 from treeattn.plan.io import dump_plan, load_plan
 from treeattn.workload import Workload
@@ -22,9 +23,9 @@ def _timed(fn):  # noqa: ANN001, ANN202 - a tiny local helper
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=16384)
-    parser.add_argument("--chunks", type=int, default=4)
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=count, default=16384)
+    parser.add_argument("--chunks", type=count, default=4)
     parser.add_argument("--algorithms", default="binomial,kary,chain,multirail")
     args = parser.parse_args()
     work = Workload.create(ranks=args.ranks, seq_len=args.ranks * 1024, batch=4, model="llama-3.1-8b")
@@ -44,4 +45,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run(main))

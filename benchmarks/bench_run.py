@@ -9,17 +9,17 @@ maximum over ranks). Every method includes the local partial over the rank's KV 
 Rows are also written to results/runs/bench_run-<time>.csv.
 
     .venv/bin/python benchmarks/bench_run.py                     # B in {1, 64}, N = 64K per rank
-    .venv/bin/python benchmarks/bench_run.py --quick             # small shapes, seconds
+    .venv/bin/python benchmarks/bench_run.py --quick             # small shapes (about 1 min)
     .venv/bin/python benchmarks/bench_run.py --tokens-per-rank 16  # merge-bound: communication only
 
 NOTE: B = 64 with 64K tokens per rank needs 17 GB of bf16 K/V per rank (68 GB for 4 ranks,
-twice that while ring attention holds two blocks); on a machine with less memory the script
-lowers N for that batch size (``--max-kv-gb``) and says so in the table.
+twice that while ring attention holds two blocks); the script halves N for a batch size until
+a rank's K/V fits ``--max-kv-gb`` (1 GB unless raised, whatever the machine's memory: by
+default B = 64 runs 2K tokens per rank) and says so in the table.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -28,6 +28,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from treeattn.cli.script import ArgumentParser, count, count_list, run
 from treeattn.cost.simulate import simulate
 from treeattn.exec.launch import launch
 from treeattn.exec.predict import plan_baselines, predict
@@ -64,17 +65,19 @@ def best_plan(w: Workload, topo):  # noqa: ANN001, ANN201 - Topology in, Plan ou
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--batches", default="1,64")
-    ap.add_argument("--tokens-per-rank", type=int, default=65536)
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=count, default=4)
+    ap.add_argument("--batches", type=count_list, default="1,64")
+    ap.add_argument("--tokens-per-rank", type=count, default=65536)
     ap.add_argument("--max-kv-gb", type=float, default=1.0, help="cap on one rank's K+V shard (GB)")
-    ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=count, default=10)
+    ap.add_argument("--warmup", type=lambda x: count(x, 0), default=2)
     ap.add_argument("--quick", action="store_true", help="B in {1, 4}, 1K tokens per rank, 3 repeats")
     args = ap.parse_args()
+    if not args.max_kv_gb > 0:  # also NaN
+        ap.error(f"--max-kv-gb {args.max_kv_gb}: give a size in GB over 0")
     if args.quick:
-        args.batches, args.tokens_per_rank, args.repeats, args.warmup = "1,4", 1024, 3, 1
+        args.batches, args.tokens_per_rank, args.repeats, args.warmup = [1, 4], 1024, 3, 1
     p = args.ranks
     topo = resolve(f"cpu:ranks={p}")
     console = Console(width=160)
@@ -84,7 +87,7 @@ def main() -> None:
                 "plan / ring-attn"):
         table.add_column(col, justify="left" if col in ("method", "correct") else "right")
     frames = []
-    for batch in (int(b) for b in args.batches.split(",")):
+    for batch in args.batches:
         kv_bytes = 2 * batch * 8 * args.tokens_per_rank * 128 * 2
         n = args.tokens_per_rank
         while 2 * batch * 8 * n * 128 * 2 > args.max_kv_gb * 1e9:
@@ -121,4 +124,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run(main))

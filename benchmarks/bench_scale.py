@@ -14,7 +14,10 @@ child process of its own and prints:
 The load average is printed before and after (other work on the machine slows every case
 alike, which is why the cases run side by side). ``--record FILE`` writes the picks and
 predicted times as JSON; ``--against FILE`` compares the picks with a recorded run (the
-committed ``results/scale/baseline.json`` was recorded before the scale work).
+committed ``results/scale/baseline.json`` was recorded before the scale work). Its verdicts
+("same pick", "no worse") compare two runs' cost models as well as their searches: against a
+recording made before the simulator changed, as ``baseline.json`` now is, they differ for that
+reason alone.
 
     .venv/bin/python benchmarks/bench_scale.py                       # every case (4.7 min on 2 busy cores)
     .venv/bin/python benchmarks/bench_scale.py --ranks 8,128,1024 --against results/scale/baseline.json
@@ -22,7 +25,6 @@ committed ``results/scale/baseline.json`` was recorded before the scale work).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -116,18 +118,23 @@ def _versus(was: dict, row: dict, what: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        _child(json.loads(sys.argv[2]))
+        return
+    # Imported here, not above: a child of --before runs another checkout's treeattn, which may
+    # not have it.
+    from treeattn.cli.paths import output_file
+    from treeattn.cli.script import ArgumentParser
+    from treeattn.errors import InputError
+
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default=",".join(map(str, CASES)), help="Rank counts, of 8, 128, 1024, 16384.")
     parser.add_argument("--before", type=Path, help="A checkout of the code before a change: each case runs "
                         "there too, just before this checkout's run, and the two are compared.")
     parser.add_argument("--record", type=Path, help="Write the rows (picks, predicted times, figures) as JSON "
                         "(this checkout's; with --before, that code's rows under 'before').")
     parser.add_argument("--against", type=Path, help="Compare picks and predicted times with a recorded run.")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child is not None:
-        _child(json.loads(args.child))
-        return
     try:
         ranks = [int(x) for x in args.ranks.split(",")]
     except ValueError:
@@ -141,7 +148,15 @@ def main() -> None:
     if args.against is not None:
         if not args.against.is_file():
             parser.error(f"--against {args.against}: no such file")
-        recorded = {(r["ranks"], r["batch"]): r for r in json.loads(args.against.read_text())["rows"]}
+        try:
+            recorded = {(r["ranks"], r["batch"]): r for r in json.loads(args.against.read_text())["rows"]}
+        except (ValueError, KeyError, TypeError) as exc:
+            parser.error(f"--against {args.against}: not a --record file ({type(exc).__name__}: {exc})")
+    if args.record is not None:  # checked before the minutes of planning, not after
+        try:
+            args.record = output_file(args.record, "--record", "scale.json")
+        except InputError as exc:
+            parser.error(str(exc))
     print(f"treeattn plan -t dgx-h100:nodes=N -m {MODEL} -b B -n SEQ; load average before: {_load()}")
     print(f"{'':<7}{'ranks':>6} {'B':>4} {'N':>4} {'plan s':>7} {'cpu s':>7} {'proc s':>7} {'peak MB':>8} "
           f"{'file MB':>8}  {'predicted µs':>12}  pick")
@@ -162,7 +177,6 @@ def main() -> None:
                     print(_versus(was, row, "before" if args.before is not None else "recorded"), flush=True)
     print(f"load average after: {_load()}")
     if args.record is not None:
-        args.record.parent.mkdir(parents=True, exist_ok=True)
         data = {"model": MODEL, "load_after": _load(), "rows": rows}
         if before_rows:
             data["before"] = before_rows

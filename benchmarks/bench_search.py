@@ -28,11 +28,13 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 import time
 
 from rich.console import Console
 from rich.table import Table
 
+from treeattn.cli.script import ArgumentParser, count_list, run
 from treeattn.cost.memory import check_kv_fits
 from treeattn.errors import InputError
 from treeattn.search import Evaluator, search
@@ -83,8 +85,8 @@ def quality(con: Console, batches: list[int], seq_lens: list[int]) -> None:
         p = topo.num_ranks
         for b in batches:
             for n in seq_lens:
+                w = _workload(p, b, n)  # bad shapes end the run: only memory leaves a case out
                 try:
-                    w = _workload(p, b, n)
                     check_kv_fits(w, topo)
                 except InputError:  # no schedule can run it: the model's KV alone overflows a device
                     unfit.append(f"{name} B={b} N={n // 1024}K")
@@ -149,14 +151,14 @@ def speed(con: Console) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=("all", "quality", "multinode", "speed"), default="all")
-    ap.add_argument("--batches", default="1,16,128")
+    ap.add_argument("--batches", type=count_list, default="1,16,128")
     ap.add_argument("--seq-lens", default="128K,1M")
     args = ap.parse_args()
     con = Console(highlight=False, width=160)
-    batches = [int(x) for x in args.batches.split(",")]
-    lens = [parse_tokens(x) for x in args.seq_lens.split(",")]
+    batches = args.batches
+    lens = [parse_tokens(x, where="--seq-lens", least=1) for x in args.seq_lens.split(",")]
     if args.part in ("all", "speed"):
         speed(con)
     if args.part in ("all", "multinode"):
@@ -166,4 +168,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run(main))

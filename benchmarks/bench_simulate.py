@@ -14,12 +14,13 @@ growth of the warm time from one size to the next against the growth in ranks.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import pstats
+import sys
 import time
 from collections.abc import Callable
 
+from treeattn.cli.script import ArgumentParser, count, count_list, run
 from treeattn.cost.bounds import lower_bounds
 from treeattn.cost.simulate import simulate
 from treeattn.plan.builders import build
@@ -34,14 +35,15 @@ def timed(fn: Callable[[], object]) -> tuple[object, float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nodes", default="128,512,2048", help="comma-separated node counts (8 GPUs each)")
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=count_list, default="128,512,2048",
+                    help="comma-separated node counts (8 GPUs each)")
     ap.add_argument("--algorithm", default="binomial")
-    ap.add_argument("--chunks", type=int, default=4)
+    ap.add_argument("--chunks", type=count, default=4)
     ap.add_argument("--profile", action="store_true", help="cProfile the warm run of the largest size")
     args = ap.parse_args()
     rows = []
-    for nodes in [int(x) for x in args.nodes.split(",")]:
+    for nodes in args.nodes:
         spec = f"dgx-h100:nodes={nodes}"
         topo, t_topo, _ = timed(lambda spec=spec: resolve(spec))
         p = topo.num_ranks
@@ -61,7 +63,7 @@ def main() -> None:
         print(f"  lower_bounds     {bd_w:7.2f} s wall {bd_c:7.2f} s cpu   bound {b.bound_us:.2f} us ({b.cut}), "
               f"gap {res.predicted_us / b.bound_us:.2f}x")
         rows.append((p, res.events, warm_w, warm_c))
-        if args.profile and nodes == max(int(x) for x in args.nodes.split(",")):
+        if args.profile and nodes == max(args.nodes):
             prof = cProfile.Profile()
             prof.runcall(simulate, plan, topo, timeline=False)
             pstats.Stats(prof).sort_stats("tottime").print_stats(12)
@@ -71,4 +73,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run(main))

@@ -23,9 +23,9 @@ host terms with this checkout's ``fit_host_terms``, and prints per topology:
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +36,8 @@ from treeattn.calibrate.fit_host import fit_host_terms
 from treeattn.calibrate.host_terms import HostTerms
 from treeattn.calibrate.live import CalibrateOptions, calibration_plans
 from treeattn.calibrate.plans import route_classes
+from treeattn.cli.paths import output_folder
+from treeattn.cli.script import ArgumentParser, run
 from treeattn.cost.simulate import simulate
 from treeattn.plan.baselines import baselines_for
 from treeattn.plan.builders import build
@@ -144,7 +146,7 @@ def summary(meta: dict, r: pd.DataFrame) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path)
     ap.add_argument("--conditioning", action="store_true")
     ap.add_argument("--out-dir", type=Path)
@@ -152,6 +154,8 @@ def main() -> None:
     missing = [name for name in ("meta.json", "rows.csv") if not (args.folder / name).is_file()]
     if missing:
         ap.error(f"{args.folder}: no {' or '.join(missing)} there (give a `treeattn validate --out` folder)")
+    if args.out_dir:
+        args.out_dir = output_folder(args.out_dir, "--out-dir")
     meta = json.loads((args.folder / "meta.json").read_text())
     rows = pd.read_csv(args.folder / "rows.csv")
     both: list[list[pd.DataFrame]] = [[], []]
@@ -175,7 +179,6 @@ def main() -> None:
             conditioning(terms, {"loop": terms.flow, **{k: v for k, n in TERMS.items()
                                                           if (v := getattr(fit, n))}}, "refit")
         if args.out_dir:
-            args.out_dir.mkdir(parents=True, exist_ok=True)
             (args.out_dir / f"{t['name']}.yaml").write_text(dump_topology(new_cal))
         mine = rows[rows.topology == t["name"]]
         plans, old_picks = planned(old_cal, topo)
@@ -191,4 +194,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run(main))

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from treeattn.cli.script import ArgumentParser, count, run
 from treeattn.topology import domains
 from treeattn.topology.families import build_family, parse_family_spec
 
@@ -27,8 +28,11 @@ def timed(label: str, fn: Callable[[], object], note: str = "") -> object:
 
 
 def main() -> None:
-    spec = sys.argv[1] if len(sys.argv) > 1 else "dgx-h100:nodes=2048"
-    n_pairs = int(sys.argv[2]) if len(sys.argv) > 2 else 100_000
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("spec", nargs="?", default="dgx-h100:nodes=2048", help="a family spec")
+    ap.add_argument("pairs", nargs="?", type=count, default=100_000, help="random rank pairs to route")
+    args = ap.parse_args()
+    spec, n_pairs = args.spec, args.pairs
     name, params = parse_family_spec(spec)
     topo = timed("build", lambda: build_family(name, params))
     print(f"  {spec}: {topo.num_ranks} ranks, {len(topo.devices)} devices, {len(topo.links)} links")
@@ -48,4 +52,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run(main))
