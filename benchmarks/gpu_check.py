@@ -25,14 +25,16 @@ else the library's family of this GPU cut to the GPUs present.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import os
 import statistics
+import sys
 from pathlib import Path
 
 import torch
 
+from treeattn.cli.paths import output_folder
+from treeattn.cli.script import ArgumentParser, count, run
 from treeattn.cost.compute import ComputeModel
 from treeattn.exec import kernels
 from treeattn.exec.attention import make_kv_shard, make_query, partial_attention, resolve_kernel
@@ -58,7 +60,7 @@ def llama(tokens: int, batch: int = 1, ranks: int = 1) -> Workload:
 
 
 def topology(path: str | None) -> Topology:
-    if path and Path(path).exists():
+    if path:  # as given (a file or a preset): a typo must not fall back to the family unsaid
         return resolve(path)
     name = torch.cuda.get_device_name(0)
     family = next((f for key, f in FAMILIES if key in name), "dgx-h100")
@@ -133,29 +135,32 @@ def plan_rows(topo: Topology) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--topology", default=None, help="topology file to model on (default: the GPU's family)")
-    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--topology", default=None, help="topology (file or preset) to model on (default: the GPU's "
+                    "family)")
+    ap.add_argument("--repeats", type=count, default=50)
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        ap.error("this torch sees no CUDA device")
+    out = output_folder(args.out, "--out")  # before the minutes of GPU work, not after
     topo = topology(args.topology)
     print(f"GPU: {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}; torch {torch.__version__}; "
           f"modelled on {topo.name}")
     rows = merge_rows(topo, args.repeats) + attention_rows(topo, args.repeats) + plan_rows(topo)
-    args.out.mkdir(parents=True, exist_ok=True)
     lines = ["| what | size | measured µs | modelled µs | measured / modelled |", "|---|---|---:|---:|---:|"]
     for r in rows:
         ratio = r["measured_us"] / r["modelled_us"] if r.get("modelled_us") else float("nan")
         r["ratio"] = ratio
         model = f"{r['modelled_us']:.1f}" if r.get("modelled_us") is not None else "—"
         lines.append(f"| {r['what']} | {r['size']} | {r['measured_us']:.1f} | {model} | {ratio:.2f} |")
-    with open(args.out / "check.csv", "w", newline="") as f:
+    with open(out / "check.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["what", "size", "measured_us", "modelled_us", "ratio", "correct"])
         writer.writeheader()
         writer.writerows(rows)
-    (args.out / "check.md").write_text("\n".join(lines) + "\n")
+    (out / "check.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run(main))
