@@ -98,10 +98,16 @@ def _reduce_scatter_rows(comm: Comm, x: torch.Tensor, segs: list[tuple[int, int]
 
 
 def allgather_merge(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
-                    wire: torch.dtype = torch.float32) -> torch.Tensor:
-    """All-gather of every rank's packed partial, then one local k-way merge."""
-    mine = wired(partial_attention(q, kv, kernel), wire)
-    return kernels.merged(comm.all_gather(mine, "allgather-merge all-gather"))
+                    wire: torch.dtype = torch.float32, pool: BufferPool | None = None) -> torch.Tensor:
+    """All-gather of every rank's packed partial, then one local k-way merge into the
+    partial's own buffer. The gathered stack comes from ``pool`` when given, as the plan's
+    does: a stack allocated per iteration pays fresh pages in the timed run (on CPU ranks;
+    a GPU's caching allocator would not), which is the harness's cost, not the method's."""
+    part = partial_attention(q, kv, kernel)
+    mine = wired(part, wire)
+    out = pool.take((comm.world, *mine.shape), wire) if pool is not None else None
+    gathered = comm.all_gather(mine, "allgather-merge all-gather", out=out)
+    return kernels.merged_into(part, gathered)  # the gather has completed: part is free to take the result
 
 
 def dcp_ag_rs(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, kernel: str,
@@ -193,13 +199,14 @@ def run_attention_baseline(name: str, comm: Comm, q: torch.Tensor, kv: torch.Ten
                            kernel: str, wire: torch.dtype, pool: BufferPool | None = None, *, result: str = "all",
                            root: int = 0, order: list[int] | None = None) -> torch.Tensor:
     """Dispatch an attention baseline by name (``treeattn.plan.baselines.baselines_for`` lists
-    them; ``result`` and ``root`` for ``allreduce2``, ``order`` for ``ring-attention``)."""
+    them; ``result`` and ``root`` for ``allreduce2``, ``order`` for ``ring-attention``; ``pool``
+    lends the buffers of ``ring-attention`` and ``allgather-merge``)."""
     if name == "allreduce3":
         return allreduce3(comm, q, kv, kernel, wire)
     if name == "allreduce2":
         return allreduce2(comm, q, kv, workload, kernel, wire, result, root)
     if name == "allgather-merge":
-        return allgather_merge(comm, q, kv, kernel, wire)
+        return allgather_merge(comm, q, kv, kernel, wire, pool)
     if name == "dcp-ag-rs":
         return dcp_ag_rs(comm, q, kv, workload, kernel, wire)
     if name == "dcp-a2a":
