@@ -11,7 +11,8 @@ import sys
 import time
 
 from treeattn.cli.script import ArgumentParser, count, run
-from treeattn.plan import TopologyRef, build, validate
+from treeattn.errors import InputError
+from treeattn.plan import ALGORITHMS, TopologyRef, build, validate
 from treeattn.plan.io import dump_plan, load_plan
 from treeattn.workload import Workload
 
@@ -28,10 +29,14 @@ def main() -> None:
     parser.add_argument("--chunks", type=count, default=4)
     parser.add_argument("--algorithms", default="binomial,kary,chain,multirail")
     args = parser.parse_args()
+    names = args.algorithms.split(",")
+    unknown = [n for n in names if n not in ALGORITHMS]
+    if unknown:
+        raise InputError(f"--algorithms: unknown algorithm {unknown[0]!r}; choose one of {', '.join(ALGORITHMS)}")
     work = Workload.create(ranks=args.ranks, seq_len=args.ranks * 1024, batch=4, model="llama-3.1-8b")
     ref = TopologyRef("bench", "sha256:0")
     print(f"{args.ranks} ranks, {args.chunks} chunks, llama-3.1-8b B=4 ({work.rows} rows); CPU seconds")
-    for name in args.algorithms.split(","):
+    for name in names:
         plan, t_build = _timed(lambda name=name: build(name, work, ref, chunks=args.chunks))
         report, t_check = _timed(lambda plan=plan: validate(plan))
         ops = sum(len(p) for p in plan.programs)

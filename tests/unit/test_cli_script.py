@@ -77,3 +77,12 @@ def test_run_renders_library_errors(capsys: pytest.CaptureFixture[str], monkeypa
     assert run(bad) == 2 and capsys.readouterr().err == "x.py: error: --ranks 3: no such case\n"
     assert run(failed) == 1 and capsys.readouterr().err == "x.py: error: rank 1 died\n"
     assert run(lambda: None) == 0 and run(lambda: 3) == 3
+
+
+def test_bench_plan_checks_its_algorithms_before_printing() -> None:
+    # A header on stdout followed by an error would read as the start of a result table.
+    script = ROOT / "benchmarks" / "bench_plan.py"
+    proc = subprocess.run([sys.executable, str(script), "--algorithms", "binomial,bogus"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("bench_plan.py: error: --algorithms: unknown algorithm 'bogus'")
