@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from tests.distributed.netns_skip import NETNS
 from treeattn.emulate import emulated, run_in_namespaces
 from treeattn.emulate.cluster import STATE_DIR
 from treeattn.emulate.netns import list_namespaces, namespace_inode, pids_in_netns, tx_bytes
+from treeattn.exec.interpreter import FAULT_ENV
 from treeattn.topology.library import resolve
 
 pytestmark = NETNS
@@ -171,6 +173,22 @@ def test_run_a_plan_on_two_namespaces(tmp_path):
     assert row["measured_median_us"] > 0 and row["predicted_us"] is not None
     assert (tmp_path / "rows.csv").exists()
     assert "warning" not in res.stderr
+
+
+def test_a_failed_emulated_run_keeps_every_ranks_output(tmp_path):
+    plan = small_plan(tmp_path)
+    runs = tmp_path / "tmp"
+    runs.mkdir()
+    env = {**os.environ, FAULT_ENV: "1:1:exit", "TMPDIR": str(runs)}
+    res = subprocess.run([TREEATTN, "emulate", "run", "emu-2x4", str(plan), "--ranks", "0,4", "--repeats", "2",
+                          "--warmup", "0", "--out", str(tmp_path / "rows.csv")],
+                         capture_output=True, text=True, timeout=180, env=env)
+    assert res.returncode == 1, res.stderr
+    (kept,) = runs.glob("treeattn-emu-run-*")
+    assert "rank 1 died with exit code 17" in res.stderr
+    assert res.stderr.rstrip().endswith(f"every rank's output is kept in {kept}"), res.stderr
+    assert sorted(p.name for p in kept.glob("rank*.log")) == ["rank0.log", "rank1.log"]
+    assert not list(kept.glob("*.pkl"))
 
 
 @pytest.mark.parametrize(("command", "sig", "marker"), [

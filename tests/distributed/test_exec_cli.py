@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -78,10 +79,16 @@ def test_run_table_warns_on_other_topology_and_fails_loudly_on_a_dead_rank(tmp_p
     assert "× plan" in ok.stdout and "yes" in ok.stdout and "predicted" in ok.stdout
     assert len(list((tmp_path / "results" / "runs").glob("*-plan.csv"))) == 1
     monkeypatch.setenv(FAULT_ENV, "1:1:exit")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = run_cli("run", str(path), "--repeats", "2", "--warmup", "0")
     assert dead.exit_code == 1
     assert "rank 1 died with exit code 17" in dead.stderr
     assert "Traceback" not in dead.stderr
+    # The ranks' whole output stays for the user to read, and the error says where.
+    (kept,) = tmp_path.glob("treeattn-run-*")
+    assert dead.stderr.rstrip().endswith(f"every rank's output is kept in {kept}")
+    assert sorted(p.name for p in kept.glob("rank*.log")) == ["rank0.log", "rank1.log"]
+    assert not list(kept.glob("*.pkl"))
 
 
 def test_corrupt_and_invalid_plans_are_refused_before_launch(tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -38,36 +39,45 @@ def children() -> list[int]:
     return out
 
 
-def run_with_fault(monkeypatch, fault: str, plan: Plan | None = None, timeout_s: float = 30.0) -> str:
+def run_with_fault(monkeypatch, tmp_path: Path, fault: str, plan: Plan | None = None,
+                   timeout_s: float = 30.0) -> str:
+    """The error's message up to where it says the ranks' output is kept, after checking
+    that folder holds every rank's log and nothing else of the run is left."""
     monkeypatch.setenv(FAULT_ENV, fault)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     plan = plan or build("binomial", W3, REF, chunks=2)
     before = set(children())  # e.g. the resource tracker an earlier test's multiprocessing left
     with pytest.raises(ExecutionError) as info:
         launch(Job((PlanJob("p", plan),), RunOptions(repeats=3, warmup=1, timeout_s=timeout_s)))
     assert set(children()) <= before
     assert info.value.exit_code == 1
-    return str(info.value)
+    text, kept = str(info.value).split("; every rank's output is kept in ")
+    (folder,) = tmp_path.glob("treeattn-run-*")
+    assert kept == str(folder)
+    assert {p.name for p in folder.glob("rank*.log")} == {f"rank{r}.log" for r in range(plan.workload.ranks)}
+    assert not list(folder.glob("*.pkl"))
+    return text
 
 
-def test_rank_that_raises_is_named(monkeypatch):
+def test_rank_that_raises_is_named(monkeypatch, tmp_path):
     # Rank 1's 3rd op (the first ops run in the checked, untimed iteration).
-    text = run_with_fault(monkeypatch, "1:2:raise")
+    text = run_with_fault(monkeypatch, tmp_path, "1:2:raise")
     assert text.startswith("rank 1 failed: injected fault on rank 1"), text
     assert text.endswith("(ranks 0, 2 were stopped)")
 
 
-def test_rank_that_dies_is_named(monkeypatch):
+def test_rank_that_dies_is_named(monkeypatch, tmp_path):
     # Rank 2 dies in a timed iteration, while its peers wait on it.
-    text = run_with_fault(monkeypatch, "2:9:exit")
+    text = run_with_fault(monkeypatch, tmp_path, "2:9:exit")
     assert text.startswith("rank 2 died with exit code 17"), text
 
 
-def test_hung_peer_times_out(monkeypatch):
+def test_hung_peer_times_out(monkeypatch, tmp_path):
     # Rank 0 waits for a message rank 1 never sends: rank 0's op deadline fires.
     w = Workload(batch=1, q_heads=2, kv_heads=2, head_dim=4, split=(3, 3), kv_dtype="fp32")
     programs = ((Op(OpKind.COMPUTE, 0), Op(OpKind.RECV_MERGE, 1, peer=1)), (Op(OpKind.COMPUTE, 0),))
     plan = Plan("broken", {}, w, REF, 1, programs, (0,))
-    text = run_with_fault(monkeypatch, "", plan, timeout_s=1.0)
+    text = run_with_fault(monkeypatch, tmp_path, "", plan, timeout_s=1.0)
     assert text.startswith("rank 0 failed: rank 0: recv_merge chunk None with rank 1 (step 1) failed: Timed out"), text
     assert text.endswith("(rank 1 was stopped)")
 

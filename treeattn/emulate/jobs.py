@@ -39,15 +39,17 @@ def launch_in_cluster(cluster: Cluster, job: Job, *, timeout_s: float = 1800.0) 
 
     Raises:
         InputError: rank counts differ, or a rank reported bad input.
-        ExecutionError: a rank failed, died or timed out (the message names the first).
+        ExecutionError: a rank failed, died or timed out (the message names the first, and
+            the folder that keeps every rank's output).
     """
-    from treeattn.exec.launch import GRACE_S
+    from treeattn.exec.launch import GRACE_S, keep_output
 
     n = job.ranks
     if n != cluster.num_ranks:
         raise InputError(f"the plan has {n} ranks but the emulated topology {cluster.topology.name!r} places "
                          f"{cluster.num_ranks}; pick a plan made for it or --ranks")
     tmp = Path(tempfile.mkdtemp(prefix="treeattn-emu-run-"))
+    kept = False
     try:
         (tmp / "job.pkl").write_bytes(pickle.dumps(job))
         threads = str(max(1, (os.cpu_count() or 1) // n))
@@ -59,11 +61,18 @@ def launch_in_cluster(cluster: Cluster, job: Job, *, timeout_s: float = 1800.0) 
         results = run_in_namespaces(cluster, lambda r: [sys.executable, "-m", "treeattn.exec.worker", str(tmp)],
                                     env, timeout_s=timeout_s, fail_fast_s=GRACE_S)
         if any(res.returncode for res in results):
-            raise _failure(tmp, results)
+            failure = _failure(tmp, results)
+            kept = failure.exit_code != 2  # bad input is said in full by the message
+            if not kept:
+                raise failure
+            for res in results:
+                (tmp / f"rank{res.rank}.log").write_text(res.stdout + res.stderr)
+            raise keep_output(tmp, failure)
         with open(tmp / "result.pkl", "rb") as f:
             return pickle.load(f)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not kept:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _failure(tmp: Path, results: tuple[RankResult, ...]) -> TreeattnError:

@@ -11,7 +11,8 @@
   this host's available memory). A watchdog polls them: when one exits with
   an error (it raised, or died), the others get a short grace to report, then are killed;
   no child outlives the run (they also die with their parent, through PR_SET_PDEATHSIG).
-  The error names the rank that failed first, not the ranks that lost their peer.
+  The error names the rank that failed first, not the ranks that lost their peer, and the
+  folder where every rank's full output is kept (``keep_output``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from treeattn.errors import ExecutionError, InputError, TreeattnError
 from treeattn.exec.runner import Job, JobResult, memory_problem, pick_backend, placement_problem, run_rank
 
 __all__ = ["RankEnv", "detect_env", "check_world", "slurm_threads", "launch", "launch_local", "free_port",
+           "keep_output",
            "rank_failure", "GRACE_S", "available_bytes", "host_memory_problem"]
 
 _STORE_WAIT = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")
@@ -149,7 +151,8 @@ def launch(job: Job, environ: dict[str, str] | None = None) -> JobResult | None:
 
     Raises:
         InputError: the launcher's world size differs from the plans' rank count.
-        ExecutionError: a rank failed or died (the message names it).
+        ExecutionError: a rank failed or died (the message names it and, for a local run, the
+            folder that keeps every rank's output).
     """
     placed = detect_env(environ)
     if placed is None:
@@ -215,6 +218,7 @@ def launch_local(job: Job) -> JobResult:
     tmp = Path(tempfile.mkdtemp(prefix="treeattn-run-"))
     procs: list[subprocess.Popen] = []
     previous = _stop_on_sigterm()
+    kept = False
     try:
         (tmp / "job.pkl").write_bytes(pickle.dumps(job))
         port = free_port()
@@ -230,7 +234,9 @@ def launch_local(job: Job) -> JobResult:
         killed = _watch(procs)
         codes = [p.returncode for p in procs]
         if any(codes):
-            raise rank_failure(tmp, codes, killed, lambda r: _log_tail(tmp, r))
+            failure = rank_failure(tmp, codes, killed, lambda r: _log_tail(tmp, r))
+            kept = failure.exit_code != 2  # bad input is said in full by the message
+            raise keep_output(tmp, failure) if kept else failure
         with open(tmp / "result.pkl", "rb") as f:
             return pickle.load(f)
     finally:
@@ -239,7 +245,8 @@ def launch_local(job: Job) -> JobResult:
                 p.kill()
         for p in procs:
             p.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not kept:
+            shutil.rmtree(tmp, ignore_errors=True)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
@@ -334,6 +341,15 @@ def rank_failure(
     if first in reports and reports[first].get("exit_code") == 2:
         return InputError(what)
     return ExecutionError(what)
+
+
+def keep_output(tmp: Path, failure: TreeattnError) -> TreeattnError:
+    """``failure`` saying where the run directory ``tmp`` is kept: the message holds a rank's
+    last line, but NCCL_DEBUG output or a C++ stack is in the rest of its ``rankN.log``. The
+    job and result files go (they can be large)."""
+    for name in ("job.pkl", "result.pkl"):
+        (tmp / name).unlink(missing_ok=True)
+    return type(failure)(f"{failure}; every rank's output is kept in {tmp}")
 
 
 def _log_tail(tmp: Path, rank: int) -> str:
