@@ -224,10 +224,19 @@ def test_example_plans_load_validate_and_redump_identically() -> None:
         assert dump_plan(plan, "json" if path.suffix == ".json" else "yaml") == path.read_text()
 
 
-def test_the_format_page_shows_the_current_version():
-    # docs/plan-format.md's example is what a user compares a file against.
-    page = (Path(__file__).resolve().parents[2] / "docs" / "plan-format.md").read_text()
+def test_the_format_page_shows_a_shipped_plan_as_it_is():
+    # docs/plan-format.md's example is what a user compares a file against: it must be the
+    # start of the shipped plan it names, line for line, in the current version.
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "plan-format.md").read_text()
     assert f"\n    version: {PLAN_VERSION}\n" in page
+    example = page.split("## Example\n", 1)[1].split("\n## ", 1)[0]
+    shown = [ln[4:] for ln in example.splitlines() if ln.startswith("    ")]
+    assert shown[-1].strip() == "..."
+    shipped = (root / "plans" / "examples" / "dgx-h100-binomial.yaml").read_text().splitlines()
+    assert "plans/examples/dgx-h100-binomial.yaml" in example
+    for line, real in zip(shown[:-1], shipped, strict=False):
+        assert line == real or (line.endswith(", ...}") and real.startswith(line[:-5])), (line, real)
 
 
 def test_a_plan_prints_as_a_summary_not_its_programs():
