@@ -1,4 +1,5 @@
-"""What each rank of the API tests runs (spawned processes; no test here).
+"""What each rank of the API tests runs (spawned processes; no test here), and the tasks of
+``baselines_worker`` (the executor's baselines on the same gloo ranks).
 
 Every scenario: each rank builds its KV shard (deterministic from the seed, uneven, some
 empty), computes its partial with ``treeattn.attention_partial``, merges it with
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 import treeattn
+from tests.distributed import baselines_worker
 from treeattn.plan.builders import build
 from treeattn.plan.ir import TopologyRef
 from treeattn.plan.trees import reroot
@@ -293,7 +295,8 @@ def bits_as_predicted(rank: int, p: int):  # noqa: ANN201
 
 TASKS = {"bits_as_predicted": bits_as_predicted,
          "every_method": every_method, "searched": searched, "subgroup": subgroup, "errors": errors,
-         "mixed_trio": mixed_trio, "agreement": agreement}
+         "mixed_trio": mixed_trio, "agreement": agreement,
+         "baselines_pooled": baselines_worker.pooled, "baselines_runner_pools": baselines_worker.runner_pools}
 
 
 def main() -> None:

@@ -2,7 +2,9 @@
 
 None of these reads a Plan: they are written the way their authors' code does it, so a bug
 in the plan interpreter cannot hide in both. Their local arithmetic runs on the same fused
-kernels as the plan's (``treeattn.exec.kernels``), so a comparison is of the schedules.
+kernels as the plan's (``treeattn.exec.kernels``), so a comparison is of the schedules, and
+the buffers they fill to send or receive come from a ``BufferPool`` the caller gives (one per
+baseline, released before each iteration), as the plan's come from its executor's.
 Every function is one iteration on one rank and returns its result rows, packed head-major:
 every row (result ``all``), its own heads' rows (``heads``), or every row on the root
 (``root``); ``treeattn.plan.baselines`` says which method delivers which layout.
@@ -29,7 +31,7 @@ import torch
 from treeattn.exec import kernels
 from treeattn.exec.attention import partial_attention
 from treeattn.exec.comm import P2P, BufferPool, Comm, distinct
-from treeattn.exec.merge import pack, weights, wired
+from treeattn.exec.merge import to_wire, weights, wire_cols
 from treeattn.plan.ir import head_split
 from treeattn.workload import Workload
 
@@ -47,12 +49,31 @@ def segments(workload: Workload, world: int) -> list[tuple[int, int]]:
     return out
 
 
+def _pool(pool: BufferPool | None, device: torch.device) -> BufferPool:
+    """``pool``, else one of this call's own (whose buffers are then freed with the call)."""
+    return pool if pool is not None else BufferPool(device)
+
+
+def _lse(part: torch.Tensor, pool: BufferPool) -> torch.Tensor:
+    """The lse column of a packed partial as a contiguous buffer of ``pool`` (the library
+    reduces dense tensors; the column is strided)."""
+    return pool.take((part.shape[0],), torch.float32).copy_(part[:, -1])
+
+
+def _wired(part: torch.Tensor, wire: torch.dtype, pool: BufferPool) -> torch.Tensor:
+    """``treeattn.exec.merge.wired`` into a buffer of ``pool`` (fp32 rows are their own wire form)."""
+    if wire == torch.float32:
+        return part
+    return to_wire(pool.take((*part.shape[:-1], wire_cols(part.shape[-1] - 1, wire)), wire), part)
+
+
 def allreduce3(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
-               wire: torch.dtype = torch.float32) -> torch.Tensor:
+               wire: torch.dtype = torch.float32, pool: BufferPool | None = None) -> torch.Tensor:
     """The paper's three all-reduces on this rank's partial; returns the packed result.
-    The weighted output travels in ``wire`` (the partial dtype); max and weights in fp32."""
+    The weighted output travels in ``wire`` (the partial dtype); max and weights in fp32.
+    The buffers this rank fills to send come from ``pool`` when given, as the plan's do."""
     part = partial_attention(q, kv, kernel)
-    m = comm.all_reduce(part[:, -1].clone(), "max", "allreduce3 max lse")
+    m = comm.all_reduce(_lse(part, _pool(pool, part.device)), "max", "allreduce3 max lse")
     num = comm.all_reduce(kernels.weighted(part, m, wire, with_weight=False), "sum", "allreduce3 sum num")
     den = comm.all_reduce(weights(part[:, -1], m), "sum", "allreduce3 sum den")
     kernels.finish(part, m, num, den)
@@ -60,17 +81,20 @@ def allreduce3(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
 
 
 def allreduce2(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, kernel: str,
-               wire: torch.dtype = torch.float32, result: str = "all", root: int = 0) -> torch.Tensor:
+               wire: torch.dtype = torch.float32, result: str = "all", root: int = 0,
+               pool: BufferPool | None = None) -> torch.Tensor:
     """All-reduce max of lse, then one library sum of (w o, w): all-reduce (``all``),
-    reduce-scatter by head (``heads``: returns this rank's rows) or reduce to ``root``."""
+    reduce-scatter by head (``heads``: returns this rank's rows, finished in the partial's
+    own) or reduce to ``root``. Buffers from ``pool`` when given."""
     part = partial_attention(q, kv, kernel)
-    m = comm.all_reduce(part[:, -1].contiguous(), "max", "allreduce2 max lse")
+    pool = _pool(pool, part.device)
+    m = comm.all_reduce(_lse(part, pool), "max", "allreduce2 max lse")
     packed = kernels.weighted(part, m, wire)
     if result == "heads":
         segs = segments(workload, comm.world)
-        got = _reduce_scatter_rows(comm, packed, segs, "allreduce2 reduce-scatter")
+        got = _reduce_scatter_rows(comm, packed, segs, "allreduce2 reduce-scatter", pool)
         a, b = segs[comm.rank]
-        out = torch.empty(b - a, packed.shape[1], dtype=torch.float32, device=packed.device)
+        out = part[a:b]  # packed holds what the sum needed of part: its rows are free to take the result
         kernels.finish(out, m[a:b], got[:, :-1], got[:, -1])
         return out
     if result == "root":
@@ -81,18 +105,24 @@ def allreduce2(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload
     return part
 
 
-def _reduce_scatter_rows(comm: Comm, x: torch.Tensor, segs: list[tuple[int, int]], what: str) -> torch.Tensor:
+def _reduce_scatter_rows(comm: Comm, x: torch.Tensor, segs: list[tuple[int, int]], what: str,
+                         pool: BufferPool | None = None) -> torch.Tensor:
     """Sum of every rank's ``x`` over this rank's rows (segments padded to the longest, as a
-    caller of the library's reduce-scatter must when the heads do not split evenly)."""
+    caller of the library's reduce-scatter must when the heads do not split evenly). The
+    padded input and the output come from ``pool`` when given. The padding is not written,
+    as in the plan's reduce-scatter: it lands in rows its owner drops, and the library's sum
+    is element-wise, so what it holds changes no kept row."""
+    pool = _pool(pool, x.device)
     sizes = [b - a for a, b in segs]
     n = max(sizes)
+    tail = tuple(x.shape[1:])
     if min(sizes) == n:
         inp = x.contiguous()
     else:
-        inp = torch.zeros((len(segs) * n, *x.shape[1:]), dtype=x.dtype, device=x.device)
+        inp = pool.take((len(segs) * n, *tail), x.dtype)
         for j, (a, b) in enumerate(segs):
             inp[j * n:j * n + b - a] = x[a:b]
-    out = torch.empty((n, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    out = pool.take((n, *tail), x.dtype)
     comm.reduce_scatter(out, inp, "sum", what)
     return out[:sizes[comm.rank]]
 
@@ -100,45 +130,57 @@ def _reduce_scatter_rows(comm: Comm, x: torch.Tensor, segs: list[tuple[int, int]
 def allgather_merge(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
                     wire: torch.dtype = torch.float32, pool: BufferPool | None = None) -> torch.Tensor:
     """All-gather of every rank's packed partial, then one local k-way merge into the
-    partial's own buffer. The gathered stack comes from ``pool`` when given, as the plan's
-    does: a stack allocated per iteration pays fresh pages in the timed run (on CPU ranks;
-    a GPU's caching allocator would not), which is the harness's cost, not the method's."""
+    partial's own buffer. Its wire form and the gathered stack come from ``pool`` when given,
+    as the plan's stack does: a buffer allocated per iteration pays fresh pages in the timed
+    run (on CPU ranks; a GPU's caching allocator would not), which is the harness's cost, not
+    the method's, and under a CUDA graph it must keep its address from capture to replay."""
     part = partial_attention(q, kv, kernel)
-    mine = wired(part, wire)
-    out = pool.take((comm.world, *mine.shape), wire) if pool is not None else None
-    gathered = comm.all_gather(mine, "allgather-merge all-gather", out=out)
+    pool = _pool(pool, part.device)
+    mine = _wired(part, wire, pool)
+    gathered = comm.all_gather(mine, "allgather-merge all-gather", out=pool.take((comm.world, *mine.shape), wire))
     return kernels.merged_into(part, gathered)  # the gather has completed: part is free to take the result
 
 
 def dcp_ag_rs(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, kernel: str,
-              wire: torch.dtype = torch.float32) -> torch.Tensor:
-    """vLLM decode context parallel (all-gather + reduce-scatter); returns this rank's rows."""
+              wire: torch.dtype = torch.float32, pool: BufferPool | None = None) -> torch.Tensor:
+    """vLLM decode context parallel (all-gather + reduce-scatter); returns this rank's rows,
+    written into the partial's own. Buffers from ``pool`` when given."""
     p = comm.world
+    pool = _pool(pool, q.device)
     shares = head_split(workload.q_heads, p)
     n, lo = max(shares), sum(shares[:comm.rank])
-    mine = torch.zeros((q.shape[0], n, q.shape[2]), dtype=q.dtype, device=q.device)
+    mine = pool.take((q.shape[0], n, q.shape[2]), q.dtype).zero_()
     mine[:, :shares[comm.rank]] = q[:, lo:lo + shares[comm.rank]]  # the heads tensor parallelism gives it
-    full_q = torch.cat([t[:, :k] for t, k in zip(comm.all_gather(mine, "dcp-ag-rs all-gather q"), shares,
-                                                  strict=True)], dim=1)
+    parts = comm.all_gather(mine, "dcp-ag-rs all-gather q", out=pool.take((p, *mine.shape), q.dtype))
+    full_q = torch.cat([t[:, :k] for t, k in zip(parts, shares, strict=True)], dim=1,
+                       out=pool.take(tuple(q.shape), q.dtype))
     part = partial_attention(full_q, kv, kernel)
-    total = torch.logsumexp(comm.all_gather(part[:, -1].contiguous(), "dcp-ag-rs all-gather lse"), dim=0)
+    lse = _lse(part, pool)
+    total = torch.logsumexp(comm.all_gather(lse, "dcp-ag-rs all-gather lse", out=pool.take((p, *lse.shape),
+                                                                                            lse.dtype)), dim=0)
     corrected = kernels.weighted(part, total, wire, with_weight=False)
     segs = segments(workload, p)
-    got = _reduce_scatter_rows(comm, corrected, segs, "dcp-ag-rs reduce-scatter").float()
+    got = _reduce_scatter_rows(comm, corrected, segs, "dcp-ag-rs reduce-scatter", pool)
     a, b = segs[comm.rank]
-    return pack(got, total[a:b])
+    out = part[a:b]  # corrected holds what the sum needed of part: its rows are free to take the result
+    out[:, :-1] = got  # the copy widens a narrow wire to fp32, exactly
+    out[:, -1] = total[a:b]
+    return out
 
 
 def dcp_a2a(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, kernel: str,
-            wire: torch.dtype = torch.float32) -> torch.Tensor:
-    """vLLM decode context parallel (all-to-all): partials exchanged by head, merged locally;
-    returns this rank's rows."""
-    part = wired(partial_attention(q, kv, kernel), wire)
+            wire: torch.dtype = torch.float32, pool: BufferPool | None = None) -> torch.Tensor:
+    """vLLM decode context parallel (all-to-all): partials exchanged by head, merged locally
+    into the partial's own rows; returns this rank's rows. Buffers from ``pool`` when given."""
+    part = partial_attention(q, kv, kernel)
+    pool = _pool(pool, part.device)
+    sent = _wired(part, wire, pool)
     segs = segments(workload, comm.world)
     a, b = segs[comm.rank]
-    got = torch.empty((comm.world * (b - a), part.shape[1]), dtype=wire, device=part.device)
-    comm.all_to_all(got, part, [hi - lo for lo, hi in segs], "dcp-a2a all-to-all")
-    return kernels.merged(got.view(comm.world, b - a, part.shape[1]))
+    got = pool.take((comm.world * (b - a), sent.shape[1]), wire)
+    comm.all_to_all(got, sent, [hi - lo for lo, hi in segs], "dcp-a2a all-to-all")
+    # the exchange has completed: part (fp32 wire: what was sent) is free to take the result
+    return kernels.merged_into(part[a:b], got.view(comm.world, b - a, sent.shape[1]))
 
 
 def ring_attention(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, kernel: str,
@@ -179,11 +221,13 @@ def ring_attention(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Work
     return acc
 
 
-def library_collective(comm: Comm, buf: torch.Tensor, result: str = "all", root: int = 0) -> torch.Tensor:
+def library_collective(comm: Comm, buf: torch.Tensor, result: str = "all", root: int = 0,
+                       pool: BufferPool | None = None) -> torch.Tensor:
     """Raw payload: the library's sum of ``buf`` for the layout: all-reduce, in place (every
     element); reduce-scatter (``heads``: returns this rank's even share of the elements,
-    ``treeattn.plan.ir.head_split``); reduce to ``root`` (in place). fp8 travels as fp32:
-    libraries lack fp8 sums. Callers keep their input by passing a copy."""
+    ``treeattn.plan.ir.head_split``, in a buffer of ``pool`` when given); reduce to ``root``
+    (in place). fp8 travels as fp32: libraries lack fp8 sums. Callers keep their input by
+    passing a copy."""
     if result == "all":
         return comm.all_reduce(buf, "sum", "allreduce sum")
     if result == "root":
@@ -192,7 +236,7 @@ def library_collective(comm: Comm, buf: torch.Tensor, result: str = "all", root:
     for n in head_split(buf.shape[0], comm.world):
         segs.append((at, at + n))
         at += n
-    return _reduce_scatter_rows(comm, buf, segs, "reduce-scatter sum")
+    return _reduce_scatter_rows(comm, buf, segs, "reduce-scatter sum", pool)
 
 
 def run_attention_baseline(name: str, comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload,
@@ -200,17 +244,17 @@ def run_attention_baseline(name: str, comm: Comm, q: torch.Tensor, kv: torch.Ten
                            root: int = 0, order: list[int] | None = None) -> torch.Tensor:
     """Dispatch an attention baseline by name (``treeattn.plan.baselines.baselines_for`` lists
     them; ``result`` and ``root`` for ``allreduce2``, ``order`` for ``ring-attention``; ``pool``
-    lends the buffers of ``ring-attention`` and ``allgather-merge``)."""
+    lends every baseline's buffers: one pool per baseline, released before each iteration)."""
     if name == "allreduce3":
-        return allreduce3(comm, q, kv, kernel, wire)
+        return allreduce3(comm, q, kv, kernel, wire, pool)
     if name == "allreduce2":
-        return allreduce2(comm, q, kv, workload, kernel, wire, result, root)
+        return allreduce2(comm, q, kv, workload, kernel, wire, result, root, pool)
     if name == "allgather-merge":
         return allgather_merge(comm, q, kv, kernel, wire, pool)
     if name == "dcp-ag-rs":
-        return dcp_ag_rs(comm, q, kv, workload, kernel, wire)
+        return dcp_ag_rs(comm, q, kv, workload, kernel, wire, pool)
     if name == "dcp-a2a":
-        return dcp_a2a(comm, q, kv, workload, kernel, wire)
+        return dcp_a2a(comm, q, kv, workload, kernel, wire, pool)
     if name == "ring-attention":
         return ring_attention(comm, q, kv, workload, kernel, pool, order)
     raise ValueError(f"unknown baseline {name!r}")

@@ -529,7 +529,6 @@ class _RankRun:
             self._baselines_done.add((repr(w), plan.result, "baselines"))
             layout, root = parse_result(plan.result, plan.ranks) if not plan.result.startswith("ranks:") else (
                 "all", None)
-            pool = BufferPool(comm.device)
             for b in baselines_for(w, layout, root, pj.ring_order):
                 kind = b.result
                 everyone = tuple(range(comm.world)) if opt.check == "all" else (0,)
@@ -543,8 +542,11 @@ class _RankRun:
                     out.append(self._raw_baseline(pj, b, inputs, w, everyone, repeats, brows))
                     continue
                 wire = torch_dtype(w.partial_dtype)
+                # One pool per baseline: a slot another baseline's iteration took (or grew, freeing
+                # its storage) would be overwritten under, or gone from, this one's captured graph.
+                pool = BufferPool(comm.device)
 
-                def fn(b=b, wire=wire, w=w):
+                def fn(b=b, wire=wire, w=w, pool=pool):
                     return run_attention_baseline(b.name, comm, inputs.q, inputs.kv, w, kernel, wire, pool,
                                                   result=b.result, root=b.kwargs.get("root", 0),
                                                   order=b.kwargs.get("order"))
@@ -556,14 +558,17 @@ class _RankRun:
 
     def _raw_baseline(self, pj: PlanJob, b, inputs: RankInputs, w: Payload, checks: tuple[int, ...],  # noqa: ANN001
                       repeats: int, rows: tuple[int, int] | None) -> _Timed:
-        """A raw payload's library collective (all-reduce, reduce-scatter or reduce)."""
+        """A raw payload's library collective (all-reduce, reduce-scatter or reduce), its
+        buffers its own as an attention baseline's are (``methods``)."""
         work = torch.empty_like(inputs.raw)
+        pool = BufferPool(self.comm.device)
 
         def prepare(work=work, buf=inputs.raw):
+            pool.release_all()
             work.copy_(buf)
 
         def fn(work=work):
-            return library_collective(self.comm, work, b.result, b.kwargs.get("root", 0))
+            return library_collective(self.comm, work, b.result, b.kwargs.get("root", 0), pool)
 
         return _Timed(pj.label, b.name, fn, w, checks, repeats, prepare=prepare, rows=rows,
                       sliced=b.result == "heads", everyone_holds=b.result == "all")
