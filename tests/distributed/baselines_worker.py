@@ -197,7 +197,7 @@ def _two_iterations(label: str, expected: torch.Tensor, call) -> dict:  # noqa: 
 
 def runner_pools(rank: int, p: int):  # noqa: ANN201 - a generator of result dicts
     """The baselines the runner sets up for an attention plan (``all`` and ``heads``) and a
-    raw one (``heads``), run twice in turn as a timed run deals them out: every buffer each
+    raw one (``heads`` and ``all``), run twice in turn as a timed run deals them out: every buffer each
     one took, per iteration."""
     import treeattn.exec.runner as runner
 
@@ -207,7 +207,8 @@ def runner_pools(rank: int, p: int):  # noqa: ANN201 - a generator of result dic
                  partial_dtype="bf16")
     plans = [runner.PlanJob("all", build("binomial", w, REF)),
              runner.PlanJob("heads", build("ring", w, REF, result="heads")),
-             runner.PlanJob("raw", build("ring", RawPayload(nbytes=4 * 23, ranks=p), REF, result="heads"))]
+             runner.PlanJob("raw", build("ring", RawPayload(nbytes=4 * 23, ranks=p), REF, result="heads")),
+             runner.PlanJob("rawall", build("ring", RawPayload(nbytes=4 * 23, ranks=p), REF))]
     job = runner.Job(tuple(plans), runner.RunOptions(baselines=True, backend="gloo"))
     run = runner._RankRun(job, comm, {})
     timed = [t for pj in plans for t in run.methods(pj) if t.method != "plan"]

@@ -52,7 +52,8 @@ def test_every_baseline_takes_the_same_pooled_buffers_each_iteration(pooled):
 def test_each_baseline_of_a_run_has_a_pool_of_its_own(runner_pools):
     for rank, got in enumerate(runner_pools):
         methods, log = got["methods"], got["log"]
-        assert len(methods) == 9, methods  # 4 for all, 4 for heads, the raw payload's reduce-scatter
+        # 4 for all, 4 for heads, the raw payload's reduce-scatter, and its all-reduce and all-gather + sum
+        assert len(methods) == 11, methods
         # No two baselines were lent overlapping bytes, though each ran twice, in turn.
         spans: dict[str, set[tuple[int, int]]] = {}
         for method, _, _, start, end in log:
@@ -64,7 +65,16 @@ def test_each_baseline_of_a_run_has_a_pool_of_its_own(runner_pools):
         for method, _, pool, _, _ in log:
             pools.setdefault(pool, set()).add(method)
         assert all(len(users) == 1 for users in pools.values()), f"rank {rank}: pools shared: {pools.values()}"
-        assert set(spans) == set(methods), f"rank {rank}: took nothing from a pool: {set(methods) - set(spans)}"
+        in_place = {"rawall allreduce"}  # the library's all-reduce sums in the caller's buffer
+        assert set(spans) == set(methods) - in_place, f"rank {rank}: pooled: {set(spans)}, methods: {methods}"
         for method in methods:  # and each one's second iteration was lent its first's buffers
             per_it = [[(s, e) for m, i, _, s, e in log if m == method and i == it] for it in (0, 1)]
             assert per_it[0] == per_it[1], f"rank {rank}, {method}: other buffers on the second iteration"
+
+
+def test_a_raw_payloads_allgather_merge_gathers_every_rank(runner_pools):
+    # Its prediction is the all-gather + sum plan's, so what runs must be that, not an all-reduce.
+    for rank, got in enumerate(runner_pools):
+        lent = [end - start for method, it, _, start, end in got["log"]
+                if method == "rawall allgather-merge" and it == 0]
+        assert lent == [P * 4 * 23], f"rank {rank}: the gathered stack: {lent}"

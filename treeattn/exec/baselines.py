@@ -35,8 +35,8 @@ from treeattn.exec.merge import to_wire, weights, wire_cols
 from treeattn.plan.ir import head_split
 from treeattn.workload import Workload
 
-__all__ = ["allreduce3", "allreduce2", "allgather_merge",
-           "dcp_ag_rs", "dcp_a2a", "ring_attention", "library_collective", "run_attention_baseline", "segments"]
+__all__ = ["allreduce3", "allreduce2", "allgather_merge", "dcp_ag_rs", "dcp_a2a", "ring_attention",
+           "library_collective", "allgather_sum", "run_attention_baseline", "run_raw_baseline", "segments"]
 
 
 
@@ -237,6 +237,25 @@ def library_collective(comm: Comm, buf: torch.Tensor, result: str = "all", root:
         segs.append((at, at + n))
         at += n
     return _reduce_scatter_rows(comm, buf, segs, "reduce-scatter sum", pool)
+
+
+def allgather_sum(comm: Comm, buf: torch.Tensor, pool: BufferPool | None = None) -> torch.Tensor:
+    """Raw payload, result ``all``: all-gather + merge as it is for a sum, every rank's ``buf``
+    gathered (into a buffer of ``pool`` when given), then summed locally into ``buf``."""
+    pool = _pool(pool, buf.device)
+    gathered = comm.all_gather(buf, "allgather-merge all-gather", out=pool.take((comm.world, *buf.shape), buf.dtype))
+    return kernels.sum_stack_into(buf, gathered)  # the gather has completed: buf is free to take the sum
+
+
+def run_raw_baseline(name: str, comm: Comm, buf: torch.Tensor, result: str = "all", root: int = 0,
+                     pool: BufferPool | None = None) -> torch.Tensor:
+    """Dispatch a raw payload's baseline by name (``allreduce``: the library's collective for
+    the layout; ``allgather-merge``: ``allgather_sum``), on ``buf`` in place where it can."""
+    if name == "allreduce":
+        return library_collective(comm, buf, result, root, pool)
+    if name == "allgather-merge":
+        return allgather_sum(comm, buf, pool)
+    raise ValueError(f"unknown raw baseline {name!r}")
 
 
 def run_attention_baseline(name: str, comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload,

@@ -41,7 +41,7 @@ from treeattn.cost.memory import run_bytes
 from treeattn.errors import InputError, PlanInvalidError
 from treeattn.exec import kernels as fused
 from treeattn.exec.attention import make_kv_shard, make_query, make_raw, resolve_kernel, torch_dtype
-from treeattn.exec.baselines import library_collective, run_attention_baseline, segments
+from treeattn.exec.baselines import run_attention_baseline, run_raw_baseline, segments
 from treeattn.exec.comm import BufferPool, Comm
 from treeattn.exec.deadline import MAX_ITERATIONS, SETUP_TIMEOUT_S
 from treeattn.exec.graphs import Graphed, capture
@@ -558,8 +558,8 @@ class _RankRun:
 
     def _raw_baseline(self, pj: PlanJob, b, inputs: RankInputs, w: Payload, checks: tuple[int, ...],  # noqa: ANN001
                       repeats: int, rows: tuple[int, int] | None) -> _Timed:
-        """A raw payload's library collective (all-reduce, reduce-scatter or reduce), its
-        buffers its own as an attention baseline's are (``methods``)."""
+        """A raw payload's baseline (the library's all-reduce, reduce-scatter or reduce, or
+        all-gather + sum), its buffers its own as an attention baseline's are (``methods``)."""
         work = torch.empty_like(inputs.raw)
         pool = BufferPool(self.comm.device)
 
@@ -568,7 +568,7 @@ class _RankRun:
             work.copy_(buf)
 
         def fn(work=work):
-            return library_collective(self.comm, work, b.result, b.kwargs.get("root", 0), pool)
+            return run_raw_baseline(b.name, self.comm, work, b.result, b.kwargs.get("root", 0), pool)
 
         return _Timed(pj.label, b.name, fn, w, checks, repeats, prepare=prepare, rows=rows,
                       sliced=b.result == "heads", everyone_holds=b.result == "all")
