@@ -250,6 +250,27 @@ def test_cli_refuses_with_one_line(args, match):
     assert len(res.stderr.strip().splitlines()) == 1
 
 
+def test_cli_reads_what_nccl_tests_2_19_prints_on_request(tmp_path):
+    # -S 1 (timestamps) and -J (JSON; here of -I 1) logs, written to nccl-tests 2.19.6's formats.
+    stamped = FIX / "all_reduce_perf.8xh100-S1.txt"
+    res = run_cli("calibrate", "--from-nccl-tests", str(stamped), "-t", "dgx-h100", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["logs"][0]["beta_link_gbps"] == pytest.approx(
+        calibrate_from_log(read_nccl_tests(stamped)).beta_link_gbps)
+    res = run_cli("calibrate", "--from-nccl-tests", str(FIX / "run.2x8xh100-I1.json"), "-t", "dgx-h100:nodes=2",
+                  "--json")
+    assert res.exit_code == 0, res.stderr
+    (lf,) = json.loads(res.stdout)["logs"]
+    assert (lf["collective"], lf["ranks"], lf["scope"]) == ("all_reduce", 16, "network")
+    # CPU times (-C 1), and JSON that is not nccl-tests', are refused in one line.
+    foreign = tmp_path / "results.json"
+    foreign.write_text('{"name": "something else"}')
+    for path, said in ((FIX / "all_reduce_perf.8xh100-C1.txt", "rerun without -C 1"),
+                       (foreign, f"{foreign}: JSON, but not nccl-tests' -J output")):
+        res = run_cli("calibrate", "--from-nccl-tests", str(path), "-t", "dgx-h100")
+        assert res.exit_code == 2 and said in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "match"),
     [

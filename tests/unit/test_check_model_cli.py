@@ -154,6 +154,30 @@ def test_own_log_bad_input_is_one_line_and_exit_2(tmp_path):
         assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1 and said in res.stderr, res.stderr
 
 
+def test_own_logs_of_nccl_tests_2_19_options_and_json_are_scored(tmp_path):
+    # Written to nccl-tests 2.19.6's formats: -S 1's timestamps, -I 1's per-iteration columns,
+    # -J's JSON (two processes of 8 GPUs, each listing its first device), NCCL 2.27.3 printed by both.
+    fixtures = FIXTURE.parent
+    res = run_cli("check-model", str(fixtures / "run.2x8xh100-I1.json"), "-t", "dgx-h100:nodes=2")
+    assert res.exit_code == 0, res.stderr
+    assert (f"{fixtures / 'run.2x8xh100-I1.json'}: all_reduce over 16 ranks on dgx-h100:nodes=2, 8 GPUs a process "
+            "(-g), NCCL 2.27.3 (printed)") in res.stdout
+    texts = [str(fixtures / f"all_reduce_perf.8xh100-{flag}.txt") for flag in ("S1", "I1")]
+    res = run_cli("check-model", *texts, "-t", "dgx-h100", "--json")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert [data["tables"][f"{t}/all_reduce"]["library_version"] for t in texts] == ["NCCL 2.27.3"] * 2
+    by_log = [[(r["bytes"], r["published_us"]) for r in data["rows"] if r["table"].startswith(t)] for t in texts]
+    assert by_log[0] == by_log[1] and len(by_log[0]) == 8
+    # -C 1's CPU times are not what the model predicts; JSON that is not nccl-tests' is said so.
+    foreign = tmp_path / "run.json"
+    foreign.write_text("[1, 2, 3]")
+    for path, said in ((fixtures / "all_reduce_perf.8xh100-C1.txt", "'cputime' (nccl-tests -C 1)"),
+                       (foreign, "JSON, but not nccl-tests' -J output")):
+        res = run_cli("check-model", str(path), "-t", "dgx-h100")
+        assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1 and said in res.stderr, res.stderr
+
+
 def _voltage_park_all_gather(tmp_path: Path, name: str) -> Path:
     """Voltage Park's all-gather run as its log holds it (results/published): the collective
     named by the line nccl-tests prints, sizes under one element per rank printed as 0."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treeattn.calibrate.fit import COLLECTIVE_MODELS, Weighting, fit_alpha_beta, fit_collective
-from treeattn.calibrate.nccl_tests import calibrate_from_log, collective_from_name, parse_nccl_tests, read_nccl_tests
+from treeattn.calibrate.nccl_tests import (
+    NcclTestsLog,
+    Timing,
+    calibrate_from_log,
+    collective_from_name,
+    log_run,
+    parse_nccl_tests,
+    parse_published_table,
+    read_nccl_tests,
+)
 from treeattn.errors import ProbeError
 
 FIX = Path(__file__).parents[1] / "fixtures" / "nccl-tests"
@@ -210,6 +221,163 @@ def test_errors_name_the_file_as_given(tmp_path):
     path.write_text((FIX / "damaged" / "all_reduce_perf.row-missing.txt").read_text())
     with pytest.raises(ProbeError, match=rf"^{re.escape(str(path))}:38: 31 rows"):
         read_nccl_tests(path)
+
+
+# -- what nccl-tests 2.19 prints on request ----------------------------------------------------------
+# The *-S1, *-I1, *-C1 logs and run.2x8xh100-I1.json were written to nccl-tests 2.19.6's printf
+# formats (src/util.cu), not captured from runs: tests/fixtures/nccl-tests/README.md.
+
+S1 = FIX / "all_reduce_perf.8xh100-S1.txt"
+I1 = FIX / "all_reduce_perf.8xh100-I1.txt"
+C1 = FIX / "all_reduce_perf.8xh100-C1.txt"
+JSON_LOG = FIX / "run.2x8xh100-I1.json"
+
+
+def _timings(log: NcclTestsLog) -> list[tuple]:
+    return [(r.size_bytes, r.count, r.root, r.out_of_place, r.in_place) for r in log.rows]
+
+
+def test_a_timestamp_column_is_read_past():
+    # -S 1 prints "%Y-%m-%d %H:%M:%S" right-aligned in 21 columns after the in-place #wrong: two fields.
+    log = read_nccl_tests(S1)
+    assert (log.ranks, len(log.rows), log.avg_busbw_gbps, log.collective) == (8, 8, 283.453, "all_reduce")
+    last = log.rows[-1]
+    assert (last.size_bytes, last.out_of_place.time_us, last.in_place.busbw_gbps, last.in_place.wrong) == (
+        134217728, 554.62, 418.48, 0)
+    assert log.nccl_version == "2.27.3"  # from "nccl-library=22703" in the first line nccl-tests prints
+    lines = _lines(S1)
+    i = _row_index(lines, 8388608)
+    for damaged, match in ((lines[i].rsplit(" ", 1)[0], r"^S1.txt:23: row has 14 fields, the table has 15"),
+                           (lines[i].replace("14:03:14", "14.03.14"), r"^S1.txt:23: row ends .* not the timestamp")):
+        with pytest.raises(ProbeError, match=match):
+            parse_nccl_tests("\n".join([*lines[:i], damaged, *lines[i + 1:]]), "S1.txt")
+
+
+def test_per_iteration_columns_are_read_past():
+    # -I 1 prints i_min i_max i_p99 i_cv% after each group's #wrong; the -S 1 log holds the same figures.
+    log = read_nccl_tests(I1)
+    assert _timings(log) == _timings(read_nccl_tests(S1)) and log.avg_busbw_gbps == 283.453
+    # -I 1 -S 1: the timestamp follows the in-place per-iteration figures, as writeResultHeader
+    # labels it (" %*s", 19 wide) and common.cu prints it ("%21s" after the in-place report).
+    lines = _lines(I1)
+    head = next(k for k, ln in enumerate(lines) if ln.split()[1:2] == ["size"])
+    stamped = [*lines[:head], lines[head] + f"{'timestamp':>19}", lines[head + 1] + f"{'%Y-%m-%d %H:%M:%S':>19}"]
+    stamped += [ln + (f"{f'2026-07-20 14:03:{k:02d}':>21}" if ln[:1] == " " else "")
+                for k, ln in enumerate(lines[head + 2:])]
+    assert _timings(parse_nccl_tests("\n".join(stamped), "IS.txt")) == _timings(log)
+    # The figures read past are still numbers: a damaged one is damage.
+    i = _row_index(lines, 4194304)
+    parts = lines[i].split()
+    parts[11] = "3x.84"
+    with pytest.raises(ProbeError, match=r"^I1.txt:23: i_p99 '3x.84' is not a number"):
+        parse_nccl_tests("\n".join([*lines[:i], "  ".join(parts), *lines[i + 1:]]), "I1.txt")
+
+
+def test_cpu_time_is_refused_for_the_gpu_time_the_model_predicts():
+    # -C 1 prints the host's time to launch the calls as "cputime"; algbw and busbw stay GPU time's,
+    # so the columns disagree and neither calibration nor check-model may read the times.
+    with pytest.raises(ProbeError, match=r"C1.txt:18: the time column is 'cputime' \(nccl-tests -C 1\): .* the GPU "
+                                         r"time the model predicts; rerun without -C 1$"):
+        read_nccl_tests(C1)
+    with pytest.raises(ProbeError, match="rerun without -C 1"):
+        parse_published_table(C1.read_text(), "c1.txt")
+
+
+def test_json_output_is_read_as_the_same_log(tmp_path):
+    # mpirun -np 2 all_reduce_perf -g 8 -I 1 -J ...: the JSON lists each process's first device.
+    log = read_nccl_tests(JSON_LOG)
+    assert (log.n_threads, log.n_gpus, log.ranks, [d.rank for d in log.devices]) == (1, 8, 16, [0, 8])
+    assert log.devices[1].host == "gpu-a08" and log.devices[1].name == "NVIDIA H100 80GB HBM3"
+    assert log.collective == "all_reduce"  # from the command line it records: the file name says nothing
+    assert (log.nccl_version, log.out_of_bounds, log.avg_busbw_gbps) == ("2.27.3", "0 OK", 90.540504)
+    first = log.rows[0]
+    assert (first.line, first.size_bytes, first.count, first.dtype, first.redop, first.root) == (
+        1, 1048576, 262144, "float", "sum", -1)
+    assert first.out_of_place == Timing(55.540773, 18.879392, 35.398859, 0.0)
+    assert [r.size_bytes for r in log.rows] == [1048576 << k for k in range(5)]
+    assert log_run(log) == ("all_reduce", 16, ()) and calibrate_from_log(log).ranks == 16
+    # nccl-tests writes to NAME.json.0 when NAME.json exists: read by its content.
+    again = tmp_path / "all_reduce.json.0"
+    again.write_text(JSON_LOG.read_text())
+    assert _timings(read_nccl_tests(again)) == _timings(log)
+
+
+def _edited(edit: Callable[[dict], object]) -> str:
+    data = json.loads(JSON_LOG.read_text())
+    edit(data)
+    return json.dumps(data)
+
+
+def _set(d: dict, key: str, value: object) -> None:
+    d[key] = value
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        (JSON_LOG.read_text()[:5000], r"^j.json: the JSON ends early: the run was cut short\?$"),
+        (JSON_LOG.read_text()[:-60], r"^j.json: the JSON ends early"),
+        ("", r"^j.json: the file is empty$"),
+        ("# nThread 1 nGpus 8", r"^j.json: not JSON \(Expecting value, line 1 column 1\)$"),
+        ('{"version": 1, "results": []}', r"^j.json: JSON, but not nccl-tests' -J output"),
+        ("[1, 2]", r"^j.json: JSON, but not nccl-tests' -J output"),
+        (_edited(lambda d: d["results"][2]["in_place"].update(cpu_time=d["results"][2]["in_place"].pop("time"))),
+         r"^j.json: results\[2\]\.in_place gives cpu_time \(nccl-tests -C 1\).*rerun without -C 1$"),
+        (_edited(lambda d: d["results"][1]["out_of_place"].pop("alg_bw")),
+         r"^j.json: results\[1\]\.out_of_place\.alg_bw is missing, expected a number$"),
+        (_edited(lambda d: _set(d["results"][3]["in_place"], "time", "nan")),
+         r"^j.json: results\[3\]\.in_place\.time is 'nan', expected a number$"),
+        (_edited(lambda d: _set(d["results"][3]["in_place"], "alg_bw", 12.5)),
+         r"^j.json: results\[3\]\.in_place: algbw 12.5 GB/s but size/time"),
+        (_edited(lambda d: _set(d["results"][3]["in_place"], "bus_bw", 12.5)), r"^j.json: results\[3\]: busbw/algbw"),
+        (_edited(lambda d: d["results"].pop(2)), r"^j.json: results\[3\]: 4 rows, but minBytes 1048576 .. maxBytes "
+                                                 r"16777216 by step 2\(factor\) gives 5"),
+        (_edited(lambda d: d["results"].insert(0, d["results"].pop(1))),
+         r"^j.json: results\[1\]: size 1048576 after 2097152: rows out of order"),
+        (_edited(lambda d: d.pop("average_bus_bandwidth")), r"^j.json: no average_bus_bandwidth: the run did not "
+                                                            "finish"),
+        (_edited(lambda d: _set(d["average_bus_bandwidth"], "bandwidth", 50.0)),
+         r"^j.json: the average bus bandwidth says 50 but the rows average 90.54"),
+        (_edited(lambda d: _set(d["config"]["devices"][1], "rank", 1)),
+         r"^j.json: config.devices lists ranks \[0, 1\], not each process's first \(8 apart from 0\)$"),
+        (_edited(lambda d: d["config"].pop("step_factor")), r"^j.json: config.step_bytes is missing, expected an "
+                                                            "integer$"),
+    ],
+)
+def test_damaged_or_foreign_json_is_refused(text, match):
+    with pytest.raises(ProbeError, match=match):
+        parse_nccl_tests(text, "j.json")
+
+
+def test_json_of_an_unchecked_or_in_place_only_run_is_read():
+    # -c 0 writes nwrong null (not checked); a run without out-of-place timings writes null there.
+    def edit(d: dict) -> None:
+        for r in d["results"]:
+            r["in_place"]["nwrong"] = None
+            r["out_of_place"] = None
+        bus = [r["in_place"]["bus_bw"] for r in d["results"]]
+        d["average_bus_bandwidth"]["bandwidth"] = sum(bus) / len(bus)
+
+    log = parse_nccl_tests(_edited(edit), "j.json")
+    assert all(r.out_of_place is None and r.in_place.wrong is None for r in log.rows)
+
+
+def test_lines_mpich_hydra_tagged_are_read():
+    # mpiexec -prepend-rank (or -l) puts "[rank] " before each line it relays; NCCL's own lines
+    # start with their host, and stay NCCL INFO lines, skipped, tagged or not.
+    from treeattn.calibrate.nccl_tests import _TAG
+
+    info = "node005:295203:295210 [3] NCCL INFO comm 0x1 rank 3 nranks 8 - Init COMPLETE"
+    assert _TAG.sub("", info, count=1) == info
+    tagged = [f"[0] {ln}" for ln in _lines(ONE)]
+    tagged[3:3] = [f"[3] {info}", "[0]"]
+    i = _row_index(_lines(ONE), 268435456) + 2
+    tagged.insert(i, info)
+    log = parse_nccl_tests("\n".join(tagged), "h.txt")
+    assert log.ranks == 8 and [r.size_bytes for r in log.rows] == [134217728 << k for k in range(6)]
+    assert log.rows[-1].out_of_place.time_us == 15870 and 4 in log.ignored and i + 1 in log.ignored
+    assert [r.size_bytes for r in parse_published_table("\n".join(tagged), "h.txt").rows] == [
+        r.size_bytes for r in log.rows]
 
 
 # -- fitting ----------------------------------------------------------------------------------------

@@ -7,8 +7,9 @@
 * ``pingpong`` fits per-class alpha/beta and the per-message overhead; ``fit_host`` fits the
   host CPU terms of ranks that are processes on one machine through the simulator;
   ``apply_fit`` writes fitted figures into a copy of a Topology.
-* ``nccl_tests`` parses nccl-tests / rccl-tests logs and fits each (``fit``: alpha-beta, plain
-  and per collective); ``from_nccl_tests`` maps those fits onto a topology's route classes.
+* ``nccl_tests`` parses nccl-tests / rccl-tests logs (``nccl_tests_json`` the JSON file of
+  nccl-tests' ``-J``) and fits each (``fit``: alpha-beta, plain and per collective);
+  ``from_nccl_tests`` maps those fits onto a topology's route classes.
 
 Importing this package (or any module but ``live``, ``compute`` and ``plot``) does not
 import torch.

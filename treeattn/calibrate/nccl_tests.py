@@ -13,18 +13,28 @@ The format, as printed by rank 0::
     # Avg bus bandwidth    : 107.51
 
 Older versions name the columns ``bytes N type op`` and ``error``/``res``; the parser reads the
-column header. Lines a launcher tagged (``srun -l``'s ``0:``, ``mpirun --tag-output``'s
-``[1,0]<stdout>:``) are read untagged. Lines outside the table that are not recognised (shell echo, ``NCCL INFO``,
-trimmed device lists) are skipped and their numbers kept in ``ignored``. Inside the table
-every line must be a row, a ``#`` line or an ``NCCL INFO/WARN`` line.
+column header. Columns recent nccl-tests add on request are read past: ``-I 1``'s (2.19)
+``i_min i_max i_p99 i_cv%`` after each group's ``#wrong``, ``-S 1``'s ``timestamp`` (printed
+``%Y-%m-%d %H:%M:%S``) after the last group. ``-C 1`` names the time column ``cputime``: the
+host's time to launch the calls, not the GPU time the model predicts (algbw and busbw stay
+GPU figures), so such a table is refused. The NCCL release is read from an ``NCCL version``
+line, or from the ``nccl-library=`` code nccl-tests 2.17.4 and later print first. The JSON
+file ``-J FILE`` writes is read into the same log (``nccl_tests_json``): ``parse_nccl_tests``
+and ``read_nccl_tests`` take either.
+
+Lines a launcher tagged (``srun -l``'s ``0:``, ``mpirun --tag-output``'s ``[1,0]<stdout>:``,
+MPICH Hydra ``-prepend-rank``'s ``[0] ``) are read untagged. Lines outside the table that
+are not recognised (shell echo, ``NCCL INFO``, trimmed device lists) are skipped and their
+numbers kept in ``ignored``. Inside the table every line must be a row, a ``#`` line or an
+``NCCL INFO/WARN`` line.
 
 Tables copied from publications (``parse_published_table``) are read more leniently: a
 range of lines holding one table, with or without its headers, trailer or ``#  Rank`` lines,
-rows possibly tagged by the launcher (``0:``, ``[1,0]<stdout>:``) and columns not aligned;
-the layout comes from the column header when there is one, else from the number of fields
-(size count type [redop] [root], then one or two time/algbw/busbw/#wrong groups). Each row
-is still checked (algbw against size/time, one busbw/algbw ratio, sizes increasing), so a
-copying mistake is caught; rows of 0 bytes are left out.
+rows possibly tagged by the launcher (``0:``, ``[1,0]<stdout>:``, ``[0] ``) and columns not
+aligned; the layout comes from the column header when there is one, else from the number of
+fields (size count type [redop] [root], then one or two time/algbw/busbw/#wrong groups). Each
+row is still checked (algbw against size/time, one busbw/algbw ratio, sizes increasing), so
+a copying mistake is caught; rows of 0 bytes are left out.
 
 A damaged log is refused (``ProbeError`` with the line): a row with the wrong number of
 fields or an unreadable number, ``algbw`` that is not size/time, ``busbw``/``algbw`` ratios
@@ -37,6 +47,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,9 +69,16 @@ _NAME = re.compile(r"(all_reduce|all_gather|reduce_scatter|broadcast|sendrecv|al
                    r"scatter)_perf")
 _STARTING = re.compile(r"^#?\s*Collective test starting:\s*(\S+)")
 """nccl-tests 2.13 and later name the test before the header."""
-_TAG = re.compile(r"^\s*(?:\[\d+(?:,\d+)?\](?:<std(?:out|err)>)?:|\d+:)\s?")
+_LIBRARY = re.compile(r"^#\s*nccl-tests version \S+ nccl-headers=\d+ nccl-library=(\d+)")
+"""nccl-tests 2.17.4 and later print the NCCL they ran with as its version code first."""
+_TAG = re.compile(r"^\s*(?:\[\d+(?:,\d+)?\](?:<std(?:out|err)>)?:|\[\d+\](?=\s|$)|\d+:)\s?")
 """What a launcher puts before each line it relays: ``mpirun --tag-output`` (``[1,0]<stdout>:``),
-``srun -l`` (``0:``)."""
+MPICH Hydra ``-prepend-rank`` / ``-l`` (``[0] ``), ``srun -l`` (``0:``). Anchored at the line's
+start: an ``NCCL INFO`` line starts with its host (``node005:1234:1234 [0] NCCL INFO``)."""
+_PER_ITER = ["i_min", "i_max", "i_p99", "i_cv%"]
+"""The per-iteration figures ``-I 1`` prints after each group's ``#wrong``."""
+_DATE, _CLOCK = re.compile(r"\d{4}-\d\d-\d\d"), re.compile(r"\d\d:\d\d:\d\d")
+"""``-S 1``'s timestamp, ``%Y-%m-%d %H:%M:%S``: two fields of a row."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,11 +132,15 @@ class NcclTestsLog:
     """Lines outside the table that were skipped."""
     rccl: bool = False
     """rccl-tests' output (a ``rccl-tests: Version`` or ``RCCL version`` line): AMD GPUs."""
+    n_ranks: int | None = None
+    """Ranks in the run where ``devices`` does not list each: nccl-tests' JSON lists one device
+    a process."""
 
     @property
     def ranks(self) -> int | None:
-        """Ranks listed in the ``#  Rank`` lines; None when the log has none."""
-        return len(self.devices) or None
+        """Ranks in the run: listed in the ``#  Rank`` lines (or counted from the JSON's
+        processes); None when the log lists none."""
+        return self.n_ranks or len(self.devices) or None
 
     def busbw_ratio(self) -> float:
         """busbw / algbw of the row with the largest algbw (most digits)."""
@@ -135,6 +157,15 @@ def collective_from_name(name: str) -> str | None:
     return m.group(1) if m else None
 
 
+def release_of_code(code: int) -> str:
+    """The release NCCL's version code names (22703: ``2.27.3``; before 2.9, 2708: ``2.7.8``);
+    empty for none (0)."""
+    if code <= 0:
+        return ""
+    major, rest = divmod(code, 10000 if code >= 20900 else 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"
+
+
 def _num(text: str, source: str, lineno: int, what: str, *, integer: bool = False) -> float | None:
     if text == "N/A":
         return None
@@ -147,21 +178,52 @@ def _num(text: str, source: str, lineno: int, what: str, *, integer: bool = Fals
     return value
 
 
-def _columns(line: str, source: str, lineno: int) -> tuple[list[str], int, bool]:
-    """Prefix column names, the number of (time, algbw, busbw, wrong) groups, and whether the
-    last of each counts wrong elements (``#wrong``) rather than giving the largest error."""
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """A table's columns: the prefix (size count type ...), then ``groups`` placements of time,
+    algbw, busbw and #wrong, each followed by ``-I 1``'s figures or not, then ``-S 1``'s
+    timestamp or not."""
+
+    prefix: list[str]
+    groups: int
+    counts: bool | None = None
+    """The last of each group counts wrong elements (``#wrong``); False: an old version's
+    largest error (``error``); None: no header is known (told apart by the figure)."""
+    per_iter: bool = False
+    timestamp: bool = False
+
+    @property
+    def group_width(self) -> int:
+        return 4 + len(_PER_ITER) * self.per_iter
+
+    @property
+    def width(self) -> int:
+        return len(self.prefix) + self.groups * self.group_width + 2 * self.timestamp
+
+
+def _columns(line: str, source: str, lineno: int) -> _Layout:
+    """The layout a column header names."""
     tokens = line.lstrip("#").split()
+    if "cputime" in tokens:
+        # -C 1 prints the host's time to launch the calls there; its algbw/busbw are still GPU time's.
+        raise fail(source, lineno, "the time column is 'cputime' (nccl-tests -C 1): the host's time to launch the "
+                   "calls, not the GPU time the model predicts; rerun without -C 1")
     first = tokens.index("time")
     prefix, rest = tokens[:first], tokens[first:]
     if not prefix or prefix[0] not in ("size", "bytes"):
         raise fail(source, lineno, f"column header starts with {prefix[:1]}, expected size/bytes")
-    if len(rest) % 4 or len(rest) // 4 not in (1, 2):
-        raise fail(source, lineno, f"column header has {len(rest)} timing columns, expected 4 or 8")
-    for g in range(len(rest) // 4):
-        group = rest[4 * g: 4 * g + 4]
-        if group[:3] != ["time", "algbw", "busbw"] or group[3] not in _ERR_COLS:
-            raise fail(source, lineno, f"timing columns {group} are not time/algbw/busbw/#wrong")
-    return prefix, len(rest) // 4, rest[3] in ("#wrong", "wrong")
+    timestamp = rest[-1:] == ["timestamp"]
+    rest = rest[:-1] if timestamp else rest
+    per_iter = _PER_ITER[0] in rest
+    width = 4 + len(_PER_ITER) * per_iter
+    if len(rest) % width or len(rest) // width not in (1, 2):
+        raise fail(source, lineno, f"column header has {len(rest)} timing columns, expected {width} or {2 * width}")
+    for g in range(len(rest) // width):
+        group = rest[width * g: width * g + width]
+        if group[:3] != ["time", "algbw", "busbw"] or group[3] not in _ERR_COLS or group[4:] != _PER_ITER[:width - 4]:
+            raise fail(source, lineno, f"timing columns {group} are not time/algbw/busbw/#wrong"
+                       + ("/i_min/i_max/i_p99/i_cv%" if per_iter else ""))
+    return _Layout(prefix, len(rest) // width, rest[3] in ("#wrong", "wrong"), per_iter, timestamp)
 
 
 # nccl-tests' and rccl-tests' names of the data types (the column before redop).
@@ -169,11 +231,10 @@ _TYPE_NAMES = frozenset({"int8", "uint8", "int32", "uint32", "int64", "uint64", 
                          "f8e4m3", "f8e5m2", "fp8_e4m3", "fp8_e5m2"})
 
 
-def _row(parts: list[str], prefix: list[str], groups: int, source: str, lineno: int,
-         counts: bool | None = None) -> NcclRow:
-    """One table row; ``counts``: its header names a count of wrong elements (``#wrong``), an
-    error (``error``: False), or no header is known (None: told apart by the figure)."""
-    width = len(prefix) + 4 * groups
+def _row(parts: list[str], layout: _Layout, source: str, lineno: int) -> NcclRow:
+    """One table row, read by its table's layout."""
+    prefix = layout.prefix
+    width = layout.width
     if len(parts) == width - 1 and "redop" in prefix:
         at = prefix.index("redop")
         if parts[at - 1] in _TYPE_NAMES and re.fullmatch(r"[\d.]+", parts[at]):
@@ -181,6 +242,11 @@ def _row(parts: list[str], prefix: list[str], groups: int, source: str, lineno: 
             parts = [*parts[:at], "", *parts[at:]]
     if len(parts) != width:
         raise fail(source, lineno, f"row has {len(parts)} fields, the table has {width} columns: damaged or truncated")
+    if layout.timestamp:
+        if not (_DATE.fullmatch(parts[-2]) and _CLOCK.fullmatch(parts[-1])):
+            raise fail(source, lineno, f"row ends {' '.join(parts[-2:])!r}, not the timestamp (YYYY-MM-DD hh:mm:ss) "
+                       "its header names: columns shifted or values damaged")
+        parts = parts[:-2]
     cells = dict(zip(prefix, parts, strict=False))
     size = _num(cells.get("size", cells.get("bytes", "")), source, lineno, "size", integer=True)
     if size is None or size < 0:
@@ -190,12 +256,15 @@ def _row(parts: list[str], prefix: list[str], groups: int, source: str, lineno: 
     root_text = cells.get("root")
     root = _num(root_text, source, lineno, "root", integer=True) if root_text is not None else None
     timings: list[Timing | None] = []
-    for g in range(groups):
-        t, alg, bus, err = parts[len(prefix) + 4 * g: len(prefix) + 4 * g + 4]
+    for g in range(layout.groups):
+        at = len(prefix) + layout.group_width * g
+        t, alg, bus, err = parts[at: at + 4]
         values = [_num(v, source, lineno, w) for v, w in ((t, "time"), (alg, "algbw"), (bus, "busbw"))]
+        for v, w in zip(parts[at + 4: at + layout.group_width], _PER_ITER, strict=False):
+            _num(v, source, lineno, w)  # read past, but a damaged figure is still damage
         # Old versions print the largest numerical error there ("error", e.g. 5e-07), not a count;
         # a count is printed %g: past 999,999 wrong elements it reads 1.23457e+06.
-        if counts:
+        if layout.counts:
             wrong = _num(err, source, lineno, "#wrong")
         else:
             wrong = None if any(c in err for c in ".eE") and err != "N/A" else _num(err, source, lineno, "#wrong")
@@ -204,23 +273,28 @@ def _row(parts: list[str], prefix: list[str], groups: int, source: str, lineno: 
             continue
         if any(v is None for v in values):
             raise fail(source, lineno, "time, algbw and busbw must be all numbers or all N/A")
-        time_us, algbw, busbw = values
-        if time_us <= 0 or algbw < 0 or busbw < 0:
-            raise fail(source, lineno, f"time {t} must be > 0 and bandwidths >= 0")
-        expect = size / time_us / 1e3
-        if abs(algbw - expect) > 0.02 * expect + 0.011:
-            raise fail(source, lineno, f"algbw {alg} GB/s but size/time = {expect:.3f} GB/s: columns shifted or "
-                       "values damaged")
-        timings.append(Timing(time_us, algbw, busbw, wrong))
+        timings.append(_timing(int(size), *values, wrong, f"{source}:{lineno}"))
     return NcclRow(lineno, int(size), count, cells.get("type", ""), cells.get("redop", cells.get("op", "")),
-                   root, timings[0], timings[1] if groups > 1 else None)
+                   root, timings[0], timings[1] if layout.groups > 1 else None)
+
+
+def _timing(size: int, time_us: float, algbw: float, busbw: float, wrong: float | None, at: str) -> Timing:
+    """One placement's figures, checked; ``at``: where they are (``file:line``, or a JSON path)."""
+    if time_us <= 0 or algbw < 0 or busbw < 0:
+        raise ProbeError(f"{at}: time {time_us:g} must be > 0 and bandwidths >= 0")
+    expect = size / time_us / 1e3
+    if abs(algbw - expect) > 0.02 * expect + 0.011:
+        raise ProbeError(f"{at}: algbw {algbw:g} GB/s but size/time = {expect:.3f} GB/s: columns shifted or values "
+                         "damaged")
+    return Timing(time_us, algbw, busbw, wrong)
 
 
 def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None = None) -> NcclTestsLog:
     """Read one nccl-tests run (see the module docstring for what is checked).
 
     Args:
-        text: the program's output.
+        text: the program's output, or the JSON file its ``-J`` writes (told by a leading ``{``
+            or a ``.json`` name).
         source: the log's name (its file's); a name like ``all_reduce_perf*`` sets ``collective``.
         path: the file as the user gave it, which errors name (default ``source``).
 
@@ -231,14 +305,17 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         ProbeError: the log is damaged, truncated, or not nccl-tests output.
     """
     shown = path or source
+    if text.lstrip().startswith("{") or Path(source).suffix.lower() == ".json":
+        from treeattn.calibrate.nccl_tests_json import parse_nccl_tests_json
+
+        return parse_nccl_tests_json(text, source, shown)
     lines = text.splitlines()
     header: re.Match | None = None
     header_line = 0
     devices: list[NcclDevice] = []
     ignored: list[int] = []
-    prefix: list[str] | None = None
-    groups = 0
-    counts = rccl = False
+    layout: _Layout | None = None
+    rccl = False
     rows: list[NcclRow] = []
     avg: float | None = None
     oob = version = ""
@@ -265,13 +342,15 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
             else:
                 if m := _STARTING.match(line):
                     named = collective_from_name(m.group(1))
+                elif m := _LIBRARY.match(line):
+                    version = release_of_code(int(m.group(1)))
                 ignored.append(lineno)
             continue
         if state == "head":
             if m := _DEVICE.match(line):
                 devices.append(NcclDevice(int(m.group(1)), m.group(4), int(m.group(5)), m.group(6), m.group(7)))
-            elif line.startswith("#") and "time" in line.split() and "algbw" in line.split():
-                prefix, groups, counts = _columns(line, shown, lineno)
+            elif line.startswith("#") and _names_columns(line):
+                layout = _columns(line, shown, lineno)
                 state = "table"
             elif line.startswith(("NCCL version", "RCCL version")):
                 version = line.split("version", 1)[1].strip(" :")
@@ -291,8 +370,8 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
                 avg = _num(figure[0] if figure else "", shown, lineno, "average bus bandwidth")
                 state = "done"
             continue
-        assert prefix is not None
-        row = _row(line.split(), prefix, groups, shown, lineno, counts)
+        assert layout is not None
+        row = _row(line.split(), layout, shown, lineno)
         # Sizes under one element per rank print as 0, several times (all-gather, reduce-scatter).
         if rows and row.size_bytes <= rows[-1].size_bytes and not row.size_bytes == rows[-1].size_bytes == 0:
             raise fail(shown, lineno, f"size {row.size_bytes} after {rows[-1].size_bytes} (line {rows[-1].line}): "
@@ -312,18 +391,26 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         avg_busbw_gbps=avg, out_of_bounds=oob, nccl_version=version, collective=named or collective_from_name(source),
         ignored=tuple(ignored), rccl=rccl,
     )
-    _check(log, header, header_line, shown)
+    ranks = [d.rank for d in log.devices]
+    if ranks and ranks != list(range(len(ranks))):
+        raise fail(shown, header_line, f"'#  Rank' lines list ranks {ranks[:8]}..., not 0..{len(ranks) - 1}")
+    step = _STEP.search(header.group(5))
+    _check(log, (int(step.group(1)), step.group(2)) if step else None, lambda n: f"{shown}:{n}" if n else shown)
     return log
 
 
-def _check(log: NcclTestsLog, header: re.Match, header_line: int, source: str) -> None:
-    """Refuse what the rows disagree with; errors name ``source``, the file as the user gave it."""
-    ranks = [d.rank for d in log.devices]
-    if ranks and ranks != list(range(len(ranks))):
-        raise fail(source, header_line, f"'#  Rank' lines list ranks {ranks[:8]}..., not 0..{len(ranks) - 1}")
-    step = _STEP.search(header.group(5))
+def _names_columns(line: str) -> bool:
+    """Whether a ``#`` line is the column header (``-C 1`` names the time column ``cputime``)."""
+    tokens = line.split()
+    return "algbw" in tokens and ("time" in tokens or "cputime" in tokens)
+
+
+def _check(log: NcclTestsLog, step: tuple[int, str] | None, where: Callable[[int | None], str]) -> None:
+    """Refuse what the rows disagree with; ``step``: the size step and its kind (``factor`` or
+    ``bytes``); ``where``: the place of a row's ``line`` (None: the file) in an error, which
+    names the file as the user gave it."""
     if step and log.min_bytes > 0:
-        value, kind = int(step.group(1)), step.group(2)
+        value, kind = step
         expected, size = 0, log.min_bytes
         while size <= log.max_bytes and expected < 10_000:
             expected += 1
@@ -331,22 +418,23 @@ def _check(log: NcclTestsLog, header: re.Match, header_line: int, source: str) -
                 break
             size = size * value if kind == "factor" else size + value
         if len(log.rows) != expected:
-            raise fail(source, log.rows[-1].line, f"{len(log.rows)} rows, but minBytes {log.min_bytes} .. maxBytes "
-                       f"{log.max_bytes} by step {step.group(0)[6:]} gives {expected}: rows missing or added")
+            raise ProbeError(f"{where(log.rows[-1].line)}: {len(log.rows)} rows, but minBytes {log.min_bytes} .. "
+                             f"maxBytes {log.max_bytes} by step {value}({kind}) gives {expected}: rows missing or "
+                             "added")
     ratios = [(t.busbw_gbps / t.algbw_gbps, r.line) for r in log.rows for t in (r.out_of_place, r.in_place)
               if t and t.algbw_gbps >= 1.0]
     if ratios:
         ref = log.busbw_ratio()
         for ratio, line in ratios:
             if abs(ratio - ref) > 0.01 * ref + 0.006:
-                raise fail(source, line, f"busbw/algbw = {ratio:.4f} here but {ref:.4f} in the largest row: "
-                           "values damaged or columns swapped")
+                raise ProbeError(f"{where(line)}: busbw/algbw = {ratio:.4f} here but {ref:.4f} in the largest row: "
+                                 "values damaged or columns swapped")
     if log.avg_busbw_gbps is not None:
         bus = [t.busbw_gbps for r in log.rows for t in (r.out_of_place, r.in_place) if t]
         mean = sum(bus) / len(bus)
         if abs(mean - log.avg_busbw_gbps) > 0.005 * log.avg_busbw_gbps + 0.01:
-            raise fail(source, None, f"'# Avg bus bandwidth' says {log.avg_busbw_gbps:g} but the rows average "
-                       f"{mean:.3f}: rows missing or altered")
+            raise ProbeError(f"{where(None)}: the average bus bandwidth says {log.avg_busbw_gbps:g} but the rows "
+                             f"average {mean:.3f}: rows missing or altered")
 
 
 # Fields of a row -> (prefix fields, timing groups): size count type, then redop and/or root.
@@ -379,11 +467,9 @@ def parse_published_table(text: str, source: str, lines: tuple[int, int] | None 
     if not 1 <= first <= last <= len(all_lines):
         raise fail(source, None, f"lines {first}-{last} are not inside the text ({len(all_lines)} lines)")
     header: re.Match | None = None
-    prefix: list[str] | None = None
-    groups = 0
+    layout: _Layout | None = None
     rows: list[NcclRow] = []
     version = ""
-    counts: bool | None = None
     rccl = False
     for lineno in range(first, last + 1):
         line = _TAG.sub("", all_lines[lineno - 1], count=1).strip()
@@ -391,11 +477,10 @@ def parse_published_table(text: str, source: str, lines: tuple[int, int] | None 
             continue
         rccl = rccl or line.lstrip("# ").startswith(("rccl-tests", "RCCL version"))
         if line.startswith("#"):
-            tokens = line.lstrip("#").split()
             if m := _HEADER.match(line):
                 header = m
-            elif "time" in tokens and "algbw" in tokens:
-                prefix, groups, counts = _columns(line, source, lineno)
+            elif _names_columns(line):
+                layout = _columns(line, source, lineno)
             continue
         if line.startswith(("NCCL version", "RCCL version")):
             version = line.split("version", 1)[1].strip(" :")
@@ -403,13 +488,13 @@ def parse_published_table(text: str, source: str, lines: tuple[int, int] | None 
         parts = line.split()
         if not parts[0].isdigit():
             continue
-        if prefix is not None:
-            row = _row(parts, prefix, groups, source, lineno, counts)
+        if layout is not None:
+            row = _row(parts, layout, source, lineno)
         else:
-            layout = _LAYOUTS.get(len(parts))
-            if layout is None:
+            fields = _LAYOUTS.get(len(parts))
+            if fields is None:
                 raise fail(source, lineno, f"row has {len(parts)} fields; a table row has 7-9 or 11-13")
-            row = _row(parts, _published_prefix(parts, layout[0]), layout[1], source, lineno)
+            row = _row(parts, _Layout(_published_prefix(parts, fields[0]), fields[1]), source, lineno)
         if row.size_bytes == 0:
             continue
         if rows and row.size_bytes <= rows[-1].size_bytes:

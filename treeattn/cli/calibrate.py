@@ -46,8 +46,8 @@ def calibrate_cmd(
                                              help="Plot measured times against the fitted lines.")] = None,
     from_nccl_tests: Annotated[list[Path] | None, typer.Option(
         "--from-nccl-tests", show_default=False,
-        help="Fit from saved nccl-tests/rccl-tests output instead of measuring (all_reduce_perf, sendrecv_perf, "
-             "...; repeat the flag or list the files after it).")] = None,
+        help="Fit from saved nccl-tests/rccl-tests output (the text printed, or the JSON file -J writes) instead "
+             "of measuring (all_reduce_perf, sendrecv_perf, ...; repeat the flag or list the files after it).")] = None,
     repeats: Annotated[int, typer.Option("--repeats", min=1, max=MAX_ITERATIONS,
                                          help="Timed iterations per case (medians).",
                                          rich_help_panel=_LIVE)] = 10,

@@ -58,7 +58,7 @@ def _table(title: str, first: str, rows: list[list[str]]) -> Table:
 def check_model_cmd(
     paths: Annotated[list[Path] | None, typer.Argument(
         metavar="PATH", help="Corpus folders, mapping files (.yaml) or your own nccl-tests / rccl-tests logs (one "
-        "run a file, with --topology); default: the shipped corpus.")] = None,
+        "run a file, as printed or as -J's JSON, with --topology); default: the shipped corpus.")] = None,
     topology: Annotated[str | None, typer.Option(
         "--topology", "-t", help="The machine the logs ran on: preset name (e.g. dgx-h100:nodes=2) or a topology "
         "YAML file.")] = None,

@@ -1,0 +1,129 @@
+"""nccl-tests' JSON output (``-J FILE``, nccl-tests 2.17.4 and later) read into an ``NcclTestsLog``.
+
+The file is one object: ``config`` (``nthreads``, ``ngpus``, ``minimum_bytes``,
+``maximum_bytes``, ``step_factor`` or ``step_bytes``, and ``devices``: the first rank of each
+process), ``results`` (a row each: ``size``, ``count``, ``type``, ``redop``, ``root``, and
+``out_of_place`` / ``in_place`` holding ``time``, ``alg_bw``, ``bus_bw`` and ``nwrong``),
+``out_of_bounds``, ``average_bus_bandwidth``, the NCCL release as ``nccl_version`` (a code,
+22602 for 2.26.2) and the command line as ``args``. ``-I 1`` adds ``*_per_iter`` figures,
+which are not read. The rows are checked as a text log's are; a row's ``line`` is its place
+in ``results`` counted from 1, and errors name it ``results[i]``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from treeattn.calibrate.nccl_tests import (
+    NcclDevice,
+    NcclRow,
+    NcclTestsLog,
+    _check,
+    _timing,
+    collective_from_name,
+    release_of_code,
+)
+from treeattn.errors import ProbeError
+
+__all__ = ["parse_nccl_tests_json"]
+
+
+_KINDS = {int: "an integer", str: "a string", dict: "an object", list: "a list", (int, float): "a number"}
+
+
+def _get(obj: object, key: str, kind: type | tuple[type, ...], where: str, shown: str):  # noqa: ANN202 - as kind
+    """``obj[key]``, checked to be a ``kind``; ``where``: ``obj``'s path, for the error."""
+    value = obj.get(key) if isinstance(obj, dict) else None
+    if not isinstance(value, kind) or isinstance(value, bool) or isinstance(value, float) and not math.isfinite(value):
+        raise ProbeError(f"{shown}: {where}{'.' if where else ''}{key} is "
+                         f"{'missing' if value is None else repr(value)}, expected {_KINDS[kind]}")
+    return value
+
+
+def parse_nccl_tests_json(text: str, source: str, shown: str) -> NcclTestsLog:
+    """Read the JSON file nccl-tests' ``-J`` writes (see the module docstring).
+
+    Args:
+        text: the file's text.
+        source: the file's name (a name like ``all_reduce_perf*`` sets ``collective`` when the
+            recorded command line does not).
+        shown: the file as the user gave it, which errors name.
+
+    Raises:
+        ProbeError: not JSON, cut short, not nccl-tests' output, CPU times (``-C 1``), or rows
+            the checks refuse.
+    """
+    if not text.strip():
+        raise ProbeError(f"{shown}: the file is empty")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        # nccl-tests closes the object as it ends: a run that died leaves it open.
+        short = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
+        raise ProbeError(f"{shown}: " + ("the JSON ends early: the run was cut short?" if short else
+                                         f"not JSON ({exc.msg}, line {exc.lineno} column {exc.colno})")) from None
+    if not isinstance(data, dict) or not {"config", "results"} <= set(data):
+        raise ProbeError(f"{shown}: JSON, but not nccl-tests' -J output (no 'config' and 'results')")
+    config = _get(data, "config", dict, "", shown)
+    threads, gpus = _get(config, "nthreads", int, "config", shown), _get(config, "ngpus", int, "config", shown)
+    kind = "factor" if "step_factor" in config else "bytes"
+    step = (_get(config, f"step_{kind}", int, "config", shown), kind)
+    devices = []
+    for i, d in enumerate(config.get("devices") or []):
+        at = f"config.devices[{i}]"
+        devices.append(NcclDevice(_get(d, "rank", int, at, shown), _get(d, "hostname", str, at, shown),
+                                  _get(d, "device", int, at, shown), _get(d, "device_hex", str, at, shown),
+                                  _get(d, "device_info", str, at, shown).strip()))
+    # One device a process, its first rank: the processes' ranks follow on.
+    if [d.rank for d in devices] != [k * threads * gpus for k in range(len(devices))]:
+        raise ProbeError(f"{shown}: config.devices lists ranks {[d.rank for d in devices][:8]}, not each process's "
+                         f"first ({threads * gpus} apart from 0)")
+    rows = [_row(r, i, shown) for i, r in enumerate(_get(data, "results", list, "", shown))]
+    if not rows:
+        raise ProbeError(f"{shown}: results is empty")
+    for prev, row in zip(rows, rows[1:], strict=False):
+        if row.size_bytes < prev.size_bytes or row.size_bytes == prev.size_bytes != 0:
+            raise ProbeError(f"{shown}: results[{row.line - 1}]: size {row.size_bytes} after {prev.size_bytes}: rows "
+                             "out of order or two runs mixed")
+    if "average_bus_bandwidth" not in data:
+        raise ProbeError(f"{shown}: no average_bus_bandwidth: the run did not finish")
+    oob = data.get("out_of_bounds") if isinstance(data.get("out_of_bounds"), dict) else {}
+    code = data.get("nccl_version")
+    args = data.get("args") if isinstance(data.get("args"), list) else []
+    program = args[0] if args and isinstance(args[0], str) else ""
+    log = NcclTestsLog(
+        source=source, n_threads=threads, n_gpus=gpus,
+        min_bytes=_get(config, "minimum_bytes", int, "config", shown),
+        max_bytes=_get(config, "maximum_bytes", int, "config", shown), rows=tuple(rows), devices=tuple(devices),
+        avg_busbw_gbps=_get(data["average_bus_bandwidth"], "bandwidth", (int, float), "average_bus_bandwidth", shown),
+        out_of_bounds=f"{oob.get('count', '')} {'OK' if oob.get('okay') == 'true' else 'FAILED'}" if oob else "",
+        nccl_version=release_of_code(code) if isinstance(code, int) and not isinstance(code, bool) else "",
+        collective=collective_from_name(program) or collective_from_name(source),
+        n_ranks=len(devices) * threads * gpus or None,
+    )
+    _check(log, step, lambda n: f"{shown}: results[{n - 1}]" if n else shown)
+    return log
+
+
+def _row(r: object, i: int, shown: str) -> NcclRow:
+    at = f"results[{i}]"
+    size = _get(r, "size", int, at, shown)
+    timings = []
+    for placement in ("out_of_place", "in_place"):
+        where = f"{at}.{placement}"
+        t = r.get(placement)
+        if t is None:  # nccl-tests writes null where it ran one placement only
+            timings.append(None)
+            continue
+        if isinstance(t, dict) and "cpu_time" in t:
+            raise ProbeError(f"{shown}: {where} gives cpu_time (nccl-tests -C 1): the host's time to launch the "
+                             "calls, not the GPU time the model predicts; rerun without -C 1")
+        time_us, algbw, busbw = (_get(t, k, (int, float), where, shown) for k in ("time", "alg_bw", "bus_bw"))
+        # nwrong is null where nccl-tests did not check the results (-c 0).
+        wrong = None if isinstance(t, dict) and t.get("nwrong") is None else _get(t, "nwrong", (int, float), where,
+                                                                                   shown)
+        timings.append(_timing(size, time_us, algbw, busbw, wrong, f"{shown}: {where}"))
+    root = _get(r, "root", str, at, shown).strip()  # printed %6i into a string
+    return NcclRow(i + 1, size, _get(r, "count", int, at, shown), _get(r, "type", str, at, shown),
+                   _get(r, "redop", str, at, shown), int(root) if root.lstrip("-").isdigit() else None, *timings)
