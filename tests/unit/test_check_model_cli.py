@@ -271,3 +271,19 @@ def test_a_logs_devices_are_told_from_the_topologys_gpus_by_whole_product_number
     topo = SimpleNamespace(name="t", num_ranks=1, rank_device=lambda r: gpu)
     log = SimpleNamespace(devices=[NcclDevice(0, "host", 0, "0x1", device)], rccl=False)
     assert bool(other_devices(log, topo)) == other
+
+
+def test_own_rccl_log_is_not_taken_for_an_nccl_release(tmp_path):
+    # RCCL numbers its releases as NCCL does, but NCCL's release-dependent figures are not RCCL's:
+    # a log that prints "RCCL version 2.22.3" is RCCL 2.22.3, predicted at the topology's release.
+    text = (corpus_dir() / "rocm-blogs-mi300x-rccl-xgmi.txt").read_text().splitlines()[:58]
+    log = tmp_path / "all_reduce_perf.txt"
+    log.write_text("\n".join(text) + "\n")
+    assert "RCCL version : 2.22.3" in log.read_text()
+    res = run_cli("check-model", str(log), "-t", "mi300x", "--json")
+    assert res.exit_code == 0, res.stderr
+    table = json.loads(res.stdout)["tables"][f"{log}/all_reduce"]
+    assert table["library_version"] == "RCCL 2.22.3"
+    mapped = run_cli("check-model", str(corpus_dir() / "rocm-blogs-mi300x-rccl-xgmi.yaml"), "--json")
+    corpus_table = json.loads(mapped.stdout)["tables"]["rocm-blogs-mi300x-rccl-xgmi/1node"]
+    assert table["nccl_release"] == corpus_table["nccl_release"]

@@ -520,8 +520,8 @@ def parse_published_table(text: str, source: str, lines: tuple[int, int] | None 
 
 
 def printed_version(log: NcclTestsLog) -> str:
-    """The release in the ``NCCL version`` line a table prints (nccl-tests prints it only for
-    NCCL); empty when it prints none."""
+    """The release in the ``NCCL version`` (or rccl-tests' ``RCCL version``: ``log.rccl``) line
+    a table prints; empty when it prints none."""
     printed = re.match(r"\d+\.\d+\.\d+", log.nccl_version)
     return printed.group(0) if printed else ""
 

@@ -197,7 +197,9 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
         if coll not in COLLECTIVES:
             raise InputError(f"{p}: a {coll} test; the model scores {', '.join(COLLECTIVES)}")
         library = version = evidence = ""
-        if printed := printed_version(log):
+        if (printed := printed_version(log)) and log.rccl:  # RCCL's releases are not NCCL's figures
+            library, version, evidence = "RCCL", printed, "printed in the log"
+        elif printed:
             try:
                 nccl_release(printed)
                 library, version, evidence = "NCCL", printed, "printed in the log"
@@ -272,7 +274,9 @@ def _load_source(mf: Path) -> list[PublishedTable]:
         printed = printed_version(log)
         if printed and version and parse_version(version) != parse_version(printed):
             raise InputError(f"{where}: library_version {version!r}, but the table prints {log.nccl_version!r}")
-        if printed and not version:
+        if printed and not version and log.rccl:
+            library, version, evidence = "RCCL", printed, "printed in the table"
+        elif printed and not version:
             try:
                 nccl_release(printed)
             except InputError as exc:
