@@ -6,7 +6,8 @@ the search the builders' family and chunk count the simulator ranks best) and th
 all-gather + merge and ring attention), each executed for real, checked
 against the single-process reference and timed (median and p10-p90 of the per-iteration
 maximum over ranks). Every method includes the local partial over the rank's KV shard.
-Rows are also written to results/runs/bench_run-<time>.csv.
+Rows are also written to ``--out`` (default results/runs/bench_run-<time>.csv), checked before
+anything runs.
 
     .venv/bin/python benchmarks/bench_run.py                     # B in {1, 64}, N = 64K per rank
     .venv/bin/python benchmarks/bench_run.py --quick             # small shapes (about 1 min)
@@ -28,8 +29,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from treeattn.cli.paths import output_file
 from treeattn.cli.script import ArgumentParser, count, count_list, run
 from treeattn.cost.simulate import simulate
+from treeattn.errors import InputError
 from treeattn.exec.launch import launch
 from treeattn.exec.predict import plan_baselines, predict
 from treeattn.exec.results import result_rows, write_csv
@@ -64,6 +67,27 @@ def best_plan(w: Workload, topo):  # noqa: ANN001, ANN201 - Topology in, Plan ou
     return best[1]
 
 
+KV_BYTES_PER_TOKEN = 2 * 8 * 128 * 2
+"""K and V of one token of one sequence: Llama-3.1-8B's 8 KV heads of 128, bf16."""
+
+
+def kv_tokens(batch: int, tokens: int, max_kv_gb: float) -> int:
+    """KV tokens per rank at batch size ``batch``: ``tokens``, halved until a rank's K/V fits
+    ``max_kv_gb``.
+
+    Raises:
+        InputError: not even one token a rank fits the budget.
+    """
+    one = KV_BYTES_PER_TOKEN * batch
+    if one > max_kv_gb * 1e9:
+        raise InputError(f"--max-kv-gb {max_kv_gb:g} is too small for the requested context: one token per rank "
+                         f"at B = {batch} needs {one} bytes of K/V ({one / 1e9:.3g} GB); raise --max-kv-gb")
+    n = tokens
+    while KV_BYTES_PER_TOKEN * batch * n > max_kv_gb * 1e9:
+        n //= 2
+    return n
+
+
 def main() -> None:
     ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=count, default=4)
@@ -73,11 +97,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=count, default=10)
     ap.add_argument("--warmup", type=lambda x: count(x, 0), default=2)
     ap.add_argument("--quick", action="store_true", help="B in {1, 4}, 1K tokens per rank, 3 repeats")
+    ap.add_argument("--out", type=Path, default=None, help="CSV to append the rows to (default "
+                    "results/runs/bench_run-TIME.csv)")
     args = ap.parse_args()
     if not args.max_kv_gb > 0:  # also NaN
         ap.error(f"--max-kv-gb {args.max_kv_gb}: give a size in GB over 0")
     if args.quick:
         args.batches, args.tokens_per_rank, args.repeats, args.warmup = [1, 4], 1024, 3, 1
+    # Every batch's context is cut to the budget up front: one that no token fits is refused
+    # before any batch runs.
+    tokens = {batch: kv_tokens(batch, args.tokens_per_rank, args.max_kv_gb) for batch in args.batches}
+    name = f"bench_run-{time.strftime('%Y%m%d-%H%M%S')}.csv"
+    out = output_file(args.out if args.out is not None else Path("results") / "runs" / name, "--out", name)
     p = args.ranks
     topo = resolve(f"cpu:ranks={p}")
     console = Console(width=160)
@@ -88,10 +119,8 @@ def main() -> None:
         table.add_column(col, justify="left" if col in ("method", "correct") else "right")
     frames = []
     for batch in args.batches:
-        kv_bytes = 2 * batch * 8 * args.tokens_per_rank * 128 * 2
-        n = args.tokens_per_rank
-        while 2 * batch * 8 * n * 128 * 2 > args.max_kv_gb * 1e9:
-            n //= 2
+        kv_bytes = KV_BYTES_PER_TOKEN * batch * args.tokens_per_rank
+        n = tokens[batch]
         w = Workload.create(ranks=p, seq_len=n * p, batch=batch, model="llama-3.1-8b", kv_dtype="bf16")
         plan = best_plan(w, topo)
         label = f"B{batch}-{plan.algorithm}-c{plan.chunks}"
@@ -117,7 +146,6 @@ def main() -> None:
                           f"{us['plan'] / us['ring-attention']:.2f}" if r.method == "plan" else "")
         console.print(f"B={batch}: {time.time() - t0:.0f} s wall for the run")
     console.print(table)
-    out = Path("results") / "runs" / f"bench_run-{time.strftime('%Y%m%d-%H%M%S')}.csv"
     for frame in frames:
         write_csv(frame, out)
     console.print(f"rows: {out}  (command: {' '.join([Path(sys.executable).name, *sys.argv])})")

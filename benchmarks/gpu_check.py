@@ -20,7 +20,8 @@ wherever it is slower than the kernel, which a run replaying its CUDA graph does
 the model does not charge. The spin (``torch.cuda._sleep``) keeps the GPU busy until all
 ``CALLS`` are queued. The topology
 modelled on is ``--topology`` (gpu-check.sh writes this machine's with ``treeattn probe``),
-else the library's family of this GPU cut to the GPUs present.
+else the library's topology of this GPU (``LIBRARY_TOPOLOGY``) cut to the GPUs present; a GPU
+the library has none of is refused.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch
 from treeattn.cli.paths import output_folder
 from treeattn.cli.script import ArgumentParser, count, run
 from treeattn.cost.compute import ComputeModel
+from treeattn.errors import InputError
 from treeattn.exec import kernels
 from treeattn.exec.attention import make_kv_shard, make_query, partial_attention, resolve_kernel
 from treeattn.exec.launch import launch
@@ -44,13 +46,21 @@ from treeattn.exec.predict import predict
 from treeattn.exec.runner import Job, PlanJob, RunOptions
 from treeattn.plan.builders import build
 from treeattn.plan.ir import TopologyRef
+from treeattn.probe.hardware import gpu_spec
 from treeattn.topology.library import resolve, subset_topology
 from treeattn.topology.model import Topology
 from treeattn.workload import Workload
 
-FAMILIES = (("H200", "hgx-h200"), ("H100", "dgx-h100"), ("A100", "dgx-a100"), ("V100", "dgx1-v100"),
-            ("B200", "gb200-nvl72"))
-"""Which library topology models a GPU whose name holds the first string (when none is probed)."""
+LIBRARY_TOPOLOGY = {
+    "V100-SXM2-16GB": "dgx1-v100", "V100-SXM2-32GB": "dgx1-v100", "A100-SXM4-80GB": "dgx-a100",
+    "H100-SXM5-80GB": "dgx-h100", "H200-SXM-141GB": "hgx-h200", "B200": "gb200-nvl72", "RTX-4090": "rtx4090",
+    "MI300X": "mi300x", "MI308X": "mi300x",
+}
+"""The library topology that models a GPU (by its ``treeattn.probe.hardware.gpu_spec`` model)
+when no ``--topology`` is given: one whose GPUs have about the same memory bandwidth (within
+5 %), which the modelled kernel times follow. A GPU not listed (a PCIe or 40 GB part, GH200,
+one the probe does not know) has none: modelled on another's figures, its rows would compare
+against the wrong GPU."""
 
 
 def llama(tokens: int, batch: int = 1, ranks: int = 1) -> Workload:
@@ -59,14 +69,26 @@ def llama(tokens: int, batch: int = 1, ranks: int = 1) -> Workload:
                     partial_dtype="bf16", model="llama-3.1-8b")
 
 
+def library_topology(gpu_name: str, gpus: int) -> Topology:
+    """The library's topology of the GPU named ``gpu_name`` (as CUDA names it), cut to ``gpus``.
+
+    Raises:
+        InputError: no library topology models that GPU (``LIBRARY_TOPOLOGY``).
+    """
+    spec = gpu_spec(gpu_name)
+    family = LIBRARY_TOPOLOGY.get(spec.model) if spec is not None else None
+    if family is None:
+        read = f" (read as {spec.model})" if spec is not None else ""
+        raise InputError(f"no library topology models the GPU {gpu_name!r}{read}: give --topology FILE "
+                         "(treeattn probe -o FILE writes this machine's)")
+    topo = resolve(family)
+    return subset_topology(topo, tuple(range(min(gpus, topo.num_ranks))))
+
+
 def topology(path: str | None) -> Topology:
     if path:  # as given (a file or a preset): a typo must not fall back to the family unsaid
         return resolve(path)
-    name = torch.cuda.get_device_name(0)
-    family = next((f for key, f in FAMILIES if key in name), "dgx-h100")
-    topo = resolve(family)
-    n = min(torch.cuda.device_count(), topo.num_ranks)
-    return subset_topology(topo, tuple(range(n)))
+    return library_topology(torch.cuda.get_device_name(0), torch.cuda.device_count())
 
 
 CALLS = 10
@@ -143,8 +165,8 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         ap.error("this torch sees no CUDA device")
-    out = output_folder(args.out, "--out")  # before the minutes of GPU work, not after
     topo = topology(args.topology)
+    out = output_folder(args.out, "--out")  # once every flag is read, and before the minutes of GPU work
     print(f"GPU: {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}; torch {torch.__version__}; "
           f"modelled on {topo.name}")
     rows = merge_rows(topo, args.repeats) + attention_rows(topo, args.repeats) + plan_rows(topo)

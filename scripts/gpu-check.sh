@@ -78,7 +78,7 @@ echo "== tests/gpu"
 timeout 270 "$PY" -m pytest tests/gpu -q -rs -p no:cacheprovider 2>&1 | tee "$out/tests.txt" || status=1
 
 echo "== measured against modelled"
-"${treeattn[@]}" probe --out "$out/topology.yaml" >"$out/probe.txt" 2>&1 || echo "probe failed (see $out/probe.txt): modelling on the GPU's family"
+"${treeattn[@]}" probe --out "$out/topology.yaml" >"$out/probe.txt" 2>&1 || echo "probe failed (see $out/probe.txt): modelling on the library's topology of this GPU, where it has one"
 topo_arg=()
 [ -s "$out/topology.yaml" ] && topo_arg=(--topology "$out/topology.yaml")
 timeout 180 "$PY" benchmarks/gpu_check.py --out "$out" ${topo_arg[@]+"${topo_arg[@]}"} 2>&1 | tee "$out/check.txt" || status=1

@@ -13,7 +13,8 @@ from enum import StrEnum
 from treeattn.errors import WorkloadError
 from treeattn.units import DType, check_bytes, counted
 
-__all__ = ["ModelPreset", "MODELS", "ReduceOp", "Workload", "RawPayload", "Payload", "even_split", "preset_heads"]
+__all__ = ["ModelPreset", "MODELS", "ReduceOp", "Workload", "RawPayload", "Payload", "check_split", "even_split",
+           "preset_heads"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,18 @@ def preset_heads(model: str | None, q_heads: int | None, kv_heads: int | None,
     return hq, hkv, d
 
 
+def check_split(split: tuple[int, ...], where: str = "workload.split") -> None:
+    """Refuse a split (tokens per rank) that names no rank, holds a share that is no count of
+    tokens, or holds no tokens at all (nothing to attend to). ``where`` names it in the
+    message: a flag (``--split``) or a file's key."""
+    if not split:
+        raise WorkloadError(f"{where} must name at least one rank")
+    if any((not isinstance(n, int)) or isinstance(n, bool) or n < 0 for n in split):
+        raise WorkloadError(f"{where} must hold tokens >= 0 per rank, got {split}")
+    if sum(split) < 1:
+        raise WorkloadError(f"{where} holds no tokens at all")
+
+
 def even_split(total: int, ranks: int) -> tuple[int, ...]:
     """Split ``total`` tokens over ``ranks`` as evenly as possible, larger shares first."""
     if ranks < 1:
@@ -104,12 +117,7 @@ class Workload:
             raise WorkloadError(
                 f"workload.kv_heads ({self.kv_heads}) must divide q_heads ({self.q_heads})"
             )
-        if not self.split:
-            raise WorkloadError("workload.split must name at least one rank")
-        if any((not isinstance(n, int)) or n < 0 for n in self.split):
-            raise WorkloadError(f"workload.split must hold tokens >= 0 per rank, got {self.split}")
-        if sum(self.split) < 1:
-            raise WorkloadError("workload.split holds no tokens at all")
+        check_split(self.split)
         object.__setattr__(self, "kv_dtype", DType.parse(self.kv_dtype))
         object.__setattr__(self, "partial_dtype", DType.parse(self.partial_dtype))
         check_bytes(self.payload_bytes, "workload: a rank's partial (batch x q_heads rows)")

@@ -102,24 +102,34 @@ def test_launcher_detection():
         detect_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"})
 
 
-@pytest.mark.parametrize(("env", "usable", "cpus", "threads"), [
-    ({"SLURM_CPUS_PER_TASK": "6", "SLURM_STEP_TASKS_PER_NODE": "8"}, 64, 64, 6),  # asked for
-    ({"SLURM_STEP_TASKS_PER_NODE": "8"}, 16, 64, 16),  # srun bound the task to 16 CPUs
-    ({"SLURM_STEP_TASKS_PER_NODE": "8"}, 64, 64, 8),
-    ({"SLURM_STEP_TASKS_PER_NODE": "4(x2),3", "SLURM_NODEID": "2"}, 64, 64, 21),
-    ({"SLURM_STEP_TASKS_PER_NODE": "4(x2),3", "SLURM_NODEID": "1"}, 64, 64, 16),
-    ({"SLURM_TASKS_PER_NODE": "3"}, 2, 2, 1),  # never below one thread
-    ({"SLURM_STEP_TASKS_PER_NODE": "odd"}, 64, 64, 64),  # unreadable: one task a node, as before
-    ({}, 64, 64, 64),
+@pytest.mark.parametrize(("env", "usable", "threads"), [
+    ({"SLURM_CPUS_PER_TASK": "6", "SLURM_STEP_TASKS_PER_NODE": "8"}, 64, 6),  # asked for
+    # srun bound the task to CPUs of its own (auto binding reports mask_cpu)
+    ({"SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_CPU_BIND_TYPE": "mask_cpu:", "SLURM_CPU_BIND_LIST": "0xFFFF"}, 16, 16),
+    ({"SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_CPU_BIND_TYPE": "cores"}, 2, 2),
+    ({"SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_CPU_BIND_TYPE": "map_cpu:", "SLURM_CPU_BIND_LIST": "0,1"}, 1, 1),
+    # fewer usable CPUs than the node has, but not bound (a cgroup or container limit): the
+    # node's tasks share them
+    ({"SLURM_STEP_TASKS_PER_NODE": "8"}, 16, 2),
+    ({"SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_CPU_BIND_TYPE": "none", "SLURM_CPU_BIND_LIST": ""}, 16, 2),
+    ({"SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_CPU_BIND_TYPE": ""}, 64, 8),
+    ({"SLURM_STEP_TASKS_PER_NODE": "4(x2),3", "SLURM_NODEID": "2"}, 64, 21),
+    ({"SLURM_STEP_TASKS_PER_NODE": "4(x2),3", "SLURM_NODEID": "1"}, 64, 16),
+    ({"SLURM_TASKS_PER_NODE": "3"}, 2, 1),  # never below one thread
+    ({"SLURM_STEP_TASKS_PER_NODE": "odd"}, 64, 64),  # unreadable: counted as one task a node
+    ({}, 64, 64),
 ])
-def test_slurm_task_threads(env, usable, cpus, threads):
-    assert slurm_threads(env, usable, cpus) == threads
+def test_slurm_task_threads(env, usable, threads):
+    assert slurm_threads(env, usable) == threads
 
 
 def test_slurm_tasks_share_the_cores(tmp_path):
-    # Two real tasks as srun starts them on one node: each takes half the usable CPUs
-    # (torch's default is all of them, which the two tasks would contend for).
-    code = ("import torch\nfrom treeattn.exec.launch import launch\n"
+    # Two real tasks as srun starts them on one node, unbound: each takes half the usable CPUs
+    # (torch's default is about all of them, which the two tasks would contend for). The
+    # tasks are told the node has 64 CPUs more than they may use, as in a container or under a
+    # job's cgroup, whatever this host has: that alone does not make them bound.
+    code = ("import os, torch\nos.cpu_count = lambda: len(os.sched_getaffinity(0)) + 64\n"
+            "from treeattn.exec.launch import launch\n"
             "from treeattn.exec.runner import Job, PlanJob, RunOptions\n"
             "from treeattn.plan.builders import build\nfrom treeattn.topology.library import resolve\n"
             "from treeattn.workload import Workload\n"
@@ -137,6 +147,17 @@ def test_slurm_tasks_share_the_cores(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], outs
     usable = len(os.sched_getaffinity(0))
     assert [o.split()[-1] for o in outs] == [str(max(1, usable // 2))] * 2, outs
+
+
+@pytest.mark.parametrize(("nproc", "threads"), [(2, "1"), (1, "unset")])
+def test_torchrun_sets_one_thread_only_with_several_processes_a_node(nproc, threads):
+    # treeattn.exec.launch leaves the thread count to torchrun, whose rule its docstring states.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC", "OMP_"))}
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                          str(nproc), "--no-python", "sh", "-c", 'echo "threads=${OMP_NUM_THREADS:-unset}"'],
+                         capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert re.findall(r"threads=(\S+)", res.stdout) == [threads] * nproc, res.stdout
 
 
 @pytest.mark.parametrize(("changed", "message"), [

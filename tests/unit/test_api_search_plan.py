@@ -87,7 +87,7 @@ def test_a_plan_saved_from_the_api_finds_its_topology_file_from_anywhere(tmp_pat
 
 def test_a_plan_loaded_from_text_is_never_saved_where_its_topology_file_is_lost(tmp_path):
     # Its source is relative to the plan file's folder, which text does not carry: written
-    # elsewhere as it was, `simulate` looked for the topology beside the new file and failed.
+    # elsewhere as it is, `simulate` would look for the topology beside the new file and fail.
     (tmp_path / "topo").mkdir()
     (tmp_path / "topo" / "mine.yaml").write_text(dump_topology(dataclasses.replace(resolve("cpu:ranks=2"),
                                                                                    name="mine")))

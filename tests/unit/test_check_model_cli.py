@@ -44,7 +44,7 @@ def test_table_output_names_regimes_and_tables(tmp_path):
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "a-file").write_text("")
-    # An unwritable --png is refused before the corpus is predicted (it used to be after a minute).
+    # An unwritable --png is refused before the corpus is predicted, not after a minute's work.
     for args in (["check-model", str(tmp_path / "missing")], ["check-model", str(tmp_path)],
                  ["check-model", "--png", str(tmp_path / "a-file" / "x.png")]):
         res = run_cli(*args)

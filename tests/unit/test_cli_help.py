@@ -88,3 +88,13 @@ def test_usage_errors_are_one_line_with_status_2(args: tuple[str, ...], needle: 
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("error: "), res.stderr
     assert "Value error" not in lines[0] and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("command", ["plan", "compare"])
+def test_mem_fraction_says_what_it_is_a_share_of_and_what_the_rest_is_for(command: str) -> None:
+    # A share of mem_gb whose rest is the model's (README, "Result layouts"): without it a
+    # reader cannot tell 0.9 of what, nor why to lower it.
+    param = next(p for p in _params((command,)) if "--mem-fraction" in p.opts)
+    text = " ".join(param.help.split())
+    assert "Share of each device's memory (mem_gb) a rank may use" in text, text
+    assert "the rest of the memory is left for what it does not count, the model's weights and activations" in text

@@ -138,6 +138,11 @@ def test_raw_payload(tmp_path):
         (("-t", "dgx-h100", *SHAPE, "--chunks", "2"), "add --algorithm"),
         (("-t", "dgx-h100", *SHAPE, "-a", "star", "--fanout", "3"), "takes no fanout"),
         (("-t", "dgx-h100", *SHAPE, "-a", "tree", "--parents", "1,0,1,2,3,4,5,5"), "exactly one root"),
+        # an empty item is a slip, not a rank left out: -1,0,0,1,1 would be a valid tree of five ranks
+        (("-t", "cpu:ranks=5", *SHAPE, "-a", "tree", "--parents", "-1,0,0,1,,1"),
+         "cannot read --parents '-1,0,0,1,,1': item 5 is empty; write integers separated by commas"),
+        (("-t", "cpu:ranks=8", *SHAPE, "-a", "tree", "--parents", "-1,0,0,1/-1,x"),
+         "cannot read --parents '-1,x': item 2 ('x') is not an integer"),
         (("-t", "dgx-h100", "--bytes", "1KB", "--heads", "8"), "--bytes gives a raw payload"),
         (("-t", "dgx-h100", "--bytes", "-1"), "--bytes must be >= 0, got '-1'"),
         (("-t", "dgx-h100", *SHAPE, "--whole-rows"), "--whole-rows set(s) a named algorithm's parameters"),
@@ -219,8 +224,8 @@ def test_compare_legend_says_what_each_row_assumes_and_delivers():
 
 
 def test_compare_tells_apart_two_topologies_of_one_rank_count():
-    # Both have 8 ranks: their rows were both labelled "8 8K", the figures of two machines
-    # that the table did not say which was which.
+    # Both have 8 ranks: labelled by the rank count alone ("8 8K"), the figures of two
+    # machines could not be told apart, so each gets a letter the header explains.
     res = run_cli("compare", "-t", "{dgx-h100,hgx-h200}", "--seq-lens", "8K", "-m", "llama-3.1-8b", "--no-progress")
     assert res.exit_code == 0, res.stderr
     lines = res.stdout.splitlines()
@@ -231,7 +236,7 @@ def test_compare_tells_apart_two_topologies_of_one_rank_count():
 
 def test_compare_marks_a_speedup_over_a_method_that_does_not_fit():
     # 70B over 8 H100s at 1800K: 70.3 GiB of KV a GPU fits the 72 usable, ring attention's two
-    # blocks in flight (1.76 GiB) do not; its speedup was printed as if it could run.
+    # blocks in flight (1.76 GiB) do not; a speedup over it must say it could not run.
     res = run_cli("compare", "-t", "dgx-h100", "-m", "llama-3.1-70b", "--seq-lens", "1800K,1M", "--no-progress")
     assert res.exit_code == 0, res.stderr
     lines = res.stdout.splitlines()
@@ -239,7 +244,7 @@ def test_compare_marks_a_speedup_over_a_method_that_does_not_fit():
     rows = {line.split()[1]: line.split()[2:] for line in lines[at:at + 7] if line.startswith(" 8 ")}
     assert rows["1800K"][1].endswith("*") and not any(c.endswith("*") for c in rows["1800K"][2:]), rows
     assert not any(c.endswith("*") for c in rows["1M"]), rows
-    # where everything fits the title is as before
+    # where everything fits, the title has no footnote to explain
     res = run_cli("compare", "-t", "dgx-h100", "-m", "llama-3.1-70b", "--seq-lens", "1M", "--no-progress")
     assert "tree faster by (x)" in res.stdout.splitlines() and "*" not in res.stdout.split("peak bytes")[0]
 
@@ -255,10 +260,11 @@ def test_compare_bad_input():
     assert res.exit_code == 2 and "cpu-4" in res.stderr
     res = run_cli("compare", "-t", "dgx-h100", "--seq-lens", "8K,,64K", "-m", "llama-3.1-8b")
     assert res.exit_code == 2 and "cannot read --seq-lens ''" in res.stderr  # not read as "8K,64K"
-    for nodes in ("1,,2", ",", "1,"):  # not read as 1,2, as no --nodes at all (one node), or as 1
+    # not read as 1,2, as no --nodes at all (one node), or as 1
+    for nodes, item in (("1,,2", 2), (",", 1), ("1,", 2)):
         res = run_cli("compare", "-t", "dgx-h100", "--nodes", nodes, "--seq-lens", "8K", "-m", "llama-3.1-8b")
-        assert res.exit_code == 2 and res.stderr == f"error: cannot read --nodes {nodes!r}: write integers separated " \
-            "by commas\n", res.stderr
+        assert res.exit_code == 2 and res.stderr == f"error: cannot read --nodes {nodes!r}: item {item} is empty; " \
+            "write integers separated by commas\n", res.stderr
     # a bad fraction is said as such, not as a KV cache that fits no device
     res = run_cli("compare", "-t", "dgx-h100", "--seq-lens", "8K,16K", "--mem-fraction", "1.5", "-m", "llama-3.1-8b")
     assert res.exit_code == 2 and res.stderr == "error: --mem-fraction must be in (0, 1], got 1.5\n", res.stderr

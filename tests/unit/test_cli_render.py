@@ -107,7 +107,8 @@ def test_a_no_wrap_column_keeps_its_header_whole(width: int) -> None:
 
 def test_run_table_keeps_its_ratio_header_whole(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     # `treeattn run p.yaml --baselines -t mi300x-4 | cat` (a cpu-4 plan predicted on a GPU
-    # machine): errors of +35804% left no room, and the last header printed "×" above "plan".
+    # machine): errors of +35804% leave the ratio header little room; it must stay whole, not
+    # wrap into "×" above "plan".
     import pandas as pd
 
     from treeattn.cli.run import _table
@@ -160,7 +161,7 @@ def test_names_and_paths_print_as_given_not_as_markup(tmp_path, tag):
 
 def test_a_run_without_predictions_does_not_say_what_predicted_it(capsys) -> None:
     # A plan whose topology is found nowhere runs unpredicted (a warning says so); the table's
-    # first line said "predicted on NAME (uncalibrated)" all the same.
+    # first line must not claim "predicted on NAME (uncalibrated)" over empty predictions.
     import pandas as pd
 
     from treeattn.cli.run import _table

@@ -11,13 +11,16 @@ import pytest
 import torch
 
 from tests.cli_helpers import run_cli
+from treeattn.calibrate.live import CalibrateOptions
 from treeattn.cost.memory import rank_peak_bytes, run_bytes
 from treeattn.errors import InputError
+from treeattn.exec.deadline import MAX_ITERATIONS
 from treeattn.exec.launch import host_memory_problem, launch_local
 from treeattn.exec.runner import Job, PlanJob, RunOptions, memory_problem, placement_problem
 from treeattn.plan.builders import build
 from treeattn.plan.ir import TopologyRef
 from treeattn.units import format_size
+from treeattn.validate import ValidateOptions
 from treeattn.workload import RawPayload, Workload
 
 
@@ -29,12 +32,24 @@ def test_more_ranks_than_gpus_is_named():
 
 @pytest.mark.parametrize("options", [{"repeats": 1_000_001}, {"warmup": 1_000_001}, {"repeats": 0}, {"warmup": -1}])
 def test_iteration_counts_are_bounded(options):
-    # A count without bound built its schedule (and the list of times) before the first run.
+    # A run builds its schedule (and the list of times) before the first run: a count without
+    # bound would fill memory first.
     with pytest.raises(InputError, match="repeats must be 1 to 1000000 and warmup 0 to 1000000"):
         RunOptions(**options)
     w = Workload(batch=1, q_heads=2, kv_heads=2, head_dim=4, split=(3, 3), kv_dtype="fp32")
     with pytest.raises(InputError, match="repeats of 'p' must be 1 to 1000000, got 1000001"):
         PlanJob("p", build("star", w, TopologyRef("a", "b")), repeats=1_000_001)
+
+
+@pytest.mark.parametrize("options", [RunOptions, CalibrateOptions, ValidateOptions])
+@pytest.mark.parametrize("counts", [{"repeats": MAX_ITERATIONS + 1}, {"warmup": MAX_ITERATIONS + 1},
+                                    {"repeats": 0}, {"warmup": -1}])
+def test_every_options_class_bounds_its_iteration_counts(options, counts):
+    # run, calibrate and validate share one bound, checked when their options are built: a
+    # count past it would otherwise be refused by the runner only after the ranks started.
+    with pytest.raises(InputError, match="^repeats must be 1 to 1000000 and warmup 0 to 1000000, got ") as info:
+        options(**counts)
+    assert info.value.exit_code == 2
 
 
 def test_graphs_need_nccl():
@@ -145,8 +160,8 @@ def test_calibrate_refuses_a_gpu_topology_its_cpu_ranks_would_fit(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible here")
 @pytest.mark.parametrize("topology", [(), ("-t", "cpu:ranks=2")])
 def test_calibrate_says_nccl_needs_cuda_before_any_topology_mismatch(topology):
-    # It said "--topology None places its ranks on CPU ranks, but they run here on GPUs (nccl)"
-    # on a machine without GPUs.
+    # On a machine without GPUs the missing CUDA is the problem to name, not a topology
+    # mismatch (and never a topology called None).
     res = run_cli("calibrate", *topology, "--backend", "nccl")
     assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
     assert "backend nccl needs CUDA devices" in res.stderr and "None" not in res.stderr

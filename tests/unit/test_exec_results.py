@@ -123,7 +123,7 @@ def test_unknown_order_is_an_input_error():
 
 
 def test_the_timeline_csv_writes_ranks_and_chunks_as_integers(tmp_path):
-    # A compute op has no peer nor chunk; beside it a send's peer 1 was written "1.0".
+    # A compute op has no peer nor chunk: the column beside it must still read peer 1, not "1.0".
     ops = (MeasuredOp(0, 0, Op(OpKind.COMPUTE, 0), 1.0, 9.5), MeasuredOp(0, 1, Op(OpKind.SEND, 1, peer=1, chunk=0),
                                                                           9.5, 12.0))
     ms = (Measurement("a.yaml", "plan", "explicit", (10.0,), 1e-7, 2e-2, (0,), ops),)

@@ -96,7 +96,7 @@ def test_terms_the_cases_cannot_place_stop_at_their_bounds_and_are_flagged():
 def test_a_term_the_cases_drive_to_nothing_stays_at_its_floor_and_is_flagged():
     # Ranks that start a run with no CPU work of their own: the fit wants start_cpu_us at 0;
     # its floor is a hundredth of the fastest message case (below that it changes no case by
-    # 1 %). The other terms are recovered as before.
+    # 1 %). The other terms are still recovered.
     topo, truth = _truth()
     truth = dataclasses.replace(truth, cost=truth.cost.updated(start_cpu_us=0.0))
     cases = _cases(topo, truth)

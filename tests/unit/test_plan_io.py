@@ -95,7 +95,7 @@ _ANY_CHAR = st.characters(exclude_categories=("Cs",))
                                                                          st.text(_ANY_CHAR, max_size=4), max_size=2),
                        max_size=3),
        st.text(_ANY_CHAR, min_size=1, max_size=6), st.sampled_from(["yaml", "json"]))
-@example({"A\n": None}, "x", "yaml")  # "$" matched before a final newline: the key was written bare
+@example({"A\n": None}, "x", "yaml")  # "$" matches before a final newline: such a key must be quoted
 @example({"k": {"a\nb": "c"}}, "n", "yaml")
 @example({"\x85": "\u2028"}, "\u2029", "yaml")
 @example({"k": "\ufeff"}, "a\tb", "yaml")

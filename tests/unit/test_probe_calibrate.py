@@ -164,7 +164,8 @@ def test_lines_tagged_by_the_launcher_are_read():
 
 def test_a_tagged_second_run_is_refused_not_skipped():
     # Issue 290's text: a one-node run, then a two-node run relayed by srun -l. Read as one file,
-    # the second run used to be skipped as noise after the first, and the first calibrated alone.
+    # skipping the second run as noise would calibrate on the first alone, unsaid: it is refused
+    # at the line where it starts.
     text = "\n".join(_lines(ONE) + _lines(FIX / "all_reduce_perf.2x8xh100-srun-l.txt"))
     with pytest.raises(ProbeError, match=r"both.txt:25: a second run starts here"):
         parse_nccl_tests(text, "both.txt")

@@ -72,7 +72,7 @@ def test_bus_ids_print_as_read():
         (("--from-nvidia-smi", DGX, "--ibstat", str(FIX / "damaged" / "ibstat.truncated.txt")), "no 'Rate' line"),
         (("--from-nvidia-smi", DGX, "--nodes", "2"), "--nic-gbps"),
         (("--from-nvidia-smi", DGX, "--gpu-model", "Voodoo2"), "not a known GPU"),
-        # read before probing: on a host without GPUs (this one, probed live) it was never read
+        # read before probing: on a host without GPUs (this one, probed live) probing never reaches it
         (("--nics", "3xfoo"), "--nics '3xfoo': write COUNT or COUNTxGBPS"),
         (("--ibstat", "/nonexistent/ibstat.txt"), "cannot read ibstat file"),
     ],

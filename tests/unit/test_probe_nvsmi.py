@@ -219,14 +219,16 @@ def test_gpu_names_listings():
 
 
 def test_gpu_names_from_nvidia_smi_l_in_mig_mode():
-    # nvidia-smi -L lists each MIG instance under its GPU; those lines were refused as unreadable.
+    # nvidia-smi -L lists each MIG instance under its GPU; the GPU lines name the GPUs, and the
+    # instance lines are no GPU of their own.
     text = (FIX / "nvidia-smi-L.mig-2xa100.txt").read_text()
     assert parse_gpu_names(text, "mig.txt") == ("NVIDIA A100-SXM4-80GB",) * 2
 
 
 def test_grace_hopper_is_not_read_as_an_h200():
     # "NVIDIA GH200 480GB" is how nvidia-smi names a GH200 (marin-community/marin, lib/iris
-    # CoreWeave notes, "GPU Configs"); it matched the H200 pattern and took an H200's memory.
+    # CoreWeave notes, "GPU Configs"); "H200" is in its name, but an H200's 141 GB would
+    # overstate its memory.
     assert gpu_spec("NVIDIA GH200 480GB") is None
     assert gpu_spec("NVIDIA H200").model == gpu_spec("H200-SXM-141GB").model == "H200-SXM-141GB"
 

@@ -133,3 +133,15 @@ def test_the_readme_shows_the_python_example_as_it_is() -> None:
     block = block[len("```python\n"):block.index("```", len("```python\n"))]
     example = (ROOT / "examples" / "python_api.py").read_text()
     assert block.strip() == example[example.index("def rank_main"):].strip()
+
+
+def test_the_readme_says_how_slurm_tasks_choose_their_threads() -> None:
+    # A user of srun sizes --cpus-per-task and --cpu-bind by this rule
+    # (treeattn.exec.launch.slurm_threads); the README states it with the variables it reads.
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    code = (ROOT / "treeattn" / "exec" / "launch.py").read_text(encoding="utf-8")
+    assert "each rank runs `--cpus-per-task` threads where given" in text
+    assert "(`--cpu-bind`, as `SLURM_CPU_BIND_TYPE` reports it) runs a thread per CPU it may use" in text
+    assert "divided by the node's task count" in text and "sets `OMP_NUM_THREADS=1`" in text
+    for variable in ("SLURM_CPUS_PER_TASK", "SLURM_CPU_BIND_TYPE", "SLURM_STEP_TASKS_PER_NODE", "OMP_NUM_THREADS"):
+        assert f'"{variable}"' in code, variable

@@ -8,6 +8,7 @@ import pytest
 
 from tests.cli_helpers import run_cli
 from treeattn.errors import InputError
+from treeattn.exec.deadline import MAX_ITERATIONS
 from treeattn.search.search import FAMILIES
 from treeattn.topology.library import resolve
 from treeattn.validate import EMU_HEADS, HeadShape, ValidateOptions, case_plans, default_cases
@@ -65,10 +66,12 @@ def test_case_plans_unknown_family():
     (["--families", "star,nope"], "unknown candidate families"),
 ])
 def test_validate_flag_errors(args, match, tmp_path):
-    # Errors in the flags surface before anything is emulated (no root needed).
+    # Errors in the flags surface before anything is emulated (no root needed) or written.
     res = run_cli("validate", "emu-mesh", "--out", str(tmp_path / "o"), "--no-calibrate", *args)
     assert res.exit_code == 2, res.stderr
     assert match in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_validate_calibrated_count(tmp_path):
@@ -112,6 +115,11 @@ def test_cheap_cases_get_more_rounds_within_the_budget():
     assert case_rounds(opt, 0.25e6) == 40  # 10 s of 0.25 s rounds
     assert case_rounds(opt, 1e3) == MAX_ROUNDS_FACTOR * 15  # capped
     assert case_rounds(ValidateOptions(repeats=15, case_seconds=0.0), 1e3) == 15
+    # The runner refuses more than MAX_ITERATIONS timed runs once the ranks are up: a cheap
+    # case's extra rounds stop there.
+    big = ValidateOptions(repeats=MAX_ITERATIONS // 2, case_seconds=1e9)
+    assert case_rounds(big, 1.0) == MAX_ITERATIONS
+    assert case_rounds(ValidateOptions(repeats=MAX_ITERATIONS, case_seconds=1e9), 1.0) == MAX_ITERATIONS
     with pytest.raises(InputError):
         ValidateOptions(case_seconds=-1.0)
     res = run_cli("validate", "emu-mesh", "--out", "/nonexistent/o", "--no-calibrate", "--case-seconds", "-1")

@@ -138,7 +138,8 @@ def test_a_heads_search_takes_an_all_plan_where_its_fewer_messages_win():
     gather = search(v100, w70, result="heads")
     assert gather.best.algorithm == "allgather-merge" and gather.best.params["whole_rows"] is True
     assert gather.best.predicted_us == search(v100, w70).best.predicted_us
-    # B = 64 on one node: a heads plan's own segments win, as before
+    # B = 64 on one node: the whole-rows gather does not win everywhere; a heads plan's own
+    # segments do here
     one = search(resolve("dgx-h100"), _w(8, batch=64, seq=8 * 1024), result="heads")
     assert "whole_rows" not in one.best.params
 

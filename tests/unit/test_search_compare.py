@@ -27,8 +27,7 @@ def _make(p: int, n: int) -> Workload:
 def test_the_tree_is_the_fastest_plan_that_fits():
     # One token (128 KiB) short of the limit: an exchange holding 7 received partials (about
     # 140 KB with the query and its own) does not fit, the two all-reduces (41 KB) do. The tree
-    # was searched without memory and picked the exchange, marked as not fitting, faster than
-    # what `plan` picks on the same input.
+    # row must be what `plan` picks on the same input, not a faster schedule that does not fit.
     n = _tokens_short_of_the_limit(1)
     [tree, *_] = compare([TOPO], [n], _make)
     want = search(TOPO, _make(TOPO.num_ranks, n), top_k=1)
@@ -45,7 +44,7 @@ def test_where_nothing_fits_the_tree_is_still_timed_and_marked():
 
 
 def test_the_plot_tells_apart_two_topologies_of_one_rank_count(monkeypatch):
-    # dgx-h100 and hgx-h200 both have 8 ranks: their lines were both labelled "8 ranks".
+    # dgx-h100 and hgx-h200 both have 8 ranks: "8 ranks" alone would not say which line is which.
     import treeattn.search.compare as mod
 
     shown: list[str] = []

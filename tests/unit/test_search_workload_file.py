@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -90,7 +91,8 @@ def test_bad_file(tmp_path):
 
 
 @pytest.mark.parametrize(("data", "flags", "message"), [
-    # A preset's KV heads were named as the flags' own (workload.kv_heads (8) must divide q_heads (7)).
+    # Each count is named by what gave it: a flag by the flag, a preset's by the preset, so the
+    # user knows which to change (not "workload.kv_heads (8) must divide q_heads (7)").
     ({"model": "llama-3.1-8b", "heads": 7}, {"q_heads": "--heads"},
      "--heads (7) must be a multiple of llama-3.1-8b's 8 KV heads; give --kv-heads as well"),
     ({"model": "llama-3.1-8b", "kv_heads": 5}, {"kv_heads": "--kv-heads"},
@@ -103,6 +105,32 @@ def test_shape_errors_name_the_flags(data, flags, message):
     data = data if "split" in data else {**data, "seq_len": 64}
     with pytest.raises(WorkloadError, match=f"^{re.escape(message)}$"):
         workload_from_dict(data, ranks=2, flags=flags)
+
+
+def test_an_empty_split_is_refused_by_one_check():
+    # Files, flags and Workload itself refuse a split of no tokens through check_split, so the
+    # words (and the name of what gave the split) cannot drift apart.
+    package = Path(__file__).resolve().parents[2] / "treeattn"
+    said = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+                  if "holds no tokens" in p.read_text(encoding="utf-8"))
+    assert said == ["workload.py"]
+    with pytest.raises(WorkloadError, match=r"^workload\.split holds no tokens at all$"):
+        Workload(batch=1, q_heads=2, kv_heads=2, head_dim=4, split=(0, 0))
+    with pytest.raises(WorkloadError, match=r"^w\.yaml\.split holds no tokens at all$"):
+        workload_from_dict({"heads": 2, "head_dim": 4, "split": [0, 0]}, ranks=2, where="w.yaml")
+
+
+@pytest.mark.parametrize("file", ["model: llama-3.1-8b\nseq_len: 1K\n",
+                                  "heads: 32\nkv_heads: 8\nhead_dim: 128\nseq_len: 1K\n"])
+def test_heads_against_a_files_kv_heads_name_both(tmp_path, file):
+    # --heads overrides the file's query heads but not its KV heads: the message names the
+    # flag and the workload field it does not fit, so the user sees which of the two to change.
+    f = tmp_path / "w.yaml"
+    f.write_text(file)
+    with pytest.raises(WorkloadError, match=r"^workload\.kv_heads \(8\) must divide --heads \(7\)$"):
+        make_payload(2, workload_file=f, heads=7)
+    with pytest.raises(WorkloadError, match=r"^--kv-heads \(5\) must divide workload\.q_heads \(32\)$"):
+        make_payload(2, workload_file=f, kv_heads=5)
 
 
 def test_flags_override_file(tmp_path):

@@ -172,8 +172,8 @@ def test_rank_patterns():
 
 @pytest.mark.parametrize("entry", ["g{0..99999999}", "h*9999999999", "n{0..9999}.g{0..9999}"])
 def test_a_rank_pattern_past_the_limit_is_refused_before_it_expands(entry):
-    # These once built every name first (minutes and gigabytes, or a MemoryError) for the
-    # topology's rank limit to refuse afterwards.
+    # Expanded first, these would take minutes and gigabytes (or a MemoryError) before the
+    # topology's rank limit refused them: they are counted first.
     with pytest.raises(ValueError, match="above treeattn's limit of 16,384"):
         expand_ranks(entry)
     text = f"name: x\ndevices:\n  - {{name: h, kind: host, mem_bw_gbps: 1}}\nranks: ['{entry}']\n"
@@ -235,11 +235,11 @@ links:
         ("name: x\nnode:\n  gpus: {count: 2, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1}\nnetwork: {kind: roce}\n",
          "<t>:5: network: a network needs node.nics"),
         ("family: dgx-h100\nname: ''\n", "<t>:2: name: string should have at least 1 character"),
-        # A fabric without its kind is kind none: its NVLink figures were dropped without a word.
+        # A fabric without its kind is kind none: its NVLink figures would be dropped unsaid.
         ("name: x\nnode:\n  gpus: {count: 2, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1}\n"
          "  fabric: {bw_gbps: 450, count: 18}\n", "<t>:5: node.fabric.bw_gbps: given, but fabric.kind is none"),
-        # Each link of the compact form has the kinds its role routes as; others built a
-        # topology routed as something else, or refused it as unroutable without naming the field.
+        # Each link of the compact form has the kinds its role routes as; another would build a
+        # topology routed as something else, or one refused as unroutable without naming the field.
         ("name: x\nnode:\n  gpus: {count: 2, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1}\n"
          "  fabric: {kind: nvswitch, bw_gbps: 9, link: pcie}\n",
          "<t>:5: node.fabric.link: unknown value 'pcie'; choose one of 'nvlink' or 'xgmi'"),

@@ -59,6 +59,7 @@ from treeattn.calibrate.plans import (
 )
 from treeattn.cost.simulate import simulate
 from treeattn.errors import ExecutionError, InputError, ProbeError
+from treeattn.exec.deadline import check_iterations
 from treeattn.exec.launch import launch
 from treeattn.exec.runner import Job, Measurement, PlanJob, RunOptions
 from treeattn.plan.ir import OpKind, Plan, message_bytes
@@ -105,8 +106,7 @@ class CalibrateOptions:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.repeats < 1 or self.warmup < 0:
-            raise InputError(f"repeats must be >= 1 and warmup >= 0, got {self.repeats} and {self.warmup}")
+        check_iterations(self.repeats, self.warmup)
         if not self.round_trips or min(self.round_trips) < 1:
             raise InputError(f"round trips must be >= 1, got {list(self.round_trips)}")
         if self.compute not in ("sum", "merge", "attention", "none"):

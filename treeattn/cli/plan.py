@@ -81,10 +81,19 @@ def default_plan_path(topo_name: str, payload: Payload, algorithm: str | None = 
 
 
 def _int_list(text: str, what: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x != ""]
-    except ValueError:
-        raise InputError(f"cannot read {what} {text!r}: write integers separated by commas") from None
+    """The integers of a comma-separated flag value. An empty item ("1,,2", ",", "1,") is a slip,
+    not a value left out: reading it as 1,2 would plan on other parents or node counts than meant."""
+    values = []
+    for i, item in enumerate(text.split(","), start=1):
+        item = item.strip()
+        if not item:
+            raise InputError(f"cannot read {what} {text!r}: item {i} is empty; write integers separated by commas")
+        try:
+            values.append(int(item))
+        except ValueError:
+            raise InputError(f"cannot read {what} {text!r}: item {i} ({item!r}) is not an integer; write integers "
+                             "separated by commas") from None
+    return values
 
 
 def _build_kwargs(p: int, *, root, fanout, groups, order, parents, roots, trees, shape, intra, inter,
@@ -131,8 +140,9 @@ def _algorithm_list(json_out: bool) -> None:
               "rank keeping its own heads.")
 
 
-_MEM_COUNTS = ("A rank's peak counts its KV cache (every layer), the query, partials and receive buffers, "
-               "not the model's weights or activations: lower this to leave them room.")
+_MEM_COUNTS = ("A rank's peak counts its KV cache (every layer), the query, partials and receive buffers; the "
+               "rest of the memory is left for what it does not count, the model's weights and activations: lower "
+               "this to leave them more room.")
 
 
 @app.command("plan")
@@ -430,8 +440,10 @@ def compare_cmd(
                                         "delivers it where it can, else its own).")] = "all",
     ring: Annotated[str, typer.Option("--ring", help="Ring of ring attention and of the ring of partials: "
                                       "topology (along rails) or rank (rank order).")] = "topology",
-    mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="Usable share of each device's memory "
-                                                "(methods over it are marked). " + _MEM_COUNTS)] = DEFAULT_MEM_FRACTION,
+    mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="Share of each device's memory (mem_gb) "
+                                                "a rank may use: methods whose peak is over it are marked, lengths "
+                                                "whose KV cache alone is over it left out. " + _MEM_COUNTS
+                                                )] = DEFAULT_MEM_FRACTION,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the planner.")] = 0,
     csv: Annotated[Path | None, typer.Option("--csv", **OUT_PATH,
                                              help="Write the rows as CSV.", rich_help_panel=_OUT)] = None,
@@ -458,8 +470,6 @@ def compare_cmd(
     if ring not in ("topology", "rank"):
         raise InputError(f"--ring must be topology or rank, got {ring!r}")
     node_counts = _int_list(nodes, "--nodes") if nodes else None
-    if nodes and any(not x.strip() for x in nodes.split(",")):  # "1,,2" or "," is a slip, not 1,2 or nothing
-        raise InputError(f"cannot read --nodes {nodes!r}: write integers separated by commas")
     if node_counts is not None and any(n < 1 for n in node_counts):
         raise InputError(f"--nodes must be positive, got {nodes!r}")
     lens = [parse_tokens(x, where="--seq-lens") for x in seq_lens.split(",")]

@@ -86,7 +86,7 @@ def validate_cmd(
     case_seconds: Annotated[float, typer.Option(
         "--case-seconds", min=0.0, rich_help_panel=_MEASURE,
         help="More rounds for cheap cases: as many as the case's predicted times fit in this many seconds, up "
-             "to 10x --repeats (0: --repeats for every case).")] = 10.0,
+             f"to 10x --repeats and at most {MAX_ITERATIONS} (0: --repeats for every case).")] = 10.0,
     warmup: Annotated[int, typer.Option("--warmup", min=0, max=MAX_ITERATIONS, help="Untimed iterations first.",
                                         rich_help_panel=_MEASURE)] = 1,
     order: OrderOpt = MeasureOrder.INTERLEAVED,
@@ -122,14 +122,17 @@ def validate_cmd(
     from treeattn.validate import CalibrationSettings, HeadShape, TopologyTarget, ValidateOptions, default_cases
     from treeattn.validate import validate as run_validate
 
-    out = output_folder(out, "--out")
+    fams = tuple(f.strip() for f in families.split(",") if f.strip()) if families else None
+    options = ValidateOptions(repeats=repeats, case_seconds=case_seconds, warmup=warmup, scale=scale, seed=seed,
+                              op_timeout_s=timeout,
+                              calibrate=calibrate, calibration=CalibrationSettings(), families=fams,
+                              max_load=max_load, max_wait_s=max_wait, realtime=realtime, order=order.value)
     specs = list(topologies or DEFAULT_TOPOLOGIES)
     if calibrated and len(calibrated) != len(specs):
         raise InputError(f"--calibrated names {len(calibrated)} files for {len(specs)} topologies; give one per "
                          "topology, in the same order")
     hq, hkv, d = _heads(heads)
     shape = HeadShape(hq, hkv, d)
-    fams = tuple(f.strip() for f in families.split(",") if f.strip()) if families else None
     targets = []
     for i, spec in enumerate(specs):
         topo = load_topology(spec, ranks)
@@ -137,10 +140,7 @@ def validate_cmd(
                               long_tokens_per_rank=_tokens(long_tokens, "--long-tokens"), heads=shape)
         fitted = load_file(calibrated[i]) if calibrated else None
         targets.append(TopologyTarget(topo, tuple(cases), fitted, spec))
-    options = ValidateOptions(repeats=repeats, case_seconds=case_seconds, warmup=warmup, scale=scale, seed=seed,
-                              op_timeout_s=timeout,
-                              calibrate=calibrate, calibration=CalibrationSettings(), families=fams,
-                              max_load=max_load, max_wait_s=max_wait, realtime=realtime, order=order.value)
+    out = output_folder(out, "--out")  # made once every flag has been read
     command = shlex.join(["treeattn", *sys.argv[1:]]) if Path(sys.argv[0]).name == "treeattn" else ""
     from treeattn.emulate.cluster import interrupts_raise
 

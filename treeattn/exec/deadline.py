@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from treeattn.errors import InputError
+
 SETUP_TIMEOUT_S = 120.0
 """How long connecting the ranks and opening their communicators may take (``RunOptions``)."""
 
@@ -32,13 +34,28 @@ MAX_ITERATIONS = 1_000_000
 every timed run's times and builds its schedule up front, so a count without bound would fill
 memory before the first run."""
 
-__all__ = ["POLL_S", "SETUP_TIMEOUT_S", "MAX_ITERATIONS", "Call", "Outstanding", "first_pending", "wait_marks"]
+__all__ = ["POLL_S", "SETUP_TIMEOUT_S", "MAX_ITERATIONS", "Call", "Outstanding", "check_iterations", "first_pending",
+           "wait_marks"]
 
 POLL_S = 2e-5
 """How long a blocking wait sleeps between queries (a sleep lasts longer: tens of µs)."""
 
 Marks = list[tuple[Any, str]]
 """Markers in stream order, each something with ``query()`` (a CUDA event) and what it marks."""
+
+
+def check_iterations(repeats: int, warmup: int | None = None, where: str = "") -> None:
+    """Refuse a timed count outside 1 to ``MAX_ITERATIONS`` or a warm-up count outside 0 to
+    ``MAX_ITERATIONS`` (None: no warm-up count to check). ``where`` says whose counts they are
+    (``"of 'p'"``). The options classes of run, calibrate and validate call it when built, so a
+    count the run could not hold is refused before anything is launched."""
+    if 1 <= repeats <= MAX_ITERATIONS and (warmup is None or 0 <= warmup <= MAX_ITERATIONS):
+        return
+    of = f" {where}" if where else ""
+    if warmup is None:
+        raise InputError(f"repeats{of} must be 1 to {MAX_ITERATIONS}, got {repeats}")
+    raise InputError(f"repeats{of} must be 1 to {MAX_ITERATIONS} and warmup 0 to {MAX_ITERATIONS}, "
+                     f"got {repeats} and {warmup}")
 
 
 def first_pending(marks: Marks) -> str:

@@ -1,14 +1,20 @@
 """Start the ranks of a run: under torchrun or SLURM, or as local processes.
 
 * torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``): this
-  process is one rank; it runs its part in-process.
+  process is one rank; it runs its part in-process. Its intra-op threads are torchrun's to
+  set: torchrun sets ``OMP_NUM_THREADS=1`` for its workers where it starts more than one
+  process per node and ``OMP_NUM_THREADS`` is not set (``torch.distributed.run``); with one
+  process per node it sets nothing, and torch's own default holds.
 * SLURM (``SLURM_PROCID``, ``SLURM_NTASKS`` > 1, ``SLURM_LOCALID``, plus ``MASTER_ADDR`` and
-  ``MASTER_PORT`` that the batch script exports): likewise, sharing the node's CPUs among
-  its tasks as torchrun does (``slurm_threads``) unless ``OMP_NUM_THREADS`` is set.
+  ``MASTER_PORT`` that the batch script exports): likewise. srun sets no thread count, so
+  unless ``OMP_NUM_THREADS`` is set a task takes ``SLURM_CPUS_PER_TASK`` threads, else its
+  share of the CPUs (``slurm_threads``): those srun bound it to, or the node's usable CPUs
+  divided among the node's tasks.
 * Otherwise the plan's ranks are started here as ``python -m treeattn.exec.worker``
   processes on 127.0.0.1 with a free TCP port, each on its own GPU under NCCL (more ranks
   than GPUs is refused before anything starts, as are gloo ranks whose buffers together exceed
-  this host's available memory). A watchdog polls them: when one exits with
+  this host's available memory), each with ``OMP_NUM_THREADS`` set to the host's CPUs divided
+  by the rank count unless it is set already. A watchdog polls them: when one exits with
   an error (it raised, or died), the others get a short grace to report, then are killed;
   no child outlives the run (they also die with their parent, through PR_SET_PDEATHSIG).
   The error names the rank that failed first, not the ranks that lost their peer, and the
@@ -38,9 +44,8 @@ import torch
 from treeattn.errors import ExecutionError, InputError, TreeattnError
 from treeattn.exec.runner import Job, JobResult, memory_problem, pick_backend, placement_problem, run_rank
 
-__all__ = ["RankEnv", "detect_env", "check_world", "slurm_threads", "launch", "launch_local", "free_port",
-           "keep_output",
-           "rank_failure", "GRACE_S", "available_bytes", "host_memory_problem"]
+__all__ = ["RankEnv", "detect_env", "check_world", "slurm_bound", "slurm_threads", "launch", "launch_local",
+           "free_port", "keep_output", "rank_failure", "GRACE_S", "available_bytes", "host_memory_problem"]
 
 _STORE_WAIT = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")
 """torch's rendezvous store's words when not every rank connected in time."""
@@ -93,15 +98,29 @@ def detect_env(environ: dict[str, str] | None = None) -> RankEnv | None:
     return RankEnv(who, rank, world, local)
 
 
-def slurm_threads(env, usable: int, cpus: int) -> int:  # noqa: ANN001 - a mapping
-    """Intra-op threads for one SLURM task: ``SLURM_CPUS_PER_TASK`` where set; the ``usable``
-    CPUs where srun bound the task to fewer than the node's ``cpus``; else the ``usable`` CPUs
-    shared among the node's tasks (``SLURM_STEP_TASKS_PER_NODE``, e.g. ``4(x2),3``, at
-    ``SLURM_NODEID``; one task where that cannot be read)."""
+def slurm_bound(env) -> bool:  # noqa: ANN001 - a mapping
+    """Whether srun bound this task to CPUs of its own, as its task/affinity plugin reports
+    it: ``SLURM_CPU_BIND_TYPE`` (``none``, ``rank``, ``map_cpu:``, ``mask_cpu:``, ``cores``...,
+    after ``--cpu-bind`` or auto binding) other than ``none``, or a ``SLURM_CPU_BIND_LIST`` of
+    CPUs or masks. Fewer usable CPUs than the node has says nothing of it: a job's cgroup or a
+    container limits every task of the node to the same CPUs."""
+    kinds = {k.strip().rstrip(":").lower() for k in env.get("SLURM_CPU_BIND_TYPE", "").split(",")}
+    kinds -= {"", "quiet", "verbose"}
+    if "none" in kinds:
+        return False
+    return bool(kinds) or bool(env.get("SLURM_CPU_BIND_LIST", "").strip())
+
+
+def slurm_threads(env, usable: int) -> int:  # noqa: ANN001 - a mapping
+    """Intra-op threads for one SLURM task whose process may run on ``usable`` CPUs:
+    ``SLURM_CPUS_PER_TASK`` where set; all ``usable`` where srun bound the task to CPUs of its
+    own (``slurm_bound``); else the ``usable`` CPUs shared among the node's tasks
+    (``SLURM_STEP_TASKS_PER_NODE``, e.g. ``4(x2),3``, at ``SLURM_NODEID``; one task where that
+    cannot be read), never fewer than one."""
     given = env.get("SLURM_CPUS_PER_TASK", "")
     if given.isdigit() and int(given) > 0:
         return int(given)
-    if usable < cpus:
+    if slurm_bound(env):
         return max(1, usable)
     counts: list[int] = []
     for part in env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", "")).split(","):
@@ -161,9 +180,10 @@ def launch(job: Job, environ: dict[str, str] | None = None) -> JobResult | None:
     if placed.launcher == "slurm":
         os.environ.update(RANK=str(placed.rank), WORLD_SIZE=str(placed.world), LOCAL_RANK=str(placed.local_rank))
         if "OMP_NUM_THREADS" not in os.environ:
-            # srun, unlike torchrun and local launches, leaves every task a thread per core:
-            # the tasks of a node would contend for its cores (5x slower on gloo here).
-            torch.set_num_threads(slurm_threads(os.environ, len(os.sched_getaffinity(0)), os.cpu_count() or 1))
+            # srun sets no thread count: torch's default would give every task about as many
+            # threads as the CPUs it may use, and the tasks of a node would contend for its
+            # cores (5x slower on gloo here).
+            torch.set_num_threads(slurm_threads(os.environ, len(os.sched_getaffinity(0))))
     try:
         return run_rank(job, placed.rank, placed.world, placed.local_rank)
     except TreeattnError:

@@ -43,7 +43,7 @@ from treeattn.exec import kernels as fused
 from treeattn.exec.attention import make_kv_shard, make_query, make_raw, resolve_kernel, torch_dtype
 from treeattn.exec.baselines import run_attention_baseline, run_raw_baseline, segments
 from treeattn.exec.comm import BufferPool, Comm
-from treeattn.exec.deadline import MAX_ITERATIONS, SETUP_TIMEOUT_S
+from treeattn.exec.deadline import SETUP_TIMEOUT_S, check_iterations
 from treeattn.exec.graphs import Graphed, capture
 from treeattn.exec.interpreter import MeasuredOp, PlanExecutor, RankInputs
 from treeattn.exec.issue_order import nccl_order_problem
@@ -93,9 +93,7 @@ class RunOptions:
     """Replay each method from a CUDA graph after its warm-up (NCCL only); None: on with NCCL."""
 
     def __post_init__(self) -> None:
-        if not (1 <= self.repeats <= MAX_ITERATIONS and 0 <= self.warmup <= MAX_ITERATIONS):
-            raise InputError(f"repeats must be 1 to {MAX_ITERATIONS} and warmup 0 to {MAX_ITERATIONS}, "
-                             f"got {self.repeats} and {self.warmup}")
+        check_iterations(self.repeats, self.warmup)
         longest = datetime.timedelta.max.total_seconds()  # the deadlines are timedeltas
         for name, value in (("timeout", self.timeout_s), ("set-up timeout", self.setup_timeout_s)):
             if not 0 < value <= longest:  # also NaN; inf would fail only in a rank, after the start
@@ -124,8 +122,8 @@ class PlanJob:
     def __post_init__(self) -> None:
         if self.ring_order is not None and sorted(self.ring_order) != list(range(self.plan.ranks)):
             raise InputError(f"the ring order of {self.label!r} must list the {self.plan.ranks} ranks once each")
-        if self.repeats is not None and not 1 <= self.repeats <= MAX_ITERATIONS:
-            raise InputError(f"repeats of {self.label!r} must be 1 to {MAX_ITERATIONS}, got {self.repeats}")
+        if self.repeats is not None:
+            check_iterations(self.repeats, where=f"of {self.label!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ import yaml
 from treeattn.errors import InputError, WorkloadError
 from treeattn.textfile import read_text
 from treeattn.units import DType, counted, parse_size
-from treeattn.workload import MODELS, Payload, RawPayload, ReduceOp, Workload, even_split, preset_heads
+from treeattn.workload import MODELS, Payload, RawPayload, ReduceOp, Workload, check_split, even_split, preset_heads
 
 __all__ = ["ATTENTION_KEYS", "RAW_KEYS", "parse_tokens", "workload_from_dict", "load_workload"]
 
@@ -207,8 +207,7 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
     raw_split = data.get("split")
     if seq_len is None:
         split = _split(raw_split, ranks, 0, name)
-        if not sum(split):
-            raise WorkloadError(f"{name('split')} holds no tokens at all")
+        check_split(split, name("split"))
         seq_len = sum(split)
     else:
         split = _split(raw_split, ranks, seq_len, name)

@@ -31,6 +31,7 @@ import pandas as pd
 
 from treeattn.cost.simulate import SimResult, simulate
 from treeattn.errors import EmulationError, InputError
+from treeattn.exec.deadline import MAX_ITERATIONS, check_iterations
 from treeattn.plan.baselines import Baseline, baselines_for
 from treeattn.plan.builders import build
 from treeattn.plan.ir import Plan, TopologyRef
@@ -61,7 +62,8 @@ class ValidateOptions:
     one plan's iterations there spread 20-30 % either way."""
     case_seconds: float = 10.0
     """Cheap cases get more rounds: as many as their methods' predicted times fit in this many
-    seconds, up to ``MAX_ROUNDS_FACTOR`` times ``repeats`` (0: ``repeats`` for every case)."""
+    seconds, up to ``MAX_ROUNDS_FACTOR`` times ``repeats`` and at most
+    ``treeattn.exec.deadline.MAX_ITERATIONS`` (0: ``repeats`` for every case)."""
     warmup: int = 1
     scale: float = 1.0
     """Factor on every emulated link's bandwidth."""
@@ -93,8 +95,7 @@ class ValidateOptions:
     ``SCHED_RR``. Needs root; the kernel's RT throttling still leaves others 5 % of the CPU."""
 
     def __post_init__(self) -> None:
-        if self.repeats < 1 or self.warmup < 0:
-            raise InputError(f"repeats must be >= 1 and warmup >= 0, got {self.repeats} and {self.warmup}")
+        check_iterations(self.repeats, self.warmup)
         if not self.case_seconds >= 0:
             raise InputError(f"case seconds must be >= 0, got {self.case_seconds}")
         if self.timelines not in ("picks", "all", "none"):
@@ -231,11 +232,12 @@ def _case_baselines(case: CaseSpec, topo: Topology) -> tuple[list[Baseline], tup
 
 def case_rounds(options: ValidateOptions, round_us: float) -> int:
     """Timed rounds of a case whose methods take ``round_us`` a round (predicted): ``repeats``,
-    or more while they fit in ``case_seconds``, up to ``MAX_ROUNDS_FACTOR`` times ``repeats``."""
+    or more while they fit in ``case_seconds``, up to ``MAX_ROUNDS_FACTOR`` times ``repeats`` and
+    never past ``MAX_ITERATIONS`` (the runner refuses more, and only once the ranks are up)."""
     if options.case_seconds <= 0 or not round_us > 0:
         return options.repeats
     fit = int(options.case_seconds * 1e6 // round_us)
-    return max(options.repeats, min(fit, MAX_ROUNDS_FACTOR * options.repeats))
+    return max(options.repeats, min(fit, MAX_ROUNDS_FACTOR * options.repeats, MAX_ITERATIONS))
 
 
 def _row(topo_name: str, case: CaseSpec, method: str, role: str, is_pick: bool, plan: Plan, m,  # noqa: ANN001
