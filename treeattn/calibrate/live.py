@@ -98,9 +98,9 @@ class CalibrateOptions:
     contention_sizes: tuple[int, ...] = (16 << 10, 1 << 20, 16 << 20)
     """Concurrent-flow sizes (those outside min..max are dropped)."""
     compute: str = "merge"
+    """Kernel whose fit sets ``launch_us``/``mem_efficiency``: sum, merge, attention, or none."""
     attention_heads: tuple[int, int, int] = LLAMA_HEADS
     """(q heads, KV heads, head dim) the attention kernel is timed with (``compute="attention"``)."""
-    """Kernel whose fit sets ``launch_us``/``mem_efficiency``: sum, merge, attention, or none."""
     backend: str | None = None
     timeout_s: float = 60.0
     seed: int = 0
