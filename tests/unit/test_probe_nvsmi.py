@@ -23,7 +23,9 @@ TOPO = {
     "hgx-h100": FIX / "nvidia-smi-topo-m.hgx-h100-della.txt",
     "della-2xa100": FIX / "nvidia-smi-topo-m.della-2xa100-pcie.txt",
     "pcie-5gpu": FIX / "nvidia-smi-topo-m.pcie-5gpu-2numa.club3090-46.txt",
+    "4xh100-nv6": FIX / "nvidia-smi-topo-m.4xh100-nv6.nccl-1617.txt",
 }
+TABBED = ("dgx-a100", "dgx1", "hgx-h100", "della-2xa100")
 
 
 def _probe(key: str, **kw):
@@ -61,6 +63,56 @@ def test_space_separated_capture():
     assert m.nics == ()
     assert m.rel[("GPU1", "GPU2")] == "PHB" and m.rel[("GPU1", "GPU3")] == "NODE" and m.rel[("GPU0", "GPU4")] == "SYS"
     assert m.numa == {"GPU0": 1, "GPU1": 0, "GPU2": 0, "GPU3": 0, "GPU4": 0}
+
+
+def _read(m):
+    return m.columns, m.rel, m.cpu_affinity, m.numa, m.nic_names
+
+
+@pytest.mark.parametrize("key", TABBED)
+def test_a_capture_copied_with_its_tabs_expanded_reads_as_the_original(key):
+    # A terminal copy turns nvidia-smi's tabs into spaces up to 8-column stops: `mlx5_10 CPU
+    # Affinity` then sits one space apart, and the H100 rows' empty CPU Affinity leaves only
+    # its tab stop; read without the stops, NUMA Affinity's value falls under CPU Affinity.
+    text = TOPO[key].read_text()
+    expanded = parse_topo_matrix(text.expandtabs(8))
+    assert _read(expanded) == _read(parse_topo_matrix(text)) and expanded.warnings == parse_topo_matrix(text).warnings
+
+
+def _collapsed(text: str) -> str:
+    """Every matrix line with its cells one space apart (spacing lost, as in some pastes)."""
+    head = next(i for i, ln in enumerate(text.splitlines()) if "GPU0" in ln.split())
+    lines = text.splitlines()
+    end = lines.index("", head)
+    return "\n".join([*lines[:head], *(" ".join(ln.split()) for ln in lines[head:end]), *lines[end:]]) + "\n"
+
+
+def test_a_capture_with_its_spacing_lost_reads_what_is_unambiguous_and_says_what_is_not():
+    text = TOPO["hgx-h100"].read_text()
+    m = parse_topo_matrix(_collapsed(text), "c.txt")
+    ref = parse_topo_matrix(text)
+    assert m.columns == ref.columns and m.rel == ref.rel and m.nic_names == ref.nic_names
+    # GPU4-7 print three values for three columns; GPU0-3 print two ("0 N/A", CPU Affinity
+    # empty): which two is not known without the spacing, so none is read, and that is said.
+    assert m.numa == {f"GPU{i}": 1 for i in range(4, 8)} and m.cpu_affinity == {f"GPU{i}": "1" for i in range(4, 8)}
+    unread = [w for w in m.warnings if "spacing does not say which" in w]
+    assert [w.split(": row ")[1].split()[0] for w in unread] == ["GPU0", "GPU1", "GPU2", "GPU3"]
+    assert unread[0].startswith("c.txt:2: row GPU0 has 2 value(s) '0 N/A' for CPU Affinity, NUMA Affinity, GPU NUMA ID")
+    for key in ("dgx-a100", "dgx1", "della-2xa100", "pcie-5gpu", "4xh100-nv6"):
+        t = TOPO[key].read_text()
+        assert _read(parse_topo_matrix(_collapsed(t))) == _read(parse_topo_matrix(t)), key
+
+
+def test_four_h100_with_direct_nvlink_pairs_space_separated():
+    m = parse_topo_matrix(TOPO["4xh100-nv6"].read_text())
+    assert m.gpus == ("GPU0", "GPU1", "GPU2", "GPU3") and m.nics == ("NIC0", "NIC1", "NIC2", "NIC3")
+    assert m.numa == {"GPU0": 3, "GPU1": 1, "GPU2": 7, "GPU3": 5} and m.cpu_affinity["GPU2"] == "7,15,23,31"
+    assert all("has no line in the NIC Legend" in w for w in m.warnings) and len(m.warnings) == 4
+    topo = _probe("4xh100-nv6", gpu_model="H100-SXM5-80GB").topology
+    # NV6 to each of 3 peers is 18 links, what one H100 has: direct links, no NVSwitch.
+    assert not any(d.kind is DeviceKind.NVSWITCH for d in topo.devices)
+    assert {(ln.count, ln.bw_gbps) for ln in topo.links if ln.kind is LinkKind.NVLINK} == {(6, 150.0)}
+    assert [d.nic for d in topo.devices if d.kind is DeviceKind.GPU] == [f"n0.nic{i}" for i in range(4)]
 
 
 # -- topologies -------------------------------------------------------------------------------
@@ -166,7 +218,10 @@ def test_pcie_box_numa_layout_and_unknown_model_is_reported():
 def test_nvlink_status_sets_per_link_speed_and_names():
     r = probe(ProbeOptions(nvidia_smi=TOPO["hgx-h100"], nvlink_status=FIX / "nvidia-smi-nvlink-status.h100-gpu0.txt"))
     to_sw = {ln.bw_gbps for ln in r.topology.links if ln.dst == "n0.nvswitch"}
-    assert len(to_sw) == 1 and to_sw.pop() == pytest.approx(18 * 26.562)
+    # nvidia-smi prints 26.562 GB/s per NVLink 4 link, the signalling rate; 18 links carry
+    # 18 x 25 = 450 GB/s per direction; 18 x 26.562 = 478 would overstate the fabric by 6 %.
+    assert len(to_sw) == 1 and to_sw.pop() == pytest.approx(450.0)
+    assert any("25 GB/s" in s and "26.562" in s for s in r.topology.sources), r.topology.sources
     assert {d.model for d in r.topology.devices if d.kind is DeviceKind.GPU} == {"H100-SXM5-80GB"}
     assert any("given for 1 of 8 GPUs" in w for w in r.warnings)
 
@@ -176,10 +231,25 @@ def test_nvlink_status_sets_per_link_speed_and_names():
 
 def test_parse_nvlink_status_fixtures():
     h = parse_nvlink_status((FIX / "nvidia-smi-nvlink-status.h100-gpu0.txt").read_text())
-    assert h.names == {0: "NVIDIA H100 80GB HBM3"} and h.active == {0: 18} and h.per_link_gbps == 26.562
+    assert h.names == {0: "NVIDIA H100 80GB HBM3"} and h.active == {0: 18} and h.per_link_gbps == 25.0
+    assert set(h.links[0].values()) == {26.562}  # as printed
     a = parse_nvlink_status((FIX / "nvidia-smi-nvlink-status.a100-sxm4-partial.txt").read_text())
     assert a.names == {0: "NVIDIA A100-SXM4-80GB", 1: "NVIDIA A100-SXM4-80GB"}
     assert a.active == {0: 12, 1: 12} and a.per_link_gbps == 25.0 and a.warnings == ()
+
+
+@pytest.mark.parametrize(("text", "data_rate"), [
+    # `nvidia-smi nvlink -s` of a GB200 (NVIDIA/k8s-test-infra#371): 53.125 GB/s per link carries 50
+    # (18 links: 900 GB/s per direction, docs/hardware.md 'NVLink 5' row).
+    ("GPU 0: NVIDIA GB200 (UUID: GPU-d1b93026-6d5b-03bd-3a71-f85b47a61bde)\n"
+     + "".join(f"         Link {k}: 53.125 GB/s\n" for k in range(18)), 50.0),
+    # A V100-SXM2-32GB with two links down (Azure/azhpc-diagnostics#73): 25.781 carries 25.
+    ("GPU 3: Tesla V100-SXM2-32GB (UUID: ...)\n         Link 0: 25.781 GB/s\n         Link 1: 25.781 GB/s\n"
+     "         Link 2: 25.781 GB/s\n         Link 3: <inactive>\n         Link 4: 25.781 GB/s\n"
+     "         Link 5: <inactive>\n", 25.0),
+])
+def test_a_printed_signalling_rate_is_read_as_its_data_rate(text, data_rate):
+    assert parse_nvlink_status(text).per_link_gbps == data_rate
 
 
 @pytest.mark.parametrize(
@@ -315,11 +385,18 @@ def test_header_columns_swapped_is_refused():
 
 @pytest.mark.parametrize(
     "text",
-    ["", "garbage\n\x01\x02 lorem ipsum\n", "GPU0 GPU1\nGPU0 X NV1\n"],
+    ["", "garbage\n\x01\x02 lorem ipsum\n", "GPU0 GPU1\nGPU0 X\n", "GPU0 GPU1\nGPU0 X NV1 fast\n"],
 )
 def test_garbage_refused(text):
     with pytest.raises(ProbeError):
         parse_topo_matrix(text, "g.txt")
+
+
+def test_a_matrix_one_space_apart_reads_with_its_missing_row_reported():
+    m = parse_topo_matrix("GPU0 GPU1\nGPU0 X NV1\n", "g.txt")
+    assert m.rel == {("GPU0", "GPU1"): "NV1", ("GPU1", "GPU0"): "NV1"}
+    assert m.warnings == ("g.txt: rows GPU1 missing; relations taken from the other rows; their NUMA affinity is "
+                          "unknown",)
 
 
 def test_missing_nic_row_is_reported():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 
 import pytest
 import yaml
@@ -11,12 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from treeattn.errors import TopologyError
-from treeattn.topology import build_family, dump_topology, load_topology, load_topology_text, resolve
+from treeattn.topology import build_family, compact, dump_topology, families, load_topology, load_topology_text, resolve
 from treeattn.topology.compact import build_compact
+from treeattn.topology.families import parse_family_spec
 from treeattn.topology.io import expand_ranks, topology_from_data
 from treeattn.topology.library import shipped_files
-from treeattn.topology.model import CostParams, HostParams
-from treeattn.topology.schema import CompactFile
+from treeattn.topology.model import MAX_DEVICES, MAX_LINKS, CostParams, Device, DeviceKind, HostParams, Topology
+from treeattn.topology.schema import CompactFile, FieldError
 
 # Shipped file -> family spec describing the same machine.
 SAME_MACHINE = {
@@ -174,14 +176,107 @@ def test_rank_patterns():
 def test_a_rank_pattern_past_the_limit_is_refused_before_it_expands(entry):
     # Expanded first, these would take minutes and gigabytes (or a MemoryError) before the
     # topology's rank limit refused them: they are counted first.
-    with pytest.raises(ValueError, match="above treeattn's limit of 16,384"):
+    with pytest.raises(TopologyError, match="above treeattn's limit of 16,384 ranks"):
         expand_ranks(entry)
     text = f"name: x\ndevices:\n  - {{name: h, kind: host, mem_bw_gbps: 1}}\nranks: ['{entry}']\n"
-    with pytest.raises(TopologyError, match=r"^<t>:4: ranks\[0\]: bad pattern .*above treeattn's limit"):
+    with pytest.raises(TopologyError, match=r"^<t>:4: ranks\[0\]: pattern '.*': [\d,]+ ranks, above treeattn's limit"):
         load_topology_text(text, source="<t>")
     many = "name: x\ndevices:\n  - {name: h, kind: host, mem_bw_gbps: 1}\nranks: ['h*9000', 'h*9000']\n"
-    with pytest.raises(TopologyError, match=r"^<t>:4: ranks\[1\]: ranks reach 18,000 here"):
+    with pytest.raises(TopologyError, match=r"^<t>:4: ranks\[1\]: ranks\[0\.\.1\]: 18,000 ranks, above"):
         load_topology_text(many, source="<t>")
+
+
+def test_every_rank_limit_reads_the_same():
+    # One check (model.check_rank_count) behind the topology, a rank pattern and the total of
+    # a file's patterns: the same sentence, the same README pointer.
+    host = "name: x\ndevices:\n  - {name: h, kind: host, mem_bw_gbps: 1}\n"
+    errors = []
+    for text in (host + "ranks: ['h*20000']\n", host + "ranks: ['h*9000', 'h*9000']\n",
+                 "name: x\nnodes: 3000\nnode:\n  gpus: {count: 8, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1}\n"
+                 "  nics: {count: 8, bw_gbps: 1}\nnetwork: {}\n"):
+        with pytest.raises(TopologyError) as info:
+            load_topology_text(text, source="<t>")
+        errors.append(str(info.value))
+    with pytest.raises(TopologyError) as info:
+        Topology(name="t", devices=[Device("h", DeviceKind.HOST)], links=[], ranks=["h"] * 20_000)
+    errors.append(str(info.value))
+    assert all(" ranks, above treeattn's limit of 16,384 ranks (README, 'Scale')" in e for e in errors), errors
+
+
+_NODE = "  gpus: {count: 8, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1, switches: 8}\n  nics: {count: 8, bw_gbps: 1}\n"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("name: x\nnodes: 2\nnode:\n" + _NODE.replace("switches: 8", "switches: 1000000000") + "network: {}\n",
+     "<t>:5: node.pcie.switches: 1,000,000,000 PCIe switches per node in 2 nodes: 2,000,000,035 devices, above "
+     "treeattn's limit of 1,000,000 devices (README, 'Scale')"),
+    ("name: x\nnode:\n" + _NODE + "  cpus: {count: 1000000000}\n",
+     "<t>:6: node.cpus.count: 1,000,000,000 CPU sockets per node in 1 node: 1,000,000,024 devices, above"),
+    ("name: x\nnode:\n" + _NODE + "  cpus: {count: 2000, link: {bw_gbps: 1}}\n",
+     "<t>:6: node.cpus.count: 2,000 CPU sockets per node in 1 node: 3,998,048 links, above treeattn's limit of "
+     "1,000,000 links"),
+    ("name: x\nnodes: 2\nnode:\n" + _NODE + "network: {spines: 1000000000}\n",
+     "<t>:7: network.spines: 1,000,000,000 spine switches over 1 leaf switch: 1,000,000,051 devices, above"),
+    ("name: x\nnode:\n  gpus: {count: 2000, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1}\n"
+     "  fabric: {kind: full-mesh, bw_gbps: 1}\n",
+     "<t>:3: node.gpus.count: 2,000 GPUs per node in a full mesh in 1 node: 4,002,000 links, above"),
+    ("family: dgx-h100\nparams:\n  nodes: 2\n  spines: 1000000000\n",
+     "<t>:4: params.spines: family dgx-h100: 1,000,000,000 spine switches over 8 leaf switches: 1,000,000,062 "
+     "devices, above treeattn's limit of 1,000,000 devices (README, 'Scale')"),
+    ("family: gb200-nvl72\nparams: {racks: 1000}\n",
+     "<t>:2: params.racks: family gb200-nvl72: 18,000 nodes of 4 GPUs: 72,000 ranks, above"),
+    ("family: cpu\nparams: {ranks: 100000}\n", "<t>:2: params.ranks: family cpu: ranks=100000: 100,000 ranks"),
+])
+def test_sizes_above_the_limits_are_refused_before_anything_is_built(text, expected):
+    # Counted, not built: building a billion PCIe switches takes minutes and gigabytes.
+    started = time.perf_counter()
+    with pytest.raises(TopologyError) as info:
+        load_topology_text(text, source="<t>")
+    assert time.perf_counter() - started < 5
+    assert str(info.value).startswith(expected), str(info.value)
+
+
+def test_gpus_are_shared_out_over_nics_in_one_pass():
+    spec = CompactFile.model_validate({"name": "x", "node": {"gpus": {"count": 16_384, "mem_bw_gbps": 1},
+                                       "pcie": {"bw_gbps": 1}, "nics": {"count": 16_384, "bw_gbps": 1}}})
+    started = time.perf_counter()
+    owner, served = compact._nic_of_gpu(spec)  # a scan of every GPU per NIC: 268 million steps, half a minute
+    assert time.perf_counter() - started < 3
+    assert owner == list(range(16_384)) and served[5] == [5]
+    small = CompactFile.model_validate({"name": "x", "node": {"gpus": {"count": 8, "mem_bw_gbps": 1},
+                                        "pcie": {"bw_gbps": 1}, "nics": {"count": 3, "bw_gbps": 1}}})
+    assert compact._nic_of_gpu(small)[1] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+
+
+def test_a_family_spec_above_the_limits_names_its_parameter():
+    with pytest.raises(FieldError) as info:
+        build_family("dgx-h100", {"nodes": "2", "spines": "1000000000"})
+    assert info.value.loc == ("params", "spines") and "1,000,000,062 devices" in info.value.message
+    with pytest.raises(FieldError) as info:
+        build_family("dgx-h100", {"nodes": "3", "spines": "0"})
+    assert info.value.loc == ("params", "spines") and "need at least one spine" in info.value.message
+
+
+@pytest.mark.parametrize("family, params", [
+    ("dgx-h100", {"nodes": 3, "fabric": "fat-tree", "nics_per_leaf": 5}), ("dgx-a100", {"nodes": 4, "spines": 3}),
+    ("mi300x", {"nodes": 3, "gpus": 4, "oversubscription": 2.5}), ("rtx4090", {"gpus": 2}), ("rtx4090", {}),
+    ("gb200-nvl72", {"racks": 2}), ("hgx-h200", {"nodes": 40, "nics_per_leaf": 3}),
+])
+def test_the_size_counted_before_building_is_the_size_built(family, params, monkeypatch):
+    counted = []
+    real = compact._size_parts
+    monkeypatch.setattr(compact, "_size_parts", lambda spec: counted.append(real(spec)) or counted[-1])
+    t = build_family(family, params)
+    assert sum(p[2] for p in counted[0]) == len(t.devices) and sum(p[3] for p in counted[0]) == len(t.links)
+
+
+@pytest.mark.parametrize("spec", ["dgx-h100:nodes=2048", "mi300x:nodes=2048", "gb200-nvl72:racks=227",
+                                  "dgx-a100:nodes=2048,nics_per_leaf=1,fabric=fat-tree"])
+def test_the_largest_families_within_the_rank_limit_fit_the_device_and_link_limits(spec, monkeypatch):
+    counted = []
+    monkeypatch.setattr(families, "build_compact", lambda s: counted.append(compact._size_parts(s)))
+    build_family(*parse_family_spec(spec))
+    assert sum(p[2] for p in counted[0]) <= MAX_DEVICES and sum(p[3] for p in counted[0]) <= MAX_LINKS
 
 
 def test_numbers_in_exponent_form_load():
@@ -206,6 +301,16 @@ links:
     t = load_topology_text(text)
     assert t.ranks == ("g1", "g0") and len(t.links) == 4
     assert t.link_index("c", "g0") == 1
+
+
+_NICS = """name: x
+devices:
+  - {{name: c, kind: cpu, node: 0}}
+  - {{name: g0, kind: gpu, node: 0, mem_bw_gbps: 1, nic: n0}}
+  - {{name: g1, kind: gpu, node: 0, mem_bw_gbps: 1, {gpu1}}}
+  - {{name: n0, kind: nic, node: 0}}
+  - {{name: n1, kind: nic, node: 1}}
+"""
 
 
 @pytest.mark.parametrize(
@@ -249,6 +354,19 @@ links:
         ("name: x\nnode:\n  gpus: {count: 2, mem_bw_gbps: 1, host_link: {kind: nvlink, bw_gbps: 9}}\n"
          "  pcie: {bw_gbps: 1}\n",
          "<t>:3: node.gpus.host_link.kind: unknown value 'nvlink'; choose one of 'pcie' or 'c2c'"),
+        # A device's nic is where routing sends its cross-node traffic: only a nic of its own
+        # node will do, and only gpu and host devices send through one.
+        (_NICS.format(gpu1="nic: g1"), "<t>:5: devices[2].nic: 'g1' is a gpu, not a nic"),
+        (_NICS.format(gpu1="nic: n1"), "<t>:5: devices[2].nic: nic 'n1' is on node 1 and 'g1' on node 0; a device "
+         "sends through a nic of its own node"),
+        (_NICS.format(gpu1="nic: nic0"), "<t>:5: devices[2].nic: unknown device 'nic0' (did you mean 'n0'?)"),
+        (_NICS.format(gpu1="").replace("kind: cpu, node: 0}", "kind: cpu, node: 0, nic: n0}"),
+         "<t>:3: devices[0].nic: 'c' is a cpu; only gpu and host devices send through a nic"),
+        # A family's parameters are typed: the family's name leads the error.
+        ("family: dgx-h100\nparams:\n  nodes: x\n", "<t>:3: params.nodes: family dgx-h100: nodes must be an "
+         "integer >= 1 (got 'x')"),
+        ("family: mi300x\nparams: {oversubscription: fast}\n", "<t>:2: params.oversubscription: family mi300x: "
+         "oversubscription must be a finite number >= 1 (got 'fast')"),
         # The choices of a field typed as some enum members read as a file spells them.
         ("name: x\nnode:\n  gpus: {count: 2, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1}\n  nics: {count: 1, bw_gbps: 1}\n"
          "network: {kind: infinband}\n",

@@ -4,7 +4,10 @@ Legend (docs/hardware.md, "nvidia-smi topo -m legend"): ``X`` self, ``NV#`` # bo
 ``PIX`` at most one PCIe bridge, ``PXB`` several bridges without the host bridge, ``PHB``
 through the host bridge (the CPU), ``NODE`` across host bridges inside one NUMA node,
 ``SYS`` across NUMA nodes (``SOC`` in old versions). Trailing columns: ``CPU Affinity``,
-``NUMA Affinity``, ``GPU NUMA ID`` (each optional; tab- or space-separated output).
+``NUMA Affinity``, ``GPU NUMA ID`` (each optional). Cells are tab-separated as printed; a
+copy whose tabs became spaces is read by its 8-column tab stops, and one whose spacing was
+lost by whitespace, with a warning for any row whose trailing values could sit under more
+than one of those columns (none is read there).
 
 ``parse_topo_matrix`` reads the text into a ``TopoMatrix`` (no guessing); ``topo_to_draft``
 turns that into devices and links (see its docstring for what is inferred and how).
@@ -54,8 +57,41 @@ class TopoMatrix:
         return tuple(c for c in self.columns if not c.startswith("GPU"))
 
 
-def _split(line: str, tabbed: bool) -> list[str]:
-    return line.split("\t") if tabbed else re.split(r"\s{2,}|\t", line.strip())
+# A header token: one of the multi-word column names, else a run of non-blanks. Their words
+# are one space apart, as are some columns (`mlx5_10 CPU Affinity` once tabs are expanded).
+_TOKEN = re.compile("|".join(re.escape(t) for t in _TRAILING) + r"|\S+")
+_TAB = 8
+"""Tab stops of a terminal: the spaces a copied capture has where nvidia-smi printed tabs."""
+
+
+def _header_cells(line: str, tabbed: bool) -> list[str]:
+    if tabbed:
+        cells = [c.strip() for c in line.split("\t")]
+        return cells[1:] if cells and cells[0] == "" else cells
+    return _TOKEN.findall(line)
+
+
+def _untab(line: str) -> list[str] | None:
+    """The tab-separated cells of a line whose tabs were expanded to spaces (a capture copied
+    from a terminal), or None when its cells do not sit on tab stops (spacing changed).
+
+    nvidia-smi separates cells with tabs and pads some (an empty CPU Affinity, the gap
+    before GPU NUMA ID) with further tabs: each tab stop between two cells is one tab, so
+    the empty cells come back and every value keeps its column."""
+    cells: list[str] = []
+    end = 0
+    for m in re.finditer(r"\S+", line):
+        stop = m.start() // _TAB * _TAB
+        if m.start() - stop > 1:  # cells start on a stop, " X " one after it
+            return None
+        if cells:  # an indent before the first cell is no cell
+            tabs = stop // _TAB - end // _TAB
+            if tabs < 1:
+                return None
+            cells.extend([""] * (tabs - 1))
+        cells.append(m.group())
+        end = m.end()
+    return cells
 
 
 def parse_topo_matrix(text: str, source: str = "nvidia-smi topo -m") -> TopoMatrix:
@@ -82,10 +118,7 @@ def parse_topo_matrix(text: str, source: str = "nvidia-smi topo -m") -> TopoMatr
     if head is None:
         raise fail(source, None, "no header line naming GPU0: not `nvidia-smi topo -m` output")
     tabbed = "\t" in lines[head]
-    cells = [c.strip() for c in _split(lines[head], tabbed)]
-    if tabbed and cells and cells[0] == "":
-        cells = cells[1:]
-    cells = [c for c in cells if c] if not tabbed else cells
+    cells = _header_cells(lines[head], tabbed)
     columns: list[str] = []
     trailing: list[str] = []
     for c in cells:
@@ -114,7 +147,11 @@ def parse_topo_matrix(text: str, source: str = "nvidia-smi topo -m") -> TopoMatr
     i = head + 1
     while i < len(lines) and lines[i].strip() and not lines[i].strip().startswith("Legend"):
         lineno = i + 1
-        row = lines[i].split("\t") if tabbed else lines[i].split()
+        # exact: every cell in its place, empty ones included (tabs, or tabs expanded to stops).
+        row = lines[i].split("\t") if tabbed else _untab(lines[i])
+        exact = row is not None
+        if row is None:
+            row = lines[i].split()
         label = row[0].strip()
         if label not in columns:
             raise fail(source, lineno, f"row label {label!r} is not a column of the header")
@@ -142,7 +179,7 @@ def parse_topo_matrix(text: str, source: str = "nvidia-smi topo -m") -> TopoMatr
             rel[(label, col)] = (code, lineno)
         extra = body[n:]
         if label.startswith("GPU"):
-            _trailing(source, lineno, label, extra, trailing, tabbed, affinity, numa, warnings)
+            _trailing(source, lineno, label, extra, trailing, exact, affinity, numa, warnings)
         elif any(extra):
             raise fail(source, lineno, f"row {label}: {len(extra)} cells after the matrix, expected none for a NIC")
         i += 1
@@ -172,21 +209,28 @@ def parse_topo_matrix(text: str, source: str = "nvidia-smi topo -m") -> TopoMatr
     return TopoMatrix(tuple(columns), out, affinity, numa, nic_names, tuple(warnings))
 
 
-def _trailing(source, lineno, label, extra, names, tabbed, affinity, numa, warnings) -> None:  # noqa: ANN001
+def _trailing(source, lineno, label, extra, names, exact, affinity, numa, warnings) -> None:  # noqa: ANN001
     """Affinity cells of a GPU row. nvidia-smi pads with extra tabs before GPU NUMA ID, so
-    tab-separated rows map by position with the last name taking the last cell."""
+    rows whose cells keep their places (``exact``) map by position with the last name taking
+    the last cell. Without their places, fewer values than names could belong to any of
+    them (an empty CPU Affinity moves NUMA Affinity's value under it): none is read then."""
     values: dict[str, str] = {}
-    if tabbed and len(extra) > len(names) and names:
+    if exact and len(extra) > len(names) and names:
         head, tail = extra[: len(names) - 1], extra[len(names) - 1:]
         if any(tail[:-1]):
             raise fail(source, lineno, f"row {label}: {len(extra)} cells after the matrix, expected {len(names)}")
         values = dict(zip(names, [*head, tail[-1]], strict=True))
     elif len(extra) > len(names):
         raise fail(source, lineno, f"row {label}: {len(extra)} cells after the matrix, expected {len(names)}")
-    else:
+    elif exact or len(extra) == len(names):
         values = dict(zip(names, extra, strict=False))
         if len(extra) < len(names):
             warnings.append(f"{source}:{lineno}: row {label} lacks {', '.join(names[len(extra):])}")
+    else:
+        warnings.append(f"{source}:{lineno}: row {label} has {len(extra)} value(s) {' '.join(extra)!r} for "
+                        f"{', '.join(names)} and its spacing does not say which; none read (give the output "
+                        "with its tabs)")
+        return
     cpu = values.get("CPU Affinity", "")
     if cpu and cpu != "N/A":
         if not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", cpu):
@@ -369,7 +413,9 @@ def _nvlinks(d, m, gpus, local, specs, nvlink, source) -> None:  # noqa: ANN001
     per_link = specs[0].per_link_gbps if gen else 25.0
     if nvlink is not None and nvlink.per_link_gbps:
         per_link = nvlink.per_link_gbps
-        d.cite(f"per-link NVLink speed {per_link:g} GB/s from nvidia-smi nvlink --status")
+        printed = min(v for ls in nvlink.links.values() for v in ls.values() if v)
+        d.cite(f"per-link NVLink speed {per_link:g} GB/s from nvidia-smi nvlink --status"
+               + (f" (printed as {printed:g} GB/s, the signalling rate)" if printed != per_link else ""))
         d.warnings.extend(nvlink.warnings)
     elif gen is None:
         d.note("NVLink generation unknown (no GPU model): 25 GB/s per link assumed; pass --gpu-model")

@@ -14,12 +14,23 @@ import itertools
 import math
 
 from treeattn.errors import TopologyError
-from treeattn.topology.model import CostParams, Device, DeviceKind, Link, LinkKind, Topology, check_rank_count
+from treeattn.topology.model import (
+    CostParams,
+    Device,
+    DeviceKind,
+    Link,
+    LinkKind,
+    Topology,
+    check_device_count,
+    check_link_count,
+    check_rank_count,
+)
 from treeattn.topology.schema import (
     CompactFile,
     CostSpec,
     FabricKind,
     FieldError,
+    Loc,
     NetworkTopology,
 )
 
@@ -62,7 +73,9 @@ def _nic_of_gpu(spec: CompactFile) -> tuple[list[int | None], list[list[int]]]:
                 f"{nics.count - n_gpu} would carry nothing; give count: {n_gpu} with bw_gbps the total of "
                 "a GPU's NICs (docs/topology-format.md, 'NICs')",
             )
-        served = [[g for g in range(n_gpu) if g * nics.count // n_gpu == k] for k in range(nics.count)]
+        served = [[] for _ in range(nics.count)]
+        for g in range(n_gpu):  # one pass: a scan of every GPU per NIC is 16,384 x 16,384 steps at the limit
+            served[g * nics.count // n_gpu].append(g)
     else:
         if len(nics.gpus) != nics.count:
             raise FieldError(
@@ -118,6 +131,7 @@ def _check(spec: CompactFile) -> None:
         check_rank_count(spec.nodes * n_gpu, f"{spec.nodes:,} nodes of {n_gpu} GPUs")
     except TopologyError as exc:
         raise FieldError(("nodes",), str(exc)) from None
+    _check_size(spec)
     # kind defaults to none: a fabric written without it (`{bw_gbps: 450, count: 18}`) would
     # silently be a PCIe-only node, its NVLink figures dropped.
     ignored = sorted(fabric.model_fields_set - {"kind"}) if fabric.kind is FabricKind.NONE else []
@@ -146,6 +160,71 @@ def _check(spec: CompactFile) -> None:
         if (min(a, b), max(a, b)) in seen:
             raise FieldError(("node", "fabric", "pairs", p), f"pair [{a}, {b}] is listed twice")
         seen.add((min(a, b), max(a, b)))
+
+
+def _network_shape(spec: CompactFile) -> tuple[int, int, int]:
+    """Leaves, the most NICs on one leaf, and spines, as ``_network`` builds them."""
+    net, nodes = spec.network, spec.nodes
+    n_nic = spec.node.nics.count if spec.node.nics is not None else 0
+    if net is None or n_nic == 0:
+        return 0, 0, 0
+    per_leaf = net.nics_per_leaf
+    if net.topology is NetworkTopology.RAIL_OPTIMIZED:
+        leaves, fullest = n_nic * -(-nodes // per_leaf), min(per_leaf, nodes)
+    else:
+        leaves, fullest = -(-nodes * n_nic // per_leaf), min(per_leaf, nodes * n_nic)
+    spines = net.spines
+    if spines is None:
+        spines = 0 if leaves == 1 else math.ceil(fullest / net.oversubscription)
+    return leaves, fullest, spines
+
+
+def _size_parts(spec: CompactFile) -> list[tuple[Loc, str, int, int]]:
+    """The devices and directed links ``build_compact`` makes, counted without building
+    them, by the field that asks for them: ``(field, the field in words, devices, links)``."""
+    node, fabric, nodes = spec.node, spec.node.fabric, spec.nodes
+    n_gpu, n_cpu, n_sw = node.gpus.count, node.cpus.count, node.pcie.switches
+    n_nic = node.nics.count if node.nics is not None else 0
+    leaves, _, spines = _network_shape(spec)
+    in_nodes = f"in {nodes:,} node{'s' if nodes != 1 else ''}"
+    leaf_words = f"{leaves:,} leaf switch{'es' if leaves != 1 else ''}"
+    switches = 0
+    if fabric.kind is FabricKind.NVSWITCH:
+        switches = nodes // fabric.nodes_per_domain
+    if fabric.kind is FabricKind.FULL_MESH:
+        fabric_links, mesh = n_gpu * (n_gpu - 1), " in a full mesh"
+    elif fabric.kind is FabricKind.PAIRS:
+        fabric_links, mesh = 2 * len(fabric.pairs or ()), ""
+    else:
+        fabric_links, mesh = 2 * n_gpu if fabric.kind is FabricKind.NVSWITCH else 0, ""
+    socket_links = n_cpu * (n_cpu - 1) if node.cpus.link is not None else 0
+    return [
+        (("nodes",), f"{nodes:,} nodes", switches, 0),
+        (("node", "cpus", "count"), f"{n_cpu:,} CPU sockets per node {in_nodes}", nodes * n_cpu,
+         nodes * socket_links),
+        (("node", "pcie", "switches"), f"{n_sw:,} PCIe switches per node {in_nodes}", nodes * n_sw, nodes * 2 * n_sw),
+        (("node", "gpus", "count"), f"{n_gpu:,} GPUs per node{mesh} {in_nodes}", nodes * n_gpu,
+         nodes * (2 * n_gpu + fabric_links)),
+        (("node", "nics", "count"), f"{n_nic:,} NICs per node {in_nodes}", nodes * n_nic,
+         nodes * n_nic * (4 if spec.network is not None else 2)),
+        (("network", "nics_per_leaf"), leaf_words, leaves, 0),
+        (("network", "spines"), f"{spines:,} spine switches over {leaf_words}", spines,
+         2 * leaves * spines),
+    ]
+
+
+def _check_size(spec: CompactFile) -> None:
+    """Refuse a spec that makes more devices or links than the limits before building any
+    (building ``pcie.switches: 1000000000`` would take minutes and gigabytes first), naming
+    the field that adds the most."""
+    parts = _size_parts(spec)
+    for i, check in ((2, check_device_count), (3, check_link_count)):
+        total = sum(part[i] for part in parts)
+        loc, words = max(parts, key=lambda part: part[i])[:2]
+        try:
+            check(total, words)
+        except TopologyError as exc:
+            raise FieldError(loc, str(exc)) from None
 
 
 def _node(b: _Builder, spec: CompactFile, i: int, owner: list[int | None], served: list[list[int]]) -> list[str]:
@@ -224,9 +303,7 @@ def _network(b: _Builder, spec: CompactFile) -> None:
                 g = i * nics.count + k
                 leaves.setdefault(f"leaf{g // per_leaf}", []).append(f"n{i}.nic{k}")
     fullest = max(len(v) for v in leaves.values())
-    spines = net.spines
-    if spines is None:
-        spines = 0 if len(leaves) == 1 else math.ceil(fullest / net.oversubscription)
+    spines = _network_shape(spec)[2]
     if len(leaves) > 1 and spines == 0:
         raise FieldError(
             ("network", "spines"), f"{len(leaves)} leaf switches need at least one spine to reach each other"

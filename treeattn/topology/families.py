@@ -37,12 +37,14 @@ from treeattn.topology.schema import (
     FieldError,
     GpuSpec,
     HostLinkSpec,
+    Loc,
     NetworkSpec,
     NetworkTopology,
     NicSpec,
     NodeSpec,
     PcieSpec,
     SocketLinkSpec,
+    format_loc,
 )
 
 __all__ = ["Param", "Family", "FAMILIES", "parse_family_spec", "build_family", "build_family_file",
@@ -70,6 +72,9 @@ class Family:
     params: tuple[Param, ...]
     build: Callable[..., Topology]
     """Called with every parameter (defaults filled in) as keyword arguments."""
+    fields: Mapping[Loc, str] = dataclasses.field(default_factory=dict)
+    """Compact-form field -> the parameter that sets it, so that an error the builder
+    raises on that field (a size above the limits) names the parameter."""
 
 
 def _int(lo: int) -> Callable[[Any], int]:
@@ -115,6 +120,15 @@ def _spines(v: Any) -> int | None:
         return _int(0)(v)
     except ValueError:
         raise ValueError("must be auto or an integer >= 0") from None
+
+
+def _network_fields(nodes_name: str = "nodes") -> dict[Loc, str]:
+    return {("nodes",): nodes_name, ("network", "spines"): "spines", ("network", "nics_per_leaf"): "nics_per_leaf",
+            ("network", "oversubscription"): "oversubscription", ("network", "topology"): "fabric"}
+
+
+_GPUS_FIELDS: dict[Loc, str] = {("node", "gpus", "count"): "gpus", ("node", "pcie", "switches"): "gpus",
+                                ("node", "nics", "count"): "gpus"}
 
 
 def _network_params(nodes_name: str = "nodes", fabric: str = "rail-optimized") -> tuple[Param, ...]:
@@ -368,7 +382,10 @@ def _cores(v: Any) -> int:
 
 
 def _cpu(name: str, p: Mapping[str, Any]) -> Topology:
-    check_rank_count(p["ranks"], f"ranks={p['ranks']}")
+    try:
+        check_rank_count(p["ranks"], f"ranks={p['ranks']}")
+    except TopologyError as exc:
+        raise FieldError(("params", "ranks"), str(exc)) from None
     # Both named (the core count is this machine's by default): one name, one topology, everywhere.
     name = f"{name.partition(':')[0]}:ranks={p['ranks']},cores={p['cores']}"
     host = Device("host0", DeviceKind.HOST, node=0, model="cpu", mem_bw_gbps=_CPU_MEM_GBPS)
@@ -388,19 +405,20 @@ FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
         Family("dgx-h100", "NVIDIA DGX H100 nodes: 8 H100 on NVSwitch, 8 x 400G NDR rail-optimized",
-               _network_params(), _dgx_h100),
+               _network_params(), _dgx_h100, _network_fields()),
         Family("hgx-h200", "NVIDIA HGX H200 nodes: 8 H200 on NVSwitch, 8 x 400G NDR rail-optimized",
-               _network_params(), _hgx_h200),
+               _network_params(), _hgx_h200, _network_fields()),
         Family("dgx-h200", "NVIDIA DGX H200 nodes (HGX H200 baseboard): 8 H200 on NVSwitch, 8 x 400G NDR",
-               _network_params(), _hgx_h200),
+               _network_params(), _hgx_h200, _network_fields()),
         Family("dgx-a100", "NVIDIA DGX A100 nodes: 8 A100 on NVSwitch, 8 x 200G HDR rail-optimized",
-               _network_params(), _dgx_a100),
+               _network_params(), _dgx_a100, _network_fields()),
         Family("mi300x", "AMD MI300X nodes: xGMI full mesh (64 GB/s per pair), 400G RoCE per GPU",
-               (Param("gpus", 8, _choice(8, 4), "GPUs per node"), *_network_params()), _mi300x),
+               (Param("gpus", 8, _choice(8, 4), "GPUs per node"), *_network_params()), _mi300x,
+               {**_network_fields(), **_GPUS_FIELDS}),
         Family("rtx4090", "RTX 4090 PCIe box (no peer-to-peer): 2 GPUs on one socket or 8 over two sockets",
-               (Param("gpus", 8, _choice(2, 8), "GPUs in the box"),), _rtx4090),
+               (Param("gpus", 8, _choice(2, 8), "GPUs in the box"),), _rtx4090, _GPUS_FIELDS),
         Family("gb200-nvl72", "NVIDIA GB200 NVL72 racks: 72 GPUs per NVLink 5 domain, trays of 4 GPUs",
-               _network_params("racks"), _gb200),
+               _network_params("racks"), _gb200, _network_fields("racks")),
         Family("cpu", "CPU-only: N ranks on one host over loopback (gloo), a built-in host profile",
                (Param("ranks", 4, _int(1), "ranks (processes)"),
                 Param("cores", "this machine", _cores, "CPU cores the ranks share")), _cpu),
@@ -459,12 +477,25 @@ def build_family(name: str, params: Mapping[str, Any] | None = None) -> Topology
         if p.name in params and values[p.name] != p.parse(p.default):
             shown.append(f"{p.name}={values[p.name]}")
     full = name + (":" + ",".join(shown) if shown else "")
-    return fam.build(full, values)
+    try:
+        return fam.build(full, values)
+    except FieldError as exc:
+        if exc.loc[:1] == ("params",):
+            raise
+        param = fam.fields.get(exc.loc)
+        if param is None:  # a figure of the family's own, not one its parameters set
+            raise FieldError(("params",), f"{format_loc(exc.loc)}: {exc.message}") from None
+        raise FieldError(("params", param), exc.message) from None
 
 
 def build_family_file(spec: FamilyFile) -> Topology:
     """Build the topology a ``family:`` file names, with its overrides applied."""
-    topo = build_family(spec.family, spec.params)
+    try:
+        topo = build_family(spec.family, spec.params)
+    except FieldError as exc:
+        if exc.loc == ("family",):  # an unknown family
+            raise
+        raise FieldError(exc.loc, f"family {spec.family}: {exc.message}") from None
     changes: dict[str, Any] = {"sources": (*topo.sources, *spec.sources)}
     if spec.name is not None:
         changes["name"] = spec.name

@@ -23,7 +23,7 @@ from treeattn.errors import TopologyError
 from treeattn.textfile import read_text
 from treeattn.topology.compact import build_compact, cost_params
 from treeattn.topology.families import build_family_file
-from treeattn.topology.model import MAX_RANKS, RATING_UNMEASURED, Device, DeviceKind, Link, Topology
+from treeattn.topology.model import RATING_UNMEASURED, Device, DeviceKind, Link, Topology, check_rank_count
 from treeattn.topology.schema import (
     CompactFile,
     ExplicitFile,
@@ -154,8 +154,12 @@ def expand_ranks(entry: str) -> list[str]:
 
     Returns:
         Device names in rank order.
+
+    Raises:
+        ValueError: the pattern is malformed.
+        TopologyError: it expands to more than ``MAX_RANKS`` names (counted before expanding).
     """
-    repeat = 1
+    pattern, repeat = entry, 1
     m = re.fullmatch(r"(.+)\*(\d+)", entry)
     if m:
         entry, repeat = m.group(1), int(m.group(2))
@@ -170,9 +174,7 @@ def expand_ranks(entry: str) -> list[str]:
         spans.append(range(int(lo), int(hi) + 1))
     # Counted before expanding: a typo such as gpu{0..99999999} would otherwise build a
     # hundred million names (minutes, gigabytes) before the topology's rank limit refused them.
-    size = repeat * math.prod(len(s) for s in spans)
-    if size > MAX_RANKS:
-        raise ValueError(f"it expands to {size:,} ranks, above treeattn's limit of {MAX_RANKS:,}")
+    check_rank_count(repeat * math.prod(len(s) for s in spans), f"pattern {pattern!r}")
     names = []
     for combo in itertools.product(*spans):
         name = fixed[0]
@@ -198,8 +200,8 @@ def _build_explicit(spec: ExplicitFile) -> Topology:
         except TopologyError as exc:
             raise FieldError(("devices", i), str(exc)) from None
     for i, d in enumerate(spec.devices):
-        if d.nic and d.nic not in first:
-            raise FieldError(("devices", i, "nic"), f"unknown device {d.nic!r}")
+        if d.nic:
+            _check_nic(i, devices[i], devices[first[d.nic]] if d.nic in first else None, list(first))
     links: list[Link] = []
     where: dict[tuple[str, str], int] = {}
     for i, ln in enumerate(spec.links):
@@ -236,11 +238,11 @@ def _build_explicit(spec: ExplicitFile) -> Topology:
         for r, entry in enumerate(spec.ranks):
             try:
                 names = expand_ranks(entry)
+                check_rank_count(len(ranks) + len(names), f"ranks[0..{r}]")  # many entries, each under it
             except ValueError as exc:
                 raise FieldError(("ranks", r), f"bad pattern {entry!r}: {exc}") from None
-            if len(ranks) + len(names) > MAX_RANKS:  # many entries, each under the limit
-                raise FieldError(("ranks", r), f"ranks reach {len(ranks) + len(names):,} here, above "
-                                 f"treeattn's limit of {MAX_RANKS:,}")
+            except TopologyError as exc:  # the pattern or the total above the rank limit
+                raise FieldError(("ranks", r), str(exc)) from None
             for name in names:
                 if name not in first:
                     raise FieldError(("ranks", r), f"unknown device {name!r}")
@@ -258,6 +260,24 @@ def _build_explicit(spec: ExplicitFile) -> Topology:
         name=spec.name, devices=devices, links=links, ranks=ranks, description=spec.description,
         sources=spec.sources, cost=cost_params(spec.cost),
     )
+
+
+def _check_nic(i: int, dev: Device, nic: Device | None, names: list[str]) -> None:
+    """``devices[i].nic`` names a NIC that ``dev`` (a gpu or host) can send through: routing
+    sends its cross-node traffic over PCIe to that device, so anything else (a GPU, a NIC of
+    another node) would carry it through the wrong device, or fail routing later without
+    naming this field."""
+    loc = ("devices", i, "nic")
+    if dev.kind not in (DeviceKind.GPU, DeviceKind.HOST):
+        raise FieldError(loc, f"{dev.name!r} is a {dev.kind.value}; only gpu and host devices send through a nic")
+    if nic is None:
+        hint = difflib.get_close_matches(dev.nic, names, n=1)
+        raise FieldError(loc, f"unknown device {dev.nic!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+    if nic.kind is not DeviceKind.NIC:
+        raise FieldError(loc, f"{nic.name!r} is a {nic.kind.value}, not a nic")
+    if nic.node != dev.node:
+        raise FieldError(loc, f"nic {nic.name!r} is on node {nic.node} and {dev.name!r} on node {dev.node}; "
+                         "a device sends through a nic of its own node")
 
 
 # -- dump ---------------------------------------------------------------------------------------

@@ -22,7 +22,11 @@ from treeattn.topology.nccl_version import NEWEST, nccl_release
 __all__ = [
     "CALIBRATED_BY",
     "MAX_RANKS",
+    "MAX_DEVICES",
+    "MAX_LINKS",
     "check_rank_count",
+    "check_device_count",
+    "check_link_count",
     "DeviceKind",
     "LinkKind",
     "LinkClass",
@@ -43,12 +47,35 @@ MAX_RANKS = 16_384
 search, simulator and plan files are measured at (``benchmarks/``); beyond it a topology
 is refused before it is built (README, "Scale")."""
 
+MAX_DEVICES = 1_000_000
+MAX_LINKS = 1_000_000
+"""The most devices and directed links a topology may hold. The families at ``MAX_RANKS``
+make up to about 64,000 devices (``dgx-a100:nodes=2048,nics_per_leaf=1``) and 283,000
+links (``mi300x:nodes=2048``); a compact file or family that asks for more
+(``pcie.switches: 1000000000``) is refused before anything is built, which would take
+minutes and gigabytes first (README, "Scale")."""
+
+
+def _check_limit(count: int, limit: int, noun: str, what: str) -> None:
+    if count > limit:
+        raise TopologyError(f"{what}: {count:,} {noun}, above treeattn's limit of {limit:,} {noun} "
+                            "(README, 'Scale')")
+
 
 def check_rank_count(ranks: int, what: str) -> None:
-    """Refuse ``ranks`` above ``MAX_RANKS`` (``what`` names the topology or flag)."""
-    if ranks > MAX_RANKS:
-        raise TopologyError(f"{what}: {ranks:,} ranks is above treeattn's limit of {MAX_RANKS:,} ranks "
-                            f"(dgx-h100:nodes=2048); see the README, 'Scale'")
+    """Refuse ``ranks`` above ``MAX_RANKS``; ``what`` names what makes them (a topology, a
+    flag, a rank pattern), e.g. ``"100,000 nodes of 8 GPUs"``."""
+    _check_limit(ranks, MAX_RANKS, "ranks", what)
+
+
+def check_device_count(devices: int, what: str) -> None:
+    """Refuse ``devices`` above ``MAX_DEVICES`` (``what`` as for ``check_rank_count``)."""
+    _check_limit(devices, MAX_DEVICES, "devices", what)
+
+
+def check_link_count(links: int, what: str) -> None:
+    """Refuse ``links`` (directed) above ``MAX_LINKS`` (``what`` as for ``check_rank_count``)."""
+    _check_limit(links, MAX_LINKS, "links", what)
 
 
 class DeviceKind(StrEnum):
@@ -493,6 +520,8 @@ class Topology:
         object.__setattr__(self, "links", tuple(self.links))
         object.__setattr__(self, "ranks", tuple(self.ranks))
         object.__setattr__(self, "sources", tuple(self.sources))
+        check_device_count(len(self.devices), f"topology {self.name!r}")
+        check_link_count(len(self.links), f"topology {self.name!r}")
         seen: set[str] = set()
         for d in self.devices:
             if d.name in seen:
