@@ -31,7 +31,7 @@ import torch
 from treeattn.exec import kernels
 from treeattn.exec.attention import partial_attention
 from treeattn.exec.comm import P2P, BufferPool, Comm, distinct
-from treeattn.exec.merge import to_wire, weights, wire_cols
+from treeattn.exec.merge import lse_column, weights, wired
 from treeattn.plan.ir import head_split
 from treeattn.workload import Workload
 
@@ -54,26 +54,13 @@ def _pool(pool: BufferPool | None, device: torch.device) -> BufferPool:
     return pool if pool is not None else BufferPool(device)
 
 
-def _lse(part: torch.Tensor, pool: BufferPool) -> torch.Tensor:
-    """The lse column of a packed partial as a contiguous buffer of ``pool`` (the library
-    reduces dense tensors; the column is strided)."""
-    return pool.take((part.shape[0],), torch.float32).copy_(part[:, -1])
-
-
-def _wired(part: torch.Tensor, wire: torch.dtype, pool: BufferPool) -> torch.Tensor:
-    """``treeattn.exec.merge.wired`` into a buffer of ``pool`` (fp32 rows are their own wire form)."""
-    if wire == torch.float32:
-        return part
-    return to_wire(pool.take((*part.shape[:-1], wire_cols(part.shape[-1] - 1, wire)), wire), part)
-
-
 def allreduce3(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
                wire: torch.dtype = torch.float32, pool: BufferPool | None = None) -> torch.Tensor:
     """The paper's three all-reduces on this rank's partial; returns the packed result.
     The weighted output travels in ``wire`` (the partial dtype); max and weights in fp32.
     The buffers this rank fills to send come from ``pool`` when given, as the plan's do."""
     part = partial_attention(q, kv, kernel)
-    m = comm.all_reduce(_lse(part, _pool(pool, part.device)), "max", "allreduce3 max lse")
+    m = comm.all_reduce(lse_column(part, _pool(pool, part.device)), "max", "allreduce3 max lse")
     num = comm.all_reduce(kernels.weighted(part, m, wire, with_weight=False), "sum", "allreduce3 sum num")
     den = comm.all_reduce(weights(part[:, -1], m), "sum", "allreduce3 sum den")
     kernels.finish(part, m, num, den)
@@ -88,7 +75,7 @@ def allreduce2(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload
     own) or reduce to ``root``. Buffers from ``pool`` when given."""
     part = partial_attention(q, kv, kernel)
     pool = _pool(pool, part.device)
-    m = comm.all_reduce(_lse(part, pool), "max", "allreduce2 max lse")
+    m = comm.all_reduce(lse_column(part, pool), "max", "allreduce2 max lse")
     packed = kernels.weighted(part, m, wire)
     if result == "heads":
         segs = segments(workload, comm.world)
@@ -136,7 +123,7 @@ def allgather_merge(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
     the method's, and under a CUDA graph it must keep its address from capture to replay."""
     part = partial_attention(q, kv, kernel)
     pool = _pool(pool, part.device)
-    mine = _wired(part, wire, pool)
+    mine = wired(part, wire, pool)
     gathered = comm.all_gather(mine, "allgather-merge all-gather", out=pool.take((comm.world, *mine.shape), wire))
     return kernels.merged_into(part, gathered)  # the gather has completed: part is free to take the result
 
@@ -155,7 +142,7 @@ def dcp_ag_rs(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload,
     full_q = torch.cat([t[:, :k] for t, k in zip(parts, shares, strict=True)], dim=1,
                        out=pool.take(tuple(q.shape), q.dtype))
     part = partial_attention(full_q, kv, kernel)
-    lse = _lse(part, pool)
+    lse = lse_column(part, pool)
     total = torch.logsumexp(comm.all_gather(lse, "dcp-ag-rs all-gather lse", out=pool.take((p, *lse.shape),
                                                                                             lse.dtype)), dim=0)
     corrected = kernels.weighted(part, total, wire, with_weight=False)
@@ -174,7 +161,7 @@ def dcp_a2a(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, k
     into the partial's own rows; returns this rank's rows. Buffers from ``pool`` when given."""
     part = partial_attention(q, kv, kernel)
     pool = _pool(pool, part.device)
-    sent = _wired(part, wire, pool)
+    sent = wired(part, wire, pool)
     segs = segments(workload, comm.world)
     a, b = segs[comm.rank]
     got = pool.take((comm.world * (b - a), sent.shape[1]), wire)

@@ -23,7 +23,7 @@ import torch
 
 from treeattn.errors import PlanInvalidError
 from treeattn.exec import kernels
-from treeattn.exec.merge import weights, wire_cols, wired
+from treeattn.exec.merge import lse_column, weights, wire_cols, wired
 from treeattn.plan.ir import COLLECTIVE_FORMS, Op, head_split
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def run_collective(ex: PlanExecutor, op: Op, acc: torch.Tensor, state: dict, wha
     if op.coll == "allgather" and op.part == "partial":
         # Every rank merges the same gathered stack (its own partial as the wire carried it),
         # so every rank ends with the same rows.
-        mine = wired(part, wire)
+        mine = wired(part, wire, ex.pool)
         gathered = comm.all_gather(mine, what, out=ex.pool.take((comm.world, *mine.shape), wire))
         kernels.merged_into(part, gathered)
     elif op.coll == "alltoall":
@@ -66,7 +66,7 @@ def run_collective(ex: PlanExecutor, op: Op, acc: torch.Tensor, state: dict, wha
     elif form.group == "dcp":
         _dcp(ex, op, rows, part, acc, state, what)
     else:  # allreduce / reducescatter / reduce merge partial
-        m = comm.all_reduce(part[:, -1].contiguous(), "max", what + " (max lse)")
+        m = comm.all_reduce(lse_column(part, ex.pool), "max", what + " (max lse)")
         packed = kernels.weighted(part, m, wire)
         if op.coll == "allreduce":
             total = comm.all_reduce(packed, "sum", what + " (sum)")
@@ -89,7 +89,7 @@ def _alltoall_merge(ex: PlanExecutor, op_chunk: int | None, rows: slice, part: t
     mine = splits[comm.rank]
     cols = wire_cols(part.shape[1] - 1, wire)
     got = ex.pool.take((comm.world * mine, cols), wire)
-    comm.all_to_all(got, wired(part, wire), splits, what)
+    comm.all_to_all(got, wired(part, wire, ex.pool), splits, what)
     if mine:
         start = max(ex.plan.segments[comm.rank][0], rows.start)
         kernels.merged_into(acc[start:start + mine], got.view(comm.world, mine, cols))
@@ -136,14 +136,15 @@ def gather_query(ex: PlanExecutor, q: torch.Tensor, what: str) -> torch.Tensor:
     mine = ex.pool.take((q.shape[0], n, q.shape[2]), q.dtype).zero_()
     mine[:, :shares[ex.comm.rank]] = q[:, lo:lo + shares[ex.comm.rank]]
     parts = ex.comm.all_gather(mine, what, out=ex.pool.take((p, *mine.shape), q.dtype))
-    return torch.cat([t[:, :k] for t, k in zip(parts, shares, strict=True)], dim=1)
+    return torch.cat([t[:, :k] for t, k in zip(parts, shares, strict=True)], dim=1,
+                     out=ex.pool.take(tuple(q.shape), q.dtype))
 
 
 def _dcp(ex: PlanExecutor, op: Op, rows: slice, part: torch.Tensor, acc: torch.Tensor, state: dict,
          what: str) -> None:
     """vLLM's decode context parallel: all-gather lse, then reduce-scatter the corrected outputs."""
     if op.part == "lse":
-        lse = part[:, -1].contiguous()
+        lse = lse_column(part, ex.pool)
         lses = ex.comm.all_gather(lse, what, out=ex.pool.take((ex.comm.world, *lse.shape), lse.dtype))
         total, weighted_o = kernels.corrected(part, lses, ex.wire_dtype)
         state["dcp"] = (rows, total, weighted_o)
@@ -155,7 +156,7 @@ def _dcp(ex: PlanExecutor, op: Op, rows: slice, part: torch.Tensor, acc: torch.T
     got, where = _sum_to_owners(ex, op, corrected, rows, what)
     if got is not None:
         mine = acc[where]
-        mine[:, :-1] = got.float()
+        mine[:, :-1] = got  # the copy widens a narrow wire to fp32, exactly
         mine[:, -1] = total[where.start - rows.start:where.stop - rows.start]
 
 
@@ -174,7 +175,7 @@ def _trio(ex: PlanExecutor, name: str, rows: slice, part: torch.Tensor, state: d
             trio[f"has_{k}"] = np.zeros(ex.rows, dtype=bool)
     lse = part[:, -1]
     if name == "lse":
-        trio["m"][rows] = ex.comm.all_reduce(lse.contiguous(), "max", what)
+        trio["m"][rows] = ex.comm.all_reduce(lse_column(part, ex.pool), "max", what)
     else:
         if not trio["has_lse"][rows].all():
             raise PlanInvalidError(
@@ -183,7 +184,7 @@ def _trio(ex: PlanExecutor, name: str, rows: slice, part: torch.Tensor, state: d
             )
         if name == "num":
             num = kernels.weighted(part, trio["m"][rows], ex.wire_dtype, with_weight=False)
-            trio["num"][rows] = ex.comm.all_reduce(num, "sum", what).float()
+            trio["num"][rows] = ex.comm.all_reduce(num, "sum", what)  # widened by the copy
         else:
             trio["den"][rows] = ex.comm.all_reduce(weights(lse, trio["m"][rows]), "sum", what)
     trio[f"has_{name}"][rows] = True

@@ -15,10 +15,15 @@ row of a narrower dtype ends with the lse's four bytes in ``4 / itemsize`` of it
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-__all__ = ["empty_partial", "clear_partial", "pack", "unpack", "wire_cols", "to_wire", "wired", "from_wire",
-           "split_wire", "check_stack", "pack_heads", "pack_heads_into", "unpack_heads",
+if TYPE_CHECKING:
+    from treeattn.exec.comm import BufferPool
+
+__all__ = ["empty_partial", "clear_partial", "pack", "unpack", "wire_cols", "to_wire", "wired", "lse_column",
+           "from_wire", "split_wire", "check_stack", "pack_heads", "pack_heads_into", "unpack_heads",
            "weights", "weighted", "corrected", "finish", "merge_stack", "merge_into", "merge", "merge_many",
            "merge_many_into", "sum_into", "sum_many_into", "sum_stack"]
 
@@ -89,12 +94,22 @@ def to_wire(out: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def wired(packed: torch.Tensor, wire: torch.dtype) -> torch.Tensor:
-    """Packed fp32 rows in their wire form in ``wire``: themselves for fp32, else a new tensor."""
+def wired(packed: torch.Tensor, wire: torch.dtype, pool: BufferPool | None = None) -> torch.Tensor:
+    """Packed fp32 rows in their wire form in ``wire``: themselves for fp32, else a buffer of
+    ``pool`` (per iteration: the run's buffers keep their addresses) or a new tensor."""
     if wire == torch.float32:
         return packed
     shape = (*packed.shape[:-1], wire_cols(packed.shape[-1] - 1, wire))
-    return to_wire(torch.empty(shape, dtype=wire, device=packed.device), packed)
+    out = pool.take(shape, wire) if pool is not None else torch.empty(shape, dtype=wire, device=packed.device)
+    return to_wire(out, packed)
+
+
+def lse_column(packed: torch.Tensor, pool: BufferPool | None = None) -> torch.Tensor:
+    """The lse column of packed rows as a dense vector (a library reduces or gathers dense
+    tensors; the column is strided), in a buffer of ``pool`` or a new tensor."""
+    if pool is None:
+        return packed[:, -1].contiguous()
+    return pool.take((packed.shape[0],), packed.dtype).copy_(packed[:, -1])
 
 
 def _as_fp32(raw: torch.Tensor) -> torch.Tensor | None:
