@@ -130,6 +130,11 @@ def test_the_tolerance_grows_with_the_roundings_a_narrow_wire_makes():
     # star: the leaves send, then the root sends the result back; a chain of 4: 3 + 3 hops
     assert wire_roundings(build("star", fp8, ref)) == 2
     assert wire_roundings(build("chain", fp8, ref)) == 6
+    # a library sum rounds the weighted partial to the wire, then its sum back to it: twice a step
+    assert wire_roundings(build("allreduce2", fp8, ref)) == 2
+    assert wire_roundings(build("allreduce2", fp8, ref, result="heads")) == 2
+    assert wire_roundings(build("allgather-merge", fp8, ref)) == 1
+    assert wire_roundings(build("allreduce3", fp8, ref)) == 5  # max of lse (once), sums of num and den
 
 
 def test_relative_error_flags_wrong_and_nan_results():

@@ -234,10 +234,23 @@ def tolerance(payload: Payload, roundings: int = 1) -> float:
     return max(_TOL[payload.kv_dtype], _TOL[payload.partial_dtype], roundings * _UNIT_ROUNDOFF[payload.partial_dtype])
 
 
+_SUMMING = ("allreduce", "reducescatter", "reduce")
+"""Library collectives that sum: a narrow wire is summed through fp32 and the sum comes back
+in the wire's dtype (``Comm.all_reduce``), a second rounding in the same step."""
+
+
 def wire_roundings(plan: Plan) -> int:
     """The most times a partial of ``plan`` is rounded to the wire's dtype on its way: once a
-    step at most, so the steps that move data (transfers and collectives)."""
-    return max(1, len({op.step for prog in plan.programs for op in prog if op.kind is not OpKind.COMPUTE}))
+    step that moves data (transfers and collectives), twice a step whose library collective
+    sums the wire (its input and its sum)."""
+    per_step: dict[int, int] = {}
+    for prog in plan.programs:
+        for op in prog:
+            if op.kind is OpKind.COMPUTE:
+                continue
+            sums = op.kind is OpKind.COLLECTIVE and op.coll in _SUMMING and op.reduce in ("sum", "merge")
+            per_step[op.step] = max(per_step.get(op.step, 1), 2 if sums else 1)
+    return max(1, sum(per_step.values()))
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor, raw: bool) -> float:
