@@ -179,3 +179,26 @@ def test_launcher_variables_out_of_range_are_refused(changed, message):
     env = {k: v for k, v in {**env, **changed}.items() if v is not None}
     with pytest.raises(InputError, match=re.escape(message)):
         detect_env(env)
+
+
+def test_the_launchers_cleanup_is_not_cut_short_by_a_second_signal(monkeypatch):
+    # `timeout` signals the launcher and then its process group, and a user presses Ctrl-C
+    # twice: a signal landing while the launcher stops its ranks and removes its run directory
+    # would leave that directory behind. Both steps run with the signals ignored.
+    import shutil
+    import signal
+
+    import treeattn.exec.launch as launch_mod
+
+    seen = []
+    real_rmtree = shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003 - shutil.rmtree's signature
+        seen.append({s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)})
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(launch_mod.shutil, "rmtree", rmtree)
+    before = signal.getsignal(signal.SIGINT)
+    launch(Job((PlanJob("p", build("star", W3, REF)),), RunOptions(repeats=1, warmup=0)))
+    assert seen and all(h == signal.SIG_IGN for handlers in seen for h in handlers.values()), seen
+    assert signal.getsignal(signal.SIGINT) == before

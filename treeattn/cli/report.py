@@ -142,7 +142,7 @@ def validate_cmd(
         targets.append(TopologyTarget(topo, tuple(cases), fitted, spec))
     out = output_folder(out, "--out")  # made once every flag has been read
     command = shlex.join(["treeattn", *sys.argv[1:]]) if Path(sys.argv[0]).name == "treeattn" else ""
-    from treeattn.emulate.cluster import interrupts_raise
+    from treeattn.interrupts import interrupts_raise
 
     try:
         with interrupts_raise():

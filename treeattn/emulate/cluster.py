@@ -14,8 +14,6 @@ import json
 import os
 import re
 import secrets
-import signal
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,6 +31,7 @@ from treeattn.emulate.netns import (
     run_step,
 )
 from treeattn.errors import EmulationError
+from treeattn.interrupts import interrupts_raise, shielded
 from treeattn.topology.model import Topology
 
 __all__ = [
@@ -45,7 +44,6 @@ __all__ = [
     "find_cluster",
     "list_clusters",
     "emulated",
-    "interrupts_raise",
 ]
 
 STATE_DIR = Path("/run/treeattn-emulate")
@@ -141,40 +139,6 @@ def list_clusters() -> list[dict]:
     return [states[k] for k in sorted(states)]
 
 
-@contextlib.contextmanager
-def interrupts_raise() -> Iterator[None]:
-    """Turn SIGINT, SIGTERM and SIGHUP into KeyboardInterrupt while inside, so ``finally``
-    blocks run; does nothing outside the main thread. SIGINT too: a process started in the
-    background of a non-interactive shell inherits it ignored, and Python then leaves it so."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _raise(signum, frame):  # noqa: ARG001 - signal handler signature
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    old = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-
-
-@contextlib.contextmanager
-def _shielded() -> Iterator[None]:
-    """Ignore SIGINT/SIGTERM/SIGHUP while cleaning up, so a second Ctrl-C cannot cut it short."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-
-
 def new_run_id() -> str:
     return secrets.token_hex(3)
 
@@ -207,7 +171,7 @@ def up(topo: Topology, *, scale: float = 1.0, run_id: str | None = None) -> Clus
             for step in setup_steps(layout):
                 run_step(step)
     except BaseException:
-        with _shielded():
+        with shielded():
             _remove(layout.run_id, list(layout.namespaces))
         raise
     _write_state(layout, "ready")
@@ -230,7 +194,7 @@ def down(run_id: str | None = None) -> DownResult:
         known = {run_id: known.get(run_id, {"run_id": run_id, "namespaces": [], "live_namespaces": []})}
     removed: list[str] = []
     killed: list[int] = []
-    with _shielded():
+    with shielded():
         for rid in sorted(known):
             c = known[rid]
             nss = sorted(set(c.get("namespaces", [])) | set(c.get("live_namespaces", [])))
@@ -304,5 +268,5 @@ def emulated(topo: Topology, *, scale: float = 1.0, reuse: bool = True) -> Itera
         try:
             yield up(topo, scale=scale, run_id=run_id)
         finally:
-            with _shielded():
+            with shielded():
                 _remove(run_id, [])

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from treeattn.emulate.cluster import Cluster
 from treeattn.emulate.spawn import RankResult, run_in_namespaces
 from treeattn.errors import InputError, TreeattnError
+from treeattn.interrupts import shielded
 
 if TYPE_CHECKING:
     from treeattn.exec.runner import Job, JobResult
@@ -72,7 +73,8 @@ def launch_in_cluster(cluster: Cluster, job: Job, *, timeout_s: float = 1800.0) 
             return pickle.load(f)
     finally:
         if not kept:
-            shutil.rmtree(tmp, ignore_errors=True)
+            with shielded():  # a second signal must not leave the run directory behind
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _failure(tmp: Path, results: tuple[RankResult, ...]) -> TreeattnError:

@@ -43,6 +43,7 @@ import torch
 
 from treeattn.errors import ExecutionError, InputError, TreeattnError
 from treeattn.exec.runner import Job, JobResult, memory_problem, pick_backend, placement_problem, run_rank
+from treeattn.interrupts import shielded
 
 __all__ = ["RankEnv", "detect_env", "check_world", "slurm_bound", "slurm_threads", "launch", "launch_local",
            "free_port", "keep_output", "rank_failure", "GRACE_S", "available_bytes", "host_memory_problem"]
@@ -260,13 +261,14 @@ def launch_local(job: Job) -> JobResult:
         with open(tmp / "result.pkl", "rb") as f:
             return pickle.load(f)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for p in procs:
-            p.wait()
-        if not kept:
-            shutil.rmtree(tmp, ignore_errors=True)
+        with shielded():  # a second signal (Ctrl-C twice, `timeout` then its group) must not cut this short
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for p in procs:
+                p.wait()
+            if not kept:
+                shutil.rmtree(tmp, ignore_errors=True)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
