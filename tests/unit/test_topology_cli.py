@@ -295,3 +295,25 @@ def test_show_prints_names_and_descriptions_with_brackets_verbatim(tmp_path):
     res = run_cli("topo", "show", str(path))
     assert res.exit_code == 0, res.stderr
     assert "box[/x]" in res.stdout and "lab box [bold] [/]" in res.stdout
+
+
+def test_a_gpu_model_treeattn_does_not_know_is_warned_about(tmp_path):
+    # A typo in a GPU's model would otherwise pass unnoticed, its NCCL figures read by the
+    # nearest architecture the name suggests.
+    text = shipped_files()["dgx-a100"].read_text().replace("model: A100-SXM4-80GB", "model: A10O-SXM4-80GB")
+    (tmp_path / "typo.yaml").write_text(text)
+    for args in (("topo", "validate"), ("topo", "show"), ("nccl-model", "-c", "allreduce", "--bytes", "1MiB", "-t")):
+        res = run_cli(*args, str(tmp_path / "typo.yaml"))
+        assert res.exit_code == 0, res.stderr
+        assert "warning: GPU model 'A10O-SXM4-80GB' of dgx-a100 is not one treeattn knows" in res.stderr, args
+        assert "NCCL's figures are read as for ampere GPUs" in res.stderr
+    for name in shipped_files():
+        assert "warning" not in run_cli("topo", "validate", name).stderr, name
+
+
+def test_the_attention_fit_of_a_gpu_named_as_nvidia_smi_prints_it():
+    from treeattn.topology.attention_fits import published_attention_fit
+
+    assert published_attention_fit("NVIDIA H100 80GB HBM3") == published_attention_fit("H100-SXM5-80GB")
+    assert published_attention_fit("NVIDIA A100-SXM4-80GB")[0] == "A100 (Ampere)"
+    assert published_attention_fit("NVIDIA GeForce RTX 4090") is None

@@ -20,11 +20,12 @@ import copy
 import dataclasses
 from typing import Any
 
+import typer
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-__all__ = ["console", "key_columns", "fit_table", "print_rates_note"]
+__all__ = ["console", "key_columns", "fit_table", "print_rates_note", "warn_unknown_gpus"]
 
 _KEY = "_treeattn_key_columns"
 
@@ -43,6 +44,16 @@ def print_rates_note(con: Console, topo: Any, prefix: str = "") -> None:
     note = link_rates_note(topo)
     if note:
         con.print(prefix + note, markup=False)
+
+
+def warn_unknown_gpus(topo: Any) -> None:
+    """Say on stderr where GPUs of ``topo`` (a Topology) name a model treeattn has no figures
+    for (``treeattn.cost.library.unknown_gpu_note``)."""
+    from treeattn.cost.library import unknown_gpu_note
+
+    note = unknown_gpu_note(topo)
+    if note:
+        typer.echo(f"warning: {note}", err=True)
 
 
 def key_columns(table: Table, n: int) -> Table:

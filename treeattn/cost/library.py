@@ -16,7 +16,7 @@ from treeattn.cost import gloo, nccl
 from treeattn.cost.bounds import CutModel
 from treeattn.cost.nccl_p2p import WORLD
 from treeattn.plan.ir import COLLECTIVE_FORMS, Op, Plan, collective_row_bytes, element_bytes, widened
-from treeattn.topology.model import Topology
+from treeattn.topology.model import DeviceKind, Topology
 
 __all__ = ["LibraryModel", "alltoall_us", "last_landing_us", "link_rates_note"]
 
@@ -61,6 +61,22 @@ def link_rates_note(topo: Topology) -> str | None:
                 "NCCL's collectives read the measured rates too (docs/nccl-model.md)")
     return ("link rates: point-to-point at the rates calibration measured (else NCCL's);\n"
             "NCCL's collectives at the hardware ratings kept (rated_gbps; docs/nccl-model.md)")
+
+
+def unknown_gpu_note(topo: Topology) -> str | None:
+    """A warning where GPUs of ``topo`` name a model treeattn has no figures for (none of
+    ``treeattn.probe.hardware.gpu_spec``'s, which ``treeattn probe --gpu-model`` takes): a typo
+    there would go unnoticed, since NCCL's tables are then read by the name's nearest
+    architecture (Hopper's for a name it cannot place); None where every GPU model is known."""
+    from treeattn.probe.hardware import GPU_SPECS, gpu_spec
+
+    unknown = sorted({d.model for d in topo.devices if d.kind is DeviceKind.GPU and gpu_spec(d.model) is None})
+    if not unknown:
+        return None
+    named = ", ".join(repr(m) for m in unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+    arch = sorted({nccl.nccl_arch(m) for m in unknown})
+    return (f"GPU model {named} of {topo.name} is not one treeattn knows ({', '.join(GPU_SPECS)}, or a name "
+            f"nvidia-smi prints for one): NCCL's figures are read as for {'/'.join(arch)} GPUs")
 
 
 class LibraryModel:

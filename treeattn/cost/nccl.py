@@ -159,6 +159,7 @@ __all__ = [
     "pick",
     "allowed_by_env",
     "busbw_factor",
+    "nccl_arch",
     "chain_call_latency_us",
     "nccl_link_bw_gbps",
     "nic_bw",
@@ -391,7 +392,9 @@ def busbw_factor(collective: Collective, ranks: int) -> float:
 _AMPERE_ROW = ("A100", "A800", "A30", "A10", "RTX-40", "RTX 40", "RTX-30", "RTX 30", "L40", "L4-", "A6000")
 
 
-def _arch(model: str) -> str:
+def nccl_arch(model: str) -> str:
+    """The architecture whose row of NCCL's tables a GPU ``model`` takes (``hopper`` for a name
+    none of the rules places)."""
     m = model.upper()
     if "B200" in m or "B100" in m or "GB200" in m or "B300" in m:
         return "blackwell"
@@ -438,7 +441,7 @@ def p2p_link_gbps(topo: Topology) -> list[float] | None:
     ranks = [topo.rank_device(r) for r in range(topo.num_ranks)]
     if topo.cost.link_rates == "measured" or any(d.kind is DeviceKind.HOST for d in ranks):
         return None
-    arch = _arch(ranks[0].model or "") if ranks else "hopper"
+    arch = nccl_arch(ranks[0].model or "") if ranks else "hopper"
     net = NET_ACHIEVED[Protocol.SIMPLE]
     out = []
     for ln in topo.links:
@@ -544,7 +547,7 @@ def fabric(topo: Topology) -> NcclFabric:
     topo = topo.rated
     devs = [topo.rank_device(r) for r in range(topo.num_ranks)]
     gpu_models = [d.model for d in devs if d.kind is DeviceKind.GPU]
-    arch = _arch(gpu_models[0]) if gpu_models else "hopper"
+    arch = nccl_arch(gpu_models[0]) if gpu_models else "hopper"
     out: dict[str, list[Link]] = {}
     for ln in topo.links:
         out.setdefault(ln.src, []).append(ln)

@@ -172,7 +172,7 @@ class _View:
     def __init__(self, topo: Topology) -> None:
         self.topo = topo
         self.idx = topo._index
-        self.arch = nccl._arch(topo.rank_device(0).model or "")
+        self.arch = nccl.nccl_arch(topo.rank_device(0).model or "")
         self.grace = any("GRACE" in d.model.upper() for d in topo.devices if d.kind is DeviceKind.CPU)
         self.done: dict[tuple[str, int, int], PeerChannels] = {}
         self._path: dict[tuple[int, int], tuple[bool, float, float]] = {}

@@ -28,8 +28,10 @@ _BY_PREFIX: tuple[tuple[tuple[str, ...], str, CostSpec], ...] = (
 
 
 def published_attention_fit(model: str) -> tuple[str, CostSpec] | None:
-    """(which fit, its cost fields) for a GPU model name, or None when none was fitted on it."""
+    """(which fit, its cost fields) for a GPU model name, or None when none was fitted on it;
+    the vendor's word nvidia-smi puts first (``NVIDIA H100 80GB HBM3``) does not count."""
+    bare = model.upper().strip().removeprefix("NVIDIA ").lstrip()
     for prefixes, name, spec in _BY_PREFIX:
-        if model.upper().startswith(prefixes):
+        if bare.startswith(prefixes):
             return name, spec
     return None
