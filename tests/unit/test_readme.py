@@ -145,3 +145,15 @@ def test_the_readme_says_how_slurm_tasks_choose_their_threads() -> None:
     assert "divided by the node's task count" in text and "sets `OMP_NUM_THREADS=1`" in text
     for variable in ("SLURM_CPUS_PER_TASK", "SLURM_CPU_BIND_TYPE", "SLURM_STEP_TASKS_PER_NODE", "OMP_NUM_THREADS"):
         assert f'"{variable}"' in code, variable
+
+
+def test_the_tour_leaves_what_the_quickstart_wrote_alone() -> None:
+    # The quickstart (first command of the README) writes its calibrated topology and plan; a
+    # tour command writing over either would make the quickstart's plan warn of a changed topology.
+    script = (ROOT / "scripts" / "quickstart.sh").read_text()
+    written = {path.replace("$RANKS", "4") for path in re.findall(r'--out "([^"]+)"', script)}
+    assert written == {"topologies/local/cpu-4.yaml", "plans/local/cpu-4.yaml"}
+    for cmd in readme_commands():
+        args = shlex.split(cmd)
+        outs = {args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--out", "-o")}
+        assert not outs & written, cmd
