@@ -317,3 +317,10 @@ def test_the_attention_fit_of_a_gpu_named_as_nvidia_smi_prints_it():
     assert published_attention_fit("NVIDIA H100 80GB HBM3") == published_attention_fit("H100-SXM5-80GB")
     assert published_attention_fit("NVIDIA A100-SXM4-80GB")[0] == "A100 (Ampere)"
     assert published_attention_fit("NVIDIA GeForce RTX 4090") is None
+
+
+def test_a_plan_given_for_a_topology_is_named_as_one():
+    plan = Path(__file__).resolve().parents[2] / "plans" / "examples" / "dgx-h100-binomial.yaml"
+    res = run_cli("topo", "validate", str(plan))
+    assert res.exit_code == 2
+    assert "this is a treeattn plan, not a topology (treeattn verify checks plans" in res.stderr

@@ -112,6 +112,9 @@ def topology_from_data(data: Any, source: str = "<data>", lines: _LineMap | None
         raise fail((), "file is empty; see `treeattn topo schema` or the files in topologies/")
     if not isinstance(data, dict):
         raise fail((), f"the top level must be a mapping of fields, got {type(data).__name__}")
+    if data.get("format") == "treeattn-plan":
+        raise fail((), "this is a treeattn plan, not a topology (treeattn verify checks plans; a plan's topology "
+                       "is the one its 'topology' field names)")
     forms = [k for k in _FORMS if k in data]
     if len(forms) != 1:
         got = " and ".join(forms) if forms else "none of them"
