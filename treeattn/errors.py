@@ -57,7 +57,8 @@ class ProbeError(InputError):
 
 
 class ExecutionError(TreeattnError):
-    """A run failed: a rank died, timed out, or produced a wrong result."""
+    """A run failed: a rank died, timed out, or produced a wrong result, or what it measured
+    cannot be fitted (calibration)."""
 
     exit_code = 1
 

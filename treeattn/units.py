@@ -52,7 +52,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)([bB]?)\s*$")
 _POW = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
 
-def parse_size(text: str | int, what: str = "size") -> int:
+def parse_size(text: str | int, what: str = "size", *, least: int = 0, least_text: str | None = None) -> int:
     """Parse a byte size written as text: ``"16KB"``, ``"1MiB"``, ``"4096"``, ``"2M"``.
 
     Args:
@@ -60,24 +60,34 @@ def parse_size(text: str | int, what: str = "size") -> int:
             1024, as nccl-tests reads its ``-b``/``-e`` sizes and as token counts are read
             (``1K`` is 1024 wherever treeattn reads a count).
         what: how error messages name the value (the flag or field it came from).
+        least: the smallest size allowed, in bytes; a size below it, negative or not, is refused
+            with one message: ``WHAT must be at least LEAST_TEXT`` (default ``N bytes``).
+        least_text: how that message says ``least`` (``one fp32 element (4 bytes)``).
 
     Returns:
-        The size in bytes.
+        The size in bytes, >= ``least``.
     """
+    def too_small() -> InputError:
+        if least <= 0:
+            return InputError(f"{what} must be >= 0, got {text!r}")
+        return InputError(f"{what} must be at least {least_text or counted(least, 'byte')}, got {text!r}")
+
     if isinstance(text, int):
-        if text < 0:
-            raise InputError(f"{what} must be >= 0, got {text}")
+        if text < max(least, 0):
+            raise too_small()
         return check_bytes(text, what)
     m = _SIZE.match(str(text))
     if not m:
         if _SIZE.match(str(text).strip().removeprefix("-")):
-            raise InputError(f"{what} must be >= 0, got {text!r}")
+            raise too_small()
         raise InputError(f"cannot read {what} {text!r}; write it like 4096, 16KB, 1MiB or 2GB")
     num, prefix, binary, unit = m.groups()
     base = 1024 if binary or not unit else 1000
     nbytes = Decimal(num) * base ** _POW[prefix.lower()]  # exact: 1.1MB is 1,100,000 bytes
     if nbytes != nbytes.to_integral_value():
         raise InputError(f"{what} {text!r} is not a whole number of bytes")
+    if nbytes < least:
+        raise too_small()
     return check_bytes(int(nbytes), what, text)
 
 

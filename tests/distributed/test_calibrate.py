@@ -87,3 +87,26 @@ def test_contention_cases_on_four_ranks():
     else:
         assert by[("concurrent", 2)].predicted_us >= solo.predicted_us
     assert report.topology.cost.launch_us == resolve("cpu:ranks=4").cost.launch_us  # --compute none keeps it
+
+
+def test_times_that_do_not_grow_with_size_are_a_failed_measurement_not_bad_flags(monkeypatch):
+    # Every flag is valid; what the ranks measured cannot be fitted: exit 1, as a failed run.
+    from tests.cli_helpers import run_cli
+    from treeattn.calibrate import live
+    from treeattn.exec.runner import JobResult, Measurement
+
+    def flat(job):  # noqa: ANN001, ANN202 - launch's signature
+        return JobResult(tuple(Measurement(pj.label, "plan", "none", (100.0, 100.0), 0.0, 1e-5, (0,))
+                               for pj in job.plans), "gloo", "cpu", 2)
+
+    monkeypatch.setattr(live, "launch", flat)
+    args = ("calibrate", "-t", "cpu:ranks=2", "--max-size", "4KiB", "--repeats", "2", "--no-contention",
+            "--compute", "none")
+    res = run_cli(*args, "--sizes", "2")
+    assert res.exit_code == 1, res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith("error: ping-pong fit: time does not grow with size"), line
+    # Flags that cannot be measured together are still bad input, refused before any rank starts.
+    monkeypatch.setattr(live, "launch", lambda job: pytest.fail("launched"))
+    res = run_cli(*args, "--sizes", "2", "--min-size", "8KiB")
+    assert res.exit_code == 2 and "sizes must satisfy" in res.stderr, res.stderr

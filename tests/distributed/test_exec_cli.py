@@ -229,3 +229,29 @@ def test_ranks_that_never_connect_are_counted_in_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
     assert proc.stdout.startswith("ExecutionError only 1 of 2 ranks connected within the "), proc.stdout + proc.stderr
     assert proc.stdout.strip().endswith("(rank 0 waited; a rank that never connected hung or could not start)")
+
+
+@pytest.mark.parametrize("crossed", [False, True])
+def test_ranks_that_differ_by_design_are_a_note_and_others_a_warning(tmp_path, monkeypatch, crossed):
+    # Ring attention's ranks each merge the blocks in their own order, as does a plan whose
+    # groups cross (treeattn verify says so of it); an all-reduce's ranks must agree.
+    w6 = Workload(batch=1, q_heads=4, kv_heads=2, head_dim=8, split=(3,) * 6, kv_dtype="fp32")
+    groups = [[0, 5], [1, 3], [2, 4]] if crossed else [[0, 1], [2, 3], [4, 5]]
+    path = plan_file(tmp_path, build("direct", w6, resolve("cpu:ranks=6"), groups=groups))
+
+    def measured(method: str, same_bits: bool) -> Measurement:
+        return Measurement("plan.yaml", method, "sdpa", (10.0, 12.0), max_rel_err=1e-7, tolerance=1e-5,
+                           checked_ranks=(0,), same_bits=same_bits)
+
+    got = (measured("plan", False), measured("allreduce3", False), measured("ring-attention", False))
+    monkeypatch.setattr(launch_mod, "launch", lambda job: JobResult(got, "gloo", "cpu", 6))
+    res = run_cli("run", str(path), "--baselines", "--out", str(tmp_path / "r.csv"))
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert ("note: ring-attention's ranks ended with different bits, as expected: each rank merges the ring's "
+            "blocks in its own order, its own block first") in lines
+    plan_note = ("note: plan's ranks ended with different bits, as expected: its ranks merge the same partials in "
+                 "other orders or groupings (chunk 0: ranks 0,1,2 | 3,4,5)")
+    assert (plan_note in lines) is crossed
+    warning = "warning: ranks ended with different bits (every rank holds the result): "
+    assert lines[-1] == warning + ("allreduce3" if crossed else "plan, allreduce3")

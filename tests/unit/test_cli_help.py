@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import typer
@@ -73,12 +76,40 @@ def test_version_is_the_installed_distribution_version() -> None:
     assert res.stdout == f"treeattn {importlib.metadata.version('treeattn')}\n"
 
 
+def _groups() -> list[tuple[str, ...]]:
+    cmd = typer.main.get_command(app)
+    out = []
+    for path in _commands():
+        sub = cmd
+        for name in path:
+            sub = sub.commands[name]
+        if getattr(sub, "commands", None):
+            out.append(path)
+    return out
+
+
+@pytest.mark.parametrize("path", _groups(), ids=lambda p: " ".join(p) or "treeattn")
+def test_a_group_given_no_command_prints_its_help_and_succeeds(path: tuple[str, ...]) -> None:
+    # A user typing the program's name (or a group's) asks for its help: no error after it.
+    res = run_cli(*path)
+    assert res.exit_code == 0 and res.stderr == "", res.stderr
+    assert res.stdout == run_cli(*path, "--help").stdout
+
+
+def test_the_program_name_alone_prints_the_help() -> None:
+    proc = subprocess.run([str(Path(sys.executable).with_name("treeattn"))], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert "Usage: treeattn [OPTIONS] COMMAND" in proc.stdout
+
+
 @pytest.mark.parametrize("args, needle", [
     (("plan", "-b", "abc"), "treeattn plan: Invalid value for '--batch'"),
     (("plan", "--bogus"), "treeattn plan: No such option: --bogus"),
     (("nccl-model", "-t", "dgx-h100", "-c", "allreduce"), "treeattn nccl-model: Missing option '--bytes'"),
     (("calibrate", "--compute", "atention"), "'atention' is not one of"),
     (("emulate", "foo"), "treeattn emulate: No such command 'foo'"),
+    (("topo", "foo"), "treeattn topo: No such command 'foo'"),
     (("no-such-command",), "treeattn: No such command 'no-such-command'"),
 ])
 def test_usage_errors_are_one_line_with_status_2(args: tuple[str, ...], needle: str) -> None:

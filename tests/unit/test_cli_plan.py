@@ -131,7 +131,7 @@ def test_raw_payload(tmp_path):
         (("-t", "dgx-h100", "--model", "llama-3.1-8b"), "give the sequence length: --seq-len N (-n 128K)"),
         (("-t", "dgx-h100", "--heads", "8", "-n", "8K"), "give --model NAME (--model list shows them), or --heads "
          "and --head-dim"),
-        (("-t", "dgx-h100", "--bytes", "0"), "--bytes must be a whole number of fp32 elements (4 bytes each), got 0"),
+        (("-t", "dgx-h100", "--bytes", "0"), "--bytes must be at least one fp32 element (4 bytes), got '0'"),
         (("-t", "dgx-h100", "--bytes", "6"), "--bytes must be a whole number of fp32 elements (4 bytes each), got 6"),
         (("-t", "dgx-h100", "--bytes", "1.5B"), "--bytes '1.5B' is not a whole number of bytes"),
         ((*SHAPE,), "give --topology"),
@@ -144,7 +144,7 @@ def test_raw_payload(tmp_path):
         (("-t", "cpu:ranks=8", *SHAPE, "-a", "tree", "--parents", "-1,0,0,1/-1,x"),
          "cannot read --parents '-1,x': item 2 ('x') is not an integer"),
         (("-t", "dgx-h100", "--bytes", "1KB", "--heads", "8"), "--bytes gives a raw payload"),
-        (("-t", "dgx-h100", "--bytes", "-1"), "--bytes must be >= 0, got '-1'"),
+        (("-t", "dgx-h100", "--bytes", "-1"), "--bytes must be at least one fp32 element (4 bytes), got '-1'"),
         (("-t", "dgx-h100", *SHAPE, "--whole-rows"), "--whole-rows set(s) a named algorithm's parameters"),
         # a raw buffer is summed; only a decode shape's partials are merged
         (("-t", "dgx-h100", "--bytes", "1M", "--op", "merge"), "a raw payload is summed (op sum), got 'merge'"),

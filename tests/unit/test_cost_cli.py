@@ -197,7 +197,10 @@ def test_nccl_model_says_what_plan_adds_to_its_figure(tmp_path):
 
 @pytest.mark.parametrize("args,needle", [(("-c", "alltoall", "--bytes", "1KB"), "unknown collective"),
                                          (("-c", "allreduce", "--bytes", "lots"), "cannot read --bytes 'lots'"),
-                                         (("-c", "allreduce", "--bytes", "-1"), "--bytes must be >= 0, got '-1'")])
+                                         (("-c", "allreduce", "--bytes", "-1"), "--bytes must be at least 1 byte, "
+                                          "got '-1'"),
+                                         (("-c", "allreduce", "--bytes", "0"), "--bytes must be at least 1 byte, "
+                                          "got '0'")])
 def test_nccl_model_bad_input(args, needle):
     r = run_cli("nccl-model", "-t", "dgx-h100", *args)
     assert r.exit_code == 2 and needle in r.stderr and "Traceback" not in r.stderr

@@ -40,3 +40,27 @@ def test_status_shows_a_rank_selection_in_the_topologys_name(monkeypatch) -> Non
     monkeypatch.setattr(emulate, "list_clusters", lambda: [cluster])
     res = run_cli("emulate", "status")
     assert res.exit_code == 0 and "emu-2x4[ranks 0,4]" in res.stdout, res.stdout
+
+
+def test_down_of_a_cluster_that_is_not_there_names_the_ones_that_are(monkeypatch) -> None:  # noqa: ANN001
+    # Nothing real is listed or removed: the clusters on this host are others'.
+    from tests.cli_helpers import run_cli
+    from treeattn.emulate import cluster
+
+    removed = []
+    monkeypatch.setattr(cluster, "require_netns", lambda: None)
+    monkeypatch.setattr(cluster, "_remove", lambda run_id, nss: removed.append(run_id) or ([], []))
+    up = {"run_id": "3570bf", "status": "ready", "namespaces": [], "live_namespaces": []}
+    monkeypatch.setattr(cluster, "list_clusters", lambda: [up])
+    res = run_cli("emulate", "down", "--id", "abcdef")
+    assert res.exit_code == 2 and res.stdout == "", res.stdout
+    assert res.stderr == ("error: no emulated cluster abcdef on this machine; there are: 3570bf "
+                          "(treeattn emulate status)\n"), res.stderr
+    monkeypatch.setattr(cluster, "list_clusters", lambda: [])
+    res = run_cli("emulate", "down", "--id", "abcdef", "--json")
+    assert res.exit_code == 2 and res.stdout == ""
+    assert res.stderr == "error: no emulated cluster abcdef on this machine; there are none\n", res.stderr
+    assert removed == []
+    monkeypatch.setattr(cluster, "list_clusters", lambda: [up])
+    res = run_cli("emulate", "down", "--id", "3570bf")
+    assert res.exit_code == 0 and removed == ["3570bf"], res.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from treeattn.errors import InputError
@@ -33,6 +35,18 @@ def test_a_bare_prefix_counts_in_1024s_as_nccl_tests_and_token_counts_do():
         parse_size("lots")
     with pytest.raises(InputError, match="size must be >= 0, got '-5'"):
         parse_size("-5")
+
+
+def test_a_size_below_the_least_is_refused_in_one_message_whatever_its_sign():
+    # 0 and -4 are both below one element: the message says what is enough, not ">= 0".
+    for bad in ("0", "-4", 0, -4, "2B"):
+        with pytest.raises(InputError, match=f"^--bytes must be at least one fp32 element \\(4 bytes\\), "
+                                             f"got {re.escape(repr(bad))}$"):
+            parse_size(bad, "--bytes", least=4, least_text="one fp32 element (4 bytes)")
+    for bad in ("0", "-4", 0, -4):
+        with pytest.raises(InputError, match=f"^--bytes must be at least 1 byte, got {re.escape(repr(bad))}$"):
+            parse_size(bad, "--bytes", least=1)
+    assert parse_size("4B", least=4) == 4 and parse_size(0) == 0
 
 
 def test_sizes_past_the_largest_buffer_are_refused_where_read():

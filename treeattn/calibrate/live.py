@@ -316,7 +316,8 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
 
     Raises:
         InputError: fewer than two ranks, or bad options.
-        ExecutionError: a rank failed, or a calibration plan delivered wrong data.
+        ExecutionError: a rank failed, a calibration plan delivered wrong data, or the ping-pong
+            times measured cannot be fitted (they do not grow with size).
     """
     opt = options or CalibrateOptions()
     if topo.num_ranks < 2:
@@ -347,7 +348,13 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
                 pts.append(PingPongPoint(meta["nbytes"], meta["round_trips"], m.median_us, m.spread_us))
                 if ci == 0 and meta["nbytes"] <= _SMALL_BYTES:
                     small_sends.extend(_sends(m))
-        fits.append(ClassResult(cls, tuple(pts), fit_pingpong(pts)))
+        try:
+            fit = fit_pingpong(pts)
+        except ProbeError as exc:
+            # The flags were checked before the run (at least two sizes): what cannot be fitted
+            # now is what the ranks measured, a failed measurement rather than bad input.
+            raise ExecutionError(str(exc)) from None
+        fits.append(ClassResult(cls, tuple(pts), fit))
     overhead, notes = overhead_from_sends(small_sends, min(f.fit.alpha_us for f in fits))
     warnings.extend(notes)
     compute = attention = None

@@ -6,6 +6,7 @@ with its ``exit_code`` (2 for bad input). Other exceptions keep their traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated
 
@@ -110,14 +111,79 @@ def _register() -> None:
     import treeattn.cli.verify  # noqa: F401
 
 
+class _ReaderMayLeave:
+    """Stands for sys.stdout or sys.stderr while a command runs. When the reader has gone
+    (``treeattn plan ... | head -1``), what is written after is dropped and the command goes on:
+    the files it writes are still written and it ends with its own status, where click would
+    end it with status 1, a failed run here."""
+
+    def __init__(self, stream) -> None:  # noqa: ANN001 - a text stream
+        self._stream = stream
+        self._gone = False
+
+    def write(self, text: str) -> int:
+        if self._gone:
+            if not isinstance(text, str):  # click tells a text stream from a binary one by this
+                raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+            return len(text)
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._reader_gone()
+            return len(text)
+
+    def writelines(self, lines) -> None:  # noqa: ANN001 - an iterable of str
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        self._gone = True
+        # The stream keeps what it could not write and flushes it again at interpreter exit
+        # ("Exception ignored ... BrokenPipeError"), as would a rank or tool started later
+        # on this descriptor: the null device takes it instead.
+        try:
+            fd = self._stream.fileno()
+        except (AttributeError, OSError, ValueError):  # an in-memory stream has no descriptor
+            return
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
+        try:
+            self._stream.flush()
+        except OSError:
+            pass
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - whatever the stream has
+        return getattr(self._stream, name)
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of the console script (``args`` defaults to ``sys.argv[1:]``)."""
     _register()
     command = typer.main.get_command(app)
     _no_type_on_flags(command)
     _refuse_repeated_options(command)
-    with kept_on_success():
-        _run(command, args)
+    # Every console (render.console(), err_console, typer's help) looks sys.stdout and
+    # sys.stderr up when it prints, so it writes through these.
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _ReaderMayLeave(stdout), _ReaderMayLeave(stderr)
+    try:
+        with kept_on_success():
+            _run(command, args)
+    finally:
+        # A reader that leaves after the last line but before it is flushed is gone too.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = stdout, stderr
 
 
 def _run(command, args: list[str] | None) -> None:  # noqa: ANN001 - a click Group
@@ -133,6 +199,13 @@ def _run(command, args: list[str] | None) -> None:  # noqa: ANN001 - a click Gro
         sys.exit(130)
     except Exception as exc:  # click usage errors arrive here in non-standalone mode
         click = _click()
+        # click >= 8.2 raises it; before, such a group printed its help and ended with status 0.
+        if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+            # A group given no command (``treeattn``, ``treeattn topo``): its help is what was
+            # asked for. typer's rich help has printed itself (the message is empty), click's is
+            # the message; echoed as --help echoes it.
+            typer.echo(exc.format_message())
+            sys.exit(0)
         if isinstance(exc, click.exceptions.UsageError):
             # One line, as every other bad input (click writes usage, a hint and the error).
             where = exc.ctx.command_path if exc.ctx is not None else "treeattn"

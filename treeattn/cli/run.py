@@ -150,6 +150,7 @@ def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,
                                "calibrated": predictions.calibrated}, sort_keys=True, indent=2))
     else:
         _table(frame, path, predictions.calibrated)
+        _bits_lines(frame, plan)
     wrong = frame[~frame["correct"]]
     if len(wrong):
         worst = ", ".join(f"{r.method} (max relative error {r.max_rel_err}, tolerance {r.tolerance:g})"
@@ -188,9 +189,36 @@ def _table(frame, path: Path, calibrated: bool) -> None:  # noqa: ANN001 - a Dat
     con.print(table)
     con.print(f"± half the p10-p90 spread; error = measured / predicted - 1; correct with the max relative "
               f"error against the reference (the rows give its tolerance). Rows: {escape(str(path))}")
+
+
+# Methods whose ranks merge the same partials in different orders by design: their bits differ.
+_DIFFER_BY_DESIGN = {
+    "ring-attention": "each rank merges the ring's blocks in its own order, its own block first",
+}
+
+
+def _bits_lines(frame, plan) -> None:  # noqa: ANN001 - a DataFrame, a Plan
+    """Say which methods' ranks ended with different bits (every rank holds the result): a note
+    where the method merges in other orders on purpose, a warning elsewhere."""
     differ = [r.method for r in frame.itertuples() if r.same_bits is False]
-    if differ:
-        con.print(f"[yellow]ranks ended with different bits[/] (every rank holds the result): {', '.join(differ)}")
+    if not differ:
+        return
+    expected = dict(_DIFFER_BY_DESIGN)
+    if "plan" in differ:
+        from treeattn.plan.bits import bit_groups, split_text
+
+        split = bit_groups(plan)
+        if split:  # as ``treeattn verify`` says of it
+            expected["plan"] = f"its ranks merge the same partials in other orders or groupings ({split_text(split)})"
+    con = console()
+    for method in differ:
+        if method in expected:
+            con.print(f"[cyan]note:[/] {escape(method)}'s ranks ended with different bits, as expected: "
+                      f"{escape(expected[method])}")
+    unexpected = [m for m in differ if m not in expected]
+    if unexpected:
+        con.print(f"[yellow]warning:[/] ranks ended with different bits (every rank holds the result): "
+                  f"{escape(', '.join(unexpected))}")
 
 
 def _missing(value) -> bool:  # noqa: ANN001 - a number, None or NaN

@@ -218,7 +218,7 @@ def nccl_model_cmd(
     topo = resolve(topology)
     if topo.num_ranks < 2:  # NCCL moves nothing for one rank: a table of zeros would answer nothing
         raise InputError(f"--topology {topology!r} places {topo.num_ranks} rank; a collective needs at least 2")
-    size = parse_size(nbytes, "--bytes")
+    size = parse_size(nbytes, "--bytes", least=1)
     warn_unknown_gpus(topo)
     fab = nccl.fabric(topo)
     ests = nccl.predict(fab, coll, size)

@@ -2,8 +2,9 @@
 
 Every run writes ``/run/treeattn-emulate/RUNID.json`` *before* it creates anything, and
 names everything ``ta-RUNID-...``; ``down`` removes what the state files and that prefix
-name, killing every process inside those namespaces first, so it is idempotent and works
-after a crash or ``kill -9`` of the process that ran ``up``. ``up`` and ``emulated`` clean
+name, killing every process inside those namespaces first, so it works after a crash or
+``kill -9`` of the process that ran ``up``, and ``down`` of every run can be repeated (``down``
+of one run id refuses an id that is not there: a typo must not read as a cluster removed). ``up`` and ``emulated`` clean
 up themselves on an exception, Ctrl-C (SIGINT), SIGTERM or SIGHUP.
 """
 
@@ -30,7 +31,7 @@ from treeattn.emulate.netns import (
     require_netns,
     run_step,
 )
-from treeattn.errors import EmulationError
+from treeattn.errors import EmulationError, InputError
 from treeattn.interrupts import interrupts_raise, shielded
 from treeattn.topology.model import Topology
 
@@ -186,12 +187,19 @@ def down(run_id: str | None = None) -> DownResult:
 
     Returns:
         The run ids, namespaces and process ids it removed or killed.
+
+    Raises:
+        InputError: no run ``run_id`` is on this machine (neither a state file nor a namespace).
     """
     require_netns()
     known = {c["run_id"]: c for c in list_clusters()}
     if run_id is not None:
         ns_prefix(run_id)
-        known = {run_id: known.get(run_id, {"run_id": run_id, "namespaces": [], "live_namespaces": []})}
+        if run_id not in known:
+            # A mistyped id would otherwise read as a cluster removed, with the real one still up.
+            there = f"there are: {', '.join(sorted(known))} (treeattn emulate status)" if known else "there are none"
+            raise InputError(f"no emulated cluster {run_id} on this machine; {there}")
+        known = {run_id: known[run_id]}
     removed: list[str] = []
     killed: list[int] = []
     with shielded():

@@ -180,8 +180,9 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
             raise WorkloadError(f"{name('op')}: a raw payload is summed (op sum), got {data['op']!r}; the attention "
                                 "merge needs a decode shape (--model, or --heads and --head-dim)")
         dtype = DType.parse(data.get("dtype", "fp32"))
-        nbytes = parse_size(data["bytes"], name("bytes"))
-        if nbytes < dtype.nbytes or nbytes % dtype.nbytes:
+        nbytes = parse_size(data["bytes"], name("bytes"), least=dtype.nbytes,
+                            least_text=f"one {dtype.value} element ({counted(dtype.nbytes, 'byte')})")
+        if nbytes % dtype.nbytes:
             # Stricter than RawPayload's own check (one element at least), which reads the plans and
             # sizes treeattn makes: a user's 6 bytes of fp32 would be summed as 4 without a word.
             raise WorkloadError(f"{name('bytes')} must be a whole number of {dtype.value} elements "
