@@ -216,3 +216,18 @@ def test_console_script_json_is_deterministic(plans):
 def test_nccl_model_on_one_rank_is_one_line_exit_2():
     r = run_cli("nccl-model", "-t", "cpu:ranks=1", "-c", "allreduce", "--bytes", "1MiB")
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "at least 2" in r.stderr and r.stdout == ""
+
+
+def test_nccl_model_refuses_host_ranks_where_gloo_runs():
+    r = run_cli("nccl-model", "-t", "cpu:ranks=2", "-c", "allreduce", "--bytes", "1MiB")
+    assert r.exit_code == 2 and r.stdout == "" and r.stderr.count("\n") == 1
+    assert "places its ranks on hosts, where gloo runs the collectives, not NCCL" in r.stderr
+
+
+def test_gpus_that_name_no_model_are_said_to_be_read_as_hopper(tmp_path):
+    box = tmp_path / "box.yaml"
+    box.write_text("name: box\nnode:\n  gpus: {count: 2, mem_bw_gbps: 864, mem_gb: 48}\n  pcie: {bw_gbps: 25}\n")
+    r = run_cli("nccl-model", "-t", str(box), "-c", "allreduce", "--bytes", "1MiB")
+    assert r.exit_code == 0
+    assert "warning: the GPUs of box name no model (node.gpus.model" in r.stderr
+    assert "NCCL's figures are read as for hopper GPUs" in r.stderr

@@ -218,6 +218,9 @@ def nccl_model_cmd(
     topo = resolve(topology)
     if topo.num_ranks < 2:  # NCCL moves nothing for one rank: a table of zeros would answer nothing
         raise InputError(f"--topology {topology!r} places {topo.num_ranks} rank; a collective needs at least 2")
+    if topo.on_hosts:  # an NCCL table for gloo ranks would read as a prediction for them
+        raise InputError(f"--topology {topology!r} places its ranks on hosts, where gloo runs the collectives, "
+                         "not NCCL; treeattn simulate times a plan's gloo collectives there")
     size = parse_size(nbytes, "--bytes", least=1)
     warn_unknown_gpus(topo)
     fab = nccl.fabric(topo)

@@ -73,10 +73,14 @@ def unknown_gpu_note(topo: Topology) -> str | None:
     unknown = sorted({d.model for d in topo.devices if d.kind is DeviceKind.GPU and gpu_spec(d.model) is None})
     if not unknown:
         return None
+    arch = "/".join(sorted({nccl.nccl_arch(m) for m in unknown}))
+    known = f"{', '.join(GPU_SPECS)}, or a name nvidia-smi prints for one"
+    if unknown == [""]:
+        return (f"the GPUs of {topo.name} name no model (node.gpus.model, or a device's model: {known}): NCCL's "
+                f"figures are read as for {arch} GPUs")
     named = ", ".join(repr(m) for m in unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
-    arch = sorted({nccl.nccl_arch(m) for m in unknown})
-    return (f"GPU model {named} of {topo.name} is not one treeattn knows ({', '.join(GPU_SPECS)}, or a name "
-            f"nvidia-smi prints for one): NCCL's figures are read as for {'/'.join(arch)} GPUs")
+    return (f"GPU model {named} of {topo.name} is not one treeattn knows ({known}): NCCL's figures are read as "
+            f"for {arch} GPUs")
 
 
 class LibraryModel:
