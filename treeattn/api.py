@@ -24,7 +24,7 @@ from treeattn.topology.library import (
     resolve_recorded,
 )
 from treeattn.topology.model import Topology
-from treeattn.workload import MODELS, ModelPreset, Payload, RawPayload, Workload
+from treeattn.workload import ModelPreset, Payload, RawPayload, Workload, check_model
 
 __all__ = ["load_plan", "save_plan", "search_plan", "build_plan", "named_plan"]
 
@@ -288,8 +288,7 @@ def _workload(topo: Topology, workload_or_model: Payload | ModelPreset | str, ba
         check_ranks(workload_or_model, topo)  # before the memory check reads its split
         return workload_or_model
     name = workload_or_model.name if isinstance(workload_or_model, ModelPreset) else workload_or_model
-    if not isinstance(name, str) or name not in MODELS:
-        raise InputError(f"unknown model {name!r}; choose one of {', '.join(sorted(MODELS))}")
+    check_model(name)
     if batch is None or seq_len is None:
         raise InputError(f"{fn} with a model needs batch= and seq_len=")
     # The CLI's and workload files' own reader: "128K" reads as there, and a bad value is refused alike.

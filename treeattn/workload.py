@@ -13,8 +13,8 @@ from enum import StrEnum
 from treeattn.errors import WorkloadError
 from treeattn.units import DType, check_bytes, counted
 
-__all__ = ["ModelPreset", "MODELS", "ReduceOp", "Workload", "RawPayload", "Payload", "check_split", "even_split",
-           "preset_heads"]
+__all__ = ["ModelPreset", "MODELS", "ReduceOp", "Workload", "RawPayload", "Payload", "check_model", "check_split",
+           "even_split", "preset_heads"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,14 +48,21 @@ class ReduceOp(StrEnum):
     SUM = "sum"
 
 
+def check_model(model: object, where: str = "") -> None:
+    """Refuse a model name that is no preset of ``MODELS``; ``where`` (a flag or a file's key)
+    starts the message."""
+    if not isinstance(model, str) or model not in MODELS:
+        raise WorkloadError(f"{where + ': ' if where else ''}unknown model {model!r}; choose one of "
+                            f"{', '.join(sorted(MODELS))}")
+
+
 def preset_heads(model: str | None, q_heads: int | None, kv_heads: int | None,
                  head_dim: int | None) -> tuple[int | None, int | None, int | None]:
     """Hq, Hkv and D: those given, else the preset ``model``'s (Hkv: Hq without a preset);
     None where neither gives one."""
     preset = None
     if model is not None:
-        if model not in MODELS:
-            raise WorkloadError(f"unknown model {model!r}; choose one of {', '.join(sorted(MODELS))}")
+        check_model(model)
         preset = MODELS[model]
     hq = q_heads if q_heads is not None else (preset.q_heads if preset else None)
     hkv = kv_heads if kv_heads is not None else (preset.kv_heads if preset else hq)

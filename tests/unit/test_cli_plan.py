@@ -122,6 +122,8 @@ def test_raw_payload(tmp_path):
     "args, needle",
     [
         (("-t", "dgx-h100", "--model", "gpt-9", "--seq-len", "1K"), "unknown model 'gpt-9'"),
+        # a mistyped model is named before the missing sequence length
+        (("-t", "dgx-h100", "--model", "llama3"), "--model: unknown model 'llama3'"),
         (("-t", "dgx-h100", *SHAPE, "--ranks", "0-9"), "rank 8 does not exist"),
         (("-t", "dgx-h100", *SHAPE, "--ranks", "3-1"), "runs backwards"),
         (("-t", "dgx-h101", *SHAPE), "unknown topology 'dgx-h101'"),

@@ -23,7 +23,7 @@ from treeattn.errors import InputError
 from treeattn.search.workload_file import load_workload, workload_from_dict
 from treeattn.topology.library import parse_ranks, subset_topology
 from treeattn.topology.model import Topology
-from treeattn.workload import MODELS, Payload
+from treeattn.workload import MODELS, Payload, check_model
 
 __all__ = [
     "TopologyOpt",
@@ -230,6 +230,8 @@ def make_payload(
             data.update(given)
     if workload_file is None and nbytes is None:
         # What a decode shape needs, named by the flags that give it (the reader's words are a file's keys).
+        if model is not None:  # a mistyped name first: it is what the user will fix before the rest
+            check_model(model, "--model")
         if seq_len is None and split is None:
             raise InputError("give the sequence length: --seq-len N (-n 128K), or --split with tokens per rank")
         if model is None and (heads is None or head_dim is None):

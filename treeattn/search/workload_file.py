@@ -38,7 +38,16 @@ import yaml
 from treeattn.errors import InputError, WorkloadError
 from treeattn.textfile import read_text
 from treeattn.units import DType, counted, parse_size
-from treeattn.workload import MODELS, Payload, RawPayload, ReduceOp, Workload, check_split, even_split, preset_heads
+from treeattn.workload import (
+    Payload,
+    RawPayload,
+    ReduceOp,
+    Workload,
+    check_model,
+    check_split,
+    even_split,
+    preset_heads,
+)
 
 __all__ = ["ATTENTION_KEYS", "RAW_KEYS", "parse_tokens", "workload_from_dict", "load_workload"]
 
@@ -191,8 +200,8 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
     if "seq_len" not in data and "split" not in data:
         raise WorkloadError(f"{where}: give seq_len (tokens in all), e.g. seq_len: 128K")
     model = data.get("model")
-    if model is not None and model not in MODELS:
-        raise WorkloadError(f"{name('model')}: unknown model {model!r}; choose one of {', '.join(sorted(MODELS))}")
+    if model is not None:
+        check_model(model, name("model"))
     if "heads" in data and "q_heads" in data and data["heads"] != data["q_heads"]:
         raise WorkloadError(f"{where}: heads and q_heads disagree ({data['heads']} vs {data['q_heads']})")
     if "heads" in data:
