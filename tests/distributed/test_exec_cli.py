@@ -255,3 +255,18 @@ def test_ranks_that_differ_by_design_are_a_note_and_others_a_warning(tmp_path, m
     assert (plan_note in lines) is crossed
     warning = "warning: ranks ended with different bits (every rank holds the result): "
     assert lines[-1] == warning + ("allreduce3" if crossed else "plan, allreduce3")
+
+
+def test_a_rank_whose_peers_never_start_gives_up_at_the_setup_timeout_given(tmp_path):
+    # One process of a 2-rank torchrun job whose peer never starts: it waits --setup-timeout
+    # (many nodes or a slow scheduler need more than the default, a quick check less).
+    import time
+
+    t = time.monotonic()
+    res = _launched(tmp_path, {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "t",
+                               "MASTER_PORT": str(launch_mod.free_port())}, "--setup-timeout", "3")
+    assert res.returncode == 1, res.stderr
+    assert "only 1 of 2 ranks connected within the" in res.stderr and "Traceback" not in res.stderr
+    assert time.monotonic() - t < 25
+    refused = run_cli("run", str(tmp_path / "none.yaml"), "--setup-timeout", "0")
+    assert refused.exit_code == 2 and "--setup-timeout" in refused.stderr

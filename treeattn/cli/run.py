@@ -59,7 +59,10 @@ def run(
     timeout: Annotated[float | None, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait "
                                                   "before its rank gives up; default: 10x the slowest predicted "
                                                   "method, at least 5 (connecting the ranks and opening their "
-                                                  f"communicators may take {SETUP_TIMEOUT_S:g} s).")] = None,
+                                                  "communicators may take --setup-timeout).")] = None,
+    setup_timeout: Annotated[float, typer.Option("--setup-timeout", min=0.001, help="Seconds connecting the ranks "
+                                                  "and opening their communicators may take (many nodes, a slow "
+                                                  "scheduler: more).")] = SETUP_TIMEOUT_S,
     graph: Annotated[bool | None, typer.Option("--graph/--no-graph", help="Replay each method from a CUDA graph "
                                                "after its warm-up (NCCL; default: on with NCCL, falling back to "
                                                "eager with one line saying why when capture fails).")] = None,
@@ -95,8 +98,8 @@ def run(
     predictions = predict(plan, topo, methods if baselines else ())
     options = RunOptions(repeats=repeats, warmup=warmup,
                          timeout_s=timeout if timeout is not None else default_timeout_s(predictions, 5.0),
-                         backend=backend.value if backend else None, check=check.value, seed=seed,
-                         baselines=baselines, order=order.value, graph=graph)
+                         setup_timeout_s=setup_timeout, backend=backend.value if backend else None,
+                         check=check.value, seed=seed, baselines=baselines, order=order.value, graph=graph)
     pick_backend(options)  # a backend this machine cannot run: one line, before the run's warnings
     if reporter:
         # Before the run: a user who reads these may stop it.
