@@ -45,6 +45,7 @@ from treeattn.cost.simulate import simulate
 from treeattn.exec.launch import launch
 from treeattn.exec.runner import Job, PlanJob, RunOptions
 from treeattn.plan.builders import ALGORITHMS, build
+from treeattn.textfile import write_file
 from treeattn.topology.io import dump_topology
 from treeattn.topology.library import resolve
 from treeattn.units import format_size
@@ -238,8 +239,8 @@ def render(console: Console, report, after, rows, pp, other, load, t_cal, t_run,
 
 def write(out: Path, report, fitted, rows, md) -> None:  # noqa: ANN001
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cpu-calibrated.yaml").write_text(dump_topology(fitted))
-    (out / "calibration.json").write_text(json.dumps(report.to_dict(), sort_keys=True, indent=2) + "\n")
+    write_file(out / "cpu-calibrated.yaml", dump_topology(fitted))
+    write_file(out / "calibration.json", json.dumps(report.to_dict(), sort_keys=True, indent=2) + "\n")
     head = ("case", "size_bytes", "flows", "round_trips", "measured_us", "spread_us", "predicted_us", "rel_error",
             "predicted_after_us")
 
@@ -247,13 +248,13 @@ def write(out: Path, report, fitted, rows, md) -> None:  # noqa: ANN001
         return "" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v)
 
     csv = [",".join(head)] + [",".join(cell(r.get(k)) for k in head) for r in rows]
-    (out / "cases.csv").write_text("\n".join(csv) + "\n")
+    write_file(out / "cases.csv", "\n".join(csv) + "\n")
     plot_calibration(report, out / "fit.png")
     title = ["# Calibration on this machine: predicted vs measured", "",
              "Written by `benchmarks/bench_calibrate.py` (see its docstring for what runs)."
              + (" What these figures show and why: [FINDINGS.md](FINDINGS.md)." if (out / "FINDINGS.md").exists()
                 else ""), ""]
-    (out / "README.md").write_text("\n".join(title + md) + "\n")
+    write_file(out / "README.md", "\n".join(title + md) + "\n")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from pathlib import Path
 from treeattn.calibrate.from_nccl_tests import SIZE_BANDS, half_split
 from treeattn.cli.paths import output_file
 from treeattn.cli.script import ArgumentParser, run
+from treeattn.textfile import write_file
 from treeattn.validate.corpus import load_corpus
 
 
@@ -38,7 +39,7 @@ def main() -> int:
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     if out:
-        out.write_text(text)
+        write_file(out, text)
     return 0
 
 

@@ -38,6 +38,7 @@ from treeattn.plan.builders import build
 from treeattn.search.compare import compare, expand_topologies, plan_bytes_moved
 from treeattn.search.rings import ring_order
 from treeattn.search.search import search
+from treeattn.textfile import write_file
 from treeattn.topology.library import resolve
 from treeattn.workload import Workload
 
@@ -118,7 +119,7 @@ def main() -> None:
         out = subprocess.run(cli + argv + extra, capture_output=True, text=True, check=True, env=env).stdout
         print(f"$ treeattn {' '.join(argv + extra)}\n{out}")
         if args.out:
-            (args.out / f"{name}.txt").write_text(f"$ treeattn {' '.join(argv + extra)}\n{out}")
+            write_file(args.out / f"{name}.txt", f"$ treeattn {' '.join(argv + extra)}\n{out}")
     print("\n".join(paper_table()))
     print()
     print("\n".join(heads_table()))

@@ -180,7 +180,9 @@ def main() -> None:
         data = {"model": MODEL, "load_after": _load(), "rows": rows}
         if before_rows:
             data["before"] = before_rows
-        args.record.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        from treeattn.textfile import write_file
+
+        write_file(args.record, json.dumps(data, indent=1, sort_keys=True) + "\n")
         print(f"wrote {args.record}")
 
 

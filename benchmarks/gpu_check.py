@@ -27,6 +27,7 @@ the library has none of is refused.
 from __future__ import annotations
 
 import csv
+import io
 import os
 import statistics
 import sys
@@ -47,6 +48,7 @@ from treeattn.exec.runner import Job, PlanJob, RunOptions
 from treeattn.plan.builders import build
 from treeattn.plan.ir import TopologyRef
 from treeattn.probe.hardware import gpu_spec
+from treeattn.textfile import write_file
 from treeattn.topology.library import resolve, subset_topology
 from treeattn.topology.model import Topology
 from treeattn.workload import Workload
@@ -176,11 +178,12 @@ def main() -> None:
         r["ratio"] = ratio
         model = f"{r['modelled_us']:.1f}" if r.get("modelled_us") is not None else "—"
         lines.append(f"| {r['what']} | {r['size']} | {r['measured_us']:.1f} | {model} | {ratio:.2f} |")
-    with open(out / "check.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["what", "size", "measured_us", "modelled_us", "ratio", "correct"])
-        writer.writeheader()
-        writer.writerows(rows)
-    (out / "check.md").write_text("\n".join(lines) + "\n")
+    table = io.StringIO()
+    writer = csv.DictWriter(table, fieldnames=["what", "size", "measured_us", "modelled_us", "ratio", "correct"])
+    writer.writeheader()
+    writer.writerows(rows)
+    write_file(out / "check.csv", table.getvalue())
+    write_file(out / "check.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -44,6 +44,7 @@ from treeattn.plan.builders import build
 from treeattn.plan.ir import TopologyRef
 from treeattn.report.summary import summarize
 from treeattn.search.rings import ring_order
+from treeattn.textfile import write_file
 from treeattn.topology.io import dump_topology, load_topology
 from treeattn.topology.library import resolve
 from treeattn.validate.cases import default_cases
@@ -179,7 +180,7 @@ def main() -> None:
             conditioning(terms, {"loop": terms.flow, **{k: v for k, n in TERMS.items()
                                                           if (v := getattr(fit, n))}}, "refit")
         if args.out_dir:
-            (args.out_dir / f"{t['name']}.yaml").write_text(dump_topology(new_cal))
+            write_file(args.out_dir / f"{t['name']}.yaml", dump_topology(new_cal))
         mine = rows[rows.topology == t["name"]]
         plans, old_picks = planned(old_cal, topo)
         (before, after), left = compared(mine, plans, (old_cal, new_cal), (old_picks, planned(new_cal, topo)[1]))

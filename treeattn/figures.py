@@ -9,12 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from treeattn.errors import InputError
+from treeattn.textfile import write_file
 
 __all__ = ["save_figure"]
 
 
 def save_figure(fig, path: str | Path, *, dpi: int = 100, **savefig_kw) -> Path:  # noqa: ANN001 - a Figure
-    """Save ``fig`` as PNG at ``path`` (creating its folder) and close it.
+    """Save ``fig`` as PNG at ``path`` (creating its folder; an existing file is replaced whole or
+    not at all) and close it.
 
     Args:
         fig: a matplotlib Figure.
@@ -28,12 +30,18 @@ def save_figure(fig, path: str | Path, *, dpi: int = 100, **savefig_kw) -> Path:
     Raises:
         InputError: the file cannot be written.
     """
+    import io
+
     import matplotlib.pyplot as plt
 
     out = Path(path)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=dpi, metadata={"Software": None}, **savefig_kw)
+        # Drawn in memory, then written whole: a failed write keeps the image there before.
+        image = io.BytesIO()
+        fig.savefig(image, format=out.suffix[1:].lower() or None, dpi=dpi, metadata={"Software": None},
+                    **savefig_kw)
+        write_file(out, image.getvalue())
     except OSError as exc:
         raise InputError(f"cannot write {out}: {exc.strerror or exc}") from None
     finally:

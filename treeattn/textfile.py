@@ -1,15 +1,21 @@
 """Reading the text files a user gives (topologies, plans, workloads, tool output): one way,
 so that a folder, a missing file, binary data or another encoding is one located error,
-never a traceback.
+never a traceback. Writing the files a command makes (plans, topologies, CSVs, JSON,
+figures): one way too, so that a write that fails (a full disk, a file size limit, an
+interrupt) leaves the file there before as it was, never a truncated one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
+import tempfile
 from pathlib import Path
 
 from treeattn.errors import InputError
 
-__all__ = ["read_text"]
+__all__ = ["read_text", "write_file", "append_file"]
 
 _UTF16 = (b"\xff\xfe", b"\xfe\xff")
 
@@ -52,3 +58,143 @@ def read_text(path: str | Path, what: str, error: type[InputError] = InputError,
             return data.decode("utf-8-sig", errors="replace")
         raise error(f"{where}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); save it as "
                     "UTF-8") from None
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    # Reading the mask means setting it: a brief window another thread creating a file could see.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _located(exc: OSError, path: Path) -> OSError:
+    """``exc`` naming ``path`` (the file the user named), not a temporary one."""
+    return OSError(exc.errno, exc.strerror or str(exc), str(path)) if exc.errno else exc
+
+
+def _target(path: Path) -> Path:
+    # A link is written through: the file replaced is its target, and the link stays.
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def write_file(path: str | Path, data: str | bytes, *, encoding: str = "utf-8") -> Path:
+    """Write ``data`` to ``path`` whole or not at all: into a new file beside it, flushed to
+    disk, then renamed over it. A failure leaves an existing file byte for byte as it was and
+    no temporary file behind.
+
+    The file keeps the permission bits (and, where the writer may set them, the owner and
+    group) of the one it replaces; a new one gets those the umask gives (not ``mkstemp``'s
+    0600). A file the writer may not write is refused, as writing in place would; hard links to
+    the old file keep the old content.
+
+    Args:
+        path: the file; its folder must exist.
+        data: text (encoded with ``encoding``) or bytes.
+        encoding: for text.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        OSError: the file cannot be written; its ``filename`` is ``path``.
+    """
+    path = Path(path)
+    payload = data.encode(encoding) if isinstance(data, str) else bytes(data)
+    real = _target(path)
+    # Renaming over a file needs only the folder writable: a file made read-only to keep it stays.
+    if real.exists() and not real.is_dir() and not os.access(real, os.W_OK):
+        raise PermissionError(13, os.strerror(13), str(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
+    except OSError as exc:
+        raise _located(exc, path) from None
+    try:
+        try:
+            old = os.stat(real)
+        except FileNotFoundError:
+            os.fchmod(fd, 0o666 & ~_umask())
+        else:
+            with contextlib.suppress(OSError, AttributeError):  # only root may give a file away
+                os.fchown(fd, old.st_uid, old.st_gid)
+            os.fchmod(fd, stat.S_IMODE(old.st_mode))
+        _write_all(fd, payload)
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, real)
+    except BaseException as exc:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise _located(exc, path) from None
+        raise
+    with contextlib.suppress(OSError):  # the rename itself on disk; not every file system can
+        folder = os.open(real.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    return path
+
+
+def append_file(path: str | Path, data: str | bytes, *, header: str | bytes = b"",
+                encoding: str = "utf-8") -> Path:
+    """Append ``data`` to ``path`` (created when missing) whole or not at all: a failed write
+    cuts the file back to its length before, so the rows there stay and no half row follows.
+
+    Appending, not replacing, so that runs sharing one file each add their rows: the file is
+    locked while it is written (where the system has ``flock``), and ``header`` goes first
+    when the file is empty at that moment.
+
+    Args:
+        path: the file; its folder must exist.
+        data: text (encoded with ``encoding``) or bytes.
+        header: written before ``data`` into an empty file.
+        encoding: for text.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        OSError: the file cannot be written; its ``filename`` is ``path``.
+    """
+    path = Path(path)
+    body = data.encode(encoding) if isinstance(data, str) else bytes(data)
+    head = header.encode(encoding) if isinstance(header, str) else bytes(header)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise _located(exc, path) from None
+    try:
+        with contextlib.suppress(ImportError, OSError):
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        try:
+            _write_all(fd, (head if size == 0 else b"") + body)
+            os.fsync(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
+    except OSError as exc:
+        raise _located(exc, path) from None
+    finally:
+        os.close(fd)  # and the lock with it
+    return path

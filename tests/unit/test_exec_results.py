@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
+import threading
 
 import pandas as pd
 import pytest
@@ -10,9 +14,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from treeattn.errors import InputError, TopologyError
+from treeattn.exec import results
 from treeattn.exec.interpreter import MeasuredOp
 from treeattn.exec.predict import predict, resolve_topology
-from treeattn.exec.results import COLUMNS, result_rows, rows_records, timeline_rows, workload_label, write_csv
+from treeattn.exec.results import (
+    COLUMNS,
+    new_run_file,
+    new_run_id,
+    result_rows,
+    rows_records,
+    timeline_rows,
+    workload_label,
+    write_csv,
+)
 from treeattn.exec.runner import JobResult, Measurement, RunOptions, interleaved_order
 from treeattn.plan.baselines import Baseline
 from treeattn.plan.builders import build
@@ -131,3 +145,62 @@ def test_the_timeline_csv_writes_ranks_and_chunks_as_integers(tmp_path):
     write_csv(timeline_rows(JobResult(ms, "gloo", "cpu", 2), "rid"), path)
     compute, send = path.read_text().splitlines()[1:]
     assert compute.split(",")[6:9] == ["", "", ""] and send.split(",")[6:9] == ["1", "0", ""]
+
+
+SECOND = "20261204-061500"  # one second, for runs that start within it
+
+
+def test_run_ids_start_with_the_time_and_name_the_plan(tmp_path, monkeypatch):
+    assert re.fullmatch(r"\d{8}-\d{6}-my_plan\.v2", new_run_id("my plan.v2"))
+    monkeypatch.setattr(results.time, "strftime", lambda fmt, *a: SECOND)
+    first, path = new_run_file(tmp_path / "runs", "p")
+    assert first == f"{SECOND}-p" and path == tmp_path / "runs" / f"{first}.csv" and path.read_bytes() == b""
+    (tmp_path / "runs" / f"{SECOND}.2-p.timeline.csv").touch()  # a timeline left by another run takes its id
+    second, _ = new_run_file(tmp_path / "runs", "p")
+    assert second == f"{SECOND}.3-p" and sorted([second, first]) == [first, second]  # sorted: as started
+
+
+def test_runs_started_in_one_second_never_share_a_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(results.time, "strftime", lambda fmt, *a: SECOND)
+    start = threading.Barrier(8)
+    got = []
+
+    def pick():
+        start.wait()
+        got.append(new_run_file(tmp_path, "p"))
+
+    threads = [threading.Thread(target=pick) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({run_id for run_id, _ in got}) == 8 and len({path for _, path in got}) == 8
+    assert all(run_id.startswith(SECOND) for run_id, _ in got)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(path.name for _, path in got)
+
+
+def test_run_processes_started_in_one_second_never_share_a_file(tmp_path):
+    code = ("import sys, time; from pathlib import Path; from treeattn.exec import results; "
+            f"time.strftime = lambda *a: {SECOND!r}; print(results.new_run_file(Path(sys.argv[1]), 'p')[0])")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    ids = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert len(set(ids)) == 4 and {f"{i}.csv" for i in ids} == {p.name for p in tmp_path.iterdir()}
+
+
+def test_a_run_without_out_takes_a_new_file_and_gives_it_back_unused(tmp_path, monkeypatch):
+    from treeattn.cli.run import run_rows
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(results.time, "strftime", lambda fmt, *a: SECOND)
+    with run_rows(None, "p") as (one, rows_one), run_rows(None, "p") as (two, rows_two):
+        assert one != two and rows_one != rows_two and rows_one.exists() and rows_two.exists()
+        write_csv(pd.DataFrame({"run_id": [one]}), rows_one)
+    assert rows_one.read_text() == f"run_id\n{one}\n" and not rows_two.exists()  # no rows: no file
+    with pytest.raises(RuntimeError), run_rows(None, "p") as (_, failed):
+        raise RuntimeError("the run failed")
+    assert not failed.exists()
+    files = sorted(p.name for p in rows_one.parent.iterdir())
+    with run_rows(None, "p", reserve=False):  # a rank that writes no rows takes no file
+        assert sorted(p.name for p in rows_one.parent.iterdir()) == files

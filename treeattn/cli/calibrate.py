@@ -153,10 +153,11 @@ def _probe():  # noqa: ANN202 - a Topology
 def _write(out: Path | None, topo) -> None:  # noqa: ANN001 - a Topology
     if out is None:
         return
+    from treeattn.textfile import write_file
     from treeattn.topology.io import dump_topology
 
     try:
-        out.write_text(dump_topology(topo))
+        write_file(out, dump_topology(topo))
     except OSError as exc:
         raise InputError(f"cannot write --out {str(out)!r}: {exc.strerror or exc}") from None
 

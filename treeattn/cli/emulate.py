@@ -225,34 +225,32 @@ def run_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Run PLAN on the emulated TOPOLOGY (gloo, one rank per namespace) and compare with the prediction."""
-    from treeattn.cli.run import emit_results, load_checked, rows_path
+    from treeattn.cli.run import emit_results, load_checked, run_rows
     from treeattn.emulate import emulated
     from treeattn.emulate.jobs import launch_in_cluster
     from treeattn.emulate.layout import scaled_topology
     from treeattn.exec.predict import default_timeout_s, plan_baselines, predict
-    from treeattn.exec.results import new_run_id
     from treeattn.exec.runner import Job, PlanJob, RunOptions
 
     topo = load_topology(topology, ranks)
     plan = load_checked(plan_file)
-    run_id = new_run_id(f"emu-{plan_file.stem}")
-    rows = rows_path(out, run_id)
-    if plan.ranks != topo.num_ranks:
-        raise InputError(f"{plan_file} has {plan.ranks} ranks but {topo.name!r} places {topo.num_ranks}; "
-                         "pick a plan made for it or use --ranks")
-    if plan.topology.fingerprint != topo.fingerprint:
-        err_console.print(f"[yellow]warning:[/] {escape(str(plan_file))} was made for {escape(plan.topology.name)} "
-                          f"({plan.topology.fingerprint}), the emulated topology is {escape(topo.name)} "
-                          f"({topo.fingerprint}); predictions are for the emulated one")
-    scaled = scaled_topology(topo, scale)
-    methods, ring = plan_baselines(plan, scaled)
-    predictions = predict(plan, scaled, methods if baselines else ())
-    options = RunOptions(repeats=repeats, warmup=warmup, backend="gloo", seed=seed, baselines=baselines,
-                         timeout_s=timeout if timeout is not None else default_timeout_s(predictions, 30.0),
-                         order=order.value)
-    for text in predictions.warnings:
-        err_console.print(f"[yellow]warning:[/] {escape(text)}")
-    label = plan_file.name
-    with _interruptible(), emulated(topo, scale=scale) as cluster:
-        result = launch_in_cluster(cluster, Job((PlanJob(label, plan, ring_order=ring),), options))
-    emit_results(result, plan, label, predictions, run_id, rows, json_out)
+    with run_rows(out, f"emu-{plan_file.stem}") as (run_id, rows):
+        if plan.ranks != topo.num_ranks:
+            raise InputError(f"{plan_file} has {plan.ranks} ranks but {topo.name!r} places {topo.num_ranks}; "
+                             "pick a plan made for it or use --ranks")
+        if plan.topology.fingerprint != topo.fingerprint:
+            err_console.print(f"[yellow]warning:[/] {escape(str(plan_file))} was made for {escape(plan.topology.name)} "
+                              f"({plan.topology.fingerprint}), the emulated topology is {escape(topo.name)} "
+                              f"({topo.fingerprint}); predictions are for the emulated one")
+        scaled = scaled_topology(topo, scale)
+        methods, ring = plan_baselines(plan, scaled)
+        predictions = predict(plan, scaled, methods if baselines else ())
+        options = RunOptions(repeats=repeats, warmup=warmup, backend="gloo", seed=seed, baselines=baselines,
+                             timeout_s=timeout if timeout is not None else default_timeout_s(predictions, 30.0),
+                             order=order.value)
+        for text in predictions.warnings:
+            err_console.print(f"[yellow]warning:[/] {escape(text)}")
+        label = plan_file.name
+        with _interruptible(), emulated(topo, scale=scale) as cluster:
+            result = launch_in_cluster(cluster, Job((PlanJob(label, plan, ring_order=ring),), options))
+        emit_results(result, plan, label, predictions, run_id, rows, json_out)

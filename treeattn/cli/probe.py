@@ -16,6 +16,7 @@ from treeattn.cli.paths import OUT_PATH, output_file
 from treeattn.cli.render import console
 from treeattn.errors import InputError
 from treeattn.probe import Fabric, ProbeOptions, ProbeResult, probe
+from treeattn.textfile import write_file
 from treeattn.topology.io import dump_topology
 
 _IN = "Saved tool output"
@@ -68,7 +69,7 @@ def probe_cmd(
     result = probe(opts)
     if out is not None:
         try:
-            out.write_text(dump_topology(result.topology))
+            write_file(out, dump_topology(result.topology))
         except OSError as exc:
             raise InputError(f"cannot write --out {str(out)!r}: {exc.strerror or exc}") from None
     if json_out:

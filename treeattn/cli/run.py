@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -13,12 +15,12 @@ from rich.table import Table
 
 from treeattn.cli import app, err_console
 from treeattn.cli.options import BackendOpt, JsonOpt, MeasureOrder, OrderOpt
-from treeattn.cli.paths import OUT_PATH, appendable, output_file
+from treeattn.cli.paths import OUT_PATH, appendable, output_file, output_folder
 from treeattn.cli.render import console
 from treeattn.errors import ExecutionError, InputError, PlanInvalidError
 from treeattn.exec.deadline import MAX_ITERATIONS, SETUP_TIMEOUT_S
 
-__all__ = ["run", "load_checked"]
+__all__ = ["run", "load_checked", "run_rows"]
 
 
 class CheckMode(StrEnum):
@@ -82,41 +84,77 @@ def run(
     against a single-process reference and compare the measured time with the prediction."""
     from treeattn.exec.launch import check_world, detect_env, launch
     from treeattn.exec.predict import comparability, default_timeout_s, plan_baselines, predict, resolve_topology
-    from treeattn.exec.results import new_run_id
     from treeattn.exec.runner import Job, PlanJob, RunOptions, pick_backend
 
     plan = load_checked(plan_file)
-    run_id = new_run_id(plan_file.stem)
-    rows = rows_path(out, run_id)
     placed = detect_env()
     if placed is not None:
         check_world(placed, plan.ranks)  # before the predictions and their notes: one line, at once
     reporter = placed is None or placed.rank == 0
-    topo, warnings = resolve_topology(plan, topology, plan_file)
-    methods, ring = plan_baselines(plan, topo)
-    # Every rank predicts: the default timeout follows from it and must be the same on all.
-    predictions = predict(plan, topo, methods if baselines else ())
-    options = RunOptions(repeats=repeats, warmup=warmup,
-                         timeout_s=timeout if timeout is not None else default_timeout_s(predictions, 5.0),
-                         setup_timeout_s=setup_timeout, backend=backend.value if backend else None,
-                         check=check.value, seed=seed, baselines=baselines, order=order.value, graph=graph)
-    pick_backend(options)  # a backend this machine cannot run: one line, before the run's warnings
-    if reporter:
-        # Before the run: a user who reads these may stop it.
-        spec = topology or plan.topology.name
-        other, notes = comparability(topo, spec, options.backend)
-        for text in (*warnings, *predictions.warnings, *other):
-            err_console.print(f"[yellow]warning:[/] {escape(text)}")
-        for text in notes:
-            err_console.print(f"[cyan]note:[/] {escape(text)}")
-    label = plan_file.name
-    result = launch(Job((PlanJob(label, plan, ring_order=ring),), options))
-    if result is None or not reporter:
+    # Only the rank that writes the rows takes a file for them; the others check --out alone.
+    with run_rows(out, plan_file.stem, reserve=reporter) as (run_id, rows):
+        topo, warnings = resolve_topology(plan, topology, plan_file)
+        methods, ring = plan_baselines(plan, topo)
+        # Every rank predicts: the default timeout follows from it and must be the same on all.
+        predictions = predict(plan, topo, methods if baselines else ())
+        options = RunOptions(repeats=repeats, warmup=warmup,
+                             timeout_s=timeout if timeout is not None else default_timeout_s(predictions, 5.0),
+                             setup_timeout_s=setup_timeout, backend=backend.value if backend else None,
+                             check=check.value, seed=seed, baselines=baselines, order=order.value, graph=graph)
+        pick_backend(options)  # a backend this machine cannot run: one line, before the run's warnings
+        if reporter:
+            # Before the run: a user who reads these may stop it.
+            spec = topology or plan.topology.name
+            other, notes = comparability(topo, spec, options.backend)
+            for text in (*warnings, *predictions.warnings, *other):
+                err_console.print(f"[yellow]warning:[/] {escape(text)}")
+            for text in notes:
+                err_console.print(f"[cyan]note:[/] {escape(text)}")
+        label = plan_file.name
+        result = launch(Job((PlanJob(label, plan, ring_order=ring),), options))
+        if result is None or not reporter:
+            return
+        kernels = sorted({m.kernel for m in result.measurements if m.kernel != "none"})
+        err_console.print(f"{result.backend} on {result.device}: attention kernel {', '.join(kernels) or 'none'}, "
+                          f"merges {result.merge}, CUDA graphs {result.graphs_text}")
+        emit_results(result, plan, label, predictions, run_id, rows, json_out)
+
+
+@contextlib.contextmanager
+def run_rows(out: Path | None, label: str, *, reserve: bool = True) -> Iterator[tuple[str, Path]]:
+    """A run's id and the CSV it appends its rows to, checked writable before the run (as
+    ``rows_path``). Without ``--out`` the file is new: made here, under an id no other run in
+    ``results/runs`` has (``new_run_file``), so runs started in the same second never share one;
+    a run that ends without writing a row (it failed, say) removes it again.
+
+    Args:
+        out: ``--out``, or None for ``results/runs/RUN-ID.csv``.
+        label: names the plan, in the id.
+        reserve: make the new file (the rank that writes the rows); False only checks.
+    """
+    from treeattn.exec.results import new_run_file, new_run_id
+
+    if out is not None:
+        run_id = new_run_id(label)
+        yield run_id, rows_path(out, run_id)
         return
-    kernels = sorted({m.kernel for m in result.measurements if m.kernel != "none"})
-    err_console.print(f"{result.backend} on {result.device}: attention kernel {', '.join(kernels) or 'none'}, "
-                      f"merges {result.merge}, CUDA graphs {result.graphs_text}")
-    emit_results(result, plan, label, predictions, run_id, rows, json_out)
+    # The file named after the time may be another run's, in use: only its folder is checked.
+    folder = output_folder(Path("results") / "runs", "--out")
+    if not reserve:
+        run_id = new_run_id(label)
+        yield run_id, folder / f"{run_id}.csv"
+        return
+    try:
+        run_id, path = new_run_file(folder, label)
+    except OSError as exc:
+        raise InputError(f"cannot write --out {str(folder)!r}: {exc.strerror or exc}") from None
+    try:
+        appendable(path.with_name(path.stem + ".timeline.csv"), "--out")
+        yield run_id, path
+    finally:
+        with contextlib.suppress(OSError):
+            if path.stat().st_size == 0:
+                path.unlink()
 
 
 def rows_path(out: Path | None, run_id: str) -> Path:

@@ -12,7 +12,9 @@ elsewhere).
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
 import time
 from pathlib import Path
 
@@ -21,10 +23,11 @@ import pandas as pd
 from treeattn.exec.predict import Predictions
 from treeattn.exec.runner import JobResult
 from treeattn.plan.ir import Plan
+from treeattn.textfile import append_file
 from treeattn.workload import Payload, RawPayload, even_split
 
-__all__ = ["COLUMNS", "TIMELINE_COLUMNS", "workload_label", "new_run_id", "result_rows", "timeline_rows",
-           "appendable_problem", "write_csv", "rows_records"]
+__all__ = ["COLUMNS", "TIMELINE_COLUMNS", "workload_label", "new_run_id", "new_run_file", "result_rows",
+           "timeline_rows", "appendable_problem", "write_csv", "rows_records"]
 
 COLUMNS = ("run_id", "plan", "algorithm", "topology", "workload", "method", "ranks", "backend", "predicted_us",
            "measured_median_us", "spread_us", "rel_error", "correct", "max_rel_err", "tolerance", "same_bits")
@@ -45,10 +48,47 @@ def workload_label(payload: Payload) -> str:
     return text
 
 
+def _stem(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+
+
 def new_run_id(label: str) -> str:
-    """``YYYYmmdd-HHMMSS-<label>``: sortable, and names the plan."""
-    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}"
+    """``YYYYmmdd-HHMMSS-<label>``: sortable, and names the plan. Not unique by itself: two
+    runs of one plan in one second get the same; ``new_run_file`` gives one no other run has."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{_stem(label)}"
+
+
+def new_run_file(folder: Path, label: str) -> tuple[str, Path]:
+    """A run id no other run in ``folder`` has, and its rows file ``folder/RUN-ID.csv``, made
+    here (empty) so that no other run takes it.
+
+    The id is ``new_run_id``'s; when that file is taken (a run of the same plan started in the
+    same second) the second gets a count, ``YYYYmmdd-HHMMSS.2-<label>``, so the ids still sort
+    by time and the first run's file is never written by another.
+
+    Args:
+        folder: where the rows files go (created with its parents).
+        label: names the plan.
+
+    Returns:
+        The run id and the new, empty file.
+
+    Raises:
+        OSError: the folder or the file cannot be made.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp, stem = time.strftime("%Y%m%d-%H%M%S"), _stem(label)
+    for n in itertools.count(1):  # ends at the first name no run has taken
+        run_id = f"{stamp}-{stem}" if n == 1 else f"{stamp}.{n}-{stem}"
+        path = folder / f"{run_id}.csv"
+        if path.with_name(f"{run_id}.timeline.csv").exists():  # another run's timeline: its name is taken too
+            continue
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return run_id, path
+    raise AssertionError("itertools.count ended")
 
 
 def _num(x: float | None, digits: int = 3) -> float | None:
@@ -125,10 +165,12 @@ def appendable_problem(path: Path, columns: tuple[str, ...]) -> str | None:
 
 
 def write_csv(frame: pd.DataFrame, path: Path) -> None:
-    """Append ``frame`` to ``path`` (header only when the file is new), creating folders."""
+    """Append ``frame`` to ``path`` (header only when the file is empty), creating folders.
+
+    Whole rows or none: a write that fails leaves the file as it was (``append_file``), and
+    runs appending to one file at once do not interleave their rows or both write a header."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    new = not path.exists() or path.stat().st_size == 0
-    frame.to_csv(path, mode="w" if new else "a", header=new, index=False)
+    append_file(path, frame.to_csv(index=False, header=False), header=frame.iloc[:0].to_csv(index=False))
 
 
 def rows_records(frame: pd.DataFrame) -> list[dict]:

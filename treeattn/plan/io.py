@@ -63,7 +63,7 @@ from treeattn.plan.ir import (
     _unchecked_op,
     gc_paused,
 )
-from treeattn.textfile import read_text
+from treeattn.textfile import read_text, write_file
 from treeattn.units import DType, check_bytes
 from treeattn.workload import Payload, RawPayload, Workload
 
@@ -679,5 +679,5 @@ def save_plan(plan: Plan, path: str | Path, fmt: str | None = None, compact: boo
     """
     path = Path(path)
     fmt = fmt or ("json" if path.suffix.lower() == ".json" else "yaml")
-    path.write_text(dump_plan(plan, fmt, compact), encoding="utf-8")
+    write_file(path, dump_plan(plan, fmt, compact))
     return path

@@ -8,6 +8,7 @@ from pathlib import Path
 from treeattn.report.folder import SUMMARY_FILE, ResultsFolder, load_folder
 from treeattn.report.plots import choose_timeline, plot_scatter, plot_speedups, plot_timeline
 from treeattn.report.summary import BOOTSTRAP, TARGETS, summarize, summary_json
+from treeattn.textfile import write_file
 
 __all__ = ["SCATTER_FILE", "TIMELINE_PNG", "SPEEDUP_FILE", "README_FILE", "Rendered", "render_folder", "readme"]
 
@@ -48,7 +49,7 @@ def render_folder(path: str | Path, *, topology: str | None = None, case: str | 
     folder = load_folder(path)
     summary = summarize(folder.rows, folder.meta)
     files = [folder.path / SUMMARY_FILE]
-    files[0].write_text(summary_json(summary))
+    write_file(files[0], summary_json(summary))
     # The README names the plan a render draws, drawn this time or not (--no-plots keeps the PNGs).
     key = choose_timeline(folder.rows, folder.timeline, topology, case, method)
     if plots:
@@ -57,7 +58,7 @@ def render_folder(path: str | Path, *, topology: str | None = None, case: str | 
         if key is not None:
             files.append(plot_timeline(folder.timeline, key, folder.path / TIMELINE_PNG))
     files.append(folder.path / README_FILE)
-    files[-1].write_text(readme(folder, summary, key))
+    write_file(files[-1], readme(folder, summary, key))
     return Rendered(folder, summary, tuple(files), key)
 
 

@@ -40,6 +40,7 @@ from treeattn.search.evaluate import Evaluator, Schedule, sweep_chunks
 from treeattn.search.result import SearchResult
 from treeattn.search.rings import ring_order
 from treeattn.search.search import search
+from treeattn.textfile import write_file
 from treeattn.topology.model import Topology
 from treeattn.workload import Payload, Workload
 
@@ -257,15 +258,17 @@ def compare(
 def write_csv(rows: Sequence[CompareRow], path: Any) -> None:
     """Write the rows as CSV (one line per method), deterministic."""
     import csv
+    import io
 
     fields = list(CompareRow.__slots__)
+    text = io.StringIO()
+    out = csv.DictWriter(text, fieldnames=fields, lineterminator="\n")
+    out.writeheader()
+    for row in rows:
+        out.writerow({k: ("" if v is None else repr(v) if isinstance(v, float) else v)
+                      for k, v in row.to_dict().items()})
     try:
-        with open(path, "w", newline="") as fh:
-            out = csv.DictWriter(fh, fieldnames=fields, lineterminator="\n")
-            out.writeheader()
-            for row in rows:
-                out.writerow({k: ("" if v is None else repr(v) if isinstance(v, float) else v)
-                              for k, v in row.to_dict().items()})
+        write_file(path, text.getvalue())
     except OSError as exc:
         raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
 

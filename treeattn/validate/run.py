@@ -38,6 +38,7 @@ from treeattn.plan.ir import Plan, TopologyRef
 from treeattn.report.folder import META_FILE, ROW_COLUMNS, ROWS_FILE, TIMELINE_COLUMNS, TIMELINE_FILE
 from treeattn.search.rings import ring_order
 from treeattn.search.search import FAMILIES
+from treeattn.textfile import write_file
 from treeattn.topology.io import dump_topology
 from treeattn.topology.model import Topology
 from treeattn.validate.calibration import Calibration, CalibrationSettings, calibrate_in_cluster
@@ -431,7 +432,7 @@ def validate(targets: Sequence[TopologyTarget], out: str | Path, options: Valida
         if run.meta["calibration"] is not None:
             cal_dir = folder / "calibration"
             cal_dir.mkdir(exist_ok=True)
-            (cal_dir / f"{_stem(run.name)}.yaml").write_text(dump_topology(run.predicted_on))
+            write_file(cal_dir / f"{_stem(run.name)}.yaml", dump_topology(run.predicted_on))
         _write(folder, runs, meta)
     return runs
 
@@ -442,7 +443,7 @@ def _stem(name: str) -> str:
 
 def _write(folder: Path, runs: list[TopologyRun], meta: dict) -> None:
     rows = pd.concat([r.rows for r in runs], ignore_index=True)
-    rows.to_csv(folder / ROWS_FILE, index=False)
+    write_file(folder / ROWS_FILE, rows.to_csv(index=False))
     timeline = pd.concat([r.timeline for r in runs], ignore_index=True)
-    timeline.to_csv(folder / TIMELINE_FILE, index=False)
-    (folder / META_FILE).write_text(json.dumps(meta, sort_keys=True, indent=2) + "\n")
+    write_file(folder / TIMELINE_FILE, timeline.to_csv(index=False))
+    write_file(folder / META_FILE, json.dumps(meta, sort_keys=True, indent=2) + "\n")
