@@ -270,3 +270,23 @@ def test_a_rank_whose_peers_never_start_gives_up_at_the_setup_timeout_given(tmp_
     assert time.monotonic() - t < 25
     refused = run_cli("run", str(tmp_path / "none.yaml"), "--setup-timeout", "0")
     assert refused.exit_code == 2 and "--setup-timeout" in refused.stderr
+
+
+def test_a_run_directory_that_cannot_be_written_ends_the_run_in_one_line(tmp_path):
+    # A full disk or a file-size limit where the ranks' job file goes: one line, exit 1, before
+    # any rank starts, and no run directory left.
+    import resource
+
+    path = plan_file(tmp_path, build("binomial", W2, resolve("cpu:ranks=2"), chunks=2))
+    runs = tmp_path / "tmp"
+    runs.mkdir()
+
+    def tiny_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))
+
+    res = subprocess.run([TREEATTN, "run", str(path), "--out", str(tmp_path / "rows.csv")], cwd=tmp_path,
+                         env={**os.environ, "TMPDIR": str(runs)}, preexec_fn=tiny_files, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.splitlines()[-1].startswith(f"error: cannot write the run's job file {runs}/treeattn-run-")
+    assert "Traceback" not in res.stderr and list(runs.iterdir()) == []

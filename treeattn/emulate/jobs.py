@@ -12,7 +12,6 @@ import os
 import pickle
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,16 +42,15 @@ def launch_in_cluster(cluster: Cluster, job: Job, *, timeout_s: float = 1800.0) 
         ExecutionError: a rank failed, died or timed out (the message names the first, and
             the folder that keeps every rank's output).
     """
-    from treeattn.exec.launch import GRACE_S, keep_output
+    from treeattn.exec.launch import GRACE_S, keep_output, run_directory
 
     n = job.ranks
     if n != cluster.num_ranks:
         raise InputError(f"the plan has {n} ranks but the emulated topology {cluster.topology.name!r} places "
                          f"{cluster.num_ranks}; pick a plan made for it or --ranks")
-    tmp = Path(tempfile.mkdtemp(prefix="treeattn-emu-run-"))
+    tmp = run_directory("treeattn-emu-run-", job)
     kept = False
     try:
-        (tmp / "job.pkl").write_bytes(pickle.dumps(job))
         threads = str(max(1, (os.cpu_count() or 1) // n))
 
         def env(r: int) -> dict[str, str]:

@@ -46,7 +46,8 @@ from treeattn.exec.runner import Job, JobResult, memory_problem, pick_backend, p
 from treeattn.interrupts import shielded
 
 __all__ = ["RankEnv", "detect_env", "check_world", "slurm_bound", "slurm_threads", "launch", "launch_local",
-           "free_port", "keep_output", "rank_failure", "GRACE_S", "available_bytes", "host_memory_problem"]
+           "free_port", "run_directory", "keep_output", "rank_failure", "GRACE_S", "available_bytes",
+           "host_memory_problem"]
 
 _STORE_WAIT = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")
 """torch's rendezvous store's words when not every rank connected in time."""
@@ -236,12 +237,11 @@ def launch_local(job: Job) -> JobResult:
         problem = host_memory_problem(job, available_bytes())
         if problem:
             raise InputError(problem)
-    tmp = Path(tempfile.mkdtemp(prefix="treeattn-run-"))
+    tmp = run_directory("treeattn-run-", job)
     procs: list[subprocess.Popen] = []
     previous = _stop_on_sigterm()
     kept = False
     try:
-        (tmp / "job.pkl").write_bytes(pickle.dumps(job))
         port = free_port()
         threads = max(1, (os.cpu_count() or 1) // n)
         for r in range(n):
@@ -363,6 +363,27 @@ def rank_failure(
     if first in reports and reports[first].get("exit_code") == 2:
         return InputError(what)
     return ExecutionError(what)
+
+
+def run_directory(prefix: str, job: Job) -> Path:
+    """A new run directory in the temporary folder (``TMPDIR``), holding ``job.pkl`` for the
+    ranks to read. A full disk, a file-size limit or an unwritable ``TMPDIR`` end the run
+    before any rank starts, with one line (and no directory left).
+
+    Raises:
+        ExecutionError: the directory or the job file cannot be written.
+    """
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    except OSError as exc:
+        raise ExecutionError(f"cannot make the run's directory in {tempfile.gettempdir()} (TMPDIR): "
+                             f"{exc.strerror or exc}") from None
+    try:
+        (tmp / "job.pkl").write_bytes(pickle.dumps(job))
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ExecutionError(f"cannot write the run's job file {tmp / 'job.pkl'}: {exc.strerror or exc}") from None
+    return tmp
 
 
 def keep_output(tmp: Path, failure: TreeattnError) -> TreeattnError:
