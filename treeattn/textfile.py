@@ -90,6 +90,15 @@ def _target(path: Path) -> Path:
     return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
+def _special(path: Path) -> bool:
+    """Whether ``path`` is there and neither a regular file nor a folder: a device or a pipe."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def write_file(path: str | Path, data: str | bytes, *, encoding: str = "utf-8") -> Path:
     """Write ``data`` to ``path`` whole or not at all: into a new file beside it, flushed to
     disk, then renamed over it. A failure leaves an existing file byte for byte as it was and
@@ -114,6 +123,20 @@ def write_file(path: str | Path, data: str | bytes, *, encoding: str = "utf-8") 
     path = Path(path)
     payload = data.encode(encoding) if isinstance(data, str) else bytes(data)
     real = _target(path)
+    if _special(real):
+        # A device or a pipe (``-o /dev/null``, a FIFO a reader waits on) takes the bytes as
+        # they come: renamed over, it would become a plain file (as root, /dev/null itself).
+        try:
+            fd = os.open(real, os.O_WRONLY)
+        except OSError as exc:
+            raise _located(exc, path) from None
+        try:
+            _write_all(fd, payload)
+        except OSError as exc:
+            raise _located(exc, path) from None
+        finally:
+            os.close(fd)
+        return path
     # Renaming over a file needs only the folder writable: a file made read-only to keep it stays.
     if real.exists() and not real.is_dir() and not os.access(real, os.W_OK):
         raise PermissionError(13, os.strerror(13), str(path))
@@ -185,7 +208,11 @@ def append_file(path: str | Path, data: str | bytes, *, header: str | bytes = b"
             import fcntl
 
             fcntl.flock(fd, fcntl.LOCK_EX)
-        size = os.fstat(fd).st_size
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # a device or a pipe (/dev/null): no length to cut back to, no fsync
+            _write_all(fd, head + body)
+            return path
+        size = info.st_size
         try:
             _write_all(fd, (head if size == 0 else b"") + body)
             os.fsync(fd)

@@ -8,6 +8,7 @@ import resource
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pandas as pd
@@ -136,3 +137,44 @@ def test_a_file_the_writer_may_not_write_is_refused_as_in_place(tmp_path: Path,
     with pytest.raises(PermissionError):
         textfile.write_file(path, "new\n")
     assert path.read_text() == "kept\n"
+
+
+def _read_fifo(path: Path) -> tuple[threading.Thread, list[bytes]]:
+    got: list[bytes] = []
+
+    def read() -> None:
+        with open(path, "rb") as f:
+            got.append(f.read())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return reader, got
+
+
+def test_a_pipe_is_written_into_not_replaced(tmp_path: Path) -> None:
+    # ``-o`` a FIFO that another program reads: a file renamed over it would leave the reader waiting.
+    fifo = tmp_path / "plan.fifo"
+    os.mkfifo(fifo)
+    reader, got = _read_fifo(fifo)
+    textfile.write_file(fifo, "plan\n")
+    reader.join(10)
+    assert got == [b"plan\n"] and stat.S_ISFIFO(fifo.stat().st_mode)
+    reader, got = _read_fifo(fifo)
+    textfile.append_file(fifo, "1,2\n", header="a,b\n")
+    reader.join(10)
+    assert got == [b"a,b\n1,2\n"] and stat.S_ISFIFO(fifo.stat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.fifo"]
+
+
+def test_rows_appended_to_the_null_device_are_dropped_without_error() -> None:
+    # ``treeattn run --out /dev/null``: fsync refuses a device (EINVAL), and the run's rows must not fail on it.
+    assert textfile.append_file(os.devnull, "1,2\n", header="a,b\n") == Path(os.devnull)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="making a device node needs root")
+def test_a_device_is_written_into_not_replaced(tmp_path: Path) -> None:
+    # As root, ``-o /dev/null`` renamed over would replace the system's null device with a plain file.
+    null = tmp_path / "null"
+    os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    textfile.write_file(null, "plan\n")
+    assert stat.S_ISCHR(null.stat().st_mode)

@@ -238,18 +238,28 @@ _SUMMING = ("allreduce", "reducescatter", "reduce")
 """Library collectives that sum: a narrow wire is summed through fp32 and the sum comes back
 in the wire's dtype (``Comm.all_reduce``), a second rounding in the same step."""
 
+_OFF_THE_WIRE = ("lse", "den", "q")
+"""Parts a collective moves in their own dtype, never the wire's: the lse column and the
+weights' sum (fp32, ``merge.lse_column``, ``merge.weights``) and the query (its input dtype)."""
+
 
 def wire_roundings(plan: Plan) -> int:
     """The most times a partial of ``plan`` is rounded to the wire's dtype on its way: once a
     step that moves data (transfers and collectives), twice a step whose library collective
-    sums the wire (its input and its sum)."""
+    sums the wire (its input and its sum), none for a collective of a part that does not
+    travel in the wire's dtype (``_OFF_THE_WIRE``)."""
     per_step: dict[int, int] = {}
     for prog in plan.programs:
         for op in prog:
             if op.kind is OpKind.COMPUTE:
                 continue
-            sums = op.kind is OpKind.COLLECTIVE and op.coll in _SUMMING and op.reduce in ("sum", "merge")
-            per_step[op.step] = max(per_step.get(op.step, 1), 2 if sums else 1)
+            if op.kind is OpKind.COLLECTIVE and op.part in _OFF_THE_WIRE:
+                count = 0
+            elif op.kind is OpKind.COLLECTIVE and op.coll in _SUMMING and op.reduce in ("sum", "merge"):
+                count = 2
+            else:
+                count = 1
+            per_step[op.step] = max(per_step.get(op.step, 0), count)
     return max(1, sum(per_step.values()))
 
 
