@@ -167,7 +167,7 @@ class CollectiveForm:
     reduce, a chunk's owner)."""
     narrow_kernels: int = 0
     """Kernels more on a narrow wire (``Plan.narrow_wire``): partials converted to the wire
-    dtype before the calls (two), or sums converted back to fp32 after them (one); and, where
+    dtype before the calls (two; a sum comes back to fp32 in the copy that stores it); and, where
     the wire's lse is not aligned (``lse_copied``), one more to copy it out of a received
     stack before the local merge."""
 
@@ -175,15 +175,14 @@ class CollectiveForm:
 _ATT, _BOTH = ("attention",), ("attention", "raw")
 COLLECTIVE_FORMS: dict[tuple[str, str, str], CollectiveForm] = {
     ("allreduce", "max", "lse"): CollectiveForm(_ATT, "group", (("allreduce", "lse"),), "trio", "lse", kernels=2),
-    ("allreduce", "sum", "num"): CollectiveForm(_ATT, "group", (("allreduce", "num"),), "trio", "num", kernels=2,
-                                                 narrow_kernels=1),
+    ("allreduce", "sum", "num"): CollectiveForm(_ATT, "group", (("allreduce", "num"),), "trio", "num", kernels=2),
     # The weights run eager (clamp, subtract, exp); the trio finishes after its last part.
     ("allreduce", "sum", "den"): CollectiveForm(_ATT, "group", (("allreduce", "den"),), "trio", "den", kernels=5),
     # (each rank then corrects its own output by the gathered lse: a local kernel)
     ("allgather", "copy", "lse"): CollectiveForm(_ATT, "group", (("allgather", "lse"),), "dcp", "lse",
                                                  local_merge=True, kernels=1),
     ("reducescatter", "sum", "num"): CollectiveForm(_ATT, "group", (("reducescatter", "num"),), "dcp", "num",
-                                                     kernels=2, narrow_kernels=1),
+                                                     kernels=2),
     ("allgather", "copy", "q"): CollectiveForm(_ATT, "none", (("allgather", "q"),), kernels=3),
     # No library reduces with the merge: a max of the rows' lse first, then one sum of (w o, w).
     ("allreduce", "merge", "partial"): CollectiveForm(_ATT, "all", (("allreduce", "lse"), ("allreduce", "wnum")),
