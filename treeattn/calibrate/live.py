@@ -59,7 +59,7 @@ from treeattn.calibrate.plans import (
 )
 from treeattn.cost.simulate import simulate
 from treeattn.errors import ExecutionError, InputError, ProbeError
-from treeattn.exec.deadline import check_iterations
+from treeattn.exec.deadline import SETUP_TIMEOUT_S, check_iterations
 from treeattn.exec.launch import launch
 from treeattn.exec.runner import Job, Measurement, PlanJob, RunOptions
 from treeattn.plan.ir import OpKind, Plan, message_bytes
@@ -325,7 +325,8 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
     classes = route_classes(topo)
     planned = calibration_plans(topo, classes, opt)
     run_opts = RunOptions(repeats=opt.repeats, warmup=opt.warmup, timeout_s=opt.timeout_s,
-                          setup_timeout_s=max(120.0, opt.timeout_s), backend=opt.backend, check="root", seed=opt.seed)
+                          setup_timeout_s=max(SETUP_TIMEOUT_S, opt.timeout_s), backend=opt.backend, check="root",
+                          seed=opt.seed)
     load0 = os.getloadavg()[0]
     result = launch(Job(tuple(PlanJob(label, plan) for label, plan, _ in planned), run_opts))
     if result is None:

@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -265,8 +266,9 @@ def launch_local(job: Job) -> JobResult:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
-            for p in procs:
-                p.wait()
+            for p in procs:  # bounded: with signals ignored, a rank stuck in the kernel must not hold us
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=10)
             if not kept:
                 shutil.rmtree(tmp, ignore_errors=True)
         if previous is not None:

@@ -31,7 +31,7 @@ import pandas as pd
 
 from treeattn.cost.simulate import SimResult, simulate
 from treeattn.errors import EmulationError, InputError
-from treeattn.exec.deadline import MAX_ITERATIONS, check_iterations
+from treeattn.exec.deadline import MAX_ITERATIONS, SETUP_TIMEOUT_S, check_iterations
 from treeattn.plan.baselines import Baseline, baselines_for
 from treeattn.plan.builders import build
 from treeattn.plan.ir import Plan, TopologyRef
@@ -345,7 +345,7 @@ def validate_topology(target: TopologyTarget, options: ValidateOptions | None = 
             rounds = case_rounds(opt, round_us)
             jobs += [PlanJob(f"{case.name}|{m.method}", m.plan, rounds, ring) for m in cp.methods]
         run_opts = RunOptions(repeats=opt.repeats, warmup=opt.warmup, timeout_s=opt.op_timeout_s,
-                              setup_timeout_s=max(120.0, opt.op_timeout_s), backend="gloo", seed=opt.seed,
+                              setup_timeout_s=max(SETUP_TIMEOUT_S, opt.op_timeout_s), backend="gloo", seed=opt.seed,
                               baselines=True, order=opt.order)
         quiet["measurement"] = wait_for_quiet(opt.max_load, opt.max_wait_s, say)
         say(f"{topo.name}: measuring {len(jobs)} plans and their baselines over {len(cases)} cases")
