@@ -99,6 +99,20 @@ def _special(path: Path) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
+def _write_in_place(real: Path, path: Path, payload: bytes, flags: int) -> Path:
+    try:
+        fd = os.open(real, flags)
+    except OSError as exc:
+        raise _located(exc, path) from None
+    try:
+        _write_all(fd, payload)
+    except OSError as exc:
+        raise _located(exc, path) from None
+    finally:
+        os.close(fd)
+    return path
+
+
 def write_file(path: str | Path, data: str | bytes, *, encoding: str = "utf-8") -> Path:
     """Write ``data`` to ``path`` whole or not at all: into a new file beside it, flushed to
     disk, then renamed over it. A failure leaves an existing file byte for byte as it was and
@@ -107,7 +121,8 @@ def write_file(path: str | Path, data: str | bytes, *, encoding: str = "utf-8") 
     The file keeps the permission bits (and, where the writer may set them, the owner and
     group) of the one it replaces; a new one gets those the umask gives (not ``mkstemp``'s
     0600). A file the writer may not write is refused, as writing in place would; hard links to
-    the old file keep the old content.
+    the old file keep the old content. Written in place, without that guarantee: a device or
+    a pipe, and a writable file in a folder the writer may not create files in.
 
     Args:
         path: the file; its folder must exist.
@@ -126,22 +141,16 @@ def write_file(path: str | Path, data: str | bytes, *, encoding: str = "utf-8") 
     if _special(real):
         # A device or a pipe (``-o /dev/null``, a FIFO a reader waits on) takes the bytes as
         # they come: renamed over, it would become a plain file (as root, /dev/null itself).
-        try:
-            fd = os.open(real, os.O_WRONLY)
-        except OSError as exc:
-            raise _located(exc, path) from None
-        try:
-            _write_all(fd, payload)
-        except OSError as exc:
-            raise _located(exc, path) from None
-        finally:
-            os.close(fd)
-        return path
+        return _write_in_place(real, path, payload, os.O_WRONLY)
     # Renaming over a file needs only the folder writable: a file made read-only to keep it stays.
     if real.exists() and not real.is_dir() and not os.access(real, os.W_OK):
         raise PermissionError(13, os.strerror(13), str(path))
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
+    except PermissionError as exc:
+        if real.is_file():  # a writable file in a folder we may not add to: only in place
+            return _write_in_place(real, path, payload, os.O_WRONLY | os.O_TRUNC)
+        raise _located(exc, path) from None
     except OSError as exc:
         raise _located(exc, path) from None
     try:

@@ -178,3 +178,28 @@ def test_a_device_is_written_into_not_replaced(tmp_path: Path) -> None:
     os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
     textfile.write_file(null, "plan\n")
     assert stat.S_ISCHR(null.stat().st_mode)
+
+
+def _folder_refuses_new_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mkstemp`` fails as in a folder a user other than root may not add to (root may)."""
+    def refused(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise PermissionError(13, os.strerror(13), str(kwargs.get("dir")))
+    monkeypatch.setattr(textfile.tempfile, "mkstemp", refused)
+
+
+def test_a_writable_file_in_a_folder_closed_to_new_files_is_written_in_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "plan.yaml"
+    path.write_text("old and longer\n")
+    _folder_refuses_new_files(monkeypatch)
+    textfile.write_file(path, "new\n")
+    assert path.read_text() == "new\n"
+
+
+def test_a_new_file_in_a_folder_closed_to_new_files_is_refused_by_its_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _folder_refuses_new_files(monkeypatch)
+    with pytest.raises(PermissionError) as err:
+        textfile.write_file(tmp_path / "plan.yaml", "new\n")
+    assert err.value.filename == str(tmp_path / "plan.yaml")
+    assert list(tmp_path.iterdir()) == []
