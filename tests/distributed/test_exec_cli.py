@@ -290,3 +290,19 @@ def test_a_run_directory_that_cannot_be_written_ends_the_run_in_one_line(tmp_pat
     assert res.returncode == 1, res.stderr
     assert res.stderr.splitlines()[-1].startswith(f"error: cannot write the run's job file {runs}/treeattn-run-")
     assert "Traceback" not in res.stderr and list(runs.iterdir()) == []
+
+
+def test_rows_sent_to_the_null_device_leave_no_file_beside_it(tmp_path):
+    # The timeline goes beside the rows: beside /dev/null, as root, it made /dev/null.timeline.csv.
+    stray = Path("/dev/null.timeline.csv")
+    assert not stray.exists()
+    path = plan_file(tmp_path, build("binomial", W2, resolve("cpu:ranks=2")))
+    try:
+        proc = subprocess.run([TREEATTN, "run", str(path), "--repeats", "1", "--warmup", "0", "--json",
+                               "--out", "/dev/null"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["timeline_csv"] is None
+        assert not stray.exists()
+        assert Path("/dev/null").is_char_device()
+    finally:
+        stray.unlink(missing_ok=True)

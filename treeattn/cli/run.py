@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import stat
 from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
@@ -149,7 +150,7 @@ def run_rows(out: Path | None, label: str, *, reserve: bool = True) -> Iterator[
     except OSError as exc:
         raise InputError(f"cannot write --out {str(folder)!r}: {exc.strerror or exc}") from None
     try:
-        appendable(path.with_name(path.stem + ".timeline.csv"), "--out")
+        appendable(timeline_file(path), "--out")
         yield run_id, path
     finally:
         with contextlib.suppress(OSError):
@@ -164,13 +165,24 @@ def rows_path(out: Path | None, run_id: str) -> Path:
 
     name = f"{run_id}.csv"
     path = output_file(out if out is not None else Path("results") / "runs" / name, "--out", name)  # opened once
-    timeline = path.with_name(path.stem + ".timeline.csv")
+    timeline = timeline_file(path)
     for file, columns in ((path, COLUMNS), (timeline, TIMELINE_COLUMNS)):
-        problem = appendable_problem(file, columns)
+        problem = file is not None and appendable_problem(file, columns)
         if problem:
             raise InputError(f"--out: {problem}")
-    appendable(timeline, "--out")
+    if timeline is not None:
+        appendable(timeline, "--out")
     return path
+
+
+def timeline_file(rows: Path) -> Path | None:
+    """The CSV beside ``rows`` a run appends its timeline to; None where ``rows`` is a device or
+    a pipe (``--out /dev/null``: a file beside it would be made in /dev)."""
+    try:
+        special = not stat.S_ISREG(rows.stat().st_mode)
+    except OSError:
+        special = False
+    return None if special else rows.with_name(rows.stem + ".timeline.csv")
 
 
 def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,  # noqa: ANN001
@@ -180,15 +192,17 @@ def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,
     from treeattn.exec.results import result_rows, rows_records, timeline_rows, write_csv
 
     frame = result_rows(result, {label: plan}, {label: predictions}, run_id)
-    timeline = path.with_name(path.stem + ".timeline.csv")
+    timeline = timeline_file(path)
     try:
         write_csv(frame, path)
-        write_csv(timeline_rows(result, run_id), timeline)
+        if timeline is not None:
+            write_csv(timeline_rows(result, run_id), timeline)
     except OSError as exc:  # checked before the run (rows_path); a disk that filled up since, say
         raise InputError(f"cannot write --out {exc.filename or str(path)!r}: {exc.strerror or exc}") from None
     if json_out:
-        typer.echo(json.dumps({"rows": rows_records(frame), "rows_csv": str(path), "timeline_csv": str(timeline),
-                               "calibrated": predictions.calibrated}, sort_keys=True, indent=2))
+        typer.echo(json.dumps({"rows": rows_records(frame), "rows_csv": str(path),
+                               "timeline_csv": timeline and str(timeline), "calibrated": predictions.calibrated},
+                              sort_keys=True, indent=2))
     else:
         _table(frame, path, predictions.calibrated)
         _bits_lines(frame, plan)
