@@ -123,7 +123,8 @@ def test_a_rank_that_never_connects_is_not_blamed_on_the_rank_that_waited(tmp_pa
                                                             "exit_code": 1}))
     err = rank_failure(tmp_path, [1, -15], {1}, lambda r: "")
     assert str(err) == ("only 1 of 2 ranks connected within the 121 s set-up deadline (rank 0 waited; a rank that "
-                        "never connected hung or could not start) (rank 1 was stopped)")
+                        "never connected hung or could not start; a slow scheduler needs more: treeattn run "
+                        "--setup-timeout) (rank 1 was stopped)")
 
 
 def test_a_ranks_multi_line_error_is_reported_in_one_line(tmp_path):

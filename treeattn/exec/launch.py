@@ -217,7 +217,8 @@ def _store_wait(message: str, rank: int) -> str | None:
         return None
     secs, came, n = joined.groups()
     return (f"only {came} of {n} ranks connected within the {secs} s set-up deadline (rank {rank} waited; "
-            "a rank that never connected hung or could not start)")
+            "a rank that never connected hung or could not start; a slow scheduler needs more: treeattn run "
+            "--setup-timeout)")
 
 
 def free_port() -> int:
