@@ -12,7 +12,7 @@ import pytest
 
 from tests.cli_helpers import run_cli
 from treeattn.topology.families import FAMILIES
-from treeattn.topology.library import shipped_files
+from treeattn.topology.library import resolve, shipped_files
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "topology"
 TREEATTN = Path(sys.executable).with_name("treeattn")
@@ -309,6 +309,22 @@ def test_a_gpu_model_treeattn_does_not_know_is_warned_about(tmp_path):
         assert "NCCL's figures are read as for ampere GPUs" in res.stderr
     for name in shipped_files():
         assert "warning" not in run_cli("topo", "validate", name).stderr, name
+
+
+def test_gpus_that_name_no_model_beside_an_unknown_one_are_said_so_not_quoted_empty():
+    import dataclasses
+
+    from treeattn.cost.library import unknown_gpu_note
+    from treeattn.topology.model import DeviceKind
+
+    topo = resolve("dgx-a100")
+    devices = list(topo.devices)
+    gpus = [i for i, d in enumerate(devices) if d.kind is DeviceKind.GPU]
+    devices[gpus[0]] = dataclasses.replace(devices[gpus[0]], model="")
+    devices[gpus[1]] = dataclasses.replace(devices[gpus[1]], model="A10O-SXM4-80GB")
+    note = unknown_gpu_note(dataclasses.replace(topo, devices=tuple(devices)))
+    assert note.startswith("GPU model 'A10O-SXM4-80GB' of dgx-a100 is not one treeattn knows (")
+    assert "''" not in note and "; some of its GPUs name no model: NCCL's figures" in note
 
 
 def test_the_attention_fit_of_a_gpu_named_as_nvidia_smi_prints_it():

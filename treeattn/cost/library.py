@@ -78,9 +78,11 @@ def unknown_gpu_note(topo: Topology) -> str | None:
     if unknown == [""]:
         return (f"the GPUs of {topo.name} name no model (node.gpus.model, or a device's model: {known}): NCCL's "
                 f"figures are read as for {arch} GPUs")
-    named = ", ".join(repr(m) for m in unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
-    return (f"GPU model {named} of {topo.name} is not one treeattn knows ({known}): NCCL's figures are read as "
-            f"for {arch} GPUs")
+    names = [m for m in unknown if m]
+    named = ", ".join(repr(m) for m in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    unnamed = "; some of its GPUs name no model" if "" in unknown else ""
+    return (f"GPU model {named} of {topo.name} is not one treeattn knows ({known}){unnamed}: NCCL's figures are "
+            f"read as for {arch} GPUs")
 
 
 class LibraryModel:
