@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,27 @@ def test_an_output_through_a_dangling_link_keeps_the_link(tmp_path: Path) -> Non
     res = run_cli("plan", "-t", "dgx-h100", *SHAPE, "-o", str(link))
     assert res.exit_code == 0, res.stderr
     assert link.is_symlink() and (tmp_path / "real" / "target.yaml").read_text().startswith("# treeattn plan")
+
+
+def test_a_pipe_given_as_the_output_is_checked_without_opening_it(tmp_path: Path) -> None:
+    # Opened and closed to see it is writable, a FIFO would tell its reader the output had
+    # ended: the plan written after the search would then wait for a reader that has gone.
+    from treeattn.cli.paths import output_file
+    from treeattn.textfile import write_file
+
+    fifo = tmp_path / "plan.fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+
+    def read() -> None:
+        with open(fifo, "rb") as f:
+            got.append(f.read())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert output_file(fifo, "--out", "plan.yaml") == fifo
+    reader.join(0.5)
+    assert reader.is_alive() and got == []
+    write_file(fifo, "plan\n")
+    reader.join(10)
+    assert got == [b"plan\n"]

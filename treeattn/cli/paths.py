@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,6 +142,12 @@ def appendable(file: Path, flag: str) -> None:
         # A link is written through: the file this makes and removes is its target, and the
         # link stays (removing the name opened would take a dangling link away, its target made).
         real = Path(os.path.realpath(file)) if file.is_symlink() else file
+        if _is_pipe(real):
+            # Opened and closed, a pipe tells the program reading it that the output has ended
+            # (and, with no reader, the open would wait for one): its permission must do.
+            if not os.access(real, os.W_OK):
+                raise PermissionError(13, os.strerror(13), str(file))
+            return
         try:
             with real.open("x", encoding="utf-8"):  # made here: no other process writes it yet
                 made = real
@@ -153,6 +160,13 @@ def appendable(file: Path, flag: str) -> None:
         if made is not None:
             with contextlib.suppress(OSError):
                 made.unlink()
+
+
+def _is_pipe(path: Path) -> bool:
+    try:
+        return stat.S_ISFIFO(path.stat().st_mode)
+    except OSError:
+        return False
 
 
 def output_folder(path: Path, flag: str) -> Path:

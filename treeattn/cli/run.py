@@ -77,7 +77,8 @@ def run(
                                                  "predict on; default: the plan's.")] = None,
     out: Annotated[Path | None, typer.Option("--out", **OUT_PATH,
                                              help="CSV to append rows to (the plan's ops in its last "
-                                             "timed run go to NAME.timeline.csv beside it); default: a new "
+                                             "timed run go to NAME.timeline.csv beside it, none beside a device or a "
+                                             "pipe); default: a new "
                                              "file in results/runs/ named after the time and the plan.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
