@@ -228,8 +228,8 @@ def test_ranks_that_never_connect_are_counted_in_one_line(tmp_path):
     env.update(SLURM_PROCID="0", SLURM_NTASKS="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(launch_mod.free_port()))
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
     assert proc.stdout.startswith("ExecutionError only 1 of 2 ranks connected within the "), proc.stdout + proc.stderr
-    assert proc.stdout.strip().endswith("(rank 0 waited; a rank that never connected hung or could not start; a slow "
-                                        "scheduler needs more: treeattn run --setup-timeout)")
+    assert proc.stdout.strip().endswith("(rank 0 waited; a rank that never connected hung or could not start; treeattn "
+                                        "run takes a longer one with --setup-timeout)")
 
 
 @pytest.mark.parametrize("crossed", [False, True])

@@ -123,7 +123,7 @@ def test_a_rank_that_never_connects_is_not_blamed_on_the_rank_that_waited(tmp_pa
                                                             "exit_code": 1}))
     err = rank_failure(tmp_path, [1, -15], {1}, lambda r: "")
     assert str(err) == ("only 1 of 2 ranks connected within the 121 s set-up deadline (rank 0 waited; a rank that "
-                        "never connected hung or could not start; a slow scheduler needs more: treeattn run "
+                        "never connected hung or could not start; treeattn run takes a longer one with "
                         "--setup-timeout) (rank 1 was stopped)")
 
 

@@ -217,7 +217,7 @@ def _store_wait(message: str, rank: int) -> str | None:
         return None
     secs, came, n = joined.groups()
     return (f"only {came} of {n} ranks connected within the {secs} s set-up deadline (rank {rank} waited; "
-            "a rank that never connected hung or could not start; a slow scheduler needs more: treeattn run "
+            "a rank that never connected hung or could not start; treeattn run takes a longer one with "
             "--setup-timeout)")
 
 
@@ -267,9 +267,11 @@ def launch_local(job: Job) -> JobResult:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
-            for p in procs:  # bounded: with signals ignored, a rank stuck in the kernel must not hold us
+            # Bounded, 10 s for all: with signals ignored, ranks stuck in the kernel must not hold us.
+            deadline = time.monotonic() + 10
+            for p in procs:
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(timeout=10)
+                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
             if not kept:
                 shutil.rmtree(tmp, ignore_errors=True)
         if previous is not None:
