@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from treeattn.emulate.jobs import _failure
 from treeattn.emulate.spawn import RankResult
@@ -64,3 +65,39 @@ def test_down_of_a_cluster_that_is_not_there_names_the_ones_that_are(monkeypatch
     monkeypatch.setattr(cluster, "list_clusters", lambda: [up])
     res = run_cli("emulate", "down", "--id", "3570bf")
     assert res.exit_code == 0 and removed == ["3570bf"], res.stderr
+
+
+def test_a_failed_run_whose_logs_cannot_be_written_is_reported_without_claiming_them(monkeypatch) -> None:  # noqa: ANN001
+    import errno
+    import glob
+    import tempfile
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import pytest
+
+    from treeattn.emulate import jobs
+    from treeattn.errors import ExecutionError
+    from treeattn.exec.runner import Job, PlanJob, RunOptions
+    from treeattn.plan.builders import build
+    from treeattn.topology.library import resolve
+    from treeattn.workload import Workload
+
+    w = Workload(batch=2, q_heads=4, kv_heads=2, head_dim=8, split=(9, 0), kv_dtype="fp32")
+    job = Job((PlanJob("p", build("star", w, resolve("cpu:ranks=2"))),), RunOptions(repeats=1, warmup=0))
+    cluster = SimpleNamespace(num_ranks=2, topology=SimpleNamespace(name="emu-test"))
+    results = (RankResult(0, 1, "rank 0 out\n", ""), RankResult(1, -9, "", ""))
+    monkeypatch.setattr(jobs, "run_in_namespaces", lambda *args, **kwargs: results)
+    real_write = Path.write_text
+
+    def full_disk(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if self.name.startswith("rank") and self.name.endswith(".log"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "treeattn-emu-run-*")))
+    with pytest.raises(ExecutionError) as err:
+        jobs.launch_in_cluster(cluster, job)
+    assert "kept" not in str(err.value) and str(err.value).startswith("rank 0 died with exit code 1"), err.value
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "treeattn-emu-run-*"))) == before

@@ -8,7 +8,6 @@ GLOO_SOCKET_IFNAME = the rank's interface; failures are reported by the executor
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import shutil
@@ -65,9 +64,12 @@ def launch_in_cluster(cluster: Cluster, job: Job, *, timeout_s: float = 1800.0) 
             kept = failure.exit_code != 2  # bad input is said in full by the message
             if not kept:
                 raise failure
-            for res in results:  # a full disk must not hide the failure behind its own error
-                with contextlib.suppress(OSError):
+            try:
+                for res in results:
                     (tmp / f"rank{res.rank}.log").write_text(res.stdout + res.stderr)
+            except OSError:  # a full disk: the failure is said without logs, and their folder goes
+                kept = False
+                raise failure from None
             raise keep_output(tmp, failure)
         with open(tmp / "result.pkl", "rb") as f:
             return pickle.load(f)
