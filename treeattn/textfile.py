@@ -122,7 +122,8 @@ def write_file(path: str | Path, data: str | bytes, *, encoding: str = "utf-8") 
     group) of the one it replaces; a new one gets those the umask gives (not ``mkstemp``'s
     0600). A file the writer may not write is refused, as writing in place would; hard links to
     the old file keep the old content. Written in place, without that guarantee: a device or
-    a pipe, and a writable file in a folder the writer may not create files in.
+    a pipe (which, as a shell redirect does, waits for a reader), and a writable file in a
+    folder the writer may not create files in.
 
     Args:
         path: the file; its folder must exist.
