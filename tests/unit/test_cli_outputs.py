@@ -238,3 +238,11 @@ def test_a_pipe_given_as_the_output_is_checked_without_opening_it(tmp_path: Path
     write_file(fifo, "plan\n")
     reader.join(10)
     assert got == [b"plan\n"]
+
+
+def test_a_device_given_for_an_image_is_written_as_named_with_no_suffix_added():
+    from treeattn.cli.paths import output_file
+
+    # /dev/null.png would be a plain file made in /dev (as root, beside the device)
+    assert output_file(Path("/dev/null"), "--png", "t.png", suffix=".png") == Path("/dev/null")
+    assert not Path("/dev/null.png").exists()
