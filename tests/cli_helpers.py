@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 from treeattn.cli import main
 
@@ -33,3 +35,17 @@ def run_cli(*args: str) -> CliResult:
     finally:
         cli.err_console.file = old
     return CliResult(code, out.getvalue(), err.getvalue())
+
+
+def read_fifo(path: Path) -> tuple[threading.Thread, list[bytes]]:
+    """A thread reading the FIFO ``path`` to its end (started: it waits for a writer), and the
+    list its bytes land in."""
+    got: list[bytes] = []
+
+    def read() -> None:
+        with open(path, "rb") as f:
+            got.append(f.read())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return reader, got

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from treeattn.errors import InputError
 
-__all__ = ["read_text", "write_file", "append_file"]
+__all__ = ["read_text", "write_file", "append_file", "special_file"]
 
 _UTF16 = (b"\xff\xfe", b"\xfe\xff")
 
@@ -90,8 +90,9 @@ def _target(path: Path) -> Path:
     return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
-def _special(path: Path) -> bool:
-    """Whether ``path`` is there and neither a regular file nor a folder: a device or a pipe."""
+def special_file(path: str | Path) -> bool:
+    """Whether ``path`` is there and neither a regular file nor a folder: a device or a pipe,
+    which an output is written into as named (no suffix added, no file made beside it)."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -139,7 +140,7 @@ def write_file(path: str | Path, data: str | bytes, *, encoding: str = "utf-8") 
     path = Path(path)
     payload = data.encode(encoding) if isinstance(data, str) else bytes(data)
     real = _target(path)
-    if _special(real):
+    if special_file(real):
         # A device or a pipe (``-o /dev/null``, a FIFO a reader waits on) takes the bytes as
         # they come: renamed over, it would become a plain file (as root, /dev/null itself).
         return _write_in_place(real, path, payload, os.O_WRONLY)

@@ -6,12 +6,11 @@ from __future__ import annotations
 import errno
 import json
 import os
-import threading
 from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import read_fifo, run_cli
 from treeattn.plan.builders import build
 from treeattn.plan.io import save_plan
 from treeattn.topology.library import resolve
@@ -224,14 +223,7 @@ def test_a_pipe_given_as_the_output_is_checked_without_opening_it(tmp_path: Path
 
     fifo = tmp_path / "plan.fifo"
     os.mkfifo(fifo)
-    got: list[bytes] = []
-
-    def read() -> None:
-        with open(fifo, "rb") as f:
-            got.append(f.read())
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    reader, got = read_fifo(fifo)
     assert output_file(fifo, "--out", "plan.yaml") == fifo
     reader.join(0.5)
     assert reader.is_alive() and got == []

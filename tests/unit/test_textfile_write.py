@@ -8,12 +8,12 @@ import resource
 import stat
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from tests.cli_helpers import read_fifo
 from treeattn import textfile
 from treeattn.exec.results import write_csv
 
@@ -139,27 +139,15 @@ def test_a_file_the_writer_may_not_write_is_refused_as_in_place(tmp_path: Path,
     assert path.read_text() == "kept\n"
 
 
-def _read_fifo(path: Path) -> tuple[threading.Thread, list[bytes]]:
-    got: list[bytes] = []
-
-    def read() -> None:
-        with open(path, "rb") as f:
-            got.append(f.read())
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    return reader, got
-
-
 def test_a_pipe_is_written_into_not_replaced(tmp_path: Path) -> None:
     # ``-o`` a FIFO that another program reads: a file renamed over it would leave the reader waiting.
     fifo = tmp_path / "plan.fifo"
     os.mkfifo(fifo)
-    reader, got = _read_fifo(fifo)
+    reader, got = read_fifo(fifo)
     textfile.write_file(fifo, "plan\n")
     reader.join(10)
     assert got == [b"plan\n"] and stat.S_ISFIFO(fifo.stat().st_mode)
-    reader, got = _read_fifo(fifo)
+    reader, got = read_fifo(fifo)
     textfile.append_file(fifo, "1,2\n", header="a,b\n")
     reader.join(10)
     assert got == [b"a,b\n1,2\n"] and stat.S_ISFIFO(fifo.stat().st_mode)

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from treeattn.errors import InputError
+from treeattn.textfile import special_file
 
 __all__ = ["OUT_PATH", "FolderPath", "appendable", "kept_on_success", "out_path", "output_file", "output_folder",
            "safe_name"]
@@ -121,7 +122,7 @@ def output_file(path: Path, flag: str, default_name: str, *, suffix: str | None 
     try:
         out = given / default_name if folder or given.is_dir() else given
         # A device or pipe (``/dev/stdout``, a FIFO) is written as named: a suffix would make a file beside it.
-        if suffix is not None and out.suffix.lower() != suffix and not _is_special(out):
+        if suffix is not None and out.suffix.lower() != suffix and not special_file(out):
             out = out.with_name(out.name + suffix)
         if out.is_dir():
             raise InputError(f"{flag} {str(given)!r}: {str(out)!r} is a folder; give a file name")
@@ -161,15 +162,6 @@ def appendable(file: Path, flag: str) -> None:
         if made is not None:
             with contextlib.suppress(OSError):
                 made.unlink()
-
-
-def _is_special(path: Path) -> bool:
-    """Whether ``path`` is there and neither a regular file nor a folder."""
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return False
-    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def _is_pipe(path: Path) -> bool:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import stat
 from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
@@ -20,6 +19,7 @@ from treeattn.cli.paths import OUT_PATH, appendable, output_file, output_folder
 from treeattn.cli.render import console
 from treeattn.errors import ExecutionError, InputError, PlanInvalidError
 from treeattn.exec.deadline import MAX_ITERATIONS, SETUP_TIMEOUT_S
+from treeattn.textfile import special_file
 
 __all__ = ["run", "load_checked", "run_rows"]
 
@@ -179,11 +179,7 @@ def rows_path(out: Path | None, run_id: str) -> Path:
 def timeline_file(rows: Path) -> Path | None:
     """The CSV beside ``rows`` a run appends its timeline to; None where ``rows`` is a device or
     a pipe (``--out /dev/null``: a file beside it would be made in /dev)."""
-    try:
-        special = not stat.S_ISREG(rows.stat().st_mode)
-    except OSError:
-        special = False
-    return None if special else rows.with_name(rows.stem + ".timeline.csv")
+    return None if special_file(rows) else rows.with_name(rows.stem + ".timeline.csv")
 
 
 def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,  # noqa: ANN001
