@@ -108,7 +108,7 @@ def _one_table(tmp: Path, text: str, collective: str, topology: str, ranks: int)
 def test_one_process_driving_g_gpus_takes_the_longer_of_its_launches_and_the_call(tmp_path):
     from treeattn.cost import nccl
     from treeattn.topology.library import resolve
-    from treeattn.validate.published import GROUP_LAUNCH_US, predict_table
+    from treeattn.validate.published import GROUP_CHANNEL_US, GROUP_LAUNCH_US, predict_table
 
     # Three rows of together-h100-1node (results/published): one node of 8 x H100, -g 8, NVLS off.
     header = "# nThread 1 nGpus 8 minBytes 8 maxBytes 8589934592 step: 2(factor) warmup iters: 5 iters: 20"
@@ -119,17 +119,67 @@ def test_one_process_driving_g_gpus_takes_the_longer_of_its_launches_and_the_cal
             "     4194304       1048576     float     sum      -1    53.27   78.74  137.79       0    52.94   79.23"
             "  138.66       0"]
     table = _one_table(tmp_path, "\n".join([header, *rows]) + "\n", "all_reduce", "dgx-h100", 8)
-    topo = resolve("dgx-h100")
-    launches = 8 * GROUP_LAUNCH_US
-    assert 34.0 < launches < 36.0  # the rows' 8 B: 35.24 us (the faster of out- and in-place)
-    est = [nccl.pick(nccl.fabric(topo), "allreduce", n) for n in (8, 262144, 4194304)]
+    fab = nccl.fabric(resolve("dgx-h100"))
+    sizes = (8, 262144, 4194304)
+    est = [nccl.pick(fab, "allreduce", n) for n in sizes]
+    # Ring LL drops to one channel a 32 KiB on 8 ranks: 8 B runs on 1, 256 KiB on 8.
+    channels = [nccl.run_channel_count(fab, e.algorithm, e.protocol, n) for e, n in zip(est, sizes, strict=True)]
+    assert channels[:2] == [1, 8]
+    launches = [8 * (GROUP_LAUNCH_US + GROUP_CHANNEL_US * c) for c in channels]
+    assert 34.0 < launches[0] < 36.0  # the rows' 8 B: 35.24 us (the faster of out- and in-place)
+    assert 37.0 < launches[1] < 39.0  # 256 KiB: 38.49 us
     # 8 B: the call is all latency; 256 KiB: latency and transfer, still under the launches
     # (launches + transfer would differ); 4 MiB: the call is longer.
-    assert est[0].time_us < launches and est[1].latency_us < est[1].time_us < launches < est[2].time_us
+    assert est[0].time_us < launches[0] and est[1].latency_us < est[1].time_us < launches[1] < est[2].time_us
     out = predict_table(table)
-    for got in out[:2]:
-        assert got.predicted_us == launches and got.how.endswith("+launches")
+    for got, floor in zip(out[:2], launches[:2], strict=True):
+        assert got.predicted_us == pytest.approx(floor) and got.how.endswith("+launches")
     assert out[2].predicted_us == pytest.approx(est[2].time_us) and "+launches" not in out[2].how
+
+
+def test_a_grouped_calls_launches_follow_its_channels_not_its_bytes():
+    from treeattn.cost import nccl
+    from treeattn.topology.library import resolve
+    from treeattn.validate.published import group_launch_us
+
+    fab = nccl.fabric(resolve("dgx-h100"))
+    ring, ll = nccl.Algorithm.RING, nccl.Protocol.LL
+    counts = {n: nccl.run_channel_count(fab, ring, ll, n) for n in (8, 32768, 65536, 1 << 20, 2 << 20)}
+    assert counts[8] == counts[32768] == 1 and counts[65536] == 2 and counts[1 << 20] == counts[2 << 20] > 2
+    assert group_launch_us(8, counts[65536]) > group_launch_us(8, counts[32768])
+    assert group_launch_us(8, counts[1 << 20]) == group_launch_us(8, counts[2 << 20])
+    # NVLS runs on the communicator's NVLS channels whatever the size (16 on Hopper, nvls.cc).
+    assert nccl.run_channel_count(fab, nccl.Algorithm.NVLS, nccl.Protocol.SIMPLE, 8) == 16
+    # A channel count the model does not know (RCCL's MSCCL files) counts one; one GPU a process has no floor.
+    assert nccl.run_channel_count(fab, nccl.Algorithm.ALLPAIRS, ll, 8) is None
+    assert group_launch_us(8, None) == group_launch_us(8, 1) and group_launch_us(1, 24) == 0.0
+
+
+def test_the_grouped_launch_figures_are_the_fit_on_together_h100():
+    """GROUP_LAUNCH_US and GROUP_CHANNEL_US are what their comment says: least squares on
+    together-h100-1node's rows of 8 B-2 MiB that the modelled call takes under 0.8 of."""
+    import numpy as np
+
+    from treeattn.cost import nccl
+    from treeattn.topology.library import resolve
+    from treeattn.validate.corpus import corpus_dir
+    from treeattn.validate.published import GROUP_CHANNEL_US, GROUP_LAUNCH_US
+
+    tables = load_corpus([corpus_dir() / "together-h100-1node.yaml"])
+    assert len(tables) == 5
+    x, y = [], []
+    for t in tables:
+        fab = nccl.fabric(resolve(t.topology))
+        if t.nccl_release is not None:  # as check-model predicts it: at the table's NCCL release
+            fab = dataclasses.replace(fab, nccl_release=t.nccl_release)
+        for nbytes, published in t.points():
+            est = nccl.pick(fab, t.collective.replace("_", ""), nbytes, env=t.env)
+            if nbytes <= 2 << 20 and est.time_us < 0.8 * published:
+                x.append([1.0, nccl.run_channel_count(fab, est.algorithm, est.protocol, nbytes)])
+                y.append(published / t.log.n_gpus)
+    assert len(y) == 84
+    (launch, channel), *_ = np.linalg.lstsq(np.array(x), np.array(y), rcond=None)
+    assert round(launch, 1) == GROUP_LAUNCH_US and round(channel, 3) == GROUP_CHANNEL_US
 
 
 @pytest.mark.parametrize("collective, rows", [

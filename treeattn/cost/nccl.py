@@ -142,7 +142,7 @@ from enum import StrEnum
 
 from treeattn.cost import msccl
 from treeattn.cost.nccl_channels import comm_channels, graph_channels, run_channels
-from treeattn.cost.nvls import nvls_allreduce
+from treeattn.cost.nvls import nvls_allreduce, nvls_channels
 from treeattn.errors import InputError
 from treeattn.topology.model import DeviceKind, Link, LinkClass, LinkKind, Topology
 from treeattn.topology.nccl_version import NEWEST, OLDEST, Release, by_release, nccl_release
@@ -161,6 +161,7 @@ __all__ = [
     "busbw_factor",
     "nccl_arch",
     "chain_call_latency_us",
+    "run_channel_count",
     "nccl_link_bw_gbps",
     "nic_bw",
     "fabric_bw",
@@ -918,12 +919,22 @@ def _plateau(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int, n
     return 1.9 if fab.arch == "volta" else 1.4
 
 
+def run_channel_count(fab: NcclFabric, algo: Algorithm, protocol: Protocol, nbytes: int) -> int | None:
+    """Channels NCCL runs a call of ``nbytes`` on (enqueue.cc topoGetAlgoInfo): a ring or tree
+    drops channels below its thread thresholds (``nccl_channels.run_channels``), NVLS and
+    NVLSTree run on the communicator's NVLS channels; None where the model does not know them
+    (no channel count for the fabric, RCCL's MSCCL files)."""
+    if algo in (Algorithm.NVLS, Algorithm.NVLS_TREE):
+        return nvls_channels(fab.arch, fab.ranks, fab.nodes, fab.inter_bw_gbps)
+    if algo not in (Algorithm.RING, Algorithm.TREE) or fab.channels <= 0:
+        return None
+    return run_channels(fab.channels, protocol.value, nbytes, fab.ranks, algo is Algorithm.RING, fab.ring_gbps)
+
+
 def _channel_share(fab: NcclFabric, algo: Algorithm, p: int, nbytes: int) -> float:
     """The share of NCCL's channels a ring or tree of ``nbytes`` runs on (nccl_channels)."""
-    if fab.channels <= 0:
-        return 1.0
-    nc = run_channels(fab.channels, _PROTOS[p].value, nbytes, fab.ranks, algo is Algorithm.RING, fab.ring_gbps)
-    return nc / fab.channels
+    nc = run_channel_count(fab, algo, _PROTOS[p], nbytes)
+    return 1.0 if nc is None else nc / fab.channels
 
 
 def _algbw_gbps(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int, nbytes: int,

@@ -62,7 +62,7 @@ from treeattn.cost.nccl_channels import SPEEDS_INTER, SPEEDS_INTRA
 from treeattn.topology.nccl_version import NEWEST, Release, by_release
 
 __all__ = ["NVLS_EFFICIENCY", "NVLS_ACHIEVED", "NVLS_CHANNELS", "NVLS_CHUNK", "nvls_allreduce", "nvls_graph",
-           "nvls_chunk", "nvls_fill_bytes", "fill_loops"]
+           "nvls_chunk", "nvls_channels", "nvls_fill_bytes", "fill_loops"]
 
 NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
 """tuning.cc nvlsEfficiency[] by compute capability (Volta and Ampere have no NVLS)."""
@@ -118,8 +118,8 @@ def nvls_allreduce(arch: str, ranks: int, domains: int, link_gbps: float, inter_
     eff = NVLS_EFFICIENCY.get(arch)
     if eff is None or link_gbps <= 0 or ranks < 2:
         return None
+    gpus, nic_gbps = _per_domain(ranks, domains, inter_gbps)
     ppn = ranks / domains
-    gpus, nic_gbps = max(int(round(ppn)), 1), inter_gbps / max(ppn, 1.0)
     to_alg = ranks / (2.0 * (ranks - 1))
     heads, speed = nvls_graph(arch, domains, gpus, link_gbps, nic_gbps)
     if heads < 2:
@@ -158,6 +158,19 @@ def _estimate_gbps(arch: str, domains: int, heads: int, speed: float, to_alg: fl
         cap = by_release(_PER_CH_TREE[arch], release)[0 if domains <= 2 else 1]
         per_ch = min(per_ch, speed * _spread(domains), cap)
     return heads * per_ch * to_alg
+
+
+def _per_domain(ranks: int, domains: int, inter_gbps: float) -> tuple[int, float]:
+    """GPUs of a domain and the network bandwidth of each."""
+    ppn = ranks / domains
+    return max(int(round(ppn)), 1), inter_gbps / max(ppn, 1.0)
+
+
+def nvls_channels(arch: str, ranks: int, domains: int, inter_gbps: float) -> int:
+    """Channels NCCL runs an NVLS or NVLSTree all-reduce on: the communicator's NVLS channels,
+    whatever the size (enqueue.cc topoGetAlgoInfo; ``_setup``)."""
+    gpus, nic_gbps = _per_domain(ranks, domains, inter_gbps)
+    return _setup(arch, domains, gpus, nic_gbps)[0]
 
 
 def _spread(domains: int) -> float:

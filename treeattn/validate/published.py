@@ -13,9 +13,11 @@ Every row of every table (``treeattn.validate.corpus``) is predicted on the tabl
   when the last message lands (the merge a plan applies afterwards is not part of it).
 
 A table run by one process driving G GPUs (``nGpus G`` in its header, nccl-tests ``-g G``)
-launches the G kernels of a call one after another (``GROUP_LAUNCH_US`` each) while the GPUs
-run the previous call: a call takes the longer of the two (8 x H100 of one node with
-``-g 8``: 34-38 us from 8 B to 256 KiB, whatever the collective). Other ``-g`` tables keep
+launches the G kernels of a call one after another while the GPUs run the previous call: a
+call takes the longer of the two (8 x H100 of one node with ``-g 8``: 34-38 us from 8 B to 256
+KiB, whatever the collective). Each launch costs ``GROUP_LAUNCH_US`` and ``GROUP_CHANNEL_US``
+for each channel the call runs on (NCCL prepares a call's work channel by channel): the same
+8 x H100 take 35 us on one channel, 41-43 us on 24 (1 MiB). Other ``-g`` tables keep
 growing with the size under that floor (8 A100s with ``-g 8``: 35 us at 8 B, 56 at 512 KiB):
 the floor is a lower bound there.
 
@@ -52,8 +54,8 @@ from treeattn.topology.nccl_version import Release
 from treeattn.validate.corpus import PublishedTable
 from treeattn.workload import RawPayload
 
-__all__ = ["GROUP_LAUNCH_US", "POINT_TO_POINT", "REGIMES", "RowResult", "predict_table", "predict_corpus", "summarize",
-           "plot_corpus", "table_releases", "p2p_time_us"]
+__all__ = ["GROUP_LAUNCH_US", "GROUP_CHANNEL_US", "POINT_TO_POINT", "REGIMES", "RowResult", "predict_table",
+           "predict_corpus", "summarize", "group_launch_us", "plot_corpus", "table_releases", "p2p_time_us"]
 
 KIB, MIB = 1024, 1024 * 1024
 REGIMES = ("<=64KiB", "64KiB-1MiB", "1-16MiB", "16-256MiB", ">=256MiB")
@@ -96,13 +98,25 @@ class RowResult:
                 "error": round(self.error, 4), "scored": self.scored, "how": self.how}
 
 
-# Host time per GPU of one call that a single thread issues to G GPUs (nccl-tests -g G):
-# together-h100-1node's five -g 8 tables (NCCL 2.26) hold 34.3-35.9 us (median of 8 B-4 KiB),
-# 4.28-4.49 us a GPU, median and mean 4.38, rounded. SuperBench's A100 VM (NCCL < 2.11) takes
-# 4.31-4.42 in its collectives (its alltoall, 16 point-to-point calls a GPU, 10.8) and the
-# unnamed A100 node (NCCL 2.19) 4.56; Spectrum-X's 2 x 8 H200 5.46. Not cost.launch_us (a kernel
-# a rank's own process launches, which merges pay): a grouped call's host work per device.
+# Host time per GPU of one call that a single thread issues to G GPUs (nccl-tests -g G),
+# fitted on together-h100-1node's five -g 8 tables (NCCL 2.26): their 84 rows of 8 B-2 MiB that
+# the model's call takes under 0.8 of the published time, per GPU 4.39 us + 0.034 us a channel
+# (least squares; medians by channel count 4.39 / 4.42 / 4.64 / 4.71 / 4.95 / 5.18 us at 1 / 2 /
+# 4 / 8 / 16 / 24 channels; 2 MiB, on 24 channels too, about as 1 MiB: the channels, not the
+# bytes). NCCL's host work for a call is per channel (enqueue.cc scheduleCollTasksToPlan: a
+# work batch and a proxy op for each channel it runs on). Not cost.launch_us (a kernel a rank's
+# own process launches, which merges pay): a grouped call's host work per device.
 GROUP_LAUNCH_US = 4.4
+GROUP_CHANNEL_US = 0.034
+
+
+def group_launch_us(gpus: int, channels: int | None) -> float:
+    """Host time of one call by a process driving ``gpus`` GPUs (nccl-tests -g G): their
+    kernels launched one after another, each with its work on ``channels`` channels (one
+    where the model does not know them); 0 for one GPU a process."""
+    if gpus <= 1:
+        return 0.0
+    return gpus * (GROUP_LAUNCH_US + GROUP_CHANNEL_US * (channels or 1))
 
 
 def p2p_time_us(topo: Topology, collective: str, nbytes: int) -> float:
@@ -180,21 +194,21 @@ def predict_table(t: PublishedTable, cache: _Topologies | None = None,
     cache = cache or _Topologies()
     point_to_point = t.collective in POINT_TO_POINT
     topo = cache.p2p_topo(t) if point_to_point else cache.topo(t)
-    # One process driving G GPUs (nccl-tests -g G) launches their G kernels one after another
-    # each call; the GPUs run one call while the process launches the next.
-    launches = t.log.n_gpus * GROUP_LAUNCH_US if t.log.n_gpus > 1 else 0.0
     out = []
     for nbytes, published in t.points():
+        channels = None
         if point_to_point:
             pred, how = p2p_time_us(topo, t.collective, nbytes), "p2p"
         else:
             fab = cache.fabric(t)
             est = nccl.pick(fab, _NCCL_NAMES[t.collective], nbytes, env=t.env)
             pred, how = est.time_us, f"{est.algorithm.value}/{est.protocol.value}"
+            channels = nccl.run_channel_count(fab, est.algorithm, est.protocol, nbytes)
             if t.collective in ("broadcast", "reduce"):
                 # Back to back, a chain's calls overlap along it (chain_call_latency_us).
                 pred += nccl.chain_call_latency_us(fab, est.algorithm, est.protocol) - est.latency_us
                 how += "+pipelined"
+        launches = group_launch_us(t.log.n_gpus, channels)
         if launches > pred:
             pred, how = launches, f"{how}+launches"
         out.append(RowResult(t.name, t.source_id, t.collective, nbytes, published, pred, t.scored, how))
