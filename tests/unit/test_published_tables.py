@@ -298,3 +298,62 @@ def test_corpus_progress_counts_rows_not_tables():
     assert len(calls) == len(rows) == sum(len(t.points()) for t in tables)
     assert [c[0] for c in calls] == list(range(1, len(rows) + 1)) and {c[1] for c in calls} == {len(rows)}
     assert calls[0][2] == tables[0].name and calls[-1][2] == tables[-1].name
+
+
+def test_the_ampere_channel_cost_is_the_fit_on_abci(monkeypatch):
+    """AMPERE_CHANNEL_US is what its docstring says: the within-table slope of ABCI's ring LL
+    rows of 16 KiB-1 MiB (published less the model without it) against the channels run."""
+    import numpy as np
+
+    from treeattn.cost import nccl
+    from treeattn.topology.library import resolve
+    from treeattn.validate.corpus import corpus_dir
+
+    fitted = nccl.AMPERE_CHANNEL_US
+    monkeypatch.setattr(nccl, "AMPERE_CHANNEL_US", 0.0)
+    tables = load_corpus([corpus_dir() / "abci-a100-1node.yaml"])
+    assert len(tables) == 4
+    x, y = [], []
+    for i, t in enumerate(tables):
+        fab = nccl.fabric(resolve(t.topology))
+        assert fab.arch == "ampere"
+        for nbytes, published in t.points():
+            est = nccl.pick(fab, t.collective.replace("_", ""), nbytes, env=t.env)
+            if not (16 << 10 <= nbytes <= 1 << 20) or est.protocol is not nccl.Protocol.LL:
+                continue
+            time = est.time_us
+            if t.collective == "broadcast":  # as check-model times a back-to-back chain
+                time += nccl.chain_call_latency_us(fab, est.algorithm, est.protocol) - est.latency_us
+            x.append([1.0 if j == i else 0.0 for j in range(len(tables))]
+                     + [nccl.run_channel_count(fab, est.algorithm, est.protocol, nbytes)])
+            y.append(published - time)
+    assert len(y) == 28
+    *_, slope = np.linalg.lstsq(np.array(x), np.array(y), rcond=None)[0]
+    assert round(slope, 2) == fitted
+
+
+def test_ampere_charges_its_channels_and_hopper_does_not(monkeypatch):
+    from treeattn.cost import nccl
+    from treeattn.topology.library import resolve
+
+    ring, ll = nccl.Algorithm.RING, nccl.Protocol.LL
+
+    def ring_ll(fab, nbytes):
+        return next(e for e in nccl.predict(fab, "allreduce", nbytes) if e.algorithm is ring and e.protocol is ll)
+
+    for name, charged in (("dgx-a100", True), ("dgx-h100", False)):
+        fab = nccl.fabric(resolve(name))
+        assert nccl.run_channel_count(fab, ring, ll, 32 << 10) == 1
+        channels = nccl.run_channel_count(fab, ring, ll, 512 << 10)
+        assert channels == 16
+        one, many = ring_ll(fab, 32 << 10), ring_ll(fab, 512 << 10)
+        # 32 KiB on one channel, 512 KiB on 16 channels of 32 KiB each: the same time, but for
+        # the channels' cost on Ampere.
+        extra = nccl.AMPERE_CHANNEL_US * (channels - 1) if charged else 0.0
+        assert many.time_us == pytest.approx(one.time_us + extra)
+        # NCCL's own estimate, which it picks by, does not see it.
+        with monkeypatch.context() as m:
+            m.setattr(nccl, "AMPERE_CHANNEL_US", 0.0)
+            without = ring_ll(fab, 512 << 10)
+        assert without.rank_us == pytest.approx(many.rank_us)
+        assert without.time_us == pytest.approx(many.time_us - extra)

@@ -93,7 +93,9 @@ the hosts' CPU (NCCL's rows: AMD hosts 22.5 / 19, others 39 / 20.4 GB/s on 2 / m
 
 Achieved (``time_us``): NCCL's formulas without the post overhead, and across nodes each
 protocol moves the network at ``NET_ACHIEVED`` of NCCL's figure (Simple 0.94: the 46-48 GB/s
-NCCL's maintainers quote for a 400 Gb/s NIC; LL128 0.6, measured on the corpus).
+NCCL's maintainers quote for a 400 Gb/s NIC; LL128 0.6, measured on the corpus). On Ampere
+each channel a call runs on beyond its first adds ``AMPERE_CHANNEL_US`` (fitted on published
+A100 tables; NCCL's estimate does not see it).
 ``NCCL_ALGO``, ``NCCL_PROTO`` and ``NCCL_NVLS_ENABLE=0`` restrict the pick (``allowed_by_env``).
 
 Channels (``treeattn.cost.nccl_channels``): NCCL's figures are those of all its channels;
@@ -173,6 +175,7 @@ __all__ = [
     "shm_pairs",
     "pair_rate_gbps",
     "SHM_GBPS",
+    "AMPERE_CHANNEL_US",
     "shm_rate_applies",
 ]
 
@@ -259,6 +262,20 @@ _PER_CH_TREE_LL128 = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3, "hopper": (36
 # (nccl-tests issues 290 and 319); LL128 0.6, measured on the corpus's multi-node rows
 # (results/published, docs/nccl-model.md); LL is capped by llMaxBw long before the network.
 NET_ACHIEVED = {Protocol.LL: 1.0, Protocol.LL128: 0.6, Protocol.SIMPLE: 0.94}
+AMPERE_CHANNEL_US = 1.52
+"""What each channel a call runs on beyond its first adds to the call on Ampere GPUs (us),
+whatever the protocol and size: fitted, its cause not found in NCCL's source. ABCI's one-node
+A100 tables (abci-a100-1node: NCCL 2.8.4, one process per GPU, 8 and 4 GPUs, all-reduce and
+broadcast) grow with the channels NCCL's thresholds give while each channel's bytes stay
+fixed (8 A100s, all-reduce: 34.8 / 39.3 / 41.6 / 48.2 / 58.3 us on 1 / 2 / 4 / 8 / 16 channels
+of 32 KiB each), 1.36-1.81 us a channel by table; fitted on their ring LL rows of 16 KiB-1 MiB
+(least squares, each table its own intercept). Held out, it brings SuperBench's A100 VM,
+the unnamed A100 node and DeepOps' 2- and 4-node A100 rings to within a few percent at
+64 KiB-16 MiB where they ran 25-50 % faster than published (docs/nccl-model.md). Hopper
+shows no such cost (8 x H100, NCCL 2.26, ring all-reduce: 43.2 us at 2 MiB on 24 channels,
+the model 41.0 without it); every Ampere table of the corpus ran NCCL 2.19 or older and
+every Hopper one 2.24 or newer, so the GPU and the release cannot be told apart. Ada GPUs
+take NCCL's Ampere row, and this with it."""
 SHM_GBPS = 2.7
 """What NCCL's shared-memory transport moves between two GPUs of a node, one without
 peer-to-peer (GeForce cards), GB/s, with NCCL's defaults: the receiving GPU's kernels load the data from
@@ -931,6 +948,14 @@ def run_channel_count(fab: NcclFabric, algo: Algorithm, protocol: Protocol, nbyt
     return run_channels(fab.channels, protocol.value, nbytes, fab.ranks, algo is Algorithm.RING, fab.ring_gbps)
 
 
+def _channel_cost_us(fab: NcclFabric, algo: Algorithm, protocol: Protocol, nbytes: int) -> float:
+    """What the channels a call runs on beyond its first add on Ampere (``AMPERE_CHANNEL_US``)."""
+    if fab.arch != "ampere":
+        return 0.0
+    nc = run_channel_count(fab, algo, protocol, nbytes)
+    return 0.0 if nc is None else AMPERE_CHANNEL_US * (nc - 1)
+
+
 def _channel_share(fab: NcclFabric, algo: Algorithm, p: int, nbytes: int) -> float:
     """The share of NCCL's channels a ring or tree of ``nbytes`` runs on (nccl_channels)."""
     nc = run_channel_count(fab, algo, _PROTOS[p], nbytes)
@@ -1014,7 +1039,7 @@ def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: i
                         * _channel_share(fab, algo, p, nbytes))
             if fab.shm_gbps > 0:
                 achieved = min(achieved, fab.shm_gbps / factor)
-            t = lat + nbytes / (achieved * 1e3)
+            t = lat + nbytes / (achieved * 1e3) + _channel_cost_us(fab, algo, proto, nbytes)
             algbw = nbytes / (t * 1e3)
             out.append(NcclEstimate(algo, proto, t, algbw, algbw * factor, lat, None if tuned == t else tuned))
     if collective is Collective.ALLREDUCE and fab.nvls_gbps > 0:
