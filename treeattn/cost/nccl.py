@@ -264,18 +264,21 @@ _PER_CH_TREE_LL128 = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3, "hopper": (36
 NET_ACHIEVED = {Protocol.LL: 1.0, Protocol.LL128: 0.6, Protocol.SIMPLE: 0.94}
 AMPERE_CHANNEL_US = 1.52
 """What each channel a call runs on beyond its first adds to the call on Ampere GPUs (us),
-whatever the protocol and size: fitted, its cause not found in NCCL's source. ABCI's one-node
-A100 tables (abci-a100-1node: NCCL 2.8.4, one process per GPU, 8 and 4 GPUs, all-reduce and
-broadcast) grow with the channels NCCL's thresholds give while each channel's bytes stay
-fixed (8 A100s, all-reduce: 34.8 / 39.3 / 41.6 / 48.2 / 58.3 us on 1 / 2 / 4 / 8 / 16 channels
-of 32 KiB each), 1.36-1.81 us a channel by table; fitted on their ring LL rows of 16 KiB-1 MiB
-(least squares, each table its own intercept). Held out, it brings SuperBench's A100 VM,
-the unnamed A100 node and DeepOps' 2- and 4-node A100 rings to within a few percent at
-64 KiB-16 MiB where they ran 25-50 % faster than published (docs/nccl-model.md). Hopper
-shows no such cost (8 x H100, NCCL 2.26, ring all-reduce: 43.2 us at 2 MiB on 24 channels,
-the model 41.0 without it); every Ampere table of the corpus ran NCCL 2.19 or older and
-every Hopper one 2.24 or newer, so the GPU and the release cannot be told apart. Ada GPUs
-take NCCL's Ampere row, and this with it."""
+whatever the protocol and size: a per-call figure fitted on one source and one NCCL release,
+its cause not found in NCCL's source. ABCI's one-node A100 tables (abci-a100-1node: NCCL
+2.8.4, one process per GPU, 8 and 4 GPUs, all-reduce and broadcast) grow with the channels
+NCCL's thresholds give while each channel's bytes stay fixed (8 A100s, all-reduce: 34.8 / 39.3 /
+41.6 / 48.2 / 58.3 us on 1 / 2 / 4 / 8 / 16 channels of 32 KiB each), 1.36-1.81 us a channel
+by table; fitted on their ring LL rows of 16 KiB-1 MiB (least squares, each table its own
+intercept). There the channels follow the bytes; what tells them apart is the broadcast on 24
+channels (53.3 us at 1 MiB, 55.7 at 2 MiB). Carried, unfitted, to LL128 and Simple, to several
+nodes and to Ada. Held out, at 64 KiB-16 MiB (median |error|): SuperBench's A100 VM 40.6 ->
+15.8 %, the unnamed A100 node 29.8 -> 9.7 %, DeepOps' 2- and 4-node A100 rings 21.7 -> 14.4 %
+(docs/nccl-model.md). Hopper shows no such cost on NCCL 2.26 (8 x H100, ring all-reduce at
+2 MiB on 24 channels: 43.2 us, the model 41.0 without it; one row, on its -g 8 launch floor,
+which rules out tens of microseconds, not one); every Ampere table of the corpus ran NCCL 2.19
+or older and every Hopper one 2.24 or newer, so the GPU and the release cannot be told apart.
+Ada GPUs take NCCL's Ampere row, and this with it."""
 SHM_GBPS = 2.7
 """What NCCL's shared-memory transport moves between two GPUs of a node, one without
 peer-to-peer (GeForce cards), GB/s, with NCCL's defaults: the receiving GPU's kernels load the data from

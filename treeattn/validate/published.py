@@ -17,7 +17,7 @@ launches the G kernels of a call one after another while the GPUs run the previo
 call takes the longer of the two (8 x H100 of one node with ``-g 8``: 34-38 us from 8 B to 256
 KiB, whatever the collective). Each launch costs ``GROUP_LAUNCH_US`` and ``GROUP_CHANNEL_US``
 for each channel the call runs on (NCCL prepares a call's work channel by channel): the same
-8 x H100 take 35 us on one channel, 41-43 us on 24 (1 MiB). Other ``-g`` tables keep
+8 x H100 take 35 us on one channel, 40-44 us on 24 (1 MiB). Other ``-g`` tables keep
 growing with the size under that floor (8 A100s with ``-g 8``: 35 us at 8 B, 56 at 512 KiB):
 the floor is a lower bound there.
 
@@ -102,10 +102,12 @@ class RowResult:
 # fitted on together-h100-1node's five -g 8 tables (NCCL 2.26): their 84 rows of 8 B-2 MiB that
 # the model's call takes under 0.8 of the published time, per GPU 4.39 us + 0.034 us a channel
 # (least squares; medians by channel count 4.39 / 4.42 / 4.64 / 4.71 / 4.95 / 5.18 us at 1 / 2 /
-# 4 / 8 / 16 / 24 channels; 2 MiB, on 24 channels too, about as 1 MiB: the channels, not the
-# bytes). NCCL's host work for a call is per channel (enqueue.cc scheduleCollTasksToPlan: a
-# work batch and a proxy op for each channel it runs on). Not cost.launch_us (a kernel a rank's
-# own process launches, which merges pay): a grouped call's host work per device.
+# 4 / 8 / 16 / 24 channels). Up to 1 MiB the channels follow the bytes; the two rows that tell
+# them apart (all-gather and reduce-scatter at 2 MiB, on 24 channels as at 1 MiB: 5.00 and 5.27
+# us a GPU, against 5.01 and 5.10) follow the channels. NCCL's host work for a call is per
+# channel (enqueue.cc scheduleCollTasksToPlan: a work batch for each channel it runs on and,
+# where the transport needs one, a proxy op). Not cost.launch_us (a kernel a rank's own process
+# launches, which merges pay): a grouped call's host work per device.
 GROUP_LAUNCH_US = 4.4
 GROUP_CHANNEL_US = 0.034
 
