@@ -357,3 +357,46 @@ def test_ampere_charges_its_channels_and_hopper_does_not(monkeypatch):
             without = ring_ll(fab, 512 << 10)
         assert without.rank_us == pytest.approx(many.rank_us)
         assert without.time_us == pytest.approx(many.time_us - extra)
+
+
+def test_the_nvls_chunk_cost_is_the_fit_on_together(monkeypatch):
+    """NVLS_CHUNK_US is what its docstring says: the relative least-squares fit on
+    together-h100-1node's NVLS rows below 1 GiB (time is linear in it)."""
+    from treeattn.cost import nvls
+    from treeattn.validate.corpus import corpus_dir
+    from treeattn.validate.published import predict_table
+
+    fitted = nvls.NVLS_CHUNK_US
+    (table,) = [t for t in load_corpus([corpus_dir() / "together-h100-1node.yaml"]) if t.name.endswith("/nvls")]
+
+    def rows(cost):
+        monkeypatch.setattr(nvls, "NVLS_CHUNK_US", cost)
+        return [r for r in predict_table(table) if r.how.startswith("nvls/") and r.nbytes < 1 << 30]
+
+    at0, at1 = rows(0.0), rows(1.0)
+    assert len(at0) == 9
+    num = sum((b.predicted_us - a.predicted_us) * (a.published_us - a.predicted_us) / a.published_us ** 2
+              for a, b in zip(at0, at1, strict=True))
+    den = sum(((b.predicted_us - a.predicted_us) / a.published_us) ** 2 for a, b in zip(at0, at1, strict=True))
+    assert round(num / den, 1) == fitted
+
+
+def test_nvls_pays_its_chunks_below_the_full_chunk_only(monkeypatch):
+    from treeattn.cost import nccl, nvls
+    from treeattn.topology.library import resolve
+
+    fab = nccl.fabric(resolve("dgx-h100"))
+
+    def nvls_us(nbytes, cost):
+        monkeypatch.setattr(nvls, "NVLS_CHUNK_US", cost)
+        return next(e for e in nccl.predict(fab, "allreduce", nbytes) if e.algorithm is nccl.Algorithm.NVLS)
+
+    # 1 GiB holds 64 loops of 16 channels x 8 heads x 128 KiB: NCCL's full chunk, no cost beyond the rate.
+    assert nvls_us(1 << 30, nvls.NVLS_CHUNK_US).time_us == pytest.approx(nvls_us(1 << 30, 0.0).time_us)
+    # 512 MiB runs on 64 KiB chunks: each of a pair's 512 MiB / 128 pairs / 64 KiB chunks pays the
+    # cost less the full chunk's share, which the rate holds; NCCL's estimate does not see it.
+    with_cost, without = nvls_us(512 << 20, nvls.NVLS_CHUNK_US), nvls_us(512 << 20, 0.0)
+    fill = nvls.nvls_fill_bytes("hopper", 1, 8, 8, 0.0, 512 << 20)
+    extra = ((512 << 20) + fill) * nvls.NVLS_CHUNK_US / 128 * (1 / (64 << 10) - 1 / (128 << 10))
+    assert with_cost.time_us - without.time_us == pytest.approx(extra)
+    assert with_cost.rank_us == pytest.approx(without.rank_us)

@@ -62,7 +62,7 @@ from treeattn.cost.nccl_channels import SPEEDS_INTER, SPEEDS_INTRA
 from treeattn.topology.nccl_version import NEWEST, Release, by_release
 
 __all__ = ["NVLS_EFFICIENCY", "NVLS_ACHIEVED", "NVLS_CHANNELS", "NVLS_CHUNK", "nvls_allreduce", "nvls_graph",
-           "nvls_chunk", "nvls_channels", "nvls_fill_bytes", "fill_loops"]
+           "nvls_chunk", "nvls_channels", "nvls_fill_bytes", "fill_loops", "chunked_gbps", "NVLS_CHUNK_US"]
 
 NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
 """tuning.cc nvlsEfficiency[] by compute capability (Volta and Ampere have no NVLS)."""
@@ -73,6 +73,20 @@ NVLS_CHANNELS = {("hopper", True): 16, ("hopper", False): 16, ("blackwell", True
 one domain (True) or several."""
 NVLS_CHUNK = 128 * 1024
 """nvls.cc NCCL_NVLS_CHUNKSIZE default."""
+NVLS_CHUNK_US = 3.7
+"""What each chunk costs one NVLS channel x head pair beyond its bytes, on one domain (us):
+a chunk is one step of NCCL's NVLS pipeline (the multimem reduce and broadcast of the chunk
+and the step's handshake), so smaller chunks move the buffer more slowly. NCCL shrinks the
+chunk from 128 KiB to 64 KiB below 64 loops of channels x heads chunks (1 GiB on 8 H100s), to
+32 KiB below 8 and 16 KiB below 2 (``nvls_chunk``); ``NVLS_ACHIEVED`` is the 128 KiB rate.
+Every published one-node NVLS table steps where the chunk doubles: from 512 MiB to 1 GiB the
+model's error went -5 -> +1 % (together-h100-1node), -6 -> 0 % (nccl-tests issue 290) and -4
+-> +1 % (xxrjun) without this cost. Fitted on together-h100-1node's nvls table only (its 9 NVLS
+rows of 2-512 MiB, least squares of the relative error: 3.72 us); held out, nccl-tests issue
+290's rows would give 5.6 us and xxrjun's 1-node rows (NCCL 2.29) 2.5. NVLSTree (several
+domains) is left as it was: its fill was fitted on its rows, and this cost there (tried at
+5.3 us) took one 2-node H100 table's 4-16 MiB rows further off (qoofyk +10 / +18 / +3 ->
++15 / +20 / +6 %) and the other's closer."""
 # tuning.cc (ncclTopoTuneModel) by release, each figure with the first release (NVIDIA/nccl
 # tag) that carries it. perChMaxNVLSTreeBws (Hopper, Blackwell; GB/s per channel on 2 / more
 # domains), from 2.28.3, the release whose NVLS/NVLSTree estimate first uses them
@@ -130,6 +144,9 @@ def nvls_allreduce(arch: str, ranks: int, domains: int, link_gbps: float, inter_
     lat = by_release(_LAT_NVLS_US, release)
     if domains == 1:
         name = "nvls"
+        channels, chunk, max_chunk = _setup(arch, domains, gpus, nic_gbps)
+        ops = channels * heads
+        achieved = chunked_gbps(achieved, ops, nvls_chunk(domains, ops, chunk, max_chunk, nbytes))
     else:
         # NCCL's newest per-channel NVLSTree caps are measured figures: what runs stays under
         # them, whichever release's estimate picks the algorithm.
@@ -158,6 +175,13 @@ def _estimate_gbps(arch: str, domains: int, heads: int, speed: float, to_alg: fl
         cap = by_release(_PER_CH_TREE[arch], release)[0 if domains <= 2 else 1]
         per_ch = min(per_ch, speed * _spread(domains), cap)
     return heads * per_ch * to_alg
+
+
+def chunked_gbps(gbps: float, ops: int, chunk: int) -> float:
+    """NVLS's achieved rate ``gbps`` (NCCL's full ``NVLS_CHUNK``) with ``chunk``-byte chunks
+    shared by ``ops`` channel x head pairs, each chunk costing ``NVLS_CHUNK_US`` beyond its
+    bytes (the full chunk's share of that cost is in ``gbps`` already)."""
+    return 1.0 / (1.0 / gbps + 1e3 * NVLS_CHUNK_US / ops * (1.0 / chunk - 1.0 / NVLS_CHUNK))
 
 
 def _per_domain(ranks: int, domains: int, inter_gbps: float) -> tuple[int, float]:
