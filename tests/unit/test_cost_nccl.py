@@ -434,3 +434,22 @@ def test_nccl_rated_ring_ll_a_third_or_a_quarter_before_2_21_5(coll, nodes, shar
     steps = {"allgather": ranks - 1, "reducescatter": ranks - 1}.get(coll, ranks)
     algbw = min(ll_max, fab.bus_bw_gbps * share) * ranks / steps
     assert b.rank_us - a.rank_us == pytest.approx(n / (algbw * 1e3), rel=1e-6)  # the estimate's bandwidth
+
+
+def test_blackwell_runs_32_nvls_channels_on_one_domain_before_2_27():
+    import dataclasses
+
+    from treeattn.cost.nvls import nvls_fill_bytes
+    from treeattn.topology.nccl_version import nccl_release
+
+    rack = nccl.fabric(resolve("gb200-nvl72"))
+    old, new = (dataclasses.replace(rack, nccl_release=nccl_release(v)) for v in ("2.26.2", "2.27.3"))
+    # nvls.cc: NVLS_NCHANNELS_SM100 (32) on any Blackwell in 2.25-2.26, NVLS_NCHANNELS_SM100_NVL (24)
+    # on one domain from 2.27.3
+    assert [nccl.run_channel_count(f, nccl.Algorithm.NVLS, nccl.Protocol.SIMPLE, 1 << 30) for f in (old, new)] == \
+        [32, 24]
+    # 32 heads x 32 channels: a loop of 128 KiB chunks is 128 MiB, and 4 GiB holds 32 (64 KiB chunks)
+    assert nvls_fill_bytes("blackwell", 1, 32, 72, 0.0, 1 << 32, nccl_release("2.26.2")) == 32 * 32 * (64 << 10)
+    a, b = (next(e for e in nccl.predict(f, "allreduce", 1 << 32) if e.algorithm is nccl.Algorithm.NVLS)
+            for f in (old, new))
+    assert a.time_us - a.latency_us < b.time_us - b.latency_us

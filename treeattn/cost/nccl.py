@@ -945,7 +945,7 @@ def run_channel_count(fab: NcclFabric, algo: Algorithm, protocol: Protocol, nbyt
     NVLSTree run on the communicator's NVLS channels; None where the model does not know them
     (no channel count for the fabric, RCCL's MSCCL files)."""
     if algo in (Algorithm.NVLS, Algorithm.NVLS_TREE):
-        return nvls_channels(fab.arch, fab.ranks, fab.nodes, fab.inter_bw_gbps)
+        return nvls_channels(fab.arch, fab.ranks, fab.nodes, fab.inter_bw_gbps, fab.nccl_release)
     if algo not in (Algorithm.RING, Algorithm.TREE) or fab.channels <= 0:
         return None
     return run_channels(fab.channels, protocol.value, nbytes, fab.ranks, algo is Algorithm.RING, fab.ring_gbps)

@@ -37,7 +37,7 @@ half the data (NCCL's x 2), on more the network carries it all.
 
 Pipeline fill (what runs, not NCCL's estimate): NVLS and NVLSTree move the buffer in loops of
 channels x heads chunks (``src/enqueue.cc`` calcCollChunking, 2.23-2.30): 16 channels on
-Hopper (``nvls.cc`` NVLS_NCHANNELS_SM90; Blackwell 24 on one domain, 32 or 24 across), a
+Hopper (``nvls.cc`` NVLS_NCHANNELS_SM90; Blackwell 24 on one domain, 32 in 2.25-2.26, 32 or 24 across), a
 128 KiB chunk (NCCL_NVLS_CHUNKSIZE), at most 64 KiB for NVLSTree on 4 or more domains, and
 shrunk while the buffer holds few loops (NVLS: 64 KiB under 64 loops, 32 KiB under 8,
 16 KiB under 2; NVLSTree: 64 KiB under 4, 32 KiB under 1). A chunk crosses the NVLS
@@ -53,7 +53,8 @@ a grid of fill = a + b log2(domains), a and b in 0, 0.5, ..., 2, on the corpus's
 NVLSTree rows (87) puts a = b = 1 best (median |error| 5.8 %, signed +0.6 %; 0 and 1.5 give
 5.5 % but -3.4 %). This replaces NCCL's treeCorrectionFactor, which the model applied to
 NVLSTree before; on one domain the same loop of fill takes the 32-512 MiB rows of 8 x H100
-from -19..-5 % to -10..-2 %.
+from -19..-5 % to -10..-2 % (with ``NVLS_CHUNK_US`` since, -5..+4 % across the three H100
+tables).
 """
 
 from __future__ import annotations
@@ -70,7 +71,10 @@ NVLS_ACHIEVED = 0.86
 """Measured NVLS algorithm bandwidth over NVLink figure x nvlsEfficiency (module docstring)."""
 NVLS_CHANNELS = {("hopper", True): 16, ("hopper", False): 16, ("blackwell", True): 24, ("blackwell", False): 32}
 """nvls.cc NVLS_NCHANNELS_SM90 / _SM100_NVL / _SM100: NCCL's NVLS channels by generation, on
-one domain (True) or several."""
+one domain (True) or several, in the newest release (Blackwell on one domain: ``_setup``)."""
+# nvls.cc: Blackwell runs NVLS_NCHANNELS_SM100 = 32 channels on one domain too in 2.25-2.26;
+# NVLS_NCHANNELS_SM100_NVL = 24 from 2.27.3.
+_BLACKWELL_ONE_DOMAIN_CHANNELS = (((2, 25, 1), 32), ((2, 27, 3), 24))
 NVLS_CHUNK = 128 * 1024
 """nvls.cc NCCL_NVLS_CHUNKSIZE default."""
 NVLS_CHUNK_US = 3.7
@@ -79,14 +83,20 @@ a chunk is one step of NCCL's NVLS pipeline (the multimem reduce and broadcast o
 and the step's handshake), so smaller chunks move the buffer more slowly. NCCL shrinks the
 chunk from 128 KiB to 64 KiB below 64 loops of channels x heads chunks (1 GiB on 8 H100s), to
 32 KiB below 8 and 16 KiB below 2 (``nvls_chunk``); ``NVLS_ACHIEVED`` is the 128 KiB rate.
-Every published one-node NVLS table steps where the chunk doubles: from 512 MiB to 1 GiB the
-model's error went -5 -> +1 % (together-h100-1node), -6 -> 0 % (nccl-tests issue 290) and -4
--> +1 % (xxrjun) without this cost. Fitted on together-h100-1node's nvls table only (its 9 NVLS
-rows of 2-512 MiB, least squares of the relative error: 3.72 us); held out, nccl-tests issue
-290's rows would give 5.6 us and xxrjun's 1-node rows (NCCL 2.29) 2.5. NVLSTree (several
-domains) is left as it was: its fill was fitted on its rows, and this cost there (tried at
-5.3 us) took one 2-node H100 table's 4-16 MiB rows further off (qoofyk +10 / +18 / +3 ->
-+15 / +20 / +6 %) and the other's closer."""
+The three one-node H100 NVLS tables change pace where the chunk doubles to 128 KiB: from 512
+MiB to 1 GiB the model's error went -5 -> +1 % (together-h100-1node), -6 -> 0 % (nccl-tests
+issue 290) and -4 -> +1 % (xxrjun) without this cost; Together's also where it doubles to 64
+KiB (32 MiB -18 %, 64 MiB -7 %), not where it doubles to 32 KiB (4 MiB -13 %, 8 MiB -15 %).
+Fitted on together-h100-1node's nvls table only (its 9 NVLS rows of 2-512 MiB, least squares
+of the relative error: 3.72 us), whose 16 KiB rows it then puts 4-8 % slow and its 32 KiB
+rows 5-7 % fast: a cost per chunk is the simplest law the two larger steps support, not one
+the smallest chunks show. Held out, issue 290's 3 rows of 128-512 MiB would give 5.6 us and
+xxrjun's 1-node rows (NCCL 2.29) 2.5. Carried unfitted to Blackwell, whose two one-domain
+tables both come closer with it but would each want more (OCI's one row below the full chunk
+about 9 us, CoreWeave's rack, 4 rows, about 47). NVLSTree (several domains) is left as it was: its fill was fitted
+on its rows, and this cost on its rate (after its caps) takes the 2-node H100 tables' 4-16 MiB
+rows from +10 / +18 / +3 to +19 / +22 / +7 % (qoofyk) and from -6 / +3 / -6 to +1 / +7 / -2 %
+(gj)."""
 # tuning.cc (ncclTopoTuneModel) by release, each figure with the first release (NVIDIA/nccl
 # tag) that carries it. perChMaxNVLSTreeBws (Hopper, Blackwell; GB/s per channel on 2 / more
 # domains), from 2.28.3, the release whose NVLS/NVLSTree estimate first uses them
@@ -124,7 +134,8 @@ def nvls_allreduce(arch: str, ranks: int, domains: int, link_gbps: float, inter_
         nbytes: buffer size.
         net_achieved: the share of ``inter_gbps`` the Simple protocol achieves.
         release: the NCCL release (``treeattn.topology.nccl_version``) whose latencies and
-            estimate apply; what runs is otherwise the same in every release.
+            estimate apply, and Blackwell's NVLS channels on one domain; what runs is
+            otherwise the same in every release.
 
     Returns:
         (algorithm, NCCL's estimate us, achieved us, latency us), or None without NVLS.
@@ -140,11 +151,11 @@ def nvls_allreduce(arch: str, ranks: int, domains: int, link_gbps: float, inter_
         return None
     estimate = _estimate_gbps(arch, domains, heads, speed, to_alg, release)
     achieved = link_gbps * eff * NVLS_ACHIEVED
-    fill = nvls_fill_bytes(arch, domains, heads, gpus, nic_gbps, nbytes)
+    fill = nvls_fill_bytes(arch, domains, heads, gpus, nic_gbps, nbytes, release)
     lat = by_release(_LAT_NVLS_US, release)
     if domains == 1:
         name = "nvls"
-        channels, chunk, max_chunk = _setup(arch, domains, gpus, nic_gbps)
+        channels, chunk, max_chunk = _setup(arch, domains, gpus, nic_gbps, release)
         ops = channels * heads
         achieved = chunked_gbps(achieved, ops, nvls_chunk(domains, ops, chunk, max_chunk, nbytes))
     else:
@@ -190,11 +201,11 @@ def _per_domain(ranks: int, domains: int, inter_gbps: float) -> tuple[int, float
     return max(int(round(ppn)), 1), inter_gbps / max(ppn, 1.0)
 
 
-def nvls_channels(arch: str, ranks: int, domains: int, inter_gbps: float) -> int:
+def nvls_channels(arch: str, ranks: int, domains: int, inter_gbps: float, release: Release = NEWEST) -> int:
     """Channels NCCL runs an NVLS or NVLSTree all-reduce on: the communicator's NVLS channels,
     whatever the size (enqueue.cc topoGetAlgoInfo; ``_setup``)."""
     gpus, nic_gbps = _per_domain(ranks, domains, inter_gbps)
-    return _setup(arch, domains, gpus, nic_gbps)[0]
+    return _setup(arch, domains, gpus, nic_gbps, release)[0]
 
 
 def _spread(domains: int) -> float:
@@ -203,11 +214,13 @@ def _spread(domains: int) -> float:
     return 2.0 if domains <= 2 else 1.0
 
 
-def _setup(arch: str, domains: int, ppn: int, nic_gbps: float) -> tuple[int, int, int]:
+def _setup(arch: str, domains: int, ppn: int, nic_gbps: float, release: Release = NEWEST) -> tuple[int, int, int]:
     """NCCL's NVLS channels, chunk and NVLSTree's largest chunk (bytes) for a communicator
     (nvls.cc ncclNvlsTuning; Blackwell across domains: ncclNvlsTreeSm100Tuning, 2.30, its
     GPU-to-NIC path taken as closer than PXB)."""
     if domains == 1:
+        if arch == "blackwell":
+            return by_release(_BLACKWELL_ONE_DOMAIN_CHANNELS, release), NVLS_CHUNK, NVLS_CHUNK
         return NVLS_CHANNELS[(arch, True)], NVLS_CHUNK, NVLS_CHUNK
     if arch == "blackwell" and domains == 2 and nic_gbps >= 48.0:
         if ppn <= 4:
@@ -241,10 +254,11 @@ def fill_loops(domains: int) -> float:
     return 1.0 + _log2i(domains)
 
 
-def nvls_fill_bytes(arch: str, domains: int, heads: int, ppn: int, nic_gbps: float, nbytes: int) -> float:
+def nvls_fill_bytes(arch: str, domains: int, heads: int, ppn: int, nic_gbps: float, nbytes: int,
+                    release: Release = NEWEST) -> float:
     """The pipeline fill as bytes at the achieved rate: ``fill_loops`` loops of channels x
     heads chunks, or the whole buffer when it is smaller than one loop."""
-    channels, chunk, max_chunk = _setup(arch, domains, ppn, nic_gbps)
+    channels, chunk, max_chunk = _setup(arch, domains, ppn, nic_gbps, release)
     ops = channels * heads
     loop = ops * nvls_chunk(domains, ops, chunk, max_chunk, nbytes)
     return fill_loops(domains) * min(nbytes, loop)
