@@ -453,3 +453,17 @@ def test_blackwell_runs_32_nvls_channels_on_one_domain_before_2_27():
     a, b = (next(e for e in nccl.predict(f, "allreduce", 1 << 32) if e.algorithm is nccl.Algorithm.NVLS)
             for f in (old, new))
     assert a.time_us - a.latency_us < b.time_us - b.latency_us
+
+
+def test_blackwell_nvlstree_tuning_only_from_2_30_3():
+    from treeattn.cost.nvls import nvls_fill_bytes
+    from treeattn.topology.nccl_version import nccl_release
+
+    # Two NVL72 racks, 400 Gb/s a GPU: ncclNvlsTreeSm100Tuning (2.30.3 on) caps NVLSTree's chunk
+    # at 64 KiB for 16 or more GPUs a domain; before it, the cap is 64 KiB only on 4 or more domains.
+    old, new = (nvls_fill_bytes("blackwell", 2, 8, 72, 50.0, 16 << 30, nccl_release(v)) for v in ("2.29.7", "2.30.3"))
+    assert old == 2 * new
+    # Four racks (3 loops of fill): before, 32 channels and enqueue.cc's 64 KiB NVLSTree cap on 4 or
+    # more domains; from 2.30.3, 24 channels and 128 KiB for a 400 Gb/s NIC a GPU.
+    old, new = (nvls_fill_bytes("blackwell", 4, 8, 72, 50.0, 16 << 30, nccl_release(v)) for v in ("2.29.7", "2.30.3"))
+    assert (old, new) == (3 * 32 * 8 * (64 << 10), 3 * 24 * 8 * (128 << 10))

@@ -75,6 +75,8 @@ one domain (True) or several, in the newest release (Blackwell on one domain: ``
 # nvls.cc: Blackwell runs NVLS_NCHANNELS_SM100 = 32 channels on one domain too in 2.25-2.26;
 # NVLS_NCHANNELS_SM100_NVL = 24 from 2.27.3.
 _BLACKWELL_ONE_DOMAIN_CHANNELS = (((2, 25, 1), 32), ((2, 27, 3), 24))
+_SM100_TREE_TUNING = (2, 30, 3)
+"""The first release with nvls.cc ncclNvlsTreeSm100Tuning (absent in 2.29.7)."""
 NVLS_CHUNK = 128 * 1024
 """nvls.cc NCCL_NVLS_CHUNKSIZE default."""
 NVLS_CHUNK_US = 3.7
@@ -216,23 +218,33 @@ def _spread(domains: int) -> float:
 
 def _setup(arch: str, domains: int, ppn: int, nic_gbps: float, release: Release = NEWEST) -> tuple[int, int, int]:
     """NCCL's NVLS channels, chunk and NVLSTree's largest chunk (bytes) for a communicator
-    (nvls.cc ncclNvlsTuning; Blackwell across domains: ncclNvlsTreeSm100Tuning, 2.30, its
-    GPU-to-NIC path taken as closer than PXB)."""
+    (nvls.cc ncclNvlsTuning; Blackwell across domains from 2.30.3: ncclNvlsTreeSm100Tuning, its
+    GPU-to-NIC path taken as closer than PXB; before, every GPU across domains as below, with
+    enqueue.cc's NVLSTree chunk of at most 64 KiB on 4 or more domains)."""
     if domains == 1:
         if arch == "blackwell":
             return by_release(_BLACKWELL_ONE_DOMAIN_CHANNELS, release), NVLS_CHUNK, NVLS_CHUNK
         return NVLS_CHANNELS[(arch, True)], NVLS_CHUNK, NVLS_CHUNK
-    if arch == "blackwell" and domains == 2 and nic_gbps >= 48.0:
+    newer = arch == "blackwell" and release >= _SM100_TREE_TUNING
+    tuned = _sm100_tree_tuning(domains, ppn, nic_gbps) if newer else None
+    return tuned or (NVLS_CHANNELS[(arch, False)], NVLS_CHUNK, 64 * 1024 if domains >= 4 else NVLS_CHUNK)
+
+
+def _sm100_tree_tuning(domains: int, ppn: int, nic_gbps: float) -> tuple[int, int, int] | None:
+    """nvls.cc ncclNvlsTreeSm100Tuning (2.30.3 on): Blackwell's NVLS channels, chunk and
+    NVLSTree's largest chunk across domains, by domains, GPUs a domain and NIC bandwidth; None
+    where it keeps the defaults."""
+    if domains == 2 and nic_gbps >= 48.0:
         if ppn <= 4:
             return 32, 2 * NVLS_CHUNK, 2 * NVLS_CHUNK
         return 32, NVLS_CHUNK, 64 * 1024 if ppn >= 16 else NVLS_CHUNK
-    if arch == "blackwell" and nic_gbps >= 96.0:
+    if nic_gbps >= 96.0:
         if ppn <= 8:
             return 24, 2 * NVLS_CHUNK, 2 * NVLS_CHUNK
         return 32, NVLS_CHUNK, NVLS_CHUNK if ppn < 32 else 64 * 1024
-    if arch == "blackwell" and nic_gbps >= 48.0:
+    if nic_gbps >= 48.0:
         return 24, NVLS_CHUNK, NVLS_CHUNK
-    return NVLS_CHANNELS[(arch, False)], NVLS_CHUNK, 64 * 1024 if domains >= 4 else NVLS_CHUNK
+    return None
 
 
 def nvls_chunk(domains: int, ops: int, chunk: int, max_chunk: int, nbytes: int) -> int:
