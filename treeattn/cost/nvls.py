@@ -249,7 +249,9 @@ def _sm100_tree_tuning(domains: int, ppn: int, nic_gbps: float) -> tuple[int, in
 
 def nvls_chunk(domains: int, ops: int, chunk: int, max_chunk: int, nbytes: int) -> int:
     """enqueue.cc calcCollChunking: NVLS (one domain) and NVLSTree shrink their chunk below a
-    few loops' worth of the buffer (a loop: ``ops`` = channels x heads chunks at once)."""
+    few loops' worth of the buffer (a loop: ``ops`` = channels x heads chunks at once). On one
+    domain NCCL applies it per channel, to the channel's share of the buffer with one channel's
+    heads (scheduleCollTasksToPlan, 2.26); with the buffer shared evenly that is this rule."""
     if domains == 1:
         steps = ((64, 65536), (8, 32768), (2, 16384))
     else:
