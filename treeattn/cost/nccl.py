@@ -951,18 +951,13 @@ def run_channel_count(fab: NcclFabric, algo: Algorithm, protocol: Protocol, nbyt
     return run_channels(fab.channels, protocol.value, nbytes, fab.ranks, algo is Algorithm.RING, fab.ring_gbps)
 
 
-def _channel_cost_us(fab: NcclFabric, algo: Algorithm, protocol: Protocol, nbytes: int) -> float:
-    """What the channels a call runs on beyond its first add on Ampere (``AMPERE_CHANNEL_US``)."""
-    if fab.arch != "ampere":
-        return 0.0
+def _channels_run(fab: NcclFabric, algo: Algorithm, protocol: Protocol, nbytes: int) -> tuple[float, float]:
+    """The share of NCCL's channels a ring or tree of ``nbytes`` runs on (nccl_channels), and
+    what the channels beyond its first add on Ampere (``AMPERE_CHANNEL_US``)."""
     nc = run_channel_count(fab, algo, protocol, nbytes)
-    return 0.0 if nc is None else AMPERE_CHANNEL_US * (nc - 1)
-
-
-def _channel_share(fab: NcclFabric, algo: Algorithm, p: int, nbytes: int) -> float:
-    """The share of NCCL's channels a ring or tree of ``nbytes`` runs on (nccl_channels)."""
-    nc = run_channel_count(fab, algo, _PROTOS[p], nbytes)
-    return 1.0 if nc is None else nc / fab.channels
+    if nc is None:
+        return 1.0, 0.0
+    return nc / fab.channels, AMPERE_CHANNEL_US * (nc - 1) if fab.arch == "ampere" else 0.0
 
 
 def _algbw_gbps(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int, nbytes: int,
@@ -1038,11 +1033,11 @@ def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: i
             plateau = _plateau(fab, collective, algo, p, nbytes)
             tuned = plateau * _latency_us(fab, collective, algo, p) + nbytes / (bw * 1e3)
             lat = plateau * _latency_us(fab, collective, algo, p, tuner=False)
-            achieved = (_algbw_gbps(_achieved(fab, p), collective, algo, p, nbytes)
-                        * _channel_share(fab, algo, p, nbytes))
+            share, channel_us = _channels_run(fab, algo, proto, nbytes)
+            achieved = _algbw_gbps(_achieved(fab, p), collective, algo, p, nbytes) * share
             if fab.shm_gbps > 0:
                 achieved = min(achieved, fab.shm_gbps / factor)
-            t = lat + nbytes / (achieved * 1e3) + _channel_cost_us(fab, algo, proto, nbytes)
+            t = lat + nbytes / (achieved * 1e3) + channel_us
             algbw = nbytes / (t * 1e3)
             out.append(NcclEstimate(algo, proto, t, algbw, algbw * factor, lat, None if tuned == t else tuned))
     if collective is Collective.ALLREDUCE and fab.nvls_gbps > 0:

@@ -153,13 +153,12 @@ def nvls_allreduce(arch: str, ranks: int, domains: int, link_gbps: float, inter_
         return None
     estimate = _estimate_gbps(arch, domains, heads, speed, to_alg, release)
     achieved = link_gbps * eff * NVLS_ACHIEVED
-    fill = nvls_fill_bytes(arch, domains, heads, gpus, nic_gbps, nbytes, release)
+    ops, chunk = _chunking(arch, domains, heads, gpus, nic_gbps, nbytes, release)
+    fill = _fill_bytes(domains, ops, chunk, nbytes)
     lat = by_release(_LAT_NVLS_US, release)
     if domains == 1:
         name = "nvls"
-        channels, chunk, max_chunk = _setup(arch, domains, gpus, nic_gbps, release)
-        ops = channels * heads
-        achieved = chunked_gbps(achieved, ops, nvls_chunk(domains, ops, chunk, max_chunk, nbytes))
+        achieved = chunked_gbps(achieved, ops, chunk)
     else:
         # NCCL's newest per-channel NVLSTree caps are measured figures: what runs stays under
         # them, whichever release's estimate picks the algorithm.
@@ -272,10 +271,19 @@ def nvls_fill_bytes(arch: str, domains: int, heads: int, ppn: int, nic_gbps: flo
                     release: Release = NEWEST) -> float:
     """The pipeline fill as bytes at the achieved rate: ``fill_loops`` loops of channels x
     heads chunks, or the whole buffer when it is smaller than one loop."""
+    return _fill_bytes(domains, *_chunking(arch, domains, heads, ppn, nic_gbps, nbytes, release), nbytes)
+
+
+def _chunking(arch: str, domains: int, heads: int, ppn: int, nic_gbps: float, nbytes: int,
+              release: Release) -> tuple[int, int]:
+    """The channel x head pairs NCCL runs at once and the chunk each moves (bytes)."""
     channels, chunk, max_chunk = _setup(arch, domains, ppn, nic_gbps, release)
     ops = channels * heads
-    loop = ops * nvls_chunk(domains, ops, chunk, max_chunk, nbytes)
-    return fill_loops(domains) * min(nbytes, loop)
+    return ops, nvls_chunk(domains, ops, chunk, max_chunk, nbytes)
+
+
+def _fill_bytes(domains: int, ops: int, chunk: int, nbytes: int) -> float:
+    return fill_loops(domains) * min(nbytes, ops * chunk)
 
 
 def nvls_graph(arch: str, domains: int, gpus: int, link_gbps: float, nic_gbps: float = 0.0) -> tuple[int, float]:
