@@ -28,8 +28,9 @@ collective made it, on how many ranks, with which NCCL environment, and which to
 An NCCL table's version chooses the NCCL model's release-dependent figures
 (``treeattn.topology.nccl_version``: the newest release the version allows). Without a
 ``library_version`` the version the table prints (``NCCL version ...``) is taken; ``unknown``,
-RCCL tables and tables with neither: the topology's release (by default the newest NCCL the
-model follows).
+RCCL tables, tables with neither and releases older than the model's figures (2.19): the
+topology's release (by default the newest NCCL the model follows). An older release still
+counts where nccl-tests' own host work depends on it (``published.group_launch_us``).
 
 ``corpus_dir`` finds the shipped corpus the way ``topologies_dir`` finds the shipped
 topologies: ``$TREEATTN_PUBLISHED``, else ``results/published`` in the source tree, else
@@ -55,7 +56,7 @@ from treeattn.calibrate.nccl_tests import (
 from treeattn.errors import InputError, ProbeError
 from treeattn.probe.text import read_input
 from treeattn.topology.library import installed_data_dir
-from treeattn.topology.nccl_version import Release, nccl_release, parse_version, version_text
+from treeattn.topology.nccl_version import OLDEST, Release, nccl_release, parse_version, version_text
 
 __all__ = ["COLLECTIVES", "LIBRARIES", "PublishedTable", "corpus_dir", "is_mapping", "load_corpus", "load_logs",
            "busbw_factor"]
@@ -104,10 +105,19 @@ class PublishedTable:
     @property
     def nccl_release(self) -> Release | None:
         """The NCCL release the model takes for this table; None where it gives no NCCL version
-        (RCCL, ``unknown``, none): the topology's own then applies (by default the newest)."""
-        if self.library != "NCCL" or not self.version or parse_version(self.version) is None:
+        (RCCL, ``unknown``, none) or one older than the model's figures (``OLDEST``): the
+        topology's own then applies (by default the newest)."""
+        release = self.nccl_bound
+        return None if release is None or release < OLDEST else nccl_release(self.version)
+
+    @property
+    def nccl_bound(self) -> Release | None:
+        """The newest NCCL release the table's version allows, older than the model's figures or
+        not (what the harness's own costs follow, ``published.group_launch_us``); None where it
+        gives no NCCL version."""
+        if self.library != "NCCL" or not self.version:
             return None
-        return nccl_release(self.version)
+        return parse_version(self.version)
 
     @property
     def name(self) -> str:
@@ -200,10 +210,10 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
         if (printed := printed_version(log)) and log.rccl:  # RCCL's releases are not NCCL's figures
             library, version, evidence = "RCCL", printed, "printed in the log"
         elif printed:
+            library, version, evidence = "NCCL", printed, "printed in the log"
             try:
                 nccl_release(printed)
-                library, version, evidence = "NCCL", printed, "printed in the log"
-            except InputError as exc:  # as the corpus writes such a table's version "unknown"
+            except InputError as exc:  # the table's nccl_release is None: its topology's applies
                 notes.append(f"{exc}: the topology's release used instead")
         # Named by the path: runs in two folders may share a file name.
         out.append(PublishedTable(
@@ -277,10 +287,6 @@ def _load_source(mf: Path) -> list[PublishedTable]:
         if printed and not version and log.rccl:
             library, version, evidence = "RCCL", printed, "printed in the table"
         elif printed and not version:
-            try:
-                nccl_release(printed)
-            except InputError as exc:
-                raise InputError(f"{where}: the table prints {exc}") from None
             library, version, evidence = "NCCL", printed, "printed in the table"
         out.append(PublishedTable(
             source_id=mf.stem, table_id=tid, url=url, collective=coll,
@@ -312,8 +318,6 @@ def _library_version(where: str, data: dict) -> tuple[str, str, str] | None:
     try:
         version = version_text(version)
         parse_version(version)
-        if library == "NCCL":
-            nccl_release(version)
     except InputError as exc:
         raise InputError(f"{where}: {exc}") from None
     return library, version.strip(), _field(where, spec, "evidence", str)

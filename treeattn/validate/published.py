@@ -17,7 +17,9 @@ launches the G kernels of a call one after another while the GPUs run the previo
 call takes the longer of the two (8 x H100 of one node with ``-g 8``: 34-38 us from 8 B to 256
 KiB, whatever the collective). Each launch costs ``GROUP_LAUNCH_US`` and ``GROUP_CHANNEL_US``
 for each channel the call runs on (NCCL prepares a call's work channel by channel): the same
-8 x H100 take 35 us on one channel, 40-44 us on 24 (1 MiB). Other ``-g`` tables keep
+8 x H100 take 35 us on one channel, 40-44 us on 24 (1 MiB); before NCCL 2.22, which writes a
+call's work once per channel, each channel beyond the first adds ``GROUP_WORK_STRUCT_US``
+(8 A100s under NCCL < 2.11: 76-80 us on 24 channels). Other ``-g`` tables keep
 growing with the size under that floor (8 A100s with ``-g 8``: 35 us at 8 B, 56 at 512 KiB):
 the floor is a lower bound there.
 
@@ -54,7 +56,8 @@ from treeattn.topology.nccl_version import Release
 from treeattn.validate.corpus import PublishedTable
 from treeattn.workload import RawPayload
 
-__all__ = ["GROUP_LAUNCH_US", "GROUP_CHANNEL_US", "POINT_TO_POINT", "REGIMES", "RowResult", "predict_table",
+__all__ = ["GROUP_LAUNCH_US", "GROUP_CHANNEL_US", "GROUP_WORK_STRUCT_US", "SHARED_WORK_FROM", "POINT_TO_POINT",
+           "REGIMES", "RowResult", "predict_table",
            "predict_corpus", "summarize", "group_launch_us", "plot_corpus", "table_releases", "p2p_time_us"]
 
 KIB, MIB = 1024, 1024 * 1024
@@ -110,15 +113,31 @@ class RowResult:
 # launches, which merges pay): a grouped call's host work per device.
 GROUP_LAUNCH_US = 4.4
 GROUP_CHANNEL_US = 0.034
+# Before NCCL 2.22 the host writes a call's work once per channel: enqueue.cc uploadWork copies
+# one ncclWork (512 bytes) per channel into the work FIFO (v2.18.3); 2.22.3 "compress[es] work
+# structs so that they are shared between channels" and passes them as kernel arguments (its
+# release notes). Each channel beyond the first then costs this much more a GPU, the median
+# over superbench-a100-ndv4's 22 rows of 64 KiB-4 MiB on 2-24 channels that the modelled call
+# takes under 0.8 of (NCCL < 2.11: broadcast and reduce sit at 76-80 us from 1 to 4 MiB on 24
+# channels, 8 x 4.4 us at one). Medians by channel count 0.08 / 0.15 / 0.16 / 0.16 / 0.19 us
+# at 2 / 4 / 8 / 16 / 24 channels.
+GROUP_WORK_STRUCT_US = 0.16
+SHARED_WORK_FROM: Release = (2, 22, 0)
+"""The first NCCL series whose calls share one work description between their channels."""
 
 
-def group_launch_us(gpus: int, channels: int | None) -> float:
+def group_launch_us(gpus: int, channels: int | None, release: Release | None = None) -> float:
     """Host time of one call by a process driving ``gpus`` GPUs (nccl-tests -g G): their
     kernels launched one after another, each with its work on ``channels`` channels (one
-    where the model does not know them); 0 for one GPU a process."""
+    where the model does not know them), under NCCL ``release`` (None: a recent one; before
+    ``SHARED_WORK_FROM`` each channel beyond the first adds ``GROUP_WORK_STRUCT_US``); 0 for
+    one GPU a process."""
     if gpus <= 1:
         return 0.0
-    return gpus * (GROUP_LAUNCH_US + GROUP_CHANNEL_US * (channels or 1))
+    channels = channels or 1
+    per_channel_work = release is not None and release < SHARED_WORK_FROM
+    return gpus * (GROUP_LAUNCH_US + GROUP_CHANNEL_US * channels
+                   + (GROUP_WORK_STRUCT_US * (channels - 1) if per_channel_work else 0.0))
 
 
 def p2p_time_us(topo: Topology, collective: str, nbytes: int) -> float:
@@ -210,7 +229,7 @@ def predict_table(t: PublishedTable, cache: _Topologies | None = None,
                 # Back to back, a chain's calls overlap along it (chain_call_latency_us).
                 pred += nccl.chain_call_latency_us(fab, est.algorithm, est.protocol) - est.latency_us
                 how += "+pipelined"
-        launches = group_launch_us(t.log.n_gpus, channels)
+        launches = group_launch_us(t.log.n_gpus, channels, t.nccl_bound)
         if launches > pred:
             pred, how = launches, f"{how}+launches"
         out.append(RowResult(t.name, t.source_id, t.collective, nbytes, published, pred, t.scored, how))
