@@ -307,6 +307,20 @@ def test_plan_refuses_sizes_past_any_memory_in_one_line(tmp_path, args):
     assert line.startswith("error: ") and " over 1 TiB, more than any device's memory" in line, line
 
 
+@pytest.mark.parametrize("spec, needle", [
+    ("cpu:ranks={2,,3}", "{2,,3} has an empty item 2"),
+    ("cpu:ranks={2,}", "{2,} has an empty item 2"),
+    ("cpu:ranks={,2}", "{,2} has an empty item 1"),
+    ("cpu:ranks={ }", "has an empty {}"),
+])
+def test_compare_refuses_an_empty_alternative(spec, needle):
+    # as --nodes 1,,2 is refused: a dropped item would compare one case fewer, unsaid
+    res = run_cli("compare", "-t", spec, "--seq-lens", "4K", "-m", "llama-3.2-1b", "--json")
+    assert res.exit_code == 2 and res.stdout == "", res.stdout
+    [line] = res.stderr.strip().splitlines()
+    assert needle in line, line
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (("-t", "dgx-h100", "--nodes", "1,1", "--seq-lens", "8K"), "--nodes '1,1' names 1 twice"),
     (("-t", "dgx-h100", "--seq-lens", "8K,8192"), "--seq-lens '8K,8192' names 8192 twice"),

@@ -72,6 +72,9 @@ def test_bus_ids_print_as_read():
         (("--from-nvidia-smi", DGX, "--ibstat", str(FIX / "damaged" / "ibstat.truncated.txt")), "no 'Rate' line"),
         (("--from-nvidia-smi", DGX, "--nodes", "2"), "--nic-gbps"),
         (("--from-nvidia-smi", DGX, "--gpu-model", "Voodoo2"), "not a known GPU"),
+        # inf would be written as bw_gbps: .inf, a file that topo validate refuses
+        (("--from-nvidia-smi", str(FIX / "nvidia-smi-topo-m.della-2xa100-pcie.txt"), "--nodes", "2",
+          "--nic-gbps", "inf"), "--nic-gbps must be a finite number > 0, got inf"),
         # read before probing: on a host without GPUs (this one, probed live) probing never reaches it
         (("--nics", "3xfoo"), "--nics '3xfoo': write COUNT or COUNTxGBPS"),
         (("--ibstat", "/nonexistent/ibstat.txt"), "cannot read ibstat file"),

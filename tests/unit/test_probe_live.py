@@ -140,6 +140,8 @@ def test_live_rocm_when_no_nvidia():
     rocm = (FIX / "rocm-smi-showtopo.8x-mi308x.txt").read_text()
     r = probe(ProbeOptions(gpu_model="MI300X"), runner=lambda cmd: rocm if cmd[0] == "rocm-smi" else None)
     assert r.source == "live: rocm-smi --showtopo" and r.topology.num_ranks == 8
+    with pytest.raises(ProbeError, match="--gpu-model H100-SXM5-80GB is an NVIDIA GPU, but the input lists AMD"):
+        probe(ProbeOptions(gpu_model="H100-SXM5-80GB"), runner=lambda cmd: rocm if cmd[0] == "rocm-smi" else None)
 
 
 def test_live_damaged_tool_output_is_an_error_not_a_guess():
@@ -179,7 +181,7 @@ def test_single_fabric_and_nics_flag():
 
 def test_nics_flag_parsing_and_conflicts():
     assert parse_nics("8x400") == (8, 400.0) and parse_nics("4") == (4, None) and parse_nics("2X200Gbps") == (2, 200)
-    for bad in ("", "x400", "0x400", "eight"):
+    for bad in ("", "x400", "0x400", "eight", "2x" + "9" * 400):  # the last is inf as a float
         with pytest.raises(ProbeError, match="--nics"):
             parse_nics(bad)
     r = probe(ProbeOptions(nvidia_smi=FIX / "nvidia-smi-topo-m.della-2xa100-pcie.txt", nics="8x200", nodes=2))
@@ -195,8 +197,21 @@ def test_nics_flag_parsing_and_conflicts():
         (dict(nvidia_smi=FIX / "nvidia-smi-topo-m.dgx1-v100.txt", nodes=2), "line rate of NIC mlx5_0 is unknown"),
         (dict(nvidia_smi=FIX / "nvidia-smi-topo-m.pcie-5gpu-2numa.club3090-46.txt", nodes=2), "needs NICs"),
         (dict(nvidia_smi=FIX / "missing.txt"), "cannot read nvidia-smi topo -m file"),
-        (dict(nvidia_smi=FIX / "nvidia-smi-topo-m.dgx1-v100.txt", nic_gbps=-1), "--nic-gbps must be > 0"),
+        (dict(nvidia_smi=FIX / "nvidia-smi-topo-m.dgx1-v100.txt", nic_gbps=-1),
+         "--nic-gbps must be a finite number > 0"),
+        # nan passes every comparison and inf would be written as .inf, which no reader takes
+        (dict(nvidia_smi=FIX / "nvidia-smi-topo-m.dgx1-v100.txt", nodes=2, nic_gbps=float("nan")),
+         r"--nic-gbps must be a finite number > 0, got nan"),
+        (dict(nvidia_smi=FIX / "nvidia-smi-topo-m.dgx1-v100.txt", nodes=2, nic_gbps=float("inf")),
+         r"--nic-gbps must be a finite number > 0, got inf"),
         (dict(nvidia_smi=FIX / "nvidia-smi-topo-m.dgx1-v100.txt", cpu_vendor="arm"), "--cpu-vendor 'arm'"),
+        # a GPU of the other vendor than the tool that listed them: NVSwitch MI300Xs, xGMI H100s
+        (dict(nvidia_smi=FIX / "nvidia-smi-topo-m.hgx-h100-della.txt", gpu_model="MI300X"),
+         "--gpu-model MI300X is an AMD GPU, but the input lists NVIDIA GPUs"),
+        (dict(rocm_smi=FIX / "rocm-smi-showtopo.8x-mi308x.txt", gpu_model="H100-SXM5-80GB"),
+         "--gpu-model H100-SXM5-80GB is an NVIDIA GPU, but the input lists AMD GPUs"),
+        (dict(nvidia_smi=FIX / "nvidia-smi-topo-m.dgx1-v100.txt", name=""), "--name '': give the topology a name"),
+        (dict(nvidia_smi=FIX / "nvidia-smi-topo-m.dgx1-v100.txt", name=" "), "--name ' ': give the topology a name"),
     ],
 )
 def test_bad_option_combinations(opts, match):

@@ -90,6 +90,20 @@ def test_bad_file(tmp_path):
         load_workload(f, ranks=2)
 
 
+def test_a_key_given_twice_is_refused(tmp_path):
+    # YAML would keep the last one and plan 8K where the reader of the file sees 4K first.
+    f = tmp_path / "w.yaml"
+    f.write_text("model: llama-3.2-1b\nseq_len: 4K\nseq_len: 8K\n")
+    with pytest.raises(WorkloadError, match=r"w.yaml:3: key 'seq_len' is given twice"):
+        load_workload(f, ranks=2)
+    f.write_text("workload:\n  model: llama-3.2-1b\n  seq_len: 4K\n  split: [1K, 3K]\n  model: llama-3.1-8b\n")
+    with pytest.raises(WorkloadError, match=r"w.yaml:5: key 'model' is given twice"):
+        load_workload(f, ranks=2)
+    # equal keys in different mappings are fine
+    f.write_text("workload:\n  model: llama-3.2-1b\n  seq_len: 4K\n")
+    assert load_workload(f, ranks=2).seq_len == 4096
+
+
 @pytest.mark.parametrize(("data", "flags", "message"), [
     # Each count is named by what gave it: a flag by the flag, a preset's by the preset, so the
     # user knows which to change (not "workload.kv_heads (8) must divide q_heads (7)").

@@ -41,10 +41,24 @@ def test_one_implementation_of_the_subset():
     ("dgx-h100-2node[ranks a]", "cannot read topology"),
     ("dgx-h100-2node[ranks 1,1]", "twice"),
     ("nope[ranks 0-1]", "unknown topology 'nope'"),
+    # a malformed selection is named as such, not as a bad family parameter or an unknown name
+    ("dgx-h100:nodes=2[ranks ]", "cannot read its rank selection"),
+    ("dgx-h100:nodes=2[ranks 0-3", "cannot read its rank selection"),
+    ("dgx-h100:nodes=2[rank 0-3]", "cannot read its rank selection"),
+    ("dgx-h100-2node[ranks=0-3]", "cannot read its rank selection"),
 ])
 def test_bad_selections_name_the_topology(spec, text):
     with pytest.raises(InputError, match=text):
         resolve(spec)
+
+
+def test_a_missing_file_with_a_bracket_is_named_as_a_file(tmp_path):
+    with pytest.raises(InputError, match="no such file"):
+        resolve(str(tmp_path / "run[1].yaml"))
+    (tmp_path / "x").mkdir()
+    topo = tmp_path / "x" / "c[2].yaml"
+    topo.write_text("name: c\nfamily: cpu\nparams: {ranks: 2}\n")
+    assert resolve(str(topo)).num_ranks == 2
 
 
 def test_simulate_reads_the_topology_a_ranks_plan_names(tmp_path):

@@ -9,6 +9,7 @@ when present. No GPU at all gives a CPU-only loopback host of ``ranks`` processe
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import shutil
@@ -48,7 +49,7 @@ def run_tool(cmd: list[str]) -> str | None:
 def parse_nics(text: str) -> tuple[int, float | None]:
     """``--nics`` value ``COUNT`` or ``COUNTxGBPS`` (e.g. ``8x400``) -> (count, Gb/s or None)."""
     m = re.fullmatch(r"\s*(\d+)\s*(?:[xX*]\s*(\d+(?:\.\d+)?)\s*(?:[gG]b(?:ps|/s)?)?)?\s*", text or "")
-    if not m or int(m.group(1)) < 1:
+    if not m or int(m.group(1)) < 1 or (m.group(2) and not math.isfinite(float(m.group(2)))):
         raise ProbeError(f"--nics {text!r}: write COUNT or COUNTxGBPS, e.g. 8x400 (8 NICs of 400 Gb/s)")
     return int(m.group(1)), float(m.group(2)) if m.group(2) else None
 
@@ -105,8 +106,13 @@ def probe(opts: ProbeOptions, runner: Runner = run_tool) -> ProbeResult:
         raise ProbeError(f"--nodes must be >= 1, got {opts.nodes}")
     if opts.cpu_vendor.lower() not in ("", "intel", "amd", "genuineintel", "authenticamd"):
         raise ProbeError(f"--cpu-vendor {opts.cpu_vendor!r}: choose intel or amd")
-    if opts.nic_gbps is not None and opts.nic_gbps <= 0:
-        raise ProbeError(f"--nic-gbps must be > 0, got {opts.nic_gbps}")
+    # nan fails both comparisons, so it is refused too; inf would be written as .inf, which
+    # the topology reader refuses.
+    if opts.nic_gbps is not None and not (0 < opts.nic_gbps < math.inf):
+        raise ProbeError(f"--nic-gbps must be a finite number > 0, got {opts.nic_gbps}")
+    if opts.name is not None and not opts.name.strip():
+        # '' would fall back to the default name unseen, and ' ' names a topology no file may hold
+        raise ProbeError(f"--name {opts.name!r}: give the topology a name (or leave --name out)")
     names: tuple[str, ...] = ()
     if opts.gpu_names is not None:
         names = parse_gpu_names(read_input(opts.gpu_names, "GPU name listing"), opts.gpu_names.name)
@@ -153,13 +159,13 @@ def _from_files(opts: ProbeOptions, names: tuple[str, ...]) -> tuple[NodeDraft, 
             nvlink = parse_nvlink_status(read_input(nv, "nvidia-smi nvlink --status"), nv.name)
             if not names:
                 names = tuple(nvlink.names[i] for i in sorted(nvlink.names))
-        catalog = GpuCatalog(names, opts.gpu_model)
+        catalog = GpuCatalog(names, opts.gpu_model, vendor="nvidia")
         draft = topo_to_draft(matrix, catalog, nvlink=nvlink, cpu_vendor=opts.cpu_vendor, source=path.name)
         return draft, f"nvidia-smi topo -m ({path.name})"
     if opts.rocm_smi is not None:
         path = opts.rocm_smi
         parsed = parse_rocm_showtopo(read_input(path, "rocm-smi --showtopo"), path.name)
-        draft = rocm_to_draft(parsed, GpuCatalog(names, opts.gpu_model), cpu_vendor=opts.cpu_vendor,
+        draft = rocm_to_draft(parsed, GpuCatalog(names, opts.gpu_model, vendor="amd"), cpu_vendor=opts.cpu_vendor,
                               source=path.name)
         return draft, f"rocm-smi --showtopo ({path.name})"
     path = opts.nccl_xml
@@ -181,13 +187,13 @@ def _live(opts: ProbeOptions, names: tuple[str, ...], runner: Runner) -> tuple[N
             names = parse_gpu_names(listed, "live nvidia-smi --query-gpu=name") if listed else ()
         status = runner(["nvidia-smi", "nvlink", "--status"])
         nvlink = parse_nvlink_status(status, "live nvidia-smi nvlink --status") if status else None
-        draft = topo_to_draft(matrix, GpuCatalog(names, opts.gpu_model), nvlink=nvlink,
+        draft = topo_to_draft(matrix, GpuCatalog(names, opts.gpu_model, vendor="nvidia"), nvlink=nvlink,
                               cpu_vendor=opts.cpu_vendor or _cpu_vendor(opts.root), source="nvidia-smi topo -m")
         return _live_ibstat(draft, opts, runner), "live: nvidia-smi topo -m"
     rocm = runner(["rocm-smi", "--showtopo"])
     if rocm is not None:
         parsed = parse_rocm_showtopo(rocm, "live rocm-smi --showtopo")
-        draft = rocm_to_draft(parsed, GpuCatalog(names, opts.gpu_model),
+        draft = rocm_to_draft(parsed, GpuCatalog(names, opts.gpu_model, vendor="amd"),
                               cpu_vendor=opts.cpu_vendor or _cpu_vendor(opts.root), source="rocm-smi --showtopo")
         return _live_ibstat(draft, opts, runner), "live: rocm-smi --showtopo"
     if runner(["amd-smi", "version"]) is not None:

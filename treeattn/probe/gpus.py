@@ -77,6 +77,9 @@ class GpuCatalog:
     """Product names by GPU index, as printed."""
     model: str | None = None
     """``--gpu-model``: applies to every GPU and wins over ``names``."""
+    vendor: str = ""
+    """Whose GPUs the input lists (``nvidia`` for nvidia-smi, ``amd`` for rocm-smi); ``--gpu-model``
+    must be one of theirs. Empty: any."""
 
     def apply(self, draft: NodeDraft, count: int, source: str) -> list[GpuSpec]:
         """Specs for GPUs 0..count-1; notes what was assumed into ``draft``.
@@ -89,6 +92,10 @@ class GpuCatalog:
             if spec is None:
                 known = ", ".join(GPU_SPECS)
                 raise ProbeError(f"--gpu-model {self.model!r} is not a known GPU; choose one of {known}")
+            if self.vendor and spec.vendor and spec.vendor != self.vendor:
+                # An MI300X on NVSwitch (or an H100 on xGMI) would be modelled without a word.
+                raise ProbeError(f"{source}: --gpu-model {spec.model} is an {_VENDORS[spec.vendor]} GPU, but the "
+                                 f"input lists {_VENDORS[self.vendor]} GPUs; give one of theirs")
             if self.model.strip().upper() != spec.model.upper():  # read as a tool's product name is
                 draft.warnings.append(f"--gpu-model {self.model!r} read as {spec.model}")
             other = {n for n in self.names if gpu_spec(n) != spec}
@@ -128,6 +135,9 @@ class GpuCatalog:
         models = sorted({s.model for s in specs}, key=[s.model for s in specs].index)
         draft.summary.insert(0, " + ".join(f"{sum(s.model == m for s in specs)}x {m}" for m in models))
         return specs
+
+
+_VENDORS = {"nvidia": "NVIDIA", "amd": "AMD"}
 
 
 def _slug(name: str) -> str:

@@ -92,9 +92,14 @@ def expand_topologies(spec: str, nodes: Sequence[int] | None = None) -> list[str
     parts = _BRACES.split(spec)
     if len(parts) == 1:
         return [spec]
-    options = [[x.strip() for x in alt.split(",") if x.strip()] for alt in parts[1::2]]
-    if any(not o for o in options):
+    options = [[x.strip() for x in alt.split(",")] for alt in parts[1::2]]
+    if any(o == [""] for o in options):
         raise InputError(f"--topology {spec!r} has an empty {{}}; write alternatives like nodes={{1,2,16}}")
+    for alt, o in zip(parts[1::2], options, strict=True):
+        # {1,,16} is a typo for some count: dropping the empty item would compare one case fewer unsaid
+        if "" in o:
+            raise InputError(f"--topology {spec!r}: {{{alt}}} has an empty item {o.index('') + 1}; "
+                             "write alternatives like nodes={1,2,16}")
     out = []
     for combo in itertools.product(*options):
         text = parts[0]

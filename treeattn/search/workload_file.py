@@ -48,6 +48,7 @@ from treeattn.workload import (
     even_split,
     preset_heads,
 )
+from treeattn.yamlkeys import repeated_key
 
 __all__ = ["ATTENTION_KEYS", "RAW_KEYS", "parse_tokens", "workload_from_dict", "load_workload"]
 
@@ -261,11 +262,16 @@ def load_workload(path: str | Path, *, ranks: int | None = None) -> Payload:
     text = read_text(path, "workload file", WorkloadError)
     try:
         data = yaml.safe_load(text)
+        # 'seq_len: 4K' then 'seq_len: 8K' would plan 8K without a word.
+        twice = repeated_key(yaml.compose(text, Loader=yaml.SafeLoader))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise WorkloadError(f"{path}{at}: not valid YAML: {problem}") from None
+    if twice is not None:
+        raise WorkloadError(f"{path}:{twice.start_mark.line + 1}: key {twice.value!r} is given twice")
     if isinstance(data, dict) and set(data) == {"workload"}:
         data = data["workload"]
     return workload_from_dict(data if data is not None else {}, ranks=ranks, where=str(path))
+

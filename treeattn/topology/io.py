@@ -32,6 +32,7 @@ from treeattn.topology.schema import (
     Loc,
     format_loc,
 )
+from treeattn.yamlkeys import repeated_key
 
 __all__ = [
     "load_topology",
@@ -85,8 +86,8 @@ def load_topology_text(text: str, source: str = "<text>") -> Topology:
         raise TopologyError(f"{source}: YAML error: {' '.join(str(exc).split())}") from None
     finally:
         loader.dispose()
-    if node is not None:
-        _check_duplicate_keys(node, source)
+    if (twice := repeated_key(node)) is not None:
+        raise TopologyError(f"{source}:{twice.start_mark.line + 1}: field {twice.value!r} is given twice")
     return topology_from_data(data, source=source, lines=_LineMap(node))
 
 
@@ -377,22 +378,6 @@ class _LineMap:
                 break
             node = nxt
         return line
-
-
-def _check_duplicate_keys(node: yaml.Node, source: str) -> None:
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, yaml.MappingNode):
-            seen: set[str] = set()
-            for k, v in n.value:
-                if isinstance(k, yaml.ScalarNode):
-                    if k.value in seen:
-                        raise TopologyError(f"{source}:{k.start_mark.line + 1}: field {k.value!r} is given twice")
-                    seen.add(k.value)
-                stack.append(v)
-        elif isinstance(n, yaml.SequenceNode):
-            stack.extend(n.value)
 
 
 def _first_error(exc: ValidationError, model: type[BaseModel], lines: _LineMap) -> tuple[Loc, str]:

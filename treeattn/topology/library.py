@@ -120,6 +120,11 @@ def resolve(spec: str) -> Topology:
         sel = sub.group("sel")
         return subset_topology(base, parse_ranks(sel, base.num_ranks, what=f"topology {spec!r}: ranks"),
                                sel.replace(" ", ""))
+    if "[" in text and not path.is_file() and path.suffix not in (".yaml", ".yml"):
+        # Otherwise the bracket is read as part of a family parameter or a name, and the error
+        # blames that ('nodes must be an integer', 'unknown topology') rather than the selection.
+        raise TopologyError(f"topology {spec!r}: cannot read its rank selection; write it as "
+                            "NAME[ranks 0-3,8-11] (a space after 'ranks', the brackets closed)")
     name = text.partition(":")[0]
     if ":" in text and name in FAMILIES and not path.is_file():
         return _family(text)

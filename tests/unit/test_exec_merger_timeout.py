@@ -1,0 +1,34 @@
+"""``Merger``'s ``timeout_s`` is checked where it is given: a value no deadline can hold is a
+``ValueError`` naming it, not an ``OverflowError`` from deep in the transport."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import treeattn
+from treeattn.exec.launch import free_port
+
+
+@pytest.fixture
+def gloo_world_of_one():
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    yield treeattn.search_plan("cpu:ranks=1", "llama-3.2-1b", batch=1, seq_len=64)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("timeout_s", [float("inf"), 1e300])
+def test_a_timeout_past_any_deadline_is_refused_by_name(gloo_world_of_one, timeout_s):
+    with pytest.raises(ValueError, match=r"^timeout_s must be at most 8\.64e\+13 seconds, got "):
+        treeattn.Merger(gloo_world_of_one, timeout_s=timeout_s)
+
+
+def test_a_long_timeout_still_merges(gloo_world_of_one):
+    merge = treeattn.Merger(gloo_world_of_one, timeout_s=1e9)
+    o, lse = torch.randn(1, 32, 64), torch.randn(1, 32)
+    out, out_lse = merge(o, lse)
+    assert torch.equal(out, o) and torch.equal(out_lse, lse)
