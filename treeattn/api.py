@@ -341,9 +341,9 @@ def save_plan(plan: Plan, path: str | Path) -> Path:
 
     Raises:
         treeattn.errors.InputError: ``plan`` is not a Plan or ``path`` not a path; the file cannot
-            be written; or the plan names its topology file relative to a folder it does not know
-            (loaded from text, not from its file) and that path does not find the topology from
-            ``path``'s folder either.
+            be written, or holds something that is not a plan (left as it is); or the plan names
+            its topology file relative to a folder it does not know (loaded from text, not from
+            its file) and that path does not find the topology from ``path``'s folder either.
     """
     if not isinstance(plan, Plan):
         raise InputError(f"save_plan plan must be a Plan (search_plan's, build_plan's or load_plan's), "

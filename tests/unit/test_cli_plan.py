@@ -450,3 +450,29 @@ def test_a_bad_flag_over_a_workload_file_is_named_as_the_flag(tmp_path):
     wl.write_text("model: nosuch\nbatch: 1\nseq_len: 4K\n")
     res = run_cli("plan", "-t", "cpu-4", "--workload", str(wl), "-o", str(tmp_path / "p.yaml"))
     assert res.exit_code == 2 and str(wl) in res.stderr
+
+
+def test_a_plan_is_not_written_over_a_file_that_is_not_one(tmp_path):
+    """``plan -o`` given the wrong path (a topology beside the plan) must not lose that file,
+    and says so before searching; a plan (YAML or JSON), an empty file and a device are written."""
+    from treeattn.errors import InputError
+    from treeattn.plan.io import check_plan_path, load_plan, save_plan
+
+    shape = ("-t", "cpu-4", "-m", "llama-3.1-8b", "-b", "1", "-n", "4K")
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("name: mine\nfamily: cpu\nranks: 4\n")
+    res = run_cli("plan", *shape, "-o", str(mine))
+    assert res.exit_code == 2 and "is not a treeattn plan" in res.stderr and "not replaced" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and res.stdout == ""
+    assert mine.read_text() == "name: mine\nfamily: cpu\nranks: 4\n"
+    plan = tmp_path / "p.json"
+    assert run_cli("plan", *shape, "-o", str(plan)).exit_code == 0
+    assert run_cli("plan", *shape, "-o", str(plan)).exit_code == 0  # a JSON plan is replaced
+    loaded = load_plan(plan)
+    save_plan(loaded, tmp_path / "p.yaml")
+    save_plan(loaded, tmp_path / "p.yaml")  # and a YAML one
+    (tmp_path / "empty.yaml").write_text("")
+    for fine in (tmp_path / "empty.yaml", Path("/dev/null"), tmp_path / "absent.yaml"):
+        check_plan_path(fine)
+    with pytest.raises(InputError, match="not a treeattn plan"):
+        save_plan(loaded, mine)

@@ -248,3 +248,4 @@ def test_a_plan_prints_as_a_summary_not_its_programs():
     text = repr(plan)
     assert text.startswith("Plan(algorithm='butterfly', params=") and "ranks=32, chunks=2, result='all'" in text
     assert f"ops={sum(map(len, plan.programs))}" in text and 10 * len(text) < len(repr(plan.programs))
+

@@ -203,7 +203,8 @@ def plan_cmd(
                                                   "every 10 s (default: on).",
                                                   rich_help_panel=_SEARCH)] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", **OUT_PATH,
-                                             help="Plan file to write (default under plans/).",
+                                             help="Plan file to write (default under plans/); a file there "
+                                                  "that is not a plan is left alone and the command refused.",
                                              rich_help_panel=_OUT)] = None,
     explicit: Annotated[bool, typer.Option("--explicit", help="List every op even in a big plan (which is "
                                            "written compact otherwise: its builder and params, expanded when "
@@ -245,6 +246,9 @@ def plan_cmd(
                              "(see --algorithm list) or drop them to search")
     default = default_plan_path(topo.name, payload, algorithm)
     path = output_file(out if out is not None else default, "--out", default.name)
+    from treeattn.plan.io import check_plan_path
+
+    check_plan_path(path)  # before the search: a long one would end in this refusal
     started = time.perf_counter()
     if algorithm is None:
         from treeattn.search import search

@@ -48,7 +48,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
 from typing_extensions import TypedDict  # pydantic needs this one before Python 3.12
 
-from treeattn.errors import PlanFormatError, TreeattnError
+from treeattn.errors import InputError, PlanFormatError, TreeattnError
 from treeattn.plan.compact import BUILT, COMPACT_ABOVE_OPS, compact_args, expand
 from treeattn.plan.ir import (
     COLLECTIVES,
@@ -74,6 +74,7 @@ __all__ = [
     "dump_plan",
     "load_plan",
     "save_plan",
+    "check_plan_path",
     "plan_to_dict",
     "plan_from_dict",
     "payload_from_dict",
@@ -676,8 +677,32 @@ def save_plan(plan: Plan, path: str | Path, fmt: str | None = None, compact: boo
 
     Returns:
         The path written.
+
+    Raises:
+        InputError: ``path`` holds a file that is not a plan (a topology, a source file): it is
+            left as it is. An empty file, a plan of any version or a device (``/dev/stdout``)
+            is written.
     """
     path = Path(path)
     fmt = fmt or ("json" if path.suffix.lower() == ".json" else "yaml")
+    check_plan_path(path)
     write_file(path, dump_plan(plan, fmt, compact))
     return path
+
+
+_TAGGED = re.compile(rf"""^[\s{{]*["']?format["']?\s*:\s*["']?{FORMAT_TAG}\b""", re.MULTILINE)
+
+
+def check_plan_path(path: Path) -> None:
+    """Refuse to write a plan over a regular file that is not one: ``plan -o`` given the wrong
+    path (a topology beside it, a script) would lose that file for good."""
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return
+        with path.open("rb") as f:
+            head = f.read(64 * 1024).decode("utf-8", errors="replace")
+    except OSError:
+        return  # unreadable or gone: writing it says what is wrong
+    if not _TAGGED.search(head):
+        raise InputError(f"{path}: the file there is not a treeattn plan (no 'format: {FORMAT_TAG}'); "
+                         "not replaced: remove it or write the plan elsewhere")
