@@ -196,6 +196,12 @@ def test_before_nccl_2_22_each_channel_of_a_grouped_call_costs_its_own_work():
     assert group_launch_us(8, 24, (2, 21, 5)) == pytest.approx(recent + 8 * 23 * GROUP_WORK_STRUCT_US)
     # One channel writes one work struct whatever the release; one GPU a process has no floor.
     assert group_launch_us(8, 1, (2, 8, 4)) == group_launch_us(8, 1) and group_launch_us(1, 24, (2, 8, 4)) == 0.0
+    # A bound is read as the newest release it allows (2.22.2 for "<2.22.3"), which no tag
+    # carries: every release it admits is a 2.21 or older, so it pays the per-channel work.
+    from treeattn.topology.nccl_version import parse_version
+
+    assert group_launch_us(8, 24, parse_version("<2.22.3")) == group_launch_us(8, 24, (2, 21, 5))
+    assert group_launch_us(8, 24, parse_version("2.22.3")) == recent
     # SuperBench's broadcast (NCCL < 2.11, 8 x A100, -g 8) holds 76.0-80.4 us at 1-4 MiB on 24
     # channels: the median figure leaves it 6-11 % under, the recent releases' launch 45-48 %.
     assert 70.0 < group_launch_us(8, 24, (2, 10, 999)) < 76.0 and recent < 42.0
@@ -341,6 +347,9 @@ def test_library_version_agrees_with_the_version_a_table_prints(tmp_path):
     (own,) = load_corpus([_corpus(tmp_path, mapping, text)])
     assert (own.library, own.version, own.evidence, own.nccl_release) == ("NCCL", "2.27.3", "printed in the table",
                                                                           (2, 27, 3))
+    # one older than the model's figures: predicted at the topology's release, its own kept for the -g launches
+    (old,) = load_corpus([_corpus(tmp_path, mapping, text.replace("2.27.3", "2.18.3"))])
+    assert (old.version, old.nccl_release, old.nccl_bound) == ("2.18.3", None, (2, 18, 3))
     with pytest.raises(InputError, match=r"library_version '2.26.2', but the table prints '2.27.3\+cuda12.8'"):
         load_corpus([_corpus(tmp_path, mapping.replace(
             "tables:", 'library_version: {library: NCCL, version: "2.26.2", evidence: x}\ntables:'), text)])

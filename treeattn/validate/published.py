@@ -17,11 +17,12 @@ launches the G kernels of a call one after another while the GPUs run the previo
 call takes the longer of the two (8 x H100 of one node with ``-g 8``: 34-38 us from 8 B to 256
 KiB, whatever the collective). Each launch costs ``GROUP_LAUNCH_US`` and ``GROUP_CHANNEL_US``
 for each channel the call runs on (NCCL prepares a call's work channel by channel): the same
-8 x H100 take 35 us on one channel, 40-44 us on 24 (1 MiB); before NCCL 2.22, which writes a
-call's work once per channel, each channel beyond the first adds ``GROUP_WORK_STRUCT_US``
+8 x H100 take 35 us on one channel, 40-44 us on 24 (1 MiB). Releases older than 2.22 write a
+call's work once per channel: there each channel beyond the first adds ``GROUP_WORK_STRUCT_US``
 (8 A100s under NCCL < 2.11: 76-80 us on 24 channels). Other ``-g`` tables keep
 growing with the size under that floor (8 A100s with ``-g 8``: 35 us at 8 B, 56 at 512 KiB):
-the floor is a lower bound there.
+the floor is a lower bound there, which on that table's NCCL 2.19.3 ``GROUP_WORK_STRUCT_US``
+lifts 1.5 and 4.7 % above its 256 and 512 KiB rows.
 
 nccl-tests times a loop of calls issued back to back: an all-reduce's call ends on every rank
 at about the same time, but broadcast and reduce are pipelined chains, whose next call
@@ -122,8 +123,9 @@ GROUP_CHANNEL_US = 0.034
 # channels, 8 x 4.4 us at one). Medians by channel count 0.08 / 0.15 / 0.16 / 0.16 / 0.19 us
 # at 2 / 4 / 8 / 16 / 24 channels.
 GROUP_WORK_STRUCT_US = 0.16
-SHARED_WORK_FROM: Release = (2, 22, 0)
-"""The first NCCL series whose calls share one work description between their channels."""
+SHARED_WORK_FROM: Release = (2, 22, 3)
+"""The first NCCL release whose calls share one work description between their channels (tag
+v2.22.3-1, the first 2.22): a bound such as ``<2.22.3`` admits only older releases."""
 
 
 def group_launch_us(gpus: int, channels: int | None, release: Release | None = None) -> float:
