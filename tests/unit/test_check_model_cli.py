@@ -287,3 +287,6 @@ def test_own_rccl_log_is_not_taken_for_an_nccl_release(tmp_path):
     mapped = run_cli("check-model", str(corpus_dir() / "rocm-blogs-mi300x-rccl-xgmi.yaml"), "--json")
     corpus_table = json.loads(mapped.stdout)["tables"]["rocm-blogs-mi300x-rccl-xgmi/1node"]
     assert table["nccl_release"] == corpus_table["nccl_release"]
+    # The text names the library the log printed.
+    res = run_cli("check-model", str(log), "-t", "mi300x", "--no-progress")
+    assert res.exit_code == 0 and "RCCL 2.22.3 (printed)" in res.stdout and "NCCL 2.22.3" not in res.stdout

@@ -143,7 +143,7 @@ def check_model_cmd(
     for t in tables:
         if t.url in map(str, logs):  # what was read from each log, and what was inferred
             gpus = f", {t.log.n_gpus} GPUs a process (-g)" if t.log.n_gpus > 1 else ""
-            nccl = (f"NCCL {t.version} (printed)" if t.version
+            nccl = (f"{t.library} {t.version} (printed)" if t.version
                     else f"the topology's NCCL release ({release_text(releases[t.name])})")
             inferred = f"; {t.meta['inferred']}" if t.meta.get("inferred") else ""
             if settings and t.collective in POINT_TO_POINT:

@@ -214,7 +214,8 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
             try:
                 nccl_release(printed)
             except InputError as exc:  # the table's nccl_release is None: its topology's applies
-                notes.append(f"{exc}: the topology's release used instead")
+                own = " (the printed one for the -g launches)" if log.n_gpus > 1 else ""
+                notes.append(f"{exc}: the topology's release used instead{own}")
         # Named by the path: runs in two folders may share a file name.
         out.append(PublishedTable(
             source_id=str(p), table_id=coll, url=str(p), collective=coll, topology=topology,
