@@ -39,7 +39,7 @@ def read_text(path: str | Path, what: str, error: type[InputError] = InputError,
     p = Path(path)
     where = f"cannot read {what} {str(p)!r}"
     try:
-        data = p.read_bytes()
+        data = _read_bounded(p, where, error)
     except FileNotFoundError:
         raise error(f"{where}: no such file") from None
     except IsADirectoryError:
@@ -48,9 +48,6 @@ def read_text(path: str | Path, what: str, error: type[InputError] = InputError,
         raise error(f"{where}: {exc.strerror or exc}") from None
     if data.startswith(_UTF16):
         raise error(f"{where}: it is UTF-16 text; save it as UTF-8")
-    nul = data.find(b"\x00")
-    if nul >= 0:
-        raise error(f"{where}: binary data (a NUL byte at offset {nul}), not text")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -58,6 +55,29 @@ def read_text(path: str | Path, what: str, error: type[InputError] = InputError,
             return data.decode("utf-8-sig", errors="replace")
         raise error(f"{where}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); save it as "
                     "UTF-8") from None
+
+
+MAX_TEXT_BYTES = 1 << 30
+"""The most a text input may hold: a device or pipe that never ends (``/dev/zero``, ``<(yes)``)
+is refused at this size rather than read until memory runs out."""
+_CHUNK = 1 << 20
+
+
+def _read_bounded(p: Path, where: str, error: type[InputError]) -> bytes:
+    """``p``'s bytes, read a chunk at a time: binary data (a NUL byte) is refused as soon as it
+    is read, and more than ``MAX_TEXT_BYTES`` at that size."""
+    parts: list[bytes] = []
+    size = 0
+    with p.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            nul = chunk.find(b"\x00")
+            if nul >= 0:
+                raise error(f"{where}: binary data (a NUL byte at offset {size + nul}), not text")
+            size += len(chunk)
+            if size > MAX_TEXT_BYTES:
+                raise error(f"{where}: more than {MAX_TEXT_BYTES >> 20} MiB, not a text file this reads")
+            parts.append(chunk)
+    return b"".join(parts)
 
 
 def _umask() -> int:

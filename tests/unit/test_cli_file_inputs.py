@@ -132,3 +132,34 @@ def test_random_bytes_and_cuts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
         at = data.draw(st.integers(0, max(0, len(text) - 1)))
         blob = text[:at] + data.draw(st.binary(min_size=1, max_size=8)) + text[at + 1:]
     _feed(tmp_path, name, blob, monkeypatch)
+
+
+def test_an_input_that_never_ends_is_refused_not_read_forever(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device or pipe with no end (``/dev/zero``, ``<(yes)``) is one located error, not a hang
+    that reads until memory runs out."""
+    import os
+    import threading
+
+    from treeattn import textfile
+
+    res = run_cli("topo", "validate", "/dev/zero")
+    assert res.exit_code == 2 and "binary data (a NUL byte at offset 0)" in res.stderr
+    monkeypatch.setattr(textfile, "MAX_TEXT_BYTES", 4 << 20)
+    fifo = tmp_path / "yes"
+    os.mkfifo(fifo)
+    stop = threading.Event()
+
+    def feed() -> None:  # 'yes' until the reader leaves
+        try:
+            with fifo.open("wb") as f:
+                while not stop.is_set():
+                    f.write(b"y\n" * 65536)
+        except BrokenPipeError:
+            pass
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    res = run_cli("topo", "validate", str(fifo))
+    stop.set()
+    assert res.exit_code == 2 and "more than" in res.stderr and str(fifo) in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
