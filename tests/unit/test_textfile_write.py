@@ -105,7 +105,7 @@ def test_a_results_csv_append_over_the_size_limit_keeps_its_rows(tmp_path: Path)
 def test_a_plan_that_cannot_be_written_leaves_the_old_plan(tmp_path: Path, name: str) -> None:
     """``ulimit -f 4; treeattn plan ... -o K.yaml`` over an existing plan of 11 KiB."""
     old = tmp_path / name
-    old.write_bytes(b"# a plan kept by the user\n" + b"x" * 11_000 + b"\n")
+    old.write_bytes(b"format: treeattn-plan\n# a plan kept by the user\n" + b"x" * 11_000 + b"\n")
     before = old.read_bytes()
     proc = subprocess.run([TREEATTN, "plan", "-t", "dgx-h100-2node", "-m", "llama-3.1-8b", "-n", "256K",
                            "--no-progress", "-o", str(old)], capture_output=True, text=True, timeout=300,
