@@ -92,3 +92,7 @@ def test_plan_schema_command_prints_the_schema():
     res = run_cli("plan-schema")
     assert res.exit_code == 0 and json.loads(res.stdout) == plan_json_schema()
     assert "source" in json.loads(res.stdout)["$defs"]["_TopologyFile"]["properties"]
+    # Every command that prints data takes --json (README); the schemas are JSON already.
+    assert run_cli("plan-schema", "--json").stdout == res.stdout
+    topo = run_cli("topo", "schema")
+    assert topo.exit_code == 0 and run_cli("topo", "schema", "--json").stdout == topo.stdout

@@ -213,6 +213,7 @@ def validate(spec: TopoArg, json_out: JsonOpt = False) -> None:
 
 
 @topo_app.command("schema")
-def schema() -> None:
+def schema(json_out: Annotated[bool, typer.Option("--json", help="Accepted for symmetry with the other "
+                                                  "commands: the schema is JSON.")] = False) -> None:
     """Print the JSON schema of topology files (explicit, compact and family forms)."""
     _echo_json(topology_json_schema())

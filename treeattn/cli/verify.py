@@ -58,8 +58,11 @@ def verify_cmd(
         typer.echo("every result rank ends with the same bits (as the executor merges)")
 
 
+_SCHEMA_JSON = typer.Option("--json", help="Accepted for symmetry with the other commands: the schema is JSON.")
+
+
 @app.command("plan-schema")
-def plan_schema_cmd() -> None:
+def plan_schema_cmd(json_out: Annotated[bool, _SCHEMA_JSON] = False) -> None:
     """Print the JSON Schema of plan files (the format is described in docs/plan-format.md)."""
     from treeattn.plan.io import plan_json_schema
 
