@@ -109,4 +109,4 @@ def test_times_that_do_not_grow_with_size_are_a_failed_measurement_not_bad_flags
     # Flags that cannot be measured together are still bad input, refused before any rank starts.
     monkeypatch.setattr(live, "launch", lambda job: pytest.fail("launched"))
     res = run_cli(*args, "--sizes", "2", "--min-size", "8KiB")
-    assert res.exit_code == 2 and "sizes must satisfy" in res.stderr, res.stderr
+    assert res.exit_code == 2 and "--min-size and --max-size must satisfy" in res.stderr, res.stderr

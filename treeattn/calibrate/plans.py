@@ -114,7 +114,8 @@ def log_sizes(lo_bytes: int, hi_bytes: int, count: int, element: int = 4) -> tup
         Sorted distinct sizes.
     """
     if lo_bytes < element or hi_bytes < lo_bytes:
-        raise InputError(f"sizes must satisfy {element} <= min <= max, got min {lo_bytes} and max {hi_bytes} bytes")
+        raise InputError(f"--min-size and --max-size must satisfy {element} <= min <= max, got min {lo_bytes} and max "
+                         f"{hi_bytes} bytes")
     if count < 1 or (count < 2 and hi_bytes > lo_bytes):
         raise InputError(f"need at least 2 sizes between {lo_bytes} and {hi_bytes} bytes, got {count}")
     if count == 1:

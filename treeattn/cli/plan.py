@@ -476,7 +476,7 @@ def compare_cmd(
     node_counts = _int_list(nodes, "--nodes") if nodes else None
     if node_counts is not None and any(n < 1 for n in node_counts):
         raise InputError(f"--nodes must be positive, got {nodes!r}")
-    lens = [parse_tokens(x, where="--seq-lens") for x in seq_lens.split(",")]
+    lens = [parse_tokens(x, where=f"--seq-lens {seq_lens!r}: item {i}") for i, x in enumerate(seq_lens.split(","), 1)]
     if not lens or any(n < 1 for n in lens):
         raise InputError(f"--seq-lens must name positive token counts, got {seq_lens!r}")
     topos = [load_topology(s) for s in expand_topologies(topology, node_counts)]
