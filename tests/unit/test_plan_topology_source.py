@@ -109,3 +109,19 @@ def test_a_topology_file_without_suffix_or_through_a_symlinked_folder_is_found(t
     linked = recorded_source(str(tmp_path / "mytopo"), topo, tmp_path / "link" / "p.yaml")
     assert linked == "../../../mytopo"
     assert resolve_recorded("mine", topo.fingerprint, linked, tmp_path / "link" / "p.yaml").name == "mine"
+
+
+def test_a_topology_read_from_a_pipe_is_recorded_by_name_not_by_its_path(tmp_path):
+    """``plan -t <(cat my.yaml)``: the pipe is gone once read, and its path names
+    /proc/PID/fd/pipe:[N]; the plan keeps the name and fingerprint, --topology finds it again."""
+    import os
+
+    from treeattn.topology.library import recorded_source, resolve
+
+    topo = resolve("emu-2x4")
+    fifo = tmp_path / "topo.yaml"
+    os.mkfifo(fifo)
+    assert recorded_source(str(fifo), topo, tmp_path / "p.yaml") is None
+    regular = tmp_path / "mine.yaml"
+    regular.write_text("x")
+    assert recorded_source(str(regular), topo, tmp_path / "p.yaml") == "mine.yaml"

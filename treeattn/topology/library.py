@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from treeattn.errors import InputError, TopologyError
+from treeattn.textfile import special_file
 from treeattn.topology.families import FAMILIES, build_family, parse_family_spec
 from treeattn.topology.io import load_topology
 from treeattn.topology.model import Topology
@@ -186,6 +187,10 @@ def recorded_source(spec: str, topo: Topology, plan_path: Path | None = None) ->
         except InputError:
             pass
         return spec.strip()
+    if special_file(Path(base).expanduser()):
+        # A pipe (``-t <(cat my.yaml)``) is gone once read; its path would name /proc/PID/fd/pipe:[N].
+        # The plan keeps the topology's name and fingerprint, and --topology finds it again.
+        return None
     absolute = Path(base).expanduser().resolve().as_posix() + selection
     return absolute if plan_path is None else relocated_source(absolute, plan_path)
 
