@@ -249,3 +249,21 @@ def test_a_plan_prints_as_a_summary_not_its_programs():
     assert text.startswith("Plan(algorithm='butterfly', params=") and "ranks=32, chunks=2, result='all'" in text
     assert f"ops={sum(map(len, plan.programs))}" in text and 10 * len(text) < len(repr(plan.programs))
 
+
+
+@pytest.mark.parametrize("name", ["cpu-4-chain.yaml", "dgx-h100-2node-multirail.json"])
+def test_a_key_given_twice_in_a_plan_is_refused(tmp_path, name):
+    """A hand-edited plan with ``algorithm: binomial`` and then ``algorithm: star`` was read as
+    the star plan with binomial's programs; YAML and JSON keep the last key by default."""
+    text = (Path(__file__).resolve().parents[2] / "plans" / "examples" / name).read_text()
+    assert load_plan(text).algorithm
+    if name.endswith(".json"):
+        twice = text.replace('"algorithm": ', '"algorithm": "star",\n  "algorithm": ', 1)
+    else:
+        twice = text.replace("\nalgorithm: ", "\nalgorithm: star\nalgorithm: ", 1)
+    assert twice != text
+    path = tmp_path / name
+    path.write_text(twice)
+    with pytest.raises(PlanFormatError, match="'algorithm' is given twice") as err:
+        load_plan(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)

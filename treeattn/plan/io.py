@@ -66,6 +66,7 @@ from treeattn.plan.ir import (
 from treeattn.textfile import read_text, write_file
 from treeattn.units import DType, check_bytes
 from treeattn.workload import Payload, RawPayload, Workload
+from treeattn.yamlkeys import refusing_repeats
 
 __all__ = [
     "FORMAT_TAG",
@@ -101,7 +102,18 @@ UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
 """``UPGRADES[v](data)`` returns the version v + 1 form of a version-v plan mapping (and sets
 ``version``). Add one whenever ``PLAN_VERSION`` is bumped."""
 
-_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# Plans are written by treeattn, but edited by hand too: a key given twice is refused, not
+# taken last-wins (YAML's and JSON's default).
+_SafeLoader = refusing_repeats(getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def _pairs_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} is given twice in one object")
+        out[key] = value
+    return out
 
 # -- the file boundary: pydantic models ----------------------------------------------------
 
@@ -461,10 +473,12 @@ def load_plan(source: str | Path) -> Plan:
 def _parse(text: str, name: str) -> Plan:
     if text.lstrip().startswith("{"):
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_pairs_once)
         except json.JSONDecodeError as exc:
             raise PlanFormatError(f"{name}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") \
                 from None
+        except ValueError as exc:  # _pairs_once's
+            raise PlanFormatError(f"{name}: {exc}") from None
     else:
         try:
             data = _fast_yaml(text)

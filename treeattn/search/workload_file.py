@@ -48,9 +48,11 @@ from treeattn.workload import (
     even_split,
     preset_heads,
 )
-from treeattn.yamlkeys import repeated_key
+from treeattn.yamlkeys import refusing_repeats
 
 __all__ = ["ATTENTION_KEYS", "RAW_KEYS", "parse_tokens", "workload_from_dict", "load_workload"]
+
+_LOADER = refusing_repeats(yaml.SafeLoader)
 
 ATTENTION_KEYS = frozenset(
     {"kind", "model", "batch", "q_heads", "heads", "kv_heads", "head_dim", "seq_len", "split",
@@ -261,16 +263,16 @@ def load_workload(path: str | Path, *, ranks: int | None = None) -> Payload:
     path = Path(path)
     text = read_text(path, "workload file", WorkloadError)
     try:
-        data = yaml.safe_load(text)
-        # 'seq_len: 4K' then 'seq_len: 8K' would plan 8K without a word.
-        twice = repeated_key(yaml.compose(text, Loader=yaml.SafeLoader))
+        # 'seq_len: 4K' then 'seq_len: 8K' would plan 8K without a word: refused.
+        data = yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
+    except yaml.constructor.ConstructorError as exc:
+        at = f":{exc.problem_mark.line + 1}" if exc.problem_mark is not None else ""
+        raise WorkloadError(f"{path}{at}: {exc.problem}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise WorkloadError(f"{path}{at}: not valid YAML: {problem}") from None
-    if twice is not None:
-        raise WorkloadError(f"{path}:{twice.start_mark.line + 1}: key {twice.value!r} is given twice")
     if isinstance(data, dict) and set(data) == {"workload"}:
         data = data["workload"]
     return workload_from_dict(data if data is not None else {}, ranks=ranks, where=str(path))
