@@ -195,5 +195,7 @@ def test_merger_refuses_an_unusable_device_before_it_allocates(device, needle):
     with pytest.raises(ValueError, match=needle):
         _usable_device(device, "gloo")
     assert _usable_device("cpu", "gloo") == torch.device("cpu")
+    # where torch puts a tensor asked for on cpu:1, which the inputs' device check compares with
+    assert _usable_device("cpu:1", "gloo") == torch.device("cpu") == torch.empty(1, device="cpu:1").device
     with pytest.raises(ValueError, match="NCCL process group sends from CUDA devices"):
         _usable_device("cpu", "nccl")

@@ -79,9 +79,14 @@ def _usable_device(device: torch.device | str, backend: str) -> torch.device:
         raise ValueError(f"Merger: device {dev} cannot hold the merge's buffers; give cpu or cuda")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"Merger: device {dev} asked for, but this torch sees no CUDA device")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"Merger: device {dev} asked for, but this process sees {torch.cuda.device_count()} "
+                         "CUDA device(s) (CUDA_VISIBLE_DEVICES renumbers them from 0)")
     if backend == "nccl" and dev.type != "cuda":
         raise ValueError(f"Merger: an NCCL process group sends from CUDA devices, device is {dev}")
-    return dev
+    # torch puts a tensor asked for on cpu:1 on cpu: the inputs' device check would then refuse
+    # every call's tensors, which are on cpu.
+    return torch.device("cpu") if dev.type == "cpu" else dev
 
 
 class Merger:
