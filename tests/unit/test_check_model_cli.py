@@ -290,3 +290,13 @@ def test_own_rccl_log_is_not_taken_for_an_nccl_release(tmp_path):
     # The text names the library the log printed.
     res = run_cli("check-model", str(log), "-t", "mi300x", "--no-progress")
     assert res.exit_code == 0 and "RCCL 2.22.3 (printed)" in res.stdout and "NCCL 2.22.3" not in res.stdout
+
+
+def test_a_topology_file_given_as_a_table_mapping_is_named_as_one():
+    from treeattn.topology.library import shipped_files
+
+    topo = str(shipped_files()["dgx-h100"])
+    for args in ((topo,), (topo, "-t", "dgx-h100")):
+        res = run_cli("check-model", *args)
+        assert res.exit_code == 2 and "a topology file, not a table mapping" in res.stderr, res.stderr
+        assert "--topology FILE" in res.stderr and len(res.stderr.strip().splitlines()) == 1

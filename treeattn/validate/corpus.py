@@ -233,6 +233,11 @@ def _field(where: str, data: dict, key: str, kind: type, default=None):  # noqa:
     return value
 
 
+# Fields only a topology file has (explicit, compact and family forms): a topology given where a
+# mapping is read is named as such.
+_TOPOLOGY_KEYS = {"devices", "links", "node", "nodes", "family", "network", "cost"}
+
+
 def _load_source(mf: Path) -> list[PublishedTable]:
     try:
         data = yaml.safe_load(read_input(mf, "mapping"))
@@ -243,6 +248,9 @@ def _load_source(mf: Path) -> list[PublishedTable]:
     if not isinstance(data, dict):
         raise InputError(f"{mf}: a mapping file is a YAML mapping with 'source' and 'tables'")
     unknown = sorted(set(data) - _SOURCE_KEYS)
+    if "tables" not in data and "name" in data and set(data) & _TOPOLOGY_KEYS:
+        raise InputError(f"{mf}: a topology file, not a table mapping ('source', 'tables'); score your own "
+                         "nccl-tests logs on it with: treeattn check-model LOG... --topology FILE")
     if unknown:
         raise InputError(f"{mf}: unknown field {unknown[0]!r}; fields: {', '.join(sorted(_SOURCE_KEYS))}")
     url = _field(str(mf), data, "source", str)
