@@ -472,7 +472,9 @@ def test_a_plan_is_not_written_over_a_file_that_is_not_one(tmp_path):
     save_plan(loaded, tmp_path / "p.yaml")
     save_plan(loaded, tmp_path / "p.yaml")  # and a YAML one
     (tmp_path / "empty.yaml").write_text("")
-    for fine in (tmp_path / "empty.yaml", Path("/dev/null"), tmp_path / "absent.yaml"):
+    minified = tmp_path / "sorted.json"  # `jq -cS .`: one line, keys sorted, the tag not first
+    minified.write_text(json.dumps(json.loads(plan.read_text()), sort_keys=True, separators=(",", ":")))
+    for fine in (tmp_path / "empty.yaml", Path("/dev/null"), tmp_path / "absent.yaml", minified):
         check_plan_path(fine)
     with pytest.raises(InputError, match="not a treeattn plan"):
         save_plan(loaded, mine)

@@ -704,7 +704,8 @@ def save_plan(plan: Plan, path: str | Path, fmt: str | None = None, compact: boo
     return path
 
 
-_TAGGED = re.compile(rf"""^[\s{{]*["']?format["']?\s*:\s*["']?{FORMAT_TAG}\b""", re.MULTILINE)
+# The tag anywhere near the top: a YAML line, or a JSON key wherever a reformatting put it.
+_TAGGED = re.compile(rf"""(?:^|[\s{{,])["']?format["']?\s*:\s*["']?{FORMAT_TAG}\b""", re.MULTILINE)
 
 
 def check_plan_path(path: Path) -> None:
