@@ -105,7 +105,7 @@ def check_model_cmd(
     if logs and topology is None:
         raise InputError(f"{logs[0]}: a log needs --topology, the machine it ran on (e.g. -t dgx-h100:nodes=2)")
     if not logs and (topology is not None or settings):
-        load_corpus([p for p in corpus if p.is_file()])  # a topology file given as a log's names itself
+        load_corpus([p for p in corpus if p.is_file()])  # a topology file given as a mapping is named so first
         raise InputError(f"{'--topology' if topology is not None else '--env'} applies to nccl-tests logs; "
                          "give LOG files (the corpus's tables name their own)")
     if topology is not None:

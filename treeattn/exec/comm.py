@@ -56,8 +56,8 @@ from treeattn.errors import ExecutionError
 from treeattn.exec.board import HostBoard
 from treeattn.exec.deadline import Outstanding, wait_marks
 
-__all__ = ["CALLS_AHEAD", "EXTERNAL_EVENTS", "CommError", "Comm", "P2P", "BufferPool", "Mark", "timing_event",
-           "deadline_event", "distinct", "first_uses"]
+__all__ = ["CALLS_AHEAD", "LONGEST_TIMEOUT_S", "EXTERNAL_EVENTS", "CommError", "Comm", "P2P", "BufferPool", "Mark",
+           "timing_event", "deadline_event", "distinct", "first_uses"]
 
 _PAIRS: dict[tuple[int, int], dist.ProcessGroup] = {}
 """NCCL communicators of pairs of global ranks, created once per default process group
@@ -84,6 +84,9 @@ Comms on one group (two Mergers) never reuse a tag the other still has in flight
 _SPIN_S = 0.001
 """How long before an agreed start instant a rank stops sleeping and yields until it."""
 
+LONGEST_TIMEOUT_S = datetime.timedelta.max.total_seconds()
+"""The longest set-up or operation timeout a Comm takes (seconds): its deadlines are timedeltas,
+which a larger one (inf, 'no timeout', included) overflows."""
 CALLS_AHEAD = 3
 """How many earlier calls (``Comm.calls``) the device may not have finished when a call starts
 without the call waiting (more: it waits for the oldest). When the host has to wait, the

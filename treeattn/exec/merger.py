@@ -45,7 +45,6 @@ unit-tested, on CPU (``tests/unit/test_exec_deadline.py``).
 
 from __future__ import annotations
 
-import datetime
 import warnings
 from pathlib import Path
 
@@ -54,7 +53,7 @@ import torch.distributed as dist
 
 from treeattn.exec import kernels
 from treeattn.exec.attention import torch_dtype
-from treeattn.exec.comm import Comm
+from treeattn.exec.comm import LONGEST_TIMEOUT_S, Comm
 from treeattn.exec.graphs import Graphed, capture
 from treeattn.exec.interpreter import PlanExecutor, RankInputs, given_partial_problem
 from treeattn.exec.merge import pack_heads_into, unpack_heads
@@ -158,9 +157,8 @@ class Merger:
             raise ValueError(f"plan {plan.algorithm!r} has {plan.ranks} ranks but the process group has {size}")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-        longest = datetime.timedelta.max.total_seconds()  # the deadlines are timedeltas
-        if timeout_s > longest:  # inf ('no timeout') included: timedelta() would raise OverflowError
-            raise ValueError(f"timeout_s must be at most {longest:g} seconds, got {timeout_s!r}")
+        if timeout_s > LONGEST_TIMEOUT_S:  # inf ('no timeout') included
+            raise ValueError(f"timeout_s must be at most {LONGEST_TIMEOUT_S:g} seconds, got {timeout_s!r}")
         backend = str(dist.get_backend(group))
         if graph and backend != "nccl":
             raise ValueError(f"Merger: CUDA graphs need an NCCL process group, this one is {backend}")

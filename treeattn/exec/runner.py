@@ -42,7 +42,7 @@ from treeattn.errors import InputError, PlanInvalidError
 from treeattn.exec import kernels as fused
 from treeattn.exec.attention import make_kv_shard, make_query, make_raw, resolve_kernel, torch_dtype
 from treeattn.exec.baselines import run_attention_baseline, run_raw_baseline, segments
-from treeattn.exec.comm import BufferPool, Comm
+from treeattn.exec.comm import LONGEST_TIMEOUT_S, BufferPool, Comm
 from treeattn.exec.deadline import SETUP_TIMEOUT_S, check_iterations
 from treeattn.exec.graphs import Graphed, capture
 from treeattn.exec.interpreter import MeasuredOp, PlanExecutor, RankInputs
@@ -94,10 +94,9 @@ class RunOptions:
 
     def __post_init__(self) -> None:
         check_iterations(self.repeats, self.warmup)
-        longest = datetime.timedelta.max.total_seconds()  # the deadlines are timedeltas
         for name, value in (("timeout", self.timeout_s), ("set-up timeout", self.setup_timeout_s)):
-            if not 0 < value <= longest:  # also NaN; inf would fail only in a rank, after the start
-                raise InputError(f"{name} must be > 0 and at most {longest:g} seconds, got {value}")
+            if not 0 < value <= LONGEST_TIMEOUT_S:  # also NaN; inf would fail only in a rank, after the start
+                raise InputError(f"{name} must be > 0 and at most {LONGEST_TIMEOUT_S:g} seconds, got {value}")
         if self.backend not in (None, "gloo", "nccl"):
             raise InputError(f"unknown backend {self.backend!r}; choose gloo or nccl")
         if self.check not in ("root", "all"):

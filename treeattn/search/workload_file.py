@@ -48,7 +48,7 @@ from treeattn.workload import (
     even_split,
     preset_heads,
 )
-from treeattn.yamlkeys import refusing_repeats
+from treeattn.yamlkeys import RepeatedKeyError, refusing_repeats
 
 __all__ = ["ATTENTION_KEYS", "RAW_KEYS", "parse_tokens", "workload_from_dict", "load_workload"]
 
@@ -265,9 +265,8 @@ def load_workload(path: str | Path, *, ranks: int | None = None) -> Payload:
     try:
         # 'seq_len: 4K' then 'seq_len: 8K' would plan 8K without a word: refused.
         data = yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
-    except yaml.constructor.ConstructorError as exc:
-        at = f":{exc.problem_mark.line + 1}" if exc.problem_mark is not None else ""
-        raise WorkloadError(f"{path}{at}: {exc.problem}") from None
+    except RepeatedKeyError as exc:
+        raise WorkloadError(f"{path}:{exc.problem_mark.line + 1}: {exc.problem}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f":{mark.line + 1}" if mark is not None else ""
@@ -276,4 +275,3 @@ def load_workload(path: str | Path, *, ranks: int | None = None) -> Payload:
     if isinstance(data, dict) and set(data) == {"workload"}:
         data = data["workload"]
     return workload_from_dict(data if data is not None else {}, ranks=ranks, where=str(path))
-

@@ -32,7 +32,7 @@ from treeattn.topology.schema import (
     Loc,
     format_loc,
 )
-from treeattn.yamlkeys import repeated_key
+from treeattn.yamlkeys import RepeatedKeyError, refusing_repeats
 
 __all__ = [
     "load_topology",
@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 # libyaml when present: parsing and writing are then several times faster.
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_Loader = refusing_repeats(getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 _FORMS: dict[str, type[BaseModel]] = {"devices": ExplicitFile, "node": CompactFile, "family": FamilyFile}
@@ -77,6 +77,8 @@ def load_topology_text(text: str, source: str = "<text>") -> Topology:
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
+    except RepeatedKeyError as exc:
+        raise TopologyError(f"{source}:{exc.problem_mark.line + 1}: field {exc.key!r} is given twice") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -86,8 +88,6 @@ def load_topology_text(text: str, source: str = "<text>") -> Topology:
         raise TopologyError(f"{source}: YAML error: {' '.join(str(exc).split())}") from None
     finally:
         loader.dispose()
-    if (twice := repeated_key(node)) is not None:
-        raise TopologyError(f"{source}:{twice.start_mark.line + 1}: field {twice.value!r} is given twice")
     return topology_from_data(data, source=source, lines=_LineMap(node))
 
 

@@ -108,7 +108,7 @@ class PublishedTable:
         (RCCL, ``unknown``, none) or one older than the model's figures (``OLDEST``): the
         topology's own then applies (by default the newest)."""
         release = self.nccl_bound
-        return None if release is None or release < OLDEST else nccl_release(self.version)
+        return None if release is None or release < OLDEST else release
 
     @property
     def nccl_bound(self) -> Release | None:
