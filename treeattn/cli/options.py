@@ -42,6 +42,7 @@ __all__ = [
     "BytesOpt",
     "OpOpt",
     "JsonOpt",
+    "SchemaJsonOpt",
     "Backend",
     "BackendOpt",
     "MeasureOrder",
@@ -104,6 +105,8 @@ OpOpt = Annotated[
                                      "come from a decode shape).", rich_help_panel=_W)
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys) instead of tables.")]
+SchemaJsonOpt = Annotated[bool, typer.Option("--json", help="Accepted for symmetry with the other commands: the "
+                                                            "schema is JSON.")]
 
 
 class Backend(StrEnum):

@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app
+from treeattn.cli.options import SchemaJsonOpt
 from treeattn.cli.paths import OUT_PATH, output_file, safe_name
 from treeattn.cli.render import console, print_rates_note, warn_unknown_gpus
 from treeattn.cli.topo_text import domain_shares, gbps, network_lines, rate_lines, wrap
@@ -213,7 +214,6 @@ def validate(spec: TopoArg, json_out: JsonOpt = False) -> None:
 
 
 @topo_app.command("schema")
-def schema(json_out: Annotated[bool, typer.Option("--json", help="Accepted for symmetry with the other "
-                                                  "commands: the schema is JSON.")] = False) -> None:
+def schema(json_out: SchemaJsonOpt = False) -> None:
     """Print the JSON schema of topology files (explicit, compact and family forms)."""
     _echo_json(topology_json_schema())

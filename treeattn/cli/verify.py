@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from treeattn.cli import app
+from treeattn.cli.options import SchemaJsonOpt
 from treeattn.errors import PlanInvalidError
 
 __all__ = ["verify_cmd", "plan_schema_cmd"]
@@ -58,11 +59,8 @@ def verify_cmd(
         typer.echo("every result rank ends with the same bits (as the executor merges)")
 
 
-_SCHEMA_JSON = typer.Option("--json", help="Accepted for symmetry with the other commands: the schema is JSON.")
-
-
 @app.command("plan-schema")
-def plan_schema_cmd(json_out: Annotated[bool, _SCHEMA_JSON] = False) -> None:
+def plan_schema_cmd(json_out: SchemaJsonOpt = False) -> None:
     """Print the JSON Schema of plan files (the format is described in docs/plan-format.md)."""
     from treeattn.plan.io import plan_json_schema
 
