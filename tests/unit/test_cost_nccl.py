@@ -67,7 +67,8 @@ def test_latency_formulas_and_search_order():
     assert bc[-1].latency_us == pytest.approx(8.4 + (32 - 4) * 3.4 + 3 * 14)
 
 
-def test_bandwidth_derating_and_busbw_conventions():
+def test_bandwidth_derating_and_busbw_conventions(monkeypatch):
+    monkeypatch.setattr(nccl, "RING_STEP_TAIL_US", 0.0)  # NCCL's formulas alone
     fab = nccl.fabric(h100(1))
     big = 1 << 34
     ring = {e.protocol.value: e for e in nccl.predict(fab, "allreduce", big) if e.algorithm.value == "ring"}
@@ -154,8 +155,11 @@ def test_tuner_and_achieved_times_differ_only_where_nccl_overestimates():
     assert ring["LL"].rank_us == pytest.approx(6.6 + 28 * 1.0 + 2 * 2.7 + 8 / 1e3 / min(39.0, 400 * 0.5) * 16 / 30,
                                                rel=1e-3)
     assert ring["LL"].latency_us == pytest.approx(6.6 + 28 * 0.6 + 2 * 2.7)
+    # one node: the same but where NVLS runs, and a ring with Simple (its step tail, RING_STEP_TAIL_US)
     one = nccl.fabric(h100(1))
-    assert all(e.nccl_us is None for e in nccl.predict(one, "allreduce", 1 << 20) if e.algorithm.value != "nvls")
+    same = [e.nccl_us is None for e in nccl.predict(one, "allreduce", 1 << 20)
+            if e.algorithm.value != "nvls" and (e.algorithm.value, e.protocol.value) != ("ring", "Simple")]
+    assert len(same) == 5 and all(same)
 
 
 def test_nvl72_is_one_nccl_node():

@@ -467,3 +467,99 @@ def test_nvls_pays_its_chunks_below_the_full_chunk_only(monkeypatch):
     extra = ((512 << 20) + fill) * nvls.NVLS_CHUNK_US / 128 * (1 / (64 << 10) - 1 / (128 << 10))
     assert with_cost.time_us - without.time_us == pytest.approx(extra)
     assert with_cost.rank_us == pytest.approx(without.rank_us)
+
+
+def _ring_simple_one_node_rows(monkeypatch):
+    """Every scored all-reduce, all-gather and reduce-scatter row of the corpus that NCCL's pick
+    runs as ring/Simple on one node of NVIDIA GPUs over NVLink, without the ring's step tail:
+    (source, published us, the model's us, one ring step's us)."""
+    from treeattn.cost import nccl
+    from treeattn.validate.published import _NCCL_NAMES, _Topologies, group_launch_us
+
+    monkeypatch.setattr(nccl, "RING_STEP_TAIL_US", 0.0)
+    cache, rows = _Topologies(), []
+    for t in load_corpus():
+        if t.collective not in ("all_reduce", "all_gather", "reduce_scatter") or not t.scored:
+            continue
+        fab = cache.fabric(t)
+        if fab.nodes != 1 or fab.intra_hw != "nvlink" or fab.rccl or fab.shm_gbps > 0:
+            continue
+        steps = 2 * (fab.ranks - 1) if t.collective == "all_reduce" else fab.ranks - 1
+        for nbytes, published in t.points():
+            est = nccl.pick(fab, _NCCL_NAMES[t.collective], nbytes, env=t.env)
+            if est.algorithm is not nccl.Algorithm.RING or est.protocol is not nccl.Protocol.SIMPLE:
+                continue
+            if group_launch_us(t.log.n_gpus, nccl.run_channel_count(fab, est.algorithm, est.protocol, nbytes),
+                               t.nccl_bound) > est.time_us:
+                continue  # the -g launch floor sets this row, not the ring
+            rows.append((t.source_id, published, est.time_us, est.time_us / steps))
+    return rows
+
+
+def _fit_ring_step_tail(rows):
+    """(us at a 100 us step, power): relative least squares, the power on a 0.05 grid."""
+    import numpy as np
+
+    best = None
+    for power in np.round(np.arange(0.05, 1.0001, 0.05), 2):
+        f = np.array([(step / 100.0) ** power / pub for _, pub, _, step in rows])
+        y = np.array([1.0 - model / pub for _, pub, model, _ in rows])
+        scale = float(f @ y / (f @ f))
+        loss = float(np.sum((y - scale * f) ** 2))
+        if best is None or loss < best[0]:
+            best = (loss, scale, float(power))
+    return best[1], best[2]
+
+
+def test_the_ring_step_tail_is_the_fit_on_one_node_nvlink_rings(monkeypatch):
+    """RING_STEP_TAIL_US and RING_STEP_TAIL_POWER are what their docstring says: the relative
+    least-squares fit on the corpus's one-node NVLink ring/Simple rows, and each source left out
+    of the fit is predicted better by the others' fit than without the tail."""
+    import statistics
+
+    from treeattn.cost import nccl
+
+    fitted = (nccl.RING_STEP_TAIL_US, nccl.RING_STEP_TAIL_POWER)
+    rows = _ring_simple_one_node_rows(monkeypatch)
+    sources = sorted({r[0] for r in rows})
+    assert len(rows) == 156 and len(sources) == 7
+    scale, power = _fit_ring_step_tail(rows)
+    assert (round(scale), power) == fitted
+    for source in sources:
+        scale, power = _fit_ring_step_tail([r for r in rows if r[0] != source])
+        held = [r for r in rows if r[0] == source]
+        before = statistics.median(abs(model / pub - 1) for _, pub, model, _ in held)
+        after = statistics.median(abs((model + scale * (step / 100.0) ** power) / pub - 1)
+                                  for _, pub, model, step in held)
+        assert after < before, source
+
+
+def test_the_ring_step_tail_applies_to_one_node_nvlink_rings_only(monkeypatch):
+    from treeattn.cost import nccl
+    from treeattn.topology.library import resolve
+
+    ring, simple = nccl.Algorithm.RING, nccl.Protocol.SIMPLE
+
+    def ring_simple(fab, collective, nbytes):
+        return next(e for e in nccl.predict(fab, collective, nbytes) if e.algorithm is ring and e.protocol is simple)
+
+    def with_and_without(fab, collective, nbytes):
+        got = ring_simple(fab, collective, nbytes)
+        with monkeypatch.context() as m:
+            m.setattr(nccl, "RING_STEP_TAIL_US", 0.0)
+            return got, ring_simple(fab, collective, nbytes)
+
+    h100 = nccl.fabric(resolve("dgx-h100"))
+    for collective, steps in (("allreduce", 14), ("allgather", 7), ("reducescatter", 7)):
+        got, without = with_and_without(h100, collective, 256 << 20)
+        step = without.time_us / steps
+        extra = nccl.RING_STEP_TAIL_US * (step / 100.0) ** nccl.RING_STEP_TAIL_POWER
+        assert got.time_us == pytest.approx(without.time_us + extra)
+        # NCCL's own estimate, which it picks by, does not see it.
+        assert got.rank_us == pytest.approx(without.rank_us)
+    # A 100 us step ends RING_STEP_TAIL_US late.
+    assert nccl.ring_step_tail_us(h100, nccl.Collective.ALLGATHER, 700.0) == pytest.approx(nccl.RING_STEP_TAIL_US)
+    for name, collective in (("dgx-h100:nodes=2", "allreduce"), ("mi300x-8", "allreduce"),
+                             ("rtx4090-8", "allreduce"), ("dgx-h100", "broadcast"), ("dgx-h100", "reduce")):
+        got, without = with_and_without(nccl.fabric(resolve(name)), collective, 256 << 20)
+        assert got.time_us == without.time_us, (name, collective)

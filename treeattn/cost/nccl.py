@@ -95,7 +95,9 @@ Achieved (``time_us``): NCCL's formulas without the post overhead, and across no
 protocol moves the network at ``NET_ACHIEVED`` of NCCL's figure (Simple 0.94: the 46-48 GB/s
 NCCL's maintainers quote for a 400 Gb/s NIC; LL128 0.6, measured on the corpus). On Ampere
 each channel a call runs on beyond its first adds ``AMPERE_CHANNEL_US`` (fitted on published
-A100 tables; NCCL's estimate does not see it).
+A100 tables; NCCL's estimate does not see it). A one-node NVLink ring all-reduce, all-gather or
+reduce-scatter with Simple ends ``ring_step_tail_us`` late (``RING_STEP_TAIL_US``: about half
+a ring step at 100 us steps, measured on the corpus, its cause not found).
 ``NCCL_ALGO``, ``NCCL_PROTO`` and ``NCCL_NVLS_ENABLE=0`` restrict the pick (``allowed_by_env``).
 
 Channels (``treeattn.cost.nccl_channels``): NCCL's figures are those of all its channels;
@@ -176,6 +178,9 @@ __all__ = [
     "pair_rate_gbps",
     "SHM_GBPS",
     "AMPERE_CHANNEL_US",
+    "RING_STEP_TAIL_US",
+    "RING_STEP_TAIL_POWER",
+    "ring_step_tail_us",
     "shm_rate_applies",
 ]
 
@@ -279,6 +284,27 @@ nodes and to Ada. Held out, at 64 KiB-16 MiB (median |error|): SuperBench's A100
 which rules out tens of microseconds, not one); every Ampere table of the corpus ran NCCL 2.19
 or older and every Hopper one 2.24 or newer, so the GPU and the release cannot be told apart.
 Ada GPUs take NCCL's Ampere row, and this with it."""
+RING_STEP_TAIL_US = 52.0
+RING_STEP_TAIL_POWER = 0.75
+"""What a ring all-reduce, all-gather or reduce-scatter with Simple adds on one node of NVIDIA
+GPUs joined by NVLink: ``RING_STEP_TAIL_US`` x (step / 100 us) ** ``RING_STEP_TAIL_POWER``
+microseconds, where a step is the call's time (NCCL's formulas) over its ring steps (2(R-1) for
+all-reduce, R-1 for the others): about one step at 10 us steps, half of one at 100 us, a sixth
+at 10 ms. Measured, its cause not found in NCCL's source (whose ring forwards each slice as it
+lands, with no bubble; a cost per call would fade as 1 / size and one per loop or slice keep
+a fixed share once loops are full, where this fades as size ** -0.25). Seen on every one-node
+NVLink table of the corpus, H100, A100 and GB200: the time a doubling of the size adds runs 1-30 % above the
+large-size rate from 32 MiB to 1 GiB and falls slowly (4 H100s' reduce-scatter: 1.30 at 64
+MiB, 1.16 at 512 MiB, 1.06 at 4 GiB, 1.03 at 16 GiB), more for all-gather and reduce-scatter
+than all-reduce and for 4 GPUs than 8, as a fixed share of a step would; not on PCIe (RTX
+4090) or MI300X's xGMI (a constant 6 %, a rate); left off across nodes, where the corpus's
+rings disagree with each other (docs/nccl-model.md). Fitted on the corpus's 156
+such rows of 7 sources whose pick is ring/Simple (relative least squares, the power on a 0.05
+grid: 52.07 us, 0.75); each source left out, the others' fit gives 49-56 us and 0.75 and
+predicts it better (median |error| waynehacking8 9.4 -> 1.8 %, xxrjun 5.9 -> 1.5, SuperBench
+5.9 -> 2.1, Together 2.2 -> 1.1, ABCI 11.0 -> 6.4, unnamed A100 16.7 -> 13.4, OCI GB200 8.3 ->
+4.6). Not in NCCL's estimate, which picks; not on broadcast and reduce, whose chains
+SuperBench's A100s show it on and ABCI's 4 A100s do not (they would come out +7..+24 % slow)."""
 SHM_GBPS = 2.7
 """What NCCL's shared-memory transport moves between two GPUs of a node, one without
 peer-to-peer (GeForce cards), GB/s, with NCCL's defaults: the receiving GPU's kernels load the data from
@@ -951,6 +977,17 @@ def run_channel_count(fab: NcclFabric, algo: Algorithm, protocol: Protocol, nbyt
     return run_channels(fab.channels, protocol.value, nbytes, fab.ranks, algo is Algorithm.RING, fab.ring_gbps)
 
 
+def ring_step_tail_us(fab: NcclFabric, collective: Collective, time_us: float) -> float:
+    """What a one-node NVLink ring with Simple adds to a call NCCL's formulas time at
+    ``time_us`` (``RING_STEP_TAIL_US``); 0 elsewhere: several nodes, PCIe or shared memory
+    between the GPUs, AMD's GPUs, broadcast and reduce."""
+    if (fab.nodes != 1 or fab.intra_hw != "nvlink" or fab.rccl or fab.shm_gbps > 0 or time_us <= 0
+            or collective not in (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCESCATTER)):
+        return 0.0
+    step_us = time_us / _nsteps(collective, fab.ranks)
+    return RING_STEP_TAIL_US * (step_us / 100.0) ** RING_STEP_TAIL_POWER
+
+
 def _channels_run(fab: NcclFabric, algo: Algorithm, protocol: Protocol, nbytes: int) -> tuple[float, float]:
     """The share of NCCL's channels a ring or tree of ``nbytes`` runs on (nccl_channels), and
     what the channels beyond its first add on Ampere (``AMPERE_CHANNEL_US``)."""
@@ -1038,6 +1075,8 @@ def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: i
             if fab.shm_gbps > 0:
                 achieved = min(achieved, fab.shm_gbps / factor)
             t = lat + nbytes / (achieved * 1e3) + channel_us
+            if algo is Algorithm.RING and proto is Protocol.SIMPLE:
+                t += ring_step_tail_us(fab, collective, t)
             algbw = nbytes / (t * 1e3)
             out.append(NcclEstimate(algo, proto, t, algbw, algbw * factor, lat, None if tuned == t else tuned))
     if collective is Collective.ALLREDUCE and fab.nvls_gbps > 0:
