@@ -496,19 +496,26 @@ def _ring_simple_one_node_rows(monkeypatch):
     return rows
 
 
-def _fit_ring_step_tail(rows):
+def _tail_loss(rows, extra):
+    """(relative least-squares loss, scale) of the model plus scale x ``extra(row)`` us."""
+    import numpy as np
+
+    f = np.array([extra(row) / row[1] for row in rows])
+    y = np.array([1.0 - model / pub for _, pub, model, _ in rows])
+    scale = float(f @ y / (f @ f))
+    return float(np.sum((y - scale * f) ** 2)), scale
+
+
+def _fit_ring_step_tail(rows, with_loss=False):
     """(us at a 100 us step, power): relative least squares, the power on a 0.05 grid."""
     import numpy as np
 
     best = None
     for power in np.round(np.arange(0.05, 1.0001, 0.05), 2):
-        f = np.array([(step / 100.0) ** power / pub for _, pub, _, step in rows])
-        y = np.array([1.0 - model / pub for _, pub, model, _ in rows])
-        scale = float(f @ y / (f @ f))
-        loss = float(np.sum((y - scale * f) ** 2))
+        loss, scale = _tail_loss(rows, lambda row, p=power: (row[3] / 100.0) ** p)
         if best is None or loss < best[0]:
             best = (loss, scale, float(power))
-    return best[1], best[2]
+    return (best[1], best[2], best[0]) if with_loss else (best[1], best[2])
 
 
 def test_the_ring_step_tail_is_the_fit_on_one_node_nvlink_rings(monkeypatch):
@@ -523,8 +530,11 @@ def test_the_ring_step_tail_is_the_fit_on_one_node_nvlink_rings(monkeypatch):
     rows = _ring_simple_one_node_rows(monkeypatch)
     sources = sorted({r[0] for r in rows})
     assert len(rows) == 156 and len(sources) == 7
-    scale, power = _fit_ring_step_tail(rows)
+    scale, power, loss = _fit_ring_step_tail(rows, with_loss=True)
     assert (round(scale), power) == fitted
+    # The power law fits better than a time per call, a share of the call or a share of a step.
+    for extra in (lambda row: 1.0, lambda row: row[2], lambda row: row[3]):
+        assert loss < _tail_loss(rows, extra)[0] * 0.6
     for source in sources:
         scale, power = _fit_ring_step_tail([r for r in rows if r[0] != source])
         held = [r for r in rows if r[0] == source]

@@ -292,19 +292,25 @@ microseconds, where a step is the call's time (NCCL's formulas) over its ring st
 all-reduce, R-1 for the others): about one step at 10 us steps, half of one at 100 us, a sixth
 at 10 ms. Measured, its cause not found in NCCL's source (whose ring forwards each slice as it
 lands, with no bubble; a cost per call would fade as 1 / size and one per loop or slice keep
-a fixed share once loops are full, where this fades as size ** -0.25). Seen on every one-node
-NVLink table of the corpus, H100, A100 and GB200: the time a doubling of the size adds runs 1-30 % above the
-large-size rate from 32 MiB to 1 GiB and falls slowly (4 H100s' reduce-scatter: 1.30 at 64
-MiB, 1.16 at 512 MiB, 1.06 at 4 GiB, 1.03 at 16 GiB), more for all-gather and reduce-scatter
-than all-reduce and for 4 GPUs than 8, as a fixed share of a step would; not on PCIe (RTX
-4090) or MI300X's xGMI (a constant 6 %, a rate); left off across nodes, where the corpus's
-rings disagree with each other (docs/nccl-model.md). Fitted on the corpus's 156
-such rows of 7 sources whose pick is ring/Simple (relative least squares, the power on a 0.05
-grid: 52.07 us, 0.75); each source left out, the others' fit gives 49-56 us and 0.75 and
+a fixed share once loops are full, where this fades as size ** -0.25). Seen on the one-node
+H100 tables (3 sources, 118 rows) and SuperBench's 8 A100s (29): the time a doubling of the
+size adds runs 1-30 % above the large-size rate from 32 MiB to 1 GiB and falls slowly
+(xxrjun's 4 H100s' reduce-scatter: 1.30 at 64 MiB, 1.16 at 512 MiB, 1.06 at 4 GiB, 1.03 at
+16 GiB), more for all-gather and reduce-scatter than all-reduce and for 4 GPUs than 8, as a
+fixed share of a step would; not on PCIe (RTX 4090) or MI300X's xGMI (a constant 6 %, a
+rate); left off across nodes, where the corpus's rings disagree with each other
+(docs/nccl-model.md). Fitted on the corpus's 156 one-node NVLink rows of 7 sources whose pick
+is ring/Simple (relative least squares, the power on a 0.05 grid: 52.07 us, 0.75; a time per
+call, a share of the call or a share of a step leave 1.9-2.9 times its squared error). An H100 figure:
+H100's rows alone give 48 us, A100's 90 (SuperBench's alone 94), so A100 rings stay fast
+(SuperBench's all-gather at 32 MiB -18.8 %); ABCI, the unnamed A100 node and OCI's GB200 tray
+have 2-4 rows each. Each source left out, the others' fit gives 49-56 us and 0.75 and
 predicts it better (median |error| waynehacking8 9.4 -> 1.8 %, xxrjun 5.9 -> 1.5, SuperBench
 5.9 -> 2.1, Together 2.2 -> 1.1, ABCI 11.0 -> 6.4, unnamed A100 16.7 -> 13.4, OCI GB200 8.3 ->
 4.6). Not in NCCL's estimate, which picks; not on broadcast and reduce, whose chains
-SuperBench's A100s show it on and ABCI's 4 A100s do not (they would come out +7..+24 % slow)."""
+SuperBench's A100s show it on and ABCI's 4 A100s do not (they would come out +8..+27 % slow).
+Applied to any one-node NVLink fabric, NVSwitch or not: a DGX-1's cube mesh or a 72-GPU NVL72
+domain is outside the data."""
 SHM_GBPS = 2.7
 """What NCCL's shared-memory transport moves between two GPUs of a node, one without
 peer-to-peer (GeForce cards), GB/s, with NCCL's defaults: the receiving GPU's kernels load the data from
