@@ -293,7 +293,32 @@ def bits_as_predicted(rank: int, p: int):  # noqa: ANN201
                "warned": [str(w.message) for w in caught if "different bits" in str(w.message)], **got}
 
 
-TASKS = {"bits_as_predicted": bits_as_predicted,
+def empty_conventions(rank: int, p: int):  # noqa: ANN201
+    """Empty shards as kernels give them: rank 1 FlashAttention-2's row with no keys (o = 0, lse =
+    +inf), rank 2 a fully masked row (o = NaN, lse = -inf); then every rank empty so. The merged
+    rows must be rank 0's partial alone, then (0, -inf): no NaN."""
+    w = _workload(p)
+    g = torch.Generator().manual_seed(5)
+    o0, l0 = torch.randn(w.batch, w.q_heads, w.head_dim, generator=g), torch.randn(w.batch, w.q_heads, generator=g)
+    for name, result in (("binomial", "all"), ("ring", "heads"), ("allgather-merge", "all"), ("allreduce3", "all"),
+                         ("allreduce2", "root"), ("dcp-ag-rs", "heads"), ("dcp-a2a", "heads")):
+        kwargs = {"root": p - 1} if result == "root" else {}
+        merger = treeattn.Merger(build(name, w, REF, result=result, **kwargs))
+        for every in (False, True):
+            o, lse = (o0, l0) if rank == 0 and not every else (
+                (torch.zeros_like(o0), torch.full_like(l0, float("inf"))) if rank % 2 else
+                (torch.full_like(o0, float("nan")), torch.full_like(l0, float("-inf"))))
+            out_o, out_l = merger(o, lse)
+            if out_o is None:
+                continue
+            h0, h1 = merger.heads
+            want_o, want_l = (torch.zeros_like(o0), torch.full_like(l0, float("-inf"))) if every else (o0, l0)
+            yield {"method": name, "every": every, "nan": bool(out_o.isnan().any() or out_l.isnan().any()),
+                   "equal": torch.allclose(out_o, want_o[:, h0:h1], atol=1e-6) and torch.allclose(
+                       out_l, want_l[:, h0:h1], atol=1e-6)}
+
+
+TASKS = {"bits_as_predicted": bits_as_predicted, "empty_conventions": empty_conventions,
          "every_method": every_method, "searched": searched, "subgroup": subgroup, "errors": errors,
          "mixed_trio": mixed_trio, "agreement": agreement,
          "baselines_pooled": baselines_worker.pooled, "baselines_runner_pools": baselines_worker.runner_pools}

@@ -103,6 +103,16 @@ def test_trio_over_different_chunkings_is_exact(tmp_path):
         assert item["pooled"] and item["repeat_equal"], (r, item)
 
 
+def test_empty_shards_as_kernels_give_them_merge_as_empty(tmp_path):
+    # lse = +inf (FlashAttention-2's row with no keys) and o = NaN beside lse = -inf (a fully
+    # masked row) are empty partials: the result is the other ranks' merge, or (0, -inf)
+    ranks = run("empty_conventions", 3, tmp_path)
+    for r, items in enumerate(ranks):
+        assert len(items) == (14 if r == 2 else 12)
+        for item in items:
+            assert not item["nan"] and item["equal"], (r, item)
+
+
 def test_searched_plans_and_subgroups(tmp_path):
     ranks = run("searched", 4, tmp_path)
     for r, items in enumerate(ranks):

@@ -23,9 +23,9 @@ if TYPE_CHECKING:
     from treeattn.exec.comm import BufferPool
 
 __all__ = ["empty_partial", "clear_partial", "pack", "unpack", "wire_cols", "to_wire", "wired", "lse_column",
-           "from_wire", "split_wire", "check_stack", "pack_heads", "pack_heads_into", "unpack_heads",
-           "weights", "weighted", "corrected", "finish", "merge_stack", "merge_into", "merge", "merge_many",
-           "merge_many_into", "sum_into", "sum_many_into", "sum_stack"]
+           "from_wire", "split_wire", "check_stack", "pack_heads", "pack_heads_into", "clear_empty_rows",
+           "unpack_heads", "weights", "weighted", "corrected", "finish", "merge_stack", "merge_into", "merge",
+           "merge_many", "merge_many_into", "sum_into", "sum_many_into", "sum_stack"]
 
 _NEG_INF = float("-inf")
 _FLOAT_MIN = torch.finfo(torch.float32).min
@@ -160,6 +160,18 @@ def pack_heads_into(out: torch.Tensor, o: torch.Tensor, lse: torch.Tensor) -> to
         o = o.float()
     torch.cat([o.transpose(0, 1), lse.transpose(0, 1).unsqueeze(-1)], dim=-1, out=out.view(hq, bsz, d + 1))
     return out
+
+
+def clear_empty_rows(packed: torch.Tensor) -> torch.Tensor:
+    """Set every row of packed rows ``(rows, D + 1)`` whose lse is infinite to the empty partial
+    (0, -inf), in place: a kernel's row with no keys. FlashAttention-2 (unsplit) gives such a
+    row lse = +inf, and some kernels o = NaN beside lse = -inf; merged as they are, either makes
+    that row NaN on every rank (exp(inf - inf), 0 x NaN). A finite lse is left as it is."""
+    lse = packed[:, -1]
+    empty = lse.isinf()
+    packed.masked_fill_(empty.unsqueeze(1), 0.0)
+    lse.masked_fill_(empty, _NEG_INF)
+    return packed
 
 
 def unpack_heads(packed: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -56,7 +56,7 @@ from treeattn.exec.attention import torch_dtype
 from treeattn.exec.comm import LONGEST_TIMEOUT_S, Comm
 from treeattn.exec.graphs import Graphed, capture
 from treeattn.exec.interpreter import PlanExecutor, RankInputs, given_partial_problem
-from treeattn.exec.merge import pack_heads_into, unpack_heads
+from treeattn.exec.merge import clear_empty_rows, pack_heads_into, unpack_heads
 from treeattn.plan.ir import Plan
 from treeattn.workload import Workload
 
@@ -229,10 +229,10 @@ class Merger:
 
         Args:
             o: ``(B, Hq, D)``, any float dtype: this rank's attention output over its KV shard.
-            lse: ``(B, Hq)`` fp32: its log-sum-exp (natural log; -inf where the shard is empty,
-                and there o must be finite, zeros as ``attention_partial`` gives: a NaN row
-                beside lse = -inf, as some kernels give for a fully masked row, makes that
-                row of the merged result NaN).
+            lse: ``(B, Hq)`` fp32: its log-sum-exp (natural log: a kernel's base-2 lse times
+                ln 2). A row where the shard is empty has lse = -inf (``attention_partial``) or
+                +inf (FlashAttention-2): either is merged as the empty partial (0, -inf),
+                whatever its o (zeros, or NaN as some kernels give a fully masked row).
 
         Returns:
             ``(o, lse)``, fresh tensors (o in o's dtype, lse fp32) holding what the plan's
@@ -274,7 +274,7 @@ class Merger:
         if comm.cuda and torch.cuda.is_current_stream_capturing():
             return self._merge_captured(o, lse)
         comm.calls.check()  # the earlier calls' communication, within the timeout; waits only when far ahead
-        pack_heads_into(self._partial, o, lse)
+        clear_empty_rows(pack_heads_into(self._partial, o, lse))
         self._exec.prepare()
         if self._capture and self._calls:
             self._capture = self.graph = False  # until the capture worked on every rank
@@ -292,7 +292,7 @@ class Merger:
         if not self._calls:
             raise RuntimeError("Merger: first called inside a CUDA graph capture; call it once outside the capture "
                                "first (on every rank): that call allocates the buffers the captured calls reuse")
-        pack_heads_into(self._partial, o, lse)
+        clear_empty_rows(pack_heads_into(self._partial, o, lse))
         self._exec.prepare()
         self._comm.tracking = False
         try:
