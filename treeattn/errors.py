@@ -25,6 +25,10 @@ class TreeattnError(Exception):
     """Base of every error treeattn raises on purpose."""
 
     exit_code = 2
+    exit_now = False
+    """True where the process must end as soon as the error is printed: a launcher's rank whose
+    process group still has operations pending, which tearing it down at exit would wait for
+    (up to the set-up deadline)."""
 
 
 class InputError(TreeattnError):

@@ -273,6 +273,33 @@ def test_a_rank_whose_peers_never_start_gives_up_at_the_setup_timeout_given(tmp_
     assert refused.exit_code == 2 and "--setup-timeout" in refused.stderr
 
 
+def test_a_launched_rank_whose_peer_hangs_exits_at_its_op_timeout_not_the_setup_timeout(tmp_path):
+    # Rank 1 hangs, alive, in a timed iteration; rank 0's all-gather with it gives up after
+    # --timeout. Before, rank 0 printed the error and then sat in the interpreter's exit, tearing
+    # down a process group whose all-gather was still pending, for the whole --setup-timeout.
+    import time
+
+    path = plan_file(tmp_path, build("allgather-merge", W2, resolve("cpu:ranks=2")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC"))}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(launch_mod.free_port()), WORLD_SIZE="2",
+               **{FAULT_ENV: "1:6:hang"})
+    args = [TREEATTN, "run", str(path), "--repeats", "5", "--timeout", "2", "--setup-timeout", "90"]
+    procs = [subprocess.Popen([*args, "--out", str(tmp_path / f"rows{r}.csv")], env={**env, "RANK": str(r)},
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    try:
+        t = time.monotonic()
+        _, err = procs[0].communicate(timeout=60)
+        assert time.monotonic() - t < 40, err
+        assert procs[0].returncode == 1, err
+        assert err.splitlines()[-1].startswith("error: rank 0: "), err
+        assert "Traceback" not in err
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
+
+
 def test_a_run_directory_that_cannot_be_written_ends_the_run_in_one_line(tmp_path):
     # A full disk or a file-size limit where the ranks' job file goes: one line, exit 1, before
     # any rank starts, and no run directory left.

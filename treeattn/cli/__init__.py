@@ -179,6 +179,14 @@ def main(args: list[str] | None = None) -> None:
     try:
         with kept_on_success():
             _run(command, args)
+    except SystemExit as exc:
+        if getattr(exc.__cause__, "exit_now", False):
+            # A launcher's rank whose process group has operations pending: the interpreter's
+            # exit would tear the group down and wait for them (the whole set-up deadline).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(exc.code)
+        raise
     finally:
         # A reader that leaves after the last line but before it is flushed is gone too.
         sys.stdout.flush()
@@ -191,7 +199,7 @@ def _run(command, args: list[str] | None) -> None:  # noqa: ANN001 - a click Gro
         rc = command(args=args, standalone_mode=False, prog_name="treeattn")
     except TreeattnError as exc:
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)
-        sys.exit(exc.exit_code)
+        raise SystemExit(exc.exit_code) from exc
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:

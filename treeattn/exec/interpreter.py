@@ -25,6 +25,7 @@ a KV block is ``(2, B, Hkv, N_j, D)``.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import compress, groupby
@@ -45,7 +46,8 @@ __all__ = ["FAULT_ENV", "MeasuredOp", "RankInputs", "PlanExecutor", "InjectedFau
 
 FAULT_ENV = "TREEATTN_FAULT"
 """Test-only fault injection: ``RANK:OP:MODE`` makes rank RANK, before its OP-th plan op
-(counted from 0 over the process's life), raise (MODE ``raise``) or die (``exit``)."""
+(counted from 0 over the process's life), raise (MODE ``raise``), die (``exit``) or hang, alive
+(``hang``)."""
 
 
 class InjectedFault(ExecutionError):
@@ -296,6 +298,8 @@ class PlanExecutor:
             return
         if self._fault[2] == "exit":
             os._exit(17)
+        if self._fault[2] == "hang":
+            time.sleep(3600)
         raise InjectedFault(f"injected fault on rank {self.rank} at op {count} (program op {index})")
 
     @property

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from treeattn.errors import ExecutionError, InputError, TreeattnError
 from treeattn.exec.runner import Job, JobResult, memory_problem, pick_backend, placement_problem, run_rank
@@ -189,10 +190,13 @@ def launch(job: Job, environ: dict[str, str] | None = None) -> JobResult | None:
             torch.set_num_threads(slurm_threads(os.environ, len(os.sched_getaffinity(0))))
     try:
         return run_rank(job, placed.rank, placed.world, placed.local_rank)
-    except TreeattnError:
+    except TreeattnError as exc:
+        exc.exit_now = dist.is_initialized()  # run_rank tears the group down on success only
         raise
     except Exception as exc:  # noqa: BLE001 - torch's own (store, socket) errors: one line, not a traceback
-        raise ExecutionError(_in_process_failure(placed.rank, exc)) from None
+        error = ExecutionError(_in_process_failure(placed.rank, exc))
+        error.exit_now = dist.is_initialized()
+        raise error from None
 
 
 def _in_process_failure(rank: int, exc: Exception) -> str:
