@@ -93,7 +93,8 @@ def test_a_library_collective_passes_its_buffers_element_size():
 
 
 @pytest.mark.parametrize(("value", "on"), [(None, True), ("1", True), ("0", False), ("00", False),
-                                           (" 0 ", False), ("x", False), ("2", True)])
+                                           (" 0 ", False), ("x", False), ("2", True), ("0x1", True),
+                                           ("0x0", False)])
 def test_rccls_switch_reads_as_an_integer(value, on):
     env = {} if value is None else {"RCCL_MSCCL_ENABLE": value}
     assert ("allpairs" in nccl.allowed_by_env(env)[0]) is on

@@ -138,6 +138,11 @@ def test_nvls_where_nccl_offers_it():
     # NCCL's own estimate is faster than what runs; it is what NCCL picks by
     assert best.rank_us < best.time_us
     assert nccl.pick(h, "allreduce", big, env={"NCCL_NVLS_ENABLE": "0"}).algorithm.value == "ring"
+    # NCCL reads it with strtoll(value, NULL, 0): these are 0 too, and NVLS is off
+    for off in ("00", " 0", "0x0", "false", "no"):
+        assert nccl.pick(h, "allreduce", big, env={"NCCL_NVLS_ENABLE": off}).algorithm.value == "ring", off
+    for on in ("1", "2", "0x1", "-1"):
+        assert nccl.pick(h, "allreduce", big, env={"NCCL_NVLS_ENABLE": on}).algorithm.value == "nvls", on
     assert nccl.pick(h, "allreduce", big, env={"NCCL_ALGO": "Tree"}).algorithm.value == "tree"
     assert nccl.pick(h, "allreduce", 1024, env={"NCCL_PROTO": "^LL"}).protocol.value != "LL"
     assert all(e.algorithm.value in ("tree", "ring") for e in nccl.predict(h, "allgather", big))

@@ -1119,11 +1119,16 @@ def _env_list(value: str, names: tuple[str, ...], what: str) -> set[str]:
 
 
 def _int_env(value: str | None, default: int) -> int:
-    """An integer variable as RCCL's parameters read it (strtoll: leading digits, else 0)."""
+    """An integer variable as NCCL's and RCCL's parameters read it (``strtoll(value, NULL, 0)``:
+    the leading number, hex after ``0x``, octal after ``0``; else 0)."""
     if value is None:
         return default
-    m = re.match(r"\s*[+-]?\d+", str(value))
-    return int(m.group()) if m else 0
+    m = re.match(r"\s*([+-]?)(?:0[xX]([0-9a-fA-F]+)|(0[0-7]*)|([1-9]\d*))", str(value))
+    if not m:
+        return 0
+    sign, hexa, octal, decimal = m.groups()
+    n = int(hexa, 16) if hexa else int(octal, 8) if octal else int(decimal)
+    return -n if sign == "-" else n
 
 
 ENV_SETTINGS = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE", "RCCL_MSCCL_ENABLE")
@@ -1133,9 +1138,9 @@ ENV_SETTINGS = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE", "RCCL_MSCCL_ENABL
 def allowed_by_env(env: dict[str, str] | None) -> tuple[set[str], set[str]]:
     """The algorithms and protocols an NCCL environment leaves enabled (lower-case names).
 
-    Reads ``NCCL_ALGO`` and ``NCCL_PROTO`` (NCCL's list syntax), ``NCCL_NVLS_ENABLE=0`` and
-    ``RCCL_MSCCL_ENABLE`` (RCCL reads it as an integer; 0 turns MSCCL off); other variables
-    do not change what this model picks.
+    Reads ``NCCL_ALGO`` and ``NCCL_PROTO`` (NCCL's list syntax), ``NCCL_NVLS_ENABLE`` and
+    ``RCCL_MSCCL_ENABLE`` (integers, as NCCL and RCCL read them: 0 turns NVLS or MSCCL off);
+    other variables do not change what this model picks.
     """
     env = env or {}
     algos = {a.value for a in _NCCL_ALGOS}
@@ -1144,7 +1149,7 @@ def allowed_by_env(env: dict[str, str] | None) -> tuple[set[str], set[str]]:
         algos = _env_list(env["NCCL_ALGO"], tuple(a.value for a in _NCCL_ALGOS), "NCCL_ALGO")
     if "NCCL_PROTO" in env:
         protos = _env_list(env["NCCL_PROTO"], tuple(p.value for p in Protocol), "NCCL_PROTO")
-    if str(env.get("NCCL_NVLS_ENABLE", "")).strip() == "0":
+    if _int_env(env.get("NCCL_NVLS_ENABLE"), 2) == 0:  # NCCL: 0, "00", "false" alike turn NVLS off
         algos -= {"nvls", "nvlstree"}
     # RCCL's MSCCL runs ahead of its tuner, whatever NCCL_ALGO and NCCL_PROTO say; its own
     # switch turns it off (msccl_lifecycle.cc: RCCL_MSCCL_ENABLE).
