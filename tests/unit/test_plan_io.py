@@ -164,6 +164,7 @@ def _broken_op(r: int, i: int, **fields: object) -> str:
     ("# only a comment\n", "not a plan file: it is empty$"),
     ("format: treeattn-plan\nversion: [\n", "not valid YAML at line 3"),
     ("{\"format\": ", "not valid JSON at line 1"),
+    ("{\"format\": " + "[" * 100_000, "not valid JSON: nested too deeply$"),
 ])
 def test_format_errors_name_the_field(text: str, message: str) -> None:
     with pytest.raises(PlanFormatError, match=message):

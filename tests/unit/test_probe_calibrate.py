@@ -343,6 +343,8 @@ def _set(d: dict, key: str, value: object) -> None:
          r"^j.json: config.devices lists ranks \[0, 1\], not each process's first \(8 apart from 0\)$"),
         (_edited(lambda d: d["config"].pop("step_factor")), r"^j.json: config.step_bytes is missing, expected an "
                                                             "integer$"),
+        (_edited(lambda d: _set(d["config"], "devices", 16)), r"^j.json: config.devices is 16, expected a list$"),
+        ("[" * 100_000, r"^j.json: not JSON \(nested too deeply\)$"),
     ],
 )
 def test_damaged_or_foreign_json_is_refused(text, match):

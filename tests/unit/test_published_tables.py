@@ -90,6 +90,7 @@ tables:
     (GOOD.replace("source:", "url:"), "unknown field 'url'"),
     (GOOD.replace("ranks: 32", "ranks: eight"), "field 'ranks' must be a int"),
     ("[1, 2", "not YAML"),
+    ("tables: " + "[" * 100_000, "not YAML \\(nested too deeply\\)"),
 ])
 def test_bad_mapping_names_file_and_field(tmp_path, mapping, what):
     with pytest.raises(InputError, match=what):

@@ -170,6 +170,7 @@ def test_cli_report_tables(folder: Path):
     ("no-rows", "has no rows.csv"),
     ("bad-column", "lacks the columns"),
     ("bad-number", "rows.csv:3: ranks is 'eight', not a number"),
+    ("deep-meta", "meta.json: not JSON: nested too deeply"),
 ])
 def test_cli_report_bad_folders(tmp_path: Path, setup: str, match: str):
     d = tmp_path / "r"
@@ -183,6 +184,9 @@ def test_cli_report_bad_folders(tmp_path: Path, setup: str, match: str):
         rows = _rows().astype({"ranks": object})
         rows.loc[1, "ranks"] = "eight"  # the second row: line 3 of the file
         rows.to_csv(d / "rows.csv", index=False)
+    if setup == "deep-meta":
+        _rows().to_csv(d / "rows.csv", index=False)
+        (d / "meta.json").write_text('{"primary_topology": ' + "[" * 100_000)
     res = run_cli("report", str(d))
     assert res.exit_code == 2
     assert match in res.stderr and "Traceback" not in res.stderr

@@ -84,6 +84,9 @@ def test_bad_file(tmp_path):
     f.write_text("batch: [1\n")
     with pytest.raises(WorkloadError, match="bad.yaml:2: not valid YAML: expected ',' or ']'"):
         load_workload(f)
+    f.write_text("batch: " + "[" * 100_000 + "\n")
+    with pytest.raises(WorkloadError, match="bad.yaml: not valid YAML: nested too deeply$"):
+        load_workload(f)
     # the shape's own checks name the file too
     f.write_text("workload:\n  q_heads: 64\n  kv_heads: 7\n  head_dim: 128\n  seq_len: 128K\n")
     with pytest.raises(WorkloadError, match=r"bad.yaml: workload.kv_heads \(7\) must divide q_heads \(64\)"):

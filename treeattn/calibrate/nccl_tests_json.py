@@ -63,6 +63,8 @@ def parse_nccl_tests_json(text: str, source: str, shown: str) -> NcclTestsLog:
         short = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
         raise ProbeError(f"{shown}: " + ("the JSON ends early: the run was cut short?" if short else
                                          f"not JSON ({exc.msg}, line {exc.lineno} column {exc.colno})")) from None
+    except RecursionError:  # brackets opened thousands deep: no writer of nccl-tests' output
+        raise ProbeError(f"{shown}: not JSON (nested too deeply)") from None
     if not isinstance(data, dict) or not {"config", "results"} <= set(data):
         raise ProbeError(f"{shown}: JSON, but not nccl-tests' -J output (no 'config' and 'results')")
     config = _get(data, "config", dict, "", shown)
@@ -70,7 +72,8 @@ def parse_nccl_tests_json(text: str, source: str, shown: str) -> NcclTestsLog:
     kind = "factor" if "step_factor" in config else "bytes"
     step = (_get(config, f"step_{kind}", int, "config", shown), kind)
     devices = []
-    for i, d in enumerate(config.get("devices") or []):
+    listed = _get(config, "devices", list, "config", shown) if config.get("devices") is not None else []
+    for i, d in enumerate(listed):
         at = f"config.devices[{i}]"
         devices.append(NcclDevice(_get(d, "rank", int, at, shown), _get(d, "hostname", str, at, shown),
                                   _get(d, "device", int, at, shown), _get(d, "device_hex", str, at, shown),

@@ -479,6 +479,8 @@ def _parse(text: str, name: str) -> Plan:
                 from None
         except ValueError as exc:  # _pairs_once's
             raise PlanFormatError(f"{name}: {exc}") from None
+        except RecursionError:  # brackets opened thousands deep: no plan nests so
+            raise PlanFormatError(f"{name}: not valid JSON: nested too deeply") from None
     else:
         try:
             data = _fast_yaml(text)

@@ -141,6 +141,8 @@ def load_folder(path: str | Path) -> ResultsFolder:
             meta = json.loads(meta_path.read_text())
         except (OSError, ValueError) as exc:
             raise InputError(f"cannot read {meta_path}: {exc}") from None
+        except RecursionError:  # brackets opened thousands deep: no writer of meta.json
+            raise InputError(f"cannot read {meta_path}: not JSON: nested too deeply") from None
     return ResultsFolder(folder, rows, timeline, meta)
 
 

@@ -272,6 +272,8 @@ def load_workload(path: str | Path, *, ranks: int | None = None) -> Payload:
         at = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise WorkloadError(f"{path}{at}: not valid YAML: {problem}") from None
+    except RecursionError:  # the pure-Python loader recurses per level; no workload nests so
+        raise WorkloadError(f"{path}: not valid YAML: nested too deeply") from None
     if isinstance(data, dict) and set(data) == {"workload"}:
         data = data["workload"]
     return workload_from_dict(data if data is not None else {}, ranks=ranks, where=str(path))

@@ -243,6 +243,8 @@ def _load_source(mf: Path) -> list[PublishedTable]:
         data = yaml.safe_load(read_input(mf, "mapping"))
     except yaml.YAMLError as exc:
         raise InputError(f"{mf}: not YAML ({str(exc).splitlines()[0]})") from None
+    except RecursionError:  # the pure-Python loader recurses per level; no mapping nests so
+        raise InputError(f"{mf}: not YAML (nested too deeply)") from None
     except ProbeError as exc:
         raise InputError(str(exc)) from None
     if not isinstance(data, dict):
