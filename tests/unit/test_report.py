@@ -171,6 +171,8 @@ def test_cli_report_tables(folder: Path):
     ("bad-column", "lacks the columns"),
     ("bad-number", "rows.csv:3: ranks is 'eight', not a number"),
     ("deep-meta", "meta.json: not JSON: nested too deeply"),
+    ("negative-time", "rows.csv:2: measured_median_us is -5.0, not a time"),
+    ("infinite-time", "rows.csv:3: predicted_us is inf, not a time"),
 ])
 def test_cli_report_bad_folders(tmp_path: Path, setup: str, match: str):
     d = tmp_path / "r"
@@ -183,6 +185,12 @@ def test_cli_report_bad_folders(tmp_path: Path, setup: str, match: str):
     if setup == "bad-number":
         rows = _rows().astype({"ranks": object})
         rows.loc[1, "ranks"] = "eight"  # the second row: line 3 of the file
+        rows.to_csv(d / "rows.csv", index=False)
+    if setup in ("negative-time", "infinite-time"):
+        rows = _rows()
+        rows.loc[0 if setup == "negative-time" else 1,
+                 "measured_median_us" if setup == "negative-time" else "predicted_us"] = (
+            -5.0 if setup == "negative-time" else float("inf"))
         rows.to_csv(d / "rows.csv", index=False)
     if setup == "deep-meta":
         _rows().to_csv(d / "rows.csv", index=False)

@@ -100,6 +100,13 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
         if bad.any():
             line = int(bad.to_numpy().nonzero()[0][0]) + 2  # the header is line 1
             raise InputError(f"{path}:{line}: {col} is {frame[col][bad].iloc[0]!r}, not a number")
+        if col.endswith("_us"):
+            # A time is finite and not negative; a hand-edited one would skew every ratio silently.
+            wrong = values.notna() & ~values.between(0.0, float("inf"), inclusive="left")
+            if wrong.any():
+                line = int(wrong.to_numpy().nonzero()[0][0]) + 2
+                raise InputError(f"{path}:{line}: {col} is {float(values[wrong].iloc[0])!r}, not a time "
+                                 "(microseconds, finite and not negative)")
         frame[col] = values
     return frame
 
