@@ -46,8 +46,6 @@ def read_text(path: str | Path, what: str, error: type[InputError] = InputError,
         raise error(f"{where}: it is a folder") from None
     except OSError as exc:
         raise error(f"{where}: {exc.strerror or exc}") from None
-    if data.startswith(_UTF16):
-        raise error(f"{where}: it is UTF-16 text; save it as UTF-8")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -70,6 +68,8 @@ def _read_bounded(p: Path, where: str, error: type[InputError]) -> bytes:
     size = 0
     with p.open("rb") as f:
         while chunk := f.read(_CHUNK):
+            if not parts and chunk.startswith(_UTF16):  # its NULs are text's, not binary data
+                raise error(f"{where}: it is UTF-16 text; save it as UTF-8")
             nul = chunk.find(b"\x00")
             if nul >= 0:
                 raise error(f"{where}: binary data (a NUL byte at offset {size + nul}), not text")

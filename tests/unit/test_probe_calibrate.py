@@ -454,3 +454,24 @@ def test_calibration_checks_collective_and_ranks():
         calibrate_from_log(log, max_bytes=1 << 20)
     out = calibrate_from_log(log, placement="out")
     assert out.points == 6
+
+
+def test_lines_a_log_collector_stamped_are_read():
+    # kubectl logs --timestamps puts an RFC 3339 time before each line; an NCCL INFO line's own
+    # host stays as it is.
+    from treeattn.calibrate.nccl_tests import _TAG
+
+    info = "node005:295203:295210 [3] NCCL INFO comm 0x1 rank 3 nranks 8 - Init COMPLETE"
+    assert _TAG.sub("", info, count=1) == info
+    plain = parse_nccl_tests("\n".join(_lines(ONE)), "p.txt")
+    for prefix in ("2025-07-14T09:30:01.123456789Z ", "2025-07-14T09:30:01+02:00 ", "2025-07-14T09:30:01Z "):
+        stamped = parse_nccl_tests("\n".join(prefix + ln for ln in _lines(ONE)), "s.txt")
+        assert stamped.rows == plain.rows and stamped.ranks == plain.ranks, prefix
+
+
+def test_a_utf16_log_is_named_so(tmp_path):
+    # Windows PowerShell's `>` writes UTF-16 with a byte-order mark: its NULs are not binary data.
+    path = tmp_path / "log.txt"
+    path.write_bytes("\n".join(_lines(ONE)).encode("utf-16"))
+    with pytest.raises(ProbeError, match="it is UTF-16 text; save it as UTF-8"):
+        read_nccl_tests(path)

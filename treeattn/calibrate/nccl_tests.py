@@ -23,7 +23,8 @@ file ``-J FILE`` writes is read into the same log (``nccl_tests_json``): ``parse
 and ``read_nccl_tests`` take either.
 
 Lines a launcher tagged (``srun -l``'s ``0:``, ``mpirun --tag-output``'s ``[1,0]<stdout>:``,
-MPICH Hydra ``-prepend-rank``'s ``[0] ``) are read untagged. Lines outside the table that
+MPICH Hydra ``-prepend-rank``'s ``[0] ``) or a log collector stamped
+(``kubectl logs --timestamps``) are read untagged. Lines outside the table that
 are not recognised (shell echo, ``NCCL INFO``, trimmed device lists) are skipped and their
 numbers kept in ``ignored``. Inside the table every line must be a row, a ``#`` line or an
 ``NCCL INFO/WARN`` line.
@@ -71,10 +72,13 @@ _STARTING = re.compile(r"^#?\s*Collective test starting:\s*(\S+)")
 """nccl-tests 2.13 and later name the test before the header."""
 _LIBRARY = re.compile(r"^#\s*nccl-tests version \S+ nccl-headers=\d+ nccl-library=(\d+)")
 """nccl-tests 2.17.4 and later print the NCCL they ran with as its version code first."""
-_TAG = re.compile(r"^\s*(?:\[\d+(?:,\d+)?\](?:<std(?:out|err)>)?:|\[\d+\](?=\s|$)|\d+:)\s?")
-"""What a launcher puts before each line it relays: ``mpirun --tag-output`` (``[1,0]<stdout>:``),
-MPICH Hydra ``-prepend-rank`` / ``-l`` (``[0] ``), ``srun -l`` (``0:``). Anchored at the line's
-start: an ``NCCL INFO`` line starts with its host (``node005:1234:1234 [0] NCCL INFO``)."""
+_TAG = re.compile(r"^\s*(?:\[\d+(?:,\d+)?\](?:<std(?:out|err)>)?:|\[\d+\](?=\s|$)|\d+:"
+                  r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?(?=\s|$))\s?")
+"""What a launcher or log collector puts before each line it relays: ``mpirun --tag-output``
+(``[1,0]<stdout>:``), MPICH Hydra ``-prepend-rank`` / ``-l`` (``[0] ``), ``srun -l`` (``0:``),
+``kubectl logs --timestamps`` (``2025-07-14T09:30:01.123456789Z ``). Anchored at the line's
+start: an ``NCCL INFO`` line starts with its host (``node005:1234:1234 [0] NCCL INFO``). Not
+``pdsh``'s ``host: ``, which tool output's own lines share (``rccl-tests: Version ...``)."""
 _PER_ITER = ["i_min", "i_max", "i_p99", "i_cv%"]
 """The per-iteration figures ``-I 1`` prints after each group's ``#wrong``."""
 _DATE, _CLOCK = re.compile(r"\d{4}-\d\d-\d\d"), re.compile(r"\d\d:\d\d:\d\d")
