@@ -139,6 +139,7 @@ def worker(rank: int, p: int, port: int, args: argparse.Namespace, out_dir: str)
         prompt = torch.randint(0, VOCAB, (args.batch, args.prompt_len), generator=gen)
         merger = treeattn.Merger(make_plan(args, p))
         tokens, logits = decode(model, prompt, args.new_tokens, merger, rank, p)
+        merger.synchronize()  # before shutdown: every call's communication done (README, "Python API")
         if rank == 0:
             with torch.no_grad():
                 ref_tokens, ref_logits = reference(model, prompt, args.new_tokens)
