@@ -475,3 +475,13 @@ def test_a_utf16_log_is_named_so(tmp_path):
     path.write_bytes("\n".join(_lines(ONE)).encode("utf-16"))
     with pytest.raises(ProbeError, match="it is UTF-16 text; save it as UTF-8"):
         read_nccl_tests(path)
+
+
+def test_a_prefix_this_reader_does_not_strip_is_named():
+    # pdsh's "host: " is not stripped (rccl-tests' own lines start so); the refusal says what is wrong.
+    text = "\n".join(f"node005: {ln}" for ln in _lines(ONE))
+    with pytest.raises(ProbeError, match=r"p.txt:\d+: nccl-tests' header follows 'node005:': its lines carry a "
+                                         r"prefix this reader does not strip"):
+        parse_nccl_tests(text, "p.txt")
+    with pytest.raises(ProbeError, match="header: not nccl-tests output"):
+        parse_nccl_tests("just some text\n# a comment\n", "q.txt")

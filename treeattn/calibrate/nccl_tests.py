@@ -382,6 +382,11 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
                        "rows out of order or two runs mixed")
         rows.append(row)
     if header is None:
+        for lineno, raw in enumerate(lines, 1):
+            # The header behind a prefix no launcher this reads writes (pdsh's "host: ", a logger's fields).
+            if (at := raw.find("#", 0, 200)) > 0 and _HEADER.match(raw[at:].strip()):
+                raise fail(shown, lineno, f"nccl-tests' header follows {raw[:at].strip()!r}: its lines carry a "
+                                          "prefix this reader does not strip; remove it from every line")
         raise fail(shown, None, "no '# nThread N nGpus M minBytes ... maxBytes ...' header: not nccl-tests output")
     if state == "head":
         raise fail(shown, len(lines), "no table header (# size count type ... time algbw busbw): truncated?")
