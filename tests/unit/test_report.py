@@ -173,6 +173,7 @@ def test_cli_report_tables(folder: Path):
     ("deep-meta", "meta.json: not JSON: nested too deeply"),
     ("negative-time", "rows.csv:2: measured_median_us is -5.0, not a time"),
     ("infinite-time", "rows.csv:3: predicted_us is inf, not a time"),
+    ("cut-row", "the row has fewer fields than the header: the file was cut short?"),
 ])
 def test_cli_report_bad_folders(tmp_path: Path, setup: str, match: str):
     d = tmp_path / "r"
@@ -192,6 +193,9 @@ def test_cli_report_bad_folders(tmp_path: Path, setup: str, match: str):
                  "measured_median_us" if setup == "negative-time" else "predicted_us"] = (
             -5.0 if setup == "negative-time" else float("inf"))
         rows.to_csv(d / "rows.csv", index=False)
+    if setup == "cut-row":
+        text = _rows().to_csv(index=False)
+        (d / "rows.csv").write_text(text[: text.rstrip("\n").rfind(",", 0, len(text) - 40)])
     if setup == "deep-meta":
         _rows().to_csv(d / "rows.csv", index=False)
         (d / "meta.json").write_text('{"primary_topology": ' + "[" * 100_000)

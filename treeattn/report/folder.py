@@ -17,6 +17,7 @@ families joined by ``+`` when they gave the same plan) or a baseline (``role`` `
 
 from __future__ import annotations
 
+import csv
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,11 +82,28 @@ class ResultsFolder:
     meta: dict = field(default_factory=dict)
 
 
+def _short_record(path: Path) -> int | None:
+    """The line of the first record with fewer fields than the header (a file cut mid-row, which
+    pandas would fill with missing values), else None."""
+    with path.open(newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, [])
+        for record in reader:
+            if record and len(record) < len(header):
+                return reader.line_num
+    return None
+
+
 def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     try:
         frame = pd.read_csv(path)
+        short = _short_record(path)
     except (OSError, ValueError) as exc:  # pandas raises ValueError subclasses on bad CSV
         raise InputError(f"cannot read {path}: {exc}") from None
+    except csv.Error as exc:
+        raise InputError(f"cannot read {path}: {exc}") from None
+    if short is not None:
+        raise InputError(f"{path}:{short}: the row has fewer fields than the header: the file was cut short?")
     for c in OPTIONAL_COLUMNS:
         if c in columns and c not in frame.columns:
             frame[c] = ""
