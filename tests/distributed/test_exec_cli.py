@@ -273,6 +273,21 @@ def test_a_rank_whose_peers_never_start_gives_up_at_the_setup_timeout_given(tmp_
     assert refused.exit_code == 2 and "--setup-timeout" in refused.stderr
 
 
+def test_a_launched_rank_that_cannot_reach_its_master_says_so_in_one_line(tmp_path):
+    # Rank 1 of a torchrun job whose master nobody listens on: torch's store writes dozens of lines
+    # of C++ frames to stderr while it retries; they go to a file the one error line names.
+    res = _launched(tmp_path, {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "t",
+                               "MASTER_PORT": str(launch_mod.free_port())}, "--setup-timeout", "1")
+    assert res.returncode == 1, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: rank 1 failed: "), res.stderr
+    kept = Path(lines[0].split("torch's log of it: ")[1].rstrip(")"))
+    try:
+        assert "127.0.0.1" in kept.read_text()
+    finally:
+        kept.unlink()
+
+
 def test_a_launched_rank_whose_peer_hangs_exits_at_its_op_timeout_not_the_setup_timeout(tmp_path):
     # Rank 1 hangs, alive, in a timed iteration; rank 0's all-gather with it gives up after
     # --timeout. Before, rank 0 printed the error and then sat in the interpreter's exit, tearing

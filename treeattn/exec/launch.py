@@ -188,15 +188,50 @@ def launch(job: Job, environ: dict[str, str] | None = None) -> JobResult | None:
             # threads as the CPUs it may use, and the tasks of a node would contend for its
             # cores (5x slower on gloo here).
             torch.set_num_threads(slurm_threads(os.environ, len(os.sched_getaffinity(0))))
+    held = _RendezvousLog(placed.rank)
     try:
-        return run_rank(job, placed.rank, placed.world, placed.local_rank)
+        return run_rank(job, placed.rank, placed.world, placed.local_rank, rendezvous=lambda: held)
     except TreeattnError as exc:
         exc.exit_now = dist.is_initialized()  # run_rank tears the group down on success only
         raise
     except Exception as exc:  # noqa: BLE001 - torch's own (store, socket) errors: one line, not a traceback
-        error = ExecutionError(_in_process_failure(placed.rank, exc))
+        kept = f" (torch's log of it: {held.kept})" if held.kept else ""
+        error = ExecutionError(_in_process_failure(placed.rank, exc) + kept)
         error.exit_now = dist.is_initialized()
         raise error from None
+
+
+class _RendezvousLog:
+    """What the process writes to its stderr (fd 2) while its process group is created: passed
+    on once that succeeds, kept in a file (``kept``) that the error names when it fails. A rank
+    that cannot reach its master gets dozens of lines of C++ frames from torch's store there,
+    before treeattn's one line; a local run keeps every rank's output in its folder instead."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.kept: str | None = None
+
+    def __enter__(self) -> _RendezvousLog:
+        sys.stderr.flush()
+        self._held = tempfile.TemporaryFile()
+        self._stderr = os.dup(2)
+        os.dup2(self._held.fileno(), 2)
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:  # noqa: ANN001 - the context protocol's
+        sys.stderr.flush()
+        os.dup2(self._stderr, 2)
+        os.close(self._stderr)
+        with self._held:
+            self._held.seek(0)
+            text = self._held.read()
+        if exc is None:
+            os.write(2, text)
+        elif text.strip():
+            fd, path = tempfile.mkstemp(prefix=f"treeattn-rank{self.rank}-rendezvous-", suffix=".log")
+            with os.fdopen(fd, "wb") as f:
+                f.write(text)
+            self.kept = path
 
 
 def _in_process_failure(rank: int, exc: Exception) -> str:

@@ -23,6 +23,7 @@ Rank 0 returns the ``JobResult``; other ranks return None.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import math
@@ -626,7 +627,8 @@ def interleaved_order(repeats: Sequence[int], seed: int) -> list[int]:
     return order
 
 
-def run_rank(job: Job, rank: int, world: int, local_rank: int = 0) -> JobResult | None:
+def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
+             rendezvous: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> JobResult | None:
     """Run ``job`` as rank ``rank`` of ``world`` (process group from the env:// variables).
 
     Args:
@@ -634,6 +636,8 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0) -> JobResult 
         rank: this process's global rank.
         world: number of processes; must equal the plans' rank count.
         local_rank: index of this process on its machine (picks the CUDA device).
+        rendezvous: a context the process group is created in (``launch`` holds torch's own
+            log of a failed rendezvous there).
 
     Returns:
         The ``JobResult`` on rank 0, None elsewhere.
@@ -674,8 +678,9 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0) -> JobResult 
         else:
             fused.warm_sum(device, torch_dtype(pj.plan.workload.dtype))
     init = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=opt.setup_timeout_s), **init)
+    with rendezvous():
+        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=opt.setup_timeout_s), **init)
     comm = Comm(rank, world, backend, device, opt.timeout_s, opt.setup_timeout_s)
     comm.open_pairs(_pairs(job))
     run = _RankRun(job, comm, kernels, graphs)
