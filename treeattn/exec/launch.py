@@ -190,7 +190,7 @@ def launch(job: Job, environ: dict[str, str] | None = None) -> JobResult | None:
             torch.set_num_threads(slurm_threads(os.environ, len(os.sched_getaffinity(0))))
     held = _RendezvousLog(placed.rank)
     try:
-        return run_rank(job, placed.rank, placed.world, placed.local_rank, rendezvous=lambda: held)
+        return run_rank(job, placed.rank, placed.world, placed.local_rank, rendezvous=held)
     except TreeattnError as exc:
         exc.exit_now = dist.is_initialized()  # run_rank tears the group down on success only
         raise
@@ -226,7 +226,8 @@ class _RendezvousLog:
             self._held.seek(0)
             text = self._held.read()
         if exc is None:
-            os.write(2, text)
+            sys.stderr.buffer.write(text)  # whole, as it would have come
+            sys.stderr.flush()
         elif text.strip():
             fd, path = tempfile.mkstemp(prefix=f"treeattn-rank{self.rank}-rendezvous-", suffix=".log")
             with os.fdopen(fd, "wb") as f:

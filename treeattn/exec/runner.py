@@ -628,7 +628,7 @@ def interleaved_order(repeats: Sequence[int], seed: int) -> list[int]:
 
 
 def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
-             rendezvous: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> JobResult | None:
+             rendezvous: contextlib.AbstractContextManager = contextlib.nullcontext()) -> JobResult | None:
     """Run ``job`` as rank ``rank`` of ``world`` (process group from the env:// variables).
 
     Args:
@@ -678,7 +678,7 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
         else:
             fused.warm_sum(device, torch_dtype(pj.plan.workload.dtype))
     init = {"device_id": device} if backend == "nccl" else {}
-    with rendezvous():
+    with rendezvous:
         dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=opt.setup_timeout_s), **init)
     comm = Comm(rank, world, backend, device, opt.timeout_s, opt.setup_timeout_s)

@@ -98,9 +98,7 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     try:
         frame = pd.read_csv(path)
         short = _short_record(path)
-    except (OSError, ValueError) as exc:  # pandas raises ValueError subclasses on bad CSV
-        raise InputError(f"cannot read {path}: {exc}") from None
-    except csv.Error as exc:
+    except (OSError, ValueError, csv.Error) as exc:  # pandas raises ValueError subclasses on bad CSV
         raise InputError(f"cannot read {path}: {exc}") from None
     if short is not None:
         raise InputError(f"{path}:{short}: the row has fewer fields than the header: the file was cut short?")
