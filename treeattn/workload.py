@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from treeattn.errors import WorkloadError
+from treeattn.errors import InputError, WorkloadError
 from treeattn.units import DType, check_bytes, counted
 
 __all__ = ["ModelPreset", "MODELS", "ReduceOp", "Workload", "RawPayload", "Payload", "check_model", "check_split",
@@ -129,7 +129,11 @@ class Workload:
         object.__setattr__(self, "partial_dtype", DType.parse(self.partial_dtype))
         check_bytes(self.payload_bytes, "workload: a rank's partial (batch x q_heads rows)")
         worst = max(range(len(self.split)), key=lambda r: self.split[r])
-        check_bytes(self.cache_bytes(worst), f"workload: rank {worst}'s KV cache of {counted(self.layers, 'layer')}")
+        try:
+            check_bytes(self.cache_bytes(worst),
+                        f"workload: rank {worst}'s KV cache of {counted(self.layers, 'layer')}")
+        except InputError as exc:  # say what to change, as plan's memory check does below this size
+            raise WorkloadError(f"{exc}: use more ranks, a shorter sequence or a smaller batch") from None
 
     @classmethod
     def create(

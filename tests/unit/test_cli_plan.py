@@ -478,3 +478,13 @@ def test_a_plan_is_not_written_over_a_file_that_is_not_one(tmp_path):
         check_plan_path(fine)
     with pytest.raises(InputError, match="not a treeattn plan"):
         save_plan(loaded, mine)
+
+
+def test_plan_kv_cache_past_any_memory_says_what_to_change(tmp_path):
+    # 405B at B=64, 1M tokens on 8 GPUs: 3.9 TiB of KV a rank, refused before the memory check
+    # and, like it, naming what to change.
+    res = run_cli("plan", "-t", "dgx-h100", "-m", "llama-3.1-405b", "-b", "64", "-n", "1M", "-o", str(tmp_path / "p"))
+    assert res.exit_code == 2
+    [line] = res.stderr.strip().splitlines()
+    assert "KV cache of 126 layers is 3.938 TiB, over 1 TiB" in line, line
+    assert line.endswith("use more ranks, a shorter sequence or a smaller batch"), line

@@ -28,6 +28,9 @@ BAD = {
     "duplicate-device.yaml": ["duplicate-device.yaml:5:", "devices[2].name", "duplicate device name 'gpu0'"],
     "rank-on-switch.yaml": ["rank-on-switch.yaml:7:", "ranks[1]", "'sw0' is a nvswitch"],
     "unroutable.yaml": ["unroutable.yaml:11:", "ranks:", "rank 0 (n0.gpu0) cannot reach rank 1 (n1.gpu0)"],
+    # Every rank reaches rank 0, yet ranks 1 and 2 have no route: rank 0 alone is not enough.
+    "leaves-unjoined.yaml": ["leaves-unjoined.yaml:21:", "ranks:", "rank 1 (g1) cannot reach rank 2 (g2)",
+                             "no network path from 'nic1' to 'nic2'"],
     "duplicate-key.yaml": ["duplicate-key.yaml:2:", "'name' is given twice"],
     "empty.yaml": ["empty.yaml:", "file is empty"],
     "no-form.yaml": ["no-form.yaml:1:", "devices (explicit form), node (compact form) or family"],

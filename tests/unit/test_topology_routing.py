@@ -158,3 +158,23 @@ def test_2048_node_dgx_builds_and_routes():
     assert t.num_ranks == 16384
     t.check_routable()
     assert t.route_bw_gbps(0, 16383) == 50
+
+
+def test_check_routable_finds_two_ranks_apart_that_both_reach_rank_0(tmp_path):
+    # NICs cabled in a chain nic1 - nic0 - nic2, rank 0 in the middle: ranks 1 and 2 reach
+    # rank 0 but not each other (a NIC forwards nothing); a cable nic1 - nic2 joins them.
+    from treeattn.topology.io import load_topology
+
+    gpus = "".join(f"  - {{name: g{i}, kind: gpu, node: {i}, mem_bw_gbps: 1000}}\n"
+                   f"  - {{name: nic{i}, kind: nic, node: {i}}}\n" for i in range(3))
+    pcie = "".join(f"  - {{src: g{i}, dst: nic{i}, kind: pcie, bw_gbps: 25, duplex: true}}\n" for i in range(3))
+    cables = ["  - {src: nic0, dst: nic1, kind: infiniband, bw_gbps: 50, duplex: true}\n",
+              "  - {src: nic0, dst: nic2, kind: infiniband, bw_gbps: 50, duplex: true}\n"]
+    text = f"name: chain\ndevices:\n{gpus}links:\n{pcie}{''.join(cables)}ranks: [g0, g1, g2]\n"
+    path = tmp_path / "chain.yaml"
+    path.write_text(text)
+    with pytest.raises(TopologyError, match=r"rank 1 \(g1\) cannot reach rank 2 \(g2\)"):
+        load_topology(path)
+    path.write_text(text.replace("ranks:", "  - {src: nic1, dst: nic2, kind: infiniband, bw_gbps: 50, duplex: true}\n"
+                                           "ranks:"))
+    assert load_topology(path).route_bw_gbps(1, 2) == 25

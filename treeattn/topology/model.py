@@ -645,7 +645,8 @@ class Topology:
         return tuple(i for i in route_a if i in b)
 
     def check_routable(self) -> None:
-        """Raise ``TopologyError`` unless every rank reaches rank 0 and rank 0 reaches it."""
+        """Raise ``TopologyError`` unless every rank reaches rank 0 and rank 0 reaches it, and
+        every two ranks on different machines reach each other over the network."""
         for r in range(1, self.num_ranks):
             for a, b in ((0, r), (r, 0)):
                 try:
@@ -654,6 +655,15 @@ class Topology:
                     raise TopologyError(
                         f"rank {a} ({self.ranks[a]}) cannot reach rank {b} ({self.ranks[b]}): {exc}"
                     ) from None
+        gap = self._index.network_gap() if self.num_ranks > 2 else None
+        if gap is not None:
+            a, b = gap
+            try:
+                self.route(a, b)
+            except TopologyError as exc:
+                raise TopologyError(
+                    f"rank {a} ({self.ranks[a]}) cannot reach rank {b} ({self.ranks[b]}): {exc}"
+                ) from None
 
     def _check_rank(self, r: int) -> None:
         if not 0 <= r < self.num_ranks:

@@ -120,6 +120,89 @@ class RouteIndex:
         links = self.topo.links
         return sorted(links[i].dst for i in self.out[name] if links[i].cls is LinkClass.NETWORK)
 
+    def network_gap(self) -> tuple[int, int] | None:
+        """Two ranks whose route must cross the network (different machines, not one
+        NVLink/xGMI island) but whose NICs the switch fabric does not join; None when there
+        are none. Checking every rank against rank 0 misses these (two leaves that reach rank
+        0's NIC but not each other); routing every pair would take minutes on a large
+        fabric, so NICs are grouped by the switches they attach to and each group pair is
+        checked once."""
+        ranks = self.topo.ranks
+        if self._net is None:
+            self._net = _SwitchFabric(self)
+        net = self._net
+        links = self.topo.links
+        switch = net.sw_out
+        # NICs with a network link to or from a non-switch (a cable between two NICs) keep
+        # their identity in the grouping: such a link joins those two NICs only.
+        cabled = {end for ln in links if ln.cls is LinkClass.NETWORK and ln.src != ln.dst
+                  and ln.src not in switch and ln.dst not in switch for end in (ln.src, ln.dst)}
+        out_groups: dict[tuple, list[int]] = {}
+        in_groups: dict[tuple, list[int]] = {}
+        nics: dict[int, tuple[str, str]] = {}
+        for r, name in enumerate(ranks):
+            dev = self.by_name[name]
+            try:
+                nic_o = self._endpoint(dev, outbound=True)[0]
+                nic_i = self._endpoint(dev, outbound=False)[0]
+            except TopologyError:
+                continue  # reaches no other machine: routing to and from rank 0 reports it where it matters
+            nics[r] = (nic_o, nic_i)
+            key_o = (tuple(s for s, _ in net.first.get(nic_o, ())), nic_o if nic_o in cabled else None)
+            key_i = (tuple(s for s, _ in net.last.get(nic_i, ())), nic_i if nic_i in cabled else None)
+            out_groups.setdefault(key_o, []).append(r)
+            in_groups.setdefault(key_i, []).append(r)
+        if len(nics) < 2:
+            return None
+        ends = {s for key in out_groups for s in key[0]} | {t for key in in_groups for t in key[0]}
+        joined = bool(ends) and self._strongly_joined(ends)
+
+        def reaches(key_o: tuple, key_i: tuple) -> bool:
+            if key_o[1] is not None and key_i[1] is not None:
+                i = self.link_id.get((key_o[1], key_i[1]))
+                if i is not None and links[i].cls is LinkClass.NETWORK:
+                    return True
+            if key_o[0] and key_i[0] and joined:
+                return True
+            return any(t in net._bfs_preds(s) for s in key_o[0] for t in key_i[0])
+
+        islands = self._island if self._island is not None else self._islands()
+        for key_o, senders in out_groups.items():
+            for key_i, receivers in in_groups.items():
+                if reaches(key_o, key_i):
+                    continue
+                for a in senders:
+                    da = self.by_name[ranks[a]]
+                    for b in receivers:
+                        db = self.by_name[ranks[b]]
+                        if a == b or nics[a][0] == nics[b][1] or (da.node == db.node and da.node >= 0):
+                            continue  # no network hop, or one machine: PCIe first
+                        isl = islands.get(ranks[a], -1)
+                        if isl >= 0 and isl == islands.get(ranks[b], -1):
+                            continue  # one NVLink/xGMI island
+                        return a, b
+        return None
+
+    def _strongly_joined(self, ends: set[str]) -> bool:
+        """Whether every switch of ``ends`` reaches every other over switch links."""
+        net = self._net
+        root = min(ends)
+        back: dict[str, list[str]] = {s: [] for s in net.sw_out}
+        for u, nxt in net.sw_out.items():
+            for v in nxt:
+                back[v].append(u)
+        for adj in (net.sw_out, back):
+            seen = {root}
+            queue = deque([root])
+            while queue:
+                for v in adj[queue.popleft()]:
+                    if v not in seen:
+                        seen.add(v)
+                        queue.append(v)
+            if not ends <= seen:
+                return False
+        return True
+
     # -- rules ------------------------------------------------------------------------------
 
     def _compute(self, a: str, b: str) -> tuple[int, ...]:
