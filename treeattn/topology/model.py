@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -647,17 +648,15 @@ class Topology:
     def check_routable(self) -> None:
         """Raise ``TopologyError`` unless every rank reaches rank 0 and rank 0 reaches it, and
         every two ranks on different machines reach each other over the network."""
-        for r in range(1, self.num_ranks):
-            for a, b in ((0, r), (r, 0)):
-                try:
-                    self.route(a, b)
-                except TopologyError as exc:
-                    raise TopologyError(
-                        f"rank {a} ({self.ranks[a]}) cannot reach rank {b} ({self.ranks[b]}): {exc}"
-                    ) from None
-        gap = self._index.network_gap() if self.num_ranks > 2 else None
-        if gap is not None:
-            a, b = gap
+        def pairs() -> Iterator[tuple[int, int]]:
+            for r in range(1, self.num_ranks):
+                yield 0, r
+                yield r, 0
+            gap = self._index.network_gap() if self.num_ranks > 2 else None  # after rank 0's: their error first
+            if gap is not None:
+                yield gap
+
+        for a, b in pairs():
             try:
                 self.route(a, b)
             except TopologyError as exc:
