@@ -209,3 +209,48 @@ def test_merger_refuses_an_unusable_device_before_it_allocates(device, needle):
     assert _usable_device("cpu:1", "gloo") == torch.device("cpu") == torch.empty(1, device="cpu:1").device
     with pytest.raises(ValueError, match="NCCL process group sends from CUDA devices"):
         _usable_device("cpu", "nccl")
+
+
+def _two_cuda_devices_current_0(monkeypatch) -> None:
+    """Make this torch say it has CUDA devices 0 and 1, 0 current (no device is touched)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+
+def test_merger_device_cuda_is_the_current_device_and_another_is_refused(monkeypatch):
+    # "cuda" without an index must become cuda:N: the inputs' device check compares with the
+    # tensors' devices (cuda:0 != cuda), which refused every call's tensors. A device other
+    # than the current one would put the markers and the Merger's own CUDA graph on the
+    # current device's streams while the merge ran on the other's: refused before anything.
+    from treeattn.exec.merger import _usable_device
+
+    _two_cuda_devices_current_0(monkeypatch)
+    assert _usable_device("cuda", "nccl") == torch.device("cuda", 0) == torch.device("cuda:0")
+    assert _usable_device(torch.device("cuda", 0), "nccl") == torch.device("cuda:0")
+    with pytest.raises(ValueError, match=r"cuda:1 is not the current CUDA device \(cuda:0\); call "
+                                         r"torch.cuda.set_device\(1\)"):
+        _usable_device("cuda:1", "nccl")
+
+
+@pytest.mark.parametrize(("name", "config", "device", "want"), [
+    # init_process_group without a backend on a CUDA machine: CUDA tensors go by NCCL
+    ("undefined", "cpu:gloo,cuda:nccl", None, ("nccl", torch.device("cuda", 0))),
+    ("undefined", "cpu:gloo,cuda:nccl", "cuda", ("nccl", "cuda")),
+    ("undefined", "cpu:gloo,cuda:nccl", "cpu", ("gloo", "cpu")),
+    ("cpu:gloo,cuda:nccl", "cpu:gloo,cuda:nccl", None, ("nccl", torch.device("cuda", 0))),
+    ("undefined", "cpu:gloo", None, ("gloo", torch.device("cpu"))),  # a CPU build's
+    ("nccl", "cuda:nccl", None, ("nccl", torch.device("cuda", 0))),
+    ("gloo", "cpu:gloo,cuda:gloo", None, ("gloo", torch.device("cpu"))),
+    ("gloo", "cpu:gloo,cuda:gloo", "cuda", ("gloo", "cuda")),
+])
+def test_merger_takes_the_backend_of_its_tensors_device(monkeypatch, name, config, device, want):
+    # A group made by init_process_group() without a backend is 'undefined' to get_backend:
+    # read as gloo, the Merger ran on the CPU by default and, given CUDA tensors, took the gloo
+    # path over NCCL (host-blocking waits, one op at a time in program order, no CUDA graph).
+    from treeattn.exec import merger
+
+    _two_cuda_devices_current_0(monkeypatch)
+    monkeypatch.setattr(merger.dist, "get_backend", lambda group=None: name)
+    monkeypatch.setattr(merger.dist, "get_backend_config", lambda group=None: config)
+    assert merger._backend_and_device(None, device) == want

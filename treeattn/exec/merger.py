@@ -81,11 +81,46 @@ def _usable_device(device: torch.device | str, backend: str) -> torch.device:
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise ValueError(f"Merger: device {dev} asked for, but this process sees {torch.cuda.device_count()} "
                          "CUDA device(s) (CUDA_VISIBLE_DEVICES renumbers them from 0)")
+    if dev.type == "cuda":
+        # The Merger's markers, its CUDA graph and a caller's capture work on the current
+        # device's streams: on another device its own graph would capture none of the merge
+        # (the merge's kernels and NCCL calls go to that device's stream) and its replays would
+        # return this rank's partial unmerged. "cuda" is the current device, as torch puts it
+        # (cuda:N: the inputs' device check compares with the tensors' own).
+        current = torch.cuda.current_device()
+        if dev.index is None:
+            dev = torch.device("cuda", current)
+        elif dev.index != current:
+            raise ValueError(f"Merger: device {dev} is not the current CUDA device (cuda:{current}); call "
+                             f"torch.cuda.set_device({dev.index}) before building and calling the Merger")
     if backend == "nccl" and dev.type != "cuda":
         raise ValueError(f"Merger: an NCCL process group sends from CUDA devices, device is {dev}")
     # torch puts a tensor asked for on cpu:1 on cpu: the inputs' device check would then refuse
     # every call's tensors, which are on cpu.
     return torch.device("cpu") if dev.type == "cpu" else dev
+
+
+def _backend_and_device(group: dist.ProcessGroup | None,
+                        device: torch.device | str | None) -> tuple[str, torch.device | str]:
+    """The backend that moves the Merger's tensors in ``group`` and their device (``device``,
+    else the current CUDA device where the group sends CUDA tensors by NCCL and CUDA is present,
+    else the CPU). A group of several backends, as ``init_process_group`` makes without one
+    (``get_backend`` says 'undefined'; its config 'cpu:gloo,cuda:nccl'), sends each device's
+    tensors by that device's backend: CUDA tensors by NCCL."""
+    name = str(dist.get_backend(group))
+    if name == "undefined" or ":" in name:
+        config = str(dist.get_backend_config(group))
+        by_type = dict(part.split(":", 1) for part in config.split(",") if ":" in part)
+    else:
+        by_type = {"cpu": name, "cuda": name}
+    if device is None:
+        cuda = by_type.get("cuda") == "nccl" and (by_type.get("cpu") == "nccl" or torch.cuda.is_available())
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        kind = "cpu"  # _usable_device names it
+    return by_type.get(kind, name), device
 
 
 class Merger:
@@ -96,7 +131,9 @@ class Merger:
         group: the process group whose rank i is plan rank i (default: the world); its size
             must be the plan's rank count.
         device: where the inputs live and the merge runs (default: the current CUDA device
-            on NCCL, else the CPU).
+            where the group sends CUDA tensors by NCCL, as one made by ``init_process_group``
+            without a backend does on a CUDA machine; else the CPU). A CUDA device must be the
+            current one (``torch.cuda.set_device``); ``cuda`` names it.
         timeout_s: how long a rank waits for one message or collective before raising
             ``treeattn.errors.ExecutionError`` (gloo: every wait; NCCL: a call's communication,
             checked by later calls, see the module docstring). A rank that raises before
@@ -113,7 +150,7 @@ class Merger:
     Raises:
         ValueError: no process group, a group whose size is not the plan's rank count, a raw
             payload plan, a plan that moves KV (ring attention) instead of partials,
-            ``graph=True`` without NCCL, or a device that is not cpu or an available cuda
+            ``graph=True`` without NCCL, or a device that is not cpu or the current cuda
             device (cuda with NCCL).
 
     Examples:
@@ -159,11 +196,9 @@ class Merger:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         if timeout_s > LONGEST_TIMEOUT_S:  # inf ('no timeout') included
             raise ValueError(f"timeout_s must be at most {LONGEST_TIMEOUT_S:g} seconds, got {timeout_s!r}")
-        backend = str(dist.get_backend(group))
+        backend, device = _backend_and_device(group, device)
         if graph and backend != "nccl":
             raise ValueError(f"Merger: CUDA graphs need an NCCL process group, this one is {backend}")
-        if device is None:
-            device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self.plan = plan
         self.device = _usable_device(device, backend)
         self.rank = dist.get_rank(group)
