@@ -433,6 +433,13 @@ def test_candidate_parameters_are_cut_at_whole_entries_and_the_rest_counted():
     assert _short({"order": list(range(40))}) == "order=[0,1,2,3,4,5,6,7,8,9,..."
 
 
+def test_compare_byte_cells_never_print_exponents():
+    from treeattn.cli.plan import _bytes
+
+    assert [_bytes(n) for n in (512, 1536, 999 << 20, 1010 << 20, 1023 << 20, 1 << 30, 3 << 40, 5000 << 40)] == [
+        "512B", "1.5K", "999M", "1010M", "1023M", "1G", "3T", "5000T"]
+
+
 def test_a_bad_flag_over_a_workload_file_is_named_as_the_flag(tmp_path):
     wl = tmp_path / "wl.yaml"
     wl.write_text("model: llama-3.1-8b\nbatch: 1\nseq_len: 4K\n")

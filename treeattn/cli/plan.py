@@ -606,6 +606,6 @@ def _bytes(n: int | None) -> str:
     if n is None:
         return "-"
     for unit, scale in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.3g}{unit}"
+        if n >= scale:  # 1000-1023 of a unit in full: .3g would print 1.01e+03
+            return f"{n / scale:.3g}{unit}" if n / scale < 999.5 else f"{n / scale:.0f}{unit}"
     return f"{n}B"
