@@ -29,7 +29,8 @@ from treeattn.workload import ModelPreset, Payload, RawPayload, Workload, check_
 __all__ = ["load_plan", "save_plan", "search_plan", "build_plan", "named_plan"]
 
 _SEARCH_OPTIONS = ("seed", "chunk_choices", "families", "effort", "progress", "mem_fraction")
-_WORKLOAD_OPTIONS = ("split", "kv_dtype", "partial_dtype", "layers", "q_heads", "kv_heads", "head_dim")
+_WORKLOAD_OPTIONS = ("split", "kv_dtype", "partial_dtype", "layers", "q_heads", "kv_heads", "head_dim", "v_head_dim",
+                     "kv_latent")
 _ALGORITHM_OPTIONS = ("root", "fanout", "parents", "groups", "order", "roots", "trees", "shape", "intra", "inter",
                       "group_size", "whole_rows")
 
@@ -55,8 +56,8 @@ def search_plan(topology: str | os.PathLike | Topology, workload_or_model: Paylo
         **options: the search's ``seed``, ``chunk_choices``, ``families``, ``effort``,
             ``progress``, ``mem_fraction`` (``plan --mem-fraction``: the share of each device's
             memory a rank may use, 0.9 by default); the workload's ``split``, ``kv_dtype``,
-            ``partial_dtype``, ``layers`` (and ``q_heads``, ``kv_heads``, ``head_dim`` to override
-            a preset).
+            ``partial_dtype``, ``layers`` (and ``q_heads``, ``kv_heads``, ``head_dim``,
+            ``v_head_dim``, ``kv_latent`` to override a preset).
 
     Returns:
         The plan (``predicted_us`` and ``notes['search']`` filled); same inputs, same plan.

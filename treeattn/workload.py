@@ -1,8 +1,15 @@
 """The decode shape (what each rank holds and what is merged) and model presets.
 
-Legend: B batch, Hq query heads, Hkv KV heads, D head dim, N sequence length (tokens of
-KV cache in all), N_i tokens held by rank i, p ranks. A *row* is one batch element x one
-query head: D + 1 values (output and log-sum-exp) merged independently of other rows.
+Legend: B batch, Hq query heads, Hkv KV heads, D head dim (of q and K), Dv value head dim
+(of V and the output; D unless set), N sequence length (tokens of KV cache in all), N_i
+tokens held by rank i, p ranks. A *row* is one batch element x one query head: Dv + 1
+values (output and log-sum-exp) merged independently of other rows.
+
+Multi-head latent attention (MLA, DeepSeek-V2/V3) decodes in its latent space: each token
+caches one latent vector of D = 576 values (512 compressed KV and 64 rotary) for one KV head,
+every query head attends to it as its key, and its first Dv = 512 values are the value
+(``kv_latent``: the cache holds D values a token and KV head, not D + Dv). The merge moves
+Dv + 1 values a row, as for any other attention.
 """
 
 from __future__ import annotations
@@ -19,13 +26,16 @@ __all__ = ["ModelPreset", "MODELS", "ReduceOp", "Workload", "RawPayload", "Paylo
 
 @dataclass(frozen=True, slots=True)
 class ModelPreset:
-    """Attention shape of a published model (from its config.json)."""
+    """Attention shape of a published model (from its config.json); an MLA model's as its
+    weight-absorbed decode attends (module docstring)."""
 
     name: str
     q_heads: int
     kv_heads: int
     head_dim: int
     layers: int
+    v_head_dim: int | None = None
+    kv_latent: bool = False
 
 
 MODELS: dict[str, ModelPreset] = {
@@ -36,6 +46,12 @@ MODELS: dict[str, ModelPreset] = {
         ModelPreset("llama-3.1-8b", q_heads=32, kv_heads=8, head_dim=128, layers=32),
         ModelPreset("llama-3.1-70b", q_heads=64, kv_heads=8, head_dim=128, layers=80),
         ModelPreset("llama-3.1-405b", q_heads=128, kv_heads=8, head_dim=128, layers=126),
+        # config.json: num_attention_heads, num_hidden_layers; D = kv_lora_rank (512) +
+        # qk_rope_head_dim (64), Dv = kv_lora_rank.
+        ModelPreset("deepseek-v2-lite", q_heads=16, kv_heads=1, head_dim=576, layers=27, v_head_dim=512,
+                    kv_latent=True),
+        ModelPreset("deepseek-v3", q_heads=128, kv_heads=1, head_dim=576, layers=61, v_head_dim=512,
+                    kv_latent=True),
     )
 }
 
@@ -112,6 +128,11 @@ class Workload:
     """Layers per decode step (times are per layer unless a report says otherwise)."""
     model: str | None = None
     """Preset name the shape came from, if any."""
+    v_head_dim: int | None = None
+    """Dv: the value (and output) head dimension; None (or D) = D."""
+    kv_latent: bool = False
+    """MLA: the cache holds one vector of D values a token and KV head, the key, whose first
+    Dv values are the value (module docstring); else K and V are cached apart."""
 
     kind = "attention"
 
@@ -124,6 +145,16 @@ class Workload:
             raise WorkloadError(
                 f"workload.kv_heads ({self.kv_heads}) must divide q_heads ({self.q_heads})"
             )
+        dv = self.v_head_dim
+        if dv is not None and (not isinstance(dv, int) or isinstance(dv, bool) or dv < 1):
+            raise WorkloadError(f"workload.v_head_dim must be a positive integer, got {dv!r}")
+        if dv == self.head_dim:
+            object.__setattr__(self, "v_head_dim", None)  # one shape, one form (and one plan file)
+        if not isinstance(self.kv_latent, bool):
+            raise WorkloadError(f"workload.kv_latent must be true or false, got {self.kv_latent!r}")
+        if self.kv_latent and self.value_dim > self.head_dim:
+            raise WorkloadError(f"workload.v_head_dim ({self.value_dim}) must be at most head_dim ({self.head_dim}) "
+                                "with kv_latent: the value is the first v_head_dim values of the cached key")
         check_split(self.split)
         object.__setattr__(self, "kv_dtype", DType.parse(self.kv_dtype))
         object.__setattr__(self, "partial_dtype", DType.parse(self.partial_dtype))
@@ -150,6 +181,8 @@ class Workload:
         kv_dtype: DType | str = DType.BF16,
         partial_dtype: DType | str = DType.FP32,
         layers: int | None = None,
+        v_head_dim: int | None = None,
+        kv_latent: bool | None = None,
     ) -> Workload:
         """Build a workload from a model preset or explicit head counts.
 
@@ -158,6 +191,7 @@ class Workload:
             seq_len: N, tokens in all.
             model: a key of ``MODELS``; explicit head counts override it.
             split: tokens per rank; even when omitted.
+            v_head_dim, kv_latent: Dv and the MLA cache (None: the preset's, else D and False).
         """
         hq, hkv, d = preset_heads(model, q_heads, kv_heads, head_dim)
         if hq is None or d is None:
@@ -180,6 +214,8 @@ class Workload:
             partial_dtype=DType.parse(partial_dtype),
             layers=layers if layers is not None else (MODELS[model].layers if model is not None else 1),
             model=model,
+            v_head_dim=v_head_dim if v_head_dim is not None else (MODELS[model].v_head_dim if model else None),
+            kv_latent=kv_latent if kv_latent is not None else (MODELS[model].kv_latent if model else False),
         )
 
     @property
@@ -195,20 +231,25 @@ class Workload:
         return ReduceOp.MERGE
 
     @property
+    def value_dim(self) -> int:
+        """Dv: the values of one row of the output (``v_head_dim``, else D)."""
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
+
+    @property
     def rows(self) -> int:
         """Independent rows of the merge: B x Hq."""
         return self.batch * self.q_heads
 
     @property
     def row_bytes(self) -> int:
-        """Bytes of one row of a partial on the wire: D values of the partial dtype and the lse,
+        """Bytes of one row of a partial on the wire: Dv values of the partial dtype and the lse,
         fp32 whatever that dtype (see ``treeattn.exec.merge``)."""
-        return self.head_dim * self.partial_dtype.nbytes + 4
+        return self.value_dim * self.partial_dtype.nbytes + 4
 
     @property
     def acc_row_bytes(self) -> int:
-        """Bytes of one row of the accumulator a rank merges into: D + 1 fp32 values."""
-        return (self.head_dim + 1) * 4
+        """Bytes of one row of the accumulator a rank merges into: Dv + 1 fp32 values."""
+        return (self.value_dim + 1) * 4
 
     @property
     def payload_bytes(self) -> int:
@@ -216,8 +257,10 @@ class Workload:
         return self.rows * self.row_bytes
 
     def kv_bytes(self, rank: int) -> int:
-        """Bytes of rank ``rank``'s K and V shard."""
-        return 2 * self.batch * self.kv_heads * self.split[rank] * self.head_dim * self.kv_dtype.nbytes
+        """Bytes of rank ``rank``'s K and V shard (D + Dv values a token and KV head; D with
+        ``kv_latent``)."""
+        per_token = self.head_dim if self.kv_latent else self.head_dim + self.value_dim
+        return self.batch * self.kv_heads * self.split[rank] * per_token * self.kv_dtype.nbytes
 
     def cache_bytes(self, rank: int) -> int:
         """Bytes of the KV cache rank ``rank`` keeps: its shard of every layer."""
@@ -236,6 +279,9 @@ class Workload:
             "partial_dtype": self.partial_dtype.value,
             "layers": self.layers,
             "model": self.model,
+            # Written only where set, so that every other workload's plan reads as it did.
+            **({"v_head_dim": self.v_head_dim} if self.v_head_dim is not None else {}),
+            **({"kv_latent": True} if self.kv_latent else {}),
         }
 
 
@@ -269,6 +315,11 @@ class RawPayload:
     @property
     def reduce_op(self) -> ReduceOp:
         return self.op
+
+    @property
+    def value_dim(self) -> int:
+        """Dv: the values of one row of the output (``v_head_dim``, else D)."""
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
 
     @property
     def rows(self) -> int:

@@ -50,6 +50,8 @@ def scenario(rank: int, p: int, plan, dtype: torch.dtype, seed: int, group=None)
     g = torch.Generator().manual_seed(seed + 1)
     q = torch.randn(w.batch, w.q_heads, w.head_dim, generator=g, dtype=torch.float64)
     k, v = full_kv(w.batch, w.kv_heads, w.head_dim, list(w.split), seed)
+    # An MLA latent cache: the value is the key's first Dv values; else V has Dv values of its own.
+    v = k[..., :w.value_dim] if w.kv_latent else v[..., :w.value_dim]
     start = sum(w.split[:rank])
     mine = slice(start, start + w.split[rank])
     o, lse = treeattn.attention_partial(q.to(dtype), k[:, :, mine].to(dtype), v[:, :, mine].to(dtype))
@@ -119,6 +121,22 @@ def every_method(rank: int, p: int):  # noqa: ANN201 - a generator of result dic
                 plan = build(name, dataclasses.replace(w, partial_dtype="bf16"), REF, chunks=2, result=result, **kwargs)
                 yield {"method": f"{name}/bf16-wire", "result": result, "dtype_in": str(torch.float32),
                        **scenario(rank, p, plan, torch.float32, seed=11)}
+
+
+def mla(rank: int, p: int):  # noqa: ANN201
+    """An MLA-shaped workload (D = 24 keys, the first Dv = 16 of them the values, one KV head):
+    each merging method in each layout it builds, as ``every_method`` does with D = Dv."""
+    from treeattn.plan.builders import ALGORITHMS
+
+    w = dataclasses.replace(_workload(p, kv_heads=1), head_dim=24, v_head_dim=16, kv_latent=True)
+    for name in ("binomial", "direct", "butterfly", "allgather-merge", "allreduce3", "allreduce2", "dcp-ag-rs",
+                 "dcp-a2a", "ring"):
+        for result in ALGORITHMS[name].results:
+            kwargs = {"root": p - 1} if result == "root" else {}
+            plan = build(name, w, REF, chunks=2 if result != "heads" else 1, result=result, **kwargs)
+            for dtype in (torch.float32, torch.bfloat16):
+                yield {"method": name, "result": result, "dtype_in": str(dtype),
+                       **scenario(rank, p, plan, dtype, seed=13)}
 
 
 def searched(rank: int, p: int):  # noqa: ANN201
@@ -319,7 +337,7 @@ def empty_conventions(rank: int, p: int):  # noqa: ANN201
 
 
 TASKS = {"bits_as_predicted": bits_as_predicted, "empty_conventions": empty_conventions,
-         "every_method": every_method, "searched": searched, "subgroup": subgroup, "errors": errors,
+         "every_method": every_method, "mla": mla, "searched": searched, "subgroup": subgroup, "errors": errors,
          "mixed_trio": mixed_trio, "agreement": agreement,
          "baselines_pooled": baselines_worker.pooled, "baselines_runner_pools": baselines_worker.runner_pools}
 

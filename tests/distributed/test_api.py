@@ -74,6 +74,26 @@ def test_every_method_and_layout_is_exact(p, tmp_path):
     assert {("binomial", "heads"), ("binomial", "root"), ("allreduce2", "root"), ("ring", "heads")} <= seen
 
 
+def test_an_mla_workload_merges_exactly(tmp_path):
+    # D = 24 keys whose first Dv = 16 values are the values (one latent KV head): o and the
+    # merge carry Dv, and every method in every layout gives exact attention
+    ranks = run("mla", 3, tmp_path)
+    seen = set()
+    for r, items in enumerate(ranks):
+        for item in items:
+            key = (item["method"], item["result"], item["dtype_in"], r)
+            if item["none"]:
+                assert item["result"] == "root" and r != 2, key
+                continue
+            seen.add(item["method"])
+            assert item["shape"][2] == 16, key
+            tol = tolerance(item["dtype_in"])
+            assert item["err_o"] <= tol and item["err_l"] <= tol, key
+            assert item["pooled"] and item["repeat_equal"], key
+    assert seen == {"binomial", "direct", "butterfly", "allgather-merge", "allreduce3", "allreduce2", "dcp-ag-rs",
+                    "dcp-a2a", "ring"}
+
+
 def test_the_ranks_end_with_the_bits_the_tracker_predicts(tmp_path):
     # plan.bits follows the executor's merges symbolically: ranks it says end with the same
     # bits must get them. It tells merges apart by their operands' order, so ranks it puts
@@ -138,7 +158,7 @@ def test_bad_input_raises_and_peers_time_out(tmp_path):
         assert item["timeout"] == "ValueError: timeout_s must be > 0, got None"
         assert item["device"] == "ValueError: Merger: device meta cannot hold the merge's buffers; give cpu or cuda"
         assert item["inference"] == "same", item["inference"]
-        assert item["shape"].startswith("ValueError: Merger: o must be (B, Hq, D) = (2, 8, 16)")
+        assert item["shape"].startswith("ValueError: Merger: o must be (B, Hq, Dv) = (2, 8, 16)")
         assert item["lse-dtype"].startswith("TypeError: Merger: lse must be float32")
         assert item["not-tensor"].startswith("TypeError: Merger: lse must be a torch.Tensor")
         if r == 0:

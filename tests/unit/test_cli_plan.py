@@ -386,7 +386,10 @@ def test_model_list_works_on_its_own(command):
     assert res.exit_code == 0, res.stderr
     assert all(name in res.stdout for name in MODELS)
     shapes = json.loads(run_cli(command, "--model", "list", "--json").stdout)
-    assert shapes["llama-3.1-8b"] == {"q_heads": 32, "kv_heads": 8, "head_dim": 128, "layers": 32}
+    assert shapes["llama-3.1-8b"] == {"q_heads": 32, "kv_heads": 8, "head_dim": 128, "v_head_dim": 128,
+                                      "kv_latent": False, "layers": 32}
+    assert shapes["deepseek-v3"] == {"q_heads": 128, "kv_heads": 1, "head_dim": 576, "v_head_dim": 512,
+                                     "kv_latent": True, "layers": 61}
     assert all(name in run_cli(command, "--help").stdout for name in MODELS)
 
 

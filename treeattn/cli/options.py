@@ -33,6 +33,8 @@ __all__ = [
     "HeadsOpt",
     "KvHeadsOpt",
     "HeadDimOpt",
+    "KvLatentOpt",
+    "VHeadDimOpt",
     "BatchOpt",
     "SeqLenOpt",
     "SplitOpt",
@@ -77,7 +79,13 @@ ModelOpt = Annotated[
 ]
 HeadsOpt = Annotated[int | None, typer.Option("--heads", help="Query heads Hq.", rich_help_panel=_W)]
 KvHeadsOpt = Annotated[int | None, typer.Option("--kv-heads", help="KV heads Hkv (default Hq).", rich_help_panel=_W)]
-HeadDimOpt = Annotated[int | None, typer.Option("--head-dim", help="Head dimension D.", rich_help_panel=_W)]
+HeadDimOpt = Annotated[int | None, typer.Option("--head-dim", help="Head dimension D (of q and K).",
+                                                 rich_help_panel=_W)]
+VHeadDimOpt = Annotated[int | None, typer.Option("--v-head-dim", help="Value head dimension Dv (of V and the "
+                                                 "merged output; default D).", rich_help_panel=_W)]
+KvLatentOpt = Annotated[bool | None, typer.Option("--kv-latent/--no-kv-latent", help="MLA: the cache holds one "
+                                                  "vector of D a token and KV head, whose first Dv values are V "
+                                                  "(default: the preset's, else no).", rich_help_panel=_W)]
 BatchOpt = Annotated[int | None, typer.Option("--batch", "-b", help="Batch B (default 1).", rich_help_panel=_W)]
 SeqLenOpt = Annotated[
     str | None,
@@ -140,13 +148,15 @@ def print_models(json_out: bool) -> None:
 
     if json_out:
         typer.echo(json.dumps({name: {"q_heads": m.q_heads, "kv_heads": m.kv_heads, "head_dim": m.head_dim,
+                                      "v_head_dim": m.v_head_dim or m.head_dim, "kv_latent": m.kv_latent,
                                       "layers": m.layers} for name, m in MODELS.items()}, sort_keys=True, indent=2))
         return
     table = Table(title="Model presets (--model NAME)")
-    for col in ("name", "query heads", "KV heads", "head dim", "layers"):
+    for col in ("name", "query heads", "KV heads", "head dim", "value dim", "layers"):
         table.add_column(col, justify="left" if col == "name" else "right")
     for name, m in MODELS.items():
-        table.add_row(name, str(m.q_heads), str(m.kv_heads), str(m.head_dim), str(m.layers))
+        table.add_row(name, str(m.q_heads), str(m.kv_heads), str(m.head_dim),
+                      f"{m.v_head_dim or m.head_dim}{' (latent)' if m.kv_latent else ''}", str(m.layers))
     console().print(table)
 
 
@@ -178,6 +188,8 @@ def make_payload(
     heads: int | None = None,
     kv_heads: int | None = None,
     head_dim: int | None = None,
+    v_head_dim: int | None = None,
+    kv_latent: bool | None = None,
     batch: int | None = None,
     seq_len: str | None = None,
     split: str | None = None,
@@ -200,7 +212,8 @@ def make_payload(
         if data.get("kind") == "raw":
             data["bytes"] = data.pop("nbytes")
         where = str(workload_file)
-    shape_flags = {"model": model, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "batch": batch,
+    shape_flags = {"model": model, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
+                   "v_head_dim": v_head_dim, "kv_latent": kv_latent, "batch": batch,
                    "seq_len": seq_len, "split": split, "kv_dtype": kv_dtype, "partial_dtype": partial_dtype,
                    "layers": layers}
     given = {k: v for k, v in shape_flags.items() if v is not None}
@@ -222,7 +235,7 @@ def make_payload(
         else:
             if "model" in given and workload_file is not None:
                 # A new preset replaces the file's head counts unless given as flags too.
-                for key in ("q_heads", "kv_heads", "head_dim", "layers"):
+                for key in ("q_heads", "kv_heads", "head_dim", "v_head_dim", "kv_latent", "layers"):
                     data.pop(key, None)
             if "split" in given:
                 data.pop("seq_len", None)

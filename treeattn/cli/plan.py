@@ -22,6 +22,7 @@ from treeattn.cli.options import (
     JsonOpt,
     KvDtypeOpt,
     KvHeadsOpt,
+    KvLatentOpt,
     LayersOpt,
     ModelOpt,
     OpOpt,
@@ -30,6 +31,7 @@ from treeattn.cli.options import (
     SeqLenOpt,
     SplitOpt,
     TopologyOpt,
+    VHeadDimOpt,
     WorkloadFileOpt,
     load_topology,
     make_payload,
@@ -154,6 +156,8 @@ def plan_cmd(
     heads: HeadsOpt = None,
     kv_heads: KvHeadsOpt = None,
     head_dim: HeadDimOpt = None,
+    v_head_dim: VHeadDimOpt = None,
+    kv_latent: KvLatentOpt = None,
     batch: BatchOpt = None,
     seq_len: SeqLenOpt = None,
     split: SplitOpt = None,
@@ -228,7 +232,8 @@ def plan_cmd(
         raise InputError(f"--top must be at least 1, got {top}")
     topo = load_topology(topology, ranks)
     payload = make_payload(topo.num_ranks, workload_file=workload_file, model=model, heads=heads,
-                           kv_heads=kv_heads, head_dim=head_dim, batch=batch, seq_len=seq_len, split=split,
+                           kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_head_dim, kv_latent=kv_latent,
+                           batch=batch, seq_len=seq_len, split=split,
                            kv_dtype=kv_dtype, partial_dtype=partial_dtype, layers=layers, nbytes=nbytes, op=op)
     alg_flags = {"--root": root, "--fanout": fanout, "--chunks": chunks, "--groups": groups,
                  "--group-size": group_size, "--order": order,
@@ -341,7 +346,7 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
     ref = base.get(ref_key) if ref_key else None
     ref_name = _BASELINE_NAMES.get(ref_key, "baseline").split(" (")[0]
     what = (f"B={payload.batch} Hq={payload.q_heads} Hkv={payload.kv_heads} D={payload.head_dim} "
-            f"N={payload.seq_len}" if isinstance(payload, Workload)
+            f"{_value_dim(payload)}N={payload.seq_len}" if isinstance(payload, Workload)
             else f"{format_size(payload.nbytes)} {payload.op.value}")
     con.print(f"[bold]{escape(topo.name)}[/] ({counted(topo.num_ranks, 'rank')}), {what}, result {result}: partial "
               f"{format_size(payload.payload_bytes)} per rank")
@@ -436,6 +441,8 @@ def compare_cmd(
     heads: HeadsOpt = None,
     kv_heads: KvHeadsOpt = None,
     head_dim: HeadDimOpt = None,
+    v_head_dim: VHeadDimOpt = None,
+    kv_latent: KvLatentOpt = None,
     batch: BatchOpt = None,
     kv_dtype: KvDtypeOpt = None,
     partial_dtype: PartialDtypeOpt = None,
@@ -500,7 +507,8 @@ def compare_cmd(
 
     def make(p: int, n: int) -> Payload:
         return make_payload(p, workload_file=workload_file, model=model, heads=heads, kv_heads=kv_heads,
-                            head_dim=head_dim, batch=batch, seq_len=str(n), kv_dtype=kv_dtype,
+                            head_dim=head_dim, v_head_dim=v_head_dim, kv_latent=kv_latent, batch=batch,
+                            seq_len=str(n), kv_dtype=kv_dtype,
                             partial_dtype=partial_dtype, layers=layers)
 
     layout, root = "all", None
@@ -594,6 +602,13 @@ def _compare_tables(rows, result: str, ring: str) -> None:  # noqa: ANN001 - Com
     missing = dict.fromkeys((SHORT[r.method], r.ranks, r.detail) for r in rows if r.predicted_us is None)
     for short, ranks, why in missing:
         con.print(f"- {short} at {ranks} ranks: {why}", markup=False, soft_wrap=False)
+
+
+def _value_dim(w: Workload) -> str:
+    """``Dv=512 (latent) `` where the value dim or the cache differs from D's K and V, else nothing."""
+    if w.v_head_dim is None and not w.kv_latent:
+        return ""
+    return f"Dv={w.value_dim}{' (latent)' if w.kv_latent else ''} "
 
 
 def _ratio(x: float | None) -> str:

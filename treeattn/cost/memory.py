@@ -147,7 +147,7 @@ def rank_peak_bytes(plan: Plan, rank: int) -> int:
                 extra += _collective_bytes(plan, op)
         peak = max(peak, held + extra)
     if plan.rounded_runs:  # the end-of-run rounding's buffer, held beside: o of its longest run
-        peak += max(stop - start for start, stop in plan.rounded_runs) * w.head_dim * w.partial_dtype.nbytes
+        peak += max(stop - start for start, stop in plan.rounded_runs) * w.value_dim * w.partial_dtype.nbytes
     q = w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes if isinstance(w, Workload) else 0
     return kv_cache_bytes(w, rank) + q + w.payload_bytes + peak
 

@@ -284,7 +284,7 @@ def end_rounding(plan: Plan) -> tuple[int, int]:
         return 0, 0
     w = plan.workload
     rows = sum(stop - start for start, stop in runs)
-    return rows * w.head_dim * 2 * (4 + w.partial_dtype.nbytes), 2 * len(runs)
+    return rows * w.value_dim * 2 * (4 + w.partial_dtype.nbytes), 2 * len(runs)
 
 
 def _charge_conversions(plan: Plan, prog: list[Op], rsteps: list[tuple[int, int]], base: int,

@@ -196,9 +196,10 @@ def partial_attention(q: torch.Tensor, kv: torch.Tensor, kernel: str = "explicit
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str,
             scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o ``(B, Hq, D)``, lse ``(B, Hq)`` fp32) of decode attention over N >= 1 tokens; o is
-    fp32 for ``explicit``, the KV dtype for the fused kernels."""
+    """(o ``(B, Hq, Dv)``, lse ``(B, Hq)`` fp32) of decode attention over N >= 1 tokens; o is
+    fp32 for ``explicit``, the KV dtype for the fused kernels (which take Dv = D only)."""
     bsz, hq, d = q.shape
+    dv = v.shape[-1]
     hkv = k.shape[1]
     g = hq // hkv
     if kernel in ("sdpa", "sdpa-flash", "sdpa-efficient"):
@@ -216,7 +217,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str,
                          softmax_scale=scale, return_attn_probs=True)
         return out.reshape(bsz, hq, d), lse.reshape(bsz, hq).float()
     o, lse = _explicit(q.reshape(bsz, hkv, g, d).float(), k, v, scale)
-    return o.reshape(bsz, hq, d), lse.reshape(bsz, hq)
+    return o.reshape(bsz, hq, dv), lse.reshape(bsz, hq)
 
 
 EXPLICIT_BLOCK_BYTES = 64 << 20
@@ -227,11 +228,13 @@ memory a plan leaves free (``--mem-fraction``), and no plan's memory check count
 
 def _explicit(qf: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
               block_bytes: int = EXPLICIT_BLOCK_BYTES) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 matmul attention of ``qf (B, Hkv, G, D)`` over ``k``, ``v`` ``(B, Hkv, N >= 1, D)``,
-    block by block of tokens, each block's partial merged into the others with the merge a
-    plan applies across ranks (``merge_into``): (o ``(B, Hkv, G, D)``, lse ``(B, Hkv, G)``)."""
+    """fp32 matmul attention of ``qf (B, Hkv, G, D)`` over ``k`` ``(B, Hkv, N >= 1, D)`` and
+    ``v`` ``(B, Hkv, N, Dv)``, block by block of tokens, each block's partial merged into the
+    others with the merge a plan applies across ranks (``merge_into``): (o ``(B, Hkv, G, Dv)``,
+    lse ``(B, Hkv, G)``)."""
     bsz, hkv, g, d = qf.shape
-    step = max(1, block_bytes // (4 * bsz * hkv * (2 * d + 2 * g)))
+    dv = v.shape[-1]
+    step = max(1, block_bytes // (4 * bsz * hkv * (d + dv + 2 * g)))
 
     def block(start: int) -> tuple[torch.Tensor, torch.Tensor]:  # its fp32 copies die on return
         scores = torch.matmul(qf, k[:, :, start:start + step].float().transpose(-1, -2))
@@ -246,7 +249,7 @@ def _explicit(qf: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     for start in range(step, k.shape[2], step):
         merge_into(acc, pack(*block(start)))
     o, lse = unpack(acc)
-    return o.reshape(bsz, hkv, g, d), lse.reshape(bsz, hkv, g)
+    return o.reshape(bsz, hkv, g, dv), lse.reshape(bsz, hkv, g)
 
 
 def attention_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -257,13 +260,15 @@ def attention_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         q: ``(B, Hq, D)``, the step's query (one token per sequence).
         k: ``(B, Hkv, N, D)``, this rank's keys (Hkv must divide Hq: grouped-query attention
             when Hkv < Hq; query head h reads KV head h // (Hq / Hkv)); N may be 0.
-        v: ``(B, Hkv, N, D)``, the values.
+        v: ``(B, Hkv, N, Dv)``, the values; Dv may differ from D (MLA's latent decode: k the
+            cached latents, v their first Dv values, ``k[..., :Dv]``).
         scale: the softmax scale (default ``1 / sqrt(D)``).
 
     Returns:
-        ``o (B, Hq, D)`` in q's dtype and ``lse (B, Hq)`` fp32 (natural log); for N = 0
+        ``o (B, Hq, Dv)`` in q's dtype and ``lse (B, Hq)`` fp32 (natural log); for N = 0
         exactly o = 0 and lse = -inf. The kernel is torch's fused flash attention where it
-        takes the dtype on this device (it returns the log-sum-exp), else fp32 matmuls.
+        takes the dtype and shape on this device (it returns the log-sum-exp), else fp32
+        matmuls (always where Dv differs from D).
 
     Raises:
         ValueError / TypeError: wrong ranks, shapes, dtypes or devices (the message says what
@@ -283,12 +288,14 @@ def attention_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             raise TypeError(f"attention_partial: {name} must be a floating-point tensor, got {t.dtype}")
     if q.dim() != 3:
         raise ValueError(f"attention_partial: q must be (B, Hq, D), got shape {tuple(q.shape)}")
-    if k.dim() != 4 or v.shape != k.shape:
-        raise ValueError(f"attention_partial: k and v must both be (B, Hkv, N, D), got {tuple(k.shape)} and "
-                         f"{tuple(v.shape)}")
+    if k.dim() != 4 or v.dim() != 4 or v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"attention_partial: k and v must be (B, Hkv, N, D) and (B, Hkv, N, Dv), got "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
     bsz, hq, d = q.shape
     if d < 1:
         raise ValueError(f"attention_partial: the head dimension must be at least 1, got q {tuple(q.shape)}")
+    if v.shape[3] < 1:
+        raise ValueError(f"attention_partial: the value head dimension must be at least 1, got v {tuple(v.shape)}")
     if k.shape[0] != bsz or k.shape[3] != d:
         raise ValueError(f"attention_partial: k is {tuple(k.shape)}; with q {tuple(q.shape)} it must be "
                          f"({bsz}, Hkv, N, {d})")
@@ -300,9 +307,11 @@ def attention_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     if k.dtype != v.dtype:
         raise TypeError(f"attention_partial: k and v must share a dtype, got {k.dtype} and {v.dtype}")
     scale = 1.0 / math.sqrt(d) if scale is None else _finite_scale(scale)
+    dv = v.shape[3]
     if k.shape[2] == 0:
-        return torch.zeros_like(q), torch.full((bsz, hq), float("-inf"), dtype=torch.float32, device=q.device)
-    kernel = _kernel_for(q.device, k.dtype, d)
+        return (q.new_zeros(bsz, hq, dv),
+                torch.full((bsz, hq), float("-inf"), dtype=torch.float32, device=q.device))
+    kernel = _kernel_for(q.device, k.dtype, d) if dv == d else "explicit"
     o, lse = _attend(q, k, v, kernel, scale)
     return o.to(q.dtype), lse
 

@@ -161,7 +161,7 @@ class PlanExecutor:
         """Receive and collective buffers, taken per iteration and reused by the next."""
         runs = plan.rounded_runs
         self._rounding = None if not runs else torch.empty(
-            (max(stop - start for start, stop in runs), w.head_dim), dtype=self.wire_dtype, device=comm.device)
+            (max(stop - start for start, stop in runs), w.value_dim), dtype=self.wire_dtype, device=comm.device)
         """The end-of-run rounding's buffer, one run of rows: its own, as the pool's slots are
         sized by the steps (taken from the pool, it grew a slot past what any step holds)."""
         self._marks: list[tuple[int, Op, Mark, Mark]] = []
@@ -212,7 +212,7 @@ class PlanExecutor:
             self._acc = self.inputs.partial
         else:
             if self._acc is None:
-                self._acc = empty_partial(self.rows, w.head_dim, self.comm.device)
+                self._acc = empty_partial(self.rows, w.value_dim, self.comm.device)
             else:
                 clear_partial(self._acc)
         self.pool.release_all()  # the previous iteration's blocks and buffers are no longer read
@@ -317,7 +317,7 @@ class PlanExecutor:
         """Shape of ``chunk``'s rows on the wire: raw elements, or partials in wire form (``wire_cols``)."""
         rows = self.rows_of(chunk)
         n = rows.stop - rows.start
-        return (n,) if self.plan.is_raw else (n, wire_cols(self.plan.workload.head_dim, self.wire_dtype))
+        return (n,) if self.plan.is_raw else (n, wire_cols(self.plan.workload.value_dim, self.wire_dtype))
 
     def _block(self, blocks: dict[int, torch.Tensor], block: int, op: Op) -> torch.Tensor:
         if block not in blocks:

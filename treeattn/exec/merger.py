@@ -207,7 +207,7 @@ class Merger:
         # Normal tensors even under torch.inference_mode (a model's setup may build its Mergers
         # there): the calls update them in place, which inference tensors refuse outside it.
         with torch.inference_mode(False), torch.no_grad():
-            self._partial = torch.empty(w.rows, w.head_dim + 1, dtype=torch.float32, device=self.device)
+            self._partial = torch.empty(w.rows, w.value_dim + 1, dtype=torch.float32, device=self.device)
             self._comm = Comm(self.rank, size, "nccl" if backend == "nccl" else "gloo", self.device, timeout_s,
                               timeout_s, group=group)
             self._check_same_plan(plan)
@@ -215,7 +215,7 @@ class Merger:
             self.wire_dtype = torch_dtype(w.partial_dtype)
             self._comm.open_pairs({(r, op.peer) for r, prog in enumerate(plan.programs) for op in prog
                                    if op.is_transfer})
-            kernels.warm(self.device, self.wire_dtype, w.head_dim)
+            kernels.warm(self.device, self.wire_dtype, w.value_dim)
         self.graph = backend == "nccl" if graph is None else graph
         """Whether calls replay a CUDA graph of the Merger's own: as asked until the second call
         (outside a caller's capture) captures it, then whether that worked on every rank."""
@@ -235,7 +235,7 @@ class Merger:
         which hangs, aborts the process inside gloo, or silently returns wrong rows."""
         w = plan.workload
         what = (plan.programs, plan.chunks, plan.layout, plan.result_ranks, plan.segments, w.batch, w.q_heads,
-                w.head_dim, str(w.partial_dtype))
+                w.value_dim, str(w.partial_dtype))
         every = self._comm.digests(repr(what), "Merger plan check")
         differ = [r for r, d in enumerate(every) if d != every[0]]
         if differ:
@@ -243,7 +243,7 @@ class Merger:
                      else f"rank {differ[0]} differs")
             raise ValueError(f"Merger: the ranks of the group hold different plans ({ranks} from rank 0; "
                              f"this rank's is {plan.algorithm!r}, "
-                             f"B={w.batch}, Hq={w.q_heads}, D={w.head_dim}): build every rank's Merger from one plan")
+                             f"B={w.batch}, Hq={w.q_heads}, Dv={w.value_dim}): build every rank's Merger from one plan")
 
     def synchronize(self) -> None:
         """Wait until the device has finished every earlier call's communication, each within
@@ -263,7 +263,7 @@ class Merger:
         """Merge this rank's partial with every other rank's.
 
         Args:
-            o: ``(B, Hq, D)``, any float dtype: this rank's attention output over its KV shard.
+            o: ``(B, Hq, Dv)``, any float dtype: this rank's attention output over its KV shard.
             lse: ``(B, Hq)`` fp32: its log-sum-exp (natural log: a kernel's base-2 lse times
                 ln 2). A row where the shard is empty has lse = -inf (``attention_partial``) or
                 +inf (FlashAttention-2): either is merged as the empty partial (0, -inf),
@@ -272,7 +272,7 @@ class Merger:
         Returns:
             ``(o, lse)``, fresh tensors (o in o's dtype, lse fp32) holding what the plan's
             result layout gives this rank: every head (``all``, and the root of ``root``), its
-            own heads ``(B, Hq_i, D)`` (``heads``, see ``heads``), or ``(None, None)``.
+            own heads ``(B, Hq_i, Dv)`` (``heads``, see ``heads``), or ``(None, None)``.
 
         Raises:
             TypeError / ValueError: a non-tensor, a wrong dtype, shape or device (checked
@@ -292,9 +292,9 @@ class Merger:
                              "torch.no_grad() or torch.inference_mode() (or pass o.detach(), lse.detach())")
         if lse.dtype != torch.float32:
             raise TypeError(f"Merger: lse must be float32 (natural log), got {lse.dtype}")
-        want = (w.batch, w.q_heads, w.head_dim)
+        want = (w.batch, w.q_heads, w.value_dim)
         if tuple(o.shape) != want:
-            raise ValueError(f"Merger: o must be (B, Hq, D) = {want} for plan {self.plan.algorithm!r}, "
+            raise ValueError(f"Merger: o must be (B, Hq, Dv) = {want} for plan {self.plan.algorithm!r}, "
                              f"got {tuple(o.shape)}")
         if tuple(lse.shape) != want[:2]:
             raise ValueError(f"Merger: lse must be (B, Hq) = {want[:2]}, got {tuple(lse.shape)}")

@@ -124,6 +124,13 @@ class PlanJob:
             raise InputError(f"the ring order of {self.label!r} must list the {self.plan.ranks} ranks once each")
         if self.repeats is not None:
             check_iterations(self.repeats, where=f"of {self.label!r}")
+        w = self.plan.workload
+        if isinstance(w, Workload) and (w.value_dim != w.head_dim or w.kv_latent):
+            # Its KV cache is built, moved and checked as one (2, B, Hkv, N, D) tensor of K and V.
+            latent = " (an MLA latent cache)" if w.kv_latent else ""
+            raise InputError(f"{self.label}: treeattn run executes K and V of one head dim; this workload's value "
+                             f"dim is {w.value_dim}, its key's {w.head_dim}{latent}: plan, simulate, verify and "
+                             "the Python API (Merger, attention_partial) take it")
 
 
 @dataclass(frozen=True, slots=True)

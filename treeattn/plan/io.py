@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Required
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 from typing_extensions import TypedDict  # pydantic needs this one before Python 3.12
 
 from treeattn.errors import InputError, PlanFormatError, TreeattnError
@@ -150,6 +150,8 @@ class _AttentionFile(BaseModel):
     partial_dtype: _DTypes = "fp32"
     layers: _Pos = 1
     model: StrictStr | None = None
+    v_head_dim: _Pos | None = None
+    kv_latent: StrictBool = False
 
 
 class _RawFile(BaseModel):
@@ -251,7 +253,7 @@ def _payload(m: _AttentionFile | _RawFile, source: str) -> Payload:
             raise PlanFormatError(f"{source}: workload.seq_len is {m.seq_len} but split sums to {sum(m.split)}")
         return Workload(batch=m.batch, q_heads=m.q_heads, kv_heads=m.kv_heads, head_dim=m.head_dim,
                         split=tuple(m.split), kv_dtype=m.kv_dtype, partial_dtype=m.partial_dtype,
-                        layers=m.layers, model=m.model)
+                        layers=m.layers, model=m.model, v_head_dim=m.v_head_dim, kv_latent=m.kv_latent)
     except PlanFormatError:
         raise
     except TreeattnError as exc:

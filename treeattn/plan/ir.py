@@ -595,10 +595,10 @@ def padding_kernels(plan: Plan, op: Op) -> int:
 
 def lse_copied(workload: Payload) -> bool:
     """Whether a merge of partials received on a narrow wire copies their lse out first
-    (``exec.merge.split_wire``): where its fp32 bytes, after D values of the partial dtype,
-    do not start at a multiple of 4 bytes (odd D in bf16 or fp16, D not a multiple of 4 in
+    (``exec.merge.split_wire``): where its fp32 bytes, after Dv values of the partial dtype,
+    do not start at a multiple of 4 bytes (odd Dv in bf16 or fp16, Dv not a multiple of 4 in
     fp8); elsewhere the merge reads them in place."""
-    return isinstance(workload, Workload) and workload.head_dim * workload.partial_dtype.nbytes % 4 != 0
+    return isinstance(workload, Workload) and workload.value_dim * workload.partial_dtype.nbytes % 4 != 0
 
 
 def contiguous_runs(spans: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
@@ -695,14 +695,14 @@ def collective_row_bytes(workload: Payload, coll: str, what: str) -> int:
 
 
 def row_bytes(workload: Payload, what: str) -> int:
-    """Bytes a row carries as ``what``: ``lse``/``den`` one fp32, ``num`` D values of the
-    partial dtype, ``wnum`` D + 1 of them (the weighted output and its weight), else a
+    """Bytes a row carries as ``what``: ``lse``/``den`` one fp32, ``num`` Dv values of the
+    partial dtype, ``wnum`` Dv + 1 of them (the weighted output and its weight), else a
     packed row (``partial``)."""
     if isinstance(workload, Workload):
         if what in ("lse", "den"):
             return 4
         if what == "num":
-            return workload.head_dim * workload.partial_dtype.nbytes
+            return workload.value_dim * workload.partial_dtype.nbytes
         if what == "wnum":  # summed by the collective: the weight too in the partial dtype
-            return (workload.head_dim + 1) * workload.partial_dtype.nbytes
+            return (workload.value_dim + 1) * workload.partial_dtype.nbytes
     return workload.row_bytes

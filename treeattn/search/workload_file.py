@@ -7,7 +7,9 @@ A decode shape (every key optional except the sequence length and a way to get t
       batch: 16               # B
       q_heads: 32             # Hq (alias: heads)
       kv_heads: 8             # Hkv, must divide Hq
-      head_dim: 128           # D
+      head_dim: 128           # D, of q and K
+      v_head_dim: 128         # Dv, of V and the output (D unless given)
+      kv_latent: false        # MLA: one cached vector of D a token, whose first Dv are V
       seq_len: 128K           # N in tokens; K/M/G are powers of 1024 (128K = 131072)
       split: even             # or tokens per rank, zeros allowed: [64K, 64K, 0, 0]
       kv_dtype: bf16
@@ -39,6 +41,7 @@ from treeattn.errors import InputError, WorkloadError
 from treeattn.textfile import read_text
 from treeattn.units import DType, counted, parse_size
 from treeattn.workload import (
+    MODELS,
     Payload,
     RawPayload,
     ReduceOp,
@@ -55,8 +58,8 @@ __all__ = ["ATTENTION_KEYS", "RAW_KEYS", "parse_tokens", "workload_from_dict", "
 _LOADER = refusing_repeats(yaml.SafeLoader)
 
 ATTENTION_KEYS = frozenset(
-    {"kind", "model", "batch", "q_heads", "heads", "kv_heads", "head_dim", "seq_len", "split",
-     "kv_dtype", "partial_dtype", "layers", "ranks"}
+    {"kind", "model", "batch", "q_heads", "heads", "kv_heads", "head_dim", "v_head_dim", "kv_latent", "seq_len",
+     "split", "kv_dtype", "partial_dtype", "layers", "ranks"}
 )
 RAW_KEYS = frozenset({"kind", "bytes", "op", "dtype", "ranks"})
 
@@ -143,6 +146,24 @@ def _check_heads(model: str | None, ints: dict[str, int | None], name: _Names) -
     raise WorkloadError(f"{name('kv_heads')} ({hkv}) must divide {of}")
 
 
+def _check_latent(model: str | None, ints: dict[str, int | None], latent: bool | None, name: _Names) -> None:
+    """A latent cache's value is the first Dv of its D values: said in the words that gave them
+    (the workload's own check names its fields)."""
+    preset = MODELS[model] if model is not None else None
+    d = ints["head_dim"] if ints["head_dim"] is not None else (preset.head_dim if preset else None)
+    dv = ints["v_head_dim"] if ints["v_head_dim"] is not None else (preset.v_head_dim if preset else None)
+    latent_given = latent is not None
+    if latent is None:
+        latent = preset.kv_latent if preset else False
+    if latent and d is not None and dv is not None and dv > d:
+        own = f"{model}'s"  # a value the preset gave, not the user
+        dv_of = name("v_head_dim") if ints["v_head_dim"] is not None else f"{own} value dim"
+        d_of = name("head_dim") if ints["head_dim"] is not None else f"{own} head dim"
+        latent_of = name("kv_latent") if latent_given else own
+        raise WorkloadError(f"{dv_of} ({dv}) must be at most {d_of} ({d}) with a latent cache ({latent_of}): the "
+                            "value is the first Dv values of the cached key")
+
+
 def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where: str = "workload",
                        flags: Mapping[str, str] | None = None) -> Payload:
     """Validate plain data (a parsed YAML file or CLI flags) into a Workload or RawPayload.
@@ -211,7 +232,12 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
         data["q_heads"] = data.pop("heads")
     if model is None and ("q_heads" not in data or "head_dim" not in data):
         raise WorkloadError(f"{where}: give a model preset or both q_heads (--heads) and head_dim (--head-dim)")
-    ints = {k: _positive_int(data, k, name) for k in ("batch", "q_heads", "kv_heads", "head_dim", "layers")}
+    ints = {k: _positive_int(data, k, name) for k in ("batch", "q_heads", "kv_heads", "head_dim", "v_head_dim",
+                                                       "layers")}
+    latent = data.get("kv_latent")
+    if latent is not None and not isinstance(latent, bool):
+        raise WorkloadError(f"{name('kv_latent')} must be true or false, got {latent!r}")
+    _check_latent(model, ints, latent, name)
     if "seq_len" in data:
         seq_len = parse_tokens(data["seq_len"], where=name("seq_len"), least=1)
     else:
@@ -243,6 +269,8 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
             head_dim=ints["head_dim"],
             split=split,
             layers=ints["layers"],
+            v_head_dim=ints["v_head_dim"],
+            kv_latent=latent,
             **dtypes,
         )
     except (InputError, ValueError) as exc:  # the shape's own checks: name the file they read
