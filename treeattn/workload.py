@@ -317,11 +317,6 @@ class RawPayload:
         return self.op
 
     @property
-    def value_dim(self) -> int:
-        """Dv: the values of one row of the output (``v_head_dim``, else D)."""
-        return self.head_dim if self.v_head_dim is None else self.v_head_dim
-
-    @property
     def rows(self) -> int:
         return self.nbytes // self.dtype.nbytes
 

@@ -137,6 +137,13 @@ def mla(rank: int, p: int):  # noqa: ANN201
             for dtype in (torch.float32, torch.bfloat16):
                 yield {"method": name, "result": result, "dtype_in": str(dtype),
                        **scenario(rank, p, plan, dtype, seed=13)}
+    # an odd Dv on a bf16 wire: the lse sits at an odd offset and is copied out before the merge
+    odd = dataclasses.replace(w, v_head_dim=15, partial_dtype="bf16")
+    for name in ("binomial", "allgather-merge", "dcp-a2a"):
+        result = "heads" if name == "dcp-a2a" else "all"
+        plan = build(name, odd, REF, chunks=1, result=result)
+        yield {"method": f"{name}/bf16-wire", "result": result, "dtype_in": str(torch.float32),
+               **scenario(rank, p, plan, torch.float32, seed=13)}
 
 
 def searched(rank: int, p: int):  # noqa: ANN201

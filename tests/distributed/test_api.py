@@ -86,12 +86,12 @@ def test_an_mla_workload_merges_exactly(tmp_path):
                 assert item["result"] == "root" and r != 2, key
                 continue
             seen.add(item["method"])
-            assert item["shape"][2] == 16, key
-            tol = tolerance(item["dtype_in"])
+            assert item["shape"][2] == (15 if item["method"].endswith("/bf16-wire") else 16), key
+            tol = 2e-2 if item["method"].endswith("/bf16-wire") else tolerance(item["dtype_in"])
             assert item["err_o"] <= tol and item["err_l"] <= tol, key
             assert item["pooled"] and item["repeat_equal"], key
     assert seen == {"binomial", "direct", "butterfly", "allgather-merge", "allreduce3", "allreduce2", "dcp-ag-rs",
-                    "dcp-a2a", "ring"}
+                    "dcp-a2a", "ring", "binomial/bf16-wire", "allgather-merge/bf16-wire", "dcp-a2a/bf16-wire"}
 
 
 def test_the_ranks_end_with_the_bits_the_tracker_predicts(tmp_path):

@@ -1,6 +1,6 @@
 """Workloads whose value head dim differs from the key's, and MLA's latent cache (DeepSeek):
-what a rank holds and merges, how plan files and workload files carry them, and what
-``treeattn run`` says of them."""
+what a rank holds and merges, how plan files and workload files carry them, and ``treeattn
+run`` executing them against its reference."""
 
 from __future__ import annotations
 
@@ -97,20 +97,53 @@ def test_workload_files_and_the_api_take_the_keys(tmp_path):
     assert (shape["head_dim"], shape["kv_heads"]) == (128, 8) and "v_head_dim" not in shape
 
 
-def test_run_refuses_an_mla_plan_in_one_line_before_anything_runs(tmp_path):
+@pytest.mark.parametrize("result", ["all", "heads"])
+def test_run_executes_an_mla_plan_and_its_baselines_exactly(tmp_path, result):
+    # 3 gloo ranks: each rank's latents are one (1, B, Hkv, N, D) tensor, V their first Dv
+    # values; the plan, every baseline of its layout (ring attention moving latents, vLLM's
+    # decode context parallel) and the reference all read them so
     import treeattn
 
-    plan = treeattn.build_plan("cpu:ranks=2", "deepseek-v2-lite", "binomial", batch=1, seq_len=64)
+    plan = treeattn.search_plan("cpu:ranks=3", "deepseek-v2-lite", batch=2, seq_len=300, result=result)
     path = tmp_path / "ds.yaml"
     treeattn.save_plan(plan, path)
-    out = tmp_path / "rows.csv"
-    res = run_cli("run", str(path), "--out", str(out))
-    assert res.exit_code == 2
-    assert res.stderr.strip().splitlines() == [
-        "error: ds.yaml: treeattn run executes K and V of one head dim; this workload's value dim is 512, its "
-        "key's 576 (an MLA latent cache): plan, simulate, verify and the Python API (Merger, attention_partial) "
-        "take it"]
-    assert not out.exists()
+    res = run_cli("run", str(path), "--baselines", "--repeats", "2", "--warmup", "1", "--json",
+                  "--out", str(tmp_path / "rows.csv"))
+    assert res.exit_code == 0, res.stderr
+    rows = json.loads(res.stdout)["rows"]
+    assert {r["method"] for r in rows} >= {"plan", "ring-attention"} and all(r["correct"] for r in rows), rows
+    assert all("D576 Dv512 latent" in r["workload"] for r in rows)
+
+
+@pytest.mark.parametrize("latent", [True, False])
+def test_the_sampled_rows_reference_agrees_with_the_exact_one(latent):
+    # Above EXACT_MAX_KV_BYTES the reference combines each rank's row statistics: for MLA's
+    # latents and for K beside V of another dim, as the one-softmax reference gives
+    from treeattn.exec.attention import kv_shape, make_kv_shard, make_query
+    from treeattn.exec.reference import combine_stats, exact_attention, row_stats
+
+    w = Workload(batch=2, q_heads=4, kv_heads=1, head_dim=24, v_head_dim=16, kv_latent=latent, split=(9, 0, 13),
+                 kv_dtype="fp32")
+    q = make_query(w, 1)
+    shards = [make_kv_shard(w, r, 1) for r in range(3)]
+    assert [tuple(s.shape) for s in shards] == [kv_shape(w, n) for n in w.split]
+    assert shards[0].numel() * 4 == w.kv_bytes(0)
+    exact = exact_attention(q, shards, 16)
+    rows = torch.arange(w.rows)
+    sampled = combine_stats(torch.stack([row_stats(q, s, rows, 16) for s in shards]))
+    assert exact.shape == (8, 17) and torch.allclose(sampled, exact, atol=1e-6)
+
+
+def test_the_fused_kernels_take_one_head_dim_only():
+    from treeattn.errors import InputError
+    from treeattn.exec.attention import choose_kernel
+
+    assert choose_kernel("auto", "cuda", "bf16", 576, (9, 0), True, 512) == "explicit"
+    assert choose_kernel("auto", "cpu", "bf16", 64, None, False, 32) == "explicit"
+    assert choose_kernel("auto", "cuda", "bf16", 128, (9, 0), True, 128) == "flash-attn"
+    with pytest.raises(InputError, match=r"kernel sdpa-flash does not take bf16 KV with head dims 576 \(K\) and "
+                                         r"512 \(V\) on CUDA"):
+        choose_kernel("sdpa-flash", "cuda", "bf16", 576, (9, 0), False, 512)
 
 
 def test_attention_partial_takes_values_of_another_dim():
@@ -155,3 +188,21 @@ def test_the_cli_takes_value_dims_and_names_the_flag_that_conflicts(tmp_path):
     res = run_cli("plan", "-t", "dgx-h100", "-m", "deepseek-v3", "--no-kv-latent", "-n", "128K", "--json",
                   "-o", str(tmp_path / "apart.yaml"))
     assert res.exit_code == 0 and "kv_latent" not in json.loads(res.stdout)["workload"]
+
+
+def test_a_raw_payload_has_no_value_dim():
+    # A raw buffer has no heads: no Dv to ask of it (a property reading absent fields raised AttributeError)
+    from treeattn.workload import RawPayload
+
+    assert "value_dim" not in dir(RawPayload)
+    assert "value_dim" in dir(Workload)
+
+
+@pytest.mark.parametrize("extra", [("--bytes", "1M"), ("--workload", "RAW")])
+def test_a_refused_no_kv_latent_is_named_as_typed(tmp_path, extra):
+    raw = tmp_path / "raw.yaml"
+    raw.write_text("kind: raw\nbytes: 1M\n")
+    args = [str(raw) if a == "RAW" else a for a in extra]
+    res = run_cli("plan", "-t", "dgx-h100", *args, "--no-kv-latent")
+    assert res.exit_code == 2 and "(--no-kv-latent)" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1

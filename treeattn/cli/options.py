@@ -220,7 +220,7 @@ def make_payload(
     if nbytes is not None:
         shape_only = sorted(k for k in given if k not in ("batch",))
         if shape_only:
-            flags = ", ".join("--" + k.replace("_", "-") for k in shape_only)
+            flags = ", ".join(_flag(k, given[k]) for k in shape_only)
             raise InputError(f"--bytes gives a raw payload; drop the decode-shape flags ({flags}) or drop --bytes")
         data = {"kind": "raw", "bytes": nbytes, "op": op or data.get("op", "sum"), "dtype": data.get("dtype")}
     else:
@@ -228,7 +228,7 @@ def make_payload(
             raise InputError("--op applies to a raw payload; give --bytes N as well")
         if data.get("kind") == "raw":
             if given:
-                flags = ", ".join("--" + k.replace("_", "-") for k in sorted(given))
+                flags = ", ".join(_flag(k, given[k]) for k in sorted(given))
                 raise InputError(f"{where} is a raw payload; decode-shape flags ({flags}) do not apply")
             if op is not None:
                 data["op"] = op
@@ -260,9 +260,14 @@ def make_payload(
     flags = {"bytes": "--bytes"} if nbytes is not None else {}
     if op is not None:  # over a raw file too: it sets the op, whatever the file says
         flags["op"] = "--op"
-    flags.update({_KEY_OF.get(k, k): "--" + k.replace("_", "-") for k in given})
+    flags.update({_KEY_OF.get(k, k): _flag(k, v) for k, v in given.items()})
     return workload_from_dict(data, ranks=num_ranks, where=where, flags=flags)
 
 
 # The workload key a flag sets, where the two are named differently (--heads sets q_heads).
 _KEY_OF = {"heads": "q_heads"}
+
+
+def _flag(key: str, value: object) -> str:
+    """The flag that gave ``key`` as typed: ``--kv-latent``, or ``--no-kv-latent`` for False."""
+    return ("--no-" if value is False else "--") + key.replace("_", "-")

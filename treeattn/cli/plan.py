@@ -73,7 +73,9 @@ def default_plan_path(topo_name: str, payload: Payload, algorithm: str | None = 
     """``plans/local/TOPOLOGY.MODEL.bB.nN[.ALGORITHM].yaml`` (raw payloads: ``TOPOLOGY.raw-SIZE.OP``):
     beside the shipped plans, in the folder the repository's ``.gitignore`` leaves to the user."""
     if isinstance(payload, Workload):
-        what = payload.model or f"h{payload.q_heads}-kv{payload.kv_heads}-d{payload.head_dim}"
+        what = payload.model or (f"h{payload.q_heads}-kv{payload.kv_heads}-d{payload.head_dim}"
+                                 + ("" if payload.v_head_dim is None else f"-dv{payload.value_dim}")
+                                 + ("-latent" if payload.kv_latent else ""))
         stem = f"{safe_name(topo_name)}.{what}.b{payload.batch}.n{_tokens(payload.seq_len)}"
     else:
         stem = f"{safe_name(topo_name)}.raw-{payload.nbytes}.{payload.op.value}"

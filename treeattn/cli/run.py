@@ -97,7 +97,7 @@ def run(
     with run_rows(out, plan_file.stem, reserve=reporter) as (run_id, rows):
         topo, warnings = resolve_topology(plan, topology, plan_file)
         methods, ring = plan_baselines(plan, topo)
-        planned = PlanJob(plan_file.name, plan, ring_order=ring)  # a plan run cannot take: one line, first
+        planned = PlanJob(plan_file.name, plan, ring_order=ring)  # a ring order it cannot take: one line, first
         # Every rank predicts: the default timeout follows from it and must be the same on all.
         predictions = predict(plan, topo, methods if baselines else ())
         options = RunOptions(repeats=repeats, warmup=warmup,

@@ -1,8 +1,10 @@
 """Deterministic inputs, local attention partials and the exact single-process reference.
 
 Legend: B batch, Hq query heads, Hkv KV heads, G = Hq / Hkv query heads per KV head, D head
-dim, N_i tokens of rank i. q is ``(B, Hq, D)``; a KV shard is one ``(2, B, Hkv, N_i, D)``
-tensor (K then V) so it travels as one message. Query head h reads KV head h // G.
+dim, Dv value head dim, N_i tokens of rank i. q is ``(B, Hq, D)``; a KV shard is one tensor so
+it travels as one message (``kv_shape``): ``(2, B, Hkv, N_i, D)``, K then V, where Dv = D;
+``(1, B, Hkv, N_i, D + Dv)``, K beside V, where they differ; ``(1, B, Hkv, N_i, D)``, the
+latents, for MLA (``kv_latent``: V is their first Dv values). Query head h reads KV head h // G.
 
 Inputs are drawn on the device that uses them, from a generator on that device seeded by
 (seed, what, rank): q from one seed (the same on every rank), rank i's KV shard and raw buffer
@@ -30,7 +32,9 @@ __all__ = [
     "sub_seed",
     "shard_offsets",
     "make_query",
+    "kv_shape",
     "make_kv_shard",
+    "split_kv",
     "partial_attention",
     "attention_partial",
     "make_raw",
@@ -87,16 +91,36 @@ def make_query(workload: Workload, seed: int, device: torch.device | str = "cpu"
     return _randn((w.batch, w.q_heads, w.head_dim), sub_seed(seed, "q"), device, torch_dtype(w.kv_dtype))
 
 
-def make_kv_shard(workload: Workload, rank: int, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Rank ``rank``'s KV shard ``(2, B, Hkv, N_rank, D)`` (N_rank may be 0), drawn on ``device``
-    from the rank's own seed: it depends on (seed, rank, its shape) only."""
+def kv_shape(workload: Workload, tokens: int) -> tuple[int, ...]:
+    """The shape of a KV block of ``tokens`` tokens (module docstring): its elements are
+    ``workload.kv_bytes`` of such a block over the KV dtype's size."""
     w = workload
-    shape = (2, w.batch, w.kv_heads, w.split[rank], w.head_dim)
-    return _randn(shape, sub_seed(seed, "kv", rank), device, torch_dtype(w.kv_dtype))
+    if w.kv_latent:
+        return 1, w.batch, w.kv_heads, tokens, w.head_dim
+    if w.value_dim != w.head_dim:
+        return 1, w.batch, w.kv_heads, tokens, w.head_dim + w.value_dim
+    return 2, w.batch, w.kv_heads, tokens, w.head_dim
+
+
+def split_kv(kv: torch.Tensor, head_dim: int, value_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K ``(B, Hkv, N, D)`` and V ``(B, Hkv, N, Dv)``: views of a block of ``kv_shape``."""
+    if kv.shape[0] == 2:
+        return kv[0], kv[1]
+    if kv.shape[-1] == head_dim:  # latents: V is their first Dv values
+        return kv[0], kv[0][..., :value_dim]
+    return kv[0][..., :head_dim], kv[0][..., head_dim:]
+
+
+def make_kv_shard(workload: Workload, rank: int, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Rank ``rank``'s KV shard (``kv_shape``; N_rank may be 0), drawn on ``device`` from the
+    rank's own seed: it depends on (seed, rank, its shape) only."""
+    w = workload
+    return _randn(kv_shape(w, w.split[rank]), sub_seed(seed, "kv", rank), device, torch_dtype(w.kv_dtype))
 
 
 def choose_kernel(kernel: str, device_type: str, kv_dtype: DType | str, head_dim: int,
-                  capability: tuple[int, int] | None = None, flash_attn: bool = False) -> str:
+                  capability: tuple[int, int] | None = None, flash_attn: bool = False,
+                  value_dim: int | None = None) -> str:
     """The concrete kernel ``kernel`` names, from what the device can run (no device needed).
 
     ``auto`` on CUDA: flash-attn where importable on sm80+ with 16-bit KV, else torch's flash
@@ -112,6 +136,7 @@ def choose_kernel(kernel: str, device_type: str, kv_dtype: DType | str, head_dim
         head_dim: D (the fused ops take multiples of 8 up to 256).
         capability: the CUDA device's compute capability (major, minor).
         flash_attn: whether the flash-attn package imports.
+        value_dim: Dv (None: D); the fused ops take Dv = D only.
 
     Raises:
         InputError: an unknown name, or a kernel the device or dtype cannot run.
@@ -120,9 +145,10 @@ def choose_kernel(kernel: str, device_type: str, kv_dtype: DType | str, head_dim
         raise InputError(f"unknown attention kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
     dtype = DType.parse(kv_dtype)
     half = dtype in (DType.BF16, DType.FP16)
-    shape_ok = head_dim % 8 == 0 and head_dim <= 256
+    same_dims = value_dim in (None, head_dim)
+    shape_ok = head_dim % 8 == 0 and head_dim <= 256 and same_dims
     if device_type != "cuda":
-        options = ["sdpa"] if dtype is not DType.FP8 and _sdpa_op(False) is not None else []
+        options = ["sdpa"] if dtype is not DType.FP8 and same_dims and _sdpa_op(False) is not None else []
     else:
         sm80 = capability is not None and capability >= (8, 0)
         options = []
@@ -142,19 +168,20 @@ def choose_kernel(kernel: str, device_type: str, kv_dtype: DType | str, head_dim
     if kernel not in options:
         where = "CUDA" if device_type == "cuda" else "the CPU"
         cap = f" (sm{capability[0]}{capability[1]})" if device_type == "cuda" and capability else ""
-        raise InputError(f"kernel {kernel} does not take {dtype.value} KV with head dim {head_dim} on {where}{cap}; "
+        dims = f"head dim {head_dim}" if same_dims else f"head dims {head_dim} (K) and {value_dim} (V)"
+        raise InputError(f"kernel {kernel} does not take {dtype.value} KV with {dims} on {where}{cap}; "
                          f"this device runs {', '.join(options)}")
     return kernel
 
 
 def resolve_kernel(kernel: str, device: torch.device | str, kv_dtype: DType | str = DType.BF16,
-                   head_dim: int = 128) -> str:
+                   head_dim: int = 128, value_dim: int | None = None) -> str:
     """``choose_kernel`` for ``device`` (its capability read from the driver)."""
     dev = torch.device(device)
     cap = None
     if dev.type == "cuda" and torch.cuda.is_available():
         cap = torch.cuda.get_device_capability(dev)
-    return choose_kernel(kernel, dev.type, kv_dtype, head_dim, cap, _flash_attn() is not None)
+    return choose_kernel(kernel, dev.type, kv_dtype, head_dim, cap, _flash_attn() is not None, value_dim)
 
 
 def _sdpa_op(cuda: bool):  # noqa: ANN202 - the aten op or None
@@ -176,21 +203,26 @@ def _flash_attn():  # noqa: ANN202 - the optional module or None
     return _FLASH_ATTN[0]
 
 
-def partial_attention(q: torch.Tensor, kv: torch.Tensor, kernel: str = "explicit") -> torch.Tensor:
-    """One rank's partial (o_i, lse_i) over its KV, packed ``(Hq * B, D + 1)`` fp32.
+def partial_attention(q: torch.Tensor, kv: torch.Tensor, kernel: str = "explicit",
+                      value_dim: int | None = None) -> torch.Tensor:
+    """One rank's partial (o_i, lse_i) over its KV, packed ``(Hq * B, Dv + 1)`` fp32.
 
     Args:
         q: ``(B, Hq, D)``.
-        kv: ``(2, B, Hkv, N, D)``; N = 0 gives the empty partial (0, -inf).
-        kernel: a concrete kernel name (see ``KERNELS``; resolve ``auto`` first).
+        kv: a block of ``kv_shape``; N = 0 gives the empty partial (0, -inf).
+        kernel: a concrete kernel name (see ``KERNELS``; resolve ``auto`` first, with the
+            value dim: the fused kernels take Dv = D only).
+        value_dim: Dv (None: D).
 
     Returns:
         The packed partial, rows head-major (row = h * B + b).
     """
     bsz, hq, d = q.shape
+    dv = d if value_dim is None else value_dim
     if kv.shape[3] == 0:
-        return empty_partial(bsz * hq, d, q.device)
-    o, lse = _attend(q, kv[0], kv[1], kernel, 1.0 / math.sqrt(d))
+        return empty_partial(bsz * hq, dv, q.device)
+    k, v = split_kv(kv, d, dv)
+    o, lse = _attend(q, k, v, kernel, 1.0 / math.sqrt(d))
     return pack_heads(o, lse)
 
 
@@ -262,7 +294,8 @@ def attention_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             when Hkv < Hq; query head h reads KV head h // (Hq / Hkv)); N may be 0.
         v: ``(B, Hkv, N, Dv)``, the values; Dv may differ from D (MLA's latent decode: k the
             cached latents, v their first Dv values, ``k[..., :Dv]``).
-        scale: the softmax scale (default ``1 / sqrt(D)``).
+        scale: the softmax scale (default ``1 / sqrt(D)``; give the model's where it differs:
+            DeepSeek's MLA takes ``1 / sqrt(192)``, not ``1 / sqrt(576)``).
 
     Returns:
         ``o (B, Hq, Dv)`` in q's dtype and ``lse (B, Hq)`` fp32 (natural log); for N = 0

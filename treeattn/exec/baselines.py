@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from treeattn.exec import kernels
-from treeattn.exec.attention import partial_attention
+from treeattn.exec.attention import kv_shape, partial_attention
 from treeattn.exec.comm import P2P, BufferPool, Comm, distinct
 from treeattn.exec.merge import lse_column, weights, wired
 from treeattn.plan.ir import head_split
@@ -55,11 +55,13 @@ def _pool(pool: BufferPool | None, device: torch.device) -> BufferPool:
 
 
 def allreduce3(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
-               wire: torch.dtype = torch.float32, pool: BufferPool | None = None) -> torch.Tensor:
+               wire: torch.dtype = torch.float32, pool: BufferPool | None = None,
+               value_dim: int | None = None) -> torch.Tensor:
     """The paper's three all-reduces on this rank's partial; returns the packed result.
     The weighted output travels in ``wire`` (the partial dtype); max and weights in fp32.
-    The buffers this rank fills to send come from ``pool`` when given, as the plan's do."""
-    part = partial_attention(q, kv, kernel)
+    The buffers this rank fills to send come from ``pool`` when given, as the plan's do.
+    ``value_dim``: V's head dim (None: q's)."""
+    part = partial_attention(q, kv, kernel, value_dim)
     m = comm.all_reduce(lse_column(part, _pool(pool, part.device)), "max", "allreduce3 max lse")
     num = comm.all_reduce(kernels.weighted(part, m, wire, with_weight=False), "sum", "allreduce3 sum num")
     den = comm.all_reduce(weights(part[:, -1], m), "sum", "allreduce3 sum den")
@@ -73,7 +75,7 @@ def allreduce2(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload
     """All-reduce max of lse, then one library sum of (w o, w): all-reduce (``all``),
     reduce-scatter by head (``heads``: returns this rank's rows, finished in the partial's
     own) or reduce to ``root``. Buffers from ``pool`` when given."""
-    part = partial_attention(q, kv, kernel)
+    part = partial_attention(q, kv, kernel, workload.value_dim)
     pool = _pool(pool, part.device)
     m = comm.all_reduce(lse_column(part, pool), "max", "allreduce2 max lse")
     packed = kernels.weighted(part, m, wire)
@@ -115,13 +117,15 @@ def _reduce_scatter_rows(comm: Comm, x: torch.Tensor, segs: list[tuple[int, int]
 
 
 def allgather_merge(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
-                    wire: torch.dtype = torch.float32, pool: BufferPool | None = None) -> torch.Tensor:
+                    wire: torch.dtype = torch.float32, pool: BufferPool | None = None,
+                    value_dim: int | None = None) -> torch.Tensor:
     """All-gather of every rank's packed partial, then one local k-way merge into the
     partial's own buffer. Its wire form and the gathered stack come from ``pool`` when given,
     as the plan's stack does: a buffer allocated per iteration pays fresh pages in the timed
     run (on CPU ranks; a GPU's caching allocator would not), which is the harness's cost, not
-    the method's, and under a CUDA graph it must keep its address from capture to replay."""
-    part = partial_attention(q, kv, kernel)
+    the method's, and under a CUDA graph it must keep its address from capture to replay.
+    ``value_dim``: V's head dim (None: q's)."""
+    part = partial_attention(q, kv, kernel, value_dim)
     pool = _pool(pool, part.device)
     mine = wired(part, wire, pool)
     gathered = comm.all_gather(mine, "allgather-merge all-gather", out=pool.take((comm.world, *mine.shape), wire))
@@ -141,7 +145,7 @@ def dcp_ag_rs(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload,
     parts = comm.all_gather(mine, "dcp-ag-rs all-gather q", out=pool.take((p, *mine.shape), q.dtype))
     full_q = torch.cat([t[:, :k] for t, k in zip(parts, shares, strict=True)], dim=1,
                        out=pool.take(tuple(q.shape), q.dtype))
-    part = partial_attention(full_q, kv, kernel)
+    part = partial_attention(full_q, kv, kernel, workload.value_dim)
     lse = lse_column(part, pool)
     total = torch.logsumexp(comm.all_gather(lse, "dcp-ag-rs all-gather lse", out=pool.take((p, *lse.shape),
                                                                                             lse.dtype)), dim=0)
@@ -159,7 +163,7 @@ def dcp_a2a(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, k
             wire: torch.dtype = torch.float32, pool: BufferPool | None = None) -> torch.Tensor:
     """vLLM decode context parallel (all-to-all): partials exchanged by head, merged locally
     into the partial's own rows; returns this rank's rows. Buffers from ``pool`` when given."""
-    part = partial_attention(q, kv, kernel)
+    part = partial_attention(q, kv, kernel, workload.value_dim)
     pool = _pool(pool, part.device)
     sent = wired(part, wire, pool)
     segs = segments(workload, comm.world)
@@ -192,10 +196,9 @@ def ring_attention(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Work
         incoming = None
         if s < p - 1:
             block = order[(i - s - 1) % p]
-            shape = (2, w.batch, w.kv_heads, w.split[block], w.head_dim)
-            incoming = pool.take(shape, kv.dtype)
+            incoming = pool.take(kv_shape(w, w.split[block]), kv.dtype)
             works = comm.post([P2P(True, current, nxt), P2P(False, incoming, prv)])
-        part = partial_attention(q, current, kernel)
+        part = partial_attention(q, current, kernel, w.value_dim)
         acc = part if acc is None else kernels.merge_into(acc, part.unsqueeze(0))
         for work in distinct(works):
             comm.wait(work, f"ring-attention rotation {s}")
@@ -252,11 +255,11 @@ def run_attention_baseline(name: str, comm: Comm, q: torch.Tensor, kv: torch.Ten
     them; ``result`` and ``root`` for ``allreduce2``, ``order`` for ``ring-attention``; ``pool``
     lends every baseline's buffers: one pool per baseline, released before each iteration)."""
     if name == "allreduce3":
-        return allreduce3(comm, q, kv, kernel, wire, pool)
+        return allreduce3(comm, q, kv, kernel, wire, pool, workload.value_dim)
     if name == "allreduce2":
         return allreduce2(comm, q, kv, workload, kernel, wire, result, root, pool)
     if name == "allgather-merge":
-        return allgather_merge(comm, q, kv, kernel, wire, pool)
+        return allgather_merge(comm, q, kv, kernel, wire, pool, workload.value_dim)
     if name == "dcp-ag-rs":
         return dcp_ag_rs(comm, q, kv, workload, kernel, wire, pool)
     if name == "dcp-a2a":

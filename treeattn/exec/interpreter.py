@@ -17,9 +17,9 @@ A rank given its partial (``RankInputs.partial``, a ``Merger``) whose program to
 accumulator first with its COMPUTE uses the given buffer as its accumulator: the partial is
 where the plan's COMPUTE would have put it, and nothing is copied.
 
-Legend: acc is the packed accumulator ``(rows, D + 1)`` fp32 for attention plans (rows
+Legend: acc is the packed accumulator ``(rows, Dv + 1)`` fp32 for attention plans (rows
 head-major, see ``treeattn.exec.merge``) or the raw buffer ``(rows,)`` for raw payload plans;
-a KV block is ``(2, B, Hkv, N_j, D)``.
+a KV block is of ``treeattn.exec.attention.kv_shape``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 
 from treeattn.errors import ExecutionError, PlanInvalidError
 from treeattn.exec import kernels
-from treeattn.exec.attention import partial_attention, torch_dtype
+from treeattn.exec.attention import kv_shape, partial_attention, torch_dtype
 from treeattn.exec.collectives import gather_query, run_collective
 from treeattn.exec.comm import P2P, BufferPool, Comm, Mark, first_uses
 from treeattn.exec.issue_order import nccl_order_problem
@@ -330,7 +330,7 @@ class PlanExecutor:
             return self.inputs.partial
         kv = self._block(blocks, self.rank if op.block is None else op.block, op)
         q = self._q if self._q is not None else self.inputs.q
-        return partial_attention(q, kv, self.kernel)
+        return partial_attention(q, kv, self.kernel, self.plan.workload.value_dim)
 
     @staticmethod
     def _land(part: torch.Tensor, acc: torch.Tensor, empty: list[bool]) -> None:
@@ -403,7 +403,7 @@ class PlanExecutor:
                     tensor = acc[self.rows_of(op.chunk)]
                 posts.append(P2P(True, tensor, op.peer))
             elif op.block is not None:
-                shape = (2, w.batch, w.kv_heads, w.split[op.block], w.head_dim)
+                shape = kv_shape(w, w.split[op.block])
                 posts.append(P2P(False, self.pool.take(shape, torch_dtype(w.kv_dtype)), op.peer))
             elif op.kind is OpKind.RECV_MERGE:
                 at = order[op.chunk].index(op.peer) if op.chunk in exchanged else slot[op.chunk]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from treeattn.exec.attention import sub_seed
+from treeattn.exec.attention import kv_shape, split_kv, sub_seed
 from treeattn.exec.comm import P2P, Comm
 from treeattn.exec.merge import pack_heads
 from treeattn.plan.ir import head_split
@@ -49,7 +49,7 @@ and the check hold beside the buffers themselves, rather than a whole buffer in 
 @dataclass(frozen=True)
 class Reference:
     """The expected rows: ``values[i]`` is row ``rows[i]`` (every row in order when ``rows`` is None);
-    packed partials ``(n, D + 1)`` fp32 or raw sums ``(n,)`` fp64, on the CPU."""
+    packed partials ``(n, Dv + 1)`` fp32 or raw sums ``(n,)`` fp64, on the CPU."""
 
     values: torch.Tensor
     rows: torch.Tensor | None = None
@@ -62,55 +62,59 @@ class Reference:
         return self.rows[keep] - start, self.values[keep]
 
 
-def exact_attention(q: torch.Tensor, shards: list[torch.Tensor]) -> torch.Tensor:
-    """Exact attention of ``q`` over the concatenated ``shards`` (``(2, B, Hkv, N_i, D)``) by one
-    softmax over all tokens in fp64, one batch element at a time.
+def exact_attention(q: torch.Tensor, shards: list[torch.Tensor], value_dim: int | None = None) -> torch.Tensor:
+    """Exact attention of ``q`` over the concatenated ``shards`` (blocks of ``kv_shape``; V of
+    ``value_dim`` values, None: D) by one softmax over all tokens in fp64, one batch element at
+    a time.
 
     Returns:
-        Packed ``(Hq * B, D + 1)`` fp32 on q's device; (0, -inf) rows when there is no token.
+        Packed ``(Hq * B, Dv + 1)`` fp32 on q's device; (0, -inf) rows when there is no token.
     """
     bsz, hq, d = q.shape
-    shards = [s for s in shards if s.shape[3] > 0]
+    dv = d if value_dim is None else value_dim
+    shards = [split_kv(s, d, dv) for s in shards if s.shape[3] > 0]
     if not shards:
-        return pack_heads(torch.zeros(bsz, hq, d, device=q.device),
+        return pack_heads(torch.zeros(bsz, hq, dv, device=q.device),
                           torch.full((bsz, hq), float("-inf"), device=q.device))
-    hkv = shards[0].shape[2]
+    hkv = shards[0][0].shape[1]
     g = hq // hkv
     outs, lses = [], []
     for b in range(bsz):
         qb = q[b].double().reshape(hkv, g, d)
-        scores = torch.cat([torch.matmul(qb, s[0, b].double().transpose(-1, -2)) for s in shards], dim=-1)
+        scores = torch.cat([torch.matmul(qb, k[b].double().transpose(-1, -2)) for k, _ in shards], dim=-1)
         lse = torch.logsumexp(scores / math.sqrt(d), dim=-1)
         probs = torch.exp(scores / math.sqrt(d) - lse.unsqueeze(-1))
-        o = torch.zeros((hkv, g, d), dtype=torch.float64, device=q.device)
+        o = torch.zeros((hkv, g, dv), dtype=torch.float64, device=q.device)
         at = 0
-        for s in shards:
-            n = s.shape[3]
-            o += torch.matmul(probs[..., at:at + n], s[1, b].double())
+        for k, v in shards:
+            n = k.shape[2]
+            o += torch.matmul(probs[..., at:at + n], v[b].double())
             at += n
-        outs.append(o.reshape(hq, d))
+        outs.append(o.reshape(hq, dv))
         lses.append(lse.reshape(hq))
     return pack_heads(torch.stack(outs), torch.stack(lses))
 
 
-def row_stats(q: torch.Tensor, kv: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Per row of ``rows`` (head-major indices), over this shard, in fp64: ``[m, l, u_0..u_D-1]``
-    (see the module docstring); an empty shard gives (-inf, 0, 0...).
+def row_stats(q: torch.Tensor, kv: torch.Tensor, rows: torch.Tensor, value_dim: int | None = None) -> torch.Tensor:
+    """Per row of ``rows`` (head-major indices), over this shard (a block of ``kv_shape``), in
+    fp64: ``[m, l, u_0..u_Dv-1]`` (see the module docstring); an empty shard gives (-inf, 0, 0...).
 
     Returns:
-        ``(len(rows), D + 2)`` fp64 on q's device.
+        ``(len(rows), Dv + 2)`` fp64 on q's device.
     """
     bsz, hq, d = q.shape
+    dv = d if value_dim is None else value_dim
     n = kv.shape[3]
-    out = torch.zeros((len(rows), d + 2), dtype=torch.float64, device=q.device)
+    out = torch.zeros((len(rows), dv + 2), dtype=torch.float64, device=q.device)
     out[:, 0] = float("-inf")
     if n == 0:
         return out
     g = hq // kv.shape[2]
     scale = 1.0 / math.sqrt(d)
+    keys, values = split_kv(kv, d, dv)
     for i, row in enumerate(rows.tolist()):
         h, b = divmod(row, bsz)
-        k, v = kv[0, b, h // g], kv[1, b, h // g]
+        k, v = keys[b, h // g], values[b, h // g]
         qv = q[b, h].double()
         scores = torch.cat([torch.mv(k[t:t + _TOKENS].double(), qv) for t in range(0, n, _TOKENS)]) * scale
         m = scores.max()
@@ -121,7 +125,7 @@ def row_stats(q: torch.Tensor, kv: torch.Tensor, rows: torch.Tensor) -> torch.Te
 
 
 def combine_stats(stats: torch.Tensor) -> torch.Tensor:
-    """The packed rows ``(S, D + 1)`` fp32 from every rank's ``row_stats`` stacked ``(p, S, D + 2)``."""
+    """The packed rows ``(S, Dv + 1)`` fp32 from every rank's ``row_stats`` stacked ``(p, S, Dv + 2)``."""
     m_i, l_i, u_i = stats[..., 0], stats[..., 1], stats[..., 2:]
     m = m_i.max(dim=0).values
     scale = torch.where(torch.isneginf(m_i), torch.zeros_like(m_i), torch.exp(m_i - m.clamp(min=-1e300)))
@@ -173,7 +177,7 @@ def compute_reference(comm: Comm, payload: Payload, seed: int, mine: torch.Tenso
         values = _exact(comm, w, mine, q, contributors).cpu()
         return Reference(values) if keep else None
     rows = sample_rows(w, seed, comm.world)
-    stats = row_stats(q, mine, rows) if counts else row_stats(q, mine[:, :, :, :0], rows)
+    stats = row_stats(q, mine if counts else mine[:, :, :, :0], rows, w.value_dim)
     values = combine_stats(comm.all_gather(stats, "reference rows", setup=True)).cpu()
     return Reference(values, rows) if keep else None
 
@@ -206,15 +210,15 @@ def _exact(comm: Comm, w: Workload, mine: torch.Tensor, q: torch.Tensor,
             if r == 0:
                 shards.append(mine)
                 continue
-            buf = torch.empty((2, w.batch, w.kv_heads, w.split[r], w.head_dim), dtype=mine.dtype, device=mine.device)
+            buf = torch.empty(kv_shape(w, w.split[r]), dtype=mine.dtype, device=mine.device)
             shards.append(buf)
             posts.append(P2P(False, buf, r))
         for work in comm.post(posts):
             comm.wait(work, "reference gather", setup=True)
-        out = exact_attention(q, shards).float()
+        out = exact_attention(q, shards, w.value_dim).float()
     else:
         if comm.rank in who:
             for work in comm.post([P2P(True, mine, 0)]):
                 comm.wait(work, "reference gather", setup=True)
-        out = torch.empty((w.rows, w.head_dim + 1), dtype=torch.float32, device=mine.device)
+        out = torch.empty((w.rows, w.value_dim + 1), dtype=torch.float32, device=mine.device)
     return comm.broadcast(out, 0, "reference broadcast")

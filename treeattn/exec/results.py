@@ -36,13 +36,15 @@ TIMELINE_COLUMNS = ("run_id", "plan", "rank", "op_index", "step", "kind", "peer"
 
 
 def workload_label(payload: Payload) -> str:
-    """Compact text of a payload, e.g. ``llama-3.1-8b B1 Hq32/8 D128 N262144 bf16/fp32`` plus
-    ``split=...`` when uneven; ``raw 16000B fp32 sum`` for raw payloads."""
+    """Compact text of a payload, e.g. ``llama-3.1-8b B1 Hq32/8 D128 N262144 bf16/fp32`` (``D576
+    Dv512 latent`` for MLA) plus ``split=...`` when uneven; ``raw 16000B fp32 sum`` for raw
+    payloads."""
     if isinstance(payload, RawPayload):
         return f"raw {payload.nbytes}B {payload.dtype.value} {payload.op.value}"
     w = payload
-    text = (f"{w.model + ' ' if w.model else ''}B{w.batch} Hq{w.q_heads}/{w.kv_heads} D{w.head_dim} "
-            f"N{w.seq_len} {w.kv_dtype.value}/{w.partial_dtype.value}")
+    dv = "" if w.v_head_dim is None else f" Dv{w.value_dim}"
+    text = (f"{w.model + ' ' if w.model else ''}B{w.batch} Hq{w.q_heads}/{w.kv_heads} D{w.head_dim}{dv}"
+            f"{' latent' if w.kv_latent else ''} N{w.seq_len} {w.kv_dtype.value}/{w.partial_dtype.value}")
     if tuple(w.split) != even_split(w.seq_len, w.ranks):
         text += " split=" + ",".join(map(str, w.split))
     return text

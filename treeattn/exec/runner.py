@@ -124,13 +124,6 @@ class PlanJob:
             raise InputError(f"the ring order of {self.label!r} must list the {self.plan.ranks} ranks once each")
         if self.repeats is not None:
             check_iterations(self.repeats, where=f"of {self.label!r}")
-        w = self.plan.workload
-        if isinstance(w, Workload) and (w.value_dim != w.head_dim or w.kv_latent):
-            # Its KV cache is built, moved and checked as one (2, B, Hkv, N, D) tensor of K and V.
-            latent = " (an MLA latent cache)" if w.kv_latent else ""
-            raise InputError(f"{self.label}: treeattn run executes K and V of one head dim; this workload's value "
-                             f"dim is {w.value_dim}, its key's {w.head_dim}{latent}: plan, simulate, verify and "
-                             "the Python API (Merger, attention_partial) take it")
 
 
 @dataclass(frozen=True, slots=True)
@@ -677,11 +670,12 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
         # The watchdog's timeout is the set-up deadline: it counts from when a run was enqueued,
         # not from when its op could start, so the op deadline is kept by Comm.settle instead.
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
-    kernels = {pj.label: resolve_kernel(opt.kernel, device, pj.plan.workload.kv_dtype, pj.plan.workload.head_dim)
+    kernels = {pj.label: resolve_kernel(opt.kernel, device, pj.plan.workload.kv_dtype, pj.plan.workload.head_dim,
+                                        pj.plan.workload.value_dim)
                for pj in job.plans if isinstance(pj.plan.workload, Workload)}
     for pj in job.plans:
         if isinstance(pj.plan.workload, Workload):
-            fused.warm(device, torch_dtype(pj.plan.workload.partial_dtype), pj.plan.workload.head_dim)
+            fused.warm(device, torch_dtype(pj.plan.workload.partial_dtype), pj.plan.workload.value_dim)
         else:
             fused.warm_sum(device, torch_dtype(pj.plan.workload.dtype))
     init = {"device_id": device} if backend == "nccl" else {}
