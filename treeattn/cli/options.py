@@ -71,7 +71,8 @@ RanksOpt = Annotated[
 ]
 WorkloadFileOpt = Annotated[
     Path | None,
-    typer.Option("--workload", help="Workload YAML file; flags given as well override its keys.", rich_help_panel=_W),
+    typer.Option("--workload", help="Workload YAML file (docs/workload-format.md); flags given as well override "
+                 "its keys.", rich_help_panel=_W),
 ]
 ModelOpt = Annotated[
     str | None, typer.Option("--model", "-m", help=f"Model preset: {', '.join(MODELS)}; 'list' prints their shapes.",

@@ -1,4 +1,5 @@
-"""The YAML form of a workload, and the one function that turns plain data into a Payload.
+"""The YAML form of a workload (docs/workload-format.md), and the one function that turns plain
+data into a Payload.
 
 A decode shape (every key optional except the sequence length and a way to get the heads)::
 
