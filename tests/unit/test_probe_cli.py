@@ -72,6 +72,10 @@ def test_bus_ids_print_as_read():
         (("--from-nvidia-smi", DGX, "--ibstat", str(FIX / "damaged" / "ibstat.truncated.txt")), "no 'Rate' line"),
         (("--from-nvidia-smi", DGX, "--nodes", "2"), "--nic-gbps"),
         (("--from-nvidia-smi", DGX, "--gpu-model", "Voodoo2"), "not a known GPU"),
+        # a family name, not a part: its parts differ in links and memory
+        (("--from-nvidia-smi", DGX, "--gpu-model", "a100"), "--gpu-model 'a100' names 4 known GPUs; give one of "
+                                                          "A100-SXM4-40GB, A100-SXM4-80GB, A100-PCIE-40GB, "
+                                                          "A100-PCIE-80GB"),
         # inf would be written as bw_gbps: .inf, a file that topo validate refuses
         (("--from-nvidia-smi", str(FIX / "nvidia-smi-topo-m.della-2xa100-pcie.txt"), "--nodes", "2",
           "--nic-gbps", "inf"), "--nic-gbps must be a finite number > 0, got inf"),

@@ -248,6 +248,7 @@ def test_png_refuses_huge_topologies(tmp_path):
 def test_validate_text_and_schema():
     res = run_cli("topo", "validate", str(shipped_files()["dgx1-v100"]))
     assert res.exit_code == 0 and res.stdout.startswith("ok: dgx1-v100: 8 ranks")
+    assert ": 3 ranks, 1 device, 1 link, every rank routable" in run_cli("topo", "validate", "cpu:ranks=3").stdout
     schema = json.loads(run_cli("topo", "schema").stdout)
     assert {"ExplicitFile", "CompactFile", "FamilyFile", "LinkSpec"} <= set(schema["$defs"])
     assert schema["$defs"]["LinkSpec"]["additionalProperties"] is False

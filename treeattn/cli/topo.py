@@ -26,6 +26,7 @@ from treeattn.topology import Topology, list_presets, resolve, topology_json_sch
 from treeattn.topology.attention_fits import published_attention_fit
 from treeattn.topology.model import DeviceKind
 from treeattn.topology.summary import topology_summary
+from treeattn.units import counted
 from treeattn.workload import RawPayload
 
 topo_app = typer.Typer(
@@ -208,7 +209,8 @@ def validate(spec: TopoArg, json_out: JsonOpt = False) -> None:
         _echo_json(result)
         return
     typer.echo(
-        f"ok: {topo.name}: {topo.num_ranks} ranks, {len(topo.devices)} devices, {len(topo.links)} links, "
+        f"ok: {topo.name}: {counted(topo.num_ranks, 'rank')}, {counted(len(topo.devices), 'device')}, "
+        f"{counted(len(topo.links), 'link')}, "
         f"every rank routable ({topo.fingerprint})"
     )
 

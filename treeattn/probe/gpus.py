@@ -90,6 +90,11 @@ class GpuCatalog:
         if self.model is not None:
             spec = gpu_spec(self.model)
             if spec is None:
+                typed = self.model.strip().upper()
+                parts = [k for k in GPU_SPECS if typed and typed in k.upper()]
+                if len(parts) > 1:  # "A100": SXM4 or PCIe, 40 or 80 GB, which differ in links and memory
+                    raise ProbeError(f"--gpu-model {self.model!r} names {len(parts)} known GPUs; give one of "
+                                     f"{', '.join(parts)}")
                 known = ", ".join(GPU_SPECS)
                 raise ProbeError(f"--gpu-model {self.model!r} is not a known GPU; choose one of {known}")
             if self.vendor and spec.vendor and spec.vendor != self.vendor:
