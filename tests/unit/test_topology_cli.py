@@ -344,3 +344,26 @@ def test_a_plan_given_for_a_topology_is_named_as_one():
     res = run_cli("topo", "validate", str(plan))
     assert res.exit_code == 2
     assert "this is a treeattn plan, not a topology (treeattn verify checks plans" in res.stderr
+
+
+def test_values_in_another_unit_are_warned_about_where_a_topology_is_loaded(tmp_path):
+    # Gb/s written as GB/s, MiB as GB, ns as us: valid numbers no hardware has, planned on
+    # without a word before
+    gpus = "".join(f"  - {{name: g{i}, kind: gpu, node: {i}, model: H100-SXM5-80GB, mem_bw_gbps: 3350, "
+                   f"mem_gb: {81920 if i else 80}}}\n  - {{name: nic{i}, kind: nic, node: {i}}}\n" for i in range(2))
+    links = "".join(f"  - {{src: g{i}, dst: nic{i}, kind: pcie, bw_gbps: 50, latency_us: {600 if i else 1}, "
+                    f"duplex: true}}\n" for i in range(2))
+    text = (f"name: units\ndevices:\n{gpus}links:\n{links}"
+            "  - {src: nic0, dst: nic1, kind: infiniband, bw_gbps: 400, duplex: true}\nranks: [g0, g1]\n")
+    (tmp_path / "units.yaml").write_text(text)
+    res = run_cli("topo", "validate", str(tmp_path / "units.yaml"))
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr.splitlines() == [
+        "warning: GPU g1 has mem_gb 81920, more than any GPU's memory; mem_gb is GB (MiB / 1024)",
+        "warning: link g1->nic1 (pcie) has latency_us 600, over 100 us for a pcie hop; latency_us is microseconds "
+        "(ns / 1000)",
+        "warning: link nic0->nic1 (infiniband) has bw_gbps 400, faster than any network port (1.6 Tb/s is 200 GB/s); "
+        "bw_gbps is GB/s: 400 Gb/s is 50"]
+    res = run_cli("plan", "-t", str(tmp_path / "units.yaml"), "-m", "llama-3.1-8b", "-n", "8K",
+                  "-o", str(tmp_path / "p.yaml"))
+    assert res.exit_code == 0 and "mem_gb 81920" in res.stderr and "bw_gbps 400" in res.stderr

@@ -40,7 +40,7 @@ from treeattn.cli.options import (
 )
 from treeattn.cli.paths import OUT_PATH, output_file, safe_name
 from treeattn.cli.progress import progress_reporter
-from treeattn.cli.render import console, key_columns, print_rates_note
+from treeattn.cli.render import console, key_columns, print_rates_note, warn_topology
 from treeattn.cost.library import link_rates_note
 from treeattn.cost.memory import DEFAULT_MEM_FRACTION
 from treeattn.errors import InputError
@@ -233,6 +233,7 @@ def plan_cmd(
     if top < 1:
         raise InputError(f"--top must be at least 1, got {top}")
     topo = load_topology(topology, ranks)
+    warn_topology(topo)
     payload = make_payload(topo.num_ranks, workload_file=workload_file, model=model, heads=heads,
                            kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_head_dim, kv_latent=kv_latent,
                            batch=batch, seq_len=seq_len, split=split,

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-__all__ = ["console", "key_columns", "fit_table", "print_rates_note", "warn_unknown_gpus"]
+__all__ = ["console", "key_columns", "fit_table", "print_rates_note", "warn_topology"]
 
 _KEY = "_treeattn_key_columns"
 
@@ -46,14 +46,16 @@ def print_rates_note(con: Console, topo: Any, prefix: str = "") -> None:
         con.print(prefix + note, markup=False)
 
 
-def warn_unknown_gpus(topo: Any) -> None:
+def warn_topology(topo: Any) -> None:
     """Say on stderr where GPUs of ``topo`` (a Topology) name a model treeattn has no figures
-    for (``treeattn.cost.library.unknown_gpu_note``)."""
+    for (``treeattn.cost.library.unknown_gpu_note``) and where its values look written in
+    another unit (``treeattn.topology.plausible``)."""
     from treeattn.cost.library import unknown_gpu_note
+    from treeattn.topology.plausible import implausible
 
     note = unknown_gpu_note(topo)
-    if note:
-        typer.echo(f"warning: {note}", err=True)
+    for text in ([note] if note else []) + implausible(topo):
+        typer.echo(f"warning: {text}", err=True)
 
 
 def key_columns(table: Table, n: int) -> Table:

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from treeattn.cli import app, err_console
 from treeattn.cli.paths import OUT_PATH, output_file
-from treeattn.cli.render import console, print_rates_note, warn_unknown_gpus
+from treeattn.cli.render import console, print_rates_note, warn_topology
 from treeattn.cli.topo_text import wrap
 from treeattn.cost import nccl
 from treeattn.cost.bounds import plan_bounds
@@ -72,7 +72,7 @@ def simulate_cmd(
     if topo.num_ranks != plan.ranks:  # before the warning below: one line, and no hint of a --ranks simulate lacks
         raise InputError(f"--topology {topology!r} places {topo.num_ranks} ranks but {plan_file} runs on "
                          f"{plan.ranks}; pass a topology of the plan's ranks, or none (the plan's own)")
-    warn_unknown_gpus(topo)
+    warn_topology(topo)
     mismatch = plan.topology.fingerprint != topo.fingerprint
     if mismatch:
         err_console.print(
@@ -222,7 +222,7 @@ def nccl_model_cmd(
         raise InputError(f"--topology {topology!r} places its ranks on hosts, where gloo runs the collectives, "
                          "not NCCL; treeattn simulate times a plan's gloo collectives there")
     size = parse_size(nbytes, "--bytes", least=1)
-    warn_unknown_gpus(topo)
+    warn_topology(topo)
     fab = nccl.fabric(topo)
     ests = nccl.predict(fab, coll, size)
     best = nccl.pick(fab, coll, size)

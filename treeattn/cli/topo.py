@@ -17,7 +17,7 @@ from rich.table import Table
 from treeattn.cli import app
 from treeattn.cli.options import SchemaJsonOpt
 from treeattn.cli.paths import OUT_PATH, output_file, safe_name
-from treeattn.cli.render import console, print_rates_note, warn_unknown_gpus
+from treeattn.cli.render import console, print_rates_note, warn_topology
 from treeattn.cli.topo_text import domain_shares, gbps, network_lines, rate_lines, wrap
 from treeattn.cost.compute import ComputeModel
 from treeattn.cost.library import link_rates_note
@@ -72,7 +72,7 @@ def show(
     """Summarize a topology: devices, link kinds, domains, the network and its NICs, and
     the rate a message moves at between ranks (the cost model's, alone on its route)."""
     topo = resolve(spec)
-    warn_unknown_gpus(topo)
+    warn_topology(topo)
     if png is not None:
         png = output_file(png, "--png", f"{safe_name(topo.name)}.png", suffix=".png")
     summary = topology_summary(topo)
@@ -196,7 +196,7 @@ def _compute_line(topo: Topology) -> str:
 def validate(spec: TopoArg, json_out: JsonOpt = False) -> None:
     """Check a topology file (or name): fields, devices, links, ranks and routability."""
     topo = resolve(spec)
-    warn_unknown_gpus(topo)
+    warn_topology(topo)
     result = {
         "ok": True,
         "name": topo.name,

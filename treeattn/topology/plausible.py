@@ -1,0 +1,56 @@
+"""Values a topology file may hold in the wrong unit: valid numbers no hardware has.
+
+A file's figures are GB/s, GB and microseconds. The same hardware written in Gb/s, MiB or
+nanoseconds passes every field check and is planned on without a word: a 400 Gb/s port
+written ``bw_gbps: 400`` is eight times any port's speed. ``implausible`` names such values
+so that the commands that load a topology can warn; nothing is refused, since an exotic or
+future part may hold them.
+"""
+
+from __future__ import annotations
+
+from treeattn.topology.model import DeviceKind, LinkClass, Topology
+
+__all__ = ["implausible", "NETWORK_PORT_MAX_GBPS", "GPU_MEM_MAX_GB", "GPU_MEM_BW_MAX_GBPS", "HOP_MAX_US"]
+
+NETWORK_PORT_MAX_GBPS = 200.0
+"""A network port above 1.6 Tb/s (InfiniBand XDR, 1.6T Ethernet): none ships faster."""
+GPU_MEM_MAX_GB = 1024.0
+"""A GPU with more than 1 TB of its own memory (the largest, B300 and MI355X, hold 288 GB)."""
+GPU_MEM_BW_MAX_GBPS = 20000.0
+"""A GPU's memory above 20 TB/s (B200/B300: 8 TB/s)."""
+HOP_MAX_US = {LinkClass.GPU_FABRIC: 100.0, LinkClass.PCIE: 100.0, LinkClass.NETWORK: 1000.0}
+"""A link's latency above 100 us inside a node (NVLink and PCIe: about 1 us) or 1 ms between
+nodes (a switch hop: under 1 us; a long-haul link a few hundred)."""
+
+
+def implausible(topo: Topology) -> list[str]:
+    """One line per kind of value ``topo`` holds beyond any hardware (module docstring), naming
+    the first device or link that holds it and how many more do; empty where none."""
+    found: dict[str, list[str]] = {}
+    for d in topo.devices:
+        if d.kind is not DeviceKind.GPU:
+            continue
+        if d.mem_gb > GPU_MEM_MAX_GB:
+            found.setdefault("mem_gb", []).append(
+                f"GPU {d.name} has mem_gb {d.mem_gb:g}, more than any GPU's memory; mem_gb is GB (MiB / 1024)")
+        if d.mem_bw_gbps > GPU_MEM_BW_MAX_GBPS:
+            found.setdefault("mem_bw_gbps", []).append(
+                f"GPU {d.name} has mem_bw_gbps {d.mem_bw_gbps:g}, faster than any GPU's memory; mem_bw_gbps is GB/s")
+    seen: set[tuple] = set()
+    for ln in topo.links:
+        pair = (frozenset((ln.src, ln.dst)), ln.kind, ln.bw_gbps, ln.latency_us)
+        if pair in seen:  # a duplex link's other direction: one line of the file
+            continue
+        seen.add(pair)
+        what = f"link {ln.src}->{ln.dst} ({ln.kind.value})"
+        if ln.cls is LinkClass.NETWORK and ln.bw_gbps > NETWORK_PORT_MAX_GBPS:
+            found.setdefault("bw_gbps", []).append(
+                f"{what} has bw_gbps {ln.bw_gbps:g}, faster than any network port (1.6 Tb/s is 200 GB/s); "
+                f"bw_gbps is GB/s: {ln.bw_gbps:g} Gb/s is {ln.bw_gbps / 8:g}")
+        limit = HOP_MAX_US.get(ln.cls)
+        if limit is not None and ln.latency_us > limit:
+            found.setdefault(f"latency_us {ln.cls.value}", []).append(
+                f"{what} has latency_us {ln.latency_us:g}, over {limit:g} us for a {ln.cls.value} hop; latency_us is "
+                "microseconds (ns / 1000)")
+    return [first + (f" (and {len(rest)} more)" if rest else "") for first, *rest in found.values()]
