@@ -23,6 +23,7 @@ from treeattn.plan import (
 )
 from treeattn.plan.compact import compact_args
 from treeattn.plan.io import dump_plan
+from treeattn.workload import Workload
 
 
 @pytest.mark.parametrize("p", RANKS)
@@ -289,6 +290,9 @@ def test_whole_rows_refusals() -> None:
         build("ring", attention(4), REF, result="heads", whole_rows=True)
     with pytest.raises(InfeasiblePlanError, match="16 query heads cannot go to 32 ranks"):
         build("binomial", attention(32), REF, result="heads", whole_rows=True)
+    one = Workload(batch=1, q_heads=1, kv_heads=1, head_dim=8, split=(4, 4))
+    with pytest.raises(InfeasiblePlanError, match="1 query head cannot go to 2 ranks"):
+        build("binomial", one, REF, result="heads")
 
 
 def test_direct_refuses_bad_groups() -> None:

@@ -526,8 +526,8 @@ def compare_cmd(
             except InputError as exc:
                 unfit[(t.name, n)] = f"N={_tokens(n)}: {exc}"
         if layout == "heads" and isinstance(w, Workload) and t.num_ranks > w.q_heads:
-            raise InputError(f"--result heads gives every rank its own query heads: {w.q_heads} heads cannot go to "
-                             f"{t.num_ranks} ranks of {t.name}")
+            raise InputError(f"--result heads gives every rank its own query heads: {counted(w.q_heads, 'head')} "
+                             f"cannot go to {t.num_ranks} ranks of {t.name}")
     if len(unfit) == len(topos) * len(lens):
         raise InputError(next(iter(unfit.values())) if len(unfit) == 1 else
                          f"no sequence length fits any topology; {next(iter(unfit.values()))}")

@@ -33,6 +33,7 @@ from treeattn.plan.trees import (
     rotated,
     tree_info,
 )
+from treeattn.units import counted
 from treeattn.workload import Payload, RawPayload
 
 __all__ = ["ParamSpec", "AlgorithmSpec", "ALGORITHMS", "build", "tree_plan"]
@@ -277,8 +278,8 @@ def _need_heads(a: _Args, pieces: int, why: str) -> int:
     """Chunks of a heads layout plan (``pieces`` per rank); checks every rank has that many rows."""
     units = a.workload.q_heads if not a.raw else a.workload.rows  # type: ignore[union-attr]
     if a.p > units:
-        what = "query heads" if not a.raw else "elements"
-        raise InfeasiblePlanError(f"result heads gives every rank a share: {units} {what} cannot go to {a.p} ranks")
+        what = counted(units, "query head") if not a.raw else counted(units, "element")
+        raise InfeasiblePlanError(f"result heads gives every rank a share: {what} cannot go to {a.p} ranks")
     per = units // a.p * (1 if a.raw else a.workload.batch)  # type: ignore[union-attr]
     if pieces > per:
         raise InfeasiblePlanError(f"{why} cuts each rank's {per} rows into {pieces} chunks; use fewer chunks")

@@ -50,7 +50,7 @@ from treeattn.search.exhaustive import exhaustive_trees
 from treeattn.search.moves import hill_climb
 from treeattn.search.result import RING_ATTENTION_MAX_RANKS, Candidate, SearchResult, baselines
 from treeattn.topology.model import Topology
-from treeattn.units import format_size
+from treeattn.units import counted, format_size
 from treeattn.workload import Payload, Workload
 
 __all__ = [
@@ -277,8 +277,8 @@ def search(
     if result == "heads":
         units = workload.q_heads if isinstance(workload, Workload) else workload.rows
         if p > units:
-            what = "query heads" if isinstance(workload, Workload) else "elements"
-            raise InputError(f"result heads gives every rank its own share: {units} {what} cannot go to {p} ranks")
+            what = counted(units, "query head" if isinstance(workload, Workload) else "element")
+            raise InputError(f"result heads gives every rank its own share: {what} cannot go to {p} ranks")
         # chunks count the pieces of one rank's rows here: the default's too many are dropped,
         # a caller's refused (the search would try (1,) instead, unsaid)
         over = [c for c in choices if c * p > workload.rows]
