@@ -12,7 +12,8 @@ from enum import StrEnum
 
 from treeattn.errors import InputError
 
-__all__ = ["DType", "MAX_BYTES", "parse_size", "check_bytes", "counted", "format_size", "transfer_us"]
+__all__ = ["DType", "MAX_BYTES", "parse_size", "check_bytes", "counted", "format_size", "format_sizes",
+           "transfer_us"]
 
 MAX_BYTES = 1 << 40
 """The largest buffer a rank may hold, 1 TiB: more than any one device's memory. A size a user
@@ -99,12 +100,32 @@ def check_bytes(nbytes: int, what: str = "size", text: str | None = None) -> int
     return nbytes
 
 
+_SIZE_UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+
+
+def _size_unit(nbytes: float) -> tuple[str, int]:
+    return next(((u, s) for u, s in _SIZE_UNITS if nbytes >= s), ("B", 1))
+
+
 def format_size(nbytes: float) -> str:
     """Short human form of a byte count, powers of 1024 (as nccl-tests prints)."""
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.4g} {unit}"
-    return f"{int(nbytes)} B"
+    unit, scale = _size_unit(nbytes)
+    return f"{int(nbytes)} B" if scale == 1 else f"{nbytes / scale:.4g} {unit}"
+
+
+def format_sizes(a: float, b: float) -> tuple[str, str]:
+    """``format_size`` of two counts a message sets side by side (a need and the limit it is
+    over), with as many more digits, in the larger's unit, as tell two different counts apart
+    (``72 GiB`` over ``72 GiB`` reads as if it fitted), else their bytes."""
+    sa, sb = format_size(a), format_size(b)
+    if sa != sb or a == b:
+        return sa, sb
+    unit, scale = _size_unit(max(a, b))
+    for digits in range(5, 13):
+        sa, sb = f"{a / scale:.{digits}g} {unit}", f"{b / scale:.{digits}g} {unit}"
+        if sa != sb:
+            return sa, sb
+    return f"{int(a):,} B", f"{int(b):,} B"
 
 
 def counted(n: int, noun: str) -> str:

@@ -498,3 +498,19 @@ def test_plan_kv_cache_past_any_memory_says_what_to_change(tmp_path):
     [line] = res.stderr.strip().splitlines()
     assert "KV cache of 126 layers is 3.938 TiB, over 1 TiB" in line, line
     assert line.endswith("use more ranks, a shorter sequence or a smaller batch"), line
+
+
+
+def test_compare_says_which_decode_shape_it_compared(tmp_path):
+    # A --model over a --workload file replaces the file's heads, dims and latent cache
+    # (docs/workload-format.md): compare printed no shape, so an MLA file (Kimi-K2: 64 heads,
+    # one latent of 576, Dv 512) compared as llama-3.1-8b read the same as the file itself.
+    kimi = tmp_path / "kimi.yaml"
+    kimi.write_text("q_heads: 64\nkv_heads: 1\nhead_dim: 576\nv_head_dim: 512\nkv_latent: true\nlayers: 61\n"
+                    "batch: 8\nseq_len: 8K\n")
+    mla = run_cli("compare", "-t", "dgx-h100", "--workload", str(kimi), "--seq-lens", "8K", "--no-progress")
+    gqa = run_cli("compare", "-t", "dgx-h100", "--workload", str(kimi), "-m", "llama-3.1-8b", "--seq-lens", "8K",
+                  "--no-progress")
+    assert mla.exit_code == 0 and gqa.exit_code == 0, mla.stderr + gqa.stderr
+    assert "B=8 Hq=64 Hkv=1 D=576 Dv=512 (latent), bf16 cache, fp32 partials, 61 layers" in mla.stdout, mla.stdout
+    assert "B=8 Hq=32 Hkv=8 D=128, bf16 cache, fp32 partials, 32 layers" in gqa.stdout, gqa.stdout

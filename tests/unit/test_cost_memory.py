@@ -69,3 +69,25 @@ def test_a_raw_sum_holds_nothing_in_place_and_a_padded_reduce_scatter_its_pieces
         assert plan.padded_runs and max(b - a for a, b in plan.segments) == 2
         held = (4 * 2 + 2) * uneven.row_bytes * (1 + widen)
         assert rank_peak_bytes(plan, 0) == uneven.payload_bytes + held
+
+
+def test_the_memory_messages_tell_a_need_from_a_limit_it_is_over():
+    """deepseek-v3's latent cache at B 64: a rank's KV 1 MB over dgx-h100's 72 GiB printed as
+    'needs 72 GiB ... (72 GiB usable)'; a schedule 1 MB over as 'needs 68.68 GiB, over the 68.68 GiB'."""
+    import re
+
+    import pytest
+
+    from treeattn.cost.memory import MemoryCheck, check_kv_fits
+    from treeattn.errors import InputError
+    from treeattn.topology.library import resolve
+
+    topo = resolve("dgx-h100")
+    w = Workload.create(ranks=8, seq_len=137_520, batch=64, model="deepseek-v3")
+    with pytest.raises(InputError) as err:
+        check_kv_fits(w, topo)
+    need, usable = re.search(r"needs ([\d.]+) GiB of KV .*\(([\d.]+) GiB usable", str(err.value)).groups()
+    assert float(need) > float(usable)
+    why = MemoryCheck(peak_bytes=73_745_000_000, limit_bytes=73_744_000_000, rank=0).why()
+    need, limit = re.search(r"needs ([\d.]+) GiB on rank 0, over the ([\d.]+) GiB", why).groups()
+    assert float(need) > float(limit)

@@ -19,7 +19,7 @@ from treeattn.exec.launch import host_memory_problem, launch_local
 from treeattn.exec.runner import Job, PlanJob, RunOptions, memory_problem, placement_problem
 from treeattn.plan.builders import build
 from treeattn.plan.ir import TopologyRef
-from treeattn.units import format_size
+from treeattn.units import format_sizes
 from treeattn.validate import ValidateOptions
 from treeattn.workload import RawPayload, Workload
 
@@ -72,13 +72,14 @@ def test_a_run_past_this_hosts_memory_is_refused_before_a_rank_starts():
     assert host_memory_problem(job, need) == ""
     assert host_memory_problem(job, None) == ""
     assert host_memory_problem(job, need - 1) == (
-        f"star-64MiB: its 2 ranks hold at least {format_size(need)} at once on this host, which has "
-        f"{format_size(need - 1)} available; use fewer ranks or a smaller payload")
+        "star-64MiB: its 2 ranks hold at least {} at once on this host, which has {} available; use fewer "
+        "ranks or a smaller payload".format(*format_sizes(need, need - 1)))
+    assert format_sizes(need, need - 1) == ("256 MiB", "255.999999 MiB")  # not '256 MiB ... has 256 MiB'
     # One GPU (checked on each NCCL rank before the process group starts): that rank's buffers alone.
     assert memory_problem(job, [1], run_bytes(raw, 1), "GPU 1 (H100)") is None
     assert memory_problem(job, [1], run_bytes(raw, 1) - 1, "GPU 1 (H100)") == (
-        f"star-64MiB: rank 1 holds at least {format_size(run_bytes(raw, 1))} at once on GPU 1 (H100), which has "
-        f"{format_size(run_bytes(raw, 1) - 1)} available; free that memory or use a smaller payload")
+        "star-64MiB: rank 1 holds at least {} at once on GPU 1 (H100), which has {} available; free that memory "
+        "or use a smaller payload".format(*format_sizes(run_bytes(raw, 1), run_bytes(raw, 1) - 1)))
     res = run_cli("calibrate", "-t", "cpu:ranks=2", "--max-size", "1TiB", "--sizes", "3", "--compute", "none")
     assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
     assert "ranks hold at least" in res.stderr and "available" in res.stderr

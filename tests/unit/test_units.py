@@ -55,3 +55,20 @@ def test_sizes_past_the_largest_buffer_are_refused_where_read():
         parse_size("2TiB", "--bytes")
     with pytest.raises(InputError, match=r"^--max-size is 2 TiB, over 1 TiB, more than any device's memory$"):
         parse_size(2 * MAX_BYTES, "--max-size")
+
+
+def test_a_need_over_a_limit_never_prints_as_the_same_size():
+    """'needs 72 GiB of KV per GPU ... (72 GiB usable)' (deepseek-v3, B 64, 137,520 tokens on
+    dgx-h100) read as if it fitted: two different counts print with the digits that tell them apart."""
+    from treeattn.units import format_sizes
+
+    need, limit = 77_310_443_520, 77_309_411_328  # 72.00096 and 72 GiB
+    assert format_size(need) == format_size(limit) == "72 GiB"
+    a, b = format_sizes(need, limit)
+    assert a != b and a.endswith(" GiB") and b.endswith(" GiB")
+    assert float(a.split()[0]) > float(b.split()[0])
+    assert format_sizes(1 << 20, 72 << 30) == ("1 MiB", "72 GiB")  # apart already: as format_size prints
+    assert format_sizes(5 << 30, 5 << 30) == ("5 GiB", "5 GiB")
+    assert format_sizes(1001, 1000) == ("1001 B", "1000 B")
+    a, b = format_sizes((1 << 40) + 1, 1 << 40)  # no digits tell them apart: the bytes do
+    assert a != b and a.replace(",", "").startswith("1099511627777")

@@ -206,3 +206,36 @@ def test_a_refused_no_kv_latent_is_named_as_typed(tmp_path, extra):
     res = run_cli("plan", "-t", "dgx-h100", *args, "--no-kv-latent")
     assert res.exit_code == 2 and "(--no-kv-latent)" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_a_workload_file_of_one_model_takes_its_lengths_and_preset_from_flags(tmp_path):
+    """A file that describes a model (Kimi-K2's MLA shape) and no length: flags override a
+    file's keys (docs/workload-format.md), yet `plan --workload F -n 8K` and `compare --workload
+    F --seq-lens ...` (which ignores a file's seq_len) were refused with 'give seq_len', and a
+    file of batch and length with `-m deepseek-v3` with 'give a model preset'."""
+    kimi = tmp_path / "kimi-k2.yaml"
+    kimi.write_text("q_heads: 64\nkv_heads: 1\nhead_dim: 576\nv_head_dim: 512\nkv_latent: true\nlayers: 61\n"
+                    "batch: 8\n")
+    out = tmp_path / "p.yaml"
+    res = run_cli("plan", "-t", "dgx-h100", "--workload", str(kimi), "-n", "8K", "-o", str(out), "--json",
+                  "--no-progress")
+    assert res.exit_code == 0, res.stderr
+    w = json.loads(res.stdout)["workload"]
+    assert (w["q_heads"], w["head_dim"], w["v_head_dim"], w["kv_latent"], w["seq_len"], w["batch"]) == (
+        64, 576, 512, True, 8192, 8)
+    res = run_cli("compare", "-t", "dgx-h100", "--workload", str(kimi), "--seq-lens", "8K,16K", "--json",
+                  "--no-progress")
+    assert res.exit_code == 0, res.stderr
+    assert {r["seq_len"] for r in json.loads(res.stdout)["rows"]} == {8192, 16384}
+    sized = tmp_path / "sized.yaml"
+    sized.write_text("batch: 4\nseq_len: 16K\n")
+    res = run_cli("plan", "-t", "dgx-h100", "--workload", str(sized), "-m", "deepseek-v3", "-o", str(out), "--json",
+                  "--no-progress")
+    assert res.exit_code == 0, res.stderr
+    w = json.loads(res.stdout)["workload"]
+    assert (w["model"], w["batch"], w["seq_len"], w["v_head_dim"]) == ("deepseek-v3", 4, 16384, 512)
+    # Neither the file nor a flag: refused as before, naming the file.
+    res = run_cli("plan", "-t", "dgx-h100", "--workload", str(kimi), "-o", str(out), "--no-progress")
+    assert res.exit_code == 2 and res.stderr == f"error: {kimi}: give seq_len (tokens in all), e.g. seq_len: 128K\n"
+    res = run_cli("plan", "-t", "dgx-h100", "--workload", str(sized), "-o", str(out), "--no-progress")
+    assert res.exit_code == 2 and "give a model preset or both q_heads" in res.stderr, res.stderr

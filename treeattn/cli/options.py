@@ -207,17 +207,19 @@ def make_payload(
     """
     data: dict = {}
     where = "workload"
-    if workload_file is not None:
-        loaded = load_workload(workload_file, ranks=num_ranks)
-        data = loaded.to_dict()
-        if data.get("kind") == "raw":
-            data["bytes"] = data.pop("nbytes")
-        where = str(workload_file)
     shape_flags = {"model": model, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
                    "v_head_dim": v_head_dim, "kv_latent": kv_latent, "batch": batch,
                    "seq_len": seq_len, "split": split, "kv_dtype": kv_dtype, "partial_dtype": partial_dtype,
                    "layers": layers}
     given = {k: v for k, v in shape_flags.items() if v is not None}
+    if workload_file is not None:
+        # The file is checked alone, but for a length or heads it leaves to the flags given.
+        needs = {_KEY_OF.get(k, k): v for k, v in given.items()} if nbytes is None else None
+        loaded = load_workload(workload_file, ranks=num_ranks, missing=needs)
+        data = loaded.to_dict()
+        if data.get("kind") == "raw":
+            data["bytes"] = data.pop("nbytes")
+        where = str(workload_file)
     if nbytes is not None:
         shape_only = sorted(k for k in given if k not in ("batch",))
         if shape_only:

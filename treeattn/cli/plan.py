@@ -544,7 +544,7 @@ def compare_cmd(
                     "left_out": [{"topology": t, "seq_len": n, "why": why} for (t, n), why in unfit.items()],
                     "link_rates_notes": {t.name: note for t in topos if (note := link_rates_note(t))}})
         return
-    _compare_tables(rows, result, ring)
+    _compare_tables(rows, result, ring, _shape(make(topos[0].num_ranks, lens[0])))
     con = console()
     for why in unfit.values():
         con.print(f"left out, the KV cache does not fit: {why}", markup=False)
@@ -555,8 +555,19 @@ def compare_cmd(
             con.print(f"wrote {escape(str(path))}")
 
 
-def _compare_tables(rows, result: str, ring: str) -> None:  # noqa: ANN001 - CompareRows
-    """One narrow table per metric (time, the tree's speedup, peak memory, bytes moved)."""
+def _shape(payload: Payload) -> str:
+    """What ``compare`` compared, but the length its rows give: ``B=4 Hq=128 Hkv=1 D=576 Dv=512
+    (latent), bf16 cache, fp32 partials, 61 layers``, or a raw payload's size and op."""
+    if not isinstance(payload, Workload):
+        return f"{format_size(payload.nbytes)} {payload.dtype.value} {payload.op.value} a rank"
+    w = payload
+    return (f"B={w.batch} Hq={w.q_heads} Hkv={w.kv_heads} D={w.head_dim} {_value_dim(w)}".rstrip() +
+            f", {w.kv_dtype.value} cache, {w.partial_dtype.value} partials, {counted(w.layers, 'layer')}")
+
+
+def _compare_tables(rows, result: str, ring: str, shape: str = "") -> None:  # noqa: ANN001 - CompareRows
+    """One narrow table per metric (time, the tree's speedup, peak memory, bytes moved); ``shape``
+    (``_shape``) heads them."""
     from rich import box
 
     from treeattn.search.compare import METHODS, NOTES, SHORT
@@ -575,6 +586,8 @@ def _compare_tables(rows, result: str, ring: str) -> None:  # noqa: ANN001 - Com
             label[t] = str(p) if len(ts) == 1 else f"{p}{chr(ord('a') + i)}" if i < 26 else f"{p}#{i + 1}"
     for p, t in sorted(names.items()):
         con.print(f"{p} ranks: " + ", ".join(escape(x) + (f" ({label[x]})" if len(t) > 1 else "") for x in t))
+    if shape:
+        con.print(f"workload: {shape}", markup=False)
     con.print(f"result {result}; rings: {ring} order")
     # A method that cannot build the compared layout delivers its own: say which, from the rows.
     delivered = {m: sorted({r.result for r in rows if r.method == m and r.predicted_us is not None}) for m in METHODS}

@@ -42,7 +42,7 @@ from treeattn.plan.ir import (
     wire_converted,
 )
 from treeattn.topology.model import Topology
-from treeattn.units import counted, format_size
+from treeattn.units import counted, format_size, format_sizes
 from treeattn.workload import Payload, Workload
 
 __all__ = ["DEFAULT_MEM_FRACTION", "MemoryCheck", "peak_bytes", "rank_peak_bytes", "run_bytes", "kv_cache_bytes",
@@ -190,7 +190,8 @@ class MemoryCheck:
         """One line: what does not fit, or empty."""
         if self.fits:
             return ""
-        return (f"needs {format_size(self.peak_bytes)} on rank {self.rank}, over the {format_size(self.limit_bytes)} "
+        need, limit = format_sizes(self.peak_bytes, self.limit_bytes)
+        return (f"needs {need} on rank {self.rank}, over the {limit} "
                 "it may use")
 
     def to_dict(self) -> dict:
@@ -235,6 +236,7 @@ def check_kv_fits(payload: Payload, topo: Topology, fraction: float = DEFAULT_ME
     need, cap = kv_cache_bytes(payload, worst), device_bytes(topo, worst)
     if cap > 0 and need > cap * fraction:
         kind = topo.rank_device(worst).kind.value.upper() if topo.rank_device(worst).kind.value == "gpu" else "rank"
-        raise InputError(f"needs {format_size(need)} of KV per {kind} ({counted(payload.layers, 'layer')}); "
-                         f"{topo.name} has {format_size(cap)} per {kind} ({format_size(int(cap * fraction))} usable at "
+        needed, usable = format_sizes(need, int(cap * fraction))
+        raise InputError(f"needs {needed} of KV per {kind} ({counted(payload.layers, 'layer')}); "
+                         f"{topo.name} has {format_size(cap)} per {kind} ({usable} usable at "
                          f"{option} {fraction:g}): use more ranks, a shorter sequence or a smaller batch")

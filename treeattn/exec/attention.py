@@ -295,7 +295,7 @@ def attention_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         v: ``(B, Hkv, N, Dv)``, the values; Dv may differ from D (MLA's latent decode: k the
             cached latents, v their first Dv values, ``k[..., :Dv]``).
         scale: the softmax scale (default ``1 / sqrt(D)``; give the model's where it differs:
-            DeepSeek's MLA takes ``1 / sqrt(192)``, not ``1 / sqrt(576)``).
+            DeepSeek's MLA takes ``1 / sqrt(192)`` times YaRN's mscale², not ``1 / sqrt(576)``).
 
     Returns:
         ``o (B, Hq, Dv)`` in q's dtype and ``lse (B, Hq)`` fp32 (natural log); for N = 0

@@ -52,7 +52,7 @@ from treeattn.exec.merge import unpack
 from treeattn.exec.reference import FP64_BLOCK_ELEMENTS, Reference, compute_reference
 from treeattn.plan.baselines import baselines_for, parse_result
 from treeattn.plan.ir import OpKind, Plan
-from treeattn.units import DType, format_size
+from treeattn.units import DType, format_sizes
 from treeattn.workload import Payload, RawPayload, Workload
 
 __all__ = ["RunOptions", "PlanJob", "Job", "Measurement", "JobResult", "tolerance", "relative_error", "run_rank",
@@ -328,8 +328,8 @@ def memory_problem(job: Job, ranks: Sequence[int], available: int | None, where:
         if need > available:
             who, fix = ((f"its {len(ranks)} ranks hold", "use fewer ranks or a smaller payload") if len(ranks) > 1
                         else (f"rank {ranks[0]} holds", "free that memory or use a smaller payload"))
-            return (f"{pj.label}: {who} at least {format_size(need)} at once on {where}, which has "
-                    f"{format_size(available)} available; {fix}")
+            needed, has = format_sizes(need, available)
+            return f"{pj.label}: {who} at least {needed} at once on {where}, which has {has} available; {fix}"
     return None
 
 

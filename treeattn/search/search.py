@@ -50,7 +50,7 @@ from treeattn.search.exhaustive import exhaustive_trees
 from treeattn.search.moves import hill_climb
 from treeattn.search.result import RING_ATTENTION_MAX_RANKS, Candidate, SearchResult, baselines
 from treeattn.topology.model import Topology
-from treeattn.units import counted, format_size
+from treeattn.units import counted, format_sizes
 from treeattn.workload import Payload, Workload
 
 __all__ = [
@@ -511,8 +511,8 @@ class _Run:
                     and names[key] not in listed):
                 left_out.append({"algorithm": names[key], "baseline": True, "reason": "memory",
                                  "predicted_us": base[key], "peak_bytes": peak,
-                                 "why": f"needs {format_size(peak)} on a rank, over the {format_size(limit)} "
-                                        "it may use"})
+                                 "why": "needs {} on a rank, over the {} it may use".format(
+                                     *format_sizes(peak, limit))})
         stats = {
             "seed": self.seed,
             "screened": len(self.candidates),

@@ -1,7 +1,8 @@
 """The YAML form of a workload (docs/workload-format.md), and the one function that turns plain
 data into a Payload.
 
-A decode shape (every key optional except the sequence length and a way to get the heads)::
+A decode shape (every key optional except the sequence length and a way to get the heads,
+which a file may leave to flags: ``load_workload``'s ``missing``)::
 
     workload:                 # optional wrapper key
       model: llama-3.1-8b     # preset: heads, head dim and layers; explicit keys override it
@@ -279,17 +280,45 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
         raise WorkloadError(text if text.startswith(where) else f"{where}: {text}") from None
 
 
-def load_workload(path: str | Path, *, ranks: int | None = None) -> Payload:
+def load_workload(path: str | Path, *, ranks: int | None = None,
+                  missing: Mapping[str, Any] | None = None) -> Payload:
     """Read a workload YAML file (see the module docstring for its keys).
 
     Args:
         path: the file.
         ranks: rank count from the topology, checked against the file's ``ranks``/``split``.
+        missing: what a decode shape needs and the file may leave to flags: the length
+            (``seq_len`` or ``split``) where the file gives neither, and the heads (``model``, or
+            ``q_heads`` and ``head_dim``) where the file has no way to them. A file of one model's
+            shape is then planned at every ``-n`` and compared over ``--seq-lens``.
 
     Returns:
         The validated ``Workload`` or ``RawPayload``.
     """
-    path = Path(path)
+    data = _read_workload_data(Path(path))
+    if missing and isinstance(data, dict) and data.get("kind", "raw" if "bytes" in data else "attention") != "raw":
+        data = {**data, **_what_the_file_lacks(data, missing)}
+    return workload_from_dict(data if data is not None else {}, ranks=ranks, where=str(path))
+
+
+def _what_the_file_lacks(data: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of ``given`` that supply a decode shape's length or heads the file ``data`` lacks."""
+    has = {k for k, v in data.items() if v is not None}
+    fill = {}
+    if not has & {"seq_len", "split"}:
+        fill.update({k: given[k] for k in ("seq_len", "split") if given.get(k) is not None})
+    if "model" not in has and not (has & {"q_heads", "heads"} and "head_dim" in has):
+        if given.get("model") is not None:
+            fill["model"] = given["model"]
+        if not has & {"q_heads", "heads"} and given.get("q_heads") is not None:
+            fill["q_heads"] = given["q_heads"]
+        if "head_dim" not in has and given.get("head_dim") is not None:
+            fill["head_dim"] = given["head_dim"]
+    return fill
+
+
+def _read_workload_data(path: Path) -> Any:  # noqa: ANN401 - whatever the YAML holds
+    """The parsed YAML of a workload file, its ``workload:`` wrapper removed."""
     text = read_text(path, "workload file", WorkloadError)
     try:
         # 'seq_len: 4K' then 'seq_len: 8K' would plan 8K without a word: refused.
@@ -305,4 +334,4 @@ def load_workload(path: str | Path, *, ranks: int | None = None) -> Payload:
         raise WorkloadError(f"{path}: not valid YAML: nested too deeply") from None
     if isinstance(data, dict) and set(data) == {"workload"}:
         data = data["workload"]
-    return workload_from_dict(data if data is not None else {}, ranks=ranks, where=str(path))
+    return data
