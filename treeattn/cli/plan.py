@@ -348,8 +348,7 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
     ref_key = next((k for k in ("allreduce3_nccl_us", "allreduce2_us", "allreduce_nccl_us") if base.get(k)), None)
     ref = base.get(ref_key) if ref_key else None
     ref_name = _BASELINE_NAMES.get(ref_key, "baseline").split(" (")[0]
-    what = (f"B={payload.batch} Hq={payload.q_heads} Hkv={payload.kv_heads} D={payload.head_dim} "
-            f"{_value_dim(payload)}N={payload.seq_len}" if isinstance(payload, Workload)
+    what = (f"{_dims(payload)} N={payload.seq_len}" if isinstance(payload, Workload)
             else f"{format_size(payload.nbytes)} {payload.op.value}")
     con.print(f"[bold]{escape(topo.name)}[/] ({counted(topo.num_ranks, 'rank')}), {what}, result {result}: partial "
               f"{format_size(payload.payload_bytes)} per rank")
@@ -561,8 +560,7 @@ def _shape(payload: Payload) -> str:
     if not isinstance(payload, Workload):
         return f"{format_size(payload.nbytes)} {payload.dtype.value} {payload.op.value} a rank"
     w = payload
-    return (f"B={w.batch} Hq={w.q_heads} Hkv={w.kv_heads} D={w.head_dim} {_value_dim(w)}".rstrip() +
-            f", {w.kv_dtype.value} cache, {w.partial_dtype.value} partials, {counted(w.layers, 'layer')}")
+    return f"{_dims(w)}, {w.kv_dtype.value} cache, {w.partial_dtype.value} partials, {counted(w.layers, 'layer')}"
 
 
 def _compare_tables(rows, result: str, ring: str, shape: str = "") -> None:  # noqa: ANN001 - CompareRows
@@ -620,11 +618,13 @@ def _compare_tables(rows, result: str, ring: str, shape: str = "") -> None:  # n
         con.print(f"- {short} at {ranks} ranks: {why}", markup=False, soft_wrap=False)
 
 
-def _value_dim(w: Workload) -> str:
-    """``Dv=512 (latent) `` where the value dim or the cache differs from D's K and V, else nothing."""
+def _dims(w: Workload) -> str:
+    """``B=1 Hq=128 Hkv=1 D=576``, and ``Dv=512 (latent)`` where the value dim or the cache
+    differs from K and V of D each."""
+    dims = f"B={w.batch} Hq={w.q_heads} Hkv={w.kv_heads} D={w.head_dim}"
     if w.v_head_dim is None and not w.kv_latent:
-        return ""
-    return f"Dv={w.value_dim}{' (latent)' if w.kv_latent else ''} "
+        return dims
+    return f"{dims} Dv={w.value_dim}{' (latent)' if w.kv_latent else ''}"
 
 
 def _ratio(x: float | None) -> str:

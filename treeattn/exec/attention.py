@@ -344,7 +344,7 @@ def attention_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     if k.shape[2] == 0:
         return (q.new_zeros(bsz, hq, dv),
                 torch.full((bsz, hq), float("-inf"), dtype=torch.float32, device=q.device))
-    kernel = _kernel_for(q.device, k.dtype, d) if dv == d else "explicit"
+    kernel = _kernel_for(q.device, k.dtype, d, dv)
     o, lse = _attend(q, k, v, kernel, scale)
     return o.to(q.dtype), lse
 
@@ -361,23 +361,23 @@ def _finite_scale(scale: object) -> float:
     return value
 
 
-_KERNEL_FOR: dict[tuple[torch.device, torch.dtype, int], str] = {}
-"""``attention_partial``'s kernel per (device, dtype, D): it runs every decode step of every layer."""
+_KERNEL_FOR: dict[tuple[torch.device, torch.dtype, int, int], str] = {}
+"""``attention_partial``'s kernel per (device, dtype, D, Dv): it runs every decode step of every layer."""
 
 
-def _kernel_for(device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
-    key = (device, dtype, head_dim)
+def _kernel_for(device: torch.device, dtype: torch.dtype, head_dim: int, value_dim: int) -> str:
+    key = (device, dtype, head_dim, value_dim)
     kernel = _KERNEL_FOR.get(key)
     if kernel is None:
-        kernel = _KERNEL_FOR[key] = _resolve_for(device, dtype, head_dim)
+        kernel = _KERNEL_FOR[key] = _resolve_for(device, dtype, head_dim, value_dim)
     return kernel
 
 
-def _resolve_for(device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
+def _resolve_for(device: torch.device, dtype: torch.dtype, head_dim: int, value_dim: int) -> str:
     kinds = {torch.float32: DType.FP32, torch.bfloat16: DType.BF16, torch.float16: DType.FP16}
     if dtype not in kinds:
         return "explicit"
-    return resolve_kernel("auto", device, kinds[dtype], head_dim)
+    return resolve_kernel("auto", device, kinds[dtype], head_dim, value_dim)
 
 
 def make_raw(payload: RawPayload, rank: int, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -152,7 +152,7 @@ def _check_latent(model: str | None, ints: dict[str, int | None], latent: bool |
     """A latent cache's value is the first Dv of its D values: said in the words that gave them
     (the workload's own check names its fields)."""
     preset = MODELS[model] if model is not None else None
-    d = ints["head_dim"] if ints["head_dim"] is not None else (preset.head_dim if preset else None)
+    d = preset_heads(model, None, None, ints["head_dim"])[2]
     dv = ints["v_head_dim"] if ints["v_head_dim"] is not None else (preset.v_head_dim if preset else None)
     latent_given = latent is not None
     if latent is None:

@@ -128,9 +128,7 @@ class RouteIndex:
         fabric, so NICs are grouped by the switches they attach to and each group pair is
         checked once."""
         ranks = self.topo.ranks
-        if self._net is None:
-            self._net = _SwitchFabric(self)
-        net = self._net
+        net = self._fabric()
         links = self.topo.links
         switch = net.sw_out
         # NICs with a network link to or from a non-switch (a cable between two NICs) keep
@@ -155,7 +153,7 @@ class RouteIndex:
         if len(nics) < 2:
             return None
         ends = {s for key in out_groups for s in key[0]} | {t for key in in_groups for t in key[0]}
-        joined = bool(ends) and self._strongly_joined(ends)
+        joined = bool(ends) and net.strongly_joined(ends)
 
         def reaches(key_o: tuple, key_i: tuple) -> bool:
             if key_o[1] is not None and key_i[1] is not None:
@@ -183,25 +181,11 @@ class RouteIndex:
                         return a, b
         return None
 
-    def _strongly_joined(self, ends: set[str]) -> bool:
-        """Whether every switch of ``ends`` reaches every other over switch links."""
-        net = self._net
-        root = min(ends)
-        back: dict[str, list[str]] = {s: [] for s in net.sw_out}
-        for u, nxt in net.sw_out.items():
-            for v in nxt:
-                back[v].append(u)
-        for adj in (net.sw_out, back):
-            seen = {root}
-            queue = deque([root])
-            while queue:
-                for v in adj[queue.popleft()]:
-                    if v not in seen:
-                        seen.add(v)
-                        queue.append(v)
-            if not ends <= seen:
-                return False
-        return True
+    def _fabric(self) -> _SwitchFabric:
+        """The network's switch fabric, built on first use."""
+        if self._net is None:
+            self._net = _SwitchFabric(self)
+        return self._net
 
     # -- rules ------------------------------------------------------------------------------
 
@@ -258,9 +242,7 @@ class RouteIndex:
         nic_b, down = self._endpoint(db, outbound=False)
         if nic_a == nic_b:
             return up + down
-        if self._net is None:
-            self._net = _SwitchFabric(self)
-        return up + self._net.path(nic_a, nic_b) + down
+        return up + self._fabric().path(nic_a, nic_b) + down
 
     # -- pieces ---------------------------------------------------------------------------------
 
@@ -421,6 +403,21 @@ class _SwitchFabric:
             ids.append(self.sw_out[u][v])
             v = u
         return tuple(reversed(ids))
+
+    def strongly_joined(self, ends: set[str]) -> bool:
+        """Whether every switch of ``ends`` reaches every other over switch links: all are
+        reached from one of them (``_bfs_preds``) and reach it back (over ``sw_in``)."""
+        root = min(ends)
+        if not ends <= self._bfs_preds(root).keys():
+            return False
+        seen = {root}
+        queue = deque([root])
+        while queue:
+            for v in self.sw_in[queue.popleft()]:
+                if v not in seen:
+                    seen.add(v)
+                    queue.append(v)
+        return ends <= seen
 
     def _bfs_preds(self, s: str) -> dict[str, list[str]]:
         """Breadth-first search over switches from ``s``: for each reached switch, its
