@@ -239,3 +239,12 @@ def test_a_workload_file_of_one_model_takes_its_lengths_and_preset_from_flags(tm
     assert res.exit_code == 2 and res.stderr == f"error: {kimi}: give seq_len (tokens in all), e.g. seq_len: 128K\n"
     res = run_cli("plan", "-t", "dgx-h100", "--workload", str(sized), "-o", str(out), "--no-progress")
     assert res.exit_code == 2 and "give a model preset or both q_heads" in res.stderr, res.stderr
+
+
+def test_compare_json_carries_the_shape_its_text_names():
+    res = run_cli("compare", "-t", "dgx-h100", "-m", "deepseek-v3", "--seq-lens", "8K", "--no-progress", "--json")
+    assert res.exit_code == 0, res.stderr
+    shape = json.loads(res.stdout)["workload"]
+    assert (shape["q_heads"], shape["head_dim"], shape["v_head_dim"], shape["kv_latent"], shape["layers"]) == (
+        128, 576, 512, True, 61)
+    assert "seq_len" not in shape and "split" not in shape

@@ -537,13 +537,16 @@ def compare_cmd(
         write_csv(rows, csv)
     if png is not None:
         plot_speedup(rows, png)
+    shape = make(topos[0].num_ranks, lens[0])
     if json_out:
-        _echo_json({"rows": [r.to_dict() for r in rows], "csv": None if csv is None else str(csv),
+        # The shape the rows share: what the text's "workload:" line says (length and ranks are the rows').
+        common = {k: v for k, v in shape.to_dict().items() if k not in ("seq_len", "split", "ranks")}
+        _echo_json({"workload": common, "rows": [r.to_dict() for r in rows], "csv": None if csv is None else str(csv),
                     "png": None if png is None else str(png),
                     "left_out": [{"topology": t, "seq_len": n, "why": why} for (t, n), why in unfit.items()],
                     "link_rates_notes": {t.name: note for t in topos if (note := link_rates_note(t))}})
         return
-    _compare_tables(rows, result, ring, _shape(make(topos[0].num_ranks, lens[0])))
+    _compare_tables(rows, result, ring, _shape(shape))
     con = console()
     for why in unfit.values():
         con.print(f"left out, the KV cache does not fit: {why}", markup=False)
