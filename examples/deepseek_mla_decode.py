@@ -56,9 +56,13 @@ def rank_main(rank: int, world: int, port: int) -> None:
     out = torch.einsum("bhl,hlv->bhv", o.double(), x["w_uv"])           # the value up-projection, after the merge
     exact = per_head_attention(x)
     err = ((out - exact).abs().max() / exact.abs().max()).item()
+    lines = [None] * world if rank == 0 else None  # rank 0 prints every rank's line, in rank order
+    dist.gather_object(f"rank {rank}: {plan.algorithm}, partial {o.shape[-1]} + 1 values a head, "
+                       f"max relative error {err:.1e}", lines, dst=0)
     merge.synchronize()  # every call's communication done, before leaving the group
     dist.destroy_process_group()
-    print(f"rank {rank}: {plan.algorithm}, partial {o.shape[-1]} + 1 values a head, max relative error {err:.1e}")
+    if rank == 0:
+        print("\n".join(lines), flush=True)
 
 
 def free_port() -> int:

@@ -20,9 +20,13 @@ def rank_main(rank: int, world: int, port: int) -> None:
     mine = slice(rank * 1024, (rank + 1) * 1024)         # this rank's quarter of the sequence
     o, lse = merge(*treeattn.attention_partial(q, k[:, :, mine], v[:, :, mine]))
     exact, _ = treeattn.attention_partial(q, k, v)       # one process over every token, to compare
-    print(f"rank {rank}: {plan.algorithm}, max |error| {(o - exact).abs().max().item():.1e}")
+    err = (o - exact).abs().max().item()
+    lines = [None] * world if rank == 0 else None        # rank 0 prints every rank's line, in rank order
+    dist.gather_object(f"rank {rank}: {plan.algorithm}, max |error| {err:.1e}", lines, dst=0)
     merge.synchronize()                                  # at shutdown: every call's communication done
     dist.destroy_process_group()
+    if rank == 0:
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":
