@@ -109,7 +109,7 @@ def test_corrupt_and_invalid_plans_are_refused_before_launch(tmp_path, monkeypat
     assert res.exit_code == 2 and "Traceback" not in res.stderr, res.stderr
 
 
-@pytest.mark.parametrize("timeout", ["inf", "1e14"])
+@pytest.mark.parametrize("timeout", ["inf", "1e14", "8.64e13"])
 def test_a_timeout_no_deadline_can_hold_is_refused_before_launch(tmp_path, monkeypatch, timeout):
     # Before, each rank failed on it (OverflowError) after the ranks had started.
     def no_launch(*args, **kwargs):

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 import treeattn
+from treeattn.exec.comm import LONGEST_TIMEOUT_S
 from treeattn.exec.launch import free_port
 
 
@@ -21,14 +22,24 @@ def gloo_world_of_one():
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("timeout_s", [float("inf"), 1e300])
+@pytest.mark.parametrize("timeout_s", [float("inf"), 1e300, datetime.timedelta.max.total_seconds()])
 def test_a_timeout_past_any_deadline_is_refused_by_name(gloo_world_of_one, timeout_s):
     with pytest.raises(ValueError, match=r"^timeout_s must be at most 8\.64e\+13 seconds, got "):
         treeattn.Merger(gloo_world_of_one, timeout_s=timeout_s)
 
 
-def test_a_long_timeout_still_merges(gloo_world_of_one):
-    merge = treeattn.Merger(gloo_world_of_one, timeout_s=1e9)
+@pytest.mark.parametrize("timeout_s", [1e9, LONGEST_TIMEOUT_S])
+def test_a_long_timeout_still_merges(gloo_world_of_one, timeout_s):
+    merge = treeattn.Merger(gloo_world_of_one, timeout_s=timeout_s)
     o, lse = torch.randn(1, 32, 64), torch.randn(1, 32)
     out, out_lse = merge(o, lse)
     assert torch.equal(out, o) and torch.equal(out_lse, lse)
+
+
+@pytest.mark.parametrize(("timeout_s", "watchdog_s"), [(7.0, 14.0), (LONGEST_TIMEOUT_S, LONGEST_TIMEOUT_S)])
+def test_the_pair_communicators_watchdog_outlasts_the_mergers_own_deadline(gloo_world_of_one, timeout_s, watchdog_s):
+    # NCCL's watchdog counts from enqueue and takes the process down: with the Merger's own
+    # timeout it would end a rank before a later call's ExecutionError named the operation.
+    merge = treeattn.Merger(gloo_world_of_one, timeout_s=timeout_s)
+    assert merge._comm.watchdog == datetime.timedelta(seconds=watchdog_s)
+    assert merge._comm.op_timeout == datetime.timedelta(seconds=timeout_s)

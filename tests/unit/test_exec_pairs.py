@@ -6,6 +6,8 @@ put back afterwards. torch's group creation and NCCL calls are replaced by recor
 
 from __future__ import annotations
 
+import datetime
+
 import torch
 import torch.distributed as dist
 
@@ -72,3 +74,15 @@ def test_pairs_made_under_an_earlier_default_group_are_not_reused(monkeypatch):
     now[0] = worlds[1]
     comm.open_pairs({(0, 1)})
     assert made == [[0, 1], [0, 1]]
+
+
+def test_pairs_take_the_watchdog_timeout_given_else_the_set_up_deadline(monkeypatch):
+    timeouts: list[object] = []
+    monkeypatch.setattr(dist.distributed_c10d, "_get_default_group", lambda: _Default(None))
+    monkeypatch.setattr(dist, "new_group", lambda ranks, **kw: timeouts.append(kw["timeout"]) or object())
+    monkeypatch.setattr(dist, "P2POp", lambda *a, **kw: None)
+    monkeypatch.setattr(dist, "batch_isend_irecv", lambda ops: [_Work()])
+    for watchdog_s in (9.0, None):
+        monkeypatch.setattr(comm_module, "_PAIRS", {})
+        Comm(0, 2, "nccl", torch.device("cpu"), 1.0, 3.0, watchdog_s=watchdog_s).open_pairs({(0, 1)})
+    assert timeouts == [datetime.timedelta(seconds=9), datetime.timedelta(seconds=3)]

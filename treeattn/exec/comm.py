@@ -84,9 +84,10 @@ Comms on one group (two Mergers) never reuse a tag the other still has in flight
 _SPIN_S = 0.001
 """How long before an agreed start instant a rank stops sleeping and yields until it."""
 
-LONGEST_TIMEOUT_S = datetime.timedelta.max.total_seconds()
-"""The longest set-up or operation timeout a Comm takes (seconds): its deadlines are timedeltas,
-which a larger one (inf, 'no timeout', included) overflows."""
+LONGEST_TIMEOUT_S = float(datetime.timedelta.max.days * 86400)
+"""The longest set-up or operation timeout a Comm takes (seconds), 999,999,999 days: its
+deadlines are timedeltas, which a larger one (inf, 'no timeout', included) overflows
+(``timedelta.max.total_seconds()`` itself rounds up to one that does)."""
 CALLS_AHEAD = 3
 """How many earlier calls (``Comm.calls``) the device may not have finished when a call starts
 without the call waiting (more: it waits for the oldest). When the host has to wait, the
@@ -193,7 +194,8 @@ class Comm:
     """This rank's view of the process group: tagged p2p, collectives and barriers with deadlines."""
 
     def __init__(self, rank: int, world: int, backend: str, device: torch.device,
-                 op_timeout_s: float, setup_timeout_s: float, group: dist.ProcessGroup | None = None) -> None:
+                 op_timeout_s: float, setup_timeout_s: float, group: dist.ProcessGroup | None = None,
+                 watchdog_s: float | None = None) -> None:
         self.rank = rank
         """This process's rank in ``group``."""
         self.world = world
@@ -203,6 +205,12 @@ class Comm:
         """The process group (None: the world)."""
         self.op_timeout = datetime.timedelta(seconds=op_timeout_s)
         self.setup_timeout = datetime.timedelta(seconds=setup_timeout_s)
+        self.watchdog = datetime.timedelta(seconds=setup_timeout_s if watchdog_s is None else watchdog_s)
+        """The NCCL watchdog timeout of the pair communicators ``open_pairs`` creates (default: the
+        set-up deadline). The watchdog counts from each operation's enqueue and, by torch's
+        default, takes the process down: a caller whose deadlines count from later (a Merger's,
+        from a call first seeing an earlier one unfinished) gives a longer one, so that its own
+        error is the one raised."""
         self._key = id(group) if group is not None else 0
         self.board: HostBoard | None = None
         """Where ``release`` meets when every rank shares this host (``open_board``)."""
@@ -274,7 +282,7 @@ class Comm:
         """NCCL: a communicator for each pair of group ranks in ``pairs`` that this rank is in
         (each pair calls it; others are left alone). Every rank must pass the same pairs: they
         are created in one order (a local synchronisation per pair, deadlock-free in that
-        order), once per process, each with the set-up deadline as its watchdog timeout, and
+        order), once per process, each with ``watchdog`` as its watchdog timeout, and
         used once at once (one element each way) so that no communicator is set up lazily in
         the middle of a step, where a pair's rendezvous could wait on a message not yet posted."""
         if self.backend != "nccl":
@@ -289,10 +297,10 @@ class Comm:
                 continue
             with _members_only():
                 try:
-                    group = dist.new_group(list(key), timeout=self.setup_timeout, use_local_synchronization=True,
+                    group = dist.new_group(list(key), timeout=self.watchdog, use_local_synchronization=True,
                                            device_id=self.device)
                 except TypeError:  # torch without eager initialisation of subgroups
-                    group = dist.new_group(list(key), timeout=self.setup_timeout, use_local_synchronization=True)
+                    group = dist.new_group(list(key), timeout=self.watchdog, use_local_synchronization=True)
             _PAIRS[key] = group
             peer = b if self.rank == a else a
             out, back = torch.zeros(1, device=self.device), torch.empty(1, device=self.device)

@@ -18,8 +18,9 @@ has finished, and raises ``ExecutionError`` for one the device has not finished 
 (3) earlier calls are unfinished does it wait for the oldest (``treeattn.exec.deadline``).
 So a dead or hung peer is reported by a later call within about ``timeout_s``, as long as
 the model keeps calling; a host that itself waits on the device (say, to read a sampled
-token) is stopped only by the process group's watchdog, which watches eager NCCL work, not
-a CUDA graph's.
+token) is stopped only by the NCCL watchdog of the communicator the operation runs on (the
+Merger's pair communicators': ``WATCHDOG_FACTOR`` x ``timeout_s``; a collective's: the
+group's), which watches eager NCCL work, not a CUDA graph's.
 
 A Merger may be called inside the caller's CUDA graph capture (a whole decode step captured,
 as vLLM and SGLang do): such a call runs the program eagerly into the caller's graph, and
@@ -63,6 +64,11 @@ from treeattn.workload import Workload
 __all__ = ["Merger", "DEFAULT_TIMEOUT_S"]
 
 DEFAULT_TIMEOUT_S = 30.0
+WATCHDOG_FACTOR = 2.0
+"""The pair communicators' NCCL watchdog timeout over ``timeout_s``: the watchdog counts from an
+operation's enqueue, the Merger's deadline from a later call first seeing it unfinished, and by
+torch's default the watchdog takes the process down; with the same timeout it would end the
+process before the Merger's ``ExecutionError`` named the operation."""
 """How long a rank waits for one of its messages or collectives before it raises (gloo)."""
 
 
@@ -209,7 +215,7 @@ class Merger:
         with torch.inference_mode(False), torch.no_grad():
             self._partial = torch.empty(w.rows, w.value_dim + 1, dtype=torch.float32, device=self.device)
             self._comm = Comm(self.rank, size, "nccl" if backend == "nccl" else "gloo", self.device, timeout_s,
-                              timeout_s, group=group)
+                              timeout_s, group=group, watchdog_s=min(WATCHDOG_FACTOR * timeout_s, LONGEST_TIMEOUT_S))
             self._check_same_plan(plan)
             self._exec = PlanExecutor(plan, self._comm, RankInputs(partial=self._partial), timed=False)
             self.wire_dtype = torch_dtype(w.partial_dtype)
