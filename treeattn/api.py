@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from treeattn.topology.library import (
     resolve_recorded,
 )
 from treeattn.topology.model import Topology
-from treeattn.workload import ModelPreset, Payload, RawPayload, Workload, check_model
+from treeattn.workload import ModelPreset, Payload, RawPayload, Workload, check_model, latent_value_note
 
 __all__ = ["load_plan", "save_plan", "search_plan", "build_plan", "named_plan"]
 
@@ -293,8 +294,12 @@ def _workload(topo: Topology, workload_or_model: Payload | ModelPreset | str, ba
     if batch is None or seq_len is None:
         raise InputError(f"{fn} with a model needs batch= and seq_len=")
     # The CLI's and workload files' own reader: "128K" reads as there, and a bad value is refused alike.
-    return workload_from_dict({"model": name, "batch": batch, "seq_len": seq_len, **shape},
-                              ranks=topo.num_ranks, where=fn)
+    workload = workload_from_dict({"model": name, "batch": batch, "seq_len": seq_len, **shape},
+                                  ranks=topo.num_ranks, where=fn)
+    note = latent_value_note(workload)
+    if note:
+        warnings.warn(note, stacklevel=3)
+    return workload
 
 
 def _sourced(plan: Plan, topology: str | Topology, topo: Topology) -> Plan:

@@ -21,7 +21,7 @@ from treeattn.errors import InputError, WorkloadError
 from treeattn.units import DType, check_bytes, counted
 
 __all__ = ["ModelPreset", "MODELS", "ReduceOp", "Workload", "RawPayload", "Payload", "check_model", "check_split",
-           "even_split", "preset_heads"]
+           "even_split", "latent_value_note", "preset_heads"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +70,19 @@ def check_model(model: object, where: str = "") -> None:
     if not isinstance(model, str) or model not in MODELS:
         raise WorkloadError(f"{where + ': ' if where else ''}unknown model {model!r}; choose one of "
                             f"{', '.join(sorted(MODELS))}")
+
+
+def latent_value_note(w: Payload) -> str | None:
+    """What to say where ``w`` takes an MLA preset's latent cache with another value dim than
+    the preset's (config.json's ``v_head_dim``, 128 for DeepSeek-V3, is the value a head has
+    after the up-projection; the absorbed decode merges ``kv_lora_rank`` values, 512); None
+    elsewhere."""
+    preset = MODELS.get(w.model) if isinstance(w, Workload) and w.model else None
+    if preset is None or not (preset.kv_latent and w.kv_latent) or w.value_dim == preset.v_head_dim:
+        return None
+    return (f"{preset.name}'s absorbed decode merges the first {preset.v_head_dim} values of its latent a head "
+            f"(kv_lora_rank); v_head_dim {w.value_dim} merges {w.value_dim}. config.json's v_head_dim is a head's "
+            "value after the up-projection, which comes after the merge")
 
 
 def preset_heads(model: str | None, q_heads: int | None, kv_heads: int | None,

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+import treeattn
 from tests.cli_helpers import run_cli
 from treeattn.errors import WorkloadError
 from treeattn.workload import MODELS, Workload
@@ -248,3 +249,22 @@ def test_compare_json_carries_the_shape_its_text_names():
     assert (shape["q_heads"], shape["head_dim"], shape["v_head_dim"], shape["kv_latent"], shape["layers"]) == (
         128, 576, 512, True, 61)
     assert "seq_len" not in shape and "split" not in shape
+
+
+def test_config_jsons_v_head_dim_on_a_latent_preset_is_warned_about(tmp_path):
+    # DeepSeek-V3's config.json says v_head_dim: 128, the value a head has after the
+    # up-projection; its absorbed decode merges the latent's 512 (kv_lora_rank).
+    note = "warning: deepseek-v3's absorbed decode merges the first 512 values of its latent a head (kv_lora_rank)"
+    res = run_cli("plan", "-t", "dgx-h100", "-m", "deepseek-v3", "--v-head-dim", "128", "-n", "8K",
+                  "-o", str(tmp_path / "p.yaml"), "--no-progress")
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr.count(note) == 1, res.stderr
+    res = run_cli("compare", "-t", "dgx-h100", "-m", "deepseek-v3", "--v-head-dim", "128", "--seq-lens", "8K,16K",
+                  "--no-progress", "--json")
+    assert res.exit_code == 0 and res.stderr.count(note) == 1, res.stderr
+    for args in (["--v-head-dim", "512"], ["--v-head-dim", "128", "--no-kv-latent"], []):
+        res = run_cli("plan", "-t", "dgx-h100", "-m", "deepseek-v3", "-n", "8K", *args,
+                      "-o", str(tmp_path / "q.yaml"), "--no-progress")
+        assert res.exit_code == 0 and "warning" not in res.stderr, (args, res.stderr)
+    with pytest.warns(UserWarning, match=r"v_head_dim 128 merges 128\. config\.json's v_head_dim"):
+        treeattn.search_plan("dgx-h100", "deepseek-v3", batch=1, seq_len=8192, v_head_dim=128)

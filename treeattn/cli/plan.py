@@ -40,7 +40,7 @@ from treeattn.cli.options import (
 )
 from treeattn.cli.paths import OUT_PATH, output_file, safe_name
 from treeattn.cli.progress import progress_reporter
-from treeattn.cli.render import console, key_columns, print_rates_note, warn_topology
+from treeattn.cli.render import console, key_columns, print_rates_note, warn_payload, warn_topology
 from treeattn.cost.library import link_rates_note
 from treeattn.cost.memory import DEFAULT_MEM_FRACTION
 from treeattn.errors import InputError
@@ -238,6 +238,7 @@ def plan_cmd(
                            kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_head_dim, kv_latent=kv_latent,
                            batch=batch, seq_len=seq_len, split=split,
                            kv_dtype=kv_dtype, partial_dtype=partial_dtype, layers=layers, nbytes=nbytes, op=op)
+    warn_payload(payload)
     alg_flags = {"--root": root, "--fanout": fanout, "--chunks": chunks, "--groups": groups,
                  "--group-size": group_size, "--order": order,
                  "--parents": parents, "--roots": roots, "--trees": trees, "--shape": shape, "--intra": intra,
@@ -518,6 +519,8 @@ def compare_cmd(
     unfit: dict[tuple[str, int], str] = {}  # (topology, N) whose KV cache alone no device holds
     for t in topos:  # fail on a bad shape, layout or memory before the long part
         w = make(t.num_ranks, lens[0])
+        if t is topos[0]:
+            warn_payload(w)
         layout, root = parse_result(result, t.num_ranks, on=t.name)
         for n in lens:
             try:

@@ -58,6 +58,16 @@ def warn_topology(topo: Any) -> None:
         typer.echo(f"warning: {text}", err=True)
 
 
+def warn_payload(payload: Any) -> None:
+    """Say on stderr where ``payload`` (a Payload) departs from its model preset in a way a
+    config.json invites (``treeattn.workload.latent_value_note``)."""
+    from treeattn.workload import latent_value_note
+
+    note = latent_value_note(payload)
+    if note:
+        typer.echo(f"warning: {note}", err=True)
+
+
 def key_columns(table: Table, n: int) -> Table:
     """Mark the first ``n`` columns of ``table`` as the ones that identify a row (repeated
     in every part when the table is split); returns the table."""
