@@ -109,7 +109,7 @@ def test_corrupt_and_invalid_plans_are_refused_before_launch(tmp_path, monkeypat
     assert res.exit_code == 2 and "Traceback" not in res.stderr, res.stderr
 
 
-@pytest.mark.parametrize("timeout", ["inf", "1e14", "8.64e13"])
+@pytest.mark.parametrize("timeout", ["inf", "1e14", "1e10"])
 def test_a_timeout_no_deadline_can_hold_is_refused_before_launch(tmp_path, monkeypatch, timeout):
     # Before, each rank failed on it (OverflowError) after the ranks had started.
     def no_launch(*args, **kwargs):
@@ -119,7 +119,7 @@ def test_a_timeout_no_deadline_can_hold_is_refused_before_launch(tmp_path, monke
     path = plan_file(tmp_path, build("star", W2, resolve("cpu:ranks=2")))
     res = run_cli("run", str(path), "--timeout", timeout, "--out", str(tmp_path / "r.csv"))
     assert res.exit_code == 2, res.stderr
-    assert f"error: timeout must be > 0 and at most 8.64e+13 seconds, got {float(timeout)}" in res.stderr
+    assert f"error: timeout must be > 0 and at most 1e+09 seconds, got {float(timeout)}" in res.stderr
 
 
 @pytest.mark.parametrize("flag", ["--repeats", "--warmup"])

@@ -22,15 +22,14 @@ def gloo_world_of_one():
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("timeout_s", [float("inf"), 1e300, datetime.timedelta.max.total_seconds()])
+@pytest.mark.parametrize("timeout_s", [float("inf"), 1e300, datetime.timedelta.max.total_seconds(), 1e10])
 def test_a_timeout_past_any_deadline_is_refused_by_name(gloo_world_of_one, timeout_s):
-    with pytest.raises(ValueError, match=r"^timeout_s must be at most 8\.64e\+13 seconds, got "):
+    with pytest.raises(ValueError, match=r"^timeout_s must be at most 1e\+09 seconds, got "):
         treeattn.Merger(gloo_world_of_one, timeout_s=timeout_s)
 
 
-@pytest.mark.parametrize("timeout_s", [1e9, LONGEST_TIMEOUT_S])
-def test_a_long_timeout_still_merges(gloo_world_of_one, timeout_s):
-    merge = treeattn.Merger(gloo_world_of_one, timeout_s=timeout_s)
+def test_the_longest_timeout_still_merges(gloo_world_of_one):
+    merge = treeattn.Merger(gloo_world_of_one, timeout_s=LONGEST_TIMEOUT_S)
     o, lse = torch.randn(1, 32, 64), torch.randn(1, 32)
     out, out_lse = merge(o, lse)
     assert torch.equal(out, o) and torch.equal(out_lse, lse)

@@ -84,10 +84,11 @@ Comms on one group (two Mergers) never reuse a tag the other still has in flight
 _SPIN_S = 0.001
 """How long before an agreed start instant a rank stops sleeping and yields until it."""
 
-LONGEST_TIMEOUT_S = float(datetime.timedelta.max.days * 86400)
-"""The longest set-up or operation timeout a Comm takes (seconds), 999,999,999 days: its
-deadlines are timedeltas, which a larger one (inf, 'no timeout', included) overflows
-(``timedelta.max.total_seconds()`` itself rounds up to one that does)."""
+LONGEST_TIMEOUT_S = 1e9
+"""The longest set-up or operation timeout a Comm takes (seconds; 31 years): torch's C++ adds a
+timeout to a clock in int64 nanoseconds, which about 9.2e9 s overflows (gloo's waits then time
+out at once or hang: measured from 9e9 s on), and a timedelta holds no more than 8.6e13 s;
+inf ('no timeout') included."""
 CALLS_AHEAD = 3
 """How many earlier calls (``Comm.calls``) the device may not have finished when a call starts
 without the call waiting (more: it waits for the oldest). When the host has to wait, the
