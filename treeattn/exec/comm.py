@@ -236,9 +236,16 @@ class Comm:
         return event
 
     def origin(self) -> tuple[float, Mark]:
-        """The host clock and a mark taken together, when the device is idle: what ``seconds``
-        counts from (the mark runs as soon as it is recorded, so it is that host instant)."""
-        return time.perf_counter(), self.mark()
+        """A mark and the host clock at it: what ``seconds`` counts from. On CUDA the host reads
+        its clock once the device has passed the mark, which it reaches microseconds after
+        the host records it (a clock read before the record would count every later mark that
+        much early); inside a CUDA graph capture, where nothing may wait, before the record
+        (a replay takes its own origin)."""
+        if not self.cuda or torch.cuda.is_current_stream_capturing():
+            return time.perf_counter(), self.mark()
+        mark = self.mark()
+        mark.synchronize()
+        return time.perf_counter(), mark
 
     def seconds(self, mark: Mark, origin: tuple[float, Mark]) -> float:
         """``mark`` in host-clock seconds (the device must have passed it: ``settle``)."""
