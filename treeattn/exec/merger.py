@@ -64,12 +64,13 @@ from treeattn.workload import Workload
 __all__ = ["Merger", "DEFAULT_TIMEOUT_S"]
 
 DEFAULT_TIMEOUT_S = 30.0
+"""How long a rank waits for one of its messages or collectives before it raises (gloo; on NCCL,
+how long a call's communication may stay unfinished once a later call sees it: module docstring)."""
 WATCHDOG_FACTOR = 2.0
 """The pair communicators' NCCL watchdog timeout over ``timeout_s``: the watchdog counts from an
 operation's enqueue, the Merger's deadline from a later call first seeing it unfinished, and by
 torch's default the watchdog takes the process down; with the same timeout it would end the
 process before the Merger's ``ExecutionError`` named the operation."""
-"""How long a rank waits for one of its messages or collectives before it raises (gloo)."""
 
 
 def _usable_device(device: torch.device | str, backend: str) -> torch.device:
