@@ -13,7 +13,7 @@ from tests.cli_helpers import run_cli
 from treeattn.calibrate.apply_fit import ClassParams, FittedParams, apply_fit
 from treeattn.calibrate.from_nccl_tests import calibrate_from_nccl_tests, half_split
 from treeattn.calibrate.nccl_tests import calibrate_from_log, log_run, parse_nccl_tests, read_nccl_tests
-from treeattn.cost import nccl
+from treeattn.cost import nccl, nccl_fabric, nccl_rates
 from treeattn.cost.bounds import CutModel
 from treeattn.cost.library import LibraryModel
 from treeattn.errors import InputError, ProbeError
@@ -30,7 +30,7 @@ GEFORCE = load_topology_text(
 
 
 def test_one_node_log_sets_the_nvlink_class():
-    from treeattn.cost.nccl import pair_rate_gbps
+    from treeattn.cost.nccl_rates import pair_rate_gbps
 
     cf = calibrate_from_log(read_nccl_tests(ONE))
     result = calibrate_from_nccl_tests(DGX4, [ONE])
@@ -92,14 +92,14 @@ def test_nccls_collective_model_reads_the_hardware_ratings_a_calibration_keeps(t
     assert topo.route_bw_gbps(0, 8) == pytest.approx(calibrate_from_log(read_nccl_tests(FOUR)).beta_link_gbps / 8)
     # ... at the NCCL release the log printed, which the calibrated topology names
     same = dataclasses.replace(DGX4, cost=dataclasses.replace(DGX4.cost, nccl_version="2.26.2"))
-    assert nccl.fabric(topo) == nccl.fabric(same)
+    assert nccl_fabric.fabric(topo) == nccl_fabric.fabric(same)
     assert nccl.pick(topo, "all_reduce", 1 << 30) == nccl.pick(same, "all_reduce", 1 << 30)
     rated = topo.rated
     assert rated.cost.link_rates == "datasheet" and rated.route_bw_gbps(0, 8) == DGX4.route_bw_gbps(0, 8)
     assert rated.route_latency_us(0, 8) == DGX4.route_latency_us(0, 8)
     # Calibrated again, a link keeps the first rating (the hardware's), not the first fit.
     again = calibrate_from_nccl_tests(topo, [FOUR]).topology
-    assert nccl.fabric(again) == nccl.fabric(same)
+    assert nccl_fabric.fabric(again) == nccl_fabric.fabric(same)
     # ... is named once (not dgx-h100-nodes4-calibrated-calibrated), and the same logs again
     # are listed once.
     assert again.name == topo.name == "dgx-h100-nodes4-calibrated"
@@ -124,7 +124,7 @@ def test_a_shared_memory_log_leaves_the_routes_to_other_nodes_alone(tmp_path):
     net = ClassParams(tuple((ln.kind.value, ln.bw_gbps) for ln in GEFORCE.route_links(0, 4)), 10.0, 20.0)
     both, _ = apply_fit(result.topology, FittedParams((net,), landed_by_copy=False))
     assert both.cost.link_rates == "measured"
-    assert nccl.shm_pair_gbps(both, 0, 1) == nccl.fabric(both).shm_gbps == result.topology.cost.shm_gbps
+    assert nccl_rates.shm_pair_gbps(both, 0, 1) == nccl_fabric.fabric(both).shm_gbps == result.topology.cost.shm_gbps
 
 
 def test_a_calibration_of_other_routes_leaves_the_shared_memory_rate_alone():
@@ -135,7 +135,7 @@ def test_a_calibration_of_other_routes_leaves_the_shared_memory_rate_alone():
     net = ClassParams(tuple((ln.kind.value, ln.bw_gbps) for ln in geforce.route_links(0, 4)), 10.0, 20.0)
     fitted, _ = apply_fit(geforce, FittedParams((net,), landed_by_copy=False))
     assert any(ln.rated_gbps is not None for ln in fitted.route_links(0, 1))
-    assert nccl.fabric(fitted).shm_gbps == nccl.fabric(geforce).shm_gbps == nccl.SHM_GBPS
+    assert nccl_fabric.fabric(fitted).shm_gbps == nccl_fabric.fabric(geforce).shm_gbps == nccl_rates.SHM_GBPS
 
 
 def test_a_topology_measured_without_ratings_gets_none_invented():
@@ -152,7 +152,7 @@ def test_a_topology_measured_without_ratings_gets_none_invented():
 
 def test_a_calibrated_shared_memory_hop_keeps_its_measured_rate(tmp_path):
     # GeForce cards have no peer-to-peer: NCCL copies through host memory at a rate the host
-    # sets (nccl.SHM_GBPS when unknown). Calibrated from kalavai's 2 x RTX 4090 log (the
+    # sets (nccl_rates.SHM_GBPS when unknown). Calibrated from kalavai's 2 x RTX 4090 log (the
     # corpus's k8s-2gpu table), NCCL's model takes the measured rate for that hop, and the
     # hardware's ratings for everything else.
     text = (Path(__file__).parents[2] / "results" / "published" / "kalavai-rtx4090.txt").read_text().splitlines()
@@ -161,22 +161,22 @@ def test_a_calibrated_shared_memory_hop_keeps_its_measured_rate(tmp_path):
     family = resolve("rtx4090:gpus=2")
     result = calibrate_from_nccl_tests(family, [log])
     (lf,) = result.logs
-    fab = nccl.fabric(result.topology)
-    assert nccl.fabric(family).shm_gbps == nccl.SHM_GBPS
-    assert fab.shm_gbps == pytest.approx(lf.beta_gbps) != pytest.approx(nccl.SHM_GBPS, rel=0.1)
-    assert dataclasses.replace(fab, shm_gbps=nccl.SHM_GBPS) == nccl.fabric(family)
+    fab = nccl_fabric.fabric(result.topology)
+    assert nccl_fabric.fabric(family).shm_gbps == nccl_rates.SHM_GBPS
+    assert fab.shm_gbps == pytest.approx(lf.beta_gbps) != pytest.approx(nccl_rates.SHM_GBPS, rel=0.1)
+    assert dataclasses.replace(fab, shm_gbps=nccl_rates.SHM_GBPS) == nccl_fabric.fabric(family)
     assert result.topology.cost.shm_gbps == pytest.approx(lf.fit.beta_link_gbps)
     # The rate is the host's, not the links': they keep their figures (calibration changes
     # links by kind and rate, so the PCIe links to the NICs would have moved too), and the
     # simulator's transfers between the two GPUs move at it.
     assert lf.shm and result.topology.links == family.links and result.topology.cost.link_rates == "datasheet"
-    assert nccl.shm_pair_gbps(result.topology, 0, 1) == pytest.approx(lf.fit.beta_link_gbps)
+    assert nccl_rates.shm_pair_gbps(result.topology, 0, 1) == pytest.approx(lf.fit.beta_link_gbps)
     # Written by hand (a tuned host), it reaches NCCL's model and the simulator's pairs alike,
     # and survives the YAML.
     hand = dataclasses.replace(family, cost=dataclasses.replace(family.cost, shm_gbps=12.5))
     back = load_topology_text(dump_topology(hand))
     assert back.fingerprint == hand.fingerprint != family.fingerprint
-    assert nccl.fabric(back).shm_gbps == nccl.shm_pair_gbps(back, 0, 1) == 12.5
+    assert nccl_fabric.fabric(back).shm_gbps == nccl_rates.shm_pair_gbps(back, 0, 1) == 12.5
 
 
 def test_mi300x_bus_bandwidth_is_spread_over_seven_links(tmp_path):
@@ -342,7 +342,7 @@ def test_the_collective_comes_from_the_line_newer_nccl_tests_print_first():
 def test_links_a_log_does_not_fit_keep_the_rate_a_transfer_reached_on_them(tmp_path):
     # A network log fits the InfiniBand ports; a measured topology's rates are read as they are,
     # so the NVLink links it never measured must not jump from NCCL's 370.8 to the datasheet 450.
-    from treeattn.cost.nccl import transfer_gbps
+    from treeattn.cost.nccl_rates import transfer_gbps
 
     out = tmp_path / "cal.yaml"
     res = run_cli("calibrate", "--from-nccl-tests", str(FOUR), "-t", "dgx-h100:nodes=4", "--out", str(out))
@@ -397,7 +397,7 @@ def test_nccls_channels_cap_sends_over_links_no_log_fitted(tmp_path):
 
 def test_gpus_without_peer_to_peer_keep_nccls_shared_memory_cap_once_rates_are_measured():
     from treeattn.calibrate.apply_fit import ClassParams, FittedParams, apply_fit
-    from treeattn.cost.nccl import SHM_GBPS, shm_pair_gbps
+    from treeattn.cost.nccl_rates import SHM_GBPS, shm_pair_gbps
     from treeattn.topology.io import load_topology_text
 
     box = load_topology_text("name: box\nnode:\n  gpus: {count: 4, model: RTX-4090, mem_bw_gbps: 1000, mem_gb: 24, "

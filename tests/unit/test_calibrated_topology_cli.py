@@ -33,7 +33,7 @@ def test_topo_show_gives_measured_and_rated_figures(mine):
     # PCIe is not measured: it keeps the rate a transfer reached on it at datasheet rates (NCCL's
     # rating of the link), a measured topology's rates being read as they are, and the datasheet
     # figure as its rating.
-    from treeattn.cost.nccl import transfer_gbps
+    from treeattn.cost.nccl_rates import transfer_gbps
     from treeattn.topology.library import resolve
 
     family = resolve("dgx-h100")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.test_cost_helpers import cluster_topo, switch_topo
-from treeattn.cost import gloo, nccl
+from treeattn.cost import gloo, nccl, nccl_fabric
 from treeattn.cost.bounds import CutModel
 from treeattn.cost.compute import ComputeModel
 from treeattn.cost.library import alltoall_us
@@ -92,7 +92,7 @@ def test_host_collectives_in_a_plan_are_simulated_gloo_schedules():
 def test_ring_over_bounced_pcie_shares_the_switch_uplink():
     # RTX 4090 x 8: no peer-to-peer, so every ring flow goes up to its CPU and down again;
     # the four GPUs under one switch send four flows up its 25 GB/s uplink.
-    fab = nccl.fabric(resolve("rtx4090-8"))
+    fab = nccl_fabric.fabric(resolve("rtx4090-8"))
     assert fab.intra_bw_gbps == pytest.approx(25.0 / 4)
     assert "n0.pcie0->n0.cpu0" in fab.limit and "4 of its flows" in fab.limit
     # the chain of NCCL's tree runs up and down at once: 7 flows up that uplink, and NCCL's
@@ -106,17 +106,17 @@ def test_ring_over_bounced_pcie_shares_the_switch_uplink():
 
 def test_narrow_uplink_caps_the_ring_even_unshared():
     # emu-pcie-tree: the 0.0125 GB/s switch uplinks are narrower than a rank's own port.
-    fab = nccl.fabric(resolve("emu-pcie-tree"))
+    fab = nccl_fabric.fabric(resolve("emu-pcie-tree"))
     assert fab.intra_bw_gbps == pytest.approx(0.0125)
 
 
 def test_nvlink_and_rail_fabrics_keep_nccls_own_figures():
-    fab = nccl.fabric(cluster_topo(4, 8, nvl_bw=450.0, net_bw=50.0))
+    fab = nccl_fabric.fabric(cluster_topo(4, 8, nvl_bw=450.0, net_bw=50.0))
     assert fab.intra_bw_gbps == pytest.approx(450 * 20.6 / 25)
     assert fab.inter_bw_gbps == pytest.approx(8 * 50.0)
     assert fab.limit == ""
     # GB200 NVL72: machines joined by NVLink cross over the fabric, not the NICs
-    nvl = nccl.fabric(resolve("gb200-nvl72"))
+    nvl = nccl_fabric.fabric(resolve("gb200-nvl72"))
     assert nvl.inter_bw_gbps > nvl.intra_bw_gbps
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from treeattn.cost import msccl, nccl
+from treeattn.cost import msccl, nccl, nccl_env, nccl_fabric, nccl_tuning
 from treeattn.topology.library import resolve
 
 XGMI = 64.0 * 0.75  # NCCL's rating of one MI300X xGMI link
@@ -34,24 +34,24 @@ def test_two_steps_at_rccls_latency_and_a_share_of_each_link(nbytes, latency, sh
 
 def test_rccl_on_eight_mi300x_runs_all_pairs_where_a_file_covers_the_size():
     topo = resolve("mi300x")
-    fab = nccl.fabric(topo)
+    fab = nccl_fabric.fabric(topo)
     assert fab.allpairs_gbps == pytest.approx(XGMI)
-    assert nccl.pick(fab, "allreduce", 16384).algorithm is nccl.Algorithm.ALLPAIRS
-    assert nccl.pick(fab, "allreduce", 512).algorithm is nccl.Algorithm.RING
-    assert nccl.pick(fab, "allreduce", 1 << 20).algorithm is nccl.Algorithm.ALLPAIRS
-    assert nccl.pick(fab, "allreduce", 1 << 25).algorithm is not nccl.Algorithm.ALLPAIRS
-    assert nccl.pick(fab, "allgather", 16384).algorithm is not nccl.Algorithm.ALLPAIRS
+    assert nccl.pick(fab, "allreduce", 16384).algorithm is nccl_tuning.Algorithm.ALLPAIRS
+    assert nccl.pick(fab, "allreduce", 512).algorithm is nccl_tuning.Algorithm.RING
+    assert nccl.pick(fab, "allreduce", 1 << 20).algorithm is nccl_tuning.Algorithm.ALLPAIRS
+    assert nccl.pick(fab, "allreduce", 1 << 25).algorithm is not nccl_tuning.Algorithm.ALLPAIRS
+    assert nccl.pick(fab, "allgather", 16384).algorithm is not nccl_tuning.Algorithm.ALLPAIRS
     # NCCL_ALGO does not reach MSCCL; RCCL's own switch does.
-    assert nccl.pick(fab, "allreduce", 16384, env={"NCCL_ALGO": "Ring"}).algorithm is nccl.Algorithm.ALLPAIRS
+    assert nccl.pick(fab, "allreduce", 16384, env={"NCCL_ALGO": "Ring"}).algorithm is nccl_tuning.Algorithm.ALLPAIRS
     off = nccl.pick(fab, "allreduce", 16384, env={"RCCL_MSCCL_ENABLE": "0"})
-    assert off.algorithm is not nccl.Algorithm.ALLPAIRS
+    assert off.algorithm is not nccl_tuning.Algorithm.ALLPAIRS
 
 
 @pytest.mark.parametrize("spec", ["mi300x:nodes=2", "mi300x-4", "dgx-h100"])
 def test_no_all_pairs_off_one_node_of_eight_xgmi_peers(spec):
-    fab = nccl.fabric(resolve(spec))
+    fab = nccl_fabric.fabric(resolve(spec))
     assert fab.allpairs_gbps == 0.0
-    assert all(e.algorithm is not nccl.Algorithm.ALLPAIRS for e in nccl.predict(fab, "allreduce", 16384))
+    assert all(e.algorithm is not nccl_tuning.Algorithm.ALLPAIRS for e in nccl.predict(fab, "allreduce", 16384))
 
 
 def _implied_simple_share(table: str) -> list[float]:
@@ -78,9 +78,9 @@ def test_the_simple_share_is_the_median_the_fitted_table_implies_and_holds_on_th
 
 
 def test_rccl_counts_elements_of_the_calls_own_type():
-    fab = nccl.fabric(resolve("mi300x"))
-    assert nccl.pick(fab, "allreduce", 512, elem_bytes=2).algorithm is nccl.Algorithm.ALLPAIRS
-    assert nccl.pick(fab, "allreduce", 512).algorithm is nccl.Algorithm.RING
+    fab = nccl_fabric.fabric(resolve("mi300x"))
+    assert nccl.pick(fab, "allreduce", 512, elem_bytes=2).algorithm is nccl_tuning.Algorithm.ALLPAIRS
+    assert nccl.pick(fab, "allreduce", 512).algorithm is nccl_tuning.Algorithm.RING
 
 
 def test_a_library_collective_passes_its_buffers_element_size():
@@ -97,7 +97,7 @@ def test_a_library_collective_passes_its_buffers_element_size():
                                            ("0x0", False)])
 def test_rccls_switch_reads_as_an_integer(value, on):
     env = {} if value is None else {"RCCL_MSCCL_ENABLE": value}
-    assert ("allpairs" in nccl.allowed_by_env(env)[0]) is on
-    fab = nccl.fabric(resolve("mi300x"))
+    assert ("allpairs" in nccl_env.allowed_by_env(env)[0]) is on
+    fab = nccl_fabric.fabric(resolve("mi300x"))
     got = nccl.pick(fab, "allreduce", 1 << 22, env={**env, "NCCL_PROTO": "LL"})
-    assert (got.algorithm is nccl.Algorithm.ALLPAIRS) is on  # NCCL_PROTO does not reach MSCCL
+    assert (got.algorithm is nccl_tuning.Algorithm.ALLPAIRS) is on  # NCCL_PROTO does not reach MSCCL

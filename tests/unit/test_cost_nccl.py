@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_cost_helpers import cluster_topo, switch_topo
-from treeattn.cost import nccl
+from treeattn.cost import nccl, nccl_fabric, nccl_rates, nccl_tuning
 from treeattn.errors import InputError
 from treeattn.topology.library import resolve
 
@@ -39,17 +39,17 @@ def h100(nodes: int):
 
 
 def test_fabric_uses_nccls_link_figures():
-    fab = nccl.fabric(h100(4))
+    fab = nccl_fabric.fabric(h100(4))
     assert (fab.ranks, fab.nodes, fab.intra_hw, fab.arch, fab.ll128) == (32, 4, "nvlink", "hopper", True)
     assert fab.intra_bw_gbps == pytest.approx(18 * 20.6)
     assert fab.inter_bw_gbps == pytest.approx(8 * 50.0)
-    hosts = nccl.fabric(switch_topo(4, bw=12.5))
+    hosts = nccl_fabric.fabric(switch_topo(4, bw=12.5))
     assert (hosts.nodes, hosts.intra_hw, hosts.ll128) == (4, "pci", False)
     assert hosts.inter_bw_gbps == pytest.approx(12.5)
 
 
 def test_latency_formulas_and_search_order():
-    fab = nccl.fabric(h100(4))
+    fab = nccl_fabric.fabric(h100(4))
     est = {(e.algorithm.value, e.protocol.value): e for e in nccl.predict(fab, "allreduce", 8)}
     assert list(est) == [("tree", "LL"), ("tree", "LL128"), ("tree", "Simple"),
                          ("ring", "LL"), ("ring", "LL128"), ("ring", "Simple"), ("nvlstree", "Simple")]
@@ -69,7 +69,7 @@ def test_latency_formulas_and_search_order():
 
 def test_bandwidth_derating_and_busbw_conventions(monkeypatch):
     monkeypatch.setattr(nccl, "RING_STEP_TAIL_US", 0.0)  # NCCL's formulas alone
-    fab = nccl.fabric(h100(1))
+    fab = nccl_fabric.fabric(h100(1))
     big = 1 << 34
     ring = {e.protocol.value: e for e in nccl.predict(fab, "allreduce", big) if e.algorithm.value == "ring"}
     bus = 18 * 20.6
@@ -84,8 +84,8 @@ def test_bandwidth_derating_and_busbw_conventions(monkeypatch):
     mid = next(e for e in nccl.predict(fab, "allreduce", 1 << 20) if e.algorithm.value == "tree"
                and e.protocol.value == "Simple")
     assert (1 << 20) / (mid.time_us - mid.latency_us) / 1e3 == pytest.approx(bus * 0.92 * 0.5 * 0.5)
-    assert nccl.busbw_factor("allgather", 8) == pytest.approx(7 / 8)
-    assert nccl.busbw_factor("broadcast", 8) == 1.0
+    assert nccl_tuning.busbw_factor("allgather", 8) == pytest.approx(7 / 8)
+    assert nccl_tuning.busbw_factor("broadcast", 8) == 1.0
     assert nccl.pick(fab, "allreduce", big) == min(nccl.predict(fab, "allreduce", big), key=lambda e: e.rank_us)
 
 
@@ -96,7 +96,7 @@ def test_single_rank_and_bad_input():
         nccl.predict(one, "alltoall", 64)
     with pytest.raises(InputError, match="positive"):
         nccl.predict(one, "allreduce", 0)
-    assert nccl.Collective.parse("all_reduce") is nccl.Collective.ALLREDUCE
+    assert nccl_tuning.Collective.parse("all_reduce") is nccl_tuning.Collective.ALLREDUCE
 
 
 @pytest.mark.parametrize("fixture,nodes", [("all_reduce_perf.8xh100-1node.txt", 1),
@@ -121,13 +121,13 @@ def test_small_messages_match_published_latency():
 
 def test_shipped_preset_gives_the_same_fabric():
     library = pytest.importorskip("treeattn.topology.library")
-    fab = nccl.fabric(library.resolve("dgx-h100:nodes=4"))
+    fab = nccl_fabric.fabric(library.resolve("dgx-h100:nodes=4"))
     assert fab.intra_bw_gbps == pytest.approx(18 * 20.6)
     assert fab.inter_bw_gbps == pytest.approx(8 * 50.0)
 
 
 def test_nvls_where_nccl_offers_it():
-    h = nccl.fabric(h100(1))
+    h = nccl_fabric.fabric(h100(1))
     assert h.nvls_gbps == pytest.approx(18 * 20.6)
     big = 1 << 32
     best = nccl.pick(h, "allreduce", big)
@@ -146,14 +146,14 @@ def test_nvls_where_nccl_offers_it():
     assert nccl.pick(h, "allreduce", big, env={"NCCL_ALGO": "Tree"}).algorithm.value == "tree"
     assert nccl.pick(h, "allreduce", 1024, env={"NCCL_PROTO": "^LL"}).protocol.value != "LL"
     assert all(e.algorithm.value in ("tree", "ring") for e in nccl.predict(h, "allgather", big))
-    a100 = nccl.fabric(cluster_topo(1, 8, nvl_bw=300.0))
+    a100 = nccl_fabric.fabric(cluster_topo(1, 8, nvl_bw=300.0))
     assert a100.nvls_gbps == pytest.approx(18 * 20.6 * 300 / 450)  # H100 models, 300 GB/s links
     with pytest.raises(InputError, match="unknown 'bogus'"):
         nccl.pick(h, "allreduce", 64, env={"NCCL_ALGO": "bogus"})
 
 
 def test_tuner_and_achieved_times_differ_only_where_nccl_overestimates():
-    fab = nccl.fabric(h100(2))
+    fab = nccl_fabric.fabric(h100(2))
     ring = {e.protocol.value: e for e in nccl.predict(fab, "allreduce", 8) if e.algorithm.value == "ring"}
     # the tuner floors each intra step of a multi-node ring at the network post overhead
     assert ring["LL"].rank_us > ring["LL"].time_us
@@ -161,7 +161,7 @@ def test_tuner_and_achieved_times_differ_only_where_nccl_overestimates():
                                                rel=1e-3)
     assert ring["LL"].latency_us == pytest.approx(6.6 + 28 * 0.6 + 2 * 2.7)
     # one node: the same but where NVLS runs, and a ring with Simple (its step tail, RING_STEP_TAIL_US)
-    one = nccl.fabric(h100(1))
+    one = nccl_fabric.fabric(h100(1))
     same = [e.nccl_us is None for e in nccl.predict(one, "allreduce", 1 << 20)
             if e.algorithm.value != "nvls" and (e.algorithm.value, e.protocol.value) != ("ring", "Simple")]
     assert len(same) == 5 and all(same)
@@ -170,10 +170,10 @@ def test_tuner_and_achieved_times_differ_only_where_nccl_overestimates():
 def test_nvl72_is_one_nccl_node():
     from treeattn.topology.library import resolve
 
-    rack = nccl.fabric(resolve("gb200-nvl72"))
+    rack = nccl_fabric.fabric(resolve("gb200-nvl72"))
     assert (rack.nodes, rack.ranks, rack.arch) == (1, 72, "blackwell")
     assert nccl.pick(rack, "allreduce", 1 << 33).algorithm.value == "nvls"
-    two = nccl.fabric(resolve("gb200-nvl72:racks=2"))
+    two = nccl_fabric.fabric(resolve("gb200-nvl72:racks=2"))
     assert two.nodes == 2 and nccl.pick(two, "allreduce", 1 << 33).algorithm.value == "nvlstree"
 
 
@@ -181,12 +181,12 @@ def test_nccl_rates_pcie_by_generation_and_width():
     # topo.cc: width x per-lane speed / 80 -> 48 GB/s for a Gen5 x16 link, whatever its measured rate
     link = next(ln for ln in resolve("dgx-h100").links if ln.kind.value == "pcie")
     assert (link.generation, link.width) == (5, 16)
-    assert nccl.nccl_link_bw_gbps(link) == pytest.approx(48.0)
+    assert nccl_rates.nccl_link_bw_gbps(link) == pytest.approx(48.0)
 
 
 def test_tree_bandwidth_has_nccls_per_channel_caps():
     # 4 H100 nodes: 8 graph channels; tree LL128 capped at 8 x 29.0 GB/s of bus bandwidth
-    fab = nccl.fabric(resolve("dgx-h100:nodes=4"))
+    fab = nccl_fabric.fabric(resolve("dgx-h100:nodes=4"))
     assert fab.graph_channels == 8
     n = 1 << 30
     est = next(e for e in nccl.predict(fab, "allreduce", n)
@@ -219,19 +219,19 @@ def test_nvlstree_pays_a_pipeline_fill_of_one_loop_per_tree_level_and_one():
 
     assert [fill_loops(n) for n in (1, 2, 4, 8)] == [1, 2, 3, 4]
     mib = 1 << 20
-    two = nccl.fabric(resolve("dgx-h100:nodes=2"))
+    two = nccl_fabric.fabric(resolve("dgx-h100:nodes=2"))
     # a loop is 16 x 8 chunks: 8 MiB at 16-32 MiB (64 KiB chunks), 16 MiB at 64 MiB (128 KiB);
     # 2 nodes fill 2 loops: 16 + 16, 32 + 16 and 64 + 32 MiB move at one rate
     t16, t32, t64 = (_nvls_data_us(two, n * mib) for n in (16, 32, 64))
     assert t32 / t16 == pytest.approx(48 / 32)
     assert t64 / t32 == pytest.approx(96 / 48)
     # 8 nodes: 64 KiB chunks at most, 4 loops of fill: 16 MiB moves as 16 + 32
-    eight = nccl.fabric(resolve("dgx-h100:nodes=8"))
+    eight = nccl_fabric.fabric(resolve("dgx-h100:nodes=8"))
     assert _nvls_data_us(eight, 32 * mib) / _nvls_data_us(eight, 16 * mib) == pytest.approx(64 / 48)
     # a buffer smaller than one loop (4 MiB of 32 KiB chunks) fills with itself: 2 + 2 x 2 MiB
     assert _nvls_data_us(two, 2 * mib) / t16 == pytest.approx(6 / 32)
     # one node: one loop of fill; at 16 GiB it is 0.1 % of the time
-    one = nccl.fabric(resolve("dgx-h100"))
+    one = nccl_fabric.fabric(resolve("dgx-h100"))
     big = _nvls_data_us(one, 1 << 34)
     assert big == pytest.approx(((1 << 34) + 16 * mib) / (18 * 20.6 * 0.85 * 0.86 * 1e3))
 
@@ -245,7 +245,7 @@ def test_nvls_figures_follow_the_nccl_release():
 
     from treeattn.topology.nccl_version import NEWEST, nccl_release
 
-    four = nccl.fabric(h100(4))
+    four = nccl_fabric.fabric(h100(4))
     assert four.nccl_release == NEWEST
     old = dataclasses.replace(four, nccl_release=nccl_release("2.26.2"))
     new = dataclasses.replace(four, nccl_release=nccl_release("2.30.4"))
@@ -279,7 +279,7 @@ def test_each_release_boundary_moves_its_figure_there_and_only_there(before, aft
 
     from treeattn.topology.nccl_version import nccl_release
 
-    four = nccl.fabric(h100(4))
+    four = nccl_fabric.fabric(h100(4))
     a, b = (_nvlstree(dataclasses.replace(four, nccl_release=nccl_release(v)), 1 << 30) for v in (before, after))
     assert (a.latency_us != b.latency_us) == (what == "latency")
     assert ((a.rank_us - a.latency_us) != (b.rank_us - b.latency_us)) == (what == "estimate")
@@ -303,7 +303,7 @@ def test_the_release_moves_nvls_and_the_ring_low_latency_estimates_only():
 
     # What runs is 2.30's whatever the release but for NVLS; NCCL's estimate of LL (llMaxBw, ring's
     # share) and of ring LL128 with one rank per node follow it; host ranks have no NVLS at all.
-    for fab in (nccl.fabric(h100(1)), nccl.fabric(h100(2)), nccl.fabric(switch_topo(4, bw=12.5))):
+    for fab in (nccl_fabric.fabric(h100(1)), nccl_fabric.fabric(h100(2)), nccl_fabric.fabric(switch_topo(4, bw=12.5))):
         old = dataclasses.replace(fab, nccl_release=(2, 19, 1))
         for coll in ("allreduce", "allgather"):
             for n in (8, 1 << 20, 1 << 30):
@@ -329,7 +329,7 @@ def test_nccl_rates_ring_ll_by_release(release, share, hopper_max):
     # tuning.cc: min(llMaxBw, busBw / 4) for all-reduce until 2.20, min(llMaxBw, busBw * .5) from
     # 2.21.5, which also raised Hopper's one-node llMaxBw from Ampere's 87.7 to 141 GB/s.
     for spec, ll_max in (("dgx-a100", 87.7), ("dgx-h100", hopper_max)):
-        fab = dataclasses.replace(nccl.fabric(resolve(spec)), nccl_release=nccl_release(release))
+        fab = dataclasses.replace(nccl_fabric.fabric(resolve(spec)), nccl_release=nccl_release(release))
         n = 1 << 30
         ring_ll = next(e for e in nccl.predict(fab, "allreduce", n)
                        if e.algorithm.value == "ring" and e.protocol.value == "LL")
@@ -342,7 +342,7 @@ def test_nccl_rates_ring_ll128_with_one_rank_per_node_by_release():
     import dataclasses
 
     # tuning.cc: busBw x (ppn < 2 ? 0.7 : 0.92) until 2.22, x 0.92 from 2.23.4; what runs: 0.92.
-    fab = nccl.fabric(h100(4))
+    fab = nccl_fabric.fabric(h100(4))
     one = dataclasses.replace(fab, ranks=4, nodes=4)
     old, new = (dataclasses.replace(one, nccl_release=r) for r in ((2, 22, 999), (2, 23, 4)))
     n = 1 << 30
@@ -391,8 +391,8 @@ def test_a_topology_names_its_nccl_release():
 
     two = resolve("dgx-h100:nodes=2")
     older = dataclasses.replace(two, cost=two.cost.updated(nccl_version="2.26.2"))
-    assert nccl.fabric(two).nccl_release == (2, 30, 7) and nccl.fabric(older).nccl_release == (2, 26, 2)
-    assert _nvlstree(nccl.fabric(older), 8).latency_us == pytest.approx(25 + 2 * 14.0)
+    assert nccl_fabric.fabric(two).nccl_release == (2, 30, 7) and nccl_fabric.fabric(older).nccl_release == (2, 26, 2)
+    assert _nvlstree(nccl_fabric.fabric(older), 8).latency_us == pytest.approx(25 + 2 * 14.0)
     assert older.fingerprint != two.fingerprint and "nccl_version" not in two.cost.to_dict()
     assert older.cost.to_dict()["nccl_version"] == "2.26.2"
     with pytest.raises(TopologyError, match=r"cost.nccl_version: version '2.x'"):
@@ -401,7 +401,7 @@ def test_a_topology_names_its_nccl_release():
     line = "cost: {attn_launch_us: 12.4, attn_efficiency: 0.56}"
     assert line in yaml_text
     loaded = load_topology_text(yaml_text.replace(line, line[:-1] + ', nccl_version: "<2.28"}'))
-    assert nccl.fabric(loaded).nccl_release == (2, 27, 999)
+    assert nccl_fabric.fabric(loaded).nccl_release == (2, 27, 999)
     with pytest.raises(TopologyError) as err:
         load_topology_text(yaml_text.replace(line, "cost: {nccl_version: 2.26}"))
     assert "nccl_version" in str(err.value) and "\n" not in str(err.value)
@@ -410,17 +410,17 @@ def test_a_topology_names_its_nccl_release():
 @pytest.mark.parametrize("spec", ["rtx4090:gpus=2", "rtx4090[ranks 0-3]"])
 def test_gpus_without_peer_to_peer_run_at_the_shared_memory_rate_nccl_does_not_pick_by(spec):
     topo = resolve(spec)
-    fab = nccl.fabric(topo)
-    assert fab.shm_gbps == nccl.SHM_GBPS and fab.bus_bw_gbps > 2 * nccl.SHM_GBPS  # NCCL rates PCIe
+    fab = nccl_fabric.fabric(topo)
+    assert fab.shm_gbps == nccl_rates.SHM_GBPS and fab.bus_bw_gbps > 2 * nccl_rates.SHM_GBPS  # NCCL rates PCIe
     big = nccl.pick(topo, "allreduce", 1 << 30)
-    assert (big.algorithm, big.protocol) == (nccl.Algorithm.RING, nccl.Protocol.SIMPLE)
-    assert big.busbw_gbps == pytest.approx(nccl.SHM_GBPS, rel=1e-3)
+    assert (big.algorithm, big.protocol) == (nccl_tuning.Algorithm.RING, nccl_tuning.Protocol.SIMPLE)
+    assert big.busbw_gbps == pytest.approx(nccl_rates.SHM_GBPS, rel=1e-3)
     # NCCL's own estimate, which it picks by, still sees the PCIe figure.
     assert big.rank_us < big.time_us / 2
-    factor = nccl.busbw_factor(nccl.Collective.ALLGATHER, topo.num_ranks)
+    factor = nccl_tuning.busbw_factor(nccl_tuning.Collective.ALLGATHER, topo.num_ranks)
     for est in nccl.predict(topo, "allgather", 1 << 28):
-        assert est.algbw_gbps <= nccl.SHM_GBPS / factor * (1 + 1e-9)
-    assert nccl.fabric(resolve("dgx-h100")).shm_gbps == 0.0
+        assert est.algbw_gbps <= nccl_rates.SHM_GBPS / factor * (1 + 1e-9)
+    assert nccl_fabric.fabric(resolve("dgx-h100")).shm_gbps == 0.0
 
 
 @pytest.mark.parametrize("coll, nodes, share", [
@@ -433,7 +433,7 @@ def test_nccl_rated_ring_ll_a_third_or_a_quarter_before_2_21_5(coll, nodes, shar
     from treeattn.topology.nccl_version import nccl_release
 
     # tuning.cc until 2.20: busBw x (nNodes > 1 || allreduce || reduce ? 1/4 : 1/3), at most llMaxBw
-    fab = nccl.fabric(resolve("dgx-a100" if nodes == 1 else f"dgx-a100:nodes={nodes}"))
+    fab = nccl_fabric.fabric(resolve("dgx-a100" if nodes == 1 else f"dgx-a100:nodes={nodes}"))
     old = dataclasses.replace(fab, nccl_release=nccl_release("2.20.5"))
     ll_max = {1: 87.7, 2: 22.5 if fab.cpu == "amd" else 39.0}[nodes]
     n = 1 << 30
@@ -451,15 +451,15 @@ def test_blackwell_runs_32_nvls_channels_on_one_domain_before_2_27():
     from treeattn.cost.nvls import nvls_fill_bytes
     from treeattn.topology.nccl_version import nccl_release
 
-    rack = nccl.fabric(resolve("gb200-nvl72"))
+    rack = nccl_fabric.fabric(resolve("gb200-nvl72"))
     old, new = (dataclasses.replace(rack, nccl_release=nccl_release(v)) for v in ("2.26.2", "2.27.3"))
     # nvls.cc: NVLS_NCHANNELS_SM100 (32) on any Blackwell in 2.25-2.26, NVLS_NCHANNELS_SM100_NVL (24)
     # on one domain from 2.27.3
-    assert [nccl.run_channel_count(f, nccl.Algorithm.NVLS, nccl.Protocol.SIMPLE, 1 << 30) for f in (old, new)] == \
-        [32, 24]
+    nvls, simple = nccl_tuning.Algorithm.NVLS, nccl_tuning.Protocol.SIMPLE
+    assert [nccl.run_channel_count(f, nvls, simple, 1 << 30) for f in (old, new)] == [32, 24]
     # 32 heads x 32 channels: a loop of 128 KiB chunks is 128 MiB, and 4 GiB holds 32 (64 KiB chunks)
     assert nvls_fill_bytes("blackwell", 1, 32, 72, 0.0, 1 << 32, nccl_release("2.26.2")) == 32 * 32 * (64 << 10)
-    a, b = (next(e for e in nccl.predict(f, "allreduce", 1 << 32) if e.algorithm is nccl.Algorithm.NVLS)
+    a, b = (next(e for e in nccl.predict(f, "allreduce", 1 << 32) if e.algorithm is nccl_tuning.Algorithm.NVLS)
             for f in (old, new))
     assert a.time_us - a.latency_us < b.time_us - b.latency_us
 

@@ -263,7 +263,7 @@ def one_send_us(topo: Topology, w: Workload) -> float:
 
 
 def test_gpu_transfers_reach_nccls_rating_of_datasheet_links():
-    from treeattn.cost.nccl import nccl_link_bw_gbps
+    from treeattn.cost.nccl_rates import nccl_link_bw_gbps
 
     w = Workload(batch=4, q_heads=32, kv_heads=8, head_dim=128, split=(1, 1))
 
@@ -545,7 +545,7 @@ def test_host_ranks_keep_their_model_under_the_point_to_point_cap():
 
 
 def test_a_transfer_between_gpus_without_peer_to_peer_moves_at_nccls_shared_memory_rate():
-    from treeattn.cost.nccl import SHM_GBPS, shm_pair_gbps
+    from treeattn.cost.nccl_rates import SHM_GBPS, shm_pair_gbps
     from treeattn.topology.library import resolve
 
     w = Workload(batch=64, q_heads=32, kv_heads=8, head_dim=128, split=(1, 1))
@@ -589,14 +589,14 @@ def _pcie_pair(p2p: tuple[bool, bool], nodes: tuple[int, int]) -> Topology:
 
 
 def test_the_shared_memory_rate_binds_both_ways_inside_a_node_and_not_across_nodes():
-    from treeattn.cost import nccl
+    from treeattn.cost import nccl, nccl_fabric, nccl_rates
 
     mixed = _pcie_pair((True, False), (0, 0))
-    assert nccl.shm_pair_gbps(mixed, 0, 1) == nccl.shm_pair_gbps(mixed, 1, 0) == nccl.SHM_GBPS
-    assert nccl.fabric(mixed).shm_gbps == nccl.SHM_GBPS
+    assert nccl_rates.shm_pair_gbps(mixed, 0, 1) == nccl_rates.shm_pair_gbps(mixed, 1, 0) == nccl_rates.SHM_GBPS
+    assert nccl_fabric.fabric(mixed).shm_gbps == nccl_rates.SHM_GBPS
     both = _pcie_pair((True, True), (0, 0))
-    assert nccl.shm_pair_gbps(both, 0, 1) == math.inf and nccl.fabric(both).shm_gbps == 0.0
+    assert nccl_rates.shm_pair_gbps(both, 0, 1) == math.inf and nccl_fabric.fabric(both).shm_gbps == 0.0
     apart = _pcie_pair((False, False), (0, 1))
-    assert nccl.shm_pair_gbps(apart, 0, 1) == math.inf and nccl.fabric(apart).shm_gbps == 0.0
+    assert nccl_rates.shm_pair_gbps(apart, 0, 1) == math.inf and nccl_fabric.fabric(apart).shm_gbps == 0.0
     big = nccl.pick(apart, "allreduce", 1 << 28)
-    assert big.busbw_gbps > 2 * nccl.SHM_GBPS
+    assert big.busbw_gbps > 2 * nccl_rates.SHM_GBPS

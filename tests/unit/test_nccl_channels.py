@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from treeattn.cost import nccl
+from treeattn.cost import nccl, nccl_fabric
 from treeattn.cost.nccl_channels import comm_channels, p2p_channels, run_channels
 from treeattn.cost.nccl_p2p import WORLD, p2p_message_gbps, peer_channels
 from treeattn.cost.nvls import nvls_graph
@@ -26,8 +26,8 @@ def test_communicator_channels_follow_nccls_search():
     assert comm_channels("hopper", 2, 370.8, 370.8, nics=8, nic_gbps=50.0) == (16, 384.0)
     assert comm_channels("hopper", 10, 370.8, 370.8, nics=1, nic_gbps=50.0)[0] == 4
     assert comm_channels("ampere", 2, 240.0, 240.0, nics=8, nic_gbps=25.0)[0] == 16
-    assert nccl.fabric(resolve("dgx-h100")).channels == 24
-    assert nccl.fabric(resolve("dgx-h100:nodes=2")).channels == 16
+    assert nccl_fabric.fabric(resolve("dgx-h100")).channels == 24
+    assert nccl_fabric.fabric(resolve("dgx-h100:nodes=2")).channels == 16
 
 
 def test_small_sizes_run_on_fewer_channels():
@@ -36,7 +36,7 @@ def test_small_sizes_run_on_fewer_channels():
     assert run_channels(24, "LL", 1 << 20, 8, ring_ll=True) == 24
     assert run_channels(24, "Simple", 256 << 10, 8, ring_ll=True) == 8  # 32 KiB per channel
     assert run_channels(24, "LL128", 8, 8, ring_ll=True) == 1
-    fab = nccl.fabric(resolve("dgx-h100"))
+    fab = nccl_fabric.fabric(resolve("dgx-h100"))
     small = {e.protocol.value: e for e in nccl.predict(fab, "allreduce", 64 << 10) if e.algorithm.value == "ring"}
     # what runs moves 2 of 24 channels' worth; NCCL's estimate assumes all of them
     assert small["LL"].time_us > small["LL"].rank_us
@@ -82,13 +82,13 @@ def test_nvls_graph_and_the_pick_on_four_gpus():
     assert nvls_graph("hopper", 1, 4, 370.8) == (4, 60.0)
     assert nvls_graph("hopper", 2, 8, 370.8, 50.0) == (8, 48.0)
     # NCCL rates NVLS on 4 of 8 H100s below its ring, so it runs the ring
-    four = nccl.fabric(resolve("dgx-h100[ranks 0-3]"))
+    four = nccl_fabric.fabric(resolve("dgx-h100[ranks 0-3]"))
     assert nccl.pick(four, "allreduce", 1 << 30).algorithm.value == "ring"
-    assert nccl.pick(nccl.fabric(resolve("dgx-h100")), "allreduce", 1 << 30).algorithm.value == "nvls"
+    assert nccl.pick(nccl_fabric.fabric(resolve("dgx-h100")), "allreduce", 1 << 30).algorithm.value == "nvls"
 
 
 def test_multi_node_ring_plateau():
-    fab = nccl.fabric(resolve("dgx-h100:nodes=2"))
+    fab = nccl_fabric.fabric(resolve("dgx-h100:nodes=2"))
     env = {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}
     small = nccl.pick(fab, "allreduce", 1024, env=env)
     big = nccl.pick(fab, "allreduce", 1 << 28, env=env)
@@ -96,10 +96,10 @@ def test_multi_node_ring_plateau():
 
 
 def test_ada_gpus_take_nccls_ampere_row():
-    assert nccl.fabric(resolve("rtx4090:gpus=2")).arch == "ampere"
+    assert nccl_fabric.fabric(resolve("rtx4090:gpus=2")).arch == "ampere"
 
 
 def test_rccl_keeps_every_channel():
     # RCCL runs small all-reduces through MSCCL kernels: NCCL's channel loop is left out there
-    assert nccl.fabric(resolve("mi300x")).channels == 0
+    assert nccl_fabric.fabric(resolve("mi300x")).channels == 0
 

@@ -107,7 +107,7 @@ def _one_table(tmp: Path, text: str, collective: str, topology: str, ranks: int)
 
 
 def test_one_process_driving_g_gpus_takes_the_longer_of_its_launches_and_the_call(tmp_path):
-    from treeattn.cost import nccl
+    from treeattn.cost import nccl, nccl_fabric
     from treeattn.topology.library import resolve
     from treeattn.validate.published import GROUP_CHANNEL_US, GROUP_LAUNCH_US, predict_table
 
@@ -120,7 +120,7 @@ def test_one_process_driving_g_gpus_takes_the_longer_of_its_launches_and_the_cal
             "     4194304       1048576     float     sum      -1    53.27   78.74  137.79       0    52.94   79.23"
             "  138.66       0"]
     table = _one_table(tmp_path, "\n".join([header, *rows]) + "\n", "all_reduce", "dgx-h100", 8)
-    fab = nccl.fabric(resolve("dgx-h100"))
+    fab = nccl_fabric.fabric(resolve("dgx-h100"))
     sizes = (8, 262144, 4194304)
     est = [nccl.pick(fab, "allreduce", n) for n in sizes]
     # Ring LL drops to one channel a 32 KiB on 8 ranks: 8 B runs on 1, 256 KiB on 8.
@@ -139,20 +139,20 @@ def test_one_process_driving_g_gpus_takes_the_longer_of_its_launches_and_the_cal
 
 
 def test_a_grouped_calls_launches_follow_its_channels_not_its_bytes():
-    from treeattn.cost import nccl
+    from treeattn.cost import nccl, nccl_fabric, nccl_tuning
     from treeattn.topology.library import resolve
     from treeattn.validate.published import group_launch_us
 
-    fab = nccl.fabric(resolve("dgx-h100"))
-    ring, ll = nccl.Algorithm.RING, nccl.Protocol.LL
+    fab = nccl_fabric.fabric(resolve("dgx-h100"))
+    ring, ll = nccl_tuning.Algorithm.RING, nccl_tuning.Protocol.LL
     counts = {n: nccl.run_channel_count(fab, ring, ll, n) for n in (8, 32768, 65536, 1 << 20, 2 << 20)}
     assert counts[8] == counts[32768] == 1 and counts[65536] == 2 and counts[1 << 20] == counts[2 << 20] > 2
     assert group_launch_us(8, counts[65536]) > group_launch_us(8, counts[32768])
     assert group_launch_us(8, counts[1 << 20]) == group_launch_us(8, counts[2 << 20])
     # NVLS runs on the communicator's NVLS channels whatever the size (16 on Hopper, nvls.cc).
-    assert nccl.run_channel_count(fab, nccl.Algorithm.NVLS, nccl.Protocol.SIMPLE, 8) == 16
+    assert nccl.run_channel_count(fab, nccl_tuning.Algorithm.NVLS, nccl_tuning.Protocol.SIMPLE, 8) == 16
     # A channel count the model does not know (RCCL's MSCCL files) counts one; one GPU a process has no floor.
-    assert nccl.run_channel_count(fab, nccl.Algorithm.ALLPAIRS, ll, 8) is None
+    assert nccl.run_channel_count(fab, nccl_tuning.Algorithm.ALLPAIRS, ll, 8) is None
     assert group_launch_us(8, None) == group_launch_us(8, 1) and group_launch_us(1, 24) == 0.0
 
 
@@ -161,7 +161,7 @@ def test_the_grouped_launch_figures_are_the_fit_on_together_h100():
     together-h100-1node's rows of 8 B-2 MiB that the modelled call takes under 0.8 of."""
     import numpy as np
 
-    from treeattn.cost import nccl
+    from treeattn.cost import nccl, nccl_fabric
     from treeattn.topology.library import resolve
     from treeattn.validate.corpus import corpus_dir
     from treeattn.validate.published import GROUP_CHANNEL_US, GROUP_LAUNCH_US
@@ -170,7 +170,7 @@ def test_the_grouped_launch_figures_are_the_fit_on_together_h100():
     assert len(tables) == 5
     x, y = [], []
     for t in tables:
-        fab = nccl.fabric(resolve(t.topology))
+        fab = nccl_fabric.fabric(resolve(t.topology))
         if t.nccl_release is not None:  # as check-model predicts it: at the table's NCCL release
             fab = dataclasses.replace(fab, nccl_release=t.nccl_release)
         for nbytes, published in t.points():
@@ -214,7 +214,7 @@ def test_the_work_struct_figure_is_the_median_on_superbench():
     of what each channel beyond the first adds a GPU to the recent releases' launch."""
     import statistics
 
-    from treeattn.cost import nccl
+    from treeattn.cost import nccl, nccl_fabric
     from treeattn.topology.library import resolve
     from treeattn.validate.corpus import corpus_dir
     from treeattn.validate.published import GROUP_WORK_STRUCT_US, SHARED_WORK_FROM, group_launch_us
@@ -223,7 +223,7 @@ def test_the_work_struct_figure_is_the_median_on_superbench():
     assert len(tables) == 5 and all(t.nccl_bound < SHARED_WORK_FROM and t.nccl_release is None for t in tables)
     per_channel, counts = [], set()
     for t in tables:
-        fab = nccl.fabric(resolve(t.topology))
+        fab = nccl_fabric.fabric(resolve(t.topology))
         for nbytes, published in t.points():
             est = nccl.pick(fab, t.collective.replace("_", ""), nbytes, env=t.env)
             c = nccl.run_channel_count(fab, est.algorithm, est.protocol, nbytes)
@@ -245,13 +245,13 @@ def test_the_work_struct_figure_is_the_median_on_superbench():
                 "  285.94       0"]),
 ])
 def test_chain_calls_back_to_back_pay_one_hop_of_their_chain(tmp_path, collective, rows):
-    from treeattn.cost import nccl
+    from treeattn.cost import nccl, nccl_fabric
     from treeattn.topology.library import resolve
     from treeattn.validate.published import predict_table
 
     # Rows of voltagepark-h100-4node (results/published): 32 H100 over 4 nodes, one process per GPU.
     table = _one_table(tmp_path, "\n".join(rows) + "\n", collective, "dgx-h100:nodes=4", 32)
-    fab = nccl.fabric(resolve("dgx-h100:nodes=4"))
+    fab = nccl_fabric.fabric(resolve("dgx-h100:nodes=4"))
     got = predict_table(table)
     for nbytes, row in zip((8, 8589934592), got, strict=True):
         est = nccl.pick(fab, collective, nbytes)
@@ -373,21 +373,21 @@ def test_the_ampere_channel_cost_is_the_fit_on_abci(monkeypatch):
     rows of 16 KiB-1 MiB (published less the model without it) against the channels run."""
     import numpy as np
 
-    from treeattn.cost import nccl
+    from treeattn.cost import nccl, nccl_fabric, nccl_tuning
     from treeattn.topology.library import resolve
     from treeattn.validate.corpus import corpus_dir
 
-    fitted = nccl.AMPERE_CHANNEL_US
+    fitted = nccl_tuning.AMPERE_CHANNEL_US
     monkeypatch.setattr(nccl, "AMPERE_CHANNEL_US", 0.0)
     tables = load_corpus([corpus_dir() / "abci-a100-1node.yaml"])
     assert len(tables) == 4
     x, y = [], []
     for i, t in enumerate(tables):
-        fab = nccl.fabric(resolve(t.topology))
+        fab = nccl_fabric.fabric(resolve(t.topology))
         assert fab.arch == "ampere"
         for nbytes, published in t.points():
             est = nccl.pick(fab, t.collective.replace("_", ""), nbytes, env=t.env)
-            if not (16 << 10 <= nbytes <= 1 << 20) or est.protocol is not nccl.Protocol.LL:
+            if not (16 << 10 <= nbytes <= 1 << 20) or est.protocol is not nccl_tuning.Protocol.LL:
                 continue
             time = est.time_us
             if t.collective == "broadcast":  # as check-model times a back-to-back chain
@@ -401,23 +401,23 @@ def test_the_ampere_channel_cost_is_the_fit_on_abci(monkeypatch):
 
 
 def test_ampere_charges_its_channels_and_hopper_does_not(monkeypatch):
-    from treeattn.cost import nccl
+    from treeattn.cost import nccl, nccl_fabric, nccl_tuning
     from treeattn.topology.library import resolve
 
-    ring, ll = nccl.Algorithm.RING, nccl.Protocol.LL
+    ring, ll = nccl_tuning.Algorithm.RING, nccl_tuning.Protocol.LL
 
     def ring_ll(fab, nbytes):
         return next(e for e in nccl.predict(fab, "allreduce", nbytes) if e.algorithm is ring and e.protocol is ll)
 
     for name, charged in (("dgx-a100", True), ("dgx-h100", False)):
-        fab = nccl.fabric(resolve(name))
+        fab = nccl_fabric.fabric(resolve(name))
         assert nccl.run_channel_count(fab, ring, ll, 32 << 10) == 1
         channels = nccl.run_channel_count(fab, ring, ll, 512 << 10)
         assert channels == 16
         one, many = ring_ll(fab, 32 << 10), ring_ll(fab, 512 << 10)
         # 32 KiB on one channel, 512 KiB on 16 channels of 32 KiB each: the same time, but for
         # the channels' cost on Ampere.
-        extra = nccl.AMPERE_CHANNEL_US * (channels - 1) if charged else 0.0
+        extra = nccl_tuning.AMPERE_CHANNEL_US * (channels - 1) if charged else 0.0
         assert many.time_us == pytest.approx(one.time_us + extra)
         # NCCL's own estimate, which it picks by, does not see it.
         with monkeypatch.context() as m:
@@ -450,14 +450,14 @@ def test_the_nvls_chunk_cost_is_the_fit_on_together(monkeypatch):
 
 
 def test_nvls_pays_its_chunks_below_the_full_chunk_only(monkeypatch):
-    from treeattn.cost import nccl, nvls
+    from treeattn.cost import nccl, nccl_fabric, nccl_tuning, nvls
     from treeattn.topology.library import resolve
 
-    fab = nccl.fabric(resolve("dgx-h100"))
+    fab = nccl_fabric.fabric(resolve("dgx-h100"))
 
     def nvls_us(nbytes, cost):
         monkeypatch.setattr(nvls, "NVLS_CHUNK_US", cost)
-        return next(e for e in nccl.predict(fab, "allreduce", nbytes) if e.algorithm is nccl.Algorithm.NVLS)
+        return next(e for e in nccl.predict(fab, "allreduce", nbytes) if e.algorithm is nccl_tuning.Algorithm.NVLS)
 
     # 1 GiB holds 64 loops of 16 channels x 8 heads x 128 KiB: NCCL's full chunk, no cost beyond the rate.
     assert nvls_us(1 << 30, nvls.NVLS_CHUNK_US).time_us == pytest.approx(nvls_us(1 << 30, 0.0).time_us)
@@ -474,7 +474,7 @@ def _ring_simple_one_node_rows(monkeypatch):
     """Every scored all-reduce, all-gather and reduce-scatter row of the corpus that NCCL's pick
     runs as ring/Simple on one node of NVIDIA GPUs over NVLink, without the ring's step tail:
     (source, published us, the model's us, one ring step's us)."""
-    from treeattn.cost import nccl
+    from treeattn.cost import nccl, nccl_tuning
     from treeattn.validate.published import _NCCL_NAMES, _Topologies, group_launch_us
 
     monkeypatch.setattr(nccl, "RING_STEP_TAIL_US", 0.0)
@@ -488,7 +488,7 @@ def _ring_simple_one_node_rows(monkeypatch):
         steps = 2 * (fab.ranks - 1) if t.collective == "all_reduce" else fab.ranks - 1
         for nbytes, published in t.points():
             est = nccl.pick(fab, _NCCL_NAMES[t.collective], nbytes, env=t.env)
-            if est.algorithm is not nccl.Algorithm.RING or est.protocol is not nccl.Protocol.SIMPLE:
+            if est.algorithm is not nccl_tuning.Algorithm.RING or est.protocol is not nccl_tuning.Protocol.SIMPLE:
                 continue
             if group_launch_us(t.log.n_gpus, nccl.run_channel_count(fab, est.algorithm, est.protocol, nbytes),
                                t.nccl_bound) > est.time_us:
@@ -525,9 +525,9 @@ def test_the_ring_step_tail_is_the_fit_on_one_node_nvlink_rings(monkeypatch):
     of the fit is predicted better by the others' fit than without the tail."""
     import statistics
 
-    from treeattn.cost import nccl
+    from treeattn.cost import nccl_tuning
 
-    fitted = (nccl.RING_STEP_TAIL_US, nccl.RING_STEP_TAIL_POWER)
+    fitted = (nccl_tuning.RING_STEP_TAIL_US, nccl_tuning.RING_STEP_TAIL_POWER)
     rows = _ring_simple_one_node_rows(monkeypatch)
     sources = sorted({r[0] for r in rows})
     assert len(rows) == 156 and len(sources) == 7
@@ -546,10 +546,10 @@ def test_the_ring_step_tail_is_the_fit_on_one_node_nvlink_rings(monkeypatch):
 
 
 def test_the_ring_step_tail_applies_to_one_node_nvlink_rings_only(monkeypatch):
-    from treeattn.cost import nccl
+    from treeattn.cost import nccl, nccl_fabric, nccl_tuning
     from treeattn.topology.library import resolve
 
-    ring, simple = nccl.Algorithm.RING, nccl.Protocol.SIMPLE
+    ring, simple = nccl_tuning.Algorithm.RING, nccl_tuning.Protocol.SIMPLE
 
     def ring_simple(fab, collective, nbytes):
         return next(e for e in nccl.predict(fab, collective, nbytes) if e.algorithm is ring and e.protocol is simple)
@@ -560,17 +560,18 @@ def test_the_ring_step_tail_applies_to_one_node_nvlink_rings_only(monkeypatch):
             m.setattr(nccl, "RING_STEP_TAIL_US", 0.0)
             return got, ring_simple(fab, collective, nbytes)
 
-    h100 = nccl.fabric(resolve("dgx-h100"))
+    h100 = nccl_fabric.fabric(resolve("dgx-h100"))
     for collective, steps in (("allreduce", 14), ("allgather", 7), ("reducescatter", 7)):
         got, without = with_and_without(h100, collective, 256 << 20)
         step = without.time_us / steps
-        extra = nccl.RING_STEP_TAIL_US * (step / 100.0) ** nccl.RING_STEP_TAIL_POWER
+        extra = nccl_tuning.RING_STEP_TAIL_US * (step / 100.0) ** nccl_tuning.RING_STEP_TAIL_POWER
         assert got.time_us == pytest.approx(without.time_us + extra)
         # NCCL's own estimate, which it picks by, does not see it.
         assert got.rank_us == pytest.approx(without.rank_us)
     # A 100 us step ends RING_STEP_TAIL_US late.
-    assert nccl.ring_step_tail_us(h100, nccl.Collective.ALLGATHER, 700.0) == pytest.approx(nccl.RING_STEP_TAIL_US)
+    assert nccl.ring_step_tail_us(h100, nccl_tuning.Collective.ALLGATHER, 700.0) == \
+        pytest.approx(nccl_tuning.RING_STEP_TAIL_US)
     for name, collective in (("dgx-h100:nodes=2", "allreduce"), ("mi300x-8", "allreduce"),
                              ("rtx4090-8", "allreduce"), ("dgx-h100", "broadcast"), ("dgx-h100", "reduce")):
-        got, without = with_and_without(nccl.fabric(resolve(name)), collective, 256 << 20)
+        got, without = with_and_without(nccl_fabric.fabric(resolve(name)), collective, 256 << 20)
         assert got.time_us == without.time_us, (name, collective)

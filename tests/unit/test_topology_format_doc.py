@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import run_cli
-from treeattn.cost.nccl import NET_ACHIEVED, SHM_GBPS, Protocol
+from treeattn.cost.nccl_rates import SHM_GBPS
+from treeattn.cost.nccl_tuning import NET_ACHIEVED, Protocol
 from treeattn.topology.families import FAMILIES
 from treeattn.topology.io import topology_json_schema
 

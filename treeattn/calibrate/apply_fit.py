@@ -24,7 +24,7 @@ device. apply_fit inverts that:
   (``Topology.rated``); not on a topology already measured without them (its rates are no
   hardware's), nor on host ranks (gloo reads the measured rates).
 * Links no class fitted: a measured topology's rates are read as they are, so on a datasheet
-  GPU topology each takes the rate a transfer reaches on it there (``cost.nccl.transfer_gbps``:
+  GPU topology each takes the rate a transfer reaches on it there (``cost.nccl_rates.transfer_gbps``:
   NCCL's rating of NVLink or PCIe, a network port's achieved share), keeping the datasheet
   figure as its rating; NCCL's shared-memory cap of GPUs without peer-to-peer, which applies
   at datasheet rates, is written as ``cost.shm_gbps`` where no fit gives one. On GPU ranks
@@ -46,7 +46,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from treeattn.cost.nccl import SHM_GBPS, shm_rate_applies, transfer_gbps
+from treeattn.cost.nccl_rates import SHM_GBPS, shm_rate_applies, transfer_gbps
 from treeattn.errors import InputError
 from treeattn.topology.model import Link, Topology
 

@@ -45,7 +45,7 @@ from treeattn.calibrate.nccl_tests import (
     printed_version,
     read_nccl_tests,
 )
-from treeattn.cost import nccl
+from treeattn.cost import nccl_rates
 from treeattn.errors import InputError, ProbeError
 from treeattn.topology.model import CALIBRATED_BY, LinkClass, Topology
 from treeattn.topology.nccl_version import nccl_release, parse_version
@@ -215,7 +215,7 @@ def _node_fit(topo: Topology, source: str, cf: CollectiveFit) -> LogFit:
     out = _rank_out(topo, a, first.cls)
     low = min(bw for _, bw in hops)
     share = low / out if out > 0 else 1.0
-    shm = nccl.shm_pair(topo, a, b)
+    shm = nccl_rates.shm_pair(topo, a, b)
     if shm:  # what the ring moved is the host's, not the links': they keep their figures
         notes.append(f"its ring runs through host memory (GPUs without peer-to-peer): {cf.beta_link_gbps:.4g} "
                      "GB/s is the host's shared-memory rate (cost.shm_gbps); the links keep their rates and latency")

@@ -25,7 +25,7 @@ def _stat_row(name: str, st: dict) -> list[str]:
 
 def _env(items: list[str]) -> dict[str, str]:
     """--env NAME=VALUE flags as a mapping: the settings the model reads, each once."""
-    from treeattn.cost.nccl import ENV_SETTINGS, allowed_by_env
+    from treeattn.cost.nccl_env import ENV_SETTINGS, allowed_by_env
     from treeattn.errors import InputError
 
     out: dict[str, str] = {}

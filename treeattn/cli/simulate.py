@@ -16,7 +16,7 @@ from treeattn.cli import app, err_console
 from treeattn.cli.paths import OUT_PATH, output_file
 from treeattn.cli.render import console, print_rates_note, warn_topology
 from treeattn.cli.topo_text import wrap
-from treeattn.cost import nccl
+from treeattn.cost import nccl, nccl_fabric, nccl_tuning
 from treeattn.cost.bounds import plan_bounds
 from treeattn.cost.library import link_rates_note
 from treeattn.cost.simulate import SimResult, simulate
@@ -214,7 +214,7 @@ def nccl_model_cmd(
     """NCCL's pick, and every algorithm x protocol its tuning model considers, for one collective."""
     from treeattn.topology.library import resolve
 
-    coll = nccl.Collective.parse(collective)
+    coll = nccl_tuning.Collective.parse(collective)
     topo = resolve(topology)
     if topo.num_ranks < 2:  # NCCL moves nothing for one rank: a table of zeros would answer nothing
         raise InputError(f"--topology {topology!r} places {topo.num_ranks} rank; a collective needs at least 2")
@@ -223,7 +223,7 @@ def nccl_model_cmd(
                          "not NCCL; treeattn simulate times a plan's gloo collectives there")
     size = parse_size(nbytes, "--bytes", least=1)
     warn_topology(topo)
-    fab = nccl.fabric(topo)
+    fab = nccl_fabric.fabric(topo)
     ests = nccl.predict(fab, coll, size)
     best = nccl.pick(fab, coll, size)
     release = _release(fab.nccl_release)
@@ -270,7 +270,8 @@ def nccl_model_cmd(
     if topo.cost.overhead_us and not topo.on_hosts:
         con.print(f"(plan and simulate add cost.overhead_us, {topo.cost.overhead_us:g} µs, per call: "
                   "nccl-tests overlaps it)")
-    who = ("RCCL runs its MSCCL all-pairs algorithm ahead of its tuner" if best.algorithm is nccl.Algorithm.ALLPAIRS
+    allpairs = best.algorithm is nccl_tuning.Algorithm.ALLPAIRS
+    who = ("RCCL runs its MSCCL all-pairs algorithm ahead of its tuner" if allpairs
            else "RCCL's pick (NCCL's tuning figures)" if fab.rccl else "NCCL's pick")
     con.print(f"{who}: {best.algorithm.value}/{best.protocol.value}, {best.time_us:.2f} µs, "
               f"busbw {best.busbw_gbps:.2f} GB/s")

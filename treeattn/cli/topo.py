@@ -21,7 +21,7 @@ from treeattn.cli.render import console, print_rates_note, warn_topology
 from treeattn.cli.topo_text import domain_shares, gbps, network_lines, rate_lines, wrap
 from treeattn.cost.compute import ComputeModel
 from treeattn.cost.library import link_rates_note
-from treeattn.cost.nccl import pair_rate_gbps, shm_pairs, shm_rate_gbps
+from treeattn.cost.nccl_rates import pair_rate_gbps, shm_pairs, shm_rate_gbps
 from treeattn.topology import Topology, list_presets, resolve, topology_json_schema
 from treeattn.topology.attention_fits import published_attention_fit
 from treeattn.topology.model import DeviceKind

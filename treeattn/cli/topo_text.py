@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import textwrap
 
-from treeattn.cost import nccl, nccl_p2p
+from treeattn.cost import nccl_p2p, nccl_rates, nccl_tuning
 from treeattn.topology import LinkClass, LinkKind, Topology
 from treeattn.topology.model import link_class
 
@@ -95,16 +95,16 @@ def network_lines(summary: dict) -> list[str]:
 
 def rate_lines(topo: Topology, shm_pairs: int = 0) -> list[str]:
     """What the transfer rates ``topo show`` prints are made of on ``topo`` (``shm_pairs``:
-    how many rank pairs NCCL's shared-memory transport carries, ``nccl.shm_pairs``)."""
+    how many rank pairs NCCL's shared-memory transport carries, ``nccl_rates.shm_pairs``)."""
     kinds = {ln.kind for ln in topo.links}
-    if nccl.p2p_link_gbps(topo) is None:
+    if nccl_rates.p2p_link_gbps(topo) is None:
         parts, where = ["its links at their bw_gbps"], ""
-    else:  # the kinds nccl.p2p_link_gbps rates, as it rates them
+    else:  # the kinds nccl_rates.p2p_link_gbps rates, as it rates them
         rated = [n for k, n in ((LinkKind.NVLINK, "NVLink"), (LinkKind.XGMI, "xGMI"), (LinkKind.PCIE, "PCIe"))
                  if k in kinds]
         parts = [f"{' and '.join(rated)} links as NCCL rates them"] if rated else []
         if any(link_class(k) is LinkClass.NETWORK for k in kinds):
-            parts.append(f"network ports at {nccl.NET_ACHIEVED[nccl.Protocol.SIMPLE]:g} of their speed")
+            parts.append(f"network ports at {nccl_tuning.NET_ACHIEVED[nccl_tuning.Protocol.SIMPLE]:g} of their speed")
         if any(k not in _RATED and link_class(k) is not LinkClass.NETWORK for k in kinds):
             parts.append("other links at their bw_gbps")
         where = " (docs/nccl-model.md)"

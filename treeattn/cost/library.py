@@ -12,7 +12,7 @@ all-reduce of the whole buffer). Every call is floored at what the cut bounds al
 
 from __future__ import annotations
 
-from treeattn.cost import gloo, nccl
+from treeattn.cost import gloo, nccl, nccl_fabric, nccl_tuning
 from treeattn.cost.bounds import CutModel
 from treeattn.cost.nccl_p2p import WORLD
 from treeattn.plan.ir import COLLECTIVE_FORMS, Op, Plan, collective_row_bytes, element_bytes, widened
@@ -73,7 +73,7 @@ def unknown_gpu_note(topo: Topology) -> str | None:
     unknown = sorted({d.model for d in topo.devices if d.kind is DeviceKind.GPU and gpu_spec(d.model) is None})
     if not unknown:
         return None
-    arch = "/".join(sorted({nccl.nccl_arch(m) for m in unknown}))
+    arch = "/".join(sorted({nccl_tuning.nccl_arch(m) for m in unknown}))
     known = f"{', '.join(GPU_SPECS)}, or a name nvidia-smi prints for one"
     if unknown == [""]:
         return (f"the GPUs of {topo.name} name no model (node.gpus.model, or a device's model: {known}): NCCL's "
@@ -94,7 +94,7 @@ class LibraryModel:
         # NCCL's collectives are bounded by the hardware, not by rates a calibration fitted to
         # treeattn's own transfers (Topology.rated); gloo's by what was measured.
         self.cuts = CutModel(topo if self.hosts else topo.rated)
-        self.fabric = None if self.hosts else nccl.fabric(topo)
+        self.fabric = None if self.hosts else nccl_fabric.fabric(topo)
 
     def time_us(self, plan: Plan, op: Op, share_bytes: int) -> tuple[float, list[tuple[float, ...]]]:
         """(time of COLLECTIVE ``op`` of ``plan``, per library call the CPU work it costs each
@@ -123,7 +123,7 @@ class LibraryModel:
             else:
                 size = share * p if coll == "allgather" else share
                 elem = 4 if widened(w, coll, what) else element_bytes(w, what)
-                est = nccl.pick(self.fabric, nccl.Collective(coll), size, elem_bytes=elem)
+                est = nccl.pick(self.fabric, nccl_tuning.Collective(coll), size, elem_bytes=elem)
                 t = self.topo.cost.overhead_us + est.time_us
             total += max(t, floor)
         return total, spent

@@ -53,7 +53,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from treeattn.cost import nccl
+from treeattn.cost import nccl_fabric, nccl_rates, nccl_tuning
 from treeattn.cost.nccl_channels import P2P_NET_CHANNEL_GBPS, P2P_NVL_CHUNK, comm_channels, p2p_channels
 from treeattn.errors import InputError
 from treeattn.topology.model import DeviceKind, LinkClass, LinkKind, Topology
@@ -102,7 +102,7 @@ def applies(topo: Topology) -> bool:
         if topo.rated is topo or len(topo.fitted_links) == len(topo.links):
             return False
         topo = topo.rated
-    if nccl.p2p_link_gbps(topo) is None:
+    if nccl_rates.p2p_link_gbps(topo) is None:
         return False
     if any(topo.rank_device(r).kind is not DeviceKind.GPU for r in range(topo.num_ranks)):
         return False
@@ -172,7 +172,7 @@ class _View:
     def __init__(self, topo: Topology) -> None:
         self.topo = topo
         self.idx = topo._index
-        self.arch = nccl.nccl_arch(topo.rank_device(0).model or "")
+        self.arch = nccl_tuning.nccl_arch(topo.rank_device(0).model or "")
         self.grace = any("GRACE" in d.model.upper() for d in topo.devices if d.kind is DeviceKind.CPU)
         self.done: dict[tuple[str, int, int], PeerChannels] = {}
         self._path: dict[tuple[int, int], tuple[bool, float, float]] = {}
@@ -203,7 +203,7 @@ class _View:
 
     def _world_peer(self, a: int, b: int) -> PeerChannels:
         if self._world is None:
-            fab = nccl.fabric(self.topo)
+            fab = nccl_fabric.fabric(self.topo)
             p = self.topo.num_ranks
             nvlink = fab.nodes == 1 and all(self.path(0, c)[0] for c in range(1, p))
             self._world = (fab.channels or 1, fab.nodes, self._chunk(fab.nodes, nvlink), {})
@@ -290,17 +290,17 @@ class _View:
         route = [topo.links[i] for i in topo.route(a, b)]
         if self.same_node(a, b) and all(ln.cls is LinkClass.GPU_FABRIC for ln in route):
             fab = [ln for ln in self._out(a) if ln.cls is LinkClass.GPU_FABRIC]
-            per_link = min(nccl.nccl_link_bw_gbps(ln, arch) / max(ln.count, 1) for ln in fab)
+            per_link = min(nccl_rates.nccl_link_bw_gbps(ln, arch) / max(ln.count, 1) for ln in fab)
             direct = [ln for ln in fab if ln.dst == topo.ranks[b]]
             if any(topo.device(ln.dst).kind is DeviceKind.NVSWITCH for ln in fab):
-                bw = sum(nccl.nccl_link_bw_gbps(ln, arch) for ln in fab)
+                bw = sum(nccl_rates.nccl_link_bw_gbps(ln, arch) for ln in fab)
             elif direct:
-                bw = sum(nccl.nccl_link_bw_gbps(ln, arch) for ln in direct)
+                bw = sum(nccl_rates.nccl_link_bw_gbps(ln, arch) for ln in direct)
             else:
-                bw = min(nccl.nccl_link_bw_gbps(ln, arch) for ln in route)
+                bw = min(nccl_rates.nccl_link_bw_gbps(ln, arch) for ln in route)
             hit = (True, bw, per_link)
         else:
-            rated = [nccl.nccl_link_bw_gbps(ln, arch) for ln in route if ln.cls is LinkClass.PCIE]
+            rated = [nccl_rates.nccl_link_bw_gbps(ln, arch) for ln in route if ln.cls is LinkClass.PCIE]
             bw = min(rated) if rated else min((ln.bw_gbps for ln in route), default=math.inf)
             hit = (False, bw, bw)
         self._path[key] = hit
@@ -311,7 +311,7 @@ class _View:
         if nic is None:
             return 0.0
         links = self.topo.links
-        return nccl.nic_bw(links[i] for i in self.idx.out[nic])
+        return nccl_rates.nic_bw(links[i] for i in self.idx.out[nic])
 
     def per_peer(self, a: int, b: int) -> int:
         """ncclTopoGetNchannels: the channels NCCL gives peer b of rank a."""
@@ -331,7 +331,7 @@ class _View:
         return P2P_NVL_CHUNK if nvlink else _PCI_CHUNK
 
     def _fabric_total(self, a: int) -> float:
-        return nccl.fabric_bw(self._out(a), self.arch)
+        return nccl_rates.fabric_bw(self._out(a), self.arch)
 
 
 _VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -30,9 +30,9 @@ It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
 * Every rank runs its first step ``cost.host.wakeup_us`` after time 0 (a blocked process wakes).
 * A link's ``flow_gbps`` caps each flow on it below the link's shared ``bw_gbps``; a send
   between two GPUs of a node, one without peer-to-peer, moves at most NCCL's shared-memory
-  rate (``treeattn.cost.nccl.shm_pair_gbps``). Between
+  rate (``treeattn.cost.nccl_rates.shm_pair_gbps``). Between
   GPUs a link carries what NCCL's transfers reach on it, not its datasheet rate
-  (``treeattn.cost.nccl.p2p_link_gbps``: NCCL's own rating of NVLink, xGMI and PCIe links,
+  (``treeattn.cost.nccl_rates.p2p_link_gbps``: NCCL's own rating of NVLink, xGMI and PCIe links,
   0.94 of a network port), and a send between NVIDIA GPUs runs at most at what NCCL's
   channels for its size move (``treeattn.cost.nccl_p2p``: a communicator per pair of ranks,
   as the executor runs plans, or one of every rank, as nccl-tests runs). In a communicator
@@ -53,8 +53,8 @@ from collections import deque
 from treeattn.cost.compute import ComputeModel
 from treeattn.cost.host import CPU_MERGE, CPU_OP, HostModel
 from treeattn.cost.library import LibraryModel
-from treeattn.cost.nccl import shm_pair_gbps, transfer_gbps
 from treeattn.cost.nccl_p2p import PAIR, peer_channels, router
+from treeattn.cost.nccl_rates import shm_pair_gbps, transfer_gbps
 from treeattn.cost.program import _COLL, _COMPUTE, _KIND_CODE, _SEND, compile_plan
 from treeattn.cost.sharing import component, fair_rates, shared_routes
 from treeattn.cost.simresult import OpTiming, SimResult

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from treeattn.cost.compute import ComputeModel
-from treeattn.cost.nccl import pair_rate_gbps
+from treeattn.cost.nccl_rates import pair_rate_gbps
 from treeattn.cost.program import _COMPUTE, _SEND, Program, compile_plan
 from treeattn.cost.simulate import simulate
 from treeattn.errors import InfeasiblePlanError
@@ -104,7 +104,7 @@ class Evaluator:
 
     def _pair_cost(self, a: int, b: int) -> tuple[float, float]:
         """(latency_us, bottleneck bytes per microsecond) of the route a -> b at the rates
-        transfers reach (``treeattn.cost.nccl.pair_rate_gbps``, as the
+        transfers reach (``treeattn.cost.nccl_rates.pair_rate_gbps``, as the
         simulator drains them), cached."""
         key = a * self.topo.num_ranks + b
         hit = self._pair.get(key)

@@ -381,7 +381,7 @@ class CostParams:
     first one's as a run begins with every rank at work; None: ``attn_launch_us``."""
     link_rates: str = "datasheet"
     """What the links' ``bw_gbps`` are: ``datasheet`` figures, of which GPUs' transfers reach
-    what NCCL rates them (``treeattn.cost.nccl.p2p_link_gbps``), or ``measured`` rates
+    what NCCL rates them (``treeattn.cost.nccl_rates.p2p_link_gbps``), or ``measured`` rates
     (``treeattn calibrate`` fitted them) that transfers reach as they are."""
     attn_efficiency: float | None = None
     """Share of its device's memory bandwidth the COMPUTE kernel (partial attention over a KV
@@ -397,7 +397,7 @@ class CostParams:
     """What NCCL's shared-memory transport moves between two GPUs of a node without
     peer-to-peer (GeForce), GB/s of bus bandwidth, on this machine: the host sets it
     (``treeattn calibrate --from-nccl-tests`` fits it from a log of such GPUs, or write it);
-    None: ``treeattn.cost.nccl.SHM_GBPS``."""
+    None: ``treeattn.cost.nccl_rates.SHM_GBPS``."""
     host: HostParams = HostParams()
     """How ranks on host CPUs cost time."""
 

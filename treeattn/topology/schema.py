@@ -118,7 +118,7 @@ class CostSpec(_Spec):
     )
     shm_gbps: Float | None = Field(
         None, gt=0, description="GB/s of bus bandwidth NCCL's shared-memory transport moves between GPUs without "
-        "peer-to-peer on this host (default: treeattn.cost.nccl.SHM_GBPS)."
+        "peer-to-peer on this host (default: treeattn.cost.nccl_rates.SHM_GBPS)."
     )
     link_rates: Literal["datasheet", "measured"] = Field(
         "datasheet", description="datasheet: link bw_gbps are datasheet figures, of which GPU transfers reach NCCL's "

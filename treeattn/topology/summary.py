@@ -44,7 +44,7 @@ def topology_summary(topo: Topology, matrix_limit: int = 16) -> dict:
         (``nic_sharing``: how many ranks send through each NIC; None without networked NICs),
         ``from_rank0`` (per rank: device, ``bw_gbps``, ``latency_us``, ``hops``) and, for
         small topologies, ``bw_matrix_gbps`` (``bw_gbps`` is a route's narrowest link as the
-        file rates it; ``treeattn.cost.nccl.pair_rate_gbps`` is what a transfer moves).
+        file rates it; ``treeattn.cost.nccl_rates.pair_rate_gbps`` is what a transfer moves).
     """
     kinds = Counter(d.kind.value for d in topo.devices)
     links: dict[str, dict] = {}

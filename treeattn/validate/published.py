@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from treeattn.cost import nccl
+from treeattn.cost import nccl, nccl_fabric
 from treeattn.cost.library import alltoall_us, last_landing_us
 from treeattn.errors import InputError, TopologyError
 from treeattn.plan.ir import Plan, TopologyRef
@@ -164,7 +164,7 @@ class _Topologies:
 
     def __init__(self) -> None:
         self.topos: dict[str, Topology] = {}
-        self.fabrics: dict[str, nccl.NcclFabric] = {}
+        self.fabrics: dict[str, nccl_fabric.NcclFabric] = {}
 
     def topo(self, t: PublishedTable) -> Topology:
         if t.topology not in self.topos:
@@ -191,11 +191,11 @@ class _Topologies:
             self.topos[key] = dataclasses.replace(topo, cost=topo.cost.updated(nccl_version=t.version))
         return self.topos[key]
 
-    def fabric(self, t: PublishedTable) -> nccl.NcclFabric:
+    def fabric(self, t: PublishedTable) -> nccl_fabric.NcclFabric:
         """The table's topology summarized for NCCL's model, at the table's NCCL release where
         it gives one (else the topology's)."""
         if t.topology not in self.fabrics:
-            self.fabrics[t.topology] = nccl.fabric(self.topo(t))
+            self.fabrics[t.topology] = nccl_fabric.fabric(self.topo(t))
         fab, release = self.fabrics[t.topology], t.nccl_release
         return fab if release is None else dataclasses.replace(fab, nccl_release=release)
 

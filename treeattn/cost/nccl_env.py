@@ -1,0 +1,75 @@
+"""The NCCL environment variables that restrict NCCL's pick, read as NCCL and RCCL read them.
+
+``NCCL_ALGO`` and ``NCCL_PROTO`` (NCCL's list syntax: ``Ring,Tree``, ``^LL128``) and
+``NCCL_NVLS_ENABLE=0`` restrict the algorithms and protocols ``treeattn.cost.nccl.pick`` may
+choose (``allowed_by_env``); RCCL's MSCCL all-pairs all-reduce (``treeattn.cost.msccl``) is not
+restricted by ``NCCL_ALGO``, and ``RCCL_MSCCL_ENABLE=0`` turns it off. Other variables do not
+change what the model picks (``ENV_SETTINGS``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from treeattn.cost.nccl_tuning import _NCCL_ALGOS, Algorithm, Protocol
+from treeattn.errors import InputError
+
+__all__ = [
+    "ENV_SETTINGS",
+    "allowed_by_env",
+]
+
+
+def _env_list(value: str, names: tuple[str, ...], what: str) -> set[str]:
+    """NCCL's list syntax (``Ring,Tree``, ``^LL128``), function prefixes left out: the
+    names it enables, lower-case."""
+    text = value.strip()
+    if ";" in text or ":" in text:
+        raise InputError(f"{what}={value!r}: per-function lists are not modelled; give one list for all")
+    negate = text.startswith("^")
+    items = {x.strip().lower() for x in text.lstrip("^").split(",") if x.strip()}
+    known = {n.lower() for n in names}
+    bad = sorted(items - known - {"collnetdirect", "collnetchain", "pat"})
+    if bad:
+        raise InputError(f"{what}={value!r}: unknown {bad[0]!r}; NCCL knows {', '.join(names)}")
+    return known - items if negate else items & known
+
+
+def _int_env(value: str | None, default: int) -> int:
+    """An integer variable as NCCL's and RCCL's parameters read it (``strtoll(value, NULL, 0)``:
+    the leading number, hex after ``0x``, octal after ``0``; else 0)."""
+    if value is None:
+        return default
+    m = re.match(r"\s*([+-]?)(?:0[xX]([0-9a-fA-F]+)|(0[0-7]*)|([1-9]\d*))", str(value))
+    if not m:
+        return 0
+    sign, hexa, octal, decimal = m.groups()
+    n = int(hexa, 16) if hexa else int(octal, 8) if octal else int(decimal)
+    return -n if sign == "-" else n
+
+
+ENV_SETTINGS = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE", "RCCL_MSCCL_ENABLE")
+"""The environment variables ``allowed_by_env`` reads: the only ones that change the model's pick."""
+
+
+def allowed_by_env(env: dict[str, str] | None) -> tuple[set[str], set[str]]:
+    """The algorithms and protocols an NCCL environment leaves enabled (lower-case names).
+
+    Reads ``NCCL_ALGO`` and ``NCCL_PROTO`` (NCCL's list syntax), ``NCCL_NVLS_ENABLE`` and
+    ``RCCL_MSCCL_ENABLE`` (integers, as NCCL and RCCL read them: 0 turns NVLS or MSCCL off);
+    other variables do not change what this model picks.
+    """
+    env = env or {}
+    algos = {a.value for a in _NCCL_ALGOS}
+    protos = {p.value.lower() for p in Protocol}
+    if "NCCL_ALGO" in env:
+        algos = _env_list(env["NCCL_ALGO"], tuple(a.value for a in _NCCL_ALGOS), "NCCL_ALGO")
+    if "NCCL_PROTO" in env:
+        protos = _env_list(env["NCCL_PROTO"], tuple(p.value for p in Protocol), "NCCL_PROTO")
+    if _int_env(env.get("NCCL_NVLS_ENABLE"), 2) == 0:  # NCCL: 0, "00", "false" alike turn NVLS off
+        algos -= {"nvls", "nvlstree"}
+    # RCCL's MSCCL runs ahead of its tuner, whatever NCCL_ALGO and NCCL_PROTO say; its own
+    # switch turns it off (msccl_lifecycle.cc: RCCL_MSCCL_ENABLE).
+    if _int_env(env.get("RCCL_MSCCL_ENABLE"), 1) != 0:
+        algos.add(Algorithm.ALLPAIRS.value)
+    return algos, protos

@@ -1,0 +1,208 @@
+"""The rates NCCL gives a topology's links, and what one transfer between two ranks moves.
+
+NCCL's per-link figures are below datasheet; we scale each link by NCCL's figure over the
+datasheet one (``nccl_link_bw_gbps``): NVLink 20.0/25 (gen 2-3, SM70-80),
+20.6/25 (gen 4, SM90), 40.1/50 (gen 5, SM100); xGMI 48/64 (RCCL, gfx94x). A PCIe link
+NCCL rates by its generation and width alone (``topo.cc``: width x per-lane speed / 80:
+12/24/48/96 GB/s per x16 for Gen3/4/5/6), whatever rate the topology measured for it;
+a PCIe link without a width is scaled like the others, from the datasheet x16 figure;
+network links at their port speed (NCCL takes the NIC speed). So an 18-link H100 gives
+18 x 20.6 = 370.8 GB/s. A GPU's fabric links and a NIC's network links summed at those
+figures are ``fabric_bw`` and ``nic_bw``, from which ``treeattn.cost.nccl_fabric`` builds
+NCCL's bus bandwidths.
+
+The same ratings time treeattn's own transfers between GPUs: ``p2p_link_gbps`` and
+``transfer_gbps`` per link (what the simulator, ``treeattn.cost.simulate``, and the search's
+floor drain), ``pair_rate_gbps`` per pair of ranks.
+
+GPUs without peer-to-peer (GeForce): NCCL's shared-memory transport carries their traffic
+through host memory. NCCL's estimate rates that path at PCIe speed and picks by it; what runs
+moves at most ``SHM_GBPS`` of bus bandwidth, or the host's measured ``cost.shm_gbps``
+(``NcclFabric.shm_gbps``, ``shm_rate_gbps``), and each point-to-point
+transfer between such GPUs at most that (``shm_pair_gbps``, which the simulator reads).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from treeattn.cost.nccl_tuning import NET_ACHIEVED, Protocol, nccl_arch
+from treeattn.topology.model import DeviceKind, Link, LinkClass, LinkKind, Topology
+
+__all__ = [
+    "nccl_link_bw_gbps",
+    "nic_bw",
+    "fabric_bw",
+    "p2p_link_gbps",
+    "transfer_gbps",
+    "shm_pair",
+    "shm_pair_gbps",
+    "shm_rate_gbps",
+    "shm_pairs",
+    "pair_rate_gbps",
+    "SHM_GBPS",
+    "shm_rate_applies",
+]
+
+
+SHM_GBPS = 2.7
+"""What NCCL's shared-memory transport moves between two GPUs of a node, one without
+peer-to-peer (GeForce cards), GB/s, with NCCL's defaults: the receiving GPU's kernels load the data from
+host memory over PCIe (``NCCL_SHM_USE_CUDA_MEMCPY=0``), far below the PCIe rate NCCL's
+search rates the path at (paths.cc diverts it through the CPU at the links' speed). Published
+all-reduce bus bandwidth with the defaults on two GPUs: 1.9 GB/s at 20 MB on 2 x RTX 5070 Ti,
+PCIe 4.0 x16 with 26 GB/s copies, under LL, LL128 and Simple alike (sgl-project/sglang PR
+39605); 3.9 GB/s on PCIe 3.0 x16 with one channel (NVIDIA/nccl issue 384, NCCL 2.4.8). The
+model takes their geometric mean. The host sets it (NVIDIA's maintainer in NVIDIA/nccl
+issues 384 and 1639: CPUs that handle two-way traffic badly; 28 GB/s on 8 RTX 5090 with 8
+channels forced): a tuned machine's rate is its ``cost.shm_gbps`` (``shm_rate_gbps``), which
+``calibrate --from-nccl-tests`` fits from a log of such GPUs."""
+# NCCL's per-link figure over the datasheet's, by NVLink generation.
+_NVLINK_SCALE = {2: 20.0 / 25.0, 3: 20.0 / 25.0, 4: 20.6 / 25.0, 5: 40.1 / 50.0}
+_XGMI_SCALE = 48.0 / 64.0
+_PCIE_X16 = {3: 12.0, 4: 24.0, 5: 48.0, 6: 96.0}
+_PCIE_DATASHEET_X16 = {3: 15.75, 4: 31.5, 5: 63.0, 6: 126.0}
+
+
+def _nvlink_gen(link: Link, arch: str) -> int:
+    if link.generation is not None:
+        return link.generation
+    return {"volta": 2, "ampere": 3, "hopper": 4, "blackwell": 5}[arch]
+
+
+def nccl_link_bw_gbps(link: Link, arch: str = "hopper") -> float:
+    """A link's bandwidth as NCCL's topology search rates it (see the module docstring)."""
+    if link.kind is LinkKind.NVLINK:
+        return link.bw_gbps * _NVLINK_SCALE.get(_nvlink_gen(link, arch), _NVLINK_SCALE[4])
+    if link.kind is LinkKind.XGMI:
+        return link.bw_gbps * _XGMI_SCALE
+    if link.kind is LinkKind.PCIE:
+        if link.generation in _PCIE_X16 and link.width:
+            # NCCL rates a PCIe link by its generation and width alone (topo.cc: width x speed / 80).
+            return _PCIE_X16[link.generation] * link.width / 16
+        if link.generation in _PCIE_X16:
+            return link.bw_gbps * _PCIE_X16[link.generation] / _PCIE_DATASHEET_X16[link.generation]
+        return link.bw_gbps * _PCIE_X16[4] / _PCIE_DATASHEET_X16[4]
+    return link.bw_gbps
+
+
+def nic_bw(links: Iterable[Link]) -> float:
+    """A NIC's network bandwidth: its network links out."""
+    return sum(ln.bw_gbps for ln in links if ln.cls is LinkClass.NETWORK)
+
+
+def fabric_bw(links: Iterable[Link], arch: str) -> float:
+    """A GPU's NVLink/xGMI bandwidth as NCCL rates it: its fabric links out."""
+    return sum(nccl_link_bw_gbps(ln, arch) for ln in links if ln.cls is LinkClass.GPU_FABRIC)
+
+
+def p2p_link_gbps(topo: Topology) -> list[float] | None:
+    """Per link of ``topo``, the rate NCCL's point-to-point transfers reach on it: its own
+    rating of GPU-fabric and PCIe links (``nccl_link_bw_gbps``) and ``NET_ACHIEVED`` (Simple)
+    of a network port; other links at their ``bw_gbps``. None where the ranks are host CPUs
+    (gloo over loopback or an emulated network: ``treeattn.cost.gloo`` times those) or the
+    links' rates were measured (``cost.link_rates: measured``, a calibrated topology).
+
+    The published sendrecv and alltoall tables (``results/published``) came out 25-36 % fast
+    on datasheet rates and 4-18 % fast on these."""
+    ranks = [topo.rank_device(r) for r in range(topo.num_ranks)]
+    if topo.cost.link_rates == "measured" or any(d.kind is DeviceKind.HOST for d in ranks):
+        return None
+    arch = nccl_arch(ranks[0].model or "") if ranks else "hopper"
+    net = NET_ACHIEVED[Protocol.SIMPLE]
+    out = []
+    for ln in topo.links:
+        if ln.cls in (LinkClass.GPU_FABRIC, LinkClass.PCIE) and ln.kind in (LinkKind.NVLINK, LinkKind.XGMI,
+                                                                           LinkKind.PCIE):
+            out.append(nccl_link_bw_gbps(ln, arch))
+        elif ln.cls is LinkClass.NETWORK:
+            out.append(ln.bw_gbps * net)
+        else:
+            out.append(ln.bw_gbps)
+    return out
+
+
+def transfer_gbps(topo: Topology) -> tuple[float, ...]:
+    """Per link, the rate a transfer between ranks reaches on it: ``p2p_link_gbps`` where it
+    applies, else the link's ``bw_gbps`` (what the simulator and the search's floor use).
+
+    A topology is immutable, so the rates are kept with it: a search simulates one topology
+    hundreds of times, and rating 100,000 links takes a second."""
+    cached = vars(topo).get(_RATES_KEY)
+    if cached is None:
+        rated = p2p_link_gbps(topo)
+        cached = tuple(ln.bw_gbps for ln in topo.links) if rated is None else tuple(rated)
+        vars(topo)[_RATES_KEY] = cached
+    return cached
+
+
+_RATES_KEY = "_transfer_gbps"
+
+
+def _shm_rated(topo: Topology) -> bool:
+    """Whether NCCL's shared-memory rate can apply: GPU ranks (host ranks are timed by
+    ``treeattn.cost.gloo``) some without peer-to-peer, at NCCL's link figures or with the
+    host's rate named (``cost.shm_gbps``; otherwise a calibrated topology's measured rates
+    stand). Cached with the topology."""
+    hit = vars(topo).get(_SHM_KEY)
+    if hit is None:
+        hit = (topo.cost.link_rates != "measured" or topo.cost.shm_gbps is not None) and shm_rate_applies(topo)
+        vars(topo)[_SHM_KEY] = hit
+    return hit
+
+
+_SHM_KEY = "_shm_rated"
+
+
+def shm_rate_applies(topo: Topology) -> bool:
+    """Whether ``topo``'s ranks are GPUs some of which lack peer-to-peer: pairs NCCL's
+    shared-memory transport carries (``shm_pair``), whatever the links' rates."""
+    devs = [topo.rank_device(r) for r in range(topo.num_ranks)]
+    return all(d.kind is DeviceKind.GPU for d in devs) and any(not d.p2p for d in devs)
+
+
+def shm_pair(topo: Topology, a: int, b: int) -> bool:
+    """Whether rank ``a``'s transfers to rank ``b`` go through NCCL's shared-memory transport:
+    GPUs of one node, one without peer-to-peer, not joined by a GPU fabric (routing bounces
+    their copies through the CPU)."""
+    da, db = topo.rank_device(a), topo.rank_device(b)
+    if (a == b or da.kind is not DeviceKind.GPU or db.kind is not DeviceKind.GPU or da.node != db.node
+            or da.node < 0 or (da.p2p and db.p2p)):
+        return False
+    links = topo.links
+    return not all(links[i].cls is LinkClass.GPU_FABRIC for i in topo.route(a, b))
+
+
+def shm_pair_gbps(topo: Topology, a: int, b: int) -> float:
+    """The most a transfer from rank ``a`` to rank ``b`` moves through NCCL's shared-memory
+    transport: ``shm_rate_gbps`` where it goes through it (``shm_pair``) and the rate applies
+    (``_shm_rated``); else inf (other routes, across nodes through a NIC, have their links'
+    rates)."""
+    return shm_rate_gbps(topo) if _shm_rated(topo) and shm_pair(topo, a, b) else math.inf
+
+
+def shm_pairs(topo: Topology) -> int:
+    """How many ordered rank pairs move through NCCL's shared-memory transport (``shm_pair_gbps``)."""
+    if not _shm_rated(topo):
+        return 0
+    n = topo.num_ranks
+    return sum(shm_pair_gbps(topo, a, b) < math.inf for a in range(n) for b in range(n) if a != b)
+
+
+def shm_rate_gbps(topo: Topology) -> float:
+    """What NCCL's shared-memory transport moves between two GPUs without peer-to-peer on
+    ``topo``'s host: its ``cost.shm_gbps`` (measured or written), else ``SHM_GBPS``."""
+    return topo.cost.shm_gbps or SHM_GBPS
+
+
+def pair_rate_gbps(topo: Topology, a: int, b: int) -> float:
+    """What one transfer from rank ``a`` to rank ``b`` moves alone on its route (inf for a
+    rank to itself), as the simulator and the search's floor drain it: the least of its
+    links' ``transfer_gbps`` and per-flow caps (``flow_gbps``) and of ``shm_pair_gbps``;
+    before the cap NCCL's channels put on a send of a given size (``nccl_p2p``) and before
+    sharing links with other flows."""
+    rates, links = transfer_gbps(topo), topo.links
+    route = topo.route(a, b)
+    return min(min((min(rates[i], links[i].flow_cap_gbps) for i in route), default=math.inf),
+               shm_pair_gbps(topo, a, b))
