@@ -159,6 +159,7 @@ class Merger:
             payload plan, a plan that moves KV (ring attention) instead of partials,
             ``graph=True`` without NCCL, or a device that is not cpu or the current cuda
             device (cuda with NCCL).
+        treeattn.errors.PlanFormatError: a plan path that cannot be read, or text that is no plan.
 
     Examples:
         Every rank of a 4-rank group (torchrun, or ``torch.multiprocessing.spawn``)::
@@ -200,7 +201,7 @@ class Merger:
         if size != plan.ranks:
             raise ValueError(f"plan {plan.algorithm!r} has {plan.ranks} ranks but the process group has {size}")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+            raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
         if timeout_s > LONGEST_TIMEOUT_S:  # inf ('no timeout') included
             raise ValueError(f"timeout_s must be at most {LONGEST_TIMEOUT_S:g} seconds, got {timeout_s!r}")
         backend, device = _backend_and_device(group, device)
@@ -249,8 +250,9 @@ class Merger:
             ranks = (f"ranks {', '.join(map(str, differ))} differ" if len(differ) > 1
                      else f"rank {differ[0]} differs")
             raise ValueError(f"Merger: the ranks of the group hold different plans ({ranks} from rank 0; "
-                             f"this rank's is {plan.algorithm!r}, "
-                             f"B={w.batch}, Hq={w.q_heads}, Dv={w.value_dim}): build every rank's Merger from one plan")
+                             f"this rank's is {plan.algorithm!r}, B={w.batch}, Hq={w.q_heads}, Dv={w.value_dim}, "
+                             f"partial_dtype={w.partial_dtype}, result={plan.result}, chunks={plan.chunks}): "
+                             "build every rank's Merger from one plan")
 
     def synchronize(self) -> None:
         """Wait until the device has finished every earlier call's communication, each within
@@ -301,8 +303,12 @@ class Merger:
             raise TypeError(f"Merger: lse must be float32 (natural log), got {lse.dtype}")
         want = (w.batch, w.q_heads, w.value_dim)
         if tuple(o.shape) != want:
+            # A smaller batch (continuous batching) is the likely mistake: say how to serve it.
+            hint = ("; a Merger serves one batch size: pad the batch to B with rows of lse = -inf (they merge as "
+                    "empty and come back as o = 0, lse = -inf), or build a Merger for each batch size"
+                    if o.dim() == 3 and tuple(o.shape[1:]) == want[1:] and o.shape[0] != w.batch else "")
             raise ValueError(f"Merger: o must be (B, Hq, Dv) = {want} for plan {self.plan.algorithm!r}, "
-                             f"got {tuple(o.shape)}")
+                             f"got {tuple(o.shape)}{hint}")
         if tuple(lse.shape) != want[:2]:
             raise ValueError(f"Merger: lse must be (B, Hq) = {want[:2]}, got {tuple(lse.shape)}")
         for name, t in (("o", o), ("lse", lse)):

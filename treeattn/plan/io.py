@@ -461,6 +461,8 @@ def load_plan(source: str | Path) -> Plan:
     """
     if isinstance(source, str) and ("\n" in source or source.lstrip().startswith("{")):
         text, name = source, "<text>"
+    elif isinstance(source, str) and not source.strip():
+        raise PlanFormatError(f"no plan: the path or text given is empty ({source!r})")
     else:
         path = Path(source)
         name = str(path)

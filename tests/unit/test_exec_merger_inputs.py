@@ -1,0 +1,63 @@
+"""``Merger``'s errors say what a decode loop should do: a smaller batch than the plan's is
+answered with how to serve it, and ranks holding different plans are told every field that
+may differ (not only B, Hq and Dv, which are often the same)."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import treeattn
+from treeattn.errors import PlanFormatError
+from treeattn.exec.launch import free_port
+
+
+@pytest.fixture
+def gloo_world_of_one():
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    yield
+    dist.destroy_process_group()
+
+
+def test_a_smaller_batch_is_refused_with_how_to_serve_it(gloo_world_of_one):
+    # Continuous batching hands a Merger built for batch B fewer rows: the error says to pad
+    # with empty rows (lse = -inf) or build a Merger per batch size, and padding does merge.
+    plan = treeattn.search_plan("cpu:ranks=1", "llama-3.2-1b", batch=4, seq_len=64)
+    merge = treeattn.Merger(plan)
+    o, lse = torch.randn(2, 32, 64), torch.randn(2, 32)
+    with pytest.raises(ValueError, match=r"got \(2, 32, 64\); a Merger serves one batch size: pad the batch to B "
+                                         r"with rows of lse = -inf"):
+        merge(o, lse)
+    with pytest.raises(ValueError, match=r"got \(4, 16, 64\)$"):  # not a batch mismatch: no hint
+        merge(torch.randn(4, 16, 64), torch.randn(4, 16))
+    pad_o = torch.cat([o, torch.full((2, 32, 64), float("nan"))])
+    pad_l = torch.cat([lse, torch.full((2, 32), float("-inf"))])
+    out, out_lse = merge(pad_o, pad_l)
+    assert torch.equal(out[:2], o) and torch.equal(out_lse[:2], lse)
+    assert not out[2:].any() and bool((out_lse[2:] == float("-inf")).all())
+
+
+def test_ranks_with_different_plans_are_told_what_this_ranks_plan_is(gloo_world_of_one, monkeypatch):
+    # Plans that differ only in their wire dtype: the error names it, not only B, Hq and Dv,
+    # which are then the same on every rank.
+    from treeattn.exec import comm
+
+    monkeypatch.setattr(comm.Comm, "digests", lambda self, text, what: [1, 2])
+    plan = treeattn.search_plan("cpu:ranks=1", "llama-3.2-1b", batch=1, seq_len=64, partial_dtype="bf16")
+    with pytest.raises(ValueError, match=r"rank 1 differs from rank 0; this rank's is '\w[\w-]*', B=1, Hq=32, "
+                                         r"Dv=64, partial_dtype=bf16, result=all, chunks=1\)"):
+        treeattn.Merger(plan)
+
+
+def test_a_timeout_of_another_type_and_an_empty_plan_path_say_what_they_need(gloo_world_of_one):
+    plan = treeattn.search_plan("cpu:ranks=1", "llama-3.2-1b", batch=1, seq_len=64)
+    with pytest.raises(ValueError, match=r"^timeout_s must be a number of seconds > 0, got '5'$"):
+        treeattn.Merger(plan, timeout_s="5")
+    with pytest.raises(PlanFormatError, match=r"^no plan: the path or text given is empty \(''\)$"):
+        treeattn.Merger("")
+    with pytest.raises(PlanFormatError, match=r"^no plan: the path or text given is empty"):
+        treeattn.load_plan("  ")
