@@ -108,6 +108,8 @@ def test_sysfs_without_gpu_falls_back_to_cpu_host(tmp_path):
 def test_cpu_host_defaults_and_limits():
     r = cpu_host(None)
     assert r.topology.num_ranks == (os.cpu_count() or 1)
+    assert r.assumptions == (f"{os.cpu_count() or 1} ranks (the CPU count; --ranks sets it)",)
+    assert cpu_host(3).assumptions == ("3 ranks (--ranks)",)  # given: not said to be the default
     with pytest.raises(ProbeError, match="CPU-only host is probed as one node"):
         cpu_host(2, nodes=2)
 

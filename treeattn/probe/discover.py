@@ -254,4 +254,5 @@ def cpu_host(ranks: int | None = None, *, name: str | None = None, nodes: int = 
     topo.check_routable()
     warning = ("no GPU found: CPU-only loopback host with the cpu family's built-in figures; run `treeattn "
                "calibrate` to fit them to this machine")
-    return ProbeResult(topo, (warning,), (f"{n} ranks (--ranks, default: CPU count)",), source or "cpu host")
+    given = "--ranks" if ranks is not None else "the CPU count; --ranks sets it"
+    return ProbeResult(topo, (warning,), (f"{n} ranks ({given})",), source or "cpu host")
