@@ -244,6 +244,9 @@ class TimedNcclLikeComm(NcclLikeComm):
         self.clock += 1.0
         return self.clock
 
+    def origin(self) -> tuple[float, float]:  # no device to wait for: its marks are the clock
+        return self.clock, self.mark()
+
     def done_mark(self, work, slot: int) -> float:  # noqa: ANN001
         self.marked.append((slot, work))
         return 100.0 + len(self.marked)
