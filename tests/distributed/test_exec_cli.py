@@ -349,3 +349,30 @@ def test_rows_sent_to_the_null_device_leave_no_file_beside_it(tmp_path):
         assert Path("/dev/null").is_char_device()
     finally:
         stray.unlink(missing_ok=True)
+
+
+def test_slurm_tasks_given_different_plans_exit_2_on_every_rank(tmp_path):
+    # srun with a plan file that differs between nodes (regenerated on one, say): before, the
+    # ranks exchanged mismatched messages; rank 0 aborted inside gloo ("Received data size
+    # doesn't match expected size", exit 134) and rank 1 waited out the set-up deadline (120 s).
+    topo = resolve("cpu:ranks=2")
+    paths = [plan_file(tmp_path, build("binomial", w, topo, chunks=2), f"plan{r}.yaml")
+             for r, w in enumerate((W2, Workload(batch=2, q_heads=4, kv_heads=2, head_dim=8, split=(9, 9),
+                                                 kv_dtype="fp32")))]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "TORCHELASTIC", FAULT_ENV)) and k not in ("RANK", "WORLD_SIZE")}
+    env.update(SLURM_NTASKS="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(launch_mod.free_port()))
+    procs = [subprocess.Popen([TREEATTN, "run", str(paths[r]), "--out", str(tmp_path / f"rows{r}.csv")],
+                              env={**env, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)}, cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=60)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert [p.returncode for p in procs] == [2, 2], outs
+    for text in outs:
+        errors = [ln for ln in text.splitlines() if ln.startswith("error:")]
+        assert len(errors) == 1 and "rank 1 differs" in errors[0] and "Traceback" not in text, text

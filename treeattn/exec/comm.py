@@ -476,6 +476,15 @@ class Comm:
                             device=self.device)
         return self.all_gather(mine, what, setup=True).view(-1).tolist()
 
+    def differing(self, text: str, what: str) -> str | None:
+        """Which ranks hold another ``text`` than rank 0 (``digests``), in words ("rank 2 differs",
+        "ranks 1, 3 differ"); None where every rank holds the same."""
+        every = self.digests(text, what)
+        differ = [r for r, d in enumerate(every) if d != every[0]]
+        if not differ:
+            return None
+        return f"ranks {', '.join(map(str, differ))} differ" if len(differ) > 1 else f"rank {differ[0]} differs"
+
     def broadcast(self, tensor: torch.Tensor, src: int, what: str) -> torch.Tensor:
         self.wait(dist.broadcast(tensor, group=self.group, group_src=src, async_op=True), what, setup=True)
         return tensor

@@ -244,11 +244,8 @@ class Merger:
         w = plan.workload
         what = (plan.programs, plan.chunks, plan.layout, plan.result_ranks, plan.segments, w.batch, w.q_heads,
                 w.value_dim, str(w.partial_dtype))
-        every = self._comm.digests(repr(what), "Merger plan check")
-        differ = [r for r, d in enumerate(every) if d != every[0]]
-        if differ:
-            ranks = (f"ranks {', '.join(map(str, differ))} differ" if len(differ) > 1
-                     else f"rank {differ[0]} differs")
+        ranks = self._comm.differing(repr(what), "Merger plan check")
+        if ranks:
             raise ValueError(f"Merger: the ranks of the group hold different plans ({ranks} from rank 0; "
                              f"this rank's is {plan.algorithm!r}, B={w.batch}, Hq={w.q_heads}, Dv={w.value_dim}, "
                              f"partial_dtype={w.partial_dtype}, result={plan.result}, chunks={plan.chunks}): "

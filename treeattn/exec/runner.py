@@ -24,6 +24,7 @@ Rank 0 returns the ``JobResult``; other ranks return None.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import hashlib
 import math
@@ -683,6 +684,7 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
         dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=opt.setup_timeout_s), **init)
     comm = Comm(rank, world, backend, device, opt.timeout_s, opt.setup_timeout_s)
+    _check_same_job(job, comm)
     comm.open_pairs(_pairs(job))
     run = _RankRun(job, comm, kernels, graphs)
     measurements = run.run()
@@ -694,6 +696,22 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
     # What ran, not what was asked: a failed compile or capture says why only in the rank's log.
     return JobResult(tuple(measurements), backend, str(device), world, fused.merge_label(device),
                      graphs and not run.eager, tuple(run.eager))
+
+
+def _check_same_job(job: Job, comm: Comm) -> None:
+    """Raise ``InputError`` on every rank unless all ranks hold the same plans and options (one
+    all-gather of a digest): under torchrun or SLURM each rank reads its own plan file and flags,
+    and ranks that differ (a plan regenerated on one node, say) would exchange mismatched
+    messages, which aborts a rank inside gloo and leaves the others waiting out the set-up deadline."""
+    # What decides the messages: deadlines, the local kernel and a backend named or implied may differ.
+    opt = dataclasses.replace(job.options, timeout_s=1.0, setup_timeout_s=1.0, kernel="auto", backend=None)
+    what = [(pj.plan.workload, pj.plan.programs, pj.plan.chunks, pj.plan.layout, pj.plan.result_ranks,
+             pj.plan.contributors, pj.repeats, pj.ring_order) for pj in job.plans]
+    ranks = comm.differing(repr((what, opt)), "plan check")
+    if ranks:
+        raise InputError(f"the ranks hold different plans or run options ({ranks} from rank 0; this rank "
+                         f"{comm.rank} runs {', '.join(repr(pj.label) for pj in job.plans)}): give every rank "
+                         "the same plan file and options")
 
 
 def _pairs(job: Job) -> set[tuple[int, int]]:
