@@ -367,6 +367,9 @@ devices:
          "integer >= 1 (got 'x')"),
         ("family: mi300x\nparams: {oversubscription: fast}\n", "<t>:2: params.oversubscription: family mi300x: "
          "oversubscription must be a finite number >= 1 (got 'fast')"),
+        # An unknown parameter names the family once, not twice.
+        ("family: mi300x\nparams: {nodes: 4, nic_gbps: 50}\n", "<t>:2: params.nic_gbps: family mi300x has no "
+         "parameter 'nic_gbps'; parameters: gpus, nodes, fabric, nics_per_leaf, spines, oversubscription"),
         # The choices of a field typed as some enum members read as a file spells them.
         ("name: x\nnode:\n  gpus: {count: 2, mem_bw_gbps: 1}\n  pcie: {bw_gbps: 1}\n  nics: {count: 1, bw_gbps: 1}\n"
          "network: {kind: infinband}\n",

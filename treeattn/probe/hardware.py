@@ -72,6 +72,8 @@ _ROWS: tuple[tuple, ...] = (
     ("RTX-4090", "nvidia", 1008, 24, None, 0, 0.0, 4, False, "docs/hardware.md: RTX 4090 1.0 TB/s, no P2P"),
     ("RTX-5090", "nvidia", 1792, 32, None, 0, 0.0, 5, False, "NVIDIA RTX 5090 spec: 1,792 GB/s"),
     ("RTX-3090", "nvidia", 936, 24, 3, 4, 14.0625, 4, True, "NVIDIA RTX 3090 spec: 936 GB/s, NVLink bridge 112.5 GB/s"),
+    ("L40S", "nvidia", 864, 48, None, 0, 0.0, 4, True, "NVIDIA L40S datasheet: 48 GB GDDR6, 864 GB/s, PCIe 4.0 x16, no "
+     "NVLink"),
     ("MI300X", "amd", 5300, 192, 0, 7, 64.0, 5, True, "docs/hardware.md: MI300X 5.3 TB/s, xGMI 64 GB/s per link"),
     # NOTE: MI308X memory figures assumed equal to MI300X (same HBM3 stack); not verified.
     ("MI308X", "amd", 5300, 192, 0, 7, 64.0, 5, True, "assumed as MI300X (docs/hardware.md); not verified"),
@@ -102,6 +104,7 @@ _NAME_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"RTX\s*4090", "RTX-4090"),
     (r"RTX\s*5090", "RTX-5090"),
     (r"RTX\s*3090", "RTX-3090"),
+    (r"L40S", "L40S"),
     (r"MI300X", "MI300X"),
     (r"MI308X", "MI308X"),
     (r"MI325X", "MI325X"),

@@ -493,8 +493,8 @@ def build_family_file(spec: FamilyFile) -> Topology:
     try:
         topo = build_family(spec.family, spec.params)
     except FieldError as exc:
-        if exc.loc == ("family",):  # an unknown family
-            raise
+        if exc.loc == ("family",) or exc.message.startswith(f"family {spec.family} "):
+            raise  # an unknown family, or a message that names the family already
         raise FieldError(exc.loc, f"family {spec.family}: {exc.message}") from None
     changes: dict[str, Any] = {"sources": (*topo.sources, *spec.sources)}
     if spec.name is not None:
