@@ -367,3 +367,11 @@ def test_values_in_another_unit_are_warned_about_where_a_topology_is_loaded(tmp_
     res = run_cli("plan", "-t", str(tmp_path / "units.yaml"), "-m", "llama-3.1-8b", "-n", "8K",
                   "-o", str(tmp_path / "p.yaml"))
     assert res.exit_code == 0 and "mem_gb 81920" in res.stderr and "bw_gbps 400" in res.stderr
+    # A 200 Gb/s NIC written as 200 on PCIe 4.0 (25 GB/s): under any port's speed, over what reaches it.
+    (tmp_path / "nic.yaml").write_text(text.replace("bw_gbps: 50", "bw_gbps: 25").replace("bw_gbps: 400",
+                                                                                           "bw_gbps: 200")
+                                       .replace("81920", "80").replace("600", "1"))
+    res = run_cli("topo", "validate", str(tmp_path / "nic.yaml"))
+    assert res.exit_code == 0 and res.stderr.splitlines() == [
+        "warning: NIC nic0 has bw_gbps 200 on the network but 25 over its PCIe link; bw_gbps is GB/s: 200 Gb/s is 25 "
+        "(and 1 more)"], res.stderr

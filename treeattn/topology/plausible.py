@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from treeattn.topology.model import DeviceKind, LinkClass, Topology
 
-__all__ = ["implausible", "NETWORK_PORT_MAX_GBPS", "GPU_MEM_MAX_GB", "GPU_MEM_BW_MAX_GBPS", "HOP_MAX_US"]
+__all__ = ["implausible", "NETWORK_PORT_MAX_GBPS", "GPU_MEM_MAX_GB", "GPU_MEM_BW_MAX_GBPS", "HOP_MAX_US",
+           "NIC_OVER_PCIE"]
 
 NETWORK_PORT_MAX_GBPS = 200.0
 """A network port above 1.6 Tb/s (InfiniBand XDR, 1.6T Ethernet): none ships faster."""
@@ -19,6 +20,9 @@ GPU_MEM_MAX_GB = 1024.0
 """A GPU with more than 1 TB of its own memory (the largest, B300 and MI355X, hold 288 GB)."""
 GPU_MEM_BW_MAX_GBPS = 20000.0
 """A GPU's memory above 20 TB/s (B200/B300: 8 TB/s)."""
+NIC_OVER_PCIE = 2.0
+"""A NIC's port above twice its PCIe link: the port cannot move more than reaches it (a 400 Gb/s
+NIC, 50 GB/s, sits on PCIe 5.0 x16, about 55): more is a port written in Gb/s."""
 HOP_MAX_US = {LinkClass.GPU_FABRIC: 100.0, LinkClass.PCIE: 100.0, LinkClass.NETWORK: 1000.0}
 """A link's latency above 100 us inside a node (NVLink and PCIe: about 1 us) or 1 ms between
 nodes (a switch hop: under 1 us; a long-haul link a few hundred)."""
@@ -28,6 +32,7 @@ def implausible(topo: Topology) -> list[str]:
     """One line per kind of value ``topo`` holds beyond any hardware (module docstring), naming
     the first device or link that holds it and how many more do; empty where none."""
     found: dict[str, list[str]] = {}
+    nics = {d.name for d in topo.devices if d.kind is DeviceKind.NIC}
     for d in topo.devices:
         if d.kind is not DeviceKind.GPU:
             continue
@@ -53,4 +58,16 @@ def implausible(topo: Topology) -> list[str]:
             found.setdefault(f"latency_us {ln.cls.value}", []).append(
                 f"{what} has latency_us {ln.latency_us:g}, over {limit:g} us for a {ln.cls.value} hop; latency_us is "
                 "microseconds (ns / 1000)")
+    pcie: dict[str, float] = {}
+    port: dict[str, float] = {}
+    for ln in topo.links:
+        if ln.src in nics:
+            into = pcie if ln.cls is LinkClass.PCIE else port if ln.cls is LinkClass.NETWORK else None
+            if into is not None:
+                into[ln.src] = max(into.get(ln.src, 0.0), ln.bw_gbps)
+    for nic, gbps in port.items():
+        if nic in pcie and NIC_OVER_PCIE * pcie[nic] < gbps <= NETWORK_PORT_MAX_GBPS:  # above: said already
+            found.setdefault("nic over pcie", []).append(
+                f"NIC {nic} has bw_gbps {gbps:g} on the network but {pcie[nic]:g} over its PCIe link; bw_gbps is "
+                f"GB/s: {gbps:g} Gb/s is {gbps / 8:g}")
     return [first + (f" (and {len(rest)} more)" if rest else "") for first, *rest in found.values()]
