@@ -189,6 +189,16 @@ def test_compare_csv_and_json(tmp_path):
     assert all(r["fits"] for r in rows)
 
 
+def test_compare_takes_plans_length_flags():
+    # A user coming from `plan -n 1M` types the same flag to compare: one length, or several.
+    by = {}
+    for flag in ("--seq-lens", "--seq-len", "-n"):
+        res = run_cli("compare", "-t", "dgx-h100", "-m", "llama-3.1-8b", flag, "8K,64K", "--json")
+        assert res.exit_code == 0, res.stderr
+        by[flag] = json.loads(res.stdout)["rows"]
+    assert by["-n"] == by["--seq-len"] == by["--seq-lens"] and {r["seq_len"] for r in by["-n"]} == {8192, 65536}
+
+
 def test_compare_heads_layout_and_rank_order_ring():
     base = ("compare", "-t", "dgx-h100:nodes=4", "--seq-lens", "64K", "-m", "llama-3.1-8b", "--json")
     rows = {r["method"]: r for r in json.loads(run_cli(*base, "--result", "heads").stdout)["rows"]}

@@ -436,9 +436,10 @@ def compare_cmd(
     topology: TopologyOpt = None,
     nodes: Annotated[str | None, typer.Option("--nodes", help="Node counts of a family: 1,2,4,16.",
                                               rich_help_panel="Topology")] = None,
-    seq_lens: Annotated[str, typer.Option("--seq-lens", help="Sequence lengths in tokens, comma-separated: 128K,1M "
-                                          "(K = 1024); a length whose KV cache fits no device is left out, and "
-                                          "said.")] = "128K,1M",
+    seq_lens: Annotated[str, typer.Option("--seq-lens", "--seq-len", "-n",
+                                          help="Sequence lengths in tokens, comma-separated: 128K,1M "
+                                          "(K = 1024; -n and --seq-len as plan's, one length or several); a "
+                                          "length whose KV cache fits no device is left out, and said.")] = "128K,1M",
     workload_file: WorkloadFileOpt = None,
     model: ModelOpt = None,
     heads: HeadsOpt = None,
