@@ -518,10 +518,10 @@ def compare_cmd(
     layout, root = "all", None
     check_fraction(mem_fraction)  # a bad fraction is not a KV cache that fits nowhere (below)
     unfit: dict[tuple[str, int], str] = {}  # (topology, N) whose KV cache alone no device holds
+    shape = make(topos[0].num_ranks, lens[0])
+    warn_payload(shape)
     for t in topos:  # fail on a bad shape, layout or memory before the long part
         w = make(t.num_ranks, lens[0])
-        if t is topos[0]:
-            warn_payload(w)
         layout, root = parse_result(result, t.num_ranks, on=t.name)
         for n in lens:
             try:
@@ -541,7 +541,6 @@ def compare_cmd(
         write_csv(rows, csv)
     if png is not None:
         plot_speedup(rows, png)
-    shape = make(topos[0].num_ranks, lens[0])
     if json_out:
         # The shape the rows share: what the text's "workload:" line says (length and ranks are the rows').
         common = {k: v for k, v in shape.to_dict().items() if k not in ("seq_len", "split", "ranks")}

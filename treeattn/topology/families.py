@@ -493,8 +493,10 @@ def build_family_file(spec: FamilyFile) -> Topology:
     try:
         topo = build_family(spec.family, spec.params)
     except FieldError as exc:
-        if exc.loc == ("family",) or exc.message.startswith(f"family {spec.family} "):
-            raise  # an unknown family, or a message that names the family already
+        unknown_param = exc.loc[:1] == ("params",) and len(exc.loc) > 1 and exc.loc[1] not in {
+            p.name for p in FAMILIES[spec.family].params}
+        if exc.loc == ("family",) or unknown_param:
+            raise  # an unknown family or parameter: its message names the family already
         raise FieldError(exc.loc, f"family {spec.family}: {exc.message}") from None
     changes: dict[str, Any] = {"sources": (*topo.sources, *spec.sources)}
     if spec.name is not None:
