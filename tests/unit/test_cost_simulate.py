@@ -594,8 +594,12 @@ def test_the_shared_memory_rate_binds_both_ways_inside_a_node_and_not_across_nod
     mixed = _pcie_pair((True, False), (0, 0))
     assert nccl_rates.shm_pair_gbps(mixed, 0, 1) == nccl_rates.shm_pair_gbps(mixed, 1, 0) == nccl_rates.SHM_GBPS
     assert nccl_fabric.fabric(mixed).shm_gbps == nccl_rates.SHM_GBPS
+    # Both with peer-to-peer, joined through their CPU: NCCL's default P2P level (PXB) stops
+    # short of a host bridge, so host memory again; at NCCL_P2P_LEVEL=PHB peer-to-peer.
     both = _pcie_pair((True, True), (0, 0))
-    assert nccl_rates.shm_pair_gbps(both, 0, 1) == math.inf and nccl_fabric.fabric(both).shm_gbps == 0.0
+    assert nccl_rates.shm_pair_gbps(both, 0, 1) == nccl_rates.SHM_GBPS
+    phb = dataclasses.replace(both, cost=dataclasses.replace(both.cost, p2p_level="PHB"))
+    assert nccl_rates.shm_pair_gbps(phb, 0, 1) == math.inf and nccl_fabric.fabric(phb).shm_gbps == 0.0
     apart = _pcie_pair((False, False), (0, 1))
     assert nccl_rates.shm_pair_gbps(apart, 0, 1) == math.inf and nccl_fabric.fabric(apart).shm_gbps == 0.0
     big = nccl.pick(apart, "allreduce", 1 << 28)

@@ -163,6 +163,19 @@ def test_cpu_vendor_sets_the_socket_link():
     assert socket == {(LinkKind.INFINITY_FABRIC, 16.0)}
 
 
+def test_cpu_vendor_names_the_sockets_and_decides_nccls_p2p_level():
+    from treeattn.cost import nccl_rates
+
+    # Two A100 PCIe on two sockets (SYS): NCCL connects them peer-to-peer on an AMD host of at
+    # most two GPUs, through host memory on others (paths.cc ncclTopoCheckP2p).
+    amd = _probe("della-2xa100", gpu_model="A100-PCIE-40GB", cpu_vendor="amd").topology
+    intel = _probe("della-2xa100", gpu_model="A100-PCIE-40GB", cpu_vendor="intel").topology
+    assert {d.model for d in amd.devices if d.kind is DeviceKind.CPU} == {"AMD"}
+    assert {d.model for d in intel.devices if d.kind is DeviceKind.CPU} == {"Intel"}
+    assert nccl_rates.shm_pairs(amd) == 0
+    assert nccl_rates.shm_pairs(intel) == 2
+
+
 def test_dgx_a100_gpu_reaches_its_nic_without_the_cpu():
     topo = _probe("dgx-a100", gpu_model="A100-SXM4-80GB").topology
     assert _pcie_path_avoids_cpu(topo, "n0.gpu0", "n0.mlx5_0")  # PXB: under one switch tree

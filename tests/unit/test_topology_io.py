@@ -438,7 +438,7 @@ _VARIANTS = {"overhead_us": 3.0, "launch_us": 6.0, "mem_efficiency": 0.5, "host_
              "cpu_scope": "machine", "cpu_queue": "fifo", "coll_cpu_us": 5.0, "step_us": 7.0, "wakeup_us": 9.0,
              "start_cpu_us": 11.0, "cpu_us_per_kb": 0.5, "attn_launch_us": 13.0, "attn_gbps": 2.0,
              "attn_next_launch_us": 3.0, "attn_efficiency": 0.5, "link_rates": "measured",
-             "nccl_version": "2.26.2", "shm_gbps": 12.0}
+             "nccl_version": "2.26.2", "shm_gbps": 12.0, "p2p_level": "SYS"}
 
 
 @pytest.mark.parametrize("base", [CostParams(), CostParams.from_flat(host_cores=2, cpu_us=5.0)], ids=["bare", "host"])

@@ -46,8 +46,9 @@ def probe_cmd(
     gpu_names: Annotated[Path | None, _file("--gpu-names", "Output of `nvidia-smi -L` or `--query-gpu=name`")] = None,
     gpu_model: Annotated[str | None, typer.Option("--gpu-model", help="GPU model of every GPU, e.g. H100-SXM5-80GB.",
                                                   rich_help_panel=_IN)] = None,
-    cpu_vendor: Annotated[str, typer.Option("--cpu-vendor", help="intel or amd (socket link figures), when the "
-                                                                 "inputs do not say.", rich_help_panel=_IN)] = "",
+    cpu_vendor: Annotated[str, typer.Option("--cpu-vendor", help="intel or amd (socket link figures, NCCL's "
+                                                                 "P2P level), when the inputs do not say.",
+                                            rich_help_panel=_IN)] = "",
     nodes: Annotated[int, typer.Option("--nodes", min=1, help="Replicate the probed node into N nodes.",
                                        rich_help_panel=_NET)] = 1,
     nic_gbps: Annotated[float | None, typer.Option("--nic-gbps", help="NIC line rate, Gb/s, where the inputs lack "

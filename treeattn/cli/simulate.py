@@ -254,7 +254,7 @@ def nccl_model_cmd(
     for limit in filter(None, fab.limit.split("; ")):
         con.print(f"capped by the routes: {limit}", markup=False)
     if fab.shm_gbps:
-        con.print("GPUs without peer-to-peer: NCCL's estimate rates their path at that figure;")
+        con.print("GPU pairs NCCL does not connect peer-to-peer: its estimate rates their path at that figure;")
         con.print(f"what runs moves at most {fab.shm_gbps:.3g} GB/s of bus bandwidth through host memory")
         con.print("(NCCL's shared-memory transport)")
     table = Table()

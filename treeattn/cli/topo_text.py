@@ -111,7 +111,7 @@ def rate_lines(topo: Topology, shm_pairs: int = 0) -> list[str]:
     if any(ln.flow_gbps is not None for ln in topo.links):
         parts.append("one flow at most a link's flow_gbps")
     if shm_pairs:
-        parts.append("GPUs without peer-to-peer at most NCCL's shared-memory rate (below)")
+        parts.append("GPU pairs NCCL does not connect peer-to-peer at most its shared-memory rate (below)")
     text = f"GB/s: what one message moves at alone on its route: {', '.join(parts)}"
     if nccl_p2p.applies(topo):
         over = " over links no log fitted" if topo.fitted_links else ""

@@ -48,7 +48,14 @@ from dataclasses import dataclass
 
 from treeattn.cost import msccl
 from treeattn.cost.nccl_channels import comm_channels, graph_channels
-from treeattn.cost.nccl_rates import fabric_bw, nccl_link_bw_gbps, nic_bw, shm_pair_gbps, shm_rate_gbps
+from treeattn.cost.nccl_rates import (
+    cpu_vendor,
+    fabric_bw,
+    nccl_link_bw_gbps,
+    nic_bw,
+    shm_pair_gbps,
+    shm_rate_gbps,
+)
 from treeattn.cost.nccl_tuning import nccl_arch
 from treeattn.topology.model import DeviceKind, Link, LinkClass, LinkKind, Topology
 from treeattn.topology.nccl_version import NEWEST, Release, nccl_release
@@ -252,7 +259,7 @@ def fabric(topo: Topology) -> NcclFabric:
         channels=channels,
         graph_channels=graph,
         ring_gbps=ring_gbps,
-        cpu=_cpu_vendor(topo),
+        cpu=cpu_vendor(topo),
         nvls_gbps=_nvls_gbps(topo, devs, per_node, out, arch),
         ranks=topo.num_ranks,
         nodes=nodes,
@@ -294,15 +301,6 @@ def _nccl_nodes(topo: Topology, devs: list) -> dict[tuple[int, int], list[int]]:
         key = (1, i) if i >= 0 and len(machines[i]) > 1 else (0, d.node)
         out.setdefault(key, []).append(r)
     return out
-
-
-def _cpu_vendor(topo: Topology) -> str:
-    models = " ".join(d.model.upper() for d in topo.devices if d.kind is DeviceKind.CPU)
-    if "EPYC" in models or "AMD" in models:
-        return "amd"
-    if "XEON" in models or "INTEL" in models or not models:
-        return "intel"
-    return "other"
 
 
 def _nvls_gbps(topo: Topology, devs: list, per_node: dict, out: dict[str, list[Link]], arch: str) -> float:

@@ -15,11 +15,13 @@ The same ratings time treeattn's own transfers between GPUs: ``p2p_link_gbps`` a
 ``transfer_gbps`` per link (what the simulator, ``treeattn.cost.simulate``, and the search's
 floor drain), ``pair_rate_gbps`` per pair of ranks.
 
-GPUs without peer-to-peer (GeForce): NCCL's shared-memory transport carries their traffic
-through host memory. NCCL's estimate rates that path at PCIe speed and picks by it; what runs
-moves at most ``SHM_GBPS`` of bus bandwidth, or the host's measured ``cost.shm_gbps``
-(``NcclFabric.shm_gbps``, ``shm_rate_gbps``), and each point-to-point
-transfer between such GPUs at most that (``shm_pair_gbps``, which the simulator reads).
+GPUs without peer-to-peer (GeForce), and GPUs whose PCIe path is longer than NCCL's P2P level
+(``p2p_level``: by default no peer-to-peer through a CPU's host bridge or further apart):
+NCCL's shared-memory transport carries their traffic through host memory. NCCL's estimate
+rates that path at PCIe speed and picks by it; what runs moves at most ``SHM_GBPS`` of bus
+bandwidth, or the host's measured ``cost.shm_gbps`` (``NcclFabric.shm_gbps``,
+``shm_rate_gbps``), and each point-to-point transfer between such GPUs at most that
+(``shm_pair_gbps``, which the simulator reads).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import math
 from collections.abc import Iterable
 
 from treeattn.cost.nccl_tuning import NET_ACHIEVED, Protocol, nccl_arch
-from treeattn.topology.model import DeviceKind, Link, LinkClass, LinkKind, Topology
+from treeattn.topology.model import P2P_LEVELS, DeviceKind, Link, LinkClass, LinkKind, Topology
+from treeattn.topology.nccl_version import NEWEST, Release, nccl_release
 
 __all__ = [
     "nccl_link_bw_gbps",
@@ -36,6 +39,9 @@ __all__ = [
     "fabric_bw",
     "p2p_link_gbps",
     "transfer_gbps",
+    "cpu_vendor",
+    "p2p_level",
+    "pcie_path_type",
     "shm_pair",
     "shm_pair_gbps",
     "shm_rate_gbps",
@@ -156,22 +162,88 @@ _SHM_KEY = "_shm_rated"
 
 
 def shm_rate_applies(topo: Topology) -> bool:
-    """Whether ``topo``'s ranks are GPUs some of which lack peer-to-peer: pairs NCCL's
-    shared-memory transport carries (``shm_pair``), whatever the links' rates."""
+    """Whether ``topo``'s ranks are GPUs some pairs of which NCCL's shared-memory transport
+    carries (``shm_pair``), whatever the links' rates."""
     devs = [topo.rank_device(r) for r in range(topo.num_ranks)]
-    return all(d.kind is DeviceKind.GPU for d in devs) and any(not d.p2p for d in devs)
+    if not all(d.kind is DeviceKind.GPU for d in devs):
+        return False
+    by_node: dict[int, list[int]] = {}
+    for r, d in enumerate(devs):
+        by_node.setdefault(d.node, []).append(r)
+    return any(shm_pair(topo, a, b) for ranks in by_node.values() for a in ranks for b in ranks if a != b)
+
+
+def cpu_vendor(topo: Topology) -> str:
+    """``amd``, ``intel`` or ``other``, as NCCL reads its host's CPU, from the CPU devices'
+    models (``EPYC``/``AMD``, ``Xeon``/``Intel``); a topology without CPU models: ``intel``."""
+    models = " ".join(d.model.upper() for d in topo.devices if d.kind is DeviceKind.CPU)
+    if "EPYC" in models or "AMD" in models:
+        return "amd"
+    if "XEON" in models or "INTEL" in models or not models:
+        return "intel"
+    return "other"
+
+
+_PXB_BY_DEFAULT_FROM = (2, 23, 4)
+"""The first NCCL release whose default P2P level is PXB on every CPU (AMD with at most two
+GPUs excepted); before it, "use P2P whenever we can" (SYS) except on Intel, Zhaoxin and ARM
+CPUs, PXB (``src/graph/paths.cc`` ``ncclTopoCheckP2p`` at tags v2.22.3-1 and v2.23.4-1)."""
+
+
+def p2p_level(topo: Topology, node: int, release: Release | None = None) -> str:
+    """The farthest PCIe path type (``P2P_LEVELS``) over which NCCL connects two GPUs of
+    ``node`` peer-to-peer: ``cost.p2p_level`` (what ``NCCL_P2P_LEVEL`` sets) where given, else
+    NCCL's default at ``release`` (by default the topology's, ``cost.nccl_version``, else the
+    newest): from 2.23.4 PXB ("don't use P2P across CPU Host Bridges and further apart"), SYS
+    on an AMD x86 host with at most two GPUs (the GPUs of the communicator on that host, here
+    the node's ranks); before, SYS on AMD hosts and PXB on others (``_PXB_BY_DEFAULT_FROM``)."""
+    if topo.cost.p2p_level is not None:
+        return topo.cost.p2p_level
+    if release is None:
+        release = NEWEST if topo.cost.nccl_version is None else nccl_release(topo.cost.nccl_version)
+    amd = cpu_vendor(topo) == "amd"
+    if release < _PXB_BY_DEFAULT_FROM:
+        return "SYS" if amd else "PXB"
+    if amd and sum(topo.rank_device(r).node == node for r in range(topo.num_ranks)) <= 2:
+        return "SYS"
+    return "PXB"
+
+
+def pcie_path_type(topo: Topology, a: int, b: int) -> str:
+    """NCCL's type (``P2P_LEVELS``) of the PCIe route between ranks ``a`` and ``b`` of one
+    node: SYS where it crosses two CPU sockets, PHB through one, PXB through several PCIe
+    switches, else PIX (``src/graph/paths.cc`` ``ncclTopoSetPaths``)."""
+    links = topo.links
+    via = [topo.device(links[i].dst) for i in topo.route(a, b)[:-1]]
+    cpus = {d.name for d in via if d.kind is DeviceKind.CPU}
+    if cpus:
+        return "SYS" if len(cpus) > 1 else "PHB"
+    return "PXB" if sum(d.kind is DeviceKind.PCIE_SWITCH for d in via) > 1 else "PIX"
 
 
 def shm_pair(topo: Topology, a: int, b: int) -> bool:
     """Whether rank ``a``'s transfers to rank ``b`` go through NCCL's shared-memory transport:
-    GPUs of one node, one without peer-to-peer, not joined by a GPU fabric (routing bounces
-    their copies through the CPU)."""
+    GPUs of one node not joined by a GPU fabric, one without peer-to-peer (routing bounces
+    their copies through the CPU) or both with it but a PCIe path longer than NCCL's P2P
+    level (``p2p_level``: NCCL diverts the path through the CPU, which the route already
+    crosses) and no NVLink or xGMI between them, even through another GPU."""
     da, db = topo.rank_device(a), topo.rank_device(b)
     if (a == b or da.kind is not DeviceKind.GPU or db.kind is not DeviceKind.GPU or da.node != db.node
-            or da.node < 0 or (da.p2p and db.p2p)):
+            or da.node < 0):
         return False
     links = topo.links
-    return not all(links[i].cls is LinkClass.GPU_FABRIC for i in topo.route(a, b))
+    route = topo.route(a, b)
+    if all(links[i].cls is LinkClass.GPU_FABRIC for i in route):
+        return False
+    if not (da.p2p and db.p2p):
+        return True
+    island = topo._index.island(da.name)
+    if any(links[i].cls is not LinkClass.PCIE for i in route) or island >= 0 and island == topo._index.island(db.name):
+        # the network's transports, or NVLink through a GPU between them (NCCL's NVB path,
+        # DGX-1's hybrid cube-mesh), where routing takes PCIe
+        return False
+    level = p2p_level(topo, da.node)
+    return P2P_LEVELS.index(pcie_path_type(topo, a, b)) > P2P_LEVELS.index(level)
 
 
 def shm_pair_gbps(topo: Topology, a: int, b: int) -> float:

@@ -12,6 +12,7 @@ replaces them).
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -75,6 +76,19 @@ class NodeDraft:
             self.gpus.append(device.name)
         if device.kind is DeviceKind.NIC:
             self.nics.setdefault(device.name, NicInfo(model=device.model))
+
+    def name_cpus(self, vendor: str) -> None:
+        """Give the CPU sockets their vendor (``AMD``/``Intel``, from ``GenuineIntel``,
+        ``AuthenticAMD``, ``intel``, ``amd``) as their model, as NCCL reads it: the cost model
+        takes NCCL's per-vendor choices from it (``treeattn.cost.nccl_rates.cpu_vendor``); an
+        unknown vendor leaves them unnamed."""
+        v = (vendor or "").lower()
+        label = "AMD" if "amd" in v else "Intel" if "intel" in v else ""
+        if not label:
+            return
+        for name, dev in list(self.devices.items()):
+            if dev.kind is DeviceKind.CPU and not dev.model:
+                self.devices[name] = dataclasses.replace(dev, model=label)
 
     def connect(
         self,

@@ -74,6 +74,15 @@ _ROWS: tuple[tuple, ...] = (
     ("RTX-3090", "nvidia", 936, 24, 3, 4, 14.0625, 4, True, "NVIDIA RTX 3090 spec: 936 GB/s, NVLink bridge 112.5 GB/s"),
     ("L40S", "nvidia", 864, 48, None, 0, 0.0, 4, True, "NVIDIA L40S datasheet: 48 GB GDDR6, 864 GB/s, PCIe 4.0 x16, no "
      "NVLink"),
+    ("A10", "nvidia", 600, 24, None, 0, 0.0, 4, True, "NVIDIA A10 datasheet: 24 GB GDDR6, 600 GB/s, PCIe 4.0 x16, no "
+     "NVLink"),
+    # NOTE: AWS G5's A10G memory figures assumed equal to the A10's (same GA102 part, 24 GB GDDR6); not verified.
+    ("A10G", "nvidia", 600, 24, None, 0, 0.0, 4, True, "AWS G5: NVIDIA A10G, 24 GB; 600 GB/s assumed as the A10 "
+     "datasheet's"),
+    ("A40", "nvidia", 696, 48, 3, 4, 14.0625, 4, True, "NVIDIA A40 datasheet: 48 GB GDDR6, 696 GB/s, NVLink bridge "
+     "112.5 GB/s bidirectional, PCIe 4.0 x16"),
+    ("L4-24GB", "nvidia", 300, 24, None, 0, 0.0, 4, True, "NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, PCIe 4.0 x16, "
+     "no NVLink"),
     ("MI300X", "amd", 5300, 192, 0, 7, 64.0, 5, True, "docs/hardware.md: MI300X 5.3 TB/s, xGMI 64 GB/s per link"),
     # NOTE: MI308X memory figures assumed equal to MI300X (same HBM3 stack); not verified.
     ("MI308X", "amd", 5300, 192, 0, 7, 64.0, 5, True, "assumed as MI300X (docs/hardware.md); not verified"),

@@ -155,6 +155,7 @@ def nccl_xml_to_draft(
         d.warnings.append(f"{source}: PCI links far slower than the devices below them (virtualised PCI?), "
                           f"kept as reported: {', '.join(found.slow[:4])}{' ...' if len(found.slow) > 4 else ''}")
     vendor, model = cpus[0].attrs.get("vendor", ""), cpus[0].attrs.get("modelid")
+    d.name_cpus(vendor)
     kind, bw, label = socket_link(vendor, int(model) if model and model.isdigit() else None)
     if len(numas) > 1:
         d.note(f"socket links between NUMA nodes {sorted(numas)}: {label}")

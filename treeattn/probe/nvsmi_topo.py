@@ -340,6 +340,7 @@ def topo_to_draft(
     cpus = sorted(set(numa_of.values()))
     for node in cpus:
         d.add(Device(f"cpu{node}", DeviceKind.CPU, 0))
+    d.name_cpus(cpu_vendor)
     kind, bw, label = socket_link(cpu_vendor, None)
     if len(cpus) > 1:
         d.note(f"socket links between NUMA nodes {cpus}: {label}")

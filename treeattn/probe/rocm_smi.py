@@ -182,6 +182,7 @@ def rocm_to_draft(t: RocmTopo, catalog: GpuCatalog, *, cpu_vendor: str = "", sou
             direct += 1
     if far:
         d.warnings.append(f"{source}: XGMI pairs more than one hop apart use PCIe in this model: {', '.join(far)}")
+    d.name_cpus(cpu_vendor)
     kind, sbw, label = socket_link(cpu_vendor, None)
     if len(nodes) > 1:
         d.note(f"socket links between NUMA nodes {nodes}: {label}")

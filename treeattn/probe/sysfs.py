@@ -250,6 +250,7 @@ def sysfs_to_draft(root: str | Path = "/", catalog: GpuCatalog | None = None) ->
         d.note(f"{defaults[0]} PCIe link(s) without a readable speed/width in sysfs: Gen4 x16 assumed")
 
     vendor, model = _cpu_vendor(root)
+    d.name_cpus(vendor)
     kind, sbw, label = socket_link(vendor, model)
     if len(used_nodes) > 1:
         d.note(f"socket links between NUMA nodes {used_nodes}: {label}")

@@ -21,6 +21,7 @@ from treeattn.errors import InputError, TopologyError
 from treeattn.topology.nccl_version import NEWEST, nccl_release
 
 __all__ = [
+    "P2P_LEVELS",
     "CALIBRATED_BY",
     "MAX_RANKS",
     "MAX_DEVICES",
@@ -354,6 +355,13 @@ _HOST_FIELDS = frozenset(f.name for f in dataclasses.fields(HostParams))
 """Keys of the YAML ``cost:`` mapping that belong to ``HostParams``."""
 
 
+P2P_LEVELS = ("PIX", "PXB", "PHB", "SYS")
+"""NCCL's PCIe path types, nearest first (``src/graph/topo.h`` PATH_PIX, PATH_PXB, PATH_PHB,
+PATH_SYS): through at most one PCIe switch, through several, through a CPU's host bridge,
+across CPU sockets; nvidia-smi's ``NODE`` (host bridges of one socket) is NCCL's PHB. The
+values of ``CostParams.p2p_level`` (``treeattn.cost.nccl_rates.p2p_level``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class CostParams:
     """Per-machine constants of the cost model that calibration replaces: the devices' and
@@ -398,6 +406,10 @@ class CostParams:
     peer-to-peer (GeForce), GB/s of bus bandwidth, on this machine: the host sets it
     (``treeattn calibrate --from-nccl-tests`` fits it from a log of such GPUs, or write it);
     None: ``treeattn.cost.nccl_rates.SHM_GBPS``."""
+    p2p_level: str | None = None
+    """The farthest PCIe path (``P2P_LEVELS``) over which NCCL connects GPUs peer-to-peer, as
+    ``NCCL_P2P_LEVEL`` sets it; None: NCCL's default (``treeattn.cost.nccl_rates.p2p_level``:
+    PXB, SYS on AMD hosts of at most two GPUs). GPUs further apart talk through host memory."""
     host: HostParams = HostParams()
     """How ranks on host CPUs cost time."""
 
@@ -416,6 +428,8 @@ class CostParams:
             raise TopologyError(f"cost.attn_efficiency must be in (0, 1], got {self.attn_efficiency}")
         if self.link_rates not in ("datasheet", "measured"):
             raise TopologyError(f"cost.link_rates must be 'datasheet' or 'measured', got {self.link_rates!r}")
+        if self.p2p_level is not None and self.p2p_level not in P2P_LEVELS:
+            raise TopologyError(f"cost.p2p_level must be one of {', '.join(P2P_LEVELS)}, got {self.p2p_level!r}")
         if self.nccl_version is not None:
             try:
                 nccl_release(self.nccl_version)
@@ -464,6 +478,8 @@ class CostParams:
             out["nccl_version"] = self.nccl_version
         if self.shm_gbps is not None:
             out["shm_gbps"] = self.shm_gbps
+        if self.p2p_level is not None:
+            out["p2p_level"] = self.p2p_level
         return out
 
     def key(self) -> tuple:
@@ -473,6 +489,8 @@ class CostParams:
             terms = (*terms, "rates", self.link_rates)
         if self.shm_gbps is not None:
             terms = (*terms, "shm", float(self.shm_gbps))
+        if self.p2p_level is not None:
+            terms = (*terms, "p2p_level", self.p2p_level)
         if self.nccl_version is None:
             return terms
         # keyed by the release the model takes: texts naming the same one cost the same

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from treeattn.cost import nccl, nccl_fabric
+from treeattn.cost import nccl, nccl_fabric, nccl_rates
 from treeattn.cost.library import alltoall_us, last_landing_us
 from treeattn.errors import InputError, TopologyError
 from treeattn.plan.ir import Plan, TopologyRef
@@ -182,21 +182,30 @@ class _Topologies:
 
     def p2p_topo(self, t: PublishedTable) -> Topology:
         """The table's topology at the table's NCCL release where it gives one (PXN's reach,
-        ``nccl_p2p.router``), else the topology's: the same precedence as ``fabric``."""
+        ``nccl_p2p.router``), else the topology's: the same precedence as ``fabric``. A table
+        of a release older than the model's figures keeps the topology's release but the P2P
+        level NCCL's default had then (``nccl_rates.p2p_level``), which decides which pairs
+        go through host memory."""
         topo = self.topo(t)
-        if t.nccl_release is None or topo.cost.nccl_version == t.version:
+        old = t.nccl_release is None and t.nccl_bound is not None and topo.cost.p2p_level is None
+        if not old and (t.nccl_release is None or topo.cost.nccl_version == t.version):
             return topo
         key = f"{t.topology}@{t.version}"
         if key not in self.topos:
-            self.topos[key] = dataclasses.replace(topo, cost=topo.cost.updated(nccl_version=t.version))
+            cost = (topo.cost.updated(p2p_level=nccl_rates.p2p_level(topo, topo.rank_device(0).node, t.nccl_bound))
+                    if old else topo.cost.updated(nccl_version=t.version))
+            self.topos[key] = dataclasses.replace(topo, cost=cost)
         return self.topos[key]
 
     def fabric(self, t: PublishedTable) -> nccl_fabric.NcclFabric:
         """The table's topology summarized for NCCL's model, at the table's NCCL release where
-        it gives one (else the topology's)."""
-        if t.topology not in self.fabrics:
-            self.fabrics[t.topology] = nccl_fabric.fabric(self.topo(t))
-        fab, release = self.fabrics[t.topology], t.nccl_release
+        it gives one (else the topology's): its figures and its P2P level
+        (``nccl_rates.p2p_level``: which pairs go through host memory) by release."""
+        topo = self.p2p_topo(t)
+        key = t.topology if topo is self.topo(t) else f"{t.topology}@{t.version}"
+        if key not in self.fabrics:
+            self.fabrics[key] = nccl_fabric.fabric(topo)
+        fab, release = self.fabrics[key], t.nccl_release
         return fab if release is None else dataclasses.replace(fab, nccl_release=release)
 
 

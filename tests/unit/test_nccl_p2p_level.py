@@ -1,0 +1,135 @@
+"""NCCL's P2P level: which GPU pairs of a PCIe machine NCCL connects peer-to-peer and which
+through host memory (``treeattn.cost.nccl_rates.p2p_level``, ``pcie_path_type``, ``shm_pair``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from treeattn.cost import nccl_fabric, nccl_rates
+from treeattn.errors import TopologyError
+from treeattn.topology.compact import build_compact
+from treeattn.topology.model import CostParams
+from treeattn.topology.schema import CompactFile
+
+
+def _box(gpus: int, switches: int = 0, sockets: int = 1, cpu: str = "", p2p: bool = True, **cost) -> object:
+    spec = {"name": "pcie-box",
+            "node": {"gpus": {"count": gpus, "model": "L40S", "mem_bw_gbps": 864, "mem_gb": 48, "p2p": p2p},
+                     "cpus": {"count": sockets, "model": cpu,
+                              **({"link": {"kind": "upi", "bw_gbps": 22}} if sockets > 1 else {})},
+                     "pcie": {"generation": 4, "bw_gbps": 25, "latency_us": 0.5, "switches": switches}}}
+    if cost:
+        spec["cost"] = cost
+    return build_compact(CompactFile.model_validate(spec))
+
+
+def _kinds(topo) -> dict[tuple[int, int], str]:
+    n = topo.num_ranks
+    return {(a, b): nccl_rates.pcie_path_type(topo, a, b) for a in range(n) for b in range(n) if a != b}
+
+
+def test_path_types_follow_the_pcie_tree():
+    # One switch per socket, two sockets: pairs under one switch PIX, across sockets SYS.
+    two = _box(4, switches=2, sockets=2)
+    kinds = _kinds(two)
+    assert kinds[(0, 1)] == kinds[(2, 3)] == "PIX"
+    assert kinds[(0, 2)] == kinds[(1, 3)] == kinds[(3, 0)] == "SYS"
+    # Root ports of one CPU: PHB (nvidia-smi's PHB and NODE alike).
+    assert set(_kinds(_box(4)).values()) == {"PHB"}
+    # Two switches under one CPU: their GPUs meet at the CPU.
+    assert _kinds(_box(4, switches=2))[(0, 2)] == "PHB"
+
+
+def test_nccls_default_level_sends_through_host_memory_beyond_a_pcie_switch():
+    two = _box(4, switches=2, sockets=2)
+    assert nccl_rates.p2p_level(two, 0) == "PXB"
+    assert nccl_rates.shm_pair_gbps(two, 0, 1) == math.inf  # one switch: peer-to-peer
+    assert nccl_rates.shm_pair_gbps(two, 0, 2) == nccl_rates.SHM_GBPS == nccl_rates.shm_pair_gbps(two, 2, 0)
+    assert nccl_rates.shm_pairs(two) == 8
+    assert nccl_fabric.fabric(two).shm_gbps == nccl_rates.SHM_GBPS
+    # Root ports: every pair through host memory; the pair rate the simulator drains says so.
+    flat = _box(4)
+    assert nccl_rates.shm_pairs(flat) == 12
+    assert nccl_rates.pair_rate_gbps(flat, 0, 1) == nccl_rates.SHM_GBPS
+
+
+def test_nccl_p2p_level_written_in_cost_overrides_the_default():
+    two = _box(4, switches=2, sockets=2, p2p_level="SYS")
+    assert nccl_rates.shm_pairs(two) == 0 and nccl_fabric.fabric(two).shm_gbps == 0.0
+    pix = _box(4, switches=2, sockets=2, p2p_level="PIX")
+    assert nccl_rates.shm_pairs(pix) == 8
+    phb = _box(4, switches=2, p2p_level="PHB")
+    assert nccl_rates.shm_pairs(phb) == 0
+    # GPUs without peer-to-peer stay in host memory whatever the level (NCCL checks CUDA's
+    # peer access after the level).
+    assert nccl_rates.shm_pairs(_box(4, p2p=False, p2p_level="SYS")) == 12
+
+
+def test_an_amd_host_of_at_most_two_gpus_connects_them_across_sockets():
+    assert nccl_rates.p2p_level(_box(2, sockets=2, cpu="EPYC-9654"), 0) == "SYS"
+    assert nccl_rates.shm_pairs(_box(2, sockets=2, cpu="EPYC-9654")) == 0
+    assert nccl_rates.shm_pairs(_box(2, sockets=2, cpu="Xeon-Platinum-8480C")) == 2
+    # Three or more GPUs: NCCL's default again.
+    assert nccl_rates.p2p_level(_box(4, cpu="EPYC-9654"), 0) == "PXB"
+    assert nccl_rates.shm_pairs(_box(4, cpu="EPYC-9654")) == 12
+
+
+def test_gpu_fabric_and_network_pairs_are_not_host_memory_pairs():
+    from treeattn.topology.library import resolve
+
+    for name in ("dgx-h100:nodes=2", "mi300x", "dgx1-v100", "dgx-a100"):
+        assert nccl_rates.shm_pairs(resolve(name)) == 0, name
+
+
+def test_p2p_level_is_checked_kept_and_fingerprinted():
+    with pytest.raises(TopologyError, match="p2p_level"):
+        CostParams(p2p_level="NODE")
+    cost = CostParams(p2p_level="PHB")
+    assert cost.to_dict()["p2p_level"] == "PHB"
+    assert cost.key() != CostParams().key()
+    assert "p2p_level" not in CostParams().to_dict()
+    assert dataclasses.replace(cost, p2p_level=None).key() == CostParams().key()
+
+
+def test_before_nccl_2_23_4_amd_hosts_used_peer_to_peer_across_sockets_and_others_stopped_at_pxb():
+    # NCCL 2.22.3: "use P2P whenever we can" (SYS), PXB on Intel (and ARM, Zhaoxin);
+    # 2.23.4 made PXB the default on every CPU, AMD hosts of at most two GPUs excepted.
+    amd4 = _box(4, sockets=2, cpu="EPYC-7R32", nccl_version="2.22.3")
+    assert nccl_rates.p2p_level(amd4, 0) == "SYS" and nccl_rates.shm_pairs(amd4) == 0
+    assert nccl_rates.p2p_level(_box(4, sockets=2, cpu="EPYC-7R32", nccl_version="2.23.4"), 0) == "PXB"
+    assert nccl_rates.p2p_level(_box(4, sockets=2, cpu="Xeon-Platinum-8480C", nccl_version="2.22.3"), 0) == "PXB"
+    # A release passed in (a published table older than the model's figures) wins over the topology's.
+    assert nccl_rates.p2p_level(_box(4, cpu="EPYC-7R32"), 0) == "PXB"
+    assert nccl_rates.p2p_level(_box(4, cpu="EPYC-7R32"), 0, (2, 18, 5)) == "SYS"
+    # A written level wins over both.
+    assert nccl_rates.p2p_level(_box(4, cpu="EPYC-7R32", p2p_level="PIX"), 0, (2, 18, 5)) == "PIX"
+
+
+def test_a_published_table_older_than_the_models_figures_keeps_its_releases_p2p_level(tmp_path):
+    from pathlib import Path
+
+    from treeattn.validate import corpus, published
+
+    box = tmp_path / "amd-box.yaml"
+    box.write_text("name: amd-box\nnode:\n  gpus: {count: 4, model: L40S, mem_bw_gbps: 864, mem_gb: 48}\n"
+                   "  cpus: {count: 2, model: EPYC-9654, link: {kind: infinity-fabric, bw_gbps: 16}}\n"
+                   "  pcie: {generation: 4, bw_gbps: 25, latency_us: 0.5}\n")
+    # A real nccl-tests table (results/published, pytorch issue 127077's 4-GPU run) stands
+    # for the published one, its printed version left out: what matters is the release its
+    # mapping names.
+    log = Path(__file__).resolve().parents[2] / "results" / "published" / "pytorch-issue-127077-a10g.txt"
+    lines = [ln for ln in log.read_text().splitlines() if not ln.startswith("NCCL version")]
+    (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
+    predicted = {}
+    for version in ("2.18.5", "2.26.2"):
+        (tmp_path / "t.yaml").write_text(
+            f"source: test\nlibrary_version: {{library: NCCL, version: '{version}', evidence: test}}\n"
+            f"tables:\n  - {{id: t, lines: [1, 15], collective: all_reduce, topology: {box}, ranks: 4, env: {{}}}}\n")
+        (table,) = corpus.load_corpus([tmp_path / "t.yaml"])
+        (row,) = published.predict_table(table)
+        predicted[version] = row.predicted_us
+    # 2.18.5 on AMD: peer-to-peer across the sockets (16 GB/s); 2.26.2: PXB, so host memory.
+    assert predicted["2.26.2"] > 3 * predicted["2.18.5"]
