@@ -4,11 +4,14 @@ processes, a real file; no torch."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import signal
 import struct
+import time
 
 import pytest
 
-from treeattn.exec.board import HostBoard
+from treeattn.exec.board import HostBoard, RankExited, _gone, _stat
 
 
 def _meet(path: str, rank: int, world: int, rounds: int, out) -> None:  # noqa: ANN001 - a Queue
@@ -63,3 +66,58 @@ def test_create_refuses_an_existing_file(tmp_path):
     HostBoard.create(path, 2)
     with pytest.raises(FileExistsError):
         HostBoard.create(path, 2)
+
+
+def _open_and_wait(path: str, rank: int, world: int, nap_s: float, ready, out) -> None:  # noqa: ANN001
+    board = HostBoard(path, rank, world)
+    ready.set()
+    time.sleep(nap_s)  # a slow rank (or one killed here, before it meets)
+    out.put(board.meet(7.0, 0.5, 30.0))
+    board.close()
+
+
+@pytest.mark.parametrize("reaped", [False, True], ids=["zombie", "reaped"])
+def test_a_rank_killed_before_it_meets_fails_the_others_promptly_naming_it(tmp_path, reaped):
+    """Where no launcher takes the group down (SLURM without --kill-on-bad-exit, ranks started
+    by hand), a rank killed with -9 left the others waiting the whole set-up deadline (120 s)."""
+    path = str(tmp_path / "board")
+    HostBoard.create(path, 2)
+    ctx = mp.get_context("spawn")
+    ready, out = ctx.Event(), ctx.Queue()
+    peer = ctx.Process(target=_open_and_wait, args=(path, 0, 2, 600.0, ready, out))
+    peer.start()
+    assert ready.wait(60)
+    board = HostBoard(path, 1, 2)
+    os.kill(peer.pid, signal.SIGKILL)
+    if reaped:
+        peer.join(10)
+    # Not reaped: the peer is a zombie (our child), which os.kill(pid, 0) still finds.
+    began = time.monotonic()
+    with pytest.raises(RankExited, match=r"^rank 0 exited before the start of run 1"):
+        board.meet(1.0, 0.0, 30.0)
+    assert time.monotonic() - began < 5.0
+    board.close()
+    peer.join(10)
+
+
+def test_a_slow_rank_that_still_runs_is_waited_for(tmp_path):
+    path = str(tmp_path / "board")
+    HostBoard.create(path, 2)
+    ctx = mp.get_context("spawn")
+    ready, out = ctx.Event(), ctx.Queue()
+    peer = ctx.Process(target=_open_and_wait, args=(path, 0, 2, 1.5, ready, out))  # several looks
+    peer.start()
+    assert ready.wait(60)
+    board = HostBoard(path, 1, 2)
+    assert board.meet(1.0, 0.0, 30.0) == (7.0, 0.5)
+    assert out.get(timeout=30) == (7.0, 0.5)
+    peer.join(10)
+    assert peer.exitcode == 0
+    board.close()
+
+
+def test_a_pid_taken_by_another_process_is_not_taken_for_the_rank():
+    start = int(_stat(os.getpid())[19]) if os.path.isdir("/proc/self") else 0
+    assert not _gone(os.getpid(), start)
+    if start:
+        assert _gone(os.getpid(), start + 1)  # same pid, another start time: the rank is gone

@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 
 from treeattn.errors import ExecutionError
-from treeattn.exec.board import HostBoard
+from treeattn.exec.board import HostBoard, RankExited
 from treeattn.exec.deadline import Outstanding, wait_marks
 
 __all__ = ["CALLS_AHEAD", "LONGEST_TIMEOUT_S", "EXTERNAL_EVENTS", "CommError", "Comm", "P2P", "BufferPool", "Mark",
@@ -544,7 +544,7 @@ class Comm:
         if self.board is not None:
             try:
                 latest, worst = self.board.meet(time.perf_counter(), last_delay_s, self.setup_timeout.total_seconds())
-            except TimeoutError as exc:
+            except (TimeoutError, RankExited) as exc:
                 raise CommError(f"rank {self.rank}: start release failed: {exc}") from exc
         else:
             mine = torch.tensor([time.perf_counter(), last_delay_s], dtype=torch.float64, device=self.device)
