@@ -9,7 +9,40 @@ import signal
 import threading
 from collections.abc import Iterator
 
-__all__ = ["interrupts_raise", "shielded"]
+__all__ = ["Signalled", "exit_status", "forget", "interrupts_raise", "raise_interrupt", "shielded"]
+
+_received: int | None = None
+"""The last signal ``raise_interrupt`` turned into an interrupt (None: none since ``forget``)."""
+
+
+class Signalled(KeyboardInterrupt):
+    """The KeyboardInterrupt a signal raises here; ``signum`` says which (its text: SIGTERM)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+
+def raise_interrupt(signum, frame) -> None:  # noqa: ANN001, ARG001 - signal handler signature
+    """Signal handler: note the signal and raise ``Signalled`` (a KeyboardInterrupt)."""
+    global _received  # noqa: PLW0603 - the CLI reads it after typer has swallowed the exception
+    _received = int(signum)
+    raise Signalled(signum)
+
+
+def forget() -> None:
+    """Forget the signal noted last (the CLI calls it as a command starts)."""
+    global _received  # noqa: PLW0603
+    _received = None
+
+
+def exit_status(exc: BaseException | None = None) -> int:
+    """The shell's status for a command ended by an interrupt: 128 + the signal (SIGINT 130,
+    SIGTERM 143, SIGHUP 129), as batch systems and ``timeout`` read it. ``exc``: the interrupt
+    caught (a plain KeyboardInterrupt is Ctrl-C's, 130); None: the signal noted last, else 130."""
+    if exc is not None:
+        return 128 + getattr(exc, "signum", signal.SIGINT)
+    return 128 + (_received or signal.SIGINT)
 
 
 @contextlib.contextmanager
@@ -21,10 +54,7 @@ def interrupts_raise() -> Iterator[None]:
         yield
         return
 
-    def _raise(signum, frame):  # noqa: ARG001 - signal handler signature
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    old = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    old = {s: signal.signal(s, raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:

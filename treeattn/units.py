@@ -12,8 +12,8 @@ from enum import StrEnum
 
 from treeattn.errors import InputError
 
-__all__ = ["DType", "MAX_BYTES", "parse_size", "check_bytes", "counted", "format_size", "format_sizes",
-           "transfer_us"]
+__all__ = ["DType", "MAX_BYTES", "FIXED_MAX", "parse_size", "check_bytes", "counted", "fixed", "format_size",
+           "format_sizes", "transfer_us"]
 
 MAX_BYTES = 1 << 40
 """The largest buffer a rank may hold, 1 TiB: more than any one device's memory. A size a user
@@ -131,6 +131,19 @@ def format_sizes(a: float, b: float) -> tuple[str, str]:
 def counted(n: int, noun: str) -> str:
     """``n`` with ``noun``, plural unless one: ``1 rank``, ``8 ranks``."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+FIXED_MAX = 1e12
+"""From here on ``fixed`` writes a number in e-notation (1e12 µs is about 12 days)."""
+
+
+def fixed(x: float, digits: int = 2, width: int = 0) -> str:
+    """``x`` with ``digits`` decimals (``f"{x:.2f}"``), right-aligned to ``width``; from
+    ``FIXED_MAX`` on, 4 significant digits in e-notation: a time on a link of ``bw_gbps: 1e-300``
+    (a valid positive number) printed some 300 digits in full."""
+    if abs(x) >= FIXED_MAX:  # inf too
+        return f"{x:{width}.3e}"
+    return f"{x:{width}.{digits}f}"
 
 
 def transfer_us(nbytes: float, bw_gbps: float) -> float:

@@ -153,9 +153,11 @@ def test_wrong_result_is_reported_and_exits_1(tmp_path, monkeypatch):
     assert pd.read_csv(tmp_path / "r.csv")["correct"].tolist() == [False]
 
 
-def test_a_terminated_run_stops_its_ranks_and_removes_its_run_directory(tmp_path):
-    # `timeout 60 treeattn run ...` or a batch system ending the job sends SIGTERM: the
-    # launcher unwinds as on Ctrl-C (exit 130), its ranks stop and its run directory goes.
+@pytest.mark.parametrize(("sig", "status"), [("SIGTERM", 143), ("SIGHUP", 129)])
+def test_a_terminated_run_stops_its_ranks_and_removes_its_run_directory(tmp_path, sig, status):
+    # `timeout 60 treeattn run ...` or a batch system ending the job sends SIGTERM (a closed
+    # terminal SIGHUP): the launcher unwinds as on Ctrl-C, its ranks stop and its run directory
+    # goes; it exits 128 + the signal, as batch systems read it (130 for both, before).
     import signal
     import time
 
@@ -170,9 +172,9 @@ def test_a_terminated_run_stops_its_ranks_and_removes_its_run_directory(tmp_path
     while not any(runs.glob("treeattn-run-*/rank1.log")) and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(3)  # the ranks are running
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(getattr(signal, sig))
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "aborted" in err, err
+    assert proc.returncode == status and "aborted" in err, err
     assert list(runs.iterdir()) == []
     left = subprocess.run(["pgrep", "-f", str(runs)], capture_output=True, text=True)
     assert left.stdout == "", left.stdout

@@ -238,3 +238,22 @@ def test_a_device_given_for_an_image_is_written_as_named_with_no_suffix_added():
     # /dev/null.png would be a plain file made in /dev (as root, beside the device)
     assert output_file(Path("/dev/null"), "--png", "t.png", suffix=".png") == Path("/dev/null")
     assert not Path("/dev/null.png").exists()
+
+
+@pytest.mark.parametrize("args, flag", [
+    (("simulate", "PLAN"), "--timeline"),
+    (("topo", "show", "cpu-4"), "--png"),
+    (("compare", "-t", "cpu-4", "-m", "llama-3.1-8b", "--seq-lens", "1K"), "--png"),
+    (("check-model", "LOG", "-t", "cpu-4"), "--png"),
+])
+@pytest.mark.parametrize("name", ["x.txt", "x.SVG", "x.pdf"])
+def test_an_image_named_as_another_kind_of_file_is_refused(tmp_path: Path, plan: Path, args: tuple[str, ...],
+                                                           flag: str, name: str) -> None:
+    # `topo show --png x.txt` wrote x.txt.png; every image option refuses it, before any work.
+    args = tuple(str(plan) if a == "PLAN" else str(tmp_path / "log.txt") if a == "LOG" else a for a in args)
+    res = run_cli(*args, flag, str(tmp_path / name))
+    assert res.exit_code == 2, res.stderr
+    suffix = name.rsplit(".", 1)[1]
+    assert res.stderr == (f"error: {flag} {str(tmp_path / name)!r}: a .{suffix} name for a PNG image; end it in "
+                          ".png (or leave the suffix out: .png is added)\n"), res.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [plan.name]  # nothing written

@@ -199,6 +199,14 @@ def test_compare_takes_plans_length_flags():
     assert by["-n"] == by["--seq-len"] == by["--seq-lens"] and {r["seq_len"] for r in by["-n"]} == {8192, 65536}
 
 
+@pytest.mark.parametrize("flag", ["-n", "--seq-len", "--seq-lens"])
+def test_compare_names_its_length_flag_by_all_its_names(flag):
+    # `compare -n abc` said "--seq-lens", a flag the user had not typed; plan's -n says --seq-len.
+    res = run_cli("compare", "-t", "dgx-h100", "-m", "llama-3.1-8b", flag, "abc")
+    assert res.exit_code == 2
+    assert res.stderr == "error: cannot read -n/--seq-len/--seq-lens 'abc'; write it like 4096, 128K or 1M\n"
+
+
 def test_compare_heads_layout_and_rank_order_ring():
     base = ("compare", "-t", "dgx-h100:nodes=4", "--seq-lens", "64K", "-m", "llama-3.1-8b", "--json")
     rows = {r["method"]: r for r in json.loads(run_cli(*base, "--result", "heads").stdout)["rows"]}
@@ -271,7 +279,8 @@ def test_compare_bad_input():
     res = run_cli("compare", "-t", "cpu-4", "--nodes", "2", "--seq-lens", "8K", "-m", "llama-3.1-8b")
     assert res.exit_code == 2 and "cpu-4" in res.stderr
     res = run_cli("compare", "-t", "dgx-h100", "--seq-lens", "8K,,64K", "-m", "llama-3.1-8b")
-    assert res.exit_code == 2 and "cannot read --seq-lens '8K,,64K': item 2 ''" in res.stderr  # not read as "8K,64K"
+    assert res.exit_code == 2, res.stderr  # not read as "8K,64K"
+    assert "cannot read -n/--seq-len/--seq-lens '8K,,64K': item 2 ''" in res.stderr
     # not read as 1,2, as no --nodes at all (one node), or as 1
     for nodes, item in (("1,,2", 2), (",", 1), ("1,", 2)):
         res = run_cli("compare", "-t", "dgx-h100", "--nodes", nodes, "--seq-lens", "8K", "-m", "llama-3.1-8b")

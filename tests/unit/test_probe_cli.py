@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import run_cli
+from treeattn.probe.hardware import GPU_SPECS
 from treeattn.probe.sysfs import scan_pci
 from treeattn.topology.io import load_topology
 
@@ -126,9 +127,24 @@ def test_live_probe_without_gpu_is_cpu_loopback():
     assert any(w.startswith("--nics ignored: no GPU was found") for w in said), said
 
 
-def test_a_gpu_model_read_loosely_is_said():
+@pytest.mark.parametrize(("model", "hint"), [
+    ("H100-FOO", " (did you mean H100-SXM5-80GB?)"),  # read as H100-SXM5-80GB, with a warning, before
+    ("H200-BOGUS", " (did you mean H200-SXM-141GB?)"),
+    ("H10-SXM5-80GB", " (did you mean H100-SXM5-80GB?)"),  # a typo: the closest name
+    ("Voodoo2", ""),
+])
+def test_a_gpu_model_that_is_no_known_name_is_refused(model, hint):
+    # --gpu-model is a choice, not a tool's product name: the patterns that read nvidia-smi's
+    # names (H100 anything is the SXM5 part) would model another GPU than the one typed.
     xml = str(FIX / "nccl-topo.ibm-gx3d-8xh100.xml")
-    loose = json.loads(run_cli("probe", "--from-nccl-xml", xml, "--gpu-model", "H200-BOGUS", "--json").stdout)
-    assert "--gpu-model 'H200-BOGUS' read as H200-SXM-141GB" in loose["warnings"]
+    res = run_cli("probe", "--from-nccl-xml", xml, "--gpu-model", model)
+    assert res.exit_code == 2 and res.stdout == ""
+    assert res.stderr == (f"error: --gpu-model {model!r} is not a known GPU{hint}; choose one of "
+                          f"{', '.join(GPU_SPECS)}\n"), res.stderr
     exact = json.loads(run_cli("probe", "--from-nccl-xml", xml, "--gpu-model", "h200-sxm-141gb", "--json").stdout)
-    assert not any("read as" in w for w in exact["warnings"])
+    assert {d["model"] for d in exact["topology"]["devices"] if d["kind"] == "gpu"} == {"H200-SXM-141GB"}
+    # A product name as nvidia-smi prints it (pasted) is read as the tools' names are, and said.
+    pasted = json.loads(run_cli("probe", "--from-nccl-xml", xml, "--gpu-model", "NVIDIA H100 80GB HBM3",
+                                "--json").stdout)
+    assert {d["model"] for d in pasted["topology"]["devices"] if d["kind"] == "gpu"} == {"H100-SXM5-80GB"}
+    assert "--gpu-model 'NVIDIA H100 80GB HBM3' read as H100-SXM5-80GB" in pasted["warnings"]

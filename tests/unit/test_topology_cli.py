@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -375,3 +376,20 @@ def test_values_in_another_unit_are_warned_about_where_a_topology_is_loaded(tmp_
     assert res.exit_code == 0 and res.stderr.splitlines() == [
         "warning: NIC nic0 has bw_gbps 200 on the network but 25 over its PCIe link; bw_gbps is GB/s: 200 Gb/s is 25 "
         "(and 1 more)"], res.stderr
+
+
+def test_a_link_slower_than_any_is_warned_about_and_times_stay_short(tmp_path):
+    # bw_gbps: 1e-300 passed silently, and plan, simulate and compare printed times of some 300 digits.
+    text = Path("topologies/emu-mesh.yaml").read_text().replace("bw_gbps: 0.025", "bw_gbps: 1e-300")
+    topo = tmp_path / "slow.yaml"
+    topo.write_text(text)
+    res = run_cli("topo", "validate", str(topo))
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr.splitlines() == ["warning: link h0->h1 (ethernet) has bw_gbps 1e-300, slower than any link "
+                                       "(1e-06 is 1 kB/s); bw_gbps is GB/s (and 5 more)"], res.stderr
+    plan = tmp_path / "p.yaml"
+    for args in (("plan", "-t", str(topo), "-m", "llama-3.2-1b", "-n", "1K", "-o", str(plan), "--explain"),
+                 ("simulate", str(plan)), ("compare", "-t", str(topo), "-m", "llama-3.2-1b", "-n", "1K")):
+        res = run_cli(*args)
+        assert res.exit_code == 0, res.stderr
+        assert "e+300" in res.stdout and not re.search(r"\d{20}", res.stdout), (args, res.stdout)

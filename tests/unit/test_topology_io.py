@@ -362,6 +362,11 @@ devices:
         (_NICS.format(gpu1="nic: nic0"), "<t>:5: devices[2].nic: unknown device 'nic0' (did you mean 'n0'?)"),
         (_NICS.format(gpu1="").replace("kind: cpu, node: 0}", "kind: cpu, node: 0, nic: n0}"),
          "<t>:3: devices[0].nic: 'c' is a cpu; only gpu and host devices send through a nic"),
+        # tier places a network switch (leaf, spine, core); on another device it was kept unsaid.
+        (_NICS.format(gpu1="").replace("kind: nic, node: 0}", "kind: nic, node: 0, tier: leaf}"),
+         "<t>:6: devices[3].tier: 'n0' is a nic; tier (leaf) is for network switches (kind: switch)"),
+        (_NICS.format(gpu1="tier: spine"),
+         "<t>:5: devices[2].tier: 'g1' is a gpu; tier (spine) is for network switches (kind: switch)"),
         # A family's parameters are typed: the family's name leads the error.
         ("family: dgx-h100\nparams:\n  nodes: x\n", "<t>:3: params.nodes: family dgx-h100: nodes must be an "
          "integer >= 1 (got 'x')"),

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from treeattn import interrupts
 from treeattn.cli.paths import kept_on_success
 from treeattn.errors import TreeattnError
 
@@ -195,6 +196,7 @@ def main(args: list[str] | None = None) -> None:
 
 
 def _run(command, args: list[str] | None) -> None:  # noqa: ANN001 - a click Group
+    interrupts.forget()
     try:
         rc = command(args=args, standalone_mode=False, prog_name="treeattn")
     except TreeattnError as exc:
@@ -204,7 +206,7 @@ def _run(command, args: list[str] | None) -> None:  # noqa: ANN001 - a click Gro
         sys.exit(exc.exit_code)
     except typer.Abort:
         err_console.print("aborted")
-        sys.exit(130)
+        sys.exit(interrupts.exit_status())
     except Exception as exc:  # click usage errors arrive here in non-standalone mode
         click = _click()
         # click >= 8.2 raises it; before, such a group printed its help and ended with status 0.
@@ -225,8 +227,10 @@ def _run(command, args: list[str] | None) -> None:  # noqa: ANN001 - a click Gro
             exc.show()
             sys.exit(exc.exit_code)
         raise
-    # Not standalone, typer returns an exit status instead of raising (Ctrl-C gives 130).
+    # Not standalone, typer returns an exit status instead of raising (any KeyboardInterrupt
+    # gives 130): the status follows the signal that raised it (SIGTERM 143, SIGHUP 129).
     if isinstance(rc, int) and rc:
         if rc == 130:
             err_console.print("aborted")
+            rc = interrupts.exit_status()
         sys.exit(rc)

@@ -28,6 +28,7 @@ from treeattn.cli.paths import OUT_PATH
 from treeattn.cli.render import console
 from treeattn.errors import EmulationError, ExecutionError, InputError
 from treeattn.exec.deadline import MAX_ITERATIONS
+from treeattn.interrupts import exit_status
 
 __all__ = ["emulate_app"]
 
@@ -52,20 +53,26 @@ SLOW_RATIO = 0.85
 
 
 class Interrupted(EmulationError):
-    """Ctrl-C, SIGTERM or SIGHUP ended a command (after it cleaned up)."""
+    """Ctrl-C, SIGTERM or SIGHUP ended a command (after it cleaned up); the exit status is the
+    shell's for that signal (130, 143, 129)."""
 
     exit_code = 130
+
+    def __init__(self, message: str, exit_code: int = 130) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @contextlib.contextmanager
 def _interruptible() -> Iterator[None]:
-    # NOTE: typer turns KeyboardInterrupt into a *returned* 130 when not standalone, which
-    # ``treeattn.cli.main`` drops; an error with exit code 130 keeps the status.
+    # NOTE: typer turns KeyboardInterrupt into a *returned* 130 when not standalone; an error
+    # with the signal's exit code (interrupts.exit_status) keeps the status and says why.
     try:
         yield
     except KeyboardInterrupt as exc:
         why = str(exc) or "Ctrl-C"
-        raise Interrupted(f"interrupted ({why}); stopped every rank and removed what this command made") from None
+        raise Interrupted(f"interrupted ({why}); stopped every rank and removed what this command made",
+                          exit_status(exc)) from None
 
 
 @emulate_app.command("up")

@@ -3,7 +3,9 @@
 * A path that is an existing folder, or ends in a slash, means a file inside it, named
   ``default_name`` (an empty path is refused: ``out_path`` reads the options).
 * An image path without ``.png`` gets it (matplotlib would add it anyway), so the path a
-  command prints is the file it wrote.
+  command prints is the file it wrote; one whose suffix names another kind of file
+  (``x.txt``, ``x.svg``: ``OTHER_KINDS``) is refused rather than written as ``x.txt.png``.
+  A dotted name (``dgx.b1.n1M``) is no other kind and gets ``.png``.
 * Missing parent folders are created, as most tools do.
 * A path that cannot be written (a file in the way of a folder, no permission, an output
   that is itself a folder, a read-only file system: the file is opened once to see) is bad
@@ -28,6 +30,10 @@ __all__ = ["OUT_PATH", "FolderPath", "appendable", "kept_on_success", "out_path"
            "safe_name"]
 
 _CREATED: list[Path] = []
+
+OTHER_KINDS = frozenset({".txt", ".log", ".csv", ".tsv", ".json", ".yaml", ".yml", ".html", ".md", ".jpg", ".jpeg",
+                         ".svg", ".svgz", ".pdf", ".eps", ".ps", ".tif", ".tiff", ".webp", ".gif", ".bmp"})
+"""Suffixes of files that are not PNG images: an image option refuses them (see the module docstring)."""
 """The folders this command created, each after its parent."""
 
 
@@ -123,6 +129,9 @@ def output_file(path: Path, flag: str, default_name: str, *, suffix: str | None 
         out = given / default_name if folder or given.is_dir() else given
         # A device or pipe (``/dev/stdout``, a FIFO) is written as named: a suffix would make a file beside it.
         if suffix is not None and out.suffix.lower() != suffix and not special_file(out):
+            if out.suffix.lower() in OTHER_KINDS:
+                raise InputError(f"{flag} {str(given)!r}: a {out.suffix} name for a {suffix[1:].upper()} "
+                                 f"image; end it in {suffix} (or leave the suffix out: {suffix} is added)")
             out = out.with_name(out.name + suffix)
         if out.is_dir():
             raise InputError(f"{flag} {str(given)!r}: {str(out)!r} is a folder; give a file name")

@@ -44,7 +44,7 @@ from treeattn.cli.render import console, key_columns, print_rates_note, warn_pay
 from treeattn.cost.library import link_rates_note
 from treeattn.cost.memory import DEFAULT_MEM_FRACTION
 from treeattn.errors import InputError
-from treeattn.units import counted, format_size
+from treeattn.units import counted, fixed, format_size
 from treeattn.workload import Payload, Workload
 
 _ALG = "Named algorithm (instead of the search)"
@@ -364,19 +364,20 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
         table.add_column(col, justify="right" if col not in ("algorithm", "parameters") else "left",
                          no_wrap=col.startswith("x "))
     for i, c in enumerate(report["candidates"], 1):
-        table.add_row(str(i), c["algorithm"], _short(c["params"]), str(c["chunks"]), f"{c['predicted_us']:.2f}",
-                      f"{c['ratio_to_bound']:.3f}" if c["ratio_to_bound"] else "-",
-                      f"{c['predicted_us'] / ref:.3f}" if ref else "-")
+        table.add_row(str(i), c["algorithm"], _short(c["params"]), str(c["chunks"]), fixed(c['predicted_us']),
+                      fixed(c['ratio_to_bound'], 3) if c["ratio_to_bound"] else "-",
+                      fixed(c['predicted_us'] / ref, 3) if ref else "-")
     con.print(table)
     if result == "heads":
         con.print("chunks: pieces of each rank's rows (the plan file's chunks counts every rank's)")
     best = report["best"]["predicted_us"]
-    con.print(f"lower bound {report['lower_bound_us']:.2f} µs; the baselines, predicted:")
+    con.print(f"lower bound {fixed(report['lower_bound_us'])} µs; the baselines, predicted:")
     peaks = report.get("baseline_peak_bytes", {})
     for key, v in base.items():
         label = _BASELINE_NAMES.get(key, key)
         mem = f", {format_size(peaks[key])} a rank" if peaks.get(key) else ""
-        con.print(f"  {label} {v:.2f} µs ({v / best:.2f}x the plan's time{mem})" if v else f"  {label}: not simulated")
+        con.print(f"  {label} {fixed(v)} µs ({fixed(v / best)}x the plan's time{mem})" if v
+                  else f"  {label}: not simulated")
     peak, limit = report["best"].get("peak_bytes"), report.get("memory_limit_bytes")
     if peak:
         usable = f" of the {format_size(limit)} it may use" if limit else ""
@@ -384,7 +385,7 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
     for x in report.get("left_out", []):
         kind = "baseline" if x.get("baseline") else "schedule"
         why = "bits differ" if x.get("reason") == "bits" else "does not fit"
-        con.print(f"[yellow]left out ({kind}, {why}):[/] {x['algorithm']} {x['predicted_us']:.2f} µs "
+        con.print(f"[yellow]left out ({kind}, {why}):[/] {x['algorithm']} {fixed(x['predicted_us'])} µs "
                   f"- {escape(x['why'])}" if "predicted_us" in x else
                   f"[yellow]does not fit:[/] {x['algorithm']} - {escape(x['why'])}")
     if searched:
@@ -422,13 +423,17 @@ def _print_explanation(ex, topo) -> None:
         con.print(tree)
     if len(ex.trees) > 4:
         con.print(f"... and {len(ex.trees) - 4} more trees")
-    table = Table(title=f"Per-level cost ({ex.algorithm}, {ex.predicted_us:.2f} µs)")
+    table = Table(title=f"Per-level cost ({ex.algorithm}, {fixed(ex.predicted_us)} µs)")
     for col in ("phase", "level", "transfers", "bytes", "start µs", "end µs", "span µs", "links"):
         table.add_column(col, justify="left" if col in ("phase", "links") else "right")
     for lv in ex.levels:
-        table.add_row(lv.phase, str(lv.level), str(lv.transfers), format_size(lv.bytes), f"{lv.start_us:.2f}",
-                      f"{lv.end_us:.2f}", f"{lv.span_us:.2f}", ", ".join(lv.links))
+        table.add_row(lv.phase, str(lv.level), str(lv.transfers), format_size(lv.bytes), fixed(lv.start_us),
+                      fixed(lv.end_us), fixed(lv.span_us), ", ".join(lv.links))
     con.print(table)
+
+
+_SEQ_LENS = "-n/--seq-len/--seq-lens"
+"""compare's lengths option by all its names, for its errors (click does not say which was typed)."""
 
 
 @app.command("compare")
@@ -487,12 +492,16 @@ def compare_cmd(
     node_counts = _int_list(nodes, "--nodes") if nodes else None
     if node_counts is not None and any(n < 1 for n in node_counts):
         raise InputError(f"--nodes must be positive, got {nodes!r}")
-    lens = [parse_tokens(x, where=f"--seq-lens {seq_lens!r}: item {i}") for i, x in enumerate(seq_lens.split(","), 1)]
+    # Named by all three of its names (-n 128K is as likely typed as --seq-lens 128K,1M); one
+    # length is worded as plan words its -n, several say which item is wrong.
+    items = seq_lens.split(",")
+    lens = [parse_tokens(x, where=_SEQ_LENS if len(items) == 1 else f"{_SEQ_LENS} {seq_lens!r}: item {i}")
+            for i, x in enumerate(items, 1)]
     if not lens or any(n < 1 for n in lens):
-        raise InputError(f"--seq-lens must name positive token counts, got {seq_lens!r}")
+        raise InputError(f"{_SEQ_LENS} must name positive token counts, got {seq_lens!r}")
     topos = [load_topology(s) for s in expand_topologies(topology, node_counts)]
     # A repeat would be compared twice: the table shows it once, --json and --csv twice.
-    for what, given, values in (("--nodes", nodes, node_counts or []), ("--seq-lens", seq_lens, lens),
+    for what, given, values in (("--nodes", nodes, node_counts or []), (_SEQ_LENS, seq_lens, lens),
                                 ("--topology", topology, [t.name for t in topos])):
         dup = next((v for i, v in enumerate(values) if v in values[:i]), None)
         if dup is not None:
@@ -601,7 +610,7 @@ def _compare_tables(rows, result: str, ring: str, shape: str = "") -> None:  # n
     if marks:
         con.print(f"  {', '.join(sorted(set(marks.values())))}: what a method delivers where it cannot deliver "
                   f"{result}", markup=False)
-    metrics = (("per-layer time, µs (compute included)", lambda r: f"{r.predicted_us:.1f}"),
+    metrics = (("per-layer time, µs (compute included)", lambda r: fixed(r.predicted_us, 1)),
                # a speedup over a method that cannot run there is marked as its peak is
                ("tree faster by (x)" + ("; * does not fit" if any(r.fits is False for r in rows) else ""),
                 lambda r: _ratio(r.speedup_of_tree) + ("" if r.fits else "*")),
@@ -636,7 +645,7 @@ def _dims(w: Workload) -> str:
 def _ratio(x: float | None) -> str:
     if x is None:
         return "-"
-    return f"{x:.2f}" if x < 10 else f"{x:.3g}" if x < 1000 else f"{x:.0f}"
+    return f"{x:.2f}" if x < 10 else f"{x:.3g}" if x < 1000 else fixed(x, 0)
 
 
 def _bytes(n: int | None) -> str:

@@ -19,7 +19,7 @@ from treeattn.cli import app, err_console
 from treeattn.cli.options import JsonOpt, MeasureOrder, OrderOpt, load_topology
 from treeattn.cli.paths import output_folder
 from treeattn.cli.render import console
-from treeattn.errors import InputError
+from treeattn.errors import ExecutionError, InputError
 from treeattn.exec.deadline import MAX_ITERATIONS
 
 __all__ = ["validate_cmd", "report_cmd"]
@@ -142,14 +142,17 @@ def validate_cmd(
         targets.append(TopologyTarget(topo, tuple(cases), fitted, spec))
     out = output_folder(out, "--out")  # made once every flag has been read
     command = shlex.join(["treeattn", *sys.argv[1:]]) if Path(sys.argv[0]).name == "treeattn" else ""
-    from treeattn.interrupts import interrupts_raise
+    from treeattn.interrupts import exit_status, interrupts_raise
 
     try:
         with interrupts_raise():
             run_validate(targets, out, options, command=command,
                          progress=lambda line: err_console.print(f"[dim]{escape(line)}[/]"))
-    except KeyboardInterrupt:
-        raise InputError(f"interrupted; the topologies finished so far are in {out}") from None
+    except KeyboardInterrupt as exc:
+        # Not bad input (2): the shell's status for the signal (Ctrl-C 130, SIGTERM 143, SIGHUP 129).
+        stopped = ExecutionError(f"interrupted; the topologies finished so far are in {out}")
+        stopped.exit_code = exit_status(exc)
+        raise stopped from None
     _render(out, plots=plots, json_out=json_out)
 
 

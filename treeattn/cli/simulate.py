@@ -22,7 +22,7 @@ from treeattn.cost.library import link_rates_note
 from treeattn.cost.simulate import SimResult, simulate
 from treeattn.errors import InputError, PlanInvalidError
 from treeattn.figures import save_figure
-from treeattn.units import counted, format_size, parse_size
+from treeattn.units import counted, fixed, format_size, parse_size
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys) instead of tables.")]
 MAX_GANTT_RANKS = 64
@@ -110,25 +110,26 @@ def simulate_cmd(
     con.print(f"[bold]{plan.algorithm}[/] ({counted(plan.ranks, 'rank')}, {counted(plan.chunks, 'chunk')}) "
               f"on [bold]{escape(topo.name)}[/]")
     print_rates_note(con, topo)
-    con.print(f"predicted   {res.predicted_us:12.3f} µs")
+    con.print(f"predicted   {fixed(res.predicted_us, 3, 12)} µs")
     term = bounds.cut if bounds.cut in ("compute", "depth", "spread") else f"the cut {bounds.cut}"
-    con.print(f"lower bound {bounds.bound_us:12.3f} µs   set by {term} (see --help)")
-    con.print(f"  terms: depth {bounds.latency_us:.3f}, cut {bounds.bandwidth_us:.3f}, spread {bounds.spread_us:.3f}, "
-              f"compute {bounds.compute_us:.3f} µs")
-    con.print(f"gap         {gap:12.2f} x" if gap is not None else "gap         n/a (bound is 0)")
+    con.print(f"lower bound {fixed(bounds.bound_us, 3, 12)} µs   set by {term} (see --help)")
+    con.print(f"  terms: depth {fixed(bounds.latency_us, 3)}, cut {fixed(bounds.bandwidth_us, 3)}, "
+              f"spread {fixed(bounds.spread_us, 3)}, "
+              f"compute {fixed(bounds.compute_us, 3)} µs")
+    con.print(f"gap         {fixed(gap, 2, 12)} x" if gap is not None else "gap         n/a (bound is 0)")
     _print_finish(con, res.per_rank_finish_us)
     table = Table(title=f"Critical path (first {min(PATH_SHOWN, len(path))} of {len(path)} ops)")
     for col in ("rank", "op", "kind", "peer", "chunk", "start µs", "end µs"):
         table.add_column(col, justify="right" if col not in ("kind",) else "left")
     for row in path[:PATH_SHOWN]:
-        table.add_row(*(("" if row[k] is None else f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k]))
+        table.add_row(*(("" if row[k] is None else fixed(row[k], 3) if isinstance(row[k], float) else str(row[k]))
                         for k in ("rank", "op", "kind", "peer", "chunk", "start_us", "end_us")))
     con.print(table)
     if path:
         last = path[-1]
         tail = res.per_rank_finish_us[last["rank"]] - last["end_us"]
-        after = (f"; after its last op, rank {last['rank']}'s own work takes {tail:.3f} µs more, to the "
-                 f"predicted {res.predicted_us:.3f} µs") if tail > 1e-9 else ""
+        after = (f"; after its last op, rank {last['rank']}'s own work takes {fixed(tail, 3)} µs more, to the "
+                 f"predicted {fixed(res.predicted_us, 3)} µs") if tail > 1e-9 else ""
         con.print(escape("\n".join(wrap("Between ops a rank runs its own work: merges and copies, conversions for "
                                          f"the wire, and the overhead of each message it issues{after}.", ""))))
     if timeline is not None:
@@ -148,13 +149,14 @@ def _path_rows(res: SimResult) -> list[dict]:
 
 def _print_finish(con, finish: tuple[float, ...]) -> None:  # noqa: ANN001 - a Console
     if len(set(finish)) == 1:
-        con.print(f"finish µs   {finish[0]:.2f} on every rank")
+        con.print(f"finish µs   {fixed(finish[0])} on every rank")
         return
     if len(finish) <= 8:
-        con.print("finish µs   " + "  ".join(f"r{r}={t:.2f}" for r, t in enumerate(finish)))
+        con.print("finish µs   " + "  ".join(f"r{r}={fixed(t)}" for r, t in enumerate(finish)))
         return
     last = sorted(range(len(finish)), key=lambda r: (-finish[r], r))[:3]
-    con.print(f"finish µs   min {min(finish):.2f}  median {statistics.median(finish):.2f}  max {max(finish):.2f}"
+    con.print(f"finish µs   min {fixed(min(finish))}  median {fixed(statistics.median(finish))}  "
+              f"max {fixed(max(finish))}"
               f" (r{last[0]}, then " + ", ".join(f"r{r}" for r in last[1:]) + ")")
 
 
@@ -183,7 +185,7 @@ def _draw_timeline(res: SimResult, path: Path, title: str) -> int:
     ax.set_xlabel("time (µs)")
     ax.set_ylabel("rank")
     shown = "" if ranks == len(res.per_rank_finish_us) else f" (ranks 0-{ranks - 1} of {len(res.per_rank_finish_us)})"
-    ax.set_title(f"{title}: {res.predicted_us:.2f} µs{shown}")
+    ax.set_title(f"{title}: {fixed(res.predicted_us)} µs{shown}")
     ax.legend(handles=[Patch(color=c, label=k) for k, c in _COLORS.items()], loc="upper left",
               bbox_to_anchor=(1.0, 1.0), fontsize=7)
     fig.tight_layout()
@@ -261,8 +263,8 @@ def nccl_model_cmd(
     for col in ("pick", "algorithm", "protocol", "time µs", "picks by µs", "latency µs", "algbw GB/s", "busbw GB/s"):
         table.add_column(col, justify="left" if col in ("pick", "algorithm", "protocol") else "right")
     for e in ests:
-        table.add_row("*" if e == best else "", e.algorithm.value, e.protocol.value, f"{e.time_us:.2f}",
-                      f"{e.rank_us:.2f}", f"{e.latency_us:.2f}", f"{e.algbw_gbps:.2f}", f"{e.busbw_gbps:.2f}")
+        table.add_row("*" if e == best else "", e.algorithm.value, e.protocol.value, fixed(e.time_us),
+                      fixed(e.rank_us), fixed(e.latency_us), f"{e.algbw_gbps:.2f}", f"{e.busbw_gbps:.2f}")
     con.print(table)
     con.print("time µs: what runs; picks by µs: the tuner's own estimate, which ranks the choices")
     # plan and simulate time the same call plus the host's cost of issuing it (treeattn/cost/nccl.py):

@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 from treeattn.errors import ExecutionError, InputError, TreeattnError
 from treeattn.exec.runner import Job, JobResult, memory_problem, pick_backend, placement_problem, run_rank
-from treeattn.interrupts import shielded
+from treeattn.interrupts import raise_interrupt, shielded
 
 __all__ = ["RankEnv", "detect_env", "check_world", "slurm_bound", "slurm_threads", "launch", "launch_local",
            "free_port", "run_directory", "keep_output", "rank_failure", "GRACE_S", "available_bytes",
@@ -281,7 +281,7 @@ def launch_local(job: Job) -> JobResult:
             raise InputError(problem)
     tmp = run_directory("treeattn-run-", job)
     procs: list[subprocess.Popen] = []
-    previous = _stop_on_sigterm()
+    previous = _stop_on_signals()
     kept = False
     try:
         port = free_port()
@@ -314,21 +314,18 @@ def launch_local(job: Job) -> JobResult:
                     p.wait(timeout=max(0.0, deadline - time.monotonic()))
             if not kept:
                 shutil.rmtree(tmp, ignore_errors=True)
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
-def _stop_on_sigterm():  # noqa: ANN202 - the handler it replaced, or None
-    """Make SIGTERM (``timeout``, a batch system ending the job) unwind the launcher like
-    Ctrl-C, so that it stops its ranks and removes its run directory; returns the handler it
-    replaced (None off the main thread, where a handler cannot be set)."""
+def _stop_on_signals() -> dict:
+    """Make SIGTERM (``timeout``, a batch system ending the job) and SIGHUP (the terminal
+    closed) unwind the launcher like Ctrl-C, so that it stops its ranks and removes its run
+    directory; returns the handlers it replaced (none off the main thread, where a handler
+    cannot be set). raise_interrupt notes the signal: the command exits 143 or 129 for it."""
     if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def interrupt(signum, frame):  # noqa: ANN001, ANN202, ARG001 - signal's handler signature
-        raise KeyboardInterrupt
-
-    return signal.signal(signal.SIGTERM, interrupt)
+        return {}
+    return {sig: signal.signal(sig, raise_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
 
 
 def available_bytes() -> int | None:

@@ -9,6 +9,7 @@ line), ``--query-gpu=index,name`` (``0, NVIDIA H100 80GB HBM3``) and ``rocm-smi
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 
@@ -88,21 +89,33 @@ class GpuCatalog:
             ProbeError: ``--gpu-model`` names no known model.
         """
         if self.model is not None:
-            spec = gpu_spec(self.model)
+            # A known model's own name (any case), or a product name as nvidia-smi or rocm-smi print
+            # it (words: "NVIDIA H100 80GB HBM3"), which gpu_spec's patterns read. Those patterns
+            # would also read a made-up H100-FOO as H100-SXM5-80GB (their last resort for "H100
+            # 80GB HBM3"): a one-word name that is no known model is refused, their reading offered.
+            typed = self.model.strip().upper()
+            spec = next((v for k, v in GPU_SPECS.items() if k.upper() == typed), None)
+            printed = spec is None and len(typed.split()) > 1
+            if printed:
+                spec = gpu_spec(self.model)
+                if spec is not None:
+                    draft.warnings.append(f"--gpu-model {self.model!r} read as {spec.model}")
             if spec is None:
-                typed = self.model.strip().upper()
                 parts = [k for k in GPU_SPECS if typed and typed in k.upper()]
                 if len(parts) > 1:  # "A100": SXM4 or PCIe, 40 or 80 GB, which differ in links and memory
                     raise ProbeError(f"--gpu-model {self.model!r} names {len(parts)} known GPUs; give one of "
                                      f"{', '.join(parts)}")
+                guess = gpu_spec(self.model)
+                upper = {k.upper(): k for k in GPU_SPECS}
+                close = guess.model if guess is not None else next(
+                    (upper[k] for k in difflib.get_close_matches(typed, list(upper), n=1)), None)
+                hint = f" (did you mean {close}?)" if close else ""
                 known = ", ".join(GPU_SPECS)
-                raise ProbeError(f"--gpu-model {self.model!r} is not a known GPU; choose one of {known}")
+                raise ProbeError(f"--gpu-model {self.model!r} is not a known GPU{hint}; choose one of {known}")
             if self.vendor and spec.vendor and spec.vendor != self.vendor:
                 # An MI300X on NVSwitch (or an H100 on xGMI) would be modelled without a word.
                 raise ProbeError(f"{source}: --gpu-model {spec.model} is an {_VENDORS[spec.vendor]} GPU, but the "
                                  f"input lists {_VENDORS[self.vendor]} GPUs; give one of theirs")
-            if self.model.strip().upper() != spec.model.upper():  # read as a tool's product name is
-                draft.warnings.append(f"--gpu-model {self.model!r} read as {spec.model}")
             other = {n for n in self.names if gpu_spec(n) != spec}
             if other:
                 draft.warnings.append(f"--gpu-model {spec.model} overrides names read from the input: {sorted(other)}")

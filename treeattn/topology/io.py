@@ -199,6 +199,9 @@ def _build_explicit(spec: ExplicitFile) -> Topology:
         first[d.name] = i
         if d.kind is DeviceKind.GPU and d.mem_bw_gbps <= 0:
             raise FieldError(("devices", i, "mem_bw_gbps"), f"GPU {d.name!r} needs mem_bw_gbps > 0")
+        if d.tier and d.kind is not DeviceKind.SWITCH:  # network.py and the drawing read it of switches only
+            raise FieldError(("devices", i, "tier"), f"{d.name!r} is a {d.kind.value}; tier ({d.tier}) is for network "
+                             "switches (kind: switch)")
         try:
             devices.append(Device(**d.model_dump()))
         except TopologyError as exc:

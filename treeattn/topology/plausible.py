@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from treeattn.topology.model import DeviceKind, LinkClass, Topology
 
-__all__ = ["implausible", "NETWORK_PORT_MAX_GBPS", "GPU_MEM_MAX_GB", "GPU_MEM_BW_MAX_GBPS", "HOP_MAX_US",
-           "NIC_OVER_PCIE"]
+__all__ = ["implausible", "LINK_MIN_GBPS", "NETWORK_PORT_MAX_GBPS", "GPU_MEM_MAX_GB", "GPU_MEM_BW_MAX_GBPS",
+           "HOP_MAX_US", "NIC_OVER_PCIE"]
 
+LINK_MIN_GBPS = 1e-6
+"""A link under 1 kB/s (a 56k modem moves 7): a time on it is days; emulated links run at
+0.0125 GB/s (100 Mbit/s) and up."""
 NETWORK_PORT_MAX_GBPS = 200.0
 """A network port above 1.6 Tb/s (InfiniBand XDR, 1.6T Ethernet): none ships faster."""
 GPU_MEM_MAX_GB = 1024.0
@@ -53,6 +56,10 @@ def implausible(topo: Topology) -> list[str]:
             found.setdefault("bw_gbps", []).append(
                 f"{what} has bw_gbps {ln.bw_gbps:g}, faster than any network port (1.6 Tb/s is 200 GB/s); "
                 f"bw_gbps is GB/s: {ln.bw_gbps:g} Gb/s is {ln.bw_gbps / 8:g}")
+        if ln.bw_gbps < LINK_MIN_GBPS:
+            found.setdefault("slow bw_gbps", []).append(
+                f"{what} has bw_gbps {ln.bw_gbps:g}, slower than any link ({LINK_MIN_GBPS:g} is 1 kB/s); bw_gbps is "
+                "GB/s")
         limit = HOP_MAX_US.get(ln.cls)
         if limit is not None and ln.latency_us > limit:
             found.setdefault(f"latency_us {ln.cls.value}", []).append(

@@ -1,0 +1,63 @@
+"""A command ended by a signal exits with the shell's status for it (128 + the signal): SIGINT
+130, SIGTERM 143, SIGHUP 129, as batch systems and ``timeout`` read it; one line, no traceback."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.cli_helpers import run_cli
+from treeattn.exec import launch as launch_mod
+from treeattn.interrupts import exit_status, interrupts_raise
+from treeattn.plan.builders import build
+from treeattn.plan.io import save_plan
+from treeattn.topology.library import resolve
+from treeattn.workload import Workload
+
+SIGNALS = [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)]
+
+
+@pytest.mark.parametrize(("sig", "status"), SIGNALS)
+def test_exit_status_follows_the_signal(sig, status):
+    with pytest.raises(KeyboardInterrupt) as caught, interrupts_raise():
+        os.kill(os.getpid(), sig)
+        signal.sigtimedwait([], 0.1)  # a handler runs at the next bytecode; this is only in case
+    assert exit_status(caught.value) == status
+    assert exit_status(KeyboardInterrupt()) == 130  # Ctrl-C's own
+
+
+@pytest.mark.parametrize(("sig", "status"), SIGNALS)
+def test_a_signalled_validate_exits_with_the_signals_status(tmp_path, monkeypatch, sig, status):
+    # Before: every signal gave 2, the status of bad input.
+    import treeattn.validate
+
+    def validate(*args, **kwargs):  # noqa: ANN002, ANN003, ARG001
+        os.kill(os.getpid(), sig)
+        signal.sigtimedwait([], 0.1)
+
+    monkeypatch.setattr(treeattn.validate, "validate", validate)
+    res = run_cli("validate", "emu-mesh", "--out", str(tmp_path / "o"), "--no-calibrate")
+    assert res.exit_code == status, res.stderr
+    assert res.stderr.strip().splitlines() == [f"error: interrupted; the topologies finished so far are in "
+                                               f"{tmp_path / 'o'}"], res.stderr
+
+
+@pytest.mark.parametrize(("sig", "status"), SIGNALS[1:])
+def test_a_signalled_run_exits_with_the_signals_status(tmp_path, monkeypatch, sig, status):
+    # The launcher turns SIGTERM and SIGHUP into an interrupt (it stops its ranks and removes
+    # its run directory); typer makes every interrupt a returned 130, which was the status.
+    w = Workload(batch=2, q_heads=4, kv_heads=2, head_dim=8, split=(9, 0), kv_dtype="fp32")
+    path = tmp_path / "plan.yaml"
+    save_plan(build("binomial", w, resolve("cpu:ranks=2")), path)
+
+    def launch(job):  # noqa: ANN001, ANN202, ARG001 - launch's signature
+        launch_mod.raise_interrupt(sig, None)
+
+    monkeypatch.setattr(launch_mod, "launch", launch)
+    res = run_cli("run", str(path), "--out", str(tmp_path / "r.csv"))
+    assert res.exit_code == status, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == "aborted" and "Traceback" not in res.stderr
+    # A later command in the same process does not inherit the signal.
+    assert run_cli("run", str(tmp_path / "missing.yaml")).exit_code == 2
