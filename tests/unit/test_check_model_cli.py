@@ -129,11 +129,19 @@ def test_own_log_env_is_said_not_to_reach_point_to_point_rows(tmp_path):
                    + "\n")
     res = run_cli("check-model", str(log), "-t", "dgx-a100", "--env", "NCCL_PROTO=Simple")
     assert res.exit_code == 0, res.stderr
-    said = [line for line in res.stdout.splitlines() if "--env not applied" in line]
+    said = [line for line in res.stdout.splitlines() if "not applied" in line]
     assert len(said) == 1 and said[0].startswith(f"{log}: sendrecv over 8 ranks")
-    assert "--env not applied" not in run_cli("check-model", str(log), "-t", "dgx-a100").stdout
+    assert "--env NCCL_PROTO not applied (the point-to-point model reads only NCCL_P2P_DISABLE and " in said[0]
+    assert "not applied" not in run_cli("check-model", str(log), "-t", "dgx-a100").stdout
     collective = run_cli("check-model", str(FIXTURE), "-t", "dgx-h100:nodes=4", "--env", "NCCL_PROTO=Simple")
-    assert collective.exit_code == 0 and "--env not applied" not in collective.stdout
+    assert collective.exit_code == 0 and "not applied" not in collective.stdout
+    # The P2P settings do reach it: without peer-to-peer, the NVSwitch pairs go through host memory.
+    default = json.loads(run_cli("check-model", str(log), "-t", "dgx-a100", "--json").stdout)["rows"]
+    off = run_cli("check-model", str(log), "-t", "dgx-a100", "--env", "NCCL_P2P_DISABLE=1")
+    assert off.exit_code == 0 and "not applied" not in off.stdout, off.stdout
+    rows = json.loads(run_cli("check-model", str(log), "-t", "dgx-a100", "--env", "NCCL_P2P_DISABLE=1",
+                              "--json").stdout)["rows"]
+    assert all(r["predicted_us"] > 5 * d["predicted_us"] for r, d in zip(rows, default, strict=True))
 
 
 def test_own_log_bad_input_is_one_line_and_exit_2(tmp_path):
@@ -148,6 +156,7 @@ def test_own_log_bad_input_is_one_line_and_exit_2(tmp_path):
                        ([*own, "--env", "NCCL_MIN_NCHANNELS=32"], "the model reads only NCCL_ALGO"),
                        ([*own, "--env", "NCCL_ALGO=Ring", "--env", "NCCL_ALGO=Tree"], "names NCCL_ALGO twice"),
                        ([*own, "--env", "NCCL_ALGO=Bogus"], "--env: NCCL_ALGO"),
+                       ([*own, "--env", "NCCL_P2P_LEVEL=NODE"], "--env: NCCL_P2P_LEVEL='NODE': NCCL reads LOC"),
                        ([*own, str(log)], "given twice"),
                        (["check-model", str(tmp_path / "gone.txt"), "-t", "dgx-h100"], "no such file or folder")):
         res = run_cli(*args)

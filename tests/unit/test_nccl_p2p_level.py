@@ -133,3 +133,46 @@ def test_a_published_table_older_than_the_models_figures_keeps_its_releases_p2p_
         predicted[version] = row.predicted_us
     # 2.18.5 on AMD: peer-to-peer across the sockets (16 GB/s); 2.26.2: PXB, so host memory.
     assert predicted["2.26.2"] > 3 * predicted["2.18.5"]
+
+
+def test_nccl_environment_sets_the_level_as_ncclgetlevel_reads_it():
+    from treeattn.cost.nccl_env import p2p_level_from_env
+    from treeattn.errors import InputError
+
+    assert p2p_level_from_env(None) is None and p2p_level_from_env({"NCCL_ALGO": "Ring"}) is None
+    assert p2p_level_from_env({"NCCL_P2P_DISABLE": "1"}) == "LOC"
+    # NCCL_P2P_DISABLE wins over a level; 0 leaves the level to NCCL_P2P_LEVEL.
+    assert p2p_level_from_env({"NCCL_P2P_DISABLE": "1", "NCCL_P2P_LEVEL": "SYS"}) == "LOC"
+    assert p2p_level_from_env({"NCCL_P2P_DISABLE": "0", "NCCL_P2P_LEVEL": "NVL"}) == "NVL"
+    # The old numbering: 0 LOC, 1 PIX, 2 PXB, 3 PHB, 4 and up SYS.
+    assert [p2p_level_from_env({"NCCL_P2P_LEVEL": str(n)}) for n in range(7)] == [
+        "LOC", "PIX", "PXB", "PHB", "SYS", "SYS", "SYS"]
+    for bad in ("NODE", "phb", ""):
+        with pytest.raises(InputError, match="NCCL_P2P_LEVEL"):
+            p2p_level_from_env({"NCCL_P2P_LEVEL": bad})
+
+
+def test_levels_below_pcie_send_nvlink_pairs_through_host_memory():
+    from treeattn.topology.library import resolve
+
+    a100 = resolve("dgx-a100")
+    off = dataclasses.replace(a100, cost=a100.cost.updated(p2p_level="LOC"))
+    # NCCL_P2P_DISABLE=1: no pair of the NVSwitch box is connected peer-to-peer.
+    assert nccl_rates.shm_pairs(off) == 8 * 7
+    assert nccl_rates.pair_rate_gbps(off, 0, 5) == nccl_rates.shm_rate_gbps(off)
+    assert nccl_fabric.fabric(off).shm_gbps == nccl_rates.shm_rate_gbps(off)
+    assert nccl_rates.shm_pairs(dataclasses.replace(a100, cost=a100.cost.updated(p2p_level="NVL"))) == 0
+    # DGX-1's hybrid cube-mesh: NVL keeps the NVLink neighbours, sends the pairs NVLink joins
+    # only through another GPU (NVB) through host memory; NVB keeps them all.
+    dgx1 = resolve("dgx1-v100")
+    nvl = dataclasses.replace(dgx1, cost=dgx1.cost.updated(p2p_level="NVL"))
+    nvb = dataclasses.replace(dgx1, cost=dgx1.cost.updated(p2p_level="NVB"))
+    direct = {(a, b) for a in range(8) for b in range(8)
+              if a != b and all(dgx1.links[i].cls.name == "GPU_FABRIC" for i in dgx1.route(a, b))}
+    assert 0 < len(direct) < 56
+    assert nccl_rates.shm_pairs(nvl) == 56 - len(direct)
+    assert nccl_rates.shm_pairs(nvb) == 0
+    # Network pairs stay on the network's transports at every level.
+    two = resolve("dgx-h100:nodes=2")
+    loc = dataclasses.replace(two, cost=two.cost.updated(p2p_level="LOC"))
+    assert not nccl_rates.shm_pair(loc, 0, 8) and nccl_rates.shm_pair(loc, 0, 1)

@@ -25,7 +25,7 @@ def _stat_row(name: str, st: dict) -> list[str]:
 
 def _env(items: list[str]) -> dict[str, str]:
     """--env NAME=VALUE flags as a mapping: the settings the model reads, each once."""
-    from treeattn.cost.nccl_env import ENV_SETTINGS, allowed_by_env
+    from treeattn.cost.nccl_env import ENV_SETTINGS, allowed_by_env, p2p_level_from_env
     from treeattn.errors import InputError
 
     out: dict[str, str] = {}
@@ -40,6 +40,7 @@ def _env(items: list[str]) -> dict[str, str]:
         out[name] = value
     try:
         allowed_by_env(out)
+        p2p_level_from_env(out)
     except InputError as exc:
         raise InputError(f"--env: {exc}") from None
     return out
@@ -64,7 +65,8 @@ def check_model_cmd(
         "YAML file.")] = None,
     env: Annotated[list[str] | None, typer.Option(
         "--env", metavar="NAME=VALUE", help="A setting the logs ran with that the model reads: NCCL_ALGO, NCCL_PROTO, "
-        "NCCL_NVLS_ENABLE or RCCL_MSCCL_ENABLE (e.g. NCCL_ALGO=Ring); repeat for several.")] = None,
+        "NCCL_NVLS_ENABLE, RCCL_MSCCL_ENABLE, NCCL_P2P_DISABLE or NCCL_P2P_LEVEL (e.g. NCCL_ALGO=Ring); repeat for "
+        "several.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys): every row and every figure.")]
     = False,
     png: Annotated[Path | None, typer.Option("--png", **OUT_PATH,
@@ -80,6 +82,7 @@ def check_model_cmd(
     scored the same way: `treeattn check-model all_reduce_perf.txt -t dgx-h100:nodes=2`
     (the collective from the test name nccl-tests prints or the file name, the ranks from its
     device lines)."""
+    from treeattn.cost.nccl_env import P2P_SETTINGS
     from treeattn.errors import InputError
     from treeattn.topology.nccl_version import release_text
     from treeattn.validate.corpus import is_mapping, load_corpus, load_logs
@@ -147,8 +150,10 @@ def check_model_cmd(
             nccl = (f"{t.library} {t.version} (printed)" if t.version
                     else f"the topology's NCCL release ({release_text(releases[t.name])})")
             inferred = f"; {t.meta['inferred']}" if t.meta.get("inferred") else ""
-            if settings and t.collective in POINT_TO_POINT:
-                inferred += "; --env not applied (the point-to-point model reads no NCCL setting)"
+            unread = [k for k in settings if k not in P2P_SETTINGS] if t.collective in POINT_TO_POINT else []
+            if unread:
+                inferred += (f"; --env {', '.join(unread)} not applied (the point-to-point model reads only "
+                             f"{' and '.join(P2P_SETTINGS)})")
             con.print(f"{t.url}: {t.collective} over {t.ranks} ranks on {t.topology}{gpus}, {nccl}{inferred}",
                       markup=False)
     if logs and topology is not None:

@@ -3,8 +3,10 @@
 ``NCCL_ALGO`` and ``NCCL_PROTO`` (NCCL's list syntax: ``Ring,Tree``, ``^LL128``) and
 ``NCCL_NVLS_ENABLE=0`` restrict the algorithms and protocols ``treeattn.cost.nccl.pick`` may
 choose (``allowed_by_env``); RCCL's MSCCL all-pairs all-reduce (``treeattn.cost.msccl``) is not
-restricted by ``NCCL_ALGO``, and ``RCCL_MSCCL_ENABLE=0`` turns it off. Other variables do not
-change what the model picks (``ENV_SETTINGS``).
+restricted by ``NCCL_ALGO``, and ``RCCL_MSCCL_ENABLE=0`` turns it off. ``NCCL_P2P_DISABLE``
+and ``NCCL_P2P_LEVEL`` set the P2P level (``p2p_level_from_env``), a topology's
+``cost.p2p_level``: which GPU pairs go through host memory. Other variables do not change
+what the model predicts (``ENV_SETTINGS``).
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ import re
 
 from treeattn.cost.nccl_tuning import _NCCL_ALGOS, Algorithm, Protocol
 from treeattn.errors import InputError
+from treeattn.topology.model import P2P_LEVELS
 
 __all__ = [
     "ENV_SETTINGS",
+    "P2P_SETTINGS",
     "allowed_by_env",
+    "p2p_level_from_env",
 ]
 
 
@@ -48,8 +53,37 @@ def _int_env(value: str | None, default: int) -> int:
     return -n if sign == "-" else n
 
 
-ENV_SETTINGS = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE", "RCCL_MSCCL_ENABLE")
-"""The environment variables ``allowed_by_env`` reads: the only ones that change the model's pick."""
+P2P_SETTINGS = ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL")
+"""The environment variables ``p2p_level_from_env`` reads: the ones the point-to-point model reads."""
+
+ENV_SETTINGS = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE", "RCCL_MSCCL_ENABLE", *P2P_SETTINGS)
+"""The environment variables ``allowed_by_env`` and ``p2p_level_from_env`` read: the only ones
+that change the model's prediction."""
+
+_OLD_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS", "SYS")
+"""``NCCL_P2P_LEVEL``'s old numbering, 0-5 (``paths.cc`` ``levelsOldToNew``)."""
+
+
+def p2p_level_from_env(env: dict[str, str] | None) -> str | None:
+    """The P2P level (``P2P_LEVELS``) an NCCL environment sets, as NCCL's ``ncclGetLevel``
+    reads it (``src/graph/paths.cc``): ``NCCL_P2P_DISABLE=1`` gives LOC (no peer-to-peer, NVLink
+    included); else ``NCCL_P2P_LEVEL``, a path type's name (``PHB``) or an old number (0 LOC,
+    1 PIX, 2 PXB, 3 PHB, 4 and up SYS). None: neither sets it (NCCL's default applies).
+
+    Raises:
+        InputError: an ``NCCL_P2P_LEVEL`` NCCL would not read (it would ignore it).
+    """
+    env = env or {}
+    if _int_env(env.get("NCCL_P2P_DISABLE"), 0) == 1:
+        return "LOC"
+    text = env.get("NCCL_P2P_LEVEL")
+    if text is None:
+        return None
+    if text in P2P_LEVELS:
+        return text
+    if text[:1].isdigit():
+        return _OLD_LEVELS[min(_int_env(text, 0), len(_OLD_LEVELS) - 1)]
+    raise InputError(f"NCCL_P2P_LEVEL={text!r}: NCCL reads {', '.join(P2P_LEVELS)} (in capitals) or 0-5")
 
 
 def allowed_by_env(env: dict[str, str] | None) -> tuple[set[str], set[str]]:

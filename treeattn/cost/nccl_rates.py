@@ -191,8 +191,9 @@ CPUs, PXB (``src/graph/paths.cc`` ``ncclTopoCheckP2p`` at tags v2.22.3-1 and v2.
 
 
 def p2p_level(topo: Topology, node: int, release: Release | None = None) -> str:
-    """The farthest PCIe path type (``P2P_LEVELS``) over which NCCL connects two GPUs of
-    ``node`` peer-to-peer: ``cost.p2p_level`` (what ``NCCL_P2P_LEVEL`` sets) where given, else
+    """The farthest path type (``P2P_LEVELS``) over which NCCL connects two GPUs of ``node``
+    peer-to-peer: ``cost.p2p_level`` (what ``NCCL_P2P_LEVEL`` sets; LOC: none, as
+    ``NCCL_P2P_DISABLE=1``) where given, else
     NCCL's default at ``release`` (by default the topology's, ``cost.nccl_version``, else the
     newest): from 2.23.4 PXB ("don't use P2P across CPU Host Bridges and further apart"), SYS
     on an AMD x86 host with at most two GPUs (the GPUs of the communicator on that host, here
@@ -223,27 +224,32 @@ def pcie_path_type(topo: Topology, a: int, b: int) -> str:
 
 def shm_pair(topo: Topology, a: int, b: int) -> bool:
     """Whether rank ``a``'s transfers to rank ``b`` go through NCCL's shared-memory transport:
-    GPUs of one node not joined by a GPU fabric, one without peer-to-peer (routing bounces
-    their copies through the CPU) or both with it but a PCIe path longer than NCCL's P2P
-    level (``p2p_level``: NCCL diverts the path through the CPU, which the route already
-    crosses) and no NVLink or xGMI between them, even through another GPU."""
+    GPUs of one node whose path is longer than NCCL's P2P level (``p2p_level``), or, not
+    joined by a GPU fabric, one without peer-to-peer (routing bounces their copies through
+    the CPU). The path's type (``P2P_LEVELS``): NVL over the GPU fabric alone, NVB where
+    NVLink or xGMI joins them only through another GPU (DGX-1's hybrid cube-mesh, where
+    routing takes PCIe), else the PCIe route's (``pcie_path_type``; NCCL diverts a path
+    beyond its level through the CPU, which such a route already crosses)."""
     da, db = topo.rank_device(a), topo.rank_device(b)
     if (a == b or da.kind is not DeviceKind.GPU or db.kind is not DeviceKind.GPU or da.node != db.node
             or da.node < 0):
         return False
     links = topo.links
     route = topo.route(a, b)
-    if all(links[i].cls is LinkClass.GPU_FABRIC for i in route):
-        return False
-    if not (da.p2p and db.p2p):
-        return True
     island = topo._index.island(da.name)
-    if any(links[i].cls is not LinkClass.PCIE for i in route) or island >= 0 and island == topo._index.island(db.name):
-        # the network's transports, or NVLink through a GPU between them (NCCL's NVB path,
-        # DGX-1's hybrid cube-mesh), where routing takes PCIe
-        return False
-    level = p2p_level(topo, da.node)
-    return P2P_LEVELS.index(pcie_path_type(topo, a, b)) > P2P_LEVELS.index(level)
+    if all(links[i].cls is LinkClass.GPU_FABRIC for i in route):
+        kind = "NVL"
+    elif island >= 0 and island == topo._index.island(db.name):
+        kind = "NVB"
+    elif not (da.p2p and db.p2p):
+        return True
+    elif any(links[i].cls is not LinkClass.PCIE for i in route):
+        return False  # the network's transports
+    else:
+        kind = pcie_path_type(topo, a, b)
+    if kind in ("NVL", "NVB") and topo.cost.p2p_level is None:
+        return False  # NCCL's defaults (PXB or SYS) reach past NVLink
+    return P2P_LEVELS.index(kind) > P2P_LEVELS.index(p2p_level(topo, da.node))
 
 
 def shm_pair_gbps(topo: Topology, a: int, b: int) -> float:

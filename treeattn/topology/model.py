@@ -355,11 +355,13 @@ _HOST_FIELDS = frozenset(f.name for f in dataclasses.fields(HostParams))
 """Keys of the YAML ``cost:`` mapping that belong to ``HostParams``."""
 
 
-P2P_LEVELS = ("PIX", "PXB", "PHB", "SYS")
-"""NCCL's PCIe path types, nearest first (``src/graph/topo.h`` PATH_PIX, PATH_PXB, PATH_PHB,
-PATH_SYS): through at most one PCIe switch, through several, through a CPU's host bridge,
-across CPU sockets; nvidia-smi's ``NODE`` (host bridges of one socket) is NCCL's PHB. The
-values of ``CostParams.p2p_level`` (``treeattn.cost.nccl_rates.p2p_level``)."""
+P2P_LEVELS = ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS")
+"""NCCL's path types, nearest first (``src/graph/topo.h`` PATH_LOC .. PATH_SYS, the names
+``NCCL_P2P_LEVEL`` takes): LOC the same device (as a level: no peer-to-peer at all, what
+``NCCL_P2P_DISABLE=1`` sets), NVL one NVLink hop, NVB NVLink through another GPU, PIX through
+at most one PCIe switch, PXB through several, PHB through a CPU's host bridge (nvidia-smi's
+NODE too), SYS across CPU sockets; C2C, P2C and PXN (Grace and NIC paths) are accepted as
+levels. The values of ``CostParams.p2p_level`` (``treeattn.cost.nccl_rates.p2p_level``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,9 +409,10 @@ class CostParams:
     (``treeattn calibrate --from-nccl-tests`` fits it from a log of such GPUs, or write it);
     None: ``treeattn.cost.nccl_rates.SHM_GBPS``."""
     p2p_level: str | None = None
-    """The farthest PCIe path (``P2P_LEVELS``) over which NCCL connects GPUs peer-to-peer, as
-    ``NCCL_P2P_LEVEL`` sets it; None: NCCL's default (``treeattn.cost.nccl_rates.p2p_level``:
-    PXB, SYS on AMD hosts of at most two GPUs). GPUs further apart talk through host memory."""
+    """The farthest path (``P2P_LEVELS``) over which NCCL connects GPUs peer-to-peer, as
+    ``NCCL_P2P_LEVEL`` sets it (``LOC``: ``NCCL_P2P_DISABLE=1``); None: NCCL's default
+    (``treeattn.cost.nccl_rates.p2p_level``: PXB, SYS on AMD hosts of at most two GPUs). GPUs
+    further apart talk through host memory."""
     host: HostParams = HostParams()
     """How ranks on host CPUs cost time."""
 

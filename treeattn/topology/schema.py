@@ -120,10 +120,11 @@ class CostSpec(_Spec):
         None, gt=0, description="GB/s of bus bandwidth NCCL's shared-memory transport moves between GPUs without "
         "peer-to-peer on this host (default: treeattn.cost.nccl_rates.SHM_GBPS)."
     )
-    p2p_level: Literal["PIX", "PXB", "PHB", "SYS"] | None = Field(
-        None, description="The farthest PCIe path over which NCCL connects GPUs peer-to-peer, as NCCL_P2P_LEVEL sets "
-        "it (PIX one switch, PXB several, PHB through a CPU, SYS across sockets); default NCCL's: PXB, SYS on AMD "
-        "hosts of at most 2 GPUs. GPUs further apart talk through host memory (shm_gbps)."
+    p2p_level: Literal["LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS"] | None = Field(
+        None, description="The farthest path over which NCCL connects GPUs peer-to-peer, as NCCL_P2P_LEVEL sets it "
+        "(LOC none, as NCCL_P2P_DISABLE=1; NVL one NVLink hop; PIX one PCIe switch, PXB several, PHB through a CPU, "
+        "SYS across sockets); default NCCL's: PXB, SYS on AMD hosts of at most 2 GPUs. GPUs further apart talk "
+        "through host memory (shm_gbps)."
     )
     link_rates: Literal["datasheet", "measured"] = Field(
         "datasheet", description="datasheet: link bw_gbps are datasheet figures, of which GPU transfers reach NCCL's "

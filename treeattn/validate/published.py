@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from treeattn.cost import nccl, nccl_fabric, nccl_rates
+from treeattn.cost import nccl, nccl_env, nccl_fabric, nccl_rates
 from treeattn.cost.library import alltoall_us, last_landing_us
 from treeattn.errors import InputError, TopologyError
 from treeattn.plan.ir import Plan, TopologyRef
@@ -182,27 +182,36 @@ class _Topologies:
 
     def p2p_topo(self, t: PublishedTable) -> Topology:
         """The table's topology at the table's NCCL release where it gives one (PXN's reach,
-        ``nccl_p2p.router``), else the topology's: the same precedence as ``fabric``. A table
+        ``nccl_p2p.router``), else the topology's, and at the P2P level its environment sets
+        (``NCCL_P2P_DISABLE``, ``NCCL_P2P_LEVEL``); the same precedence as ``fabric``. A table
         of a release older than the model's figures keeps the topology's release but the P2P
         level NCCL's default had then (``nccl_rates.p2p_level``), which decides which pairs
         go through host memory."""
+        return self._variant(t)[1]
+
+    def _variant(self, t: PublishedTable) -> tuple[str, Topology]:
         topo = self.topo(t)
-        old = t.nccl_release is None and t.nccl_bound is not None and topo.cost.p2p_level is None
-        if not old and (t.nccl_release is None or topo.cost.nccl_version == t.version):
-            return topo
-        key = f"{t.topology}@{t.version}"
+        cost = topo.cost
+        if t.nccl_release is not None and cost.nccl_version != t.version:
+            cost = cost.updated(nccl_version=t.version)
+        level = nccl_env.p2p_level_from_env(t.env)
+        if level is None and t.nccl_release is None and t.nccl_bound is not None and cost.p2p_level is None:
+            level = nccl_rates.p2p_level(topo, topo.rank_device(0).node, t.nccl_bound)
+        if level is not None:
+            cost = cost.updated(p2p_level=level)
+        if cost == topo.cost:
+            return t.topology, topo
+        key = f"{t.topology}@{cost.nccl_version}@{cost.p2p_level}"
         if key not in self.topos:
-            cost = (topo.cost.updated(p2p_level=nccl_rates.p2p_level(topo, topo.rank_device(0).node, t.nccl_bound))
-                    if old else topo.cost.updated(nccl_version=t.version))
             self.topos[key] = dataclasses.replace(topo, cost=cost)
-        return self.topos[key]
+        return key, self.topos[key]
 
     def fabric(self, t: PublishedTable) -> nccl_fabric.NcclFabric:
         """The table's topology summarized for NCCL's model, at the table's NCCL release where
         it gives one (else the topology's): its figures and its P2P level
-        (``nccl_rates.p2p_level``: which pairs go through host memory) by release."""
-        topo = self.p2p_topo(t)
-        key = t.topology if topo is self.topo(t) else f"{t.topology}@{t.version}"
+        (``nccl_rates.p2p_level``: which pairs go through host memory) by release and
+        environment."""
+        key, topo = self._variant(t)
         if key not in self.fabrics:
             self.fabrics[key] = nccl_fabric.fabric(topo)
         fab, release = self.fabrics[key], t.nccl_release
