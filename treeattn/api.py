@@ -103,7 +103,9 @@ def search_plan(topology: str | os.PathLike | Topology, workload_or_model: Paylo
         topo = _topology(topology, "search_plan")
         workload = _workload(topo, workload_or_model, batch, seq_len, options, "search_plan")
         layout, root = parse_result(result, topo.num_ranks)
-        check_kv_fits(workload, topo, options.get("mem_fraction", DEFAULT_MEM_FRACTION), option="mem_fraction")
+        fraction = options.get("mem_fraction", DEFAULT_MEM_FRACTION)
+        check_kv_fits(workload, topo, fraction, option="mem_fraction")
+        _warn_weights(workload, topo, fraction)
         found = search(topo, workload, result=layout, root=root, **{k: options[k] for k in _SEARCH_OPTIONS
                                                                      if k in options})
     return _sourced(found.best, topology, topo)
@@ -191,6 +193,7 @@ def build_plan(topology: str | os.PathLike | Topology, workload_or_model: Payloa
         if algorithm == "hierarchical" and "groups" not in kw and "group_size" not in kw:
             kw["groups"] = node_groups(topo)
         check_kv_fits(workload, topo, fraction, option="mem_fraction")
+        _warn_weights(workload, topo, fraction)
         plan, _ = named_plan(topo, workload, algorithm, chunks, kw, fraction)
     return _sourced(plan, topology, topo)
 
@@ -300,6 +303,16 @@ def _workload(topo: Topology, workload_or_model: Payload | ModelPreset | str, ba
     if note:
         warnings.warn(note, stacklevel=3)
     return workload
+
+
+def _warn_weights(workload: Payload, topo: Topology, fraction: float) -> None:
+    """Warn (``UserWarning``) where a model preset's weights would not fit beside what the plan
+    may use (``treeattn.cost.memory.weights_note``)."""
+    from treeattn.cost.memory import weights_note
+
+    note = weights_note(workload, topo, fraction, option="mem_fraction")
+    if note:
+        warnings.warn(note, stacklevel=4)
 
 
 def _sourced(plan: Plan, topology: str | Topology, topo: Topology) -> Plan:

@@ -36,22 +36,30 @@ class ModelPreset:
     layers: int
     v_head_dim: int | None = None
     kv_latent: bool = False
+    params: float = 0.0
+    """Parameters of the whole model (0: not known), as its checkpoint holds them."""
+    weight_dtype: DType = DType.BF16
+    """The published checkpoint's element type (DeepSeek-V3's: FP8)."""
 
 
 MODELS: dict[str, ModelPreset] = {
     m.name: m
     for m in (
-        ModelPreset("llama-3.2-1b", q_heads=32, kv_heads=8, head_dim=64, layers=16),
-        ModelPreset("llama-3.2-3b", q_heads=24, kv_heads=8, head_dim=128, layers=28),
-        ModelPreset("llama-3.1-8b", q_heads=32, kv_heads=8, head_dim=128, layers=32),
-        ModelPreset("llama-3.1-70b", q_heads=64, kv_heads=8, head_dim=128, layers=80),
-        ModelPreset("llama-3.1-405b", q_heads=128, kv_heads=8, head_dim=128, layers=126),
+        # Llama's parameters counted from config.json (hidden_size, intermediate_size,
+        # vocab_size, tie_word_embeddings): embeddings, q/k/v/o and the gated MLP of every
+        # layer, the norms; they match the model cards' 1.24B, 3.21B, 8.03B, 70.6B and 406B.
+        ModelPreset("llama-3.2-1b", q_heads=32, kv_heads=8, head_dim=64, layers=16, params=1.236e9),
+        ModelPreset("llama-3.2-3b", q_heads=24, kv_heads=8, head_dim=128, layers=28, params=3.213e9),
+        ModelPreset("llama-3.1-8b", q_heads=32, kv_heads=8, head_dim=128, layers=32, params=8.030e9),
+        ModelPreset("llama-3.1-70b", q_heads=64, kv_heads=8, head_dim=128, layers=80, params=70.554e9),
+        ModelPreset("llama-3.1-405b", q_heads=128, kv_heads=8, head_dim=128, layers=126, params=405.853e9),
         # config.json: num_attention_heads, num_hidden_layers; D = kv_lora_rank (512) +
-        # qk_rope_head_dim (64), Dv = kv_lora_rank.
+        # qk_rope_head_dim (64), Dv = kv_lora_rank. Parameters: the model cards' totals (15.7B;
+        # 671B without the 14B multi-token-prediction module), V3's checkpoint in FP8.
         ModelPreset("deepseek-v2-lite", q_heads=16, kv_heads=1, head_dim=576, layers=27, v_head_dim=512,
-                    kv_latent=True),
+                    kv_latent=True, params=15.7e9),
         ModelPreset("deepseek-v3", q_heads=128, kv_heads=1, head_dim=576, layers=61, v_head_dim=512,
-                    kv_latent=True),
+                    kv_latent=True, params=671e9, weight_dtype=DType.FP8),
     )
 }
 

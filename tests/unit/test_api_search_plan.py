@@ -174,3 +174,15 @@ def test_arguments_of_the_wrong_type_are_named(call, needle):
     # Not "unknown topology 'None'", nor an AttributeError or TypeError from deep inside.
     with pytest.raises(TreeattnError, match=needle):
         call()
+
+
+def test_search_plan_warns_where_the_models_weights_outgrow_what_mem_fraction_leaves():
+    import warnings
+
+    import treeattn
+
+    with pytest.warns(UserWarning, match=r"llama-3.1-70b's weights .* mem_fraction 0.79 at most"):
+        treeattn.search_plan("dgx-h100", "llama-3.1-70b", batch=1, seq_len="128K")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        treeattn.search_plan("dgx-h100", "llama-3.1-70b", batch=1, seq_len="128K", mem_fraction=0.79)

@@ -375,7 +375,8 @@ def test_nccls_channels_cap_sends_over_links_no_log_fitted(tmp_path):
         assert p2p_message_gbps(cal, 0, 8, 128 << 20, comm) == math.inf > p2p_message_gbps(DGX4, 0, 8, 128 << 20, comm)
     # NCCL's PXN routes a send to another node in a communicator of every rank, whatever the rates
     assert router(cal, WORLD)(1, 8) == router(DGX4, WORLD)(1, 8) != cal.route(1, 8)
-    ring = [build_plan(f"{t}[ranks 0-7]", "llama-3.1-70b", "ring-attention", batch=8, seq_len="32K").predicted_us
+    ring = [build_plan(f"{t}[ranks 0-7]", "llama-3.1-70b", "ring-attention", batch=8, seq_len="32K",
+                       mem_fraction=0.75).predicted_us
             for t in ("dgx-h100:nodes=4", out)]
     assert ring[0] == ring[1]
     # A file written before the mark (no link marked) had every rate fitted: nothing is capped.

@@ -406,9 +406,9 @@ def test_model_list_works_on_its_own(command):
     assert all(name in res.stdout for name in MODELS)
     shapes = json.loads(run_cli(command, "--model", "list", "--json").stdout)
     assert shapes["llama-3.1-8b"] == {"q_heads": 32, "kv_heads": 8, "head_dim": 128, "v_head_dim": 128,
-                                      "kv_latent": False, "layers": 32}
+                                      "kv_latent": False, "layers": 32, "params": 8.03e9, "weight_dtype": "bf16"}
     assert shapes["deepseek-v3"] == {"q_heads": 128, "kv_heads": 1, "head_dim": 576, "v_head_dim": 512,
-                                     "kv_latent": True, "layers": 61}
+                                     "kv_latent": True, "layers": 61, "params": 671e9, "weight_dtype": "fp8"}
     assert all(name in run_cli(command, "--help").stdout for name in MODELS)
 
 
@@ -533,3 +533,16 @@ def test_compare_says_which_decode_shape_it_compared(tmp_path):
     assert mla.exit_code == 0 and gqa.exit_code == 0, mla.stderr + gqa.stderr
     assert "B=8 Hq=64 Hkv=1 D=576 Dv=512 (latent), bf16 cache, fp32 partials, 61 layers" in mla.stdout, mla.stdout
     assert "B=8 Hq=32 Hkv=8 D=128, bf16 cache, fp32 partials, 32 layers" in gqa.stdout, gqa.stdout
+
+
+def test_plan_and_compare_warn_where_the_models_weights_outgrow_what_the_fraction_leaves(tmp_path):
+    base = ("-t", "dgx-h100", "-m", "llama-3.1-70b", "-n", "128K", "--no-progress")
+    res = run_cli("plan", *base, "-o", str(tmp_path / "p.yaml"))
+    assert res.exit_code == 0, res.stderr
+    [line] = res.stderr.splitlines()
+    assert line.startswith("warning: llama-3.1-70b's weights (70.6 B parameters in bf16, 131.4 GiB: 16.43 GiB a GPU")
+    assert line.endswith("--mem-fraction 0.79 at most leaves them room (activations besides)")
+    res = run_cli("plan", *base, "--mem-fraction", "0.79", "-o", str(tmp_path / "p.yaml"))
+    assert res.exit_code == 0 and res.stderr == "", res.stderr
+    res = run_cli("compare", *base)
+    assert res.exit_code == 0 and res.stderr.startswith("warning: dgx-h100: llama-3.1-70b's weights"), res.stderr

@@ -91,3 +91,49 @@ def test_the_memory_messages_tell_a_need_from_a_limit_it_is_over():
     why = MemoryCheck(peak_bytes=73_745_000_000, limit_bytes=73_744_000_000, rank=0).why()
     need, limit = re.search(r"needs ([\d.]+) GiB on rank 0, over the ([\d.]+) GiB", why).groups()
     assert float(need) > float(limit)
+
+
+def test_llama_presets_count_their_parameters_from_config_json():
+    from treeattn.workload import MODELS
+
+    # config.json: hidden_size, intermediate_size, vocab_size, tie_word_embeddings.
+    configs = {"llama-3.2-1b": (2048, 8192, 128256, True), "llama-3.2-3b": (3072, 8192, 128256, True),
+               "llama-3.1-8b": (4096, 14336, 128256, False), "llama-3.1-70b": (8192, 28672, 128256, False),
+               "llama-3.1-405b": (16384, 53248, 128256, False)}
+    for name, (hidden, inter, vocab, tied) in configs.items():
+        m = MODELS[name]
+        layer = (2 * hidden * m.q_heads * m.head_dim + 2 * hidden * m.kv_heads * m.head_dim + 3 * hidden * inter
+                 + 2 * hidden)
+        params = vocab * hidden * (1 if tied else 2) + m.layers * layer + hidden
+        assert abs(m.params / params - 1) < 1e-3, name
+
+
+def test_weights_note_says_when_sharded_weights_outgrow_what_the_fraction_leaves():
+    from treeattn.cost.memory import weights_note
+    from treeattn.topology.library import resolve
+    from treeattn.workload import RawPayload, ReduceOp, even_split
+
+    h100 = resolve("dgx-h100")  # 80 GiB a GPU: 0.9 leaves 8 GiB
+
+    def shape(model, q_heads=None):
+        from treeattn.workload import MODELS
+
+        m = MODELS[model]
+        return Workload(batch=1, q_heads=q_heads or m.q_heads, kv_heads=m.kv_heads, head_dim=m.head_dim,
+                        split=even_split(131072, 8), layers=m.layers, model=model, v_head_dim=m.v_head_dim,
+                        kv_latent=m.kv_latent)
+
+    # 70.6 B parameters in bf16 over 8 GPUs: 16.4 GiB a GPU, more than 8 GiB; 0.79 leaves 16.8.
+    note = weights_note(shape("llama-3.1-70b"), h100)
+    assert note is not None and "16.43 GiB a GPU sharded over 8 ranks" in note
+    assert note.endswith("--mem-fraction 0.79 at most leaves them room (activations besides)")
+    assert weights_note(shape("llama-3.1-70b"), h100, 0.79) is None
+    assert weights_note(shape("llama-3.1-70b"), h100, 0.8) is not None
+    assert weights_note(shape("llama-3.1-8b"), h100) is None  # 1.9 GiB a GPU
+    assert "leave no room for the KV cache on a GPU (80 GiB)" in weights_note(shape("llama-3.1-405b"), h100)
+    # 78 GiB of 80: a fraction under 0.05 is no advice
+    assert "in fp8, 624.9 GiB: 78.11 GiB a GPU" in weights_note(shape("deepseek-v3"), h100)
+    assert "leave no room" in weights_note(shape("deepseek-v3"), h100)
+    # Not the preset's shape, or no model: nothing to say.
+    assert weights_note(shape("llama-3.1-70b", q_heads=32), h100) is None
+    assert weights_note(RawPayload(nbytes=1 << 20, op=ReduceOp.SUM, ranks=8), h100) is None

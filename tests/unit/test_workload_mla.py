@@ -265,6 +265,7 @@ def test_config_jsons_v_head_dim_on_a_latent_preset_is_warned_about(tmp_path):
     for args in (["--v-head-dim", "512"], ["--v-head-dim", "128", "--no-kv-latent"], []):
         res = run_cli("plan", "-t", "dgx-h100", "-m", "deepseek-v3", "-n", "8K", *args,
                       "-o", str(tmp_path / "q.yaml"), "--no-progress")
-        assert res.exit_code == 0 and "warning" not in res.stderr, (args, res.stderr)
+        # (its FP8 weights, 78 GiB a GPU over 8 H100s, are warned about: weights_note)
+        assert res.exit_code == 0 and "absorbed decode" not in res.stderr, (args, res.stderr)
     with pytest.warns(UserWarning, match=r"v_head_dim 128 merges 128\. config\.json's v_head_dim"):
         treeattn.search_plan("dgx-h100", "deepseek-v3", batch=1, seq_len=8192, v_head_dim=128)

@@ -150,14 +150,16 @@ def print_models(json_out: bool) -> None:
     if json_out:
         typer.echo(json.dumps({name: {"q_heads": m.q_heads, "kv_heads": m.kv_heads, "head_dim": m.head_dim,
                                       "v_head_dim": m.v_head_dim or m.head_dim, "kv_latent": m.kv_latent,
-                                      "layers": m.layers} for name, m in MODELS.items()}, sort_keys=True, indent=2))
+                                      "layers": m.layers, "params": m.params, "weight_dtype": m.weight_dtype.value}
+                               for name, m in MODELS.items()}, sort_keys=True, indent=2))
         return
     table = Table(title="Model presets (--model NAME)")
-    for col in ("name", "query heads", "KV heads", "head dim", "value dim", "layers"):
-        table.add_column(col, justify="left" if col == "name" else "right")
+    for col in ("name", "query heads", "KV heads", "head dim", "value dim", "layers", "params"):
+        table.add_column(col, justify="left" if col == "name" else "right", no_wrap=col == "params")
     for name, m in MODELS.items():
         table.add_row(name, str(m.q_heads), str(m.kv_heads), str(m.head_dim),
-                      f"{m.v_head_dim or m.head_dim}{' (latent)' if m.kv_latent else ''}", str(m.layers))
+                      f"{m.v_head_dim or m.head_dim}{' (latent)' if m.kv_latent else ''}", str(m.layers),
+                      f"{m.params / 1e9:.3g} B {m.weight_dtype.value}")
     console().print(table)
 
 

@@ -146,7 +146,8 @@ def _algorithm_list(json_out: bool) -> None:
 
 _MEM_COUNTS = ("A rank's peak counts its KV cache (every layer), the query, partials and receive buffers; the "
                "rest of the memory is left for what it does not count, the model's weights and activations: lower "
-               "this to leave them more room.")
+               "this to leave them more room (a model preset's weights that would not fit there, sharded over the "
+               "ranks, are warned about).")
 
 
 @app.command("plan")
@@ -243,11 +244,13 @@ def plan_cmd(
                  "--group-size": group_size, "--order": order,
                  "--parents": parents, "--roots": roots, "--trees": trees, "--shape": shape, "--intra": intra,
                  "--inter": inter, "--whole-rows": True if whole_rows else None}
-    from treeattn.cost.memory import check_kv_fits
+    from treeattn.cost.memory import check_kv_fits, weights_note
     from treeattn.plan.baselines import parse_result
 
     layout, result_root = parse_result(result, topo.num_ranks)
     check_kv_fits(payload, topo, mem_fraction)
+    if note := weights_note(payload, topo, mem_fraction):
+        typer.echo(f"warning: {note}", err=True)
     if algorithm is None:
         given = sorted(k for k, v in alg_flags.items() if v is not None)
         if given:
@@ -476,7 +479,7 @@ def compare_cmd(
     """Per-layer decode attention time, peak memory and bytes moved of the planned merge (tree)
     against ring attention, the ring of partials, two and three all-reduces, all-gather +
     merge and vLLM's decode context parallel, over sequence lengths and rank counts."""
-    from treeattn.cost.memory import check_fraction, check_kv_fits
+    from treeattn.cost.memory import check_fraction, check_kv_fits, weights_note
     from treeattn.plan.baselines import parse_result
     from treeattn.search.compare import compare, expand_topologies, plot_speedup, write_csv
     from treeattn.search.workload_file import parse_tokens
@@ -543,6 +546,9 @@ def compare_cmd(
     if len(unfit) == len(topos) * len(lens):
         raise InputError(next(iter(unfit.values())) if len(unfit) == 1 else
                          f"no sequence length fits any topology; {next(iter(unfit.values()))}")
+    for t in topos:
+        if note := weights_note(make(t.num_ranks, lens[0]), t, mem_fraction):
+            typer.echo(f"warning: {t.name}: {note}", err=True)
     with progress_reporter(progress, "comparing") as update:
         rows = compare(topos, lens, make, result=layout, root=root, ring=ring, mem_fraction=mem_fraction,
                        seed=seed, progress=update, skip=unfit)

@@ -21,12 +21,14 @@ Per rank, during one layer's decode step (``peak_bytes``):
   of them (``Plan.rounded_runs``) in the partial dtype.
 
 ``fits`` compares the worst rank against its device's ``mem_gb`` times a usable fraction
-(``--mem-fraction``, default 0.9: the rest is the weights, activations and the runtime).
+(``--mem-fraction``, default 0.9: the rest is the weights, activations and the runtime);
+``weights_note`` says where a model preset's weights, evenly sharded, would not fit in the rest.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 
 from treeattn.errors import InputError
@@ -43,10 +45,10 @@ from treeattn.plan.ir import (
 )
 from treeattn.topology.model import Topology
 from treeattn.units import counted, format_size, format_sizes
-from treeattn.workload import Payload, Workload
+from treeattn.workload import MODELS, Payload, Workload
 
 __all__ = ["DEFAULT_MEM_FRACTION", "MemoryCheck", "peak_bytes", "rank_peak_bytes", "run_bytes", "kv_cache_bytes",
-           "device_bytes", "check_kv_fits", "check_fraction", "memory_check"]
+           "device_bytes", "check_kv_fits", "weights_note", "check_fraction", "memory_check"]
 
 DEFAULT_MEM_FRACTION = 0.9
 
@@ -218,6 +220,37 @@ def memory_check(plan: Plan, topo: Topology, fraction: float = DEFAULT_MEM_FRACT
             worst = (key, peak, r, limit)
     assert worst is not None
     return MemoryCheck(peak_bytes=worst[1], limit_bytes=worst[3], rank=worst[2])
+
+
+def weights_note(payload: Payload, topo: Topology, fraction: float = DEFAULT_MEM_FRACTION, *,
+                 option: str = "--mem-fraction") -> str | None:
+    """What to say where the model preset ``payload`` came from has weights that, sharded
+    evenly over every rank (tensor parallelism's least), need more of a device than the
+    ``1 - fraction`` the memory check leaves them; None where they fit, or the payload's
+    shape is not a preset's or its devices do not say their memory. The check itself counts
+    no weights: what they take depends on how the model is deployed."""
+    preset = MODELS.get(payload.model) if isinstance(payload, Workload) and payload.model else None
+    if (preset is None or not preset.params
+            or (payload.q_heads, payload.kv_heads, payload.head_dim) != (preset.q_heads, preset.kv_heads,
+                                                                         preset.head_dim)):
+        return None
+    caps = [device_bytes(topo, r) for r in range(topo.num_ranks)]
+    cap = min((c for c in caps if c > 0), default=0)
+    whole = preset.params * preset.weight_dtype.nbytes
+    share = whole / topo.num_ranks
+    if cap == 0 or share <= cap * (1 - fraction):
+        return None
+    kind = "GPU" if all(topo.rank_device(r).kind.value == "gpu" for r in range(topo.num_ranks)) else "rank"
+    weights = (f"{preset.name}'s weights ({preset.params / 1e9:.3g} B parameters in {preset.weight_dtype.value}, "
+               f"{format_size(int(whole))}: {format_size(int(share))} a {kind} sharded over "
+               f"{counted(topo.num_ranks, 'rank')})")
+    most = math.floor((cap - share) / cap * 100) / 100
+    if most < 0.05:
+        return (f"{weights} leave no room for the KV cache on a {kind} ({format_size(cap)}): more ranks, or "
+                "weights in fewer bytes")
+    return (f"{weights} need more than the {format_size(int(cap * (1 - fraction)))} a {kind} {option} {fraction:g} "
+            f"leaves beside the KV cache and the merge: {option} {most:g} at most leaves them room (activations "
+            "besides)")
 
 
 def check_kv_fits(payload: Payload, topo: Topology, fraction: float = DEFAULT_MEM_FRACTION, *,
