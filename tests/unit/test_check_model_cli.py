@@ -139,9 +139,40 @@ def test_own_log_env_is_said_not_to_reach_point_to_point_rows(tmp_path):
     default = json.loads(run_cli("check-model", str(log), "-t", "dgx-a100", "--json").stdout)["rows"]
     off = run_cli("check-model", str(log), "-t", "dgx-a100", "--env", "NCCL_P2P_DISABLE=1")
     assert off.exit_code == 0 and "not applied" not in off.stdout, off.stdout
+    # ... and the log's line says which level its rows were predicted at, and what it does
+    assert "; P2P level LOC (NCCL_P2P_DISABLE=1): 56 of 56 rank pairs through host memory" in off.stdout
+    assert "P2P level" not in run_cli("check-model", str(log), "-t", "dgx-a100").stdout
     rows = json.loads(run_cli("check-model", str(log), "-t", "dgx-a100", "--env", "NCCL_P2P_DISABLE=1",
                               "--json").stdout)["rows"]
     assert all(r["predicted_us"] > 5 * d["predicted_us"] for r, d in zip(rows, default, strict=True))
+
+
+def test_own_log_names_the_p2p_level_a_pcie_box_is_predicted_at(tmp_path):
+    # 8 L40S under 4 PCIe switches on two EPYC sockets: NCCL's default (PXB) connects only the
+    # pairs under one switch peer-to-peer; the line names the level, where it comes from and
+    # how many pairs go through host memory, so that a setting that changes nothing is seen
+    # to be applied.
+    box = tmp_path / "l40s8.yaml"
+    box.write_text("name: l40s8\nnode:\n  gpus: {count: 8, model: L40S, mem_bw_gbps: 864, mem_gb: 48}\n"
+                   "  cpus: {count: 2, model: AMD EPYC 9354, link: {kind: infinity-fabric, bw_gbps: 64}}\n"
+                   "  pcie: {generation: 4, width: 16, bw_gbps: 25, switches: 4}\n")
+    log = tmp_path / "all_reduce_perf.txt"
+    shutil.copy(FIXTURE.parent / "all_reduce_perf.8xh100-S1.txt", log)
+
+    def line(*env: str) -> str:
+        res = run_cli("check-model", str(log), "-t", str(box), *(x for e in env for x in ("--env", e)))
+        assert res.exit_code == 0, res.stderr
+        # the topology's own level (topo show's sentence) is not printed beside the log's
+        assert "further apart than NCCL's P2P level" not in res.stdout, res.stdout
+        return next(ln for ln in res.stdout.splitlines() if ln.startswith(f"{log}: all_reduce"))
+
+    assert line().endswith("; P2P level PXB (NCCL 2.27.3's default): 48 of 56 rank pairs through host memory")
+    assert line("NCCL_P2P_LEVEL=SYS").endswith("; P2P level SYS (NCCL_P2P_LEVEL=SYS): 0 of 56 rank pairs through "
+                                                "host memory")
+    assert line("NCCL_P2P_DISABLE=1", "NCCL_P2P_LEVEL=SYS").endswith(
+        "; P2P level LOC (NCCL_P2P_DISABLE=1, NCCL_P2P_LEVEL=SYS): 56 of 56 rank pairs through host memory")
+    box.write_text(box.read_text() + "cost: {p2p_level: PHB}\n")
+    assert line().endswith("; P2P level PHB (the topology's cost.p2p_level): 32 of 56 rank pairs through host memory")
 
 
 def test_own_log_bad_input_is_one_line_and_exit_2(tmp_path):

@@ -72,6 +72,9 @@ def test_an_amd_host_of_at_most_two_gpus_connects_them_across_sockets():
     assert nccl_rates.p2p_level(_box(2, sockets=2, cpu="EPYC-9654"), 0) == "SYS"
     assert nccl_rates.shm_pairs(_box(2, sockets=2, cpu="EPYC-9654")) == 0
     assert nccl_rates.shm_pairs(_box(2, sockets=2, cpu="Xeon-Platinum-8480C")) == 2
+    # AMD's workstation CPUs name no "AMD" or "EPYC" in their model
+    for model in ("Ryzen Threadripper PRO 5975WX", "Ryzen 9 7950X"):
+        assert nccl_rates.cpu_vendor(_box(2, cpu=model)) == "amd" and nccl_rates.shm_pairs(_box(2, cpu=model)) == 0
     # Three or more GPUs: NCCL's default again.
     assert nccl_rates.p2p_level(_box(4, cpu="EPYC-9654"), 0) == "PXB"
     assert nccl_rates.shm_pairs(_box(4, cpu="EPYC-9654")) == 12

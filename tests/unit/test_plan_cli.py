@@ -96,3 +96,25 @@ def test_plan_schema_command_prints_the_schema():
     assert run_cli("plan-schema", "--json").stdout == res.stdout
     topo = run_cli("topo", "schema")
     assert topo.exit_code == 0 and run_cli("topo", "schema", "--json").stdout == topo.stdout
+
+
+def test_plan_simulate_and_compare_say_which_pairs_go_through_host_memory(tmp_path: Path) -> None:
+    # 4 L40S under 2 PCIe switches of one socket: the pairs meeting at the CPU are beyond NCCL's
+    # default P2P level (PXB) and move at 2.7 GB/s, a tenth of their PCIe rate; every command
+    # that predicts on the box says so, as topo show does, not topo show alone.
+    box = tmp_path / "l40s4.yaml"
+    box.write_text("name: l40s4\nnode:\n  gpus: {count: 4, model: L40S, mem_bw_gbps: 864, mem_gb: 48}\n"
+                   "  pcie: {generation: 4, width: 16, bw_gbps: 25, switches: 2}\n")
+    said = ("8 of 12 rank pairs are further apart than NCCL's P2P level (PXB) connects peer-to-peer: NCCL moves "
+            "their data through host memory, at most 2.7 GB/s a pair")
+    plan = tmp_path / "p.yaml"
+    for args in (("plan", "-t", str(box), "-m", "llama-3.1-8b", "-b", "1", "-n", "4K", "-o", str(plan)),
+                 ("simulate", str(plan)),
+                 ("compare", "-t", str(box), "-m", "llama-3.1-8b", "-n", "4K")):
+        res = run_cli(*args)
+        assert res.exit_code == 0, res.stderr
+        assert said in " ".join(res.stdout.split()), (args[0], res.stdout)
+    # at NCCL_P2P_LEVEL=PHB every pair is peer-to-peer: nothing to say
+    box.write_text(box.read_text() + "cost: {p2p_level: PHB}\n")
+    res = run_cli("plan", "-t", str(box), "-m", "llama-3.1-8b", "-b", "1", "-n", "4K", "-o", str(plan))
+    assert res.exit_code == 0 and "host memory" not in res.stdout, res.stdout

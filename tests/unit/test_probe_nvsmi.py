@@ -176,6 +176,22 @@ def test_cpu_vendor_names_the_sockets_and_decides_nccls_p2p_level():
     assert nccl_rates.shm_pairs(intel) == 2
 
 
+def test_unknown_cpu_vendor_says_it_decides_nccls_p2p_level():
+    # Saved output without --cpu-vendor: the sockets stay unnamed (Intel's choices), which puts
+    # both pairs through host memory; the assumptions must say the vendor decides that.
+    unknown = _probe("della-2xa100", gpu_model="A100-PCIE-40GB")
+    notes = [a for a in unknown.assumptions if "P2P level" in a]
+    assert notes == ["CPU vendor unknown: NCCL's P2P level as on an Intel host (PXB), so 2 of 2 GPU pairs of a node go "
+                     "through host memory; on AMD (SYS) 0 would; pass --cpu-vendor amd or intel"]
+    # with --nodes, one node's pairs (the nodes are copies of it), the same note
+    assert [a for a in _probe("della-2xa100", gpu_model="A100-PCIE-40GB", nics="2x200", nodes=3).assumptions
+            if "P2P level" in a] == notes
+    # a vendor given, or one that would change nothing (five GPUs without peer-to-peer): no note
+    for result in (_probe("della-2xa100", gpu_model="A100-PCIE-40GB", cpu_vendor="intel"),
+                   _probe("pcie-5gpu", gpu_model="RTX-4090")):
+        assert not [a for a in result.assumptions if "P2P level" in a], result.assumptions
+
+
 def test_dgx_a100_gpu_reaches_its_nic_without_the_cpu():
     topo = _probe("dgx-a100", gpu_model="A100-SXM4-80GB").topology
     assert _pcie_path_avoids_cpu(topo, "n0.gpu0", "n0.mlx5_0")  # PXB: under one switch tree

@@ -241,6 +241,43 @@ def test_show_tables_and_png(tmp_path):
     assert big.exit_code == 0 and "Routes from rank 0" in big.stdout
 
 
+def test_show_counts_each_reason_pairs_go_through_host_memory(tmp_path):
+    # GPU 0 has no peer-to-peer; GPUs 1 and 2 have it but meet at the CPU, beyond NCCL's
+    # default P2P level (PXB): the line must not say all six pairs lack peer-to-peer.
+    path = tmp_path / "mixed.yaml"
+    gpu = "kind: gpu, model: L40S, mem_bw_gbps: 864"
+    path.write_text(
+        "name: mixed\ndevices:\n  - {name: cpu0, kind: cpu}\n"
+        f"  - {{name: gpu0, {gpu}, p2p: false}}\n  - {{name: gpu1, {gpu}}}\n  - {{name: gpu2, {gpu}}}\n"
+        "links:\n" + "".join(f"  - {{src: gpu{g}, dst: cpu0, kind: pcie, bw_gbps: 25, generation: 4, width: 16, "
+                              "duplex: true}\n" for g in range(3)))
+    res = run_cli("topo", "show", str(path))
+    assert res.exit_code == 0, res.stderr
+    text = " ".join(res.stdout.split())
+    assert "6 of 6 rank pairs (4 with a GPU without peer-to-peer, 2 further apart than NCCL's P2P level (PXB) " \
+           "connects peer-to-peer): NCCL moves their data through host memory" in text, text
+    # one reason alone keeps its short form
+    res = run_cli("topo", "show", str(path), "--json")
+    assert json.loads(res.stdout)["shm_pairs"] == 6
+    path.write_text(path.read_text().replace(", p2p: false", ""))
+    assert "6 of 6 rank pairs are further apart than NCCL's P2P level (PXB)" in \
+        " ".join(run_cli("topo", "show", str(path)).stdout.split())
+
+
+def test_show_names_the_p2p_level_of_the_node_whose_pairs_it_puts_through_host_memory(tmp_path):
+    # Two AMD nodes of 4 GPUs on the sockets' root ports, ranks 0 | 4, 5, 6: node 0 holds one
+    # rank (NCCL's default there: SYS), node 1 three (PXB), whose pairs go through host memory.
+    # "further apart than ... (SYS)" would name a level nothing is further apart than.
+    path = tmp_path / "two.yaml"
+    path.write_text("name: two\nnodes: 2\nnode:\n  gpus: {count: 4, model: L40S, mem_bw_gbps: 864}\n"
+                    "  cpus: {count: 2, model: EPYC 9354, link: {kind: infinity-fabric, bw_gbps: 64}}\n"
+                    "  pcie: {generation: 4, bw_gbps: 25}\n  nics: {count: 2, bw_gbps: 25}\nnetwork: {kind: roce}\n")
+    res = run_cli("topo", "show", f"{path}[ranks 0,4,5,6]")
+    assert res.exit_code == 0, res.stderr
+    assert "6 of 12 rank pairs are further apart than NCCL's P2P level (PXB) connects peer-to-peer" in \
+        " ".join(res.stdout.split()), res.stdout
+
+
 def test_png_refuses_huge_topologies(tmp_path):
     assert_one_line_error(run_cli("topo", "show", "dgx-h100:nodes=64", "--png", str(tmp_path / "x.png")),
                           "too many to draw")

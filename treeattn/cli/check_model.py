@@ -46,6 +46,29 @@ def _env(items: list[str]) -> dict[str, str]:
     return out
 
 
+def _p2p_note(t) -> str:  # noqa: ANN001 - a PublishedTable
+    """Which P2P level an own log's rows were predicted at, what set it and how many rank
+    pairs it puts through host memory (``treeattn.validate.published.table_p2p_level``); empty
+    where no setting names it and no pair goes through host memory."""
+    from treeattn.cost import nccl_rates
+    from treeattn.cost.nccl_env import P2P_SETTINGS
+    from treeattn.topology.model import DeviceKind
+    from treeattn.validate.published import table_p2p_level
+
+    topo, why = table_p2p_level(t)
+    if any(topo.rank_device(r).kind is not DeviceKind.GPU for r in range(topo.num_ranks)):
+        return ""
+    shm = nccl_rates.shm_pairs(topo)
+    if not shm and not any(k in t.env for k in P2P_SETTINGS):
+        return ""
+    # by node: on an AMD host NCCL's default depends on how many of the ranks it holds
+    nodes = dict.fromkeys(topo.rank_device(r).node for r in range(topo.num_ranks))
+    levels = list(dict.fromkeys(nccl_rates.p2p_level(topo, node) for node in nodes))
+    said = ", ".join(levels) + (" by node" if len(levels) > 1 else "")
+    n = topo.num_ranks
+    return f"; P2P level {said} ({why}): {shm} of {n * (n - 1)} rank pairs through host memory"
+
+
 def _table(title: str, first: str, rows: list[list[str]]) -> Table:
     t = Table(title=title, title_justify="left")
     for i, col in enumerate((first, "rows", "median |err| %", "p90 |err| %", "signed median %")):
@@ -154,12 +177,12 @@ def check_model_cmd(
             if unread:
                 inferred += (f"; --env {', '.join(unread)} not applied (the point-to-point model reads only "
                              f"{' and '.join(P2P_SETTINGS)})")
-            con.print(f"{t.url}: {t.collective} over {t.ranks} ranks on {t.topology}{gpus}, {nccl}{inferred}",
-                      markup=False)
+            con.print(f"{t.url}: {t.collective} over {t.ranks} ranks on {t.topology}{gpus}, {nccl}{inferred}"
+                      f"{_p2p_note(t)}", markup=False)
     if logs and topology is not None:
         from treeattn.topology.library import resolve
 
-        print_rates_note(con, resolve(topology))
+        print_rates_note(con, resolve(topology), shm=False)  # each log's line names its P2P level
     con.print(_table("By size regime (scored rows)", "regime",
                      [_stat_row(g, summary["regimes"][g]) for g in REGIMES] + [_stat_row("all", summary["all"])]))
     con.print(_table("By collective (scored rows)", "collective",

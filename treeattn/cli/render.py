@@ -36,14 +36,17 @@ def console() -> Console:
     return _FittingConsole(highlight=False, soft_wrap=True, emoji=False)
 
 
-def print_rates_note(con: Console, topo: Any, prefix: str = "") -> None:
+def print_rates_note(con: Console, topo: Any, prefix: str = "", shm: bool = True) -> None:
     """Print which link rates the figures on ``topo`` (a Topology) read, where a calibration
-    measured them (``treeattn.cost.library.link_rates_note``); nothing elsewhere."""
+    measured them (``treeattn.cost.library.link_rates_note``), and, with ``shm``, which rank
+    pairs NCCL moves through host memory and why (``topo_text.shm_sentence``: far below
+    their links' rates); nothing elsewhere."""
+    from treeattn.cli.topo_text import shm_sentence, wrap
     from treeattn.cost.library import link_rates_note
 
-    note = link_rates_note(topo)
-    if note:
-        con.print(prefix + note, markup=False)
+    notes = [n for n in (link_rates_note(topo), "\n".join(wrap(shm_sentence(topo), "")) if shm else "") if n]
+    if notes:
+        con.print(prefix + "\n".join(notes), markup=False)
 
 
 def warn_topology(topo: Any) -> None:

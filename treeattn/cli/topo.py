@@ -18,10 +18,10 @@ from treeattn.cli import app
 from treeattn.cli.options import SchemaJsonOpt
 from treeattn.cli.paths import OUT_PATH, output_file, safe_name
 from treeattn.cli.render import console, print_rates_note, warn_topology
-from treeattn.cli.topo_text import domain_shares, gbps, network_lines, rate_lines, wrap
+from treeattn.cli.topo_text import domain_shares, gbps, network_lines, rate_lines, shm_sentence, wrap
 from treeattn.cost.compute import ComputeModel
 from treeattn.cost.library import link_rates_note
-from treeattn.cost.nccl_rates import p2p_level, pair_rate_gbps, shm_pairs, shm_rate_gbps
+from treeattn.cost.nccl_rates import pair_rate_gbps, shm_pairs, shm_rate_gbps
 from treeattn.topology import Topology, list_presets, resolve, topology_json_schema
 from treeattn.topology.attention_fits import published_attention_fit
 from treeattn.topology.model import DeviceKind
@@ -148,11 +148,7 @@ def show(
     for line in rate_lines(topo, shm_count):
         con.print(line, markup=False)
     if shm_count:
-        gpus = [topo.rank_device(r) for r in range(ranks)]
-        why = ("have no GPU peer-to-peer" if not all(d.p2p for d in gpus) else
-               f"are further apart than NCCL's P2P level ({p2p_level(topo, gpus[0].node)}) connects peer-to-peer")
-        for line in wrap(f"{shm_count} of {ranks * (ranks - 1)} rank pairs {why}: NCCL moves their data through "
-                         f"host memory, at most {shm_rate_gbps(topo):g} GB/s a pair (docs/nccl-model.md).", ""):
+        for line in wrap(shm_sentence(topo), ""):
             con.print(line, markup=False)
     if png is not None:
         con.print(f"wrote {escape(str(png))}")

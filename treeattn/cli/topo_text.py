@@ -9,7 +9,7 @@ from treeattn.cost import nccl_p2p, nccl_rates, nccl_tuning
 from treeattn.topology import LinkClass, LinkKind, Topology
 from treeattn.topology.model import link_class
 
-__all__ = ["domain_shares", "gbps", "network_lines", "rate_lines", "wrap"]
+__all__ = ["domain_shares", "gbps", "network_lines", "rate_lines", "shm_sentence", "wrap"]
 
 _SHARES = {"device": "one host device", "pcie-switch": "a PCIe switch", "socket": "a CPU socket",
            "node": "one machine"}
@@ -120,3 +120,32 @@ def rate_lines(topo: Topology, shm_pairs: int = 0) -> list[str]:
 
 
 _RATED = frozenset({LinkKind.NVLINK, LinkKind.XGMI, LinkKind.PCIE})
+
+
+def shm_sentence(topo: Topology) -> str:
+    """Which rank pairs of ``topo`` NCCL moves through host memory (``nccl_rates.shm_pair_gbps``)
+    and why: a GPU without peer-to-peer at either end, or a path longer than NCCL's P2P level
+    (both, counted, where some pairs have each reason); empty where none does. Pairs of
+    different nodes never do, so only each node's pairs are looked at."""
+    by_node: dict[int, list[int]] = {}
+    for r in range(topo.num_ranks):
+        by_node.setdefault(topo.rank_device(r).node, []).append(r)
+    shm = no_p2p = 0
+    levels: list[str] = []  # of the nodes where the level puts pairs through host memory
+    for node, ranks in by_node.items():
+        for a in ranks:
+            for b in ranks:
+                if a != b and nccl_rates.shm_pair_gbps(topo, a, b) < float("inf"):
+                    shm += 1
+                    if not (topo.rank_device(a).p2p and topo.rank_device(b).p2p):
+                        no_p2p += 1
+                    elif (level := nccl_rates.p2p_level(topo, node)) not in levels:
+                        levels.append(level)
+    if not shm:
+        return ""
+    level = f"further apart than NCCL's P2P level ({', '.join(levels)}) connects peer-to-peer"
+    why = ("have no GPU peer-to-peer" if no_p2p == shm else f"are {level}" if not no_p2p
+           else f"({no_p2p} with a GPU without peer-to-peer, {shm - no_p2p} {level})")
+    n = topo.num_ranks
+    return (f"{shm} of {n * (n - 1)} rank pairs {why}: NCCL moves their data through host memory, at most "
+            f"{nccl_rates.shm_rate_gbps(topo):g} GB/s a pair (docs/nccl-model.md).")

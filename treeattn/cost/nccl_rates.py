@@ -175,9 +175,10 @@ def shm_rate_applies(topo: Topology) -> bool:
 
 def cpu_vendor(topo: Topology) -> str:
     """``amd``, ``intel`` or ``other``, as NCCL reads its host's CPU, from the CPU devices'
-    models (``EPYC``/``AMD``, ``Xeon``/``Intel``); a topology without CPU models: ``intel``."""
+    models (``EPYC``/``Ryzen``/``Threadripper``/``AMD``, ``Xeon``/``Intel``); a topology without
+    CPU models: ``intel``."""
     models = " ".join(d.model.upper() for d in topo.devices if d.kind is DeviceKind.CPU)
-    if "EPYC" in models or "AMD" in models:
+    if any(name in models for name in ("EPYC", "RYZEN", "THREADRIPPER", "AMD")):
         return "amd"
     if "XEON" in models or "INTEL" in models or not models:
         return "intel"

@@ -53,12 +53,12 @@ from treeattn.plan.ir import Plan, TopologyRef
 from treeattn.plan.schedule import Programs
 from treeattn.topology.library import resolve
 from treeattn.topology.model import Topology
-from treeattn.topology.nccl_version import Release
+from treeattn.topology.nccl_version import Release, release_text
 from treeattn.validate.corpus import PublishedTable
 from treeattn.workload import RawPayload
 
 __all__ = ["GROUP_LAUNCH_US", "GROUP_CHANNEL_US", "GROUP_WORK_STRUCT_US", "SHARED_WORK_FROM", "POINT_TO_POINT",
-           "REGIMES", "RowResult", "predict_table",
+           "REGIMES", "RowResult", "predict_table", "table_p2p_level",
            "predict_corpus", "summarize", "group_launch_us", "plot_corpus", "table_releases", "p2p_time_us"]
 
 KIB, MIB = 1024, 1024 * 1024
@@ -216,6 +216,21 @@ class _Topologies:
             self.fabrics[key] = nccl_fabric.fabric(topo)
         fab, release = self.fabrics[key], t.nccl_release
         return fab if release is None else dataclasses.replace(fab, nccl_release=release)
+
+
+def table_p2p_level(t: PublishedTable) -> tuple[Topology, str]:
+    """The topology ``t``'s point-to-point rows are predicted on (``_Topologies.p2p_topo``: at
+    its release and P2P level), and what sets that level: the table's ``NCCL_P2P_DISABLE`` /
+    ``NCCL_P2P_LEVEL``, the topology's ``cost.p2p_level``, or NCCL's default at a release (the
+    table's, or the older one its mapping bounds it by)."""
+    cache = _Topologies()
+    topo = cache.p2p_topo(t)
+    if nccl_env.p2p_level_from_env(t.env) is not None:
+        return topo, ", ".join(f"{k}={t.env[k]}" for k in nccl_env.P2P_SETTINGS if k in t.env)
+    if cache.topo(t).cost.p2p_level is not None:
+        return topo, "the topology's cost.p2p_level"
+    old = t.nccl_release is None and t.nccl_bound is not None
+    return topo, f"NCCL {release_text(t.nccl_bound if old else cache.fabric(t).nccl_release)}'s default"
 
 
 def table_releases(tables: Iterable[PublishedTable]) -> dict[str, Release]:
