@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -184,7 +186,7 @@ def _launched(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Com
     """``treeattn run`` on a 2-rank plan as one process of an external launcher (``env``)."""
     path = plan_file(tmp_path, build("binomial", W2, resolve("cpu:ranks=2"), chunks=2))
     full = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC"))}
-    full.update(MASTER_ADDR="127.0.0.1", **env)
+    full.update(MASTER_ADDR="127.0.0.1", TMPDIR=str(tmp_path), **env)  # torch's kept log, if any, goes there
     return subprocess.run([TREEATTN, "run", str(path), "--out", str(tmp_path / "rows.csv"), *args], env=full,
                           cwd=tmp_path, capture_output=True, text=True, timeout=30)
 
@@ -276,18 +278,86 @@ def test_a_rank_whose_peers_never_start_gives_up_at_the_setup_timeout_given(tmp_
 
 
 def test_a_launched_rank_that_cannot_reach_its_master_says_so_in_one_line(tmp_path):
-    # Rank 1 of a torchrun job whose master nobody listens on: torch's store writes dozens of lines
-    # of C++ frames to stderr while it retries; they go to a file the one error line names.
+    # Rank 1 of a torchrun job whose master nobody listens on: one line naming the address and
+    # the deadline (before, torch's own error, its store's dozens of lines of C++ frames kept in a file).
+    port = launch_mod.free_port()
     res = _launched(tmp_path, {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "t",
-                               "MASTER_PORT": str(launch_mod.free_port())}, "--setup-timeout", "1")
+                               "MASTER_PORT": str(port)}, "--setup-timeout", "1")
     assert res.returncode == 1, res.stderr
     lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: rank 1 failed: "), res.stderr
-    kept = Path(lines[0].split("torch's log of it: ")[1].rstrip(")"))
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"error: rank 1 could not reach the rendezvous at 127.0.0.1:{port} "
+                               "(MASTER_ADDR:MASTER_PORT) within the 1 s set-up deadline: connection refused ("), lines
+    assert lines[0].endswith("treeattn run takes a longer deadline with --setup-timeout)"), lines
+
+
+_ALONE = ("import sys, time\n"
+          "from treeattn.exec.launch import launch\n"
+          "from treeattn.exec.runner import Job, PlanJob, RunOptions\n"
+          "from treeattn.plan.builders import build\nfrom treeattn.topology.library import resolve\n"
+          "from treeattn.workload import Workload\n"
+          "w = Workload(batch=2, q_heads=4, kv_heads=2, head_dim=8, split=(9, 0), kv_dtype='fp32')\n"
+          "job = Job((PlanJob('p', build('star', w, resolve('cpu:ranks=2'))),),\n"
+          "          RunOptions(repeats=1, warmup=0, setup_timeout_s=float(sys.argv[1])))\n"
+          "t = time.monotonic()\n"
+          "try:\n"
+          "    launch(job)\n"
+          "except Exception as exc:\n"
+          "    print(f'{time.monotonic() - t:.3f}', type(exc).__name__, exc)\n")
+"""A rank under a launcher, timed from its start of ``launch`` (not the interpreter's)."""
+
+
+def test_a_launched_rank_that_cannot_reach_its_master_gives_up_once_at_the_setup_timeout(tmp_path):
+    # Torch's store client retries a connection that timed out, after a random back-off, with
+    # the whole timeout again: rank 1 gave up after 1.3 to 2.7 times --setup-timeout.
+    setup = 5.0
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC"))}
+    env.update(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1", TMPDIR=str(tmp_path),
+               MASTER_PORT=str(launch_mod.free_port()))
+    proc = subprocess.run([sys.executable, "-c", _ALONE, str(setup)], env=env, capture_output=True, text=True,
+                          timeout=60)
+    took, _, error = proc.stdout.strip().partition(" ")
+    assert setup <= float(took) < setup + 1.0, proc.stdout + proc.stderr
+    assert error.startswith("ExecutionError rank 1 could not reach the rendezvous at "), proc.stdout
+
+
+def test_a_launched_rank_whose_peer_joins_late_and_hangs_gives_up_once_at_the_setup_timeout(tmp_path):
+    # Rank 1 joins rank 0's store late in the deadline, then never connects its process group:
+    # before, gloo's connection of the ranks waited the whole --setup-timeout again (1.75x here).
+    import time
+
+    from torch.distributed import TCPStore
+
+    setup, port = 4.0, launch_mod.free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC"))}
+    env.update(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               TMPDIR=str(tmp_path))
+    path = plan_file(tmp_path, build("star", W2, resolve("cpu:ranks=2")))
+    rank0 = subprocess.Popen([TREEATTN, "run", str(path), "--out", str(tmp_path / "rows.csv"), "--setup-timeout",
+                              str(setup)], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
     try:
-        assert "127.0.0.1" in kept.read_text()
+        give_up = time.monotonic() + 60
+        while True:  # until rank 0 serves the store: its set-up has begun
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < give_up and rank0.poll() is None, "rank 0 never served its store"
+                time.sleep(0.02)
+        served = time.monotonic()
+        time.sleep(0.75 * setup)
+        late = TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=setup))
+        _, err = rank0.communicate(timeout=60)
+        took = time.monotonic() - served
+        del late
     finally:
-        kept.unlink()
+        rank0.kill()
+        rank0.communicate()
+    assert rank0.returncode == 1, err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: rank 0 failed: ") and "Traceback" not in err, err
+    assert took < 1.5 * setup, (took, err)
 
 
 def test_a_launched_rank_whose_peer_hangs_exits_at_its_op_timeout_not_the_setup_timeout(tmp_path):

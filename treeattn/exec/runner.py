@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import hashlib
 import math
 import os
@@ -51,6 +50,7 @@ from treeattn.exec.interpreter import MeasuredOp, PlanExecutor, RankInputs
 from treeattn.exec.issue_order import nccl_order_problem
 from treeattn.exec.merge import unpack
 from treeattn.exec.reference import FP64_BLOCK_ELEMENTS, Reference, compute_reference
+from treeattn.exec.rendezvous import join
 from treeattn.plan.baselines import baselines_for, parse_result
 from treeattn.plan.ir import OpKind, Plan
 from treeattn.units import DType, format_sizes
@@ -680,9 +680,8 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
         else:
             fused.warm_sum(device, torch_dtype(pj.plan.workload.dtype))
     init = {"device_id": device} if backend == "nccl" else {}
-    with rendezvous:
-        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=opt.setup_timeout_s), **init)
+    with rendezvous:  # one set-up deadline for the store and the group's connections
+        join(backend, rank, world, opt.setup_timeout_s, init)
     comm = Comm(rank, world, backend, device, opt.timeout_s, opt.setup_timeout_s)
     _check_same_job(job, comm)
     comm.open_pairs(_pairs(job))

@@ -1,0 +1,85 @@
+"""``treeattn.exec.rendezvous``: one set-up deadline for joining the process group (the
+processes that keep it, and those that do not, are in ``tests/distributed/test_exec_cli.py``)."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from treeattn.errors import ExecutionError
+from treeattn.exec.launch import free_port
+from treeattn.exec.rendezvous import MIN_LEFT_S, hosts_store, join, reach_store
+
+
+class _Clock:
+    """A clock that moves only when slept on (and ``step`` per look, to stand for work)."""
+
+    def __init__(self, step: float = 0.0) -> None:
+        self.now, self.step, self.slept = 100.0, step, []
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.now += s
+
+
+def test_a_store_nobody_serves_is_given_up_on_at_the_deadline_naming_the_address():
+    clock, port = _Clock(), free_port()
+    with pytest.raises(ExecutionError) as caught:
+        reach_store("127.0.0.1", port, 3, clock.now + 10, 10, clock=clock, sleep=clock.sleep)
+    assert str(caught.value).startswith(f"rank 3 could not reach the rendezvous at 127.0.0.1:{port} "
+                                        "(MASTER_ADDR:MASTER_PORT) within the 10 s set-up deadline: connection refused")
+    assert sum(clock.slept) == pytest.approx(10)  # it kept trying until then, and no longer
+    assert max(clock.slept) <= 1.0
+
+
+def test_a_name_that_does_not_resolve_or_answer_is_said(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(socket, "create_connection", _raises(socket.gaierror(-2, "Name or service not known")))
+    with pytest.raises(ExecutionError, match=r"within the 0\.5 s set-up deadline: cannot resolve 'node-0' \(Name or "):
+        reach_store("node-0", 29500, 1, clock.now + 0.5, 0.5, clock=clock, sleep=clock.sleep)
+    monkeypatch.setattr(socket, "create_connection", _raises(TimeoutError("timed out")))
+    with pytest.raises(ExecutionError, match=r"within the 2 s set-up deadline: no answer \(the rank that serves it"):
+        reach_store("10.0.0.1", 29500, 1, clock.now + 2, 2, clock=clock, sleep=clock.sleep)
+
+
+def _raises(exc: Exception):
+    def connect(*args, **kwargs):
+        raise exc
+    return connect
+
+
+def test_only_rank_0_serves_the_store_unless_torchruns_agent_does():
+    assert hosts_store(0, {}) and not hosts_store(1, {})
+    assert not hosts_store(0, {"TORCHELASTIC_USE_AGENT_STORE": "True"})
+
+
+def test_the_group_gets_what_is_left_and_keeps_the_whole_deadline_after(monkeypatch):
+    # 9.95 s of a 10 s deadline gone by the time the group is made: it is given the rest (at
+    # least MIN_LEFT_S), then its collectives and its store wait the whole deadline again.
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    given = {}
+    made = dist.init_process_group
+
+    def spy(*args, **kwargs):
+        given["timeout"] = kwargs["timeout"]
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "init_process_group", spy)
+    clock = _Clock(step=9.95 / 3)  # three looks after the start: by the group's, 9.95 s gone
+    join("gloo", 0, 1, 10.0, clock=clock)
+    try:
+        assert given["timeout"] == datetime.timedelta(seconds=MIN_LEFT_S)
+        group = dist.distributed_c10d._get_default_group()
+        assert group._get_backend(torch.device("cpu")).options._timeout == datetime.timedelta(seconds=10)
+        assert dist.distributed_c10d._get_default_store().timeout == datetime.timedelta(seconds=10)
+    finally:
+        dist.destroy_process_group()
