@@ -177,19 +177,25 @@ def test_cpu_vendor_names_the_sockets_and_decides_nccls_p2p_level():
 
 
 def test_unknown_cpu_vendor_says_it_decides_nccls_p2p_level():
+    import json
+
+    from tests.cli_helpers import run_cli
+    from treeattn.cli.probe import cpu_vendor_note
+
     # Saved output without --cpu-vendor: the sockets stay unnamed (Intel's choices), which puts
-    # both pairs through host memory; the assumptions must say the vendor decides that.
-    unknown = _probe("della-2xa100", gpu_model="A100-PCIE-40GB")
-    notes = [a for a in unknown.assumptions if "P2P level" in a]
-    assert notes == ["CPU vendor unknown: NCCL's P2P level as on an Intel host (PXB), so 2 of 2 GPU pairs of a node go "
-                     "through host memory; on AMD (SYS) 0 would; pass --cpu-vendor amd or intel"]
+    # both pairs through host memory; probe's assumptions must say the vendor decides that.
+    note = ("CPU vendor unknown: NCCL's P2P level as on an Intel host (PXB), so 2 of 2 GPU pairs of a node go "
+            "through host memory; on AMD (SYS) 0 would; pass --cpu-vendor amd or intel")
+    assert cpu_vendor_note(_probe("della-2xa100", gpu_model="A100-PCIE-40GB").topology) == note
     # with --nodes, one node's pairs (the nodes are copies of it), the same note
-    assert [a for a in _probe("della-2xa100", gpu_model="A100-PCIE-40GB", nics="2x200", nodes=3).assumptions
-            if "P2P level" in a] == notes
+    assert cpu_vendor_note(_probe("della-2xa100", gpu_model="A100-PCIE-40GB", nics="2x200", nodes=3).topology) == note
     # a vendor given, or one that would change nothing (five GPUs without peer-to-peer): no note
     for result in (_probe("della-2xa100", gpu_model="A100-PCIE-40GB", cpu_vendor="intel"),
                    _probe("pcie-5gpu", gpu_model="RTX-4090")):
-        assert not [a for a in result.assumptions if "P2P level" in a], result.assumptions
+        assert cpu_vendor_note(result.topology) == ""
+    res = run_cli("probe", "--from-nvidia-smi", str(TOPO["della-2xa100"]), "--gpu-model", "A100-PCIE-40GB", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert [a for a in json.loads(res.stdout)["assumptions"] if "P2P level" in a] == [note]
 
 
 def test_dgx_a100_gpu_reaches_its_nic_without_the_cpu():

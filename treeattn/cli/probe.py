@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -18,6 +19,7 @@ from treeattn.errors import InputError
 from treeattn.probe import Fabric, ProbeOptions, ProbeResult, probe
 from treeattn.textfile import write_file
 from treeattn.topology.io import dump_topology
+from treeattn.topology.model import Device, DeviceKind, Topology
 
 _IN = "Saved tool output"
 _NET = "Nodes and network"
@@ -68,6 +70,9 @@ def probe_cmd(
         nic_gbps=nic_gbps, nics=nics, fabric=fabric, ranks=ranks, name=name,
     )
     result = probe(opts)
+    note = cpu_vendor_note(result.topology)
+    if note:
+        result = dataclasses.replace(result, assumptions=(*result.assumptions, note))
     if out is not None:
         try:
             write_file(out, dump_topology(result.topology))
@@ -77,6 +82,37 @@ def probe_cmd(
         typer.echo(json.dumps(result.to_dict(), sort_keys=True, indent=2))
         return
     _summary(result, out)
+
+
+def cpu_vendor_note(topo: Topology) -> str:
+    """Where the CPU vendor is unknown (sockets left unnamed: NCCL's choices as on Intel,
+    ``treeattn.cost.nccl_rates.cpu_vendor``) and it decides which GPU pairs NCCL connects
+    peer-to-peer (``nccl_rates.p2p_level``: SYS on an AMD host of at most two GPUs), what to
+    say: those pairs move through host memory, a tenth of their PCIe rate. Looked at on node 0
+    alone, the nodes being copies of it; empty where the vendor is known or changes nothing."""
+    from treeattn.cost.nccl_rates import p2p_level, shm_pairs
+
+    if any(d.model for d in topo.devices if d.kind is DeviceKind.CPU):
+        return ""
+    local = tuple(d for d in topo.devices if d.node == 0)
+    names = {d.name for d in local}
+    if not any(d.kind is DeviceKind.CPU for d in local):
+        return ""
+
+    def node0(devices: tuple[Device, ...]) -> Topology:
+        return Topology(name=topo.name, devices=devices, cost=topo.cost,
+                        links=tuple(ln for ln in topo.links if ln.src in names and ln.dst in names),
+                        ranks=tuple(r for r in topo.ranks if r in names))
+
+    intel = node0(local)
+    amd = node0(tuple(dataclasses.replace(d, model="AMD") if d.kind is DeviceKind.CPU else d for d in local))
+    here, there = shm_pairs(intel), shm_pairs(amd)
+    if here == there:
+        return ""
+    n = intel.num_ranks
+    return (f"CPU vendor unknown: NCCL's P2P level as on an Intel host ({p2p_level(intel, 0)}), so {here} of "
+            f"{n * (n - 1)} GPU pairs of a node go through host memory; on AMD ({p2p_level(amd, 0)}) {there} "
+            "would; pass --cpu-vendor amd or intel")
 
 
 def _summary(result: ProbeResult, out: Path | None) -> None:

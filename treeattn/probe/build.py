@@ -361,39 +361,7 @@ def finish(
         cost=_attention_cost(draft),
     )
     topo.check_routable()
-    _note_cpu_vendor(draft, topo)
     return ProbeResult(topo, tuple(draft.warnings), tuple(draft.assumptions), source)
-
-
-def _note_cpu_vendor(draft: NodeDraft, topo: Topology) -> None:
-    """Where the CPU vendor is unknown (sockets left unnamed: NCCL's choices as on Intel,
-    ``treeattn.cost.nccl_rates.cpu_vendor``) and it decides which GPU pairs NCCL connects
-    peer-to-peer (``nccl_rates.p2p_level``: SYS on an AMD host of at most two GPUs), say so:
-    those pairs move through host memory, a tenth of their PCIe rate. Looked at on node 0
-    alone, the nodes being copies of it."""
-    from treeattn.cost.nccl_rates import p2p_level, shm_pairs
-
-    if any(d.model for d in topo.devices if d.kind is DeviceKind.CPU):
-        return
-    local = tuple(d for d in topo.devices if d.node == 0)
-    names = {d.name for d in local}
-    if not any(d.kind is DeviceKind.CPU for d in local):
-        return
-
-    def node0(devices: tuple[Device, ...]) -> Topology:
-        return Topology(name=topo.name, devices=devices, cost=topo.cost,
-                        links=tuple(ln for ln in topo.links if ln.src in names and ln.dst in names),
-                        ranks=tuple(r for r in topo.ranks if r in names))
-
-    intel = node0(local)
-    amd = node0(tuple(dataclasses.replace(d, model="AMD") if d.kind is DeviceKind.CPU else d for d in local))
-    here, there = shm_pairs(intel), shm_pairs(amd)
-    if here == there:
-        return
-    n = intel.num_ranks
-    draft.note(f"CPU vendor unknown: NCCL's P2P level as on an Intel host ({p2p_level(intel, 0)}), so {here} of "
-               f"{n * (n - 1)} GPU pairs of a node go through host memory; on AMD ({p2p_level(amd, 0)}) {there} "
-               "would; pass --cpu-vendor amd or intel")
 
 
 def _attention_cost(draft: NodeDraft) -> CostParams:
