@@ -426,3 +426,90 @@ def test_the_nccl_release_a_log_printed_is_the_calibrated_topologys(tmp_path):
     old.write_text(FOUR.read_text().replace("NCCL version 2.26.2", "NCCL version 2.18.1"))
     older = calibrate_from_nccl_tests(DGX4, [old])
     assert older.topology.cost.nccl_version is None and any("2.18.1" in w for w in older.warnings)
+
+
+# -- a log from another machine's layout ----------------------------------------------------------
+
+H100_4X2 = load_topology_text(
+    "name: h100-4x2\nnodes: 2\nnode:\n  gpus: {count: 4, model: H100-SXM5-80GB, mem_bw_gbps: 3350}\n"
+    "  pcie: {generation: 5, bw_gbps: 55}\n  fabric: {kind: nvswitch, bw_gbps: 450}\n"
+    "  nics: {count: 4, bw_gbps: 50}\nnetwork: {kind: infiniband, topology: rail-optimized}\n")
+
+
+def _hosts(tmp_path, hosts):
+    """The 1-node log with its ``#  Rank`` lines moved to ``hosts[rank]``."""
+    lines = ONE.read_text().splitlines()
+    out = [ln.replace("on    node005 ", f"on {hosts[int(ln.split()[2])]:>10} ") if ln.startswith("#  Rank") else ln
+           for ln in lines]
+    path = tmp_path / ONE.name
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+def test_a_one_node_log_is_not_fitted_onto_two_nodes():
+    # Its 8 ranks ran on node005 alone (NVLink SHARP, 474 GB/s of bus bandwidth); on a topology
+    # of 4 GPUs a node they would span two nodes, and the network class would get NVLink's rate.
+    with pytest.raises(InputError, match=r"ran its 8 ranks on 1 host\(s\) \(node005\), but 'h100-4x2' places "
+                                         r"ranks 0-7 on 2 node\(s\)"):
+        calibrate_from_nccl_tests(H100_4X2, [ONE])
+
+
+def test_the_log_hosts_must_group_ranks_as_the_topology_nodes(tmp_path):
+    # two hosts of 4 ranks each: the layout of h100-4x2, fitted as its network class
+    (lf,) = calibrate_from_nccl_tests(H100_4X2, [_hosts(tmp_path, ["a"] * 4 + ["b"] * 4)]).logs
+    assert lf.scope == "network"
+    # the same two hosts dealt round-robin (mpirun --map-by node): ranks 0 and 1 on different hosts
+    with pytest.raises(InputError, match="ran ranks 0 and 1 on different hosts, but 'h100-4x2' places them on "
+                                         "one node"):
+        calibrate_from_nccl_tests(H100_4X2, [_hosts(tmp_path, ["a", "b"] * 4)])
+    # two hosts onto one node of 8
+    with pytest.raises(InputError, match=r"on 2 host\(s\) \(a, b\), but 'dgx-h100:nodes=4' places ranks 0-7 on 1"):
+        calibrate_from_nccl_tests(DGX4, [_hosts(tmp_path, ["a"] * 4 + ["b"] * 4)])
+
+
+def test_the_cli_refuses_a_log_of_another_layout_in_one_line(tmp_path):
+    topo = tmp_path / "h100-4x2.yaml"
+    topo.write_text(dump_topology(H100_4X2))
+    res = run_cli("calibrate", "--from-nccl-tests", str(ONE), "-t", str(topo))
+    assert res.exit_code == 2 and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "1 host(s) (node005)" in res.stderr
+
+
+def test_nvidia_devices_are_not_fitted_onto_an_xgmi_mesh_of_unknown_gpus():
+    # probe's rocm-smi topology without --gpu-model names no GPU; its xGMI says AMD
+    amd = load_topology_text(
+        "name: amd-box\nnode:\n  gpus: {count: 8, mem_bw_gbps: 1000}\n  pcie: {generation: 5, bw_gbps: 55}\n"
+        "  fabric: {kind: full-mesh, bw_gbps: 64}\n")
+    with pytest.raises(InputError, match=r"ran on NVIDIA H100 80GB HBM3; amd-box's GPUs are joined by xGMI"):
+        calibrate_from_nccl_tests(amd, [ONE])
+
+
+def test_a_network_rate_above_the_line_rate_is_said():
+    # the 4 x 8 H100 log ran on 400 Gb/s NICs; mapped onto 200 Gb/s ones its ports get 39 GB/s
+    hdr = load_topology_text(dump_topology(DGX4).replace("bw_gbps: 50.0", "bw_gbps: 25.0"))
+    said = [w for w in calibrate_from_nccl_tests(hdr, [FOUR]).warnings if "line rate" in w]
+    assert len(said) == 1 and "above the 25 GB/s (200 Gb/s) line rate" in said[0]
+    assert not [w for w in calibrate_from_nccl_tests(DGX4, [FOUR]).warnings if "line rate" in w]
+
+
+def test_calibrating_again_from_the_same_log_keeps_the_rates():
+    # Della's node as probed: NIC mlx5_0 at 200 Gb/s (ibstat), four more at 400 (--nic-gbps). The
+    # share of the log's bandwidth each NIC gets was taken from the links' fitted rates, so each
+    # pass from the same log moved it: 34.9, then 49.2, then 65.1 GB/s on mlx5_0's port.
+    from treeattn.probe import ProbeOptions, probe
+
+    probes = Path(__file__).parents[1] / "fixtures" / "probe"
+    della = probe(ProbeOptions(nvidia_smi=probes / "nvidia-smi-topo-m.hgx-h100-della.txt",
+                               ibstat=probes / "ibstat.cx6-hdr200-partial.nccl-tests-128.txt", nic_gbps=400,
+                               nodes=4)).topology
+    assert len({ln.bw_gbps for ln in della.links if ln.kind.value == "infiniband" and ln.dst.startswith("rail")}) > 1
+    once = calibrate_from_nccl_tests(della, [ONE, FOUR]).topology
+    twice = calibrate_from_nccl_tests(once, [ONE, FOUR]).topology
+    assert [(ln.bw_gbps, ln.rated_gbps) for ln in twice.links] == [(ln.bw_gbps, ln.rated_gbps) for ln in once.links]
+
+
+def test_a_log_given_twice_is_refused_as_check_model_does():
+    # it was fitted twice and said as "X and X both fit class ...: kept X"
+    res = run_cli("calibrate", "--from-nccl-tests", str(FOUR), str(FOUR), "-t", "dgx-h100:nodes=4")
+    assert res.exit_code == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip() == f"error: {FOUR}: given twice"

@@ -148,3 +148,62 @@ def test_a_gpu_model_that_is_no_known_name_is_refused(model, hint):
                                 "--json").stdout)
     assert {d["model"] for d in pasted["topology"]["devices"] if d["kind"] == "gpu"} == {"H100-SXM5-80GB"}
     assert "--gpu-model 'NVIDIA H100 80GB HBM3' read as H100-SXM5-80GB" in pasted["warnings"]
+
+
+def test_nodes_with_every_nic_down_says_so_not_to_pass_what_is_ignored(tmp_path):
+    # ibstat of a node whose ports are all down: --nics would be ignored (the input shows NICs),
+    # and --ibstat was given, so neither is offered as the way out.
+    ib = tmp_path / "ibstat.txt"
+    ib.write_text((FIX / "ibstat.cx6-hdr200-partial.nccl-tests-128.txt").read_text().replace("State: Active",
+                                                                                             "State: Down"))
+    res = run_cli("probe", "--from-nvidia-smi", str(FIX / "nvidia-smi-topo-m.della-2xa100-pcie.txt"), "--ibstat",
+                  str(ib), "--nodes", "2", "--nics", "2x200")
+    assert res.exit_code == 2 and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert "none of its NICs is Active (mlx5_0 Down, mlx5_1 Down)" in res.stderr
+    assert "pass --nics" not in res.stderr
+    # an input that shows no NIC still gets the advice that works there
+    res = run_cli("probe", "--from-rocm-smi", str(FIX / "rocm-smi-showtopo.8x-mi308x.txt"), "--nodes", "2")
+    assert res.exit_code == 2 and "pass --nics COUNTxGBPS or --ibstat FILE" in res.stderr
+
+
+def test_the_format_page_names_every_way_probe_joins_nodes():
+    from treeattn.probe import Fabric
+
+    page = (Path(__file__).parents[2] / "docs" / "topology-format.md").read_text()
+    for fabric in Fabric:
+        assert f"--fabric {fabric.value}" in page
+
+
+def test_an_assumed_link_layer_says_how_to_get_roce(tmp_path):
+    # an MI300X cluster on RoCE, NICs from --nics: InfiniBand is assumed, and the note says how
+    # the RoCE the admin has is given
+    args = ("probe", "--from-rocm-smi", str(FIX / "rocm-smi-showtopo.8x-mi308x.txt"), "--gpu-model", "MI300X",
+            "--nics", "8x400", "--nodes", "2", "--json")
+    res = run_cli(*args)
+    assert res.exit_code == 0, res.stderr
+    (said,) = [a for a in json.loads(res.stdout)["assumptions"] if "link layer unknown" in a]
+    assert "--ibstat FILE" in said and "roce" in said
+    # and ibstat of a RoCE port gives it
+    ib = tmp_path / "ibstat.txt"
+    ib.write_text((FIX / "ibstat.cx6-hdr100-single.txt").read_text().replace("Link layer: InfiniBand",
+                                                                             "Link layer: Ethernet"))
+    res = run_cli(*args[:5], "--ibstat", str(ib), "--nodes", "2", "--json")
+    assert res.exit_code == 0, res.stderr
+    kinds = {ln["kind"] for ln in json.loads(res.stdout)["topology"]["links"]}
+    assert "roce" in kinds and "infiniband" not in kinds
+
+
+@pytest.mark.parametrize("rate", ["1e999", "nan", "0", "-200"])
+def test_an_ibstat_rate_no_port_has_is_refused_where_it_stands(tmp_path, rate):
+    # 1e999 was written as bw_gbps: .inf (exit 0), which topo validate then refuses; nan and -200
+    # were refused naming a link of the built topology, 0 as a rate "unknown" of --ibstat given
+    ib = tmp_path / "ibstat.txt"
+    ib.write_text((FIX / "ibstat.cx6-hdr200-partial.nccl-tests-128.txt").read_text().replace("Rate: 200",
+                                                                                             f"Rate: {rate}"))
+    out = tmp_path / "t.yaml"
+    res = run_cli("probe", "--from-nvidia-smi", str(FIX / "nvidia-smi-topo-m.della-2xa100-pcie.txt"), "--ibstat",
+                  str(ib), "--nodes", "2", "-o", str(out))
+    assert res.exit_code == 2 and not out.exists() and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert "ibstat.txt:" in res.stderr and f"Rate '{rate}' is not a line rate" in res.stderr

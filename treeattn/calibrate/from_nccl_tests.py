@@ -42,12 +42,14 @@ from treeattn.calibrate.nccl_tests import (
     NcclTestsLog,
     calibrate_from_log,
     other_devices,
+    other_hosts,
+    other_vendor,
     printed_version,
     read_nccl_tests,
 )
 from treeattn.cost import nccl_rates
 from treeattn.errors import InputError, ProbeError
-from treeattn.topology.model import CALIBRATED_BY, LinkClass, Topology
+from treeattn.topology.model import CALIBRATED_BY, Link, LinkClass, Topology
 from treeattn.topology.nccl_version import nccl_release, parse_version
 
 __all__ = ["LogFit", "NcclCalibration", "calibrate_from_nccl_tests", "SIZE_BANDS", "HalfSplit", "half_split"]
@@ -105,6 +107,14 @@ def _alpha_of(topo: Topology, a: int, b: int) -> float:
     return topo.cost.overhead_us + topo.route_latency_us(a, b)
 
 
+def _rated(ln: Link) -> float:
+    """A link's hardware figure: its rating where a calibration kept one, else its rate. The
+    share of a log's bandwidth each link gets is taken from these, so that a topology
+    calibrated again from the same log gets the same rates (the fitted ones would move the
+    shares where a node's links differ: 25 and 50 GB/s NICs)."""
+    return ln.rated_gbps if ln.rated_gbps is not None else ln.bw_gbps
+
+
 def _node_egress(topo: Topology, ranks: Sequence[int], other: int) -> float:
     """Sum of network out-link bandwidth of the NICs ``ranks`` use to reach rank ``other``."""
     nics: set[str] = set()
@@ -113,12 +123,12 @@ def _node_egress(topo: Topology, ranks: Sequence[int], other: int) -> float:
             if ln.cls is LinkClass.NETWORK:
                 nics.add(ln.src)
                 break
-    return sum(ln.bw_gbps for ln in topo.links if ln.src in nics and ln.cls is LinkClass.NETWORK)
+    return sum(_rated(ln) for ln in topo.links if ln.src in nics and ln.cls is LinkClass.NETWORK)
 
 
 def _rank_out(topo: Topology, rank: int, cls: LinkClass) -> float:
     dev = topo.ranks[rank]
-    return sum(ln.bw_gbps for ln in topo.links if ln.src == dev and ln.cls is cls and ln.src != ln.dst) or 0.0
+    return sum(_rated(ln) for ln in topo.links if ln.src == dev and ln.cls is cls and ln.src != ln.dst) or 0.0
 
 
 def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> NcclCalibration:
@@ -139,7 +149,11 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
         raise InputError("--from-nccl-tests needs at least one log file")
     parsed = []
     logs_read: list[NcclTestsLog] = []
+    seen: set[Path] = set()
     for path in paths:
+        if Path(path).resolve() in seen:  # as check-model: one run would count as two
+            raise InputError(f"{path}: given twice")
+        seen.add(Path(path).resolve())
         log = read_nccl_tests(path)
         logs_read.append(log)
         cf = calibrate_from_log(log)
@@ -147,7 +161,9 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
         if n > topo.num_ranks:
             raise InputError(f"{log.source}: the log ran on {n} ranks but topology {topo.name!r} places "
                              f"{topo.num_ranks}; give the topology it ran on (e.g. a family spec with more nodes)")
-        if other := other_devices(log, topo):  # its rates would be written into another machine's links
+        if other := other_devices(log, topo) or other_vendor(log, topo):  # rates for another machine's links
+            raise InputError(f"{path}: {other}; give the topology it ran on")
+        if other := other_hosts(log, topo, n):  # a one-node ring would be fitted as the network's, or back
             raise InputError(f"{path}: {other}; give the topology it ran on")
         nodes = {topo.rank_device(r).node for r in range(n)}
         parsed.append((len(nodes) > 1, log.source, cf))
@@ -156,6 +172,8 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
     intra_alpha: float | None = None
     for network, source, cf in sorted(parsed, key=lambda x: x[0]):  # one-node logs first
         lf = _network_fit(topo, source, cf, intra_alpha) if network else _node_fit(topo, source, cf)
+        if network and (said := _over_line_rate(topo, lf)):
+            warnings.append(said)
         if not network:
             intra_alpha = lf.alpha_us if intra_alpha is None else intra_alpha
         old = chosen.get(lf.hops)
@@ -205,6 +223,26 @@ def _with_release(topo: Topology, logs: list[NcclTestsLog], warnings: list[str])
     return dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, nccl_version=printed[0]))
 
 
+def _over_line_rate(topo: Topology, lf: LogFit) -> str:
+    """A warning where a network class got more than the line rate of its route's slowest
+    network port: the log ran on faster or more NICs than the topology's (or reduced in the
+    network, SHARP), and its rate would be written into ports that cannot carry it."""
+    other = next(r for r in range(lf.fit.ranks) if topo.rank_device(r).node != topo.rank_device(0).node)
+    ports = [ln for ln in topo.route_links(0, other) if ln.cls is LinkClass.NETWORK]
+    if not ports:
+        return ""
+    port = min(ports, key=lambda ln: ln.rated_gbps if ln.rated_gbps is not None else ln.bw_gbps)
+    if port.rated_gbps is None and topo.cost.link_rates != "datasheet":
+        return ""  # measured before, without the hardware's figure: no line rate to hold it to
+    line = port.rated_gbps if port.rated_gbps is not None else port.bw_gbps
+    if lf.beta_gbps <= 1.05 * line:
+        return ""
+    return (f"{lf.source}: the network class got {lf.beta_gbps:.4g} GB/s a port, above the {line:g} GB/s "
+            f"({line * 8:g} Gb/s) line rate of {port.src}'s {port.kind.value} port: the log ran on faster or more "
+            "NICs than the topology has (check its NIC count and rates: probe's --ibstat, --nic-gbps, --nics), or "
+            "with in-network reduction (SHARP); the fitted rate is written as it is")
+
+
 def _node_fit(topo: Topology, source: str, cf: CollectiveFit) -> LogFit:
     n = cf.ranks
     ring = [(i, (i + 1) % n) for i in range(n)]
@@ -213,7 +251,7 @@ def _node_fit(topo: Topology, source: str, cf: CollectiveFit) -> LogFit:
     notes = list(cf.warnings)
     first = topo.route_links(a, b)[0]
     out = _rank_out(topo, a, first.cls)
-    low = min(bw for _, bw in hops)
+    low = min(map(_rated, topo.route_links(a, b)))
     share = low / out if out > 0 else 1.0
     shm = nccl_rates.shm_pair(topo, a, b)
     if shm:  # what the ring moved is the host's, not the links': they keep their figures
@@ -238,7 +276,7 @@ def _network_fit(topo: Topology, source: str, cf: CollectiveFit, intra_alpha: fl
     alpha, written = _class_alpha(_network_alpha(cf, topo, local, nn, intra_alpha, notes) if cf.latency_measured
                                   else None, "network alpha", topo, (0, other), notes)
     egress = _node_egress(topo, local, other)
-    low = min(bw for _, bw in hops)
+    low = min(map(_rated, topo.route_links(0, other)))
     share = low / egress if egress > 0 else 1.0
     return LogFit(source, cf, "network", ">".join(k for k, _ in hops), hops, alpha, cf.beta_link_gbps * share,
                   tuple(notes), written)

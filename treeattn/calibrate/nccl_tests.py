@@ -58,7 +58,8 @@ from treeattn.probe.text import fail, read_input
 from treeattn.topology.model import DeviceKind, LinkKind, Topology
 
 __all__ = ["Timing", "NcclRow", "NcclDevice", "NcclTestsLog", "parse_nccl_tests", "read_nccl_tests",
-           "parse_published_table", "calibrate_from_log", "collective_from_name", "log_run"]
+           "parse_published_table", "calibrate_from_log", "collective_from_name", "log_run",
+           "other_devices", "other_hosts", "other_vendor"]
 
 _HEADER = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)(.*)$")
 _STEP = re.compile(r"step:\s*(\d+)\((factor|bytes)\)")
@@ -559,6 +560,47 @@ def other_devices(log: NcclTestsLog, topo: Topology) -> str:
     if not keys or not split or any(w.endswith(k) for k in keys for w in words):
         return ""
     return f"the log ran on {', '.join(names)}, not {topo.name}'s {', '.join(gpus)}"
+
+
+def other_hosts(log: NcclTestsLog, topo: Topology, n: int) -> str:
+    """What is wrong where the log's ``#  Rank`` lines put its ``n`` ranks on hosts otherwise
+    than the topology puts its first ``n`` ranks on nodes (a one-node log read onto a topology
+    of 4 GPUs a node, a two-node log onto one node, ranks dealt round-robin over the nodes);
+    empty where they agree, or the log does not list every rank with its host. ``calibrate``
+    refuses such a log."""
+    hosts = {d.rank: d.host for d in log.devices}
+    if sorted(hosts) != list(range(n)) or not all(hosts.values()):
+        return ""
+    nodes = [topo.rank_device(r).node for r in range(n)]
+    pairs = {(hosts[r], nodes[r]) for r in range(n)}
+    on_hosts, on_nodes = len(set(hosts.values())), len(set(nodes))
+    if len(pairs) == on_hosts == on_nodes:
+        return ""
+    if on_hosts != on_nodes:
+        return (f"the log ran its {n} ranks on {on_hosts} host(s) ({', '.join(sorted(set(hosts.values())))}), "
+                f"but {topo.name!r} places ranks 0-{n - 1} on {on_nodes} node(s)")
+    a, b = next((a, b) for a in range(n) for b in range(a + 1, n)
+                if (hosts[a] == hosts[b]) != (nodes[a] == nodes[b]))
+    same = "one host" if hosts[a] == hosts[b] else "different hosts"
+    where = "one node" if nodes[a] == nodes[b] else "different nodes"
+    return f"the log ran ranks {a} and {b} on {same}, but {topo.name!r} places them on {where}"
+
+
+def other_vendor(log: NcclTestsLog, topo: Topology) -> str:
+    """What is wrong where the log's device lines name one vendor's GPUs (``NVIDIA ...``,
+    ``AMD ...``) and the topology's GPU fabric is the other's (xGMI, NVLink): a probed topology
+    whose GPU model is unknown (``unknown-gpu``), which ``other_devices`` cannot tell from a log,
+    still says which; empty where they agree or either does not say."""
+    names = sorted({d.name for d in log.devices if d.name})
+    fabric = {ln.kind for ln in topo.links} & {LinkKind.NVLINK, LinkKind.XGMI}
+    named = {v for n in names for v in ("NVIDIA", "AMD") if v in _words(n)}
+    if len(fabric) != 1 or len(named) != 1:
+        return ""
+    wired = "NVIDIA" if fabric == {LinkKind.NVLINK} else "AMD"
+    if named == {wired}:
+        return ""
+    return (f"the log ran on {', '.join(names)}; {topo.name}'s GPUs are joined by "
+            f"{'NVLink' if wired == 'NVIDIA' else 'xGMI'} ({wired}'s)")
 
 
 def _words(name: str) -> list[str]:

@@ -319,10 +319,8 @@ def finish(
     if from_flag:
         draft.note(f"NIC line rate {nic_gbps:g} Gb/s from --nic-gbps for {', '.join(from_flag)}")
     if nodes > 1 and not fabric_nics:
-        raise ProbeError(
-            f"{source}: --nodes {nodes} needs NICs to join the nodes, but no GPU has a usable NIC; "
-            "pass --nics COUNTxGBPS or --ibstat FILE"
-        )
+        raise ProbeError(f"{source}: --nodes {nodes} needs NICs to join the nodes, but no GPU has a usable NIC; "
+                         + _no_usable_nic(draft))
 
     def local(i: int, n: str) -> str:
         return f"n{i}.{n}"
@@ -364,6 +362,19 @@ def finish(
     return ProbeResult(topo, tuple(draft.warnings), tuple(draft.assumptions), source)
 
 
+def _no_usable_nic(draft: NodeDraft) -> str:
+    """What to do where no GPU has a usable NIC: ``--nics`` adds NICs only to an input that
+    shows none (``add_assumed_nics``), so it is offered only there."""
+    if not draft.nics:
+        return "pass --nics COUNTxGBPS or --ibstat FILE"
+    down = [f"{n} {draft.nics[n].state}" for n in draft.nics if not _usable(draft.nics[n])]
+    if len(down) == len(draft.nics):
+        return (f"none of its NICs is Active ({', '.join(down)}), and --nics adds NICs only where the input shows "
+                "none: probe from ibstat output of a node whose ports are up")
+    return (f"its NICs ({', '.join(draft.nics)}) reach no GPU over PCIe, and --nics adds NICs only where the input "
+            "shows none")
+
+
 def _attention_cost(draft: NodeDraft) -> CostParams:
     """The published decode-kernel fit of the node's GPU model (all GPUs one model), noted
     as an assumption; else the defaults (``launch_us``, ``mem_efficiency``)."""
@@ -381,7 +392,8 @@ def _join_nodes(draft, nodes, fabric, fabric_nics, rates, devices, links, local)
     kinds = {n: _network_kind(draft.nics[n]) or LinkKind.INFINIBAND for n in fabric_nics}
     unknown = [n for n in fabric_nics if _network_kind(draft.nics[n]) is None]
     if unknown:
-        draft.note(f"link layer unknown, InfiniBand assumed, for {', '.join(unknown)}")
+        draft.note(f"link layer unknown, InfiniBand assumed, for {', '.join(unknown)}: for RoCE pass --ibstat FILE "
+                   "(ibstat prints a RoCE port's 'Link layer: Ethernet'), or write kind: roce in the file")
     kind_set = sorted({k.value for k in kinds.values()})
 
     def duplex(a: str, b: str, kind: LinkKind, bw: float, count: int = 1) -> None:

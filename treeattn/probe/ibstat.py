@@ -8,6 +8,7 @@ An Ethernet link layer on an RDMA adapter means RoCE.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -82,6 +83,11 @@ def parse_ibstat(text: str, source: str = "ibstat") -> tuple[IbAdapter, ...]:
                 rate = float(kv["Rate"])
             except ValueError:
                 raise fail(source, at, f"CA {name!r} port {number}: Rate {kv['Rate']!r} is not a number") from None
+            # nan and inf too: a link of either would be refused (or written as .inf) later. A port
+            # that is down may print 0; its rate is not used.
+            if not (0 < rate < math.inf or (rate == 0 and kv["State"] != "Active")):
+                raise fail(source, at, f"CA {name!r} port {number}: Rate {kv['Rate']!r} is not a line rate "
+                                       "(Gb/s, a finite number > 0)")
             if kv["Link layer"] not in ("InfiniBand", "Ethernet"):
                 raise fail(source, at, f"CA {name!r} port {number}: unknown link layer {kv['Link layer']!r}")
             built.append(IbPort(number, kv["State"], kv.get("Physical state", ""), rate, kv["Link layer"]))
