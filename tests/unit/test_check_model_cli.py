@@ -340,3 +340,18 @@ def test_a_topology_file_given_as_a_table_mapping_is_named_as_one():
         res = run_cli("check-model", *args)
         assert res.exit_code == 2 and "a topology file, not a table mapping" in res.stderr, res.stderr
         assert "--topology FILE" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_own_log_on_another_layout_of_hosts_is_said(tmp_path):
+    # One host's 8 ranks read onto two nodes of 4: scored as asked, and the line says so
+    # (calibrate refuses the same mismatch: its rates would be written into the wrong links).
+    log = tmp_path / "all_reduce_perf.txt"
+    shutil.copy(FIXTURE.parent / "all_reduce_perf.8xh100-1node.txt", log)
+    res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2[ranks 0-3,8-11]")
+    assert res.exit_code == 0, res.stderr
+    assert ("the log ran its 8 ranks on 1 host(s) (node005), but 'dgx-h100:nodes=2[ranks 0-3,8-11]' places ranks "
+            "0-7 on 2 node(s)") in res.stdout
+    same = run_cli("check-model", str(log), "-t", "dgx-h100")
+    assert "host(s)" not in same.stdout
+    # every table scored: the per-table heading marks nothing
+    assert "By table" in same.stdout and "not scored: marked" not in same.stdout

@@ -194,7 +194,8 @@ def check_model_cmd(
     for c, by in summary["cells"].items():
         cells.add_row(c, *[f"{100 * st['median_abs']:.1f} ({st['rows']})" if st["rows"] else "-" for st in by.values()])
     con.print(cells)
-    con.print(_table("By table (not scored: marked *)", "table",
+    marked = " (not scored: marked *)" if any(not st["scored"] for st in summary["tables"].values()) else ""
+    con.print(_table(f"By table{marked}", "table",
                      [_stat_row(n + ("" if st["scored"] else " *"), st) for n, st in summary["tables"].items()]))
     if attention:
         att = Table(title="Decode attention kernels (treeattn.cost.compute against published timings)",

@@ -49,6 +49,8 @@ from treeattn.calibrate.nccl_tests import (
     NcclTestsLog,
     log_run,
     other_devices,
+    other_hosts,
+    other_vendor,
     parse_published_table,
     printed_version,
     read_nccl_tests,
@@ -202,7 +204,9 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
         log = read_nccl_tests(p)
         coll, ranks, inferred = log_run(log)
         notes = list(inferred)
-        if other := other_devices(log, topo):
+        if other := other_devices(log, topo) or other_vendor(log, topo):
+            notes.append(other)
+        if ranks <= topo.num_ranks and (other := other_hosts(log, topo, ranks)):
             notes.append(other)
         if coll not in COLLECTIVES:
             raise InputError(f"{p}: a {coll} test; the model scores {', '.join(COLLECTIVES)}")
