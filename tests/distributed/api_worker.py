@@ -88,7 +88,8 @@ def run_worker(rank: int, p: int, port: int, out_dir: str, task: str) -> None:
     except Exception:  # the parent reads it and fails the test with it
         results.append({"error": traceback.format_exc()})
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
-    dist.destroy_process_group()
+    if dist.is_initialized():  # a task may have destroyed it (misuse)
+        dist.destroy_process_group()
 
 
 def _workload(p: int, q_heads: int = 8, kv_heads: int = 2, batch: int = 2, dtype: str = "fp32") -> Workload:
@@ -231,6 +232,63 @@ def errors(rank: int, p: int):  # noqa: ANN201
     yield out
 
 
+def misuse(rank: int, p: int):  # noqa: ANN201
+    """What a model's code gets wrong: a group that is not a ProcessGroup, sparse inputs, a call
+    after the process group is gone. Each raises one error naming the argument, on the rank that
+    made it, before anything is sent: the good call after them merges as if they had not been made."""
+    w = _workload(p)
+    plan = build("binomial", w, REF)
+    out = {}
+
+    def attempt(label, call):  # noqa: ANN001, ANN202
+        try:
+            call()
+            out[label] = "no error"
+        except (ValueError, TypeError) as exc:
+            out[label] = f"{type(exc).__name__}: {exc}"
+
+    attempt("group-list", lambda: treeattn.Merger(plan, group=list(range(p))))
+    attempt("group-str", lambda: treeattn.Merger(plan, group="world"))
+    merger = treeattn.Merger(plan, timeout_s=5.0)
+    g = torch.Generator().manual_seed(rank)
+    o, lse = torch.randn(w.batch, w.q_heads, w.head_dim, generator=g), torch.randn(w.batch, w.q_heads, generator=g)
+    attempt("o-sparse", lambda: merger(o.to_sparse(), lse))
+    attempt("lse-sparse", lambda: merger(o, lse.to_sparse()))
+    got, _ = merger(o, lse)
+    every = [torch.zeros_like(o) for _ in range(p)]
+    dist.all_gather(every, o)
+    lses = [torch.zeros_like(lse) for _ in range(p)]
+    dist.all_gather(lses, lse)
+    stack_l = torch.stack(lses)
+    want = (torch.stack(every) * torch.softmax(stack_l, 0).unsqueeze(-1)).sum(0)
+    out["good"] = None if got is None else (got - want).abs().max().item()
+    merger.synchronize()
+    dist.destroy_process_group()
+    attempt("destroyed", lambda: merger(o, lse))
+    yield out
+
+
+def lonely(rank: int, p: int):  # noqa: ANN201
+    """Rank 0 constructs its Merger; the others do not (yet): rank 0 gives up by its timeout,
+    saying that every rank must construct one."""
+    import time
+
+    from treeattn.errors import ExecutionError
+
+    out = {}
+    t0 = time.monotonic()
+    if rank == 0:
+        try:
+            treeattn.Merger(build("binomial", _workload(p), REF), timeout_s=2.0)
+            out["lonely"] = "no error"
+        except ExecutionError as exc:
+            out["lonely"] = f"{type(exc).__name__}: {exc}"
+    else:
+        time.sleep(4.0)
+    out["lonely_s"] = time.monotonic() - t0
+    yield out
+
+
 def agreement(rank: int, p: int):  # noqa: ANN201
     """Ranks holding different plans, inputs that require grad, a group this rank is not in:
     one ValueError each, on every rank, at once; fp8 partials on the wire merge."""
@@ -345,7 +403,7 @@ def empty_conventions(rank: int, p: int):  # noqa: ANN201
 
 TASKS = {"bits_as_predicted": bits_as_predicted, "empty_conventions": empty_conventions,
          "every_method": every_method, "mla": mla, "searched": searched, "subgroup": subgroup, "errors": errors,
-         "mixed_trio": mixed_trio, "agreement": agreement,
+         "mixed_trio": mixed_trio, "agreement": agreement, "misuse": misuse, "lonely": lonely,
          "baselines_pooled": baselines_worker.pooled, "baselines_runner_pools": baselines_worker.runner_pools}
 
 

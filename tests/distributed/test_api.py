@@ -168,6 +168,34 @@ def test_bad_input_raises_and_peers_time_out(tmp_path):
             assert item["peer_s"] < 15
 
 
+def test_misused_groups_sparse_inputs_and_a_destroyed_group_raise_one_clear_error(tmp_path):
+    # Each came from inside torch naming no argument: 'unhashable type: list', 'Group world is not
+    # registered', 'Could not run aten::cat.out with arguments from the SparseCPU backend', and,
+    # after destroy_process_group, 'Default process group has not been initialized' from the
+    # program's first message.
+    ranks = run("misuse", 2, tmp_path)
+    for r, (item,) in enumerate(ranks):
+        assert item["group-list"] == ("TypeError: Merger: group must be a torch.distributed ProcessGroup "
+                                      "(dist.new_group(ranks)) or None (the world), got list [0, 1]"), (r, item)
+        assert item["group-str"].startswith("TypeError: Merger: group must be a torch.distributed ProcessGroup"), r
+        assert item["o-sparse"] == "TypeError: Merger: o must be a dense (strided) tensor, got layout torch.sparse_coo"
+        assert item["lse-sparse"] == ("TypeError: Merger: lse must be a dense (strided) tensor, got layout "
+                                      "torch.sparse_coo")
+        assert item["good"] is not None and item["good"] <= 1e-5, (r, item)  # nothing was sent by the bad calls
+        assert item["destroyed"].startswith("ValueError: Merger: called after torch.distributed."
+                                            "destroy_process_group()"), (r, item)
+
+
+def test_a_merger_built_on_one_rank_only_says_every_rank_builds_one(tmp_path):
+    # It said 'rank 0: Merger plan check failed: Operation timed out!' and no more.
+    item = run("lonely", 2, tmp_path)[0][0]
+    assert item["lonely"].startswith("CommError: rank 0: Merger plan check failed: "), item
+    assert item["lonely"].endswith("(Merger construction: every rank of the group constructs its Merger at the same "
+                                   "point of its program; a rank that did not within timeout_s = 2 s, or failed "
+                                   "before it, leaves the others here)"), item
+    assert item["lonely_s"] < 4
+
+
 def test_plans_that_differ_across_ranks_grad_and_outsiders_raise_and_fp8_wire_merges(tmp_path):
     ranks = run("agreement", 3, tmp_path)
     for r, (item, *fp8) in enumerate(ranks):
@@ -197,6 +225,10 @@ def test_attention_partial_checks_and_empty_shards():
     o, lse = attention_partial(q, k, k, scale=0.5)
     s = torch.einsum("bhd,bhnd->bhn", q, k.repeat_interleave(4, dim=1)) * 0.5
     assert torch.allclose(lse, torch.logsumexp(s, -1), atol=1e-5)
+    for name, args in (("q", (q.to_sparse(), k, k)), ("k", (q, k.to_sparse(), k)), ("v", (q, k, k.to_sparse()))):
+        with pytest.raises(TypeError, match=f"attention_partial: {name} must be a dense \\(strided\\) tensor, "
+                                            "got layout torch.sparse_coo"):
+            attention_partial(*args)
     for bad in ("x", float("nan"), [1]):  # named, not torch's bare conversion error
         with pytest.raises(ValueError, match="attention_partial: scale must be a finite number"):
             attention_partial(q, k, k, scale=bad)

@@ -319,6 +319,8 @@ def attention_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             raise TypeError(f"attention_partial: {name} must be a torch.Tensor, got {type(t).__name__}")
         if not t.is_floating_point():
             raise TypeError(f"attention_partial: {name} must be a floating-point tensor, got {t.dtype}")
+        if t.layout != torch.strided:  # torch's kernels would fail naming neither the argument nor the layout
+            raise TypeError(f"attention_partial: {name} must be a dense (strided) tensor, got layout {t.layout}")
     if q.dim() != 3:
         raise ValueError(f"attention_partial: q must be (B, Hq, D), got shape {tuple(q.shape)}")
     if k.dim() != 4 or v.dim() != 4 or v.shape[:3] != k.shape[:3]:

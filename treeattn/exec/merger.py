@@ -54,7 +54,7 @@ import torch.distributed as dist
 
 from treeattn.exec import kernels
 from treeattn.exec.attention import torch_dtype
-from treeattn.exec.comm import LONGEST_TIMEOUT_S, Comm
+from treeattn.exec.comm import LONGEST_TIMEOUT_S, Comm, CommError
 from treeattn.exec.graphs import Graphed, capture
 from treeattn.exec.interpreter import PlanExecutor, RankInputs, given_partial_problem
 from treeattn.exec.merge import clear_empty_rows, pack_heads_into, unpack_heads
@@ -155,6 +155,7 @@ class Merger:
     the ranks that exchange messages open a communicator per pair then).
 
     Raises:
+        TypeError: a group that is not a ``torch.distributed.ProcessGroup`` (nor None).
         ValueError: no process group, a group whose size is not the plan's rank count, a raw
             payload plan, a plan that moves KV (ring attention) instead of partials,
             ``graph=True`` without NCCL, or a device that is not cpu or the current cuda
@@ -194,6 +195,11 @@ class Merger:
                           stacklevel=2)
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError("Merger needs torch.distributed initialised (init_process_group) on every rank")
+        if group is not None and group is not dist.GroupMember.NON_GROUP_MEMBER and not isinstance(
+                group, dist.ProcessGroup):  # torch would say 'unhashable type: list' or 'Group 3 is not registered'
+            # (new_group's answer on a rank outside it, NON_GROUP_MEMBER, is refused below, naming that)
+            raise TypeError(f"Merger: group must be a torch.distributed ProcessGroup (dist.new_group(ranks)) or None "
+                            f"(the world), got {type(group).__name__} {group!r}")
         if dist.get_rank(group) < 0:
             raise ValueError("Merger: this process is not a member of the process group it was given; only the "
                              "group's ranks construct its Merger")
@@ -244,7 +250,13 @@ class Merger:
         w = plan.workload
         what = (plan.programs, plan.chunks, plan.layout, plan.result_ranks, plan.segments, w.batch, w.q_heads,
                 w.value_dim, str(w.partial_dtype))
-        ranks = self._comm.differing(repr(what), "Merger plan check")
+        try:
+            ranks = self._comm.differing(repr(what), "Merger plan check")
+        except CommError as exc:  # 'Merger plan check failed: Operation timed out!' says not what to look for
+            limit = self._comm.setup_timeout.total_seconds()
+            raise CommError(f"{exc} (Merger construction: every rank of the group constructs its Merger at the same "
+                            f"point of its program; a rank that did not within timeout_s = {limit:g} s, or failed "
+                            "before it, leaves the others here)") from exc
         if ranks:
             raise ValueError(f"Merger: the ranks of the group hold different plans ({ranks} from rank 0; "
                              f"this rank's is {plan.algorithm!r}, B={w.batch}, Hq={w.q_heads}, Dv={w.value_dim}, "
@@ -281,8 +293,8 @@ class Merger:
             own heads ``(B, Hq_i, Dv)`` (``heads``, see ``heads``), or ``(None, None)``.
 
         Raises:
-            TypeError / ValueError: a non-tensor, a wrong dtype, shape or device (checked
-                before anything is sent).
+            TypeError / ValueError: a non-tensor or a sparse one, a wrong dtype, shape or device
+                (checked before anything is sent); a call after ``destroy_process_group``.
             RuntimeError: the first call made inside a CUDA graph capture.
             treeattn.errors.ExecutionError: a peer failed or did not answer within the timeout
                 (on NCCL: this call's or an earlier call's communication).
@@ -291,6 +303,8 @@ class Merger:
         for name, t in (("o", o), ("lse", lse)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"Merger: {name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.layout != torch.strided:  # torch's error would come from inside the packing, naming no argument
+                raise TypeError(f"Merger: {name} must be a dense (strided) tensor, got layout {t.layout}")
         if not o.is_floating_point():
             raise TypeError(f"Merger: o must be a floating-point tensor, got {o.dtype}")
         if torch.is_grad_enabled() and (o.requires_grad or lse.requires_grad):
@@ -311,6 +325,9 @@ class Merger:
         for name, t in (("o", o), ("lse", lse)):
             if t.device != self.device:
                 raise ValueError(f"Merger: {name} is on {t.device}, this Merger runs on {self.device}")
+        if not dist.is_initialized():  # torch would say so only once the program's first message is posted
+            raise ValueError("Merger: called after torch.distributed.destroy_process_group(); a Merger serves the "
+                             "process group it was built in: build a new one after init_process_group")
         with torch.inference_mode(False), torch.no_grad():  # the buffers stay normal tensors (see __init__)
             return self._merge(o, lse)
 
