@@ -83,3 +83,25 @@ def test_the_group_gets_what_is_left_and_keeps_the_whole_deadline_after(monkeypa
         assert dist.distributed_c10d._get_default_store().timeout == datetime.timedelta(seconds=10)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_connection_that_lands_on_itself_is_not_the_store(monkeypatch):
+    # TCP's simultaneous open: a connection to a free port of this host's ephemeral range may
+    # get that port as its own, and "connect" to itself while nothing listens.
+    class _Self:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def getsockname(self):
+            return ("127.0.0.1", 40000)
+
+        def getpeername(self):
+            return ("127.0.0.1", 40000)
+
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: _Self())
+    clock = _Clock()
+    with pytest.raises(ExecutionError, match="within the 2 s set-up deadline: connection refused"):
+        reach_store("127.0.0.1", 40000, 1, clock.now + 2, 2, clock=clock, sleep=clock.sleep)

@@ -59,8 +59,13 @@ def reach_store(addr: str, port: int, rank: int, deadline: float, setup_s: float
         if left <= 0:
             break
         try:
-            with socket.create_connection((addr, port), timeout=left):
-                return
+            with socket.create_connection((addr, port), timeout=left) as conn:
+                # A connection to a free port in the ephemeral range of this host can land on
+                # itself (TCP's simultaneous open): nothing listens, and while it lives it holds
+                # the port the store's server is about to bind.
+                if conn.getsockname() != conn.getpeername():
+                    return
+                last = "connection refused"
         except socket.gaierror as exc:
             last = f"cannot resolve {addr!r} ({exc.strerror or exc})"
         except TimeoutError:
