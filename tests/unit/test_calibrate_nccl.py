@@ -513,3 +513,14 @@ def test_a_log_given_twice_is_refused_as_check_model_does():
     res = run_cli("calibrate", "--from-nccl-tests", str(FOUR), str(FOUR), "-t", "dgx-h100:nodes=4")
     assert res.exit_code == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip() == f"error: {FOUR}: given twice"
+
+
+def test_a_shared_memory_ring_says_why_it_went_through_host_memory(tmp_path):
+    # A ring through host memory because of the P2P level (here LOC, as NCCL_P2P_DISABLE=1
+    # sets) is not one of GPUs without peer-to-peer: the H100s have it.
+    h100 = resolve("dgx-h100")
+    level = dataclasses.replace(h100, cost=h100.cost.updated(p2p_level="LOC"))
+    (lf,) = calibrate_from_nccl_tests(level, [ONE]).logs
+    said = next(n for n in lf.notes if "host memory" in n)
+    assert lf.shm and "(GPUs further apart than NCCL's P2P level, LOC)" in said, said
+    assert "without peer-to-peer" not in said

@@ -355,3 +355,17 @@ def test_own_log_on_another_layout_of_hosts_is_said(tmp_path):
     assert "host(s)" not in same.stdout
     # every table scored: the per-table heading marks nothing
     assert "By table" in same.stdout and "not scored: marked" not in same.stdout
+
+
+def test_own_log_on_a_calibrated_topology_counts_the_pairs_nccls_level_sends_through_host_memory(tmp_path):
+    # A topology calibrated from a log keeps its measured rates where it names no shared-memory
+    # rate: the pairs NCCL_P2P_DISABLE=1 sends through host memory are timed at them. The line
+    # said "0 of 56 rank pairs through host memory" at level LOC; it counts them and says so.
+    log = FIXTURE.parent / "all_reduce_perf.8xh100-1node.txt"
+    cal = tmp_path / "cal.yaml"
+    res = run_cli("calibrate", "-t", "dgx-h100", "--from-nccl-tests", str(log), "-o", str(cal))
+    assert res.exit_code == 0, res.stderr
+    res = run_cli("check-model", str(log), "-t", str(cal), "--env", "NCCL_P2P_DISABLE=1")
+    assert res.exit_code == 0, res.stderr
+    assert ("; P2P level LOC (NCCL_P2P_DISABLE=1): 56 of 56 rank pairs through host memory (timed at the "
+            "calibrated links' rates: the topology names no cost.shm_gbps)") in res.stdout, res.stdout

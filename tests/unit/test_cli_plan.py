@@ -546,3 +546,14 @@ def test_plan_and_compare_warn_where_the_models_weights_outgrow_what_the_fractio
     assert res.exit_code == 0 and res.stderr == "", res.stderr
     res = run_cli("compare", *base)
     assert res.exit_code == 0 and res.stderr.startswith("warning: dgx-h100: llama-3.1-70b's weights"), res.stderr
+
+
+def test_compare_weighs_the_weights_beside_its_longest_kv_cache_that_fits():
+    # 128K first: its KV cache leaves room for 0.79, but 1700K's (66.4 GiB a GPU, 72 usable at
+    # 0.9) does not fit beside 16.4 GiB of weights at any fraction; the note named 0.79 (at
+    # which compare then leaves 1700K out) and now says neither fits.
+    res = run_cli("compare", "-t", "dgx-h100", "-m", "llama-3.1-70b", "-n", "128K,1700K", "--no-progress")
+    assert res.exit_code == 0, res.stderr
+    [line] = res.stderr.splitlines()
+    assert "and rank 0's KV cache (66.41 GiB) need more than its GPU's 80 GiB" in line, line
+    assert "--mem-fraction 0.79" not in line

@@ -137,3 +137,36 @@ def test_weights_note_says_when_sharded_weights_outgrow_what_the_fraction_leaves
     # Not the preset's shape, or no model: nothing to say.
     assert weights_note(shape("llama-3.1-70b", q_heads=32), h100) is None
     assert weights_note(RawPayload(nbytes=1 << 20, op=ReduceOp.SUM, ranks=8), h100) is None
+
+
+def test_weights_note_names_no_fraction_the_kv_cache_does_not_fit_in():
+    """Llama 3.1 70B on one DGX H100 at 1.7M tokens: 64.9 GiB of KV and 16.4 GiB of weights a
+    GPU, more than its 80 GiB together. --mem-fraction 0.79 leaves the weights room but not
+    the KV cache (plan refused it), so the note says neither fits rather than name it."""
+    import pytest
+
+    from treeattn.cost.memory import check_kv_fits, kv_cache_bytes, weights_note
+    from treeattn.errors import InputError
+    from treeattn.topology.library import resolve
+    from treeattn.workload import MODELS, even_split
+
+    h100 = resolve("dgx-h100")
+    m = MODELS["llama-3.1-70b"]
+
+    def shape(n, layers=m.layers):
+        return Workload(batch=1, q_heads=m.q_heads, kv_heads=m.kv_heads, head_dim=m.head_dim,
+                        split=even_split(n, 8), layers=layers, model=m.name)
+
+    long = shape(1_700_000)
+    check_kv_fits(long, h100, 0.9)  # the KV cache alone fits at the default
+    with pytest.raises(InputError):
+        check_kv_fits(long, h100, 0.79)  # not at the fraction that leaves the weights room
+    note = weights_note(long, h100)
+    assert note is not None and "--mem-fraction 0.79" not in note
+    assert "and rank 0's KV cache (64.85 GiB) need more than its GPU's 80 GiB" in note
+    assert kv_cache_bytes(long, 0) + m.params * 2 / 8 > 80 * 2**30
+    # a shorter sequence still gets the fraction
+    assert weights_note(shape(131072), h100).endswith("--mem-fraction 0.79 at most leaves them room "
+                                                      "(activations besides)")
+    # --layers makes another shape: the preset's parameter count is not its weights
+    assert weights_note(shape(131072, layers=1), h100) is None

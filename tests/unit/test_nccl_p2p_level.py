@@ -150,9 +150,17 @@ def test_nccl_environment_sets_the_level_as_ncclgetlevel_reads_it():
     # The old numbering: 0 LOC, 1 PIX, 2 PXB, 3 PHB, 4 and up SYS.
     assert [p2p_level_from_env({"NCCL_P2P_LEVEL": str(n)}) for n in range(7)] == [
         "LOC", "PIX", "PXB", "PHB", "SYS", "SYS", "SYS"]
-    for bad in ("NODE", "phb", ""):
+    for bad in ("NODE", "phb", "", "\u0663", "\u00b2"):  # NCCL's old number starts with an ASCII digit
         with pytest.raises(InputError, match="NCCL_P2P_LEVEL"):
             p2p_level_from_env({"NCCL_P2P_LEVEL": bad})
+
+
+def test_rccls_name_of_the_gpu_fabric_level_reads_as_nvl():
+    """RCCL's topoPathTypeStr names path type 1 XGMI (NCCL: NVL); an MI300X user's
+    NCCL_P2P_LEVEL=XGMI was refused as a level NCCL would not read."""
+    from treeattn.cost.nccl_env import p2p_level_from_env
+
+    assert p2p_level_from_env({"NCCL_P2P_LEVEL": "XGMI"}) == "NVL"
 
 
 def test_levels_below_pcie_send_nvlink_pairs_through_host_memory():
@@ -179,3 +187,22 @@ def test_levels_below_pcie_send_nvlink_pairs_through_host_memory():
     two = resolve("dgx-h100:nodes=2")
     loc = dataclasses.replace(two, cost=two.cost.updated(p2p_level="LOC"))
     assert not nccl_rates.shm_pair(loc, 0, 8) and nccl_rates.shm_pair(loc, 0, 1)
+
+
+def test_a_chain_of_nvlink_bridges_joins_only_neighbours_of_one_gpu_by_nvb():
+    # 0-1, 1-2, 2-3 bridged: 0 and 2 share GPU 1 (NVB: peer-to-peer at NCCL's default), but
+    # 0 and 3 are two GPUs apart, which NCCL does not route through (one GPU hop at most):
+    # their path is PCIe through the host bridge (PHB), beyond the default PXB, so NCCL
+    # carries them through host memory. They were taken for NVB, peer-to-peer.
+    from treeattn.topology.io import load_topology_text
+
+    chain = load_topology_text(
+        "name: chain4\nnode:\n  gpus: {count: 4, model: A40, mem_bw_gbps: 696, mem_gb: 48}\n"
+        "  pcie: {generation: 4, width: 16, bw_gbps: 25}\n"
+        "  fabric: {kind: pairs, bw_gbps: 14.0625, link: nvlink, generation: 3, "
+        "pairs: [[0, 1, 4], [1, 2, 4], [2, 3, 4]]}\n")
+    assert nccl_rates.p2p_level(chain, 0) == "PXB" and nccl_rates.pcie_path_type(chain, 0, 3) == "PHB"
+    assert not nccl_rates.shm_pair(chain, 0, 1) and not nccl_rates.shm_pair(chain, 0, 2)
+    assert nccl_rates.shm_pair(chain, 0, 3) and nccl_rates.shm_pair(chain, 3, 0)
+    nvb = dataclasses.replace(chain, cost=chain.cost.updated(p2p_level="NVB"))
+    assert not nccl_rates.shm_pair(nvb, 0, 2) and nccl_rates.shm_pair(nvb, 0, 3)

@@ -255,7 +255,10 @@ def _node_fit(topo: Topology, source: str, cf: CollectiveFit) -> LogFit:
     share = low / out if out > 0 else 1.0
     shm = nccl_rates.shm_pair(topo, a, b)
     if shm:  # what the ring moved is the host's, not the links': they keep their figures
-        notes.append(f"its ring runs through host memory (GPUs without peer-to-peer): {cf.beta_link_gbps:.4g} "
+        da, db = topo.rank_device(a), topo.rank_device(b)
+        why = ("GPUs without peer-to-peer" if not (da.p2p and db.p2p) else
+               f"GPUs further apart than NCCL's P2P level, {nccl_rates.p2p_level(topo, da.node)}")
+        notes.append(f"its ring runs through host memory ({why}): {cf.beta_link_gbps:.4g} "
                      "GB/s is the host's shared-memory rate (cost.shm_gbps); the links keep their rates and latency")
         return LogFit(source, cf, "node", ">".join(k for k, _ in hops), hops, _alpha_of(topo, a, b),
                       cf.beta_link_gbps, tuple(notes), False, True)

@@ -58,15 +58,19 @@ def _p2p_note(t) -> str:  # noqa: ANN001 - a PublishedTable
     topo, why = table_p2p_level(t)
     if any(topo.rank_device(r).kind is not DeviceKind.GPU for r in range(topo.num_ranks)):
         return ""
-    shm = nccl_rates.shm_pairs(topo)
+    n = topo.num_ranks
+    # the pairs NCCL's shared-memory transport carries; a calibrated topology without
+    # cost.shm_gbps times them at its measured rates (nccl_rates._shm_rated), which is said
+    shm = sum(nccl_rates.shm_pair(topo, a, b) for a in range(n) for b in range(n) if a != b)
     if not shm and not any(k in t.env for k in P2P_SETTINGS):
         return ""
+    timed = ("" if nccl_rates.shm_pairs(topo) == shm else
+             " (timed at the calibrated links' rates: the topology names no cost.shm_gbps)")
     # by node: on an AMD host NCCL's default depends on how many of the ranks it holds
     nodes = dict.fromkeys(topo.rank_device(r).node for r in range(topo.num_ranks))
     levels = list(dict.fromkeys(nccl_rates.p2p_level(topo, node) for node in nodes))
     said = ", ".join(levels) + (" by node" if len(levels) > 1 else "")
-    n = topo.num_ranks
-    return f"; P2P level {said} ({why}): {shm} of {n * (n - 1)} rank pairs through host memory"
+    return f"; P2P level {said} ({why}): {shm} of {n * (n - 1)} rank pairs through host memory{timed}"
 
 
 def _table(title: str, first: str, rows: list[list[str]]) -> Table:

@@ -546,8 +546,9 @@ def compare_cmd(
     if len(unfit) == len(topos) * len(lens):
         raise InputError(next(iter(unfit.values())) if len(unfit) == 1 else
                          f"no sequence length fits any topology; {next(iter(unfit.values()))}")
-    for t in topos:
-        if note := weights_note(make(t.num_ranks, lens[0]), t, mem_fraction):
+    for t in topos:  # at the longest length it compares (the KV cache the weights must sit beside)
+        fitted = [n for n in lens if (t.name, n) not in unfit]
+        if fitted and (note := weights_note(make(t.num_ranks, max(fitted)), t, mem_fraction)):
             typer.echo(f"warning: {t.name}: {note}", err=True)
     with progress_reporter(progress, "comparing") as update:
         rows = compare(topos, lens, make, result=layout, root=root, ring=ring, mem_fraction=mem_fraction,

@@ -227,13 +227,15 @@ def weights_note(payload: Payload, topo: Topology, fraction: float = DEFAULT_MEM
     """What to say where the model preset ``payload`` came from has weights that, sharded
     evenly over every rank (tensor parallelism's least), need more of a device than the
     ``1 - fraction`` the memory check leaves them; None where they fit, or the payload's
-    shape is not a preset's or its devices do not say their memory. The check itself counts
-    no weights: what they take depends on how the model is deployed."""
+    shape (heads, head size, layers) is not a preset's or its devices do not say their memory.
+    Where no fraction leaves room for both the weights and the KV cache, it says so rather
+    than name a fraction the KV cache does not fit in. The check itself counts no weights:
+    what they take depends on how the model is deployed."""
     preset = MODELS.get(payload.model) if isinstance(payload, Workload) and payload.model else None
     if (preset is None or not preset.params
-            or (payload.q_heads, payload.kv_heads, payload.head_dim) != (preset.q_heads, preset.kv_heads,
-                                                                         preset.head_dim)):
-        return None
+            or (payload.q_heads, payload.kv_heads, payload.head_dim, payload.layers)
+            != (preset.q_heads, preset.kv_heads, preset.head_dim, preset.layers)):
+        return None  # another shape (--layers too: its weights are not the preset's count)
     caps = [device_bytes(topo, r) for r in range(topo.num_ranks)]
     cap = min((c for c in caps if c > 0), default=0)
     whole = preset.params * preset.weight_dtype.nbytes
@@ -248,6 +250,12 @@ def weights_note(payload: Payload, topo: Topology, fraction: float = DEFAULT_MEM
     if most < 0.05:
         return (f"{weights} leave no room for the KV cache on a {kind} ({format_size(cap)}): more ranks, or "
                 "weights in fewer bytes")
+    # the fraction named must still hold each rank's KV cache (check_kv_fits), on every device
+    full = max((r for r, c in enumerate(caps) if c > 0), key=lambda r: kv_cache_bytes(payload, r) / caps[r])
+    if kv_cache_bytes(payload, full) > caps[full] * most:
+        kv, dev = format_sizes(kv_cache_bytes(payload, full), caps[full])
+        return (f"{weights} and rank {full}'s KV cache ({kv}) need more than its {kind}'s {dev}: more ranks, a "
+                "shorter sequence or a smaller batch, or weights in fewer bytes")
     return (f"{weights} need more than the {format_size(int(cap * (1 - fraction)))} a {kind} {option} {fraction:g} "
             f"leaves beside the KV cache and the merge: {option} {most:g} at most leaves them room (activations "
             "besides)")

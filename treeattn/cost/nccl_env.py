@@ -68,7 +68,9 @@ def p2p_level_from_env(env: dict[str, str] | None) -> str | None:
     """The P2P level (``P2P_LEVELS``) an NCCL environment sets, as NCCL's ``ncclGetLevel``
     reads it (``src/graph/paths.cc``): ``NCCL_P2P_DISABLE=1`` gives LOC (no peer-to-peer, NVLink
     included); else ``NCCL_P2P_LEVEL``, a path type's name (``PHB``) or an old number (0 LOC,
-    1 PIX, 2 PXB, 3 PHB, 4 and up SYS). None: neither sets it (NCCL's default applies).
+    1 PIX, 2 PXB, 3 PHB, 4 and up SYS). RCCL names the GPU-fabric hop ``XGMI`` where NCCL says
+    ``NVL`` (``src/graph/topo.cc`` ``topoPathTypeStr``): read as NVL. None: neither sets it
+    (NCCL's default applies).
 
     Raises:
         InputError: an ``NCCL_P2P_LEVEL`` NCCL would not read (it would ignore it).
@@ -81,9 +83,12 @@ def p2p_level_from_env(env: dict[str, str] | None) -> str | None:
         return None
     if text in P2P_LEVELS:
         return text
-    if text[:1].isdigit():
+    if text == "XGMI":  # RCCL's name of path type 1, NVL
+        return "NVL"
+    if text[:1].isascii() and text[:1].isdigit():  # NCCL: str[0] in 0-9
         return _OLD_LEVELS[min(_int_env(text, 0), len(_OLD_LEVELS) - 1)]
-    raise InputError(f"NCCL_P2P_LEVEL={text!r}: NCCL reads {', '.join(P2P_LEVELS)} (in capitals) or 0-5")
+    raise InputError(f"NCCL_P2P_LEVEL={text!r}: NCCL reads {', '.join(P2P_LEVELS)} (in capitals; RCCL XGMI for "
+                     "NVL) or 0-5")
 
 
 def allowed_by_env(env: dict[str, str] | None) -> tuple[set[str], set[str]]:

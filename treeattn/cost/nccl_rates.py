@@ -223,13 +223,23 @@ def pcie_path_type(topo: Topology, a: int, b: int) -> str:
     return "PXB" if sum(d.kind is DeviceKind.PCIE_SWITCH for d in via) > 1 else "PIX"
 
 
+def _gpu_between(topo: Topology, a: str, b: str) -> bool:
+    """Whether a GPU has GPU-fabric links of its own to both devices ``a`` and ``b``: NCCL's
+    NVB path (``ncclTopoComputePaths`` routes through a GPU only as one hop), which a chain of
+    NVLink bridges (0-1-2-3: 0 and 3) is not."""
+    def peers(name: str) -> set[str]:
+        return {ln.dst for ln in topo.links if ln.src == name and ln.cls is LinkClass.GPU_FABRIC
+                and topo.device(ln.dst).kind is DeviceKind.GPU}
+    return bool(peers(a) & peers(b))
+
+
 def shm_pair(topo: Topology, a: int, b: int) -> bool:
     """Whether rank ``a``'s transfers to rank ``b`` go through NCCL's shared-memory transport:
     GPUs of one node whose path is longer than NCCL's P2P level (``p2p_level``), or, not
     joined by a GPU fabric, one without peer-to-peer (routing bounces their copies through
     the CPU). The path's type (``P2P_LEVELS``): NVL over the GPU fabric alone, NVB where
-    NVLink or xGMI joins them only through another GPU (DGX-1's hybrid cube-mesh, where
-    routing takes PCIe), else the PCIe route's (``pcie_path_type``; NCCL diverts a path
+    NVLink or xGMI joins them only through one other GPU (DGX-1's hybrid cube-mesh, where
+    routing takes PCIe; ``_gpu_between``), else the PCIe route's (``pcie_path_type``; NCCL diverts a path
     beyond its level through the CPU, which such a route already crosses)."""
     da, db = topo.rank_device(a), topo.rank_device(b)
     if (a == b or da.kind is not DeviceKind.GPU or db.kind is not DeviceKind.GPU or da.node != db.node
@@ -240,7 +250,7 @@ def shm_pair(topo: Topology, a: int, b: int) -> bool:
     island = topo._index.island(da.name)
     if all(links[i].cls is LinkClass.GPU_FABRIC for i in route):
         kind = "NVL"
-    elif island >= 0 and island == topo._index.island(db.name):
+    elif island >= 0 and island == topo._index.island(db.name) and _gpu_between(topo, da.name, db.name):
         kind = "NVB"
     elif not (da.p2p and db.p2p):
         return True
