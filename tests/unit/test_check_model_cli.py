@@ -169,8 +169,11 @@ def test_own_log_names_the_p2p_level_a_pcie_box_is_predicted_at(tmp_path):
     assert line().endswith("; P2P level PXB (NCCL 2.27.3's default): 48 of 56 rank pairs through host memory")
     assert line("NCCL_P2P_LEVEL=SYS").endswith("; P2P level SYS (NCCL_P2P_LEVEL=SYS): 0 of 56 rank pairs through "
                                                 "host memory")
+    # the setting that decides is named, not one it overrides or one that sets nothing
     assert line("NCCL_P2P_DISABLE=1", "NCCL_P2P_LEVEL=SYS").endswith(
-        "; P2P level LOC (NCCL_P2P_DISABLE=1, NCCL_P2P_LEVEL=SYS): 56 of 56 rank pairs through host memory")
+        "; P2P level LOC (NCCL_P2P_DISABLE=1): 56 of 56 rank pairs through host memory")
+    assert line("NCCL_P2P_DISABLE=0", "NCCL_P2P_LEVEL=SYS").endswith(
+        "; P2P level SYS (NCCL_P2P_LEVEL=SYS): 0 of 56 rank pairs through host memory")
     box.write_text(box.read_text() + "cost: {p2p_level: PHB}\n")
     assert line().endswith("; P2P level PHB (the topology's cost.p2p_level): 32 of 56 rank pairs through host memory")
 

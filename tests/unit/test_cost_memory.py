@@ -128,6 +128,9 @@ def test_weights_note_says_when_sharded_weights_outgrow_what_the_fraction_leaves
     assert note is not None and "16.43 GiB a GPU sharded over 8 ranks" in note
     assert note.endswith("--mem-fraction 0.79 at most leaves them room (activations besides)")
     assert weights_note(shape("llama-3.1-70b"), h100, 0.79) is None
+    assert weights_note(shape("llama-3.1-70b"), h100, 1.0).endswith(
+        "get no room: --mem-fraction 1 gives the whole GPU to the KV cache and the merge; --mem-fraction 0.79 at "
+        "most leaves them room (activations besides)")
     assert weights_note(shape("llama-3.1-70b"), h100, 0.8) is not None
     assert weights_note(shape("llama-3.1-8b"), h100) is None  # 1.9 GiB a GPU
     assert "leave no room for the KV cache on a GPU (80 GiB)" in weights_note(shape("llama-3.1-405b"), h100)

@@ -256,9 +256,11 @@ def weights_note(payload: Payload, topo: Topology, fraction: float = DEFAULT_MEM
         kv, dev = format_sizes(kv_cache_bytes(payload, full), caps[full])
         return (f"{weights} and rank {full}'s KV cache ({kv}) need more than its {kind}'s {dev}: more ranks, a "
                 "shorter sequence or a smaller batch, or weights in fewer bytes")
+    room = f"{option} {most:g} at most leaves them room (activations besides)"
+    if fraction >= 1:
+        return f"{weights} get no room: {option} 1 gives the whole {kind} to the KV cache and the merge; {room}"
     return (f"{weights} need more than the {format_size(int(cap * (1 - fraction)))} a {kind} {option} {fraction:g} "
-            f"leaves beside the KV cache and the merge: {option} {most:g} at most leaves them room (activations "
-            "besides)")
+            f"leaves beside the KV cache and the merge: {room}")
 
 
 def check_kv_fits(payload: Payload, topo: Topology, fraction: float = DEFAULT_MEM_FRACTION, *,

@@ -226,7 +226,10 @@ def table_p2p_level(t: PublishedTable) -> tuple[Topology, str]:
     cache = _Topologies()
     topo = cache.p2p_topo(t)
     if nccl_env.p2p_level_from_env(t.env) is not None:
-        return topo, ", ".join(f"{k}={t.env[k]}" for k in nccl_env.P2P_SETTINGS if k in t.env)
+        # the setting that decides (NCCL_P2P_DISABLE=1 wins over any level), not those beside it
+        disabled = {k: v for k, v in t.env.items() if k == "NCCL_P2P_DISABLE"}
+        name = "NCCL_P2P_DISABLE" if nccl_env.p2p_level_from_env(disabled) == "LOC" else "NCCL_P2P_LEVEL"
+        return topo, f"{name}={t.env[name]}"
     if cache.topo(t).cost.p2p_level is not None:
         return topo, "the topology's cost.p2p_level"
     old = t.nccl_release is None and t.nccl_bound is not None
