@@ -61,7 +61,7 @@ def _p2p_note(t) -> str:  # noqa: ANN001 - a PublishedTable
     n = topo.num_ranks
     # the pairs NCCL's shared-memory transport carries; a calibrated topology without
     # cost.shm_gbps times them at its measured rates (nccl_rates._shm_rated), which is said
-    shm = sum(nccl_rates.shm_pair(topo, a, b) for a in range(n) for b in range(n) if a != b)
+    shm = sum(nccl_rates.shm_pair(topo, a, b) for _, a, b in nccl_rates.node_pairs(topo))
     if not shm and not any(k in t.env for k in P2P_SETTINGS):
         return ""
     timed = ("" if nccl_rates.shm_pairs(topo) == shm else

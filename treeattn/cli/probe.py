@@ -19,7 +19,8 @@ from treeattn.errors import InputError
 from treeattn.probe import Fabric, ProbeOptions, ProbeResult, probe
 from treeattn.textfile import write_file
 from treeattn.topology.io import dump_topology
-from treeattn.topology.model import Device, DeviceKind, Topology
+from treeattn.topology.library import subset_topology
+from treeattn.topology.model import DeviceKind, Topology
 
 _IN = "Saved tool output"
 _NET = "Nodes and network"
@@ -92,20 +93,12 @@ def cpu_vendor_note(topo: Topology) -> str:
     alone, the nodes being copies of it; empty where the vendor is known or changes nothing."""
     from treeattn.cost.nccl_rates import p2p_level, shm_pairs
 
-    if any(d.model for d in topo.devices if d.kind is DeviceKind.CPU):
+    cpus = [d for d in topo.devices if d.kind is DeviceKind.CPU]
+    if not any(d.node == 0 for d in cpus) or any(d.model for d in cpus):
         return ""
-    local = tuple(d for d in topo.devices if d.node == 0)
-    names = {d.name for d in local}
-    if not any(d.kind is DeviceKind.CPU for d in local):
-        return ""
-
-    def node0(devices: tuple[Device, ...]) -> Topology:
-        return Topology(name=topo.name, devices=devices, cost=topo.cost,
-                        links=tuple(ln for ln in topo.links if ln.src in names and ln.dst in names),
-                        ranks=tuple(r for r in topo.ranks if r in names))
-
-    intel = node0(local)
-    amd = node0(tuple(dataclasses.replace(d, model="AMD") if d.kind is DeviceKind.CPU else d for d in local))
+    intel = subset_topology(topo, tuple(r for r in range(topo.num_ranks) if topo.rank_device(r).node == 0))
+    amd = dataclasses.replace(intel, devices=tuple(dataclasses.replace(d, model="AMD") if d.kind is DeviceKind.CPU
+                                                   else d for d in intel.devices))
     here, there = shm_pairs(intel), shm_pairs(amd)
     if here == there:
         return ""

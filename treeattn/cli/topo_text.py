@@ -127,20 +127,15 @@ def shm_sentence(topo: Topology) -> str:
     and why: a GPU without peer-to-peer at either end, or a path longer than NCCL's P2P level
     (both, counted, where some pairs have each reason); empty where none does. Pairs of
     different nodes never do, so only each node's pairs are looked at."""
-    by_node: dict[int, list[int]] = {}
-    for r in range(topo.num_ranks):
-        by_node.setdefault(topo.rank_device(r).node, []).append(r)
     shm = no_p2p = 0
     levels: list[str] = []  # of the nodes where the level puts pairs through host memory
-    for node, ranks in by_node.items():
-        for a in ranks:
-            for b in ranks:
-                if a != b and nccl_rates.shm_pair_gbps(topo, a, b) < float("inf"):
-                    shm += 1
-                    if not (topo.rank_device(a).p2p and topo.rank_device(b).p2p):
-                        no_p2p += 1
-                    elif (level := nccl_rates.p2p_level(topo, node)) not in levels:
-                        levels.append(level)
+    for node, a, b in nccl_rates.node_pairs(topo):
+        if nccl_rates.shm_pair_gbps(topo, a, b) < float("inf"):
+            shm += 1
+            if not (topo.rank_device(a).p2p and topo.rank_device(b).p2p):
+                no_p2p += 1
+            elif (level := nccl_rates.p2p_level(topo, node)) not in levels:
+                levels.append(level)
     if not shm:
         return ""
     level = f"further apart than NCCL's P2P level ({', '.join(levels)}) connects peer-to-peer"

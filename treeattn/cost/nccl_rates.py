@@ -27,7 +27,7 @@ bandwidth, or the host's measured ``cost.shm_gbps`` (``NcclFabric.shm_gbps``,
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from treeattn.cost.nccl_tuning import NET_ACHIEVED, Protocol, nccl_arch
 from treeattn.topology.model import P2P_LEVELS, DeviceKind, Link, LinkClass, LinkKind, Topology
@@ -42,6 +42,7 @@ __all__ = [
     "cpu_vendor",
     "p2p_level",
     "pcie_path_type",
+    "node_pairs",
     "shm_pair",
     "shm_pair_gbps",
     "shm_rate_gbps",
@@ -161,16 +162,22 @@ def _shm_rated(topo: Topology) -> bool:
 _SHM_KEY = "_shm_rated"
 
 
+def node_pairs(topo: Topology) -> Iterator[tuple[int, int, int]]:
+    """(node, a, b) for every ordered pair of distinct ranks on one node: the only pairs NCCL's
+    shared-memory transport can carry (``shm_pair``)."""
+    by_node: dict[int, list[int]] = {}
+    for r in range(topo.num_ranks):
+        by_node.setdefault(topo.rank_device(r).node, []).append(r)
+    for node, ranks in by_node.items():
+        yield from ((node, a, b) for a in ranks for b in ranks if a != b)
+
+
 def shm_rate_applies(topo: Topology) -> bool:
     """Whether ``topo``'s ranks are GPUs some pairs of which NCCL's shared-memory transport
     carries (``shm_pair``), whatever the links' rates."""
-    devs = [topo.rank_device(r) for r in range(topo.num_ranks)]
-    if not all(d.kind is DeviceKind.GPU for d in devs):
+    if not all(topo.rank_device(r).kind is DeviceKind.GPU for r in range(topo.num_ranks)):
         return False
-    by_node: dict[int, list[int]] = {}
-    for r, d in enumerate(devs):
-        by_node.setdefault(d.node, []).append(r)
-    return any(shm_pair(topo, a, b) for ranks in by_node.values() for a in ranks for b in ranks if a != b)
+    return any(shm_pair(topo, a, b) for _, a, b in node_pairs(topo))
 
 
 def cpu_vendor(topo: Topology) -> str:
@@ -275,8 +282,7 @@ def shm_pairs(topo: Topology) -> int:
     """How many ordered rank pairs move through NCCL's shared-memory transport (``shm_pair_gbps``)."""
     if not _shm_rated(topo):
         return 0
-    n = topo.num_ranks
-    return sum(shm_pair_gbps(topo, a, b) < math.inf for a in range(n) for b in range(n) if a != b)
+    return sum(shm_pair_gbps(topo, a, b) < math.inf for _, a, b in node_pairs(topo))
 
 
 def shm_rate_gbps(topo: Topology) -> float:
