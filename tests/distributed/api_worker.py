@@ -289,6 +289,50 @@ def lonely(rank: int, p: int):  # noqa: ANN201
     yield out
 
 
+def orders(rank: int, p: int):  # noqa: ANN201
+    """Two Mergers of one plan (two layers, say): called in one order on every rank they merge
+    exactly, also where the messages' sequence numbers wrap; called in different orders, rank
+    0 A then B, the others B then A, each rank raises by its timeout instead of merging the
+    other Merger's partials."""
+    import time
+
+    from treeattn.errors import ExecutionError
+    from treeattn.exec import comm
+    from treeattn.exec.comm import SEQ_BITS
+
+    w = _workload(p)
+    plan = build("binomial", w, REF)
+    a, b = treeattn.Merger(plan, timeout_s=3.0), treeattn.Merger(plan, timeout_s=3.0)
+    g = torch.Generator().manual_seed(rank)
+    inputs = {name: (torch.randn(w.batch, w.q_heads, w.head_dim, generator=g), torch.randn(w.batch, w.q_heads,
+                                                                                        generator=g))
+              for name in ("a", "b")}
+
+    def want(o, lse):  # noqa: ANN001, ANN202
+        every, lses = [torch.zeros_like(o) for _ in range(p)], [torch.zeros_like(lse) for _ in range(p)]
+        dist.all_gather(every, o)
+        dist.all_gather(lses, lse)
+        return (torch.stack(every) * torch.softmax(torch.stack(lses), 0).unsqueeze(-1)).sum(0)
+
+    exact = {name: want(*inputs[name]) for name in inputs}
+    out = {}
+    for key in [k for k in comm._TAGS if k[1] == a._comm._space]:  # the next message's number wraps to 0
+        comm._TAGS[key] = (1 << SEQ_BITS) - 1
+    for step in range(2):
+        got = {"a": a(*inputs["a"])[0], "b": b(*inputs["b"])[0]}
+        out[f"same-{step}"] = max((got[n] - exact[n]).abs().max().item() for n in got if got[n] is not None)
+    first, second = (("a", a), ("b", b)) if rank == 0 else (("b", b), ("a", a))
+    t0 = time.monotonic()
+    try:
+        for name, merger in (first, second):
+            merger(*inputs[name])
+        out["swapped"] = "no error"
+    except ExecutionError as exc:
+        out["swapped"] = f"{type(exc).__name__}: {exc}"
+    out["swapped_s"] = time.monotonic() - t0
+    yield out
+
+
 def agreement(rank: int, p: int):  # noqa: ANN201
     """Ranks holding different plans, inputs that require grad, a group this rank is not in:
     one ValueError each, on every rank, at once; fp8 partials on the wire merge."""
@@ -403,7 +447,7 @@ def empty_conventions(rank: int, p: int):  # noqa: ANN201
 
 TASKS = {"bits_as_predicted": bits_as_predicted, "empty_conventions": empty_conventions,
          "every_method": every_method, "mla": mla, "searched": searched, "subgroup": subgroup, "errors": errors,
-         "mixed_trio": mixed_trio, "agreement": agreement, "misuse": misuse, "lonely": lonely,
+         "mixed_trio": mixed_trio, "agreement": agreement, "orders": orders, "misuse": misuse, "lonely": lonely,
          "baselines_pooled": baselines_worker.pooled, "baselines_runner_pools": baselines_worker.runner_pools}
 
 

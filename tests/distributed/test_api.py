@@ -196,6 +196,17 @@ def test_a_merger_built_on_one_rank_only_says_every_rank_builds_one(tmp_path):
     assert item["lonely_s"] < 4
 
 
+def test_mergers_called_in_different_orders_time_out_instead_of_mixing_their_partials(tmp_path):
+    # Both Mergers' messages had tags from one sequence per pair: rank 1's second Merger took
+    # rank 0's first Merger's partial, and every rank returned wrong rows without an error.
+    ranks = run("orders", 2, tmp_path)
+    for r, (item,) in enumerate(ranks):
+        assert item["same-0"] <= 1e-5 and item["same-1"] <= 1e-5, (r, item)
+        assert item["swapped"].startswith(f"CommError: rank {r}: "), (r, item)
+        assert "Timed out" in item["swapped"], (r, item)
+        assert item["swapped_s"] < 15, (r, item)
+
+
 def test_plans_that_differ_across_ranks_grad_and_outsiders_raise_and_fp8_wire_merges(tmp_path):
     ranks = run("agreement", 3, tmp_path)
     for r, (item, *fp8) in enumerate(ranks):

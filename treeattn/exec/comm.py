@@ -1,10 +1,11 @@
 """torch.distributed plumbing shared by the plan interpreter and the baselines.
 
 A ``Comm`` works over a process group (default the world): plan rank i is rank i of the
-group. Point-to-point messages carry a tag equal to their sequence number on the ordered
-pair of that group (k-th message from a to b has tag k on both sides, counted over the
-process's life, whichever ``Comm`` sent it), so gloo matches them FIFO per pair exactly as
-the Plan IR says, however many are in flight. On NCCL, which ignores tags, every pair of
+group. Point-to-point messages carry a tag of their sequence number on the ordered pair of
+that group within the Comm's tag space (k-th message from a to b has tag k on both sides,
+counted over the process's life; a ``Merger`` has a space of its own), so gloo matches them
+FIFO per pair exactly as the Plan IR says, however many are in flight, and never matches one
+Merger's message with another's. On NCCL, which ignores tags, every pair of
 ranks that exchanges messages has a communicator of its own (``open_pairs``): a batch's
 messages to one peer are one NCCL group on it, FIFO per pair, and each peer's messages
 complete on their own instead of all of a step's at the end of one group. NCCL requires
@@ -77,9 +78,16 @@ def _forget_pairs_of_another_world() -> None:
 Mark = float | torch.cuda.Event
 """A timestamp: host seconds on a CPU device, a recorded CUDA event on a GPU."""
 
-_TAGS: dict[tuple[int, int, bool], int] = defaultdict(int)
-"""Messages so far per (group, peer, sent): shared by every ``Comm`` of the process, so two
-Comms on one group (two Mergers) never reuse a tag the other still has in flight."""
+_TAGS: dict[tuple[int, int, int, bool], int] = defaultdict(int)
+"""Messages so far per (group, tag space, peer, sent): shared by every ``Comm`` of the process,
+so two Comms in one tag space never reuse a tag the other still has in flight."""
+_SPACES: dict[int, int] = defaultdict(int)
+"""Tag spaces handed out so far per group (``Comm(tag_space=True)``, one per ``Merger``)."""
+SEQ_BITS = 24
+"""A tag is its tag space above its sequence number's low ``SEQ_BITS`` bits (gloo's tags are
+31-bit: a sequence counted over a long decode would pass that; fewer than 2**24 messages of one
+pair and direction are ever in flight at once)."""
+TAG_SPACES = 1 << (31 - SEQ_BITS)
 
 _SPIN_S = 0.001
 """How long before an agreed start instant a rank stops sleeping and yields until it."""
@@ -196,7 +204,7 @@ class Comm:
 
     def __init__(self, rank: int, world: int, backend: str, device: torch.device,
                  op_timeout_s: float, setup_timeout_s: float, group: dist.ProcessGroup | None = None,
-                 watchdog_s: float | None = None) -> None:
+                 watchdog_s: float | None = None, tag_space: bool = False) -> None:
         self.rank = rank
         """This process's rank in ``group``."""
         self.world = world
@@ -213,6 +221,14 @@ class Comm:
         from a call first seeing an earlier one unfinished) gives a longer one, so that its own
         error is the one raised."""
         self._key = id(group) if group is not None else 0
+        self._space = 0
+        """The tag space of this Comm's messages: 0, or one of its own (``tag_space``; every rank
+        makes its Comms of a group in one order, so the n-th has the same space on every rank).
+        Messages match only within a space: ranks that call two Mergers in different orders
+        wait on each other and time out, rather than merging each other's partials."""
+        if tag_space:
+            _SPACES[self._key] += 1
+            self._space = 1 + (_SPACES[self._key] - 1) % (TAG_SPACES - 1)
         self.board: HostBoard | None = None
         """Where ``release`` meets when every rank shares this host (``open_board``)."""
         self.cuda = device.type == "cuda"
@@ -335,9 +351,10 @@ class Comm:
         p2p = []
         for i in live:
             op = ops[i]
-            key = (self._key, op.peer, op.send)
-            tag = _TAGS[key]
-            _TAGS[key] = tag + 1
+            key = (self._key, self._space, op.peer, op.send)
+            seq = _TAGS[key]
+            _TAGS[key] = (seq + 1) % (1 << SEQ_BITS)
+            tag = (self._space << SEQ_BITS) | seq
             fn = dist.isend if op.send else dist.irecv
             wire = op.tensor.view(torch.uint8) if _is_fp8(op.tensor) else op.tensor
             p2p.append(dist.P2POp(fn, wire, group=g, tag=tag, group_peer=op.peer))

@@ -223,7 +223,8 @@ class Merger:
         with torch.inference_mode(False), torch.no_grad():
             self._partial = torch.empty(w.rows, w.value_dim + 1, dtype=torch.float32, device=self.device)
             self._comm = Comm(self.rank, size, "nccl" if backend == "nccl" else "gloo", self.device, timeout_s,
-                              timeout_s, group=group, watchdog_s=min(WATCHDOG_FACTOR * timeout_s, LONGEST_TIMEOUT_S))
+                              timeout_s, group=group, watchdog_s=min(WATCHDOG_FACTOR * timeout_s, LONGEST_TIMEOUT_S),
+                              tag_space=True)
             self._check_same_plan(plan)
             self._exec = PlanExecutor(plan, self._comm, RankInputs(partial=self._partial), timed=False)
             self.wire_dtype = torch_dtype(w.partial_dtype)
