@@ -15,12 +15,14 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load_plan", "save_plan", "search_plan", "build_plan", "Merger", "attention_partial"]
+__all__ = ["__version__", "load_plan", "save_plan", "search_plan", "build_plan", "simulate_plan", "Merger",
+           "attention_partial"]
 
 # ``Merger`` and ``attention_partial`` need torch; the CLI and the planner do not, so they
 # are imported on first use (PEP 562) rather than with the package.
 _LAZY = {"load_plan": "treeattn.api", "save_plan": "treeattn.api", "search_plan": "treeattn.api",
-         "build_plan": "treeattn.api", "Merger": "treeattn.exec.merger", "attention_partial": "treeattn.exec.attention"}
+         "build_plan": "treeattn.api", "simulate_plan": "treeattn.api", "Merger": "treeattn.exec.merger",
+         "attention_partial": "treeattn.exec.attention"}
 
 
 def __getattr__(name: str) -> Any:

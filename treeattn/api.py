@@ -1,5 +1,6 @@
 """The public Python API: what a model's code calls (``treeattn.load_plan``, ``treeattn.search_plan``,
-``treeattn.build_plan``, ``treeattn.save_plan``, ``treeattn.Merger``, ``treeattn.attention_partial``).
+``treeattn.build_plan``, ``treeattn.simulate_plan``, ``treeattn.save_plan``, ``treeattn.Merger``,
+``treeattn.attention_partial``).
 This module imports no torch; the two torch-backed names are loaded by ``treeattn.__getattr__``
 when first used."""
 
@@ -11,7 +12,7 @@ import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from treeattn.errors import InputError, PlanFormatError
 from treeattn.plan import io as plan_io
@@ -27,7 +28,10 @@ from treeattn.topology.library import (
 from treeattn.topology.model import Topology
 from treeattn.workload import ModelPreset, Payload, RawPayload, Workload, check_model, latent_value_note
 
-__all__ = ["load_plan", "save_plan", "search_plan", "build_plan", "named_plan"]
+if TYPE_CHECKING:
+    from treeattn.cost.simresult import SimResult
+
+__all__ = ["load_plan", "save_plan", "search_plan", "build_plan", "simulate_plan", "named_plan"]
 
 _SEARCH_OPTIONS = ("seed", "chunk_choices", "families", "effort", "progress", "mem_fraction")
 _WORKLOAD_OPTIONS = ("split", "kv_dtype", "partial_dtype", "layers", "q_heads", "kv_heads", "head_dim", "v_head_dim",
@@ -109,6 +113,52 @@ def search_plan(topology: str | os.PathLike | Topology, workload_or_model: Paylo
         found = search(topo, workload, result=layout, root=root, **{k: options[k] for k in _SEARCH_OPTIONS
                                                                      if k in options})
     return _sourced(found.best, topology, topo)
+
+
+def simulate_plan(plan: Plan, topology: str | os.PathLike | Topology | None = None, *,
+                  given_partials: bool = False) -> SimResult:
+    """What ``plan`` is predicted to take, as ``treeattn simulate`` predicts it.
+
+    Args:
+        plan: the plan (``search_plan``'s, ``build_plan``'s or ``load_plan``'s).
+        topology: where to predict it: as ``search_plan`` takes it; default the topology the
+            plan records (its name, or the file it was made from, with its fingerprint checked).
+        given_partials: time one ``Merger`` call: each rank's partial over its own KV shard is
+            given, computed by the model's attention kernel, so the time is the merge's alone
+            (communication, merges and copies). False: one layer of a decode step, each rank's
+            attention included, as ``plan.predicted_us``.
+
+    Returns:
+        The ``treeattn.cost.simresult.SimResult``: ``predicted_us`` (until the last result
+        rank holds its rows), ``per_rank_finish_us``, ``critical_path``, ``timeline``.
+
+    Raises:
+        treeattn.errors.InputError: not a Plan; a topology that is unknown, changed since the
+            plan was made, or of another rank count; ``given_partials`` with a plan that moves
+            KV or reduces a raw payload (a Merger runs neither).
+
+    Examples:
+        >>> plan = search_plan("dgx-h100", "llama-3.1-8b", batch=1, seq_len=131072)
+        >>> simulate_plan(plan, given_partials=True).predicted_us < plan.predicted_us
+        True
+    """
+    from treeattn.cost.simulate import simulate
+    from treeattn.plan.validate import check
+
+    if not isinstance(plan, Plan):
+        raise InputError(f"simulate_plan plan must be a Plan (search_plan's, build_plan's or load_plan's), "
+                         f"got {type(plan).__name__}")
+    if not isinstance(given_partials, bool):
+        raise InputError(f"simulate_plan given_partials must be True or False, got {given_partials!r}")
+    with _named("simulate_plan"):
+        check(plan)
+        if topology is None:
+            ref = plan.topology
+            topo = resolve_recorded(ref.name, ref.fingerprint, ref.source,
+                                    None if ref.base is None else Path(ref.base, "plan"), ranks=plan.ranks)
+        else:
+            topo = _topology(topology, "simulate_plan")
+        return simulate(plan, topo, timeline=True, given_partials=given_partials)
 
 
 def _topology(topology: str | os.PathLike | Topology, fn: str) -> Topology:

@@ -84,6 +84,7 @@ def simulate_cmd(
         res = simulate(plan, topo, timeline=True)
     except PlanInvalidError as exc:  # name the file, as verify does
         raise PlanInvalidError(f"{plan_file}: {exc}") from None
+    merger_us = _merger_call_us(plan, topo)
     bounds = plan_bounds(plan, topo)
     gap = res.predicted_us / bounds.bound_us if bounds.bound_us > 0 else None
     drawn = None
@@ -96,6 +97,7 @@ def simulate_cmd(
             "topology": {"name": topo.name, "fingerprint": topo.fingerprint, "link_rates_note": link_rates_note(topo)},
             "fingerprint_mismatch": mismatch,
             "predicted_us": res.predicted_us,
+            "merger_call_us": merger_us,
             "lower_bound_us": bounds.bound_us,
             "gap": gap,
             "bounds": bounds.to_dict(),
@@ -111,6 +113,8 @@ def simulate_cmd(
               f"on [bold]{escape(topo.name)}[/]")
     print_rates_note(con, topo)
     con.print(f"predicted   {fixed(res.predicted_us, 3, 12)} µs")
+    if merger_us is not None:
+        con.print(f"merge only  {fixed(merger_us, 3, 12)} µs   a Merger call: partials given, no attention")
     term = bounds.cut if bounds.cut in ("compute", "depth", "spread") else f"the cut {bounds.cut}"
     con.print(f"lower bound {fixed(bounds.bound_us, 3, 12)} µs   set by {term} (see --help)")
     con.print(f"  terms: depth {fixed(bounds.latency_us, 3)}, cut {fixed(bounds.bandwidth_us, 3)}, "
@@ -135,6 +139,17 @@ def simulate_cmd(
     if timeline is not None:
         note = f" (the first {drawn} of {plan.ranks} ranks)" if drawn < plan.ranks else ""
         con.print(f"timeline drawn to {escape(str(timeline))}{note}")
+
+
+def _merger_call_us(plan, topo) -> float | None:  # noqa: ANN001 - a Plan and a Topology
+    """A ``Merger`` call's predicted time (the partials given), for plans that merge given
+    partials; None for raw payloads and plans that move KV."""
+    from treeattn.plan.validate import given_partial_problem
+    from treeattn.workload import Workload
+
+    if not isinstance(plan.workload, Workload) or given_partial_problem(plan):
+        return None
+    return simulate(plan, topo, timeline=False, given_partials=True).predicted_us
 
 
 def _path_rows(res: SimResult) -> list[dict]:

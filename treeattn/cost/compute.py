@@ -68,14 +68,18 @@ class ComputeModel:
     fused: tuple[bool, ...] = ()
     """Per rank: whether its merges are one fused kernel each (GPU ranks, ``merge_us``'s
     bytes); else (hosts, or empty) the eager ops' byte term, 3 x the received bytes."""
+    given_partials: bool = False
+    """Whether each rank's own partial is given, as a ``Merger`` call takes it from the model's
+    attention kernel: the COMPUTE over the rank's own KV block then costs nothing."""
 
     @classmethod
-    def of(cls, payload: Payload, topo: Topology) -> ComputeModel:
+    def of(cls, payload: Payload, topo: Topology, given_partials: bool = False) -> ComputeModel:
         """The compute model of ``payload`` on ``topo``'s rank devices.
 
         Args:
             payload: the workload (attention shape) or raw payload.
             topo: the topology; its ``cost`` supplies launch and efficiency.
+            given_partials: each rank's own partial is given (``ComputeModel.given_partials``).
 
         Returns:
             A ComputeModel with one effective bandwidth per rank.
@@ -88,7 +92,8 @@ class ComputeModel:
         fused = tuple(topo.rank_device(r).kind is DeviceKind.GPU for r in range(topo.num_ranks))
         return cls(payload=payload, launch_us=topo.cost.launch_us, eff_bw_gbps=bws, best_bw_gbps=best,
                    attn_launch_us=topo.cost.attn_launch_us, attn_bw_gbps=topo.cost.attn_gbps,
-                   attn_next_launch_us=topo.cost.attn_next_launch_us, attn_eff_bw_gbps=attn_bws, fused=fused)
+                   attn_next_launch_us=topo.cost.attn_next_launch_us, attn_eff_bw_gbps=attn_bws, fused=fused,
+                   given_partials=given_partials)
 
     def merge_bytes(self, rank: int, received: int, acc: int) -> int:
         """Bytes a merge on ``rank`` moves for ``received`` bytes of partials into ``acc``
@@ -144,9 +149,12 @@ class ComputeModel:
             later: not the rank's first COMPUTE of the run (``attn_next_launch_us`` applies).
 
         Returns:
-            Microseconds: launch plus memory time (launch only for zero tokens or raw payloads).
+            Microseconds: launch plus memory time (launch only for zero tokens or raw payloads;
+            0 for the rank's own block where partials are given).
         """
         b = rank if block is None else block
+        if self.given_partials and b == rank:
+            return 0.0
         nbytes = self.partial_bytes(b)
         launch = self._next_launch_us if later else self._attn_launch_us
         bw = self.attention_terms(rank)[1]

@@ -60,7 +60,9 @@ from treeattn.cost.sharing import component, fair_rates, shared_routes
 from treeattn.cost.simresult import OpTiming, SimResult
 from treeattn.errors import InputError, PlanInvalidError
 from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, collective_kernels, gc_paused, padding_kernels, row_bytes
+from treeattn.plan.validate import given_partial_problem
 from treeattn.topology.model import Topology
+from treeattn.workload import Workload
 
 __all__ = ["OpTiming", "SimResult", "simulate"]
 
@@ -71,7 +73,8 @@ _FLOW_BYTES = 0
 """A flow that is a transfer's bytes (host CPU work has kinds of its own, ``treeattn.cost.host``)."""
 
 
-def simulate(plan: Plan, topo: Topology, *, timeline: bool = True, communicator: str = PAIR) -> SimResult:
+def simulate(plan: Plan, topo: Topology, *, timeline: bool = True, communicator: str = PAIR,
+             given_partials: bool = False) -> SimResult:
     """Predict how long ``plan`` takes on ``topo`` (see the module docstring for the model).
 
     Args:
@@ -81,6 +84,10 @@ def simulate(plan: Plan, topo: Topology, *, timeline: bool = True, communicator:
         communicator: the NCCL communicators sends run in, which set their channels on GPUs
             (``treeattn.cost.nccl_p2p``): ``pair`` (one per pair of ranks, as treeattn's
             executor runs plans) or ``world`` (one of every rank, as nccl-tests runs).
+        given_partials: time a ``Merger`` call: each rank's partial over its own KV shard is
+            given (the model's attention kernel computed it), so that COMPUTE costs nothing and
+            the time is the merge's alone. The plan must merge given partials
+            (``treeattn.plan.validate.given_partial_problem``).
 
     Returns:
         The SimResult.
@@ -101,19 +108,24 @@ def simulate(plan: Plan, topo: Topology, *, timeline: bool = True, communicator:
             f"plan has {plan.ranks} ranks but topology {topo.name!r} places {topo.num_ranks}; "
             "use a topology with as many ranks as the plan"
         )
+    if given_partials:
+        problem = given_partial_problem(plan) if isinstance(plan.workload, Workload) else (
+            f"plan {plan.algorithm!r} reduces a raw payload: it has no partials to be given")
+        if problem:
+            raise InputError(problem)
     # The engine allocates hundreds of thousands of small acyclic objects; the cyclic
     # collector would rescan the growing heap again and again (superlinear time).
     with gc_paused():
-        return _Engine(plan, topo, communicator).run(timeline)
+        return _Engine(plan, topo, communicator, given_partials).run(timeline)
 
 
 class _Engine:
     """One simulation's state. Ops are numbered globally (gid), rank by rank."""
 
-    def __init__(self, plan: Plan, topo: Topology, communicator: str = PAIR) -> None:
+    def __init__(self, plan: Plan, topo: Topology, communicator: str = PAIR, given_partials: bool = False) -> None:
         self.plan, self.topo = plan, topo
         p = self.p = topo.num_ranks
-        self.cm = ComputeModel.of(plan.workload, topo)
+        self.cm = ComputeModel.of(plan.workload, topo, given_partials)
         self.overhead = topo.cost.overhead_us
         gbps = transfer_gbps(topo)
         self.cap = [bw * 1e3 for bw in gbps]  # bytes per microsecond

@@ -41,6 +41,7 @@ from treeattn.exec.issue_order import nccl_order_problem
 from treeattn.exec.merge import clear_partial, empty_partial, from_wire, to_wire, wire_cols
 from treeattn.plan.ir import Op, OpKind, Plan, contiguous_runs, stacked_exchanges, wire_converted
 from treeattn.plan.steps import order_problem, step_problem
+from treeattn.plan.validate import given_partial_problem
 
 __all__ = ["FAULT_ENV", "MeasuredOp", "RankInputs", "PlanExecutor", "InjectedFault"]
 
@@ -105,17 +106,6 @@ def _partial_lands_first(steps: list[list[tuple[int, Op]]]) -> bool:
             return (any(op.kind is OpKind.COMPUTE for op in touching)
                     and not any(op.kind is OpKind.SEND for op in touching))
     return False
-
-
-def given_partial_problem(plan: Plan) -> str | None:
-    """Why ``plan`` cannot merge partials computed elsewhere (None when it can): every rank
-    must compute once, over its own KV block, before it sends anything."""
-    for r, prog in enumerate(plan.programs):
-        computes = [op for op in prog if op.kind is OpKind.COMPUTE]
-        if len(computes) != 1 or computes[0].block not in (None, r):
-            return (f"plan {plan.algorithm!r} computes over KV blocks of other ranks (it moves KV, not partials); "
-                    "a Merger merges partials: use a plan that merges them (e.g. treeattn.search_plan)")
-    return None
 
 
 class PlanExecutor:

@@ -56,9 +56,10 @@ from treeattn.exec import kernels
 from treeattn.exec.attention import torch_dtype
 from treeattn.exec.comm import LONGEST_TIMEOUT_S, Comm, CommError
 from treeattn.exec.graphs import Graphed, capture
-from treeattn.exec.interpreter import PlanExecutor, RankInputs, given_partial_problem
+from treeattn.exec.interpreter import PlanExecutor, RankInputs
 from treeattn.exec.merge import clear_empty_rows, pack_heads_into, unpack_heads
 from treeattn.plan.ir import Plan
+from treeattn.plan.validate import given_partial_problem
 from treeattn.workload import Workload
 
 __all__ = ["Merger", "DEFAULT_TIMEOUT_S"]

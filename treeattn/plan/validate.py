@@ -24,7 +24,7 @@ from treeattn.errors import PlanInvalidError
 from treeattn.plan.ir import COLLECTIVE_FORMS, GROUPS, OpKind, Plan, gc_paused
 from treeattn.plan.steps import order_problem, step_problem
 
-__all__ = ["ViolationKind", "Violation", "ValidationReport", "validate", "check", "check_with"]
+__all__ = ["ViolationKind", "Violation", "ValidationReport", "validate", "check", "check_with", "given_partial_problem"]
 
 
 class ViolationKind(StrEnum):
@@ -752,3 +752,15 @@ class _Validator:
         head = cycle[0]
         self._add(ViolationKind.DEADLOCK, head, waits(head)[0],
                   f"deadlock, {len(blocked)} of {p} ranks blocked: " + "; ".join(parts) + more, located=False)
+
+
+def given_partial_problem(plan: Plan) -> str | None:
+    """Why ``plan`` cannot merge partials computed elsewhere (None when it can): every rank
+    must compute once, over its own KV block (a ``Merger`` takes that partial from the model;
+    ``simulate(..., given_partials=True)`` times such a call)."""
+    for r, prog in enumerate(plan.programs):
+        computes = [op for op in prog if op.kind is OpKind.COMPUTE]
+        if len(computes) != 1 or computes[0].block not in (None, r):
+            return (f"plan {plan.algorithm!r} computes over KV blocks of other ranks (it moves KV, not partials); "
+                    "a Merger merges partials: use a plan that merges them (e.g. treeattn.search_plan)")
+    return None
