@@ -41,7 +41,8 @@ def test_families_keep_the_published_kernel_line():
 def test_published_rows_are_predicted_and_fitted():
     rows = load_attention()
     summary = attention_summary(rows)
-    assert set(summary) == {"A100", "H100", "B200"} and sum(s["rows"] for s in summary.values()) == len(rows) == 24
+    assert set(summary) == {"A100", "A100 held out", "H100", "B200"}
+    assert sum(s["rows"] for s in summary.values()) == len(rows) == 35
     for gpu, fam in (("A100", "dgx-a100"), ("H100", "dgx-h100"), ("B200", "gb200-nvl72")):
         cost = resolve(fam).cost
         assert summary[gpu]["fitted_efficiency"] == pytest.approx(cost.attn_efficiency, abs=0.01)
@@ -50,8 +51,50 @@ def test_published_rows_are_predicted_and_fitted():
     assert [r.workload.split[0] for r in h] == [128, 2000, 4000] and h[-1].published_us == 567.2
     b = [r for r in rows if r.gpu == "B200"]
     assert b[-1].published_us == pytest.approx(1680.16, rel=1e-4)  # "1.68...ms" read with its unit
-    a = [r for r in rows if r.gpu == "A100"]
+    a = [r for r in rows if r.gpu == "A100" and r.fitted]
     assert [(r.workload.batch, r.workload.split[0]) for r in a][:2] == [(256, 256), (128, 512)]
+
+
+def test_onnxruntime_a100_rows_are_scored_and_held_out_of_the_ampere_fit():
+    rows = load_attention()
+    held = [r for r in rows if not r.fitted]
+    assert {r.source_id for r in held} == {"onnxruntime-gqa-a100-pr-20646"} and len(held) == 11
+    assert all(r.gpu == "A100" and r.topology.startswith("dgx-a100") for r in held)
+    # past_sequence_length P as published, P + 1 tokens attended; "0.018516" ms read with its unit
+    first, last = held[0], held[-1]
+    assert (first.workload.batch, first.workload.q_heads, first.workload.kv_heads, first.workload.head_dim,
+            first.workload.split[0], first.published_us) == (1, 32, 8, 128, 17, pytest.approx(18.516))
+    assert (last.workload.batch, last.workload.kv_heads, last.workload.head_dim, last.workload.split[0],
+            last.published_us) == (4, 32, 96, 4097, pytest.approx(186.053))
+    summary = attention_summary(rows)
+    # the family's line, scored on the held-out rows, is what the "A100 held out" line reports
+    cost = resolve("dgx-a100").cost
+    assert summary["A100 held out"]["rows"] == 11
+    assert summary["A100 held out"]["median_signed"] == pytest.approx(
+        sorted(r.error for r in held)[5])
+    assert all(r.predicted_us == pytest.approx(r.launch_us + r.bytes / 1e3 / (r.mem_bw_gbps * cost.attn_efficiency))
+               for r in held)
+    # held in, the fit would move: the held-out rows are what keeps the A100 line on Flash-Decoding's rows
+    together = fit_kernel_line([r for r in rows if r.gpu == "A100"])
+    assert together[0] > cost.attn_launch_us + 1.0
+    assert summary["A100"]["rows"] == 10
+
+
+@pytest.mark.parametrize(("extra", "message"), [("fitted: false\n", "says why"),
+                                                ("fitted: 'no'\n", "fitted is 'no'; give true or false")])
+def test_a_source_held_out_of_the_fit_says_why(tmp_path, extra, message):
+    folder = tmp_path / "attention"
+    folder.mkdir()
+    (folder / "x.yaml").write_text(
+        "sources:\n  - id: x\n    source: https://example.org\n    gpu: A100\n    topology: dgx-a100[ranks 0]\n"
+        + "    " + extra + "    rows:\n      - [1, 32, 8, 128, 17, 20us, null]\n")
+    with pytest.raises(InputError, match=message):
+        load_attention([tmp_path])
+    (folder / "x.yaml").write_text((folder / "x.yaml").read_text().replace(
+        "    rows:", "    why: a check\n    rows:"))
+    if "give true" not in message:
+        (row,) = load_attention([tmp_path])
+        assert not row.fitted and set(attention_summary([row])) == {"A100 held out"}
 
 
 def test_kernel_line_fit_recovers_a_line_and_ignores_one_row_far_off():

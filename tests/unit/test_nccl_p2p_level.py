@@ -206,3 +206,21 @@ def test_a_chain_of_nvlink_bridges_joins_only_neighbours_of_one_gpu_by_nvb():
     assert nccl_rates.shm_pair(chain, 0, 3) and nccl_rates.shm_pair(chain, 3, 0)
     nvb = dataclasses.replace(chain, cost=chain.cost.updated(p2p_level="NVB"))
     assert not nccl_rates.shm_pair(nvb, 0, 2) and nccl_rates.shm_pair(nvb, 0, 3)
+
+
+def test_the_published_p2p_level_sys_run_is_predicted_peer_to_peer_as_its_log_shows():
+    # results/published tinygrad-p2p-pr22-rtx4090: 4 x RTX 4090 (patched driver, one AMD socket),
+    # NCCL 2.23.4 with NCCL_P2P_LEVEL=SYS, its log "via P2P/direct pointer" on every ring hop.
+    # The mapping's variable, not NCCL's default, decides: at the release's default (PXB on an
+    # AMD host of more than two GPUs) every pair of that box would go through host memory.
+    from treeattn.topology.library import resolve
+    from treeattn.validate import corpus, published
+
+    (table,) = corpus.load_corpus([corpus.corpus_dir() / "tinygrad-p2p-pr22-rtx4090.yaml"])
+    assert table.nccl_release == (2, 23, 4) and table.log.n_gpus == table.ranks == 4
+    topo, why = published.table_p2p_level(table)
+    assert why == "NCCL_P2P_LEVEL=SYS" and nccl_rates.p2p_level(topo, 0) == "SYS"
+    assert nccl_rates.shm_pairs(topo) == 0
+    box = resolve(table.topology)
+    assert nccl_rates.p2p_level(box, 0, table.nccl_release) == "PXB"
+    assert all(nccl_rates.pcie_path_type(box, a, b) == "PHB" for a in range(4) for b in range(4) if a != b)

@@ -1,7 +1,8 @@
 """Decode attention as published kernels run it, by GPU product: a fixed cost per call and a
 share of memory bandwidth, fitted to their timings (results/published/attention,
 docs/attention-model.md): Flash-Decoding on A100 (PyTorch blog "Flash-Decoding for
-long-context inference"), FlashAttention-2/3 paged decode on H100 (onnxruntime pull 21414,
+long-context inference"; onnxruntime pull 20646's GroupQueryAttention node, held out of the
+fit, checks it), FlashAttention-2/3 paged decode on H100 (onnxruntime pull 21414,
 Dao-AILab/flash-attention issue 1572), FlashInfer trtllm-gen on B200 (flashinfer-ai/flashinfer
 pull 1415). The families carry them, and `treeattn probe` writes them for the GPUs they were
 fitted on (the same generation's HBM parts). Other GPUs (MI300X, RTX 4090, V100, L40S) keep

@@ -7,6 +7,10 @@ row is predicted as one COMPUTE of a ``Workload`` on a 1-rank topology of that G
 bandwidth). ``fit_kernel_line`` fits each GPU's rows with that line's two terms, a fixed
 cost per call and a share of the memory bandwidth: the figures the families keep as
 ``cost.attn_launch_us`` and ``cost.attn_efficiency`` (docs/attention-model.md).
+
+A source marked ``fitted: false`` (with ``why``) is predicted and scored but held out of its
+GPU's fit: ``attention_summary`` reports its rows apart, as ``"<gpu> held out"``, scored by the
+family's line and with the line fitted to them alone beside it.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ class AttentionRow:
     bytes: int
     launch_us: float
     mem_bw_gbps: float
+    fitted: bool = True
+    """False for a source held out of its GPU's fit (``fitted: false`` in the corpus file)."""
 
     @property
     def error(self) -> float:
@@ -77,6 +83,11 @@ def load_attention(folders: list[Path] | None = None) -> list[AttentionRow]:
                     raise InputError(f"{where}: field {exc.args[0]!r} is missing") from None
                 except TopologyError as exc:
                     raise InputError(f"{where}: {exc}") from None
+                fitted = src.get("fitted", True)
+                if not isinstance(fitted, bool):
+                    raise InputError(f"{where}: fitted is {fitted!r}; give true or false")
+                if not fitted and not str(src.get("why") or "").strip():
+                    raise InputError(f"{where}: a source held out of the fit (fitted: false) says why")
                 for j, row in enumerate(src.get("rows", [])):
                     if not isinstance(row, list) or len(row) != 7:
                         raise InputError(f"{where}.rows[{j}]: [batch, q_heads, kv_heads, head_dim, tokens, time, GB/s]")
@@ -87,7 +98,7 @@ def load_attention(folders: list[Path] | None = None) -> list[AttentionRow]:
                     out.append(AttentionRow(str(src["id"]), str(src["source"]), str(src["gpu"]), topo.name, w,
                                             _time_us(t, f"{where}.rows[{j}]"), cm.partial_us(0),
                                             cm.partial_bytes(0), cm.attention_terms(0)[0],
-                                            topo.rank_device(0).mem_bw_gbps))
+                                            topo.rank_device(0).mem_bw_gbps, fitted))
     return out
 
 
@@ -133,15 +144,20 @@ def fit_kernel_line(rows: list[AttentionRow], step_us: float = 0.1) -> tuple[flo
 
 def attention_summary(rows: list[AttentionRow]) -> dict:
     """Per GPU: rows, median and p90 |error| and signed median of the model as it stands, and the
-    line fitted to them (``fit_kernel_line``: fixed cost, share of memory bandwidth)."""
+    line fitted to them (``fit_kernel_line``: fixed cost, share of memory bandwidth). Rows of
+    sources held out of the fit (``fitted: false``) come apart, under ``"<gpu> held out"``: the
+    model's error on them, and the line their rows alone give."""
+    def group(r: AttentionRow) -> str:
+        return r.gpu if r.fitted else f"{r.gpu} held out"
+
     out = {}
-    for gpu in sorted({r.gpu for r in rows}):
-        rs = [r for r in rows if r.gpu == gpu]
+    for name in sorted({group(r) for r in rows}):
+        rs = [r for r in rows if group(r) == name]
         fit = fit_kernel_line(rs)
         errs = sorted(abs(r.error) for r in rs)
-        out[gpu] = {"rows": len(rs), "median_abs": statistics.median(errs),
-                    "p90_abs": errs[min(len(errs) - 1, round(0.9 * (len(errs) - 1)))],
-                    "median_signed": statistics.median(r.error for r in rs),
-                    "fitted_launch_us": fit[0], "fitted_efficiency": fit[1],
-                    "sources": sorted({r.url for r in rs})}
+        out[name] = {"rows": len(rs), "median_abs": statistics.median(errs),
+                     "p90_abs": errs[min(len(errs) - 1, round(0.9 * (len(errs) - 1)))],
+                     "median_signed": statistics.median(r.error for r in rs),
+                     "fitted_launch_us": fit[0], "fitted_efficiency": fit[1],
+                     "sources": sorted({r.url for r in rs})}
     return out
