@@ -524,3 +524,38 @@ def test_a_shared_memory_ring_says_why_it_went_through_host_memory(tmp_path):
     said = next(n for n in lf.notes if "host memory" in n)
     assert lf.shm and "(GPUs further apart than NCCL's P2P level, LOC)" in said, said
     assert "without peer-to-peer" not in said
+
+
+def test_a_host_memory_rate_beyond_the_gpus_pcie_links_is_warned_of(tmp_path):
+    # An 8 x H100 NVSwitch log given for 8 RTX 4090s (no peer-to-peer): its ring is read as
+    # NCCL's shared-memory transport, and its 474 GB/s would become the host's cost.shm_gbps,
+    # though each GPU's data crosses its PCIe 4.0 x16 link to and from host memory. It was
+    # written without a word, where a network class above its ports' line rate is warned of.
+    log = tmp_path / ONE.name
+    log.write_text(ONE.read_text().replace("NVIDIA H100 80GB HBM3", "NVIDIA GeForce RTX 4090"))
+    family = resolve("rtx4090")
+    result = calibrate_from_nccl_tests(family, [log])
+    (lf,) = result.logs
+    gpu_links = [ln for ln in family.links if ln.src == family.ranks[0] and ln.kind.value == "pcie"]
+    bound = min(nccl_rates.pcie_nominal_gbps(ln) for ln in gpu_links)
+    assert lf.shm and lf.beta_gbps > 1.05 * bound
+    (said,) = [w for w in result.warnings if "through host memory" in w]
+    assert f"got {lf.beta_gbps:.4g} GB/s, above the {bound:.4g} GB/s" in said and "cost.shm_gbps" in said
+    # The CLI says it on stderr, as a warning, and still writes the fit (exit 0).
+    out = tmp_path / "fitted.yaml"
+    res = run_cli("calibrate", "-t", "rtx4090", "--from-nccl-tests", str(log), "-o", str(out))
+    assert res.exit_code == 0 and out.exists()
+    assert "warning:" in res.stderr and "above the" in " ".join(res.stderr.split())
+    # A rate a host's memory path can carry (kalavai's 2 x RTX 4090) is not warned of.
+    text = (Path(__file__).parents[2] / "results" / "published" / "kalavai-rtx4090.txt").read_text().splitlines()
+    real = tmp_path / "all_reduce_perf.k8s-2gpu.txt"
+    real.write_text("\n".join(text[147:187]) + "\n")
+    real_fit = calibrate_from_nccl_tests(resolve("rtx4090:gpus=2"), [real])
+    assert real_fit.logs[0].shm and not any("through host memory" in w for w in real_fit.warnings)
+    # A PCIe link of unknown width is held to its own rate (a calibrated one without a
+    # hardware rating to nothing).
+    bare = dataclasses.replace(family, links=tuple(dataclasses.replace(ln, width=None) for ln in family.links))
+    (said,) = [w for w in calibrate_from_nccl_tests(bare, [log]).warnings if "through host memory" in w]
+    assert f"above the {min(ln.bw_gbps for ln in gpu_links):.4g} GB/s (its rate)" in said
+    measured = dataclasses.replace(bare, cost=dataclasses.replace(bare.cost, link_rates="measured"))
+    assert not any("through host memory" in w for w in calibrate_from_nccl_tests(measured, [log]).warnings)

@@ -197,6 +197,20 @@ def test_own_log_bad_input_is_one_line_and_exit_2(tmp_path):
         assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1 and said in res.stderr, res.stderr
 
 
+def test_an_integer_setting_nccl_reads_as_0_is_warned_of(tmp_path):
+    # NCCL_P2P_DISABLE=x: NCCL reads 0 (strtoll) without a word, and so did check-model: the
+    # rows were scored with peer-to-peer on while the user may have meant it off.
+    log = tmp_path / "run.txt"
+    shutil.copy(FIXTURE, log)
+    res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=4", "--env", "NCCL_P2P_DISABLE=x")
+    assert res.exit_code == 0, res.stderr
+    said = [ln for ln in res.stderr.splitlines() if ln.startswith("warning:")]
+    assert said == ["warning: --env NCCL_P2P_DISABLE='x' is not a number: NCCL reads it as 0 without a word, and so "
+                    "does the model"]
+    res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=4", "--env", "NCCL_P2P_DISABLE=0")
+    assert res.exit_code == 0 and "warning:" not in res.stderr
+
+
 def test_own_logs_of_nccl_tests_2_19_options_and_json_are_scored(tmp_path):
     # Written to nccl-tests 2.19.6's formats: -S 1's timestamps, -I 1's per-iteration columns,
     # -J's JSON (two processes of 8 GPUs, each listing its first device), NCCL 2.27.3 printed by both.

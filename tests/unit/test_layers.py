@@ -83,3 +83,21 @@ def test_importing_leaves_torch_out(modules: list[str]) -> None:
     code = f"import sys; import {', '.join(modules)}; assert 'torch' not in sys.modules, 'torch imported'"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+_INDEX_READERS = {"cost/nccl_fabric.py", "cost/nccl_p2p.py"}
+"""Modules outside the topology package that still read ``Topology._index`` (islands, and
+the index as a cache key): known, left to their owners; no other may start."""
+
+
+def test_only_the_topology_package_reads_a_topologys_private_index() -> None:
+    """``Topology._index`` (its ``RouteIndex``) is the topology package's own; other layers
+    use the topology's public lookups (``fabric_island``, ``route``, ``device``)."""
+    bad = []
+    for path in _sources():
+        if _layer(path) == "topology" or str(path.relative_to(PACKAGE)) in _INDEX_READERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr == "_index":
+                bad.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert not bad, bad

@@ -224,3 +224,87 @@ def test_the_published_p2p_level_sys_run_is_predicted_peer_to_peer_as_its_log_sh
     box = resolve(table.topology)
     assert nccl_rates.p2p_level(box, 0, table.nccl_release) == "PXB"
     assert all(nccl_rates.pcie_path_type(box, a, b) == "PHB" for a in range(4) for b in range(4) if a != b)
+
+
+def test_cost_p2p_level_takes_every_name_the_environment_takes():
+    """``cost.p2p_level: XGMI`` was refused by the YAML schema while ``NCCL_P2P_LEVEL=XGMI``
+    read as NVL (RCCL's name): a topology's level and the environment's now read the same
+    names (``model.p2p_level_name``) to the same level."""
+    from treeattn.cost.nccl_env import p2p_level_from_env
+    from treeattn.topology.io import load_topology_text
+    from treeattn.topology.model import P2P_LEVEL_ALIASES, P2P_LEVELS
+
+    base = ("name: mi\nnode:\n  gpus: {count: 4, model: MI300X, mem_bw_gbps: 5300, mem_gb: 192}\n"
+            "  pcie: {generation: 5, bw_gbps: 55}\n  fabric: {kind: full-mesh, bw_gbps: 64}\n")
+    for name in (*P2P_LEVELS, *P2P_LEVEL_ALIASES):
+        topo = load_topology_text(base + f"cost: {{p2p_level: {name}}}\n")
+        assert topo.cost.p2p_level == p2p_level_from_env({"NCCL_P2P_LEVEL": name}), name
+        assert CostParams(p2p_level=name).p2p_level == topo.cost.p2p_level, name
+    xgmi = load_topology_text(base + "cost: {p2p_level: XGMI}\n")
+    nvl = load_topology_text(base + "cost: {p2p_level: NVL}\n")
+    assert xgmi.fingerprint == nvl.fingerprint and xgmi.cost == nvl.cost
+    with pytest.raises(TopologyError, match="XGMI"):  # the message names it among the levels
+        CostParams(p2p_level="xgmi")
+
+
+def test_shm_reason_is_the_one_shm_pair_decides_by():
+    # GPU 0 lacks peer access over PCIe but is NVLink-bridged to GPU 1, which is bridged to
+    # GPU 2; GPU 3 is on PCIe alone. At NCCL_P2P_LEVEL=NVL, 0-2 (NVLink through GPU 1, NVB)
+    # go through host memory because of the level, as 1-3 and 2-3 do; 0-3 because GPU 0
+    # has no peer-to-peer.
+    from treeattn.topology.io import load_topology_text
+
+    topo = load_topology_text(_MIXED)
+    got = {(a, b): nccl_rates.shm_reason(topo, a, b) for _, a, b in nccl_rates.node_pairs(topo)}
+    level, no_p2p = nccl_rates.SHM_LEVEL, nccl_rates.SHM_NO_P2P
+    assert got == {(0, 1): None, (1, 0): None, (1, 2): None, (2, 1): None, (0, 2): level, (2, 0): level,
+                   (1, 3): level, (3, 1): level, (2, 3): level, (3, 2): level, (0, 3): no_p2p, (3, 0): no_p2p}
+    assert all(nccl_rates.shm_pair(topo, a, b) == (r is not None) for (a, b), r in got.items())
+    # Without the level, the NVLink pairs connect peer-to-peer again; GPU 0's PCIe pair does not.
+    default = dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, p2p_level=None))
+    assert nccl_rates.shm_reason(default, 0, 2) is None and nccl_rates.shm_reason(default, 0, 3) == no_p2p
+
+
+def test_fabric_island_is_public_and_checks_its_device():
+    from treeattn.topology.io import load_topology_text
+    from treeattn.topology.library import resolve
+
+    topo = load_topology_text(_MIXED)
+    assert topo.fabric_island("gpu0") == topo.fabric_island("gpu2") >= 0
+    assert topo.fabric_island("gpu3") == topo.fabric_island("cpu0") == -1
+    dgx1 = resolve("dgx1-v100")
+    assert len({dgx1.fabric_island(dgx1.ranks[r]) for r in range(8)}) == 1
+    with pytest.raises(TopologyError, match="no device"):
+        topo.fabric_island("gpu9")
+
+
+_MIXED = (
+    "name: mixed\ndevices:\n  - {name: cpu0, kind: cpu}\n"
+    "  - {name: gpu0, kind: gpu, model: L40S, mem_bw_gbps: 864, p2p: false}\n"
+    + "".join(f"  - {{name: gpu{g}, kind: gpu, model: L40S, mem_bw_gbps: 864}}\n" for g in (1, 2, 3))
+    + "links:\n"
+    + "".join(f"  - {{src: gpu{g}, dst: cpu0, kind: pcie, bw_gbps: 25, generation: 4, width: 16, duplex: true}}\n"
+              for g in range(4))
+    + "  - {src: gpu0, dst: gpu1, kind: nvlink, bw_gbps: 56, generation: 3, duplex: true}\n"
+    "  - {src: gpu1, dst: gpu2, kind: nvlink, bw_gbps: 56, generation: 3, duplex: true}\n"
+    "cost: {p2p_level: NVL}\n")
+"""Four GPUs of which two pairs are NVLink-bridged (0-1, 1-2) and GPU 0 lacks peer access,
+at ``NCCL_P2P_LEVEL=NVL``: pairs go through host memory for either reason."""
+
+
+def test_integer_settings_nccl_reads_quietly_are_said():
+    """``NCCL_P2P_DISABLE=x`` is 0 to NCCL (``strtoll``; ``ncclLoadParam`` logs it at INFO
+    only), as to the model: said, so that a user who meant 1 sees it. An out-of-range number
+    or an empty value leaves NCCL's default (``ncclLoadParam``: ``errno`` set, ``strlen`` 0)."""
+    from treeattn.cost.nccl_env import INT_SETTINGS, _int_env, p2p_level_from_env, unread_numbers
+
+    assert p2p_level_from_env({"NCCL_P2P_DISABLE": "x"}) is None  # read as 0: not disabled
+    (said,) = unread_numbers({"NCCL_P2P_DISABLE": "x", "NCCL_ALGO": "Ring"})
+    assert said.startswith("NCCL_P2P_DISABLE='x' is not a number: NCCL reads it as 0")
+    assert "reads it as 1" in unread_numbers({"NCCL_P2P_DISABLE": "1x"})[0]
+    assert unread_numbers({"NCCL_P2P_DISABLE": "1", "NCCL_NVLS_ENABLE": "0x0", "RCCL_MSCCL_ENABLE": "-1"}) == []
+    for name, default in INT_SETTINGS.items():
+        huge = "9" * 20
+        assert _int_env(huge, default) == _int_env("-" + huge, default) == _int_env("", default) == default
+        assert unread_numbers({name: huge}) == [f"{name}={huge!r} is out of range: NCCL keeps its default, "
+                                                f"{default}, and so does the model"]

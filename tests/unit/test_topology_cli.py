@@ -264,6 +264,22 @@ def test_show_counts_each_reason_pairs_go_through_host_memory(tmp_path):
         " ".join(run_cli("topo", "show", str(path)).stdout.split())
 
 
+def test_show_counts_a_pair_the_level_sends_under_the_level_though_a_gpu_lacks_peer_access(tmp_path):
+    # GPU 0 lacks peer access over PCIe but is NVLink-bridged to GPU 1, and 1 to 2; GPU 3 is
+    # on PCIe alone; NCCL_P2P_LEVEL=NVL. 0-2 (NVLink through GPU 1) go through host memory
+    # because of the level, as 1-3 and 2-3; only 0-3 because GPU 0 has no peer-to-peer. 0-2
+    # was counted under "no peer-to-peer" (4 and 4) for GPU 0's flag.
+    from tests.unit.test_nccl_p2p_level import _MIXED
+
+    path = tmp_path / "mixed.yaml"
+    path.write_text(_MIXED)
+    res = run_cli("topo", "show", str(path))
+    assert res.exit_code == 0, res.stderr
+    text = " ".join(res.stdout.split())
+    assert "8 of 12 rank pairs (2 with a GPU without peer-to-peer, 6 further apart than NCCL's P2P level (NVL) " \
+           "connects peer-to-peer): NCCL moves their data through host memory" in text, text
+
+
 def test_show_names_the_p2p_level_of_the_node_whose_pairs_it_puts_through_host_memory(tmp_path):
     # Two AMD nodes of 4 GPUs on the sockets' root ports, ranks 0 | 4, 5, 6: node 0 holds one
     # rank (NCCL's default there: SYS), node 1 three (PXB), whose pairs go through host memory.

@@ -49,7 +49,7 @@ from treeattn.calibrate.nccl_tests import (
 )
 from treeattn.cost import nccl_rates
 from treeattn.errors import InputError, ProbeError
-from treeattn.topology.model import CALIBRATED_BY, Link, LinkClass, Topology
+from treeattn.topology.model import CALIBRATED_BY, Link, LinkClass, LinkKind, Topology
 from treeattn.topology.nccl_version import nccl_release, parse_version
 
 __all__ = ["LogFit", "NcclCalibration", "calibrate_from_nccl_tests", "SIZE_BANDS", "HalfSplit", "half_split"]
@@ -172,7 +172,7 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
     intra_alpha: float | None = None
     for network, source, cf in sorted(parsed, key=lambda x: x[0]):  # one-node logs first
         lf = _network_fit(topo, source, cf, intra_alpha) if network else _node_fit(topo, source, cf)
-        if network and (said := _over_line_rate(topo, lf)):
+        if said := (_over_line_rate(topo, lf) if network else _over_pcie_rate(topo, lf) if lf.shm else ""):
             warnings.append(said)
         if not network:
             intra_alpha = lf.alpha_us if intra_alpha is None else intra_alpha
@@ -243,6 +243,39 @@ def _over_line_rate(topo: Topology, lf: LogFit) -> str:
             "with in-network reduction (SHARP); the fitted rate is written as it is")
 
 
+def _over_pcie_rate(topo: Topology, lf: LogFit) -> str:
+    """A warning where a ring through host memory (NCCL's shared-memory transport, ``lf.shm``)
+    got more than a PCIe link of its GPUs carries: each GPU's data goes up its PCIe link into
+    host memory and the next GPU's comes down its own, so the bus bandwidth cannot beat the
+    slowest GPU's PCIe link, at its nominal rate where its generation and width are known
+    (``nccl_rates.pcie_nominal_gbps``, docs/hardware.md), else its hardware figure (as
+    ``_over_line_rate``; none for a link measured before without one). Such a rate came from
+    GPUs that moved their data peer-to-peer or over NVLink, not through host memory, and
+    would be written as the host's ``cost.shm_gbps``."""
+    bounds = []
+    for r in range(lf.fit.ranks):
+        dev = topo.ranks[r]
+        for ln in topo.links:
+            if ln.src == dev and ln.kind is LinkKind.PCIE:
+                bound = nccl_rates.pcie_nominal_gbps(ln)
+                if bound is None and (ln.rated_gbps is not None or topo.cost.link_rates == "datasheet"):
+                    bound = _rated(ln)
+                if bound is not None:
+                    bounds.append((bound, ln))
+    if not bounds:
+        return ""
+    bound, link = min(bounds, key=lambda x: x[0])
+    if lf.beta_gbps <= 1.05 * bound:
+        return ""
+    what = (f"PCIe {link.generation}.0 x{link.width} nominal" if nccl_rates.pcie_nominal_gbps(link) is not None
+            else "its rate")
+    return (f"{lf.source}: the ring through host memory (NCCL's shared-memory transport) got {lf.beta_gbps:.4g} "
+            f"GB/s, above the {bound:.4g} GB/s ({what}) of the PCIe link {link.src}->{link.dst}, which its "
+            "data crosses to and from host memory: the log's GPUs must have moved it peer-to-peer or over NVLink, "
+            "not through host memory as the topology has them (check its GPUs' p2p, fabric and cost.p2p_level, "
+            "and the log's NCCL_P2P_DISABLE/NCCL_P2P_LEVEL); the fitted rate is written as cost.shm_gbps as it is")
+
+
 def _node_fit(topo: Topology, source: str, cf: CollectiveFit) -> LogFit:
     n = cf.ranks
     ring = [(i, (i + 1) % n) for i in range(n)]
@@ -253,11 +286,10 @@ def _node_fit(topo: Topology, source: str, cf: CollectiveFit) -> LogFit:
     out = _rank_out(topo, a, first.cls)
     low = min(map(_rated, topo.route_links(a, b)))
     share = low / out if out > 0 else 1.0
-    shm = nccl_rates.shm_pair(topo, a, b)
-    if shm:  # what the ring moved is the host's, not the links': they keep their figures
-        da, db = topo.rank_device(a), topo.rank_device(b)
-        why = ("GPUs without peer-to-peer" if not (da.p2p and db.p2p) else
-               f"GPUs further apart than NCCL's P2P level, {nccl_rates.p2p_level(topo, da.node)}")
+    reason = nccl_rates.shm_reason(topo, a, b)
+    if reason is not None:  # what the ring moved is the host's, not the links': they keep their figures
+        why = ("GPUs without peer-to-peer" if reason == nccl_rates.SHM_NO_P2P else
+               f"GPUs further apart than NCCL's P2P level, {nccl_rates.p2p_level(topo, topo.rank_device(a).node)}")
         notes.append(f"its ring runs through host memory ({why}): {cf.beta_link_gbps:.4g} "
                      "GB/s is the host's shared-memory rate (cost.shm_gbps); the links keep their rates and latency")
         return LogFit(source, cf, "node", ">".join(k for k, _ in hops), hops, _alpha_of(topo, a, b),

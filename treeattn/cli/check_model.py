@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from treeattn.cli import app
+from treeattn.cli import app, err_console
 from treeattn.cli.paths import OUT_PATH, output_file
 from treeattn.cli.progress import progress_reporter
 from treeattn.cli.render import console, print_rates_note
@@ -132,6 +132,10 @@ def check_model_cmd(
     logs = [p for p in paths or [] if not p.is_dir() and not is_mapping(p)]
     corpus = [p for p in paths or [] if p not in logs]
     settings = _env(env or [])
+    from treeattn.cost.nccl_env import unread_numbers
+
+    for said in unread_numbers(settings):  # NCCL reads them quietly; the user may not mean it
+        err_console.print(f"[yellow]warning:[/] --env {escape(said)}")
     if logs and topology is None:
         raise InputError(f"{logs[0]}: a log needs --topology, the machine it ran on (e.g. -t dgx-h100:nodes=2)")
     if not logs and (topology is not None or settings):

@@ -132,7 +132,7 @@ def shm_sentence(topo: Topology) -> str:
     for node, a, b in nccl_rates.node_pairs(topo):
         if nccl_rates.shm_pair_gbps(topo, a, b) < float("inf"):
             shm += 1
-            if not (topo.rank_device(a).p2p and topo.rank_device(b).p2p):
+            if nccl_rates.shm_reason(topo, a, b) == nccl_rates.SHM_NO_P2P:
                 no_p2p += 1
             elif (level := nccl_rates.p2p_level(topo, node)) not in levels:
                 levels.append(level)

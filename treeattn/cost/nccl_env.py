@@ -15,12 +15,14 @@ import re
 
 from treeattn.cost.nccl_tuning import _NCCL_ALGOS, Algorithm, Protocol
 from treeattn.errors import InputError
-from treeattn.topology.model import P2P_LEVELS
+from treeattn.topology.model import p2p_level_name, p2p_level_names
 
 __all__ = [
     "ENV_SETTINGS",
     "P2P_SETTINGS",
+    "INT_SETTINGS",
     "allowed_by_env",
+    "unread_numbers",
     "p2p_level_from_env",
 ]
 
@@ -40,17 +42,51 @@ def _env_list(value: str, names: tuple[str, ...], what: str) -> set[str]:
     return known - items if negate else items & known
 
 
+_NUMBER = re.compile(r"\s*([+-]?)(?:0[xX]([0-9a-fA-F]+)|(0[0-7]*)|([1-9]\d*))")
+"""What ``strtoll(value, NULL, 0)`` reads: the leading number, hex after ``0x``, octal after ``0``."""
+
+
 def _int_env(value: str | None, default: int) -> int:
-    """An integer variable as NCCL's and RCCL's parameters read it (``strtoll(value, NULL, 0)``:
-    the leading number, hex after ``0x``, octal after ``0``; else 0)."""
-    if value is None:
+    """An integer variable as NCCL's and RCCL's parameters read it (``src/misc/param.cc``
+    ``ncclLoadParam``: ``strtoll(value, NULL, 0)``, the leading number, else 0; unset, empty
+    or out of int64's range: the default)."""
+    if value is None or value == "":
         return default
-    m = re.match(r"\s*([+-]?)(?:0[xX]([0-9a-fA-F]+)|(0[0-7]*)|([1-9]\d*))", str(value))
+    m = _NUMBER.match(str(value))
     if not m:
         return 0
     sign, hexa, octal, decimal = m.groups()
     n = int(hexa, 16) if hexa else int(octal, 8) if octal else int(decimal)
-    return -n if sign == "-" else n
+    n = -n if sign == "-" else n
+    return n if -2**63 <= n < 2**63 else default  # strtoll's ERANGE: NCCL keeps the default
+
+
+INT_SETTINGS = {"NCCL_NVLS_ENABLE": 2, "RCCL_MSCCL_ENABLE": 1, "NCCL_P2P_DISABLE": 0}
+"""The integer variables of ``ENV_SETTINGS`` and NCCL's (RCCL's) default of each."""
+
+
+def _setting(env: dict[str, str], name: str) -> int:
+    """An integer setting of ``INT_SETTINGS`` as NCCL reads it (``_int_env``)."""
+    return _int_env(env.get(name), INT_SETTINGS[name])
+
+
+def unread_numbers(env: dict[str, str] | None) -> list[str]:
+    """One line for each integer setting (``INT_SETTINGS``) whose value is not wholly a number:
+    NCCL reads its leading number, or 0 without one (``NCCL_P2P_DISABLE=x`` is 0), and says
+    nothing (only ``NCCL_DEBUG=INFO`` shows the value it took; an out-of-range number it
+    leaves for its default), as the model reads it (``_int_env``)."""
+    out = []
+    for name, default in INT_SETTINGS.items():
+        value = (env or {}).get(name)
+        if value is None or value == "":
+            continue
+        m = _NUMBER.match(value)
+        n = _int_env(value, default)
+        if m is None or m.end() != len(value):
+            out.append(f"{name}={value!r} is not a number: NCCL reads it as {n} without a word, and so does the model")
+        elif _int_env(value, default + 1) != n:  # the default came back: out of range
+            out.append(f"{name}={value!r} is out of range: NCCL keeps its default, {default}, and so does the model")
+    return out
 
 
 P2P_SETTINGS = ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL")
@@ -76,19 +112,16 @@ def p2p_level_from_env(env: dict[str, str] | None) -> str | None:
         InputError: an ``NCCL_P2P_LEVEL`` NCCL would not read (it would ignore it).
     """
     env = env or {}
-    if _int_env(env.get("NCCL_P2P_DISABLE"), 0) == 1:
+    if _setting(env, "NCCL_P2P_DISABLE") == 1:
         return "LOC"
     text = env.get("NCCL_P2P_LEVEL")
     if text is None:
         return None
-    if text in P2P_LEVELS:
-        return text
-    if text == "XGMI":  # RCCL's name of path type 1, NVL
-        return "NVL"
+    if (level := p2p_level_name(text)) is not None:  # RCCL's XGMI as NVL
+        return level
     if text[:1].isascii() and text[:1].isdigit():  # NCCL: str[0] in 0-9
         return _OLD_LEVELS[min(_int_env(text, 0), len(_OLD_LEVELS) - 1)]
-    raise InputError(f"NCCL_P2P_LEVEL={text!r}: NCCL reads {', '.join(P2P_LEVELS)} (in capitals; RCCL XGMI for "
-                     "NVL) or 0-5")
+    raise InputError(f"NCCL_P2P_LEVEL={text!r}: NCCL reads {p2p_level_names()}, in capitals, or 0-5")
 
 
 def allowed_by_env(env: dict[str, str] | None) -> tuple[set[str], set[str]]:
@@ -105,10 +138,10 @@ def allowed_by_env(env: dict[str, str] | None) -> tuple[set[str], set[str]]:
         algos = _env_list(env["NCCL_ALGO"], tuple(a.value for a in _NCCL_ALGOS), "NCCL_ALGO")
     if "NCCL_PROTO" in env:
         protos = _env_list(env["NCCL_PROTO"], tuple(p.value for p in Protocol), "NCCL_PROTO")
-    if _int_env(env.get("NCCL_NVLS_ENABLE"), 2) == 0:  # NCCL: 0, "00", "false" alike turn NVLS off
+    if _setting(env, "NCCL_NVLS_ENABLE") == 0:  # NCCL: 0, "00", "false" alike turn NVLS off
         algos -= {"nvls", "nvlstree"}
     # RCCL's MSCCL runs ahead of its tuner, whatever NCCL_ALGO and NCCL_PROTO say; its own
     # switch turns it off (msccl_lifecycle.cc: RCCL_MSCCL_ENABLE).
-    if _int_env(env.get("RCCL_MSCCL_ENABLE"), 1) != 0:
+    if _setting(env, "RCCL_MSCCL_ENABLE") != 0:
         algos.add(Algorithm.ALLPAIRS.value)
     return algos, protos

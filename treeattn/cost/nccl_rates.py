@@ -35,6 +35,7 @@ from treeattn.topology.nccl_version import NEWEST, Release, nccl_release
 
 __all__ = [
     "nccl_link_bw_gbps",
+    "pcie_nominal_gbps",
     "nic_bw",
     "fabric_bw",
     "p2p_link_gbps",
@@ -44,6 +45,9 @@ __all__ = [
     "pcie_path_type",
     "node_pairs",
     "shm_pair",
+    "shm_reason",
+    "SHM_NO_P2P",
+    "SHM_LEVEL",
     "shm_pair_gbps",
     "shm_rate_gbps",
     "shm_pairs",
@@ -92,6 +96,15 @@ def nccl_link_bw_gbps(link: Link, arch: str = "hopper") -> float:
             return link.bw_gbps * _PCIE_X16[link.generation] / _PCIE_DATASHEET_X16[link.generation]
         return link.bw_gbps * _PCIE_X16[4] / _PCIE_DATASHEET_X16[4]
     return link.bw_gbps
+
+
+def pcie_nominal_gbps(link: Link) -> float | None:
+    """A PCIe link's nominal (datasheet) rate a direction, GB/s, where its generation and width
+    are known (x16: 15.75/31.5/63/126 for Gen3/4/5/6; docs/hardware.md's PCIe rows): what no
+    transfer over it can beat. None for other links and where either is unknown."""
+    if link.kind is not LinkKind.PCIE or link.generation not in _PCIE_DATASHEET_X16 or not link.width:
+        return None
+    return _PCIE_DATASHEET_X16[link.generation] * link.width / 16
 
 
 def nic_bw(links: Iterable[Link]) -> float:
@@ -240,34 +253,49 @@ def _gpu_between(topo: Topology, a: str, b: str) -> bool:
     return bool(peers(a) & peers(b))
 
 
-def shm_pair(topo: Topology, a: int, b: int) -> bool:
-    """Whether rank ``a``'s transfers to rank ``b`` go through NCCL's shared-memory transport:
-    GPUs of one node whose path is longer than NCCL's P2P level (``p2p_level``), or, not
-    joined by a GPU fabric, one without peer-to-peer (routing bounces their copies through
-    the CPU). The path's type (``P2P_LEVELS``): NVL over the GPU fabric alone, NVB where
-    NVLink or xGMI joins them only through one other GPU (DGX-1's hybrid cube-mesh, where
-    routing takes PCIe; ``_gpu_between``), else the PCIe route's (``pcie_path_type``; NCCL diverts a path
-    beyond its level through the CPU, which such a route already crosses)."""
+SHM_NO_P2P = "no-p2p"
+"""``shm_reason``: a GPU without peer-to-peer at either end of a pair no GPU fabric joins."""
+SHM_LEVEL = "level"
+"""``shm_reason``: a path longer than NCCL's P2P level (``p2p_level``)."""
+
+
+def shm_reason(topo: Topology, a: int, b: int) -> str | None:
+    """Why rank ``a``'s transfers to rank ``b`` go through NCCL's shared-memory transport, or
+    None where they do not: ``SHM_LEVEL``, GPUs of one node whose path is longer than NCCL's
+    P2P level (``p2p_level``), or ``SHM_NO_P2P``, not joined by a GPU fabric, one without
+    peer-to-peer (routing bounces their copies through the CPU; checked before the level, so
+    such a pair has this reason whatever the level). The path's type (``P2P_LEVELS``): NVL
+    over the GPU fabric alone, NVB where NVLink or xGMI joins them only through one other GPU
+    (DGX-1's hybrid cube-mesh, where routing takes PCIe; ``_gpu_between``), else the PCIe
+    route's (``pcie_path_type``; NCCL diverts a path beyond its level through the CPU, which
+    such a route already crosses). A GPU fabric pair needs no peer access over PCIe: only
+    the level sends it through host memory."""
     da, db = topo.rank_device(a), topo.rank_device(b)
     if (a == b or da.kind is not DeviceKind.GPU or db.kind is not DeviceKind.GPU or da.node != db.node
             or da.node < 0):
-        return False
+        return None
     links = topo.links
     route = topo.route(a, b)
-    island = topo._index.island(da.name)
+    island = topo.fabric_island(da.name)
     if all(links[i].cls is LinkClass.GPU_FABRIC for i in route):
         kind = "NVL"
-    elif island >= 0 and island == topo._index.island(db.name) and _gpu_between(topo, da.name, db.name):
+    elif island >= 0 and island == topo.fabric_island(db.name) and _gpu_between(topo, da.name, db.name):
         kind = "NVB"
     elif not (da.p2p and db.p2p):
-        return True
+        return SHM_NO_P2P
     elif any(links[i].cls is not LinkClass.PCIE for i in route):
-        return False  # the network's transports
+        return None  # the network's transports
     else:
         kind = pcie_path_type(topo, a, b)
     if kind in ("NVL", "NVB") and topo.cost.p2p_level is None:
-        return False  # NCCL's defaults (PXB or SYS) reach past NVLink
-    return P2P_LEVELS.index(kind) > P2P_LEVELS.index(p2p_level(topo, da.node))
+        return None  # NCCL's defaults (PXB or SYS) reach past NVLink
+    return SHM_LEVEL if P2P_LEVELS.index(kind) > P2P_LEVELS.index(p2p_level(topo, da.node)) else None
+
+
+def shm_pair(topo: Topology, a: int, b: int) -> bool:
+    """Whether rank ``a``'s transfers to rank ``b`` go through NCCL's shared-memory transport
+    (``shm_reason`` gives one)."""
+    return shm_reason(topo, a, b) is not None
 
 
 def shm_pair_gbps(topo: Topology, a: int, b: int) -> float:

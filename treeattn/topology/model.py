@@ -22,6 +22,9 @@ from treeattn.topology.nccl_version import NEWEST, nccl_release
 
 __all__ = [
     "P2P_LEVELS",
+    "P2P_LEVEL_ALIASES",
+    "p2p_level_name",
+    "p2p_level_names",
     "CALIBRATED_BY",
     "MAX_RANKS",
     "MAX_DEVICES",
@@ -363,6 +366,29 @@ at most one PCIe switch, PXB through several, PHB through a CPU's host bridge (n
 NODE too), SYS across CPU sockets; C2C, P2C and PXN (Grace and NIC paths) are accepted as
 levels. The values of ``CostParams.p2p_level`` (``treeattn.cost.nccl_rates.p2p_level``)."""
 
+P2P_LEVEL_ALIASES = {"XGMI": "NVL"}
+"""Other names of ``P2P_LEVELS`` that ``NCCL_P2P_LEVEL`` takes: RCCL names path type 1 ``XGMI``
+where NCCL says ``NVL`` (``src/graph/topo.cc`` ``topoPathTypeStr``). ``p2p_level_name`` reads them."""
+
+
+def p2p_level_name(text: str) -> str | None:
+    """The level of ``P2P_LEVELS`` a name stands for, as NCCL and RCCL read ``NCCL_P2P_LEVEL``
+    (in capitals): one of ``P2P_LEVELS``, or an alias of one (``P2P_LEVEL_ALIASES``: XGMI is
+    NVL); None for any other text. The one place that knows the names: ``cost.p2p_level``
+    (``CostParams``, the YAML schema) and the environment (``treeattn.cost.nccl_env``) read
+    them through it."""
+    if not isinstance(text, str):
+        return None
+    if text in P2P_LEVELS:
+        return text
+    return P2P_LEVEL_ALIASES.get(text)
+
+
+def p2p_level_names() -> str:
+    """The names ``p2p_level_name`` reads, for messages: ``LOC, NVL, ..., SYS (XGMI for NVL)``."""
+    aliases = ", ".join(f"{a} for {b}" for a, b in P2P_LEVEL_ALIASES.items())
+    return f"{', '.join(P2P_LEVELS)} ({aliases})"
+
 
 @dataclass(frozen=True, slots=True)
 class CostParams:
@@ -431,8 +457,11 @@ class CostParams:
             raise TopologyError(f"cost.attn_efficiency must be in (0, 1], got {self.attn_efficiency}")
         if self.link_rates not in ("datasheet", "measured"):
             raise TopologyError(f"cost.link_rates must be 'datasheet' or 'measured', got {self.link_rates!r}")
-        if self.p2p_level is not None and self.p2p_level not in P2P_LEVELS:
-            raise TopologyError(f"cost.p2p_level must be one of {', '.join(P2P_LEVELS)}, got {self.p2p_level!r}")
+        if self.p2p_level is not None:
+            level = p2p_level_name(self.p2p_level)
+            if level is None:
+                raise TopologyError(f"cost.p2p_level must be one of {p2p_level_names()}, got {self.p2p_level!r}")
+            object.__setattr__(self, "p2p_level", level)  # XGMI kept as NVL: one key, one YAML
         if self.nccl_version is not None:
             try:
                 nccl_release(self.nccl_version)
@@ -625,6 +654,13 @@ class Topology:
         for r in range(self.num_ranks):
             by_node.setdefault(self.rank_device(r).node, []).append(r)
         return tuple(tuple(by_node[n]) for n in sorted(by_node))
+
+    def fabric_island(self, name: str) -> int:
+        """The NVLink/xGMI island of device ``name``: an id shared by the devices that
+        GPU-fabric links join, directly or through NVSwitches; -1 for a device without such
+        links (each alone)."""
+        self.device(name)  # an unknown name is an error, not an island of its own
+        return self._index.island(name)
 
     def link_index(self, src: str, dst: str) -> int:
         """Index in ``links`` of the link ``src -> dst``."""

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from treeattn.errors import InputError, TopologyError
-from treeattn.topology.model import DeviceKind, LinkKind
+from treeattn.topology.model import P2P_LEVEL_ALIASES, P2P_LEVELS, DeviceKind, LinkKind
 from treeattn.topology.nccl_version import nccl_release, version_text
 
 __all__ = [
@@ -80,6 +80,11 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+_P2P_NAMES = (*P2P_LEVELS, *P2P_LEVEL_ALIASES)
+"""What ``cost.p2p_level`` takes: the names ``NCCL_P2P_LEVEL`` takes (``model.p2p_level_name``;
+``CostParams`` keeps an alias as its level)."""
+
+
 class CostSpec(_Spec):
     """Per-machine constants of the cost model (``treeattn calibrate`` replaces them)."""
 
@@ -120,9 +125,10 @@ class CostSpec(_Spec):
         None, gt=0, description="GB/s of bus bandwidth NCCL's shared-memory transport moves between GPUs without "
         "peer-to-peer on this host (default: treeattn.cost.nccl_rates.SHM_GBPS)."
     )
-    p2p_level: Literal["LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS"] | None = Field(
+    p2p_level: Literal[_P2P_NAMES] | None = Field(
         None, description="The farthest path over which NCCL connects GPUs peer-to-peer, as NCCL_P2P_LEVEL sets it "
-        "(LOC none, as NCCL_P2P_DISABLE=1; NVL one NVLink hop; PIX one PCIe switch, PXB several, PHB through a CPU, "
+        "(LOC none, as NCCL_P2P_DISABLE=1; NVL one NVLink hop, XGMI as RCCL names it; PIX one PCIe switch, PXB "
+        "several, PHB through a CPU, "
         "SYS across sockets); default NCCL's: PXB, SYS on AMD hosts of at most 2 GPUs. GPUs further apart talk "
         "through host memory (shm_gbps)."
     )
