@@ -167,6 +167,25 @@ def test_tuner_and_achieved_times_differ_only_where_nccl_overestimates():
     assert len(same) == 5 and all(same)
 
 
+def test_multi_nic_broadcast_and_reduce_are_picked_by_nccls_per_step_network_hop():
+    # tuning.cc ncclTopoTuneModel: a ring broadcast or reduce whose graph channels differ
+    # (one NIC each: sameChannels 0) is estimated at base + nsteps x hwLat[NET][RING][p], Simple
+    # taking the tree's network hop; what runs keeps the chain's own latency.
+    fab = nccl_fabric.fabric(h100(4))
+    assert fab.nics == 8
+    for coll in ("broadcast", "reduce"):
+        est = {e.protocol.value: e for e in nccl.predict(fab, coll, 1 << 27)}
+        for p, (proto, base, hop) in enumerate((("LL", 6.6, 2.7), ("LL128", 14.0, 4.0), ("Simple", 8.4, 14.0))):
+            bw = nccl._algbw_gbps(fab, nccl_tuning.Collective(coll), nccl_tuning.Algorithm.RING, p, 1 << 27)
+            assert est[proto].rank_us == pytest.approx(base + 32 * hop + (1 << 27) / (bw * 1e3))
+        # 128 MiB: LL128 (142 us + 457 us) ahead of Simple (456 us + 349 us), as NCCL's estimate has it
+        assert nccl.pick(fab, coll, 1 << 27).protocol.value == "LL128"
+        # 1 MiB: LL (93.0 + 51.4 us) ahead of LL128 (142 + 3.6 us)
+        assert nccl.pick(fab, coll, 1 << 20).protocol.value == "LL"
+    # one node: no NICs, the chain's hops as before
+    assert nccl_fabric.fabric(h100(1)).nics == 0
+
+
 def test_nvl72_is_one_nccl_node():
     from treeattn.topology.library import resolve
 

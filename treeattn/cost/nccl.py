@@ -14,6 +14,8 @@ Latency, per protocol (the base and per-hop figures: ``nccl_tuning``):
 * ring all-reduce: base + (2(R-1) - 2(Nn-1)) intra + 2(Nn-1) inter (R ranks, Nn nodes);
   ring all-gather / reduce-scatter: base + ((R-1) - (Nn-1)) intra + (Nn-1) inter;
   broadcast and reduce, a pipelined chain through all ranks: base + (R-Nn) intra + (Nn-1) inter;
+  NCCL's estimate of them (which picks) across nodes with two or more NICs a node, where its
+  ring graph's channels differ: base + R network hops (Simple: the tree's; ``_chain_net_hop_us``);
   tree all-reduce (reduce up, broadcast down): base + 2((R/Nn - 1) intra + floor(log2 Nn) inter).
   Tree is offered for all-reduce only, as in NCCL. The intra hop is NVLink when the ranks'
   GPUs have a GPU fabric (NVLink/xGMI), else PCIe.
@@ -153,6 +155,21 @@ def _hop_us(fab: NcclFabric, algo: Algorithm, p: int) -> tuple[float, float]:
     return intra, max(net, fab.inter_route_us)
 
 
+def _chain_net_hop_us(p: int) -> float:
+    """The hop NCCL's estimate charges each of a multi-node broadcast's or reduce's ring steps
+    (tuning.cc ncclTopoTuneModel, v2.19-2.30: ``nsteps * hwLat[NET][RING][p]``, Simple taking
+    the tree's network figure, "waiting for proper chunk modeling"; no route latency and no
+    ``latencyInter``, which NCCL adds to its other network hops only). NCCL charges this when
+    the ring graph's channels differ (``graphs[RING]->sameChannels == 0``), which its search
+    (search.cc ncclTopoCompute: a first pass retried with ``sameChannels = 0`` when rings
+    replaying one order fall short of the system's bandwidth) leaves where each channel
+    enters a node by its own NIC (``NcclFabric.nics`` >= 2; multi-NIC logs print
+    ``sameChannels 0``: NVIDIA/nccl issues 601 and 1189). With the same channels NCCL charges
+    one hop: not modelled."""
+    algo = Algorithm.TREE if _PROTOS[p] is Protocol.SIMPLE else Algorithm.RING
+    return _HOP["net"][algo][p]
+
+
 def _latency_us(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int, tuner: bool = True) -> float:
     """Latency of one algorithm x protocol: NCCL's tuner's (``tuner``), or what runs, which
     leaves out the per-step network post overhead NCCL adds to multi-node rings."""
@@ -161,6 +178,9 @@ def _latency_us(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int
     base = _BASE[algo][p]
     if algo is Algorithm.TREE:
         return base + 2 * ((r // nn - 1) * intra + _log2i(nn) * inter)
+    if tuner and nn > 1 and fab.nics > 1 and collective in (Collective.BROADCAST, Collective.REDUCE):
+        # NCCL's estimate of a multi-node broadcast or reduce whose ring channels differ.
+        return base + _nsteps(collective, r) * _chain_net_hop_us(p)
     if tuner and nn > 1 and collective not in (Collective.BROADCAST, Collective.REDUCE):
         # A multi-node ring still posts every step to the network proxy (getNetOverhead).
         intra = max(intra, _NET_OVERHEAD_US[fab.cpu] * (3 if _PROTOS[p] is Protocol.SIMPLE else 1))

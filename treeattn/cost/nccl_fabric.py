@@ -105,6 +105,10 @@ class NcclFabric:
     graph_channels: int = 0
     """Channels of NCCL's ring/tree graph (``nccl_channels.graph_channels``), which its
     per-channel caps multiply; 0: no caps."""
+    nics: int = 0
+    """NICs of a node NCCL's ring leaves it by (one channel each; several nodes only), 0 where
+    the ring does not leave a node by NICs: with two or more, each channel of the ring graph
+    enters the node by its own NIC, so the graph's channels differ (``sameChannels`` 0)."""
     nccl_release: Release = NEWEST
     """The NCCL release whose release-dependent figures apply (``treeattn.topology.nccl_version``;
     NVLS only); default: the newest the model follows."""
@@ -206,6 +210,7 @@ def fabric(topo: Topology) -> NcclFabric:
     inter = math.inf
     inter_route = 0.0
     n_nics, nic_gbps = 0, 0.0
+    fabric_peers = False
     if nodes > 1:
         ordered = [ranks for _, ranks in sorted(per_node.items())]
         flows: list[tuple[tuple[int, ...], float]] = []
@@ -217,6 +222,7 @@ def fabric(topo: Topology) -> NcclFabric:
                 # One NVLink domain across machines (GB200 NVL72): every GPU drives its own
                 # fabric links to the next machine, at NCCL's fabric figure.
                 chans = [(a, b, fabric_bw(out.get(devs[a].name, ()), arch)) for a, b in peers]
+                fabric_peers = True
             else:
                 # One channel per NIC: its first rank to the rank on the same NIC index next door.
                 first: dict[str, int] = {}
@@ -258,6 +264,7 @@ def fabric(topo: Topology) -> NcclFabric:
         allpairs_gbps=_allpairs_gbps(topo, arch) if rccl and nodes == 1 else 0.0,
         channels=channels,
         graph_channels=graph,
+        nics=n_nics if nodes > 1 and not fabric_peers else 0,
         ring_gbps=ring_gbps,
         cpu=cpu_vendor(topo),
         nvls_gbps=_nvls_gbps(topo, devs, per_node, out, arch),
