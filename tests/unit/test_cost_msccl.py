@@ -101,3 +101,24 @@ def test_rccls_switch_reads_as_an_integer(value, on):
     fab = nccl_fabric.fabric(resolve("mi300x"))
     got = nccl.pick(fab, "allreduce", 1 << 22, env={**env, "NCCL_PROTO": "LL"})
     assert (got.algorithm is nccl_tuning.Algorithm.ALLPAIRS) is on  # NCCL_PROTO does not reach MSCCL
+
+
+@pytest.mark.parametrize(("per_process", "release", "allpairs"), [
+    (1, (2, 20, 5), True),    # one process a rank: MSCCL in every release
+    (8, (2, 20, 5), False),   # -g 8 under RCCL 2.20.5 (ROCm 6.2): mscclCommCompatible refuses
+    (8, (2, 21, 5), True),    # RCCL 2.21 (ROCm 6.3): RCCL_MSCCL_ENABLE_SINGLE_PROCESS defaults to 1
+    (8, None, True),          # release unknown: the 2.21 rules this model follows
+])
+def test_before_rccl_2_21_msccl_needs_a_process_per_rank(per_process, release, allpairs):
+    fab = nccl_fabric.fabric(resolve("mi300x"))
+    got = nccl.pick(fab, "allreduce", 1 << 22, ranks_per_process=per_process, rccl_release=release)
+    assert (got.algorithm is nccl_tuning.Algorithm.ALLPAIRS) is allpairs
+    assert msccl.single_process_blocks(per_process, release) is not allpairs
+
+
+def test_rccl_issue_1562s_g8_rows_run_rccls_tuner_not_msccl():
+    from treeattn.validate import corpus, published
+    table = next(t for t in corpus.load_corpus() if t.name == "rccl-issue-1562/1node")
+    rows = {r.nbytes: r for r in published.predict_table(table)}
+    assert not any(r.how.startswith("allpairs") for r in rows.values())
+    assert rows[1 << 22].how == "ring/LL128"

@@ -11,7 +11,14 @@ then sends each peer the reduced share (two steps).
 
 Modelled here:
 
-* when it runs: a single node of 8 ranks, every pair joined by its own xGMI link (RCCL's
+* when it runs: before RCCL 2.21 only with every rank in a process of its own (RCCL 2.20.5,
+  tag rocm-6.2.2, ``msccl_lifecycle.cc`` ``mscclCommCompatible``: two ranks with the same host
+  and process hash make the communicator incompatible and ``mscclEnqueueCheck`` falls back to
+  RCCL's tuner; so ROCm 6.0-6.2), not under nccl-tests' ``-g G`` or ``-t T``; from 2.21 (tag
+  release-staging/rocm-rel-6.3, RCCL 2.21.5; commit 03a3ef3c "Enable single process mode by
+  default") ``RCCL_MSCCL_ENABLE_SINGLE_PROCESS`` defaults to 1 and lifts it (AMD's RCCL README
+  and usage tips still say the restriction is the default; the source says otherwise;
+  ``single_process_blocks``). A single node of 8 ranks, every pair joined by its own xGMI link (RCCL's
   ``rome_model_79``, the one that enables MSCCL; its multi-node MI300X models do not), with
   the call's element count a multiple of the file's chunks a loop. In 4-byte elements (as
   nccl-tests' ``float``; ``elem_bytes`` says otherwise): LL up to 64 KiB (``ll-32tb``, 256
@@ -48,7 +55,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ALLPAIRS_FILES", "ALLPAIRS_GPUS", "AllpairsFile", "SIMPLE_ACHIEVED", "allpairs_allreduce"]
+__all__ = ["ALLPAIRS_FILES", "ALLPAIRS_GPUS", "AllpairsFile", "SIMPLE_ACHIEVED", "SINGLE_PROCESS_FROM",
+           "allpairs_allreduce", "single_process_blocks"]
 
 ALLPAIRS_GPUS = 8
 """The GPU count RCCL's all-pairs algorithm files are written for."""
@@ -56,6 +64,10 @@ ALLPAIRS_GPUS = 8
 SIMPLE_ACHIEVED = 0.72
 """The share of NCCL's xGMI link rating the all-pairs Simple kernels move, fitted (see the
 module docstring): 34.5 / 48 GB/s."""
+
+SINGLE_PROCESS_FROM = (2, 21, 0)
+"""The first RCCL series that runs MSCCL where one process drives several ranks: 2.21 (ROCm 6.3,
+``RCCL_MSCCL_ENABLE_SINGLE_PROCESS`` default 1); 2.20.5 and older (ROCm 6.0-6.2) refuse it."""
 
 # tuning.cc: baseLat (LL, Simple) and tuning_model_5 hwLat[NVLINK][RING] (LL, Simple)
 _LATENCY_US = {"LL": 12.0 + 2 * 0.8, "Simple": 17.0 + 2 * 2.1}
@@ -81,6 +93,13 @@ ALLPAIRS_FILES = (AllpairsFile("LL", 0, 65536, 256), AllpairsFile("LL", 65537, 5
                   AllpairsFile("Simple", 524288, 16777216, 512))
 """allreduce-allpairs-8n-ll-32tb.xml, -ll-64tb.xml (each with its out-of-place -op twin) and
 -simple-op.xml (the in-place -simple.xml and -simple_2.xml cover 512 KiB-11 MiB and 14-16 MiB)."""
+
+
+def single_process_blocks(ranks_per_process: int, rccl_release: tuple[int, int, int] | None) -> bool:
+    """Whether RCCL ``rccl_release`` (None: unknown, taken as the 2.21 series this module follows)
+    keeps MSCCL off a communicator where one process drives ``ranks_per_process`` ranks
+    (nccl-tests' threads x GPUs a process): above 1 before ``SINGLE_PROCESS_FROM``."""
+    return ranks_per_process > 1 and rccl_release is not None and rccl_release < SINGLE_PROCESS_FROM
 
 
 def allpairs_allreduce(ranks: int, link_gbps: float, nbytes: int,

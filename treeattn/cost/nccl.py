@@ -70,7 +70,9 @@ Simple has NCCL's "plateau" latency, x1.4 (x1.9 on Volta) once each channel and 
 RCCL (AMD GPUs): one node of 8 GPUs with an xGMI link per pair runs an all-reduce through
 RCCL's MSCCL all-pairs algorithm wherever one of its algorithm files covers the size
 (``treeattn.cost.msccl``: 1 KiB to 16 MiB; ``Algorithm.ALLPAIRS``, picked ahead of the
-tuner's ring and tree, not restricted by ``NCCL_ALGO``; ``RCCL_MSCCL_ENABLE=0`` turns it off).
+tuner's ring and tree, not restricted by ``NCCL_ALGO``; ``RCCL_MSCCL_ENABLE=0`` turns it off);
+before RCCL 2.21 only where every rank has its own process (``pick``'s ``ranks_per_process``
+and ``rccl_release``; ``msccl.single_process_blocks``).
 
 GPUs without peer-to-peer (GeForce): what runs stays under the shared-memory transport's rate
 (``NcclFabric.shm_gbps``; ``treeattn.cost.nccl_rates``), which NCCL's estimate does not see.
@@ -353,7 +355,8 @@ def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: i
 
 
 def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
-         env: dict[str, str] | None = None, elem_bytes: int = 4) -> NcclEstimate:
+         env: dict[str, str] | None = None, elem_bytes: int = 4, ranks_per_process: int = 1,
+         rccl_release: Release | None = None) -> NcclEstimate:
     """NCCL's choice: the estimate NCCL's own model times fastest (ties keep NCCL's search order);
     on RCCL, its MSCCL all-pairs algorithm wherever that runs (``treeattn.cost.msccl``).
 
@@ -363,6 +366,11 @@ def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
         nbytes: size as nccl-tests counts it.
         env: NCCL environment variables that restrict the choice (``allowed_by_env``).
         elem_bytes: the element's size (see ``predict``).
+        ranks_per_process: the communicator's ranks one process drives (nccl-tests' threads
+            x GPUs a process).
+        rccl_release: the RCCL release (None: unknown, the one ``treeattn.cost.msccl`` follows);
+            before 2.21 MSCCL does not run where a process drives several ranks
+            (``msccl.single_process_blocks``).
 
     Returns:
         The fastest NcclEstimate NCCL may use.
@@ -371,6 +379,8 @@ def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
         InputError: the environment leaves no algorithm and protocol for this collective.
     """
     algos, protos = allowed_by_env(env)
+    if msccl.single_process_blocks(ranks_per_process, rccl_release):
+        algos.discard(Algorithm.ALLPAIRS.value)
     best: NcclEstimate | None = None
     for est in predict(topo, collective, nbytes, elem_bytes):
         if est.algorithm is Algorithm.ALLPAIRS and est.algorithm.value in algos:
