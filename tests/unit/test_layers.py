@@ -85,9 +85,9 @@ def test_importing_leaves_torch_out(modules: list[str]) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
 
 
-_INDEX_READERS = {"cost/nccl_fabric.py", "cost/nccl_p2p.py"}
-"""Modules outside the topology package that still read ``Topology._index`` (islands, and
-the index as a cache key): known, left to their owners; no other may start."""
+_INDEX_READERS = {"cost/nccl_p2p.py"}
+"""Modules outside the topology package that still read ``Topology._index`` (the index as a
+cache key): known; no other may start."""
 
 
 def test_only_the_topology_package_reads_a_topologys_private_index() -> None:

@@ -297,8 +297,7 @@ def _allpairs_gbps(topo: Topology, arch: str) -> float:
 def _nccl_nodes(topo: Topology, devs: list) -> dict[tuple[int, int], list[int]]:
     """Ranks by node as NCCL counts nodes: machines, except that one NVLink domain spanning
     machines (GB200 NVL72 with NCCL's multi-node NVLink) is one node."""
-    idx = topo._index
-    isl = [idx.island(d.name) for d in devs]
+    isl = [topo.fabric_island(d.name) for d in devs]
     machines: dict[int, set[int]] = {}
     for i, d in zip(isl, devs, strict=True):
         if i >= 0:
@@ -314,11 +313,11 @@ def _nvls_gbps(topo: Topology, devs: list, per_node: dict, out: dict[str, list[L
     """A GPU's NVLink figure when every node's ranks (two or more) share an NVSwitch fabric."""
     if arch not in ("hopper", "blackwell"):
         return 0.0
-    idx = topo._index
-    switched = {idx.island(d.name) for d in topo.devices if d.kind is DeviceKind.NVSWITCH} - {-1}
+    island = topo.fabric_island
+    switched = {island(d.name) for d in topo.devices if d.kind is DeviceKind.NVSWITCH} - {-1}
     for ranks in per_node.values():
-        if len(ranks) < 2 or len({idx.island(devs[r].name) for r in ranks} - switched) or \
-                len({idx.island(devs[r].name) for r in ranks}) != 1:
+        if len(ranks) < 2 or len({island(devs[r].name) for r in ranks} - switched) or \
+                len({island(devs[r].name) for r in ranks}) != 1:
             return 0.0
     return min(fabric_bw(out.get(devs[r].name, ()), arch) for r in range(len(devs)))
 
@@ -354,8 +353,7 @@ class _Routes:
 
     def one_fabric(self, ranks: list[int]) -> bool:
         """Whether these ranks are GPUs of one NVLink/xGMI island."""
-        idx = self.topo._index
-        isl = {idx.island(self.topo.ranks[r]) for r in ranks}
+        isl = {self.topo.fabric_island(self.topo.ranks[r]) for r in ranks}
         return len(isl) == 1 and -1 not in isl and all(
             self.topo.rank_device(r).kind is DeviceKind.GPU for r in ranks)
 
