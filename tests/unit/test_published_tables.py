@@ -234,6 +234,34 @@ def test_the_work_struct_figure_is_the_median_on_superbench():
     assert round(statistics.median(per_channel), 2) == GROUP_WORK_STRUCT_US
 
 
+def test_an_old_nccls_grouped_sends_launch_on_the_channels_its_group_end_gives_them():
+    """NCCL 2.8-2.11's ncclGroupEnd (group.cc) puts an all-to-all's parts to the peer at delta d on
+    channel d + the bit-mirrored part index; setupLaunch runs every channel up to the highest:
+    8 A100s (24 collective channels, 32 point-to-point, 32 a peer) run 4 B-4 MiB on channels 0-7,
+    8 MiB (two 512 KiB parts a peer) up to 16 + 7, 16 MiB on all 32. Newer releases: not known."""
+    from treeattn.cost.nccl_p2p import grouped_call_channels
+    from treeattn.topology.library import resolve
+    from treeattn.validate.corpus import corpus_dir
+    from treeattn.validate.published import group_launch_us, predict_table
+
+    topo, old = resolve("dgx-a100"), (2, 10, 999)
+    got = {n: grouped_call_channels(topo, "alltoall", n, old) for n in (32, 2 << 20, 4 << 20, 8 << 20, 16 << 20)}
+    assert got == {32: 8, 2 << 20: 8, 4 << 20: 8, 8 << 20: 24, 16 << 20: 32}
+    # sendrecv: delta 1 only (channel 1, a no-op on channel 0), 512 KiB parts from 1 MiB.
+    assert grouped_call_channels(topo, "sendrecv", 32, old) == 2
+    assert grouped_call_channels(topo, "sendrecv", 2 << 20, old) == 1 + 1 + 24
+    assert grouped_call_channels(topo, "alltoall", 32, (2, 12, 12)) is None
+    assert grouped_call_channels(topo, "alltoall", 32, None) is None
+    assert grouped_call_channels(topo, "alltoall", 32, (2, 7, 8)) is None
+    # superbench-a100-ndv4's alltoall (NCCL < 2.11, -g 8): 85 us at 32 B; the launches on 8
+    # channels with each one's work written apart (GROUP_WORK_STRUCT_US), not on one.
+    (table,) = [t for t in load_corpus([corpus_dir() / "superbench-a100-ndv4.yaml"]) if t.collective == "alltoall"]
+    row = predict_table(table)[0]
+    assert row.nbytes == 32 and row.how == "p2p+launches"
+    assert row.predicted_us == pytest.approx(group_launch_us(8, 8, table.nccl_bound))
+    assert 46.0 < row.predicted_us < 47.0 and row.published_us > 85.0
+
+
 @pytest.mark.parametrize("collective, rows", [
     ("broadcast", ["           8             2     float    none       0    12.08    0.00    0.00       0     9.94"
                    "    0.00    0.00       0",

@@ -57,9 +57,10 @@ from treeattn.cost import nccl_fabric, nccl_rates, nccl_tuning
 from treeattn.cost.nccl_channels import P2P_NET_CHANNEL_GBPS, P2P_NVL_CHUNK, comm_channels, p2p_channels
 from treeattn.errors import InputError
 from treeattn.topology.model import DeviceKind, LinkClass, LinkKind, Topology
-from treeattn.topology.nccl_version import NEWEST, OLDEST, by_release, nccl_release
+from treeattn.topology.nccl_version import NEWEST, OLDEST, Release, by_release, nccl_release
 
-__all__ = ["PAIR", "WORLD", "PeerChannels", "applies", "peer_channels", "p2p_message_gbps", "router"]
+__all__ = ["PAIR", "WORLD", "PeerChannels", "applies", "grouped_call_channels", "peer_channels", "p2p_message_gbps",
+           "router"]
 
 PAIR = "pair"
 """Every pair of ranks that exchanges messages has a communicator of its own (treeattn's executor)."""
@@ -70,6 +71,15 @@ _PXN_C2C = ((OLDEST, False), ((2, 28, 3), True))
 """(first release, whether PXN may reach a NIC through the GPU's own CPU over NVLink-C2C)."""
 _PCI_CHUNK = 1 << 17
 _NET_CHUNK = 1 << 17
+_GROUP_END_P2P = ((2, 8, 0), (2, 12, 0))
+"""[first, end) of the releases whose ncclGroupEnd cuts a group's sends into channels itself
+(group.cc, the ``delta`` loop of tags v2.8.4-1, v2.9.9-1, v2.10.3-1 and v2.11.4-1; 2.7 cuts them
+otherwise, and 2.12's loop runs over nodes, shuffling a node's peers over the channels)."""
+_OLD_MAXCHANNELS = 32
+"""MAXCHANNELS (devcomm.h) and so NCCL_MAX_P2P_NCHANNELS' default in those releases."""
+_OLD_P2P_STEP = (1 << 22) // 8
+"""A point-to-point step there: DEFAULT_BUFFSIZE (init.cc, 4 MiB) over NCCL_STEPS (8); a part is
+cut between one step and SENDRECV_SLICEFACTOR (4) of them (group.cc getP2pChunkSize)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,3 +351,65 @@ _VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 @functools.lru_cache(maxsize=256)
 def _comm(arch: str, nodes: int, path: float, gpu: float, nics: int, nic: float) -> int:
     return comm_channels(arch, nodes, path, gpu, nics, nic)[0]
+
+
+def grouped_call_channels(topo: Topology, collective: str, nbytes: int, release: Release | None) -> int | None:
+    """The channels a rank's kernel runs nccl-tests' ``sendrecv`` or ``alltoall`` of ``nbytes``
+    (its size) on under NCCL 2.8-2.11 (``_GROUP_END_P2P``), one communicator of every rank of
+    ``topo``; None under any other release (or none given).
+
+    Those releases' ncclGroupEnd (group.cc) gives the sends to and receives from the peer at
+    ``delta`` (rank + delta, rank - delta) parts of ``getP2pChunkSize`` bytes, part ``c`` on
+    channel ``(delta + p2pChannels[c % p2pnChannelsPerPeer]) % p2pnChannels`` (paths.cc
+    ncclTopoComputeP2pChannels: p2pnChannels the communicator's channels up to MAXCHANNELS,
+    p2pnChannelsPerPeer the fewest ncclTopoGetNchannels gives a peer, both rounded up to a power
+    of two; p2pChannels the channel indices bit-mirrored), and enqueue.cc setupLaunch launches
+    every channel up to the highest with work, writing a no-op work on the empty ones below it.
+    An all-to-all of 8 ranks up to 4 MiB (512 KiB a peer, one part) runs on channels 0-7.
+    """
+    lo, hi = _GROUP_END_P2P
+    if release is None or not lo <= release < hi or collective not in ("sendrecv", "alltoall"):
+        return None
+    view = _view(topo)
+    if view is None:
+        return None
+    n = topo.num_ranks
+    comm = min(nccl_fabric.fabric(view.topo).channels or 1, _OLD_MAXCHANNELS)
+    # ncclTopoGetNchannels: 2 a NVLink of the path to a local peer, 2 to another local one, 1
+    # to one across nodes; the fewest over every pair.
+    fewest = min((view.per_peer(a, b) if view.same_node(a, b) else 1)
+                 for a in range(n) for b in range(n) if a != b)
+    per_peer = _pow2_up(min(comm, fewest))
+    channels = _pow2_up(comm)
+    n_min = n_max = per_peer
+    while n_min * n > channels and n_min > 1:
+        n_min //= 2
+    while n_max * n > channels * 4 and n_max > 1:
+        n_max //= 2
+    peer_bytes, deltas = (nbytes, (1,)) if collective == "sendrecv" else (nbytes // n, tuple(range(n)))
+    size = max(_OLD_P2P_STEP, -(-peer_bytes // n_min))
+    k = n_min
+    while size > 4 * _OLD_P2P_STEP and k <= n_max // 2:
+        k *= 2
+        size = -(-peer_bytes // k)
+    size = -(-size // _OLD_P2P_STEP) * _OLD_P2P_STEP
+    parts = max(1, -(-peer_bytes // size))
+    mirror = [_mirror(c, channels) for c in range(per_peer)]
+    return 1 + max((d + mirror[c % per_peer]) % channels for d in deltas for c in range(parts))
+
+
+def _pow2_up(v: int) -> int:
+    out = 1
+    while out < v:
+        out <<= 1
+    return out
+
+
+def _mirror(c: int, channels: int) -> int:
+    """paths.cc ncclTopoComputeP2pChannels: ``c``'s bits mirrored in ``channels`` (a power of two)."""
+    out, b, mb = 0, 1, channels >> 1
+    while b < channels:
+        if c & b:
+            out |= mb
+        b, mb = b << 1, mb >> 1
+    return out

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from treeattn.cost import nccl, nccl_env, nccl_fabric, nccl_rates
+from treeattn.cost import nccl, nccl_env, nccl_fabric, nccl_p2p, nccl_rates
 from treeattn.cost.library import alltoall_us, last_landing_us
 from treeattn.errors import InputError, TopologyError
 from treeattn.plan.ir import Plan, TopologyRef
@@ -263,6 +263,7 @@ def predict_table(t: PublishedTable, cache: _Topologies | None = None,
         channels = None
         if point_to_point:
             pred, how = p2p_time_us(topo, t.collective, nbytes), "p2p"
+            channels = nccl_p2p.grouped_call_channels(topo, t.collective, nbytes, t.nccl_bound)
         else:
             fab = cache.fabric(t)
             est = nccl.pick(fab, _NCCL_NAMES[t.collective], nbytes, env=t.env,
