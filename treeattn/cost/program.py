@@ -37,8 +37,8 @@ from treeattn.plan.ir import (
     contiguous_runs,
     lse_copied,
     message_bytes,
-    stacked_exchanges,
-    wire_converted,
+    stacked_of,
+    step_transfers,
 )
 from treeattn.plan.steps import NEVER_BREAK, order_problem, step_problem
 
@@ -168,11 +168,24 @@ def _compile(plan: Plan, p: int, cm: ComputeModel) -> Program:
     size_cache: dict[tuple, int] = {}
     acc_row = plan.workload.acc_row_bytes
 
+    ranges: dict[int | None, tuple[int, int]] = {}
+
+    def chunk_range(chunk: int | None) -> tuple[int, int]:
+        # a plan's chunks are few and asked for again and again (every merge, every step)
+        hit = ranges.get(chunk)
+        if hit is None:
+            hit = ranges[chunk] = plan.chunk_range(chunk)
+        return hit
+
     def acc_bytes(chunk: int | None) -> int:
-        start, stop = plan.chunk_range(chunk)
+        start, stop = chunk_range(chunk)
         return (stop - start) * acc_row
 
-    codes = _KIND_CODE
+    codes, never = _KIND_CODE, NEVER_BREAK
+    merge_bytes, partial_bytes = cm.merge_bytes, cm.partial_bytes
+    # bound once: this loop runs for every op of every candidate the search reads
+    kind_add, peer_add, nbytes_add, chunk_add, block_add = (
+        kind.append, peer.append, nbytes.append, chunk_of.append, block_of.append)
     for r, prog in enumerate(plan.programs):
         base = len(kind)
         offset.append(base)
@@ -188,8 +201,10 @@ def _compile(plan: Plan, p: int, cm: ComputeModel) -> Program:
         odd = False  # the step holds an op outside NEVER_BREAK: its rules are checked
         for i, op in enumerate(prog):
             gid = base + i
-            code = codes[op.kind]
+            okind = op.kind
+            code = codes[okind]
             st = op.step
+            chunk, block = op.chunk, op.block
             if st != prev:
                 if prev is not None:
                     if st < prev:
@@ -205,46 +220,48 @@ def _compile(plan: Plan, p: int, cm: ComputeModel) -> Program:
                 targets = set()
                 copies = 0
                 prev = st
-                odd = op.kind not in NEVER_BREAK
-            elif op.kind not in NEVER_BREAK:
+                odd = okind not in never
+            elif not odd and okind not in never:
                 odd = True
             if code == _COMPUTE:
                 if rcomp[-1] < 0:
                     rcomp[-1] = gid
-                blk = r if op.block is None else op.block
+                blk = r if block is None else block
                 if not 0 <= blk < p:
                     raise PlanInvalidError(f"rank {r} op {i}: KV block {blk} out of range 0-{p - 1}")
-                b = cm.partial_bytes(blk)
+                b = partial_bytes(blk)
                 q = -1
             else:
                 q = op.peer if op.peer is not None else -1
                 if code != _COLL and not 0 <= q < p:
                     raise PlanInvalidError(f"rank {r} op {i}: peer {op.peer} out of range 0-{p - 1}")
-                key = (code == _COLL, op.chunk, op.block, op.part)
+                key = (code == _COLL, chunk, block, op.part)
                 b = size_cache.get(key)
                 if b is None:
                     b = size_cache[key] = message_bytes(plan, op)
                 if code == _RECV_MERGE:
-                    new_target = op.chunk not in targets
-                    rmerge[-1] += cm.merge_bytes(r, b, acc_bytes(op.chunk) if new_target else 0)
-                    targets.add(op.chunk)
-                elif code == _RECV_COPY and op.block is None:
+                    if chunk in targets:
+                        rmerge[-1] += merge_bytes(r, b, 0)
+                    else:
+                        rmerge[-1] += merge_bytes(r, b, acc_bytes(chunk))
+                        targets.add(chunk)
+                elif code == _RECV_COPY and block is None:
                     rmerge[-1] += 2 * b
                     copies += 1
-            kind.append(code)
-            peer.append(q)
-            nbytes.append(b)
-            rank_of.append(r)
-            chunk_of.append(-1 if op.chunk is None else op.chunk)
-            block_of.append(-1 if op.block is None else op.block)
-            flat.append(op)
+            kind_add(code)
+            peer_add(q)
+            nbytes_add(b)
+            chunk_add(-1 if chunk is None else chunk)
+            block_add(-1 if block is None else block)
+        rank_of.extend([r] * len(prog))
+        flat.extend(prog)
         if prev is not None:
             if odd and base + len(prog) - lo > 1:
                 _check_step(prog, r, lo - base, len(prog))
             rsteps.append((lo, base + len(prog)))
         rkern.append(len(targets) * per_merge + copies * per_copy)
         rkern = rkern[1:]
-        _charge_conversions(plan, prog, rsteps, base, rmerge, rkern, cm.fuses(r), acc_bytes)
+        _charge_conversions(plan, prog, rsteps, base, rmerge, rkern, cm.fuses(r), chunk_range)
         steps.append(rsteps)
         step_no.append(rno)
         merge_b.append(rmerge)
@@ -260,18 +277,28 @@ def wire_conversions(plan: Plan, ops: list[Op]) -> tuple[int, int]:
     (``stacked_exchanges``; one kernel, two on a narrow wire), and the chunks it sends on a
     narrow wire, two kernels per contiguous run of rows (``wire_converted``). A conversion
     reads the fp32 accumulator's rows and writes their wire form."""
+    sent, merged, computes = step_transfers(ops)
+    stacked = set() if computes else stacked_of(plan.is_raw, sent, merged)
     w = plan.workload
-    acc_row = w.acc_row_bytes
-    per_kernel = 2 if plan.narrow_wire else 1
-    exchanged = stacked_exchanges(plan, ops)
+    return _conversions(sent, stacked, plan.chunk_range, w.acc_row_bytes + w.row_bytes, plan.narrow_wire)
+
+
+def _conversions(sent: dict, stacked: set[int | None], chunk_range: Callable[[int | None], tuple[int, int]],
+                 per_row: int, narrow: bool) -> tuple[int, int]:
+    """``wire_conversions`` of a step from its ``step_transfers`` (``sent``) and
+    ``stacked_exchanges`` (``stacked``), a row's bytes read and written (``per_row``) and
+    whether the wire is narrow: the chunks it sends converted to a narrow wire
+    (``wire_converted``) are those of ``sent`` not stacked."""
+    per_kernel = 2 if narrow else 1
     moved = kernels = 0
-    for c in exchanged:
-        start, stop = plan.chunk_range(c)
-        moved += (stop - start) * (acc_row + w.row_bytes)
+    for c in stacked:
+        start, stop = chunk_range(c)
+        moved += (stop - start) * per_row
         kernels += per_kernel
-    for start, stop in contiguous_runs(plan.chunk_range(c) for c in wire_converted(plan, ops, exchanged)):
-        moved += (stop - start) * (acc_row + w.row_bytes)
-        kernels += 2
+    if narrow:
+        for start, stop in contiguous_runs(chunk_range(c) for c in sent if c not in stacked):
+            moved += (stop - start) * per_row
+            kernels += 2
     return moved, kernels
 
 
@@ -289,20 +316,28 @@ def end_rounding(plan: Plan) -> tuple[int, int]:
 
 def _charge_conversions(plan: Plan, prog: list[Op], rsteps: list[tuple[int, int]], base: int,
                         rmerge: list[int], rkern: list[int], fused: bool,
-                        acc_bytes: Callable[[int | None], int]) -> None:
+                        chunk_range: Callable[[int | None], tuple[int, int]]) -> None:
     """Add a rank's conversions and end rounding to its steps' local work, and on a GPU
     (``fused``) take off what an exchanged chunk's merge does not read (module docstring)."""
     if not rsteps:
         return
+    w = plan.workload
+    # what an exchanged chunk's own SEND moves (``message_bytes``: its rows as packed
+    # partials) less the accumulator's rows its merge does not read, per row
+    slot_less_acc = w.row_bytes - w.acc_row_bytes
+    per_row, narrow, raw = w.acc_row_bytes + w.row_bytes, plan.narrow_wire, plan.is_raw
     for c, (lo, hi) in enumerate(rsteps):
-        ops = prog[lo - base:hi - base]
-        if not any(op.kind is OpKind.SEND and op.block is None for op in ops):
+        # one pass over the step (``step_transfers``) gives what ``stacked_exchanges`` and
+        # ``wire_conversions`` read: this runs for every step of every candidate plan
+        sent, merged, computes = step_transfers(prog[lo - base:hi - base])
+        if not sent:  # no SEND of the accumulator
             continue
+        stacked = set() if computes else stacked_of(raw, sent, merged)
         if fused:
-            own = {op.chunk: op for op in ops if op.kind is OpKind.SEND and op.block is None}
-            for chunk in stacked_exchanges(plan, ops):
-                rmerge[c] += message_bytes(plan, own[chunk]) - acc_bytes(chunk)
-        moved, kernels = wire_conversions(plan, ops)
+            for chunk in stacked:
+                start, stop = chunk_range(chunk)
+                rmerge[c] += (stop - start) * slot_less_acc
+        moved, kernels = _conversions(sent, stacked, chunk_range, per_row, narrow)
         at = max(c - 1, 0)
         rmerge[at] += moved
         rkern[at] += kernels

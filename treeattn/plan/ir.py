@@ -91,7 +91,10 @@ __all__ = [
     "widened",
     "collective_row_bytes",
     "exchanged_chunks",
+    "exchanged_of",
     "stacked_exchanges",
+    "stacked_of",
+    "step_transfers",
     "contiguous_runs",
     "collective_kernels",
     "lse_copied",
@@ -629,16 +632,35 @@ def exchanged_chunks(ops: Iterable[Op]) -> set[int | None]:
     of an exchange each merge the same partials (direct, butterfly), so the executor merges
     them in rank order from a stack holding its own as sent, and every rank ends with the same
     bits; the stack's own slot is a message more in memory (``cost.memory``)."""
-    ops = list(ops)
-    if any(op.kind is OpKind.COMPUTE for op in ops):
-        return set()
+    sent, merged, computes = step_transfers(ops)
+    return set() if computes else exchanged_of(sent, merged)
+
+
+def step_transfers(ops: Iterable[Op]) -> tuple[dict[int | None, list[int | None]],
+                                                dict[int | None, list[int | None]], bool]:
+    """One rank's step read in one pass: per chunk, the peers it SENDs the accumulator of
+    the chunk to and the peers it RECV_MERGEs it from (chunks in order of first appearance),
+    and whether the step COMPUTEs (``exchanged_chunks``; ``cost.program`` reads every step
+    of every candidate plan so)."""
     sent: dict[int | None, list[int | None]] = {}
     merged: dict[int | None, list[int | None]] = {}
+    computes = False
+    send, merge, compute = OpKind.SEND, OpKind.RECV_MERGE, OpKind.COMPUTE
     for op in ops:
-        if op.kind is OpKind.SEND and op.block is None:
-            sent.setdefault(op.chunk, []).append(op.peer)
-        elif op.kind is OpKind.RECV_MERGE:
+        kind = op.kind
+        if kind is send:
+            if op.block is None:
+                sent.setdefault(op.chunk, []).append(op.peer)
+        elif kind is merge:
             merged.setdefault(op.chunk, []).append(op.peer)
+        elif kind is compute:
+            computes = True
+    return sent, merged, computes
+
+
+def exchanged_of(sent: dict[int | None, list[int | None]],
+                 merged: dict[int | None, list[int | None]]) -> set[int | None]:
+    """``exchanged_chunks`` of a step that does not COMPUTE, from its ``step_transfers``."""
     return {c for c, peers in merged.items()
             if len(set(peers)) == len(peers) and sorted(peers) == sorted(sent.get(c, []))}
 
@@ -648,12 +670,18 @@ def stacked_exchanges(plan: Plan, ops: Iterable[Op]) -> set[int | None]:
     its own slot: every one of a plan of partials; of a raw payload, those it gets from two
     peers or more. A raw sum of two, the accumulator and one part, gives the same bits either
     way round (IEEE addition commutes), so a butterfly's partners agree without the copy."""
-    ops = list(ops)
-    exchanged = exchanged_chunks(ops)
-    if not plan.is_raw or not exchanged:
+    sent, merged, computes = step_transfers(ops)
+    return set() if computes else stacked_of(plan.is_raw, sent, merged)
+
+
+def stacked_of(raw: bool, sent: dict[int | None, list[int | None]],
+               merged: dict[int | None, list[int | None]]) -> set[int | None]:
+    """``stacked_exchanges`` of a step that does not COMPUTE, from its ``step_transfers``:
+    of a raw payload (``raw``), the exchanged chunks it merges from two peers or more."""
+    exchanged = exchanged_of(sent, merged)
+    if not raw or not exchanged:
         return exchanged
-    received = [op.chunk for op in ops if op.kind is OpKind.RECV_MERGE]
-    return {c for c in exchanged if received.count(c) >= 2}
+    return {c for c in exchanged if len(merged[c]) >= 2}
 
 
 def message_bytes(plan: Plan, op: Op) -> int:

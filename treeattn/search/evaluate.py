@@ -98,6 +98,8 @@ class Evaluator:
         self._on_eval = on_eval
         self._cm = ComputeModel.of(payload, topo)
         self._pair: dict[int, tuple[float, float]] = {}
+        self._pair_arrays = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))
+        """``_pair``'s keys sorted, with their latencies and rates (``_pair_costs``)."""
         self._floors: dict[tuple[str, int], float] = {}
         self._compute: dict[tuple[int, int | None, bool], float] = {}
         self._min_c: float | None = None
@@ -145,10 +147,23 @@ class Evaluator:
         """``_pair_cost`` of many rank pairs: (latencies, bytes per microsecond)."""
         p = self.topo.num_ranks
         keys, inverse = np.unique(src * p + dst, return_inverse=True)
-        costs = [self._pair_cost(k // p, k % p) for k in keys.tolist()]
-        lat = np.array([c[0] for c in costs], dtype=np.float64)
-        bw = np.array([c[1] for c in costs], dtype=np.float64)
-        return lat[inverse], bw[inverse]
+        # The pairs costed so far, as sorted arrays beside ``_pair``: a search's candidates
+        # send over mostly the same pairs, so most are looked up here at once.
+        known, known_lat, known_bw = self._pair_arrays
+        at = np.searchsorted(known, keys)
+        hit = at < len(known)
+        hit[hit] = known[at[hit]] == keys[hit]
+        if not hit.all():
+            new = keys[~hit]
+            costs = [self._pair_cost(k // p, k % p) for k in new.tolist()]
+            merged = np.concatenate([known, new])
+            order = np.argsort(merged, kind="stable")
+            known = merged[order]
+            known_lat = np.concatenate([known_lat, np.array([c[0] for c in costs], dtype=np.float64)])[order]
+            known_bw = np.concatenate([known_bw, np.array([c[1] for c in costs], dtype=np.float64)])[order]
+            self._pair_arrays = (known, known_lat, known_bw)
+            at = np.searchsorted(known, keys)
+        return known_lat[at][inverse], known_bw[at][inverse]
 
     def _floor_by_step(self, prog: Program, partner_list: list[int], nodes: _Nodes | None = None) -> float:
         """``floor_us`` of a plan whose transfers join steps of one number on both sides
