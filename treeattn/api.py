@@ -155,7 +155,8 @@ def simulate_plan(plan: Plan, topology: str | os.PathLike | Topology | None = No
         if topology is None:
             ref = plan.topology
             topo = resolve_recorded(ref.name, ref.fingerprint, ref.source,
-                                    None if ref.base is None else Path(ref.base, "plan"), ranks=plan.ranks)
+                                    None if ref.base is None else Path(ref.base, "plan"), ranks=plan.ranks,
+                                    option="topology=")
         else:
             topo = _topology(topology, "simulate_plan")
         return simulate(plan, topo, timeline=True, given_partials=given_partials)

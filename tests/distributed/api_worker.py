@@ -83,7 +83,7 @@ def run_worker(rank: int, p: int, port: int, out_dir: str, task: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=p, timeout=datetime.timedelta(seconds=60))
     results = []
     try:
-        for item in TASKS[task](rank, p):
+        for item in (spaces(rank, p, out_dir) if task == "spaces" else TASKS[task](rank, p)):
             results.append(item)
     except Exception:  # the parent reads it and fails the test with it
         results.append({"error": traceback.format_exc()})
@@ -330,6 +330,57 @@ def orders(rank: int, p: int):  # noqa: ANN201
     except ExecutionError as exc:
         out["swapped"] = f"{type(exc).__name__}: {exc}"
     out["swapped_s"] = time.monotonic() - t0
+    yield out
+
+
+def spaces(rank: int, p: int, out_dir: str):  # noqa: ANN201
+    """Tag spaces agree across ranks. Two Mergers, one given the world as None and one as
+    ``dist.group.WORLD``, called in different orders time out instead of merging each other's
+    partials. Then (the process group made again after that timeout) rank 0's Merger fails
+    before it communicates (a bad argument there only) and the others' time out; the group is
+    made again once more, and a Merger built on every rank then merges exactly."""
+    import time
+
+    from treeattn.errors import ExecutionError
+
+    w = _workload(p)
+    plan = build("binomial", w, REF)
+    g = torch.Generator().manual_seed(rank)
+    inputs = {name: (torch.randn(w.batch, w.q_heads, w.head_dim, generator=g), torch.randn(w.batch, w.q_heads,
+                                                                                        generator=g))
+              for name in ("a", "b")}
+
+    def again(name: str) -> None:
+        dist.destroy_process_group()
+        dist.init_process_group("gloo", init_method=f"file://{out_dir}/{name}", rank=rank, world_size=p,
+                                timeout=datetime.timedelta(seconds=60))
+
+    out = {}
+    a, b = treeattn.Merger(plan, timeout_s=3.0), treeattn.Merger(plan, group=dist.group.WORLD, timeout_s=3.0)
+    try:
+        for name, merger in ((("a", a), ("b", b)) if rank == 0 else (("b", b), ("a", a))):
+            merger(*inputs[name])
+        out["swapped"] = "no error"
+    except ExecutionError as exc:
+        out["swapped"] = f"{type(exc).__name__}: {exc}"
+    time.sleep(1.0)
+    again("store-1")
+    try:
+        treeattn.Merger(plan, timeout_s=-1.0 if rank == 0 else 2.0)
+    except (ValueError, ExecutionError) as exc:
+        out["failed"] = type(exc).__name__
+    time.sleep(3.0)  # every rank has given up
+    again("store-2")
+    every, lses = [torch.zeros_like(inputs["a"][0]) for _ in range(p)], [torch.zeros_like(inputs["a"][1])
+                                                                         for _ in range(p)]
+    dist.all_gather(every, inputs["a"][0])
+    dist.all_gather(lses, inputs["a"][1])
+    exact = (torch.stack(every) * torch.softmax(torch.stack(lses), 0).unsqueeze(-1)).sum(0)
+    try:
+        got = treeattn.Merger(plan, timeout_s=3.0)(*inputs["a"])[0]
+        out["again"] = None if got is None else (got - exact).abs().max().item()
+    except ExecutionError as exc:
+        out["again"] = f"{type(exc).__name__}: {exc}"
     yield out
 
 

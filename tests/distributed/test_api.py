@@ -207,6 +207,20 @@ def test_mergers_called_in_different_orders_time_out_instead_of_mixing_their_par
         assert item["swapped_s"] < 15, (r, item)
 
 
+def test_tag_spaces_agree_after_a_failed_construction_and_for_the_world_given_as_itself(tmp_path):
+    # Each rank counted its Mergers' tag spaces alone: after rank 0's Merger failed before its
+    # Comm, every later Merger had space 1 on rank 0 and 2 on rank 1, and every call timed out
+    # (also after the process group was made again). A Merger given dist.group.WORLD counted
+    # apart from one given None: the two shared space 1 and merged each other's partials (max
+    # error about 3) when called in different orders.
+    ranks = run("spaces", 2, tmp_path)
+    for r, (item,) in enumerate(ranks):
+        assert item["failed"] == ("ValueError" if r == 0 else "CommError"), (r, item)
+        assert isinstance(item["again"], float) and item["again"] <= 1e-5, (r, item)
+        assert item["swapped"].startswith(f"CommError: rank {r}: "), (r, item)
+        assert "Timed out" in item["swapped"], (r, item)
+
+
 def test_plans_that_differ_across_ranks_grad_and_outsiders_raise_and_fp8_wire_merges(tmp_path):
     ranks = run("agreement", 3, tmp_path)
     for r, (item, *fp8) in enumerate(ranks):

@@ -92,3 +92,22 @@ def test_simulate_prints_a_merger_calls_time_where_the_plan_merges_given_partial
     out = run_cli("simulate", str(ring))
     assert out.exit_code == 0 and "merge only" not in out.stdout
     assert json.loads(run_cli("simulate", str(ring), "--json").stdout)["merger_call_us"] is None
+
+
+def test_a_plan_whose_topology_is_not_found_or_differs_is_told_to_give_topology_not_a_cli_flag(tmp_path):
+    topo = resolve("dgx-h100")
+    edited = dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, launch_us=topo.cost.launch_us + 1.0))
+    plan = treeattn.build_plan(edited, "llama-3.1-8b", "binomial", batch=1, seq_len="64K")
+    with pytest.raises(InputError, match=r"another topology of that name, or dgx-h100 changed since\); pass "
+                                         r"topology=dgx-h100 to predict on it as it is, or plan again$") as err:
+        treeattn.simulate_plan(plan)
+    assert "--topology" not in str(err.value)
+    assert treeattn.simulate_plan(plan, edited).predicted_us == plan.predicted_us
+    topo_file = tmp_path / "box.yaml"
+    topo_file.write_text((ROOT / "topologies" / "cpu-4.yaml").read_text())
+    (tmp_path / "plans").mkdir()
+    saved = treeattn.save_plan(treeattn.build_plan(str(topo_file), "llama-3.2-1b", "binomial", batch=1, seq_len=4096),
+                               tmp_path / "plans" / "p.yaml")
+    text = treeattn.load_plan(saved.read_text())  # from text: the file's folder is not known
+    with pytest.raises(InputError, match=r"; pass topology=FILE\|NAME with that topology$"):
+        treeattn.simulate_plan(text)

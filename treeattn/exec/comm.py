@@ -82,11 +82,12 @@ _TAGS: dict[tuple[int, int, int, bool], int] = defaultdict(int)
 """Messages so far per (group, tag space, peer, sent): shared by every ``Comm`` of the process,
 so two Comms in one tag space never reuse a tag the other still has in flight."""
 _SPACES: dict[int, int] = defaultdict(int)
-"""Tag spaces handed out so far per group (``Comm(tag_space=True)``, one per ``Merger``)."""
-SEQ_BITS = 24
+"""Tag spaces handed out so far per group (``Comm.claim_space``, one per ``Merger``)."""
+SEQ_BITS = 16
 """A tag is its tag space above its sequence number's low ``SEQ_BITS`` bits (gloo's tags are
-31-bit: a sequence counted over a long decode would pass that; fewer than 2**24 messages of one
-pair and direction are ever in flight at once)."""
+31-bit: a sequence counted over a long decode would pass that; far fewer than 2**16 messages of
+one pair, direction and space are ever in flight at once, and the 2**15 - 1 spaces outlast the
+Mergers a process builds: one per layer of a 126-layer model, rebuilt, takes hundreds)."""
 TAG_SPACES = 1 << (31 - SEQ_BITS)
 
 _SPIN_S = 0.001
@@ -204,7 +205,7 @@ class Comm:
 
     def __init__(self, rank: int, world: int, backend: str, device: torch.device,
                  op_timeout_s: float, setup_timeout_s: float, group: dist.ProcessGroup | None = None,
-                 watchdog_s: float | None = None, tag_space: bool = False) -> None:
+                 watchdog_s: float | None = None) -> None:
         self.rank = rank
         """This process's rank in ``group``."""
         self.world = world
@@ -220,15 +221,13 @@ class Comm:
         default, takes the process down: a caller whose deadlines count from later (a Merger's,
         from a call first seeing an earlier one unfinished) gives a longer one, so that its own
         error is the one raised."""
-        self._key = id(group) if group is not None else 0
+        # The world passed as itself (dist.group.WORLD) is the world: one tag count, one space count.
+        self._key = id(group) if group is not None and group is not dist.GroupMember.WORLD else 0
         self._space = 0
-        """The tag space of this Comm's messages: 0, or one of its own (``tag_space``; every rank
-        makes its Comms of a group in one order, so the n-th has the same space on every rank).
-        Messages match only within a space: ranks that call two Mergers in different orders
-        wait on each other and time out, rather than merging each other's partials."""
-        if tag_space:
-            _SPACES[self._key] += 1
-            self._space = 1 + (_SPACES[self._key] - 1) % (TAG_SPACES - 1)
+        """The tag space of this Comm's messages: 0, or one of its own that every rank of the
+        group agreed on (``claim_space``). Messages match only within a space: ranks that call
+        two Mergers in different orders wait on each other and time out, rather than merging
+        each other's partials."""
         self.board: HostBoard | None = None
         """Where ``release`` meets when every rank shares this host (``open_board``)."""
         self.cuda = device.type == "cuda"
@@ -492,6 +491,17 @@ class Comm:
         mine = torch.tensor([int(hashlib.sha256(text.encode()).hexdigest()[:15], 16)], dtype=torch.int64,
                             device=self.device)
         return self.all_gather(mine, what, setup=True).view(-1).tolist()
+
+    def claim_space(self, what: str) -> None:
+        """Give this Comm a tag space of its own, the same on every rank of the group (set-up
+        deadline): the next after the highest any rank has handed out on the group. Agreed, not
+        counted on each rank alone: a rank whose Merger failed before its Comm (a bad argument
+        there only), or that built one its peers did not, would otherwise number every later
+        Merger's space differently from its peers, and all their messages would time out."""
+        mine = torch.tensor([_SPACES[self._key]], dtype=torch.int64, device=self.device)
+        top = int(self.all_reduce(mine, "max", what, setup=True).item()) + 1
+        _SPACES[self._key] = top
+        self._space = 1 + (top - 1) % (TAG_SPACES - 1)
 
     def differing(self, text: str, what: str) -> str | None:
         """Which ranks hold another ``text`` than rank 0 (``digests``), in words ("rank 2 differs",

@@ -224,8 +224,7 @@ class Merger:
         with torch.inference_mode(False), torch.no_grad():
             self._partial = torch.empty(w.rows, w.value_dim + 1, dtype=torch.float32, device=self.device)
             self._comm = Comm(self.rank, size, "nccl" if backend == "nccl" else "gloo", self.device, timeout_s,
-                              timeout_s, group=group, watchdog_s=min(WATCHDOG_FACTOR * timeout_s, LONGEST_TIMEOUT_S),
-                              tag_space=True)
+                              timeout_s, group=group, watchdog_s=min(WATCHDOG_FACTOR * timeout_s, LONGEST_TIMEOUT_S))
             self._check_same_plan(plan)
             self._exec = PlanExecutor(plan, self._comm, RankInputs(partial=self._partial), timed=False)
             self.wire_dtype = torch_dtype(w.partial_dtype)
@@ -253,6 +252,7 @@ class Merger:
         what = (plan.programs, plan.chunks, plan.layout, plan.result_ranks, plan.segments, w.batch, w.q_heads,
                 w.value_dim, str(w.partial_dtype))
         try:
+            self._comm.claim_space("Merger plan check")
             ranks = self._comm.differing(repr(what), "Merger plan check")
         except CommError as exc:  # 'Merger plan check failed: Operation timed out!' says not what to look for
             limit = self._comm.setup_timeout.total_seconds()

@@ -223,7 +223,7 @@ def relative_file_source(source: str | None) -> bool:
 
 
 def resolve_recorded(name: str, fingerprint: str, source: str | None, plan_path: Path | None,
-                     what: str = "the plan", ranks: int | None = None) -> Topology:
+                     what: str = "the plan", ranks: int | None = None, option: str = "--topology ") -> Topology:
     """The topology a plan was made for, from what it records, with its fingerprint checked.
 
     Args:
@@ -232,6 +232,8 @@ def resolve_recorded(name: str, fingerprint: str, source: str | None, plan_path:
         plan_path: the plan file (relative sources are read from its folder).
         what: how errors name the plan.
         ranks: the plan's rank count, named where the topology now places another.
+        option: how the errors name the way to give a topology ("--topology ", the CLI's; the
+            API's "topology=").
 
     Returns:
         The topology.
@@ -255,13 +257,14 @@ def resolve_recorded(name: str, fingerprint: str, source: str | None, plan_path:
             why = f"from {base}, which does not exist"
         else:
             why = f"from {spec}: {exc}"
-        raise InputError(f"{made}, {why}; pass --topology FILE|NAME with that topology") from None
+        raise InputError(f"{made}, {why}; pass {option}FILE|NAME with that topology") from None
     if topo.fingerprint != fingerprint and ranks is not None and topo.num_ranks != ranks:
         raise InputError(f"{made}, but {spec} places {topo.num_ranks} ranks now, not the plan's {ranks}; pass "
-                         f"--topology with a topology of {ranks} ranks, or plan again")
+                         f"{option.strip()} with a topology of {ranks} ranks, or plan again")
     if topo.fingerprint != fingerprint:
-        raise InputError(f"{made}, but {spec} is {topo.fingerprint} now (it changed since); pass --topology "
-                         f"{spec} to predict on it as it is, or plan again")
+        now = (f"{spec} is {topo.fingerprint} (the plan was made on another topology of that name, or "
+               f"{spec} changed since)" if source is None else f"{spec} is {topo.fingerprint} now (it changed since)")
+        raise InputError(f"{made}, but {now}; pass {option}{spec} to predict on it as it is, or plan again")
     return topo
 
 
