@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from treeattn.cost import msccl, nccl, nccl_env, nccl_fabric, nccl_tuning
 from treeattn.topology.library import resolve
 
 XGMI = 64.0 * 0.75  # NCCL's rating of one MI300X xGMI link
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(("nbytes", "proto"), [
@@ -114,6 +118,35 @@ def test_before_rccl_2_21_msccl_needs_a_process_per_rank(per_process, release, a
     got = nccl.pick(fab, "allreduce", 1 << 22, ranks_per_process=per_process, rccl_release=release)
     assert (got.algorithm is nccl_tuning.Algorithm.ALLPAIRS) is allpairs
     assert msccl.single_process_blocks(per_process, release) is not allpairs
+
+
+@pytest.mark.parametrize(("per_process", "release", "value", "allpairs"), [
+    (8, (2, 21, 5), "0", False),   # 2.21 with the setting off: refused again
+    (8, None, "0", False),
+    (1, (2, 21, 5), "0", True),    # a process a rank: the setting does not apply
+    (8, (2, 20, 5), "1", False),   # 2.20.5 has no such setting: refused whatever it says
+    (8, (2, 21, 5), "1", True),
+])
+def test_rccl_msccl_enable_single_process_turns_the_rule_off_from_2_21(per_process, release, value, allpairs):
+    fab = nccl_fabric.fabric(resolve("mi300x"))
+    env = {"RCCL_MSCCL_ENABLE_SINGLE_PROCESS": value}
+    got = nccl.pick(fab, "allreduce", 1 << 22, env=env, ranks_per_process=per_process, rccl_release=release)
+    assert (got.algorithm is nccl_tuning.Algorithm.ALLPAIRS) is allpairs
+
+
+def test_check_model_takes_rccl_msccl_enable_single_process():
+    # rccl issue 1562's -g 8 log as a user's own, its release not printed (the 2.21 rules apply)
+    import json
+
+    from tests.cli_helpers import run_cli
+
+    hows = {}
+    for env in ([], ["--env", "RCCL_MSCCL_ENABLE_SINGLE_PROCESS=0"]):
+        res = run_cli("check-model", "--no-progress", "--json", "-t", "mi300x", *env,
+                      str(ROOT / "results" / "published" / "rccl-issue-1562.txt"))
+        assert res.exit_code == 0, res.stderr
+        hows[bool(env)] = {r["how"].split("/")[0] for r in json.loads(res.stdout)["rows"]}
+    assert "allpairs" in hows[False] and "allpairs" not in hows[True]
 
 
 def test_rccl_issue_1562s_g8_rows_run_rccls_tuner_not_msccl():

@@ -95,11 +95,19 @@ ALLPAIRS_FILES = (AllpairsFile("LL", 0, 65536, 256), AllpairsFile("LL", 65537, 5
 -simple-op.xml (the in-place -simple.xml and -simple_2.xml cover 512 KiB-11 MiB and 14-16 MiB)."""
 
 
-def single_process_blocks(ranks_per_process: int, rccl_release: tuple[int, int, int] | None) -> bool:
+def single_process_blocks(ranks_per_process: int, rccl_release: tuple[int, int, int] | None,
+                          enabled: bool = True) -> bool:
     """Whether RCCL ``rccl_release`` (None: unknown, taken as the 2.21 series this module follows)
     keeps MSCCL off a communicator where one process drives ``ranks_per_process`` ranks
-    (nccl-tests' threads x GPUs a process): above 1 before ``SINGLE_PROCESS_FROM``."""
-    return ranks_per_process > 1 and rccl_release is not None and rccl_release < SINGLE_PROCESS_FROM
+    (nccl-tests' threads x GPUs a process): above 1 before ``SINGLE_PROCESS_FROM`` (2.20.5 has no
+    setting for it: ``mscclCommCompatible`` refuses such a communicator whatever the
+    environment), and from it where ``RCCL_MSCCL_ENABLE_SINGLE_PROCESS`` is 0 (``enabled``
+    False; msccl_lifecycle.cc ``rcclParamMscclEnableSingleProcess``, default 1)."""
+    if ranks_per_process <= 1:
+        return False
+    if rccl_release is not None and rccl_release < SINGLE_PROCESS_FROM:
+        return True
+    return not enabled
 
 
 def allpairs_allreduce(ranks: int, link_gbps: float, nbytes: int,

@@ -97,7 +97,7 @@ import math
 
 from treeattn.cost import msccl
 from treeattn.cost.nccl_channels import run_channels
-from treeattn.cost.nccl_env import allowed_by_env
+from treeattn.cost.nccl_env import allowed_by_env, msccl_single_process
 from treeattn.cost.nccl_fabric import NcclFabric, fabric
 from treeattn.cost.nccl_tuning import (
     _BASE,
@@ -379,7 +379,7 @@ def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
         InputError: the environment leaves no algorithm and protocol for this collective.
     """
     algos, protos = allowed_by_env(env)
-    if msccl.single_process_blocks(ranks_per_process, rccl_release):
+    if msccl.single_process_blocks(ranks_per_process, rccl_release, msccl_single_process(env)):
         algos.discard(Algorithm.ALLPAIRS.value)
     best: NcclEstimate | None = None
     for est in predict(topo, collective, nbytes, elem_bytes):

@@ -24,6 +24,7 @@ __all__ = [
     "allowed_by_env",
     "unread_numbers",
     "p2p_level_from_env",
+    "msccl_single_process",
 ]
 
 
@@ -61,7 +62,8 @@ def _int_env(value: str | None, default: int) -> int:
     return n if -2**63 <= n < 2**63 else default  # strtoll's ERANGE: NCCL keeps the default
 
 
-INT_SETTINGS = {"NCCL_NVLS_ENABLE": 2, "RCCL_MSCCL_ENABLE": 1, "NCCL_P2P_DISABLE": 0}
+INT_SETTINGS = {"NCCL_NVLS_ENABLE": 2, "RCCL_MSCCL_ENABLE": 1, "RCCL_MSCCL_ENABLE_SINGLE_PROCESS": 1,
+                "NCCL_P2P_DISABLE": 0}
 """The integer variables of ``ENV_SETTINGS`` and NCCL's (RCCL's) default of each."""
 
 
@@ -92,12 +94,19 @@ def unread_numbers(env: dict[str, str] | None) -> list[str]:
 P2P_SETTINGS = ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL")
 """The environment variables ``p2p_level_from_env`` reads: the ones the point-to-point model reads."""
 
-ENV_SETTINGS = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE", "RCCL_MSCCL_ENABLE", *P2P_SETTINGS)
+ENV_SETTINGS = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE", "RCCL_MSCCL_ENABLE", "RCCL_MSCCL_ENABLE_SINGLE_PROCESS",
+                *P2P_SETTINGS)
 """The environment variables ``allowed_by_env`` and ``p2p_level_from_env`` read: the only ones
 that change the model's prediction."""
 
 _OLD_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS", "SYS")
 """``NCCL_P2P_LEVEL``'s old numbering, 0-5 (``paths.cc`` ``levelsOldToNew``)."""
+
+
+def msccl_single_process(env: dict[str, str] | None) -> bool:
+    """Whether ``RCCL_MSCCL_ENABLE_SINGLE_PROCESS`` (RCCL 2.21 and later; default 1) lets MSCCL
+    run where one process drives several ranks (``treeattn.cost.msccl.single_process_blocks``)."""
+    return _setting(env or {}, "RCCL_MSCCL_ENABLE_SINGLE_PROCESS") != 0
 
 
 def p2p_level_from_env(env: dict[str, str] | None) -> str | None:
