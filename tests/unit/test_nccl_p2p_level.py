@@ -226,6 +226,22 @@ def test_the_published_p2p_level_sys_run_is_predicted_peer_to_peer_as_its_log_sh
     assert all(nccl_rates.pcie_path_type(box, a, b) == "PHB" for a in range(4) for b in range(4) if a != b)
 
 
+def test_the_tinybox_row_is_predicted_at_nccls_old_default_on_an_amd_host():
+    # results/published tinygrad-p2p-readme-tinybox: 6 x RTX 4090 (patched driver, one EPYC), no
+    # NCCL variables, published before NCCL 2.22: NCCL's default on an AMD host was PATH_SYS, so
+    # every pair connects peer-to-peer; 2.23.4's PXB would send them all through host memory.
+    from treeattn.topology.library import resolve
+    from treeattn.validate import corpus, published
+
+    (table,) = corpus.load_corpus([corpus.corpus_dir() / "tinygrad-p2p-readme-tinybox.yaml"])
+    assert table.env == {} and table.nccl_bound < (2, 22, 0) and table.ranks == 6
+    topo, _ = published.table_p2p_level(table)
+    assert nccl_rates.p2p_level(topo, 0, table.nccl_bound) == "SYS" and nccl_rates.shm_pairs(topo) == 0
+    assert nccl_rates.p2p_level(resolve(table.topology), 0, (2, 23, 4)) == "PXB"
+    (row,) = published.predict_table(table)
+    assert abs(row.error) < 0.1, row  # peer-to-peer at PCIe 4.0 x16; through host memory it is +813 %
+
+
 def test_cost_p2p_level_takes_every_name_the_environment_takes():
     """``cost.p2p_level: XGMI`` was refused by the YAML schema while ``NCCL_P2P_LEVEL=XGMI``
     read as NVL (RCCL's name): a topology's level and the environment's now read the same
