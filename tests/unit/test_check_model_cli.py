@@ -178,6 +178,25 @@ def test_own_log_names_the_p2p_level_a_pcie_box_is_predicted_at(tmp_path):
     assert line().endswith("; P2P level PHB (the topology's cost.p2p_level): 32 of 56 rank pairs through host memory")
 
 
+def test_own_log_of_gpus_without_peer_to_peer_says_no_level_connects_them(tmp_path):
+    # kalavai's 2 x RTX 4090 run (-g 2): GeForce cards have no peer-to-peer, so every pair goes
+    # through host memory whatever NCCL_P2P_LEVEL says. The line named the level as if it were
+    # the cause ("P2P level SYS (NCCL_P2P_LEVEL=SYS): 2 of 2 rank pairs through host memory").
+    corpus = Path(__file__).resolve().parents[2] / "results" / "published"
+    log = tmp_path / "all_reduce_perf.txt"
+    log.write_text("\n".join((corpus / "kalavai-rtx4090.txt").read_text().splitlines()[15:55]) + "\n")
+
+    def line(*env: str) -> str:
+        res = run_cli("check-model", str(log), "-t", "rtx4090:gpus=2", *(x for e in env for x in ("--env", e)))
+        assert res.exit_code == 0, res.stderr
+        return next(ln for ln in res.stdout.splitlines() if ln.startswith(f"{log}: all_reduce"))
+
+    assert line().endswith("; P2P level PXB (NCCL 2.30.7's default): 2 of 2 rank pairs through host memory "
+                           "(GPUs without peer-to-peer, at any level)"), line()
+    assert line("NCCL_P2P_LEVEL=SYS").endswith("; P2P level SYS (NCCL_P2P_LEVEL=SYS): 2 of 2 rank pairs through "
+                                                "host memory (GPUs without peer-to-peer, at any level)")
+
+
 def test_own_log_bad_input_is_one_line_and_exit_2(tmp_path):
     log = tmp_path / "run.txt"
     shutil.copy(FIXTURE, log)
@@ -295,6 +314,25 @@ def test_own_log_from_other_gpus_than_the_topologys_is_said_so(tmp_path):
     assert "the log ran on NVIDIA H100 80GB HBM3, not dgx-a100's A100-SXM4-80GB" in said
     hosts = run_cli("check-model", str(log), "-t", "cpu:ranks=8")
     assert hosts.exit_code == 0 and "ranks are no GPUs" in " ".join(hosts.stdout.split()), hosts.stdout
+
+
+def test_own_logs_json_says_what_the_text_line_says(tmp_path):
+    # --json gave the rows and the table's name, but not the line's notes: a script scoring an
+    # H100 log on dgx-a100 (or 2 RTX 4090 through host memory, -g 2) was not told.
+    log = tmp_path / "run.txt"
+    shutil.copy(FIXTURE.with_name("all_reduce_perf.8xh100-1node.txt"), log)
+    res = run_cli("check-model", str(log), "-t", "dgx-a100", "--json")
+    assert res.exit_code == 0, res.stderr
+    (table,) = json.loads(res.stdout)["tables"].values()
+    assert table["gpus_per_process"] == 8
+    assert len(table["notes"]) == 1
+    assert table["notes"][0].endswith("; the log ran on NVIDIA H100 80GB HBM3, not dgx-a100's A100-SXM4-80GB")
+    off = json.loads(run_cli("check-model", str(log), "-t", "dgx-h100", "--env", "NCCL_P2P_DISABLE=1",
+                             "--json").stdout)["tables"]
+    assert [t["notes"][-1] for t in off.values()] == [
+        "P2P level LOC (NCCL_P2P_DISABLE=1): 56 of 56 rank pairs through host memory"]
+    corpus = json.loads(run_cli("check-model", str(corpus_dir()), "--json").stdout)["tables"]
+    assert not any("notes" in t for t in corpus.values())
 
 
 def test_own_log_on_a_topology_of_another_size_says_how_to_select_ranks(tmp_path):

@@ -178,6 +178,36 @@ def test_the_average_is_read_with_the_verdict_nccl_tests_min_bw_adds():
         assert parse_nccl_tests("\n".join(lines), "v.txt").avg_busbw_gbps == 439.369
 
 
+def test_a_max_size_nccl_tests_lowered_for_memory_sets_the_rows_expected():
+    # Where -e's buffers do not fit the GPU, nccl-tests lowers maxBytes before the table and says
+    # so ("# Reducing maxBytes to N due to memory limitation"; 24 tables of xxrjun's published
+    # cluster logs): the header's maxBytes then overcounts the rows, and such a log was refused
+    # as "rows missing or added".
+    lines = _lines(ONE)
+    last = _row_index(lines, 4294967296)
+    kept = lines[:last] + lines[last + 1:]
+    bus = [float(ln.split()[i]) for ln in kept if ln.split()[:1] and ln.split()[0].isdigit() for i in (7, 11)]
+    kept = [f"# Avg bus bandwidth    : {sum(bus) / len(bus):.3f}" if ln.startswith("# Avg bus") else ln
+            for ln in kept]
+    with pytest.raises(ProbeError, match=r"5 rows, but minBytes 134217728 .. maxBytes 4294967296"):
+        parse_nccl_tests("\n".join(kept), "r.txt")
+    i = _row_index(kept, 134217728) - 3
+    reduced = kept[:i] + ["#", "# Reducing maxBytes to 3221225472 due to memory limitation"] + kept[i:]
+    log = parse_nccl_tests("\n".join(reduced), "r.txt")
+    assert (log.min_bytes, log.max_bytes, len(log.rows)) == (134217728, 3221225472, 5)
+    # launcher tags included; and minBytes follows a maxBytes lowered below it, as nccl-tests does
+    tagged = [f" 0: {ln}" for ln in reduced]
+    assert parse_nccl_tests("\n".join(tagged), "r.txt").max_bytes == 3221225472
+    one = [ln.replace("minBytes 134217728 maxBytes 4294967296", "minBytes 8589934592 maxBytes 17179869184")
+           .replace("3221225472", "134217728") for ln in reduced]
+    one = [ln for ln in one if not ln.split()[:1] or not ln.split()[0].isdigit()
+           or ln.split()[0] == "134217728"]
+    one = [f"# Avg bus bandwidth    : {(382.99 + 382.34) / 2:.3f}" if ln.startswith("# Avg bus") else ln
+           for ln in one]
+    log = parse_nccl_tests("\n".join(one), "r.txt")
+    assert (log.min_bytes, log.max_bytes, len(log.rows)) == (134217728, 134217728, 1)
+
+
 def test_a_wrong_count_printed_in_g_format_is_a_count():
     # nccl-tests prints #wrong with %6g: a million wrong elements read 1e+06. The old reading
     # (any "e" is an old version's error magnitude: not checked) kept such a timing in the fit.

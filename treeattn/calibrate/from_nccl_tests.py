@@ -15,7 +15,8 @@ of the topology, placing the log's ``n`` ranks on the topology's first ``n``:
   (2(Nn-1) for all-reduce); with the one-node alpha known (an earlier log, else the
   topology's overhead + route latency), ``alpha_net = (alpha - (s - s_net) alpha_intra) / s_net``.
   ``beta_link`` is a node's egress: the bottleneck link gets ``beta_link x link bw / (sum of the
-  network out-links of the NICs rank 0's node uses)``.
+  network out-links of the NICs rank 0's node uses)``; sendrecv's, what the one stream that
+  leaves a node got over its one NIC: the bottleneck link gets ``beta_link``.
 
 nccl-tests cannot tell the software overhead from the latency: ``overhead_us`` stays as it is
 and the route latencies take the rest of alpha. A log whose sizes all lie past the size whose
@@ -312,7 +313,9 @@ def _network_fit(topo: Topology, source: str, cf: CollectiveFit, intra_alpha: fl
                                   else None, "network alpha", topo, (0, other), notes)
     egress = _node_egress(topo, local, other)
     low = min(map(_rated, topo.route_links(0, other)))
-    share = low / egress if egress > 0 else 1.0
+    # sendrecv's busbw is what one rank's stream to the next got: the ring crosses a node's
+    # edge once, over one NIC, not spread over the node's egress as a collective's rings are
+    share = 1.0 if cf.collective == "sendrecv" else low / egress if egress > 0 else 1.0
     return LogFit(source, cf, "network", ">".join(k for k, _ in hops), hops, alpha, cf.beta_link_gbps * share,
                   tuple(notes), written)
 

@@ -40,8 +40,9 @@ a copying mistake is caught; rows of 0 bytes are left out.
 A damaged log is refused (``ProbeError`` with the line): a row with the wrong number of
 fields or an unreadable number, ``algbw`` that is not size/time, ``busbw``/``algbw`` ratios
 that disagree between rows, sizes out of order, fewer rows than ``minBytes``..``maxBytes``
-by ``step`` gives, an average bus bandwidth the rows do not give, or a log that ends inside
-the table.
+by ``step`` gives (``maxBytes`` as nccl-tests lowers it where the GPU's memory is short, which
+it prints: ``# Reducing maxBytes to N due to memory limitation``), an average bus bandwidth
+the rows do not give, or a log that ends inside the table.
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ _STARTING = re.compile(r"^#?\s*Collective test starting:\s*(\S+)")
 """nccl-tests 2.13 and later name the test before the header."""
 _LIBRARY = re.compile(r"^#\s*nccl-tests version \S+ nccl-headers=\d+ nccl-library=(\d+)")
 """nccl-tests 2.17.4 and later print the NCCL they ran with as its version code first."""
+_REDUCED = re.compile(r"^#\s*Reducing maxBytes to (\d+) due to memory limitation")
+"""Where the buffers of ``maxBytes`` would not fit the GPU, nccl-tests lowers it (and ``minBytes``
+with it, where that is larger) before the first row and says so."""
 _TAG = re.compile(r"^\s*(?:\[\d+(?:,\d+)?\](?:<std(?:out|err)>)?:|\[\d+\](?=\s|$)|\d+:"
                   r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?(?=\s|$))\s?")
 """What a launcher or log collector puts before each line it relays: ``mpirun --tag-output``
@@ -325,6 +329,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
     avg: float | None = None
     oob = version = ""
     named = None
+    reduced: int | None = None
     state = "pre"
     for lineno, raw in enumerate(lines, 1):
         # Untagged, so that a tagged header or second run is seen as one (not skipped as noise).
@@ -359,6 +364,8 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
                 state = "table"
             elif line.startswith(("NCCL version", "RCCL version")):
                 version = line.split("version", 1)[1].strip(" :")
+            elif m := _REDUCED.match(line):
+                reduced = int(m.group(1))
             elif _HEADER.match(line):
                 raise fail(shown, lineno, f"a second header before any table (first on line {header_line})")
             elif not line.startswith("#"):
@@ -395,9 +402,11 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         raise fail(shown, len(lines), "the table has no rows")
     if state != "done":
         raise fail(shown, len(lines), "the log ends inside the table (no '# Avg bus bandwidth' line): truncated?")
+    max_bytes = int(header.group(4)) if reduced is None else min(int(header.group(4)), reduced)
     log = NcclTestsLog(
         source=source, n_threads=int(header.group(1)), n_gpus=int(header.group(2)),
-        min_bytes=int(header.group(3)), max_bytes=int(header.group(4)), rows=tuple(rows), devices=tuple(devices),
+        min_bytes=min(int(header.group(3)), max_bytes), max_bytes=max_bytes, rows=tuple(rows),
+        devices=tuple(devices),
         avg_busbw_gbps=avg, out_of_bounds=oob, nccl_version=version, collective=named or collective_from_name(source),
         ignored=tuple(ignored), rccl=rccl,
     )

@@ -177,7 +177,8 @@ def _from_logs(topo, paths: list[Path], out: Path | None, json_out: bool) -> Non
     for lf in result.logs:
         f = lf.fit
         table.add_row(escape(lf.source), f.collective, str(f.ranks), f"{f.points}", f"{f.alpha_step_us:.3g}",
-                      f"{f.beta_link_gbps:.4g}", f"{f.fit.r2:.4f}", f"{lf.scope}: {lf.route_class}",
+                      f"{f.beta_link_gbps:.4g}", f"{f.fit.r2:.4f}",
+                      f"{lf.scope}: {lf.route_class}".replace(">", "> "),  # breaks where 80 columns need
                       f"{lf.alpha_us:.3g}", f"{lf.beta_gbps:.4g}")
     con.print(table)
     con.print("fit bus GB/s: the bus bandwidth of the line fitted to the log's times\n"

@@ -61,16 +61,23 @@ def _p2p_note(t) -> str:  # noqa: ANN001 - a PublishedTable
     n = topo.num_ranks
     # the pairs NCCL's shared-memory transport carries; a calibrated topology without
     # cost.shm_gbps times them at its measured rates (nccl_rates._shm_rated), which is said
-    shm = sum(nccl_rates.shm_pair(topo, a, b) for _, a, b in nccl_rates.node_pairs(topo))
+    reasons = [nccl_rates.shm_reason(topo, a, b) for _, a, b in nccl_rates.node_pairs(topo)]
+    shm = sum(r is not None for r in reasons)
     if not shm and not any(k in t.env for k in P2P_SETTINGS):
         return ""
+    # a pair with a GPU without peer-to-peer goes through host memory at any level: said, so
+    # that the level is not taken for the cause (nor NCCL_P2P_LEVEL for the cure)
+    no_p2p = reasons.count(nccl_rates.SHM_NO_P2P)
+    because = ("" if not no_p2p else " (GPUs without peer-to-peer, at any level)" if no_p2p == shm
+               else f" ({no_p2p} of them between GPUs without peer-to-peer, at any level)")
     timed = ("" if nccl_rates.shm_pairs(topo) == shm else
              " (timed at the calibrated links' rates: the topology names no cost.shm_gbps)")
     # by node: on an AMD host NCCL's default depends on how many of the ranks it holds
     nodes = dict.fromkeys(topo.rank_device(r).node for r in range(topo.num_ranks))
     levels = list(dict.fromkeys(nccl_rates.p2p_level(topo, node) for node in nodes))
     said = ", ".join(levels) + (" by node" if len(levels) > 1 else "")
-    return f"; P2P level {said} ({why}): {shm} of {n * (n - 1)} rank pairs through host memory{timed}"
+    return (f"; P2P level {said} ({why}): {shm} of {n * (n - 1)} rank pairs through host memory{because}"
+            f"{timed}")
 
 
 def _table(title: str, first: str, rows: list[list[str]]) -> Table:
@@ -160,12 +167,25 @@ def check_model_cmd(
     attention = attention_summary(load_attention(folders))
     if png is not None:
         plot_corpus(rows, png)
+    own = [t for t in tables if t.url in map(str, logs)]
+
+    def said(t) -> list[str]:  # noqa: ANN001 - a PublishedTable
+        """What the table's line says was inferred about an own log, beyond its figures."""
+        notes = [t.meta["inferred"]] if t.meta.get("inferred") else []
+        unread = [k for k in settings if k not in P2P_SETTINGS] if t.collective in POINT_TO_POINT else []
+        if unread:
+            notes.append(f"--env {', '.join(unread)} not applied (the point-to-point model reads only "
+                         f"{' and '.join(P2P_SETTINGS)})")
+        return notes + ([p2p.removeprefix("; ")] if (p2p := _p2p_note(t)) else [])
+
     if json_out:
 
         sources = {t.name: {"url": t.url, "collective": t.collective, "topology": t.topology, "ranks": t.ranks,
                             "env": t.env, "scored": t.scored, "why": t.why,
                             "library_version": f"{t.library} {t.version}".strip(),
                             "nccl_release": release_text(releases[t.name])} for t in tables}
+        for t in own:  # what the text's line for each log says (the GPU it ran on, the P2P level, ...)
+            sources[t.name].update(gpus_per_process=t.log.n_gpus, notes=said(t))
         typer.echo(json.dumps({"summary": summary, "tables": sources, "rows": [r.to_dict() for r in rows],
                                "attention": attention, "png": None if png is None else str(png)},
                               sort_keys=True, indent=2))
@@ -175,18 +195,12 @@ def check_model_cmd(
     scored = sum(1 for t in tables if t.scored)
     con.print(f"{len(tables)} tables ({scored} scored), {len(rows)} rows; error = predicted / published time - 1",
               markup=False)
-    for t in tables:
-        if t.url in map(str, logs):  # what was read from each log, and what was inferred
-            gpus = f", {t.log.n_gpus} GPUs a process (-g)" if t.log.n_gpus > 1 else ""
-            nccl = (f"{t.library} {t.version} (printed)" if t.version
-                    else f"the topology's NCCL release ({release_text(releases[t.name])})")
-            inferred = f"; {t.meta['inferred']}" if t.meta.get("inferred") else ""
-            unread = [k for k in settings if k not in P2P_SETTINGS] if t.collective in POINT_TO_POINT else []
-            if unread:
-                inferred += (f"; --env {', '.join(unread)} not applied (the point-to-point model reads only "
-                             f"{' and '.join(P2P_SETTINGS)})")
-            con.print(f"{t.url}: {t.collective} over {t.ranks} ranks on {t.topology}{gpus}, {nccl}{inferred}"
-                      f"{_p2p_note(t)}", markup=False)
+    for t in own:  # what was read from each log, and what was inferred
+        gpus = f", {t.log.n_gpus} GPUs a process (-g)" if t.log.n_gpus > 1 else ""
+        nccl = (f"{t.library} {t.version} (printed)" if t.version
+                else f"the topology's NCCL release ({release_text(releases[t.name])})")
+        con.print(f"{t.url}: {t.collective} over {t.ranks} ranks on {t.topology}{gpus}, {nccl}"
+                  + "".join(f"; {n}" for n in said(t)), markup=False)
     if logs and topology is not None:
         from treeattn.topology.library import resolve
 
