@@ -23,6 +23,7 @@ from treeattn.cost.simulate import simulate
 from treeattn.errors import InfeasiblePlanError
 from treeattn.plan.builders import build
 from treeattn.plan.ir import Plan, TopologyRef, row_quantum
+from treeattn.search.plancache import KeptPlans
 from treeattn.topology.model import Topology
 from treeattn.workload import Payload, Workload
 
@@ -103,6 +104,8 @@ class Evaluator:
         self._floors: dict[tuple[str, int], float] = {}
         self._compute: dict[tuple[int, int | None, bool], float] = {}
         self._min_c: float | None = None
+        self._kept = KeptPlans()
+        """Plans built for ``screen_floor_us``, waiting for ``time_us`` (``plancache``)."""
 
     def _pair_cost(self, a: int, b: int) -> tuple[float, float]:
         """(latency_us, bottleneck bytes per microsecond) of the route a -> b at the rates
@@ -349,9 +352,9 @@ class Evaluator:
         long (not worth building to rank them); ``inf`` when it cannot be built."""
         if sched.chain_steps:
             return self.chain_floor_us(sched, chunks)
-        return self._floor(sched, chunks, None)
+        return self._floor(sched, chunks, None, keep=True)
 
-    def _floor(self, sched: Schedule, chunks: int, plan: Plan | None) -> float:
+    def _floor(self, sched: Schedule, chunks: int, plan: Plan | None, keep: bool = False) -> float:
         key = (sched.key, chunks)
         f = self._floors.get(key)
         if f is None:
@@ -362,6 +365,9 @@ class Evaluator:
                     self._floors[key] = math.inf
                     return math.inf
             f = self._floors[key] = self.floor_us(plan)
+            if keep and key not in self._cache:
+                # floor_us compiled it (the Program stays with the plan): the simulation reuses both
+                self._kept.keep(key, f, len(compile_plan(plan, self.topo.num_ranks, self._cm).kind), plan)
         return f
 
     def time_us(self, sched: Schedule, chunks: int, cutoff: float = math.inf) -> float:
@@ -388,9 +394,11 @@ class Evaluator:
             known = self._floors.get(key)
             if self.chain_floor_us(sched, chunks) >= cutoff or (known is not None and known >= cutoff):
                 self.pruned += 1
+                self._kept.drop(key)
                 return math.inf
         try:
-            plan = self.plan(sched, chunks)
+            kept = self._kept.take(key)
+            plan = kept if kept is not None else self.plan(sched, chunks)
         except InfeasiblePlanError:
             self.infeasible += 1
             self._cache[key] = math.inf
