@@ -203,8 +203,12 @@ def test_mergers_called_in_different_orders_time_out_instead_of_mixing_their_par
     for r, (item,) in enumerate(ranks):
         assert item["same-0"] <= 1e-5 and item["same-1"] <= 1e-5, (r, item)
         assert item["swapped"].startswith(f"CommError: rank {r}: "), (r, item)
-        assert "Timed out" in item["swapped"], (r, item)
         assert item["swapped_s"] < 15, (r, item)
+    # The first rank to time out ends its scenario and closes its connections; its peer, waiting
+    # too, may then hear the connection close before its own deadline.
+    assert any("Timed out" in item["swapped"] for (item,) in ranks), ranks
+    assert all("Timed out" in item["swapped"] or "Connection closed by peer" in item["swapped"]
+               for (item,) in ranks), ranks
 
 
 def test_tag_spaces_agree_after_a_failed_construction_and_for_the_world_given_as_itself(tmp_path):
@@ -218,7 +222,10 @@ def test_tag_spaces_agree_after_a_failed_construction_and_for_the_world_given_as
         assert item["failed"] == ("ValueError" if r == 0 else "CommError"), (r, item)
         assert isinstance(item["again"], float) and item["again"] <= 1e-5, (r, item)
         assert item["swapped"].startswith(f"CommError: rank {r}: "), (r, item)
-        assert "Timed out" in item["swapped"], (r, item)
+    # as in the test above: a peer that timed out first may close the connection on the other
+    assert any("Timed out" in item["swapped"] for (item,) in ranks), ranks
+    assert all("Timed out" in item["swapped"] or "Connection closed by peer" in item["swapped"]
+               for (item,) in ranks), ranks
 
 
 def test_plans_that_differ_across_ranks_grad_and_outsiders_raise_and_fp8_wire_merges(tmp_path):
