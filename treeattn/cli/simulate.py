@@ -145,9 +145,8 @@ def _merger_call_us(plan, topo) -> float | None:  # noqa: ANN001 - a Plan and a 
     """A ``Merger`` call's predicted time (the partials given), for plans that merge given
     partials; None for raw payloads and plans that move KV."""
     from treeattn.plan.validate import given_partial_problem
-    from treeattn.workload import Workload
 
-    if not isinstance(plan.workload, Workload) or given_partial_problem(plan):
+    if given_partial_problem(plan):
         return None
     return simulate(plan, topo, timeline=False, given_partials=True).predicted_us
 

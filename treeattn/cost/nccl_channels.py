@@ -29,7 +29,7 @@ from __future__ import annotations
 
 __all__ = ["SPEEDS_INTRA", "SPEEDS_INTER", "P2P_NET_CHANNEL_GBPS", "P2P_NVL_CHUNK", "comm_channels", "graph_channels",
            "run_channels",
-           "p2p_channels"]
+           "p2p_channels", "pow2_up"]
 
 MAX_CHANNELS = 64
 # search.cc speedArrayIntra / sm90SpeedArrayIntra / sm100SpeedArrayIntra (GB/s per channel).
@@ -119,7 +119,8 @@ P2P_NET_CHANNEL_GBPS = 14.0
 P2P_NVL_CHUNK = 1 << 19
 
 
-def _pow2_up(n: int) -> int:
+def pow2_up(n: int) -> int:
+    """The least power of two at least ``n`` (1 for ``n`` <= 1)."""
     return 1 << max(n - 1, 0).bit_length()
 
 
@@ -135,8 +136,8 @@ def p2p_channels(comm: int, nbytes: int, ranks: int, nodes: int, per_peer: int, 
         per_peer: the channels NCCL gives a peer in this communicator.
         chunk: NCCL's point-to-point chunk in this communicator (``comm->p2pChunkSize``).
     """
-    p2p = min(MAX_CHANNELS // 2 if comm <= MAX_CHANNELS // 2 else MAX_CHANNELS, _pow2_up(max(comm, 1)))
-    n_max = _pow2_up(max(per_peer, 1))
+    p2p = min(MAX_CHANNELS // 2 if comm <= MAX_CHANNELS // 2 else MAX_CHANNELS, pow2_up(max(comm, 1)))
+    n_max = pow2_up(max(per_peer, 1))
     if nodes > 1:
         # paths.cc: across nodes the per-peer count shrinks until the peers of one batch of
         # NCCL_MAX_DEV_WORK_P2P_PER_BATCH = 8 fit the p2p channels.

@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from treeattn.cost import nccl_fabric, nccl_rates, nccl_tuning
-from treeattn.cost.nccl_channels import P2P_NET_CHANNEL_GBPS, P2P_NVL_CHUNK, comm_channels, p2p_channels
+from treeattn.cost.nccl_channels import P2P_NET_CHANNEL_GBPS, P2P_NVL_CHUNK, comm_channels, p2p_channels, pow2_up
 from treeattn.errors import InputError
 from treeattn.topology.model import DeviceKind, LinkClass, LinkKind, Topology
 from treeattn.topology.nccl_version import NEWEST, OLDEST, Release, by_release, nccl_release
@@ -379,8 +379,8 @@ def grouped_call_channels(topo: Topology, collective: str, nbytes: int, release:
     # to one across nodes; the fewest over every pair.
     fewest = min((view.per_peer(a, b) if view.same_node(a, b) else 1)
                  for a in range(n) for b in range(n) if a != b)
-    per_peer = _pow2_up(min(comm, fewest))
-    channels = _pow2_up(comm)
+    per_peer = pow2_up(min(comm, fewest))
+    channels = pow2_up(comm)
     n_min = n_max = per_peer
     while n_min * n > channels and n_min > 1:
         n_min //= 2
@@ -396,13 +396,6 @@ def grouped_call_channels(topo: Topology, collective: str, nbytes: int, release:
     parts = max(1, -(-peer_bytes // size))
     mirror = [_mirror(c, channels) for c in range(per_peer)]
     return 1 + max((d + mirror[c % per_peer]) % channels for d in deltas for c in range(parts))
-
-
-def _pow2_up(v: int) -> int:
-    out = 1
-    while out < v:
-        out <<= 1
-    return out
 
 
 def _mirror(c: int, channels: int) -> int:

@@ -35,6 +35,7 @@ from treeattn.plan.ir import (
     OpKind,
     Plan,
     contiguous_runs,
+    converted_of,
     lse_copied,
     message_bytes,
     stacked_of,
@@ -296,7 +297,7 @@ def _conversions(sent: dict, stacked: set[int | None], chunk_range: Callable[[in
         moved += (stop - start) * per_row
         kernels += per_kernel
     if narrow:
-        for start, stop in contiguous_runs(chunk_range(c) for c in sent if c not in stacked):
+        for start, stop in contiguous_runs(chunk_range(c) for c in converted_of(sent, stacked)):
             moved += (stop - start) * per_row
             kernels += 2
     return moved, kernels

@@ -62,7 +62,6 @@ from treeattn.errors import InputError, PlanInvalidError
 from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, collective_kernels, gc_paused, padding_kernels, row_bytes
 from treeattn.plan.validate import given_partial_problem
 from treeattn.topology.model import Topology
-from treeattn.workload import Workload
 
 __all__ = ["OpTiming", "SimResult", "simulate"]
 
@@ -108,11 +107,8 @@ def simulate(plan: Plan, topo: Topology, *, timeline: bool = True, communicator:
             f"plan has {plan.ranks} ranks but topology {topo.name!r} places {topo.num_ranks}; "
             "use a topology with as many ranks as the plan"
         )
-    if given_partials:
-        problem = given_partial_problem(plan) if isinstance(plan.workload, Workload) else (
-            f"plan {plan.algorithm!r} reduces a raw payload: it has no partials to be given")
-        if problem:
-            raise InputError(problem)
+    if given_partials and (problem := given_partial_problem(plan)):
+        raise InputError(problem)
     # The engine allocates hundreds of thousands of small acyclic objects; the cyclic
     # collector would rescan the growing heap again and again (superlinear time).
     with gc_paused():

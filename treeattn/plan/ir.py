@@ -94,6 +94,7 @@ __all__ = [
     "exchanged_of",
     "stacked_exchanges",
     "stacked_of",
+    "converted_of",
     "step_transfers",
     "contiguous_runs",
     "collective_kernels",
@@ -622,8 +623,12 @@ def wire_converted(plan: Plan, ops: Iterable[Op], exchanged: set[int | None]) ->
     An exchanged chunk (``exchanged_chunks``) is converted into its stack instead."""
     if not plan.narrow_wire:
         return ()
-    return tuple(dict.fromkeys(op.chunk for op in ops
-                               if op.kind is OpKind.SEND and op.block is None and op.chunk not in exchanged))
+    return converted_of(step_transfers(ops)[0], exchanged)
+
+
+def converted_of(sent: dict[int | None, list[int | None]], exchanged: set[int | None]) -> tuple[int | None, ...]:
+    """``wire_converted`` of a step on a narrow wire, from its ``step_transfers`` (``sent``)."""
+    return tuple(c for c in sent if c not in exchanged)
 
 
 def exchanged_chunks(ops: Iterable[Op]) -> set[int | None]:

@@ -757,7 +757,9 @@ class _Validator:
 def given_partial_problem(plan: Plan) -> str | None:
     """Why ``plan`` cannot merge partials computed elsewhere (None when it can): every rank
     must compute once, over its own KV block (a ``Merger`` takes that partial from the model;
-    ``simulate(..., given_partials=True)`` times such a call)."""
+    ``simulate(..., given_partials=True)`` times such a call), which a raw payload has none of."""
+    if plan.is_raw:
+        return f"plan {plan.algorithm!r} reduces a raw payload: it has no partials to be given"
     for r, prog in enumerate(plan.programs):
         computes = [op for op in prog if op.kind is OpKind.COMPUTE]
         if len(computes) != 1 or computes[0].block not in (None, r):

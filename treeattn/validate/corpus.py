@@ -122,6 +122,13 @@ class PublishedTable:
         return parse_version(self.version)
 
     @property
+    def rccl_release(self) -> Release | None:
+        """The RCCL release the table's version gives (None: not RCCL, or no version)."""
+        if self.library != "RCCL" or not self.version:
+            return None
+        return parse_version(self.version)
+
+    @property
     def name(self) -> str:
         return f"{self.source_id}/{self.table_id}"
 

@@ -53,7 +53,7 @@ from treeattn.plan.ir import Plan, TopologyRef
 from treeattn.plan.schedule import Programs
 from treeattn.topology.library import resolve
 from treeattn.topology.model import Topology
-from treeattn.topology.nccl_version import Release, parse_version, release_text
+from treeattn.topology.nccl_version import Release, release_text
 from treeattn.validate.corpus import PublishedTable
 from treeattn.workload import RawPayload
 
@@ -243,11 +243,6 @@ def table_releases(tables: Iterable[PublishedTable]) -> dict[str, Release]:
     return {t.name: cache.fabric(t).nccl_release for t in tables}
 
 
-def _rccl_release(t: PublishedTable) -> Release | None:
-    """The RCCL release a table's mapping gives (None: not RCCL, or not given)."""
-    return parse_version(t.version) if t.library == "RCCL" and t.version else None
-
-
 POINT_TO_POINT = ("sendrecv", "alltoall")
 """Collectives the point-to-point model times (it reads no NCCL setting); the NCCL model the rest."""
 
@@ -268,7 +263,7 @@ def predict_table(t: PublishedTable, cache: _Topologies | None = None,
             fab = cache.fabric(t)
             est = nccl.pick(fab, _NCCL_NAMES[t.collective], nbytes, env=t.env,
                             ranks_per_process=max(1, t.log.n_threads) * max(1, t.log.n_gpus),
-                            rccl_release=_rccl_release(t))
+                            rccl_release=t.rccl_release)
             pred, how = est.time_us, f"{est.algorithm.value}/{est.protocol.value}"
             channels = nccl.run_channel_count(fab, est.algorithm, est.protocol, nbytes)
             if t.collective in ("broadcast", "reduce"):
