@@ -66,6 +66,22 @@ def test_a_log_from_small_sizes_sets_the_latency(tmp_path):
     assert topo.cost.overhead_us + topo.route_latency_us(0, 1) == pytest.approx(lf.fit.alpha_step_us)
 
 
+def test_a_log_from_large_sizes_only_keeps_the_topology_latency(tmp_path):
+    # xxrjun's 8 x H100 sendrecv (the corpus's xxrjun-nccl-tests-cluster/1node-g8-sendrecv
+    # table) runs from 32 MiB: its line's offset, 384 µs, is the ramp to its bandwidth. Judged
+    # by itself it looks measured (its half-bandwidth size, 146 MiB, holds the smallest rows);
+    # at the topology's latency of a sendrecv (2.6 µs) the half-bandwidth size is under 1 MiB.
+    text = (Path(__file__).parents[2] / "results" / "published" / "xxrjun-nccl-tests-cluster.txt").read_text()
+    log = tmp_path / "sendrecv_perf.g8.txt"
+    log.write_text("\n".join(text.splitlines()[142:172]) + "\n")
+    result = calibrate_from_nccl_tests(resolve("dgx-h100"), [log])
+    (lf,) = result.logs
+    assert lf.fit.size_range[0] == 32 << 20 and lf.fit.latency_measured and lf.fit.fit.alpha_us > 300
+    assert not lf.latency_written and any("not measured" in n for n in lf.notes)
+    assert lf.alpha_us == pytest.approx(2.6)
+    assert [ln.latency_us for ln in result.topology.links] == [ln.latency_us for ln in resolve("dgx-h100").links]
+
+
 def test_multi_node_log_sets_one_rail_link_from_the_node_egress():
     cf = calibrate_from_log(read_nccl_tests(FOUR))
     result = calibrate_from_nccl_tests(DGX4, [ONE, FOUR])

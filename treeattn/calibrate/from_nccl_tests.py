@@ -20,10 +20,11 @@ of the topology, placing the log's ``n`` ranks on the topology's first ``n``:
 
 nccl-tests cannot tell the software overhead from the latency: ``overhead_us`` stays as it is
 and the route latencies take the rest of alpha. A log whose sizes all lie past the size whose
-transfer takes as long as the latency, or whose latency comes out negative
-(``CollectiveFit.latency_measured``), cannot tell the latency either: its class keeps the
-topology's route latency, as does a network class whose share of the latency comes out
-below the overhead. One-node logs are applied first.
+transfer takes as long as the latency (the fitted one, ``CollectiveFit.latency_measured``, or
+the topology's where that is smaller: ``_latency_seen``), or whose latency comes out
+negative, cannot tell the latency either: its class keeps the topology's route latency, as
+does a network class whose share of the latency comes out below the overhead. One-node logs
+are applied first.
 
 ``half_split`` checks the fit itself: lines fitted per size band (``SIZE_BANDS``) on every
 other size of a log predict the sizes in between (results/published/README.md has the
@@ -295,8 +296,8 @@ def _node_fit(topo: Topology, source: str, cf: CollectiveFit) -> LogFit:
                      "GB/s is the host's shared-memory rate (cost.shm_gbps); the links keep their rates and latency")
         return LogFit(source, cf, "node", ">".join(k for k, _ in hops), hops, _alpha_of(topo, a, b),
                       cf.beta_link_gbps, tuple(notes), False, True)
-    alpha, written = _class_alpha(cf.alpha_step_us if cf.latency_measured else None, "per-step latency",
-                                  topo, (a, b), notes)
+    alpha, written = _class_alpha(cf.alpha_step_us if _latency_seen(cf, topo, (a, b), notes) else None,
+                                  "per-step latency", topo, (a, b), notes)
     return LogFit(source, cf, "node", ">".join(k for k, _ in hops), hops, alpha, cf.beta_link_gbps * share,
                   tuple(notes), written)
 
@@ -309,8 +310,9 @@ def _network_fit(topo: Topology, source: str, cf: CollectiveFit, intra_alpha: fl
     hops = _hops(topo, 0, other)
     nn = len({topo.rank_device(r).node for r in range(n)})
     notes = list(cf.warnings)
-    alpha, written = _class_alpha(_network_alpha(cf, topo, local, nn, intra_alpha, notes) if cf.latency_measured
-                                  else None, "network alpha", topo, (0, other), notes)
+    alpha, written = _class_alpha(_network_alpha(cf, topo, local, nn, intra_alpha, notes)
+                                  if _latency_seen(cf, topo, (0, other), notes) else None,
+                                  "network alpha", topo, (0, other), notes)
     egress = _node_egress(topo, local, other)
     low = min(map(_rated, topo.route_links(0, other)))
     # sendrecv's busbw is what one rank's stream to the next got: the ring crosses a node's
@@ -318,6 +320,25 @@ def _network_fit(topo: Topology, source: str, cf: CollectiveFit, intra_alpha: fl
     share = 1.0 if cf.collective == "sendrecv" else low / egress if egress > 0 else 1.0
     return LogFit(source, cf, "network", ">".join(k for k, _ in hops), hops, alpha, cf.beta_link_gbps * share,
                   tuple(notes), written)
+
+
+def _latency_seen(cf: CollectiveFit, topo: Topology, pair: tuple[int, int], notes: list[str]) -> bool:
+    """Whether the log's rows determine its latency: ``CollectiveFit.latency_measured``, and
+    its smallest size is at or below the half-bandwidth size at the topology's latency for the
+    collective (its steps at ``pair``'s route alpha) where that is the smaller. The fitted
+    latency alone cannot judge itself: a log of large sizes only fits the offset of its ramp
+    to the asymptote (384 µs for an 8-GPU sendrecv from 32 MiB), which widens the sizes it
+    calls latency-bound with it."""
+    if not cf.latency_measured:
+        return False
+    prior = COLLECTIVE_MODELS[cf.collective].steps(cf.ranks) * _alpha_of(topo, *pair)
+    if prior >= cf.fit.alpha_us or cf.size_range[0] <= prior * cf.fit.beta_gbps * 1e3:
+        return True
+    notes.append(f"latency {cf.fit.alpha_us:.3g} µs not measured: the smallest size "
+                 f"({cf.size_range[0] / 2**20:.3g} MiB) is past the half-bandwidth size at the topology's "
+                 f"latency ({prior:.3g} µs a call: {prior * cf.fit.beta_gbps * 1e3 / 2**20:.3g} MiB), where "
+                 "the line's offset is the ramp to its bandwidth, not a latency")
+    return False
 
 
 def _class_alpha(alpha: float | None, what: str, topo: Topology, pair: tuple[int, int],
