@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 
 from treeattn.cost import nccl_fabric, nccl_rates
-from treeattn.errors import TopologyError
+from treeattn.errors import InputError, TopologyError
 from treeattn.topology.compact import build_compact
 from treeattn.topology.model import CostParams
 from treeattn.topology.schema import CompactFile
@@ -140,7 +141,6 @@ def test_a_published_table_older_than_the_models_figures_keeps_its_releases_p2p_
 
 def test_nccl_environment_sets_the_level_as_ncclgetlevel_reads_it():
     from treeattn.cost.nccl_env import p2p_level_from_env
-    from treeattn.errors import InputError
 
     assert p2p_level_from_env(None) is None and p2p_level_from_env({"NCCL_ALGO": "Ring"}) is None
     assert p2p_level_from_env({"NCCL_P2P_DISABLE": "1"}) == "LOC"
@@ -161,6 +161,30 @@ def test_rccls_name_of_the_gpu_fabric_level_reads_as_nvl():
     from treeattn.cost.nccl_env import p2p_level_from_env
 
     assert p2p_level_from_env({"NCCL_P2P_LEVEL": "XGMI"}) == "NVL"
+    assert p2p_level_from_env({"NCCL_P2P_LEVEL": "XGMI"}, "RCCL") == "NVL"
+
+
+@pytest.mark.parametrize(("library", "name"), [("NCCL", "XGMI"), ("RCCL", "NVL"), ("RCCL", "C2C"), ("RCCL", "P2C")])
+def test_each_library_reads_its_own_level_names(library, name):
+    """NCCL's topoPathTypeStr has no XGMI, RCCL's AMD build no NVL, C2C or P2C: either library
+    ignores the other's name, so a table of that library that sets it is refused, not scored
+    at a level the library would not take."""
+    from treeattn.cost.nccl_env import p2p_level_from_env
+
+    assert p2p_level_from_env({"NCCL_P2P_LEVEL": name}) is not None  # library unknown: either's name
+    with pytest.raises(InputError, match=f"NCCL_P2P_LEVEL='{name}': {library} reads .*ignore"):
+        p2p_level_from_env({"NCCL_P2P_LEVEL": name}, library)
+
+
+def test_a_tables_level_name_is_read_by_its_library():
+    from treeattn.validate.corpus import load_corpus
+    from treeattn.validate.published import table_p2p_level
+
+    t = next(t for t in load_corpus() if t.library == "RCCL")
+    _, why = table_p2p_level(dataclasses.replace(t, env={"NCCL_P2P_LEVEL": "XGMI"}))
+    assert why == "NCCL_P2P_LEVEL=XGMI"
+    with pytest.raises(InputError, match=f"^{re.escape(t.name)}: NCCL_P2P_LEVEL='NVL': RCCL reads"):
+        table_p2p_level(dataclasses.replace(t, env={"NCCL_P2P_LEVEL": "NVL"}))
 
 
 def test_levels_below_pcie_send_nvlink_pairs_through_host_memory():

@@ -15,7 +15,7 @@ import re
 
 from treeattn.cost.nccl_tuning import _NCCL_ALGOS, Algorithm, Protocol
 from treeattn.errors import InputError
-from treeattn.topology.model import p2p_level_name, p2p_level_names
+from treeattn.topology.model import P2P_LEVELS, p2p_level_name, p2p_level_names
 
 __all__ = [
     "ENV_SETTINGS",
@@ -109,16 +109,23 @@ def msccl_single_process(env: dict[str, str] | None) -> bool:
     return _setting(env or {}, "RCCL_MSCCL_ENABLE_SINGLE_PROCESS") != 0
 
 
-def p2p_level_from_env(env: dict[str, str] | None) -> str | None:
+_READ_BY = {"NCCL": P2P_LEVELS, "RCCL": ("LOC", "XGMI", "NVB", "PIX", "PXB", "PXN", "PHB", "SYS")}
+"""The level names each library's ``NCCL_P2P_LEVEL`` reads (its ``topoPathTypeStr`` up to SYS):
+RCCL's (``src/graph/topo.cc``, the AMD build, tag rocm-6.2.2) call NCCL's NVL XGMI and have no
+C2C or P2C."""
+
+
+def p2p_level_from_env(env: dict[str, str] | None, library: str = "") -> str | None:
     """The P2P level (``P2P_LEVELS``) an NCCL environment sets, as NCCL's ``ncclGetLevel``
     reads it (``src/graph/paths.cc``): ``NCCL_P2P_DISABLE=1`` gives LOC (no peer-to-peer, NVLink
     included); else ``NCCL_P2P_LEVEL``, a path type's name (``PHB``) or an old number (0 LOC,
     1 PIX, 2 PXB, 3 PHB, 4 and up SYS). RCCL names the GPU-fabric hop ``XGMI`` where NCCL says
     ``NVL`` (``src/graph/topo.cc`` ``topoPathTypeStr``): read as NVL. None: neither sets it
-    (NCCL's default applies).
+    (NCCL's default applies). ``library`` (``NCCL``, ``RCCL``; empty: either) holds the names
+    to those it reads (``_READ_BY``): NCCL does not read XGMI, nor RCCL NVL.
 
     Raises:
-        InputError: an ``NCCL_P2P_LEVEL`` NCCL would not read (it would ignore it).
+        InputError: an ``NCCL_P2P_LEVEL`` the library would not read (it would ignore it).
     """
     env = env or {}
     if _setting(env, "NCCL_P2P_DISABLE") == 1:
@@ -127,6 +134,9 @@ def p2p_level_from_env(env: dict[str, str] | None) -> str | None:
     if text is None:
         return None
     if (level := p2p_level_name(text)) is not None:  # RCCL's XGMI as NVL
+        if library in _READ_BY and text not in _READ_BY[library]:
+            raise InputError(f"NCCL_P2P_LEVEL={text!r}: {library} reads {', '.join(_READ_BY[library])} "
+                             "or 0-5, not this name; it would ignore the setting")
         return level
     if text[:1].isascii() and text[:1].isdigit():  # NCCL: str[0] in 0-9
         return _OLD_LEVELS[min(_int_env(text, 0), len(_OLD_LEVELS) - 1)]

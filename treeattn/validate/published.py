@@ -194,7 +194,7 @@ class _Topologies:
         cost = topo.cost
         if t.nccl_release is not None and cost.nccl_version != t.version:
             cost = cost.updated(nccl_version=t.version)
-        level = nccl_env.p2p_level_from_env(t.env)
+        level = _env_level(t)
         if level is None and t.nccl_release is None and t.nccl_bound is not None and cost.p2p_level is None:
             level = nccl_rates.p2p_level(topo, topo.rank_device(0).node, t.nccl_bound)
         if level is not None:
@@ -218,6 +218,14 @@ class _Topologies:
         return fab if release is None else dataclasses.replace(fab, nccl_release=release)
 
 
+def _env_level(t: PublishedTable) -> str | None:
+    """The P2P level ``t``'s environment sets, read by its library (``nccl_env.p2p_level_from_env``)."""
+    try:
+        return nccl_env.p2p_level_from_env(t.env, t.library)
+    except InputError as exc:
+        raise InputError(f"{t.name}: {exc}") from None
+
+
 def table_p2p_level(t: PublishedTable) -> tuple[Topology, str]:
     """The topology ``t``'s point-to-point rows are predicted on (``_Topologies.p2p_topo``: at
     its release and P2P level), and what sets that level: the table's ``NCCL_P2P_DISABLE`` /
@@ -225,7 +233,7 @@ def table_p2p_level(t: PublishedTable) -> tuple[Topology, str]:
     table's, or the older one its mapping bounds it by)."""
     cache = _Topologies()
     topo = cache.p2p_topo(t)
-    if nccl_env.p2p_level_from_env(t.env) is not None:
+    if _env_level(t) is not None:
         # the setting that decides (NCCL_P2P_DISABLE=1 wins over any level), not those beside it
         disabled = {k: v for k, v in t.env.items() if k == "NCCL_P2P_DISABLE"}
         name = "NCCL_P2P_DISABLE" if nccl_env.p2p_level_from_env(disabled) == "LOC" else "NCCL_P2P_LEVEL"
