@@ -103,6 +103,8 @@ def test_own_log_is_scored_as_the_same_table_in_a_mapping_would_be(tmp_path):
     text = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=4")
     assert text.exit_code == 0 and "all_reduce over 32 ranks on dgx-h100:nodes=4, NCCL 2.26.2 (printed)" in text.stdout
     assert "32 ranks solved from busbw/algbw" in text.stdout
+    # A user's log is measured, not published: the table's first line says so.
+    assert "error = predicted / measured time - 1" in text.stdout
 
 
 def test_own_log_env_reaches_the_model(tmp_path):

@@ -165,8 +165,10 @@ def check_model_cmd(
     releases = table_releases(tables)
     folders = [p for p in (paths or []) if p.is_dir()] if paths else None
     attention = attention_summary(load_attention(folders))
+    # the user's own logs are measured, not published: the figure and the table say whose
+    measured = "published" if not logs else "your" if not corpus else "published and your"
     if png is not None:
-        plot_corpus(rows, png)
+        plot_corpus(rows, png, measured)
     own = [t for t in tables if t.url in map(str, logs)]
 
     def said(t) -> list[str]:  # noqa: ANN001 - a PublishedTable
@@ -193,8 +195,8 @@ def check_model_cmd(
     # Wide enough for the table names: rich would otherwise fold them in a narrow terminal.
     con = console()
     scored = sum(1 for t in tables if t.scored)
-    con.print(f"{len(tables)} tables ({scored} scored), {len(rows)} rows; error = predicted / published time - 1",
-              markup=False)
+    con.print(f"{len(tables)} tables ({scored} scored), {len(rows)} rows; error = predicted / "
+              f"{'measured' if logs else 'published'} time - 1", markup=False)
     for t in own:  # what was read from each log, and what was inferred
         gpus = f", {t.log.n_gpus} GPUs a process (-g)" if t.log.n_gpus > 1 else ""
         nccl = (f"{t.library} {t.version} (printed)" if t.version

@@ -342,9 +342,9 @@ def summarize(rows: list[RowResult]) -> dict:
     }
 
 
-def plot_corpus(rows: list[RowResult], out: str | Path) -> Path:
+def plot_corpus(rows: list[RowResult], out: str | Path, measured: str = "published") -> Path:
     """Predicted against published time, log-log, one colour per collective (scored rows
-    filled, unscored ones hollow)."""
+    filled, unscored ones hollow); ``measured`` names the times (``your``: the user's own logs)."""
     import matplotlib
 
     from treeattn.figures import save_figure
@@ -371,8 +371,8 @@ def plot_corpus(rows: list[RowResult], out: str | Path) -> Path:
         ax.plot([lo, hi], [lo * f, hi * f], color="grey", lw=0.5, ls="--")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("published time (µs)")
+    ax.set_xlabel(f"{'measured' if measured == 'your' else measured} time (µs)")
     ax.set_ylabel("predicted time (µs)")
-    ax.set_title("treeattn's model against published nccl-tests / rccl-tests rows (dashed: +-25 %)")
+    ax.set_title(f"treeattn's model against {measured} nccl-tests / rccl-tests rows (dashed: +-25 %)")
     ax.legend(fontsize=8)
     return save_figure(fig, out)
