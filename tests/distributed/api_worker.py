@@ -1,4 +1,4 @@
-"""What each rank of the API tests runs (spawned processes; no test here), and the tasks of
+"""What each rank of the API tests runs (forked processes; no test here), and the tasks of
 ``baselines_worker`` (the executor's baselines on the same gloo ranks).
 
 Every scenario: each rank builds its KV shard (deterministic from the seed, uneven, some
@@ -504,14 +504,16 @@ TASKS = {"bits_as_predicted": bits_as_predicted, "empty_conventions": empty_conv
 
 def main() -> None:
     """``python -m tests.distributed.api_worker TASK RANKS PORT OUT_DIR``: run TASK on RANKS
-    spawned processes (in this process, not pytest's: spawning leaves a resource-tracker
-    process behind for the life of its parent)."""
+    processes forked from this one (in this process, not pytest's: starting them leaves a
+    resource-tracker process behind for the life of its parent). Forked, the ranks share this
+    process's import of torch instead of each importing it again (4 ranks on 2 slow cores: 31
+    -> 15 s a test); the API under test runs the same either way, on the CPU."""
     import sys
 
     import torch.multiprocessing as mp
 
     task, p, port, out_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    mp.start_processes(run_worker, args=(p, port, out_dir, task), nprocs=p, start_method="spawn")
+    mp.start_processes(run_worker, args=(p, port, out_dir, task), nprocs=p, start_method="fork")
 
 
 if __name__ == "__main__":
