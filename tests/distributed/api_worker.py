@@ -502,18 +502,25 @@ TASKS = {"bits_as_predicted": bits_as_predicted, "empty_conventions": empty_conv
          "baselines_pooled": baselines_worker.pooled, "baselines_runner_pools": baselines_worker.runner_pools}
 
 
+SPAWNED = {"searched"}
+"""Tasks whose ranks are spawned, not forked (``main``)."""
+
+
 def main() -> None:
     """``python -m tests.distributed.api_worker TASK RANKS PORT OUT_DIR``: run TASK on RANKS
     processes forked from this one (in this process, not pytest's: starting them leaves a
     resource-tracker process behind for the life of its parent). Forked, the ranks share this
     process's import of torch instead of each importing it again (4 ranks on 2 slow cores: 31
-    -> 15 s a test); the API under test runs the same either way, on the CPU."""
+    -> 15 s a test); the API under test runs the same either way, on the CPU. The searched
+    plans' ranks are spawned, each with a string hash of its own as under a launcher: ranks
+    that built their plans in a hash-dependent order would disagree there."""
     import sys
 
     import torch.multiprocessing as mp
 
     task, p, port, out_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    mp.start_processes(run_worker, args=(p, port, out_dir, task), nprocs=p, start_method="fork")
+    mp.start_processes(run_worker, args=(p, port, out_dir, task), nprocs=p,
+                       start_method="spawn" if task in SPAWNED else "fork")
 
 
 if __name__ == "__main__":

@@ -82,6 +82,28 @@ def test_a_log_from_large_sizes_only_keeps_the_topology_latency(tmp_path):
     assert [ln.latency_us for ln in result.topology.links] == [ln.latency_us for ln in resolve("dgx-h100").links]
 
 
+def test_a_multi_node_log_from_large_sizes_only_keeps_the_network_latency(tmp_path):
+    # voltagepark's 4 x 8 H100 broadcast (the corpus's voltagepark-h100-4node/broadcast table)
+    # cut to its rows from 32 MiB: its line's offset, 204 µs, would write a 44 µs network
+    # latency. The topology's latency for the broadcast is 3 network steps and 28 NVLink ones
+    # (88 µs; its half-bandwidth size under the smallest size), not 31 network steps (161 µs).
+    published = Path(__file__).parents[2] / "results" / "published"
+    lines = (published / "voltagepark-h100-4node.txt").read_text().splitlines()
+    rows = [ln.split() for ln in lines[:82] if ln.split() and ln.split()[0].isdigit()]
+    kept = [r for r in rows if int(r[0]) >= 32 << 20]
+    bus = [float(x) for r in kept for x in (r[-6], r[-2])]
+    text = [re.sub(r"minBytes \d+", f"minBytes {32 << 20}", ln) if "minBytes" in ln
+            else f"# Avg bus bandwidth    : {sum(bus) / len(bus):.4f}" if "Avg bus bandwidth" in ln else ln
+            for ln in lines[:82] if not (ln.split() and ln.split()[0].isdigit() and int(ln.split()[0]) < 32 << 20)]
+    log = tmp_path / "broadcast_perf.txt"
+    log.write_text("\n".join(text) + "\n")
+    result = calibrate_from_nccl_tests(DGX4, [log])
+    (lf,) = result.logs
+    assert lf.scope == "network" and lf.fit.latency_measured and lf.fit.fit.alpha_us > 150
+    assert not lf.latency_written and any("not measured" in n and "(88.4 µs a call" in n for n in lf.notes)
+    assert [ln.latency_us for ln in result.topology.links] == [ln.latency_us for ln in DGX4.links]
+
+
 def test_multi_node_log_sets_one_rail_link_from_the_node_egress():
     cf = calibrate_from_log(read_nccl_tests(FOUR))
     result = calibrate_from_nccl_tests(DGX4, [ONE, FOUR])

@@ -296,7 +296,8 @@ def _node_fit(topo: Topology, source: str, cf: CollectiveFit) -> LogFit:
                      "GB/s is the host's shared-memory rate (cost.shm_gbps); the links keep their rates and latency")
         return LogFit(source, cf, "node", ">".join(k for k, _ in hops), hops, _alpha_of(topo, a, b),
                       cf.beta_link_gbps, tuple(notes), False, True)
-    alpha, written = _class_alpha(cf.alpha_step_us if _latency_seen(cf, topo, (a, b), notes) else None,
+    prior = COLLECTIVE_MODELS[cf.collective].steps(n) * _alpha_of(topo, a, b)
+    alpha, written = _class_alpha(cf.alpha_step_us if _latency_seen(cf, prior, notes) else None,
                                   "per-step latency", topo, (a, b), notes)
     return LogFit(source, cf, "node", ">".join(k for k, _ in hops), hops, alpha, cf.beta_link_gbps * share,
                   tuple(notes), written)
@@ -310,8 +311,12 @@ def _network_fit(topo: Topology, source: str, cf: CollectiveFit, intra_alpha: fl
     hops = _hops(topo, 0, other)
     nn = len({topo.rank_device(r).node for r in range(n)})
     notes = list(cf.warnings)
+    # the topology's latency for the collective as _network_alpha divides it: its network
+    # steps at the network route's alpha, the rest at the node's
+    s_net, s_node = _network_steps(cf, nn)
+    prior = s_net * _alpha_of(topo, 0, other) + (s_node * _alpha_of(topo, *local[:2]) if len(local) > 1 else 0.0)
     alpha, written = _class_alpha(_network_alpha(cf, topo, local, nn, intra_alpha, notes)
-                                  if _latency_seen(cf, topo, (0, other), notes) else None,
+                                  if _latency_seen(cf, prior, notes) else None,
                                   "network alpha", topo, (0, other), notes)
     egress = _node_egress(topo, local, other)
     low = min(map(_rated, topo.route_links(0, other)))
@@ -322,16 +327,15 @@ def _network_fit(topo: Topology, source: str, cf: CollectiveFit, intra_alpha: fl
                   tuple(notes), written)
 
 
-def _latency_seen(cf: CollectiveFit, topo: Topology, pair: tuple[int, int], notes: list[str]) -> bool:
+def _latency_seen(cf: CollectiveFit, prior: float, notes: list[str]) -> bool:
     """Whether the log's rows determine its latency: ``CollectiveFit.latency_measured``, and
-    its smallest size is at or below the half-bandwidth size at the topology's latency for the
-    collective (its steps at ``pair``'s route alpha) where that is the smaller. The fitted
-    latency alone cannot judge itself: a log of large sizes only fits the offset of its ramp
-    to the asymptote (384 µs for an 8-GPU sendrecv from 32 MiB), which widens the sizes it
-    calls latency-bound with it."""
+    its smallest size is at or below the half-bandwidth size at ``prior``, the topology's
+    latency for the collective (its steps at the route alphas the fit is divided into), where
+    that is the smaller. The fitted latency alone cannot judge itself: a log of large sizes
+    only fits the offset of its ramp to the asymptote (384 µs for an 8-GPU sendrecv from 32
+    MiB), which widens the sizes it calls latency-bound with it."""
     if not cf.latency_measured:
         return False
-    prior = COLLECTIVE_MODELS[cf.collective].steps(cf.ranks) * _alpha_of(topo, *pair)
     if prior >= cf.fit.alpha_us or cf.size_range[0] <= prior * cf.fit.beta_gbps * 1e3:
         return True
     notes.append(f"latency {cf.fit.alpha_us:.3g} µs not measured: the smallest size "
@@ -359,15 +363,22 @@ def _network_alpha(cf: CollectiveFit, topo: Topology, local: list[int], nodes: i
                    notes: list[str]) -> float:
     """A network hop's share of the log's latency: its network steps' share of the ring's,
     the rest at the one-node alpha (an earlier log's, else the topology's)."""
-    if cf.collective == "sendrecv":
-        return cf.fit.alpha_us
-    n = cf.ranks
-    steps = COLLECTIVE_MODELS[cf.collective].steps(n)
-    s_net = steps * (nodes - 1) / (n - 1)
-    if intra_alpha is None and len(local) > 1:
+    s_net, s_node = _network_steps(cf, nodes)
+    if intra_alpha is None and s_node and len(local) > 1:
         intra_alpha = _alpha_of(topo, local[0], local[1])
         notes.append(f"one-node alpha {intra_alpha:.3g} µs taken from the topology (no one-node log given)")
-    return (cf.fit.alpha_us - (steps - s_net) * (intra_alpha or 0.0)) / s_net
+    return (cf.fit.alpha_us - s_node * (intra_alpha or 0.0)) / s_net
+
+
+def _network_steps(cf: CollectiveFit, nodes: int) -> tuple[float, float]:
+    """(network steps, one-node steps) of the log's collective over ``nodes`` nodes: a
+    sendrecv's one step is the network's; a ring's steps cross the network in the share
+    ``(nodes - 1) / (n - 1)`` of its hops."""
+    if cf.collective == "sendrecv":
+        return 1.0, 0.0
+    steps = COLLECTIVE_MODELS[cf.collective].steps(cf.ranks)
+    s_net = steps * (nodes - 1) / (cf.ranks - 1)
+    return s_net, steps - s_net
 
 
 # Size bands fitted apart: NCCL changes protocol and algorithm with size (LL up to tens of

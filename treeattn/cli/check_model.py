@@ -104,7 +104,8 @@ def check_model_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys): every row and every figure.")]
     = False,
     png: Annotated[Path | None, typer.Option("--png", **OUT_PATH,
-                                             help="Draw predicted against published time into this PNG.")]
+                                             help="Draw predicted against published (your logs: measured) time "
+                                             "into this PNG.")]
     = None,
     progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress on stderr (rows "
                                                   "predicted): a bar on a terminal, else a line every 10 s.")] = None,

@@ -136,7 +136,7 @@ def p2p_level_from_env(env: dict[str, str] | None, library: str = "") -> str | N
     if (level := p2p_level_name(text)) is not None:  # RCCL's XGMI as NVL
         if library in _READ_BY and text not in _READ_BY[library]:
             raise InputError(f"NCCL_P2P_LEVEL={text!r}: {library} reads {', '.join(_READ_BY[library])} "
-                             "or 0-5, not this name; it would ignore the setting")
+                             "or a number, not this name; it would ignore the setting")
         return level
     if text[:1].isascii() and text[:1].isdigit():  # NCCL: str[0] in 0-9
         return _OLD_LEVELS[min(_int_env(text, 0), len(_OLD_LEVELS) - 1)]

@@ -371,7 +371,7 @@ def plot_corpus(rows: list[RowResult], out: str | Path, measured: str = "publish
         ax.plot([lo, hi], [lo * f, hi * f], color="grey", lw=0.5, ls="--")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel(f"{'measured' if measured == 'your' else measured} time (µs)")
+    ax.set_xlabel(f"{'published' if measured == 'published' else 'measured'} time (µs)")
     ax.set_ylabel("predicted time (µs)")
     ax.set_title(f"treeattn's model against {measured} nccl-tests / rccl-tests rows (dashed: +-25 %)")
     ax.legend(fontsize=8)
