@@ -176,6 +176,19 @@ def test_each_library_reads_its_own_level_names(library, name):
         p2p_level_from_env({"NCCL_P2P_LEVEL": name}, library)
 
 
+def test_nccls_later_level_names_are_read_from_their_first_release():
+    """C2C first in v2.26.2-1's topoPathTypeStr, P2C in v2.27.3-1: an older NCCL ignores them."""
+    from treeattn.cost.nccl_env import p2p_level_from_env
+
+    assert p2p_level_from_env({"NCCL_P2P_LEVEL": "C2C"}, "NCCL", (2, 26, 2)) == "C2C"
+    assert p2p_level_from_env({"NCCL_P2P_LEVEL": "P2C"}, "NCCL", (2, 27, 3)) == "P2C"
+    assert p2p_level_from_env({"NCCL_P2P_LEVEL": "P2C"}, "NCCL") == "P2C"  # the newest
+    with pytest.raises(InputError, match=r"'C2C': NCCL 2\.25\.1 reads LOC, NVL, NVB, PIX"):
+        p2p_level_from_env({"NCCL_P2P_LEVEL": "C2C"}, "NCCL", (2, 25, 1))
+    with pytest.raises(InputError, match="'P2C': NCCL 2.26.x reads"):
+        p2p_level_from_env({"NCCL_P2P_LEVEL": "P2C"}, "NCCL", (2, 26, 999))
+
+
 def test_a_tables_level_name_is_read_by_its_library():
     from treeattn.validate.corpus import load_corpus
     from treeattn.validate.published import table_p2p_level

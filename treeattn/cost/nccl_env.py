@@ -16,6 +16,7 @@ import re
 from treeattn.cost.nccl_tuning import _NCCL_ALGOS, Algorithm, Protocol
 from treeattn.errors import InputError
 from treeattn.topology.model import P2P_LEVELS, p2p_level_name, p2p_level_names
+from treeattn.topology.nccl_version import Release, release_text
 
 __all__ = [
     "ENV_SETTINGS",
@@ -109,20 +110,35 @@ def msccl_single_process(env: dict[str, str] | None) -> bool:
     return _setting(env or {}, "RCCL_MSCCL_ENABLE_SINGLE_PROCESS") != 0
 
 
-_READ_BY = {"NCCL": P2P_LEVELS, "RCCL": ("LOC", "XGMI", "NVB", "PIX", "PXB", "PXN", "PHB", "SYS")}
-"""The level names each library's ``NCCL_P2P_LEVEL`` reads (its ``topoPathTypeStr`` up to SYS):
-RCCL's (``src/graph/topo.cc``, the AMD build, tag rocm-6.2.2) call NCCL's NVL XGMI and have no
-C2C or P2C."""
+_RCCL_NAMES = ("LOC", "XGMI", "NVB", "PIX", "PXB", "PXN", "PHB", "SYS")
+"""The level names RCCL's ``NCCL_P2P_LEVEL`` reads (its ``topoPathTypeStr`` up to SYS,
+``src/graph/topo.cc``, the AMD build, tags rocm-6.1.2 and rocm-6.2.2): NCCL's NVL is XGMI,
+and there is no C2C or P2C."""
+
+_NCCL_NAME_FROM: dict[str, Release] = {"C2C": (2, 26, 2), "P2C": (2, 27, 3)}
+"""NCCL's level names added after 2.18, by the first release whose ``topoPathTypeStr`` has
+them (NVIDIA/nccl tags v2.26.2-1 and v2.27.3-1; v2.25.1-1 has neither)."""
 
 
-def p2p_level_from_env(env: dict[str, str] | None, library: str = "") -> str | None:
+def _names_read(library: str, release: Release | None) -> tuple[str, ...] | None:
+    """The level names ``library`` at ``release`` (None: the newest) reads; None for a library
+    not known (either's names)."""
+    if library == "RCCL":
+        return _RCCL_NAMES
+    if library == "NCCL":
+        return tuple(n for n in P2P_LEVELS if release is None or release >= _NCCL_NAME_FROM.get(n, release))
+    return None
+
+
+def p2p_level_from_env(env: dict[str, str] | None, library: str = "", release: Release | None = None) -> str | None:
     """The P2P level (``P2P_LEVELS``) an NCCL environment sets, as NCCL's ``ncclGetLevel``
     reads it (``src/graph/paths.cc``): ``NCCL_P2P_DISABLE=1`` gives LOC (no peer-to-peer, NVLink
     included); else ``NCCL_P2P_LEVEL``, a path type's name (``PHB``) or an old number (0 LOC,
     1 PIX, 2 PXB, 3 PHB, 4 and up SYS). RCCL names the GPU-fabric hop ``XGMI`` where NCCL says
     ``NVL`` (``src/graph/topo.cc`` ``topoPathTypeStr``): read as NVL. None: neither sets it
-    (NCCL's default applies). ``library`` (``NCCL``, ``RCCL``; empty: either) holds the names
-    to those it reads (``_READ_BY``): NCCL does not read XGMI, nor RCCL NVL.
+    (NCCL's default applies). ``library`` (``NCCL``, ``RCCL``; empty: either) and, for NCCL,
+    ``release`` (None: the newest) hold the names to those it reads (``_names_read``): NCCL
+    does not read XGMI, nor RCCL NVL, nor NCCL before 2.26.2 C2C.
 
     Raises:
         InputError: an ``NCCL_P2P_LEVEL`` the library would not read (it would ignore it).
@@ -134,9 +150,11 @@ def p2p_level_from_env(env: dict[str, str] | None, library: str = "") -> str | N
     if text is None:
         return None
     if (level := p2p_level_name(text)) is not None:  # RCCL's XGMI as NVL
-        if library in _READ_BY and text not in _READ_BY[library]:
-            raise InputError(f"NCCL_P2P_LEVEL={text!r}: {library} reads {', '.join(_READ_BY[library])} "
-                             "or a number, not this name; it would ignore the setting")
+        names = _names_read(library, release)
+        if names is not None and text not in names:
+            which = f"{library} {release_text(release)}" if release is not None and library == "NCCL" else library
+            raise InputError(f"NCCL_P2P_LEVEL={text!r}: {which} reads {', '.join(names)} or a number, not this "
+                             "name; it would ignore the setting")
         return level
     if text[:1].isascii() and text[:1].isdigit():  # NCCL: str[0] in 0-9
         return _OLD_LEVELS[min(_int_env(text, 0), len(_OLD_LEVELS) - 1)]

@@ -219,9 +219,10 @@ class _Topologies:
 
 
 def _env_level(t: PublishedTable) -> str | None:
-    """The P2P level ``t``'s environment sets, read by its library (``nccl_env.p2p_level_from_env``)."""
+    """The P2P level ``t``'s environment sets, read by its library at the newest release the
+    table allows (``nccl_env.p2p_level_from_env``)."""
     try:
-        return nccl_env.p2p_level_from_env(t.env, t.library)
+        return nccl_env.p2p_level_from_env(t.env, t.library, t.nccl_bound)
     except InputError as exc:
         raise InputError(f"{t.name}: {exc}") from None
 
