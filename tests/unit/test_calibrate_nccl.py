@@ -630,3 +630,21 @@ def test_a_host_memory_rate_beyond_the_gpus_pcie_links_is_warned_of(tmp_path):
     assert f"above the {min(ln.bw_gbps for ln in gpu_links):.4g} GB/s (its rate)" in said
     measured = dataclasses.replace(bare, cost=dataclasses.replace(bare.cost, link_rates="measured"))
     assert not any("through host memory" in w for w in calibrate_from_nccl_tests(measured, [log]).warnings)
+
+
+def test_the_shipped_half_split_table_is_what_the_benchmark_prints(capsys, monkeypatch):
+    """results/published/calibration-half-split.txt, quoted in results/published/README.md,
+    is regenerated when the corpus or the fit changes (it had missed a new table)."""
+    import importlib.util
+    import sys
+
+    root = Path(__file__).parents[2]
+    spec = importlib.util.spec_from_file_location("bench_half", root / "benchmarks" / "bench_calibrate_half_split.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(sys, "argv", ["bench_calibrate_half_split.py"])
+    assert bench.main() == 0
+    shipped = (root / "results" / "published" / "calibration-half-split.txt").read_text()
+    assert capsys.readouterr().out == shipped, (
+        "results/published/calibration-half-split.txt is stale: regenerate with `.venv/bin/python "
+        "benchmarks/bench_calibrate_half_split.py --out results/published/calibration-half-split.txt`")
