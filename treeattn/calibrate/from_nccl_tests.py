@@ -336,11 +336,14 @@ def _latency_seen(cf: CollectiveFit, prior: float, notes: list[str]) -> bool:
     MiB), which widens the sizes it calls latency-bound with it."""
     if not cf.latency_measured:
         return False
-    if prior >= cf.fit.alpha_us or cf.size_range[0] <= prior * cf.fit.beta_gbps * 1e3:
+    # latency_measured holds the smallest size within the fitted latency's half-bandwidth
+    # size, so a prior above the fitted latency passes here too
+    at_prior = prior * cf.fit.beta_gbps * 1e3
+    if cf.size_range[0] <= at_prior:
         return True
     notes.append(f"latency {cf.fit.alpha_us:.3g} µs not measured: the smallest size "
                  f"({cf.size_range[0] / 2**20:.3g} MiB) is past the half-bandwidth size at the topology's "
-                 f"latency ({prior:.3g} µs a call: {prior * cf.fit.beta_gbps * 1e3 / 2**20:.3g} MiB), where "
+                 f"latency ({prior:.3g} µs a call: {at_prior / 2**20:.3g} MiB), where "
                  "the line's offset is the ramp to its bandwidth, not a latency")
     return False
 
