@@ -115,12 +115,13 @@ def search_plan(topology: str | os.PathLike | Topology, workload_or_model: Paylo
     return _sourced(found.best, topology, topo)
 
 
-def simulate_plan(plan: Plan, topology: str | os.PathLike | Topology | None = None, *,
+def simulate_plan(plan: Plan | str | os.PathLike, topology: str | os.PathLike | Topology | None = None, *,
                   given_partials: bool = False) -> SimResult:
     """What ``plan`` is predicted to take, as ``treeattn simulate`` predicts it.
 
     Args:
-        plan: the plan (``search_plan``'s, ``build_plan``'s or ``load_plan``'s).
+        plan: the plan (``search_plan``'s, ``build_plan``'s or ``load_plan``'s), or what
+            ``load_plan`` reads: a plan file's path or a plan's text, as ``Merger`` takes it.
         topology: where to predict it: as ``search_plan`` takes it; default the topology the
             plan records (its name, or the file it was made from, with its fingerprint checked).
         given_partials: time one ``Merger`` call: each rank's partial over its own KV shard is
@@ -133,7 +134,8 @@ def simulate_plan(plan: Plan, topology: str | os.PathLike | Topology | None = No
         rank holds its rows), ``per_rank_finish_us``, ``critical_path``, ``timeline``.
 
     Raises:
-        treeattn.errors.InputError: not a Plan; a topology that is unknown, changed since the
+        treeattn.errors.InputError: not a Plan, a path or a plan's text; a plan file that cannot
+            be read (``PlanFormatError``, as ``load_plan``'s); a topology that is unknown, changed since the
             plan was made, or of another rank count; ``given_partials`` with a plan that moves
             KV or reduces a raw payload (a Merger runs neither).
 
@@ -145,12 +147,14 @@ def simulate_plan(plan: Plan, topology: str | os.PathLike | Topology | None = No
     from treeattn.cost.simulate import simulate
     from treeattn.plan.validate import check
 
-    if not isinstance(plan, Plan):
-        raise InputError(f"simulate_plan plan must be a Plan (search_plan's, build_plan's or load_plan's), "
-                         f"got {type(plan).__name__}")
+    if not isinstance(plan, (Plan, str, os.PathLike)):
+        raise InputError(f"simulate_plan plan must be a Plan (search_plan's, build_plan's or load_plan's), a plan "
+                         f"file's path or a plan's text, got {type(plan).__name__}")
     if not isinstance(given_partials, bool):
         raise InputError(f"simulate_plan given_partials must be True or False, got {given_partials!r}")
     with _named("simulate_plan"):
+        if not isinstance(plan, Plan):
+            plan = plan_io.load_plan(plan)
         check(plan)
         if topology is None:
             ref = plan.topology

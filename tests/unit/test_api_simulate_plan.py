@@ -12,7 +12,7 @@ import pytest
 import treeattn
 from tests.cli_helpers import run_cli
 from treeattn.cost.simulate import simulate
-from treeattn.errors import InputError
+from treeattn.errors import InputError, PlanFormatError
 from treeattn.topology.library import resolve
 from treeattn.workload import RawPayload
 
@@ -36,6 +36,25 @@ def test_by_default_it_predicts_what_the_plan_records_on_the_plans_own_topology(
     assert treeattn.simulate_plan(loaded).predicted_us == plan.predicted_us  # the file found from the plan's folder
     other = treeattn.simulate_plan(plan, "cpu:ranks=4,cores=4")
     assert other.predicted_us == simulate(plan, resolve("cpu:ranks=4,cores=4")).predicted_us != plan.predicted_us
+
+
+def test_a_plan_file_or_text_is_read_as_load_plan_reads_it(tmp_path):
+    # As Merger takes it: the plan every rank loads from the same file.
+    topo_file = tmp_path / "topo" / "box.yaml"
+    topo_file.parent.mkdir()
+    (tmp_path / "plans").mkdir()
+    topo_file.write_text((ROOT / "topologies" / "cpu-4.yaml").read_text())
+    plan = treeattn.build_plan(str(topo_file), "llama-3.2-1b", "binomial", batch=1, seq_len=4096)
+    path = treeattn.save_plan(plan, tmp_path / "plans" / "p.yaml")
+    for given in (path, str(path)):  # its topology file found from the plan's folder, as load_plan finds it
+        assert treeattn.simulate_plan(given).predicted_us == plan.predicted_us
+    assert treeattn.simulate_plan(given, given_partials=True).predicted_us \
+        == treeattn.simulate_plan(plan, given_partials=True).predicted_us
+    shipped = treeattn.build_plan("dgx-h100", "llama-3.1-8b", "binomial", batch=1, seq_len="64K")
+    text = treeattn.save_plan(shipped, tmp_path / "s.yaml").read_text()
+    assert treeattn.simulate_plan(text).predicted_us == shipped.predicted_us
+    with pytest.raises(PlanFormatError, match=r"^simulate_plan: .*nosuch\.yaml"):
+        treeattn.simulate_plan(tmp_path / "nosuch.yaml")
 
 
 @pytest.mark.parametrize(("algorithm", "result"), [("binomial", "all"), ("direct", "all"), ("allgather-merge", "all"),
@@ -68,8 +87,9 @@ def test_plans_a_merger_cannot_run_and_bad_arguments_are_refused_by_name():
     with pytest.raises(InputError, match=r"^simulate_plan: plan 'binomial' reduces a raw payload: it has no "
                                          r"partials to be given$"):
         treeattn.simulate_plan(raw, given_partials=True)
-    with pytest.raises(InputError, match=r"^simulate_plan plan must be a Plan .*got str$"):
-        treeattn.simulate_plan("plans/x.yaml")
+    with pytest.raises(InputError, match=r"^simulate_plan plan must be a Plan .*, a plan file's path or a plan's "
+                                         r"text, got int$"):
+        treeattn.simulate_plan(3)
     with pytest.raises(InputError, match=r"^simulate_plan given_partials must be True or False, got 1$"):
         treeattn.simulate_plan(ring, given_partials=1)
     with pytest.raises(InputError, match=r"^simulate_plan: plan has 4 ranks but topology 'dgx-h100' places 8"):
