@@ -12,7 +12,10 @@ import treeattn
 def rank_main(rank: int, world: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    plan = treeattn.search_plan(f"cpu:ranks={world}", "llama-3.1-8b", batch=2, seq_len=4096)  # or load_plan(file)
+    # Search once, on rank 0, and send every rank that plan (a deployment: save_plan once, load_plan on each rank):
+    shared = [treeattn.search_plan(f"cpu:ranks={world}", "llama-3.1-8b", batch=2, seq_len=4096) if rank == 0 else None]
+    dist.broadcast_object_list(shared, src=0)
+    plan = shared[0]
     merge = treeattn.Merger(plan)                        # once; then every decode step:
     g = torch.Generator().manual_seed(0)                 # the same q, K, V on every rank
     q, k, v = torch.randn(2, 32, 128, generator=g), torch.randn(2, 8, 4096, 128, generator=g), torch.randn(
