@@ -25,6 +25,10 @@ if (( workers > 1 )); then
 fi
 .venv/bin/python -m pytest "${parallel[@]}" tests/unit "$@"
 unit=$?
+# 2, 3, 4: interrupted (Ctrl-C), an internal error, a usage error: the second run would meet the same.
+if (( unit >= 2 && unit <= 4 )); then
+    exit "$unit"
+fi
 .venv/bin/python -m pytest tests --ignore=tests/unit "$@"
 rest=$?
 # 5 is pytest's "no test selected": an option that selects tests of one run only.
