@@ -23,6 +23,7 @@ from treeattn.plan import (
 )
 from treeattn.plan.compact import compact_args
 from treeattn.plan.io import dump_plan
+from treeattn.plan.trees import double_binary_parents
 from treeattn.workload import Workload
 
 
@@ -259,11 +260,27 @@ def test_grouped_direct_exchanges_inside_groups_then_along_positions() -> None:
     assert senders_to_6 == [2, 7]
 
 
+@pytest.mark.parametrize("p", [2, 3, 5, 8])
+def test_double_binary_is_multirail_over_nccls_two_trees_placed_by_order(p: int) -> None:
+    w = attention(p)
+    plan = build("double-binary", w, REF, chunks=2)
+    a, b = double_binary_parents(p)
+    same = build("multirail", w, REF, parents=[a, b], chunks=2)
+    assert plan.algorithm == "double-binary" and plan.params == same.params and plan.programs == same.programs
+    order = list(reversed(range(p)))  # position i is rank p-1-i
+    turned = build("double-binary", w, REF, order=order)
+    for tree, positions in zip(turned.params["parents"], (a, b), strict=True):
+        assert tree == [-1 if positions[p - 1 - r] < 0 else p - 1 - positions[p - 1 - r] for r in range(p)]
+    assert turned.params["order"] == order
+    assert compact_args(turned) == {"chunks": 1, "result": "all", "order": order}
+
+
 @pytest.mark.parametrize("p", [2, 3, 4, 8])
 def test_whole_rows_keeps_each_ranks_heads_of_the_all_plan(p: int) -> None:
     for name, spec in ALGORITHMS.items():
         for payload in (attention(p), raw(p)):
-            if "all" not in spec.results or payload.kind not in spec.payloads or name in ("ring", "multirail"):
+            if ("all" not in spec.results or payload.kind not in spec.payloads
+                    or name in ("ring", "multirail", "double-binary")):
                 continue
             full = build(name, payload, REF, **extra_params(name, p))
             plan = build(name, payload, REF, result="heads", whole_rows=True, **extra_params(name, p))

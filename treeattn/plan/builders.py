@@ -27,6 +27,7 @@ from treeattn.plan.ir import Plan, TopologyRef, gc_paused
 from treeattn.plan.schedule import Programs, emit_butterfly, emit_direct, emit_direct_scatter, emit_ring, emit_tree
 from treeattn.plan.trees import (
     SHAPES,
+    double_binary_parents,
     parents_of_shape,
     positions,
     reroot,
@@ -459,6 +460,26 @@ def _build_multirail(a: _Args) -> Plan:
     return _plan(a, "multirail", params, progs, total)
 
 
+def _build_double_binary(a: _Args) -> Plan:
+    # multirail over NCCL's two trees, placed on the ranks by order; the params are multirail's
+    # plus the order, from which the builder makes the same trees again.
+    order = positions(a.p, None, a.order)
+    trees = [[-1 if q < 0 else order[q] for q in _by_rank(tree, order)] for tree in double_binary_parents(a.p)]
+    plan = _build_multirail(replace(a, parents=trees, order=None))
+    params = dict(plan.params)
+    if a.order is not None:
+        params["order"] = list(a.order)
+    return replace(plan, algorithm="double-binary", params=params)
+
+
+def _by_rank(position_parents: list[int], order: list[int]) -> list[int]:
+    """A parent list over positions as one over ranks: rank ``order[i]``'s entry is position i's."""
+    out = [0] * len(order)
+    for i, q in enumerate(position_parents):
+        out[order[i]] = q
+    return out
+
+
 def _build_broadcast(a: _Args) -> Plan:
     _need_chunks(a, a.chunks, f"broadcast with {a.chunks} chunks")
     if a.parents is not None:
@@ -672,6 +693,10 @@ _SPECS: list[tuple[AlgorithmSpec, Callable[[_Args], Plan]]] = [
                     _P("shape", _SHAPE_HELP + " of every tree (default binomial)"),
                     _ORDER, _FANOUT, _P("chunks", "row chunks per tree (the plan has T x chunks)")),
                    results=("all",)), _build_multirail),
+    (AlgorithmSpec("double-binary", "NCCL's double binary tree (ncclGetDtree): two complementary binary trees over "
+                                    "the positions; chunk c uses tree c % 2",
+                   (_ORDER, _P("chunks", "row chunks per tree (the plan has 2 x chunks)")), results=("all",)),
+     _build_double_binary),
     (AlgorithmSpec("broadcast", "pipelined broadcast of the root's buffer down a tree (raw payloads)",
                    (_ROOT, _ORDER, _P("shape", _SHAPE_HELP + " (default binomial)"), _FANOUT,
                     _P("parents", "instead of shape: a parent list"), _CHUNKS),

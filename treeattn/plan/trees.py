@@ -25,6 +25,7 @@ __all__ = [
     "parents_kary",
     "parents_binomial",
     "parents_of_shape",
+    "double_binary_parents",
 ]
 
 SHAPES = ("star", "chain", "kary", "binomial")
@@ -252,3 +253,35 @@ def rotated(order: Sequence[int], first: int) -> list[int]:
     """``order`` rotated so that rank ``first`` comes first (the tree positions re-rooted there)."""
     i = list(order).index(first)
     return list(order[i:]) + list(order[:i])
+
+
+def double_binary_parents(n: int) -> tuple[list[int], list[int]]:
+    """NCCL's double binary tree over positions 0..n-1 (src/graph/trees.cc, ncclGetDtree).
+
+    Tree A is the in-order binary tree whose leaves are the odd positions (a position's
+    parent clears its lowest set bit and sets the next one up); tree B mirrors it (even n)
+    or shifts it by one (odd n), so a position inner in one tree is a leaf in the other.
+
+    Returns:
+        Two parent lists over positions.
+    """
+
+    def btree(i: int) -> int:
+        if i == 0:
+            return -1
+        bit = i & -i
+        up = (i ^ bit) | (bit << 1)
+        return up if up < n else i ^ bit
+
+    a = [btree(i) for i in range(n)]
+    if n % 2 == 0:
+        b = [-1] * n
+        for i in range(n):
+            q = a[i]
+            b[n - 1 - i] = -1 if q == -1 else n - 1 - q
+    else:
+        b = [-1] * n
+        for i in range(n):
+            q = a[i]
+            b[(i + 1) % n] = -1 if q == -1 else (q + 1) % n
+    return a, b

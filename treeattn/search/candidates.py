@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from treeattn.plan.trees import double_binary_parents
 from treeattn.search.evaluate import Schedule
 from treeattn.search.trees import ROOT, hierarchical
 from treeattn.topology.domains import domains, rails
@@ -209,38 +210,6 @@ def multirail_schedules(lay: Layout, *, small: bool) -> list[Schedule]:
                 out.append(Schedule("multirail", "multirail", {"trees": t_count, "shape": shape_name},
                                     {"trees": t_count, "shape": shape_name}, rows_per_chunk=t_count))
     return out
-
-
-def double_binary_parents(n: int) -> tuple[list[int], list[int]]:
-    """NCCL's double binary tree over positions 0..n-1 (n >= 2).
-
-    Tree A is the in-order binary tree whose leaves are the odd positions (a position's
-    parent clears its lowest set bit and sets the next one up); tree B mirrors it (even n)
-    or shifts it by one (odd n), so a position inner in one tree is a leaf in the other.
-
-    Returns:
-        Two parent lists over positions.
-    """
-
-    def btree(i: int) -> int:
-        if i == 0:
-            return ROOT
-        bit = i & -i
-        up = (i ^ bit) | (bit << 1)
-        return up if up < n else i ^ bit
-
-    a = [btree(i) for i in range(n)]
-    if n % 2 == 0:
-        b = [ROOT] * n
-        for i in range(n):
-            q = a[i]
-            b[n - 1 - i] = ROOT if q == ROOT else n - 1 - q
-    else:
-        b = [ROOT] * n
-        for i in range(n):
-            q = a[i]
-            b[(i + 1) % n] = ROOT if q == ROOT else (q + 1) % n
-    return a, b
 
 
 def double_binary_schedules(lay: Layout) -> list[Schedule]:
