@@ -463,21 +463,11 @@ def _build_multirail(a: _Args) -> Plan:
 def _build_double_binary(a: _Args) -> Plan:
     # multirail over NCCL's two trees, placed on the ranks by order; the params are multirail's
     # plus the order, from which the builder makes the same trees again.
-    order = positions(a.p, None, a.order)
-    trees = [[-1 if q < 0 else order[q] for q in _by_rank(tree, order)] for tree in double_binary_parents(a.p)]
-    plan = _build_multirail(replace(a, parents=trees, order=None))
+    plan = _build_multirail(replace(a, parents=list(double_binary_parents(a.p, a.order)), order=None))
     params = dict(plan.params)
     if a.order is not None:
         params["order"] = list(a.order)
     return replace(plan, algorithm="double-binary", params=params)
-
-
-def _by_rank(position_parents: list[int], order: list[int]) -> list[int]:
-    """A parent list over positions as one over ranks: rank ``order[i]``'s entry is position i's."""
-    out = [0] * len(order)
-    for i, q in enumerate(position_parents):
-        out[order[i]] = q
-    return out
 
 
 def _build_broadcast(a: _Args) -> Plan:

@@ -60,9 +60,11 @@ def positions(p: int, root: int | None = None, order: Sequence[int] | None = Non
 
 
 def _place(shape_parent: list[int], pos: list[int]) -> list[int]:
+    """A parent list over positions (-1 at the root, wherever it is) as one over the ranks ``pos`` places."""
     parents = [-1] * len(pos)
-    for i in range(1, len(pos)):
-        parents[pos[i]] = pos[shape_parent[i]]
+    for i, q in enumerate(shape_parent):
+        if q >= 0:
+            parents[pos[i]] = pos[q]
     return parents
 
 
@@ -255,15 +257,19 @@ def rotated(order: Sequence[int], first: int) -> list[int]:
     return list(order[i:]) + list(order[:i])
 
 
-def double_binary_parents(n: int) -> tuple[list[int], list[int]]:
+def double_binary_parents(n: int, order: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
     """NCCL's double binary tree over positions 0..n-1 (src/graph/trees.cc, ncclGetDtree).
 
     Tree A is the in-order binary tree whose leaves are the odd positions (a position's
     parent clears its lowest set bit and sets the next one up); tree B mirrors it (even n)
     or shifts it by one (odd n), so a position inner in one tree is a leaf in the other.
 
+    Args:
+        n: number of ranks.
+        order: the rank at each position (default: rank i at position i).
+
     Returns:
-        Two parent lists over positions.
+        Two parent lists over the ranks.
     """
 
     def btree(i: int) -> int:
@@ -284,4 +290,7 @@ def double_binary_parents(n: int) -> tuple[list[int], list[int]]:
         for i in range(n):
             q = a[i]
             b[(i + 1) % n] = -1 if q == -1 else (q + 1) % n
-    return a, b
+    if order is None:
+        return a, b
+    pos = positions(n, None, order)
+    return _place(a, pos), _place(b, pos)
