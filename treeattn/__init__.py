@@ -11,30 +11,16 @@ The Python API (see the README's "Python API")::
 
 from __future__ import annotations
 
-from typing import Any
+from treeattn.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "load_plan", "save_plan", "search_plan", "build_plan", "simulate_plan", "Merger",
            "attention_partial"]
 
-# ``Merger`` and ``attention_partial`` need torch; the CLI and the planner do not, so they
-# are imported on first use (PEP 562) rather than with the package.
-_LAZY = {"load_plan": "treeattn.api", "save_plan": "treeattn.api", "search_plan": "treeattn.api",
-         "build_plan": "treeattn.api", "simulate_plan": "treeattn.api", "Merger": "treeattn.exec.merger",
-         "attention_partial": "treeattn.exec.attention"}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'treeattn' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+# torch is imported only with the executor's names.
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "api": ("load_plan", "save_plan", "search_plan", "build_plan", "simulate_plan"),
+    "exec.merger": ("Merger",),
+    "exec.attention": ("attention_partial",),
+})

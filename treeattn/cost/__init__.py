@@ -1,8 +1,15 @@
 """The cost model: the simulator that times a Plan on a Topology, the compute model, lower
-bounds, and a model of NCCL's own tuner for the library collectives."""
+bounds, and a model of NCCL's own tuner for the library collectives.
 
-from treeattn.cost.bounds import Bounds, lower_bounds
-from treeattn.cost.compute import ComputeModel
-from treeattn.cost.simulate import OpTiming, SimResult, simulate
+The simulator itself is ``treeattn.cost.simulate.simulate``: a package attribute of that name
+would be the module once anything imports it."""
 
-__all__ = ["Bounds", "ComputeModel", "OpTiming", "SimResult", "lower_bounds", "simulate"]
+from treeattn.lazy import lazy_exports
+
+__all__ = ["Bounds", "ComputeModel", "OpTiming", "SimResult", "lower_bounds"]
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "bounds": ("Bounds", "lower_bounds"),
+    "compute": ("ComputeModel",),
+    "simulate": ("OpTiming", "SimResult"),
+})
