@@ -9,7 +9,7 @@ path name their exports here instead::
 
 A re-exported name must not also be a module of the package: once that module is imported,
 Python sets the package's attribute to the module and ``__getattr__`` is never asked
-(``tests/unit/test_lazy_exports.py`` checks every package that uses this).
+(``tests/unit/test_startup_imports.py`` checks every package that uses this).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ CASES = [
      "compare"),
     (("compare", "-t", "cpu-4", "-m", "llama-3.1-8b", "--seq-lens", "1K"), "--png", "treeattn.search.compare",
      "compare"),
-    (("simulate", "PLAN"), "--timeline", "treeattn.cli.simulate", "simulate"),
+    (("simulate", "PLAN"), "--timeline", "treeattn.cost.simulate", "simulate"),
     (("topo", "show", "cpu-4"), "--png", "treeattn.cli.topo", "topology_summary"),
     (("calibrate", "-t", "cpu:ranks=2"), "--out", "treeattn.calibrate.live", "calibrate"),
     (("calibrate", "-t", "cpu:ranks=2"), "--png", "treeattn.calibrate.live", "calibrate"),

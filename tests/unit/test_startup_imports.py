@@ -1,6 +1,7 @@
-"""Packages that export their modules' names on first use (treeattn.lazy): every name resolves
-to its module's object, none is shadowed by a module of the same name, and a rank process
-(``treeattn.exec.worker``) starts without the parts of treeattn it never runs."""
+"""What a process imports to start. Packages that export their modules' names on first use
+(treeattn.lazy): every name resolves to its module's object, none is shadowed by a module of
+the same name. A rank process (``treeattn.exec.worker``) and a command that needs neither the
+cost model nor the search (``treeattn topo list``, ``treeattn run --help``) start without them."""
 
 from __future__ import annotations
 
@@ -33,12 +34,27 @@ def test_no_exported_name_is_also_a_module(name: str) -> None:
     assert not modules & set(package.__getattr__.exports)
 
 
+def _imported(code: str, watched: tuple[str, ...]) -> list[str]:
+    """The modules of ``watched`` (or under them) that a fresh interpreter holds after ``code``."""
+    probe = (f"{code}\nimport sys\n"
+             f"print(' '.join(sorted(m for m in sys.modules\n"
+             f"                      if any(m == w or m.startswith(w + '.') for w in {watched!r}))))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    return out.stdout.split()
+
+
 def test_a_rank_process_imports_neither_the_topology_schema_nor_the_simulator() -> None:
     # Every rank of `treeattn run` starts by importing the worker; what it imports beyond torch is
-    # paid once per rank per run (about a second each on a small CPU).
-    code = ("import sys, treeattn.exec.worker\n"
-            "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('pydantic', 'yaml', 'networkx', 'pandas') or m in ('treeattn.topology.schema', "
-            "'treeattn.topology.families', 'treeattn.cost.simulate', 'treeattn.search'))))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert out.stdout.split() == []
+    # paid once per rank per run (benchmarks/bench_rank_startup.py).
+    assert _imported("import treeattn.exec.worker", ("pydantic", "yaml", "networkx", "pandas", "treeattn.search",
+                     "treeattn.topology.schema", "treeattn.topology.families", "treeattn.cost.simulate")) == []
+
+
+@pytest.mark.parametrize("args", [["topo", "list"], ["run", "--help"], ["--help"]])
+def test_a_command_that_needs_no_model_starts_without_it(args: list[str]) -> None:
+    # Every command starts by importing every command module (each adds its commands to the app):
+    # what those import at the top, every command pays.
+    code = ("import contextlib, io\nfrom treeattn.cli import main\n"
+            f"with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n    main({args!r})")
+    watched = ("numpy", "torch", "treeattn.search", "treeattn.cost.simulate", "treeattn.cost.compute")
+    assert _imported(code, watched) == []

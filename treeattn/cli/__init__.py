@@ -99,7 +99,9 @@ def _refuse_repeated_options(command) -> None:  # noqa: ANN001 - a click Command
 
 
 def _register() -> None:
-    # Each command module adds its commands to ``app`` when imported; one line per module.
+    # Each command module adds its commands to ``app`` when imported; one line per module. Every
+    # command imports them all, so they import the cost model and the search inside the commands
+    # that use them (tests/unit/test_startup_imports.py).
     import treeattn.cli.calibrate  # noqa: F401
     import treeattn.cli.check_model  # noqa: F401
     import treeattn.cli.emulate  # noqa: F401

@@ -20,7 +20,6 @@ from typing import Annotated
 import typer
 
 from treeattn.errors import InputError
-from treeattn.search.workload_file import load_workload, workload_from_dict
 from treeattn.topology.library import parse_ranks, subset_topology
 from treeattn.topology.model import Topology
 from treeattn.workload import MODELS, Payload, check_model
@@ -207,6 +206,8 @@ def make_payload(
     Flags override the keys of ``--workload FILE``; both are validated by
     ``workload_from_dict``; its errors name the flag (``--batch``), or the key of a file.
     """
+    from treeattn.search.workload_file import load_workload, workload_from_dict
+
     data: dict = {}
     where = "workload"
     shape_flags = {"model": model, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,

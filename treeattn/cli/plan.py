@@ -41,7 +41,6 @@ from treeattn.cli.options import (
 from treeattn.cli.paths import OUT_PATH, output_file, safe_name
 from treeattn.cli.progress import progress_reporter
 from treeattn.cli.render import console, key_columns, print_rates_note, warn_payload, warn_topology
-from treeattn.cost.library import link_rates_note
 from treeattn.cost.memory import DEFAULT_MEM_FRACTION
 from treeattn.errors import InputError
 from treeattn.units import counted, fixed, format_size
@@ -244,6 +243,7 @@ def plan_cmd(
                  "--group-size": group_size, "--order": order,
                  "--parents": parents, "--roots": roots, "--trees": trees, "--shape": shape, "--intra": intra,
                  "--inter": inter, "--whole-rows": True if whole_rows else None}
+    from treeattn.cost.library import link_rates_note
     from treeattn.cost.memory import check_kv_fits, weights_note
     from treeattn.plan.baselines import parse_result
 
@@ -479,6 +479,7 @@ def compare_cmd(
     """Per-layer decode attention time, peak memory and bytes moved of the planned merge (tree)
     against ring attention, the ring of partials, two and three all-reduces, all-gather +
     merge and vLLM's decode context parallel, over sequence lengths and rank counts."""
+    from treeattn.cost.library import link_rates_note
     from treeattn.cost.memory import check_fraction, check_kv_fits, weights_note
     from treeattn.plan.baselines import parse_result
     from treeattn.search.compare import compare, expand_topologies, plot_speedup, write_csv

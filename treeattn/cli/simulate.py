@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -16,13 +16,12 @@ from treeattn.cli import app, err_console
 from treeattn.cli.paths import OUT_PATH, output_file
 from treeattn.cli.render import console, print_rates_note, warn_topology
 from treeattn.cli.topo_text import wrap
-from treeattn.cost import nccl, nccl_fabric, nccl_tuning
-from treeattn.cost.bounds import plan_bounds
-from treeattn.cost.library import link_rates_note
-from treeattn.cost.simulate import SimResult, simulate
 from treeattn.errors import InputError, PlanInvalidError
 from treeattn.figures import save_figure
 from treeattn.units import counted, fixed, format_size, parse_size
+
+if TYPE_CHECKING:
+    from treeattn.cost.simulate import SimResult
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys) instead of tables.")]
 MAX_GANTT_RANKS = 64
@@ -54,6 +53,9 @@ def simulate_cmd(
     topology's narrowest cut) and spread (where every rank must end with every contribution:
     how soon one rank's data can reach them all). treeattn/cost/bounds.py derives each.
     """
+    from treeattn.cost.bounds import plan_bounds
+    from treeattn.cost.library import link_rates_note
+    from treeattn.cost.simulate import simulate
     from treeattn.plan.io import load_plan
     from treeattn.plan.validate import check
     from treeattn.topology.library import resolve, resolve_recorded
@@ -144,6 +146,7 @@ def simulate_cmd(
 def _merger_call_us(plan, topo) -> float | None:  # noqa: ANN001 - a Plan and a Topology
     """A ``Merger`` call's predicted time (the partials given), for plans that merge given
     partials; None for raw payloads and plans that move KV."""
+    from treeattn.cost.simulate import simulate
     from treeattn.plan.validate import given_partial_problem
 
     if given_partial_problem(plan):
@@ -228,6 +231,8 @@ def nccl_model_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """NCCL's pick, and every algorithm x protocol its tuning model considers, for one collective."""
+    from treeattn.cost import nccl, nccl_fabric, nccl_tuning
+    from treeattn.cost.library import link_rates_note
     from treeattn.topology.library import resolve
 
     coll = nccl_tuning.Collective.parse(collective)

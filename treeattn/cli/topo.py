@@ -19,8 +19,6 @@ from treeattn.cli.options import SchemaJsonOpt
 from treeattn.cli.paths import OUT_PATH, output_file, safe_name
 from treeattn.cli.render import console, print_rates_note, warn_topology
 from treeattn.cli.topo_text import domain_shares, gbps, network_lines, rate_lines, shm_sentence, wrap
-from treeattn.cost.compute import ComputeModel
-from treeattn.cost.library import link_rates_note
 from treeattn.cost.nccl_rates import pair_rate_gbps, shm_pairs, shm_rate_gbps
 from treeattn.topology import Topology, list_presets, resolve, topology_json_schema
 from treeattn.topology.attention_fits import published_attention_fit
@@ -71,6 +69,8 @@ def show(
 ) -> None:
     """Summarize a topology: devices, link kinds, domains, the network and its NICs, and
     the rate a message moves at between ranks (the cost model's, alone on its route)."""
+    from treeattn.cost.library import link_rates_note
+
     topo = resolve(spec)
     warn_topology(topo)
     if png is not None:
@@ -167,6 +167,8 @@ def _compute_line(topo: Topology) -> str:
     """What rank 0's local work costs (treeattn.cost.compute): a heading, then the attention
     kernel, then merges and copies, each line within 80 columns; then, where the file sets no
     attention figures for a GPU that published decode kernels were fitted on, that fit."""
+    from treeattn.cost.compute import ComputeModel
+
     c = topo.cost
     fixed, gbps = ComputeModel.of(RawPayload(nbytes=4, ranks=topo.num_ranks), topo).attention_terms(0)
     mem = topo.rank_device(0).mem_bw_gbps
