@@ -152,6 +152,11 @@ def test_baselines_use_collectives_and_kv_blocks() -> None:
 
 @pytest.mark.parametrize("call, error, text", [
     (lambda: build("nope", attention(2), REF), InputError, "unknown algorithm"),
+    # families the search's candidates name, which no builder has
+    (lambda: build("improved", attention(2), REF), InputError,
+     "a tree the search reached by local moves: build it as 'tree' with the parents its candidate's "
+     "build_params give"),
+    (lambda: build("exhaustive", attention(2), REF), InputError, "found among every tree: build it as 'tree'"),
     (lambda: build("star", attention(2), REF, fanout=3), InputError, "takes no fanout"),
     (lambda: build("butterfly", attention(2), REF, root=1), InputError, "takes no root"),
     (lambda: build("kary", attention(2), REF, bogus=1), InputError, "no parameter 'bogus'"),

@@ -11,6 +11,7 @@ import pytest
 from treeattn.cli.options import load_topology
 from treeattn.cost.simulate import simulate
 from treeattn.errors import InputError
+from treeattn.plan.builders import build
 from treeattn.plan.io import dump_plan
 from treeattn.plan.validate import check
 from treeattn.search import (
@@ -221,6 +222,21 @@ def test_pick_is_the_fastest_candidate_and_its_plan_says_so():
     assert res.best.predicted_us <= res.baselines["allgather_merge_us"]
     assert len({(c.algorithm, json.dumps(c.params, sort_keys=True), c.chunks) for c in res.candidates}) == len(
         res.candidates)
+
+
+@pytest.mark.parametrize("result, root", [("all", None), ("heads", None), ("root", 3)])
+def test_every_candidate_is_rebuilt_from_its_build_params(result, root):
+    # The table and the JSON's params name a candidate by its family (an improved tree by the
+    # tree it started from); its build_params, read back from JSON as a user would, rebuild the
+    # very plan the search timed.
+    topo = resolve("dgx-h100-2node")
+    w = _w(16, batch=16)
+    res = search(topo, w, top_k=50, result=result, root=root)
+    families = {c.algorithm for c in res.candidates}
+    assert len(families) >= 4 and (result == "heads" or "improved" in families), families
+    for c in json.loads(json.dumps(res.to_dict()))["candidates"]:
+        plan = build(c["builder"], w, res.best.topology, chunks=c["chunks"], **c["build_params"])
+        assert simulate(plan, topo, timeline=False).predicted_us == pytest.approx(c["predicted_us"], rel=1e-9), c
 
 
 def test_search_is_deterministic():

@@ -155,7 +155,11 @@ def build(
     """
     spec = ALGORITHMS.get(algorithm)
     if spec is None:
-        raise InputError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+        # The search's candidates name these families, which no builder has: say how to build one.
+        how = {"improved": "reached by local moves", "exhaustive": "found among every tree"}.get(algorithm)
+        searched = (f" (a tree the search {how}: build it as 'tree' with the parents its candidate's "
+                    "build_params give)") if how else ""
+        raise InputError(f"unknown algorithm {algorithm!r}{searched}; choose one of {', '.join(ALGORITHMS)}")
     if workload.kind not in spec.payloads:
         raise InfeasiblePlanError(f"algorithm {algorithm!r} reduces {' or '.join(spec.payloads)} payloads, "
                                   f"not {workload.kind}")

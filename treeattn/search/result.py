@@ -38,6 +38,9 @@ class Candidate:
     """The ``treeattn.plan.build`` algorithm that makes its plan."""
     peak_bytes: int | None = None
     """The most bytes a rank holds at once under its plan (``treeattn.cost.memory``)."""
+    build_params: dict[str, Any] = field(default_factory=dict)
+    """What rebuilds its plan: ``treeattn.plan.build(builder, payload, topology_ref,
+    chunks=chunks, **build_params)`` (an ``improved`` tree's parents, every order listed)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -47,6 +50,7 @@ class Candidate:
             "predicted_us": self.predicted_us,
             "ratio_to_bound": self.ratio_to_bound,
             "builder": self.builder,
+            "build_params": self.build_params,
             "peak_bytes": self.peak_bytes,
         }
 
@@ -78,7 +82,7 @@ class SearchResult:
         best = self.candidates[0]
         return {
             "best": {"algorithm": best.algorithm, "builder": best.builder, "params": best.params,
-                     "chunks": best.chunks, "predicted_us": best.predicted_us,
+                     "build_params": best.build_params, "chunks": best.chunks, "predicted_us": best.predicted_us,
                      "ratio_to_bound": best.ratio_to_bound, "peak_bytes": best.peak_bytes},
             "lower_bound_us": self.lower_bound_us,
             "baselines": self.baselines,

@@ -491,7 +491,7 @@ class _Run:
                 continue
             if top is None:
                 top = (s, c, t, plan)
-            cands.append(Candidate(s.family, s.describe, c, t, ratio(t), s.algorithm, peak))
+            cands.append(Candidate(s.family, s.describe, c, t, ratio(t), s.algorithm, peak, dict(s.kwargs)))
             if len(cands) >= max(1, top_k):
                 break
         if top is None:
