@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import run_cli
+from treeattn.plan.builders import build
 from treeattn.plan.io import load_plan
 from treeattn.plan.validate import check
 
@@ -86,6 +87,10 @@ def test_named_algorithm(tmp_path):
     assert data["best"]["params"]["fanout"] == 3
     plan = load_plan(out)
     assert plan.algorithm == "kary" and plan.predicted_us == data["best"]["predicted_us"]
+    # the same keys as a search's candidates: what rebuilds it
+    assert data["best"]["build_params"] == {"fanout": 3, "result": "all"}
+    again = build("kary", plan.workload, plan.topology, chunks=2, **data["best"]["build_params"])
+    assert again.programs == plan.programs and again.params == plan.params
     res = run_cli("plan", "-t", "dgx-h100-2node", *SHAPE, "-a", "hierarchical", "--groups", "0-7/8-15",
                   "--intra", "binomial", "-o", str(out), "--json")
     assert res.exit_code == 0, res.stderr

@@ -329,6 +329,10 @@ def test_a_raw_sum_is_held_to_the_same_bits_too():
     left = [x for x in res.left_out if x["reason"] == "bits"]
     assert left and {x["algorithm"] for x in left} == {"direct"}
     assert all(x["params"]["groups"] != "none" for x in left)
+    for x in json.loads(json.dumps(left)):  # each rebuilt from what plan --json gives: the plan left out
+        again = build(x["builder"], res.best.workload, res.best.topology, chunks=x["chunks"], **x["build_params"])
+        assert bit_groups(again) and simulate(again, topo, timeline=False).predicted_us == pytest.approx(
+            x["predicted_us"], rel=1e-9)
     assert any(c.algorithm == "direct" and c.params["groups"] == "none" for c in res.candidates)
     eight = search(resolve("dgx-h100"), RawPayload(nbytes=64 * 1024, ranks=8), top_k=20)
     assert "butterfly" in {c.algorithm for c in eight.candidates}

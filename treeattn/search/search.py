@@ -477,6 +477,7 @@ class _Run:
                 peak, limit = mc.peak_bytes, mc.limit_bytes
                 if not mc.fits:
                     left_out.append({"algorithm": s.family, "params": s.describe, "chunks": c, "predicted_us": t,
+                                     "builder": s.algorithm, "build_params": dict(s.kwargs),
                                      "peak_bytes": mc.peak_bytes, "reason": "memory", "why": mc.why()})
                     continue
             if self.layout == "all" and (split := bit_groups(plan)):
@@ -485,7 +486,8 @@ class _Run:
                 # raw sum, run the next layer on different activations).
                 chunk, groups = next(iter(split.items()))
                 left_out.append({"algorithm": s.family, "params": s.describe, "chunks": c, "predicted_us": t,
-                                 "peak_bytes": peak, "reason": "bits",
+                                 "builder": s.algorithm, "build_params": dict(s.kwargs), "peak_bytes": peak,
+                                 "reason": "bits",
                                  "why": f"its ranks would end in {len(groups)} groups whose bits differ "
                                         f"(chunk {chunk})"})
                 continue
@@ -536,8 +538,9 @@ class _Run:
         if top_sched.key in self.moves_of:
             notes["search"]["moves"] = self.moves_of[top_sched.key]
         for reason, key in (("memory", "left_out_for_memory"), ("bits", "left_out_for_bits")):
-            # what a reader needs to tell the variants apart and rebuild one (build_plan); a
-            # baseline left out for memory has no parameters or chunks of its own
+            # what a reader needs to tell the variants apart (the search's own result, as plan
+            # --json, adds each one's builder and build_params); a baseline left out for memory
+            # has no parameters or chunks of its own
             out = [{k: x[k] for k in ("algorithm", "params", "chunks", "predicted_us", "why") if k in x}
                    for x in left_out if x["reason"] == reason]
             if out:
