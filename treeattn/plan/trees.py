@@ -279,17 +279,13 @@ def double_binary_parents(n: int, order: Sequence[int] | None = None) -> tuple[l
         up = (i ^ bit) | (bit << 1)
         return up if up < n else i ^ bit
 
+    def moved(i: int) -> int:  # where tree B puts tree A's position i
+        return n - 1 - i if n % 2 == 0 else (i + 1) % n
+
     a = [btree(i) for i in range(n)]
-    if n % 2 == 0:
-        b = [-1] * n
-        for i in range(n):
-            q = a[i]
-            b[n - 1 - i] = -1 if q == -1 else n - 1 - q
-    else:
-        b = [-1] * n
-        for i in range(n):
-            q = a[i]
-            b[(i + 1) % n] = -1 if q == -1 else (q + 1) % n
+    b = [-1] * n
+    for i, q in enumerate(a):
+        b[moved(i)] = -1 if q == -1 else moved(q)
     if order is None:
         return a, b
     pos = positions(n, None, order)
