@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import os
 import socket
 import sys
@@ -205,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         problem = given_partial_problem(make_plan(args, args.ranks))
         if problem:
             raise ValueError(problem)
-        import transformers  # noqa: F401
+        # Found, not imported: importing it costs this process seconds the ranks pay anyway.
+        if importlib.util.find_spec("transformers") is None:
+            raise ImportError("transformers")
     except ImportError:
         print("error: this example needs transformers: pip install -e .[hf]", file=sys.stderr)
         return 2

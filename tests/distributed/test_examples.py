@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.untimed  # checks results only: scripts/test.sh runs it beside timed tests
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

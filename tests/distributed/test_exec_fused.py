@@ -4,12 +4,16 @@ rank. The GPU's own run of the same paths is tests/gpu."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.distributed.test_exec_run import attention
 from treeattn.exec.launch import launch
 from treeattn.exec.runner import Job, PlanJob, RunOptions
 from treeattn.plan.builders import build
 from treeattn.plan.ir import TopologyRef
 from treeattn.workload import Workload
+
+pytestmark = pytest.mark.untimed  # checks results only: scripts/test.sh runs it beside timed tests
 
 REF = TopologyRef("cpu:test", "sha256:test")
 

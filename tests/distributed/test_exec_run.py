@@ -16,6 +16,8 @@ from treeattn.plan.ir import Op, OpKind, Plan, TopologyRef
 from treeattn.plan.validate import check
 from treeattn.workload import RawPayload, Workload
 
+pytestmark = pytest.mark.untimed  # checks results only: scripts/test.sh runs it beside timed tests
+
 REF = TopologyRef("cpu:test", "sha256:test")
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.untimed  # checks results only: scripts/test.sh runs it beside timed tests
+
 pytest.importorskip("transformers", reason="the example needs the hf extra: pip install -e .[hf]")
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hf_llama_sharded_decode.py"
