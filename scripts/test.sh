@@ -45,12 +45,20 @@ if (( split )); then
     nice -n 10 .venv/bin/python -m pytest tests --ignore=tests/unit -m untimed "$@" > "$log" 2>&1 &
     beside=$!
     set +m
-    trap 'kill -INT -- -"$beside" 2>/dev/null; wait "$beside"; rm -f "$log"; exit 130' INT TERM
+    stop() {
+        kill -INT -- -"$beside" 2>/dev/null
+        wait "$beside"
+        rm -f "$log"
+        exit "$1"
+    }
+    trap 'stop 130' INT
+    trap 'stop 143' TERM
+    trap 'stop 129' HUP
     .venv/bin/python -m pytest tests --ignore=tests/unit -m "not untimed" "$@"
     rest=$?
     wait "$beside"
     untimed=$?
-    trap - INT TERM
+    trap - INT TERM HUP
     echo "--- the untimed tests, run beside the ones above:"
     cat "$log"
     rm -f "$log"
