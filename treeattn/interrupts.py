@@ -1,11 +1,12 @@
 """Signals around work that must clean up after itself: turned into ``KeyboardInterrupt``
-while the work runs (so ``finally`` blocks run), ignored while the cleanup runs (so a second
+while the work runs (so ``finally`` blocks run), held while the cleanup runs (so a second
 Ctrl-C, or ``timeout`` signalling the process and then its group, cannot cut it short)."""
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -64,13 +65,27 @@ def interrupts_raise() -> Iterator[None]:
 
 @contextlib.contextmanager
 def shielded() -> Iterator[None]:
-    """Ignore SIGINT/SIGTERM/SIGHUP while cleaning up, so a second Ctrl-C cannot cut it short."""
+    """Hold SIGINT/SIGTERM/SIGHUP while cleaning up, so a second Ctrl-C cannot cut it short.
+
+    Where an exception unwinds as the cleanup starts (the cleanup in a ``finally``, after an
+    interrupt), a signal held is the second and is dropped. Where none does (the cleanup after
+    work that ended), it is the first: it is raised again once the cleanup is done and the
+    handlers are back, so the process stops as it would have, after the cleanup, instead of
+    going on as if nothing was sent."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    unwinding = sys.exc_info()[1] is not None
+    held: list[int] = []
+
+    def hold(signum, frame) -> None:  # noqa: ANN001, ARG001 - signal handler signature
+        held.append(signum)
+
+    old = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+    if held and not unwinding:
+        signal.raise_signal(held[0])

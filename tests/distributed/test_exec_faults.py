@@ -181,24 +181,64 @@ def test_launcher_variables_out_of_range_are_refused(changed, message):
         detect_env(env)
 
 
-def test_the_launchers_cleanup_is_not_cut_short_by_a_second_signal(monkeypatch):
+def test_the_launchers_cleanup_is_not_cut_short_by_a_second_signal(monkeypatch, tmp_path):
     # `timeout` signals the launcher and then its process group, and a user presses Ctrl-C
     # twice: a signal landing while the launcher stops its ranks and removes its run directory
-    # would leave that directory behind. Both steps run with the signals ignored.
+    # would leave that directory behind. The first signal (SIGHUP here, as the ranks end) starts
+    # the cleanup; a second (SIGTERM, inside it) is held and dropped, and the first is raised.
     import shutil
     import signal
 
     import treeattn.exec.launch as launch_mod
+    from treeattn.interrupts import exit_status
 
-    seen = []
-    real_rmtree = shutil.rmtree
+    removed = []
+    rmtree, watch = shutil.rmtree, launch_mod._watch
 
-    def rmtree(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003 - shutil.rmtree's signature
-        seen.append({s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)})
-        return real_rmtree(path, *args, **kwargs)
+    def rmtree_signalled(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003 - shutil.rmtree's signature
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.sigtimedwait([], 0.1)  # the handler runs at the next bytecode; this is only in case
+        rmtree(path, *args, **kwargs)
+        removed.append(path)
 
-    monkeypatch.setattr(launch_mod.shutil, "rmtree", rmtree)
-    before = signal.getsignal(signal.SIGINT)
-    launch(Job((PlanJob("p", build("star", W3, REF)),), RunOptions(repeats=1, warmup=0)))
-    assert seen and all(h == signal.SIG_IGN for handlers in seen for h in handlers.values()), seen
-    assert signal.getsignal(signal.SIGINT) == before
+    def watch_signalled(*args, **kwargs):  # noqa: ANN002, ANN003
+        killed = watch(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGHUP)
+        signal.sigtimedwait([], 0.1)
+        return killed
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(shutil, "rmtree", rmtree_signalled)
+    monkeypatch.setattr(launch_mod, "_watch", watch_signalled)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    with pytest.raises(KeyboardInterrupt) as caught:
+        launch(Job((PlanJob("p", build("star", W3, REF)),), RunOptions(repeats=1, warmup=0)))
+    assert exit_status(caught.value) == 129  # the first signal's
+    assert len(removed) == 1 and not list(tmp_path.glob("treeattn-run-*"))
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
+
+
+def test_a_signal_while_a_finished_run_cleans_up_stops_the_caller_after_the_cleanup(monkeypatch, tmp_path):
+    # A SIGTERM (`timeout`) that lands while launch stops its ranks and removes its run
+    # directory after a run that ended: before, it was ignored there and lost, and a command
+    # that launches one run after another went on. Now launch finishes its cleanup, then raises it.
+    import shutil
+    import signal
+
+    from treeattn.interrupts import exit_status
+
+    rmtree = shutil.rmtree
+
+    def rmtree_signalled(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        os.kill(os.getpid(), signal.SIGTERM)
+        rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(shutil, "rmtree", rmtree_signalled)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    before = set(children())
+    with pytest.raises(KeyboardInterrupt) as caught:
+        launch(Job((PlanJob("p", build("binomial", W3, REF)),), RunOptions(repeats=1, warmup=0)))
+    assert exit_status(caught.value) == 143
+    assert not list(tmp_path.glob("treeattn-run-*")) and set(children()) <= before
+    assert {s: signal.getsignal(s) for s in handlers} == handlers

@@ -10,7 +10,7 @@ import pytest
 
 from tests.cli_helpers import run_cli
 from treeattn.exec import launch as launch_mod
-from treeattn.interrupts import exit_status, interrupts_raise
+from treeattn.interrupts import exit_status, interrupts_raise, shielded
 from treeattn.plan.builders import build
 from treeattn.plan.io import save_plan
 from treeattn.topology.library import resolve
@@ -61,3 +61,31 @@ def test_a_signalled_run_exits_with_the_signals_status(tmp_path, monkeypatch, si
     assert res.stderr.strip().splitlines()[-1] == "aborted" and "Traceback" not in res.stderr
     # A later command in the same process does not inherit the signal.
     assert run_cli("run", str(tmp_path / "missing.yaml")).exit_code == 2
+
+
+def test_a_first_signal_during_a_cleanup_is_raised_once_the_cleanup_is_done():
+    # Before: the shield ignored it, and the process went on as if nothing had been sent.
+    done = []
+    with pytest.raises(KeyboardInterrupt) as caught, interrupts_raise():
+        with shielded():
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.sigtimedwait([], 0.1)
+            done.append("cleanup")
+        done.append("after")
+    assert done == ["cleanup"] and exit_status(caught.value) == 143
+
+
+def test_a_second_signal_during_the_cleanup_of_an_interrupt_is_dropped():
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    done = []
+    with pytest.raises(KeyboardInterrupt) as caught, interrupts_raise():
+        try:
+            os.kill(os.getpid(), signal.SIGHUP)
+            signal.sigtimedwait([], 0.1)
+        finally:
+            with shielded():
+                os.kill(os.getpid(), signal.SIGTERM)
+                signal.sigtimedwait([], 0.1)
+                done.append("cleanup")
+    assert done == ["cleanup"] and exit_status(caught.value) == 129  # the first signal's, SIGHUP
+    assert {s: signal.getsignal(s) for s in before} == before

@@ -303,19 +303,23 @@ def launch_local(job: Job) -> JobResult:
         with open(tmp / "result.pkl", "rb") as f:
             return pickle.load(f)
     finally:
-        with shielded():  # a second signal (Ctrl-C twice, `timeout` then its group) must not cut this short
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            # Bounded, 10 s for all: with signals ignored, ranks stuck in the kernel must not hold us.
-            deadline = time.monotonic() + 10
-            for p in procs:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            if not kept:
-                shutil.rmtree(tmp, ignore_errors=True)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        try:
+            # A second signal (Ctrl-C twice, `timeout` then its group) must not cut this short; a
+            # first one is raised when it is done, under this launcher's handlers.
+            with shielded():
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                # Bounded, 10 s for all: with signals held, ranks stuck in the kernel must not hold us.
+                deadline = time.monotonic() + 10
+                for p in procs:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                if not kept:
+                    shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def _stop_on_signals() -> dict:
