@@ -307,6 +307,7 @@ def named_plan(topo: Topology, payload: Payload, algorithm: str, chunks: int | N
     from treeattn.exec.predict import plan_baselines
     from treeattn.plan.builders import build
     from treeattn.search import baselines
+    from treeattn.search.result import Candidate
 
     plan = build(algorithm, payload, topo, chunks=chunks if chunks is not None else 1, **kw)
     t = simulate(plan, topo, timeline=False).predicted_us
@@ -325,8 +326,8 @@ def named_plan(topo: Topology, payload: Payload, algorithm: str, chunks: int | N
     params = {k: v for k, v in plan.params.items() if k not in ("chunks",)}
     # the chunks asked for, as a search's candidates count them (a ring's per segment, a heads
     # plan's per rank); the plan's own chunks count them all
-    entry = {"algorithm": algorithm, "builder": algorithm, "params": params, "build_params": dict(kw),
-             "chunks": chunks or 1, "predicted_us": t, "ratio_to_bound": ratio, "peak_bytes": mem.peak_bytes}
+    entry = Candidate(algorithm, params, chunks or 1, t, ratio, builder=algorithm, peak_bytes=mem.peak_bytes,
+                      build_params=dict(kw)).to_dict()
     left = [] if mem.fits else [{"algorithm": algorithm, "reason": "memory", "why": mem.why(),
                                  "peak_bytes": mem.peak_bytes}]
     return plan, {"best": entry, "candidates": [entry], "lower_bound_us": bound.bound_us, "baselines": base,

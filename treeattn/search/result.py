@@ -32,8 +32,8 @@ class Candidate:
     chunks: int
     """Chunks the builder was given (per segment for ring, per tree for forests)."""
     predicted_us: float
-    ratio_to_bound: float
-    """predicted_us / the lower bound."""
+    ratio_to_bound: float | None
+    """predicted_us / the lower bound (None where that bound is 0)."""
     builder: str = ""
     """The ``treeattn.plan.build`` algorithm that makes its plan."""
     peak_bytes: int | None = None
@@ -79,11 +79,8 @@ class SearchResult:
     when the devices do not say or memory was not checked."""
 
     def to_dict(self) -> dict[str, Any]:
-        best = self.candidates[0]
         return {
-            "best": {"algorithm": best.algorithm, "builder": best.builder, "params": best.params,
-                     "build_params": best.build_params, "chunks": best.chunks, "predicted_us": best.predicted_us,
-                     "ratio_to_bound": best.ratio_to_bound, "peak_bytes": best.peak_bytes},
+            "best": self.candidates[0].to_dict(),
             "lower_bound_us": self.lower_bound_us,
             "baselines": self.baselines,
             "baseline_peak_bytes": self.baseline_peak_bytes,

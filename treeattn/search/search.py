@@ -471,23 +471,22 @@ class _Run:
                 continue
             shown.add((s.family, c, t))
             plan = self.ev.plan(s, c)
+            # what names a schedule left out and rebuilds it (build(builder, ..., **build_params))
+            named = {"algorithm": s.family, "params": s.describe, "chunks": c, "predicted_us": t,
+                     "builder": s.algorithm, "build_params": dict(s.kwargs)}
             peak = None
             if self.mem_fraction is not None:
                 mc = memory_check(plan, self.topo, self.mem_fraction)
                 peak, limit = mc.peak_bytes, mc.limit_bytes
                 if not mc.fits:
-                    left_out.append({"algorithm": s.family, "params": s.describe, "chunks": c, "predicted_us": t,
-                                     "builder": s.algorithm, "build_params": dict(s.kwargs),
-                                     "peak_bytes": mc.peak_bytes, "reason": "memory", "why": mc.why()})
+                    left_out.append({**named, "peak_bytes": mc.peak_bytes, "reason": "memory", "why": mc.why()})
                     continue
             if self.layout == "all" and (split := bit_groups(plan)):
                 # Tensor parallelism goes on from every rank's rows: they must be the same bits,
                 # as an all-reduce gives, or the ranks may sample different tokens (or, for a
                 # raw sum, run the next layer on different activations).
                 chunk, groups = next(iter(split.items()))
-                left_out.append({"algorithm": s.family, "params": s.describe, "chunks": c, "predicted_us": t,
-                                 "builder": s.algorithm, "build_params": dict(s.kwargs), "peak_bytes": peak,
-                                 "reason": "bits",
+                left_out.append({**named, "peak_bytes": peak, "reason": "bits",
                                  "why": f"its ranks would end in {len(groups)} groups whose bits differ "
                                         f"(chunk {chunk})"})
                 continue
