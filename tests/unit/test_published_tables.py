@@ -234,6 +234,41 @@ def test_the_work_struct_figure_is_the_median_on_superbench():
     assert round(statistics.median(per_channel), 2) == GROUP_WORK_STRUCT_US
 
 
+def test_the_rccl_launch_figure_is_the_median_on_amds_acceptance_guide():
+    """RCCL_GROUP_LAUNCH_US is what its comment says: the median a GPU, less one channel, over
+    amd-mi300x-acceptance-guide's rows of 8 B-2 MiB that the modelled call takes under 0.8 of;
+    RCCL tables with -g pay it and NCCL ones do not."""
+    import statistics
+
+    from treeattn.cost import nccl, nccl_fabric
+    from treeattn.topology.library import resolve
+    from treeattn.validate.corpus import corpus_dir
+    from treeattn.validate.published import (
+        GROUP_CHANNEL_US,
+        GROUP_LAUNCH_US,
+        RCCL_GROUP_LAUNCH_US,
+        group_launch_us,
+        predict_table,
+    )
+
+    (t,) = load_corpus([corpus_dir() / "amd-mi300x-acceptance-guide.yaml"])
+    assert t.log.rccl and t.log.n_gpus == 8 and t.rccl_release == (2, 20, 5)
+    fab = nccl_fabric.fabric(resolve(t.topology))
+    per_gpu = []
+    for nbytes, published in t.points():
+        est = nccl.pick(fab, "allreduce", nbytes, env=t.env, ranks_per_process=8, rccl_release=t.rccl_release)
+        c = nccl.run_channel_count(fab, est.algorithm, est.protocol, nbytes) or 1
+        if nbytes <= 2 << 20 and est.time_us < 0.8 * published:
+            per_gpu.append(published / 8 - GROUP_CHANNEL_US * c)
+    assert len(per_gpu) == 19
+    assert round(statistics.median(per_gpu), 1) == RCCL_GROUP_LAUNCH_US > GROUP_LAUNCH_US
+    assert group_launch_us(8, 1, rccl=True) == pytest.approx(8 * (RCCL_GROUP_LAUNCH_US + GROUP_CHANNEL_US))
+    assert group_launch_us(1, 1, rccl=True) == 0.0
+    rows = predict_table(t)
+    assert rows[0].how.endswith("+launches")
+    assert rows[0].predicted_us == pytest.approx(group_launch_us(8, 1, rccl=True))
+
+
 def test_an_old_nccls_grouped_sends_launch_on_the_channels_its_group_end_gives_them():
     """NCCL 2.8-2.11's ncclGroupEnd (group.cc) puts an all-to-all's parts to the peer at delta d on
     channel d + the bit-mirrored part index; setupLaunch runs every channel up to the highest:

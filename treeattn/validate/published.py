@@ -22,7 +22,8 @@ call's work once per channel: there each channel beyond the first adds ``GROUP_W
 (8 A100s under NCCL < 2.11: 76-80 us on 24 channels). Other ``-g`` tables keep
 growing with the size under that floor (8 A100s with ``-g 8``: 35 us at 8 B, 56 at 512 KiB):
 the floor is a lower bound there, which on that table's NCCL 2.19.3 ``GROUP_WORK_STRUCT_US``
-lifts 1.5 and 4.7 % above its 256 and 512 KiB rows.
+lifts 1.5 and 4.7 % above its 256 and 512 KiB rows. RCCL launches through HIP, at
+``RCCL_GROUP_LAUNCH_US`` a GPU (8 x MI300X with ``-g 8``: 34-46 us from 8 B to 256 KiB).
 
 nccl-tests times a loop of calls issued back to back: an all-reduce's call ends on every rank
 at about the same time, but broadcast and reduce are pipelined chains, whose next call
@@ -57,8 +58,8 @@ from treeattn.topology.nccl_version import Release, release_text
 from treeattn.validate.corpus import PublishedTable
 from treeattn.workload import RawPayload
 
-__all__ = ["GROUP_LAUNCH_US", "GROUP_CHANNEL_US", "GROUP_WORK_STRUCT_US", "SHARED_WORK_FROM", "POINT_TO_POINT",
-           "REGIMES", "RowResult", "predict_table", "table_p2p_level",
+__all__ = ["GROUP_LAUNCH_US", "GROUP_CHANNEL_US", "RCCL_GROUP_LAUNCH_US", "GROUP_WORK_STRUCT_US", "SHARED_WORK_FROM",
+           "POINT_TO_POINT", "REGIMES", "RowResult", "predict_table", "table_p2p_level",
            "predict_corpus", "summarize", "group_launch_us", "plot_corpus", "table_releases", "p2p_time_us"]
 
 KIB, MIB = 1024, 1024 * 1024
@@ -114,6 +115,14 @@ class RowResult:
 # launches, which merges pay): a grouped call's host work per device.
 GROUP_LAUNCH_US = 4.4
 GROUP_CHANNEL_US = 0.034
+# The same host time per GPU under RCCL, which launches each GPU's kernel through HIP
+# (enqueue.cc ncclLaunchKernel: hipExtLaunchKernel with the communicator's done event, tag
+# rocm-6.2.0): the median per GPU, less one channel's GROUP_CHANNEL_US, over
+# amd-mi300x-acceptance-guide's 19 rows of 8 B-2 MiB that the modelled call takes under 0.8 of
+# (AMD's own passing 8 x MI300X, one process, -g 8, RCCL of ROCm 6.2.0: 5.37 us; 4.2-5.7 us at
+# 8 B-256 KiB, 6.5-7.5 at 512 KiB-2 MiB, where the model knows no RCCL channel count). Held
+# out: rccl-issue-1562 (Azure MI300X VFs, RCCL 2.20.5), whose rows give 6.53 us.
+RCCL_GROUP_LAUNCH_US = 5.4
 # Before NCCL 2.22 the host writes a call's work once per channel: enqueue.cc uploadWork copies
 # one ncclWork (512 bytes) per channel into the work FIFO (v2.18.3); 2.22.3 "compress[es] work
 # structs so that they are shared between channels" and passes them as kernel arguments (its
@@ -128,17 +137,19 @@ SHARED_WORK_FROM: Release = (2, 22, 3)
 v2.22.3-1, the first 2.22): a bound such as ``<2.22.3`` admits only older releases."""
 
 
-def group_launch_us(gpus: int, channels: int | None, release: Release | None = None) -> float:
+def group_launch_us(gpus: int, channels: int | None, release: Release | None = None,
+                    rccl: bool = False) -> float:
     """Host time of one call by a process driving ``gpus`` GPUs (nccl-tests -g G): their
     kernels launched one after another, each with its work on ``channels`` channels (one
     where the model does not know them), under NCCL ``release`` (None: a recent one; before
-    ``SHARED_WORK_FROM`` each channel beyond the first adds ``GROUP_WORK_STRUCT_US``); 0 for
-    one GPU a process."""
+    ``SHARED_WORK_FROM`` each channel beyond the first adds ``GROUP_WORK_STRUCT_US``), or under
+    RCCL (``RCCL_GROUP_LAUNCH_US`` a launch); 0 for one GPU a process."""
     if gpus <= 1:
         return 0.0
     channels = channels or 1
     per_channel_work = release is not None and release < SHARED_WORK_FROM
-    return gpus * (GROUP_LAUNCH_US + GROUP_CHANNEL_US * channels
+    launch = RCCL_GROUP_LAUNCH_US if rccl else GROUP_LAUNCH_US
+    return gpus * (launch + GROUP_CHANNEL_US * channels
                    + (GROUP_WORK_STRUCT_US * (channels - 1) if per_channel_work else 0.0))
 
 
@@ -279,7 +290,7 @@ def predict_table(t: PublishedTable, cache: _Topologies | None = None,
                 # Back to back, a chain's calls overlap along it (chain_call_latency_us).
                 pred += nccl.chain_call_latency_us(fab, est.algorithm, est.protocol) - est.latency_us
                 how += "+pipelined"
-        launches = group_launch_us(t.log.n_gpus, channels, t.nccl_bound)
+        launches = group_launch_us(t.log.n_gpus, channels, t.nccl_bound, rccl=t.log.rccl or t.library == "RCCL")
         if launches > pred:
             pred, how = launches, f"{how}+launches"
         out.append(RowResult(t.name, t.source_id, t.collective, nbytes, published, pred, t.scored, how))
