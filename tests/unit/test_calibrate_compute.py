@@ -60,3 +60,20 @@ def test_fit_takes_launch_from_small_sizes_and_bandwidth_from_large_ones():
     fit = fit_compute(pts)
     assert fit.alpha_us == pytest.approx(5.0, rel=0.01) and fit.beta_gbps == pytest.approx(2.0, rel=0.01)
     assert fit.residuals[-1] == pytest.approx(0.0, abs=1.0)
+
+
+def test_a_kernel_whose_timings_do_not_follow_the_line_is_warned_about():
+    from treeattn.calibrate.compute import ComputeFit, ComputePoint, fit_compute, poor_fit_note
+
+    line = [ComputePoint(n, n, 5.0 + n / 2e3) for n in (64, 1024, 1 << 20, 1 << 24)]
+    good = ComputeFit("attention", 1, tuple(line), fit_compute(line))
+    assert good.fit.r2 > 0.99 and poor_fit_note(good, "attn_launch_us and attn_gbps") is None
+    # Times set by something other than the bytes: the small sizes as slow as the large ones,
+    # and one large size far slower than the next.
+    odd = [ComputePoint(64, 64, 900.0), ComputePoint(1024, 1024, 40.0), ComputePoint(1 << 20, 1 << 20, 5000.0),
+           ComputePoint(1 << 24, 1 << 24, 1000.0)]
+    bad = ComputeFit("attention", 1, tuple(odd), fit_compute(odd))
+    assert bad.fit.r2 < 0
+    note = poor_fit_note(bad, "attn_launch_us and attn_gbps")
+    assert note is not None and "attention kernel" in note and "attn_launch_us and attn_gbps" in note
+    assert f"R² {bad.fit.r2:.3g}" in note

@@ -40,7 +40,7 @@ from treeattn.exec.attention import make_kv_shard, make_query, partial_attention
 from treeattn.exec.merge import merge_into, sum_into
 from treeattn.workload import Workload
 
-__all__ = ["KERNELS", "ComputePoint", "ComputeFit", "measure_compute", "fit_compute", "rank_threads"]
+__all__ = ["KERNELS", "ComputePoint", "ComputeFit", "measure_compute", "fit_compute", "poor_fit_note", "rank_threads"]
 
 KERNELS = ("sum", "merge", "attention", "clone")
 LAUNCH_BYTES = 64 << 10
@@ -203,6 +203,19 @@ def fit_compute(points: Sequence[ComputePoint]) -> Fit:
     ss_tot = float(np.sum(w * (t - mean) ** 2))
     r2 = 1.0 - float(np.sum(w * res**2)) / ss_tot if ss_tot > 0 else 1.0
     return Fit(float(launch), 1.0 / (slope * 1e3), r2, tuple(float(r) for r in res))
+
+
+def poor_fit_note(fit: ComputeFit, terms: str) -> str | None:
+    """A warning where the kernel's timings do not follow ``launch + bytes / bandwidth``: the
+    line explains less of them than their mean does (R² below 0), so the ``terms`` written
+    from it describe the kernel poorly; None otherwise. A kernel whose time is not set by the
+    bytes it moves (arithmetic-bound: multi-head latent attention's wide heads on a CPU) fits
+    this way."""
+    if fit.fit.r2 >= 0:
+        return None
+    return (f"the {fit.kernel} kernel's timings do not follow launch + bytes / bandwidth (R² {fit.fit.r2:.3g}: "
+            f"the line explains less than their mean); {terms} are written from it, and predictions that use "
+            "them are unreliable")
 
 
 def rank_threads(ranks: int) -> int:

@@ -41,6 +41,7 @@ from treeattn.calibrate.compute import (
     kernel_fits,
     kv_bytes_per_token,
     measure_compute,
+    poor_fit_note,
     rank_threads,
 )
 from treeattn.calibrate.fit_host import HostFit, fit_host_terms
@@ -369,6 +370,10 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
                                             heads=opt.attention_heads)
         except ProbeError as exc:
             warnings.append(f"{exc}; kept the topology's launch_us and mem_efficiency")
+    for k, terms in ((compute, "launch_us and mem_efficiency"), (attention, "attn_launch_us and attn_gbps")):
+        note = poor_fit_note(k, terms) if k is not None else None
+        if note:
+            warnings.append(note)
     params = FittedParams(
         classes=tuple(ClassParams(f.route_class.hops, f.fit.alpha_us, f.fit.beta_gbps) for f in fits),
         overhead_us=overhead,
