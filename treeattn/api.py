@@ -109,9 +109,9 @@ def search_plan(topology: str | os.PathLike | Topology, workload_or_model: Paylo
         layout, root = parse_result(result, topo.num_ranks)
         fraction = options.get("mem_fraction", DEFAULT_MEM_FRACTION)
         check_kv_fits(workload, topo, fraction, option="mem_fraction")
-        _warn_weights(workload, topo, fraction)
         found = search(topo, workload, result=layout, root=root, **{k: options[k] for k in _SEARCH_OPTIONS
                                                                      if k in options})
+        _warn_weights(workload, topo, fraction, found.candidates[0].peak_bytes)
     return _sourced(found.best, topology, topo)
 
 
@@ -248,8 +248,8 @@ def build_plan(topology: str | os.PathLike | Topology, workload_or_model: Payloa
         if algorithm == "hierarchical" and "groups" not in kw and "group_size" not in kw:
             kw["groups"] = node_groups(topo)
         check_kv_fits(workload, topo, fraction, option="mem_fraction")
-        _warn_weights(workload, topo, fraction)
-        plan, _ = named_plan(topo, workload, algorithm, chunks, kw, fraction)
+        plan, report = named_plan(topo, workload, algorithm, chunks, kw, fraction)
+        _warn_weights(workload, topo, fraction, report["best"]["peak_bytes"])
     return _sourced(plan, topology, topo)
 
 
@@ -361,12 +361,12 @@ def _workload(topo: Topology, workload_or_model: Payload | ModelPreset | str, ba
     return workload
 
 
-def _warn_weights(workload: Payload, topo: Topology, fraction: float) -> None:
-    """Warn (``UserWarning``) where a model preset's weights would not fit beside what the plan
-    may use (``treeattn.cost.memory.weights_note``)."""
+def _warn_weights(workload: Payload, topo: Topology, fraction: float, peak_bytes: int | None) -> None:
+    """Warn (``UserWarning``) where a model preset's weights would not fit beside the plan's
+    peak (``treeattn.cost.memory.weights_note``)."""
     from treeattn.cost.memory import weights_note
 
-    note = weights_note(workload, topo, fraction, option="mem_fraction")
+    note = weights_note(workload, topo, fraction, option="mem_fraction", peak_bytes=peak_bytes)
     if note:
         warnings.warn(note, stacklevel=4)
 

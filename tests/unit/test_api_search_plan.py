@@ -176,13 +176,19 @@ def test_arguments_of_the_wrong_type_are_named(call, needle):
         call()
 
 
-def test_search_plan_warns_where_the_models_weights_outgrow_what_mem_fraction_leaves():
+def test_search_plan_warns_where_the_models_weights_and_the_plan_outgrow_a_device():
     import warnings
 
     import treeattn
 
-    with pytest.warns(UserWarning, match=r"llama-3.1-70b's weights .* mem_fraction 0.79 at most"):
-        treeattn.search_plan("dgx-h100", "llama-3.1-70b", batch=1, seq_len="128K")
+    # 1700K: each GPU's KV cache (66.4 GiB) and its share of the weights (16.4) pass 80 GiB.
+    with pytest.warns(UserWarning, match=r"llama-3.1-70b's weights .* and rank 0's KV cache \(66.41 GiB\)"):
+        treeattn.search_plan("dgx-h100", "llama-3.1-70b", batch=1, seq_len="1700K")
+    with pytest.warns(UserWarning, match=r"llama-3.1-70b's weights .* and rank 0's KV cache \(66.41 GiB\)"):
+        treeattn.build_plan("dgx-h100", "llama-3.1-70b", "binomial", batch=1, seq_len="1700K")
+    # 128K: 16.4 GiB of weights are more than mem_fraction 0.9 leaves (8 GiB), but the plan's
+    # peak (5 GiB) leaves them room.
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        treeattn.search_plan("dgx-h100", "llama-3.1-70b", batch=1, seq_len="128K", mem_fraction=0.79)
+        treeattn.search_plan("dgx-h100", "llama-3.1-70b", batch=1, seq_len="128K")
+        treeattn.build_plan("dgx-h100", "llama-3.1-70b", "binomial", batch=1, seq_len="128K")

@@ -128,6 +128,12 @@ def test_weights_note_says_when_sharded_weights_outgrow_what_the_fraction_leaves
     assert note is not None and "16.43 GiB a GPU sharded over 8 ranks" in note
     assert note.endswith("--mem-fraction 0.79 at most leaves them room (activations besides)")
     assert weights_note(shape("llama-3.1-70b"), h100, 0.79) is None
+    # Beside a known plan: only where the weights and the plan's peak outgrow the GPU.
+    assert weights_note(shape("llama-3.1-70b"), h100, peak_bytes=5 << 30) is None
+    assert weights_note(shape("llama-3.1-70b"), h100, peak_bytes=int(63.5 * 2**30)) is None  # 79.9 GiB in all
+    beside = weights_note(shape("llama-3.1-70b"), h100, peak_bytes=70 << 30)
+    assert beside.endswith("and the plan's peak (70 GiB a GPU) need more than a GPU's 80 GiB: --mem-fraction 0.79 "
+                           "at most leaves them room (activations besides)"), beside
     assert weights_note(shape("llama-3.1-70b"), h100, 1.0).endswith(
         "get no room: --mem-fraction 1 gives the whole GPU to the KV cache and the merge; --mem-fraction 0.79 at "
         "most leaves them room (activations besides)")

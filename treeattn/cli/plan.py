@@ -249,8 +249,6 @@ def plan_cmd(
 
     layout, result_root = parse_result(result, topo.num_ranks)
     check_kv_fits(payload, topo, mem_fraction)
-    if note := weights_note(payload, topo, mem_fraction):
-        typer.echo(f"warning: {note}", err=True)
     if algorithm is None:
         given = sorted(k for k, v in alg_flags.items() if v is not None)
         if given:
@@ -292,6 +290,8 @@ def plan_cmd(
             kw["groups"] = node_groups(topo)
         plan, report = named_plan(topo, payload, algorithm, chunks, kw, mem_fraction)
     elapsed = time.perf_counter() - started
+    if note := weights_note(payload, topo, mem_fraction, peak_bytes=report["best"]["peak_bytes"]):
+        typer.echo(f"warning: {note}", err=True)
     from dataclasses import replace
 
     from treeattn.plan.io import save_plan
@@ -547,13 +547,15 @@ def compare_cmd(
     if len(unfit) == len(topos) * len(lens):
         raise InputError(next(iter(unfit.values())) if len(unfit) == 1 else
                          f"no sequence length fits any topology; {next(iter(unfit.values()))}")
-    for t in topos:  # at the longest length it compares (the KV cache the weights must sit beside)
-        fitted = [n for n in lens if (t.name, n) not in unfit]
-        if fitted and (note := weights_note(make(t.num_ranks, max(fitted)), t, mem_fraction)):
-            typer.echo(f"warning: {t.name}: {note}", err=True)
     with progress_reporter(progress, "comparing") as update:
         rows = compare(topos, lens, make, result=layout, root=root, ring=ring, mem_fraction=mem_fraction,
                        seed=seed, progress=update, skip=unfit)
+    for t in topos:  # at the longest length it compares, beside the planned merge's peak there
+        tree = [r for r in rows if r.topology == t.name and r.method == "tree"]
+        longest = max(tree, key=lambda r: r.seq_len, default=None)
+        if longest is not None and (note := weights_note(make(t.num_ranks, longest.seq_len), t, mem_fraction,
+                                                         peak_bytes=longest.peak_bytes)):
+            typer.echo(f"warning: {t.name}: {note}", err=True)
     if csv is not None:
         write_csv(rows, csv)
     if png is not None:
