@@ -52,7 +52,7 @@ def test_a_signalled_run_exits_with_the_signals_status(tmp_path, monkeypatch, si
     path = tmp_path / "plan.yaml"
     save_plan(build("binomial", w, resolve("cpu:ranks=2")), path)
 
-    def launch(job):  # noqa: ANN001, ANN202, ARG001 - launch's signature
+    def launch(job, progress=None):  # noqa: ANN001, ANN202, ARG001 - launch's signature
         launch_mod.raise_interrupt(sig, None)
 
     monkeypatch.setattr(launch_mod, "launch", launch)

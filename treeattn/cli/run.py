@@ -16,6 +16,7 @@ from rich.table import Table
 from treeattn.cli import app, err_console
 from treeattn.cli.options import BackendOpt, JsonOpt, MeasureOrder, OrderOpt
 from treeattn.cli.paths import OUT_PATH, appendable, output_file, output_folder
+from treeattn.cli.progress import progress_reporter
 from treeattn.cli.render import console
 from treeattn.errors import ExecutionError, InputError, PlanInvalidError
 from treeattn.exec.deadline import MAX_ITERATIONS, SETUP_TIMEOUT_S
@@ -81,6 +82,9 @@ def run(
                                              "pipe); default: a new "
                                              "file in results/runs/ named after the time and the plan.")] = None,
     json_out: JsonOpt = False,
+    progress: Annotated[bool | None, typer.Option("--progress/--no-progress",
+                                                  help="Progress on stderr (runs done): a bar on a terminal, else "
+                                                  "a line every 10 s.")] = None,
 ) -> None:
     """Run PLAN on its ranks (local processes, or those of torchrun/SLURM), check the result
     against a single-process reference and compare the measured time with the prediction."""
@@ -114,7 +118,8 @@ def run(
             for text in notes:
                 err_console.print(f"[cyan]note:[/] {escape(text)}")
         label = plan_file.name
-        result = launch(Job((planned,), options))
+        with progress_reporter(progress if reporter else False, "measuring") as update:
+            result = launch(Job((planned,), options), progress=update)
         if result is None or not reporter:
             return
         kernels = sorted({m.kernel for m in result.measurements if m.kernel != "none"})

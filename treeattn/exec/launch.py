@@ -44,7 +44,8 @@ import torch
 import torch.distributed as dist
 
 from treeattn.errors import ExecutionError, InputError, TreeattnError
-from treeattn.exec.runner import Job, JobResult, memory_problem, pick_backend, placement_problem, run_rank
+from treeattn.exec.runner import Job, JobResult, Progress, memory_problem, pick_backend, placement_problem, run_rank
+from treeattn.exec.worker import read_progress
 from treeattn.interrupts import raise_interrupt, shielded
 
 __all__ = ["RankEnv", "detect_env", "check_world", "slurm_bound", "slurm_threads", "launch", "launch_local",
@@ -56,6 +57,8 @@ _STORE_WAIT = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (
 
 GRACE_S = 1.0
 """After the first failed rank, how long the others get to exit and say why before the kill."""
+_TICK_S = 0.5
+"""How often the launcher looks at rank 0's progress file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,12 +165,15 @@ def _need(env, names: tuple[str, ...], who: str) -> None:  # noqa: ANN001 - a ma
                          "(e.g. MASTER_ADDR=$(hostname) MASTER_PORT=29500) before launching")
 
 
-def launch(job: Job, environ: dict[str, str] | None = None) -> JobResult | None:
+def launch(job: Job, environ: dict[str, str] | None = None, progress: Progress | None = None) -> JobResult | None:
     """Run ``job`` on its ranks: in-process under torchrun/SLURM, else as local processes.
 
     Args:
         job: the plans (all with the same rank count) and options.
         environ: environment to detect a launcher in (``os.environ`` by default).
+        progress: ``progress(runs done, runs known, what)`` as rank 0 gets on (``run_rank``): in
+            this process where it is rank 0, from rank 0's process every half second or so where
+            the ranks are started here.
 
     Returns:
         The ``JobResult`` where this process is rank 0 (always for local launches), else None.
@@ -179,7 +185,7 @@ def launch(job: Job, environ: dict[str, str] | None = None) -> JobResult | None:
     """
     placed = detect_env(environ)
     if placed is None:
-        return launch_local(job)
+        return launch_local(job, progress)
     check_world(placed, job.ranks)
     if placed.launcher == "slurm":
         os.environ.update(RANK=str(placed.rank), WORLD_SIZE=str(placed.world), LOCAL_RANK=str(placed.local_rank))
@@ -190,7 +196,7 @@ def launch(job: Job, environ: dict[str, str] | None = None) -> JobResult | None:
             torch.set_num_threads(slurm_threads(os.environ, len(os.sched_getaffinity(0))))
     held = _RendezvousLog(placed.rank)
     try:
-        return run_rank(job, placed.rank, placed.world, placed.local_rank, rendezvous=held)
+        return run_rank(job, placed.rank, placed.world, placed.local_rank, rendezvous=held, progress=progress)
     except TreeattnError as exc:
         exc.exit_now = dist.is_initialized()  # run_rank tears the group down on success only
         raise
@@ -268,8 +274,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_local(job: Job) -> JobResult:
-    """Start ``job.ranks`` worker processes here, watch them, and return rank 0's result."""
+def launch_local(job: Job, progress: Progress | None = None) -> JobResult:
+    """Start ``job.ranks`` worker processes here, watch them, and return rank 0's result
+    (``progress`` as ``launch`` says)."""
     n = job.ranks
     if pick_backend(job.options)[0] == "nccl":
         problem = placement_problem(n, torch.cuda.device_count())
@@ -294,8 +301,11 @@ def launch_local(job: Job) -> JobResult:
             with open(tmp / f"rank{r}.log", "wb") as log:
                 procs.append(subprocess.Popen([sys.executable, "-m", "treeattn.exec.worker", str(tmp)],
                                               env=env, stdout=log, stderr=subprocess.STDOUT))
-        killed = _watch(procs)
+        relay = None if progress is None else _relay(tmp, progress)
+        killed = _watch(procs, relay)
         codes = [p.returncode for p in procs]
+        if relay is not None and not any(codes):
+            relay()  # rank 0's last runs, written as it ended
         if any(codes):
             failure = rank_failure(tmp, codes, killed, lambda r: _log_tail(tmp, r))
             kept = failure.exit_code != 2  # bad input is said in full by the message
@@ -349,12 +359,29 @@ def host_memory_problem(job: Job, available: int | None) -> str:
     return memory_problem(job, range(job.ranks), available, "this host") or ""
 
 
-def _watch(procs: list[subprocess.Popen]) -> set[int]:
+def _relay(tmp: Path, progress: Progress) -> Callable[[], None]:
+    """What ``_watch`` calls between its looks: passes rank 0's progress file on when it changed."""
+    last: list[tuple[int, int, str] | None] = [None]
+
+    def look() -> None:
+        got = read_progress(tmp)
+        if got is not None and got != last[0]:
+            last[0] = got
+            progress(*got)
+
+    return look
+
+
+def _watch(procs: list[subprocess.Popen], tick: Callable[[], None] | None = None) -> set[int]:
     """Wait until every rank exits; once one fails, give the rest ``GRACE_S`` then kill them.
-    Returns the ranks this watchdog killed."""
+    Calls ``tick`` about every ``_TICK_S`` meanwhile. Returns the ranks this watchdog killed."""
     failed_at = None
     killed: set[int] = set()
+    ticked = time.monotonic()
     while True:
+        if tick is not None and time.monotonic() - ticked >= _TICK_S:
+            ticked = time.monotonic()
+            tick()
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
             return killed

@@ -56,8 +56,11 @@ from treeattn.plan.ir import OpKind, Plan
 from treeattn.units import DType, format_sizes
 from treeattn.workload import Payload, RawPayload, Workload
 
-__all__ = ["RunOptions", "PlanJob", "Job", "Measurement", "JobResult", "tolerance", "relative_error", "run_rank",
-           "placement_problem", "memory_problem", "check_against"]
+__all__ = ["RunOptions", "PlanJob", "Job", "Measurement", "JobResult", "Progress", "tolerance", "relative_error",
+           "run_rank", "placement_problem", "memory_problem", "check_against"]
+
+Progress = Callable[[int, int, str], None]
+"""``progress(runs done, runs known, what)``: how far rank 0 has got (``run_rank``)."""
 
 
 _MIN_MARGIN_S = 0.002
@@ -381,12 +384,16 @@ class _Timed:
 class _RankRun:
     """State of one rank across the plans of a job."""
 
-    def __init__(self, job: Job, comm: Comm, kernels: dict[str, str], graphs: bool = False) -> None:
+    def __init__(self, job: Job, comm: Comm, kernels: dict[str, str], graphs: bool = False,
+                 progress: Progress | None = None) -> None:
         self.job = job
         self.opt = job.options
         self.comm = comm
         self.kernels = kernels
         self.graphs = graphs
+        self.progress = progress
+        self._runs = [0, 0]
+        """Runs done and known so far (checked, warm-up and timed), for ``progress``."""
         self._refs: dict[tuple, tuple[frozenset[int], Reference | None]] = {}
         """Per payload: the ranks that hold its reference (the same on every rank) and this rank's copy."""
         self._inputs: dict[str, RankInputs] = {}
@@ -600,19 +607,36 @@ class _RankRun:
         done: list[Measurement | None] = []
         if self.opt.order == "blocked":
             for pj in self.job.plans:  # one plan's inputs alive at a time
-                for t in self.methods(pj):
+                methods = self.methods(pj)
+                self._known(methods)
+                for t in methods:
                     self.warm(t)
+                    self._ran(1 + self.opt.warmup, t, "checked and warm-up runs")
                     for _ in range(t.repeats):
                         self.time_once(t)
+                        self._ran(1, t, "timed runs")
                     done.append(self.finish(t))
         else:
             timed = [t for pj in self.job.plans for t in self.methods(pj)]
+            self._known(timed)
             for t in timed:
                 self.warm(t)
+                self._ran(1 + self.opt.warmup, t, "checked and warm-up runs")
             for i in interleaved_order([t.repeats for t in timed], self.opt.seed):
                 self.time_once(timed[i])
+                self._ran(1, timed[i], "timed runs")
             done = [self.finish(t) for t in timed]
         return [m for m in done if m is not None]
+
+    def _known(self, methods: list[_Timed]) -> None:
+        self._runs[1] += sum(1 + self.opt.warmup + t.repeats for t in methods)
+        if self.progress is not None:
+            self.progress(self._runs[0], self._runs[1], "starting")
+
+    def _ran(self, runs: int, t: _Timed, what: str) -> None:
+        self._runs[0] += runs
+        if self.progress is not None:
+            self.progress(self._runs[0], self._runs[1], f"{what}: {t.method} of {t.label}")
 
 
 def interleaved_order(repeats: Sequence[int], seed: int) -> list[int]:
@@ -629,7 +653,8 @@ def interleaved_order(repeats: Sequence[int], seed: int) -> list[int]:
 
 
 def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
-             rendezvous: contextlib.AbstractContextManager = contextlib.nullcontext()) -> JobResult | None:
+             rendezvous: contextlib.AbstractContextManager = contextlib.nullcontext(),
+             progress: Progress | None = None) -> JobResult | None:
     """Run ``job`` as rank ``rank`` of ``world`` (process group from the env:// variables).
 
     Args:
@@ -639,6 +664,8 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
         local_rank: index of this process on its machine (picks the CUDA device).
         rendezvous: a context the process group is created in (``launch`` holds torch's own
             log of a failed rendezvous there).
+        progress: on rank 0, ``progress(runs done, runs known, what)`` after each run (between
+            runs, outside the timed ones); other ranks ignore it.
 
     Returns:
         The ``JobResult`` on rank 0, None elsewhere.
@@ -685,7 +712,7 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
     comm = Comm(rank, world, backend, device, opt.timeout_s, opt.setup_timeout_s)
     _check_same_job(job, comm)
     comm.open_pairs(_pairs(job))
-    run = _RankRun(job, comm, kernels, graphs)
+    run = _RankRun(job, comm, kernels, graphs, progress if rank == 0 else None)
     measurements = run.run()
     comm.barrier()
     # Only on success: after a peer's failure, tearing the group down can block.

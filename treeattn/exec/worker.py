@@ -10,18 +10,25 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import pickle
 import signal
 import sys
+import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from treeattn.errors import TreeattnError
 from treeattn.exec.comm import CommError
 from treeattn.exec.runner import run_rank
 
-__all__ = ["main"]
+__all__ = ["main", "progress_file", "read_progress", "PROGRESS_FILE"]
+
+PROGRESS_FILE = "progress"
+"""In the run directory: rank 0's ``runs done, runs known, what`` (``read_progress``)."""
+_WRITE_EVERY_S = 0.5
 
 _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Timed out waiting", "Broken pipe",
               # NCCL: a peer's communicator failed, was aborted, or its watchdog timed out
@@ -40,6 +47,33 @@ def _die_with_parent() -> None:
         os._exit(1)  # the parent died before prctl took effect
 
 
+def progress_file(run_dir: Path) -> Callable[[int, int, str], None]:
+    """A ``run_rank`` progress that writes the latest figures to ``RUN_DIR/progress`` (whole:
+    a new file renamed over the old), at most every ``_WRITE_EVERY_S`` and at the last run,
+    for the launcher to show (``launch_local``)."""
+    last = [-math.inf]
+
+    def write(done: int, total: int, what: str) -> None:
+        now = time.monotonic()
+        if now - last[0] < _WRITE_EVERY_S and done < total:
+            return
+        last[0] = now
+        tmp = run_dir / f"{PROGRESS_FILE}.tmp"
+        tmp.write_text(json.dumps([done, total, what]))
+        tmp.replace(run_dir / PROGRESS_FILE)
+
+    return write
+
+
+def read_progress(run_dir: Path) -> tuple[int, int, str] | None:
+    """What rank 0 last wrote (``progress_file``), or None: nothing yet, or unreadable."""
+    try:
+        done, total, what = json.loads((run_dir / PROGRESS_FILE).read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+    return int(done), int(total), str(what)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     run_dir = Path(args[0])
@@ -47,7 +81,8 @@ def main(argv: list[str] | None = None) -> None:
     _die_with_parent()
     try:
         job = pickle.loads((run_dir / "job.pkl").read_bytes())
-        result = run_rank(job, rank, int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0")))
+        result = run_rank(job, rank, int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0")),
+                          progress=progress_file(run_dir) if rank == 0 else None)
         if rank == 0:
             tmp = run_dir / "result.pkl.tmp"
             tmp.write_bytes(pickle.dumps(result))
