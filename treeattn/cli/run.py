@@ -88,11 +88,11 @@ def run(
 ) -> None:
     """Run PLAN on its ranks (local processes, or those of torchrun/SLURM), check the result
     against a single-process reference and compare the measured time with the prediction."""
+    plan = load_checked(plan_file)  # before torch's import (seconds): a wrong path is said at once
     from treeattn.exec.launch import check_world, detect_env, launch
     from treeattn.exec.predict import comparability, default_timeout_s, plan_baselines, predict, resolve_topology
     from treeattn.exec.runner import Job, PlanJob, RunOptions, pick_backend
 
-    plan = load_checked(plan_file)
     placed = detect_env()
     if placed is not None:
         check_world(placed, plan.ranks)  # before the predictions and their notes: one line, at once
