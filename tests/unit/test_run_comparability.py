@@ -75,3 +75,20 @@ def test_the_cpu_family_names_the_cores_it_was_built_for() -> None:
     two = resolve("cpu:ranks=4,cores=2")
     assert two.cost.host.host_cores == 2 and two.cost.host.cpu_us > 0 and two.cost.attn_gbps is not None
     assert not two.calibrated and two.fingerprint == resolve("cpu-4").fingerprint
+
+
+def test_an_mla_plan_on_cpu_ranks_is_warned_about():
+    from treeattn.exec.predict import latent_on_cpu_note
+    from treeattn.plan.builders import build
+    from treeattn.workload import Workload
+
+    cpu, gpu = resolve("cpu-4"), resolve("dgx-h100:nodes=1")
+    mla = Workload.create(ranks=4, seq_len=64, model="deepseek-v3")
+    note = latent_on_cpu_note(build("star", mla, cpu), cpu)
+    # 2 x 128 x (576 + 512) FLOPs a token over its 576 bf16 values: 242 a byte.
+    assert note is not None and note.startswith("an MLA workload's attention does 242 FLOPs a byte of its cache")
+    gqa = Workload.create(ranks=4, seq_len=64, model="llama-3.1-8b")
+    assert latent_on_cpu_note(build("star", gqa, cpu), cpu) is None
+    mla8 = Workload.create(ranks=8, seq_len=64, model="deepseek-v3")
+    assert latent_on_cpu_note(build("star", mla8, gpu), gpu) is None  # GPUs: FlashMLA's own bound, documented
+    assert latent_on_cpu_note(build("star", mla, cpu), None) is None  # nothing predicted

@@ -90,7 +90,14 @@ def run(
     against a single-process reference and compare the measured time with the prediction."""
     plan = load_checked(plan_file)  # before torch's import (seconds): a wrong path is said at once
     from treeattn.exec.launch import check_world, detect_env, launch
-    from treeattn.exec.predict import comparability, default_timeout_s, plan_baselines, predict, resolve_topology
+    from treeattn.exec.predict import (
+        comparability,
+        default_timeout_s,
+        latent_on_cpu_note,
+        plan_baselines,
+        predict,
+        resolve_topology,
+    )
     from treeattn.exec.runner import Job, PlanJob, RunOptions, pick_backend
 
     placed = detect_env()
@@ -113,7 +120,8 @@ def run(
             # Before the run: a user who reads these may stop it.
             spec = topology or plan.topology.name
             other, notes = comparability(topo, spec, options.backend)
-            for text in (*warnings, *predictions.warnings, *other):
+            latent = latent_on_cpu_note(plan, topo)
+            for text in (*warnings, *predictions.warnings, *other, *([latent] if latent else [])):
                 err_console.print(f"[yellow]warning:[/] {escape(text)}")
             for text in notes:
                 err_console.print(f"[cyan]note:[/] {escape(text)}")

@@ -13,9 +13,10 @@ from treeattn.errors import InputError, TreeattnError
 from treeattn.plan.baselines import Baseline, baselines_for, parse_result
 from treeattn.plan.ir import Plan, TopologyRef
 from treeattn.topology.model import Topology
+from treeattn.workload import Workload
 
-__all__ = ["Predictions", "resolve_topology", "predict", "plan_baselines", "comparability", "default_timeout_s",
-           "TIMEOUT_FACTOR"]
+__all__ = ["Predictions", "resolve_topology", "predict", "plan_baselines", "comparability", "latent_on_cpu_note",
+           "default_timeout_s", "TIMEOUT_FACTOR"]
 
 TIMEOUT_FACTOR = 10.0
 """Without ``--timeout``, an operation may wait this many times the slowest predicted method's
@@ -104,6 +105,22 @@ def comparability(topo: Topology | None, spec: str, backend: str | None) -> tupl
                     f"`treeattn calibrate --topology {shlex.quote(spec)} --compute attention --out FILE` fits it, "
                     "then pass --topology FILE"]
     return [], []
+
+
+def latent_on_cpu_note(plan: Plan, topo: Topology | None) -> str | None:
+    """A warning where ``plan`` is an MLA workload (``kv_latent``) predicted on CPU ranks: its
+    attention does 2 Hq (D + Dv) FLOPs a token of cache, about 240 a byte for DeepSeek's 128
+    heads, where the grouped-query shapes the attention line is fitted on do at most 16; the
+    model times attention by its bytes (no FLOP term, docs/attention-model.md), and on a CPU
+    such a kernel is arithmetic-bound. None elsewhere."""
+    w = plan.workload
+    if topo is None or topo.on_gpus or not isinstance(w, Workload) or not w.kv_latent:
+        return None
+    per_byte = 2 * w.q_heads * (w.head_dim + w.value_dim) / (w.kv_heads * w.head_dim * w.kv_dtype.nbytes)
+    return (f"an MLA workload's attention does {per_byte:.0f} FLOPs a byte of its cache ({w.q_heads} query heads "
+            f"over a latent of {w.head_dim}); predictions time attention by its bytes alone, and on CPU ranks "
+            "such a kernel is arithmetic-bound: expect the measured times far above the predicted ones (calibrate "
+            "does not fix it)")
 
 
 def ranks_on_gpus(backend: str | None) -> bool:
