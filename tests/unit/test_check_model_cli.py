@@ -205,6 +205,9 @@ def test_own_log_bad_input_is_one_line_and_exit_2(tmp_path):
     own = ["check-model", str(log), "-t", "dgx-h100:nodes=4"]
     for args, said in ((["check-model", str(log)], "needs --topology"),
                        (["check-model", "-t", "dgx-h100"], "--topology applies to nccl-tests logs"),
+                       (["check-model", str(tmp_path), "-t", "dgx-h100"],
+                        f"{tmp_path}: a folder is read as a corpus, whose .yaml mappings name each table's machine, "
+                        f"and it has none; give its logs as files with --topology (e.g. {tmp_path / '*.txt'})"),
                        (["check-model", str(log), "-t", "dgx-h100:nodes=2"], "places 16 ranks but the table ran on 32"),
                        (["check-model", str(log), "-t", "nosuch"], "--topology 'nosuch': "),
                        ([*own, "--env", "ALGO=Ring"], "the model reads only NCCL_ALGO"),

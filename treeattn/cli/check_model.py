@@ -148,8 +148,13 @@ def check_model_cmd(
         raise InputError(f"{logs[0]}: a log needs --topology, the machine it ran on (e.g. -t dgx-h100:nodes=2)")
     if not logs and (topology is not None or settings):
         load_corpus([p for p in corpus if p.is_file()])  # a topology file given as a mapping is named so first
-        raise InputError(f"{'--topology' if topology is not None else '--env'} applies to nccl-tests logs; "
-                         "give LOG files (the corpus's tables name their own)")
+        flag = "--topology" if topology is not None else "--env"
+        folder = next((p for p in corpus if p.is_dir() and not any(p.glob("*.yaml"))), None)
+        if folder is not None:  # a folder of one's own logs, not a corpus
+            raise InputError(f"{folder}: a folder is read as a corpus, whose .yaml mappings name each table's "
+                             f"machine, and it has none; give its logs as files with {flag} "
+                             f"(e.g. {folder / '*.txt'})")
+        raise InputError(f"{flag} applies to nccl-tests logs; give LOG files (the corpus's tables name their own)")
     if topology is not None:
         from treeattn.errors import TopologyError
         from treeattn.topology.library import resolve
