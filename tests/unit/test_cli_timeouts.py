@@ -36,7 +36,7 @@ def _captured(monkeypatch: pytest.MonkeyPatch, module: str, name: str) -> list:
 
     seen: list = []
 
-    def capture(*args):  # noqa: ANN002
+    def capture(*args, **kwargs):  # noqa: ANN002, ANN003, ARG001
         seen.append(next(a for a in args if hasattr(a, "options")).options)
         sys.exit(0)
 
