@@ -1,15 +1,13 @@
-"""``treeattn run`` says how far it has got: rank 0's runs, passed on by the launcher."""
+"""``treeattn run`` says how far it has got: rank 0's runs, passed on by the launcher (the CLI's
+lines: tests/unit/test_run_progress_cli.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.cli_helpers import run_cli
-from treeattn.cli import progress as progress_cli
 from treeattn.exec.launch import launch
 from treeattn.exec.runner import Job, PlanJob, RunOptions
 from treeattn.plan.builders import build
-from treeattn.plan.io import save_plan
 from treeattn.topology.library import resolve
 from treeattn.workload import Workload
 
@@ -31,15 +29,3 @@ def test_local_ranks_report_every_run_of_every_method(order):
     done = [d for d, _, _ in seen]
     assert done == sorted(done) and all(d <= t for d, t, _ in seen)
     assert all(what == "starting" or what.endswith(" of p.yaml") for _, _, what in seen)
-
-
-def test_run_prints_progress_lines_off_a_terminal(tmp_path, monkeypatch):
-    monkeypatch.setattr(progress_cli, "PROGRESS_EVERY_S", 0.05)
-    path = save_plan(build("binomial", W2, resolve("cpu:ranks=2")), tmp_path / "plan.yaml")
-    res = run_cli("run", str(path), "--repeats", "3", "--warmup", "0", "--out", str(tmp_path / "r.csv"))
-    assert res.exit_code == 0, res.stderr
-    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("measuring: ")]
-    assert lines and all(" steps, " in ln for ln in lines), res.stderr
-    quiet = run_cli("run", str(path), "--repeats", "3", "--warmup", "0", "--out", str(tmp_path / "q.csv"),
-                    "--no-progress")
-    assert quiet.exit_code == 0 and "measuring: " not in quiet.stderr, quiet.stderr
