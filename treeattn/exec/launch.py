@@ -304,12 +304,12 @@ def launch_local(job: Job, progress: Progress | None = None) -> JobResult:
         relay = None if progress is None else _relay(tmp, progress)
         killed = _watch(procs, relay)
         codes = [p.returncode for p in procs]
-        if relay is not None and not any(codes):
-            relay()  # rank 0's last runs, written as it ended
         if any(codes):
             failure = rank_failure(tmp, codes, killed, lambda r: _log_tail(tmp, r))
             kept = failure.exit_code != 2  # bad input is said in full by the message
             raise keep_output(tmp, failure) if kept else failure
+        if relay is not None:
+            relay()  # rank 0's last runs, written as it ended
         with open(tmp / "result.pkl", "rb") as f:
             return pickle.load(f)
     finally:

@@ -17,12 +17,11 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 
 from treeattn.errors import TreeattnError
 from treeattn.exec.comm import CommError
-from treeattn.exec.runner import run_rank
+from treeattn.exec.runner import Progress, run_rank
 
 __all__ = ["main", "progress_file", "read_progress", "PROGRESS_FILE"]
 
@@ -47,7 +46,7 @@ def _die_with_parent() -> None:
         os._exit(1)  # the parent died before prctl took effect
 
 
-def progress_file(run_dir: Path) -> Callable[[int, int, str], None]:
+def progress_file(run_dir: Path) -> Progress:
     """A ``run_rank`` progress that writes the latest figures to ``RUN_DIR/progress`` (whole:
     a new file renamed over the old), at most every ``_WRITE_EVERY_S`` and at the last run,
     for the launcher to show (``launch_local``)."""

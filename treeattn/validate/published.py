@@ -273,6 +273,7 @@ def predict_table(t: PublishedTable, cache: _Topologies | None = None,
     cache = cache or _Topologies()
     point_to_point = t.collective in POINT_TO_POINT
     topo = cache.p2p_topo(t) if point_to_point else cache.topo(t)
+    rccl = cache.fabric(t).rccl  # the library the model takes for the GPUs (nccl_fabric), for its launches
     out = []
     for nbytes, published in t.points():
         channels = None
@@ -290,7 +291,7 @@ def predict_table(t: PublishedTable, cache: _Topologies | None = None,
                 # Back to back, a chain's calls overlap along it (chain_call_latency_us).
                 pred += nccl.chain_call_latency_us(fab, est.algorithm, est.protocol) - est.latency_us
                 how += "+pipelined"
-        launches = group_launch_us(t.log.n_gpus, channels, t.nccl_bound, rccl=t.log.rccl or t.library == "RCCL")
+        launches = group_launch_us(t.log.n_gpus, channels, t.nccl_bound, rccl=rccl)
         if launches > pred:
             pred, how = launches, f"{how}+launches"
         out.append(RowResult(t.name, t.source_id, t.collective, nbytes, published, pred, t.scored, how))
