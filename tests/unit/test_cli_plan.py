@@ -134,6 +134,12 @@ def test_raw_payload(tmp_path):
         (("-t", "dgx-h101", *SHAPE), "unknown topology 'dgx-h101'"),
         (("-t", "dgx-h100", "--model", "llama-3.1-8b", "--batch", "-4", "--seq-len", "1K"), "--batch must be"),
         (("-t", "dgx-h100", "--model", "llama-3.1-8b", "-n", "12Q"), "cannot read --seq-len '12Q'"),
+        # a negative length is read, then refused as a zero is: not as text that cannot be read
+        (("-t", "dgx-h100", "--model", "llama-3.1-8b", "-n", "-5"), "--seq-len must be at least 1 token, got '-5'"),
+        # a number typer cannot convert is said as treeattn says a bad value, not in pydantic's words
+        (("-t", "dgx-h100", "--model", "llama-3.1-8b", "-n", "1K", "-b", "1.5"),
+         "treeattn plan: --batch must be a whole number, got '1.5' (see --help)"),
+        (("-t", "dgx-h100", *SHAPE, "--mem-fraction", "half"), "--mem-fraction must be a number, got 'half'"),
         # named by the flags that give them, not the workload file's keys (seq_len: 128K)
         (("-t", "dgx-h100", "--model", "llama-3.1-8b"), "give the sequence length: --seq-len N (-n 128K)"),
         (("-t", "dgx-h100", "--heads", "8", "-n", "8K"), "give --model NAME (--model list shows them), or --heads "

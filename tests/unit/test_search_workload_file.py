@@ -24,7 +24,7 @@ def test_parse_tokens():
         with pytest.raises(WorkloadError):
             parse_tokens(bad)
     assert parse_tokens(0) == 0
-    for bad in (0, -5, "0"):  # a sequence's length is at least one token, whatever the sign
+    for bad in (0, -5, "0", "-5", "-1K"):  # a sequence's length is at least one token, whatever the sign
         with pytest.raises(WorkloadError, match=f"^seq_len must be at least 1 token, got {bad!r}$"):
             parse_tokens(bad, least=1)
 

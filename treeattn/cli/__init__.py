@@ -197,6 +197,30 @@ def main(args: list[str] | None = None) -> None:
         sys.stdout, sys.stderr = stdout, stderr
 
 
+# pydantic's error types for a value typer could not convert to an option's int or float, or
+# found outside the option's range, and how treeattn says each (its constraint's bound).
+_VALUE_ERRORS = {"int_parsing": "must be a whole number", "int_from_float": "must be a whole number",
+                 "float_parsing": "must be a number", "finite_number": "must be a finite number",
+                 "greater_than_equal": "must be at least {ge}", "greater_than": "must be more than {gt}",
+                 "less_than_equal": "must be at most {le}", "less_than": "must be less than {lt}"}
+
+
+def _bad_option_value(exc: Exception) -> str | None:
+    """An option's value that is not a number or outside its range, in treeattn's words
+    (``--batch must be a whole number, got '1.5'``) where typer would give pydantic's; None
+    for any other usage error."""
+    errors = getattr(exc.__cause__, "errors", None)
+    param = getattr(exc, "param", None)
+    if not callable(errors) or param is None or not getattr(param, "opts", None):
+        return None
+    try:
+        first = errors()[0]
+        rule = _VALUE_ERRORS[first["type"]].format(**first.get("ctx", {}))
+    except (IndexError, KeyError, TypeError):
+        return None
+    return f"{max(param.opts, key=len)} {rule}, got {str(first.get('input'))!r}"
+
+
 def _run(command, args: list[str] | None) -> None:  # noqa: ANN001 - a click Group
     interrupts.forget()
     try:
@@ -221,7 +245,7 @@ def _run(command, args: list[str] | None) -> None:  # noqa: ANN001 - a click Gro
         if isinstance(exc, click.exceptions.UsageError):
             # One line, as every other bad input (click writes usage, a hint and the error).
             where = exc.ctx.command_path if exc.ctx is not None else "treeattn"
-            message = " ".join(exc.format_message().replace("Value error, ", "").split())
+            message = _bad_option_value(exc) or " ".join(exc.format_message().replace("Value error, ", "").split())
             err_console.print(f"[bold red]error:[/] {escape(where)}: {escape(message)} (see --help)", markup=True,
                               soft_wrap=True)
             sys.exit(2)

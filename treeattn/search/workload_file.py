@@ -65,7 +65,7 @@ ATTENTION_KEYS = frozenset(
 )
 RAW_KEYS = frozenset({"kind", "bytes", "op", "dtype", "ranks"})
 
-_TOKENS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kKmMgG])[iI]?)?\s*$")  # "128Ki" as sizes write it: the same
+_TOKENS = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(?:([kKmMgG])[iI]?)?\s*$")  # "128Ki" as sizes write it: the same
 _TOKEN_POW = {"": 0, "k": 1, "m": 2, "g": 3}
 
 
