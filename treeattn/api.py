@@ -26,7 +26,7 @@ from treeattn.topology.library import (
     resolve_recorded,
 )
 from treeattn.topology.model import Topology
-from treeattn.workload import ModelPreset, Payload, RawPayload, Workload, check_model, latent_value_note
+from treeattn.workload import ModelPreset, Payload, RawPayload, Workload, check_model, payload_notes
 
 if TYPE_CHECKING:
     from treeattn.cost.simresult import SimResult
@@ -355,8 +355,7 @@ def _workload(topo: Topology, workload_or_model: Payload | ModelPreset | str, ba
     # The CLI's and workload files' own reader: "128K" reads as there, and a bad value is refused alike.
     workload = workload_from_dict({"model": name, "batch": batch, "seq_len": seq_len, **shape},
                                   ranks=topo.num_ranks, where=fn)
-    note = latent_value_note(workload)
-    if note:
+    for note in payload_notes(workload):
         warnings.warn(note, stacklevel=3)
     return workload
 

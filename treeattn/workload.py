@@ -21,7 +21,7 @@ from treeattn.errors import InputError, WorkloadError
 from treeattn.units import DType, check_bytes, counted
 
 __all__ = ["ModelPreset", "MODELS", "ReduceOp", "Workload", "RawPayload", "Payload", "check_model", "check_split",
-           "even_split", "latent_value_note", "preset_heads"]
+           "even_split", "latent_value_note", "payload_notes", "preset_heads"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +91,25 @@ def latent_value_note(w: Payload) -> str | None:
     return (f"{preset.name}'s absorbed decode merges the first {preset.v_head_dim} values of its latent a head "
             f"(kv_lora_rank); v_head_dim {w.value_dim} merges {w.value_dim}. config.json's v_head_dim is a head's "
             "value after the up-projection, which comes after the merge")
+
+
+def empty_ranks_note(w: Payload) -> str | None:
+    """What to say where an even split of ``w``'s sequence leaves ranks without a token (N
+    under the rank count: ``-n 3`` on 8 ranks, where ``-n 3K`` was likely meant); None
+    elsewhere, as for a split that keeps other ranks empty (on purpose)."""
+    if not isinstance(w, Workload):
+        return None
+    empty = w.split.count(0)
+    if not empty or w.split != even_split(w.seq_len, w.ranks):
+        return None
+    return (f"N={w.seq_len} tokens split evenly over {w.ranks} ranks leaves {empty} of them no KV cache; they "
+            "take part in the merge with empty partials")
+
+
+def payload_notes(w: Payload) -> list[str]:
+    """What to warn a user of about ``w`` before planning it (``latent_value_note``,
+    ``empty_ranks_note``)."""
+    return [note for note in (latent_value_note(w), empty_ranks_note(w)) if note]
 
 
 def preset_heads(model: str | None, q_heads: int | None, kv_heads: int | None,

@@ -62,12 +62,12 @@ def warn_topology(topo: Any) -> None:
 
 
 def warn_payload(payload: Any) -> None:
-    """Say on stderr where ``payload`` (a Payload) departs from its model preset in a way a
-    config.json invites (``treeattn.workload.latent_value_note``)."""
-    from treeattn.workload import latent_value_note
+    """Say on stderr where ``payload`` (a Payload) departs from what was likely meant: a model
+    preset's value dim that a config.json invites, ranks an even split leaves empty
+    (``treeattn.workload.payload_notes``)."""
+    from treeattn.workload import payload_notes
 
-    note = latent_value_note(payload)
-    if note:
+    for note in payload_notes(payload):
         typer.echo(f"warning: {note}", err=True)
 
 
