@@ -96,8 +96,8 @@ def calibrate_cmd(
             raise InputError("--from-nccl-tests needs --topology: the machine the logs were measured on")
         _from_logs(resolve(topology), paths, out, json_out)
         return
-    from treeattn.calibrate.live import CalibrateOptions, calibrate
-
+    # Every argument is read before torch's import (seconds): a bad one is said at once.
+    named = resolve(topology) if topology is not None else None
     try:
         trips = tuple(int(x) for x in round_trips.split(",") if x.strip())
     except ValueError:
@@ -109,8 +109,10 @@ def calibrate_cmd(
     if min(hq, hkv, hd) < 1 or hq % hkv:
         raise InputError(f"--attention-shape {attention_shape!r}: heads and head dim must be >= 1 and HKV must "
                          "divide HQ")
-    options = CalibrateOptions(min_bytes=parse_size(min_size, "--min-size"),
-                               max_bytes=parse_size(max_size, "--max-size"), sizes=sizes,
+    min_bytes, max_bytes = parse_size(min_size, "--min-size"), parse_size(max_size, "--max-size")
+    from treeattn.calibrate.live import CalibrateOptions, calibrate
+
+    options = CalibrateOptions(min_bytes=min_bytes, max_bytes=max_bytes, sizes=sizes,
                                round_trips=trips, repeats=repeats, warmup=warmup, contention=contention,
                                compute=compute.value, backend=backend.value if backend else None, timeout_s=timeout,
                                attention_heads=(hq, hkv, hd))
@@ -120,7 +122,7 @@ def calibrate_cmd(
 
     # A backend this machine cannot run (nccl without CUDA) is said as such, not as a mismatch below.
     pick_backend(RunOptions(backend=options.backend))
-    topo = resolve(topology) if topology is not None else _probe()
+    topo = named if named is not None else _probe()
     if topo.on_gpus != ranks_on_gpus(options.backend):
         # The fit would give the topology's links what these ranks measure: loopback TCP for NVLink.
         made, runs = ("GPUs", "CPU processes (gloo)") if topo.on_gpus else ("CPU ranks", "GPUs (nccl)")
