@@ -165,6 +165,11 @@ def test_bad_input_raises_and_peers_time_out(tmp_path):
             assert item["peer"] == "raised"
         else:
             assert item["peer"].startswith("ExecutionError"), item
+            # what to look for, beside the library's 'Operation timed out!' or 'Connection closed'
+            assert item["peer"].endswith("(Merger call 1 on this rank: every rank calls its Mergers in one order; a "
+                                         "peer that raised before its call and lives on, or stopped calling, leaves "
+                                         "the others here after timeout_s = 2 s, and one whose process ended, at "
+                                         "once)"), item
             assert item["peer_s"] < 15
 
 
@@ -249,6 +254,10 @@ def test_attention_partial_checks_and_empty_shards():
     assert torch.equal(o, torch.zeros_like(q)) and bool(torch.isneginf(lse).all())
     with pytest.raises(ValueError, match="KV heads \\(3\\) must divide query heads \\(8\\)"):
         attention_partial(q, torch.zeros(2, 3, 4, 16), torch.zeros(2, 3, 4, 16))
+    # a FlashAttention / HF flash cache (B, N, Hkv, D) given as is: said how to give it
+    with pytest.raises(ValueError, match="a cache laid out \\(B, N, Hkv, D\\), as FlashAttention's, is "
+                                         "k.transpose\\(1, 2\\)"):
+        attention_partial(q, torch.zeros(2, 5, 2, 16), torch.zeros(2, 5, 2, 16))
     with pytest.raises(ValueError, match="q must be \\(B, Hq, D\\)"):
         attention_partial(q[0], torch.zeros(2, 2, 4, 16), torch.zeros(2, 2, 4, 16))
     with pytest.raises(TypeError, match="floating-point"):

@@ -336,7 +336,8 @@ def attention_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                          f"({bsz}, Hkv, N, {d})")
     hkv = k.shape[1]
     if hkv < 1 or hq % hkv:
-        raise ValueError(f"attention_partial: KV heads ({hkv}) must divide query heads ({hq})")
+        raise ValueError(f"attention_partial: KV heads ({hkv}) must divide query heads ({hq}); k and v are "
+                         "(B, Hkv, N, D): a cache laid out (B, N, Hkv, D), as FlashAttention's, is k.transpose(1, 2)")
     if not (q.device == k.device == v.device):
         raise ValueError(f"attention_partial: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if k.dtype != v.dtype:

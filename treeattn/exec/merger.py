@@ -5,8 +5,8 @@ A model computes its rank's partial over its KV shard with whatever kernel it us
 over; the Merger runs this rank's program of the plan (its COMPUTE takes the given
 partial) and returns the merged rows the plan's result layout gives this rank.
 
-Buffers: the packed input, the accumulator and every receive buffer are allocated on the
-first call and reused by the next ones; each call returns fresh output tensors. The packed
+Buffers: the packed input is allocated at construction, the accumulator and every receive
+buffer on the first call, and the next calls reuse them all; each call returns fresh output tensors. The packed
 input is the accumulator itself when the program's first use of the accumulator is its
 COMPUTE (``PlanExecutor.in_place``), and the Merger takes no per-op timestamps.
 
@@ -145,8 +145,9 @@ class Merger:
         timeout_s: how long a rank waits for one message or collective before raising
             ``treeattn.errors.ExecutionError`` (gloo: every wait; NCCL: a call's communication,
             checked by later calls, see the module docstring). A rank that raises before
-            communicating (bad input) leaves the others to fail by this timeout rather than
-            wait forever.
+            communicating (bad input) and lives on leaves the others to fail by this timeout
+            rather than wait forever; one whose process ends fails their waits at once (gloo:
+            its connections close).
         graph: replay the program from a CUDA graph from the second call on (NCCL only);
             None: on with NCCL. A capture that fails on any rank leaves every rank eager,
             with one line on stderr saying why (and ``graph`` False). Calls made inside the
@@ -287,7 +288,8 @@ class Merger:
             lse: ``(B, Hq)`` fp32: its log-sum-exp (natural log: a kernel's base-2 lse times
                 ln 2). A row where the shard is empty has lse = -inf (``attention_partial``) or
                 +inf (FlashAttention-2): either is merged as the empty partial (0, -inf),
-                whatever its o (zeros, or NaN as some kernels give a fully masked row).
+                whatever its o (zeros, or NaN as some kernels give a fully masked row). A NaN
+                lse is merged as given: that row is NaN in every rank's result.
 
         Returns:
             ``(o, lse)``, fresh tensors (o in o's dtype, lse fp32) holding what the plan's
@@ -337,15 +339,22 @@ class Merger:
         comm = self._comm
         if comm.cuda and torch.cuda.is_current_stream_capturing():
             return self._merge_captured(o, lse)
-        comm.calls.check()  # the earlier calls' communication, within the timeout; waits only when far ahead
-        clear_empty_rows(pack_heads_into(self._partial, o, lse))
-        self._exec.prepare()
-        if self._capture and self._calls:
-            self._capture = self.graph = False  # until the capture worked on every rank
-            self._run = capture(comm, self._exec.run, f"the Merger's program of plan {self.plan.algorithm!r}",
-                                self._exec.replaying)
-            self.graph = isinstance(self._run, Graphed)
-        acc = self._run()
+        try:
+            comm.calls.check()  # the earlier calls' communication, within the timeout; waits only when far ahead
+            clear_empty_rows(pack_heads_into(self._partial, o, lse))
+            self._exec.prepare()
+            if self._capture and self._calls:
+                self._capture = self.graph = False  # until the capture worked on every rank
+                self._run = capture(comm, self._exec.run, f"the Merger's program of plan {self.plan.algorithm!r}",
+                                    self._exec.replaying)
+                self.graph = isinstance(self._run, Graphed)
+            acc = self._run()
+        except CommError as exc:  # the library's 'Operation timed out!' says not what to look for
+            limit = comm.op_timeout.total_seconds()
+            raise CommError(f"{exc} (Merger call {self._calls + 1} on this rank: every rank calls its Mergers in one "
+                            "order; a peer that raised before its call and lives on, or stopped calling, leaves the "
+                            f"others here after timeout_s = {limit:g} s, and one whose process ended, at once)"
+                            ) from exc
         self._calls += 1
         comm.calls.add(comm.untracked(), self._run.name if isinstance(self._run, Graphed) else None)
         return self._mine(acc, o.dtype)
