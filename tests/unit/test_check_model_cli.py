@@ -431,3 +431,22 @@ def test_own_log_on_a_calibrated_topology_counts_the_pairs_nccls_level_sends_thr
     assert res.exit_code == 0, res.stderr
     assert ("; P2P level LOC (NCCL_P2P_DISABLE=1): 56 of 56 rank pairs through host memory (timed at the "
             "calibrated links' rates: the topology names no cost.shm_gbps)") in res.stdout, res.stdout
+
+
+def test_env_help_names_every_setting_the_model_reads():
+    # The help is written out (it is read before the model's modules are imported): it must
+    # name what --env accepts, no more and no fewer.
+    from treeattn.cost.nccl_env import ENV_SETTINGS
+
+    param = next(p for p in _env_params() if "--env" in p.opts)
+    named = {w.strip(",.():") for w in param.help.split() if w.strip(",.():").isupper() and "_" in w}
+    assert named - {"NCCL_ALGO=Ring"} == set(ENV_SETTINGS), named
+
+
+def _env_params():  # noqa: ANN202 - click parameters of check-model
+    import typer
+
+    from treeattn import cli
+
+    cli._register()
+    return typer.main.get_command(cli.app).commands["check-model"].params

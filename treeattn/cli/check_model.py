@@ -99,8 +99,8 @@ def check_model_cmd(
         "YAML file.")] = None,
     env: Annotated[list[str] | None, typer.Option(
         "--env", metavar="NAME=VALUE", help="A setting the logs ran with that the model reads: NCCL_ALGO, NCCL_PROTO, "
-        "NCCL_NVLS_ENABLE, RCCL_MSCCL_ENABLE, NCCL_P2P_DISABLE or NCCL_P2P_LEVEL (e.g. NCCL_ALGO=Ring); repeat for "
-        "several.")] = None,
+        "NCCL_NVLS_ENABLE, RCCL_MSCCL_ENABLE, RCCL_MSCCL_ENABLE_SINGLE_PROCESS, NCCL_P2P_DISABLE or NCCL_P2P_LEVEL "
+        "(e.g. NCCL_ALGO=Ring); repeat for several.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys): every row and every figure.")]
     = False,
     png: Annotated[Path | None, typer.Option("--png", **OUT_PATH,
