@@ -563,6 +563,31 @@ def test_a_network_rate_above_the_line_rate_is_said():
     assert not [w for w in calibrate_from_nccl_tests(DGX4, [FOUR]).warnings if "line rate" in w]
 
 
+def test_a_one_node_rate_above_the_links_figure_is_said():
+    # The 8 x H100 all-reduce ran NVLS (the switch reduces): its bus bandwidth fits the ring
+    # at 474 GB/s a link, above NVLink's 450; a one-node ring cannot move that.
+    fitted = calibrate_from_nccl_tests(resolve("dgx-h100"), [FIX / "all_reduce_perf.8xh100-1node.txt"])
+    said = [w for w in fitted.warnings if "the ring the fit assumes cannot move that" in w]
+    assert len(said) == 1 and "got 474.4 GB/s a link, above the 450 GB/s of n0.gpu0's nvlink link" in said[0], said
+    assert "NCCL_NVLS_ENABLE=0" in said[0]
+    # a log within the links' figure (437.6 GB/s) is not warned of
+    within = calibrate_from_nccl_tests(resolve("dgx-h100"), [FIX / "all_reduce_perf.8xh100-I1.txt"])
+    assert not [w for w in within.warnings if "cannot move that" in w], within.warnings
+
+
+def test_a_rate_under_half_the_links_figure_is_said_with_what_it_leaves_the_baselines():
+    # The 2 x 8 H100 run moved 19.9 GB/s a NIC port of 50: plans time treeattn's transfers at
+    # that, while NCCL's collectives (the baselines) keep the port's figure.
+    fitted = calibrate_from_nccl_tests(resolve("dgx-h100:nodes=2"), [FIX / "all_reduce_perf.2x8xh100-srun-l.txt"])
+    said = [w for w in fitted.warnings if "under half the" in w]
+    assert len(said) == 1 and "got 19.86 GB/s a link, under half the 50 GB/s of n0.nic0's infiniband link" in said[0]
+    assert "keeps the hardware figure and predicts them faster than this log ran" in said[0]
+    assert "this one's largest size is 8 GiB" in said[0], said
+    # the 4 x 8 H100 run reached its ports' figure; the 8 x H100 one NVLink's
+    for topo, log in ((DGX4, FOUR), (resolve("dgx-h100"), ONE)):
+        assert not [w for w in calibrate_from_nccl_tests(topo, [log]).warnings if "under half" in w]
+
+
 def test_calibrating_again_from_the_same_log_keeps_the_rates():
     # Della's node as probed: NIC mlx5_0 at 200 Gb/s (ibstat), four more at 400 (--nic-gbps). The
     # share of the log's bandwidth each NIC gets was taken from the links' fitted rates, so each

@@ -53,6 +53,7 @@ from treeattn.cost import nccl_rates
 from treeattn.errors import InputError, ProbeError
 from treeattn.topology.model import CALIBRATED_BY, Link, LinkClass, LinkKind, Topology
 from treeattn.topology.nccl_version import nccl_release, parse_version
+from treeattn.units import format_size
 
 __all__ = ["LogFit", "NcclCalibration", "calibrate_from_nccl_tests", "SIZE_BANDS", "HalfSplit", "half_split"]
 
@@ -174,7 +175,10 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
     intra_alpha: float | None = None
     for network, source, cf in sorted(parsed, key=lambda x: x[0]):  # one-node logs first
         lf = _network_fit(topo, source, cf, intra_alpha) if network else _node_fit(topo, source, cf)
-        if said := (_over_line_rate(topo, lf) if network else _over_pcie_rate(topo, lf) if lf.shm else ""):
+        if said := (_over_line_rate(topo, lf) if network else _over_pcie_rate(topo, lf) if lf.shm
+                    else _over_fabric_rate(topo, lf)):
+            warnings.append(said)
+        if not lf.shm and (said := _under_rating(topo, lf, network)):
             warnings.append(said)
         if not network:
             intra_alpha = lf.alpha_us if intra_alpha is None else intra_alpha
@@ -278,10 +282,70 @@ def _over_pcie_rate(topo: Topology, lf: LogFit) -> str:
             "and the log's NCCL_P2P_DISABLE/NCCL_P2P_LEVEL); the fitted rate is written as cost.shm_gbps as it is")
 
 
+def _over_fabric_rate(topo: Topology, lf: LogFit) -> str:
+    """A warning where a one-node class got more than its bottleneck link's hardware figure
+    (as ``_over_line_rate``): no ring moves more than its links carry, so the log ran what the
+    ring fit does not model, most likely NVLink SHARP (NVLS: the switch reduces, NCCL's default
+    all-reduce on NVSwitch H100/H200/GB200 nodes from 2.17), whose bus bandwidth would be
+    written as the links' rate."""
+    a, b = _slowest_hop(topo, lf.fit.ranks)
+    link = min(topo.route_links(a, b), key=_rated)
+    if link.rated_gbps is None and topo.cost.link_rates != "datasheet":
+        return ""  # measured before, without the hardware's figure
+    if lf.beta_gbps <= 1.05 * _rated(link):
+        return ""
+    return (f"{lf.source}: the {lf.route_class} class got {lf.beta_gbps:.4g} GB/s a link, above the {_rated(link):g} "
+            f"GB/s of {link.src}'s {link.kind.value} link: the ring the fit assumes cannot move that, so the log ran "
+            "another algorithm, most likely NVLink SHARP (NVLS, NCCL's default all-reduce on NVSwitch nodes), or the "
+            "topology's links are slower than the machine's; calibrate from an all_gather, reduce_scatter or sendrecv "
+            "log, or one run with NCCL_NVLS_ENABLE=0; the fitted rate is written as it is")
+
+
+UNDER_RATING = 0.5
+"""A fitted rate below this share of its link's hardware figure is said (``_under_rating``).
+The published corpus's all-reduce tables, each fitted whole onto its mapping's topology, give
+0.63-1.08 of the figure on fabrics their sources call sound; under 0.5 come an unscored
+degraded 2-node run (nccl-tests issue 290: 0.25 and 0.40) and one-node A100 logs that stop at
+32-128 MiB, short of their bandwidth (0.41-0.51)."""
+
+
+def _under_rating(topo: Topology, lf: LogFit, network: bool) -> str:
+    """A warning where a class got under ``UNDER_RATING`` of its bottleneck link's hardware
+    figure: the model of NCCL's collectives (the baselines, ``nccl-model``, ``check-model``)
+    reads the figures, not the fitted rates (docs/nccl-model.md), so it goes on predicting them
+    faster than the log ran; such a rate is a fabric that runs below its hardware (a degraded
+    link, fewer NICs in use) or a topology that names faster hardware than the machine's."""
+    if network:
+        other = next(r for r in range(lf.fit.ranks) if topo.rank_device(r).node != topo.rank_device(0).node)
+        links = [ln for ln in topo.route_links(0, other) if ln.cls is LinkClass.NETWORK]
+    else:
+        links = list(topo.route_links(*_slowest_hop(topo, lf.fit.ranks)))
+    if not links:
+        return ""
+    link = min(links, key=_rated)
+    if link.rated_gbps is None and topo.cost.link_rates != "datasheet":
+        return ""  # measured before, without the hardware's figure
+    if lf.beta_gbps >= UNDER_RATING * _rated(link):
+        return ""
+    largest = format_size(lf.fit.size_range[1])
+    return (f"{lf.source}: the {lf.route_class} class got {lf.beta_gbps:.4g} GB/s a link, under half the "
+            f"{_rated(link):g} GB/s of {link.src}'s {link.kind.value} link: treeattn's transfers will be timed at "
+            "the fitted rate, while the model of NCCL's collectives (the baselines, nccl-model, check-model) keeps "
+            "the hardware figure and predicts them faster than this log ran. A log that stops short of its "
+            f"bandwidth fits low (this one's largest size is {largest}); otherwise check the fabric (a degraded "
+            "link, fewer NICs in use) or the topology's rates")
+
+
+def _slowest_hop(topo: Topology, n: int) -> tuple[int, int]:
+    """The ring hop ``i -> i+1`` of a one-node log's ``n`` ranks with the slowest route (the
+    longest of equals, then the first): the class a one-node log is fitted into."""
+    ring = [(i, (i + 1) % n) for i in range(n)]
+    return min(ring, key=lambda p: (topo.route_bw_gbps(*p), -len(topo.route(*p)), p))
+
+
 def _node_fit(topo: Topology, source: str, cf: CollectiveFit) -> LogFit:
     n = cf.ranks
-    ring = [(i, (i + 1) % n) for i in range(n)]
-    a, b = min(ring, key=lambda p: (topo.route_bw_gbps(*p), -len(topo.route(*p)), p))
+    a, b = _slowest_hop(topo, n)
     hops = _hops(topo, a, b)
     notes = list(cf.warnings)
     first = topo.route_links(a, b)[0]
