@@ -43,6 +43,9 @@ BAD = {
     "oversubscription-below-one.yaml": ["oversubscription-below-one.yaml:7:", "network.oversubscription", ">= 1"],
     "compact-sockets-unjoined.yaml": ["compact-sockets-unjoined.yaml:", "rank 0 (n0.gpu0) cannot reach rank 2",
                                       "on one machine (node 0)", "node.cpus.link"],
+    # said as a machine without socket links before: the link written one way is the cause
+    "one-way-link.yaml": ["one-way-link.yaml:10:", "'g0' reaches 'g1' inside node 0 but not back",
+                          "one way (duplex: false) with no link the other way"],
     # A GPU sends through one NIC: NICs that would carry nothing are refused, not built.
     "compact-more-nics-than-gpus.yaml": ["compact-more-nics-than-gpus.yaml:8:", "node.nics.count",
                                          "16 NICs for 8 GPUs", "8 would carry nothing", "give count: 8"],
@@ -413,7 +416,7 @@ def test_values_in_another_unit_are_warned_about_where_a_topology_is_loaded(tmp_
     res = run_cli("topo", "validate", str(tmp_path / "units.yaml"))
     assert res.exit_code == 0, res.stderr
     assert res.stderr.splitlines() == [
-        "warning: GPU g1 has mem_gb 81920, more than any GPU's memory; mem_gb is GB (MiB / 1024)",
+        "warning: GPU g1 has mem_gb 81920, more than any GPU's memory; mem_gb is GiB (MiB / 1024)",
         "warning: link g1->nic1 (pcie) has latency_us 600, over 100 us for a pcie hop; latency_us is microseconds "
         "(ns / 1000)",
         "warning: link nic0->nic1 (infiniband) has bw_gbps 400, faster than any network port (1.6 Tb/s is 200 GB/s); "
@@ -429,6 +432,21 @@ def test_values_in_another_unit_are_warned_about_where_a_topology_is_loaded(tmp_
     assert res.exit_code == 0 and res.stderr.splitlines() == [
         "warning: NIC nic0 has bw_gbps 200 on the network but 25 over its PCIe link; bw_gbps is GB/s: 200 Gb/s is 25 "
         "(and 1 more)"], res.stderr
+
+
+def test_a_gpu_memory_in_tb_s_written_as_gb_s_is_warned_about(tmp_path):
+    # H100's 3.35 TB/s written as mem_bw_gbps: 3.35 was planned on without a word (attention
+    # a thousand times slow, and the pick another method's)
+    topo = tmp_path / "tbs.yaml"
+    topo.write_text("name: tbs\nnode:\n  gpus: {count: 8, model: H100-SXM5-80GB, mem_bw_gbps: 3.35, mem_gb: 80}\n"
+                    "  pcie: {generation: 5, bw_gbps: 55}\n  fabric: {kind: nvswitch, bw_gbps: 450}\n")
+    res = run_cli("topo", "validate", str(topo))
+    assert res.exit_code == 0 and res.stderr.splitlines() == [
+        "warning: GPU n0.gpu0 has mem_bw_gbps 3.35, slower than any GPU's memory (16.8 GB/s the slowest); "
+        "mem_bw_gbps is GB/s: 3.35 TB/s is 3350 (and 7 more)"], res.stderr
+    topo.write_text(topo.read_text().replace("3.35", "16.8"))
+    res = run_cli("topo", "validate", str(topo))
+    assert res.exit_code == 0 and res.stderr == "", res.stderr
 
 
 def test_a_link_slower_than_any_is_warned_about_and_times_stay_short(tmp_path):

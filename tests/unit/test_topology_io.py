@@ -464,3 +464,36 @@ def test_a_cost_term_that_changes_a_prediction_changes_the_fingerprint(base, fie
     times = [[simulate(p, t).predicted_us for p in plans] for t in (one, other)]
     if times[0] != times[1]:
         assert one.fingerprint != other.fingerprint, f"{field} changes predictions but not the fingerprint"
+
+
+@pytest.mark.parametrize("field, value, want", [
+    ("nics: {count: 8, bw_gbps: X}", "400Gbps", "node.nics.bw_gbps: must be a number of GB/s, without its unit "
+                                                "(got '400Gbps': write 50)"),
+    ("nics: {count: 8, bw_gbps: X}", "50 GB/s", "(got '50 GB/s': write 50)"),
+    ("nics: {count: 8, bw_gbps: X}", "1.6Tb/s", "(got '1.6Tb/s': write 200)"),
+    ("gpus: {count: 8, mem_bw_gbps: 3350, mem_gb: X}", "80GiB", "node.gpus.mem_gb: must be a number of GiB, "
+                                                               "without its unit (got '80GiB': write 80)"),
+    ("network: {switch_latency_us: X}", "600ns", "network.switch_latency_us: must be a number of microseconds, "
+                                                 "without its unit (got '600ns': write 0.6)"),
+    ("network: {switch_latency_us: X}", "1.5\u03bcs", "(got '1.5\u03bcs': write 1.5)"),  # Greek mu, as typed
+    ("nics: {count: 8, bw_gbps: X}", "400gbps", "(got '400gbps': write 50)"),
+    # a GPU's "80GB" is binary: an H100 80GB holds the 80 GiB mem_gb: 80 says
+    ("gpus: {count: 8, mem_bw_gbps: 3350, mem_gb: X}", "80GB", "(got '80GB': write 80)"),
+])
+def test_a_number_written_with_its_unit_is_told_in_the_fields_unit(field, value, want):
+    # A datasheet's '400Gbps' read as 'unable to parse string as a number', with no word of
+    # the unit the field takes.
+    parts = {"gpus": "gpus: {count: 8, mem_bw_gbps: 3350}", "pcie": "pcie: {bw_gbps: 55}",
+             "nics": "nics: {count: 8, bw_gbps: 50}"}
+    network = ""
+    if field.startswith("network"):
+        network = field.replace("X", f"'{value}'") + "\n"
+    else:
+        parts[field.split(":")[0]] = field.replace("X", f"'{value}'")
+    text = "name: x\nnodes: 2\nnode:\n" + "".join(f"  {p}\n" for p in parts.values()) + network
+    with pytest.raises(TopologyError) as info:
+        load_topology_text(text, "<t>")
+    assert want in str(info.value), str(info.value)
+    # a value that is no number with a unit keeps pydantic's words
+    with pytest.raises(TopologyError, match="unable to parse string as a number"):
+        load_topology_text(text.replace(f"'{value}'", "'fast'"), "<t>")

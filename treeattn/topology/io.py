@@ -410,6 +410,8 @@ def _first_error(exc: ValidationError, model: type[BaseModel], lines: _LineMap) 
     elif kind in _BOUNDS:
         op, key = _BOUNDS[kind]
         msg = f"must be {op} {ctx[key]:g} (got {value!r})"
+    elif kind in ("float_parsing", "int_parsing") and (said := _with_unit(str(loc[-1]), value)):
+        msg = said
     else:
         msg = f"{e['msg'][:1].lower()}{e['msg'][1:]}"
         if not isinstance(value, (dict, list)):
@@ -418,6 +420,29 @@ def _first_error(exc: ValidationError, model: type[BaseModel], lines: _LineMap) 
     if more:
         msg += f" (and {more} more error{'s' if more > 1 else ''})"
     return loc, msg
+
+
+# A value written with its unit, as a datasheet gives it: the factor to the field's unit, by
+# the field name's suffix (the file's units: GB/s, microseconds, GiB).
+_UNITS = {
+    "_gbps": ("GB/s", {"Gbps": 1 / 8, "gbps": 1 / 8, "Gb/s": 1 / 8, "Gbit/s": 1 / 8, "Tbps": 125.0, "Tb/s": 125.0,
+                       "Mbps": 1 / 8000, "Mb/s": 1 / 8000, "GBps": 1.0, "GB/s": 1.0, "TB/s": 1000.0, "MB/s": 1e-3}),
+    "_us": ("microseconds", {"ns": 1e-3, "us": 1.0, "µs": 1.0, "\u03bcs": 1.0, "ms": 1e3, "s": 1e6}),
+    # a GPU's "80GB" is binary (an H100 80GB holds 80 GiB, the shipped files' mem_gb: 80)
+    "_gb": ("GiB", {"GiB": 1.0, "GB": 1.0, "TiB": 1024.0, "TB": 1024.0, "MiB": 1 / 1024, "MB": 1 / 1024}),
+}
+_WITH_UNIT = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z\u00b5\u03bc/]+)\s*$")
+
+
+def _with_unit(field: str, value: object) -> str:
+    """What to write for a number given with a unit (``bw_gbps: 400Gbps``): the number in the
+    field's unit; empty where the value is not a number and a unit the field's suffix knows."""
+    m = _WITH_UNIT.match(value) if isinstance(value, str) else None
+    unit = next((u for suffix, u in _UNITS.items() if field.endswith(suffix)), None)
+    if m is None or unit is None or m.group(2) not in unit[1]:
+        return ""
+    number = float(m.group(1)) * unit[1][m.group(2)]
+    return f"must be a number of {unit[0]}, without its unit (got {value!r}: write {number:.6g})"
 
 
 _BOUNDS = {

@@ -12,7 +12,7 @@ from __future__ import annotations
 from treeattn.topology.model import DeviceKind, LinkClass, Topology
 
 __all__ = ["implausible", "LINK_MIN_GBPS", "NETWORK_PORT_MAX_GBPS", "GPU_MEM_MAX_GB", "GPU_MEM_BW_MAX_GBPS",
-           "HOP_MAX_US", "NIC_OVER_PCIE"]
+           "GPU_MEM_BW_MIN_GBPS", "HOP_MAX_US", "NIC_OVER_PCIE"]
 
 LINK_MIN_GBPS = 1e-6
 """A link under 1 kB/s (a 56k modem moves 7): a time on it is days; emulated links run at
@@ -23,6 +23,10 @@ GPU_MEM_MAX_GB = 1024.0
 """A GPU with more than 1 TB of its own memory (the largest, B300 and MI355X, hold 288 GB)."""
 GPU_MEM_BW_MAX_GBPS = 20000.0
 """A GPU's memory above 20 TB/s (B200/B300: 8 TB/s)."""
+GPU_MEM_BW_MIN_GBPS = 10.0
+"""A GPU's memory under 10 GB/s: the slowest GPU memory sold (a GT 1030 with DDR4) moves 16.8
+GB/s, and every data-centre GPU's figure in TB/s (H100 3.35, B200 8) is under 10: a figure in
+TB/s written as GB/s."""
 NIC_OVER_PCIE = 2.0
 """A NIC's port above twice its PCIe link: the port cannot move more than reaches it (a 400 Gb/s
 NIC, 50 GB/s, sits on PCIe 5.0 x16, about 55): more is a port written in Gb/s."""
@@ -41,10 +45,14 @@ def implausible(topo: Topology) -> list[str]:
             continue
         if d.mem_gb > GPU_MEM_MAX_GB:
             found.setdefault("mem_gb", []).append(
-                f"GPU {d.name} has mem_gb {d.mem_gb:g}, more than any GPU's memory; mem_gb is GB (MiB / 1024)")
+                f"GPU {d.name} has mem_gb {d.mem_gb:g}, more than any GPU's memory; mem_gb is GiB (MiB / 1024)")
         if d.mem_bw_gbps > GPU_MEM_BW_MAX_GBPS:
             found.setdefault("mem_bw_gbps", []).append(
                 f"GPU {d.name} has mem_bw_gbps {d.mem_bw_gbps:g}, faster than any GPU's memory; mem_bw_gbps is GB/s")
+        if 0 < d.mem_bw_gbps < GPU_MEM_BW_MIN_GBPS:
+            found.setdefault("slow mem_bw_gbps", []).append(
+                f"GPU {d.name} has mem_bw_gbps {d.mem_bw_gbps:g}, slower than any GPU's memory (16.8 GB/s the "
+                f"slowest); mem_bw_gbps is GB/s: {d.mem_bw_gbps:g} TB/s is {d.mem_bw_gbps * 1000:g}")
     seen: set[tuple] = set()
     for ln in topo.links:
         pair = (frozenset((ln.src, ln.dst)), ln.kind, ln.bw_gbps, ln.latency_us)

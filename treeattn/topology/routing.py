@@ -214,6 +214,13 @@ class RouteIndex:
                 return self._network_route(da, db)
             except TopologyError as exc:  # the usual cause is not a missing NIC: say what joins one machine
                 why = str(exc).removeprefix(f"topology {self.topo.name!r}: ")
+                back = (self._bfs(b, a, LinkClass.GPU_FABRIC, _FABRIC_VIA) if da.kind is db.kind is DeviceKind.GPU
+                        else None) or self._pcie_route(db, da)
+                if back is not None:  # joined the other way only: a link written once, one way
+                    raise TopologyError(
+                        f"topology {self.topo.name!r}: {b!r} reaches {a!r} inside node {da.node} but not back: a "
+                        "link on the way is one way (duplex: false) with no link the other way; make it duplex: "
+                        "true or add the reverse link") from None
                 raise TopologyError(
                     f"topology {self.topo.name!r}: {a!r} and {b!r} are on one machine (node {da.node}) but no GPU "
                     "fabric or PCIe path joins them; join their CPU sockets (a compact file's node.cpus.link, "
