@@ -81,7 +81,7 @@ def test_bus_ids_print_as_read():
         (("--from-nvidia-smi", str(FIX / "nvidia-smi-topo-m.della-2xa100-pcie.txt"), "--nodes", "2",
           "--nic-gbps", "inf"), "--nic-gbps must be a finite number > 0, got inf"),
         # read before probing: on a host without GPUs (this one, probed live) probing never reaches it
-        (("--nics", "3xfoo"), "--nics '3xfoo': write COUNT or COUNTxGBPS"),
+        (("--nics", "3xfoo"), "--nics '3xfoo': write COUNT or COUNTxGBIT"),
         (("--ibstat", "/nonexistent/ibstat.txt"), "cannot read ibstat file"),
     ],
 )
@@ -164,7 +164,7 @@ def test_nodes_with_every_nic_down_says_so_not_to_pass_what_is_ignored(tmp_path)
     assert "pass --nics" not in res.stderr
     # an input that shows no NIC still gets the advice that works there
     res = run_cli("probe", "--from-rocm-smi", str(FIX / "rocm-smi-showtopo.8x-mi308x.txt"), "--nodes", "2")
-    assert res.exit_code == 2 and "pass --nics COUNTxGBPS or --ibstat FILE" in res.stderr
+    assert res.exit_code == 2 and "pass --nics COUNTxGBIT or --ibstat FILE" in res.stderr
 
 
 def test_the_format_page_names_every_way_probe_joins_nodes():
@@ -184,6 +184,9 @@ def test_an_assumed_link_layer_says_how_to_get_roce(tmp_path):
     assert res.exit_code == 0, res.stderr
     (said,) = [a for a in json.loads(res.stdout)["assumptions"] if "link layer unknown" in a]
     assert "--ibstat FILE" in said and "roce" in said
+    # the flags' Gb/s are said beside the file's GB/s (bw_gbps: 50 for 400)
+    assert any(a.startswith("8 NICs at 400 Gb/s (50 GB/s, the file's bw_gbps) from --nics")
+               for a in json.loads(res.stdout)["assumptions"]), res.stdout
     # and ibstat of a RoCE port gives it
     ib = tmp_path / "ibstat.txt"
     ib.write_text((FIX / "ibstat.cx6-hdr100-single.txt").read_text().replace("Link layer: InfiniBand",

@@ -56,8 +56,9 @@ def probe_cmd(
                                        rich_help_panel=_NET)] = 1,
     nic_gbps: Annotated[float | None, typer.Option("--nic-gbps", help="NIC line rate, Gb/s, where the inputs lack "
                                                                       "it.", rich_help_panel=_NET)] = None,
-    nics: Annotated[str | None, typer.Option("--nics", metavar="COUNT[xGBPS]", help="NICs to assume when the "
-                                             "inputs show none, e.g. 8x400.", rich_help_panel=_NET)] = None,
+    nics: Annotated[str | None, typer.Option("--nics", metavar="COUNT[xGBIT]", help="NICs to assume when the "
+                                             "inputs show none, each GBIT Gb/s (line rate), e.g. 8x400.",
+                                             rich_help_panel=_NET)] = None,
     fabric: Annotated[Fabric, typer.Option("--fabric", help="How nodes are joined.", rich_help_panel=_NET)]
     = Fabric.RAIL,
     name: Annotated[str | None, typer.Option("--name", help="Topology name.")] = None,

@@ -126,6 +126,12 @@ class NodeDraft:
             self.sources.append(text)
 
 
+def _line_rate(gbit: float) -> str:
+    """A NIC's line rate as the flags give it (Gb/s) beside what the topology file holds (GB/s):
+    ``--nics 8x50`` is 6.25 GB/s a port, not 50."""
+    return f"{gbit:g} Gb/s ({gbit / 8:g} GB/s, the file's bw_gbps)"
+
+
 def attach_near_gpu(draft: NodeDraft, nic: str, k: int, count: int) -> None:
     """Connect NIC ``k`` of ``count`` to the PCIe parent of GPU ``k * gpus // count`` and make
     it the NIC of that GPU group (for inputs that do not say where NICs sit)."""
@@ -145,7 +151,7 @@ def attach_near_gpu(draft: NodeDraft, nic: str, k: int, count: int) -> None:
 
 
 def add_assumed_nics(draft: NodeDraft, count: int, rate_gbps: float | None) -> None:
-    """``--nics COUNT[xGBPS]``: add NICs the inputs do not show, NIC k beside GPU k*GPUs/COUNT.
+    """``--nics COUNT[xGBIT]``: add NICs the inputs do not show, NIC k beside GPU k*GPUs/COUNT.
 
     When the draft already has NICs, nothing is added (the data wins; a warning says so if
     the counts differ) but their unknown rates take ``rate_gbps``.
@@ -171,7 +177,7 @@ def add_assumed_nics(draft: NodeDraft, count: int, rate_gbps: float | None) -> N
         draft.add(Device(name, DeviceKind.NIC, 0))
         draft.nics[name] = NicInfo(rate_gbps=rate_gbps)
         attach_near_gpu(draft, name, k, count)
-    rate = f" at {rate_gbps:g} Gb/s" if rate_gbps else ""
+    rate = f" at {_line_rate(rate_gbps)}" if rate_gbps else ""
     draft.note(f"{count} NICs{rate} from --nics, NIC k beside GPU k*GPUs/NICs (placement assumed)")
     draft.summary.append(f"{count} NICs (from --nics)")
 
@@ -317,7 +323,7 @@ def finish(
             if not info.rate_gbps:
                 from_flag.append(n)
     if from_flag:
-        draft.note(f"NIC line rate {nic_gbps:g} Gb/s from --nic-gbps for {', '.join(from_flag)}")
+        draft.note(f"NIC line rate {_line_rate(nic_gbps)} from --nic-gbps for {', '.join(from_flag)}")
     if nodes > 1 and not fabric_nics:
         raise ProbeError(f"{source}: --nodes {nodes} needs NICs to join the nodes, but no GPU has a usable NIC; "
                          + _no_usable_nic(draft))
@@ -366,7 +372,7 @@ def _no_usable_nic(draft: NodeDraft) -> str:
     """What to do where no GPU has a usable NIC: ``--nics`` adds NICs only to an input that
     shows none (``add_assumed_nics``), so it is offered only there."""
     if not draft.nics:
-        return "pass --nics COUNTxGBPS or --ibstat FILE"
+        return "pass --nics COUNTxGBIT or --ibstat FILE"
     down = [f"{n} {draft.nics[n].state}" for n in draft.nics if not _usable(draft.nics[n])]
     if len(down) == len(draft.nics):
         return (f"none of its NICs is Active ({', '.join(down)}), and --nics adds NICs only where the input shows "

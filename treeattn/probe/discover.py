@@ -47,10 +47,10 @@ def run_tool(cmd: list[str]) -> str | None:
 
 
 def parse_nics(text: str) -> tuple[int, float | None]:
-    """``--nics`` value ``COUNT`` or ``COUNTxGBPS`` (e.g. ``8x400``) -> (count, Gb/s or None)."""
+    """``--nics`` value ``COUNT`` or ``COUNTxGBIT`` (e.g. ``8x400``) -> (count, Gb/s or None)."""
     m = re.fullmatch(r"\s*(\d+)\s*(?:[xX*]\s*(\d+(?:\.\d+)?)\s*(?:[gG]b(?:ps|/s)?)?)?\s*", text or "")
     if not m or int(m.group(1)) < 1 or (m.group(2) and not math.isfinite(float(m.group(2)))):
-        raise ProbeError(f"--nics {text!r}: write COUNT or COUNTxGBPS, e.g. 8x400 (8 NICs of 400 Gb/s)")
+        raise ProbeError(f"--nics {text!r}: write COUNT or COUNTxGBIT, e.g. 8x400 (8 NICs of 400 Gb/s)")
     return int(m.group(1)), float(m.group(2)) if m.group(2) else None
 
 
@@ -75,7 +75,7 @@ class ProbeOptions:
     nodes: int = 1
     nic_gbps: float | None = None
     nics: str | None = None
-    """``COUNT`` or ``COUNTxGBPS``."""
+    """``COUNT`` or ``COUNTxGBIT``."""
     fabric: Fabric = Fabric.RAIL
     ranks: int | None = None
     """CPU-only host: ranks (default: CPU count)."""
