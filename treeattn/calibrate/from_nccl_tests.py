@@ -178,7 +178,7 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
         if said := (_over_line_rate(topo, lf) if network else _over_pcie_rate(topo, lf) if lf.shm
                     else _over_fabric_rate(topo, lf)):
             warnings.append(said)
-        if not lf.shm and (said := _under_rating(topo, lf, network)):
+        if not lf.shm and cf.collective == "all_reduce" and (said := _under_rating(topo, lf, network)):
             warnings.append(said)
         if not network:
             intra_alpha = lf.alpha_us if intra_alpha is None else intra_alpha
@@ -294,16 +294,21 @@ def _over_fabric_rate(topo: Topology, lf: LogFit) -> str:
         return ""  # measured before, without the hardware's figure
     if lf.beta_gbps <= 1.05 * _rated(link):
         return ""
+    nvls = link.kind is LinkKind.NVLINK
     return (f"{lf.source}: the {lf.route_class} class got {lf.beta_gbps:.4g} GB/s a link, above the {_rated(link):g} "
             f"GB/s of {link.src}'s {link.kind.value} link: the ring the fit assumes cannot move that, so the log ran "
-            "another algorithm, most likely NVLink SHARP (NVLS, NCCL's default all-reduce on NVSwitch nodes), or the "
-            "topology's links are slower than the machine's; calibrate from an all_gather, reduce_scatter or sendrecv "
-            "log, or one run with NCCL_NVLS_ENABLE=0; the fitted rate is written as it is")
+            + ("another algorithm, most likely NVLink SHARP (NVLS, NCCL's default all-reduce on NVSwitch nodes), "
+               if nvls else "another algorithm than the ring, ")
+            + "or the topology's links are slower than the machine's; calibrate from an all_gather, reduce_scatter or "
+            + ("sendrecv log, or one run with NCCL_NVLS_ENABLE=0" if nvls else "sendrecv log")
+            + "; the fitted rate is written as it is")
 
 
 UNDER_RATING = 0.5
-"""A fitted rate below this share of its link's hardware figure is said (``_under_rating``).
-The published corpus's all-reduce tables, each fitted whole onto its mapping's topology, give
+"""An all-reduce log's fitted rate below this share of its link's hardware figure is said
+(``_under_rating``; other collectives' rings fit other shares: a multi-node alltoall's, a
+tenth of a port on sound fabrics the model predicts well). The published corpus's all-reduce
+tables, each fitted whole onto its mapping's topology, give
 0.63-1.08 of the figure on fabrics their sources call sound; under 0.5 come an unscored
 degraded 2-node run (nccl-tests issue 290: 0.25 and 0.40) and one-node A100 logs that stop at
 32-128 MiB, short of their bandwidth (0.41-0.51)."""
