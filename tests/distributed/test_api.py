@@ -168,8 +168,8 @@ def test_bad_input_raises_and_peers_time_out(tmp_path):
             # what to look for, beside the library's 'Operation timed out!' or 'Connection closed'
             assert item["peer"].endswith("(Merger call 1 on this rank: every rank calls its Mergers in one order; a "
                                          "peer that raised before its call and lives on, or stopped calling, leaves "
-                                         "the others here after timeout_s = 2 s, and one whose process ended, at "
-                                         "once)"), item
+                                         "the others here after timeout_s = 2 s; one whose process ended, at once "
+                                         "(its connections close))"), item
             assert item["peer_s"] < 15
 
 

@@ -266,6 +266,13 @@ class Merger:
                              f"partial_dtype={w.partial_dtype}, result={plan.result}, chunks={plan.chunks}): "
                              "build every rank's Merger from one plan")
 
+    def _failed(self, which: str) -> str:
+        """What to look for where ``which`` call's communication failed."""
+        limit = self._comm.op_timeout.total_seconds()
+        ended = "; one whose process ended, at once (its connections close)" if not self._comm.cuda else ""
+        return (f"{which}: every rank calls its Mergers in one order; a peer that raised before its call and lives "
+                f"on, or stopped calling, leaves the others here after timeout_s = {limit:g} s{ended}")
+
     def synchronize(self) -> None:
         """Wait until the device has finished every earlier call's communication, each within
         ``timeout_s``, or raise ``ExecutionError`` naming what it waits on. Call it before the
@@ -341,6 +348,9 @@ class Merger:
             return self._merge_captured(o, lse)
         try:
             comm.calls.check()  # the earlier calls' communication, within the timeout; waits only when far ahead
+        except CommError as exc:
+            raise CommError(f"{exc} ({self._failed('an earlier call (the device runs up to 3 behind)')})") from exc
+        try:
             clear_empty_rows(pack_heads_into(self._partial, o, lse))
             self._exec.prepare()
             if self._capture and self._calls:
@@ -350,11 +360,7 @@ class Merger:
                 self.graph = isinstance(self._run, Graphed)
             acc = self._run()
         except CommError as exc:  # the library's 'Operation timed out!' says not what to look for
-            limit = comm.op_timeout.total_seconds()
-            raise CommError(f"{exc} (Merger call {self._calls + 1} on this rank: every rank calls its Mergers in one "
-                            "order; a peer that raised before its call and lives on, or stopped calling, leaves the "
-                            f"others here after timeout_s = {limit:g} s, and one whose process ended, at once)"
-                            ) from exc
+            raise CommError(f"{exc} ({self._failed(f'Merger call {self._calls + 1} on this rank')})") from exc
         self._calls += 1
         comm.calls.add(comm.untracked(), self._run.name if isinstance(self._run, Graphed) else None)
         return self._mine(acc, o.dtype)
