@@ -347,6 +347,8 @@ def _workload(topo: Topology, workload_or_model: Payload | ModelPreset | str, ba
             raise InputError(f"give batch, seq_len and workload options with a model, not with a "
                              f"{type(workload_or_model).__name__}")
         check_ranks(workload_or_model, topo)  # before the memory check reads its split
+        for note in payload_notes(workload_or_model):
+            warnings.warn(note, stacklevel=3)
         return workload_or_model
     name = workload_or_model.name if isinstance(workload_or_model, ModelPreset) else workload_or_model
     check_model(name)

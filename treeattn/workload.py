@@ -21,7 +21,7 @@ from treeattn.errors import InputError, WorkloadError
 from treeattn.units import DType, check_bytes, counted
 
 __all__ = ["ModelPreset", "MODELS", "ReduceOp", "Workload", "RawPayload", "Payload", "check_model", "check_split",
-           "even_split", "latent_value_note", "payload_notes", "preset_heads"]
+           "empty_ranks_note", "even_split", "latent_value_note", "payload_notes", "preset_heads"]
 
 
 @dataclass(frozen=True, slots=True)

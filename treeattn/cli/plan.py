@@ -44,7 +44,7 @@ from treeattn.cli.render import console, key_columns, print_rates_note, warn_pay
 from treeattn.cost.memory import DEFAULT_MEM_FRACTION
 from treeattn.errors import InputError
 from treeattn.units import counted, fixed, format_size
-from treeattn.workload import Payload, Workload
+from treeattn.workload import Payload, Workload, empty_ranks_note, latent_value_note
 
 _ALG = "Named algorithm (instead of the search)"
 _SEARCH = "Search"
@@ -532,13 +532,17 @@ def compare_cmd(
     check_fraction(mem_fraction)  # a bad fraction is not a KV cache that fits nowhere (below)
     unfit: dict[tuple[str, int], str] = {}  # (topology, N) whose KV cache alone no device holds
     shape = make(topos[0].num_ranks, lens[0])
-    warn_payload(shape)
+    if note := latent_value_note(shape):
+        typer.echo(f"warning: {note}", err=True)
     for t in topos:  # fail on a bad shape, layout or memory before the long part
         w = make(t.num_ranks, lens[0])
         layout, root = parse_result(result, t.num_ranks, on=t.name)
         for n in lens:
+            at = make(t.num_ranks, n)
+            if note := empty_ranks_note(at):  # each rank count and length its own: -n 64 on 8 and 128 ranks
+                typer.echo(f"warning: {t.name}: {note}", err=True)
             try:
-                check_kv_fits(make(t.num_ranks, n), t, mem_fraction)
+                check_kv_fits(at, t, mem_fraction)
             except InputError as exc:
                 unfit[(t.name, n)] = f"N={_tokens(n)}: {exc}"
         if layout == "heads" and isinstance(w, Workload) and t.num_ranks > w.q_heads:
