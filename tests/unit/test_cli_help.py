@@ -107,6 +107,7 @@ def test_the_program_name_alone_prints_the_help() -> None:
     # typer's conversions and ranges, in the words treeattn's own checks use (not pydantic's)
     (("plan", "-b", "abc"), "treeattn plan: --batch must be a whole number, got 'abc' (see --help)"),
     (("run", "--warmup", "-1", "p.yaml"), "treeattn run: --warmup must be at least 0, got '-1' (see --help)"),
+    (("validate", "--max-load", "-1"), "treeattn validate: --max-load must be at least 0, got '-1' (see --help)"),
     (("plan", "--bogus"), "treeattn plan: No such option: --bogus"),
     (("nccl-model", "-t", "dgx-h100", "-c", "allreduce"), "treeattn nccl-model: Missing option '--bytes'"),
     (("calibrate", "--compute", "atention"), "'atention' is not one of"),

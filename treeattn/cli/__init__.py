@@ -215,7 +215,8 @@ def _bad_option_value(exc: Exception) -> str | None:
         return None
     try:
         first = errors()[0]
-        rule = _VALUE_ERRORS[first["type"]].format(**first.get("ctx", {}))
+        rule = _VALUE_ERRORS[first["type"]].format(**{k: f"{v:g}" if isinstance(v, float) else v
+                                                      for k, v in first.get("ctx", {}).items()})
     except (IndexError, KeyError, TypeError):
         return None
     return f"{max(param.opts, key=len)} {rule}, got {str(first.get('input'))!r}"
