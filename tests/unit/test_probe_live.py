@@ -196,7 +196,12 @@ def test_nics_flag_parsing_and_conflicts():
         (dict(nvidia_smi=FIX / "nvidia-smi-topo-m.dgx1-v100.txt", rocm_smi=FIX / "rocm-smi-showtopo.8x-mi308x.txt"),
          "only one of"),
         (dict(nvlink_status=FIX / "nvidia-smi-nvlink-status.h100-gpu0.txt"), "needs --from-nvidia-smi"),
-        (dict(nvidia_smi=FIX / "nvidia-smi-topo-m.dgx1-v100.txt", nodes=2), "line rate of NIC mlx5_0 is unknown"),
+        (dict(nvidia_smi=FIX / "nvidia-smi-topo-m.dgx1-v100.txt", nodes=2), "line rate of NIC mlx5_0 is unknown; pass "
+         "--nic-gbps"),
+        # ibstat given, without the NIC: not told to pass --ibstat again
+        (dict(nvidia_smi=FIX / "nvidia-smi-topo-m.hgx-h100-della.txt", nodes=2,
+              ibstat=FIX / "ibstat.cx6-hdr200-partial.nccl-tests-128.txt"),
+         r"line rate of NIC mlx5_2 is unknown: ibstat.cx6-hdr200-partial.nccl-tests-128.txt has no port for it"),
         (dict(nvidia_smi=FIX / "nvidia-smi-topo-m.pcie-5gpu-2numa.club3090-46.txt", nodes=2), "needs NICs"),
         (dict(nvidia_smi=FIX / "missing.txt"), "cannot read nvidia-smi topo -m file"),
         (dict(nvidia_smi=FIX / "nvidia-smi-topo-m.dgx1-v100.txt", nic_gbps=-1),

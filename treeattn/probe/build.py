@@ -67,6 +67,8 @@ class NodeDraft:
     sources: list[str] = field(default_factory=lambda: [SOURCE_HARDWARE])
     summary: list[str] = field(default_factory=list)
     """Phrases for the description (``8x H100-SXM5-80GB``, ``NVSwitch``, ...)."""
+    rates_from: str = ""
+    """The ibstat output the NICs' rates were read from (``apply_ibstat``), if any."""
 
     def add(self, device: Device) -> None:
         if device.name in self.devices:
@@ -315,6 +317,9 @@ def finish(
         if rate is None and nodes > 1:
             raise ProbeError(
                 f"{source}: the line rate of NIC {n} is unknown; pass --nic-gbps (e.g. 400) or --ibstat FILE"
+                if not draft.rates_from else
+                f"{source}: the line rate of NIC {n} is unknown: {draft.rates_from} has no port for it (or its port is "
+                "down); pass --nic-gbps (e.g. 400) for it, or ibstat output of a node whose ports are all up"
             )
         if rate is not None and rate <= 0:
             raise ProbeError(f"NIC {n}: line rate must be > 0 Gb/s, got {rate}")

@@ -129,6 +129,7 @@ def apply_ibstat(draft: NodeDraft, adapters: tuple[IbAdapter, ...], source: str 
     a PCIe box), the adapters are added, NIC k beside GPU k (an assumption, noted).
     Adapters ibstat lists but the topology does not, and the reverse, are warned about.
     """
+    draft.rates_from = source
     if not draft.nics:
         _place(draft, adapters, source)
         return
