@@ -195,6 +195,19 @@ def test_an_assumed_link_layer_says_how_to_get_roce(tmp_path):
     assert res.exit_code == 0, res.stderr
     kinds = {ln["kind"] for ln in json.loads(res.stdout)["topology"]["links"]}
     assert "roce" in kinds and "infiniband" not in kinds
+    # and so does --link-layer, for NICs from --nics (the file's kind was to be edited by hand)
+    assert "--link-layer roce" in said
+    res = run_cli(*args, "--link-layer", "roce")
+    assert res.exit_code == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert {ln["kind"] for ln in out["topology"]["links"]} & {"roce", "infiniband"} == {"roce"}
+    assert any(a.startswith("link layer RoCE from --link-layer for nic0") for a in out["assumptions"])
+    assert not any("link layer unknown" in a for a in out["assumptions"])
+    # an ibstat's own layer is kept: --link-layer fills only what the inputs leave unsaid
+    res = run_cli(*args[:5], "--ibstat", str(FIX / "ibstat.cx6-hdr100-single.txt"), "--nodes", "2",
+                  "--link-layer", "roce", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert "roce" not in {ln["kind"] for ln in json.loads(res.stdout)["topology"]["links"]}
 
 
 @pytest.mark.parametrize("rate", ["1e999", "nan", "0", "-200"])

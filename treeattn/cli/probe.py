@@ -16,7 +16,7 @@ from treeattn.cli import app
 from treeattn.cli.paths import OUT_PATH, output_file
 from treeattn.cli.render import console
 from treeattn.errors import InputError
-from treeattn.probe import Fabric, ProbeOptions, ProbeResult, probe
+from treeattn.probe import Fabric, LinkLayer, ProbeOptions, ProbeResult, probe
 from treeattn.textfile import write_file
 from treeattn.topology.io import dump_topology
 from treeattn.topology.library import subset_topology
@@ -61,6 +61,9 @@ def probe_cmd(
                                              rich_help_panel=_NET)] = None,
     fabric: Annotated[Fabric, typer.Option("--fabric", help="How nodes are joined.", rich_help_panel=_NET)]
     = Fabric.RAIL,
+    link_layer: Annotated[LinkLayer | None, typer.Option("--link-layer", help="What the NICs run on where the "
+                                                         "inputs do not say (ibstat's 'Link layer'); default: "
+                                                         "InfiniBand, noted.", rich_help_panel=_NET)] = None,
     name: Annotated[str | None, typer.Option("--name", help="Topology name.")] = None,
 ) -> None:
     """Discover the GPUs, NVLink/xGMI, PCIe, CPUs and NICs of this machine (nvidia-smi, rocm-smi,
@@ -69,7 +72,7 @@ def probe_cmd(
     opts = ProbeOptions(
         nvidia_smi=from_nvidia_smi, nvlink_status=nvlink_status, rocm_smi=from_rocm_smi, nccl_xml=from_nccl_xml,
         ibstat=ibstat, gpu_names=gpu_names, gpu_model=gpu_model, cpu_vendor=cpu_vendor, nodes=nodes,
-        nic_gbps=nic_gbps, nics=nics, fabric=fabric, ranks=ranks, name=name,
+        nic_gbps=nic_gbps, nics=nics, fabric=fabric, link_layer=link_layer, ranks=ranks, name=name,
     )
     result = probe(opts)
     note = cpu_vendor_note(result.topology)

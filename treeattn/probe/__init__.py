@@ -8,7 +8,7 @@ links and devices are the hardware's nominal ones (``hardware``); measuring them
 helpers below it, never torch.
 """
 
-from treeattn.probe.build import Fabric, ProbeResult
+from treeattn.probe.build import Fabric, LinkLayer, ProbeResult
 from treeattn.probe.discover import ProbeOptions, cpu_host, probe
 
-__all__ = ["Fabric", "ProbeResult", "ProbeOptions", "probe", "cpu_host"]
+__all__ = ["Fabric", "LinkLayer", "ProbeResult", "ProbeOptions", "probe", "cpu_host"]

@@ -192,6 +192,24 @@ class Fabric(StrEnum):
     SINGLE = "single"
 
 
+class LinkLayer(StrEnum):
+    """``--link-layer``: what the NICs run on where the inputs do not say (ibstat's ``Link
+    layer``): InfiniBand, or Ethernet with RDMA (RoCE)."""
+
+    INFINIBAND = "infiniband"
+    ROCE = "roce"
+
+
+def assume_link_layer(draft: NodeDraft, layer: LinkLayer) -> None:
+    """Give the NICs whose link layer the inputs do not say ``layer`` (``--link-layer``), noted."""
+    unknown = [n for n, info in draft.nics.items() if info.rdma and info.link_layer is None]
+    for n in unknown:
+        draft.nics[n].link_layer = "InfiniBand" if layer is LinkLayer.INFINIBAND else "Ethernet"
+    if unknown:
+        draft.note(f"link layer {'InfiniBand' if layer is LinkLayer.INFINIBAND else 'RoCE'} from --link-layer for "
+                   f"{', '.join(unknown)}")
+
+
 @dataclass(frozen=True)
 class ProbeResult:
     """A probed topology and what the user must know about it."""
@@ -403,8 +421,8 @@ def _join_nodes(draft, nodes, fabric, fabric_nics, rates, devices, links, local)
     kinds = {n: _network_kind(draft.nics[n]) or LinkKind.INFINIBAND for n in fabric_nics}
     unknown = [n for n in fabric_nics if _network_kind(draft.nics[n]) is None]
     if unknown:
-        draft.note(f"link layer unknown, InfiniBand assumed, for {', '.join(unknown)}: for RoCE pass --ibstat FILE "
-                   "(ibstat prints a RoCE port's 'Link layer: Ethernet'), or write kind: roce in the file")
+        draft.note(f"link layer unknown, InfiniBand assumed, for {', '.join(unknown)}: for RoCE pass --link-layer "
+                   "roce, or --ibstat FILE (ibstat prints a RoCE port's 'Link layer: Ethernet')")
     kind_set = sorted({k.value for k in kinds.values()})
 
     def duplex(a: str, b: str, kind: LinkKind, bw: float, count: int = 1) -> None:

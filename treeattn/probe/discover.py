@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from treeattn.errors import ProbeError
-from treeattn.probe.build import Fabric, NodeDraft, ProbeResult, add_assumed_nics, finish
+from treeattn.probe.build import Fabric, LinkLayer, NodeDraft, ProbeResult, add_assumed_nics, assume_link_layer, finish
 from treeattn.probe.gpus import GpuCatalog, parse_gpu_names
 from treeattn.probe.ibstat import apply_ibstat, parse_ibstat
 from treeattn.probe.nccl_xml import nccl_xml_to_draft, parse_nccl_xml
@@ -77,6 +77,8 @@ class ProbeOptions:
     nics: str | None = None
     """``COUNT`` or ``COUNTxGBIT``."""
     fabric: Fabric = Fabric.RAIL
+    link_layer: LinkLayer | None = None
+    """The NICs' link layer where the inputs do not say it (None: InfiniBand, noted)."""
     ranks: int | None = None
     """CPU-only host: ranks (default: CPU count)."""
     name: str | None = None
@@ -127,7 +129,8 @@ def probe(opts: ProbeOptions, runner: Runner = run_tool) -> ProbeResult:
         if draft is None:
             host = cpu_host(opts.ranks, name=opts.name, nodes=opts.nodes, source=source)
             unused = [flag for flag, value in (("--ibstat", opts.ibstat), ("--nics", opts.nics),
-                                               ("--nic-gbps", opts.nic_gbps)) if value is not None]
+                                               ("--nic-gbps", opts.nic_gbps), ("--link-layer", opts.link_layer))
+                      if value is not None]
             if unused:  # said, as --ranks is where GPUs are found
                 said = f"{', '.join(unused)} ignored: no GPU was found, and a CPU host's ranks talk over loopback"
                 host = dataclasses.replace(host, warnings=(*host.warnings, said))
@@ -137,6 +140,8 @@ def probe(opts: ProbeOptions, runner: Runner = run_tool) -> ProbeResult:
         apply_ibstat(draft, ib, opts.ibstat.name)
     if assumed_nics is not None:
         add_assumed_nics(draft, *assumed_nics)
+    if opts.link_layer is not None:
+        assume_link_layer(draft, LinkLayer(opts.link_layer))
     if opts.ranks is not None:
         draft.warnings.append(f"--ranks {opts.ranks} ignored: GPUs were found, one rank each")
     name = opts.name or _default_name(opts, given)
