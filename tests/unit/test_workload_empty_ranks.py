@@ -35,13 +35,13 @@ def test_plan_and_the_api_warn_of_empty_ranks(tmp_path):
         treeattn.search_plan("dgx-h100", "llama-3.1-8b", batch=1, seq_len=8)
 
 
-def test_compare_warns_for_each_rank_count_and_length_that_leaves_ranks_empty():
-    res = run_cli("compare", "-t", "dgx-h100:nodes={1,16}", "-m", "llama-3.1-8b", "-n", "64,128", "--no-progress",
+def test_compare_warns_for_each_topology_whose_ranks_an_even_split_leaves_empty():
+    res = run_cli("compare", "-t", "dgx-h100:nodes={1,2}", "-m", "llama-3.1-8b", "-n", "8", "--no-progress",
                   "--json")
     assert res.exit_code == 0, res.stderr
-    # 64 tokens fill the 8 ranks of one node, not the 128 of 16; 128 fill both
-    assert res.stderr.splitlines() == ["warning: dgx-h100:nodes=16: N=64 tokens split evenly over 128 ranks leaves "
-                                       "64 of them no KV cache; they take part in the merge with empty partials"]
+    # 8 tokens fill the 8 ranks of one node, not the 16 of two
+    assert res.stderr.splitlines() == ["warning: dgx-h100:nodes=2: N=8 tokens split evenly over 16 ranks leaves "
+                                       "8 of them no KV cache; they take part in the merge with empty partials"]
 
 
 def test_the_api_warns_of_a_workload_given_whole_too():
