@@ -229,18 +229,32 @@ def _with_release(topo: Topology, logs: list[NcclTestsLog], warnings: list[str])
     return dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, nccl_version=printed[0]))
 
 
+def _figure_link(topo: Topology, lf: LogFit, network: bool) -> Link | None:
+    """The link of ``lf``'s class with the lowest hardware figure (``_rated``): a network class's
+    slowest network port on the route from rank 0 to the first rank of another node, a one-node
+    class's slowest link on its slowest ring hop (``_slowest_hop``); None where the topology
+    was measured before without the hardware's figures (nothing to hold the fit to)."""
+    if network:
+        other = next(r for r in range(lf.fit.ranks) if topo.rank_device(r).node != topo.rank_device(0).node)
+        links = [ln for ln in topo.route_links(0, other) if ln.cls is LinkClass.NETWORK]
+    else:
+        links = list(topo.route_links(*_slowest_hop(topo, lf.fit.ranks)))
+    if not links:
+        return None
+    link = min(links, key=_rated)
+    if link.rated_gbps is None and topo.cost.link_rates != "datasheet":
+        return None
+    return link
+
+
 def _over_line_rate(topo: Topology, lf: LogFit) -> str:
     """A warning where a network class got more than the line rate of its route's slowest
     network port: the log ran on faster or more NICs than the topology's (or reduced in the
     network, SHARP), and its rate would be written into ports that cannot carry it."""
-    other = next(r for r in range(lf.fit.ranks) if topo.rank_device(r).node != topo.rank_device(0).node)
-    ports = [ln for ln in topo.route_links(0, other) if ln.cls is LinkClass.NETWORK]
-    if not ports:
+    port = _figure_link(topo, lf, network=True)
+    if port is None:
         return ""
-    port = min(ports, key=lambda ln: ln.rated_gbps if ln.rated_gbps is not None else ln.bw_gbps)
-    if port.rated_gbps is None and topo.cost.link_rates != "datasheet":
-        return ""  # measured before, without the hardware's figure: no line rate to hold it to
-    line = port.rated_gbps if port.rated_gbps is not None else port.bw_gbps
+    line = _rated(port)
     if lf.beta_gbps <= 1.05 * line:
         return ""
     return (f"{lf.source}: the network class got {lf.beta_gbps:.4g} GB/s a port, above the {line:g} GB/s "
@@ -288,11 +302,8 @@ def _over_fabric_rate(topo: Topology, lf: LogFit) -> str:
     ring fit does not model, most likely NVLink SHARP (NVLS: the switch reduces, NCCL's default
     all-reduce on NVSwitch H100/H200/GB200 nodes from 2.17), whose bus bandwidth would be
     written as the links' rate."""
-    a, b = _slowest_hop(topo, lf.fit.ranks)
-    link = min(topo.route_links(a, b), key=_rated)
-    if link.rated_gbps is None and topo.cost.link_rates != "datasheet":
-        return ""  # measured before, without the hardware's figure
-    if lf.beta_gbps <= 1.05 * _rated(link):
+    link = _figure_link(topo, lf, network=False)
+    if link is None or lf.beta_gbps <= 1.05 * _rated(link):
         return ""
     nvls = link.kind is LinkKind.NVLINK
     return (f"{lf.source}: the {lf.route_class} class got {lf.beta_gbps:.4g} GB/s a link, above the {_rated(link):g} "
@@ -320,17 +331,8 @@ def _under_rating(topo: Topology, lf: LogFit, network: bool) -> str:
     reads the figures, not the fitted rates (docs/nccl-model.md), so it goes on predicting them
     faster than the log ran; such a rate is a fabric that runs below its hardware (a degraded
     link, fewer NICs in use) or a topology that names faster hardware than the machine's."""
-    if network:
-        other = next(r for r in range(lf.fit.ranks) if topo.rank_device(r).node != topo.rank_device(0).node)
-        links = [ln for ln in topo.route_links(0, other) if ln.cls is LinkClass.NETWORK]
-    else:
-        links = list(topo.route_links(*_slowest_hop(topo, lf.fit.ranks)))
-    if not links:
-        return ""
-    link = min(links, key=_rated)
-    if link.rated_gbps is None and topo.cost.link_rates != "datasheet":
-        return ""  # measured before, without the hardware's figure
-    if lf.beta_gbps >= UNDER_RATING * _rated(link):
+    link = _figure_link(topo, lf, network)
+    if link is None or lf.beta_gbps >= UNDER_RATING * _rated(link):
         return ""
     largest = format_size(lf.fit.size_range[1])
     return (f"{lf.source}: the {lf.route_class} class got {lf.beta_gbps:.4g} GB/s a link, under half the "

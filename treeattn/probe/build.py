@@ -202,12 +202,12 @@ class LinkLayer(StrEnum):
 
 def assume_link_layer(draft: NodeDraft, layer: LinkLayer) -> None:
     """Give the NICs whose link layer the inputs do not say ``layer`` (``--link-layer``), noted."""
+    infiniband = layer is LinkLayer.INFINIBAND
     unknown = [n for n, info in draft.nics.items() if info.rdma and info.link_layer is None]
     for n in unknown:
-        draft.nics[n].link_layer = "InfiniBand" if layer is LinkLayer.INFINIBAND else "Ethernet"
+        draft.nics[n].link_layer = "InfiniBand" if infiniband else "Ethernet"  # as ibstat prints them
     if unknown:
-        draft.note(f"link layer {'InfiniBand' if layer is LinkLayer.INFINIBAND else 'RoCE'} from --link-layer for "
-                   f"{', '.join(unknown)}")
+        draft.note(f"link layer {'InfiniBand' if infiniband else 'RoCE'} from --link-layer for {', '.join(unknown)}")
 
 
 @dataclass(frozen=True)
