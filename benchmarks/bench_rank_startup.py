@@ -1,7 +1,8 @@
 """What treeattn adds to the start of every rank process, beside torch's own import.
 
-Every rank that ``treeattn run`` starts begins with ``import treeattn.exec.worker`` in a fresh
-interpreter, as a torchrun or SLURM rank does. This starts, alternately (A, B, A, B, ...), so
+Every rank under torchrun or SLURM, and every local NCCL rank, begins with ``import
+treeattn.exec.worker`` in a fresh interpreter; a local gloo run pays it once for all its ranks,
+which it forks (benchmarks/bench_rank_fork.py). This starts, alternately (A, B, A, B, ...), so
 both see the host's slow and fast spells, a fresh interpreter that imports torch and torch.distributed
 alone, and one that imports the worker; it prints the median CPU seconds (user + system of the
 child) and wall seconds of each, their difference (treeattn's share of a rank's start) and the

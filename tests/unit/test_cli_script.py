@@ -26,6 +26,7 @@ BAD = {
     "bench_compare.py": ["--out", "/proc/none"],
     "bench_merge_kernel.py": ["--k", "1,0"],
     "bench_plan.py": ["--ranks", "-1"],
+    "bench_rank_fork.py": ["--ranks", "2,1"],
     "bench_rank_startup.py": ["--starts", "0"],
     "bench_run.py": ["--batches", "1,x"],
     "bench_scale.py": ["--ranks", "8,9"],

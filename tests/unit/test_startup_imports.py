@@ -45,7 +45,7 @@ def _imported(code: str, watched: tuple[str, ...]) -> list[str]:
 
 def test_a_rank_process_imports_neither_the_topology_schema_nor_the_simulator() -> None:
     # Every rank of `treeattn run` starts by importing the worker; what it imports beyond torch is
-    # paid once per rank per run (benchmarks/bench_rank_startup.py).
+    # paid once per rank per run under NCCL, torchrun and SLURM (benchmarks/bench_rank_startup.py).
     assert _imported("import treeattn.exec.worker", ("pydantic", "yaml", "networkx", "pandas", "treeattn.search",
                      "treeattn.topology.schema", "treeattn.topology.families", "treeattn.cost.simulate")) == []
 

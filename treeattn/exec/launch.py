@@ -10,11 +10,14 @@
   unless ``OMP_NUM_THREADS`` is set a task takes ``SLURM_CPUS_PER_TASK`` threads, else its
   share of the CPUs (``slurm_threads``): those srun bound it to, or the node's usable CPUs
   divided among the node's tasks.
-* Otherwise the plan's ranks are started here as ``python -m treeattn.exec.worker``
-  processes on 127.0.0.1 with a free TCP port, each on its own GPU under NCCL (more ranks
-  than GPUs is refused before anything starts, as are gloo ranks whose buffers together exceed
-  this host's available memory), each with ``OMP_NUM_THREADS`` set to the host's CPUs divided
-  by the rank count unless it is set already. A watchdog polls them: when one exits with
+* Otherwise the plan's ranks are started here on 127.0.0.1 with a free TCP port, each on its
+  own GPU under NCCL (more ranks than GPUs is refused before anything starts, as are gloo
+  ranks whose buffers together exceed this host's available memory), each with
+  ``OMP_NUM_THREADS`` set to the host's CPUs divided by the rank count unless it is set
+  already. Under NCCL each rank is a ``python -m treeattn.exec.worker`` process of its own;
+  gloo ranks are forked from one such process that imported torch once (``forked_ranks``),
+  which on a small host halves a short run's CPU time, where this process can adopt them
+  (Linux), else they too start one interpreter each. A watchdog polls them: when one exits with
   an error (it raised, or died), the others get a short grace to report, then are killed;
   no child outlives the run (they also die with their parent, through PR_SET_PDEATHSIG).
   The error names the rank that failed first, not the ranks that lost their peer, and the
@@ -24,6 +27,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import pickle
@@ -45,7 +49,7 @@ import torch.distributed as dist
 
 from treeattn.errors import ExecutionError, InputError, TreeattnError
 from treeattn.exec.runner import Job, JobResult, Progress, memory_problem, pick_backend, placement_problem, run_rank
-from treeattn.exec.worker import read_progress
+from treeattn.exec.worker import PIDS_FILE, read_progress
 from treeattn.interrupts import raise_interrupt, shielded
 
 __all__ = ["RankEnv", "detect_env", "check_world", "slurm_bound", "slurm_threads", "launch", "launch_local",
@@ -287,20 +291,19 @@ def launch_local(job: Job, progress: Progress | None = None) -> JobResult:
         if problem:
             raise InputError(problem)
     tmp = run_directory("treeattn-run-", job)
-    procs: list[subprocess.Popen] = []
+    procs: list = []
     previous = _stop_on_signals()
     kept = False
     try:
-        port = free_port()
-        threads = max(1, (os.cpu_count() or 1) // n)
-        for r in range(n):
-            env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-            env.update(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TREEATTN_PARENT_PID=str(os.getpid()))
-            env.setdefault("OMP_NUM_THREADS", str(threads))
-            with open(tmp / f"rank{r}.log", "wb") as log:
-                procs.append(subprocess.Popen([sys.executable, "-m", "treeattn.exec.worker", str(tmp)],
-                                              env=env, stdout=log, stderr=subprocess.STDOUT))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), TREEATTN_PARENT_PID=str(os.getpid()))
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+        if pick_backend(job.options)[0] == "nccl" or not forked_ranks(tmp, n, env, procs):
+            for r in range(n):
+                env.update(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n))
+                with open(tmp / f"rank{r}.log", "wb") as log:
+                    procs.append(subprocess.Popen([sys.executable, "-m", "treeattn.exec.worker", str(tmp)],
+                                                  env=env, stdout=log, stderr=subprocess.STDOUT))
         relay = None if progress is None else _relay(tmp, progress)
         killed = _watch(procs, relay)
         codes = [p.returncode for p in procs]
@@ -330,6 +333,112 @@ def launch_local(job: Job, progress: Progress | None = None) -> JobResult:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def forked_ranks(tmp: Path, n: int, env: dict[str, str], procs: list) -> bool:
+    """Start the ``n`` ranks from one interpreter that imports torch once and forks them
+    (``worker.fork_ranks``), appending them to ``procs``; False, with nothing started, where
+    this process cannot adopt them (no child subreaper: not Linux) or could not learn how they
+    exit (SIGCHLD ignored: the kernel reaps them).
+
+    The forking process runs in a process group of its own, which its ranks inherit: on any
+    failure or signal while it works, the group is killed and what this process adopted of it
+    reaped, before this raises.
+
+    Raises:
+        ExecutionError: the forking process failed (its last line of output is said).
+    """
+    if signal.getsignal(signal.SIGCHLD) is signal.SIG_IGN:
+        return False
+    with _ADOPTING:
+        was = _subreaper(True)
+        if was is None:
+            return False
+        starter = None
+        try:
+            with open(tmp / "start.log", "wb") as log:
+                starter = subprocess.Popen([sys.executable, "-m", "treeattn.exec.worker", str(tmp), "--ranks", str(n)],
+                                           env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                           process_group=0)
+            code = starter.wait()
+            pids = tmp / PIDS_FILE
+            if code != 0 or not pids.exists():
+                said = f"exited with code {code}" if code >= 0 else f"was killed by signal {-code}"
+                raise ExecutionError(f"the ranks could not be started: the process that forks them {said}"
+                                     f"{_last_output(tmp / 'start.log')}")
+            procs.extend(_Adopted(int(pid)) for pid in pids.read_text().split())
+        except BaseException:
+            if starter is not None:
+                _end_group(starter)
+            raise
+        finally:
+            _subreaper(was)
+    return True
+
+
+_ADOPTING = threading.Lock()
+"""Held while a forking process runs: whether orphans are adopted is the process's setting, so
+two threads' launches must not set and restore it across each other."""
+
+
+def _end_group(starter: subprocess.Popen) -> None:
+    """Kill the forking process and every rank it forked (its process group), and reap those
+    this process adopted."""
+    with contextlib.suppress(OSError):
+        os.killpg(starter.pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        while True:
+            os.waitpid(-starter.pid, 0)
+    starter.wait()
+
+
+def _subreaper(on: bool) -> bool | None:
+    """Set whether this process adopts its orphaned descendants (Linux ``PR_SET_CHILD_SUBREAPER``)
+    and return what it was; None where that cannot be set."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        was = ctypes.c_int()
+        if libc.prctl(37, ctypes.byref(was), 0, 0, 0) != 0 or libc.prctl(36, int(on), 0, 0, 0) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return bool(was.value)
+
+
+class _Adopted:
+    """A rank that ``worker.fork_ranks`` forked and this process adopted: the part of
+    ``subprocess.Popen`` the watchdog and the clean-up use."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # not adopted after all: it exits by itself (worker._die_with_parent)
+                self.returncode = 1
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() >= end:
+                raise subprocess.TimeoutExpired(f"rank process {self.pid}", timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def _stop_on_signals() -> dict:
@@ -372,7 +481,7 @@ def _relay(tmp: Path, progress: Progress) -> Callable[[], None]:
     return look
 
 
-def _watch(procs: list[subprocess.Popen], tick: Callable[[], None] | None = None) -> set[int]:
+def _watch(procs: list, tick: Callable[[], None] | None = None) -> set[int]:
     """Wait until every rank exits; once one fails, give the rest ``GRACE_S`` then kill them.
     Calls ``tick`` about every ``_TICK_S`` meanwhile. Returns the ranks this watchdog killed."""
     failed_at = None
@@ -469,8 +578,12 @@ def keep_output(tmp: Path, failure: TreeattnError) -> TreeattnError:
 
 
 def _log_tail(tmp: Path, rank: int) -> str:
+    return _last_output(tmp / f"rank{rank}.log")
+
+
+def _last_output(log: Path) -> str:
     try:
-        lines = [ln for ln in (tmp / f"rank{rank}.log").read_text(errors="replace").splitlines() if ln.strip()]
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return ""
     return f"; last output: {lines[-1][:300]}" if lines else ""

@@ -1,9 +1,12 @@
 """One locally started rank: ``python -m treeattn.exec.worker RUN_DIR`` (see ``launch_local``).
 
 Reads ``RUN_DIR/job.pkl`` and its rank from ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``; rank 0
-writes ``RUN_DIR/result.pkl``. On any error it writes ``RUN_DIR/rank<R>.error.json``
-(``kind`` is ``comm`` when it only lost a peer), prints the traceback to its log and exits
-at once with status 1, skipping teardown that could block on a dead peer.
+writes ``RUN_DIR/result.pkl``. On any error it writes ``RUN_DIR/rank<R>.error.json`` (``kind``
+is ``comm`` when it only lost a peer), prints the traceback to its log and exits at once with
+status 1, skipping teardown that could block on a dead peer.
+
+``python -m treeattn.exec.worker RUN_DIR --ranks N`` starts all N ranks from one interpreter
+instead (``fork_ranks``): it imports torch once and forks them.
 """
 
 from __future__ import annotations
@@ -23,11 +26,15 @@ from treeattn.errors import TreeattnError
 from treeattn.exec.comm import CommError
 from treeattn.exec.runner import Progress, run_rank
 
-__all__ = ["main", "progress_file", "read_progress", "PROGRESS_FILE"]
+__all__ = ["main", "fork_ranks", "progress_file", "read_progress", "PROGRESS_FILE", "PIDS_FILE"]
 
 PROGRESS_FILE = "progress"
 """In the run directory: rank 0's ``runs done, runs known, what`` (``read_progress``)."""
 _WRITE_EVERY_S = 0.5
+PIDS_FILE = "pids"
+"""In the run directory: the process ids of the ranks ``fork_ranks`` started, in rank order."""
+_ADOPTION_S = 30.0
+"""How long a forked rank waits to become the launcher's child before it gives up."""
 
 _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Timed out waiting", "Broken pipe",
               # NCCL: a peer's communicator failed, was aborted, or its watchdog timed out
@@ -73,10 +80,58 @@ def read_progress(run_dir: Path) -> tuple[int, int, str] | None:
     return int(done), int(total), str(what)
 
 
+def fork_ranks(run_dir: Path, world: int) -> None:
+    """Fork the ``world`` ranks of a local run from this process, write their process ids to
+    ``RUN_DIR/pids`` and exit.
+
+    Every rank would otherwise import torch itself: seconds of CPU each, which ranks started
+    together on a small host spend competing for its cores. This interpreter has imported it
+    and run nothing with it yet (torch's intra-op threads not started, no device touched), so
+    its forks start ready. Each
+    rank writes to ``RUN_DIR/rank<R>.log`` and waits until it is the launcher's child: the
+    launcher is the children's subreaper (``launch_local``), so this process's exit hands them
+    to it, and only then do they tie their lives to it (``_die_with_parent``).
+    """
+    _die_with_parent()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pids, me = [], os.getpid()
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:
+            _forked_rank(run_dir, rank, world, me)
+        pids.append(pid)
+    tmp = run_dir / f"{PIDS_FILE}.tmp"
+    tmp.write_text(" ".join(map(str, pids)))
+    tmp.rename(run_dir / PIDS_FILE)
+    os._exit(0)
+
+
+def _forked_rank(run_dir: Path, rank: int, world: int, starter: int) -> None:
+    try:
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+        log = os.open(run_dir / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        deadline = time.monotonic() + _ADOPTION_S
+        while os.getppid() == starter and time.monotonic() < deadline:
+            time.sleep(0.001)
+    except BaseException:  # noqa: BLE001 - a forked child must never return into its parent's code
+        os._exit(1)
+    _run(run_dir, rank)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     run_dir = Path(args[0])
-    rank = int(os.environ["RANK"])
+    if args[1:2] == ["--ranks"]:
+        fork_ranks(run_dir, int(args[2]))
+    _run(run_dir, int(os.environ["RANK"]))
+
+
+def _run(run_dir: Path, rank: int) -> None:
+    """Run ``rank`` of the job in ``run_dir`` and exit (0, or 1 with its error report)."""
     _die_with_parent()
     try:
         job = pickle.loads((run_dir / "job.pkl").read_bytes())
