@@ -14,6 +14,7 @@ import pytest
 from tests.cli_helpers import run_cli
 from treeattn.topology.families import FAMILIES
 from treeattn.topology.library import resolve, shipped_files
+from treeattn.topology.plausible import implausible
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "topology"
 TREEATTN = Path(sys.executable).with_name("treeattn")
@@ -447,6 +448,41 @@ def test_a_gpu_memory_in_tb_s_written_as_gb_s_is_warned_about(tmp_path):
     topo.write_text(topo.read_text().replace("3.35", "16.8"))
     res = run_cli("topo", "validate", str(topo))
     assert res.exit_code == 0 and res.stderr == "", res.stderr
+
+
+def test_nvlink_written_as_both_directions_is_warned_about(tmp_path):
+    # NVIDIA's 900 GB/s for H100 counts both directions, a file's bw_gbps one: written as 900
+    # beside its 18 NVLink 4 links (450 one way), NVLink transfers were planned twice as fast.
+    topo = tmp_path / "nv.yaml"
+    text = ("name: nv\nnode:\n  gpus: {count: 8, model: H100-SXM5-80GB, mem_bw_gbps: 3350, mem_gb: 80}\n"
+            "  pcie: {generation: 5, bw_gbps: 55}\n"
+            "  fabric: {kind: nvswitch, bw_gbps: 900, count: 18, generation: 4}\n")
+    topo.write_text(text)
+    res = run_cli("topo", "validate", str(topo))
+    assert res.exit_code == 0 and res.stderr.splitlines() == [
+        "warning: link n0.gpu0->n0.nvswitch (nvlink) has bw_gbps 900, more than its 18 NVLink 4 links move one way "
+        "(450, 25 each); bw_gbps is one direction: 900 GB/s counts both (and 7 more)"], res.stderr
+    # Without the links' count and generation: over what any GPU's NVLinks move one way.
+    topo.write_text(text.replace("bw_gbps: 900, count: 18, generation: 4", "bw_gbps: 1800"))
+    res = run_cli("topo", "validate", str(topo))
+    assert res.exit_code == 0 and res.stderr.splitlines() == [
+        "warning: link n0.gpu0->n0.nvswitch (nvlink) has bw_gbps 1800, more than any GPU's NVLinks move one way "
+        "(900, NVLink 5); bw_gbps is one direction: NVIDIA's figures count both (and 7 more)"], res.stderr
+    # Over the links' figure but not twice it (a calibration fitted NVLS as a ring): no unit to blame.
+    topo.write_text(text.replace("bw_gbps: 900", "bw_gbps: 474.4"))
+    res = run_cli("topo", "validate", str(topo))
+    assert res.exit_code == 0 and res.stderr.splitlines() == [
+        "warning: link n0.gpu0->n0.nvswitch (nvlink) has bw_gbps 474.4, more than its 18 NVLink 4 links move one way "
+        "(450, 25 each) (and 7 more)"], res.stderr
+    for fabric in ("bw_gbps: 450, count: 18, generation: 4", "bw_gbps: 900, count: 18, generation: 5", "bw_gbps: 900"):
+        topo.write_text(text.replace("bw_gbps: 900, count: 18, generation: 4", fabric))
+        res = run_cli("topo", "validate", str(topo))
+        assert res.exit_code == 0 and res.stderr == "", (fabric, res.stderr)
+
+
+def test_no_shipped_topology_or_family_holds_an_implausible_value():
+    for spec in [*shipped_files(), *(f"{name}:" for name in FAMILIES)]:
+        assert implausible(resolve(spec)) == [], spec
 
 
 def test_a_link_slower_than_any_is_warned_about_and_times_stay_short(tmp_path):

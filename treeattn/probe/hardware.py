@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from treeattn.topology.model import LinkKind
+from treeattn.topology.plausible import NVLINK_PER_LINK_GBPS
 
 __all__ = [
     "GpuSpec",
@@ -176,8 +177,6 @@ def nvlink_gen_by_sm(sm: int) -> int | None:
     return None
 
 
-NVLINK_PER_LINK_GBPS: dict[int, float] = {2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
-"""Per link, per direction (docs/hardware.md NVLink 3/4/5 rows; NVLink 2 from the V100 datasheet)."""
 
 XGMI_PER_LINK_GBPS = 64.0
 """MI300X xGMI link, per direction (docs/hardware.md xGMI row)."""

@@ -9,10 +9,10 @@ future part may hold them.
 
 from __future__ import annotations
 
-from treeattn.topology.model import DeviceKind, LinkClass, Topology
+from treeattn.topology.model import DeviceKind, LinkClass, LinkKind, Topology
 
 __all__ = ["implausible", "LINK_MIN_GBPS", "NETWORK_PORT_MAX_GBPS", "GPU_MEM_MAX_GB", "GPU_MEM_BW_MAX_GBPS",
-           "GPU_MEM_BW_MIN_GBPS", "HOP_MAX_US", "NIC_OVER_PCIE"]
+           "GPU_MEM_BW_MIN_GBPS", "HOP_MAX_US", "NIC_OVER_PCIE", "NVLINK_PER_LINK_GBPS", "NVLINK_MAX_GBPS"]
 
 LINK_MIN_GBPS = 1e-6
 """A link under 1 kB/s (a 56k modem moves 7): a time on it is days; emulated links run at
@@ -30,6 +30,12 @@ TB/s written as GB/s."""
 NIC_OVER_PCIE = 2.0
 """A NIC's port above twice its PCIe link: the port cannot move more than reaches it (a 400 Gb/s
 NIC, 50 GB/s, sits on PCIe 5.0 x16, about 55): more is a port written in Gb/s."""
+NVLINK_PER_LINK_GBPS: dict[int, float] = {2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
+"""One NVLink, one direction, by generation (docs/hardware.md NVLink 3/4/5 rows; NVLink 2 from the
+V100 datasheet). NVIDIA's own figures count both directions: H100's 900 GB/s is 18 links of 25."""
+NVLINK_MAX_GBPS = 900.0
+"""A GPU's NVLinks above 900 GB/s one way: the fastest, NVLink 5 (B200, GB200), is 18 links of 50;
+NVIDIA's 1.8 TB/s for it counts both directions."""
 HOP_MAX_US = {LinkClass.GPU_FABRIC: 100.0, LinkClass.PCIE: 100.0, LinkClass.NETWORK: 1000.0}
 """A link's latency above 100 us inside a node (NVLink and PCIe: about 1 us) or 1 ms between
 nodes (a switch hop: under 1 us; a long-haul link a few hundred)."""
@@ -68,6 +74,10 @@ def implausible(topo: Topology) -> list[str]:
             found.setdefault("slow bw_gbps", []).append(
                 f"{what} has bw_gbps {ln.bw_gbps:g}, slower than any link ({LINK_MIN_GBPS:g} is 1 kB/s); bw_gbps is "
                 "GB/s")
+        if ln.kind is LinkKind.NVLINK:
+            nvlink = _nvlink_over(ln.bw_gbps, ln.count, ln.generation)
+            if nvlink:
+                found.setdefault("nvlink", []).append(f"{what} has bw_gbps {ln.bw_gbps:g}, {nvlink}")
         limit = HOP_MAX_US.get(ln.cls)
         if limit is not None and ln.latency_us > limit:
             found.setdefault(f"latency_us {ln.cls.value}", []).append(
@@ -86,3 +96,17 @@ def implausible(topo: Topology) -> list[str]:
                 f"NIC {nic} has bw_gbps {gbps:g} on the network but {pcie[nic]:g} over its PCIe link; bw_gbps is "
                 f"GB/s: {gbps:g} Gb/s is {gbps / 8:g}")
     return [first + (f" (and {len(rest)} more)" if rest else "") for first, *rest in found.values()]
+
+
+def _nvlink_over(gbps: float, count: int, generation: int | None) -> str:
+    """Why ``gbps`` one way is more than ``count`` NVLinks of ``generation`` (or any GPU's NVLinks)
+    move, or "". A file's bw_gbps is one direction; NVIDIA's figures count both."""
+    per = NVLINK_PER_LINK_GBPS.get(generation or 0)
+    if per and count > 1 and gbps > 1.05 * count * per:
+        one_way = count * per
+        both = f"; bw_gbps is one direction: {one_way * 2:g} GB/s counts both" if abs(gbps / one_way - 2) < 0.1 else ""
+        return f"more than its {count} NVLink {generation} links move one way ({one_way:g}, {per:g} each){both}"
+    if gbps > 1.05 * NVLINK_MAX_GBPS:
+        return (f"more than any GPU's NVLinks move one way ({NVLINK_MAX_GBPS:g}, NVLink 5); bw_gbps is one direction: "
+                f"NVIDIA's figures count both")
+    return ""
