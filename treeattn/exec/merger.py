@@ -299,7 +299,8 @@ class Merger:
                 lse is merged as given: that row is NaN in every rank's result.
 
         Returns:
-            ``(o, lse)``, fresh tensors (o in o's dtype, lse fp32) holding what the plan's
+            ``(o, lse)``, fresh tensors (o in o's dtype, lse fp32; merged in fp32 and sent in
+            the plan's ``partial_dtype``, so a float64 o comes back at fp32 accuracy) holding what the plan's
             result layout gives this rank: every head (``all``, and the root of ``root``), its
             own heads ``(B, Hq_i, Dv)`` (``heads``, see ``heads``), or ``(None, None)``.
 
