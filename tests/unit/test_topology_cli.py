@@ -480,6 +480,20 @@ def test_nvlink_written_as_both_directions_is_warned_about(tmp_path):
         assert res.exit_code == 0 and res.stderr == "", (fabric, res.stderr)
 
 
+def test_pcie_in_gb_per_s_as_lanes_times_transfer_rate_is_warned_about(tmp_path):
+    # PCIe 5.0 x16 is 32 GT/s x 16 lanes, "512": as bw_gbps, four times PCIe 6.0 x16's 128 GB/s.
+    topo = tmp_path / "pcie.yaml"
+    topo.write_text("name: pcie\nnode:\n  gpus: {count: 4, model: L40S, mem_bw_gbps: 864, mem_gb: 48}\n"
+                    "  pcie: {generation: 5, bw_gbps: 512}\n")
+    res = run_cli("topo", "validate", str(topo))
+    assert res.exit_code == 0 and res.stderr.splitlines() == [
+        "warning: link n0.gpu0->n0.cpu0 (pcie) has bw_gbps 512, faster than any PCIe link (6.0 x16 moves 128 GB/s "
+        "one way); bw_gbps is GB/s: 512 Gb/s is 64 (and 3 more)"], res.stderr
+    topo.write_text(topo.read_text().replace("512", "128"))
+    res = run_cli("topo", "validate", str(topo))
+    assert res.exit_code == 0 and res.stderr == "", res.stderr
+
+
 def test_no_shipped_topology_or_family_holds_an_implausible_value():
     for spec in [*shipped_files(), *(f"{name}:" for name in FAMILIES)]:
         assert implausible(resolve(spec)) == [], spec

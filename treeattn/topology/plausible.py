@@ -12,7 +12,8 @@ from __future__ import annotations
 from treeattn.topology.model import DeviceKind, LinkClass, LinkKind, Topology
 
 __all__ = ["implausible", "LINK_MIN_GBPS", "NETWORK_PORT_MAX_GBPS", "GPU_MEM_MAX_GB", "GPU_MEM_BW_MAX_GBPS",
-           "GPU_MEM_BW_MIN_GBPS", "HOP_MAX_US", "NIC_OVER_PCIE", "NVLINK_PER_LINK_GBPS", "NVLINK_MAX_GBPS"]
+           "GPU_MEM_BW_MIN_GBPS", "HOP_MAX_US", "NIC_OVER_PCIE", "NVLINK_PER_LINK_GBPS", "NVLINK_MAX_GBPS",
+           "PCIE_MAX_GBPS"]
 
 LINK_MIN_GBPS = 1e-6
 """A link under 1 kB/s (a 56k modem moves 7): a time on it is days; emulated links run at
@@ -30,6 +31,9 @@ TB/s written as GB/s."""
 NIC_OVER_PCIE = 2.0
 """A NIC's port above twice its PCIe link: the port cannot move more than reaches it (a 400 Gb/s
 NIC, 50 GB/s, sits on PCIe 5.0 x16, about 55): more is a port written in Gb/s."""
+PCIE_MAX_GBPS = 128.0
+"""A PCIe link above 128 GB/s one way: PCIe 6.0 x16, the fastest sold, moves 128 (64 GT/s x 16
+lanes); PCIe 5.0 x16 written in Gb/s as lanes times transfer rate gives 512."""
 NVLINK_PER_LINK_GBPS: dict[int, float] = {2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
 """One NVLink, one direction, by generation (docs/hardware.md NVLink 3/4/5 rows; NVLink 2 from the
 V100 datasheet). NVIDIA's own figures count both directions: H100's 900 GB/s is 18 links of 25."""
@@ -70,6 +74,10 @@ def implausible(topo: Topology) -> list[str]:
             found.setdefault("bw_gbps", []).append(
                 f"{what} has bw_gbps {ln.bw_gbps:g}, faster than any network port (1.6 Tb/s is 200 GB/s); "
                 f"bw_gbps is GB/s: {ln.bw_gbps:g} Gb/s is {ln.bw_gbps / 8:g}")
+        if ln.kind is LinkKind.PCIE and ln.bw_gbps > 1.05 * PCIE_MAX_GBPS:
+            found.setdefault("pcie bw_gbps", []).append(
+                f"{what} has bw_gbps {ln.bw_gbps:g}, faster than any PCIe link (6.0 x16 moves {PCIE_MAX_GBPS:g} GB/s "
+                f"one way); bw_gbps is GB/s: {ln.bw_gbps:g} Gb/s is {ln.bw_gbps / 8:g}")
         if ln.bw_gbps < LINK_MIN_GBPS:
             found.setdefault("slow bw_gbps", []).append(
                 f"{what} has bw_gbps {ln.bw_gbps:g}, slower than any link ({LINK_MIN_GBPS:g} is 1 kB/s); bw_gbps is "
