@@ -435,19 +435,23 @@ def test_values_in_another_unit_are_warned_about_where_a_topology_is_loaded(tmp_
         "(and 1 more)"], res.stderr
 
 
+def warned(topo: Path, text: str) -> list[str]:
+    """The lines `topo validate` prints on stderr for a file holding ``text`` (it must pass)."""
+    topo.write_text(text)
+    res = run_cli("topo", "validate", str(topo))
+    assert res.exit_code == 0, res.stderr
+    return res.stderr.splitlines()
+
+
 def test_a_gpu_memory_in_tb_s_written_as_gb_s_is_warned_about(tmp_path):
     # H100's 3.35 TB/s written as mem_bw_gbps: 3.35 was planned on without a word (attention
     # a thousand times slow, and the pick another method's)
-    topo = tmp_path / "tbs.yaml"
-    topo.write_text("name: tbs\nnode:\n  gpus: {count: 8, model: H100-SXM5-80GB, mem_bw_gbps: 3.35, mem_gb: 80}\n"
-                    "  pcie: {generation: 5, bw_gbps: 55}\n  fabric: {kind: nvswitch, bw_gbps: 450}\n")
-    res = run_cli("topo", "validate", str(topo))
-    assert res.exit_code == 0 and res.stderr.splitlines() == [
+    text = ("name: tbs\nnode:\n  gpus: {count: 8, model: H100-SXM5-80GB, mem_bw_gbps: 3.35, mem_gb: 80}\n"
+            "  pcie: {generation: 5, bw_gbps: 55}\n  fabric: {kind: nvswitch, bw_gbps: 450}\n")
+    assert warned(tmp_path / "tbs.yaml", text) == [
         "warning: GPU n0.gpu0 has mem_bw_gbps 3.35, slower than any GPU's memory (16.8 GB/s the slowest); "
-        "mem_bw_gbps is GB/s: 3.35 TB/s is 3350 (and 7 more)"], res.stderr
-    topo.write_text(topo.read_text().replace("3.35", "16.8"))
-    res = run_cli("topo", "validate", str(topo))
-    assert res.exit_code == 0 and res.stderr == "", res.stderr
+        "mem_bw_gbps is GB/s: 3.35 TB/s is 3350 (and 7 more)"]
+    assert warned(tmp_path / "tbs.yaml", text.replace("3.35", "16.8")) == []
 
 
 def test_nvlink_written_as_both_directions_is_warned_about(tmp_path):
@@ -457,41 +461,29 @@ def test_nvlink_written_as_both_directions_is_warned_about(tmp_path):
     text = ("name: nv\nnode:\n  gpus: {count: 8, model: H100-SXM5-80GB, mem_bw_gbps: 3350, mem_gb: 80}\n"
             "  pcie: {generation: 5, bw_gbps: 55}\n"
             "  fabric: {kind: nvswitch, bw_gbps: 900, count: 18, generation: 4}\n")
-    topo.write_text(text)
-    res = run_cli("topo", "validate", str(topo))
-    assert res.exit_code == 0 and res.stderr.splitlines() == [
+    assert warned(topo, text) == [
         "warning: link n0.gpu0->n0.nvswitch (nvlink) has bw_gbps 900, more than its 18 NVLink 4 links move one way "
-        "(450, 25 each); bw_gbps is one direction: 900 GB/s counts both (and 7 more)"], res.stderr
+        "(450, 25 each); bw_gbps is one direction: 900 GB/s counts both (and 7 more)"]
     # Without the links' count and generation: over what any GPU's NVLinks move one way.
-    topo.write_text(text.replace("bw_gbps: 900, count: 18, generation: 4", "bw_gbps: 1800"))
-    res = run_cli("topo", "validate", str(topo))
-    assert res.exit_code == 0 and res.stderr.splitlines() == [
+    assert warned(topo, text.replace("bw_gbps: 900, count: 18, generation: 4", "bw_gbps: 1800")) == [
         "warning: link n0.gpu0->n0.nvswitch (nvlink) has bw_gbps 1800, more than any GPU's NVLinks move one way "
-        "(900, NVLink 5); bw_gbps is one direction: NVIDIA's figures count both (and 7 more)"], res.stderr
+        "(900, NVLink 5); bw_gbps is one direction: NVIDIA's figures count both (and 7 more)"]
     # Over the links' figure but not twice it (a calibration fitted NVLS as a ring): no unit to blame.
-    topo.write_text(text.replace("bw_gbps: 900", "bw_gbps: 474.4"))
-    res = run_cli("topo", "validate", str(topo))
-    assert res.exit_code == 0 and res.stderr.splitlines() == [
+    assert warned(topo, text.replace("bw_gbps: 900", "bw_gbps: 474.4")) == [
         "warning: link n0.gpu0->n0.nvswitch (nvlink) has bw_gbps 474.4, more than its 18 NVLink 4 links move one way "
-        "(450, 25 each) (and 7 more)"], res.stderr
+        "(450, 25 each) (and 7 more)"]
     for fabric in ("bw_gbps: 450, count: 18, generation: 4", "bw_gbps: 900, count: 18, generation: 5", "bw_gbps: 900"):
-        topo.write_text(text.replace("bw_gbps: 900, count: 18, generation: 4", fabric))
-        res = run_cli("topo", "validate", str(topo))
-        assert res.exit_code == 0 and res.stderr == "", (fabric, res.stderr)
+        assert warned(topo, text.replace("bw_gbps: 900, count: 18, generation: 4", fabric)) == [], fabric
 
 
 def test_pcie_in_gb_per_s_as_lanes_times_transfer_rate_is_warned_about(tmp_path):
     # PCIe 5.0 x16 is 32 GT/s x 16 lanes, "512": as bw_gbps, four times PCIe 6.0 x16's 128 GB/s.
-    topo = tmp_path / "pcie.yaml"
-    topo.write_text("name: pcie\nnode:\n  gpus: {count: 4, model: L40S, mem_bw_gbps: 864, mem_gb: 48}\n"
-                    "  pcie: {generation: 5, bw_gbps: 512}\n")
-    res = run_cli("topo", "validate", str(topo))
-    assert res.exit_code == 0 and res.stderr.splitlines() == [
+    text = ("name: pcie\nnode:\n  gpus: {count: 4, model: L40S, mem_bw_gbps: 864, mem_gb: 48}\n"
+            "  pcie: {generation: 5, bw_gbps: 512}\n")
+    assert warned(tmp_path / "pcie.yaml", text) == [
         "warning: link n0.gpu0->n0.cpu0 (pcie) has bw_gbps 512, faster than any PCIe link (6.0 x16 moves 128 GB/s "
-        "one way); bw_gbps is GB/s: 512 Gb/s is 64 (and 3 more)"], res.stderr
-    topo.write_text(topo.read_text().replace("512", "128"))
-    res = run_cli("topo", "validate", str(topo))
-    assert res.exit_code == 0 and res.stderr == "", res.stderr
+        "one way); bw_gbps is GB/s: 512 Gb/s is 64 (and 3 more)"]
+    assert warned(tmp_path / "pcie.yaml", text.replace("512", "128")) == []
 
 
 def test_no_shipped_topology_or_family_holds_an_implausible_value():
