@@ -476,6 +476,31 @@ def test_nvlink_written_as_both_directions_is_warned_about(tmp_path):
         assert warned(topo, text.replace("bw_gbps: 900, count: 18, generation: 4", fabric)) == [], fabric
 
 
+def test_nvlink_over_900_is_not_warned_about_where_its_links_or_generation_carry_it(tmp_path):
+    # 36 NVLink 5 links (a switch trunk) move 1800 one way, and so does a GPU of a generation
+    # after NVLink 5 (NVLink 6, 3.6 TB/s both ways): neither is a figure counting both directions.
+    text = ("name: nv\nnode:\n  gpus: {count: 8, model: B200, mem_bw_gbps: 8000, mem_gb: 180}\n"
+            "  pcie: {generation: 5, bw_gbps: 55}\n"
+            "  fabric: {kind: nvswitch, bw_gbps: 1800, count: 36, generation: 5}\n")
+    assert warned(tmp_path / "nv.yaml", text) == []
+    assert warned(tmp_path / "nv.yaml", text.replace("count: 36, generation: 5", "count: 18, generation: 6")) == []
+
+
+def test_a_calibrated_link_is_judged_by_its_rating(tmp_path):
+    # calibrate writes what it fitted (here NVLS taken for a ring: 474 GB/s on 450 links) and
+    # warns of it once; every later load would repeat it about a figure the hardware's rating holds.
+    fitted = tmp_path / "fitted.yaml"
+    log = Path(__file__).resolve().parents[1] / "fixtures" / "nccl-tests" / "all_reduce_perf.8xh100-1node.txt"
+    res = run_cli("calibrate", "--from-nccl-tests", str(log), "-t", "dgx-h100", "--out", str(fitted))
+    assert res.exit_code == 0 and "above the 450 GB/s of n0.gpu0's nvlink link" in res.stderr, res.stderr
+    text = fitted.read_text()
+    assert re.search(r"kind: nvlink, bw_gbps: 474\.\d+, .*rated_gbps: 450\.0", text)
+    assert warned(fitted, text) == []
+    assert warned(fitted, text.replace("rated_gbps: 450.0", "rated_gbps: 900")) == [
+        "warning: link n0.gpu0->n0.nvswitch (nvlink) has rated_gbps 900, more than its 18 NVLink 4 links move one "
+        "way (450, 25 each); rated_gbps is one direction: 900 GB/s counts both (and 7 more)"]
+
+
 def test_pcie_in_gb_per_s_as_lanes_times_transfer_rate_is_warned_about(tmp_path):
     # PCIe 5.0 x16 is 32 GT/s x 16 lanes, "512": as bw_gbps, four times PCIe 6.0 x16's 128 GB/s.
     text = ("name: pcie\nnode:\n  gpus: {count: 4, model: L40S, mem_bw_gbps: 864, mem_gb: 48}\n"

@@ -74,18 +74,20 @@ def implausible(topo: Topology) -> list[str]:
             found.setdefault("bw_gbps", []).append(
                 f"{what} has bw_gbps {ln.bw_gbps:g}, faster than any network port (1.6 Tb/s is 200 GB/s); "
                 f"bw_gbps is GB/s: {ln.bw_gbps:g} Gb/s is {ln.bw_gbps / 8:g}")
-        if ln.kind is LinkKind.PCIE and ln.bw_gbps > 1.05 * PCIE_MAX_GBPS:
+        # A calibrated link's hardware figure is its rating; what calibrate fitted, it warned of then.
+        field, gbps = ("rated_gbps", ln.rated_gbps) if ln.rated_gbps is not None else ("bw_gbps", ln.bw_gbps)
+        if ln.kind is LinkKind.PCIE and gbps > 1.05 * PCIE_MAX_GBPS:
             found.setdefault("pcie bw_gbps", []).append(
-                f"{what} has bw_gbps {ln.bw_gbps:g}, faster than any PCIe link (6.0 x16 moves {PCIE_MAX_GBPS:g} GB/s "
-                f"one way); bw_gbps is GB/s: {ln.bw_gbps:g} Gb/s is {ln.bw_gbps / 8:g}")
+                f"{what} has {field} {gbps:g}, faster than any PCIe link (6.0 x16 moves {PCIE_MAX_GBPS:g} GB/s one "
+                f"way); {field} is GB/s: {gbps:g} Gb/s is {gbps / 8:g}")
         if ln.bw_gbps < LINK_MIN_GBPS:
             found.setdefault("slow bw_gbps", []).append(
                 f"{what} has bw_gbps {ln.bw_gbps:g}, slower than any link ({LINK_MIN_GBPS:g} is 1 kB/s); bw_gbps is "
                 "GB/s")
         if ln.kind is LinkKind.NVLINK:
-            nvlink = _nvlink_over(ln.bw_gbps, ln.count, ln.generation)
+            nvlink = _nvlink_over(gbps, ln.count, ln.generation, field)
             if nvlink:
-                found.setdefault("nvlink", []).append(f"{what} has bw_gbps {ln.bw_gbps:g}, {nvlink}")
+                found.setdefault("nvlink", []).append(f"{what} has {field} {gbps:g}, {nvlink}")
         limit = HOP_MAX_US.get(ln.cls)
         if limit is not None and ln.latency_us > limit:
             found.setdefault(f"latency_us {ln.cls.value}", []).append(
@@ -106,15 +108,19 @@ def implausible(topo: Topology) -> list[str]:
     return [first + (f" (and {len(rest)} more)" if rest else "") for first, *rest in found.values()]
 
 
-def _nvlink_over(gbps: float, count: int, generation: int | None) -> str:
-    """Why ``gbps`` one way is more than ``count`` NVLinks of ``generation`` (or any GPU's NVLinks)
-    move, or "". A file's bw_gbps is one direction; NVIDIA's figures count both."""
+def _nvlink_over(gbps: float, count: int, generation: int | None, field: str) -> str:
+    """Why ``gbps`` one way (the link's ``field``) is more than ``count`` NVLinks of ``generation``
+    (or any GPU's NVLinks) move, or "". A file's figures are one direction; NVIDIA's count both."""
     per = NVLINK_PER_LINK_GBPS.get(generation or 0)
-    if per and count > 1 and gbps > 1.05 * count * per:
+    if per and count > 1:  # the links' own figure decides: a trunk of more than 18 may exceed any GPU's
         one_way = count * per
-        both = f"; bw_gbps is one direction: {one_way * 2:g} GB/s counts both" if abs(gbps / one_way - 2) < 0.1 else ""
+        if gbps <= 1.05 * one_way:
+            return ""
+        both = f"; {field} is one direction: {one_way * 2:g} GB/s counts both" if abs(gbps / one_way - 2) < 0.1 else ""
         return f"more than its {count} NVLink {generation} links move one way ({one_way:g}, {per:g} each){both}"
+    if generation is not None and generation > max(NVLINK_PER_LINK_GBPS):
+        return ""  # a generation after NVLink 5: faster than any this module knows of
     if gbps > 1.05 * NVLINK_MAX_GBPS:
-        return (f"more than any GPU's NVLinks move one way ({NVLINK_MAX_GBPS:g}, NVLink 5); bw_gbps is one direction: "
+        return (f"more than any GPU's NVLinks move one way ({NVLINK_MAX_GBPS:g}, NVLink 5); {field} is one direction: "
                 f"NVIDIA's figures count both")
     return ""
