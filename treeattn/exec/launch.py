@@ -338,8 +338,9 @@ def launch_local(job: Job, progress: Progress | None = None) -> JobResult:
 def forked_ranks(tmp: Path, n: int, env: dict[str, str], procs: list) -> bool:
     """Start the ``n`` ranks from one interpreter that imports torch once and forks them
     (``worker.fork_ranks``), appending them to ``procs``; False, with nothing started, where
-    this process cannot adopt them (no child subreaper: not Linux) or could not learn how they
-    exit (SIGCHLD ignored: the kernel reaps them).
+    this process cannot adopt them (no child subreaper: not Linux) or might not learn how they
+    exit: SIGCHLD ignored (the kernel reaps them) or handled (a handler may reap them first, as
+    asyncio's child watchers that wait for any child do).
 
     The forking process runs in a process group of its own, which its ranks inherit: on any
     failure or signal while it works, the group is killed and what this process adopted of it
@@ -348,7 +349,7 @@ def forked_ranks(tmp: Path, n: int, env: dict[str, str], procs: list) -> bool:
     Raises:
         ExecutionError: the forking process failed (its last line of output is said).
     """
-    if signal.getsignal(signal.SIGCHLD) is signal.SIG_IGN:
+    if signal.getsignal(signal.SIGCHLD) is not signal.SIG_DFL:
         return False
     with _ADOPTING:
         was = _subreaper(True)
