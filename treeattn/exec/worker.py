@@ -87,10 +87,10 @@ def fork_ranks(run_dir: Path, world: int) -> None:
     Every rank would otherwise import torch itself: seconds of CPU each, which ranks started
     together on a small host spend competing for its cores. This interpreter has imported it
     and run nothing with it yet (torch's intra-op threads not started, no device touched), so
-    its forks start ready. Each
-    rank writes to ``RUN_DIR/rank<R>.log`` and waits until it is the launcher's child: the
-    launcher is the children's subreaper (``launch_local``), so this process's exit hands them
-    to it, and only then do they tie their lives to it (``_die_with_parent``).
+    its forks start ready. Each rank writes to ``RUN_DIR/rank<R>.log`` and waits until it is
+    the launcher's child: the launcher is the children's subreaper (``launch_local``), so this
+    process's exit hands them to it, and only then do they tie their lives to it
+    (``_die_with_parent``).
     """
     _die_with_parent()
     sys.stdout.flush()
