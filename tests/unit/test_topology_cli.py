@@ -443,15 +443,22 @@ def warned(topo: Path, text: str) -> list[str]:
     return res.stderr.splitlines()
 
 
-def test_a_gpu_memory_in_tb_s_written_as_gb_s_is_warned_about(tmp_path):
+@pytest.mark.parametrize(("text", "right", "warning"), [
     # H100's 3.35 TB/s written as mem_bw_gbps: 3.35 was planned on without a word (attention
     # a thousand times slow, and the pick another method's)
-    text = ("name: tbs\nnode:\n  gpus: {count: 8, model: H100-SXM5-80GB, mem_bw_gbps: 3.35, mem_gb: 80}\n"
-            "  pcie: {generation: 5, bw_gbps: 55}\n  fabric: {kind: nvswitch, bw_gbps: 450}\n")
-    assert warned(tmp_path / "tbs.yaml", text) == [
-        "warning: GPU n0.gpu0 has mem_bw_gbps 3.35, slower than any GPU's memory (16.8 GB/s the slowest); "
-        "mem_bw_gbps is GB/s: 3.35 TB/s is 3350 (and 7 more)"]
-    assert warned(tmp_path / "tbs.yaml", text.replace("3.35", "16.8")) == []
+    ("name: tbs\nnode:\n  gpus: {count: 8, model: H100-SXM5-80GB, mem_bw_gbps: 3.35, mem_gb: 80}\n"
+     "  pcie: {generation: 5, bw_gbps: 55}\n  fabric: {kind: nvswitch, bw_gbps: 450}\n", ("3.35", "16.8"),
+     "warning: GPU n0.gpu0 has mem_bw_gbps 3.35, slower than any GPU's memory (16.8 GB/s the slowest); "
+     "mem_bw_gbps is GB/s: 3.35 TB/s is 3350 (and 7 more)"),
+    # PCIe 5.0 x16 is 32 GT/s x 16 lanes, "512": as bw_gbps, four times PCIe 6.0 x16's 128 GB/s.
+    ("name: pcie\nnode:\n  gpus: {count: 4, model: L40S, mem_bw_gbps: 864, mem_gb: 48}\n"
+     "  pcie: {generation: 5, bw_gbps: 512}\n", ("512", "128"),
+     "warning: link n0.gpu0->n0.cpu0 (pcie) has bw_gbps 512, faster than any PCIe link (6.0 x16 moves 128 GB/s "
+     "one way); bw_gbps is GB/s: 512 Gb/s is 64 (and 3 more)"),
+], ids=["gpu memory in TB/s", "pcie in Gb/s"])
+def test_a_figure_in_another_unit_is_warned_about_and_the_right_one_is_not(tmp_path, text, right, warning):
+    assert warned(tmp_path / "t.yaml", text) == [warning]
+    assert warned(tmp_path / "t.yaml", text.replace(*right)) == []
 
 
 def test_nvlink_written_as_both_directions_is_warned_about(tmp_path):
@@ -499,16 +506,6 @@ def test_a_calibrated_link_is_judged_by_its_rating(tmp_path):
     assert warned(fitted, text.replace("rated_gbps: 450.0", "rated_gbps: 900")) == [
         "warning: link n0.gpu0->n0.nvswitch (nvlink) has rated_gbps 900, more than its 18 NVLink 4 links move one "
         "way (450, 25 each); rated_gbps is one direction: 900 GB/s counts both (and 7 more)"]
-
-
-def test_pcie_in_gb_per_s_as_lanes_times_transfer_rate_is_warned_about(tmp_path):
-    # PCIe 5.0 x16 is 32 GT/s x 16 lanes, "512": as bw_gbps, four times PCIe 6.0 x16's 128 GB/s.
-    text = ("name: pcie\nnode:\n  gpus: {count: 4, model: L40S, mem_bw_gbps: 864, mem_gb: 48}\n"
-            "  pcie: {generation: 5, bw_gbps: 512}\n")
-    assert warned(tmp_path / "pcie.yaml", text) == [
-        "warning: link n0.gpu0->n0.cpu0 (pcie) has bw_gbps 512, faster than any PCIe link (6.0 x16 moves 128 GB/s "
-        "one way); bw_gbps is GB/s: 512 Gb/s is 64 (and 3 more)"]
-    assert warned(tmp_path / "pcie.yaml", text.replace("512", "128")) == []
 
 
 def test_no_shipped_topology_or_family_holds_an_implausible_value():

@@ -300,8 +300,8 @@ class Merger:
 
         Returns:
             ``(o, lse)``, fresh tensors (o in o's dtype, lse fp32; merged in fp32 and sent in
-            the plan's ``partial_dtype``, so a float64 o comes back at fp32 accuracy) holding what the plan's
-            result layout gives this rank: every head (``all``, and the root of ``root``), its
+            the plan's ``partial_dtype``, so a float64 o comes back at fp32 accuracy) holding
+            what the plan's result layout gives this rank: every head (``all``, and the root of ``root``), its
             own heads ``(B, Hq_i, Dv)`` (``heads``, see ``heads``), or ``(None, None)``.
 
         Raises:

@@ -177,7 +177,6 @@ def nvlink_gen_by_sm(sm: int) -> int | None:
     return None
 
 
-
 XGMI_PER_LINK_GBPS = 64.0
 """MI300X xGMI link, per direction (docs/hardware.md xGMI row)."""
 XGMI_RCCL_PER_LINK_GBPS = 48.0
