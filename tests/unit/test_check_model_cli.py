@@ -444,9 +444,6 @@ def test_env_help_names_every_setting_the_model_reads():
 
 
 def _env_params():  # noqa: ANN202 - click parameters of check-model
-    import typer
-
     from treeattn import cli
 
-    cli._register()
-    return typer.main.get_command(cli.app).commands["check-model"].params
+    return cli.built_command().commands["check-model"].params

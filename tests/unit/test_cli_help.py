@@ -9,14 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import typer
 
 from tests.cli_helpers import run_cli
-from treeattn.cli import _register, app
+from treeattn.cli import built_command
 
 
 def _commands() -> list[tuple[str, ...]]:
-    _register()
     out: list[tuple[str, ...]] = []
 
     def walk(cmd, path: tuple[str, ...]) -> None:  # noqa: ANN001 - a click command
@@ -24,12 +22,12 @@ def _commands() -> list[tuple[str, ...]]:
         for name, sub in sorted(getattr(cmd, "commands", {}).items()):
             walk(sub, (*path, name))
 
-    walk(typer.main.get_command(app), ())
+    walk(built_command(), ())
     return out
 
 
 def _params(path: tuple[str, ...]):  # noqa: ANN202 - click parameters
-    cmd = typer.main.get_command(app)
+    cmd = built_command()
     for name in path:
         cmd = cmd.commands[name]
     return cmd.params
@@ -77,7 +75,7 @@ def test_version_is_the_installed_distribution_version() -> None:
 
 
 def _groups() -> list[tuple[str, ...]]:
-    cmd = typer.main.get_command(app)
+    cmd = built_command()
     out = []
     for path in _commands():
         sub = cmd
