@@ -49,7 +49,10 @@ def rank_main(rank: int, world: int, port: int) -> None:
     q = torch.cat([torch.einsum("bhd,hdl->bhl", x["q_nope"], x["w_uk"]), x["q_rope"]], dim=-1).float()
     cache = torch.cat([x["c_kv"], x["k_rope"]], dim=-1).unsqueeze(1).float()  # (B, 1 KV head, N, 576)
     mine = slice(rank * N // world, (rank + 1) * N // world)             # this rank's share of the sequence
-    plan = treeattn.search_plan(f"cpu:ranks={world}", "deepseek-v2-lite", batch=B, seq_len=N)
+    # Searched once, on rank 0, and sent to every rank (as examples/python_api.py does).
+    shared = [treeattn.search_plan(f"cpu:ranks={world}", "deepseek-v2-lite", batch=B, seq_len=N) if rank == 0 else None]
+    dist.broadcast_object_list(shared, src=0)
+    plan = shared[0]
     merge = treeattn.Merger(plan)
     part = cache[:, :, mine]
     o, lse = merge(*treeattn.attention_partial(q, part, part[..., :LORA], scale=SCALE))  # o: (B, H, 512)
