@@ -61,3 +61,31 @@ def test_a_timeout_of_another_type_and_an_empty_plan_path_say_what_they_need(glo
         treeattn.Merger("")
     with pytest.raises(PlanFormatError, match=r"^no plan: the path or text given is empty"):
         treeattn.load_plan("  ")
+
+
+@pytest.mark.parametrize("subgroup", [False, True])
+def test_a_merger_of_a_destroyed_group_refuses_a_call_in_the_world_made_again(gloo_world_of_one, subgroup):
+    # After destroy_process_group and init_process_group, the old Merger's group, None for the
+    # world, named the new world: its calls ran there, and, where the processes' ranks had moved,
+    # returned other ranks' rows without an error.
+    plan = treeattn.search_plan("cpu:ranks=1", "llama-3.2-1b", batch=1, seq_len=64)
+    merge = treeattn.Merger(plan, dist.new_group([0]) if subgroup else None)
+    o, lse = torch.randn(1, 32, 64), torch.randn(1, 32)
+    assert torch.equal(merge(o, lse)[0], o)
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    with pytest.raises(ValueError, match=r"^Merger: called after torch.distributed.destroy_process_group\(\); a "
+                                         r"Merger serves the process group it was built in: build a new one after "
+                                         r"init_process_group$"):
+        merge(o, lse)
+    assert torch.equal(treeattn.Merger(plan)(o, lse)[0], o)
+
+
+def test_a_merger_of_a_destroyed_subgroup_refuses_a_call(gloo_world_of_one):
+    plan = treeattn.search_plan("cpu:ranks=1", "llama-3.2-1b", batch=1, seq_len=64)
+    sub = dist.new_group([0])
+    merge = treeattn.Merger(plan, sub)
+    dist.destroy_process_group(sub)
+    with pytest.raises(ValueError, match=r"^Merger: called after torch.distributed.destroy_process_group\(\)"):
+        merge(torch.randn(1, 32, 64), torch.randn(1, 32))

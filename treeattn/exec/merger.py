@@ -131,6 +131,17 @@ def _backend_and_device(group: dist.ProcessGroup | None,
     return by_type.get(kind, name), device
 
 
+def _registered(group: dist.ProcessGroup) -> bool:
+    """Whether ``group`` is still one of torch.distributed's groups (not destroyed)."""
+    if not dist.is_initialized():
+        return False
+    try:
+        dist.get_rank(group)
+    except (ValueError, RuntimeError):  # 'Group ... is not registered'
+        return False
+    return True
+
+
 class Merger:
     """The merge of one decode step's partials along ``plan``, on this rank.
 
@@ -218,6 +229,9 @@ class Merger:
         self.plan = plan
         self.device = _usable_device(device, backend)
         self.rank = dist.get_rank(group)
+        self._group = dist.group.WORLD if group is None else group
+        """The group itself, not None: after destroy_process_group and a new init_process_group,
+        None would name the new world, whose ranks may be other processes."""
         w = plan.workload
         self._w = w
         # Normal tensors even under torch.inference_mode (a model's setup may build its Mergers
@@ -306,7 +320,8 @@ class Merger:
 
         Raises:
             TypeError / ValueError: a non-tensor or a sparse one, a wrong dtype, shape or device
-                (checked before anything is sent); a call after ``destroy_process_group``.
+                (checked before anything is sent); a call after ``destroy_process_group`` destroyed
+                its group (the world's included, even where ``init_process_group`` made a new one).
             RuntimeError: the first call made inside a CUDA graph capture.
             treeattn.errors.ExecutionError: a peer failed or did not answer within the timeout
                 (on NCCL: this call's or an earlier call's communication).
@@ -337,7 +352,9 @@ class Merger:
         for name, t in (("o", o), ("lse", lse)):
             if t.device != self.device:
                 raise ValueError(f"Merger: {name} is on {t.device}, this Merger runs on {self.device}")
-        if not dist.is_initialized():  # torch would say so only once the program's first message is posted
+        if not _registered(self._group):  # torch would say so only once the program's first message is posted,
+            # or, in a world made again by init_process_group, not at all: the old plan's messages would go to
+            # whichever processes hold its ranks now
             raise ValueError("Merger: called after torch.distributed.destroy_process_group(); a Merger serves the "
                              "process group it was built in: build a new one after init_process_group")
         with torch.inference_mode(False), torch.no_grad():  # the buffers stay normal tensors (see __init__)
