@@ -410,7 +410,8 @@ def save_plan(plan: Plan, path: str | Path) -> Path:
 
     Args:
         plan: the plan (``search_plan``'s or ``load_plan``'s).
-        path: the file to write.
+        path: the file to write, in a folder that exists (not a folder: unlike ``plan --out``,
+            it picks no name).
 
     Returns:
         The path written.
@@ -427,6 +428,9 @@ def save_plan(plan: Plan, path: str | Path) -> Path:
     if not isinstance(path, (str, os.PathLike)):
         raise InputError(f"save_plan path must be a file's path, got {path!r}")
     path = Path(path)
+    if path.is_dir():  # 'Is a directory' would not say that plan --out's rule (a default name inside) does not apply
+        raise InputError(f"save_plan path {str(path)!r} is a folder: give the plan file's path "
+                         f"({str(path / 'NAME.yaml')!r}, or .json)")
     ref = plan.topology
     if ref.base is None and relative_file_source(ref.source):
         # Loaded from text: the plan file's folder, which the source is relative to, is not

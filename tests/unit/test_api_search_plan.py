@@ -83,6 +83,10 @@ def test_a_plan_saved_from_the_api_finds_its_topology_file_from_anywhere(tmp_pat
     assert treeattn.search_plan("cpu:ranks=2", "llama-3.2-1b", batch=1, seq_len=4096).topology.source is None
     with pytest.raises(TreeattnError, match="cannot write plan"):
         treeattn.save_plan(plan, tmp_path / "no-such-dir" / "p.yaml")
+    # A folder is not taken for plan --out's default name inside it: said so, with what to give.
+    with pytest.raises(TreeattnError, match=r"^save_plan path '.*/b' is a folder: give the plan file's path "
+                                            r"\('.*/b/NAME\.yaml', or \.json\)$"):
+        treeattn.save_plan(plan, tmp_path / "b")
 
 
 def test_a_plan_loaded_from_text_is_never_saved_where_its_topology_file_is_lost(tmp_path):
