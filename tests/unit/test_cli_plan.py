@@ -567,3 +567,17 @@ def test_compare_weighs_the_weights_beside_its_longest_kv_cache_that_fits():
     [line] = res.stderr.splitlines()
     assert "and rank 0's KV cache (66.41 GiB) need more than its GPU's 80 GiB" in line, line
     assert "--mem-fraction 0.79" not in line
+
+
+def test_a_winner_built_by_another_builder_is_named_as_the_plan_file_names_it(tmp_path):
+    # The table names the candidate by its family (an improved tree, a double-binary tree across
+    # nodes); the plan file, simulate and run by the builder that made it (tree, multirail).
+    out = tmp_path / "p.yaml"
+    res = run_cli("plan", "-t", "cpu:ranks=6", "-m", "llama-3.1-8b", "-n", "4K", "-b", "16", "-o", str(out))
+    assert res.exit_code == 0, res.stderr
+    plan = load_plan(out)
+    assert plan.algorithm == "tree" and plan.notes["search"]["family"] == "improved"
+    last = res.stdout.splitlines()[-1]
+    assert re.fullmatch(r"  the plan file: tree \(6 ranks, 1 chunk\), the search's improved \(from=\w+, .*\)",
+                        last), last
+    assert run_cli("simulate", str(out)).stdout.startswith("tree (6 ranks, 1 chunk), the search's improved (")

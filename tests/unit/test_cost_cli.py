@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -231,3 +232,21 @@ def test_gpus_that_name_no_model_are_said_to_be_read_as_hopper(tmp_path):
     assert r.exit_code == 0
     assert "warning: the GPUs of box name no model (node.gpus.model" in r.stderr
     assert "NCCL's figures are read as for hopper GPUs" in r.stderr
+
+
+def test_simulate_title_names_the_searched_family_and_the_chunks_a_tree(plans, tmp_path):
+    # A double-binary tree across nodes, as the search writes it: built by multirail over its two
+    # trees, 4 chunks a tree (the candidates table's count), 8 in all. The title said only
+    # 'multirail (16 ranks, 8 chunks)', which the table named double-binary with 4 chunks.
+    from treeattn.plan.trees import double_binary_parents
+
+    topo = library.resolve("dgx-h100:nodes=2")
+    w = Workload.create(ranks=16, seq_len=16 * 2048, model="llama-3.1-8b")
+    plan = builders.build("multirail", w, topo, chunks=4, parents=list(double_binary_parents(16)))
+    notes = {"search": {"family": "double-binary", "describe": {"scope": "all ranks"}}}
+    path = io.save_plan(dataclasses.replace(plan, notes=notes), tmp_path / "db.yaml")
+    first = run_cli("simulate", str(path)).stdout.splitlines()[0]
+    assert first == ("multirail (16 ranks, 8 chunks: 4 a tree), the search's double-binary (scope=all ranks) on "
+                     "dgx-h100:nodes=2"), first
+    plain = run_cli("simulate", str(plans["p16"])).stdout.splitlines()[0]
+    assert plain == "binomial (16 ranks, 4 chunks) on dgx-h100:nodes=2", plain

@@ -22,10 +22,13 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
-__all__ = ["console", "key_columns", "fit_table", "print_rates_note", "warn_topology"]
+from treeattn.units import counted
+
+__all__ = ["console", "key_columns", "fit_table", "plan_title", "print_rates_note", "warn_topology"]
 
 _KEY = "_treeattn_key_columns"
 
@@ -47,6 +50,25 @@ def print_rates_note(con: Console, topo: Any, prefix: str = "", shm: bool = True
     notes = [n for n in (link_rates_note(topo), "\n".join(wrap(shm_sentence(topo), "")) if shm else "") if n]
     if notes:
         con.print(prefix + "\n".join(notes), markup=False)
+
+
+def plan_title(plan) -> str:  # noqa: ANN001 - a Plan
+    """The plan's builder, ranks and chunks (where the builder counts them per tree or ring
+    segment, as the candidates table does, that count too: the plan's are the pieces in all);
+    for a searched plan whose builder is not the family the table named (a double-binary tree
+    across nodes is built as multirail), that family."""
+    built = plan.params.get("chunks")
+    each = ""
+    if isinstance(built, int) and built != plan.chunks:
+        each = f": {built} a {'ring segment' if plan.algorithm == 'ring' else 'tree'}"
+    title = f"[bold]{escape(plan.algorithm)}[/] ({counted(plan.ranks, 'rank')}, {counted(plan.chunks, 'chunk')}{each})"
+    search = plan.notes.get("search") if isinstance(plan.notes, dict) else None
+    family = search.get("family") if isinstance(search, dict) else None
+    if isinstance(family, str) and family != plan.algorithm:
+        described = search.get("describe")
+        how = ", ".join(f"{k}={v}" for k, v in described.items()) if isinstance(described, dict) else ""
+        title += f", the search's {escape(family)}{f' ({escape(how)})' if how else ''}"
+    return title
 
 
 def warn_topology(topo: Any) -> None:

@@ -14,11 +14,11 @@ from rich.table import Table
 
 from treeattn.cli import app, err_console
 from treeattn.cli.paths import OUT_PATH, output_file
-from treeattn.cli.render import console, print_rates_note, warn_topology
+from treeattn.cli.render import console, plan_title, print_rates_note, warn_topology
 from treeattn.cli.topo_text import wrap
 from treeattn.errors import InputError, PlanInvalidError
 from treeattn.figures import save_figure
-from treeattn.units import counted, fixed, format_size, parse_size
+from treeattn.units import fixed, format_size, parse_size
 
 if TYPE_CHECKING:
     from treeattn.cost.simulate import SimResult
@@ -111,8 +111,7 @@ def simulate_cmd(
         })
         return
     con = console()
-    con.print(f"[bold]{plan.algorithm}[/] ({counted(plan.ranks, 'rank')}, {counted(plan.chunks, 'chunk')}) "
-              f"on [bold]{escape(topo.name)}[/]")
+    con.print(f"{plan_title(plan)} on [bold]{escape(topo.name)}[/]")
     print_rates_note(con, topo)
     con.print(f"predicted   {fixed(res.predicted_us, 3, 12)} µs")
     if merger_us is not None:
