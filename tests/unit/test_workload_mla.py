@@ -242,6 +242,20 @@ def test_a_workload_file_of_one_model_takes_its_lengths_and_preset_from_flags(tm
     assert res.exit_code == 2 and "give a model preset or both q_heads" in res.stderr, res.stderr
 
 
+@pytest.mark.parametrize("text", ["", "# batch and length from flags\n", "workload:\n", "{}\n"])
+def test_a_workload_file_of_no_key_takes_everything_from_flags(tmp_path, text):
+    # As a file of {} did; an empty one (comments only, a bare 'workload:') asked for seq_len, given as -n.
+    empty = tmp_path / "w.yaml"
+    empty.write_text(text)
+    res = run_cli("plan", "-t", "dgx-h100", "--workload", str(empty), "-m", "llama-3.1-8b", "-n", "4K", "--json",
+                  "-o", str(tmp_path / "p.yaml"), "--no-progress")
+    assert res.exit_code == 0, res.stderr
+    w = json.loads(res.stdout)["workload"]
+    assert (w["model"], w["seq_len"], w["batch"]) == ("llama-3.1-8b", 4096, 1)
+    res = run_cli("plan", "-t", "dgx-h100", "--workload", str(empty), "-m", "llama-3.1-8b", "--no-progress")
+    assert res.exit_code == 2 and res.stderr == f"error: {empty}: give seq_len (tokens in all), e.g. seq_len: 128K\n"
+
+
 def test_compare_json_carries_the_shape_its_text_names():
     res = run_cli("compare", "-t", "dgx-h100", "-m", "deepseek-v3", "--seq-lens", "8K", "--no-progress", "--json")
     assert res.exit_code == 0, res.stderr

@@ -296,9 +296,11 @@ def load_workload(path: str | Path, *, ranks: int | None = None,
         The validated ``Workload`` or ``RawPayload``.
     """
     data = _read_workload_data(Path(path))
+    if data is None:  # empty, comments only, or a bare 'workload:': no key given, as {}
+        data = {}
     if missing and isinstance(data, dict) and data.get("kind", "raw" if "bytes" in data else "attention") != "raw":
         data = {**data, **_what_the_file_lacks(data, missing)}
-    return workload_from_dict(data if data is not None else {}, ranks=ranks, where=str(path))
+    return workload_from_dict(data, ranks=ranks, where=str(path))
 
 
 def _what_the_file_lacks(data: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
