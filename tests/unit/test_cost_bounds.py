@@ -231,3 +231,51 @@ def test_library_collectives_on_their_ratings_never_beat_the_bound():
     faster = bound_topology(topo)
     assert faster.route_bw_gbps(0, 1) == family.route_bw_gbps(0, 1)
     assert faster.route_latency_us(0, 1) == family.route_latency_us(0, 1)
+
+
+def test_an_oversubscribed_leafs_uplinks_bound_what_enters_and_leaves_its_nodes():
+    # A leaf holding whole nodes passes every byte into or out of them over its uplinks: at 4:1
+    # the cut into a node's leaf, not into the node (its NICs), sets the bound. It was the node's.
+    library = pytest.importorskip("treeattn.topology.library")
+    spec = "mi300x:nodes=3,gpus=4,fabric=fat-tree,nics_per_leaf={},oversubscription={}"
+    w = Workload(batch=256, q_heads=64, kv_heads=8, head_dim=128, split=tuple([8192] * 12))
+    flat = lower_bounds(w, library.resolve(spec.format(4, 1)))
+    topo = library.resolve(spec.format(4, 4))
+    over = lower_bounds(w, topo)
+    assert flat.cut == "into node 0" and over.cut == "into the nodes under leaf0", (flat.cut, over.cut)
+    uplinks = sum(ln.bw_gbps for ln in topo.links if ln.dst == "leaf0" and not ln.src.startswith("n0."))
+    model = CutModel(topo)
+    cuts = {name: (lat, nbytes, cap) for name, lat, nbytes, cap in model.pieces(range(12), range(12),
+                                                                                w.payload_bytes, None)}
+    lat, nbytes, cap = cuts["into the nodes under leaf0"]
+    assert (nbytes, cap) == (w.payload_bytes, uplinks) == (w.payload_bytes, 50.0)
+    assert cuts["out of the nodes under leaf2"][1:] == (w.payload_bytes, 50.0)
+    assert over.bandwidth_us == pytest.approx(model.overhead_us + lat + w.payload_bytes / (50.0 * 1e3))
+    # One leaf for the whole cluster: no boundary beside the nodes' own.
+    one = CutModel(library.resolve("dgx-h100:nodes=4,fabric=fat-tree"))
+    assert not [n for n, *_ in one.pieces(range(32), range(32), 1e6, None) if "under" in n]
+
+
+@pytest.mark.parametrize("spec", ["mi300x:nodes=3,gpus=4,fabric=fat-tree,nics_per_leaf=4,oversubscription=4",
+                                  "mi300x:nodes=4,gpus=4,fabric=fat-tree,nics_per_leaf=8,oversubscription=2"])
+def test_builder_plans_on_oversubscribed_leaves_never_beat_the_bound(spec):
+    builders = pytest.importorskip("treeattn.plan.builders")
+    library = pytest.importorskip("treeattn.topology.library")
+    topo = library.resolve(spec)
+    p = topo.num_ranks
+    payloads = [Workload(batch=4, q_heads=32, kv_heads=8, head_dim=128, split=tuple([4096] * (p - 1) + [0])),
+                RawPayload(nbytes=1 << 20, ranks=p)]
+    checked = 0
+    for name in sorted(builders.ALGORITHMS):
+        for w in payloads:
+            for result in ("all", 0):
+                try:
+                    plan = builders.build(name, w, topo, chunks=2, result=result)
+                except InputError:
+                    continue
+                res = simulate(plan, topo)
+                b = lower_bounds(w, topo, result_ranks=plan.result_ranks,
+                                 contributors=getattr(plan, "contributors", None))
+                assert res.predicted_us >= b.bound_us * (1 - 1e-9), (name, w.kind, result, b.cut)
+                checked += 1
+    assert checked >= 10

@@ -20,6 +20,9 @@ The argument, per *cut* (a set of links every needed byte must cross):
 * Into a node n holding a result rank, from the contributors outside n; out of a node n
   holding contributors, when a result rank lies outside n: the same byte counts over the
   capacity of the links crossing the node's boundary.
+* The same into and out of the nodes behind one switch that every link leaving them reaches
+  (a fat tree's leaf holding whole nodes), over the switch's other links: its uplinks,
+  fewer than its nodes' NICs where the tree is oversubscribed.
 
 Those bytes start draining no earlier than ``overhead_us`` after the first of them is sent,
 drain at no more than the cut's capacity, and the last of them then pays at least the
@@ -241,6 +244,7 @@ class CutModel:
         self.rank_dev = topo.ranks
         self.rank_node = tuple(node_of[d] for d in topo.ranks)
         self.dev_in, self.dev_out, self.node_in, self.node_out = dev_in, dev_out, node_in, node_out
+        self.groups, self.group_in, self.group_out = _switch_groups(topo, node_of)
         ins = [_cap(dev_in, d) for d in rank_devs]
         self.max_ingress_gbps = max((bw for bw, _ in ins), default=0.0)
         """The largest total capacity into a rank's device."""
@@ -336,6 +340,17 @@ class CutModel:
                 cap, lat = _cap(self.node_out, n)
                 share = 1.0 if shares is None else rows([r for r in results if self.rank_node[r] != n])
                 out.append((f"out of node {n}", lat, need(node_kv[n], share), cap))
+        for switch, members in self.groups.items():
+            inside = [r for r in results if self.rank_node[r] in members]
+            held = sum(node_count.get(n, 0) for n in members)
+            kv_in = sum(node_kv.get(n, 0.0) for n in members)
+            cap, lat = _cap(self.group_in, switch)
+            if inside and len(contributors) > held and cap > 0:
+                out.append((f"into the nodes under {switch}", lat, need(total_kv - kv_in, rows(inside)), cap))
+            cap, lat = _cap(self.group_out, switch)
+            if held and len(inside) < len(results) and cap > 0:
+                share = 1.0 if shares is None else rows([r for r in results if self.rank_node[r] not in members])
+                out.append((f"out of the nodes under {switch}", lat, need(kv_in, share), cap))
         return out
 
     def collective_floor_us(self, nbytes: int, row_bytes: int, everyone: bool = True) -> float:
@@ -356,6 +371,39 @@ class CutModel:
     def spread_us(self, n: int) -> float:
         """S(n) on this topology: one message per overhead, the smallest route latency."""
         return spread_bound_us(n, self.overhead_us, self.alpha_us - self.overhead_us)
+
+
+def _switch_groups(topo: Topology, node_of: dict[str, int]) -> tuple[dict[str, frozenset[int]], dict, dict]:
+    """The nodes behind each switch that is the only device outside them their links reach (a
+    leaf of a fat tree that holds whole nodes): every byte into or out of those nodes crosses
+    the switch's other links, its uplinks, which an oversubscribed leaf has fewer of than its
+    nodes have NICs. Returns (per such switch, its nodes), and the capacity and smallest
+    latency into and out of each group (tables as ``_add`` fills them). Several nodes
+    behind one switch whose other links are all theirs (one switch for the whole cluster)
+    have no such boundary: no group."""
+    ends: dict[int, set[str]] = {}
+    for ln in topo.links:
+        a, b = node_of[ln.src], node_of[ln.dst]
+        if a != b:
+            if a >= 0:
+                ends.setdefault(a, set()).add(ln.dst)
+            if b >= 0:
+                ends.setdefault(b, set()).add(ln.src)
+    behind: dict[str, set[int]] = {}
+    for n in sorted(ends):
+        if len(ends[n]) == 1:
+            (switch,) = ends[n]
+            if node_of[switch] < 0:
+                behind.setdefault(switch, set()).add(n)
+    groups = {s: frozenset(m) for s, m in behind.items()}
+    into: dict = {}
+    out: dict = {}
+    for ln in topo.links:
+        if ln.dst in groups and node_of[ln.src] not in groups[ln.dst]:
+            _add(into, ln.dst, ln.bw_gbps, ln.latency_us)
+        if ln.src in groups and node_of[ln.dst] not in groups[ln.src]:
+            _add(out, ln.src, ln.bw_gbps, ln.latency_us)
+    return groups, into, out
 
 
 def _add(table: dict, key, bw: float, lat: float) -> None:
