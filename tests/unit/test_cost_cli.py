@@ -250,3 +250,7 @@ def test_simulate_title_names_the_searched_family_and_the_chunks_a_tree(plans, t
                      "dgx-h100:nodes=2"), first
     plain = run_cli("simulate", str(plans["p16"])).stdout.splitlines()[0]
     assert plain == "binomial (16 ranks, 4 chunks) on dgx-h100:nodes=2", plain
+    # A heads layout's chunks are each rank's heads cut by the builder's count, not trees.
+    heads = io.save_plan(builders.build("star", w, topo, chunks=2, result="heads"), tmp_path / "h.yaml")
+    first = run_cli("simulate", str(heads)).stdout.splitlines()[0]
+    assert first == "star (16 ranks, 32 chunks: 2 a rank's heads) on dgx-h100:nodes=2", first

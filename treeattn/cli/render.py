@@ -53,14 +53,18 @@ def print_rates_note(con: Console, topo: Any, prefix: str = "", shm: bool = True
 
 
 def plan_title(plan) -> str:  # noqa: ANN001 - a Plan
-    """The plan's builder, ranks and chunks (where the builder counts them per tree or ring
-    segment, as the candidates table does, that count too: the plan's are the pieces in all);
+    """The plan's builder, ranks and chunks (where the builder counts them per tree, ring
+    segment or rank's heads, as the candidates table does, that count too: the plan's are the
+    pieces in all);
     for a searched plan whose builder is not the family the table named (a double-binary tree
     across nodes is built as multirail), that family."""
     built = plan.params.get("chunks")
     each = ""
     if isinstance(built, int) and built != plan.chunks:
-        each = f": {built} a {'ring segment' if plan.algorithm == 'ring' else 'tree'}"
+        # The builder's chunks cut each rank's heads (a heads layout), each ring segment, or the
+        # rows each tree of a forest carries.
+        unit = "rank's heads" if plan.layout == "heads" else "ring segment" if plan.algorithm == "ring" else "tree"
+        each = f": {built} a {unit}"
     title = f"[bold]{escape(plan.algorithm)}[/] ({counted(plan.ranks, 'rank')}, {counted(plan.chunks, 'chunk')}{each})"
     search = plan.notes.get("search") if isinstance(plan.notes, dict) else None
     family = search.get("family") if isinstance(search, dict) else None
