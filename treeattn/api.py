@@ -427,8 +427,10 @@ def save_plan(plan: Plan, path: str | Path) -> Path:
                          f"got {type(plan).__name__}")
     if not isinstance(path, (str, os.PathLike)):
         raise InputError(f"save_plan path must be a file's path, got {path!r}")
+    folder = os.fspath(path).endswith(("/", os.sep))  # Path drops the slash that says a folder is meant
     path = Path(path)
-    if path.is_dir():  # 'Is a directory' would not say that plan --out's rule (a default name inside) does not apply
+    # 'Is a directory' would not say that plan --out's rule (a default name inside) does not apply.
+    if folder or path.is_dir():
         raise InputError(f"save_plan path {str(path)!r} is a folder: give the plan file's path "
                          f"({str(path / 'NAME.yaml')!r}, or .json)")
     ref = plan.topology

@@ -87,6 +87,10 @@ def test_a_plan_saved_from_the_api_finds_its_topology_file_from_anywhere(tmp_pat
     with pytest.raises(TreeattnError, match=r"^save_plan path '.*/b' is a folder: give the plan file's path "
                                             r"\('.*/b/NAME\.yaml', or \.json\)$"):
         treeattn.save_plan(plan, tmp_path / "b")
+    # A folder that does not exist yet, named as one, is not taken for a file of that name.
+    with pytest.raises(TreeattnError, match=r"^save_plan path '.*/new' is a folder"):
+        treeattn.save_plan(plan, f"{tmp_path}/new/")
+    assert not (tmp_path / "new").exists()
 
 
 def test_a_plan_loaded_from_text_is_never_saved_where_its_topology_file_is_lost(tmp_path):

@@ -390,10 +390,12 @@ def _switch_groups(topo: Topology, node_of: dict[str, int]) -> tuple[dict[str, f
             if b >= 0:
                 ends.setdefault(b, set()).add(ln.src)
     behind: dict[str, set[int]] = {}
+    ranks = set(topo.ranks)
     for n in sorted(ends):
         if len(ends[n]) == 1:
             (switch,) = ends[n]
-            if node_of[switch] < 0:
+            # A rank's own device cannot bound a group: its data starts inside the boundary.
+            if node_of[switch] < 0 and switch not in ranks:
                 behind.setdefault(switch, set()).add(n)
     groups = {s: frozenset(m) for s, m in behind.items()}
     into: dict = {}
