@@ -283,3 +283,18 @@ def test_config_jsons_v_head_dim_on_a_latent_preset_is_warned_about(tmp_path):
         assert res.exit_code == 0 and "absorbed decode" not in res.stderr, (args, res.stderr)
     with pytest.warns(UserWarning, match=r"v_head_dim 128 merges 128\. config\.json's v_head_dim"):
         treeattn.search_plan("dgx-h100", "deepseek-v3", batch=1, seq_len=8192, v_head_dim=128)
+
+
+@pytest.mark.parametrize("text", ["", "kind: raw\n", "kind: raw\ndtype: bf16\n"])
+def test_bytes_gives_the_size_a_raw_or_empty_workload_file_leaves_out(tmp_path, text):
+    # Flags override a file's keys; --bytes did not give a raw file its size ('a raw payload
+    # needs bytes'), and an empty file with --bytes asked for seq_len.
+    f = tmp_path / "w.yaml"
+    f.write_text(text)
+    res = run_cli("plan", "-t", "dgx-h100", "--workload", str(f), "--bytes", "1M", "--json", "-o",
+                  str(tmp_path / "p.yaml"), "--no-progress")
+    assert res.exit_code == 0, res.stderr
+    w = json.loads(res.stdout)["workload"]
+    assert (w["kind"], w["nbytes"], w["dtype"]) == ("raw", 1 << 20, "bf16" if "bf16" in text else "fp32")
+    res = run_cli("plan", "-t", "dgx-h100", "--workload", str(f), "--no-progress")
+    assert res.exit_code == 2 and len(res.stderr.splitlines()) == 1, res.stderr

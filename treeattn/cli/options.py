@@ -217,7 +217,7 @@ def make_payload(
     given = {k: v for k, v in shape_flags.items() if v is not None}
     if workload_file is not None:
         # The file is checked alone, but for a length or heads it leaves to the flags given.
-        needs = {_KEY_OF.get(k, k): v for k, v in given.items()} if nbytes is None else None
+        needs = {_KEY_OF.get(k, k): v for k, v in given.items()} if nbytes is None else {"bytes": nbytes}
         loaded = load_workload(workload_file, ranks=num_ranks, missing=needs)
         data = loaded.to_dict()
         if data.get("kind") == "raw":

@@ -290,7 +290,8 @@ def load_workload(path: str | Path, *, ranks: int | None = None,
         missing: what a decode shape needs and the file may leave to flags: the length
             (``seq_len`` or ``split``) where the file gives neither, and the heads (``model``, or
             ``q_heads`` and ``head_dim``) where the file has no way to them. A file of one model's
-            shape is then planned at every ``-n`` and compared over ``--seq-lens``.
+            shape is then planned at every ``-n`` and compared over ``--seq-lens``. Given
+            ``bytes`` (``--bytes``), a raw file or one of no key takes it as its size.
 
     Returns:
         The validated ``Workload`` or ``RawPayload``.
@@ -298,8 +299,14 @@ def load_workload(path: str | Path, *, ranks: int | None = None,
     data = _read_workload_data(Path(path))
     if data is None:  # empty, comments only, or a bare 'workload:': no key given, as {}
         data = {}
-    if missing and isinstance(data, dict) and data.get("kind", "raw" if "bytes" in data else "attention") != "raw":
-        data = {**data, **_what_the_file_lacks(data, missing)}
+    if missing and isinstance(data, dict):
+        kind = data.get("kind", "raw" if "bytes" in data else "attention")
+        if "bytes" in missing:  # --bytes: a raw payload; a raw file, or one of no key, may leave it the size
+            if kind == "raw" or not data:
+                data = {"kind": "raw", **data}
+                data.setdefault("bytes", missing["bytes"])
+        elif kind != "raw":
+            data = {**data, **_what_the_file_lacks(data, missing)}
     return workload_from_dict(data, ranks=ranks, where=str(path))
 
 
