@@ -183,3 +183,33 @@ def test_a_launchers_wrong_world_is_refused_before_predictions_say_anything(tmp_
     assert res.exit_code == 2, res.stderr
     assert res.stderr == "error: torchrun started 3 processes but the plan has 2 ranks; launch exactly 2\n"
     assert not (tmp_path / "rows.csv").exists()
+
+
+def test_a_rank_whose_wait_timed_out_is_named_before_the_peer_that_saw_it_exit(tmp_path):
+    # `run --timeout 0.001`: rank 1's collective timed out and it exited; rank 0 then found it
+    # gone. The error named rank 0's 'rank 1 exited before the start of run 3' (found by a
+    # new-user trial), the cause only in rank 1's kept report.
+    import json
+
+    from treeattn.exec.board import RankExited
+    from treeattn.exec.comm import CommError
+    from treeattn.exec.launch import rank_failure
+    from treeattn.exec.worker import failure_kind
+
+    try:  # as Comm raises it: its CommError from the board's RankExited
+        try:
+            raise RankExited("rank 1 exited before the start of run 3 (process gone)")
+        except RankExited as exc:
+            raise CommError(f"rank 0: start release failed: {exc}") from exc
+    except CommError as exc:
+        gone = exc
+    timed_out = CommError("rank 1: collective allgather merge partial (step 1) failed: Operation timed out!")
+    assert (failure_kind(gone), failure_kind(timed_out), failure_kind(ValueError("bad shard"))) == (
+        "lost", "comm", "error")
+    assert failure_kind(CommError("rank 0: recv failed: Connection closed by peer")) == "lost"
+    for r, exc in enumerate((gone, timed_out)):
+        (tmp_path / f"rank{r}.error.json").write_text(json.dumps(
+            {"rank": r, "kind": failure_kind(exc), "message": str(exc), "exit_code": 1}))
+    err = rank_failure(tmp_path, [1, 1], set(), lambda r: "")
+    assert str(err) == ("rank 1 failed: rank 1: collective allgather merge partial (step 1) failed: Operation "
+                        "timed out! (rank 0 was stopped)"), str(err)

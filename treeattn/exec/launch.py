@@ -512,8 +512,9 @@ def rank_failure(
     tmp: Path, codes: list[int], killed: set[int], log_tail: Callable[[int], str]
 ) -> InputError | ExecutionError:
     """The error of the rank that failed first, from the ranks' exit codes and the
-    ``rankN.error.json`` reports they left in ``tmp``: a rank that raised something other
-    than a lost peer, else any that failed by itself, else one the watchdog stopped.
+    ``rankN.error.json`` reports they left in ``tmp``: a rank that died without a report or
+    raised something else than a communication error, else one whose own wait failed (a
+    timeout), else one that lost a peer, else one the watchdog stopped.
 
     Args:
         tmp: the run directory the workers wrote their reports into.
@@ -527,9 +528,10 @@ def rank_failure(
         if path.exists():
             reports[r] = json.loads(path.read_text())
     failed = [r for r, c in enumerate(codes) if c != 0 and r not in killed]
-    # The root cause is a rank that died silently or raised something other than a lost peer.
-    primary = [r for r in failed if reports.get(r, {}).get("kind") != "comm"] or failed or sorted(killed)
-    first = primary[0]
+    # The root cause is a rank that died silently or raised something other than a failed wait;
+    # a lost peer ('comm' in reports of older workers) is another rank's failure seen.
+    order = {"comm": 1, "lost": 2}
+    first = min(failed, key=lambda r: (order.get(reports.get(r, {}).get("kind"), 0), r)) if failed else min(killed)
     waited = _store_wait(reports.get(first, {}).get("message", ""), first)
     if waited:
         what = waited

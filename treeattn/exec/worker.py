@@ -23,6 +23,7 @@ import traceback
 from pathlib import Path
 
 from treeattn.errors import TreeattnError
+from treeattn.exec.board import RankExited
 from treeattn.exec.comm import CommError
 from treeattn.exec.runner import Progress, run_rank
 
@@ -39,6 +40,17 @@ _ADOPTION_S = 30.0
 _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Timed out waiting", "Broken pipe",
               # NCCL: a peer's communicator failed, was aborted, or its watchdog timed out
               "NCCL communicator was aborted", "ncclRemoteError", "remote process exited", "Watchdog caught collective")
+
+
+def failure_kind(exc: BaseException) -> str:
+    """What a rank's failure was, for ``launch.rank_failure``, which names a rank of the first
+    kind first: ``error`` (anything but communication), ``comm`` (a wait of this rank's own
+    failed: a timeout), ``lost`` (a peer's end: its process gone, its connection closed, the
+    knock-on of another rank's failure)."""
+    if (isinstance(exc, RankExited) or isinstance(exc.__cause__, RankExited)  # the board's wait, as Comm words it
+            or any(marker in str(exc) for marker in _PEER_LOST)):
+        return "lost"
+    return "comm" if isinstance(exc, CommError) else "error"
 
 
 def _die_with_parent() -> None:
@@ -144,10 +156,9 @@ def _run(run_dir: Path, rank: int) -> None:
     except BaseException as exc:  # noqa: BLE001 - every failure must be reported, then exit fast
         traceback.print_exc()
         text = str(exc).strip()
-        comm = isinstance(exc, CommError) or any(marker in text for marker in _PEER_LOST)
         report = {
             "rank": rank,
-            "kind": "comm" if comm else "error",
+            "kind": failure_kind(exc),
             "message": text if isinstance(exc, TreeattnError) else f"{type(exc).__name__}: {text}",
             "exit_code": getattr(exc, "exit_code", 1),
         }
