@@ -40,7 +40,15 @@ from treeattn.cli.options import (
 )
 from treeattn.cli.paths import OUT_PATH, output_file, safe_name
 from treeattn.cli.progress import progress_reporter
-from treeattn.cli.render import console, key_columns, plan_title, print_rates_note, warn_payload, warn_topology
+from treeattn.cli.render import (
+    console,
+    key_columns,
+    plan_title,
+    print_rates_note,
+    searched_family,
+    warn_payload,
+    warn_topology,
+)
 from treeattn.cost.memory import DEFAULT_MEM_FRACTION
 from treeattn.errors import InputError
 from treeattn.units import counted, fixed, format_size
@@ -317,8 +325,7 @@ def plan_cmd(
         _echo_json(report)
         return
     _print_report(report, topo, payload, elapsed, algorithm is None, plan.result)
-    family = plan.notes.get("search", {}).get("family")
-    if family is not None and family != plan.algorithm:
+    if searched_family(plan) is not None:
         # The table names the candidate by its family; simulate and run by the plan's builder.
         console().print(f"  the plan file: {plan_title(plan)}")
     if explanation is not None:

@@ -28,7 +28,8 @@ from rich.table import Table
 
 from treeattn.units import counted
 
-__all__ = ["console", "key_columns", "fit_table", "plan_title", "print_rates_note", "warn_topology"]
+__all__ = ["console", "key_columns", "fit_table", "plan_title", "print_rates_note", "searched_family",
+           "warn_topology"]
 
 _KEY = "_treeattn_key_columns"
 
@@ -52,12 +53,18 @@ def print_rates_note(con: Console, topo: Any, prefix: str = "", shm: bool = True
         con.print(prefix + "\n".join(notes), markup=False)
 
 
+def searched_family(plan) -> str | None:  # noqa: ANN001 - a Plan
+    """The family the search's candidates table named ``plan`` by, where it is not the plan's
+    builder (a double-binary tree across nodes is built as multirail); else None."""
+    search = plan.notes.get("search") if isinstance(plan.notes, dict) else None
+    family = search.get("family") if isinstance(search, dict) else None
+    return family if isinstance(family, str) and family != plan.algorithm else None
+
+
 def plan_title(plan) -> str:  # noqa: ANN001 - a Plan
     """The plan's builder, ranks and chunks (where the builder counts them per tree, ring
     segment or rank's heads, as the candidates table does, that count too: the plan's are the
-    pieces in all);
-    for a searched plan whose builder is not the family the table named (a double-binary tree
-    across nodes is built as multirail), that family."""
+    pieces in all); for a searched plan built by another builder, the family the table named."""
     built = plan.params.get("chunks")
     each = ""
     if isinstance(built, int) and built != plan.chunks:
@@ -66,10 +73,9 @@ def plan_title(plan) -> str:  # noqa: ANN001 - a Plan
         unit = "rank's heads" if plan.layout == "heads" else "ring segment" if plan.algorithm == "ring" else "tree"
         each = f": {built} a {unit}"
     title = f"[bold]{escape(plan.algorithm)}[/] ({counted(plan.ranks, 'rank')}, {counted(plan.chunks, 'chunk')}{each})"
-    search = plan.notes.get("search") if isinstance(plan.notes, dict) else None
-    family = search.get("family") if isinstance(search, dict) else None
-    if isinstance(family, str) and family != plan.algorithm:
-        described = search.get("describe")
+    family = searched_family(plan)
+    if family is not None:
+        described = plan.notes["search"].get("describe")
         how = ", ".join(f"{k}={v}" for k, v in described.items()) if isinstance(described, dict) else ""
         title += f", the search's {escape(family)}{f' ({escape(how)})' if how else ''}"
     return title

@@ -528,8 +528,8 @@ def rank_failure(
         if path.exists():
             reports[r] = json.loads(path.read_text())
     failed = [r for r, c in enumerate(codes) if c != 0 and r not in killed]
-    # The root cause is a rank that died silently or raised something other than a failed wait;
-    # a lost peer ('comm' in reports of older workers) is another rank's failure seen.
+    # The root cause: a rank that died silently or raised something else, then one whose own wait
+    # failed; a rank that lost a peer saw another's failure (worker.failure_kind).
     order = {"comm": 1, "lost": 2}
     first = min(failed, key=lambda r: (order.get(reports.get(r, {}).get("kind"), 0), r)) if failed else min(killed)
     waited = _store_wait(reports.get(first, {}).get("message", ""), first)

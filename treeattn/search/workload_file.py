@@ -189,7 +189,7 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
         raise WorkloadError(f"{where} must be a mapping of keys to values, got {type(data).__name__}")
     data = {k: v for k, v in data.items() if v is not None}
     name = _Names(where, flags)
-    kind = data.get("kind", "raw" if "bytes" in data else "attention")
+    kind = _kind(data)
     if kind not in ("attention", "raw"):
         raise WorkloadError(f"{name('kind')} must be 'attention' or 'raw', got {kind!r}")
     allowed = RAW_KEYS if kind == "raw" else ATTENTION_KEYS
@@ -300,7 +300,7 @@ def load_workload(path: str | Path, *, ranks: int | None = None,
     if data is None:  # empty, comments only, or a bare 'workload:': no key given, as {}
         data = {}
     if missing and isinstance(data, dict):
-        kind = data.get("kind", "raw" if "bytes" in data else "attention")
+        kind = _kind(data)
         if "bytes" in missing:  # --bytes: a raw payload; a raw file, or one of no key, may leave it the size
             if kind == "raw" or not data:
                 data = {"kind": "raw", **data}
@@ -308,6 +308,11 @@ def load_workload(path: str | Path, *, ranks: int | None = None,
         elif kind != "raw":
             data = {**data, **_what_the_file_lacks(data, missing)}
     return workload_from_dict(data, ranks=ranks, where=str(path))
+
+
+def _kind(data: Mapping[str, Any]) -> Any:  # noqa: ANN401 - as written, checked by workload_from_dict
+    """A workload mapping's kind: its ``kind``, else raw where it gives ``bytes``, else attention."""
+    return data.get("kind", "raw" if "bytes" in data else "attention")
 
 
 def _what_the_file_lacks(data: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
