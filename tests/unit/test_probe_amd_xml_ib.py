@@ -107,6 +107,16 @@ def test_ibm_dump():
     assert upi == {22.0}  # GenuineIntel model 143: Sapphire Rapids
 
 
+def test_a_link_width_no_pcie_link_has_is_refused_where_read(tmp_path):
+    # probe wrote it, and the file it wrote was then refused on every load
+    bad = tmp_path / "bad.xml"
+    bad.write_text(IBM.read_text().replace('link_width="1"', 'link_width="17"', 1))
+    line = next(i for i, ln in enumerate(bad.read_text().splitlines(), 1) if 'link_width="17"' in ln)
+    with pytest.raises(ProbeError, match=f":{line}: <pci> link_width='17' is no PCIe link width "
+                                         r"\(1, 2, 4, 8, 12, 16, 32\)"):
+        probe(ProbeOptions(nccl_xml=bad))
+
+
 def test_ibm_dump_two_nodes_is_roce_at_200():
     topo = probe(ProbeOptions(nccl_xml=IBM, nodes=2)).topology
     net = [ln for ln in topo.links if ln.src.startswith("n0.mlx5")]

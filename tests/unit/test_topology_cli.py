@@ -490,7 +490,40 @@ def test_nvlink_over_900_is_not_warned_about_where_its_links_or_generation_carry
             "  pcie: {generation: 5, bw_gbps: 55}\n"
             "  fabric: {kind: nvswitch, bw_gbps: 1800, count: 36, generation: 5}\n")
     assert warned(tmp_path / "nv.yaml", text) == []
-    assert warned(tmp_path / "nv.yaml", text.replace("count: 36, generation: 5", "count: 18, generation: 6")) == []
+    # NVLink 6: no unit to blame, but no NCCL figure for its links either (the note says how they are rated)
+    assert warned(tmp_path / "nv.yaml", text.replace("count: 36, generation: 5", "count: 18, generation: 6")) == [
+        "warning: nv: NVLink generation 6 (link n0.gpu0->n0.nvswitch and 7 more) has no NCCL figure (NVLink 2-5 have): "
+        "rated as NVLink 4"]
+
+
+def test_a_link_generation_without_nccl_figures_is_warned_about(tmp_path):
+    # generation 9 (a typo) was rated silently as NVLink 4, or by bw_gbps as PCIe 4
+    text = ("name: gen\nnode:\n  gpus: {count: 2, model: H100-SXM5-80GB, mem_bw_gbps: 3350, mem_gb: 80}\n"
+            "  pcie: {generation: 5, bw_gbps: 55}\n  fabric: {kind: nvswitch, bw_gbps: 450, generation: 4}\n")
+    assert warned(tmp_path / "g.yaml", text) == []
+    assert warned(tmp_path / "g.yaml", text.replace("generation: 5", "generation: 9").replace(
+        "generation: 4", "generation: 1")) == [
+        "warning: gen: NVLink generation 1 (link n0.gpu0->n0.nvswitch and 1 more) has no NCCL figure (NVLink 2-5 "
+        "have): rated as NVLink 4; PCIe generation 9 (link n0.gpu0->n0.cpu0 and 1 more) has no NCCL figure (PCIe 3-6 "
+        "have): rated by bw_gbps as PCIe 4"]
+
+
+@pytest.mark.parametrize(("was", "now", "warning"), [
+    # ns written as us: 600 ns a switch hop is 0.6
+    ("switch_latency_us: 0.6", "switch_latency_us: 600",
+     "warning: link n0.nic0->leaf0 (infiniband) has latency_us 600, over 100 us for a NIC's hop to its switch "
+     "(under 1 us in hardware); latency_us is microseconds (ns / 1000) (and 3 more)"),
+    # TB written as GB: 80 GB is 0.08 TB
+    ("mem_gb: 80", "mem_gb: 0.08",
+     "warning: GPU n0.gpu0 has mem_gb 0.08, less than any GPU's memory; mem_gb is GiB: 0.08 TiB is 81.92 (and 3 "
+     "more)"),
+], ids=["switch hop in ns", "gpu memory in TB"])
+def test_a_compact_files_figure_in_another_unit_is_warned_about(tmp_path, was, now, warning):
+    text = ("name: c\nnodes: 2\nnode:\n  gpus: {count: 2, model: H100-SXM5-80GB, mem_bw_gbps: 3350, mem_gb: 80}\n"
+            "  pcie: {generation: 5, bw_gbps: 55}\n  nics: {count: 2, bw_gbps: 50}\n"
+            "network: {kind: infiniband, switch_latency_us: 0.6}\n")
+    assert warned(tmp_path / "c.yaml", text) == []
+    assert warned(tmp_path / "c.yaml", text.replace(was, now)) == [warning]
 
 
 def test_a_calibrated_link_is_judged_by_its_rating(tmp_path):
@@ -509,8 +542,11 @@ def test_a_calibrated_link_is_judged_by_its_rating(tmp_path):
 
 
 def test_no_shipped_topology_or_family_holds_an_implausible_value():
+    from treeattn.cost.nccl_rates import unrated_generation_note
+
     for spec in [*shipped_files(), *(f"{name}:" for name in FAMILIES)]:
         assert implausible(resolve(spec)) == [], spec
+        assert unrated_generation_note(resolve(spec)) is None, spec
 
 
 def test_a_link_slower_than_any_is_warned_about_and_times_stay_short(tmp_path):

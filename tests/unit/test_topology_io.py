@@ -497,3 +497,21 @@ def test_a_number_written_with_its_unit_is_told_in_the_fields_unit(field, value,
     # a value that is no number with a unit keeps pydantic's words
     with pytest.raises(TopologyError, match="unable to parse string as a number"):
         load_topology_text(text.replace(f"'{value}'", "'fast'"), "<t>")
+
+
+@pytest.mark.parametrize("where", ["pcie", "link"])
+def test_a_pcie_width_no_link_has_is_refused(where):
+    # width 17 (a typo of 16) was rated 17/16 of an x16 link without a word
+    if where == "pcie":
+        text = "name: x\nnode:\n  gpus: {count: 2, mem_bw_gbps: 3350}\n  pcie: {generation: 5, width: W, bw_gbps: 55}\n"
+        field = "node.pcie.width"
+    else:
+        text = ("name: x\ndevices:\n  - {name: g0, kind: gpu, mem_bw_gbps: 1}\n  - {name: c, kind: cpu}\nlinks:\n"
+                "  - {src: g0, dst: c, kind: pcie, bw_gbps: 25, generation: 4, width: W, duplex: true}\n")
+        field = "links[0].width"
+    for width in (1, 2, 4, 8, 12, 16, 32):
+        load_topology_text(text.replace("W", str(width)), "<t>")
+    for width in (0, 3, 17, 64):
+        with pytest.raises(TopologyError) as info:
+            load_topology_text(text.replace("W", str(width)), "<t>")
+        assert f"{field}: must be a PCIe link width, 1, 2, 4, 8, 12, 16 or 32 lanes (got {width})" in str(info.value)

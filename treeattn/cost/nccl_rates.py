@@ -35,6 +35,7 @@ from treeattn.topology.nccl_version import NEWEST, Release, nccl_release
 
 __all__ = [
     "nccl_link_bw_gbps",
+    "unrated_generation_note",
     "pcie_nominal_gbps",
     "nic_bw",
     "fabric_bw",
@@ -80,6 +81,31 @@ def _nvlink_gen(link: Link, arch: str) -> int:
     if link.generation is not None:
         return link.generation
     return {"volta": 2, "ampere": 3, "hopper": 4, "blackwell": 5}[arch]
+
+
+def unrated_generation_note(topo: Topology) -> str | None:
+    """A warning where links of ``topo`` name an NVLink or PCIe generation NCCL's rating of a link
+    has no figure for (NVLink 2-5, PCIe 3-6): ``nccl_link_bw_gbps`` then rates them as NVLink 4 or
+    from their ``bw_gbps`` as PCIe 4, and a typo there (generation 9) would go unnoticed; None
+    where there is none."""
+    known = {LinkKind.NVLINK: _NVLINK_SCALE, LinkKind.PCIE: _PCIE_X16}
+    found: dict[tuple[LinkKind, int], list[Link]] = {}
+    for ln in topo.links:
+        if ln.kind in known and ln.generation is not None and ln.generation not in known[ln.kind]:
+            found.setdefault((ln.kind, ln.generation), []).append(ln)
+    if not found:
+        return None
+    parts = []
+    for (kind, gen), links in sorted(found.items(), key=lambda kv: (kv[0][0].value, kv[0][1])):
+        table = known[kind]
+        nvlink = kind is LinkKind.NVLINK
+        name, rated = ("NVLink", "rated as NVLink 4") if nvlink else ("PCIe", "rated by bw_gbps as PCIe 4")
+        first = links[0]
+        more = len({frozenset((ln.src, ln.dst)) for ln in links}) - 1
+        where = f"link {first.src}->{first.dst}" + (f" and {more} more" if more else "")
+        parts.append(f"{name} generation {gen} ({where}) has no NCCL figure ({name} {min(table)}-{max(table)} have): "
+                     f"{rated}")
+    return f"{topo.name}: " + "; ".join(parts)
 
 
 def nccl_link_bw_gbps(link: Link, arch: str = "hopper") -> float:

@@ -33,6 +33,7 @@ from treeattn.probe.hardware import (
 )
 from treeattn.probe.text import fail
 from treeattn.topology.model import Device, DeviceKind, LinkKind
+from treeattn.topology.schema import PCIE_WIDTHS
 
 __all__ = ["XmlNode", "parse_nccl_xml", "nccl_xml_to_draft"]
 
@@ -177,6 +178,9 @@ def _link_of(pci: XmlNode, found: _Found, source: str) -> tuple[float, int, int]
     if not width_text.isdigit():
         raise fail(source, pci.line, f"<pci> link_width={width_text!r} is not a number")
     width = int(width_text)
+    if width and width not in PCIE_WIDTHS:
+        raise fail(source, pci.line, f"<pci> link_width={width_text!r} is no PCIe link width "
+                   f"({', '.join(map(str, PCIE_WIDTHS))})")
     if width == 0:
         found.width0 += 1
         width = 16

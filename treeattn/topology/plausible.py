@@ -12,7 +12,8 @@ from __future__ import annotations
 from treeattn.topology.model import DeviceKind, LinkClass, LinkKind, Topology
 
 __all__ = ["implausible", "LINK_MIN_GBPS", "NETWORK_PORT_MAX_GBPS", "GPU_MEM_MAX_GB", "GPU_MEM_BW_MAX_GBPS",
-           "GPU_MEM_BW_MIN_GBPS", "HOP_MAX_US", "NIC_OVER_PCIE", "NVLINK_PER_LINK_GBPS", "NVLINK_MAX_GBPS",
+           "GPU_MEM_BW_MIN_GBPS", "GPU_MEM_MIN_GB", "HOP_MAX_US",
+           "SWITCH_HOP_MAX_US", "NIC_OVER_PCIE", "NVLINK_PER_LINK_GBPS", "NVLINK_MAX_GBPS",
            "PCIE_MAX_GBPS"]
 
 LINK_MIN_GBPS = 1e-6
@@ -22,6 +23,9 @@ NETWORK_PORT_MAX_GBPS = 200.0
 """A network port above 1.6 Tb/s (InfiniBand XDR, 1.6T Ethernet): none ships faster."""
 GPU_MEM_MAX_GB = 1024.0
 """A GPU with more than 1 TB of its own memory (the largest, B300 and MI355X, hold 288 GB)."""
+GPU_MEM_MIN_GB = 1.0
+"""A GPU with under 1 GiB of its own memory (the smallest sold in a decade, a GT 1030, holds 2 GB;
+H100's 80 GB written in TB is 0.08)."""
 GPU_MEM_BW_MAX_GBPS = 20000.0
 """A GPU's memory above 20 TB/s (B200/B300: 8 TB/s)."""
 GPU_MEM_BW_MIN_GBPS = 10.0
@@ -43,6 +47,10 @@ NVIDIA's 1.8 TB/s for it counts both directions."""
 HOP_MAX_US = {LinkClass.GPU_FABRIC: 100.0, LinkClass.PCIE: 100.0, LinkClass.NETWORK: 1000.0}
 """A link's latency above 100 us inside a node (NVLink and PCIe: about 1 us) or 1 ms between
 nodes (a switch hop: under 1 us; a long-haul link a few hundred)."""
+SWITCH_HOP_MAX_US = 100.0
+"""A NIC's link to its switch above 100 us: a switch hop takes under 1 us (InfiniBand about 0.1-0.6,
+Ethernet a few; a software network of kernel sockets, as the emulated clusters', tens), so more is
+nanoseconds written as microseconds (compact form: ``network.switch_latency_us``)."""
 
 
 def implausible(topo: Topology) -> list[str]:
@@ -50,12 +58,17 @@ def implausible(topo: Topology) -> list[str]:
     the first device or link that holds it and how many more do; empty where none."""
     found: dict[str, list[str]] = {}
     nics = {d.name for d in topo.devices if d.kind is DeviceKind.NIC}
+    switches = {d.name for d in topo.devices if d.kind is DeviceKind.SWITCH}
     for d in topo.devices:
         if d.kind is not DeviceKind.GPU:
             continue
         if d.mem_gb > GPU_MEM_MAX_GB:
             found.setdefault("mem_gb", []).append(
                 f"GPU {d.name} has mem_gb {d.mem_gb:g}, more than any GPU's memory; mem_gb is GiB (MiB / 1024)")
+        if 0 < d.mem_gb < GPU_MEM_MIN_GB:
+            found.setdefault("slow mem_gb", []).append(
+                f"GPU {d.name} has mem_gb {d.mem_gb:g}, less than any GPU's memory; mem_gb is GiB: {d.mem_gb:g} TiB is "
+                f"{d.mem_gb * 1024:g}")
         if d.mem_bw_gbps > GPU_MEM_BW_MAX_GBPS:
             found.setdefault("mem_bw_gbps", []).append(
                 f"GPU {d.name} has mem_bw_gbps {d.mem_bw_gbps:g}, faster than any GPU's memory; mem_bw_gbps is GB/s")
@@ -89,6 +102,12 @@ def implausible(topo: Topology) -> list[str]:
             if nvlink:
                 found.setdefault("nvlink", []).append(f"{what} has {field} {gbps:g}, {nvlink}")
         limit = HOP_MAX_US.get(ln.cls)
+        if ln.cls is LinkClass.NETWORK and {ln.src, ln.dst} & nics and {ln.src, ln.dst} & switches:
+            if ln.latency_us > SWITCH_HOP_MAX_US:
+                found.setdefault("switch hop latency_us", []).append(
+                    f"{what} has latency_us {ln.latency_us:g}, over {SWITCH_HOP_MAX_US:g} us for a NIC's hop to its "
+                    "switch (under 1 us in hardware); latency_us is microseconds (ns / 1000)")
+            limit = None
         if limit is not None and ln.latency_us > limit:
             found.setdefault(f"latency_us {ln.cls.value}", []).append(
                 f"{what} has latency_us {ln.latency_us:g}, over {limit:g} us for a {ln.cls.value} hop; latency_us is "

@@ -16,7 +16,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from treeattn.errors import InputError, TopologyError
 from treeattn.topology.model import P2P_LEVEL_ALIASES, P2P_LEVELS, DeviceKind, LinkKind
@@ -24,6 +24,7 @@ from treeattn.topology.nccl_version import nccl_release, version_text
 
 __all__ = [
     "FieldError",
+    "PCIE_WIDTHS",
     "CostSpec",
     "DeviceSpec",
     "LinkSpec",
@@ -56,6 +57,21 @@ def _not_bool(value: Any) -> Any:
 
 Float = Annotated[float, BeforeValidator(_not_bool)]
 Int = Annotated[int, BeforeValidator(_not_bool)]
+
+PCIE_WIDTHS = (1, 2, 4, 8, 12, 16, 32)
+"""The lane counts a PCIe link is built with (the PCIe base specification's x1 to x32)."""
+
+
+def _pcie_width(value: int) -> int:
+    # NCCL rates a PCIe link by width x per-lane speed: a width no link has (17, a typo of 16)
+    # rated it 6 % fast without a word.
+    if value not in PCIE_WIDTHS:
+        raise ValueError(f"must be a PCIe link width, {', '.join(map(str, PCIE_WIDTHS[:-1]))} or {PCIE_WIDTHS[-1]} "
+                         f"lanes (got {value})")
+    return value
+
+
+Width = Annotated[int, BeforeValidator(_not_bool), AfterValidator(_pcie_width)]
 
 
 class FieldError(TopologyError):
@@ -176,7 +192,7 @@ class LinkSpec(_Spec):
     latency_us: Float = Field(0.0, ge=0)
     count: Int = Field(1, ge=1, description="Bonded links/lanes making up this edge.")
     generation: Int | None = Field(None, ge=1)
-    width: Int | None = Field(None, ge=1)
+    width: Width | None = None
     flow_gbps: Float | None = Field(None, gt=0, description="The most one flow gets (loopback TCP: one core's rate).")
     rated_gbps: Float | None = Field(
         None, gt=0, description="The hardware's rate where bw_gbps was measured (calibrate keeps it for NCCL's model)."
@@ -216,7 +232,7 @@ class HostLinkSpec(_Spec):
     bw_gbps: Float = Field(gt=0)
     latency_us: Float = Field(0.0, ge=0)
     generation: Int | None = Field(None, ge=1)
-    width: Int | None = Field(None, ge=1)
+    width: Width | None = None
 
 
 class GpuSpec(_Spec):
@@ -253,7 +269,7 @@ class PcieSpec(_Spec):
     the first GPU it serves. Every PCIe link gets ``bw_gbps``."""
 
     generation: Int | None = Field(None, ge=1)
-    width: Int | None = Field(16, ge=1)
+    width: Width | None = 16
     bw_gbps: Float = Field(gt=0)
     latency_us: Float = Field(0.0, ge=0)
     switches: Int = Field(0, ge=0)
