@@ -172,7 +172,7 @@ def test_an_output_that_cannot_be_written_stops_the_command_before_its_work(tmp_
         raise AssertionError(f"{module}.{name} ran before the output was checked")
 
     monkeypatch.setattr(importlib.import_module(module), name, no_work)
-    target = tmp_path / "ro" / "runs.csv"
+    target = tmp_path / "ro" / ("plan.yaml" if args[0] == "plan" else "runs.csv")
     real_open = Path.open
 
     def read_only(self: Path, mode: str = "r", *a, **k):  # noqa: ANN002, ANN003, ANN202
@@ -257,3 +257,28 @@ def test_an_image_named_as_another_kind_of_file_is_refused(tmp_path: Path, plan:
     assert res.stderr == (f"error: {flag} {str(tmp_path / name)!r}: a .{suffix} name for a PNG image; end it in "
                           ".png (or leave the suffix out: .png is added)\n"), res.stderr
     assert [p.name for p in tmp_path.iterdir()] == [plan.name]  # nothing written
+
+
+@pytest.mark.parametrize("args, flag, name, kind, ends", [
+    (("run", "PLAN", "--timeout", "30"), "--out", "rows.png", "CSV", ".csv"),
+    (("plan", "-t", "cpu-4", *SHAPE), "--out", "p.png", "plan", ".yaml or .json"),
+    (("compare", "-t", "cpu-4", "-m", "llama-3.1-8b", "--seq-lens", "1K"), "--csv", "c.json", "CSV", ".csv"),
+    (("calibrate", "--from-nccl-tests", "LOG", "-t", "dgx-h100"), "--out", "t.csv", "YAML", ".yaml"),
+])
+def test_a_text_output_named_as_another_kind_of_file_is_refused(tmp_path: Path, plan: Path, args: tuple[str, ...],
+                                                                flag: str, name: str, kind: str, ends: str) -> None:
+    # `run --out x.png` and `plan -o p.png` wrote a CSV and a plan into a .png, as named
+    args = tuple(str(plan) if a == "PLAN" else str(LOG) if a == "LOG" else a for a in args)
+    res = run_cli(*args, flag, str(tmp_path / name))
+    assert res.exit_code == 2, res.stderr
+    suffix = name.rsplit(".", 1)[1]
+    want = f"error: {flag} {str(tmp_path / name)!r}: a .{suffix} name for a {kind} file; end it in {ends}\n"
+    assert res.stderr == want, res.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [plan.name]  # nothing written
+
+
+@pytest.mark.parametrize("name", ["p.yaml", "p.json", "p.txt", "p.out", "p"])
+def test_a_plan_named_as_a_plan_or_plain_text_is_written(tmp_path: Path, name: str) -> None:
+    res = run_cli("plan", "-t", "cpu-4", *SHAPE, "--out", str(tmp_path / name))
+    assert res.exit_code == 0, res.stderr
+    assert (tmp_path / name).is_file()

@@ -87,7 +87,7 @@ def calibrate_cmd(
     if paths and png is not None:  # the plot draws live measurements; refused rather than left undrawn
         raise InputError("--png plots a live calibration's measurements; for nccl-tests logs draw predicted "
                          "against measured with treeattn check-model LOG... -t TOPOLOGY --png FILE")
-    out = output_file(out, "--out", "calibrated.yaml") if out is not None else None
+    out = output_file(out, "--out", "calibrated.yaml", kind="YAML") if out is not None else None
     png = output_file(png, "--png", "calibration.png", suffix=".png") if png is not None else None
     if logs and not from_nccl_tests:
         raise InputError(f"unexpected argument {str(logs[0])!r}: log files go after --from-nccl-tests")

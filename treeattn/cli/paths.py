@@ -6,6 +6,9 @@
   command prints is the file it wrote; one whose suffix names another kind of file
   (``x.txt``, ``x.svg``: ``OTHER_KINDS``) is refused rather than written as ``x.txt.png``.
   A dotted name (``dgx.b1.n1M``) is no other kind and gets ``.png``.
+* A text output (a CSV, a YAML file) whose suffix names another kind of file (``run --out
+  x.png``, ``plan -o p.json``) is refused too: it would have been written as named, a CSV in a
+  ``.png``. Other names are written as given (``rows.txt``, ``plan.out``).
 * Missing parent folders are created, as most tools do.
 * A path that cannot be written (a file in the way of a folder, no permission, an output
   that is itself a folder, a read-only file system: the file is opened once to see) is bad
@@ -26,14 +29,18 @@ from pathlib import Path
 from treeattn.errors import InputError
 from treeattn.textfile import special_file
 
-__all__ = ["OUT_PATH", "FolderPath", "appendable", "kept_on_success", "out_path", "output_file", "output_folder",
-           "safe_name"]
+__all__ = ["OUT_PATH", "TEXT_KINDS", "FolderPath", "appendable", "kept_on_success", "out_path", "output_file",
+           "output_folder", "safe_name"]
 
 _CREATED: list[Path] = []
 
 OTHER_KINDS = frozenset({".txt", ".log", ".csv", ".tsv", ".json", ".yaml", ".yml", ".html", ".md", ".jpg", ".jpeg",
                          ".svg", ".svgz", ".pdf", ".eps", ".ps", ".tif", ".tiff", ".webp", ".gif", ".bmp"})
 """Suffixes of files that are not PNG images: an image option refuses them (see the module docstring)."""
+TEXT_KINDS: dict[str, tuple[str, ...]] = {"CSV": (".csv", ".txt", ".log"), "YAML": (".yaml", ".yml", ".txt"),
+                                          "plan": (".yaml", ".json", ".yml", ".txt")}
+"""The suffixes a text output of each kind takes among those that name a kind of file (``OTHER_KINDS``, ``.png``);
+the first (two, for a plan: YAML or JSON) are what the refusal suggests."""
 """The folders this command created, each after its parent."""
 
 
@@ -108,7 +115,8 @@ OUT_PATH = {"parser": out_path, "metavar": "<path>"}
 """What an output option passes to ``typer.Option``: ``out_path`` reads it, --help shows <path>."""
 
 
-def output_file(path: Path, flag: str, default_name: str, *, suffix: str | None = None) -> Path:
+def output_file(path: Path, flag: str, default_name: str, *, suffix: str | None = None,
+                kind: str | None = None) -> Path:
     """The file a command will write for ``flag`` (see the module docstring), its folder made.
 
     Args:
@@ -116,6 +124,8 @@ def output_file(path: Path, flag: str, default_name: str, *, suffix: str | None 
         flag: the option, for messages (``--out``).
         default_name: the file's name when ``path`` is an existing folder.
         suffix: the suffix the file must have (``.png``), added when missing.
+        kind: what a text output holds (``CSV``, ``YAML``, ``plan``: ``TEXT_KINDS``); a suffix
+            naming another kind of file is refused.
 
     Returns:
         The path to write and to print.
@@ -133,6 +143,10 @@ def output_file(path: Path, flag: str, default_name: str, *, suffix: str | None 
                 raise InputError(f"{flag} {str(given)!r}: a {out.suffix} name for a {suffix[1:].upper()} "
                                  f"image; end it in {suffix} (or leave the suffix out: {suffix} is added)")
             out = out.with_name(out.name + suffix)
+        named = out.suffix.lower()
+        if kind is not None and named in OTHER_KINDS | {".png"} and named not in TEXT_KINDS[kind]:
+            ends = " or ".join(TEXT_KINDS[kind][:2 if kind == "plan" else 1])
+            raise InputError(f"{flag} {str(given)!r}: a {out.suffix} name for a {kind} file; end it in {ends}")
         if out.is_dir():
             raise InputError(f"{flag} {str(given)!r}: {str(out)!r} is a folder; give a file name")
         _make_folder(out.parent, flag, given)

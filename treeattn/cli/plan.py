@@ -263,7 +263,7 @@ def plan_cmd(
             raise InputError(f"{', '.join(given)} set(s) a named algorithm's parameters; add --algorithm NAME "
                              "(see --algorithm list) or drop them to search")
     default = default_plan_path(topo.name, payload, algorithm)
-    path = output_file(out if out is not None else default, "--out", default.name)
+    path = output_file(out if out is not None else default, "--out", default.name, kind="plan")
     from treeattn.plan.io import check_plan_path
 
     check_plan_path(path)  # before the search: a long one would end in this refusal
@@ -530,7 +530,7 @@ def compare_cmd(
         if other != t.name:
             raise InputError(f"--topology {topology!r} names one machine twice: {other} and {t.name} are the "
                              f"same topology ({t.fingerprint}); give one of them")
-    csv = output_file(csv, "--csv", "compare.csv") if csv is not None else None
+    csv = output_file(csv, "--csv", "compare.csv", kind="CSV") if csv is not None else None
     png = output_file(png, "--png", "compare.png", suffix=".png") if png is not None else None
 
     def make(p: int, n: int) -> Payload:

@@ -68,7 +68,7 @@ def probe_cmd(
 ) -> None:
     """Discover the GPUs, NVLink/xGMI, PCIe, CPUs and NICs of this machine (nvidia-smi, rocm-smi,
     then sysfs; a CPU-only loopback host when no GPU is found), or read them from saved output."""
-    out = output_file(out, "--out", "topology.yaml") if out is not None else None
+    out = output_file(out, "--out", "topology.yaml", kind="YAML") if out is not None else None
     opts = ProbeOptions(
         nvidia_smi=from_nvidia_smi, nvlink_status=nvlink_status, rocm_smi=from_rocm_smi, nccl_xml=from_nccl_xml,
         ibstat=ibstat, gpu_names=gpu_names, gpu_model=gpu_model, cpu_vendor=cpu_vendor, nodes=nodes,

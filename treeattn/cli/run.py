@@ -179,7 +179,8 @@ def rows_path(out: Path | None, run_id: str) -> Path:
     from treeattn.exec.results import COLUMNS, TIMELINE_COLUMNS, appendable_problem
 
     name = f"{run_id}.csv"
-    path = output_file(out if out is not None else Path("results") / "runs" / name, "--out", name)  # opened once
+    # opened once
+    path = output_file(out if out is not None else Path("results") / "runs" / name, "--out", name, kind="CSV")
     timeline = timeline_file(path)
     for file, columns in ((path, COLUMNS), (timeline, TIMELINE_COLUMNS)):
         problem = file is not None and appendable_problem(file, columns)
