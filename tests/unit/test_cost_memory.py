@@ -128,12 +128,19 @@ def test_weights_note_says_when_sharded_weights_outgrow_what_the_fraction_leaves
     assert note is not None and "16.43 GiB a GPU sharded over 8 ranks" in note
     assert note.endswith("--mem-fraction 0.79 at most leaves them room (activations besides)")
     assert weights_note(shape("llama-3.1-70b"), h100, 0.79) is None
-    # Beside a known plan: only where the weights and the plan's peak outgrow the GPU.
+    # Beside a known plan: only where the weights and the plan's peak outgrow what the fraction lets
+    # a GPU use (its rest is for activations, the CUDA context and the library's buffers).
     assert weights_note(shape("llama-3.1-70b"), h100, peak_bytes=5 << 30) is None
-    assert weights_note(shape("llama-3.1-70b"), h100, peak_bytes=int(63.5 * 2**30)) is None  # 79.9 GiB in all
-    beside = weights_note(shape("llama-3.1-70b"), h100, peak_bytes=70 << 30)
-    assert beside.endswith("and the plan's peak (70 GiB a GPU) need more than a GPU's 80 GiB: --mem-fraction 0.79 "
-                           "at most leaves them room (activations besides)"), beside
+    assert weights_note(shape("llama-3.1-70b"), h100, peak_bytes=int(55.5 * 2**30)) is None  # 71.9 GiB in all
+    beside = weights_note(shape("llama-3.1-70b"), h100, peak_bytes=60 << 30)  # 76.4 GiB: under 80, over 72
+    assert beside.endswith("and the plan's peak (60 GiB a GPU) need more than the 72 GiB --mem-fraction 0.9 lets a "
+                           "GPU use: --mem-fraction 0.79 at most leaves them room (activations besides)"), beside
+    # a peak no fraction leaves the weights room beside
+    over = weights_note(shape("llama-3.1-70b"), h100, peak_bytes=70 << 30)
+    assert over.endswith("and the plan's peak (70 GiB a GPU) need more than a GPU's 80 GiB: more ranks, a shorter "
+                         "sequence or a smaller batch, or weights in fewer bytes"), over
+    # DeepSeek-V3 in fp8 beside a 1 GiB plan fills all but 0.8 GiB of an H100: said
+    assert "leave no room" in weights_note(shape("deepseek-v3"), h100, peak_bytes=int(1.075 * 2**30))
     assert weights_note(shape("llama-3.1-70b"), h100, 1.0).endswith(
         "get no room: --mem-fraction 1 gives the whole GPU to the KV cache and the merge; --mem-fraction 0.79 at "
         "most leaves them room (activations besides)")

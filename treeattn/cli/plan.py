@@ -153,8 +153,8 @@ def _algorithm_list(json_out: bool) -> None:
 
 _MEM_COUNTS = ("A rank's peak counts its KV cache (every layer), the query, partials and receive buffers; the "
                "rest of the memory is left for what it does not count, the model's weights and activations: lower "
-               "this to leave them more room (a model preset's weights that would not fit there, sharded over the "
-               "ranks, are warned about).")
+               "this to leave them more room (a model preset's weights, sharded over the ranks, are warned about "
+               "where they fit neither there nor beside the plan's peak within this share).")
 
 
 @app.command("plan")

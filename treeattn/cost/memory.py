@@ -227,7 +227,9 @@ def weights_note(payload: Payload, topo: Topology, fraction: float = DEFAULT_MEM
     """What to say where the model preset ``payload`` came from has weights that, sharded
     evenly over every rank (tensor parallelism's least), need more of a device than the
     ``1 - fraction`` the memory check leaves them and, where the plan is known, more than
-    its ``peak_bytes`` (``memory_check``'s) leaves; None where they fit, or the payload's
+    its ``peak_bytes`` (``memory_check``'s) leaves of ``fraction`` (the rest stays for
+    activations, the CUDA context and the library's buffers: DeepSeek-V3's 78 GiB a GPU beside
+    a 1 GiB plan fill an 80 GiB H100 to its last GiB); None where they fit, or the payload's
     shape (heads, head size, layers) is not a preset's or its devices do not say their memory.
     Where no fraction leaves room for both the weights and the KV cache, it says so rather
     than name a fraction the KV cache does not fit in. The check itself counts no weights:
@@ -241,7 +243,7 @@ def weights_note(payload: Payload, topo: Topology, fraction: float = DEFAULT_MEM
     cap = min((c for c in caps if c > 0), default=0)
     whole = preset.params * preset.weight_dtype.nbytes
     share = whole / topo.num_ranks
-    if cap == 0 or share <= cap * (1 - fraction) or (peak_bytes is not None and share + peak_bytes <= cap):
+    if cap == 0 or share <= cap * (1 - fraction) or (peak_bytes is not None and share + peak_bytes <= cap * fraction):
         return None
     kind = "GPU" if all(topo.rank_device(r).kind.value == "gpu" for r in range(topo.num_ranks)) else "rank"
     weights = (f"{preset.name}'s weights ({preset.params / 1e9:.3g} B parameters in {preset.weight_dtype.value}, "
@@ -258,9 +260,14 @@ def weights_note(payload: Payload, topo: Topology, fraction: float = DEFAULT_MEM
         return (f"{weights} and rank {full}'s KV cache ({kv}) need more than its {kind}'s {dev}: more ranks, a "
                 "shorter sequence or a smaller batch, or weights in fewer bytes")
     room = f"{option} {most:g} at most leaves them room (activations besides)"
-    if peak_bytes is not None:
+    if peak_bytes is not None and peak_bytes > cap * most:
         need, dev = format_sizes(peak_bytes, cap)
-        return f"{weights} and the plan's peak ({need} a {kind}) need more than a {kind}'s {dev}: {room}"
+        return (f"{weights} and the plan's peak ({need} a {kind}) need more than a {kind}'s {dev}: more ranks, a "
+                "shorter sequence or a smaller batch, or weights in fewer bytes")
+    if peak_bytes is not None:
+        need, usable = format_sizes(peak_bytes, int(cap * fraction))
+        return (f"{weights} and the plan's peak ({need} a {kind}) need more than the {usable} {option} {fraction:g} "
+                f"lets a {kind} use: {room}")
     if fraction >= 1:
         return f"{weights} get no room: {option} 1 gives the whole {kind} to the KV cache and the merge; {room}"
     return (f"{weights} need more than the {format_size(int(cap * (1 - fraction)))} a {kind} {option} {fraction:g} "
