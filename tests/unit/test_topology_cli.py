@@ -483,6 +483,42 @@ def test_nvlink_written_as_both_directions_is_warned_about(tmp_path):
         assert warned(topo, text.replace("bw_gbps: 900, count: 18, generation: 4", fabric)) == [], fabric
 
 
+def test_nvlink_under_its_lanes_figure_is_warned_about(tmp_path):
+    # NVSwitch's bw_gbps is a GPU's links together: 25 (one link's) with count 18 planned H100's
+    # NVLink at 1.4 GB/s, and count 36 (18 links, both directions) halved what one link carries.
+    text = ("name: nv\nnode:\n  gpus: {count: 8, model: H100-SXM5-80GB, mem_bw_gbps: 3350, mem_gb: 80}\n"
+            "  pcie: {generation: 5, bw_gbps: 55}\n"
+            "  fabric: {kind: nvswitch, bw_gbps: 450, count: 18, generation: 4}\n")
+    assert warned(tmp_path / "nv.yaml", text) == []
+    assert warned(tmp_path / "nv.yaml", text.replace("bw_gbps: 450", "bw_gbps: 25")) == [
+        "warning: link n0.gpu0->n0.nvswitch (nvlink) has bw_gbps 25 over 18 link(s), 1.39 a link, less than any "
+        "NVLink 4 lane moves (25); bw_gbps is all its links together, one direction (18 NVLink 4 links: 450), and "
+        "count the links, not both directions (and 7 more)"]
+    assert "12.5 a link" in warned(tmp_path / "nv.yaml", text.replace("count: 18", "count: 36"))[0]
+    # A40's NVLink 3 bridge: 4 links of 14.0625, the slowest lanes sold
+    bridge = text.replace("nvswitch, bw_gbps: 450, count: 18, generation: 4",
+                          "pairs, bw_gbps: 14.0625, generation: 3, pairs: [[0, 1, 4]]")
+    assert warned(tmp_path / "nv.yaml", bridge) == []
+    assert "less than any NVLink lane moves (14.0625)" in warned(
+        tmp_path / "nv.yaml", bridge.replace("generation: 3, ", "").replace("14.0625", "1.4"))[0]
+
+
+@pytest.mark.parametrize(("bw", "why"), [
+    ("128", "more than one xGMI link moves one way (64 on MI300X); bw_gbps is one direction: AMD's figures count "
+            "both"),
+    ("448", "more than one xGMI link moves one way (64 on MI300X); bw_gbps is one GPU pair's, not a GPU's links "
+            "together"),
+])
+def test_xgmi_written_as_both_directions_or_a_gpus_links_is_warned_about(tmp_path, bw, why):
+    # MI300X's full mesh: one 64 GB/s link a GPU pair; 128 (both directions) and 448 (a GPU's 7
+    # links, as nvswitch's bw_gbps is a GPU's) planned xGMI two and seven times fast.
+    text = ("name: mi\nnode:\n  gpus: {count: 8, model: MI300X, mem_bw_gbps: 5300, mem_gb: 192}\n"
+            "  pcie: {generation: 5, bw_gbps: 55}\n  fabric: {kind: full-mesh, bw_gbps: 64}\n")
+    assert warned(tmp_path / "mi.yaml", text) == []
+    assert warned(tmp_path / "mi.yaml", text.replace("bw_gbps: 64", f"bw_gbps: {bw}")) == [
+        f"warning: link n0.gpu0->n0.gpu1 (xgmi) has bw_gbps {bw}, {why} (and 27 more)"]
+
+
 def test_nvlink_over_900_is_not_warned_about_where_its_links_or_generation_carry_it(tmp_path):
     # 36 NVLink 5 links (a switch trunk) move 1800 one way, and so does a GPU of a generation
     # after NVLink 5 (NVLink 6, 3.6 TB/s both ways): neither is a figure counting both directions.

@@ -13,7 +13,8 @@ from treeattn.topology.model import DeviceKind, LinkClass, LinkKind, Topology
 
 __all__ = ["implausible", "LINK_MIN_GBPS", "NETWORK_PORT_MAX_GBPS", "GPU_MEM_MAX_GB", "GPU_MEM_BW_MAX_GBPS",
            "GPU_MEM_BW_MIN_GBPS", "GPU_MEM_MIN_GB", "HOP_MAX_US",
-           "SWITCH_HOP_MAX_US", "NIC_OVER_PCIE", "NVLINK_PER_LINK_GBPS", "NVLINK_MAX_GBPS",
+           "SWITCH_HOP_MAX_US", "NIC_OVER_PCIE", "NVLINK_PER_LINK_GBPS", "NVLINK_LANE_MIN_GBPS", "NVLINK_MAX_GBPS",
+           "XGMI_PER_LINK_GBPS",
            "PCIE_MAX_GBPS"]
 
 LINK_MIN_GBPS = 1e-6
@@ -41,6 +42,12 @@ lanes); PCIe 5.0 x16 written in Gb/s as lanes times transfer rate gives 512."""
 NVLINK_PER_LINK_GBPS: dict[int, float] = {2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
 """One NVLink, one direction, by generation (docs/hardware.md NVLink 3/4/5 rows; NVLink 2 from the
 V100 datasheet). NVIDIA's own figures count both directions: H100's 900 GB/s is 18 links of 25."""
+NVLINK_LANE_MIN_GBPS: dict[int | None, float] = {2: 25.0, 3: 14.0625, 4: 25.0, 5: 50.0, None: 14.0625}
+"""The slowest NVLink lane of each generation, one direction (NVLink 3's is the GA102 bridge's: A40 and
+RTX 3090, 4 links of 14.0625; the rest as ``NVLINK_PER_LINK_GBPS``), and of any (None)."""
+XGMI_PER_LINK_GBPS = 64.0
+"""One xGMI link between two MI300X (or MI325X), one direction (docs/hardware.md xGMI row); AMD's 128
+GB/s counts both directions, and a GPU's 7 links of a full mesh of 8 move 448."""
 NVLINK_MAX_GBPS = 900.0
 """A GPU's NVLinks above 900 GB/s one way: the fastest, NVLink 5 (B200, GB200), is 18 links of 50;
 NVIDIA's 1.8 TB/s for it counts both directions."""
@@ -101,6 +108,22 @@ def implausible(topo: Topology) -> list[str]:
             nvlink = _nvlink_over(gbps, ln.count, ln.generation, field)
             if nvlink:
                 found.setdefault("nvlink", []).append(f"{what} has {field} {gbps:g}, {nvlink}")
+            floor = NVLINK_LANE_MIN_GBPS.get(ln.generation, NVLINK_LANE_MIN_GBPS[None])
+            if gbps / ln.count < 0.75 * floor:
+                known = ln.generation is not None and ln.generation in NVLINK_LANE_MIN_GBPS
+                lanes = f"NVLink {ln.generation} lane" if known else "NVLink lane"
+                found.setdefault("slow nvlink", []).append(
+                    f"{what} has {field} {gbps:g} over {ln.count} link(s), {gbps / ln.count:.3g} a link, less than "
+                    f"any {lanes} moves ({floor:g}); {field} is all its links together, one direction (18 NVLink 4 "
+                    "links: 450), and count the links, not both directions")
+        if ln.kind is LinkKind.XGMI and gbps > 1.25 * XGMI_PER_LINK_GBPS * ln.count:
+            ratio = gbps / (XGMI_PER_LINK_GBPS * ln.count)
+            why = ("; bw_gbps is one direction: AMD's figures count both" if abs(ratio - 2) < 0.2 else
+                   "; bw_gbps is one GPU pair's, not a GPU's links together" if ratio > 2.5 else "")
+            links = (f"one xGMI link moves one way ({XGMI_PER_LINK_GBPS:g} on MI300X)" if ln.count == 1 else
+                     f"its {ln.count} xGMI links move one way ({XGMI_PER_LINK_GBPS * ln.count:g}, "
+                     f"{XGMI_PER_LINK_GBPS:g} each on MI300X)")
+            found.setdefault("xgmi", []).append(f"{what} has {field} {gbps:g}, more than {links}{why}")
         limit = HOP_MAX_US.get(ln.cls)
         if ln.cls is LinkClass.NETWORK and {ln.src, ln.dst} & nics and {ln.src, ln.dst} & switches:
             if ln.latency_us > SWITCH_HOP_MAX_US:
