@@ -600,3 +600,35 @@ def test_a_link_slower_than_any_is_warned_about_and_times_stay_short(tmp_path):
         res = run_cli(*args)
         assert res.exit_code == 0, res.stderr
         assert "e+300" in res.stdout and not re.search(r"\d{20}", res.stdout), (args, res.stdout)
+
+
+def test_nics_left_idle_while_others_carry_every_rank_are_warned_about(tmp_path):
+    # An explicit file with both NICs on the CPU, as near to each GPU as each other: every rank of
+    # the node left through the first (the nearest, first of those as near), the second idle.
+    def node(n: int, nic_fields: bool) -> str:
+        out = [f"  - {{name: n{n}.cpu, kind: cpu, node: {n}}}"]
+        for g in range(2):
+            nic = f", nic: n{n}.nic{g}" if nic_fields else ""
+            out.append(f"  - {{name: n{n}.gpu{g}, kind: gpu, node: {n}, model: H100-SXM5-80GB, "
+                       f"mem_bw_gbps: 3350{nic}}}")
+            out.append(f"  - {{name: n{n}.nic{g}, kind: nic, node: {n}}}")
+        return "\n".join(out) + "\n"
+
+    def links(n: int) -> str:
+        out = [f"  - {{src: n{n}.gpu0, dst: n{n}.gpu1, kind: nvlink, bw_gbps: 450, count: 18, generation: 4, "
+               "duplex: true}"]
+        for g in range(2):
+            out.append(f"  - {{src: n{n}.gpu{g}, dst: n{n}.cpu, kind: pcie, bw_gbps: 55, duplex: true}}")
+            out.append(f"  - {{src: n{n}.nic{g}, dst: n{n}.cpu, kind: pcie, bw_gbps: 55, duplex: true}}")
+            out.append(f"  - {{src: n{n}.nic{g}, dst: leaf, kind: infiniband, bw_gbps: 50, duplex: true}}")
+        return "\n".join(out) + "\n"
+
+    def text(nic_fields: bool) -> str:
+        return ("name: flat\ndevices:\n" + node(0, nic_fields) + node(1, nic_fields)
+                + "  - {name: leaf, kind: switch, node: -1, tier: leaf}\nlinks:\n" + links(0) + links(1))
+
+    assert warned(tmp_path / "flat.yaml", text(False)) == [
+        "warning: flat: 4 ranks send over the network through 2 NIC(s) while 2 carry none (n0.nic1, n1.nic1): a "
+        "rank's traffic leaves through its device's nic, else the nearest NIC over PCIe, the first of those as near; "
+        "give each GPU its nic (explicit form: a device's nic field) to spread them"]
+    assert warned(tmp_path / "flat.yaml", text(True)) == []

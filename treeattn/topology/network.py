@@ -15,7 +15,7 @@ from collections import Counter
 from treeattn.topology.domains import DomainLevel, nic_positions
 from treeattn.topology.model import DeviceKind, LinkClass, Topology
 
-__all__ = ["leaves_of", "network_summary", "nic_sharing", "leaf_spans"]
+__all__ = ["leaves_of", "network_summary", "nic_sharing", "idle_nic_note", "leaf_spans"]
 
 
 def leaves_of(topo: Topology) -> dict[str, list[str]]:
@@ -94,6 +94,23 @@ def nic_sharing(topo: Topology) -> dict | None:
         "ranks_per_nic": {str(k): per[k] for k in sorted(per)},
         "idle": [n for n in networked if not load.get(n)],
     }
+
+
+def idle_nic_note(topo: Topology) -> str | None:
+    """A warning where NICs on the network carry no rank's traffic while another carries two or
+    more ranks' (``nic_sharing``): in an explicit file whose NICs hang off a CPU, as near to
+    every GPU as each other, the nearest is the first, and every rank of the node shares it
+    (a 2 x 8 H100 all-reduce at 69 GB/s of bus bandwidth instead of 441); None where not."""
+    sharing = nic_sharing(topo)
+    if sharing is None or not sharing["idle"] or max(int(k) for k in sharing["ranks_per_nic"]) < 2:
+        return None
+    idle = sharing["idle"]
+    busy = sharing["nics"] - len(idle)
+    shown = ", ".join(idle[:3]) + (f" and {len(idle) - 3} more" if len(idle) > 3 else "")
+    return (f"{topo.name}: {topo.num_ranks} ranks send over the network through {busy} NIC(s) while {len(idle)} "
+            f"carry none ({shown}): a rank's traffic leaves through its device's nic, else the nearest NIC over "
+            "PCIe, the first of those as near; give each GPU its nic (explicit form: a device's nic field) to "
+            "spread them")
 
 
 def leaf_spans(topo: Topology, level: DomainLevel) -> list[int]:
