@@ -407,7 +407,7 @@ def compact_specs(draw):
     node: dict = {
         "gpus": {"count": gpus, "mem_bw_gbps": 1000.0, "p2p": draw(st.booleans())},
         "cpus": {"count": sockets, **({"link": {"bw_gbps": 10.0}} if sockets > 1 else {})},
-        "pcie": {"bw_gbps": draw(st.sampled_from([12.0, 25.0, 55.0])), "switches": draw(st.integers(0, 3))},
+        "pcie": {"bw_gbps": draw(st.sampled_from([12.0, 25.0, 55.0])), "switches": draw(st.integers(0, min(3, gpus)))},
         "fabric": fabric,
     }
     spec: dict = {"name": "random", "nodes": nodes, "node": node}
@@ -515,3 +515,12 @@ def test_a_pcie_width_no_link_has_is_refused(where):
         with pytest.raises(TopologyError) as info:
             load_topology_text(text.replace("W", str(width)), "<t>")
         assert f"{field}: must be a PCIe link width, 1, 2, 4, 8, 12, 16 or 32 lanes (got {width})" in str(info.value)
+
+
+def test_more_pcie_switches_than_gpus_are_refused():
+    # 100000 switches for 8 GPUs built 200,048 devices, all but 16 of them empty, without a word
+    text = "name: x\nnode:\n  gpus: {count: 8, mem_bw_gbps: 3350}\n  pcie: {bw_gbps: 55, switches: S}\n"
+    assert load_topology_text(text.replace("S", "8"), "<t>").num_ranks == 8
+    with pytest.raises(TopologyError, match=r"<t>:4: node.pcie.switches: 16 PCIe switches for 8 GPUs: 8 would hold "
+                                             r"no GPU \(GPUs are spread evenly over the switches\); give at most 8"):
+        load_topology_text(text.replace("S", "16"), "<t>")

@@ -132,6 +132,10 @@ def _check(spec: CompactFile) -> None:
     except TopologyError as exc:
         raise FieldError(("nodes",), str(exc)) from None
     _check_size(spec)
+    if node.pcie.switches > n_gpu:  # the GPUs are spread over the switches: the rest would hold nothing
+        raise FieldError(("node", "pcie", "switches"), f"{node.pcie.switches} PCIe switches for {n_gpu} GPUs: "
+                         f"{node.pcie.switches - n_gpu} would hold no GPU (GPUs are spread evenly over the switches); "
+                         f"give at most {n_gpu}")
     # kind defaults to none: a fabric written without it (`{bw_gbps: 450, count: 18}`) would
     # silently be a PCIe-only node, its NVLink figures dropped.
     ignored = sorted(fabric.model_fields_set - {"kind"}) if fabric.kind is FabricKind.NONE else []
