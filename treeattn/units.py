@@ -49,8 +49,8 @@ class DType(StrEnum):
 
 _NBYTES: dict[DType, int] = {DType.FP32: 4, DType.BF16: 2, DType.FP16: 2, DType.FP8: 1}
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)([bB]?)\s*$")
-_POW = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtTpP]?)(i?)([bB]?)\s*$")
+_POW = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
 
 
 def parse_size(text: str | int, what: str = "size", *, least: int = 0, least_text: str | None = None) -> int:
@@ -83,6 +83,9 @@ def parse_size(text: str | int, what: str = "size", *, least: int = 0, least_tex
             raise too_small()
         raise InputError(f"cannot read {what} {text!r}; write it like 4096, 16KB, 1MiB or 2GB")
     num, prefix, binary, unit = m.groups()
+    if unit == "b" and prefix:  # 1Gb: a gigabit, as links are sold, is 125 MB (1Gib a gibibit)
+        raise InputError(f"{what} {text!r}: a lower-case b is bits; write {num}{prefix.upper()}B (powers of 1000) "
+                         f"or {num}{prefix.upper()}iB (of 1024) for bytes")
     base = 1024 if binary or not unit else 1000
     nbytes = Decimal(num) * base ** _POW[prefix.lower()]  # exact: 1.1MB is 1,100,000 bytes
     if nbytes != nbytes.to_integral_value():

@@ -76,8 +76,24 @@ def check_model(model: object, where: str = "") -> None:
     """Refuse a model name that is no preset of ``MODELS``; ``where`` (a flag or a file's key)
     starts the message."""
     if not isinstance(model, str) or model not in MODELS:
-        raise WorkloadError(f"{where + ': ' if where else ''}unknown model {model!r}; choose one of "
+        hint = _model_hint(model) if isinstance(model, str) else None
+        meant = f" (did you mean {hint!r}?)" if hint else ""
+        raise WorkloadError(f"{where + ': ' if where else ''}unknown model {model!r}{meant}; choose one of "
                             f"{', '.join(sorted(MODELS))}")
+
+
+def _model_hint(model: str) -> str | None:
+    """The preset a mistyped name most likely meant: Hugging Face's ``meta-llama/Llama-3.1-70B``
+    or ``Llama-3.1-70B-Instruct`` by its lower-cased name, else the nearest spelling."""
+    import difflib
+
+    name = model.strip().rsplit("/", 1)[-1].lower()
+    for suffix in ("-instruct", "-base", "-chat"):
+        name = name.removesuffix(suffix)
+    if name in MODELS:
+        return name
+    close = difflib.get_close_matches(name, list(MODELS), n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 def latent_value_note(w: Payload) -> str | None:

@@ -72,3 +72,30 @@ def test_a_need_over_a_limit_never_prints_as_the_same_size():
     assert format_sizes(1001, 1000) == ("1001 B", "1000 B")
     a, b = format_sizes((1 << 40) + 1, 1 << 40)  # no digits tell them apart: the bytes do
     assert a != b and a.replace(",", "").startswith("1099511627777")
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("1Gb", "--bytes '1Gb': a lower-case b is bits; write 1GB (powers of 1000) or 1GiB (of 1024) for bytes"),
+    ("16kb", "--bytes '16kb': a lower-case b is bits; write 16KB (powers of 1000) or 16KiB (of 1024) for bytes"),
+    ("2Gib", "--bytes '2Gib': a lower-case b is bits"),
+    ("1PiB", "--bytes '1PiB' is over 1 TiB, more than any device's memory"),
+])
+def test_a_size_in_bits_or_past_the_largest_is_told_as_such(text, want):
+    # 1Gb was read as 10^9 bytes, and 1PiB refused as unreadable
+    with pytest.raises(InputError) as info:
+        parse_size(text, "--bytes")
+    assert str(info.value).startswith(want), str(info.value)
+    assert parse_size("512b") == 512 and parse_size("1GB") == 10**9 and parse_size("1GiB") == 1 << 30
+
+
+@pytest.mark.parametrize(("given", "meant"), [("llama-3.1-70", "llama-3.1-70b"), ("Llama-3.1-70B", "llama-3.1-70b"),
+                                             ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"),
+                                             ("deepseek-ai/DeepSeek-V3", "deepseek-v3")])
+def test_a_mistyped_model_name_is_told_the_preset_it_likely_meant(given, meant):
+    from treeattn.workload import check_model
+
+    with pytest.raises(InputError, match=rf"^--model: unknown model '{re.escape(given)}' \(did you mean '{meant}'\?\); "
+                                         "choose one of "):
+        check_model(given, "--model")
+    with pytest.raises(InputError, match=r"unknown model 'gpt-9'; choose one of"):
+        check_model("gpt-9", "--model")
