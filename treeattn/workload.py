@@ -97,11 +97,14 @@ def _model_hint(model: str) -> str | None:
 
 
 def latent_value_note(w: Payload) -> str | None:
-    """What to say where ``w`` takes an MLA preset's latent cache with another value dim than
-    the preset's (config.json's ``v_head_dim``, 128 for DeepSeek-V3, is the value a head has
-    after the up-projection; the absorbed decode merges ``kv_lora_rank`` values, 512); None
-    elsewhere."""
+    """What to say where ``w`` takes a latent cache for a preset that has none (not MLA), or an
+    MLA preset's latent cache with another value dim than the preset's (config.json's
+    ``v_head_dim``, 128 for DeepSeek-V3, is the value a head has after the up-projection; the
+    absorbed decode merges ``kv_lora_rank`` values, 512); None elsewhere."""
     preset = MODELS.get(w.model) if isinstance(w, Workload) and w.model else None
+    if preset is not None and w.kv_latent and not preset.kv_latent:
+        return (f"{preset.name} is no MLA model: it caches K and V a KV head each, and a latent cache (kv_latent, "
+                "--kv-latent) keeps one, half its KV cache's bytes")
     if preset is None or not (preset.kv_latent and w.kv_latent) or w.value_dim == preset.v_head_dim:
         return None
     return (f"{preset.name}'s absorbed decode merges the first {preset.v_head_dim} values of its latent a head "

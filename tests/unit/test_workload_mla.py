@@ -298,3 +298,15 @@ def test_bytes_gives_the_size_a_raw_or_empty_workload_file_leaves_out(tmp_path, 
     assert (w["kind"], w["nbytes"], w["dtype"]) == ("raw", 1 << 20, "bf16" if "bf16" in text else "fp32")
     res = run_cli("plan", "-t", "dgx-h100", "--workload", str(f), "--no-progress")
     assert res.exit_code == 2 and len(res.stderr.splitlines()) == 1, res.stderr
+
+
+def test_a_latent_cache_for_a_model_without_mla_is_warned_about(tmp_path):
+    # llama-3.1-8b --kv-latent halved its KV cache (and the lower bound) without a word
+    res = run_cli("plan", "-t", "cpu-4", "-m", "llama-3.1-8b", "--kv-latent", "-n", "4K",
+                  "-o", str(tmp_path / "p.yaml"))
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr.splitlines()[0] == (
+        "warning: llama-3.1-8b is no MLA model: it caches K and V a KV head each, and a latent cache (kv_latent, "
+        "--kv-latent) keeps one, half its KV cache's bytes"), res.stderr
+    res = run_cli("plan", "-t", "cpu-4", "-m", "deepseek-v2-lite", "-n", "4K", "-o", str(tmp_path / "q.yaml"))
+    assert res.exit_code == 0 and "MLA" not in res.stderr, res.stderr
