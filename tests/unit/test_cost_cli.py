@@ -254,3 +254,20 @@ def test_simulate_title_names_the_searched_family_and_the_chunks_a_tree(plans, t
     heads = io.save_plan(builders.build("star", w, topo, chunks=2, result="heads"), tmp_path / "h.yaml")
     first = run_cli("simulate", str(heads)).stdout.splitlines()[0]
     assert first == "star (16 ranks, 32 chunks: 2 a rank's heads) on dgx-h100:nodes=2", first
+
+
+def test_simulate_notes_a_recorded_prediction_it_does_not_reproduce(tmp_path):
+    # predicted_us edited to 12.0 was printed over by the simulation without a word
+    plan = tmp_path / "p.yaml"
+    assert run_cli("plan", "-t", "cpu-4", "-m", "llama-3.1-8b", "-n", "4K", "-o", str(plan)).exit_code == 0
+    r = run_cli("simulate", str(plan), "--json")
+    assert r.exit_code == 0 and r.stderr == "" and json.loads(r.stdout)["recorded_predicted_us"] is None
+    text = plan.read_text()
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(re.sub(r"(?m)^predicted_us: .*$", "predicted_us: 12.0", text, count=1))
+    r = run_cli("simulate", str(edited), "--json")
+    data = json.loads(r.stdout)
+    assert data["recorded_predicted_us"] == 12.0 and data["predicted_us"] > 12.0
+    assert r.stderr == (f"note: {edited} records predicted_us 12.000; the simulation gives "
+                        f"{data['predicted_us']:.3f} on the same topology (the file was edited, or made by another "
+                        "release of treeattn's model)\n"), r.stderr

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -86,6 +87,13 @@ def simulate_cmd(
         res = simulate(plan, topo, timeline=True)
     except PlanInvalidError as exc:  # name the file, as verify does
         raise PlanInvalidError(f"{plan_file}: {exc}") from None
+    recorded = plan.predicted_us
+    if mismatch or recorded is None or math.isclose(recorded, res.predicted_us, rel_tol=1e-9, abs_tol=1e-9):
+        recorded = None  # another topology's time differs by design
+    else:  # the file's figure is what plan printed; a reader comparing the two is told which is which
+        err_console.print(f"note: {plan_file} records predicted_us {fixed(plan.predicted_us, 3)}; the simulation "
+                          f"gives {fixed(res.predicted_us, 3)} on the same topology (the file was edited, or made "
+                          "by another release of treeattn's model)", markup=False)
     merger_us = _merger_call_us(plan, topo)
     bounds = plan_bounds(plan, topo)
     gap = res.predicted_us / bounds.bound_us if bounds.bound_us > 0 else None
@@ -99,6 +107,7 @@ def simulate_cmd(
             "topology": {"name": topo.name, "fingerprint": topo.fingerprint, "link_rates_note": link_rates_note(topo)},
             "fingerprint_mismatch": mismatch,
             "predicted_us": res.predicted_us,
+            "recorded_predicted_us": recorded,
             "merger_call_us": merger_us,
             "lower_bound_us": bounds.bound_us,
             "gap": gap,
