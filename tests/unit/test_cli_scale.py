@@ -63,7 +63,11 @@ def test_progress_bar_on_a_terminal_shows_a_total(monkeypatch):
 
 @pytest.mark.parametrize("args, needle", [
     (("compare", "-t", "dgx-h100-2node", "--nodes", "1,2"), "--nodes needs a family"),
-    (("compare", "-t", "cpu:ranks=4", "--nodes", "2"), "topology 'cpu:ranks=4,nodes=2': family cpu has no parameter"),
+    (("compare", "-t", "cpu:ranks=4", "--nodes", "2"), "--nodes: family cpu has no node count (its parameters: "),
+    # gb200-nvl72 grows by racks: 'family gb200-nvl72 has no parameter nodes' named a setting not typed
+    (("compare", "-t", "gb200-nvl72", "--nodes", "2"), "--nodes: family gb200-nvl72 has no node count (its "
+     "parameters: racks, fabric, nics_per_leaf, spines, oversubscription); it grows by racks: --topology "
+     "'gb200-nvl72:racks={1,2}'"),
     (("topo", "show", "dgx-h100:node=2"), "topology 'dgx-h100:node=2': family dgx-h100 has no parameter 'node'"),
     (("topo", "show", "dgx-h100:nodes=0"), "topology 'dgx-h100:nodes=0': nodes must be an integer >= 1"),
 ])

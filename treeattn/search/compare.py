@@ -84,9 +84,16 @@ def expand_topologies(spec: str, nodes: Sequence[int] | None = None) -> list[str
             raise InputError(f"--topology {spec!r} already sets nodes; drop --nodes or the nodes= setting")
         from treeattn.topology.families import FAMILIES
 
-        if spec.split(":", 1)[0] not in FAMILIES:
+        name = spec.split(":", 1)[0]
+        if name not in FAMILIES:
             raise InputError(f"--nodes needs a family (--topology {', '.join(sorted(FAMILIES))}), not "
                              f"{spec!r}: a shipped topology or file has its node count")
+        params = [p.name for p in FAMILIES[name].params]
+        if "nodes" not in params:  # gb200-nvl72 grows by racks: 'has no parameter nodes' named a flag not typed
+            examples = {"racks": "{1,2}", "ranks": "{4,8}"}
+            size = next((p for p in params if p in examples), None)
+            how = f"; it grows by {size}: --topology '{name}:{size}={examples[size]}'" if size else ""
+            raise InputError(f"--nodes: family {name} has no node count (its parameters: {', '.join(params)}){how}")
         sep = "," if ":" in spec else ":"
         return [f"{spec}{sep}nodes={n}" for n in nodes]
     parts = _BRACES.split(spec)
