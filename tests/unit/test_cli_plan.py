@@ -581,3 +581,15 @@ def test_a_winner_built_by_another_builder_is_named_as_the_plan_file_names_it(tm
     assert re.fullmatch(r"  the plan file: tree \(6 ranks, 1 chunk\), the search's improved \(from=\w+, .*\)",
                         last), last
     assert run_cli("simulate", str(out)).stdout.startswith("tree (6 ranks, 1 chunk), the search's improved (")
+
+
+@pytest.mark.parametrize("command", ["plan", "compare"])
+@pytest.mark.parametrize(("given", "said"), [
+    ("head", "error: --result must be all, heads or root[:R], got 'head'"),
+    ("root:x", "error: --result root:R needs an integer rank R, got 'root:x'"),
+    ("root:4", "error: --result root:4: rank 4 is out of range: there are 4 ranks"),
+])
+def test_a_bad_result_layout_is_named_by_its_flag(command, given, said):
+    # 'result must be all, heads or root[:R]' named no flag, unlike every other option's error
+    res = run_cli(command, "-t", "cpu-4", "-m", "llama-3.1-8b", "-n", "4K", "--result", given)
+    assert res.exit_code == 2 and res.stderr.startswith(said), res.stderr

@@ -255,7 +255,7 @@ def plan_cmd(
     from treeattn.cost.memory import check_kv_fits, weights_note
     from treeattn.plan.baselines import parse_result
 
-    layout, result_root = parse_result(result, topo.num_ranks)
+    layout, result_root = parse_result(result, topo.num_ranks, what="--result")
     check_kv_fits(payload, topo, mem_fraction)
     if algorithm is None:
         given = sorted(k for k, v in alg_flags.items() if v is not None)
@@ -547,7 +547,7 @@ def compare_cmd(
         typer.echo(f"warning: {note}", err=True)
     for t in topos:  # fail on a bad shape, layout or memory before the long part
         w = make(t.num_ranks, lens[0])
-        layout, root = parse_result(result, t.num_ranks, on=t.name)
+        layout, root = parse_result(result, t.num_ranks, on=t.name, what="--result")
         for n in lens:
             at = make(t.num_ranks, n)
             if note := empty_ranks_note(at):  # each rank count and length its own: -n 64 on 8 and 128 ranks

@@ -44,12 +44,13 @@ class Baseline:
         return _KEYS.get(self.name, self.name.replace("-", "_") + "_us")
 
 
-def parse_result(text: str, ranks: int, on: str | None = None) -> tuple[str, int | None]:
+def parse_result(text: str, ranks: int, on: str | None = None, what: str = "result") -> tuple[str, int | None]:
     """``all`` / ``heads`` / ``root`` / ``root:R`` as (layout, root).
 
     Args:
         text: what the user wrote. ranks: p, the range of R. on: the topology, named where R
-            is out of range (``compare`` reads one layout on several).
+            is out of range (``compare`` reads one layout on several). what: how messages name
+            it (``--result`` on the command line).
 
     Returns:
         (``all`` | ``heads`` | ``root``, R or None).
@@ -64,12 +65,12 @@ def parse_result(text: str, ranks: int, on: str | None = None) -> tuple[str, int
         try:
             root = int(arg) if colon else 0  # "root:" names no rank: refused, not read as 0
         except ValueError:
-            raise InputError(f"result root:R needs an integer rank R, got {text!r}") from None
+            raise InputError(f"{what} root:R needs an integer rank R, got {text!r}") from None
         if not 0 <= root < ranks:
-            raise InputError(f"result {text}: rank {root} is out of range: there are {ranks} ranks"
+            raise InputError(f"{what} {text}: rank {root} is out of range: there are {ranks} ranks"
                              + (f" on {on}" if on else ""))
         return "root", root
-    raise InputError(f"result must be all, heads or root[:R], got {text!r}")
+    raise InputError(f"{what} must be all, heads or root[:R], got {text!r}")
 
 
 def baselines_for(payload: Payload, result: str = "all", root: int | None = None,
