@@ -593,3 +593,29 @@ def test_a_bad_result_layout_is_named_by_its_flag(command, given, said):
     # 'result must be all, heads or root[:R]' named no flag, unlike every other option's error
     res = run_cli(command, "-t", "cpu-4", "-m", "llama-3.1-8b", "-n", "4K", "--result", given)
     assert res.exit_code == 2 and res.stderr.startswith(said), res.stderr
+
+
+def test_plan_compare_and_simulate_note_attention_timed_by_the_defaults(tmp_path):
+    # mi300x-8 ran 70B at 128K in 40 us a layer to dgx-h100's 71 on 5 us and 0.8 of memory
+    # bandwidth, no fitted figure, and only topo show said so
+    said = ("note: mi300x-8 times decode attention by its defaults, 5 us a call and 0.8 of memory bandwidth: no "
+            "published decode kernel on MI300X was fitted, so its attention may look faster than a fitted GPU's "
+            "(docs/attention-model.md; treeattn calibrate --compute attention measures one)")
+    shape = ("-m", "llama-3.1-70b", "-n", "128K", "--no-progress")
+    plan = tmp_path / "p.yaml"
+    for args in (("plan", "-t", "mi300x-8", *shape, "-o", str(plan)), ("compare", "-t", "mi300x-8", *shape),
+                 ("simulate", str(plan))):
+        res = run_cli(*args)
+        assert res.exit_code == 0 and said in res.stderr.splitlines(), (args, res.stderr)
+    for args in (("plan", "-t", "dgx-h100", *shape, "-o", str(plan)), ("compare", "-t", "dgx-h100", *shape),
+                 ("plan", "-t", "mi300x-8", "--bytes", "1M", "-o", str(plan))):  # fitted; no attention
+        res = run_cli(*args)
+        assert res.exit_code == 0 and "decode attention" not in res.stderr, (args, res.stderr)
+
+
+def test_compare_says_which_ring_attention_it_times():
+    # ringA's ratio runs to hundreds at long N: the legend says it moves KV, and where pass-Q stands
+    res = run_cli("compare", "-t", "cpu-4", "-m", "llama-3.1-8b", "-n", "4K", "--no-progress")
+    assert res.exit_code == 0, res.stderr
+    assert ("  pass-KV: how ringA moves (KV), the tree attention paper's baseline; pass-Q, the query\n"
+            "  moving instead, ends in a merge of partials, as the other columns\n") in res.stdout, res.stdout

@@ -43,6 +43,7 @@ from treeattn.cli.progress import progress_reporter
 from treeattn.cli.render import (
     console,
     key_columns,
+    note_attention,
     plan_title,
     print_rates_note,
     searched_family,
@@ -247,6 +248,7 @@ def plan_cmd(
                            batch=batch, seq_len=seq_len, split=split,
                            kv_dtype=kv_dtype, partial_dtype=partial_dtype, layers=layers, nbytes=nbytes, op=op)
     warn_payload(payload)
+    note_attention(topo, payload)
     alg_flags = {"--root": root, "--fanout": fanout, "--chunks": chunks, "--groups": groups,
                  "--group-size": group_size, "--order": order,
                  "--parents": parents, "--roots": roots, "--trees": trees, "--shape": shape, "--intra": intra,
@@ -547,6 +549,8 @@ def compare_cmd(
         typer.echo(f"warning: {note}", err=True)
     for t in topos:  # fail on a bad shape, layout or memory before the long part
         w = make(t.num_ranks, lens[0])
+        warn_topology(t)
+        note_attention(t, w)
         layout, root = parse_result(result, t.num_ranks, on=t.name, what="--result")
         for n in lens:
             at = make(t.num_ranks, n)
@@ -635,6 +639,9 @@ def _compare_tables(rows, result: str, ring: str, shape: str = "") -> None:  # n
     if marks:
         con.print(f"  {', '.join(sorted(set(marks.values())))}: what a method delivers where it cannot deliver "
                   f"{result}", markup=False)
+    # Its ratio runs to hundreds at long N: say which ring attention it is (results/compare/README.md).
+    con.print("  pass-KV: how ringA moves (KV), the tree attention paper's baseline; pass-Q, the query\n"
+              "  moving instead, ends in a merge of partials, as the other columns", markup=False)
     metrics = (("per-layer time, µs (compute included)", lambda r: fixed(r.predicted_us, 1)),
                # a speedup over a method that cannot run there is marked as its peak is
                ("tree faster by (x)" + ("; * does not fit" if any(r.fits is False for r in rows) else ""),

@@ -107,6 +107,16 @@ def warn_payload(payload: Any) -> None:
         typer.echo(f"warning: {note}", err=True)
 
 
+def note_attention(topo: Any, payload: Any) -> None:
+    """Say on stderr where an attention ``payload``'s times on ``topo`` rest on the default
+    attention figures, no fitted ones (``treeattn.topology.attention_fits.unfitted_attention_note``)."""
+    from treeattn.topology.attention_fits import unfitted_attention_note
+    from treeattn.workload import Workload
+
+    if isinstance(payload, Workload) and (note := unfitted_attention_note(topo)):
+        typer.echo(f"note: {note}", err=True)
+
+
 def key_columns(table: Table, n: int) -> Table:
     """Mark the first ``n`` columns of ``table`` as the ones that identify a row (repeated
     in every part when the table is split); returns the table."""

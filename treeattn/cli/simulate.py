@@ -15,7 +15,7 @@ from rich.table import Table
 
 from treeattn.cli import app, err_console
 from treeattn.cli.paths import OUT_PATH, output_file
-from treeattn.cli.render import console, plan_title, print_rates_note, warn_topology
+from treeattn.cli.render import console, note_attention, plan_title, print_rates_note, warn_topology
 from treeattn.cli.topo_text import wrap
 from treeattn.errors import InputError, PlanInvalidError
 from treeattn.figures import save_figure
@@ -76,6 +76,7 @@ def simulate_cmd(
         raise InputError(f"--topology {topology!r} places {topo.num_ranks} ranks but {plan_file} runs on "
                          f"{plan.ranks}; pass a topology of the plan's ranks, or none (the plan's own)")
     warn_topology(topo)
+    note_attention(topo, plan.workload)
     mismatch = plan.topology.fingerprint != topo.fingerprint
     if mismatch:
         err_console.print(

@@ -10,9 +10,10 @@ fitted on (the same generation's HBM parts). Other GPUs (MI300X, RTX 4090, V100,
 
 from __future__ import annotations
 
+from treeattn.topology.model import DeviceKind, Topology
 from treeattn.topology.schema import CostSpec
 
-__all__ = ["ATTN_AMPERE", "ATTN_HOPPER", "ATTN_BLACKWELL", "published_attention_fit"]
+__all__ = ["ATTN_AMPERE", "ATTN_HOPPER", "ATTN_BLACKWELL", "published_attention_fit", "unfitted_attention_note"]
 
 ATTN_AMPERE = CostSpec(attn_launch_us=13.9, attn_efficiency=0.72)
 ATTN_HOPPER = CostSpec(attn_launch_us=12.4, attn_efficiency=0.56)
@@ -36,3 +37,26 @@ def published_attention_fit(model: str) -> tuple[str, CostSpec] | None:
         if bare.startswith(prefixes):
             return name, spec
     return None
+
+
+def unfitted_attention_note(topo: Topology) -> str | None:
+    """What to say where ``topo``'s GPUs time decode attention by the defaults (``launch_us``,
+    ``mem_efficiency``: 5 us a call, 0.8 of memory bandwidth), no fitted figure in its ``cost``:
+    beside a fitted GPU's (Hopper's 12.4 us, 0.56) such times flatter it (8 x MI300X ran 70B at
+    128K in 40 us a layer to 8 x H100's 71); None where the figures are set, or the ranks are
+    not GPUs."""
+    c = topo.cost
+    gpu = topo.rank_device(0)
+    if gpu.kind is not DeviceKind.GPU or any(v is not None for v in (c.attn_launch_us, c.attn_efficiency,
+                                                                       c.attn_gbps)):
+        return None
+    times = (f"{topo.name} times decode attention by its defaults, {c.launch_us:g} us a call and "
+             f"{c.mem_efficiency:g} of memory bandwidth")
+    fit = published_attention_fit(gpu.model or "")
+    if fit is not None:
+        which, spec = fit
+        return (f"{times}; published decode kernels on {which} fit {spec.attn_launch_us:g} us and "
+                f"{spec.attn_efficiency:g} (cost.attn_launch_us, cost.attn_efficiency): add them to its cost")
+    return (f"{times}: no published decode kernel on {gpu.model or 'its GPU'} was fitted, so its attention "
+            "may look faster than a fitted GPU's (docs/attention-model.md; treeattn calibrate --compute attention "
+            "measures one)")
