@@ -632,3 +632,17 @@ def test_nics_left_idle_while_others_carry_every_rank_are_warned_about(tmp_path)
         "rank's traffic leaves through its device's nic, else the nearest NIC over PCIe, the first of those as near; "
         "give each GPU its nic (explicit form: a device's nic field) to spread them"]
     assert warned(tmp_path / "flat.yaml", text(True)) == []
+
+
+@pytest.mark.parametrize(("fabric", "model", "said"), [
+    ("{kind: full-mesh, bw_gbps: 64, link: nvlink}", "MI300X",
+     "nvlink is NVIDIA's link, and MI300X is AMD's: its GPUs talk over xgmi"),
+    ("{kind: full-mesh, bw_gbps: 64, link: xgmi}", "L40S", "xgmi is AMD's link, and L40S is NVIDIA's: its GPUs talk "
+                                                            "over nvlink"),
+])
+def test_another_vendors_gpu_link_is_warned_about(tmp_path, fabric, model, said):
+    # MI300X joined by nvlink was timed as NCCL on NVLink, not RCCL on xGMI, without a word
+    text = (f"name: v\nnode:\n  gpus: {{count: 4, model: {model}, mem_bw_gbps: 5300, mem_gb: 192}}\n"
+            f"  pcie: {{generation: 5, bw_gbps: 55}}\n  fabric: {fabric}\n")
+    (line,) = warned(tmp_path / "v.yaml", text)
+    assert line.endswith(f"): {said} (and 5 more)"), line

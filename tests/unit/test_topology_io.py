@@ -524,3 +524,23 @@ def test_more_pcie_switches_than_gpus_are_refused():
     with pytest.raises(TopologyError, match=r"<t>:4: node.pcie.switches: 16 PCIe switches for 8 GPUs: 8 would hold "
                                              r"no GPU \(GPUs are spread evenly over the switches\); give at most 8"):
         load_topology_text(text.replace("S", "16"), "<t>")
+
+
+@pytest.mark.parametrize(("link", "said"), [
+    ("{src: g0, dst: g1, kind: infiniband, bw_gbps: 50, duplex: true}",
+     "links[2].kind: a link of kind infiniband from 'g0', a gpu: network links join NICs, network switches and "
+     "hosts (a GPU reaches the network through a nic, over pcie)"),
+    ("{src: c, dst: n, kind: ethernet, bw_gbps: 50, duplex: true}",
+     "links[2].kind: a link of kind ethernet from 'c', a cpu"),
+    ("{src: g0, dst: n, kind: nvlink, bw_gbps: 50, duplex: true}",
+     "links[2].kind: a link of kind nvlink to 'n', a nic: nvlink joins GPUs, NVSwitches and CPUs"),
+])
+def test_a_link_no_route_would_take_is_refused(link, said):
+    # an InfiniBand link between two GPUs was read and ignored: their rate stayed PCIe's
+    text = ("name: x\ndevices:\n  - {name: g0, kind: gpu, mem_bw_gbps: 1}\n  - {name: g1, kind: gpu, mem_bw_gbps: 1}\n"
+            "  - {name: c, kind: cpu}\n  - {name: n, kind: nic}\nlinks:\n"
+            "  - {src: g0, dst: c, kind: pcie, bw_gbps: 25, duplex: true}\n"
+            "  - {src: g1, dst: c, kind: pcie, bw_gbps: 25, duplex: true}\n  - LINK\n")
+    with pytest.raises(TopologyError) as info:
+        load_topology_text(text.replace("LINK", link), "<t>")
+    assert said in str(info.value), str(info.value)

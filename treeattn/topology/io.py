@@ -23,7 +23,17 @@ from treeattn.errors import TopologyError
 from treeattn.textfile import read_text
 from treeattn.topology.compact import build_compact, cost_params
 from treeattn.topology.families import build_family_file
-from treeattn.topology.model import RATING_UNMEASURED, Device, DeviceKind, Link, Topology, check_rank_count
+from treeattn.topology.model import (
+    RATING_UNMEASURED,
+    Device,
+    DeviceKind,
+    Link,
+    LinkClass,
+    LinkKind,
+    Topology,
+    check_rank_count,
+    link_class,
+)
 from treeattn.topology.schema import (
     CompactFile,
     ExplicitFile,
@@ -218,6 +228,7 @@ def _build_explicit(spec: ExplicitFile) -> Topology:
                 hint = difflib.get_close_matches(name, list(first), n=1)
                 extra = f" (did you mean {hint[0]!r}?)" if hint else ""
                 raise FieldError(("links", i, end), f"unknown device {name!r}{extra}")
+        _check_link_ends(i, ln.kind, devices[first[ln.src]], devices[first[ln.dst]])
         fields = ln.model_dump(exclude={"duplex"})
         pairs = [(ln.src, ln.dst)] + ([(ln.dst, ln.src)] if ln.duplex and ln.src != ln.dst else [])
         for src, dst in pairs:
@@ -267,6 +278,28 @@ def _build_explicit(spec: ExplicitFile) -> Topology:
         name=spec.name, devices=devices, links=links, ranks=ranks, description=spec.description,
         sources=spec.sources, cost=cost_params(spec.cost),
     )
+
+
+_NETWORK_ENDS = frozenset({DeviceKind.NIC, DeviceKind.SWITCH, DeviceKind.HOST})
+
+
+def _check_link_ends(i: int, kind: LinkKind, src: Device, dst: Device) -> None:
+    """Refuse a link no route would take: a network link (InfiniBand, RoCE, Ethernet) from a
+    device that reaches the network through a NIC, or a GPU fabric link (NVLink, xGMI) to a
+    NIC, a network switch or a host. Routes never used them, so such a link was read and
+    ignored without a word (an InfiniBand link between two GPUs left their rate at PCIe's)."""
+    cls = link_class(kind)
+    if cls is LinkClass.NETWORK:
+        bad = next((d for d in (src, dst) if d.kind not in _NETWORK_ENDS), None)
+        if bad is not None:
+            raise FieldError(("links", i, "kind"), f"a link of kind {kind.value} from {bad.name!r}, a "
+                             f"{bad.kind.value}: network links join NICs, network switches and hosts (a GPU "
+                             "reaches the network through a nic, over pcie)")
+    elif cls is LinkClass.GPU_FABRIC:
+        bad = next((d for d in (src, dst) if d.kind in _NETWORK_ENDS), None)
+        if bad is not None:
+            raise FieldError(("links", i, "kind"), f"a link of kind {kind.value} to {bad.name!r}, a "
+                             f"{bad.kind.value}: {kind.value} joins GPUs, NVSwitches and CPUs")
 
 
 def _check_nic(i: int, dev: Device, nic: Device | None, names: list[str]) -> None:

@@ -116,6 +116,9 @@ def implausible(topo: Topology) -> list[str]:
                     f"{what} has {field} {gbps:g} over {ln.count} link(s), {gbps / ln.count:.3g} a link, less than "
                     f"any {lanes} moves ({floor:g}); {field} is all its links together, one direction (18 NVLink 4 "
                     "links: 450), and count the links, not both directions")
+        vendor = _fabric_vendor(topo, ln)
+        if vendor:
+            found.setdefault("vendor", []).append(f"{what}: {vendor}")
         if ln.kind is LinkKind.XGMI and gbps > 1.25 * XGMI_PER_LINK_GBPS * ln.count:
             ratio = gbps / (XGMI_PER_LINK_GBPS * ln.count)
             why = ("; bw_gbps is one direction: AMD's figures count both" if abs(ratio - 2) < 0.2 else
@@ -148,6 +151,30 @@ def implausible(topo: Topology) -> list[str]:
                 f"NIC {nic} has bw_gbps {gbps:g} on the network but {pcie[nic]:g} over its PCIe link; bw_gbps is "
                 f"GB/s: {gbps:g} Gb/s is {gbps / 8:g}")
     return [first + (f" (and {len(rest)} more)" if rest else "") for first, *rest in found.values()]
+
+
+_AMD_GPU = ("MI",)
+_NVIDIA_GPU = ("NVIDIA", "TESLA", "GEFORCE", "QUADRO", "RTX", "A100", "A800", "A10", "A30", "A40", "H100", "H200",
+               "H800", "H20", "GH200", "B100", "B200", "B300", "GB200", "GB300", "L40", "L4", "L20", "V100", "T4")
+
+
+def _vendor(model: str) -> str | None:
+    name = model.upper().strip()
+    return "AMD" if name.startswith(_AMD_GPU) else "NVIDIA" if name.startswith(_NVIDIA_GPU) else None
+
+
+def _fabric_vendor(topo: Topology, ln) -> str:  # noqa: ANN001 - a Link
+    """Why an NVLink between AMD GPUs or an xGMI link between NVIDIA GPUs is another vendor's
+    link, or "": NCCL's figures and library (NCCL or RCCL) follow the link kind, so MI300X
+    joined by nvlink was timed as NCCL on NVLink."""
+    want = {LinkKind.NVLINK: "NVIDIA", LinkKind.XGMI: "AMD"}.get(ln.kind)
+    ends = [topo.device(n) for n in (ln.src, ln.dst)]
+    vendors = {_vendor(d.model) for d in ends if d.kind is DeviceKind.GPU}
+    if want is None or len(vendors) != 1 or None in vendors or want in vendors:
+        return ""
+    (vendor,) = vendors
+    other = "xgmi" if vendor == "AMD" else "nvlink"
+    return f"{ln.kind.value} is {want}'s link, and {ends[0].model} is {vendor}'s: its GPUs talk over {other}"
 
 
 def _nvlink_over(gbps: float, count: int, generation: int | None, field: str) -> str:
