@@ -544,3 +544,26 @@ def test_a_link_no_route_would_take_is_refused(link, said):
     with pytest.raises(TopologyError) as info:
         load_topology_text(text.replace("LINK", link), "<t>")
     assert said in str(info.value), str(info.value)
+
+
+def test_a_number_written_with_a_thousands_comma_is_told_as_such():
+    # {mem_bw_gbps: 3,350} read as mem_bw_gbps: 3 and a key 350: 'keys should be strings (got 350)'
+    text = "name: x\nnode:\n  gpus: {count: 8, mem_bw_gbps: 3,350}\n  pcie: {bw_gbps: 55}\n"
+    with pytest.raises(TopologyError, match=r"<t>:3: node.gpus\[350\]: a number \(350\) where a field name goes: in "
+                                            r"\{...\} a comma ends a value, so a number written with one \(3,350\) "
+                                            r"reads as two; write it without \(3350\)"):
+        load_topology_text(text, "<t>")
+
+
+def test_family_file_mistakes_are_told_where_the_parameter_goes(tmp_path, monkeypatch):
+    with pytest.raises(TopologyError, match=r"<t>:2: nodes: unknown field 'nodes'; allowed here: .* \(a family's "
+                                            r"parameters go under params: params: \{nodes: \.\.\.\}\)"):
+        load_topology_text("family: dgx-h100\nnodes: 4\n", "<t>")
+    with pytest.raises(TopologyError, match=r"params.node: family dgx-h100 has no parameter 'node' \(did you mean "
+                                            r"'nodes'\?\)"):
+        load_topology_text("family: dgx-h100\nparams: {node: 4}\n", "<t>")
+    # a folder named bare (no slash) is named as one, not as an unknown topology
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(TopologyError, match=r"topology 'mine' is a folder; give a topology YAML file"):
+        resolve("mine")

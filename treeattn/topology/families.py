@@ -17,6 +17,7 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -464,7 +465,9 @@ def build_family(name: str, params: Mapping[str, Any] | None = None) -> Topology
     known = {p.name: p for p in fam.params}
     for key in params:
         if key not in known:
-            raise FieldError(("params", key), f"family {name} has no parameter {key!r}; "
+            hint = difflib.get_close_matches(str(key), list(known), n=1)
+            meant = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise FieldError(("params", key), f"family {name} has no parameter {key!r}{meant}; "
                              f"parameters: {', '.join(known) or 'none'}")
     values: dict[str, Any] = {}
     shown = []

@@ -416,6 +416,12 @@ class _LineMap:
         return line
 
 
+def _family_param(key: str) -> bool:
+    from treeattn.topology.families import FAMILIES
+
+    return any(p.name == key for fam in FAMILIES.values() for p in fam.params)
+
+
 def _first_error(exc: ValidationError, model: type[BaseModel], lines: _LineMap) -> tuple[Loc, str]:
     errors = exc.errors(include_url=False)
     # First in the file; on one line a misspelt field beats the "missing" it causes.
@@ -431,8 +437,14 @@ def _first_error(exc: ValidationError, model: type[BaseModel], lines: _LineMap) 
         msg = f"unknown field {loc[-1]!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
         if allowed:
             msg += f"; allowed here: {', '.join(allowed)}"
+        if model is FamilyFile and len(loc) == 1 and _family_param(str(loc[0])):
+            msg += f" (a family's parameters go under params: params: {{{loc[0]}: ...}})"
     elif kind == "missing":
         msg = "missing required field"
+    elif kind == "invalid_key" and isinstance(value, int | float):
+        # {mem_bw_gbps: 3,350} is YAML for mem_bw_gbps: 3 and a field named 350 with no value
+        msg = (f"a number ({value!r}) where a field name goes: in {{...}} a comma ends a value, so a number "
+               "written with one (3,350) reads as two; write it without (3350)")
     elif kind in ("enum", "literal_error"):
         # A Literal of enum members is listed by pydantic as their reprs
         # (<LinkKind.ROCE: 'roce'>): show the values a file spells instead.

@@ -131,6 +131,9 @@ def resolve(spec: str) -> Topology:
         return _family(text)
     if _names_file(text):
         return load_topology(path)
+    if path.is_dir():  # not 'unknown topology': the name is there, and is a folder
+        raise TopologyError(f"topology {spec!r} is a folder; give a topology YAML file, a shipped name or a family "
+                            "spec (treeattn topo list)")
     files = shipped_files()
     if text in files:
         return load_topology(files[text])
