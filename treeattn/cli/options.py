@@ -78,7 +78,8 @@ ModelOpt = Annotated[
                              rich_help_panel=_W)
 ]
 HeadsOpt = Annotated[int | None, typer.Option("--heads", help="Query heads Hq.", rich_help_panel=_W)]
-KvHeadsOpt = Annotated[int | None, typer.Option("--kv-heads", help="KV heads Hkv (default Hq).", rich_help_panel=_W)]
+KvHeadsOpt = Annotated[int | None, typer.Option("--kv-heads", help="KV heads Hkv (default: the preset's, else Hq).",
+                                                rich_help_panel=_W)]
 HeadDimOpt = Annotated[int | None, typer.Option("--head-dim", help="Head dimension D (of q and K).",
                                                  rich_help_panel=_W)]
 VHeadDimOpt = Annotated[int | None, typer.Option("--v-head-dim", help="Value head dimension Dv (of V and the "
