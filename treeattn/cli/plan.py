@@ -640,8 +640,8 @@ def _compare_tables(rows, result: str, ring: str, shape: str = "") -> None:  # n
         con.print(f"  {', '.join(sorted(set(marks.values())))}: what a method delivers where it cannot deliver "
                   f"{result}", markup=False)
     # Its ratio runs to hundreds at long N: say which ring attention it is (results/compare/README.md).
-    con.print("  pass-KV: how ringA moves (KV), the tree attention paper's baseline; pass-Q, the query\n"
-              "  moving instead, ends in a merge of partials, as the other columns", markup=False)
+    con.print("  pass-KV: ringA moves KV, as the tree attention paper's baseline does; pass-Q\n"
+              "  (the query moving instead) ends in a merge of partials, as the other columns", markup=False)
     metrics = (("per-layer time, µs (compute included)", lambda r: fixed(r.predicted_us, 1)),
                # a speedup over a method that cannot run there is marked as its peak is
                ("tree faster by (x)" + ("; * does not fit" if any(r.fits is False for r in rows) else ""),
