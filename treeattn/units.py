@@ -83,7 +83,9 @@ def parse_size(text: str | int, what: str = "size", *, least: int = 0, least_tex
             raise too_small()
         raise InputError(f"cannot read {what} {text!r}; write it like 4096, 16KB, 1MiB or 2GB")
     num, prefix, binary, unit = m.groups()
-    if unit == "b" and prefix:  # 1Gb: a gigabit, as links are sold, is 125 MB (1Gib a gibibit)
+    if unit == "b":  # 1Gb: a gigabit, as links are sold, is 125 MB (1Gib a gibibit, 8b a byte)
+        if not prefix:
+            raise InputError(f"{what} {text!r}: a lower-case b is bits; write {num}B or {num} for bytes")
         raise InputError(f"{what} {text!r}: a lower-case b is bits; write {num}{prefix.upper()}B (powers of 1000) "
                          f"or {num}{prefix.upper()}iB (of 1024) for bytes")
     base = 1024 if binary or not unit else 1000

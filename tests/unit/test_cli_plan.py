@@ -598,9 +598,10 @@ def test_a_bad_result_layout_is_named_by_its_flag(command, given, said):
 def test_plan_compare_and_simulate_note_attention_timed_by_the_defaults(tmp_path):
     # mi300x-8 ran 70B at 128K in 40 us a layer to dgx-h100's 71 on 5 us and 0.8 of memory
     # bandwidth, no fitted figure, and only topo show said so
-    said = ("note: mi300x-8 times decode attention by its defaults, 5 us a call and 0.8 of memory bandwidth: no "
-            "published decode kernel on MI300X was fitted, so its attention may look faster than a fitted GPU's "
-            "(docs/attention-model.md; treeattn calibrate --compute attention measures one)")
+    said = ("note: mi300x-8 times decode attention by the merge kernels' figures, launch_us 5 us a call and "
+            "mem_efficiency 0.8 of memory bandwidth: no published decode kernel on MI300X was fitted, so its "
+            "attention may look faster than a fitted GPU's (docs/attention-model.md; treeattn calibrate --compute "
+            "attention measures one)")
     shape = ("-m", "llama-3.1-70b", "-n", "128K", "--no-progress")
     plan = tmp_path / "p.yaml"
     for args in (("plan", "-t", "mi300x-8", *shape, "-o", str(plan)), ("compare", "-t", "mi300x-8", *shape),

@@ -139,6 +139,9 @@ def test_weights_note_says_when_sharded_weights_outgrow_what_the_fraction_leaves
     over = weights_note(shape("llama-3.1-70b"), h100, peak_bytes=70 << 30)
     assert over.endswith("and the plan's peak (70 GiB a GPU) need more than a GPU's 80 GiB: more ranks, a shorter "
                          "sequence or a smaller batch, or weights in fewer bytes"), over
+    # 79.83 GiB in all: under 80, but 0.79 (to 0.01) holds not the 63.4 GiB peak; the note names no fraction
+    edge = weights_note(shape("llama-3.1-70b"), h100, peak_bytes=int(63.4 * 2**30))
+    assert "--mem-fraction 0.79" not in edge and "leave 177 MiB of a GPU's 80 GiB" in edge, edge
     # DeepSeek-V3 in fp8 beside a 1 GiB plan fills all but 0.8 GiB of an H100: said
     assert "leave no room" in weights_note(shape("deepseek-v3"), h100, peak_bytes=int(1.075 * 2**30))
     assert weights_note(shape("llama-3.1-70b"), h100, 1.0).endswith(

@@ -507,7 +507,7 @@ def test_nvlink_under_its_lanes_figure_is_warned_about(tmp_path):
     ("128", "more than one xGMI link moves one way (64 on MI300X); bw_gbps is one direction: AMD's figures count "
             "both"),
     ("448", "more than one xGMI link moves one way (64 on MI300X); bw_gbps is one GPU pair's, not a GPU's links "
-            "together"),
+            "together (or give count, the links joining the pair: MI250X's two dies, 4)"),
 ])
 def test_xgmi_written_as_both_directions_or_a_gpus_links_is_warned_about(tmp_path, bw, why):
     # MI300X's full mesh: one 64 GB/s link a GPU pair; 128 (both directions) and 448 (a GPU's 7
@@ -528,8 +528,8 @@ def test_nvlink_over_900_is_not_warned_about_where_its_links_or_generation_carry
     assert warned(tmp_path / "nv.yaml", text) == []
     # NVLink 6: no unit to blame, but no NCCL figure for its links either (the note says how they are rated)
     assert warned(tmp_path / "nv.yaml", text.replace("count: 36, generation: 5", "count: 18, generation: 6")) == [
-        "warning: nv: NVLink generation 6 (link n0.gpu0->n0.nvswitch and 7 more) has no NCCL figure (NVLink 2-5 have): "
-        "rated as NVLink 4"]
+        "warning: nv: NVLink generation 6 (link n0.gpu0->n0.nvswitch and 7 more) has no figure in treeattn's model of "
+        "NCCL (NVLink 1-5 have): rated as NVLink 4"]
 
 
 def test_a_link_generation_without_nccl_figures_is_warned_about(tmp_path):
@@ -538,16 +538,19 @@ def test_a_link_generation_without_nccl_figures_is_warned_about(tmp_path):
             "  pcie: {generation: 5, bw_gbps: 55}\n  fabric: {kind: nvswitch, bw_gbps: 450, generation: 4}\n")
     assert warned(tmp_path / "g.yaml", text) == []
     assert warned(tmp_path / "g.yaml", text.replace("generation: 5", "generation: 9").replace(
-        "generation: 4", "generation: 1")) == [
-        "warning: gen: NVLink generation 1 (link n0.gpu0->n0.nvswitch and 1 more) has no NCCL figure (NVLink 2-5 "
-        "have): rated as NVLink 4; PCIe generation 9 (link n0.gpu0->n0.cpu0 and 1 more) has no NCCL figure (PCIe 3-6 "
-        "have): rated by bw_gbps as PCIe 4"]
+        "generation: 4", "generation: 7")) == [
+        "warning: gen: NVLink generation 7 (link n0.gpu0->n0.nvswitch and 1 more) has no figure in treeattn's model "
+        "of NCCL (NVLink 1-5 have): rated as NVLink 4; PCIe generation 9 (link n0.gpu0->n0.cpu0 and 1 more) has no "
+        "figure in treeattn's model of NCCL (PCIe 1-6 have): rated by bw_gbps as PCIe 4"]
+    # NCCL rates PCIe 1 and 2 (a VM's bridges read 2.5 GT/s) and NVLink 1 (P100): no note
+    assert warned(tmp_path / "g.yaml", text.replace("generation: 5", "generation: 1").replace(
+        "generation: 4", "generation: 1")) == []
 
 
 @pytest.mark.parametrize(("was", "now", "warning"), [
     # ns written as us: 600 ns a switch hop is 0.6
     ("switch_latency_us: 0.6", "switch_latency_us: 600",
-     "warning: link n0.nic0->leaf0 (infiniband) has latency_us 600, over 100 us for a NIC's hop to its switch "
+     "warning: link n0.nic0->leaf0 (infiniband) has latency_us 600, over 100 us for a port's hop to its switch "
      "(under 1 us in hardware); latency_us is microseconds (ns / 1000) (and 3 more)"),
     # TB written as GB: 80 GB is 0.08 TB
     ("mem_gb: 80", "mem_gb: 0.08",
@@ -646,3 +649,20 @@ def test_another_vendors_gpu_link_is_warned_about(tmp_path, fabric, model, said)
             f"  pcie: {{generation: 5, bw_gbps: 55}}\n  fabric: {fabric}\n")
     (line,) = warned(tmp_path / "v.yaml", text)
     assert line.endswith(f"): {said} (and 5 more)"), line
+
+
+def test_a_nic_no_rank_was_given_is_not_warned_about(tmp_path):
+    # 4 compute NICs, each named by its GPUs' nic, and a storage NIC on its own switch: nothing to spread
+    devices = ["  - {name: cpu, kind: cpu}", "  - {name: snic, kind: nic}", "  - {name: store, kind: switch}",
+               "  - {name: leaf, kind: switch, tier: leaf}"]
+    links = ["  - {src: snic, dst: cpu, kind: pcie, bw_gbps: 25, duplex: true}",
+             "  - {src: snic, dst: store, kind: infiniband, bw_gbps: 25, duplex: true}"]
+    for k in range(4):
+        devices.append(f"  - {{name: nic{k}, kind: nic}}")
+        links += [f"  - {{src: nic{k}, dst: cpu, kind: pcie, bw_gbps: 25, duplex: true}}",
+                  f"  - {{src: nic{k}, dst: leaf, kind: infiniband, bw_gbps: 25, duplex: true}}"]
+        for g in (2 * k, 2 * k + 1):
+            devices.append(f"  - {{name: g{g}, kind: gpu, mem_bw_gbps: 2000, model: A100-SXM4-80GB, nic: nic{k}}}")
+            links.append(f"  - {{src: g{g}, dst: cpu, kind: pcie, bw_gbps: 25, duplex: true}}")
+    text = "name: s\ndevices:\n" + "\n".join(devices) + "\nlinks:\n" + "\n".join(links) + "\n"
+    assert warned(tmp_path / "s.yaml", text) == []

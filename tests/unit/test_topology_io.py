@@ -528,10 +528,10 @@ def test_more_pcie_switches_than_gpus_are_refused():
 
 @pytest.mark.parametrize(("link", "said"), [
     ("{src: g0, dst: g1, kind: infiniband, bw_gbps: 50, duplex: true}",
-     "links[2].kind: a link of kind infiniband from 'g0', a gpu: network links join NICs, network switches and "
-     "hosts (a GPU reaches the network through a nic, over pcie)"),
-    ("{src: c, dst: n, kind: ethernet, bw_gbps: 50, duplex: true}",
-     "links[2].kind: a link of kind ethernet from 'c', a cpu"),
+     "links[2].kind: a link of kind infiniband between 'g0', a gpu, and 'g1', a gpu: a network link has a NIC, a "
+     "network switch or a host at one end at least (GPUs reach each other over nvlink, xgmi or pcie)"),
+    ("{src: c, dst: g1, kind: ethernet, bw_gbps: 50, duplex: true}",
+     "links[2].kind: a link of kind ethernet between 'c', a cpu, and 'g1', a gpu"),
     ("{src: g0, dst: n, kind: nvlink, bw_gbps: 50, duplex: true}",
      "links[2].kind: a link of kind nvlink to 'n', a nic: nvlink joins GPUs, NVSwitches and CPUs"),
 ])
@@ -550,8 +550,9 @@ def test_a_number_written_with_a_thousands_comma_is_told_as_such():
     # {mem_bw_gbps: 3,350} read as mem_bw_gbps: 3 and a key 350: 'keys should be strings (got 350)'
     text = "name: x\nnode:\n  gpus: {count: 8, mem_bw_gbps: 3,350}\n  pcie: {bw_gbps: 55}\n"
     with pytest.raises(TopologyError, match=r"<t>:3: node.gpus\[350\]: a number \(350\) where a field name goes: in "
-                                            r"\{...\} a comma ends a value, so a number written with one \(3,350\) "
-                                            r"reads as two; write it without \(3350\)"):
+                                            r"\{...\} a comma ends a value, so a number written with one reads as "
+                                            r"two \(3,350 as 3 and a field 350\); write it without \(3350\), or "
+                                            r"with a decimal point \(3.35\)"):
         load_topology_text(text, "<t>")
 
 
@@ -562,8 +563,21 @@ def test_family_file_mistakes_are_told_where_the_parameter_goes(tmp_path, monkey
     with pytest.raises(TopologyError, match=r"params.node: family dgx-h100 has no parameter 'node' \(did you mean "
                                             r"'nodes'\?\)"):
         load_topology_text("family: dgx-h100\nparams: {node: 4}\n", "<t>")
+    # a parameter of another family is no hint for this one (dgx-h100 has no gpus)
+    with pytest.raises(TopologyError) as info:
+        load_topology_text("family: dgx-h100\ngpus: 4\n", "<t>")
+    assert "unknown field 'gpus'" in str(info.value) and "go under params" not in str(info.value), info.value
     # a folder named bare (no slash) is named as one, not as an unknown topology
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine").mkdir()
     with pytest.raises(TopologyError, match=r"topology 'mine' is a folder; give a topology YAML file"):
         resolve("mine")
+
+
+def test_a_gpu_with_its_own_network_port_is_routed_over_it():
+    # Gaudi's on-chip RoCE ports: a GPU joined to a switch sends through its own port
+    devices = "".join(f"  - {{name: n{n}.g0, kind: gpu, node: {n}, mem_bw_gbps: 1}}\n" for n in range(2))
+    links = "".join(f"  - {{src: n{n}.g0, dst: sw, kind: roce, bw_gbps: 50, duplex: true}}\n" for n in range(2))
+    topo = load_topology_text(f"name: g\ndevices:\n{devices}  - {{name: sw, kind: switch, node: -1}}\nlinks:\n{links}",
+                              "<t>")
+    assert [(ln.src, ln.dst) for ln in topo.route_links(0, 1)] == [("n0.g0", "sw"), ("sw", "n1.g0")]

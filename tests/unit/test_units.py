@@ -85,7 +85,9 @@ def test_a_size_in_bits_or_past_the_largest_is_told_as_such(text, want):
     with pytest.raises(InputError) as info:
         parse_size(text, "--bytes")
     assert str(info.value).startswith(want), str(info.value)
-    assert parse_size("512b") == 512 and parse_size("1GB") == 10**9 and parse_size("1GiB") == 1 << 30
+    assert parse_size("512B") == 512 and parse_size("1GB") == 10**9 and parse_size("1GiB") == 1 << 30
+    with pytest.raises(InputError, match=r"'8b': a lower-case b is bits; write 8B or 8 for bytes"):
+        parse_size("8b", "--bytes")
 
 
 @pytest.mark.parametrize(("given", "meant"), [("llama-3.1-70", "llama-3.1-70b"), ("Llama-3.1-70B", "llama-3.1-70b"),

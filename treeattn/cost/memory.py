@@ -260,12 +260,17 @@ def weights_note(payload: Payload, topo: Topology, fraction: float = DEFAULT_MEM
         return (f"{weights} and rank {full}'s KV cache ({kv}) need more than its {kind}'s {dev}: more ranks, a "
                 "shorter sequence or a smaller batch, or weights in fewer bytes")
     room = f"{option} {most:g} at most leaves them room (activations besides)"
-    if peak_bytes is not None and peak_bytes > cap * most:
+    if peak_bytes is not None and share + peak_bytes > cap:
         need, dev = format_sizes(peak_bytes, cap)
         return (f"{weights} and the plan's peak ({need} a {kind}) need more than a {kind}'s {dev}: more ranks, a "
                 "shorter sequence or a smaller batch, or weights in fewer bytes")
     if peak_bytes is not None:
         need, usable = format_sizes(peak_bytes, int(cap * fraction))
+        if peak_bytes > cap * most:  # the fraction that leaves the weights room, to 0.01, holds not the peak
+            left, dev = format_sizes(int(cap - share - peak_bytes), cap)
+            return (f"{weights} and the plan's peak ({need} a {kind}) leave {left} of a {kind}'s {dev}, for "
+                    "activations, the CUDA context and the library's buffers: more ranks, a shorter sequence or a "
+                    "smaller batch, or weights in fewer bytes")
         return (f"{weights} and the plan's peak ({need} a {kind}) need more than the {usable} {option} {fraction:g} "
                 f"lets a {kind} use: {room}")
     if fraction >= 1:

@@ -1,10 +1,10 @@
 """The rates NCCL gives a topology's links, and what one transfer between two ranks moves.
 
 NCCL's per-link figures are below datasheet; we scale each link by NCCL's figure over the
-datasheet one (``nccl_link_bw_gbps``): NVLink 20.0/25 (gen 2-3, SM70-80),
+datasheet one (``nccl_link_bw_gbps``): NVLink 18/20 (gen 1, SM60), 20.0/25 (gen 2-3, SM70-80),
 20.6/25 (gen 4, SM90), 40.1/50 (gen 5, SM100); xGMI 48/64 (RCCL, gfx94x). A PCIe link
 NCCL rates by its generation and width alone (``topo.cc``: width x per-lane speed / 80:
-12/24/48/96 GB/s per x16 for Gen3/4/5/6), whatever rate the topology measured for it;
+3/6/12/24/48/96 GB/s per x16 for Gen1-6), whatever rate the topology measured for it;
 a PCIe link without a width is scaled like the others, from the datasheet x16 figure;
 network links at their port speed (NCCL takes the NIC speed). So an 18-link H100 gives
 18 x 20.6 = 370.8 GB/s. A GPU's fabric links and a NIC's network links summed at those
@@ -71,10 +71,12 @@ issues 384 and 1639: CPUs that handle two-way traffic badly; 28 GB/s on 8 RTX 50
 channels forced): a tuned machine's rate is its ``cost.shm_gbps`` (``shm_rate_gbps``), which
 ``calibrate --from-nccl-tests`` fits from a log of such GPUs."""
 # NCCL's per-link figure over the datasheet's, by NVLink generation.
-_NVLINK_SCALE = {2: 20.0 / 25.0, 3: 20.0 / 25.0, 4: 20.6 / 25.0, 5: 40.1 / 50.0}
+# NVLink 1 (Pascal): topo.h SM60_NVLINK_BW 18 against P100's 20 GB/s a link one way.
+_NVLINK_SCALE = {1: 18.0 / 20.0, 2: 20.0 / 25.0, 3: 20.0 / 25.0, 4: 20.6 / 25.0, 5: 40.1 / 50.0}
 _XGMI_SCALE = 48.0 / 64.0
-_PCIE_X16 = {3: 12.0, 4: 24.0, 5: 48.0, 6: 96.0}
-_PCIE_DATASHEET_X16 = {3: 15.75, 4: 31.5, 5: 63.0, 6: 126.0}
+# topo.cc kvDictPciGen: 15, 30, 60, 120, 240, 480 (x100 Mb/s a lane) for 2.5-64 GT/s, x16 / 80.
+_PCIE_X16 = {1: 3.0, 2: 6.0, 3: 12.0, 4: 24.0, 5: 48.0, 6: 96.0}
+_PCIE_DATASHEET_X16 = {1: 4.0, 2: 8.0, 3: 15.75, 4: 31.5, 5: 63.0, 6: 126.0}
 
 
 def _nvlink_gen(link: Link, arch: str) -> int:
@@ -84,10 +86,10 @@ def _nvlink_gen(link: Link, arch: str) -> int:
 
 
 def unrated_generation_note(topo: Topology) -> str | None:
-    """A warning where links of ``topo`` name an NVLink or PCIe generation NCCL's rating of a link
-    has no figure for (NVLink 2-5, PCIe 3-6): ``nccl_link_bw_gbps`` then rates them as NVLink 4 or
-    from their ``bw_gbps`` as PCIe 4, and a typo there (generation 9) would go unnoticed; None
-    where there is none."""
+    """A warning where links of ``topo`` name an NVLink or PCIe generation treeattn's model of
+    NCCL's rating has no figure for (NVLink 1-5, PCIe 1-6): ``nccl_link_bw_gbps`` then rates them
+    as NVLink 4 or from their ``bw_gbps`` as PCIe 4, and a typo there (generation 9) would go
+    unnoticed; None where there is none."""
     known = {LinkKind.NVLINK: _NVLINK_SCALE, LinkKind.PCIE: _PCIE_X16}
     found: dict[tuple[LinkKind, int], list[Link]] = {}
     for ln in topo.links:
@@ -103,8 +105,8 @@ def unrated_generation_note(topo: Topology) -> str | None:
         first = links[0]
         more = len({frozenset((ln.src, ln.dst)) for ln in links}) - 1
         where = f"link {first.src}->{first.dst}" + (f" and {more} more" if more else "")
-        parts.append(f"{name} generation {gen} ({where}) has no NCCL figure ({name} {min(table)}-{max(table)} have): "
-                     f"{rated}")
+        parts.append(f"{name} generation {gen} ({where}) has no figure in treeattn's model of NCCL ({name} "
+                     f"{min(table)}-{max(table)} have): {rated}")
     return f"{topo.name}: " + "; ".join(parts)
 
 

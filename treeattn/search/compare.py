@@ -90,9 +90,9 @@ def expand_topologies(spec: str, nodes: Sequence[int] | None = None) -> list[str
                              f"{spec!r}: a shipped topology or file has its node count")
         params = [p.name for p in FAMILIES[name].params]
         if "nodes" not in params:  # gb200-nvl72 grows by racks: 'has no parameter nodes' named a flag not typed
-            examples = {"racks": "{1,2}", "ranks": "{4,8}"}
-            size = next((p for p in params if p in examples), None)
-            how = f"; it grows by {size}: --topology '{name}:{size}={examples[size]}'" if size else ""
+            size = next((p for p in params if p in ("racks", "ranks")), None)
+            counts = "{" + ",".join(map(str, nodes)) + "}"
+            how = f"; it grows by {size}: --topology '{name}:{size}={counts}'" if size else ""
             raise InputError(f"--nodes: family {name} has no node count (its parameters: {', '.join(params)}){how}")
         sep = "," if ":" in spec else ":"
         return [f"{spec}{sep}nodes={n}" for n in nodes]

@@ -50,8 +50,8 @@ def unfitted_attention_note(topo: Topology) -> str | None:
     if gpu.kind is not DeviceKind.GPU or any(v is not None for v in (c.attn_launch_us, c.attn_efficiency,
                                                                        c.attn_gbps)):
         return None
-    times = (f"{topo.name} times decode attention by its defaults, {c.launch_us:g} us a call and "
-             f"{c.mem_efficiency:g} of memory bandwidth")
+    times = (f"{topo.name} times decode attention by the merge kernels' figures, launch_us {c.launch_us:g} us a call "
+             f"and mem_efficiency {c.mem_efficiency:g} of memory bandwidth")
     fit = published_attention_fit(gpu.model or "")
     if fit is not None:
         which, spec = fit

@@ -134,7 +134,7 @@ def topology_from_data(data: Any, source: str = "<data>", lines: _LineMap | None
     try:
         spec = model.model_validate(data)
     except ValidationError as exc:
-        loc, message = _first_error(exc, model, lines)
+        loc, message = _first_error(exc, model, lines, data.get("family"))
         raise fail(loc, message) from None
     try:
         if isinstance(spec, ExplicitFile):
@@ -284,18 +284,16 @@ _NETWORK_ENDS = frozenset({DeviceKind.NIC, DeviceKind.SWITCH, DeviceKind.HOST})
 
 
 def _check_link_ends(i: int, kind: LinkKind, src: Device, dst: Device) -> None:
-    """Refuse a link no route would take: a network link (InfiniBand, RoCE, Ethernet) from a
-    device that reaches the network through a NIC, or a GPU fabric link (NVLink, xGMI) to a
-    NIC, a network switch or a host. Routes never used them, so such a link was read and
-    ignored without a word (an InfiniBand link between two GPUs left their rate at PCIe's)."""
+    """Refuse a link no route would take: a network link (InfiniBand, RoCE, Ethernet) with no NIC,
+    network switch or host at either end (two GPUs: read and ignored, their rate left at PCIe's;
+    a GPU with its own port, as Gaudi's, joins a switch and is routed over it), or a GPU fabric
+    link (NVLink, xGMI) to a NIC, a network switch or a host."""
     cls = link_class(kind)
-    if cls is LinkClass.NETWORK:
-        bad = next((d for d in (src, dst) if d.kind not in _NETWORK_ENDS), None)
-        if bad is not None:
-            raise FieldError(("links", i, "kind"), f"a link of kind {kind.value} from {bad.name!r}, a "
-                             f"{bad.kind.value}: network links join NICs, network switches and hosts (a GPU "
-                             "reaches the network through a nic, over pcie)")
-    elif cls is LinkClass.GPU_FABRIC:
+    if cls is LinkClass.NETWORK and src.kind not in _NETWORK_ENDS and dst.kind not in _NETWORK_ENDS:
+        raise FieldError(("links", i, "kind"), f"a link of kind {kind.value} between {src.name!r}, a {src.kind.value}, "
+                         f"and {dst.name!r}, a {dst.kind.value}: a network link has a NIC, a network switch or a "
+                         "host at one end at least (GPUs reach each other over nvlink, xgmi or pcie)")
+    if cls is LinkClass.GPU_FABRIC:
         bad = next((d for d in (src, dst) if d.kind in _NETWORK_ENDS), None)
         if bad is not None:
             raise FieldError(("links", i, "kind"), f"a link of kind {kind.value} to {bad.name!r}, a "
@@ -416,13 +414,16 @@ class _LineMap:
         return line
 
 
-def _family_param(key: str) -> bool:
+def _family_param(family: object, key: str) -> bool:
+    """Whether ``key`` is a parameter of the family a family file names (``family``)."""
     from treeattn.topology.families import FAMILIES
 
-    return any(p.name == key for fam in FAMILIES.values() for p in fam.params)
+    fam = FAMILIES.get(family) if isinstance(family, str) else None
+    return fam is not None and any(p.name == key for p in fam.params)
 
 
-def _first_error(exc: ValidationError, model: type[BaseModel], lines: _LineMap) -> tuple[Loc, str]:
+def _first_error(exc: ValidationError, model: type[BaseModel], lines: _LineMap,
+                 family: object = None) -> tuple[Loc, str]:
     errors = exc.errors(include_url=False)
     # First in the file; on one line a misspelt field beats the "missing" it causes.
     errors.sort(key=lambda e: (lines.line(tuple(e["loc"])) or 0, e["type"] != "extra_forbidden"))
@@ -437,14 +438,15 @@ def _first_error(exc: ValidationError, model: type[BaseModel], lines: _LineMap) 
         msg = f"unknown field {loc[-1]!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
         if allowed:
             msg += f"; allowed here: {', '.join(allowed)}"
-        if model is FamilyFile and len(loc) == 1 and _family_param(str(loc[0])):
+        if model is FamilyFile and len(loc) == 1 and _family_param(family, str(loc[0])):
             msg += f" (a family's parameters go under params: params: {{{loc[0]}: ...}})"
     elif kind == "missing":
         msg = "missing required field"
     elif kind == "invalid_key" and isinstance(value, int | float):
         # {mem_bw_gbps: 3,350} is YAML for mem_bw_gbps: 3 and a field named 350 with no value
         msg = (f"a number ({value!r}) where a field name goes: in {{...}} a comma ends a value, so a number "
-               "written with one (3,350) reads as two; write it without (3350)")
+               "written with one reads as two (3,350 as 3 and a field 350); write it without (3350), or with a "
+               "decimal point (3.35)")
     elif kind in ("enum", "literal_error"):
         # A Literal of enum members is listed by pydantic as their reprs
         # (<LinkKind.ROCE: 'roce'>): show the values a file spells instead.

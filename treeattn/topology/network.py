@@ -102,7 +102,13 @@ def idle_nic_note(topo: Topology) -> str | None:
     every GPU as each other, the nearest is the first, and every rank of the node shares it
     (a 2 x 8 H100 all-reduce at 69 GB/s of bus bandwidth instead of 441); None where not."""
     sharing = nic_sharing(topo)
-    if sharing is None or not sharing["idle"] or max(int(k) for k in sharing["ranks_per_nic"]) < 2:
+    if sharing is None or not sharing["idle"]:
+        return None
+    # Only the nearest-NIC rule crowds ranks by itself: ranks whose device names its nic were put
+    # there (beside a storage NIC on its own switch, say).
+    idx = topo._index
+    chosen = Counter(idx.nic_of(dev) for dev in map(topo.rank_device, range(topo.num_ranks)) if not dev.nic)
+    if not chosen or max(chosen.values()) < 2:
         return None
     idle = sharing["idle"]
     busy = sharing["nics"] - len(idle)

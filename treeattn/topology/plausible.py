@@ -39,10 +39,11 @@ NIC, 50 GB/s, sits on PCIe 5.0 x16, about 55): more is a port written in Gb/s.""
 PCIE_MAX_GBPS = 128.0
 """A PCIe link above 128 GB/s one way: PCIe 6.0 x16, the fastest sold, moves 128 (64 GT/s x 16
 lanes); PCIe 5.0 x16 written in Gb/s as lanes times transfer rate gives 512."""
-NVLINK_PER_LINK_GBPS: dict[int, float] = {2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
+NVLINK_PER_LINK_GBPS: dict[int, float] = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
 """One NVLink, one direction, by generation (docs/hardware.md NVLink 3/4/5 rows; NVLink 2 from the
-V100 datasheet). NVIDIA's own figures count both directions: H100's 900 GB/s is 18 links of 25."""
-NVLINK_LANE_MIN_GBPS: dict[int | None, float] = {2: 25.0, 3: 14.0625, 4: 25.0, 5: 50.0, None: 14.0625}
+V100 datasheet; NVLink 1 from P100's: 4 links, 80 GB/s one way). NVIDIA's own figures count both
+directions: H100's 900 GB/s is 18 links of 25."""
+NVLINK_LANE_MIN_GBPS: dict[int | None, float] = {1: 20.0, 2: 25.0, 3: 14.0625, 4: 25.0, 5: 50.0, None: 14.0625}
 """The slowest NVLink lane of each generation, one direction (NVLink 3's is the GA102 bridge's: A40 and
 RTX 3090, 4 links of 14.0625; the rest as ``NVLINK_PER_LINK_GBPS``), and of any (None)."""
 XGMI_PER_LINK_GBPS = 64.0
@@ -55,9 +56,9 @@ HOP_MAX_US = {LinkClass.GPU_FABRIC: 100.0, LinkClass.PCIE: 100.0, LinkClass.NETW
 """A link's latency above 100 us inside a node (NVLink and PCIe: about 1 us) or 1 ms between
 nodes (a switch hop: under 1 us; a long-haul link a few hundred)."""
 SWITCH_HOP_MAX_US = 100.0
-"""A NIC's link to its switch above 100 us: a switch hop takes under 1 us (InfiniBand about 0.1-0.6,
-Ethernet a few; a software network of kernel sockets, as the emulated clusters', tens), so more is
-nanoseconds written as microseconds (compact form: ``network.switch_latency_us``)."""
+"""A port's link to its switch (a NIC's, a host's) above 100 us: a switch hop takes under 1 us
+(InfiniBand about 0.1-0.6, Ethernet a few; a software network of kernel sockets, as the emulated
+clusters', tens), so more is nanoseconds written as microseconds (``network.switch_latency_us``)."""
 
 
 def implausible(topo: Topology) -> list[str]:
@@ -66,6 +67,8 @@ def implausible(topo: Topology) -> list[str]:
     found: dict[str, list[str]] = {}
     nics = {d.name for d in topo.devices if d.kind is DeviceKind.NIC}
     switches = {d.name for d in topo.devices if d.kind is DeviceKind.SWITCH}
+    # a network port's own cable to its switch: a NIC's, a host's, a GPU with its own port's
+    ports = {d.name for d in topo.devices if d.kind is not DeviceKind.SWITCH}
     for d in topo.devices:
         if d.kind is not DeviceKind.GPU:
             continue
@@ -121,17 +124,18 @@ def implausible(topo: Topology) -> list[str]:
             found.setdefault("vendor", []).append(f"{what}: {vendor}")
         if ln.kind is LinkKind.XGMI and gbps > 1.25 * XGMI_PER_LINK_GBPS * ln.count:
             ratio = gbps / (XGMI_PER_LINK_GBPS * ln.count)
-            why = ("; bw_gbps is one direction: AMD's figures count both" if abs(ratio - 2) < 0.2 else
-                   "; bw_gbps is one GPU pair's, not a GPU's links together" if ratio > 2.5 else "")
+            why = (f"; {field} is one direction: AMD's figures count both" if abs(ratio - 2) < 0.2 else
+                   f"; {field} is one GPU pair's, not a GPU's links together (or give count, the links joining "
+                   "the pair: MI250X's two dies, 4)" if ratio > 2.5 else "")
             links = (f"one xGMI link moves one way ({XGMI_PER_LINK_GBPS:g} on MI300X)" if ln.count == 1 else
                      f"its {ln.count} xGMI links move one way ({XGMI_PER_LINK_GBPS * ln.count:g}, "
                      f"{XGMI_PER_LINK_GBPS:g} each on MI300X)")
             found.setdefault("xgmi", []).append(f"{what} has {field} {gbps:g}, more than {links}{why}")
         limit = HOP_MAX_US.get(ln.cls)
-        if ln.cls is LinkClass.NETWORK and {ln.src, ln.dst} & nics and {ln.src, ln.dst} & switches:
+        if ln.cls is LinkClass.NETWORK and {ln.src, ln.dst} & ports and {ln.src, ln.dst} & switches:
             if ln.latency_us > SWITCH_HOP_MAX_US:
                 found.setdefault("switch hop latency_us", []).append(
-                    f"{what} has latency_us {ln.latency_us:g}, over {SWITCH_HOP_MAX_US:g} us for a NIC's hop to its "
+                    f"{what} has latency_us {ln.latency_us:g}, over {SWITCH_HOP_MAX_US:g} us for a port's hop to its "
                     "switch (under 1 us in hardware); latency_us is microseconds (ns / 1000)")
             limit = None
         if limit is not None and ln.latency_us > limit:
