@@ -172,7 +172,8 @@ def test_a_run_without_predictions_does_not_say_what_predicted_it(capsys) -> Non
              "max_rel_err": 0.0, "same_bits": True}]
     _table(pd.DataFrame(rows), Path("runs/c.csv"), False)
     first = capsys.readouterr().out.splitlines()[0]
-    assert first == "raw 4096B fp32 sum; not predicted (my-lab not found: pass --topology)", first
+    assert first == ("raw 4096B fp32 sum; not predicted (my-lab not found, or changed since the plan: pass "
+                     "--topology)"), first
     rows[0].update(predicted_us=80.0, rel_error=0.125)
     _table(pd.DataFrame(rows), Path("runs/c.csv"), True)
     assert capsys.readouterr().out.splitlines()[0] == "raw 4096B fp32 sum; predicted on my-lab"

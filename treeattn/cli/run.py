@@ -231,7 +231,7 @@ def _table(frame, path: Path, calibrated: bool) -> None:  # noqa: ANN001 - a Dat
     # Two short lines (within 80 columns for the usual names), not one long title: the workload
     # and what predicted it, then the plan, its ranks and backend as the table's title.
     if frame["predicted_us"].map(_missing).all():  # the plan's topology was not found: nothing predicted
-        what = f"not predicted ({first['topology']} not found: pass --topology)"
+        what = f"not predicted ({first['topology']} not found, or changed since the plan: pass --topology)"
     else:
         what = f"predicted on {first['topology']}{'' if calibrated else ' (uncalibrated)'}"
     con.print(escape(f"{first['workload']}; {what}"))

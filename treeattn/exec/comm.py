@@ -401,7 +401,10 @@ class Comm:
             else:
                 work.wait()
         except RuntimeError as exc:
-            raise CommError(f"rank {self.rank}: {what} failed: {_first_line(exc)}") from exc
+            said = _first_line(exc)
+            if "timed out" in said.lower() and self.backend == "gloo":  # gloo's words name no limit
+                said += f" (the {'set-up' if setup else 'operation'} timeout, {timeout.total_seconds():g} s)"
+            raise CommError(f"rank {self.rank}: {what} failed: {said}") from exc
         if self.cuda and self.tracking:
             self.track(what)
             if setup:
