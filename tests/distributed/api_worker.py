@@ -333,6 +333,48 @@ def orders(rank: int, p: int):  # noqa: ANN201
     yield out
 
 
+def order_check(rank: int, p: int):  # noqa: ANN201
+    """Two Mergers of a plan of collectives (all-gather + merge: no tag tells two Mergers' calls
+    apart) with check_order: in one order they merge exactly; rank 0 calling A then B while the
+    others call B then A raises ExecutionError on every rank before anything is sent, and calls in
+    one order merge exactly again afterwards."""
+    import time
+
+    from treeattn.errors import ExecutionError
+
+    w = _workload(p)
+    plan = build("allgather-merge", w, REF)
+    a, b = (treeattn.Merger(plan, timeout_s=10.0, check_order=True) for _ in range(2))
+    g = torch.Generator().manual_seed(rank)
+    inputs = {name: (torch.randn(w.batch, w.q_heads, w.head_dim, generator=g), torch.randn(w.batch, w.q_heads,
+                                                                                        generator=g))
+              for name in ("a", "b")}
+
+    def want(o, lse):  # noqa: ANN001, ANN202
+        every, lses = [torch.zeros_like(o) for _ in range(p)], [torch.zeros_like(lse) for _ in range(p)]
+        dist.all_gather(every, o)
+        dist.all_gather(lses, lse)
+        return (torch.stack(every) * torch.softmax(torch.stack(lses), 0).unsqueeze(-1)).sum(0)
+
+    exact = {name: want(*inputs[name]) for name in inputs}
+
+    def error(name_merger):  # noqa: ANN001, ANN202
+        name, merger = name_merger
+        return (merger(*inputs[name])[0] - exact[name]).abs().max().item()
+
+    out = {"in_order": max(error(x) for x in (("a", a), ("b", b)))}
+    first = ("a", a) if rank == 0 else ("b", b)
+    t0 = time.monotonic()
+    try:
+        error(first)
+        out["swapped"] = "no error"
+    except ExecutionError as exc:
+        out["swapped"] = f"{type(exc).__name__}: {exc}"
+    out["swapped_s"] = time.monotonic() - t0
+    out["again"] = max(error(x) for x in (("a", a), ("b", b)))
+    yield out
+
+
 def spaces(rank: int, p: int, out_dir: str):  # noqa: ANN201
     """Tag spaces agree across ranks. Two Mergers, one given the world as None and one as
     ``dist.group.WORLD``, called in different orders time out instead of merging each other's
@@ -498,7 +540,8 @@ def empty_conventions(rank: int, p: int):  # noqa: ANN201
 
 TASKS = {"bits_as_predicted": bits_as_predicted, "empty_conventions": empty_conventions,
          "every_method": every_method, "mla": mla, "searched": searched, "subgroup": subgroup, "errors": errors,
-         "mixed_trio": mixed_trio, "agreement": agreement, "orders": orders, "misuse": misuse, "lonely": lonely,
+         "mixed_trio": mixed_trio, "agreement": agreement, "orders": orders,
+         "order_check": order_check, "misuse": misuse, "lonely": lonely,
          "baselines_pooled": baselines_worker.pooled, "baselines_runner_pools": baselines_worker.runner_pools}
 
 

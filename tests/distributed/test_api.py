@@ -216,6 +216,20 @@ def test_mergers_called_in_different_orders_time_out_instead_of_mixing_their_par
                for (item,) in ranks), ranks
 
 
+def test_check_order_catches_mergers_called_in_different_orders_before_anything_is_sent(tmp_path):
+    # A plan of collectives has no tags to tell two Mergers apart: called in different orders,
+    # the ranks merged each other's partials without an error. With check_order every rank
+    # raises at once, naming each rank's call, and calls in one order merge exactly afterwards.
+    ranks = run("order_check", 2, tmp_path)
+    for r, (item,) in enumerate(ranks):
+        assert item["in_order"] <= 1e-5 and item["again"] <= 1e-5, (r, item)
+        assert item["swapped"].startswith("ExecutionError: Merger: the ranks make different calls (rank 0: the "
+                                          "group's Merger "), (r, item)
+        assert "call 2; rank 1: the group's Merger " in item["swapped"], (r, item)
+        assert item["swapped"].endswith("nothing was sent, so calls in one order from here on merge as before"), item
+        assert item["swapped_s"] < 5, (r, item)
+
+
 def test_tag_spaces_agree_after_a_failed_construction_and_for_the_world_given_as_itself(tmp_path):
     # Each rank counted its Mergers' tag spaces alone: after rank 0's Merger failed before its
     # Comm, every later Merger had space 1 on rank 0 and 2 on rank 1, and every call timed out

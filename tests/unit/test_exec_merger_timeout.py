@@ -1,5 +1,6 @@
 """``Merger``'s ``timeout_s`` is checked where it is given: a value no deadline can hold is a
-``ValueError`` naming it, not an ``OverflowError`` from deep in the transport."""
+``ValueError`` naming it, not an ``OverflowError`` from deep in the transport; ``check_order``
+takes a bool and, on one rank, merges as without it (tests/distributed: on two)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,18 @@ def test_the_pair_communicators_watchdog_outlasts_the_mergers_own_deadline(gloo_
     merge = treeattn.Merger(gloo_world_of_one, timeout_s=timeout_s)
     assert merge._comm.watchdog == datetime.timedelta(seconds=watchdog_s)
     assert merge._comm.op_timeout == datetime.timedelta(seconds=timeout_s)
+
+
+@pytest.mark.parametrize("check_order", ["yes", 1, None])
+def test_check_order_takes_a_bool_only(gloo_world_of_one, check_order):
+    with pytest.raises(TypeError, match=r"Merger: check_order must be True or False, got "):
+        treeattn.Merger(gloo_world_of_one, check_order=check_order)
+
+
+def test_one_rank_checking_its_order_merges_as_without(gloo_world_of_one):
+    merge = treeattn.Merger(gloo_world_of_one, check_order=True)
+    w = merge.plan.workload
+    o, lse = torch.randn(w.batch, w.q_heads, w.head_dim), torch.randn(w.batch, w.q_heads)
+    for _ in range(2):
+        got_o, got_lse = merge(o, lse)
+        assert torch.equal(got_o, o) and torch.equal(got_lse, lse)

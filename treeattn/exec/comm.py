@@ -223,6 +223,7 @@ class Comm:
         error is the one raised."""
         # The world passed as itself (dist.group.WORLD) is the world: one tag count, one space count.
         self._key = id(group) if group is not None and group is not dist.GroupMember.WORLD else 0
+        self.serial = 0
         self._space = 0
         """The tag space of this Comm's messages: 0, or one of its own that every rank of the
         group agreed on (``claim_space``). Messages match only within a space: ranks that call
@@ -504,6 +505,7 @@ class Comm:
         mine = torch.tensor([_SPACES[self._key]], dtype=torch.int64, device=self.device)
         top = int(self.all_reduce(mine, "max", what, setup=True).item()) + 1
         _SPACES[self._key] = top
+        self.serial = top  # its number among the group's Comms that claimed one: the same on every rank
         self._space = 1 + (top - 1) % (TAG_SPACES - 1)
 
     def differing(self, text: str, what: str) -> str | None:

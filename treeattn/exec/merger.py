@@ -54,6 +54,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
+from treeattn.errors import ExecutionError
 from treeattn.exec import kernels
 from treeattn.exec.attention import torch_dtype
 from treeattn.exec.comm import LONGEST_TIMEOUT_S, Comm, CommError
@@ -170,6 +171,10 @@ class Merger:
             None: on with NCCL. A capture that fails on any rank leaves every rank eager,
             with one line on stderr saying why (and ``graph`` False). Calls made inside the
             caller's CUDA graph capture neither capture nor replay it (module docstring).
+        check_order: before each call, check with every rank that all make the same Merger's
+            same call (one small all-gather, on NCCL a wait for the device: for debugging), and
+            raise ``ExecutionError`` on every rank, before anything is sent, where they do not.
+            Give it alike on every rank. Calls inside a caller's CUDA graph capture are not checked.
 
     Every rank of the group constructs its Merger at the same point of its program (on NCCL
     the ranks that exchange messages open a communicator per pair then).
@@ -193,7 +198,7 @@ class Merger:
 
     def __init__(self, plan: Plan | str | Path, group: dist.ProcessGroup | None = None,
                  device: torch.device | str | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 graph: bool | None = None) -> None:
+                 graph: bool | None = None, check_order: bool = False) -> None:
         if not isinstance(plan, (Plan, str, Path)):
             raise TypeError(f"Merger: plan must be a Plan, or a plan file's path or text, got {type(plan).__name__}")
         if not isinstance(plan, Plan):
@@ -226,6 +231,8 @@ class Merger:
         size = dist.get_world_size(group)
         if size != plan.ranks:
             raise ValueError(f"plan {plan.algorithm!r} has {plan.ranks} ranks but the process group has {size}")
+        if not isinstance(check_order, bool):
+            raise TypeError(f"Merger: check_order must be True or False, got {check_order!r}")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
             raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
         if timeout_s > LONGEST_TIMEOUT_S:  # inf ('no timeout') included
@@ -257,6 +264,8 @@ class Merger:
         """Whether calls replay a CUDA graph of the Merger's own: as asked until the second call
         (outside a caller's capture) captures it, then whether that worked on every rank."""
         self._capture = self.graph
+        self.check_order = check_order
+        """Whether each call first checks, with every rank, that all call the same Merger's same call."""
         self._run = self._exec.run
         self._calls = 0
         """Calls made outside a caller's CUDA graph capture."""
@@ -371,6 +380,8 @@ class Merger:
         comm = self._comm
         if comm.cuda and torch.cuda.is_current_stream_capturing():
             return self._merge_captured(o, lse)
+        if self.check_order:
+            self._check_order()
         try:
             comm.calls.check()  # the earlier calls' communication, within the timeout; waits only when far ahead
         except CommError as exc:
@@ -389,6 +400,22 @@ class Merger:
         self._calls += 1
         comm.calls.add(comm.untracked(), self._run.name if isinstance(self._run, Graphed) else None)
         return self._mine(acc, o.dtype)
+
+    def _check_order(self) -> None:
+        """Raise ``ExecutionError`` on every rank unless every rank makes the same Merger's same
+        call (one all-gather of (its number on the group, its calls), before anything is sent):
+        calls in different orders would otherwise merge another Merger's partials wherever no
+        tag tells them apart (a plan's collectives, NCCL), and return wrong rows."""
+        mine = torch.tensor([self._comm.serial, self._calls], dtype=torch.int64, device=self.device)
+        try:
+            every = self._comm.all_gather(mine, "Merger order check").view(-1, 2).tolist()
+        except CommError as exc:
+            raise CommError(f"{exc} ({self._failed(f'the order check of Merger call {self._calls + 1}')})") from exc
+        if all(row == every[self.rank] for row in every):
+            return
+        calls = "; ".join(f"rank {r}: the group's Merger {m}, call {c + 1}" for r, (m, c) in enumerate(every))
+        raise ExecutionError(f"Merger: the ranks make different calls ({calls}): every rank calls its Mergers in one "
+                             "order; nothing was sent, so calls in one order from here on merge as before")
 
     def _merge_captured(self, o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """A call inside the caller's CUDA graph capture: the program runs eagerly into it, with
