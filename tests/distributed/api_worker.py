@@ -289,6 +289,22 @@ def lonely(rank: int, p: int):  # noqa: ANN201
     yield out
 
 
+def _two_inputs(rank: int, p: int, w) -> tuple[dict, dict]:  # noqa: ANN001 - a Workload
+    """Two partials of this rank, "a" and "b", and their exact merges over the world."""
+    g = torch.Generator().manual_seed(rank)
+    inputs = {name: (torch.randn(w.batch, w.q_heads, w.head_dim, generator=g), torch.randn(w.batch, w.q_heads,
+                                                                                        generator=g))
+              for name in ("a", "b")}
+
+    def want(o, lse):  # noqa: ANN001, ANN202
+        every, lses = [torch.zeros_like(o) for _ in range(p)], [torch.zeros_like(lse) for _ in range(p)]
+        dist.all_gather(every, o)
+        dist.all_gather(lses, lse)
+        return (torch.stack(every) * torch.softmax(torch.stack(lses), 0).unsqueeze(-1)).sum(0)
+
+    return inputs, {name: want(*inputs[name]) for name in inputs}
+
+
 def orders(rank: int, p: int):  # noqa: ANN201
     """Two Mergers of one plan (two layers, say): called in one order on every rank they merge
     exactly, also where the messages' sequence numbers wrap; called in different orders, rank
@@ -303,18 +319,7 @@ def orders(rank: int, p: int):  # noqa: ANN201
     w = _workload(p)
     plan = build("binomial", w, REF)
     a, b = treeattn.Merger(plan, timeout_s=3.0), treeattn.Merger(plan, timeout_s=3.0)
-    g = torch.Generator().manual_seed(rank)
-    inputs = {name: (torch.randn(w.batch, w.q_heads, w.head_dim, generator=g), torch.randn(w.batch, w.q_heads,
-                                                                                        generator=g))
-              for name in ("a", "b")}
-
-    def want(o, lse):  # noqa: ANN001, ANN202
-        every, lses = [torch.zeros_like(o) for _ in range(p)], [torch.zeros_like(lse) for _ in range(p)]
-        dist.all_gather(every, o)
-        dist.all_gather(lses, lse)
-        return (torch.stack(every) * torch.softmax(torch.stack(lses), 0).unsqueeze(-1)).sum(0)
-
-    exact = {name: want(*inputs[name]) for name in inputs}
+    inputs, exact = _two_inputs(rank, p, w)
     out = {}
     for key in [k for k in comm._TAGS if k[1] == a._comm._space]:  # the next message's number wraps to 0
         comm._TAGS[key] = (1 << SEQ_BITS) - 1
@@ -345,18 +350,7 @@ def order_check(rank: int, p: int):  # noqa: ANN201
     w = _workload(p)
     plan = build("allgather-merge", w, REF)
     a, b = (treeattn.Merger(plan, timeout_s=10.0, check_order=True) for _ in range(2))
-    g = torch.Generator().manual_seed(rank)
-    inputs = {name: (torch.randn(w.batch, w.q_heads, w.head_dim, generator=g), torch.randn(w.batch, w.q_heads,
-                                                                                        generator=g))
-              for name in ("a", "b")}
-
-    def want(o, lse):  # noqa: ANN001, ANN202
-        every, lses = [torch.zeros_like(o) for _ in range(p)], [torch.zeros_like(lse) for _ in range(p)]
-        dist.all_gather(every, o)
-        dist.all_gather(lses, lse)
-        return (torch.stack(every) * torch.softmax(torch.stack(lses), 0).unsqueeze(-1)).sum(0)
-
-    exact = {name: want(*inputs[name]) for name in inputs}
+    inputs, exact = _two_inputs(rank, p, w)
 
     def error(name_merger):  # noqa: ANN001, ANN202
         name, merger = name_merger
