@@ -421,16 +421,18 @@ def spaces(rank: int, p: int, out_dir: str):  # noqa: ANN201
 
 
 def agreement(rank: int, p: int):  # noqa: ANN201
-    """Ranks holding different plans, inputs that require grad, a group this rank is not in:
-    one ValueError each, on every rank, at once; fp8 partials on the wire merge."""
+    """Ranks holding different plans or check_order (rank 0 alone checking took its peers' partials
+    for its check), inputs that require grad, a group this rank is not in: one ValueError each, on
+    every rank, at once; fp8 partials on the wire merge."""
     w = _workload(p)
     out = {}
     other = Workload(batch=1, q_heads=16, kv_heads=2, head_dim=16, split=w.split)  # as many rows as w
     for label, mine in (("algorithm", "binomial" if rank == 0 else "ring"),
-                        ("shape", _workload(p) if rank == 0 else other)):
-        plan = build(mine, w, REF) if label == "algorithm" else build("allgather-merge", mine, REF)
+                        ("shape", _workload(p) if rank == 0 else other), ("check_order", rank == 0)):
+        plan = (build(mine, w, REF) if label == "algorithm" else
+                build("allgather-merge", mine if label == "shape" else w, REF))
         try:
-            treeattn.Merger(plan, timeout_s=5.0)
+            treeattn.Merger(plan, timeout_s=5.0, check_order=mine if label == "check_order" else False)
             out[label] = "no error"
         except ValueError as exc:
             out[label] = str(exc)

@@ -250,9 +250,10 @@ def test_tag_spaces_agree_after_a_failed_construction_and_for_the_world_given_as
 def test_plans_that_differ_across_ranks_grad_and_outsiders_raise_and_fp8_wire_merges(tmp_path):
     ranks = run("agreement", 3, tmp_path)
     for r, (item, *fp8) in enumerate(ranks):
-        for label in ("algorithm", "shape"):  # every rank says so, at construction, instead of hanging or aborting
-            assert item[label].startswith("Merger: the ranks of the group hold different plans (ranks 1, 2 differ "
-                                          "from rank 0"), (r, label, item[label])
+        for label in ("algorithm", "shape", "check_order"):  # every rank says so, at construction, not hanging
+            assert item[label].startswith("Merger: the ranks of the group hold different plans or check_order (ranks "
+                                          "1, 2 differ from rank 0"), (r, label, item[label])
+        assert f"check_order={r == 0})" in item["check_order"], item["check_order"]
         assert "requires grad" in item["grad"] and item["no_grad"], (r, item)
         if r >= 2:
             assert "not a member of the process group" in item["outside"], item

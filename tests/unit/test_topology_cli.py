@@ -666,3 +666,18 @@ def test_a_nic_no_rank_was_given_is_not_warned_about(tmp_path):
             links.append(f"  - {{src: g{g}, dst: cpu, kind: pcie, bw_gbps: 25, duplex: true}}")
     text = "name: s\ndevices:\n" + "\n".join(devices) + "\nlinks:\n" + "\n".join(links) + "\n"
     assert warned(tmp_path / "s.yaml", text) == []
+
+
+def test_a_nic_the_nearest_rule_crowds_beside_a_named_rank_is_warned_about(tmp_path):
+    # g0 names nic0; g1 names none and the nearest rule put it on nic0 too, nic1 idle
+    text = ("name: p\ndevices:\n  - {name: cpu, kind: cpu}\n  - {name: leaf, kind: switch, tier: leaf}\n"
+            "  - {name: nic0, kind: nic}\n  - {name: nic1, kind: nic}\n"
+            "  - {name: g0, kind: gpu, mem_bw_gbps: 3350, model: H100-SXM5-80GB, nic: nic0}\n"
+            "  - {name: g1, kind: gpu, mem_bw_gbps: 3350, model: H100-SXM5-80GB}\nlinks:\n"
+            + "".join(f"  - {{src: {d}, dst: cpu, kind: pcie, bw_gbps: 55, duplex: true}}\n"
+                      for d in ("nic0", "nic1", "g0", "g1"))
+            + "".join(f"  - {{src: nic{k}, dst: leaf, kind: infiniband, bw_gbps: 50, duplex: true}}\n" for k in (0, 1)))
+    (line,) = warned(tmp_path / "p.yaml", text)
+    assert line.startswith("warning: p: 2 ranks send over the network through 1 NIC(s) while 1 carry none (nic1)"), line
+    spread = text.replace("model: H100-SXM5-80GB}", "model: H100-SXM5-80GB, nic: nic1}")
+    assert warned(tmp_path / "p.yaml", spread) == []

@@ -528,10 +528,12 @@ def test_more_pcie_switches_than_gpus_are_refused():
 
 @pytest.mark.parametrize(("link", "said"), [
     ("{src: g0, dst: g1, kind: infiniband, bw_gbps: 50, duplex: true}",
-     "links[2].kind: a link of kind infiniband between 'g0', a gpu, and 'g1', a gpu: a network link has a NIC, a "
-     "network switch or a host at one end at least (GPUs reach each other over nvlink, xgmi or pcie)"),
-    ("{src: c, dst: g1, kind: ethernet, bw_gbps: 50, duplex: true}",
-     "links[2].kind: a link of kind ethernet between 'c', a cpu, and 'g1', a gpu"),
+     "links[2].kind: a link of kind infiniband from 'g0', a gpu: network links join NICs, network switches and hosts "
+     "(a GPU reaches the network through a nic over pcie, or its own port to a switch)"),
+    ("{src: c, dst: n, kind: ethernet, bw_gbps: 50, duplex: true}",
+     "links[2].kind: a link of kind ethernet from 'c', a cpu"),
+    ("{src: g0, dst: n, kind: infiniband, bw_gbps: 50, duplex: true}",
+     "links[2].kind: a link of kind infiniband from 'g0', a gpu"),
     ("{src: g0, dst: n, kind: nvlink, bw_gbps: 50, duplex: true}",
      "links[2].kind: a link of kind nvlink to 'n', a nic: nvlink joins GPUs, NVSwitches and CPUs"),
 ])
@@ -551,8 +553,8 @@ def test_a_number_written_with_a_thousands_comma_is_told_as_such():
     text = "name: x\nnode:\n  gpus: {count: 8, mem_bw_gbps: 3,350}\n  pcie: {bw_gbps: 55}\n"
     with pytest.raises(TopologyError, match=r"<t>:3: node.gpus\[350\]: a number \(350\) where a field name goes: in "
                                             r"\{...\} a comma ends a value, so a number written with one reads as "
-                                            r"two \(3,350 as 3 and a field 350\); write it without \(3350\), or "
-                                            r"with a decimal point \(3.35\)"):
+                                            r"two \(3,350 as 3 and a field 350\); write thousands without a "
+                                            r"separator \(3350\) and decimals with a point \(12.5\)"):
         load_topology_text(text, "<t>")
 
 

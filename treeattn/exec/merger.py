@@ -174,7 +174,11 @@ class Merger:
         check_order: before each call, check with every rank that all make the same Merger's
             same call (one small all-gather, on NCCL a wait for the device: for debugging), and
             raise ``ExecutionError`` on every rank, before anything is sent, where they do not.
-            Give it alike on every rank. Calls inside a caller's CUDA graph capture are not checked.
+            Every rank gives the same (else construction raises ValueError). Only the Mergers
+            of one process group are told apart: calls of another group's Merger meet in no
+            check and fail by the timeout. Calls inside a caller's CUDA graph capture are not
+            checked. A Merger's number in the message is its place among the group's Mergers,
+            in the order the ranks built them.
 
     Every rank of the group constructs its Merger at the same point of its program (on NCCL
     the ranks that exchange messages open a communicator per pair then).
@@ -254,7 +258,7 @@ class Merger:
             self._partial = torch.empty(w.rows, w.value_dim + 1, dtype=torch.float32, device=self.device)
             self._comm = Comm(self.rank, size, "nccl" if backend == "nccl" else "gloo", self.device, timeout_s,
                               timeout_s, group=group, watchdog_s=min(WATCHDOG_FACTOR * timeout_s, LONGEST_TIMEOUT_S))
-            self._check_same_plan(plan)
+            self._check_same_plan(plan, check_order)
             self._exec = PlanExecutor(plan, self._comm, RankInputs(partial=self._partial), timed=False)
             self.wire_dtype = torch_dtype(w.partial_dtype)
             self._comm.open_pairs({(r, op.peer) for r, prog in enumerate(plan.programs) for op in prog
@@ -274,14 +278,15 @@ class Merger:
         else:
             self.rows = (0, w.rows) if self.rank in plan.result_ranks else None
 
-    def _check_same_plan(self, plan: Plan) -> None:
+    def _check_same_plan(self, plan: Plan, check_order: bool) -> None:
         """Raise ValueError on every rank unless every rank of the group holds the same merge
-        (one all-gather of a digest, at construction): ranks that built different plans (say,
-        each searched with its own sequence length) would otherwise exchange mismatched messages,
-        which hangs, aborts the process inside gloo, or silently returns wrong rows."""
+        and ``check_order`` (one all-gather of a digest, at construction): ranks that built
+        different plans (say, each searched with its own sequence length) would otherwise exchange
+        mismatched messages, which hangs, aborts the process inside gloo, or silently returns
+        wrong rows; a rank checking its order alone would take its peers' partials for the check."""
         w = plan.workload
         what = (plan.programs, plan.chunks, plan.layout, plan.result_ranks, plan.segments, w.batch, w.q_heads,
-                w.value_dim, str(w.partial_dtype))
+                w.value_dim, str(w.partial_dtype), check_order)
         try:
             self._comm.claim_space("Merger plan check")
             ranks = self._comm.differing(repr(what), "Merger plan check")
@@ -291,10 +296,11 @@ class Merger:
                             f"point of its program; a rank that did not within timeout_s = {limit:g} s, or failed "
                             "before it, leaves the others here)") from exc
         if ranks:
-            raise ValueError(f"Merger: the ranks of the group hold different plans ({ranks} from rank 0; "
-                             f"this rank's is {plan.algorithm!r}, B={w.batch}, Hq={w.q_heads}, Dv={w.value_dim}, "
-                             f"partial_dtype={w.partial_dtype}, result={plan.result}, chunks={plan.chunks}): "
-                             "build every rank's Merger from one plan")
+            raise ValueError(f"Merger: the ranks of the group hold different plans or check_order ({ranks} from "
+                             f"rank 0; this rank's is {plan.algorithm!r}, B={w.batch}, Hq={w.q_heads}, "
+                             f"Dv={w.value_dim}, partial_dtype={w.partial_dtype}, result={plan.result}, "
+                             f"chunks={plan.chunks}, check_order={check_order}): build every rank's Merger from one "
+                             "plan, with the same check_order")
 
     def _failed(self, which: str) -> str:
         """What to look for where ``which`` call's communication failed."""
@@ -407,14 +413,16 @@ class Merger:
         calls in different orders would otherwise merge another Merger's partials wherever no
         tag tells them apart (a plan's collectives, NCCL), and return wrong rows."""
         mine = torch.tensor([self._comm.serial, self._calls], dtype=torch.int64, device=self.device)
-        try:
-            every = self._comm.all_gather(mine, "Merger order check").view(-1, 2).tolist()
+        try:  # setup=True: on NCCL the host waits for it (and the calls before it) within the deadline
+            every = self._comm.all_gather(mine, "Merger order check", setup=True).view(-1, 2).tolist()
         except CommError as exc:
             raise CommError(f"{exc} ({self._failed(f'the order check of Merger call {self._calls + 1}')})") from exc
         if all(row == every[self.rank] for row in every):
             return
         calls = "; ".join(f"rank {r}: the group's Merger {m}, call {c + 1}" for r, (m, c) in enumerate(every))
-        raise ExecutionError(f"Merger: the ranks make different calls ({calls}): every rank calls its Mergers in one "
+        w = self._w
+        raise ExecutionError(f"Merger: the ranks make different calls ({calls}; this rank's Merger {self._comm.serial} "
+                             f"merges plan {self.plan.algorithm!r}, B={w.batch}): every rank calls its Mergers in one "
                              "order; nothing was sent, so calls in one order from here on merge as before")
 
     def _merge_captured(self, o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -174,6 +174,8 @@ def nvlink_gen_by_sm(sm: int) -> int | None:
         return None  # Ada (RTX 4090, L40): no NVLink
     if sm >= 70:
         return 2
+    if sm == 60:  # P100 (SXM2): NVLink 1
+        return 1
     return None
 
 

@@ -91,7 +91,8 @@ def expand_topologies(spec: str, nodes: Sequence[int] | None = None) -> list[str
         params = [p.name for p in FAMILIES[name].params]
         if "nodes" not in params:  # gb200-nvl72 grows by racks: 'has no parameter nodes' named a flag not typed
             size = next((p for p in params if p in ("racks", "ranks")), None)
-            counts = "{" + ",".join(map(str, nodes)) + "}"
+            # racks are counted as nodes are (gb200-nvl72: a rack of 18 nodes); ranks are not
+            counts = "{" + ",".join(map(str, nodes)) + "}" if size == "racks" else "{...}"
             how = f"; it grows by {size}: --topology '{name}:{size}={counts}'" if size else ""
             raise InputError(f"--nodes: family {name} has no node count (its parameters: {', '.join(params)}){how}")
         sep = "," if ":" in spec else ":"

@@ -284,15 +284,19 @@ _NETWORK_ENDS = frozenset({DeviceKind.NIC, DeviceKind.SWITCH, DeviceKind.HOST})
 
 
 def _check_link_ends(i: int, kind: LinkKind, src: Device, dst: Device) -> None:
-    """Refuse a link no route would take: a network link (InfiniBand, RoCE, Ethernet) with no NIC,
-    network switch or host at either end (two GPUs: read and ignored, their rate left at PCIe's;
-    a GPU with its own port, as Gaudi's, joins a switch and is routed over it), or a GPU fabric
-    link (NVLink, xGMI) to a NIC, a network switch or a host."""
+    """Refuse a link no route would take: a network link (InfiniBand, RoCE, Ethernet) from a device
+    other than a NIC, a network switch or a host (two GPUs: read and ignored, their rate left at
+    PCIe's), but for a GPU's own port to a switch (Gaudi's: routed over it), or a GPU fabric link
+    (NVLink, xGMI) to a NIC, a network switch or a host."""
     cls = link_class(kind)
-    if cls is LinkClass.NETWORK and src.kind not in _NETWORK_ENDS and dst.kind not in _NETWORK_ENDS:
-        raise FieldError(("links", i, "kind"), f"a link of kind {kind.value} between {src.name!r}, a {src.kind.value}, "
-                         f"and {dst.name!r}, a {dst.kind.value}: a network link has a NIC, a network switch or a "
-                         "host at one end at least (GPUs reach each other over nvlink, xgmi or pcie)")
+    if cls is LinkClass.NETWORK:
+        ends = {src.kind, dst.kind}
+        own_port = ends == {DeviceKind.GPU, DeviceKind.SWITCH}  # a GPU with its own port, as Gaudi's
+        bad = next((d for d in (src, dst) if d.kind not in _NETWORK_ENDS), None)
+        if bad is not None and not own_port:
+            raise FieldError(("links", i, "kind"), f"a link of kind {kind.value} from {bad.name!r}, a "
+                             f"{bad.kind.value}: network links join NICs, network switches and hosts (a GPU "
+                             "reaches the network through a nic over pcie, or its own port to a switch)")
     if cls is LinkClass.GPU_FABRIC:
         bad = next((d for d in (src, dst) if d.kind in _NETWORK_ENDS), None)
         if bad is not None:
@@ -445,8 +449,8 @@ def _first_error(exc: ValidationError, model: type[BaseModel], lines: _LineMap,
     elif kind == "invalid_key" and isinstance(value, int | float):
         # {mem_bw_gbps: 3,350} is YAML for mem_bw_gbps: 3 and a field named 350 with no value
         msg = (f"a number ({value!r}) where a field name goes: in {{...}} a comma ends a value, so a number "
-               "written with one reads as two (3,350 as 3 and a field 350); write it without (3350), or with a "
-               "decimal point (3.35)")
+               "written with one reads as two (3,350 as 3 and a field 350); write thousands without a separator "
+               "(3350) and decimals with a point (12.5)")
     elif kind in ("enum", "literal_error"):
         # A Literal of enum members is listed by pydantic as their reprs
         # (<LinkKind.ROCE: 'roce'>): show the values a file spells instead.

@@ -104,11 +104,13 @@ def idle_nic_note(topo: Topology) -> str | None:
     sharing = nic_sharing(topo)
     if sharing is None or not sharing["idle"]:
         return None
-    # Only the nearest-NIC rule crowds ranks by itself: ranks whose device names its nic were put
-    # there (beside a storage NIC on its own switch, say).
+    # Only the nearest-NIC rule crowds ranks unasked: a NIC whose ranks all name it was chosen
+    # (beside a storage NIC on its own switch, say); one that also carries a rank the rule put
+    # there, beside another, may be the mistake.
     idx = topo._index
-    chosen = Counter(idx.nic_of(dev) for dev in map(topo.rank_device, range(topo.num_ranks)) if not dev.nic)
-    if not chosen or max(chosen.values()) < 2:
+    devices = [topo.rank_device(r) for r in range(topo.num_ranks)]
+    load = Counter(idx.nic_of(dev) for dev in devices)
+    if not any(load[idx.nic_of(dev)] >= 2 for dev in devices if not dev.nic):
         return None
     idle = sharing["idle"]
     busy = sharing["nics"] - len(idle)
