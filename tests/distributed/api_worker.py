@@ -369,6 +369,40 @@ def order_check(rank: int, p: int):  # noqa: ANN201
     yield out
 
 
+def order_misuse(rank: int, p: int):  # noqa: ANN201
+    """check_order misused: a group's second Merger checking otherwise than its first is refused
+    at construction; a call interrupted on rank 1 after the check (its peers then inside the
+    merge) leaves the Merger refusing calls instead of meeting them out of step (gloo aborted
+    the process: '16512 vs 8')."""
+    from treeattn.errors import ExecutionError
+
+    w = _workload(p)
+    plan = build("allgather-merge", w, REF)
+    a = treeattn.Merger(plan, timeout_s=3.0, check_order=True)
+    out = {"number": a.number}
+    try:
+        treeattn.Merger(plan, timeout_s=3.0)
+        out["mixed"] = "no error"
+    except ValueError as exc:
+        out["mixed"] = str(exc)
+    inputs, _ = _two_inputs(rank, p, w)
+    if rank == 1:
+        prepare = a._exec.prepare
+
+        def interrupted() -> None:
+            a._exec.prepare = prepare
+            raise KeyboardInterrupt
+
+        a._exec.prepare = interrupted
+    for key in ("first", "again"):
+        try:
+            a(*inputs["a"])
+            out[key] = "no error"
+        except (ExecutionError, KeyboardInterrupt) as exc:
+            out[key] = f"{type(exc).__name__}: {exc}"
+    yield out
+
+
 def spaces(rank: int, p: int, out_dir: str):  # noqa: ANN201
     """Tag spaces agree across ranks. Two Mergers, one given the world as None and one as
     ``dist.group.WORLD``, called in different orders time out instead of merging each other's
@@ -537,7 +571,7 @@ def empty_conventions(rank: int, p: int):  # noqa: ANN201
 TASKS = {"bits_as_predicted": bits_as_predicted, "empty_conventions": empty_conventions,
          "every_method": every_method, "mla": mla, "searched": searched, "subgroup": subgroup, "errors": errors,
          "mixed_trio": mixed_trio, "agreement": agreement, "orders": orders,
-         "order_check": order_check, "misuse": misuse, "lonely": lonely,
+         "order_check": order_check, "order_misuse": order_misuse, "misuse": misuse, "lonely": lonely,
          "baselines_pooled": baselines_worker.pooled, "baselines_runner_pools": baselines_worker.runner_pools}
 
 

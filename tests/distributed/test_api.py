@@ -230,6 +230,22 @@ def test_check_order_catches_mergers_called_in_different_orders_before_anything_
         assert item["swapped_s"] < 5, (r, item)
 
 
+def test_a_call_interrupted_once_communicating_leaves_the_merger_refusing_calls(tmp_path):
+    # A call interrupted on rank 1 after the order check, then called again, met rank 0 inside the
+    # merge's all-gather with the check's: gloo aborted the process ('16512 vs 8'). A group's
+    # Mergers with and without the check met the same way.
+    ranks = run("order_misuse", 2, tmp_path)
+    for r, (item,) in enumerate(ranks):
+        assert item["number"] == 1, item
+        assert item["mixed"] == ("Merger: the Mergers of one process group check their order alike; this group's "
+                                 "first Merger has check_order=True, this one False"), item
+        assert item["again"].startswith(f"ExecutionError: Merger: not callable after call 1 "
+                                        f"{'was interrupted (KeyboardInterrupt)' if r else 'failed (CommError)'}: its "
+                                        "peers may still be inside that call"), (r, item)
+    assert ranks[1][0]["first"] == "KeyboardInterrupt: "
+    assert ranks[0][0]["first"].startswith("CommError: rank 0: "), ranks[0]
+
+
 def test_tag_spaces_agree_after_a_failed_construction_and_for_the_world_given_as_itself(tmp_path):
     # Each rank counted its Mergers' tag spaces alone: after rank 0's Merger failed before its
     # Comm, every later Merger had space 1 on rank 0 and 2 on rank 1, and every call timed out

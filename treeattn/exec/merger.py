@@ -67,6 +67,10 @@ from treeattn.workload import Workload
 
 __all__ = ["Merger", "DEFAULT_TIMEOUT_S"]
 
+_ORDER_CHECKED: dict[int, tuple[object, bool]] = {}
+"""By process group (its id, the group held so that the id is not reused): whether its Mergers
+check their order (``Merger(check_order=...)``), as its first Merger said."""
+
 DEFAULT_TIMEOUT_S = 30.0
 """How long a rank waits for one of its messages or collectives before it raises (gloo; on NCCL,
 how long a call's communication may stay unfinished once a later call sees it: module docstring)."""
@@ -174,7 +178,8 @@ class Merger:
         check_order: before each call, check with every rank that all make the same Merger's
             same call (one small all-gather, on NCCL a wait for the device: for debugging), and
             raise ``ExecutionError`` on every rank, before anything is sent, where they do not.
-            Every rank gives the same (else construction raises ValueError). Only the Mergers
+            Every rank gives the same, and every Merger of the group (else construction raises
+            ValueError: a checked call would meet an unchecked one's collectives). Only the Mergers
             of one process group are told apart: calls of another group's Merger meet in no
             check and fail by the timeout. Calls inside a caller's CUDA graph capture are not
             checked. A Merger's number in the message is its place among the group's Mergers,
@@ -259,6 +264,10 @@ class Merger:
             self._comm = Comm(self.rank, size, "nccl" if backend == "nccl" else "gloo", self.device, timeout_s,
                               timeout_s, group=group, watchdog_s=min(WATCHDOG_FACTOR * timeout_s, LONGEST_TIMEOUT_S))
             self._check_same_plan(plan, check_order)
+            group_mode = _ORDER_CHECKED.setdefault(id(self._group), (self._group, check_order))[1]
+            if group_mode != check_order:  # a checked call would meet an unchecked one's collectives
+                raise ValueError(f"Merger: the Mergers of one process group check their order alike; this group's "
+                                 f"first Merger has check_order={group_mode}, this one {check_order}")
             self._exec = PlanExecutor(plan, self._comm, RankInputs(partial=self._partial), timed=False)
             self.wire_dtype = torch_dtype(w.partial_dtype)
             self._comm.open_pairs({(r, op.peer) for r, prog in enumerate(plan.programs) for op in prog
@@ -273,6 +282,9 @@ class Merger:
         self._run = self._exec.run
         self._calls = 0
         """Calls made outside a caller's CUDA graph capture."""
+        self._broken: str | None = None
+        """Why this Merger may not be called again: a call that failed or was interrupted once it
+        began communicating (its peers may be inside it, where a new call meets them out of step)."""
         if plan.layout == "heads":
             self.rows: tuple[int, int] | None = plan.segments[self.rank]
         else:
@@ -313,8 +325,19 @@ class Merger:
         """Wait until the device has finished every earlier call's communication, each within
         ``timeout_s``, or raise ``ExecutionError`` naming what it waits on. Call it before the
         model itself waits on the device (reading a sampled token) and at shutdown, where no
-        later call would notice a hung peer (module docstring). Not inside a CUDA graph capture."""
-        self._comm.settle()
+        later call would notice a hung peer (module docstring). Not inside a CUDA graph capture.
+        After it raised, the Merger may not be called again (as after a call that failed)."""
+        try:
+            self._comm.settle()
+        except ExecutionError as exc:
+            self._broken = f"{self._calls} failed (synchronize: {type(exc).__name__})"
+            raise
+
+    @property
+    def number(self) -> int:
+        """This Merger's place among its process group's Mergers, in the order the ranks built
+        them (from 1; the same on every rank): how ``check_order``'s error names it."""
+        return self._comm.serial
 
     @property
     def heads(self) -> tuple[int, int] | None:
@@ -346,7 +369,9 @@ class Merger:
                 its group (the world's included, even where ``init_process_group`` made a new one).
             RuntimeError: the first call made inside a CUDA graph capture.
             treeattn.errors.ExecutionError: a peer failed or did not answer within the timeout
-                (on NCCL: this call's or an earlier call's communication).
+                (on NCCL: this call's or an earlier call's communication); with ``check_order``,
+                ranks making different calls; any call after one that failed, or was interrupted,
+                once it began communicating.
         """
         w = self._w
         for name, t in (("o", o), ("lse", lse)):
@@ -383,6 +408,19 @@ class Merger:
             return self._merge(o, lse)
 
     def _merge(self, o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self._broken is not None:
+            raise ExecutionError(f"Merger: not callable after call {self._broken}: its peers may still be inside "
+                                 "that call, where a new one would meet them out of step (gloo aborts the process); "
+                                 "start a new process group and build a new Merger")
+        try:
+            return self._merge_once(o, lse)
+        except BaseException as exc:  # a failed wait, KeyboardInterrupt, or a failure inside the program
+            if not getattr(exc, "nothing_sent", False):
+                how = "failed" if isinstance(exc, ExecutionError) else "was interrupted"
+                self._broken = f"{self._calls + 1} {how} ({type(exc).__name__})"
+            raise
+
+    def _merge_once(self, o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         comm = self._comm
         if comm.cuda and torch.cuda.is_current_stream_capturing():
             return self._merge_captured(o, lse)
@@ -421,16 +459,20 @@ class Merger:
             return
         calls = "; ".join(f"rank {r}: the group's Merger {m}, call {c + 1}" for r, (m, c) in enumerate(every))
         w = self._w
-        raise ExecutionError(f"Merger: the ranks make different calls ({calls}; this rank's Merger {self._comm.serial} "
-                             f"merges plan {self.plan.algorithm!r}, B={w.batch}): every rank calls its Mergers in one "
-                             "order; nothing was sent, so calls in one order from here on merge as before")
+        error = ExecutionError(f"Merger: the ranks make different calls ({calls}; this rank's Merger {self.number} "
+                               f"merges plan {self.plan.algorithm!r}, B={w.batch}): every rank calls its Mergers in "
+                               "one order; nothing was sent, so calls in one order from here on merge as before")
+        error.nothing_sent = True  # the Merger stays callable (``_merge``)
+        raise error
 
     def _merge_captured(self, o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """A call inside the caller's CUDA graph capture: the program runs eagerly into it, with
         no deadline markers (its replays happen where no later call could check them)."""
         if not self._calls:
-            raise RuntimeError("Merger: first called inside a CUDA graph capture; call it once outside the capture "
-                               "first (on every rank): that call allocates the buffers the captured calls reuse")
+            error = RuntimeError("Merger: first called inside a CUDA graph capture; call it once outside the capture "
+                                 "first (on every rank): that call allocates the buffers the captured calls reuse")
+            error.nothing_sent = True
+            raise error
         clear_empty_rows(pack_heads_into(self._partial, o, lse))
         self._exec.prepare()
         self._comm.tracking = False
