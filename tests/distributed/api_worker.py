@@ -370,16 +370,17 @@ def order_check(rank: int, p: int):  # noqa: ANN201
 
 
 def order_misuse(rank: int, p: int):  # noqa: ANN201
-    """check_order misused: a group's second Merger checking otherwise than its first is refused
-    at construction; a call interrupted on rank 1 after the check (its peers then inside the
-    merge) leaves the Merger refusing calls instead of meeting them out of step (gloo aborted
-    the process: '16512 vs 8')."""
+    """check_order misused: a group's Merger checking otherwise than its first is refused at
+    construction; a call interrupted on rank 1 after the check (its peers then inside the merge)
+    leaves the group's Mergers, the next layer's too, and any new one refusing, instead of meeting
+    them out of step (gloo aborted the process: '16512 vs 8', '544 vs 8')."""
     from treeattn.errors import ExecutionError
 
     w = _workload(p)
     plan = build("allgather-merge", w, REF)
     a = treeattn.Merger(plan, timeout_s=3.0, check_order=True)
-    out = {"number": a.number}
+    b = treeattn.Merger(plan, timeout_s=3.0, check_order=True)  # the next layer's
+    out = {"number": [a.number, b.number]}
     try:
         treeattn.Merger(plan, timeout_s=3.0)
         out["mixed"] = "no error"
@@ -394,12 +395,40 @@ def order_misuse(rank: int, p: int):  # noqa: ANN201
             raise KeyboardInterrupt
 
         a._exec.prepare = interrupted
-    for key in ("first", "again"):
+    for key, merger in (("first", a), ("again", a), ("sibling", b)):
         try:
-            a(*inputs["a"])
+            merger(*inputs["a"])
             out[key] = "no error"
         except (ExecutionError, KeyboardInterrupt) as exc:
             out[key] = f"{type(exc).__name__}: {exc}"
+    try:
+        treeattn.Merger(plan, timeout_s=3.0, check_order=True)
+        out["built"] = "no error"
+    except ExecutionError as exc:
+        out["built"] = f"{type(exc).__name__}: {exc}"
+    yield out
+
+
+def unsent_failure(rank: int, p: int):  # noqa: ANN201
+    """A call that fails on rank 1 before it sends anything (out of memory in its preparation)
+    leaves the group callable: rank 1 calls again and meets rank 0's call in step."""
+    w = _workload(p)
+    merger = treeattn.Merger(build("allgather-merge", w, REF), timeout_s=10.0)
+    inputs, exact = _two_inputs(rank, p, w)
+    out = {}
+    if rank == 1:
+        prepare = merger._exec.prepare
+
+        def out_of_memory() -> None:
+            merger._exec.prepare = prepare
+            raise torch.OutOfMemoryError("simulated")
+
+        merger._exec.prepare = out_of_memory
+        try:
+            merger(*inputs["a"])
+        except torch.OutOfMemoryError as exc:
+            out["failed"] = str(exc)
+    out["max_err"] = max((merger(*inputs[n])[0] - exact[n]).abs().max().item() for n in ("a", "b"))
     yield out
 
 
@@ -571,7 +600,8 @@ def empty_conventions(rank: int, p: int):  # noqa: ANN201
 TASKS = {"bits_as_predicted": bits_as_predicted, "empty_conventions": empty_conventions,
          "every_method": every_method, "mla": mla, "searched": searched, "subgroup": subgroup, "errors": errors,
          "mixed_trio": mixed_trio, "agreement": agreement, "orders": orders,
-         "order_check": order_check, "order_misuse": order_misuse, "misuse": misuse, "lonely": lonely,
+         "order_check": order_check, "order_misuse": order_misuse,
+         "unsent_failure": unsent_failure, "misuse": misuse, "lonely": lonely,
          "baselines_pooled": baselines_worker.pooled, "baselines_runner_pools": baselines_worker.runner_pools}
 
 

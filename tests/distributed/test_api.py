@@ -230,20 +230,30 @@ def test_check_order_catches_mergers_called_in_different_orders_before_anything_
         assert item["swapped_s"] < 5, (r, item)
 
 
-def test_a_call_interrupted_once_communicating_leaves_the_merger_refusing_calls(tmp_path):
-    # A call interrupted on rank 1 after the order check, then called again, met rank 0 inside the
-    # merge's all-gather with the check's: gloo aborted the process ('16512 vs 8'). A group's
-    # Mergers with and without the check met the same way.
+def test_a_call_interrupted_once_communicating_leaves_the_groups_mergers_refusing_calls(tmp_path):
+    # A call interrupted on rank 1 after the order check, then called again (or the next layer's
+    # Merger called), met rank 0 inside the merge's all-gather with the check's: gloo aborted the
+    # process ('16512 vs 8'). A group's Mergers with and without the check met the same way.
     ranks = run("order_misuse", 2, tmp_path)
     for r, (item,) in enumerate(ranks):
-        assert item["number"] == 1, item
+        assert item["number"] == [1, 2], item
         assert item["mixed"] == ("Merger: the Mergers of one process group check their order alike; this group's "
-                                 "first Merger has check_order=True, this one False"), item
-        assert item["again"].startswith(f"ExecutionError: Merger: not callable after call 1 "
-                                        f"{'was interrupted (KeyboardInterrupt)' if r else 'failed (CommError)'}: its "
-                                        "peers may still be inside that call"), (r, item)
+                                 "first Merger has check_order=True, this one False (a new group, dist.new_group, "
+                                 "may check otherwise)"), item
+        why = "was interrupted (KeyboardInterrupt)" if r else "failed (CommError)"
+        for key in ("again", "sibling", "built"):
+            assert item[key].startswith(f"ExecutionError: Merger: the process group's Mergers are not callable after "
+                                        f"call 1 of the group's Merger 1 {why}: its peers may still be inside that "
+                                        "call"), (r, key, item)
     assert ranks[1][0]["first"] == "KeyboardInterrupt: "
     assert ranks[0][0]["first"].startswith("CommError: rank 0: "), ranks[0]
+
+
+def test_a_call_that_failed_before_sending_anything_leaves_the_group_callable(tmp_path):
+    ranks = run("unsent_failure", 2, tmp_path)
+    assert ranks[1][0]["failed"] == "simulated"
+    for r, (item,) in enumerate(ranks):
+        assert item["max_err"] <= 1e-5, (r, item)
 
 
 def test_tag_spaces_agree_after_a_failed_construction_and_for_the_world_given_as_itself(tmp_path):

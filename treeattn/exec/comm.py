@@ -224,6 +224,9 @@ class Comm:
         # The world passed as itself (dist.group.WORLD) is the world: one tag count, one space count.
         self._key = id(group) if group is not None and group is not dist.GroupMember.WORLD else 0
         self.serial = 0
+        self.posted = 0
+        """Communication posted so far (batches of messages, collectives): a caller tells by it
+        whether a call that failed had begun communicating."""
         self._space = 0
         """The tag space of this Comm's messages: 0, or one of its own that every rank of the
         group agreed on (``claim_space``). Messages match only within a space: ranks that call
@@ -347,6 +350,7 @@ class Comm:
         live = [i for i, op in enumerate(ops) if op.tensor.numel() > 0]
         if not live:
             return works
+        self.posted += 1
         g = self.group
         p2p = []
         for i in live:
@@ -395,6 +399,7 @@ class Comm:
         ``settle`` (at once for set-up waits)."""
         if work is None:
             return
+        self.posted += 1  # a collective's work: posted already, as its handle exists
         timeout = self.setup_timeout if setup else self.op_timeout
         try:
             if self.backend == "gloo":

@@ -48,6 +48,7 @@ unit-tested, on CPU (``tests/unit/test_exec_deadline.py``).
 from __future__ import annotations
 
 import warnings
+import weakref
 from pathlib import Path
 
 import torch
@@ -67,9 +68,14 @@ from treeattn.workload import Workload
 
 __all__ = ["Merger", "DEFAULT_TIMEOUT_S"]
 
-_ORDER_CHECKED: dict[int, tuple[object, bool]] = {}
-"""By process group (its id, the group held so that the id is not reused): whether its Mergers
-check their order (``Merger(check_order=...)``), as its first Merger said."""
+_ORDER_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""By process group: whether its Mergers check their order (``Merger(check_order=...)``), as its
+first Merger built said, for the group's life (a new group, ``dist.new_group``, may say otherwise)."""
+_BROKEN: dict[object, str] = {}
+"""Why a process group's Mergers may not be called (by the group; ``"nccl"`` for every NCCL group
+of the process, whose pair communicators they share): a call that failed or was interrupted once
+it had begun communicating leaves its peers inside it, where any later call or construction on the
+group would meet them out of step (gloo aborts the process)."""
 
 DEFAULT_TIMEOUT_S = 30.0
 """How long a rank waits for one of its messages or collectives before it raises (gloo; on NCCL,
@@ -138,6 +144,14 @@ def _backend_and_device(group: dist.ProcessGroup | None,
     return by_type.get(kind, name), device
 
 
+def _unusable(why: str) -> str:
+    """The error of a call or construction on a group whose Mergers may not be called (``_BROKEN``)."""
+    return (f"Merger: the process group's Mergers are not callable after {why}: its peers may still be inside "
+            "that call, where any later call or construction on the group would meet them out of step (gloo aborts "
+            "the process); start a new process group (dist.new_group, or destroy and init again) and build new "
+            "Mergers on it")
+
+
 def _registered(group: dist.ProcessGroup) -> bool:
     """Whether ``group`` is still one of torch.distributed's groups (not destroyed): looked up
     in torch's registry of groups where this torch has it (0.2 µs a call here), else asked of
@@ -182,8 +196,7 @@ class Merger:
             ValueError: a checked call would meet an unchecked one's collectives). Only the Mergers
             of one process group are told apart: calls of another group's Merger meet in no
             check and fail by the timeout. Calls inside a caller's CUDA graph capture are not
-            checked. A Merger's number in the message is its place among the group's Mergers,
-            in the order the ranks built them.
+            checked. The message names Mergers by ``number``.
 
     Every rank of the group constructs its Merger at the same point of its program (on NCCL
     the ranks that exchange messages open a communicator per pair then).
@@ -247,6 +260,9 @@ class Merger:
         if timeout_s > LONGEST_TIMEOUT_S:  # inf ('no timeout') included
             raise ValueError(f"timeout_s must be at most {LONGEST_TIMEOUT_S:g} seconds, got {timeout_s!r}")
         backend, device = _backend_and_device(group, device)
+        broken = _BROKEN.get("nccl" if backend == "nccl" else dist.group.WORLD if group is None else group)
+        if broken is not None:
+            raise ExecutionError(_unusable(broken))
         if graph and backend != "nccl":
             raise ValueError(f"Merger: CUDA graphs need an NCCL process group, this one is {backend}")
         self.plan = plan
@@ -263,11 +279,12 @@ class Merger:
             self._partial = torch.empty(w.rows, w.value_dim + 1, dtype=torch.float32, device=self.device)
             self._comm = Comm(self.rank, size, "nccl" if backend == "nccl" else "gloo", self.device, timeout_s,
                               timeout_s, group=group, watchdog_s=min(WATCHDOG_FACTOR * timeout_s, LONGEST_TIMEOUT_S))
-            self._check_same_plan(plan, check_order)
-            group_mode = _ORDER_CHECKED.setdefault(id(self._group), (self._group, check_order))[1]
-            if group_mode != check_order:  # a checked call would meet an unchecked one's collectives
+            group_mode = _ORDER_CHECKED.get(self._group)
+            self._check_same_plan(plan, check_order, group_mode)  # every rank's recorded mode agreed too
+            if group_mode is not None and group_mode != check_order:  # a checked call meets an unchecked one's
                 raise ValueError(f"Merger: the Mergers of one process group check their order alike; this group's "
-                                 f"first Merger has check_order={group_mode}, this one {check_order}")
+                                 f"first Merger has check_order={group_mode}, this one {check_order} (a new group, "
+                                 "dist.new_group, may check otherwise)")
             self._exec = PlanExecutor(plan, self._comm, RankInputs(partial=self._partial), timed=False)
             self.wire_dtype = torch_dtype(w.partial_dtype)
             self._comm.open_pairs({(r, op.peer) for r, prog in enumerate(plan.programs) for op in prog
@@ -282,15 +299,14 @@ class Merger:
         self._run = self._exec.run
         self._calls = 0
         """Calls made outside a caller's CUDA graph capture."""
-        self._broken: str | None = None
-        """Why this Merger may not be called again: a call that failed or was interrupted once it
-        began communicating (its peers may be inside it, where a new call meets them out of step)."""
+        self._broken_key = "nccl" if backend == "nccl" else self._group
+        _ORDER_CHECKED.setdefault(self._group, check_order)  # built: the group's mode, if it had none
         if plan.layout == "heads":
             self.rows: tuple[int, int] | None = plan.segments[self.rank]
         else:
             self.rows = (0, w.rows) if self.rank in plan.result_ranks else None
 
-    def _check_same_plan(self, plan: Plan, check_order: bool) -> None:
+    def _check_same_plan(self, plan: Plan, check_order: bool, group_mode: bool | None) -> None:
         """Raise ValueError on every rank unless every rank of the group holds the same merge
         and ``check_order`` (one all-gather of a digest, at construction): ranks that built
         different plans (say, each searched with its own sequence length) would otherwise exchange
@@ -298,7 +314,7 @@ class Merger:
         wrong rows; a rank checking its order alone would take its peers' partials for the check."""
         w = plan.workload
         what = (plan.programs, plan.chunks, plan.layout, plan.result_ranks, plan.segments, w.batch, w.q_heads,
-                w.value_dim, str(w.partial_dtype), check_order)
+                w.value_dim, str(w.partial_dtype), check_order, group_mode)
         try:
             self._comm.claim_space("Merger plan check")
             ranks = self._comm.differing(repr(what), "Merger plan check")
@@ -330,13 +346,14 @@ class Merger:
         try:
             self._comm.settle()
         except ExecutionError as exc:
-            self._broken = f"{self._calls} failed (synchronize: {type(exc).__name__})"
+            _BROKEN[self._broken_key] = f"synchronize of the group's Merger {self.number} ({type(exc).__name__})"
             raise
 
     @property
     def number(self) -> int:
-        """This Merger's place among its process group's Mergers, in the order the ranks built
-        them (from 1; the same on every rank): how ``check_order``'s error names it."""
+        """This Merger's number among the Mergers built on its process group in this process
+        (from 1, the same on every rank; the world's count goes on after a new
+        ``init_process_group``): how ``check_order``'s error names it."""
         return self._comm.serial
 
     @property
@@ -370,8 +387,8 @@ class Merger:
             RuntimeError: the first call made inside a CUDA graph capture.
             treeattn.errors.ExecutionError: a peer failed or did not answer within the timeout
                 (on NCCL: this call's or an earlier call's communication); with ``check_order``,
-                ranks making different calls; any call after one that failed, or was interrupted,
-                once it began communicating.
+                ranks making different calls; any call of the group's Mergers after one failed,
+                or was interrupted, once it had begun communicating.
         """
         w = self._w
         for name, t in (("o", o), ("lse", lse)):
@@ -408,19 +425,24 @@ class Merger:
             return self._merge(o, lse)
 
     def _merge(self, o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        if self._broken is not None:
-            raise ExecutionError(f"Merger: not callable after call {self._broken}: its peers may still be inside "
-                                 "that call, where a new one would meet them out of step (gloo aborts the process); "
-                                 "start a new process group and build a new Merger")
+        broken = _BROKEN.get(self._broken_key)
+        if broken is not None:
+            raise ExecutionError(_unusable(broken))
+        call, posted = self._calls + 1, self._comm.posted
         try:
-            return self._merge_once(o, lse)
-        except BaseException as exc:  # a failed wait, KeyboardInterrupt, or a failure inside the program
-            if not getattr(exc, "nothing_sent", False):
-                how = "failed" if isinstance(exc, ExecutionError) else "was interrupted"
-                self._broken = f"{self._calls + 1} {how} ({type(exc).__name__})"
+            acc = self._merge_once(o, lse)
+        except BaseException as exc:
+            # Once it began communicating (or found an earlier call's communication failed), its
+            # peers may be inside this call: any later call of the group's would meet them out of step.
+            began = isinstance(exc, CommError) or self._comm.posted != posted
+            if began and not getattr(exc, "nothing_sent", False):
+                how = "failed" if isinstance(exc, Exception) else "was interrupted"
+                _BROKEN[self._broken_key] = (f"call {call} of the group's Merger {self.number} {how} "
+                                             f"({type(exc).__name__})")
             raise
+        return self._mine(acc, o.dtype)
 
-    def _merge_once(self, o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _merge_once(self, o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
         comm = self._comm
         if comm.cuda and torch.cuda.is_current_stream_capturing():
             return self._merge_captured(o, lse)
@@ -443,7 +465,7 @@ class Merger:
             raise CommError(f"{exc} ({self._failed(f'Merger call {self._calls + 1} on this rank')})") from exc
         self._calls += 1
         comm.calls.add(comm.untracked(), self._run.name if isinstance(self._run, Graphed) else None)
-        return self._mine(acc, o.dtype)
+        return acc
 
     def _check_order(self) -> None:
         """Raise ``ExecutionError`` on every rank unless every rank makes the same Merger's same
@@ -462,10 +484,10 @@ class Merger:
         error = ExecutionError(f"Merger: the ranks make different calls ({calls}; this rank's Merger {self.number} "
                                f"merges plan {self.plan.algorithm!r}, B={w.batch}): every rank calls its Mergers in "
                                "one order; nothing was sent, so calls in one order from here on merge as before")
-        error.nothing_sent = True  # the Merger stays callable (``_merge``)
+        error.nothing_sent = True  # every rank raises it here, in step: the group stays callable (``_merge``)
         raise error
 
-    def _merge_captured(self, o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _merge_captured(self, o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
         """A call inside the caller's CUDA graph capture: the program runs eagerly into it, with
         no deadline markers (its replays happen where no later call could check them)."""
         if not self._calls:
@@ -480,7 +502,7 @@ class Merger:
             acc = self._exec.run()
         finally:
             self._comm.tracking = True
-        return self._mine(acc, o.dtype)
+        return acc
 
     def _mine(self, acc: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """This rank's result rows of the accumulator, as fresh tensors (o in ``dtype``)."""
