@@ -72,10 +72,10 @@ _ORDER_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """By process group: whether its Mergers check their order (``Merger(check_order=...)``), as its
 first Merger built said, for the group's life (a new group, ``dist.new_group``, may say otherwise)."""
 _BROKEN: dict[object, str] = {}
-"""Why a process group's Mergers may not be called (by the group; ``"nccl"`` for every NCCL group
-of the process, whose pair communicators they share): a call that failed or was interrupted once
-it had begun communicating leaves its peers inside it, where any later call or construction on the
-group would meet them out of step (gloo aborts the process)."""
+"""Why a process group's Mergers may not be called (by ``_broken_key``: the gloo group; on NCCL the
+world, whose pair communicators every group shares): a call that failed or was interrupted once it
+had begun communicating leaves its peers inside it, where any later call or construction there
+would meet them out of step (gloo aborts the process)."""
 
 DEFAULT_TIMEOUT_S = 30.0
 """How long a rank waits for one of its messages or collectives before it raises (gloo; on NCCL,
@@ -144,12 +144,24 @@ def _backend_and_device(group: dist.ProcessGroup | None,
     return by_type.get(kind, name), device
 
 
-def _unusable(why: str) -> str:
-    """The error of a call or construction on a group whose Mergers may not be called (``_BROKEN``)."""
+def _broken_key(backend: str, group: dist.ProcessGroup | None) -> object:
+    """Where a failed call leaves Mergers uncallable (``_BROKEN``): its gloo group; on NCCL every
+    Merger of the world (its pair communicators serve every group of it), until a new world."""
+    if backend == "nccl":
+        return ("nccl", dist.group.WORLD)
+    return dist.group.WORLD if group is None else group
+
+
+def _unusable(why: str, backend: str) -> str:
+    """The error of a call or construction where Mergers may not be called (``_BROKEN``)."""
+    if backend == "nccl":
+        fix = ("destroy the process group and init it again (on NCCL a new group, dist.new_group, shares the "
+               "world's pair communicators) and build new Mergers")
+    else:
+        fix = "start a new process group (dist.new_group, or destroy and init again) and build new Mergers on it"
     return (f"Merger: the process group's Mergers are not callable after {why}: its peers may still be inside "
             "that call, where any later call or construction on the group would meet them out of step (gloo aborts "
-            "the process); start a new process group (dist.new_group, or destroy and init again) and build new "
-            "Mergers on it")
+            f"the process); {fix}")
 
 
 def _registered(group: dist.ProcessGroup) -> bool:
@@ -260,9 +272,9 @@ class Merger:
         if timeout_s > LONGEST_TIMEOUT_S:  # inf ('no timeout') included
             raise ValueError(f"timeout_s must be at most {LONGEST_TIMEOUT_S:g} seconds, got {timeout_s!r}")
         backend, device = _backend_and_device(group, device)
-        broken = _BROKEN.get("nccl" if backend == "nccl" else dist.group.WORLD if group is None else group)
+        broken = _BROKEN.get(_broken_key(backend, group))
         if broken is not None:
-            raise ExecutionError(_unusable(broken))
+            raise ExecutionError(_unusable(broken, backend))
         if graph and backend != "nccl":
             raise ValueError(f"Merger: CUDA graphs need an NCCL process group, this one is {backend}")
         self.plan = plan
@@ -285,6 +297,7 @@ class Merger:
                 raise ValueError(f"Merger: the Mergers of one process group check their order alike; this group's "
                                  f"first Merger has check_order={group_mode}, this one {check_order} (a new group, "
                                  "dist.new_group, may check otherwise)")
+            _ORDER_CHECKED.setdefault(self._group, check_order)  # where every rank passed: the group's first
             self._exec = PlanExecutor(plan, self._comm, RankInputs(partial=self._partial), timed=False)
             self.wire_dtype = torch_dtype(w.partial_dtype)
             self._comm.open_pairs({(r, op.peer) for r, prog in enumerate(plan.programs) for op in prog
@@ -299,8 +312,8 @@ class Merger:
         self._run = self._exec.run
         self._calls = 0
         """Calls made outside a caller's CUDA graph capture."""
-        self._broken_key = "nccl" if backend == "nccl" else self._group
-        _ORDER_CHECKED.setdefault(self._group, check_order)  # built: the group's mode, if it had none
+        self._broken_key = _broken_key(backend, group)
+        self._backend = backend
         if plan.layout == "heads":
             self.rows: tuple[int, int] | None = plan.segments[self.rank]
         else:
@@ -427,7 +440,7 @@ class Merger:
     def _merge(self, o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         broken = _BROKEN.get(self._broken_key)
         if broken is not None:
-            raise ExecutionError(_unusable(broken))
+            raise ExecutionError(_unusable(broken, self._backend))
         call, posted = self._calls + 1, self._comm.posted
         try:
             acc = self._merge_once(o, lse)
