@@ -21,8 +21,7 @@ from treeattn.cli.render import console, print_rates_note, warn_topology
 from treeattn.cli.topo_text import domain_shares, gbps, network_lines, rate_lines, shm_sentence, wrap
 from treeattn.cost.nccl_rates import pair_rate_gbps, shm_pairs, shm_rate_gbps
 from treeattn.topology import Topology, list_presets, resolve, topology_json_schema
-from treeattn.topology.attention_fits import published_attention_fit
-from treeattn.topology.model import DeviceKind
+from treeattn.topology.attention_fits import attention_by_defaults, published_attention_fit
 from treeattn.topology.summary import topology_summary
 from treeattn.units import counted
 from treeattn.workload import RawPayload
@@ -180,13 +179,13 @@ def _compute_line(topo: Topology) -> str:
             f"  attention {fixed:g} µs a call + KV at {rate};\n"
             f"  merges {c.launch_us:g} µs a kernel + bytes at {c.mem_efficiency:g} of memory bandwidth")
     fit = published_attention_fit(topo.rank_device(0).model or "")
-    if fit and c.attn_launch_us is None and c.attn_efficiency is None and c.attn_gbps is None:
+    defaults = attention_by_defaults(topo)
+    if defaults and fit:
         which, spec = fit
         text += (f"\n  cost sets no attention figures; published decode kernels on {which}\n"
                  f"  fit attn_launch_us {spec.attn_launch_us:g}, attn_efficiency {spec.attn_efficiency:g} "
                  "(add them to cost: to use them)")
-    elif (not fit and c.attn_launch_us is None and c.attn_efficiency is None and c.attn_gbps is None
-          and topo.rank_device(0).kind is DeviceKind.GPU):
+    elif defaults:
         # Families of fitted GPUs set 12.4 us and 0.56 (H100): these figures beside them may flatter this GPU.
         note = (f"  the attention figures are launch_us and mem_efficiency: no published decode kernel on "
                 f"{topo.rank_device(0).model or 'this GPU'} was fitted (docs/attention-model.md)")

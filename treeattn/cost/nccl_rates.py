@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator
 from treeattn.cost.nccl_tuning import NET_ACHIEVED, Protocol, nccl_arch
 from treeattn.topology.model import P2P_LEVELS, DeviceKind, Link, LinkClass, LinkKind, Topology
 from treeattn.topology.nccl_version import NEWEST, Release, nccl_release
+from treeattn.topology.plausible import NVLINK_PER_LINK_GBPS, XGMI_PER_LINK_GBPS
 
 __all__ = [
     "nccl_link_bw_gbps",
@@ -70,10 +71,11 @@ model takes their geometric mean. The host sets it (NVIDIA's maintainer in NVIDI
 issues 384 and 1639: CPUs that handle two-way traffic badly; 28 GB/s on 8 RTX 5090 with 8
 channels forced): a tuned machine's rate is its ``cost.shm_gbps`` (``shm_rate_gbps``), which
 ``calibrate --from-nccl-tests`` fits from a log of such GPUs."""
-# NCCL's per-link figure over the datasheet's, by NVLink generation.
-# NVLink 1 (Pascal): topo.h SM60_NVLINK_BW 18 against P100's 20 GB/s a link one way.
-_NVLINK_SCALE = {1: 18.0 / 20.0, 2: 20.0 / 25.0, 3: 20.0 / 25.0, 4: 20.6 / 25.0, 5: 40.1 / 50.0}
-_XGMI_SCALE = 48.0 / 64.0
+# NCCL's per-link figure (topo.h SM60-SM100_NVLINK_BW: NVLink 1 is Pascal's) over the datasheet's,
+# by NVLink generation; RCCL's gfx94x xGMI link over MI300X's.
+_NCCL_NVLINK_GBPS = {1: 18.0, 2: 20.0, 3: 20.0, 4: 20.6, 5: 40.1}
+_NVLINK_SCALE = {gen: gbps / NVLINK_PER_LINK_GBPS[gen] for gen, gbps in _NCCL_NVLINK_GBPS.items()}
+_XGMI_SCALE = 48.0 / XGMI_PER_LINK_GBPS
 # topo.cc kvDictPciGen: 15, 30, 60, 120, 240, 480 (x100 Mb/s a lane) for 2.5-64 GT/s, x16 / 80.
 _PCIE_X16 = {1: 3.0, 2: 6.0, 3: 12.0, 4: 24.0, 5: 48.0, 6: 96.0}
 _PCIE_DATASHEET_X16 = {1: 4.0, 2: 8.0, 3: 15.75, 4: 31.5, 5: 63.0, 6: 126.0}

@@ -504,10 +504,8 @@ class Merger:
         """A call inside the caller's CUDA graph capture: the program runs eagerly into it, with
         no deadline markers (its replays happen where no later call could check them)."""
         if not self._calls:
-            error = RuntimeError("Merger: first called inside a CUDA graph capture; call it once outside the capture "
-                                 "first (on every rank): that call allocates the buffers the captured calls reuse")
-            error.nothing_sent = True
-            raise error
+            raise RuntimeError("Merger: first called inside a CUDA graph capture; call it once outside the capture "
+                               "first (on every rank): that call allocates the buffers the captured calls reuse")
         clear_empty_rows(pack_heads_into(self._partial, o, lse))
         self._exec.prepare()
         self._comm.tracking = False

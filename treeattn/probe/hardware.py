@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from treeattn.topology.model import LinkKind
-from treeattn.topology.plausible import NVLINK_PER_LINK_GBPS
+from treeattn.topology.plausible import NVLINK_PER_LINK_GBPS, XGMI_PER_LINK_GBPS
 
 __all__ = [
     "GpuSpec",
@@ -179,8 +179,6 @@ def nvlink_gen_by_sm(sm: int) -> int | None:
     return None
 
 
-XGMI_PER_LINK_GBPS = 64.0
-"""MI300X xGMI link, per direction (docs/hardware.md xGMI row)."""
 XGMI_RCCL_PER_LINK_GBPS = 48.0
 """What RCCL models for a gfx94x xGMI link (docs/hardware.md, AMD section); kept for reference."""
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from treeattn.topology.model import DeviceKind, Topology
 from treeattn.topology.schema import CostSpec
 
-__all__ = ["ATTN_AMPERE", "ATTN_HOPPER", "ATTN_BLACKWELL", "published_attention_fit", "unfitted_attention_note"]
+__all__ = ["ATTN_AMPERE", "ATTN_HOPPER", "ATTN_BLACKWELL", "attention_by_defaults", "published_attention_fit",
+           "unfitted_attention_note"]
 
 ATTN_AMPERE = CostSpec(attn_launch_us=13.9, attn_efficiency=0.72)
 ATTN_HOPPER = CostSpec(attn_launch_us=12.4, attn_efficiency=0.56)
@@ -39,17 +40,23 @@ def published_attention_fit(model: str) -> tuple[str, CostSpec] | None:
     return None
 
 
+def attention_by_defaults(topo: Topology) -> bool:
+    """Whether ``topo``'s GPUs time decode attention by the merge kernels' ``launch_us`` and
+    ``mem_efficiency``: ranks on GPUs, and no attention figure in its ``cost``."""
+    c = topo.cost
+    return topo.rank_device(0).kind is DeviceKind.GPU and all(
+        v is None for v in (c.attn_launch_us, c.attn_efficiency, c.attn_gbps))
+
+
 def unfitted_attention_note(topo: Topology) -> str | None:
     """What to say where ``topo``'s GPUs time decode attention by the defaults (``launch_us``,
     ``mem_efficiency``: 5 us a call, 0.8 of memory bandwidth), no fitted figure in its ``cost``:
     beside a fitted GPU's (Hopper's 12.4 us, 0.56) such times flatter it (8 x MI300X ran 70B at
     128K in 40 us a layer to 8 x H100's 71); None where the figures are set, or the ranks are
     not GPUs."""
-    c = topo.cost
-    gpu = topo.rank_device(0)
-    if gpu.kind is not DeviceKind.GPU or any(v is not None for v in (c.attn_launch_us, c.attn_efficiency,
-                                                                       c.attn_gbps)):
+    if not attention_by_defaults(topo):
         return None
+    c, gpu = topo.cost, topo.rank_device(0)
     times = (f"{topo.name} times decode attention by the merge kernels' figures, launch_us {c.launch_us:g} us a call "
              f"and mem_efficiency {c.mem_efficiency:g} of memory bandwidth")
     fit = published_attention_fit(gpu.model or "")
