@@ -338,6 +338,30 @@ def test_grace_hopper_is_not_read_as_an_h200():
     assert gpu_spec("NVIDIA H200").model == gpu_spec("H200-SXM-141GB").model == "H200-SXM-141GB"
 
 
+@pytest.mark.parametrize(("printed", "model"), [
+    # Names as nvidia-smi and nccl-tests print them: "NVIDIA A10G" is AWS G5's (the device lines of
+    # results/published/pytorch-issue-127077-a10g.txt); "GPU 0: NVIDIA L4 (UUID: ...)" and
+    # "GPU 0: NVIDIA A40 (UUID: ...)" are how public nvidia-smi -L logs show the others. Each is a
+    # row of the GPU table.
+    ("NVIDIA A10G", "A10G"),
+    ("NVIDIA A10", "A10"),
+    ("NVIDIA L4", "L4-24GB"),
+    ("NVIDIA A40", "A40"),
+    ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"),
+    ("NVIDIA GeForce RTX 4090", "RTX-4090"),
+    ("NVIDIA GB200", "B200"),
+    # A product number counts as a whole word: typos and other parts are not read as the part they contain.
+    ("NVIDIA H1000", None),
+    ("H100X", None),
+    ("NVIDIA B2000", None),
+    ("NVIDIA RTX 40900", None),
+    ("NVIDIA L40", None),
+])
+def test_gpu_names_are_read_by_whole_product_numbers(printed, model):
+    spec = gpu_spec(printed)
+    assert (spec.model if spec else None) == model
+
+
 def test_unknown_gpu_model_flag_refused():
     with pytest.raises(ProbeError, match="not a known GPU"):
         _probe("dgx1", gpu_model="Voodoo2")

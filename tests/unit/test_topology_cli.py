@@ -395,6 +395,9 @@ def test_the_attention_fit_of_a_gpu_named_as_nvidia_smi_prints_it():
     assert published_attention_fit("NVIDIA H100 80GB HBM3") == published_attention_fit("H100-SXM5-80GB")
     assert published_attention_fit("NVIDIA A100-SXM4-80GB")[0] == "A100 (Ampere)"
     assert published_attention_fit("NVIDIA GeForce RTX 4090") is None
+    assert published_attention_fit("B200-GB200")[0] == "B200 (Blackwell)"
+    # The product number ends where the name's word does: a typo is not a part it contains.
+    assert published_attention_fit("H1000") is None and published_attention_fit("A1000-SXM") is None
 
 
 def test_a_plan_given_for_a_topology_is_named_as_one():

@@ -95,30 +95,39 @@ GPU_SPECS: dict[str, GpuSpec] = {r[0]: GpuSpec(*r) for r in _ROWS}
 UNKNOWN_GPU_MEM_BW_GBPS = 1000.0
 """Placeholder memory bandwidth for a GPU whose model is not known (a warning says so)."""
 
+# A product number counts as a whole word of the name: "H1000" or "RTX 40900" is no H100 or
+# RTX 4090, and "A10" of "NVIDIA A10" is not the "A10" in "A100".
+_B, _E = r"(?<![A-Z0-9])", r"(?![A-Z0-9])"
+
 # Name patterns as nvidia-smi / rocm-smi / nccl-tests print them, most specific first.
-_NAME_PATTERNS: tuple[tuple[str, str], ...] = (
-    (r"V100.*SXM2.*32", "V100-SXM2-32GB"),
-    (r"V100.*SXM2", "V100-SXM2-16GB"),
-    (r"V100", "V100-PCIE"),
-    (r"A100.*SXM.*80", "A100-SXM4-80GB"),
-    (r"A100.*SXM", "A100-SXM4-40GB"),
-    (r"A100.*80\s*GB.*PCIE|A100.*PCIE.*80", "A100-PCIE-80GB"),
-    (r"A100.*PCIE", "A100-PCIE-40GB"),
-    (r"H100.*NVL", "H100-NVL-94GB"),
-    (r"H100.*PCIE", "H100-PCIE-80GB"),
-    (r"H100", "H100-SXM5-80GB"),  # "H100 80GB HBM3" is the SXM5 part
+_NAME_PATTERNS: tuple[tuple[str, str], ...] = tuple((p.format(b=_B, e=_E), m) for p, m in (
+    (r"{b}V100{e}.*SXM2.*32", "V100-SXM2-32GB"),
+    (r"{b}V100{e}.*SXM2", "V100-SXM2-16GB"),
+    (r"{b}V100{e}", "V100-PCIE"),
+    (r"{b}A100{e}.*SXM.*80", "A100-SXM4-80GB"),
+    (r"{b}A100{e}.*SXM", "A100-SXM4-40GB"),
+    (r"{b}A100{e}.*80\s*GB.*PCIE|{b}A100{e}.*PCIE.*80", "A100-PCIE-80GB"),
+    (r"{b}A100{e}.*PCIE", "A100-PCIE-40GB"),
+    (r"{b}H100{e}.*NVL", "H100-NVL-94GB"),
+    (r"{b}H100{e}.*PCIE", "H100-PCIE-80GB"),
+    (r"{b}H100{e}", "H100-SXM5-80GB"),  # "H100 80GB HBM3" is the SXM5 part
     # Not GH200 ("NVIDIA GH200 480GB"): a Grace Hopper superchip whose HBM (about 96 GiB on that
     # part, as nvidia-smi shows it) read as an H200's 141 would overstate what plan's memory check allows.
-    (r"(?<![A-Z])H200", "H200-SXM-141GB"),
-    (r"B200", "B200"),
-    (r"RTX\s*4090", "RTX-4090"),
-    (r"RTX\s*5090", "RTX-5090"),
-    (r"RTX\s*3090", "RTX-3090"),
-    (r"L40S", "L40S"),
-    (r"MI300X", "MI300X"),
-    (r"MI308X", "MI308X"),
-    (r"MI325X", "MI325X"),
-)
+    (r"{b}H200{e}", "H200-SXM-141GB"),
+    # "NVIDIA GB200": the Blackwell GPU of a GB200 superchip (186 GB there; B200's 180 understates it).
+    (r"{b}G?B200{e}", "B200"),
+    (r"{b}RTX\s*4090{e}", "RTX-4090"),
+    (r"{b}RTX\s*5090{e}", "RTX-5090"),
+    (r"{b}RTX\s*3090{e}", "RTX-3090"),
+    (r"{b}L40S{e}", "L40S"),
+    (r"{b}A10G{e}", "A10G"),  # "NVIDIA A10G" (AWS G5)
+    (r"{b}A10{e}", "A10"),
+    (r"{b}A40{e}", "A40"),
+    (r"{b}L4{e}", "L4-24GB"),
+    (r"{b}MI300X{e}", "MI300X"),
+    (r"{b}MI308X{e}", "MI308X"),
+    (r"{b}MI325X{e}", "MI325X"),
+))
 
 # PCI device ids (vendor:device) from the PCI ID repository.
 _PCI_IDS: dict[tuple[int, int], str] = {

@@ -32,11 +32,13 @@ _BY_PREFIX: tuple[tuple[tuple[str, ...], str, CostSpec], ...] = (
 
 def published_attention_fit(model: str) -> tuple[str, CostSpec] | None:
     """(which fit, its cost fields) for a GPU model name, or None when none was fitted on it;
-    the vendor's word nvidia-smi puts first (``NVIDIA H100 80GB HBM3``) does not count."""
+    the vendor's word nvidia-smi puts first (``NVIDIA H100 80GB HBM3``) does not count, and the
+    product number must end there (``H1000`` is no H100)."""
     bare = model.upper().strip().removeprefix("NVIDIA ").lstrip()
     for prefixes, name, spec in _BY_PREFIX:
-        if bare.startswith(prefixes):
-            return name, spec
+        for prefix in prefixes:
+            if bare.startswith(prefix) and not bare[len(prefix):len(prefix) + 1].isalnum():
+                return name, spec
     return None
 
 
