@@ -447,3 +447,45 @@ def _env_params():  # noqa: ANN202 - click parameters of check-model
     from treeattn import cli
 
     return cli.built_command().commands["check-model"].params
+
+
+def test_own_log_timings_nccl_tests_found_wrong_are_left_out_and_said(tmp_path):
+    text = (FIXTURE.parent / "all_reduce_perf.8xh100-1node.txt").read_text()
+    # 256 MiB: both timings with wrong elements; 512 MiB: the out-of-place one only.
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("268435456 "):
+            lines[i] = line.replace("412.35      0", "412.35     12").replace("413.97      0", "413.97     12")
+        if line.lstrip().startswith("536870912 "):
+            lines[i] = line.replace("431.81      0", "431.81      3")
+    log = tmp_path / "all_reduce_perf.txt"
+    log.write_text("".join(lines))
+    res = run_cli("check-model", str(log), "-t", "dgx-h100", "--json")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    rows = {r["bytes"]: r["published_us"] for r in data["rows"]}
+    assert 268435456 not in rows and rows[536870912] == 2181.4  # the in-place timing, checked clean
+    assert data["tables"][f"{log}/all_reduce"]["notes"] == [
+        "timings with validation errors (#wrong > 0) left out at sizes 268435456, 536870912 B"]
+    said = run_cli("check-model", str(log), "-t", "dgx-h100")
+    assert "left out at sizes 268435456, 536870912 B" in said.stdout
+    # A trailer that says the check failed, over rows that count no wrong element, is said too.
+    log.write_text(text.replace("Out of bounds values : 0 OK", "Out of bounds values : 3 FAILED"))
+    res = run_cli("check-model", str(log), "-t", "dgx-h100", "--json")
+    assert json.loads(res.stdout)["tables"][f"{log}/all_reduce"]["notes"] == [
+        "the log's check failed ('Out of bounds values : 3 FAILED') though no row counts wrong elements: its "
+        "timings are scored as they stand"]
+
+
+def test_own_log_of_a_reduction_nvlink_sharp_cannot_run_is_predicted_without_it(tmp_path):
+    text = (FIXTURE.parent / "all_reduce_perf.8xh100-1node.txt").read_text()
+    log = tmp_path / "all_reduce_perf.txt"
+    log.write_text(text)
+    summed = json.loads(run_cli("check-model", str(log), "-t", "dgx-h100", "--json").stdout)["rows"]
+    assert all(r["how"].startswith("nvls/") for r in summed)
+    # nccl-tests -o max on float: NCCL runs a ring (ncclNvlsSupported: fp32 by sum only).
+    log.write_text(text.replace("float     sum", "float     max"))
+    res = run_cli("check-model", str(log), "-t", "dgx-h100", "--json")
+    assert res.exit_code == 0, res.stderr
+    rows = json.loads(res.stdout)["rows"]
+    assert len(rows) == len(summed) and not any(r["how"].startswith("nvls") for r in rows)

@@ -175,3 +175,26 @@ def test_alltoall_merges_each_ranks_own_rows():
     for r, rows in enumerate(plan.owned_rows(None)):
         got = colls[r].end_us - colls[r].start_us
         assert got == pytest.approx(exchange + cm.gather_merge_us(r, rows * row, 3), rel=1e-9)
+
+
+def test_the_lse_max_of_a_plan_is_timed_as_nccl_runs_it_without_nvlink_sharp():
+    # allreduce3's max of the fp32 lse cannot run on NVLink SHARP (NCCL's ncclNvlsSupported:
+    # fp32 by sum only), its sums can: on a GB200 rack the max runs a ring or tree, at least
+    # 3x NVLS's time at these sizes, and the simulator charges what NCCL runs.
+    topo = resolve("gb200-nvl72")
+    w = Workload(batch=8, q_heads=64, kv_heads=8, head_dim=128, split=(1024,) * topo.num_ranks)
+    plan = build("allreduce3", w, topo)
+    res = simulate(plan, topo)
+    fab = nccl_fabric.fabric(topo)
+    colls = [t for t in res.timeline if t.kind == "collective" and t.rank == 0]
+    cm = ComputeModel.of(w, topo)
+    calls = ((("fp32", "max"), 4), (("fp32", "sum"), 128 * 4), (("fp32", "sum"), 4))
+    for t, (reduction, row) in zip(colls, calls, strict=True):
+        est = nccl.pick(fab, "allreduce", t.bytes, reduction=reduction)
+        assert est.algorithm.value != "nvls" if reduction[1] == "max" else est.algorithm.value == "nvls"
+        k = collective_kernels(plan, plan.programs[0][t.op])
+        want = max(topo.cost.overhead_us + est.time_us, CutModel(topo.rated).collective_floor_us(t.bytes, row))
+        assert t.end_us - t.start_us == pytest.approx(want + cm.step_local_us(0, 2 * k * t.bytes, k), rel=1e-9)
+    lse = colls[0]
+    assert nccl.pick(fab, "allreduce", lse.bytes, reduction=("fp32", "max")).time_us > 3 * nccl.pick(
+        fab, "allreduce", lse.bytes).time_us

@@ -126,6 +126,30 @@ def test_shipped_preset_gives_the_same_fabric():
     assert fab.inter_bw_gbps == pytest.approx(8 * 50.0)
 
 
+@pytest.mark.parametrize(("dtype", "op", "runs"), [
+    # src/include/device.h ncclNvlsSupported (v2.19.3 to v2.30): 16-bit floats and 32/64-bit
+    # integers by sum, min or max; float and double by sum only; nothing else.
+    ("float", "sum", True), ("fp32", "sum", True), ("double", "sum", True),
+    ("float", "max", False), ("fp32", "max", False), ("double", "min", False),
+    ("bfloat16", "max", True), ("bf16", "sum", True), ("half", "min", True), ("int32", "max", True),
+    ("uint64", "sum", True), ("float", "prod", False), ("half", "avg", False), ("int8", "sum", False),
+    ("f8e4m3", "sum", False), ("fp8", "sum", False),
+])
+def test_nvls_reduces_only_what_ncclnvlssupported_allows(dtype, op, runs):
+    from treeattn.cost.nvls import nvls_reduces
+
+    assert nvls_reduces(dtype, op) is runs
+    h = nccl_fabric.fabric(h100(1))
+    best = nccl.pick(h, "allreduce", 1 << 32, reduction=(dtype, op))
+    assert (best.algorithm.value == "nvls") is runs
+
+
+def test_a_reduction_nvls_cannot_run_asked_of_nvls_alone_says_why():
+    h = nccl_fabric.fabric(h100(1))
+    with pytest.raises(InputError, match=r"leaves no algorithm .*\(float max: NVLink SHARP does not reduce it\)"):
+        nccl.pick(h, "allreduce", 1 << 20, env={"NCCL_ALGO": "NVLS"}, reduction=("float", "max"))
+
+
 def test_nvls_where_nccl_offers_it():
     h = nccl_fabric.fabric(h100(1))
     assert h.nvls_gbps == pytest.approx(18 * 20.6)

@@ -176,10 +176,15 @@ def check_model_cmd(
     if png is not None:
         plot_corpus(rows, png, measured)
     own = [t for t in tables if t.url in map(str, logs)]
+    for t in tables:  # an own log's line says it; a corpus table's mapping has no such line
+        if t not in own and (checked := t.validation_note()):
+            err_console.print(f"[yellow]warning:[/] {escape(t.name)}: {escape(checked)}")
 
     def said(t) -> list[str]:  # noqa: ANN001 - a PublishedTable
         """What the table's line says was inferred about an own log, beyond its figures."""
         notes = [t.meta["inferred"]] if t.meta.get("inferred") else []
+        if checked := t.validation_note():
+            notes.append(checked)
         unread = [k for k in settings if k not in P2P_SETTINGS] if t.collective in POINT_TO_POINT else []
         if unread:
             notes.append(f"--env {', '.join(unread)} not applied (the point-to-point model reads only "

@@ -15,7 +15,7 @@ from __future__ import annotations
 from treeattn.cost import gloo, nccl, nccl_fabric, nccl_tuning
 from treeattn.cost.bounds import CutModel
 from treeattn.cost.nccl_p2p import WORLD
-from treeattn.plan.ir import COLLECTIVE_FORMS, Op, Plan, collective_row_bytes, element_bytes, widened
+from treeattn.plan.ir import COLLECTIVE_FORMS, Op, Plan, collective_row_bytes, element_bytes, element_dtype, widened
 from treeattn.topology.model import DeviceKind, Topology
 
 __all__ = ["LibraryModel", "alltoall_us", "last_landing_us", "link_rates_note"]
@@ -122,8 +122,11 @@ class LibraryModel:
                 t = self.topo.cost.overhead_us + alltoall_us(self.topo, share)
             else:
                 size = share * p if coll == "allgather" else share
-                elem = 4 if widened(w, coll, what) else element_bytes(w, what)
-                est = nccl.pick(self.fabric, nccl_tuning.Collective(coll), size, elem_bytes=elem)
+                wide = widened(w, coll, what)
+                elem = 4 if wide else element_bytes(w, what)
+                # The lse's running max, every other part a sum: NVLink SHARP takes no fp32 max.
+                reduction = ("fp32" if wide else element_dtype(w, what).value, "max" if what == "lse" else "sum")
+                est = nccl.pick(self.fabric, nccl_tuning.Collective(coll), size, elem_bytes=elem, reduction=reduction)
                 t = self.topo.cost.overhead_us + est.time_us
             total += max(t, floor)
         return total, spent

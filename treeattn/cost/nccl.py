@@ -122,7 +122,7 @@ from treeattn.cost.nccl_tuning import (
     Protocol,
     busbw_factor,
 )
-from treeattn.cost.nvls import nvls_allreduce, nvls_channels
+from treeattn.cost.nvls import nvls_allreduce, nvls_channels, nvls_reduces
 from treeattn.errors import InputError
 from treeattn.topology.model import Topology
 from treeattn.topology.nccl_version import NEWEST, Release, by_release
@@ -356,7 +356,7 @@ def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: i
 
 def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
          env: dict[str, str] | None = None, elem_bytes: int = 4, ranks_per_process: int = 1,
-         rccl_release: Release | None = None) -> NcclEstimate:
+         rccl_release: Release | None = None, reduction: tuple[str, str] = ("float", "sum")) -> NcclEstimate:
     """NCCL's choice: the estimate NCCL's own model times fastest (ties keep NCCL's search order);
     on RCCL, its MSCCL all-pairs algorithm wherever that runs (``treeattn.cost.msccl``).
 
@@ -371,6 +371,9 @@ def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
         rccl_release: the RCCL release (None: unknown, the one ``treeattn.cost.msccl`` follows);
             before 2.21 MSCCL does not run where a process drives several ranks
             (``msccl.single_process_blocks``).
+        reduction: (data type, reduction op) of the call, as nccl-tests prints them or
+            treeattn's dtypes (``("fp32", "max")``); NVLink SHARP runs only some
+            (``nvls.nvls_reduces``). Default nccl-tests' float sum.
 
     Returns:
         The fastest NcclEstimate NCCL may use.
@@ -381,6 +384,8 @@ def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
     algos, protos = allowed_by_env(env)
     if msccl.single_process_blocks(ranks_per_process, rccl_release, msccl_single_process(env)):
         algos.discard(Algorithm.ALLPAIRS.value)
+    if not nvls_reduces(*reduction):
+        algos -= {Algorithm.NVLS.value, Algorithm.NVLS_TREE.value}
     best: NcclEstimate | None = None
     for est in predict(topo, collective, nbytes, elem_bytes):
         if est.algorithm is Algorithm.ALLPAIRS and est.algorithm.value in algos:
@@ -390,5 +395,6 @@ def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
         if best is None or est.rank_us < best.rank_us:
             best = est
     if best is None:
-        raise InputError(f"the NCCL environment {env} leaves no algorithm and protocol for {collective}")
+        why = "" if nvls_reduces(*reduction) else f" ({reduction[0]} {reduction[1]}: NVLink SHARP does not reduce it)"
+        raise InputError(f"the NCCL environment {env} leaves no algorithm and protocol for {collective}{why}")
     return best

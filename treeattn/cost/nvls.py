@@ -63,7 +63,14 @@ from treeattn.cost.nccl_channels import SPEEDS_INTER, SPEEDS_INTRA
 from treeattn.topology.nccl_version import NEWEST, Release, by_release
 
 __all__ = ["NVLS_EFFICIENCY", "NVLS_ACHIEVED", "NVLS_CHANNELS", "NVLS_CHUNK", "nvls_allreduce", "nvls_graph",
-           "nvls_chunk", "nvls_channels", "nvls_fill_bytes", "fill_loops", "chunked_gbps", "NVLS_CHUNK_US"]
+           "nvls_chunk", "nvls_channels", "nvls_fill_bytes", "fill_loops", "chunked_gbps", "NVLS_CHUNK_US",
+           "nvls_reduces"]
+
+# device.h ncclNvlsSupported (the same in v2.19.3 and v2.30): the switch reduces 16-bit floats
+# and 32/64-bit integers by sum, min or max, fp32 and fp64 by sum only, nothing else (8-bit
+# types, products, averages). Names as nccl-tests prints them and treeattn's dtypes.
+_NVLS_MINMAX = frozenset({"half", "fp16", "float16", "bfloat16", "bf16", "int32", "uint32", "int64", "uint64"})
+_NVLS_SUM_ONLY = frozenset({"float", "fp32", "float32", "double", "fp64", "float64"})
 
 NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
 """tuning.cc nvlsEfficiency[] by compute capability (Volta and Ampere have no NVLS)."""
@@ -116,6 +123,18 @@ _LAT_NET_NVLSTREE_US = (((2, 19, 1), 14.0), ((2, 28, 9), 20.9))
 # NVLSTree's own network figure, 14 us there too).
 _LAT_NET_TREE_SIMPLE_US = 14.0
 _MAX_NVLS_ARITY = 32
+
+
+def nvls_reduces(dtype: str, op: str) -> bool:
+    """Whether NCCL may run an all-reduce of ``dtype`` by ``op`` on NVLink SHARP (NVLS,
+    NVLSTree): ``sum``, ``min`` or ``max`` of half, bfloat16 and 32/64-bit integers, ``sum``
+    of float and double, nothing of 8-bit types, ``prod`` or ``avg`` (``src/include/device.h``
+    ncclNvlsSupported, which ``src/enqueue.cc`` asks before choosing an algorithm); otherwise
+    NCCL runs a ring or a tree."""
+    dtype, op = dtype.lower(), op.lower()
+    if dtype in _NVLS_SUM_ONLY:
+        return op == "sum"
+    return dtype in _NVLS_MINMAX and op in ("sum", "min", "max")
 
 
 def _log2i(n: int) -> int:

@@ -83,6 +83,7 @@ from functools import cached_property
 from typing import Any
 
 from treeattn.errors import PlanFormatError
+from treeattn.units import DType
 from treeattn.workload import Payload, RawPayload, Workload, even_split
 
 __all__ = [
@@ -113,6 +114,7 @@ __all__ = [
     "head_split",
     "message_bytes",
     "element_bytes",
+    "element_dtype",
     "row_bytes",
     "row_quantum",
 ]
@@ -702,15 +704,20 @@ def message_bytes(plan: Plan, op: Op) -> int:
     return (stop - start) * row_bytes(w, op.part if op.kind is OpKind.COLLECTIVE else "partial")
 
 
-def element_bytes(workload: Payload, what: str) -> int:
-    """The element size of a buffer of ``what`` (``row_bytes``'s names, ``q``): fp32 for
+def element_dtype(workload: Payload, what: str) -> DType:
+    """The element type of a buffer of ``what`` (``row_bytes``'s names, ``q``): fp32 for
     ``lse``/``den``, the query's dtype (the KV cache's, as ``message_bytes`` counts it) for
     ``q``, else the partials' (a raw payload's own)."""
     if isinstance(workload, Workload):
         if what in ("lse", "den"):
-            return 4
-        return (workload.kv_dtype if what == "q" else workload.partial_dtype).nbytes
-    return workload.dtype.nbytes
+            return DType.FP32
+        return workload.kv_dtype if what == "q" else workload.partial_dtype
+    return workload.dtype
+
+
+def element_bytes(workload: Payload, what: str) -> int:
+    """The element size of a buffer of ``what`` (``element_dtype``)."""
+    return element_dtype(workload, what).nbytes
 
 
 REDUCTIONS = ("allreduce", "reducescatter", "reduce")

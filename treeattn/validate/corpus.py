@@ -134,15 +134,39 @@ class PublishedTable:
 
     def points(self) -> list[tuple[int, float]]:
         """(size in bytes, time in us) per row: the faster of the out-of-place and in-place
-        timings (the same operation twice; a one-off stall in one of them is noise)."""
+        timings (the same operation twice; a one-off stall in one of them is noise), those
+        nccl-tests found wrong results in (``#wrong`` > 0) left out, as ``calibrate`` leaves
+        them (``validation_note``)."""
         out = []
         for r in self.log.rows:
             if r.size_bytes == 0:  # a saved log's rows under one element per rank: nothing moved
                 continue
-            times = [t.time_us for t in (r.out_of_place, r.in_place) if t is not None]
+            times = [t.time_us for t in (r.out_of_place, r.in_place) if t is not None and not t.wrong]
             if times:
                 out.append((r.size_bytes, min(times)))
         return out
+
+    def validation_note(self) -> str | None:
+        """What the log says of its own results' check: timings with wrong results (left out
+        of ``points``), or a trailer saying the check failed; None where neither."""
+        wrong = [r.size_bytes for r in self.log.rows
+                 if any(t is not None and t.wrong for t in (r.out_of_place, r.in_place))]
+        if wrong:
+            shown = ", ".join(map(str, wrong[:4])) + (f" and {len(wrong) - 4} more" if len(wrong) > 4 else "")
+            return f"timings with validation errors (#wrong > 0) left out at sizes {shown} B"
+        if "FAILED" in self.log.out_of_bounds.upper():
+            return (f"the log's check failed ('Out of bounds values : {self.log.out_of_bounds}') though no row "
+                    "counts wrong elements: its timings are scored as they stand")
+        return None
+
+    @property
+    def reduction(self) -> tuple[str, str]:
+        """(data type, reduction op) as the table's rows print them (nccl-tests' defaults,
+        float and sum, where a row leaves them out): NVLink SHARP reduces only some."""
+        row = self.log.rows[0] if self.log.rows else None
+        dtype = row.dtype if row is not None and row.dtype else "float"
+        op = row.redop if row is not None and row.redop not in ("", "none") else "sum"
+        return dtype, op
 
 
 def corpus_dir() -> Path | None:

@@ -284,7 +284,7 @@ def predict_table(t: PublishedTable, cache: _Topologies | None = None,
             fab = cache.fabric(t)
             est = nccl.pick(fab, _NCCL_NAMES[t.collective], nbytes, env=t.env,
                             ranks_per_process=max(1, t.log.n_threads) * max(1, t.log.n_gpus),
-                            rccl_release=t.rccl_release)
+                            rccl_release=t.rccl_release, reduction=t.reduction)
             pred, how = est.time_us, f"{est.algorithm.value}/{est.protocol.value}"
             channels = nccl.run_channel_count(fab, est.algorithm, est.protocol, nbytes)
             if t.collective in ("broadcast", "reduce"):
