@@ -489,3 +489,31 @@ def test_own_log_of_a_reduction_nvlink_sharp_cannot_run_is_predicted_without_it(
     assert res.exit_code == 0, res.stderr
     rows = json.loads(res.stdout)["rows"]
     assert len(rows) == len(summed) and not any(r["how"].startswith("nvls") for r in rows)
+
+
+def test_own_json_log_is_predicted_with_the_environment_it_records(tmp_path):
+    # nccl-tests' -J file records the process environment: its NCCL settings reach the model.
+    data = json.loads((FIXTURE.parent / "run.2x8xh100-I1.json").read_text())
+    default = run_cli("check-model", str(FIXTURE.parent / "run.2x8xh100-I1.json"), "-t", "dgx-h100:nodes=2", "--json")
+    assert not all(r["how"].startswith("ring/") for r in json.loads(default.stdout)["rows"])
+    data["env"] = [*data["env"], "NCCL_ALGO=Ring"]
+    log = tmp_path / "run.json"
+    log.write_text(json.dumps(data))
+    res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2", "--json")
+    assert res.exit_code == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert all(r["how"].startswith("ring/") for r in out["rows"])
+    table = out["tables"][f"{log}/all_reduce"]
+    assert table["env"] == {"NCCL_ALGO": "Ring"}
+    assert "NCCL_ALGO=Ring from the environment the file records" in table["notes"]
+    # --env saying otherwise is refused; saying the same is fine.
+    clash = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2", "--env", "NCCL_ALGO=Tree")
+    assert clash.exit_code == 2 and clash.stderr.count("\n") == 1
+    assert (f"error: {log}: the run's environment, as the file records it, has NCCL_ALGO=Ring, but --env gives "
+            "NCCL_ALGO=Tree; leave --env NCCL_ALGO out") in clash.stderr
+    assert run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2", "--env", "NCCL_ALGO=Ring").exit_code == 0
+    data["env"] = [*data["env"][:-1], "NCCL_ALGO=Rign"]
+    log.write_text(json.dumps(data))
+    bad = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2")
+    assert bad.exit_code == 2
+    assert f"error: {log}: the run's environment, as the file records it: NCCL_ALGO=" in bad.stderr

@@ -144,6 +144,9 @@ class NcclTestsLog:
     n_ranks: int | None = None
     """Ranks in the run where ``devices`` does not list each: nccl-tests' JSON lists one device
     a process."""
+    env: tuple[tuple[str, str], ...] = ()
+    """The NCCL and RCCL variables the run's environment held (``NCCL_*``, ``RCCL_*``), where
+    the log records it: nccl-tests' JSON writes the process environment; a text log does not."""
 
     @property
     def ranks(self) -> int | None:

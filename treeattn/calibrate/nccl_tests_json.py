@@ -5,7 +5,8 @@ The file is one object: ``config`` (``nthreads``, ``ngpus``, ``minimum_bytes``,
 process), ``results`` (a row each: ``size``, ``count``, ``type``, ``redop``, ``root``, and
 ``out_of_place`` / ``in_place`` holding ``time``, ``alg_bw``, ``bus_bw`` and ``nwrong``),
 ``out_of_bounds``, ``average_bus_bandwidth``, the NCCL release as ``nccl_version`` (a code,
-22602 for 2.26.2) and the command line as ``args``. ``-I 1`` adds ``*_per_iter`` figures,
+22602 for 2.26.2), the command line as ``args`` and the process environment as ``env``
+(``NAME=VALUE`` strings: its ``NCCL_*`` and ``RCCL_*`` are kept). ``-I 1`` adds ``*_per_iter`` figures,
 which are not read. The rows are checked as a text log's are; a row's ``line`` is its place
 in ``results`` counted from 1, and errors name it ``results[i]``.
 """
@@ -104,9 +105,20 @@ def parse_nccl_tests_json(text: str, source: str, shown: str) -> NcclTestsLog:
         nccl_version=release_of_code(code) if isinstance(code, int) and not isinstance(code, bool) else "",
         collective=collective_from_name(program) or collective_from_name(source),
         n_ranks=len(devices) * threads * gpus or None,
+        env=_recorded_env(data.get("env")),
     )
     _check(log, step, lambda n: f"{shown}: results[{n - 1}]" if n else shown)
     return log
+
+
+def _recorded_env(env: object) -> tuple[tuple[str, str], ...]:
+    """The NCCL and RCCL variables of the ``env`` list nccl-tests writes (``NAME=VALUE``
+    strings, the process environment), sorted by name; nothing where it is not such a list."""
+    if not isinstance(env, list):
+        return ()
+    pairs = (item.partition("=") for item in env if isinstance(item, str))
+    return tuple(sorted({(name, value) for name, eq, value in pairs
+                         if eq and name.startswith(("NCCL_", "RCCL_"))}))
 
 
 def _row(r: object, i: int, shown: str) -> NcclRow:

@@ -251,12 +251,39 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
             except InputError as exc:  # the table's nccl_release is None: its topology's applies
                 own = " (the printed one for the -g launches)" if log.n_gpus > 1 else ""
                 notes.append(f"{exc}: the topology's release used instead{own}")
+        run_env = _with_recorded_env(p, log, env or {}, notes)
         # Named by the path: runs in two folders may share a file name.
         out.append(PublishedTable(
             source_id=str(p), table_id=coll, url=str(p), collective=coll, topology=topology,
-            ranks=ranks, env=dict(env or {}), log=log, library=library, version=version, evidence=evidence,
+            ranks=ranks, env=run_env, log=log, library=library, version=version, evidence=evidence,
             meta={"inferred": "; ".join(notes)} if notes else {}))
     return out
+
+
+def _with_recorded_env(path: Path, log: NcclTestsLog, given: dict[str, str], notes: list[str]) -> dict[str, str]:
+    """``given`` (``--env``) with the settings the model reads that the log records from its
+    run's environment (nccl-tests' JSON), checked as ``--env``'s are; what was taken is noted.
+
+    Raises:
+        InputError: ``--env`` sets a variable the run recorded otherwise, or a recorded value
+            the model cannot read.
+    """
+    from treeattn.cost.nccl_env import ENV_SETTINGS, allowed_by_env, p2p_level_from_env
+
+    recorded = {name: value for name, value in log.env if name in ENV_SETTINGS}
+    for name, value in recorded.items():
+        if name in given and given[name].strip() != value.strip():
+            raise InputError(f"{path}: the run's environment, as the file records it, has {name}={value}, but --env "
+                             f"gives {name}={given[name]}; leave --env {name} out")
+    merged = {**given, **recorded}
+    try:
+        allowed_by_env(merged)
+        p2p_level_from_env(merged)
+    except InputError as exc:
+        raise InputError(f"{path}: the run's environment, as the file records it: {exc}") from None
+    if taken := [f"{k}={v}" for k, v in recorded.items() if k not in given]:
+        notes.append(f"{', '.join(taken)} from the environment the file records")
+    return merged
 
 
 def _field(where: str, data: dict, key: str, kind: type, default=None):  # noqa: ANN001, ANN202 - small reader
