@@ -517,3 +517,58 @@ def test_own_json_log_is_predicted_with_the_environment_it_records(tmp_path):
     bad = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2")
     assert bad.exit_code == 2
     assert f"error: {log}: the run's environment, as the file records it: NCCL_ALGO=" in bad.stderr
+
+
+def _map_one(tmp: Path, log: Path, collective: str, extra: str = "") -> Path:
+    lines = len(log.read_text().splitlines())
+    mapping = tmp / "map.yaml"
+    mapping.write_text(f"source: a test\ntables:\n  - id: t\n    file: {log.name}\n    lines: [1, {lines}]\n"
+                       f"    collective: {collective}\n    topology: dgx-h100\n    ranks: 8\n{extra}")
+    return mapping
+
+
+def test_a_mapping_is_read_as_the_log_it_maps_is(tmp_path):
+    # nccl-tests 2.19's own lines name the test and the library: a mapping of those lines reads
+    # them as the log does (collective checked, release from nccl-library=).
+    log = tmp_path / "run.txt"
+    shutil.copy(FIXTURE.parent / "all_reduce_perf.8xh100-S1.txt", log)
+    as_log = json.loads(run_cli("check-model", str(log), "-t", "dgx-h100", "--json").stdout)
+    res = run_cli("check-model", str(_map_one(tmp_path, log, "all_reduce")), "--json")
+    assert res.exit_code == 0, res.stderr
+    mapped = json.loads(res.stdout)
+    release = as_log["tables"][f"{log}/all_reduce"]["nccl_release"]
+    assert mapped["tables"]["map/t"]["nccl_release"] == release == "2.27.3"
+    assert [r["predicted_us"] for r in mapped["rows"]] == [r["predicted_us"] for r in as_log["rows"]]
+    # busbw/algbw cannot tell an all-gather from a reduce-scatter; the test's own line can.
+    text = log.read_text().replace("all_reduce_perf", "all_gather_perf")
+    log.write_text(text.replace(" sum ", " none "))
+    other = run_cli("check-model", str(_map_one(tmp_path, log, "reduce_scatter")))
+    assert other.exit_code == 2
+    assert other.stderr == (f"error: {tmp_path / 'map.yaml'}: table 't': run.txt:4: the run names its test "
+                            "all_gather_perf, not reduce_scatter\n")
+
+
+def test_a_mappings_bad_environment_or_lines_name_the_mapping_and_table(tmp_path):
+    log = tmp_path / "run.txt"
+    shutil.copy(FIXTURE.parent / "all_reduce_perf.8xh100-S1.txt", log)
+    res = run_cli("check-model", str(_map_one(tmp_path, log, "all_reduce", "    env: {NCCL_ALGO: Rign}\n")))
+    assert res.exit_code == 2
+    assert res.stderr.startswith(f"error: {tmp_path / 'map.yaml'}: table 't': env: NCCL_ALGO='Rign': unknown 'rign'")
+    mapping = _map_one(tmp_path, log, "all_reduce")
+    mapping.write_text(mapping.read_text().replace("lines: [1, 33]", "lines: [1, 900]"))
+    res = run_cli("check-model", str(mapping))
+    assert res.exit_code == 2
+    assert res.stderr == (f"error: {mapping}: table 't': run.txt: lines 1-900 are not inside the text (33 lines)\n")
+    mapping.write_text(mapping.read_text().replace("lines: [1, 900]", "lines: [1, 33]").replace(
+        "topology: dgx-h100", "topology: dgx-h100[ranks 0-15]"))
+    res = run_cli("check-model", str(mapping))
+    assert res.exit_code == 2 and res.stderr.startswith("error: map/t: topology 'dgx-h100[ranks 0-15]': ")
+
+
+def test_an_own_logs_error_names_it_by_the_path_given(tmp_path):
+    # Runs of two nodes in two folders may share a file name: the error names the folder too.
+    (tmp_path / "node2").mkdir()
+    log = tmp_path / "node2" / "broadcast_perf.txt"
+    shutil.copy(FIXTURE, log)  # an all-reduce, named as a broadcast
+    res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=4")
+    assert res.exit_code == 2 and res.stderr.startswith(f"error: {log}: "), res.stderr

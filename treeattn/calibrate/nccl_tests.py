@@ -407,7 +407,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         raise fail(shown, len(lines), "the log ends inside the table (no '# Avg bus bandwidth' line): truncated?")
     max_bytes = int(header.group(4)) if reduced is None else min(int(header.group(4)), reduced)
     log = NcclTestsLog(
-        source=source, n_threads=int(header.group(1)), n_gpus=int(header.group(2)),
+        source=shown, n_threads=int(header.group(1)), n_gpus=int(header.group(2)),
         min_bytes=min(int(header.group(3)), max_bytes), max_bytes=max_bytes, rows=tuple(rows),
         devices=tuple(devices),
         avg_busbw_gbps=avg, out_of_bounds=oob, nccl_version=version, collective=named or collective_from_name(source),
@@ -469,20 +469,24 @@ def _published_prefix(parts: list[str], n: int) -> list[str]:
     return ["size", "count", "type", "redop", "root"][:n]
 
 
-def parse_published_table(text: str, source: str, lines: tuple[int, int] | None = None) -> NcclTestsLog:
+def parse_published_table(text: str, source: str, lines: tuple[int, int] | None = None,
+                          collective: str | None = None) -> NcclTestsLog:
     """Read one nccl-tests / rccl-tests table as published (see the module docstring).
 
     Args:
         text: the published text (a log, a README excerpt, an issue comment).
         source: name for messages and the result's ``source``.
         lines: 1-based inclusive line range holding the table; None: the whole text.
+        collective: the collective the caller takes the table for; a ``Collective test
+            starting`` line in the range that names another is refused.
 
     Returns:
         An NcclTestsLog with the rows (header fields 0 when the text has no header line).
 
     Raises:
         ProbeError: no rows, a row that does not fit the table's columns, an unreadable number,
-            algbw that is not size/time, busbw/algbw ratios that disagree, sizes out of order.
+            algbw that is not size/time, busbw/algbw ratios that disagree, sizes out of order,
+            a test named other than ``collective``.
     """
     all_lines = text.splitlines()
     first, last = lines if lines is not None else (1, len(all_lines))
@@ -491,13 +495,22 @@ def parse_published_table(text: str, source: str, lines: tuple[int, int] | None 
     header: re.Match | None = None
     layout: _Layout | None = None
     rows: list[NcclRow] = []
-    version = ""
+    version = coded = ""
+    named: str | None = None
     rccl = False
     for lineno in range(first, last + 1):
         line = _TAG.sub("", all_lines[lineno - 1], count=1).strip()
         if not line:
             continue
         rccl = rccl or line.lstrip("# ").startswith(("rccl-tests", "RCCL version"))
+        if m := _STARTING.match(line):
+            named = collective_from_name(m.group(1))
+            if collective is not None and named is not None and named != collective:
+                raise fail(source, lineno, f"the run names its test {m.group(1)}, not {collective}")
+            continue
+        if m := _LIBRARY.match(line):
+            coded = release_of_code(int(m.group(1)))
+            continue
         if line.startswith("#"):
             if m := _HEADER.match(line):
                 header = m
@@ -527,8 +540,8 @@ def parse_published_table(text: str, source: str, lines: tuple[int, int] | None 
         raise fail(source, first, f"no table rows in lines {first}-{last}")
     log = NcclTestsLog(
         source=source, n_threads=int(header.group(1)) if header else 0, n_gpus=int(header.group(2)) if header else 0,
-        min_bytes=rows[0].size_bytes, max_bytes=rows[-1].size_bytes, rows=tuple(rows), nccl_version=version,
-        collective=collective_from_name(source), rccl=rccl,
+        min_bytes=rows[0].size_bytes, max_bytes=rows[-1].size_bytes, rows=tuple(rows), nccl_version=version or coded,
+        collective=named or collective_from_name(source), rccl=rccl,
     )
     if not any(t and t.algbw_gbps > 0 for r in log.rows for t in (r.out_of_place, r.in_place)):
         return log  # sizes too small to print an algbw: nothing to check the ratio on

@@ -97,7 +97,7 @@ def parse_nccl_tests_json(text: str, source: str, shown: str) -> NcclTestsLog:
     args = data.get("args") if isinstance(data.get("args"), list) else []
     program = args[0] if args and isinstance(args[0], str) else ""
     log = NcclTestsLog(
-        source=source, n_threads=threads, n_gpus=gpus,
+        source=shown, n_threads=threads, n_gpus=gpus,
         min_bytes=_get(config, "minimum_bytes", int, "config", shown),
         max_bytes=_get(config, "maximum_bytes", int, "config", shown), rows=tuple(rows), devices=tuple(devices),
         avg_busbw_gbps=_get(data["average_bus_bandwidth"], "bandwidth", (int, float), "average_bus_bandwidth", shown),

@@ -176,9 +176,12 @@ def _from_logs(topo, paths: list[Path], out: Path | None, json_out: bool) -> Non
     table = Table(title=f"nccl-tests fits mapped onto {escape(topo.name)} ({topo.num_ranks} ranks)")
     for col in ("log", "collective", "ranks", "sizes", "α/step µs", "fit bus GB/s", "R²", "class", "α µs", "β GB/s"):
         table.add_column(col, justify="left" if col in ("log", "collective", "class") else "right")
-    for lf in result.logs:
+    # A log by its file name (narrow columns), by its path where two logs share a name.
+    names = [Path(lf.source).name for lf in result.logs]
+    shown = names if len(set(names)) == len(names) else [lf.source for lf in result.logs]
+    for lf, name in zip(result.logs, shown, strict=True):
         f = lf.fit
-        table.add_row(escape(lf.source), f.collective, str(f.ranks), f"{f.points}", f"{f.alpha_step_us:.3g}",
+        table.add_row(escape(name), f.collective, str(f.ranks), f"{f.points}", f"{f.alpha_step_us:.3g}",
                       f"{f.beta_link_gbps:.4g}", f"{f.fit.r2:.4f}",
                       f"{lf.scope}: {lf.route_class}".replace(">", "> "),  # breaks where 80 columns need
                       f"{lf.alpha_us:.3g}", f"{lf.beta_gbps:.4g}")

@@ -27,7 +27,8 @@ collective made it, on how many ranks, with which NCCL environment, and which to
 
 An NCCL table's version chooses the NCCL model's release-dependent figures
 (``treeattn.topology.nccl_version``: the newest release the version allows). Without a
-``library_version`` the version the table prints (``NCCL version ...``) is taken; ``unknown``,
+``library_version`` the version the table prints (``NCCL version ...``, else nccl-tests 2.17.4's
+``nccl-library=`` code) is taken, as a log file's would be; ``unknown``,
 RCCL tables, tables with neither and releases older than the model's figures (2.19): the
 topology's release (by default the newest NCCL the model follows). An older release still
 counts where nccl-tests' own host work depends on it (``published.group_launch_us``).
@@ -204,8 +205,9 @@ def load_corpus(paths: list[str | Path] | None = None) -> list[PublishedTable]:
     Raises:
         InputError: a path that is neither, a mapping file that does not follow the format
             (the message names the file and field), a table whose busbw/algbw disagrees with
-            its collective and rank count.
-        ProbeError: a table that does not parse (the message names the file and line).
+            its collective and rank count, or whose ``Collective test starting`` line names
+            another test, a table that does not parse (the message names the mapping, the
+            table, the text file and line).
     """
     if not paths:
         d = corpus_dir()
@@ -268,7 +270,7 @@ def _with_recorded_env(path: Path, log: NcclTestsLog, given: dict[str, str], not
         InputError: ``--env`` sets a variable the run recorded otherwise, or a recorded value
             the model cannot read.
     """
-    from treeattn.cost.nccl_env import ENV_SETTINGS, allowed_by_env, p2p_level_from_env
+    from treeattn.cost.nccl_env import ENV_SETTINGS
 
     recorded = {name: value for name, value in log.env if name in ENV_SETTINGS}
     for name, value in recorded.items():
@@ -276,14 +278,21 @@ def _with_recorded_env(path: Path, log: NcclTestsLog, given: dict[str, str], not
             raise InputError(f"{path}: the run's environment, as the file records it, has {name}={value}, but --env "
                              f"gives {name}={given[name]}; leave --env {name} out")
     merged = {**given, **recorded}
-    try:
-        allowed_by_env(merged)
-        p2p_level_from_env(merged)
-    except InputError as exc:
-        raise InputError(f"{path}: the run's environment, as the file records it: {exc}") from None
+    _check_env(f"{path}: the run's environment, as the file records it", merged)
     if taken := [f"{k}={v}" for k, v in recorded.items() if k not in given]:
         notes.append(f"{', '.join(taken)} from the environment the file records")
     return merged
+
+
+def _check_env(where: str, env: dict[str, str]) -> None:
+    """Raise ``InputError`` naming ``where`` where the model cannot read a setting of ``env``."""
+    from treeattn.cost.nccl_env import allowed_by_env, p2p_level_from_env
+
+    try:
+        allowed_by_env(env)
+        p2p_level_from_env(env)
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}") from None
 
 
 def _field(where: str, data: dict, key: str, kind: type, default=None):  # noqa: ANN001, ANN202 - small reader
@@ -341,14 +350,18 @@ def _load_source(mf: Path) -> list[PublishedTable]:
         ranks = _field(where, spec, "ranks", int)
         if ranks < 2:
             raise InputError(f"{where}: field 'ranks' must be >= 2, got {ranks}")
-        env = _field(where, spec, "env", dict, {})
+        env = {str(k): str(v) for k, v in _field(where, spec, "env", dict, {}).items()}
+        _check_env(f"{where}: env", env)
         text_path = mf.parent / _field(where, spec, "file", str, mf.stem + ".txt")
         if text_path not in texts:
             try:
                 texts[text_path] = read_input(text_path, "published table")
             except ProbeError as exc:
                 raise InputError(f"{where}: {exc}") from None
-        log = parse_published_table(texts[text_path], text_path.name, (lines[0], lines[1]))
+        try:
+            log = parse_published_table(texts[text_path], text_path.name, (lines[0], lines[1]), coll)
+        except ProbeError as exc:
+            raise InputError(f"{where}: {exc}") from None
         ratio, want = log.busbw_ratio(), busbw_factor(coll, ranks)
         if abs(ratio - want) > 0.01 * want + 0.006:
             raise InputError(f"{where}: busbw/algbw = {ratio:.4f} in the table, but {coll} over {ranks} ranks "
@@ -364,7 +377,7 @@ def _load_source(mf: Path) -> list[PublishedTable]:
         out.append(PublishedTable(
             source_id=mf.stem, table_id=tid, url=url, collective=coll,
             topology=_field(where, spec, "topology", str), ranks=ranks,
-            env={str(k): str(v) for k, v in env.items()}, log=log,
+            env=env, log=log,
             scored=_field(where, spec, "scored", bool, True), why=str(spec.get("why", "")), meta=meta,
             library=library, version=version, evidence=evidence,
         ))

@@ -315,7 +315,10 @@ def predict_corpus(tables: Iterable[PublishedTable],
             done += 1
             progress(done, total, name)
 
-        out += predict_table(t, cache, None if progress is None else tick)
+        try:
+            out += predict_table(t, cache, None if progress is None else tick)
+        except InputError as exc:  # a rank selection, an environment the pick cannot meet: name the table
+            raise InputError(str(exc) if str(exc).startswith(f"{t.name}: ") else f"{t.name}: {exc}") from None
     return out
 
 
