@@ -13,7 +13,13 @@ import pytest
 from tests.cli_helpers import run_cli
 from treeattn.calibrate.apply_fit import ClassParams, FittedParams, apply_fit
 from treeattn.calibrate.from_nccl_tests import calibrate_from_nccl_tests, half_split
-from treeattn.calibrate.nccl_tests import calibrate_from_log, log_run, parse_nccl_tests, read_nccl_tests
+from treeattn.calibrate.nccl_tests import (
+    calibrate_from_log,
+    log_run,
+    parse_nccl_tests,
+    printed_version,
+    read_nccl_tests,
+)
 from treeattn.cost import nccl, nccl_fabric, nccl_rates
 from treeattn.cost.bounds import CutModel
 from treeattn.cost.library import LibraryModel
@@ -691,3 +697,19 @@ def test_the_shipped_half_split_table_is_what_the_benchmark_prints(capsys, monke
     assert capsys.readouterr().out == shipped, (
         "results/published/calibration-half-split.txt is stale: regenerate with `.venv/bin/python "
         "benchmarks/bench_calibrate_half_split.py --out results/published/calibration-half-split.txt`")
+
+
+def test_an_rccl_logs_release_is_not_written_as_an_nccl_release(tmp_path):
+    # The 2-node MI300X run of the corpus prints "RCCL version : 2.22.3": RCCL's numbering, not
+    # NCCL 2.22.3's figures; the calibrated topology keeps the model's release as the family does.
+    from treeattn.validate.corpus import corpus_dir
+
+    text = (corpus_dir() / "hisohara-ai-scripts-rccl.txt").read_text().splitlines()
+    first = next(i for i, line in enumerate(text) if i >= 66 and line.startswith("# nThread"))
+    last = next(i for i, line in enumerate(text) if i > first and line.startswith("# Avg bus bandwidth"))
+    log = tmp_path / "all_reduce_perf.txt"
+    log.write_text("\n".join(text[first:last + 1]) + "\n")
+    assert read_nccl_tests(log).rccl and printed_version(read_nccl_tests(log)) == "2.22.3"
+    cal = calibrate_from_nccl_tests(resolve("mi300x:nodes=2"), [log])
+    assert cal.topology.cost.nccl_version is None
+    assert not any("NCCL 2.22.3" in w for w in cal.warnings)

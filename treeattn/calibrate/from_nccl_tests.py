@@ -206,11 +206,13 @@ def _with_release(topo: Topology, logs: list[NcclTestsLog], warnings: list[str])
     """``topo`` naming the NCCL release its logs printed (``cost.nccl_version``), which the NCCL
     model's release-dependent figures follow, so that ``plan`` and ``nccl-model`` model the
     NCCL the logs ran on, as ``check-model`` does; a release the topology names already, or
-    logs of several releases, are said and left as they are."""
-    printed = sorted({v for v in map(printed_version, logs) if v})
+    logs of several releases, are said and left as they are. RCCL's releases are not NCCL's
+    (RCCL 2.22.3 is no NCCL 2.22.3): rccl-tests logs leave the field as it is."""
+    nccl_logs = [log for log in logs if not log.rccl]
+    printed = sorted({v for v in map(printed_version, nccl_logs) if v})
     if not printed:
         return topo
-    if silent := sum(not printed_version(log) for log in logs):
+    if silent := sum(not printed_version(log) for log in nccl_logs):
         warnings.append(f"{silent} of the logs print no NCCL version: taken as the others' ({', '.join(printed)})")
     if topo.cost.nccl_version is not None:
         if any(parse_version(v) != parse_version(topo.cost.nccl_version) for v in printed):
