@@ -178,3 +178,21 @@ def test_check_routable_finds_two_ranks_apart_that_both_reach_rank_0(tmp_path):
     path.write_text(text.replace("ranks:", "  - {src: nic1, dst: nic2, kind: infiniband, bw_gbps: 50, duplex: true}\n"
                                            "ranks:"))
     assert load_topology(path).route_bw_gbps(1, 2) == 25
+
+
+def test_a_gap_from_a_switched_nic_to_one_cabled_only_to_rank_0_is_found(tmp_path):
+    # nic0 and nic1 on a switch, nic2 cabled to nic0 alone: every rank reaches rank 0, and the
+    # switched group's check against the one group with no switch finds 1 -> 2 cut off.
+    from treeattn.topology.io import load_topology
+
+    gpus = "".join(f"  - {{name: g{i}, kind: gpu, node: {i}, mem_bw_gbps: 1000}}\n"
+                   f"  - {{name: nic{i}, kind: nic, node: {i}}}\n" for i in range(3))
+    pcie = "".join(f"  - {{src: g{i}, dst: nic{i}, kind: pcie, bw_gbps: 25, duplex: true}}\n" for i in range(3))
+    net = ("  - {src: nic0, dst: sw, kind: infiniband, bw_gbps: 50, duplex: true}\n"
+           "  - {src: nic1, dst: sw, kind: infiniband, bw_gbps: 50, duplex: true}\n"
+           "  - {src: nic0, dst: nic2, kind: infiniband, bw_gbps: 50, duplex: true}\n")
+    path = tmp_path / "star.yaml"
+    path.write_text(f"name: star\ndevices:\n{gpus}  - {{name: sw, kind: switch}}\nlinks:\n{pcie}{net}"
+                    "ranks: [g0, g1, g2]\n")
+    with pytest.raises(TopologyError, match=r"rank 1 \(g1\) cannot reach rank 2 \(g2\)"):
+        load_topology(path)
