@@ -572,3 +572,13 @@ def test_an_own_logs_error_names_it_by_the_path_given(tmp_path):
     shutil.copy(FIXTURE, log)  # an all-reduce, named as a broadcast
     res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=4")
     assert res.exit_code == 2 and res.stderr.startswith(f"error: {log}: "), res.stderr
+
+
+def test_own_log_of_an_nccl_newer_than_the_model_follows_says_whose_figures_time_it(tmp_path):
+    log = tmp_path / "all_reduce_perf.txt"
+    log.write_text(FIXTURE.read_text().replace("NCCL version 2.26.2", "NCCL version 2.31.1"))
+    res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=4", "--json")
+    assert res.exit_code == 0, res.stderr
+    notes = json.loads(res.stdout)["tables"][f"{log}/all_reduce"]["notes"]
+    assert notes[0].endswith("; NCCL 2.31.1 is newer than the releases the model follows (2.19-2.30.7): timed by "
+                             "2.30.7's figures")

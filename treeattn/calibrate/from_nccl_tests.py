@@ -52,7 +52,7 @@ from treeattn.calibrate.nccl_tests import (
 from treeattn.cost import nccl_rates
 from treeattn.errors import InputError, ProbeError
 from treeattn.topology.model import CALIBRATED_BY, Link, LinkClass, LinkKind, Topology
-from treeattn.topology.nccl_version import nccl_release, parse_version
+from treeattn.topology.nccl_version import nccl_release, newer_note, parse_version
 from treeattn.units import format_size
 
 __all__ = ["LogFit", "NcclCalibration", "calibrate_from_nccl_tests", "SIZE_BANDS", "HalfSplit", "half_split"]
@@ -228,6 +228,8 @@ def _with_release(topo: Topology, logs: list[NcclTestsLog], warnings: list[str])
     except InputError as exc:
         warnings.append(f"{exc}: cost.nccl_version left unset (the model's newest release)")
         return topo
+    if newer := newer_note(printed[0]):
+        warnings.append(newer)
     return dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, nccl_version=printed[0]))
 
 

@@ -26,7 +26,7 @@ from typing import TypeVar
 from treeattn.errors import InputError
 
 __all__ = ["NEWEST", "OLDEST", "UNKNOWN", "parse_version", "version_text", "nccl_release", "release_text",
-           "by_release"]
+           "by_release", "newer_note"]
 
 Release = tuple[int, int, int]
 NEWEST: Release = (2, 30, 7)
@@ -83,6 +83,16 @@ def nccl_release(text: str) -> Release:
     if release < OLDEST:
         raise InputError(f"NCCL {text}: the model follows NCCL 2.19-2.30; older releases rate NVLS differently")
     return release
+
+
+def newer_note(text: str) -> str | None:
+    """What to say of a printed NCCL version newer than ``NEWEST``: the model times it by the
+    newest figures it follows, which that release may have changed; None otherwise."""
+    release = parse_version(text)
+    if release is None or release <= NEWEST:
+        return None
+    return (f"NCCL {text} is newer than the releases the model follows (2.19-{release_text(NEWEST)}): "
+            f"timed by {release_text(NEWEST)}'s figures")
 
 
 def release_text(release: Release) -> str:

@@ -59,7 +59,7 @@ from treeattn.calibrate.nccl_tests import (
 from treeattn.errors import InputError, ProbeError
 from treeattn.probe.text import read_input
 from treeattn.topology.library import installed_data_dir
-from treeattn.topology.nccl_version import OLDEST, Release, nccl_release, parse_version, version_text
+from treeattn.topology.nccl_version import OLDEST, Release, nccl_release, newer_note, parse_version, version_text
 
 __all__ = ["COLLECTIVES", "LIBRARIES", "PublishedTable", "corpus_dir", "is_mapping", "load_corpus", "load_logs",
            "busbw_factor"]
@@ -253,6 +253,8 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
             except InputError as exc:  # the table's nccl_release is None: its topology's applies
                 own = " (the printed one for the -g launches)" if log.n_gpus > 1 else ""
                 notes.append(f"{exc}: the topology's release used instead{own}")
+            if newer := newer_note(printed):
+                notes.append(newer)
         run_env = _with_recorded_env(p, log, env or {}, notes)
         # Named by the path: runs in two folders may share a file name.
         out.append(PublishedTable(
