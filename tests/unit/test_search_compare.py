@@ -57,3 +57,16 @@ def test_the_plot_tells_apart_two_topologies_of_one_rank_count(monkeypatch):
     shown.clear()
     mod.plot_speedup([r for r in rows if r.topology == "dgx-h100"], "unused.png")
     assert shown == ["8 ranks: vs ring attention", "8 ranks: vs 2 all-reduces"], shown
+
+
+def test_ring_attention_above_its_rank_cap_is_left_out_saying_why(monkeypatch):
+    # Ring attention's plan holds about 3p² operations (6 GB at 2,048 ranks): above the cap its
+    # row has no time, and its detail says why; every other method is still timed.
+    from treeattn.search import compare as compare_module
+
+    monkeypatch.setattr(compare_module, "COMPARE_RING_MAX_RANKS", 4)
+    rows = {r.method: r for r in compare([TOPO], [1 << 17], _make)}
+    ring = rows["ring-attention"]
+    assert ring.predicted_us is None and ring.fits is None
+    assert ring.detail == "not simulated above 4 ranks: its plan would hold 168 operations (about 77.11 KiB of memory)"
+    assert rows["allreduce3"].predicted_us is not None and rows["tree"].predicted_us is not None

@@ -42,10 +42,11 @@ from treeattn.search.rings import ring_order
 from treeattn.search.search import search
 from treeattn.textfile import write_file
 from treeattn.topology.model import Topology
+from treeattn.units import format_size
 from treeattn.workload import Payload, Workload
 
 __all__ = ["METHODS", "SHORT", "NOTES", "CompareRow", "expand_topologies", "plan_bytes_moved", "compare", "write_csv",
-           "plot_speedup"]
+           "plot_speedup", "COMPARE_RING_MAX_RANKS"]
 
 METHODS = ("tree", "ring-attention", "ring", "allreduce2", "allreduce3", "allgather-merge", "dcp-ag-rs", "dcp-a2a")
 """Methods compared, in column order."""
@@ -169,9 +170,28 @@ class CompareRow:
                 "detail": self.detail}
 
 
+COMPARE_RING_MAX_RANKS = 2048
+"""Ring attention's plan holds 3p(p - 1) operations (every rank sends, receives and attends
+each of the p - 1 blocks it is passed): building and simulating it took 27 s and 1.5 GB at
+1,024 ranks, 141 s and 5.9 GB at 2,048 (12.6 M operations; ``RING_OP_BYTES`` each) on the
+2-core development machine, so 4,096 would take about 24 GB. ``compare`` leaves it out above
+this many ranks, saying why."""
+RING_OP_BYTES = 470
+"""Peak memory per operation of a ring-attention plan built and simulated (5.91 GB at 12.6 M)."""
+
+
 def _method_plan(name: str, topo: Topology, w: Workload, layout: str, root: int | None, ring: list[int],
                  ev: Evaluator) -> Plan:
-    """The plan of one compared method (not the tree) for ``layout`` where it builds it."""
+    """The plan of one compared method (not the tree) for ``layout`` where it builds it.
+
+    Raises:
+        InputError: the method cannot run there (too few rows for its chunks, heads that do not
+            split), or ring attention above ``COMPARE_RING_MAX_RANKS``.
+    """
+    if name == "ring-attention" and topo.num_ranks > COMPARE_RING_MAX_RANKS:
+        ops = 3 * topo.num_ranks * (topo.num_ranks - 1)
+        raise InputError(f"not simulated above {COMPARE_RING_MAX_RANKS:,} ranks: its plan would hold {ops:,} "
+                         f"operations (about {format_size(ops * RING_OP_BYTES)} of memory)")
     spec = ALGORITHMS[name]
     result = layout if layout in spec.results else spec.results[0]
     kw: dict[str, Any] = {} if result == "all" else {"result": result}

@@ -17,7 +17,8 @@ __all__ = ["Candidate", "SearchResult", "baselines", "RING_ATTENTION_MAX_RANKS"]
 RING_ATTENTION_MAX_RANKS = 256
 """Ring attention moves p(p-1) KV blocks: building and simulating it takes about 0.5 s at
 128 ranks, 2.5 s at 256 and 50 s at 1,024, so ``search`` leaves it out of the baselines
-above this many ranks (``treeattn compare`` simulates it at any size)."""
+above this many ranks (``treeattn compare`` simulates it up to
+``treeattn.search.compare.COMPARE_RING_MAX_RANKS``)."""
 
 
 @dataclass(frozen=True, slots=True)
