@@ -133,7 +133,7 @@ def test_an_empty_split_is_refused_by_one_check():
     assert said == ["workload.py"]
     with pytest.raises(WorkloadError, match=r"^workload\.split holds no tokens at all$"):
         Workload(batch=1, q_heads=2, kv_heads=2, head_dim=4, split=(0, 0))
-    with pytest.raises(WorkloadError, match=r"^w\.yaml\.split holds no tokens at all$"):
+    with pytest.raises(WorkloadError, match=r"^w\.yaml: split holds no tokens at all$"):
         workload_from_dict({"heads": 2, "head_dim": 4, "split": [0, 0]}, ranks=2, where="w.yaml")
 
 
@@ -183,3 +183,11 @@ def test_payloads_past_the_largest_buffer_are_refused():
     with pytest.raises(InputError, match=r"KV cache of 10000000000 layers is .* TiB, over 1 TiB"):
         workload_from_dict({**shape, "layers": 10**10}, ranks=4)
     assert workload_from_dict({**shape, "batch": 64}, ranks=4).batch == 64
+
+
+def test_a_files_key_is_named_after_the_file_and_a_colon():
+    # "wl0.yaml.ranks" read as a file name; a plan's workload mapping keeps its key path.
+    with pytest.raises(WorkloadError, match=r"^wl0\.yaml: ranks is 4 but the topology places 8 ranks$"):
+        workload_from_dict({"model": "llama-3.1-8b", "seq_len": 1024, "ranks": 4}, ranks=8, where="wl0.yaml")
+    with pytest.raises(WorkloadError, match=r"^workload\.ranks is 4 but the topology places 8 ranks$"):
+        workload_from_dict({"model": "llama-3.1-8b", "seq_len": 1024, "ranks": 4}, ranks=8, where="workload")

@@ -99,13 +99,15 @@ def parse_tokens(value: Any, *, where: str = "seq_len", least: int = 0) -> int:
 
 
 class _Names:
-    """How errors name a key: by the flag it came from, else as ``where.key`` (a file's, the API's)."""
+    """How errors name a key: by the flag it came from, else as ``FILE: key`` in a file, or
+    ``where.key`` in a mapping inside one (a plan's ``workload.seq_len``, the API's)."""
 
     def __init__(self, where: str, flags: Mapping[str, str] | None) -> None:
         self.where, self.flags = where, dict(flags or {})
+        self.sep = ": " if where.lower().endswith((".yaml", ".yml", ".json")) else "."
 
     def __call__(self, key: str) -> str:
-        return self.flags.get(key) or f"{self.where}.{key}"
+        return self.flags.get(key) or f"{self.where}{self.sep}{key}"
 
 
 def _positive_int(data: dict, key: str, name: _Names) -> int | None:
