@@ -61,6 +61,10 @@ is refused at this size rather than read until memory runs out."""
 _CHUNK = 1 << 20
 
 
+_GZIP = b"\x1f\x8b"
+"""The first two bytes of a gzip file (RFC 1952): a compressed log is named as such."""
+
+
 def _read_bounded(p: Path, where: str, error: type[InputError]) -> bytes:
     """``p``'s bytes, read a chunk at a time: binary data (a NUL byte) is refused as soon as it
     is read, and more than ``MAX_TEXT_BYTES`` at that size."""
@@ -70,6 +74,8 @@ def _read_bounded(p: Path, where: str, error: type[InputError]) -> bytes:
         while chunk := f.read(_CHUNK):
             if not parts and chunk.startswith(_UTF16):  # its NULs are text's, not binary data
                 raise error(f"{where}: it is UTF-16 text; save it as UTF-8")
+            if not parts and chunk.startswith(_GZIP):
+                raise error(f"{where}: gzip-compressed data, not text; gunzip it first")
             nul = chunk.find(b"\x00")
             if nul >= 0:
                 raise error(f"{where}: binary data (a NUL byte at offset {size + nul}), not text")

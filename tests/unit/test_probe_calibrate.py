@@ -507,6 +507,15 @@ def test_a_utf16_log_is_named_so(tmp_path):
         read_nccl_tests(path)
 
 
+def test_a_gzipped_log_is_named_so(tmp_path):
+    import gzip
+
+    path = tmp_path / "all_reduce_perf.log.gz"
+    path.write_bytes(gzip.compress("\n".join(_lines(ONE)).encode()))
+    with pytest.raises(ProbeError, match="gzip-compressed data, not text; gunzip it first"):
+        read_nccl_tests(path)
+
+
 def test_a_prefix_this_reader_does_not_strip_is_named():
     # pdsh's "host: " is not stripped (rccl-tests' own lines start so); the refusal says what is wrong.
     text = "\n".join(f"node005: {ln}" for ln in _lines(ONE))

@@ -206,7 +206,8 @@ def check_model_cmd(
     # Wide enough for the table names: rich would otherwise fold them in a narrow terminal.
     con = console()
     scored = sum(1 for t in tables if t.scored)
-    con.print(f"{len(tables)} tables ({scored} scored), {len(rows)} rows; error = predicted / "
+    tabled = f"{len(tables)} table{'s' if len(tables) != 1 else ''}"
+    con.print(f"{tabled} ({scored} scored), {len(rows)} rows; error = predicted / "
               f"{'measured' if logs else 'published'} time - 1", markup=False)
     for t in own:  # what was read from each log, and what was inferred
         gpus = f", {t.log.n_gpus} GPUs a process (-g)" if t.log.n_gpus > 1 else ""
