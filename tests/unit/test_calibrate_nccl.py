@@ -503,6 +503,11 @@ def test_the_nccl_release_a_log_printed_is_the_calibrated_topologys(tmp_path):
     old.write_text(FOUR.read_text().replace("NCCL version 2.26.2", "NCCL version 2.18.1"))
     older = calibrate_from_nccl_tests(DGX4, [old])
     assert older.topology.cost.nccl_version is None and any("2.18.1" in w for w in older.warnings)
+    old.write_text(FOUR.read_text().replace("NCCL version 2.26.2", "NCCL version 2.31.1"))
+    newer = calibrate_from_nccl_tests(DGX4, [old])
+    assert newer.topology.cost.nccl_version == "2.31.1"
+    assert ("NCCL 2.31.1 is newer than the releases the model follows (2.19-2.30.7): timed by 2.30.7's figures"
+            in newer.warnings)
 
 
 # -- a log from another machine's layout ----------------------------------------------------------

@@ -582,3 +582,50 @@ def test_own_log_of_an_nccl_newer_than_the_model_follows_says_whose_figures_time
     notes = json.loads(res.stdout)["tables"][f"{log}/all_reduce"]["notes"]
     assert notes[0].endswith("; NCCL 2.31.1 is newer than the releases the model follows (2.19-2.30.7): timed by "
                              "2.30.7's figures")
+
+
+def test_a_recorded_environment_is_read_as_nccl_reads_it(tmp_path):
+    data = json.loads((FIXTURE.parent / "run.2x8xh100-I1.json").read_text())
+    log = tmp_path / "run.json"
+
+    def check(env: list[str], *flags: str):  # noqa: ANN202 - a CliResult
+        log.write_text(json.dumps({**data, "env": [*data["env"], *env]}))
+        return run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2", "--json", *flags)
+
+    # An empty value is unset to NCCL (parseList of "" enables every algorithm).
+    res = check(["NCCL_ALGO="])
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["tables"][f"{log}/all_reduce"]["env"] == {}
+    # NCCL reads algorithm names in any case: the same setting given again is no clash.
+    assert check(["NCCL_ALGO=ring"], "--env", "NCCL_ALGO=Ring").exit_code == 0
+    # An integer NCCL reads as its leading number is said, as --env says it.
+    notes = json.loads(check(["NCCL_NVLS_ENABLE=true"]).stdout)["tables"][f"{log}/all_reduce"]["notes"]
+    assert any("NCCL_NVLS_ENABLE='true'" in n and n.endswith("(recorded in the file)") for n in notes), notes
+
+
+def test_a_recorded_setting_the_point_to_point_model_does_not_read_is_not_taken(tmp_path):
+    data = json.loads((FIXTURE.parent / "run.2x8xh100-I1.json").read_text())
+    data["args"] = ["./build/sendrecv_perf", *data["args"][1:]]
+    # A sendrecv's bus bandwidth is its algorithm bandwidth; the average follows the rows.
+    sides = ("out_of_place", "in_place")
+    data["results"] = [{**r, **{k: {**r[k], "bus_bw": r[k]["alg_bw"]} for k in sides}} for r in data["results"]]
+    data["average_bus_bandwidth"]["bandwidth"] *= 8 / 15
+    log = tmp_path / "run.json"
+    log.write_text(json.dumps({**data, "env": [*data["env"], "NCCL_ALGO=Ring", "NCCL_P2P_LEVEL=NVL"]}))
+    res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2", "--json", "--env", "NCCL_ALGO=Tree")
+    assert res.exit_code == 0, res.stderr
+    table = json.loads(res.stdout)["tables"][f"{log}/sendrecv"]
+    assert table["env"] == {"NCCL_ALGO": "Tree", "NCCL_P2P_LEVEL": "NVL"}
+    assert table["notes"][0] == "NCCL_P2P_LEVEL=NVL from the environment the file records"
+    assert any(n.startswith("--env NCCL_ALGO not applied") for n in table["notes"])
+
+
+def test_a_corpus_tables_wrong_timings_are_left_out_and_warned_of(tmp_path):
+    text = (FIXTURE.parent / "all_reduce_perf.8xh100-1node.txt").read_text()
+    log = tmp_path / "run.txt"
+    log.write_text(text.replace("412.35      0", "412.35      7").replace("413.97      0", "413.97      7"))
+    res = run_cli("check-model", str(_map_one(tmp_path, log, "all_reduce")), "--json")
+    assert res.exit_code == 0, res.stderr
+    assert 268435456 not in {r["bytes"] for r in json.loads(res.stdout)["rows"]}
+    assert res.stderr == ("warning: map/t: timings with validation errors (#wrong > 0) left out at sizes "
+                          "268435456 B\n")

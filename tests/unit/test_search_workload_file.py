@@ -134,7 +134,7 @@ def test_an_empty_split_is_refused_by_one_check():
     with pytest.raises(WorkloadError, match=r"^workload\.split holds no tokens at all$"):
         Workload(batch=1, q_heads=2, kv_heads=2, head_dim=4, split=(0, 0))
     with pytest.raises(WorkloadError, match=r"^w\.yaml: split holds no tokens at all$"):
-        workload_from_dict({"heads": 2, "head_dim": 4, "split": [0, 0]}, ranks=2, where="w.yaml")
+        workload_from_dict({"heads": 2, "head_dim": 4, "split": [0, 0]}, ranks=2, where="w.yaml", file=True)
 
 
 @pytest.mark.parametrize("file", ["model: llama-3.1-8b\nseq_len: 1K\n",
@@ -185,9 +185,13 @@ def test_payloads_past_the_largest_buffer_are_refused():
     assert workload_from_dict({**shape, "batch": 64}, ranks=4).batch == 64
 
 
-def test_a_files_key_is_named_after_the_file_and_a_colon():
+def test_a_files_key_is_named_after_the_file_and_a_colon(tmp_path):
     # "wl0.yaml.ranks" read as a file name; a plan's workload mapping keeps its key path.
     with pytest.raises(WorkloadError, match=r"^wl0\.yaml: ranks is 4 but the topology places 8 ranks$"):
-        workload_from_dict({"model": "llama-3.1-8b", "seq_len": 1024, "ranks": 4}, ranks=8, where="wl0.yaml")
+        workload_from_dict({"model": "llama-3.1-8b", "seq_len": 1024, "ranks": 4}, ranks=8, where="wl0.yaml", file=True)
     with pytest.raises(WorkloadError, match=r"^workload\.ranks is 4 but the topology places 8 ranks$"):
         workload_from_dict({"model": "llama-3.1-8b", "seq_len": 1024, "ranks": 4}, ranks=8, where="workload")
+    bare = tmp_path / "wl"  # no suffix: still a file
+    bare.write_text("model: llama-3.1-8b\nseq_len: 1024\nranks: 4\n")
+    with pytest.raises(WorkloadError, match=r": ranks is 4 but the topology places 8 ranks$"):
+        load_workload(bare, ranks=8)

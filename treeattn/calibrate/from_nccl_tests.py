@@ -193,7 +193,8 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
     params = FittedParams(
         classes=tuple(ClassParams(lf.hops, lf.alpha_us if lf.latency_written else None, lf.beta_gbps)
                       for lf in logs if not lf.shm),
-        source=f"{CALIBRATED_BY} --from-nccl-tests " + " ".join(lf.source for lf in logs),
+        # The logs by name: a path as given (a home folder) has no place in a file others read.
+        source=f"{CALIBRATED_BY} --from-nccl-tests " + " ".join(Path(lf.source).name for lf in logs),
         shm_gbps=next((lf.fit.beta_link_gbps for lf in logs if lf.shm), None),
         landed_by_copy=False,
     )

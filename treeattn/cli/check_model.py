@@ -120,9 +120,8 @@ def check_model_cmd(
     from treeattn.cost.nccl_env import P2P_SETTINGS
     from treeattn.errors import InputError
     from treeattn.topology.nccl_version import release_text
-    from treeattn.validate.corpus import is_mapping, load_corpus, load_logs
+    from treeattn.validate.corpus import is_mapping, load_corpus, load_logs, reads_env
     from treeattn.validate.published import (
-        POINT_TO_POINT,
         REGIMES,
         plot_corpus,
         predict_corpus,
@@ -185,7 +184,7 @@ def check_model_cmd(
         notes = [t.meta["inferred"]] if t.meta.get("inferred") else []
         if checked := t.validation_note():
             notes.append(checked)
-        unread = [k for k in settings if k not in P2P_SETTINGS] if t.collective in POINT_TO_POINT else []
+        unread = [k for k in settings if k not in reads_env(t.collective)]
         if unread:
             notes.append(f"--env {', '.join(unread)} not applied (the point-to-point model reads only "
                          f"{' and '.join(P2P_SETTINGS)})")

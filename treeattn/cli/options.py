@@ -268,7 +268,7 @@ def make_payload(
     if op is not None:  # over a raw file too: it sets the op, whatever the file says
         flags["op"] = "--op"
     flags.update({_KEY_OF.get(k, k): _flag(k, v) for k, v in given.items()})
-    return workload_from_dict(data, ranks=num_ranks, where=where, flags=flags)
+    return workload_from_dict(data, ranks=num_ranks, where=where, flags=flags, file=where != "workload")
 
 
 # The workload key a flag sets, where the two are named differently (--heads sets q_heads).

@@ -125,7 +125,8 @@ class LibraryModel:
                 wide = widened(w, coll, what)
                 elem = 4 if wide else element_bytes(w, what)
                 # The lse's running max, every other part a sum: NVLink SHARP takes no fp32 max.
-                reduction = ("fp32" if wide else element_dtype(w, what).value, "max" if what == "lse" else "sum")
+                op = "none" if coll == "allgather" else "max" if what == "lse" else "sum"
+                reduction = ("fp32" if wide else element_dtype(w, what).value, op)
                 est = nccl.pick(self.fabric, nccl_tuning.Collective(coll), size, elem_bytes=elem, reduction=reduction)
                 t = self.topo.cost.overhead_us + est.time_us
             total += max(t, floor)

@@ -372,8 +372,8 @@ def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
             before 2.21 MSCCL does not run where a process drives several ranks
             (``msccl.single_process_blocks``).
         reduction: (data type, reduction op) of the call, as nccl-tests prints them or
-            treeattn's dtypes (``("fp32", "max")``); NVLink SHARP runs only some
-            (``nvls.nvls_reduces``). Default nccl-tests' float sum.
+            treeattn's dtypes (``("fp32", "max")``); NVLink SHARP reduces only some
+            (``nvls.nvls_reduces``), and gathers any. Default nccl-tests' float sum.
 
     Returns:
         The fastest NcclEstimate NCCL may use.
@@ -384,7 +384,10 @@ def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
     algos, protos = allowed_by_env(env)
     if msccl.single_process_blocks(ranks_per_process, rccl_release, msccl_single_process(env)):
         algos.discard(Algorithm.ALLPAIRS.value)
-    if not nvls_reduces(*reduction):
+    collective = Collective.parse(collective) if not isinstance(collective, Collective) else collective
+    # enqueue.cc: NVLS where the switch reduces the call's type and op, or for any all-gather.
+    reduces = collective is Collective.ALLGATHER or nvls_reduces(*reduction)
+    if not reduces:
         algos -= {Algorithm.NVLS.value, Algorithm.NVLS_TREE.value}
     best: NcclEstimate | None = None
     for est in predict(topo, collective, nbytes, elem_bytes):
@@ -395,6 +398,6 @@ def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
         if best is None or est.rank_us < best.rank_us:
             best = est
     if best is None:
-        why = "" if nvls_reduces(*reduction) else f" ({reduction[0]} {reduction[1]}: NVLink SHARP does not reduce it)"
+        why = "" if reduces else f" ({reduction[0]} {reduction[1]}: NVLink SHARP does not reduce it)"
         raise InputError(f"the NCCL environment {env} leaves no algorithm and protocol for {collective}{why}")
     return best

@@ -102,9 +102,9 @@ class _Names:
     """How errors name a key: by the flag it came from, else as ``FILE: key`` in a file, or
     ``where.key`` in a mapping inside one (a plan's ``workload.seq_len``, the API's)."""
 
-    def __init__(self, where: str, flags: Mapping[str, str] | None) -> None:
+    def __init__(self, where: str, flags: Mapping[str, str] | None, file: bool) -> None:
         self.where, self.flags = where, dict(flags or {})
-        self.sep = ": " if where.lower().endswith((".yaml", ".yml", ".json")) else "."
+        self.sep = ": " if file else "."
 
     def __call__(self, key: str) -> str:
         return self.flags.get(key) or f"{self.where}{self.sep}{key}"
@@ -169,7 +169,7 @@ def _check_latent(model: str | None, ints: dict[str, int | None], latent: bool |
 
 
 def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where: str = "workload",
-                       flags: Mapping[str, str] | None = None) -> Payload:
+                       flags: Mapping[str, str] | None = None, file: bool = False) -> Payload:
     """Validate plain data (a parsed YAML file or CLI flags) into a Workload or RawPayload.
 
     Args:
@@ -178,6 +178,7 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
         where: prefix for error messages (a file name, or ``workload``).
         flags: the flag each key came from (``{"seq_len": "--seq-len"}``): errors about that key
             name the flag instead of ``where.key``.
+        file: ``where`` names a file: errors name a key as ``FILE: key``.
 
     Returns:
         A ``Workload`` (decode shape) or a ``RawPayload`` (``kind: raw`` or a ``bytes`` key).
@@ -190,7 +191,7 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
     if not isinstance(data, dict):
         raise WorkloadError(f"{where} must be a mapping of keys to values, got {type(data).__name__}")
     data = {k: v for k, v in data.items() if v is not None}
-    name = _Names(where, flags)
+    name = _Names(where, flags, file)
     kind = _kind(data)
     if kind not in ("attention", "raw"):
         raise WorkloadError(f"{name('kind')} must be 'attention' or 'raw', got {kind!r}")
@@ -309,7 +310,7 @@ def load_workload(path: str | Path, *, ranks: int | None = None,
                 data.setdefault("bytes", missing["bytes"])
         elif kind != "raw":
             data = {**data, **_what_the_file_lacks(data, missing)}
-    return workload_from_dict(data, ranks=ranks, where=str(path))
+    return workload_from_dict(data, ranks=ranks, where=str(path), file=True)
 
 
 def _kind(data: Mapping[str, Any]) -> Any:  # noqa: ANN401 - as written, checked by workload_from_dict

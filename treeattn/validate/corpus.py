@@ -61,11 +61,13 @@ from treeattn.probe.text import read_input
 from treeattn.topology.library import installed_data_dir
 from treeattn.topology.nccl_version import OLDEST, Release, nccl_release, newer_note, parse_version, version_text
 
-__all__ = ["COLLECTIVES", "LIBRARIES", "PublishedTable", "corpus_dir", "is_mapping", "load_corpus", "load_logs",
-           "busbw_factor"]
+__all__ = ["COLLECTIVES", "POINT_TO_POINT", "LIBRARIES", "reads_env", "PublishedTable", "corpus_dir", "is_mapping",
+           "load_corpus", "load_logs", "busbw_factor"]
 
 ENV_DIR = "TREEATTN_PUBLISHED"
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "sendrecv", "alltoall")
+POINT_TO_POINT = ("sendrecv", "alltoall")
+"""Collectives the point-to-point model times (it reads the P2P level alone); the NCCL model the rest."""
 _SOURCE_KEYS = {"source", "retrieved", "hardware", "library", "library_version", "quality", "cut", "tables"}
 _TABLE_KEYS = {"id", "file", "lines", "collective", "topology", "ranks", "env", "scored", "why", "library_version"}
 _VERSION_KEYS = ("library", "version", "evidence")
@@ -255,7 +257,7 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
                 notes.append(f"{exc}: the topology's release used instead{own}")
             if newer := newer_note(printed):
                 notes.append(newer)
-        run_env = _with_recorded_env(p, log, env or {}, notes)
+        run_env = _with_recorded_env(p, log, coll, env or {}, notes)
         # Named by the path: runs in two folders may share a file name.
         out.append(PublishedTable(
             source_id=str(p), table_id=coll, url=str(p), collective=coll, topology=topology,
@@ -264,26 +266,50 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
     return out
 
 
-def _with_recorded_env(path: Path, log: NcclTestsLog, given: dict[str, str], notes: list[str]) -> dict[str, str]:
-    """``given`` (``--env``) with the settings the model reads that the log records from its
-    run's environment (nccl-tests' JSON), checked as ``--env``'s are; what was taken is noted.
+def _with_recorded_env(path: Path, log: NcclTestsLog, coll: str, given: dict[str, str],
+                       notes: list[str]) -> dict[str, str]:
+    """``given`` (``--env``) with the settings the table's model reads (``reads_env``) that the
+    log records from its run's environment (nccl-tests' JSON; an empty value is unset, as NCCL
+    reads it), checked as ``--env``'s are; what was taken, and an integer NCCL would read as
+    its leading number, are noted.
 
     Raises:
-        InputError: ``--env`` sets a variable the run recorded otherwise, or a recorded value
-            the model cannot read.
+        InputError: ``--env`` sets a variable the run recorded with another meaning, or a
+            recorded value the model cannot read.
     """
-    from treeattn.cost.nccl_env import ENV_SETTINGS
+    from treeattn.cost.nccl_env import unread_numbers
 
-    recorded = {name: value for name, value in log.env if name in ENV_SETTINGS}
+    where = f"{path}: the run's environment, as the file records it"
+    recorded = {name: value for name, value in log.env if name in reads_env(coll) and value.strip()}
+    _check_env(where, recorded)
     for name, value in recorded.items():
-        if name in given and given[name].strip() != value.strip():
-            raise InputError(f"{path}: the run's environment, as the file records it, has {name}={value}, but --env "
-                             f"gives {name}={given[name]}; leave --env {name} out")
+        if name in given and _meaning(name, given[name]) != _meaning(name, value):
+            raise InputError(f"{where}, has {name}={value}, but --env gives {name}={given[name]}; leave --env "
+                             f"{name} out")
     merged = {**given, **recorded}
-    _check_env(f"{path}: the run's environment, as the file records it", merged)
+    _check_env(where, merged)
     if taken := [f"{k}={v}" for k, v in recorded.items() if k not in given]:
         notes.append(f"{', '.join(taken)} from the environment the file records")
+    notes.extend(f"{said} (recorded in the file)" for said in unread_numbers(recorded))
     return merged
+
+
+def reads_env(collective: str) -> tuple[str, ...]:
+    """The NCCL settings the model of ``collective`` reads: the point-to-point model's P2P level
+    (``POINT_TO_POINT``), the NCCL model's all of ``ENV_SETTINGS``."""
+    from treeattn.cost.nccl_env import ENV_SETTINGS, P2P_SETTINGS
+
+    return P2P_SETTINGS if collective in POINT_TO_POINT else ENV_SETTINGS
+
+
+def _meaning(name: str, value: str) -> tuple:
+    """What one setting tells the model (NCCL reads algorithm and protocol names in any case,
+    integers by their leading number): two values of one meaning agree."""
+    from treeattn.cost.nccl_env import allowed_by_env, msccl_single_process, p2p_level_from_env
+
+    env = {name: value}
+    algos, protos = allowed_by_env(env)
+    return sorted(algos), sorted(protos), p2p_level_from_env(env), msccl_single_process(env)
 
 
 def _check_env(where: str, env: dict[str, str]) -> None:

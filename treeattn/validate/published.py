@@ -55,7 +55,7 @@ from treeattn.plan.schedule import Programs
 from treeattn.topology.library import resolve
 from treeattn.topology.model import Topology
 from treeattn.topology.nccl_version import Release, release_text
-from treeattn.validate.corpus import PublishedTable
+from treeattn.validate.corpus import POINT_TO_POINT, PublishedTable
 from treeattn.workload import RawPayload
 
 __all__ = ["GROUP_LAUNCH_US", "GROUP_CHANNEL_US", "RCCL_GROUP_LAUNCH_US", "GROUP_WORK_STRUCT_US", "SHARED_WORK_FROM",
@@ -263,8 +263,6 @@ def table_releases(tables: Iterable[PublishedTable]) -> dict[str, Release]:
     return {t.name: cache.fabric(t).nccl_release for t in tables}
 
 
-POINT_TO_POINT = ("sendrecv", "alltoall")
-"""Collectives the point-to-point model times (it reads no NCCL setting); the NCCL model the rest."""
 
 
 def predict_table(t: PublishedTable, cache: _Topologies | None = None,
