@@ -720,7 +720,7 @@ def log_run(log: NcclTestsLog, collective: str | None = None, ranks: int | None 
     model = COLLECTIVE_MODELS.get(name)
     if model is None:
         known = ", ".join(COLLECTIVE_MODELS)
-        raise ProbeError(f"{log.source}: a {name} test; the models are of {known}")
+        raise ProbeError(f"{log.source}: no model of a {name} test (the models cover {known})")
     n = ranks or log.ranks
     if n is None:
         n = _ranks_from_ratio(name, ratio)

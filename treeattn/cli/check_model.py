@@ -25,8 +25,9 @@ def _stat_row(name: str, st: dict) -> list[str]:
 
 def _env(items: list[str]) -> dict[str, str]:
     """--env NAME=VALUE flags as a mapping: the settings the model reads, each once."""
-    from treeattn.cost.nccl_env import ENV_SETTINGS, allowed_by_env, p2p_level_from_env
+    from treeattn.cost.nccl_env import ENV_SETTINGS
     from treeattn.errors import InputError
+    from treeattn.validate.corpus import check_env
 
     out: dict[str, str] = {}
     for item in items:
@@ -38,11 +39,7 @@ def _env(items: list[str]) -> dict[str, str]:
         if name in out:
             raise InputError(f"--env names {name} twice")
         out[name] = value
-    try:
-        allowed_by_env(out)
-        p2p_level_from_env(out)
-    except InputError as exc:
-        raise InputError(f"--env: {exc}") from None
+    check_env("--env", out)
     return out
 
 

@@ -61,8 +61,8 @@ from treeattn.probe.text import read_input
 from treeattn.topology.library import installed_data_dir
 from treeattn.topology.nccl_version import OLDEST, Release, nccl_release, newer_note, parse_version, version_text
 
-__all__ = ["COLLECTIVES", "POINT_TO_POINT", "LIBRARIES", "reads_env", "PublishedTable", "corpus_dir", "is_mapping",
-           "load_corpus", "load_logs", "busbw_factor"]
+__all__ = ["COLLECTIVES", "POINT_TO_POINT", "LIBRARIES", "reads_env", "check_env", "PublishedTable", "corpus_dir",
+           "is_mapping", "load_corpus", "load_logs", "busbw_factor"]
 
 ENV_DIR = "TREEATTN_PUBLISHED"
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "sendrecv", "alltoall")
@@ -281,13 +281,13 @@ def _with_recorded_env(path: Path, log: NcclTestsLog, coll: str, given: dict[str
 
     where = f"{path}: the run's environment, as the file records it"
     recorded = {name: value for name, value in log.env if name in reads_env(coll) and value.strip()}
-    _check_env(where, recorded)
+    check_env(where, recorded)
     for name, value in recorded.items():
         if name in given and _meaning(name, given[name]) != _meaning(name, value):
             raise InputError(f"{where}, has {name}={value}, but --env gives {name}={given[name]}; leave --env "
                              f"{name} out")
     merged = {**given, **recorded}
-    _check_env(where, merged)
+    check_env(where, merged)
     if taken := [f"{k}={v}" for k, v in recorded.items() if k not in given]:
         notes.append(f"{', '.join(taken)} from the environment the file records")
     notes.extend(f"{said} (recorded in the file)" for said in unread_numbers(recorded))
@@ -312,7 +312,7 @@ def _meaning(name: str, value: str) -> tuple:
     return sorted(algos), sorted(protos), p2p_level_from_env(env), msccl_single_process(env)
 
 
-def _check_env(where: str, env: dict[str, str]) -> None:
+def check_env(where: str, env: dict[str, str]) -> None:
     """Raise ``InputError`` naming ``where`` where the model cannot read a setting of ``env``."""
     from treeattn.cost.nccl_env import allowed_by_env, p2p_level_from_env
 
@@ -379,7 +379,7 @@ def _load_source(mf: Path) -> list[PublishedTable]:
         if ranks < 2:
             raise InputError(f"{where}: field 'ranks' must be >= 2, got {ranks}")
         env = {str(k): str(v) for k, v in _field(where, spec, "env", dict, {}).items()}
-        _check_env(f"{where}: env", env)
+        check_env(f"{where}: env", env)
         text_path = mf.parent / _field(where, spec, "file", str, mf.stem + ".txt")
         if text_path not in texts:
             try:
