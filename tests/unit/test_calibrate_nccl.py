@@ -718,3 +718,14 @@ def test_an_rccl_logs_release_is_not_written_as_an_nccl_release(tmp_path):
     cal = calibrate_from_nccl_tests(resolve("mi300x:nodes=2"), [log])
     assert cal.topology.cost.nccl_version is None
     assert not any("NCCL 2.22.3" in w for w in cal.warnings)
+
+
+def test_a_json_log_recording_an_algorithm_other_than_the_ring_is_warned_of(tmp_path):
+    data = json.loads((FIX / "run.2x8xh100-I1.json").read_text())
+    log = tmp_path / "run.json"
+    log.write_text(json.dumps({**data, "env": [*data["env"], "NCCL_ALGO=Tree"]}))
+    cal = calibrate_from_nccl_tests(resolve("dgx-h100:nodes=2"), [log])
+    assert (f"{log}: the run recorded NCCL_ALGO=Tree: NCCL ran no ring, and the fit takes one, so its rates are "
+            "the other algorithm's") in cal.warnings
+    log.write_text(json.dumps({**data, "env": [*data["env"], "NCCL_ALGO=Ring,Tree"]}))
+    assert not any("NCCL_ALGO" in w for w in calibrate_from_nccl_tests(resolve("dgx-h100:nodes=2"), [log]).warnings)

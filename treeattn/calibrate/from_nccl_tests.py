@@ -50,6 +50,7 @@ from treeattn.calibrate.nccl_tests import (
     read_nccl_tests,
 )
 from treeattn.cost import nccl_rates
+from treeattn.cost.nccl_env import allowed_by_env
 from treeattn.errors import InputError, ProbeError
 from treeattn.topology.model import CALIBRATED_BY, Link, LinkClass, LinkKind, Topology
 from treeattn.topology.nccl_version import nccl_release, newer_note, parse_version
@@ -171,7 +172,7 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
         nodes = {topo.rank_device(r).node for r in range(n)}
         parsed.append((len(nodes) > 1, log.source, cf))
     chosen: dict[tuple, LogFit] = {}
-    warnings: list[str] = []
+    warnings: list[str] = [said for log in logs_read if (said := _not_a_ring(log))]
     intra_alpha: float | None = None
     for network, source, cf in sorted(parsed, key=lambda x: x[0]):  # one-node logs first
         lf = _network_fit(topo, source, cf, intra_alpha) if network else _node_fit(topo, source, cf)
@@ -201,6 +202,22 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
     fitted, notes = apply_fit(topo, params)
     fitted = _with_release(fitted, logs_read, warnings)
     return NcclCalibration(fitted, logs, tuple(warnings + notes))
+
+
+def _not_a_ring(log: NcclTestsLog) -> str:
+    """A warning where the run's recorded environment (nccl-tests' JSON) kept NCCL off the ring
+    the fit assumes (``NCCL_ALGO`` without it); empty elsewhere."""
+    algo = dict(log.env).get("NCCL_ALGO", "").strip()
+    if not algo:
+        return ""
+    try:
+        algos, _ = allowed_by_env({"NCCL_ALGO": algo})
+    except InputError:
+        return f"{log.source}: the run recorded NCCL_ALGO={algo}, which NCCL does not read; the fit takes a ring"
+    if "ring" in algos:
+        return ""
+    return (f"{log.source}: the run recorded NCCL_ALGO={algo}: NCCL ran no ring, and the fit takes one, so its "
+            "rates are the other algorithm's")
 
 
 def _with_release(topo: Topology, logs: list[NcclTestsLog], warnings: list[str]) -> Topology:
