@@ -338,3 +338,57 @@ def test_every_other_kind_can_break_a_step_rule():
                            (OpKind.COLLECTIVE, [A(5, "max", "lse"), S(5, 1)])):
         assert other not in NEVER_BREAK and step_problem(breaker, 0, 2) is not None
     assert set(OpKind) - NEVER_BREAK == {OpKind.COMPUTE, OpKind.RECV_COPY, OpKind.COLLECTIVE}
+
+
+def _with_ops(plan: Plan, order: list[int], chunks: dict[int, int | None] | None = None) -> Plan:
+    """``plan`` with every rank's ops in ``order`` (indices), steps renumbered as listed, and
+    ``chunks`` setting an op's chunk."""
+    programs = tuple(tuple(replace(prog[i], step=s, chunk=(chunks or {}).get(i, prog[i].chunk))
+                           for s, i in enumerate(order)) for prog in plan.programs)
+    return replace(plan, programs=programs)
+
+
+def test_a_trios_sum_before_its_lse_max_is_refused_as_the_executor_refuses_it():
+    # The executor weights each row by exp(lse - max): the max of those rows must come first.
+    from treeattn.topology.library import resolve
+    from treeattn.workload import Workload
+
+    topo = resolve("cpu-4")
+    plan = build("allreduce3", Workload.create(ranks=4, seq_len=1024, model="llama-3.1-8b"), topo)
+    assert validate(plan).valid
+    for order in ([0, 2, 1, 3], [0, 3, 1, 2]):
+        res = validate(_with_ops(plan, order))
+        assert not res.valid and any("runs before allreduce max lse of chunk 0: its weights exp(lse - max) need the "
+                                  "max first" in v.message for v in res.violations)
+    # The lse of chunk 0 alone, then the sums over both chunks: chunk 1 has no max yet.
+    two = replace(plan, chunks=2)
+    lse0 = replace(plan.programs[0][1], chunk=0)
+    lse1 = replace(plan.programs[0][1], chunk=1)
+    programs = tuple((prog[0], replace(lse0, step=1), replace(prog[2], step=2), replace(prog[3], step=3),
+                      replace(lse1, step=4)) for prog in plan.programs)
+    res = validate(replace(two, programs=programs))
+    assert any("runs before allreduce max lse of chunk 1" in v.message for v in res.violations)
+    # Each chunk's max first, then the sums over all rows: what the executor runs.
+    programs = tuple((prog[0], replace(lse0, step=1), replace(lse1, step=2), replace(prog[2], step=3),
+                      replace(prog[3], step=4)) for prog in plan.programs)
+    assert validate(replace(two, programs=programs)).valid
+
+
+def test_a_dcp_reduce_scatter_must_follow_the_lse_gather_of_its_rows():
+    from treeattn.topology.library import resolve
+    from treeattn.workload import Workload
+
+    topo = resolve("cpu-4")
+    plan = build("dcp-ag-rs", Workload.create(ranks=4, seq_len=1024, model="llama-3.1-8b"), topo, result="heads")
+    assert validate(plan).valid
+    res = validate(_with_ops(plan, [0, 1, 3, 2]))
+    assert any("reducescatter sum num over rows 0-31 does not follow an allgather copy lse of the same rows"
+               in v.message for v in res.violations)
+    # Paired chunk by chunk runs; every lse first, then every sum, does not (each gather replaces the last).
+    q, comp, lse, num = plan.programs[0]
+    paired = [q, comp] + [replace(op, chunk=c) for c in range(plan.chunks) for op in (lse, num)]
+    gathered = [q, comp] + [replace(lse, chunk=c) for c in range(plan.chunks)] + [
+        replace(num, chunk=c) for c in range(plan.chunks)]
+    for ops, ok in ((paired, True), (gathered, False)):
+        programs = tuple(tuple(replace(op, step=s) for s, op in enumerate(ops)) for _ in plan.programs)
+        assert validate(replace(plan, programs=programs)).valid is ok

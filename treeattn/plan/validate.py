@@ -16,6 +16,7 @@ while executing; ``check`` raises ``PlanInvalidError`` for the first.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -517,6 +518,7 @@ class _Validator:
         coll_index = [0] * p
         arrivals: dict[int, int] = {}
         groups: dict[int, tuple[str, set[str], list[int]]] = {}
+        dcp_lse: list[tuple[int, int] | None] = [None]  # the rows of the last lse gather no sum has used
         owner = plan.owner
         ready: deque[int] = deque()
         all_chunks = range(k)
@@ -604,9 +606,32 @@ class _Validator:
             elif effect == "root":
                 acc[root][c] = total
 
+        def in_order(op: Any, form: Any, chunks: Iterable[int]) -> None:
+            """The order the executor needs within a group (``exec.collectives``): a trio's sums
+            after the lse max of their rows (the weights exp(lse - max) depend on it), a pair's
+            reduce-scatter right after the lse gather of the same rows (it corrects by them)."""
+            what, where = f"{op.coll} {op.reduce} {op.part}", g_start[cur[0]] - offset[0]
+            if form.group == "trio" and form.part_name != "lse":
+                c = next((c for c in chunks if not ((st := groups.get(c)) and "lse" in st[1])), None)
+                if c is not None:
+                    self._add(V.TRIO, 0, where, f"{what} runs before allreduce max lse of chunk {c}: its weights "
+                                                "exp(lse - max) need the max first", chunk=c)
+            elif form.group == "dcp":
+                rows = plan.chunk_range(op.chunk)
+                if form.part_name == "lse":
+                    dcp_lse[0] = rows
+                    return
+                if dcp_lse[0] != rows:
+                    self._add(V.TRIO, 0, where, f"{what} over rows {rows[0]}-{rows[1] - 1} does not follow an "
+                                                "allgather copy lse of the same rows: it corrects the outputs by "
+                                                "that gather's lse")
+                dcp_lse[0] = None
+
         def collective(op: Any) -> None:
             form = COLLECTIVE_FORMS[(op.coll, op.reduce, op.part)]
             chunks = all_chunks if op.chunk is None else (op.chunk,)
+            if form.group is not None:
+                in_order(op, form, chunks)
             for c in chunks:
                 if form.effect == "none":
                     continue
