@@ -392,3 +392,19 @@ def test_a_dcp_reduce_scatter_must_follow_the_lse_gather_of_its_rows():
     for ops, ok in ((paired, True), (gathered, False)):
         programs = tuple(tuple(replace(op, step=s) for s, op in enumerate(ops)) for _ in plan.programs)
         assert validate(replace(plan, programs=programs)).valid is ok
+
+
+def test_a_compact_plans_params_are_compared_with_their_types():
+    # root: 0.0 or false is no root 0, though Python's == says so: a built plan's params are
+    # exactly what its builder records.
+    from treeattn.errors import PlanFormatError
+    from treeattn.plan.compact import expand
+    from treeattn.topology.library import resolve
+    from treeattn.workload import Workload
+
+    topo = resolve("cpu-4")
+    plan = build("binomial", Workload.create(ranks=4, seq_len=1024, model="llama-3.1-8b"), topo)
+    assert expand(plan.algorithm, dict(plan.params), plan.workload, plan.topology).programs == plan.programs
+    for root in (0.0, False):
+        with pytest.raises(PlanFormatError, match=r"params\.root is not what the binomial builder records"):
+            expand(plan.algorithm, {**plan.params, "root": root}, plan.workload, plan.topology)

@@ -57,11 +57,21 @@ def expand(algorithm: str, params: dict[str, Any], workload: Payload, topology: 
         plan = build(algorithm, workload, topology, **args)
     except (TreeattnError, TypeError, ValueError) as exc:
         raise PlanFormatError(f"programs: {BUILT}, but the {algorithm} builder refuses params: {exc}") from None
-    if plan.params != params:
-        keys = sorted(k for k in set(plan.params) | set(params) if plan.params.get(k) != params.get(k))
+    if _typed(plan.params) != _typed(params):
+        keys = sorted(k for k in set(plan.params) | set(params) if _typed(plan.params.get(k)) != _typed(params.get(k)))
         raise PlanFormatError(f"programs: {BUILT}, but params.{keys[0]} is not what the {algorithm} builder records "
                               "for these parameters: params do not describe a built plan")
     return plan
+
+
+def _typed(value: Any) -> Any:  # noqa: ANN401 - any params value
+    """``value`` with each scalar's type beside it: ``root: 0.0`` or ``false`` is no ``0``, as
+    Python's ``==`` would have it."""
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_typed(v) for v in value]
+    return type(value).__name__, value
 
 
 def compact_args(plan: Plan) -> dict[str, Any] | None:
