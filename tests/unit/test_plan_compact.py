@@ -71,3 +71,23 @@ def test_a_compact_file_whose_header_the_builder_does_not_make_is_refused(edit, 
     edit(data)
     with pytest.raises(PlanFormatError, match=match):
         load_plan(json.dumps(data))
+
+
+def test_a_compact_header_of_many_ranks_is_refused_in_a_short_line():
+    # result_ranks of 1,024 ranks printed whole made a line of thousands of characters.
+    topo = resolve("dgx-h100:nodes=128")
+    w = Workload.create(ranks=topo.num_ranks, seq_len=1 << 20, batch=1, model="llama-3.1-8b")
+    data = json.loads(dump_plan(build("butterfly", w, topo, chunks=2), "json"))
+    data["result_ranks"] = [0]
+    with pytest.raises(PlanFormatError) as exc:
+        load_plan(json.dumps(data))
+    assert str(exc.value).endswith("result_ranks: (0,) is not what the butterfly builder makes from params "
+                                   "((0, 1, 2, 3, ... 1024 ranks))")
+
+
+def test_a_plan_without_a_version_says_it_is_missing():
+    plan = next(pl for pl in every_plan(8, 1) if pl.algorithm == "butterfly")
+    data = json.loads(dump_plan(plan, "json"))
+    del data["version"]
+    with pytest.raises(PlanFormatError, match=r"version is missing \(this treeattn writes \d+\)"):
+        load_plan(json.dumps(data))

@@ -125,3 +125,12 @@ def test_a_topology_read_from_a_pipe_is_recorded_by_name_not_by_its_path(tmp_pat
     regular = tmp_path / "mine.yaml"
     regular.write_text("x")
     assert recorded_source(str(regular), topo, tmp_path / "p.yaml") == "mine.yaml"
+
+
+def test_a_source_that_is_a_folder_is_named_one(made: Path) -> None:
+    topo_file = made.parents[2] / "topologies" / "local" / "cpu-4.yaml"
+    topo_file.unlink()
+    topo_file.mkdir()  # the name the plan records is now a folder
+    res = run_cli("simulate", str(made))
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1
+    assert "cpu-4.yaml, a folder, not a topology file" in res.stderr

@@ -282,6 +282,8 @@ def _upgrade(data: dict[str, Any], source: str) -> dict[str, Any]:
         raise PlanFormatError(f"{source}: format is {_short(data['format'])}, expected {FORMAT_TAG!r}; "
                               "is this a plan file?")
     version = data.get("version")
+    if version is None:
+        raise PlanFormatError(f"{source}: version is missing (this treeattn writes {PLAN_VERSION})")
     if type(version) is not int:
         raise PlanFormatError(f"{source}: version must be an integer, got {_short(version)}")
     if version > PLAN_VERSION:
@@ -374,9 +376,17 @@ def _expanded(m: _PlanFile, workload: Payload, source: str) -> Plan:
               "contributors": None if m.contributors is None else tuple(m.contributors)}
     for key, value in header.items():
         if getattr(plan, key) != value:
-            raise PlanFormatError(f"{source}: {key}: {value!r} is not what the {m.algorithm} builder makes from "
-                                  f"params ({getattr(plan, key)!r})")
+            raise PlanFormatError(f"{source}: {key}: {_ranks_brief(value)} is not what the {m.algorithm} builder makes "
+                                  f"from params ({_ranks_brief(getattr(plan, key))})")
     return replace(plan, predicted_us=m.predicted_us, notes=m.notes, version=m.version)
+
+
+def _ranks_brief(value: object) -> str:
+    """``repr`` of a header value for a one-line message: a list of thousands of ranks by its
+    first few and its length."""
+    if isinstance(value, tuple) and len(value) > 8:
+        return f"({', '.join(map(repr, value[:4]))}, ... {len(value)} ranks)"
+    return repr(value)
 
 
 _PROGRAMS = re.compile(r"^programs:\n", re.M)

@@ -22,6 +22,7 @@ import functools
 import importlib.metadata
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -256,6 +257,8 @@ def resolve_recorded(name: str, fingerprint: str, source: str | None, plan_path:
     except InputError as exc:
         if source is None:
             why = "a name that is no shipped topology or family here, and the plan records no file"
+        elif from_file and Path(base).expanduser().is_dir():
+            why = f"from {base}, a folder, not a topology file"
         elif from_file and not Path(base).expanduser().is_file():
             why = f"from {base}, which does not exist"
         else:
@@ -267,7 +270,8 @@ def resolve_recorded(name: str, fingerprint: str, source: str | None, plan_path:
     if topo.fingerprint != fingerprint:
         now = (f"{spec} is {topo.fingerprint} (the plan was made on another topology of that name, or "
                f"{spec} changed since)" if source is None else f"{spec} is {topo.fingerprint} now (it changed since)")
-        raise InputError(f"{made}, but {now}; pass {option}{spec} to predict on it as it is, or plan again")
+        raise InputError(f"{made}, but {now}; pass {option}{shlex.quote(spec)} to predict on it as it is, or plan "
+                         "again")
     return topo
 
 
