@@ -163,3 +163,19 @@ def test_an_input_that_never_ends_is_refused_not_read_forever(tmp_path: Path, mo
     stop.set()
     assert res.exit_code == 2 and "more than" in res.stderr and str(fifo) in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_running_out_of_memory_is_one_line_not_a_traceback(monkeypatch, tmp_path):
+    # A 250 MB explicit plan read under `ulimit -v` ran out of memory in the YAML reader and
+    # ended in a MemoryError traceback.
+    import treeattn.plan.io as plan_io
+
+    def exhausted(*_args, **_kwargs):  # noqa: ANN202 - stands for a reader that runs out of memory
+        raise MemoryError
+
+    monkeypatch.setattr(plan_io, "load_plan", exhausted)
+    plan = tmp_path / "p.yaml"
+    plan.write_text("format: treeattn-plan\n")
+    res = run_cli("verify", str(plan))
+    assert res.exit_code == 1 and res.stderr.count("\n") == 1
+    assert res.stderr.startswith("error: out of memory: this command needed more than the process may use")

@@ -248,6 +248,10 @@ def _run(command, args: list[str] | None) -> None:  # noqa: ANN001 - a click Gro
     except typer.Abort:
         err_console.print("aborted")
         sys.exit(interrupts.exit_status())
+    except MemoryError:  # a 250 MB explicit plan read under a memory limit: one line, not a traceback
+        err_console.print("[bold red]error:[/] out of memory: this command needed more than the process may use "
+                          "(a limit set by ulimit -v or a container, or the machine's memory)", markup=True)
+        sys.exit(1)
     except Exception as exc:  # click usage errors arrive here in non-standalone mode
         click = _click()
         # click >= 8.2 raises it; before, such a group printed its help and ended with status 0.
