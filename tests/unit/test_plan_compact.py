@@ -91,3 +91,12 @@ def test_a_plan_without_a_version_says_it_is_missing():
     del data["version"]
     with pytest.raises(PlanFormatError, match=r"version is missing \(this treeattn writes \d+\)"):
         load_plan(json.dumps(data))
+
+
+@pytest.mark.parametrize("value", [-5.0, float("nan")])
+def test_a_predicted_time_below_zero_or_not_a_number_is_refused(value):
+    plan = next(pl for pl in every_plan(8, 1) if pl.algorithm == "butterfly")
+    data = json.loads(dump_plan(plan, "json"))
+    data["predicted_us"] = value
+    with pytest.raises(PlanFormatError, match=r"predicted_us must be a finite number of microseconds, 0 or more"):
+        load_plan(json.dumps(data))

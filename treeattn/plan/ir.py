@@ -374,8 +374,10 @@ class Plan:
         object.__setattr__(self, "params", _plain(self.params, "plan.params"))
         object.__setattr__(self, "notes", _plain(self.notes, "plan.notes"))
         if self.predicted_us is not None:
-            if not isinstance(self.predicted_us, (int, float)) or not math.isfinite(self.predicted_us):
-                raise PlanFormatError(f"plan.predicted_us must be a finite number, got {self.predicted_us!r}")
+            if (not isinstance(self.predicted_us, (int, float)) or not math.isfinite(self.predicted_us)
+                    or self.predicted_us < 0):
+                raise PlanFormatError(f"plan.predicted_us must be a finite number of microseconds, 0 or more, got "
+                                      f"{self.predicted_us!r}")
             object.__setattr__(self, "predicted_us", float(self.predicted_us))
         if self.version != PLAN_VERSION:
             raise PlanFormatError(f"plan version {self.version} is not supported (this treeattn reads {PLAN_VERSION})")
