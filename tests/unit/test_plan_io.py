@@ -74,7 +74,7 @@ def test_files_and_suffixes(tmp_path: Path) -> None:
         ),
         max_size=4,
     ),
-    st.none() | st.floats(allow_nan=False, allow_infinity=False),
+    st.none() | st.floats(min_value=0.0, allow_nan=False, allow_infinity=False),  # a time: 0 or more
     st.sampled_from(["yaml", "json"]),
 )
 def test_any_params_notes_and_prediction_round_trip(notes: dict, predicted: float | None, fmt: str) -> None:
