@@ -725,7 +725,13 @@ def test_a_json_log_recording_an_algorithm_other_than_the_ring_is_warned_of(tmp_
     log = tmp_path / "run.json"
     log.write_text(json.dumps({**data, "env": [*data["env"], "NCCL_ALGO=Tree"]}))
     cal = calibrate_from_nccl_tests(resolve("dgx-h100:nodes=2"), [log])
-    assert (f"{log}: the run recorded NCCL_ALGO=Tree: NCCL ran no ring, and the fit takes one, so its rates are "
-            "the other algorithm's") in cal.warnings
-    log.write_text(json.dumps({**data, "env": [*data["env"], "NCCL_ALGO=Ring,Tree"]}))
-    assert not any("NCCL_ALGO" in w for w in calibrate_from_nccl_tests(resolve("dgx-h100:nodes=2"), [log]).warnings)
+    assert (f"{log}: the run recorded NCCL_ALGO=Tree: NCCL ran no ring for all_reduce, and the fit takes one, so "
+            "its rates are the other algorithm's") in cal.warnings
+    # A list with the ring, NCCL 2.24's per-function lists giving all-reduce the ring: no warning.
+    for algo in ("Ring,Tree", "tree;allreduce:ring", "allgather:tree"):
+        log.write_text(json.dumps({**data, "env": [*data["env"], f"NCCL_ALGO={algo}"]}))
+        warned = calibrate_from_nccl_tests(resolve("dgx-h100:nodes=2"), [log]).warnings
+        assert not any("NCCL_ALGO" in w for w in warned), (algo, warned)
+    log.write_text(json.dumps({**data, "env": [*data["env"], "NCCL_ALGO=ring;allreduce:^ring"]}))
+    assert any("ran no ring for all_reduce" in w
+               for w in calibrate_from_nccl_tests(resolve("dgx-h100:nodes=2"), [log]).warnings)

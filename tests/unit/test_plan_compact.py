@@ -81,8 +81,13 @@ def test_a_compact_header_of_many_ranks_is_refused_in_a_short_line():
     data["result_ranks"] = [0]
     with pytest.raises(PlanFormatError) as exc:
         load_plan(json.dumps(data))
-    assert str(exc.value).endswith("result_ranks: (0,) is not what the butterfly builder makes from params "
-                                   "((0, 1, 2, 3, ... 1024 ranks))")
+    assert str(exc.value).endswith("result_ranks: 1 ranks, where the builder makes 1024 from params (butterfly)")
+    data["result_ranks"] = list(range(1024))
+    data["result_ranks"][10], data["result_ranks"][11] = 11, 10
+    with pytest.raises(PlanFormatError) as exc:
+        load_plan(json.dumps(data))
+    assert str(exc.value).endswith("result_ranks[10]: 11 is not what the builder makes from params (10; 1024 ranks) "
+                                   "(butterfly)")
 
 
 def test_a_plan_without_a_version_says_it_is_missing():
@@ -91,6 +96,9 @@ def test_a_plan_without_a_version_says_it_is_missing():
     del data["version"]
     with pytest.raises(PlanFormatError, match=r"version is missing \(this treeattn writes \d+\)"):
         load_plan(json.dumps(data))
+    data["version"] = None  # given, but no integer
+    with pytest.raises(PlanFormatError, match=r"version must be an integer, got None"):
+        load_plan(json.dumps(data))
 
 
 @pytest.mark.parametrize("value", [-5.0, float("nan")])
@@ -98,5 +106,5 @@ def test_a_predicted_time_below_zero_or_not_a_number_is_refused(value):
     plan = next(pl for pl in every_plan(8, 1) if pl.algorithm == "butterfly")
     data = json.loads(dump_plan(plan, "json"))
     data["predicted_us"] = value
-    with pytest.raises(PlanFormatError, match=r"predicted_us must be a finite number of microseconds, 0 or more"):
+    with pytest.raises(PlanFormatError, match=r"predicted_us: Input should be greater than or equal to 0, got"):
         load_plan(json.dumps(data))

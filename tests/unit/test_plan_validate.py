@@ -358,8 +358,9 @@ def test_a_trios_sum_before_its_lse_max_is_refused_as_the_executor_refuses_it():
     assert validate(plan).valid
     for order in ([0, 2, 1, 3], [0, 3, 1, 2]):
         res = validate(_with_ops(plan, order))
-        assert not res.valid and any("runs before allreduce max lse of chunk 0: its weights exp(lse - max) need the "
-                                  "max first" in v.message for v in res.violations)
+        assert not res.valid and any("has no allreduce max lse of chunk 0 before it (none since the chunk's last "
+                                     "trio completed): its weights exp(lse - max) need the max first" in v.message
+                                     for v in res.violations)
     # The lse of chunk 0 alone, then the sums over both chunks: chunk 1 has no max yet.
     two = replace(plan, chunks=2)
     lse0 = replace(plan.programs[0][1], chunk=0)
@@ -367,7 +368,7 @@ def test_a_trios_sum_before_its_lse_max_is_refused_as_the_executor_refuses_it():
     programs = tuple((prog[0], replace(lse0, step=1), replace(prog[2], step=2), replace(prog[3], step=3),
                       replace(lse1, step=4)) for prog in plan.programs)
     res = validate(replace(two, programs=programs))
-    assert any("runs before allreduce max lse of chunk 1" in v.message for v in res.violations)
+    assert any("has no allreduce max lse of chunk 1 before it" in v.message for v in res.violations)
     # Each chunk's max first, then the sums over all rows: what the executor runs.
     programs = tuple((prog[0], replace(lse0, step=1), replace(lse1, step=2), replace(prog[2], step=3),
                       replace(prog[3], step=4)) for prog in plan.programs)
@@ -382,8 +383,8 @@ def test_a_dcp_reduce_scatter_must_follow_the_lse_gather_of_its_rows():
     plan = build("dcp-ag-rs", Workload.create(ranks=4, seq_len=1024, model="llama-3.1-8b"), topo, result="heads")
     assert validate(plan).valid
     res = validate(_with_ops(plan, [0, 1, 3, 2]))
-    assert any("reducescatter sum num over rows 0-31 does not follow an allgather copy lse of the same rows"
-               in v.message for v in res.violations)
+    assert any("reducescatter sum num over rows 0-31: no allgather copy lse is left unused before it" in v.message
+               for v in res.violations)
     # Paired chunk by chunk runs; every lse first, then every sum, does not (each gather replaces the last).
     q, comp, lse, num = plan.programs[0]
     paired = [q, comp] + [replace(op, chunk=c) for c in range(plan.chunks) for op in (lse, num)]

@@ -153,6 +153,7 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
         raise InputError("--from-nccl-tests needs at least one log file")
     parsed = []
     logs_read: list[NcclTestsLog] = []
+    ring_notes: list[str] = []
     seen: set[Path] = set()
     for path in paths:
         if Path(path).resolve() in seen:  # as check-model: one run would count as two
@@ -161,6 +162,8 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
         log = read_nccl_tests(path)
         logs_read.append(log)
         cf = calibrate_from_log(log)
+        if said := _not_a_ring(log, cf.collective):
+            ring_notes.append(said)
         n = cf.ranks
         if n > topo.num_ranks:
             raise InputError(f"{log.source}: the log ran on {n} ranks but topology {topo.name!r} places "
@@ -172,7 +175,7 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
         nodes = {topo.rank_device(r).node for r in range(n)}
         parsed.append((len(nodes) > 1, log.source, cf))
     chosen: dict[tuple, LogFit] = {}
-    warnings: list[str] = [said for log in logs_read if (said := _not_a_ring(log))]
+    warnings: list[str] = ring_notes
     intra_alpha: float | None = None
     for network, source, cf in sorted(parsed, key=lambda x: x[0]):  # one-node logs first
         lf = _network_fit(topo, source, cf, intra_alpha) if network else _node_fit(topo, source, cf)
@@ -204,20 +207,38 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
     return NcclCalibration(fitted, logs, tuple(warnings + notes))
 
 
-def _not_a_ring(log: NcclTestsLog) -> str:
+_RING_FITS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
+              "broadcast": "broadcast", "reduce": "reduce"}
+"""The collectives whose fit takes NCCL's ring, by the function names ``NCCL_ALGO`` lists use;
+the others (sendrecv, alltoall, ...) are sends and receives, which no algorithm setting touches."""
+
+
+def _not_a_ring(log: NcclTestsLog, collective: str) -> str:
     """A warning where the run's recorded environment (nccl-tests' JSON) kept NCCL off the ring
-    the fit assumes (``NCCL_ALGO`` without it); empty elsewhere."""
-    algo = dict(log.env).get("NCCL_ALGO", "").strip()
-    if not algo:
+    the fit of ``collective`` assumes: ``NCCL_ALGO`` without it, or (NCCL 2.24's per-function
+    lists, ``tree;allreduce:ring``) without it for that collective; empty elsewhere."""
+    value = dict(log.env).get("NCCL_ALGO", "").strip()
+    func = _RING_FITS.get(collective)
+    if not value or func is None:
         return ""
+    chosen = None
+    for part in value.split(";"):
+        name, colon, algos = part.rpartition(":")
+        if not colon:
+            chosen = chosen if chosen is not None else part
+        elif name.strip().lower() == func:
+            chosen = algos
+            break
+    if chosen is None or not chosen.strip():
+        return ""  # no list for this collective: NCCL's default, which offers the ring
     try:
-        algos, _ = allowed_by_env({"NCCL_ALGO": algo})
+        algos, _ = allowed_by_env({"NCCL_ALGO": chosen})
     except InputError:
-        return f"{log.source}: the run recorded NCCL_ALGO={algo}, which NCCL does not read; the fit takes a ring"
+        return f"{log.source}: the run recorded NCCL_ALGO={value}, which NCCL does not read; the fit takes a ring"
     if "ring" in algos:
         return ""
-    return (f"{log.source}: the run recorded NCCL_ALGO={algo}: NCCL ran no ring, and the fit takes one, so its "
-            "rates are the other algorithm's")
+    return (f"{log.source}: the run recorded NCCL_ALGO={value}: NCCL ran no ring for {collective}, and the fit takes "
+            "one, so its rates are the other algorithm's")
 
 
 def _with_release(topo: Topology, logs: list[NcclTestsLog], warnings: list[str]) -> Topology:

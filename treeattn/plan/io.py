@@ -181,7 +181,7 @@ class _PlanFile(BaseModel):
     result_ranks: list[_NonNeg]
     layout: Literal[LAYOUTS] = "full"  # type: ignore[valid-type]
     contributors: list[_NonNeg] | None = None
-    predicted_us: StrictFloat | None = None
+    predicted_us: Annotated[StrictFloat, Field(ge=0)] | None = None
     topology: _TopologyFile
     workload: Annotated[_AttentionFile | _RawFile, Field(discriminator="kind")]
     params: dict[str, Any] = Field(default_factory=dict)
@@ -282,7 +282,7 @@ def _upgrade(data: dict[str, Any], source: str) -> dict[str, Any]:
         raise PlanFormatError(f"{source}: format is {_short(data['format'])}, expected {FORMAT_TAG!r}; "
                               "is this a plan file?")
     version = data.get("version")
-    if version is None:
+    if "version" not in data:
         raise PlanFormatError(f"{source}: version is missing (this treeattn writes {PLAN_VERSION})")
     if type(version) is not int:
         raise PlanFormatError(f"{source}: version must be an integer, got {_short(version)}")
@@ -376,17 +376,20 @@ def _expanded(m: _PlanFile, workload: Payload, source: str) -> Plan:
               "contributors": None if m.contributors is None else tuple(m.contributors)}
     for key, value in header.items():
         if getattr(plan, key) != value:
-            raise PlanFormatError(f"{source}: {key}: {_ranks_brief(value)} is not what the {m.algorithm} builder makes "
-                                  f"from params ({_ranks_brief(getattr(plan, key))})")
+            raise PlanFormatError(f"{source}: {_header_mismatch(key, value, getattr(plan, key))} "
+                                  f"({m.algorithm})")
     return replace(plan, predicted_us=m.predicted_us, notes=m.notes, version=m.version)
 
 
-def _ranks_brief(value: object) -> str:
-    """``repr`` of a header value for a one-line message: a list of thousands of ranks by its
-    first few and its length."""
-    if isinstance(value, tuple) and len(value) > 8:
-        return f"({', '.join(map(repr, value[:4]))}, ... {len(value)} ranks)"
-    return repr(value)
+def _header_mismatch(key: str, value: object, made: object) -> str:
+    """How a compact file's header ``value`` differs from what the builder ``made``, in one short
+    line: lists of thousands of ranks by their length or their first differing place."""
+    if not (isinstance(value, tuple) and isinstance(made, tuple)) or len(value) + len(made) <= 16:
+        return f"{key}: {value!r} is not what the builder makes from params ({made!r})"
+    if len(value) != len(made):
+        return f"{key}: {len(value)} ranks, where the builder makes {len(made)} from params"
+    i = next(i for i, (a, b) in enumerate(zip(value, made, strict=True)) if a != b)
+    return f"{key}[{i}]: {value[i]!r} is not what the builder makes from params ({made[i]!r}; {len(made)} ranks)"
 
 
 _PROGRAMS = re.compile(r"^programs:\n", re.M)

@@ -609,22 +609,26 @@ class _Validator:
         def in_order(op: Any, form: Any, chunks: Iterable[int]) -> None:
             """The order the executor needs within a group (``exec.collectives``): a trio's sums
             after the lse max of their rows (the weights exp(lse - max) depend on it), a pair's
-            reduce-scatter right after the lse gather of the same rows (it corrects by them)."""
+            reduce-scatter over the rows of the last lse gather no reduce-scatter has used (it
+            corrects by that gather's lse; each gather replaces the one before)."""
             what, where = f"{op.coll} {op.reduce} {op.part}", g_start[cur[0]] - offset[0]
             if form.group == "trio" and form.part_name != "lse":
                 c = next((c for c in chunks if not ((st := groups.get(c)) and "lse" in st[1])), None)
                 if c is not None:
-                    self._add(V.TRIO, 0, where, f"{what} runs before allreduce max lse of chunk {c}: its weights "
-                                                "exp(lse - max) need the max first", chunk=c)
+                    self._add(V.TRIO, 0, where, f"{what} has no allreduce max lse of chunk {c} before it (none since "
+                                                "the chunk's last trio completed): its weights exp(lse - max) need "
+                                                "the max first", chunk=c)
             elif form.group == "dcp":
                 rows = plan.chunk_range(op.chunk)
                 if form.part_name == "lse":
                     dcp_lse[0] = rows
                     return
                 if dcp_lse[0] != rows:
-                    self._add(V.TRIO, 0, where, f"{what} over rows {rows[0]}-{rows[1] - 1} does not follow an "
-                                                "allgather copy lse of the same rows: it corrects the outputs by "
-                                                "that gather's lse")
+                    last = ("no allgather copy lse is left unused before it" if dcp_lse[0] is None else
+                            f"the last allgather copy lse before it gathered rows {dcp_lse[0][0]}-{dcp_lse[0][1] - 1} "
+                            "(each gather replaces the one before)")
+                    self._add(V.TRIO, 0, where, f"{what} over rows {rows[0]}-{rows[1] - 1}: {last}; it corrects the "
+                                                "outputs by the lse gathered over its own rows")
                 dcp_lse[0] = None
 
         def collective(op: Any) -> None:

@@ -270,8 +270,8 @@ def resolve_recorded(name: str, fingerprint: str, source: str | None, plan_path:
     if topo.fingerprint != fingerprint:
         now = (f"{spec} is {topo.fingerprint} (the plan was made on another topology of that name, or "
                f"{spec} changed since)" if source is None else f"{spec} is {topo.fingerprint} now (it changed since)")
-        raise InputError(f"{made}, but {now}; pass {option}{shlex.quote(spec)} to predict on it as it is, or plan "
-                         "again")
+        shown = shlex.quote(spec) if option.startswith("--") else spec  # a flag's value, as a shell reads it
+        raise InputError(f"{made}, but {now}; pass {option}{shown} to predict on it as it is, or plan again")
     return topo
 
 
