@@ -271,3 +271,22 @@ def test_simulate_notes_a_recorded_prediction_it_does_not_reproduce(tmp_path):
     assert r.stderr == (f"note: {edited} records predicted_us 12.000; the simulation gives "
                         f"{data['predicted_us']:.3f} on the same topology (the file was edited, or made by another "
                         "release of treeattn's model)\n"), r.stderr
+
+
+def test_nccl_model_times_the_reduction_asked_for():
+    # NVLink SHARP reduces float by sum, bf16 by max, but not float by max (ncclNvlsSupported).
+    def pick(*flags: str) -> dict:
+        res = run_cli("nccl-model", "-t", "dgx-h100", "-c", "allreduce", "--bytes", "64MiB", "--json", *flags)
+        assert res.exit_code == 0, res.stderr
+        return json.loads(res.stdout)
+
+    assert pick()["pick"]["algorithm"] == "nvls" and pick()["op"] == "sum" and pick()["dtype"] == "float"
+    assert pick("--dtype", "bf16", "--op", "max")["pick"]["algorithm"] == "nvls"
+    floatmax = pick("--op", "max")
+    assert floatmax["pick"]["algorithm"] != "nvls"
+    assert not any(e["algorithm"].startswith("nvls") for e in floatmax["estimates"])
+    text = run_cli("nccl-model", "-t", "dgx-h100", "-c", "allreduce", "--bytes", "64MiB", "--op", "max")
+    assert "NVLink SHARP does not reduce float by max: NCCL offers no NVLS here" in text.stdout
+    bad = run_cli("nccl-model", "-t", "dgx-h100", "-c", "allreduce", "--bytes", "64MiB", "--op", "foo")
+    assert bad.exit_code == 2 and bad.stderr == ("error: --op 'foo': choose one of sum, prod, max, min, avg, "
+                                                 "mulsum\n")

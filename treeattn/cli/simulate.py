@@ -237,12 +237,23 @@ def nccl_model_cmd(
     ],
     nbytes: Annotated[str, typer.Option("--bytes", help="Size: 4096, 1M, 16KB, 1MiB (1K, 1M as nccl-tests' "
                                                          "-b/-e and KiB, MiB: powers of 1024; KB, MB: of 1000).")],
+    dtype: Annotated[str, typer.Option("--dtype", help="Data type, as nccl-tests' -d names it (float, half, "
+                                                       "bfloat16, int32, ...) or fp32/bf16/fp16/fp8.")] = "float",
+    op: Annotated[str, typer.Option("--op", help="Reduction: sum, prod, max, min, avg or mulsum (nccl-tests' -o); "
+                                                 "NVLink SHARP reduces only some.")] = "sum",
     json_out: JsonOpt = False,
 ) -> None:
     """NCCL's pick, and every algorithm x protocol its tuning model considers, for one collective."""
     from treeattn.cost import nccl, nccl_fabric, nccl_tuning
     from treeattn.cost.library import link_rates_note
+    from treeattn.cost.nvls import REDUCTION_DTYPES, REDUCTION_OPS, nvls_reduces
     from treeattn.topology.library import resolve
+
+    if dtype.lower() not in REDUCTION_DTYPES:
+        raise InputError(f"--dtype {dtype!r}: choose one of {', '.join(REDUCTION_DTYPES)}")
+    if op.lower() not in REDUCTION_OPS:
+        raise InputError(f"--op {op!r}: choose one of {', '.join(REDUCTION_OPS)}")
+    reduction = (dtype.lower(), op.lower())
 
     coll = nccl_tuning.Collective.parse(collective)
     topo = resolve(topology)
@@ -254,14 +265,19 @@ def nccl_model_cmd(
     size = parse_size(nbytes, "--bytes", least=1)
     warn_topology(topo)
     fab = nccl_fabric.fabric(topo)
-    ests = nccl.predict(fab, coll, size)
-    best = nccl.pick(fab, coll, size)
+    # NCCL offers NVLink SHARP only for what the switch reduces (an all-gather whatever its op).
+    no_nvls = coll is not nccl_tuning.Collective.ALLGATHER and not nvls_reduces(*reduction)
+    nvls = (nccl_tuning.Algorithm.NVLS, nccl_tuning.Algorithm.NVLS_TREE)
+    ests = [e for e in nccl.predict(fab, coll, size) if not (no_nvls and e.algorithm in nvls)]
+    best = nccl.pick(fab, coll, size, reduction=reduction)
     release = _release(fab.nccl_release)
     if json_out:
         _echo_json({
             "topology": {"name": topo.name, "fingerprint": topo.fingerprint, "link_rates_note": link_rates_note(topo)},
             "nccl_release": release,
             "collective": coll.value,
+            "dtype": reduction[0],
+            "op": reduction[1],
             "bytes": size,
             "ranks": fab.ranks,
             "nodes": fab.nodes,
@@ -283,6 +299,9 @@ def nccl_model_cmd(
     print_rates_note(con, topo)
     for limit in filter(None, fab.limit.split("; ")):
         con.print(f"capped by the routes: {limit}", markup=False)
+    if no_nvls and fab.nvls_gbps > 0:
+        con.print(f"NVLink SHARP does not reduce {reduction[0]} by {reduction[1]}: NCCL offers no NVLS here",
+                  markup=False)
     if fab.shm_gbps:
         con.print("GPU pairs NCCL does not connect peer-to-peer: its estimate rates their path at that figure;")
         con.print(f"what runs moves at most {fab.shm_gbps:.3g} GB/s of bus bandwidth through host memory")
