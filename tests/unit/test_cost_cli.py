@@ -287,6 +287,29 @@ def test_nccl_model_times_the_reduction_asked_for():
     assert not any(e["algorithm"].startswith("nvls") for e in floatmax["estimates"])
     text = run_cli("nccl-model", "-t", "dgx-h100", "-c", "allreduce", "--bytes", "64MiB", "--op", "max")
     assert "NVLink SHARP does not reduce float by max: NCCL offers no NVLS here" in text.stdout
+    assert floatmax["nvls_note"] == "NVLink SHARP does not reduce float by max: NCCL offers no NVLS here"
+    assert pick("--dtype", "float32", "--op", "max") == floatmax  # an alias names the same type
     bad = run_cli("nccl-model", "-t", "dgx-h100", "-c", "allreduce", "--bytes", "64MiB", "--op", "foo")
     assert bad.exit_code == 2 and bad.stderr == ("error: --op 'foo': choose one of sum, prod, max, min, avg, "
                                                  "mulsum\n")
+    odd = run_cli("nccl-model", "-t", "dgx-h100", "-c", "allreduce", "--bytes", "3", "--dtype", "bf16")
+    assert odd.exit_code == 2 and "whole number of bfloat16 elements (2 bytes each), got 3" in odd.stderr
+    # Nothing is said where the model offers no NVLS anyway (a broadcast); its op is no reduction's.
+    cast = run_cli("nccl-model", "-t", "dgx-h100", "-c", "broadcast", "--bytes", "64MiB", "--op", "max", "--json")
+    assert json.loads(cast.stdout)["nvls_note"] is None and json.loads(cast.stdout)["op"] is None
+
+
+def test_nccl_model_counts_the_elements_of_the_dtype_asked_for():
+    # RCCL's MSCCL all-pairs files cover element counts: 1536 B of bf16 is 768 elements (a
+    # multiple of 256: covered), 1024 B of double 128 (not covered); as the simulator counts them.
+    from treeattn.cost import nccl, nccl_fabric
+    from treeattn.topology.library import resolve
+
+    fab = nccl_fabric.fabric(resolve("mi300x"))
+    for nbytes, dtype, elem in ((1536, "bf16", 2), (1024, "double", 8)):
+        res = run_cli("nccl-model", "-t", "mi300x", "-c", "allreduce", "--bytes", str(nbytes), "--dtype", dtype,
+                      "--json")
+        want = nccl.pick(fab, "allreduce", nbytes, elem_bytes=elem)
+        assert json.loads(res.stdout)["pick"]["algorithm"] == want.algorithm.value, (nbytes, dtype)
+    assert {nccl.pick(fab, "allreduce", 1536, elem_bytes=2).algorithm.value,
+            nccl.pick(fab, "allreduce", 1024, elem_bytes=8).algorithm.value} == {"allpairs", "ring"}

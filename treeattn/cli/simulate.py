@@ -246,14 +246,17 @@ def nccl_model_cmd(
     """NCCL's pick, and every algorithm x protocol its tuning model considers, for one collective."""
     from treeattn.cost import nccl, nccl_fabric, nccl_tuning
     from treeattn.cost.library import link_rates_note
-    from treeattn.cost.nvls import REDUCTION_DTYPES, REDUCTION_OPS, nvls_reduces
+    from treeattn.cost.nvls import DTYPE_ALIASES, REDUCTION_DTYPES, REDUCTION_OPS, nvls_reduces
     from treeattn.topology.library import resolve
 
-    if dtype.lower() not in REDUCTION_DTYPES:
-        raise InputError(f"--dtype {dtype!r}: choose one of {', '.join(REDUCTION_DTYPES)}")
+    dtype_name = DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
+    if dtype_name not in REDUCTION_DTYPES:
+        raise InputError(f"--dtype {dtype!r}: choose one of {', '.join(REDUCTION_DTYPES)} (or "
+                         f"{', '.join(DTYPE_ALIASES)})")
     if op.lower() not in REDUCTION_OPS:
         raise InputError(f"--op {op!r}: choose one of {', '.join(REDUCTION_OPS)}")
-    reduction = (dtype.lower(), op.lower())
+    reduction = (dtype_name, op.lower())
+    elem = REDUCTION_DTYPES[dtype_name]
 
     coll = nccl_tuning.Collective.parse(collective)
     topo = resolve(topology)
@@ -263,13 +266,21 @@ def nccl_model_cmd(
         raise InputError(f"--topology {topology!r} places its ranks on hosts, where gloo runs the collectives, "
                          "not NCCL; treeattn simulate times a plan's gloo collectives there")
     size = parse_size(nbytes, "--bytes", least=1)
+    if size % elem:
+        raise InputError(f"--bytes must be a whole number of {dtype_name} elements ({elem} bytes each), got {size}")
     warn_topology(topo)
     fab = nccl_fabric.fabric(topo)
     # NCCL offers NVLink SHARP only for what the switch reduces (an all-gather whatever its op).
+    reduces = coll in (nccl_tuning.Collective.ALLREDUCE, nccl_tuning.Collective.REDUCESCATTER,
+                       nccl_tuning.Collective.REDUCE)
     no_nvls = coll is not nccl_tuning.Collective.ALLGATHER and not nvls_reduces(*reduction)
     nvls = (nccl_tuning.Algorithm.NVLS, nccl_tuning.Algorithm.NVLS_TREE)
-    ests = [e for e in nccl.predict(fab, coll, size) if not (no_nvls and e.algorithm in nvls)]
-    best = nccl.pick(fab, coll, size, reduction=reduction)
+    every = nccl.predict(fab, coll, size, elem_bytes=elem)
+    ests = [e for e in every if not (no_nvls and e.algorithm in nvls)]
+    best = nccl.pick(fab, coll, size, elem_bytes=elem, reduction=reduction)
+    # Said only where the model would otherwise have listed NVLS (its all-reduces).
+    nvls_note = (f"NVLink SHARP does not reduce {reduction[0]} by {reduction[1]}: NCCL offers no NVLS here"
+                 if len(ests) < len(every) else None)
     release = _release(fab.nccl_release)
     if json_out:
         _echo_json({
@@ -277,7 +288,8 @@ def nccl_model_cmd(
             "nccl_release": release,
             "collective": coll.value,
             "dtype": reduction[0],
-            "op": reduction[1],
+            "op": reduction[1] if reduces else None,
+            "nvls_note": nvls_note,
             "bytes": size,
             "ranks": fab.ranks,
             "nodes": fab.nodes,
@@ -299,9 +311,8 @@ def nccl_model_cmd(
     print_rates_note(con, topo)
     for limit in filter(None, fab.limit.split("; ")):
         con.print(f"capped by the routes: {limit}", markup=False)
-    if no_nvls and fab.nvls_gbps > 0:
-        con.print(f"NVLink SHARP does not reduce {reduction[0]} by {reduction[1]}: NCCL offers no NVLS here",
-                  markup=False)
+    if nvls_note:
+        con.print(nvls_note, markup=False)
     if fab.shm_gbps:
         con.print("GPU pairs NCCL does not connect peer-to-peer: its estimate rates their path at that figure;")
         con.print(f"what runs moves at most {fab.shm_gbps:.3g} GB/s of bus bandwidth through host memory")

@@ -64,16 +64,19 @@ from treeattn.topology.nccl_version import NEWEST, Release, by_release
 
 __all__ = ["NVLS_EFFICIENCY", "NVLS_ACHIEVED", "NVLS_CHANNELS", "NVLS_CHUNK", "nvls_allreduce", "nvls_graph",
            "nvls_chunk", "nvls_channels", "nvls_fill_bytes", "fill_loops", "chunked_gbps", "NVLS_CHUNK_US",
-           "nvls_reduces", "REDUCTION_DTYPES", "REDUCTION_OPS"]
+           "nvls_reduces", "REDUCTION_DTYPES", "REDUCTION_OPS", "DTYPE_ALIASES"]
 
 # device.h ncclNvlsSupported (the same in v2.19.3 and v2.30): the switch reduces 16-bit floats
 # and 32/64-bit integers by sum, min or max, fp32 and fp64 by sum only, nothing else (8-bit
 # types, products, averages). Names as nccl-tests prints them and treeattn's dtypes.
 _NVLS_MINMAX = frozenset({"half", "fp16", "float16", "bfloat16", "bf16", "int32", "uint32", "int64", "uint64"})
 _NVLS_SUM_ONLY = frozenset({"float", "fp32", "float32", "double", "fp64", "float64"})
-REDUCTION_DTYPES = ("float", "double", "half", "bfloat16", "int8", "uint8", "int32", "uint32", "int64", "uint64",
-                    "f8e4m3", "f8e5m2", "fp32", "fp16", "bf16", "fp8")
-"""The data types a reduction may name: nccl-tests' (``src/common.cu`` test_typenames), then treeattn's."""
+REDUCTION_DTYPES = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "int32": 4, "uint32": 4,
+                    "int64": 8, "uint64": 8, "f8e4m3": 1, "f8e5m2": 1}
+"""nccl-tests' data types (``src/common.cu`` test_typenames) and their bytes an element."""
+DTYPE_ALIASES = {"fp32": "float", "float32": "float", "fp64": "double", "float64": "double", "fp16": "half",
+                 "float16": "half", "bf16": "bfloat16", "fp8": "f8e4m3"}
+"""treeattn's and other common names of nccl-tests' data types."""
 REDUCTION_OPS = ("sum", "prod", "max", "min", "avg", "mulsum")
 """nccl-tests' reduction ops (``src/common.cu`` test_opnames)."""
 
