@@ -50,7 +50,7 @@ from treeattn.calibrate.nccl_tests import (
     read_nccl_tests,
 )
 from treeattn.cost import nccl_rates
-from treeattn.cost.nccl_env import allowed_by_env
+from treeattn.cost.nccl_env import allowed_by_env, function_list
 from treeattn.errors import InputError, ProbeError
 from treeattn.topology.model import CALIBRATED_BY, Link, LinkClass, LinkKind, Topology
 from treeattn.topology.nccl_version import nccl_release, newer_note, parse_version
@@ -221,14 +221,7 @@ def _not_a_ring(log: NcclTestsLog, collective: str) -> str:
     func = _RING_FITS.get(collective)
     if not value or func is None:
         return ""
-    chosen = None
-    for part in value.split(";"):
-        name, colon, algos = part.rpartition(":")
-        if not colon:
-            chosen = chosen if chosen is not None else part
-        elif name.strip().lower() == func:
-            chosen = algos
-            break
+    chosen = function_list(value, func)
     if chosen is None or not chosen.strip():
         return ""  # no list for this collective: NCCL's default, which offers the ring
     try:

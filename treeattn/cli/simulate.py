@@ -246,7 +246,8 @@ def nccl_model_cmd(
     """NCCL's pick, and every algorithm x protocol its tuning model considers, for one collective."""
     from treeattn.cost import nccl, nccl_fabric, nccl_tuning
     from treeattn.cost.library import link_rates_note
-    from treeattn.cost.nvls import DTYPE_ALIASES, REDUCTION_DTYPES, REDUCTION_OPS, nvls_reduces
+    from treeattn.cost.nvls import DTYPE_ALIASES, REDUCTION_DTYPES, REDUCTION_OPS
+    from treeattn.plan.ir import REDUCTIONS
     from treeattn.topology.library import resolve
 
     dtype_name = DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
@@ -270,13 +271,9 @@ def nccl_model_cmd(
         raise InputError(f"--bytes must be a whole number of {dtype_name} elements ({elem} bytes each), got {size}")
     warn_topology(topo)
     fab = nccl_fabric.fabric(topo)
-    # NCCL offers NVLink SHARP only for what the switch reduces (an all-gather whatever its op).
-    reduces = coll in (nccl_tuning.Collective.ALLREDUCE, nccl_tuning.Collective.REDUCESCATTER,
-                       nccl_tuning.Collective.REDUCE)
-    no_nvls = coll is not nccl_tuning.Collective.ALLGATHER and not nvls_reduces(*reduction)
     nvls = (nccl_tuning.Algorithm.NVLS, nccl_tuning.Algorithm.NVLS_TREE)
     every = nccl.predict(fab, coll, size, elem_bytes=elem)
-    ests = [e for e in every if not (no_nvls and e.algorithm in nvls)]
+    ests = [e for e in every if nccl.nvls_offered(coll, reduction) or e.algorithm not in nvls]
     best = nccl.pick(fab, coll, size, elem_bytes=elem, reduction=reduction)
     # Said only where the model would otherwise have listed NVLS (its all-reduces).
     nvls_note = (f"NVLink SHARP does not reduce {reduction[0]} by {reduction[1]}: NCCL offers no NVLS here"
@@ -288,7 +285,7 @@ def nccl_model_cmd(
             "nccl_release": release,
             "collective": coll.value,
             "dtype": reduction[0],
-            "op": reduction[1] if reduces else None,
+            "op": reduction[1] if coll.value in REDUCTIONS else None,
             "nvls_note": nvls_note,
             "bytes": size,
             "ranks": fab.ranks,

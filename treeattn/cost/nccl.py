@@ -130,6 +130,7 @@ from treeattn.topology.nccl_version import NEWEST, Release, by_release
 __all__ = [
     "predict",
     "pick",
+    "nvls_offered",
     "chain_call_latency_us",
     "run_channel_count",
     "ring_step_tail_us",
@@ -354,6 +355,13 @@ def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: i
     return out
 
 
+def nvls_offered(collective: Collective | str, reduction: tuple[str, str]) -> bool:
+    """Whether NCCL offers NVLS and NVLSTree for ``collective`` of ``reduction`` (data type,
+    op): where the switch reduces that type by that op, or for any all-gather (``enqueue.cc``)."""
+    collective = Collective.parse(collective) if not isinstance(collective, Collective) else collective
+    return collective is Collective.ALLGATHER or nvls_reduces(*reduction)
+
+
 def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
          env: dict[str, str] | None = None, elem_bytes: int = 4, ranks_per_process: int = 1,
          rccl_release: Release | None = None, reduction: tuple[str, str] = ("float", "sum")) -> NcclEstimate:
@@ -384,9 +392,7 @@ def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
     algos, protos = allowed_by_env(env)
     if msccl.single_process_blocks(ranks_per_process, rccl_release, msccl_single_process(env)):
         algos.discard(Algorithm.ALLPAIRS.value)
-    collective = Collective.parse(collective) if not isinstance(collective, Collective) else collective
-    # enqueue.cc: NVLS where the switch reduces the call's type and op, or for any all-gather.
-    reduces = collective is Collective.ALLGATHER or nvls_reduces(*reduction)
+    reduces = nvls_offered(collective, reduction)
     if not reduces:
         algos -= {Algorithm.NVLS.value, Algorithm.NVLS_TREE.value}
     best: NcclEstimate | None = None

@@ -26,6 +26,7 @@ __all__ = [
     "unread_numbers",
     "p2p_level_from_env",
     "msccl_single_process",
+    "function_list",
 ]
 
 
@@ -42,6 +43,20 @@ def _env_list(value: str, names: tuple[str, ...], what: str) -> set[str]:
     if bad:
         raise InputError(f"{what}={value!r}: unknown {bad[0]!r}; NCCL knows {', '.join(names)}")
     return known - items if negate else items & known
+
+
+def function_list(value: str, function: str) -> str | None:
+    """The list an ``NCCL_ALGO`` / ``NCCL_PROTO`` value gives ``function`` (``allreduce``, ...),
+    NCCL 2.24's per-function syntax read (``tree;allreduce:ring``, ``tuning.cc`` parseList): the
+    function's own entry, else the entry that names none; None where neither is there."""
+    plain = None
+    for part in value.split(";"):
+        name, colon, items = part.rpartition(":")
+        if colon and name.strip().lower() == function:
+            return items
+        if not colon and plain is None:
+            plain = part
+    return plain
 
 
 _NUMBER = re.compile(r"\s*([+-]?)(?:0[xX]([0-9a-fA-F]+)|(0[0-7]*)|([1-9]\d*))")

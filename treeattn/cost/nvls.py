@@ -68,9 +68,9 @@ __all__ = ["NVLS_EFFICIENCY", "NVLS_ACHIEVED", "NVLS_CHANNELS", "NVLS_CHUNK", "n
 
 # device.h ncclNvlsSupported (the same in v2.19.3 and v2.30): the switch reduces 16-bit floats
 # and 32/64-bit integers by sum, min or max, fp32 and fp64 by sum only, nothing else (8-bit
-# types, products, averages). Names as nccl-tests prints them and treeattn's dtypes.
-_NVLS_MINMAX = frozenset({"half", "fp16", "float16", "bfloat16", "bf16", "int32", "uint32", "int64", "uint64"})
-_NVLS_SUM_ONLY = frozenset({"float", "fp32", "float32", "double", "fp64", "float64"})
+# types, products, averages). nccl-tests' names (REDUCTION_DTYPES; others by DTYPE_ALIASES).
+_NVLS_MINMAX = frozenset({"half", "bfloat16", "int32", "uint32", "int64", "uint64"})
+_NVLS_SUM_ONLY = frozenset({"float", "double"})
 REDUCTION_DTYPES = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "int32": 4, "uint32": 4,
                     "int64": 8, "uint64": 8, "f8e4m3": 1, "f8e5m2": 1}
 """nccl-tests' data types (``src/common.cu`` test_typenames) and their bytes an element."""
@@ -139,7 +139,7 @@ def nvls_reduces(dtype: str, op: str) -> bool:
     of float and double, nothing of 8-bit types, ``prod`` or ``avg`` (``src/include/device.h``
     ncclNvlsSupported, which ``src/enqueue.cc`` asks before choosing an algorithm); otherwise
     NCCL runs a ring or a tree."""
-    dtype, op = dtype.lower(), op.lower()
+    dtype, op = DTYPE_ALIASES.get(dtype.lower(), dtype.lower()), op.lower()
     if dtype in _NVLS_SUM_ONLY:
         return op == "sum"
     return dtype in _NVLS_MINMAX and op in ("sum", "min", "max")

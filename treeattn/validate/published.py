@@ -263,8 +263,6 @@ def table_releases(tables: Iterable[PublishedTable]) -> dict[str, Release]:
     return {t.name: cache.fabric(t).nccl_release for t in tables}
 
 
-
-
 def predict_table(t: PublishedTable, cache: _Topologies | None = None,
                   on_row: Callable[[], None] | None = None) -> list[RowResult]:
     """Predict every row of one table (see the module docstring); ``on_row()`` after each."""
