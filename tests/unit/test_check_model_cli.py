@@ -394,6 +394,29 @@ def test_own_rccl_log_is_not_taken_for_an_nccl_release(tmp_path):
     assert res.exit_code == 0 and "RCCL 2.22.3 (printed)" in res.stdout and "NCCL 2.22.3" not in res.stdout
 
 
+def test_own_rccl_log_of_doubles_is_covered_by_msccl_by_its_element_count(tmp_path):
+    # RCCL's MSCCL all-pairs files cover element counts: 1 KiB is 256 floats (all-pairs) but
+    # 128 doubles, which no file covers (RCCL's ring).
+    text = (corpus_dir() / "rocm-blogs-mi300x-rccl-xgmi.txt").read_text().splitlines()[:58]
+    floats = tmp_path / "floats.txt"
+    floats.write_text("\n".join(text) + "\n")
+    doubles = tmp_path / "doubles.txt"
+    rows = []
+    for line in text:
+        parts = line.split()
+        if len(parts) > 4 and parts[2] == "float" and parts[0].isdigit():
+            line = line.replace(f" {parts[1]} ", f" {int(parts[0]) // 8} ", 1).replace(" float ", " double ", 1)
+        rows.append(line)
+    doubles.write_text("\n".join(rows) + "\n")
+    how = {}
+    for log in (floats, doubles):
+        res = run_cli("check-model", str(log), "-t", "mi300x", "--json")
+        assert res.exit_code == 0, res.stderr
+        how[log.stem] = {r["bytes"]: r["how"].split("+")[0] for r in json.loads(res.stdout)["rows"]}
+    assert how["floats"][1024] == "allpairs/LL" and how["doubles"][1024] == "ring/LL"
+    assert how["floats"][4096] == how["doubles"][4096] == "allpairs/LL"
+
+
 def test_a_topology_file_given_as_a_table_mapping_is_named_as_one():
     from treeattn.topology.library import shipped_files
 

@@ -75,8 +75,8 @@ REDUCTION_DTYPES = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "int8": 1
                     "int64": 8, "uint64": 8, "f8e4m3": 1, "f8e5m2": 1}
 """nccl-tests' data types (``src/common.cu`` test_typenames) and their bytes an element."""
 DTYPE_ALIASES = {"fp32": "float", "float32": "float", "fp64": "double", "float64": "double", "fp16": "half",
-                 "float16": "half", "bf16": "bfloat16", "fp8": "f8e4m3"}
-"""treeattn's and other common names of nccl-tests' data types."""
+                 "float16": "half", "bf16": "bfloat16", "fp8": "f8e4m3", "fp8_e4m3": "f8e4m3", "fp8_e5m2": "f8e5m2"}
+"""treeattn's, rccl-tests' and other common names of nccl-tests' data types."""
 REDUCTION_OPS = ("sum", "prod", "max", "min", "avg", "mulsum")
 """nccl-tests' reduction ops (``src/common.cu`` test_opnames)."""
 

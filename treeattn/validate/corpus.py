@@ -56,6 +56,7 @@ from treeattn.calibrate.nccl_tests import (
     printed_version,
     read_nccl_tests,
 )
+from treeattn.cost.nvls import DTYPE_ALIASES, REDUCTION_DTYPES
 from treeattn.errors import InputError, ProbeError
 from treeattn.probe.text import read_input
 from treeattn.topology.library import installed_data_dir
@@ -170,6 +171,14 @@ class PublishedTable:
         dtype = row.dtype if row is not None and row.dtype else "float"
         op = row.redop if row is not None and row.redop not in ("", "none") else "sum"
         return dtype, op
+
+    @property
+    def elem_bytes(self) -> int:
+        """The bytes of one element of the rows' data type (4, nccl-tests' float, where the
+        type is not printed or not one of nccl-tests' and rccl-tests' names): RCCL's MSCCL
+        files cover element counts, not bytes."""
+        dtype = self.reduction[0].lower()
+        return REDUCTION_DTYPES.get(DTYPE_ALIASES.get(dtype, dtype), 4)
 
 
 def corpus_dir() -> Path | None:

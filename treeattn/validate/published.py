@@ -278,7 +278,7 @@ def predict_table(t: PublishedTable, cache: _Topologies | None = None,
             channels = nccl_p2p.grouped_call_channels(topo, t.collective, nbytes, t.nccl_bound)
         else:
             fab = cache.fabric(t)
-            est = nccl.pick(fab, _NCCL_NAMES[t.collective], nbytes, env=t.env,
+            est = nccl.pick(fab, _NCCL_NAMES[t.collective], nbytes, env=t.env, elem_bytes=t.elem_bytes,
                             ranks_per_process=max(1, t.log.n_threads) * max(1, t.log.n_gpus),
                             rccl_release=t.rccl_release, reduction=t.reduction)
             pred, how = est.time_us, f"{est.algorithm.value}/{est.protocol.value}"
