@@ -178,6 +178,25 @@ def release_of_code(code: int) -> str:
     return f"{major}.{rest // 100}.{rest % 100}"
 
 
+def _run_line(line: str) -> tuple[str, str] | None:
+    """What an untagged line outside the table says of the run: ``("test", NAME)`` from the
+    line nccl-tests 2.13 and later print before the header, ``("release", X.Y.Z)`` from
+    nccl-tests 2.17.4's version line (the NCCL it ran with, as a code), ``("version", TEXT)``
+    from NCCL's or rccl-tests' ``NCCL version`` / ``RCCL version`` line; None for any other."""
+    if m := _STARTING.match(line):
+        return "test", m.group(1)
+    if m := _LIBRARY.match(line):
+        return "release", release_of_code(int(m.group(1)))
+    if line.startswith(("NCCL version", "RCCL version")):
+        return "version", line.split("version", 1)[1].strip(" :")
+    return None
+
+
+def _says_rccl(line: str) -> bool:
+    """Whether a line is rccl-tests' or RCCL's own (``rccl-tests: Version``, ``RCCL version``)."""
+    return line.lstrip("# ").startswith(("rccl-tests", "RCCL version"))
+
+
 def _num(text: str, source: str, lineno: int, what: str, *, integer: bool = False) -> float | None:
     if text == "N/A":
         return None
@@ -339,7 +358,8 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         line = _TAG.sub("", raw, count=1).strip()
         if not line:
             continue
-        rccl = rccl or line.lstrip("# ").startswith(("rccl-tests", "RCCL version"))  # wherever it is printed
+        rccl = rccl or _says_rccl(line)  # wherever it is printed
+        said = _run_line(line)
         if state == "done":
             if _HEADER.match(line):
                 raise fail(shown, lineno, "a second run starts here; give one run per file")
@@ -353,10 +373,10 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
             if m := _HEADER.match(line):
                 header, header_line, state = m, lineno, "head"
             else:
-                if m := _STARTING.match(line):
-                    named = collective_from_name(m.group(1))
-                elif m := _LIBRARY.match(line):
-                    version = release_of_code(int(m.group(1)))
+                if said and said[0] == "test":
+                    named = collective_from_name(said[1])
+                elif said and said[0] == "release":
+                    version = said[1]
                 ignored.append(lineno)
             continue
         if state == "head":
@@ -365,8 +385,8 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
             elif line.startswith("#") and _names_columns(line):
                 layout = _columns(line, shown, lineno)
                 state = "table"
-            elif line.startswith(("NCCL version", "RCCL version")):
-                version = line.split("version", 1)[1].strip(" :")
+            elif said and said[0] == "version":
+                version = said[1]
             elif m := _REDUCED.match(line):
                 reduced = int(m.group(1))
             elif _HEADER.match(line):
@@ -502,23 +522,24 @@ def parse_published_table(text: str, source: str, lines: tuple[int, int] | None 
         line = _TAG.sub("", all_lines[lineno - 1], count=1).strip()
         if not line:
             continue
-        rccl = rccl or line.lstrip("# ").startswith(("rccl-tests", "RCCL version"))
-        if m := _STARTING.match(line):
-            named = collective_from_name(m.group(1))
+        rccl = rccl or _says_rccl(line)
+        said = _run_line(line)
+        if said and said[0] == "test":
+            named = collective_from_name(said[1])
             if collective is not None and named is not None and named != collective:
-                raise fail(source, lineno, f"the run names its test {m.group(1)}, not {collective}")
+                raise fail(source, lineno, f"the run names its test {said[1]}, not {collective}")
             continue
-        if m := _LIBRARY.match(line):
-            coded = release_of_code(int(m.group(1)))
+        if said:
+            if said[0] == "release":
+                coded = said[1]
+            else:
+                version = said[1]
             continue
         if line.startswith("#"):
             if m := _HEADER.match(line):
                 header = m
             elif _names_columns(line):
                 layout = _columns(line, source, lineno)
-            continue
-        if line.startswith(("NCCL version", "RCCL version")):
-            version = line.split("version", 1)[1].strip(" :")
             continue
         parts = line.split()
         if not parts[0].isdigit():
@@ -543,14 +564,7 @@ def parse_published_table(text: str, source: str, lines: tuple[int, int] | None 
         min_bytes=rows[0].size_bytes, max_bytes=rows[-1].size_bytes, rows=tuple(rows), nccl_version=version or coded,
         collective=named or collective_from_name(source), rccl=rccl,
     )
-    if not any(t and t.algbw_gbps > 0 for r in log.rows for t in (r.out_of_place, r.in_place)):
-        return log  # sizes too small to print an algbw: nothing to check the ratio on
-    ref = log.busbw_ratio()
-    for r in log.rows:
-        for t in (r.out_of_place, r.in_place):
-            if t and t.algbw_gbps >= 1.0 and abs(t.busbw_gbps / t.algbw_gbps - ref) > 0.01 * ref + 0.006:
-                raise fail(source, r.line, f"busbw/algbw = {t.busbw_gbps / t.algbw_gbps:.4f} here but {ref:.4f} in "
-                           "the largest row: values damaged or columns swapped")
+    _check(log, None, lambda n: f"{source}:{n}" if n else source)  # no step, no average: the ratios
     return log
 
 
