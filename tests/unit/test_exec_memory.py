@@ -238,3 +238,33 @@ def test_a_raw_exchange_holds_what_the_model_counts(algorithm, p):
         assert executor.buffer_bytes == rank_peak_bytes(plan, rank) - payload.payload_bytes, rank
         stacked = p if algorithm == "direct" and p > 2 else 1
         assert executor.pool.nbytes == stacked * payload.payload_bytes, rank
+
+
+class _Clocked(_Stand):
+    """A stand whose clock counts ``origin`` calls (on CUDA each waits for the device)."""
+
+    def __init__(self, rank: int = 0, world: int = 4) -> None:
+        super().__init__(rank, world)
+        self.origins = 0
+
+    def mark(self) -> object:
+        return object()
+
+    def origin(self) -> tuple[float, object]:
+        self.origins += 1
+        return float(self.origins), self.mark()
+
+
+def test_a_timed_run_counts_from_the_clock_it_is_given_and_takes_none_of_its_own():
+    # The harness times a plan from its own Comm.origin; a second one inside the run would add a
+    # wait for the device to the plan's time that a baseline's run does not pay.
+    payload = RawPayload(nbytes=4096, ranks=4)
+    plan = build("allreduce", payload, REF)
+    comm = _Clocked()
+    executor = PlanExecutor(plan, comm, RankInputs(raw=make_raw(payload, 0, 0)), timed=True)
+    given = (7.0, object())
+    executor.clock = given
+    executor.run()
+    assert comm.origins == 0 and executor._clock == (given, 7.0) and executor.clock is None
+    executor.run()  # no clock given: the run takes its own
+    assert comm.origins == 1 and executor._clock[0][0] == 1.0

@@ -4,6 +4,8 @@ launched run that succeeds removes with its run directory."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -107,3 +109,20 @@ def test_a_timed_run_reads_its_end_only_once_the_device_has_passed_it():
     for _ in range(2):
         run.time_once(t)
     assert t.ends == [1.0, 1.0]
+
+
+def test_a_timed_plan_run_is_handed_the_origin_its_time_counts_from():
+    # One Comm.origin a timed run (on CUDA a wait for the device), the plan's as a baseline's.
+    comm = _Device()
+    taken = []
+    origin = comm.origin
+    comm.origin = lambda: taken.append(origin()) or taken[-1]
+    payload = RawPayload(nbytes=64, ranks=1)
+    run = _RankRun(Job((PlanJob("p", build("allreduce", payload, TopologyRef("t", "sha256:t"))),)), comm, {})
+    run._same_clock = False
+    executor = SimpleNamespace(origin=None, clock=None)
+    seen = []
+    t = _Timed("p", "plan", lambda: seen.append(executor.clock) or torch.zeros(1), payload, check_ranks=(),
+               repeats=1, executor=executor)
+    run.time_once(t)
+    assert len(taken) == 1 and seen == taken

@@ -159,6 +159,10 @@ class PlanExecutor:
         self.origin: float | None = None
         """Where the next run's timeline counts from (host seconds): the instant the ranks
         agreed to start, when the harness has one; else this rank's own start."""
+        self.clock: tuple[float, Mark] | None = None
+        """The harness's ``Comm.origin`` for the next timed run, taken just before it: the run
+        then takes none of its own (on CUDA each waits for the device, which a run timed from
+        the harness's origin would count and a baseline's would not); None: the run takes one."""
         self._acc: torch.Tensor | None = None
         self._prepared = False
         self._q: torch.Tensor | None = None
@@ -222,7 +226,7 @@ class PlanExecutor:
         self._q = None
         self._marks = []
         if self.timed:
-            self.rebase(self.comm.origin())
+            self.rebase()
         empty = [not self.plan.is_raw]  # the accumulator still holds the merge's identity
         for ops in self.steps:
             for index, _ in ops:
@@ -253,11 +257,12 @@ class PlanExecutor:
             o.copy_(self._rounding[:stop - start].copy_(o))
         return acc
 
-    def rebase(self, origin: tuple[float, Mark]) -> None:
-        """Count the last run's timeline from ``origin`` (``Comm.origin`` taken as it began;
-        a CUDA graph's replay takes its own)."""
+    def rebase(self) -> None:
+        """Count this run's timeline from the harness's ``clock``, else from a ``Comm.origin``
+        taken now (as the run or a CUDA graph's replay begins)."""
+        origin = self.comm.origin() if self.clock is None else self.clock
         self._clock = (origin, origin[0] if self.origin is None else self.origin)
-        self.origin = None
+        self.origin = self.clock = None
 
     def replaying(self) -> None:
         """What a CUDA graph's replay of ``run`` does on the host first: count the ops for the
@@ -269,7 +274,7 @@ class PlanExecutor:
                 for index, _ in ops:
                     self._maybe_fault(index)
         if self.timed:
-            self.rebase(self.comm.origin())
+            self.rebase()
 
     @property
     def timeline(self) -> list[MeasuredOp]:

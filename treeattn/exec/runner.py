@@ -477,6 +477,8 @@ class _RankRun:
             t.executor.origin = t.starts[-1]  # one clock: timelines count from the agreed start
         cpu = time.process_time()
         origin = self.comm.origin()
+        if t.executor is not None:
+            t.executor.clock = origin  # one wait for the device a run, as the baselines have
         out = t.fn()
         end = self.comm.mark()
         # settle waits for the end itself: the last op's marker can pass with kernels still
