@@ -54,8 +54,14 @@ if ! "$PY" -c "$deps" 2>/dev/null; then
             exit 1
         }
         export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-    else
-        "$PY" -m pip install -q networkx numpy pandas typer rich pyyaml pydantic matplotlib pytest hypothesis || exit 1
+    else  # from PyPI; where there is no network, fail at once rather than retry for minutes
+        "$PY" -m pip install -q --retries 0 --timeout 10 networkx numpy pandas typer rich pyyaml pydantic matplotlib \
+            pytest hypothesis || {
+            pyver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+            echo "gpu-check: treeattn's dependencies are missing under $PY and PyPI cannot be reached: run" \
+                 "'bash scripts/gpu-wheels.sh $pyver' on a machine with network and bring .whl/ along"
+            exit 1
+        }
     fi
     "$PY" -c "$deps" || { echo "gpu-check: treeattn's dependencies do not import under $PY"; exit 1; }
 fi

@@ -150,4 +150,6 @@ def test_a_call_the_gpu_does_not_finish_in_time_raises_within_the_timeout(nccl_w
                                f"its ops is not known: {CALLS_AHEAD} later call(s) replayed it again) failed: "
                                "Timed out after 0.5 s (NCCL)"), text
     else:
-        assert text.startswith("rank 0: collective ") and text.endswith("failed: Timed out after 0.5 s (NCCL)"), text
+        # Found by the next call's check of the earlier calls (merger.py _merge_once), which says so.
+        assert text.startswith("rank 0: collective ") and ("failed: Timed out after 0.5 s (NCCL) (an earlier call (the "
+                                                           "device runs up to 3 behind): ") in text, text
