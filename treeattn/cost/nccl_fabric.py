@@ -57,7 +57,7 @@ from treeattn.cost.nccl_rates import (
     shm_rate_gbps,
 )
 from treeattn.cost.nccl_tuning import nccl_arch
-from treeattn.topology.model import DeviceKind, Link, LinkClass, LinkKind, Topology
+from treeattn.topology.model import P2P_LEVELS, DeviceKind, Link, LinkClass, LinkKind, Topology
 from treeattn.topology.nccl_version import NEWEST, Release, nccl_release
 
 __all__ = [
@@ -82,7 +82,8 @@ class NcclFabric:
     arch: str
     """GPU generation for llMaxBw: volta, ampere, hopper, blackwell."""
     ll128: bool
-    """Whether NCCL would enable LL128 (GPU fabric present)."""
+    """Whether NCCL would enable LL128: a GPU fabric between the ranks of a node and, across
+    nodes, a GPU within ``_LL128_FARTHEST_NET`` of a NIC on every node."""
     tree_intra_bw_gbps: float = math.inf
     """Like ``intra_bw_gbps`` for the tree's intra-node chain (inf: same as the ring's)."""
     intra_route_us: float = 0.0
@@ -211,6 +212,7 @@ def fabric(topo: Topology) -> NcclFabric:
     inter_route = 0.0
     n_nics, nic_gbps = 0, 0.0
     fabric_peers = False
+    type_inter = "LOC"
     if nodes > 1:
         ordered = [ranks for _, ranks in sorted(per_node.items())]
         flows: list[tuple[tuple[int, ...], float]] = []
@@ -234,6 +236,10 @@ def fabric(topo: Topology) -> NcclFabric:
                     nxt_first.setdefault(_nic_of(topo, r, out, per_node), r)
                 targets = [r for _, r in sorted(nxt_first.items())]
                 chans = [(r, targets[k % len(targets)], nic_bw(out.get(nic, ()))) for k, (nic, r) in enumerate(nics)]
+                # NCCL's search relaxes the GPU-to-NIC path type until a graph is found: the
+                # node's nearest pair.
+                nearest = min((net_path_type(topo, r, nxt[0]) for r in ranks), key=P2P_LEVELS.index)
+                type_inter = max(type_inter, nearest, key=P2P_LEVELS.index)
             inter = min(inter, sum(bw for _, _, bw in chans))
             if i == 0:
                 n_nics, nic_gbps = len(chans), max((bw for _, _, bw in chans), default=0.0)
@@ -253,6 +259,7 @@ def fabric(topo: Topology) -> NcclFabric:
     # RCCL (AMD GPUs, xGMI) runs small all-reduces through its MSCCL/MSCCL++ kernels, not
     # NCCL's channel loop (AMD in ROCm/rccl issue 1562): its channel counts are left out.
     rccl = any(ln.kind is LinkKind.XGMI for ln in topo.links)
+    net_ll128 = P2P_LEVELS.index(type_inter) <= P2P_LEVELS.index(_LL128_FARTHEST_NET["amd" if rccl else arch])
     searched = (own or nodes > 1) and not rccl
     channels, ring_gbps = (comm_channels(arch, nodes, path_gbps or gpu_gbps, gpu_gbps, n_nics, nic_gbps)
                            if searched else (0, 0.0))
@@ -274,12 +281,48 @@ def fabric(topo: Topology) -> NcclFabric:
         inter_bw_gbps=inter,
         intra_hw="nvlink" if any_fabric else "pci",
         arch=arch,
-        ll128=any_fabric,
+        ll128=any_fabric and net_ll128,
         tree_intra_bw_gbps=tree_intra,
         intra_route_us=intra_route,
         inter_route_us=inter_route,
         limit="; ".join(limits),
     )
+
+
+_LL128_FARTHEST_NET = {"volta": "PXB", "ampere": "PXB", "hopper": "PXN", "blackwell": "PXN", "amd": "PXB"}
+"""The farthest path from a GPU to the NIC its ring or tree leaves the node by at which NCCL
+enables LL128 (``tuning.cc`` ncclTopoTuneModel: ``typeInter <= PATH_PXB``, or ``PATH_PXN``
+from compute capability 9.0; RCCL: ``PATH_PXB``): a node whose NICs hang off the CPU
+(PHB, SYS), as a socket transport's NIC does, runs LL and Simple only."""
+
+
+def net_path_type(topo: Topology, rank: int, other: int) -> str:
+    """NCCL's path type (``P2P_LEVELS``) from ``rank``'s GPU to the NIC its traffic to
+    ``other``, a rank on another node, leaves by: the route's links before its first network
+    link (``src/graph/paths.cc``): PIX through at most one PCIe switch, PXB several, PHB
+    through a CPU, SYS two, P2C through a CPU reached by C2C (Grace), PXN through another GPU
+    (over NVLink) that reaches the NIC within PXB; LOC where the GPU's own links are the network's."""
+    hops: list[Link] = []
+    for i in topo.route(rank, other):
+        if topo.links[i].cls is LinkClass.NETWORK:
+            break
+        hops.append(topo.links[i])
+    via = [topo.device(ln.dst) for ln in hops[:-1]]
+    gpus = [i for i, d in enumerate(via) if d.kind is DeviceKind.GPU]
+    rest = via[gpus[-1] + 1:] if gpus else via
+    cpus = {d.name for d in rest if d.kind is DeviceKind.CPU}
+    if not hops:
+        kind = "LOC"
+    elif len(cpus) > 1:
+        kind = "SYS"
+    elif cpus:
+        c2c = any(ln.kind is LinkKind.C2C for ln in hops[gpus[-1] + 1 if gpus else 0:])
+        kind = "P2C" if c2c else "PHB"
+    else:
+        kind = "PXB" if sum(d.kind is DeviceKind.PCIE_SWITCH for d in rest) > 1 else "PIX"
+    if gpus and P2P_LEVELS.index(kind) <= P2P_LEVELS.index("PXB"):
+        return "PXN"
+    return kind
 
 
 def _allpairs_gbps(topo: Topology, arch: str) -> float:
