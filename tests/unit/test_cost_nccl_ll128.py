@@ -52,3 +52,12 @@ def test_the_shipped_clusters_keep_ll128():
         topo = resolve(spec)
         assert nccl_fabric.net_path_type(topo, 0, topo.num_ranks - 1) == kind, spec
         assert nccl_fabric.fabric(topo).ll128, spec
+
+
+def test_a_ring_that_crosses_pcie_between_nvlink_islands_runs_no_ll128():
+    # NVLink bridge pairs (A40, Azure's NC A100 v4): the ring crosses PCIe between the pairs,
+    # beyond PATH_NVB; DGX-1's hybrid cube-mesh is one NVLink island, its rings NVLink only.
+    assert _protocols(resolve("a40-8")) == {"LL", "Simple"}
+    assert _protocols(resolve("azure-nc-a100-v4")) == {"LL", "Simple"}
+    assert _protocols(resolve("a40-8[ranks 0-1]")) == {"LL", "LL128", "Simple"}
+    assert "LL128" in _protocols(resolve("dgx1-v100"))

@@ -82,8 +82,8 @@ class NcclFabric:
     arch: str
     """GPU generation for llMaxBw: volta, ampere, hopper, blackwell."""
     ll128: bool
-    """Whether NCCL would enable LL128: a GPU fabric between the ranks of a node and, across
-    nodes, a GPU within ``_LL128_FARTHEST_NET`` of a NIC on every node."""
+    """Whether NCCL would enable LL128: the ranks of each node on one GPU fabric (NVLink or
+    xGMI island) and, across nodes, a GPU within ``_LL128_FARTHEST_NET`` of a NIC on every node."""
     tree_intra_bw_gbps: float = math.inf
     """Like ``intra_bw_gbps`` for the tree's intra-node chain (inf: same as the ring's)."""
     intra_route_us: float = 0.0
@@ -168,6 +168,9 @@ def fabric(topo: Topology) -> NcclFabric:
     intra_route = 0.0
     path_gbps = 0.0
     intra_pairs: list[tuple[int, int]] = []
+    # NCCL enables LL128 only where its graphs stay on NVLink inside a node (typeIntra <=
+    # PATH_NVB): not where the ring crosses PCIe between NVLink islands (bridged pairs).
+    intra_ll128 = any_fabric
     for _, ranks in sorted(per_node.items()):
         if len(ranks) < 2:
             continue
@@ -187,6 +190,7 @@ def fabric(topo: Topology) -> NcclFabric:
         n = len(ranks)
         pairs = [(ranks[i], ranks[(i + 1) % n]) for i in range(n)]
         intra_pairs += pairs
+        intra_ll128 = intra_ll128 and routes.one_fabric(ranks)
         if routes.one_fabric(ranks):
             # NCCL's channels use every fabric link; only the hop latency comes from the routes.
             intra_route = max([intra_route] + [routes.latency(a, b) for a, b in pairs if routes.on_fabric(a, b)])
@@ -281,7 +285,7 @@ def fabric(topo: Topology) -> NcclFabric:
         inter_bw_gbps=inter,
         intra_hw="nvlink" if any_fabric else "pci",
         arch=arch,
-        ll128=any_fabric and net_ll128,
+        ll128=intra_ll128 and net_ll128,
         tree_intra_bw_gbps=tree_intra,
         intra_route_us=intra_route,
         inter_route_us=inter_route,
