@@ -61,3 +61,7 @@ def test_a_ring_that_crosses_pcie_between_nvlink_islands_runs_no_ll128():
     assert _protocols(resolve("azure-nc-a100-v4")) == {"LL", "Simple"}
     assert _protocols(resolve("a40-8[ranks 0-1]")) == {"LL", "LL128", "Simple"}
     assert "LL128" in _protocols(resolve("dgx1-v100"))
+    # Its hops take NCCL's PCIe latencies (intraHw by typeIntra == NVL), its ring no NVLink tail.
+    assert nccl_fabric.fabric(resolve("a40-8")).intra_hw == "pci"
+    assert nccl_fabric.fabric(resolve("a40-8[ranks 0-1]")).intra_hw == "nvlink"
+    assert nccl_fabric.fabric(resolve("dgx1-v100")).intra_hw == "nvlink"

@@ -283,7 +283,7 @@ def fabric(topo: Topology) -> NcclFabric:
         nodes=nodes,
         intra_bw_gbps=intra,
         inter_bw_gbps=inter,
-        intra_hw="nvlink" if any_fabric else "pci",
+        intra_hw="nvlink" if intra_ll128 else "pci",
         arch=arch,
         ll128=intra_ll128 and net_ll128,
         tree_intra_bw_gbps=tree_intra,
