@@ -224,6 +224,7 @@ def build_plan(topology: str | os.PathLike | Topology, workload_or_model: Payloa
         ('dcp-a2a', 'heads')
     """
     from treeattn.cost.memory import check_kv_fits
+    from treeattn.plan.builders import bare_root
 
     unknown = sorted(set(options) - set(_ALGORITHM_OPTIONS) - set(_WORKLOAD_OPTIONS) - {"mem_fraction"})
     if unknown:
@@ -240,7 +241,7 @@ def build_plan(topology: str | os.PathLike | Topology, workload_or_model: Payloa
         topo = _topology(topology, "build_plan")
         workload = _workload(topo, workload_or_model, batch, seq_len, options, "build_plan")
         layout, root = parse_result(result, topo.num_ranks)
-        if root is not None:
+        if root is not None and not bare_root(algorithm, result):
             if kw.get("root", root) != root:
                 raise InputError(f"build_plan root={kw['root']} and result={result!r} name different roots")
             kw["root"] = root

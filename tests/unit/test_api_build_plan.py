@@ -16,6 +16,7 @@ from treeattn.plan.io import load_plan
     ("kary", "dgx-h100", "all", {"fanout": 3}, ["--fanout", "3"]),
     ("hierarchical", "dgx-h100-2node", "all", {}, []),  # grouped by node, as the CLI groups it
     ("tree", "cpu:ranks=4", "heads", {"parents": [-1, 0, 0, 1]}, ["--parents=-1,0,0,1"]),
+    ("tree", "cpu:ranks=4", "root:2", {"parents": [2, 2, -1, 1]}, ["--parents=2,2,-1,1"]),
 ])
 def test_the_plan_is_the_one_plan_algorithm_writes(tmp_path, algorithm, topology, result, options, flags):
     plan = treeattn.build_plan(topology, "llama-3.1-8b", algorithm, batch=2, seq_len="64K", result=result,
@@ -29,6 +30,23 @@ def test_the_plan_is_the_one_plan_algorithm_writes(tmp_path, algorithm, topology
     assert cli.exit_code == 0, cli.stderr
     assert saved.read_bytes() == (tmp_path / "cli.yaml").read_bytes()
     assert load_plan(saved).predicted_us == plan.predicted_us
+
+
+def test_a_root_result_tree_ends_where_its_parents_say(tmp_path):
+    # What a search's root pick gives (builder tree, build_params parents and result root)
+    # rebuilds: root alone takes the parents' root, from Python and on the command line.
+    parents = [2, 2, -1, 1]
+    plan = treeattn.build_plan("cpu:ranks=4", "llama-3.1-8b", "tree", batch=2, seq_len="64K", result="root",
+                               parents=parents)
+    assert plan.result == "root:2" and plan.result_ranks == (2,)
+    saved = treeattn.save_plan(plan, tmp_path / "api.yaml")
+    cli = run_cli("plan", "-t", "cpu:ranks=4", "-m", "llama-3.1-8b", "-b", "2", "-n", "64K", "--algorithm", "tree",
+                  "--parents=2,2,-1,1", "--result", "root", "-o", str(tmp_path / "cli.yaml"))
+    assert cli.exit_code == 0, cli.stderr
+    assert saved.read_bytes() == (tmp_path / "cli.yaml").read_bytes()
+    other = run_cli("plan", "-t", "cpu:ranks=4", "-m", "llama-3.1-8b", "-n", "64K", "--algorithm", "tree",
+                    "--parents=2,2,-1,1", "--result", "root:1", "-o", str(tmp_path / "other.yaml"))
+    assert other.exit_code == 2 and "parents give -1 (rank 2); the result names root 1" in other.stderr
 
 
 @pytest.mark.parametrize(("algorithm", "kwargs", "needle"), [
@@ -49,6 +67,8 @@ def test_the_plan_is_the_one_plan_algorithm_writes(tmp_path, algorithm, topology
     ("hierarchical", {"groups": "0-3/4-7"}, "build_plan groups must be a list of rank lists"),
     ("tree", {"parents": [-1, "0"]}, "build_plan parents must be a parent per rank"),
     ("kary", {"fanout": True}, "build_plan fanout must be an integer"),
+    ("tree", {"parents": [1, -1, 1, 1, 1, 1, 1, 1], "result": "root:0"},
+     "algorithm 'tree' ends at the rank its parents give -1 \\(rank 1\\); the result names root 0"),
 ])
 def test_bad_input_raises_the_library_error_naming_it(algorithm, kwargs, needle):
     with pytest.raises(TreeattnError, match=needle):

@@ -292,7 +292,11 @@ def plan_cmd(
                              f"(not {result})")
         if whole_rows and chunks not in (None, 1):
             raise InputError(f"--whole-rows sends every row in one message: --chunks must be 1, not {chunks}")
-        kw = _build_kwargs(topo.num_ranks, root=root if root is not None else result_root, fanout=fanout,
+        from treeattn.plan.builders import bare_root
+
+        if root is None and not bare_root(algorithm, result):
+            root = result_root
+        kw = _build_kwargs(topo.num_ranks, root=root, fanout=fanout,
                            groups=groups, order=order, parents=parents, roots=roots, trees=trees, shape=shape,
                            intra=intra, inter=inter, result=layout,
                            group_size=group_size, whole_rows=whole_rows)

@@ -176,6 +176,8 @@ def build(
                                   + ", ".join(n for n, sp in ALGORITHMS.items() if result in sp.results
                                               and workload.kind in sp.payloads))
     names = {p.name for p in spec.params}
+    if algorithm == "tree" and root is not None and result == "root":
+        root = _parents_root(parents, root)
     given = {"root": root, "fanout": fanout, "parents": parents, "groups": groups, "order": order, "roots": roots}
     for name, value in given.items():
         if value is not None and name not in names:
@@ -194,6 +196,24 @@ def build(
     with gc_paused():
         plan = _BUILDERS[algorithm](args)
     return _kept_heads(args, plan) if whole_rows else plan
+
+
+def _parents_root(parents: Any, root: int) -> None:
+    """A tree's root is where its parent list holds -1: ``root``, the one a result names, must be
+    it (None back: the tree takes no other root). A list without one root is left for the
+    builder to refuse."""
+    if isinstance(parents, (list, tuple)):
+        tops = [i for i, x in enumerate(parents) if type(x) is int and x == -1]
+        if len(tops) == 1 and tops[0] != root:
+            raise InputError(f"algorithm 'tree' ends at the rank its parents give -1 (rank {tops[0]}); the result "
+                             f"names root {root}: give that rank, or root alone")
+    return None
+
+
+def bare_root(algorithm: str, result: str) -> bool:
+    """Whether ``result`` is ``root`` without a rank for ``algorithm`` a tree, whose parent list
+    names its root (``root`` alone otherwise means rank 0, ``parse_result``)."""
+    return algorithm == "tree" and str(result) == "root"
 
 
 def _whole_rows_result(spec: AlgorithmSpec, result: str | None, whole_rows: object, chunks: object) -> str:
