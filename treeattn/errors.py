@@ -43,6 +43,10 @@ class WorkloadError(InputError):
     """A decode shape or payload is malformed."""
 
 
+class KVCacheTooLargeError(WorkloadError):
+    """A rank's KV cache past any device's memory (``treeattn.units.MAX_BYTES``)."""
+
+
 class PlanFormatError(InputError):
     """A plan file cannot be parsed: syntax, field, type or version."""
 

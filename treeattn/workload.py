@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from treeattn.errors import InputError, WorkloadError
+from treeattn.errors import InputError, KVCacheTooLargeError, WorkloadError
 from treeattn.units import DType, check_bytes, counted
 
 __all__ = ["ModelPreset", "MODELS", "ReduceOp", "Workload", "RawPayload", "Payload", "check_model", "check_split",
@@ -223,7 +223,7 @@ class Workload:
             check_bytes(self.cache_bytes(worst),
                         f"workload: rank {worst}'s KV cache of {counted(self.layers, 'layer')}")
         except InputError as exc:  # say what to change, as plan's memory check does below this size
-            raise WorkloadError(f"{exc}: use more ranks, a shorter sequence or a smaller batch") from None
+            raise KVCacheTooLargeError(f"{exc}: use more ranks, a shorter sequence or a smaller batch") from None
 
     @classmethod
     def create(

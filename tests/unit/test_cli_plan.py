@@ -316,6 +316,13 @@ def test_compare_leaves_out_the_lengths_whose_kv_cache_fits_no_device():
     assert "left out, the KV cache does not fit: N=256K: needs 80 GiB of KV per GPU" in text
     res = run_cli(*base, "--seq-lens", "256K,1M")
     assert res.exit_code == 2 and res.stderr.startswith("error: no sequence length fits any topology; N=256K")
+    # A KV cache past any device's memory (over 1 TiB a rank) is left out the same way, not the whole run.
+    res = run_cli(*base, "--seq-lens", "128K,100M", "--json")
+    assert res.exit_code == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert {r["seq_len"] for r in out["rows"]} == {131072}
+    [gone] = out["left_out"]
+    assert gone["why"].startswith("N=100M: workload: rank 0's KV cache of 80 layers is") and "over 1 TiB" in gone["why"]
 
 
 @pytest.mark.parametrize(("fraction", "advice"), [("0.9", "use more ranks or a larger --mem-fraction"),

@@ -51,7 +51,7 @@ from treeattn.cli.render import (
     warn_topology,
 )
 from treeattn.cost.memory import DEFAULT_MEM_FRACTION
-from treeattn.errors import InputError
+from treeattn.errors import InputError, KVCacheTooLargeError
 from treeattn.units import counted, fixed, format_size
 from treeattn.workload import Payload, Workload, empty_ranks_note, latent_value_note
 
@@ -548,28 +548,37 @@ def compare_cmd(
     layout, root = "all", None
     check_fraction(mem_fraction)  # a bad fraction is not a KV cache that fits nowhere (below)
     unfit: dict[tuple[str, int], str] = {}  # (topology, N) whose KV cache alone no device holds
-    shape = make(topos[0].num_ranks, lens[0])
-    if note := latent_value_note(shape):
-        typer.echo(f"warning: {note}", err=True)
+    built: dict[tuple[str, int], Payload] = {}
     for t in topos:  # fail on a bad shape, layout or memory before the long part
-        w = make(t.num_ranks, lens[0])
-        warn_topology(t)
-        note_attention(t, w)
-        layout, root = parse_result(result, t.num_ranks, on=t.name, what="--result")
         for n in lens:
-            at = make(t.num_ranks, n)
-            if note := empty_ranks_note(at):  # each rank count and length its own: -n 64 on 8 and 128 ranks
-                typer.echo(f"warning: {t.name}: {note}", err=True)
+            try:  # a KV cache past any device's memory is refused as the workload is made
+                at = built[(t.name, n)] = make(t.num_ranks, n)
+            except KVCacheTooLargeError as exc:
+                unfit[(t.name, n)] = f"N={_tokens(n)}: {exc}"
+                continue
             try:
                 check_kv_fits(at, t, mem_fraction)
             except InputError as exc:
                 unfit[(t.name, n)] = f"N={_tokens(n)}: {exc}"
-        if layout == "heads" and isinstance(w, Workload) and t.num_ranks > w.q_heads:
-            raise InputError(f"--result heads gives every rank its own query heads: {counted(w.q_heads, 'head')} "
-                             f"cannot go to {t.num_ranks} ranks of {t.name}")
     if len(unfit) == len(topos) * len(lens):
         raise InputError(next(iter(unfit.values())) if len(unfit) == 1 else
                          f"no sequence length fits any topology; {next(iter(unfit.values()))}")
+    shape = next(iter(built.values()))
+    if note := latent_value_note(shape):
+        typer.echo(f"warning: {note}", err=True)
+    for t in topos:
+        w = next(at for (name, _), at in built.items() if name == t.name) if any(
+            name == t.name for name, _ in built) else shape
+        warn_topology(t)
+        note_attention(t, w)
+        layout, root = parse_result(result, t.num_ranks, on=t.name, what="--result")
+        for n in lens:
+            at = built.get((t.name, n))
+            if at is not None and (note := empty_ranks_note(at)):  # each rank count and length its own
+                typer.echo(f"warning: {t.name}: {note}", err=True)
+        if layout == "heads" and isinstance(w, Workload) and t.num_ranks > w.q_heads:
+            raise InputError(f"--result heads gives every rank its own query heads: {counted(w.q_heads, 'head')} "
+                             f"cannot go to {t.num_ranks} ranks of {t.name}")
     with progress_reporter(progress, "comparing") as update:
         rows = compare(topos, lens, make, result=layout, root=root, ring=ring, mem_fraction=mem_fraction,
                        seed=seed, progress=update, skip=unfit)

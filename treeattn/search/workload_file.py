@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from treeattn.errors import InputError, WorkloadError
+from treeattn.errors import InputError, KVCacheTooLargeError, WorkloadError
 from treeattn.textfile import read_text
 from treeattn.units import DType, counted, parse_size
 from treeattn.workload import (
@@ -280,7 +280,8 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
         )
     except (InputError, ValueError) as exc:  # the shape's own checks: name the file they read
         text = str(exc)
-        raise WorkloadError(text if text.startswith(where) else f"{where}: {text}") from None
+        kind = KVCacheTooLargeError if isinstance(exc, KVCacheTooLargeError) else WorkloadError
+        raise kind(text if text.startswith(where) else f"{where}: {text}") from None
 
 
 def load_workload(path: str | Path, *, ranks: int | None = None,
