@@ -335,3 +335,12 @@ def test_direct_over_any_partition_validates(p: int, chunks: int, is_raw: bool, 
     groups = [perm[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
     plan = build("direct", raw(p) if is_raw else attention(p), REF, chunks=chunks, groups=groups)
     assert validate(plan).valid, validate(plan).first
+
+
+def test_too_many_heads_chunks_name_the_rows_the_ranks_hold() -> None:
+    # 16 query heads at batch 4: 4 ranks hold 16 rows each; of 6 ranks some hold 8, the others 12.
+    with pytest.raises(InfeasiblePlanError, match="binomial with 17 chunks cuts each rank's rows into 17 chunks, but "
+                                                  "each rank holds 16 rows; use fewer chunks"):
+        build("binomial", attention(4), REF, result="heads", chunks=17)
+    with pytest.raises(InfeasiblePlanError, match="cuts each rank's rows into 9 chunks, but some ranks hold 8 rows"):
+        build("binomial", attention(6), REF, result="heads", chunks=9)

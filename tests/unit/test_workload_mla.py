@@ -185,6 +185,13 @@ def test_the_cli_takes_value_dims_and_names_the_flag_that_conflicts(tmp_path):
         res = run_cli("plan", "-t", "dgx-h100", "-n", "128K", *args)
         assert res.exit_code == 2 and res.stderr.startswith(needle), (args, res.stderr)
         assert len(res.stderr.strip().splitlines()) == 1
+    # A file's keys: the file named once, at the start (not "FILE: v_head_dim ... FILE: head_dim").
+    bad = tmp_path / "mla.yaml"
+    bad.write_text("model: deepseek-v3\nv_head_dim: 576\nhead_dim: 512\nkv_latent: true\n")
+    res = run_cli("plan", "-t", "dgx-h100", "-n", "128K", "--workload", str(bad), "-o", str(tmp_path / "m.yaml"))
+    assert res.exit_code == 2 and res.stderr == (
+        f"error: {bad}: v_head_dim (576) must be at most head_dim (512) with a latent cache (kv_latent): the value "
+        "is the first Dv values of the cached key\n"), res.stderr
     # --no-kv-latent over the preset: K and V cached apart, 576 + 512 values a token
     res = run_cli("plan", "-t", "dgx-h100", "-m", "deepseek-v3", "--no-kv-latent", "-n", "128K", "--json",
                   "-o", str(tmp_path / "apart.yaml"))

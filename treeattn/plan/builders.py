@@ -307,7 +307,9 @@ def _need_heads(a: _Args, pieces: int, why: str) -> int:
         raise InfeasiblePlanError(f"result heads gives every rank a share: {what} cannot go to {a.p} ranks")
     per = units // a.p * (1 if a.raw else a.workload.batch)  # type: ignore[union-attr]
     if pieces > per:
-        raise InfeasiblePlanError(f"{why} cuts each rank's {per} rows into {pieces} chunks; use fewer chunks")
+        holds = "some ranks hold" if units % a.p else "each rank holds"
+        raise InfeasiblePlanError(f"{why} cuts each rank's rows into {pieces} chunks, but {holds} "
+                                  f"{counted(per, 'row')}; use fewer chunks")
     return a.p * pieces
 
 

@@ -109,6 +109,13 @@ class _Names:
     def __call__(self, key: str) -> str:
         return self.flags.get(key) or f"{self.where}{self.sep}{key}"
 
+    def after(self, named: str, key: str) -> str:
+        """``key`` named later in a sentence that has named the file already (in ``named``):
+        by its flag, else by the key alone (not ``FILE: a ... FILE: b``)."""
+        if key not in self.flags and self.sep == ": " and named.startswith(f"{self.where}: "):
+            return key
+        return self(key)
+
 
 def _positive_int(data: dict, key: str, name: _Names) -> int | None:
     value = data.get(key)
@@ -162,8 +169,8 @@ def _check_latent(model: str | None, ints: dict[str, int | None], latent: bool |
     if latent and d is not None and dv is not None and dv > d:
         own = f"{model}'s"  # a value the preset gave, not the user
         dv_of = name("v_head_dim") if ints["v_head_dim"] is not None else f"{own} value dim"
-        d_of = name("head_dim") if ints["head_dim"] is not None else f"{own} head dim"
-        latent_of = name("kv_latent") if latent_given else own
+        d_of = name.after(dv_of, "head_dim") if ints["head_dim"] is not None else f"{own} head dim"
+        latent_of = name.after(dv_of if dv_of.startswith(name.where) else d_of, "kv_latent") if latent_given else own
         raise WorkloadError(f"{dv_of} ({dv}) must be at most {d_of} ({d}) with a latent cache ({latent_of}): the "
                             "value is the first Dv values of the cached key")
 
