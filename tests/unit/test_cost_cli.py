@@ -122,6 +122,19 @@ def test_simulate_on_another_topology_warns(plans):
     assert r.exit_code == 0
     assert "warning" in r.stderr and "dgx-h200" in r.stderr
     assert json.loads(r.stdout)["fingerprint_mismatch"] is True
+    assert json.loads(r.stdout)["kv_overflow"] is None and "does not fit" not in r.stderr
+
+
+def test_simulate_on_a_topology_that_cannot_hold_the_kv_cache_says_so(tmp_path):
+    # 70B at B = 2 over 1M tokens on 4 MI300X (160 GiB of KV a GPU), simulated on 4 RTX 4090 (24 GiB).
+    plan = tmp_path / "big.yaml"
+    made = run_cli("plan", "-t", "mi300x-4", "-m", "llama-3.1-70b", "-b", "2", "-n", "1M", "-o", str(plan))
+    assert made.exit_code == 0, made.stderr
+    r = run_cli("simulate", str(plan), "--topology", "rtx4090-p2p-4", "--json")
+    assert r.exit_code == 0, r.stderr
+    over = "needs 160 GiB of KV per GPU (80 layers); rtx4090-p2p-4 has 24 GiB per GPU"
+    assert json.loads(r.stdout)["kv_overflow"] == over
+    assert f"warning: the plan's KV cache does not fit: {over}" in r.stderr
 
 
 def test_simulate_rank_mismatch_is_one_line_exit_2(plans):

@@ -56,6 +56,7 @@ def simulate_cmd(
     """
     from treeattn.cost.bounds import plan_bounds
     from treeattn.cost.library import link_rates_note
+    from treeattn.cost.memory import kv_overflow
     from treeattn.cost.simulate import simulate
     from treeattn.plan.io import load_plan
     from treeattn.plan.validate import check
@@ -84,6 +85,9 @@ def simulate_cmd(
             f"simulating on {topo.name} ({topo.fingerprint})",
             markup=False,
         )
+    over = kv_overflow(plan.workload, topo) if mismatch else None
+    if over:
+        err_console.print(f"warning: the plan's KV cache does not fit: {over}", markup=False)
     try:
         res = simulate(plan, topo, timeline=True)
     except PlanInvalidError as exc:  # name the file, as verify does
@@ -107,6 +111,7 @@ def simulate_cmd(
             "plan": {"file": str(plan_file), "algorithm": plan.algorithm, "chunks": plan.chunks, "ranks": plan.ranks},
             "topology": {"name": topo.name, "fingerprint": topo.fingerprint, "link_rates_note": link_rates_note(topo)},
             "fingerprint_mismatch": mismatch,
+            "kv_overflow": over,
             "predicted_us": res.predicted_us,
             "recorded_predicted_us": recorded,
             "merger_call_us": merger_us,

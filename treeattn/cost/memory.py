@@ -279,6 +279,26 @@ def weights_note(payload: Payload, topo: Topology, fraction: float = DEFAULT_MEM
             f"leaves beside the KV cache and the merge: {room}")
 
 
+def _largest_kv(payload: Workload, topo: Topology) -> tuple[int, int, str]:
+    """The largest KV cache a rank holds, its device's memory (0: unknown) and what the
+    device is (``GPU`` or ``rank``)."""
+    worst = max(range(topo.num_ranks), key=lambda r: (kv_cache_bytes(payload, r), -r))
+    kind = "GPU" if topo.rank_device(worst).kind.value == "gpu" else "rank"
+    return kv_cache_bytes(payload, worst), device_bytes(topo, worst), kind
+
+
+def kv_overflow(payload: Payload, topo: Topology) -> str | None:
+    """What a rank's KV cache needs where it is more than its whole device holds (``simulate``
+    of a plan on another topology, which no memory check chose), else None."""
+    if not isinstance(payload, Workload):
+        return None
+    need, cap, kind = _largest_kv(payload, topo)
+    if not 0 < cap < need:
+        return None
+    needed, has = format_sizes(need, cap)
+    return f"needs {needed} of KV per {kind} ({counted(payload.layers, 'layer')}); {topo.name} has {has} per {kind}"
+
+
 def check_kv_fits(payload: Payload, topo: Topology, fraction: float = DEFAULT_MEM_FRACTION, *,
                   option: str = "--mem-fraction") -> None:
     """Raise ``InputError`` when even a rank's KV cache exceeds what its device may hold: no
@@ -291,10 +311,8 @@ def check_kv_fits(payload: Payload, topo: Topology, fraction: float = DEFAULT_ME
     fraction = check_fraction(fraction)
     if not isinstance(payload, Workload):
         return
-    worst = max(range(topo.num_ranks), key=lambda r: (kv_cache_bytes(payload, r), -r))
-    need, cap = kv_cache_bytes(payload, worst), device_bytes(topo, worst)
+    need, cap, kind = _largest_kv(payload, topo)
     if cap > 0 and need > cap * fraction:
-        kind = topo.rank_device(worst).kind.value.upper() if topo.rank_device(worst).kind.value == "gpu" else "rank"
         needed, usable = format_sizes(need, int(cap * fraction))
         raise InputError(f"needs {needed} of KV per {kind} ({counted(payload.layers, 'layer')}); "
                          f"{topo.name} has {format_size(cap)} per {kind} ({usable} usable at "
