@@ -320,7 +320,7 @@ def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: i
         if algo is Algorithm.TREE and collective is not Collective.ALLREDUCE:
             continue
         for p, proto in enumerate(_PROTOS):
-            if proto is Protocol.LL128 and not fab.ll128:
+            if proto is Protocol.LL128 and not (fab.tree_ll128 if algo is Algorithm.TREE else fab.ll128):
                 continue
             bw = _algbw_gbps(fab, collective, algo, p, nbytes, fab.nccl_release)
             if bw <= 0:

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from treeattn.cost import msccl
 from treeattn.cost.nccl_channels import comm_channels, graph_channels
+from treeattn.cost.nccl_paths import inter_types, intra_type, ll128_enabled
 from treeattn.cost.nccl_rates import (
     cpu_vendor,
     fabric_bw,
@@ -82,8 +83,11 @@ class NcclFabric:
     arch: str
     """GPU generation for llMaxBw: volta, ampere, hopper, blackwell."""
     ll128: bool
-    """Whether NCCL would enable LL128: the ranks of each node on one GPU fabric (NVLink or
-    xGMI island) and, across nodes, a GPU within ``_LL128_FARTHEST_NET`` of a NIC on every node."""
+    """Whether NCCL runs LL128 on its ring (``nccl_paths``: the node's GPUs joined by NVLink,
+    and across nodes near enough to the NICs)."""
+    tree_ll128: bool = True
+    """Whether NCCL runs LL128 on its tree (``nccl_paths``: on Hopper and later the tree
+    leaves a node by one GPU, the ring by two)."""
     tree_intra_bw_gbps: float = math.inf
     """Like ``intra_bw_gbps`` for the tree's intra-node chain (inf: same as the ring's)."""
     intra_route_us: float = 0.0
@@ -156,9 +160,6 @@ def fabric(topo: Topology) -> NcclFabric:
         out.setdefault(ln.src, []).append(ln)
     per_node = _nccl_nodes(topo, devs)
     nodes = len(per_node)
-    any_fabric = all(
-        d.kind is DeviceKind.GPU and any(ln.cls is LinkClass.GPU_FABRIC for ln in out.get(d.name, ())) for d in devs
-    )
     routes = _Routes(topo)
     # Intra-node bandwidth of each rank that shares its node: NCCL's figure, then the routes.
     intra = math.inf
@@ -168,9 +169,6 @@ def fabric(topo: Topology) -> NcclFabric:
     intra_route = 0.0
     path_gbps = 0.0
     intra_pairs: list[tuple[int, int]] = []
-    # NCCL enables LL128 only where its graphs stay on NVLink inside a node (typeIntra <=
-    # PATH_NVB): not where the ring crosses PCIe between NVLink islands (bridged pairs).
-    intra_ll128 = any_fabric
     for _, ranks in sorted(per_node.items()):
         if len(ranks) < 2:
             continue
@@ -190,7 +188,6 @@ def fabric(topo: Topology) -> NcclFabric:
         n = len(ranks)
         pairs = [(ranks[i], ranks[(i + 1) % n]) for i in range(n)]
         intra_pairs += pairs
-        intra_ll128 = intra_ll128 and routes.one_fabric(ranks)
         if routes.one_fabric(ranks):
             # NCCL's channels use every fabric link; only the hop latency comes from the routes.
             intra_route = max([intra_route] + [routes.latency(a, b) for a, b in pairs if routes.on_fabric(a, b)])
@@ -216,7 +213,11 @@ def fabric(topo: Topology) -> NcclFabric:
     inter_route = 0.0
     n_nics, nic_gbps = 0, 0.0
     fabric_peers = False
-    type_inter = "LOC"
+    release = nccl_release(topo.cost.nccl_version) if topo.cost.nccl_version is not None else NEWEST
+    hopper = arch in ("hopper", "blackwell")
+    # NCCL's path types (nccl_paths): what decides LL128 and the intra-node hop latencies.
+    type_intra = max((intra_type(topo, ranks) for ranks in per_node.values()), key=P2P_LEVELS.index)
+    inter_ring = inter_tree = "LOC"
     if nodes > 1:
         ordered = [ranks for _, ranks in sorted(per_node.items())]
         flows: list[tuple[tuple[int, ...], float]] = []
@@ -240,10 +241,9 @@ def fabric(topo: Topology) -> NcclFabric:
                     nxt_first.setdefault(_nic_of(topo, r, out, per_node), r)
                 targets = [r for _, r in sorted(nxt_first.items())]
                 chans = [(r, targets[k % len(targets)], nic_bw(out.get(nic, ()))) for k, (nic, r) in enumerate(nics)]
-                # NCCL's search relaxes the GPU-to-NIC path type until a graph is found: the
-                # node's nearest pair.
-                nearest = min((net_path_type(topo, r, nxt[0]) for r in ranks), key=P2P_LEVELS.index)
-                type_inter = max(type_inter, nearest, key=P2P_LEVELS.index)
+                ring_type, tree_type = inter_types(topo, ranks, nxt[0], release, hopper)
+                inter_ring = max(inter_ring, ring_type, key=P2P_LEVELS.index)
+                inter_tree = max(inter_tree, tree_type, key=P2P_LEVELS.index)
             inter = min(inter, sum(bw for _, _, bw in chans))
             if i == 0:
                 n_nics, nic_gbps = len(chans), max((bw for _, _, bw in chans), default=0.0)
@@ -263,13 +263,13 @@ def fabric(topo: Topology) -> NcclFabric:
     # RCCL (AMD GPUs, xGMI) runs small all-reduces through its MSCCL/MSCCL++ kernels, not
     # NCCL's channel loop (AMD in ROCm/rccl issue 1562): its channel counts are left out.
     rccl = any(ln.kind is LinkKind.XGMI for ln in topo.links)
-    net_ll128 = P2P_LEVELS.index(type_inter) <= P2P_LEVELS.index(_LL128_FARTHEST_NET["amd" if rccl else arch])
+    gpus = all(d.kind is DeviceKind.GPU for d in devs)
     searched = (own or nodes > 1) and not rccl
     channels, ring_gbps = (comm_channels(arch, nodes, path_gbps or gpu_gbps, gpu_gbps, n_nics, nic_gbps)
                            if searched else (0, 0.0))
     graph = graph_channels(arch, nodes, path_gbps or gpu_gbps, gpu_gbps, n_nics, nic_gbps)[0] if searched else 0
     return NcclFabric(
-        nccl_release=nccl_release(topo.cost.nccl_version) if topo.cost.nccl_version is not None else NEWEST,
+        nccl_release=release,
         shm_gbps=shm_rate_gbps(topo) if any(shm_pair_gbps(topo, a, b) < math.inf for a, b in intra_pairs) else 0.0,
         rccl=rccl,
         allpairs_gbps=_allpairs_gbps(topo, arch) if rccl and nodes == 1 else 0.0,
@@ -283,50 +283,15 @@ def fabric(topo: Topology) -> NcclFabric:
         nodes=nodes,
         intra_bw_gbps=intra,
         inter_bw_gbps=inter,
-        intra_hw="nvlink" if intra_ll128 else "pci",
+        intra_hw="nvlink" if type_intra == "NVL" else "pci",
         arch=arch,
-        ll128=intra_ll128 and net_ll128,
+        ll128=gpus and ll128_enabled(type_intra, inter_ring, hopper, rccl, release),
+        tree_ll128=gpus and ll128_enabled(type_intra, inter_tree, hopper, rccl, release),
         tree_intra_bw_gbps=tree_intra,
         intra_route_us=intra_route,
         inter_route_us=inter_route,
         limit="; ".join(limits),
     )
-
-
-_LL128_FARTHEST_NET = {"volta": "PXB", "ampere": "PXB", "hopper": "PXN", "blackwell": "PXN", "amd": "PXB"}
-"""The farthest path from a GPU to the NIC its ring or tree leaves the node by at which NCCL
-enables LL128 (``tuning.cc`` ncclTopoTuneModel: ``typeInter <= PATH_PXB``, or ``PATH_PXN``
-from compute capability 9.0; RCCL: ``PATH_PXB``): a node whose NICs hang off the CPU
-(PHB, SYS), as a socket transport's NIC does, runs LL and Simple only."""
-
-
-def net_path_type(topo: Topology, rank: int, other: int) -> str:
-    """NCCL's path type (``P2P_LEVELS``) from ``rank``'s GPU to the NIC its traffic to
-    ``other``, a rank on another node, leaves by: the route's links before its first network
-    link (``src/graph/paths.cc``): PIX through at most one PCIe switch, PXB several, PHB
-    through a CPU, SYS two, P2C through a CPU reached by C2C (Grace), PXN through another GPU
-    (over NVLink) that reaches the NIC within PXB; LOC where the GPU's own links are the network's."""
-    hops: list[Link] = []
-    for i in topo.route(rank, other):
-        if topo.links[i].cls is LinkClass.NETWORK:
-            break
-        hops.append(topo.links[i])
-    via = [topo.device(ln.dst) for ln in hops[:-1]]
-    gpus = [i for i, d in enumerate(via) if d.kind is DeviceKind.GPU]
-    rest = via[gpus[-1] + 1:] if gpus else via
-    cpus = {d.name for d in rest if d.kind is DeviceKind.CPU}
-    if not hops:
-        kind = "LOC"
-    elif len(cpus) > 1:
-        kind = "SYS"
-    elif cpus:
-        c2c = any(ln.kind is LinkKind.C2C for ln in hops[gpus[-1] + 1 if gpus else 0:])
-        kind = "P2C" if c2c else "PHB"
-    else:
-        kind = "PXB" if sum(d.kind is DeviceKind.PCIE_SWITCH for d in rest) > 1 else "PIX"
-    if gpus and P2P_LEVELS.index(kind) <= P2P_LEVELS.index("PXB"):
-        return "PXN"
-    return kind
 
 
 def _allpairs_gbps(topo: Topology, arch: str) -> float:
