@@ -58,8 +58,11 @@ if ! "$PY" -c "$deps" 2>/dev/null; then
         "$PY" -m pip install -q --retries 0 --timeout 10 networkx numpy pandas typer rich pyyaml pydantic matplotlib \
             pytest hypothesis || {
             pyver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
-            echo "gpu-check: treeattn's dependencies are missing under $PY and PyPI cannot be reached: run" \
-                 "'bash scripts/gpu-wheels.sh $pyver' on a machine with network and bring .whl/ along"
+            missing=$("$PY" -c "import importlib.util as u
+print(' '.join(m for m in '${deps#import }'.split(', ') if u.find_spec(m) is None))")
+            echo "gpu-check: $PY lacks $missing and pip could not install them (above); where PyPI cannot" \
+                 "be reached and only pydantic is missing, run 'bash scripts/gpu-wheels.sh $pyver' on a" \
+                 "machine with network and bring .whl/ along (it fetches pydantic and what it needs)"
             exit 1
         }
     fi
