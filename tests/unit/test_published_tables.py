@@ -15,6 +15,14 @@ ROW = "   1048576    262144  float  sum  -1   82.17   12.76   24.73  0   82.21  
 ROW2 = "   2097152    524288  float  sum  -1   132.2   15.86   30.74  0   132.2   15.86   30.74  0"
 
 
+def test_only_a_version_line_gives_the_release():
+    # "NCCL versions differ ..." is a sentence, not NCCL's version line (read as "s differ").
+    log = parse_published_table(f"NCCL versions differ between the ranks\n{ROW}\n{ROW2}\n", "t")
+    assert log.nccl_version == ""
+    assert parse_published_table(f"RCCL version : 2.22.3-develop\n{ROW}\n", "t").nccl_version == "2.22.3-develop"
+    assert parse_published_table(f"NCCL version 2.27.3+cuda12.8\n{ROW}\n", "t").nccl_version == "2.27.3+cuda12.8"
+
+
 def test_rows_without_headers_and_with_launcher_tags():
     log = parse_published_table(f" 0: {ROW}\n[1,0]<stdout>: {ROW2}\n", "t")
     assert [r.size_bytes for r in log.rows] == [1048576, 2097152]

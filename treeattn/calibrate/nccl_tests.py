@@ -74,6 +74,8 @@ _STARTING = re.compile(r"^#?\s*Collective test starting:\s*(\S+)")
 """nccl-tests 2.13 and later name the test before the header."""
 _LIBRARY = re.compile(r"^#\s*nccl-tests version \S+ nccl-headers=\d+ nccl-library=(\d+)")
 """nccl-tests 2.17.4 and later print the NCCL they ran with as its version code first."""
+_VERSION_LINE = re.compile(r"^[NR]CCL version\s*:?\s*\d")
+"""NCCL's ``NCCL version 2.24.3+cuda12.6`` and rccl-tests' ``RCCL version : 2.22.3-develop``."""
 _REDUCED = re.compile(r"^#\s*Reducing maxBytes to (\d+) due to memory limitation")
 """Where the buffers of ``maxBytes`` would not fit the GPU, nccl-tests lowers it (and ``minBytes``
 with it, where that is larger) before the first row and says so."""
@@ -187,7 +189,7 @@ def _run_line(line: str) -> tuple[str, str] | None:
         return "test", m.group(1)
     if m := _LIBRARY.match(line):
         return "release", release_of_code(int(m.group(1)))
-    if line.startswith(("NCCL version", "RCCL version")):
+    if _VERSION_LINE.match(line):  # not "NCCL versions differ ..."
         return "version", line.split("version", 1)[1].strip(" :")
     return None
 
