@@ -46,7 +46,11 @@ def test_a_root_result_tree_ends_where_its_parents_say(tmp_path):
     assert saved.read_bytes() == (tmp_path / "cli.yaml").read_bytes()
     other = run_cli("plan", "-t", "cpu:ranks=4", "-m", "llama-3.1-8b", "-n", "64K", "--algorithm", "tree",
                     "--parents=2,2,-1,1", "--result", "root:1", "-o", str(tmp_path / "other.yaml"))
-    assert other.exit_code == 2 and "parents give -1 (rank 2); the result names root 1" in other.stderr
+    assert other.exit_code == 2 and "parents give -1 (rank 2), not at root 1 (given)" in other.stderr
+    # --root with result root alone names the root (the parents' here), as root= does in build_plan
+    named = run_cli("plan", "-t", "cpu:ranks=4", "-m", "llama-3.1-8b", "-b", "2", "-n", "64K", "--algorithm", "tree",
+                    "--parents=2,2,-1,1", "--result", "root", "--root", "2", "-o", str(tmp_path / "named.yaml"))
+    assert named.exit_code == 0 and (tmp_path / "named.yaml").read_bytes() == saved.read_bytes(), named.stderr
 
 
 @pytest.mark.parametrize(("algorithm", "kwargs", "needle"), [
@@ -68,11 +72,22 @@ def test_a_root_result_tree_ends_where_its_parents_say(tmp_path):
     ("tree", {"parents": [-1, "0"]}, "build_plan parents must be a parent per rank"),
     ("kary", {"fanout": True}, "build_plan fanout must be an integer"),
     ("tree", {"parents": [1, -1, 1, 1, 1, 1, 1, 1], "result": "root:0"},
-     "algorithm 'tree' ends at the rank its parents give -1 \\(rank 1\\); the result names root 0"),
+     "algorithm 'tree' ends at the rank its parents give -1 \\(rank 1\\), not at root 0 \\(given\\)"),
 ])
 def test_bad_input_raises_the_library_error_naming_it(algorithm, kwargs, needle):
     with pytest.raises(TreeattnError, match=needle):
         treeattn.build_plan("dgx-h100", "llama-3.1-8b", algorithm, batch=1, seq_len="128K", **kwargs)
+
+
+@pytest.mark.parametrize("algorithm", ["star", "binomial", "kary", "chain", "allreduce2"])
+def test_a_search_root_pick_is_rebuilt_from_its_build_params(algorithm):
+    # A search for root:2 gives its candidates build_params {result: root, root: 2}: result root
+    # alone takes the root given (rank 0 only where none is).
+    plan = treeattn.build_plan("cpu:ranks=4", "llama-3.1-8b", algorithm, batch=2, seq_len="64K", result="root",
+                               root=2)
+    assert plan.result == "root:2" and plan.result_ranks == (2,)
+    assert treeattn.build_plan("cpu:ranks=4", "llama-3.1-8b", algorithm, batch=2, seq_len="64K",
+                               result="root").result == "root:0"
 
 
 def test_a_workload_is_taken_as_it_is():

@@ -325,6 +325,20 @@ def test_compare_leaves_out_the_lengths_whose_kv_cache_fits_no_device():
     assert gone["why"].startswith("N=100M: workload: rank 0's KV cache of 80 layers is") and "over 1 TiB" in gone["why"]
 
 
+def test_compare_refuses_a_workload_file_whose_own_length_no_device_holds(tmp_path):
+    # The file's own seq_len is the file's error, whatever -n compares (not an -n left out).
+    wl = tmp_path / "mid.yaml"
+    wl.write_text("model: llama-3.1-70b\nbatch: 1\nseq_len: 64M\n")
+    res = run_cli("compare", "-t", "dgx-h100", "--nodes", "1,4", "-n", "64K", "--workload", str(wl))
+    assert res.exit_code == 2 and res.stderr.startswith(f"error: {wl}: workload: rank 0's KV cache of 80 layers is "
+                                                        "2.5 TiB, over 1 TiB"), res.stderr
+    wl.write_text("model: llama-3.1-70b\nbatch: 1\n")  # no length of its own: -n's lengths are compared
+    res = run_cli("compare", "-t", "dgx-h100", "--nodes", "1,4", "-n", "64K,100M", "--workload", str(wl), "--json")
+    assert res.exit_code == 0, res.stderr
+    assert {(x["topology"], x["seq_len"]) for x in json.loads(res.stdout)["left_out"]} == {
+        ("dgx-h100", 104857600), ("dgx-h100:nodes=4", 104857600)}
+
+
 @pytest.mark.parametrize(("fraction", "advice"), [("0.9", "use more ranks or a larger --mem-fraction"),
                                                    ("1", "use more ranks")])
 def test_plan_that_fits_nowhere_advises_only_what_can_help(tmp_path, fraction, advice):

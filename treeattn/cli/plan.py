@@ -280,7 +280,8 @@ def plan_cmd(
     else:
         from treeattn.api import named_plan, node_groups
 
-        if root is not None and result_root is not None and root != result_root:
+        # --result root alone is rank 0 unless --root names another (a tree: its parents' root)
+        if root is not None and ":" in result and root != result_root:
             raise InputError(f"--root {root} and --result {result} name different roots")
         from treeattn.plan.builders import ALGORITHMS
 

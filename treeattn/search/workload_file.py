@@ -310,6 +310,7 @@ def load_workload(path: str | Path, *, ranks: int | None = None,
     data = _read_workload_data(Path(path))
     if data is None:  # empty, comments only, or a bare 'workload:': no key given, as {}
         data = {}
+    own_length = isinstance(data, dict) and bool({"seq_len", "split"} & set(data))
     if missing and isinstance(data, dict):
         kind = _kind(data)
         if "bytes" in missing:  # --bytes: a raw payload; a raw file, or one of no key, may leave it the size
@@ -318,7 +319,12 @@ def load_workload(path: str | Path, *, ranks: int | None = None,
                 data.setdefault("bytes", missing["bytes"])
         elif kind != "raw":
             data = {**data, **_what_the_file_lacks(data, missing)}
-    return workload_from_dict(data, ranks=ranks, where=str(path), file=True)
+    try:
+        return workload_from_dict(data, ranks=ranks, where=str(path), file=True)
+    except KVCacheTooLargeError as exc:
+        if own_length:  # the file's own length: the file is wrong, whatever -n says (compare leaves out a -n)
+            raise WorkloadError(str(exc)) from None
+        raise
 
 
 def _kind(data: Mapping[str, Any]) -> Any:  # noqa: ANN401 - as written, checked by workload_from_dict
