@@ -60,7 +60,8 @@ if ! "$PY" -c "$deps" 2>/dev/null; then
             pyver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
             missing=$("$PY" -c "import importlib.util as u
 print(' '.join(m for m in '${deps#import }'.split(', ') if u.find_spec(m) is None))")
-            echo "gpu-check: $PY lacks $missing and pip could not install them (above); where PyPI cannot" \
+            echo "gpu-check: $PY lacks ${missing:-working copies of its dependencies} and pip could" \
+                 "not install them (above); where PyPI cannot" \
                  "be reached and only pydantic is missing, run 'bash scripts/gpu-wheels.sh $pyver' on a" \
                  "machine with network and bring .whl/ along (it fetches pydantic and what it needs)"
             exit 1

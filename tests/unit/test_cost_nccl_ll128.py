@@ -113,3 +113,25 @@ def test_gpus_without_peer_to_peer_run_no_ll128():
     off = replace(topo, cost=topo.cost.updated(p2p_level="LOC"))
     assert "LL128" in _protocols(topo)
     assert _protocols(off) == {"LL", "Simple"} and nccl_fabric.fabric(off).intra_hw == "pci"
+
+
+def test_a_ring_comes_back_by_the_nic_it_left_by(tmp_path):
+    # Four GPUs, each alone with its NIC (PIX), the others' NICs across the sockets (SYS): the
+    # ring leaves and re-enters a node by one NIC, which the second GPU reaches by PXN through
+    # the first. Hopper's limit takes PXN, Ampere's (PXB) does not.
+    hopper = _cluster(tmp_path, NV6, "H100-SXM5-80GB", None)
+    ampere = _cluster(tmp_path, NV6, "A100-SXM4-80GB", None)
+    assert nccl_paths.inter_types(ampere, [0, 1, 2, 3], 4, (2, 30, 7), hopper=False) == ("PXN", "PXN")
+    assert "LL128" in _protocols(hopper)
+    assert _protocols(ampere) == {"LL", "Simple"}
+    # DGX A100: two GPUs and two NICs under each switch (PXB): its ring keeps LL128.
+    assert "LL128" in _protocols(resolve("dgx-a100:nodes=2"))
+
+
+def test_a_p2p_level_below_the_path_is_host_memory():
+    three = resolve("dgx1-v100[ranks 0,1,5]")
+    level_nvl = replace(three, cost=three.cost.updated(p2p_level="NVL"))  # the NVB pair 0-5 past it
+    assert nccl_paths.intra_type(level_nvl, [0, 1, 2]) == nccl_paths.BEYOND_NVB
+    racks = resolve("gb200-nvl72:racks=2")  # NVLink across trays, P2P off: no LL128 there either
+    off = replace(racks, cost=racks.cost.updated(p2p_level="LOC"))
+    assert not nccl_fabric.fabric(off).ll128 and nccl_fabric.fabric(off).intra_hw == "pci"

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 from treeattn.cost import msccl
 from treeattn.cost.nccl_channels import comm_channels, graph_channels
-from treeattn.cost.nccl_paths import inter_types, intra_type, ll128_enabled
+from treeattn.cost.nccl_paths import NcclPaths, ll128_enabled
 from treeattn.cost.nccl_rates import (
     cpu_vendor,
     fabric_bw,
@@ -214,9 +214,10 @@ def fabric(topo: Topology) -> NcclFabric:
     n_nics, nic_gbps = 0, 0.0
     fabric_peers = False
     release = nccl_release(topo.cost.nccl_version) if topo.cost.nccl_version is not None else NEWEST
-    hopper = arch in ("hopper", "blackwell")
+    hopper = arch in ("hopper", "blackwell")  # MI300X too: HIP gives gfx942 compute capability 9.4
     # NCCL's path types (nccl_paths): what decides LL128 and the intra-node hop latencies.
-    type_intra = max((intra_type(topo, ranks) for ranks in per_node.values()), key=P2P_LEVELS.index)
+    paths = NcclPaths(topo)
+    type_intra = max((paths.intra_type(ranks) for ranks in per_node.values()), key=P2P_LEVELS.index)
     inter_ring = inter_tree = "LOC"
     if nodes > 1:
         ordered = [ranks for _, ranks in sorted(per_node.items())]
@@ -241,7 +242,7 @@ def fabric(topo: Topology) -> NcclFabric:
                     nxt_first.setdefault(_nic_of(topo, r, out, per_node), r)
                 targets = [r for _, r in sorted(nxt_first.items())]
                 chans = [(r, targets[k % len(targets)], nic_bw(out.get(nic, ()))) for k, (nic, r) in enumerate(nics)]
-                ring_type, tree_type = inter_types(topo, ranks, nxt[0], release, hopper)
+                ring_type, tree_type = paths.inter_types(ranks, nxt[0], release, hopper)
                 inter_ring = max(inter_ring, ring_type, key=P2P_LEVELS.index)
                 inter_tree = max(inter_tree, tree_type, key=P2P_LEVELS.index)
             inter = min(inter, sum(bw for _, _, bw in chans))

@@ -685,6 +685,13 @@ class Topology:
             return ()
         return self._index.device_route(self.ranks[src], self.ranks[dst])
 
+    def device_route(self, src: str, dst: str) -> tuple[int, ...]:
+        """Link indices from device ``src`` to device ``dst`` (by name), routed as ``route``
+        routes ranks' messages: a GPU's path to a NIC other than its own."""
+        self.device(src)
+        self.device(dst)
+        return () if src == dst else self._index.device_route(src, dst)
+
     def route_links(self, src: int, dst: int) -> list[Link]:
         return [self.links[i] for i in self.route(src, dst)]
 
