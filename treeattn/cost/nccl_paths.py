@@ -132,11 +132,14 @@ class NcclPaths:
         self._to_nic: dict[tuple[str, str], str] = {}
         self._peers: dict[str, set[str]] = {}
         up: dict[str, set[str]] = {}
+        joined: dict[str, set[str]] = {}  # PCIe neighbours either way (a link may run one way only)
         for ln in topo.links:
             if ln.cls is LinkClass.GPU_FABRIC:
                 self._peers.setdefault(ln.src, set()).add(ln.dst)
             elif ln.cls is LinkClass.PCIE:
                 up.setdefault(ln.src, set()).add(ln.dst)
+                joined.setdefault(ln.src, set()).add(ln.dst)
+                joined.setdefault(ln.dst, set()).add(ln.src)
         self._parent = {name: next(iter(ups)) for name, ups in up.items() if len(ups) == 1}
         """A device's one PCIe neighbour, where it has one: its GPU's paths go on from there."""
         self._c2c = {ln.src for ln in topo.links if ln.kind is LinkKind.C2C}
@@ -144,13 +147,13 @@ class NcclPaths:
         """Per device, the PCIe tree below a CPU it hangs in (devices joined by PCIe links
         without a CPU between them): a GPU and a NIC in different ones meet only through a CPU."""
         cpus = {d.name for d in topo.devices if d.kind is DeviceKind.CPU}
-        for start in up:
+        for start in joined:
             if start in cpus or start in self._under:
                 continue
             tree, todo = len(self._under), [start]
             self._under[start] = tree
             while todo:
-                for nxt in up.get(todo.pop(), ()):
+                for nxt in joined.get(todo.pop(), ()):
                     if nxt not in cpus and nxt not in self._under:
                         self._under[nxt] = tree
                         todo.append(nxt)

@@ -206,7 +206,7 @@ def _parents_root(parents: Any, root: int) -> None:
         tops = [i for i, x in enumerate(parents) if type(x) is int and x == -1]
         if len(tops) == 1 and tops[0] != root:
             raise InputError(f"algorithm 'tree' ends at the rank its parents give -1 (rank {tops[0]}), not at root "
-                             f"{root} (given): give that rank, or result root alone")
+                             f"{root} (given): name that rank (--root, root=, or result root:R), or none")
     return None
 
 
