@@ -325,13 +325,19 @@ def test_compare_leaves_out_the_lengths_whose_kv_cache_fits_no_device():
     assert gone["why"].startswith("N=100M: workload: rank 0's KV cache of 80 layers is") and "over 1 TiB" in gone["why"]
 
 
-def test_compare_refuses_a_workload_file_whose_own_length_no_device_holds(tmp_path):
-    # The file's own seq_len is the file's error, whatever -n compares (not an -n left out).
+def test_a_workload_files_own_length_no_device_holds_is_refused_unless_replaced(tmp_path):
+    # 70B at 64M tokens is 2.5 TiB of KV a rank on one node: the file's error, said as the
+    # file's, where nothing replaces its length; -n's length replaces it (and is what is checked).
     wl = tmp_path / "mid.yaml"
     wl.write_text("model: llama-3.1-70b\nbatch: 1\nseq_len: 64M\n")
-    res = run_cli("compare", "-t", "dgx-h100", "--nodes", "1,4", "-n", "64K", "--workload", str(wl))
+    res = run_cli("plan", "-t", "dgx-h100", "--workload", str(wl), "-o", str(tmp_path / "p.yaml"))
     assert res.exit_code == 2 and res.stderr.startswith(f"error: {wl}: workload: rank 0's KV cache of 80 layers is "
                                                         "2.5 TiB, over 1 TiB"), res.stderr
+    res = run_cli("compare", "-t", "dgx-h100", "--nodes", "1,4", "-n", "64K", "--workload", str(wl), "--json")
+    assert res.exit_code == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert {(r["topology"], r["seq_len"]) for r in out["rows"]} == {("dgx-h100", 65536), ("dgx-h100:nodes=4", 65536)}
+    assert out["left_out"] == []
     wl.write_text("model: llama-3.1-70b\nbatch: 1\n")  # no length of its own: -n's lengths are compared
     res = run_cli("compare", "-t", "dgx-h100", "--nodes", "1,4", "-n", "64K,100M", "--workload", str(wl), "--json")
     assert res.exit_code == 0, res.stderr

@@ -301,7 +301,8 @@ def load_workload(path: str | Path, *, ranks: int | None = None,
         missing: what a decode shape needs and the file may leave to flags: the length
             (``seq_len`` or ``split``) where the file gives neither, and the heads (``model``, or
             ``q_heads`` and ``head_dim``) where the file has no way to them. A file of one model's
-            shape is then planned at every ``-n`` and compared over ``--seq-lens``. Given
+            shape is then planned at every ``-n`` and compared over ``--seq-lens``; a length
+            of its own that no device holds is checked at the one given here instead. Given
             ``bytes`` (``--bytes``), a raw file or one of no key takes it as its size.
 
     Returns:
@@ -322,9 +323,15 @@ def load_workload(path: str | Path, *, ranks: int | None = None,
     try:
         return workload_from_dict(data, ranks=ranks, where=str(path), file=True)
     except KVCacheTooLargeError as exc:
-        if own_length:  # the file's own length: the file is wrong, whatever -n says (compare leaves out a -n)
-            raise WorkloadError(str(exc)) from None
-        raise
+        if not own_length:
+            raise  # the flags' length: compare leaves that length out
+        if isinstance(missing, Mapping) and {"seq_len", "split"} & {k for k, v in missing.items() if v is not None}:
+            # A length of the file's own that the flags replace decides nothing: the shape is
+            # checked at theirs (the caller then builds it with them).
+            length = {k: missing[k] for k in ("seq_len", "split") if missing.get(k) is not None}
+            kept = {k: v for k, v in data.items() if k not in ("seq_len", "split")}
+            return workload_from_dict({**kept, **length}, ranks=ranks, where=str(path), file=True)
+        raise WorkloadError(str(exc)) from None  # the file's own length, which no flag replaces
 
 
 def _kind(data: Mapping[str, Any]) -> Any:  # noqa: ANN401 - as written, checked by workload_from_dict
