@@ -79,14 +79,22 @@ def test_bad_input_raises_the_library_error_naming_it(algorithm, kwargs, needle)
         treeattn.build_plan("dgx-h100", "llama-3.1-8b", algorithm, batch=1, seq_len="128K", **kwargs)
 
 
-@pytest.mark.parametrize("algorithm", ["star", "binomial", "kary", "chain", "allreduce2"])
-def test_a_search_root_pick_is_rebuilt_from_its_build_params(algorithm):
-    # A search for root:2 gives its candidates build_params {result: root, root: 2}: result root
-    # alone takes the root given (rank 0 only where none is).
-    plan = treeattn.build_plan("cpu:ranks=4", "llama-3.1-8b", algorithm, batch=2, seq_len="64K", result="root",
-                               root=2)
-    assert plan.result == "root:2" and plan.result_ranks == (2,)
-    assert treeattn.build_plan("cpu:ranks=4", "llama-3.1-8b", algorithm, batch=2, seq_len="64K",
+def test_every_candidate_of_a_root_search_is_rebuilt_from_its_build_params(tmp_path):
+    # plan --json lists each candidate's builder and build_params ({result: root, root: 2}, a
+    # tree's parents): build_plan takes them as they are and gives the plan the search timed.
+    import json
+
+    res = run_cli("plan", "-t", "cpu:ranks=4", "-m", "llama-3.1-8b", "-b", "2", "-n", "64K", "--result", "root:2",
+                  "--json", "-o", str(tmp_path / "p.yaml"))
+    assert res.exit_code == 0, res.stderr
+    candidates = json.loads(res.stdout)["candidates"]
+    assert {"star", "binomial", "kary", "chain", "allreduce2", "tree"} <= {c["builder"] for c in candidates}
+    for c in candidates:
+        plan = treeattn.build_plan("cpu:ranks=4", "llama-3.1-8b", c["builder"], batch=2, seq_len="64K",
+                                   chunks=c["chunks"], **c["build_params"])
+        assert plan.result == "root:2" and plan.predicted_us == pytest.approx(c["predicted_us"], rel=1e-9), c
+    # result root alone, with no root given, is rank 0
+    assert treeattn.build_plan("cpu:ranks=4", "llama-3.1-8b", "star", batch=2, seq_len="64K",
                                result="root").result == "root:0"
 
 
