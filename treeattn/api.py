@@ -224,7 +224,7 @@ def build_plan(topology: str | os.PathLike | Topology, workload_or_model: Payloa
         ('dcp-a2a', 'heads')
     """
     from treeattn.cost.memory import check_kv_fits
-    from treeattn.plan.builders import bare_root
+    from treeattn.plan.builders import build_root
 
     unknown = sorted(set(options) - set(_ALGORITHM_OPTIONS) - set(_WORKLOAD_OPTIONS) - {"mem_fraction"})
     if unknown:
@@ -241,12 +241,10 @@ def build_plan(topology: str | os.PathLike | Topology, workload_or_model: Payloa
         topo = _topology(topology, "build_plan")
         workload = _workload(topo, workload_or_model, batch, seq_len, options, "build_plan")
         layout, root = parse_result(result, topo.num_ranks)
-        if root is not None and ":" in str(result):
-            if kw.get("root", root) != root:
-                raise InputError(f"build_plan root={kw['root']} and result={result!r} name different roots")
+        root = build_root(algorithm, result, root, kw.get("root"),
+                          f"build_plan root={kw.get('root')} and result={result!r} name different roots")
+        if root is not None:
             kw["root"] = root
-        elif root is not None and not bare_root(algorithm, result):  # result 'root' alone: rank 0 unless root=
-            kw.setdefault("root", root)
         kw["result"] = layout  # "all" too: an algorithm that does not build it is refused, not switched
         if algorithm == "hierarchical" and "groups" not in kw and "group_size" not in kw:
             kw["groups"] = node_groups(topo)

@@ -59,8 +59,8 @@ def test_gpus_far_from_the_nic_reach_it_through_an_nvlink_peer_on_hopper_only(tm
     hopper = _cluster(tmp_path, NV6, "H100-SXM5-80GB", "NODE", lines="GPU[123]|NIC[123]")
     ranks = list(range(4))
     assert [nccl_paths.net_path_type(hopper, r, 4) for r in ranks] == ["PIX", "PHB", "PHB", "PHB"]
-    assert nccl_paths.inter_types(hopper, ranks, 4, (2, 30, 7), hopper=True) == ("PXN", "PIX")
-    assert nccl_paths.inter_types(hopper, ranks, 4, (2, 30, 7), hopper=False) == ("PXN", "PXN")
+    assert nccl_paths.NcclPaths(hopper).inter_types(ranks, 4, (2, 30, 7), hopper=True) == ("PXN", "PIX")
+    assert nccl_paths.NcclPaths(hopper).inter_types(ranks, 4, (2, 30, 7), hopper=False) == ("PXN", "PXN")
     assert "LL128" in _protocols(hopper)
     # Before 2.17.1 Hopper's limit was PXB too (topologies name 2.19 on: the rule itself).
     assert not nccl_paths.ll128_enabled("NVL", "PXN", hopper=True, rccl=False, release=(2, 16, 5))
@@ -97,10 +97,10 @@ def test_a_ring_that_crosses_pcie_between_nvlink_islands_runs_no_ll128():
 def test_only_the_communicators_gpus_join_a_path():
     # DGX-1: GPUs 0 and 5 have no NVLink of their own (their route crosses both CPUs), and no
     # rank joins them; 0-1-5 ring through GPU 1 (NVB): LL128 on, PCIe's hop latencies.
-    assert nccl_paths.intra_type(resolve("dgx1-v100[ranks 0,5]"), [0, 1]) == nccl_paths.BEYOND_NVB
+    assert nccl_paths.NcclPaths(resolve("dgx1-v100[ranks 0,5]")).intra_type([0, 1]) == nccl_paths.BEYOND_NVB
     assert _protocols(resolve("dgx1-v100[ranks 0,5]")) == {"LL", "Simple"}
     three = resolve("dgx1-v100[ranks 0,1,5]")
-    assert nccl_paths.intra_type(three, [0, 1, 2]) == "NVB"
+    assert nccl_paths.NcclPaths(three).intra_type([0, 1, 2]) == "NVB"
     assert "LL128" in _protocols(three) and nccl_fabric.fabric(three).intra_hw == "pci"
     # NVL only before 2.18.3, and on RCCL.
     assert not nccl_paths.ll128_enabled("NVB", "LOC", hopper=False, rccl=False, release=(2, 18, 1))
@@ -121,7 +121,7 @@ def test_a_ring_comes_back_by_the_nic_it_left_by(tmp_path):
     # the first. Hopper's limit takes PXN, Ampere's (PXB) does not.
     hopper = _cluster(tmp_path, NV6, "H100-SXM5-80GB", None)
     ampere = _cluster(tmp_path, NV6, "A100-SXM4-80GB", None)
-    assert nccl_paths.inter_types(ampere, [0, 1, 2, 3], 4, (2, 30, 7), hopper=False) == ("PXN", "PXN")
+    assert nccl_paths.NcclPaths(ampere).inter_types([0, 1, 2, 3], 4, (2, 30, 7), hopper=False) == ("PXN", "PXN")
     assert "LL128" in _protocols(hopper)
     assert _protocols(ampere) == {"LL", "Simple"}
     # DGX A100: two GPUs and two NICs under each switch (PXB): its ring keeps LL128.
@@ -131,7 +131,7 @@ def test_a_ring_comes_back_by_the_nic_it_left_by(tmp_path):
 def test_a_p2p_level_below_the_path_is_host_memory():
     three = resolve("dgx1-v100[ranks 0,1,5]")
     level_nvl = replace(three, cost=three.cost.updated(p2p_level="NVL"))  # the NVB pair 0-5 past it
-    assert nccl_paths.intra_type(level_nvl, [0, 1, 2]) == nccl_paths.BEYOND_NVB
+    assert nccl_paths.NcclPaths(level_nvl).intra_type([0, 1, 2]) == nccl_paths.BEYOND_NVB
     racks = resolve("gb200-nvl72:racks=2")  # NVLink across trays, P2P off: no LL128 there either
     off = replace(racks, cost=racks.cost.updated(p2p_level="LOC"))
     assert not nccl_fabric.fabric(off).ll128 and nccl_fabric.fabric(off).intra_hw == "pci"

@@ -279,12 +279,10 @@ def plan_cmd(
         plan, report = res.best, res.to_dict()
     else:
         from treeattn.api import named_plan, node_groups
+        from treeattn.plan.builders import ALGORITHMS, build_root
 
-        # --result root alone is rank 0 unless --root names another (a tree: its parents' root)
-        if root is not None and ":" in result and root != result_root:
-            raise InputError(f"--root {root} and --result {result} name different roots")
-        from treeattn.plan.builders import ALGORITHMS
-
+        conflict = f"--root {root} and --result {result} name different roots"
+        root = build_root(algorithm, result, result_root, root, conflict)
         if whole_rows and algorithm in ALGORITHMS and "all" not in ALGORITHMS[algorithm].results:
             raise InputError(f"--whole-rows keeps each rank's own heads of an all plan; {algorithm} builds "
                              f"no all plan")
@@ -293,10 +291,6 @@ def plan_cmd(
                              f"(not {result})")
         if whole_rows and chunks not in (None, 1):
             raise InputError(f"--whole-rows sends every row in one message: --chunks must be 1, not {chunks}")
-        from treeattn.plan.builders import bare_root
-
-        if root is None and not bare_root(algorithm, result):
-            root = result_root
         kw = _build_kwargs(topo.num_ranks, root=root, fanout=fanout,
                            groups=groups, order=order, parents=parents, roots=roots, trees=trees, shape=shape,
                            intra=intra, inter=inter, result=layout,
@@ -568,8 +562,7 @@ def compare_cmd(
     if note := latent_value_note(shape):
         typer.echo(f"warning: {note}", err=True)
     for t in topos:
-        w = next(at for (name, _), at in built.items() if name == t.name) if any(
-            name == t.name for name, _ in built) else shape
+        w = next((at for (name, _), at in built.items() if name == t.name), shape)
         warn_topology(t)
         note_attention(t, w)
         layout, root = parse_result(result, t.num_ranks, on=t.name, what="--result")

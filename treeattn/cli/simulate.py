@@ -251,18 +251,18 @@ def nccl_model_cmd(
     """NCCL's pick, and every algorithm x protocol its tuning model considers, for one collective."""
     from treeattn.cost import nccl, nccl_fabric, nccl_tuning
     from treeattn.cost.library import link_rates_note
-    from treeattn.cost.nvls import DTYPE_ALIASES, REDUCTION_DTYPES, REDUCTION_OPS
+    from treeattn.cost.nvls import DTYPE_ALIASES, REDUCTION_DTYPES, REDUCTION_OPS, dtype_name
     from treeattn.plan.ir import REDUCTIONS
     from treeattn.topology.library import resolve
 
-    dtype_name = DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
-    if dtype_name not in REDUCTION_DTYPES:
+    name = dtype_name(dtype)
+    if name not in REDUCTION_DTYPES:
         raise InputError(f"--dtype {dtype!r}: choose one of {', '.join(REDUCTION_DTYPES)} (or "
                          f"{', '.join(DTYPE_ALIASES)})")
     if op.lower() not in REDUCTION_OPS:
         raise InputError(f"--op {op!r}: choose one of {', '.join(REDUCTION_OPS)}")
-    reduction = (dtype_name, op.lower())
-    elem = REDUCTION_DTYPES[dtype_name]
+    reduction = (name, op.lower())
+    elem = REDUCTION_DTYPES[name]
 
     coll = nccl_tuning.Collective.parse(collective)
     topo = resolve(topology)
@@ -273,7 +273,7 @@ def nccl_model_cmd(
                          "not NCCL; treeattn simulate times a plan's gloo collectives there")
     size = parse_size(nbytes, "--bytes", least=1)
     if size % elem:
-        raise InputError(f"--bytes must be a whole number of {dtype_name} elements ({elem} bytes each), got {size}")
+        raise InputError(f"--bytes must be a whole number of {name} elements ({elem} bytes each), got {size}")
     warn_topology(topo)
     fab = nccl_fabric.fabric(topo)
     nvls = (nccl_tuning.Algorithm.NVLS, nccl_tuning.Algorithm.NVLS_TREE)

@@ -42,11 +42,11 @@ model assumes it wherever the NIC is within ``PATH_PXB``.
 
 from __future__ import annotations
 
-from treeattn.cost.nccl_rates import shm_pair
+from treeattn.cost.nccl_rates import shm_pair, via_type
 from treeattn.topology.model import P2P_LEVELS, DeviceKind, Link, LinkClass, LinkKind, Topology
 from treeattn.topology.nccl_version import Release
 
-__all__ = ["NcclPaths", "intra_type", "inter_types", "net_path_type", "ll128_enabled", "BEYOND_NVB"]
+__all__ = ["NcclPaths", "net_path_type", "ll128_enabled", "BEYOND_NVB"]
 
 NVB_INTRA_FROM: Release = (2, 18, 3)
 """The first release whose LL128 allows ``typeIntra`` NVB (``PATH_NVL`` before)."""
@@ -106,17 +106,13 @@ def _hops_type(topo: Topology, hops: list[Link]) -> str:
     """The path type of ``hops`` from a GPU to a NIC (``net_path_type``)."""
     via = [topo.device(ln.dst) for ln in hops[:-1]]
     gpus = [i for i, d in enumerate(via) if d.kind is DeviceKind.GPU]
-    rest = via[gpus[-1] + 1:] if gpus else via
-    cpus = {d.name for d in rest if d.kind is DeviceKind.CPU}
+    after = gpus[-1] + 1 if gpus else 0
     if not hops:
         kind = "LOC"
-    elif len(cpus) > 1:
-        kind = "SYS"
-    elif cpus:
-        c2c = any(ln.kind is LinkKind.C2C for ln in hops[gpus[-1] + 1 if gpus else 0:])
-        kind = "P2C" if c2c else "PHB"
     else:
-        kind = "PXB" if sum(d.kind is DeviceKind.PCIE_SWITCH for d in rest) > 1 else "PIX"
+        kind = via_type(via[after:])
+        if kind == "PHB" and any(ln.kind is LinkKind.C2C for ln in hops[after:]):
+            kind = "P2C"  # the one CPU reached by C2C (Grace)
     if gpus and _level(kind) <= _level("PXB"):
         return "PXN"
     return kind
@@ -245,16 +241,6 @@ class NcclPaths:
             ring = min(ring, order[1] if len(order) > 1 else order[0], key=_level)
             tree = min(tree, order[0], key=_level)
         return ring, tree if hopper else ring
-
-
-def intra_type(topo: Topology, ranks: list[int]) -> str:
-    """``NcclPaths.intra_type`` on ``topo``."""
-    return NcclPaths(topo).intra_type(ranks)
-
-
-def inter_types(topo: Topology, ranks: list[int], other: int, release: Release, hopper: bool) -> tuple[str, str]:
-    """``NcclPaths.inter_types`` on ``topo``."""
-    return NcclPaths(topo).inter_types(ranks, other, release, hopper)
 
 
 def ll128_enabled(intra: str, inter: str, hopper: bool, rccl: bool, release: Release) -> bool:

@@ -27,10 +27,10 @@ bandwidth, or the host's measured ``cost.shm_gbps`` (``NcclFabric.shm_gbps``,
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from treeattn.cost.nccl_tuning import NET_ACHIEVED, Protocol, nccl_arch
-from treeattn.topology.model import P2P_LEVELS, DeviceKind, Link, LinkClass, LinkKind, Topology
+from treeattn.topology.model import P2P_LEVELS, Device, DeviceKind, Link, LinkClass, LinkKind, Topology
 from treeattn.topology.nccl_version import NEWEST, Release, nccl_release
 from treeattn.topology.plausible import NVLINK_PER_LINK_GBPS, XGMI_PER_LINK_GBPS
 
@@ -45,6 +45,7 @@ __all__ = [
     "cpu_vendor",
     "p2p_level",
     "pcie_path_type",
+    "via_type",
     "node_pairs",
     "shm_pair",
     "shm_reason",
@@ -266,7 +267,12 @@ def pcie_path_type(topo: Topology, a: int, b: int) -> str:
     node: SYS where it crosses two CPU sockets, PHB through one, PXB through several PCIe
     switches, else PIX (``src/graph/paths.cc`` ``ncclTopoSetPaths``)."""
     links = topo.links
-    via = [topo.device(links[i].dst) for i in topo.route(a, b)[:-1]]
+    return via_type([topo.device(links[i].dst) for i in topo.route(a, b)[:-1]])
+
+
+def via_type(via: Sequence[Device]) -> str:
+    """NCCL's type of a PCIe path through the devices ``via`` (its ends left out): SYS through
+    two CPU sockets, PHB through one, PXB through several PCIe switches, else PIX."""
     cpus = {d.name for d in via if d.kind is DeviceKind.CPU}
     if cpus:
         return "SYS" if len(cpus) > 1 else "PHB"

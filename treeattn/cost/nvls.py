@@ -64,7 +64,7 @@ from treeattn.topology.nccl_version import NEWEST, Release, by_release
 
 __all__ = ["NVLS_EFFICIENCY", "NVLS_ACHIEVED", "NVLS_CHANNELS", "NVLS_CHUNK", "nvls_allreduce", "nvls_graph",
            "nvls_chunk", "nvls_channels", "nvls_fill_bytes", "fill_loops", "chunked_gbps", "NVLS_CHUNK_US",
-           "nvls_reduces", "REDUCTION_DTYPES", "REDUCTION_OPS", "DTYPE_ALIASES"]
+           "nvls_reduces", "REDUCTION_DTYPES", "REDUCTION_OPS", "DTYPE_ALIASES", "dtype_name"]
 
 # device.h ncclNvlsSupported (the same in v2.19.3 and v2.30): the switch reduces 16-bit floats
 # and 32/64-bit integers by sum, min or max, fp32 and fp64 by sum only, nothing else (8-bit
@@ -79,6 +79,13 @@ DTYPE_ALIASES = {"fp32": "float", "float32": "float", "fp64": "double", "float64
 """treeattn's, rccl-tests' and other common names of nccl-tests' data types."""
 REDUCTION_OPS = ("sum", "prod", "max", "min", "avg", "mulsum")
 """nccl-tests' reduction ops (``src/common.cu`` test_opnames)."""
+
+
+def dtype_name(name: str) -> str:
+    """nccl-tests' name of a data type given by it or an alias (``bf16``: ``bfloat16``), in
+    lower case; a name neither knows is returned lower-cased."""
+    return DTYPE_ALIASES.get(name.lower(), name.lower())
+
 
 NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
 """tuning.cc nvlsEfficiency[] by compute capability (Volta and Ampere have no NVLS)."""
@@ -139,7 +146,7 @@ def nvls_reduces(dtype: str, op: str) -> bool:
     of float and double, nothing of 8-bit types, ``prod`` or ``avg`` (``src/include/device.h``
     ncclNvlsSupported, which ``src/enqueue.cc`` asks before choosing an algorithm); otherwise
     NCCL runs a ring or a tree."""
-    dtype, op = DTYPE_ALIASES.get(dtype.lower(), dtype.lower()), op.lower()
+    dtype, op = dtype_name(dtype), op.lower()
     if dtype in _NVLS_SUM_ONLY:
         return op == "sum"
     return dtype in _NVLS_MINMAX and op in ("sum", "min", "max")

@@ -177,7 +177,8 @@ def build(
                                               and workload.kind in sp.payloads))
     names = {p.name for p in spec.params}
     if algorithm == "tree" and root is not None and result == "root":
-        root = _parents_root(parents, root)
+        _check_parents_root(parents, root)
+        root = None  # the tree takes no other root
     given = {"root": root, "fanout": fanout, "parents": parents, "groups": groups, "order": order, "roots": roots}
     for name, value in given.items():
         if value is not None and name not in names:
@@ -198,22 +199,28 @@ def build(
     return _kept_heads(args, plan) if whole_rows else plan
 
 
-def _parents_root(parents: Any, root: int) -> None:
+def _check_parents_root(parents: Any, root: int) -> None:
     """A tree's root is where its parent list holds -1: ``root``, the one a result names, must be
-    it (None back: the tree takes no other root). A list without one root is left for the
-    builder to refuse."""
+    it. A list without one root is left for the builder to refuse."""
     if isinstance(parents, (list, tuple)):
         tops = [i for i, x in enumerate(parents) if type(x) is int and x == -1]
         if len(tops) == 1 and tops[0] != root:
             raise InputError(f"algorithm 'tree' ends at the rank its parents give -1 (rank {tops[0]}), not at root "
                              f"{root} (given): name that rank (--root, root=, or result root:R), or none")
-    return None
 
 
-def bare_root(algorithm: str, result: str) -> bool:
-    """Whether ``result`` is ``root`` without a rank for ``algorithm`` a tree, whose parent list
-    names its root (``root`` alone otherwise means rank 0, ``parse_result``)."""
-    return algorithm == "tree" and str(result) == "root"
+def build_root(algorithm: str, result: str, result_root: int | None, given: int | None, conflict: str) -> int | None:
+    """The root to build ``algorithm`` at, from ``result`` (``parse_result`` gave ``result_root``)
+    and a root ``given`` apart (``--root``, ``root=``): ``given``, which must be ``root:R``'s
+    R (else ``InputError(conflict)``); else R; ``root`` alone means rank 0, or for a tree the
+    root its parents name (None)."""
+    if given is not None:
+        if ":" in str(result) and given != result_root:
+            raise InputError(conflict)
+        return given
+    if result_root is None or (algorithm == "tree" and str(result) == "root"):
+        return None
+    return result_root
 
 
 def _whole_rows_result(spec: AlgorithmSpec, result: str | None, whole_rows: object, chunks: object) -> str:

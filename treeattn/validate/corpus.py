@@ -56,7 +56,7 @@ from treeattn.calibrate.nccl_tests import (
     printed_version,
     read_nccl_tests,
 )
-from treeattn.cost.nvls import DTYPE_ALIASES, REDUCTION_DTYPES
+from treeattn.cost.nvls import REDUCTION_DTYPES, dtype_name
 from treeattn.errors import InputError, ProbeError
 from treeattn.probe.text import read_input
 from treeattn.topology.library import installed_data_dir
@@ -177,8 +177,7 @@ class PublishedTable:
         """The bytes of one element of the rows' data type (4, nccl-tests' float, where the
         type is not printed or not one of nccl-tests' and rccl-tests' names): RCCL's MSCCL
         files cover element counts, not bytes."""
-        dtype = self.reduction[0].lower()
-        return REDUCTION_DTYPES.get(DTYPE_ALIASES.get(dtype, dtype), 4)
+        return REDUCTION_DTYPES.get(dtype_name(self.reduction[0]), 4)
 
 
 def corpus_dir() -> Path | None:
