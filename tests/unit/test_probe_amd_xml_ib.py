@@ -18,6 +18,7 @@ ROCM = FIX / "rocm-smi-showtopo.8x-mi308x.txt"
 IBM = FIX / "nccl-topo.ibm-gx3d-8xh100.xml"
 NDV4 = FIX / "nccl-topo.azure-ndv4-a100.xml"
 NDV5 = FIX / "nccl-topo.azure-ndv5-h100.xml"
+OCI = FIX / "nccl-topo.oci-bm-gpu4.8-a100.xml"
 IB200 = FIX / "ibstat.cx6-hdr200-partial.nccl-tests-128.txt"
 IB100 = FIX / "ibstat.cx6-hdr100-single.txt"
 
@@ -239,3 +240,32 @@ def test_ibstat_truncated_anywhere_refused_or_shorter():
             continue
         # Accepted only when whole CA blocks remain, each complete.
         assert got == full[: len(got)]
+
+
+def test_the_ports_of_one_nic_are_one_device_at_their_summed_rate():
+    # OCI's BM.GPU4.8 file: each GPU's PCIe switch holds one dual-port 100 Gb/s NIC (two <net> of
+    # one GUID), which NCCL 2.20.3+ merges into one 200 Gb/s device; read port by port, each GPU
+    # got one 100 Gb/s port and the other eight were called storage NICs.
+    r = probe(ProbeOptions(nccl_xml=OCI, nodes=2))
+    topo = r.topology
+    nics = sorted(d.name for d in topo.devices if d.kind is DeviceKind.NIC and d.node == 0)
+    assert len(nics) == 8 and "n0.mlx5_18+mlx5_19" in nics
+    gpus = [d for d in topo.devices if d.kind is DeviceKind.GPU and d.node == 0]
+    assert sorted(g.nic for g in gpus) == nics
+    up = {ln.bw_gbps for ln in topo.links if ln.src in nics and ln.dst.startswith("rail")}
+    assert up == {25.0}  # 200 Gb/s a NIC
+    assert any("NCCL_IB_MERGE_NICS" in a and "mlx5_18+mlx5_19" in a for a in r.assumptions)
+    assert not any("nearest to no GPU" in a for a in r.assumptions)
+    assert "8 NICs at 200 Gb/s" in topo.description
+
+
+def test_ports_of_different_guids_stay_apart(tmp_path):
+    two = tmp_path / "two.xml"
+    lines = OCI.read_text().splitlines(keepends=True)
+    i = next(i for i, ln in enumerate(lines) if 'name="mlx5_19"' in ln)
+    lines[i] = lines[i].replace('guid="0x4052c70003a1420c"', 'guid="0x4052c70003a1420d"')
+    assert 'a1420d"' in lines[i]
+    two.write_text("".join(lines))
+    r = probe(ProbeOptions(nccl_xml=two))
+    names = {d.name for d in r.topology.devices if d.kind is DeviceKind.NIC}
+    assert {"n0.mlx5_18", "n0.mlx5_19"} <= names and "n0.mlx5_18+mlx5_19" not in names

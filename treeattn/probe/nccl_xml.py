@@ -329,8 +329,20 @@ def _nvlinks(d, items, specs, bus_to_gpu, source) -> None:  # noqa: ANN001
         d.summary.append(f"direct NVLink on {len(done)} GPU pair(s)")
 
 
+def _ports(nets: list[XmlNode]) -> list[list[XmlNode | None]]:
+    """The network devices of one adapter's ``<net>`` ports: the ports of one GUID are one
+    device, as NCCL (2.20.3 and later, ``NCCL_IB_MERGE_NICS`` on by default: ``net_ib.cc``)
+    merges the ports of one PCI device, GUID and link layer, at their summed speed; ports
+    without a GUID are merged alike. An adapter without ports is one device."""
+    groups: dict[str, list[XmlNode | None]] = {}
+    for net in nets:
+        groups.setdefault(net.attrs.get("guid", ""), []).append(net)
+    return list(groups.values()) or [[None]]
+
+
 def _nics(d: NodeDraft, found: _Found, source: str) -> None:
     k = 0
+    merged: list[str] = []
     # Unnamed NICs (hand-written files) are numbered in PCI bus order.
     order = sorted(found.nics, key=lambda item: (bool(item[1]), item[0].attrs.get("busid", "")))
     for element, nets, parent, layer in order:
@@ -339,22 +351,30 @@ def _nics(d: NodeDraft, found: _Found, source: str) -> None:
         else:
             bw, gen, width = pcie_bw_gbps(4), 4, 16
             d.note(f"NIC on line {element.line} sits on its CPU directly: Gen4 x16 assumed")
-        ports = nets or [None]
-        for net in ports:
-            name = net.attrs.get("name") if net is not None else None
-            name = name or f"nic{k}"
-            k += 1
+        for ports in _ports(nets):
+            names, rates = [], []
+            for net in ports:
+                name = net.attrs.get("name") if net is not None else None
+                names.append(name or f"nic{k}")
+                k += 1
+                if net is not None and "speed" in net.attrs:
+                    speed = net.attrs["speed"]
+                    if not speed.isdigit():
+                        raise fail(source, net.line, f"<net name={names[-1]!r}> speed={speed!r} is not a number (Mb/s)")
+                    rates.append(int(speed) / 1000.0)
+            name = "+".join(names)
             if name in d.devices:
-                raise fail(source, (net or element).line, f"NIC {name!r} repeats")
-            rate = None
-            if net is not None and "speed" in net.attrs:
-                speed = net.attrs["speed"]
-                if not speed.isdigit():
-                    raise fail(source, net.line, f"<net name={name!r}> speed={speed!r} is not a number (Mb/s)")
-                rate = int(speed) / 1000.0 or None
+                raise fail(source, (ports[0] or element).line, f"NIC {name!r} repeats")
+            # A port without a speed leaves the device's rate unknown (--nic-gbps gives it).
+            rate = sum(rates) if len(rates) == len(ports) and sum(rates) > 0 else None
+            if len(ports) > 1:
+                merged.append(name)
             d.add(Device(name, DeviceKind.NIC, 0))
             d.nics[name] = NicInfo(rate_gbps=rate, link_layer=layer or None, state=None)
             d.connect(name, parent, LinkKind.PCIE, bw, generation=gen, width=width)
+    if merged:
+        d.note(f"ports of one NIC merged into one device at their summed rate, as NCCL 2.20.3 and later does "
+               f"(NCCL_IB_MERGE_NICS): {', '.join(merged)}")
     if found.nics:
         rates = sorted({i.rate_gbps for i in d.nics.values() if i.rate_gbps})
         text = f" at {'/'.join(f'{r:g}' for r in rates)} Gb/s" if rates else " (rate not given)"
