@@ -282,3 +282,51 @@ def test_a_plan_named_as_a_plan_or_plain_text_is_written(tmp_path: Path, name: s
     res = run_cli("plan", "-t", "cpu-4", *SHAPE, "--out", str(tmp_path / name))
     assert res.exit_code == 0, res.stderr
     assert (tmp_path / name).is_file()
+
+
+# -- the ranks of one run check one --out at once (torchrun, SLURM) ------------------------------
+
+
+def test_a_file_another_ranks_check_removes_is_no_error_and_not_left_behind(tmp_path, monkeypatch):
+    from treeattn.cli.paths import appendable, output_file
+
+    out = tmp_path / "rows.csv"
+    out.touch()  # another rank's check made it and is about to remove it
+    real_open, calls = os.open, []
+
+    def racing_open(path, flags, *args):
+        if flags & os.O_APPEND and not calls:
+            calls.append(path)
+            Path(path).unlink()  # ... which it does between our two opens
+            raise FileNotFoundError(errno.ENOENT, "gone", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", racing_open)
+    appendable(out, "--out")
+    assert calls and not out.exists()  # made again here and removed, not left empty
+
+    out.touch()
+    real_access = os.access
+
+    def racing_access(path, mode):
+        if Path(path) == out:
+            out.unlink(missing_ok=True)  # removed between the exists() and the access check
+        return real_access(path, mode)
+
+    monkeypatch.setattr(os, "access", racing_access)
+    assert output_file(out, "--out", "rows.csv", kind="CSV") == out
+
+
+def test_concurrent_rows_path_checks_neither_fail_nor_leave_files(tmp_path):
+    # Two processes check one --out as two ranks of a run do; each check makes and removes the
+    # CSV and its timeline beside it (the race was 1 run in 15 under torchrun).
+    code = ("import sys; from pathlib import Path; from treeattn.cli.run import rows_path\n"
+            "for _ in range(1500): rows_path(Path(sys.argv[1]), 'id')\n")
+    import subprocess
+    import sys
+
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "x.csv")], stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    errs = [p.communicate(timeout=240)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errs
+    assert list(tmp_path.iterdir()) == []

@@ -204,3 +204,21 @@ def test_a_run_without_out_takes_a_new_file_and_gives_it_back_unused(tmp_path, m
     files = sorted(p.name for p in rows_one.parent.iterdir())
     with run_rows(None, "p", reserve=False):  # a rank that writes no rows takes no file
         assert sorted(p.name for p in rows_one.parent.iterdir()) == files
+
+
+def test_a_rows_file_that_vanishes_while_checked_is_appendable(tmp_path, monkeypatch):
+    # another rank's writability check made the empty file and removes it meanwhile
+    path = tmp_path / "rows.csv"
+    path.touch()
+    real_stat, seen = type(path).stat, []
+
+    def vanish(self, *a, **k):
+        if self == path:
+            seen.append(1)
+            if len(seen) == 2:  # after is_file() found it
+                self.unlink()
+        return real_stat(self, *a, **k)
+
+    monkeypatch.setattr(type(path), "stat", vanish)
+    assert results.appendable_problem(path, results.COLUMNS) is None
+    assert len(seen) == 2

@@ -150,7 +150,9 @@ def output_file(path: Path, flag: str, default_name: str, *, suffix: str | None 
         if out.is_dir():
             raise InputError(f"{flag} {str(given)!r}: {str(out)!r} is a folder; give a file name")
         _make_folder(out.parent, flag, given)
-        if out.exists() and not os.access(out, os.W_OK):
+        # Asked again after access: another rank's check of the same name may have made and
+        # removed it meanwhile, and access finds no file as unwritable.
+        if out.exists() and not os.access(out, os.W_OK) and out.exists():
             raise InputError(f"{flag} {str(given)!r}: {str(out)!r} is not writable")
     except OSError as exc:  # a name the system cannot look up (too long, say)
         raise InputError(f"{flag} {str(given)!r}: {exc.strerror or exc}") from None
@@ -173,12 +175,20 @@ def appendable(file: Path, flag: str) -> None:
             if not os.access(real, os.W_OK):
                 raise PermissionError(13, os.strerror(13), str(file))
             return
-        try:
-            with real.open("x", encoding="utf-8"):  # made here: no other process writes it yet
-                made = real
-        except FileExistsError:
-            with real.open("a", encoding="utf-8"):
-                pass
+        for _ in range(2):
+            try:
+                with real.open("x", encoding="utf-8"):  # made here: no other process writes it yet
+                    made = real
+                break
+            except FileExistsError:
+                try:
+                    # Not made here: the ranks of one run check the same names at once, and the
+                    # file another's check made may be gone again (opened to append, it would
+                    # be made and left behind).
+                    os.close(os.open(real, os.O_WRONLY | os.O_APPEND))
+                    break
+                except FileNotFoundError:
+                    continue
     except OSError as exc:
         raise InputError(f"cannot write {flag} {str(file)!r}: {exc.strerror or exc}") from None
     finally:

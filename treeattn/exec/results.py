@@ -156,10 +156,13 @@ def timeline_rows(result: JobResult, run_id: str) -> pd.DataFrame:
 def appendable_problem(path: Path, columns: tuple[str, ...]) -> str | None:
     """Why rows of ``columns`` cannot be appended to ``path`` (a CSV with another header, say
     from an older treeattn: the rows would land under the wrong names), or None."""
-    if not path.is_file() or path.stat().st_size == 0:
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return None
+        with path.open(encoding="utf-8", errors="replace") as f:
+            header = f.readline().strip()
+    except FileNotFoundError:  # an empty file another rank's check made and removed meanwhile
         return None
-    with path.open(encoding="utf-8", errors="replace") as f:
-        header = f.readline().strip()
     if header != ",".join(columns):
         return (f"{str(path)!r} holds rows of other columns ({header[:60]}{'...' if len(header) > 60 else ''}); "
                 "give a new file")
