@@ -69,7 +69,10 @@ def make_plan(args: argparse.Namespace, ranks: int):  # noqa: ANN201 - a Plan
 
 def reference(model, prompt: torch.Tensor, steps: int) -> tuple[torch.Tensor, list[torch.Tensor]]:  # noqa: ANN001
     """Hugging Face's own greedy generate: the new tokens and each step's logits."""
-    out = model.generate(prompt, max_new_tokens=steps, min_new_tokens=steps, do_sample=False, output_logits=True,
+    # Every prompt token is real: without a mask generate takes the pad token's id (0, which a
+    # random prompt may hold) for padding and masks those positions out.
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=steps,
+                         min_new_tokens=steps, do_sample=False, output_logits=True,
                          return_dict_in_generate=True, pad_token_id=0)
     return out.sequences[:, prompt.shape[1]:], [x.float() for x in out.logits]
 
