@@ -118,3 +118,16 @@ def test_plan_simulate_and_compare_say_which_pairs_go_through_host_memory(tmp_pa
     box.write_text(box.read_text() + "cost: {p2p_level: PHB}\n")
     res = run_cli("plan", "-t", str(box), "-m", "llama-3.1-8b", "-b", "1", "-n", "4K", "-o", str(plan))
     assert res.exit_code == 0 and "host memory" not in res.stdout, res.stdout
+
+
+def test_plan_warns_of_a_named_plan_whose_ranks_end_with_different_bits(tmp_path):
+    # verify says it; plan wrote such a plan without a word (the search leaves them out)
+    shape = ("-t", "cpu:ranks=3", "-m", "llama-3.2-1b", "-n", "1K", "--no-progress")
+    res = run_cli("plan", *shape, "-a", "direct", "--groups", "0-1/2", "-o", str(tmp_path / "d.yaml"))
+    assert res.exit_code == 0, res.output
+    assert ("warning: direct plan: its result ranks may end with different bits in 1 chunk "
+            "(chunk 0: ranks 0 | 1 | 2)") in res.stderr
+    same = run_cli("verify", str(tmp_path / "d.yaml"))
+    assert "its result ranks may end with different bits in 1 chunk (chunk 0: ranks 0 | 1 | 2)" in same.stdout
+    quiet = run_cli("plan", *shape, "-a", "star", "-o", str(tmp_path / "s.yaml"))
+    assert quiet.exit_code == 0 and "different bits" not in quiet.stderr

@@ -298,6 +298,12 @@ def plan_cmd(
         if algorithm == "hierarchical" and groups is None and group_size is None:
             kw["groups"] = node_groups(topo)
         plan, report = named_plan(topo, payload, algorithm, chunks, kw, mem_fraction)
+        from treeattn.plan.bits import bit_groups, different_bits_note
+
+        # The search leaves such schedules out; a named one is written, and said so.
+        if split := bit_groups(plan):
+            typer.echo(f"warning: {plan.algorithm} plan: {different_bits_note(split)} (treeattn verify says "
+                       "the same)", err=True)
     elapsed = time.perf_counter() - started
     if note := weights_note(payload, topo, mem_fraction, peak_bytes=report["best"]["peak_bytes"]):
         typer.echo(f"warning: {note}", err=True)

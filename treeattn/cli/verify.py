@@ -24,7 +24,7 @@ def verify_cmd(
     """Check that every result rank ends with each contribution exactly once, that sends and
     receives match, and that the plan cannot deadlock; say whether the result ranks end with
     the same bits. Exit 0 when valid, 2 when not."""
-    from treeattn.plan.bits import bit_groups, split_text
+    from treeattn.plan.bits import bit_groups, different_bits_note
     from treeattn.plan.io import load_plan
     from treeattn.plan.validate import validate
 
@@ -53,8 +53,7 @@ def verify_cmd(
     typer.echo(f"{plan_file}: valid {plan.algorithm} plan: {n(report.ranks, 'rank')}, {n(report.chunks, 'chunk')}, "
                f"{n(report.ops, 'op')} in {n(report.steps, 'step')}, {moves}; result on {where}")
     if split:
-        typer.echo(f"its result ranks may end with different bits in {n(len(split), 'chunk')} ({split_text(split)}): "
-                   "they merge the same partials in other orders or groupings")
+        typer.echo(different_bits_note(split))
     elif any(len([r for r in plan.result_ranks if c in plan.owned_chunks(r)]) > 1 for c in range(plan.chunks)):
         typer.echo("every result rank ends with the same bits (as the executor merges)")
 

@@ -46,7 +46,7 @@ from treeattn.plan.validate import check_with
 if TYPE_CHECKING:
     from treeattn.plan.validate import _Validator
 
-__all__ = ["BitTracker", "bit_groups", "split_text"]
+__all__ = ["BitTracker", "bit_groups", "different_bits_note", "split_text"]
 
 _EMPTY = 0
 
@@ -189,3 +189,10 @@ def split_text(split: dict[int, list[list[int]]], shown: int = 4) -> str:
     c, groups = next(iter(split.items()))
     more = " | ..." if len(groups) > shown else ""
     return f"chunk {c}: ranks " + " | ".join(",".join(map(str, g)) for g in groups[:shown]) + more
+
+
+def different_bits_note(split: dict[int, list[list[int]]]) -> str:
+    """What ``bit_groups``' non-empty answer means, in one sentence (verify and plan say it)."""
+    chunks = f"{len(split)} chunk" + ("" if len(split) == 1 else "s")
+    return (f"its result ranks may end with different bits in {chunks} ({split_text(split)}): they merge the "
+            "same partials in other orders or groupings")
