@@ -54,8 +54,8 @@ def run(
                                               help="Plan file (from treeattn plan).")],
     baselines: Annotated[bool, typer.Option("--baselines", help="Also run the methods it competes with for its "
                                             "result layout (all: all-reduce x3 and x2, all-gather + merge; heads: "
-                                            "reduce-scatter, vLLM's decode context parallel; ring attention "
-                                            "always) on the same workload.")] = False,
+                                            "reduce-scatter, vLLM's decode context parallel; root: all-reduce "
+                                            "max + reduce; ring attention always) on the same workload.")] = False,
     repeats: Annotated[int, typer.Option("--repeats", min=1, max=MAX_ITERATIONS,
                                          help="Timed iterations per method.")] = 10,
     warmup: Annotated[int, typer.Option("--warmup", min=0, max=MAX_ITERATIONS, help="Untimed iterations first.")] = 2,

@@ -39,7 +39,7 @@ def verify_cmd(
         typer.echo(json.dumps(data, sort_keys=True, indent=2))
     if not report.valid:
         # Also with --json: the JSON is on stdout, the one-line error on stderr, exit status 2.
-        raise PlanInvalidError(f"{plan_file}: invalid {plan.algorithm} plan: {report.first}")
+        raise PlanInvalidError(f"{plan_file}: plan {plan.algorithm!r} is invalid: {report.first}")  # as run, simulate
     if json_out:
         return
     if len(plan.result_ranks) == plan.ranks:
