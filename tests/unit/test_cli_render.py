@@ -177,3 +177,23 @@ def test_a_run_without_predictions_does_not_say_what_predicted_it(capsys) -> Non
     rows[0].update(predicted_us=80.0, rel_error=0.125)
     _table(pd.DataFrame(rows), Path("runs/c.csv"), True)
     assert capsys.readouterr().out.splitlines()[0] == "raw 4096B fp32 sum; predicted on my-lab"
+
+
+def test_a_plan_of_a_baselines_method_says_its_two_rows_are_one_method(capsys) -> None:
+    # README's `plan -t cpu:ranks=2` picks allgather-merge, which --baselines runs again: the
+    # trial read "x plan 0.85" on that row as another method beating the plan.
+    import pandas as pd
+
+    from treeattn.cli.run import _table
+
+    def rows(algorithm: str) -> list[dict]:
+        return [{"plan": "p.yaml", "algorithm": algorithm, "workload": "w", "ranks": 2, "backend": "gloo",
+                 "topology": "cpu-2", "method": method, "measured_median_us": us, "spread_us": 4.0,
+                 "predicted_us": 80.0, "rel_error": us / 80 - 1, "correct": True, "max_rel_err": 0.0,
+                 "same_bits": True} for method, us in (("plan", 90.0), ("allgather-merge", 77.0))]
+
+    _table(pd.DataFrame(rows("allgather-merge")), Path("runs/c.csv"), False)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "the plan is allgather-merge: its baseline row runs the same method" in out
+    _table(pd.DataFrame(rows("star")), Path("runs/c.csv"), False)
+    assert "the plan is" not in capsys.readouterr().out

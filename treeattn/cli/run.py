@@ -256,6 +256,10 @@ def _table(frame, path: Path, calibrated: bool) -> None:  # noqa: ANN001 - a Dat
     con.print(table)
     con.print(f"± half the p10-p90 spread; error = measured / predicted - 1; correct with the max relative "
               f"error against the reference (the rows give its tolerance). Rows: {escape(str(path))}")
+    if (frame["method"] == first["algorithm"]).any():
+        # A search may pick a baseline's method: its two rows differ only by the noise of the run.
+        con.print(f"the plan is {escape(str(first['algorithm']))}: its baseline row runs the same method by the "
+                  "baselines' own code, so the two rows differ by that code and the run's noise only")
 
 
 # Methods whose ranks merge the same partials in different orders by design: their bits differ.
