@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -269,3 +270,56 @@ def test_ports_of_different_guids_stay_apart(tmp_path):
     r = probe(ProbeOptions(nccl_xml=two))
     names = {d.name for d in r.topology.devices if d.kind is DeviceKind.NIC}
     assert {"n0.mlx5_18", "n0.mlx5_19"} <= names and "n0.mlx5_18+mlx5_19" not in names
+
+
+def _oci_ibstat(down: str = "") -> str:
+    """ibstat of OCI's 16 ports, each block the real CX-6 one with its name (and, for ``down``,
+    its state) changed: the shape's own ibstat is not published."""
+    block = IB100.read_text()
+    names = [f"mlx5_{i}" for i in range(18, 34)]
+    out = []
+    for n in names:
+        text = block.replace("CA 'mlx5_0'", f"CA '{n}'").replace("Link layer: InfiniBand", "Link layer: Ethernet")
+        if n == down:
+            text = text.replace("State: Active", "State: Down")
+        out.append(text)
+    return "".join(out)
+
+
+def test_ibstat_gives_a_merged_nic_its_ports_summed(tmp_path):
+    # NCCL_TOPO dumps and OCI's file merge an adapter's ports (mlx5_18+mlx5_19); ibstat lists
+    # each port: the device takes their Active ports' sum, and no port is reported unmatched.
+    ib = tmp_path / "ibstat.txt"
+    ib.write_text(_oci_ibstat())
+    r = probe(ProbeOptions(nccl_xml=OCI, ibstat=ib, nodes=2))
+    assert not any("not in the topology output" in w or "has no data" in w for w in r.warnings), r.warnings
+    rails = [ln for ln in r.topology.links if ln.src.startswith("n0.mlx5") and ln.dst.startswith("rail")]
+    assert {ln.kind for ln in rails} == {LinkKind.ROCE} and {ln.bw_gbps for ln in rails} == {25.0}
+    ib.write_text(_oci_ibstat(down="mlx5_19"))  # one port of the first adapter down: NCCL merges the other
+    rails = {ln.src: ln.bw_gbps for ln in probe(ProbeOptions(nccl_xml=OCI, ibstat=ib, nodes=2)).topology.links
+             if ln.src.startswith("n0.mlx5") and ln.dst.startswith("rail")}
+    assert rails["n0.mlx5_18+mlx5_19"] == 12.5 and rails["n0.mlx5_26+mlx5_27"] == 25.0
+
+
+def test_nic_gbps_is_a_ports_rate(tmp_path):
+    bare = tmp_path / "bare.xml"
+    bare.write_text(re.sub(r' speed="\d+"', "", OCI.read_text()))
+    rails = {ln.bw_gbps for ln in probe(ProbeOptions(nccl_xml=bare, nodes=2, nic_gbps=100)).topology.links
+             if ln.src.startswith("n0.mlx5") and ln.dst.startswith("rail")}
+    assert rails == {25.0}  # two 100 Gb/s ports
+
+
+@pytest.mark.parametrize("strip", ['guid="0x4052c70003a1420c"', None])
+def test_ports_without_a_guid_or_under_a_cpu_stay_apart(tmp_path, strip):
+    text = OCI.read_text()
+    if strip:  # both ports of the first adapter lose their GUID
+        text = text.replace(f" {strip}", "")
+    else:  # two Ethernet ports in a <nic> directly under a CPU, as NCCL collects devices of no adapter
+        first_cpu_end = text.index(">", text.index("<cpu")) + 1
+        text = (text[:first_cpu_end] + '\n<nic><net name="eth0" speed="100000" guid="0x1"/>'
+                '<net name="eth1" speed="100000" guid="0x1"/></nic>' + text[first_cpu_end:])
+    f = tmp_path / "t.xml"
+    f.write_text(text)
+    names = {d.name for d in probe(ProbeOptions(nccl_xml=f)).topology.devices if d.kind is DeviceKind.NIC}
+    pair = {"n0.mlx5_18", "n0.mlx5_19"} if strip else {"n0.eth0", "n0.eth1"}
+    assert pair <= names

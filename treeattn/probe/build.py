@@ -48,6 +48,9 @@ class NicInfo:
     model: str = ""
     rdma: bool = True
     """False for a plain Ethernet NIC (TCP, no RoCE)."""
+    ports: tuple[str, ...] = ()
+    """The port devices merged into this one (``mlx5_0``, ``mlx5_1``: an adapter's ports, as
+    NCCL merges them), or empty: the NIC is one port device, its own name."""
 
 
 @dataclass
@@ -331,7 +334,8 @@ def finish(
     from_flag: list[str] = []
     for n in fabric_nics:
         info = draft.nics[n]
-        rate = info.rate_gbps if info.rate_gbps else nic_gbps
+        # --nic-gbps is a port's line rate: a device of merged ports runs at their sum.
+        rate = info.rate_gbps if info.rate_gbps else None if nic_gbps is None else nic_gbps * max(1, len(info.ports))
         if rate is None and nodes > 1:
             raise ProbeError(
                 f"{source}: the line rate of NIC {n} is unknown; pass --nic-gbps (e.g. 400) or --ibstat FILE"

@@ -134,16 +134,33 @@ def apply_ibstat(draft: NodeDraft, adapters: tuple[IbAdapter, ...], source: str 
         _place(draft, adapters, source)
         return
     seen = {a.name: a for a in adapters}
-    for name in draft.nics:
-        if name in seen:
-            draft.nics[name] = seen[name].info()
-    extra = [a.name for a in adapters if a.name not in draft.nics]
-    missing = [n for n in draft.nics if n not in seen]
+    used: set[str] = set()
+    missing = []
+    for name, old in draft.nics.items():
+        members = old.ports or (name,)  # a device of merged ports (nccl_xml): ibstat lists each port
+        if not all(m in seen for m in members):
+            missing.append(name)
+            continue
+        used.update(members)
+        draft.nics[name] = _merged([seen[m] for m in members], old.ports)
+    extra = [a.name for a in adapters if a.name not in used]
     if extra:
         draft.warnings.append(f"{source}: lists {', '.join(extra)}, not in the topology output: ignored")
     if missing:
         draft.warnings.append(f"{source}: has no data for {', '.join(missing)}")
     draft.cite(f"NIC rates and link layers from {source}")
+
+
+def _merged(adapters: list[IbAdapter], ports: tuple[str, ...]) -> NicInfo:
+    """One device's ibstat data: an adapter's own, or for ports NCCL merges the sum of the
+    Active ones' rates (NCCL merges only Active ports), Active where any is."""
+    infos = [a.info() for a in adapters]
+    if len(infos) == 1:
+        return infos[0]
+    active = [i for i in infos if i.state == "Active"]
+    first = (active or infos)[0]
+    return NicInfo(sum(i.rate_gbps for i in active) if active else first.rate_gbps, first.link_layer, first.state,
+                   first.model, ports=ports)
 
 
 def _place(draft: NodeDraft, adapters: tuple[IbAdapter, ...], source: str) -> None:

@@ -4,8 +4,10 @@ Elements read: ``<system>`` > ``<cpu numaid affinity vendor familyid modelid>`` 
 ``<pci busid class vendor device link_speed link_width>``; a PCI bridge (class 0x0604xx)
 is a PCIe switch, a display/3D controller (0x03xxxx) a GPU (with an optional ``<gpu dev sm>``
 holding ``<nvlink target count tclass>``), a network controller (0x0200xx Ethernet,
-0x0207xx InfiniBand) a NIC (with ``<nic><net name speed(Mb/s)/>``). A ``<nic>`` directly
-under a ``<cpu>`` is a NIC on that CPU. Other PCI devices are skipped (counted in a note).
+0x0207xx InfiniBand) a NIC (with ``<nic><net name speed(Mb/s) guid/>``; the ports of one
+adapter that share a GUID are one device at their summed speed, named ``mlx5_0+mlx5_1``, as
+NCCL 2.20.3 and later merges them). A ``<nic>`` directly under a ``<cpu>`` is a NIC on that
+CPU. Other PCI devices are skipped (counted in a note).
 
 Model: each ``pci`` element's link to its parent runs at ``link_width`` x its speed
 (width 0 read as 16, as NCCL does). NVLinks to a target of class 0x0680xx are NVSwitch
@@ -329,15 +331,24 @@ def _nvlinks(d, items, specs, bus_to_gpu, source) -> None:  # noqa: ANN001
         d.summary.append(f"direct NVLink on {len(done)} GPU pair(s)")
 
 
-def _ports(nets: list[XmlNode]) -> list[list[XmlNode | None]]:
-    """The network devices of one adapter's ``<net>`` ports: the ports of one GUID are one
-    device, as NCCL (2.20.3 and later, ``NCCL_IB_MERGE_NICS`` on by default: ``net_ib.cc``)
-    merges the ports of one PCI device, GUID and link layer, at their summed speed; ports
-    without a GUID are merged alike. An adapter without ports is one device."""
+def _ports(element: XmlNode, nets: list[XmlNode]) -> list[list[XmlNode | None]]:
+    """The network devices of one adapter's ``<net>`` ports. NCCL (2.20.3 and later,
+    ``NCCL_IB_MERGE_NICS`` on by default: ``net_ib.cc`` ``ncclIbFindMatchingDev``) merges the
+    Active ports of one PCI device that share a GUID and link layer into one device at their
+    summed speed; here the ports of one ``<pci>`` adapter with one GUID are merged (a file
+    states no port's state; NCCL caps a device at 2 ports before 2.26, 4 from it, not
+    modelled). Ports without a GUID, and the ``<net>``s of a ``<nic>`` directly under a CPU
+    (where NCCL collects devices that are not one adapter), stay apart. An adapter without
+    ports is one device."""
+    if not nets:
+        return [[None]]
+    guids = [net.attrs.get("guid", "") for net in nets]
+    if element.tag != "pci" or not all(guids):
+        return [[net] for net in nets]
     groups: dict[str, list[XmlNode | None]] = {}
-    for net in nets:
-        groups.setdefault(net.attrs.get("guid", ""), []).append(net)
-    return list(groups.values()) or [[None]]
+    for net, guid in zip(nets, guids, strict=True):
+        groups.setdefault(guid, []).append(net)
+    return list(groups.values())
 
 
 def _nics(d: NodeDraft, found: _Found, source: str) -> None:
@@ -351,7 +362,7 @@ def _nics(d: NodeDraft, found: _Found, source: str) -> None:
         else:
             bw, gen, width = pcie_bw_gbps(4), 4, 16
             d.note(f"NIC on line {element.line} sits on its CPU directly: Gen4 x16 assumed")
-        for ports in _ports(nets):
+        for ports in _ports(element, nets):
             names, rates = [], []
             for net in ports:
                 name = net.attrs.get("name") if net is not None else None
@@ -370,7 +381,8 @@ def _nics(d: NodeDraft, found: _Found, source: str) -> None:
             if len(ports) > 1:
                 merged.append(name)
             d.add(Device(name, DeviceKind.NIC, 0))
-            d.nics[name] = NicInfo(rate_gbps=rate, link_layer=layer or None, state=None)
+            d.nics[name] = NicInfo(rate_gbps=rate, link_layer=layer or None, state=None,
+                                   ports=tuple(names) if len(names) > 1 else ())
             d.connect(name, parent, LinkKind.PCIE, bw, generation=gen, width=width)
     if merged:
         d.note(f"ports of one NIC merged into one device at their summed rate, as NCCL 2.20.3 and later does "
@@ -378,6 +390,6 @@ def _nics(d: NodeDraft, found: _Found, source: str) -> None:
     if found.nics:
         rates = sorted({i.rate_gbps for i in d.nics.values() if i.rate_gbps})
         text = f" at {'/'.join(f'{r:g}' for r in rates)} Gb/s" if rates else " (rate not given)"
-        d.summary.append(f"{len(d.nics)} NICs{text}")
+        d.summary.append(f"{len(d.nics)} NIC{'' if len(d.nics) == 1 else 's'}{text}")
     else:
         d.summary.append("no NICs")
