@@ -189,6 +189,8 @@ def appendable(file: Path, flag: str) -> None:
                     break
                 except FileNotFoundError:
                     continue
+        # Else both tries met another rank's check between its make and its remove: it could
+        # write there, and so can this one.
     except OSError as exc:
         raise InputError(f"cannot write {flag} {str(file)!r}: {exc.strerror or exc}") from None
     finally:

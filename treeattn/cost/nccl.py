@@ -56,8 +56,8 @@ protocol moves the network at ``NET_ACHIEVED`` of NCCL's figure (Simple 0.94: th
 NCCL's maintainers quote for a 400 Gb/s NIC; LL128 0.6, measured on the corpus). On Ampere
 each channel a call runs on beyond its first adds ``AMPERE_CHANNEL_US`` (fitted on published
 A100 tables; NCCL's estimate does not see it). A one-node NVLink ring all-reduce, all-gather or
-reduce-scatter with Simple ends ``ring_step_tail_us`` late (``RING_STEP_TAIL_US``: about half
-a ring step at 100 us steps, measured on the corpus, its cause not found).
+reduce-scatter with Simple ends ``ring_step_tail_us`` late (``RING_STEP_TAIL_US``: about 0.4
+of a ring step at 100 us steps, measured on the corpus, its cause not found).
 ``NCCL_ALGO``, ``NCCL_PROTO`` and ``NCCL_NVLS_ENABLE=0`` restrict the pick (``nccl_env.allowed_by_env``).
 
 Channels (``treeattn.cost.nccl_channels``): NCCL's figures are those of all its channels;

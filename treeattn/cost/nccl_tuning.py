@@ -144,13 +144,13 @@ nodes and to Ada. Held out, at 64 KiB-16 MiB (median |error|): SuperBench's A100
 which rules out tens of microseconds, not one); every Ampere table of the corpus ran NCCL 2.19
 or older and every Hopper one 2.24 or newer, so the GPU and the release cannot be told apart.
 Ada GPUs take NCCL's Ampere row, and this with it."""
-RING_STEP_TAIL_US = 41.0
+RING_STEP_TAIL_US = 39.0
 RING_STEP_TAIL_POWER = 0.70
 """What a ring all-reduce, all-gather or reduce-scatter with Simple adds on one node of NVIDIA
 GPUs joined by NVLink: ``RING_STEP_TAIL_US`` x (step / 100 us) ** ``RING_STEP_TAIL_POWER``
 microseconds, where a step is the call's time (NCCL's formulas) over its ring steps (2(R-1) for
-all-reduce, R-1 for the others): about one step at 10 us steps, half of one at 100 us, a sixth
-at 10 ms. Measured, its cause not found in NCCL's source (whose ring forwards each slice as it
+all-reduce, R-1 for the others): about 0.8 of a step at 10 us steps, 0.4 at 100 us, a tenth at
+10 ms. Measured, its cause not found in NCCL's source (whose ring forwards each slice as it
 lands, with no bubble; a cost per call would fade as 1 / size and one per loop or slice keep
 a fixed share once loops are full, where this fades as size ** -0.25). Seen on the one-node
 H100 tables (3 sources, 118 rows) and SuperBench's 8 A100s (29): the time a doubling of the
@@ -159,23 +159,23 @@ size adds runs 1-30 % above the large-size rate from 32 MiB to 1 GiB and falls s
 16 GiB), more for all-gather and reduce-scatter than all-reduce and for 4 GPUs than 8, as a
 fixed share of a step would; not on PCIe (RTX 4090) or MI300X's xGMI (a constant 6 %, a
 rate); left off across nodes, where the corpus's rings disagree with each other
-(docs/nccl-model.md). Fitted on the corpus's 181 one-node NVLink rows of 9 sources whose pick
-is ring/Simple (relative least squares, the power on a 0.05 grid: 40.59 us, 0.70; a time per
-call, a share of the call or a share of a step leave 1.9-2.1 times its squared error; 49.19 us
-on the 168 rows before MGHPCC's 2-GPU ring joined). An H100 figure: the four H100 sources'
-rows alone give 39 us (the three before MGHPCC's, 48), A100's 81, so A100 rings stay fast
-(SuperBench's all-gather at 32 MiB -18.8 %); ABCI, the unnamed A100 node and OCI's GB200 tray
-have 2-4 rows each. Each source left out, the others' fit gives 37-49 us and 0.65-0.75 and
-predicts it better (median |error| waynehacking8 9.4 -> 2.8 %, xxrjun 5.9 -> 1.8, SuperBench
-5.9 -> 3.3, Together 2.2 -> 0.8, ABCI 11.0 -> 6.3, unnamed A100 16.7 -> 14.1, OCI GB200 8.3 ->
-5.8) but two: LLM-Insights (12 rows of 1-8 GiB) 3.2 -> 3.4 % and MGHPCC's 2 H100s (13 rows,
-NCCL 2.18.3, a ring of two GPUs) 6.6 -> 11.4 %, whose Simple rows from 2 MiB to 8 GiB are
--28..-1 % without the tail and +5..+19 % with the 168-row fit: its excess falls with the step
-faster than the power law has it. LLM-Insights' 4 H100s
-are within 0.1 % without the tail and 3-5 % slow with it; its A40 NVLink pair runs steps of
+(docs/nccl-model.md). Fitted on the corpus's 194 one-node NVLink rows of 9 sources whose pick
+is ring/Simple (relative least squares, the power on a 0.05 grid: 38.52 us, 0.70; a time per
+call, a share of the call or a share of a step leave 2.0-2.2 times its squared error; 49.19 us
+on the 168 rows before the held-out check's two rings of two H100s, MGHPCC's and Lambda's,
+one source). An H100 figure: the four H100 sources' rows alone give 38 us (the three before
+that check's, 48), A100's 81, so A100 rings stay fast (SuperBench's all-gather at 32 MiB -20.3
+%); ABCI, the unnamed A100 node and OCI's GB200 tray have 2-4 rows each. Each source left out,
+the others' fit gives 36-49 us and 0.70-0.75 and predicts it better (median |error|
+waynehacking8 9.4 -> 2.9 %, xxrjun 5.9 -> 1.7, SuperBench 5.9 -> 3.1, Together 2.2 -> 0.7,
+ABCI 11.0 -> 6.3, unnamed A100 16.7 -> 14.2, OCI GB200 8.3 -> 5.9, the two 2-GPU rings 10.9 ->
+8.0) but one: LLM-Insights (12 rows of 1-8 GiB) 3.2 -> 3.3 %. The 2-GPU rings run -28..-1 %
+(MGHPCC, NCCL 2.18.3) and -24..-2 % (Lambda) from 2 MiB to 8 GiB without the tail: their
+excess falls with the step faster than the power law has it. LLM-Insights' 4 H100s
+are within 0.1 % without the tail and 2-4 % slow with it; its A40 NVLink pair runs steps of
 12-95 ms, past the others' 12 ms, where the model is 5.5 % slow without the tail (the pair
-moves 47.4 GB/s over links NCCL rates at 45) and 10-14 % with it; its 4 A100s come out within
-1 % with it (-2..-5 % without). Not in NCCL's estimate, which picks; not on broadcast and reduce, whose chains
+moves 47.4 GB/s over links NCCL rates at 45) and 8-10 % with it; its 4 A100s come out within
+2.4 % with it (-2..-5 % without). Not in NCCL's estimate, which picks; not on broadcast and reduce, whose chains
 SuperBench's A100s show it on and ABCI's 4 A100s do not (they would come out +8..+27 % slow).
 Applied to any one-node NVLink fabric, NVSwitch or not: a DGX-1's cube mesh or a 72-GPU NVL72
 domain is outside the data."""
