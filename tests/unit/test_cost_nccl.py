@@ -519,3 +519,13 @@ def test_blackwell_nvlstree_tuning_only_from_2_30_3():
     # more domains; from 2.30.3, 24 channels and 128 KiB for a 400 Gb/s NIC a GPU.
     old, new = (nvls_fill_bytes("blackwell", 4, 8, 72, 50.0, 16 << 30, nccl_release(v)) for v in ("2.29.7", "2.30.3"))
     assert (old, new) == (3 * 32 * 8 * (64 << 10), 3 * 24 * 8 * (128 << 10))
+
+
+@pytest.mark.parametrize(("model", "arch"), [("A40", "ampere"), ("A10G", "ampere"), ("A100-SXM4-80GB", "ampere"),
+                                             ("RTX-4090", "ampere"), ("L40S", "ampere"), ("H100-SXM5-80GB", "hopper"),
+                                             ("V100-SXM2", "volta"), ("B200", "blackwell")])
+def test_nccl_takes_a_gpus_row_by_its_compute_capability(model, arch):
+    # NCCL indexes its tables by compute capability: the A40 (8.6) had fallen through to Hopper's row
+    from treeattn.cost.nccl_tuning import nccl_arch
+
+    assert nccl_arch(model) == arch

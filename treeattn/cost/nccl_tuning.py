@@ -152,7 +152,7 @@ microseconds, where a step is the call's time (NCCL's formulas) over its ring st
 all-reduce, R-1 for the others): about 0.8 of a step at 10 us steps, 0.4 at 100 us, a tenth at
 10 ms. Measured, its cause not found in NCCL's source (whose ring forwards each slice as it
 lands, with no bubble; a cost per call would fade as 1 / size and one per loop or slice keep
-a fixed share once loops are full, where this fades as size ** -0.25). Seen on the one-node
+a fixed share once loops are full, where this, a share of the call, fades as the step ** -0.3). Seen on the one-node
 H100 tables (3 sources, 118 rows) and SuperBench's 8 A100s (29): the time a doubling of the
 size adds runs 1-30 % above the large-size rate from 32 MiB to 1 GiB and falls slowly
 (xxrjun's 4 H100s' reduce-scatter: 1.30 at 64 MiB, 1.16 at 512 MiB, 1.06 at 4 GiB, 1.03 at
@@ -227,7 +227,7 @@ def busbw_factor(collective: Collective, ranks: int) -> float:
     return 1.0
 
 
-_AMPERE_ROW = ("A100", "A800", "A30", "A10", "RTX-40", "RTX 40", "RTX-30", "RTX 30", "L40", "L4-", "A6000")
+_AMPERE_ROW = ("A100", "A800", "A30", "A10", "A40", "RTX-40", "RTX 40", "RTX-30", "RTX 30", "L40", "L4-", "A6000")
 
 
 def nccl_arch(model: str) -> str:
