@@ -323,3 +323,42 @@ def test_ports_without_a_guid_or_under_a_cpu_stay_apart(tmp_path, strip):
     names = {d.name for d in probe(ProbeOptions(nccl_xml=f)).topology.devices if d.kind is DeviceKind.NIC}
     pair = {"n0.mlx5_18", "n0.mlx5_19"} if strip else {"n0.eth0", "n0.eth1"}
     assert pair <= names
+
+
+def _oci_as_nccl_dumps_it(path: Path, speeds: bool = True) -> Path:
+    """OCI's file in the form NCCL 2.20+ writes a merged device: one <net name="a+b"> at the
+    summed speed (net_ib.cc's mergedDev name and speed, written by ncclTopoFillNet)."""
+    text = OCI.read_text()
+    text = re.sub(r'<net name="(mlx5_\d+)" dev="\d+" speed="(\d+)"([^>]*)/>\s*<net name="(mlx5_\d+)"[^>]*/>',
+                  lambda m: f'<net name="{m.group(1)}+{m.group(4)}" speed="{2 * int(m.group(2))}"{m.group(3)}/>',
+                  text)
+    if not speeds:
+        text = re.sub(r' speed="\d+"', "", text)
+    path.write_text(text)
+    return path
+
+
+def test_a_dumped_merged_device_takes_ibstat_and_nic_gbps_by_its_ports(tmp_path):
+    dump = _oci_as_nccl_dumps_it(tmp_path / "dump.xml")
+    assert 'name="mlx5_18+mlx5_19" speed="200000"' in dump.read_text()
+    ib = tmp_path / "ibstat.txt"
+    ib.write_text(_oci_ibstat())
+    r = probe(ProbeOptions(nccl_xml=dump, ibstat=ib, nodes=2))
+    assert not any("not in the topology output" in w or "has no data" in w for w in r.warnings), r.warnings
+    bare = _oci_as_nccl_dumps_it(tmp_path / "bare.xml", speeds=False)
+    for opts in (ProbeOptions(nccl_xml=bare, nodes=2, nic_gbps=100), ProbeOptions(nccl_xml=bare, nodes=2, nics="8x100"),
+                 ProbeOptions(nccl_xml=bare, nodes=2, ibstat=ib)):
+        rails = {ln.bw_gbps for ln in probe(opts).topology.links
+                 if ln.src.startswith("n0.mlx5") and ln.dst.startswith("rail")}
+        assert rails == {25.0}, opts  # two 100 Gb/s ports a device, however the rate is given
+
+
+def test_ibstat_listing_some_ports_of_a_merged_device_counts_those(tmp_path):
+    ib = tmp_path / "ibstat.txt"
+    ib.write_text(_oci_ibstat().replace("CA 'mlx5_19'", "CA 'mlx5_99'"))
+    r = probe(ProbeOptions(nccl_xml=OCI, ibstat=ib, nodes=2))
+    assert any("lists only some ports of mlx5_18+mlx5_19 (no mlx5_19)" in w for w in r.warnings), r.warnings
+    assert any("lists mlx5_99, not in the topology output" in w for w in r.warnings)  # mlx5_18 is not said unused
+    rails = {ln.src: ln.bw_gbps for ln in r.topology.links
+             if ln.src.startswith("n0.mlx5") and ln.dst.startswith("rail")}
+    assert rails["n0.mlx5_18+mlx5_19"] == 12.5

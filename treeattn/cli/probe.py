@@ -55,9 +55,12 @@ def probe_cmd(
     nodes: Annotated[int, typer.Option("--nodes", min=1, help="Replicate the probed node into N nodes.",
                                        rich_help_panel=_NET)] = 1,
     nic_gbps: Annotated[float | None, typer.Option("--nic-gbps", help="NIC line rate, Gb/s, where the inputs lack "
-                                                                      "it.", rich_help_panel=_NET)] = None,
+                                                                      "it: a port's (a device of merged ports, "
+                                                                      "mlx5_0+mlx5_1, takes it once a port).",
+                                              rich_help_panel=_NET)] = None,
     nics: Annotated[str | None, typer.Option("--nics", metavar="COUNT[xGBIT]", help="NICs to assume when the "
-                                             "inputs show none, each GBIT Gb/s (line rate), e.g. 8x400.",
+                                             "inputs show none, each GBIT Gb/s (line rate, a port's as "
+                                             "--nic-gbps), e.g. 8x400.",
                                              rich_help_panel=_NET)] = None,
     fabric: Annotated[Fabric, typer.Option("--fabric", help="How nodes are joined.", rich_help_panel=_NET)]
     = Fabric.RAIL,

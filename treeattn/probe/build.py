@@ -175,7 +175,7 @@ def add_assumed_nics(draft: NodeDraft, count: int, rate_gbps: float | None) -> N
                                   f"({'/'.join(f'{r:g}' for r in kept)} Gb/s); edit the written file to change it")
         for info in draft.nics.values():
             if info.rate_gbps is None and rate_gbps is not None:
-                info.rate_gbps = rate_gbps
+                info.rate_gbps = rate_gbps * max(1, len(info.ports))  # a port's rate, as --nic-gbps
         return
     for k in range(count):
         name = f"nic{k}"
@@ -350,7 +350,9 @@ def finish(
             if not info.rate_gbps:
                 from_flag.append(n)
     if from_flag:
-        draft.note(f"NIC line rate {_line_rate(nic_gbps)} from --nic-gbps for {', '.join(from_flag)}")
+        merged = [n for n in from_flag if draft.nics[n].ports]
+        per = f" a port ({', '.join(merged)}: one a port merged)" if merged else ""
+        draft.note(f"NIC line rate {_line_rate(nic_gbps)}{per} from --nic-gbps for {', '.join(from_flag)}")
     if nodes > 1 and not fabric_nics:
         raise ProbeError(f"{source}: --nodes {nodes} needs NICs to join the nodes, but no GPU has a usable NIC; "
                          + _no_usable_nic(draft))

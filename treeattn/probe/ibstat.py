@@ -135,15 +135,21 @@ def apply_ibstat(draft: NodeDraft, adapters: tuple[IbAdapter, ...], source: str 
         return
     seen = {a.name: a for a in adapters}
     used: set[str] = set()
-    missing = []
+    missing, partial = [], []
     for name, old in draft.nics.items():
-        members = old.ports or (name,)  # a device of merged ports (nccl_xml): ibstat lists each port
-        if not all(m in seen for m in members):
+        members = list(dict.fromkeys(old.ports or (name,)))  # a device of merged ports: ibstat lists each
+        listed = [m for m in members if m in seen]
+        if not listed:
             missing.append(name)
             continue
-        used.update(members)
-        draft.nics[name] = _merged([seen[m] for m in members], old.ports)
+        if len(listed) < len(members):
+            partial.append(f"{name} (no {', '.join(m for m in members if m not in seen)})")
+        used.update(listed)
+        draft.nics[name] = _merged([seen[m] for m in listed], old.ports)
     extra = [a.name for a in adapters if a.name not in used]
+    if partial:
+        draft.warnings.append(f"{source}: lists only some ports of {'; '.join(partial)}: their rate counts the "
+                              "listed ports")
     if extra:
         draft.warnings.append(f"{source}: lists {', '.join(extra)}, not in the topology output: ignored")
     if missing:
@@ -152,15 +158,18 @@ def apply_ibstat(draft: NodeDraft, adapters: tuple[IbAdapter, ...], source: str 
 
 
 def _merged(adapters: list[IbAdapter], ports: tuple[str, ...]) -> NicInfo:
-    """One device's ibstat data: an adapter's own, or for ports NCCL merges the sum of the
-    Active ones' rates (NCCL merges only Active ports), Active where any is."""
-    infos = [a.info() for a in adapters]
-    if len(infos) == 1:
-        return infos[0]
-    active = [i for i in infos if i.state == "Active"]
-    first = (active or infos)[0]
-    return NicInfo(sum(i.rate_gbps for i in active) if active else first.rate_gbps, first.link_layer, first.state,
-                   first.model, ports=ports)
+    """One device's ibstat data: an adapter's own (its fastest Active port), or for a device
+    of merged ports the sum of its adapters' Active ports (NCCL merges only Active ports, of
+    one link layer: the first Active port's), Active where any is."""
+    if not ports:
+        return adapters[0].info()
+    active = [p for a in adapters for p in a.active]
+    layer = active[0].link_layer if active else ""
+    active = [p for p in active if p.link_layer == layer]
+    first = adapters[0].info()
+    if not active:
+        return NicInfo(first.rate_gbps, first.link_layer, first.state, first.model, ports=ports)
+    return NicInfo(sum(p.rate_gbps for p in active), layer, "Active", first.model, ports=ports)
 
 
 def _place(draft: NodeDraft, adapters: tuple[IbAdapter, ...], source: str) -> None:

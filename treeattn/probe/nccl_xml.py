@@ -336,7 +336,7 @@ def _ports(element: XmlNode, nets: list[XmlNode]) -> list[list[XmlNode | None]]:
     ``NCCL_IB_MERGE_NICS`` on by default: ``net_ib.cc`` ``ncclIbFindMatchingDev``) merges the
     Active ports of one PCI device that share a GUID and link layer into one device at their
     summed speed; here the ports of one ``<pci>`` adapter with one GUID are merged (a file
-    states no port's state; NCCL caps a device at 2 ports before 2.26, 4 from it, not
+    states no port's state; NCCL caps a device at 2 ports through 2.23, 4 from 2.24.3, not
     modelled). Ports without a GUID, and the ``<net>``s of a ``<nic>`` directly under a CPU
     (where NCCL collects devices that are not one adapter), stay apart. An adapter without
     ports is one device."""
@@ -381,8 +381,9 @@ def _nics(d: NodeDraft, found: _Found, source: str) -> None:
             if len(ports) > 1:
                 merged.append(name)
             d.add(Device(name, DeviceKind.NIC, 0))
+            # NCCL 2.20+ dumps a merged device as one <net name="mlx5_0+mlx5_1"> at the summed speed.
             d.nics[name] = NicInfo(rate_gbps=rate, link_layer=layer or None, state=None,
-                                   ports=tuple(names) if len(names) > 1 else ())
+                                   ports=tuple(name.split("+")) if "+" in name else ())
             d.connect(name, parent, LinkKind.PCIE, bw, generation=gen, width=width)
     if merged:
         d.note(f"ports of one NIC merged into one device at their summed rate, as NCCL 2.20.3 and later does "
