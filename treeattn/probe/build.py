@@ -52,6 +52,11 @@ class NicInfo:
     """The port devices merged into this one (``mlx5_0``, ``mlx5_1``: an adapter's ports, as
     NCCL merges them), or empty: the NIC is one port device, its own name."""
 
+    def rate_of_ports(self, port_gbps: float) -> float:
+        """The device's line rate where each of its ports runs at ``port_gbps`` (``--nic-gbps``
+        and ``--nics`` give a port's rate)."""
+        return port_gbps * max(1, len(self.ports))
+
 
 @dataclass
 class NodeDraft:
@@ -175,7 +180,7 @@ def add_assumed_nics(draft: NodeDraft, count: int, rate_gbps: float | None) -> N
                                   f"({'/'.join(f'{r:g}' for r in kept)} Gb/s); edit the written file to change it")
         for info in draft.nics.values():
             if info.rate_gbps is None and rate_gbps is not None:
-                info.rate_gbps = rate_gbps * max(1, len(info.ports))  # a port's rate, as --nic-gbps
+                info.rate_gbps = info.rate_of_ports(rate_gbps)
         return
     for k in range(count):
         name = f"nic{k}"
@@ -334,8 +339,7 @@ def finish(
     from_flag: list[str] = []
     for n in fabric_nics:
         info = draft.nics[n]
-        # --nic-gbps is a port's line rate: a device of merged ports runs at their sum.
-        rate = info.rate_gbps if info.rate_gbps else None if nic_gbps is None else nic_gbps * max(1, len(info.ports))
+        rate = info.rate_gbps if info.rate_gbps else None if nic_gbps is None else info.rate_of_ports(nic_gbps)
         if rate is None and nodes > 1:
             raise ProbeError(
                 f"{source}: the line rate of NIC {n} is unknown; pass --nic-gbps (e.g. 400) or --ibstat FILE"
