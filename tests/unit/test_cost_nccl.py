@@ -237,6 +237,27 @@ def test_tree_bandwidth_has_nccls_per_channel_caps():
     assert n / (est.rank_us - est.latency_us) / 1e3 == pytest.approx(8 * 29.0 * 0.5)
 
 
+def test_a_tree_on_two_nodes_crosses_the_network_once_each_way():
+    # Two GPUs of each of two DGX H100s, each with its own 400 Gb/s NIC: 100 GB/s a node.
+    two = nccl_fabric.fabric(resolve("dgx-h100:nodes=2[ranks 0,1,8,9]"))
+    assert (two.inter_bw_gbps, two.tree_intra_bw_gbps) == (100.0, pytest.approx(370.8))
+    assert two.tree_bus_bw_gbps == 200.0  # twice the network, under the NVLink chain
+    assert two.bus_bw_gbps == 100.0  # a ring still crosses it twice per byte
+    four = nccl_fabric.fabric(resolve("dgx-h100:nodes=4[ranks 0,1,8,9,16,17,24,25]"))
+    assert four.tree_bus_bw_gbps == four.inter_bw_gbps == 100.0
+    # From 128 MiB NCCL's estimate then picks the tree, which what runs times at the NICs'
+    # rate: the 147-148 GB/s of bus bandwidth MGHPCC and Lambda published at 8 GiB, where a
+    # ring over the same NICs moves 94 (results/published/README.md).
+    n = 8 << 30
+    est = nccl.pick(two, "allreduce", n)
+    assert (est.algorithm.value, est.protocol.value) == ("tree", "Simple")
+    ring = next(e for e in nccl.predict(two, "allreduce", n)
+                if (e.algorithm.value, e.protocol.value) == ("ring", "Simple"))
+    assert est.busbw_gbps > 1.3 * ring.busbw_gbps
+    # Held to NCCL's per-channel cap, 4 graph channels x 41.4 GB/s on two Hopper nodes.
+    assert n / (est.time_us - est.latency_us) / 1e3 == pytest.approx(4 * 41.4 * 0.5)
+
+
 def test_nvls_chunks_follow_nccls_enqueue():
     from treeattn.cost.nvls import nvls_chunk
 

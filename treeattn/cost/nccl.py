@@ -36,7 +36,10 @@ by GPU generation for 1 / 2 / more nodes; on 4 or more H100 nodes the tree's 8 x
 and its LL128's 8 x 29 bind), in NCCL's estimate and in what runs (the figures by GPU
 generation and node count, and llMaxBw's: ``nccl_tuning``).
 Algorithm bandwidth = bus x R/nsteps for ring (nsteps 2(R-1) all-reduce, R-1 all-gather
-and reduce-scatter, R broadcast and reduce), bus x 0.5 for tree. Tree bandwidth is further scaled
+and reduce-scatter, R broadcast and reduce), bus x 0.5 for tree, whose bus on two nodes is
+its intra-node chain's up to twice the network's (``NcclFabric.tree_bus_bw_gbps``: each byte
+crosses the network once each way; NCCL's search and estimate rate it so), in NCCL's estimate
+and in what runs. Tree bandwidth is further scaled
 by NCCL's size-dependent ``treeCorrectionFactor`` (powers of two from 64 B to 256 MiB).
 time = latency + bytes / algbw. LL128 is offered only where the ranks share a GPU
 fabric (NCCL enables it by default only on NVLink systems).

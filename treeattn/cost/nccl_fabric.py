@@ -26,7 +26,8 @@ one of them crosses, at NCCL's scaled capacities, each flow also capped by its N
   slowest flow, at most the rank's figure;
 * across nodes, one channel per NIC: the first rank using the node's k-th NIC -> the rank
   using the k-th NIC of the next node (cyclically); ``inter`` = min(NCCL's figure, the
-  slowest node's sum of its channels' rates).
+  slowest node's sum of its channels' rates). A tree on two nodes takes twice ``inter``
+  (``NcclFabric.tree_bus_bw_gbps``).
 
 Ranks of a node joined by one GPU fabric (NVLink/xGMI, NVSwitch) keep NCCL's figure: NCCL
 spreads channels over every fabric link (a hybrid cube-mesh's rings use all six NVLinks),
@@ -135,9 +136,16 @@ class NcclFabric:
 
     @property
     def tree_bus_bw_gbps(self) -> float:
-        """The bus bandwidth of the tree algorithm (its intra-node chain may share links differently)."""
+        """The bus bandwidth of the tree algorithm: its intra-node chain (which may share links
+        differently) and, on two nodes, twice the network. There each node is the root of one
+        of NCCL's two trees and a leaf of the other, so a byte crosses the network once each
+        way, where NCCL's tree bus bandwidth counts a rank's bytes twice; NCCL's search raises
+        the tree graph's intra-node speed to twice its network speed (``search.cc``
+        ``ncclTopoCompute``, pass 2, "increase bwIntra for trees (2 nodes or collnet)") and its
+        estimate rates a tree on two nodes by that speed (``tuning.cc``: ``nNodes <= 2 ?
+        bwIntra : bwInter``)."""
         intra = self.tree_intra_bw_gbps if math.isfinite(self.tree_intra_bw_gbps) else self.intra_bw_gbps
-        bw = min(intra, self.inter_bw_gbps)
+        bw = min(intra, self.inter_bw_gbps * (2 if self.nodes == 2 else 1))
         return bw if math.isfinite(bw) else 0.0
 
 
