@@ -186,6 +186,18 @@ def test_nccl_model_json_and_sizes():
         " ".join(r.stdout.split()))
 
 
+def test_nccl_model_says_why_a_two_node_tree_outruns_the_network():
+    r = run_cli("nccl-model", "-t", "dgx-h100:nodes=2[ranks 0,1,8,9]", "-c", "allreduce", "--bytes", "8GiB")
+    assert r.exit_code == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert ("bus bandwidth 100 GB/s (tree 200 GB/s) (tree: on two nodes each byte crosses the network once each way)"
+            in text)
+    assert "NCCL's pick: tree/Simple" in text
+    for spec in ("dgx-h100:nodes=4[ranks 0,1,8,9,16,17,24,25]", "dgx-h100:nodes=2"):  # more nodes; NVLink binds
+        r = run_cli("nccl-model", "-t", spec, "-c", "allreduce", "--bytes", "8GiB")
+        assert r.exit_code == 0 and "crosses the network once" not in r.stdout, spec
+
+
 def test_nccl_model_says_which_nccl_release_it_follows(tmp_path):
     newer = tmp_path / "newer.yaml"
     newer.write_text('family: dgx-h100\nparams: {nodes: 2}\nname: newer\ncost: {nccl_version: "2.31"}\n')

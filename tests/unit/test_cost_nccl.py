@@ -242,7 +242,7 @@ def test_a_tree_on_two_nodes_crosses_the_network_once_each_way():
     two = nccl_fabric.fabric(resolve("dgx-h100:nodes=2[ranks 0,1,8,9]"))
     assert (two.inter_bw_gbps, two.tree_intra_bw_gbps) == (100.0, pytest.approx(370.8))
     assert two.tree_bus_bw_gbps == 200.0  # twice the network, under the NVLink chain
-    assert two.bus_bw_gbps == 100.0  # a ring still crosses it twice per byte
+    assert two.bus_bw_gbps == 100.0  # a ring's bytes cross it 2(R - 1) / R times
     four = nccl_fabric.fabric(resolve("dgx-h100:nodes=4[ranks 0,1,8,9,16,17,24,25]"))
     assert four.tree_bus_bw_gbps == four.inter_bw_gbps == 100.0
     # From 128 MiB NCCL's estimate then picks the tree, which what runs times at the NICs'
@@ -256,6 +256,20 @@ def test_a_tree_on_two_nodes_crosses_the_network_once_each_way():
     assert est.busbw_gbps > 1.3 * ring.busbw_gbps
     # Held to NCCL's per-channel cap, 4 graph channels x 41.4 GB/s on two Hopper nodes.
     assert n / (est.time_us - est.latency_us) / 1e3 == pytest.approx(4 * 41.4 * 0.5)
+
+
+def test_a_tree_of_one_gpu_a_node_takes_nccls_plain_tree_pattern():
+    # One GPU (and its 400 Gb/s NIC) on each of 4 nodes: NCCL's search takes the plain tree
+    # pattern, which its estimate rates x0.85; what runs moves the network at Simple's 0.94.
+    fab = nccl_fabric.fabric(resolve("dgx-h100:nodes=4[ranks 0,8,16,24]"))
+    n = 16 << 30
+    tree = next(e for e in nccl.predict(fab, "allreduce", n)
+                if (e.algorithm.value, e.protocol.value) == ("tree", "Simple"))
+    assert n / (tree.time_us - tree.latency_us) / 1e3 == pytest.approx(50.0 * 0.94 * 0.92 * 0.85 * 0.5)
+    two_a_node = nccl_fabric.fabric(resolve("dgx-h100:nodes=4[ranks 0,1,8,9,16,17,24,25]"))
+    tree = next(e for e in nccl.predict(two_a_node, "allreduce", n)
+                if (e.algorithm.value, e.protocol.value) == ("tree", "Simple"))
+    assert n / (tree.time_us - tree.latency_us) / 1e3 == pytest.approx(100.0 * 0.94 * 0.92 * 0.5)
 
 
 def test_nvls_chunks_follow_nccls_enqueue():
@@ -542,11 +556,19 @@ def test_blackwell_nvlstree_tuning_only_from_2_30_3():
     assert (old, new) == (3 * 32 * 8 * (64 << 10), 3 * 24 * 8 * (128 << 10))
 
 
-@pytest.mark.parametrize(("model", "arch"), [("A40", "ampere"), ("A10G", "ampere"), ("A100-SXM4-80GB", "ampere"),
-                                             ("RTX-4090", "ampere"), ("L40S", "ampere"), ("H100-SXM5-80GB", "hopper"),
-                                             ("V100-SXM2", "volta"), ("B200", "blackwell")])
+@pytest.mark.parametrize(("model", "arch"), [
+    ("A40", "ampere"), ("A10G", "ampere"), ("A100-SXM4-80GB", "ampere"), ("RTX-4090", "ampere"), ("L40S", "ampere"),
+    ("H100-SXM5-80GB", "hopper"), ("V100-SXM2", "volta"), ("B200", "blackwell"),
+    # names as nvidia-smi prints them, which had fallen through to Hopper's row
+    ("NVIDIA L4", "ampere"), ("NVIDIA RTX 6000 Ada Generation", "ampere"), ("NVIDIA GeForce RTX 5090", "blackwell"),
+    ("RTX-5090", "blackwell"), ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "blackwell"), ("Tesla T4", "volta"),
+    ("NVIDIA GeForce RTX 2080 Ti", "volta"), ("NVIDIA RTX A6000", "ampere"), ("NVIDIA GH200 480GB", "hopper"),
+    ("NVIDIA H20", "hopper"), ("NVIDIA GB200", "blackwell"),
+    # a misspelt name takes the architecture its letters suggest; one placed nowhere Hopper's
+    ("A10O-SXM4-80GB", "ampere"), ("Quadro GV100", "volta"), ("MI300X", "hopper"),
+])
 def test_nccl_takes_a_gpus_row_by_its_compute_capability(model, arch):
-    # NCCL indexes its tables by compute capability: the A40 (8.6) had fallen through to Hopper's row
+    # NCCL indexes its tables by compute capability (tuning.cc compCapIndex: >= 10.0, 9.x, 8.x, below)
     from treeattn.cost.nccl_tuning import nccl_arch
 
     assert nccl_arch(model) == arch

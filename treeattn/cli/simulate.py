@@ -310,6 +310,8 @@ def nccl_model_cmd(
               f"{fab.ranks} ranks, {fab.nodes} node(s)")
     con.print(f"{library}; the fabric's bus bandwidth {fab.bus_bw_gbps:.4g} GB/s "
               f"(tree {fab.tree_bus_bw_gbps:.4g} GB/s)")
+    if fab.nodes == 2 and fab.tree_bus_bw_gbps > fab.bus_bw_gbps:
+        con.print("(tree: on two nodes each byte crosses the network once each way)")
     print_rates_note(con, topo)
     for limit in filter(None, fab.limit.split("; ")):
         con.print(f"capped by the routes: {limit}", markup=False)

@@ -27,14 +27,17 @@ call overlaps the previous call; the simulator (``treeattn.cost.simulate``) adds
 ``host`` devices (CPU-only runs, gloo) are not timed by this model at all in the
 simulator (``treeattn.cost.gloo``).
 
-Derating, as NCCL: ring LL x0.5 capped at llMaxBw; ring LL128 x0.92; tree all-reduce
-x0.92; then tree LL x1/3.8 capped at llMaxBw; tree LL128 x7/9 on one node, x120/128
-across nodes. Ring LL128, tree and tree LL128 are also capped at the ring/tree graph's
-channels (``nccl_channels.graph_channels``: 8 on DGX H100 nodes with 8 NICs) times NCCL's
-per-channel figure (``perChMaxRingLL128Bws``, ``perChMaxTreeBws``, ``perChMaxTreeLL128Bws``
-by GPU generation for 1 / 2 / more nodes; on 4 or more H100 nodes the tree's 8 x 36 GB/s
-and its LL128's 8 x 29 bind), in NCCL's estimate and in what runs (the figures by GPU
-generation and node count, and llMaxBw's: ``nccl_tuning``).
+Derating, as NCCL: ring LL x0.5 capped at llMaxBw; ring LL128 x0.92; tree all-reduce x0.92;
+then tree LL x1/3.8 capped at llMaxBw; tree LL128 x7/9 on one node, x120/128 across nodes; a
+tree with one GPU a node x0.85 (``maxTreePattern == NCCL_TOPO_PATTERN_TREE``, the pattern
+NCCL's search takes with one GPU a node; its fallback to that pattern on Hopper when a
+balanced tree is not found in time is not modelled). Ring LL128, tree and tree LL128 are
+also capped at the ring/tree graph's channels (``nccl_channels.graph_channels``: 8 on DGX
+H100 nodes with 8 NICs) times NCCL's per-channel figure (``perChMaxRingLL128Bws``,
+``perChMaxTreeBws``, ``perChMaxTreeLL128Bws`` by GPU generation for 1 / 2 / more nodes; on 4
+or more H100 nodes the tree's 8 x 36 GB/s and its LL128's 8 x 29 bind), in NCCL's estimate
+and in what runs (the figures by GPU generation and node count, and llMaxBw's:
+``nccl_tuning``).
 Algorithm bandwidth = bus x R/nsteps for ring (nsteps 2(R-1) all-reduce, R-1 all-gather
 and reduce-scatter, R broadcast and reduce), bus x 0.5 for tree, whose bus on two nodes is
 its intra-node chain's up to twice the network's (``NcclFabric.tree_bus_bw_gbps``: each byte
@@ -286,6 +289,8 @@ def _algbw_gbps(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int
             bus = min(bus / 3.8, ll_max)
         elif proto is Protocol.LL128:
             bus = min(bus * (7.0 / 9.0 if fab.nodes == 1 else 120.0 / 128.0), gch * _PER_CH_TREE_LL128[fab.arch][scale])
+        if fab.ranks == fab.nodes:
+            bus *= 0.85  # one GPU a node: the search's plain tree pattern (NCCL_TOPO_PATTERN_TREE)
         bw = bus * 0.5
         log_size = _log2i(nbytes >> 6)
         if log_size < len(_TREE_CORRECTION[p]):

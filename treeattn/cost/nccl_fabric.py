@@ -140,8 +140,9 @@ class NcclFabric:
         differently) and, on two nodes, twice the network. There each node is the root of one
         of NCCL's two trees and a leaf of the other, so a byte crosses the network once each
         way, where NCCL's tree bus bandwidth counts a rank's bytes twice; NCCL's search raises
-        the tree graph's intra-node speed to twice its network speed (``search.cc``
-        ``ncclTopoCompute``, pass 2, "increase bwIntra for trees (2 nodes or collnet)") and its
+        the tree graph's intra-node speed up to twice its network speed (``search.cc``
+        ``ncclTopoCompute``, pass 2, "increase bwIntra for trees (2 nodes or collnet)"; to the
+        first step of its speed list at or above twice, or the list's top) and its
         estimate rates a tree on two nodes by that speed (``tuning.cc``: ``nNodes <= 2 ?
         bwIntra : bwInter``)."""
         intra = self.tree_intra_bw_gbps if math.isfinite(self.tree_intra_bw_gbps) else self.intra_bw_gbps

@@ -26,6 +26,7 @@ all-reduce, x (R-1)/R for all-gather and reduce-scatter, x 1 for broadcast and r
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -227,19 +228,23 @@ def busbw_factor(collective: Collective, ranks: int) -> float:
     return 1.0
 
 
-_AMPERE_ROW = ("A100", "A800", "A30", "A10", "A40", "RTX-40", "RTX 40", "RTX-30", "RTX 30", "L40", "L4-", "A6000")
+# NCCL indexes its tables by the GPUs' compute capability (tuning.cc ``compCapIndex``: 10.0 and
+# up Blackwell's row, 9.x Hopper's, 8.x Ampere's, below that Volta's): Ada (8.9: RTX 40xx, the
+# L4/L20/L40 and the RTX Ada cards) takes Ampere's, GeForce and RTX PRO Blackwell (12.0)
+# Blackwell's, Turing and Pascal (7.5, 6.x) Volta's. Read anywhere in the name (as nvidia-smi
+# prints it or hyphenated: "RTX-4090", "L4-24GB"), so a misspelt one ("A10O") takes the
+# architecture its letters suggest.
+_ROW_PATTERNS = tuple((row, re.compile("|".join(pats))) for row, pats in (
+    ("blackwell", (r"G?B(100|200|300)", r"GB10", r"RTX[ -]?50[0-9]0( TI)?", r"RTX PRO [0-9]000", r"BLACKWELL")),
+    ("hopper", (r"G?H(100|200|800|20)",)),
+    ("ampere", (r"A(100|800|30|40|16|2)", r"A10G?", r"RTX[ -]?[34]0[0-9]0( TI)?", r"RTX A[0-9]000", r"A[0-9]000",
+                r"L(4|20|40S?)", r"ADA")),
+    ("volta", (r"V100", r"T4", r"RTX[ -]?20[0-9]0( TI)?", r"QUADRO RTX", r"TITAN (V|RTX)", r"P(4|40|100)")),
+))
 
 
 def nccl_arch(model: str) -> str:
     """The architecture whose row of NCCL's tables a GPU ``model`` takes (``hopper`` for a name
     none of the rules places)."""
-    m = model.upper()
-    if "B200" in m or "B100" in m or "GB200" in m or "B300" in m:
-        return "blackwell"
-    # NCCL indexes its tables by compute capability: 8.x (Ampere, and Ada's 8.9: RTX 40xx,
-    # L40, L4) takes the Ampere row.
-    if any(k in m for k in _AMPERE_ROW):
-        return "ampere"
-    if "V100" in m:
-        return "volta"
-    return "hopper"
+    m = model.upper().replace("_", " ")
+    return next((row for row, pattern in _ROW_PATTERNS if pattern.search(m)), "hopper")
