@@ -16,7 +16,13 @@ of the topology, placing the log's ``n`` ranks on the topology's first ``n``:
   topology's overhead + route latency), ``alpha_net = (alpha - (s - s_net) alpha_intra) / s_net``.
   ``beta_link`` is a node's egress: the bottleneck link gets ``beta_link x link bw / (sum of the
   network out-links of the NICs rank 0's node uses)``; sendrecv's, what the one stream that
-  leaves a node got over its one NIC: the bottleneck link gets ``beta_link``.
+  leaves a node got over its one NIC: the bottleneck link gets ``beta_link``; alltoall's, with
+  ``g`` of the ``n`` ranks on rank 0's node each sending ``(n - g) / n`` of its buffer to the
+  other nodes at once, is ``(n - 1) / (g (n - g))`` of the egress's rate: the bottleneck link
+  gets ``beta_link x g (n - g) / (n - 1)`` of the egress's share.
+
+Two logs that fit one class: the one with more sizes is kept, then a sendrecv, then by file
+name, whatever the order they were given in.
 
 nccl-tests cannot tell the software overhead from the latency: ``overhead_us`` stays as it is
 and the route latencies take the rest of alpha. A log whose sizes all lie past the size whose
@@ -177,7 +183,14 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
     chosen: dict[tuple, LogFit] = {}
     warnings: list[str] = ring_notes
     intra_alpha: float | None = None
-    for network, source, cf in sorted(parsed, key=lambda x: x[0]):  # one-node logs first
+    # One-node logs first (the network's fits divide out their latency); where two logs fit one
+    # class the first is kept: the one with more sizes, then a sendrecv (one stream: a link's
+    # rate as it stands), then by file name, so the logs' order on the command line does not count.
+    def preference(x: tuple[bool, str, CollectiveFit]) -> tuple:
+        network, source, cf = x
+        return network, -cf.points, cf.collective != "sendrecv", Path(source).name, source
+
+    for network, source, cf in sorted(parsed, key=preference):
         lf = _network_fit(topo, source, cf, intra_alpha) if network else _node_fit(topo, source, cf)
         if said := (_over_line_rate(topo, lf) if network else _over_pcie_rate(topo, lf) if lf.shm
                     else _over_fabric_rate(topo, lf)):
@@ -190,7 +203,7 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
         if old is not None:
             keep, drop = (old, lf) if old.fit.points >= lf.fit.points else (lf, old)
             warnings.append(f"{drop.source} and {keep.source} both fit class {lf.route_class}: kept {keep.source} "
-                            f"({keep.fit.points} sizes)")
+                            f"({keep.fit.points} sizes; the more sizes, then a sendrecv, then the file name decide)")
             lf = keep
         chosen[lf.hops] = lf
     logs = tuple(chosen.values())
@@ -353,8 +366,7 @@ def _over_fabric_rate(topo: Topology, lf: LogFit) -> str:
 
 UNDER_RATING = 0.5
 """An all-reduce log's fitted rate below this share of its link's hardware figure is said
-(``_under_rating``; other collectives' rings fit other shares: a multi-node alltoall's, a
-tenth of a port on sound fabrics the model predicts well). The published corpus's all-reduce
+(``_under_rating``; the other collectives' fits are not judged by it). The published corpus's all-reduce
 tables, each fitted whole onto its mapping's topology, give
 0.63-1.08 of the figure on fabrics their sources call sound; under 0.5 come an unscored
 degraded 2-node run (nccl-tests issue 290: 0.25 and 0.40) and one-node A100 logs that stop at
@@ -430,6 +442,12 @@ def _network_fit(topo: Topology, source: str, cf: CollectiveFit, intra_alpha: fl
     # sendrecv's busbw is what one rank's stream to the next got: the ring crosses a node's
     # edge once, over one NIC, not spread over the node's egress as a collective's rings are
     share = 1.0 if cf.collective == "sendrecv" else low / egress if egress > 0 else 1.0
+    if cf.collective == "alltoall":
+        # Each of a node's g ranks sends (n - g) / n of its buffer to other nodes' ranks, all
+        # at once, over the node's egress: busbw ((n - 1) / n of the buffer a rank's time) is
+        # the egress's rate x (n - 1) / (g (n - g)), not a ring's share of it.
+        g = len(local)
+        share *= g * (n - g) / (n - 1)
     return LogFit(source, cf, "network", ">".join(k for k, _ in hops), hops, alpha, cf.beta_link_gbps * share,
                   tuple(notes), written)
 

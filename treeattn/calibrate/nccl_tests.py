@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from treeattn.calibrate.fit import COLLECTIVE_MODELS, CollectiveFit, Weighting, fit_collective
+from treeattn.cost.nvls import REDUCTION_DTYPES, dtype_name
 from treeattn.errors import ProbeError
 from treeattn.probe.text import fail, read_input
 from treeattn.topology.model import DeviceKind, LinkKind, Topology
@@ -738,6 +739,8 @@ def log_run(log: NcclTestsLog, collective: str | None = None, ranks: int | None 
         known = ", ".join(COLLECTIVE_MODELS)
         raise ProbeError(f"{log.source}: no model of a {name} test (the models cover {known})")
     n = ranks or log.ranks
+    if n is None and (n := _ranks_from_counts(name, log)) is not None:
+        notes.append(f"{n} ranks solved from the rows' size / (count x element size) (no '#  Rank' lines)")
     if n is None:
         n = _ranks_from_ratio(name, ratio)
         if n is None:
@@ -749,6 +752,26 @@ def log_run(log: NcclTestsLog, collective: str | None = None, ranks: int | None 
         raise ProbeError(f"{log.source}: busbw/algbw = {ratio:.4f}, but {name} over {n} ranks gives {want:.4f}: "
                          "the collective or the rank count is not what the log was made with")
     return name, n, tuple(notes)
+
+
+_PER_RANK_COUNT = ("all_gather", "reduce_scatter", "alltoall")
+"""Tests whose count column is a rank's share: nccl-tests prints size = count x ranks x the
+element's bytes (an all-gather's or reduce-scatter's one rank's part, an alltoall's one peer's)."""
+
+
+def _ranks_from_counts(name: str, log: NcclTestsLog) -> int | None:
+    """The ranks every row's size, count and data type agree on (``_PER_RANK_COUNT``), exact where
+    busbw/algbw, printed to two decimals, cannot tell 79 ranks from 80; None where they do not
+    determine it (another test, an unknown type, rows that disagree)."""
+    if name not in _PER_RANK_COUNT:
+        return None
+    got = set()
+    for r in log.rows:
+        elem = REDUCTION_DTYPES.get(dtype_name(r.dtype)) if r.dtype else None
+        if not r.count or elem is None or r.size_bytes % (r.count * elem):
+            return None
+        got.add(r.size_bytes // (r.count * elem))
+    return got.pop() if len(got) == 1 and min(got) >= 2 else None
 
 
 def _ranks_from_ratio(name: str, ratio: float) -> int | None:
