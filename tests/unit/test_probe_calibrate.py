@@ -20,6 +20,7 @@ from treeattn.calibrate.nccl_tests import (
     log_run,
     parse_nccl_tests,
     parse_published_table,
+    printed_version,
     read_nccl_tests,
 )
 from treeattn.errors import ProbeError
@@ -145,6 +146,25 @@ def test_nccl_info_lines_inside_the_table_are_skipped():
     noisy = lines[:i] + ["node005:295203:295203 [0] NCCL INFO Channel 00/24 : 0 1 2 3"] + lines[i:]
     log = parse_nccl_tests("\n".join(noisy), "n.txt")
     assert len(log.rows) == 6 and log.ignored == (i + 1,)
+
+
+def test_nccl_info_lines_give_the_release_and_the_variables_the_environment_set():
+    # NCCL_DEBUG=INFO prints its version (as the tinygrad PR 22 log in results/published does:
+    # "NCCL INFO NCCL version 2.23.4+cuda12.6") and each variable it read from the environment
+    # (tuning.cc "NCCL_ALGO set by environment to %s", misc/param.cc "%s set by environment to %lld.").
+    lines = _lines(ONE)
+    i = _row_index(lines, 268435456)
+    info = ["myles-MC62-G40-00:6742:6742 [0] NCCL INFO NCCL version 2.23.4+cuda12.6",
+            "node005:295203:295203 [0] NCCL INFO NCCL_ALGO set by environment to Ring",
+            "node005:295203:295203 [0] NCCL INFO NCCL_NVLS_ENABLE set by environment to 0.",
+            "node005:295203:295210 [3] NCCL INFO NCCL_ALGO set by environment to Ring"]
+    log = parse_nccl_tests("\n".join(lines[:4] + info[:3] + lines[4:i] + info[3:] + lines[i:]), "i.txt")
+    assert log.nccl_version == "2.23.4+cuda12.6" and printed_version(log) == "2.23.4"
+    assert log.env == (("NCCL_ALGO", "Ring"), ("NCCL_NVLS_ENABLE", "0"))
+    assert len(log.rows) == 6
+    # a plain version line, where the log has one, is the one read
+    plain = parse_nccl_tests("\n".join(lines[:4] + ["NCCL version 2.26.2+cuda12.8"] + info[:1] + lines[4:]), "p.txt")
+    assert plain.nccl_version == "2.26.2+cuda12.8"
 
 
 def test_lines_tagged_by_the_launcher_are_read():

@@ -23,11 +23,12 @@ file ``-J FILE`` writes is read into the same log (``nccl_tests_json``): ``parse
 and ``read_nccl_tests`` take either.
 
 Lines a launcher tagged (``srun -l``'s ``0:``, ``mpirun --tag-output``'s ``[1,0]<stdout>:``,
-MPICH Hydra ``-prepend-rank``'s ``[0] ``) or a log collector stamped
-(``kubectl logs --timestamps``) are read untagged. Lines outside the table that
-are not recognised (shell echo, ``NCCL INFO``, trimmed device lists) are skipped and their
-numbers kept in ``ignored``. Inside the table every line must be a row, a ``#`` line or an
-``NCCL INFO/WARN`` line.
+MPICH Hydra ``-prepend-rank``'s ``[0] ``) or a log collector stamped (``kubectl logs
+--timestamps``) are read untagged. Lines outside the table that are not recognised (shell
+echo, ``NCCL INFO``, trimmed device lists) are skipped and their numbers kept in
+``ignored``; of ``NCCL_DEBUG=INFO``'s lines, NCCL's version (where no plain version line
+gives one) and the variables it says the environment set (``env``) are kept. Inside the
+table every line must be a row, a ``#`` line or an ``NCCL INFO/WARN`` line.
 
 Tables copied from publications (``parse_published_table``) are read more leniently: a
 range of lines holding one table, with or without its headers, trailer or ``#  Rank`` lines,
@@ -87,6 +88,12 @@ _TAG = re.compile(r"^\s*(?:\[\d+(?:,\d+)?\](?:<std(?:out|err)>)?:|\[\d+\](?=\s|$
 ``kubectl logs --timestamps`` (``2025-07-14T09:30:01.123456789Z ``). Anchored at the line's
 start: an ``NCCL INFO`` line starts with its host (``node005:1234:1234 [0] NCCL INFO``). Not
 ``pdsh``'s ``host: ``, which tool output's own lines share (``rccl-tests: Version ...``)."""
+_INFO_VERSION = re.compile(r"NCCL INFO NCCL version (\d+\.\d+\.\d+\S*)")
+"""NCCL's own version line under ``NCCL_DEBUG=INFO`` (``host:pid:tid [0] NCCL INFO NCCL version 2.26.2+cuda12.8``)."""
+_INFO_ENV = re.compile(r"NCCL INFO ((?:NCCL|RCCL)_[A-Z0-9_]+) set by environment to (.*)$")
+"""NCCL's word, under ``NCCL_DEBUG=INFO``, of a variable the run's environment set (``NCCL_ALGO set
+by environment to Ring``; an integer one ends in a full stop: ``misc/param.cc``)."""
+_INFO_INT = re.compile(r"^(-?\d+)\.$")
 _PER_ITER = ["i_min", "i_max", "i_p99", "i_cv%"]
 """The per-iteration figures ``-I 1`` prints after each group's ``#wrong``."""
 _DATE, _CLOCK = re.compile(r"\d{4}-\d\d-\d\d"), re.compile(r"\d\d:\d\d:\d\d")
@@ -149,7 +156,8 @@ class NcclTestsLog:
     a process."""
     env: tuple[tuple[str, str], ...] = ()
     """The NCCL and RCCL variables the run's environment held (``NCCL_*``, ``RCCL_*``), where
-    the log records it: nccl-tests' JSON writes the process environment; a text log does not."""
+    the log records it: nccl-tests' JSON writes the process environment; a text log, under
+    ``NCCL_DEBUG=INFO``, those NCCL says it read (``NCCL_ALGO set by environment to Ring``)."""
 
     @property
     def ranks(self) -> int | None:
@@ -352,7 +360,8 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
     rccl = False
     rows: list[NcclRow] = []
     avg: float | None = None
-    oob = version = ""
+    oob = version = info_version = ""
+    info_env: dict[str, str] = {}
     named = None
     reduced: int | None = None
     state = "pre"
@@ -370,6 +379,10 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
                 ignored.append(lineno)
             continue
         if "NCCL INFO" in line or "NCCL WARN" in line:
+            if m := _INFO_VERSION.search(line):
+                info_version = info_version or m.group(1)
+            elif m := _INFO_ENV.search(line):
+                info_env.setdefault(m.group(1), _INFO_INT.sub(r"\1", m.group(2).strip()))
             ignored.append(lineno)
             continue
         if state == "pre":
@@ -433,8 +446,9 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         source=shown, n_threads=int(header.group(1)), n_gpus=int(header.group(2)),
         min_bytes=min(int(header.group(3)), max_bytes), max_bytes=max_bytes, rows=tuple(rows),
         devices=tuple(devices),
-        avg_busbw_gbps=avg, out_of_bounds=oob, nccl_version=version, collective=named or collective_from_name(source),
-        ignored=tuple(ignored), rccl=rccl,
+        avg_busbw_gbps=avg, out_of_bounds=oob, nccl_version=version or info_version,
+        collective=named or collective_from_name(source), ignored=tuple(ignored), rccl=rccl,
+        env=tuple(sorted(info_env.items())),
     )
     ranks = [d.rank for d in log.devices]
     if ranks and ranks != list(range(len(ranks))):
