@@ -549,8 +549,10 @@ def test_the_log_hosts_must_group_ranks_as_the_topology_nodes(tmp_path):
     with pytest.raises(InputError, match="ran ranks 0 and 1 on different hosts, but 'h100-4x2' places them on "
                                          "one node"):
         calibrate_from_nccl_tests(H100_4X2, [_hosts(tmp_path, ["a", "b"] * 4)])
-    # two hosts onto one node of 8
-    with pytest.raises(InputError, match=r"on 2 host\(s\) \(a, b\), but 'dgx-h100:nodes=4' places ranks 0-7 on 1"):
+    # two hosts onto one node of 8: the selection that puts them on two nodes is named
+    with pytest.raises(InputError, match=r"on 2 host\(s\) \(a, b\), but 'dgx-h100:nodes=4' places ranks 0-7 on 1 "
+                                         r"node\(s\); give the topology it ran on \(e.g. 'dgx-h100:nodes=4\[ranks "
+                                         r"0-3,8-11\]'\)"):
         calibrate_from_nccl_tests(DGX4, [_hosts(tmp_path, ["a"] * 4 + ["b"] * 4)])
 
 

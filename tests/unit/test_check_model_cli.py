@@ -346,11 +346,26 @@ def test_own_log_on_a_topology_of_another_size_says_how_to_select_ranks(tmp_path
     log = tmp_path / "run.txt"
     shutil.copy(FIXTURE.with_name("all_reduce_perf.8xh100-1node.txt"), log)
     more = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2")
-    assert more.exit_code == 2 and "(e.g. 'dgx-h100:nodes=2[ranks 0-7]')" in more.stderr, more.stderr
+    assert more.exit_code == 2 and "(e.g. 'dgx-h100:nodes=2[ranks 0-7]', as the log places them on hosts)" in (
+        more.stderr), more.stderr
     picked = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2[ranks 0-7]")
     assert picked.exit_code == 0, picked.stderr
     fewer = run_cli("check-model", str(log), "-t", "cpu:ranks=4")
     assert fewer.exit_code == 2 and "use a topology of that size" in fewer.stderr, fewer.stderr
+
+
+def test_a_selection_of_ranks_is_suggested_as_the_logs_hosts_hold_them(tmp_path):
+    # xxrjun's sendrecv of one GPU on each of two hosts (results/published): ranks 0-1 of a
+    # 2 x 8 H100 topology are one node's, and scored there it was -88 %; the log's hosts say 0,8.
+    from treeattn.validate.corpus import corpus_dir
+
+    lines = (corpus_dir() / "xxrjun-nccl-tests-cluster.txt").read_text().splitlines()[711:728]
+    log = tmp_path / "sendrecv_perf.txt"
+    log.write_text("\n".join(lines) + "\n")
+    res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2")
+    assert res.exit_code == 2 and "(e.g. 'dgx-h100:nodes=2[ranks 0,8]', as the log places them on hosts)" in (
+        res.stderr), res.stderr
+    assert run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2[ranks 0,8]").exit_code == 0
 
 
 @pytest.mark.parametrize(("model", "device", "other"), [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -165,6 +166,25 @@ def test_nccl_info_lines_give_the_release_and_the_variables_the_environment_set(
     # a plain version line, where the log has one, is the one read
     plain = parse_nccl_tests("\n".join(lines[:4] + ["NCCL version 2.26.2+cuda12.8"] + info[:1] + lines[4:]), "p.txt")
     assert plain.nccl_version == "2.26.2+cuda12.8"
+
+
+def test_a_selection_of_ranks_follows_the_logs_hosts():
+    from treeattn.calibrate.nccl_tests import NcclDevice, ranks_like_hosts
+    from treeattn.topology.library import resolve
+
+    log = read_nccl_tests(ONE)
+    topo = resolve("dgx-h100:nodes=4")
+
+    def on(*hosts: str) -> NcclTestsLog:
+        return dataclasses.replace(log, devices=tuple(NcclDevice(r, h, 0, "", "") for r, h in enumerate(hosts)))
+
+    assert ranks_like_hosts(on("a", "b"), topo) == "0,8"
+    assert ranks_like_hosts(on("a", "a", "b", "b", "c", "c"), topo) == "0-1,8-9,16-17"
+    assert ranks_like_hosts(on(*"a" * 8), topo) == "0-7"
+    assert ranks_like_hosts(on("a", "b", "a", "b"), topo) is None  # round-robin: no node-major selection
+    assert ranks_like_hosts(on(*"abcde"), topo) is None  # more hosts than nodes
+    assert ranks_like_hosts(on(*"a" * 9), topo) is None  # more ranks on a host than a node holds
+    assert ranks_like_hosts(dataclasses.replace(log, devices=()), topo) is None
 
 
 def test_lines_tagged_by_the_launcher_are_read():

@@ -53,6 +53,7 @@ from treeattn.calibrate.nccl_tests import (
     other_hosts,
     other_vendor,
     printed_version,
+    ranks_like_hosts,
     read_nccl_tests,
 )
 from treeattn.cost import nccl_rates
@@ -177,7 +178,9 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
         if other := other_devices(log, topo) or other_vendor(log, topo):  # rates for another machine's links
             raise InputError(f"{path}: {other}; give the topology it ran on")
         if other := other_hosts(log, topo, n):  # a one-node ring would be fitted as the network's, or back
-            raise InputError(f"{path}: {other}; give the topology it ran on")
+            like = ranks_like_hosts(log, topo)
+            hint = f" (e.g. '{topo.name.split('[')[0]}[ranks {like}]')" if like and n < topo.num_ranks else ""
+            raise InputError(f"{path}: {other}; give the topology it ran on{hint}")
         nodes = {topo.rank_device(r).node for r in range(n)}
         parsed.append((len(nodes) > 1, log.source, cf))
     chosen: dict[tuple, LogFit] = {}

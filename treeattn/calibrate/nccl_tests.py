@@ -642,6 +642,40 @@ def other_hosts(log: NcclTestsLog, topo: Topology, n: int) -> str:
     return f"the log ran ranks {a} and {b} on {same}, but {topo.name!r} places them on {where}"
 
 
+def ranks_like_hosts(log: NcclTestsLog, topo: Topology) -> str | None:
+    """A ``[ranks ...]`` selection of ``topo`` that puts the log's ranks on nodes as its
+    ``#  Rank`` lines put them on hosts (``"0,8"`` for one rank on each of two hosts,
+    ``"0-3,8-11"`` for four): host by host in rank order, the first ranks of the topology's
+    nodes in order; None where the log does not list each rank with its host, a host's ranks
+    are not consecutive, or the topology has too few nodes or ranks a node for them."""
+    hosts = {d.rank: d.host for d in log.devices}
+    n = len(hosts)
+    if n < 2 or sorted(hosts) != list(range(n)) or not all(hosts.values()):
+        return None
+    runs: list[list[int]] = []
+    for r in range(n):
+        if r and hosts[r] == hosts[r - 1]:
+            runs[-1].append(r)
+        elif hosts[r] in (hosts[q] for q in range(r)):
+            return None  # a host's ranks interleaved with another's
+        else:
+            runs.append([r])
+    per_node: dict[object, list[int]] = {}
+    for r in range(topo.num_ranks):
+        per_node.setdefault(topo.rank_device(r).node, []).append(r)
+    nodes = list(per_node.values())
+    if len(runs) > len(nodes) or any(len(run) > len(node) for run, node in zip(runs, nodes, strict=False)):
+        return None
+    picked = [r for run, node in zip(runs, nodes, strict=False) for r in node[:len(run)]]
+    spans: list[list[int]] = []
+    for r in picked:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
 def other_vendor(log: NcclTestsLog, topo: Topology) -> str:
     """What is wrong where the log's device lines name one vendor's GPUs (``NVIDIA ...``,
     ``AMD ...``) and the topology's GPU fabric is the other's (xGMI, NVLink): a probed topology

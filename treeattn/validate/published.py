@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from treeattn.calibrate.nccl_tests import ranks_like_hosts
 from treeattn.cost import nccl, nccl_env, nccl_fabric, nccl_p2p, nccl_rates
 from treeattn.cost.library import alltoall_us, last_landing_us
 from treeattn.errors import InputError, TopologyError
@@ -185,7 +186,10 @@ class _Topologies:
                 raise InputError(f"{t.name}: {exc}") from None
         topo = self.topos[t.topology]
         if topo.num_ranks != t.ranks:
-            fix = (f"select ranks with '[ranks ...]' (e.g. '{t.topology.split('[')[0]}[ranks 0-{t.ranks - 1}]') "
+            # a selection that places the ranks on nodes as the log's hosts hold them, where it says
+            like = ranks_like_hosts(t.log, topo) if t.ranks < topo.num_ranks else None
+            fix = (f"select ranks with '[ranks ...]' (e.g. '{t.topology.split('[')[0]}[ranks "
+                   f"{like or f'0-{t.ranks - 1}'}]'{', as the log places them on hosts' if like else ''}) "
                    "or use another size" if t.ranks < topo.num_ranks else "use a topology of that size")
             raise InputError(f"{t.name}: topology {t.topology!r} places {topo.num_ranks} ranks but the table ran "
                              f"on {t.ranks}; {fix}")
