@@ -409,6 +409,26 @@ def test_own_rccl_log_is_not_taken_for_an_nccl_release(tmp_path):
     assert res.exit_code == 0 and "RCCL 2.22.3 (printed)" in res.stdout and "NCCL 2.22.3" not in res.stdout
 
 
+def test_own_rccl_log_without_its_release_says_which_rccl_it_is_timed_as(tmp_path):
+    # rccl issue 1562's table prints no release (the issue says 2.20.5, which the corpus maps):
+    # one process drives 8 GPUs, where MSCCL runs from RCCL 2.21 only; the line says how to
+    # time an older one, and --env's setting gives the corpus's figures.
+    import yaml
+
+    mapping = yaml.safe_load((corpus_dir() / "rccl-issue-1562.yaml").read_text())
+    first, last = mapping["tables"][0]["lines"]
+    log = tmp_path / "all_reduce_perf.txt"
+    log.write_text("\n".join((corpus_dir() / "rccl-issue-1562.txt").read_text().splitlines()[first - 1:last]) + "\n")
+    res = run_cli("check-model", str(log), "-t", "mi300x", "--no-progress")
+    text = " ".join(res.stdout.split())
+    assert res.exit_code == 0 and "RCCL, its release not printed (NCCL 2.30.7's figures, RCCL 2.21's MSCCL" in text
+    assert "--env RCCL_MSCCL_ENABLE_SINGLE_PROCESS=0 for an older RCCL" in text
+    older = run_cli("check-model", str(log), "-t", "mi300x", "--env", "RCCL_MSCCL_ENABLE_SINGLE_PROCESS=0", "--json")
+    corpus = run_cli("check-model", str(corpus_dir() / "rccl-issue-1562.yaml"), "--json")
+    assert ([r["predicted_us"] for r in json.loads(older.stdout)["rows"]]
+            == [r["predicted_us"] for r in json.loads(corpus.stdout)["rows"]])
+
+
 def test_own_rccl_log_of_doubles_is_covered_by_msccl_by_its_element_count(tmp_path):
     # RCCL's MSCCL all-pairs files cover element counts: 1 KiB is 256 floats (all-pairs) but
     # 128 doubles, which no file covers (RCCL's ring).

@@ -208,7 +208,10 @@ def check_model_cmd(
     for t in own:  # what was read from each log, and what was inferred
         gpus = f", {t.log.n_gpus} GPUs a process (-g)" if t.log.n_gpus > 1 else ""
         nccl = (f"{t.library} {t.version} (printed)" if t.version
-                else f"the topology's NCCL release ({release_text(releases[t.name])})")
+                else f"RCCL, its release not printed (NCCL {release_text(releases[t.name])}'s figures"
+                + (", RCCL 2.21's MSCCL, which runs where a process drives several GPUs: "
+                   "--env RCCL_MSCCL_ENABLE_SINGLE_PROCESS=0 for an older RCCL)" if t.log.n_gpus > 1 else ")")
+                if t.log.rccl else f"the topology's NCCL release ({release_text(releases[t.name])})")
         con.print(f"{t.url}: {t.collective} over {t.ranks} ranks on {t.topology}{gpus}, {nccl}"
                   + "".join(f"; {n}" for n in said(t)), markup=False)
     if logs and topology is not None:
