@@ -278,8 +278,13 @@ def test_cli_writes_a_topology_that_loads_back(tmp_path):
     data = json.loads(res.stdout)
     assert [lf["scope"] for lf in data["logs"]] == ["node", "network"]
     topo = load_topology(out)
-    assert topo.fingerprint == data["fingerprint"]
+    assert topo.fingerprint == data["fingerprint"] and data["out"] == str(out)
     assert topo.route_bw_gbps(0, 1) == pytest.approx(data["logs"][0]["class_beta_gbps"])
+    # without --out the fit is shown and said to be kept nowhere
+    res = run_cli("calibrate", "--from-nccl-tests", str(ONE), "-t", "dgx-h100:nodes=4")
+    assert res.exit_code == 0 and "nothing written: --out FILE keeps the fitted topology" in res.stdout
+    assert json.loads(run_cli("calibrate", "--from-nccl-tests", str(ONE), "-t", "dgx-h100:nodes=4",
+                              "--json").stdout)["out"] is None
 
 
 def test_cli_table_and_repeated_flag():
@@ -323,6 +328,9 @@ def test_every_part_of_the_fit_table_names_its_log_at_80_columns(monkeypatch):
         (["--from-nccl-tests", str(ONE), "-t", "dgx-a100"], "the log ran on NVIDIA H100 80GB HBM3, not dgx-a100's"),
         # the plot is of live measurements: asked for with logs, it is refused rather than never drawn
         (["--from-nccl-tests", str(FOUR), "-t", "dgx-h100:nodes=4", "--png", "never.png"], "check-model"),
+        # a live calibration's options, given with logs, would go unused: said, not ignored
+        (["--from-nccl-tests", str(FOUR), "-t", "dgx-h100:nodes=4", "--repeats", "5", "--no-contention"],
+         "--repeats, --contention/--no-contention: options of a live calibration; --from-nccl-tests fits"),
     ],
 )
 def test_cli_refuses_with_one_line(args, match):

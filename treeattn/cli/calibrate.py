@@ -43,7 +43,8 @@ def calibrate_cmd(
     out: Annotated[Path | None, typer.Option("--out", "-o", **OUT_PATH,
                                              help="Write the fitted topology YAML here.")] = None,
     png: Annotated[Path | None, typer.Option("--png", **OUT_PATH,
-                                             help="Plot measured times against the fitted lines.")] = None,
+                                             help="Plot a live calibration's measured times against the fitted "
+                                                  "lines (logs: check-model LOG... -t TOPOLOGY --png FILE).")] = None,
     from_nccl_tests: Annotated[list[Path] | None, typer.Option(
         "--from-nccl-tests", show_default=False,
         help="Fit from saved nccl-tests/rccl-tests output (the text printed, or the JSON file -J writes) instead "
@@ -77,6 +78,7 @@ def calibrate_cmd(
                                            "shared host preempts them less (root only).",
                                            rich_help_panel=_LIVE)] = False,
     json_out: JsonOpt = False,
+    ctx: typer.Context = None,  # noqa: RUF013 - typer fills it
 ) -> None:
     """Measure this machine's ranks (ping-pong per route class, concurrent flows, merge kernel) and
     write the fitted latency, bandwidth, overhead and compute constants into the topology; or fit
@@ -91,6 +93,9 @@ def calibrate_cmd(
     png = output_file(png, "--png", "calibration.png", suffix=".png") if png is not None else None
     if logs and not from_nccl_tests:
         raise InputError(f"unexpected argument {str(logs[0])!r}: log files go after --from-nccl-tests")
+    if paths and (live := _live_options_given(ctx)):
+        raise InputError(f"{', '.join(live)}: {'options' if len(live) > 1 else 'an option'} of a live "
+                         "calibration; --from-nccl-tests fits the logs as they were measured")
     if paths:
         if topology is None:
             raise InputError("--from-nccl-tests needs --topology: the machine the logs were measured on")
@@ -141,9 +146,24 @@ def calibrate_cmd(
 
         plot_calibration(report, png)
     if json_out:
-        typer.echo(json.dumps(report.to_dict(), sort_keys=True, indent=2))
+        typer.echo(json.dumps({**report.to_dict(), "out": _shown(out), "png": _shown(png)}, sort_keys=True, indent=2))
         return
     _tables(report, out, png)
+
+
+def _shown(path: Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
+def _live_options_given(ctx: typer.Context | None) -> list[str]:
+    """The live measurement's options given on the command line (their flags), which a fit
+    from logs would leave unused."""
+    if ctx is None:
+        return []
+    # typer runs on a click of its own: its ParameterSource is read by name
+    return ["/".join(opt.opts + opt.secondary_opts) for opt in ctx.command.params
+            if getattr(opt, "rich_help_panel", None) == _LIVE
+            and getattr(ctx.get_parameter_source(opt.name), "name", "") == "COMMANDLINE"]
 
 
 def _probe():  # noqa: ANN202 - a Topology
@@ -170,7 +190,7 @@ def _from_logs(topo, paths: list[Path], out: Path | None, json_out: bool) -> Non
     result = calibrate_from_nccl_tests(topo, paths)
     _write(out, result.topology)
     if json_out:
-        typer.echo(json.dumps(result.to_dict(), sort_keys=True, indent=2))
+        typer.echo(json.dumps({**result.to_dict(), "out": _shown(out)}, sort_keys=True, indent=2))
         return
     con = console()
     table = Table(title=f"nccl-tests fits mapped onto {escape(topo.name)} ({topo.num_ranks} ranks)")
@@ -195,7 +215,7 @@ def _from_logs(topo, paths: list[Path], out: Path | None, json_out: bool) -> Non
     for w in result.warnings:
         err_console.print(f"[yellow]warning:[/] {escape(w)}")
     con.print(f"overhead_us stays {result.topology.cost.overhead_us:g} (nccl-tests cannot separate it)"
-              + (f"; wrote {escape(str(out))}" if out else ""))
+              + (f"; wrote {escape(str(out))}" if out else ";\nnothing written: --out FILE keeps the fitted topology"))
 
 
 def fitted_terms(cost, *names: str) -> str:  # noqa: ANN001 - CostParams
