@@ -60,6 +60,13 @@ def test_collective_from_name():
     assert collective_from_name("all_reduce_perf.x.txt") == "all_reduce"
     assert collective_from_name("/a/reduce_scatter_perf.log") == "reduce_scatter"
     assert collective_from_name("reduce_perf") == "reduce" and collective_from_name("log.txt") is None
+    # the tests named as users name their files (new-user trial), but only in the file's own name
+    for name, coll in (("all_gather.log", "all_gather"), ("allgather.txt", "all_gather"),
+                       ("nccl_allgather_8gpu.log", "all_gather"), ("run-AllReduce-16.txt", "all_reduce"),
+                       ("reducescatter.txt", "reduce_scatter"), ("all_to_all.txt", "alltoall"),
+                       ("send_recv.log", "sendrecv"), ("bcast.log", None), ("reduce.txt", None),
+                       ("allreduce/run1.txt", None), ("gather_results.txt", None), ("fallgather.txt", None)):
+        assert collective_from_name(name) == coll, name
 
 
 def test_old_column_names_are_read():

@@ -174,10 +174,23 @@ class NcclTestsLog:
         return best.busbw_gbps / best.algbw_gbps
 
 
+_LOOSE_NAME = re.compile(r"(?<![a-z])(all_?reduce|all_?gather|reduce_?scatter|broadcast|send_?recv|all_?to_?all)"
+                         r"(?![a-z])")
+"""A test named in a file's name without ``_perf`` (``allgather.log``, ``nccl_reduce_scatter_8gpu.txt``);
+``reduce``, ``gather`` and ``scatter`` alone are words of too many names to be read so."""
+_CANONICAL = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+              "send_recv": "sendrecv", "all_to_all": "alltoall", "alltoall": "alltoall", "all_toall": "alltoall",
+              "allto_all": "alltoall"}
+
+
 def collective_from_name(name: str) -> str | None:
-    """The collective a file name names (``all_reduce_perf.8xh100.txt`` -> ``all_reduce``)."""
-    m = _NAME.search(name)
-    return m.group(1) if m else None
+    """The collective a file name names (``all_reduce_perf.8xh100.txt`` -> ``all_reduce``; the
+    test's binary name anywhere in the path, else one of ``_LOOSE_NAME`` in the file's name)."""
+    if m := _NAME.search(name):
+        return m.group(1)
+    if m := _LOOSE_NAME.search(Path(name).name.lower()):
+        return _CANONICAL.get(m.group(1), m.group(1))
+    return None
 
 
 def release_of_code(code: int) -> str:

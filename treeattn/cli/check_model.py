@@ -95,9 +95,8 @@ def check_model_cmd(
         "--topology", "-t", help="The machine the logs ran on: preset name (e.g. dgx-h100:nodes=2) or a topology "
         "YAML file.")] = None,
     env: Annotated[list[str] | None, typer.Option(
-        "--env", metavar="NAME=VALUE", help="A setting the logs ran with that the model reads: NCCL_ALGO, NCCL_PROTO, "
-        "NCCL_NVLS_ENABLE, RCCL_MSCCL_ENABLE, RCCL_MSCCL_ENABLE_SINGLE_PROCESS, NCCL_P2P_DISABLE or NCCL_P2P_LEVEL "
-        "(e.g. NCCL_ALGO=Ring); repeat for several.")] = None,
+        "--env", metavar="NAME=VALUE", help="A setting the logs ran with that the model reads (named above; e.g. "
+        "NCCL_ALGO=Ring); repeat for several.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys): every row and every figure.")]
     = False,
     png: Annotated[Path | None, typer.Option("--png", **OUT_PATH,
@@ -113,7 +112,9 @@ def check_model_cmd(
     then per table (error = predicted / published time - 1). Your own cluster's logs are
     scored the same way: `treeattn check-model all_reduce_perf.txt -t dgx-h100:nodes=2`
     (the collective from the test name nccl-tests prints or the file name, the ranks from its
-    device lines)."""
+    device lines). --env gives the settings they ran with that the model reads: NCCL_ALGO,
+    NCCL_PROTO, NCCL_NVLS_ENABLE, RCCL_MSCCL_ENABLE, RCCL_MSCCL_ENABLE_SINGLE_PROCESS,
+    NCCL_P2P_DISABLE or NCCL_P2P_LEVEL."""
     from treeattn.cost.nccl_env import P2P_SETTINGS
     from treeattn.errors import InputError
     from treeattn.topology.nccl_version import release_text
