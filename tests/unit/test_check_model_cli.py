@@ -213,7 +213,12 @@ def test_own_log_bad_input_is_one_line_and_exit_2(tmp_path):
                        ([*own, "--env", "ALGO=Ring"], "the model reads only NCCL_ALGO"),
                        ([*own, "--env", "NCCL_MIN_NCHANNELS=32"], "the model reads only NCCL_ALGO"),
                        ([*own, "--env", "NCCL_ALGO=Ring", "--env", "NCCL_ALGO=Tree"], "names NCCL_ALGO twice"),
-                       ([*own, "--env", "NCCL_ALGO=Bogus"], "--env: NCCL_ALGO"),
+                       ([*own, "--env", "NCCL_ALGO=Bogus"], "NCCL knows tree, ring, nvls, nvlstree and collnetdirect, "
+                        "collnetchain, pat, which the model does not time"),
+                       (["check-model", str(log), "-t", "dgx-h100:nodes=0"],
+                        "--topology 'dgx-h100:nodes=0': nodes must be"),  # the spec named once
+                       (["check-model", str(log), "-t", str(log)], f"--topology {str(log)!r}: an nccl-tests log, not a "
+                        "topology: give logs as PATHs, and the machine they ran on here"),
                        ([*own, "--env", "NCCL_P2P_LEVEL=NODE"], "--env: NCCL_P2P_LEVEL='NODE': NCCL reads LOC"),
                        ([*own, str(log)], "given twice"),
                        (["check-model", str(tmp_path / "gone.txt"), "-t", "dgx-h100"], "no such file or folder")):

@@ -39,9 +39,11 @@ def _env_list(value: str, names: tuple[str, ...], what: str) -> set[str]:
     negate = text.startswith("^")
     items = {x.strip().lower() for x in text.lstrip("^").split(",") if x.strip()}
     known = {n.lower() for n in names}
-    bad = sorted(items - known - {"collnetdirect", "collnetchain", "pat"})
+    unmodelled = ("collnetdirect", "collnetchain", "pat") if "ring" in known else ()
+    bad = sorted(items - known - set(unmodelled))
     if bad:
-        raise InputError(f"{what}={value!r}: unknown {bad[0]!r}; NCCL knows {', '.join(names)}")
+        also = f" and {', '.join(unmodelled)}, which the model does not time" if unmodelled else ""
+        raise InputError(f"{what}={value!r}: unknown {bad[0]!r}; NCCL knows {', '.join(names)}{also}")
     return known - items if negate else items & known
 
 
