@@ -643,6 +643,47 @@ def test_an_alltoall_log_sets_the_rail_link_to_the_ports_rate(tmp_path):
     _scores_its_own_log_within(fitted.topology, log, 0.05, tmp_path)
 
 
+def _alltoall_log(path: Path, hosts: list[str], port_gbps: float, alpha_us: float = 50.0, first_exp: int = 28,
+                  rank_lines: bool = True) -> Path:
+    """An alltoall log in nccl-tests 2.17's format, its figures made up (self-consistent): one
+    rank a GPU, each with its own NIC of ``port_gbps``, the node with the most to send for its
+    NICs setting the time; sizes 2^first_exp to 8 GiB."""
+    n = len(hosts)
+    lines = ["# Collective test starting: alltoall_perf",
+             f"# nThread 1 nGpus 1 minBytes {2 ** first_exp} maxBytes 8589934592 step: 2(factor) warmup iters: 5 "
+             "iters: 20 agg iters: 1 validation: 1 graph: 0", "#", "# Using devices"]
+    for r, h in enumerate(hosts if rank_lines else []):
+        lines.append(f"#  Rank {r:2d} Group  0 Pid {1000 + r} on {h} device {hosts[:r].count(h):2d} [0000:1b:00] "
+                     "NVIDIA H100 80GB HBM3")
+    lines += ["#", "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   "
+              "algbw   busbw  #wrong", "#        (B)    (elements)                               (us)  (GB/s)  "
+              "(GB/s)            (us)  (GB/s)  (GB/s)"]
+    printed = []
+    for k in range(first_exp, 34):
+        count = (2 ** k // 8 // n) & ~1
+        size = count * n * 8
+        t = alpha_us + max((hosts.count(h) * (n - hosts.count(h)) * size / n / (hosts.count(h) * port_gbps * 1e3)
+                            for h in set(hosts) if hosts.count(h) < n), default=0.0)
+        alg, bus = size / t / 1e3, size / t / 1e3 * (n - 1) / n
+        printed.append(round(bus, 2))
+        lines.append(f"{size:12d}  {count:12d}    double    none      -1  {t:7.1f}  {alg:6.2f}  {bus:6.2f}       0  "
+                     f"{t:7.1f}  {alg:6.2f}  {bus:6.2f}       0")
+    lines += ["# Out of bounds values : 0 OK", f"# Avg bus bandwidth    : {sum(printed) / len(printed):.3f}", "#"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(("hosts", "spec"), [(["a"] * 8 + ["b"] * 8, "dgx-h100:nodes=2"),
+                                             (["a"] * 8 + ["b"] * 4, "dgx-h100:nodes=2[ranks 0-11]"),
+                                             (["a"] * 4 + ["b"] * 8, "dgx-h100:nodes=2[ranks 0-3,8-15]")])
+def test_an_alltoall_log_is_fitted_by_the_node_with_the_most_to_send(tmp_path, hosts, spec):
+    # 8 + 4 ranks: the node of 4 sends 8/12 of each rank's buffer over 4 NICs, twice the time of
+    # the node of 8; fitted by rank 0's node alone, its ports had come out at half their rate.
+    log = _alltoall_log(tmp_path / "alltoall_perf.txt", hosts, 40.0)
+    (net,) = calibrate_from_nccl_tests(resolve(spec), [log]).logs
+    assert net.beta_gbps == pytest.approx(40.0, rel=0.01)
+
+
 def test_logs_that_fit_one_class_give_one_topology_in_any_order(tmp_path):
     a2a = _xxrjun_table(tmp_path, "2node-g8-alltoall", "alltoall_perf.txt")
     sr = _xxrjun_table(tmp_path, "2node-g8-sendrecv", "sendrecv_perf.txt")
@@ -661,6 +702,10 @@ def test_an_alltoall_log_without_rank_lines_counts_its_ranks_from_its_rows(tmp_p
     assert parsed.ranks is None
     name, n, notes = log_run(parsed)
     assert (name, n) == ("alltoall", 80) and "size / (count x element size)" in notes[0]
+    # a sweep from 8 B prints size 0, count 0 below 16 B a rank: such rows say nothing of the ranks
+    swept = _alltoall_log(tmp_path / "swept_alltoall_perf.txt", ["h"] * 80, 40.0, first_exp=3, rank_lines=False)
+    assert "           0             0" in swept.read_text()
+    assert log_run(read_nccl_tests(swept))[:2] == ("alltoall", 80)
 
 
 def test_calibrating_again_from_the_same_log_keeps_the_rates():

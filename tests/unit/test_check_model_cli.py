@@ -371,6 +371,35 @@ def test_a_selection_of_ranks_is_suggested_as_the_logs_hosts_hold_them(tmp_path)
     assert res.exit_code == 2 and "(e.g. 'dgx-h100:nodes=2[ranks 0,8]', as the log places them on hosts)" in (
         res.stderr), res.stderr
     assert run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2[ranks 0,8]").exit_code == 0
+    # a spec that selects already is told to select fewer: its ranks are not the family's
+    res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2[ranks 0-3,8-11]")
+    assert res.exit_code == 2 and "select 2 of its ranks in its '[ranks ...]'" in res.stderr, res.stderr
+    # calibrate names the topology as it was given, not by the name inside its file
+    from treeattn.topology.io import dump_topology
+    from treeattn.topology.library import resolve
+
+    own = tmp_path / "mine.yaml"
+    own.write_text(dump_topology(resolve("dgx-h100:nodes=2")))
+    res = run_cli("calibrate", "--from-nccl-tests", str(log), "-t", str(own))
+    assert res.exit_code == 2 and f"(e.g. '{own}[ranks 0,8]')" in res.stderr, res.stderr
+
+
+def test_a_recorded_per_function_algorithm_list_is_read_for_the_logs_test(tmp_path):
+    # NCCL 2.24+ prints NCCL_ALGO as set: "allreduce:tree;ring" (tuning.cc parseList syntax)
+    lines = FIXTURE.read_text().splitlines()
+    at = next(i for i, ln in enumerate(lines) if "nThread" in ln) + 1
+    for value, said in (("allreduce:tree;ring", "read for allreduce as tree"),
+                        ("broadcast:ring", "read for allreduce as no restriction")):
+        log = tmp_path / "all_reduce_perf.txt"
+        log.write_text("\n".join(lines[:at] + [f"n1:1:1 [0] NCCL INFO NCCL_ALGO set by environment to {value}"]
+                                 + lines[at:]) + "\n")
+        res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=4", "--no-progress")
+        assert res.exit_code == 0 and f"NCCL_ALGO={value} {said}" in " ".join(res.stdout.split()), res.stdout
+    # a P2P level NCCL read says NCCL_P2P_DISABLE was not 1: --env cannot say it was
+    log.write_text("\n".join(lines[:at] + ["n1:1:1 [0] NCCL INFO NCCL_P2P_LEVEL set by environment to NVL"]
+                             + lines[at:]) + "\n")
+    res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=4", "--env", "NCCL_P2P_DISABLE=1")
+    assert res.exit_code == 2 and "which NCCL reads only where NCCL_P2P_DISABLE is not 1" in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize(("model", "device", "other"), [

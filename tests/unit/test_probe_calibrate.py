@@ -170,6 +170,10 @@ def test_nccl_info_lines_give_the_release_and_the_variables_the_environment_set(
     assert log.nccl_version == "2.23.4+cuda12.6" and printed_version(log) == "2.23.4"
     assert log.env == (("NCCL_ALGO", "Ring"), ("NCCL_NVLS_ENABLE", "0"))
     assert len(log.rows) == 6
+    # lines after the table count too (a communicator made at the end); a rank's differing value does not
+    after = lines + ["node005:295203:295203 [0] NCCL INFO NCCL_PROTO set by environment to Simple",
+                     "node005:295203:295203 [1] NCCL INFO NCCL_PROTO set by environment to LL"]
+    assert parse_nccl_tests("\n".join(after), "a.txt").env == (("NCCL_PROTO", "Simple"),)
     # a plain version line, where the log has one, is the one read
     plain = parse_nccl_tests("\n".join(lines[:4] + ["NCCL version 2.26.2+cuda12.8"] + info[:1] + lines[4:]), "p.txt")
     assert plain.nccl_version == "2.26.2+cuda12.8"

@@ -17,9 +17,10 @@ of the topology, placing the log's ``n`` ranks on the topology's first ``n``:
   ``beta_link`` is a node's egress: the bottleneck link gets ``beta_link x link bw / (sum of the
   network out-links of the NICs rank 0's node uses)``; sendrecv's, what the one stream that
   leaves a node got over its one NIC: the bottleneck link gets ``beta_link``; alltoall's, with
-  ``g`` of the ``n`` ranks on rank 0's node each sending ``(n - g) / n`` of its buffer to the
-  other nodes at once, is ``(n - 1) / (g (n - g))`` of the egress's rate: the bottleneck link
-  gets ``beta_link x g (n - g) / (n - 1)`` of the egress's share.
+  ``g`` of the ``n`` ranks on a node each sending ``(n - g) / n`` of its buffer to the other
+  nodes at once, is ``(n - 1) / (g (n - g))`` of that node's egress's rate, the node with the
+  most to send for its egress setting the time: the bottleneck link gets ``beta_link x
+  g (n - g) / (n - 1)`` of that node's egress's share.
 
 Two logs that fit one class: the one with more sizes is kept, then a sendrecv, then by file
 name, whatever the order they were given in.
@@ -137,17 +138,38 @@ def _node_egress(topo: Topology, ranks: Sequence[int], other: int) -> float:
     return sum(_rated(ln) for ln in topo.links if ln.src in nics and ln.cls is LinkClass.NETWORK)
 
 
+def _alltoall_load(topo: Topology, n: int) -> float:
+    """An alltoall's bytes across its slowest node's egress per byte of its busbw, per GB/s of
+    that egress: each of a node's g ranks sends (n - g) / n of its buffer to other nodes' ranks,
+    all at once, so busbw ((n - 1) / n of the buffer in a rank's time) is the egress's rate x
+    (n - 1) / (g (n - g)); the node with the most to send for its egress sets the time."""
+    per_node: dict[object, list[int]] = {}
+    for r in range(n):
+        per_node.setdefault(topo.rank_device(r).node, []).append(r)
+    loads = []
+    for ranks in per_node.values():
+        other = next(r for r in range(n) if r not in ranks)
+        egress = _node_egress(topo, ranks, other)
+        g = len(ranks)
+        if egress > 0:
+            loads.append(g * (n - g) / (n - 1) / egress)
+    return max(loads, default=0.0)
+
+
 def _rank_out(topo: Topology, rank: int, cls: LinkClass) -> float:
     dev = topo.ranks[rank]
     return sum(_rated(ln) for ln in topo.links if ln.src == dev and ln.cls is cls and ln.src != ln.dst) or 0.0
 
 
-def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> NcclCalibration:
+def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec: str | None = None
+                              ) -> NcclCalibration:
     """Fit the topology's route classes from nccl-tests logs (see the module docstring).
 
     Args:
         topo: the topology the logs were measured on (at least as many ranks as each log).
         paths: nccl-tests / rccl-tests output files (``all_reduce_perf``, ``sendrecv_perf``, ...).
+        spec: how the user named ``topo`` (``--topology``), for a selection of its ranks a
+            refusal suggests; default its name.
 
     Returns:
         The fitted topology and one ``LogFit`` per log.
@@ -178,13 +200,13 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path]) -> Nc
         if other := other_devices(log, topo) or other_vendor(log, topo):  # rates for another machine's links
             raise InputError(f"{path}: {other}; give the topology it ran on")
         if other := other_hosts(log, topo, n):  # a one-node ring would be fitted as the network's, or back
-            like = ranks_like_hosts(log, topo)
-            hint = f" (e.g. '{topo.name.split('[')[0]}[ranks {like}]')" if like and n < topo.num_ranks else ""
+            like = ranks_like_hosts(log, topo) if "[" not in (spec or topo.name) else None
+            hint = f" (e.g. '{spec or topo.name}[ranks {like}]')" if like and n < topo.num_ranks else ""
             raise InputError(f"{path}: {other}; give the topology it ran on{hint}")
         nodes = {topo.rank_device(r).node for r in range(n)}
         parsed.append((len(nodes) > 1, log.source, cf))
     chosen: dict[tuple, LogFit] = {}
-    warnings: list[str] = ring_notes
+    warnings: list[str] = sorted(ring_notes)  # as the logs' fits below, whatever the order given
     intra_alpha: float | None = None
     # One-node logs first (the network's fits divide out their latency); where two logs fit one
     # class the first is kept: the one with more sizes, then a sendrecv (one stream: a link's
@@ -446,11 +468,7 @@ def _network_fit(topo: Topology, source: str, cf: CollectiveFit, intra_alpha: fl
     # edge once, over one NIC, not spread over the node's egress as a collective's rings are
     share = 1.0 if cf.collective == "sendrecv" else low / egress if egress > 0 else 1.0
     if cf.collective == "alltoall":
-        # Each of a node's g ranks sends (n - g) / n of its buffer to other nodes' ranks, all
-        # at once, over the node's egress: busbw ((n - 1) / n of the buffer a rank's time) is
-        # the egress's rate x (n - 1) / (g (n - g)), not a ring's share of it.
-        g = len(local)
-        share *= g * (n - g) / (n - 1)
+        share = low * _alltoall_load(topo, n)
     return LogFit(source, cf, "network", ">".join(k for k, _ in hops), hops, alpha, cf.beta_link_gbps * share,
                   tuple(notes), written)
 

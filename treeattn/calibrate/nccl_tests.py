@@ -385,18 +385,18 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
             continue
         rccl = rccl or _says_rccl(line)  # wherever it is printed
         said = _run_line(line)
-        if state == "done":
-            if _HEADER.match(line):
-                raise fail(shown, lineno, "a second run starts here; give one run per file")
-            if line != "#":
-                ignored.append(lineno)
-            continue
-        if "NCCL INFO" in line or "NCCL WARN" in line:
+        if "NCCL INFO" in line or "NCCL WARN" in line:  # anywhere, a comm made after the table's included
             if m := _INFO_VERSION.search(line):
                 info_version = info_version or m.group(1)
             elif m := _INFO_ENV.search(line):
                 info_env.setdefault(m.group(1), _INFO_INT.sub(r"\1", m.group(2).strip()))
             ignored.append(lineno)
+            continue
+        if state == "done":
+            if _HEADER.match(line):
+                raise fail(shown, lineno, "a second run starts here; give one run per file")
+            if line != "#":
+                ignored.append(lineno)
             continue
         if state == "pre":
             if m := _HEADER.match(line):
@@ -815,19 +815,23 @@ def log_run(log: NcclTestsLog, collective: str | None = None, ranks: int | None 
     return name, n, tuple(notes)
 
 
-_PER_RANK_COUNT = ("all_gather", "reduce_scatter", "alltoall")
+_PER_RANK_COUNT = ("all_gather", "reduce_scatter", "alltoall", "gather", "scatter")
 """Tests whose count column is a rank's share: nccl-tests prints size = count x ranks x the
-element's bytes (an all-gather's or reduce-scatter's one rank's part, an alltoall's one peer's)."""
+element's bytes (an all-gather's, reduce-scatter's, gather's or scatter's one rank's part, an
+alltoall's one peer's; ``src/*.cu`` ``GetCollByteCount``)."""
 
 
 def _ranks_from_counts(name: str, log: NcclTestsLog) -> int | None:
     """The ranks every row's size, count and data type agree on (``_PER_RANK_COUNT``), exact where
     busbw/algbw, printed to two decimals, cannot tell 79 ranks from 80; None where they do not
-    determine it (another test, an unknown type, rows that disagree)."""
+    determine it (another test, an unknown type, rows that disagree). Rows of size 0 (nccl-tests
+    prints them for sizes under 16 bytes a rank) say nothing and are passed over."""
     if name not in _PER_RANK_COUNT:
         return None
     got = set()
     for r in log.rows:
+        if r.size_bytes == 0:
+            continue
         elem = REDUCTION_DTYPES.get(dtype_name(r.dtype)) if r.dtype else None
         if not r.count or elem is None or r.size_bytes % (r.count * elem):
             return None

@@ -99,7 +99,7 @@ def calibrate_cmd(
     if paths:
         if topology is None:
             raise InputError("--from-nccl-tests needs --topology: the machine the logs were measured on")
-        _from_logs(resolve(topology), paths, out, json_out)
+        _from_logs(resolve(topology), paths, out, json_out, topology)
         return
     # Every argument is read before torch's import (seconds): a bad one is said at once.
     named = resolve(topology) if topology is not None else None
@@ -184,10 +184,11 @@ def _write(out: Path | None, topo) -> None:  # noqa: ANN001 - a Topology
         raise InputError(f"cannot write --out {str(out)!r}: {exc.strerror or exc}") from None
 
 
-def _from_logs(topo, paths: list[Path], out: Path | None, json_out: bool) -> None:  # noqa: ANN001 - a Topology
+def _from_logs(topo, paths: list[Path], out: Path | None, json_out: bool,  # noqa: ANN001 - a Topology
+               spec: str) -> None:
     from treeattn.calibrate.from_nccl_tests import calibrate_from_nccl_tests
 
-    result = calibrate_from_nccl_tests(topo, paths)
+    result = calibrate_from_nccl_tests(topo, paths, spec)
     _write(out, result.topology)
     if json_out:
         typer.echo(json.dumps({**result.to_dict(), "out": _shown(out)}, sort_keys=True, indent=2))

@@ -285,15 +285,30 @@ def _with_recorded_env(path: Path, log: NcclTestsLog, coll: str, given: dict[str
         InputError: ``--env`` sets a variable the run recorded with another meaning, or a
             recorded value the model cannot read.
     """
-    from treeattn.cost.nccl_env import unread_numbers
+    from treeattn.cost.nccl_env import function_list, p2p_level_from_env, unread_numbers
 
     where = f"{path}: the run's environment, as the file records it"
     recorded = {name: value for name, value in log.env if name in reads_env(coll) and value.strip()}
+    function = coll.replace("_", "")
+    for name in ("NCCL_ALGO", "NCCL_PROTO"):  # NCCL 2.24's per-function lists, as NCCL reads them for this test
+        if name in recorded and (";" in recorded[name] or ":" in recorded[name]):
+            own = function_list(recorded[name], function)
+            notes.append(f"{name}={recorded[name]} read for {function} as "
+                         + (own if own is not None else "no restriction"))
+            if own is None:
+                del recorded[name]
+            else:
+                recorded[name] = own
     check_env(where, recorded)
     for name, value in recorded.items():
         if name in given and _meaning(name, given[name]) != _meaning(name, value):
             raise InputError(f"{where}, has {name}={value}, but --env gives {name}={given[name]}; leave --env "
                              f"{name} out")
+    if "NCCL_P2P_LEVEL" in recorded and "NCCL_P2P_DISABLE" in given and p2p_level_from_env(
+            {"NCCL_P2P_DISABLE": given["NCCL_P2P_DISABLE"]}) == "LOC":
+        raise InputError(f"{where}, has NCCL_P2P_LEVEL={recorded['NCCL_P2P_LEVEL']}, which NCCL reads only where "
+                         f"NCCL_P2P_DISABLE is not 1, but --env gives NCCL_P2P_DISABLE={given['NCCL_P2P_DISABLE']}; "
+                         "leave --env NCCL_P2P_DISABLE out")
     merged = {**given, **recorded}  # each side checked: --env by its reader, the file's above
     if taken := [f"{k}={v}" for k, v in recorded.items() if k not in given]:
         notes.append(f"{', '.join(taken)} from the environment the file records")

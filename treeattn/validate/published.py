@@ -187,10 +187,13 @@ class _Topologies:
         topo = self.topos[t.topology]
         if topo.num_ranks != t.ranks:
             # a selection that places the ranks on nodes as the log's hosts hold them, where it says
-            like = ranks_like_hosts(t.log, topo) if t.ranks < topo.num_ranks else None
-            fix = (f"select ranks with '[ranks ...]' (e.g. '{t.topology.split('[')[0]}[ranks "
-                   f"{like or f'0-{t.ranks - 1}'}]'{', as the log places them on hosts' if like else ''}) "
-                   "or use another size" if t.ranks < topo.num_ranks else "use a topology of that size")
+            # (of the spec's own ranks: a spec that selects already is told to select fewer)
+            selected = "[" in t.topology
+            like = ranks_like_hosts(t.log, topo) if t.ranks < topo.num_ranks and not selected else None
+            fix = ("use a topology of that size" if t.ranks > topo.num_ranks else
+                   f"select {t.ranks} of its ranks in its '[ranks ...]'" if selected else
+                   f"select ranks with '[ranks ...]' (e.g. '{t.topology}[ranks {like or f'0-{t.ranks - 1}'}]'"
+                   f"{', as the log places them on hosts' if like else ''}) or use another size")
             raise InputError(f"{t.name}: topology {t.topology!r} places {topo.num_ranks} ranks but the table ran "
                              f"on {t.ranks}; {fix}")
         return topo
