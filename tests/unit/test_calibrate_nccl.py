@@ -322,6 +322,7 @@ def test_every_part_of_the_fit_table_names_its_log_at_80_columns(monkeypatch):
         (["--from-nccl-tests", str(FIX / "damaged" / "all_reduce_perf.truncated.txt"), "-t", "dgx-h100:nodes=4"],
          f"error: {FIX / 'damaged' / 'all_reduce_perf.truncated.txt'}:"),
         (["--from-nccl-tests", str(ONE)], "needs --topology"),
+        (["--from-nccl-tests", str(ONE), "-t", str(FOUR)], "an nccl-tests log, not a topology"),
         ([str(ONE)], "go after --from-nccl-tests"),
         (["--from-nccl-tests", str(FIX / "missing.txt"), "-t", "dgx-h100:nodes=4"], "cannot read nccl-tests file"),
         # H100s' rates are not written into an A100 topology's links

@@ -219,6 +219,8 @@ def test_own_log_bad_input_is_one_line_and_exit_2(tmp_path):
                         "--topology 'dgx-h100:nodes=0': nodes must be"),  # the spec named once
                        (["check-model", str(log), "-t", str(log)], f"--topology {str(log)!r}: an nccl-tests log, not a "
                         "topology: give logs as PATHs, and the machine they ran on here"),
+                       (["check-model", str(log), "-t", str(FIXTURE.with_name("run.2x8xh100-I1.json"))],
+                        "run.2x8xh100-I1.json': an nccl-tests log, not a topology"),  # -J's file too
                        ([*own, "--env", "NCCL_P2P_LEVEL=NODE"], "--env: NCCL_P2P_LEVEL='NODE': NCCL reads LOC"),
                        ([*own, str(log)], "given twice"),
                        (["check-model", str(tmp_path / "gone.txt"), "-t", "dgx-h100"], "no such file or folder")):

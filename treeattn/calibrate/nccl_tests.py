@@ -61,7 +61,7 @@ from treeattn.probe.text import fail, read_input
 from treeattn.topology.model import DeviceKind, LinkKind, Topology
 
 __all__ = ["Timing", "NcclRow", "NcclDevice", "NcclTestsLog", "parse_nccl_tests", "read_nccl_tests",
-           "parse_published_table", "calibrate_from_log", "collective_from_name", "log_run",
+           "parse_published_table", "calibrate_from_log", "collective_from_name", "log_run", "looks_like_a_log",
            "other_devices", "other_hosts", "other_vendor"]
 
 _HEADER = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)(.*)$")
@@ -181,6 +181,18 @@ _LOOSE_NAME = re.compile(r"(?<![a-z])(all_?reduce|all_?gather|reduce_?scatter|br
 _CANONICAL = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
               "send_recv": "sendrecv", "all_to_all": "alltoall", "alltoall": "alltoall", "all_toall": "alltoall",
               "allto_all": "alltoall"}
+
+
+def looks_like_a_log(path: str | Path) -> bool:
+    """Whether a file starts as nccl-tests' output does (its header line, or the ``-J`` file's
+    ``config`` and ``results``): a log given where a topology was asked for is said to be one."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return False
+    return ("nThread" in head and "minBytes" in head) or (
+        head.lstrip().startswith("{") and '"config"' in head and '"results"' in head)
 
 
 def collective_from_name(name: str) -> str | None:

@@ -99,6 +99,11 @@ def calibrate_cmd(
     if paths:
         if topology is None:
             raise InputError("--from-nccl-tests needs --topology: the machine the logs were measured on")
+        from treeattn.calibrate.nccl_tests import looks_like_a_log
+
+        if looks_like_a_log(topology):
+            raise InputError(f"--topology {topology!r}: an nccl-tests log, not a topology: give logs after "
+                             "--from-nccl-tests, and the machine they ran on here")
         _from_logs(resolve(topology), paths, out, json_out, topology)
         return
     # Every argument is read before torch's import (seconds): a bad one is said at once.

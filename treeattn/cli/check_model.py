@@ -43,16 +43,6 @@ def _env(items: list[str]) -> dict[str, str]:
     return out
 
 
-def _is_a_log(path: str) -> bool:
-    """Whether a file given as a topology starts as nccl-tests' output does (its header line)."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            head = f.read(1 << 16)
-    except OSError:
-        return False
-    return "nThread" in head and "minBytes" in head
-
-
 def _p2p_note(t) -> str:  # noqa: ANN001 - a PublishedTable
     """Which P2P level an own log's rows were predicted at, what set it and how many rank
     pairs it puts through host memory (``treeattn.validate.published.table_p2p_level``); empty
@@ -163,6 +153,7 @@ def check_model_cmd(
                              f"(e.g. {folder / '*.txt'})")
         raise InputError(f"{flag} applies to nccl-tests logs; give LOG files (the corpus's tables name their own)")
     if topology is not None:
+        from treeattn.calibrate.nccl_tests import looks_like_a_log
         from treeattn.errors import TopologyError
         from treeattn.topology.library import resolve
 
@@ -170,7 +161,7 @@ def check_model_cmd(
             resolve(topology)  # before any log is read: a wrong name is the flag's error
         except TopologyError as exc:
             said = str(exc).removeprefix(f"topology {topology!r}: ")
-            if _is_a_log(topology):
+            if looks_like_a_log(topology):
                 said = "an nccl-tests log, not a topology: give logs as PATHs, and the machine they ran on here"
             raise InputError(f"--topology {topology!r}: {said}") from None
     tables = (load_corpus(corpus) if corpus or not logs else []) + (load_logs(logs, topology, settings) if logs
