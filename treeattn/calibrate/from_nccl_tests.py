@@ -54,8 +54,8 @@ from treeattn.calibrate.nccl_tests import (
     other_hosts,
     other_vendor,
     printed_version,
-    ranks_like_hosts,
     read_nccl_tests,
+    selection_like_hosts,
 )
 from treeattn.cost import nccl_rates
 from treeattn.cost.nccl_env import allowed_by_env, function_list
@@ -200,8 +200,8 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
         if other := other_devices(log, topo) or other_vendor(log, topo):  # rates for another machine's links
             raise InputError(f"{path}: {other}; give the topology it ran on")
         if other := other_hosts(log, topo, n):  # a one-node ring would be fitted as the network's, or back
-            like = ranks_like_hosts(log, topo) if "[" not in (spec or topo.name) else None
-            hint = f" (e.g. '{spec or topo.name}[ranks {like}]')" if like and n < topo.num_ranks else ""
+            like = selection_like_hosts(log, topo, spec or topo.name)
+            hint = f" (e.g. '{like}')" if like else ""
             raise InputError(f"{path}: {other}; give the topology it ran on{hint}")
         nodes = {topo.rank_device(r).node for r in range(n)}
         parsed.append((len(nodes) > 1, log.source, cf))
@@ -466,9 +466,12 @@ def _network_fit(topo: Topology, source: str, cf: CollectiveFit, intra_alpha: fl
     low = min(map(_rated, topo.route_links(0, other)))
     # sendrecv's busbw is what one rank's stream to the next got: the ring crosses a node's
     # edge once, over one NIC, not spread over the node's egress as a collective's rings are
-    share = 1.0 if cf.collective == "sendrecv" else low / egress if egress > 0 else 1.0
-    if cf.collective == "alltoall":
+    if cf.collective == "sendrecv":
+        share = 1.0
+    elif cf.collective == "alltoall":
         share = low * _alltoall_load(topo, n)
+    else:
+        share = low / egress if egress > 0 else 1.0
     return LogFit(source, cf, "network", ">".join(k for k, _ in hops), hops, alpha, cf.beta_link_gbps * share,
                   tuple(notes), written)
 

@@ -178,9 +178,8 @@ _LOOSE_NAME = re.compile(r"(?<![a-z])(all_?reduce|all_?gather|reduce_?scatter|br
                          r"(?![a-z])")
 """A test named in a file's name without ``_perf`` (``allgather.log``, ``nccl_reduce_scatter_8gpu.txt``);
 ``reduce``, ``gather`` and ``scatter`` alone are words of too many names to be read so."""
-_CANONICAL = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
-              "send_recv": "sendrecv", "all_to_all": "alltoall", "alltoall": "alltoall", "all_toall": "alltoall",
-              "allto_all": "alltoall"}
+_CANONICAL = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter"}
+"""nccl-tests' names of the tests ``_LOOSE_NAME`` finds, by their letters (underscores dropped)."""
 
 
 def looks_like_a_log(path: str | Path) -> bool:
@@ -201,7 +200,8 @@ def collective_from_name(name: str) -> str | None:
     if m := _NAME.search(name):
         return m.group(1)
     if m := _LOOSE_NAME.search(Path(name).name.lower()):
-        return _CANONICAL.get(m.group(1), m.group(1))
+        letters = m.group(1).replace("_", "")
+        return _CANONICAL.get(letters, letters)
     return None
 
 
@@ -665,6 +665,14 @@ def other_hosts(log: NcclTestsLog, topo: Topology, n: int) -> str:
     same = "one host" if hosts[a] == hosts[b] else "different hosts"
     where = "one node" if nodes[a] == nodes[b] else "different nodes"
     return f"the log ran ranks {a} and {b} on {same}, but {topo.name!r} places them on {where}"
+
+
+def selection_like_hosts(log: NcclTestsLog, topo: Topology, spec: str) -> str | None:
+    """``spec[ranks ...]`` with ``ranks_like_hosts``' selection of ``topo`` (named ``spec``), the
+    hint where a log holds fewer ranks than the topology; None where ``spec`` selects ranks
+    already (its ranks are not the family's) or the log's hosts do not say."""
+    like = None if "[" in spec or len(log.devices) >= topo.num_ranks else ranks_like_hosts(log, topo)
+    return None if like is None else f"{spec}[ranks {like}]"
 
 
 def ranks_like_hosts(log: NcclTestsLog, topo: Topology) -> str | None:

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from treeattn.calibrate.nccl_tests import ranks_like_hosts
+from treeattn.calibrate.nccl_tests import selection_like_hosts
 from treeattn.cost import nccl, nccl_env, nccl_fabric, nccl_p2p, nccl_rates
 from treeattn.cost.library import alltoall_us, last_landing_us
 from treeattn.errors import InputError, TopologyError
@@ -188,11 +188,10 @@ class _Topologies:
         if topo.num_ranks != t.ranks:
             # a selection that places the ranks on nodes as the log's hosts hold them, where it says
             # (of the spec's own ranks: a spec that selects already is told to select fewer)
-            selected = "[" in t.topology
-            like = ranks_like_hosts(t.log, topo) if t.ranks < topo.num_ranks and not selected else None
+            like = selection_like_hosts(t.log, topo, t.topology)
             fix = ("use a topology of that size" if t.ranks > topo.num_ranks else
-                   f"select {t.ranks} of its ranks in its '[ranks ...]'" if selected else
-                   f"select ranks with '[ranks ...]' (e.g. '{t.topology}[ranks {like or f'0-{t.ranks - 1}'}]'"
+                   f"select {t.ranks} of its ranks in its '[ranks ...]'" if "[" in t.topology else
+                   f"select ranks with '[ranks ...]' (e.g. '{like or f'{t.topology}[ranks 0-{t.ranks - 1}]'}'"
                    f"{', as the log places them on hosts' if like else ''}) or use another size")
             raise InputError(f"{t.name}: topology {t.topology!r} places {topo.num_ranks} ranks but the table ran "
                              f"on {t.ranks}; {fix}")
