@@ -117,6 +117,19 @@ def test_attention_partial_refuses_an_empty_head_dimension():
         attention_partial(torch.zeros(1, 2, 0), torch.zeros(1, 1, 3, 0), torch.zeros(1, 1, 3, 0))
 
 
+
+def test_attention_partial_wants_q_in_the_caches_dtype_but_takes_any_q_with_fp8():
+    from treeattn.exec.attention import attention_partial
+
+    gen = torch.Generator().manual_seed(3)
+    q, k = torch.randn(1, 4, 8, generator=gen), torch.randn(1, 2, 6, 8, generator=gen)
+    with pytest.raises(TypeError, match=r"q is torch.float32 and k, v torch.bfloat16: give q in the cache's dtype"):
+        attention_partial(q, k.bfloat16(), k.bfloat16())
+    k8 = k.to(torch.float8_e4m3fn)
+    o, lse = attention_partial(q, k8, k8)  # fp32 matmuls over the fp8 cache, q at its own precision
+    ref_o, ref_lse = attention_partial(q, k8.float(), k8.float())
+    assert o.dtype == torch.float32 and torch.allclose(o, ref_o, atol=1e-6) and torch.allclose(lse, ref_lse, atol=1e-6)
+
 def test_the_tolerance_grows_with_the_roundings_a_narrow_wire_makes():
     from treeattn.exec.runner import wire_roundings
     from treeattn.plan.builders import build
