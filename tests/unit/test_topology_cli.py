@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -211,23 +212,58 @@ def test_show_says_what_local_compute_costs():
         assert "no published decode kernel" not in run_cli("topo", "show", fitted).stdout
 
 
-def test_show_names_the_published_fit_a_file_leaves_out(tmp_path):
+def test_a_file_that_sets_no_attention_figures_takes_its_gpus_published_fit(tmp_path):
+    from treeattn.cost.compute import ComputeModel
+    from treeattn.topology.library import resolve
+    from treeattn.workload import Workload
+
     path = tmp_path / "a100.yaml"
     path.write_text("name: my-a100\nnode:\n  gpus: {count: 2, model: A100-SXM4-80GB, mem_bw_gbps: 2039, mem_gb: 80}\n"
                     "  pcie: {bw_gbps: 25}\n")
     lines = run_cli("topo", "show", str(path)).stdout.splitlines()
-    at = lines.index("  cost sets no attention figures; published decode kernels on A100 (Ampere)")
-    assert lines[at + 1] == "  fit attn_launch_us 13.9, attn_efficiency 0.72 (add them to cost: to use them)"
+    assert "  attention 13.9 µs a call + KV at 0.72 of 2039 GB/s;" in lines
+    at = lines.index("  cost sets no attention figures: the fit to published decode kernels")
+    assert lines[at + 1] == "  on A100 (Ampere) applies (docs/attention-model.md)"
+    # the same GPUs time attention the same in a hand-written file as in their family
+    w = Workload(batch=1, q_heads=64, kv_heads=8, head_dim=128, split=(1 << 20,) * 8)
+    path.write_text(path.read_text().replace("A100-SXM4-80GB", "H100").replace("2039", "3350")
+                    .replace("count: 2", "count: 8"))
+    mine, family = (ComputeModel.of(w, resolve(t)).attention_terms(0) for t in (str(path), "dgx-h100"))
+    assert mine == family == (12.4, 0.56 * 3350)
+    # no note on stderr for it: the figures are the fit's, not the defaults
+    res = run_cli("plan", "-t", str(path), "-m", "llama-3.1-8b", "-n", "32K", "--no-progress",
+                  "-o", str(tmp_path / "p.yaml"))
+    assert res.exit_code == 0, res.stderr
+    assert "times decode attention by the merge kernels' figures" not in res.stderr
     # the longest product name too: every line within 80 columns
-    path.write_text(path.read_text().replace("A100-SXM4-80GB", "B200").replace("name: my-a100", "name: my-b200"))
+    path.write_text(path.read_text().replace("H100", "B200").replace("name: my-a100", "name: my-b200"))
     lines = run_cli("topo", "show", str(path)).stdout.splitlines()
-    at = lines.index("  cost sets no attention figures; published decode kernels on B200 (Blackwell)")
-    assert all(len(ln) <= 80 for ln in lines[at - 3:at + 2]), lines[at - 3:at + 2]
+    at = lines.index("  on B200 (Blackwell) applies (docs/attention-model.md)")
+    assert all(len(ln) <= 80 for ln in lines[at - 4:at + 1]), lines[at - 4:at + 1]
     # a model as a file may write it, and the parts of the same memory system, take the fit too
     for model, which in (("H100", "H100 (Hopper)"), ("GH200", "H100 (Hopper)"), ("A800-SXM4-80GB", "A100 (Ampere)")):
         path.write_text(path.read_text().replace("B200", model, 1))
-        assert f"published decode kernels on {which}" in run_cli("topo", "show", str(path)).stdout, model
+        assert f"on {which} applies" in run_cli("topo", "show", str(path)).stdout, model
         path.write_text(path.read_text().replace(model, "B200", 1))
+    # figures the file sets are its own: no fit
+    path.write_text(path.read_text() + "cost: {attn_efficiency: 0.5}\n")
+    assert ComputeModel.of(w, resolve(str(path))).attention_terms(0)[1] == 0.5 * 3350
+    assert "applies (docs/attention-model.md)" not in run_cli("topo", "show", str(path)).stdout
+
+
+def test_gpus_of_two_fits_keep_the_defaults_and_say_why():
+    from treeattn.topology.attention_fits import applied_attention_fit, unfitted_attention_note
+    from treeattn.topology.library import resolve
+
+    topo = resolve("dgx-h100")
+    assert applied_attention_fit(topo) is None  # the family sets its figures
+    bare = dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, attn_launch_us=None, attn_efficiency=None))
+    assert applied_attention_fit(bare)[0] == "H100 (Hopper)" and unfitted_attention_note(bare) is None
+    devices = tuple(dataclasses.replace(d, model="A100-SXM4-80GB") if d.name == bare.ranks[0] else d
+                    for d in bare.devices)
+    mixed = dataclasses.replace(bare, devices=devices)
+    assert applied_attention_fit(mixed) is None
+    assert "take different published fits; set cost.attn_launch_us" in unfitted_attention_note(mixed)
 
 
 def test_show_tables_and_png(tmp_path):
@@ -237,6 +273,7 @@ def test_show_tables_and_png(tmp_path):
     assert "Transfer rate, GB/s" in res.stdout and "pcie-switch" in res.stdout
     # RTX 4090s have no peer-to-peer: every pair goes through host memory at NCCL's shared-memory rate.
     assert "56 of 56 rank pairs have no GPU peer-to-peer" in " ".join(res.stdout.split())
+    assert res.stdout.count("rank pairs have no GPU peer-to-peer") == 1  # under the rates, not also under the links
     rtx = json.loads(run_cli("topo", "show", "rtx4090-8", "--json").stdout)
     dgx = json.loads(run_cli("topo", "show", "dgx-h100", "--json").stdout)
     assert (rtx["shm_pairs"], rtx["shm_gbps"]) == (56, 2.7) and (dgx["shm_pairs"], dgx["shm_gbps"]) == (0, None)
@@ -446,6 +483,9 @@ def warned(topo: Path, text: str) -> list[str]:
     return res.stderr.splitlines()
 
 
+_TWO_H100 = "name: h\nnode:\n  gpus: {count: 2, model: H100, mem_bw_gbps: 3350, mem_gb: 80}\n  pcie: {bw_gbps: 25}\n"
+
+
 @pytest.mark.parametrize(("text", "right", "warning"), [
     # H100's 3.35 TB/s written as mem_bw_gbps: 3.35 was planned on without a word (attention
     # a thousand times slow, and the pick another method's)
@@ -455,10 +495,26 @@ def warned(topo: Path, text: str) -> list[str]:
      "mem_bw_gbps is GB/s: 3.35 TB/s is 3350 (and 7 more)"),
     # PCIe 5.0 x16 is 32 GT/s x 16 lanes, "512": as bw_gbps, four times PCIe 6.0 x16's 128 GB/s.
     ("name: pcie\nnode:\n  gpus: {count: 4, model: L40S, mem_bw_gbps: 864, mem_gb: 48}\n"
-     "  pcie: {generation: 5, bw_gbps: 512}\n", ("512", "128"),
+     "  pcie: {generation: 5, bw_gbps: 512}\n", ("512", "55"),
      "warning: link n0.gpu0->n0.cpu0 (pcie) has bw_gbps 512, faster than any PCIe link (6.0 x16 moves 128 GB/s "
      "one way); bw_gbps is GB/s: 512 Gb/s is 64 (and 3 more)"),
-], ids=["gpu memory in TB/s", "pcie in Gb/s"])
+    # an attention kernel measured in TB/s, or past the memory it reads, timed every plan unsaid
+    (_TWO_H100 + "cost: {attn_gbps: 3.0}\n", ("3.0", "3000"),
+     "warning: cost.attn_gbps 3 is slower than any GPU's memory (16.8 GB/s the slowest); attn_gbps is GB/s: 3 TB/s "
+     "is 3000"),
+    (_TWO_H100 + "cost: {attn_gbps: 50000}\n", ("50000", "2000"),
+     "warning: cost.attn_gbps 50000 is faster than the GPUs' memory (mem_bw_gbps 3350), which the attention kernel "
+     "reads the KV from; attn_gbps is GB/s"),
+    (_TWO_H100 + "cost: {overhead_us: 2000000}\n", ("2000000", "2"),
+     "warning: cost.overhead_us 2e+06 is over 10 ms a call (a GPU kernel launches in about 5 us); overhead_us is "
+     "microseconds (ns / 1000)"),
+    # PCIe 3.0 x16 moves 15.75 GB/s; NCCL, and the model, rate it 12 whatever bw_gbps says
+    ("name: g3\nnode:\n  gpus: {count: 4, model: L40S, mem_bw_gbps: 864, mem_gb: 48}\n"
+     "  pcie: {generation: 3, bw_gbps: 25}\n", ("generation: 3", "generation: 4"),
+     "warning: link n0.gpu0->n0.cpu0 and 3 more: bw_gbps 25 is more than PCIe 3.0 x16 moves one way (15.75 GB/s); "
+     "NCCL rates the link by its generation and width (12 GB/s), and so does the model: correct them, or bw_gbps"),
+], ids=["gpu memory in TB/s", "pcie in Gb/s", "attention in TB/s", "attention past memory", "overhead in ns",
+        "pcie past its generation"])
 def test_a_figure_in_another_unit_is_warned_about_and_the_right_one_is_not(tmp_path, text, right, warning):
     assert warned(tmp_path / "t.yaml", text) == [warning]
     assert warned(tmp_path / "t.yaml", text.replace(*right)) == []
@@ -684,3 +740,16 @@ def test_a_nic_the_nearest_rule_crowds_beside_a_named_rank_is_warned_about(tmp_p
     assert line.startswith("warning: p: 2 ranks send over the network through 1 NIC(s) while 1 carry none (nic1)"), line
     spread = text.replace("model: H100-SXM5-80GB}", "model: H100-SXM5-80GB, nic: nic1}")
     assert warned(tmp_path / "p.yaml", spread) == []
+
+
+def test_a_name_with_a_newline_or_a_tab_is_refused(tmp_path):
+    # "l40s\nevil" was taken, and validate's one line became two
+    path = tmp_path / "nl.yaml"
+    for text, said in (('name: "l40s\\nevil"\nnode:\n  gpus: {count: 2, model: L40S, mem_bw_gbps: 864, mem_gb: 48}\n'
+                        '  pcie: {bw_gbps: 25}\n',
+                        r":1: name: a name is one line of printable characters, got 'l40s\nevil'"),
+                       ('family: dgx-h100\nname: "a\\tb"\n',
+                        r":2: name: a name is one line of printable characters, got 'a\tb'")):
+        path.write_text(text)
+        res = run_cli("topo", "validate", str(path))
+        assert res.exit_code == 2 and res.stderr.splitlines() == [f"error: {path}{said}"], res.stderr

@@ -21,7 +21,7 @@ from treeattn.cli.render import console, print_rates_note, warn_topology
 from treeattn.cli.topo_text import domain_shares, gbps, network_lines, rate_lines, shm_sentence, wrap
 from treeattn.cost.nccl_rates import pair_rate_gbps, shm_pairs, shm_rate_gbps
 from treeattn.topology import Topology, list_presets, resolve, topology_json_schema
-from treeattn.topology.attention_fits import attention_by_defaults, published_attention_fit
+from treeattn.topology.attention_fits import applied_attention_fit, attention_by_defaults
 from treeattn.topology.summary import topology_summary
 from treeattn.units import counted
 from treeattn.workload import RawPayload
@@ -112,7 +112,7 @@ def show(
     for kind, entry in summary["links"].items():
         links.add_row(kind, str(entry["count"]), *(", ".join(f"{b:g}" for b in entry[k]) for k in keys))
     con.print(links)
-    print_rates_note(con, topo)
+    print_rates_note(con, topo, shm=False)  # the host-memory pairs are said under the rates they cap
     if topo.on_hosts and any(ln.has_rating for ln in topo.links):
         con.print("the links' ratings (rated_gbps, rated_latency_us) are read by nothing here:\n"
                   "on host ranks gloo's collectives and treeattn's transfers use the measured rates", markup=False)
@@ -165,7 +165,7 @@ _LINK_COLUMNS = {"bw_gbps": "GB/s per direction", "latency_us": "latency µs", "
 def _compute_line(topo: Topology) -> str:
     """What rank 0's local work costs (treeattn.cost.compute): a heading, then the attention
     kernel, then merges and copies, each line within 80 columns; then, where the file sets no
-    attention figures for a GPU that published decode kernels were fitted on, that fit."""
+    attention figures, the published fit its GPUs take, or that none does."""
     from treeattn.cost.compute import ComputeModel
 
     c = topo.cost
@@ -178,14 +178,11 @@ def _compute_line(topo: Topology) -> str:
     text = ("Local compute, rank 0 (docs/attention-model.md):\n"
             f"  attention {fixed:g} µs a call + KV at {rate};\n"
             f"  merges {c.launch_us:g} µs a kernel + bytes at {c.mem_efficiency:g} of memory bandwidth")
-    fit = published_attention_fit(topo.rank_device(0).model or "")
-    defaults = attention_by_defaults(topo)
-    if defaults and fit:
-        which, spec = fit
-        text += (f"\n  cost sets no attention figures; published decode kernels on {which}\n"
-                 f"  fit attn_launch_us {spec.attn_launch_us:g}, attn_efficiency {spec.attn_efficiency:g} "
-                 "(add them to cost: to use them)")
-    elif defaults:
+    fit = applied_attention_fit(topo)
+    if fit:
+        text += (f"\n  cost sets no attention figures: the fit to published decode kernels\n"
+                 f"  on {fit[0]} applies (docs/attention-model.md)")
+    elif attention_by_defaults(topo):
         # Families of fitted GPUs set 12.4 us and 0.56 (H100): these figures beside them may flatter this GPU.
         note = (f"  the attention figures are launch_us and mem_efficiency: no published decode kernel on "
                 f"{topo.rank_device(0).model or 'this GPU'} was fitted (docs/attention-model.md)")

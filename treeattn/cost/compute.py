@@ -25,8 +25,10 @@ The attention kernel's fixed cost is ``cost.attn_launch_us`` where set (calibrat
 timing of the kernel, or the family's fit to published decode kernels), else ``launch_us``;
 its bandwidth a measured ``cost.attn_gbps``, else the device's memory bandwidth x
 ``cost.attn_efficiency`` where set (the families' fit on that GPU generation,
-docs/attention-model.md), else x ``mem_efficiency``. Merges and copies keep ``launch_us``
-and ``mem_efficiency``.
+docs/attention-model.md), else x ``mem_efficiency``. A topology that sets none of them on GPUs
+a published fit covers takes that fit (``attention_fits.applied_attention_fit``): a
+hand-written file of H100s times attention as the dgx-h100 family does. Merges and copies
+keep ``launch_us`` and ``mem_efficiency``.
 
 The device is the one the rank is placed on (a GPU, or a host for CPU-only runs). A
 device whose ``mem_bw_gbps`` is 0 (hosts may leave it unset) has its memory time not
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from treeattn.topology.attention_fits import applied_attention_fit
 from treeattn.topology.model import DeviceKind, Topology
 from treeattn.workload import Payload, Workload
 
@@ -63,8 +66,8 @@ class ComputeModel:
     attn_next_launch_us: float | None = None
     """The launch of a rank's later COMPUTE ops in one run (``cost.attn_next_launch_us``)."""
     attn_eff_bw_gbps: tuple[float, ...] = ()
-    """Per rank: memory bandwidth x ``cost.attn_efficiency`` when the topology sets it (else
-    empty: the attention kernel reads at ``eff_bw_gbps``)."""
+    """Per rank: memory bandwidth x ``cost.attn_efficiency`` when the topology sets it or its
+    GPUs' published fit applies (else empty: the attention kernel reads at ``eff_bw_gbps``)."""
     fused: tuple[bool, ...] = ()
     """Per rank: whether its merges are one fused kernel each (GPU ranks, ``merge_us``'s
     bytes); else (hosts, or empty) the eager ops' byte term, 3 x the received bytes."""
@@ -87,11 +90,13 @@ class ComputeModel:
         eff = topo.cost.mem_efficiency
         bws = tuple(topo.rank_device(r).mem_bw_gbps * eff for r in range(topo.num_ranks))
         best = max(bws) if bws and min(bws) > 0 else 0.0
-        attn = topo.cost.attn_efficiency
+        fit = applied_attention_fit(topo)
+        attention = topo.cost if fit is None else fit[1]
+        attn = attention.attn_efficiency
         attn_bws = () if attn is None else tuple(b / eff * attn for b in bws)
         fused = tuple(topo.rank_device(r).kind is DeviceKind.GPU for r in range(topo.num_ranks))
         return cls(payload=payload, launch_us=topo.cost.launch_us, eff_bw_gbps=bws, best_bw_gbps=best,
-                   attn_launch_us=topo.cost.attn_launch_us, attn_bw_gbps=topo.cost.attn_gbps,
+                   attn_launch_us=attention.attn_launch_us, attn_bw_gbps=topo.cost.attn_gbps,
                    attn_next_launch_us=topo.cost.attn_next_launch_us, attn_eff_bw_gbps=attn_bws, fused=fused,
                    given_partials=given_partials)
 

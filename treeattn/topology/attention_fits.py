@@ -4,17 +4,19 @@ docs/attention-model.md): Flash-Decoding on A100 (PyTorch blog "Flash-Decoding f
 long-context inference"; onnxruntime pull 20646's GroupQueryAttention node, held out of the
 fit, checks it), FlashAttention-2/3 paged decode on H100 (onnxruntime pull 21414,
 Dao-AILab/flash-attention issue 1572), FlashInfer trtllm-gen on B200 (flashinfer-ai/flashinfer
-pull 1415). The families carry them, and `treeattn probe` writes them for the GPUs they were
-fitted on (the same generation's HBM parts). Other GPUs (MI300X, RTX 4090, V100, L40S) keep
-``launch_us`` and ``mem_efficiency``: no published timing with every shape term stated."""
+pull 1415). The families carry them, `treeattn probe` writes them for the GPUs they were
+fitted on (the same generation's HBM parts), and a topology that sets no attention figure of its
+own takes its GPUs' fit (``applied_attention_fit``): the same GPUs time the same in a family and
+in a hand-written file. Other GPUs (MI300X, RTX 4090, V100, L40S) keep ``launch_us`` and
+``mem_efficiency``: no published timing with every shape term stated."""
 
 from __future__ import annotations
 
 from treeattn.topology.model import DeviceKind, Topology
 from treeattn.topology.schema import CostSpec
 
-__all__ = ["ATTN_AMPERE", "ATTN_HOPPER", "ATTN_BLACKWELL", "attention_by_defaults", "published_attention_fit",
-           "unfitted_attention_note"]
+__all__ = ["ATTN_AMPERE", "ATTN_HOPPER", "ATTN_BLACKWELL", "applied_attention_fit", "attention_by_defaults",
+           "published_attention_fit", "unfitted_attention_note"]
 
 ATTN_AMPERE = CostSpec(attn_launch_us=13.9, attn_efficiency=0.72)
 ATTN_HOPPER = CostSpec(attn_launch_us=12.4, attn_efficiency=0.56)
@@ -42,30 +44,52 @@ def published_attention_fit(model: str) -> tuple[str, CostSpec] | None:
     return None
 
 
+def _sets_attention(topo: Topology) -> bool:
+    c = topo.cost
+    return any(v is not None for v in (c.attn_launch_us, c.attn_efficiency, c.attn_gbps))
+
+
+def applied_attention_fit(topo: Topology) -> tuple[str, CostSpec] | None:
+    """(which fit, its cost fields) that times ``topo``'s decode attention: where its ``cost``
+    sets no attention figure and every rank is on a GPU that one fit covers; None otherwise
+    (figures set, a GPU no fit covers, ranks on hosts, GPUs of two fits)."""
+    if _sets_attention(topo):
+        return None
+    kinds = {(d.kind, d.model or "") for d in (topo.rank_device(r) for r in range(topo.num_ranks))}
+    fits = set()
+    for kind, model in kinds:
+        fit = published_attention_fit(model) if kind is DeviceKind.GPU else None
+        if fit is None:
+            return None
+        fits.add(fit)
+    return fits.pop() if len(fits) == 1 else None
+
+
 def attention_by_defaults(topo: Topology) -> bool:
     """Whether ``topo``'s GPUs time decode attention by the merge kernels' ``launch_us`` and
-    ``mem_efficiency``: ranks on GPUs, and no attention figure in its ``cost``."""
-    c = topo.cost
-    return topo.rank_device(0).kind is DeviceKind.GPU and all(
-        v is None for v in (c.attn_launch_us, c.attn_efficiency, c.attn_gbps))
+    ``mem_efficiency``: ranks on GPUs, no attention figure in its ``cost`` and no published fit
+    that applies (``applied_attention_fit``)."""
+    return (topo.rank_device(0).kind is DeviceKind.GPU and not _sets_attention(topo)
+            and applied_attention_fit(topo) is None)
 
 
 def unfitted_attention_note(topo: Topology) -> str | None:
     """What to say where ``topo``'s GPUs time decode attention by the defaults (``launch_us``,
     ``mem_efficiency``: 5 us a call, 0.8 of memory bandwidth), no fitted figure in its ``cost``:
     beside a fitted GPU's (Hopper's 12.4 us, 0.56) such times flatter it (8 x MI300X ran 70B at
-    128K in 40 us a layer to 8 x H100's 71); None where the figures are set, or the ranks are
-    not GPUs."""
+    128K in 40 us a layer to 8 x H100's 71); None where the figures are set, a fit applies
+    (``applied_attention_fit``), or the ranks are not GPUs."""
     if not attention_by_defaults(topo):
         return None
-    c, gpu = topo.cost, topo.rank_device(0)
+    c = topo.cost
     times = (f"{topo.name} times decode attention by the merge kernels' figures, launch_us {c.launch_us:g} us a call "
              f"and mem_efficiency {c.mem_efficiency:g} of memory bandwidth")
-    fit = published_attention_fit(gpu.model or "")
-    if fit is not None:
-        which, spec = fit
-        return (f"{times}; published decode kernels on {which} fit {spec.attn_launch_us:g} us and "
-                f"{spec.attn_efficiency:g} (cost.attn_launch_us, cost.attn_efficiency): add them to its cost")
-    return (f"{times}: no published decode kernel on {gpu.model or 'its GPU'} was fitted, so its attention "
+    models = sorted({d.model or "its GPU" for d in (topo.rank_device(r) for r in range(topo.num_ranks))
+                     if d.kind is DeviceKind.GPU})
+    unfitted = [m for m in models if published_attention_fit(m) is None]
+    if not unfitted:  # GPUs of two fitted generations: one topology times one attention kernel
+        return (f"{times}: its GPUs ({', '.join(models)}) take different published fits; set cost.attn_launch_us "
+                "and cost.attn_efficiency (docs/attention-model.md)")
+    return (f"{times}: no published decode kernel on {', '.join(unfitted)} was fitted, so its attention "
             "may look faster than a fitted GPU's (docs/attention-model.md; treeattn calibrate --compute attention "
             "measures one)")
