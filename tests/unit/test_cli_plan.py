@@ -648,3 +648,22 @@ def test_compare_says_which_ring_attention_it_times():
     legend = ("  pass-KV: ringA moves KV, as the tree attention paper's baseline does; pass-Q\n"
               "  (the query moving instead) ends in a merge of partials, as the other columns\n")
     assert legend in res.stdout, res.stdout
+
+
+def test_plan_notes_gpus_without_a_memory_size_and_a_refused_argument_is_the_one_line(tmp_path):
+    # MI300X without mem_gb planned 512 GiB a rank without a word; and the notes came before
+    # the error of a refused argument (two lines on stderr)
+    topo = tmp_path / "mi.yaml"
+    topo.write_text("name: my-mi\nnode:\n  gpus: {count: 8, model: MI300X, mem_bw_gbps: 5300}\n  pcie: {bw_gbps: 55}\n"
+                    "  fabric: {kind: full-mesh, link: xgmi, bw_gbps: 64}\n")
+    shape = ("-t", str(topo), "-m", "llama-3.1-70b", "-n", "16M", "--no-progress")
+    res = run_cli("plan", *shape, "-o", str(tmp_path / "p.yaml"))
+    assert res.exit_code == 0, res.stderr
+    assert ("note: my-mi gives its MI300X GPUs no mem_gb: no schedule was checked against their memory (the KV "
+            "cache alone is 640 GiB on the busiest rank); set node.gpus.mem_gb (GiB)") in res.stderr.splitlines()
+    for bad in (("--mem-fraction", "0"), ("--result", "root:9"), ("--chunks", "0", "--algorithm", "binomial")):
+        res = run_cli("plan", *shape, *bad, "-o", str(tmp_path / "p.yaml"))
+        assert res.exit_code == 2 and len(res.stderr.splitlines()) == 1, (bad, res.stderr)
+    topo.write_text(topo.read_text().replace("mem_bw_gbps: 5300", "mem_bw_gbps: 5300, mem_gb: 192"))
+    res = run_cli("plan", *shape[:5], "1M", "--no-progress", "-o", str(tmp_path / "p.yaml"))
+    assert res.exit_code == 0 and "no mem_gb" not in res.stderr, res.stderr

@@ -564,6 +564,11 @@ def test_blackwell_nvlstree_tuning_only_from_2_30_3():
     ("RTX-5090", "blackwell"), ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "blackwell"), ("Tesla T4", "volta"),
     ("NVIDIA GeForce RTX 2080 Ti", "volta"), ("NVIDIA RTX A6000", "ampere"), ("NVIDIA GH200 480GB", "hopper"),
     ("NVIDIA H20", "hopper"), ("NVIDIA GB200", "blackwell"),
+    # Turing's and Ada's RTX 5000 are no GeForce RTX 5090; Pascal, Maxwell and Kepler take Volta's row
+    ("Quadro RTX 5000", "volta"), ("NVIDIA RTX 5000 Ada Generation", "ampere"),
+    ("NVIDIA GeForce RTX 5060 Ti", "blackwell"),
+    ("NVIDIA GeForce GTX 1080 Ti", "volta"), ("NVIDIA TITAN Xp", "volta"), ("NVIDIA GeForce GTX 1660", "volta"),
+    ("Quadro P6000", "volta"), ("Quadro M6000", "volta"), ("Tesla K80", "volta"), ("Tesla P100-PCIE-16GB", "volta"),
     # a misspelt name takes the architecture its letters suggest; one placed nowhere Hopper's
     ("A10O-SXM4-80GB", "ampere"), ("Quadro GV100", "volta"), ("MI300X", "hopper"),
 ])

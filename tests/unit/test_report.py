@@ -174,6 +174,8 @@ def test_cli_report_tables(folder: Path):
     ("negative-time", "rows.csv:2: measured_median_us is -5.0, not a time"),
     ("infinite-time", "rows.csv:3: predicted_us is inf, not a time"),
     ("cut-row", "the row has fewer fields than the header: the file was cut short?"),
+    ("negative-ranks", "rows.csv:2: ranks is -5, not a whole number of at least 1"),
+    ("half-chunk", "rows.csv:3: chunks is 1.5, not a whole number of at least 1"),
 ])
 def test_cli_report_bad_folders(tmp_path: Path, setup: str, match: str):
     d = tmp_path / "r"
@@ -192,6 +194,11 @@ def test_cli_report_bad_folders(tmp_path: Path, setup: str, match: str):
         rows.loc[0 if setup == "negative-time" else 1,
                  "measured_median_us" if setup == "negative-time" else "predicted_us"] = (
             -5.0 if setup == "negative-time" else float("inf"))
+        rows.to_csv(d / "rows.csv", index=False)
+    if setup in ("negative-ranks", "half-chunk"):
+        rows = _rows().astype({"chunks": float})
+        rows.loc[0 if setup == "negative-ranks" else 1, "ranks" if setup == "negative-ranks" else "chunks"] = (
+            -5 if setup == "negative-ranks" else 1.5)
         rows.to_csv(d / "rows.csv", index=False)
     if setup == "cut-row":
         text = _rows().to_csv(index=False)

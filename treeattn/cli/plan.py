@@ -247,14 +247,12 @@ def plan_cmd(
                            kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_head_dim, kv_latent=kv_latent,
                            batch=batch, seq_len=seq_len, split=split,
                            kv_dtype=kv_dtype, partial_dtype=partial_dtype, layers=layers, nbytes=nbytes, op=op)
-    warn_payload(payload)
-    note_attention(topo, payload)
     alg_flags = {"--root": root, "--fanout": fanout, "--chunks": chunks, "--groups": groups,
                  "--group-size": group_size, "--order": order,
                  "--parents": parents, "--roots": roots, "--trees": trees, "--shape": shape, "--intra": intra,
                  "--inter": inter, "--whole-rows": True if whole_rows else None}
     from treeattn.cost.library import link_rates_note
-    from treeattn.cost.memory import check_kv_fits, weights_note
+    from treeattn.cost.memory import check_kv_fits, unknown_memory_note, weights_note
     from treeattn.plan.baselines import parse_result
 
     layout, result_root = parse_result(result, topo.num_ranks, what="--result")
@@ -305,6 +303,11 @@ def plan_cmd(
             typer.echo(f"warning: {plan.algorithm} plan: {different_bits_note(split)} (treeattn verify says "
                        "the same)", err=True)
     elapsed = time.perf_counter() - started
+    # Said once the plan is made: a refused argument is the one line on stderr.
+    warn_payload(payload)
+    note_attention(topo, payload)
+    if note := unknown_memory_note(payload, topo):
+        typer.echo(f"note: {note}", err=True)
     if note := weights_note(payload, topo, mem_fraction, peak_bytes=report["best"]["peak_bytes"]):
         typer.echo(f"warning: {note}", err=True)
     from dataclasses import replace
@@ -498,7 +501,7 @@ def compare_cmd(
     against ring attention, the ring of partials, two and three all-reduces, all-gather +
     merge and vLLM's decode context parallel, over sequence lengths and rank counts."""
     from treeattn.cost.library import link_rates_note
-    from treeattn.cost.memory import check_fraction, check_kv_fits, weights_note
+    from treeattn.cost.memory import check_fraction, check_kv_fits, unknown_memory_note, weights_note
     from treeattn.plan.baselines import parse_result
     from treeattn.search.compare import compare, expand_topologies, plot_speedup, write_csv
     from treeattn.search.workload_file import parse_tokens
@@ -571,6 +574,8 @@ def compare_cmd(
         w = next((at for (name, _), at in built.items() if name == t.name), shape)
         warn_topology(t)
         note_attention(t, w)
+        if note := unknown_memory_note(w, t):
+            typer.echo(f"note: {note}", err=True)
         layout, root = parse_result(result, t.num_ranks, on=t.name, what="--result")
         for n in lens:
             at = built.get((t.name, n))

@@ -84,15 +84,17 @@ def plan_title(plan) -> str:  # noqa: ANN001 - a Plan
 def warn_topology(topo: Any) -> None:
     """Say on stderr where GPUs of ``topo`` (a Topology) name a model treeattn has no figures
     for (``treeattn.cost.library.unknown_gpu_note``), where links name a generation NCCL's
-    rating has none for (``treeattn.cost.nccl_rates.unrated_generation_note``), where NICs sit
+    rating has none for (``treeattn.cost.nccl_rates.unrated_generation_note``) or a PCIe rate
+    beyond their generation and width (``pcie_over_nominal_note``), where NICs sit
     idle while others carry several ranks (``treeattn.topology.network.idle_nic_note``) and
     where its values look written in another unit (``treeattn.topology.plausible``)."""
     from treeattn.cost.library import unknown_gpu_note
-    from treeattn.cost.nccl_rates import unrated_generation_note
+    from treeattn.cost.nccl_rates import pcie_over_nominal_note, unrated_generation_note
     from treeattn.topology.network import idle_nic_note
     from treeattn.topology.plausible import implausible
 
-    notes = [n for n in (unknown_gpu_note(topo), unrated_generation_note(topo), idle_nic_note(topo)) if n]
+    notes = [n for n in (unknown_gpu_note(topo), unrated_generation_note(topo), pcie_over_nominal_note(topo),
+                         idle_nic_note(topo)) if n]
     for text in notes + implausible(topo):
         typer.echo(f"warning: {text}", err=True)
 

@@ -304,7 +304,11 @@ def nccl_model_cmd(
         })
         return
     con = console()
-    library = f"RCCL, timed with NCCL {release}'s figures" if fab.rccl else f"NCCL {release}"
+    from treeattn.topology.nccl_version import NEWEST
+
+    newer = fab.nccl_release > NEWEST  # _release says which release's figures time it
+    library = (f"NCCL {release}" if not fab.rccl else f"RCCL, timed with NCCL {release}" if newer
+               else f"RCCL, timed with NCCL {release}'s figures")
     # One fact a line, so that piped output stays near 80 columns.
     con.print(f"{coll.value} of {format_size(size)} on [bold]{escape(topo.name)}[/]: "
               f"{fab.ranks} ranks, {fab.nodes} node(s)")

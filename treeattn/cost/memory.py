@@ -48,7 +48,7 @@ from treeattn.units import counted, format_size, format_sizes
 from treeattn.workload import MODELS, Payload, Workload
 
 __all__ = ["DEFAULT_MEM_FRACTION", "MemoryCheck", "peak_bytes", "rank_peak_bytes", "run_bytes", "kv_cache_bytes",
-           "device_bytes", "check_kv_fits", "weights_note", "check_fraction", "memory_check"]
+           "device_bytes", "check_kv_fits", "weights_note", "unknown_memory_note", "check_fraction", "memory_check"]
 
 DEFAULT_MEM_FRACTION = 0.9
 
@@ -220,6 +220,22 @@ def memory_check(plan: Plan, topo: Topology, fraction: float = DEFAULT_MEM_FRACT
             worst = (key, peak, r, limit)
     assert worst is not None
     return MemoryCheck(peak_bytes=worst[1], limit_bytes=worst[3], rank=worst[2])
+
+
+def unknown_memory_note(payload: Payload, topo: Topology) -> str | None:
+    """What to say where ``topo``'s GPU ranks give no memory size (``mem_gb`` 0, unknown): no
+    schedule is checked against their memory, so a plan may need more than a GPU holds (a
+    file's MI300X without ``mem_gb`` planned 512 GiB a rank unsaid); None where every GPU rank
+    gives one, or ``payload`` is a raw payload."""
+    if not isinstance(payload, Workload):
+        return None
+    gpus = [topo.rank_device(r) for r in range(topo.num_ranks)]
+    unknown = sorted({d.model or d.name for d in gpus if d.kind.value == "gpu" and d.mem_gb <= 0})
+    if not unknown:
+        return None
+    need = format_size(max(kv_cache_bytes(payload, r) for r in range(topo.num_ranks)))
+    return (f"{topo.name} gives its {', '.join(unknown)} GPUs no mem_gb: no schedule was checked against their memory "
+            f"(the KV cache alone is {need} on the busiest rank); set node.gpus.mem_gb (GiB)")
 
 
 def weights_note(payload: Payload, topo: Topology, fraction: float = DEFAULT_MEM_FRACTION, *,

@@ -32,12 +32,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from treeattn.cost.nccl_tuning import NET_ACHIEVED, Protocol, nccl_arch
 from treeattn.topology.model import P2P_LEVELS, Device, DeviceKind, Link, LinkClass, LinkKind, Topology
 from treeattn.topology.nccl_version import NEWEST, Release, nccl_release
-from treeattn.topology.plausible import NVLINK_PER_LINK_GBPS, XGMI_PER_LINK_GBPS
+from treeattn.topology.plausible import NVLINK_PER_LINK_GBPS, PCIE_MAX_GBPS, XGMI_PER_LINK_GBPS
 
 __all__ = [
     "nccl_link_bw_gbps",
     "unrated_generation_note",
     "pcie_nominal_gbps",
+    "pcie_over_nominal_note",
     "nic_bw",
     "fabric_bw",
     "p2p_link_gbps",
@@ -111,6 +112,27 @@ def unrated_generation_note(topo: Topology) -> str | None:
         parts.append(f"{name} generation {gen} ({where}) has no figure in treeattn's model of NCCL ({name} "
                      f"{min(table)}-{max(table)} have): {rated}")
     return f"{topo.name}: " + "; ".join(parts)
+
+
+def pcie_over_nominal_note(topo: Topology) -> str | None:
+    """A warning where a PCIe link's ``bw_gbps`` is more than its own generation and width move
+    (``pcie_nominal_gbps``): one of them is wrong, and NCCL's rating, which the model reads, takes
+    the generation and width (a file's PCIe 3.0 x16 at 25 GB/s is rated 12); None where there is
+    none, and on measured rates (a calibration's fit is said where it is made)."""
+    if topo.cost.link_rates == "measured":
+        return None
+    # Generations 1 and 2 are what a VM's emulated bridges read (2.5 and 5 GT/s), and NCCL rates
+    # them so too: no file's mistake. Above any PCIe link's rate: plausible says it.
+    over = [ln for ln in topo.links if (nominal := pcie_nominal_gbps(ln)) is not None and ln.generation >= 3
+            and 1.05 * nominal < ln.bw_gbps <= 1.05 * PCIE_MAX_GBPS]
+    if not over:
+        return None
+    first = over[0]
+    more = len({frozenset((ln.src, ln.dst)) for ln in over}) - 1
+    where = f"link {first.src}->{first.dst}" + (f" and {more} more" if more else "")
+    return (f"{where}: bw_gbps {first.bw_gbps:g} is more than PCIe {first.generation}.0 x{first.width} moves one way "
+            f"({pcie_nominal_gbps(first):g} GB/s); NCCL rates the link by its generation and width "
+            f"({nccl_link_bw_gbps(first):g} GB/s), and so does the model: correct them, or bw_gbps")
 
 
 def nccl_link_bw_gbps(link: Link, arch: str = "hopper") -> float:

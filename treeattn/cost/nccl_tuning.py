@@ -231,15 +231,18 @@ def busbw_factor(collective: Collective, ranks: int) -> float:
 # NCCL indexes its tables by the GPUs' compute capability (tuning.cc ``compCapIndex``: 10.0 and
 # up Blackwell's row, 9.x Hopper's, 8.x Ampere's, below that Volta's): Ada (8.9: RTX 40xx, the
 # L4/L20/L40 and the RTX Ada cards) takes Ampere's, GeForce and RTX PRO Blackwell (12.0)
-# Blackwell's, Turing and Pascal (7.5, 6.x) Volta's. Read anywhere in the name (as nvidia-smi
+# Blackwell's, Turing, Pascal, Maxwell and Kepler (7.5 down to 3.7: GTX, TITAN X/Xp, Quadro
+# RTX/P/M, Tesla P/K) Volta's. Read anywhere in the name (as nvidia-smi
 # prints it or hyphenated: "RTX-4090", "L4-24GB"), so a misspelt one ("A10O") takes the
 # architecture its letters suggest.
 _ROW_PATTERNS = tuple((row, re.compile("|".join(pats))) for row, pats in (
-    ("blackwell", (r"G?B(100|200|300)", r"GB10", r"RTX[ -]?50[0-9]0( TI)?", r"RTX PRO [0-9]000", r"BLACKWELL")),
+    ("ampere", (r"\bADA\b",)),  # "RTX 5000 Ada Generation" is no GeForce RTX 5090
+    ("blackwell", (r"G?B(100|200|300)", r"GB10", r"RTX[ -]?50[5-9]0( TI)?", r"RTX PRO [0-9]000", r"BLACKWELL")),
     ("hopper", (r"G?H(100|200|800|20)",)),
     ("ampere", (r"A(100|800|30|40|16|2)", r"A10G?", r"RTX[ -]?[34]0[0-9]0( TI)?", r"RTX A[0-9]000", r"A[0-9]000",
-                r"L(4|20|40S?)", r"ADA")),
-    ("volta", (r"V100", r"T4", r"RTX[ -]?20[0-9]0( TI)?", r"QUADRO RTX", r"TITAN (V|RTX)", r"P(4|40|100)")),
+                r"L(4|20|40S?)")),
+    ("volta", (r"V100", r"T4", r"RTX[ -]?20[0-9]0( TI)?", r"QUADRO RTX", r"TITAN (V|RTX|X)", r"P(4|40|100)",
+               r"GTX", r"QUADRO [PM][0-9]", r"K(80|40)")),
 ))
 
 

@@ -65,6 +65,11 @@ NUMERIC_COLUMNS = frozenset({
 })
 """Columns read as numbers (empty cells stay missing)."""
 
+COUNT_COLUMNS = frozenset({"ranks", "batch", "q_heads", "kv_heads", "head_dim", "chunks", "repeats"})
+"""Numbers that count something there is at least one of: whole, 1 or more."""
+SIZE_COLUMNS = frozenset({"tokens_per_rank", "payload_bytes", "kv_bytes_per_rank", "rank", "op_index", "chunk"})
+"""Numbers that count from 0: whole, not negative."""
+
 TIMELINE_COLUMNS = ("topology", "case", "method", "source", "rank", "op_index", "kind", "peer", "chunk",
                     "start_us", "end_us")
 """``source``: ``measured`` (post and completion of each op on each rank, from its own start)
@@ -123,6 +128,14 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
                 line = int(wrong.to_numpy().nonzero()[0][0]) + 2
                 raise InputError(f"{path}:{line}: {col} is {float(values[wrong].iloc[0])!r}, not a time "
                                  "(microseconds, finite and not negative)")
+        least = 1 if col in COUNT_COLUMNS else 0 if col in SIZE_COLUMNS else None
+        if least is not None:
+            # A hand-edited count (ranks -5) was read as it stood and drawn from.
+            wrong = values.notna() & ((values < least) | (values != values.round()))
+            if wrong.any():
+                line = int(wrong.to_numpy().nonzero()[0][0]) + 2
+                raise InputError(f"{path}:{line}: {col} is {values[wrong].iloc[0]:g}, not a whole number of at least "
+                                 f"{least}")
         frame[col] = values
     return frame
 

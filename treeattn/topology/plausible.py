@@ -12,7 +12,7 @@ from __future__ import annotations
 from treeattn.topology.model import DeviceKind, LinkClass, LinkKind, Topology
 
 __all__ = ["implausible", "LINK_MIN_GBPS", "NETWORK_PORT_MAX_GBPS", "GPU_MEM_MAX_GB", "GPU_MEM_BW_MAX_GBPS",
-           "GPU_MEM_BW_MIN_GBPS", "GPU_MEM_MIN_GB", "HOP_MAX_US",
+           "GPU_MEM_BW_MIN_GBPS", "GPU_MEM_MIN_GB", "HOP_MAX_US", "CALL_MAX_US",
            "SWITCH_HOP_MAX_US", "NIC_OVER_PCIE", "NVLINK_PER_LINK_GBPS", "NVLINK_LANE_MIN_GBPS", "NVLINK_MAX_GBPS",
            "XGMI_PER_LINK_GBPS",
            "PCIE_MAX_GBPS"]
@@ -55,6 +55,11 @@ NVIDIA's 1.8 TB/s for it counts both directions."""
 HOP_MAX_US = {LinkClass.GPU_FABRIC: 100.0, LinkClass.PCIE: 100.0, LinkClass.NETWORK: 1000.0}
 """A link's latency above 100 us inside a node (NVLink and PCIe: about 1 us) or 1 ms between
 nodes (a switch hop: under 1 us; a long-haul link a few hundred)."""
+CALL_MAX_US = 10000.0
+"""A fixed cost per message or kernel (``cost.overhead_us``, ``launch_us``, ``attn_launch_us``,
+``attn_next_launch_us``) above 10 ms: a GPU kernel launches in about 5 us and the slowest host
+figures here (gloo in an emulated cluster) are a few hundred, so more is nanoseconds written as
+microseconds."""
 SWITCH_HOP_MAX_US = 100.0
 """A port's link to its switch (a NIC's, a host's) above 100 us: a switch hop takes under 1 us
 (InfiniBand about 0.1-0.6, Ethernet a few; a software network of kernel sockets, as the emulated
@@ -154,7 +159,32 @@ def implausible(topo: Topology) -> list[str]:
             found.setdefault("nic over pcie", []).append(
                 f"NIC {nic} has bw_gbps {gbps:g} on the network but {pcie[nic]:g} over its PCIe link; bw_gbps is "
                 f"GB/s: {gbps:g} Gb/s is {gbps / 8:g}")
+    for text in _cost(topo):
+        found.setdefault(text, []).append(text)
     return [first + (f" (and {len(rest)} more)" if rest else "") for first, *rest in found.values()]
+
+
+def _cost(topo: Topology) -> list[str]:
+    """The ``cost`` figures beyond any hardware: a fixed cost per call over ``CALL_MAX_US``, and
+    an attention kernel measured faster than its GPUs' memory (it reads the KV from there) or
+    slower than any GPU's memory."""
+    c, out = topo.cost, []
+    for key in ("overhead_us", "launch_us", "attn_launch_us", "attn_next_launch_us"):
+        value = getattr(c, key)
+        if value is not None and value > CALL_MAX_US:
+            out.append(f"cost.{key} {value:g} is over {CALL_MAX_US / 1000:g} ms a call (a GPU kernel launches in about "
+                       f"5 us); {key} is microseconds (ns / 1000)")
+    gpus = [topo.rank_device(r) for r in range(topo.num_ranks)]
+    if c.attn_gbps is None or not gpus or any(d.kind is not DeviceKind.GPU for d in gpus):
+        return out
+    slowest = min(d.mem_bw_gbps for d in gpus)
+    if 0 < slowest < c.attn_gbps:
+        out.append(f"cost.attn_gbps {c.attn_gbps:g} is faster than the GPUs' memory (mem_bw_gbps {slowest:g}), which "
+                   "the attention kernel reads the KV from; attn_gbps is GB/s")
+    elif c.attn_gbps < GPU_MEM_BW_MIN_GBPS:
+        out.append(f"cost.attn_gbps {c.attn_gbps:g} is slower than any GPU's memory (16.8 GB/s the slowest); "
+                   f"attn_gbps is GB/s: {c.attn_gbps:g} TB/s is {c.attn_gbps * 1000:g}")
+    return out
 
 
 _AMD_GPU = ("MI",)

@@ -55,6 +55,14 @@ def _not_bool(value: Any) -> Any:
     return value
 
 
+def _printable(value: str) -> str:
+    # A name goes into one-line messages, plan files and file names: a newline in it split them.
+    if not value.isprintable():
+        raise ValueError(f"a name is one line of printable characters, got {value!r}")
+    return value
+
+
+Name = Annotated[str, Field(min_length=1), AfterValidator(_printable)]
 Float = Annotated[float, BeforeValidator(_not_bool)]
 Int = Annotated[int, BeforeValidator(_not_bool)]
 
@@ -171,7 +179,7 @@ class CostSpec(_Spec):
 class DeviceSpec(_Spec):
     """One device of the explicit form."""
 
-    name: str = Field(min_length=1, description="Unique name, e.g. n0.gpu3.")
+    name: Name = Field(description="Unique name, e.g. n0.gpu3.")
     kind: DeviceKind
     node: Int = Field(0, ge=-1, description="Machine index; -1 for devices shared by machines.")
     model: str = ""
@@ -211,7 +219,7 @@ class ExplicitFile(_Spec):
     an entry may hold ranges (``n0.gpu{0..7}``) or a repeat (``host0*4``); omitted, every
     GPU in device order (or every host when there are no GPUs) gets one rank."""
 
-    name: str = Field(min_length=1)
+    name: Name
     description: str = ""
     sources: list[str] = []
     cost: CostSpec = CostSpec()
@@ -354,7 +362,7 @@ class CompactFile(_Spec):
     """Compact form: ``nodes`` copies of ``node`` joined by ``network``. Ranks are every
     GPU, node by node."""
 
-    name: str = Field(min_length=1)
+    name: Name
     description: str = ""
     sources: list[str] = []
     cost: CostSpec = CostSpec()
@@ -368,7 +376,7 @@ class FamilyFile(_Spec):
 
     family: str = Field(min_length=1)
     params: dict[str, int | float | str | bool] = {}
-    name: str | None = Field(None, min_length=1)  # as the other forms: "" named the topology nothing
+    name: Name | None = None  # as the other forms: "" named the topology nothing
     description: str | None = None
     sources: list[str] = Field([], description="Added to the family's own citations.")
     cost: CostSpec | None = None
