@@ -569,6 +569,9 @@ def test_blackwell_nvlstree_tuning_only_from_2_30_3():
     ("NVIDIA GeForce RTX 5060 Ti", "blackwell"),
     ("NVIDIA GeForce GTX 1080 Ti", "volta"), ("NVIDIA TITAN Xp", "volta"), ("NVIDIA GeForce GTX 1660", "volta"),
     ("Quadro P6000", "volta"), ("Quadro M6000", "volta"), ("Tesla K80", "volta"), ("Tesla P100-PCIE-16GB", "volta"),
+    ("Quadro RTX 4000", "volta"), ("Tesla M60", "volta"), ("Tesla K20Xm", "volta"), ("GRID K520", "volta"),
+    ("Tesla P6", "volta"), ("NVIDIA T1000 8GB", "volta"), ("NVIDIA RTX A4500", "ampere"),
+    ("NVIDIA RTX A500 Laptop GPU", "ampere"), ("NVIDIA RTX PRO 500 Blackwell Generation Laptop GPU", "blackwell"),
     # a misspelt name takes the architecture its letters suggest; one placed nowhere Hopper's
     ("A10O-SXM4-80GB", "ampere"), ("Quadro GV100", "volta"), ("MI300X", "hopper"),
 ])

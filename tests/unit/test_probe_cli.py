@@ -223,3 +223,13 @@ def test_an_ibstat_rate_no_port_has_is_refused_where_it_stands(tmp_path, rate):
     assert res.exit_code == 2 and not out.exists() and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
     assert "ibstat.txt:" in res.stderr and f"Rate '{rate}' is not a line rate" in res.stderr
+
+
+@pytest.mark.parametrize("name", ["my\tnode", "a\nb", ""])
+def test_a_name_the_written_file_could_not_be_read_back_with_is_refused(tmp_path, name):
+    # probe --name $'my\tnode' wrote a topology topo validate then refused
+    res = run_cli("probe", "--from-nccl-xml", str(FIX / "nccl-topo.azure-ndv4-a100.xml"), "--name", name,
+                  "-o", str(tmp_path / "t.yaml"))
+    assert res.exit_code == 2 and res.stderr.splitlines() == [
+        f"error: --name: a name is one line of printable characters, got {name!r}"], res.stderr
+    assert not (tmp_path / "t.yaml").exists()

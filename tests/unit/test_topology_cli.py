@@ -245,10 +245,14 @@ def test_a_file_that_sets_no_attention_figures_takes_its_gpus_published_fit(tmp_
         path.write_text(path.read_text().replace("B200", model, 1))
         assert f"on {which} applies" in run_cli("topo", "show", str(path)).stdout, model
         path.write_text(path.read_text().replace(model, "B200", 1))
-    # figures the file sets are its own: no fit
+    # a figure the file sets is its own; the fit gives the other (writing the fit's own share
+    # had dropped its 12.4 us for launch_us's 5)
     path.write_text(path.read_text() + "cost: {attn_efficiency: 0.5}\n")
-    assert ComputeModel.of(w, resolve(str(path))).attention_terms(0)[1] == 0.5 * 3350
-    assert "applies (docs/attention-model.md)" not in run_cli("topo", "show", str(path)).stdout
+    assert ComputeModel.of(w, resolve(str(path))).attention_terms(0) == (6.9, 0.5 * 3350)
+    out = run_cli("topo", "show", str(path)).stdout
+    assert "  attn_launch_us: the fit to published decode kernels on B200 (Blackwell)" in out.splitlines()
+    assert json.loads(run_cli("topo", "show", str(path), "--json").stdout)["attention_fit"] == {
+        "fit": "B200 (Blackwell)", "attn_launch_us": 6.9, "attn_efficiency": 0.8}
 
 
 def test_gpus_of_two_fits_keep_the_defaults_and_say_why():
@@ -256,7 +260,7 @@ def test_gpus_of_two_fits_keep_the_defaults_and_say_why():
     from treeattn.topology.library import resolve
 
     topo = resolve("dgx-h100")
-    assert applied_attention_fit(topo) is None  # the family sets its figures
+    assert applied_attention_fit(topo)[0] == "H100 (Hopper)" and unfitted_attention_note(topo) is None
     bare = dataclasses.replace(topo, cost=dataclasses.replace(topo.cost, attn_launch_us=None, attn_efficiency=None))
     assert applied_attention_fit(bare)[0] == "H100 (Hopper)" and unfitted_attention_note(bare) is None
     devices = tuple(dataclasses.replace(d, model="A100-SXM4-80GB") if d.name == bare.ranks[0] else d
@@ -503,8 +507,8 @@ _TWO_H100 = "name: h\nnode:\n  gpus: {count: 2, model: H100, mem_bw_gbps: 3350, 
      "warning: cost.attn_gbps 3 is slower than any GPU's memory (16.8 GB/s the slowest); attn_gbps is GB/s: 3 TB/s "
      "is 3000"),
     (_TWO_H100 + "cost: {attn_gbps: 50000}\n", ("50000", "2000"),
-     "warning: cost.attn_gbps 50000 is faster than the GPUs' memory (mem_bw_gbps 3350), which the attention kernel "
-     "reads the KV from; attn_gbps is GB/s"),
+     "warning: cost.attn_gbps 50000 is over 1.5 x the GPUs' memory bandwidth (mem_bw_gbps 3350), which the attention "
+     "kernel reads the KV from; attn_gbps is GB/s"),
     (_TWO_H100 + "cost: {overhead_us: 2000000}\n", ("2000000", "2"),
      "warning: cost.overhead_us 2e+06 is over 10 ms a call (a GPU kernel launches in about 5 us); overhead_us is "
      "microseconds (ns / 1000)"),

@@ -241,8 +241,9 @@ def plan_cmd(
         return
     if top < 1:
         raise InputError(f"--top must be at least 1, got {top}")
+    if chunks is not None and chunks < 1:
+        raise InputError(f"--chunks must be at least 1, got {chunks}")
     topo = load_topology(topology, ranks)
-    warn_topology(topo)
     payload = make_payload(topo.num_ranks, workload_file=workload_file, model=model, heads=heads,
                            kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_head_dim, kv_latent=kv_latent,
                            batch=batch, seq_len=seq_len, split=split,
@@ -267,6 +268,12 @@ def plan_cmd(
     from treeattn.plan.io import check_plan_path
 
     check_plan_path(path)  # before the search: a long one would end in this refusal
+    # Said once the arguments passed (a refused one is the one line on stderr), before the search.
+    warn_topology(topo)
+    warn_payload(payload)
+    note_attention(topo, payload)
+    if note := unknown_memory_note(payload, topo):
+        typer.echo(f"note: {note}", err=True)
     started = time.perf_counter()
     if algorithm is None:
         from treeattn.search import search
@@ -303,11 +310,6 @@ def plan_cmd(
             typer.echo(f"warning: {plan.algorithm} plan: {different_bits_note(split)} (treeattn verify says "
                        "the same)", err=True)
     elapsed = time.perf_counter() - started
-    # Said once the plan is made: a refused argument is the one line on stderr.
-    warn_payload(payload)
-    note_attention(topo, payload)
-    if note := unknown_memory_note(payload, topo):
-        typer.echo(f"note: {note}", err=True)
     if note := weights_note(payload, topo, mem_fraction, peak_bytes=report["best"]["peak_bytes"]):
         typer.echo(f"warning: {note}", err=True)
     from dataclasses import replace
@@ -570,20 +572,22 @@ def compare_cmd(
     shape = next(iter(built.values()))
     if note := latent_value_note(shape):
         typer.echo(f"warning: {note}", err=True)
+    shapes = {t.name: next((at for (name, _), at in built.items() if name == t.name), shape) for t in topos}
     for t in topos:
-        w = next((at for (name, _), at in built.items() if name == t.name), shape)
-        warn_topology(t)
-        note_attention(t, w)
-        if note := unknown_memory_note(w, t):
-            typer.echo(f"note: {note}", err=True)
+        w = shapes[t.name]
         layout, root = parse_result(result, t.num_ranks, on=t.name, what="--result")
+        if layout == "heads" and isinstance(w, Workload) and t.num_ranks > w.q_heads:
+            raise InputError(f"--result heads gives every rank its own query heads: {counted(w.q_heads, 'head')} "
+                             f"cannot go to {t.num_ranks} ranks of {t.name}")
+    for t in topos:  # once the arguments passed: a refused one is the one line on stderr
+        warn_topology(t)
+        note_attention(t, shapes[t.name])
+        if note := unknown_memory_note(shapes[t.name], t):
+            typer.echo(f"note: {note}", err=True)
         for n in lens:
             at = built.get((t.name, n))
             if at is not None and (note := empty_ranks_note(at)):  # each rank count and length its own
                 typer.echo(f"warning: {t.name}: {note}", err=True)
-        if layout == "heads" and isinstance(w, Workload) and t.num_ranks > w.q_heads:
-            raise InputError(f"--result heads gives every rank its own query heads: {counted(w.q_heads, 'head')} "
-                             f"cannot go to {t.num_ranks} ranks of {t.name}")
     with progress_reporter(progress, "comparing") as update:
         rows = compare(topos, lens, make, result=layout, root=root, ring=ring, mem_fraction=mem_fraction,
                        seed=seed, progress=update, skip=unfit)

@@ -21,6 +21,7 @@ from treeattn.textfile import write_file
 from treeattn.topology.io import dump_topology
 from treeattn.topology.library import subset_topology
 from treeattn.topology.model import DeviceKind, Topology
+from treeattn.topology.schema import check_name
 
 _IN = "Saved tool output"
 _NET = "Nodes and network"
@@ -72,6 +73,8 @@ def probe_cmd(
     """Discover the GPUs, NVLink/xGMI, PCIe, CPUs and NICs of this machine (nvidia-smi, rocm-smi,
     then sysfs; a CPU-only loopback host when no GPU is found), or read them from saved output."""
     out = output_file(out, "--out", "topology.yaml", kind="YAML") if out is not None else None
+    if name is not None:
+        check_name(name, "--name")  # a name the file it writes could not be read back with
     opts = ProbeOptions(
         nvidia_smi=from_nvidia_smi, nvlink_status=nvlink_status, rocm_smi=from_rocm_smi, nccl_xml=from_nccl_xml,
         ibstat=ibstat, gpu_names=gpu_names, gpu_model=gpu_model, cpu_vendor=cpu_vendor, nodes=nodes,

@@ -25,9 +25,10 @@ The attention kernel's fixed cost is ``cost.attn_launch_us`` where set (calibrat
 timing of the kernel, or the family's fit to published decode kernels), else ``launch_us``;
 its bandwidth a measured ``cost.attn_gbps``, else the device's memory bandwidth x
 ``cost.attn_efficiency`` where set (the families' fit on that GPU generation,
-docs/attention-model.md), else x ``mem_efficiency``. A topology that sets none of them on GPUs
-a published fit covers takes that fit (``attention_fits.applied_attention_fit``): a
-hand-written file of H100s times attention as the dgx-h100 family does. Merges and copies
+docs/attention-model.md), else x ``mem_efficiency``. On GPUs a published fit covers, each of
+``attn_launch_us`` and ``attn_efficiency`` the cost leaves unset is the fit's
+(``attention_fits.applied_attention_fit``): a hand-written file of H100s times attention as
+the dgx-h100 family does. Merges and copies
 keep ``launch_us`` and ``mem_efficiency``.
 
 The device is the one the rank is placed on (a GPU, or a host for CPU-only runs). A
@@ -90,13 +91,14 @@ class ComputeModel:
         eff = topo.cost.mem_efficiency
         bws = tuple(topo.rank_device(r).mem_bw_gbps * eff for r in range(topo.num_ranks))
         best = max(bws) if bws and min(bws) > 0 else 0.0
-        fit = applied_attention_fit(topo)
-        attention = topo.cost if fit is None else fit[1]
-        attn = attention.attn_efficiency
+        c, fit = topo.cost, applied_attention_fit(topo)
+        # Each figure the cost leaves unset is the GPUs' published fit's, where one applies.
+        attn_launch = c.attn_launch_us if c.attn_launch_us is not None or fit is None else fit[1].attn_launch_us
+        attn = c.attn_efficiency if c.attn_efficiency is not None or fit is None else fit[1].attn_efficiency
         attn_bws = () if attn is None else tuple(b / eff * attn for b in bws)
         fused = tuple(topo.rank_device(r).kind is DeviceKind.GPU for r in range(topo.num_ranks))
         return cls(payload=payload, launch_us=topo.cost.launch_us, eff_bw_gbps=bws, best_bw_gbps=best,
-                   attn_launch_us=attention.attn_launch_us, attn_bw_gbps=topo.cost.attn_gbps,
+                   attn_launch_us=attn_launch, attn_bw_gbps=topo.cost.attn_gbps,
                    attn_next_launch_us=topo.cost.attn_next_launch_us, attn_eff_bw_gbps=attn_bws, fused=fused,
                    given_partials=given_partials)
 

@@ -235,7 +235,7 @@ def unknown_memory_note(payload: Payload, topo: Topology) -> str | None:
         return None
     need = format_size(max(kv_cache_bytes(payload, r) for r in range(topo.num_ranks)))
     return (f"{topo.name} gives its {', '.join(unknown)} GPUs no mem_gb: no schedule was checked against their memory "
-            f"(the KV cache alone is {need} on the busiest rank); set node.gpus.mem_gb (GiB)")
+            f"(the KV cache alone is {need} on the busiest rank); give their mem_gb (GiB)")
 
 
 def weights_note(payload: Payload, topo: Topology, fraction: float = DEFAULT_MEM_FRACTION, *,

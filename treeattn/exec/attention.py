@@ -289,8 +289,8 @@ def attention_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     """This rank's partial of one decode step's attention over its KV shard, for ``Merger``.
 
     Args:
-        q: ``(B, Hq, D)``, the step's query (one token per sequence), in k's dtype (any with an
-            fp8 cache, which runs fp32 matmuls).
+        q: ``(B, Hq, D)``, the step's query (one token per sequence), in k's dtype where a fused
+            kernel runs (below); any where the fp32 matmuls do (an fp8 cache, Dv != D).
         k: ``(B, Hkv, N, D)``, this rank's keys (Hkv must divide Hq: grouped-query attention
             when Hkv < Hq; query head h reads KV head h // (Hq / Hkv)); N may be 0.
         v: ``(B, Hkv, N, Dv)``, the values; Dv may differ from D (MLA's latent decode: k the
@@ -343,16 +343,16 @@ def attention_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         raise ValueError(f"attention_partial: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if k.dtype != v.dtype:
         raise TypeError(f"attention_partial: k and v must share a dtype, got {k.dtype} and {v.dtype}")
-    if q.dtype != k.dtype and k.dtype in _FUSED_DTYPES:
-        # The fused kernels take q in the cache's dtype: an fp32 q would lose its precision unsaid.
-        raise TypeError(f"attention_partial: q is {q.dtype} and k, v {k.dtype}: give q in the cache's dtype "
-                        "(q.to(k.dtype)), as torch's attention kernels take it (an fp8 cache takes any q)")
     scale = 1.0 / math.sqrt(d) if scale is None else _finite_scale(scale)
     dv = v.shape[3]
     if k.shape[2] == 0:
         return (q.new_zeros(bsz, hq, dv),
                 torch.full((bsz, hq), float("-inf"), dtype=torch.float32, device=q.device))
     kernel = _kernel_for(q.device, k.dtype, d, dv)
+    if q.dtype != k.dtype and kernel != "explicit":
+        # A fused kernel takes q in the cache's dtype: an fp32 q would lose its precision unsaid.
+        raise TypeError(f"attention_partial: q is {q.dtype} and k, v {k.dtype}: give q in the cache's dtype "
+                        f"(q.to(k.dtype)), as torch's fused attention ({kernel}) takes it")
     o, lse = _attend(q, k, v, kernel, scale)
     return o.to(q.dtype), lse
 
@@ -369,10 +369,6 @@ def _finite_scale(scale: object) -> float:
     return value
 
 
-_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-"""Cache dtypes a fused kernel may take (``_resolve_for``); other caches (fp8) run fp32 matmuls."""
-
-
 _KERNEL_FOR: dict[tuple[torch.device, torch.dtype, int, int], str] = {}
 """``attention_partial``'s kernel per (device, dtype, D, Dv): it runs every decode step of every layer."""
 
@@ -386,7 +382,7 @@ def _kernel_for(device: torch.device, dtype: torch.dtype, head_dim: int, value_d
 
 
 def _resolve_for(device: torch.device, dtype: torch.dtype, head_dim: int, value_dim: int) -> str:
-    kinds = dict(zip(_FUSED_DTYPES, (DType.FP32, DType.BF16, DType.FP16), strict=True))
+    kinds = {torch.float32: DType.FP32, torch.bfloat16: DType.BF16, torch.float16: DType.FP16}
     if dtype not in kinds:
         return "explicit"
     return resolve_kernel("auto", device, kinds[dtype], head_dim, value_dim)

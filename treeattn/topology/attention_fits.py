@@ -5,9 +5,9 @@ long-context inference"; onnxruntime pull 20646's GroupQueryAttention node, held
 fit, checks it), FlashAttention-2/3 paged decode on H100 (onnxruntime pull 21414,
 Dao-AILab/flash-attention issue 1572), FlashInfer trtllm-gen on B200 (flashinfer-ai/flashinfer
 pull 1415). The families carry them, `treeattn probe` writes them for the GPUs they were
-fitted on (the same generation's HBM parts), and a topology that sets no attention figure of its
-own takes its GPUs' fit (``applied_attention_fit``): the same GPUs time the same in a family and
-in a hand-written file. Other GPUs (MI300X, RTX 4090, V100, L40S) keep ``launch_us`` and
+fitted on (the same generation's HBM parts), and a topology whose ``cost`` leaves one of them
+unset takes its GPUs' figure for it (``applied_attention_fit``): the same GPUs time the same in a
+family and in a hand-written file. Other GPUs (MI300X, RTX 4090, V100, L40S) keep ``launch_us`` and
 ``mem_efficiency``: no published timing with every shape term stated."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from treeattn.topology.model import DeviceKind, Topology
 from treeattn.topology.schema import CostSpec
 
 __all__ = ["ATTN_AMPERE", "ATTN_HOPPER", "ATTN_BLACKWELL", "applied_attention_fit", "attention_by_defaults",
-           "published_attention_fit", "unfitted_attention_note"]
+           "published_attention_fit", "unfitted_attention_note", "why_unfitted"]
 
 ATTN_AMPERE = CostSpec(attn_launch_us=13.9, attn_efficiency=0.72)
 ATTN_HOPPER = CostSpec(attn_launch_us=12.4, attn_efficiency=0.56)
@@ -50,11 +50,10 @@ def _sets_attention(topo: Topology) -> bool:
 
 
 def applied_attention_fit(topo: Topology) -> tuple[str, CostSpec] | None:
-    """(which fit, its cost fields) that times ``topo``'s decode attention: where its ``cost``
-    sets no attention figure and every rank is on a GPU that one fit covers; None otherwise
-    (figures set, a GPU no fit covers, ranks on hosts, GPUs of two fits)."""
-    if _sets_attention(topo):
-        return None
+    """(which fit, its cost fields) that gives ``topo``'s attention figures its ``cost`` leaves
+    unset (``attn_launch_us``; ``attn_efficiency`` unless a measured ``attn_gbps`` is set):
+    where every rank is on a GPU that one fit covers; None otherwise (a GPU no fit covers,
+    ranks on hosts, GPUs of two fits)."""
     kinds = {(d.kind, d.model or "") for d in (topo.rank_device(r) for r in range(topo.num_ranks))}
     fits = set()
     for kind, model in kinds:
@@ -73,6 +72,19 @@ def attention_by_defaults(topo: Topology) -> bool:
             and applied_attention_fit(topo) is None)
 
 
+def why_unfitted(topo: Topology) -> str:
+    """Why no published fit times ``topo``'s attention (``applied_attention_fit`` is None), in words."""
+    devices = [topo.rank_device(r) for r in range(topo.num_ranks)]
+    models = sorted({d.model or "its GPU" for d in devices if d.kind is DeviceKind.GPU})
+    unfitted = [m for m in models if published_attention_fit(m) is None]
+    if unfitted:
+        return f"no published decode kernel on {', '.join(unfitted)} was fitted"
+    if any(d.kind is not DeviceKind.GPU for d in devices):
+        return "its ranks are not all on GPUs, and a published fit is a GPU's"
+    # GPUs of two fitted generations: one topology times one attention kernel
+    return f"its GPUs ({', '.join(models)}) take different published fits"
+
+
 def unfitted_attention_note(topo: Topology) -> str | None:
     """What to say where ``topo``'s GPUs time decode attention by the defaults (``launch_us``,
     ``mem_efficiency``: 5 us a call, 0.8 of memory bandwidth), no fitted figure in its ``cost``:
@@ -84,12 +96,8 @@ def unfitted_attention_note(topo: Topology) -> str | None:
     c = topo.cost
     times = (f"{topo.name} times decode attention by the merge kernels' figures, launch_us {c.launch_us:g} us a call "
              f"and mem_efficiency {c.mem_efficiency:g} of memory bandwidth")
-    models = sorted({d.model or "its GPU" for d in (topo.rank_device(r) for r in range(topo.num_ranks))
-                     if d.kind is DeviceKind.GPU})
-    unfitted = [m for m in models if published_attention_fit(m) is None]
-    if not unfitted:  # GPUs of two fitted generations: one topology times one attention kernel
-        return (f"{times}: its GPUs ({', '.join(models)}) take different published fits; set cost.attn_launch_us "
-                "and cost.attn_efficiency (docs/attention-model.md)")
-    return (f"{times}: no published decode kernel on {', '.join(unfitted)} was fitted, so its attention "
-            "may look faster than a fitted GPU's (docs/attention-model.md; treeattn calibrate --compute attention "
-            "measures one)")
+    why = why_unfitted(topo)
+    if why.startswith("no published"):
+        return (f"{times}: {why}, so its attention may look faster than a fitted GPU's (docs/attention-model.md; "
+                "treeattn calibrate --compute attention measures one)")
+    return f"{times}: {why}; set cost.attn_launch_us and cost.attn_efficiency (docs/attention-model.md)"

@@ -24,6 +24,7 @@ from treeattn.topology.nccl_version import nccl_release, version_text
 
 __all__ = [
     "FieldError",
+    "check_name",
     "PCIE_WIDTHS",
     "CostSpec",
     "DeviceSpec",
@@ -59,6 +60,14 @@ def _printable(value: str) -> str:
     # A name goes into one-line messages, plan files and file names: a newline in it split them.
     if not value.isprintable():
         raise ValueError(f"a name is one line of printable characters, got {value!r}")
+    return value
+
+
+def check_name(value: str, what: str) -> str:
+    """``value`` as a name (``what``, e.g. ``--name``, for the message): one line of printable
+    characters, as a topology file's names must be; InputError otherwise."""
+    if not value or not value.isprintable():
+        raise InputError(f"{what}: a name is one line of printable characters, got {value!r}")
     return value
 
 
@@ -182,7 +191,7 @@ class DeviceSpec(_Spec):
     name: Name = Field(description="Unique name, e.g. n0.gpu3.")
     kind: DeviceKind
     node: Int = Field(0, ge=-1, description="Machine index; -1 for devices shared by machines.")
-    model: str = ""
+    model: Annotated[str, AfterValidator(_printable)] = ""
     mem_bw_gbps: Float = Field(0.0, ge=0, description="Memory bandwidth, GB/s (required > 0 for GPUs).")
     mem_gb: Float = Field(0.0, ge=0)
     p2p: bool = Field(True, description="GPU peer-to-peer over PCIe; false bounces copies through host memory.")
@@ -247,7 +256,7 @@ class GpuSpec(_Spec):
     """The GPUs of one node."""
 
     count: Int = Field(ge=1)
-    model: str = ""
+    model: Annotated[str, AfterValidator(_printable)] = ""
     mem_bw_gbps: Float = Field(gt=0)
     mem_gb: Float = Field(0.0, ge=0)
     p2p: bool = True
@@ -267,7 +276,7 @@ class CpuSpec(_Spec):
     sockets are not joined: their devices then talk over the GPU fabric or the network."""
 
     count: Int = Field(1, ge=1)
-    model: str = ""
+    model: Annotated[str, AfterValidator(_printable)] = ""
     link: SocketLinkSpec | None = None
 
 
@@ -319,7 +328,7 @@ class NicSpec(_Spec):
     GPU g is served by NIC g*count//gpus (rail-optimized GPU k <-> NIC k when equal)."""
 
     count: Int = Field(ge=1)
-    model: str = ""
+    model: Annotated[str, AfterValidator(_printable)] = ""
     bw_gbps: Float = Field(gt=0, description="Port speed, GB/s per direction (400 Gb/s = 50).")
     gpus: list[list[Int]] | None = None
 
