@@ -661,7 +661,9 @@ def test_plan_notes_gpus_without_a_memory_size_and_a_refused_argument_is_the_one
     assert res.exit_code == 0, res.stderr
     assert ("note: my-mi gives its MI300X GPUs no mem_gb: no schedule was checked against their memory (the KV "
             "cache alone is 640 GiB on the busiest rank); give their mem_gb (GiB)") in res.stderr.splitlines()
-    for bad in (("--mem-fraction", "0"), ("--result", "root:9"), ("--chunks", "0", "--algorithm", "binomial")):
+    for bad in (("--mem-fraction", "0"), ("--result", "root:9"), ("--chunks", "0", "--algorithm", "binomial"),
+                ("--algorithm", "binomial", "--whole-rows"), ("--algorithm", "kary", "--fanout", "0"),
+                ("--algorithm", "nosuch")):
         res = run_cli("plan", *shape, *bad, "-o", str(tmp_path / "p.yaml"))
         assert res.exit_code == 2 and len(res.stderr.splitlines()) == 1, (bad, res.stderr)
     topo.write_text(topo.read_text().replace("mem_bw_gbps: 5300", "mem_bw_gbps: 5300, mem_gb: 192"))

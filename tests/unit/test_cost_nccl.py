@@ -572,6 +572,9 @@ def test_blackwell_nvlstree_tuning_only_from_2_30_3():
     ("Quadro RTX 4000", "volta"), ("Tesla M60", "volta"), ("Tesla K20Xm", "volta"), ("GRID K520", "volta"),
     ("Tesla P6", "volta"), ("NVIDIA T1000 8GB", "volta"), ("NVIDIA RTX A4500", "ampere"),
     ("NVIDIA RTX A500 Laptop GPU", "ampere"), ("NVIDIA RTX PRO 500 Blackwell Generation Laptop GPU", "blackwell"),
+    ("NVIDIA T550 Laptop GPU", "volta"), ("NVIDIA GeForce MX450", "volta"), ("NVIDIA GeForce GT 1030", "volta"),
+    ("NVIDIA GeForce 940MX", "volta"), ("GRID M60-8Q", "volta"), ("GRID RTX6000-24Q", "volta"),
+    ("NVIDIA Jetson Xavier NX", "volta"), ("NVIDIA CMP 90HX", "ampere"),
     # a misspelt name takes the architecture its letters suggest; one placed nowhere Hopper's
     ("A10O-SXM4-80GB", "ampere"), ("Quadro GV100", "volta"), ("MI300X", "hopper"),
 ])

@@ -125,6 +125,8 @@ def test_attention_partial_wants_q_in_the_caches_dtype_but_takes_any_q_with_fp8(
     q, k = torch.randn(1, 4, 8, generator=gen), torch.randn(1, 2, 6, 8, generator=gen)
     with pytest.raises(TypeError, match=r"q is torch.float32 and k, v torch.bfloat16: give q in the cache's dtype"):
         attention_partial(q, k.bfloat16(), k.bfloat16())
+    with pytest.raises(TypeError, match="give q in the cache's dtype"):  # an empty shard's rank refuses as its peers
+        attention_partial(q, k[:, :, :0].bfloat16(), k[:, :, :0].bfloat16())
     o, _ = attention_partial(q, k.bfloat16(), k[..., :4].bfloat16())  # Dv != D: fp32 matmuls, any q
     assert o.dtype == torch.float32
     k8 = k.to(torch.float8_e4m3fn)

@@ -13,6 +13,7 @@ from tests.cli_helpers import run_cli
 from treeattn.probe.hardware import GPU_SPECS
 from treeattn.probe.sysfs import scan_pci
 from treeattn.topology.io import load_topology
+from treeattn.topology.schema import ONE_LINE
 
 FIX = Path(__file__).parents[1] / "fixtures" / "probe"
 DGX = str(FIX / "nvidia-smi-topo-m.dgx-a100.txt")
@@ -231,5 +232,5 @@ def test_a_name_the_written_file_could_not_be_read_back_with_is_refused(tmp_path
     res = run_cli("probe", "--from-nccl-xml", str(FIX / "nccl-topo.azure-ndv4-a100.xml"), "--name", name,
                   "-o", str(tmp_path / "t.yaml"))
     assert res.exit_code == 2 and res.stderr.splitlines() == [
-        f"error: --name: a name is one line of printable characters, got {name!r}"], res.stderr
+        f"error: --name: {ONE_LINE}, got {name!r}"], res.stderr
     assert not (tmp_path / "t.yaml").exists()

@@ -16,6 +16,7 @@ from tests.cli_helpers import run_cli
 from treeattn.topology.families import FAMILIES
 from treeattn.topology.library import resolve, shipped_files
 from treeattn.topology.plausible import implausible
+from treeattn.topology.schema import ONE_LINE
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "topology"
 TREEATTN = Path(sys.executable).with_name("treeattn")
@@ -222,8 +223,8 @@ def test_a_file_that_sets_no_attention_figures_takes_its_gpus_published_fit(tmp_
                     "  pcie: {bw_gbps: 25}\n")
     lines = run_cli("topo", "show", str(path)).stdout.splitlines()
     assert "  attention 13.9 µs a call + KV at 0.72 of 2039 GB/s;" in lines
-    at = lines.index("  cost sets no attention figures: the fit to published decode kernels")
-    assert lines[at + 1] == "  on A100 (Ampere) applies (docs/attention-model.md)"
+    at = lines.index("  attn_launch_us and attn_efficiency: the fit to published decode kernels")
+    assert lines[at + 1] == "  on A100 (Ampere) (docs/attention-model.md)"
     # the same GPUs time attention the same in a hand-written file as in their family
     w = Workload(batch=1, q_heads=64, kv_heads=8, head_dim=128, split=(1 << 20,) * 8)
     path.write_text(path.read_text().replace("A100-SXM4-80GB", "H100").replace("2039", "3350")
@@ -238,12 +239,12 @@ def test_a_file_that_sets_no_attention_figures_takes_its_gpus_published_fit(tmp_
     # the longest product name too: every line within 80 columns
     path.write_text(path.read_text().replace("H100", "B200").replace("name: my-a100", "name: my-b200"))
     lines = run_cli("topo", "show", str(path)).stdout.splitlines()
-    at = lines.index("  on B200 (Blackwell) applies (docs/attention-model.md)")
+    at = lines.index("  on B200 (Blackwell) (docs/attention-model.md)")
     assert all(len(ln) <= 80 for ln in lines[at - 4:at + 1]), lines[at - 4:at + 1]
     # a model as a file may write it, and the parts of the same memory system, take the fit too
     for model, which in (("H100", "H100 (Hopper)"), ("GH200", "H100 (Hopper)"), ("A800-SXM4-80GB", "A100 (Ampere)")):
         path.write_text(path.read_text().replace("B200", model, 1))
-        assert f"on {which} applies" in run_cli("topo", "show", str(path)).stdout, model
+        assert f"on {which} (docs/attention-model.md)" in run_cli("topo", "show", str(path)).stdout, model
         path.write_text(path.read_text().replace(model, "B200", 1))
     # a figure the file sets is its own; the fit gives the other (writing the fit's own share
     # had dropped its 12.4 us for launch_us's 5)
@@ -252,7 +253,7 @@ def test_a_file_that_sets_no_attention_figures_takes_its_gpus_published_fit(tmp_
     out = run_cli("topo", "show", str(path)).stdout
     assert "  attn_launch_us: the fit to published decode kernels on B200 (Blackwell)" in out.splitlines()
     assert json.loads(run_cli("topo", "show", str(path), "--json").stdout)["attention_fit"] == {
-        "fit": "B200 (Blackwell)", "attn_launch_us": 6.9, "attn_efficiency": 0.8}
+        "fit": "B200 (Blackwell)", "attn_launch_us": 6.9}  # the figure it takes, not the one it sets
 
 
 def test_gpus_of_two_fits_keep_the_defaults_and_say_why():
@@ -751,9 +752,9 @@ def test_a_name_with_a_newline_or_a_tab_is_refused(tmp_path):
     path = tmp_path / "nl.yaml"
     for text, said in (('name: "l40s\\nevil"\nnode:\n  gpus: {count: 2, model: L40S, mem_bw_gbps: 864, mem_gb: 48}\n'
                         '  pcie: {bw_gbps: 25}\n',
-                        r":1: name: a name is one line of printable characters, got 'l40s\nevil'"),
+                        f":1: name: {ONE_LINE}, got 'l40s\\nevil'"),
                        ('family: dgx-h100\nname: "a\\tb"\n',
-                        r":2: name: a name is one line of printable characters, got 'a\tb'")):
+                        f":2: name: {ONE_LINE}, got 'a\\tb'")):
         path.write_text(text)
         res = run_cli("topo", "validate", str(path))
         assert res.exit_code == 2 and res.stderr.splitlines() == [f"error: {path}{said}"], res.stderr

@@ -268,16 +268,21 @@ def plan_cmd(
     from treeattn.plan.io import check_plan_path
 
     check_plan_path(path)  # before the search: a long one would end in this refusal
-    # Said once the arguments passed (a refused one is the one line on stderr), before the search.
-    warn_topology(topo)
-    warn_payload(payload)
-    note_attention(topo, payload)
-    if note := unknown_memory_note(payload, topo):
-        typer.echo(f"note: {note}", err=True)
+
+    def say_notes() -> None:
+        # Once the arguments passed (a refused one is the one line on stderr): before a search,
+        # after a named algorithm's build, which checks its own parameters.
+        warn_topology(topo)
+        warn_payload(payload)
+        note_attention(topo, payload)
+        if note := unknown_memory_note(payload, topo):
+            typer.echo(f"note: {note}", err=True)
+
     started = time.perf_counter()
     if algorithm is None:
         from treeattn.search import search
 
+        say_notes()
         with progress_reporter(progress, "planning") as update:
             res = search(topo, payload, result=layout, root=result_root, mem_fraction=mem_fraction, seed=seed,
                          top_k=top, progress=update)
@@ -303,6 +308,7 @@ def plan_cmd(
         if algorithm == "hierarchical" and groups is None and group_size is None:
             kw["groups"] = node_groups(topo)
         plan, report = named_plan(topo, payload, algorithm, chunks, kw, mem_fraction)
+        say_notes()
         from treeattn.plan.bits import bit_groups, different_bits_note
 
         # The search leaves such schedules out; a named one is written, and said so.
@@ -570,8 +576,6 @@ def compare_cmd(
         raise InputError(next(iter(unfit.values())) if len(unfit) == 1 else
                          f"no sequence length fits any topology; {next(iter(unfit.values()))}")
     shape = next(iter(built.values()))
-    if note := latent_value_note(shape):
-        typer.echo(f"warning: {note}", err=True)
     shapes = {t.name: next((at for (name, _), at in built.items() if name == t.name), shape) for t in topos}
     for t in topos:
         w = shapes[t.name]
@@ -579,7 +583,9 @@ def compare_cmd(
         if layout == "heads" and isinstance(w, Workload) and t.num_ranks > w.q_heads:
             raise InputError(f"--result heads gives every rank its own query heads: {counted(w.q_heads, 'head')} "
                              f"cannot go to {t.num_ranks} ranks of {t.name}")
-    for t in topos:  # once the arguments passed: a refused one is the one line on stderr
+    if note := latent_value_note(shape):  # once the arguments passed: a refused one is the one line on stderr
+        typer.echo(f"warning: {note}", err=True)
+    for t in topos:
         warn_topology(t)
         note_attention(t, shapes[t.name])
         if note := unknown_memory_note(shapes[t.name], t):

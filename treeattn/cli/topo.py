@@ -21,7 +21,12 @@ from treeattn.cli.render import console, print_rates_note, warn_topology
 from treeattn.cli.topo_text import domain_shares, gbps, network_lines, rate_lines, shm_sentence, wrap
 from treeattn.cost.nccl_rates import pair_rate_gbps, shm_pairs, shm_rate_gbps
 from treeattn.topology import Topology, list_presets, resolve, topology_json_schema
-from treeattn.topology.attention_fits import applied_attention_fit, attention_by_defaults, why_unfitted
+from treeattn.topology.attention_fits import (
+    applied_attention_fit,
+    attention_by_defaults,
+    fitted_figures,
+    why_unfitted,
+)
 from treeattn.topology.summary import topology_summary
 from treeattn.units import counted
 from treeattn.workload import RawPayload
@@ -90,10 +95,9 @@ def show(
         summary["rate_matrix_gbps"] = [[_rate(pair_rate_gbps(topo, i, j)) for j in range(ranks)]
                                        for i in range(ranks)]
     if json_out:
-        fit = applied_attention_fit(topo)
+        fit, taken = applied_attention_fit(topo), fitted_figures(topo)
         _echo_json({**summary, "png": None if png is None else str(png), "shm_pairs": shm_count,
-                    "attention_fit": None if fit is None else {"fit": fit[0], "attn_launch_us": fit[1].attn_launch_us,
-                                                                "attn_efficiency": fit[1].attn_efficiency},
+                    "attention_fit": {"fit": fit[0], **taken} if fit and taken else None,
                     "shm_gbps": shm_rate_gbps(topo) if shm_count else None, "link_rates_note": link_rates_note(topo)})
         return
     con = console()
@@ -182,13 +186,12 @@ def _compute_line(topo: Topology) -> str:
             f"  attention {fixed:g} µs a call + KV at {rate};\n"
             f"  merges {c.launch_us:g} µs a kernel + bytes at {c.mem_efficiency:g} of memory bandwidth")
     fit = applied_attention_fit(topo)
-    unset = [k for k in ("attn_launch_us", "attn_efficiency") if getattr(c, k) is None
-             and (k == "attn_launch_us" or c.attn_gbps is None)]
-    if fit and len(unset) == 2:
-        text += (f"\n  cost sets no attention figures: the fit to published decode kernels\n"
-                 f"  on {fit[0]} applies (docs/attention-model.md)")
-    elif fit and unset:
-        text += f"\n  {unset[0]}: the fit to published decode kernels on {fit[0]}"
+    taken = fitted_figures(topo)
+    if fit and len(taken) == 2:
+        text += (f"\n  attn_launch_us and attn_efficiency: the fit to published decode kernels\n"
+                 f"  on {fit[0]} (docs/attention-model.md)")
+    elif fit and taken:
+        text += f"\n  {next(iter(taken))}: the fit to published decode kernels on {fit[0]}"
     elif attention_by_defaults(topo):
         # Families of fitted GPUs set 12.4 us and 0.56 (H100): these figures beside them may flatter this GPU.
         note = (f"  the attention figures are launch_us and mem_efficiency: {why_unfitted(topo)} "

@@ -237,13 +237,14 @@ def busbw_factor(collective: Collective, ranks: int) -> float:
 # architecture its letters suggest.
 _ROW_PATTERNS = tuple((row, re.compile("|".join(pats))) for row, pats in (
     ("ampere", (r"\bADA\b",)),  # "RTX 5000 Ada Generation" is no GeForce RTX 5090
-    ("volta", (r"QUADRO RTX", r"\bT(400|600|1000|1200|2000|10)\b")),  # Turing's Quadro RTX 4000 no RTX 4090
+    ("volta", (r"QUADRO RTX", r"\bT(400|500|550|600|1000|1200|2000|10)\b")),  # Turing's Quadro RTX 4000 no RTX 4090
     ("blackwell", (r"G?B(100|200|300)", r"GB10", r"RTX[ -]?50[5-9]0( TI)?", r"RTX PRO [0-9]+", r"BLACKWELL")),
     ("hopper", (r"G?H(100|200|800|20)",)),
     ("ampere", (r"A(100|800|30|40|16|2)", r"A10G?", r"RTX[ -]?[34]0[0-9]0( TI)?", r"RTX A[0-9]+", r"A[0-9]000",
-                r"L(4|20|40S?)", r"ORIN", r"CMP 170HX")),
+                r"L(4|20|40S?)", r"ORIN", r"CMP (70|90|170)HX")),
     ("volta", (r"V100", r"T4", r"RTX[ -]?20[0-9]0( TI)?", r"TITAN (V|RTX|X|BLACK)", r"P(4|40|100)", r"GTX",
-               r"QUADRO (GP100|[KMP][0-9])", r"TESLA [KMP]", r"GRID K")),
+               r"QUADRO (GP100|[KMP][0-9])", r"TESLA [KMP]", r"GRID (K|M[0-9]|RTX)", r"\bMX[0-9]{3}\b",
+               r"\bGT [0-9]{3,4}\b", r"\b9[0-9]0MX\b", r"XAVIER")),
 ))
 
 

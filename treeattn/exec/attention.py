@@ -345,14 +345,15 @@ def attention_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         raise TypeError(f"attention_partial: k and v must share a dtype, got {k.dtype} and {v.dtype}")
     scale = 1.0 / math.sqrt(d) if scale is None else _finite_scale(scale)
     dv = v.shape[3]
-    if k.shape[2] == 0:
-        return (q.new_zeros(bsz, hq, dv),
-                torch.full((bsz, hq), float("-inf"), dtype=torch.float32, device=q.device))
     kernel = _kernel_for(q.device, k.dtype, d, dv)
     if q.dtype != k.dtype and kernel != "explicit":
         # A fused kernel takes q in the cache's dtype: an fp32 q would lose its precision unsaid.
+        # Checked for an empty shard too: its rank must refuse where its peers do.
         raise TypeError(f"attention_partial: q is {q.dtype} and k, v {k.dtype}: give q in the cache's dtype "
-                        f"(q.to(k.dtype)), as torch's fused attention ({kernel}) takes it")
+                        f"(q.to(k.dtype)), as the fused attention kernel ({kernel}) takes it")
+    if k.shape[2] == 0:
+        return (q.new_zeros(bsz, hq, dv),
+                torch.full((bsz, hq), float("-inf"), dtype=torch.float32, device=q.device))
     o, lse = _attend(q, k, v, kernel, scale)
     return o.to(q.dtype), lse
 

@@ -16,7 +16,7 @@ from treeattn.topology.model import DeviceKind, Topology
 from treeattn.topology.schema import CostSpec
 
 __all__ = ["ATTN_AMPERE", "ATTN_HOPPER", "ATTN_BLACKWELL", "applied_attention_fit", "attention_by_defaults",
-           "published_attention_fit", "unfitted_attention_note", "why_unfitted"]
+           "fitted_figures", "published_attention_fit", "unfitted_attention_note", "why_unfitted"]
 
 ATTN_AMPERE = CostSpec(attn_launch_us=13.9, attn_efficiency=0.72)
 ATTN_HOPPER = CostSpec(attn_launch_us=12.4, attn_efficiency=0.56)
@@ -64,12 +64,28 @@ def applied_attention_fit(topo: Topology) -> tuple[str, CostSpec] | None:
     return fits.pop() if len(fits) == 1 else None
 
 
+def fitted_figures(topo: Topology) -> dict[str, float]:
+    """The attention figures ``topo`` takes from its GPUs' published fit (``applied_attention_fit``),
+    by cost field: those its ``cost`` leaves unset (``attn_efficiency`` only without a measured
+    ``attn_gbps``, which wins); empty where no fit applies."""
+    fit = applied_attention_fit(topo)
+    if fit is None:
+        return {}
+    c = topo.cost
+    out = {}
+    if c.attn_launch_us is None:
+        out["attn_launch_us"] = fit[1].attn_launch_us
+    if c.attn_efficiency is None and c.attn_gbps is None:
+        out["attn_efficiency"] = fit[1].attn_efficiency
+    return out
+
+
 def attention_by_defaults(topo: Topology) -> bool:
     """Whether ``topo``'s GPUs time decode attention by the merge kernels' ``launch_us`` and
-    ``mem_efficiency``: ranks on GPUs, no attention figure in its ``cost`` and no published fit
-    that applies (``applied_attention_fit``)."""
-    return (topo.rank_device(0).kind is DeviceKind.GPU and not _sets_attention(topo)
-            and applied_attention_fit(topo) is None)
+    ``mem_efficiency``: ranks on GPUs (some ranks on hosts too), no attention figure in its
+    ``cost`` and no published fit that applies (``applied_attention_fit``)."""
+    gpus = any(topo.rank_device(r).kind is DeviceKind.GPU for r in range(topo.num_ranks))
+    return gpus and not _sets_attention(topo) and applied_attention_fit(topo) is None
 
 
 def why_unfitted(topo: Topology) -> str:

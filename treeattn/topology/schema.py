@@ -56,10 +56,13 @@ def _not_bool(value: Any) -> Any:
     return value
 
 
+ONE_LINE = "must be one line of printable characters (no tab, newline or invisible character)"
+
+
 def _printable(value: str) -> str:
     # A name goes into one-line messages, plan files and file names: a newline in it split them.
     if not value.isprintable():
-        raise ValueError(f"a name is one line of printable characters, got {value!r}")
+        raise ValueError(f"{ONE_LINE}, got {value!r}")
     return value
 
 
@@ -67,7 +70,7 @@ def check_name(value: str, what: str) -> str:
     """``value`` as a name (``what``, e.g. ``--name``, for the message): one line of printable
     characters, as a topology file's names must be; InputError otherwise."""
     if not value or not value.isprintable():
-        raise InputError(f"{what}: a name is one line of printable characters, got {value!r}")
+        raise InputError(f"{what}: {ONE_LINE}, got {value!r}")
     return value
 
 
