@@ -18,7 +18,10 @@ Latency, per protocol (the base and per-hop figures: ``nccl_tuning``):
   ring graph's channels differ: base + R network hops (Simple: the tree's; ``_chain_net_hop_us``);
   tree all-reduce (reduce up, broadcast down): base + 2((R/Nn - 1) intra + floor(log2 Nn) inter).
   Tree is offered for all-reduce only, as in NCCL. The intra hop is NVLink when the ranks'
-  GPUs have a GPU fabric (NVLink/xGMI), else PCIe.
+  GPUs have a GPU fabric (NVLink/xGMI), else PCIe. In what runs a hop is never faster than its
+  route's own latency (the topology's links: a bounce through host memory, a long network
+  path); NCCL's estimate knows its constants only (its graph's ``latencyInter`` is a network
+  plugin's figure, 0 for InfiniBand).
 
 What is not charged here: the topology's per-message ``cost.overhead_us``. NCCL's
 constants are fitted to nccl-tests' back-to-back loop, where the host's cost of issuing a
@@ -86,14 +89,15 @@ GPUs without peer-to-peer (GeForce): what runs stays under the shared-memory tra
 NCCL releases: NVLS's latencies and NCCL's NVLS/NVLSTree estimate (``treeattn.cost.nvls``),
 and NCCL's estimate of ring LL and LL128 (before 2.21.5 LL at a quarter of the graph's
 bandwidth, not half, Hopper's llMaxBw Ampere's; before 2.23.4 LL128 at 0.7 with one rank per
-node), follow ``NcclFabric.nccl_release``: the topology's ``cost.nccl_version``, else the
+node; before 2.23.4 Tree/Simple at no base and 28 us a hop, a ring all-reduce's network steps
+2 x nodes, and with one rank a node a ring's own network hop: ``nccl_tuning.OLD_LATENCY_BEFORE``,
+which NVIDIA/nccl issue 1519's printed table of 2 x 8 H100 on NCCL 2.20 matches to the 0.1 us),
+follow ``NcclFabric.nccl_release``: the topology's ``cost.nccl_version``, else the
 newest release the model follows (``check-model`` sets each published table's). The
 estimate only ranks the choices; what runs, and every other figure, is NCCL 2.30's.
 
 Left out: CollNet (in-network reduction over InfiniBand SHARP), PAT, NVLS for all-gather and
-reduce-scatter, the older releases' ring and tree figures (2.19-2.22 rated Tree/Simple at 28
-us a hop and charged a ring's own network latency with one rank per node), and the latency of an EFA or
-RoCE network beyond NCCL's constants.
+reduce-scatter, and the latency of an EFA or RoCE network beyond NCCL's constants.
 """
 
 from __future__ import annotations
@@ -111,6 +115,8 @@ from treeattn.cost.nccl_tuning import (
     _HOPPER_LL_MAX,
     _LL_MAX,
     _NET_OVERHEAD_US,
+    _OLD_TREE_SIMPLE_BASE,
+    _OLD_TREE_SIMPLE_HOP,
     _PER_CH_RING_LL128,
     _PER_CH_TREE,
     _PER_CH_TREE_LL128,
@@ -120,6 +126,7 @@ from treeattn.cost.nccl_tuning import (
     _TREE_CORRECTION,
     AMPERE_CHANNEL_US,
     NET_ACHIEVED,
+    OLD_LATENCY_BEFORE,
     RING_STEP_TAIL_POWER,
     RING_STEP_TAIL_US,
     Algorithm,
@@ -155,16 +162,30 @@ def _nsteps(collective: Collective, ranks: int) -> int:
     return ranks
 
 
-def _hop_us(fab: NcclFabric, algo: Algorithm, p: int) -> tuple[float, float]:
-    """One hop's latency inside a node and across nodes, for an algorithm x protocol."""
-    # A hop is never faster than its route's own latency (a bounce through host memory, a long network path).
-    intra = max(_HOP[fab.intra_hw][algo][p], fab.intra_route_us)
-    # One rank per node exposes the network latency whole: NCCL charges the tree's figure.
-    net = _HOP["net"][Algorithm.TREE if fab.ranks == fab.nodes else algo][p]
-    return intra, max(net, fab.inter_route_us)
+def _old_estimate(fab: NcclFabric, tuner: bool) -> bool:
+    """Whether NCCL's estimate (``tuner``) of ``fab``'s release takes the latencies of before 2.23.4."""
+    return tuner and fab.nccl_release < OLD_LATENCY_BEFORE
 
 
-def _chain_net_hop_us(p: int) -> float:
+def _hop_us(fab: NcclFabric, algo: Algorithm, p: int, tuner: bool = False) -> tuple[float, float]:
+    """One hop's latency inside a node and across nodes, for an algorithm x protocol: what runs,
+    or NCCL's estimate (``tuner``) of the fabric's release, which knows its constants only (the
+    graph's ``latencyInter``, a network plugin's figure, is 0 for InfiniBand and sockets)."""
+    if _old_estimate(fab, tuner) and algo is Algorithm.TREE and _PROTOS[p] is Protocol.SIMPLE:
+        return _OLD_TREE_SIMPLE_HOP, _OLD_TREE_SIMPLE_HOP
+    intra = _HOP[fab.intra_hw][algo][p]
+    # One rank per node exposes the network latency whole: NCCL charges the tree's figure
+    # (from 2.23.4; before, in its estimate, the ring's own).
+    one_per_node = fab.ranks == fab.nodes and not _old_estimate(fab, tuner)
+    net = _HOP["net"][Algorithm.TREE if one_per_node else algo][p]
+    if tuner:
+        return intra, net
+    # What runs: a hop is never faster than its route's own latency (a bounce through host
+    # memory, a long network path).
+    return max(intra, fab.intra_route_us), max(net, fab.inter_route_us)
+
+
+def _chain_net_hop_us(p: int, old: bool = False) -> float:
     """The hop NCCL's estimate charges each of a multi-node broadcast's or reduce's ring steps
     (tuning.cc ncclTopoTuneModel, v2.19-2.30: ``nsteps * hwLat[NET][RING][p]``, Simple taking
     the tree's network figure, "waiting for proper chunk modeling"; no route latency and no
@@ -175,26 +196,30 @@ def _chain_net_hop_us(p: int) -> float:
     enters a node by its own NIC (``NcclFabric.nics`` >= 2; multi-NIC logs print
     ``sameChannels 0``: NVIDIA/nccl issues 601 and 1189). With the same channels NCCL charges
     one hop: not modelled."""
-    algo = Algorithm.TREE if _PROTOS[p] is Protocol.SIMPLE else Algorithm.RING
-    return _HOP["net"][algo][p]
+    if _PROTOS[p] is Protocol.SIMPLE:
+        return _OLD_TREE_SIMPLE_HOP if old else _HOP["net"][Algorithm.TREE][p]
+    return _HOP["net"][Algorithm.RING][p]
 
 
 def _latency_us(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int, tuner: bool = True) -> float:
     """Latency of one algorithm x protocol: NCCL's tuner's (``tuner``), or what runs, which
     leaves out the per-step network post overhead NCCL adds to multi-node rings."""
     r, nn = fab.ranks, fab.nodes
-    intra, inter = _hop_us(fab, algo, p)
-    base = _BASE[algo][p]
+    old = _old_estimate(fab, tuner)
+    intra, inter = _hop_us(fab, algo, p, tuner)
+    base = _OLD_TREE_SIMPLE_BASE if old and algo is Algorithm.TREE and _PROTOS[p] is Protocol.SIMPLE \
+        else _BASE[algo][p]
     if algo is Algorithm.TREE:
         return base + 2 * ((r // nn - 1) * intra + _log2i(nn) * inter)
     if tuner and nn > 1 and fab.nics > 1 and collective in (Collective.BROADCAST, Collective.REDUCE):
         # NCCL's estimate of a multi-node broadcast or reduce whose ring channels differ.
-        return base + _nsteps(collective, r) * _chain_net_hop_us(p)
+        return base + _nsteps(collective, r) * _chain_net_hop_us(p, old)
     if tuner and nn > 1 and collective not in (Collective.BROADCAST, Collective.REDUCE):
         # A multi-node ring still posts every step to the network proxy (getNetOverhead).
         intra = max(intra, _NET_OVERHEAD_US[fab.cpu] * (3 if _PROTOS[p] is Protocol.SIMPLE else 1))
     if collective is Collective.ALLREDUCE:
-        return base + (2 * (r - 1) - 2 * (nn - 1)) * intra + 2 * (nn - 1) * inter
+        net_steps = 0 if nn == 1 else 2 * nn if old else 2 * (nn - 1)  # before 2.23.4 NCCL counted 2 x nodes
+        return base + (2 * (r - 1) - net_steps) * intra + net_steps * inter
     if collective in (Collective.ALLGATHER, Collective.REDUCESCATTER):
         return base + ((r - 1) - (nn - 1)) * intra + (nn - 1) * inter
     return base + (r - nn) * intra + (nn - 1) * inter

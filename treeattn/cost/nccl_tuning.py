@@ -41,6 +41,7 @@ __all__ = [
     "busbw_factor",
     "nccl_arch",
     "AMPERE_CHANNEL_US",
+    "OLD_LATENCY_BEFORE",
     "RING_STEP_TAIL_US",
     "RING_STEP_TAIL_POWER",
 ]
@@ -90,6 +91,16 @@ _HOP = {
     "pci": {Algorithm.TREE: (1.0, 1.9, 4.0), Algorithm.RING: (1.0, 2.5, 5.7)},
     "net": {Algorithm.TREE: (5.0, 8.5, 14.0), Algorithm.RING: (2.7, 4.0, 14.0)},
 }
+# NCCL's estimate before 2.23.4 (tuning.cc v2.19.3-v2.22.3): a tree with Simple had no base
+# latency and 28 us a hop on NVLink, PCIe and the network alike; a multi-node ring all-reduce
+# counted 2 x nodes network steps, not 2 x (nodes - 1); with one rank a node a ring's network hop
+# was its own figure, not the tree's. Published: NVIDIA/nccl issue 1519's tuning table (2 x 8
+# H100, NCCL 2.20): Tree/Simple 448.0 us = 2 x (7 x 28 + 28), Ring/LL all-reduce 43.4 us =
+# 6.6 + 26 x 1.0 + 4 x 2.7. Only the estimate, which picks: what runs keeps the newest figures.
+OLD_LATENCY_BEFORE: Release = (2, 23, 4)
+"""The first release with the newer latencies above."""
+_OLD_TREE_SIMPLE_BASE = 0.0
+_OLD_TREE_SIMPLE_HOP = 28.0
 # Trees are not perfectly sticking to the model for medium sizes (NCCL's words): powers of
 # two of nbytes/64, from 64 B (index 0) to 256 MiB (index 22); 1.0 beyond.
 _TREE_CORRECTION = (
