@@ -62,6 +62,7 @@ def test_yaml_raw_payload(tmp_path):
         ({"model": "gpt-9", "seq_len": 10}, 2, "unknown model 'gpt-9'"),
         ({"model": "llama-3.1-8b", "seq_len": 10, "batch": -1}, 2, "workload.batch"),
         ({"model": "llama-3.1-8b", "seq_len": 10, "colour": 1}, 2, "unknown key(s) colour for an attention workload"),
+        ({"model": "llama-3.1-8b", "seqlen": 10}, 2, "unknown key(s) seqlen (did you mean seq_len?) for an attention"),
         ({"heads": 8, "seq_len": 10}, 2, "head_dim"),
         ({"model": "llama-3.1-8b", "seq_len": 10, "split": [5, 5, 0]}, 2, "names 3 ranks"),
         ({"model": "llama-3.1-8b", "seq_len": 11, "split": [5, 5]}, 2, "sums to 10"),

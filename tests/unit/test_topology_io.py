@@ -479,6 +479,9 @@ def test_a_cost_term_that_changes_a_prediction_changes_the_fingerprint(base, fie
     ("nics: {count: 8, bw_gbps: X}", "400gbps", "(got '400gbps': write 50)"),
     # a GPU's "80GB" is binary: an H100 80GB holds the 80 GiB mem_gb: 80 says
     ("gpus: {count: 8, mem_bw_gbps: 3350, mem_gb: X}", "80GB", "(got '80GB': write 80)"),
+    # a port's "400G" or "400Gb": 'unable to parse string'; the letter alone does not say bits or bytes
+    ("nics: {count: 8, bw_gbps: X}", "400Gb", "(got '400Gb': write 50)"),
+    ("nics: {count: 8, bw_gbps: X}", "400G", "(got '400G': 400 Gb/s is 50, 400 GB/s is 400)"),
 ])
 def test_a_number_written_with_its_unit_is_told_in_the_fields_unit(field, value, want):
     # A datasheet's '400Gbps' read as 'unable to parse string as a number', with no word of

@@ -32,6 +32,7 @@ validated by one code path, ``workload_from_dict``.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -205,8 +206,10 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
     allowed = RAW_KEYS if kind == "raw" else ATTENTION_KEYS
     unknown = sorted(set(data) - allowed)
     if unknown:
+        close = {k: difflib.get_close_matches(str(k), sorted(allowed), n=1) for k in unknown}
+        said = ", ".join(f"{k} (did you mean {close[k][0]}?)" if close[k] else str(k) for k in unknown)
         raise WorkloadError(
-            f"{where}: unknown key(s) {', '.join(unknown)} for {'an' if kind == 'attention' else 'a'} {kind} "
+            f"{where}: unknown key(s) {said} for {'an' if kind == 'attention' else 'a'} {kind} "
             "workload; "
             f"allowed: {', '.join(sorted(allowed))}"
         )

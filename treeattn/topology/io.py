@@ -476,7 +476,8 @@ def _first_error(exc: ValidationError, model: type[BaseModel], lines: _LineMap,
 # A value written with its unit, as a datasheet gives it: the factor to the field's unit, by
 # the field name's suffix (the file's units: GB/s, microseconds, GiB).
 _UNITS = {
-    "_gbps": ("GB/s", {"Gbps": 1 / 8, "gbps": 1 / 8, "Gb/s": 1 / 8, "Gbit/s": 1 / 8, "Tbps": 125.0, "Tb/s": 125.0,
+    "_gbps": ("GB/s", {"Gbps": 1 / 8, "gbps": 1 / 8, "Gb/s": 1 / 8, "Gbit/s": 1 / 8, "Gb": 1 / 8, "Gbit": 1 / 8,
+                       "Tbps": 125.0, "Tb/s": 125.0,
                        "Mbps": 1 / 8000, "Mb/s": 1 / 8000, "GBps": 1.0, "GB/s": 1.0, "TB/s": 1000.0, "MB/s": 1e-3}),
     "_us": ("microseconds", {"ns": 1e-3, "us": 1.0, "µs": 1.0, "\u03bcs": 1.0, "ms": 1e3, "s": 1e6}),
     # a GPU's "80GB" is binary (an H100 80GB holds 80 GiB, the shipped files' mem_gb: 80)
@@ -490,6 +491,11 @@ def _with_unit(field: str, value: object) -> str:
     field's unit; empty where the value is not a number and a unit the field's suffix knows."""
     m = _WITH_UNIT.match(value) if isinstance(value, str) else None
     unit = next((u for suffix, u in _UNITS.items() if field.endswith(suffix)), None)
+    if m is not None and unit is not None and unit[0] == "GB/s" and m.group(2) in ("G", "T"):
+        # "400G", as a port's speed is often written: bits or bytes, the letter does not say
+        n = float(m.group(1)) * (1000.0 if m.group(2) == "T" else 1.0)
+        return (f"must be a number of GB/s, without its unit (got {value!r}: {n:.6g} Gb/s is {n / 8:.6g}, "
+                f"{n:.6g} GB/s is {n:.6g})")
     if m is None or unit is None or m.group(2) not in unit[1]:
         return ""
     number = float(m.group(1)) * unit[1][m.group(2)]
