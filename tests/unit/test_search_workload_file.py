@@ -63,6 +63,7 @@ def test_yaml_raw_payload(tmp_path):
         ({"model": "llama-3.1-8b", "seq_len": 10, "batch": -1}, 2, "workload.batch"),
         ({"model": "llama-3.1-8b", "seq_len": 10, "colour": 1}, 2, "unknown key(s) colour for an attention workload"),
         ({"model": "llama-3.1-8b", "seqlen": 10}, 2, "unknown key(s) seqlen (did you mean seq_len?) for an attention"),
+        ({"model": "llama-3.1-8b", "seq_len": 10, "heads": "x"}, 2, "workload.heads must be a positive integer"),
         ({"heads": 8, "seq_len": 10}, 2, "head_dim"),
         ({"model": "llama-3.1-8b", "seq_len": 10, "split": [5, 5, 0]}, 2, "names 3 ranks"),
         ({"model": "llama-3.1-8b", "seq_len": 11, "split": [5, 5]}, 2, "sums to 10"),

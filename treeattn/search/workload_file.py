@@ -244,6 +244,7 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
     if "heads" in data and "q_heads" in data and data["heads"] != data["q_heads"]:
         raise WorkloadError(f"{where}: heads and q_heads disagree ({data['heads']} vs {data['q_heads']})")
     if "heads" in data:
+        _positive_int(data, "heads", name)  # checked under the name the file gives it
         data["q_heads"] = data.pop("heads")
     if model is None and ("q_heads" not in data or "head_dim" not in data):
         raise WorkloadError(f"{where}: give a model preset or both q_heads (--heads) and head_dim (--head-dim)")
