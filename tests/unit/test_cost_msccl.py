@@ -154,4 +154,4 @@ def test_rccl_issue_1562s_g8_rows_run_rccls_tuner_not_msccl():
     table = next(t for t in corpus.load_corpus() if t.name == "rccl-issue-1562/1node")
     rows = {r.nbytes: r for r in published.predict_table(table)}
     assert not any(r.how.startswith("allpairs") for r in rows.values())
-    assert rows[1 << 22].how == "ring/LL128"
+    assert rows[1 << 22].how == "ring/LL"  # RCCL 2.20.5 runs LL128 on gfx90a only, not this MI300X's gfx942

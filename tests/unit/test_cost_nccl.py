@@ -609,3 +609,24 @@ def test_nccls_estimate_of_latency_is_its_printed_table_before_and_after_2_23_4(
     # what runs keeps the newest figures, and a hop no faster than its route (3.2 us across nodes)
     assert _latency_us(old, ar, tree, 2, tuner=False) == pytest.approx(92.4)
     assert _latency_us(pair, ag, ring, 0, tuner=False) == pytest.approx(6.6 + 14 * 0.6 + 3.2)
+
+
+def test_rccl_runs_ll128_by_default_on_gfx90a_only_up_to_2_21_5():
+    # ROCm/rccl tuning.cc, rocm-6.2.0 (2.20.5) to 0cbce2a7 (2.21.5): "Enable LL128 by default only
+    # on gfx90a"; NCCL_PROTO naming LL128 enables it anyway. AMD's acceptance guide's 8 x MI300X
+    # (RCCL 2.20.5) at 8 MiB: the model's ring LL128 had been 20 % fast, Simple is 10 %.
+    from treeattn.cost.nccl_fabric import fabric
+    from treeattn.topology.nccl_version import nccl_release
+
+    mi300x = fabric(resolve("mi300x-8"))
+    assert mi300x.rccl and not mi300x.gfx90a and mi300x.ll128
+    # one process driving the 8 GPUs (-g 8), as the guide ran: RCCL 2.20.5 runs no MSCCL there
+    def pick(release, env=None):
+        est = nccl.pick(mi300x, "allreduce", 32 << 20, env=env, ranks_per_process=8, rccl_release=release)
+        return f"{est.algorithm.value}/{est.protocol.value}"
+
+    old = nccl_release("2.20.5")
+    assert pick(old) == pick(nccl_release("2.21.5")) == "ring/Simple"
+    assert pick(nccl_release("2.22.3")) == "ring/LL128"  # later releases: not followed, NCCL's rule
+    assert pick(old, {"NCCL_PROTO": "LL128"}) == "ring/LL128"
+    assert not nccl.topo_rccl_without_ll128(fabric(resolve("dgx-h100")), None)  # NVIDIA: NCCL's rule

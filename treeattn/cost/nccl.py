@@ -147,6 +147,8 @@ __all__ = [
     "chain_call_latency_us",
     "run_channel_count",
     "ring_step_tail_us",
+    "topo_rccl_without_ll128",
+    "RCCL_LL128_GFX90A_ONLY_TO",
 ]
 
 
@@ -388,6 +390,23 @@ def predict(topo: Topology | NcclFabric, collective: Collective | str, nbytes: i
     return out
 
 
+RCCL_LL128_GFX90A_ONLY_TO: Release = (2, 21, 5)
+"""The newest RCCL read to enable LL128 by default on gfx90a GPUs only (ROCm/rccl
+``src/graph/tuning.cc``, "Enable LL128 by default only on gfx90a with available tuning table",
+rocm-6.2.0's 2.20.5 to 0cbce2a7's 2.21.5 for ROCm 6.3.0; and there only where the node matched
+one of its platform models with ``ll128Enabled=1``, 16-GCD MI250X nodes, or under
+``RCCL_LL128_FORCE_ENABLE=1``): none on MI300X/MI325X (gfx942). A later RCCL allows gfx942 and
+gfx950 with the same ``ll128Enabled``, which no 8-GPU node model read here sets; not followed."""
+
+
+def topo_rccl_without_ll128(topo: Topology | NcclFabric, rccl_release: Release | None) -> bool:
+    """Whether RCCL ``rccl_release`` (None: unknown, taken as the 2.21 series, as
+    ``treeattn.cost.msccl`` takes it) leaves LL128 off on ``topo``'s AMD GPUs."""
+    fab = topo if isinstance(topo, NcclFabric) else fabric(topo)
+    return (fab.rccl and not fab.gfx90a
+            and (rccl_release is None or rccl_release <= RCCL_LL128_GFX90A_ONLY_TO))
+
+
 def nvls_offered(collective: Collective | str, reduction: tuple[str, str]) -> bool:
     """Whether NCCL offers NVLS and NVLSTree for ``collective`` of ``reduction`` (data type,
     op): where the switch reduces that type by that op, or for any all-gather (``enqueue.cc``)."""
@@ -411,7 +430,8 @@ def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
             x GPUs a process).
         rccl_release: the RCCL release (None: unknown, the one ``treeattn.cost.msccl`` follows);
             before 2.21 MSCCL does not run where a process drives several ranks
-            (``msccl.single_process_blocks``).
+            (``msccl.single_process_blocks``); up to 2.21.5 LL128 runs on gfx90a GPUs only
+            (``topo_rccl_without_ll128``) unless ``NCCL_PROTO`` names it.
         reduction: (data type, reduction op) of the call, as nccl-tests prints them or
             treeattn's dtypes (``("fp32", "max")``); NVLink SHARP reduces only some
             (``nvls.nvls_reduces``), and gathers any. Default nccl-tests' float sum.
@@ -423,6 +443,8 @@ def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
         InputError: the environment leaves no algorithm and protocol for this collective.
     """
     algos, protos = allowed_by_env(env)
+    if "NCCL_PROTO" not in (env or {}) and topo_rccl_without_ll128(topo, rccl_release):
+        protos.discard(Protocol.LL128.value.lower())  # NCCL_PROTO naming LL128 enables it on RCCL too
     if msccl.single_process_blocks(ranks_per_process, rccl_release, msccl_single_process(env)):
         algos.discard(Algorithm.ALLPAIRS.value)
     reduces = nvls_offered(collective, reduction)

@@ -45,6 +45,7 @@ CPU vendor and the NCCL release (``treeattn.topology.nccl_version``).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from treeattn.cost import msccl
@@ -121,6 +122,9 @@ class NcclFabric:
     rccl: bool = False
     """Whether the GPUs are AMD's (xGMI): RCCL, which the model times with NCCL's figures
     except where its MSCCL all-pairs algorithm runs."""
+    gfx90a: bool = False
+    """Whether every GPU is a gfx90a part (MI210, MI250, MI250X): the one RCCL runs LL128 on by
+    default (``nccl.pick``)."""
     allpairs_gbps: float = 0.0
     """NCCL's rating of the xGMI link joining each pair of a one-node RCCL fabric of 8 ranks,
     where RCCL's MSCCL all-pairs all-reduce runs (``treeattn.cost.msccl``); 0: not such a node."""
@@ -282,6 +286,7 @@ def fabric(topo: Topology) -> NcclFabric:
         nccl_release=release,
         shm_gbps=shm_rate_gbps(topo) if any(shm_pair_gbps(topo, a, b) < math.inf for a, b in intra_pairs) else 0.0,
         rccl=rccl,
+        gfx90a=bool(gpu_models) and all(re.search(r"MI2[0-9]0", m.upper()) for m in gpu_models),
         allpairs_gbps=_allpairs_gbps(topo, arch) if rccl and nodes == 1 else 0.0,
         channels=channels,
         graph_channels=graph,
