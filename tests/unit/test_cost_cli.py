@@ -338,3 +338,14 @@ def test_nccl_model_counts_the_elements_of_the_dtype_asked_for():
         assert json.loads(res.stdout)["pick"]["algorithm"] == want.algorithm.value, (nbytes, dtype)
     assert {nccl.pick(fab, "allreduce", 1536, elem_bytes=2).algorithm.value,
             nccl.pick(fab, "allreduce", 1024, elem_bytes=8).algorithm.value} == {"allpairs", "ring"}
+
+
+def test_nccl_model_says_rccl_picks_no_ll128_on_mi300x():
+    # RCCL (to 2.21.5) runs LL128 on gfx90a only: the table lists LL128 rows it never picks
+    note = "RCCL (to 2.21.5) runs LL128 on gfx90a GPUs only: no LL128 row is picked"
+    res = run_cli("nccl-model", "-t", "mi300x-8", "-c", "allgather", "--bytes", "8M")
+    assert res.exit_code == 0 and note in res.stdout.splitlines(), res.stdout
+    assert json.loads(run_cli("nccl-model", "-t", "mi300x-8", "-c", "allgather", "--bytes", "8M",
+                              "--json").stdout)["ll128_note"] == note
+    assert json.loads(run_cli("nccl-model", "-t", "dgx-h100", "-c", "allgather", "--bytes", "8M",
+                              "--json").stdout)["ll128_note"] is None

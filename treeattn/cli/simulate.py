@@ -283,6 +283,9 @@ def nccl_model_cmd(
     # Said only where the model would otherwise have listed NVLS (its all-reduces).
     nvls_note = (f"NVLink SHARP does not reduce {reduction[0]} by {reduction[1]}: NCCL offers no NVLS here"
                  if len(ests) < len(every) else None)
+    ll128_note = ("RCCL (to 2.21.5) runs LL128 on gfx90a GPUs only: no LL128 row is picked"
+                  if nccl.topo_rccl_without_ll128(fab, None) and any(e.protocol.value == "LL128" for e in ests)
+                  else None)
     release = _release(fab.nccl_release)
     if json_out:
         _echo_json({
@@ -292,6 +295,7 @@ def nccl_model_cmd(
             "dtype": reduction[0],
             "op": reduction[1] if coll.value in REDUCTIONS else None,
             "nvls_note": nvls_note,
+            "ll128_note": ll128_note,
             "bytes": size,
             "ranks": fab.ranks,
             "nodes": fab.nodes,
@@ -319,8 +323,8 @@ def nccl_model_cmd(
     print_rates_note(con, topo)
     for limit in filter(None, fab.limit.split("; ")):
         con.print(f"capped by the routes: {limit}", markup=False)
-    if nvls_note:
-        con.print(nvls_note, markup=False)
+    for note in filter(None, (nvls_note, ll128_note)):
+        con.print(note, markup=False)
     if fab.shm_gbps:
         con.print("GPU pairs NCCL does not connect peer-to-peer: its estimate rates their path at that figure;")
         con.print(f"what runs moves at most {fab.shm_gbps:.3g} GB/s of bus bandwidth through host memory")
