@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from treeattn.topology.attention_fits import applied_attention_fit
+from treeattn.topology.attention_fits import fitted_figures
 from treeattn.topology.model import DeviceKind, Topology
 from treeattn.workload import Payload, Workload
 
@@ -91,10 +91,10 @@ class ComputeModel:
         eff = topo.cost.mem_efficiency
         bws = tuple(topo.rank_device(r).mem_bw_gbps * eff for r in range(topo.num_ranks))
         best = max(bws) if bws and min(bws) > 0 else 0.0
-        c, fit = topo.cost, applied_attention_fit(topo)
         # Each figure the cost leaves unset is the GPUs' published fit's, where one applies.
-        attn_launch = c.attn_launch_us if c.attn_launch_us is not None or fit is None else fit[1].attn_launch_us
-        attn = c.attn_efficiency if c.attn_efficiency is not None or fit is None else fit[1].attn_efficiency
+        fitted = fitted_figures(topo)
+        attn_launch = fitted.get("attn_launch_us", topo.cost.attn_launch_us)
+        attn = fitted.get("attn_efficiency", topo.cost.attn_efficiency)
         attn_bws = () if attn is None else tuple(b / eff * attn for b in bws)
         fused = tuple(topo.rank_device(r).kind is DeviceKind.GPU for r in range(topo.num_ranks))
         return cls(payload=payload, launch_us=topo.cost.launch_us, eff_bw_gbps=bws, best_bw_gbps=best,

@@ -169,11 +169,16 @@ def _old_estimate(fab: NcclFabric, tuner: bool) -> bool:
     return tuner and fab.nccl_release < OLD_LATENCY_BEFORE
 
 
+def _old_tree_simple(fab: NcclFabric, tuner: bool, algo: Algorithm, p: int) -> bool:
+    """Whether NCCL's estimate times this tree with Simple by the figures of before 2.23.4."""
+    return _old_estimate(fab, tuner) and algo is Algorithm.TREE and _PROTOS[p] is Protocol.SIMPLE
+
+
 def _hop_us(fab: NcclFabric, algo: Algorithm, p: int, tuner: bool = False) -> tuple[float, float]:
     """One hop's latency inside a node and across nodes, for an algorithm x protocol: what runs,
     or NCCL's estimate (``tuner``) of the fabric's release, which knows its constants only (the
     graph's ``latencyInter``, a network plugin's figure, is 0 for InfiniBand and sockets)."""
-    if _old_estimate(fab, tuner) and algo is Algorithm.TREE and _PROTOS[p] is Protocol.SIMPLE:
+    if _old_tree_simple(fab, tuner, algo, p):
         return _OLD_TREE_SIMPLE_HOP, _OLD_TREE_SIMPLE_HOP
     intra = _HOP[fab.intra_hw][algo][p]
     # One rank per node exposes the network latency whole: NCCL charges the tree's figure
@@ -209,8 +214,7 @@ def _latency_us(fab: NcclFabric, collective: Collective, algo: Algorithm, p: int
     r, nn = fab.ranks, fab.nodes
     old = _old_estimate(fab, tuner)
     intra, inter = _hop_us(fab, algo, p, tuner)
-    base = _OLD_TREE_SIMPLE_BASE if old and algo is Algorithm.TREE and _PROTOS[p] is Protocol.SIMPLE \
-        else _BASE[algo][p]
+    base = _OLD_TREE_SIMPLE_BASE if _old_tree_simple(fab, tuner, algo, p) else _BASE[algo][p]
     if algo is Algorithm.TREE:
         return base + 2 * ((r // nn - 1) * intra + _log2i(nn) * inter)
     if tuner and nn > 1 and fab.nics > 1 and collective in (Collective.BROADCAST, Collective.REDUCE):
@@ -443,7 +447,8 @@ def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
         InputError: the environment leaves no algorithm and protocol for this collective.
     """
     algos, protos = allowed_by_env(env)
-    if "NCCL_PROTO" not in (env or {}) and topo_rccl_without_ll128(topo, rccl_release):
+    fab = topo if isinstance(topo, NcclFabric) else fabric(topo)  # once, for the two reads below
+    if "NCCL_PROTO" not in (env or {}) and topo_rccl_without_ll128(fab, rccl_release):
         protos.discard(Protocol.LL128.value.lower())  # NCCL_PROTO naming LL128 enables it on RCCL too
     if msccl.single_process_blocks(ranks_per_process, rccl_release, msccl_single_process(env)):
         algos.discard(Algorithm.ALLPAIRS.value)
@@ -451,7 +456,7 @@ def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
     if not reduces:
         algos -= {Algorithm.NVLS.value, Algorithm.NVLS_TREE.value}
     best: NcclEstimate | None = None
-    for est in predict(topo, collective, nbytes, elem_bytes):
+    for est in predict(fab, collective, nbytes, elem_bytes):
         if est.algorithm is Algorithm.ALLPAIRS and est.algorithm.value in algos:
             return est  # RCCL's MSCCL runs whenever one of its files covers the call
         if est.algorithm.value not in algos or est.protocol.value.lower() not in protos:

@@ -89,6 +89,13 @@ def _nvlink_gen(link: Link, arch: str) -> int:
     return {"volta": 2, "ampere": 3, "hopper": 4, "blackwell": 5}[arch]
 
 
+def _named_links(links: Sequence[Link]) -> str:
+    """The first of ``links`` and how many more duplex links there are ("link a->b and 3 more")."""
+    first = links[0]
+    more = len({frozenset((ln.src, ln.dst)) for ln in links}) - 1
+    return f"link {first.src}->{first.dst}" + (f" and {more} more" if more else "")
+
+
 def unrated_generation_note(topo: Topology) -> str | None:
     """A warning where links of ``topo`` name an NVLink or PCIe generation treeattn's model of
     NCCL's rating has no figure for (NVLink 1-5, PCIe 1-6): ``nccl_link_bw_gbps`` then rates them
@@ -106,11 +113,8 @@ def unrated_generation_note(topo: Topology) -> str | None:
         table = known[kind]
         nvlink = kind is LinkKind.NVLINK
         name, rated = ("NVLink", "rated as NVLink 4") if nvlink else ("PCIe", "rated by bw_gbps as PCIe 4")
-        first = links[0]
-        more = len({frozenset((ln.src, ln.dst)) for ln in links}) - 1
-        where = f"link {first.src}->{first.dst}" + (f" and {more} more" if more else "")
-        parts.append(f"{name} generation {gen} ({where}) has no figure in treeattn's model of NCCL ({name} "
-                     f"{min(table)}-{max(table)} have): {rated}")
+        parts.append(f"{name} generation {gen} ({_named_links(links)}) has no figure in treeattn's model of "
+                     f"NCCL ({name} {min(table)}-{max(table)} have): {rated}")
     return f"{topo.name}: " + "; ".join(parts)
 
 
@@ -128,11 +132,10 @@ def pcie_over_nominal_note(topo: Topology) -> str | None:
     if not over:
         return None
     first = over[0]
-    more = len({frozenset((ln.src, ln.dst)) for ln in over}) - 1
-    where = f"link {first.src}->{first.dst}" + (f" and {more} more" if more else "")
-    return (f"{where}: bw_gbps {first.bw_gbps:g} is more than PCIe {first.generation}.0 x{first.width} moves one way "
-            f"({pcie_nominal_gbps(first):g} GB/s); NCCL rates the link by its generation and width "
-            f"({nccl_link_bw_gbps(first):g} GB/s), and so does the model: correct them, or bw_gbps")
+    return (f"{_named_links(over)}: bw_gbps {first.bw_gbps:g} is more than PCIe {first.generation}.0 "
+            f"x{first.width} moves one way ({pcie_nominal_gbps(first):g} GB/s); NCCL rates the link by its "
+            f"generation and width ({nccl_link_bw_gbps(first):g} GB/s), and so does the model: correct them, or "
+            "bw_gbps")
 
 
 def nccl_link_bw_gbps(link: Link, arch: str = "hopper") -> float:

@@ -74,6 +74,7 @@ def check_name(value: str, what: str) -> str:
     return value
 
 
+Printable = Annotated[str, AfterValidator(_printable)]
 Name = Annotated[str, Field(min_length=1), AfterValidator(_printable)]
 Float = Annotated[float, BeforeValidator(_not_bool)]
 Int = Annotated[int, BeforeValidator(_not_bool)]
@@ -194,7 +195,7 @@ class DeviceSpec(_Spec):
     name: Name = Field(description="Unique name, e.g. n0.gpu3.")
     kind: DeviceKind
     node: Int = Field(0, ge=-1, description="Machine index; -1 for devices shared by machines.")
-    model: Annotated[str, AfterValidator(_printable)] = ""
+    model: Printable = ""
     mem_bw_gbps: Float = Field(0.0, ge=0, description="Memory bandwidth, GB/s (required > 0 for GPUs).")
     mem_gb: Float = Field(0.0, ge=0)
     p2p: bool = Field(True, description="GPU peer-to-peer over PCIe; false bounces copies through host memory.")
@@ -259,7 +260,7 @@ class GpuSpec(_Spec):
     """The GPUs of one node."""
 
     count: Int = Field(ge=1)
-    model: Annotated[str, AfterValidator(_printable)] = ""
+    model: Printable = ""
     mem_bw_gbps: Float = Field(gt=0)
     mem_gb: Float = Field(0.0, ge=0)
     p2p: bool = True
@@ -279,7 +280,7 @@ class CpuSpec(_Spec):
     sockets are not joined: their devices then talk over the GPU fabric or the network."""
 
     count: Int = Field(1, ge=1)
-    model: Annotated[str, AfterValidator(_printable)] = ""
+    model: Printable = ""
     link: SocketLinkSpec | None = None
 
 
@@ -331,7 +332,7 @@ class NicSpec(_Spec):
     GPU g is served by NIC g*count//gpus (rail-optimized GPU k <-> NIC k when equal)."""
 
     count: Int = Field(ge=1)
-    model: Annotated[str, AfterValidator(_printable)] = ""
+    model: Printable = ""
     bw_gbps: Float = Field(gt=0, description="Port speed, GB/s per direction (400 Gb/s = 50).")
     gpus: list[list[Int]] | None = None
 
