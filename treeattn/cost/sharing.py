@@ -99,13 +99,16 @@ def fair_rates(flows: Sequence[int], cnt: dict[int, int], link_flows: Sequence[s
     # heap, taken when theirs is the smallest key: the order one heap of (share, 0, link) and
     # (limit, 1, flow) keys pops them in (a link before a flow of equal key), at a fraction
     # of the heap operations (``tests/unit/test_cost_sharing_fast.py`` holds that heap).
-    own = sorted([(limit[x], x) for x in flows])
+    # By (limit, flow): a stable sort by limit of the flows in index order, without the tuples.
+    own = sorted(flows)
+    own.sort(key=limit.__getitem__)
     k, n = 0, len(own)
     pop, push = heapq.heappop, heapq.heappush
     floor = 0.0
     while k < n:  # every flow has its rate once its own key is reached, if not before
-        if not heap or own[k][0] < heap[0][0]:
-            share, i = own[k]
+        if not heap or limit[own[k]] < heap[0][0]:
+            i = own[k]
+            share = limit[i]
             k += 1
             if i in new_rate:
                 continue
