@@ -112,8 +112,10 @@ def _located(exc: OSError, path: Path) -> OSError:
 
 
 def _target(path: Path) -> Path:
-    # A link is written through: the file replaced is its target, and the link stays.
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
+    # A link is written through: the file replaced is its target, and the link stays. A link to
+    # a device or pipe is written as named: /dev/stdout on a pipe resolves to no path
+    # ('/proc/PID/fd/pipe:[N]').
+    return Path(os.path.realpath(path)) if path.is_symlink() and not special_file(path) else path
 
 
 def special_file(path: str | Path) -> bool:

@@ -232,6 +232,36 @@ def test_a_pipe_given_as_the_output_is_checked_without_opening_it(tmp_path: Path
     assert got == [b"plan\n"]
 
 
+def test_a_link_to_a_pipe_is_written_as_named(tmp_path: Path) -> None:
+    # /dev/stdout on a pipe is a link to /proc/PID/fd/1, itself a link to 'pipe:[N]', which is no
+    # path: written through to that name, `plan -o /dev/stdout | ...` said "No such file or directory".
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "treeattn", "plan", "-t", "cpu:ranks=2", *SHAPE, "-o", "/dev/stdout",
+                          "--json"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("# treeattn plan") and '"plan_path": "/dev/stdout"' in res.stdout
+    fifo = tmp_path / "plan.fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "out"
+    link.symlink_to(f"/proc/{os.getpid()}/fd/999")  # resolves, as /dev/stdout does, to no path
+    from treeattn.cli.paths import output_file
+    from treeattn.textfile import write_file
+
+    reader, got = read_fifo(fifo)
+    fd = os.open(fifo, os.O_WRONLY)
+    try:
+        os.dup2(fd, 999)
+        assert output_file(link, "--out", "plan.yaml") == link
+        write_file(link, "plan\n")
+    finally:
+        os.close(999)
+        os.close(fd)
+    reader.join(10)
+    assert got == [b"plan\n"]
+
+
 def test_a_device_given_for_an_image_is_written_as_named_with_no_suffix_added():
     from treeattn.cli.paths import output_file
 

@@ -168,7 +168,8 @@ def appendable(file: Path, flag: str) -> None:
     try:
         # A link is written through: the file this makes and removes is its target, and the
         # link stays (removing the name opened would take a dangling link away, its target made).
-        real = Path(os.path.realpath(file)) if file.is_symlink() else file
+        # A link to a device or pipe is opened as named (/dev/stdout on a pipe resolves to no path).
+        real = Path(os.path.realpath(file)) if file.is_symlink() and not special_file(file) else file
         if _is_pipe(real):
             # Opened and closed, a pipe tells the program reading it that the output has ended
             # (and, with no reader, the open would wait for one): its permission must do.
