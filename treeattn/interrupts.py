@@ -5,12 +5,15 @@ Ctrl-C, or ``timeout`` signalling the process and then its group, cannot cut it 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import NoReturn
 
-__all__ = ["Signalled", "exit_status", "forget", "interrupts_raise", "raise_interrupt", "shielded"]
+__all__ = ["Signalled", "before_hard_exit", "exit_status", "forget", "hard_exit", "interrupts_raise", "raise_interrupt",
+           "shielded", "stopping_signals"]
 
 _received: int | None = None
 """The last signal ``raise_interrupt`` turned into an interrupt (None: none since ``forget``)."""
@@ -46,16 +49,24 @@ def exit_status(exc: BaseException | None = None) -> int:
     return 128 + (_received or signal.SIGINT)
 
 
+def stopping_signals(others: tuple[int, ...] = (signal.SIGTERM,)) -> tuple[int, ...]:
+    """``others`` and SIGHUP, unless SIGHUP is ignored (a process started by ``nohup``, which
+    must outlive its terminal): the signals a command turns into an interrupt."""
+    hup = () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)
+    return (*others, *hup)
+
+
 @contextlib.contextmanager
 def interrupts_raise() -> Iterator[None]:
     """Turn SIGINT, SIGTERM and SIGHUP into KeyboardInterrupt while inside, so ``finally``
     blocks run; does nothing outside the main thread. SIGINT too: a process started in the
-    background of a non-interactive shell inherits it ignored, and Python then leaves it so."""
+    background of a non-interactive shell inherits it ignored, and Python then leaves it so.
+    An ignored SIGHUP stays ignored: ``nohup`` asked for that (``stopping_signals``)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    old = {s: signal.signal(s, raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    old = {s: signal.signal(s, raise_interrupt) for s in stopping_signals((signal.SIGINT, signal.SIGTERM))}
     try:
         yield
     finally:
@@ -89,3 +100,27 @@ def shielded() -> Iterator[None]:
             signal.signal(s, handler)
     if held and not unwinding:
         signal.raise_signal(held[0])
+
+
+_ON_HARD_EXIT: list[Callable[[], None]] = []
+"""Cleanups ``hard_exit`` runs (``before_hard_exit``), last registered first."""
+
+
+@contextlib.contextmanager
+def before_hard_exit(cleanup: Callable[[], None]) -> Iterator[None]:
+    """Have ``hard_exit`` call ``cleanup`` while inside: where the process must end from another
+    thread, its ``finally`` blocks do not run."""
+    _ON_HARD_EXIT.append(cleanup)
+    try:
+        yield
+    finally:
+        _ON_HARD_EXIT.remove(cleanup)
+
+
+def hard_exit(status: int) -> NoReturn:
+    """End the process now with ``status``, from any thread (the main one may be stuck in a C++
+    call no signal interrupts), after the cleanups registered with ``before_hard_exit``."""
+    for cleanup in reversed(list(_ON_HARD_EXIT)):
+        with contextlib.suppress(Exception):
+            cleanup()
+    os._exit(status)

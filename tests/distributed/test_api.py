@@ -155,7 +155,7 @@ def test_bad_input_raises_and_peers_time_out(tmp_path):
         assert "moves KV, not partials" in item["ring"]
         assert item["plan-type"] == ("TypeError: Merger: plan must be a Plan, or a plan file's path or text, got "
                                      "NoneType")
-        assert item["timeout"] == "ValueError: timeout_s must be a number of seconds > 0, got None"
+        assert item["timeout"] == "ValueError: Merger: timeout_s must be a number of seconds > 0, got None"
         assert item["device"] == "ValueError: Merger: device meta cannot hold the merge's buffers; give cpu or cuda"
         assert item["inference"] == "same", item["inference"]
         assert item["shape"].startswith("ValueError: Merger: o must be (B, Hq, Dv) = (2, 8, 16)")

@@ -55,7 +55,7 @@ def test_ranks_with_different_plans_are_told_what_this_ranks_plan_is(gloo_world_
 
 def test_a_timeout_of_another_type_and_an_empty_plan_path_say_what_they_need(gloo_world_of_one):
     plan = treeattn.search_plan("cpu:ranks=1", "llama-3.2-1b", batch=1, seq_len=64)
-    with pytest.raises(ValueError, match=r"^timeout_s must be a number of seconds > 0, got '5'$"):
+    with pytest.raises(ValueError, match=r"^Merger: timeout_s must be a number of seconds > 0, got '5'$"):
         treeattn.Merger(plan, timeout_s="5")
     with pytest.raises(PlanFormatError, match=r"^no plan: the path or text given is empty \(''\)$"):
         treeattn.Merger("")

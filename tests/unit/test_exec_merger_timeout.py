@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import treeattn
-from treeattn.exec.comm import LONGEST_TIMEOUT_S
+from treeattn.exec.deadline import LONGEST_TIMEOUT_S
 from treeattn.exec.launch import free_port
 
 
@@ -25,7 +25,7 @@ def gloo_world_of_one():
 
 @pytest.mark.parametrize("timeout_s", [float("inf"), 1e300, datetime.timedelta.max.total_seconds(), 1e10])
 def test_a_timeout_past_any_deadline_is_refused_by_name(gloo_world_of_one, timeout_s):
-    with pytest.raises(ValueError, match=r"^timeout_s must be at most 1e\+09 seconds, got "):
+    with pytest.raises(ValueError, match=r"^Merger: timeout_s must be at most 1e\+09 seconds, got "):
         treeattn.Merger(gloo_world_of_one, timeout_s=timeout_s)
 
 

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from treeattn.errors import ExecutionError
 from treeattn.exec.launch import free_port
-from treeattn.exec.rendezvous import MIN_LEFT_S, hosts_store, join, reach_store
+from treeattn.exec.rendezvous import MIN_LEFT_S, hosts_store, join, reach_store, wait_joined
 
 
 class _Clock:
@@ -74,7 +74,7 @@ def test_the_group_gets_what_is_left_and_keeps_the_whole_deadline_after(monkeypa
         return made(*args, **kwargs)
 
     monkeypatch.setattr(dist, "init_process_group", spy)
-    clock = _Clock(step=9.95 / 3)  # three looks after the start: by the group's, 9.95 s gone
+    clock = _Clock(step=9.95 / 4)  # four looks after the start: by the group's, 9.95 s gone
     join("gloo", 0, 1, 10.0, clock=clock)
     try:
         assert given["timeout"] == datetime.timedelta(seconds=MIN_LEFT_S)
@@ -105,3 +105,46 @@ def test_a_connection_that_lands_on_itself_is_not_the_store(monkeypatch):
     clock = _Clock()
     with pytest.raises(ExecutionError, match="within the 2 s set-up deadline: connection refused"):
         reach_store("127.0.0.1", 40000, 1, clock.now + 2, 2, clock=clock, sleep=clock.sleep)
+
+
+def _server(world: int) -> dist.TCPStore:
+    return dist.TCPStore("127.0.0.1", free_port(), world, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=5))
+
+
+def test_ranks_that_never_joined_are_named_by_the_ranks_that_waited(monkeypatch):
+    # Before: torch's store on rank 0 said "1/4 clients joined", and no rank said which were missing.
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    store = _server(4)
+    with pytest.raises(ExecutionError) as caught:
+        wait_joined(store, 0, 4, datetime.timedelta(seconds=0.2), 30)
+    assert str(caught.value) == ("ranks 1-3 of 4 did not connect within the 30 s set-up deadline (rank 0 waited; a "
+                                 "rank that never connected hung, died or was not started; treeattn run takes a "
+                                 "longer deadline with --setup-timeout)")
+    client = dist.TCPStore("127.0.0.1", store.port, 4, is_master=False, timeout=datetime.timedelta(seconds=5))
+    with pytest.raises(ExecutionError, match=r"^ranks 2-3 of 4 did not connect .* \(rank 1 waited; "):
+        wait_joined(client, 1, 4, datetime.timedelta(seconds=0.2), 30)
+    with pytest.raises(ExecutionError, match=r"^rank 3 of 4 did not connect .* \(rank 2 waited; "):
+        wait_joined(client, 2, 4, datetime.timedelta(seconds=0.2), 30)
+    wait_joined(client, 3, 4, datetime.timedelta(seconds=0.2), 30)  # the last: every rank is there
+
+
+def test_an_earlier_attempts_marks_do_not_count(monkeypatch):
+    # torchrun's agent keeps its store across restarts of its workers
+    store = _server(2)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    with pytest.raises(ExecutionError, match=r"^rank 0 of 2 did not connect"):
+        wait_joined(store, 1, 2, datetime.timedelta(seconds=0.1), 5)
+    wait_joined(store, 0, 2, datetime.timedelta(seconds=0.2), 5)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    with pytest.raises(ExecutionError, match=r"^rank 1 of 2 did not connect within the 5 s"):
+        wait_joined(store, 0, 2, datetime.timedelta(seconds=0.2), 5)
+
+
+def test_a_store_that_goes_away_while_the_ranks_meet_is_said():
+    store = _server(3)
+    client = dist.TCPStore("127.0.0.1", store.port, 3, is_master=False, timeout=datetime.timedelta(seconds=5))
+    del store  # rank 0, which served it, died
+    with pytest.raises(ExecutionError, match=r"^rank 2 lost the rendezvous store while the ranks connected \(.*\): "
+                                             r"the rank that serves it, rank 0 or torchrun's agent, died or ended$"):
+        wait_joined(client, 2, 3, datetime.timedelta(seconds=2), 5)

@@ -28,16 +28,20 @@ def test_exit_status_follows_the_signal(sig, status):
     assert exit_status(KeyboardInterrupt()) == 130  # Ctrl-C's own
 
 
+def _signalling(sig: int):
+    """A stand-in for a command's work that sends this process ``sig`` (and lets it be handled)."""
+    def work(*args, **kwargs):  # noqa: ANN002, ANN003, ARG001
+        os.kill(os.getpid(), sig)
+        signal.sigtimedwait([], 0.1)
+    return work
+
+
 @pytest.mark.parametrize(("sig", "status"), SIGNALS)
 def test_a_signalled_validate_exits_with_the_signals_status(tmp_path, monkeypatch, sig, status):
     # Before: every signal gave 2, the status of bad input.
     import treeattn.validate
 
-    def validate(*args, **kwargs):  # noqa: ANN002, ANN003, ARG001
-        os.kill(os.getpid(), sig)
-        signal.sigtimedwait([], 0.1)
-
-    monkeypatch.setattr(treeattn.validate, "validate", validate)
+    monkeypatch.setattr(treeattn.validate, "validate", _signalling(sig))
     res = run_cli("validate", "emu-mesh", "--out", str(tmp_path / "o"), "--no-calibrate")
     assert res.exit_code == status, res.stderr
     assert res.stderr.strip().splitlines() == [f"error: interrupted; the topologies finished so far are in "
@@ -89,3 +93,28 @@ def test_a_second_signal_during_the_cleanup_of_an_interrupt_is_dropped():
                 done.append("cleanup")
     assert done == ["cleanup"] and exit_status(caught.value) == 129  # the first signal's, SIGHUP
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+@pytest.mark.parametrize(("sig", "status"), SIGNALS)
+def test_every_command_says_it_was_stopped_by_a_signal(tmp_path, monkeypatch, sig, status):
+    # Before: plan, compare, simulate... ended by SIGTERM or SIGHUP (torchrun's agent, srun,
+    # timeout) died silently, with no cleanup; and a launcher's rank left its empty rows file.
+    import treeattn.search
+
+    monkeypatch.setattr(treeattn.search, "search", _signalling(sig))
+    res = run_cli("plan", "-t", "cpu:ranks=2", "-m", "llama-3.2-1b", "-n", "1K", "-o", str(tmp_path / "p.json"))
+    assert res.exit_code == status, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == "aborted" and "Traceback" not in res.stderr
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_a_sighup_that_nohup_ignores_stays_ignored():
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with interrupts_raise():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+            os.kill(os.getpid(), signal.SIGHUP)  # nohup's: the command goes on
+            signal.sigtimedwait([], 0.1)
+    finally:
+        signal.signal(signal.SIGHUP, before)

@@ -239,7 +239,11 @@ def _bad_option_value(exc: Exception) -> str | None:
 def _run(command, args: list[str] | None) -> None:  # noqa: ANN001 - a click Group
     interrupts.forget()
     try:
-        rc = command(args=args, standalone_mode=False, prog_name="treeattn")
+        # Every command: a signal that ends it (SIGTERM from torchrun's agent, srun, timeout)
+        # unwinds it as Ctrl-C does, so its cleanup runs (a run's empty rows file removed) and
+        # it says so, with the signal's status.
+        with interrupts.interrupts_raise():
+            rc = command(args=args, standalone_mode=False, prog_name="treeattn")
     except TreeattnError as exc:
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)
         raise SystemExit(exc.exit_code) from exc

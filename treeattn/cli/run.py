@@ -19,7 +19,7 @@ from treeattn.cli.paths import OUT_PATH, appendable, output_file, output_folder
 from treeattn.cli.progress import progress_reporter
 from treeattn.cli.render import console
 from treeattn.errors import ExecutionError, InputError, PlanInvalidError
-from treeattn.exec.deadline import MAX_ITERATIONS, SETUP_TIMEOUT_S
+from treeattn.exec.deadline import LONGEST_TIMEOUT_S, MAX_ITERATIONS, SETUP_TIMEOUT_S
 from treeattn.textfile import special_file
 
 __all__ = ["run", "load_checked", "run_rows"]
@@ -60,11 +60,13 @@ def run(
                                          help="Timed iterations per method.")] = 10,
     warmup: Annotated[int, typer.Option("--warmup", min=0, max=MAX_ITERATIONS, help="Untimed iterations first.")] = 2,
     order: OrderOpt = MeasureOrder.INTERLEAVED,
-    timeout: Annotated[float | None, typer.Option("--timeout", min=0.001, help="Seconds one operation may wait "
+    timeout: Annotated[float | None, typer.Option("--timeout", min=0.001, max=LONGEST_TIMEOUT_S,
+                                                  help="Seconds one operation may wait "
                                                   "before its rank gives up; default: 10x the slowest predicted "
                                                   "method, at least 5 (connecting the ranks and opening their "
                                                   "communicators may take --setup-timeout).")] = None,
-    setup_timeout: Annotated[float, typer.Option("--setup-timeout", min=0.001, help="Seconds connecting the ranks "
+    setup_timeout: Annotated[float, typer.Option("--setup-timeout", min=0.001, max=LONGEST_TIMEOUT_S,
+                                                  help="Seconds connecting the ranks "
                                                   "and opening their communicators may take (many nodes, a slow "
                                                   "scheduler: more).")] = SETUP_TIMEOUT_S,
     graph: Annotated[bool | None, typer.Option("--graph/--no-graph", help="Replay each method from a CUDA graph "
@@ -149,6 +151,7 @@ def run_rows(out: Path | None, label: str, *, reserve: bool = True) -> Iterator[
         reserve: make the new file (the rank that writes the rows); False only checks.
     """
     from treeattn.exec.results import new_run_file, new_run_id
+    from treeattn.interrupts import before_hard_exit
 
     if out is not None:
         run_id = new_run_id(label)
@@ -164,13 +167,17 @@ def run_rows(out: Path | None, label: str, *, reserve: bool = True) -> Iterator[
         run_id, path = new_run_file(folder, label)
     except OSError as exc:
         raise InputError(f"cannot write --out {str(folder)!r}: {exc.strerror or exc}") from None
-    try:
-        appendable(timeline_file(path), "--out")
-        yield run_id, path
-    finally:
+    def drop_if_empty() -> None:
         with contextlib.suppress(OSError):
             if path.stat().st_size == 0:
                 path.unlink()
+
+    try:
+        appendable(timeline_file(path), "--out")
+        with before_hard_exit(drop_if_empty):  # a rank ended from its set-up watchdog (exec.launch)
+            yield run_id, path
+    finally:
+        drop_if_empty()
 
 
 def rows_path(out: Path | None, run_id: str) -> Path:

@@ -57,7 +57,7 @@ from treeattn.errors import ExecutionError
 from treeattn.exec.board import HostBoard, RankExited
 from treeattn.exec.deadline import Outstanding, wait_marks
 
-__all__ = ["CALLS_AHEAD", "LONGEST_TIMEOUT_S", "EXTERNAL_EVENTS", "CommError", "Comm", "P2P", "BufferPool", "Mark",
+__all__ = ["CALLS_AHEAD", "EXTERNAL_EVENTS", "CommError", "Comm", "P2P", "BufferPool", "Mark",
            "timing_event", "deadline_event", "distinct", "first_uses"]
 
 _PAIRS: dict[tuple[int, int], dist.ProcessGroup] = {}
@@ -93,11 +93,6 @@ TAG_SPACES = 1 << (31 - SEQ_BITS)
 _SPIN_S = 0.001
 """How long before an agreed start instant a rank stops sleeping and yields until it."""
 
-LONGEST_TIMEOUT_S = 1e9
-"""The longest set-up or operation timeout a Comm takes (seconds; 31 years): torch's C++ adds a
-timeout to a clock in int64 nanoseconds, which about 9.2e9 s overflows (gloo's waits then time
-out at once or hang: measured from 9e9 s on), and a timedelta holds no more than 8.6e13 s;
-inf ('no timeout') included."""
 CALLS_AHEAD = 3
 """How many earlier calls (``Comm.calls``) the device may not have finished when a call starts
 without the call waiting (more: it waits for the oldest). When the host has to wait, the

@@ -29,13 +29,19 @@ from treeattn.errors import InputError
 SETUP_TIMEOUT_S = 120.0
 """How long connecting the ranks and opening their communicators may take (``RunOptions``)."""
 
+LONGEST_TIMEOUT_S = 1e9
+"""The longest set-up or operation timeout a Comm takes (seconds; 31 years): torch's C++ adds a
+timeout to a clock in int64 nanoseconds, which about 9.2e9 s overflows (gloo's waits then time
+out at once or hang: measured from 9e9 s on), and a timedelta holds no more than 8.6e13 s;
+inf ('no timeout') included."""
+
 MAX_ITERATIONS = 1_000_000
 """Most timed (or warm-up) runs of one method or case (``--repeats``, ``--warmup``): a run keeps
 every timed run's times and builds its schedule up front, so a count without bound would fill
 memory before the first run."""
 
-__all__ = ["POLL_S", "SETUP_TIMEOUT_S", "MAX_ITERATIONS", "Call", "Outstanding", "check_iterations", "first_pending",
-           "wait_marks"]
+__all__ = ["POLL_S", "SETUP_TIMEOUT_S", "LONGEST_TIMEOUT_S", "MAX_ITERATIONS", "Call", "Outstanding",
+           "check_iterations", "first_pending", "wait_marks"]
 
 POLL_S = 2e-5
 """How long a blocking wait sleeps between queries (a sleep lasts longer: tens of µs)."""

@@ -50,14 +50,15 @@ import torch.distributed as dist
 from treeattn.errors import ExecutionError, InputError, TreeattnError
 from treeattn.exec.runner import Job, JobResult, Progress, memory_problem, pick_backend, placement_problem, run_rank
 from treeattn.exec.worker import PIDS_FILE, read_progress
-from treeattn.interrupts import raise_interrupt, shielded
+from treeattn.interrupts import hard_exit, raise_interrupt, shielded, stopping_signals
 
 __all__ = ["RankEnv", "detect_env", "check_world", "slurm_bound", "slurm_threads", "launch", "launch_local",
            "free_port", "run_directory", "keep_output", "rank_failure", "GRACE_S", "available_bytes",
            "host_memory_problem"]
 
-_STORE_WAIT = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")
-"""torch's rendezvous store's words when not every rank connected in time."""
+_NOT_JOINED = re.compile(r"ranks? [\d, -]+ of \d+ did not connect within ")
+"""``rendezvous.wait_joined``'s words for ranks that never connected: said by a rank that waited,
+they name the ranks to blame (``rank_failure``)."""
 
 GRACE_S = 1.0
 """After the first failed rank, how long the others get to exit and say why before the kill."""
@@ -198,7 +199,7 @@ def launch(job: Job, environ: dict[str, str] | None = None, progress: Progress |
             # threads as the CPUs it may use, and the tasks of a node would contend for its
             # cores (5x slower on gloo here).
             torch.set_num_threads(slurm_threads(os.environ, len(os.sched_getaffinity(0))))
-    held = _RendezvousLog(placed.rank)
+    held = _RendezvousLog(placed.rank, job.options.setup_timeout_s)
     try:
         return run_rank(job, placed.rank, placed.world, placed.local_rank, rendezvous=held, progress=progress)
     except TreeattnError as exc:
@@ -211,64 +212,94 @@ def launch(job: Job, environ: dict[str, str] | None = None, progress: Progress |
         raise error from None
 
 
+SETUP_GRACE_S = 5.0
+"""How long past the set-up deadline a launcher's rank still waits in the process group's
+creation before its watchdog ends the process (``_RendezvousLog``)."""
+
+
 class _RendezvousLog:
     """What the process writes to its stderr (fd 2) while its process group is created: passed
     on once that succeeds, kept in a file (``kept``) that the error names when it fails. A rank
     that cannot reach its master gets dozens of lines of C++ frames from torch's store there,
-    before treeattn's one line; a local run keeps every rank's output in its folder instead."""
+    before treeattn's one line; a local run keeps every rank's output in its folder instead.
 
-    def __init__(self, rank: int) -> None:
+    And a watchdog: a rank still inside the group's creation ``SETUP_GRACE_S`` after its
+    ``setup_s`` deadline says so and ends (``hard_exit``, status 1). Gloo's connection of every
+    pair waits on a peer that died after the ranks met for several times the timeout it is
+    given (about 5x here: 310 s for 60), in C++, where no signal reaches Python; a local run's
+    launcher stops its ranks itself."""
+
+    def __init__(self, rank: int, setup_s: float) -> None:
         self.rank = rank
+        self.setup_s = setup_s
         self.kept: str | None = None
+        self._lock = threading.Lock()
+        self._over = False
 
     def __enter__(self) -> _RendezvousLog:
         sys.stderr.flush()
         self._held = tempfile.TemporaryFile()
         self._stderr = os.dup(2)
         os.dup2(self._held.fileno(), 2)
+        self._timer = threading.Timer(self.setup_s + SETUP_GRACE_S, self._abandon)
+        self._timer.daemon = True
+        self._timer.start()
         return self
 
     def __exit__(self, kind, exc, tb) -> None:  # noqa: ANN001 - the context protocol's
+        with self._lock:  # once the watchdog has begun, it ends the process
+            self._over = True
+        self._timer.cancel()
         sys.stderr.flush()
         os.dup2(self._stderr, 2)
         os.close(self._stderr)
+        if exc is None:
+            sys.stderr.buffer.write(self._text())  # whole, as it would have come
+            sys.stderr.flush()
+        else:
+            self._keep()
+
+    def _text(self) -> bytes:
         with self._held:
             self._held.seek(0)
-            text = self._held.read()
-        if exc is None:
-            sys.stderr.buffer.write(text)  # whole, as it would have come
-            sys.stderr.flush()
-        elif text.strip():
+            return self._held.read()
+
+    def _keep(self) -> None:
+        text = self._text()
+        if text.strip():
             fd, path = tempfile.mkstemp(prefix=f"treeattn-rank{self.rank}-rendezvous-", suffix=".log")
             with os.fdopen(fd, "wb") as f:
                 f.write(text)
             self.kept = path
 
+    def _abandon(self) -> None:
+        with self._lock:
+            if self._over:
+                return
+            self._over = True
+            with contextlib.suppress(OSError):
+                self._keep()
+            kept = f" (torch's log of it: {self.kept})" if self.kept else ""
+            line = (f"error: rank {self.rank}: the process group was not made within the {self.setup_s:g} s set-up "
+                    f"deadline and {SETUP_GRACE_S:g} s more: every rank had met, then one died or hung while the "
+                    f"backend connected every pair of them{kept}\n")
+            with contextlib.suppress(OSError):
+                os.write(self._stderr, line.encode())
+            hard_exit(1)
+
 
 def _in_process_failure(rank: int, exc: Exception) -> str:
     """One line for what a torch call of this rank raised (its message can run on with C++ frames)."""
     text = str(exc).strip()
-    waited = _store_wait(text, rank)
-    if waited:  # as rank_failure words it for local ranks
-        return waited
+    if "connectFullMesh" in text:  # a peer gone between the ranks' meeting and their connection
+        return (f"rank {rank} could not connect to every other rank while the process group was made (a rank died "
+                f"or hung after the ranks met): gloo: {_first_line(text)}")
     return f"rank {rank} failed: {type(exc).__name__}: {_first_line(text)}"
 
 
 def _first_line(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return lines[0] if lines else ""
-
-
-def _store_wait(message: str, rank: int) -> str | None:
-    """The store's "clients joined" timeout in treeattn's words (the store blames ``rank``,
-    which waited, not those that never came); None for other errors."""
-    joined = _STORE_WAIT.search(message)
-    if not joined:
-        return None
-    secs, came, n = joined.groups()
-    return (f"only {came} of {n} ranks connected within the {secs} s set-up deadline (rank {rank} waited; "
-            "a rank that never connected hung or could not start; treeattn run takes a longer one with "
-            "--setup-timeout)")
 
 
 def free_port() -> int:
@@ -446,10 +477,11 @@ def _stop_on_signals() -> dict:
     """Make SIGTERM (``timeout``, a batch system ending the job) and SIGHUP (the terminal
     closed) unwind the launcher like Ctrl-C, so that it stops its ranks and removes its run
     directory; returns the handlers it replaced (none off the main thread, where a handler
-    cannot be set). raise_interrupt notes the signal: the command exits 143 or 129 for it."""
+    cannot be set). raise_interrupt notes the signal: the command exits 143 or 129 for it.
+    A SIGHUP that ``nohup`` ignores stays ignored (``stopping_signals``)."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {sig: signal.signal(sig, raise_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    return {sig: signal.signal(sig, raise_interrupt) for sig in stopping_signals()}
 
 
 def available_bytes() -> int | None:
@@ -532,9 +564,9 @@ def rank_failure(
     # failed; a rank that lost a peer saw another's failure (worker.failure_kind).
     order = {"comm": 1, "lost": 2}
     first = min(failed, key=lambda r: (order.get(reports.get(r, {}).get("kind"), 0), r)) if failed else min(killed)
-    waited = _store_wait(reports.get(first, {}).get("message", ""), first)
-    if waited:
-        what = waited
+    message = reports.get(first, {}).get("message", "")
+    if _NOT_JOINED.match(message):  # names the ranks that never came, not the one that waited
+        what = message
     elif first in reports:  # its first line: torch's messages run on with C++ frames (in the rank's log)
         what = f"rank {first} failed: {_first_line(reports[first]['message'])}"
     elif codes[first] < 0:

@@ -60,7 +60,8 @@ from torch.distributed import distributed_c10d
 from treeattn.errors import ExecutionError
 from treeattn.exec import kernels
 from treeattn.exec.attention import torch_dtype
-from treeattn.exec.comm import LONGEST_TIMEOUT_S, Comm, CommError
+from treeattn.exec.comm import Comm, CommError
+from treeattn.exec.deadline import LONGEST_TIMEOUT_S
 from treeattn.exec.graphs import Graphed, capture
 from treeattn.exec.interpreter import PlanExecutor, RankInputs
 from treeattn.exec.merge import clear_empty_rows, pack_heads_into, unpack_heads
@@ -286,13 +287,13 @@ class Merger:
                              "group's ranks construct its Merger")
         size = dist.get_world_size(group)
         if size != plan.ranks:
-            raise ValueError(f"plan {plan.algorithm!r} has {plan.ranks} ranks but the process group has {size}")
+            raise ValueError(f"Merger: plan {plan.algorithm!r} has {plan.ranks} ranks but the process group has {size}")
         if not isinstance(check_order, bool):
             raise TypeError(f"Merger: check_order must be True or False, got {check_order!r}")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-            raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+            raise ValueError(f"Merger: timeout_s must be a number of seconds > 0, got {timeout_s!r}")
         if timeout_s > LONGEST_TIMEOUT_S:  # inf ('no timeout') included
-            raise ValueError(f"timeout_s must be at most {LONGEST_TIMEOUT_S:g} seconds, got {timeout_s!r}")
+            raise ValueError(f"Merger: timeout_s must be at most {LONGEST_TIMEOUT_S:g} seconds, got {timeout_s!r}")
         backend, device = _backend_and_device(group, device)
         broken = _BROKEN.get(_broken_key(backend, group))
         if broken is not None:

@@ -10,6 +10,11 @@ timeout again, and so does torch's store client: a connection attempt that times
 retried after a random back-off with the whole timeout once more (``TCPStore.cpp``), so a
 rank pointed at an address nobody serves waited about twice the deadline, or more.
 
+Rank 0, where it serves the store, does not wait in it for the others to connect (torch's
+store counts them, "3/4 clients joined", but cannot say which is missing): every rank writes
+its mark in the store and waits for every rank's, so a rank that never came is named
+(``wait_joined``), by every rank that did.
+
 A rank that does not host the store first waits, within the deadline, until something
 accepts TCP connections at ``MASTER_ADDR:MASTER_PORT`` (a bare connection, closed at once; the
 store server ignores it), then lets torch connect with the time left; one that never can
@@ -31,7 +36,7 @@ import torch.distributed as dist
 
 from treeattn.errors import ExecutionError
 
-__all__ = ["join", "reach_store", "hosts_store", "MIN_LEFT_S"]
+__all__ = ["join", "reach_store", "hosts_store", "wait_joined", "MIN_LEFT_S"]
 
 MIN_LEFT_S = 0.1
 """The least time a step is given once the store answered: torch's calls need a timeout above
@@ -95,10 +100,17 @@ def join(backend: str, rank: int, world: int, setup_s: float, init: dict | None 
         return datetime.timedelta(seconds=max(MIN_LEFT_S, deadline - clock()))
 
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
-    if not hosts_store(rank) and addr and port.isdigit():  # else torch's rendezvous names what is missing
-        reach_store(addr, int(port), rank, deadline, setup_s, clock)
-    store, rank, world = next(dist.rendezvous("env://", rank, world, timeout=left()))
+    if addr and port.isdigit() and hosts_store(rank):
+        # torch's env:// rendezvous, but the server does not wait for the clients: wait_joined does
+        use_libuv = os.environ.get("USE_LIBUV", "1") == "1"
+        store = dist.TCPStore(addr, int(port), world, is_master=True, timeout=left(), wait_for_workers=False,
+                              multi_tenant=True, use_libuv=use_libuv)
+    else:  # torch's rendezvous names what is missing
+        if addr and port.isdigit():
+            reach_store(addr, int(port), rank, deadline, setup_s, clock)
+        store, rank, world = next(dist.rendezvous("env://", rank, world, timeout=left()))
     store.set_timeout(left())
+    wait_joined(store, rank, world, left(), setup_s)
     # What init_process_group does with the store it makes (a prefix: the store may be shared).
     whole = datetime.timedelta(seconds=setup_s)
     # The group's timeout bounds gloo's connection of the ranks, and is later each collective's
@@ -109,3 +121,55 @@ def join(backend: str, rank: int, world: int, setup_s: float, init: dict | None 
     store.set_timeout(whole)
     if restore:
         restore(whole)
+
+
+def _joined_key(rank: int) -> str:
+    # torchrun's agent keeps its store across restarts of the workers: a key of an earlier
+    # attempt must not count as this one's
+    return f"treeattn/setup/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/joined/{rank}"
+
+
+def wait_joined(store: dist.Store, rank: int, world: int, timeout: datetime.timedelta, setup_s: float) -> None:
+    """Mark ``rank`` as connected in ``store`` and wait, within ``timeout``, until every rank
+    of ``world`` has; else raise ``ExecutionError`` naming the ranks that have not (one line).
+    ``setup_s`` is the whole deadline's length, for the message."""
+    try:
+        store.set(_joined_key(rank), b"1")
+        store.wait([_joined_key(r) for r in range(world)], timeout)
+        return
+    except (RuntimeError, dist.DistError) as exc:  # DistStoreError (timeout), DistNetworkError (store gone)
+        failure = exc
+    try:
+        missing = [r for r in range(world) if not store.check([_joined_key(r)])]
+    except (RuntimeError, dist.DistError):
+        missing = None
+    if missing is None:
+        raise ExecutionError(
+            f"rank {rank} lost the rendezvous store while the ranks connected ({_first_line(failure)}): the rank "
+            "that serves it, rank 0 or torchrun's agent, died or ended") from None
+    if not missing:  # every rank came just as the wait ended
+        return
+    which = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {_ranges(missing)}"
+    raise ExecutionError(
+        f"{which} of {world} did not connect within the {setup_s:g} s set-up deadline (rank {rank} waited; a rank "
+        "that never connected hung, died or was not started; treeattn run takes a longer deadline with "
+        "--setup-timeout)") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _ranges(ranks: list[int]) -> str:
+    """``0-3, 5``: sorted ranks, runs as ranges."""
+    parts: list[str] = []
+    start = prev = ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ", ".join(parts)

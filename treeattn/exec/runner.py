@@ -43,8 +43,8 @@ from treeattn.errors import InputError, PlanInvalidError
 from treeattn.exec import kernels as fused
 from treeattn.exec.attention import make_kv_shard, make_query, make_raw, resolve_kernel, torch_dtype
 from treeattn.exec.baselines import run_attention_baseline, run_raw_baseline, segments
-from treeattn.exec.comm import LONGEST_TIMEOUT_S, BufferPool, Comm
-from treeattn.exec.deadline import SETUP_TIMEOUT_S, check_iterations
+from treeattn.exec.comm import BufferPool, Comm
+from treeattn.exec.deadline import LONGEST_TIMEOUT_S, SETUP_TIMEOUT_S, check_iterations
 from treeattn.exec.graphs import Graphed, capture
 from treeattn.exec.interpreter import MeasuredOp, PlanExecutor, RankInputs
 from treeattn.exec.issue_order import nccl_order_problem
