@@ -143,6 +143,17 @@ def test_no_plots_keeps_the_readme_true_to_the_files(folder: Path):
     assert (folder / "README.md").read_text() == full
 
 
+def test_a_readme_report_did_not_write_is_kept(folder: Path):
+    # Before, a user's own README.md in the folder was replaced without a word (--no-plots too).
+    (folder / "README.md").write_text("my own notes\n")
+    with pytest.raises(InputError, match=r"README\.md is not a README\.md treeattn report wrote \(it begins b'my own "):
+        render_folder(folder, plots=False)
+    assert (folder / "README.md").read_text() == "my own notes\n" and not (folder / "summary.json").exists()
+    (folder / "README.md").unlink()
+    render_folder(folder, plots=False)
+    render_folder(folder, plots=False)  # its own, rewritten
+
+
 def test_timeline_choice(folder: Path):
     f = load_folder(folder)
     assert choose_timeline(f.rows, f.timeline, method="multirail") == ("emu-a", "B1", "multirail")

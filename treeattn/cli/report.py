@@ -162,7 +162,8 @@ def report_cmd(
     timeline: Annotated[str | None, typer.Option(
         "--timeline", help="Plan whose timeline to draw: TOPOLOGY:CASE:METHOD, CASE:METHOD or METHOD; "
                            "parts may be empty (default: the primary topology's first pick).")] = None,
-    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the PNGs (summary.json always).")] = True,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots",
+                                        help="Write the PNGs (summary.json and README.md always).")] = True,
     json_out: JsonOpt = False,
 ) -> None:
     """Summarize a results folder (prediction error, regret, speedups, targets) and draw the

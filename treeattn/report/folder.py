@@ -159,7 +159,8 @@ def load_folder(path: str | Path) -> ResultsFolder:
         raise InputError(f"results folder {str(folder)!r} does not exist (make one with `treeattn validate --out`)")
     rows_path = folder / ROWS_FILE
     if not rows_path.is_file():
-        raise InputError(f"{folder} has no {ROWS_FILE}; is it a treeattn validate results folder?")
+        raise InputError(f"{folder} has no {ROWS_FILE}; report reads the folders treeattn validate writes (a run's "
+                         "rows are its own CSV, results/runs/RUN-ID.csv: README, 'Output files')")
     rows = _read_csv(rows_path, ROW_COLUMNS)
     if rows.empty:
         raise InputError(f"{rows_path} holds no rows")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from treeattn.errors import InputError
 from treeattn.report.folder import SUMMARY_FILE, ResultsFolder, load_folder
 from treeattn.report.plots import choose_timeline, plot_scatter, plot_speedups, plot_timeline
 from treeattn.report.summary import BOOTSTRAP, TARGETS, summarize, summary_json
@@ -47,6 +48,7 @@ def render_folder(path: str | Path, *, topology: str | None = None, case: str | 
         InputError: the folder is missing, malformed, or has no such timeline.
     """
     folder = load_folder(path)
+    _check_readme_is_ours(folder.path / README_FILE)
     summary = summarize(folder.rows, folder.meta)
     files = [folder.path / SUMMARY_FILE]
     write_file(files[0], summary_json(summary))
@@ -60,6 +62,24 @@ def render_folder(path: str | Path, *, topology: str | None = None, case: str | 
     files.append(folder.path / README_FILE)
     write_file(files[-1], readme(folder, summary, key))
     return Rendered(folder, summary, tuple(files), key)
+
+
+_README_HEAD = "# Validation results: "
+"""How the README.md ``readme`` writes begins: another there is someone's own, and kept."""
+
+
+def _check_readme_is_ours(path: Path) -> None:
+    """Refuse a folder whose README.md is not one ``readme`` wrote (before anything is written)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(_README_HEAD))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read it ({exc.strerror or exc}); report writes its summary there") from None
+    if head != _README_HEAD.encode():
+        raise InputError(f"{path} is not a README.md treeattn report wrote (it begins {head[:40]!r}); report writes "
+                         "its summary there: move that file, or render a copy of the folder")
 
 
 def _host_cpu(shares: dict | None) -> str:
@@ -95,7 +115,7 @@ def readme(folder: ResultsFolder, summary: dict, timeline: tuple[str, str, str] 
         Markdown text (deterministic for the same rows and metadata).
     """
     meta = folder.meta
-    lines = [f"# Validation results: {folder.path.name}", ""]
+    lines = [f"{_README_HEAD}{folder.path.name}", ""]
     command = meta.get("command") or "(not recorded: made through the Python API)"
     lines += ["Made by (from the repository root, as root: it emulates clusters on network namespaces):", "",
               f"    {command}", "", "and rendered by", "", f"    treeattn report {folder.path}", ""]
