@@ -109,6 +109,7 @@ def search_plan(topology: str | os.PathLike | Topology, workload_or_model: Paylo
         layout, root = parse_result(result, topo.num_ranks)
         fraction = options.get("mem_fraction", DEFAULT_MEM_FRACTION)
         check_kv_fits(workload, topo, fraction, option="mem_fraction")
+        _warn_uncalibrated(topo, topology)
         found = search(topo, workload, result=layout, root=root, **{k: options[k] for k in _SEARCH_OPTIONS
                                                                      if k in options})
         _warn_weights(workload, topo, fraction, found.candidates[0].peak_bytes)
@@ -251,7 +252,18 @@ def build_plan(topology: str | os.PathLike | Topology, workload_or_model: Payloa
         check_kv_fits(workload, topo, fraction, option="mem_fraction")
         plan, report = named_plan(topo, workload, algorithm, chunks, kw, fraction)
         _warn_weights(workload, topo, fraction, report["best"]["peak_bytes"])
+        _warn_uncalibrated(topo, topology)
     return _sourced(plan, topology, topo)
+
+
+def _warn_uncalibrated(topo: Topology, topology: str | os.PathLike | Topology) -> None:
+    """Warn where host ranks are predicted on figures not fitted to this machine, as ``treeattn
+    plan`` notes: which schedule measures fastest there can differ."""
+    if topo.on_hosts and not topo.calibrated:
+        from treeattn.cost.library import uncalibrated_note
+
+        spec = topo.name if isinstance(topology, Topology) else os.fspath(topology)
+        warnings.warn(uncalibrated_note(topo, spec), stacklevel=3)
 
 
 def _mem_fraction(options: dict[str, Any], fn: str) -> float:

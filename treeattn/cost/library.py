@@ -18,7 +18,7 @@ from treeattn.cost.nccl_p2p import WORLD
 from treeattn.plan.ir import COLLECTIVE_FORMS, Op, Plan, collective_row_bytes, element_bytes, element_dtype, widened
 from treeattn.topology.model import DeviceKind, Topology
 
-__all__ = ["LibraryModel", "alltoall_us", "last_landing_us", "link_rates_note"]
+__all__ = ["LibraryModel", "alltoall_us", "last_landing_us", "link_rates_note", "uncalibrated_note"]
 
 _A2A: dict[tuple[str, int], float] = {}
 
@@ -61,6 +61,16 @@ def link_rates_note(topo: Topology) -> str | None:
                 "NCCL's collectives read the measured rates too (docs/nccl-model.md)")
     return ("link rates: point-to-point at the rates calibration measured (else NCCL's);\n"
             "NCCL's collectives at the hardware ratings kept (rated_gbps; docs/nccl-model.md)")
+
+
+def uncalibrated_note(topo: Topology, spec: str) -> str:
+    """That ``topo``'s figures are not fitted to the machine (``spec``: how the user names it,
+    for the ``treeattn calibrate`` command that fits them)."""
+    import shlex
+
+    return (f"predictions use {topo.name!r} as shipped, not fitted to this machine (uncalibrated); "
+            f"`treeattn calibrate --topology {shlex.quote(spec)} --compute attention --out FILE` fits it, "
+            "then give FILE as the topology")
 
 
 def unknown_gpu_note(topo: Topology) -> str | None:

@@ -5,7 +5,6 @@ the topology's ring), on the plan's topology, so every measured row has its pred
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,9 +100,9 @@ def comparability(topo: Topology | None, spec: str, backend: str | None) -> tupl
                 "measured times are not comparable here; predict on this machine with --topology (a "
                 "`treeattn calibrate --out` file, or cpu:ranks=N)"], []
     if not topo.calibrated:
-        return [], [f"predictions use {topo.name!r} as shipped, not fitted to this machine (uncalibrated); "
-                    f"`treeattn calibrate --topology {shlex.quote(spec)} --compute attention --out FILE` fits it, "
-                    "then pass --topology FILE"]
+        from treeattn.cost.library import uncalibrated_note
+
+        return [], [uncalibrated_note(topo, spec)]
     return [], []
 
 
