@@ -365,8 +365,9 @@ def _workload(topo: Topology, workload_or_model: Payload | ModelPreset | str, ba
         return workload_or_model
     if not isinstance(workload_or_model, (ModelPreset, str)):
         raise InputError(f"{fn}: give a model preset's name ('llama-3.1-8b'; presets' shapes may be overridden: "
-                         "q_heads=, kv_heads=, head_dim=...), or your own model's shape as a treeattn.workload."
-                         f"Workload (Workload.create(...)); got {type(workload_or_model).__name__}")
+                         "q_heads=, kv_heads=, head_dim=...), your own model's shape as a treeattn.workload."
+                         "Workload (Workload.create(...)), or a treeattn.workload.RawPayload (a plain sum); got "
+                         f"{type(workload_or_model).__name__}")
     name = workload_or_model.name if isinstance(workload_or_model, ModelPreset) else workload_or_model
     check_model(name)
     if batch is None or seq_len is None:

@@ -9,11 +9,12 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import NoReturn
 
-__all__ = ["Signalled", "before_hard_exit", "exit_status", "forget", "hard_exit", "interrupts_raise", "raise_interrupt",
-           "shielded", "stopping_signals"]
+__all__ = ["Signalled", "before_hard_exit", "ended_if_stuck", "exit_status", "forget", "hard_exit", "interrupts_raise",
+           "raise_interrupt", "shielded", "stopping_signals"]
 
 _received: int | None = None
 """The last signal ``raise_interrupt`` turned into an interrupt (None: none since ``forget``)."""
@@ -27,10 +28,15 @@ class Signalled(KeyboardInterrupt):
         self.signum = int(signum)
 
 
+_handled = 0
+"""How many times ``raise_interrupt`` or ``shielded`` ran for a stopping signal (``ended_if_stuck``)."""
+
+
 def raise_interrupt(signum, frame) -> None:  # noqa: ANN001, ARG001 - signal handler signature
     """Signal handler: note the signal and raise ``Signalled`` (a KeyboardInterrupt)."""
-    global _received  # noqa: PLW0603 - the CLI reads it after typer has swallowed the exception
+    global _received, _handled  # noqa: PLW0603 - the CLI reads it after typer has swallowed the exception
     _received = int(signum)
+    _handled += 1
     raise Signalled(signum)
 
 
@@ -50,18 +56,18 @@ def exit_status(exc: BaseException | None = None) -> int:
 
 
 def stopping_signals(others: tuple[int, ...] = (signal.SIGTERM,)) -> tuple[int, ...]:
-    """``others`` and SIGHUP, unless SIGHUP is ignored (a process started by ``nohup``, which
-    must outlive its terminal): the signals a command turns into an interrupt."""
-    hup = () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)
-    return (*others, *hup)
+    """``others`` and SIGHUP, less those this process ignores: the signals a command turns into
+    an interrupt. An ignored one stays ignored: SIGHUP under ``nohup``, which must outlive its
+    terminal; SIGINT in a job a non-interactive shell started in the background, which the
+    shell keeps from the Ctrl-C meant for what runs in front."""
+    return tuple(s for s in (*others, signal.SIGHUP) if signal.getsignal(s) is not signal.SIG_IGN)
 
 
 @contextlib.contextmanager
 def interrupts_raise() -> Iterator[None]:
     """Turn SIGINT, SIGTERM and SIGHUP into KeyboardInterrupt while inside, so ``finally``
-    blocks run; does nothing outside the main thread. SIGINT too: a process started in the
-    background of a non-interactive shell inherits it ignored, and Python then leaves it so.
-    An ignored SIGHUP stays ignored: ``nohup`` asked for that (``stopping_signals``)."""
+    blocks run; does nothing outside the main thread. One the process ignores stays ignored
+    (``stopping_signals``): stop such a job with SIGTERM."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -90,9 +96,13 @@ def shielded() -> Iterator[None]:
     held: list[int] = []
 
     def hold(signum, frame) -> None:  # noqa: ANN001, ARG001 - signal handler signature
+        global _handled  # noqa: PLW0603
+        _handled += 1
         held.append(signum)
 
-    old = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    # An ignored signal stays ignored (nohup's SIGHUP): held, it would be raised to no one after.
+    old = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+           if signal.getsignal(s) is not signal.SIG_IGN}
     try:
         yield
     finally:
@@ -124,3 +134,60 @@ def hard_exit(status: int) -> NoReturn:
         with contextlib.suppress(Exception):
             cleanup()
     os._exit(status)
+
+
+STUCK_GRACE_S = 2.0
+"""How long a stopping signal may wait for the main thread to run its handler (``ended_if_stuck``)."""
+_STOPPING = frozenset((signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+
+
+@contextlib.contextmanager
+def ended_if_stuck(grace_s: float = STUCK_GRACE_S) -> Iterator[None]:
+    """While inside, a stopping signal (SIGINT, SIGTERM, SIGHUP) whose handler the main thread
+    has not run within ``grace_s`` ends the process: "aborted" on stderr, the cleanups of
+    ``before_hard_exit``, then status 128 + the signal. Python runs a handler between bytecodes
+    only, and a main thread waiting inside a C++ call (torch's store, gloo's connection of the
+    ranks, a collective) would otherwise keep a launcher's SIGTERM waiting for that call's
+    timeout: the deadline, minutes (the default action, before handlers were set, ended the
+    process at once, silently). The signal is seen at once through ``signal.set_wakeup_fd``,
+    by a thread. Does nothing outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    err = os.dup(2)  # stderr as it is now: a rank's set-up holds fd 2 (exec.launch)
+    previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        delivered = 0
+        while True:
+            try:
+                data = os.read(r, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            stopping = [b for b in data if b in _STOPPING]
+            if not stopping:
+                continue
+            delivered += len(stopping)
+            deadline = time.monotonic() + grace_s
+            while _handled < delivered and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if _handled < delivered:
+                with contextlib.suppress(OSError):
+                    os.write(err, b"aborted\n")
+                hard_exit(128 + stopping[0])
+            delivered = _handled  # signals that coalesced into one handler's run
+
+    watcher = threading.Thread(target=watch, name="treeattn-signals", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(w)  # the watcher reads the end and returns
+        watcher.join(grace_s + 1.0)
+        os.close(r)
+        os.close(err)

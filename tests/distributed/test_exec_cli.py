@@ -149,7 +149,7 @@ def test_wrong_result_is_reported_and_exits_1(tmp_path, monkeypatch):
     path = plan_file(tmp_path, build("star", W2, resolve("cpu:ranks=2")))
     wrong = Measurement("plan.yaml", "plan", "explicit", (10.0, 12.0), max_rel_err=0.3, tolerance=1e-5,
                         checked_ranks=(0,))
-    monkeypatch.setattr(launch_mod, "launch", lambda job, progress=None: JobResult((wrong,), "gloo", "cpu", 2))
+    monkeypatch.setattr(launch_mod, "launch", lambda job, **kw: JobResult((wrong,), "gloo", "cpu", 2))
     res = run_cli("run", str(path), "--out", str(tmp_path / "r.csv"))
     assert res.exit_code == 1
     assert "wrong result from plan (max relative error 0.3, tolerance 1e-05)" in res.stderr
@@ -252,7 +252,7 @@ def test_ranks_that_differ_by_design_are_a_note_and_others_a_warning(tmp_path, m
                            checked_ranks=(0,), same_bits=same_bits)
 
     got = (measured("plan", False), measured("allreduce3", False), measured("ring-attention", False))
-    monkeypatch.setattr(launch_mod, "launch", lambda job, progress=None: JobResult(got, "gloo", "cpu", 6))
+    monkeypatch.setattr(launch_mod, "launch", lambda job, **kw: JobResult(got, "gloo", "cpu", 6))
     res = run_cli("run", str(path), "--baselines", "--out", str(tmp_path / "r.csv"))
     assert res.exit_code == 0, res.stderr
     lines = res.stdout.splitlines()

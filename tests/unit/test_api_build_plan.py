@@ -149,3 +149,16 @@ def test_host_ranks_on_figures_not_fitted_here_are_noted(tmp_path):
     res = run_cli("plan", "-t", "cpu:ranks=2", "-m", "llama-3.2-1b", "-n", "1K", "-o", str(tmp_path / "p.yaml"))
     assert res.exit_code == 0 and res.stderr.startswith("note: predictions use 'cpu:ranks=2,cores=2' as shipped"), \
         res.stderr
+
+
+def test_no_model_is_told_what_to_give():
+    # Before: "unknown model None; choose one of ...", with no word of a Workload for one's own shape.
+    import pytest
+
+    from treeattn import search_plan
+    from treeattn.errors import InputError
+
+    with pytest.raises(InputError, match=r"^search_plan: give a model preset's name .* treeattn\.workload\.Workload "
+                                         r"\(Workload\.create\(\.\.\.\)\), or a treeattn\.workload\.RawPayload .*; "
+                                         r"got NoneType$"):
+        search_plan("cpu:ranks=2", None, q_heads=8)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from treeattn.errors import ExecutionError
 from treeattn.exec.launch import free_port
-from treeattn.exec.rendezvous import MIN_LEFT_S, hosts_store, join, reach_store, wait_joined
+from treeattn.exec.rendezvous import MIN_LEFT_S, agent_store, hosts_store, join, reach_store, wait_joined
 
 
 class _Clock:
@@ -112,33 +112,45 @@ def _server(world: int) -> dist.TCPStore:
                          timeout=datetime.timedelta(seconds=5))
 
 
-def test_ranks_that_never_joined_are_named_by_the_ranks_that_waited(monkeypatch):
-    # Before: torch's store on rank 0 said "1/4 clients joined", and no rank said which were missing.
-    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
-    store = _server(4)
+def test_ranks_that_never_joined_are_named_by_the_ranks_that_waited():
+    # Before: torch's store on rank 0 said "2/3 clients joined", and no rank said which was missing.
+    import threading
+
+    store = _server(3)
+    client = dist.TCPStore("127.0.0.1", store.port, 3, is_master=False, timeout=datetime.timedelta(seconds=5))
+    got = []
+
+    def rank1() -> None:  # waits longer than rank 0: it reads rank 0's verdict
+        try:
+            wait_joined(client, 1, 3, datetime.timedelta(seconds=20), 30, host=False)
+        except ExecutionError as exc:
+            got.append(str(exc))
+
+    t = threading.Thread(target=rank1)
+    t.start()
     with pytest.raises(ExecutionError) as caught:
-        wait_joined(store, 0, 4, datetime.timedelta(seconds=0.2), 30)
-    assert str(caught.value) == ("ranks 1-3 of 4 did not connect within the 30 s set-up deadline (rank 0 waited; a "
-                                 "rank that never connected hung, died or was not started; treeattn run takes a "
-                                 "longer deadline with --setup-timeout)")
+        wait_joined(store, 0, 3, datetime.timedelta(seconds=0.5), 30, host=True)
+    t.join(10)
+    said = ("rank 2 of 3 did not connect within the 30 s set-up deadline (rank {} waited; a rank that never connected "
+            "hung, died or was not started; treeattn run takes a longer deadline with --setup-timeout)")
+    assert str(caught.value) == said.format(0)
+    assert got == [said.format(1)]  # read before rank 0 ended (it waits for that), not "lost the store"
+
+
+def test_a_rank_whose_deadline_comes_first_names_the_missing_ranks_itself():
+    store = _server(4)
     client = dist.TCPStore("127.0.0.1", store.port, 4, is_master=False, timeout=datetime.timedelta(seconds=5))
-    with pytest.raises(ExecutionError, match=r"^ranks 2-3 of 4 did not connect .* \(rank 1 waited; "):
-        wait_joined(client, 1, 4, datetime.timedelta(seconds=0.2), 30)
-    with pytest.raises(ExecutionError, match=r"^rank 3 of 4 did not connect .* \(rank 2 waited; "):
-        wait_joined(client, 2, 4, datetime.timedelta(seconds=0.2), 30)
-    wait_joined(client, 3, 4, datetime.timedelta(seconds=0.2), 30)  # the last: every rank is there
+    wait = datetime.timedelta(seconds=0.2)
+    with pytest.raises(ExecutionError, match=r"^ranks 0-1, 3 of 4 did not connect .* \(rank 2 waited; "):
+        wait_joined(client, 2, 4, wait, 30, host=False)
+    for r in (0, 1, 3):
+        client.set(f"treeattn/setup/joined/{r}", b"1")
+    wait_joined(client, 2, 4, wait, 30, host=False)  # every rank there, rank 0 not yet done: the group's wait follows
 
 
-def test_an_earlier_attempts_marks_do_not_count(monkeypatch):
-    # torchrun's agent keeps its store across restarts of its workers
-    store = _server(2)
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    with pytest.raises(ExecutionError, match=r"^rank 0 of 2 did not connect"):
-        wait_joined(store, 1, 2, datetime.timedelta(seconds=0.1), 5)
-    wait_joined(store, 0, 2, datetime.timedelta(seconds=0.2), 5)
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    with pytest.raises(ExecutionError, match=r"^rank 1 of 2 did not connect within the 5 s"):
-        wait_joined(store, 0, 2, datetime.timedelta(seconds=0.2), 5)
+def test_under_torchruns_agent_no_rank_serves_the_store():
+    assert agent_store({"TORCHELASTIC_USE_AGENT_STORE": "True"}) and not agent_store({})
+    assert not hosts_store(0, {"TORCHELASTIC_USE_AGENT_STORE": "True"}) and hosts_store(0, {})
 
 
 def test_a_store_that_goes_away_while_the_ranks_meet_is_said():
@@ -147,4 +159,4 @@ def test_a_store_that_goes_away_while_the_ranks_meet_is_said():
     del store  # rank 0, which served it, died
     with pytest.raises(ExecutionError, match=r"^rank 2 lost the rendezvous store while the ranks connected \(.*\): "
                                              r"the rank that serves it, rank 0 or torchrun's agent, died or ended$"):
-        wait_joined(client, 2, 3, datetime.timedelta(seconds=2), 5)
+        wait_joined(client, 2, 3, datetime.timedelta(seconds=2), 5, host=False)

@@ -56,7 +56,7 @@ def test_a_signalled_run_exits_with_the_signals_status(tmp_path, monkeypatch, si
     path = tmp_path / "plan.yaml"
     save_plan(build("binomial", w, resolve("cpu:ranks=2")), path)
 
-    def launch(job, progress=None):  # noqa: ANN001, ANN202, ARG001 - launch's signature
+    def launch(job, progress=None, setup_watchdog=False):  # noqa: ANN001, ANN202, ARG001 - launch's signature
         launch_mod.raise_interrupt(sig, None)
 
     monkeypatch.setattr(launch_mod, "launch", launch)
@@ -118,3 +118,49 @@ def test_a_sighup_that_nohup_ignores_stays_ignored():
             signal.sigtimedwait([], 0.1)
     finally:
         signal.signal(signal.SIGHUP, before)
+
+
+_STUCK = """
+import datetime, os, sys, time
+import torch.distributed as dist
+from treeattn.interrupts import before_hard_exit, ended_if_stuck, interrupts_raise
+marker = sys.argv[1]
+store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+with ended_if_stuck(), interrupts_raise(), before_hard_exit(lambda: open(marker, "w").write("cleaned")):
+    print("waiting", flush=True)
+    try:
+        if sys.argv[2] == "store":
+            store.wait(["never"], datetime.timedelta(seconds=60))  # in C++: no handler runs meanwhile
+        else:
+            while True:
+                time.sleep(0.01)
+    except KeyboardInterrupt:
+        time.sleep(3)  # a cleanup longer than the grace: the handler ran, nothing cuts it short
+        print("unwound", flush=True)
+"""
+
+
+@pytest.mark.parametrize("where", ["store", "python"])
+def test_a_signal_ends_a_main_thread_stuck_in_torch_within_seconds(tmp_path, where):
+    # Before: a launched rank waiting in torch's store or gloo's set-up ran SIGTERM's handler
+    # only when that call returned, at the set-up deadline (minutes), and torchrun's agent
+    # killed it first, silently; the default action before handlers were set was immediate.
+    import subprocess
+    import sys
+    import time
+
+    marker = tmp_path / "marker"
+    proc = subprocess.Popen([sys.executable, "-c", _STUCK, str(marker), where], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "waiting\n"
+    time.sleep(0.3)
+    t = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    took = time.monotonic() - t
+    if where == "python":
+        assert (proc.returncode, out, took > 2.9) == (0, "unwound\n", True), err
+        assert not marker.exists()
+        return
+    assert (proc.returncode, out, err) == (143, "", "aborted\n") and took < 10, (took, err)
+    assert marker.read_text() == "cleaned"

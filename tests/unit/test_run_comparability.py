@@ -25,7 +25,7 @@ def said_before_launch(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """What stderr held when the ranks would have started."""
     seen: list[str] = []
 
-    def launch(job, progress=None):  # noqa: ANN001, ARG001
+    def launch(job, progress=None, setup_watchdog=False):  # noqa: ANN001, ARG001
         seen.append(cli.err_console.file.getvalue())
         sys.exit(0)
 

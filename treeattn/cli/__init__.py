@@ -241,8 +241,9 @@ def _run(command, args: list[str] | None) -> None:  # noqa: ANN001 - a click Gro
     try:
         # Every command: a signal that ends it (SIGTERM from torchrun's agent, srun, timeout)
         # unwinds it as Ctrl-C does, so its cleanup runs (a run's empty rows file removed) and
-        # it says so, with the signal's status.
-        with interrupts.interrupts_raise():
+        # it says so, with the signal's status; within seconds where torch's C++ holds the
+        # main thread (ended_if_stuck).
+        with interrupts.ended_if_stuck(), interrupts.interrupts_raise():
             rc = command(args=args, standalone_mode=False, prog_name="treeattn")
     except TreeattnError as exc:
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)

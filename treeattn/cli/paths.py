@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from treeattn.errors import InputError
+from treeattn.interrupts import before_hard_exit
 from treeattn.textfile import special_file
 
 __all__ = ["OUT_PATH", "TEXT_KINDS", "FolderPath", "appendable", "kept_on_success", "out_path", "output_file",
@@ -54,13 +55,18 @@ def kept_on_success() -> Iterator[None]:
     """Run a command; where it exits with an error, remove the folders it created that are
     still empty (what it wrote stays, and so do the folders that hold it)."""
     _CREATED.clear()
+
+    def remove_created() -> None:
+        for folder in reversed(_CREATED):
+            with contextlib.suppress(OSError):  # not empty, or gone
+                folder.rmdir()
+
     try:
-        yield
+        with before_hard_exit(remove_created):  # registered first, so run after the files' own cleanups
+            yield
     except BaseException as exc:
         if not isinstance(exc, SystemExit) or exc.code not in (0, None):
-            for folder in reversed(_CREATED):
-                with contextlib.suppress(OSError):  # not empty, or gone
-                    folder.rmdir()
+            remove_created()
         raise
     finally:
         _CREATED.clear()

@@ -129,7 +129,7 @@ def run(
                 err_console.print(f"[cyan]note:[/] {escape(text)}")
         label = plan_file.name
         with progress_reporter(progress if reporter else False, "measuring") as update:
-            result = launch(Job((planned,), options), progress=update)
+            result = launch(Job((planned,), options), progress=update, setup_watchdog=True)
         if result is None or not reporter:
             return
         kernels = sorted({m.kernel for m in result.measurements if m.kernel != "none"})

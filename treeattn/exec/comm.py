@@ -55,9 +55,9 @@ import torch.distributed as dist
 
 from treeattn.errors import ExecutionError
 from treeattn.exec.board import HostBoard, RankExited
-from treeattn.exec.deadline import Outstanding, wait_marks
+from treeattn.exec.deadline import LONGEST_TIMEOUT_S, Outstanding, wait_marks  # the first re-exported
 
-__all__ = ["CALLS_AHEAD", "EXTERNAL_EVENTS", "CommError", "Comm", "P2P", "BufferPool", "Mark",
+__all__ = ["CALLS_AHEAD", "LONGEST_TIMEOUT_S", "EXTERNAL_EVENTS", "CommError", "Comm", "P2P", "BufferPool", "Mark",
            "timing_event", "deadline_event", "distinct", "first_uses"]
 
 _PAIRS: dict[tuple[int, int], dist.ProcessGroup] = {}

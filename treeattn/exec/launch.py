@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from treeattn.errors import ExecutionError, InputError, TreeattnError
+from treeattn.exec import rendezvous
 from treeattn.exec.runner import Job, JobResult, Progress, memory_problem, pick_backend, placement_problem, run_rank
 from treeattn.exec.worker import PIDS_FILE, read_progress
 from treeattn.interrupts import hard_exit, raise_interrupt, shielded, stopping_signals
@@ -170,7 +171,8 @@ def _need(env, names: tuple[str, ...], who: str) -> None:  # noqa: ANN001 - a ma
                          "(e.g. MASTER_ADDR=$(hostname) MASTER_PORT=29500) before launching")
 
 
-def launch(job: Job, environ: dict[str, str] | None = None, progress: Progress | None = None) -> JobResult | None:
+def launch(job: Job, environ: dict[str, str] | None = None, progress: Progress | None = None,
+           setup_watchdog: bool = False) -> JobResult | None:
     """Run ``job`` on its ranks: in-process under torchrun/SLURM, else as local processes.
 
     Args:
@@ -179,6 +181,9 @@ def launch(job: Job, environ: dict[str, str] | None = None, progress: Progress |
         progress: ``progress(runs done, runs known, what)`` as rank 0 gets on (``run_rank``): in
             this process where it is rank 0, from rank 0's process every half second or so where
             the ranks are started here.
+        setup_watchdog: under torchrun or SLURM, end this process (``hard_exit``) where it is still
+            setting up ``SETUP_GRACE_S`` past the set-up deadline (``_RendezvousLog``): for a
+            command (``treeattn run``), not a program that calls this.
 
     Returns:
         The ``JobResult`` where this process is rank 0 (always for local launches), else None.
@@ -199,7 +204,7 @@ def launch(job: Job, environ: dict[str, str] | None = None, progress: Progress |
             # threads as the CPUs it may use, and the tasks of a node would contend for its
             # cores (5x slower on gloo here).
             torch.set_num_threads(slurm_threads(os.environ, len(os.sched_getaffinity(0))))
-    held = _RendezvousLog(placed.rank, job.options.setup_timeout_s)
+    held = _RendezvousLog(placed.rank, job.options.setup_timeout_s if setup_watchdog else None)
     try:
         return run_rank(job, placed.rank, placed.world, placed.local_rank, rendezvous=held, progress=progress)
     except TreeattnError as exc:
@@ -223,13 +228,13 @@ class _RendezvousLog:
     that cannot reach its master gets dozens of lines of C++ frames from torch's store there,
     before treeattn's one line; a local run keeps every rank's output in its folder instead.
 
-    And a watchdog: a rank still inside the group's creation ``SETUP_GRACE_S`` after its
-    ``setup_s`` deadline says so and ends (``hard_exit``, status 1). Gloo's connection of every
-    pair waits on a peer that died after the ranks met for several times the timeout it is
-    given (about 5x here: 310 s for 60), in C++, where no signal reaches Python; a local run's
-    launcher stops its ranks itself."""
+    And, given ``setup_s`` (None: none), a watchdog: a rank still inside the group's creation
+    ``SETUP_GRACE_S`` after its ``setup_s`` deadline says so and ends (``hard_exit``, status
+    1). Gloo's connection of every pair waits on a peer that died after the ranks met for
+    several times the timeout it is given (about 5x here: 310 s for 60), in C++, where no
+    signal reaches Python; a local run's launcher stops its ranks itself."""
 
-    def __init__(self, rank: int, setup_s: float) -> None:
+    def __init__(self, rank: int, setup_s: float | None) -> None:
         self.rank = rank
         self.setup_s = setup_s
         self.kept: str | None = None
@@ -241,15 +246,17 @@ class _RendezvousLog:
         self._held = tempfile.TemporaryFile()
         self._stderr = os.dup(2)
         os.dup2(self._held.fileno(), 2)
-        self._timer = threading.Timer(self.setup_s + SETUP_GRACE_S, self._abandon)
-        self._timer.daemon = True
-        self._timer.start()
+        self._timer = None if self.setup_s is None else threading.Timer(self.setup_s + SETUP_GRACE_S, self._abandon)
+        if self._timer is not None:
+            self._timer.daemon = True
+            self._timer.start()
         return self
 
     def __exit__(self, kind, exc, tb) -> None:  # noqa: ANN001 - the context protocol's
         with self._lock:  # once the watchdog has begun, it ends the process
             self._over = True
-        self._timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
         sys.stderr.flush()
         os.dup2(self._stderr, 2)
         os.close(self._stderr)
@@ -280,9 +287,9 @@ class _RendezvousLog:
             with contextlib.suppress(OSError):
                 self._keep()
             kept = f" (torch's log of it: {self.kept})" if self.kept else ""
-            line = (f"error: rank {self.rank}: the process group was not made within the {self.setup_s:g} s set-up "
-                    f"deadline and {SETUP_GRACE_S:g} s more: every rank had met, then one died or hung while the "
-                    f"backend connected every pair of them{kept}\n")
+            doing = rendezvous.stage or "setting up"
+            line = (f"error: rank {self.rank} was still {doing} {SETUP_GRACE_S:g} s past its {self.setup_s:g} s "
+                    f"set-up deadline (a peer, or the store's rank, died or hung meanwhile){kept}\n")
             with contextlib.suppress(OSError):
                 os.write(self._stderr, line.encode())
             hard_exit(1)

@@ -12,8 +12,9 @@ rank pointed at an address nobody serves waited about twice the deadline, or mor
 
 Rank 0, where it serves the store, does not wait in it for the others to connect (torch's
 store counts them, "3/4 clients joined", but cannot say which is missing): every rank writes
-its mark in the store and waits for every rank's, so a rank that never came is named
-(``wait_joined``), by every rank that did.
+its mark in the store, and rank 0 waits for every mark and then tells the others which ranks
+never came (``wait_joined``), so every rank that came names them. Not under torchrun's agent,
+whose store outlives a round of ranks and whose rendezvous started them all.
 
 A rank that does not host the store first waits, within the deadline, until something
 accepts TCP connections at ``MASTER_ADDR:MASTER_PORT`` (a bare connection, closed at once; the
@@ -26,8 +27,10 @@ the whole deadline, as they had: by then every rank has joined.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -36,7 +39,7 @@ import torch.distributed as dist
 
 from treeattn.errors import ExecutionError
 
-__all__ = ["join", "reach_store", "hosts_store", "wait_joined", "MIN_LEFT_S"]
+__all__ = ["join", "reach_store", "hosts_store", "agent_store", "wait_joined", "MIN_LEFT_S", "VERDICT_WAIT_S"]
 
 MIN_LEFT_S = 0.1
 """The least time a step is given once the store answered: torch's calls need a timeout above
@@ -49,8 +52,7 @@ _PROBE_S = (0.05, 1.0)
 def hosts_store(rank: int, environ: dict[str, str] | None = None) -> bool:
     """Whether this process serves the rendezvous store itself: rank 0, unless torchrun's agent
     serves it (``TORCHELASTIC_USE_AGENT_STORE``, read as ``torch.distributed.rendezvous`` does)."""
-    env = os.environ if environ is None else environ
-    return rank == 0 and env.get("TORCHELASTIC_USE_AGENT_STORE") != str(True)
+    return rank == 0 and not agent_store(environ)
 
 
 def reach_store(addr: str, port: int, rank: int, deadline: float, setup_s: float,
@@ -100,6 +102,8 @@ def join(backend: str, rank: int, world: int, setup_s: float, init: dict | None 
         return datetime.timedelta(seconds=max(MIN_LEFT_S, deadline - clock()))
 
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    global stage  # noqa: PLW0603 - read by the launcher's watchdog (exec.launch)
+    stage = "reaching the rendezvous store"
     if addr and port.isdigit() and hosts_store(rank):
         # torch's env:// rendezvous, but the server does not wait for the clients: wait_joined does
         use_libuv = os.environ.get("USE_LIBUV", "1") == "1"
@@ -110,50 +114,106 @@ def join(backend: str, rank: int, world: int, setup_s: float, init: dict | None 
             reach_store(addr, int(port), rank, deadline, setup_s, clock)
         store, rank, world = next(dist.rendezvous("env://", rank, world, timeout=left()))
     store.set_timeout(left())
-    wait_joined(store, rank, world, left(), setup_s)
+    if not agent_store():  # torchrun's agent started every rank of the round it serves already
+        stage = "waiting for every rank to reach the store"
+        wait_joined(store, rank, world, left(), setup_s, host=hosts_store(rank))
+    stage = "connecting the process group (the backend's connection of every pair of ranks)"
     # What init_process_group does with the store it makes (a prefix: the store may be shared).
     whole = datetime.timedelta(seconds=setup_s)
     # The group's timeout bounds gloo's connection of the ranks, and is later each collective's
     # (NCCL: its watchdog's); a torch that cannot set it again keeps the whole deadline here.
     restore = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
-    dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world,
-                            timeout=left() if restore else whole, **(init or {}))
+    try:
+        dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world,
+                                timeout=left() if restore else whole, **(init or {}))
+    except dist.DistNetworkError as exc:
+        raise ExecutionError(_lost_store(rank, exc)) from None
+    except dist.DistStoreError as exc:
+        # gloo waits for each rank's address under a key ending in that rank
+        late = re.search(r"keys: \S*/(\d+)\s*$", str(exc).strip())
+        if late is None:
+            raise
+        raise ExecutionError(
+            f"rank {late[1]} of {world} reached the store but did not open the process group within the "
+            f"{setup_s:g} s set-up deadline (rank {rank} waited; it died or hung after the ranks met)") from None
+    stage = ""
     store.set_timeout(whole)
     if restore:
         restore(whole)
 
 
-def _joined_key(rank: int) -> str:
-    # torchrun's agent keeps its store across restarts of the workers: a key of an earlier
-    # attempt must not count as this one's
-    return f"treeattn/setup/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/joined/{rank}"
+stage = ""
+"""The set-up step this process is in (``join``), for the launcher's watchdog; "" outside one."""
+
+_JOINED = "treeattn/setup/joined/{}"
+_VERDICT = "treeattn/setup/verdict"
+_SEEN = "treeattn/setup/seen/{}"
+VERDICT_WAIT_S = 2.0
+"""How long the store's rank waits, after its deadline, for the ranks that came to read which did not."""
 
 
-def wait_joined(store: dist.Store, rank: int, world: int, timeout: datetime.timedelta, setup_s: float) -> None:
-    """Mark ``rank`` as connected in ``store`` and wait, within ``timeout``, until every rank
-    of ``world`` has; else raise ``ExecutionError`` naming the ranks that have not (one line).
-    ``setup_s`` is the whole deadline's length, for the message."""
+def agent_store(environ: dict[str, str] | None = None) -> bool:
+    """Whether torchrun's agent serves the store (``TORCHELASTIC_USE_AGENT_STORE``, read as
+    ``torch.distributed.rendezvous`` does): it outlives a round of ranks, and started them all."""
+    env = os.environ if environ is None else environ
+    return env.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+
+
+def wait_joined(store: dist.Store, rank: int, world: int, timeout: datetime.timedelta, setup_s: float,
+                host: bool) -> None:
+    """Mark ``rank`` as come in ``store`` and wait, within ``timeout``, until every rank of
+    ``world`` has; else raise ``ExecutionError`` naming the ranks that have not (one line).
+
+    The rank that serves the store (``host``) waits for every mark, then writes its verdict (""
+    or the missing ranks); the others wait for the verdict. At its deadline the host waits up to
+    ``VERDICT_WAIT_S`` more for the ranks that came to read it: once it has ended, its store is
+    gone. A rank whose own deadline comes first names the missing ranks itself. ``setup_s`` is
+    the whole deadline's length, for the message."""
     try:
-        store.set(_joined_key(rank), b"1")
-        store.wait([_joined_key(r) for r in range(world)], timeout)
-        return
-    except (RuntimeError, dist.DistError) as exc:  # DistStoreError (timeout), DistNetworkError (store gone)
-        failure = exc
-    try:
-        missing = [r for r in range(world) if not store.check([_joined_key(r)])]
-    except (RuntimeError, dist.DistError):
-        missing = None
-    if missing is None:
-        raise ExecutionError(
-            f"rank {rank} lost the rendezvous store while the ranks connected ({_first_line(failure)}): the rank "
-            "that serves it, rank 0 or torchrun's agent, died or ended") from None
-    if not missing:  # every rank came just as the wait ended
-        return
+        store.set(_JOINED.format(rank), b"1")
+        if not host:
+            try:
+                store.wait([_VERDICT], timeout)
+            except dist.DistStoreError:  # its deadline came first: the store's rank still waits
+                missing = _missing(store, world)
+                if missing:
+                    raise ExecutionError(_not_joined(missing, world, rank, setup_s)) from None
+                return
+            verdict = store.get(_VERDICT).decode()
+            if verdict:
+                store.set(_SEEN.format(rank), b"1")
+                raise ExecutionError(_not_joined([int(r) for r in verdict.split(",")], world, rank, setup_s))
+            return
+        try:
+            store.wait([_JOINED.format(r) for r in range(world)], timeout)
+            missing = []
+        except dist.DistStoreError:
+            missing = _missing(store, world)
+        store.set(_VERDICT, ",".join(map(str, missing)).encode())
+        if missing:
+            came = [_SEEN.format(r) for r in range(world) if r not in missing and r != rank]
+            with contextlib.suppress(dist.DistError):
+                if came:
+                    store.wait(came, datetime.timedelta(seconds=VERDICT_WAIT_S))
+            raise ExecutionError(_not_joined(missing, world, rank, setup_s))
+    except dist.DistNetworkError as exc:
+        raise ExecutionError(_lost_store(rank, exc)) from None
+
+
+def _missing(store: dist.Store, world: int) -> list[int]:
+    return [r for r in range(world) if not store.check([_JOINED.format(r)])]
+
+
+def _not_joined(missing: list[int], world: int, rank: int, setup_s: float) -> str:
     which = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {_ranges(missing)}"
-    raise ExecutionError(
-        f"{which} of {world} did not connect within the {setup_s:g} s set-up deadline (rank {rank} waited; a rank "
-        "that never connected hung, died or was not started; treeattn run takes a longer deadline with "
-        "--setup-timeout)") from None
+    return (f"{which} of {world} did not connect within the {setup_s:g} s set-up deadline (rank {rank} waited; a "
+            "rank that never connected hung, died or was not started; treeattn run takes a longer deadline with "
+            "--setup-timeout)")
+
+
+def _lost_store(rank: int, exc: BaseException) -> str:
+    return (f"rank {rank} lost the rendezvous store while the ranks connected ({_first_line(exc)}): the rank that "
+            "serves it, rank 0 or torchrun's agent, died or ended")
 
 
 def _first_line(exc: BaseException) -> str:
