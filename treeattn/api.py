@@ -252,13 +252,13 @@ def build_plan(topology: str | os.PathLike | Topology, workload_or_model: Payloa
         check_kv_fits(workload, topo, fraction, option="mem_fraction")
         plan, report = named_plan(topo, workload, algorithm, chunks, kw, fraction)
         _warn_weights(workload, topo, fraction, report["best"]["peak_bytes"])
-        _warn_uncalibrated(topo, topology)
     return _sourced(plan, topology, topo)
 
 
 def _warn_uncalibrated(topo: Topology, topology: str | os.PathLike | Topology) -> None:
-    """Warn where host ranks are predicted on figures not fitted to this machine, as ``treeattn
-    plan`` notes: which schedule measures fastest there can differ."""
+    """Warn where a search ranks schedules for host ranks on figures not fitted to this machine,
+    as ``treeattn plan`` notes: which measures fastest there can differ. (``build_plan`` is
+    given its algorithm: an example that builds one to check results need not hear it.)"""
     if topo.on_hosts and not topo.calibrated:
         from treeattn.cost.library import uncalibrated_note
 
