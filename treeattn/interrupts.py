@@ -28,15 +28,16 @@ class Signalled(KeyboardInterrupt):
         self.signum = int(signum)
 
 
-_handled = 0
-"""How many times ``raise_interrupt`` or ``shielded`` ran for a stopping signal (``ended_if_stuck``)."""
+_handled_at = float("-inf")
+"""When (``time.monotonic``) ``raise_interrupt`` or ``shielded`` last ran for a stopping signal
+(``ended_if_stuck``)."""
 
 
 def raise_interrupt(signum, frame) -> None:  # noqa: ANN001, ARG001 - signal handler signature
     """Signal handler: note the signal and raise ``Signalled`` (a KeyboardInterrupt)."""
-    global _received, _handled  # noqa: PLW0603 - the CLI reads it after typer has swallowed the exception
+    global _received, _handled_at  # noqa: PLW0603 - the CLI reads it after typer has swallowed the exception
     _received = int(signum)
-    _handled += 1
+    _handled_at = time.monotonic()
     raise Signalled(signum)
 
 
@@ -96,8 +97,8 @@ def shielded() -> Iterator[None]:
     held: list[int] = []
 
     def hold(signum, frame) -> None:  # noqa: ANN001, ARG001 - signal handler signature
-        global _handled  # noqa: PLW0603
-        _handled += 1
+        global _handled_at  # noqa: PLW0603
+        _handled_at = time.monotonic()
         held.append(signum)
 
     # An ignored signal stays ignored (nohup's SIGHUP): held, it would be raised to no one after.
@@ -136,6 +137,23 @@ def hard_exit(status: int) -> NoReturn:
     os._exit(status)
 
 
+def _drained(fd: int) -> bool:
+    """Read ``fd`` empty without waiting; False where it has ended (its writer closed)."""
+    os.set_blocking(fd, False)
+    try:
+        while True:
+            try:
+                if not os.read(fd, 64):
+                    return False
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+    finally:
+        with contextlib.suppress(OSError):
+            os.set_blocking(fd, True)
+
+
 STUCK_GRACE_S = 2.0
 """How long a stopping signal may wait for the main thread to run its handler (``ended_if_stuck``)."""
 _STOPPING = frozenset((signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
@@ -160,8 +178,9 @@ def ended_if_stuck(grace_s: float = STUCK_GRACE_S) -> Iterator[None]:
     previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
 
     def watch() -> None:
-        delivered = 0
         while True:
+            # A signal read now came after this instant, and so does its handler's run.
+            ready = time.monotonic()
             try:
                 data = os.read(r, 64)
             except OSError:
@@ -171,15 +190,17 @@ def ended_if_stuck(grace_s: float = STUCK_GRACE_S) -> Iterator[None]:
             stopping = [b for b in data if b in _STOPPING]
             if not stopping:
                 continue
-            delivered += len(stopping)
             deadline = time.monotonic() + grace_s
-            while _handled < delivered and time.monotonic() < deadline:
+            while _handled_at < ready and time.monotonic() < deadline:
                 time.sleep(0.02)
-            if _handled < delivered:
+            if _handled_at < ready:
                 with contextlib.suppress(OSError):
                     os.write(err, b"aborted\n")
                 hard_exit(128 + stopping[0])
-            delivered = _handled  # signals that coalesced into one handler's run
+            # Signals that came while the main thread was busy in C ran one handler between them:
+            # their bytes, there now, are that run's.
+            if not _drained(r):
+                return
 
     watcher = threading.Thread(target=watch, name="treeattn-signals", daemon=True)
     watcher.start()

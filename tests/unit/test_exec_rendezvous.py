@@ -160,3 +160,16 @@ def test_a_store_that_goes_away_while_the_ranks_meet_is_said():
     with pytest.raises(ExecutionError, match=r"^rank 2 lost the rendezvous store while the ranks connected \(.*\): "
                                              r"the rank that serves it, rank 0 or torchrun's agent, died or ended$"):
         wait_joined(client, 2, 3, datetime.timedelta(seconds=2), 5, host=False)
+
+
+def test_a_rank_that_comes_after_rank_0_gave_up_says_so():
+    # A review: it said itself "did not connect", though it waited in the store.
+    store = _server(3)
+    with pytest.raises(ExecutionError, match=r"^ranks 1-2 of 3 did not connect "):
+        wait_joined(store, 0, 3, datetime.timedelta(seconds=0.2), 10, host=True)
+    client = dist.TCPStore("127.0.0.1", store.port, 3, is_master=False, timeout=datetime.timedelta(seconds=5))
+    with pytest.raises(ExecutionError) as caught:
+        wait_joined(client, 2, 3, datetime.timedelta(seconds=2), 10, host=False)
+    assert str(caught.value) == ("rank 2 reached the store after rank 0's set-up deadline had passed (10 s; rank 0 "
+                                 "gave up on 1): start every rank within the deadline, or give a longer one with "
+                                 "--setup-timeout")

@@ -208,8 +208,12 @@ def launch(job: Job, environ: dict[str, str] | None = None, progress: Progress |
     try:
         return run_rank(job, placed.rank, placed.world, placed.local_rank, rendezvous=held, progress=progress)
     except TreeattnError as exc:
+        # set-up's errors in treeattn's words; where they name the ranks that never came, torch's
+        # log holds only its store's timeouts
+        if held.kept and isinstance(exc, ExecutionError) and not _NOT_JOINED.match(str(exc)):
+            exc = ExecutionError(f"{exc} (torch's log of it: {held.kept})")
         exc.exit_now = dist.is_initialized()  # run_rank tears the group down on success only
-        raise
+        raise exc from None
     except Exception as exc:  # noqa: BLE001 - torch's own (store, socket) errors: one line, not a traceback
         kept = f" (torch's log of it: {held.kept})" if held.kept else ""
         error = ExecutionError(_in_process_failure(placed.rank, exc) + kept)

@@ -127,7 +127,11 @@ def join(backend: str, rank: int, world: int, setup_s: float, init: dict | None 
         dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world,
                                 timeout=left() if restore else whole, **(init or {}))
     except dist.DistNetworkError as exc:
-        raise ExecutionError(_lost_store(rank, exc)) from None
+        # rank 0 may have given up on another rank at its own deadline and ended, its store with it
+        raise ExecutionError(
+            f"rank {rank} lost the rendezvous store while the process group connected ({_first_line(exc)}): the "
+            "rank that serves it, rank 0 or torchrun's agent, ended, having given up on another rank at its "
+            "set-up deadline (its error names that rank) or died") from None
     except dist.DistStoreError as exc:
         # gloo waits for each rank's address under a key ending in that rank
         late = re.search(r"keys: \S*/(\d+)\s*$", str(exc).strip())
@@ -182,7 +186,14 @@ def wait_joined(store: dist.Store, rank: int, world: int, timeout: datetime.time
             verdict = store.get(_VERDICT).decode()
             if verdict:
                 store.set(_SEEN.format(rank), b"1")
-                raise ExecutionError(_not_joined([int(r) for r in verdict.split(",")], world, rank, setup_s))
+                missing = [int(r) for r in verdict.split(",")]
+                if rank in missing:  # came while rank 0 waited for the others to read its verdict
+                    others = [r for r in missing if r != rank]
+                    raise ExecutionError(
+                        f"rank {rank} reached the store after rank 0's set-up deadline had passed ({setup_s:g} s; "
+                        f"rank 0 gave up{' on ' + _ranges(others) if others else ''}): start every rank within "
+                        "the deadline, or give a longer one with --setup-timeout")
+                raise ExecutionError(_not_joined(missing, world, rank, setup_s))
             return
         try:
             store.wait([_JOINED.format(r) for r in range(world)], timeout)
