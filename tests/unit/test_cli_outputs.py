@@ -241,7 +241,11 @@ def test_a_link_to_a_pipe_is_written_as_named(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "treeattn", "plan", "-t", "cpu:ranks=2", *SHAPE, "-o", "/dev/stdout",
                           "--json"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith("# treeattn plan") and '"plan_path": "/dev/stdout"' in res.stdout
+    # stdout carries the plan alone (`| treeattn verify /dev/stdin`); the command's own output goes to stderr
+    assert res.stdout.startswith("# treeattn plan") and '"plan_path": "/dev/stdout"' in res.stderr
+    check = subprocess.run([sys.executable, "-m", "treeattn", "verify", "/dev/stdin"], input=res.stdout,
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert check.returncode == 0 and check.stdout.startswith("/dev/stdin: valid "), check.stderr
     fifo = tmp_path / "plan.fifo"
     os.mkfifo(fifo)
     link = tmp_path / "out"

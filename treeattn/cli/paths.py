@@ -163,7 +163,21 @@ def output_file(path: Path, flag: str, default_name: str, *, suffix: str | None 
     except OSError as exc:  # a name the system cannot look up (too long, say)
         raise InputError(f"{flag} {str(given)!r}: {exc.strerror or exc}") from None
     appendable(out, flag)
+    if _is_stdout(out):
+        # `plan -o /dev/stdout | treeattn verify /dev/stdin`: the file is what stdout carries, and
+        # the command's own table, lines and --json go to stderr (main() puts stdout back after).
+        import sys
+
+        sys.stdout = sys.stderr
     return out
+
+
+def _is_stdout(path: Path) -> bool:
+    """Whether ``path`` is the file this process's standard output writes to."""
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(1))
+    except (OSError, ValueError):
+        return False
 
 
 def appendable(file: Path, flag: str) -> None:
