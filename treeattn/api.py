@@ -259,11 +259,11 @@ def _warn_uncalibrated(topo: Topology, topology: str | os.PathLike | Topology) -
     """Warn where a search ranks schedules for host ranks on figures not fitted to this machine,
     as ``treeattn plan`` notes: which measures fastest there can differ. (``build_plan`` is
     given its algorithm: an example that builds one to check results need not hear it.)"""
-    if topo.on_hosts and not topo.calibrated:
-        from treeattn.cost.library import uncalibrated_note
+    from treeattn.cost.library import host_search_note
 
-        spec = topo.name if isinstance(topology, Topology) else os.fspath(topology)
-        warnings.warn(uncalibrated_note(topo, spec), stacklevel=3)
+    spec = topo.name if isinstance(topology, Topology) else os.fspath(topology)
+    if note := host_search_note(topo, spec):
+        warnings.warn(note, stacklevel=3)
 
 
 def _mem_fraction(options: dict[str, Any], fn: str) -> float:

@@ -102,8 +102,7 @@ def shielded() -> Iterator[None]:
         held.append(signum)
 
     # An ignored signal stays ignored (nohup's SIGHUP): held, it would be raised to no one after.
-    old = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-           if signal.getsignal(s) is not signal.SIG_IGN}
+    old = {s: signal.signal(s, hold) for s in stopping_signals((signal.SIGINT, signal.SIGTERM))}
     try:
         yield
     finally:

@@ -23,6 +23,7 @@ import contextlib
 import os
 import re
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -166,8 +167,6 @@ def output_file(path: Path, flag: str, default_name: str, *, suffix: str | None 
     if _is_stdout(out):
         # `plan -o /dev/stdout | treeattn verify /dev/stdin`: the file is what stdout carries, and
         # the command's own table, lines and --json go to stderr (main() puts stdout back after).
-        import sys
-
         sys.stdout = sys.stderr
     return out
 

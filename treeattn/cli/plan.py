@@ -252,7 +252,7 @@ def plan_cmd(
                  "--group-size": group_size, "--order": order,
                  "--parents": parents, "--roots": roots, "--trees": trees, "--shape": shape, "--intra": intra,
                  "--inter": inter, "--whole-rows": True if whole_rows else None}
-    from treeattn.cost.library import link_rates_note, uncalibrated_note
+    from treeattn.cost.library import host_search_note, link_rates_note
     from treeattn.cost.memory import check_kv_fits, unknown_memory_note, weights_note
     from treeattn.plan.baselines import parse_result
 
@@ -277,9 +277,8 @@ def plan_cmd(
         note_attention(topo, payload)
         if note := unknown_memory_note(payload, topo):
             typer.echo(f"note: {note}", err=True)
-        if topo.on_hosts and not topo.calibrated:
-            # host ranks' figures are this project's machine's: which schedule is fastest on another can differ
-            typer.echo(f"note: {uncalibrated_note(topo, topology)}", err=True)
+        if note := host_search_note(topo, topology):
+            typer.echo(f"note: {note}", err=True)
 
     started = time.perf_counter()
     if algorithm is None:

@@ -12,13 +12,16 @@ all-reduce of the whole buffer). Every call is floored at what the cut bounds al
 
 from __future__ import annotations
 
+import shlex
+
 from treeattn.cost import gloo, nccl, nccl_fabric, nccl_tuning
 from treeattn.cost.bounds import CutModel
 from treeattn.cost.nccl_p2p import WORLD
 from treeattn.plan.ir import COLLECTIVE_FORMS, Op, Plan, collective_row_bytes, element_bytes, element_dtype, widened
 from treeattn.topology.model import DeviceKind, Topology
 
-__all__ = ["LibraryModel", "alltoall_us", "last_landing_us", "link_rates_note", "uncalibrated_note"]
+__all__ = ["LibraryModel", "alltoall_us", "last_landing_us", "link_rates_note", "uncalibrated_note",
+           "host_search_note"]
 
 _A2A: dict[tuple[str, int], float] = {}
 
@@ -66,11 +69,16 @@ def link_rates_note(topo: Topology) -> str | None:
 def uncalibrated_note(topo: Topology, spec: str) -> str:
     """That ``topo``'s figures are not fitted to the machine (``spec``: how the user names it,
     for the ``treeattn calibrate`` command that fits them)."""
-    import shlex
-
     return (f"predictions use {topo.name!r} as shipped, not fitted to this machine (uncalibrated); "
             f"`treeattn calibrate --topology {shlex.quote(spec)} --compute attention --out FILE` fits it, "
             "then give FILE as the topology")
+
+
+def host_search_note(topo: Topology, spec: str) -> str | None:
+    """``uncalibrated_note`` where a search ranks schedules for host ranks on figures not fitted
+    to this machine (which measures fastest there can differ); None elsewhere (GPU figures are
+    the hardware's by design, a calibrated file is this machine's)."""
+    return uncalibrated_note(topo, spec) if topo.on_hosts and not topo.calibrated else None
 
 
 def unknown_gpu_note(topo: Topology) -> str | None:

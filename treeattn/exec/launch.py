@@ -304,13 +304,8 @@ def _in_process_failure(rank: int, exc: Exception) -> str:
     text = str(exc).strip()
     if "connectFullMesh" in text:  # a peer gone between the ranks' meeting and their connection
         return (f"rank {rank} could not connect to every other rank while the process group was made (a rank died "
-                f"or hung after the ranks met): gloo: {_first_line(text)}")
-    return f"rank {rank} failed: {type(exc).__name__}: {_first_line(text)}"
-
-
-def _first_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[0] if lines else ""
+                f"or hung after the ranks met): gloo: {rendezvous.first_line(text)}")
+    return f"rank {rank} failed: {type(exc).__name__}: {rendezvous.first_line(text)}"
 
 
 def free_port() -> int:
@@ -579,7 +574,7 @@ def rank_failure(
     if _NOT_JOINED.match(message):  # names the ranks that never came, not the one that waited
         what = message
     elif first in reports:  # its first line: torch's messages run on with C++ frames (in the rank's log)
-        what = f"rank {first} failed: {_first_line(reports[first]['message'])}"
+        what = f"rank {first} failed: {rendezvous.first_line(reports[first]['message'])}"
     elif codes[first] < 0:
         what = f"rank {first} was killed by signal {-codes[first]}{log_tail(first)}"
     else:

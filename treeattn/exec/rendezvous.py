@@ -39,7 +39,8 @@ import torch.distributed as dist
 
 from treeattn.errors import ExecutionError
 
-__all__ = ["join", "reach_store", "hosts_store", "agent_store", "wait_joined", "MIN_LEFT_S", "VERDICT_WAIT_S"]
+__all__ = ["join", "reach_store", "hosts_store", "agent_store", "wait_joined", "first_line", "MIN_LEFT_S",
+           "VERDICT_WAIT_S"]
 
 MIN_LEFT_S = 0.1
 """The least time a step is given once the store answered: torch's calls need a timeout above
@@ -129,7 +130,7 @@ def join(backend: str, rank: int, world: int, setup_s: float, init: dict | None 
     except dist.DistNetworkError as exc:
         # rank 0 may have given up on another rank at its own deadline and ended, its store with it
         raise ExecutionError(
-            f"rank {rank} lost the rendezvous store while the process group connected ({_first_line(exc)}): the "
+            f"rank {rank} lost the rendezvous store while the process group connected ({first_line(str(exc))}): the "
             "rank that serves it, rank 0 or torchrun's agent, ended, having given up on another rank at its "
             "set-up deadline (its error names that rank) or died") from None
     except dist.DistStoreError as exc:
@@ -223,13 +224,14 @@ def _not_joined(missing: list[int], world: int, rank: int, setup_s: float) -> st
 
 
 def _lost_store(rank: int, exc: BaseException) -> str:
-    return (f"rank {rank} lost the rendezvous store while the ranks connected ({_first_line(exc)}): the rank that "
+    return (f"rank {rank} lost the rendezvous store while the ranks connected ({first_line(str(exc))}): the rank that "
             "serves it, rank 0 or torchrun's agent, died or ended")
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__
+def first_line(text: str) -> str:
+    """The first non-blank line of ``text`` (torch's messages can run on with C++ frames)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[0] if lines else ""
 
 
 def _ranges(ranks: list[int]) -> str:
