@@ -630,3 +630,27 @@ def test_rccl_runs_ll128_by_default_on_gfx90a_only_up_to_2_21_5():
     assert pick(nccl_release("2.22.3")) == "ring/LL128"  # later releases: not followed, NCCL's rule
     assert pick(old, {"NCCL_PROTO": "LL128"}) == "ring/LL128"
     assert not nccl.topo_rccl_without_ll128(fabric(resolve("dgx-h100")), None)  # NVIDIA: NCCL's rule
+
+
+
+def test_rccl_rings_on_one_xgmi_node_move_their_measured_share_of_rccls_rating():
+    # RCCL rates a gfx942 xGMI link at 48 GB/s (topo.h GFX94X_XGMI_WIDTH): 7 x 48 = 336 for the
+    # ring; the corpus's one-node MI300X/MI325X rings run 313-317 (RCCL_XGMI_ACHIEVED 0.94).
+    import dataclasses
+
+    from treeattn.cost.nccl_fabric import fabric
+
+    def ring_simple(fab, proto=nccl.Protocol.SIMPLE):
+        ests = nccl.predict(fab, "allreduce", 8 << 30)
+        return next(e for e in ests if e.algorithm is nccl.Algorithm.RING and e.protocol is proto)
+
+    one = fabric(resolve("mi300x-8"))
+    share = nccl_tuning.RCCL_XGMI_ACHIEVED
+    assert one.bus_bw_gbps == pytest.approx(336.0) and share == pytest.approx(0.94)
+    # the latency (56 us) is a thousandth of 8 GiB's 45 ms
+    assert ring_simple(one).busbw_gbps == pytest.approx(336.0 * share, rel=0.002)
+    assert ring_simple(one, nccl.Protocol.LL128).busbw_gbps == pytest.approx(336.0 * share * 0.92, rel=0.002)
+    # MI200 parts (gfx90a), outside the data, keep RCCL's rating; so do rings across nodes
+    assert ring_simple(dataclasses.replace(one, gfx90a=True)).busbw_gbps == pytest.approx(336.0, rel=0.002)
+    two = fabric(resolve("mi300x:nodes=2"))
+    assert ring_simple(two).time_us == pytest.approx(ring_simple(dataclasses.replace(two, gfx90a=True)).time_us)

@@ -62,7 +62,9 @@ the hosts' CPU (NCCL's rows: AMD hosts 22.5 / 19, others 39 / 20.4 GB/s on 2 / m
 
 Achieved (``time_us``): NCCL's formulas without the post overhead, and across nodes each
 protocol moves the network at ``NET_ACHIEVED`` of NCCL's figure (Simple 0.94: the 46-48 GB/s
-NCCL's maintainers quote for a 400 Gb/s NIC; LL128 0.6, measured on the corpus). On Ampere
+NCCL's maintainers quote for a 400 Gb/s NIC; LL128 0.6, measured on the corpus); on one node
+of MI300X/MI325X RCCL's rings move ``RCCL_XGMI_ACHIEVED`` (0.94, measured) of RCCL's xGMI
+rating. On Ampere
 each channel a call runs on beyond its first adds ``AMPERE_CHANNEL_US`` (fitted on published
 A100 tables; NCCL's estimate does not see it). A one-node NVLink ring all-reduce, all-gather or
 reduce-scatter with Simple ends ``ring_step_tail_us`` late (``RING_STEP_TAIL_US``: about 0.4
@@ -127,6 +129,7 @@ from treeattn.cost.nccl_tuning import (
     AMPERE_CHANNEL_US,
     NET_ACHIEVED,
     OLD_LATENCY_BEFORE,
+    RCCL_XGMI_ACHIEVED,
     RING_STEP_TAIL_POWER,
     RING_STEP_TAIL_US,
     Algorithm,
@@ -243,8 +246,12 @@ def chain_call_latency_us(fab: NcclFabric, algo: Algorithm, protocol: Protocol) 
 
 
 def _achieved(fab: NcclFabric, p: int) -> NcclFabric:
-    """The fabric as a protocol drives it across nodes: the network at ``NET_ACHIEVED`` of
-    NCCL's figure (see the module docstring)."""
+    """The fabric as a protocol drives it: across nodes the network at ``NET_ACHIEVED`` of
+    NCCL's figure, on one node of AMD GPUs (gfx942) RCCL's xGMI at ``RCCL_XGMI_ACHIEVED`` of
+    RCCL's (see the module docstring)."""
+    if fab.nodes == 1 and fab.rccl and not fab.gfx90a and fab.intra_hw == "nvlink":
+        return dataclasses.replace(fab, intra_bw_gbps=fab.intra_bw_gbps * RCCL_XGMI_ACHIEVED,
+                                   tree_intra_bw_gbps=fab.tree_intra_bw_gbps * RCCL_XGMI_ACHIEVED)
     if fab.nodes == 1 or not math.isfinite(fab.inter_bw_gbps):
         return fab
     return dataclasses.replace(fab, inter_bw_gbps=fab.inter_bw_gbps * NET_ACHIEVED[_PROTOS[p]])

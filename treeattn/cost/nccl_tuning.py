@@ -139,6 +139,16 @@ _PER_CH_TREE_LL128 = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3, "hopper": (36
 # (nccl-tests issues 290 and 319); LL128 0.6, measured on the corpus's multi-node rows
 # (results/published, docs/nccl-model.md); LL is capped by llMaxBw long before the network.
 NET_ACHIEVED = {Protocol.LL: 1.0, Protocol.LL128: 0.6, Protocol.SIMPLE: 0.94}
+RCCL_XGMI_ACHIEVED = 0.94
+"""What RCCL's ring moves on one node of AMD GPUs joined by xGMI, as a share of RCCL's rating
+of the links (``GFX94X_XGMI_WIDTH`` 48 GB/s a link, ``src/graph/topo.h``): every RCCL source of
+the corpus runs its 8-GPU rings at 0.94 of it from 32 MiB to 16 GiB (ring bus bandwidth 313-317
+GB/s for 7 x 48), with Simple and with LL128 (which takes 0.92 of that again): median 0.941 over
+44 rows of 4 sources, 0.930-0.946 by source, each source's rows predicted by the others' median
+within 1.2 % (results/published/README.md). RCCL's ring set for these nodes (``rome_model_79``'s
+14 rings) loads every directed link equally (2 rings each), so the share is the links', not an
+uneven ring. MI300X and MI325X (gfx942) only; not across nodes, where the corpus's MI325X rings
+run faster than one node's (346 GB/s on two nodes) and the intra-node figure does not bind."""
 AMPERE_CHANNEL_US = 1.52
 """What each channel a call runs on beyond its first adds to the call on Ampere GPUs (us),
 whatever the protocol and size: a per-call figure fitted on one source and one NCCL release,
@@ -170,7 +180,7 @@ size adds runs 1-30 % above the large-size rate from 32 MiB to 1 GiB and falls s
 (xxrjun's 4 H100s' reduce-scatter: 1.30 at 64 MiB, 1.16 at 512 MiB, 1.06 at 4 GiB, 1.03 at
 16 GiB), more for all-gather and reduce-scatter than all-reduce and for 4 GPUs than 8, as a
 fixed share of a step would; not on PCIe (RTX 4090) or MI300X's xGMI (a constant 6 %, a
-rate); left off across nodes, where the corpus's rings disagree with each other
+rate: ``RCCL_XGMI_ACHIEVED``); left off across nodes, where the corpus's rings disagree with each other
 (docs/nccl-model.md). Fitted on the corpus's 194 one-node NVLink rows of 9 sources whose pick
 is ring/Simple (relative least squares, the power on a 0.05 grid: 38.52 us, 0.70; a time per
 call, a share of the call or a share of a step leave 2.0-2.2 times its squared error; 49.19 us
