@@ -156,6 +156,26 @@ def test_nccl_info_lines_inside_the_table_are_skipped():
     assert len(log.rows) == 6 and log.ignored == (i + 1,)
 
 
+def test_a_launchers_lines_inside_the_table_are_read_past():
+    # Open MPI's aggregated help messages land between the rows of an mpirun run (a published
+    # log: results/published/unnamed-a100-80gb-thanos.txt, lines 72 and 102); they begin with a
+    # number, but not as a row does (size and count).
+    lines = _lines(ONE)
+    i = _row_index(lines, 268435456)
+    mpi = ["8 more processes have sent help message help-mtl-ofi.txt / OFI call fail",
+           "Set MCA parameter \"orte_base_help_aggregate\" to 0 to see all help / error messages"]
+    log = parse_nccl_tests("\n".join(lines[:i] + mpi + lines[i:]), "m.txt")
+    assert [r.size_bytes for r in log.rows] == [r.size_bytes for r in parse_nccl_tests("\n".join(lines), "o.txt").rows]
+    assert log.ignored[-2:] == (i + 1, i + 2)
+    published = parse_published_table("\n".join(lines[:i] + mpi + lines[i:]), "m.txt")
+    assert len(published.rows) == len(log.rows)
+    # a row the launcher's line took the place of is missing, and said so; a cut row is still damage
+    with pytest.raises(ProbeError, match="rows missing"):
+        parse_nccl_tests("\n".join(lines[:i] + mpi[:1] + lines[i + 1:]), "gone.txt")
+    with pytest.raises(ProbeError, match="row has 7 fields"):
+        parse_nccl_tests("\n".join(lines[:i] + [" ".join(lines[i].split()[:7])] + lines[i + 1:]), "cut.txt")
+
+
 def test_nccl_info_lines_give_the_release_and_the_variables_the_environment_set():
     # NCCL_DEBUG=INFO prints its version (as the tinygrad PR 22 log in results/published does:
     # "NCCL INFO NCCL version 2.23.4+cuda12.6") and each variable it read from the environment

@@ -28,14 +28,19 @@ MPICH Hydra ``-prepend-rank``'s ``[0] ``) or a log collector stamped (``kubectl 
 echo, ``NCCL INFO``, trimmed device lists) are skipped and their numbers kept in
 ``ignored``; of ``NCCL_DEBUG=INFO``'s lines, NCCL's version (where no plain version line
 gives one) and the variables it says the environment set (``env``) are kept. Inside the
-table every line must be a row, a ``#`` line or an ``NCCL INFO/WARN`` line.
+table a line that does not begin as a row does, with two whole numbers (size and count), is
+skipped the same way: what a launcher prints between the rows (Open MPI's ``8 more processes
+have sent help message ...``, a UCX warning); the table must still hold every size its header
+gives (below), so a row damaged past recognition is still refused. A line that begins as a row
+must be a whole one.
 
 Tables copied from publications (``parse_published_table``) are read more leniently: a
 range of lines holding one table, with or without its headers, trailer or ``#  Rank`` lines,
-rows possibly tagged by the launcher (``0:``, ``[1,0]<stdout>:``, ``[0] ``) and columns not
-aligned; the layout comes from the column header when there is one, else from the number of
-fields (size count type [redop] [root], then one or two time/algbw/busbw/#wrong groups). Each
-row is still checked (algbw against size/time, one busbw/algbw ratio, sizes increasing), so
+rows possibly tagged by the launcher (``0:``, ``[1,0]<stdout>:``, ``[0] ``), a launcher's lines
+between them (read past, as above) and columns not aligned; the layout comes from the column
+header when there is one, else from the number of fields (size count type [redop] [root],
+then one or two time/algbw/busbw/#wrong groups). Each row is still checked (algbw against
+size/time, one busbw/algbw ratio, sizes increasing), so
 a copying mistake is caught; rows of 0 bytes are left out.
 
 A damaged log is refused (``ProbeError`` with the line): a row with the wrong number of
@@ -447,7 +452,11 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
                 state = "done"
             continue
         assert layout is not None
-        row = _row(line.split(), layout, shown, lineno)
+        parts = line.split()
+        if not _begins_as_a_row(parts):
+            ignored.append(lineno)
+            continue
+        row = _row(parts, layout, shown, lineno)
         # Sizes under one element per rank print as 0, several times (all-gather, reduce-scatter).
         if rows and row.size_bytes <= rows[-1].size_bytes and not row.size_bytes == rows[-1].size_bytes == 0:
             raise fail(shown, lineno, f"size {row.size_bytes} after {rows[-1].size_bytes} (line {rows[-1].line}): "
@@ -481,6 +490,12 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
     step = _STEP.search(header.group(5))
     _check(log, (int(step.group(1)), step.group(2)) if step else None, lambda n: f"{shown}:{n}" if n else shown)
     return log
+
+
+def _begins_as_a_row(parts: list[str]) -> bool:
+    """Whether a line's fields begin as a table row's: size and count (or old versions' bytes
+    and N), two whole numbers; ``8 more processes have sent help message ...`` does not."""
+    return len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit()
 
 
 def _names_columns(line: str) -> bool:
@@ -584,7 +599,7 @@ def parse_published_table(text: str, source: str, lines: tuple[int, int] | None 
                 layout = _columns(line, source, lineno)
             continue
         parts = line.split()
-        if not parts[0].isdigit():
+        if not _begins_as_a_row(parts):
             continue
         if layout is not None:
             row = _row(parts, layout, source, lineno)
