@@ -541,17 +541,23 @@ def test_nvls_pays_its_chunks_below_the_full_chunk_only(monkeypatch):
     assert with_cost.rank_us == pytest.approx(without.rank_us)
 
 
+SECOND_HELD_OUT = {"nvidia-dgxc-benchmarking-h100", "unnamed-a100-80gb-thanos", "nebius-ml-cookbook-h200-2node"}
+"""Sources of the second held-out check (results/published/README.md), added after the fits
+these tests recompute: not in them."""
+
+
 def _ring_simple_one_node_rows(monkeypatch):
     """Every scored all-reduce, all-gather and reduce-scatter row of the corpus that NCCL's pick
     runs as ring/Simple on one node of NVIDIA GPUs over NVLink, without the ring's step tail:
-    (source, published us, the model's us, one ring step's us)."""
+    (source, published us, the model's us, one ring step's us); not the second held-out check's."""
     from treeattn.cost import nccl, nccl_tuning
     from treeattn.validate.published import _NCCL_NAMES, _Topologies, group_launch_us
 
     monkeypatch.setattr(nccl, "RING_STEP_TAIL_US", 0.0)
     cache, rows = _Topologies(), []
     for t in load_corpus():
-        if t.collective not in ("all_reduce", "all_gather", "reduce_scatter") or not t.scored:
+        if t.collective not in ("all_reduce", "all_gather", "reduce_scatter") or not t.scored \
+                or t.source_id in SECOND_HELD_OUT:
             continue
         fab = cache.fabric(t)
         if fab.nodes != 1 or fab.intra_hw != "nvlink" or fab.rccl or fab.shm_gbps > 0:

@@ -165,7 +165,10 @@ nodes and to Ada. Held out, at 64 KiB-16 MiB (median |error|): SuperBench's A100
 2 MiB on 24 channels: 43.2 us, the model 41.0 without it; one row, on its -g 8 launch floor,
 which rules out tens of microseconds, not one); every Ampere table of the corpus ran NCCL 2.19
 or older and every Hopper one 2.24 or newer, so the GPU and the release cannot be told apart.
-Ada GPUs take NCCL's Ampere row, and this with it."""
+The second held-out check's A100 host (8 processes, pip's NCCL, likely 2.20 or later, its release
+not printed): the model's error at 128 KiB-2 MiB is -5..+17 % without it, +22..+100 % with it:
+evidence for the release, not proof (results/published/README.md). Ada GPUs take NCCL's Ampere
+row, and this with it."""
 RING_STEP_TAIL_US = 39.0
 RING_STEP_TAIL_POWER = 0.70
 """What a ring all-reduce, all-gather or reduce-scatter with Simple adds on one node of NVIDIA
@@ -182,7 +185,8 @@ size adds runs 1-30 % above the large-size rate from 32 MiB to 1 GiB and falls s
 fixed share of a step would; not on PCIe (RTX 4090) or MI300X's xGMI (a constant 6 %, a
 rate: ``RCCL_XGMI_ACHIEVED``); left off across nodes, where the corpus's rings disagree with each other
 (docs/nccl-model.md). Fitted on the corpus's 194 one-node NVLink rows of 9 sources whose pick
-is ring/Simple (relative least squares, the power on a 0.05 grid: 38.52 us, 0.70; a time per
+is ring/Simple, before the second held-out check, whose sources are not in the fit
+(relative least squares, the power on a 0.05 grid: 38.52 us, 0.70; a time per
 call, a share of the call or a share of a step leave 2.0-2.2 times its squared error; 49.19 us
 on the 168 rows before the held-out check's two rings of two H100s, MGHPCC's and Lambda's,
 one source). An H100 figure: the four H100 sources' rows alone give 38 us (the three before
