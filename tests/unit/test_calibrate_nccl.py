@@ -524,6 +524,24 @@ def test_the_nccl_release_a_log_printed_is_the_calibrated_topologys(tmp_path):
             in newer.warnings)
 
 
+def test_a_release_given_for_logs_that_print_none_is_the_calibrated_topologys(tmp_path):
+    # --nccl-version: the 1-node log prints no release; one that prints one must agree with it.
+    got = calibrate_from_nccl_tests(resolve("dgx-h100"), [ONE], version="<2.24")
+    assert got.topology.cost.nccl_version == "<2.24" and not any("print no NCCL version" in w for w in got.warnings)
+    assert calibrate_from_nccl_tests(DGX4, [ONE, FOUR], version="2.26").topology.cost.nccl_version == "2.26.2"
+    with pytest.raises(InputError, match=r"^--nccl-version 2\.25\.1: .*prints NCCL 2\.26\.2$"):
+        calibrate_from_nccl_tests(DGX4, [FOUR], version="2.25.1")
+    with pytest.raises(InputError, match="^--nccl-version: version 'two'"):
+        calibrate_from_nccl_tests(DGX4, [FOUR], version="two")
+    out = tmp_path / "c.yaml"
+    res = run_cli("calibrate", "--from-nccl-tests", str(ONE), "-t", "dgx-h100", "--nccl-version", "2.21.5", "-o",
+                  str(out))
+    assert res.exit_code == 0, res.stderr
+    assert load_topology(out).cost.nccl_version == "2.21.5"
+    res = run_cli("calibrate", "-t", "dgx-h100", "--nccl-version", "2.21.5")
+    assert res.exit_code == 2 and "--nccl-version names the release nccl-tests logs ran with" in res.stderr
+
+
 # -- a log from another machine's layout ----------------------------------------------------------
 
 H100_4X2 = load_topology_text(

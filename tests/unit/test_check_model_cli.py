@@ -722,3 +722,44 @@ def test_a_corpus_tables_wrong_timings_are_left_out_and_warned_of(tmp_path):
     assert 268435456 not in {r["bytes"] for r in json.loads(res.stdout)["rows"]}
     assert res.stderr == ("warning: map/t: timings with validation errors (#wrong > 0) left out at sizes "
                           "268435456 B\n")
+
+
+def test_own_log_without_its_release_takes_the_one_given_with_nccl_version(tmp_path):
+    # The tinybox's six RTX 4090s with tinygrad's P2P driver (results/published, its README's
+    # run, NCCL before 2.22): at the topology's release (2.30.7) NCCL's default P2P level on an
+    # AMD host puts every pair through host memory, which that run did not; the log prints no
+    # release, and --nccl-version gives it.
+    text = (corpus_dir() / "tinygrad-p2p-readme-tinybox.txt").read_text().splitlines()[:18]
+    log = tmp_path / "all_reduce_perf.txt"
+    log.write_text("\n".join(text) + "\n")
+
+    def run(*extra: str) -> tuple[str, float]:
+        res = run_cli("check-model", str(log), "-t", "tinybox-green", "--json", *extra)
+        assert res.exit_code == 0, res.stderr
+        got = json.loads(res.stdout)
+        return got["tables"][f"{log}/all_reduce"]["nccl_release"], got["rows"][0]["error"]
+
+    release, error = run()
+    assert release == "2.30.7" and error > 5  # +813 %
+    release, error = run("--nccl-version", "<2.22")
+    assert release == "2.21.x" and abs(error) < 0.1  # +5.4 %, as the corpus's table scores
+    res = run_cli("check-model", str(log), "-t", "tinybox-green", "--nccl-version", "<2.22")
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith(f"{log}: all_reduce"))
+    assert "NCCL <2.22 (--nccl-version)" in line and "P2P level" not in line
+    res = run_cli("check-model", str(log), "-t", "tinybox-green")
+    assert "NCCL's release not printed: the topology's (2.30.7); --nccl-version gives the run's" in res.stdout
+
+
+def test_nccl_version_is_checked_against_what_a_log_prints(tmp_path):
+    log = _voltage_park_all_gather(tmp_path, "printed.txt")  # prints NCCL 2.24.3
+    for given, ok in (("2.24.3", True), ("2.24", True), ("<2.25", True), ("2.24.2", False), ("<2.24", False)):
+        res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=4", "--nccl-version", given)
+        if ok:
+            assert res.exit_code == 0 and "NCCL 2.24.3 (printed)" in res.stdout, (given, res.stderr)
+        else:
+            said = f"error: --nccl-version {given}: {log} prints NCCL 2.24.3"
+            assert res.exit_code == 2 and res.stderr.strip() == said
+    res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=4", "--nccl-version", "2.3O")
+    assert res.exit_code == 2 and res.stderr.startswith("error: --nccl-version: version '2.3O': write a release")
+    res = run_cli("check-model", "--nccl-version", "2.24.3")  # the corpus's tables name their own
+    assert res.exit_code == 2 and "--nccl-version applies to nccl-tests logs" in res.stderr

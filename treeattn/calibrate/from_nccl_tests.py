@@ -61,7 +61,7 @@ from treeattn.cost import nccl_rates
 from treeattn.cost.nccl_env import allowed_by_env, function_list
 from treeattn.errors import InputError, ProbeError
 from treeattn.topology.model import CALIBRATED_BY, Link, LinkClass, LinkKind, Topology
-from treeattn.topology.nccl_version import nccl_release, newer_note, parse_version
+from treeattn.topology.nccl_version import allows, nccl_release, newer_note, parse_version, version_text
 from treeattn.units import format_size
 
 __all__ = ["LogFit", "NcclCalibration", "calibrate_from_nccl_tests", "SIZE_BANDS", "HalfSplit", "half_split"]
@@ -161,8 +161,8 @@ def _rank_out(topo: Topology, rank: int, cls: LinkClass) -> float:
     return sum(_rated(ln) for ln in topo.links if ln.src == dev and ln.cls is cls and ln.src != ln.dst) or 0.0
 
 
-def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec: str | None = None
-                              ) -> NcclCalibration:
+def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec: str | None = None,
+                              version: str | None = None) -> NcclCalibration:
     """Fit the topology's route classes from nccl-tests logs (see the module docstring).
 
     Args:
@@ -170,6 +170,8 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
         paths: nccl-tests / rccl-tests output files (``all_reduce_perf``, ``sendrecv_perf``, ...).
         spec: how the user named ``topo`` (``--topology``), for a selection of its ranks a
             refusal suggests; default its name.
+        version: the NCCL release the logs ran with where they print none (``--nccl-version``):
+            the fitted topology's ``cost.nccl_version`` (``_with_release``).
 
     Returns:
         The fitted topology and one ``LogFit`` per log.
@@ -180,6 +182,11 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
     """
     if not paths:
         raise InputError("--from-nccl-tests needs at least one log file")
+    if version is not None:
+        try:
+            parse_version(version_text(version))
+        except InputError as exc:
+            raise InputError(f"--nccl-version: {exc}") from None
     parsed = []
     logs_read: list[NcclTestsLog] = []
     ring_notes: list[str] = []
@@ -241,7 +248,7 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
         landed_by_copy=False,
     )
     fitted, notes = apply_fit(topo, params)
-    fitted = _with_release(fitted, logs_read, warnings)
+    fitted = _with_release(fitted, logs_read, warnings, version)
     return NcclCalibration(fitted, logs, tuple(warnings + notes))
 
 
@@ -272,17 +279,29 @@ def _not_a_ring(log: NcclTestsLog, collective: str) -> str:
             "one, so its rates are the other algorithm's")
 
 
-def _with_release(topo: Topology, logs: list[NcclTestsLog], warnings: list[str]) -> Topology:
-    """``topo`` naming the NCCL release its logs printed (``cost.nccl_version``), which the NCCL
-    model's release-dependent figures follow, so that ``plan`` and ``nccl-model`` model the
-    NCCL the logs ran on, as ``check-model`` does; a release the topology names already, or
-    logs of several releases, are said and left as they are. RCCL's releases are not NCCL's
-    (RCCL 2.22.3 is no NCCL 2.22.3): rccl-tests logs leave the field as it is."""
+def _with_release(topo: Topology, logs: list[NcclTestsLog], warnings: list[str],
+                  given: str | None = None) -> Topology:
+    """``topo`` naming the NCCL release its logs printed (``cost.nccl_version``), or ``given``
+    (``--nccl-version``) where none prints one, which the NCCL model's release-dependent figures
+    follow, so that ``plan`` and ``nccl-model`` model the NCCL the logs ran on, as
+    ``check-model`` does; a release the topology names already, or logs of several releases,
+    are said and left as they are. RCCL's releases are not NCCL's (RCCL 2.22.3 is no NCCL
+    2.22.3): rccl-tests logs leave the field as it is.
+
+    Raises:
+        InputError: a log prints a release ``given`` does not allow."""
     nccl_logs = [log for log in logs if not log.rccl]
     printed = sorted({v for v in map(printed_version, nccl_logs) if v})
+    if given is not None:
+        for log in nccl_logs:
+            if (v := printed_version(log)) and not allows(given, v):
+                raise InputError(f"--nccl-version {given.strip()}: {log.source} prints NCCL {v}")
+    silent = sum(not printed_version(log) for log in nccl_logs)
+    if given is not None and not printed and nccl_logs:
+        printed, silent = [given.strip()], 0
     if not printed:
         return topo
-    if silent := sum(not printed_version(log) for log in nccl_logs):
+    if silent:
         warnings.append(f"{silent} of the logs print no NCCL version: taken as the others' ({', '.join(printed)})")
     if topo.cost.nccl_version is not None:
         if any(parse_version(v) != parse_version(topo.cost.nccl_version) for v in printed):

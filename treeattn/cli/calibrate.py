@@ -77,6 +77,10 @@ def calibrate_cmd(
     realtime: Annotated[bool, typer.Option("--realtime", help="Run the ranks under SCHED_RR, so that other work on a "
                                            "shared host preempts them less (root only).",
                                            rich_help_panel=_LIVE)] = False,
+    nccl_version: Annotated[str | None, typer.Option(
+        "--nccl-version", metavar="VERSION", help="With --from-nccl-tests: the NCCL release the logs ran with, "
+        "where they print none (2.21.5, a series 2.21, a bound <2.23): the fitted topology's cost.nccl_version. "
+        "NCCL_DEBUG=VERSION makes a run print it.")] = None,
     json_out: JsonOpt = False,
     ctx: typer.Context = None,  # noqa: RUF013 - typer fills it
 ) -> None:
@@ -104,8 +108,11 @@ def calibrate_cmd(
         if looks_like_a_log(topology):
             raise InputError(f"--topology {topology!r}: an nccl-tests log, not a topology: give logs after "
                              "--from-nccl-tests, and the machine they ran on here")
-        _from_logs(resolve(topology), paths, out, json_out, topology)
+        _from_logs(resolve(topology), paths, out, json_out, topology, nccl_version)
         return
+    if nccl_version is not None:
+        raise InputError("--nccl-version names the release nccl-tests logs ran with (--from-nccl-tests); a live "
+                         "calibration measures this machine's own")
     # Every argument is read before torch's import (seconds): a bad one is said at once.
     named = resolve(topology) if topology is not None else None
     try:
@@ -190,10 +197,10 @@ def _write(out: Path | None, topo) -> None:  # noqa: ANN001 - a Topology
 
 
 def _from_logs(topo, paths: list[Path], out: Path | None, json_out: bool,  # noqa: ANN001 - a Topology
-               spec: str) -> None:
+               spec: str, nccl_version: str | None) -> None:
     from treeattn.calibrate.from_nccl_tests import calibrate_from_nccl_tests
 
-    result = calibrate_from_nccl_tests(topo, paths, spec)
+    result = calibrate_from_nccl_tests(topo, paths, spec, nccl_version)
     _write(out, result.topology)
     if json_out:
         typer.echo(json.dumps({**result.to_dict(), "out": _shown(out)}, sort_keys=True, indent=2))

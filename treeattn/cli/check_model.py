@@ -97,6 +97,10 @@ def check_model_cmd(
     env: Annotated[list[str] | None, typer.Option(
         "--env", metavar="NAME=VALUE", help="A setting the logs ran with that the model reads (named above; e.g. "
         "NCCL_ALGO=Ring); repeat for several.")] = None,
+    nccl_version: Annotated[str | None, typer.Option(
+        "--nccl-version", metavar="VERSION", help="The NCCL release the logs ran with, where they print none "
+        "(RCCL's for rccl-tests logs): 2.21.5, a series (2.21) or a bound (<2.23); default: the topology's. "
+        "NCCL_DEBUG=VERSION makes a run print it.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys): every row and every figure.")]
     = False,
     png: Annotated[Path | None, typer.Option("--png", **OUT_PATH,
@@ -114,7 +118,9 @@ def check_model_cmd(
     (the collective from the test name nccl-tests prints or the file name, the ranks from its
     device lines). --env gives the settings they ran with that the model reads: NCCL_ALGO,
     NCCL_PROTO, NCCL_NVLS_ENABLE, RCCL_MSCCL_ENABLE, RCCL_MSCCL_ENABLE_SINGLE_PROCESS,
-    NCCL_P2P_DISABLE or NCCL_P2P_LEVEL."""
+    NCCL_P2P_DISABLE or NCCL_P2P_LEVEL. --nccl-version gives the release where a log prints
+    none (defaults changed between releases: NCCL 2.23.4 stopped peer-to-peer between PCIe GPUs
+    of an AMD host that no switch joins)."""
     from treeattn.cost.nccl_env import P2P_SETTINGS
     from treeattn.errors import InputError
     from treeattn.topology.nccl_version import release_text
@@ -143,9 +149,9 @@ def check_model_cmd(
         err_console.print(f"[yellow]warning:[/] --env {escape(said)}")
     if logs and topology is None:
         raise InputError(f"{logs[0]}: a log needs --topology, the machine it ran on (e.g. -t dgx-h100:nodes=2)")
-    if not logs and (topology is not None or settings):
+    if not logs and (topology is not None or settings or nccl_version is not None):
         load_corpus([p for p in corpus if p.is_file()])  # a topology file given as a mapping is named so first
-        flag = "--topology" if topology is not None else "--env"
+        flag = "--topology" if topology is not None else "--env" if settings else "--nccl-version"
         folder = next((p for p in corpus if p.is_dir() and not any(p.glob("*.yaml"))), None)
         if folder is not None:  # a folder of one's own logs, not a corpus
             raise InputError(f"{folder}: a folder is read as a corpus, whose .yaml mappings name each table's "
@@ -164,8 +170,8 @@ def check_model_cmd(
             if looks_like_a_log(topology):
                 said = "an nccl-tests log, not a topology: give logs as PATHs, and the machine they ran on here"
             raise InputError(f"--topology {topology!r}: {said}") from None
-    tables = (load_corpus(corpus) if corpus or not logs else []) + (load_logs(logs, topology, settings) if logs
-                                                                       else [])
+    tables = (load_corpus(corpus) if corpus or not logs else []) + (
+        load_logs(logs, topology, settings, nccl_version) if logs else [])
     with progress_reporter(progress, "check-model") as update:
         rows = predict_corpus(tables, update)
     summary = summarize(rows)
@@ -212,11 +218,13 @@ def check_model_cmd(
               f"{'measured' if logs else 'published'} time - 1", markup=False)
     for t in own:  # what was read from each log, and what was inferred
         gpus = f", {t.log.n_gpus} GPUs a process (-g)" if t.log.n_gpus > 1 else ""
-        nccl = (f"{t.library} {t.version} (printed)" if t.version
+        how = "printed" if t.evidence.startswith("printed") else "--nccl-version"
+        nccl = (f"{t.library} {t.version} ({how})" if t.version
                 else f"RCCL, its release not printed (NCCL {release_text(releases[t.name])}'s figures"
                 + (", RCCL 2.21's MSCCL, which runs where a process drives several GPUs: "
                    "--env RCCL_MSCCL_ENABLE_SINGLE_PROCESS=0 for an older RCCL)" if t.log.n_gpus > 1 else ")")
-                if t.log.rccl else f"the topology's NCCL release ({release_text(releases[t.name])})")
+                if t.log.rccl else f"NCCL's release not printed: the topology's ({release_text(releases[t.name])}); "
+                "--nccl-version gives the run's")
         con.print(f"{t.url}: {t.collective} over {t.ranks} ranks on {t.topology}{gpus}, {nccl}"
                   + "".join(f"; {n}" for n in said(t)), markup=False)
     if logs and topology is not None:

@@ -25,7 +25,7 @@ from typing import TypeVar
 
 from treeattn.errors import InputError
 
-__all__ = ["NEWEST", "OLDEST", "UNKNOWN", "parse_version", "version_text", "nccl_release", "release_text",
+__all__ = ["NEWEST", "OLDEST", "UNKNOWN", "allows", "parse_version", "version_text", "nccl_release", "release_text",
            "by_release", "newer_note"]
 
 Release = tuple[int, int, int]
@@ -60,6 +60,20 @@ def parse_version(text: str) -> Release | None:
     if minor > 0:
         return (major, minor - 1, _ANY_PATCH)
     raise InputError(f"version {text!r}: bound it by a series (<2.31, <=2.27.3), not by a major release")
+
+
+def allows(text: str, printed: str) -> bool:
+    """Whether a version as a user gives it (``text``: a release, a series or a bound) allows
+    the release a log prints: the same release, or one no newer than a series' or a bound's;
+    True where either reads as no release (``unknown``, an unreadable printed one)."""
+    try:
+        given, release = parse_version(text), parse_version(printed)
+    except InputError:
+        return True
+    if given is None or release is None:
+        return True
+    exact = text.strip().count(".") == 2 and not text.strip().startswith("<")
+    return release == given if exact else release <= given
 
 
 def version_text(value: object) -> str:

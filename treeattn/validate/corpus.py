@@ -60,7 +60,15 @@ from treeattn.cost.nvls import REDUCTION_DTYPES, dtype_name
 from treeattn.errors import InputError, ProbeError
 from treeattn.probe.text import read_input
 from treeattn.topology.library import installed_data_dir
-from treeattn.topology.nccl_version import OLDEST, Release, nccl_release, newer_note, parse_version, version_text
+from treeattn.topology.nccl_version import (
+    OLDEST,
+    Release,
+    allows,
+    nccl_release,
+    newer_note,
+    parse_version,
+    version_text,
+)
 
 __all__ = ["COLLECTIVES", "POINT_TO_POINT", "LIBRARIES", "reads_env", "check_env", "PublishedTable", "corpus_dir",
            "is_mapping", "load_corpus", "load_logs", "busbw_factor"]
@@ -230,13 +238,26 @@ def load_corpus(paths: list[str | Path] | None = None) -> list[PublishedTable]:
     return tables
 
 
-def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None = None) -> list[PublishedTable]:
+def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None = None,
+              version: str | None = None) -> list[PublishedTable]:
     """Saved nccl-tests / rccl-tests logs (one run a file, as ``calibrate --from-nccl-tests``
     reads them) mapped onto ``topology``: your own cluster's runs, scored like the corpus.
     The collective and rank count are inferred as ``log_run`` does, the NCCL release from the
-    ``NCCL version`` line the log prints (else the topology's)."""
+    ``NCCL version`` line the log prints, else ``version`` (``check-model --nccl-version``: a
+    release, a series or a bound, as a mapping's ``library_version``; RCCL's for an rccl-tests
+    log), else the topology's.
+
+    Raises:
+        InputError: ``version`` malformed, or other than the release a log prints."""
     from treeattn.topology.library import resolve
 
+    wanted = None
+    if version is not None:
+        try:
+            wanted = version_text(version).strip()
+            parse_version(wanted)
+        except InputError as exc:
+            raise InputError(f"--nccl-version: {exc}") from None
     topo = resolve(topology)
     out = []
     seen: set[Path] = set()
@@ -253,23 +274,28 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
             notes.append(other)
         if coll not in COLLECTIVES:
             raise InputError(f"{p}: a {coll} test; the model scores {', '.join(COLLECTIVES)}")
-        library = version = evidence = ""
-        if (printed := printed_version(log)) and log.rccl:  # RCCL's releases are not NCCL's figures
-            library, version, evidence = "RCCL", printed, "printed in the log"
-        elif printed:
-            library, version, evidence = "NCCL", printed, "printed in the log"
+        library = "RCCL" if log.rccl else "NCCL"  # RCCL's releases are not NCCL's figures
+        release, evidence = printed_version(log), "printed in the log"
+        if release and wanted is not None and not allows(wanted, release):
+            raise InputError(f"--nccl-version {wanted}: {p} prints {library} {release}")
+        if not release and wanted is not None:
+            release, evidence = wanted, "given with --nccl-version"
+        if not release:
+            library = evidence = ""
+        elif library == "NCCL":
             try:
-                nccl_release(printed)
+                nccl_release(release)
             except InputError as exc:  # the table's nccl_release is None: its topology's applies
-                own = " (the printed one for the -g launches)" if log.n_gpus > 1 else ""
+                own = f" (the {'printed' if evidence.startswith('printed') else 'given'} one for the -g launches)" \
+                    if log.n_gpus > 1 else ""
                 notes.append(f"{exc}: the topology's release used instead{own}")
-            if newer := newer_note(printed):
+            if newer := newer_note(release):
                 notes.append(newer)
         run_env = _with_recorded_env(p, log, coll, env or {}, notes)
         # Named by the path: runs in two folders may share a file name.
         out.append(PublishedTable(
             source_id=str(p), table_id=coll, url=str(p), collective=coll, topology=topology,
-            ranks=ranks, env=run_env, log=log, library=library, version=version, evidence=evidence,
+            ranks=ranks, env=run_env, log=log, library=library, version=release, evidence=evidence,
             meta={"inferred": "; ".join(notes)} if notes else {}))
     return out
 
