@@ -763,3 +763,38 @@ def test_nccl_version_is_checked_against_what_a_log_prints(tmp_path):
     assert res.exit_code == 2 and res.stderr.startswith("error: --nccl-version: version '2.3O': write a release")
     res = run_cli("check-model", "--nccl-version", "2.24.3")  # the corpus's tables name their own
     assert res.exit_code == 2 and "--nccl-version applies to nccl-tests logs" in res.stderr
+
+
+def _as_if_on(ranks: int, path: Path) -> Path:
+    """The 4-node fixture (no '#  Rank' lines) with busbw as ``ranks`` ranks' all-reduce gives it."""
+    out, bus = [], []
+    for line in FIXTURE.read_text().splitlines():
+        f = line.split()
+        if not line.startswith("#") and len(f) == 13 and f[0].isdigit():
+            for at in (6, 10):
+                f[at + 1] = f"{float(f[at]) * 2 * (ranks - 1) / ranks:.2f}"
+                bus.append(float(f[at + 1]))
+            line = " ".join(f)
+        elif line.startswith("# Avg bus bandwidth"):
+            line = f"# Avg bus bandwidth    : {sum(bus) / len(bus):.4f}"
+        out.append(line)
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+def test_a_large_runs_rank_count_is_the_topologys_where_busbw_over_algbw_allows_both(tmp_path):
+    # Printed to two decimals, busbw/algbw of 256 ranks (1.9922) reads as 255 as well: the
+    # topology's count is taken where the digits allow it, and said; elsewhere the solved one.
+    log = _as_if_on(256, tmp_path / "all_reduce_perf.txt")
+    res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=32", "--json")
+    assert res.exit_code == 0, res.stderr
+    table = json.loads(res.stdout)["tables"][f"{log}/all_reduce"]
+    assert table["ranks"] == 256
+    assert any("256 ranks, the topology's: busbw/algbw = 1.9922 gives 255 or 256" in n for n in table["notes"])
+    from treeattn.calibrate.nccl_tests import calibrate_from_log, read_nccl_tests
+
+    assert calibrate_from_log(read_nccl_tests(log), likely=256).ranks == 256
+    assert calibrate_from_log(read_nccl_tests(log)).ranks == 255  # no machine to go by: the solved count
+    # a count the digits do not allow is not taken: 32 ranks' log read onto 256 ranks
+    res = run_cli("check-model", str(FIXTURE), "-t", "dgx-h100:nodes=32")
+    assert res.exit_code == 2 and "the table ran on 32" in res.stderr

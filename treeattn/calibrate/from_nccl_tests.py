@@ -197,7 +197,7 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
         seen.add(Path(path).resolve())
         log = read_nccl_tests(path)
         logs_read.append(log)
-        cf = calibrate_from_log(log)
+        cf = calibrate_from_log(log, likely=topo.num_ranks)
         if said := _not_a_ring(log, cf.collective):
             ring_notes.append(said)
         n = cf.ranks

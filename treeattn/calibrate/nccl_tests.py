@@ -757,6 +757,7 @@ def calibrate_from_log(
     *,
     collective: str | None = None,
     ranks: int | None = None,
+    likely: int | None = None,
     placement: str = "min",
     min_bytes: int = 1,
     max_bytes: int | None = None,
@@ -766,7 +767,7 @@ def calibrate_from_log(
 
     Args:
         log: a parsed log.
-        collective, ranks: as ``log_run`` infers them when not given.
+        collective, ranks, likely: as ``log_run`` takes them.
         placement: ``out`` (out-of-place), ``in`` (in-place) or ``min`` (the faster of the two
             per size, less sensitive to one-off stalls).
         min_bytes: smallest size used (0-byte rows are always left out).
@@ -780,7 +781,7 @@ def calibrate_from_log(
         ProbeError: the collective or rank count cannot be known or disagrees with busbw/algbw,
             or fewer than two sizes remain.
     """
-    name, n, inferred = log_run(log, collective, ranks)
+    name, n, inferred = log_run(log, collective, ranks, likely)
     notes = list(inferred)
     if placement not in ("out", "in", "min"):
         raise ProbeError(f"placement must be out, in or min, got {placement!r}")
@@ -804,8 +805,8 @@ def calibrate_from_log(
                          result.model, result.points, result.size_range, tuple(notes) + result.warnings)
 
 
-def log_run(log: NcclTestsLog, collective: str | None = None, ranks: int | None = None
-            ) -> tuple[str, int, tuple[str, ...]]:
+def log_run(log: NcclTestsLog, collective: str | None = None, ranks: int | None = None,
+            likely: int | None = None) -> tuple[str, int, tuple[str, ...]]:
     """Which collective made ``log`` and on how many ranks, checked against its busbw/algbw.
 
     Args:
@@ -813,6 +814,8 @@ def log_run(log: NcclTestsLog, collective: str | None = None, ranks: int | None 
         collective: which test made it; default the log's (its printed test name or file name), else
             ``all_reduce`` when busbw > algbw (only all-reduce has a factor above 1).
         ranks: ranks in the run; default the ``#  Rank`` lines, else solved from busbw/algbw.
+        likely: the ranks of the machine the log is read onto (its topology's), taken where
+            busbw/algbw, as printed, allows it as well as the count it solves to.
 
     Returns:
         (collective, ranks, notes saying what was inferred).
@@ -842,7 +845,12 @@ def log_run(log: NcclTestsLog, collective: str | None = None, ranks: int | None 
         if n is None:
             raise ProbeError(f"{log.source}: no '#  Rank' lines and busbw = algbw for {name}: the rank count is "
                              "unknown; keep the '#  Rank' lines nccl-tests prints")
-        notes.append(f"{n} ranks solved from busbw/algbw = {ratio:.4f} (no '#  Rank' lines)")
+        if likely is not None and likely != n and _ratio_allows(name, log, likely):
+            notes.append(f"{likely} ranks, the topology's: busbw/algbw = {ratio:.4f} gives {n} or {likely} "
+                         "within its printed digits (no '#  Rank' lines)")
+            n = likely
+        else:
+            notes.append(f"{n} ranks solved from busbw/algbw = {ratio:.4f} (no '#  Rank' lines)")
     want = model.busbw_factor(n)
     if abs(ratio - want) > 0.01 * want + 0.006:
         raise ProbeError(f"{log.source}: busbw/algbw = {ratio:.4f}, but {name} over {n} ranks gives {want:.4f}: "
@@ -881,3 +889,13 @@ def _ranks_from_ratio(name: str, ratio: float) -> int | None:
     if COLLECTIVE_MODELS[name].busbw_factor(4) < 1 and ratio < 1:
         return max(2, round(1 / (1 - ratio)))
     return None
+
+
+def _ratio_allows(name: str, log: NcclTestsLog, n: int) -> bool:
+    """Whether ``n`` ranks give ``log``'s busbw/algbw within the two decimals nccl-tests prints
+    them to (its largest row's): past a hundred ranks or so several counts do."""
+    timings = [t for r in log.rows for t in (r.out_of_place, r.in_place) if t and t.algbw_gbps > 0]
+    best = max(timings, key=lambda t: t.algbw_gbps)
+    want = COLLECTIVE_MODELS[name].busbw_factor(n)
+    # the printed figures are within 0.005 of the true ones, and busbw = factor x algbw
+    return abs(best.busbw_gbps - want * best.algbw_gbps) <= 0.005 * (1 + want) + 1e-9

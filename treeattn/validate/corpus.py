@@ -266,7 +266,7 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
             raise InputError(f"{p}: given twice")
         seen.add(p.resolve())
         log = read_nccl_tests(p)
-        coll, ranks, inferred = log_run(log)
+        coll, ranks, inferred = log_run(log, likely=topo.num_ranks)
         notes = list(inferred)
         if other := other_devices(log, topo) or other_vendor(log, topo):
             notes.append(other)
