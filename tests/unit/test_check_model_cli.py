@@ -798,3 +798,25 @@ def test_a_large_runs_rank_count_is_the_topologys_where_busbw_over_algbw_allows_
     # a count the digits do not allow is not taken: 32 ranks' log read onto 256 ranks
     res = run_cli("check-model", str(FIXTURE), "-t", "dgx-h100:nodes=32")
     assert res.exit_code == 2 and "the table ran on 32" in res.stderr
+
+
+def test_a_header_of_graphs_or_grouped_launches_is_said_and_a_header_of_too_many_gpus_refused(tmp_path):
+    text = FIXTURE.read_text()
+    assert "agg iters: 1 " in text and "graph: 0" in text
+    graph = tmp_path / "graph.txt"
+    graph.write_text(text.replace("graph: 0", "graph: 1"))
+    res = run_cli("check-model", str(graph), "-t", "dgx-h100:nodes=4")
+    assert res.exit_code == 0, res.stderr
+    assert "its calls ran as CUDA graphs (graph: 1, nccl-tests -G), which the model does not time" in res.stdout
+    agg = tmp_path / "agg.txt"
+    agg.write_text(text.replace("agg iters: 1 ", "agg iters: 8 "))
+    res = run_cli("calibrate", "--from-nccl-tests", str(agg), "-t", "dgx-h100:nodes=4", "-o", str(tmp_path / "c.yaml"))
+    assert res.exit_code == 0, res.stderr
+    assert "8 calls a launch (agg iters: 8, nccl-tests -a): the latency fitted is theirs" in res.stderr
+    many = tmp_path / "many.txt"
+    many.write_text(text.replace("nGpus 1 ", "nGpus 64 "))
+    for cmd in (["check-model", str(many)], ["calibrate", "--from-nccl-tests", str(many)]):
+        res = run_cli(*cmd, "-t", "dgx-h100:nodes=4")
+        assert res.exit_code == 2 and res.stderr.strip() == (
+            f"error: {many}: the header's nThread 1 x nGpus 64 = 64 ranks a process, but the run has 32 ranks: the "
+            "header is damaged or another run's"), res.stderr

@@ -50,6 +50,7 @@ from treeattn.calibrate.fit import COLLECTIVE_MODELS, CollectiveFit
 from treeattn.calibrate.nccl_tests import (
     NcclTestsLog,
     calibrate_from_log,
+    launch_notes,
     other_devices,
     other_hosts,
     other_vendor,
@@ -200,6 +201,8 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
         cf = calibrate_from_log(log, likely=topo.num_ranks)
         if said := _not_a_ring(log, cf.collective):
             ring_notes.append(said)
+        ring_notes.extend(f"{log.source}: {how}: the latency fitted is theirs, below that of calls launched one by "
+                          "one (nccl-tests' default, what a plan's calls pay)" for how in launch_notes(log))
         n = cf.ranks
         if n > topo.num_ranks:
             raise InputError(f"{log.source}: the log ran on {n} ranks but topology {topo.name!r} places "

@@ -66,11 +66,13 @@ from treeattn.probe.text import fail, read_input
 from treeattn.topology.model import DeviceKind, LinkKind, Topology
 
 __all__ = ["Timing", "NcclRow", "NcclDevice", "NcclTestsLog", "parse_nccl_tests", "read_nccl_tests",
-           "parse_published_table", "calibrate_from_log", "collective_from_name", "log_run", "looks_like_a_log",
-           "other_devices", "other_hosts", "other_vendor"]
+           "parse_published_table", "calibrate_from_log", "collective_from_name", "launch_notes", "log_run",
+           "looks_like_a_log", "other_devices", "other_hosts", "other_vendor"]
 
 _HEADER = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)(.*)$")
 _STEP = re.compile(r"step:\s*(\d+)\((factor|bytes)\)")
+_HEADER_GRAPH = re.compile(r"\bgraph:\s*(\d+)")
+_HEADER_AGG = re.compile(r"\bagg iters:\s*(\d+)")
 _DEVICE = re.compile(
     r"^#\s+Rank\s+(\d+)\s+(?:Group\s+(\d+)\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[([^\]]*)\]\s*(.*?)\s*$"
 )
@@ -163,6 +165,11 @@ class NcclTestsLog:
     """The NCCL and RCCL variables the run's environment held (``NCCL_*``, ``RCCL_*``), where
     the log records it: nccl-tests' JSON writes the process environment; a text log, under
     ``NCCL_DEBUG=INFO``, those NCCL says it read (``NCCL_ALGO set by environment to Ring``)."""
+    graph: int = 0
+    """The header's ``graph:`` (nccl-tests ``-G N``: the timed calls captured in CUDA graphs
+    and launched N at a time), 0 where the header does not say."""
+    agg_iters: int = 1
+    """The header's ``agg iters:`` (``-a``: that many calls grouped into one launch)."""
 
     @property
     def ranks(self) -> int | None:
@@ -476,13 +483,15 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
     if state != "done":
         raise fail(shown, len(lines), "the log ends inside the table (no '# Avg bus bandwidth' line): truncated?")
     max_bytes = int(header.group(4)) if reduced is None else min(int(header.group(4)), reduced)
+    graph, agg = _HEADER_GRAPH.search(header.group(5)), _HEADER_AGG.search(header.group(5))
     log = NcclTestsLog(
         source=shown, n_threads=int(header.group(1)), n_gpus=int(header.group(2)),
         min_bytes=min(int(header.group(3)), max_bytes), max_bytes=max_bytes, rows=tuple(rows),
         devices=tuple(devices),
         avg_busbw_gbps=avg, out_of_bounds=oob, nccl_version=version or info_version,
         collective=named or collective_from_name(source), ignored=tuple(ignored), rccl=rccl,
-        env=tuple(sorted(info_env.items())),
+        env=tuple(sorted(info_env.items())), graph=int(graph.group(1)) if graph else 0,
+        agg_iters=int(agg.group(1)) if agg else 1,
     )
     ranks = [d.rank for d in log.devices]
     if ranks and ranks != list(range(len(ranks))):
@@ -490,6 +499,19 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
     step = _STEP.search(header.group(5))
     _check(log, (int(step.group(1)), step.group(2)) if step else None, lambda n: f"{shown}:{n}" if n else shown)
     return log
+
+
+def launch_notes(log: NcclTestsLog) -> list[str]:
+    """How a log's header says its calls were launched, where not each on its own, as
+    nccl-tests' loop does by default and the model times them: as CUDA graphs (``graph: N``,
+    nccl-tests ``-G``) or grouped into one launch (``agg iters: N``, ``-a``); its small sizes,
+    which the launches set, then run faster than such a loop."""
+    out = []
+    if log.graph:
+        out.append(f"its calls ran as CUDA graphs (graph: {log.graph}, nccl-tests -G)")
+    if log.agg_iters > 1:
+        out.append(f"{log.agg_iters} calls a launch (agg iters: {log.agg_iters}, nccl-tests -a)")
+    return out
 
 
 def _begins_as_a_row(parts: list[str]) -> bool:
@@ -855,6 +877,10 @@ def log_run(log: NcclTestsLog, collective: str | None = None, ranks: int | None 
     if abs(ratio - want) > 0.01 * want + 0.006:
         raise ProbeError(f"{log.source}: busbw/algbw = {ratio:.4f}, but {name} over {n} ranks gives {want:.4f}: "
                          "the collective or the rank count is not what the log was made with")
+    per_process = max(1, log.n_threads) * max(1, log.n_gpus)
+    if per_process > n:
+        raise ProbeError(f"{log.source}: the header's nThread {log.n_threads} x nGpus {log.n_gpus} = {per_process} "
+                         f"ranks a process, but the run has {n} ranks: the header is damaged or another run's")
     return name, n, tuple(notes)
 
 

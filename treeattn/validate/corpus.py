@@ -48,6 +48,7 @@ import yaml
 
 from treeattn.calibrate.nccl_tests import (
     NcclTestsLog,
+    launch_notes,
     log_run,
     other_devices,
     other_hosts,
@@ -267,7 +268,8 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
         seen.add(p.resolve())
         log = read_nccl_tests(p)
         coll, ranks, inferred = log_run(log, likely=topo.num_ranks)
-        notes = list(inferred)
+        notes = list(inferred) + [f"{how}, which the model does not time (it times calls launched one by one): "
+                                  "its small sizes may come out slow" for how in launch_notes(log)]
         if other := other_devices(log, topo) or other_vendor(log, topo):
             notes.append(other)
         if ranks <= topo.num_ranks and (other := other_hosts(log, topo, ranks)):
