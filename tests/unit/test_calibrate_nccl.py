@@ -845,3 +845,36 @@ def test_a_json_log_recording_an_algorithm_other_than_the_ring_is_warned_of(tmp_
     log.write_text(json.dumps({**data, "env": [*data["env"], "NCCL_ALGO=ring;allreduce:^ring"]}))
     assert any("ran no ring for all_reduce" in w
                for w in calibrate_from_nccl_tests(resolve("dgx-h100:nodes=2"), [log]).warnings)
+
+
+def _corpus_table(tmp_path, source: str, table: str) -> Path:
+    """One table of the shipped corpus cut out as a user's own log."""
+    import yaml
+
+    from treeattn.validate.corpus import corpus_dir
+
+    mapping = yaml.safe_load((corpus_dir() / f"{source}.yaml").read_text())
+    first, last = next(t["lines"] for t in mapping["tables"] if t["id"] == table)
+    lines = (corpus_dir() / f"{source}.txt").read_text().splitlines()[first - 1:last]
+    path = tmp_path / f"all_reduce_perf.{table}.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_fits_other_costs_set_are_warned_of(tmp_path):
+    # -g 8 (Together's ring table): the small sizes are the launches of 8 kernels in a row
+    got = calibrate_from_nccl_tests(resolve("dgx-h100"), [_corpus_table(tmp_path, "together-h100-1node", "ring")])
+    assert sum("one process drove 8 GPUs (-g 8)" in w for w in got.warnings) == 1
+    # NVIDIA's 8 H100s, one process a GPU: NCCL's all-reduce of 16 GiB there is NVLS, not the ring fitted
+    got = calibrate_from_nccl_tests(resolve("dgx-h100"), [_corpus_table(tmp_path, "nvidia-dgxc-benchmarking-h100",
+                                                                          "1node")])
+    assert [w for w in got.warnings if "NVLink SHARP" in w] == [
+        next(w for w in got.warnings if "NCCL runs an all-reduce of 16 GiB with NVLink SHARP (NVLS), not a ring" in w)]
+    assert not any("one process drove" in w for w in got.warnings)
+    # said once where the fitted rate said it already (above the links' rating)
+    assert sum("NVLink SHARP" in w for w in calibrate_from_nccl_tests(resolve("dgx-h100"), [ONE]).warnings) == 1
+    # 218 us at 8 B on two MI300X nodes (hisohara's RoCE pair): a network latency 17 times the route's
+    got = calibrate_from_nccl_tests(resolve("mi300x:nodes=2"),
+                                    [_corpus_table(tmp_path, "hisohara-ai-scripts-rccl", "mi300x-2node")])
+    assert any("network alpha 86.3 µs is 17 times the topology's route (5.2 µs)" in w for w in got.warnings)
+    assert not any("times the topology's route" in w for w in calibrate_from_nccl_tests(DGX4, [FOUR]).warnings)

@@ -232,6 +232,9 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
             warnings.append(said)
         if not lf.shm and cf.collective == "all_reduce" and (said := _under_rating(topo, lf, network)):
             warnings.append(said)
+        log = next(log for log in logs_read if log.source == source)
+        warnings.extend(d for d in _doubts(topo, log, lf, network)  # once, where the rate said it
+                        if not ("NVLink SHARP" in d and any(lf.source in w and "NVLink SHARP" in w for w in warnings)))
         if not network:
             intra_alpha = lf.alpha_us if intra_alpha is None else intra_alpha
         old = chosen.get(lf.hops)
@@ -253,6 +256,42 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
     fitted, notes = apply_fit(topo, params)
     fitted = _with_release(fitted, logs_read, warnings, version)
     return NcclCalibration(fitted, logs, tuple(warnings + notes))
+
+
+def _doubts(topo: Topology, log: NcclTestsLog, lf: LogFit, network: bool) -> list[str]:
+    """What makes a log's fit other than its links' figures, written as they stand: a network
+    latency far above the topology's route (another cost sets the small sizes), small sizes a
+    process's launches of several GPUs set (``-g``), an all-reduce NCCL runs with NVLink SHARP
+    on this topology (the fit takes a ring)."""
+    out = []
+    n = lf.fit.ranks
+    if network and lf.latency_written:
+        other = next(r for r in range(n) if topo.rank_device(r).node != topo.rank_device(0).node)
+        route = _alpha_of(topo, 0, other)
+        if lf.alpha_us > 4 * route and lf.alpha_us - route > 10:
+            out.append(f"{lf.source}: network alpha {lf.alpha_us:.3g} µs is {lf.alpha_us / route:.0f} times the "
+                       f"topology's route ({route:.3g} µs), and plans across nodes are timed with it: a cost other "
+                       "than the network's sets such a log's small sizes (a virtual NIC, TCP sockets, a disturbed "
+                       "run); check it against the log's small rows")
+    if log.n_gpus > 1 and lf.latency_written:
+        out.append(f"{lf.source}: one process drove {log.n_gpus} GPUs (-g {log.n_gpus}), launching a call's kernels "
+                   "one after another, which sets its small sizes (check-model times those launches): the latency "
+                   "fitted is theirs as much as the links'; a log of one process a GPU gives the links'")
+    if not network and lf.fit.collective == "all_reduce" and n == topo.num_ranks:
+        from treeattn.cost import nccl, nccl_fabric
+
+        fab = nccl_fabric.fabric(topo)
+        if fab.nvls_gbps > 0:
+            try:
+                est = nccl.pick(fab, "allreduce", log.max_bytes, env=dict(log.env))
+            except InputError:
+                return out
+            if est.algorithm in (nccl.Algorithm.NVLS, nccl.Algorithm.NVLS_TREE):
+                out.append(f"{lf.source}: on {topo.name} NCCL runs an all-reduce of {format_size(log.max_bytes)} "
+                           "with NVLink SHARP (NVLS), not a ring, unless NCCL_NVLS_ENABLE=0 or NCCL_ALGO keeps it "
+                           "off: the fit takes a ring, so the links get NVLS's rate; an all-gather, reduce-scatter "
+                           "or sendrecv log, or a run with NCCL_NVLS_ENABLE=0, gives theirs")
+    return out
 
 
 _RING_FITS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
