@@ -539,7 +539,7 @@ def test_a_release_given_for_logs_that_print_none_is_the_calibrated_topologys(tm
     assert res.exit_code == 0, res.stderr
     assert load_topology(out).cost.nccl_version == "2.21.5"
     res = run_cli("calibrate", "-t", "dgx-h100", "--nccl-version", "2.21.5")
-    assert res.exit_code == 2 and "--nccl-version names the release nccl-tests logs ran with" in res.stderr
+    assert res.exit_code == 2 and "--nccl-version names what nccl-tests logs ran with" in res.stderr
 
 
 # -- a log from another machine's layout ----------------------------------------------------------
@@ -835,7 +835,7 @@ def test_a_json_log_recording_an_algorithm_other_than_the_ring_is_warned_of(tmp_
     log = tmp_path / "run.json"
     log.write_text(json.dumps({**data, "env": [*data["env"], "NCCL_ALGO=Tree"]}))
     cal = calibrate_from_nccl_tests(resolve("dgx-h100:nodes=2"), [log])
-    assert (f"{log}: the run recorded NCCL_ALGO=Tree: NCCL ran no ring for all_reduce, and the fit takes one, so "
+    assert (f"{log}: the run ran with NCCL_ALGO=Tree: NCCL ran no ring for all_reduce, and the fit takes one, so "
             "its rates are the other algorithm's") in cal.warnings
     # A list with the ring, NCCL 2.24's per-function lists giving all-reduce the ring: no warning.
     for algo in ("Ring,Tree", "tree;allreduce:ring", "allgather:tree"):
@@ -878,3 +878,19 @@ def test_fits_other_costs_set_are_warned_of(tmp_path):
                                     [_corpus_table(tmp_path, "hisohara-ai-scripts-rccl", "mi300x-2node")])
     assert any("network alpha 86.3 µs is 17 times the topology's route (5.2 µs)" in w for w in got.warnings)
     assert not any("times the topology's route" in w for w in calibrate_from_nccl_tests(DGX4, [FOUR]).warnings)
+
+
+def test_the_settings_given_with_env_are_read_as_a_recorded_environment_is(tmp_path):
+    log = _corpus_table(tmp_path, "together-h100-1node", "ring")  # Together ran it with NCCL_ALGO=Ring
+    plain = calibrate_from_nccl_tests(resolve("dgx-h100"), [log])
+    assert any("NVLink SHARP" in w for w in plain.warnings)
+    ring = calibrate_from_nccl_tests(resolve("dgx-h100"), [log], env={"NCCL_ALGO": "Ring"})
+    assert not any("NVLink SHARP" in w for w in ring.warnings)
+    assert ring.topology == plain.topology  # what the fit writes does not change: what it says does
+    tree = calibrate_from_nccl_tests(resolve("dgx-h100"), [log], env={"NCCL_ALGO": "Tree"})
+    assert any("the run ran with NCCL_ALGO=Tree: NCCL ran no ring for all_reduce" in w for w in tree.warnings)
+    res = run_cli("calibrate", "--from-nccl-tests", str(log), "-t", "dgx-h100", "--env", "NCCL_NVLS_ENABLE=0",
+                  "-o", str(tmp_path / "c.yaml"))
+    assert res.exit_code == 0 and "NVLink SHARP" not in res.stderr, res.stderr
+    res = run_cli("calibrate", "--from-nccl-tests", str(log), "-t", "dgx-h100", "--env", "NCCL_ALGO")
+    assert res.exit_code == 2 and "write NAME=VALUE" in res.stderr

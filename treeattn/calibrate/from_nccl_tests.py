@@ -163,7 +163,7 @@ def _rank_out(topo: Topology, rank: int, cls: LinkClass) -> float:
 
 
 def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec: str | None = None,
-                              version: str | None = None) -> NcclCalibration:
+                              version: str | None = None, env: dict[str, str] | None = None) -> NcclCalibration:
     """Fit the topology's route classes from nccl-tests logs (see the module docstring).
 
     Args:
@@ -173,6 +173,8 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
             refusal suggests; default its name.
         version: the NCCL release the logs ran with where they print none (``--nccl-version``):
             the fitted topology's ``cost.nccl_version`` (``_with_release``).
+        env: NCCL settings the logs ran with (``--env``), beside those a log records: what the
+            warnings say of the algorithm NCCL ran (the fit takes a ring).
 
     Returns:
         The fitted topology and one ``LogFit`` per log.
@@ -196,7 +198,7 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
         if Path(path).resolve() in seen:  # as check-model: one run would count as two
             raise InputError(f"{path}: given twice")
         seen.add(Path(path).resolve())
-        log = read_nccl_tests(path)
+        log = _with_env(read_nccl_tests(path), env or {})
         logs_read.append(log)
         cf = calibrate_from_log(log, likely=topo.num_ranks)
         if said := _not_a_ring(log, cf.collective):
@@ -258,6 +260,18 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
     return NcclCalibration(fitted, logs, tuple(warnings + notes))
 
 
+def _with_env(log: NcclTestsLog, env: dict[str, str]) -> NcclTestsLog:
+    """``log`` with the settings ``--env`` gives beside those it records.
+
+    Raises:
+        InputError: a setting the log records with another value."""
+    recorded = dict(log.env)
+    for name, value in env.items():
+        if name in recorded and recorded[name] != value:
+            raise InputError(f"--env {name}={value}: {log.source} records {name}={recorded[name]}")
+    return dataclasses.replace(log, env=tuple(sorted({**recorded, **env}.items()))) if env else log
+
+
 def _doubts(topo: Topology, log: NcclTestsLog, lf: LogFit, network: bool) -> list[str]:
     """What makes a log's fit other than its links' figures, written as they stand: a network
     latency far above the topology's route (another cost sets the small sizes), small sizes a
@@ -301,9 +315,10 @@ the others (sendrecv, alltoall, ...) are sends and receives, which no algorithm 
 
 
 def _not_a_ring(log: NcclTestsLog, collective: str) -> str:
-    """A warning where the run's recorded environment (nccl-tests' JSON) kept NCCL off the ring
-    the fit of ``collective`` assumes: ``NCCL_ALGO`` without it, or (NCCL 2.24's per-function
-    lists, ``tree;allreduce:ring``) without it for that collective; empty elsewhere."""
+    """A warning where the run's environment (as nccl-tests' JSON records it, or ``--env``
+    gives it) kept NCCL off the ring the fit of ``collective`` assumes: ``NCCL_ALGO`` without
+    it, or (NCCL 2.24's per-function lists, ``tree;allreduce:ring``) without it for that
+    collective; empty elsewhere."""
     value = dict(log.env).get("NCCL_ALGO", "").strip()
     func = _RING_FITS.get(collective)
     if not value or func is None:
@@ -314,10 +329,10 @@ def _not_a_ring(log: NcclTestsLog, collective: str) -> str:
     try:
         algos, _ = allowed_by_env({"NCCL_ALGO": chosen})
     except InputError:
-        return f"{log.source}: the run recorded NCCL_ALGO={value}, which NCCL does not read; the fit takes a ring"
+        return f"{log.source}: the run ran with NCCL_ALGO={value}, which NCCL does not read; the fit takes a ring"
     if "ring" in algos:
         return ""
-    return (f"{log.source}: the run recorded NCCL_ALGO={value}: NCCL ran no ring for {collective}, and the fit takes "
+    return (f"{log.source}: the run ran with NCCL_ALGO={value}: NCCL ran no ring for {collective}, and the fit takes "
             "one, so its rates are the other algorithm's")
 
 

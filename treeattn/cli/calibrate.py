@@ -77,6 +77,10 @@ def calibrate_cmd(
     realtime: Annotated[bool, typer.Option("--realtime", help="Run the ranks under SCHED_RR, so that other work on a "
                                            "shared host preempts them less (root only).",
                                            rich_help_panel=_LIVE)] = False,
+    env: Annotated[list[str] | None, typer.Option(
+        "--env", metavar="NAME=VALUE", help="With --from-nccl-tests: a setting the logs ran with (NCCL_ALGO, "
+        "NCCL_NVLS_ENABLE, ...: check-model --help names them), for what the fit says of them; repeat for "
+        "several.")] = None,
     nccl_version: Annotated[str | None, typer.Option(
         "--nccl-version", metavar="VERSION", help="With --from-nccl-tests: the NCCL release the logs ran with, "
         "where they print none (2.21.5, a series 2.21, a bound <2.23): the fitted topology's cost.nccl_version. "
@@ -108,11 +112,13 @@ def calibrate_cmd(
         if looks_like_a_log(topology):
             raise InputError(f"--topology {topology!r}: an nccl-tests log, not a topology: give logs after "
                              "--from-nccl-tests, and the machine they ran on here")
-        _from_logs(resolve(topology), paths, out, json_out, topology, nccl_version)
+        from treeattn.cli.options import nccl_env_flags
+
+        _from_logs(resolve(topology), paths, out, json_out, topology, nccl_version, nccl_env_flags(env or []))
         return
-    if nccl_version is not None:
-        raise InputError("--nccl-version names the release nccl-tests logs ran with (--from-nccl-tests); a live "
-                         "calibration measures this machine's own")
+    if nccl_version is not None or env:
+        raise InputError(f"{'--nccl-version' if nccl_version is not None else '--env'} names what nccl-tests logs "
+                         "ran with (--from-nccl-tests); a live calibration measures this machine as it is")
     # Every argument is read before torch's import (seconds): a bad one is said at once.
     named = resolve(topology) if topology is not None else None
     try:
@@ -197,10 +203,10 @@ def _write(out: Path | None, topo) -> None:  # noqa: ANN001 - a Topology
 
 
 def _from_logs(topo, paths: list[Path], out: Path | None, json_out: bool,  # noqa: ANN001 - a Topology
-               spec: str, nccl_version: str | None) -> None:
+               spec: str, nccl_version: str | None, env: dict[str, str]) -> None:
     from treeattn.calibrate.from_nccl_tests import calibrate_from_nccl_tests
 
-    result = calibrate_from_nccl_tests(topo, paths, spec, nccl_version)
+    result = calibrate_from_nccl_tests(topo, paths, spec, nccl_version, env)
     _write(out, result.topology)
     if json_out:
         typer.echo(json.dumps({**result.to_dict(), "out": _shown(out)}, sort_keys=True, indent=2))

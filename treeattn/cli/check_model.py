@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app, err_console
+from treeattn.cli.options import nccl_env_flags
 from treeattn.cli.paths import OUT_PATH, output_file
 from treeattn.cli.progress import progress_reporter
 from treeattn.cli.render import console, print_rates_note
@@ -21,26 +22,6 @@ def _stat_row(name: str, st: dict) -> list[str]:
         return [name, "0", "-", "-", "-"]
     return [name, str(st["rows"]), f"{100 * st['median_abs']:.1f}", f"{100 * st['p90_abs']:.1f}",
             f"{100 * st['median_signed']:+.1f}"]
-
-
-def _env(items: list[str]) -> dict[str, str]:
-    """--env NAME=VALUE flags as a mapping: the settings the model reads, each once."""
-    from treeattn.cost.nccl_env import ENV_SETTINGS
-    from treeattn.errors import InputError
-    from treeattn.validate.corpus import check_env
-
-    out: dict[str, str] = {}
-    for item in items:
-        name, eq, value = (x.strip() for x in item.partition("="))
-        if not eq or not name or not value:
-            raise InputError(f"--env {item!r}: write NAME=VALUE, e.g. NCCL_ALGO=Ring")
-        if name not in ENV_SETTINGS:  # a setting the model ignores would score as if it were not set
-            raise InputError(f"--env {item!r}: the model reads only {', '.join(ENV_SETTINGS)}")
-        if name in out:
-            raise InputError(f"--env names {name} twice")
-        out[name] = value
-    check_env("--env", out)
-    return out
 
 
 def _p2p_note(t) -> str:  # noqa: ANN001 - a PublishedTable
@@ -142,7 +123,7 @@ def check_model_cmd(
         raise InputError(f"{missing}: no such file or folder")
     logs = [p for p in paths or [] if not p.is_dir() and not is_mapping(p)]
     corpus = [p for p in paths or [] if p not in logs]
-    settings = _env(env or [])
+    settings = nccl_env_flags(env or [])
     from treeattn.cost.nccl_env import unread_numbers
 
     for said in unread_numbers(settings):  # NCCL reads them quietly; the user may not mean it

@@ -25,6 +25,7 @@ from treeattn.topology.model import Topology
 from treeattn.workload import MODELS, Payload, check_model
 
 __all__ = [
+    "nccl_env_flags",
     "TopologyOpt",
     "RanksOpt",
     "WorkloadFileOpt",
@@ -278,3 +279,23 @@ _KEY_OF = {"heads": "q_heads"}
 def _flag(key: str, value: object) -> str:
     """The flag that gave ``key`` as typed: ``--kv-latent``, or ``--no-kv-latent`` for False."""
     return ("--no-" if value is False else "--") + key.replace("_", "-")
+
+
+def nccl_env_flags(items: list[str]) -> dict[str, str]:
+    """``--env NAME=VALUE`` flags (check-model, calibrate --from-nccl-tests) as a mapping: the
+    NCCL settings the model reads, each once, checked as a mapping's ``env`` is."""
+    from treeattn.cost.nccl_env import ENV_SETTINGS
+    from treeattn.validate.corpus import check_env
+
+    out: dict[str, str] = {}
+    for item in items:
+        name, eq, value = (x.strip() for x in item.partition("="))
+        if not eq or not name or not value:
+            raise InputError(f"--env {item!r}: write NAME=VALUE, e.g. NCCL_ALGO=Ring")
+        if name not in ENV_SETTINGS:  # a setting the model ignores would score as if it were not set
+            raise InputError(f"--env {item!r}: the model reads only {', '.join(ENV_SETTINGS)}")
+        if name in out:
+            raise InputError(f"--env names {name} twice")
+        out[name] = value
+    check_env("--env", out)
+    return out
