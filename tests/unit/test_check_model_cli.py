@@ -820,3 +820,31 @@ def test_a_header_of_graphs_or_grouped_launches_is_said_and_a_header_of_too_many
         assert res.exit_code == 2 and res.stderr.strip() == (
             f"error: {many}: the header's nThread 1 x nGpus 64 = 64 ranks a process, but the run has 32 ranks: the "
             "header is damaged or another run's"), res.stderr
+
+
+def test_small_things_a_trial_met_with_own_logs(tmp_path):
+    text = FIXTURE.read_text()
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    res = run_cli("check-model", str(empty), "-t", "dgx-h100:nodes=4")
+    assert res.exit_code == 2 and res.stderr.strip() == f"error: {empty}: the file is empty"
+    # a text log named .json is read as text; one named .yaml is said to be a log
+    named = tmp_path / "run.json"
+    named.write_text(text)
+    assert run_cli("check-model", str(named), "-t", "dgx-h100:nodes=4").exit_code == 0
+    named = tmp_path / "run.yaml"
+    named.write_text(text)
+    res = run_cli("check-model", str(named), "-t", "dgx-h100:nodes=4")
+    assert res.exit_code == 2 and "an nccl-tests log named .yaml" in res.stderr
+    # NCCL's version line where some harnesses print it: before nccl-tests' header, after its trailer
+    plain = text.replace("NCCL version 2.26.2+cuda12.8\n", "")
+    assert "NCCL version" not in plain
+    for where in ("NCCL version 2.21.5+cuda12.4\n" + plain, plain + "NCCL version 2.21.5+cuda12.4\n"):
+        log = tmp_path / "v.txt"
+        log.write_text(where)
+        res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=4")
+        assert res.exit_code == 0 and "NCCL 2.21.5 (printed)" in res.stdout, res.stdout
+    # an algorithm the model does not hold is named as a setting, not as a Python dict
+    res = run_cli("check-model", str(FIXTURE), "-t", "dgx-h100:nodes=4", "--env", "NCCL_ALGO=CollnetDirect")
+    assert res.exit_code == 2 and "NCCL_ALGO=CollnetDirect leaves no algorithm and protocol the model knows" in \
+        res.stderr and "{" not in res.stderr

@@ -420,7 +420,9 @@ def _set(d: dict, key: str, value: object) -> None:
         (JSON_LOG.read_text()[:5000], r"^j.json: the JSON ends early: the run was cut short\?$"),
         (JSON_LOG.read_text()[:-60], r"^j.json: the JSON ends early"),
         ("", r"^j.json: the file is empty$"),
-        ("# nThread 1 nGpus 8", r"^j.json: not JSON \(Expecting value, line 1 column 1\)$"),
+        # text named .json is read as the text it is (a header cut short here)
+        ("# nThread 1 nGpus 8", r"^j.json: no '# nThread N nGpus M minBytes \.\.\. maxBytes \.\.\.' header"),
+        ("nonsense", r"^j.json: not JSON \(Expecting value, line 1 column 1\)$"),
         ('{"version": 1, "results": []}', r"^j.json: JSON, but not nccl-tests' -J output"),
         ("[1, 2]", r"^j.json: JSON, but not nccl-tests' -J output"),
         (_edited(lambda d: d["results"][2]["in_place"].update(cpu_time=d["results"][2]["in_place"].pop("time"))),

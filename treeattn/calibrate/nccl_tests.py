@@ -384,7 +384,10 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         ProbeError: the log is damaged, truncated, or not nccl-tests output.
     """
     shown = path or source
-    if text.lstrip().startswith("{") or Path(source).suffix.lower() == ".json":
+    if not text.strip():
+        raise fail(shown, None, "the file is empty")
+    json_named = Path(source).suffix.lower() == ".json" and "nThread" not in text
+    if text.lstrip().startswith("{") or json_named:  # a text log named .json is read as text
         from treeattn.calibrate.nccl_tests_json import parse_nccl_tests_json
 
         return parse_nccl_tests_json(text, source, shown)
@@ -397,7 +400,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
     rccl = False
     rows: list[NcclRow] = []
     avg: float | None = None
-    oob = version = info_version = ""
+    oob = version = info_version = after_version = ""
     info_env: dict[str, str] = {}
     named = None
     reduced: int | None = None
@@ -419,6 +422,8 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         if state == "done":
             if _HEADER.match(line):
                 raise fail(shown, lineno, "a second run starts here; give one run per file")
+            if said and said[0] in ("release", "version"):  # printed at the end by some harnesses
+                after_version = after_version or said[1]
             if line != "#":
                 ignored.append(lineno)
             continue
@@ -428,8 +433,8 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
             else:
                 if said and said[0] == "test":
                     named = collective_from_name(said[1])
-                elif said and said[0] == "release":
-                    version = said[1]
+                elif said and said[0] in ("release", "version"):
+                    version = version if version and said[0] == "release" else said[1]
                 ignored.append(lineno)
             continue
         if state == "head":
@@ -488,7 +493,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         source=shown, n_threads=int(header.group(1)), n_gpus=int(header.group(2)),
         min_bytes=min(int(header.group(3)), max_bytes), max_bytes=max_bytes, rows=tuple(rows),
         devices=tuple(devices),
-        avg_busbw_gbps=avg, out_of_bounds=oob, nccl_version=version or info_version,
+        avg_busbw_gbps=avg, out_of_bounds=oob, nccl_version=version or info_version or after_version,
         collective=named or collective_from_name(source), ignored=tuple(ignored), rccl=rccl,
         env=tuple(sorted(info_env.items())), graph=int(graph.group(1)) if graph else 0,
         agg_iters=int(agg.group(1)) if agg else 1,

@@ -472,5 +472,8 @@ def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
             best = est
     if best is None:
         why = "" if reduces else f" ({reduction[0]} {reduction[1]}: NVLink SHARP does not reduce it)"
-        raise InputError(f"the NCCL environment {env} leaves no algorithm and protocol for {collective}{why}")
+        said = " ".join(f"{k}={v}" for k, v in sorted((env or {}).items()))
+        raise InputError(f"{said or 'the NCCL environment'} leaves no algorithm and protocol the model knows for "
+                         f"{collective}{why} (it models ring, tree, NVLS, NVLSTree and RCCL's all-pairs; not CollNet "
+                         "or PAT)")
     return best

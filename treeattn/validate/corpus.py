@@ -50,6 +50,7 @@ from treeattn.calibrate.nccl_tests import (
     NcclTestsLog,
     launch_notes,
     log_run,
+    looks_like_a_log,
     other_devices,
     other_hosts,
     other_vendor,
@@ -389,13 +390,18 @@ _TOPOLOGY_KEYS = {"devices", "links", "node", "nodes", "family", "network", "cos
 
 def _load_source(mf: Path) -> list[PublishedTable]:
     try:
-        data = yaml.safe_load(read_input(mf, "mapping"))
+        text = read_input(mf, "mapping")
+    except ProbeError as exc:
+        raise InputError(str(exc)) from None
+    if looks_like_a_log(mf):
+        raise InputError(f"{mf}: an nccl-tests log named .yaml, which is read as a table mapping: give it another "
+                         "name (.txt, .log)")
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise InputError(f"{mf}: not YAML ({str(exc).splitlines()[0]})") from None
     except RecursionError:  # the pure-Python loader recurses per level; no mapping nests so
         raise InputError(f"{mf}: not YAML (nested too deeply)") from None
-    except ProbeError as exc:
-        raise InputError(str(exc)) from None
     if not isinstance(data, dict):
         raise InputError(f"{mf}: a mapping file is a YAML mapping with 'source' and 'tables'")
     unknown = sorted(set(data) - _SOURCE_KEYS)
