@@ -844,6 +844,11 @@ def test_small_things_a_trial_met_with_own_logs(tmp_path):
         log.write_text(where)
         res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=4")
         assert res.exit_code == 0 and "NCCL 2.21.5 (printed)" in res.stdout, res.stdout
+    # the settings given are said on the log's line; RCCL's on an NCCL log are said to do nothing
+    res = run_cli("check-model", str(FIXTURE), "-t", "dgx-h100:nodes=4", "--env", "NCCL_ALGO=Ring", "--env",
+                  "RCCL_MSCCL_ENABLE=1")
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith(f"{FIXTURE}: all_reduce"))
+    assert "run with NCCL_ALGO=Ring RCCL_MSCCL_ENABLE=1 (--env); RCCL_* settings apply to rccl-tests logs" in line
     # an algorithm the model does not hold is named as a setting, not as a Python dict
     res = run_cli("check-model", str(FIXTURE), "-t", "dgx-h100:nodes=4", "--env", "NCCL_ALGO=CollnetDirect")
     assert res.exit_code == 2 and "NCCL_ALGO=CollnetDirect leaves no algorithm and protocol the model knows" in \

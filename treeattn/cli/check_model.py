@@ -174,6 +174,10 @@ def check_model_cmd(
         if checked := t.validation_note():
             notes.append(checked)
         unread = [k for k in settings if k not in reads_env(t.collective)]
+        if applied := [f"{k}={v}" for k, v in settings.items() if k not in unread]:
+            notes.append(f"run with {' '.join(applied)} (--env)")
+        if any(k.startswith("RCCL_") for k in applied) and not t.log.rccl:
+            notes.append("RCCL_* settings apply to rccl-tests logs (RCCL) only; this one ran NCCL")
         if unread:
             notes.append(f"--env {', '.join(unread)} not applied (the point-to-point model reads only "
                          f"{' and '.join(P2P_SETTINGS)})")
