@@ -650,7 +650,15 @@ def test_rccl_rings_on_one_xgmi_node_move_their_measured_share_of_rccls_rating()
     # the latency (56 us) is a thousandth of 8 GiB's 45 ms
     assert ring_simple(one).busbw_gbps == pytest.approx(336.0 * share, rel=0.002)
     assert ring_simple(one, nccl.Protocol.LL128).busbw_gbps == pytest.approx(336.0 * share * 0.92, rel=0.002)
-    # MI200 parts (gfx90a), outside the data, keep RCCL's rating; so do rings across nodes
+    # MI200 parts (gfx90a), 4 GPUs of a node and the tree, outside the data, keep RCCL's rating;
+    # so do rings across nodes
     assert ring_simple(dataclasses.replace(one, gfx90a=True)).busbw_gbps == pytest.approx(336.0, rel=0.002)
+    four = fabric(resolve("mi300x-4"))
+    assert ring_simple(four).busbw_gbps == pytest.approx(four.bus_bw_gbps, rel=0.002)
+    tree = next(e for e in nccl.predict(one, "allreduce", 8 << 30)
+                if e.algorithm is nccl.Algorithm.TREE and e.protocol is nccl.Protocol.SIMPLE)
+    untouched = dataclasses.replace(one, gfx90a=True)
+    assert tree.time_us == pytest.approx(next(e for e in nccl.predict(untouched, "allreduce", 8 << 30)
+                                              if e.algorithm is tree.algorithm and e.protocol is tree.protocol).time_us)
     two = fabric(resolve("mi300x:nodes=2"))
     assert ring_simple(two).time_us == pytest.approx(ring_simple(dataclasses.replace(two, gfx90a=True)).time_us)

@@ -174,6 +174,12 @@ def test_a_launchers_lines_inside_the_table_are_read_past():
         parse_nccl_tests("\n".join(lines[:i] + mpi[:1] + lines[i + 1:]), "gone.txt")
     with pytest.raises(ProbeError, match="row has 7 fields"):
         parse_nccl_tests("\n".join(lines[:i] + [" ".join(lines[i].split()[:7])] + lines[i + 1:]), "cut.txt")
+    # a row whose figures are damaged still begins as one, and is named, in a published table too
+    f = lines[i].split()
+    damaged = " ".join([f[0], f[1][:2] + "l" + f[1][3:], *f[2:]])
+    for parse in (parse_nccl_tests, parse_published_table):
+        with pytest.raises(ProbeError, match=rf":{i + 1}: count '{f[1][:2]}l{f[1][3:]}' is not a number"):
+            parse("\n".join(lines[:i] + [damaged] + lines[i + 1:]), "d.txt")
 
 
 def test_nccl_info_lines_give_the_release_and_the_variables_the_environment_set():

@@ -692,3 +692,40 @@ def test_the_a40_box_is_the_matrix_llm_insights_publishes():
     tables = [t for t in load_corpus() if t.source_id == "llm-insights-nccl-p2p"]
     assert {t.topology.split("[")[0] for t in tables} == {"a40-8", "dgx-a100", "dgx-h100"}
     assert sum(t.env == {"NCCL_P2P_DISABLE": "1"} for t in tables) == 4 and len(tables) == 7
+
+
+def test_rccls_xgmi_share_is_the_median_of_the_corpus_rings():
+    """RCCL_XGMI_ACHIEVED is what its docstring says: the median, over the RCCL one-node ring
+    rows of 32 MiB and more, of the modelled bandwidth time over the published time less the
+    latency; each source's rows lie within 1.2 % of the other sources' median."""
+    import dataclasses
+    import statistics
+
+    from treeattn.cost import nccl, nccl_tuning
+    from treeattn.validate.published import _Topologies
+
+    cache, rows = _Topologies(), []
+    for t in load_corpus():
+        fab = cache.fabric(t)
+        if not (fab.rccl and fab.nodes == 1) or t.collective != "all_reduce":
+            continue
+        rated = dataclasses.replace(fab, gfx90a=True)  # the model without the share: RCCL's rating
+        for nbytes, published in t.points():
+            if nbytes < 32 << 20:
+                continue
+            est = nccl.pick(fab, "allreduce", nbytes, env=t.env, rccl_release=t.rccl_release,
+                            ranks_per_process=max(1, t.log.n_threads) * max(1, t.log.n_gpus))
+            if est.algorithm is not nccl.Algorithm.RING:
+                continue
+            at_rating = next(e for e in nccl.predict(rated, "allreduce", nbytes)
+                             if e.algorithm is est.algorithm and e.protocol is est.protocol)
+            bandwidth_us = at_rating.time_us - at_rating.latency_us
+            rows.append((t.source_id, t.scored, bandwidth_us / (published - est.latency_us),
+                         est.latency_us, bandwidth_us, published))
+    assert len(rows) == 44 and len({r[0] for r in rows}) == 4
+    assert round(statistics.median(r[2] for r in rows), 2) == nccl_tuning.RCCL_XGMI_ACHIEVED
+    assert round(statistics.median(r[2] for r in rows if r[1]), 2) == nccl_tuning.RCCL_XGMI_ACHIEVED
+    for source in {r[0] for r in rows}:  # each source's rows timed at the other sources' share
+        share = statistics.median(r[2] for r in rows if r[0] != source)
+        error = statistics.median((lat + bw / share) / pub - 1 for s, _, _, lat, bw, pub in rows if s == source)
+        assert abs(error) < 0.012, (source, error)

@@ -59,10 +59,17 @@ from treeattn.calibrate.nccl_tests import (
     selection_like_hosts,
 )
 from treeattn.cost import nccl_rates
-from treeattn.cost.nccl_env import allowed_by_env, function_list
+from treeattn.cost.nccl_env import allowed_by_env, function_list, setting_meaning
 from treeattn.errors import InputError, ProbeError
 from treeattn.topology.model import CALIBRATED_BY, Link, LinkClass, LinkKind, Topology
-from treeattn.topology.nccl_version import allows, nccl_release, newer_note, parse_version, version_text
+from treeattn.topology.nccl_version import (
+    allows,
+    nccl_release,
+    newer_note,
+    parse_version,
+    version_flag,
+    version_text,
+)
 from treeattn.units import format_size
 
 __all__ = ["LogFit", "NcclCalibration", "calibrate_from_nccl_tests", "SIZE_BANDS", "HalfSplit", "half_split"]
@@ -187,7 +194,8 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
         raise InputError("--from-nccl-tests needs at least one log file")
     if version is not None:
         try:
-            parse_version(version_text(version))
+            version = version_flag(version_text(version))
+            parse_version(version)
         except InputError as exc:
             raise InputError(f"--nccl-version: {exc}") from None
     parsed = []
@@ -203,8 +211,6 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
         cf = calibrate_from_log(log, likely=topo.num_ranks)
         if said := _not_a_ring(log, cf.collective):
             ring_notes.append(said)
-        ring_notes.extend(f"{log.source}: {how}: the latency fitted is theirs, below that of calls launched one by "
-                          "one (nccl-tests' default, what a plan's calls pay)" for how in launch_notes(log))
         n = cf.ranks
         if n > topo.num_ranks:
             raise InputError(f"{log.source}: the log ran on {n} ranks but topology {topo.name!r} places "
@@ -260,23 +266,36 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
     return NcclCalibration(fitted, logs, tuple(warnings + notes))
 
 
+ENV_READ = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE")
+"""The settings ``--env`` may give a fit from logs: those that choose what NCCL ran, which its
+warnings read (the fit takes a ring); the others change no figure of it."""
+
+
 def _with_env(log: NcclTestsLog, env: dict[str, str]) -> NcclTestsLog:
     """``log`` with the settings ``--env`` gives beside those it records.
 
     Raises:
-        InputError: a setting the log records with another value."""
+        InputError: a setting the fit does not read (``ENV_READ``), or one the log records
+            with another meaning."""
     recorded = dict(log.env)
     for name, value in env.items():
-        if name in recorded and recorded[name] != value:
+        if name not in ENV_READ:
+            raise InputError(f"--env {name}={value}: a fit from logs reads only {', '.join(ENV_READ)} (which "
+                             "algorithm ran); routes through host memory are the topology's (cost.p2p_level)"
+                             if name.startswith("NCCL_P2P") else
+                             f"--env {name}={value}: a fit from logs reads only {', '.join(ENV_READ)} (which "
+                             "algorithm ran)")
+        if name in recorded and setting_meaning(name, recorded[name]) != setting_meaning(name, value):
             raise InputError(f"--env {name}={value}: {log.source} records {name}={recorded[name]}")
     return dataclasses.replace(log, env=tuple(sorted({**recorded, **env}.items()))) if env else log
 
 
 def _doubts(topo: Topology, log: NcclTestsLog, lf: LogFit, network: bool) -> list[str]:
     """What makes a log's fit other than its links' figures, written as they stand: a network
-    latency far above the topology's route (another cost sets the small sizes), small sizes a
-    process's launches of several GPUs set (``-g``), an all-reduce NCCL runs with NVLink SHARP
-    on this topology (the fit takes a ring)."""
+    latency far above the topology's route (another cost sets the small sizes), a latency of
+    calls launched otherwise than one by one (``-G``, ``-a``) or of a process's launches of
+    several GPUs (``-g``), an all-reduce NCCL runs with NVLink SHARP on this topology (the fit
+    takes a ring)."""
     out = []
     n = lf.fit.ranks
     if network and lf.latency_written:
@@ -287,6 +306,9 @@ def _doubts(topo: Topology, log: NcclTestsLog, lf: LogFit, network: bool) -> lis
                        f"topology's route ({route:.3g} µs), and plans across nodes are timed with it: a cost other "
                        "than the network's sets such a log's small sizes (a virtual NIC, TCP sockets, a disturbed "
                        "run); check it against the log's small rows")
+    if lf.latency_written:
+        out.extend(f"{lf.source}: {how}: the latency fitted is theirs, below that of calls launched one by one "
+                   "(nccl-tests' default, what a plan's calls pay)" for how in launch_notes(log))
     if log.n_gpus > 1 and lf.latency_written:
         out.append(f"{lf.source}: one process drove {log.n_gpus} GPUs (-g {log.n_gpus}), launching a call's kernels "
                    "one after another, which sets its small sizes (check-model times those launches): the latency "
@@ -296,8 +318,10 @@ def _doubts(topo: Topology, log: NcclTestsLog, lf: LogFit, network: bool) -> lis
 
         fab = nccl_fabric.fabric(topo)
         if fab.nvls_gbps > 0:
+            row = log.rows[-1]
+            reduction = (row.dtype or "float", row.redop if row.redop not in ("", "none") else "sum")
             try:
-                est = nccl.pick(fab, "allreduce", log.max_bytes, env=dict(log.env))
+                est = nccl.pick(fab, "allreduce", log.max_bytes, env=dict(log.env), reduction=reduction)
             except InputError:
                 return out
             if est.algorithm in (nccl.Algorithm.NVLS, nccl.Algorithm.NVLS_TREE):
@@ -346,16 +370,19 @@ def _with_release(topo: Topology, logs: list[NcclTestsLog], warnings: list[str],
     2.22.3): rccl-tests logs leave the field as it is.
 
     Raises:
-        InputError: a log prints a release ``given`` does not allow."""
+        InputError: a log prints a release ``given`` does not allow (an rccl-tests log: RCCL's)."""
     nccl_logs = [log for log in logs if not log.rccl]
     printed = sorted({v for v in map(printed_version, nccl_logs) if v})
     if given is not None:
-        for log in nccl_logs:
+        for log in logs:
             if (v := printed_version(log)) and not allows(given, v):
-                raise InputError(f"--nccl-version {given.strip()}: {log.source} prints NCCL {v}")
+                raise InputError(f"--nccl-version {given}: {log.source} prints {'RCCL' if log.rccl else 'NCCL'} {v}")
+        if not nccl_logs:
+            warnings.append(f"--nccl-version {given}: the logs ran RCCL, whose releases are not NCCL's: the "
+                            "topology's cost.nccl_version (NCCL's) is left as it is")
     silent = sum(not printed_version(log) for log in nccl_logs)
     if given is not None and not printed and nccl_logs:
-        printed, silent = [given.strip()], 0
+        printed, silent = [given], 0
     if not printed:
         return topo
     if silent:

@@ -28,7 +28,7 @@ MPICH Hydra ``-prepend-rank``'s ``[0] ``) or a log collector stamped (``kubectl 
 echo, ``NCCL INFO``, trimmed device lists) are skipped and their numbers kept in
 ``ignored``; of ``NCCL_DEBUG=INFO``'s lines, NCCL's version (where no plain version line
 gives one) and the variables it says the environment set (``env``) are kept. Inside the
-table a line that does not begin as a row does, with two whole numbers (size and count), is
+table a line that does not begin as a row does, with two numbers (size and count), is
 skipped the same way: what a launcher prints between the rows (Open MPI's ``8 more processes
 have sent help message ...``, a UCX warning); the table must still hold every size its header
 gives (below), so a row damaged past recognition is still refused. A line that begins as a row
@@ -520,9 +520,11 @@ def launch_notes(log: NcclTestsLog) -> list[str]:
 
 
 def _begins_as_a_row(parts: list[str]) -> bool:
-    """Whether a line's fields begin as a table row's: size and count (or old versions' bytes
-    and N), two whole numbers; ``8 more processes have sent help message ...`` does not."""
-    return len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit()
+    """Whether a line's fields begin as a table row's, size and count (or old versions' bytes
+    and N), two numbers: each starts with a digit, so a row whose figures are damaged
+    (``262l44``) is still read, and refused where it is; ``8 more processes have sent help
+    message ...`` and ``[host:1234] ...`` are not rows."""
+    return len(parts) >= 2 and parts[0][:1].isdigit() and parts[1][:1].isdigit()
 
 
 def _names_columns(line: str) -> bool:
@@ -872,9 +874,13 @@ def log_run(log: NcclTestsLog, collective: str | None = None, ranks: int | None 
         if n is None:
             raise ProbeError(f"{log.source}: no '#  Rank' lines and busbw = algbw for {name}: the rank count is "
                              "unknown; keep the '#  Rank' lines nccl-tests prints")
-        if likely is not None and likely != n and _ratio_allows(name, log, likely):
-            notes.append(f"{likely} ranks, the topology's: busbw/algbw = {ratio:.4f} gives {n} or {likely} "
-                         "within its printed digits (no '#  Rank' lines)")
+        wide = _ratio_range(name, log, likely) if likely is not None and likely != n else None
+        agrees = likely is not None and abs(ratio - model.busbw_factor(likely)) <= \
+            0.01 * model.busbw_factor(likely) + 0.006  # as the check below
+        # the figures must tell counts apart to a quarter: a log of small sizes tells little
+        if wide is not None and wide[0] <= n <= wide[1] and wide[1] <= 1.25 * wide[0] and agrees:
+            notes.append(f"{likely} ranks, the topology's: busbw/algbw = {ratio:.4f}, to the digits the log prints, "
+                         f"gives {wide[0]}-{wide[1]} (no '#  Rank' lines)")
             n = likely
         else:
             notes.append(f"{n} ranks solved from busbw/algbw = {ratio:.4f} (no '#  Rank' lines)")
@@ -922,11 +928,25 @@ def _ranks_from_ratio(name: str, ratio: float) -> int | None:
     return None
 
 
-def _ratio_allows(name: str, log: NcclTestsLog, n: int) -> bool:
-    """Whether ``n`` ranks give ``log``'s busbw/algbw within the two decimals nccl-tests prints
-    them to (its largest row's): past a hundred ranks or so several counts do."""
+def _ratio_range(name: str, log: NcclTestsLog, near: int) -> tuple[int, int] | None:
+    """The rank counts around ``near`` whose busbw factor gives ``log``'s busbw/algbw within the
+    two decimals nccl-tests prints them to (its largest row's): past a hundred ranks or so
+    several do. None where the range has no upper end within 4 times ``near`` (small sizes only:
+    the printed figures tell little)."""
     timings = [t for r in log.rows for t in (r.out_of_place, r.in_place) if t and t.algbw_gbps > 0]
     best = max(timings, key=lambda t: t.algbw_gbps)
-    want = COLLECTIVE_MODELS[name].busbw_factor(n)
-    # the printed figures are within 0.005 of the true ones, and busbw = factor x algbw
-    return abs(best.busbw_gbps - want * best.algbw_gbps) <= 0.005 * (1 + want) + 1e-9
+    factor = COLLECTIVE_MODELS[name].busbw_factor
+
+    def fits(n: int) -> bool:  # the printed figures are within 0.005 of the true ones
+        return abs(best.busbw_gbps - factor(n) * best.algbw_gbps) <= 0.005 * (1 + factor(n)) + 1e-9
+
+    if not fits(near):
+        return None
+    lo = hi = near
+    while lo > 2 and fits(lo - 1):
+        lo -= 1
+    while fits(hi + 1):
+        hi += 1
+        if hi > 4 * near:
+            return None
+    return lo, hi

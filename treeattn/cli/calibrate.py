@@ -83,8 +83,9 @@ def calibrate_cmd(
         "several.")] = None,
     nccl_version: Annotated[str | None, typer.Option(
         "--nccl-version", metavar="VERSION", help="With --from-nccl-tests: the NCCL release the logs ran with, "
-        "where they print none (2.21.5, a series 2.21, a bound <2.23): the fitted topology's cost.nccl_version. "
-        "NCCL_DEBUG=VERSION makes a run print it.")] = None,
+        "where they print none (2.21.5, a series 2.21, a bound <2.23): the fitted topology's cost.nccl_version "
+        "(rccl-tests logs: RCCL's, checked against what they print, not written). NCCL_DEBUG=VERSION makes a run "
+        "print it.")] = None,
     json_out: JsonOpt = False,
     ctx: typer.Context = None,  # noqa: RUF013 - typer fills it
 ) -> None:

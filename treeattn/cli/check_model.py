@@ -207,7 +207,8 @@ def check_model_cmd(
         nccl = (f"{t.library} {t.version} ({how})" if t.version
                 else f"RCCL, its release not printed (NCCL {release_text(releases[t.name])}'s figures"
                 + (", RCCL 2.21's MSCCL, which runs where a process drives several GPUs: "
-                   "--env RCCL_MSCCL_ENABLE_SINGLE_PROCESS=0 for an older RCCL)" if t.log.n_gpus > 1 else ")")
+                   "--nccl-version gives the run's RCCL release)" if t.log.n_gpus > 1 else
+                   "; --nccl-version gives the run's RCCL release)")
                 if t.log.rccl else f"NCCL's release not printed: the topology's ({release_text(releases[t.name])}); "
                 "--nccl-version gives the run's")
         con.print(f"{t.url}: {t.collective} over {t.ranks} ranks on {t.topology}{gpus}, {nccl}"

@@ -63,7 +63,7 @@ the hosts' CPU (NCCL's rows: AMD hosts 22.5 / 19, others 39 / 20.4 GB/s on 2 / m
 Achieved (``time_us``): NCCL's formulas without the post overhead, and across nodes each
 protocol moves the network at ``NET_ACHIEVED`` of NCCL's figure (Simple 0.94: the 46-48 GB/s
 NCCL's maintainers quote for a 400 Gb/s NIC; LL128 0.6, measured on the corpus); on one node
-of MI300X/MI325X RCCL's rings move ``RCCL_XGMI_ACHIEVED`` (0.94, measured) of RCCL's xGMI
+of 8 MI300X/MI325X RCCL's rings move ``RCCL_XGMI_ACHIEVED`` (0.94, measured) of RCCL's xGMI
 rating. On Ampere
 each channel a call runs on beyond its first adds ``AMPERE_CHANNEL_US`` (fitted on published
 A100 tables; NCCL's estimate does not see it). A one-node NVLink ring all-reduce, all-gather or
@@ -247,11 +247,10 @@ def chain_call_latency_us(fab: NcclFabric, algo: Algorithm, protocol: Protocol) 
 
 def _achieved(fab: NcclFabric, p: int) -> NcclFabric:
     """The fabric as a protocol drives it: across nodes the network at ``NET_ACHIEVED`` of
-    NCCL's figure, on one node of AMD GPUs (gfx942) RCCL's xGMI at ``RCCL_XGMI_ACHIEVED`` of
-    RCCL's (see the module docstring)."""
-    if fab.nodes == 1 and fab.rccl and not fab.gfx90a and fab.intra_hw == "nvlink":
-        return dataclasses.replace(fab, intra_bw_gbps=fab.intra_bw_gbps * RCCL_XGMI_ACHIEVED,
-                                   tree_intra_bw_gbps=fab.tree_intra_bw_gbps * RCCL_XGMI_ACHIEVED)
+    NCCL's figure, on one node of 8 AMD GPUs (gfx942) RCCL's ring over xGMI at
+    ``RCCL_XGMI_ACHIEVED`` of RCCL's (see the module docstring)."""
+    if fab.nodes == 1 and fab.ranks == 8 and fab.rccl and not fab.gfx90a and fab.intra_hw == "nvlink":
+        return dataclasses.replace(fab, intra_bw_gbps=fab.intra_bw_gbps * RCCL_XGMI_ACHIEVED)
     if fab.nodes == 1 or not math.isfinite(fab.inter_bw_gbps):
         return fab
     return dataclasses.replace(fab, inter_bw_gbps=fab.inter_bw_gbps * NET_ACHIEVED[_PROTOS[p]])
@@ -473,7 +472,9 @@ def pick(topo: Topology | NcclFabric, collective: Collective | str, nbytes: int,
     if best is None:
         why = "" if reduces else f" ({reduction[0]} {reduction[1]}: NVLink SHARP does not reduce it)"
         said = " ".join(f"{k}={v}" for k, v in sorted((env or {}).items()))
-        raise InputError(f"{said or 'the NCCL environment'} leaves no algorithm and protocol the model knows for "
-                         f"{collective}{why} (it models ring, tree, NVLS, NVLSTree and RCCL's all-pairs; not CollNet "
-                         "or PAT)")
+        unmodelled = any(w in said.lower() for w in ("collnet", "pat"))
+        raise InputError(f"{said or 'the NCCL environment'} leaves no algorithm and protocol "
+                         + (f"the model knows for {collective}{why} (it models ring, tree, NVLS, NVLSTree and RCCL's "
+                            "all-pairs; not CollNet or PAT)" if unmodelled else
+                            f"this topology runs for {collective}{why}"))
     return best

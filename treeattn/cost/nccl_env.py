@@ -19,6 +19,7 @@ from treeattn.topology.model import P2P_LEVELS, p2p_level_name, p2p_level_names
 from treeattn.topology.nccl_version import Release, release_text
 
 __all__ = [
+    "setting_meaning",
     "ENV_SETTINGS",
     "P2P_SETTINGS",
     "INT_SETTINGS",
@@ -199,3 +200,11 @@ def allowed_by_env(env: dict[str, str] | None) -> tuple[set[str], set[str]]:
     if _setting(env, "RCCL_MSCCL_ENABLE") != 0:
         algos.add(Algorithm.ALLPAIRS.value)
     return algos, protos
+
+
+def setting_meaning(name: str, value: str) -> tuple:
+    """What one setting tells the model (NCCL reads algorithm and protocol names in any case,
+    integers by their leading number): two values of one meaning agree."""
+    env = {name: value}
+    algos, protos = allowed_by_env(env)
+    return sorted(algos), sorted(protos), p2p_level_from_env(env), msccl_single_process(env)

@@ -140,15 +140,20 @@ _PER_CH_TREE_LL128 = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3, "hopper": (36
 # (results/published, docs/nccl-model.md); LL is capped by llMaxBw long before the network.
 NET_ACHIEVED = {Protocol.LL: 1.0, Protocol.LL128: 0.6, Protocol.SIMPLE: 0.94}
 RCCL_XGMI_ACHIEVED = 0.94
-"""What RCCL's ring moves on one node of AMD GPUs joined by xGMI, as a share of RCCL's rating
+"""What RCCL's ring moves on one node of 8 AMD GPUs joined by xGMI, as a share of RCCL's rating
 of the links (``GFX94X_XGMI_WIDTH`` 48 GB/s a link, ``src/graph/topo.h``): every RCCL source of
-the corpus runs its 8-GPU rings at 0.94 of it from 32 MiB to 16 GiB (ring bus bandwidth 313-317
-GB/s for 7 x 48), with Simple and with LL128 (which takes 0.92 of that again): median 0.941 over
-44 rows of 4 sources, 0.930-0.946 by source, each source's rows predicted by the others' median
-within 1.2 % (results/published/README.md). RCCL's ring set for these nodes (``rome_model_79``'s
-14 rings) loads every directed link equally (2 rings each), so the share is the links', not an
-uneven ring. MI300X and MI325X (gfx942) only; not across nodes, where the corpus's MI325X rings
-run faster than one node's (346 GB/s on two nodes) and the intra-node figure does not bind."""
+the corpus runs its 8-GPU rings at 0.94 of it from 64 MiB to 16 GiB (ring bus bandwidth 313-319
+GB/s for 7 x 48; 32 MiB rows 5-10 % below the rating's time), with Simple and with LL128 (which
+takes 0.92 of that again): median 0.941 over their 44 ring rows of 32 MiB and more (4 sources;
+0.930-0.946 by source; the scored 34 alone give the same median), each source's rows predicted
+by the other sources' median within 1.2 % (median time error; ``tests/unit/test_published_tables.py``
+recomputes both).
+RCCL's ring set for these nodes (``rome_model_79``'s 14 rings) loads every directed link
+equally (2 rings each), so the share is the links', not an uneven ring. MI300X and MI325X
+(gfx942), 8 GPUs; not fewer GPUs of such a node (no table), not RCCL's tree, not the
+simulator's own xGMI transfers (a plan's messages), not across nodes, where the corpus's
+MI325X rings run faster than one node's (344-351 GB/s on 2-8 nodes) and the intra-node figure
+does not bind."""
 AMPERE_CHANNEL_US = 1.52
 """What each channel a call runs on beyond its first adds to the call on Ampere GPUs (us),
 whatever the protocol and size: a per-call figure fitted on one source and one NCCL release,

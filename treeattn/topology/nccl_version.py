@@ -25,8 +25,8 @@ from typing import TypeVar
 
 from treeattn.errors import InputError
 
-__all__ = ["NEWEST", "OLDEST", "UNKNOWN", "allows", "parse_version", "version_text", "nccl_release", "release_text",
-           "by_release", "newer_note"]
+__all__ = ["NEWEST", "OLDEST", "UNKNOWN", "allows", "parse_version", "version_flag", "version_text", "nccl_release",
+           "release_text", "by_release", "newer_note"]
 
 Release = tuple[int, int, int]
 NEWEST: Release = (2, 30, 7)
@@ -72,8 +72,17 @@ def allows(text: str, printed: str) -> bool:
         return True
     if given is None or release is None:
         return True
-    exact = text.strip().count(".") == 2 and not text.strip().startswith("<")
-    return release == given if exact else release <= given
+    if text.strip().startswith("<"):
+        return release <= given
+    return release == given if text.strip().count(".") == 2 else release[:2] == given[:2]
+
+
+def version_flag(text: str) -> str:
+    """A release as a user may give it on the command line, as ``parse_version`` reads it: the
+    form NCCL prints (``2.26.2+cuda12.8``) without its build, the form treeattn prints a series
+    in (``2.27.x``) as the series (``2.27``)."""
+    text = text.strip().split("+", 1)[0].strip()
+    return text[:-2] if text.endswith(".x") else text
 
 
 def version_text(value: object) -> str:

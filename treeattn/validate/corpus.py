@@ -69,6 +69,7 @@ from treeattn.topology.nccl_version import (
     nccl_release,
     newer_note,
     parse_version,
+    version_flag,
     version_text,
 )
 
@@ -256,7 +257,7 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
     wanted = None
     if version is not None:
         try:
-            wanted = version_text(version).strip()
+            wanted = version_flag(version_text(version))
             parse_version(wanted)
         except InputError as exc:
             raise InputError(f"--nccl-version: {exc}") from None
@@ -314,7 +315,7 @@ def _with_recorded_env(path: Path, log: NcclTestsLog, coll: str, given: dict[str
         InputError: ``--env`` sets a variable the run recorded with another meaning, or a
             recorded value the model cannot read.
     """
-    from treeattn.cost.nccl_env import function_list, p2p_level_from_env, unread_numbers
+    from treeattn.cost.nccl_env import function_list, p2p_level_from_env, setting_meaning, unread_numbers
 
     where = f"{path}: the run's environment, as the file records it"
     recorded = {name: value for name, value in log.env if name in reads_env(coll) and value.strip()}
@@ -330,7 +331,7 @@ def _with_recorded_env(path: Path, log: NcclTestsLog, coll: str, given: dict[str
                 recorded[name] = own
     check_env(where, recorded)
     for name, value in recorded.items():
-        if name in given and _meaning(name, given[name]) != _meaning(name, value):
+        if name in given and setting_meaning(name, given[name]) != setting_meaning(name, value):
             raise InputError(f"{where}, has {name}={value}, but --env gives {name}={given[name]}; leave --env "
                              f"{name} out")
     if "NCCL_P2P_LEVEL" in recorded and "NCCL_P2P_DISABLE" in given and p2p_level_from_env(
@@ -351,16 +352,6 @@ def reads_env(collective: str) -> tuple[str, ...]:
     from treeattn.cost.nccl_env import ENV_SETTINGS, P2P_SETTINGS
 
     return P2P_SETTINGS if collective in POINT_TO_POINT else ENV_SETTINGS
-
-
-def _meaning(name: str, value: str) -> tuple:
-    """What one setting tells the model (NCCL reads algorithm and protocol names in any case,
-    integers by their leading number): two values of one meaning agree."""
-    from treeattn.cost.nccl_env import allowed_by_env, msccl_single_process, p2p_level_from_env
-
-    env = {name: value}
-    algos, protos = allowed_by_env(env)
-    return sorted(algos), sorted(protos), p2p_level_from_env(env), msccl_single_process(env)
 
 
 def check_env(where: str, env: dict[str, str]) -> None:
