@@ -313,22 +313,26 @@ def _doubts(topo: Topology, log: NcclTestsLog, lf: LogFit, network: bool) -> lis
         out.append(f"{lf.source}: one process drove {log.n_gpus} GPUs (-g {log.n_gpus}), launching a call's kernels "
                    "one after another, which sets its small sizes (check-model times those launches): the latency "
                    "fitted is theirs as much as the links'; a log of one process a GPU gives the links'")
-    if not network and lf.fit.collective == "all_reduce" and n == topo.num_ranks:
+    if lf.fit.collective == "all_reduce" and n == topo.num_ranks:
         from treeattn.cost import nccl, nccl_fabric
 
-        fab = nccl_fabric.fabric(topo)
-        if fab.nvls_gbps > 0:
-            row = log.rows[-1]
-            reduction = (row.dtype or "float", row.redop if row.redop not in ("", "none") else "sum")
-            try:
-                est = nccl.pick(fab, "allreduce", log.max_bytes, env=dict(log.env), reduction=reduction)
-            except InputError:
-                return out
-            if est.algorithm in (nccl.Algorithm.NVLS, nccl.Algorithm.NVLS_TREE):
-                out.append(f"{lf.source}: on {topo.name} NCCL runs an all-reduce of {format_size(log.max_bytes)} "
-                           "with NVLink SHARP (NVLS), not a ring, unless NCCL_NVLS_ENABLE=0 or NCCL_ALGO keeps it "
-                           "off: the fit takes a ring, so the links get NVLS's rate; an all-gather, reduce-scatter "
-                           "or sendrecv log, or a run with NCCL_NVLS_ENABLE=0, gives theirs")
+        row = log.rows[-1]
+        reduction = (row.dtype or "float", row.redop if row.redop not in ("", "none") else "sum")
+        try:
+            est = nccl.pick(nccl_fabric.fabric(topo), "allreduce", log.max_bytes, env=dict(log.env),
+                            reduction=reduction)
+        except InputError:
+            return out
+        nvls = est.algorithm in (nccl.Algorithm.NVLS, nccl.Algorithm.NVLS_TREE)
+        if est.algorithm is not nccl.Algorithm.RING and est.algorithm is not nccl.Algorithm.ALLPAIRS:
+            what = {nccl.Algorithm.NVLS: "NVLink SHARP (NVLS)", nccl.Algorithm.TREE: "its tree",
+                    nccl.Algorithm.NVLS_TREE: "NVLink SHARP in the node and a tree across (NVLSTree)"}[est.algorithm]
+            off = "NCCL_NVLS_ENABLE=0 or NCCL_ALGO" if nvls else "NCCL_ALGO"
+            out.append(f"{lf.source}: on {topo.name} NCCL runs an all-reduce of {format_size(log.max_bytes)} with "
+                       f"{what}, not a ring, unless {off} keeps it off (the model's reading of NCCL's tuner): the "
+                       "fit takes a ring, so the links get that algorithm's rate; an all-gather, reduce-scatter or "
+                       f"sendrecv log, or a run with {'NCCL_NVLS_ENABLE=0 or ' if nvls else ''}NCCL_ALGO=Ring, gives "
+                       "theirs")
     return out
 
 
