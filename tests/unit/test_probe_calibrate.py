@@ -90,7 +90,8 @@ def test_old_column_names_are_read():
 @pytest.mark.parametrize(
     ("name", "match"),
     [
-        ("all_reduce_perf.truncated.txt", r"truncated.txt:\d+: the log ends inside the table"),
+        ("all_reduce_perf.truncated.txt", r"truncated.txt:35: the log ends inside the table .*truncated\? 28 whole "
+                                          r"rows up to 1073741824 B \(line 35\) before it$"),
         ("all_reduce_perf.row-missing.txt", r"31 rows, but minBytes 8 .. maxBytes 17179869184 by step 2\(factor\) "
                                             "gives 32"),
     ],

@@ -486,7 +486,10 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
     if not rows:
         raise fail(shown, len(lines), "the table has no rows")
     if state != "done":
-        raise fail(shown, len(lines), "the log ends inside the table (no '# Avg bus bandwidth' line): truncated?")
+        last = rows[-1]
+        raise fail(shown, len(lines), f"the log ends inside the table (no '# Avg bus bandwidth' line): truncated? "
+                   f"{len(rows)} whole row{'s' if len(rows) > 1 else ''} up to {last.size_bytes} B (line "
+                   f"{last.line}) before it")
     max_bytes = int(header.group(4)) if reduced is None else min(int(header.group(4)), reduced)
     graph, agg = _HEADER_GRAPH.search(header.group(5)), _HEADER_AGG.search(header.group(5))
     log = NcclTestsLog(
