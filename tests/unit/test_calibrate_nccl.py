@@ -842,9 +842,9 @@ def test_a_json_log_recording_an_algorithm_other_than_the_ring_is_warned_of(tmp_
         log.write_text(json.dumps({**data, "env": [*data["env"], f"NCCL_ALGO={algo}"]}))
         warned = calibrate_from_nccl_tests(resolve("dgx-h100:nodes=2"), [log]).warnings
         assert not any("NCCL ran no ring" in w or "ran with NCCL_ALGO" in w for w in warned), (algo, warned)
-        # where the ring is one of several, NCCL's tuner picks: at 16 MiB on two nodes, the tree
-        assert any("NCCL runs an all-reduce of 16 MiB with its tree, not a ring" in w for w in warned) == (
-            algo == "Ring,Tree"), (algo, warned)
+        # where the ring is one of several, NCCL's tuner picks: from 1 MiB on two nodes, the tree
+        assert any("NCCL runs this all-reduce with its tree at 1 MiB-16 MiB, not a ring (NCCL's tuner picks among "
+                   "those NCCL_ALGO allows" in w for w in warned) == (algo == "Ring,Tree"), (algo, warned)
     log.write_text(json.dumps({**data, "env": [*data["env"], "NCCL_ALGO=ring;allreduce:^ring"]}))
     assert any("ran no ring for all_reduce" in w
                for w in calibrate_from_nccl_tests(resolve("dgx-h100:nodes=2"), [log]).warnings)
@@ -872,7 +872,8 @@ def test_fits_other_costs_set_are_warned_of(tmp_path):
     got = calibrate_from_nccl_tests(resolve("dgx-h100"), [_corpus_table(tmp_path, "nvidia-dgxc-benchmarking-h100",
                                                                           "1node")])
     assert [w for w in got.warnings if "NVLink SHARP" in w] == [
-        next(w for w in got.warnings if "NCCL runs an all-reduce of 16 GiB with NVLink SHARP (NVLS), not a ring" in w)]
+        next(w for w in got.warnings if "NCCL runs this all-reduce with NVLink SHARP (NVLS) at 2 MiB-16 GiB, not a ring"
+             in w)]
     assert not any("one process drove" in w for w in got.warnings)
     # said once where the fitted rate said it already (above the links' rating)
     assert sum("NVLink SHARP" in w for w in calibrate_from_nccl_tests(resolve("dgx-h100"), [ONE]).warnings) == 1
@@ -897,3 +898,35 @@ def test_the_settings_given_with_env_are_read_as_a_recorded_environment_is(tmp_p
     assert res.exit_code == 0 and "NVLink SHARP" not in res.stderr, res.stderr
     res = run_cli("calibrate", "--from-nccl-tests", str(log), "-t", "dgx-h100", "--env", "NCCL_ALGO")
     assert res.exit_code == 2 and "write NAME=VALUE" in res.stderr
+
+
+def _rows_average(lines: list[str]) -> float:
+    """nccl-tests' '# Avg bus bandwidth': the mean of every timing's busbw."""
+    bus = [float(f[i]) for f in (ln.split() for ln in lines) if len(f) == 13 and f[0].isdigit() for i in (7, 11)]
+    return sum(bus) / len(bus)
+
+
+def test_the_algorithm_warning_reads_the_logs_release_and_sizes(tmp_path):
+    # The 4-node log (NCCL 2.26.2) up to 1 GiB: by 2.26.2's figures NCCL runs NVLSTree at 2-256
+    # MiB on these nodes and a ring at 512 MiB-1 GiB, by 2.30.7's NVLSTree at 1 GiB too; the
+    # warning follows the release the log prints, and names the sizes.
+    cut = tmp_path / "all_reduce_perf.txt"
+    lines = FOUR.read_text().splitlines()
+    keep = [ln for ln in lines if not (ln.split() and ln.split()[0].isdigit() and int(ln.split()[0]) > 1 << 30)
+            and not ln.startswith("# Avg bus bandwidth")]  # the average of the rows cut: left out, as -b/-e runs
+    cut.write_text("\n".join(keep).replace("maxBytes 17179869184", "maxBytes 1073741824") + "\n# Avg bus "
+                   "bandwidth    : " + f"{_rows_average(keep):.4f}\n")
+    from treeattn.calibrate.nccl_tests import read_nccl_tests
+
+    assert read_nccl_tests(cut).rows[-1].size_bytes == 1 << 30
+    got = calibrate_from_nccl_tests(DGX4, [cut]).warnings
+    assert any("with its tree at 1 MiB, NVLink SHARP in the node and a tree across (NVLSTree) at 2 MiB-256 MiB, "
+               "not a ring" in w for w in got), got
+    cut.write_text(cut.read_text().replace("NCCL version 2.26.2+cuda12.8\n", ""))
+    got = calibrate_from_nccl_tests(DGX4, [cut]).warnings
+    assert any("(NVLSTree) at " in w and "-1 GiB, not a ring" in w for w in got), got
+    # a host-memory ring (GPUs without peer-to-peer): the rate fitted is NCCL's shared-memory one
+    chlc = _corpus_table(tmp_path, "chlc-rtx4090-epyc", "8gpu-stock-driver")
+    warned = calibrate_from_nccl_tests(resolve("rtx4090-epyc2-8"), [chlc]).warnings
+    assert any("its tree at 128 MiB, not a ring" in w and "the host-memory rate fitted is" in w for w in warned), \
+        warned

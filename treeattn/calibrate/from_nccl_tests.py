@@ -211,6 +211,9 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
         cf = calibrate_from_log(log, likely=topo.num_ranks)
         if said := _not_a_ring(log, cf.collective):
             ring_notes.append(said)
+        if p2p := sorted(k for k, v in log.env if k.startswith("NCCL_P2P_") and v.strip()):
+            ring_notes.append(f"{log.source}: the run recorded {', '.join(f'{k}={dict(log.env)[k]}' for k in p2p)}: "
+                              "the fit takes the routes the topology gives (its cost.p2p_level), not these")
         n = cf.ranks
         if n > topo.num_ranks:
             raise InputError(f"{log.source}: the log ran on {n} ranks but topology {topo.name!r} places "
@@ -241,7 +244,7 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
         if not lf.shm and cf.collective == "all_reduce" and (said := _under_rating(topo, lf, network)):
             warnings.append(said)
         log = next(log for log in logs_read if log.source == source)
-        warnings.extend(d for d in _doubts(topo, log, lf, network)  # once, where the rate said it
+        warnings.extend(d for d in _doubts(topo, log, lf, network, printed_version(log) or version or "")
                         if not ("NVLink SHARP" in d and any(lf.source in w and "NVLink SHARP" in w for w in warnings)))
         if not network:
             intra_alpha = lf.alpha_us if intra_alpha is None else intra_alpha
@@ -266,9 +269,9 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
     return NcclCalibration(fitted, logs, tuple(warnings + notes))
 
 
-ENV_READ = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE")
-"""The settings ``--env`` may give a fit from logs: those that choose what NCCL ran, which its
-warnings read (the fit takes a ring); the others change no figure of it."""
+ENV_READ = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE", "RCCL_MSCCL_ENABLE", "RCCL_MSCCL_ENABLE_SINGLE_PROCESS")
+"""The settings ``--env`` may give a fit from logs: those that choose the algorithm NCCL (or
+RCCL) ran, which its warnings read (the fit takes a ring); the others change no figure of it."""
 
 
 def _with_env(log: NcclTestsLog, env: dict[str, str]) -> NcclTestsLog:
@@ -285,17 +288,22 @@ def _with_env(log: NcclTestsLog, env: dict[str, str]) -> NcclTestsLog:
                              if name.startswith("NCCL_P2P") else
                              f"--env {name}={value}: a fit from logs reads only {', '.join(ENV_READ)} (which "
                              "algorithm ran)")
-        if name in recorded and setting_meaning(name, recorded[name]) != setting_meaning(name, value):
+        try:
+            differs = name in recorded and setting_meaning(name, recorded[name]) != setting_meaning(name, value)
+        except InputError as exc:
+            raise InputError(f"--env {name}={value}: {log.source} records {name}={recorded[name]}, which the model "
+                             f"cannot read: {exc}") from None
+        if differs:
             raise InputError(f"--env {name}={value}: {log.source} records {name}={recorded[name]}")
     return dataclasses.replace(log, env=tuple(sorted({**recorded, **env}.items()))) if env else log
 
 
-def _doubts(topo: Topology, log: NcclTestsLog, lf: LogFit, network: bool) -> list[str]:
+def _doubts(topo: Topology, log: NcclTestsLog, lf: LogFit, network: bool, release: str) -> list[str]:
     """What makes a log's fit other than its links' figures, written as they stand: a network
     latency far above the topology's route (another cost sets the small sizes), a latency of
     calls launched otherwise than one by one (``-G``, ``-a``) or of a process's launches of
-    several GPUs (``-g``), an all-reduce NCCL runs with NVLink SHARP on this topology (the fit
-    takes a ring)."""
+    several GPUs (``-g``), an all-reduce NCCL runs with another algorithm than the ring the fit
+    takes (``_other_algorithm``; ``release``: the log's, printed or given, else empty)."""
     out = []
     n = lf.fit.ranks
     if network and lf.latency_written:
@@ -313,27 +321,59 @@ def _doubts(topo: Topology, log: NcclTestsLog, lf: LogFit, network: bool) -> lis
         out.append(f"{lf.source}: one process drove {log.n_gpus} GPUs (-g {log.n_gpus}), launching a call's kernels "
                    "one after another, which sets its small sizes (check-model times those launches): the latency "
                    "fitted is theirs as much as the links'; a log of one process a GPU gives the links'")
-    if lf.fit.collective == "all_reduce" and n == topo.num_ranks:
-        from treeattn.cost import nccl, nccl_fabric
-
-        row = log.rows[-1]
-        reduction = (row.dtype or "float", row.redop if row.redop not in ("", "none") else "sum")
-        try:
-            est = nccl.pick(nccl_fabric.fabric(topo), "allreduce", log.max_bytes, env=dict(log.env),
-                            reduction=reduction)
-        except InputError:
-            return out
-        nvls = est.algorithm in (nccl.Algorithm.NVLS, nccl.Algorithm.NVLS_TREE)
-        if est.algorithm is not nccl.Algorithm.RING and est.algorithm is not nccl.Algorithm.ALLPAIRS:
-            what = {nccl.Algorithm.NVLS: "NVLink SHARP (NVLS)", nccl.Algorithm.TREE: "its tree",
-                    nccl.Algorithm.NVLS_TREE: "NVLink SHARP in the node and a tree across (NVLSTree)"}[est.algorithm]
-            off = "NCCL_NVLS_ENABLE=0 or NCCL_ALGO" if nvls else "NCCL_ALGO"
-            out.append(f"{lf.source}: on {topo.name} NCCL runs an all-reduce of {format_size(log.max_bytes)} with "
-                       f"{what}, not a ring, unless {off} keeps it off (the model's reading of NCCL's tuner): the "
-                       "fit takes a ring, so the links get that algorithm's rate; an all-gather, reduce-scatter or "
-                       f"sendrecv log, or a run with {'NCCL_NVLS_ENABLE=0 or ' if nvls else ''}NCCL_ALGO=Ring, gives "
-                       "theirs")
+    if said := _other_algorithm(topo, log, lf, release):
+        out.append(said)
     return out
+
+
+_ALGORITHM_NAMES = {"nvls": "NVLink SHARP (NVLS)", "tree": "its tree",
+                    "nvlstree": "NVLink SHARP in the node and a tree across (NVLSTree)",
+                    "allpairs": "RCCL's MSCCL all-pairs"}
+
+
+def _other_algorithm(topo: Topology, log: NcclTestsLog, lf: LogFit, release: str) -> str:
+    """A warning where, by the model's reading of NCCL's tuner (at the log's release, with its
+    settings, reduction and GPUs a process), NCCL runs an all-reduce log's sizes from 1 MiB,
+    which set the fitted rate, with another algorithm than the ring the fit takes; empty
+    elsewhere, and where the log's settings allow no ring (``_not_a_ring`` says so)."""
+    from treeattn.cost import nccl, nccl_fabric
+
+    if lf.fit.collective != "all_reduce" or lf.fit.ranks != topo.num_ranks:
+        return ""
+    env = dict(log.env)
+    try:
+        if "ring" not in allowed_by_env(env)[0]:
+            return ""
+        fab = nccl_fabric.fabric(topo)
+        if release and not log.rccl:
+            fab = dataclasses.replace(fab, nccl_release=nccl_release(release))
+        rccl_release = parse_version(release) if release and log.rccl else None
+    except InputError:
+        return ""
+    row = log.rows[-1]
+    reduction = (row.dtype or "float", row.redop if row.redop not in ("", "none") else "sum")
+    picked: dict[str, list[int]] = {}
+    for r in log.rows:
+        if r.size_bytes < 1 << 20:
+            continue
+        try:
+            est = nccl.pick(fab, "allreduce", r.size_bytes, env=env, reduction=reduction, rccl_release=rccl_release,
+                            ranks_per_process=max(1, log.n_threads) * max(1, log.n_gpus))
+        except InputError:
+            return ""
+        if est.algorithm is not nccl.Algorithm.RING:
+            picked.setdefault(est.algorithm.value, []).append(r.size_bytes)
+    if not picked:
+        return ""
+    runs = ", ".join(f"{_ALGORITHM_NAMES[a]} at {format_size(min(sz))}"
+                     + (f"-{format_size(max(sz))}" if len(sz) > 1 else "") for a, sz in picked.items())
+    how = ("NCCL's tuner picks among those NCCL_ALGO allows, by the model's reading" if "NCCL_ALGO" in env
+           else "by the model's reading of NCCL's tuner")
+    rate = "the host-memory rate fitted is" if lf.shm else "the links get"
+    nvls = any(a in ("nvls", "nvlstree") for a in picked)
+    return (f"{lf.source}: on {topo.name} NCCL runs this all-reduce with {runs}, not a ring ({how}): the fit takes a "
+            f"ring, so {rate} those algorithms' rate; an all-gather, reduce-scatter or sendrecv log, or a run with "
+            f"NCCL_ALGO=Ring{' or NCCL_NVLS_ENABLE=0' if nvls else ''}, gives theirs")
 
 
 _RING_FITS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",

@@ -28,7 +28,7 @@ MPICH Hydra ``-prepend-rank``'s ``[0] ``) or a log collector stamped (``kubectl 
 echo, ``NCCL INFO``, trimmed device lists) are skipped and their numbers kept in
 ``ignored``; of ``NCCL_DEBUG=INFO``'s lines, NCCL's version (where no plain version line
 gives one) and the variables it says the environment set (``env``) are kept. Inside the
-table a line that does not begin as a row does, with two numbers (size and count), is
+table a line that does not begin as a row does (a whole number, the size, then the count) is
 skipped the same way: what a launcher prints between the rows (Open MPI's ``8 more processes
 have sent help message ...``, a UCX warning); the table must still hold every size its header
 gives (below), so a row damaged past recognition is still refused. A line that begins as a row
@@ -523,11 +523,13 @@ def launch_notes(log: NcclTestsLog) -> list[str]:
 
 
 def _begins_as_a_row(parts: list[str]) -> bool:
-    """Whether a line's fields begin as a table row's, size and count (or old versions' bytes
-    and N), two numbers: each starts with a digit, so a row whose figures are damaged
+    """Whether a line's fields begin as a table row's: a size (a whole number) and a count (or
+    old versions' bytes and N) that starts with a digit, so a row whose count is damaged
     (``262l44``) is still read, and refused where it is; ``8 more processes have sent help
-    message ...`` and ``[host:1234] ...`` are not rows."""
-    return len(parts) >= 2 and parts[0][:1].isdigit() and parts[1][:1].isdigit()
+    message ...``, ``[host:1234] ...`` and a logger's ``2025-06-11 12:00:01 ...`` are not rows.
+    A row whose size is damaged is read past: a log's sizes are then short of its header's
+    (refused there), a published table's are not checked so."""
+    return len(parts) >= 2 and parts[0].isdigit() and parts[1][:1].isdigit()
 
 
 def _names_columns(line: str) -> bool:
@@ -880,10 +882,11 @@ def log_run(log: NcclTestsLog, collective: str | None = None, ranks: int | None 
         wide = _ratio_range(name, log, likely) if likely is not None and likely != n else None
         agrees = likely is not None and abs(ratio - model.busbw_factor(likely)) <= \
             0.01 * model.busbw_factor(likely) + 0.006  # as the check below
-        # the figures must tell counts apart to a quarter: a log of small sizes tells little
-        if wide is not None and wide[0] <= n <= wide[1] and wide[1] <= 1.25 * wide[0] and agrees:
+        if wide is not None and agrees:
+            # the machine the user names decides where the printed figures cannot
             notes.append(f"{likely} ranks, the topology's: busbw/algbw = {ratio:.4f}, to the digits the log prints, "
-                         f"gives {wide[0]}-{wide[1]} (no '#  Rank' lines)")
+                         f"allows {wide[0]}-{wide[1] or 'more'} (no '#  Rank' lines; a run on fewer ranks: select "
+                         "them with [ranks ...])")
             n = likely
         else:
             notes.append(f"{n} ranks solved from busbw/algbw = {ratio:.4f} (no '#  Rank' lines)")
@@ -931,11 +934,11 @@ def _ranks_from_ratio(name: str, ratio: float) -> int | None:
     return None
 
 
-def _ratio_range(name: str, log: NcclTestsLog, near: int) -> tuple[int, int] | None:
+def _ratio_range(name: str, log: NcclTestsLog, near: int) -> tuple[int, int | None] | None:
     """The rank counts around ``near`` whose busbw factor gives ``log``'s busbw/algbw within the
-    two decimals nccl-tests prints them to (its largest row's): past a hundred ranks or so
-    several do. None where the range has no upper end within 4 times ``near`` (small sizes only:
-    the printed figures tell little)."""
+    two decimals nccl-tests prints them to (its largest row's): past a hundred ranks or so, or
+    where a log has small sizes only, several do. (lowest, highest; None: no end within 4 times
+    ``near``); None where ``near`` does not give it."""
     timings = [t for r in log.rows for t in (r.out_of_place, r.in_place) if t and t.algbw_gbps > 0]
     best = max(timings, key=lambda t: t.algbw_gbps)
     factor = COLLECTIVE_MODELS[name].busbw_factor
@@ -945,11 +948,11 @@ def _ratio_range(name: str, log: NcclTestsLog, near: int) -> tuple[int, int] | N
 
     if not fits(near):
         return None
-    lo = hi = near
+    lo, hi = near, near
     while lo > 2 and fits(lo - 1):
         lo -= 1
     while fits(hi + 1):
         hi += 1
         if hi > 4 * near:
-            return None
+            return lo, None
     return lo, hi

@@ -78,9 +78,9 @@ def calibrate_cmd(
                                            "shared host preempts them less (root only).",
                                            rich_help_panel=_LIVE)] = False,
     env: Annotated[list[str] | None, typer.Option(
-        "--env", metavar="NAME=VALUE", help="With --from-nccl-tests: a setting the logs ran with (NCCL_ALGO, "
-        "NCCL_NVLS_ENABLE, ...: check-model --help names them), for what the fit says of them; repeat for "
-        "several.")] = None,
+        "--env", metavar="NAME=VALUE", help="With --from-nccl-tests: a setting the logs ran with that chose the "
+        "algorithm (NCCL_ALGO, NCCL_PROTO, NCCL_NVLS_ENABLE, RCCL_MSCCL_ENABLE, RCCL_MSCCL_ENABLE_SINGLE_PROCESS), "
+        "for what the fit says of it; repeat for several.")] = None,
     nccl_version: Annotated[str | None, typer.Option(
         "--nccl-version", metavar="VERSION", help="With --from-nccl-tests: the NCCL release the logs ran with, "
         "where they print none (2.21.5, a series 2.21, a bound <2.23): the fitted topology's cost.nccl_version "
