@@ -843,8 +843,9 @@ def test_a_json_log_recording_an_algorithm_other_than_the_ring_is_warned_of(tmp_
         warned = calibrate_from_nccl_tests(resolve("dgx-h100:nodes=2"), [log]).warnings
         assert not any("NCCL ran no ring" in w or "ran with NCCL_ALGO" in w for w in warned), (algo, warned)
         # where the ring is one of several, NCCL's tuner picks: from 1 MiB on two nodes, the tree
-        assert any("NCCL runs this all-reduce with its tree at 1 MiB-16 MiB, not a ring (NCCL's tuner picks among "
-                   "those NCCL_ALGO allows" in w for w in warned) == (algo == "Ring,Tree"), (algo, warned)
+        assert any("NCCL runs this all-reduce with its tree at 1 MiB-16 MiB, not a ring (by the model's reading of "
+                   "NCCL's tuner, among what NCCL_ALGO allows)" in w for w in warned) == (algo == "Ring,Tree"), \
+            (algo, warned)
     log.write_text(json.dumps({**data, "env": [*data["env"], "NCCL_ALGO=ring;allreduce:^ring"]}))
     assert any("ran no ring for all_reduce" in w
                for w in calibrate_from_nccl_tests(resolve("dgx-h100:nodes=2"), [log]).warnings)
@@ -930,3 +931,23 @@ def test_the_algorithm_warning_reads_the_logs_release_and_sizes(tmp_path):
     warned = calibrate_from_nccl_tests(resolve("rtx4090-epyc2-8"), [chlc]).warnings
     assert any("its tree at 128 MiB, not a ring" in w and "the host-memory rate fitted is" in w for w in warned), \
         warned
+
+
+def test_the_algorithm_warning_on_rccl_logs_names_what_keeps_msccl_off(tmp_path):
+    # hisohara's 8 MI300X (RCCL 2.22.3 printed): RCCL's MSCCL all-pairs runs 1-16 MiB whatever
+    # NCCL_ALGO says; RCCL_MSCCL_ENABLE=0 keeps it off
+    log = _corpus_table(tmp_path, "hisohara-ai-scripts-rccl", "mi300x-1node")
+    for env in ({}, {"NCCL_ALGO": "Ring"}):
+        warned = calibrate_from_nccl_tests(resolve("mi300x"), [log], env=env).warnings
+        said = next(w for w in warned if "not a ring" in w)
+        assert "RCCL runs this all-reduce with RCCL's MSCCL all-pairs at 1 MiB-16 MiB" in said
+        assert said.endswith("or a run with RCCL_MSCCL_ENABLE=0, gives theirs"), said
+    off = calibrate_from_nccl_tests(resolve("mi300x"), [log], env={"RCCL_MSCCL_ENABLE": "0"}).warnings
+    assert not any("not a ring" in w for w in off)
+    # an NCCL release older than the model's figures: the topology's, as check-model takes it
+    old = _corpus_table(tmp_path, "mit-orcd-orcd-benchmarks", "mghpcc-2node-g8")
+    warned = calibrate_from_nccl_tests(resolve("dgx-h100:nodes=2"), [old], version="2.18.3").warnings
+    assert any("not a ring" in w for w in warned), warned
+    # RCCL's settings on an NCCL log are said to do nothing
+    warned = calibrate_from_nccl_tests(DGX4, [FOUR], env={"RCCL_MSCCL_ENABLE": "0"}).warnings
+    assert any("--env RCCL_MSCCL_ENABLE: RCCL's settings, and this log ran NCCL" in w for w in warned)

@@ -91,7 +91,7 @@ def test_old_column_names_are_read():
     ("name", "match"),
     [
         ("all_reduce_perf.truncated.txt", r"truncated.txt:35: the log ends inside the table .*truncated\? 28 whole "
-                                          r"rows up to 1073741824 B \(line 35\) before it$"),
+                                          r"rows before it, up to 1 GiB \(line 35\)$"),
         ("all_reduce_perf.row-missing.txt", r"31 rows, but minBytes 8 .. maxBytes 17179869184 by step 2\(factor\) "
                                             "gives 32"),
     ],
@@ -147,6 +147,11 @@ def test_every_truncation_inside_the_table_is_refused():
         cut = sum(len(x) for x in lines[: i + 1])
         with pytest.raises(ProbeError):
             parse_nccl_tests(text[:cut], "cut.txt")
+    # a run that stopped mid-row (buffered output cut) says so, and how many rows were whole
+    mid = sum(len(x) for x in lines[: first + 2]) + 30
+    with pytest.raises(ProbeError, match=rf"cut.txt:{first + 3}: the log ends inside a row: truncated\? 2 whole rows "
+                                         rf"before it, up to 256 MiB \(line {first + 2}\)$"):
+        parse_nccl_tests(text[:mid], "cut.txt")
 
 
 def test_nccl_info_lines_inside_the_table_are_skipped():

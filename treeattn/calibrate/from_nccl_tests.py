@@ -59,7 +59,7 @@ from treeattn.calibrate.nccl_tests import (
     selection_like_hosts,
 )
 from treeattn.cost import nccl_rates
-from treeattn.cost.nccl_env import allowed_by_env, function_list, setting_meaning
+from treeattn.cost.nccl_env import allowed_by_env, function_list, p2p_level_from_env, setting_meaning
 from treeattn.errors import InputError, ProbeError
 from treeattn.topology.model import CALIBRATED_BY, Link, LinkClass, LinkKind, Topology
 from treeattn.topology.nccl_version import (
@@ -211,9 +211,17 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
         cf = calibrate_from_log(log, likely=topo.num_ranks)
         if said := _not_a_ring(log, cf.collective):
             ring_notes.append(said)
-        if p2p := sorted(k for k, v in log.env if k.startswith("NCCL_P2P_") and v.strip()):
-            ring_notes.append(f"{log.source}: the run recorded {', '.join(f'{k}={dict(log.env)[k]}' for k in p2p)}: "
-                              "the fit takes the routes the topology gives (its cost.p2p_level), not these")
+        p2p = {k: v for k, v in log.env if k.startswith("NCCL_P2P_") and v.strip()}
+        try:
+            level = p2p_level_from_env(p2p) if p2p else None
+        except InputError:
+            level = "?"
+        if level is not None:  # a setting that changes NCCL's routes (NCCL_P2P_DISABLE=0 does not)
+            ring_notes.append(f"{log.source}: the run recorded {', '.join(f'{k}={v}' for k, v in sorted(p2p.items()))}"
+                              ": the fit takes the routes the topology gives (its cost.p2p_level), not these")
+        if not log.rccl and (rccl := sorted(k for k in (env or {}) if k.startswith("RCCL_"))):
+            ring_notes.append(f"{log.source}: --env {', '.join(rccl)}: RCCL's settings, and this log ran NCCL: "
+                              "they change nothing here")
         n = cf.ranks
         if n > topo.num_ranks:
             raise InputError(f"{log.source}: the log ran on {n} ranks but topology {topo.name!r} places "
@@ -344,12 +352,15 @@ def _other_algorithm(topo: Topology, log: NcclTestsLog, lf: LogFit, release: str
     try:
         if "ring" not in allowed_by_env(env)[0]:
             return ""
-        fab = nccl_fabric.fabric(topo)
-        if release and not log.rccl:
-            fab = dataclasses.replace(fab, nccl_release=nccl_release(release))
         rccl_release = parse_version(release) if release and log.rccl else None
     except InputError:
         return ""
+    fab = nccl_fabric.fabric(topo)
+    if release and not log.rccl:
+        try:
+            fab = dataclasses.replace(fab, nccl_release=nccl_release(release))
+        except InputError:
+            pass  # older than the model's figures: the topology's release, as check-model takes it
     row = log.rows[-1]
     reduction = (row.dtype or "float", row.redop if row.redop not in ("", "none") else "sum")
     picked: dict[str, list[int]] = {}
@@ -367,13 +378,17 @@ def _other_algorithm(topo: Topology, log: NcclTestsLog, lf: LogFit, release: str
         return ""
     runs = ", ".join(f"{_ALGORITHM_NAMES[a]} at {format_size(min(sz))}"
                      + (f"-{format_size(max(sz))}" if len(sz) > 1 else "") for a, sz in picked.items())
-    how = ("NCCL's tuner picks among those NCCL_ALGO allows, by the model's reading" if "NCCL_ALGO" in env
-           else "by the model's reading of NCCL's tuner")
+    library = "RCCL" if log.rccl else "NCCL"
+    how = f"by the model's reading of {library}'s tuner" + (", among what NCCL_ALGO allows" if "NCCL_ALGO" in env
+                                                            else "")
     rate = "the host-memory rate fitted is" if lf.shm else "the links get"
-    nvls = any(a in ("nvls", "nvlstree") for a in picked)
-    return (f"{lf.source}: on {topo.name} NCCL runs this all-reduce with {runs}, not a ring ({how}): the fit takes a "
-            f"ring, so {rate} those algorithms' rate; an all-gather, reduce-scatter or sendrecv log, or a run with "
-            f"NCCL_ALGO=Ring{' or NCCL_NVLS_ENABLE=0' if nvls else ''}, gives theirs")
+    # what keeps each off: MSCCL's all-pairs runs whatever NCCL_ALGO says (treeattn.cost.nccl_env)
+    off = (["NCCL_ALGO=Ring"] if set(picked) - {"allpairs"} else []) + (
+        ["NCCL_NVLS_ENABLE=0"] if set(picked) & {"nvls", "nvlstree"} else []) + (
+        ["RCCL_MSCCL_ENABLE=0"] if "allpairs" in picked else [])
+    return (f"{lf.source}: on {topo.name} {library} runs this all-reduce with {runs}, not a ring ({how}): the fit "
+            f"takes a ring, so {rate} those algorithms' rate; an all-gather, reduce-scatter or sendrecv log, or a "
+            f"run with {' or '.join(off)}, gives theirs")
 
 
 _RING_FITS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",

@@ -64,6 +64,7 @@ from treeattn.cost.nvls import REDUCTION_DTYPES, dtype_name
 from treeattn.errors import ProbeError
 from treeattn.probe.text import fail, read_input
 from treeattn.topology.model import DeviceKind, LinkKind, Topology
+from treeattn.units import format_size
 
 __all__ = ["Timing", "NcclRow", "NcclDevice", "NcclTestsLog", "parse_nccl_tests", "read_nccl_tests",
            "parse_published_table", "calibrate_from_log", "collective_from_name", "launch_notes", "log_run",
@@ -405,6 +406,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
     named = None
     reduced: int | None = None
     state = "pre"
+    last_line = max((i for i, raw in enumerate(lines, 1) if raw.strip()), default=0)
     for lineno, raw in enumerate(lines, 1):
         # Untagged, so that a tagged header or second run is seen as one (not skipped as noise).
         line = _TAG.sub("", raw, count=1).strip()
@@ -468,7 +470,12 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         if not _begins_as_a_row(parts):
             ignored.append(lineno)
             continue
-        row = _row(parts, layout, shown, lineno)
+        try:
+            row = _row(parts, layout, shown, lineno)
+        except ProbeError:
+            if lineno == last_line and len(parts) < layout.width:  # a run that stopped mid-row
+                raise fail(shown, lineno, _cut_short("the log ends inside a row", rows)) from None
+            raise
         # Sizes under one element per rank print as 0, several times (all-gather, reduce-scatter).
         if rows and row.size_bytes <= rows[-1].size_bytes and not row.size_bytes == rows[-1].size_bytes == 0:
             raise fail(shown, lineno, f"size {row.size_bytes} after {rows[-1].size_bytes} (line {rows[-1].line}): "
@@ -486,10 +493,8 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
     if not rows:
         raise fail(shown, len(lines), "the table has no rows")
     if state != "done":
-        last = rows[-1]
-        raise fail(shown, len(lines), f"the log ends inside the table (no '# Avg bus bandwidth' line): truncated? "
-                   f"{len(rows)} whole row{'s' if len(rows) > 1 else ''} up to {last.size_bytes} B (line "
-                   f"{last.line}) before it")
+        raise fail(shown, len(lines), _cut_short("the log ends inside the table (no '# Avg bus bandwidth' line)",
+                                                 rows))
     max_bytes = int(header.group(4)) if reduced is None else min(int(header.group(4)), reduced)
     graph, agg = _HEADER_GRAPH.search(header.group(5)), _HEADER_AGG.search(header.group(5))
     log = NcclTestsLog(
@@ -520,6 +525,15 @@ def launch_notes(log: NcclTestsLog) -> list[str]:
     if log.agg_iters > 1:
         out.append(f"{log.agg_iters} calls a launch (agg iters: {log.agg_iters}, nccl-tests -a)")
     return out
+
+
+def _cut_short(what: str, rows: list[NcclRow]) -> str:
+    """A log that ends inside its table: what, and the whole rows before."""
+    if not rows:
+        return f"{what}: truncated? no whole row before it"
+    last = rows[-1]
+    return (f"{what}: truncated? {len(rows)} whole row{'s' if len(rows) > 1 else ''} before it, up to "
+            f"{format_size(last.size_bytes)} (line {last.line})")
 
 
 def _begins_as_a_row(parts: list[str]) -> bool:
@@ -876,22 +890,22 @@ def log_run(log: NcclTestsLog, collective: str | None = None, ranks: int | None 
         notes.append(f"{n} ranks solved from the rows' size / (count x element size) (no '#  Rank' lines)")
     if n is None:
         n = _ranks_from_ratio(name, ratio)
-        if n is None:
+        wide = _ratio_range(name, log, likely) if likely is not None and likely >= 2 and likely != n else None
+        if wide is not None:
+            # the machine the user names decides where the printed figures cannot
+            upto = f"-{wide[1]}" if wide[1] is not None else " or more"
+            notes.append(f"{likely} ranks, the topology's: busbw/algbw = {ratio:.4f}, to the digits the log prints, "
+                         f"allows {wide[0]}{upto} (no '#  Rank' lines; a run on fewer ranks: select them with "
+                         "[ranks ...])")
+            n = likely
+        elif n is None:
             raise ProbeError(f"{log.source}: no '#  Rank' lines and busbw = algbw for {name}: the rank count is "
                              "unknown; keep the '#  Rank' lines nccl-tests prints")
-        wide = _ratio_range(name, log, likely) if likely is not None and likely != n else None
-        agrees = likely is not None and abs(ratio - model.busbw_factor(likely)) <= \
-            0.01 * model.busbw_factor(likely) + 0.006  # as the check below
-        if wide is not None and agrees:
-            # the machine the user names decides where the printed figures cannot
-            notes.append(f"{likely} ranks, the topology's: busbw/algbw = {ratio:.4f}, to the digits the log prints, "
-                         f"allows {wide[0]}-{wide[1] or 'more'} (no '#  Rank' lines; a run on fewer ranks: select "
-                         "them with [ranks ...])")
-            n = likely
         else:
             notes.append(f"{n} ranks solved from busbw/algbw = {ratio:.4f} (no '#  Rank' lines)")
     want = model.busbw_factor(n)
-    if abs(ratio - want) > 0.01 * want + 0.006:
+    # within the digits the log prints (small sizes' 0.0x GB/s say little), or close to them
+    if abs(ratio - want) > 0.01 * want + 0.006 and (n < 2 or _ratio_range(name, log, n) is None):
         raise ProbeError(f"{log.source}: busbw/algbw = {ratio:.4f}, but {name} over {n} ranks gives {want:.4f}: "
                          "the collective or the rank count is not what the log was made with")
     per_process = max(1, log.n_threads) * max(1, log.n_gpus)
