@@ -951,3 +951,23 @@ def test_the_algorithm_warning_on_rccl_logs_names_what_keeps_msccl_off(tmp_path)
     # RCCL's settings on an NCCL log are said to do nothing
     warned = calibrate_from_nccl_tests(DGX4, [FOUR], env={"RCCL_MSCCL_ENABLE": "0"}).warnings
     assert any("--env RCCL_MSCCL_ENABLE: RCCL's settings, and this log ran NCCL" in w for w in warned)
+
+
+def test_a_factor_that_tells_no_rank_count_is_not_read_as_the_topologys(tmp_path):
+    # broadcast's busbw/algbw is 1 at every count: without '#  Rank' lines the count is unknown,
+    # whatever machine is named (it was read as the topology's 32 and fitted as the network's)
+    table = _corpus_table(tmp_path, "superbench-a100-ndv4", "broadcast")
+    log = tmp_path / "broadcast_perf.txt"
+    log.write_text("\n".join(ln for ln in table.read_text().splitlines() if not re.match(r"#\s+Rank", ln)) + "\n")
+    with pytest.raises(ProbeError, match="busbw = algbw for broadcast: the rank count is unknown"):
+        calibrate_from_nccl_tests(resolve("dgx-a100:nodes=4"), [log])
+
+
+def test_an_rccl_log_without_its_marker_line_is_still_told_as_rccls_on_amd_gpus(tmp_path):
+    log = _corpus_table(tmp_path, "hisohara-ai-scripts-rccl", "mi300x-1node")
+    log.write_text("\n".join(ln for ln in log.read_text().splitlines()
+                             if "rccl-tests" not in ln and "RCCL version" not in ln) + "\n")
+    warned = calibrate_from_nccl_tests(resolve("mi300x"), [log]).warnings
+    assert any("on mi300x RCCL runs this all-reduce with RCCL's MSCCL all-pairs" in w for w in warned), warned
+    off = calibrate_from_nccl_tests(resolve("mi300x"), [log], env={"RCCL_MSCCL_ENABLE": "0"}).warnings
+    assert not any("RCCL's settings, and this log ran NCCL" in w or "not a ring" in w for w in off), off

@@ -59,7 +59,13 @@ from treeattn.calibrate.nccl_tests import (
     selection_like_hosts,
 )
 from treeattn.cost import nccl_rates
-from treeattn.cost.nccl_env import allowed_by_env, function_list, p2p_level_from_env, setting_meaning
+from treeattn.cost.nccl_env import (
+    P2P_SETTINGS,
+    allowed_by_env,
+    function_list,
+    p2p_level_from_env,
+    setting_meaning,
+)
 from treeattn.errors import InputError, ProbeError
 from treeattn.topology.model import CALIBRATED_BY, Link, LinkClass, LinkKind, Topology
 from treeattn.topology.nccl_version import (
@@ -198,6 +204,9 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
             parse_version(version)
         except InputError as exc:
             raise InputError(f"--nccl-version: {exc}") from None
+    from treeattn.cost import nccl_fabric
+
+    amd = nccl_fabric.fabric(topo).rccl  # RCCL's GPUs, whether or not a log says it ran rccl-tests
     parsed = []
     logs_read: list[NcclTestsLog] = []
     ring_notes: list[str] = []
@@ -211,15 +220,16 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
         cf = calibrate_from_log(log, likely=topo.num_ranks)
         if said := _not_a_ring(log, cf.collective):
             ring_notes.append(said)
-        p2p = {k: v for k, v in log.env if k.startswith("NCCL_P2P_") and v.strip()}
+        p2p = {k: v for k, v in log.env if k in P2P_SETTINGS and v.strip()}
         try:
             level = p2p_level_from_env(p2p) if p2p else None
         except InputError:
             level = "?"
-        if level is not None:  # a setting that changes NCCL's routes (NCCL_P2P_DISABLE=0 does not)
+        if level is not None:  # a level NCCL routes by (NCCL_P2P_DISABLE=0 sets none)
             ring_notes.append(f"{log.source}: the run recorded {', '.join(f'{k}={v}' for k, v in sorted(p2p.items()))}"
-                              ": the fit takes the routes the topology gives (its cost.p2p_level), not these")
-        if not log.rccl and (rccl := sorted(k for k in (env or {}) if k.startswith("RCCL_"))):
+                              ": the fit takes the routes the topology's P2P level gives (its cost.p2p_level), "
+                              "whatever these set")
+        if not (log.rccl or amd) and (rccl := sorted(k for k in (env or {}) if k.startswith("RCCL_"))):
             ring_notes.append(f"{log.source}: --env {', '.join(rccl)}: RCCL's settings, and this log ran NCCL: "
                               "they change nothing here")
         n = cf.ranks
@@ -378,7 +388,7 @@ def _other_algorithm(topo: Topology, log: NcclTestsLog, lf: LogFit, release: str
         return ""
     runs = ", ".join(f"{_ALGORITHM_NAMES[a]} at {format_size(min(sz))}"
                      + (f"-{format_size(max(sz))}" if len(sz) > 1 else "") for a, sz in picked.items())
-    library = "RCCL" if log.rccl else "NCCL"
+    library = "RCCL" if log.rccl or fab.rccl else "NCCL"
     how = f"by the model's reading of {library}'s tuner" + (", among what NCCL_ALGO allows" if "NCCL_ALGO" in env
                                                             else "")
     rate = "the host-memory rate fitted is" if lf.shm else "the links get"

@@ -890,7 +890,10 @@ def log_run(log: NcclTestsLog, collective: str | None = None, ranks: int | None 
         notes.append(f"{n} ranks solved from the rows' size / (count x element size) (no '#  Rank' lines)")
     if n is None:
         n = _ranks_from_ratio(name, ratio)
-        wide = _ratio_range(name, log, likely) if likely is not None and likely >= 2 and likely != n else None
+        # a factor the same at every count (broadcast, reduce, sendrecv) says nothing of it
+        telling = model.busbw_factor(2) != model.busbw_factor(4)
+        wide = _ratio_range(name, log, likely) if telling and likely is not None and likely >= 2 and likely != n \
+            else None
         if wide is not None:
             # the machine the user names decides where the printed figures cannot
             upto = f"-{wide[1]}" if wide[1] is not None else " or more"
