@@ -58,7 +58,7 @@ from treeattn.calibrate.nccl_tests import (
     read_nccl_tests,
     selection_like_hosts,
 )
-from treeattn.cost import nccl_rates
+from treeattn.cost import nccl_fabric, nccl_rates
 from treeattn.cost.nccl_env import (
     P2P_SETTINGS,
     allowed_by_env,
@@ -68,14 +68,7 @@ from treeattn.cost.nccl_env import (
 )
 from treeattn.errors import InputError, ProbeError
 from treeattn.topology.model import CALIBRATED_BY, Link, LinkClass, LinkKind, Topology
-from treeattn.topology.nccl_version import (
-    allows,
-    nccl_release,
-    newer_note,
-    parse_version,
-    version_flag,
-    version_text,
-)
+from treeattn.topology.nccl_version import allows, nccl_release, newer_note, parse_version, version_flag
 from treeattn.units import format_size
 
 __all__ = ["LogFit", "NcclCalibration", "calibrate_from_nccl_tests", "SIZE_BANDS", "HalfSplit", "half_split"]
@@ -199,14 +192,8 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
     if not paths:
         raise InputError("--from-nccl-tests needs at least one log file")
     if version is not None:
-        try:
-            version = version_flag(version_text(version))
-            parse_version(version)
-        except InputError as exc:
-            raise InputError(f"--nccl-version: {exc}") from None
-    from treeattn.cost import nccl_fabric
-
-    amd = nccl_fabric.fabric(topo).rccl  # RCCL's GPUs, whether or not a log says it ran rccl-tests
+        version = version_flag(version)
+    fab = nccl_fabric.fabric(topo)  # RCCL's GPUs (fab.rccl) whether or not a log says it ran rccl-tests
     parsed = []
     logs_read: list[NcclTestsLog] = []
     ring_notes: list[str] = []
@@ -229,7 +216,7 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
             ring_notes.append(f"{log.source}: the run recorded {', '.join(f'{k}={v}' for k, v in sorted(p2p.items()))}"
                               ": the fit takes the routes the topology's P2P level gives (its cost.p2p_level), "
                               "whatever these set")
-        if not (log.rccl or amd) and (rccl := sorted(k for k in (env or {}) if k.startswith("RCCL_"))):
+        if not (log.rccl or fab.rccl) and (rccl := sorted(k for k in (env or {}) if k.startswith("RCCL_"))):
             ring_notes.append(f"{log.source}: --env {', '.join(rccl)}: RCCL's settings, and this log ran NCCL: "
                               "they change nothing here")
         n = cf.ranks
@@ -243,27 +230,28 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
             hint = f" (e.g. '{like}')" if like else ""
             raise InputError(f"{path}: {other}; give the topology it ran on{hint}")
         nodes = {topo.rank_device(r).node for r in range(n)}
-        parsed.append((len(nodes) > 1, log.source, cf))
+        parsed.append((len(nodes) > 1, log, cf))
     chosen: dict[tuple, LogFit] = {}
     warnings: list[str] = sorted(ring_notes)  # as the logs' fits below, whatever the order given
     intra_alpha: float | None = None
     # One-node logs first (the network's fits divide out their latency); where two logs fit one
     # class the first is kept: the one with more sizes, then a sendrecv (one stream: a link's
     # rate as it stands), then by file name, so the logs' order on the command line does not count.
-    def preference(x: tuple[bool, str, CollectiveFit]) -> tuple:
-        network, source, cf = x
-        return network, -cf.points, cf.collective != "sendrecv", Path(source).name, source
+    def preference(x: tuple[bool, NcclTestsLog, CollectiveFit]) -> tuple:
+        network, log, cf = x
+        return network, -cf.points, cf.collective != "sendrecv", Path(log.source).name, log.source
 
-    for network, source, cf in sorted(parsed, key=preference):
+    for network, log, cf in sorted(parsed, key=preference):
+        source = log.source
         lf = _network_fit(topo, source, cf, intra_alpha) if network else _node_fit(topo, source, cf)
         if said := (_over_line_rate(topo, lf) if network else _over_pcie_rate(topo, lf) if lf.shm
                     else _over_fabric_rate(topo, lf)):
             warnings.append(said)
+        # the over-rating warning of one node's links names NVLS as what ran already
+        nvls_said = bool(said) and not network and not lf.shm
         if not lf.shm and cf.collective == "all_reduce" and (said := _under_rating(topo, lf, network)):
             warnings.append(said)
-        log = next(log for log in logs_read if log.source == source)
-        warnings.extend(d for d in _doubts(topo, log, lf, network, printed_version(log) or version or "")
-                        if not ("NVLink SHARP" in d and any(lf.source in w and "NVLink SHARP" in w for w in warnings)))
+        warnings.extend(_doubts(topo, fab, log, lf, network, printed_version(log) or version or "", nvls_said))
         if not network:
             intra_alpha = lf.alpha_us if intra_alpha is None else intra_alpha
         old = chosen.get(lf.hops)
@@ -316,12 +304,14 @@ def _with_env(log: NcclTestsLog, env: dict[str, str]) -> NcclTestsLog:
     return dataclasses.replace(log, env=tuple(sorted({**recorded, **env}.items()))) if env else log
 
 
-def _doubts(topo: Topology, log: NcclTestsLog, lf: LogFit, network: bool, release: str) -> list[str]:
+def _doubts(topo: Topology, fab: nccl_fabric.NcclFabric, log: NcclTestsLog, lf: LogFit, network: bool, release: str,
+            nvls_said: bool) -> list[str]:
     """What makes a log's fit other than its links' figures, written as they stand: a network
     latency far above the topology's route (another cost sets the small sizes), a latency of
     calls launched otherwise than one by one (``-G``, ``-a``) or of a process's launches of
     several GPUs (``-g``), an all-reduce NCCL runs with another algorithm than the ring the fit
-    takes (``_other_algorithm``; ``release``: the log's, printed or given, else empty)."""
+    takes (``_other_algorithm``; ``fab``: ``topo``'s, ``release``: the log's, printed or given,
+    else empty; not NVLS where ``nvls_said``: a warning named it already)."""
     out = []
     n = lf.fit.ranks
     if network and lf.latency_written:
@@ -339,7 +329,7 @@ def _doubts(topo: Topology, log: NcclTestsLog, lf: LogFit, network: bool, releas
         out.append(f"{lf.source}: one process drove {log.n_gpus} GPUs (-g {log.n_gpus}), launching a call's kernels "
                    "one after another, which sets its small sizes (check-model times those launches): the latency "
                    "fitted is theirs as much as the links'; a log of one process a GPU gives the links'")
-    if said := _other_algorithm(topo, log, lf, release):
+    if said := _other_algorithm(topo, fab, log, lf, release, nvls_said):
         out.append(said)
     return out
 
@@ -349,12 +339,13 @@ _ALGORITHM_NAMES = {"nvls": "NVLink SHARP (NVLS)", "tree": "its tree",
                     "allpairs": "RCCL's MSCCL all-pairs"}
 
 
-def _other_algorithm(topo: Topology, log: NcclTestsLog, lf: LogFit, release: str) -> str:
+def _other_algorithm(topo: Topology, fab: nccl_fabric.NcclFabric, log: NcclTestsLog, lf: LogFit, release: str,
+                     nvls_said: bool) -> str:
     """A warning where, by the model's reading of NCCL's tuner (at the log's release, with its
     settings, reduction and GPUs a process), NCCL runs an all-reduce log's sizes from 1 MiB,
     which set the fitted rate, with another algorithm than the ring the fit takes; empty
     elsewhere, and where the log's settings allow no ring (``_not_a_ring`` says so)."""
-    from treeattn.cost import nccl, nccl_fabric
+    from treeattn.cost import nccl
 
     if lf.fit.collective != "all_reduce" or lf.fit.ranks != topo.num_ranks:
         return ""
@@ -365,7 +356,6 @@ def _other_algorithm(topo: Topology, log: NcclTestsLog, lf: LogFit, release: str
         rccl_release = parse_version(release) if release and log.rccl else None
     except InputError:
         return ""
-    fab = nccl_fabric.fabric(topo)
     if release and not log.rccl:
         try:
             fab = dataclasses.replace(fab, nccl_release=nccl_release(release))
@@ -384,7 +374,7 @@ def _other_algorithm(topo: Topology, log: NcclTestsLog, lf: LogFit, release: str
             return ""
         if est.algorithm is not nccl.Algorithm.RING:
             picked.setdefault(est.algorithm.value, []).append(r.size_bytes)
-    if not picked:
+    if not picked or (nvls_said and set(picked) & {"nvls", "nvlstree"}):
         return ""
     runs = ", ".join(f"{_ALGORITHM_NAMES[a]} at {format_size(min(sz))}"
                      + (f"-{format_size(max(sz))}" if len(sz) > 1 else "") for a, sz in picked.items())

@@ -178,12 +178,16 @@ class NcclTestsLog:
         processes); None when the log lists none."""
         return self.n_ranks or len(self.devices) or None
 
-    def busbw_ratio(self) -> float:
-        """busbw / algbw of the row with the largest algbw (most digits)."""
+    def widest_timing(self) -> Timing:
+        """The timing with the largest algbw: the most digits of busbw / algbw."""
         timings = [t for r in self.rows for t in (r.out_of_place, r.in_place) if t and t.algbw_gbps > 0]
         if not timings:
             raise ProbeError(f"{self.source}: no row with a non-zero algbw: cannot tell the busbw factor")
-        best = max(timings, key=lambda t: t.algbw_gbps)
+        return max(timings, key=lambda t: t.algbw_gbps)
+
+    def busbw_ratio(self) -> float:
+        """busbw / algbw of the row with the largest algbw (most digits)."""
+        best = self.widest_timing()
         return best.busbw_gbps / best.algbw_gbps
 
 
@@ -956,8 +960,7 @@ def _ratio_range(name: str, log: NcclTestsLog, near: int) -> tuple[int, int | No
     two decimals nccl-tests prints them to (its largest row's): past a hundred ranks or so, or
     where a log has small sizes only, several do. (lowest, highest; None: no end within 4 times
     ``near``); None where ``near`` does not give it."""
-    timings = [t for r in log.rows for t in (r.out_of_place, r.in_place) if t and t.algbw_gbps > 0]
-    best = max(timings, key=lambda t: t.algbw_gbps)
+    best = log.widest_timing()
     factor = COLLECTIVE_MODELS[name].busbw_factor
 
     def fits(n: int) -> bool:  # the printed figures are within 0.005 of the true ones

@@ -77,12 +77,20 @@ def allows(text: str, printed: str) -> bool:
     return release == given if text.strip().count(".") == 2 else release[:2] == given[:2]
 
 
-def version_flag(text: str) -> str:
-    """A release as a user may give it on the command line, as ``parse_version`` reads it: the
-    form NCCL prints (``2.26.2+cuda12.8``) without its build, the form treeattn prints a series
-    in (``2.27.x``) as the series (``2.27``)."""
-    text = text.strip().split("+", 1)[0].strip()
-    return text[:-2] if text.endswith(".x") else text
+def version_flag(value: object) -> str:
+    """``--nccl-version``'s value as ``parse_version`` reads it, checked: the form NCCL prints
+    (``2.26.2+cuda12.8``) without its build, the form treeattn prints a series in (``2.27.x``)
+    as the series (``2.27``).
+
+    Raises:
+        InputError: not a version (the message names the flag)."""
+    try:
+        text = version_text(value).strip().split("+", 1)[0].strip()
+        text = text[:-2] if text.endswith(".x") else text
+        parse_version(text)
+    except InputError as exc:
+        raise InputError(f"--nccl-version: {exc}") from None
+    return text
 
 
 def version_text(value: object) -> str:

@@ -254,13 +254,7 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
         InputError: ``version`` malformed, or other than the release a log prints."""
     from treeattn.topology.library import resolve
 
-    wanted = None
-    if version is not None:
-        try:
-            wanted = version_flag(version_text(version))
-            parse_version(wanted)
-        except InputError as exc:
-            raise InputError(f"--nccl-version: {exc}") from None
+    wanted = version_flag(version) if version is not None else None
     topo = resolve(topology)
     out = []
     seen: set[Path] = set()
