@@ -870,3 +870,25 @@ def test_small_things_a_trial_met_with_own_logs(tmp_path):
     res = run_cli("check-model", str(FIXTURE), "-t", "dgx-h100:nodes=4", "--env", "NCCL_ALGO=CollnetDirect")
     assert res.exit_code == 2 and "NCCL_ALGO=CollnetDirect leaves no algorithm and protocol the model knows" in \
         res.stderr and "{" not in res.stderr
+
+
+def test_logs_of_several_machines_take_a_topology_each_in_their_order(tmp_path):
+    one = Path(__file__).resolve().parents[1] / "fixtures" / "nccl-tests" / "all_reduce_perf.8xh100-1node.txt"
+    logs = [str(one), str(FIXTURE)]
+    res = run_cli("check-model", *logs, "-t", "dgx-h100", "-t", "dgx-h100:nodes=4", "--json")
+    assert res.exit_code == 0, res.stderr
+    tables = json.loads(res.stdout)["tables"]
+    assert {n: (t["topology"], t["ranks"]) for n, t in tables.items()} == {
+        f"{one}/all_reduce": ("dgx-h100", 8), f"{FIXTURE}/all_reduce": ("dgx-h100:nodes=4", 32)}
+    # Each log as it scores on its own: pairing by order changes nothing in a log's rows.
+    rows = json.loads(res.stdout)["rows"]
+    alone = json.loads(run_cli("check-model", str(FIXTURE), "-t", "dgx-h100:nodes=4", "--json").stdout)["rows"]
+    assert [r["predicted_us"] for r in rows if r["table"] == f"{FIXTURE}/all_reduce"] == [
+        r["predicted_us"] for r in alone]
+    # One -t for logs of two sizes names the log and the way out; a count of -t that pairs with
+    # nothing is refused before any log is read.
+    res = run_cli("check-model", *logs, "-t", "dgx-h100")
+    assert res.exit_code == 2 and "once a log, in the logs' order" in res.stderr and str(FIXTURE) in res.stderr
+    res = run_cli("check-model", *logs, "-t", "dgx-h100", "-t", "dgx-h100", "-t", "dgx-h100")
+    assert res.exit_code == 2 and "--topology given 3 times for 2 logs" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1

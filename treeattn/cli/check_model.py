@@ -72,9 +72,10 @@ def check_model_cmd(
     paths: Annotated[list[Path] | None, typer.Argument(
         metavar="PATH", help="Corpus folders, mapping files (.yaml) or your own nccl-tests / rccl-tests logs (one "
         "run a file, as printed or as -J's JSON, with --topology); default: the shipped corpus.")] = None,
-    topology: Annotated[str | None, typer.Option(
+    topology: Annotated[list[str] | None, typer.Option(
         "--topology", "-t", help="The machine the logs ran on: preset name (e.g. dgx-h100:nodes=2) or a topology "
-        "YAML file.")] = None,
+        "YAML file; once for every log, or once a log in the logs' order (a 1-node and a 4-node run: "
+        "-t dgx-h100 -t dgx-h100:nodes=4).")] = None,
     env: Annotated[list[str] | None, typer.Option(
         "--env", metavar="NAME=VALUE", help="A setting the logs ran with that the model reads (named above; e.g. "
         "NCCL_ALGO=Ring); repeat for several.")] = None,
@@ -128,31 +129,44 @@ def check_model_cmd(
 
     for said in unread_numbers(settings):  # NCCL reads them quietly; the user may not mean it
         err_console.print(f"[yellow]warning:[/] --env {escape(said)}")
-    if logs and topology is None:
+    topologies = topology or []
+    if logs and not topologies:
         raise InputError(f"{logs[0]}: a log needs --topology, the machine it ran on (e.g. -t dgx-h100:nodes=2)")
-    if not logs and (topology is not None or settings or nccl_version is not None):
+    if logs and len(topologies) not in (1, len(logs)):
+        raise InputError(f"--topology given {len(topologies)} times for {len(logs)} logs: give it once for every log, "
+                         "or once a log in the logs' order")
+    if not logs and (topologies or settings or nccl_version is not None):
         load_corpus([p for p in corpus if p.is_file()])  # a topology file given as a mapping is named so first
-        flag = "--topology" if topology is not None else "--env" if settings else "--nccl-version"
+        flag = "--topology" if topologies else "--env" if settings else "--nccl-version"
         folder = next((p for p in corpus if p.is_dir() and not any(p.glob("*.yaml"))), None)
         if folder is not None:  # a folder of one's own logs, not a corpus
             raise InputError(f"{folder}: a folder is read as a corpus, whose .yaml mappings name each table's "
                              f"machine, and it has none; give its logs as files with {flag} "
                              f"(e.g. {folder / '*.txt'})")
         raise InputError(f"{flag} applies to nccl-tests logs; give LOG files (the corpus's tables name their own)")
-    if topology is not None:
+    if topologies:
         from treeattn.calibrate.nccl_tests import looks_like_a_log
         from treeattn.errors import TopologyError
         from treeattn.topology.library import resolve
 
-        try:
-            resolve(topology)  # before any log is read: a wrong name is the flag's error
-        except TopologyError as exc:
-            said = str(exc).removeprefix(f"topology {topology!r}: ")
-            if looks_like_a_log(topology):
-                said = "an nccl-tests log, not a topology: give logs as PATHs, and the machine they ran on here"
-            raise InputError(f"--topology {topology!r}: {said}") from None
+        for name in dict.fromkeys(topologies):
+            try:
+                resolve(name)  # before any log is read: a wrong name is the flag's error
+            except TopologyError as exc:
+                said = str(exc).removeprefix(f"topology {name!r}: ")
+                if looks_like_a_log(name):
+                    said = "an nccl-tests log, not a topology: give logs as PATHs, and the machine they ran on here"
+                raise InputError(f"--topology {name!r}: {said}") from None
+    machines = topologies * len(logs) if len(topologies) == 1 else topologies
     tables = (load_corpus(corpus) if corpus or not logs else []) + (
-        load_logs(logs, topology, settings, nccl_version) if logs else [])
+        load_logs(logs, machines, settings, nccl_version) if logs else [])
+    if len(logs) > 1 and len(topologies) == 1:
+        from treeattn.topology.library import resolve
+
+        size = resolve(topologies[0]).num_ranks
+        if bigger := next((t for t in tables if t.url in map(str, logs) and t.ranks > size), None):
+            raise InputError(f"{bigger.url}: ran on {bigger.ranks} ranks, and --topology {topologies[0]!r} places "
+                             f"{size}; give --topology once a log, in the logs' order, for logs of several machines")
     with progress_reporter(progress, "check-model") as update:
         rows = predict_corpus(tables, update)
     summary = summarize(rows)
@@ -213,10 +227,12 @@ def check_model_cmd(
                 "--nccl-version gives the run's")
         con.print(f"{t.url}: {t.collective} over {t.ranks} ranks on {t.topology}{gpus}, {nccl}"
                   + "".join(f"; {n}" for n in said(t)), markup=False)
-    if logs and topology is not None:
+    if logs:
         from treeattn.topology.library import resolve
 
-        print_rates_note(con, resolve(topology), shm=False)  # each log's line names its P2P level
+        named = list(dict.fromkeys(topologies))
+        for name in named:  # each log's line names its P2P level
+            print_rates_note(con, resolve(name), f"{name}:\n" if len(named) > 1 else "", shm=False)
     con.print(_table("By size regime (scored rows)", "regime",
                      [_stat_row(g, summary["regimes"][g]) for g in REGIMES] + [_stat_row("all", summary["all"])]))
     con.print(_table("By collective (scored rows)", "collective",

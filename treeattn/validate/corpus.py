@@ -241,10 +241,11 @@ def load_corpus(paths: list[str | Path] | None = None) -> list[PublishedTable]:
     return tables
 
 
-def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None = None,
+def load_logs(paths: list[str | Path], topology: str | list[str], env: dict[str, str] | None = None,
               version: str | None = None) -> list[PublishedTable]:
     """Saved nccl-tests / rccl-tests logs (one run a file, as ``calibrate --from-nccl-tests``
-    reads them) mapped onto ``topology``: your own cluster's runs, scored like the corpus.
+    reads them) mapped onto ``topology`` (one for all, or one a log in their order): your own
+    cluster's runs, scored like the corpus.
     The collective and rank count are inferred as ``log_run`` does, the NCCL release from the
     ``NCCL version`` line the log prints, else ``version`` (``check-model --nccl-version``: a
     release, a series or a bound, as a mapping's ``library_version``; RCCL's for an rccl-tests
@@ -255,10 +256,13 @@ def load_logs(paths: list[str | Path], topology: str, env: dict[str, str] | None
     from treeattn.topology.library import resolve
 
     wanted = version_flag(version) if version is not None else None
-    topo = resolve(topology)
+    machines = [topology] * len(paths) if isinstance(topology, str) else list(topology)
+    if len(machines) != len(paths):
+        raise ValueError(f"{len(machines)} topologies for {len(paths)} logs")
     out = []
     seen: set[Path] = set()
-    for p in map(Path, paths):
+    for p, topology in zip(map(Path, paths), machines, strict=True):
+        topo = resolve(topology)
         if p.resolve() in seen:
             raise InputError(f"{p}: given twice")
         seen.add(p.resolve())
