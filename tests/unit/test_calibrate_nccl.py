@@ -263,6 +263,10 @@ def test_logs_need_enough_ranks_and_intact_files():
         calibrate_from_nccl_tests(resolve("dgx-h100:nodes=2"), [FOUR])
     with pytest.raises(ProbeError, match="ends inside the table"):
         calibrate_from_nccl_tests(DGX4, [FIX / "damaged" / "all_reduce_perf.truncated.txt"])
+    # --partial: fitted on the whole rows, with a warning that says so
+    cut = calibrate_from_nccl_tests(DGX4, [FIX / "damaged" / "all_reduce_perf.truncated.txt"], partial=True)
+    assert cut.logs[0].fit.size_range[1] == 1 << 30
+    assert any("after 28 whole rows up to 1 GiB: fitted on those rows (--partial)" in w for w in cut.warnings)
     with pytest.raises(InputError, match="at least one log"):
         calibrate_from_nccl_tests(DGX4, [])
 

@@ -892,3 +892,21 @@ def test_logs_of_several_machines_take_a_topology_each_in_their_order(tmp_path):
     res = run_cli("check-model", *logs, "-t", "dgx-h100", "-t", "dgx-h100", "-t", "dgx-h100")
     assert res.exit_code == 2 and "--topology given 3 times for 2 logs" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_a_log_cut_short_is_scored_on_its_whole_rows_with_partial(tmp_path):
+    cut = Path(__file__).resolve().parents[1] / "fixtures" / "nccl-tests" / "damaged" / "all_reduce_perf.truncated.txt"
+    res = run_cli("check-model", str(cut), "-t", "dgx-h100:nodes=4")
+    assert res.exit_code == 2 and "28 whole rows before it, up to 1 GiB (line 35); --partial takes them" in res.stderr
+    res = run_cli("check-model", str(cut), "-t", "dgx-h100:nodes=4", "--partial", "--json")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    rows = data["rows"]
+    assert len(rows) == 28 and rows[-1]["bytes"] == 1 << 30
+    assert any("after 28 whole rows up to 1 GiB: those scored (--partial)" in n
+               for n in data["tables"][f"{cut}/all_reduce"]["notes"])
+    # The rows it has score as the whole run's same rows do.
+    whole = json.loads(run_cli("check-model", str(FIXTURE), "-t", "dgx-h100:nodes=4", "--json").stdout)["rows"]
+    assert [(r["bytes"], r["predicted_us"]) for r in rows] == [(r["bytes"], r["predicted_us"]) for r in whole[:28]]
+    res = run_cli("check-model", "--partial")
+    assert res.exit_code == 2 and "--partial applies to nccl-tests logs" in res.stderr

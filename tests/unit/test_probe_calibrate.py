@@ -91,7 +91,7 @@ def test_old_column_names_are_read():
     ("name", "match"),
     [
         ("all_reduce_perf.truncated.txt", r"truncated.txt:35: the log ends inside the table .*truncated\? 28 whole "
-                                          r"rows before it, up to 1 GiB \(line 35\)$"),
+                                          r"rows before it, up to 1 GiB \(line 35\); --partial takes them$"),
         ("all_reduce_perf.row-missing.txt", r"31 rows, but minBytes 8 .. maxBytes 17179869184 by step 2\(factor\) "
                                             "gives 32"),
     ],
@@ -150,8 +150,21 @@ def test_every_truncation_inside_the_table_is_refused():
     # a run that stopped mid-row (buffered output cut) says so, and how many rows were whole
     mid = sum(len(x) for x in lines[: first + 2]) + 30
     with pytest.raises(ProbeError, match=rf"cut.txt:{first + 3}: the log ends inside a row: truncated\? 2 whole rows "
-                                         rf"before it, up to 256 MiB \(line {first + 2}\)$"):
+                                         rf"before it, up to 256 MiB \(line {first + 2}\); --partial takes them$"):
         parse_nccl_tests(text[:mid], "cut.txt")
+    # Taken, the whole rows are the log's, and it says where it ends; a log cut before its first
+    # row, or damaged inside the table (not at its end), is refused still.
+    log = parse_nccl_tests(text[:mid], "cut.txt", partial=True)
+    assert [r.size_bytes for r in log.rows][-2:] == [134217728, 268435456]
+    assert log.cut_short == f"line {first + 3}: ends inside a row, after {len(log.rows)} whole rows up to 256 MiB"
+    whole = parse_nccl_tests(text, "cut.txt")
+    assert log.rows == whole.rows[: len(log.rows)] and not whole.cut_short
+    header = max(i for i, ln in enumerate(lines) if ln.startswith("#") and "algbw" in ln)
+    with pytest.raises(ProbeError, match="no whole row before it"):
+        parse_nccl_tests("".join(lines[: header + 1]) + "8  2  float  sum  -1  17", "cut.txt", partial=True)
+    damaged = lines[: first + 1] + [lines[first + 1][:40] + "\n"] + lines[first + 2:]
+    with pytest.raises(ProbeError, match="row has"):
+        parse_nccl_tests("".join(damaged), "cut.txt", partial=True)
 
 
 def test_nccl_info_lines_inside_the_table_are_skipped():

@@ -169,7 +169,8 @@ def _rank_out(topo: Topology, rank: int, cls: LinkClass) -> float:
 
 
 def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec: str | None = None,
-                              version: str | None = None, env: dict[str, str] | None = None) -> NcclCalibration:
+                              version: str | None = None, env: dict[str, str] | None = None,
+                              partial: bool = False) -> NcclCalibration:
     """Fit the topology's route classes from nccl-tests logs (see the module docstring).
 
     Args:
@@ -181,6 +182,8 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
             the fitted topology's ``cost.nccl_version`` (``_with_release``).
         env: NCCL settings the logs ran with (``--env``), beside those a log records: what the
             warnings say of the algorithm NCCL ran (the fit takes a ring).
+        partial: fit a log that ends inside its table on its whole rows (``--partial``),
+            warning that it does, instead of refusing it.
 
     Returns:
         The fitted topology and one ``LogFit`` per log.
@@ -202,8 +205,10 @@ def calibrate_from_nccl_tests(topo: Topology, paths: Sequence[str | Path], spec:
         if Path(path).resolve() in seen:  # as check-model: one run would count as two
             raise InputError(f"{path}: given twice")
         seen.add(Path(path).resolve())
-        log = _with_env(read_nccl_tests(path), env or {})
+        log = _with_env(read_nccl_tests(path, partial), env or {})
         logs_read.append(log)
+        if log.cut_short:  # its largest sizes, which set the rate, may be the ones missing
+            ring_notes.append(f"{log.source}: {log.cut_short}: fitted on those rows (--partial)")
         cf = calibrate_from_log(log, likely=topo.num_ranks)
         if said := _not_a_ring(log, cf.collective):
             ring_notes.append(said)

@@ -48,7 +48,8 @@ fields or an unreadable number, ``algbw`` that is not size/time, ``busbw``/``alg
 that disagree between rows, sizes out of order, fewer rows than ``minBytes``..``maxBytes``
 by ``step`` gives (``maxBytes`` as nccl-tests lowers it where the GPU's memory is short, which
 it prints: ``# Reducing maxBytes to N due to memory limitation``), an average bus bandwidth
-the rows do not give, or a log that ends inside the table.
+the rows do not give, or a log that ends inside the table (unless the caller takes its whole
+rows: ``partial``, a run that stopped early, its ``cut_short`` saying where).
 """
 
 from __future__ import annotations
@@ -171,6 +172,9 @@ class NcclTestsLog:
     and launched N at a time), 0 where the header does not say."""
     agg_iters: int = 1
     """The header's ``agg iters:`` (``-a``: that many calls grouped into one launch)."""
+    cut_short: str = ""
+    """Where a log read with ``partial`` ends inside its table (and so which rows it has);
+    empty for a whole log."""
 
     @property
     def ranks(self) -> int | None:
@@ -373,7 +377,8 @@ def _timing(size: int, time_us: float, algbw: float, busbw: float, wrong: float 
     return Timing(time_us, algbw, busbw, wrong)
 
 
-def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None = None) -> NcclTestsLog:
+def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None = None,
+                     partial: bool = False) -> NcclTestsLog:
     """Read one nccl-tests run (see the module docstring for what is checked).
 
     Args:
@@ -381,6 +386,8 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
             or a ``.json`` name).
         source: the log's name (its file's); a name like ``all_reduce_perf*`` sets ``collective``.
         path: the file as the user gave it, which errors name (default ``source``).
+        partial: take the whole rows of a log that ends inside its table (a run that
+            stopped early), saying so in ``cut_short``, instead of refusing it.
 
     Returns:
         The parsed log.
@@ -409,6 +416,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
     info_env: dict[str, str] = {}
     named = None
     reduced: int | None = None
+    cut = ""
     state = "pre"
     last_line = max((i for i, raw in enumerate(lines, 1) if raw.strip()), default=0)
     for lineno, raw in enumerate(lines, 1):
@@ -478,7 +486,10 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
             row = _row(parts, layout, shown, lineno)
         except ProbeError:
             if lineno == last_line and len(parts) < layout.width:  # a run that stopped mid-row
-                raise fail(shown, lineno, _cut_short("the log ends inside a row", rows)) from None
+                if not (partial and rows):
+                    raise fail(shown, lineno, _cut_short("the log ends inside a row", rows)) from None
+                cut = f"line {lineno}: ends inside a row"
+                break
             raise
         # Sizes under one element per rank print as 0, several times (all-gather, reduce-scatter).
         if rows and row.size_bytes <= rows[-1].size_bytes and not row.size_bytes == rows[-1].size_bytes == 0:
@@ -496,9 +507,13 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         raise fail(shown, len(lines), "no table header (# size count type ... time algbw busbw): truncated?")
     if not rows:
         raise fail(shown, len(lines), "the table has no rows")
-    if state != "done":
-        raise fail(shown, len(lines), _cut_short("the log ends inside the table (no '# Avg bus bandwidth' line)",
-                                                 rows))
+    if state != "done" and not cut:
+        if not partial:
+            raise fail(shown, len(lines), _cut_short("the log ends inside the table (no '# Avg bus bandwidth' "
+                                                     "line)", rows))
+        cut = f"line {len(lines)}: ends inside the table (no '# Avg bus bandwidth' line)"
+    if cut:
+        cut += f", after {len(rows)} whole row{'s' if len(rows) > 1 else ''} up to {format_size(rows[-1].size_bytes)}"
     max_bytes = int(header.group(4)) if reduced is None else min(int(header.group(4)), reduced)
     graph, agg = _HEADER_GRAPH.search(header.group(5)), _HEADER_AGG.search(header.group(5))
     log = NcclTestsLog(
@@ -508,7 +523,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         avg_busbw_gbps=avg, out_of_bounds=oob, nccl_version=version or info_version or after_version,
         collective=named or collective_from_name(source), ignored=tuple(ignored), rccl=rccl,
         env=tuple(sorted(info_env.items())), graph=int(graph.group(1)) if graph else 0,
-        agg_iters=int(agg.group(1)) if agg else 1,
+        agg_iters=int(agg.group(1)) if agg else 1, cut_short=cut,
     )
     ranks = [d.rank for d in log.devices]
     if ranks and ranks != list(range(len(ranks))):
@@ -537,7 +552,7 @@ def _cut_short(what: str, rows: list[NcclRow]) -> str:
         return f"{what}: truncated? no whole row before it"
     last = rows[-1]
     return (f"{what}: truncated? {len(rows)} whole row{'s' if len(rows) > 1 else ''} before it, up to "
-            f"{format_size(last.size_bytes)} (line {last.line})")
+            f"{format_size(last.size_bytes)} (line {last.line}); --partial takes them")
 
 
 def _begins_as_a_row(parts: list[str]) -> bool:
@@ -568,7 +583,7 @@ def _check(log: NcclTestsLog, step: tuple[int, str] | None, where: Callable[[int
             if kind == "factor" and value <= 1:
                 break
             size = size * value if kind == "factor" else size + value
-        if len(log.rows) != expected:
+        if len(log.rows) != expected and not (log.cut_short and len(log.rows) < expected):
             raise ProbeError(f"{where(log.rows[-1].line)}: {len(log.rows)} rows, but minBytes {log.min_bytes} .. "
                              f"maxBytes {log.max_bytes} by step {value}({kind}) gives {expected}: rows missing or "
                              "added")
@@ -798,10 +813,10 @@ def _words(name: str) -> list[str]:
     return [w for w in re.split(r"[^0-9A-Z]+", name.upper()) if w]
 
 
-def read_nccl_tests(path: str | Path) -> NcclTestsLog:
-    """Read and parse a saved nccl-tests log file."""
+def read_nccl_tests(path: str | Path, partial: bool = False) -> NcclTestsLog:
+    """Read and parse a saved nccl-tests log file (``partial``: as ``parse_nccl_tests``)."""
     p = Path(path)
-    return parse_nccl_tests(read_input(p, "nccl-tests"), p.name, str(p))
+    return parse_nccl_tests(read_input(p, "nccl-tests"), p.name, str(p), partial)
 
 
 def calibrate_from_log(

@@ -86,6 +86,9 @@ def calibrate_cmd(
         "where they print none (2.21.5, a series 2.21, a bound <2.23): the fitted topology's cost.nccl_version "
         "(rccl-tests logs: RCCL's, checked against what they print, not written). NCCL_DEBUG=VERSION makes a run "
         "print it.")] = None,
+    partial: Annotated[bool, typer.Option(
+        "--partial", help="With --from-nccl-tests: fit a log that ends inside its table (a run that stopped "
+        "early) on its whole rows, saying so, instead of refusing it.")] = False,
     json_out: JsonOpt = False,
     ctx: typer.Context = None,  # noqa: RUF013 - typer fills it
 ) -> None:
@@ -115,11 +118,15 @@ def calibrate_cmd(
                              "--from-nccl-tests, and the machine they ran on here")
         from treeattn.cli.options import nccl_env_flags
 
-        _from_logs(resolve(topology), paths, out, json_out, topology, nccl_version, nccl_env_flags(env or []))
+        _from_logs(resolve(topology), paths, out, json_out, topology, nccl_version, nccl_env_flags(env or []),
+                   partial)
         return
     if nccl_version is not None or env:
         raise InputError(f"{'--nccl-version' if nccl_version is not None else '--env'} names what nccl-tests logs "
                          "ran with (--from-nccl-tests); a live calibration measures this machine as it is")
+    if partial:
+        raise InputError("--partial takes nccl-tests logs cut short (--from-nccl-tests); a live calibration "
+                         "measures this machine")
     # Every argument is read before torch's import (seconds): a bad one is said at once.
     named = resolve(topology) if topology is not None else None
     try:
@@ -204,10 +211,10 @@ def _write(out: Path | None, topo) -> None:  # noqa: ANN001 - a Topology
 
 
 def _from_logs(topo, paths: list[Path], out: Path | None, json_out: bool,  # noqa: ANN001 - a Topology
-               spec: str, nccl_version: str | None, env: dict[str, str]) -> None:
+               spec: str, nccl_version: str | None, env: dict[str, str], partial: bool) -> None:
     from treeattn.calibrate.from_nccl_tests import calibrate_from_nccl_tests
 
-    result = calibrate_from_nccl_tests(topo, paths, spec, nccl_version, env)
+    result = calibrate_from_nccl_tests(topo, paths, spec, nccl_version, env, partial)
     _write(out, result.topology)
     if json_out:
         typer.echo(json.dumps({**result.to_dict(), "out": _shown(out)}, sort_keys=True, indent=2))

@@ -83,6 +83,9 @@ def check_model_cmd(
         "--nccl-version", metavar="VERSION", help="The NCCL release the logs ran with, where they print none "
         "(RCCL's for rccl-tests logs): 2.21.5, a series (2.21) or a bound (<2.23); default: the topology's. "
         "NCCL_DEBUG=VERSION makes a run print it.")] = None,
+    partial: Annotated[bool, typer.Option(
+        "--partial", help="Score a log that ends inside its table (a run that stopped early) on its whole rows, "
+        "saying so, instead of refusing it.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys): every row and every figure.")]
     = False,
     png: Annotated[Path | None, typer.Option("--png", **OUT_PATH,
@@ -135,9 +138,10 @@ def check_model_cmd(
     if logs and len(topologies) not in (1, len(logs)):
         raise InputError(f"--topology given {len(topologies)} times for {len(logs)} logs: give it once for every log, "
                          "or once a log in the logs' order")
-    if not logs and (topologies or settings or nccl_version is not None):
+    if not logs and (topologies or settings or nccl_version is not None or partial):
         load_corpus([p for p in corpus if p.is_file()])  # a topology file given as a mapping is named so first
-        flag = "--topology" if topologies else "--env" if settings else "--nccl-version"
+        flag = ("--topology" if topologies else "--env" if settings else "--nccl-version"
+                if nccl_version is not None else "--partial")
         folder = next((p for p in corpus if p.is_dir() and not any(p.glob("*.yaml"))), None)
         if folder is not None:  # a folder of one's own logs, not a corpus
             raise InputError(f"{folder}: a folder is read as a corpus, whose .yaml mappings name each table's "
@@ -159,7 +163,7 @@ def check_model_cmd(
                 raise InputError(f"--topology {name!r}: {said}") from None
     machines = topologies * len(logs) if len(topologies) == 1 else topologies
     tables = (load_corpus(corpus) if corpus or not logs else []) + (
-        load_logs(logs, machines, settings, nccl_version) if logs else [])
+        load_logs(logs, machines, settings, nccl_version, partial) if logs else [])
     if len(logs) > 1 and len(topologies) == 1:
         from treeattn.topology.library import resolve
 

@@ -242,14 +242,15 @@ def load_corpus(paths: list[str | Path] | None = None) -> list[PublishedTable]:
 
 
 def load_logs(paths: list[str | Path], topology: str | list[str], env: dict[str, str] | None = None,
-              version: str | None = None) -> list[PublishedTable]:
+              version: str | None = None, partial: bool = False) -> list[PublishedTable]:
     """Saved nccl-tests / rccl-tests logs (one run a file, as ``calibrate --from-nccl-tests``
     reads them) mapped onto ``topology`` (one for all, or one a log in their order): your own
     cluster's runs, scored like the corpus.
     The collective and rank count are inferred as ``log_run`` does, the NCCL release from the
     ``NCCL version`` line the log prints, else ``version`` (``check-model --nccl-version``: a
     release, a series or a bound, as a mapping's ``library_version``; RCCL's for an rccl-tests
-    log), else the topology's.
+    log), else the topology's. ``partial``: a log that ends inside its table is scored on its
+    whole rows (``check-model --partial``), its line saying so, instead of refused.
 
     Raises:
         InputError: ``version`` malformed, or other than the release a log prints."""
@@ -266,10 +267,11 @@ def load_logs(paths: list[str | Path], topology: str | list[str], env: dict[str,
         if p.resolve() in seen:
             raise InputError(f"{p}: given twice")
         seen.add(p.resolve())
-        log = read_nccl_tests(p)
+        log = read_nccl_tests(p, partial)
         coll, ranks, inferred = log_run(log, likely=topo.num_ranks)
-        notes = list(inferred) + [f"{how}, which the model does not time (it times calls launched one by one): "
-                                  "its small sizes may come out slow" for how in launch_notes(log)]
+        notes = [f"{log.cut_short}: those scored (--partial)"] if log.cut_short else []
+        notes += list(inferred) + [f"{how}, which the model does not time (it times calls launched one by one): "
+                                   "its small sizes may come out slow" for how in launch_notes(log)]
         if other := other_devices(log, topo) or other_vendor(log, topo):
             notes.append(other)
         if ranks <= topo.num_ranks and (other := other_hosts(log, topo, ranks)):
