@@ -585,6 +585,13 @@ def test_the_log_hosts_must_group_ranks_as_the_topology_nodes(tmp_path):
                                          r"node\(s\); give the topology it ran on \(e.g. 'dgx-h100:nodes=4\[ranks "
                                          r"0-3,8-11\]'\)"):
         calibrate_from_nccl_tests(DGX4, [_hosts(tmp_path, ["a"] * 4 + ["b"] * 4)])
+    # dealt round-robin: the selection lists the ranks in the log's order, and fits as the log ran
+    rr = _hosts(tmp_path, ["a", "b"] * 4)
+    with pytest.raises(InputError, match=r"\(e.g. 'dgx-h100:nodes=4\[ranks 0,8,1,9,2,10,3,11\]'\)"):
+        calibrate_from_nccl_tests(DGX4, [rr], "dgx-h100:nodes=4")
+    spec = "dgx-h100:nodes=4[ranks 0,8,1,9,2,10,3,11]"
+    (lf,) = calibrate_from_nccl_tests(resolve(spec), [rr], spec).logs
+    assert lf.scope == "network"
 
 
 def test_the_cli_refuses_a_log_of_another_layout_in_one_line(tmp_path):

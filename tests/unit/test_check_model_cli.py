@@ -510,6 +510,27 @@ def test_own_log_on_another_layout_of_hosts_is_said(tmp_path):
             "0-7 on 2 node(s)") in res.stdout
     same = run_cli("check-model", str(log), "-t", "dgx-h100")
     assert "host(s)" not in same.stdout
+    # Two hosts dealt round-robin (mpirun --map-by node): the line names the selection that
+    # places the ranks as the log does (a selection renumbers its ranks in the order it lists).
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join(ln.replace("on    node005 ", f"on {'ab'[int(ln.split()[2]) % 2]:>10} ")
+                             if ln.startswith("#  Rank") else ln for ln in lines) + "\n")
+    res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2")
+    assert res.exit_code == 2 and "(e.g. 'dgx-h100:nodes=2[ranks 0,8,1,9,2,10,3,11]', as the log places them on " \
+        "hosts)" in res.stderr
+    res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2[ranks 0-3,8-11]")
+    assert res.exit_code == 0 and "the log ran ranks 0 and 1 on different hosts" in res.stdout
+    # On a machine of its size, the line names the selection that deals them as the log does.
+    four = tmp_path / "h100-4x2.yaml"
+    four.write_text("name: h100-4x2\nnodes: 2\nnode:\n  gpus: {count: 4, model: H100-SXM5-80GB, mem_bw_gbps: 3350}\n"
+                    "  pcie: {generation: 5, bw_gbps: 55}\n  fabric: {kind: nvswitch, bw_gbps: 450}\n"
+                    "  nics: {count: 4, bw_gbps: 50}\nnetwork: {kind: infiniband, topology: rail-optimized}\n")
+    res = run_cli("check-model", str(log), "-t", str(four))
+    assert res.exit_code == 0, res.stderr
+    assert f"places them on one node (-t '{four}[ranks 0,4,1,5,2,6,3,7]' places them as the log does)" in res.stdout
+    assert run_cli("check-model", str(log), "-t", f"{four}[ranks 0,4,1,5,2,6,3,7]").exit_code == 0
+    res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2[ranks 0,8,1,9,2,10,3,11]")
+    assert res.exit_code == 0 and "different hosts" not in res.stdout
     # every table scored: the per-table heading marks nothing
     assert "By table" in same.stdout and "not scored: marked" not in same.stdout
 

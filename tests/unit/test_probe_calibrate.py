@@ -167,6 +167,20 @@ def test_every_truncation_inside_the_table_is_refused():
         parse_nccl_tests("".join(damaged), "cut.txt", partial=True)
 
 
+def test_a_cut_inside_a_rows_last_field_ends_inside_a_row():
+    # A cut inside -S 1's timestamp or a trailing N/A leaves the row its fields, one of them
+    # half: still a run that stopped mid-row (the file's last line), not a damaged row.
+    lines = (FIX / "all_reduce_perf.8xh100-S1.txt").read_text().splitlines()
+    last = max(i for i, ln in enumerate(lines) if ln.strip()[:1].isdigit())
+    for cut in (lines[last][:-3], lines[last].rsplit(" ", 1)[0] + " 14:"):
+        with pytest.raises(ProbeError, match=rf"s1.txt:{last + 1}: the log ends inside a row: truncated\? "):
+            parse_nccl_tests("\n".join(lines[:last] + [cut]), "s1.txt")
+    # a damaged row with lines after it is refused as damaged still
+    bad = lines[:last] + [lines[last][:-3]] + ["# Avg bus bandwidth    : 100"]
+    with pytest.raises(ProbeError, match="not a number|fields|timestamp|damaged"):
+        parse_nccl_tests("\n".join(bad), "s1.txt")
+
+
 def test_nccl_info_lines_inside_the_table_are_skipped():
     lines = _lines(ONE)
     i = _row_index(lines, 268435456)
@@ -239,7 +253,9 @@ def test_a_selection_of_ranks_follows_the_logs_hosts():
     assert ranks_like_hosts(on("a", "b"), topo) == "0,8"
     assert ranks_like_hosts(on("a", "a", "b", "b", "c", "c"), topo) == "0-1,8-9,16-17"
     assert ranks_like_hosts(on(*"a" * 8), topo) == "0-7"
-    assert ranks_like_hosts(on("a", "b", "a", "b"), topo) is None  # round-robin: no node-major selection
+    # round-robin: a selection renumbers its ranks in the order it lists them
+    assert ranks_like_hosts(on("a", "b", "a", "b"), topo) == "0,8,1,9"
+    assert ranks_like_hosts(on(*"abcdabcd"), topo) == "0,8,16,24,1,9,17,25"
     assert ranks_like_hosts(on(*"abcde"), topo) is None  # more hosts than nodes
     assert ranks_like_hosts(on(*"a" * 9), topo) is None  # more ranks on a host than a node holds
     assert ranks_like_hosts(dataclasses.replace(log, devices=()), topo) is None

@@ -485,7 +485,9 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         try:
             row = _row(parts, layout, shown, lineno)
         except ProbeError:
-            if lineno == last_line and len(parts) < layout.width:  # a run that stopped mid-row
+            # The file's last line, inside the table: a run that stopped mid-row, whether the cut
+            # left fewer fields or half of one (a trailing N/A, -S's timestamp).
+            if lineno == last_line:
                 if not (partial and rows):
                     raise fail(shown, lineno, _cut_short("the log ends inside a row", rows)) from None
                 cut = f"line {lineno}: ends inside a row"
@@ -751,37 +753,41 @@ def other_hosts(log: NcclTestsLog, topo: Topology, n: int) -> str:
 
 def selection_like_hosts(log: NcclTestsLog, topo: Topology, spec: str) -> str | None:
     """``spec[ranks ...]`` with ``ranks_like_hosts``' selection of ``topo`` (named ``spec``), the
-    hint where a log holds fewer ranks than the topology; None where ``spec`` selects ranks
-    already (its ranks are not the family's) or the log's hosts do not say."""
-    like = None if "[" in spec or len(log.devices) >= topo.num_ranks else ranks_like_hosts(log, topo)
-    return None if like is None else f"{spec}[ranks {like}]"
+    hint where a log's ranks sit on hosts otherwise than the topology's first ranks on nodes
+    (fewer ranks, or the same ranks dealt round-robin); None where ``spec`` selects ranks
+    already (its ranks are not the family's), the log's hosts do not say, or the selection
+    would be the topology as it is."""
+    like = None if "[" in spec or len(log.devices) > topo.num_ranks else ranks_like_hosts(log, topo)
+    return None if like is None or like == f"0-{topo.num_ranks - 1}" else f"{spec}[ranks {like}]"
 
 
 def ranks_like_hosts(log: NcclTestsLog, topo: Topology) -> str | None:
     """A ``[ranks ...]`` selection of ``topo`` that puts the log's ranks on nodes as its
     ``#  Rank`` lines put them on hosts (``"0,8"`` for one rank on each of two hosts,
-    ``"0-3,8-11"`` for four): host by host in rank order, the first ranks of the topology's
-    nodes in order; None where the log does not list each rank with its host, a host's ranks
-    are not consecutive, or the topology has too few nodes or ranks a node for them."""
+    ``"0-3,8-11"`` for four, ``"0,8,1,9"`` for four dealt round-robin: a selection renumbers
+    the ranks in the order it lists them): each host, in the order of its first rank, takes
+    the next of the topology's nodes, and each rank the next rank of its host's node; None
+    where the log does not list each rank with its host, or the topology has too few nodes or
+    ranks a node for them."""
     hosts = {d.rank: d.host for d in log.devices}
     n = len(hosts)
     if n < 2 or sorted(hosts) != list(range(n)) or not all(hosts.values()):
         return None
-    runs: list[list[int]] = []
-    for r in range(n):
-        if r and hosts[r] == hosts[r - 1]:
-            runs[-1].append(r)
-        elif hosts[r] in (hosts[q] for q in range(r)):
-            return None  # a host's ranks interleaved with another's
-        else:
-            runs.append([r])
     per_node: dict[object, list[int]] = {}
     for r in range(topo.num_ranks):
         per_node.setdefault(topo.rank_device(r).node, []).append(r)
-    nodes = list(per_node.values())
-    if len(runs) > len(nodes) or any(len(run) > len(node) for run, node in zip(runs, nodes, strict=False)):
+    order = list(dict.fromkeys(hosts[r] for r in range(n)))
+    if len(order) > len(per_node):
         return None
-    picked = [r for run, node in zip(runs, nodes, strict=False) for r in node[:len(run)]]
+    node_ranks = dict(zip(order, per_node.values(), strict=False))
+    taken = dict.fromkeys(order, 0)
+    picked = []
+    for r in range(n):
+        host = hosts[r]
+        if taken[host] >= len(node_ranks[host]):
+            return None
+        picked.append(node_ranks[host][taken[host]])
+        taken[host] += 1
     spans: list[list[int]] = []
     for r in picked:
         if spans and r == spans[-1][1] + 1:

@@ -57,6 +57,7 @@ from treeattn.calibrate.nccl_tests import (
     parse_published_table,
     printed_version,
     read_nccl_tests,
+    selection_like_hosts,
 )
 from treeattn.cost.nvls import REDUCTION_DTYPES, dtype_name
 from treeattn.errors import InputError, ProbeError
@@ -275,7 +276,8 @@ def load_logs(paths: list[str | Path], topology: str | list[str], env: dict[str,
         if other := other_devices(log, topo) or other_vendor(log, topo):
             notes.append(other)
         if ranks <= topo.num_ranks and (other := other_hosts(log, topo, ranks)):
-            notes.append(other)
+            like = selection_like_hosts(log, topo, topology)
+            notes.append(other + (f" (-t '{like}' places them as the log does)" if like else ""))
         if coll not in COLLECTIVES:
             raise InputError(f"{p}: a {coll} test; the model scores {', '.join(COLLECTIVES)}")
         library = "RCCL" if log.rccl else "NCCL"  # RCCL's releases are not NCCL's figures
