@@ -259,8 +259,9 @@ def check_model_cmd(
             att.add_column(col, justify="left" if i == 0 else "right")
         for gpu, st in attention.items():
             att.add_row(gpu, str(st["rows"]), f"{100 * st['median_abs']:.1f}", f"{100 * st['p90_abs']:.1f}",
-                        f"{100 * st['median_signed']:+.1f}", f"{st['fitted_launch_us']:.1f}",
-                        f"{st['fitted_efficiency']:.2f}")
+                        f"{100 * st['median_signed']:+.1f}",
+                        "-" if st["fitted_launch_us"] is None else f"{st['fitted_launch_us']:.1f}",
+                        "-" if st["fitted_efficiency"] is None else f"{st['fitted_efficiency']:.2f}")
         con.print(att)
     if png is not None:
         con.print(f"wrote {png}", markup=False)

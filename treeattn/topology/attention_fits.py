@@ -8,7 +8,9 @@ pull 1415). The families carry them, `treeattn probe` writes them for the GPUs t
 fitted on (the same generation's HBM parts), and a topology whose ``cost`` leaves one of them
 unset takes its GPUs' figure for it (``applied_attention_fit``): the same GPUs time the same in a
 family and in a hand-written file. Other GPUs (MI300X, RTX 4090, V100, L40S) keep ``launch_us`` and
-``mem_efficiency``: no published timing with every shape term stated."""
+``mem_efficiency``: no published timing with every shape term stated, but for one MI300X row
+(composable_kernel pull 1789), which fixes no line and runs 3.3 times the defaults' time
+(held out, scored)."""
 
 from __future__ import annotations
 

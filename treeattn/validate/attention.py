@@ -144,16 +144,17 @@ def fit_kernel_line(rows: list[AttentionRow], step_us: float = 0.1) -> tuple[flo
 
 def attention_summary(rows: list[AttentionRow]) -> dict:
     """Per GPU: rows, median and p90 |error| and signed median of the model as it stands, and the
-    line fitted to them (``fit_kernel_line``: fixed cost, share of memory bandwidth). Rows of
-    sources held out of the fit (``fitted: false``) come apart, under ``"<gpu> held out"``: the
-    model's error on them, and the line their rows alone give."""
+    line fitted to them (``fit_kernel_line``: fixed cost, share of memory bandwidth; None for
+    both where one row is all there is, which any line through it fits). Rows of sources held
+    out of the fit (``fitted: false``) come apart, under ``"<gpu> held out"``: the model's error
+    on them, and the line their rows alone give."""
     def group(r: AttentionRow) -> str:
         return r.gpu if r.fitted else f"{r.gpu} held out"
 
     out = {}
     for name in sorted({group(r) for r in rows}):
         rs = [r for r in rows if group(r) == name]
-        fit = fit_kernel_line(rs)
+        fit = fit_kernel_line(rs) if len(rs) > 1 else (None, None)
         errs = sorted(abs(r.error) for r in rs)
         out[name] = {"rows": len(rs), "median_abs": statistics.median(errs),
                      "p90_abs": errs[min(len(errs) - 1, round(0.9 * (len(errs) - 1)))],
