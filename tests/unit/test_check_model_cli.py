@@ -913,6 +913,24 @@ def test_logs_of_several_machines_take_a_topology_each_in_their_order(tmp_path):
     res = run_cli("check-model", *logs, "-t", "dgx-h100", "-t", "dgx-h100", "-t", "dgx-h100")
     assert res.exit_code == 2 and "--topology given 3 times for 2 logs" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+    assert "given 2 times for 1 log:" in run_cli("check-model", str(one), "-t", "dgx-h100", "-t", "dgx-h100").stderr
+    # one -t larger than a log: its ranks selected as its hosts hold them, or a -t a log
+    res = run_cli("check-model", *logs, "-t", "dgx-h100:nodes=4")
+    assert res.exit_code == 2 and (f"{one}: ran on 8 ranks, and --topology 'dgx-h100:nodes=4' places 32; select its "
+                                   "ranks ('dgx-h100:nodes=4[ranks 0-7]') or give --topology once a log") in res.stderr
+    # a bad name says whose log it was for; an empty one says so
+    res = run_cli("check-model", *logs, "-t", "dgx-h100", "-t", "dgx-hundred")
+    assert res.exit_code == 2 and f"--topology 'dgx-hundred' (for {FIXTURE}): unknown topology" in res.stderr
+    res = run_cli("check-model", str(one), "-t", "")
+    assert res.exit_code == 2 and "--topology '': empty" in res.stderr
+    # a machine named two ways (a file as 'x.yaml' and './x.yaml') gets one rates note
+    cal = tmp_path / "cal.yaml"
+    fit = run_cli("calibrate", "--from-nccl-tests", str(one), "-t", "dgx-h100", "-o", str(cal))
+    assert fit.exit_code == 0, fit.stderr
+    shutil.copy(one, tmp_path / "copy.txt")
+    twice = run_cli("check-model", str(one), str(tmp_path / "copy.txt"), "-t", str(cal), "-t", f"{tmp_path}/./cal.yaml")
+    assert twice.exit_code == 0, twice.stderr
+    assert twice.stdout.count("link rates: ") == 1
 
 
 def test_a_log_cut_short_is_scored_on_its_whole_rows_with_partial(tmp_path):

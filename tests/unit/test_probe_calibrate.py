@@ -181,6 +181,32 @@ def test_a_cut_inside_a_rows_last_field_ends_inside_a_row():
         parse_nccl_tests("\n".join(bad), "s1.txt")
 
 
+def test_a_log_cut_short_keeps_its_checks_on_the_rows_it_has():
+    # A cut log missing a row inside its table is refused with --partial too: its sizes up to
+    # the last whole row are checked against minBytes and the step.
+    lines = (FIX / "damaged" / "all_reduce_perf.truncated.txt").read_text().splitlines()
+    gap = [ln for ln in lines if not ln.startswith("     1048576 ")]
+    with pytest.raises(ProbeError, match=r":34: 27 whole rows up to 1 GiB, but minBytes 8 by step 2\(factor\) "
+                                         "gives 28: rows missing or added"):
+        parse_nccl_tests("\n".join(gap), "gap.txt", partial=True)
+    # A file that ends inside its '# Avg bus bandwidth' line (its figure gone, or the first
+    # digits of the rows' mean left) is cut there, with every row whole: --partial takes them.
+    text = ONE.read_text()
+    at = text.index("# Avg bus bandwidth")
+    whole = parse_nccl_tests(text, "one.txt")
+    mean = f"{whole.avg_busbw_gbps:.6f}"
+    colon = at + text[at:].index(":")
+    assert text[colon + 2: colon + 4] == mean[:2] == "43"
+    for cut in (text[: at + 20], text[: colon + 1], text[: colon + 3], text[: colon + 4]):  # "", "4", "43"
+        with pytest.raises(ProbeError, match=r"ends inside its '# Avg bus bandwidth' line .*--partial takes them$"):
+            parse_nccl_tests(cut, "one.txt")
+        log = parse_nccl_tests(cut, "one.txt", partial=True)
+        assert log.rows == whole.rows and "ends inside the '# Avg bus bandwidth' line" in log.cut_short
+    # another figure on that last line is an altered one, refused as such
+    with pytest.raises(ProbeError, match="says 97.5 but the rows average"):
+        parse_nccl_tests(text[:at] + "# Avg bus bandwidth    : 97.5", "one.txt", partial=True)
+
+
 def test_nccl_info_lines_inside_the_table_are_skipped():
     lines = _lines(ONE)
     i = _row_index(lines, 268435456)

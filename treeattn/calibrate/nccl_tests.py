@@ -416,6 +416,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
     info_env: dict[str, str] = {}
     named = None
     reduced: int | None = None
+    avg_line, avg_cut = 0, False
     cut = ""
     state = "pre"
     last_line = max((i for i, raw in enumerate(lines, 1) if raw.strip()), default=0)
@@ -474,7 +475,13 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
             elif body.startswith("Avg bus bandwidth"):
                 # With NCCL_TESTS_MIN_BW set, nccl-tests follows the figure with its verdict (OK / FAILED).
                 figure = body.split(":", 1)[-1].split()
-                avg = _num(figure[0] if figure else "", shown, lineno, "average bus bandwidth")
+                text = figure[0] if figure and ":" in body else ""
+                avg_line = lineno
+                if lineno == last_line and (not text or _cut_figure(text, rows)):
+                    # The file ends on this line, its figure missing or not the rows' mean: cut in it.
+                    avg_cut = True
+                else:
+                    avg = _num(text, shown, lineno, "average bus bandwidth")
                 state = "done"
             continue
         assert layout is not None
@@ -509,6 +516,11 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         raise fail(shown, len(lines), "no table header (# size count type ... time algbw busbw): truncated?")
     if not rows:
         raise fail(shown, len(lines), "the table has no rows")
+    if avg_cut:
+        if not partial:
+            raise fail(shown, avg_line, _cut_short("the log ends inside its '# Avg bus bandwidth' line (its figure "
+                                                   "cut short)", rows))
+        cut = f"line {avg_line}: ends inside the '# Avg bus bandwidth' line"
     if state != "done" and not cut:
         if not partial:
             raise fail(shown, len(lines), _cut_short("the log ends inside the table (no '# Avg bus bandwidth' "
@@ -548,6 +560,30 @@ def launch_notes(log: NcclTestsLog) -> list[str]:
     return out
 
 
+def _rows_busbw_mean(rows: list[NcclRow] | tuple[NcclRow, ...]) -> float:
+    """The mean of every busbw the rows print: what nccl-tests' '# Avg bus bandwidth' gives."""
+    bus = [t.busbw_gbps for r in rows for t in (r.out_of_place, r.in_place) if t]
+    return sum(bus) / len(bus) if bus else math.nan
+
+
+def _avg_differs(avg: float, mean: float) -> bool:
+    return abs(mean - avg) > 0.005 * avg + 0.01
+
+
+def _cut_figure(text: str, rows: list[NcclRow]) -> bool:
+    """Whether an average bus bandwidth figure on a log's last line reads as cut: none, or the
+    first digits of the rows' mean but not that mean (``4`` of 439.37); another figure is one
+    altered, which the checks refuse as such."""
+    if not text:
+        return True
+    mean = _rows_busbw_mean(rows)
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return math.isfinite(mean) and _avg_differs(value, mean) and f"{mean:.6f}".startswith(text)
+
+
 def _cut_short(what: str, rows: list[NcclRow]) -> str:
     """A log that ends inside its table: what, and the whole rows before."""
     if not rows:
@@ -579,16 +615,26 @@ def _check(log: NcclTestsLog, step: tuple[int, str] | None, where: Callable[[int
     names the file as the user gave it."""
     if step and log.min_bytes > 0:
         value, kind = step
-        expected, size = 0, log.min_bytes
-        while size <= log.max_bytes and expected < 10_000:
-            expected += 1
+        sizes, size = [], log.min_bytes
+        while size <= log.max_bytes and len(sizes) < 10_000:
+            sizes.append(size)
             if kind == "factor" and value <= 1:
                 break
             size = size * value if kind == "factor" else size + value
-        if len(log.rows) != expected and not (log.cut_short and len(log.rows) < expected):
+        last = log.rows[-1].size_bytes
+        if not log.cut_short and len(log.rows) != len(sizes):
             raise ProbeError(f"{where(log.rows[-1].line)}: {len(log.rows)} rows, but minBytes {log.min_bytes} .. "
-                             f"maxBytes {log.max_bytes} by step {value}({kind}) gives {expected}: rows missing or "
+                             f"maxBytes {log.max_bytes} by step {value}({kind}) gives {len(sizes)}: rows missing or "
                              "added")
+        if log.cut_short and last > 0:
+            # A size prints rounded down to whole elements (of every rank): a step's size counts up
+            # to halfway (geometrically, for a factor) to the next.
+            reach = last * math.sqrt(value) if kind == "factor" and value > 1 else last + value / 2
+            expected = sum(1 for s in sizes if s <= reach)
+            if len(log.rows) != expected:
+                raise ProbeError(f"{where(log.rows[-1].line)}: {len(log.rows)} whole rows up to "
+                                 f"{format_size(last)}, but minBytes {log.min_bytes} by step {value}({kind}) gives "
+                                 f"{expected}: rows missing or added")
     ratios = [(t.busbw_gbps / t.algbw_gbps, r.line) for r in log.rows for t in (r.out_of_place, r.in_place)
               if t and t.algbw_gbps >= 1.0]
     if ratios:
@@ -598,9 +644,8 @@ def _check(log: NcclTestsLog, step: tuple[int, str] | None, where: Callable[[int
                 raise ProbeError(f"{where(line)}: busbw/algbw = {ratio:.4f} here but {ref:.4f} in the largest row: "
                                  "values damaged or columns swapped")
     if log.avg_busbw_gbps is not None:
-        bus = [t.busbw_gbps for r in log.rows for t in (r.out_of_place, r.in_place) if t]
-        mean = sum(bus) / len(bus)
-        if abs(mean - log.avg_busbw_gbps) > 0.005 * log.avg_busbw_gbps + 0.01:
+        mean = _rows_busbw_mean(log.rows)
+        if _avg_differs(log.avg_busbw_gbps, mean):
             raise ProbeError(f"{where(None)}: the average bus bandwidth says {log.avg_busbw_gbps:g} but the rows "
                              f"average {mean:.3f}: rows missing or altered")
 

@@ -136,8 +136,8 @@ def check_model_cmd(
     if logs and not topologies:
         raise InputError(f"{logs[0]}: a log needs --topology, the machine it ran on (e.g. -t dgx-h100:nodes=2)")
     if logs and len(topologies) not in (1, len(logs)):
-        raise InputError(f"--topology given {len(topologies)} times for {len(logs)} logs: give it once for every log, "
-                         "or once a log in the logs' order")
+        raise InputError(f"--topology given {len(topologies)} times for {len(logs)} log{'s' if len(logs) > 1 else ''}: "
+                         "give it once for every log, or once a log in the logs' order")
     if not logs and (topologies or settings or nccl_version is not None or partial):
         load_corpus([p for p in corpus if p.is_file()])  # a topology file given as a mapping is named so first
         flag = ("--topology" if topologies else "--env" if settings else "--nccl-version"
@@ -153,24 +153,33 @@ def check_model_cmd(
         from treeattn.errors import TopologyError
         from treeattn.topology.library import resolve
 
-        for name in dict.fromkeys(topologies):
+        for k, name in enumerate(topologies):
+            # for whose log, where each has its own
+            whose = f" (for {logs[k]})" if len(topologies) > 1 and k < len(logs) else ""
+            if not name.strip():
+                raise InputError(f"--topology {name!r}{whose}: empty; give a preset name or a topology YAML file")
             try:
                 resolve(name)  # before any log is read: a wrong name is the flag's error
             except TopologyError as exc:
                 said = str(exc).removeprefix(f"topology {name!r}: ")
                 if looks_like_a_log(name):
                     said = "an nccl-tests log, not a topology: give logs as PATHs, and the machine they ran on here"
-                raise InputError(f"--topology {name!r}: {said}") from None
+                raise InputError(f"--topology {name!r}{whose}: {said}") from None
     machines = topologies * len(logs) if len(topologies) == 1 else topologies
     tables = (load_corpus(corpus) if corpus or not logs else []) + (
         load_logs(logs, machines, settings, nccl_version, partial) if logs else [])
     if len(logs) > 1 and len(topologies) == 1:
+        from treeattn.calibrate.nccl_tests import selection_like_hosts
         from treeattn.topology.library import resolve
 
-        size = resolve(topologies[0]).num_ranks
-        if bigger := next((t for t in tables if t.url in map(str, logs) and t.ranks > size), None):
-            raise InputError(f"{bigger.url}: ran on {bigger.ranks} ranks, and --topology {topologies[0]!r} places "
-                             f"{size}; give --topology once a log, in the logs' order, for logs of several machines")
+        topo = resolve(topologies[0])
+        if other := next((t for t in tables if t.url in map(str, logs) and t.ranks != topo.num_ranks), None):
+            like = selection_like_hosts(other.log, topo, topologies[0]) if other.ranks < topo.num_ranks else None
+            select = ("" if other.ranks > topo.num_ranks or "[" in topologies[0] else
+                      f"select its ranks ('{like or f'{topologies[0]}[ranks 0-{other.ranks - 1}]'}') or ")
+            raise InputError(f"{other.url}: ran on {other.ranks} ranks, and --topology {topologies[0]!r} places "
+                             f"{topo.num_ranks}; {select}give --topology once a log, in the logs' order, for logs "
+                             "of several machines")
     with progress_reporter(progress, "check-model") as update:
         rows = predict_corpus(tables, update)
     summary = summarize(rows)
@@ -234,8 +243,11 @@ def check_model_cmd(
     if logs:
         from treeattn.topology.library import resolve
 
-        named = list(dict.fromkeys(topologies))
-        for name in named:  # each log's line names its P2P level
+        # one note a machine (a file named two ways is one), each log's line naming its P2P level
+        named: dict[str, str] = {}
+        for name in topologies:
+            named.setdefault(resolve(name).fingerprint, name)
+        for name in named.values():
             print_rates_note(con, resolve(name), f"{name}:\n" if len(named) > 1 else "", shm=False)
     con.print(_table("By size regime (scored rows)", "regime",
                      [_stat_row(g, summary["regimes"][g]) for g in REGIMES] + [_stat_row("all", summary["all"])]))
