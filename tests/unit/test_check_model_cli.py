@@ -520,6 +520,13 @@ def test_own_log_on_another_layout_of_hosts_is_said(tmp_path):
         "hosts)" in res.stderr
     res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2[ranks 0-3,8-11]")
     assert res.exit_code == 0 and "the log ran ranks 0 and 1 on different hosts" in res.stdout
+    # Three hosts onto two nodes: no selection places them so, and no example selection is offered.
+    three = tmp_path / "three.txt"
+    three.write_text("\n".join(ln.replace("on          a ", "on          c ") if ln.startswith("#  Rank  6")
+                               or ln.startswith("#  Rank  7") else ln for ln in log.read_text().splitlines()) + "\n")
+    res = run_cli("check-model", str(three), "-t", "dgx-h100:nodes=2")
+    assert res.exit_code == 2 and "[ranks" not in res.stderr
+    assert "use another size: no selection of its ranks places them as the log's 3 hosts hold them" in res.stderr
     # On a machine of its size, the line names the selection that deals them as the log does.
     four = tmp_path / "h100-4x2.yaml"
     four.write_text("name: h100-4x2\nnodes: 2\nnode:\n  gpus: {count: 4, model: H100-SXM5-80GB, mem_bw_gbps: 3350}\n"
@@ -949,3 +956,8 @@ def test_a_log_cut_short_is_scored_on_its_whole_rows_with_partial(tmp_path):
     assert [(r["bytes"], r["predicted_us"]) for r in rows] == [(r["bytes"], r["predicted_us"]) for r in whole[:28]]
     res = run_cli("check-model", "--partial")
     assert res.exit_code == 2 and "--partial applies to nccl-tests logs" in res.stderr
+    # a -J file cut short holds no whole row: refused, and the error says --partial cannot help
+    json_log = FIXTURE.parent / "run.2x8xh100-I1.json"
+    (tmp_path / "cut.json").write_text(json_log.read_text()[:3000])
+    res = run_cli("check-model", str(tmp_path / "cut.json"), "-t", "dgx-h100:nodes=2", "--partial")
+    assert res.exit_code == 2 and "the JSON ends early" in res.stderr and "--partial reads text logs" in res.stderr

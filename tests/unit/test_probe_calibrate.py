@@ -186,9 +186,19 @@ def test_a_log_cut_short_keeps_its_checks_on_the_rows_it_has():
     # the last whole row are checked against minBytes and the step.
     lines = (FIX / "damaged" / "all_reduce_perf.truncated.txt").read_text().splitlines()
     gap = [ln for ln in lines if not ln.startswith("     1048576 ")]
-    with pytest.raises(ProbeError, match=r":34: 27 whole rows up to 1 GiB, but minBytes 8 by step 2\(factor\) "
-                                         "gives 28: rows missing or added"):
+    with pytest.raises(ProbeError, match=r"gap.txt:25: row 18 prints 2097152 bytes, but minBytes 8 by step "
+                                         r"2\(factor\) gives 1048576 there: rows missing or added"):
         parse_nccl_tests("\n".join(gap), "gap.txt", partial=True)
+    # An all-gather's sizes print rounded down to whole elements of every rank (-b 40 -i 40 on 8
+    # ranks of floats: 120 prints as 96): a cut log of them is taken.
+    head = [ln for ln in lines if ln.startswith("#")][:3]
+    rows = [f"{n}  {n // 32}  float  none  -1  10.0  {n / 1e4:.2f}  {n / 1e4 * 7 / 8:.2f}  0  10.0  {n / 1e4:.2f}  "
+            f"{n / 1e4 * 7 / 8:.2f}  0" for n in (32, 64, 96, 160)]
+    text = "\n".join(["# nThread 1 nGpus 8 minBytes 40 maxBytes 400 step: 40(bytes) warmup iters: 5 iters: 20",
+                      "#", "#       size         count      type   redop    root     time   algbw   busbw #wrong"
+                      "     time   algbw   busbw #wrong", *rows])
+    assert [r.size_bytes for r in parse_nccl_tests(text, "ag.txt", partial=True).rows] == [32, 64, 96, 160]
+    assert head  # the fixture's header lines, for the shape above
     # A file that ends inside its '# Avg bus bandwidth' line (its figure gone, or the first
     # digits of the rows' mean left) is cut there, with every row whole: --partial takes them.
     text = ONE.read_text()
@@ -205,6 +215,38 @@ def test_a_log_cut_short_keeps_its_checks_on_the_rows_it_has():
     # another figure on that last line is an altered one, refused as such
     with pytest.raises(ProbeError, match="says 97.5 but the rows average"):
         parse_nccl_tests(text[:at] + "# Avg bus bandwidth    : 97.5", "one.txt", partial=True)
+
+
+def test_a_run_that_failed_mid_table_is_cut_where_it_failed():
+    # nccl-tests prints a row's size, count, type, reduction and root before it runs the size,
+    # and its failure after them, or on lines of their own; a scheduler's line may follow.
+    lines = ONE.read_text().splitlines()
+    i = _row_index(lines, 268435456)
+    prefix = "   268435456      67108864     float     sum      -1"
+    failure = ["node005: Test NCCL failure common.cu:1008 'unhandled cuda error'",
+               " .. node005 pid 295203: Test failure common.cu:891",
+               "slurmstepd: error: *** STEP 42.0 ON node005 CANCELLED AT 2026-01-01T00:00:00 ***"]
+    for tail in ([prefix + " " + failure[0], *failure[1:]], [prefix, *failure]):
+        text = "\n".join(lines[:i] + tail)
+        with pytest.raises(ProbeError, match=r"ends inside a row: truncated\? \d+ whole rows? before it, up to "
+                                             "128 MiB"):
+            parse_nccl_tests(text, "failed.txt")
+        log = parse_nccl_tests(text, "failed.txt", partial=True)
+        assert log.rows[-1].size_bytes == 134217728 and "ends inside a row" in log.cut_short
+    # a damaged row with the table going on after it is damaged, not cut
+    with pytest.raises(ProbeError, match="row has"):
+        parse_nccl_tests("\n".join(lines[:i] + [prefix] + lines[i + 1:]), "damaged.txt", partial=True)
+
+
+def test_a_second_run_inside_a_cut_table_is_refused():
+    lines = ONE.read_text().splitlines()
+    i = _row_index(lines, 268435456)
+    assert any(ln.startswith("# nThread") for ln in lines)
+    columns = max(k for k, ln in enumerate(lines[:i]) if ln.startswith("#") and "algbw" in ln)
+    # cut after some rows, and cut after the column header before any row
+    for text in ("\n".join(lines[:i] + lines), "\n".join(lines[: columns + 1] + lines)):
+        with pytest.raises(ProbeError, match=r"a second run starts here, inside the first's table"):
+            parse_nccl_tests(text, "two.txt", partial=True)
 
 
 def test_nccl_info_lines_inside_the_table_are_skipped():

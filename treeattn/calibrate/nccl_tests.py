@@ -402,7 +402,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
     if text.lstrip().startswith("{") or json_named:  # a text log named .json is read as text
         from treeattn.calibrate.nccl_tests_json import parse_nccl_tests_json
 
-        return parse_nccl_tests_json(text, source, shown)
+        return parse_nccl_tests_json(text, source, shown, partial)
     lines = text.splitlines()
     header: re.Match | None = None
     header_line = 0
@@ -469,6 +469,10 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
             continue
         # state == "table"
         if line.startswith("#"):
+            if _HEADER.match(line):  # the first run's table has no end: it was cut, and another follows
+                raise fail(shown, lineno, f"a second run starts here, inside the first's table (its header on line "
+                                          f"{header_line}, no '# Avg bus bandwidth' line between); give one run per "
+                                          "file")
             body = line.lstrip("#").strip()
             if body.startswith("Out of bounds values"):
                 oob = body.split(":", 1)[-1].strip()
@@ -492,9 +496,11 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         try:
             row = _row(parts, layout, shown, lineno)
         except ProbeError:
-            # The file's last line, inside the table: a run that stopped mid-row, whether the cut
-            # left fewer fields or half of one (a trailing N/A, -S's timestamp).
-            if lineno == last_line:
+            # The table's last row, nothing of the table after it: a run that stopped mid-row, whether
+            # the cut left fewer fields or half of one (a trailing N/A, -S's timestamp), or the run
+            # failed there (nccl-tests prints a row's size and type before it runs the size, and
+            # "Test NCCL failure" after them or on lines of their own; a scheduler's line may follow).
+            if _table_ends_at(lines, lineno):
                 if not (partial and rows):
                     raise fail(shown, lineno, _cut_short("the log ends inside a row", rows)) from None
                 cut = f"line {lineno}: ends inside a row"
@@ -560,6 +566,17 @@ def launch_notes(log: NcclTestsLog) -> list[str]:
     return out
 
 
+def _table_ends_at(lines: list[str], lineno: int) -> bool:
+    """Whether nothing of a table follows line ``lineno`` (1-based): no row, no '# Avg bus
+    bandwidth' line, no second header; launcher, scheduler and NCCL lines may."""
+    for raw in lines[lineno:]:
+        line = _TAG.sub("", raw, count=1).strip()
+        if (_begins_as_a_row(line.split()) or _HEADER.match(line)
+                or (line.startswith("#") and line.lstrip("#").strip().startswith("Avg bus bandwidth"))):
+            return False
+    return True
+
+
 def _rows_busbw_mean(rows: list[NcclRow] | tuple[NcclRow, ...]) -> float:
     """The mean of every busbw the rows print: what nccl-tests' '# Avg bus bandwidth' gives."""
     bus = [t.busbw_gbps for r in rows for t in (r.out_of_place, r.in_place) if t]
@@ -621,20 +638,19 @@ def _check(log: NcclTestsLog, step: tuple[int, str] | None, where: Callable[[int
             if kind == "factor" and value <= 1:
                 break
             size = size * value if kind == "factor" else size + value
-        last = log.rows[-1].size_bytes
         if not log.cut_short and len(log.rows) != len(sizes):
             raise ProbeError(f"{where(log.rows[-1].line)}: {len(log.rows)} rows, but minBytes {log.min_bytes} .. "
                              f"maxBytes {log.max_bytes} by step {value}({kind}) gives {len(sizes)}: rows missing or "
                              "added")
-        if log.cut_short and last > 0:
-            # A size prints rounded down to whole elements (of every rank): a step's size counts up
-            # to halfway (geometrically, for a factor) to the next.
-            reach = last * math.sqrt(value) if kind == "factor" and value > 1 else last + value / 2
-            expected = sum(1 for s in sizes if s <= reach)
-            if len(log.rows) != expected:
-                raise ProbeError(f"{where(log.rows[-1].line)}: {len(log.rows)} whole rows up to "
-                                 f"{format_size(last)}, but minBytes {log.min_bytes} by step {value}({kind}) gives "
-                                 f"{expected}: rows missing or added")
+        if log.cut_short:
+            # A size prints rounded down to whole elements (of every rank), never up: a row printing
+            # more than its place's size in the sequence follows a missing row.
+            for j, row in enumerate(log.rows):
+                if j >= len(sizes) or row.size_bytes > sizes[j]:
+                    raise ProbeError(f"{where(row.line)}: row {j + 1} prints {row.size_bytes} bytes, but minBytes "
+                                     f"{log.min_bytes} by step {value}({kind}) gives "
+                                     f"{sizes[j] if j < len(sizes) else 'no more sizes'} there: rows missing or "
+                                     "added")
     ratios = [(t.busbw_gbps / t.algbw_gbps, r.line) for r in log.rows for t in (r.out_of_place, r.in_place)
               if t and t.algbw_gbps >= 1.0]
     if ratios:
@@ -804,6 +820,15 @@ def selection_like_hosts(log: NcclTestsLog, topo: Topology, spec: str) -> str | 
     would be the topology as it is."""
     like = None if "[" in spec or len(log.devices) > topo.num_ranks else ranks_like_hosts(log, topo)
     return None if like is None or like == f"0-{topo.num_ranks - 1}" else f"{spec}[ranks {like}]"
+
+
+def hosts_listed(log: NcclTestsLog) -> int:
+    """How many hosts a log's ``#  Rank`` lines put its ranks on, where they list every rank
+    with its host; 0 where they do not."""
+    hosts = {d.rank: d.host for d in log.devices}
+    if not hosts or sorted(hosts) != list(range(len(hosts))) or not all(hosts.values()):
+        return 0
+    return len(set(hosts.values()))
 
 
 def ranks_like_hosts(log: NcclTestsLog, topo: Topology) -> str | None:

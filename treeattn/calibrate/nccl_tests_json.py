@@ -42,10 +42,12 @@ def _get(obj: object, key: str, kind: type | tuple[type, ...], where: str, shown
     return value
 
 
-def parse_nccl_tests_json(text: str, source: str, shown: str) -> NcclTestsLog:
+def parse_nccl_tests_json(text: str, source: str, shown: str, partial: bool = False) -> NcclTestsLog:
     """Read the JSON file nccl-tests' ``-J`` writes (see the module docstring).
 
     Args:
+        partial: the caller would take a cut log's whole rows (a text log's; a cut JSON file is
+            refused all the same, and its error says so).
         text: the file's text.
         source: the file's name (a name like ``all_reduce_perf*`` sets ``collective`` when the
             recorded command line does not).
@@ -62,7 +64,9 @@ def parse_nccl_tests_json(text: str, source: str, shown: str) -> NcclTestsLog:
     except json.JSONDecodeError as exc:
         # nccl-tests closes the object as it ends: a run that died leaves it open.
         short = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
-        raise ProbeError(f"{shown}: " + ("the JSON ends early: the run was cut short?" if short else
+        # --partial takes a text log's whole rows; these are inside an object never closed
+        said = " (--partial reads text logs, not a -J file cut short)" if partial else ""
+        raise ProbeError(f"{shown}: " + (f"the JSON ends early: the run was cut short?{said}" if short else
                                          f"not JSON ({exc.msg}, line {exc.lineno} column {exc.colno})")) from None
     except RecursionError:  # brackets opened thousands deep: no writer of nccl-tests' output
         raise ProbeError(f"{shown}: not JSON (nested too deeply)") from None

@@ -169,17 +169,18 @@ def check_model_cmd(
     tables = (load_corpus(corpus) if corpus or not logs else []) + (
         load_logs(logs, machines, settings, nccl_version, partial) if logs else [])
     if len(logs) > 1 and len(topologies) == 1:
-        from treeattn.calibrate.nccl_tests import selection_like_hosts
+        from treeattn.calibrate.nccl_tests import hosts_listed, selection_like_hosts
         from treeattn.topology.library import resolve
 
         topo = resolve(topologies[0])
         if other := next((t for t in tables if t.url in map(str, logs) and t.ranks != topo.num_ranks), None):
             like = selection_like_hosts(other.log, topo, topologies[0]) if other.ranks < topo.num_ranks else None
-            select = ("" if other.ranks > topo.num_ranks or "[" in topologies[0] else
-                      f"select its ranks ('{like or f'{topologies[0]}[ranks 0-{other.ranks - 1}]'}') or ")
+            placeable = (other.ranks < topo.num_ranks and "[" not in topologies[0]
+                         and (like or not hosts_listed(other.log)))
+            example = like or f"{topologies[0]}[ranks 0-{other.ranks - 1}]"
+            select = f"select its ranks ('{example}') or " if placeable else ""
             raise InputError(f"{other.url}: ran on {other.ranks} ranks, and --topology {topologies[0]!r} places "
-                             f"{topo.num_ranks}; {select}give --topology once a log, in the logs' order, for logs "
-                             "of several machines")
+                             f"{topo.num_ranks}; {select}give --topology once a log, in the logs' order")
     with progress_reporter(progress, "check-model") as update:
         rows = predict_corpus(tables, update)
     summary = summarize(rows)
