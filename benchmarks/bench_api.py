@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import time
@@ -26,6 +25,7 @@ import torch.multiprocessing as mp
 
 import treeattn
 from treeattn.cli.script import ArgumentParser, count, count_list, run
+from treeattn.exec.launch import free_port
 from treeattn.plan.builders import build
 from treeattn.plan.ir import TopologyRef
 from treeattn.workload import Workload
@@ -82,9 +82,7 @@ def main() -> None:
     ap.add_argument("--batches", type=count_list, default=[1, 16])
     args = ap.parse_args()
     batches = args.batches
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     manager = mp.Manager()
     out = manager.dict()
     load = os.getloadavg()

@@ -5,7 +5,6 @@ subgroups; errors before anything is sent, and a rank that raised leaves its pee
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from treeattn.exec.launch import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(task: str, p: int, tmp_path) -> list[list[dict]]:  # noqa: ANN001

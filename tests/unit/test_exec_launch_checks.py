@@ -247,3 +247,21 @@ def test_a_launched_rank_stuck_connecting_past_the_deadline_ends_itself(tmp_path
     assert res.stderr == ("error: rank 3 was still setting up 0.2 s past its 0.3 s set-up deadline (a peer, or the "
                           "store's rank, died or hung meanwhile)\n")
     assert res.stdout == "" and not marker.exists()
+
+
+def test_the_store_port_is_free_and_below_the_ephemeral_range(monkeypatch):
+    import socket
+
+    from treeattn.exec import launch as launching
+
+    low = launching._ephemeral_low()
+    ports = {launching.free_port() for _ in range(20)}
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # nothing holds it
+        assert launching._LOWEST_PORT <= port < low if low - launching._LOWEST_PORT >= 1000 else port > 0
+    assert len(ports) > 1  # drawn, not one fixed port that two jobs would share
+    # a host whose range leaves no room below it: the kernel's choice, as before
+    monkeypatch.setattr(launching, "_ephemeral_low", lambda: launching._LOWEST_PORT + 10)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", launching.free_port()))

@@ -31,6 +31,7 @@ import ctypes
 import json
 import os
 import pickle
+import random
 import re
 import shutil
 import signal
@@ -308,8 +309,37 @@ def _in_process_failure(rank: int, exc: Exception) -> str:
     return f"rank {rank} failed: {type(exc).__name__}: {rendezvous.first_line(text)}"
 
 
+_LOWEST_PORT = 10000
+"""The lowest port ``free_port`` offers: above the registered services most hosts run."""
+
+
+def _ephemeral_low() -> int:
+    """The first port of this host's ephemeral range (Linux: ``ip_local_port_range``), else IANA's 49152."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now, for the store rank 0 serves.
+
+    Drawn at random below the host's ephemeral range where that leaves room: a port the kernel
+    hands out itself (binding port 0) is one it may give again, to any process's next
+    connection or listener (gloo's own, on a host running several jobs), before rank 0 binds it;
+    a port below the range is only ever taken by a process that asks for it by number."""
+    low = _ephemeral_low()
+    if low - _LOWEST_PORT >= 1000:
+        draw = random.SystemRandom()
+        for _ in range(64):
+            port = draw.randrange(_LOWEST_PORT, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
