@@ -261,6 +261,11 @@ def test_the_store_port_is_free_and_below_the_ephemeral_range(monkeypatch):
             s.bind(("127.0.0.1", port))  # nothing holds it
         assert launching._LOWEST_PORT <= port < low if low - launching._LOWEST_PORT >= 1000 else port > 0
     assert len(ports) > 1  # drawn, not one fixed port that two jobs would share
+    # a port some process listens on at one address only is not free: the store binds them all
+    with socket.socket() as held:
+        held.bind(("127.0.0.2", 0))
+        held.listen()
+        assert not launching._bindable(held.getsockname()[1])
     # a host whose range leaves no room below it: the kernel's choice, as before
     monkeypatch.setattr(launching, "_ephemeral_low", lambda: launching._LOWEST_PORT + 10)
     with socket.socket() as s:

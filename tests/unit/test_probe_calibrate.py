@@ -189,8 +189,17 @@ def test_a_log_cut_short_keeps_its_checks_on_the_rows_it_has():
     with pytest.raises(ProbeError, match=r"gap.txt:25: row 18 prints 2097152 bytes, but minBytes 8 by step "
                                          r"2\(factor\) gives 1048576 there: rows missing or added"):
         parse_nccl_tests("\n".join(gap), "gap.txt", partial=True)
-    # An all-gather's sizes print rounded down to whole elements of every rank (-b 40 -i 40 on 8
-    # ranks of floats: 120 prints as 96): a cut log of them is taken.
+    # a row added to a cut log (768 KiB, between 512 KiB and 1 MiB) is refused too
+    extra = list(lines)
+    k = next(i for i, ln in enumerate(extra) if ln.startswith("     1048576 "))
+    f = extra[k].split()  # the 1 MiB row at three quarters of its size and times: the same rates
+    f[0], f[1], f[5], f[9] = "786432", "196608", f"{float(f[5]) * 0.75:.2f}", f"{float(f[9]) * 0.75:.2f}"
+    extra.insert(k, "  ".join(f))
+    with pytest.raises(ProbeError, match=r"row \d+ prints \d+ bytes, but minBytes 8 by step 2\(factor\) gives "
+                                         r"\d+ there: rows missing or added"):
+        parse_nccl_tests("\n".join(extra), "extra.txt", partial=True)
+    # An all-gather's sizes print rounded down (here to whole elements of every rank: -b 40 -i 40
+    # on 8 ranks of floats, 120 printing as 96): a cut log of them is taken.
     head = [ln for ln in lines if ln.startswith("#")][:3]
     rows = [f"{n}  {n // 32}  float  none  -1  10.0  {n / 1e4:.2f}  {n / 1e4 * 7 / 8:.2f}  0  10.0  {n / 1e4:.2f}  "
             f"{n / 1e4 * 7 / 8:.2f}  0" for n in (32, 64, 96, 160)]
@@ -244,9 +253,14 @@ def test_a_second_run_inside_a_cut_table_is_refused():
     assert any(ln.startswith("# nThread") for ln in lines)
     columns = max(k for k, ln in enumerate(lines[:i]) if ln.startswith("#") and "algbw" in ln)
     # cut after some rows, and cut after the column header before any row
-    for text in ("\n".join(lines[:i] + lines), "\n".join(lines[: columns + 1] + lines)):
-        with pytest.raises(ProbeError, match=r"a second run starts here, inside the first's table"):
-            parse_nccl_tests(text, "two.txt", partial=True)
+    with pytest.raises(ProbeError, match=r"a second run starts here, inside the first's table"):
+        parse_nccl_tests("\n".join(lines[:i] + lines), "two.txt", partial=True)
+    # a first attempt that died before its first row, a whole run after it (a retried job)
+    first = next(k for k, ln in enumerate(lines) if ln.startswith("# nThread")) + 1
+    with pytest.raises(ProbeError, match=rf"two.txt:{columns + 2 + first - 1}: a second run starts here, the first run "
+                                         rf"\(header on line {first}\) has no row: a retried job\? delete lines "
+                                         rf"{first}-{columns + 1 + first - 1} to read the second"):
+        parse_nccl_tests("\n".join(lines[: columns + 1] + lines), "two.txt")
 
 
 def test_nccl_info_lines_inside_the_table_are_skipped():
@@ -319,6 +333,7 @@ def test_a_selection_of_ranks_follows_the_logs_hosts():
         return dataclasses.replace(log, devices=tuple(NcclDevice(r, h, 0, "", "") for r, h in enumerate(hosts)))
 
     assert ranks_like_hosts(on("a", "b"), topo) == "0,8"
+    assert ranks_like_hosts(on("a"), topo) == "0"  # one rank: its node's first
     assert ranks_like_hosts(on("a", "a", "b", "b", "c", "c"), topo) == "0-1,8-9,16-17"
     assert ranks_like_hosts(on(*"a" * 8), topo) == "0-7"
     # round-robin: a selection renumbers its ranks in the order it lists them

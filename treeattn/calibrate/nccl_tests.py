@@ -470,9 +470,11 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         # state == "table"
         if line.startswith("#"):
             if _HEADER.match(line):  # the first run's table has no end: it was cut, and another follows
-                raise fail(shown, lineno, f"a second run starts here, inside the first's table (its header on line "
-                                          f"{header_line}, no '# Avg bus bandwidth' line between); give one run per "
-                                          "file")
+                first = (f"the first run (header on line {header_line}) has no row: a retried job? delete lines "
+                         f"{header_line}-{lineno - 1} to read the second" if not rows else
+                         f"inside the first's table (its header on line {header_line}, no '# Avg bus bandwidth' "
+                         "line between); give one run per file")
+                raise fail(shown, lineno, f"a second run starts here, {first}")
             body = line.lstrip("#").strip()
             if body.startswith("Out of bounds values"):
                 oob = body.split(":", 1)[-1].strip()
@@ -643,10 +645,13 @@ def _check(log: NcclTestsLog, step: tuple[int, str] | None, where: Callable[[int
                              f"maxBytes {log.max_bytes} by step {value}({kind}) gives {len(sizes)}: rows missing or "
                              "added")
         if log.cut_short:
-            # A size prints rounded down to whole elements (of every rank), never up: a row printing
-            # more than its place's size in the sequence follows a missing row.
+            # A size prints rounded down (to whole elements or 16 bytes of every rank), never up,
+            # and by less than a step but where it prints 0: a row printing more than its place's
+            # size in the sequence follows a missing row, one printing no more than the size before
+            # its place an added one.
             for j, row in enumerate(log.rows):
-                if j >= len(sizes) or row.size_bytes > sizes[j]:
+                if (j >= len(sizes) or row.size_bytes > sizes[j]
+                        or (j > 0 and row.size_bytes > 0 and row.size_bytes <= sizes[j - 1])):
                     raise ProbeError(f"{where(row.line)}: row {j + 1} prints {row.size_bytes} bytes, but minBytes "
                                      f"{log.min_bytes} by step {value}({kind}) gives "
                                      f"{sizes[j] if j < len(sizes) else 'no more sizes'} there: rows missing or "
@@ -841,7 +846,7 @@ def ranks_like_hosts(log: NcclTestsLog, topo: Topology) -> str | None:
     ranks a node for them."""
     hosts = {d.rank: d.host for d in log.devices}
     n = len(hosts)
-    if n < 2 or sorted(hosts) != list(range(n)) or not all(hosts.values()):
+    if n < 1 or sorted(hosts) != list(range(n)) or not all(hosts.values()):
         return None
     per_node: dict[object, list[int]] = {}
     for r in range(topo.num_ranks):

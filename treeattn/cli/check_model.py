@@ -73,9 +73,9 @@ def check_model_cmd(
         metavar="PATH", help="Corpus folders, mapping files (.yaml) or your own nccl-tests / rccl-tests logs (one "
         "run a file, as printed or as -J's JSON, with --topology); default: the shipped corpus.")] = None,
     topology: Annotated[list[str] | None, typer.Option(
-        "--topology", "-t", help="The machine the logs ran on: preset name (e.g. dgx-h100:nodes=2) or a topology "
-        "YAML file; once for every log, or once a log in the logs' order (a 1-node and a 4-node run: "
-        "-t dgx-h100 -t dgx-h100:nodes=4).")] = None,
+        "--topology", "-t", metavar="TOPOLOGY", help="The machine the logs ran on: preset name (e.g. "
+        "dgx-h100:nodes=2) or a topology YAML file; once for every log, or once a log in the logs' order "
+        "(a 1-node and a 4-node run: -t dgx-h100 -t dgx-h100:nodes=4).")] = None,
     env: Annotated[list[str] | None, typer.Option(
         "--env", metavar="NAME=VALUE", help="A setting the logs ran with that the model reads (named above; e.g. "
         "NCCL_ALGO=Ring); repeat for several.")] = None,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import pickle
@@ -334,15 +335,34 @@ def free_port() -> int:
         draw = random.SystemRandom()
         for _ in range(64):
             port = draw.randrange(_LOWEST_PORT, low)
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
+            if _bindable(port):
                 return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    for _ in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        if _bindable(port):
+            return port
+    raise ExecutionError("no free TCP port for the ranks' store was found here")
+
+
+def _bindable(port: int) -> bool:
+    """Whether a listener could bind ``port`` on every address, as the store (torch's TCPStore)
+    binds it: a process listening on one address (a NIC's, 127.0.0.2) holds it there too."""
+    families = [(socket.AF_INET6, "::"), (socket.AF_INET, "")] if socket.has_ipv6 else [(socket.AF_INET, "")]
+    for family, anywhere in families:
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no such family on this host
+            continue
+        with s:
+            try:
+                s.bind((anywhere, port))
+            except OSError as exc:
+                if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                    return False
+                # the family is there but unusable (IPv6 turned off): the other one decides
+    return True
 
 
 def launch_local(job: Job, progress: Progress | None = None) -> JobResult:
