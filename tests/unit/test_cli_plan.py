@@ -627,8 +627,9 @@ def test_plan_compare_and_simulate_note_attention_timed_by_the_defaults(tmp_path
     # bandwidth, no fitted figure, and only topo show said so
     said = ("note: mi300x-8 times decode attention by the merge kernels' figures, launch_us 5 us a call and "
             "mem_efficiency 0.8 of memory bandwidth: no published decode kernel on MI300X was fitted, so its "
-            "attention may look faster than a fitted GPU's (docs/attention-model.md; treeattn calibrate --compute "
-            "attention measures one)")
+            "attention may look faster than a fitted GPU's (the one published MI300X decode-kernel timing, "
+            "composable_kernel pull 1789's, took 3.3 times what these figures give; docs/attention-model.md; "
+            "treeattn calibrate --compute attention measures one)")
     shape = ("-m", "llama-3.1-70b", "-n", "128K", "--no-progress")
     plan = tmp_path / "p.yaml"
     for args in (("plan", "-t", "mi300x-8", *shape, "-o", str(plan)), ("compare", "-t", "mi300x-8", *shape),
