@@ -117,6 +117,15 @@ def test_the_mi300x_row_is_scored_by_the_defaults_and_fits_no_line():
     from treeattn.topology.attention_fits import UNFITTED_EVIDENCE
 
     assert f"took {row.published_us / row.predicted_us:.1f} times" in UNFITTED_EVIDENCE["MI300X"]
+    # a ratio to the defaults' time: cited on MI300X at the defaults, not where other figures are set
+    import dataclasses
+
+    from treeattn.topology.attention_fits import unfitted_attention_note
+
+    topo = resolve("mi300x-8")
+    assert UNFITTED_EVIDENCE["MI300X"] in unfitted_attention_note(topo)
+    other = dataclasses.replace(topo, cost=topo.cost.updated(launch_us=20.0, mem_efficiency=0.3))
+    assert "composable_kernel" not in unfitted_attention_note(other)
 
 
 def test_kernel_line_fit_recovers_a_line_and_ignores_one_row_far_off():

@@ -961,3 +961,15 @@ def test_a_log_cut_short_is_scored_on_its_whole_rows_with_partial(tmp_path):
     (tmp_path / "cut.json").write_text(json_log.read_text()[:3000])
     res = run_cli("check-model", str(tmp_path / "cut.json"), "-t", "dgx-h100:nodes=2", "--partial")
     assert res.exit_code == 2 and "the JSON ends early" in res.stderr and "--partial reads text logs" in res.stderr
+
+
+def test_a_one_rank_log_is_refused_with_why(tmp_path):
+    # nccl-tests on one rank times a copy inside one GPU: nothing between ranks to predict
+    lines = (FIXTURE.parent / "all_reduce_perf.8xh100-1node.txt").read_text().splitlines()
+    one = [ln.replace("nGpus 8", "nGpus 1") for ln in lines if not (ln.startswith("#  Rank") and
+                                                                     not ln.startswith("#  Rank  0 "))]
+    (tmp_path / "one.txt").write_text("\n".join(one) + "\n")
+    for args in (("check-model", str(tmp_path / "one.txt"), "-t", "dgx-h100"),
+                 ("calibrate", "--from-nccl-tests", str(tmp_path / "one.txt"), "-t", "dgx-h100")):
+        res = run_cli(*args)
+        assert res.exit_code == 2 and "a run on one rank" in res.stderr and len(res.stderr.strip().splitlines()) == 1

@@ -266,6 +266,17 @@ def test_the_store_port_is_free_and_below_the_ephemeral_range(monkeypatch):
         held.bind(("127.0.0.2", 0))
         held.listen()
         assert not launching._bindable(held.getsockname()[1])
+    # a socket that cannot be made (out of descriptors) or a bind refused outright is no free port
+    import errno
+
+    real = socket.socket
+
+    def no_descriptors(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(socket, "socket", no_descriptors)
+    assert not launching._bindable(12345)
+    monkeypatch.setattr(socket, "socket", real)
     # a host whose range leaves no room below it: the kernel's choice, as before
     monkeypatch.setattr(launching, "_ephemeral_low", lambda: launching._LOWEST_PORT + 10)
     with socket.socket() as s:

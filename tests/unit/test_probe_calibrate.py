@@ -198,6 +198,14 @@ def test_a_log_cut_short_keeps_its_checks_on_the_rows_it_has():
     with pytest.raises(ProbeError, match=r"row \d+ prints \d+ bytes, but minBytes 8 by step 2\(factor\) gives "
                                          r"\d+ there: rows missing or added"):
         parse_nccl_tests("\n".join(extra), "extra.txt", partial=True)
+    # where the '#  Rank' lines give the ranks, a last row printing far under its place's size is
+    # refused too (768 MiB where the 1 GiB row belongs, 8 ranks)
+    one = ONE.read_text().splitlines()
+    k = next(i for i, ln in enumerate(one) if ln.startswith("  1073741824 "))
+    f = one[k].split()
+    f[0], f[1], f[5], f[9] = "805306368", "201326592", f"{float(f[5]) * 0.75:.1f}", f"{float(f[9]) * 0.75:.1f}"
+    with pytest.raises(ProbeError, match=r"row 4 prints 805306368 bytes, .* gives 1073741824 there"):
+        parse_nccl_tests("\n".join(one[:k] + ["  ".join(f)]), "short.txt", partial=True)
     # An all-gather's sizes print rounded down (here to whole elements of every rank: -b 40 -i 40
     # on 8 ranks of floats, 120 printing as 96): a cut log of them is taken.
     head = [ln for ln in lines if ln.startswith("#")][:3]
@@ -245,6 +253,16 @@ def test_a_run_that_failed_mid_table_is_cut_where_it_failed():
     # a damaged row with the table going on after it is damaged, not cut
     with pytest.raises(ProbeError, match="row has"):
         parse_nccl_tests("\n".join(lines[:i] + [prefix] + lines[i + 1:]), "damaged.txt", partial=True)
+
+
+def test_a_retried_job_says_which_lines_to_delete():
+    # the first attempt died before its column header; a whole run follows
+    lines = ONE.read_text().splitlines()
+    columns = next(k for k, ln in enumerate(lines) if ln.startswith("#") and "algbw" in ln)
+    head = lines[:columns - 1] + ["node005: Test NCCL failure common.cu:1008 'unhandled system error'"]
+    with pytest.raises(ProbeError, match=rf"r.txt:{len(head) + 1}: a second header before any table \(first on line "
+                                         rf"1\): a retried job\? delete lines 1-{len(head)} to read the second"):
+        parse_nccl_tests("\n".join(head + lines), "r.txt")
 
 
 def test_a_second_run_inside_a_cut_table_is_refused():
@@ -333,7 +351,7 @@ def test_a_selection_of_ranks_follows_the_logs_hosts():
         return dataclasses.replace(log, devices=tuple(NcclDevice(r, h, 0, "", "") for r, h in enumerate(hosts)))
 
     assert ranks_like_hosts(on("a", "b"), topo) == "0,8"
-    assert ranks_like_hosts(on("a"), topo) == "0"  # one rank: its node's first
+    assert ranks_like_hosts(on("a"), topo) is None  # one rank: no run to place (log_run refuses it)
     assert ranks_like_hosts(on("a", "a", "b", "b", "c", "c"), topo) == "0-1,8-9,16-17"
     assert ranks_like_hosts(on(*"a" * 8), topo) == "0-7"
     # round-robin: a selection renumbers its ranks in the order it lists them

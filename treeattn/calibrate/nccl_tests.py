@@ -463,7 +463,8 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
             elif m := _REDUCED.match(line):
                 reduced = int(m.group(1))
             elif _HEADER.match(line):
-                raise fail(shown, lineno, f"a second header before any table (first on line {header_line})")
+                raise fail(shown, lineno, f"a second header before any table (first on line {header_line}): a "
+                                          f"retried job? delete lines {header_line}-{lineno - 1} to read the second")
             elif not line.startswith("#"):
                 ignored.append(lineno)
             continue
@@ -649,9 +650,14 @@ def _check(log: NcclTestsLog, step: tuple[int, str] | None, where: Callable[[int
             # and by less than a step but where it prints 0: a row printing more than its place's
             # size in the sequence follows a missing row, one printing no more than the size before
             # its place an added one.
+            # Where the '#  Rank' lines give the ranks, by at most 16 bytes a rank (nccl-tests' widest
+            # rounding, its all-gather's; 64 taken).
+            slack = 64 * log.ranks if log.ranks else None
             for j, row in enumerate(log.rows):
-                if (j >= len(sizes) or row.size_bytes > sizes[j]
-                        or (j > 0 and row.size_bytes > 0 and row.size_bytes <= sizes[j - 1])):
+                low = -1 if j >= len(sizes) else (
+                    sizes[j] - slack if slack is not None and sizes[j] >= slack
+                    else sizes[j - 1] if j > 0 and row.size_bytes > 0 else -1)
+                if j >= len(sizes) or row.size_bytes > sizes[j] or row.size_bytes <= low:
                     raise ProbeError(f"{where(row.line)}: row {j + 1} prints {row.size_bytes} bytes, but minBytes "
                                      f"{log.min_bytes} by step {value}({kind}) gives "
                                      f"{sizes[j] if j < len(sizes) else 'no more sizes'} there: rows missing or "
@@ -831,7 +837,7 @@ def hosts_listed(log: NcclTestsLog) -> int:
     """How many hosts a log's ``#  Rank`` lines put its ranks on, where they list every rank
     with its host; 0 where they do not."""
     hosts = {d.rank: d.host for d in log.devices}
-    if not hosts or sorted(hosts) != list(range(len(hosts))) or not all(hosts.values()):
+    if len(hosts) < 2 or sorted(hosts) != list(range(len(hosts))) or not all(hosts.values()):
         return 0
     return len(set(hosts.values()))
 
@@ -846,7 +852,7 @@ def ranks_like_hosts(log: NcclTestsLog, topo: Topology) -> str | None:
     ranks a node for them."""
     hosts = {d.rank: d.host for d in log.devices}
     n = len(hosts)
-    if n < 1 or sorted(hosts) != list(range(n)) or not all(hosts.values()):
+    if n < 2 or sorted(hosts) != list(range(n)) or not all(hosts.values()):
         return None
     per_node: dict[object, list[int]] = {}
     for r in range(topo.num_ranks):
@@ -1006,6 +1012,9 @@ def log_run(log: NcclTestsLog, collective: str | None = None, ranks: int | None 
                              "unknown; keep the '#  Rank' lines nccl-tests prints")
         else:
             notes.append(f"{n} ranks solved from busbw/algbw = {ratio:.4f} (no '#  Rank' lines)")
+    if n < 2:
+        raise ProbeError(f"{log.source}: a run on one rank: nccl-tests times a copy inside one GPU, which moves "
+                         "nothing between ranks; the model has nothing of it to predict or fit")
     want = model.busbw_factor(n)
     # within the digits the log prints (small sizes' 0.0x GB/s say little), or close to them
     if abs(ratio - want) > 0.01 * want + 0.006 and (n < 2 or _ratio_range(name, log, n) is None):

@@ -324,7 +324,7 @@ def _ephemeral_low() -> int:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now, for the store rank 0 serves.
+    """A TCP port that nothing holds on any address right now, for the store rank 0 serves.
 
     Drawn at random below the host's ephemeral range where that leaves room: a port the kernel
     hands out itself (binding port 0) is one it may give again, to any process's next
@@ -338,9 +338,13 @@ def free_port() -> int:
             if _bindable(port):
                 return port
     for _ in range(64):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("", 0))
+                port = s.getsockname()[1]
+        except OSError as exc:
+            said = exc.strerror or exc
+            raise ExecutionError(f"no TCP port for the ranks' store could be bound here: {said}") from None
         if _bindable(port):
             return port
     raise ExecutionError("no free TCP port for the ranks' store was found here")
@@ -350,19 +354,23 @@ def _bindable(port: int) -> bool:
     """Whether a listener could bind ``port`` on every address, as the store (torch's TCPStore)
     binds it: a process listening on one address (a NIC's, 127.0.0.2) holds it there too."""
     families = [(socket.AF_INET6, "::"), (socket.AF_INET, "")] if socket.has_ipv6 else [(socket.AF_INET, "")]
+    bound = 0
     for family, anywhere in families:
         try:
             s = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:  # no such family on this host
-            continue
+        except OSError as exc:
+            if exc.errno in (errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT):  # no such family on this host
+                continue
+            return False
         with s:
             try:
                 s.bind((anywhere, port))
             except OSError as exc:
-                if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                    return False
-                # the family is there but unusable (IPv6 turned off): the other one decides
-    return True
+                if exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                    continue  # the family is there but unusable (IPv6 turned off): the other one decides
+                return False
+            bound += 1
+    return bound > 0
 
 
 def launch_local(job: Job, progress: Progress | None = None) -> JobResult:

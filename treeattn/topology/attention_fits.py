@@ -14,7 +14,7 @@ family and in a hand-written file. Other GPUs (MI300X, RTX 4090, V100, L40S) kee
 
 from __future__ import annotations
 
-from treeattn.topology.model import DeviceKind, Topology
+from treeattn.topology.model import CostParams, DeviceKind, Topology
 from treeattn.topology.schema import CostSpec
 
 __all__ = ["ATTN_AMPERE", "ATTN_HOPPER", "ATTN_BLACKWELL", "applied_attention_fit", "attention_by_defaults",
@@ -126,7 +126,11 @@ def unfitted_attention_note(topo: Topology) -> str | None:
     if why.startswith("no published"):
         models = {(topo.rank_device(r).model or "").upper().removeprefix("AMD ").removeprefix("INSTINCT ").strip()
                   for r in range(topo.num_ranks)}
-        seen = sorted({said for prefix, said in UNFITTED_EVIDENCE.items() for m in models if m.startswith(prefix)})
+        # the evidence's ratio is of the defaults' time: a topology that sets other figures is not it
+        plain = CostParams()
+        defaults = (c.launch_us, c.mem_efficiency) == (plain.launch_us, plain.mem_efficiency)
+        seen = sorted({said for prefix, said in UNFITTED_EVIDENCE.items() for m in models
+                       if defaults and m.startswith(prefix)})
         return (f"{times}: {why}, so its attention may look faster than a fitted GPU's ({'; '.join(seen + [''])}"
                 "docs/attention-model.md; treeattn calibrate --compute attention measures one)")
     return f"{times}: {why}; set cost.attn_launch_us and cost.attn_efficiency (docs/attention-model.md)"
