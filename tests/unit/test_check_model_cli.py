@@ -417,7 +417,8 @@ def test_a_recorded_per_function_algorithm_list_is_read_for_the_logs_test(tmp_pa
 def test_a_logs_devices_are_told_from_the_topologys_gpus_by_whole_product_numbers(model, device, other):
     from types import SimpleNamespace
 
-    from treeattn.calibrate.nccl_tests import NcclDevice, other_devices
+    from treeattn.calibrate.log_machine import other_devices
+    from treeattn.calibrate.nccl_tests import NcclDevice
     from treeattn.topology.model import Device, DeviceKind
 
     gpu = Device("g", DeviceKind.GPU, model=model, mem_bw_gbps=1.0, mem_gb=1.0)

@@ -341,7 +341,8 @@ def test_nccl_info_lines_give_the_release_and_the_variables_the_environment_set(
 
 
 def test_a_selection_of_ranks_follows_the_logs_hosts():
-    from treeattn.calibrate.nccl_tests import NcclDevice, ranks_like_hosts
+    from treeattn.calibrate.log_machine import ranks_like_hosts
+    from treeattn.calibrate.nccl_tests import NcclDevice
     from treeattn.topology.library import resolve
 
     log = read_nccl_tests(ONE)
@@ -440,7 +441,7 @@ def test_a_wrong_count_printed_in_g_format_is_a_count():
 def test_an_rccl_tests_log_is_refused_on_an_nvlink_topology():
     # rccl-tests on MI300X (rocm/rccl issue 1562) prints no '#  Rank' lines to tell its GPUs by:
     # its version line does. Calibrated onto dgx-h100 it wrote 317 GB/s into NVLink, exit 0.
-    from treeattn.calibrate.nccl_tests import other_devices
+    from treeattn.calibrate.log_machine import other_devices
     from treeattn.topology.library import resolve
 
     lines = _lines(ONE)

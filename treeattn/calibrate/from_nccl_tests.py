@@ -47,16 +47,13 @@ from pathlib import Path
 
 from treeattn.calibrate.apply_fit import ClassParams, FittedParams, apply_fit
 from treeattn.calibrate.fit import COLLECTIVE_MODELS, CollectiveFit
+from treeattn.calibrate.log_machine import other_devices, other_hosts, other_vendor, selection_like_hosts
 from treeattn.calibrate.nccl_tests import (
     NcclTestsLog,
     calibrate_from_log,
     launch_notes,
-    other_devices,
-    other_hosts,
-    other_vendor,
     printed_version,
     read_nccl_tests,
-    selection_like_hosts,
 )
 from treeattn.cost import nccl_fabric, nccl_rates
 from treeattn.cost.nccl_env import (

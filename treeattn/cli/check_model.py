@@ -169,7 +169,7 @@ def check_model_cmd(
     tables = (load_corpus(corpus) if corpus or not logs else []) + (
         load_logs(logs, machines, settings, nccl_version, partial) if logs else [])
     if len(logs) > 1 and len(topologies) == 1:
-        from treeattn.calibrate.nccl_tests import hosts_listed, selection_like_hosts
+        from treeattn.calibrate.log_machine import hosts_listed, selection_like_hosts
         from treeattn.topology.library import resolve
 
         topo = resolve(topologies[0])

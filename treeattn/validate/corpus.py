@@ -46,18 +46,15 @@ from pathlib import Path
 
 import yaml
 
+from treeattn.calibrate.log_machine import other_devices, other_hosts, other_vendor, selection_like_hosts
 from treeattn.calibrate.nccl_tests import (
     NcclTestsLog,
     launch_notes,
     log_run,
     looks_like_a_log,
-    other_devices,
-    other_hosts,
-    other_vendor,
     parse_published_table,
     printed_version,
     read_nccl_tests,
-    selection_like_hosts,
 )
 from treeattn.cost.nvls import REDUCTION_DTYPES, dtype_name
 from treeattn.errors import InputError, ProbeError

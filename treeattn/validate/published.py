@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from treeattn.calibrate.nccl_tests import hosts_listed, selection_like_hosts
+from treeattn.calibrate.log_machine import hosts_listed, selection_like_hosts
 from treeattn.cost import nccl, nccl_env, nccl_fabric, nccl_p2p, nccl_rates
 from treeattn.cost.library import alltoall_us, last_landing_us
 from treeattn.errors import InputError, TopologyError
