@@ -585,6 +585,14 @@ def test_the_log_hosts_must_group_ranks_as_the_topology_nodes(tmp_path):
                                          r"node\(s\); give the topology it ran on \(e.g. 'dgx-h100:nodes=4\[ranks "
                                          r"0-3,8-11\]'\)"):
         calibrate_from_nccl_tests(DGX4, [_hosts(tmp_path, ["a"] * 4 + ["b"] * 4)])
+    # more hosts than the topology has nodes: the family on as many nodes, where it is one
+    two = _hosts(tmp_path, ["a"] * 4 + ["b"] * 4)
+    with pytest.raises(InputError, match=r"\(e.g. 'dgx-h100:nodes=2\[ranks 0-3,8-11\]'\)"):
+        calibrate_from_nccl_tests(resolve("dgx-h100"), [two], "dgx-h100")
+    with pytest.raises(InputError, match=r"\(e.g. 'dgx-h100:fabric=fat-tree,nodes=2\[ranks 0-3,8-11\]'\)"):
+        calibrate_from_nccl_tests(resolve("dgx-h100:fabric=fat-tree"), [two], "dgx-h100:fabric=fat-tree")
+    with pytest.raises(InputError, match=r"give the topology it ran on$"):  # a file of its own: no family
+        calibrate_from_nccl_tests(H100_4X2, [_hosts(tmp_path, ["a", "b", "c", "d"] * 2)], "h100-4x2.yaml")
     # dealt round-robin: the selection lists the ranks in the log's order, and fits as the log ran
     rr = _hosts(tmp_path, ["a", "b"] * 4)
     with pytest.raises(InputError, match=r"\(e.g. 'dgx-h100:nodes=4\[ranks 0,8,1,9,2,10,3,11\]'\)"):

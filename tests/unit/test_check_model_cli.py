@@ -521,13 +521,21 @@ def test_own_log_on_another_layout_of_hosts_is_said(tmp_path):
         "hosts)" in res.stderr
     res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2[ranks 0-3,8-11]")
     assert res.exit_code == 0 and "the log ran ranks 0 and 1 on different hosts" in res.stdout
-    # Three hosts onto two nodes: no selection places them so, and no example selection is offered.
+    # Two hosts of four onto one node of eight: the family on two nodes, as the log places them.
+    block = tmp_path / "block.txt"
+    block.write_text("\n".join(ln.replace("on    node005 ", f"on {'ab'[int(ln.split()[2]) // 4]:>10} ")
+                               if ln.startswith("#  Rank") else ln.replace("nGpus 8", "nGpus 4")
+                               for ln in lines) + "\n")
+    res = run_cli("check-model", str(block), "-t", "dgx-h100")
+    assert res.exit_code == 0, res.stderr
+    assert "(-t 'dgx-h100:nodes=2[ranks 0-3,8-11]' places them as the log does)" in res.stdout
+    # Three hosts onto two nodes: the family on three nodes places them; a file of its own, not a
+    # family, has no selection that does, and none is offered.
     three = tmp_path / "three.txt"
     three.write_text("\n".join(ln.replace("on          a ", "on          c ") if ln.startswith("#  Rank  6")
                                or ln.startswith("#  Rank  7") else ln for ln in log.read_text().splitlines()) + "\n")
     res = run_cli("check-model", str(three), "-t", "dgx-h100:nodes=2")
-    assert res.exit_code == 2 and "[ranks" not in res.stderr
-    assert "use another size: no selection of its ranks places them as the log's 3 hosts hold them" in res.stderr
+    assert res.exit_code == 2 and "(e.g. 'dgx-h100:nodes=3[ranks 0,8,1,9,2,10,16,11]'" in res.stderr
     # On a machine of its size, the line names the selection that deals them as the log does.
     four = tmp_path / "h100-4x2.yaml"
     four.write_text("name: h100-4x2\nnodes: 2\nnode:\n  gpus: {count: 4, model: H100-SXM5-80GB, mem_bw_gbps: 3350}\n"
@@ -537,6 +545,8 @@ def test_own_log_on_another_layout_of_hosts_is_said(tmp_path):
     assert res.exit_code == 0, res.stderr
     assert f"places them on one node (-t '{four}[ranks 0,4,1,5,2,6,3,7]' places them as the log does)" in res.stdout
     assert run_cli("check-model", str(log), "-t", f"{four}[ranks 0,4,1,5,2,6,3,7]").exit_code == 0
+    res = run_cli("check-model", str(three), "-t", str(four))  # a file, not a family: no selection places them
+    assert res.exit_code == 0 and "on 3 host(s)" in res.stdout and "[ranks" not in res.stdout.splitlines()[1]
     res = run_cli("check-model", str(log), "-t", "dgx-h100:nodes=2[ranks 0,8,1,9,2,10,3,11]")
     assert res.exit_code == 0 and "different hosts" not in res.stdout
     # every table scored: the per-table heading marks nothing

@@ -12,6 +12,9 @@ from __future__ import annotations
 import re
 
 from treeattn.calibrate.nccl_tests import NcclTestsLog
+from treeattn.errors import TopologyError
+from treeattn.topology.families import FAMILIES, parse_family_spec
+from treeattn.topology.library import resolve
 from treeattn.topology.model import DeviceKind, LinkKind, Topology
 
 __all__ = ["hosts_listed", "other_devices", "other_hosts", "other_vendor", "ranks_like_hosts", "selection_like_hosts"]
@@ -73,8 +76,31 @@ def selection_like_hosts(log: NcclTestsLog, topo: Topology, spec: str) -> str | 
     (fewer ranks, or the same ranks dealt round-robin); None where ``spec`` selects ranks
     already (its ranks are not the family's), the log's hosts do not say, or the selection
     would be the topology as it is."""
-    like = None if "[" in spec or len(log.devices) > topo.num_ranks else ranks_like_hosts(log, topo)
-    return None if like is None or like == f"0-{topo.num_ranks - 1}" else f"{spec}[ranks {like}]"
+    if "[" in spec:
+        return None
+    like = None if len(log.devices) > topo.num_ranks else ranks_like_hosts(log, topo)
+    if like is None and (bigger := _family_on_hosts(spec, hosts_listed(log), topo)) is not None:
+        spec, topo = bigger, resolve(bigger)
+        like = ranks_like_hosts(log, topo)
+    return None if like is None else spec if like == f"0-{topo.num_ranks - 1}" else f"{spec}[ranks {like}]"
+
+
+def _family_on_hosts(spec: str, hosts: int, topo: Topology) -> str | None:
+    """``spec``'s family with as many nodes as the log's ``hosts`` (``dgx-h100:nodes=2`` for
+    ``dgx-h100`` and two hosts), where ``spec`` names a family with a ``nodes`` parameter (a
+    shipped file of a family's name, such as ``dgx-h100``, counts) and ``topo`` (its topology)
+    has fewer nodes; None elsewhere."""
+    nodes = len({topo.rank_device(r).node for r in range(topo.num_ranks)})
+    name, _, rest = spec.strip().partition(":")
+    family = FAMILIES.get(name)
+    if hosts <= nodes or family is None or "nodes" not in {p.name for p in family.params}:
+        return None
+    try:
+        _, params = parse_family_spec(spec.strip())
+    except TopologyError:
+        return None
+    params["nodes"] = str(hosts)
+    return f"{name}:" + ",".join(f"{k}={v}" for k, v in params.items())
 
 
 def hosts_listed(log: NcclTestsLog) -> int:
