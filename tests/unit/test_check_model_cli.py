@@ -941,6 +941,11 @@ def test_logs_of_several_machines_take_a_topology_each_in_their_order(tmp_path):
     assert res.exit_code == 2 and f"--topology 'dgx-hundred' (for {FIXTURE}): unknown topology" in res.stderr
     res = run_cli("check-model", str(one), "-t", "")
     assert res.exit_code == 2 and "--topology '': empty" in res.stderr
+    # a bad rank selection is the flag's error too, in check-model and calibrate alike
+    for args in (("check-model", str(one)), ("calibrate", "--from-nccl-tests", str(one))):
+        res = run_cli(*args, "-t", "dgx-h100[ranks 0,0]")
+        assert res.exit_code == 2 and res.stderr.startswith("error: --topology 'dgx-h100[ranks 0,0]': ranks '0,0' "
+                                                           "names rank 0 twice"), res.stderr
     # a machine named two ways (a file as 'x.yaml' and './x.yaml') gets one rates note
     cal = tmp_path / "cal.yaml"
     fit = run_cli("calibrate", "--from-nccl-tests", str(one), "-t", "dgx-h100", "-o", str(cal))

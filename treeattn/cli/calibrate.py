@@ -117,8 +117,13 @@ def calibrate_cmd(
             raise InputError(f"--topology {topology!r}: an nccl-tests log, not a topology: give logs after "
                              "--from-nccl-tests, and the machine they ran on here")
         from treeattn.cli.options import nccl_env_flags
+        from treeattn.errors import TopologyError
 
-        _from_logs(resolve(topology), paths, out, json_out, topology, nccl_version, nccl_env_flags(env or []),
+        try:
+            topo = resolve(topology)
+        except (TopologyError, InputError) as exc:  # InputError: a bad '[ranks ...]' selection
+            raise InputError(f"--topology {topology!r}: {str(exc).removeprefix(f'topology {topology!r}: ')}") from None
+        _from_logs(topo, paths, out, json_out, topology, nccl_version, nccl_env_flags(env or []),
                    partial)
         return
     if nccl_version is not None or env:

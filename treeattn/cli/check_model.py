@@ -160,7 +160,7 @@ def check_model_cmd(
                 raise InputError(f"--topology {name!r}{whose}: empty; give a preset name or a topology YAML file")
             try:
                 resolve(name)  # before any log is read: a wrong name is the flag's error
-            except TopologyError as exc:
+            except (TopologyError, InputError) as exc:  # InputError: a bad '[ranks ...]' selection
                 said = str(exc).removeprefix(f"topology {name!r}: ")
                 if looks_like_a_log(name):
                     said = "an nccl-tests log, not a topology: give logs as PATHs, and the machine they ran on here"
