@@ -17,7 +17,8 @@ from treeattn.topology.families import FAMILIES, parse_family_spec
 from treeattn.topology.library import resolve
 from treeattn.topology.model import DeviceKind, LinkKind, Topology
 
-__all__ = ["hosts_listed", "other_devices", "other_hosts", "other_vendor", "ranks_like_hosts", "selection_like_hosts"]
+__all__ = ["example_selection", "hosts_listed", "other_devices", "other_hosts", "other_vendor", "ranks_like_hosts",
+           "selection_like_hosts"]
 
 
 def other_devices(log: NcclTestsLog, topo: Topology) -> str:
@@ -83,6 +84,15 @@ def selection_like_hosts(log: NcclTestsLog, topo: Topology, spec: str) -> str | 
         spec, topo = bigger, resolve(bigger)
         like = ranks_like_hosts(log, topo)
     return None if like is None else spec if like == f"0-{topo.num_ranks - 1}" else f"{spec}[ranks {like}]"
+
+
+def example_selection(log: NcclTestsLog, topo: Topology, spec: str, ranks: int) -> str | None:
+    """A selection of ``spec`` (not one already) for a log of ``ranks`` ranks, to suggest: the one
+    that places them as its hosts hold them (``selection_like_hosts``), else, where its
+    ``#  Rank`` lines do not say, its first ``ranks``; None where they say and no selection
+    places them."""
+    like = selection_like_hosts(log, topo, spec)
+    return like if like or hosts_listed(log) else f"{spec}[ranks 0-{ranks - 1}]"
 
 
 def _family_on_hosts(spec: str, hosts: int, topo: Topology) -> str | None:

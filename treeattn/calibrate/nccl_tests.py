@@ -478,7 +478,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
             body = line.lstrip("#").strip()
             if body.startswith("Out of bounds values"):
                 oob = body.split(":", 1)[-1].strip()
-            elif body.startswith("Avg bus bandwidth"):
+            elif _is_avg_line(line):
                 # With NCCL_TESTS_MIN_BW set, nccl-tests follows the figure with its verdict (OK / FAILED).
                 figure = body.split(":", 1)[-1].split()
                 text = figure[0] if figure and ":" in body else ""
@@ -535,7 +535,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
                                                      "line)", rows))
         cut = f"line {len(lines)}: ends inside the table (no '# Avg bus bandwidth' line)"
     if cut:
-        cut += f", after {len(rows)} whole row{'s' if len(rows) > 1 else ''} up to {format_size(rows[-1].size_bytes)}"
+        cut += f", after {_whole_rows(rows)}"
     max_bytes = int(header.group(4)) if reduced is None else min(int(header.group(4)), reduced)
     graph, agg = _HEADER_GRAPH.search(header.group(5)), _HEADER_AGG.search(header.group(5))
     log = NcclTestsLog(
@@ -573,10 +573,14 @@ def _table_ends_at(lines: list[str], lineno: int) -> bool:
     bandwidth' line, no second header; launcher, scheduler and NCCL lines may."""
     for raw in lines[lineno:]:
         line = _TAG.sub("", raw, count=1).strip()
-        if (_begins_as_a_row(line.split()) or _HEADER.match(line)
-                or (line.startswith("#") and line.lstrip("#").strip().startswith("Avg bus bandwidth"))):
+        if _begins_as_a_row(line.split()) or _HEADER.match(line) or _is_avg_line(line):
             return False
     return True
+
+
+def _is_avg_line(line: str) -> bool:
+    """Whether an (untagged, stripped) line is the table's '# Avg bus bandwidth' line, its end."""
+    return line.startswith("#") and line.lstrip("#").strip().startswith("Avg bus bandwidth")
 
 
 def _rows_busbw_mean(rows: list[NcclRow] | tuple[NcclRow, ...]) -> float:
@@ -607,9 +611,12 @@ def _cut_short(what: str, rows: list[NcclRow]) -> str:
     """A log that ends inside its table: what, and the whole rows before."""
     if not rows:
         return f"{what}: truncated? no whole row before it"
-    last = rows[-1]
-    return (f"{what}: truncated? {len(rows)} whole row{'s' if len(rows) > 1 else ''} before it, up to "
-            f"{format_size(last.size_bytes)} (line {last.line}); --partial takes them")
+    return f"{what}: truncated? {_whole_rows(rows, 'before it, ')} (line {rows[-1].line}); --partial takes them"
+
+
+def _whole_rows(rows: list[NcclRow], where: str = "") -> str:
+    """``N whole rows [where]up to SIZE``: what a log cut short holds."""
+    return f"{len(rows)} whole row{'s' if len(rows) > 1 else ''} {where}up to {format_size(rows[-1].size_bytes)}"
 
 
 def _begins_as_a_row(parts: list[str]) -> bool:
@@ -646,16 +653,16 @@ def _check(log: NcclTestsLog, step: tuple[int, str] | None, where: Callable[[int
                              "added")
         if log.cut_short:
             # A size prints rounded down (to whole elements or 16 bytes of every rank), never up,
-            # and by less than a step but where it prints 0: a row printing more than its place's
-            # size in the sequence follows a missing row, one printing no more than the size before
-            # its place an added one.
-            # Where the '#  Rank' lines give the ranks, by at most 16 bytes a rank (nccl-tests' widest
-            # rounding, its all-gather's; 64 taken).
+            # and by less than a step but where it prints 0; by at most 16 bytes a rank (nccl-tests'
+            # widest rounding, its all-gather's; 64 taken) where the '#  Rank' lines give the ranks.
+            # A row printing more than its place's size follows a missing row, one printing less
+            # than its place allows an added one.
             slack = 64 * log.ranks if log.ranks else None
             for j, row in enumerate(log.rows):
-                low = -1 if j >= len(sizes) else (
-                    sizes[j] - slack if slack is not None and sizes[j] >= slack
-                    else sizes[j - 1] if j > 0 and row.size_bytes > 0 else -1)
+                if j < len(sizes) and slack is not None and sizes[j] >= slack:
+                    low = sizes[j] - slack
+                else:
+                    low = sizes[j - 1] if 0 < j <= len(sizes) and row.size_bytes > 0 else -1
                 if j >= len(sizes) or row.size_bytes > sizes[j] or row.size_bytes <= low:
                     raise ProbeError(f"{where(row.line)}: row {j + 1} prints {row.size_bytes} bytes, but minBytes "
                                      f"{log.min_bytes} by step {value}({kind}) gives "
@@ -889,7 +896,7 @@ def log_run(log: NcclTestsLog, collective: str | None = None, ranks: int | None 
                          "nothing between ranks; the model has nothing of it to predict or fit")
     want = model.busbw_factor(n)
     # within the digits the log prints (small sizes' 0.0x GB/s say little), or close to them
-    if abs(ratio - want) > 0.01 * want + 0.006 and (n < 2 or _ratio_range(name, log, n) is None):
+    if abs(ratio - want) > 0.01 * want + 0.006 and _ratio_range(name, log, n) is None:
         raise ProbeError(f"{log.source}: busbw/algbw = {ratio:.4f}, but {name} over {n} ranks gives {want:.4f}: "
                          "the collective or the rank count is not what the log was made with")
     per_process = max(1, log.n_threads) * max(1, log.n_gpus)

@@ -116,14 +116,9 @@ def calibrate_cmd(
         if looks_like_a_log(topology):
             raise InputError(f"--topology {topology!r}: an nccl-tests log, not a topology: give logs after "
                              "--from-nccl-tests, and the machine they ran on here")
-        from treeattn.cli.options import nccl_env_flags
-        from treeattn.errors import TopologyError
+        from treeattn.cli.options import nccl_env_flags, topology_flag
 
-        try:
-            topo = resolve(topology)
-        except (TopologyError, InputError) as exc:  # InputError: a bad '[ranks ...]' selection
-            raise InputError(f"--topology {topology!r}: {str(exc).removeprefix(f'topology {topology!r}: ')}") from None
-        _from_logs(topo, paths, out, json_out, topology, nccl_version, nccl_env_flags(env or []),
+        _from_logs(topology_flag(topology), paths, out, json_out, topology, nccl_version, nccl_env_flags(env or []),
                    partial)
         return
     if nccl_version is not None or env:

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app, err_console
-from treeattn.cli.options import nccl_env_flags
+from treeattn.cli.options import nccl_env_flags, topology_flag
 from treeattn.cli.paths import OUT_PATH, output_file
 from treeattn.cli.progress import progress_reporter
 from treeattn.cli.render import console, print_rates_note
@@ -148,37 +148,24 @@ def check_model_cmd(
                              f"machine, and it has none; give its logs as files with {flag} "
                              f"(e.g. {folder / '*.txt'})")
         raise InputError(f"{flag} applies to nccl-tests logs; give LOG files (the corpus's tables name their own)")
-    if topologies:
-        from treeattn.calibrate.nccl_tests import looks_like_a_log
-        from treeattn.errors import TopologyError
-        from treeattn.topology.library import resolve
-
-        for k, name in enumerate(topologies):
-            # for whose log, where each has its own
-            whose = f" (for {logs[k]})" if len(topologies) > 1 and k < len(logs) else ""
-            if not name.strip():
-                raise InputError(f"--topology {name!r}{whose}: empty; give a preset name or a topology YAML file")
-            try:
-                resolve(name)  # before any log is read: a wrong name is the flag's error
-            except (TopologyError, InputError) as exc:  # InputError: a bad '[ranks ...]' selection
-                said = str(exc).removeprefix(f"topology {name!r}: ")
-                if looks_like_a_log(name):
-                    said = "an nccl-tests log, not a topology: give logs as PATHs, and the machine they ran on here"
-                raise InputError(f"--topology {name!r}{whose}: {said}") from None
+    for k, name in enumerate(topologies):  # before any log is read: a wrong name is the flag's error
+        whose = f" (for {logs[k]})" if len(topologies) > 1 else ""  # each log its own
+        if not name.strip():
+            raise InputError(f"--topology {name!r}{whose}: empty; give a preset name or a topology YAML file")
+        topology_flag(name, whose, as_log="an nccl-tests log, not a topology: give logs as PATHs, and the machine "
+                                          "they ran on here")
     machines = topologies * len(logs) if len(topologies) == 1 else topologies
     tables = (load_corpus(corpus) if corpus or not logs else []) + (
         load_logs(logs, machines, settings, nccl_version, partial) if logs else [])
     if len(logs) > 1 and len(topologies) == 1:
-        from treeattn.calibrate.log_machine import hosts_listed, selection_like_hosts
+        from treeattn.calibrate.log_machine import example_selection
         from treeattn.topology.library import resolve
 
         topo = resolve(topologies[0])
         if other := next((t for t in tables if t.url in map(str, logs) and t.ranks != topo.num_ranks), None):
-            like = selection_like_hosts(other.log, topo, topologies[0]) if other.ranks < topo.num_ranks else None
-            placeable = (other.ranks < topo.num_ranks and "[" not in topologies[0]
-                         and (like or not hosts_listed(other.log)))
-            example = like or f"{topologies[0]}[ranks 0-{other.ranks - 1}]"
-            select = f"select its ranks ('{example}') or " if placeable else ""
+            example = (example_selection(other.log, topo, topologies[0], other.ranks)
+                       if other.ranks < topo.num_ranks and "[" not in topologies[0] else None)
+            select = f"select its ranks ('{example}') or " if example else ""
             raise InputError(f"{other.url}: ran on {other.ranks} ranks, and --topology {topologies[0]!r} places "
                              f"{topo.num_ranks}; {select}give --topology once a log, in the logs' order")
     with progress_reporter(progress, "check-model") as update:

@@ -26,6 +26,7 @@ from treeattn.workload import MODELS, Payload, check_model
 
 __all__ = [
     "nccl_env_flags",
+    "topology_flag",
     "TopologyOpt",
     "RanksOpt",
     "WorkloadFileOpt",
@@ -279,6 +280,24 @@ _KEY_OF = {"heads": "q_heads"}
 def _flag(key: str, value: object) -> str:
     """The flag that gave ``key`` as typed: ``--kv-latent``, or ``--no-kv-latent`` for False."""
     return ("--no-" if value is False else "--") + key.replace("_", "-")
+
+
+def topology_flag(spec: str, whose: str = "", as_log: str = "") -> Topology:
+    """``--topology``'s value resolved, a bad one the flag's error (``--topology 'x'{whose}:
+    ...``; ``whose``: for which log, where each has its own), a bad rank selection too.
+    ``as_log``: what to say instead where the value names an nccl-tests log."""
+    from treeattn.errors import TopologyError
+    from treeattn.topology.library import resolve
+
+    try:
+        return resolve(spec)
+    except (TopologyError, InputError) as exc:  # InputError: a bad '[ranks ...]' selection
+        said = str(exc).removeprefix(f"topology {spec!r}: ")
+        if as_log:
+            from treeattn.calibrate.nccl_tests import looks_like_a_log
+
+            said = as_log if looks_like_a_log(spec) else said
+        raise InputError(f"--topology {spec!r}{whose}: {said}") from None
 
 
 def nccl_env_flags(items: list[str]) -> dict[str, str]:

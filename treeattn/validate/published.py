@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from treeattn.calibrate.log_machine import hosts_listed, selection_like_hosts
+from treeattn.calibrate.log_machine import example_selection, hosts_listed
 from treeattn.cost import nccl, nccl_env, nccl_fabric, nccl_p2p, nccl_rates
 from treeattn.cost.library import alltoall_us, last_landing_us
 from treeattn.errors import InputError, TopologyError
@@ -188,14 +188,14 @@ class _Topologies:
         if topo.num_ranks != t.ranks:
             # a selection that places the ranks on nodes as the log's hosts hold them, where it says
             # (of the spec's own ranks: a spec that selects already is told to select fewer)
-            like = selection_like_hosts(t.log, topo, t.topology)
+            example = example_selection(t.log, topo, t.topology, t.ranks)
             hosts = hosts_listed(t.log)
             fix = ("use a topology of that size" if t.ranks > topo.num_ranks else
                    f"select {t.ranks} of its ranks in its '[ranks ...]'" if "[" in t.topology else
                    f"use another size: no selection of its ranks places them as the log's {hosts} hosts hold them"
-                   if hosts and not like else
-                   f"select ranks with '[ranks ...]' (e.g. '{like or f'{t.topology}[ranks 0-{t.ranks - 1}]'}'"
-                   f"{', as the log places them on hosts' if like else ''}) or use another size")
+                   if example is None else
+                   f"select ranks with '[ranks ...]' (e.g. '{example}'"
+                   f"{', as the log places them on hosts' if hosts else ''}) or use another size")
             raise InputError(f"{t.name}: topology {t.topology!r} places {topo.num_ranks} ranks but the table ran "
                              f"on {t.ranks}; {fix}")
         return topo
