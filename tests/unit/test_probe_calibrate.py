@@ -234,6 +234,53 @@ def test_a_log_cut_short_keeps_its_checks_on_the_rows_it_has():
         parse_nccl_tests(text[:at] + "# Avg bus bandwidth    : 97.5", "one.txt", partial=True)
 
 
+def _all_gather_by_bytes(first: int, last: int, step: int, ranks: int = 8, rank_lines: bool = True) -> str:
+    """An all-gather log of floats stepped by ``step`` bytes (``-b first -e last -i step``), its sizes
+    as nccl-tests prints them: each rank's count rounded down to 16 bytes (all_gather.cu)."""
+    sizes = [(n // 4 // ranks) // 4 * 4 * ranks * 4 for n in range(first, last + 1, step)]
+    rows, bus = [], []
+    for n in sizes:
+        t = 20.0 + n / 5e4
+        alg = n / t / 1e3
+        bus += [round(alg * (ranks - 1) / ranks, 2)] * 2
+        rows.append(f"{n:>12} {n // 4:>12}  float  none  -1  {t:.2f}  {alg:.2f}  {bus[-1]:.2f}  0  {t:.2f}  "
+                    f"{alg:.2f}  {bus[-1]:.2f}  0")
+    ranked = [f"#  Rank {r:2d} Group  0 Pid 1 on node1 device {r:2d} [0x{r:02x}] NVIDIA H100 80GB HBM3"
+              for r in range(ranks)] if rank_lines else []
+    return "\n".join([f"# nThread 1 nGpus {ranks} minBytes {first} maxBytes {last} step: {step}(bytes) warmup iters: 5 "
+                      "iters: 20", "#", "# Using devices", *ranked, "#",
+                      "#       size         count      type   redop    root     time   algbw   busbw #wrong"
+                      "     time   algbw   busbw #wrong", *rows, "# Out of bounds values : 0 OK",
+                      f"# Avg bus bandwidth    : {sum(bus) / len(bus):.6f}", "#"])
+
+
+def test_a_byte_step_under_the_rounding_unit_prints_sizes_twice():
+    # -b 1048576 -i 64 on 8 ranks of floats: the rounding unit is 128 bytes, so every other size
+    # prints as the one before it; nccl-tests ran (and timed) both.
+    text = _all_gather_by_bytes(1 << 20, (1 << 20) + 1024, 64)
+    log = parse_nccl_tests(text, "all_gather_perf.txt")
+    sizes = [r.size_bytes for r in log.rows]
+    assert len(sizes) == 17 and sizes[:4] == [1 << 20, 1 << 20, (1 << 20) + 128, (1 << 20) + 128]
+    # cut short, with or without the '#  Rank' lines that give the ranks, it is taken with --partial
+    for rank_lines in (True, False):
+        lines = _all_gather_by_bytes(1 << 20, (1 << 20) + 1024, 64, rank_lines=rank_lines).splitlines()
+        end = next(i for i, ln in enumerate(lines) if ln.startswith("# Out of bounds"))
+        for cut in range(end - 14, end):
+            got = parse_nccl_tests("\n".join(lines[:cut]), "all_gather_perf.txt", partial=True)
+            assert [r.size_bytes for r in got.rows] == sizes[:len(got.rows)] and got.cut_short
+    # a size printed twice is still out of order where the sizes step by a factor
+    lines = ONE.read_text().splitlines()
+    k = _row_index(lines, 268435456)
+    with pytest.raises(ProbeError, match=r"size 268435456 after 268435456 \(line \d+\): rows out of order"):
+        parse_nccl_tests("\n".join(lines[:k + 1] + lines[k:]), "d.txt")
+    # and a row added to a whole log stepped by bytes leaves the rows one more than the step gives
+    lines = text.splitlines()
+    k = _row_index(lines, (1 << 20) + 128)
+    with pytest.raises(ProbeError, match=r"18 rows, but minBytes 1048576 .. maxBytes 1049600 by step 64\(bytes\) "
+                                         r"gives 17: rows missing or added"):
+        parse_nccl_tests("\n".join(lines[:k + 1] + lines[k:]), "all_gather_perf.txt")
+
+
 def test_a_run_that_failed_mid_table_is_cut_where_it_failed():
     # nccl-tests prints a row's size, count, type, reduction and root before it runs the size,
     # and its failure after them, or on lines of their own; a scheduler's line may follow.

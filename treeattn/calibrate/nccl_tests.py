@@ -508,8 +508,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
                 cut = f"line {lineno}: ends inside a row"
                 break
             raise
-        # Sizes under one element per rank print as 0, several times (all-gather, reduce-scatter).
-        if rows and row.size_bytes <= rows[-1].size_bytes and not row.size_bytes == rows[-1].size_bytes == 0:
+        if rows and out_of_order(row.size_bytes, rows[-1].size_bytes, _steps_bytes(header)):
             raise fail(shown, lineno, f"size {row.size_bytes} after {rows[-1].size_bytes} (line {rows[-1].line}): "
                        "rows out of order or two runs mixed")
         rows.append(row)
@@ -566,6 +565,19 @@ def launch_notes(log: NcclTestsLog) -> list[str]:
     if log.agg_iters > 1:
         out.append(f"{log.agg_iters} calls a launch (agg iters: {log.agg_iters}, nccl-tests -a)")
     return out
+
+
+def out_of_order(size: int, prev: int, by_bytes: bool) -> bool:
+    """Whether a row's size may not follow the previous row's in one run. Sizes under one element
+    a rank print as 0, several times (all-gather, reduce-scatter); a byte step (``by_bytes``)
+    under nccl-tests' rounding (16 bytes a rank, all-gather's) prints a size twice."""
+    return size < prev or size == prev != 0 and not by_bytes
+
+
+def _steps_bytes(header: re.Match | None) -> bool:
+    """Whether a run's header steps its sizes by bytes (``-i``), not by a factor."""
+    step = _STEP.search(header.group(5)) if header else None
+    return step is not None and step.group(2) == "bytes"
 
 
 def _table_ends_at(lines: list[str], lineno: int) -> bool:
@@ -661,6 +673,8 @@ def _check(log: NcclTestsLog, step: tuple[int, str] | None, where: Callable[[int
             for j, row in enumerate(log.rows):
                 if j < len(sizes) and slack is not None and sizes[j] >= slack:
                     low = sizes[j] - slack
+                elif kind == "bytes" and 0 < j and row.size_bytes == log.rows[j - 1].size_bytes:
+                    low = row.size_bytes - 1  # a byte step under the rounding unit prints a size twice
                 else:
                     low = sizes[j - 1] if 0 < j <= len(sizes) and row.size_bytes > 0 else -1
                 if j >= len(sizes) or row.size_bytes > sizes[j] or row.size_bytes <= low:

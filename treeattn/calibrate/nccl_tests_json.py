@@ -23,6 +23,7 @@ from treeattn.calibrate.nccl_tests import (
     _check,
     _timing,
     collective_from_name,
+    out_of_order,
     release_of_code,
 )
 from treeattn.errors import ProbeError
@@ -91,7 +92,7 @@ def parse_nccl_tests_json(text: str, source: str, shown: str, partial: bool = Fa
     if not rows:
         raise ProbeError(f"{shown}: results is empty")
     for prev, row in zip(rows, rows[1:], strict=False):
-        if row.size_bytes < prev.size_bytes or row.size_bytes == prev.size_bytes != 0:
+        if out_of_order(row.size_bytes, prev.size_bytes, kind == "bytes"):
             raise ProbeError(f"{shown}: results[{row.line - 1}]: size {row.size_bytes} after {prev.size_bytes}: rows "
                              "out of order or two runs mixed")
     if "average_bus_bandwidth" not in data:
