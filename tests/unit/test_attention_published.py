@@ -128,6 +128,18 @@ def test_the_mi300x_row_is_scored_by_the_defaults_and_fits_no_line():
     assert "composable_kernel" not in unfitted_attention_note(other)
 
 
+@pytest.mark.parametrize(
+    ("model", "product"),
+    [("AMD Instinct MI300X", "MI300X"), ("AMD-Instinct-MI300X", "MI300X"), ("amd_instinct_mi300x_oam", "MI300X"),
+     ("MI300X-VF", "MI300X"), ("NVIDIA H100 80GB HBM3", "H100"), ("nvidia-h100-sxm", "H100"),
+     ("A100-SXM4-80GB", "A100"), ("H1000", None), ("MI300XL", None), ("MI325X", None), ("AMD", None), ("", None)],
+)
+def test_a_gpu_model_is_its_product_however_the_vendor_words_are_joined(model, product):
+    from treeattn.topology.attention_fits import _is_product
+
+    assert [p for p in ("MI300X", "H100", "A100") if _is_product(model, p)] == ([product] if product else [])
+
+
 def test_kernel_line_fit_recovers_a_line_and_ignores_one_row_far_off():
     base = load_attention()[0]
     full_us = [10.0, 40.0, 160.0, 640.0]  # memory time at full bandwidth

@@ -14,6 +14,8 @@ family and in a hand-written file. Other GPUs (MI300X, RTX 4090, V100, L40S) kee
 
 from __future__ import annotations
 
+import re
+
 from treeattn.topology.model import CostParams, DeviceKind, Topology
 from treeattn.topology.schema import CostSpec
 
@@ -42,15 +44,23 @@ UNFITTED_EVIDENCE: dict[str, str] = {
 }
 
 
+def _is_product(model: str, prefix: str) -> bool:
+    """Whether a GPU model name is product ``prefix``'s: the vendor's words put first (nvidia-smi's
+    ``NVIDIA H100 80GB HBM3``, rocm-smi's ``AMD Instinct MI300X``, however joined: ``AMD-Instinct-
+    MI300X``) do not count, and the product number must end there (``H1000`` is no H100)."""
+    words = re.sub(r"[^0-9A-Z]+", " ", model.upper()).split()
+    while words[:1] and words[0] in ("NVIDIA", "AMD", "INSTINCT"):
+        words.pop(0)
+    bare = " ".join(words)
+    return bare.startswith(prefix) and not bare[len(prefix):len(prefix) + 1].isalnum()
+
+
 def published_attention_fit(model: str) -> tuple[str, CostSpec] | None:
-    """(which fit, its cost fields) for a GPU model name, or None when none was fitted on it;
-    the vendor's word nvidia-smi puts first (``NVIDIA H100 80GB HBM3``) does not count, and the
-    product number must end there (``H1000`` is no H100)."""
-    bare = model.upper().strip().removeprefix("NVIDIA ").lstrip()
+    """(which fit, its cost fields) for a GPU model name (``_is_product``), or None when none
+    was fitted on it."""
     for prefixes, name, spec in _BY_PREFIX:
-        for prefix in prefixes:
-            if bare.startswith(prefix) and not bare[len(prefix):len(prefix) + 1].isalnum():
-                return name, spec
+        if any(_is_product(model, prefix) for prefix in prefixes):
+            return name, spec
     return None
 
 
@@ -124,13 +134,12 @@ def unfitted_attention_note(topo: Topology) -> str | None:
              f"and mem_efficiency {c.mem_efficiency:g} of memory bandwidth")
     why = why_unfitted(topo)
     if why.startswith("no published"):
-        models = {(topo.rank_device(r).model or "").upper().removeprefix("AMD ").removeprefix("INSTINCT ").strip()
-                  for r in range(topo.num_ranks)}
+        models = {topo.rank_device(r).model or "" for r in range(topo.num_ranks)}
         # the evidence's ratio is of the defaults' time: a topology that sets other figures is not it
         plain = CostParams()
         defaults = (c.launch_us, c.mem_efficiency) == (plain.launch_us, plain.mem_efficiency)
         seen = sorted({said for prefix, said in UNFITTED_EVIDENCE.items() for m in models
-                       if defaults and m.startswith(prefix)})
+                       if defaults and _is_product(m, prefix)})
         return (f"{times}: {why}, so its attention may look faster than a fitted GPU's ({'; '.join(seen + [''])}"
                 "docs/attention-model.md; treeattn calibrate --compute attention measures one)")
     return f"{times}: {why}; set cost.attn_launch_us and cost.attn_efficiency (docs/attention-model.md)"
