@@ -989,3 +989,36 @@ def test_a_one_rank_log_is_refused_with_why(tmp_path):
                  ("calibrate", "--from-nccl-tests", str(tmp_path / "one.txt"), "-t", "dgx-h100")):
         res = run_cli(*args)
         assert res.exit_code == 2 and "a run on one rank" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("test", ["gather", "scatter", "hypercube"])
+def test_a_log_of_a_test_the_model_does_not_score_is_refused_in_one_wording(tmp_path, test):
+    # calibrate fits gather and scatter logs; check-model scores none of the three, and says so alike
+    text = FIXTURE.with_name("all_reduce_perf.8xh100-1node.txt").read_text()
+    (tmp_path / f"{test}_perf.txt").write_text(f"# Collective test starting: {test}_perf\n" + text)
+    res = run_cli("check-model", str(tmp_path / f"{test}_perf.txt"), "-t", "dgx-h100")
+    assert res.exit_code == 2 and res.stderr.strip().endswith(
+        f"{test}_perf.txt: a {test} test; the model scores all_reduce, all_gather, reduce_scatter, broadcast, "
+        "reduce, sendrecv, alltoall") and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_logs_of_several_machines_are_told_apart_in_the_png(tmp_path):
+    from treeattn.validate.corpus import load_logs
+    from treeattn.validate.published import plot_corpus, predict_corpus
+
+    one = FIXTURE.with_name("all_reduce_perf.8xh100-1node.txt")
+    res = run_cli("check-model", str(one), str(FIXTURE), "-t", "dgx-h100", "-t", "dgx-h100:nodes=4",
+                  "--png", str(tmp_path / "two.png"))
+    assert res.exit_code == 0, res.stderr
+    rows = predict_corpus(load_logs([one, FIXTURE], ["dgx-h100", "dgx-h100:nodes=4"]))
+    machines = {f"{one}/all_reduce": "dgx-h100", f"{FIXTURE}/all_reduce": "dgx-h100:nodes=4"}
+    drawn = (tmp_path / "two.png").read_bytes()
+    assert drawn == plot_corpus(rows, tmp_path / "marked.png", "your", machines).read_bytes()
+    assert drawn != plot_corpus(rows, tmp_path / "plain.png", "your").read_bytes()
+    # one machine, however it is named, keeps the plain figure
+    shutil.copy(one, tmp_path / "copy.txt")
+    res = run_cli("check-model", str(one), str(tmp_path / "copy.txt"), "-t", "dgx-h100", "-t",
+                  str(corpus_dir().parents[1] / "topologies" / "dgx-h100.yaml"), "--png", str(tmp_path / "one.png"))
+    assert res.exit_code == 0, res.stderr
+    rows = predict_corpus(load_logs([one, tmp_path / "copy.txt"], "dgx-h100"))
+    assert (tmp_path / "one.png").read_bytes() == plot_corpus(rows, tmp_path / "p1.png", "your").read_bytes()

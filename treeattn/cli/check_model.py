@@ -58,6 +58,17 @@ def _p2p_note(t) -> str:  # noqa: ANN001 - a PublishedTable
             f"{timed}")
 
 
+def _machines(topologies: list[str]) -> dict[str, str]:
+    """Per machine among ``--topology``'s values (by fingerprint: a file named two ways is one
+    machine), the first name it was given by."""
+    from treeattn.topology.library import resolve
+
+    named: dict[str, str] = {}
+    for name in topologies:
+        named.setdefault(resolve(name).fingerprint, name)
+    return named
+
+
 def _table(title: str, first: str, rows: list[list[str]]) -> Table:
     t = Table(title=title, title_justify="left")
     for i, col in enumerate((first, "rows", "median |err| %", "p90 |err| %", "signed median %")):
@@ -176,9 +187,14 @@ def check_model_cmd(
     attention = attention_summary(load_attention(folders))
     # the user's own logs are measured, not published: the figure and the table say whose
     measured = "published" if not logs else "your" if not corpus else "published and your"
-    if png is not None:
-        plot_corpus(rows, png, measured)
     own = [t for t in tables if t.url in map(str, logs)]
+    named = _machines(topologies)
+    if png is not None:
+        # logs of several machines: one marker a machine, named as the rates notes name it
+        from treeattn.topology.library import resolve
+
+        machines = {t.name: named[resolve(t.topology).fingerprint] for t in own} if len(named) > 1 else None
+        plot_corpus(rows, png, measured, machines)
     for t in tables:  # an own log's line says it; a corpus table's mapping has no such line
         if t not in own and (checked := t.validation_note()):
             err_console.print(f"[yellow]warning:[/] {escape(t.name)}: {escape(checked)}")
@@ -231,10 +247,7 @@ def check_model_cmd(
     if logs:
         from treeattn.topology.library import resolve
 
-        # one note a machine (a file named two ways is one), each log's line naming its P2P level
-        named: dict[str, str] = {}
-        for name in topologies:
-            named.setdefault(resolve(name).fingerprint, name)
+        # one note a machine, each log's line naming its P2P level
         for name in named.values():
             print_rates_note(con, resolve(name), f"{name}:\n" if len(named) > 1 else "", shm=False)
     con.print(_table("By size regime (scored rows)", "regime",

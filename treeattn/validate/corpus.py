@@ -266,6 +266,8 @@ def load_logs(paths: list[str | Path], topology: str | list[str], env: dict[str,
             raise InputError(f"{p}: given twice")
         seen.add(p.resolve())
         log = read_nccl_tests(p, partial)
+        if log.collective and log.collective not in COLLECTIVES:  # before log_run, whose models are calibrate's
+            raise InputError(f"{p}: a {log.collective} test; the model scores {', '.join(COLLECTIVES)}")
         coll, ranks, inferred = log_run(log, likely=topo.num_ranks)
         notes = [f"{log.cut_short}: those scored (--partial)"] if log.cut_short else []
         notes += list(inferred) + [f"{how}, which the model does not time (it times calls launched one by one): "
@@ -275,8 +277,6 @@ def load_logs(paths: list[str | Path], topology: str | list[str], env: dict[str,
         if ranks <= topo.num_ranks and (other := other_hosts(log, topo, ranks)):
             like = selection_like_hosts(log, topo, topology)
             notes.append(other + (f" (-t '{like}' places them as the log does)" if like else ""))
-        if coll not in COLLECTIVES:
-            raise InputError(f"{p}: a {coll} test; the model scores {', '.join(COLLECTIVES)}")
         library = "RCCL" if log.rccl else "NCCL"  # RCCL's releases are not NCCL's figures
         release, evidence = printed_version(log), "printed in the log"
         if release and wanted is not None and not allows(wanted, release):

@@ -363,9 +363,15 @@ def summarize(rows: list[RowResult]) -> dict:
     }
 
 
-def plot_corpus(rows: list[RowResult], out: str | Path, measured: str = "published") -> Path:
+_MARKERS = "os^Dv<>PX*ph"
+
+
+def plot_corpus(rows: list[RowResult], out: str | Path, measured: str = "published",
+                machines: dict[str, str] | None = None) -> Path:
     """Predicted against published time, log-log, one colour per collective (scored rows
-    filled, unscored ones hollow); ``measured`` names the times (``your``: the user's own logs)."""
+    filled, unscored ones hollow); ``measured`` names the times (``your``: the user's own logs).
+    ``machines``: per table, the machine its log ran on, for logs of several machines: one
+    marker a machine (a table not named there, a corpus table, takes the first)."""
     import matplotlib
 
     from treeattn.figures import save_figure
@@ -376,15 +382,21 @@ def plot_corpus(rows: list[RowResult], out: str | Path, measured: str = "publish
     fig, ax = plt.subplots(figsize=(7, 6))
     colls = sorted({r.collective for r in rows})
     cmap = plt.get_cmap("tab10")
+    names = sorted(set((machines or {}).values()))
+    marker = {name: _MARKERS[k % len(_MARKERS)] for k, name in enumerate(names, 1)}
     for i, c in enumerate(colls):
         for scored in (True, False):
-            pts = [r for r in rows if r.collective == c and r.scored == scored]
-            if not pts:
-                continue
-            xs = [r.published_us for r in pts]
-            ys = [r.predicted_us for r in pts]
             label = c if scored else f"{c} (not scored)"
-            ax.scatter(xs, ys, s=14, label=label, color=cmap(i % 10), facecolors=None if scored else "none")
+            for m in dict.fromkeys(["o", *marker.values()]):
+                pts = [r for r in rows if r.collective == c and r.scored == scored
+                       and marker.get((machines or {}).get(r.table, ""), "o") == m]
+                if not pts:
+                    continue
+                xs = [r.published_us for r in pts]
+                ys = [r.predicted_us for r in pts]
+                ax.scatter(xs, ys, s=14, label=label, marker=m, color=cmap(i % 10),
+                           facecolors=None if scored else "none")
+                label = None  # one legend entry a collective
     lo = min(min(r.published_us, r.predicted_us) for r in rows) * 0.8
     hi = max(max(r.published_us, r.predicted_us) for r in rows) * 1.25
     ax.plot([lo, hi], [lo, hi], color="black", lw=0.8)
@@ -395,5 +407,16 @@ def plot_corpus(rows: list[RowResult], out: str | Path, measured: str = "publish
     ax.set_xlabel(f"{'published' if measured == 'published' else 'measured'} time (µs)")
     ax.set_ylabel("predicted time (µs)")
     ax.set_title(f"treeattn's model against {measured} nccl-tests / rccl-tests rows (dashed: +-25 %)")
-    ax.legend(fontsize=8)
+    if not marker:
+        ax.legend(fontsize=8)
+        return save_figure(fig, out)
+    from matplotlib.lines import Line2D
+
+    # the collectives' colours as circles, the machines' markers in black: each legend says one thing
+    colours = [Line2D([], [], ls="", marker="o", color=h.get_facecolor()[0] if len(h.get_facecolor()) else
+                      h.get_edgecolor()[0], markerfacecolor="none" if not len(h.get_facecolor()) else None, label=t)
+               for h, t in zip(*ax.get_legend_handles_labels(), strict=True)]
+    ax.add_artist(ax.legend(handles=colours, fontsize=8, loc="upper left"))
+    ax.legend(handles=[Line2D([], [], ls="", marker=m, color="black", label=name) for name, m in marker.items()],
+              fontsize=8, loc="lower right", title="machine", title_fontsize=8)
     return save_figure(fig, out)
