@@ -42,10 +42,29 @@ def test_no_cell_is_cut_at_any_width(ncols: int, nrows: int, width: int, keys: i
     assert all(len(line) <= width for line in text.splitlines())
     lines = text.splitlines()
     for row in rows:
-        for cell in row:
+        for i, cell in enumerate(row):
             for word in cell.split():
-                if len(word) <= width - 4:  # a longer word cannot fit beside borders and padding: it folds
+                # A longer word cannot fit beside borders and padding: it folds; so may a key
+                # column's long word, which every part repeats (fit_table).
+                if len(word) <= (width - 4 if i >= min(keys, ncols - 1) else max(16, width // 4)):
                     assert any(word in line for line in lines), (word, text)
+
+
+def test_a_key_columns_long_word_folds_so_that_every_part_names_its_row(monkeypatch, tmp_path) -> None:
+    # a log's file name longer than the room beside the widest other column was a part of its
+    # own, the fitted figures in another part naming no log
+    monkeypatch.setenv("COLUMNS", "80")
+    fixtures = Path(__file__).parents[1] / "fixtures" / "nccl-tests"
+    log = tmp_path / "all_reduce_perf.cluster-a-rack-12-node-005-h100-sxm5-nccl-2.21.5-run3.txt"
+    log.write_text((fixtures / "all_reduce_perf.8xh100-1node.txt").read_text())
+    res = run_cli("calibrate", "--from-nccl-tests", str(log), "-t", "dgx-h100")
+    assert res.exit_code == 0, res.stderr
+    parts = res.stdout.split("nccl-tests fits mapped onto")[1:]
+    assert len(parts) == 2 and all(len(line) <= 80 for line in res.stdout.splitlines())
+    for part in parts:
+        cells = "".join(line.split("│")[1].strip() for line in part.splitlines() if line.startswith("│"))
+        assert log.name in cells, part
+    assert "all_reduce" in parts[0] and "474.4" in parts[0] and "nvlink" in parts[1]
 
 
 def _numbers(data: object) -> set[str]:

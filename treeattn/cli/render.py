@@ -174,10 +174,20 @@ def fit_table(table: Table, width: int, con: Console) -> list[Table]:
     pads = [_padding(table, i, count) for i in range(count)]
     # A column its table marks no_wrap keeps its lines whole: split into parts, not broken.
     sizes = [(hi, hi) if c.no_wrap else (lo, hi) for c, (lo, hi) in ((c, _measure(con, table, c)) for c in cols)]
-    need = [lo + p for (lo, _), p in zip(sizes, pads, strict=True)]
     nkey = min(getattr(table, _KEY, 1), count - 1)
-    # Fewer key columns when they leave no room for the widest other column beside them.
-    while nkey > 0 and sum(need[:nkey]) + max(need[nkey:]) + _borders(table, nkey + 1) > width:
+
+    def crowded() -> bool:  # the key columns leave no room for the widest other column beside them
+        return sum(need[:nkey]) + max(need[nkey:]) + _borders(table, nkey + 1) > width
+
+    need = [lo + p for (lo, _), p in zip(sizes, pads, strict=True)]
+    if nkey > 0 and crowded():
+        # A key column's long word (a log's file name) folds inside itself before the key is
+        # left out of the parts.
+        fold = max(16, width // 4)
+        sizes = [(min(lo, fold), hi) if i < nkey and not cols[i].no_wrap else (lo, hi)
+                 for i, (lo, hi) in enumerate(sizes)]
+        need = [lo + p for (lo, _), p in zip(sizes, pads, strict=True)]
+    while nkey > 0 and crowded():  # then fewer key columns
         nkey -= 1
     groups: list[list[int]] = []
     current: list[int] = []
