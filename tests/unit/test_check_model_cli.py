@@ -972,11 +972,20 @@ def test_a_log_cut_short_is_scored_on_its_whole_rows_with_partial(tmp_path):
     assert [(r["bytes"], r["predicted_us"]) for r in rows] == [(r["bytes"], r["predicted_us"]) for r in whole[:28]]
     res = run_cli("check-model", "--partial")
     assert res.exit_code == 2 and "--partial applies to nccl-tests logs" in res.stderr
-    # a -J file cut short holds no whole row: refused, and the error says --partial cannot help
+    # a -J file cut short is scored on its whole rows too, as the whole file's same rows
     json_log = FIXTURE.parent / "run.2x8xh100-I1.json"
     (tmp_path / "cut.json").write_text(json_log.read_text()[:3000])
+    res = run_cli("check-model", str(tmp_path / "cut.json"), "-t", "dgx-h100:nodes=2")
+    assert res.exit_code == 2 and res.stderr.strip().endswith(
+        "cut.json: the JSON ends early (the run was cut short?); 2 whole rows up to 2 MiB in it, --partial takes them")
+    res = run_cli("check-model", str(tmp_path / "cut.json"), "-t", "dgx-h100:nodes=2", "--partial", "--json")
+    assert res.exit_code == 0, res.stderr
+    whole = json.loads(run_cli("check-model", str(json_log), "-t", "dgx-h100:nodes=2", "--json").stdout)["rows"]
+    assert [r["predicted_us"] for r in json.loads(res.stdout)["rows"]] == [r["predicted_us"] for r in whole[:2]]
+    # cut before its first row: nothing to take
+    (tmp_path / "cut.json").write_text(json_log.read_text()[:1500])
     res = run_cli("check-model", str(tmp_path / "cut.json"), "-t", "dgx-h100:nodes=2", "--partial")
-    assert res.exit_code == 2 and "the JSON ends early" in res.stderr and "--partial reads text logs" in res.stderr
+    assert res.exit_code == 2 and "the JSON ends early: the run was cut short? (no whole row in it)" in res.stderr
 
 
 def test_a_one_rank_log_is_refused_with_why(tmp_path):

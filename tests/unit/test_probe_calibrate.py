@@ -609,7 +609,9 @@ def _set(d: dict, key: str, value: object) -> None:
 @pytest.mark.parametrize(
     ("text", "match"),
     [
-        (JSON_LOG.read_text()[:5000], r"^j.json: the JSON ends early: the run was cut short\?$"),
+        (JSON_LOG.read_text()[:1500], r"^j.json: the JSON ends early: the run was cut short\?$"),
+        (JSON_LOG.read_text()[:5000], r"^j.json: the JSON ends early \(the run was cut short\?\); 4 whole rows up to "
+                                      r"8 MiB in it, --partial takes them$"),
         (JSON_LOG.read_text()[:-60], r"^j.json: the JSON ends early"),
         ("", r"^j.json: the file is empty$"),
         # text named .json is read as the text it is (a header cut short here)
@@ -631,7 +633,8 @@ def _set(d: dict, key: str, value: object) -> None:
         (_edited(lambda d: d["results"].insert(0, d["results"].pop(1))),
          r"^j.json: results\[1\]: size 1048576 after 2097152: rows out of order"),
         (_edited(lambda d: d.pop("average_bus_bandwidth")), r"^j.json: no average_bus_bandwidth: the run did not "
-                                                            "finish"),
+                                                            r"finish; 5 whole rows up to 16 MiB in it, --partial takes "
+                                                            "them$"),
         (_edited(lambda d: _set(d["average_bus_bandwidth"], "bandwidth", 50.0)),
          r"^j.json: the average bus bandwidth says 50 but the rows average 90.54"),
         (_edited(lambda d: _set(d["config"]["devices"][1], "rank", 1)),
@@ -645,6 +648,40 @@ def _set(d: dict, key: str, value: object) -> None:
 def test_damaged_or_foreign_json_is_refused(text, match):
     with pytest.raises(ProbeError, match=match):
         parse_nccl_tests(text, "j.json")
+
+
+def test_a_json_file_of_a_run_cut_short_or_failed_gives_its_whole_rows_with_partial():
+    whole = parse_nccl_tests(JSON_LOG.read_text(), "j.json")
+    text = JSON_LOG.read_text()
+    # killed: the file ends wherever its last buffered block did; every cut after the first row
+    # gives the rows before it, as the whole file reads them
+    for end in range(text.index('"results"') + 400, len(text), 97):
+        try:
+            log = parse_nccl_tests(text[:end], "j.json", partial=True)
+        except ProbeError as exc:
+            assert "no whole row in it" in str(exc)
+            continue
+        assert log.rows == whole.rows[:len(log.rows)]
+        # a cut after the table's figures (its average read whole) loses nothing
+        assert log.cut_short.startswith("the JSON ends early") or (
+            log.rows == whole.rows and log.avg_busbw_gbps == whole.avg_busbw_gbps and not log.cut_short)
+    # failed: nccl-tests wrote the next size's first fields, then closed the file as it exited
+    data = json.loads(text)
+    data["results"] = data["results"][:3] + [{k: data["results"][3][k] for k in ("size", "count", "type", "redop",
+                                                                                  "root")}]
+    for key in ("out_of_bounds", "average_bus_bandwidth", "errors", "end_time"):
+        data.pop(key)
+    failed = json.dumps(data)
+    with pytest.raises(ProbeError, match=r"^j.json: results\[3\] has no timings: the run failed at its size; 3 whole "
+                                         r"rows up to 4 MiB in it, --partial takes them$"):
+        parse_nccl_tests(failed, "j.json")
+    log = parse_nccl_tests(failed, "j.json", partial=True)
+    assert log.rows == whole.rows[:3] and log.cut_short == ("results[3] has no timings: the run failed at its size: "
+                                                            "3 whole rows up to 4 MiB")
+    # a failed run's rows are still checked against the step: a missing one is refused
+    data["results"].pop(1)
+    with pytest.raises(ProbeError, match="rows missing or added"):
+        parse_nccl_tests(json.dumps(data), "j.json", partial=True)
 
 
 def test_json_of_an_unchecked_or_in_place_only_run_is_read():

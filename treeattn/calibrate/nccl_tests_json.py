@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 from treeattn.calibrate.nccl_tests import (
     NcclDevice,
@@ -27,9 +28,14 @@ from treeattn.calibrate.nccl_tests import (
     release_of_code,
 )
 from treeattn.errors import ProbeError
+from treeattn.units import format_size
 
 __all__ = ["parse_nccl_tests_json"]
 
+
+# What is left where the decoder stopped, in a file cut short: nothing, or a token cut inside
+# (``65.`` of 65.43, ``tr`` of true).
+_CUT_TOKEN = re.compile(r"[-+0-9.eE]*|t(r(ue?)?)?|f(a(l(se?)?)?)?|n(u(ll?)?)?")
 
 _KINDS = {int: "an integer", str: "a string", dict: "an object", list: "a list", (int, float): "a number"}
 
@@ -47,8 +53,9 @@ def parse_nccl_tests_json(text: str, source: str, shown: str, partial: bool = Fa
     """Read the JSON file nccl-tests' ``-J`` writes (see the module docstring).
 
     Args:
-        partial: the caller would take a cut log's whole rows (a text log's; a cut JSON file is
-            refused all the same, and its error says so).
+        partial: take the whole rows of a run cut short (the file left open where a killed
+            process's output stopped) or failed (closed after its last size's first fields, no
+            ``average_bus_bandwidth``), saying so in ``cut_short``, instead of refusing it.
         text: the file's text.
         source: the file's name (a name like ``all_reduce_perf*`` sets ``collective`` when the
             recorded command line does not).
@@ -60,15 +67,21 @@ def parse_nccl_tests_json(text: str, source: str, shown: str, partial: bool = Fa
     """
     if not text.strip():
         raise ProbeError(f"{shown}: the file is empty")
+    cut = ""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        # nccl-tests closes the object as it ends: a run that died leaves it open.
-        short = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
-        # --partial takes a text log's whole rows; these are inside an object never closed
-        said = " (--partial reads text logs, not a -J file cut short)" if partial else ""
-        raise ProbeError(f"{shown}: " + (f"the JSON ends early: the run was cut short?{said}" if short else
-                                         f"not JSON ({exc.msg}, line {exc.lineno} column {exc.colno})")) from None
+        # nccl-tests closes the object as it ends: a process killed (its buffered output lost
+        # past the last block written) leaves it open.
+        short = _CUT_TOKEN.fullmatch(text[exc.pos:].strip()) is not None or exc.msg.startswith("Unterminated string")
+        if not short:
+            raise ProbeError(f"{shown}: not JSON ({exc.msg}, line {exc.lineno} column {exc.colno})") from None
+        data = _whole_part(text)
+        if data is None:
+            raise ProbeError(f"{shown}: the JSON ends early: the run was cut short?"
+                             + (" (no whole row in it)" if partial else "")) from None
+        if "average_bus_bandwidth" not in data:  # else the cut came after the table's figures
+            cut = "the JSON ends early (the run was cut short?)"
     except RecursionError:  # brackets opened thousands deep: no writer of nccl-tests' output
         raise ProbeError(f"{shown}: not JSON (nested too deeply)") from None
     if not isinstance(data, dict) or not {"config", "results"} <= set(data):
@@ -88,15 +101,25 @@ def parse_nccl_tests_json(text: str, source: str, shown: str, partial: bool = Fa
     if [d.rank for d in devices] != [k * threads * gpus for k in range(len(devices))]:
         raise ProbeError(f"{shown}: config.devices lists ranks {[d.rank for d in devices][:8]}, not each process's "
                          f"first ({threads * gpus} apart from 0)")
-    rows = [_row(r, i, shown) for i, r in enumerate(_get(data, "results", list, "", shown))]
+    results = _get(data, "results", list, "", shown)
+    if "average_bus_bandwidth" not in data and results and isinstance(results[-1], dict) and (
+            "in_place" not in results[-1]):
+        # A run that failed: nccl-tests writes a row's size, count, type, reduction and root
+        # before it runs the size, and closes the file as it exits.
+        cut = cut or f"results[{len(results) - 1}] has no timings: the run failed at its size"
+        results = results[:-1]
+    elif "average_bus_bandwidth" not in data and not cut:
+        cut = "no average_bus_bandwidth: the run did not finish"
+    if cut and not (partial and results):
+        raise ProbeError(f"{shown}: {cut}" + (f"; {_rows_said(results)} in it, --partial takes them" if results
+                                              else " (no whole row before it)"))
+    rows = [_row(r, i, shown) for i, r in enumerate(results)]
     if not rows:
         raise ProbeError(f"{shown}: results is empty")
     for prev, row in zip(rows, rows[1:], strict=False):
         if out_of_order(row.size_bytes, prev.size_bytes, kind == "bytes"):
             raise ProbeError(f"{shown}: results[{row.line - 1}]: size {row.size_bytes} after {prev.size_bytes}: rows "
                              "out of order or two runs mixed")
-    if "average_bus_bandwidth" not in data:
-        raise ProbeError(f"{shown}: no average_bus_bandwidth: the run did not finish")
     oob = data.get("out_of_bounds") if isinstance(data.get("out_of_bounds"), dict) else {}
     code = data.get("nccl_version")
     args = data.get("args") if isinstance(data.get("args"), list) else []
@@ -105,15 +128,68 @@ def parse_nccl_tests_json(text: str, source: str, shown: str, partial: bool = Fa
         source=shown, n_threads=threads, n_gpus=gpus,
         min_bytes=_get(config, "minimum_bytes", int, "config", shown),
         max_bytes=_get(config, "maximum_bytes", int, "config", shown), rows=tuple(rows), devices=tuple(devices),
-        avg_busbw_gbps=_get(data["average_bus_bandwidth"], "bandwidth", (int, float), "average_bus_bandwidth", shown),
+        avg_busbw_gbps=None if cut else _get(data["average_bus_bandwidth"], "bandwidth", (int, float),
+                                              "average_bus_bandwidth", shown),
         out_of_bounds=f"{oob.get('count', '')} {'OK' if oob.get('okay') == 'true' else 'FAILED'}" if oob else "",
         nccl_version=release_of_code(code) if isinstance(code, int) and not isinstance(code, bool) else "",
         collective=collective_from_name(program) or collective_from_name(source),
         n_ranks=len(devices) * threads * gpus or None,
         env=_recorded_env(data.get("env")),
+        cut_short=f"{cut}: {_rows_said(results)}" if cut else "",
     )
     _check(log, step, lambda n: f"{shown}: results[{n - 1}]" if n else shown)
     return log
+
+
+def _rows_said(results: list) -> str:
+    """``N whole rows up to SIZE`` of ``results`` (whose last row's size is read as it is)."""
+    last = results[-1].get("size") if results and isinstance(results[-1], dict) else None
+    upto = f" up to {format_size(last)}" if isinstance(last, int) and not isinstance(last, bool) else ""
+    return f"{len(results)} whole row{'s' if len(results) != 1 else ''}{upto}"
+
+
+def _whole_part(text: str) -> dict | None:
+    """The members of a JSON object cut short, read up to the cut, its ``results`` list to the
+    last whole row; None where no whole row is in it (the cut before or at the first row)."""
+    dec = json.JSONDecoder()
+    ws = re.compile(r"\s*")
+    i = ws.match(text, 0).end()
+    if text[i:i + 1] != "{":
+        return None
+    out: dict = {}
+    i += 1
+    try:
+        while True:
+            i = ws.match(text, i).end()
+            key, i = dec.raw_decode(text, i)
+            i = ws.match(text, i).end()
+            if text[i:i + 1] != ":" or not isinstance(key, str):
+                return None
+            i = ws.match(text, i + 1).end()
+            if key == "results":
+                if text[i:i + 1] != "[":
+                    return None
+                rows: list = []
+                out["results"] = rows
+                i += 1
+                while True:
+                    i = ws.match(text, i).end()
+                    if text[i:i + 1] == "]":
+                        i += 1
+                        break
+                    row, i = dec.raw_decode(text, i)
+                    rows.append(row)
+                    i = ws.match(text, i).end()
+                    if text[i:i + 1] == ",":
+                        i += 1
+            else:
+                out[key], i = dec.raw_decode(text, i)
+            i = ws.match(text, i).end()
+            if text[i:i + 1] == ",":
+                i += 1
+    except (json.JSONDecodeError, RecursionError):
+        pass
+    return out if out.get("results") else None
 
 
 def _recorded_env(env: object) -> tuple[tuple[str, str], ...]:

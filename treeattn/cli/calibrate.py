@@ -88,7 +88,7 @@ def calibrate_cmd(
         "print it.")] = None,
     partial: Annotated[bool, typer.Option(
         "--partial", help="With --from-nccl-tests: fit a log that ends inside its table (a run that stopped "
-        "early) on its whole rows, saying so, instead of refusing it.")] = False,
+        "early or failed; -J's file too) on its whole rows, saying so, instead of refusing it.")] = False,
     json_out: JsonOpt = False,
     ctx: typer.Context = None,  # noqa: RUF013 - typer fills it
 ) -> None:

@@ -95,8 +95,8 @@ def check_model_cmd(
         "(RCCL's for rccl-tests logs): 2.21.5, a series (2.21) or a bound (<2.23); default: the topology's. "
         "NCCL_DEBUG=VERSION makes a run print it.")] = None,
     partial: Annotated[bool, typer.Option(
-        "--partial", help="Score a log that ends inside its table (a run that stopped early) on its whole rows, "
-        "saying so, instead of refusing it.")] = False,
+        "--partial", help="Score a log that ends inside its table (a run that stopped early or failed; -J's "
+        "file too) on its whole rows, saying so, instead of refusing it.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (sorted keys): every row and every figure.")]
     = False,
     png: Annotated[Path | None, typer.Option("--png", **OUT_PATH,
