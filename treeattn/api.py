@@ -18,6 +18,7 @@ from treeattn.errors import InputError, PlanFormatError
 from treeattn.plan import io as plan_io
 from treeattn.plan.baselines import parse_result
 from treeattn.plan.ir import Plan
+from treeattn.textfile import special_file, wrong_kind
 from treeattn.topology.library import (
     recorded_source,
     relative_file_source,
@@ -451,6 +452,8 @@ def save_plan(plan: Plan, path: str | Path) -> Path:
     if folder or path.is_dir():
         raise InputError(f"save_plan path {str(path)!r} is a folder: give the plan file's path "
                          f"({str(path / 'NAME.yaml')!r}, or .json)")
+    if (why := wrong_kind(path, "plan")) and not special_file(path):
+        raise InputError(f"save_plan path {str(path)!r}: {why}")
     ref = plan.topology
     if ref.base is None and relative_file_source(ref.source):
         # Loaded from text: the plan file's folder, which the source is relative to, is not

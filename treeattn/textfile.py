@@ -15,7 +15,26 @@ from pathlib import Path
 
 from treeattn.errors import InputError
 
-__all__ = ["read_text", "write_file", "append_file", "special_file"]
+__all__ = ["read_text", "write_file", "append_file", "special_file", "OTHER_KINDS", "TEXT_KINDS", "wrong_kind"]
+
+OTHER_KINDS = frozenset({".txt", ".log", ".csv", ".tsv", ".json", ".yaml", ".yml", ".html", ".md", ".jpg", ".jpeg",
+                         ".svg", ".svgz", ".pdf", ".eps", ".ps", ".tif", ".tiff", ".webp", ".gif", ".bmp"})
+"""Suffixes of files that are not PNG images: an image option refuses them."""
+TEXT_KINDS: dict[str, tuple[str, ...]] = {"CSV": (".csv", ".txt", ".log"), "YAML": (".yaml", ".yml", ".txt"),
+                                          "plan": (".yaml", ".json", ".yml", ".txt")}
+"""The suffixes a text output of each kind takes among those that name a kind of file (``OTHER_KINDS``, ``.png``);
+the first (two, for a plan: YAML or JSON) are what the refusal suggests."""
+
+
+def wrong_kind(path: str | Path, kind: str) -> str | None:
+    """Why ``path`` is no name for a text output of ``kind`` (``TEXT_KINDS``): its suffix names
+    another kind of file (``a .csv name for a plan file; end it in .yaml or .json``); None
+    where it does not (any other suffix, or none)."""
+    suffix = Path(path).suffix
+    if suffix.lower() in OTHER_KINDS | {".png"} and suffix.lower() not in TEXT_KINDS[kind]:
+        ends = " or ".join(TEXT_KINDS[kind][:2 if kind == "plan" else 1])
+        return f"a {suffix} name for a {kind} file; end it in {ends}"
+    return None
 
 _UTF16 = (b"\xff\xfe", b"\xfe\xff")
 

@@ -91,6 +91,15 @@ def test_a_plan_saved_from_the_api_finds_its_topology_file_from_anywhere(tmp_pat
     with pytest.raises(TreeattnError, match=r"^save_plan path '.*/new' is a folder"):
         treeattn.save_plan(plan, f"{tmp_path}/new/")
     assert not (tmp_path / "new").exists()
+    # A name for another kind of file is refused as plan --out refuses it; .txt and no suffix are taken
+    for name in ("x.csv", "x.png", "x.md"):
+        with pytest.raises(TreeattnError, match=rf"^save_plan path '.*/{name}': a \.\w+ name for a plan file; end "
+                                                r"it in \.yaml or \.json$"):
+            treeattn.save_plan(plan, tmp_path / name)
+        assert not (tmp_path / name).exists()
+    yaml_text = treeattn.save_plan(plan, tmp_path / "x.yaml").read_text()
+    for name in ("x.txt", "x"):
+        assert treeattn.save_plan(plan, tmp_path / name).read_text() == yaml_text
 
 
 def test_a_plan_loaded_from_text_is_never_saved_where_its_topology_file_is_lost(tmp_path):

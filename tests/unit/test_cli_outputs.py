@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -264,6 +265,29 @@ def test_a_link_to_a_pipe_is_written_as_named(tmp_path: Path) -> None:
         os.close(fd)
     reader.join(10)
     assert got == [b"plan\n"]
+
+
+def test_a_plan_written_into_a_pipe_names_its_topology_file_by_its_absolute_path(tmp_path: Path) -> None:
+    # relative to the pipe's folder (/proc/PID/fd) the path led nowhere once the plan was saved
+    # more than three folders deep: `plan -o /dev/stdout | tee a/b/c/p.yaml`, then simulate it
+    import subprocess
+    import sys
+
+    shutil.copy(Path(__file__).parents[2] / "topologies" / "dgx-h100.yaml", tmp_path / "mine.yaml")
+    res = subprocess.run([sys.executable, "-m", "treeattn", "plan", "-t", "mine.yaml", *SHAPE, "-o", "/dev/stdout"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert f'source: "{tmp_path / "mine.yaml"}"' in res.stdout
+    deep = tmp_path / "a" / "b" / "c" / "d" / "p.yaml"
+    deep.parent.mkdir(parents=True)
+    deep.write_text(res.stdout)
+    sim = subprocess.run([sys.executable, "-m", "treeattn", "simulate", str(deep), "--json"], capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path / "a")
+    assert sim.returncode == 0, sim.stderr
+    # a plan written to a file keeps naming it relative to the plan's folder, to move with it
+    res = subprocess.run([sys.executable, "-m", "treeattn", "plan", "-t", "mine.yaml", *SHAPE, "-o", str(deep)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 0 and 'source: "../../../../mine.yaml"' in deep.read_text(), res.stderr
 
 
 def test_a_device_given_for_an_image_is_written_as_named_with_no_suffix_added():

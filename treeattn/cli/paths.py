@@ -29,20 +29,12 @@ from pathlib import Path
 
 from treeattn.errors import InputError
 from treeattn.interrupts import before_hard_exit
-from treeattn.textfile import special_file
+from treeattn.textfile import OTHER_KINDS, TEXT_KINDS, special_file, wrong_kind
 
 __all__ = ["OUT_PATH", "TEXT_KINDS", "FolderPath", "appendable", "kept_on_success", "out_path", "output_file",
            "output_folder", "safe_name"]
 
 _CREATED: list[Path] = []
-
-OTHER_KINDS = frozenset({".txt", ".log", ".csv", ".tsv", ".json", ".yaml", ".yml", ".html", ".md", ".jpg", ".jpeg",
-                         ".svg", ".svgz", ".pdf", ".eps", ".ps", ".tif", ".tiff", ".webp", ".gif", ".bmp"})
-"""Suffixes of files that are not PNG images: an image option refuses them (see the module docstring)."""
-TEXT_KINDS: dict[str, tuple[str, ...]] = {"CSV": (".csv", ".txt", ".log"), "YAML": (".yaml", ".yml", ".txt"),
-                                          "plan": (".yaml", ".json", ".yml", ".txt")}
-"""The suffixes a text output of each kind takes among those that name a kind of file (``OTHER_KINDS``, ``.png``);
-the first (two, for a plan: YAML or JSON) are what the refusal suggests."""
 """The folders this command created, each after its parent."""
 
 
@@ -150,10 +142,8 @@ def output_file(path: Path, flag: str, default_name: str, *, suffix: str | None 
                 raise InputError(f"{flag} {str(given)!r}: a {out.suffix} name for a {suffix[1:].upper()} "
                                  f"image; end it in {suffix} (or leave the suffix out: {suffix} is added)")
             out = out.with_name(out.name + suffix)
-        named = out.suffix.lower()
-        if kind is not None and named in OTHER_KINDS | {".png"} and named not in TEXT_KINDS[kind]:
-            ends = " or ".join(TEXT_KINDS[kind][:2 if kind == "plan" else 1])
-            raise InputError(f"{flag} {str(given)!r}: a {out.suffix} name for a {kind} file; end it in {ends}")
+        if kind is not None and (why := wrong_kind(out, kind)):
+            raise InputError(f"{flag} {str(given)!r}: {why}")
         if out.is_dir():
             raise InputError(f"{flag} {str(given)!r}: {str(out)!r} is a folder; give a file name")
         _make_folder(out.parent, flag, given)

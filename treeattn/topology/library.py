@@ -209,6 +209,10 @@ def relocated_source(source: str | None, plan_path: Path, base: str | None = Non
     spec, selection = _split_selection(source)
     if not _names_file(spec) or not (Path(spec).is_absolute() or base is not None):
         return source
+    if special_file(plan_path):
+        # Written into a pipe or a terminal (-o /dev/stdout): the plan's folder is not known
+        # (the pipe's would be /proc/PID/fd), so the file is named by its absolute path.
+        return Path(os.path.normpath(Path(base or "/") / spec)).as_posix() + selection
     try:
         where = Path(os.path.relpath(Path(base or "/") / spec, Path(plan_path).resolve().parent)).as_posix()
     except ValueError:  # another drive
