@@ -236,14 +236,15 @@ def test_a_log_cut_short_keeps_its_checks_on_the_rows_it_has():
 
 def _all_gather_by_bytes(first: int, last: int, step: int, ranks: int = 8, rank_lines: bool = True) -> str:
     """An all-gather log of floats stepped by ``step`` bytes (``-b first -e last -i step``), its sizes
-    as nccl-tests prints them: each rank's count rounded down to 16 bytes (all_gather.cu)."""
+    and counts as nccl-tests prints them: each rank's count rounded down to 16 bytes, and printed
+    (all_gather.cu)."""
     sizes = [(n // 4 // ranks) // 4 * 4 * ranks * 4 for n in range(first, last + 1, step)]
     rows, bus = [], []
     for n in sizes:
         t = 20.0 + n / 5e4
         alg = n / t / 1e3
         bus += [round(alg * (ranks - 1) / ranks, 2)] * 2
-        rows.append(f"{n:>12} {n // 4:>12}  float  none  -1  {t:.2f}  {alg:.2f}  {bus[-1]:.2f}  0  {t:.2f}  "
+        rows.append(f"{n:>12} {n // 4 // ranks:>12}  float  none  -1  {t:.2f}  {alg:.2f}  {bus[-1]:.2f}  0  {t:.2f}  "
                     f"{alg:.2f}  {bus[-1]:.2f}  0")
     ranked = [f"#  Rank {r:2d} Group  0 Pid 1 on node1 device {r:2d} [0x{r:02x}] NVIDIA H100 80GB HBM3"
               for r in range(ranks)] if rank_lines else []
@@ -273,6 +274,18 @@ def test_a_byte_step_under_the_rounding_unit_prints_sizes_twice():
     k = _row_index(lines, 268435456)
     with pytest.raises(ProbeError, match=r"size 268435456 after 268435456 \(line \d+\): rows out of order"):
         parse_nccl_tests("\n".join(lines[:k + 1] + lines[k:]), "d.txt")
+    # A size printed twice where the step is not under the unit is a row added (16 bytes a rank
+    # of 8: 128; a step of 256), in a whole log with a row dropped to keep the count, or cut short,
+    # the '#  Rank' lines there or not (the ranks then from the rows' size and count)
+    for rank_lines in (True, False):
+        lines = _all_gather_by_bytes(1 << 20, (1 << 20) + 4096, 256, rank_lines=rank_lines).splitlines()
+        k = _row_index(lines, (1 << 20) + 512)
+        for damaged, partial in (("\n".join(lines[:k + 1] + lines[k:k + 3] + lines[k + 4:]), False),
+                                 ("\n".join(lines[:k + 1] + lines[k:k + 3]), True),
+                                 ("\n".join(lines[:k + 1] + lines[k:k + 1]), True)):
+            with pytest.raises(ProbeError, match=r"row \d+ prints \d+ bytes, but minBytes 1048576 by step "
+                                                 r"256\(bytes\) gives \d+ there: rows missing or added"):
+                parse_nccl_tests(damaged, "all_gather_perf.txt", partial=partial)
     # and a row added to a whole log stepped by bytes leaves the rows one more than the step gives
     lines = text.splitlines()
     k = _row_index(lines, (1 << 20) + 128)
@@ -678,10 +691,22 @@ def test_a_json_file_of_a_run_cut_short_or_failed_gives_its_whole_rows_with_part
     log = parse_nccl_tests(failed, "j.json", partial=True)
     assert log.rows == whole.rows[:3] and log.cut_short == ("results[3] has no timings: the run failed at its size: "
                                                             "3 whole rows up to 4 MiB")
-    # a failed run's rows are still checked against the step: a missing one is refused
-    data["results"].pop(1)
-    with pytest.raises(ProbeError, match="rows missing or added"):
-        parse_nccl_tests(json.dumps(data), "j.json", partial=True)
+    # a failed run's rows are still checked against the step, before --partial is named: a
+    # missing one is refused, with --partial or not; so is a row with no timings but the last
+    for partial in (False, True):
+        gap = {**data, "results": [data["results"][0], *data["results"][2:]]}
+        with pytest.raises(ProbeError, match="rows missing or added"):
+            parse_nccl_tests(json.dumps(gap), "j.json", partial=partial)
+        early = {**data, "results": [data["results"][3], *data["results"][1:]]}
+        with pytest.raises(ProbeError, match=r"^j.json: results\[0\] has no timings \(no in_place\): rows damaged"):
+            parse_nccl_tests(json.dumps(early), "j.json", partial=partial)
+    # a run that ended before its first size; a whole file with anything after it (not a cut)
+    none = {k: v for k, v in data.items() if k != "results"}
+    with pytest.raises(ProbeError, match=r"^j.json: no results: the run ended before its first size"):
+        parse_nccl_tests(json.dumps(none), "j.json", partial=True)
+    for tail in ("1", "tr", " 0", "1.5e", "x"):
+        with pytest.raises(ProbeError, match=r"^j.json: not JSON \(Extra data"):
+            parse_nccl_tests(text + tail, "j.json", partial=True)
 
 
 def test_json_of_an_unchecked_or_in_place_only_run_is_read():

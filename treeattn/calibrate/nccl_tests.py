@@ -663,25 +663,25 @@ def _check(log: NcclTestsLog, step: tuple[int, str] | None, where: Callable[[int
             raise ProbeError(f"{where(log.rows[-1].line)}: {len(log.rows)} rows, but minBytes {log.min_bytes} .. "
                              f"maxBytes {log.max_bytes} by step {value}({kind}) gives {len(sizes)}: rows missing or "
                              "added")
-        if log.cut_short:
-            # A size prints rounded down (to whole elements or 16 bytes of every rank), never up,
-            # and by less than a step but where it prints 0; by at most 16 bytes a rank (nccl-tests'
-            # widest rounding, its all-gather's; 64 taken) where the '#  Rank' lines give the ranks.
-            # A row printing more than its place's size follows a missing row, one printing less
-            # than its place allows an added one.
-            slack = 64 * log.ranks if log.ranks else None
-            for j, row in enumerate(log.rows):
-                if j < len(sizes) and slack is not None and sizes[j] >= slack:
-                    low = sizes[j] - slack
-                elif kind == "bytes" and 0 < j and row.size_bytes == log.rows[j - 1].size_bytes:
-                    low = row.size_bytes - 1  # a byte step under the rounding unit prints a size twice
-                else:
-                    low = sizes[j - 1] if 0 < j <= len(sizes) and row.size_bytes > 0 else -1
-                if j >= len(sizes) or row.size_bytes > sizes[j] or row.size_bytes <= low:
-                    raise ProbeError(f"{where(row.line)}: row {j + 1} prints {row.size_bytes} bytes, but minBytes "
-                                     f"{log.min_bytes} by step {value}({kind}) gives "
-                                     f"{sizes[j] if j < len(sizes) else 'no more sizes'} there: rows missing or "
-                                     "added")
+        # A size prints rounded down, never up, by less than its rounding unit (``_rounding_unit``):
+        # a row printing more than its place's size follows a missing row, one printing less an
+        # added one; a size printed twice (a byte step under the unit) is in its place.
+        ranks = log.ranks or (_ranks_from_counts(log.collective, log) if log.collective else None)
+        for j, row in enumerate(log.rows):
+            unit = _rounding_unit(log.collective, row, ranks)
+            if unit is not None:
+                low = sizes[j] - unit if j < len(sizes) else 0
+            elif not log.cut_short:
+                continue  # unknown unit: a whole log's row count is its check
+            elif kind == "bytes" and 0 < j and row.size_bytes == log.rows[j - 1].size_bytes:
+                low = row.size_bytes - 1
+            else:
+                low = sizes[j - 1] if 0 < j <= len(sizes) and row.size_bytes > 0 else -1
+            if j >= len(sizes) or row.size_bytes > sizes[j] or row.size_bytes <= low:
+                raise ProbeError(f"{where(row.line)}: row {j + 1} prints {row.size_bytes} bytes, but minBytes "
+                                 f"{log.min_bytes} by step {value}({kind}) gives "
+                                 f"{sizes[j] if j < len(sizes) else 'no more sizes'} there: rows missing or "
+                                 "added")
     ratios = [(t.busbw_gbps / t.algbw_gbps, r.line) for r in log.rows for t in (r.out_of_place, r.in_place)
               if t and t.algbw_gbps >= 1.0]
     if ratios:
@@ -924,6 +924,18 @@ _PER_RANK_COUNT = ("all_gather", "reduce_scatter", "alltoall", "gather", "scatte
 """Tests whose count column is a rank's share: nccl-tests prints size = count x ranks x the
 element's bytes (an all-gather's, reduce-scatter's, gather's or scatter's one rank's part, an
 alltoall's one peer's; ``src/*.cu`` ``GetCollByteCount``)."""
+
+
+def _rounding_unit(name: str | None, row: NcclRow, ranks: int | None) -> int | None:
+    """The bytes a row's size may print under its place's (nccl-tests' ``GetCollByteCount``):
+    a whole element (all-reduce, broadcast, reduce, sendrecv); for the tests of a rank's share
+    (``_PER_RANK_COUNT``, hypercube, and an unknown test) 16 bytes a rank, 4 elements a rank in
+    nccl-tests 2.13.4-2.16 (32 bytes of doubles). None where the element or the ranks it needs
+    are not known."""
+    elem = REDUCTION_DTYPES.get(dtype_name(row.dtype)) if row.dtype else None
+    if name is None or name in (*_PER_RANK_COUNT, "hypercube"):
+        return max(16, 4 * (elem or 8)) * ranks if ranks else None
+    return elem
 
 
 def _ranks_from_counts(name: str, log: NcclTestsLog) -> int | None:

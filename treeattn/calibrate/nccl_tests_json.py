@@ -73,7 +73,8 @@ def parse_nccl_tests_json(text: str, source: str, shown: str, partial: bool = Fa
     except json.JSONDecodeError as exc:
         # nccl-tests closes the object as it ends: a process killed (its buffered output lost
         # past the last block written) leaves it open.
-        short = _CUT_TOKEN.fullmatch(text[exc.pos:].strip()) is not None or exc.msg.startswith("Unterminated string")
+        short = exc.msg != "Extra data" and (_CUT_TOKEN.fullmatch(text[exc.pos:].strip()) is not None
+                                             or exc.msg.startswith("Unterminated string"))
         if not short:
             raise ProbeError(f"{shown}: not JSON ({exc.msg}, line {exc.lineno} column {exc.colno})") from None
         data = _whole_part(text)
@@ -84,6 +85,8 @@ def parse_nccl_tests_json(text: str, source: str, shown: str, partial: bool = Fa
             cut = "the JSON ends early (the run was cut short?)"
     except RecursionError:  # brackets opened thousands deep: no writer of nccl-tests' output
         raise ProbeError(f"{shown}: not JSON (nested too deeply)") from None
+    if isinstance(data, dict) and "config" in data and "args" in data and "results" not in data:
+        raise ProbeError(f"{shown}: no results: the run ended before its first size (a failed set-up?)")
     if not isinstance(data, dict) or not {"config", "results"} <= set(data):
         raise ProbeError(f"{shown}: JSON, but not nccl-tests' -J output (no 'config' and 'results')")
     config = _get(data, "config", dict, "", shown)
@@ -110,9 +113,8 @@ def parse_nccl_tests_json(text: str, source: str, shown: str, partial: bool = Fa
         results = results[:-1]
     elif "average_bus_bandwidth" not in data and not cut:
         cut = "no average_bus_bandwidth: the run did not finish"
-    if cut and not (partial and results):
-        raise ProbeError(f"{shown}: {cut}" + (f"; {_rows_said(results)} in it, --partial takes them" if results
-                                              else " (no whole row before it)"))
+    if cut and not results:
+        raise ProbeError(f"{shown}: {cut} (no whole row before it)")
     rows = [_row(r, i, shown) for i, r in enumerate(results)]
     if not rows:
         raise ProbeError(f"{shown}: results is empty")
@@ -138,6 +140,8 @@ def parse_nccl_tests_json(text: str, source: str, shown: str, partial: bool = Fa
         cut_short=f"{cut}: {_rows_said(results)}" if cut else "",
     )
     _check(log, step, lambda n: f"{shown}: results[{n - 1}]" if n else shown)
+    if cut and not partial:  # the rows it has passed every check: --partial would take them
+        raise ProbeError(f"{shown}: {cut}; {_rows_said(results)} in it, --partial takes them")
     return log
 
 
@@ -205,6 +209,9 @@ def _recorded_env(env: object) -> tuple[tuple[str, str], ...]:
 def _row(r: object, i: int, shown: str) -> NcclRow:
     at = f"results[{i}]"
     size = _get(r, "size", int, at, shown)
+    if "in_place" not in r:  # nccl-tests writes it for every size it ran (out_of_place may be null)
+        raise ProbeError(f"{shown}: {at} has no timings (no in_place): rows damaged, or a failed run's last row "
+                         "with rows after it")
     timings = []
     for placement in ("out_of_place", "in_place"):
         where = f"{at}.{placement}"

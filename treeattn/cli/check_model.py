@@ -190,10 +190,12 @@ def check_model_cmd(
     own = [t for t in tables if t.url in map(str, logs)]
     named = _machines(topologies)
     if png is not None:
-        # logs of several machines: one marker a machine, named as the rates notes name it
+        # logs of several machines, or with the corpus: one marker a machine, named as the rates
+        # notes name it (the corpus's circles)
         from treeattn.topology.library import resolve
 
-        machines = {t.name: named[resolve(t.topology).fingerprint] for t in own} if len(named) > 1 else None
+        marked = len(named) > 1 or len(own) < len(tables) and own
+        machines = {t.name: named[resolve(t.topology).fingerprint] for t in own} if marked else None
         plot_corpus(rows, png, measured, machines)
     for t in tables:  # an own log's line says it; a corpus table's mapping has no such line
         if t not in own and (checked := t.validation_note()):

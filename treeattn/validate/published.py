@@ -363,7 +363,8 @@ def summarize(rows: list[RowResult]) -> dict:
     }
 
 
-_MARKERS = "os^Dv<>PX*ph"
+_MARKERS = "s^Dv<>PX*phH8dx+1234"
+"""The machines' markers ('o' is the corpus's): past twenty machines they repeat."""
 
 
 def plot_corpus(rows: list[RowResult], out: str | Path, measured: str = "published",
@@ -383,7 +384,7 @@ def plot_corpus(rows: list[RowResult], out: str | Path, measured: str = "publish
     colls = sorted({r.collective for r in rows})
     cmap = plt.get_cmap("tab10")
     names = sorted(set((machines or {}).values()))
-    marker = {name: _MARKERS[k % len(_MARKERS)] for k, name in enumerate(names, 1)}
+    marker = {name: _MARKERS[k % len(_MARKERS)] for k, name in enumerate(names)}
     for i, c in enumerate(colls):
         for scored in (True, False):
             label = c if scored else f"{c} (not scored)"
@@ -406,7 +407,8 @@ def plot_corpus(rows: list[RowResult], out: str | Path, measured: str = "publish
     ax.set_yscale("log")
     ax.set_xlabel(f"{'published' if measured == 'published' else 'measured'} time (µs)")
     ax.set_ylabel("predicted time (µs)")
-    ax.set_title(f"treeattn's model against {measured} nccl-tests / rccl-tests rows (dashed: +-25 %)")
+    title = f"treeattn's model against {measured} nccl-tests / rccl-tests rows"
+    ax.set_title(f"{title} (dashed: +-25 %)" if measured == "published" else f"{title}\n(dashed: +-25 %)")
     if not marker:
         ax.legend(fontsize=8)
         return save_figure(fig, out)
@@ -417,6 +419,9 @@ def plot_corpus(rows: list[RowResult], out: str | Path, measured: str = "publish
                       h.get_edgecolor()[0], markerfacecolor="none" if not len(h.get_facecolor()) else None, label=t)
                for h, t in zip(*ax.get_legend_handles_labels(), strict=True)]
     ax.add_artist(ax.legend(handles=colours, fontsize=8, loc="upper left"))
-    ax.legend(handles=[Line2D([], [], ls="", marker=m, color="black", label=name) for name, m in marker.items()],
+    corpus = [Line2D([], [], ls="", marker="o", color="black", label="published (corpus)")] if any(
+        r.table not in machines for r in rows) else []
+    ax.legend(handles=corpus + [Line2D([], [], ls="", marker=m, color="black", label=name)
+                                for name, m in marker.items()],
               fontsize=8, loc="lower right", title="machine", title_fontsize=8)
     return save_figure(fig, out)
