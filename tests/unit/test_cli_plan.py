@@ -140,6 +140,11 @@ def test_raw_payload(tmp_path):
         (("-t", "dgx-h100", "--model", "llama-3.1-8b", "-n", "1K", "-b", "1.5"),
          "treeattn plan: --batch must be a whole number, got '1.5' (see --help)"),
         (("-t", "dgx-h100", *SHAPE, "--mem-fraction", "half"), "--mem-fraction must be a number, got 'half'"),
+        # a flag's bad value is the flag's, however the workload's reader names the key it sets
+        (("-t", "dgx-h100", *SHAPE, "--heads", "0"), "error: --heads must be a positive integer, got 0"),
+        (("-t", "dgx-h100", "-m", "llama-3.1-8b", "-n", "999G"), "error: --seq-len 999G: rank 0's KV cache of 32 "
+         "layers is 1.598e+04 TiB, over 1 TiB"),
+        (("-t", "cpu:ranks=2", "-m", "llama-3.1-8b", "--split", "999G,1"), "error: --split 999G,1: rank 0's KV cache"),
         # named by the flags that give them, not the workload file's keys (seq_len: 128K)
         (("-t", "dgx-h100", "--model", "llama-3.1-8b"), "give the sequence length: --seq-len N (-n 128K)"),
         (("-t", "dgx-h100", "--heads", "8", "-n", "8K"), "give --model NAME (--model list shows them), or --heads "
@@ -343,6 +348,22 @@ def test_a_workload_files_own_length_no_device_holds_is_refused_unless_replaced(
     assert res.exit_code == 0, res.stderr
     assert {(x["topology"], x["seq_len"]) for x in json.loads(res.stdout)["left_out"]} == {
         ("dgx-h100", 104857600), ("dgx-h100:nodes=4", 104857600)}
+
+
+def test_a_workload_files_uneven_split_replaced_by_a_length_is_said(tmp_path):
+    wl = tmp_path / "wl.yaml"
+    wl.write_text("model: llama-3.1-8b\nseq_len: 64K\nsplit: [32K, 16K, 16K, 0]\n")
+    res = run_cli("plan", "-t", "cpu:ranks=4", "--workload", str(wl), "-n", "128K", "-o", str(tmp_path / "p.yaml"))
+    assert res.exit_code == 0, res.stderr
+    assert (f"warning: --seq-len replaces {wl}'s split [32768, 16384, 16384, 0]: the tokens are split evenly "
+            "(--split gives tokens per rank)") in res.stderr
+    assert "split: [32768, 32768, 32768, 32768]" in (tmp_path / "p.yaml").read_text().replace("\n  - ", "")
+    res = run_cli("compare", "-t", "cpu:ranks=4", "--workload", str(wl), "-n", "64K,128K", "--json")
+    assert res.exit_code == 0 and res.stderr.count("replaces") == 1, res.stderr
+    # an even split, or the file's own length, says nothing
+    wl.write_text("model: llama-3.1-8b\nseq_len: 64K\nsplit: even\n")
+    res = run_cli("plan", "-t", "cpu:ranks=4", "--workload", str(wl), "-n", "128K", "-o", str(tmp_path / "p.yaml"))
+    assert res.exit_code == 0 and "replaces" not in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize(("fraction", "advice"), [("0.9", "use more ranks or a larger --mem-fraction"),

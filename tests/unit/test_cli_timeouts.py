@@ -59,3 +59,12 @@ def test_emulate_run_derives_its_timeout(long_context: Path, monkeypatch: pytest
     seen = _captured(monkeypatch, "treeattn.emulate.jobs", "launch_in_cluster")
     assert run_cli("emulate", "run", "emu-2x4", str(long_context), "--baselines").exit_code == 0
     assert seen[-1].timeout_s > 60.0  # the fixed 30 s stopped ring attention's rotation
+
+
+@pytest.mark.parametrize(("value", "said"), [("nan", "must be a number"), ("NaN", "must be a number"),
+                                             ("-1", "must be at least 0.001"), ("inf", "must be at most 1e+09")])
+def test_a_timeout_out_of_range_or_nan_is_said_as_such(tmp_path: Path, value: str, said: str):
+    # NaN fails every comparison, so the range's check said "must be at most 1e+09" of it
+    for flag in ("--timeout", "--setup-timeout"):
+        res = run_cli("run", str(tmp_path / "p.yaml"), flag, value)
+        assert res.exit_code == 2 and f"{flag} {said}, got '{value}'" in res.stderr, res.stderr

@@ -134,3 +134,18 @@ def test_a_source_that_is_a_folder_is_named_one(made: Path) -> None:
     res = run_cli("simulate", str(made))
     assert res.exit_code == 2 and res.stderr.count("\n") == 1
     assert "cpu-4.yaml, a folder, not a topology file" in res.stderr
+
+
+def test_a_topologies_folder_set_to_no_folder_is_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # shipped names went unfound ("none found") with nothing naming the variable that hid them
+    two = shipped_files()["dgx-h100-2node"]
+    monkeypatch.setenv("TREEATTN_TOPOLOGIES", str(tmp_path / "gone"))
+    for args in (("topo", "list"), ("topo", "show", "dgx-h100-2node")):
+        res = run_cli(*args)
+        assert res.exit_code == 2 and res.stderr.strip() == (
+            f"error: $TREEATTN_TOPOLOGIES is '{tmp_path / 'gone'}', which is not a folder: it names the folder of "
+            "shipped topology files in place of treeattn's own; unset it or name a folder"), res.stderr
+    (tmp_path / "mine").mkdir()
+    shutil.copy(two, tmp_path / "mine" / "two.yaml")
+    monkeypatch.setenv("TREEATTN_TOPOLOGIES", str(tmp_path / "mine"))
+    assert resolve("two").num_ranks == 16

@@ -117,6 +117,12 @@ def _has_gpu() -> bool:
 
 
 @pytest.mark.skipif(_has_gpu(), reason="this machine has a GPU: the live probe finds it")
+def test_a_cpu_host_of_too_many_ranks_is_refused_as_the_flags_value():
+    res = run_cli("probe", "--ranks", "100000")
+    assert res.exit_code == 2 and res.stderr.strip() == ("error: --ranks 100000: 100,000 ranks, above treeattn's "
+                                                         "limit of 16,384 ranks (README, 'Scale')"), res.stderr
+
+
 def test_live_probe_without_gpu_is_cpu_loopback():
     res = run_cli("probe", "--ranks", "3", "--json")
     assert res.exit_code == 0, res.stderr

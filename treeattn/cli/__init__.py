@@ -6,6 +6,8 @@ with its ``exit_code`` (2 for bad input). Other exceptions keep their traceback.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import sys
 from typing import Annotated
@@ -233,6 +235,9 @@ def _bad_option_value(exc: Exception) -> str | None:
                                                       for k, v in first.get("ctx", {}).items()})
     except (IndexError, KeyError, TypeError):
         return None
+    with contextlib.suppress(TypeError, ValueError):
+        if math.isnan(float(first.get("input"))):  # outside no range: every comparison with NaN fails
+            rule = _VALUE_ERRORS["float_parsing"]
     return f"{max(param.opts, key=len)} {rule}, got {str(first.get('input'))!r}"
 
 

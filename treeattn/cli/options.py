@@ -19,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from treeattn.errors import InputError
+from treeattn.errors import InputError, KVCacheTooLargeError
 from treeattn.topology.library import parse_ranks, subset_topology
 from treeattn.topology.model import Topology
 from treeattn.workload import MODELS, Payload, check_model
@@ -203,13 +203,18 @@ def make_payload(
     layers: int | None = None,
     nbytes: str | None = None,
     op: str | None = None,
+    length_flag: str = "--seq-len",
+    said: set[str] | None = None,
 ) -> Payload:
     """Build the Workload (decode shape) or RawPayload (``--bytes``) the flags describe.
 
     Flags override the keys of ``--workload FILE``; both are validated by
     ``workload_from_dict``; its errors name the flag (``--batch``), or the key of a file.
+    ``length_flag``: how a warning names the flag ``seq_len`` came from; ``said``: the warnings
+    given already, not given again (compare makes a payload a length and topology).
     """
     from treeattn.search.workload_file import load_workload, workload_from_dict
+    from treeattn.workload import even_split
 
     data: dict = {}
     where = "workload"
@@ -249,7 +254,16 @@ def make_payload(
             if "split" in given:
                 data.pop("seq_len", None)
             if "seq_len" in given and "split" not in given:
-                data.pop("split", None)
+                own = data.pop("split", None)
+                if workload_file is not None and own and tuple(own) != even_split(sum(own), len(own)):
+                    # the file's uneven split cannot hold another length: said (once), not dropped quietly
+                    note = (f"warning: {length_flag} replaces {workload_file}'s split [{', '.join(map(str, own))}]: "
+                            "the tokens are split evenly" + (" (--split gives tokens per rank)"
+                                                             if length_flag == "--seq-len" else ""))
+                    if said is None or note not in said:
+                        typer.echo(note, err=True)
+                        if said is not None:
+                            said.add(note)
             if "heads" in given:
                 data.pop("q_heads", None)
             data.update(given)
@@ -269,8 +283,17 @@ def make_payload(
     flags = {"bytes": "--bytes"} if nbytes is not None else {}
     if op is not None:  # over a raw file too: it sets the op, whatever the file says
         flags["op"] = "--op"
-    flags.update({_KEY_OF.get(k, k): _flag(k, v) for k, v in given.items()})
-    return workload_from_dict(data, ranks=num_ranks, where=where, flags=flags, file=where != "workload")
+    # each key under both its names: the reader checks `heads` before it becomes `q_heads`
+    flags.update({name: _flag(k, v) for k, v in given.items() for name in (k, _KEY_OF.get(k, k))})
+    try:
+        return workload_from_dict(data, ranks=num_ranks, where=where, flags=flags, file=where != "workload")
+    except KVCacheTooLargeError as exc:
+        text = str(exc)
+        if length_flag != "--seq-len" or not text.startswith("workload: ") or (seq_len is None and split is None):
+            raise  # compare says the length itself; a file's own length is the file's
+        # the flag that set the length, as typed
+        flag = f"--split {split}" if split is not None else f"--seq-len {seq_len}"
+        raise KVCacheTooLargeError(f"{flag}: {text.removeprefix('workload: ')}") from None
 
 
 # The workload key a flag sets, where the two are named differently (--heads sets q_heads).

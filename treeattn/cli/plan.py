@@ -553,11 +553,13 @@ def compare_cmd(
     csv = output_file(csv, "--csv", "compare.csv", kind="CSV") if csv is not None else None
     png = output_file(png, "--png", "compare.png", suffix=".png") if png is not None else None
 
+    said: set[str] = set()
+
     def make(p: int, n: int) -> Payload:
         return make_payload(p, workload_file=workload_file, model=model, heads=heads, kv_heads=kv_heads,
                             head_dim=head_dim, v_head_dim=v_head_dim, kv_latent=kv_latent, batch=batch,
                             seq_len=str(n), kv_dtype=kv_dtype,
-                            partial_dtype=partial_dtype, layers=layers)
+                            partial_dtype=partial_dtype, layers=layers, length_flag=_SEQ_LENS, said=said)
 
     layout, root = "all", None
     check_fraction(mem_fraction)  # a bad fraction is not a KV cache that fits nowhere (below)

@@ -247,7 +247,13 @@ def cpu_host(ranks: int | None = None, *, name: str | None = None, nodes: int = 
     n = ranks if ranks is not None else (os.cpu_count() or 1)
     if n < 1:
         raise ProbeError(f"--ranks must be >= 1, got {n}")
-    base = build_family("cpu", {"ranks": n})
+    from treeattn.topology.schema import FieldError
+
+    try:
+        base = build_family("cpu", {"ranks": n})
+    except FieldError as exc:  # the family's parameter is the flag's (or the CPU count's) value
+        given = f"--ranks {n}" if ranks is not None else f"{n} ranks (the CPU count; --ranks sets it)"
+        raise ProbeError(f"{given}: {exc.message.removeprefix(f'ranks={n}: ')}") from None
     topo = dataclasses.replace(
         base,
         name=name or "cpu-loopback",

@@ -69,7 +69,10 @@ def topologies_dir() -> Path | None:
     found through the distribution's record of its files)."""
     env = os.environ.get(ENV_DIR)
     if env:
-        return Path(env)
+        if not Path(env).expanduser().is_dir():  # else every shipped name would go unfound, unsaid why
+            raise TopologyError(f"${ENV_DIR} is {env!r}, which is not a folder: it names the folder of shipped "
+                                "topology files in place of treeattn's own; unset it or name a folder")
+        return Path(env).expanduser()
     here = Path(__file__).resolve().parents[2] / "topologies"
     return here if here.is_dir() else _installed_dir()
 
