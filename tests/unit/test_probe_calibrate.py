@@ -286,6 +286,10 @@ def test_a_byte_step_under_the_rounding_unit_prints_sizes_twice():
             with pytest.raises(ProbeError, match=r"row \d+ prints \d+ bytes, but minBytes 1048576 by step "
                                                  r"256\(bytes\) gives \d+ there: rows missing or added"):
                 parse_nccl_tests(damaged, "all_gather_perf.txt", partial=partial)
+    # rows of one size printed twice are one size to fit, said with the log's name
+    one = parse_nccl_tests(_all_gather_by_bytes(1 << 20, (1 << 20) + 64, 64), "all_gather_perf.txt")
+    with pytest.raises(ProbeError, match=r"^all_gather_perf.txt: 1 usable size\(s\) in the chosen range"):
+        calibrate_from_log(one)
     # and a row added to a whole log stepped by bytes leaves the rows one more than the step gives
     lines = text.splitlines()
     k = _row_index(lines, (1 << 20) + 128)

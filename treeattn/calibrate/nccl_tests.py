@@ -845,8 +845,8 @@ def calibrate_from_log(
             times.append(min(t.time_us for t in good))
     if wrong:
         notes.append(f"timings with validation errors (#wrong > 0) left out at sizes {wrong}")
-    if len(sizes) < 2:
-        raise ProbeError(f"{log.source}: {len(sizes)} usable size(s) in the chosen range; need at least 2")
+    if len(set(sizes)) < 2:  # a size printed twice (a byte step under the rounding unit) is one
+        raise ProbeError(f"{log.source}: {len(set(sizes))} usable size(s) in the chosen range; need at least 2")
     result = fit_collective(sizes, times, name, n, weighting=weighting)
     return CollectiveFit(result.collective, result.ranks, result.fit, result.alpha_step_us, result.beta_link_gbps,
                          result.model, result.points, result.size_range, tuple(notes) + result.warnings)
