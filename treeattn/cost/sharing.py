@@ -35,6 +35,8 @@ def component(changed: Iterable[int], link_flows: Sequence[set | None],
     Returns:
         (the flows, in the order found; per shared link among their routes, its flow count).
     """
+    # ``inc[j]``: link j is in ``cnt`` (a list: cheaper to test than the dict).
+    inc = [False] * len(link_flows)
     flows: list[int] = []
     seen: set[int] = set()
     cnt: dict[int, int] = {}
@@ -44,7 +46,8 @@ def component(changed: Iterable[int], link_flows: Sequence[set | None],
         if not on:
             continue
         if len(on) > 1:
-            if i not in cnt:
+            if not inc[i]:
+                inc[i] = True
                 cnt[i] = len(on)
                 stack.append(i)
             continue
@@ -53,20 +56,39 @@ def component(changed: Iterable[int], link_flows: Sequence[set | None],
                 seen.add(x)
                 flows.append(x)
                 for j in routes[x]:
-                    n = len(link_flows[j])
-                    if n > 1 and j not in cnt:
-                        cnt[j] = n
-                        stack.append(j)
+                    if not inc[j]:
+                        n = len(link_flows[j])
+                        if n > 1:
+                            inc[j] = True
+                            cnt[j] = n
+                            stack.append(j)
+    add, append, push, pop = seen.add, flows.append, stack.append, stack.pop
+    # Once every link that carries more than one flow is found, the flows' routes can add
+    # none: the rest only gathers the flows of the links still stacked, in the same order.
+    # (Those links are counted when the search has run long enough to pay for it.)
+    shared = -1
+    count_after = 2 * len(link_flows)
     while stack:
-        for x in link_flows[stack.pop()]:
+        if len(flows) > count_after:
+            if shared < 0:
+                shared = sum(1 for s in link_flows if s and len(s) > 1)
+            if len(cnt) == shared:
+                break
+        for x in link_flows[pop()]:
             if x not in seen:
-                seen.add(x)
-                flows.append(x)
+                add(x)
+                append(x)
                 for j in routes[x]:
-                    n = len(link_flows[j])
-                    if n > 1 and j not in cnt:
-                        cnt[j] = n
-                        stack.append(j)
+                    if not inc[j]:
+                        n = len(link_flows[j])
+                        if n > 1:
+                            inc[j] = True
+                            cnt[j] = n
+                            push(j)
+    while stack:
+        found = [x for x in link_flows[pop()] if x not in seen]
+        seen.update(found)
+        flows += found
     return flows, cnt
 
 
@@ -80,7 +102,7 @@ def fair_rates(flows: Sequence[int], cnt: dict[int, int], link_flows: Sequence[s
 
     Args:
         flows: the flows to rate (``component``).
-        cnt: per shared link, its flow count (``component``; consumed).
+        cnt: per shared link, its flow count (``component``; left as it is).
         link_flows: per link, its flows. routes: per flow, its links.
         cap: per link, its capacity. limit: per flow, its own limit.
 
@@ -92,31 +114,39 @@ def fair_rates(flows: Sequence[int], cnt: dict[int, int], link_flows: Sequence[s
         for x in flows:
             new_rate[x] = limit[x]
         return new_rate
-    left = {i: cap[i] for i in cnt}
-    heap = [(left[i] / c, 0, i) for i, c in cnt.items()]
+    # Per link, indexed by link (lists: cheaper than dicts): its unfixed flows (None: not a
+    # shared link of the component) and its capacity left.
+    cl: list[int | None] = [None] * len(link_flows)
+    left = [0.0] * len(link_flows)
+    heap = []
+    for i, c in cnt.items():
+        cl[i] = c
+        v = left[i] = cap[i]
+        heap.append((v / c, 0, i))
     heapq.heapify(heap)
-    # A flow's own limit never changes, so the flows wait in sorted order beside the links'
-    # heap, taken when theirs is the smallest key: the order one heap of (share, 0, link) and
+    # A flow's own limit never changes, so the flows wait beside the links' heap in order of
+    # limit, taken when theirs is the smallest key: the order one heap of (share, 0, link) and
     # (limit, 1, flow) keys pops them in (a link before a flow of equal key), at a fraction
     # of the heap operations (``tests/unit/test_cost_sharing_fast.py`` holds that heap).
-    # By (limit, flow): a stable sort by limit of the flows in index order, without the tuples.
-    own = sorted(flows)
-    own.sort(key=limit.__getitem__)
-    k, n = 0, len(own)
+    # The flows of one limit are taken together: nothing changes the links' heap between
+    # them, and each takes the same share off its links (equal subtractions, in whatever
+    # order, leave the same result).
+    lims = sorted(set(map(limit.__getitem__, flows)))
+    k, nk = 0, len(lims)
+    n = len(flows)
     pop, push = heapq.heappop, heapq.heappush
     floor = 0.0
-    while k < n:  # every flow has its rate once its own key is reached, if not before
-        if not heap or limit[own[k]] < heap[0][0]:
-            i = own[k]
-            share = limit[i]
+    while len(new_rate) < n:  # once every flow has its rate, the rest changes none
+        if k < nk and (not heap or lims[k] < heap[0][0]):
+            share = lims[k]
             k += 1
-            if i in new_rate:
+            fixed: Iterable[int] = [x for x in flows if limit[x] == share and x not in new_rate]
+            if not fixed:
                 continue
-            fixed: Iterable[int] = (i,)
-            skip = -1
+            i = -1
         else:
             share, _, i = pop(heap)
-            c = cnt[i]
+            c = cl[i]
             if c == 0:
                 continue
             cur = left[i] / c
@@ -125,8 +155,8 @@ def fair_rates(flows: Sequence[int], cnt: dict[int, int], link_flows: Sequence[s
                 # too small; put it back with its current share.
                 push(heap, (cur, 0, i))
                 continue
-            fixed, skip = link_flows[i], i
-            cnt[i] = 0
+            fixed = link_flows[i]
+            cl[i] = None  # while its flows are fixed: not one of the links they leave
         # Shares never decrease in exact arithmetic; keep rounding from making one smaller.
         share = floor = share if share > floor else floor
         for x in fixed:
@@ -134,12 +164,14 @@ def fair_rates(flows: Sequence[int], cnt: dict[int, int], link_flows: Sequence[s
                 continue
             new_rate[x] = share
             for j in routes[x]:
-                cj = cnt.get(j)
-                if cj is None or j == skip:
+                cj = cl[j]
+                if cj is None:
                     continue
-                cnt[j] = cj - 1
+                cl[j] = cj - 1
                 lj = left[j] - share
                 left[j] = lj if lj > 0.0 else 0.0
+        if i >= 0:
+            cl[i] = 0
     return new_rate
 
 

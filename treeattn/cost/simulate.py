@@ -474,11 +474,9 @@ class _Engine:
             return
         new_rate = fair_rates(flows, cnt, self.link_flows, self.x_route, self.cap, self.x_min)
         rem, rate, last, ver = self.rem, self.rate, self.last, self.ver
-        for x in flows:
+        for x in [x for x in flows if new_rate[x] != rate[x]]:  # most keep their rate
             nr = new_rate[x]
             old = rate[x]
-            if nr == old:
-                continue
             r = rem[x] - old * (t - last[x])
             r = rem[x] = r if r > 0.0 else 0.0
             last[x] = t
