@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -29,6 +30,9 @@ from treeattn.cli.render import console
 from treeattn.errors import EmulationError, ExecutionError, InputError
 from treeattn.exec.deadline import MAX_ITERATIONS
 from treeattn.interrupts import exit_status
+
+if TYPE_CHECKING:
+    from treeattn.topology.model import Topology
 
 __all__ = ["emulate_app"]
 
@@ -257,7 +261,17 @@ def run_cmd(
                              order=order.value)
         for text in predictions.warnings:
             err_console.print(f"[yellow]warning:[/] {escape(text)}")
+        if not topo.calibrated:  # as run says of a machine's shipped figures
+            err_console.print(f"[cyan]note:[/] {escape(_uncalibrated_emulation(topo, topology))}")
         label = plan_file.name
         with _interruptible(), emulated(topo, scale=scale) as cluster:
             result = launch_in_cluster(cluster, Job((PlanJob(label, plan, ring_order=ring),), options))
         emit_results(result, plan, label, predictions, run_id, rows, json_out)
+
+
+def _uncalibrated_emulation(topo: Topology, spec: str) -> str:
+    """That ``topo``'s predictions are on its file's own figures, not fitted to its emulation on
+    this host, and how to fit them (``treeattn validate`` calibrates inside the emulation)."""
+    return (f"predictions use {topo.name!r}'s own figures, not fitted to its emulation on this host (uncalibrated); "
+            f"`treeattn validate {shlex.quote(spec)} --out DIR` calibrates inside the emulation and writes the "
+            "fitted topology into DIR/calibration/, to give as TOPOLOGY")
