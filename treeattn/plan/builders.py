@@ -324,7 +324,7 @@ def _tree(a: _Args, algorithm: str, make: Callable[[int | None], Sequence[Any]],
     """A tree algorithm: ``make(root)`` gives its parent list rooted at ``root`` (None: its own
     root). ``heads`` reduces each rank's rows along the tree rooted at that rank."""
     if a.result == "heads":
-        total = _need_heads(a, a.chunks, f"{algorithm} with {a.chunks} chunks")
+        total = _need_heads(a, a.chunks, f"{algorithm} with {counted(a.chunks, 'chunk')}")
         progs = _start(a)
         forest = []
         for s in range(a.p):
@@ -333,7 +333,7 @@ def _tree(a: _Args, algorithm: str, make: Callable[[int | None], Sequence[Any]],
             forest.append(list(info.parents))
         params = {**params, "parents": forest, "chunks": a.chunks, "result": a.result}
         return _plan(a, algorithm, params, progs, total, layout="heads")
-    _need_chunks(a, a.chunks, f"{algorithm} with {a.chunks} chunks")
+    _need_chunks(a, a.chunks, f"{algorithm} with {counted(a.chunks, 'chunk')}")
     info = tree_info(make(None), a.p)
     progs = _start(a)
     emit_tree(progs, info, range(a.chunks), a.base, reduce=True, broadcast=a.result == "all")
@@ -478,7 +478,7 @@ def _build_multirail(a: _Args) -> Plan:
     if trees_arg is not None and trees_arg != n:
         raise InputError(f"trees = {trees_arg} but {n} roots/parent lists were given")
     total = n * a.chunks
-    _need_chunks(a, total, f"multirail over {n} trees with {a.chunks} chunks each")
+    _need_chunks(a, total, f"multirail over {n} trees with {counted(a.chunks, 'chunk')} each")
     progs = _start(a)
     for t, info in enumerate(infos):
         emit_tree(progs, info, range(t, total, n), a.base)
@@ -504,7 +504,7 @@ def _build_double_binary(a: _Args) -> Plan:
 
 
 def _build_broadcast(a: _Args) -> Plan:
-    _need_chunks(a, a.chunks, f"broadcast with {a.chunks} chunks")
+    _need_chunks(a, a.chunks, f"broadcast with {counted(a.chunks, 'chunk')}")
     if a.parents is not None:
         params: dict[str, Any] = {}
         parents = a.parents
@@ -528,7 +528,7 @@ def _build_broadcast(a: _Args) -> Plan:
 
 
 def _build_butterfly(a: _Args) -> Plan:
-    _need_chunks(a, a.chunks, f"butterfly with {a.chunks} chunks")
+    _need_chunks(a, a.chunks, f"butterfly with {counted(a.chunks, 'chunk')}")
     order = positions(a.p, None, a.order)
     progs = _start(a)
     emit_butterfly(progs, order, a.chunks, a.base)
@@ -539,12 +539,12 @@ def _build_ring(a: _Args) -> Plan:
     order = positions(a.p, None, a.order)
     progs = _start(a)
     if a.result == "heads":
-        total = _need_heads(a, a.chunks, f"ring with {a.chunks} chunks per rank")
+        total = _need_heads(a, a.chunks, f"ring with {counted(a.chunks, 'chunk')} per rank")
         emit_ring(progs, order, a.chunks, a.base, owned=True)
         return _plan(a, "ring", {"order": order, "chunks": a.chunks, "result": "heads"}, progs, total,
                      layout="heads")
     total = a.chunks * (a.p if a.p > 1 else 1)
-    _need_chunks(a, total, f"ring over {a.p} ranks with {a.chunks} chunks per segment")
+    _need_chunks(a, total, f"ring over {a.p} ranks with {counted(a.chunks, 'chunk')} per segment")
     emit_ring(progs, order, a.chunks, a.base)
     return _plan(a, "ring", {"order": order, "chunks": a.chunks}, progs, total)
 
@@ -556,10 +556,10 @@ def _build_direct(a: _Args) -> Plan:
         if groups is not None:
             raise InputError("direct with result heads exchanges over all ranks at once; for groups use "
                              "hierarchical with result heads")
-        total = _need_heads(a, a.chunks, f"direct with {a.chunks} chunks per rank")
+        total = _need_heads(a, a.chunks, f"direct with {counted(a.chunks, 'chunk')} per rank")
         emit_direct_scatter(progs, a.p, a.chunks, a.base)
         return _plan(a, "direct", {"chunks": a.chunks, "result": "heads"}, progs, total, layout="heads")
-    _need_chunks(a, a.chunks, f"direct with {a.chunks} chunks")
+    _need_chunks(a, a.chunks, f"direct with {counted(a.chunks, 'chunk')}")
     emit_direct(progs, groups if groups is not None else [list(range(a.p))], range(a.chunks), a.base)
     params: dict[str, Any] = {"chunks": a.chunks}
     if groups is not None:
@@ -568,7 +568,7 @@ def _build_direct(a: _Args) -> Plan:
 
 
 def _build_allreduce3(a: _Args) -> Plan:
-    _need_chunks(a, a.chunks, f"allreduce3 with {a.chunks} chunks")
+    _need_chunks(a, a.chunks, f"allreduce3 with {counted(a.chunks, 'chunk')}")
     progs = _start(a)
     for r in range(a.p):
         for s, (reduce, part) in enumerate((("max", "lse"), ("sum", "num"), ("sum", "den")), start=1):
@@ -583,11 +583,11 @@ def _library(a: _Args, algorithm: str) -> Plan:
     reduce = a.workload.reduce_op.value
     params: dict[str, Any] = {"chunks": a.chunks}
     if a.result == "heads":
-        chunks, coll, peer, layout = _need_heads(a, a.chunks, f"{algorithm} with {a.chunks} chunks"), \
+        chunks, coll, peer, layout = _need_heads(a, a.chunks, f"{algorithm} with {counted(a.chunks, 'chunk')}"), \
             "reducescatter", None, "heads"
         params["result"] = "heads"
     else:
-        _need_chunks(a, a.chunks, f"{algorithm} with {a.chunks} chunks")
+        _need_chunks(a, a.chunks, f"{algorithm} with {counted(a.chunks, 'chunk')}")
         chunks, coll, layout = a.chunks, "allreduce", "full"
         peer = None
         if a.result == "root":
@@ -610,7 +610,7 @@ def _build_allreduce(a: _Args) -> Plan:
 
 
 def _build_allgather_merge(a: _Args) -> Plan:
-    _need_chunks(a, a.chunks, f"allgather-merge with {a.chunks} chunks")
+    _need_chunks(a, a.chunks, f"allgather-merge with {counted(a.chunks, 'chunk')}")
     progs = _start(a)
     for r in range(a.p):
         progs.collective(r, a.base, "allgather", a.workload.reduce_op.value, "partial")
@@ -620,7 +620,7 @@ def _build_allgather_merge(a: _Args) -> Plan:
 def _build_dcp_ag_rs(a: _Args) -> Plan:
     # vLLM's decode context parallel: gather the query's heads, attend every head over the
     # local shard, gather every rank's lse, reduce-scatter the outputs corrected by it.
-    total = _need_heads(a, a.chunks, f"dcp-ag-rs with {a.chunks} chunks")
+    total = _need_heads(a, a.chunks, f"dcp-ag-rs with {counted(a.chunks, 'chunk')}")
     progs = Programs(a.p)
     for r in range(a.p):
         progs.collective(r, 0, "allgather", "copy", "q")
@@ -633,7 +633,7 @@ def _build_dcp_ag_rs(a: _Args) -> Plan:
 def _build_dcp_a2a(a: _Args) -> Plan:
     # vLLM's all-to-all variant: each rank sends every other rank that rank's heads of its
     # partial (output and lse) in one library all-to-all and merges what it gets for its own.
-    total = _need_heads(a, a.chunks, f"dcp-a2a with {a.chunks} chunks")
+    total = _need_heads(a, a.chunks, f"dcp-a2a with {counted(a.chunks, 'chunk')}")
     progs = _start(a)
     for r in range(a.p):
         progs.collective(r, a.base, "alltoall", "merge", "partial")
@@ -641,7 +641,7 @@ def _build_dcp_a2a(a: _Args) -> Plan:
 
 
 def _build_ring_attention(a: _Args) -> Plan:
-    _need_chunks(a, a.chunks, f"ring-attention with {a.chunks} chunks")
+    _need_chunks(a, a.chunks, f"ring-attention with {counted(a.chunks, 'chunk')}")
     order = positions(a.p, None, a.order)
     overlap = a.extra.get("overlap", True)
     if type(overlap) is not bool:
