@@ -41,6 +41,11 @@ def test_status_shows_a_rank_selection_in_the_topologys_name(monkeypatch) -> Non
     monkeypatch.setattr(emulate, "list_clusters", lambda: [cluster])
     res = run_cli("emulate", "status")
     assert res.exit_code == 0 and "emu-2x4[ranks 0,4]" in res.stdout, res.stdout
+    # none up: said, not an empty table; --json stays a list
+    monkeypatch.setattr(emulate, "list_clusters", lambda: [])
+    res = run_cli("emulate", "status")
+    assert res.exit_code == 0 and res.stdout == "no emulated cluster is up (treeattn emulate up TOPOLOGY starts one)\n"
+    assert run_cli("emulate", "status", "--json").stdout.strip() == "[]"
 
 
 def test_down_of_a_cluster_that_is_not_there_names_the_ones_that_are(monkeypatch) -> None:  # noqa: ANN001

@@ -137,6 +137,9 @@ def status_cmd(json_out: JsonOpt = False) -> None:
     if json_out:
         typer.echo(json.dumps(rows, sort_keys=True, indent=2))
         return
+    if not rows:
+        console().print("no emulated cluster is up (treeattn emulate up TOPOLOGY starts one)", markup=False)
+        return
     table = Table(title="emulated clusters")
     for col in ("run id", "status", "topology", "scale", "namespaces"):
         table.add_column(col)
