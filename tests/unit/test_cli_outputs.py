@@ -153,6 +153,13 @@ def test_a_run_never_appends_rows_under_another_header(tmp_path: Path, plan: Pat
     timeline.write_text("a,b\n1,2\n")
     res = run_cli(*args, "--out", str(tmp_path / "fresh.csv"))
     assert res.exit_code == 2 and f"{str(timeline)!r} holds rows of other columns" in res.stderr, res.stderr
+    # binary data (or a first line that is no header) is said so, not echoed back
+    for data in (b"\xff\xfe\x00\x9c\x80,\x01\nrest", b"\n\nx,y\n"):
+        (tmp_path / "odd.csv").write_bytes(data)
+        res = run_cli(*args, "--out", str(tmp_path / "odd.csv"))
+        assert res.exit_code == 2 and res.stderr.strip().endswith(
+            f"{str(tmp_path / 'odd.csv')!r} is not a CSV file of rows (its first line is no header); give a new "
+            "file"), res.stderr
 
 
 @pytest.mark.parametrize("args, module, name", [(("run", "PLAN"), "treeattn.exec.launch", "launch"),

@@ -159,10 +159,16 @@ def appendable_problem(path: Path, columns: tuple[str, ...]) -> str | None:
     try:
         if not path.is_file() or path.stat().st_size == 0:
             return None
-        with path.open(encoding="utf-8", errors="replace") as f:
-            header = f.readline().strip()
+        with path.open("rb") as f:
+            first = f.readline(4096)
     except FileNotFoundError:  # an empty file another rank's check made and removed meanwhile
         return None
+    try:
+        header = first.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        header = ""
+    if not header or not header.isprintable():  # binary data, or no header: its bytes would say nothing
+        return f"{str(path)!r} is not a CSV file of rows (its first line is no header); give a new file"
     if header != ",".join(columns):
         return (f"{str(path)!r} holds rows of other columns ({header[:60]}{'...' if len(header) > 60 else ''}); "
                 "give a new file")
