@@ -66,6 +66,20 @@ def _time_us(text: object, where: str) -> float:
     raise InputError(f"{where}: time {text!r} is not a positive number with a unit ({', '.join(_UNITS)})")
 
 
+def _published_us(t: object, gbps: object, w: Workload, gbps_of: object, where: str) -> float:
+    """A row's published time; where a source publishes a bandwidth only (``time`` null), the
+    time that bandwidth gives over the bytes the source says it divides (``gbps_of: kv``: the
+    K and V read, the only such count a source has given)."""
+    if t is not None:
+        return _time_us(t, where)
+    if gbps_of != "kv":
+        raise InputError(f"{where}: no time; a row may give its GB/s alone where its source says what bytes that "
+                         "divides (gbps_of: kv)")
+    if isinstance(gbps, bool) or not isinstance(gbps, (int, float)) or not gbps > 0:
+        raise InputError(f"{where}: no time, and GB/s {gbps!r} is not a positive number")
+    return w.kv_bytes(0) / (float(gbps) * 1e3)
+
+
 def load_attention(folders: list[Path] | None = None) -> list[AttentionRow]:
     """Every published row of ``FOLDER/attention/*.yaml`` (default: the shipped corpus), predicted."""
     if folders is None:
@@ -91,12 +105,13 @@ def load_attention(folders: list[Path] | None = None) -> list[AttentionRow]:
                 for j, row in enumerate(src.get("rows", [])):
                     if not isinstance(row, list) or len(row) != 7:
                         raise InputError(f"{where}.rows[{j}]: [batch, q_heads, kv_heads, head_dim, tokens, time, GB/s]")
-                    b, hq, hkv, d, n, t, _ = row
+                    b, hq, hkv, d, n, t, gbps = row
                     w = Workload.create(ranks=1, seq_len=int(n), batch=int(b), q_heads=int(hq), kv_heads=int(hkv),
                                         head_dim=int(d), kv_dtype=str(src.get("kv_dtype", "bf16")))
                     cm = ComputeModel.of(w, topo)
                     out.append(AttentionRow(str(src["id"]), str(src["source"]), str(src["gpu"]), topo.name, w,
-                                            _time_us(t, f"{where}.rows[{j}]"), cm.partial_us(0),
+                                            _published_us(t, gbps, w, src.get("gbps_of"), f"{where}.rows[{j}]"),
+                                            cm.partial_us(0),
                                             cm.partial_bytes(0), cm.attention_terms(0)[0],
                                             topo.rank_device(0).mem_bw_gbps, fitted))
     return out
@@ -147,14 +162,17 @@ def attention_summary(rows: list[AttentionRow]) -> dict:
     line fitted to them (``fit_kernel_line``: fixed cost, share of memory bandwidth; None for
     both where one row is all there is, which any line through it fits). Rows of sources held
     out of the fit (``fitted: false``) come apart, under ``"<gpu> held out"``: the model's error
-    on them, and the line their rows alone give."""
+    on them, and the line their rows alone give where they are one source's (the rows of
+    several held-out kernels, each held out for its own reason, give a line that is none's:
+    MI300X's three kernels run at 0.12-0.59 of the bandwidth at one shape)."""
     def group(r: AttentionRow) -> str:
         return r.gpu if r.fitted else f"{r.gpu} held out"
 
     out = {}
     for name in sorted({group(r) for r in rows}):
         rs = [r for r in rows if group(r) == name]
-        fit = fit_kernel_line(rs) if len(rs) > 1 else (None, None)
+        one = name == rs[0].gpu or len({r.source_id for r in rs}) == 1
+        fit = fit_kernel_line(rs) if len(rs) > 1 and one else (None, None)
         errs = sorted(abs(r.error) for r in rs)
         out[name] = {"rows": len(rs), "median_abs": statistics.median(errs),
                      "p90_abs": errs[min(len(errs) - 1, round(0.9 * (len(errs) - 1)))],
