@@ -1000,7 +1000,7 @@ def test_a_one_rank_log_is_refused_with_why(tmp_path):
         assert res.exit_code == 2 and "a run on one rank" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("test", ["gather", "scatter", "hypercube"])
+@pytest.mark.parametrize("test", ["gather", "scatter", "hypercube", "alltoallv"])
 def test_a_log_of_a_test_the_model_does_not_score_is_refused_in_one_wording(tmp_path, test):
     # calibrate fits gather and scatter logs; check-model scores none of the three, and says so alike
     text = FIXTURE.with_name("all_reduce_perf.8xh100-1node.txt").read_text()
@@ -1031,3 +1031,6 @@ def test_logs_of_several_machines_are_told_apart_in_the_png(tmp_path):
     assert res.exit_code == 0, res.stderr
     rows = predict_corpus(load_logs([one, tmp_path / "copy.txt"], "dgx-h100"))
     assert (tmp_path / "one.png").read_bytes() == plot_corpus(rows, tmp_path / "p1.png", "your").read_bytes()
+    # more machines than markers, unscored rows among them: drawn (hollow shapes with a face)
+    many = [dataclasses.replace(r, table=f"t{k}", scored=k % 3 != 0) for k, r in enumerate(rows)]
+    assert plot_corpus(many, tmp_path / "many.png", "your", {r.table: f"m{k}" for k, r in enumerate(many)}).exists()

@@ -145,6 +145,11 @@ def test_raw_payload(tmp_path):
         (("-t", "dgx-h100", "-m", "llama-3.1-8b", "-n", "999G"), "error: --seq-len 999G: rank 0's KV cache of 32 "
          "layers is 1.598e+04 TiB, over 1 TiB"),
         (("-t", "cpu:ranks=2", "-m", "llama-3.1-8b", "--split", "999G,1"), "error: --split 999G,1: rank 0's KV cache"),
+        # every flag given that sizes the cache, not the length alone
+        (("-t", "dgx-h100", "-m", "llama-3.1-8b", "-n", "1K", "--layers", "100000000"),
+         "error: --seq-len 1K, --layers 100000000: rank 0's KV cache of 100000000 layers is 47.68 TiB"),
+        (("-t", "dgx-h100", "-m", "llama-3.1-8b", "-n", "1K", "--batch", "nan"),
+         "--batch must be a whole number, got 'nan'"),
         # named by the flags that give them, not the workload file's keys (seq_len: 128K)
         (("-t", "dgx-h100", "--model", "llama-3.1-8b"), "give the sequence length: --seq-len N (-n 128K)"),
         (("-t", "dgx-h100", "--heads", "8", "-n", "8K"), "give --model NAME (--model list shows them), or --heads "
@@ -648,8 +653,9 @@ def test_plan_compare_and_simulate_note_attention_timed_by_the_defaults(tmp_path
     # bandwidth, no fitted figure, and only topo show said so
     said = ("note: mi300x-8 times decode attention by the merge kernels' figures, launch_us 5 us a call and "
             "mem_efficiency 0.8 of memory bandwidth: no published decode kernel on MI300X was fitted, so its "
-            "attention may look faster than a fitted GPU's (the one published MI300X decode-kernel timing, "
-            "composable_kernel pull 1789's, took 3.3 times what these figures give; docs/attention-model.md; "
+            "attention may look faster than a fitted GPU's (the published MI300X decode kernels (composable_kernel "
+            "pull 1789's example, FlashInfer+ROCm's fa2 and AITER's paged attention through it) took 1.4-6.9 times "
+            "what these figures give, at 0.12-0.59 of the memory bandwidth; docs/attention-model.md; "
             "treeattn calibrate --compute attention measures one)")
     shape = ("-m", "llama-3.1-70b", "-n", "128K", "--no-progress")
     plan = tmp_path / "p.yaml"

@@ -78,8 +78,8 @@ _DEVICE = re.compile(
     r"^#\s+Rank\s+(\d+)\s+(?:Group\s+(\d+)\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[([^\]]*)\]\s*(.*?)\s*$"
 )
 _ERR_COLS = ("#wrong", "wrong", "error", "res")
-_NAME = re.compile(r"(all_reduce|all_gather|reduce_scatter|broadcast|sendrecv|alltoall|hypercube|reduce|gather|"
-                   r"scatter)_perf")
+_NAME = re.compile(r"(all_reduce|all_gather|reduce_scatter|broadcast|sendrecv|alltoallv|alltoall|hypercube|reduce|"
+                   r"gather|scatter)_perf")
 _STARTING = re.compile(r"^#?\s*Collective test starting:\s*(\S+)")
 """nccl-tests 2.13 and later name the test before the header."""
 _LIBRARY = re.compile(r"^#\s*nccl-tests version \S+ nccl-headers=\d+ nccl-library=(\d+)")
@@ -647,18 +647,26 @@ def _names_columns(line: str) -> bool:
     return "algbw" in tokens and ("time" in tokens or "cputime" in tokens)
 
 
+def step_sizes(min_bytes: int, max_bytes: int, step: tuple[int, str]) -> list[int]:
+    """The sizes nccl-tests' loop runs from ``min_bytes`` to ``max_bytes`` by ``step`` (a factor
+    or bytes, ``(value, kind)``), before each test rounds them (at most 10,000)."""
+    value, kind = step
+    sizes, size = [], min_bytes
+    while size <= max_bytes and len(sizes) < 10_000:
+        sizes.append(size)
+        if kind == "factor" and value <= 1 or kind == "bytes" and value <= 0:
+            break
+        size = size * value if kind == "factor" else size + value
+    return sizes
+
+
 def _check(log: NcclTestsLog, step: tuple[int, str] | None, where: Callable[[int | None], str]) -> None:
     """Refuse what the rows disagree with; ``step``: the size step and its kind (``factor`` or
     ``bytes``); ``where``: the place of a row's ``line`` (None: the file) in an error, which
     names the file as the user gave it."""
     if step and log.min_bytes > 0:
         value, kind = step
-        sizes, size = [], log.min_bytes
-        while size <= log.max_bytes and len(sizes) < 10_000:
-            sizes.append(size)
-            if kind == "factor" and value <= 1:
-                break
-            size = size * value if kind == "factor" else size + value
+        sizes = step_sizes(log.min_bytes, log.max_bytes, step)
         if not log.cut_short and len(log.rows) != len(sizes):
             raise ProbeError(f"{where(log.rows[-1].line)}: {len(log.rows)} rows, but minBytes {log.min_bytes} .. "
                              f"maxBytes {log.max_bytes} by step {value}({kind}) gives {len(sizes)}: rows missing or "
@@ -931,11 +939,12 @@ def _rounding_unit(name: str | None, row: NcclRow, ranks: int | None) -> int | N
     a whole element (all-reduce, broadcast, reduce, sendrecv); for the tests of a rank's share
     (``_PER_RANK_COUNT``, hypercube, and an unknown test) 16 bytes a rank, 4 elements a rank in
     nccl-tests 2.13.4-2.16 (32 bytes of doubles). None where the element or the ranks it needs
-    are not known."""
+    are not known, and for alltoallv."""
     elem = REDUCTION_DTYPES.get(dtype_name(row.dtype)) if row.dtype else None
     if name is None or name in (*_PER_RANK_COUNT, "hypercube"):
         return max(16, 4 * (elem or 8)) * ranks if ranks else None
-    return elem
+    # alltoallv prints its largest rank's bytes, which may pass its place's size: no unit
+    return elem if name in ("all_reduce", "broadcast", "reduce", "sendrecv") else None
 
 
 def _ranks_from_counts(name: str, log: NcclTestsLog) -> int | None:

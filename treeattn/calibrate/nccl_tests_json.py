@@ -26,6 +26,7 @@ from treeattn.calibrate.nccl_tests import (
     collective_from_name,
     out_of_order,
     release_of_code,
+    step_sizes,
 )
 from treeattn.errors import ProbeError
 from treeattn.units import format_size
@@ -122,6 +123,12 @@ def parse_nccl_tests_json(text: str, source: str, shown: str, partial: bool = Fa
         if out_of_order(row.size_bytes, prev.size_bytes, kind == "bytes"):
             raise ProbeError(f"{shown}: results[{row.line - 1}]: size {row.size_bytes} after {prev.size_bytes}: rows "
                              "out of order or two runs mixed")
+    max_bytes = _get(config, "maximum_bytes", int, "config", shown)
+    sizes = step_sizes(_get(config, "minimum_bytes", int, "config", shown), max_bytes, step)
+    if not cut and 0 < len(rows) < len(sizes):
+        # nccl-tests writes the config before it lowers maxBytes where the GPU's memory is short
+        # ("Reducing maxBytes" in its text log): a finished run's rows end at the size it reached
+        max_bytes = sizes[len(rows) - 1]
     oob = data.get("out_of_bounds") if isinstance(data.get("out_of_bounds"), dict) else {}
     code = data.get("nccl_version")
     args = data.get("args") if isinstance(data.get("args"), list) else []
@@ -129,7 +136,7 @@ def parse_nccl_tests_json(text: str, source: str, shown: str, partial: bool = Fa
     log = NcclTestsLog(
         source=shown, n_threads=threads, n_gpus=gpus,
         min_bytes=_get(config, "minimum_bytes", int, "config", shown),
-        max_bytes=_get(config, "maximum_bytes", int, "config", shown), rows=tuple(rows), devices=tuple(devices),
+        max_bytes=max_bytes, rows=tuple(rows), devices=tuple(devices),
         avg_busbw_gbps=None if cut else _get(data["average_bus_bandwidth"], "bandwidth", (int, float),
                                               "average_bus_bandwidth", shown),
         out_of_bounds=f"{oob.get('count', '')} {'OK' if oob.get('okay') == 'true' else 'FAILED'}" if oob else "",

@@ -221,6 +221,9 @@ _VALUE_ERRORS = {"int_parsing": "must be a whole number", "int_from_float": "mus
                  "less_than_equal": "must be at most {le}", "less_than": "must be less than {lt}"}
 
 
+_RANGE_ERRORS = frozenset({"greater_than_equal", "greater_than", "less_than_equal", "less_than"})
+
+
 def _bad_option_value(exc: Exception) -> str | None:
     """An option's value that is not a number or outside its range, in treeattn's words
     (``--batch must be a whole number, got '1.5'``) where typer would give pydantic's; None
@@ -236,7 +239,8 @@ def _bad_option_value(exc: Exception) -> str | None:
     except (IndexError, KeyError, TypeError):
         return None
     with contextlib.suppress(TypeError, ValueError):
-        if math.isnan(float(first.get("input"))):  # outside no range: every comparison with NaN fails
+        # outside no range: every comparison with NaN fails (a whole number's rule stands)
+        if first["type"] in _RANGE_ERRORS and math.isnan(float(first.get("input"))):
             rule = _VALUE_ERRORS["float_parsing"]
     return f"{max(param.opts, key=len)} {rule}, got {str(first.get('input'))!r}"
 

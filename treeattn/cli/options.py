@@ -289,12 +289,16 @@ def make_payload(
         return workload_from_dict(data, ranks=num_ranks, where=where, flags=flags, file=where != "workload")
     except KVCacheTooLargeError as exc:
         text = str(exc)
-        if length_flag != "--seq-len" or not text.startswith("workload: ") or (seq_len is None and split is None):
-            raise  # compare says the length itself; a file's own length is the file's
-        # the flag that set the length, as typed
-        flag = f"--split {split}" if split is not None else f"--seq-len {seq_len}"
-        raise KVCacheTooLargeError(f"{flag}: {text.removeprefix('workload: ')}") from None
+        sizing = [f"{_flag(k, given[k])} {given[k]}" for k in _SIZES_KV
+                  if k in given and not (k == "heads" and "kv_heads" in given)]
+        if length_flag != "--seq-len" or not text.startswith("workload: ") or not sizing:
+            raise  # compare says the length itself; a file's own figures are the file's
+        # the flags given that size the cache, as typed (which of them is too large is the user's call)
+        raise KVCacheTooLargeError(f"{', '.join(sizing)}: {text.removeprefix('workload: ')}") from None
 
+
+# The flags whose values multiply into a rank's KV cache (--heads where --kv-heads is not given).
+_SIZES_KV = ("seq_len", "split", "batch", "layers", "kv_heads", "heads", "head_dim", "v_head_dim", "kv_dtype")
 
 # The workload key a flag sets, where the two are named differently (--heads sets q_heads).
 _KEY_OF = {"heads": "q_heads"}

@@ -363,8 +363,9 @@ def summarize(rows: list[RowResult]) -> dict:
     }
 
 
-_MARKERS = "s^Dv<>PX*phH8dx+1234"
-"""The machines' markers ('o' is the corpus's): past twenty machines they repeat."""
+_MARKERS = "s^Dv<>PX*phH8d"
+"""The machines' markers ('o' is the corpus's), shapes with a face (an unscored row is drawn
+hollow): past fourteen machines they repeat."""
 
 
 def plot_corpus(rows: list[RowResult], out: str | Path, measured: str = "published",
