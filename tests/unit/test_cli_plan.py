@@ -355,6 +355,19 @@ def test_a_workload_files_own_length_no_device_holds_is_refused_unless_replaced(
         ("dgx-h100", 104857600), ("dgx-h100:nodes=4", 104857600)}
 
 
+def test_heads_over_a_workload_file_without_kv_heads_takes_them_along(tmp_path):
+    # kv_heads defaults to the query heads: a file that leaves it out follows --heads (it was
+    # refused: 'workload.kv_heads (12) must divide --heads (7)', a key the file does not have)
+    wl = tmp_path / "wl.yaml"
+    wl.write_text("heads: 12\nhead_dim: 64\nseq_len: 4K\n")
+    res = run_cli("plan", "-t", "cpu:ranks=4", "--workload", str(wl), "--heads", "7", "-o", str(tmp_path / "p.yaml"))
+    assert res.exit_code == 0, res.stderr
+    assert "kv_heads: 7," in (tmp_path / "p.yaml").read_text() and "q_heads: 7," in (tmp_path / "p.yaml").read_text()
+    wl.write_text("heads: 12\nkv_heads: 4\nhead_dim: 64\nseq_len: 4K\n")  # grouped: its KV heads stay
+    res = run_cli("plan", "-t", "cpu:ranks=4", "--workload", str(wl), "--heads", "8", "-o", str(tmp_path / "p.yaml"))
+    assert res.exit_code == 0 and "kv_heads: 4," in (tmp_path / "p.yaml").read_text(), res.stderr
+
+
 def test_a_workload_files_uneven_split_replaced_by_a_length_is_said(tmp_path):
     wl = tmp_path / "wl.yaml"
     wl.write_text("model: llama-3.1-8b\nseq_len: 64K\nsplit: [32K, 16K, 16K, 0]\n")

@@ -265,6 +265,8 @@ def make_payload(
                         if said is not None:
                             said.add(note)
             if "heads" in given:
+                if "kv_heads" not in given and data.get("kv_heads") == data.get("q_heads"):
+                    data.pop("kv_heads", None)  # one KV head a query head (the default): it follows --heads
                 data.pop("q_heads", None)
             data.update(given)
     if workload_file is None and nbytes is None:
