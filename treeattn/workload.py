@@ -220,8 +220,12 @@ class Workload:
         check_bytes(self.payload_bytes, "workload: a rank's partial (batch x q_heads rows)")
         worst = max(range(len(self.split)), key=lambda r: self.split[r])
         try:
+            per_token = self.head_dim if self.kv_latent else self.head_dim + self.value_dim
+            # every term of the product, so that the one too large is seen (a flag's, a file's, a preset's)
             check_bytes(self.cache_bytes(worst),
-                        f"workload: rank {worst}'s KV cache of {counted(self.layers, 'layer')}")
+                        f"workload: rank {worst}'s KV cache of {counted(self.layers, 'layer')} (batch {self.batch} x "
+                        f"{self.split[worst]} tokens x {counted(self.kv_heads, 'KV head')} x {per_token} values x "
+                        f"{self.kv_dtype.nbytes} bytes a layer)")
         except InputError as exc:  # say what to change, as plan's memory check does below this size
             raise KVCacheTooLargeError(f"{exc}: use more ranks, a shorter sequence or a smaller batch") from None
 

@@ -175,7 +175,7 @@ def test_run_a_plan_on_two_namespaces(tmp_path):
     assert "warning" not in res.stderr
     # the shipped file's own figures, not fitted to the emulation: said, with the command that fits them
     assert "note: predictions use 'emu-2x4[ranks 0,4]''s own figures" in res.stderr.replace("\n", " ")
-    assert "treeattn validate emu-2x4 --out DIR" in res.stderr.replace("\n", " ")
+    assert "`treeattn validate emu-2x4` calibrates inside the emulation" in res.stderr.replace("\n", " ")
 
 
 def test_a_failed_emulated_run_keeps_every_ranks_output(tmp_path):

@@ -122,6 +122,9 @@ def test_the_mi300x_rows_are_scored_by_the_defaults_and_fit_no_line():
     assert [round(r.published_us, 1) for r in rows[1:]] == [round(kv / (g * 1e3), 1) for g in (2210, 610, 3110)]
     summary = attention_summary(rows)["MI300X held out"]
     assert summary["rows"] == 4 and summary["fitted_launch_us"] is None and summary["fitted_efficiency"] is None
+    # one source's rows of one size fix no line either (any fixed cost fits them)
+    fa2 = attention_summary([r for r in rows if r.source_id == "flashinfer-rocm-fa2-mi300x-backends-doc"])
+    assert fa2["MI300X held out"]["fitted_launch_us"] is None
     # the note on unfitted GPUs cites them as they are: 1.4-6.9 times the defaults' time
     from treeattn.topology.attention_fits import UNFITTED_EVIDENCE
 

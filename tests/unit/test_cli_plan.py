@@ -142,12 +142,12 @@ def test_raw_payload(tmp_path):
         (("-t", "dgx-h100", *SHAPE, "--mem-fraction", "half"), "--mem-fraction must be a number, got 'half'"),
         # a flag's bad value is the flag's, however the workload's reader names the key it sets
         (("-t", "dgx-h100", *SHAPE, "--heads", "0"), "error: --heads must be a positive integer, got 0"),
-        (("-t", "dgx-h100", "-m", "llama-3.1-8b", "-n", "999G"), "error: --seq-len 999G: rank 0's KV cache of 32 "
-         "layers is 1.598e+04 TiB, over 1 TiB"),
-        (("-t", "cpu:ranks=2", "-m", "llama-3.1-8b", "--split", "999G,1"), "error: --split 999G,1: rank 0's KV cache"),
-        # every flag given that sizes the cache, not the length alone
+        # a KV cache no device holds says every term of it, whichever flag, file key or preset set it
+        (("-t", "dgx-h100", "-m", "llama-3.1-8b", "-n", "999G"), "error: workload: rank 0's KV cache of 32 layers "
+         "(batch 1 x 134083510272 tokens x 8 KV heads x 256 values x 2 bytes a layer) is 1.598e+04 TiB, over 1 TiB"),
         (("-t", "dgx-h100", "-m", "llama-3.1-8b", "-n", "1K", "--layers", "100000000"),
-         "error: --seq-len 1K, --layers 100000000: rank 0's KV cache of 100000000 layers is 47.68 TiB"),
+         "error: workload: rank 0's KV cache of 100000000 layers (batch 1 x 128 tokens x 8 KV heads x 256 values x 2 "
+         "bytes a layer) is 47.68 TiB"),
         (("-t", "dgx-h100", "-m", "llama-3.1-8b", "-n", "1K", "--batch", "nan"),
          "--batch must be a whole number, got 'nan'"),
         # named by the flags that give them, not the workload file's keys (seq_len: 128K)
@@ -332,7 +332,8 @@ def test_compare_leaves_out_the_lengths_whose_kv_cache_fits_no_device():
     out = json.loads(res.stdout)
     assert {r["seq_len"] for r in out["rows"]} == {131072}
     [gone] = out["left_out"]
-    assert gone["why"].startswith("N=100M: workload: rank 0's KV cache of 80 layers is") and "over 1 TiB" in gone["why"]
+    assert gone["why"].startswith("N=100M: workload: rank 0's KV cache of 80 layers (batch 16 x 6553600 tokens")
+    assert "over 1 TiB" in gone["why"]
 
 
 def test_a_workload_files_own_length_no_device_holds_is_refused_unless_replaced(tmp_path):
@@ -341,8 +342,9 @@ def test_a_workload_files_own_length_no_device_holds_is_refused_unless_replaced(
     wl = tmp_path / "mid.yaml"
     wl.write_text("model: llama-3.1-70b\nbatch: 1\nseq_len: 64M\n")
     res = run_cli("plan", "-t", "dgx-h100", "--workload", str(wl), "-o", str(tmp_path / "p.yaml"))
-    assert res.exit_code == 2 and res.stderr.startswith(f"error: {wl}: workload: rank 0's KV cache of 80 layers is "
-                                                        "2.5 TiB, over 1 TiB"), res.stderr
+    assert res.exit_code == 2 and res.stderr.startswith(
+        f"error: {wl}: workload: rank 0's KV cache of 80 layers (batch 1 x 8388608 tokens x 8 KV heads x 256 values x "
+        "2 bytes a layer) is 2.5 TiB, over 1 TiB"), res.stderr
     res = run_cli("compare", "-t", "dgx-h100", "--nodes", "1,4", "-n", "64K", "--workload", str(wl), "--json")
     assert res.exit_code == 0, res.stderr
     out = json.loads(res.stdout)
@@ -592,7 +594,8 @@ def test_plan_kv_cache_past_any_memory_says_what_to_change(tmp_path):
     res = run_cli("plan", "-t", "dgx-h100", "-m", "llama-3.1-405b", "-b", "64", "-n", "1M", "-o", str(tmp_path / "p"))
     assert res.exit_code == 2
     [line] = res.stderr.strip().splitlines()
-    assert "KV cache of 126 layers is 3.938 TiB, over 1 TiB" in line, line
+    assert ("KV cache of 126 layers (batch 64 x 131072 tokens x 8 KV heads x 256 values x 2 bytes a layer) is "
+            "3.938 TiB, over 1 TiB") in line, line
     assert line.endswith("use more ranks, a shorter sequence or a smaller batch"), line
 
 

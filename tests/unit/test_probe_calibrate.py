@@ -645,8 +645,8 @@ def _set(d: dict, key: str, value: object) -> None:
         (_edited(lambda d: _set(d["results"][3]["in_place"], "alg_bw", 12.5)),
          r"^j.json: results\[3\]\.in_place: algbw 12.5 GB/s but size/time"),
         (_edited(lambda d: _set(d["results"][3]["in_place"], "bus_bw", 12.5)), r"^j.json: results\[3\]: busbw/algbw"),
-        (_edited(lambda d: d["results"].pop(2)), r"^j.json: results\[2\]: row 3 prints 8388608 bytes, but minBytes "
-                                                 r"1048576 by step 2\(factor\) gives 4194304 there: rows missing"),
+        (_edited(lambda d: d["results"].pop(2)), r"^j.json: results\[3\]: 4 rows, but minBytes 1048576 .. maxBytes "
+                                                 r"16777216 by step 2\(factor\) gives 5"),
         (_edited(lambda d: d["results"].insert(0, d["results"].pop(1))),
          r"^j.json: results\[1\]: size 1048576 after 2097152: rows out of order"),
         (_edited(lambda d: d.pop("average_bus_bandwidth")), r"^j.json: no average_bus_bandwidth: the run did not "
@@ -708,11 +708,22 @@ def test_a_json_file_of_a_run_cut_short_or_failed_gives_its_whole_rows_with_part
     none = {k: v for k, v in data.items() if k != "results"}
     with pytest.raises(ProbeError, match=r"^j.json: no results: the run ended before its first size"):
         parse_nccl_tests(json.dumps(none), "j.json", partial=True)
-    # a finished run whose maxBytes nccl-tests lowered for memory: the config keeps the size asked for
+    # a finished run short of its maxBytes (nccl-tests lowered it for memory, and -J keeps the
+    # size asked for; or rows were lost): refused naming both and --partial, which takes the rows
     lowered = json.loads(text)
     lowered["config"]["maximum_bytes"] *= 4
-    log = parse_nccl_tests(json.dumps(lowered), "j.json")
-    assert log.rows == whole.rows and log.max_bytes == whole.max_bytes and not log.cut_short
+    with pytest.raises(ProbeError, match=r"^j.json: ends at 16 MiB, short of maxBytes 64 MiB \(rows lost, or "
+                                         r"nccl-tests lowered maxBytes for memory, which -J does not record\); 5 "
+                                         r"whole rows up to 16 MiB in it, --partial takes them$"):
+        parse_nccl_tests(json.dumps(lowered), "j.json")
+    log = parse_nccl_tests(json.dumps(lowered), "j.json", partial=True)
+    assert log.rows == whole.rows and log.max_bytes == whole.max_bytes and log.cut_short
+    # rows lost from the end, the average edited to theirs: the same (only --partial takes them)
+    short = {**json.loads(text), "results": json.loads(text)["results"][:2]}
+    bus = [r[k]["bus_bw"] for r in short["results"] for k in ("out_of_place", "in_place")]
+    short["average_bus_bandwidth"] = {**short["average_bus_bandwidth"], "bandwidth": sum(bus) / len(bus)}
+    with pytest.raises(ProbeError, match=r"ends at 2 MiB, short of maxBytes 16 MiB"):
+        parse_nccl_tests(json.dumps(short), "j.json")
     for tail in ("1", "tr", " 0", "1.5e", "x"):
         with pytest.raises(ProbeError, match=r"^j.json: not JSON \(Extra data"):
             parse_nccl_tests(text + tail, "j.json", partial=True)

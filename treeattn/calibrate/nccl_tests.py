@@ -649,12 +649,13 @@ def _names_columns(line: str) -> bool:
 
 def step_sizes(min_bytes: int, max_bytes: int, step: tuple[int, str]) -> list[int]:
     """The sizes nccl-tests' loop runs from ``min_bytes`` to ``max_bytes`` by ``step`` (a factor
-    or bytes, ``(value, kind)``), before each test rounds them (at most 10,000)."""
+    or bytes, ``(value, kind)``), before each test rounds them (at most 10,000; a factor of 1,
+    which nccl-tests prints as a byte step, gives one)."""
     value, kind = step
     sizes, size = [], min_bytes
     while size <= max_bytes and len(sizes) < 10_000:
         sizes.append(size)
-        if kind == "factor" and value <= 1 or kind == "bytes" and value <= 0:
+        if kind == "factor" and value <= 1:  # -i 0 repeats minBytes until stopped: so do these
             break
         size = size * value if kind == "factor" else size + value
     return sizes

@@ -123,11 +123,16 @@ def parse_nccl_tests_json(text: str, source: str, shown: str, partial: bool = Fa
         if out_of_order(row.size_bytes, prev.size_bytes, kind == "bytes"):
             raise ProbeError(f"{shown}: results[{row.line - 1}]: size {row.size_bytes} after {prev.size_bytes}: rows "
                              "out of order or two runs mixed")
+    min_bytes = _get(config, "minimum_bytes", int, "config", shown)
     max_bytes = _get(config, "maximum_bytes", int, "config", shown)
-    sizes = step_sizes(_get(config, "minimum_bytes", int, "config", shown), max_bytes, step)
-    if not cut and 0 < len(rows) < len(sizes):
-        # nccl-tests writes the config before it lowers maxBytes where the GPU's memory is short
-        # ("Reducing maxBytes" in its text log): a finished run's rows end at the size it reached
+    sizes = step_sizes(min_bytes, max_bytes, step) if min_bytes > 0 else []
+    if not cut and 0 < len(rows) < len(sizes) and rows[-1].size_bytes <= sizes[len(rows) - 1]:
+        # A finished run short of its maxBytes: rows lost, or nccl-tests lowered maxBytes where the
+        # GPU's memory was short, which its text log says ("Reducing maxBytes") and -J does not
+        # (util.cu writes the config before common.cu lowers it). The rows it has, checked in
+        # their places, are what --partial takes.
+        cut = (f"ends at {format_size(sizes[len(rows) - 1])}, short of maxBytes {format_size(max_bytes)} (rows lost, "
+               "or nccl-tests lowered maxBytes for memory, which -J does not record)")
         max_bytes = sizes[len(rows) - 1]
     oob = data.get("out_of_bounds") if isinstance(data.get("out_of_bounds"), dict) else {}
     code = data.get("nccl_version")
@@ -135,10 +140,10 @@ def parse_nccl_tests_json(text: str, source: str, shown: str, partial: bool = Fa
     program = args[0] if args and isinstance(args[0], str) else ""
     log = NcclTestsLog(
         source=shown, n_threads=threads, n_gpus=gpus,
-        min_bytes=_get(config, "minimum_bytes", int, "config", shown),
+        min_bytes=min_bytes,
         max_bytes=max_bytes, rows=tuple(rows), devices=tuple(devices),
-        avg_busbw_gbps=None if cut else _get(data["average_bus_bandwidth"], "bandwidth", (int, float),
-                                              "average_bus_bandwidth", shown),
+        avg_busbw_gbps=None if "average_bus_bandwidth" not in data else _get(
+            data["average_bus_bandwidth"], "bandwidth", (int, float), "average_bus_bandwidth", shown),
         out_of_bounds=f"{oob.get('count', '')} {'OK' if oob.get('okay') == 'true' else 'FAILED'}" if oob else "",
         nccl_version=release_of_code(code) if isinstance(code, int) and not isinstance(code, bool) else "",
         collective=collective_from_name(program) or collective_from_name(source),

@@ -274,7 +274,8 @@ def run_cmd(
 
 def _uncalibrated_emulation(topo: Topology, spec: str) -> str:
     """That ``topo``'s predictions are on its file's own figures, not fitted to its emulation on
-    this host, and how to fit them (``treeattn validate`` calibrates inside the emulation)."""
-    return (f"predictions use {topo.name!r}'s own figures, not fitted to its emulation on this host (uncalibrated); "
-            f"`treeattn validate {shlex.quote(spec)} --out DIR` calibrates inside the emulation and writes the "
-            "fitted topology into DIR/calibration/, to give as TOPOLOGY")
+    this host, and what predicts on fitted ones (``treeattn validate`` calibrates inside the
+    emulation; the fitted file given back to ``emulate run`` would shape the links at its rates)."""
+    return (f"predictions use {topo.name!r}'s own figures, not fitted to its emulation on this host (uncalibrated; "
+            "results/validate-emu scores both); `treeattn validate "
+            f"{shlex.quote(spec)}` calibrates inside the emulation and predicts on the fitted figures")

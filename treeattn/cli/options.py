@@ -19,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from treeattn.errors import InputError, KVCacheTooLargeError
+from treeattn.errors import InputError
 from treeattn.topology.library import parse_ranks, subset_topology
 from treeattn.topology.model import Topology
 from treeattn.workload import MODELS, Payload, check_model
@@ -287,20 +287,8 @@ def make_payload(
         flags["op"] = "--op"
     # each key under both its names: the reader checks `heads` before it becomes `q_heads`
     flags.update({name: _flag(k, v) for k, v in given.items() for name in (k, _KEY_OF.get(k, k))})
-    try:
-        return workload_from_dict(data, ranks=num_ranks, where=where, flags=flags, file=where != "workload")
-    except KVCacheTooLargeError as exc:
-        text = str(exc)
-        sizing = [f"{_flag(k, given[k])} {given[k]}" for k in _SIZES_KV
-                  if k in given and not (k == "heads" and "kv_heads" in given)]
-        if length_flag != "--seq-len" or not text.startswith("workload: ") or not sizing:
-            raise  # compare says the length itself; a file's own figures are the file's
-        # the flags given that size the cache, as typed (which of them is too large is the user's call)
-        raise KVCacheTooLargeError(f"{', '.join(sizing)}: {text.removeprefix('workload: ')}") from None
+    return workload_from_dict(data, ranks=num_ranks, where=where, flags=flags, file=where != "workload")
 
-
-# The flags whose values multiply into a rank's KV cache (--heads where --kv-heads is not given).
-_SIZES_KV = ("seq_len", "split", "batch", "layers", "kv_heads", "heads", "head_dim", "v_head_dim", "kv_dtype")
 
 # The workload key a flag sets, where the two are named differently (--heads sets q_heads).
 _KEY_OF = {"heads": "q_heads"}

@@ -164,10 +164,10 @@ def appendable_problem(path: Path, columns: tuple[str, ...]) -> str | None:
     except FileNotFoundError:  # an empty file another rank's check made and removed meanwhile
         return None
     try:
-        header = first.decode("utf-8").strip()
+        header = first.decode("utf-8-sig").strip()
     except UnicodeDecodeError:
         header = ""
-    if not header or not header.isprintable():  # binary data, or no header: its bytes would say nothing
+    if not header or not header.replace("\t", " ").isprintable():  # binary data, or no header: its bytes say nothing
         return f"{str(path)!r} is not a CSV file of rows (its first line is no header); give a new file"
     if header != ",".join(columns):
         return (f"{str(path)!r} holds rows of other columns ({header[:60]}{'...' if len(header) > 60 else ''}); "

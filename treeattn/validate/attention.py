@@ -160,7 +160,7 @@ def fit_kernel_line(rows: list[AttentionRow], step_us: float = 0.1) -> tuple[flo
 def attention_summary(rows: list[AttentionRow]) -> dict:
     """Per GPU: rows, median and p90 |error| and signed median of the model as it stands, and the
     line fitted to them (``fit_kernel_line``: fixed cost, share of memory bandwidth; None for
-    both where one row is all there is, which any line through it fits). Rows of sources held
+    both where the rows are of one size, which any line through them fits as well). Rows of sources held
     out of the fit (``fitted: false``) come apart, under ``"<gpu> held out"``: the model's error
     on them, and the line their rows alone give where they are one source's (the rows of
     several held-out kernels, each held out for its own reason, give a line that is none's:
@@ -172,7 +172,8 @@ def attention_summary(rows: list[AttentionRow]) -> dict:
     for name in sorted({group(r) for r in rows}):
         rs = [r for r in rows if group(r) == name]
         one = name == rs[0].gpu or len({r.source_id for r in rs}) == 1
-        fit = fit_kernel_line(rs) if len(rs) > 1 and one else (None, None)
+        # a line needs two sizes of KV cache: rows of one fix a share at any fixed cost
+        fit = fit_kernel_line(rs) if len({r.workload.kv_bytes(0) for r in rs}) > 1 and one else (None, None)
         errs = sorted(abs(r.error) for r in rs)
         out[name] = {"rows": len(rs), "median_abs": statistics.median(errs),
                      "p90_abs": errs[min(len(errs) - 1, round(0.9 * (len(errs) - 1)))],

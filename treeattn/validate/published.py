@@ -363,9 +363,10 @@ def summarize(rows: list[RowResult]) -> dict:
     }
 
 
-_MARKERS = "s^Dv<>PX*phH8d"
+_MARKERS = "s^Dv<>PX*phH"
 """The machines' markers ('o' is the corpus's), shapes with a face (an unscored row is drawn
-hollow): past fourteen machines they repeat."""
+hollow), none like another: past twelve machines they repeat (the legend pairs each with its
+machine)."""
 
 
 def plot_corpus(rows: list[RowResult], out: str | Path, measured: str = "published",
