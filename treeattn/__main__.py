@@ -1,7 +1,7 @@
 """``python -m treeattn``: the console script, for launchers that start a module rather than an
 executable (``torchrun --nproc-per-node N -m treeattn run PLAN``)."""
 
-from treeattn.cli import main
+from treeattn.entry import main
 
 if __name__ == "__main__":
     main()

@@ -277,6 +277,8 @@ def test_a_rank_whose_peers_never_start_gives_up_at_the_setup_timeout_given(tmp_
     assert "error: rank 1 of 2 did not connect within the 3 s set-up deadline" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
     assert time.monotonic() - t < 25
+    # torch's log of it, which the message does not name, is not left behind (TMPDIR is tmp_path)
+    assert not list(tmp_path.glob("treeattn-rank*-rendezvous-*.log"))
     refused = run_cli("run", str(tmp_path / "none.yaml"), "--setup-timeout", "0")
     assert refused.exit_code == 2 and "--setup-timeout" in refused.stderr
 

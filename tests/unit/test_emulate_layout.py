@@ -223,3 +223,15 @@ def test_cli_rejects_an_unemulable_topology_before_touching_anything(monkeypatch
     res = run_cli("emulate", "up", "emu-mesh")
     assert res.exit_code == 2
     assert "emu-mesh" in res.stderr and "--scale" in res.stderr
+
+
+def test_one_rank_is_refused_before_anything_is_made():
+    # a rank alone has no cable, so no interface to carry its address: an IndexError, a traceback
+    from treeattn.errors import InputError
+    from treeattn.topology.library import resolve
+
+    with pytest.raises(InputError, match=r"^topology 'emu-2x4\[ranks 0\]' places 1 rank: an emulated cluster is "
+                                         r"ranks joined by links; give 2 or more \(--ranks\)$"):
+        plan_layout(resolve("emu-2x4[ranks 0]"))
+    res = run_cli("emulate", "up", "emu-2x4", "--ranks", "0")
+    assert res.exit_code == 2 and res.stderr.startswith("error: topology 'emu-2x4[ranks 0]' places 1 rank"), res.stderr

@@ -44,6 +44,13 @@ def test_a_signalled_validate_exits_with_the_signals_status(tmp_path, monkeypatc
     monkeypatch.setattr(treeattn.validate, "validate", _signalling(sig))
     res = run_cli("validate", "emu-mesh", "--out", str(tmp_path / "o"), "--no-calibrate")
     assert res.exit_code == status, res.stderr
+    # stopped before the first topology finished: nothing to name (the folder named was never written)
+    assert res.stderr.strip().splitlines() == ["error: interrupted before the first topology finished: nothing was "
+                                               "written"], res.stderr
+    assert not (tmp_path / "o").exists()
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "rows.csv").write_text("topology\n")  # a topology's rows, as run_validate writes them
+    res = run_cli("validate", "emu-mesh", "--out", str(tmp_path / "o"), "--no-calibrate")
     assert res.stderr.strip().splitlines() == [f"error: interrupted; the topologies finished so far are in "
                                                f"{tmp_path / 'o'}"], res.stderr
 
@@ -180,3 +187,23 @@ def test_a_signal_ends_a_main_thread_stuck_in_torch_within_seconds(tmp_path, whe
         return
     assert (proc.returncode, out, err) == (143, "", "aborted\n") and took < 10, (took, err)
     assert marker.read_text() == "cleaned"
+
+
+def test_ctrl_c_while_the_command_modules_load_is_one_line_and_130(tmp_path):
+    # the signal handling comes with the command; before it, a Ctrl-C in the first few tenths of
+    # a second printed a 35-line traceback. Here the SIGINT arrives as treeattn.cli.run is imported.
+    import subprocess
+    import sys
+
+    script = ("import builtins, os, signal, sys\n"
+              "real = builtins.__import__\n"
+              "def hook(name, *a, **k):\n"
+              "    if name == 'treeattn.cli.run':\n"
+              "        os.kill(os.getpid(), signal.SIGINT)\n"
+              "    return real(name, *a, **k)\n"
+              "builtins.__import__ = hook\n"
+              "sys.argv = ['treeattn', 'topo', 'list']\n"
+              "from treeattn.entry import main\n"
+              "main()\n")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 130 and res.stderr == "aborted\n" and res.stdout == "", res.stderr

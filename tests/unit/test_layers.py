@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "treeattn"
 LAYERS = (
     "lazy", "errors", "units", "textfile", "yamlkeys", "interrupts", "figures", "workload", "topology", "probe", "plan",
     "cost", "search",
-    "exec", "calibrate", "emulate", "report", "validate", "api", "cli", "__init__", "__main__",
+    "exec", "calibrate", "emulate", "report", "validate", "api", "cli", "entry", "__init__", "__main__",
 )
 TORCH = {"exec", "calibrate"}
 

@@ -222,6 +222,20 @@ def test_cli_report_bad_folders(tmp_path: Path, setup: str, match: str):
     assert match in res.stderr and "Traceback" not in res.stderr
 
 
+def test_the_timeline_drawn_is_named_as_timeline_takes_it(folder: Path):
+    # a topology with a rank selection ("[ranks 0,4]") lost it to rich's markup in the name
+    # printed, which --timeline then refused
+    for name in ("rows.csv", "timeline.csv"):
+        frame = pd.read_csv(folder / name)
+        frame["topology"] = frame["topology"].replace("emu-a", "emu-a[ranks 0,4]")
+        frame.to_csv(folder / name, index=False)
+    (folder / "meta.json").write_text((folder / "meta.json").read_text().replace("emu-a", "emu-a[ranks 0,4]"))
+    res = run_cli("report", str(folder))
+    assert res.exit_code == 0 and "(timeline: emu-a[ranks 0,4]:B1:multirail)" in res.stdout, res.stdout
+    again = run_cli("report", str(folder), "--timeline", "emu-a[ranks 0,4]:B1:multirail")
+    assert again.exit_code == 0, again.stderr
+
+
 def test_cli_report_unknown_timeline(folder: Path):
     res = run_cli("report", str(folder), "--timeline", "emu-a:B1:nope")
     assert res.exit_code == 2 and "no timeline for emu-a:B1:nope" in res.stderr

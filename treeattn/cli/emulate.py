@@ -30,6 +30,7 @@ from treeattn.cli.render import console
 from treeattn.errors import EmulationError, ExecutionError, InputError
 from treeattn.exec.deadline import MAX_ITERATIONS
 from treeattn.interrupts import exit_status
+from treeattn.units import counted
 
 if TYPE_CHECKING:
     from treeattn.topology.model import Topology
@@ -108,8 +109,9 @@ def up_cmd(topology: TopoArg, scale: ScaleOpt = 1.0, ranks: RanksOpt = None, run
         table.add_row(str(r["rank"]), r["device"], r["ns"], r["ip"], ", ".join(r["ifaces"]))
     con = console()
     con.print(table)
-    con.print(f"{len(layout.bridges)} bridges in {layout.fabric_ns or '(none)'}, {len(layout.cables)} veth pairs, "
-                  f"{len(links)} shaped links; remove with: treeattn emulate down --id {layout.run_id}")
+    bridges = f"{counted(len(layout.bridges), 'bridge')} in {layout.fabric_ns}" if layout.bridges else "no bridge"
+    con.print(f"{bridges}, {counted(len(layout.cables), 'veth pair')}, {counted(len(links), 'shaped link')}; "
+              f"remove with: treeattn emulate down --id {layout.run_id}", markup=False)
 
 
 @emulate_app.command("down")
@@ -123,8 +125,8 @@ def down_cmd(run_id: IdOpt = None, json_out: JsonOpt = False) -> None:
         typer.echo(json.dumps({"run_ids": list(res.run_ids), "namespaces": list(res.namespaces),
                                "killed": list(res.killed)}, sort_keys=True, indent=2))
         return
-    typer.echo(f"removed {len(res.namespaces)} namespaces of {len(res.run_ids)} runs"
-               + (f", killed {len(res.killed)} processes" if res.killed else ""))
+    typer.echo(f"removed {counted(len(res.namespaces), 'namespace')} of {counted(len(res.run_ids), 'run')}"
+               + (f", killed {len(res.killed)} process{'' if len(res.killed) == 1 else 'es'}" if res.killed else ""))
 
 
 @emulate_app.command("status")
@@ -276,6 +278,7 @@ def _uncalibrated_emulation(topo: Topology, spec: str) -> str:
     """That ``topo``'s predictions are on its file's own figures, not fitted to its emulation on
     this host, and what predicts on fitted ones (``treeattn validate`` calibrates inside the
     emulation; the fitted file given back to ``emulate run`` would shape the links at its rates)."""
-    return (f"predictions use {topo.name!r}'s own figures, not fitted to its emulation on this host (uncalibrated; "
+    return (f"predictions use the figures of {topo.name!r} as written, not fitted to its emulation on this host "
+            "(uncalibrated; "
             "results/validate-emu scores both); `treeattn validate "
             f"{shlex.quote(spec)}` calibrates inside the emulation and predicts on the fitted figures")

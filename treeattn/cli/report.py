@@ -150,7 +150,9 @@ def validate_cmd(
                          progress=lambda line: err_console.print(f"[dim]{escape(line)}[/]"))
     except KeyboardInterrupt as exc:
         # Not bad input (2): the shell's status for the signal (Ctrl-C 130, SIGTERM 143, SIGHUP 129).
-        stopped = ExecutionError(f"interrupted; the topologies finished so far are in {out}")
+        done = (out / "rows.csv").is_file()  # written after each topology (run_validate)
+        stopped = ExecutionError(f"interrupted; the topologies finished so far are in {out}" if done else
+                                 "interrupted before the first topology finished: nothing was written")
         stopped.exit_code = exit_status(exc)
         raise stopped from None
     _render(out, plots=plots, json_out=json_out)
@@ -192,5 +194,6 @@ def _render(folder: Path, *, timeline: str | None = None, plots: bool = True, js
     con.print(targets_table(done.summary))
     con.print(regret_table(done.summary))
     drew = done.timeline and any(p.name == TIMELINE_PNG for p in done.files)
-    shown = f" (timeline: {':'.join(done.timeline)})" if drew else ""
+    # escaped: a selection's "[ranks 0,4]" is markup to rich, and vanished from the name --timeline takes
+    shown = f" (timeline: {escape(':'.join(done.timeline))})" if drew else ""
     con.print("wrote " + ", ".join(escape(str(p)) for p in done.files) + shown)

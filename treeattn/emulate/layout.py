@@ -30,7 +30,7 @@ import re
 from collections import deque
 from dataclasses import dataclass
 
-from treeattn.errors import EmulationError, TopologyError
+from treeattn.errors import EmulationError, InputError, TopologyError
 from treeattn.topology.model import Topology
 
 __all__ = [
@@ -193,6 +193,9 @@ def plan_layout(topo: Topology, *, scale: float = 1.0, run_id: str = "000000") -
     if not (isinstance(scale, (int, float)) and scale > 0):
         raise EmulationError(f"--scale must be > 0, got {scale!r}")
     p = topo.num_ranks
+    if p < 2:  # a rank alone has no cable: no interface to carry its address
+        raise InputError(f"topology {topo.name!r} places {p} rank: an emulated cluster is ranks joined by links; "
+                         "give 2 or more (--ranks)")
     rank_of: dict[str, int] = {}
     for r, dev in enumerate(topo.ranks):
         if dev in rank_of:

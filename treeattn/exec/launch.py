@@ -214,6 +214,9 @@ def launch(job: Job, environ: dict[str, str] | None = None, progress: Progress |
         # log holds only its store's timeouts
         if held.kept and isinstance(exc, ExecutionError) and not _NOT_JOINED.match(str(exc)):
             exc = ExecutionError(f"{exc} (torch's log of it: {held.kept})")
+        elif held.kept:  # a log no message names is one no one reads: not left in the temporary folder
+            with contextlib.suppress(OSError):
+                os.unlink(held.kept)
         exc.exit_now = dist.is_initialized()  # run_rank tears the group down on success only
         raise exc from None
     except Exception as exc:  # noqa: BLE001 - torch's own (store, socket) errors: one line, not a traceback

@@ -1,0 +1,21 @@
+"""The console script's entry point (``treeattn``, ``python -m treeattn``): imports nothing but
+the standard library before the command's modules, so that Ctrl-C while they load (a few tenths
+of a second) ends as one interrupted command does, with one line and status 130, not a
+traceback (``treeattn.cli.main`` handles the signals once the command runs)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    """Load the command line and run it."""
+    try:
+        from treeattn.cli import built_command
+        from treeattn.cli import main as run
+
+        built_command()
+    except KeyboardInterrupt:
+        sys.stderr.write("aborted\n")
+        raise SystemExit(130) from None
+    run()
