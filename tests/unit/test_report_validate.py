@@ -64,6 +64,10 @@ def test_case_plans_unknown_family():
     (["--batches", "1,x"], "--batches"),
     (["--long-tokens", "lots"], "--long-tokens"),
     (["--families", "star,nope"], "unknown candidate families"),
+    # an empty item is a slip, and an empty list is no list (it meant every family)
+    (["--batches", "1,,2"], "--batches '1,,2': item 2 is empty; write positive integers separated by commas"),
+    (["--families", ""], "--families '' names nothing"),
+    (["--families", "star,"], "--families 'star,': item 2 is empty"),
 ])
 def test_validate_flag_errors(args, match, tmp_path):
     # Errors in the flags surface before anything is emulated (no root needed) or written.

@@ -30,14 +30,22 @@ DEFAULT_TOPOLOGIES = ("emu-2x4", "emu-pcie-tree", "emu-mesh")
 """Shipped files (``topologies/``), found from any directory and by installed wheels too."""
 
 
+def _items(text: str, flag: str, what: str) -> list[str]:
+    """The comma-separated items of ``text``: an empty one is a slip (``1,,2``), refused."""
+    items = [x.strip() for x in text.split(",")]
+    if not any(items):
+        raise InputError(f"{flag} {text!r} names nothing")
+    if "" in items:
+        raise InputError(f"{flag} {text!r}: item {items.index('') + 1} is empty; write {what} separated by commas")
+    return items
+
+
 def _ints(text: str, flag: str) -> tuple[int, ...]:
+    items = _items(text, flag, "positive integers")
     try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
+        return tuple(int(x) for x in items)
     except ValueError:
         raise InputError(f"{flag} {text!r}: write positive integers separated by commas, e.g. 1,4,16") from None
-    if not values:
-        raise InputError(f"{flag} {text!r} names nothing")
-    return values
 
 
 def _tokens(text: str, flag: str) -> int:
@@ -122,7 +130,7 @@ def validate_cmd(
     from treeattn.validate import CalibrationSettings, HeadShape, TopologyTarget, ValidateOptions, default_cases
     from treeattn.validate import validate as run_validate
 
-    fams = tuple(f.strip() for f in families.split(",") if f.strip()) if families else None
+    fams = tuple(_items(families, "--families", "family names")) if families is not None else None
     options = ValidateOptions(repeats=repeats, case_seconds=case_seconds, warmup=warmup, scale=scale, seed=seed,
                               op_timeout_s=timeout,
                               calibrate=calibrate, calibration=CalibrationSettings(), families=fams,
