@@ -231,7 +231,8 @@ def test_one_rank_is_refused_before_anything_is_made():
     from treeattn.topology.library import resolve
 
     with pytest.raises(InputError, match=r"^topology 'emu-2x4\[ranks 0\]' places 1 rank: an emulated cluster is "
-                                         r"ranks joined by links; give 2 or more \(--ranks\)$"):
+                                         r"ranks joined by links; give a topology, or a selection \(--ranks\), "
+                                         r"of 2 or more$"):
         plan_layout(resolve("emu-2x4[ranks 0]"))
     res = run_cli("emulate", "up", "emu-2x4", "--ranks", "0")
     assert res.exit_code == 2 and res.stderr.startswith("error: topology 'emu-2x4[ranks 0]' places 1 rank"), res.stderr

@@ -48,8 +48,19 @@ def test_a_signalled_validate_exits_with_the_signals_status(tmp_path, monkeypatc
     assert res.stderr.strip().splitlines() == ["error: interrupted before the first topology finished: nothing was "
                                                "written"], res.stderr
     assert not (tmp_path / "o").exists()
+    # an older run's rows in the folder are not this run's
     (tmp_path / "o").mkdir()
-    (tmp_path / "o" / "rows.csv").write_text("topology\n")  # a topology's rows, as run_validate writes them
+    (tmp_path / "o" / "rows.csv").write_text("topology\n")
+    res = run_cli("validate", "emu-mesh", "--out", str(tmp_path / "o"), "--no-calibrate")
+    assert res.stderr.strip().splitlines() == ["error: interrupted before the first topology finished: nothing was "
+                                               "written"], res.stderr
+    # a topology finished (its rows written, as run_validate does after each), then the signal
+
+    def one_done(targets, out, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202 - validate's signature
+        (out / "rows.csv").write_text("topology\nemu-mesh\n")
+        _signalling(sig)()
+
+    monkeypatch.setattr(treeattn.validate, "validate", one_done)
     res = run_cli("validate", "emu-mesh", "--out", str(tmp_path / "o"), "--no-calibrate")
     assert res.stderr.strip().splitlines() == [f"error: interrupted; the topologies finished so far are in "
                                                f"{tmp_path / 'o'}"], res.stderr

@@ -234,6 +234,16 @@ def test_the_timeline_drawn_is_named_as_timeline_takes_it(folder: Path):
     assert res.exit_code == 0 and "(timeline: emu-a[ranks 0,4]:B1:multirail)" in res.stdout, res.stdout
     again = run_cli("report", str(folder), "--timeline", "emu-a[ranks 0,4]:B1:multirail")
     assert again.exit_code == 0, again.stderr
+    # a family spec's name holds ':' itself (rtx4090:gpus=2): the name printed is taken back
+    for name in ("rows.csv", "timeline.csv"):
+        frame = pd.read_csv(folder / name)
+        frame["topology"] = frame["topology"].replace("emu-a[ranks 0,4]", "emu-a:gpus=2")
+        frame.to_csv(folder / name, index=False)
+    (folder / "meta.json").write_text((folder / "meta.json").read_text().replace("emu-a[ranks 0,4]", "emu-a:gpus=2"))
+    res = run_cli("report", str(folder))
+    assert "(timeline: emu-a:gpus=2:B1:multirail)" in res.stdout, res.stdout
+    again = run_cli("report", str(folder), "--timeline", "emu-a:gpus=2:B1:multirail")
+    assert again.exit_code == 0, again.stderr
 
 
 def test_cli_report_unknown_timeline(folder: Path):

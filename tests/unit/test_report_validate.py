@@ -68,6 +68,10 @@ def test_case_plans_unknown_family():
     (["--batches", "1,,2"], "--batches '1,,2': item 2 is empty; write positive integers separated by commas"),
     (["--families", ""], "--families '' names nothing"),
     (["--families", "star,"], "--families 'star,': item 2 is empty"),
+    (["--families", "star,star"], "--families 'star,star' names star twice"),
+    (["--batches", "1_6"], "--batches '1_6': write positive integers"),
+    # every topology's emulation is laid out before the first is measured
+    (["--ranks", "0"], "places 1 rank: an emulated cluster is ranks joined by links"),
 ])
 def test_validate_flag_errors(args, match, tmp_path):
     # Errors in the flags surface before anything is emulated (no root needed) or written.

@@ -37,15 +37,16 @@ def _items(text: str, flag: str, what: str) -> list[str]:
         raise InputError(f"{flag} {text!r} names nothing")
     if "" in items:
         raise InputError(f"{flag} {text!r}: item {items.index('') + 1} is empty; write {what} separated by commas")
+    if twice := next((x for i, x in enumerate(items) if x in items[:i]), None):
+        raise InputError(f"{flag} {text!r} names {twice} twice")
     return items
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
     items = _items(text, flag, "positive integers")
-    try:
-        return tuple(int(x) for x in items)
-    except ValueError:
-        raise InputError(f"{flag} {text!r}: write positive integers separated by commas, e.g. 1,4,16") from None
+    if not all(x.isdigit() and x.isascii() for x in items):  # int() would take 1_6 as 16
+        raise InputError(f"{flag} {text!r}: write positive integers separated by commas, e.g. 1,4,16")
+    return tuple(int(x) for x in items)
 
 
 def _tokens(text: str, flag: str) -> int:
@@ -149,16 +150,22 @@ def validate_cmd(
         fitted = load_file(calibrated[i]) if calibrated else None
         targets.append(TopologyTarget(topo, tuple(cases), fitted, spec))
     out = output_folder(out, "--out")  # made once every flag has been read
+    from treeattn.emulate.layout import plan_layout
+
+    for target in targets:  # each one's emulation laid out (no I/O) before the first is measured
+        plan_layout(target.topology, scale=scale)
     command = shlex.join(["treeattn", *sys.argv[1:]]) if Path(sys.argv[0]).name == "treeattn" else ""
     from treeattn.interrupts import exit_status, interrupts_raise
 
+    rows = out / "rows.csv"  # written after each topology (run_validate)
+    before = rows.stat().st_mtime_ns if rows.is_file() else None  # an older run's, in the same folder
     try:
         with interrupts_raise():
             run_validate(targets, out, options, command=command,
                          progress=lambda line: err_console.print(f"[dim]{escape(line)}[/]"))
     except KeyboardInterrupt as exc:
         # Not bad input (2): the shell's status for the signal (Ctrl-C 130, SIGTERM 143, SIGHUP 129).
-        done = (out / "rows.csv").is_file()  # written after each topology (run_validate)
+        done = rows.is_file() and rows.stat().st_mtime_ns != before
         stopped = ExecutionError(f"interrupted; the topologies finished so far are in {out}" if done else
                                  "interrupted before the first topology finished: nothing was written")
         stopped.exit_code = exit_status(exc)
@@ -188,9 +195,7 @@ def _render(folder: Path, *, timeline: str | None = None, plots: bool = True, js
 
     parts: list[str | None] = [None, None, None]
     if timeline is not None:
-        given = timeline.split(":")
-        if len(given) > 3:
-            raise InputError(f"--timeline {timeline!r}: write TOPOLOGY:CASE:METHOD (parts may be empty)")
+        given = timeline.rsplit(":", 2)  # a family spec's name holds ':' too (rtx4090:gpus=2)
         parts[3 - len(given):] = [p or None for p in given]
     done = render_folder(folder, topology=parts[0], case=parts[1], method=parts[2], plots=plots)
     if json_out:

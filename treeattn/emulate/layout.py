@@ -195,7 +195,7 @@ def plan_layout(topo: Topology, *, scale: float = 1.0, run_id: str = "000000") -
     p = topo.num_ranks
     if p < 2:  # a rank alone has no cable: no interface to carry its address
         raise InputError(f"topology {topo.name!r} places {p} rank: an emulated cluster is ranks joined by links; "
-                         "give 2 or more (--ranks)")
+                         "give a topology, or a selection (--ranks), of 2 or more")
     rank_of: dict[str, int] = {}
     for r, dev in enumerate(topo.ranks):
         if dev in rank_of:

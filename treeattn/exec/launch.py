@@ -224,6 +224,11 @@ def launch(job: Job, environ: dict[str, str] | None = None, progress: Progress |
         error = ExecutionError(_in_process_failure(placed.rank, exc) + kept)
         error.exit_now = dist.is_initialized()
         raise error from None
+    except KeyboardInterrupt:  # the interrupt's one line names no log: none is left behind
+        if held.kept:
+            with contextlib.suppress(OSError):
+                os.unlink(held.kept)
+        raise
 
 
 SETUP_GRACE_S = 5.0
