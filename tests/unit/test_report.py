@@ -222,24 +222,25 @@ def test_cli_report_bad_folders(tmp_path: Path, setup: str, match: str):
     assert match in res.stderr and "Traceback" not in res.stderr
 
 
+def _rename_topology(folder: Path, old: str, new: str) -> None:
+    """A results folder's topology renamed in its rows, timeline and meta.json."""
+    for name in ("rows.csv", "timeline.csv"):
+        frame = pd.read_csv(folder / name)
+        frame["topology"] = frame["topology"].replace(old, new)
+        frame.to_csv(folder / name, index=False)
+    (folder / "meta.json").write_text((folder / "meta.json").read_text().replace(old, new))
+
+
 def test_the_timeline_drawn_is_named_as_timeline_takes_it(folder: Path):
     # a topology with a rank selection ("[ranks 0,4]") lost it to rich's markup in the name
     # printed, which --timeline then refused
-    for name in ("rows.csv", "timeline.csv"):
-        frame = pd.read_csv(folder / name)
-        frame["topology"] = frame["topology"].replace("emu-a", "emu-a[ranks 0,4]")
-        frame.to_csv(folder / name, index=False)
-    (folder / "meta.json").write_text((folder / "meta.json").read_text().replace("emu-a", "emu-a[ranks 0,4]"))
+    _rename_topology(folder, "emu-a", "emu-a[ranks 0,4]")
     res = run_cli("report", str(folder))
     assert res.exit_code == 0 and "(timeline: emu-a[ranks 0,4]:B1:multirail)" in res.stdout, res.stdout
     again = run_cli("report", str(folder), "--timeline", "emu-a[ranks 0,4]:B1:multirail")
     assert again.exit_code == 0, again.stderr
     # a family spec's name holds ':' itself (rtx4090:gpus=2): the name printed is taken back
-    for name in ("rows.csv", "timeline.csv"):
-        frame = pd.read_csv(folder / name)
-        frame["topology"] = frame["topology"].replace("emu-a[ranks 0,4]", "emu-a:gpus=2")
-        frame.to_csv(folder / name, index=False)
-    (folder / "meta.json").write_text((folder / "meta.json").read_text().replace("emu-a[ranks 0,4]", "emu-a:gpus=2"))
+    _rename_topology(folder, "emu-a[ranks 0,4]", "emu-a:gpus=2")
     res = run_cli("report", str(folder))
     assert "(timeline: emu-a:gpus=2:B1:multirail)" in res.stdout, res.stdout
     again = run_cli("report", str(folder), "--timeline", "emu-a:gpus=2:B1:multirail")
