@@ -113,13 +113,20 @@ def _family_on_hosts(spec: str, hosts: int, topo: Topology) -> str | None:
     return f"{name}:" + ",".join(f"{k}={v}" for k, v in params.items())
 
 
+def _hosts(log: NcclTestsLog) -> dict[int, str] | None:
+    """Each rank's host, where a log's ``#  Rank`` lines list every rank (two or more) with its
+    host; None where they do not."""
+    hosts = {d.rank: d.host for d in log.devices}
+    if len(hosts) < 2 or sorted(hosts) != list(range(len(hosts))) or not all(hosts.values()):
+        return None
+    return hosts
+
+
 def hosts_listed(log: NcclTestsLog) -> int:
     """How many hosts a log's ``#  Rank`` lines put its ranks on, where they list every rank
     with its host; 0 where they do not."""
-    hosts = {d.rank: d.host for d in log.devices}
-    if len(hosts) < 2 or sorted(hosts) != list(range(len(hosts))) or not all(hosts.values()):
-        return 0
-    return len(set(hosts.values()))
+    hosts = _hosts(log)
+    return 0 if hosts is None else len(set(hosts.values()))
 
 
 def ranks_like_hosts(log: NcclTestsLog, topo: Topology) -> str | None:
@@ -130,10 +137,10 @@ def ranks_like_hosts(log: NcclTestsLog, topo: Topology) -> str | None:
     the next of the topology's nodes, and each rank the next rank of its host's node; None
     where the log does not list each rank with its host, or the topology has too few nodes or
     ranks a node for them."""
-    hosts = {d.rank: d.host for d in log.devices}
-    n = len(hosts)
-    if n < 2 or sorted(hosts) != list(range(n)) or not all(hosts.values()):
+    hosts = _hosts(log)
+    if hosts is None:
         return None
+    n = len(hosts)
     per_node: dict[object, list[int]] = {}
     for r in range(topo.num_ranks):
         per_node.setdefault(topo.rank_device(r).node, []).append(r)

@@ -405,6 +405,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
     lines = text.splitlines()
     header: re.Match | None = None
     header_line = 0
+    by_bytes = False  # the header steps sizes by bytes (-i): a size may print twice
     devices: list[NcclDevice] = []
     ignored: list[int] = []
     layout: _Layout | None = None
@@ -444,6 +445,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
         if state == "pre":
             if m := _HEADER.match(line):
                 header, header_line, state = m, lineno, "head"
+                by_bytes = _steps_bytes(m)
             else:
                 if said and said[0] == "test":
                     named = collective_from_name(said[1])
@@ -508,7 +510,7 @@ def parse_nccl_tests(text: str, source: str = "nccl-tests log", path: str | None
                 cut = f"line {lineno}: ends inside a row"
                 break
             raise
-        if rows and out_of_order(row.size_bytes, rows[-1].size_bytes, _steps_bytes(header)):
+        if rows and out_of_order(row.size_bytes, rows[-1].size_bytes, by_bytes):
             raise fail(shown, lineno, f"size {row.size_bytes} after {rows[-1].size_bytes} (line {rows[-1].line}): "
                        "rows out of order or two runs mixed")
         rows.append(row)
@@ -574,9 +576,9 @@ def out_of_order(size: int, prev: int, by_bytes: bool) -> bool:
     return size < prev or size == prev != 0 and not by_bytes
 
 
-def _steps_bytes(header: re.Match | None) -> bool:
+def _steps_bytes(header: re.Match) -> bool:
     """Whether a run's header steps its sizes by bytes (``-i``), not by a factor."""
-    step = _STEP.search(header.group(5)) if header else None
+    step = _STEP.search(header.group(5))
     return step is not None and step.group(2) == "bytes"
 
 

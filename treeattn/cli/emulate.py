@@ -279,6 +279,5 @@ def _uncalibrated_emulation(topo: Topology, spec: str) -> str:
     this host, and what predicts on fitted ones (``treeattn validate`` calibrates inside the
     emulation; the fitted file given back to ``emulate run`` would shape the links at its rates)."""
     return (f"predictions use the figures of {topo.name!r} as written, not fitted to its emulation on this host "
-            "(uncalibrated; "
-            "results/validate-emu scores both); `treeattn validate "
-            f"{shlex.quote(spec)}` calibrates inside the emulation and predicts on the fitted figures")
+            f"(uncalibrated; results/validate-emu scores both); `treeattn validate {shlex.quote(spec)}` calibrates "
+            "inside the emulation and predicts on the fitted figures")

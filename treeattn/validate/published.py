@@ -374,7 +374,7 @@ def plot_corpus(rows: list[RowResult], out: str | Path, measured: str = "publish
     """Predicted against published time, log-log, one colour per collective (scored rows
     filled, unscored ones hollow); ``measured`` names the times (``your``: the user's own logs).
     ``machines``: per table, the machine its log ran on, for logs of several machines: one
-    marker a machine (a table not named there, a corpus table, takes the first)."""
+    marker a machine (a table not named there, a corpus table, takes the corpus's circle)."""
     import matplotlib
 
     from treeattn.figures import save_figure
