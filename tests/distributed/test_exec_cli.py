@@ -188,7 +188,7 @@ def _launched(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Com
     """``treeattn run`` on a 2-rank plan as one process of an external launcher (``env``)."""
     path = plan_file(tmp_path, build("binomial", W2, resolve("cpu:ranks=2"), chunks=2))
     full = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC"))}
-    full.update(MASTER_ADDR="127.0.0.1", TMPDIR=str(tmp_path), **env)  # torch's kept log, if any, goes there
+    full.update({"MASTER_ADDR": "127.0.0.1", "TMPDIR": str(tmp_path), **env})  # torch's kept log, if any, goes there
     return subprocess.run([TREEATTN, "run", str(path), "--out", str(tmp_path / "rows.csv"), *args], env=full,
                           cwd=tmp_path, capture_output=True, text=True, timeout=30)
 
@@ -200,6 +200,25 @@ def test_a_slurm_task_out_of_range_exits_2_at_once(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == ["error: SLURM_PROCID=2 is not a rank of SLURM_NTASKS=2: it must be 0 "
                                                 "to 1"], proc.stderr
+
+
+def test_a_master_addr_naming_no_host_exits_2_at_once(tmp_path):
+    # A mistyped MASTER_ADDR: before, every rank tried to reach it for the whole set-up
+    # deadline, and rank 0 then said it was "still reaching the rendezvous store".
+    import socket
+
+    try:  # '.invalid' never resolves (RFC 6761), where this host's resolver answers at all
+        socket.getaddrinfo("rank0.invalid", None)
+    except socket.gaierror as exc:
+        if exc.errno != socket.EAI_NONAME:
+            pytest.skip(f"this host's resolver does not answer ({exc.strerror})")
+    for rank in ("0", "1"):
+        res = _launched(tmp_path, {"RANK": rank, "WORLD_SIZE": "2", "MASTER_ADDR": "rank0.invalid",
+                                   "MASTER_PORT": "29500"}, "--setup-timeout", "60")
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip().splitlines() == [
+            "error: MASTER_ADDR=rank0.invalid names no host (name or service not known): set it to the address or "
+            "host name of the machine of rank 0 (or of torchrun's rendezvous)"], res.stderr
 
 
 def test_a_torch_failure_under_a_launcher_is_one_line_not_a_traceback(tmp_path):

@@ -92,10 +92,11 @@ def test_world_size_mismatch_under_a_launcher():
 
 def test_launcher_detection():
     assert detect_env({}) is None
-    plain = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "5"}
+    plain = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "5"}
     assert detect_env(plain).launcher == "the RANK/WORLD_SIZE launcher" and detect_env(plain).local_rank == 0
     assert detect_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None
-    slurm = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "MASTER_ADDR": "h", "MASTER_PORT": "5"}
+    slurm = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "MASTER_ADDR": "localhost",
+             "MASTER_PORT": "5"}
     placed = detect_env(slurm)
     assert (placed.launcher, placed.rank, placed.world, placed.local_rank) == ("slurm", 3, 4, 1)
     with pytest.raises(InputError, match="MASTER_ADDR, MASTER_PORT are not set"):
@@ -168,6 +169,9 @@ def test_torchrun_sets_one_thread_only_with_several_processes_a_node(nproc, thre
     ({"LOCAL_RANK": "x"}, "variable LOCAL_RANK='x': not an integer"),
     ({"MASTER_PORT": "abc"}, "variable MASTER_PORT='abc': not an integer"),
     ({"MASTER_PORT": "99999"}, "MASTER_PORT=99999 is not a TCP port"),
+    # A host name no lookup can find (a label over 63 characters): every rank would try to
+    # reach it until the set-up deadline (test_exec_cli has a mistyped name, end to end).
+    ({"MASTER_ADDR": "x" * 64}, f"MASTER_ADDR={'x' * 64} names no host (label too long)"),
     ({"RANK": None, "WORLD_SIZE": None, "SLURM_PROCID": "4", "SLURM_NTASKS": "4"},
      "SLURM_PROCID=4 is not a rank of SLURM_NTASKS=4"),
     ({"RANK": None, "WORLD_SIZE": None, "SLURM_PROCID": "0", "SLURM_NTASKS": "two"}, "variable SLURM_NTASKS='two'"),

@@ -110,7 +110,26 @@ def detect_env(environ: dict[str, str] | None = None) -> RankEnv | None:
         raise InputError(f"{names[2]}={local} is negative")
     if not 1 <= _int(env, "MASTER_PORT") <= 65535:
         raise InputError(f"MASTER_PORT={env['MASTER_PORT']} is not a TCP port (1 to 65535)")
+    _check_host(env["MASTER_ADDR"])
     return RankEnv(who, rank, world, local)
+
+
+def _check_host(addr: str) -> None:
+    """Refuse a ``MASTER_ADDR`` that names no host (mistyped, say): every rank would try to reach
+    it until the set-up deadline (minutes). A resolver that does not answer (``EAI_AGAIN``) is
+    left to the rank's own retries (``rendezvous.reach_store``)."""
+    try:
+        socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
+    except UnicodeError as exc:  # a label empty or over 63 characters, which the IDNA codec refuses
+        problem = str(exc.__cause__ or exc)
+    except socket.gaierror as exc:
+        if exc.errno not in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+            return
+        problem = (exc.strerror or str(exc)).lower()
+    else:
+        return
+    raise InputError(f"MASTER_ADDR={addr} names no host ({problem}): set it to the address or host name of "
+                     "the machine of rank 0 (or of torchrun's rendezvous)")
 
 
 def slurm_bound(env) -> bool:  # noqa: ANN001 - a mapping
