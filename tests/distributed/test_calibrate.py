@@ -95,7 +95,7 @@ def test_times_that_do_not_grow_with_size_are_a_failed_measurement_not_bad_flags
     from treeattn.calibrate import live
     from treeattn.exec.runner import JobResult, Measurement
 
-    def flat(job):  # noqa: ANN001, ANN202 - launch's signature
+    def flat(job, progress=None):  # noqa: ANN001, ANN202, ARG001 - launch's signature
         return JobResult(tuple(Measurement(pj.label, "plan", "none", (100.0, 100.0), 0.0, 1e-5, (0,))
                                for pj in job.plans), "gloo", "cpu", 2)
 
@@ -107,6 +107,31 @@ def test_times_that_do_not_grow_with_size_are_a_failed_measurement_not_bad_flags
     (line,) = res.stderr.strip().splitlines()
     assert line.startswith("error: ping-pong fit: time does not grow with size"), line
     # Flags that cannot be measured together are still bad input, refused before any rank starts.
-    monkeypatch.setattr(live, "launch", lambda job: pytest.fail("launched"))
+    monkeypatch.setattr(live, "launch", lambda job, progress=None: pytest.fail("launched"))
     res = run_cli(*args, "--sizes", "2", "--min-size", "8KiB")
     assert res.exit_code == 2 and "--min-size and --max-size must satisfy" in res.stderr, res.stderr
+
+
+def test_a_live_calibration_reports_its_progress(tmp_path, monkeypatch):
+    # 64 ranks on a small host measure for minutes: off a terminal a line every
+    # PROGRESS_EVERY_S (shortened here) says how far it got; none with --no-progress.
+    from tests.cli_helpers import run_cli
+    from treeattn.cli import progress as progress_cli
+
+    monkeypatch.setattr(progress_cli, "PROGRESS_EVERY_S", 0.02)
+    # sizes that fit a line on a busy host (as test_cli_end_to_end_on_two_ranks)
+    args = ["calibrate", "-t", "cpu:ranks=2", "--max-size", "16MiB", "--sizes", "3", "--repeats", "3", "--warmup",
+            "0", "--round-trips", "1", "--no-contention", "--compute", "sum", "--out", str(tmp_path / "fit.yaml")]
+    res = run_cli(*args)
+    assert res.exit_code == 0, res.stderr
+    assert any(ln.startswith("calibrating: ") and " steps, " in ln for ln in res.stderr.splitlines()), res.stderr
+    res = run_cli(*args, "--no-progress")
+    assert res.exit_code == 0 and "calibrating: " not in res.stderr, res.stderr
+    # The ranks' runs, then each stage of this process, in order, with the runs' last count.
+    seen: list[tuple[int, int, str]] = []
+    opt = CalibrateOptions(max_bytes=16 << 20, sizes=3, round_trips=(1,), repeats=3, warmup=0, contention=False,
+                           compute="sum")
+    calibrate(resolve("cpu:ranks=2"), opt, lambda done, total, what: seen.append((done, total, what)))
+    stages = [what for _, _, what in seen if not what.startswith(("starting", "checked", "warm-up", "timed"))]
+    assert stages == ["timing the sum kernel", "fitting the host terms through the simulator",
+                      "predicting the measured plans on the fitted topology"], seen

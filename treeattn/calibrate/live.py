@@ -62,7 +62,7 @@ from treeattn.cost.simulate import simulate
 from treeattn.errors import ExecutionError, InputError, ProbeError
 from treeattn.exec.deadline import SETUP_TIMEOUT_S, check_iterations
 from treeattn.exec.launch import launch
-from treeattn.exec.runner import Job, Measurement, PlanJob, RunOptions
+from treeattn.exec.runner import Job, Measurement, PlanJob, Progress, RunOptions
 from treeattn.plan.ir import OpKind, Plan, message_bytes
 from treeattn.topology.families import this_machine_cores
 from treeattn.topology.model import CALIBRATED_BY, Topology
@@ -304,12 +304,15 @@ def _sends(m: Measurement) -> list[float]:
     return [t.done_us - t.post_us for t in m.timeline if t.op.kind is OpKind.SEND]
 
 
-def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> CalibrationReport | None:
+def calibrate(topo: Topology, options: CalibrateOptions | None = None,
+              progress: Progress | None = None) -> CalibrationReport | None:
     """Measure ``topo``'s ranks and fit its parameters (see the module docstring).
 
     Args:
         topo: the topology whose ranks run (its rank count is the number of processes).
         options: what to measure.
+        progress: ``progress(runs done, runs, what)`` as rank 0 gets on (``treeattn.exec.launch``),
+            then once a stage in this process (the kernels' timing, the fits), with the runs' last count.
 
     Returns:
         The report (with the fitted topology) where this process is rank 0 (always for local
@@ -329,7 +332,18 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
                           setup_timeout_s=max(SETUP_TIMEOUT_S, opt.timeout_s), backend=opt.backend, check="root",
                           seed=opt.seed)
     load0 = os.getloadavg()[0]
-    result = launch(Job(tuple(PlanJob(label, plan) for label, plan, _ in planned), run_opts))
+    runs = [0, 0]
+
+    def relay(done: int, total: int, what: str) -> None:
+        runs[:] = [done, total]
+        progress(done, total, what)
+
+    def stage(what: str) -> None:
+        if progress is not None:
+            progress(*runs, what)
+
+    result = launch(Job(tuple(PlanJob(label, plan) for label, plan, _ in planned), run_opts),
+                    progress=None if progress is None else relay)
     if result is None:
         return None
     by_label = {m.label: m for m in result.measurements}
@@ -363,6 +377,7 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
     if opt.compute != "none":
         sizes = opt.compute_sizes()
         local = opt.kernels()[0]
+        stage(f"timing the {local} kernel" + (" and attention" if opt.compute == "attention" else ""))
         try:
             compute = measure_compute(local, sizes, repeats=opt.repeats, threads=threads, device=device)
             if opt.compute == "attention":
@@ -387,12 +402,14 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None) -> Calibr
     fitted, notes = apply_fit(topo, params)
     host = None
     if on_host_cpus(topo) and result.backend == "gloo":
+        stage("fitting the host terms through the simulator")
         measured = [(plan, by_label[label].median_us, sum(by_label[label].cpu_us))
                     for label, plan, _ in planned]
         fitted, host, notes = fit_host_terms(topo, params, measured, this_machine_cores(),
                                              start_wakeup_us=statistics.median(f.fit.skew_us for f in fits),
                                              cpu_queue="fifo" if _realtime() else "fair")
     warnings.extend(notes)
+    stage("predicting the measured plans on the fitted topology")
     cases = []
     for label, plan, meta in planned:
         m = by_label[label]

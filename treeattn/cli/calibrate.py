@@ -15,6 +15,7 @@ from rich.table import Table
 from treeattn.cli import app, err_console
 from treeattn.cli.options import Backend, JsonOpt
 from treeattn.cli.paths import OUT_PATH, output_file
+from treeattn.cli.progress import progress_reporter
 from treeattn.cli.render import console
 from treeattn.errors import InputError
 from treeattn.exec.deadline import MAX_ITERATIONS
@@ -90,6 +91,9 @@ def calibrate_cmd(
         "--partial", help="With --from-nccl-tests: fit a log that ends inside its table (a run that stopped "
         "early or failed; -J's file too) on its whole rows, saying so, instead of refusing it.")] = False,
     json_out: JsonOpt = False,
+    progress: Annotated[bool | None, typer.Option("--progress/--no-progress",
+                                                  help="Progress of a live calibration on stderr (runs done, then "
+                                                  "the fits): a bar on a terminal, else a line every 10 s.")] = None,
     ctx: typer.Context = None,  # noqa: RUF013 - typer fills it
 ) -> None:
     """Measure this machine's ranks (ping-pong per route class, concurrent flows, merge kernel) and
@@ -147,6 +151,7 @@ def calibrate_cmd(
                                round_trips=trips, repeats=repeats, warmup=warmup, contention=contention,
                                compute=compute.value, backend=backend.value if backend else None, timeout_s=timeout,
                                attention_heads=(hq, hkv, hd))
+    from treeattn.exec.launch import detect_env
     from treeattn.exec.predict import ranks_on_gpus
     from treeattn.exec.runner import RunOptions, pick_backend
     from treeattn.validate.run import realtime_priority
@@ -162,8 +167,10 @@ def calibrate_cmd(
                          + ("calibrate on the machine it describes, or a topology of this one (cpu:ranks=N, or "
                             "none: probed)" if topology is not None else
                             f"use --backend {'nccl' if topo.on_gpus else 'gloo'}, or a topology of these ranks"))
-    with realtime_priority(realtime):
-        report = calibrate(topo, options)
+    placed = detect_env()  # under torchrun/SLURM only rank 0 reports (as run)
+    with realtime_priority(realtime), \
+            progress_reporter(progress if placed is None or placed.rank == 0 else False, "calibrating") as update:
+        report = calibrate(topo, options, update)
     if report is None:  # a non-zero rank of torchrun/SLURM
         return
     _write(out, report.topology)
