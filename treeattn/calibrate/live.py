@@ -66,6 +66,7 @@ from treeattn.exec.runner import Job, Measurement, PlanJob, Progress, RunOptions
 from treeattn.plan.ir import OpKind, Plan, message_bytes
 from treeattn.topology.families import this_machine_cores
 from treeattn.topology.model import CALIBRATED_BY, Topology
+from treeattn.units import format_size
 
 __all__ = ["CalibrateOptions", "ClassResult", "CaseResult", "CalibrationReport", "calibrate", "calibration_plans",
            "median_abs_rel_error"]
@@ -300,6 +301,14 @@ def calibration_plans(topo: Topology, classes: tuple[RouteClass, ...],
     return out
 
 
+def _named(meta: dict, opt: CalibrateOptions) -> str:
+    """How a refusal before the run (memory) names a case: by the flag that sized it."""
+    kind = {"pingpong": "ping-pong", "concurrent": "concurrent-flow", "fanin": "fan-in"}.get(meta["kind"])
+    if kind is None:
+        return ""  # the kernels' fixed sizes; the label says which
+    return f"the {kind} case of {format_size(meta['nbytes'])} (--max-size {format_size(opt.max_bytes)})"
+
+
 def _sends(m: Measurement) -> list[float]:
     return [t.done_us - t.post_us for t in m.timeline if t.op.kind is OpKind.SEND]
 
@@ -342,7 +351,8 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None,
         if progress is not None:
             progress(*runs, what)
 
-    result = launch(Job(tuple(PlanJob(label, plan) for label, plan, _ in planned), run_opts),
+    result = launch(Job(tuple(PlanJob(label, plan, named=_named(meta, opt)) for label, plan, meta in planned),
+                        run_opts),
                     progress=None if progress is None else relay)
     if result is None:
         return None

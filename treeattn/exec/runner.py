@@ -122,6 +122,9 @@ class PlanJob:
     ring_order: tuple[int, ...] | None = None
     """The ring the ring-attention baseline runs on (``treeattn.search.rings.ring_order`` of the
     topology; None: rank order). The prediction builds its plan on the same ring."""
+    named: str = ""
+    """How an error before the run names the plan, where its label is no name a user gave
+    (calibrate's cases, by the flag that sized them); "" for the label."""
 
     def __post_init__(self) -> None:
         if self.ring_order is not None and sorted(self.ring_order) != list(range(self.plan.ranks)):
@@ -333,7 +336,8 @@ def memory_problem(job: Job, ranks: Sequence[int], available: int | None, where:
             who, fix = ((f"its {len(ranks)} ranks hold", "use fewer ranks or a smaller payload") if len(ranks) > 1
                         else (f"rank {ranks[0]} holds", "free that memory or use a smaller payload"))
             needed, has = format_sizes(need, available)
-            return f"{pj.label}: {who} at least {needed} at once on {where}, which has {has} available; {fix}"
+            return (f"{pj.named or pj.label}: {who} at least {needed} at once on {where}, which has {has} "
+                    f"available; {fix}")
     return None
 
 
