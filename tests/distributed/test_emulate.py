@@ -121,6 +121,11 @@ def test_check_reuses_a_cluster_that_is_up_and_measures_shaping_and_paths():
         status = subprocess.run([TREEATTN, "emulate", "status", "--json"], capture_output=True, text=True, timeout=60)
         assert {"run_id": run_id, "status": "ready", "namespaces": 3}.items() <= next(
             c for c in json.loads(status.stdout) if c["run_id"] == run_id).items()
+        # A namespace deleted by hand: status says so (it said "ready"); down still removes the rest.
+        subprocess.run(["ip", "netns", "del", made[-1]], check=True, timeout=60)
+        status = subprocess.run([TREEATTN, "emulate", "status", "--json"], capture_output=True, text=True, timeout=60)
+        assert next(c for c in json.loads(status.stdout) if c["run_id"] == run_id)["status"] == (
+            f"damaged (1 of 3 namespaces gone: {made[-1]}; treeattn emulate down removes it)")
     finally:
         down = subprocess.run([TREEATTN, "emulate", "down", "--id", run_id], capture_output=True, text=True, timeout=60)
     assert down.returncode == 0, down.stderr
@@ -141,6 +146,11 @@ def test_kill_9_during_up_then_down_removes_everything():
         state = json.loads((STATE_DIR / f"{run_id}.json").read_text())
         inodes = {namespace_inode(ns) for ns in state["namespaces"]} - {None}
         assert inodes, "the killed up had created namespaces"
+        if state["status"] == "creating":  # status tells a dead maker from one at work (it said "creating")
+            status = subprocess.run([TREEATTN, "emulate", "status", "--json"], capture_output=True, text=True,
+                                    timeout=60)
+            assert next(c for c in json.loads(status.stdout) if c["run_id"] == run_id)["status"] == (
+                f"broken (pid {proc.pid} ended while making it; treeattn emulate down removes it)")
         res = subprocess.run([TREEATTN, "emulate", "down", "--id", run_id, "--json"], capture_output=True, text=True,
                              timeout=60)
         assert res.returncode == 0, res.stderr

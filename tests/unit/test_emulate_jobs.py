@@ -36,8 +36,8 @@ def test_status_shows_a_rank_selection_in_the_topologys_name(monkeypatch) -> Non
     from tests.cli_helpers import run_cli
     from treeattn import emulate
 
-    cluster = {"run_id": "3570bf", "status": "ready", "topology": "emu-2x4[ranks 0,4]", "scale": 1.0,
-               "live_namespaces": ["a", "b", "c"]}
+    cluster = {"run_id": "3570bf", "status": "ready", "condition": "ready", "topology": "emu-2x4[ranks 0,4]",
+               "scale": 1.0, "live_namespaces": ["a", "b", "c"]}
     monkeypatch.setattr(emulate, "list_clusters", lambda: [cluster])
     res = run_cli("emulate", "status")
     assert res.exit_code == 0 and "emu-2x4[ranks 0,4]" in res.stdout, res.stdout
@@ -106,3 +106,30 @@ def test_a_failed_run_whose_logs_cannot_be_written_is_reported_without_claiming_
         jobs.launch_in_cluster(cluster, job)
     assert "kept" not in str(err.value) and str(err.value).startswith("rank 0 died with exit code 1"), err.value
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "treeattn-emu-run-*"))) == before
+
+
+def test_status_tells_what_became_of_a_cluster() -> None:
+    from treeattn.emulate.cluster import _condition
+
+    me = os.getpid()
+    dead = _reaped_pid()
+    made = ["ta-abcdef-r0", "ta-abcdef-r1", "ta-abcdef-sw"]
+    live = set(made)
+    assert _condition({"status": "ready", "pid": dead, "namespaces": made}, live) == "ready"  # up has ended: as meant
+    assert _condition({"status": "creating", "pid": me, "namespaces": made}, live) == "creating"
+    assert _condition({"status": "creating", "pid": dead, "namespaces": made}, live) == (
+        f"broken (pid {dead} ended while making it; treeattn emulate down removes it)")
+    assert _condition({"status": "ready", "pid": dead, "namespaces": made}, live - {made[1]}) == (
+        "damaged (1 of 3 namespaces gone: ta-abcdef-r1; treeattn emulate down removes it)")
+    assert _condition({"status": "ready", "pid": me, "held": True, "namespaces": made}, live) == f"in use by pid {me}"
+    assert _condition({"status": "ready", "pid": dead, "held": True, "namespaces": made}, live) == (
+        f"ready (left by pid {dead}, which ended without removing it)")
+    assert _condition({"status": "orphaned", "namespaces": []}, live) == "orphaned"
+
+
+def _reaped_pid() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid

@@ -134,7 +134,7 @@ def status_cmd(json_out: JsonOpt = False) -> None:
     """List the emulated clusters on this machine."""
     from treeattn.emulate import list_clusters
 
-    rows = [{"run_id": c["run_id"], "status": c.get("status", "?"), "topology": c.get("topology", "?"),
+    rows = [{"run_id": c["run_id"], "status": c["condition"], "topology": c.get("topology", "?"),
              "scale": c.get("scale"), "namespaces": len(c.get("live_namespaces", []))} for c in list_clusters()]
     if json_out:
         typer.echo(json.dumps(rows, sort_keys=True, indent=2))

@@ -102,12 +102,13 @@ def _state_file(run_id: str) -> Path:
     return STATE_DIR / f"{run_id}.json"
 
 
-def _write_state(layout: Layout, status: str) -> None:
+def _write_state(layout: Layout, status: str, *, held: bool = False) -> None:
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     data = {
         "run_id": layout.run_id,
         "status": status,
         "pid": os.getpid(),
+        "held": held,
         "topology": layout.topology,
         "fingerprint": layout.fingerprint,
         "scale": layout.scale,
@@ -137,20 +138,55 @@ def list_clusters() -> list[dict]:
     for data in states.values():
         prefix = ns_prefix(data["run_id"])
         data["live_namespaces"] = [ns for ns in live if ns.startswith(prefix)]
+        data["condition"] = _condition(data, set(live))
     return [states[k] for k in sorted(states)]
+
+
+def _condition(data: dict, live: set[str]) -> str:
+    """What ``emulate status`` says of a run: its state file's word, where that still holds,
+    else what became of it (a namespace deleted by hand, the process that was making it or
+    held it for one command killed)."""
+    status, pid = data.get("status", "?"), data.get("pid")
+    if status == "creating" and not _alive(pid):
+        return f"broken (pid {pid} ended while making it; treeattn emulate down removes it)"
+    if status != "ready":
+        return status
+    made = data.get("namespaces", [])
+    gone = [ns for ns in made if ns not in live]
+    if gone:
+        return f"damaged ({len(gone)} of {len(made)} namespaces gone: {gone[0]}; treeattn emulate down removes it)"
+    if data.get("held"):  # brought up for one command, which removes it as it ends
+        return f"in use by pid {pid}" if _alive(pid) else f"ready (left by pid {pid}, which ended without removing it)"
+    return status
+
+
+def _alive(pid: object) -> bool:
+    """Whether process ``pid`` runs: a zombie does not (killed, it waits for a parent that may
+    never reap it: in a container whose first process reaps none)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])  # the state follows the command's name
 
 
 def new_run_id() -> str:
     return secrets.token_hex(3)
 
 
-def up(topo: Topology, *, scale: float = 1.0, run_id: str | None = None) -> Cluster:
+def up(topo: Topology, *, scale: float = 1.0, run_id: str | None = None, held: bool = False) -> Cluster:
     """Create the namespaces, bridges, veths, addresses, routes and shapers of ``topo``.
 
     Args:
         topo: the topology to emulate (one rank per device).
         scale: factor on every link's bandwidth.
         run_id: six hex digits; random when None.
+        held: brought up for one command that removes it as it ends (``emulated``), as
+            ``emulate status`` tells.
 
     Returns:
         The running cluster; it stays up until ``down``.
@@ -175,7 +211,7 @@ def up(topo: Topology, *, scale: float = 1.0, run_id: str | None = None) -> Clus
         with shielded():
             _remove(layout.run_id, list(layout.namespaces))
         raise
-    _write_state(layout, "ready")
+    _write_state(layout, "ready", held=held)
     return Cluster(layout, topo, _state_file(layout.run_id))
 
 
@@ -274,7 +310,7 @@ def emulated(topo: Topology, *, scale: float = 1.0, reuse: bool = True) -> Itera
     run_id = new_run_id()
     with interrupts_raise():
         try:
-            yield up(topo, scale=scale, run_id=run_id)
+            yield up(topo, scale=scale, run_id=run_id, held=True)
         finally:
             with shielded():
                 _remove(run_id, [])
