@@ -188,6 +188,29 @@ def test_run_a_plan_on_two_namespaces(tmp_path):
     assert "`treeattn validate emu-2x4` calibrates inside the emulation" in res.stderr.replace("\n", " ")
 
 
+def test_a_cluster_held_by_a_run_is_not_taken_by_another(tmp_path):
+    # The run that brought a cluster up removes it as it ends, with every rank inside: a second
+    # run of the same topology meanwhile brings up its own (it took the first's, and lost its
+    # ranks when the first ended).
+    from treeattn.cli.options import load_topology
+    from treeattn.emulate.cluster import find_cluster, list_clusters
+
+    plan = small_plan(tmp_path)
+    first = subprocess.Popen([TREEATTN, "emulate", "run", "emu-2x4", str(plan), "--ranks", "0,4", "--repeats",
+                              "100000", "--out", str(tmp_path / "rows.csv")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(c["condition"] == f"in use by pid {first.pid}" for c in list_clusters()):
+            assert first.poll() is None and time.monotonic() < deadline, "the first run did not bring a cluster up"
+            time.sleep(0.05)
+        assert find_cluster(load_topology("emu-2x4", "0,4")) is None
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=60)
+    assert not [c for c in list_clusters() if c.get("pid") == first.pid]  # it removed its own on SIGINT
+
+
 def test_a_failed_emulated_run_keeps_every_ranks_output(tmp_path):
     plan = small_plan(tmp_path)
     runs = tmp_path / "tmp"

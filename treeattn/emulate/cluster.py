@@ -275,10 +275,13 @@ def _remove(run_id: str, namespaces: list[str]) -> tuple[list[int], list[str]]:
 
 
 def find_cluster(topo: Topology, scale: float = 1.0) -> Cluster | None:
-    """A ready run of this topology (same fingerprint and scale) whose namespaces all exist."""
+    """A ready run of this topology (same fingerprint and scale) whose namespaces all exist, and
+    that no other command holds: it removes its cluster as it ends, with every rank inside."""
     live = set(list_namespaces())
     for c in list_clusters():
         if c.get("status") != "ready" or c.get("fingerprint") != topo.fingerprint or c.get("scale") != scale:
+            continue
+        if c["condition"].startswith("in use"):
             continue
         if not set(c["namespaces"]) <= live:
             continue
