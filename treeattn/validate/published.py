@@ -133,6 +133,17 @@ RCCL_GROUP_LAUNCH_US = 5.4
 # channels, 8 x 4.4 us at one). Medians by channel count 0.08 / 0.15 / 0.16 / 0.16 / 0.19 us
 # at 2 / 4 / 8 / 16 / 24 channels.
 GROUP_WORK_STRUCT_US = 0.16
+# NCCL 2.8-2.11 also spend host time on each ncclSend and ncclRecv a grouped point-to-point call
+# issues for a GPU (nccl-tests' alltoall: a send and a receive to each of its R peers, itself
+# included; sendrecv: one of each): ncclSaveP2p checks the connectors of the peer's channels and
+# allocates the call's entry (v2.8.4-1 enqueue.cc, src/include/p2p.h), and ncclGroupEnd
+# schedules each part (group.cc scheduleSendRecv). Fitted on superbench-a100-ndv4's alltoall,
+# the corpus's one table of grouped point-to-point calls on several GPUs a process (8 x A100,
+# -g 8, NCCL < 2.11): the median over its rows of 32 B-2 MiB, flat at 85-90 us, of what each
+# call adds a GPU to the launch floor; in-sample, so those rows' errors are no evidence.
+# Later releases recycle the entries (v2.10.3-1 group.cc); the model knows no channels of
+# theirs for point-to-point calls and leaves it out there.
+GROUP_P2P_CALL_US = 0.32
 SHARED_WORK_FROM: Release = (2, 22, 3)
 """The first NCCL release whose calls share one work description between their channels (tag
 v2.22.3-1, the first 2.22): a bound such as ``<2.22.3`` admits only older releases."""
@@ -152,6 +163,11 @@ def group_launch_us(gpus: int, channels: int | None, release: Release | None = N
     launch = RCCL_GROUP_LAUNCH_US if rccl else GROUP_LAUNCH_US
     return gpus * (launch + GROUP_CHANNEL_US * channels
                    + (GROUP_WORK_STRUCT_US * (channels - 1) if per_channel_work else 0.0))
+
+
+def p2p_calls(collective: str, ranks: int) -> int:
+    """The ncclSend and ncclRecv calls nccl-tests' ``sendrecv`` or ``alltoall`` makes for one GPU."""
+    return 2 * ranks if collective == "alltoall" else 2
 
 
 def p2p_time_us(topo: Topology, collective: str, nbytes: int) -> float:
@@ -297,6 +313,8 @@ def predict_table(t: PublishedTable, cache: _Topologies | None = None,
                 pred += nccl.chain_call_latency_us(fab, est.algorithm, est.protocol) - est.latency_us
                 how += "+pipelined"
         launches = group_launch_us(t.log.n_gpus, channels, t.nccl_bound, rccl=rccl)
+        if point_to_point and channels is not None and t.log.n_gpus > 1:  # NCCL 2.8-2.11 (grouped_call_channels)
+            launches += t.log.n_gpus * p2p_calls(t.collective, t.ranks) * GROUP_P2P_CALL_US
         if launches > pred:
             pred, how = launches, f"{how}+launches"
         out.append(RowResult(t.name, t.source_id, t.collective, nbytes, published, pred, t.scored, how))
