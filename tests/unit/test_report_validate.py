@@ -69,7 +69,9 @@ def test_case_plans_unknown_family():
     (["--families", ""], "--families '' names nothing"),
     (["--families", "star,"], "--families 'star,': item 2 is empty"),
     (["--families", "star,star"], "--families 'star,star' names star twice"),
-    (["--batches", "1_6"], "--batches '1_6': write positive integers"),
+    (["--batches", "1_6"], "--batches '1_6': item 1 ('1_6') is not an integer; write positive integers"),
+    (["--batches", "1,0"], "--batches '1,0': item 2 (0) must be at least 1"),
+    (["--batches", "4,1,4"], "--batches '4,1,4' names 4 twice"),
     # every topology's emulation is laid out before the first is measured
     (["--ranks", "0"], "places 1 rank: an emulated cluster is ranks joined by links"),
 ])

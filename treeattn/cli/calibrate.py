@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from treeattn.cli import app, err_console
+from treeattn.cli.lists import int_items
 from treeattn.cli.options import Backend, JsonOpt
 from treeattn.cli.paths import OUT_PATH, output_file
 from treeattn.cli.progress import progress_reporter
@@ -133,10 +134,7 @@ def calibrate_cmd(
                          "measures this machine")
     # Every argument is read before torch's import (seconds): a bad one is said at once.
     named = resolve(topology) if topology is not None else None
-    try:
-        trips = tuple(int(x) for x in round_trips.split(",") if x.strip())
-    except ValueError:
-        raise InputError(f"--round-trips {round_trips!r}: write counts like 1,4") from None
+    trips = tuple(int_items(round_trips, "--round-trips", least=1))
     try:
         hq, hkv, hd = (int(x) for x in attention_shape.split("/"))
     except ValueError:

@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from treeattn.cli import app
+from treeattn.cli.lists import int_items
 from treeattn.cli.options import (
     BatchOpt,
     BytesOpt,
@@ -92,22 +93,6 @@ def default_plan_path(topo_name: str, payload: Payload, algorithm: str | None = 
     return Path("plans") / "local" / f"{stem}.yaml"
 
 
-def _int_list(text: str, what: str) -> list[int]:
-    """The integers of a comma-separated flag value. An empty item ("1,,2", ",", "1,") is a slip,
-    not a value left out: reading it as 1,2 would plan on other parents or node counts than meant."""
-    values = []
-    for i, item in enumerate(text.split(","), start=1):
-        item = item.strip()
-        if not item:
-            raise InputError(f"cannot read {what} {text!r}: item {i} is empty; write integers separated by commas")
-        try:
-            values.append(int(item))
-        except ValueError:
-            raise InputError(f"cannot read {what} {text!r}: item {i} ({item!r}) is not an integer; write integers "
-                             "separated by commas") from None
-    return values
-
-
 def _build_kwargs(p: int, *, root, fanout, groups, order, parents, roots, trees, shape, intra, inter,
                   result, group_size, whole_rows=False) -> dict[str, Any]:
     kw: dict[str, Any] = {}
@@ -122,7 +107,7 @@ def _build_kwargs(p: int, *, root, fanout, groups, order, parents, roots, trees,
     if order is not None:
         kw["order"] = list(parse_ranks(order, p, what="--order"))
     if parents is not None:
-        lists = [_int_list(x, "--parents") for x in parents.split("/")]
+        lists = [int_items(x, "--parents") for x in parents.split("/")]
         kw["parents"] = lists if len(lists) > 1 else lists[0]
     if roots is not None:
         kw["roots"] = list(parse_ranks(roots, p, what="--roots"))
@@ -524,9 +509,7 @@ def compare_cmd(
                          "a shipped name or a YAML file")
     if ring not in ("topology", "rank"):
         raise InputError(f"--ring must be topology or rank, got {ring!r}")
-    node_counts = _int_list(nodes, "--nodes") if nodes else None
-    if node_counts is not None and any(n < 1 for n in node_counts):
-        raise InputError(f"--nodes must be positive, got {nodes!r}")
+    node_counts = int_items(nodes, "--nodes", least=1) if nodes else None
     # Named by all three of its names (-n 128K is as likely typed as --seq-lens 128K,1M); one
     # length is worded as plan words its -n, several say which item is wrong.
     items = seq_lens.split(",")

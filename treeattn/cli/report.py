@@ -16,6 +16,7 @@ import typer
 from rich.markup import escape
 
 from treeattn.cli import app, err_console
+from treeattn.cli.lists import comma_items, int_items
 from treeattn.cli.options import JsonOpt, MeasureOrder, OrderOpt, load_topology
 from treeattn.cli.paths import output_folder
 from treeattn.cli.render import console
@@ -28,25 +29,6 @@ _CASES = "Cases"
 _MEASURE = "Measurement"
 DEFAULT_TOPOLOGIES = ("emu-2x4", "emu-pcie-tree", "emu-mesh")
 """Shipped files (``topologies/``), found from any directory and by installed wheels too."""
-
-
-def _items(text: str, flag: str, what: str) -> list[str]:
-    """The comma-separated items of ``text``: an empty one is a slip (``1,,2``), refused."""
-    items = [x.strip() for x in text.split(",")]
-    if not any(items):
-        raise InputError(f"{flag} {text!r} names nothing")
-    if "" in items:
-        raise InputError(f"{flag} {text!r}: item {items.index('') + 1} is empty; write {what} separated by commas")
-    if twice := next((x for i, x in enumerate(items) if x in items[:i]), None):
-        raise InputError(f"{flag} {text!r} names {twice} twice")
-    return items
-
-
-def _ints(text: str, flag: str) -> tuple[int, ...]:
-    items = _items(text, flag, "positive integers")
-    if not all(x.isdigit() and x.isascii() for x in items):  # int() would take 1_6 as 16
-        raise InputError(f"{flag} {text!r}: write positive integers separated by commas, e.g. 1,4,16")
-    return tuple(int(x) for x in items)
 
 
 def _tokens(text: str, flag: str) -> int:
@@ -131,7 +113,8 @@ def validate_cmd(
     from treeattn.validate import CalibrationSettings, HeadShape, TopologyTarget, ValidateOptions, default_cases
     from treeattn.validate import validate as run_validate
 
-    fams = tuple(_items(families, "--families", "family names")) if families is not None else None
+    fams = tuple(comma_items(families, "--families", "family names", distinct=True)) if families is not None else None
+    batch_counts = tuple(int_items(batches, "--batches", least=1, distinct=True))
     options = ValidateOptions(repeats=repeats, case_seconds=case_seconds, warmup=warmup, scale=scale, seed=seed,
                               op_timeout_s=timeout,
                               calibrate=calibrate, calibration=CalibrationSettings(), families=fams,
@@ -145,7 +128,7 @@ def validate_cmd(
     targets = []
     for i, spec in enumerate(specs):
         topo = load_topology(spec, ranks)
-        cases = default_cases(topo, batches=_ints(batches, "--batches"), tokens_per_rank=_tokens(tokens, "--tokens"),
+        cases = default_cases(topo, batches=batch_counts, tokens_per_rank=_tokens(tokens, "--tokens"),
                               long_tokens_per_rank=_tokens(long_tokens, "--long-tokens"), heads=shape)
         fitted = load_file(calibrated[i]) if calibrated else None
         targets.append(TopologyTarget(topo, tuple(cases), fitted, spec))
