@@ -368,6 +368,14 @@ def test_heads_over_a_workload_file_without_kv_heads_takes_them_along(tmp_path):
     wl.write_text("heads: 12\nkv_heads: 4\nhead_dim: 64\nseq_len: 4K\n")  # grouped: its KV heads stay
     res = run_cli("plan", "-t", "cpu:ranks=4", "--workload", str(wl), "--heads", "8", "-o", str(tmp_path / "p.yaml"))
     assert res.exit_code == 0 and "kv_heads: 4," in (tmp_path / "p.yaml").read_text(), res.stderr
+    # a file's key that a flag does not fit is named as the file's (it was 'workload.kv_heads')
+    res = run_cli("plan", "-t", "cpu:ranks=4", "--workload", str(wl), "--heads", "6", "-o", str(tmp_path / "p.yaml"))
+    assert res.exit_code == 2 and res.stderr == f"error: kv_heads of {wl} (4) must divide --heads (6)\n", res.stderr
+    # and a file that does not hold alone is refused as the file, in its keys' words (the preset's named as such)
+    wl.write_text("model: llama-3.1-8b\nheads: 7\nseq_len: 4K\n")
+    res = run_cli("plan", "-t", "cpu:ranks=4", "--workload", str(wl), "-o", str(tmp_path / "p.yaml"))
+    assert res.exit_code == 2 and res.stderr == (f"error: {wl}: heads (7) must be a multiple of llama-3.1-8b's 8 KV "
+                                                 "heads; give kv_heads as well\n"), res.stderr
 
 
 def test_a_workload_files_uneven_split_replaced_by_a_length_is_said(tmp_path):

@@ -280,14 +280,16 @@ def make_payload(
     data.pop("ranks", None)
     if given and workload_file is not None:
         # load_workload has checked the file alone: what fails now is a flag's value (or how it sits
-        # with the file's), so the error names the flag, or the workload's key, as without a file.
+        # with the file's), so the error names the flag, and the file's key as the file's.
         where = "workload"
     flags = {"bytes": "--bytes"} if nbytes is not None else {}
     if op is not None:  # over a raw file too: it sets the op, whatever the file says
         flags["op"] = "--op"
     # each key under both its names: the reader checks `heads` before it becomes `q_heads`
     flags.update({name: _flag(k, v) for k, v in given.items() for name in (k, _KEY_OF.get(k, k))})
-    return workload_from_dict(data, ranks=num_ranks, where=where, flags=flags, file=where != "workload")
+    over = str(workload_file) if workload_file is not None and where == "workload" else None
+    return workload_from_dict(data, ranks=num_ranks, where=where, flags=flags, file=where != "workload",
+                              over_file=over)
 
 
 # The workload key a flag sets, where the two are named differently (--heads sets q_heads).

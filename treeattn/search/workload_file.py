@@ -100,20 +100,24 @@ def parse_tokens(value: Any, *, where: str = "seq_len", least: int = 0) -> int:
 
 
 class _Names:
-    """How errors name a key: by the flag it came from, else as ``FILE: key`` in a file, or
+    """How errors name a key: by the flag it came from, else as ``FILE: key`` in a file,
+    ``key of FILE`` where flags were given over the file (the sentence is the flags'), or
     ``where.key`` in a mapping inside one (a plan's ``workload.seq_len``, the API's)."""
 
-    def __init__(self, where: str, flags: Mapping[str, str] | None, file: bool) -> None:
-        self.where, self.flags = where, dict(flags or {})
+    def __init__(self, where: str, flags: Mapping[str, str] | None, file: bool, over: str | None = None) -> None:
+        self.where, self.flags, self.over = where, dict(flags or {}), over
         self.sep = ": " if file else "."
 
     def __call__(self, key: str) -> str:
-        return self.flags.get(key) or f"{self.where}{self.sep}{key}"
+        if key in self.flags:
+            return self.flags[key]
+        return f"{key} of {self.over}" if self.over else f"{self.where}{self.sep}{key}"
 
     def after(self, named: str, key: str) -> str:
         """``key`` named later in a sentence that has named the file already (in ``named``):
         by its flag, else by the key alone (not ``FILE: a ... FILE: b``)."""
-        if key not in self.flags and self.sep == ": " and named.startswith(f"{self.where}: "):
+        if key not in self.flags and (named.endswith(f" of {self.over}") if self.over
+                                      else self.sep == ": " and named.startswith(f"{self.where}: ")):
             return key
         return self(key)
 
@@ -143,18 +147,21 @@ def _split(value: Any, ranks: int | None, seq_len: int, name: _Names) -> tuple[i
     return split
 
 
-def _check_heads(model: str | None, ints: dict[str, int | None], name: _Names) -> None:
-    """Hkv must divide Hq, said in the flags' words where a flag gave either (the preset's
-    counts named as such); a file's or the API's are left to ``Workload``'s own check."""
-    if not {"q_heads", "kv_heads"} & set(name.flags):
+def _check_heads(model: str | None, ints: dict[str, int | None], name: _Names, heads_key: str = "q_heads") -> None:
+    """Hkv must divide Hq, said in the words that gave them: the flags, the file's keys (its
+    ``heads_key`` for Hq), the preset's counts named as such; a mapping inside a file (a plan's)
+    or the API's is left to ``Workload``'s own check, which names its fields."""
+    if not {"q_heads", "kv_heads"} & set(name.flags) and name.sep != ": ":
         return
     hq, hkv, _ = preset_heads(model, ints["q_heads"], ints["kv_heads"], ints["head_dim"])
     if hq is None or hkv is None or not hq % hkv:
         return
+    q_named = name.flags.get("q_heads") or f"{name.where}: {heads_key}"
     if ints["kv_heads"] is None:
-        raise WorkloadError(f"{name('q_heads')} ({hq}) must be a multiple of {model}'s {hkv} KV heads; "
-                            "give --kv-heads as well")  # flags are the CLI's
-    of = f"{name('q_heads')} ({hq})" if ints["q_heads"] is not None else f"{model}'s {hq} query heads"
+        hint = "--kv-heads" if "q_heads" in name.flags else "kv_heads"
+        raise WorkloadError(f"{q_named} ({hq}) must be a multiple of {model}'s {hkv} KV heads; give {hint} as well")
+    of = f"{name.after(name('kv_heads'), heads_key) if 'q_heads' not in name.flags else q_named} ({hq})" \
+        if ints["q_heads"] is not None else f"{model}'s {hq} query heads"
     raise WorkloadError(f"{name('kv_heads')} ({hkv}) must divide {of}")
 
 
@@ -177,7 +184,8 @@ def _check_latent(model: str | None, ints: dict[str, int | None], latent: bool |
 
 
 def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where: str = "workload",
-                       flags: Mapping[str, str] | None = None, file: bool = False) -> Payload:
+                       flags: Mapping[str, str] | None = None, file: bool = False,
+                       over_file: str | None = None) -> Payload:
     """Validate plain data (a parsed YAML file or CLI flags) into a Workload or RawPayload.
 
     Args:
@@ -187,6 +195,8 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
         flags: the flag each key came from (``{"seq_len": "--seq-len"}``): errors about that key
             name the flag instead of ``where.key``.
         file: ``where`` names a file: errors name a key as ``FILE: key``.
+        over_file: the file whose keys ``data`` holds beside the flags' (``make_payload``):
+            errors name such a key as ``key of FILE``.
 
     Returns:
         A ``Workload`` (decode shape) or a ``RawPayload`` (``kind: raw`` or a ``bytes`` key).
@@ -199,7 +209,7 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
     if not isinstance(data, dict):
         raise WorkloadError(f"{where} must be a mapping of keys to values, got {type(data).__name__}")
     data = {k: v for k, v in data.items() if v is not None}
-    name = _Names(where, flags, file)
+    name = _Names(where, flags, file, over_file)
     kind = _kind(data)
     if kind not in ("attention", "raw"):
         raise WorkloadError(f"{name('kind')} must be 'attention' or 'raw', got {kind!r}")
@@ -243,6 +253,7 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
         check_model(model, name("model"))
     if "heads" in data and "q_heads" in data and data["heads"] != data["q_heads"]:
         raise WorkloadError(f"{where}: heads and q_heads disagree ({data['heads']} vs {data['q_heads']})")
+    heads_key = "heads" if "heads" in data else "q_heads"  # for errors: the key the file gives
     if "heads" in data:
         _positive_int(data, "heads", name)  # checked under the name the file gives it
         data["q_heads"] = data.pop("heads")
@@ -258,7 +269,7 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
         seq_len = parse_tokens(data["seq_len"], where=name("seq_len"), least=1)
     else:
         seq_len = None
-    _check_heads(model, ints, name)
+    _check_heads(model, ints, name, heads_key)
     raw_split = data.get("split")
     if seq_len is None:
         split = _split(raw_split, ranks, 0, name)
