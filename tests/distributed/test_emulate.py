@@ -188,6 +188,23 @@ def test_run_a_plan_on_two_namespaces(tmp_path):
     assert "`treeattn validate emu-2x4` calibrates inside the emulation" in res.stderr.replace("\n", " ")
 
 
+def test_an_emulated_run_reports_its_progress(tmp_path, monkeypatch):
+    # As run does: off a terminal a line every PROGRESS_EVERY_S (shortened here) with rank 0's
+    # runs done; none with --no-progress.
+    from tests.cli_helpers import run_cli
+    from treeattn.cli import progress as progress_cli
+
+    monkeypatch.setattr(progress_cli, "PROGRESS_EVERY_S", 0.02)
+    plan = small_plan(tmp_path)
+    args = ("emulate", "run", "emu-2x4", str(plan), "--ranks", "0,4", "--warmup", "0", "--out", str(tmp_path / "r.csv"))
+    res = run_cli(*args, "--repeats", "2000")  # seconds: the launcher looks at rank 0's figures twice a second
+    assert res.exit_code == 0, res.stderr
+    assert any(ln.startswith("measuring: timed runs: plan of star.yaml: ") and "/2,001 steps, " in ln
+               for ln in res.stderr.splitlines()), res.stderr
+    res = run_cli(*args, "--repeats", "2", "--no-progress")
+    assert res.exit_code == 0 and "measuring: " not in res.stderr, res.stderr
+
+
 def test_a_cluster_held_by_a_run_is_not_taken_by_another(tmp_path):
     # The run that brought a cluster up removes it as it ends, with every rank inside: a second
     # run of the same topology meanwhile brings up its own (it took the first's, and lost its

@@ -26,6 +26,7 @@ from rich.table import Table
 from treeattn.cli import app, err_console
 from treeattn.cli.options import JsonOpt, MeasureOrder, OrderOpt, RanksOpt, load_topology
 from treeattn.cli.paths import OUT_PATH
+from treeattn.cli.progress import progress_reporter
 from treeattn.cli.render import console
 from treeattn.errors import EmulationError, ExecutionError, InputError
 from treeattn.exec.deadline import MAX_ITERATIONS
@@ -239,6 +240,9 @@ def run_cmd(
                                              "NAME.timeline.csv beside it); default results/runs/RUN-ID.csv (the "
                                              "time, then the plan's name).")] = None,
     json_out: JsonOpt = False,
+    progress: Annotated[bool | None, typer.Option("--progress/--no-progress",
+                                                  help="Progress on stderr (runs done): a bar on a terminal, else "
+                                                  "a line every 10 s.")] = None,
 ) -> None:
     """Run PLAN on the emulated TOPOLOGY (gloo, one rank per namespace) and compare with the prediction."""
     from treeattn.cli.run import emit_results, load_checked, run_rows
@@ -269,8 +273,9 @@ def run_cmd(
         if not topo.calibrated:  # as run says of a machine's shipped figures
             err_console.print(f"[cyan]note:[/] {escape(_uncalibrated_emulation(topo, topology))}")
         label = plan_file.name
-        with _interruptible(), emulated(topo, scale=scale) as cluster:
-            result = launch_in_cluster(cluster, Job((PlanJob(label, plan, ring_order=ring),), options))
+        with _interruptible(), emulated(topo, scale=scale) as cluster, \
+                progress_reporter(progress, "measuring") as update:
+            result = launch_in_cluster(cluster, Job((PlanJob(label, plan, ring_order=ring),), options), progress=update)
         emit_results(result, plan, label, predictions, run_id, rows, json_out)
 
 

@@ -21,18 +21,20 @@ from treeattn.errors import InputError, TreeattnError
 from treeattn.interrupts import shielded
 
 if TYPE_CHECKING:
-    from treeattn.exec.runner import Job, JobResult
+    from treeattn.exec.runner import Job, JobResult, Progress
 
 __all__ = ["launch_in_cluster"]
 
 
-def launch_in_cluster(cluster: Cluster, job: Job, *, timeout_s: float = 1800.0) -> JobResult:
+def launch_in_cluster(cluster: Cluster, job: Job, *, timeout_s: float = 1800.0,
+                      progress: Progress | None = None) -> JobResult:
     """Run ``job`` on the cluster's ranks and return rank 0's result.
 
     Args:
         cluster: a running emulated cluster with as many ranks as the job's plans.
         job: plans and options, as for ``treeattn.exec.launch.launch``.
         timeout_s: limit for the whole job (each rank also keeps the job's own deadlines).
+        progress: ``progress(runs done, runs known, what)`` as rank 0 gets on (as ``launch``).
 
     Returns:
         The ``JobResult`` rank 0 wrote.
@@ -42,7 +44,7 @@ def launch_in_cluster(cluster: Cluster, job: Job, *, timeout_s: float = 1800.0) 
         ExecutionError: a rank failed, died or timed out (the message names the first, and
             the folder that keeps every rank's output).
     """
-    from treeattn.exec.launch import GRACE_S, keep_output, run_directory
+    from treeattn.exec.launch import GRACE_S, keep_output, relay_progress, run_directory
 
     n = job.ranks
     if n != cluster.num_ranks:
@@ -58,7 +60,8 @@ def launch_in_cluster(cluster: Cluster, job: Job, *, timeout_s: float = 1800.0) 
                     "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads)}
 
         results = run_in_namespaces(cluster, lambda r: [sys.executable, "-m", "treeattn.exec.worker", str(tmp)],
-                                    env, timeout_s=timeout_s, fail_fast_s=GRACE_S)
+                                    env, timeout_s=timeout_s, fail_fast_s=GRACE_S,
+                                    tick=None if progress is None else relay_progress(tmp, progress))
         if any(res.returncode for res in results):
             failure = _failure(tmp, results)
             kept = failure.exit_code != 2  # bad input is said in full by the message

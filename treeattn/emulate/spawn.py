@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from treeattn.emulate.cluster import MASTER_PORT, Cluster
 from treeattn.errors import ExecutionError
 
+_TICK_S = 0.5
+"""How often a watch with a ``tick`` calls it (the launcher's progress, as ``exec.launch`` looks)."""
+
 __all__ = ["RankResult", "run_in_namespaces"]
 
 
@@ -44,6 +47,7 @@ def run_in_namespaces(
     fail_fast_s: float | None = 5.0,
     check: bool = False,
     cwd: str | None = None,
+    tick: Callable[[], None] | None = None,
 ) -> tuple[RankResult, ...]:
     """Start ``cmd_for_rank(r)`` inside rank r's namespace for every rank, wait for all.
 
@@ -61,6 +65,7 @@ def run_in_namespaces(
             (they would wait for it forever); None waits for all.
         check: raise ``ExecutionError`` when a rank fails instead of returning.
         cwd: working directory of the ranks.
+        tick: called about every ``_TICK_S`` while the ranks run (progress).
 
     Returns:
         One result per started rank, in rank order.
@@ -94,8 +99,12 @@ def run_in_namespaces(
             procs[r] = (proc, out, err)
         deadline = time.monotonic() + timeout_s
         failed_at: float | None = None
+        ticked = time.monotonic()
         while any(p.poll() is None for p, _, _ in procs.values()):
             now = time.monotonic()
+            if tick is not None and now - ticked >= _TICK_S:
+                ticked = now
+                tick()
             if failed_at is None and any(p.returncode not in (None, 0) for p, _, _ in procs.values()):
                 failed_at = now
             if now > deadline:

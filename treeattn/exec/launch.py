@@ -57,7 +57,7 @@ from treeattn.interrupts import hard_exit, raise_interrupt, shielded, stopping_s
 
 __all__ = ["RankEnv", "detect_env", "check_world", "slurm_bound", "slurm_threads", "launch", "launch_local",
            "free_port", "run_directory", "keep_output", "rank_failure", "GRACE_S", "available_bytes",
-           "host_memory_problem"]
+           "host_memory_problem", "relay_progress"]
 
 _NOT_JOINED = re.compile(r"ranks? [\d, -]+ of \d+ did not connect within ")
 """``rendezvous.wait_joined``'s words for ranks that never connected: said by a rank that waited,
@@ -426,7 +426,7 @@ def launch_local(job: Job, progress: Progress | None = None) -> JobResult:
                 with open(tmp / f"rank{r}.log", "wb") as log:
                     procs.append(subprocess.Popen([sys.executable, "-m", "treeattn.exec.worker", str(tmp)],
                                                   env=env, stdout=log, stderr=subprocess.STDOUT))
-        relay = None if progress is None else _relay(tmp, progress)
+        relay = None if progress is None else relay_progress(tmp, progress)
         killed = _watch(procs, relay)
         codes = [p.returncode for p in procs]
         if any(codes):
@@ -592,8 +592,9 @@ def host_memory_problem(job: Job, available: int | None) -> str:
     return memory_problem(job, range(job.ranks), available, "this host") or ""
 
 
-def _relay(tmp: Path, progress: Progress) -> Callable[[], None]:
-    """What ``_watch`` calls between its looks: passes rank 0's progress file on when it changed."""
+def relay_progress(tmp: Path, progress: Progress) -> Callable[[], None]:
+    """What a launcher's watch calls between its looks (``_watch``, ``emulate.spawn``): passes
+    rank 0's progress file in the run directory ``tmp`` on when it changed."""
     last: list[tuple[int, int, str] | None] = [None]
 
     def look() -> None:
