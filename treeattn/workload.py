@@ -225,7 +225,7 @@ class Workload:
             check_bytes(self.cache_bytes(worst),
                         f"workload: rank {worst}'s KV cache of {counted(self.layers, 'layer')} (batch {self.batch} x "
                         f"{self.split[worst]} tokens x {counted(self.kv_heads, 'KV head')} x {per_token} values x "
-                        f"{self.kv_dtype.nbytes} bytes a layer)")
+                        f"{counted(self.kv_dtype.nbytes, 'byte')} a layer)")
         except InputError as exc:  # say what to change, as plan's memory check does below this size
             raise KVCacheTooLargeError(f"{exc}: use more ranks, a shorter sequence or a smaller batch") from None
 

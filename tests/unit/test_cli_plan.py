@@ -336,6 +336,29 @@ def test_compare_leaves_out_the_lengths_whose_kv_cache_fits_no_device():
     assert "over 1 TiB" in gone["why"]
 
 
+def _plan_over(tmp_path: Path, topology: str, workload: Path, *flags: str) -> tuple:
+    """``plan`` of ``workload`` with ``flags`` over it: the result and the plan file's text ("" if none)."""
+    out = tmp_path / "p.yaml"
+    out.unlink(missing_ok=True)
+    res = run_cli("plan", "-t", topology, "--workload", str(workload), *flags, "-o", str(out))
+    return res, out.read_text() if out.exists() else ""
+
+
+def test_a_workload_files_own_batch_no_device_holds_is_checked_at_the_flags(tmp_path):
+    # 405B at 1M tokens for a batch of 4096 is 252 TiB of KV a rank: --batch 1 (or a shorter
+    # -n, a smaller --kv-dtype, fewer --layers) replaces the size the file's own checks met
+    # first, which refused the file before the flag could apply.
+    wl = tmp_path / "big.yaml"
+    wl.write_text("model: llama-3.1-405b\nseq_len: 1M\nbatch: 4096\n")
+    res, text = _plan_over(tmp_path, "dgx-h100", wl, "--batch", "1")
+    assert res.exit_code == 0, res.stderr
+    assert "batch: 1," in text and "seq_len: 1048576," in text
+    res, _ = _plan_over(tmp_path, "dgx-h100", wl, "--kv-dtype", "fp8")
+    assert res.exit_code == 2 and res.stderr.startswith(  # still too large: said at the flag's size
+        f"error: {wl}: rank 0's KV cache of 126 layers (batch 4096 x 131072 tokens x 8 KV heads x 256 values x 1 byte a"
+    ), res.stderr
+
+
 def test_a_workload_files_own_length_no_device_holds_is_refused_unless_replaced(tmp_path):
     # 70B at 64M tokens is 2.5 TiB of KV a rank on one node: the file's error, said as the
     # file's, where nothing replaces its length; -n's length replaces it (and is what is checked).
@@ -343,7 +366,7 @@ def test_a_workload_files_own_length_no_device_holds_is_refused_unless_replaced(
     wl.write_text("model: llama-3.1-70b\nbatch: 1\nseq_len: 64M\n")
     res = run_cli("plan", "-t", "dgx-h100", "--workload", str(wl), "-o", str(tmp_path / "p.yaml"))
     assert res.exit_code == 2 and res.stderr.startswith(
-        f"error: {wl}: workload: rank 0's KV cache of 80 layers (batch 1 x 8388608 tokens x 8 KV heads x 256 values x "
+        f"error: {wl}: rank 0's KV cache of 80 layers (batch 1 x 8388608 tokens x 8 KV heads x 256 values x "
         "2 bytes a layer) is 2.5 TiB, over 1 TiB"), res.stderr
     res = run_cli("compare", "-t", "dgx-h100", "--nodes", "1,4", "-n", "64K", "--workload", str(wl), "--json")
     assert res.exit_code == 0, res.stderr
@@ -362,18 +385,18 @@ def test_heads_over_a_workload_file_without_kv_heads_takes_them_along(tmp_path):
     # refused: 'workload.kv_heads (12) must divide --heads (7)', a key the file does not have)
     wl = tmp_path / "wl.yaml"
     wl.write_text("heads: 12\nhead_dim: 64\nseq_len: 4K\n")
-    res = run_cli("plan", "-t", "cpu:ranks=4", "--workload", str(wl), "--heads", "7", "-o", str(tmp_path / "p.yaml"))
+    res, text = _plan_over(tmp_path, "cpu:ranks=4", wl, "--heads", "7")
     assert res.exit_code == 0, res.stderr
-    assert "kv_heads: 7," in (tmp_path / "p.yaml").read_text() and "q_heads: 7," in (tmp_path / "p.yaml").read_text()
+    assert "kv_heads: 7," in text and "q_heads: 7," in text
     wl.write_text("heads: 12\nkv_heads: 4\nhead_dim: 64\nseq_len: 4K\n")  # grouped: its KV heads stay
-    res = run_cli("plan", "-t", "cpu:ranks=4", "--workload", str(wl), "--heads", "8", "-o", str(tmp_path / "p.yaml"))
-    assert res.exit_code == 0 and "kv_heads: 4," in (tmp_path / "p.yaml").read_text(), res.stderr
+    res, text = _plan_over(tmp_path, "cpu:ranks=4", wl, "--heads", "8")
+    assert res.exit_code == 0 and "kv_heads: 4," in text, res.stderr
     # a file's key that a flag does not fit is named as the file's (it was 'workload.kv_heads')
-    res = run_cli("plan", "-t", "cpu:ranks=4", "--workload", str(wl), "--heads", "6", "-o", str(tmp_path / "p.yaml"))
+    res, _ = _plan_over(tmp_path, "cpu:ranks=4", wl, "--heads", "6")
     assert res.exit_code == 2 and res.stderr == f"error: kv_heads of {wl} (4) must divide --heads (6)\n", res.stderr
     # and a file that does not hold alone is refused as the file, in its keys' words (the preset's named as such)
     wl.write_text("model: llama-3.1-8b\nheads: 7\nseq_len: 4K\n")
-    res = run_cli("plan", "-t", "cpu:ranks=4", "--workload", str(wl), "-o", str(tmp_path / "p.yaml"))
+    res, _ = _plan_over(tmp_path, "cpu:ranks=4", wl)
     assert res.exit_code == 2 and res.stderr == (f"error: {wl}: heads (7) must be a multiple of llama-3.1-8b's 8 KV "
                                                  "heads; give kv_heads as well\n"), res.stderr
 

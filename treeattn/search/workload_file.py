@@ -303,6 +303,7 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
     except (InputError, ValueError) as exc:  # the shape's own checks: name the file they read
         text = str(exc)
         kind = KVCacheTooLargeError if isinstance(exc, KVCacheTooLargeError) else WorkloadError
+        text = text.removeprefix("workload: ") if where != "workload" else text  # the shape's own word for itself
         raise kind(text if text.startswith(where) else f"{where}: {text}") from None
 
 
@@ -340,13 +341,20 @@ def load_workload(path: str | Path, *, ranks: int | None = None,
     except KVCacheTooLargeError as exc:
         if not own_length:
             raise  # the flags' length: compare leaves that length out
-        if isinstance(missing, Mapping) and {"seq_len", "split"} & {k for k, v in missing.items() if v is not None}:
-            # A length of the file's own that the flags replace decides nothing: the shape is
-            # checked at theirs (the caller then builds it with them).
-            length = {k: missing[k] for k in ("seq_len", "split") if missing.get(k) is not None}
-            kept = {k: v for k, v in data.items() if k not in ("seq_len", "split")}
-            return workload_from_dict({**kept, **length}, ranks=ranks, where=str(path), file=True)
-        raise WorkloadError(str(exc)) from None  # the file's own length, which no flag replaces
+        given = {k: v for k, v in (missing or {}).items() if v is not None and k in _SIZE_KEYS}
+        if given:
+            # A size of the file's own that the flags replace (its length, batch, layers or KV
+            # type) decides nothing: the shape is checked at theirs (the caller then builds it
+            # with them).
+            replaced = ("seq_len", "split") if {"seq_len", "split"} & set(given) else ()
+            kept = {k: v for k, v in data.items() if k not in (*replaced, *given)}
+            return workload_from_dict({**kept, **given}, ranks=ranks, where=str(path), file=True)
+        raise WorkloadError(str(exc)) from None  # the file's own size, which no flag replaces
+
+
+_SIZE_KEYS = ("seq_len", "split", "batch", "layers", "kv_dtype")
+"""The keys that size a KV cache without changing its shape: a flag that gives one replaces the
+file's in the size check (``load_workload``)."""
 
 
 def _kind(data: Mapping[str, Any]) -> Any:  # noqa: ANN401 - as written, checked by workload_from_dict
