@@ -133,3 +133,17 @@ def _reaped_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
+
+
+def test_down_of_every_run_leaves_one_a_live_command_holds() -> None:
+    # A validate or emulate run in another shell removes its own cluster as it ends; `down`
+    # of every run killed its ranks (a CI run's validate failed with status 143 that way).
+    from treeattn.emulate.cluster import _removable
+
+    me = os.getpid()
+    known = {"aaaaaa": {"condition": "ready"}, "bbbbbb": {"condition": f"in use by pid {me}"},
+             "cccccc": {"condition": "ready (left by pid 1, which ended without removing it)"},
+             "dddddd": {"condition": "broken (pid 2 ended while making it; treeattn emulate down removes it)"}}
+    removed, left = _removable(known, None)
+    assert sorted(removed) == ["aaaaaa", "cccccc", "dddddd"] and left == ("bbbbbb",)
+    assert _removable({"bbbbbb": known["bbbbbb"]}, "bbbbbb") == ({"bbbbbb": known["bbbbbb"]}, ())  # named: removed

@@ -124,10 +124,13 @@ def down_cmd(run_id: IdOpt = None, json_out: JsonOpt = False) -> None:
         res = down(run_id)
     if json_out:
         typer.echo(json.dumps({"run_ids": list(res.run_ids), "namespaces": list(res.namespaces),
-                               "killed": list(res.killed)}, sort_keys=True, indent=2))
+                               "killed": list(res.killed), "left": list(res.left)}, sort_keys=True, indent=2))
         return
     typer.echo(f"removed {counted(len(res.namespaces), 'namespace')} of {counted(len(res.run_ids), 'run')}"
                + (f", killed {len(res.killed)} process{'' if len(res.killed) == 1 else 'es'}" if res.killed else ""))
+    for rid in res.left:  # another shell's validate or emulate run: removing it would kill its ranks
+        typer.echo(f"left {rid}: another command runs on it and removes it as it ends "
+                   f"(treeattn emulate down --id {rid} removes it now)")
 
 
 @emulate_app.command("status")

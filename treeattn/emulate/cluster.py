@@ -96,6 +96,8 @@ class DownResult:
     run_ids: tuple[str, ...]
     namespaces: tuple[str, ...]
     killed: tuple[int, ...]
+    left: tuple[str, ...] = ()
+    """Runs ``down`` of every run left up: in use by a live command (their condition says which)."""
 
 
 def _state_file(run_id: str) -> Path:
@@ -219,7 +221,10 @@ def down(run_id: str | None = None) -> DownResult:
     """Remove a run (or every run) and kill the processes inside its namespaces.
 
     Args:
-        run_id: the run to remove; None removes every ``ta-RUNID-`` namespace and state file.
+        run_id: the run to remove; None removes every ``ta-RUNID-`` namespace and state file
+            but those of a cluster a live command brought up for itself and still runs on
+            (``emulated``: a validate or an emulate run of another shell), which it leaves,
+            naming them; ``run_id`` removes any.
 
     Returns:
         The run ids, namespaces and process ids it removed or killed.
@@ -236,6 +241,7 @@ def down(run_id: str | None = None) -> DownResult:
             there = f"there are: {', '.join(sorted(known))} (treeattn emulate status)" if known else "there are none"
             raise InputError(f"no emulated cluster {run_id} on this machine; {there}")
         known = {run_id: known[run_id]}
+    known, left = _removable(known, run_id)
     removed: list[str] = []
     killed: list[int] = []
     with shielded():
@@ -245,7 +251,14 @@ def down(run_id: str | None = None) -> DownResult:
             k, r = _remove(rid, nss)
             killed += k
             removed += r
-    return DownResult(tuple(sorted(known)), tuple(removed), tuple(killed))
+    return DownResult(tuple(sorted(known)), tuple(removed), tuple(killed), left)
+
+
+def _removable(known: dict[str, dict], run_id: str | None) -> tuple[dict[str, dict], tuple[str, ...]]:
+    """Of the runs ``known`` (``list_clusters``, by id), those ``down(run_id)`` removes, and those
+    it leaves: with no id, every run but one a live command holds (``_condition``: in use)."""
+    left = tuple(rid for rid, c in sorted(known.items()) if run_id is None and c["condition"].startswith("in use"))
+    return {rid: c for rid, c in known.items() if rid not in left}, left
 
 
 def _remove(run_id: str, namespaces: list[str]) -> tuple[list[int], list[str]]:
