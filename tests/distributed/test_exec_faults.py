@@ -169,9 +169,13 @@ def test_torchrun_sets_one_thread_only_with_several_processes_a_node(nproc, thre
     ({"LOCAL_RANK": "x"}, "variable LOCAL_RANK='x': not an integer"),
     ({"MASTER_PORT": "abc"}, "variable MASTER_PORT='abc': not an integer"),
     ({"MASTER_PORT": "99999"}, "MASTER_PORT=99999 is not a TCP port"),
-    # A host name no lookup can find (a label over 63 characters): every rank would try to
-    # reach it until the set-up deadline (test_exec_cli has a mistyped name, end to end).
-    ({"MASTER_ADDR": "x" * 64}, f"MASTER_ADDR={'x' * 64} names no host (label too long)"),
+    # A host no lookup can ever find as written (torch's traceback, or a wait to the deadline);
+    # a name that does not resolve yet is waited for (test_exec_cli, test_exec_rendezvous).
+    ({"MASTER_ADDR": "x" * 64}, f"MASTER_ADDR={'x' * 64} is no host name (label too long)"),
+    ({"MASTER_ADDR": "[::1]"}, "MASTER_ADDR=[::1]: write the address without brackets (::1)"),
+    ({"MASTER_ADDR": "node-0:29500"}, "MASTER_ADDR=node-0:29500 holds a port: give the host alone (node-0) and the "
+                                      "port in MASTER_PORT"),
+    ({"MASTER_ADDR": "node-0\n"}, "MASTER_ADDR='node-0\\n' holds a space or a control character"),
     ({"RANK": None, "WORLD_SIZE": None, "SLURM_PROCID": "4", "SLURM_NTASKS": "4"},
      "SLURM_PROCID=4 is not a rank of SLURM_NTASKS=4"),
     ({"RANK": None, "WORLD_SIZE": None, "SLURM_PROCID": "0", "SLURM_NTASKS": "two"}, "variable SLURM_NTASKS='two'"),

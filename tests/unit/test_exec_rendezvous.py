@@ -173,3 +173,33 @@ def test_a_rank_that_comes_after_rank_0_gave_up_says_so():
     assert str(caught.value) == ("rank 2 reached the store after rank 0's set-up deadline had passed (10 s; rank 0 "
                                  "gave up on 1): start every rank within the deadline, or give a longer one with "
                                  "--setup-timeout")
+
+
+def test_a_name_that_does_not_resolve_is_waited_for_and_said_early(monkeypatch):
+    # A new host's DNS record may come after its peers start: waited for within the deadline;
+    # a mistyped name is said after UNRESOLVED_WARN_S (once), not first at the deadline.
+    from treeattn.exec.rendezvous import UNRESOLVED_WARN_S, wait_resolvable
+
+    lookups, comes_at = [], [12]
+
+    def getaddrinfo(host, *args, **kwargs):
+        lookups.append(host)
+        if len(lookups) < comes_at[0]:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.7", 0))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    clock, said = _Clock(), []
+    wait_resolvable("node-0", 1, clock.now + 60, 60, clock=clock, sleep=clock.sleep, warn=said.append)
+    assert len(lookups) == 12 and UNRESOLVED_WARN_S <= sum(clock.slept) < 60  # it came: no error
+    assert said == ["warning: rank 1: MASTER_ADDR=node-0 does not resolve (name or service not known); waiting for "
+                    "it until the 60 s set-up deadline (a mistyped name? Ctrl-C stops)"]
+    lookups.clear()
+    comes_at[0] = 10**9  # never
+    clock, said = _Clock(), []
+    with pytest.raises(ExecutionError) as caught:
+        wait_resolvable("node-0", 2, clock.now + 8, 8, clock=clock, sleep=clock.sleep, warn=said.append)
+    assert str(caught.value) == ("rank 2 could not resolve MASTER_ADDR=node-0 within the 8 s set-up deadline: name "
+                                 "or service not known (a mistyped host name, or one whose DNS record never came; "
+                                 "treeattn run takes a longer deadline with --setup-timeout)")
+    assert len(said) == 1 and sum(clock.slept) == pytest.approx(8)

@@ -351,8 +351,9 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None,
         if progress is not None:
             progress(*runs, what)
 
-    result = launch(Job(tuple(PlanJob(label, plan, named=_named(meta, opt)) for label, plan, meta in planned),
-                        run_opts),
+    jobs = tuple(PlanJob(label, plan, named=_named(meta, opt), smaller="a lower --max-size" if _named(meta, opt)
+                         else "") for label, plan, meta in planned)
+    result = launch(Job(jobs, run_opts),
                     progress=None if progress is None else relay)
     if result is None:
         return None

@@ -115,21 +115,24 @@ def detect_env(environ: dict[str, str] | None = None) -> RankEnv | None:
 
 
 def _check_host(addr: str) -> None:
-    """Refuse a ``MASTER_ADDR`` that names no host (mistyped, say): every rank would try to reach
-    it until the set-up deadline (minutes). A resolver that does not answer (``EAI_AGAIN``) is
-    left to the rank's own retries (``rendezvous.reach_store``)."""
+    """Refuse a ``MASTER_ADDR`` no lookup can ever resolve, as written: a bracketed IPv6
+    address or a host with its port (torch takes neither), a control character, a label the
+    IDNA codec refuses (empty or over 63 characters). A name that does not resolve (yet) is the
+    rendezvous's to wait for within the set-up deadline (``rendezvous.wait_resolvable``): a new
+    host's DNS record may come after its peers start."""
+    shown = addr if addr.isprintable() else repr(addr)
+    if addr.startswith("[") and addr.endswith("]"):
+        raise InputError(f"MASTER_ADDR={shown}: write the address without brackets ({addr[1:-1]})")
+    host, colon, port = addr.rpartition(":")
+    if colon and port.isdigit() and host and ":" not in host:
+        raise InputError(f"MASTER_ADDR={shown} holds a port: give the host alone ({host}) and the port in "
+                         "MASTER_PORT")
+    if not addr.isprintable() or any(c.isspace() for c in addr):
+        raise InputError(f"MASTER_ADDR={shown} holds a space or a control character: no host is named so")
     try:
-        socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
-    except UnicodeError as exc:  # a label empty or over 63 characters, which the IDNA codec refuses
-        problem = str(exc.__cause__ or exc)
-    except socket.gaierror as exc:
-        if exc.errno not in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
-            return
-        problem = (exc.strerror or str(exc)).lower()
-    else:
-        return
-    raise InputError(f"MASTER_ADDR={addr} names no host ({problem}): set it to the address or host name of "
-                     "the machine of rank 0 (or of torchrun's rendezvous)")
+        addr.encode("idna")
+    except UnicodeError as exc:  # what getaddrinfo raises for it, as a traceback
+        raise InputError(f"MASTER_ADDR={shown} is no host name ({exc.__cause__ or exc})") from None
 
 
 def slurm_bound(env) -> bool:  # noqa: ANN001 - a mapping
@@ -279,6 +282,7 @@ class _RendezvousLog:
         self._held = tempfile.TemporaryFile()
         self._stderr = os.dup(2)
         os.dup2(self._held.fileno(), 2)
+        rendezvous.notice = self._say
         self._timer = None if self.setup_s is None else threading.Timer(self.setup_s + SETUP_GRACE_S, self._abandon)
         if self._timer is not None:
             self._timer.daemon = True
@@ -290,6 +294,7 @@ class _RendezvousLog:
             self._over = True
         if self._timer is not None:
             self._timer.cancel()
+        rendezvous.notice = None
         sys.stderr.flush()
         os.dup2(self._stderr, 2)
         os.close(self._stderr)
@@ -298,6 +303,11 @@ class _RendezvousLog:
             sys.stderr.flush()
         else:
             self._keep()
+
+    def _say(self, line: str) -> None:
+        """A line of this rank's own during the set-up, past the held stderr (``rendezvous.notice``)."""
+        with contextlib.suppress(OSError):
+            os.write(self._stderr, (line + "\n").encode())
 
     def _text(self) -> bytes:
         with self._held:

@@ -16,7 +16,9 @@ its mark in the store, and rank 0 waits for every mark and then tells the others
 never came (``wait_joined``), so every rank that came names them. Not under torchrun's agent,
 whose store outlives a round of ranks and whose rendezvous started them all.
 
-A rank that does not host the store first waits, within the deadline, until something
+Every rank first waits, within the deadline, until ``MASTER_ADDR`` resolves (a new host's DNS
+record may come after its peers start), saying once after ``UNRESOLVED_WARN_S`` that it waits.
+A rank that does not host the store then waits until something
 accepts TCP connections at ``MASTER_ADDR:MASTER_PORT`` (a bare connection, closed at once; the
 store server ignores it), then lets torch connect with the time left; one that never can
 fails with one line naming the address and why (refused, unresolved, no answer). A server
@@ -32,6 +34,7 @@ import datetime
 import os
 import re
 import socket
+import sys
 import time
 from collections.abc import Callable
 
@@ -39,8 +42,8 @@ import torch.distributed as dist
 
 from treeattn.errors import ExecutionError
 
-__all__ = ["join", "reach_store", "hosts_store", "agent_store", "wait_joined", "first_line", "MIN_LEFT_S",
-           "VERDICT_WAIT_S"]
+__all__ = ["join", "reach_store", "wait_resolvable", "hosts_store", "agent_store", "wait_joined", "first_line",
+           "MIN_LEFT_S", "VERDICT_WAIT_S", "UNRESOLVED_WARN_S"]
 
 MIN_LEFT_S = 0.1
 """The least time a step is given once the store answered: torch's calls need a timeout above
@@ -49,11 +52,56 @@ zero, and a step whose peers are all there takes milliseconds."""
 _PROBE_S = (0.05, 1.0)
 """First and longest pause between attempts to reach the store (doubling in between)."""
 
+UNRESOLVED_WARN_S = 5.0
+"""How long a ``MASTER_ADDR`` may go unresolved before the rank says so (once) and waits on."""
+
 
 def hosts_store(rank: int, environ: dict[str, str] | None = None) -> bool:
     """Whether this process serves the rendezvous store itself: rank 0, unless torchrun's agent
     serves it (``TORCHELASTIC_USE_AGENT_STORE``, read as ``torch.distributed.rendezvous`` does)."""
     return rank == 0 and not agent_store(environ)
+
+
+def wait_resolvable(addr: str, rank: int, deadline: float, setup_s: float,
+                    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                    warn: Callable[[str], None] | None = None) -> None:
+    """Return once ``addr`` resolves; raise ``ExecutionError`` (one line) where it did not before
+    ``deadline``. A name that does not resolve may yet (a new host's DNS record comes after its
+    peers start: a Kubernetes service, a cloud host), so it is waited for; past
+    ``UNRESOLVED_WARN_S`` the rank says once that it waits (``warn``, default stderr), so that a
+    mistyped name is seen at once rather than at the deadline."""
+    start, pause, warned = None, _PROBE_S[0], False
+    while True:
+        try:
+            socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
+            return
+        except socket.gaierror as exc:
+            problem = (exc.strerror or str(exc)).lower()
+        start = clock() if start is None else start  # the clock is read only once a lookup failed
+        left = deadline - clock()
+        if left <= 0:
+            break
+        if not warned and clock() - start >= UNRESOLVED_WARN_S:
+            warned = True
+            (warn or _stderr)(f"warning: rank {rank}: MASTER_ADDR={addr} does not resolve ({problem}); waiting for it "
+                              f"until the {setup_s:g} s set-up deadline (a mistyped name? Ctrl-C stops)")
+        sleep(min(pause, left))
+        pause = min(2 * pause, _PROBE_S[1])
+    raise ExecutionError(f"rank {rank} could not resolve MASTER_ADDR={addr} within the {setup_s:g} s set-up deadline: "
+                         f"{problem} (a mistyped host name, or one whose DNS record never came; treeattn run takes "
+                         "a longer deadline with --setup-timeout)")
+
+
+def _stderr(line: str) -> None:
+    if notice is not None:
+        notice(line)
+        return
+    print(line, file=sys.stderr, flush=True)
+
+
+notice: Callable[[str], None] | None = None
+"""Where a rank says a line during the set-up (``wait_resolvable``'s warning) while its stderr
+is held for torch's log (``exec.launch``, which points this past it); None: stderr."""
 
 
 def reach_store(addr: str, port: int, rank: int, deadline: float, setup_s: float,
@@ -104,6 +152,9 @@ def join(backend: str, rank: int, world: int, setup_s: float, init: dict | None 
 
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
     global stage  # noqa: PLW0603 - read by the launcher's watchdog (exec.launch)
+    stage = "resolving MASTER_ADDR"
+    if addr:
+        wait_resolvable(addr, rank, deadline, setup_s, clock)
     stage = "reaching the rendezvous store"
     if addr and port.isdigit() and hosts_store(rank):
         # torch's env:// rendezvous, but the server does not wait for the clients: wait_joined does

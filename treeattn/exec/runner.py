@@ -125,6 +125,9 @@ class PlanJob:
     named: str = ""
     """How an error before the run names the plan, where its label is no name a user gave
     (calibrate's cases, by the flag that sized them); "" for the label."""
+    smaller: str = ""
+    """What makes its payload smaller, for such an error's fix ("a lower --max-size"); "" for
+    "a smaller payload"."""
 
     def __post_init__(self) -> None:
         if self.ring_order is not None and sorted(self.ring_order) != list(range(self.plan.ranks)):
@@ -333,8 +336,9 @@ def memory_problem(job: Job, ranks: Sequence[int], available: int | None, where:
     for pj in job.plans:
         need = sum(run_bytes(pj.plan, r) for r in ranks)
         if need > available:
-            who, fix = ((f"its {len(ranks)} ranks hold", "use fewer ranks or a smaller payload") if len(ranks) > 1
-                        else (f"rank {ranks[0]} holds", "free that memory or use a smaller payload"))
+            smaller = pj.smaller or "a smaller payload"
+            who, fix = ((f"its {len(ranks)} ranks hold", f"use fewer ranks or {smaller}") if len(ranks) > 1
+                        else (f"rank {ranks[0]} holds", f"free that memory or use {smaller}"))
             needed, has = format_sizes(need, available)
             return (f"{pj.named or pj.label}: {who} at least {needed} at once on {where}, which has {has} "
                     f"available; {fix}")

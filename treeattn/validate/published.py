@@ -141,8 +141,9 @@ GROUP_WORK_STRUCT_US = 0.16
 # the corpus's one table of grouped point-to-point calls on several GPUs a process (8 x A100,
 # -g 8, NCCL < 2.11): the median over its rows of 32 B-2 MiB, flat at 85-90 us, of what each
 # call adds a GPU to the launch floor; in-sample, so those rows' errors are no evidence.
-# Later releases recycle the entries (v2.10.3-1 group.cc); the model knows no channels of
-# theirs for point-to-point calls and leaves it out there.
+# Charged where the model knows the calls' channels (2.8-2.11) and, as the launch floor, only
+# with several GPUs a process; 2.10.3 on recycle the entries (group.cc), which may cost less,
+# and which this one table (release "<2.11") cannot tell.
 GROUP_P2P_CALL_US = 0.32
 SHARED_WORK_FROM: Release = (2, 22, 3)
 """The first NCCL release whose calls share one work description between their channels (tag
