@@ -13,6 +13,7 @@ from pathlib import Path
 
 from treeattn.emulate.commands import Step
 from treeattn.errors import EmulationError
+from treeattn.interrupts import shielded
 
 __all__ = [
     "require_netns",
@@ -45,7 +46,8 @@ def require_netns() -> None:
 def run_step(step: Step) -> str:
     """Run one command; raise ``EmulationError`` with its stderr when it fails."""
     try:
-        proc = subprocess.run(step.argv, input=step.stdin, capture_output=True, text=True, timeout=60)
+        with shielded():  # a signal inside the fork would be dropped (``spawn.run_in_namespaces``): held, then raised
+            proc = subprocess.run(step.argv, input=step.stdin, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise EmulationError(f"{' '.join(step.argv)} failed: {exc}") from None
     if proc.returncode != 0:

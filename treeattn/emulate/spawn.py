@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from treeattn.emulate.cluster import MASTER_PORT, Cluster
 from treeattn.errors import ExecutionError
+from treeattn.interrupts import shielded
 
 _TICK_S = 0.5
 """How often a watch with a ``tick`` calls it (the launcher's progress, as ``exec.launch`` looks)."""
@@ -86,17 +87,20 @@ def run_in_namespaces(
                 env.update(env_for_rank(r))
             out = tempfile.TemporaryFile(mode="w+b")
             err = tempfile.TemporaryFile(mode="w+b")
-            proc = subprocess.Popen(
-                ["ip", "netns", "exec", cluster.rank(r).ns, *argv],
-                stdout=out,
-                stderr=err,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=cwd,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
-            procs[r] = (proc, out, err)
+            # A signal landing inside the fork runs its handler in an at-fork hook, whose
+            # exception Python drops: held here, it is raised once the rank is recorded.
+            with shielded():
+                proc = subprocess.Popen(
+                    ["ip", "netns", "exec", cluster.rank(r).ns, *argv],
+                    stdout=out,
+                    stderr=err,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    cwd=cwd,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+                procs[r] = (proc, out, err)
         deadline = time.monotonic() + timeout_s
         failed_at: float | None = None
         ticked = time.monotonic()

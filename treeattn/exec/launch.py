@@ -433,7 +433,9 @@ def launch_local(job: Job, progress: Progress | None = None) -> JobResult:
         if pick_backend(job.options)[0] == "nccl" or not forked_ranks(tmp, n, env, procs):
             for r in range(n):
                 env.update(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n))
-                with open(tmp / f"rank{r}.log", "wb") as log:
+                # held through the fork, where a signal's handler runs in an at-fork hook whose
+                # exception Python drops; raised once the rank is recorded
+                with open(tmp / f"rank{r}.log", "wb") as log, shielded():
                     procs.append(subprocess.Popen([sys.executable, "-m", "treeattn.exec.worker", str(tmp)],
                                                   env=env, stdout=log, stderr=subprocess.STDOUT))
         relay = None if progress is None else relay_progress(tmp, progress)
@@ -489,7 +491,7 @@ def forked_ranks(tmp: Path, n: int, env: dict[str, str], procs: list) -> bool:
             return False
         starter = None
         try:
-            with open(tmp / "start.log", "wb") as log:
+            with open(tmp / "start.log", "wb") as log, shielded():  # as the ranks' Popen above
                 starter = subprocess.Popen([sys.executable, "-m", "treeattn.exec.worker", str(tmp), "--ranks", str(n)],
                                            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                            process_group=0)
