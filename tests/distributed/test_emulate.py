@@ -124,7 +124,7 @@ def test_check_reuses_a_cluster_that_is_up_and_measures_shaping_and_paths():
         # A namespace deleted by hand: status says so (it said "ready"); down still removes the rest.
         subprocess.run(["ip", "netns", "del", made[-1]], check=True, timeout=60)
         status = subprocess.run([TREEATTN, "emulate", "status", "--json"], capture_output=True, text=True, timeout=60)
-        assert next(c for c in json.loads(status.stdout) if c["run_id"] == run_id)["status"] == (
+        assert next(c for c in json.loads(status.stdout) if c["run_id"] == run_id)["condition"] == (
             f"damaged (1 of 3 namespaces gone: {made[-1]}; treeattn emulate down removes it)")
     finally:
         down = subprocess.run([TREEATTN, "emulate", "down", "--id", run_id], capture_output=True, text=True, timeout=60)
@@ -149,7 +149,7 @@ def test_kill_9_during_up_then_down_removes_everything():
         if state["status"] == "creating":  # status tells a dead maker from one at work (it said "creating")
             status = subprocess.run([TREEATTN, "emulate", "status", "--json"], capture_output=True, text=True,
                                     timeout=60)
-            assert next(c for c in json.loads(status.stdout) if c["run_id"] == run_id)["status"] == (
+            assert next(c for c in json.loads(status.stdout) if c["run_id"] == run_id)["condition"] == (
                 f"broken (pid {proc.pid} ended while making it; treeattn emulate down removes it)")
         res = subprocess.run([TREEATTN, "emulate", "down", "--id", run_id, "--json"], capture_output=True, text=True,
                              timeout=60)
@@ -226,6 +226,38 @@ def test_a_cluster_held_by_a_run_is_not_taken_by_another(tmp_path):
         first.send_signal(signal.SIGINT)
         first.wait(timeout=60)
     assert not [c for c in list_clusters() if c.get("pid") == first.pid]  # it removed its own on SIGINT
+
+
+def test_a_run_on_a_cluster_it_found_up_holds_it_while_it_runs(tmp_path):
+    # Two runs that both found one cluster up ran on it at once (the second: EADDRINUSE on the
+    # rendezvous port); the first now marks it in use, and hands it back as it ends.
+    from treeattn.cli.options import load_topology
+    from treeattn.emulate.cluster import find_cluster, list_clusters
+
+    run_id = "c1a1b0"
+    up = subprocess.run([TREEATTN, "emulate", "up", "emu-2x4", "--ranks", "0,4", "--id", run_id],
+                        capture_output=True, text=True, timeout=60)
+    assert up.returncode == 0, up.stderr
+    try:
+        plan = small_plan(tmp_path)
+        first = subprocess.Popen([TREEATTN, "emulate", "run", "emu-2x4", str(plan), "--ranks", "0,4", "--repeats",
+                                  "100000", "--out", str(tmp_path / "rows.csv")],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 60
+            while not any(c["run_id"] == run_id and c["condition"] == f"in use by pid {first.pid}"
+                          for c in list_clusters()):
+                assert first.poll() is None and time.monotonic() < deadline, "the run did not take the cluster"
+                time.sleep(0.05)
+            assert find_cluster(load_topology("emu-2x4", "0,4")) is None
+        finally:
+            first.send_signal(signal.SIGINT)
+            first.wait(timeout=60)
+        (left,) = [c for c in list_clusters() if c["run_id"] == run_id]
+        assert left["condition"] == "ready" and len(left["live_namespaces"]) == 3  # handed back, still up
+    finally:
+        down = subprocess.run([TREEATTN, "emulate", "down", "--id", run_id], capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0, down.stderr
 
 
 def test_a_failed_emulated_run_keeps_every_ranks_output(tmp_path):

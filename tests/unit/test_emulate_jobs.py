@@ -125,6 +125,15 @@ def test_status_tells_what_became_of_a_cluster() -> None:
     assert _condition({"status": "ready", "pid": dead, "held": True, "namespaces": made}, live) == (
         f"ready (left by pid {dead}, which ended without removing it)")
     assert _condition({"status": "orphaned", "namespaces": []}, live) == "orphaned"
+    # a command that found it up and runs on it (its pid and start time; a pid reused is not it)
+    from treeattn.emulate.cluster import _start_time
+
+    mine = {"pid": me, "started": _start_time(me)}
+    assert _condition({"status": "ready", "pid": dead, "user": mine, "namespaces": made}, live) == f"in use by pid {me}"
+    reused = {"pid": me, "started": _start_time(me) + 1}
+    assert _condition({"status": "ready", "pid": dead, "user": reused, "namespaces": made}, live) == "ready"
+    assert _condition({"status": "ready", "pid": me, "started": _start_time(me) + 1, "held": True,
+                       "namespaces": made}, live) == f"ready (left by pid {me}, which ended without removing it)"
 
 
 def _reaped_pid() -> int:

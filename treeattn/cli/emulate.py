@@ -138,7 +138,9 @@ def status_cmd(json_out: JsonOpt = False) -> None:
     """List the emulated clusters on this machine."""
     from treeattn.emulate import list_clusters
 
-    rows = [{"run_id": c["run_id"], "status": c["condition"], "topology": c.get("topology", "?"),
+    # status: the state file's word (ready, creating); condition: what became of it (in use, damaged...)
+    rows = [{"run_id": c["run_id"], "status": c.get("status", "?"), "condition": c["condition"],
+             "topology": c.get("topology", "?"),
              "scale": c.get("scale"), "namespaces": len(c.get("live_namespaces", []))} for c in list_clusters()]
     if json_out:
         typer.echo(json.dumps(rows, sort_keys=True, indent=2))
@@ -151,7 +153,8 @@ def status_cmd(json_out: JsonOpt = False) -> None:
         table.add_column(col)
     for r in rows:
         # escape: a rank selection's "[ranks 0,4]" would otherwise be read as markup and vanish
-        table.add_row(r["run_id"], r["status"], escape(str(r["topology"])), str(r["scale"]), str(r["namespaces"]))
+        table.add_row(r["run_id"], escape(r["condition"]), escape(str(r["topology"])), str(r["scale"]),
+                      str(r["namespaces"]))
     console().print(table)
 
 

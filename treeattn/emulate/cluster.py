@@ -11,6 +11,7 @@ up themselves on an exception, Ctrl-C (SIGINT), SIGTERM or SIGHUP.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -110,6 +111,7 @@ def _write_state(layout: Layout, status: str, *, held: bool = False) -> None:
         "run_id": layout.run_id,
         "status": status,
         "pid": os.getpid(),
+        "started": _start_time(os.getpid()),
         "held": held,
         "topology": layout.topology,
         "fingerprint": layout.fingerprint,
@@ -157,23 +159,72 @@ def _condition(data: dict, live: set[str]) -> str:
     gone = [ns for ns in made if ns not in live]
     if gone:
         return f"damaged ({len(gone)} of {len(made)} namespaces gone: {gone[0]}; treeattn emulate down removes it)"
+    user = data.get("user") or {}
+    if _alive(user.get("pid"), user.get("started")):  # a command that found it up and runs on it
+        return f"in use by pid {user['pid']}"
     if data.get("held"):  # brought up for one command, which removes it as it ends
-        return f"in use by pid {pid}" if _alive(pid) else f"ready (left by pid {pid}, which ended without removing it)"
+        if _alive(pid, data.get("started")):
+            return f"in use by pid {pid}"
+        return f"ready (left by pid {pid}, which ended without removing it)"
     return status
 
 
-def _alive(pid: object) -> bool:
-    """Whether process ``pid`` runs: a zombie does not (killed, it waits for a parent that may
-    never reap it: in a container whose first process reaps none)."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command's name (state first), or None."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
     except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])  # the state follows the command's name
+        return None
+    return stat.rpartition(")")[2].split()
+
+
+def _start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot: ``/proc/PID/stat`` field 22), which
+    tells it from a later process given the same pid."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields and len(fields) > 19 and fields[19].isdigit() else None
+
+
+def _alive(pid: object, started: object = None) -> bool:
+    """Whether process ``pid`` runs, and is the one that started at ``started`` where given (a
+    pid is reused): a zombie does not run (killed, it waits for a parent that may never reap
+    it: in a container whose first process reaps none)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    if not Path(f"/proc/{pid}").exists():
+        return False
+    fields = _stat_fields(pid)
+    if fields is None:
+        return True  # there, but unreadable: another user's
+    if fields[:1] in (["Z"], ["X"]):
+        return False
+    return not isinstance(started, int) or _start_time(pid) == started
+
+
+@contextlib.contextmanager
+def _state_lock() -> Iterator[None]:
+    """This machine's emulate commands one at a time through it (an exclusive ``flock``)."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _set_user(run_id: str, user: dict | None) -> None:
+    """Record in run ``run_id``'s state the command that runs on it (None: none), for
+    ``emulate status``, ``find_cluster`` and ``down`` of every run; a state gone is left gone."""
+    path = _state_file(run_id)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    data["user"] = user
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True, indent=1) + "\n")
+    tmp.replace(path)
 
 
 def new_run_id() -> str:
@@ -318,9 +369,16 @@ def emulated(topo: Topology, *, scale: float = 1.0, reuse: bool = True) -> Itera
     Yields:
         The cluster.
     """
-    existing = find_cluster(topo, scale) if reuse else None
+    with _state_lock():  # two commands must not both find one free and take it
+        existing = find_cluster(topo, scale) if reuse else None
+        if existing is not None:
+            _set_user(existing.run_id, {"pid": os.getpid(), "started": _start_time(os.getpid())})
     if existing is not None:
-        yield existing
+        try:
+            yield existing
+        finally:
+            with shielded():
+                _set_user(existing.run_id, None)
         return
     require_netns()
     run_id = new_run_id()
