@@ -209,50 +209,45 @@ def test_a_cluster_held_by_a_run_is_not_taken_by_another(tmp_path):
     # The run that brought a cluster up removes it as it ends, with every rank inside: a second
     # run of the same topology meanwhile brings up its own (it took the first's, and lost its
     # ranks when the first ended).
+    from treeattn.emulate.cluster import list_clusters
+
+    first = _run_holding_a_cluster(tmp_path)
+    assert not [c for c in list_clusters() if c.get("pid") == first.pid]  # it removed its own on SIGINT
+
+
+def _run_holding_a_cluster(tmp_path: Path, run_id: str | None = None) -> subprocess.Popen:
+    """An emulate run of a long plan, started and waited for until it runs on a cluster (run
+    ``run_id``, or any) that ``find_cluster`` then does not offer, and ended by SIGINT."""
     from treeattn.cli.options import load_topology
     from treeattn.emulate.cluster import find_cluster, list_clusters
 
-    plan = small_plan(tmp_path)
-    first = subprocess.Popen([TREEATTN, "emulate", "run", "emu-2x4", str(plan), "--ranks", "0,4", "--repeats",
-                              "100000", "--out", str(tmp_path / "rows.csv")],
+    first = subprocess.Popen([TREEATTN, "emulate", "run", "emu-2x4", str(small_plan(tmp_path)), "--ranks", "0,4",
+                              "--repeats", "100000", "--out", str(tmp_path / "rows.csv")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
-        while not any(c["condition"] == f"in use by pid {first.pid}" for c in list_clusters()):
-            assert first.poll() is None and time.monotonic() < deadline, "the first run did not bring a cluster up"
+        while not any(c["condition"] == f"in use by pid {first.pid}" and run_id in (None, c["run_id"])
+                      for c in list_clusters()):
+            assert first.poll() is None and time.monotonic() < deadline, "the run did not take a cluster"
             time.sleep(0.05)
         assert find_cluster(load_topology("emu-2x4", "0,4")) is None
     finally:
         first.send_signal(signal.SIGINT)
         first.wait(timeout=60)
-    assert not [c for c in list_clusters() if c.get("pid") == first.pid]  # it removed its own on SIGINT
+    return first
 
 
 def test_a_run_on_a_cluster_it_found_up_holds_it_while_it_runs(tmp_path):
     # Two runs that both found one cluster up ran on it at once (the second: EADDRINUSE on the
     # rendezvous port); the first now marks it in use, and hands it back as it ends.
-    from treeattn.cli.options import load_topology
-    from treeattn.emulate.cluster import find_cluster, list_clusters
+    from treeattn.emulate.cluster import list_clusters
 
     run_id = "c1a1b0"
     up = subprocess.run([TREEATTN, "emulate", "up", "emu-2x4", "--ranks", "0,4", "--id", run_id],
                         capture_output=True, text=True, timeout=60)
     assert up.returncode == 0, up.stderr
     try:
-        plan = small_plan(tmp_path)
-        first = subprocess.Popen([TREEATTN, "emulate", "run", "emu-2x4", str(plan), "--ranks", "0,4", "--repeats",
-                                  "100000", "--out", str(tmp_path / "rows.csv")],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 60
-            while not any(c["run_id"] == run_id and c["condition"] == f"in use by pid {first.pid}"
-                          for c in list_clusters()):
-                assert first.poll() is None and time.monotonic() < deadline, "the run did not take the cluster"
-                time.sleep(0.05)
-            assert find_cluster(load_topology("emu-2x4", "0,4")) is None
-        finally:
-            first.send_signal(signal.SIGINT)
-            first.wait(timeout=60)
+        _run_holding_a_cluster(tmp_path, run_id)
         (left,) = [c for c in list_clusters() if c["run_id"] == run_id]
         assert left["condition"] == "ready" and len(left["live_namespaces"]) == 3  # handed back, still up
     finally:
