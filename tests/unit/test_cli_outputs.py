@@ -240,6 +240,22 @@ def test_a_pipe_given_as_the_output_is_checked_without_opening_it(tmp_path: Path
     assert got == [b"plan\n"]
 
 
+@pytest.mark.parametrize("out", ["-", "./-"])
+def test_a_dash_is_standard_output(tmp_path: Path, out: str) -> None:
+    # as most tools read it: it wrote a file named '-' in the working folder
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "treeattn", "plan", "-t", "cpu:ranks=2", *SHAPE, "-o", out, "--json"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("# treeattn plan") and '"plan_path": "/dev/stdout"' in res.stderr
+    assert not (tmp_path / "-").exists()
+    res = subprocess.run([sys.executable, "-m", "treeattn", "plan", "-t", "cpu:ranks=2", *SHAPE, "-o",
+                          str(tmp_path / "-")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 0 and (tmp_path / "-").read_text().startswith("# treeattn plan"), res.stderr
+
+
 def test_a_link_to_a_pipe_is_written_as_named(tmp_path: Path) -> None:
     # /dev/stdout on a pipe is a link to /proc/PID/fd/1, itself a link to 'pipe:[N]', which is no
     # path: written through to that name, `plan -o /dev/stdout | ...` said "No such file or directory".

@@ -9,6 +9,8 @@
 * A text output (a CSV, a YAML file) whose suffix names another kind of file (``run --out
   x.png``, ``plan -o p.json``) is refused too: it would have been written as named, a CSV in a
   ``.png``. Other names are written as given (``rows.txt``, ``plan.out``).
+* ``-`` is standard output (``/dev/stdout``), as most tools read it (so is ``./-``, which a path
+  reads as ``-``); a file named ``-`` is given with its folder (``$PWD/-``).
 * Missing parent folders are created, as most tools do.
 * A path that cannot be written (a file in the way of a folder, no permission, an output
   that is itself a folder, a read-only file system: the file is opened once to see) is bad
@@ -134,6 +136,8 @@ def output_file(path: Path, flag: str, default_name: str, *, suffix: str | None 
     """
     folder = isinstance(path, FolderPath)
     given = Path(path).expanduser()
+    if str(path) == "-":  # standard output, as most tools read it (a file named '-' is ./-)
+        given = Path("/dev/stdout")
     try:
         out = given / default_name if folder or given.is_dir() else given
         # A device or pipe (``/dev/stdout``, a FIFO) is written as named: a suffix would make a file beside it.
