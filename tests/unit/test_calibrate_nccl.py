@@ -373,6 +373,7 @@ def test_cli_reads_what_nccl_tests_2_19_prints_on_request(tmp_path):
         (["-t", "cpu:ranks=2", "--round-trips", "0"], "--round-trips '0': item 1 (0) must be at least 1"),
         (["-t", "cpu:ranks=2", "--round-trips", "1,,4"], "--round-trips '1,,4': item 2 is empty"),  # not 1,4
         (["-t", "cpu:ranks=2", "--round-trips", "1_6"], "item 1 ('1_6') is not an integer"),  # not 16
+        (["-t", "cpu:ranks=2", "--round-trips", "4,4"], "--round-trips '4,4' names 4 twice"),
         (["-t", "cpu:ranks=2", "--min-size", "lots"], "cannot read --min-size 'lots'"),
         (["-t", "cpu:ranks=2", "--max-size", "-1"], "--max-size must be >= 0, got '-1'"),
         (["-t", "cpu:ranks=2", "--min-size", "1MiB", "--max-size", "4KiB"], "min <= max"),

@@ -359,6 +359,19 @@ def test_a_workload_files_own_batch_no_device_holds_is_checked_at_the_flags(tmp_
     ), res.stderr
 
 
+def test_bytes_over_a_decode_shape_file_is_refused(tmp_path):
+    # The file's shape was dropped unsaid (a raw payload of --bytes planned instead), where
+    # --bytes beside shape flags, and shape flags over a raw file, are refused.
+    wl = tmp_path / "w.yaml"
+    wl.write_text("model: llama-3.1-8b\nseq_len: 4K\nbatch: 16\n")
+    res, text = _plan_over(tmp_path, "cpu:ranks=4", wl, "--bytes", "2MiB")
+    assert res.exit_code == 2 and not text, res.stderr
+    assert res.stderr == f"error: {wl} is a decode shape; --bytes gives a raw payload: drop one of them\n"
+    wl.write_text("")  # a file of no key takes --bytes as its size
+    res, text = _plan_over(tmp_path, "cpu:ranks=4", wl, "--bytes", "2MiB")
+    assert res.exit_code == 0 and "kind: raw" in text, res.stderr
+
+
 def test_a_workload_files_own_length_no_device_holds_is_refused_unless_replaced(tmp_path):
     # 70B at 64M tokens is 2.5 TiB of KV a rank on one node: the file's error, said as the
     # file's, where nothing replaces its length; -n's length replaces it (and is what is checked).

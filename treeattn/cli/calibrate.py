@@ -134,7 +134,10 @@ def calibrate_cmd(
                          "measures this machine")
     # Every argument is read before torch's import (seconds): a bad one is said at once.
     named = resolve(topology) if topology is not None else None
-    trips = tuple(int_items(round_trips, "--round-trips", least=1))
+    trips = tuple(int_items(round_trips, "--round-trips", least=1, distinct=True))
+    if len(trips) < 2:  # said before the run: the fit's per-iteration term would read 0, unsaid
+        err_console.print(f"[yellow]warning:[/] --round-trips {escape(round_trips)}: one count cannot separate "
+                          "the per-iteration skew from the latency (fitted as 0); give two, e.g. 1,4")
     try:
         hq, hkv, hd = (int(x) for x in attention_shape.split("/"))
     except ValueError:

@@ -231,6 +231,9 @@ def make_payload(
         if data.get("kind") == "raw":
             data["bytes"] = data.pop("nbytes")
         where = str(workload_file)
+    if nbytes is not None and workload_file is not None and data.get("kind") != "raw":
+        # the file's decode shape would be dropped unsaid, as shape flags beside --bytes are not
+        raise InputError(f"{workload_file} is a decode shape; --bytes gives a raw payload: drop one of them")
     if nbytes is not None:
         shape_only = sorted(k for k in given if k not in ("batch",))
         if shape_only:
