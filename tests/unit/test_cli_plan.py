@@ -359,6 +359,20 @@ def test_a_workload_files_own_batch_no_device_holds_is_checked_at_the_flags(tmp_
     ), res.stderr
 
 
+def test_compare_takes_a_workload_files_own_length(tmp_path):
+    # It compared the default 128K and 1M instead (and spread an uneven split evenly, saying so).
+    wl = tmp_path / "w.yaml"
+    for text, lens in (("model: llama-3.1-8b\nseq_len: 16K\n", [16384]),
+                       ("model: llama-3.1-8b\nsplit: [3K, 1K, 0, 0]\n", [4096]),
+                       ("model: llama-3.1-8b\nbatch: 2\n", [131072, 1048576])):  # none of its own: the defaults
+        wl.write_text(text)
+        res = run_cli("compare", "-t", "cpu:ranks=4", "--workload", str(wl), "--json")
+        assert res.exit_code == 0 and "split evenly" not in res.stderr, res.stderr
+        assert sorted({r["seq_len"] for r in json.loads(res.stdout)["rows"]}) == lens
+    res = run_cli("compare", "-t", "cpu:ranks=4", "--workload", str(wl), "-n", "4K", "--json")  # -n still wins
+    assert sorted({r["seq_len"] for r in json.loads(res.stdout)["rows"]}) == [4096]
+
+
 def test_bytes_over_a_decode_shape_file_is_refused(tmp_path):
     # The file's shape was dropped unsaid (a raw payload of --bytes planned instead), where
     # --bytes beside shape flags, and shape flags over a raw file, are refused.

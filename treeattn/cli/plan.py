@@ -460,10 +460,12 @@ def compare_cmd(
     topology: TopologyOpt = None,
     nodes: Annotated[str | None, typer.Option("--nodes", help="Node counts of a family: 1,2,4,16.",
                                               rich_help_panel="Topology")] = None,
-    seq_lens: Annotated[str, typer.Option("--seq-lens", "--seq-len", "-n",
-                                          help="Sequence lengths in tokens, comma-separated: 128K,1M "
-                                          "(K = 1024; -n and --seq-len as plan's, one length or several); a "
-                                          "length whose KV cache fits no device is left out, and said.")] = "128K,1M",
+    seq_lens: Annotated[str | None, typer.Option("--seq-lens", "--seq-len", "-n", show_default=False,
+                                                 help="Sequence lengths in tokens, comma-separated: 128K,1M "
+                                                 "(K = 1024; -n and --seq-len as plan's, one length or several); a "
+                                                 "length whose KV cache fits no device is left out, and said. "
+                                                 "Default: the --workload file's own length (and split), else "
+                                                 "128K,1M.")] = None,
     workload_file: WorkloadFileOpt = None,
     model: ModelOpt = None,
     heads: HeadsOpt = None,
@@ -499,7 +501,7 @@ def compare_cmd(
     from treeattn.cost.memory import check_fraction, check_kv_fits, unknown_memory_note, weights_note
     from treeattn.plan.baselines import parse_result
     from treeattn.search.compare import compare, expand_topologies, plot_speedup, write_csv
-    from treeattn.search.workload_file import parse_tokens
+    from treeattn.search.workload_file import file_length, parse_tokens
 
     if model == "list":
         print_models(json_out)
@@ -510,6 +512,11 @@ def compare_cmd(
     if ring not in ("topology", "rank"):
         raise InputError(f"--ring must be topology or rank, got {ring!r}")
     node_counts = int_items(nodes, "--nodes", least=1) if nodes else None
+    # A workload file's own length (and its split, uneven or not) is compared where no flag
+    # gives lengths: it was replaced by the default lengths, its split evenly redistributed.
+    own = file_length(workload_file) if seq_lens is None and workload_file is not None else None
+    if seq_lens is None:
+        seq_lens = str(own) if own is not None else "128K,1M"
     # Named by all three of its names (-n 128K is as likely typed as --seq-lens 128K,1M); one
     # length is worded as plan words its -n, several say which item is wrong.
     items = seq_lens.split(",")
@@ -541,7 +548,7 @@ def compare_cmd(
     def make(p: int, n: int) -> Payload:
         return make_payload(p, workload_file=workload_file, model=model, heads=heads, kv_heads=kv_heads,
                             head_dim=head_dim, v_head_dim=v_head_dim, kv_latent=kv_latent, batch=batch,
-                            seq_len=str(n), kv_dtype=kv_dtype,
+                            seq_len=None if own is not None else str(n), kv_dtype=kv_dtype,
                             partial_dtype=partial_dtype, layers=layers, length_flag=_SEQ_LENS, said=said)
 
     layout, root = "all", None

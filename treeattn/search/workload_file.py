@@ -56,7 +56,7 @@ from treeattn.workload import (
 )
 from treeattn.yamlkeys import RepeatedKeyError, refusing_repeats
 
-__all__ = ["ATTENTION_KEYS", "RAW_KEYS", "parse_tokens", "workload_from_dict", "load_workload"]
+__all__ = ["ATTENTION_KEYS", "RAW_KEYS", "parse_tokens", "workload_from_dict", "load_workload", "file_length"]
 
 _LOADER = refusing_repeats(yaml.SafeLoader)
 
@@ -355,6 +355,23 @@ def load_workload(path: str | Path, *, ranks: int | None = None,
 _SIZE_KEYS = ("seq_len", "split", "batch", "layers", "kv_dtype")
 """The keys that size a KV cache without changing its shape: a flag that gives one replaces the
 file's in the size check (``load_workload``)."""
+
+
+def file_length(path: str | Path) -> int | None:
+    """The tokens a workload file gives itself (its ``seq_len``, or its split's sum), or None
+    where it leaves the length to flags (``compare`` then compares its default lengths)."""
+    data = _read_workload_data(Path(path))
+    if not isinstance(data, dict):
+        return None  # load_workload says what is wrong with it
+    if data.get("seq_len") is not None:
+        return parse_tokens(data["seq_len"], where=f"{path}: seq_len", least=1)
+    split = data.get("split")
+    if split is None or split == "even":
+        return None
+    values = split.split(",") if isinstance(split, str) else split
+    if not isinstance(values, (list, tuple)):
+        return None
+    return sum(parse_tokens(v, where=f"{path}: split[{i}]") for i, v in enumerate(values))
 
 
 def _kind(data: Mapping[str, Any]) -> Any:  # noqa: ANN401 - as written, checked by workload_from_dict
