@@ -198,3 +198,10 @@ def test_a_files_key_is_named_after_the_file_and_a_colon(tmp_path):
     bare.write_text("model: llama-3.1-8b\nseq_len: 1024\nranks: 4\n")
     with pytest.raises(WorkloadError, match=r": ranks is 4 but the topology places 8 ranks$"):
         load_workload(bare, ranks=8)
+
+
+@pytest.mark.parametrize("split", ["2K,,2K,0", "2K,2K,0,0,"])
+def test_an_empty_item_of_a_written_split_is_refused(split):
+    # It was dropped: '--split 2K,,2K,0' was read as three ranks ("names 3 ranks but there are 4").
+    with pytest.raises(WorkloadError, match=r"^--split '.*': item \d is empty; write tokens per rank"):
+        workload_from_dict({"model": "llama-3.2-1b", "split": split}, ranks=4, flags={"split": "--split"})

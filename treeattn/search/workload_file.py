@@ -138,7 +138,12 @@ def _split(value: Any, ranks: int | None, seq_len: int, name: _Names) -> tuple[i
             raise WorkloadError(f"{where}: give ranks (or a topology) to split {seq_len} tokens evenly")
         return even_split(seq_len, ranks)
     if isinstance(value, str):
-        value = [v for v in value.split(",") if v.strip()]
+        items = value.split(",")
+        if "" in (v.strip() for v in items):  # a slip ("2K,,2K"), not a rank left out
+            empty = next(i for i, v in enumerate(items, 1) if not v.strip())
+            raise WorkloadError(f"{name('split')} {value!r}: item {empty} is empty; write tokens per rank separated "
+                                "by commas (0 for a rank without tokens)")
+        value = items
     if not isinstance(value, (list, tuple)) or not value:
         raise WorkloadError(f"{name('split')} must be 'even' or a list of tokens per rank, got {value!r}")
     split = tuple(parse_tokens(v, where=f"{name('split')}[{i}]") for i, v in enumerate(value))
