@@ -373,6 +373,27 @@ def test_compare_takes_a_workload_files_own_length(tmp_path):
     assert sorted({r["seq_len"] for r in json.loads(res.stdout)["rows"]}) == [4096]
 
 
+@pytest.mark.parametrize(("text", "flags"), [
+    ("heads: 30\nkv_heads: 8\nhead_dim: 128\nseq_len: 16K\n", ("--heads", "32")),
+    ("heads: 32\nkv_heads: 7\nhead_dim: 128\nseq_len: 16K\n", ("--kv-heads", "8")),
+    ("heads: 32\nkv_heads: 7\nhead_dim: 128\nseq_len: 16K\n", ("-m", "llama-3.1-8b")),  # a preset replaces heads
+    ("model: llama-3.1-8b\nbatch: 0\nseq_len: 16K\n", ("-b", "2")),
+    ("model: llama-3.1-8b\nseq_len: 16K\nkv_dtype: int4\n", ("--kv-dtype", "fp16")),
+    ("model: llama-3.1-8x\nseq_len: 16K\n", ("-m", "llama-3.1-8b")),
+    ("model: llama-3.1-8b\nsplit: [1K, 1K, 1K]\n", ("-n", "4K")),
+    ("heads: 8\nkv_heads: 1\nhead_dim: 128\nv_head_dim: 256\nkv_latent: true\nseq_len: 4K\n", ("--no-kv-latent",)),
+    ("heads: 32\nq_heads: 16\nhead_dim: 64\nseq_len: 4K\n", ("--heads", "16")),
+])
+def test_a_flag_replaces_a_files_value_before_it_is_judged(tmp_path, text, flags):
+    # The file was checked alone first, and refused for the value the flag replaces.
+    wl = tmp_path / "w.yaml"
+    wl.write_text(text)
+    res, plan = _plan_over(tmp_path, "cpu:ranks=4", wl, *flags)
+    assert res.exit_code == 0 and plan, res.stderr
+    alone, _ = _plan_over(tmp_path, "cpu:ranks=4", wl, *(("-n", "8K") if "-n" not in flags else ("-b", "1")))
+    assert alone.exit_code == 2 and alone.stderr.startswith(f"error: {wl}: "), alone.stderr  # still the file's own
+
+
 def test_bytes_over_a_decode_shape_file_is_refused(tmp_path):
     # The file's shape was dropped unsaid (a raw payload of --bytes planned instead), where
     # --bytes beside shape flags, and shape flags over a raw file, are refused.
@@ -420,7 +441,7 @@ def test_heads_over_a_workload_file_without_kv_heads_takes_them_along(tmp_path):
     assert res.exit_code == 0 and "kv_heads: 4," in text, res.stderr
     # a file's key that a flag does not fit is named as the file's (it was 'workload.kv_heads')
     res, _ = _plan_over(tmp_path, "cpu:ranks=4", wl, "--heads", "6")
-    assert res.exit_code == 2 and res.stderr == f"error: kv_heads of {wl} (4) must divide --heads (6)\n", res.stderr
+    assert res.exit_code == 2 and res.stderr == f"error: {wl}: kv_heads (4) must divide --heads (6)\n", res.stderr
     # and a file that does not hold alone is refused as the file, in its keys' words (the preset's named as such)
     wl.write_text("model: llama-3.1-8b\nheads: 7\nseq_len: 4K\n")
     res, _ = _plan_over(tmp_path, "cpu:ranks=4", wl)

@@ -146,9 +146,9 @@ def test_heads_against_a_files_kv_heads_name_both(tmp_path, file):
     # flag and the file's field it does not fit, so the user sees which of the two to change.
     f = tmp_path / "w.yaml"
     f.write_text(file)
-    with pytest.raises(WorkloadError, match=rf"^kv_heads of {re.escape(str(f))} \(8\) must divide --heads \(7\)$"):
+    with pytest.raises(WorkloadError, match=rf"^{re.escape(str(f))}: kv_heads \(8\) must divide --heads \(7\)$"):
         make_payload(2, workload_file=f, heads=7)
-    with pytest.raises(WorkloadError, match=rf"^--kv-heads \(5\) must divide q_heads of {re.escape(str(f))} \(32\)$"):
+    with pytest.raises(WorkloadError, match=rf"^--kv-heads \(5\) must divide {re.escape(str(f))}: q_heads \(32\)$"):
         make_payload(2, workload_file=f, kv_heads=5)
 
 

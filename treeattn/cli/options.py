@@ -213,7 +213,7 @@ def make_payload(
     ``length_flag``: how a warning names the flag ``seq_len`` came from; ``said``: the warnings
     given already, not given again (compare makes a payload a length and topology).
     """
-    from treeattn.search.workload_file import load_workload, workload_from_dict
+    from treeattn.search.workload_file import file_split, load_workload, workload_from_dict
     from treeattn.workload import even_split
 
     data: dict = {}
@@ -223,10 +223,13 @@ def make_payload(
                    "seq_len": seq_len, "split": split, "kv_dtype": kv_dtype, "partial_dtype": partial_dtype,
                    "layers": layers}
     given = {k: v for k, v in shape_flags.items() if v is not None}
+    # each key under both its names: the reader checks `heads` before it becomes `q_heads`
+    named = {name: _flag(k, v) for k, v in given.items() for name in (k, _KEY_OF.get(k, k))}
     if workload_file is not None:
-        # The file is checked alone, but for a length or heads it leaves to the flags given.
+        # The file is checked with the flags' values in place of those they replace (alone, where
+        # no flag is given), so that a value no flag leaves in use is not judged.
         needs = {_KEY_OF.get(k, k): v for k, v in given.items()} if nbytes is None else {"bytes": nbytes}
-        loaded = load_workload(workload_file, ranks=num_ranks, missing=needs)
+        loaded = load_workload(workload_file, ranks=num_ranks, missing=needs, flags=named if nbytes is None else None)
         data = loaded.to_dict()
         if data.get("kind") == "raw":
             data["bytes"] = data.pop("nbytes")
@@ -257,8 +260,9 @@ def make_payload(
             if "split" in given:
                 data.pop("seq_len", None)
             if "seq_len" in given and "split" not in given:
-                own = data.pop("split", None)
-                if workload_file is not None and own and tuple(own) != even_split(sum(own), len(own)):
+                data.pop("split", None)
+                own = file_split(workload_file) if workload_file is not None else None
+                if own and tuple(own) != even_split(sum(own), len(own)):
                     # the file's uneven split cannot hold another length: said (once), not dropped quietly
                     note = (f"warning: {length_flag} replaces {workload_file}'s split [{', '.join(map(str, own))}]: "
                             "the tokens are split evenly" + (" (--split gives tokens per rank)"
@@ -282,14 +286,13 @@ def make_payload(
             raise InputError("give --model NAME (--model list shows them), or --heads and --head-dim")
     data.pop("ranks", None)
     if given and workload_file is not None:
-        # load_workload has checked the file alone: what fails now is a flag's value (or how it sits
-        # with the file's), so the error names the flag, and the file's key as the file's.
+        # what fails now is a flag's value, or how it sits with the file's: the error names the
+        # flag, and the file's key as the file's
         where = "workload"
     flags = {"bytes": "--bytes"} if nbytes is not None else {}
     if op is not None:  # over a raw file too: it sets the op, whatever the file says
         flags["op"] = "--op"
-    # each key under both its names: the reader checks `heads` before it becomes `q_heads`
-    flags.update({name: _flag(k, v) for k, v in given.items() for name in (k, _KEY_OF.get(k, k))})
+    flags.update(named)
     over = str(workload_file) if workload_file is not None and where == "workload" else None
     return workload_from_dict(data, ranks=num_ranks, where=where, flags=flags, file=where != "workload",
                               over_file=over)

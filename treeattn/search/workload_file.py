@@ -56,7 +56,8 @@ from treeattn.workload import (
 )
 from treeattn.yamlkeys import RepeatedKeyError, refusing_repeats
 
-__all__ = ["ATTENTION_KEYS", "RAW_KEYS", "parse_tokens", "workload_from_dict", "load_workload", "file_length"]
+__all__ = ["ATTENTION_KEYS", "RAW_KEYS", "parse_tokens", "workload_from_dict", "load_workload", "file_length",
+           "file_split"]
 
 _LOADER = refusing_repeats(yaml.SafeLoader)
 
@@ -100,9 +101,9 @@ def parse_tokens(value: Any, *, where: str = "seq_len", least: int = 0) -> int:
 
 
 class _Names:
-    """How errors name a key: by the flag it came from, else as ``FILE: key`` in a file,
-    ``key of FILE`` where flags were given over the file (the sentence is the flags'), or
-    ``where.key`` in a mapping inside one (a plan's ``workload.seq_len``, the API's)."""
+    """How errors name a key: by the flag it came from, else as ``FILE: key`` in a file (also
+    where flags were given over it: ``over``, the sentence then the flags' and ``where``
+    ``workload``), or ``where.key`` in a mapping inside one (a plan's ``workload.seq_len``)."""
 
     def __init__(self, where: str, flags: Mapping[str, str] | None, file: bool, over: str | None = None) -> None:
         self.where, self.flags, self.over = where, dict(flags or {}), over
@@ -111,12 +112,12 @@ class _Names:
     def __call__(self, key: str) -> str:
         if key in self.flags:
             return self.flags[key]
-        return f"{key} of {self.over}" if self.over else f"{self.where}{self.sep}{key}"
+        return f"{self.over}: {key}" if self.over else f"{self.where}{self.sep}{key}"
 
     def after(self, named: str, key: str) -> str:
         """``key`` named later in a sentence that has named the file already (in ``named``):
         by its flag, else by the key alone (not ``FILE: a ... FILE: b``)."""
-        if key not in self.flags and (named.endswith(f" of {self.over}") if self.over
+        if key not in self.flags and (named.startswith(f"{self.over}: ") if self.over
                                       else self.sep == ": " and named.startswith(f"{self.where}: ")):
             return key
         return self(key)
@@ -201,7 +202,7 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
             name the flag instead of ``where.key``.
         file: ``where`` names a file: errors name a key as ``FILE: key``.
         over_file: the file whose keys ``data`` holds beside the flags' (``make_payload``):
-            errors name such a key as ``key of FILE``.
+            errors name such a key as ``FILE: key``.
 
     Returns:
         A ``Workload`` (decode shape) or a ``RawPayload`` (``kind: raw`` or a ``bytes`` key).
@@ -313,7 +314,7 @@ def workload_from_dict(data: dict[str, Any], *, ranks: int | None = None, where:
 
 
 def load_workload(path: str | Path, *, ranks: int | None = None,
-                  missing: Mapping[str, Any] | None = None) -> Payload:
+                  missing: Mapping[str, Any] | None = None, flags: Mapping[str, str] | None = None) -> Payload:
     """Read a workload YAML file (see the module docstring for its keys).
 
     Args:
@@ -325,6 +326,9 @@ def load_workload(path: str | Path, *, ranks: int | None = None,
             shape is then planned at every ``-n`` and compared over ``--seq-lens``; a length
             of its own that no device holds is checked at the one given here instead. Given
             ``bytes`` (``--bytes``), a raw file or one of no key takes it as its size.
+        flags: the flag each key of ``missing`` came from (``make_payload``): given, a decode
+            file is checked without the keys they replace (``_without_replaced``: a value no flag
+            leaves in use is not judged), and a key filled from a flag is named by the flag.
 
     Returns:
         The validated ``Workload`` or ``RawPayload``.
@@ -333,6 +337,7 @@ def load_workload(path: str | Path, *, ranks: int | None = None,
     if data is None:  # empty, comments only, or a bare 'workload:': no key given, as {}
         data = {}
     own_length = isinstance(data, dict) and bool({"seq_len", "split"} & set(data))
+    filled: dict[str, str] = {}
     if missing and isinstance(data, dict):
         kind = _kind(data)
         if "bytes" in missing:  # --bytes: a raw payload; a raw file, or one of no key, may leave it the size
@@ -340,9 +345,13 @@ def load_workload(path: str | Path, *, ranks: int | None = None,
                 data = {"kind": "raw", **data}
                 data.setdefault("bytes", missing["bytes"])
         elif kind != "raw":
-            data = {**data, **_what_the_file_lacks(data, missing)}
+            if flags:  # a value a flag replaces is not judged (the caller checks the flags' with the rest)
+                data = _without_replaced(data, {k: v for k, v in missing.items() if v is not None})
+            fill = _what_the_file_lacks(data, missing)
+            data = {**data, **fill}
+            filled = {k: flags[k] for k in fill if flags and k in flags}  # named by their flags, not as the file's
     try:
-        return workload_from_dict(data, ranks=ranks, where=str(path), file=True)
+        return workload_from_dict(data, ranks=ranks, where=str(path), file=True, flags=filled)
     except KVCacheTooLargeError as exc:
         if not own_length:
             raise  # the flags' length: compare leaves that length out
@@ -355,6 +364,27 @@ def load_workload(path: str | Path, *, ranks: int | None = None,
             kept = {k: v for k, v in data.items() if k not in (*replaced, *given)}
             return workload_from_dict({**kept, **given}, ranks=ranks, where=str(path), file=True)
         raise WorkloadError(str(exc)) from None  # the file's own size, which no flag replaces
+
+
+_PRESET_KEYS = ("q_heads", "heads", "kv_heads", "head_dim", "v_head_dim", "kv_latent", "layers")
+"""What a ``model`` flag replaces in a file (unless given as flags too): its preset's shape."""
+
+
+def _without_replaced(data: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """A file's keys less those the flags ``given`` (workload keys) replace: each key given, a
+    file's ``heads`` for ``q_heads``, its length for either length, its shape for a ``model``,
+    and its ``kv_heads`` where they equal its heads (one a query head: they follow ``--heads``)."""
+    drop = set(given)
+    if "q_heads" in given:
+        drop.add("heads")
+        heads = data.get("heads", data.get("q_heads"))
+        if "kv_heads" not in given and heads is not None and data.get("kv_heads") == heads:
+            drop.add("kv_heads")
+    if "model" in given:
+        drop.update(_PRESET_KEYS)
+    if {"seq_len", "split"} & set(given):
+        drop.update(("seq_len", "split"))
+    return {k: v for k, v in data.items() if k not in drop}
 
 
 _SIZE_KEYS = ("seq_len", "split", "batch", "layers", "kv_dtype")
@@ -370,13 +400,24 @@ def file_length(path: str | Path) -> int | None:
         return None  # load_workload says what is wrong with it
     if data.get("seq_len") is not None:
         return parse_tokens(data["seq_len"], where=f"{path}: seq_len", least=1)
-    split = data.get("split")
+    split = file_split(path)
+    return None if split is None else sum(split)
+
+
+def file_split(path: str | Path) -> tuple[int, ...] | None:
+    """A workload file's own split, tokens per rank, or None (none, ``even``, or one that
+    ``load_workload`` will refuse, saying why)."""
+    data = _read_workload_data(Path(path))
+    split = data.get("split") if isinstance(data, dict) else None
     if split is None or split == "even":
         return None
     values = split.split(",") if isinstance(split, str) else split
     if not isinstance(values, (list, tuple)):
         return None
-    return sum(parse_tokens(v, where=f"{path}: split[{i}]") for i, v in enumerate(values))
+    try:
+        return tuple(parse_tokens(v, where=f"{path}: split[{i}]") for i, v in enumerate(values))
+    except InputError:
+        return None
 
 
 def _kind(data: Mapping[str, Any]) -> Any:  # noqa: ANN401 - as written, checked by workload_from_dict
