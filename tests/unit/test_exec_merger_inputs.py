@@ -126,3 +126,34 @@ def test_a_merger_takes_its_plan_file_as_any_path_object(gloo_world_of_one, tmp_
     treeattn.save_plan(plan, tmp_path / "p.yaml")
     merge = treeattn.Merger(Where(str(tmp_path / "p.yaml")))
     assert merge.plan == treeattn.load_plan(tmp_path / "p.yaml")
+
+
+def test_a_world_kept_by_torch_distributed_nn_is_let_go_at_exit(tmp_path):
+    # torch.distributed.nn, imported after init_process_group (transformers imports it with its
+    # models), holds the world as its functions' default group past destroy_process_group: its
+    # gloo threads lived on into the interpreter's teardown, where one rank of the HF example
+    # ended in SIGABRT. The exit hook lets it go: no gloo thread is left after it.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "world.py"
+    script.write_text(f"""
+import atexit, datetime, glob
+def threads():
+    names = sorted(open(f).read().strip() for f in glob.glob("/proc/self/task/*/comm"))
+    print("gloo threads at exit:", [n for n in names if "gloo" in n])
+atexit.register(threads)  # before treeattn's hook: runs after it
+import torch.distributed as dist
+import treeattn.exec.merger
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                        timeout=datetime.timedelta(seconds=30))
+import torch.distributed.nn
+dist.barrier()
+dist.destroy_process_group()
+""")
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert res.returncode == 0, res.stderr
+    assert "gloo threads at exit: []" in res.stdout, res.stdout + res.stderr

@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
+import types
 import warnings
 import weakref
 from pathlib import Path
@@ -88,6 +90,24 @@ def _let_go_at_exit() -> None:
     for merger in list(_LIVE):
         merger._let_go()
     _BROKEN.clear()
+    _drop_stale_group_defaults()
+
+
+def _drop_stale_group_defaults() -> None:
+    """Put None (the default group, as they read it) in place of each destroyed process group
+    that a ``torch.distributed`` function holds as a default argument: ``torch.distributed.nn.functional``
+    takes ``group.WORLD`` as its functions' default when first imported, and imported after
+    ``init_process_group`` (transformers imports it with its models) it keeps the world's group
+    alive past ``destroy_process_group`` to the interpreter's teardown, the abort above."""
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "torch.distributed" or name.startswith("torch.distributed.")):
+            continue
+        for fn in list(vars(module).values()):
+            # type(), not isinstance: isinstance asks torch.distributed.reduce_op for its __class__, which warns
+            defaults = fn.__defaults__ if type(fn) is types.FunctionType else None
+            if defaults and any(isinstance(d, dist.ProcessGroup) and not _registered(d) for d in defaults):
+                fn.__defaults__ = tuple(None if isinstance(d, dist.ProcessGroup) and not _registered(d) else d
+                                        for d in defaults)
 
 
 atexit.register(_let_go_at_exit)
