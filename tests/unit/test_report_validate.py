@@ -59,7 +59,9 @@ def test_case_plans_unknown_family():
 
 
 @pytest.mark.parametrize(("args", "match"), [
-    (["--heads", "8/3/32"], "KV heads dividing"),
+    (["--heads", "8/3/32"], "--heads '8/3/32': heads 8/3, dim 32: need positive numbers with the KV heads dividing"),
+    (["--tokens", "0"], "--tokens '0': must be at least 1 token a rank"),
+    (["--long-tokens", "-1"], "--long-tokens '-1': must be at least 0 tokens a rank"),
     (["--heads", "8x1"], "HQ/HKV/D"),
     (["--batches", "1,x"], "--batches"),
     (["--long-tokens", "lots"], "--long-tokens"),

@@ -22,6 +22,7 @@ from treeattn.cli.paths import output_folder
 from treeattn.cli.render import console
 from treeattn.errors import ExecutionError, InputError
 from treeattn.exec.deadline import MAX_ITERATIONS
+from treeattn.units import counted
 
 __all__ = ["validate_cmd", "report_cmd"]
 
@@ -31,12 +32,15 @@ DEFAULT_TOPOLOGIES = ("emu-2x4", "emu-pcie-tree", "emu-mesh")
 """Shipped files (``topologies/``), found from any directory and by installed wheels too."""
 
 
-def _tokens(text: str, flag: str) -> int:
+def _tokens(text: str, flag: str, least: int = 0) -> int:
     t = text.strip().upper()
     try:
-        return int(t[:-1]) * 1024 if t.endswith("K") else int(t)
+        n = int(t[:-1]) * 1024 if t.endswith("K") else int(t)
     except ValueError:
         raise InputError(f"{flag} {text!r}: write tokens like 256, 64K (K = 1024) or 0") from None
+    if n < least:  # said in the flag's words (the cases' own check names neither flag)
+        raise InputError(f"{flag} {text!r}: must be at least {counted(least, 'token')} a rank")
+    return n
 
 
 def _heads(text: str) -> tuple[int, int, int]:
@@ -124,12 +128,16 @@ def validate_cmd(
         raise InputError(f"--calibrated names {len(calibrated)} files for {len(specs)} topologies; give one per "
                          "topology, in the same order")
     hq, hkv, d = _heads(heads)
-    shape = HeadShape(hq, hkv, d)
+    try:
+        shape = HeadShape(hq, hkv, d)
+    except InputError as exc:  # the shape's own words, after the flag that gave it
+        raise InputError(f"--heads {heads!r}: {exc}") from None
+    per_rank, long_per_rank = _tokens(tokens, "--tokens", least=1), _tokens(long_tokens, "--long-tokens")
     targets = []
     for i, spec in enumerate(specs):
         topo = load_topology(spec, ranks)
-        cases = default_cases(topo, batches=batch_counts, tokens_per_rank=_tokens(tokens, "--tokens"),
-                              long_tokens_per_rank=_tokens(long_tokens, "--long-tokens"), heads=shape)
+        cases = default_cases(topo, batches=batch_counts, tokens_per_rank=per_rank,
+                              long_tokens_per_rank=long_per_rank, heads=shape)
         fitted = load_file(calibrated[i]) if calibrated else None
         targets.append(TopologyTarget(topo, tuple(cases), fitted, spec))
     out = output_folder(out, "--out")  # made once every flag has been read
