@@ -166,6 +166,11 @@ def test_raw_payload(tmp_path):
          "--parents '-1,0,0,1,,1': item 5 is empty; write integers separated by commas"),
         (("-t", "cpu:ranks=8", *SHAPE, "-a", "tree", "--parents", "-1,0,0,1/-1,x"),
          "--parents '-1,x': item 2 ('x') is not an integer"),
+        # the tree's own checks, said with the flag (they named none)
+        (("-t", "cpu:ranks=4", *SHAPE, "-a", "tree", "--parents=-1,0,0"),
+         "--parents '-1,0,0': the parent list names 3 ranks but there are 4"),
+        (("-t", "cpu:ranks=4", *SHAPE, "-a", "tree", "--parents=-1,0,0,9"),
+         "--parents '-1,0,0,9': parents[3] = 9 is not a rank in [0, 4)"),
         (("-t", "dgx-h100", "--bytes", "1KB", "--heads", "8"), "--bytes gives a raw payload"),
         (("-t", "dgx-h100", "--bytes", "-1"), "--bytes must be at least one fp32 element (4 bytes), got '-1'"),
         (("-t", "dgx-h100", *SHAPE, "--whole-rows"), "--whole-rows set(s) a named algorithm's parameters"),

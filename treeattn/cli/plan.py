@@ -52,7 +52,7 @@ from treeattn.cli.render import (
     warn_topology,
 )
 from treeattn.cost.memory import DEFAULT_MEM_FRACTION
-from treeattn.errors import InputError, KVCacheTooLargeError
+from treeattn.errors import InfeasiblePlanError, InputError, KVCacheTooLargeError
 from treeattn.units import counted, fixed, format_size
 from treeattn.workload import Payload, Workload, empty_ranks_note, latent_value_note
 
@@ -107,7 +107,14 @@ def _build_kwargs(p: int, *, root, fanout, groups, order, parents, roots, trees,
     if order is not None:
         kw["order"] = list(parse_ranks(order, p, what="--order"))
     if parents is not None:
+        from treeattn.plan.trees import check_parents
+
         lists = [int_items(x, "--parents") for x in parents.split("/")]
+        for one in lists:  # said with the flag, as its items are (the builder's words name no flag)
+            try:
+                check_parents(one, p)
+            except InfeasiblePlanError as exc:
+                raise InputError(f"--parents {parents!r}: {exc}") from None
         kw["parents"] = lists if len(lists) > 1 else lists[0]
     if roots is not None:
         kw["roots"] = list(parse_ranks(roots, p, what="--roots"))
