@@ -108,8 +108,8 @@ def shielded() -> Iterator[None]:
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-    if held and not unwinding:
-        signal.raise_signal(held[0])
+        if held and not unwinding:  # also where the body raised (a fork that failed): the signal wins
+            signal.raise_signal(held[0])
 
 
 _ON_HARD_EXIT: list[Callable[[], None]] = []

@@ -171,6 +171,8 @@ def test_raw_payload(tmp_path):
          "--parents '-1,0,0': the parent list names 3 ranks but there are 4"),
         (("-t", "cpu:ranks=4", *SHAPE, "-a", "tree", "--parents=-1,0,0,9"),
          "--parents '-1,0,0,9': parents[3] = 9 is not a rank in [0, 4)"),
+        (("-t", "cpu:ranks=4", *SHAPE, "-a", "tree", "--parents", "-1,0,0,0/1,-1,1,1"),
+         "--parents '-1,0,0,0/1,-1,1,1': tree takes one parent list; '/' separates the trees of multirail"),
         (("-t", "dgx-h100", "--bytes", "1KB", "--heads", "8"), "--bytes gives a raw payload"),
         (("-t", "dgx-h100", "--bytes", "-1"), "--bytes must be at least one fp32 element (4 bytes), got '-1'"),
         (("-t", "dgx-h100", *SHAPE, "--whole-rows"), "--whole-rows set(s) a named algorithm's parameters"),
@@ -359,9 +361,9 @@ def test_a_workload_files_own_batch_no_device_holds_is_checked_at_the_flags(tmp_
     assert res.exit_code == 0, res.stderr
     assert "batch: 1," in text and "seq_len: 1048576," in text
     res, _ = _plan_over(tmp_path, "dgx-h100", wl, "--kv-dtype", "fp8")
-    assert res.exit_code == 2 and res.stderr.startswith(  # still too large: said at the flag's size
-        f"error: {wl}: rank 0's KV cache of 126 layers (batch 4096 x 131072 tokens x 8 KV heads x 256 values x 1 byte a"
-    ), res.stderr
+    assert res.exit_code == 2 and res.stderr.startswith(  # still too large: said at the flag's size, as the flags'
+        "error: workload: rank 0's KV cache of 126 layers (batch 4096 x 131072 tokens x 8 KV heads x 256 values x 1 "
+        "byte a"), res.stderr
 
 
 def test_compare_takes_a_workload_files_own_length(tmp_path):
@@ -397,6 +399,20 @@ def test_a_flag_replaces_a_files_value_before_it_is_judged(tmp_path, text, flags
     assert res.exit_code == 0 and plan, res.stderr
     alone, _ = _plan_over(tmp_path, "cpu:ranks=4", wl, *(("-n", "8K") if "-n" not in flags else ("-b", "1")))
     assert alone.exit_code == 2 and alone.stderr.startswith(f"error: {wl}: "), alone.stderr  # still the file's own
+
+
+def test_a_flags_length_no_device_holds_is_said_as_the_flags(tmp_path):
+    # It named the file ('w.yaml: rank 0's KV cache ...') for -n's length over the file's own
+    # or where the file gives none; one parent list is a multirail of one rail (a traceback).
+    wl = tmp_path / "w.yaml"
+    for text in ("model: llama-3.1-8b\nseq_len: 4K\n", "model: llama-3.1-8b\n"):
+        wl.write_text(text)
+        res, _ = _plan_over(tmp_path, "cpu-4", wl, "-n", "1000M")
+        assert res.exit_code == 2 and res.stderr.startswith("error: workload: rank 0's KV cache of 32 layers (batch 1 "
+                                                            "x 262144000 tokens"), res.stderr
+    res = run_cli("plan", "-t", "cpu-4", "-m", "llama-3.1-8b", "-n", "8K", "-a", "multirail", "--parents=-1,0,0,0",
+                  "-o", str(tmp_path / "m.yaml"))
+    assert res.exit_code == 0, res.stderr
 
 
 def test_bytes_over_a_decode_shape_file_is_refused(tmp_path):

@@ -97,6 +97,32 @@ def test_a_first_signal_during_a_cleanup_is_raised_once_the_cleanup_is_done():
     assert done == ["cleanup"] and exit_status(caught.value) == 143
 
 
+def test_a_first_signal_held_through_a_body_that_raises_is_still_raised():
+    # A fork that failed (Popen's OSError) with a signal held through it: the signal was dropped
+    # with the error, and the command ended with the error's status, not the signal's.
+    with pytest.raises(KeyboardInterrupt) as caught, interrupts_raise():
+        with shielded():
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.sigtimedwait([], 0.1)
+            raise OSError("the fork failed")
+    assert exit_status(caught.value) == 143 and isinstance(caught.value.__context__, OSError)
+
+
+def test_an_ip_step_is_held_through_its_fork_only():
+    # run_step held the signal for the whole command (up to its 60 s timeout), not the fork.
+    import threading
+    import time
+
+    from treeattn.emulate.commands import Step
+    from treeattn.emulate.netns import run_step
+
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), interrupts_raise():
+        run_step(Step(("sh", "-c", "sleep 5")))
+    assert time.monotonic() - started < 2.0
+
+
 def test_a_second_signal_during_the_cleanup_of_an_interrupt_is_dropped():
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     done = []

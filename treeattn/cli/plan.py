@@ -94,7 +94,7 @@ def default_plan_path(topo_name: str, payload: Payload, algorithm: str | None = 
 
 
 def _build_kwargs(p: int, *, root, fanout, groups, order, parents, roots, trees, shape, intra, inter,
-                  result, group_size, whole_rows=False) -> dict[str, Any]:
+                  result, group_size, whole_rows=False, algorithm: str = "") -> dict[str, Any]:
     kw: dict[str, Any] = {}
     if whole_rows:
         kw["whole_rows"] = True
@@ -115,7 +115,13 @@ def _build_kwargs(p: int, *, root, fanout, groups, order, parents, roots, trees,
                 check_parents(one, p)
             except InfeasiblePlanError as exc:
                 raise InputError(f"--parents {parents!r}: {exc}") from None
-        kw["parents"] = lists if len(lists) > 1 else lists[0]
+        if algorithm == "multirail":  # a list of trees, one a rail, however many
+            kw["parents"] = lists
+        elif len(lists) > 1:
+            raise InputError(f"--parents {parents!r}: {algorithm or 'this algorithm'} takes one parent list; '/' "
+                             "separates the trees of multirail")
+        else:
+            kw["parents"] = lists[0]
     if roots is not None:
         kw["roots"] = list(parse_ranks(roots, p, what="--roots"))
     for key, value in (("trees", trees), ("shape", shape), ("intra", intra), ("inter", inter),
@@ -298,7 +304,7 @@ def plan_cmd(
         kw = _build_kwargs(topo.num_ranks, root=root, fanout=fanout,
                            groups=groups, order=order, parents=parents, roots=roots, trees=trees, shape=shape,
                            intra=intra, inter=inter, result=layout,
-                           group_size=group_size, whole_rows=whole_rows)
+                           group_size=group_size, whole_rows=whole_rows, algorithm=algorithm)
         if algorithm == "hierarchical" and groups is None and group_size is None:
             kw["groups"] = node_groups(topo)
         plan, report = named_plan(topo, payload, algorithm, chunks, kw, mem_fraction)

@@ -46,14 +46,26 @@ def require_netns() -> None:
 def run_step(step: Step) -> str:
     """Run one command; raise ``EmulationError`` with its stderr when it fails."""
     try:
-        with shielded():  # a signal inside the fork would be dropped (``spawn.run_in_namespaces``): held, then raised
-            proc = subprocess.run(step.argv, input=step.stdin, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        # the fork alone held: a signal inside it would be dropped (``spawn.run_in_namespaces``)
+        with shielded():
+            proc = subprocess.Popen(step.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+    except OSError as exc:
         raise EmulationError(f"{' '.join(step.argv)} failed: {exc}") from None
+    try:
+        out, err = proc.communicate(step.stdin, timeout=60)
+    except subprocess.TimeoutExpired as exc:
+        proc.kill()
+        proc.communicate()
+        raise EmulationError(f"{' '.join(step.argv)} failed: {exc}") from None
+    except BaseException:  # an interrupt while it runs: not left behind
+        proc.kill()
+        proc.wait()
+        raise
     if proc.returncode != 0:
-        msg = " ".join((proc.stderr or proc.stdout).split())[:400]
+        msg = " ".join((err or out).split())[:400]
         raise EmulationError(f"{' '.join(step.argv)} failed: {msg}")
-    return proc.stdout
+    return out
 
 
 def list_namespaces() -> list[str]:

@@ -353,16 +353,15 @@ def load_workload(path: str | Path, *, ranks: int | None = None,
     try:
         return workload_from_dict(data, ranks=ranks, where=str(path), file=True, flags=filled)
     except KVCacheTooLargeError as exc:
-        if not own_length:
-            raise  # the flags' length: compare leaves that length out
         given = {k: v for k, v in (missing or {}).items() if v is not None and k in _SIZE_KEYS}
-        if given:
-            # A size of the file's own that the flags replace (its length, batch, layers or KV
-            # type) decides nothing: the shape is checked at theirs (the caller then builds it
-            # with them).
+        if not own_length or given:
+            # A size the flags give (a length the file leaves them, or one of its own they
+            # replace: its length, batch, layers or KV type) is checked at theirs and, too large,
+            # said as the flags' (compare leaves that length out); the caller builds it with them.
             replaced = ("seq_len", "split") if {"seq_len", "split"} & set(given) else ()
             kept = {k: v for k, v in data.items() if k not in (*replaced, *given)}
-            return workload_from_dict({**kept, **given}, ranks=ranks, where=str(path), file=True)
+            return workload_from_dict({**kept, **given}, ranks=ranks, where="workload", flags=flags or {},
+                                      over_file=str(path))
         raise WorkloadError(str(exc)) from None  # the file's own size, which no flag replaces
 
 
