@@ -351,9 +351,11 @@ def calibrate(topo: Topology, options: CalibrateOptions | None = None,
         if progress is not None:
             progress(*runs, what)
 
-    jobs = tuple(PlanJob(label, plan, named=_named(meta, opt), smaller="a lower --max-size" if _named(meta, opt)
-                         else "") for label, plan, meta in planned)
-    result = launch(Job(jobs, run_opts),
+    jobs = []
+    for label, plan, meta in planned:
+        named = _named(meta, opt)
+        jobs.append(PlanJob(label, plan, named=named, smaller="a lower --max-size" if named else ""))
+    result = launch(Job(tuple(jobs), run_opts),
                     progress=None if progress is None else relay)
     if result is None:
         return None

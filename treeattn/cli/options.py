@@ -213,7 +213,7 @@ def make_payload(
     ``length_flag``: how a warning names the flag ``seq_len`` came from; ``said``: the warnings
     given already, not given again (compare makes a payload a length and topology).
     """
-    from treeattn.search.workload_file import file_split, load_workload, workload_from_dict
+    from treeattn.search.workload_file import file_split, load_workload, without_replaced, workload_from_dict
     from treeattn.workload import even_split
 
     data: dict = {}
@@ -223,12 +223,13 @@ def make_payload(
                    "seq_len": seq_len, "split": split, "kv_dtype": kv_dtype, "partial_dtype": partial_dtype,
                    "layers": layers}
     given = {k: v for k, v in shape_flags.items() if v is not None}
+    keyed = {_KEY_OF.get(k, k): v for k, v in given.items()}  # by the workload's keys
     # each key under both its names: the reader checks `heads` before it becomes `q_heads`
     named = {name: _flag(k, v) for k, v in given.items() for name in (k, _KEY_OF.get(k, k))}
     if workload_file is not None:
         # The file is checked with the flags' values in place of those they replace (alone, where
         # no flag is given), so that a value no flag leaves in use is not judged.
-        needs = {_KEY_OF.get(k, k): v for k, v in given.items()} if nbytes is None else {"bytes": nbytes}
+        needs = keyed if nbytes is None else {"bytes": nbytes}
         loaded = load_workload(workload_file, ranks=num_ranks, missing=needs, flags=named if nbytes is None else None)
         data = loaded.to_dict()
         if data.get("kind") == "raw":
@@ -253,14 +254,7 @@ def make_payload(
             if op is not None:
                 data["op"] = op
         else:
-            if "model" in given and workload_file is not None:
-                # A new preset replaces the file's head counts unless given as flags too.
-                for key in ("q_heads", "kv_heads", "head_dim", "v_head_dim", "kv_latent", "layers"):
-                    data.pop(key, None)
-            if "split" in given:
-                data.pop("seq_len", None)
             if "seq_len" in given and "split" not in given:
-                data.pop("split", None)
                 own = file_split(workload_file) if workload_file is not None else None
                 if own and tuple(own) != even_split(sum(own), len(own)):
                     # the file's uneven split cannot hold another length: said (once), not dropped quietly
@@ -271,11 +265,8 @@ def make_payload(
                         typer.echo(note, err=True)
                         if said is not None:
                             said.add(note)
-            if "heads" in given:
-                if "kv_heads" not in given and data.get("kv_heads") == data.get("q_heads"):
-                    data.pop("kv_heads", None)  # one KV head a query head (the default): it follows --heads
-                data.pop("q_heads", None)
-            data.update(given)
+            # the file's keys the flags replace (a preset its shape, a length the other), as the file was read
+            data = {**without_replaced(data, keyed), **given}
     if workload_file is None and nbytes is None:
         # What a decode shape needs, named by the flags that give it (the reader's words are a file's keys).
         if model is not None:  # a mistyped name first: it is what the user will fix before the rest

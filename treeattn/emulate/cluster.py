@@ -119,9 +119,15 @@ def _write_state(layout: Layout, status: str, *, held: bool = False) -> None:
         "namespaces": list(layout.namespaces),
         "ranks": [{"rank": r.rank, "ns": r.ns, "ip": r.ip, "iface": r.gloo_iface} for r in layout.ranks],
     }
-    tmp = _state_file(layout.run_id).with_suffix(".tmp")
+    _save_state(data)
+
+
+def _save_state(data: dict) -> None:
+    """Write a run's state whole (a new file renamed over the old: a reader never sees half)."""
+    path = _state_file(data["run_id"])
+    tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, sort_keys=True, indent=1) + "\n")
-    tmp.replace(_state_file(layout.run_id))
+    tmp.replace(path)
 
 
 def list_clusters() -> list[dict]:
@@ -216,15 +222,12 @@ def _state_lock() -> Iterator[None]:
 def _set_user(run_id: str, user: dict | None) -> None:
     """Record in run ``run_id``'s state the command that runs on it (None: none), for
     ``emulate status``, ``find_cluster`` and ``down`` of every run; a state gone is left gone."""
-    path = _state_file(run_id)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(_state_file(run_id).read_text())
     except (OSError, ValueError):
         return
     data["user"] = user
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True, indent=1) + "\n")
-    tmp.replace(path)
+    _save_state(data)
 
 
 def new_run_id() -> str:

@@ -57,7 +57,7 @@ from treeattn.workload import (
 from treeattn.yamlkeys import RepeatedKeyError, refusing_repeats
 
 __all__ = ["ATTENTION_KEYS", "RAW_KEYS", "parse_tokens", "workload_from_dict", "load_workload", "file_length",
-           "file_split"]
+           "file_split", "without_replaced"]
 
 _LOADER = refusing_repeats(yaml.SafeLoader)
 
@@ -162,7 +162,7 @@ def _check_heads(model: str | None, ints: dict[str, int | None], name: _Names, h
     hq, hkv, _ = preset_heads(model, ints["q_heads"], ints["kv_heads"], ints["head_dim"])
     if hq is None or hkv is None or not hq % hkv:
         return
-    q_named = name.flags.get("q_heads") or f"{name.where}: {heads_key}"
+    q_named = name.flags.get("q_heads") or name(heads_key)
     if ints["kv_heads"] is None:
         hint = "--kv-heads" if "q_heads" in name.flags else "kv_heads"
         raise WorkloadError(f"{q_named} ({hq}) must be a multiple of {model}'s {hkv} KV heads; give {hint} as well")
@@ -327,7 +327,7 @@ def load_workload(path: str | Path, *, ranks: int | None = None,
             of its own that no device holds is checked at the one given here instead. Given
             ``bytes`` (``--bytes``), a raw file or one of no key takes it as its size.
         flags: the flag each key of ``missing`` came from (``make_payload``): given, a decode
-            file is checked without the keys they replace (``_without_replaced``: a value no flag
+            file is checked without the keys they replace (``without_replaced``: a value no flag
             leaves in use is not judged), and a key filled from a flag is named by the flag.
 
     Returns:
@@ -346,7 +346,7 @@ def load_workload(path: str | Path, *, ranks: int | None = None,
                 data.setdefault("bytes", missing["bytes"])
         elif kind != "raw":
             if flags:  # a value a flag replaces is not judged (the caller checks the flags' with the rest)
-                data = _without_replaced(data, {k: v for k, v in missing.items() if v is not None})
+                data = without_replaced(data, {k: v for k, v in missing.items() if v is not None})
             fill = _what_the_file_lacks(data, missing)
             data = {**data, **fill}
             filled = {k: flags[k] for k in fill if flags and k in flags}  # named by their flags, not as the file's
@@ -369,10 +369,11 @@ _PRESET_KEYS = ("q_heads", "heads", "kv_heads", "head_dim", "v_head_dim", "kv_la
 """What a ``model`` flag replaces in a file (unless given as flags too): its preset's shape."""
 
 
-def _without_replaced(data: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+def without_replaced(data: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
     """A file's keys less those the flags ``given`` (workload keys) replace: each key given, a
     file's ``heads`` for ``q_heads``, its length for either length, its shape for a ``model``,
-    and its ``kv_heads`` where they equal its heads (one a query head: they follow ``--heads``)."""
+    and its ``kv_heads`` where they equal its heads (one a query head: they follow ``--heads``).
+    One rule for the file as read (``load_workload``) and as loaded (``cli.options.make_payload``)."""
     drop = set(given)
     if "q_heads" in given:
         drop.add("heads")
@@ -399,14 +400,17 @@ def file_length(path: str | Path) -> int | None:
         return None  # load_workload says what is wrong with it
     if data.get("seq_len") is not None:
         return parse_tokens(data["seq_len"], where=f"{path}: seq_len", least=1)
-    split = file_split(path)
+    split = _own_split(data, path)
     return None if split is None else sum(split)
 
 
 def file_split(path: str | Path) -> tuple[int, ...] | None:
     """A workload file's own split, tokens per rank, or None (none, ``even``, or one that
     ``load_workload`` will refuse, saying why)."""
-    data = _read_workload_data(Path(path))
+    return _own_split(_read_workload_data(Path(path)), path)
+
+
+def _own_split(data: Any, path: str | Path) -> tuple[int, ...] | None:  # noqa: ANN401 - the YAML as read
     split = data.get("split") if isinstance(data, dict) else None
     if split is None or split == "even":
         return None
