@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import NoReturn
 
-__all__ = ["Signalled", "before_hard_exit", "ended_if_stuck", "exit_status", "forget", "hard_exit", "interrupts_raise",
-           "raise_interrupt", "shielded", "stopping_signals"]
+__all__ = ["Signalled", "WRAP_UP_SIGNAL", "WrapUp", "before_hard_exit", "ended_if_stuck", "exit_status", "forget",
+           "hard_exit", "interrupts_raise", "raise_interrupt", "shielded", "stopping_signals", "wrap_up_on_signals"]
 
 _received: int | None = None
 """The last signal ``raise_interrupt`` turned into an interrupt (None: none since ``forget``)."""
@@ -110,6 +110,54 @@ def shielded() -> Iterator[None]:
             signal.signal(s, handler)
         if held and not unwinding:  # also where the body raised (a fork that failed): the signal wins
             signal.raise_signal(held[0])
+
+
+WRAP_UP_SIGNAL = signal.SIGUSR1
+"""What a local launcher sends its ranks to have them wrap up (``WrapUp``): unlike the stopping
+signals it never stops at once, so a rank that also gets the terminal's Ctrl-C, or the same
+request twice, counts one request."""
+SAME_REQUEST_S = 2.0
+"""Stopping signals this soon after the first count as that one request (``WrapUp``): a terminal's
+Ctrl-C reaches a rank and its launcher, which passes it on (torchrun as SIGTERM); ``timeout``
+signals a process, then its group."""
+
+
+class WrapUp:
+    """A request to end work at its next safe point rather than at once (``wrap_up_on_signals``):
+    ``signum`` is the first signal that asked (None: none yet). A stopping signal more than
+    ``SAME_REQUEST_S`` after it stops at once (``Signalled``), as a second Ctrl-C does."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.at = float("-inf")
+
+    def handle(self, signum, frame) -> None:  # noqa: ANN001, ARG001 - signal handler signature
+        global _handled_at  # noqa: PLW0603 - ended_if_stuck reads it: the handler ran
+        now = time.monotonic()
+        _handled_at = now
+        if self.signum is None:
+            self.signum, self.at = int(signum), now
+        elif signum != WRAP_UP_SIGNAL and now - self.at > SAME_REQUEST_S:
+            raise_interrupt(signum, frame)
+
+
+@contextlib.contextmanager
+def wrap_up_on_signals(signals: tuple[int, ...] = ()) -> Iterator[WrapUp]:
+    """While inside, ``WRAP_UP_SIGNAL`` and the stopping signals (SIGINT, SIGTERM, SIGHUP, less
+    those ignored) and ``signals`` note a request to wrap up in the ``WrapUp`` yielded instead of
+    raising; a later one stops as ``interrupts_raise`` does. Off the main thread nothing is
+    installed and no request comes."""
+    wrap = WrapUp()
+    if threading.current_thread() is not threading.main_thread():
+        yield wrap
+        return
+    wanted = (*stopping_signals((signal.SIGINT, signal.SIGTERM)), WRAP_UP_SIGNAL, *signals)
+    old = {s: signal.signal(s, wrap.handle) for s in dict.fromkeys(wanted)}
+    try:
+        yield wrap
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 _ON_HARD_EXIT: list[Callable[[], None]] = []

@@ -157,31 +157,69 @@ def test_wrong_result_is_reported_and_exits_1(tmp_path, monkeypatch):
     assert pd.read_csv(tmp_path / "r.csv")["correct"].tolist() == [False]
 
 
-@pytest.mark.parametrize(("sig", "status"), [("SIGTERM", 143), ("SIGHUP", 129)])
-def test_a_terminated_run_stops_its_ranks_and_removes_its_run_directory(tmp_path, sig, status):
-    # `timeout 60 treeattn run ...` or a batch system ending the job sends SIGTERM (a closed
-    # terminal SIGHUP): the launcher unwinds as on Ctrl-C, its ranks stop and its run directory
-    # goes; it exits 128 + the signal, as batch systems read it (130 for both, before).
+def _signalled_run(tmp_path: Path, sig: str, *args: str, when: str = "timed runs") -> tuple[int, str, str, Path]:
+    """``treeattn run`` of a 2-rank plan for 100,000 timed runs, sent ``sig`` once rank 0's
+    progress (its run directory's file) says ``when``; returns its status, stdout and stderr
+    and the temporary folder its run directory was made in. SIGINT's default action is restored in
+    it: a background job's shell starts it ignored."""
     import signal
     import time
+
+    from treeattn.exec.worker import read_progress
 
     path = plan_file(tmp_path, build("binomial", W2, resolve("cpu:ranks=2")))
     runs = tmp_path / "tmp"
     runs.mkdir()
     env = {**os.environ, "TMPDIR": str(runs)}
-    proc = subprocess.Popen([TREEATTN, "run", str(path), "--repeats", "100000", "--warmup", "0", "--out",
-                             str(tmp_path / "rows.csv")], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([TREEATTN, "run", str(path), "--repeats", "100000", "--out", str(tmp_path / "rows.csv"),
+                             *args], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
-    while not any(runs.glob("treeattn-run-*/rank1.log")) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(3)  # the ranks are running
+    while time.monotonic() < deadline:
+        got = [read_progress(d) for d in runs.glob("treeattn-run-*")]
+        if any(g is not None and g[2].startswith(when) for g in got):
+            break
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail(f"the ranks never reached {when!r}: {proc.communicate()[1]}")
     proc.send_signal(getattr(signal, sig))
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == status and "aborted" in err, err
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err, runs
+
+
+def _nothing_left(runs: Path) -> None:
     assert list(runs.iterdir()) == []
     left = subprocess.run(["pgrep", "-f", str(runs)], capture_output=True, text=True)
     assert left.stdout == "", left.stdout
+
+
+@pytest.mark.parametrize(("sig", "status"), [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
+def test_a_run_stopped_by_a_signal_keeps_the_runs_done(tmp_path, sig, status):
+    # Ctrl-C, `timeout 60 treeattn run ...`, a batch system ending the job (SIGTERM) or a closed
+    # terminal (SIGHUP) while the methods are timed: the ranks stop together before one run and
+    # the rows over the runs done are written (before, every measurement was lost); the command
+    # exits 128 + the signal, its ranks and run directory gone.
+    status_got, out, err, runs = _signalled_run(tmp_path, sig, "--warmup", "0", "--json")
+    assert status_got == status, err
+    rows = pd.read_csv(tmp_path / "rows.csv")
+    assert rows["method"].tolist() == ["plan"] and rows["correct"].all()
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("interrupted")]
+    assert line.startswith(f"interrupted by {sig} before its last timed run: its rows are over the timed runs done "
+                           "(plan "), err
+    done = int(line.split("(plan ")[1].split()[0])
+    assert 0 < done < 100000 and line.endswith(f" of 100000); rows in {tmp_path / 'rows.csv'}"), line
+    assert json.loads(out)["interrupted"] == {"signal": sig, "timed_runs": {"plan": [done, 100000]}}
+    _nothing_left(runs)
+
+
+def test_a_run_stopped_as_it_warms_up_keeps_nothing_and_says_aborted(tmp_path):
+    # Before its first timed run there is nothing to keep: it ends as it always did.
+    status, _, err, runs = _signalled_run(tmp_path, "SIGTERM", "--warmup", "100000", when="starting")
+    assert status == 143, err
+    assert err.strip().splitlines()[-1] == "aborted", err
+    assert not (tmp_path / "rows.csv").exists()
+    _nothing_left(runs)
 
 
 def _launched(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
@@ -191,6 +229,60 @@ def _launched(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Com
     full.update({"MASTER_ADDR": "127.0.0.1", "TMPDIR": str(tmp_path), **env})  # torch's kept log, if any, goes there
     return subprocess.run([TREEATTN, "run", str(path), "--out", str(tmp_path / "rows.csv"), *args], env=full,
                           cwd=tmp_path, capture_output=True, text=True, timeout=30)
+
+
+def test_a_run_signalled_in_its_set_up_stops_at_once(tmp_path):
+    # Before the ranks measure there is nothing to keep, and a rank in its set-up may wait in
+    # C++ (gloo's connection of the ranks), where the request would reach it only at the
+    # deadline: the launcher stops them at once, as it always did.
+    import signal
+    import time
+
+    path = plan_file(tmp_path, build("binomial", W2, resolve("cpu:ranks=2")))
+    runs = tmp_path / "tmp"
+    runs.mkdir()
+    proc = subprocess.Popen([TREEATTN, "run", str(path), "--warmup", "100000", "--out", str(tmp_path / "rows.csv")],
+                            env={**os.environ, "TMPDIR": str(runs)}, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(runs.glob("treeattn-run-*/rank1.log")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "aborted", err
+    assert "stopping the ranks" not in err, err
+    assert not (tmp_path / "rows.csv").exists()
+    _nothing_left(runs)
+
+
+def test_ranks_of_a_launcher_stop_together_when_one_is_signalled(tmp_path):
+    # Under torchrun or SLURM each rank is a `treeattn run` of its own and gets the signal
+    # itself; here only rank 1 does: it passes the request on at the next run's start, both stop
+    # before the same run, and rank 0 writes the rows of the runs done.
+    import signal
+
+    path = plan_file(tmp_path, build("binomial", W2, resolve("cpu:ranks=2")))
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC"))}
+    full.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(launch_mod.free_port()), WORLD_SIZE="2",
+                TMPDIR=str(tmp_path))
+    procs = [subprocess.Popen([TREEATTN, "run", str(path), "--repeats", "100000", "--warmup", "0", "--progress",
+                               "--out", str(tmp_path / f"rows{r}.csv")], env={**full, "RANK": str(r)}, cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        line = ""
+        while "timed runs" not in line:  # rank 0's progress, a line every 10 s off a terminal
+            line = procs[0].stderr.readline()
+            assert line, "rank 0 ended before its timed runs"
+        procs[1].send_signal(signal.SIGTERM)
+        (_, err0), (_, err1) = (p.communicate(timeout=60) for p in procs)
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[0].returncode == 143, err0
+    assert "interrupted by SIGTERM before its last timed run" in err0
+    assert procs[1].returncode == 0, err1  # it reports nothing: rank 0 writes the rows
+    assert pd.read_csv(tmp_path / "rows0.csv")["method"].tolist() == ["plan"]
+    assert not (tmp_path / "rows1.csv").exists()
 
 
 def test_a_slurm_task_out_of_range_exits_2_at_once(tmp_path):

@@ -16,12 +16,14 @@ from treeattn.exec.board import HostBoard, RankExited, _gone, _stat
 
 def _meet(path: str, rank: int, world: int, rounds: int, out) -> None:  # noqa: ANN001 - a Queue
     board = HostBoard(path, rank, world)
-    got = [board.meet(float(10 * k + rank), float(rank), 30.0) for k in range(rounds)]
+    # rank 1 asks to stop from round 30 on (its signal number): every rank sees it from then
+    got = [board.meet(float(10 * k + rank), float(rank), 30.0, stop=15.0 if rank == 1 and k >= 30 else 0.0)
+           for k in range(rounds)]
     board.close()
     out.put((rank, got))
 
 
-def test_every_rank_gets_the_latest_clock_and_the_worst_delay(tmp_path):
+def test_every_rank_gets_the_latest_clock_the_worst_delay_and_any_stop(tmp_path):
     world, rounds = 3, 40
     path = str(tmp_path / "board")
     HostBoard.create(path, world)
@@ -34,7 +36,7 @@ def test_every_rank_gets_the_latest_clock_and_the_worst_delay(tmp_path):
     for p in procs:
         p.join(timeout=30)
         assert p.exitcode == 0
-    want = [(float(10 * k + world - 1), float(world - 1)) for k in range(rounds)]
+    want = [(float(10 * k + world - 1), float(world - 1), 15.0 if k >= 30 else 0.0) for k in range(rounds)]
     assert all(results[r] == want for r in range(world))
 
 
@@ -52,11 +54,11 @@ def test_a_half_written_slot_is_not_taken_for_a_posted_one(tmp_path):
     HostBoard.create(path, 2)
     other = HostBoard(path, 1, 2)
     # Rank 1's slot of meeting 1 (bank 1) with the right iteration but a check that does not match.
-    struct.pack_into("<qddq", other._mm, (2 + 1) * 32, 1, 5.0, 0.0, 12345)
+    struct.pack_into("<qdddq", other._mm, (2 + 1) * 40, 1, 5.0, 0.0, 0.0, 12345)
     board = HostBoard(path, 0, 2)
     with pytest.raises(TimeoutError):
         board.meet(1.0, 0.0, 0.2)
-    assert other.meet(5.0, 0.0, 5.0) == (5.0, 0.0)  # rank 1 posts for real: both see it
+    assert other.meet(5.0, 0.0, 5.0) == (5.0, 0.0, 0.0)  # rank 1 posts for real: both see it
     board.close()
     other.close()
 
@@ -109,8 +111,8 @@ def test_a_slow_rank_that_still_runs_is_waited_for(tmp_path):
     peer.start()
     assert ready.wait(60)
     board = HostBoard(path, 1, 2)
-    assert board.meet(1.0, 0.0, 30.0) == (7.0, 0.5)
-    assert out.get(timeout=30) == (7.0, 0.5)
+    assert board.meet(1.0, 0.0, 30.0) == (7.0, 0.5, 0.0)
+    assert out.get(timeout=30) == (7.0, 0.5, 0.0)
     peer.join(10)
     assert peer.exitcode == 0
     board.close()

@@ -9,8 +9,9 @@ import signal
 import pytest
 
 from tests.cli_helpers import run_cli
+from treeattn import interrupts
 from treeattn.exec import launch as launch_mod
-from treeattn.interrupts import exit_status, interrupts_raise, shielded
+from treeattn.interrupts import WRAP_UP_SIGNAL, exit_status, interrupts_raise, shielded, wrap_up_on_signals
 from treeattn.plan.builders import build
 from treeattn.plan.io import save_plan
 from treeattn.topology.library import resolve
@@ -83,6 +84,31 @@ def test_a_signalled_run_exits_with_the_signals_status(tmp_path, monkeypatch, si
     assert res.stderr.strip().splitlines()[-1] == "aborted" and "Traceback" not in res.stderr
     # A later command in the same process does not inherit the signal.
     assert run_cli("run", str(tmp_path / "missing.yaml")).exit_code == 2
+
+
+def _send(sig: int) -> None:
+    os.kill(os.getpid(), sig)
+    signal.sigtimedwait([], 0.1)  # the handler runs at the next bytecode; this is only in case
+
+
+def test_a_wrap_up_request_is_noted_once_and_a_later_signal_stops_at_once(monkeypatch):
+    # A terminal's Ctrl-C reaches a rank and its launcher, which passes it on: one request. A
+    # stopping signal after SAME_REQUEST_S is a second Ctrl-C: it stops at once.
+    monkeypatch.setattr(interrupts, "SAME_REQUEST_S", 0.3)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, WRAP_UP_SIGNAL)}
+    with pytest.raises(KeyboardInterrupt) as caught, wrap_up_on_signals() as wrap:
+        assert wrap.signum is None
+        _send(signal.SIGINT)
+        _send(WRAP_UP_SIGNAL)
+        _send(signal.SIGTERM)  # within SAME_REQUEST_S: the same request
+        assert wrap.signum == signal.SIGINT
+        signal.sigtimedwait([], 0.4)
+        _send(WRAP_UP_SIGNAL)  # the launcher's relay never stops at once
+        assert wrap.signum == signal.SIGINT
+        _send(signal.SIGTERM)
+        pytest.fail("a second signal after SAME_REQUEST_S did not stop")
+    assert exit_status(caught.value) == 143
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
 
 
 def test_a_first_signal_during_a_cleanup_is_raised_once_the_cleanup_is_done():

@@ -116,7 +116,8 @@ def run(
         options = RunOptions(repeats=repeats, warmup=warmup,
                              timeout_s=timeout if timeout is not None else default_timeout_s(predictions, 5.0),
                              setup_timeout_s=setup_timeout, backend=backend.value if backend else None,
-                             check=check.value, seed=seed, baselines=baselines, order=order.value, graph=graph)
+                             check=check.value, seed=seed, baselines=baselines, order=order.value, graph=graph,
+                             wrap_up=True)
         pick_backend(options)  # a backend this machine cannot run: one line, before the run's warnings
         if reporter:
             # Before the run: a user who reads these may stop it.
@@ -136,6 +137,8 @@ def run(
         err_console.print(f"{result.backend} on {result.device}: attention kernel {', '.join(kernels) or 'none'}, "
                           f"merges {result.merge}, CUDA graphs {result.graphs_text}")
         emit_results(result, plan, label, predictions, run_id, rows, json_out)
+        if result.stopped:
+            raise typer.Exit(stopped_line(result, rows))
 
 
 @contextlib.contextmanager
@@ -220,8 +223,8 @@ def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,
         raise InputError(f"cannot write --out {exc.filename or str(path)!r}: {exc.strerror or exc}") from None
     if json_out:
         typer.echo(json.dumps({"rows": rows_records(frame), "rows_csv": str(path),
-                               "timeline_csv": timeline and str(timeline), "calibrated": predictions.calibrated},
-                              sort_keys=True, indent=2))
+                               "timeline_csv": timeline and str(timeline), "calibrated": predictions.calibrated,
+                               "interrupted": _interrupted(result)}, sort_keys=True, indent=2))
     else:
         _table(frame, path, predictions.calibrated)
         _bits_lines(frame, plan)
@@ -230,6 +233,34 @@ def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,
         worst = ", ".join(f"{r.method} (max relative error {r.max_rel_err}, tolerance {r.tolerance:g})"
                           for r in wrong.itertuples())
         raise ExecutionError(f"wrong result from {worst} on {label}; see {path}")
+
+
+def _interrupted(result) -> dict | None:  # noqa: ANN001 - a JobResult
+    """For --json: the signal that stopped the run and each method's timed runs done and asked
+    for; None where no signal came."""
+    import signal
+
+    if not result.stopped:
+        return None
+    return {"signal": signal.Signals(result.stopped).name,
+            "timed_runs": {m.method: [len(m.times_us), asked]
+                           for m, asked in zip(result.measurements, result.repeats, strict=True)}}
+
+
+def stopped_line(result, rows: Path) -> int:  # noqa: ANN001 - a JobResult
+    """Say on stderr that a signal stopped the run and over which runs its rows are; returns
+    the shell's status for the signal."""
+    import signal
+
+    name = signal.Signals(result.stopped).name
+    runs = [(m.method, len(m.times_us), asked) for m, asked in zip(result.measurements, result.repeats, strict=True)]
+    if all(done == asked for _, done, asked in runs):
+        what = "after its last timed run: its rows are whole"
+    else:
+        what = ("before its last timed run: its rows are over the timed runs done ("
+                + ", ".join(f"{method} {done} of {asked}" for method, done, asked in runs) + ")")
+    err_console.print(f"interrupted by {name} {what}; rows in {rows}", markup=False, soft_wrap=True)
+    return 128 + result.stopped
 
 
 def _table(frame, path: Path, calibrated: bool) -> None:  # noqa: ANN001 - a DataFrame

@@ -5,14 +5,15 @@ Agreeing by a collective sends messages, and a rank that finished a run early se
 while the others still run it: the harness then loads the very links and cores it is timing
 (with 8 ranks on 2 cores, a 4-byte ping-pong between two of them measured 1.3-1.6 ms while
 the six idle ranks' all-reduce ran beside it). Ranks on one host can agree through a small
-shared-memory file instead: each writes when it arrived (and the worst delay it saw last
-time), sleeps in short naps until every rank has, and all compute the same instant from the
-same numbers. A rank that never arrives makes the others fail at a deadline, never hang;
-one whose process is gone (killed with -9 where no launcher takes the group down with it)
-makes them fail within a fraction of a second.
+shared-memory file instead: each writes when it arrived (the worst delay it saw last
+time, and whether it was asked to wrap up: ``Comm.release``), sleeps in short naps until
+every rank has, and all compute the same instant from the same numbers. A rank that never
+arrives makes the others fail at a deadline, never hang; one whose process is gone (killed
+with -9 where no launcher takes the group down with it) makes them fail within a fraction of
+a second.
 
 Layout: two banks (iteration parity) of one slot per rank, ``(iteration, clock, delay,
-check)``; a reader accepts a slot only when its check matches, so a slot read while being
+stop, check)``; a reader accepts a slot only when its check matches, so a slot read while being
 written is read again. A rank can run at most one meeting ahead of the slowest reader (it
 cannot pass meeting k + 1 before every rank wrote it), so the other bank is never rewritten
 while it is read. After the banks, one ``(pid, start, pid namespace)`` entry per rank, written
@@ -31,9 +32,9 @@ import time
 __all__ = ["HostBoard", "RankExited", "BOARD_DIR"]
 
 BOARD_DIR = "/dev/shm"
-_SLOT = struct.Struct("<qddq")
-_BITS = struct.Struct("<dd")
-_WORDS = struct.Struct("<qq")
+_SLOT = struct.Struct("<qdddq")
+_BITS = struct.Struct("<ddd")
+_WORDS = struct.Struct("<qqq")
 _PID = struct.Struct("<qqq")
 _NAP_S = 0.0002
 """How long a waiting rank sleeps between looks (short: it decides how late it learns)."""
@@ -82,9 +83,9 @@ def _gone(pid: int, start: int) -> bool:
     return fields[0] in ("Z", "X") or (start != 0 and int(fields[19]) != start)
 
 
-def _check(k: int, clock: float, delay: float) -> int:
-    a, b = _WORDS.unpack(_BITS.pack(clock, delay))
-    return (k ^ a ^ (b * 31) ^ 0x5A17) & 0x7FFF_FFFF_FFFF_FFFF
+def _check(k: int, clock: float, delay: float, stop: float) -> int:
+    a, b, c = _WORDS.unpack(_BITS.pack(clock, delay, stop))
+    return (k ^ a ^ (b * 31) ^ (c * 131) ^ 0x5A17) & 0x7FFF_FFFF_FFFF_FFFF
 
 
 def _size(world: int) -> int:
@@ -133,8 +134,9 @@ class HostBoard:
         finally:
             os.close(fd)
 
-    def meet(self, clock: float, delay: float, deadline_s: float) -> tuple[float, float]:
-        """Post this rank's ``clock`` and ``delay``; wait for every rank's; return the maxima.
+    def meet(self, clock: float, delay: float, deadline_s: float, stop: float = 0.0) -> tuple[float, float, float]:
+        """Post this rank's ``clock``, ``delay`` and ``stop``; wait for every rank's; return the
+        maxima.
 
         Raises:
             TimeoutError: some rank did not arrive within ``deadline_s`` seconds.
@@ -143,23 +145,25 @@ class HostBoard:
         self._meetings += 1
         k = self._meetings
         bank = (k % 2) * self.world
-        _SLOT.pack_into(self._mm, (bank + self.rank) * _SLOT.size, k, clock, delay, _check(k, clock, delay))
+        _SLOT.pack_into(self._mm, (bank + self.rank) * _SLOT.size, k, clock, delay, stop,
+                        _check(k, clock, delay, stop))
         give_up = time.monotonic() + deadline_s
         look = time.monotonic() + _LOOK_S
-        seen: dict[int, tuple[float, float]] = {}
+        seen: dict[int, tuple[float, float, float]] = {}
 
         def look_at_slots() -> None:
             for r in range(self.world):
                 if r in seen:
                     continue
-                got, c, d, check = _SLOT.unpack_from(self._mm, (bank + r) * _SLOT.size)
-                if got == k and check == _check(k, c, d):
-                    seen[r] = (c, d)
+                got, c, d, s, check = _SLOT.unpack_from(self._mm, (bank + r) * _SLOT.size)
+                if got == k and check == _check(k, c, d, s):
+                    seen[r] = (c, d, s)
 
         while True:
             look_at_slots()
             if len(seen) == self.world:
-                return max(c for c, _ in seen.values()), max(d for _, d in seen.values())
+                clocks, delays, stops = zip(*seen.values(), strict=True)
+                return max(clocks), max(delays), max(stops)
             now = time.monotonic()
             if now > look:
                 look = now + _LOOK_S

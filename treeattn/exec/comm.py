@@ -521,12 +521,14 @@ class Comm:
         self.wait(dist.broadcast(tensor, group=self.group, group_src=src, async_op=True), what, setup=True)
         return tensor
 
-    def barrier(self) -> None:
-        """All ranks meet (set-up deadline); on CUDA the device is idle afterwards."""
+    def barrier(self, stop: int = 0) -> int:
+        """All ranks meet (set-up deadline); on CUDA the device is idle afterwards. Returns the
+        largest ``stop`` any rank gave (a signal that asked it to wrap up, 0: none)."""
         self.synchronize()
-        flag = torch.zeros(1, device=self.device)
-        self.all_reduce(flag, "sum", "barrier", setup=True)
+        flag = torch.tensor([float(stop)], dtype=torch.float64, device=self.device)
+        agreed = int(self.all_reduce(flag, "max", "barrier", setup=True).item())
         self.synchronize()
+        return agreed
 
     def open_board(self) -> bool:
         """Set up ``release``'s shared-memory board; only for ranks that share one host (the
@@ -563,26 +565,32 @@ class Comm:
         self.board = board
         return True
 
-    def release(self, margin_s: float, last_delay_s: float) -> tuple[float, float, float]:
+    def release(self, margin_s: float, last_delay_s: float, stop: int = 0) -> tuple[float, float, float, int]:
         """Meet the other ranks and start together: every rank contributes its clock (one host's
-        CLOCK_MONOTONIC) and the worst delay it saw last time; all then sleep until
+        CLOCK_MONOTONIC), the worst delay it saw last time and ``stop`` (a signal that asked it to
+        wrap up, 0: none); all then sleep until
         ``max(clocks) + margin_s`` and start at that one instant, so no rank gets a head start
         on work the others have not begun. With a board (``open_board``) they meet through
         shared memory, so ranks that finished a run early send nothing while others still run it.
 
         Returns (start instant, when this rank had the agreed values, the worst delay of the
-        previous release over all ranks: for the caller's next margin)."""
+        previous release over all ranks: for the caller's next margin, the largest ``stop``:
+        where it is not 0 every rank wraps up rather than start)."""
         self.synchronize()
         if self.board is not None:
             try:
-                latest, worst = self.board.meet(time.perf_counter(), last_delay_s, self.setup_timeout.total_seconds())
+                latest, worst, agreed = self.board.meet(time.perf_counter(), last_delay_s,
+                                                        self.setup_timeout.total_seconds(), float(stop))
             except (TimeoutError, RankExited) as exc:
                 raise CommError(f"rank {self.rank}: start release failed: {exc}") from exc
         else:
-            mine = torch.tensor([time.perf_counter(), last_delay_s], dtype=torch.float64, device=self.device)
+            mine = torch.tensor([time.perf_counter(), last_delay_s, float(stop)], dtype=torch.float64,
+                                device=self.device)
             both = self.all_reduce(mine, "max", "start release", setup=True).cpu()
-            latest, worst = float(both[0]), float(both[1])
+            latest, worst, agreed = float(both[0]), float(both[1]), float(both[2])
         arrived = time.perf_counter()
+        if agreed:
+            return latest, arrived, worst, int(agreed)
         start = latest + margin_s
         # Sleep most of the wait, then stay runnable (yielding) to the instant: a process
         # that sleeps through it wakes hundreds of microseconds to milliseconds late when
@@ -591,7 +599,7 @@ class Comm:
             time.sleep(start - _SPIN_S - arrived)
         while time.perf_counter() < start:
             os.sched_yield()
-        return start, arrived, worst
+        return start, arrived, worst, 0
 
     def synchronize(self) -> None:
         """Host waits for the device (tracked markers first, with their deadlines)."""

@@ -21,13 +21,17 @@
   an error (it raised, or died), the others get a short grace to report, then are killed;
   no child outlives the run (they also die with their parent, through PR_SET_PDEATHSIG).
   The error names the rank that failed first, not the ranks that lost their peer, and the
-  folder where every rank's full output is kept (``keep_output``).
+  folder where every rank's full output is kept (``keep_output``). For a job that wraps up
+  (``RunOptions.wrap_up``) a first signal is passed on to the ranks as
+  ``interrupts.WRAP_UP_SIGNAL`` and the launcher waits (``stop_wait_s``) for them to stop
+  together and hand over the runs done; a second signal, or that wait's end, kills them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import json
 import os
@@ -53,11 +57,11 @@ from treeattn.errors import ExecutionError, InputError, TreeattnError
 from treeattn.exec import rendezvous
 from treeattn.exec.runner import Job, JobResult, Progress, memory_problem, pick_backend, placement_problem, run_rank
 from treeattn.exec.worker import PIDS_FILE, read_progress
-from treeattn.interrupts import hard_exit, raise_interrupt, shielded, stopping_signals
+from treeattn.interrupts import WRAP_UP_SIGNAL, WrapUp, hard_exit, raise_interrupt, shielded, stopping_signals
 
 __all__ = ["RankEnv", "detect_env", "check_world", "slurm_bound", "slurm_threads", "launch", "launch_local",
            "free_port", "run_directory", "keep_output", "rank_failure", "GRACE_S", "available_bytes",
-           "host_memory_problem", "relay_progress"]
+           "host_memory_problem", "relay_progress", "stop_wait_s"]
 
 _NOT_JOINED = re.compile(r"ranks? [\d, -]+ of \d+ did not connect within ")
 """``rendezvous.wait_joined``'s words for ranks that never connected: said by a rank that waited,
@@ -424,7 +428,8 @@ def launch_local(job: Job, progress: Progress | None = None) -> JobResult:
             raise InputError(problem)
     tmp = run_directory("treeattn-run-", job)
     procs: list = []
-    previous = _stop_on_signals()
+    wrap = WrapUp() if job.options.wrap_up else None
+    previous = _stop_on_signals(wrap)
     kept = False
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
@@ -439,8 +444,15 @@ def launch_local(job: Job, progress: Progress | None = None) -> JobResult:
                     procs.append(subprocess.Popen([sys.executable, "-m", "treeattn.exec.worker", str(tmp)],
                                                   env=env, stdout=log, stderr=subprocess.STDOUT))
         relay = None if progress is None else relay_progress(tmp, progress)
-        killed = _watch(procs, relay)
+        killed = _watch(procs, relay, wrap, stop_wait_s(job), lambda: read_progress(tmp) is not None)
         codes = [p.returncode for p in procs]
+        if wrap is not None and wrap.signum is not None:
+            if any(codes) or not (tmp / "result.pkl").exists():  # killed, or stopped before a timed run
+                raise_interrupt(wrap.signum, None)
+            if relay is not None:
+                relay()
+            with open(tmp / "result.pkl", "rb") as f:
+                return dataclasses.replace(pickle.load(f), stopped=wrap.signum)
         if any(codes):
             failure = rank_failure(tmp, codes, killed, lambda r: _log_tail(tmp, r))
             kept = failure.exit_code != 2  # bad input is said in full by the message
@@ -576,15 +588,25 @@ class _Adopted:
         self.send_signal(signal.SIGKILL)
 
 
-def _stop_on_signals() -> dict:
+def _stop_on_signals(wrap: WrapUp | None = None) -> dict:
     """Make SIGTERM (``timeout``, a batch system ending the job) and SIGHUP (the terminal
     closed) unwind the launcher like Ctrl-C, so that it stops its ranks and removes its run
     directory; returns the handlers it replaced (none off the main thread, where a handler
     cannot be set). raise_interrupt notes the signal: the command exits 143 or 129 for it.
-    A SIGHUP that ``nohup`` ignores stays ignored (``stopping_signals``)."""
+    A SIGHUP that ``nohup`` ignores stays ignored (``stopping_signals``). With ``wrap``, these
+    signals and SIGINT note a request to wrap up there instead (``_watch`` passes it on)."""
     if threading.current_thread() is not threading.main_thread():
         return {}
+    if wrap is not None:
+        return {sig: signal.signal(sig, wrap.handle) for sig in stopping_signals((signal.SIGINT, signal.SIGTERM))}
     return {sig: signal.signal(sig, raise_interrupt) for sig in stopping_signals()}
+
+
+def stop_wait_s(job: Job) -> float:
+    """How long ranks asked to wrap up get to stop and hand over their runs before they are
+    killed: the run they are in and the gathering of the results, each of which the op
+    deadline bounds, with ``GRACE_S`` to report."""
+    return 2 * job.options.timeout_s + GRACE_S
 
 
 def available_bytes() -> int | None:
@@ -618,22 +640,42 @@ def relay_progress(tmp: Path, progress: Progress) -> Callable[[], None]:
     return look
 
 
-def _watch(procs: list, tick: Callable[[], None] | None = None) -> set[int]:
+def _watch(procs: list, tick: Callable[[], None] | None = None, wrap: WrapUp | None = None,
+           stop_wait: float = GRACE_S, measuring: Callable[[], bool] = lambda: True) -> set[int]:
     """Wait until every rank exits; once one fails, give the rest ``GRACE_S`` then kill them.
-    Calls ``tick`` about every ``_TICK_S`` meanwhile. Returns the ranks this watchdog killed."""
+    Calls ``tick`` about every ``_TICK_S`` meanwhile. Once ``wrap`` notes a request, sends each
+    rank ``WRAP_UP_SIGNAL`` and gives them ``stop_wait`` seconds, where they have begun to
+    measure (``measuring``); before, there is nothing to keep and it raises the interrupt at
+    once (a rank may wait in its set-up, in C++, where no signal reaches Python). Returns the
+    ranks this watchdog killed."""
     failed_at = None
     killed: set[int] = set()
+    told: set[int] = set()
+    stop_by = None
     ticked = time.monotonic()
     while True:
         if tick is not None and time.monotonic() - ticked >= _TICK_S:
             ticked = time.monotonic()
             tick()
+        if wrap is not None and wrap.signum is not None:
+            if stop_by is None and not measuring():
+                raise_interrupt(wrap.signum, None)
+            if stop_by is None:
+                stop_by = time.monotonic() + stop_wait
+                sys.stderr.write(f"{signal.Signals(wrap.signum).name}: stopping the ranks at their next run's start "
+                                 "to keep the runs done (signal again to stop at once)\n")
+                sys.stderr.flush()
+            for r, p in enumerate(procs):  # ranks started after the signal too
+                if r not in told:
+                    told.add(r)
+                    p.send_signal(WRAP_UP_SIGNAL)
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
             return killed
         if failed_at is None and any(c not in (None, 0) for c in codes):
             failed_at = time.monotonic()
-        if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
+        if (failed_at is not None and time.monotonic() - failed_at > GRACE_S
+                or stop_by is not None and time.monotonic() > stop_by):
             for r, p in enumerate(procs):
                 if p.poll() is None:
                     p.send_signal(signal.SIGKILL)

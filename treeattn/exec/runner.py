@@ -14,6 +14,13 @@ rank's start (the margin grows for the next run). Elsewhere a run starts after a
 and its time is the maximum over ranks of each rank's own wall time. The last
 iteration's result is checked as well.
 
+With ``wrap_up`` on, a signal (Ctrl-C, SIGTERM, ``interrupts.WRAP_UP_SIGNAL`` from a local
+launcher) while the methods run asks to stop and keep what was measured: every rank passes the
+request on at the next run's start (``Comm.release``, or the barrier), so all stop before the
+same run, and each method with a timed run is finished over its runs done (its first result
+checked, the last only where every run was done); the ``JobResult`` says which signal
+(``stopped``). A second signal some seconds later stops at once, as without it.
+
 On CUDA the end of a run is a CUDA event (``Comm.mark``), read once the device has passed it
 (``Comm.settle``, which also enforces the op deadline), so nothing synchronises the host
 inside a timed run; with ``graph`` on (NCCL's default) every method is captured as a CUDA
@@ -51,6 +58,7 @@ from treeattn.exec.issue_order import nccl_order_problem
 from treeattn.exec.merge import unpack
 from treeattn.exec.reference import FP64_BLOCK_ELEMENTS, Reference, compute_reference
 from treeattn.exec.rendezvous import join
+from treeattn.interrupts import WrapUp, raise_interrupt, wrap_up_on_signals
 from treeattn.plan.baselines import baselines_for, parse_result
 from treeattn.plan.ir import OpKind, Plan
 from treeattn.units import DType, format_sizes
@@ -96,6 +104,9 @@ class RunOptions:
     host's slow and fast spells; ``blocked``: each method's runs back to back."""
     graph: bool | None = None
     """Replay each method from a CUDA graph after its warm-up (NCCL only); None: on with NCCL."""
+    wrap_up: bool = False
+    """A signal while the methods run stops every rank before one run and keeps the runs done
+    (``JobResult.stopped``), instead of ending the run at once with nothing (see the module)."""
 
     def __post_init__(self) -> None:
         check_iterations(self.repeats, self.warmup)
@@ -217,6 +228,12 @@ class JobResult:
     """Whether the timed runs replayed CUDA graphs: every method's (False where a capture failed)."""
     uncaptured: tuple[str, ...] = ()
     """With graphs asked for, the methods that ran eager because their capture failed."""
+    stopped: int = 0
+    """The signal that asked the run to stop (``RunOptions.wrap_up``), 0: none. Each measurement
+    is over its runs done, ``len(times_us)`` of its ``repeats`` (all of them where the signal
+    came after the last run's start)."""
+    repeats: tuple[int, ...] = ()
+    """The timed runs each measurement was to have, in their order."""
 
     @property
     def graphs_text(self) -> str:
@@ -407,6 +424,10 @@ class _RankRun:
         self._inputs: dict[str, RankInputs] = {}
         self._baselines_done: set[tuple] = set()
         self._same_clock: bool | None = None
+        self.wrap: WrapUp | None = None
+        """Where a signal asks this rank to wrap up (``RunOptions.wrap_up``), while ``run`` runs."""
+        self.stopped = 0
+        """The signal every rank agreed to stop for (``_begin``), 0: none."""
         self.eager: list[str] = []
         """With graphs on, the methods whose capture failed (on some rank: then every rank runs
         them eager, ``treeattn.exec.graphs.capture``): the report must not say graphs for them."""
@@ -445,10 +466,15 @@ class _RankRun:
     def _begin(self, t: _Timed) -> float:
         """Start one run of ``t``: every rank at one agreed instant (one host's clock) or
         after a barrier; returns this run's start on ``comm.now()``."""
+        asked = (self.wrap.signum or 0) if self.wrap is not None else 0
         if not self._shared_clock():
-            self.comm.barrier()
+            stop = self.comm.barrier(asked)
+            if stop:
+                raise _Stopped(stop)
             return self.comm.now()
-        start, arrived, worst = self.comm.release(t.margin, t.delay)
+        start, arrived, worst, stop = self.comm.release(t.margin, t.delay, asked)
+        if stop:
+            raise _Stopped(stop)
         t.delay = arrived - (start - t.margin)  # how long after the last rank arrived this one knew
         # Every rank sees the same worst delay, so all agree on the next margin.
         t.margin = min(_MAX_MARGIN_S, max(_MIN_MARGIN_S, 2.0 * worst))
@@ -497,7 +523,7 @@ class _RankRun:
         t.ends.append(self.comm.seconds(end, origin))
         t.cpus.append(time.process_time() - cpu)
         if len(t.starts) == t.repeats and self.comm.rank in t.check_ranks:
-            t.last = out.clone()  # methods timed after this one may reuse its buffers
+            t.last = out.clone()  # methods timed after this one may reuse its buffers (a run cut short has none)
 
     def finish(self, t: _Timed) -> Measurement | None:
         """Check ``t``'s first and last results and gather every rank's times (on rank 0)."""
@@ -505,12 +531,12 @@ class _RankRun:
         ref = self.reference(t.payload, t.contributors, t.check_ranks)
         err = -1.0
         if ref is not None:
-            err = max(check_against(out, ref, t.rows, t.sliced, raw) for out in (t.first, t.last))
+            err = max(check_against(out, ref, t.rows, t.sliced, raw) for out in (t.first, t.last) if out is not None)
         local = torch.tensor([err, *t.starts, *t.ends, statistics.median(t.cpus) * 1e6], dtype=torch.float64,
                              device=comm.device)
         rows = comm.all_gather(local, f"{t.method} result gathering", setup=True).cpu()
         same_bits = len(set(comm.digests(t.digest, f"{t.method} result digests"))) == 1 if t.everyone_holds else None
-        n = t.repeats
+        n = len(t.starts)  # the same on every rank: all stop before the same run
         t0, t1 = rows[:, 1:1 + n], rows[:, 1 + n:1 + 2 * n]
         if self._shared_clock():
             # One host, one monotonic clock: every rank started at the agreed instant (or
@@ -612,31 +638,54 @@ class _RankRun:
         return _Timed(pj.label, b.name, fn, w, checks, repeats, prepare=prepare, rows=rows,
                       sliced=b.result == "heads", everyone_holds=b.result == "all")
 
-    def run(self) -> list[Measurement]:
-        """Measure every method of the job in the options' order."""
+    def run(self) -> tuple[list[Measurement], list[int]]:
+        """Measure every method of the job in the options' order; returns the measurements (rank
+        0's) and the timed runs each was to have. With ``RunOptions.wrap_up``, a signal stops
+        every rank before the same run (``stopped``) and the methods with timed runs are
+        finished over those."""
         done: list[Measurement | None] = []
-        if self.opt.order == "blocked":
-            for pj in self.job.plans:  # one plan's inputs alive at a time
-                methods = self.methods(pj)
-                self._known(methods)
-                for t in methods:
-                    self.warm(t)
-                    self._ran(1 + self.opt.warmup, t, "checked and warm-up runs")
-                    for _ in range(t.repeats):
-                        self.time_once(t)
-                        self._ran(1, t, "timed runs")
-                    done.append(self.finish(t))
-        else:
-            timed = [t for pj in self.job.plans for t in self.methods(pj)]
-            self._known(timed)
-            for t in timed:
-                self.warm(t)
-                self._ran(1 + self.opt.warmup, t, "checked and warm-up runs")
-            for i in interleaved_order([t.repeats for t in timed], self.opt.seed):
-                self.time_once(timed[i])
-                self._ran(1, timed[i], "timed runs")
-            done = [self.finish(t) for t in timed]
-        return [m for m in done if m is not None]
+        repeats: list[int] = []
+        timing: list[_Timed] = []  # methods whose timed runs have begun and are not finished
+        with wrap_up_on_signals() if self.opt.wrap_up else contextlib.nullcontext() as self.wrap:
+            try:
+                if self.opt.order == "blocked":
+                    for pj in self.job.plans:  # one plan's inputs alive at a time
+                        methods = self.methods(pj)
+                        self._known(methods)
+                        for t in methods:
+                            self.warm(t)
+                            self._ran(1 + self.opt.warmup, t, "checked and warm-up runs")
+                            timing = [t]
+                            for _ in range(t.repeats):
+                                self.time_once(t)
+                                self._ran(1, t, "timed runs")
+                            timing = []
+                            done.append(self.finish(t))
+                            repeats.append(t.repeats)
+                else:
+                    timed = [t for pj in self.job.plans for t in self.methods(pj)]
+                    self._known(timed)
+                    for t in timed:
+                        self.warm(t)
+                        self._ran(1 + self.opt.warmup, t, "checked and warm-up runs")
+                    timing = timed
+                    for i in interleaved_order([t.repeats for t in timed], self.opt.seed):
+                        self.time_once(timed[i])
+                        self._ran(1, timed[i], "timed runs")
+                    timing = []
+                    done = [self.finish(t) for t in timed]
+                    repeats = [t.repeats for t in timed]
+            except _Stopped as stop:
+                self.stopped = stop.signum
+                for t in timing:
+                    if t.starts:
+                        done.append(self.finish(t))
+                        repeats.append(t.repeats)
+            # a request that came after the last run's start (as the results were gathered)
+            # stopped nothing, but the run was signalled all the same
+            self.stopped = self.stopped or ((self.wrap.signum or 0) if self.wrap is not None else 0)
+            self.wrap = None
+        return [m for m in done if m is not None], repeats
 
     def _known(self, methods: list[_Timed]) -> None:
         self._runs[1] += sum(1 + self.opt.warmup + t.repeats for t in methods)
@@ -647,6 +696,14 @@ class _RankRun:
         self._runs[0] += runs
         if self.progress is not None:
             self.progress(self._runs[0], self._runs[1], f"{what}: {t.method} of {t.label}")
+
+
+class _Stopped(Exception):  # noqa: N818 - a request, not an error
+    """Every rank agreed to stop before the run it was about to start (``_RankRun._begin``)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by signal {signum}")
+        self.signum = signum
 
 
 def interleaved_order(repeats: Sequence[int], seed: int) -> list[int]:
@@ -723,15 +780,17 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
     _check_same_job(job, comm)
     comm.open_pairs(_pairs(job))
     run = _RankRun(job, comm, kernels, graphs, progress if rank == 0 else None)
-    measurements = run.run()
+    measurements, repeats = run.run()
     comm.barrier()
     # Only on success: after a peer's failure, tearing the group down can block.
     dist.destroy_process_group()
+    if run.stopped and not repeats:  # stopped before any timed run: nothing to keep
+        raise_interrupt(run.stopped, None)
     if rank != 0:
         return None
     # What ran, not what was asked: a failed compile or capture says why only in the rank's log.
     return JobResult(tuple(measurements), backend, str(device), world, fused.merge_label(device),
-                     graphs and not run.eager, tuple(run.eager))
+                     graphs and not run.eager, tuple(run.eager), stopped=run.stopped, repeats=tuple(repeats))
 
 
 def _check_same_job(job: Job, comm: Comm) -> None:

@@ -3,7 +3,9 @@
 Reads ``RUN_DIR/job.pkl`` and its rank from ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``; rank 0
 writes ``RUN_DIR/result.pkl``. On any error it writes ``RUN_DIR/rank<R>.error.json`` (``kind``
 is ``comm`` when it only lost a peer), prints the traceback to its log and exits at once with
-status 1, skipping teardown that could block on a dead peer.
+status 1, skipping teardown that could block on a dead peer. ``interrupts.WRAP_UP_SIGNAL``
+from the launcher stops it the same way, except where the job wraps up on it while its methods
+run (``RunOptions.wrap_up``).
 
 ``python -m treeattn.exec.worker RUN_DIR --ranks N`` starts all N ranks from one interpreter
 instead (``fork_ranks``): it imports torch once and forks them.
@@ -26,6 +28,7 @@ from treeattn.errors import TreeattnError
 from treeattn.exec.board import RankExited
 from treeattn.exec.comm import CommError
 from treeattn.exec.runner import Progress, run_rank
+from treeattn.interrupts import WRAP_UP_SIGNAL, raise_interrupt
 
 __all__ = ["main", "fork_ranks", "progress_file", "read_progress", "PROGRESS_FILE", "PIDS_FILE"]
 
@@ -146,6 +149,7 @@ def _run(run_dir: Path, rank: int) -> None:
     """Run ``rank`` of the job in ``run_dir`` and exit (0, or 1 with its error report)."""
     _die_with_parent()
     try:
+        signal.signal(WRAP_UP_SIGNAL, raise_interrupt)  # its default action kills without a report
         job = pickle.loads((run_dir / "job.pkl").read_bytes())
         result = run_rank(job, rank, int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0")),
                           progress=progress_file(run_dir) if rank == 0 else None)
