@@ -27,7 +27,7 @@ from treeattn.topology.library import (
     resolve_recorded,
 )
 from treeattn.topology.model import Topology
-from treeattn.workload import ModelPreset, Payload, RawPayload, Workload, check_model, payload_notes
+from treeattn.workload import MODELS, ModelPreset, Payload, RawPayload, Workload, check_model, payload_notes
 
 if TYPE_CHECKING:
     from treeattn.cost.simresult import SimResult
@@ -370,6 +370,10 @@ def _workload(topo: Topology, workload_or_model: Payload | ModelPreset | str, ba
                          "Workload (Workload.create(...)), or a treeattn.workload.RawPayload (a plain sum); got "
                          f"{type(workload_or_model).__name__}")
     name = workload_or_model.name if isinstance(workload_or_model, ModelPreset) else workload_or_model
+    if name not in MODELS and (name.endswith((".yaml", ".yml", ".json")) or Path(name).is_file()):
+        # a workload file where plan --workload takes one: the file's reader is one call away
+        raise InputError(f"{fn}: {name!r} is a file, not a model preset: read a workload file with "
+                         f"treeattn.search.workload_file.load_workload({name!r}, ranks=...) and give its Workload")
     check_model(name)
     if batch is None or seq_len is None:
         raise InputError(f"{fn} with a model needs batch= and seq_len=")

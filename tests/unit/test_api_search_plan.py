@@ -10,7 +10,7 @@ import yaml
 
 import treeattn
 from tests.cli_helpers import run_cli
-from treeattn.errors import TreeattnError
+from treeattn.errors import InputError, TreeattnError
 from treeattn.plan.io import dump_plan
 from treeattn.topology.io import dump_topology
 from treeattn.topology.library import resolve
@@ -209,3 +209,15 @@ def test_search_plan_warns_where_the_models_weights_and_the_plan_outgrow_a_devic
         warnings.simplefilter("error")
         treeattn.search_plan("dgx-h100", "llama-3.1-70b", batch=1, seq_len="128K")
         treeattn.build_plan("dgx-h100", "llama-3.1-70b", "binomial", batch=1, seq_len="128K")
+
+
+def test_a_workload_file_given_as_the_model_is_pointed_to_its_reader(tmp_path):
+    # plan --workload takes a file; search_plan said "unknown model 'w.yaml'" and named presets.
+    path = tmp_path / "w.yaml"
+    path.write_text("model: llama-3.1-8b\nbatch: 1\nseq_len: 64K\n")
+    with pytest.raises(InputError, match=r"search_plan: '.*w\.yaml' is a file, not a model preset: read a workload "
+                                         r"file with treeattn\.search\.workload_file\.load_workload\("):
+        treeattn.search_plan("cpu:ranks=4", str(path), batch=1, seq_len=1024)
+    from treeattn.search.workload_file import load_workload
+
+    assert treeattn.search_plan("cpu:ranks=4", load_workload(path, ranks=4)).ranks == 4
