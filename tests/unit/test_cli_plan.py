@@ -170,7 +170,7 @@ def test_raw_payload(tmp_path):
         (("-t", "cpu:ranks=4", *SHAPE, "-a", "tree", "--parents=-1,0,0"),
          "--parents '-1,0,0': the parent list names 3 ranks but there are 4"),
         (("-t", "cpu:ranks=4", *SHAPE, "-a", "tree", "--parents=-1,0,0,9"),
-         "--parents '-1,0,0,9': parents[3] = 9 is not a rank in [0, 4)"),
+         "--parents '-1,0,0,9': rank 3's parent 9 is not a rank in [0, 4)"),
         (("-t", "cpu:ranks=4", *SHAPE, "-a", "tree", "--parents", "-1,0,0,0/1,-1,1,1"),
          "--parents '-1,0,0,0/1,-1,1,1': tree takes one parent list; '/' separates the trees of multirail"),
         (("-t", "dgx-h100", "--bytes", "1KB", "--heads", "8"), "--bytes gives a raw payload"),

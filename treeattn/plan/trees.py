@@ -200,9 +200,10 @@ def tree_info(parents: Sequence[int | None], p: int | None = None) -> TreeInfo:
         if x == -1:
             continue
         if type(x) is not int or not 0 <= x < n:
-            raise InfeasiblePlanError(f"parents[{r}] = {x!r} is not a rank in [0, {n})")
+            # by rank, not by the list's index: the index is the rank, and the CLI counts items from 1
+            raise InfeasiblePlanError(f"rank {r}'s parent {x!r} is not a rank in [0, {n})")
         if x == r:
-            raise InfeasiblePlanError(f"parents[{r}] = {r}: a rank cannot be its own parent")
+            raise InfeasiblePlanError(f"rank {r} is its own parent")
         children[x].append(r)
     root = roots[0]
     depth = [-1] * n
