@@ -124,38 +124,58 @@ signals a process, then its group."""
 
 class WrapUp:
     """A request to end work at its next safe point rather than at once (``wrap_up_on_signals``):
-    ``signum`` is the first signal that asked (None: none yet). A stopping signal more than
-    ``SAME_REQUEST_S`` after it stops at once (``Signalled``), as a second Ctrl-C does."""
+    ``signum`` is the first signal that asked (None: none yet). Until ``keeping`` is set (the
+    work has begun what it would keep) a signal stops at once, as under ``interrupts_raise``;
+    after, a stopping signal more than ``SAME_REQUEST_S`` after the first stops at once, as a
+    second Ctrl-C does. ``stuck_grace_s``: how long ``ended_if_stuck`` waits for the handler
+    while keeping (the main thread may wait inside a collective that the work's own deadlines
+    bound)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keeping: bool = True) -> None:
         self.signum: int | None = None
         self.at = float("-inf")
+        self.keeping = keeping
+        self.stuck_grace_s = STUCK_GRACE_S
 
-    def handle(self, signum, frame) -> None:  # noqa: ANN001, ARG001 - signal handler signature
+    def handle(self, signum, frame) -> None:  # noqa: ANN001 - signal handler signature
         global _handled_at  # noqa: PLW0603 - ended_if_stuck reads it: the handler ran
         now = time.monotonic()
         _handled_at = now
+        if not self.keeping:
+            raise_interrupt(signum, frame)
         if self.signum is None:
             self.signum, self.at = int(signum), now
         elif signum != WRAP_UP_SIGNAL and now - self.at > SAME_REQUEST_S:
             raise_interrupt(signum, frame)
 
 
+_active: WrapUp | None = None
+"""The ``WrapUp`` of the ``wrap_up_on_signals`` a process is inside (None: none)."""
+
+
 @contextlib.contextmanager
-def wrap_up_on_signals(signals: tuple[int, ...] = ()) -> Iterator[WrapUp]:
+def wrap_up_on_signals(keeping: bool = True) -> Iterator[WrapUp]:
     """While inside, ``WRAP_UP_SIGNAL`` and the stopping signals (SIGINT, SIGTERM, SIGHUP, less
-    those ignored) and ``signals`` note a request to wrap up in the ``WrapUp`` yielded instead of
-    raising; a later one stops as ``interrupts_raise`` does. Off the main thread nothing is
-    installed and no request comes."""
-    wrap = WrapUp()
+    those ignored) go to the ``WrapUp`` yielded: stop at once until it is ``keeping``, then note
+    a request to wrap up. Inside another, it is the outer one's (one request a process), made
+    ``keeping`` where this one is. Off the main thread nothing is installed and no request
+    comes."""
+    global _active  # noqa: PLW0603
+    if _active is not None:
+        _active.keeping = _active.keeping or keeping
+        yield _active
+        return
+    wrap = WrapUp(keeping)
     if threading.current_thread() is not threading.main_thread():
         yield wrap
         return
-    wanted = (*stopping_signals((signal.SIGINT, signal.SIGTERM)), WRAP_UP_SIGNAL, *signals)
-    old = {s: signal.signal(s, wrap.handle) for s in dict.fromkeys(wanted)}
+    wanted = (*stopping_signals((signal.SIGINT, signal.SIGTERM)), WRAP_UP_SIGNAL)
+    old = {s: signal.signal(s, wrap.handle) for s in wanted}
+    _active = wrap
     try:
         yield wrap
     finally:
+        _active = None
         for s, handler in old.items():
             signal.signal(s, handler)
 
@@ -237,7 +257,9 @@ def ended_if_stuck(grace_s: float = STUCK_GRACE_S) -> Iterator[None]:
             stopping = [b for b in data if b in _STOPPING]
             if not stopping:
                 continue
-            deadline = time.monotonic() + grace_s
+            # a command keeping what it did waits as long as its work's deadlines allow
+            wait_s = max(grace_s, _active.stuck_grace_s) if _active is not None and _active.keeping else grace_s
+            deadline = time.monotonic() + wait_s
             while _handled_at < ready and time.monotonic() < deadline:
                 time.sleep(0.02)
             if _handled_at < ready:

@@ -209,8 +209,46 @@ def test_a_run_stopped_by_a_signal_keeps_the_runs_done(tmp_path, sig, status):
                            "(plan "), err
     done = int(line.split("(plan ")[1].split()[0])
     assert 0 < done < 100000 and line.endswith(f" of 100000); rows in {tmp_path / 'rows.csv'}"), line
-    assert json.loads(out)["interrupted"] == {"signal": sig, "timed_runs": {"plan": [done, 100000]}}
+    assert rows["timed_runs"].tolist() == [done]
+    assert json.loads(out)["interrupted"] == {"signal": sig, "timed_runs": {"plan": [done, 100000]}, "untimed": []}
+    assert "aborted" not in err, err
     _nothing_left(runs)
+
+
+def test_a_run_stopped_in_blocked_order_names_the_methods_it_never_timed(tmp_path):
+    # One method after another: a signal during the plan's runs leaves the baselines untimed,
+    # which the line names (it said the rows were whole: every method it had rows of was).
+    status, out, err, runs = _signalled_run(tmp_path, "SIGTERM", "--warmup", "0", "--order", "blocked",
+                                            "--baselines", "--json")
+    assert status == 143, err
+    assert pd.read_csv(tmp_path / "rows.csv")["method"].tolist() == ["plan"]
+    untimed = json.loads(out)["interrupted"]["untimed"]
+    assert untimed == ["allreduce3", "allreduce2", "allgather-merge", "ring-attention"], out
+    assert f"; not timed: {', '.join(untimed)}; rows in " in err, err
+    _nothing_left(runs)
+
+
+def test_a_signal_as_the_ranks_end_keeps_the_whole_rows(tmp_path, monkeypatch):
+    # The ranks have finished every run and the launcher is reading their result when SIGTERM
+    # comes: before, the signal was dropped (status 0) or the rows lost; the rows are whole, and
+    # the status is the signal's.
+    import signal
+
+    path = plan_file(tmp_path, build("binomial", W2, resolve("cpu:ranks=2")))
+    watch = launch_mod._watch
+
+    def watch_then_signalled(*args, **kwargs):  # noqa: ANN002, ANN003 - _watch's signature
+        killed = watch(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.sigtimedwait([], 0.1)  # the handler runs at the next bytecode; this is only in case
+        return killed
+
+    monkeypatch.setattr(launch_mod, "_watch", watch_then_signalled)
+    res = run_cli("run", str(path), "--repeats", "3", "--warmup", "0", "--out", str(tmp_path / "rows.csv"))
+    assert res.exit_code == 143, res.stderr
+    assert f"interrupted by SIGTERM after its last timed run: its rows are whole; rows in {tmp_path / 'rows.csv'}" \
+        in res.stderr, res.stderr
+    assert pd.read_csv(tmp_path / "rows.csv")["timed_runs"].tolist() == [3]
 
 
 def test_a_run_stopped_as_it_warms_up_keeps_nothing_and_says_aborted(tmp_path):
@@ -280,7 +318,7 @@ def test_ranks_of_a_launcher_stop_together_when_one_is_signalled(tmp_path):
             p.kill()
     assert procs[0].returncode == 143, err0
     assert "interrupted by SIGTERM before its last timed run" in err0
-    assert procs[1].returncode == 0, err1  # it reports nothing: rank 0 writes the rows
+    assert procs[1].returncode == 143 and "interrupted" not in err1, err1  # rank 0 writes and says it
     assert pd.read_csv(tmp_path / "rows0.csv")["method"].tolist() == ["plan"]
     assert not (tmp_path / "rows1.csv").exists()
 

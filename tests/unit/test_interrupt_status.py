@@ -111,6 +111,19 @@ def test_a_wrap_up_request_is_noted_once_and_a_later_signal_stops_at_once(monkey
     assert {s: signal.getsignal(s) for s in handlers} == handlers
 
 
+def test_a_wrap_up_stops_at_once_until_it_keeps_and_an_inner_one_is_the_outers():
+    # A command's request stops its set-up at once (nothing to keep, and its wait may be in C++);
+    # the runner's scope inside it makes it keep: one request a process.
+    with wrap_up_on_signals(keeping=False) as outer:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            _send(signal.SIGTERM)
+        assert exit_status(caught.value) == 143 and outer.signum is None
+        with wrap_up_on_signals() as inner:
+            assert inner is outer and outer.keeping
+        _send(signal.SIGTERM)
+        assert outer.signum == signal.SIGTERM
+
+
 def test_a_first_signal_during_a_cleanup_is_raised_once_the_cleanup_is_done():
     # Before: the shield ignored it, and the process went on as if nothing had been sent.
     done = []

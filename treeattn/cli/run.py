@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Iterator
 from enum import StrEnum
@@ -20,6 +21,7 @@ from treeattn.cli.progress import progress_reporter
 from treeattn.cli.render import console
 from treeattn.errors import ExecutionError, InputError, PlanInvalidError
 from treeattn.exec.deadline import LONGEST_TIMEOUT_S, MAX_ITERATIONS, SETUP_TIMEOUT_S
+from treeattn.interrupts import wrap_up_on_signals
 from treeattn.textfile import special_file
 
 __all__ = ["run", "load_checked", "run_rows"]
@@ -129,16 +131,27 @@ def run(
             for text in notes:
                 err_console.print(f"[cyan]note:[/] {escape(text)}")
         label = plan_file.name
-        with progress_reporter(progress if reporter else False, "measuring") as update:
-            result = launch(Job((planned,), options), progress=update, setup_watchdog=True)
-        if result is None or not reporter:
-            return
-        kernels = sorted({m.kernel for m in result.measurements if m.kernel != "none"})
-        err_console.print(f"{result.backend} on {result.device}: attention kernel {', '.join(kernels) or 'none'}, "
-                          f"merges {result.merge}, CUDA graphs {result.graphs_text}")
-        emit_results(result, plan, label, predictions, run_id, rows, json_out)
-        if result.stopped:
-            raise typer.Exit(stopped_line(result, rows))
+        # A signal stops at once until the ranks measure; then they stop together before a run
+        # and what they timed is kept, through to the rows' writing (exec.runner, exec.launch).
+        with wrap_up_on_signals(keeping=False) as wrap:
+            with progress_reporter(progress if reporter else False, "measuring") as update:
+                result = launch(Job((planned,), options), progress=update, setup_watchdog=True)
+            wrap.keeping = True
+            if result is None or not reporter:  # a rank of a launcher's that writes no rows
+                if wrap.signum:
+                    raise SystemExit(128 + wrap.signum)
+                return
+            kernels = sorted({m.kernel for m in result.measurements if m.kernel != "none"})
+            err_console.print(f"{result.backend} on {result.device}: attention kernel {', '.join(kernels) or 'none'}, "
+                              f"merges {result.merge}, CUDA graphs {result.graphs_text}")
+            try:
+                emit_results(result, plan, label, predictions, run_id, rows, json_out)
+            finally:  # before a wrong result's error, which decides the status
+                signalled = result.stopped or wrap.signum or 0
+                if signalled:
+                    status = stopped_line(dataclasses.replace(result, stopped=signalled), rows)
+        if signalled:
+            raise SystemExit(status)  # not typer.Exit: its 130 would add "aborted"
 
 
 @contextlib.contextmanager
@@ -242,9 +255,8 @@ def _interrupted(result) -> dict | None:  # noqa: ANN001 - a JobResult
 
     if not result.stopped:
         return None
-    return {"signal": signal.Signals(result.stopped).name,
-            "timed_runs": {m.method: [len(m.times_us), asked]
-                           for m, asked in zip(result.measurements, result.repeats, strict=True)}}
+    runs = {m.method: [len(m.times_us), asked] for m, asked in zip(result.measurements, result.repeats, strict=True)}
+    return {"signal": signal.Signals(result.stopped).name, "timed_runs": runs, "untimed": list(result.untimed)}
 
 
 def stopped_line(result, rows: Path) -> int:  # noqa: ANN001 - a JobResult
@@ -254,11 +266,13 @@ def stopped_line(result, rows: Path) -> int:  # noqa: ANN001 - a JobResult
 
     name = signal.Signals(result.stopped).name
     runs = [(m.method, len(m.times_us), asked) for m, asked in zip(result.measurements, result.repeats, strict=True)]
-    if all(done == asked for _, done, asked in runs):
+    if all(done == asked for _, done, asked in runs) and not result.untimed:
         what = "after its last timed run: its rows are whole"
     else:
         what = ("before its last timed run: its rows are over the timed runs done ("
                 + ", ".join(f"{method} {done} of {asked}" for method, done, asked in runs) + ")")
+        if result.untimed:
+            what += f"; not timed: {', '.join(result.untimed)}"
     err_console.print(f"interrupted by {name} {what}; rows in {rows}", markup=False, soft_wrap=True)
     return 128 + result.stopped
 

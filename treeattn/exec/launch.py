@@ -55,13 +55,31 @@ import torch.distributed as dist
 
 from treeattn.errors import ExecutionError, InputError, TreeattnError
 from treeattn.exec import rendezvous
-from treeattn.exec.runner import Job, JobResult, Progress, memory_problem, pick_backend, placement_problem, run_rank
+from treeattn.exec.runner import (
+    Job,
+    JobResult,
+    Progress,
+    memory_problem,
+    pick_backend,
+    placement_problem,
+    run_rank,
+    stop_wait_s,
+)
 from treeattn.exec.worker import PIDS_FILE, read_progress
-from treeattn.interrupts import WRAP_UP_SIGNAL, WrapUp, hard_exit, raise_interrupt, shielded, stopping_signals
+from treeattn.interrupts import (
+    SAME_REQUEST_S,
+    WRAP_UP_SIGNAL,
+    WrapUp,
+    hard_exit,
+    raise_interrupt,
+    shielded,
+    stopping_signals,
+    wrap_up_on_signals,
+)
 
 __all__ = ["RankEnv", "detect_env", "check_world", "slurm_bound", "slurm_threads", "launch", "launch_local",
            "free_port", "run_directory", "keep_output", "rank_failure", "GRACE_S", "available_bytes",
-           "host_memory_problem", "relay_progress", "stop_wait_s"]
+           "host_memory_problem", "relay_progress"]
 
 _NOT_JOINED = re.compile(r"ranks? [\d, -]+ of \d+ did not connect within ")
 """``rendezvous.wait_joined``'s words for ranks that never connected: said by a rank that waited,
@@ -428,8 +446,10 @@ def launch_local(job: Job, progress: Progress | None = None) -> JobResult:
             raise InputError(problem)
     tmp = run_directory("treeattn-run-", job)
     procs: list = []
-    wrap = WrapUp() if job.options.wrap_up else None
-    previous = _stop_on_signals(wrap)
+    # one request with the command's own (cli.run), whose rows it keeps once the ranks measure
+    wrapping = contextlib.ExitStack()
+    wrap = wrapping.enter_context(wrap_up_on_signals(keeping=False)) if job.options.wrap_up else None
+    previous = _stop_on_signals() if wrap is None else {}
     kept = False
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
@@ -444,23 +464,21 @@ def launch_local(job: Job, progress: Progress | None = None) -> JobResult:
                     procs.append(subprocess.Popen([sys.executable, "-m", "treeattn.exec.worker", str(tmp)],
                                                   env=env, stdout=log, stderr=subprocess.STDOUT))
         relay = None if progress is None else relay_progress(tmp, progress)
-        killed = _watch(procs, relay, wrap, stop_wait_s(job), lambda: read_progress(tmp) is not None)
+        killed = _watch(procs, relay, wrap, stop_wait_s(job.options) + GRACE_S, lambda: read_progress(tmp) is not None)
         codes = [p.returncode for p in procs]
-        if wrap is not None and wrap.signum is not None:
-            if any(codes) or not (tmp / "result.pkl").exists():  # killed, or stopped before a timed run
-                raise_interrupt(wrap.signum, None)
-            if relay is not None:
-                relay()
-            with open(tmp / "result.pkl", "rb") as f:
-                return dataclasses.replace(pickle.load(f), stopped=wrap.signum)
-        if any(codes):
+        # Rank 0 writes the result once every rank is past the last barrier: a rank that a
+        # signal ended after that lost nothing.
+        stopped = wrap is not None and wrap.signum is not None
+        if stopped and not (tmp / "result.pkl").exists():  # killed, or stopped before a timed run
+            raise_interrupt(wrap.signum, None)
+        if any(codes) and not stopped:
             failure = rank_failure(tmp, codes, killed, lambda r: _log_tail(tmp, r))
             kept = failure.exit_code != 2  # bad input is said in full by the message
             raise keep_output(tmp, failure) if kept else failure
         if relay is not None:
             relay()  # rank 0's last runs, written as it ended
         with open(tmp / "result.pkl", "rb") as f:
-            return pickle.load(f)
+            result = pickle.load(f)
     finally:
         try:
             # A second signal (Ctrl-C twice, `timeout` then its group) must not cut this short; a
@@ -479,6 +497,10 @@ def launch_local(job: Job, progress: Progress | None = None) -> JobResult:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            wrapping.close()
+    if wrap is not None and wrap.signum is not None:  # the user's signal, not WRAP_UP_SIGNAL that passed it on
+        result = dataclasses.replace(result, stopped=wrap.signum)
+    return result
 
 
 def forked_ranks(tmp: Path, n: int, env: dict[str, str], procs: list) -> bool:
@@ -588,25 +610,15 @@ class _Adopted:
         self.send_signal(signal.SIGKILL)
 
 
-def _stop_on_signals(wrap: WrapUp | None = None) -> dict:
+def _stop_on_signals() -> dict:
     """Make SIGTERM (``timeout``, a batch system ending the job) and SIGHUP (the terminal
     closed) unwind the launcher like Ctrl-C, so that it stops its ranks and removes its run
     directory; returns the handlers it replaced (none off the main thread, where a handler
     cannot be set). raise_interrupt notes the signal: the command exits 143 or 129 for it.
-    A SIGHUP that ``nohup`` ignores stays ignored (``stopping_signals``). With ``wrap``, these
-    signals and SIGINT note a request to wrap up there instead (``_watch`` passes it on)."""
+    A SIGHUP that ``nohup`` ignores stays ignored (``stopping_signals``)."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    if wrap is not None:
-        return {sig: signal.signal(sig, wrap.handle) for sig in stopping_signals((signal.SIGINT, signal.SIGTERM))}
     return {sig: signal.signal(sig, raise_interrupt) for sig in stopping_signals()}
-
-
-def stop_wait_s(job: Job) -> float:
-    """How long ranks asked to wrap up get to stop and hand over their runs before they are
-    killed: the run they are in and the gathering of the results, each of which the op
-    deadline bounds, with ``GRACE_S`` to report."""
-    return 2 * job.options.timeout_s + GRACE_S
 
 
 def available_bytes() -> int | None:
@@ -643,11 +655,11 @@ def relay_progress(tmp: Path, progress: Progress) -> Callable[[], None]:
 def _watch(procs: list, tick: Callable[[], None] | None = None, wrap: WrapUp | None = None,
            stop_wait: float = GRACE_S, measuring: Callable[[], bool] = lambda: True) -> set[int]:
     """Wait until every rank exits; once one fails, give the rest ``GRACE_S`` then kill them.
-    Calls ``tick`` about every ``_TICK_S`` meanwhile. Once ``wrap`` notes a request, sends each
-    rank ``WRAP_UP_SIGNAL`` and gives them ``stop_wait`` seconds, where they have begun to
-    measure (``measuring``); before, there is nothing to keep and it raises the interrupt at
-    once (a rank may wait in its set-up, in C++, where no signal reaches Python). Returns the
-    ranks this watchdog killed."""
+    Calls ``tick`` about every ``_TICK_S`` meanwhile. ``wrap`` keeps once the ranks have begun
+    to measure (``measuring``; before, a signal stops them at once: a rank may wait in its
+    set-up, in C++, where no signal reaches Python); once it notes a request, each rank is
+    sent ``WRAP_UP_SIGNAL`` and they get ``stop_wait`` seconds. Returns the ranks this watchdog
+    killed."""
     failed_at = None
     killed: set[int] = set()
     told: set[int] = set()
@@ -657,13 +669,14 @@ def _watch(procs: list, tick: Callable[[], None] | None = None, wrap: WrapUp | N
         if tick is not None and time.monotonic() - ticked >= _TICK_S:
             ticked = time.monotonic()
             tick()
+        if wrap is not None and not wrap.keeping and measuring():
+            wrap.keeping = True
         if wrap is not None and wrap.signum is not None:
-            if stop_by is None and not measuring():
-                raise_interrupt(wrap.signum, None)
             if stop_by is None:
                 stop_by = time.monotonic() + stop_wait
-                sys.stderr.write(f"{signal.Signals(wrap.signum).name}: stopping the ranks at their next run's start "
-                                 "to keep the runs done (signal again to stop at once)\n")
+                sys.stderr.write(f"{signal.Signals(wrap.signum).name}: stopping the ranks before their next run to "
+                                 f"keep what they timed (a second signal, {SAME_REQUEST_S:g} s or more later, stops "
+                                 "at once)\n")
                 sys.stderr.flush()
             for r, p in enumerate(procs):  # ranks started after the signal too
                 if r not in told:

@@ -30,7 +30,8 @@ __all__ = ["COLUMNS", "TIMELINE_COLUMNS", "workload_label", "new_run_id", "new_r
            "timeline_rows", "appendable_problem", "write_csv", "rows_records"]
 
 COLUMNS = ("run_id", "plan", "algorithm", "topology", "workload", "method", "ranks", "backend", "predicted_us",
-           "measured_median_us", "spread_us", "rel_error", "correct", "max_rel_err", "tolerance", "same_bits")
+           "measured_median_us", "spread_us", "rel_error", "correct", "max_rel_err", "tolerance", "same_bits",
+           "timed_runs")
 TIMELINE_COLUMNS = ("run_id", "plan", "rank", "op_index", "step", "kind", "peer", "chunk", "block", "post_us",
                     "done_us")
 
@@ -133,6 +134,7 @@ def result_rows(result: JobResult, plans: dict[str, Plan], predictions: dict[str
             "max_rel_err": float(f"{m.max_rel_err:.3e}") if math.isfinite(m.max_rel_err) else None,
             "tolerance": float(f"{m.tolerance:.3e}"),
             "same_bits": m.same_bits,
+            "timed_runs": len(m.times_us),  # fewer than asked where a signal stopped the run
         })
     return pd.DataFrame(rows, columns=list(COLUMNS))
 

@@ -65,7 +65,7 @@ from treeattn.units import DType, format_sizes
 from treeattn.workload import Payload, RawPayload, Workload
 
 __all__ = ["RunOptions", "PlanJob", "Job", "Measurement", "JobResult", "Progress", "tolerance", "relative_error",
-           "run_rank", "placement_problem", "memory_problem", "check_against"]
+           "run_rank", "placement_problem", "memory_problem", "check_against", "stop_wait_s"]
 
 Progress = Callable[[int, int, str], None]
 """``progress(runs done, runs known, what)``: how far rank 0 has got (``run_rank``)."""
@@ -234,6 +234,8 @@ class JobResult:
     came after the last run's start)."""
     repeats: tuple[int, ...] = ()
     """The timed runs each measurement was to have, in their order."""
+    untimed: tuple[str, ...] = ()
+    """Where a signal stopped the run: the methods it stopped before their first timed run."""
 
     @property
     def graphs_text(self) -> str:
@@ -425,7 +427,9 @@ class _RankRun:
         self._baselines_done: set[tuple] = set()
         self._same_clock: bool | None = None
         self.wrap: WrapUp | None = None
-        """Where a signal asks this rank to wrap up (``RunOptions.wrap_up``), while ``run`` runs."""
+        """Where a signal asks this rank to wrap up (``RunOptions.wrap_up``; ``run_rank`` sets it)."""
+        self.known: list[_Timed] = []
+        """The methods ``run`` has made so far."""
         self.stopped = 0
         """The signal every rank agreed to stop for (``_begin``), 0: none."""
         self.eager: list[str] = []
@@ -646,48 +650,44 @@ class _RankRun:
         done: list[Measurement | None] = []
         repeats: list[int] = []
         timing: list[_Timed] = []  # methods whose timed runs have begun and are not finished
-        with wrap_up_on_signals() if self.opt.wrap_up else contextlib.nullcontext() as self.wrap:
-            try:
-                if self.opt.order == "blocked":
-                    for pj in self.job.plans:  # one plan's inputs alive at a time
-                        methods = self.methods(pj)
-                        self._known(methods)
-                        for t in methods:
-                            self.warm(t)
-                            self._ran(1 + self.opt.warmup, t, "checked and warm-up runs")
-                            timing = [t]
-                            for _ in range(t.repeats):
-                                self.time_once(t)
-                                self._ran(1, t, "timed runs")
-                            timing = []
-                            done.append(self.finish(t))
-                            repeats.append(t.repeats)
-                else:
-                    timed = [t for pj in self.job.plans for t in self.methods(pj)]
-                    self._known(timed)
-                    for t in timed:
+        try:
+            if self.opt.order == "blocked":
+                for pj in self.job.plans:  # one plan's inputs alive at a time
+                    methods = self.methods(pj)
+                    self._known(methods)
+                    for t in methods:
                         self.warm(t)
                         self._ran(1 + self.opt.warmup, t, "checked and warm-up runs")
-                    timing = timed
-                    for i in interleaved_order([t.repeats for t in timed], self.opt.seed):
-                        self.time_once(timed[i])
-                        self._ran(1, timed[i], "timed runs")
-                    timing = []
-                    done = [self.finish(t) for t in timed]
-                    repeats = [t.repeats for t in timed]
-            except _Stopped as stop:
-                self.stopped = stop.signum
-                for t in timing:
-                    if t.starts:
+                        timing = [t]
+                        for _ in range(t.repeats):
+                            self.time_once(t)
+                            self._ran(1, t, "timed runs")
+                        timing = []
                         done.append(self.finish(t))
                         repeats.append(t.repeats)
-            # a request that came after the last run's start (as the results were gathered)
-            # stopped nothing, but the run was signalled all the same
-            self.stopped = self.stopped or ((self.wrap.signum or 0) if self.wrap is not None else 0)
-            self.wrap = None
+            else:
+                timed = [t for pj in self.job.plans for t in self.methods(pj)]
+                self._known(timed)
+                for t in timed:
+                    self.warm(t)
+                    self._ran(1 + self.opt.warmup, t, "checked and warm-up runs")
+                timing = timed
+                for i in interleaved_order([t.repeats for t in timed], self.opt.seed):
+                    self.time_once(timed[i])
+                    self._ran(1, timed[i], "timed runs")
+                timing = []
+                done = [self.finish(t) for t in timed]
+                repeats = [t.repeats for t in timed]
+        except _Stopped as stop:
+            self.stopped = stop.signum
+            for t in timing:
+                if t.starts:
+                    done.append(self.finish(t))
+                    repeats.append(t.repeats)
         return [m for m in done if m is not None], repeats
 
     def _known(self, methods: list[_Timed]) -> None:
+        self.known += methods
         self._runs[1] += sum(1 + self.opt.warmup + t.repeats for t in methods)
         if self.progress is not None:
             self.progress(self._runs[0], self._runs[1], "starting")
@@ -696,6 +696,12 @@ class _RankRun:
         self._runs[0] += runs
         if self.progress is not None:
             self.progress(self._runs[0], self._runs[1], f"{what}: {t.method} of {t.label}")
+
+
+def stop_wait_s(options: RunOptions) -> float:
+    """How long ranks asked to wrap up may take to stop and hand over their runs: the run they
+    are in (op deadlines) and the results' gathering (the set-up deadline)."""
+    return options.setup_timeout_s + 2 * options.timeout_s
 
 
 class _Stopped(Exception):  # noqa: N818 - a request, not an error
@@ -780,17 +786,24 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
     _check_same_job(job, comm)
     comm.open_pairs(_pairs(job))
     run = _RankRun(job, comm, kernels, graphs, progress if rank == 0 else None)
-    measurements, repeats = run.run()
-    comm.barrier()
-    # Only on success: after a peer's failure, tearing the group down can block.
-    dist.destroy_process_group()
+    # Through the teardown too: a request after the last run's start stops nothing, but says the
+    # run was signalled, and must not end a rank whose results are gathered.
+    with wrap_up_on_signals() if opt.wrap_up else contextlib.nullcontext() as run.wrap:
+        if run.wrap is not None:
+            run.wrap.stuck_grace_s = max(run.wrap.stuck_grace_s, stop_wait_s(opt))
+        measurements, repeats = run.run()
+        comm.barrier()
+        # Only on success: after a peer's failure, tearing the group down can block.
+        dist.destroy_process_group()
+        stopped = run.stopped or ((run.wrap.signum or 0) if run.wrap is not None else 0)
     if run.stopped and not repeats:  # stopped before any timed run: nothing to keep
         raise_interrupt(run.stopped, None)
     if rank != 0:
         return None
     # What ran, not what was asked: a failed compile or capture says why only in the rank's log.
     return JobResult(tuple(measurements), backend, str(device), world, fused.merge_label(device),
-                     graphs and not run.eager, tuple(run.eager), stopped=run.stopped, repeats=tuple(repeats))
+                     graphs and not run.eager, tuple(run.eager), stopped=stopped, repeats=tuple(repeats),
+                     untimed=tuple(t.method for t in run.known if not t.starts) if run.stopped else ())
 
 
 def _check_same_job(job: Job, comm: Comm) -> None:

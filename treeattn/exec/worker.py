@@ -4,8 +4,9 @@ Reads ``RUN_DIR/job.pkl`` and its rank from ``RANK``/``WORLD_SIZE``/``LOCAL_RANK
 writes ``RUN_DIR/result.pkl``. On any error it writes ``RUN_DIR/rank<R>.error.json`` (``kind``
 is ``comm`` when it only lost a peer), prints the traceback to its log and exits at once with
 status 1, skipping teardown that could block on a dead peer. ``interrupts.WRAP_UP_SIGNAL``
-from the launcher stops it the same way, except where the job wraps up on it while its methods
-run (``RunOptions.wrap_up``).
+from the launcher stops it the same way, except where the job wraps up (``RunOptions.wrap_up``)
+and its methods have begun: then it and the stopping signals ask the ranks to stop together
+and keep the runs done, through to the result's writing.
 
 ``python -m treeattn.exec.worker RUN_DIR --ranks N`` starts all N ranks from one interpreter
 instead (``fork_ranks``): it imports torch once and forks them.
@@ -13,6 +14,7 @@ instead (``fork_ranks``): it imports torch once and forks them.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import math
@@ -28,7 +30,7 @@ from treeattn.errors import TreeattnError
 from treeattn.exec.board import RankExited
 from treeattn.exec.comm import CommError
 from treeattn.exec.runner import Progress, run_rank
-from treeattn.interrupts import WRAP_UP_SIGNAL, raise_interrupt
+from treeattn.interrupts import WRAP_UP_SIGNAL, raise_interrupt, wrap_up_on_signals
 
 __all__ = ["main", "fork_ranks", "progress_file", "read_progress", "PROGRESS_FILE", "PIDS_FILE"]
 
@@ -151,12 +153,14 @@ def _run(run_dir: Path, rank: int) -> None:
     try:
         signal.signal(WRAP_UP_SIGNAL, raise_interrupt)  # its default action kills without a report
         job = pickle.loads((run_dir / "job.pkl").read_bytes())
-        result = run_rank(job, rank, int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0")),
-                          progress=progress_file(run_dir) if rank == 0 else None)
-        if rank == 0:
-            tmp = run_dir / "result.pkl.tmp"
-            tmp.write_bytes(pickle.dumps(result))
-            tmp.rename(run_dir / "result.pkl")
+        # run_rank makes it keep the runs done once they begin
+        with wrap_up_on_signals(keeping=False) if job.options.wrap_up else contextlib.nullcontext():
+            result = run_rank(job, rank, int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0")),
+                              progress=progress_file(run_dir) if rank == 0 else None)
+            if rank == 0:
+                tmp = run_dir / "result.pkl.tmp"
+                tmp.write_bytes(pickle.dumps(result))
+                tmp.rename(run_dir / "result.pkl")
     except BaseException as exc:  # noqa: BLE001 - every failure must be reported, then exit fast
         traceback.print_exc()
         text = str(exc).strip()
