@@ -35,7 +35,7 @@ from treeattn.cost.simulate import simulate
 from treeattn.errors import InputError
 from treeattn.exec.launch import launch
 from treeattn.exec.predict import plan_baselines, predict
-from treeattn.exec.results import result_rows, write_csv
+from treeattn.exec.results import COLUMNS, appendable_problem, result_rows, write_csv
 from treeattn.exec.runner import Job, PlanJob, RunOptions
 from treeattn.plan.builders import build
 from treeattn.topology.library import resolve
@@ -109,6 +109,9 @@ def main() -> None:
     tokens = {batch: kv_tokens(batch, args.tokens_per_rank, args.max_kv_gb) for batch in args.batches}
     name = f"bench_run-{time.strftime('%Y%m%d-%H%M%S')}.csv"
     out = output_file(args.out if args.out is not None else Path("results") / "runs" / name, "--out", name)
+    problem = appendable_problem(out, COLUMNS)  # rows under another header would land under the wrong names
+    if problem:
+        raise InputError(f"--out: {problem}")
     p = args.ranks
     topo = resolve(f"cpu:ranks={p}")
     console = Console(width=160)

@@ -100,6 +100,7 @@ elif [ "$n" -ge 2 ]; then
     echo "== a searched plan and the baselines on $n GPUs"
     t=${topo_arg[1]}
     if "${treeattn[@]}" plan -t "$t" -m llama-3.1-8b -b 1 -n 131072 --out "$out/plan.yaml" >"$out/plan.txt" 2>&1; then
+        rm -f "$out/run.csv" "$out/run.timeline.csv"  # this check's rows, as its other files are (an older run's columns may differ)
         timeout 150 "${treeattn[@]}" run "$out/plan.yaml" --baselines -t "$t" --repeats 20 --out "$out/run.csv" 2>&1 \
             | tee "$out/run.txt" || status=1
     else

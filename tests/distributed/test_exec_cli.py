@@ -157,9 +157,10 @@ def test_wrong_result_is_reported_and_exits_1(tmp_path, monkeypatch):
     assert pd.read_csv(tmp_path / "r.csv")["correct"].tolist() == [False]
 
 
-def _signalled_run(tmp_path: Path, sig: str, *args: str, when: str = "timed runs") -> tuple[int, str, str, Path]:
+def _signalled_run(tmp_path: Path, sig: str, *args: str, when: str = "timed runs",
+                   times: int = 2) -> tuple[int, str, str, Path]:
     """``treeattn run`` of a 2-rank plan for 100,000 timed runs, sent ``sig`` once rank 0's
-    progress (its run directory's file) says ``when``; returns its status, stdout and stderr
+    progress (its run directory's file) has said ``when`` ``times`` times; returns its status, stdout and stderr
     and the temporary folder its run directory was made in. SIGINT's default action is restored in
     it: a background job's shell starts it ignored."""
     import signal
@@ -175,9 +176,11 @@ def _signalled_run(tmp_path: Path, sig: str, *args: str, when: str = "timed runs
                              *args], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
+    seen = set()
     while time.monotonic() < deadline:
-        got = [read_progress(d) for d in runs.glob("treeattn-run-*")]
-        if any(g is not None and g[2].startswith(when) for g in got):
+        seen |= {g for g in map(read_progress, runs.glob("treeattn-run-*")) if g is not None and g[2].startswith(when)}
+        # twice (rank 0 writes every half second): the launcher, which looks every 20 ms, has seen it
+        if len(seen) >= times:
             break
         time.sleep(0.05)
     else:
@@ -215,6 +218,15 @@ def test_a_run_stopped_by_a_signal_keeps_the_runs_done(tmp_path, sig, status):
     _nothing_left(runs)
 
 
+def test_a_run_stopped_as_it_warms_up_keeps_nothing_and_says_aborted(tmp_path):
+    # Before its first timed run there is nothing to keep: it ends at once, as it always did.
+    status, _, err, runs = _signalled_run(tmp_path, "SIGTERM", "--warmup", "100000", when="starting", times=1)
+    assert status == 143, err
+    assert err.strip().splitlines()[-1] == "aborted", err
+    assert not (tmp_path / "rows.csv").exists()
+    _nothing_left(runs)
+
+
 def test_a_run_stopped_in_blocked_order_names_the_methods_it_never_timed(tmp_path):
     # One method after another: a signal during the plan's runs leaves the baselines untimed,
     # which the line names (it said the rows were whole: every method it had rows of was).
@@ -228,36 +240,48 @@ def test_a_run_stopped_in_blocked_order_names_the_methods_it_never_timed(tmp_pat
     _nothing_left(runs)
 
 
-def test_a_signal_as_the_ranks_end_keeps_the_whole_rows(tmp_path, monkeypatch):
-    # The ranks have finished every run and the launcher is reading their result when SIGTERM
-    # comes: before, the signal was dropped (status 0) or the rows lost; the rows are whole, and
-    # the status is the signal's.
+@pytest.mark.parametrize("where", ["_watch", "launch"])
+def test_a_signal_as_the_ranks_end_keeps_the_whole_rows(tmp_path, monkeypatch, where):
+    # The ranks have finished every run and the launcher is reading their result, or the command
+    # is about to write the rows, when SIGTERM comes: before, the signal was dropped (status 0)
+    # or the rows lost; the rows are whole, and the status and --json say the signal.
     import signal
 
     path = plan_file(tmp_path, build("binomial", W2, resolve("cpu:ranks=2")))
-    watch = launch_mod._watch
+    real = getattr(launch_mod, where)
 
-    def watch_then_signalled(*args, **kwargs):  # noqa: ANN002, ANN003 - _watch's signature
-        killed = watch(*args, **kwargs)
+    def then_signalled(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the wrapped function's signature
+        got = real(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGTERM)
         signal.sigtimedwait([], 0.1)  # the handler runs at the next bytecode; this is only in case
-        return killed
+        return got
 
-    monkeypatch.setattr(launch_mod, "_watch", watch_then_signalled)
-    res = run_cli("run", str(path), "--repeats", "3", "--warmup", "0", "--out", str(tmp_path / "rows.csv"))
+    monkeypatch.setattr(launch_mod, where, then_signalled)
+    res = run_cli("run", str(path), "--repeats", "3", "--warmup", "0", "--json", "--out", str(tmp_path / "rows.csv"))
     assert res.exit_code == 143, res.stderr
     assert f"interrupted by SIGTERM after its last timed run: its rows are whole; rows in {tmp_path / 'rows.csv'}" \
         in res.stderr, res.stderr
+    assert json.loads(res.stdout)["interrupted"] == {"signal": "SIGTERM", "timed_runs": {"plan": [3, 3]}, "untimed": []}
     assert pd.read_csv(tmp_path / "rows.csv")["timed_runs"].tolist() == [3]
 
 
-def test_a_run_stopped_as_it_warms_up_keeps_nothing_and_says_aborted(tmp_path):
-    # Before its first timed run there is nothing to keep: it ends as it always did.
-    status, _, err, runs = _signalled_run(tmp_path, "SIGTERM", "--warmup", "100000", when="starting")
-    assert status == 143, err
-    assert err.strip().splitlines()[-1] == "aborted", err
-    assert not (tmp_path / "rows.csv").exists()
-    _nothing_left(runs)
+def test_a_stop_before_the_plans_first_timed_run_prints_the_baselines_rows(tmp_path, monkeypatch):
+    # Interleaved rounds are shuffled: a stop in the first may come before the plan's first timed
+    # run. The table's "x plan" column has nothing to divide by (it raised IndexError).
+    import signal
+
+    path = plan_file(tmp_path, build("binomial", W2, resolve("cpu:ranks=2")))
+    done = Measurement("plan.yaml", "allreduce3", "explicit", (10.0, 12.0), max_rel_err=1e-7, tolerance=1e-5,
+                       checked_ranks=(0,))
+    monkeypatch.setattr(launch_mod, "launch", lambda job, **kw: JobResult(
+        (done,), "gloo", "cpu", 2, stopped=signal.SIGTERM, repeats=(10,),
+        untimed=("plan", "allreduce2", "allgather-merge", "ring-attention")))
+    res = run_cli("run", str(path), "--baselines", "--out", str(tmp_path / "r.csv"))
+    assert res.exit_code == 143, res.stderr
+    assert "allreduce3" in res.stdout and "—" in res.stdout and "Traceback" not in res.stderr
+    assert ("interrupted by SIGTERM before its last timed run: its rows are over the timed runs done (allreduce3 2 of "
+            "10); not timed: plan, allreduce2, allgather-merge, ring-attention") in res.stderr, res.stderr
+    assert pd.read_csv(tmp_path / "r.csv")["method"].tolist() == ["allreduce3"]
 
 
 def _launched(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:

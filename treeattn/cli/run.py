@@ -144,14 +144,16 @@ def run(
             kernels = sorted({m.kernel for m in result.measurements if m.kernel != "none"})
             err_console.print(f"{result.backend} on {result.device}: attention kernel {', '.join(kernels) or 'none'}, "
                               f"merges {result.merge}, CUDA graphs {result.graphs_text}")
+            if wrap.signum and not result.stopped:  # since the launch returned: its rows are whole
+                result = dataclasses.replace(result, stopped=wrap.signum)
             try:
                 emit_results(result, plan, label, predictions, run_id, rows, json_out)
-            finally:  # before a wrong result's error, which decides the status
-                signalled = result.stopped or wrap.signum or 0
-                if signalled:
-                    status = stopped_line(dataclasses.replace(result, stopped=signalled), rows)
-        if signalled:
-            raise SystemExit(status)  # not typer.Exit: its 130 would add "aborted"
+            except ExecutionError:  # a wrong result, its rows written: the stop is said before its error
+                if result.stopped:
+                    stopped_line(result, rows)
+                raise
+            if result.stopped:
+                raise SystemExit(stopped_line(result, rows))  # not typer.Exit: its 130 would add "aborted"
 
 
 @contextlib.contextmanager
@@ -293,7 +295,8 @@ def _table(frame, path: Path, calibrated: bool) -> None:  # noqa: ANN001 - a Dat
     for col in ("measured", "±", "predicted", "error", "correct", "× plan"):
         # "×" alone atop "plan" would read as a column of the plan's own figures
         table.add_column(col, justify="left" if col == "correct" else "right", no_wrap=col == "× plan")
-    plan_us = frame.loc[frame["method"] == "plan", "measured_median_us"].iloc[0]
+    plan_rows = frame.loc[frame["method"] == "plan", "measured_median_us"]
+    plan_us = plan_rows.iloc[0] if len(plan_rows) else None  # none where a signal stopped it before its first run
     for r in frame.itertuples():
         mark = "[green]yes[/]" if r.correct else "[bold red]NO[/]"
         table.add_row(
@@ -303,7 +306,7 @@ def _table(frame, path: Path, calibrated: bool) -> None:  # noqa: ANN001 - a Dat
             _us(r.predicted_us),
             "—" if _missing(r.rel_error) else f"{r.rel_error:+.0%}",
             mark + ("" if _missing(r.max_rel_err) else f" {r.max_rel_err:.0e}"),
-            f"{r.measured_median_us / plan_us:.2f}",
+            "—" if plan_us is None else f"{r.measured_median_us / plan_us:.2f}",
         )
     con.print(table)
     con.print(f"± half the p10-p90 spread; error = measured / predicted - 1; correct with the max relative "

@@ -56,6 +56,7 @@ import torch.distributed as dist
 from treeattn.errors import ExecutionError, InputError, TreeattnError
 from treeattn.exec import rendezvous
 from treeattn.exec.runner import (
+    TIMED_RUNS,
     Job,
     JobResult,
     Progress,
@@ -464,7 +465,7 @@ def launch_local(job: Job, progress: Progress | None = None) -> JobResult:
                     procs.append(subprocess.Popen([sys.executable, "-m", "treeattn.exec.worker", str(tmp)],
                                                   env=env, stdout=log, stderr=subprocess.STDOUT))
         relay = None if progress is None else relay_progress(tmp, progress)
-        killed = _watch(procs, relay, wrap, stop_wait_s(job.options) + GRACE_S, lambda: read_progress(tmp) is not None)
+        killed = _watch(procs, relay, wrap, stop_wait_s(job.options) + GRACE_S, lambda: _timing(tmp))
         codes = [p.returncode for p in procs]
         # Rank 0 writes the result once every rank is past the last barrier: a rank that a
         # signal ended after that lost nothing.
@@ -652,12 +653,19 @@ def relay_progress(tmp: Path, progress: Progress) -> Callable[[], None]:
     return look
 
 
+def _timing(tmp: Path) -> bool:
+    """Whether rank 0 has timed a run (its progress file, written at most half a second late):
+    from then on a wrapped-up stop keeps something."""
+    got = read_progress(tmp)
+    return got is not None and got[2].startswith(TIMED_RUNS)
+
+
 def _watch(procs: list, tick: Callable[[], None] | None = None, wrap: WrapUp | None = None,
            stop_wait: float = GRACE_S, measuring: Callable[[], bool] = lambda: True) -> set[int]:
     """Wait until every rank exits; once one fails, give the rest ``GRACE_S`` then kill them.
-    Calls ``tick`` about every ``_TICK_S`` meanwhile. ``wrap`` keeps once the ranks have begun
-    to measure (``measuring``; before, a signal stops them at once: a rank may wait in its
-    set-up, in C++, where no signal reaches Python); once it notes a request, each rank is
+    Calls ``tick`` about every ``_TICK_S`` meanwhile. ``wrap`` keeps once the ranks time runs
+    (``measuring``; before, a signal stops them at once: there is nothing to keep, and a rank
+    may wait in its set-up, in C++, where no signal reaches Python); once it notes a request, each rank is
     sent ``WRAP_UP_SIGNAL`` and they get ``stop_wait`` seconds. Returns the ranks this watchdog
     killed."""
     failed_at = None

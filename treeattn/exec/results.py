@@ -172,8 +172,14 @@ def appendable_problem(path: Path, columns: tuple[str, ...]) -> str | None:
     if not header or not header.replace("\t", " ").isprintable():  # binary data, or no header: its bytes say nothing
         return f"{str(path)!r} is not a CSV file of rows (its first line is no header); give a new file"
     if header != ",".join(columns):
-        return (f"{str(path)!r} holds rows of other columns ({header[:60]}{'...' if len(header) > 60 else ''}); "
-                "give a new file")
+        theirs = header.split(",")
+        lacks = [c for c in columns if c not in theirs]
+        more = [c for c in theirs if c not in columns]
+        what = "; ".join(part for part in (f"no {', '.join(lacks)}" if lacks else "",
+                                           f"also {', '.join(more[:4])}{'...' if len(more) > 4 else ''}" if more
+                                           else "") if part) or "in another order"
+        older = " (an older treeattn's, say)" if lacks and not more else ""
+        return f"{str(path)!r} holds rows of other columns{older}: {what}; give a new file"
     return None
 
 

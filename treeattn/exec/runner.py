@@ -15,7 +15,8 @@ and its time is the maximum over ranks of each rank's own wall time. The last
 iteration's result is checked as well.
 
 With ``wrap_up`` on, a signal (Ctrl-C, SIGTERM, ``interrupts.WRAP_UP_SIGNAL`` from a local
-launcher) while the methods run asks to stop and keep what was measured: every rank passes the
+launcher) once the first timed run has begun asks to stop and keep what was measured (before, it
+stops at once): every rank passes the
 request on at the next run's start (``Comm.release``, or the barrier), so all stop before the
 same run, and each method with a timed run is finished over its runs done (its first result
 checked, the last only where every run was done); the ``JobResult`` says which signal
@@ -64,11 +65,13 @@ from treeattn.plan.ir import OpKind, Plan
 from treeattn.units import DType, format_sizes
 from treeattn.workload import Payload, RawPayload, Workload
 
-__all__ = ["RunOptions", "PlanJob", "Job", "Measurement", "JobResult", "Progress", "tolerance", "relative_error",
-           "run_rank", "placement_problem", "memory_problem", "check_against", "stop_wait_s"]
+__all__ = ["RunOptions", "PlanJob", "Job", "Measurement", "JobResult", "Progress", "TIMED_RUNS", "tolerance",
+           "relative_error", "run_rank", "placement_problem", "memory_problem", "check_against", "stop_wait_s"]
 
 Progress = Callable[[int, int, str], None]
 """``progress(runs done, runs known, what)``: how far rank 0 has got (``run_rank``)."""
+TIMED_RUNS = "timed runs"
+"""How ``what`` begins once rank 0 times a run (before: its checked and warm-up runs)."""
 
 
 _MIN_MARGIN_S = 0.002
@@ -509,6 +512,8 @@ class _RankRun:
 
     def time_once(self, t: _Timed) -> None:
         """One timed run of ``t`` (``prepare`` outside the clock); the last one's result is kept."""
+        if self.wrap is not None:  # from now on there is something to keep (before, a signal stops at once)
+            self.wrap.keeping = True
         t.prepare()
         t.starts.append(self._begin(t))
         if t.executor is not None and self._shared_clock():
@@ -661,7 +666,7 @@ class _RankRun:
                         timing = [t]
                         for _ in range(t.repeats):
                             self.time_once(t)
-                            self._ran(1, t, "timed runs")
+                            self._ran(1, t, TIMED_RUNS)
                         timing = []
                         done.append(self.finish(t))
                         repeats.append(t.repeats)
@@ -674,7 +679,7 @@ class _RankRun:
                 timing = timed
                 for i in interleaved_order([t.repeats for t in timed], self.opt.seed):
                     self.time_once(timed[i])
-                    self._ran(1, timed[i], "timed runs")
+                    self._ran(1, timed[i], TIMED_RUNS)
                 timing = []
                 done = [self.finish(t) for t in timed]
                 repeats = [t.repeats for t in timed]
@@ -788,7 +793,7 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
     run = _RankRun(job, comm, kernels, graphs, progress if rank == 0 else None)
     # Through the teardown too: a request after the last run's start stops nothing, but says the
     # run was signalled, and must not end a rank whose results are gathered.
-    with wrap_up_on_signals() if opt.wrap_up else contextlib.nullcontext() as run.wrap:
+    with wrap_up_on_signals(keeping=False) if opt.wrap_up else contextlib.nullcontext() as run.wrap:
         if run.wrap is not None:
             run.wrap.stuck_grace_s = max(run.wrap.stuck_grace_s, stop_wait_s(opt))
         measurements, repeats = run.run()
