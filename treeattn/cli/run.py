@@ -152,6 +152,8 @@ def run(
                 if result.stopped:
                     stopped_line(result, rows)
                 raise
+            if wrap.signum and not result.stopped:  # as the rows were written: they are whole
+                result = dataclasses.replace(result, stopped=wrap.signum)
             if result.stopped:
                 raise SystemExit(stopped_line(result, rows))  # not typer.Exit: its 130 would add "aborted"
 
@@ -311,7 +313,7 @@ def _table(frame, path: Path, calibrated: bool) -> None:  # noqa: ANN001 - a Dat
     con.print(table)
     con.print(f"± half the p10-p90 spread; error = measured / predicted - 1; correct with the max relative "
               f"error against the reference (the rows give its tolerance). Rows: {escape(str(path))}")
-    if (frame["method"] == first["algorithm"]).any():
+    if plan_us is not None and (frame["method"] == first["algorithm"]).any():
         # A search may pick a baseline's method: its two rows differ only by the noise of the run.
         con.print(f"the plan is {escape(str(first['algorithm']))}: its baseline row runs the same method by the "
                   "baselines' own code, so the two rows differ by that code and the run's noise only")

@@ -654,7 +654,7 @@ def relay_progress(tmp: Path, progress: Progress) -> Callable[[], None]:
 
 
 def _timing(tmp: Path) -> bool:
-    """Whether rank 0 has timed a run (its progress file, written at most half a second late):
+    """Whether rank 0 has timed a run (its progress file, written as its first timed run ends):
     from then on a wrapped-up stop keeps something."""
     got = read_progress(tmp)
     return got is not None and got[2].startswith(TIMED_RUNS)

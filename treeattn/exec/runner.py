@@ -51,7 +51,7 @@ from treeattn.errors import InputError, PlanInvalidError
 from treeattn.exec import kernels as fused
 from treeattn.exec.attention import make_kv_shard, make_query, make_raw, resolve_kernel, torch_dtype
 from treeattn.exec.baselines import run_attention_baseline, run_raw_baseline, segments
-from treeattn.exec.comm import BufferPool, Comm
+from treeattn.exec.comm import BufferPool, Comm, CommError
 from treeattn.exec.deadline import LONGEST_TIMEOUT_S, SETUP_TIMEOUT_S, check_iterations
 from treeattn.exec.graphs import Graphed, capture
 from treeattn.exec.interpreter import MeasuredOp, PlanExecutor, RankInputs
@@ -796,7 +796,14 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
     with wrap_up_on_signals(keeping=False) if opt.wrap_up else contextlib.nullcontext() as run.wrap:
         if run.wrap is not None:
             run.wrap.stuck_grace_s = max(run.wrap.stuck_grace_s, stop_wait_s(opt))
-        measurements, repeats = run.run()
+        try:
+            measurements, repeats = run.run()
+        except (CommError, RuntimeError):
+            # A signal to every rank finds each in its own run: one still warming up stops at
+            # once and its peers lose it; the stop was asked for, not a failure.
+            if run.wrap is not None and run.wrap.signum is not None:
+                raise_interrupt(run.wrap.signum, None)
+            raise
         comm.barrier()
         # Only on success: after a peer's failure, tearing the group down can block.
         dist.destroy_process_group()

@@ -72,15 +72,17 @@ def _die_with_parent() -> None:
 
 def progress_file(run_dir: Path) -> Progress:
     """A ``run_rank`` progress that writes the latest figures to ``RUN_DIR/progress`` (whole:
-    a new file renamed over the old), at most every ``_WRITE_EVERY_S`` and at the last run,
-    for the launcher to show (``launch_local``)."""
-    last = [-math.inf]
+    a new file renamed over the old), at most every ``_WRITE_EVERY_S``, at the last run and
+    whenever the stage (``what`` before its ``:``) changes, for the launcher to show and to know
+    when the ranks time runs (``launch_local``)."""
+    last: list = [-math.inf, None]
 
     def write(done: int, total: int, what: str) -> None:
         now = time.monotonic()
-        if now - last[0] < _WRITE_EVERY_S and done < total:
+        stage = what.partition(":")[0]
+        if now - last[0] < _WRITE_EVERY_S and done < total and stage == last[1]:
             return
-        last[0] = now
+        last[:] = [now, stage]
         tmp = run_dir / f"{PROGRESS_FILE}.tmp"
         tmp.write_text(json.dumps([done, total, what]))
         tmp.replace(run_dir / PROGRESS_FILE)
