@@ -91,7 +91,9 @@ def run(
                                                   "a line every 10 s.")] = None,
 ) -> None:
     """Run PLAN on its ranks (local processes, or those of torchrun/SLURM), check the result
-    against a single-process reference and compare the measured time with the prediction."""
+    against a single-process reference and compare the measured time with the prediction. A
+    signal once the methods are timed stops the ranks before their next run and keeps the rows
+    of the runs done (exit status 128 + the signal)."""
     plan = load_checked(plan_file)  # before torch's import (seconds): a wrong path is said at once
     from treeattn.exec.launch import check_world, detect_env, launch
     from treeattn.exec.predict import (
