@@ -146,16 +146,14 @@ def run(
             kernels = sorted({m.kernel for m in result.measurements if m.kernel != "none"})
             err_console.print(f"{result.backend} on {result.device}: attention kernel {', '.join(kernels) or 'none'}, "
                               f"merges {result.merge}, CUDA graphs {result.graphs_text}")
-            if wrap.signum and not result.stopped:  # since the launch returned: its rows are whole
-                result = dataclasses.replace(result, stopped=wrap.signum)
+            result = _signalled(result, wrap.signum)  # since the launch returned: its rows are whole
             try:
                 emit_results(result, plan, label, predictions, run_id, rows, json_out)
             except ExecutionError:  # a wrong result, its rows written: the stop is said before its error
                 if result.stopped:
                     stopped_line(result, rows)
                 raise
-            if wrap.signum and not result.stopped:  # as the rows were written: they are whole
-                result = dataclasses.replace(result, stopped=wrap.signum)
+            result = _signalled(result, wrap.signum)  # as the rows were written
             if result.stopped:
                 raise SystemExit(stopped_line(result, rows))  # not typer.Exit: its 130 would add "aborted"
 
@@ -254,6 +252,17 @@ def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,
         raise ExecutionError(f"wrong result from {worst} on {label}; see {path}")
 
 
+def _signalled(result, signum: int | None):  # noqa: ANN001, ANN202 - a JobResult in and out
+    """``result`` stopped by ``signum`` where the ranks did not say a signal of their own (one that
+    came once they were done: the rows are whole)."""
+    return dataclasses.replace(result, stopped=signum) if signum and not result.stopped else result
+
+
+def _timed_runs(result) -> list[tuple[str, int, int]]:  # noqa: ANN001 - a JobResult
+    """Each measured method's (name, timed runs done, timed runs asked for)."""
+    return [(m.method, len(m.times_us), asked) for m, asked in zip(result.measurements, result.repeats, strict=True)]
+
+
 def _interrupted(result) -> dict | None:  # noqa: ANN001 - a JobResult
     """For --json: the signal that stopped the run and each method's timed runs done and asked
     for; None where no signal came."""
@@ -261,7 +270,7 @@ def _interrupted(result) -> dict | None:  # noqa: ANN001 - a JobResult
 
     if not result.stopped:
         return None
-    runs = {m.method: [len(m.times_us), asked] for m, asked in zip(result.measurements, result.repeats, strict=True)}
+    runs = {method: [done, asked] for method, done, asked in _timed_runs(result)}
     return {"signal": signal.Signals(result.stopped).name, "timed_runs": runs, "untimed": list(result.untimed)}
 
 
@@ -271,7 +280,7 @@ def stopped_line(result, rows: Path) -> int:  # noqa: ANN001 - a JobResult
     import signal
 
     name = signal.Signals(result.stopped).name
-    runs = [(m.method, len(m.times_us), asked) for m, asked in zip(result.measurements, result.repeats, strict=True)]
+    runs = _timed_runs(result)
     if all(done == asked for _, done, asked in runs) and not result.untimed:
         what = "after its last timed run: its rows are whole"
     else:

@@ -665,9 +665,9 @@ def _watch(procs: list, tick: Callable[[], None] | None = None, wrap: WrapUp | N
     """Wait until every rank exits; once one fails, give the rest ``GRACE_S`` then kill them.
     Calls ``tick`` about every ``_TICK_S`` meanwhile. ``wrap`` keeps once the ranks time runs
     (``measuring``; before, a signal stops them at once: there is nothing to keep, and a rank
-    may wait in its set-up, in C++, where no signal reaches Python); once it notes a request, each rank is
-    sent ``WRAP_UP_SIGNAL`` and they get ``stop_wait`` seconds. Returns the ranks this watchdog
-    killed."""
+    may wait in its set-up, in C++, where no signal reaches Python); once it notes a request,
+    each rank is sent ``WRAP_UP_SIGNAL`` and they get ``stop_wait`` seconds. Returns the ranks
+    this watchdog killed."""
     failed_at = None
     killed: set[int] = set()
     told: set[int] = set()

@@ -175,10 +175,9 @@ def appendable_problem(path: Path, columns: tuple[str, ...]) -> str | None:
         theirs = header.split(",")
         lacks = [c for c in columns if c not in theirs]
         more = [c for c in theirs if c not in columns]
-        what = "; ".join(part for part in (f"no {', '.join(lacks[:4])}{'...' if len(lacks) > 4 else ''}" if lacks
-                                           else "",
-                                           f"also {', '.join(more[:4])}{'...' if len(more) > 4 else ''}" if more
-                                           else "") if part) or "in another order"
+        parts = [f"{word} {', '.join(names[:4])}{'...' if len(names) > 4 else ''}"
+                 for word, names in (("no", lacks), ("also", more)) if names]
+        what = "; ".join(parts) or "in another order"
         older = " (an older treeattn's, say)" if lacks and not more else ""
         return f"{str(path)!r} holds rows of other columns{older}: {what}; give a new file"
     return None

@@ -16,11 +16,11 @@ iteration's result is checked as well.
 
 With ``wrap_up`` on, a signal (Ctrl-C, SIGTERM, ``interrupts.WRAP_UP_SIGNAL`` from a local
 launcher) once the first timed run has begun asks to stop and keep what was measured (before, it
-stops at once): every rank passes the
-request on at the next run's start (``Comm.release``, or the barrier), so all stop before the
-same run, and each method with a timed run is finished over its runs done (its first result
-checked, the last only where every run was done); the ``JobResult`` says which signal
-(``stopped``). A second signal some seconds later stops at once, as without it.
+stops at once): every rank passes the request on at the next run's start (``Comm.release``, or
+the barrier), so all stop before the same run, and each method with a timed run is finished
+over its runs done (its first result checked, the last only where every run was done); the
+``JobResult`` says which signal (``stopped``). A second signal some seconds later stops at
+once, as without it.
 
 On CUDA the end of a run is a CUDA event (``Comm.mark``), read once the device has passed it
 (``Comm.settle``, which also enforces the op deadline), so nothing synchronises the host
