@@ -432,6 +432,38 @@ def unsent_failure(rank: int, p: int):  # noqa: ANN201
     yield out
 
 
+def refused_call(rank: int, p: int):  # noqa: ANN201
+    """A call refused for its arguments counts as made. Refused on every rank, the calls after it
+    merge exactly; refused on rank 1 alone while rank 0 goes into that call, and rank 1's loop
+    going on to its next step, both ranks raise at their next calls (check_order: an
+    ExecutionError naming the refused call; without it, by the timeout), where rank 1's next
+    step met rank 0's call and rank 0 returned the two steps' partials merged, without an error."""
+    from treeattn.errors import ExecutionError
+
+    w = _workload(p)
+    inputs, exact = _two_inputs(rank, p, w)
+    bad = (inputs["b"][0][..., :8], inputs["b"][1])
+    out = {}
+
+    def call(merger, key: str, args) -> None:  # noqa: ANN001
+        try:
+            out[key] = (merger(*args)[0] - exact["a" if args is inputs["a"] else "b"]).abs().max().item()
+        except (ValueError, ExecutionError) as exc:
+            out[key] = f"{type(exc).__name__}: {exc}"
+
+    every = treeattn.Merger(build("allgather-merge", w, REF), dist.new_group(list(range(p))), timeout_s=2.0)
+    call(every, "every_refused", bad)
+    call(every, "every_a", inputs["a"])
+    call(every, "every_b", inputs["b"])
+    for case, algorithm, check in (("checked", "allgather-merge", True), ("unchecked", "star", False)):
+        merger = treeattn.Merger(build(algorithm, w, REF), dist.new_group(list(range(p))), timeout_s=2.0,
+                                 check_order=check)
+        call(merger, f"{case}_a", inputs["a"])
+        call(merger, f"{case}_b", bad if rank == 1 else inputs["b"])
+        call(merger, f"{case}_next", inputs["a"] if rank == 1 else inputs["b"])
+    yield out
+
+
 def spaces(rank: int, p: int, out_dir: str):  # noqa: ANN201
     """Tag spaces agree across ranks. Two Mergers, one given the world as None and one as
     ``dist.group.WORLD``, called in different orders time out instead of merging each other's
@@ -601,7 +633,7 @@ TASKS = {"bits_as_predicted": bits_as_predicted, "empty_conventions": empty_conv
          "every_method": every_method, "mla": mla, "searched": searched, "subgroup": subgroup, "errors": errors,
          "mixed_trio": mixed_trio, "agreement": agreement, "orders": orders,
          "order_check": order_check, "order_misuse": order_misuse,
-         "unsent_failure": unsent_failure, "misuse": misuse, "lonely": lonely,
+         "unsent_failure": unsent_failure, "refused_call": refused_call, "misuse": misuse, "lonely": lonely,
          "baselines_pooled": baselines_worker.pooled, "baselines_runner_pools": baselines_worker.runner_pools}
 
 

@@ -160,11 +160,14 @@ def test_bad_input_raises_and_peers_time_out(tmp_path):
             assert item["peer"] == "raised"
         else:
             assert item["peer"].startswith("ExecutionError"), item
-            # what to look for, beside the library's 'Operation timed out!' or 'Connection closed'
-            assert item["peer"].endswith("(Merger call 1 on this rank: every rank calls its Mergers in one order; a "
-                                         "peer that raised before its call and lives on, or stopped calling, leaves "
-                                         "the others here after timeout_s = 2 s; one whose process ended, at once "
-                                         "(its connections close))"), item
+            # What to look for, beside the library's 'Operation timed out!' or 'Connection closed'. The
+            # three calls refused on every rank above count as made: this call first checks the order.
+            assert item["peer"].startswith(f"ExecutionError: rank {r}: Merger order check failed: "), item
+            assert item["peer"].endswith("(the order check of Merger call 4 after call 3 of the group's Merger 2 was "
+                                         "refused on this rank (TypeError: its arguments): every rank calls its "
+                                         "Mergers in one order; a peer that raised before its call and lives on, or "
+                                         "stopped calling, leaves the others here after timeout_s = 2 s; one whose "
+                                         "process ended, at once (its connections close))"), item
             assert item["peer_s"] < 15
 
 
@@ -249,6 +252,30 @@ def test_a_call_that_failed_before_sending_anything_leaves_the_group_callable(tm
     assert ranks[1][0]["failed"] == "simulated"
     for r, (item,) in enumerate(ranks):
         assert item["max_err"] <= 1e-5, (r, item)
+
+
+def test_a_call_refused_on_one_rank_counts_as_made_so_no_later_call_merges_out_of_step(tmp_path):
+    # Rank 1's refused call did not count: its next step met rank 0's call of the step before,
+    # and rank 0 returned the two steps' partials merged, without an error (a new-user trial's
+    # decode loop that caught the error and went on: every later step wrong on every rank).
+    ranks = run("refused_call", 2, tmp_path)
+    for r, (item,) in enumerate(ranks):
+        assert item["every_refused"].startswith("ValueError: Merger: o must be (B, Hq, Dv)"), (r, item)
+        assert item["every_a"] <= 1e-5 and item["every_b"] <= 1e-5, (r, item)  # refused on every rank: in step
+        assert item["checked_a"] <= 1e-5 and item["unchecked_a"] <= 1e-5, (r, item)
+        for key in ("checked_b",) if r == 0 else ("checked_next",):  # the calls that met
+            assert item[key].startswith("ExecutionError: Merger: the ranks make different calls (rank 0: the "
+                                        "group's Merger 1, call 2; rank 1: the group's Merger 1, call 3 (1 refused "
+                                        "there for arguments)"), (r, key, item)
+            assert item[key].endswith("(where a rank's call was refused for its arguments and its peers went on, "
+                                      "only a new process group gets them in step)"), (r, key, item)
+    assert ranks[1][0]["checked_b"].startswith("ValueError: Merger: o must be (B, Hq, Dv)"), ranks[1]
+    assert ranks[0][0]["checked_next"].startswith("CommError: rank 0: Merger order check failed"), ranks[0]
+    assert ranks[1][0]["unchecked_b"].startswith("ValueError: Merger: o must be (B, Hq, Dv)"), ranks[1]
+    assert ranks[0][0]["unchecked_b"].startswith("CommError: rank 0: recv_merge chunk 0 with rank 1"), ranks[0]
+    assert ranks[1][0]["unchecked_next"].startswith("CommError: rank 1: Merger order check failed"), ranks[1]
+    assert ("the order check of Merger call 3 after call 2 of the group's Merger 1 was refused on this rank "
+            "(ValueError: its arguments)") in ranks[1][0]["unchecked_next"], ranks[1]
 
 
 def test_tag_spaces_agree_after_a_failed_construction_and_for_the_world_given_as_itself(tmp_path):

@@ -76,6 +76,14 @@ __all__ = ["Merger", "DEFAULT_TIMEOUT_S"]
 _ORDER_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """By process group: whether its Mergers check their order (``Merger(check_order=...)``), as its
 first Merger built said, for the group's life (a new group, ``dist.new_group``, may say otherwise)."""
+_SKIPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""By process group: the last call of one of its Mergers refused on this rank for its arguments
+(``Merger._check_inputs``), unchecked since. It counts as made: its peers may have gone into
+that call, where this rank's next one would meet them a call apart and merge the wrong partials
+(a loop that catches the error and goes on), so the group's next call here first checks the
+order with every rank (``Merger._check_order``); where they all refused it, they go on in step.
+A call that failed preparing (out of memory), before sending, does not count: called again, it
+meets its peers' call."""
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 """Every Merger not yet collected (``_let_go_at_exit``)."""
 
@@ -261,6 +269,7 @@ class Merger:
             ``graph=True`` without NCCL, or a device that is not cpu or the current cuda
             device (cuda with NCCL).
         treeattn.errors.PlanFormatError: a plan path that cannot be read, or text that is no plan.
+        treeattn.errors.PlanInvalidError: a plan that does not validate (``treeattn verify``).
 
     Examples:
         Every rank of a 4-rank group (torchrun, or ``torch.multiprocessing.spawn``)::
@@ -355,6 +364,8 @@ class Merger:
         self._run = self._exec.run
         self._calls = 0
         """Calls made outside a caller's CUDA graph capture."""
+        self._skipped = 0
+        """Calls refused on this rank for their arguments: counted as made in the order check."""
         self._broken_key = _broken_key(backend, group)
         self._backend = backend
         if plan.layout == "heads":
@@ -443,14 +454,26 @@ class Merger:
 
         Raises:
             TypeError / ValueError: a non-tensor or a sparse one, a wrong dtype, shape or device
-                (checked before anything is sent); a call after ``destroy_process_group`` destroyed
-                its group (the world's included, even where ``init_process_group`` made a new one).
+                (checked before anything is sent; the call counts as made: the group's next call
+                here first checks with every rank that theirs was refused too, ``_SKIPPED``); a
+                call after ``destroy_process_group`` destroyed its group (the world's included,
+                even where ``init_process_group`` made a new one).
             RuntimeError: the first call made inside a CUDA graph capture.
             treeattn.errors.ExecutionError: a peer failed or did not answer within the timeout
                 (on NCCL: this call's or an earlier call's communication); with ``check_order``,
                 ranks making different calls; any call of the group's Mergers after one failed,
                 or was interrupted, once it had begun communicating.
         """
+        try:
+            self._check_inputs(o, lse)
+        except (TypeError, ValueError) as exc:
+            self._skip(exc)
+            raise
+        with torch.inference_mode(False), torch.no_grad():  # the buffers stay normal tensors (see __init__)
+            return self._merge(o, lse)
+
+    def _check_inputs(self, o: torch.Tensor, lse: torch.Tensor) -> None:
+        """Raise TypeError / ValueError where ``o`` or ``lse`` is not what the plan merges (``__call__``)."""
         w = self._w
         for name, t in (("o", o), ("lse", lse)):
             if not isinstance(t, torch.Tensor):
@@ -482,8 +505,14 @@ class Merger:
             # whichever processes hold its ranks now
             raise ValueError("Merger: called after torch.distributed.destroy_process_group(); a Merger serves the "
                              "process group it was built in: build a new one after init_process_group")
-        with torch.inference_mode(False), torch.no_grad():  # the buffers stay normal tensors (see __init__)
-            return self._merge(o, lse)
+
+    def _skip(self, exc: BaseException) -> None:
+        """Count a call refused for its arguments as made (``_SKIPPED``)."""
+        if self._group is None or not _registered(self._group):
+            return  # no later call of the group's can run
+        self._skipped += 1
+        _SKIPPED[self._group] = (f"call {self._calls + self._skipped} of the group's Merger {self.number} was "
+                                 f"refused on this rank ({type(exc).__name__}: its arguments)")
 
     def _merge(self, o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         broken = _BROKEN.get(self._broken_key)
@@ -505,10 +534,15 @@ class Merger:
 
     def _merge_once(self, o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
         comm = self._comm
+        skipped = _SKIPPED.get(self._group)
         if comm.cuda and torch.cuda.is_current_stream_capturing():
+            if skipped:
+                raise RuntimeError(f"Merger: {skipped}; the group's next call checks with every rank that each "
+                                   "skipped it, which cannot run inside a CUDA graph capture: call once outside it")
             return self._merge_captured(o, lse)
-        if self.check_order:
-            self._check_order()
+        if self.check_order or skipped:
+            self._check_order(skipped)
+            _SKIPPED.pop(self._group, None)
         try:
             comm.calls.check()  # the earlier calls' communication, within the timeout; waits only when far ahead
         except CommError as exc:
@@ -528,23 +562,35 @@ class Merger:
         comm.calls.add(comm.untracked(), self._run.name if isinstance(self._run, Graphed) else None)
         return acc
 
-    def _check_order(self) -> None:
+    def _check_order(self, skipped: str | None = None) -> None:
         """Raise ``ExecutionError`` on every rank unless every rank makes the same Merger's same
-        call (one all-gather of (its number on the group, its calls), before anything is sent):
-        calls in different orders would otherwise merge another Merger's partials wherever no
-        tag tells them apart (a plan's collectives, NCCL), and return wrong rows."""
-        mine = torch.tensor([self._comm.serial, self._calls], dtype=torch.int64, device=self.device)
+        call (one all-gather of (its number on the group, its calls, those refused for their
+        arguments included), before anything is sent): calls in different orders would otherwise
+        merge another Merger's partials wherever no tag tells them apart (a plan's collectives,
+        NCCL), and return wrong rows. ``skipped``: the group's call refused on this rank for its
+        arguments (``_SKIPPED``), said in the errors; where its peers went into that call
+        instead, this check meets their messages, not theirs, and fails by the timeout (or the
+        library aborts the process on a collective of another size: gloo)."""
+        count = self._calls + self._skipped
+        mine = torch.tensor([self._comm.serial, count, self._skipped], dtype=torch.int64, device=self.device)
+        after = f" after {skipped}" if skipped else ""
         try:  # setup=True: on NCCL the host waits for it (and the calls before it) within the deadline
-            every = self._comm.all_gather(mine, "Merger order check", setup=True).view(-1, 2).tolist()
+            every = self._comm.all_gather(mine, "Merger order check", setup=True).view(-1, 3).tolist()
         except CommError as exc:
-            raise CommError(f"{exc} ({self._failed(f'the order check of Merger call {self._calls + 1}')})") from exc
-        if all(row == every[self.rank] for row in every):
+            raise CommError(f"{exc} ({self._failed(f'the order check of Merger call {count + 1}{after}')})") from exc
+        if all(row[:2] == every[self.rank][:2] for row in every):
             return
-        calls = "; ".join(f"rank {r}: the group's Merger {m}, call {c + 1}" for r, (m, c) in enumerate(every))
+        calls = "; ".join(f"rank {r}: the group's Merger {m}, call {c + 1}" + (f" ({k} refused there for arguments)"
+                                                                                 if k else "")
+                          for r, (m, c, k) in enumerate(every))
+        how = ("nothing was sent: calls that meet in one order from here on merge as before (where a rank's call "
+               "was refused for its arguments and its peers went on, only a new process group gets them in step)"
+               if any(k for _, _, k in every) else
+               "nothing was sent, so calls in one order from here on merge as before")
         w = self._w
         error = ExecutionError(f"Merger: the ranks make different calls ({calls}; this rank's Merger {self.number} "
                                f"merges plan {self.plan.algorithm!r}, B={w.batch}): every rank calls its Mergers in "
-                               "one order; nothing was sent, so calls in one order from here on merge as before")
+                               f"one order; {how}")
         error.nothing_sent = True  # every rank raises it here, in step: the group stays callable (``_merge``)
         raise error
 
