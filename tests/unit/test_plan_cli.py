@@ -131,3 +131,27 @@ def test_plan_warns_of_a_named_plan_whose_ranks_end_with_different_bits(tmp_path
     assert "its result ranks may end with different bits in 1 chunk (chunk 0: ranks 0 | 1 | 2)" in same.stdout
     quiet = run_cli("plan", *shape, "-a", "star", "-o", str(tmp_path / "s.yaml"))
     assert quiet.exit_code == 0 and "different bits" not in quiet.stderr
+
+
+def test_verify_says_whose_contributions_a_plan_with_contributors_holds(tmp_path: Path) -> None:
+    # A hand-edited star plan that drops rank 3's partial and names the others as its contributors
+    # is valid (the result holds exactly theirs), and was said to be as any other: a Merger then
+    # returned attention without rank 3's KV. verify says so, and a Merger refuses it.
+    from treeattn.plan.validate import given_partial_problem
+
+    plan = build("star", attention(4), REF)
+    plan = with_program(plan, 0, [op for op in plan.programs[0] if not (op.step == 1 and op.peer == 3)])
+    plan = replace(with_program(plan, 3, [op for op in plan.programs[3] if op.step != 1]), contributors=(0, 1, 2))
+    res = run_cli("verify", str(save_plan(plan, tmp_path / "three.yaml")))
+    assert res.exit_code == 0, res.stderr
+    assert ("result on every rank, over the KV of ranks 0, 1, 2 only (its contributors: a Merger, which merges "
+            "every rank's partial, refuses it)\n") in res.stdout
+    assert given_partial_problem(plan) == ("plan 'star' merges the partials of its contributors only, not of rank 3: "
+                                           "a Merger merges every rank's partial (drop the plan's contributors, or "
+                                           "build it anew)")
+    from treeattn.workload import RawPayload
+
+    raw = build("broadcast", RawPayload(nbytes=64, ranks=4), REF, root=2)
+    res = run_cli("verify", str(save_plan(raw, tmp_path / "bcast.yaml")))
+    assert res.exit_code == 0, res.stderr
+    assert "result on every rank, of rank 2's contribution only (its contributors)\n" in res.stdout

@@ -46,6 +46,13 @@ def verify_cmd(
         where = "every rank, its own heads" if plan.layout == "heads" else "every rank"
     else:
         where = "rank " + ", ".join(map(str, plan.result_ranks[:8])) + (" ..." if len(plan.result_ranks) > 8 else "")
+    if plan.contributors is not None and set(plan.contributors) != set(range(plan.ranks)):
+        cs = sorted(set(plan.contributors))
+        ranks = "rank" + ("s " if len(cs) > 1 else " ") + ", ".join(map(str, cs[:8])) + (" ..." if len(cs) > 8 else "")
+        where += (f", of {ranks}'s contribution only (its contributors)" if plan.is_raw else
+                  f", over the KV of {ranks} only (its contributors: a Merger, which merges every rank's partial, "
+                  "refuses it)")
+
     def n(count: int, word: str) -> str:
         return f"{count} {word}" + ("" if count == 1 else "s")
 

@@ -789,6 +789,11 @@ def given_partial_problem(plan: Plan) -> str | None:
     ``simulate(..., given_partials=True)`` times such a call), which a raw payload has none of."""
     if plan.is_raw:
         return f"plan {plan.algorithm!r} reduces a raw payload: it has no partials to be given"
+    if plan.contributors is not None and set(plan.contributors) != set(range(plan.ranks)):
+        left = sorted(set(range(plan.ranks)) - set(plan.contributors))
+        return (f"plan {plan.algorithm!r} merges the partials of its contributors only, not of rank"
+                f"{'s' if len(left) > 1 else ''} {', '.join(map(str, left[:8]))}{' ...' if len(left) > 8 else ''}: "
+                "a Merger merges every rank's partial (drop the plan's contributors, or build it anew)")
     for r, prog in enumerate(plan.programs):
         computes = [op for op in prog if op.kind is OpKind.COMPUTE]
         if len(computes) != 1 or computes[0].block not in (None, r):
