@@ -141,7 +141,11 @@ def worker(rank: int, p: int, port: int, args: argparse.Namespace, out_dir: str)
         model = make_model(args.seed)
         gen = torch.Generator().manual_seed(args.seed + 1)
         prompt = torch.randint(0, VOCAB, (args.batch, args.prompt_len), generator=gen)
-        merger = treeattn.Merger(make_plan(args, p))
+        # One rank searches (or builds) and shares the plan: every rank must hold the same one,
+        # and a search on each would repeat its work and its warnings (README, "Python API").
+        shared = [make_plan(args, p) if rank == 0 else None]
+        dist.broadcast_object_list(shared, src=0)
+        merger = treeattn.Merger(shared[0])
         tokens, logits = decode(model, prompt, args.new_tokens, merger, rank, p)
         merger.synchronize()  # before shutdown: every call's communication done (README, "Python API")
         if rank == 0:
