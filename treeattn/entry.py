@@ -11,6 +11,9 @@ import sys
 
 def main() -> None:
     """Load the command line and run it."""
+    from treeattn.stdio import prepare_streams
+
+    prepare_streams()
     try:
         from treeattn.cli import built_command
         from treeattn.cli import main as run

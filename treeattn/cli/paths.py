@@ -29,6 +29,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from treeattn import stdio
 from treeattn.errors import InputError
 from treeattn.interrupts import before_hard_exit
 from treeattn.textfile import OTHER_KINDS, TEXT_KINDS, special_file, wrong_kind
@@ -157,6 +158,8 @@ def output_file(path: Path, flag: str, default_name: str, *, suffix: str | None 
             raise InputError(f"{flag} {str(given)!r}: {str(out)!r} is not writable")
     except OSError as exc:  # a name the system cannot look up (too long, say)
         raise InputError(f"{flag} {str(given)!r}: {exc.strerror or exc}") from None
+    if stdio.stdout_closed and _is_stdout(out):
+        raise InputError(f"{flag} {str(given)!r}: standard output is closed (>&-); give a file")
     appendable(out, flag)
     if _is_stdout(out):
         # `plan -o /dev/stdout | treeattn verify /dev/stdin`: the file is what stdout carries, and
