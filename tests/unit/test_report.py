@@ -154,6 +154,26 @@ def test_a_readme_report_did_not_write_is_kept(folder: Path):
     render_folder(folder, plots=False)  # its own, rewritten
 
 
+def test_a_summary_or_folder_in_the_way_or_an_unknown_timeline_is_refused_before_anything_is_written(folder: Path):
+    # A user's summary.json was replaced without a word; one that was a folder gave a traceback
+    # (IsADirectoryError, status 1); a --timeline naming no plan was refused after the summary
+    # was rewritten.
+    (folder / "summary.json").write_text("my precious notes\n")
+    with pytest.raises(InputError, match=r"summary\.json is not a summary\.json treeattn report wrote; move it away"):
+        render_folder(folder, plots=False)
+    assert (folder / "summary.json").read_text() == "my precious notes\n"
+    (folder / "summary.json").unlink()
+    (folder / "summary.json").mkdir()
+    with pytest.raises(InputError, match=r"summary\.json: a folder where report writes its summary\.json"):
+        render_folder(folder, plots=False)
+    (folder / "summary.json").rmdir()
+    with pytest.raises(InputError, match="no timeline for"):
+        render_folder(folder, method="nosuch", plots=False)
+    assert not (folder / "summary.json").exists()
+    res = run_cli("report", str(folder), "--no-plots")
+    assert res.exit_code == 0, res.stderr
+
+
 def test_timeline_choice(folder: Path):
     f = load_folder(folder)
     assert choose_timeline(f.rows, f.timeline, method="multirail") == ("emu-a", "B1", "multirail")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,19 +51,52 @@ def render_folder(path: str | Path, *, topology: str | None = None, case: str | 
     """
     folder = load_folder(path)
     _check_readme_is_ours(folder.path / README_FILE)
-    summary = summarize(folder.rows, folder.meta)
-    files = [folder.path / SUMMARY_FILE]
-    write_file(files[0], summary_json(summary))
+    _check_summary_is_ours(folder.path / SUMMARY_FILE)
     # The README names the plan a render draws, drawn this time or not (--no-plots keeps the PNGs).
     key = choose_timeline(folder.rows, folder.timeline, topology, case, method)
-    if plots:
-        files.append(plot_scatter(folder.rows, folder.path / SCATTER_FILE))
-        files.append(plot_speedups(folder.rows, folder.path / SPEEDUP_FILE))
-        if key is not None:
-            files.append(plot_timeline(folder.timeline, key, folder.path / TIMELINE_PNG))
-    files.append(folder.path / README_FILE)
-    write_file(files[-1], readme(folder, summary, key))
+    summary = summarize(folder.rows, folder.meta)
+    names = [SUMMARY_FILE, *((SCATTER_FILE, SPEEDUP_FILE) if plots else ()),
+             *((TIMELINE_PNG,) if plots and key is not None else ()), README_FILE]
+    for name in names:  # every file it writes, before the first is written
+        _check_writable(folder.path / name)
+    files = [folder.path / SUMMARY_FILE]
+    try:
+        write_file(files[0], summary_json(summary))
+        if plots:
+            files.append(plot_scatter(folder.rows, folder.path / SCATTER_FILE))
+            files.append(plot_speedups(folder.rows, folder.path / SPEEDUP_FILE))
+            if key is not None:
+                files.append(plot_timeline(folder.timeline, key, folder.path / TIMELINE_PNG))
+        files.append(folder.path / README_FILE)
+        write_file(files[-1], readme(folder, summary, key))
+    except OSError as exc:  # the checks above found it writable: a full disk, say
+        raise InputError(f"{exc.filename or folder.path}: cannot write it ({exc.strerror or exc})") from None
     return Rendered(folder, summary, tuple(files), key)
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse a file ``render_folder`` writes that is a folder, or that it may not write."""
+    if path.is_dir():
+        raise InputError(f"{path}: a folder where report writes its {path.name}; move it away")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        where = path if path.exists() else path.parent
+        raise InputError(f"{where}: not writable (report writes {path.name} into the results folder); "
+                         "copy the folder somewhere writable and report that")
+
+
+def _check_summary_is_ours(path: Path) -> None:
+    """Refuse a folder whose summary.json is not one ``render_folder`` wrote: someone's own file."""
+    if path.is_dir():
+        return  # said by _check_writable
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError):
+        data = None
+    if not (isinstance(data, dict) and {"cases", "rows", "targets"} <= data.keys()):
+        raise InputError(f"{path} is not a summary.json treeattn report wrote; move it away (report writes its "
+                         "summary there)")
 
 
 _README_HEAD = "# Validation results: "
