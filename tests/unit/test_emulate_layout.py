@@ -149,6 +149,9 @@ def test_ranks_sharing_a_device_are_refused():
 def test_run_ids_are_checked():
     with pytest.raises(EmulationError, match="six lowercase hex"):
         plan_layout(resolve("emu-mesh"), run_id="../etc")
+    # `emulate up --id ''` drew a random id and brought a cluster up (down --id '' refused it)
+    with pytest.raises(EmulationError, match="run id '' must be six lowercase hex"):
+        cluster_mod.up(resolve("emu-mesh"), run_id="")
 
 
 def test_setup_steps_are_deterministic_and_shape_every_pair():
@@ -236,3 +239,10 @@ def test_one_rank_is_refused_before_anything_is_made():
         plan_layout(resolve("emu-2x4[ranks 0]"))
     res = run_cli("emulate", "up", "emu-2x4", "--ranks", "0")
     assert res.exit_code == 2 and res.stderr.startswith("error: topology 'emu-2x4[ranks 0]' places 1 rank"), res.stderr
+
+
+@pytest.mark.parametrize("scale", [float("inf"), 1e300])
+def test_a_scale_no_link_can_take_is_refused_not_a_traceback(scale):
+    # int(round(inf)) raised OverflowError inside the layout (validate, emulate up/check/exec/run).
+    with pytest.raises(EmulationError, match=r"x scale .* shapes to inf Mbit/s, outside 0\.1-10000 Mbit/s; pick "):
+        plan_layout(resolve("emu-2x4"), scale=scale)

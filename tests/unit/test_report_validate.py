@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,8 @@ from treeattn.search.search import FAMILIES
 from treeattn.topology.library import resolve
 from treeattn.validate import EMU_HEADS, HeadShape, ValidateOptions, case_plans, default_cases
 from treeattn.validate.run import MAX_ROUNDS_FACTOR, case_rounds
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_default_cases_are_scaled():
@@ -91,6 +94,26 @@ def test_validate_calibrated_count(tmp_path):
     cal.write_text("x: 1\n")
     res = run_cli("validate", "emu-mesh", "emu-pcie-tree", "--calibrated", str(cal), "--out", str(tmp_path / "o"))
     assert res.exit_code == 2 and "one per topology" in res.stderr
+
+
+def test_validate_refuses_one_topology_twice_and_a_fit_of_another_machine(tmp_path):
+    # emu-2x4 twice measured it twice into one rows.csv, each row doubled; a GPU machine's fit
+    # was taken for the emulated CPU ranks without a word (median error 100 %).
+    out = tmp_path / "o"
+    res = run_cli("validate", "emu-mesh", str(ROOT / "topologies" / "emu-mesh.yaml"), "--out", str(out))
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr == (f"error: topologies 'emu-mesh' and '{ROOT / 'topologies' / 'emu-mesh.yaml'}' are one "
+                          "emulated machine ('emu-mesh'); give each once\n")
+    from treeattn.topology.io import dump_topology
+
+    for spec, said in (("dgx-h100", "a GPU machine's ('dgx-h100')"),
+                       ("emu-2x4", "8 ranks' ('emu-2x4') where emu-mesh has 4")):
+        fit = tmp_path / f"{spec}.yaml"
+        fit.write_text(dump_topology(resolve(spec)))
+        res = run_cli("validate", "emu-mesh", "--calibrated", str(fit), "--out", str(out))
+        assert res.exit_code == 2, res.stderr
+        assert res.stderr.startswith(f"error: --calibrated {fit}: a fit of {said}; validate measures "), res.stderr
+    assert not out.exists()
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setscheduler") or os.geteuid() != 0, reason="needs root")

@@ -139,7 +139,18 @@ def validate_cmd(
         cases = default_cases(topo, batches=batch_counts, tokens_per_rank=per_rank,
                               long_tokens_per_rank=long_per_rank, heads=shape)
         fitted = load_file(calibrated[i]) if calibrated else None
+        if fitted is not None and (fitted.on_gpus or fitted.num_ranks != topo.num_ranks):
+            what = (f"a GPU machine's ({fitted.name!r})" if fitted.on_gpus else
+                    f"{fitted.num_ranks} ranks' ({fitted.name!r}) where {spec} has {topo.num_ranks}")
+            raise InputError(f"--calibrated {calibrated[i]}: a fit of {what}; validate measures the emulated "
+                             f"machine's CPU ranks: give a `treeattn calibrate` file of {spec} (or leave "
+                             "--calibrated out: validate calibrates in each cluster)")
         targets.append(TopologyTarget(topo, tuple(cases), fitted, spec))
+    seen: dict[str, int] = {}
+    for i, target in enumerate(targets):  # rows are told apart by the topology's name
+        if (first := seen.setdefault(target.topology.name, i)) != i:
+            raise InputError(f"topologies {targets[first].source!r} and {target.source!r} are one emulated machine "
+                             f"({target.topology.name!r}); give each once")
     out = output_folder(out, "--out")  # made once every flag has been read
     from treeattn.emulate.layout import plan_layout
 

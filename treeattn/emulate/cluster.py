@@ -251,7 +251,7 @@ def up(topo: Topology, *, scale: float = 1.0, run_id: str | None = None, held: b
         EmulationError: not root, no iproute2, an unemulable topology, a run id in use, or
             a command that failed (everything made so far is removed first).
     """
-    layout = plan_layout(topo, scale=scale, run_id=run_id or new_run_id())
+    layout = plan_layout(topo, scale=scale, run_id=new_run_id() if run_id is None else run_id)
     require_netns()
     taken = [ns for ns in list_namespaces() if ns.startswith(layout.prefix)]
     if taken:

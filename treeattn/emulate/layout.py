@@ -270,7 +270,8 @@ def plan_layout(topo: Topology, *, scale: float = 1.0, run_id: str = "000000") -
     shapers = []
     for i in sorted(crossing):
         ln = topo.links[i]
-        rate = int(round(ln.bw_gbps * scale * 8e9 * WIRE_FACTOR))
+        exact = ln.bw_gbps * scale * 8e9 * WIRE_FACTOR
+        rate = int(round(exact)) if MIN_RATE_BIT <= exact <= MAX_RATE_BIT else exact  # inf and NaN fail the test
         if not MIN_RATE_BIT <= rate <= MAX_RATE_BIT:
             raise EmulationError(
                 f"topology {topo.name!r}: link {ln.src}->{ln.dst} ({ln.bw_gbps} GB/s) x scale {scale:g} "

@@ -82,6 +82,9 @@ def _int(lo: int) -> Callable[[Any], int]:
     def parse(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, (int, str)):
             raise ValueError(f"must be an integer >= {lo}")
+        # int() reads '2_0' as 20 and ' 4' as 4: a spec's value is digits only
+        if isinstance(v, str) and not (v.isascii() and v.lstrip("-").isdigit()):
+            raise ValueError(f"must be an integer >= {lo}")
         try:
             n = int(v)
         except ValueError:
