@@ -17,6 +17,7 @@ from treeattn.plan.io import save_plan
 from treeattn.topology.library import resolve
 from treeattn.workload import Workload
 
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nccl-tests"
 W = Workload(batch=1, q_heads=4, kv_heads=2, head_dim=8, split=(4, 4), kv_dtype="fp32")
 LOG = Path(__file__).parents[1] / "fixtures" / "nccl-tests" / "all_reduce_perf.8xh100-1node.txt"
 SHAPE = ("-m", "llama-3.1-8b", "-n", "1K", "--no-progress")
@@ -413,3 +414,28 @@ def test_concurrent_rows_path_checks_neither_fail_nor_leave_files(tmp_path):
     errs = [p.communicate(timeout=240)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errs
     assert list(tmp_path.iterdir()) == []
+
+
+def test_probe_calibrate_and_compare_keep_a_file_at_their_output_that_is_not_theirs(tmp_path):
+    # Each replaced it without a word (a plan, notes, someone's CSV), as plan -o does not.
+    notes, rows = tmp_path / "notes.yaml", tmp_path / "salaries.csv"
+    notes.write_text("important notes\n")
+    rows.write_text("name,salary\nalice,100\n")
+    for args, kept, said in (
+        (("probe", "-o", str(notes)), notes, "the file there is not a treeattn topology"),
+        (("calibrate", "-t", "dgx-h100", "--from-nccl-tests", str(FIXTURES / "all_reduce_perf.1node.txt"),
+          "-o", str(notes)), notes, "the file there is not a treeattn topology"),
+        (("compare", "-t", "cpu:ranks=2", "-m", "llama-3.2-1b", "-n", "1K", "--csv", str(rows)), rows,
+         "the file there is not a treeattn compare CSV"),
+    ):
+        before = kept.read_bytes()
+        res = run_cli(*args)
+        assert res.exit_code == 2 and said in res.stderr, (args, res.stderr)
+        assert kept.read_bytes() == before
+    topo = tmp_path / "topo.yaml"
+    for _ in range(2):  # its own output is written over
+        assert run_cli("probe", "-o", str(topo)).exit_code == 0
+    csv = tmp_path / "c.csv"
+    for _ in range(2):
+        res = run_cli("compare", "-t", "cpu:ranks=2", "-m", "llama-3.2-1b", "-n", "1K", "--csv", str(csv))
+        assert res.exit_code == 0, res.stderr

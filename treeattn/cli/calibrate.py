@@ -107,6 +107,10 @@ def calibrate_cmd(
         raise InputError("--png plots a live calibration's measurements; for nccl-tests logs draw predicted "
                          "against measured with treeattn check-model LOG... -t TOPOLOGY --png FILE")
     out = output_file(out, "--out", "calibrated.yaml", kind="YAML") if out is not None else None
+    if out is not None:
+        from treeattn.topology.io import check_topology_path
+
+        check_topology_path(out)
     png = output_file(png, "--png", "calibration.png", suffix=".png") if png is not None else None
     if logs and not from_nccl_tests:
         raise InputError(f"unexpected argument {str(logs[0])!r}: log files go after --from-nccl-tests")

@@ -513,7 +513,7 @@ def compare_cmd(
     from treeattn.cost.library import link_rates_note
     from treeattn.cost.memory import check_fraction, check_kv_fits, unknown_memory_note, weights_note
     from treeattn.plan.baselines import parse_result
-    from treeattn.search.compare import compare, expand_topologies, plot_speedup, write_csv
+    from treeattn.search.compare import check_csv_path, compare, expand_topologies, plot_speedup, write_csv
     from treeattn.search.workload_file import file_length, parse_tokens
 
     if model == "list":
@@ -554,6 +554,8 @@ def compare_cmd(
             raise InputError(f"--topology {topology!r} names one machine twice: {other} and {t.name} are the "
                              f"same topology ({t.fingerprint}); give one of them")
     csv = output_file(csv, "--csv", "compare.csv", kind="CSV") if csv is not None else None
+    if csv is not None:
+        check_csv_path(csv)
     png = output_file(png, "--png", "compare.png", suffix=".png") if png is not None else None
 
     said: set[str] = set()

@@ -73,6 +73,10 @@ def probe_cmd(
     """Discover the GPUs, NVLink/xGMI, PCIe, CPUs and NICs of this machine (nvidia-smi, rocm-smi,
     then sysfs; a CPU-only loopback host when no GPU is found), or read them from saved output."""
     out = output_file(out, "--out", "topology.yaml", kind="YAML") if out is not None else None
+    if out is not None:
+        from treeattn.topology.io import check_topology_path
+
+        check_topology_path(out)
     if name is not None:
         check_name(name, "--name")  # a name the file it writes could not be read back with
     opts = ProbeOptions(

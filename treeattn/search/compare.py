@@ -28,6 +28,7 @@ import itertools
 import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from treeattn.cost.memory import DEFAULT_MEM_FRACTION, memory_check
@@ -286,6 +287,22 @@ def compare(
             if progress is not None:
                 progress(done, total, f"{topo.name} N={n}")
     return rows
+
+
+def check_csv_path(path: Path) -> None:
+    """Refuse to write the rows over a regular file that is not a ``compare --csv`` file (its
+    header this one's): someone's own CSV at that path would be lost for good."""
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return
+        with path.open("rb") as f:
+            head = f.readline(64 * 1024).decode("utf-8", errors="replace").rstrip("\r\n")
+    except OSError:
+        return  # unreadable or gone: writing it says what is wrong
+    if head != ",".join(CompareRow.__slots__):
+        raise InputError(f"{path}: the file there is not a treeattn compare CSV (its header is not "
+                         f"{CompareRow.__slots__[0]},{CompareRow.__slots__[1]},...); not replaced: remove it or "
+                         "write the rows elsewhere")
 
 
 def write_csv(rows: Sequence[CompareRow], path: Any) -> None:

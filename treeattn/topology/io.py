@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from treeattn.errors import TopologyError
+from treeattn.errors import InputError, TopologyError
 from treeattn.textfile import read_text
 from treeattn.topology.compact import build_compact, cost_params
 from treeattn.topology.families import build_family_file
@@ -323,6 +323,25 @@ def _check_nic(i: int, dev: Device, nic: Device | None, names: list[str]) -> Non
 
 
 # -- dump ---------------------------------------------------------------------------------------
+
+
+def check_topology_path(path: Path) -> None:
+    """Refuse to write a topology over a regular file that is not one (``probe -o`` or
+    ``calibrate -o`` given a plan's, a script's or notes' path would lose that file for good):
+    an empty file, a device and a YAML mapping with a ``name`` and ``devices`` or ``node`` are
+    written over."""
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return
+        with path.open("rb") as f:
+            data = yaml.safe_load(f.read(4 * 1024 * 1024))
+    except OSError:
+        return  # unreadable or gone: writing it says what is wrong
+    except (yaml.YAMLError, ValueError):
+        data = None
+    if not (isinstance(data, dict) and "name" in data and ("devices" in data or "node" in data)):
+        raise InputError(f"{path}: the file there is not a treeattn topology (a YAML mapping with name and devices "
+                         "or node); not replaced: remove it or write the topology elsewhere")
 
 
 def dump_topology(topo: Topology) -> str:
