@@ -110,7 +110,7 @@ def search_plan(topology: str | os.PathLike | Topology, workload_or_model: Paylo
         layout, root = parse_result(result, topo.num_ranks)
         fraction = options.get("mem_fraction", DEFAULT_MEM_FRACTION)
         check_kv_fits(workload, topo, fraction, option="mem_fraction")
-        _warn_uncalibrated(topo, topology)
+        _warn_uncalibrated(topo, topology, raw=not isinstance(workload, Workload))
         found = search(topo, workload, result=layout, root=root, **{k: options[k] for k in _SEARCH_OPTIONS
                                                                      if k in options})
         _warn_weights(workload, topo, fraction, found.candidates[0].peak_bytes)
@@ -256,14 +256,14 @@ def build_plan(topology: str | os.PathLike | Topology, workload_or_model: Payloa
     return _sourced(plan, topology, topo)
 
 
-def _warn_uncalibrated(topo: Topology, topology: str | os.PathLike | Topology) -> None:
+def _warn_uncalibrated(topo: Topology, topology: str | os.PathLike | Topology, raw: bool) -> None:
     """Warn where a search ranks schedules for host ranks on figures not fitted to this machine,
     as ``treeattn plan`` notes: which measures fastest there can differ. (``build_plan`` is
     given its algorithm: an example that builds one to check results need not hear it.)"""
     from treeattn.cost.library import host_search_note
 
     spec = topo.name if isinstance(topology, Topology) else os.fspath(topology)
-    if note := host_search_note(topo, spec):
+    if note := host_search_note(topo, spec, raw):
         warnings.warn(note, stacklevel=3)
 
 

@@ -161,3 +161,11 @@ def test_no_model_is_told_what_to_give():
                                          r"\(Workload\.create\(\.\.\.\)\), or a treeattn\.workload\.RawPayload .*; "
                                          r"got NoneType$"):
         search_plan("cpu:ranks=2", None, q_heads=8)
+
+
+def test_the_uncalibrated_note_names_the_kernel_a_raw_payload_calibrates():
+    # It said --compute attention for a plain sum too, whose kernel calibrate fits with --compute sum.
+    from treeattn.workload import RawPayload
+
+    with pytest.warns(UserWarning, match=r"--compute sum --out FILE"):
+        treeattn.search_plan("cpu:ranks=2", RawPayload(nbytes=1 << 20, ranks=2))

@@ -275,7 +275,7 @@ def plan_cmd(
         note_attention(topo, payload)
         if note := unknown_memory_note(payload, topo):
             typer.echo(f"note: {note}", err=True)
-        if note := host_search_note(topo, topology):
+        if note := host_search_note(topo, topology, raw=not isinstance(payload, Workload)):
             typer.echo(f"note: {note}", err=True)
 
     started = time.perf_counter()

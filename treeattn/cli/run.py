@@ -126,7 +126,7 @@ def run(
         if reporter:
             # Before the run: a user who reads these may stop it.
             spec = topology or plan.topology.name
-            other, notes = comparability(topo, spec, options.backend)
+            other, notes = comparability(topo, spec, options.backend, plan.is_raw)
             latent = latent_on_cpu_note(plan, topo)
             for text in (*warnings, *predictions.warnings, *other, *([latent] if latent else [])):
                 err_console.print(f"[yellow]warning:[/] {escape(text)}")

@@ -66,19 +66,21 @@ def link_rates_note(topo: Topology) -> str | None:
             "NCCL's collectives at the hardware ratings kept (rated_gbps; docs/nccl-model.md)")
 
 
-def uncalibrated_note(topo: Topology, spec: str) -> str:
+def uncalibrated_note(topo: Topology, spec: str, raw: bool = False) -> str:
     """That ``topo``'s figures are not fitted to the machine (``spec``: how the user names it,
-    for the ``treeattn calibrate`` command that fits them)."""
+    for the ``treeattn calibrate`` command that fits them; ``raw``: for a raw payload's plans,
+    whose kernel is the sum, not attention)."""
+    kernel = "sum" if raw else "attention"
     return (f"predictions use {topo.name!r} as shipped, not fitted to this machine (uncalibrated); "
-            f"`treeattn calibrate --topology {shlex.quote(spec)} --compute attention --out FILE` fits it, "
+            f"`treeattn calibrate --topology {shlex.quote(spec)} --compute {kernel} --out FILE` fits it, "
             "then give FILE as the topology")
 
 
-def host_search_note(topo: Topology, spec: str) -> str | None:
+def host_search_note(topo: Topology, spec: str, raw: bool = False) -> str | None:
     """``uncalibrated_note`` where a search ranks schedules for host ranks on figures not fitted
     to this machine (which measures fastest there can differ); None elsewhere (GPU figures are
     the hardware's by design, a calibrated file is this machine's)."""
-    return uncalibrated_note(topo, spec) if topo.on_hosts and not topo.calibrated else None
+    return uncalibrated_note(topo, spec, raw) if topo.on_hosts and not topo.calibrated else None
 
 
 def unknown_gpu_note(topo: Topology) -> str | None:

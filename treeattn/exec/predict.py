@@ -79,7 +79,8 @@ def resolve_topology(plan: Plan, given: str | None,
     return topo, warnings
 
 
-def comparability(topo: Topology | None, spec: str, backend: str | None) -> tuple[list[str], list[str]]:
+def comparability(topo: Topology | None, spec: str, backend: str | None,
+                  raw: bool = False) -> tuple[list[str], list[str]]:
     """What to know before reading predicted against measured, said before the run: a warning
     when the predictions are for another kind of machine, else a note when they are on
     figures not fitted to this one.
@@ -88,6 +89,7 @@ def comparability(topo: Topology | None, spec: str, backend: str | None) -> tupl
         topo: the topology predicted on (None: nothing is predicted, nothing to say).
         spec: how the user can name it (for the ``treeattn calibrate`` hint).
         backend: ``--backend`` (None: nccl where CUDA is, else gloo), which says where ranks run.
+        raw: the plan reduces a raw payload (its kernel, to calibrate, is the sum).
 
     Returns:
         (warnings, notes).
@@ -102,7 +104,7 @@ def comparability(topo: Topology | None, spec: str, backend: str | None) -> tupl
     if not topo.calibrated:
         from treeattn.cost.library import uncalibrated_note
 
-        return [], [uncalibrated_note(topo, spec)]
+        return [], [uncalibrated_note(topo, spec, raw)]
     return [], []
 
 
