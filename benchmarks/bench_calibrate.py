@@ -16,8 +16,8 @@
     .venv/bin/python benchmarks/bench_calibrate.py --realtime --out-dir results/calibration-cpu4
     .venv/bin/python benchmarks/bench_calibrate.py --quick          # fewer sizes and repeats
 
-``--quick`` shortens the two calibrations (about 20 s each here), not the plan runs (about 30 s
-either way): about 1.5 min in all on the 2 busy cores; ``--no-recalibrate`` skips the second.
+``--quick`` shortens the two calibrations and the plan runs: 25 s in all on 2 cores (2026-12-07;
+1.5 min on the busier cores of an earlier run); ``--no-recalibrate`` skips the second.
 
 ``allreduce`` and ``allgather-merge`` are library collectives: the simulator times them as
 the ring schedules gloo runs (``treeattn.cost.gloo``); they are shown, and summarized apart.

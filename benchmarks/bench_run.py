@@ -10,7 +10,7 @@ Rows are also written to ``--out`` (default results/runs/bench_run-<time>.csv), 
 anything runs.
 
     .venv/bin/python benchmarks/bench_run.py                     # B in {1, 64}, N = 64K per rank
-    .venv/bin/python benchmarks/bench_run.py --quick             # small shapes (about 1 min)
+    .venv/bin/python benchmarks/bench_run.py --quick             # small shapes (12 s to 1 min)
     .venv/bin/python benchmarks/bench_run.py --tokens-per-rank 16  # merge-bound: communication only
 
 NOTE: B = 64 with 64K tokens per rank needs 17 GB of bf16 K/V per rank (68 GB for 4 ranks,

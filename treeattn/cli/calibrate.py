@@ -293,8 +293,9 @@ def _tables(report, out: Path | None, png: Path | None) -> None:  # noqa: ANN001
                   + fitted_terms(cost, "launch_us", "mem_efficiency"))
     if report.attention is not None:
         k = report.attention
-        con.print(f"attention kernel (COMPUTE): launch {k.launch_us:.1f} µs, {k.eff_bw_gbps:.3g} GB/s effective "
-                  f"(R² {k.fit.r2:.3f}) → " + fitted_terms(cost, "attn_launch_us", "attn_gbps", "attn_next_launch_us"))
+        con.print(f"attention kernel (a plan's COMPUTE op): launch {k.launch_us:.1f} µs, {k.eff_bw_gbps:.3g} GB/s "
+                  f"effective (R² {k.fit.r2:.3f}) → "
+                  + fitted_terms(cost, "attn_launch_us", "attn_gbps", "attn_next_launch_us"))
     if report.host is not None:
         h = report.host
         loop = (f", loopback {h.loopback_gbps:.3g} GB/s for all flows together" if h.loopback_gbps else "")
