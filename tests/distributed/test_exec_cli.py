@@ -60,6 +60,25 @@ def test_run_end_to_end_json(tmp_path):
     assert len(timeline) == plan_ops and set(timeline["rank"]) == {0, 1}
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_rows_that_cannot_be_written_are_printed_before_the_error(tmp_path):
+    # A disk that filled up during the run (/dev/full: it opens, and every write fails) lost the
+    # measurements: the command exited 2 without printing them.
+    path = plan_file(tmp_path, build("binomial", W2, resolve("cpu:ranks=2")))
+    for json_out in (False, True):
+        args = [TREEATTN, "run", str(path), "--repeats", "2", "--warmup", "0", "--out", "/dev/full",
+                *(["--json"] if json_out else [])]
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.endswith("error: cannot write --out '/dev/full': No space left on device; the rows are "
+                                    "printed above, not written\n"), proc.stderr
+        if json_out:
+            data = json.loads(proc.stdout)
+            assert data["rows_csv"] is None and [r["method"] for r in data["rows"]] == ["plan"]
+        else:
+            assert "│ plan " in proc.stdout and proc.stdout.rstrip().endswith("Rows: not written"), proc.stdout
+
+
 def test_run_under_torchrun(tmp_path):
     # Each torchrun worker is one rank and runs in-process; only rank 0 prints the rows.
     path = plan_file(tmp_path, build("butterfly", W2, resolve("cpu:ranks=2")))

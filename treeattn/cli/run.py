@@ -232,19 +232,25 @@ def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,
 
     frame = result_rows(result, {label: plan}, {label: predictions}, run_id)
     timeline = timeline_file(path)
+    unwritten = None
     try:
         write_csv(frame, path)
         if timeline is not None:
             write_csv(timeline_rows(result, run_id), timeline)
-    except OSError as exc:  # checked before the run (rows_path); a disk that filled up since, say
-        raise InputError(f"cannot write --out {exc.filename or str(path)!r}: {exc.strerror or exc}") from None
+    except OSError as exc:  # checked before the run (rows_path); a disk that filled up since, or /dev/full
+        # The measurements are printed all the same, then the failure said: they are not lost.
+        unwritten = InputError(f"cannot write --out {exc.filename or str(path)!r}: {exc.strerror or exc}; the "
+                               "rows are printed above, not written")
     if json_out:
-        typer.echo(json.dumps({"rows": rows_records(frame), "rows_csv": str(path),
-                               "timeline_csv": timeline and str(timeline), "calibrated": predictions.calibrated,
-                               "interrupted": _interrupted(result)}, sort_keys=True, indent=2))
+        typer.echo(json.dumps({"rows": rows_records(frame), "rows_csv": None if unwritten else str(path),
+                               "timeline_csv": None if unwritten else timeline and str(timeline),
+                               "calibrated": predictions.calibrated, "interrupted": _interrupted(result)},
+                              sort_keys=True, indent=2))
     else:
-        _table(frame, path, predictions.calibrated)
+        _table(frame, None if unwritten else path, predictions.calibrated)
         _bits_lines(frame, plan)
+    if unwritten is not None:
+        raise unwritten
     wrong = frame[~frame["correct"]]
     if len(wrong):
         worst = ", ".join(f"{r.method} (max relative error {r.max_rel_err}, tolerance {r.tolerance:g})"
@@ -292,7 +298,7 @@ def stopped_line(result, rows: Path) -> int:  # noqa: ANN001 - a JobResult
     return 128 + result.stopped
 
 
-def _table(frame, path: Path, calibrated: bool) -> None:  # noqa: ANN001 - a DataFrame
+def _table(frame, path: Path | None, calibrated: bool) -> None:  # noqa: ANN001 - a DataFrame
     con = console()
     first = frame.iloc[0]
     # Two short lines (within 80 columns for the usual names), not one long title: the workload
@@ -322,8 +328,9 @@ def _table(frame, path: Path, calibrated: bool) -> None:  # noqa: ANN001 - a Dat
             "—" if plan_us is None else f"{r.measured_median_us / plan_us:.2f}",
         )
     con.print(table)
-    con.print(f"± half the p10-p90 spread; error = measured / predicted - 1; correct with the max relative "
-              f"error against the reference (the rows give its tolerance). Rows: {escape(str(path))}")
+    con.print("± half the p10-p90 spread; error = measured / predicted - 1; correct with the max relative "
+              "error against the reference (the rows give its tolerance). Rows: "
+              + ("not written" if path is None else escape(str(path))))
     if plan_us is not None and (frame["method"] == first["algorithm"]).any():
         # A search may pick a baseline's method: its two rows differ only by the noise of the run.
         con.print(f"the plan is {escape(str(first['algorithm']))}: its baseline row runs the same method by the "
