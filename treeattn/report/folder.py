@@ -89,13 +89,21 @@ class ResultsFolder:
 
 def _short_record(path: Path) -> int | None:
     """The line of the first record with fewer fields than the header (a file cut mid-row, which
-    pandas would fill with missing values), else None."""
+    pandas would fill with missing values), or of a last record the file ends inside (no line
+    end: cut within its last field, which reads as a shorter value), else None."""
     with path.open(newline="") as f:
         reader = csv.reader(f)
         header = next(reader, [])
+        last = None
         for record in reader:
             if record and len(record) < len(header):
                 return reader.line_num
+            last = reader.line_num if record else last
+    if last is not None:
+        with path.open("rb") as f:
+            f.seek(-1, 2)
+            if f.read(1) not in (b"\n", b"\r"):  # every writer of these files ends each row
+                return last
     return None
 
 
@@ -106,7 +114,8 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     except (OSError, ValueError, csv.Error) as exc:  # pandas raises ValueError subclasses on bad CSV
         raise InputError(f"cannot read {path}: {exc}") from None
     if short is not None:
-        raise InputError(f"{path}:{short}: the row has fewer fields than the header: the file was cut short?")
+        raise InputError(f"{path}:{short}: the row has fewer fields than the header, or the file ends inside it: "
+                         "the file was cut short?")
     for c in OPTIONAL_COLUMNS:
         if c in columns and c not in frame.columns:
             frame[c] = ""
