@@ -160,6 +160,11 @@ def test_raw_payload(tmp_path):
         ((*SHAPE,), "give --topology"),
         (("-t", "dgx-h100", *SHAPE, "--chunks", "2"), "add --algorithm"),
         (("-t", "dgx-h100", *SHAPE, "-a", "star", "--fanout", "3"), "takes no fanout"),
+        # a builder's own checks name the flag, not the API's parameter ('group_size must be ...')
+        (("-t", "cpu:ranks=4", *SHAPE, "-a", "hierarchical", "--group-size", "0"),
+         "--group-size must be an integer >= 1, got 0"),
+        (("-t", "cpu:ranks=4", *SHAPE, "-a", "kary", "--fanout", "0"), "--fanout must be an integer >= 1, got 0"),
+        (("-t", "cpu:ranks=4", *SHAPE, "-a", "multirail", "--trees", "0"), "--trees must be an integer in [1, 4]"),
         (("-t", "dgx-h100", *SHAPE, "-a", "tree", "--parents", "1,0,1,2,3,4,5,5"), "exactly one root"),
         # an empty item is a slip, not a rank left out: -1,0,0,1,1 would be a valid tree of five ranks
         (("-t", "cpu:ranks=5", *SHAPE, "-a", "tree", "--parents", "-1,0,0,1,,1"),

@@ -90,6 +90,7 @@ def test_bad_inputs_give_one_line_and_exit_2(fixture, command):
         ("DGX-H100", ["unknown topology 'DGX-H100'", "did you mean 'dgx-h100'"]),
         ("dgx-h100:nodes=0", ["nodes must be an integer >= 1"]),
         ("cpu:ranks=2_0", ["ranks must be an integer >= 1 (got '2_0')"]),  # int() read it as 20
+        ("", ["topology '' is empty; give a topology YAML file"]),  # said "is a folder" (the current one)
         ("dgx-h100:racks=2", ["no parameter 'racks'"]),
         ("mi300x:gpus=3", ["gpus must be one of 8, 4"]),
         ("dgx-h100:nodes=4,spines=0", ["need at least one spine"]),

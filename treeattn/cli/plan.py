@@ -307,7 +307,13 @@ def plan_cmd(
                            group_size=group_size, whole_rows=whole_rows, algorithm=algorithm)
         if algorithm == "hierarchical" and groups is None and group_size is None:
             kw["groups"] = node_groups(topo)
-        plan, report = named_plan(topo, payload, algorithm, chunks, kw, mem_fraction)
+        try:
+            plan, report = named_plan(topo, payload, algorithm, chunks, kw, mem_fraction)
+        except InputError as exc:  # a builder names its parameter as the API does: here it is a flag
+            name, _, rest = str(exc).partition(" ")
+            if name in (*kw, "chunks") and rest.startswith("must "):
+                raise type(exc)(f"--{name.replace('_', '-')} {rest}") from None
+            raise
         say_notes()
         from treeattn.plan.bits import bit_groups, different_bits_note
 

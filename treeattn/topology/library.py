@@ -135,6 +135,9 @@ def resolve(spec: str) -> Topology:
         return _family(text)
     if _names_file(text):
         return load_topology(path)
+    if not text.strip():  # Path('') is the current folder
+        raise TopologyError(f"topology {spec!r} is empty; give a topology YAML file, a shipped name or a family "
+                            "spec (treeattn topo list)")
     if path.is_dir():  # not 'unknown topology': the name is there, and is a folder
         raise TopologyError(f"topology {spec!r} is a folder; give a topology YAML file, a shipped name or a family "
                             "spec (treeattn topo list)")
