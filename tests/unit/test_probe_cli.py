@@ -132,6 +132,8 @@ def test_live_probe_without_gpu_is_cpu_loopback():
     # what only GPUs' NICs use is said to be ignored, as --ranks is where GPUs are found
     said = json.loads(run_cli("probe", "--ranks", "3", "--nics", "2x100", "--json").stdout)["warnings"]
     assert any(w.startswith("--nics ignored: no GPU was found") for w in said), said
+    said = json.loads(run_cli("probe", "--ranks", "3", "--gpu-model", "H100", "--json").stdout)["warnings"]
+    assert "--gpu-model ignored: no GPU was found" in said, said  # a typo there went unsaid
 
 
 @pytest.mark.parametrize(("model", "hint"), [

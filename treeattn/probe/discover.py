@@ -131,9 +131,12 @@ def probe(opts: ProbeOptions, runner: Runner = run_tool) -> ProbeResult:
             unused = [flag for flag, value in (("--ibstat", opts.ibstat), ("--nics", opts.nics),
                                                ("--nic-gbps", opts.nic_gbps), ("--link-layer", opts.link_layer))
                       if value is not None]
-            if unused:  # said, as --ranks is where GPUs are found
-                said = f"{', '.join(unused)} ignored: no GPU was found, and a CPU host's ranks talk over loopback"
-                host = dataclasses.replace(host, warnings=(*host.warnings, said))
+            gpu_flags = [flag for flag, value in (("--gpu-model", opts.gpu_model), ("--gpu-names", opts.gpu_names))
+                         if value is not None]
+            said = [f"{', '.join(flags)} ignored: no GPU was found{why}" for flags, why in (
+                (unused, ", and a CPU host's ranks talk over loopback"), (gpu_flags, "")) if flags]
+            if said:  # said, as --ranks is where GPUs are found
+                host = dataclasses.replace(host, warnings=(*host.warnings, *said))
             return host
 
     if ib is not None:
