@@ -19,8 +19,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "treeattn"
 # Bottom up. Each entry is a top-level module or package of treeattn; a module may import its
 # own layer and those before it.
 LAYERS = (
-    "lazy", "errors", "units", "textfile", "yamlkeys", "interrupts", "figures", "workload", "topology", "probe", "plan",
-    "cost", "search",
+    "lazy", "stdio", "errors", "units", "textfile", "yamlkeys", "interrupts", "figures", "workload", "topology",
+    "probe", "plan", "cost", "search",
     "exec", "calibrate", "emulate", "report", "validate", "api", "cli", "entry", "__init__", "__main__",
 )
 TORCH = {"exec", "calibrate"}
