@@ -453,6 +453,18 @@ def refused_call(rank: int, p: int):  # noqa: ANN201
 
     every = treeattn.Merger(build("allgather-merge", w, REF), dist.new_group(list(range(p))), timeout_s=2.0)
     call(every, "every_refused", bad)
+    if rank == 1:  # and out of memory preparing the next call, after its order check: retried, it meets rank 0's
+        prepare = every._exec.prepare
+
+        def out_of_memory() -> None:
+            every._exec.prepare = prepare
+            raise torch.OutOfMemoryError("simulated")
+
+        every._exec.prepare = out_of_memory
+        try:
+            every(*inputs["a"])
+        except torch.OutOfMemoryError:
+            out["every_oom"] = True
     call(every, "every_a", inputs["a"])
     call(every, "every_b", inputs["b"])
     for case, algorithm, check in (("checked", "allgather-merge", True), ("unchecked", "star", False)):

@@ -77,13 +77,15 @@ _ORDER_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """By process group: whether its Mergers check their order (``Merger(check_order=...)``), as its
 first Merger built said, for the group's life (a new group, ``dist.new_group``, may say otherwise)."""
 _SKIPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""By process group: the last call of one of its Mergers refused on this rank for its arguments
-(``Merger._check_inputs``), unchecked since. It counts as made: its peers may have gone into
-that call, where this rank's next one would meet them a call apart and merge the wrong partials
-(a loop that catches the error and goes on), so the group's next call here first checks the
-order with every rank (``Merger._check_order``); where they all refused it, they go on in step.
-A call that failed preparing (out of memory), before sending, does not count: called again, it
-meets its peers' call."""
+"""By process group (``Merger._skip_key``: the gloo group; on NCCL the world, whose pair
+communicators every group shares; held weakly: a destroyed group must not outlive its use): the
+last call of one of its Mergers refused on this rank for its arguments (``Merger._check_inputs``),
+unchecked since. It counts as made: its peers may have gone into that call, where this rank's
+next one would meet them a call apart and merge the wrong partials (a loop that catches the
+error and goes on), so the next call here first checks the order with every rank
+(``Merger._check_order``); where they all refused it, they go on in step. A call that failed
+preparing (out of memory), before sending, does not count: called again, it meets its peers'
+call."""
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 """Every Merger not yet collected (``_let_go_at_exit``)."""
 
@@ -98,6 +100,7 @@ def _let_go_at_exit() -> None:
     for merger in list(_LIVE):
         merger._let_go()
     _BROKEN.clear()
+    _SKIPPED.clear()
     _drop_stale_group_defaults()
 
 
@@ -506,25 +509,31 @@ class Merger:
             raise ValueError("Merger: called after torch.distributed.destroy_process_group(); a Merger serves the "
                              "process group it was built in: build a new one after init_process_group")
 
+    @property
+    def _skip_key(self) -> dist.ProcessGroup:
+        """Where a refused call leaves the next call to check the order (``_SKIPPED``)."""
+        return dist.group.WORLD if self._backend == "nccl" or self._group is None else self._group
+
     def _skip(self, exc: BaseException) -> None:
         """Count a call refused for its arguments as made (``_SKIPPED``)."""
         if self._group is None or not _registered(self._group):
             return  # no later call of the group's can run
         self._skipped += 1
-        _SKIPPED[self._group] = (f"call {self._calls + self._skipped} of the group's Merger {self.number} was "
-                                 f"refused on this rank ({type(exc).__name__}: its arguments)")
+        _SKIPPED[self._skip_key] = (f"call {self._calls + self._skipped} of the group's Merger {self.number} was "
+                                    f"refused on this rank ({type(exc).__name__}: its arguments)")
 
     def _merge(self, o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         broken = _BROKEN.get(self._broken_key)
         if broken is not None:
             raise ExecutionError(_unusable(broken, self._backend))
-        call, posted = self._calls + 1, self._comm.posted
+        call = self._calls + 1
+        self._posted = self._comm.posted
         try:
             acc = self._merge_once(o, lse)
         except BaseException as exc:
             # Once it began communicating (or found an earlier call's communication failed), its
             # peers may be inside this call: any later call of the group's would meet them out of step.
-            began = isinstance(exc, CommError) or self._comm.posted != posted
+            began = isinstance(exc, CommError) or self._comm.posted != self._posted
             if began and not getattr(exc, "nothing_sent", False):
                 how = "failed" if isinstance(exc, Exception) else "was interrupted"
                 _BROKEN[self._broken_key] = (f"call {call} of the group's Merger {self.number} {how} "
@@ -534,7 +543,7 @@ class Merger:
 
     def _merge_once(self, o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
         comm = self._comm
-        skipped = _SKIPPED.get(self._group)
+        skipped = _SKIPPED.get(self._skip_key)
         if comm.cuda and torch.cuda.is_current_stream_capturing():
             if skipped:
                 raise RuntimeError(f"Merger: {skipped}; the group's next call checks with every rank that each "
@@ -542,7 +551,11 @@ class Merger:
             return self._merge_captured(o, lse)
         if self.check_order or skipped:
             self._check_order(skipped)
-            _SKIPPED.pop(self._group, None)
+            _SKIPPED.pop(self._skip_key, None)
+            if not self.check_order:
+                # Passed on every rank: every rank goes on into this call, so a failure preparing it
+                # (out of memory) may be retried as where no check ran (``_merge``).
+                self._posted = comm.posted
         try:
             comm.calls.check()  # the earlier calls' communication, within the timeout; waits only when far ahead
         except CommError as exc:
@@ -572,20 +585,26 @@ class Merger:
         instead, this check meets their messages, not theirs, and fails by the timeout (or the
         library aborts the process on a collective of another size: gloo)."""
         count = self._calls + self._skipped
-        mine = torch.tensor([self._comm.serial, count, self._skipped], dtype=torch.int64, device=self.device)
+        mine = torch.zeros(self._check_length(), dtype=torch.int64, device=self.device)
+        mine[:3] = torch.tensor([self._comm.serial, count, self._skipped], dtype=torch.int64)
         after = f" after {skipped}" if skipped else ""
         try:  # setup=True: on NCCL the host waits for it (and the calls before it) within the deadline
-            every = self._comm.all_gather(mine, "Merger order check", setup=True).view(-1, 3).tolist()
+            gathered = self._comm.all_gather(mine, "Merger order check", setup=True).view(len(self.plan.programs), -1)
         except CommError as exc:
             raise CommError(f"{exc} ({self._failed(f'the order check of Merger call {count + 1}{after}')})") from exc
-        if all(row[:2] == every[self.rank][:2] for row in every):
+        every = gathered[:, :3].tolist()
+        # A row that is no check's: a peer's message of another operation, taken into this buffer.
+        real = [bool((row[3:] == 0).all()) and 0 < m < 1 << 31 and 0 <= k <= c < 1 << 48
+                for row, (m, c, k) in zip(gathered.cpu(), every, strict=True)]
+        if all(real) and all(row[:2] == every[self.rank][:2] for row in every):
             return
-        calls = "; ".join(f"rank {r}: the group's Merger {m}, call {c + 1}" + (f" ({k} refused there for arguments)"
-                                                                                 if k else "")
-                          for r, (m, c, k) in enumerate(every))
+        calls = "; ".join((f"rank {r}: the group's Merger {m}, call {c + 1}" + (f" ({k} refused there for arguments)"
+                                                                                  if k else "")) if ok else
+                          f"rank {r}: inside another operation (the refused call's, where it went on)"
+                          for r, ((m, c, k), ok) in enumerate(zip(every, real, strict=True)))
         how = ("nothing was sent: calls that meet in one order from here on merge as before (where a rank's call "
                "was refused for its arguments and its peers went on, only a new process group gets them in step)"
-               if any(k for _, _, k in every) else
+               if not all(real) or any(k for _, _, k in every) else
                "nothing was sent, so calls in one order from here on merge as before")
         w = self._w
         error = ExecutionError(f"Merger: the ranks make different calls ({calls}; this rank's Merger {self.number} "
@@ -593,6 +612,17 @@ class Merger:
                                f"one order; {how}")
         error.nothing_sent = True  # every rank raises it here, in step: the group stays callable (``_merge``)
         raise error
+
+    def _check_length(self) -> int:
+        """The order check's int64 count: 3 with ``check_order`` (its peers' calls all begin with
+        the same check); after a refused call without it, more than the plan's longest message
+        (its packed partial of every row, and some), so that a peer still inside the refused
+        call's collective, which takes a shorter message into its buffer without a word (gloo),
+        receives a longer one and fails loudly rather than merge it."""
+        if self.check_order:
+            return 3
+        w = self._w
+        return 3 + (w.rows * (w.value_dim + 1) * 8 + 64) // 8
 
     def _merge_captured(self, o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
         """A call inside the caller's CUDA graph capture: the program runs eagerly into it, with
