@@ -409,6 +409,23 @@ def order_misuse(rank: int, p: int):  # noqa: ANN201
     yield out
 
 
+def _out_of_memory_once(merger, args) -> str:  # noqa: ANN001
+    """Call ``merger`` with its preparation failing once, out of memory (before anything is
+    sent); the error's text, or 'no error'."""
+    prepare = merger._exec.prepare
+
+    def out_of_memory() -> None:
+        merger._exec.prepare = prepare
+        raise torch.OutOfMemoryError("simulated")
+
+    merger._exec.prepare = out_of_memory
+    try:
+        merger(*args)
+    except torch.OutOfMemoryError as exc:
+        return str(exc)
+    return "no error"
+
+
 def unsent_failure(rank: int, p: int):  # noqa: ANN201
     """A call that fails on rank 1 before it sends anything (out of memory in its preparation)
     leaves the group callable: rank 1 calls again and meets rank 0's call in step."""
@@ -417,17 +434,7 @@ def unsent_failure(rank: int, p: int):  # noqa: ANN201
     inputs, exact = _two_inputs(rank, p, w)
     out = {}
     if rank == 1:
-        prepare = merger._exec.prepare
-
-        def out_of_memory() -> None:
-            merger._exec.prepare = prepare
-            raise torch.OutOfMemoryError("simulated")
-
-        merger._exec.prepare = out_of_memory
-        try:
-            merger(*inputs["a"])
-        except torch.OutOfMemoryError as exc:
-            out["failed"] = str(exc)
+        out["failed"] = _out_of_memory_once(merger, inputs["a"])
     out["max_err"] = max((merger(*inputs[n])[0] - exact[n]).abs().max().item() for n in ("a", "b"))
     yield out
 
@@ -454,17 +461,7 @@ def refused_call(rank: int, p: int):  # noqa: ANN201
     every = treeattn.Merger(build("allgather-merge", w, REF), dist.new_group(list(range(p))), timeout_s=2.0)
     call(every, "every_refused", bad)
     if rank == 1:  # and out of memory preparing the next call, after its order check: retried, it meets rank 0's
-        prepare = every._exec.prepare
-
-        def out_of_memory() -> None:
-            every._exec.prepare = prepare
-            raise torch.OutOfMemoryError("simulated")
-
-        every._exec.prepare = out_of_memory
-        try:
-            every(*inputs["a"])
-        except torch.OutOfMemoryError:
-            out["every_oom"] = True
+        out["every_oom"] = _out_of_memory_once(every, inputs["a"]) == "simulated"
     call(every, "every_a", inputs["a"])
     call(every, "every_b", inputs["b"])
     for case, algorithm, check in (("checked", "allgather-merge", True), ("unchecked", "star", False)):
