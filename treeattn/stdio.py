@@ -47,5 +47,5 @@ def prepare_streams() -> None:
             if hasattr(stream, "reconfigure"):
                 stream.reconfigure(errors="backslashreplace")
     columns = os.environ.get("COLUMNS")
-    if columns is not None and not (columns.strip().isdigit() and int(columns) > 0):
+    if columns is not None and not (columns.isascii() and columns.strip().isdigit() and int(columns) > 0):
         del os.environ["COLUMNS"]

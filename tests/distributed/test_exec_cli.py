@@ -70,13 +70,24 @@ def test_rows_that_cannot_be_written_are_printed_before_the_error(tmp_path):
                 *(["--json"] if json_out else [])]
         proc = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert proc.returncode == 2, proc.stderr
-        assert proc.stderr.endswith("error: cannot write --out '/dev/full': No space left on device; the rows are "
-                                    "printed above, not written\n"), proc.stderr
+        shown = "the rows are" if json_out else "the rows printed above (their summary, without each run's time) are"
+        assert proc.stderr.endswith(f"error: cannot write --out '/dev/full': No space left on device; {shown} not "
+                                    "written\n"), proc.stderr
         if json_out:
             data = json.loads(proc.stdout)
             assert data["rows_csv"] is None and [r["method"] for r in data["rows"]] == ["plan"]
         else:
             assert "│ plan " in proc.stdout and proc.stdout.rstrip().endswith("Rows: not written"), proc.stdout
+    # The rows written, the timeline not: said so (it said the rows were not written).
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "r.timeline.csv").symlink_to("/dev/full")
+    args = [TREEATTN, "run", str(path), "--repeats", "2", "--warmup", "0", "--out", "out/r.csv", "--json"]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.endswith("; the rows are in out/r.csv, the timeline is not "
+                                                         "written\n"), proc.stderr
+    data = json.loads(proc.stdout)
+    assert (data["rows_csv"], data["timeline_csv"]) == ("out/r.csv", None)
+    assert len(pd.read_csv(tmp_path / "out" / "r.csv")) == 1
 
 
 def test_run_under_torchrun(tmp_path):

@@ -432,9 +432,17 @@ def test_probe_calibrate_and_compare_keep_a_file_at_their_output_that_is_not_the
         res = run_cli(*args)
         assert res.exit_code == 2 and said in res.stderr, (args, res.stderr)
         assert kept.read_bytes() == before
+    plan = save_plan(build("star", W, resolve("cpu:ranks=2")), tmp_path / "plan.yaml")  # it has a name and a node
+    before = plan.read_bytes()
+    res = run_cli("probe", "-o", str(plan))
+    assert res.exit_code == 2 and "the file there is not a treeattn topology" in res.stderr, res.stderr
+    assert plan.read_bytes() == before
     topo = tmp_path / "topo.yaml"
     for _ in range(2):  # its own output is written over
         assert run_cli("probe", "-o", str(topo)).exit_code == 0
+    family = tmp_path / "family.yaml"  # a topology in any form treeattn reads, here a family's
+    family.write_text("name: mine\nfamily: cpu\nparams: {ranks: 4}\n")
+    assert run_cli("probe", "-o", str(family)).exit_code == 0
     csv = tmp_path / "c.csv"
     for _ in range(2):
         res = run_cli("compare", "-t", "cpu:ranks=2", "-m", "llama-3.2-1b", "-n", "1K", "--csv", str(csv))

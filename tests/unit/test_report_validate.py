@@ -102,8 +102,9 @@ def test_validate_refuses_one_topology_twice_and_a_fit_of_another_machine(tmp_pa
     out = tmp_path / "o"
     res = run_cli("validate", "emu-mesh", str(ROOT / "topologies" / "emu-mesh.yaml"), "--out", str(out))
     assert res.exit_code == 2, res.stderr
-    assert res.stderr == (f"error: topologies 'emu-mesh' and '{ROOT / 'topologies' / 'emu-mesh.yaml'}' are one "
-                          "emulated machine ('emu-mesh'); give each once\n")
+    assert res.stderr == (f"error: topologies 'emu-mesh' and '{ROOT / 'topologies' / 'emu-mesh.yaml'}' are both "
+                          "named 'emu-mesh', which tells their rows apart: give each machine once, under a name of "
+                          "its own\n")
     from treeattn.topology.io import dump_topology
 
     for spec, said in (("dgx-h100", "a GPU machine's ('dgx-h100')"),

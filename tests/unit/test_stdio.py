@@ -41,6 +41,10 @@ def test_closed_streams_give_the_commands_own_status_and_no_traceback(tmp_path):
 
 
 def test_columns_zero_and_an_ascii_encoding(tmp_path):
+    res = treeattn(BAD, env={"COLUMNS": "²"}, cwd=tmp_path)  # a digit to isdigit(), not to int()
+    assert res.returncode == 2 and res.stderr == "error: --seq-len must be at least 1 token, got '0'\n", res.stderr
+    res = treeattn(f"{PLAN} -o /dev/null", ">&-", cwd=tmp_path)  # fd 1 is the null device then: not refused
+    assert res.returncode == 0, res.stderr
     res = treeattn(BAD, env={"COLUMNS": "0"}, cwd=tmp_path)
     assert res.returncode == 2 and res.stderr == "error: --seq-len must be at least 1 token, got '0'\n", res.stderr
     res = treeattn(f"{PLAN} -o p.yaml", env={"COLUMNS": "0"}, cwd=tmp_path)

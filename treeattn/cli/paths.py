@@ -158,7 +158,8 @@ def output_file(path: Path, flag: str, default_name: str, *, suffix: str | None 
             raise InputError(f"{flag} {str(given)!r}: {str(out)!r} is not writable")
     except OSError as exc:  # a name the system cannot look up (too long, say)
         raise InputError(f"{flag} {str(given)!r}: {exc.strerror or exc}") from None
-    if stdio.stdout_closed and _is_stdout(out):
+    # fd 1 is the null device then (treeattn.stdio): /dev/null itself is written as asked
+    if stdio.stdout_closed and os.path.abspath(out) != os.devnull and _is_stdout(out):
         raise InputError(f"{flag} {str(given)!r}: standard output is closed (>&-); give a file")
     appendable(out, flag)
     if _is_stdout(out):

@@ -149,8 +149,9 @@ def validate_cmd(
     seen: dict[str, int] = {}
     for i, target in enumerate(targets):  # rows are told apart by the topology's name
         if (first := seen.setdefault(target.topology.name, i)) != i:
-            raise InputError(f"topologies {targets[first].source!r} and {target.source!r} are one emulated machine "
-                             f"({target.topology.name!r}); give each once")
+            raise InputError(f"topologies {targets[first].source!r} and {target.source!r} are both named "
+                             f"{target.topology.name!r}, which tells their rows apart: give each machine once, under "
+                             "a name of its own")
     out = output_folder(out, "--out")  # made once every flag has been read
     from treeattn.emulate.layout import plan_layout
 

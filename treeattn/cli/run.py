@@ -232,22 +232,28 @@ def emit_results(result, plan, label: str, predictions, run_id: str, path: Path,
 
     frame = result_rows(result, {label: plan}, {label: predictions}, run_id)
     timeline = timeline_file(path)
+    # Checked before the run (rows_path); a disk that filled up since, or /dev/full, fails here: the
+    # measurements are printed all the same, then the failure said.
     unwritten = None
+    rows_written = timeline_written = False
     try:
         write_csv(frame, path)
+        rows_written = True
         if timeline is not None:
             write_csv(timeline_rows(result, run_id), timeline)
-    except OSError as exc:  # checked before the run (rows_path); a disk that filled up since, or /dev/full
-        # The measurements are printed all the same, then the failure said: they are not lost.
-        unwritten = InputError(f"cannot write --out {exc.filename or str(path)!r}: {exc.strerror or exc}; the "
-                               "rows are printed above, not written")
+            timeline_written = True
+    except OSError as exc:
+        shown = "the rows printed above (their summary, without each run's time)" if not json_out else "the rows"
+        unwritten = InputError(f"cannot write --out {exc.filename or str(path)!r}: {exc.strerror or exc}; "
+                               + (f"the rows are in {path}, the timeline is not written" if rows_written else
+                                  f"{shown} are not written"))
     if json_out:
-        typer.echo(json.dumps({"rows": rows_records(frame), "rows_csv": None if unwritten else str(path),
-                               "timeline_csv": None if unwritten else timeline and str(timeline),
+        typer.echo(json.dumps({"rows": rows_records(frame), "rows_csv": str(path) if rows_written else None,
+                               "timeline_csv": str(timeline) if timeline_written else None,
                                "calibrated": predictions.calibrated, "interrupted": _interrupted(result)},
                               sort_keys=True, indent=2))
     else:
-        _table(frame, None if unwritten else path, predictions.calibrated)
+        _table(frame, path if rows_written else None, predictions.calibrated)
         _bits_lines(frame, plan)
     if unwritten is not None:
         raise unwritten

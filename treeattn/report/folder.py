@@ -115,7 +115,7 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
         raise InputError(f"cannot read {path}: {exc}") from None
     if short is not None:
         raise InputError(f"{path}:{short}: the row has fewer fields than the header, or the file ends inside it: "
-                         "the file was cut short?")
+                         "the file was cut short? (a whole file ends each row with a line end)")
     for c in OPTIONAL_COLUMNS:
         if c in columns and c not in frame.columns:
             frame[c] = ""

@@ -296,13 +296,16 @@ def check_csv_path(path: Path) -> None:
         if not path.is_file() or path.stat().st_size == 0:
             return
         with path.open("rb") as f:
-            head = f.readline(64 * 1024).decode("utf-8", errors="replace").rstrip("\r\n")
+            head = f.readline(64 * 1024).decode("utf-8", errors="replace").lstrip("\ufeff").rstrip("\r\n")
     except OSError:
         return  # unreadable or gone: writing it says what is wrong
-    if head != ",".join(CompareRow.__slots__):
-        raise InputError(f"{path}: the file there is not a treeattn compare CSV (its header is not "
-                         f"{CompareRow.__slots__[0]},{CompareRow.__slots__[1]},...); not replaced: remove it or "
-                         "write the rows elsewhere")
+    if not (head + ",").startswith(_CSV_HEAD):  # every version's rows begin so
+        raise InputError(f"{path}: the file there is not a treeattn compare CSV (its header does not begin "
+                         f"{_CSV_HEAD[:-1]}); not replaced: remove it or write the rows elsewhere")
+
+
+_CSV_HEAD = "topology,ranks,seq_len,method,"
+"""How a ``compare --csv`` file's header begins, in this version and the earlier ones."""
 
 
 def write_csv(rows: Sequence[CompareRow], path: Any) -> None:

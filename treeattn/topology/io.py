@@ -328,20 +328,39 @@ def _check_nic(i: int, dev: Device, nic: Device | None, names: list[str]) -> Non
 def check_topology_path(path: Path) -> None:
     """Refuse to write a topology over a regular file that is not one (``probe -o`` or
     ``calibrate -o`` given a plan's, a script's or notes' path would lose that file for good):
-    an empty file, a device and a YAML mapping with a ``name`` and ``devices`` or ``node`` are
-    written over."""
+    an empty file, a device, and a file with a topology's top-level keys (``name`` and
+    ``devices``, ``node`` or ``family``; YAML, by the first 64 KiB's unindented keys, or JSON)
+    are written over."""
     try:
         if not path.is_file() or path.stat().st_size == 0:
             return
         with path.open("rb") as f:
-            data = yaml.safe_load(f.read(4 * 1024 * 1024))
+            head = f.read(64 * 1024).decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
+            if head.startswith("{"):  # JSON: its top level is its outermost object's keys
+                f.seek(0)
+                keys = set(_json_keys(f.read()))
+            else:
+                keys = set(_TOPOLOGY_KEY.findall(head))
     except OSError:
         return  # unreadable or gone: writing it says what is wrong
-    except (yaml.YAMLError, ValueError):
-        data = None
-    if not (isinstance(data, dict) and "name" in data and ("devices" in data or "node" in data)):
-        raise InputError(f"{path}: the file there is not a treeattn topology (a YAML mapping with name and devices "
-                         "or node); not replaced: remove it or write the topology elsewhere")
+    if "name" not in keys or not keys & {"devices", "node", "family"}:
+        raise InputError(f"{path}: the file there is not a treeattn topology (no top-level name with devices, "
+                         "node or family); not replaced: remove it or write the topology elsewhere")
+
+
+_TOPOLOGY_KEY = re.compile(r"""^["']?(name|devices|node|family)["']?\s*:""", re.MULTILINE)
+"""A top-level key of a topology's YAML (unindented)."""
+
+
+def _json_keys(data: bytes) -> list[str]:
+    """The top-level keys of a JSON object (none where it is not one)."""
+    import json
+
+    try:
+        value = json.loads(data.decode("utf-8-sig"))
+    except (ValueError, RecursionError):
+        return []
+    return list(value) if isinstance(value, dict) else []
 
 
 def dump_topology(topo: Topology) -> str:
