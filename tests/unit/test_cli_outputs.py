@@ -440,9 +440,14 @@ def test_probe_calibrate_and_compare_keep_a_file_at_their_output_that_is_not_the
     topo = tmp_path / "topo.yaml"
     for _ in range(2):  # its own output is written over
         assert run_cli("probe", "-o", str(topo)).exit_code == 0
-    family = tmp_path / "family.yaml"  # a topology in any form treeattn reads, here a family's
-    family.write_text("name: mine\nfamily: cpu\nparams: {ranks: 4}\n")
+    family = tmp_path / "family.yaml"  # a topology in any form treeattn reads, here a family's, unnamed
+    family.write_text("family: cpu\nparams: {ranks: 4}\n")
     assert run_cli("probe", "-o", str(family)).exit_code == 0
+    script = tmp_path / "script.yaml"  # its lines read as keys, but it is no YAML mapping
+    script.write_text('name: str = "run-7"\ndevices: list[int] = [0, 1]\nprint(name, devices)\n')
+    res = run_cli("probe", "-o", str(script))
+    assert res.exit_code == 2 and "not a treeattn topology" in res.stderr, res.stderr
+    assert script.read_text().startswith("name: str")
     csv = tmp_path / "c.csv"
     for _ in range(2):
         res = run_cli("compare", "-t", "cpu:ranks=2", "-m", "llama-3.2-1b", "-n", "1K", "--csv", str(csv))

@@ -77,15 +77,15 @@ _ORDER_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """By process group: whether its Mergers check their order (``Merger(check_order=...)``), as its
 first Merger built said, for the group's life (a new group, ``dist.new_group``, may say otherwise)."""
 _SKIPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""By process group (``Merger._skip_key``: the gloo group; on NCCL the world, whose pair
-communicators every group shares; held weakly: a destroyed group must not outlive its use): the
-last call of one of its Mergers refused on this rank for its arguments (``Merger._check_inputs``),
-unchecked since. It counts as made: its peers may have gone into that call, where this rank's
-next one would meet them a call apart and merge the wrong partials (a loop that catches the
-error and goes on), so the next call here first checks the order with every rank
-(``Merger._check_order``); where they all refused it, they go on in step. A call that failed
-preparing (out of memory), before sending, does not count: called again, it meets its peers'
-call."""
+"""By process group (held weakly: a destroyed group must not outlive its use): the last call of
+one of its Mergers refused on this rank for its arguments (``Merger._check_inputs``), unchecked
+since, and the longest order check that may meet it (``Merger._check_length``). It counts as
+made: its peers may have gone into that call, where this rank's next call would meet them a call
+apart and merge the wrong partials (a loop that catches the error and goes on), so the group's
+next call here first checks the order with every rank (``Merger._check_order``); where they all
+refused it, they go on in step. A call that failed preparing (out of memory), before sending,
+does not count: called again, it meets its peers' call. On NCCL a later call of another group,
+whose pair communicators are shared, is not checked: the calls-in-order rule (README) stands."""
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 """Every Merger not yet collected (``_let_go_at_exit``)."""
 
@@ -509,18 +509,14 @@ class Merger:
             raise ValueError("Merger: called after torch.distributed.destroy_process_group(); a Merger serves the "
                              "process group it was built in: build a new one after init_process_group")
 
-    @property
-    def _skip_key(self) -> dist.ProcessGroup:
-        """Where a refused call leaves the next call to check the order (``_SKIPPED``)."""
-        return dist.group.WORLD if self._backend == "nccl" or self._group is None else self._group
-
     def _skip(self, exc: BaseException) -> None:
         """Count a call refused for its arguments as made (``_SKIPPED``)."""
         if self._group is None or not _registered(self._group):
             return  # no later call of the group's can run
         self._skipped += 1
-        _SKIPPED[self._skip_key] = (f"call {self._calls + self._skipped} of the group's Merger {self.number} was "
-                                    f"refused on this rank ({type(exc).__name__}: its arguments)")
+        _SKIPPED[self._group] = (f"call {self._calls + self._skipped} of the group's Merger {self.number} was "
+                                 f"refused on this rank ({type(exc).__name__}: its arguments)",
+                                 self._check_length())
 
     def _merge(self, o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         broken = _BROKEN.get(self._broken_key)
@@ -543,15 +539,15 @@ class Merger:
 
     def _merge_once(self, o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
         comm = self._comm
-        skipped = _SKIPPED.get(self._skip_key)
+        skipped, longest = _SKIPPED.get(self._group, (None, 0))
         if comm.cuda and torch.cuda.is_current_stream_capturing():
             if skipped:
                 raise RuntimeError(f"Merger: {skipped}; the group's next call checks with every rank that each "
                                    "skipped it, which cannot run inside a CUDA graph capture: call once outside it")
             return self._merge_captured(o, lse)
         if self.check_order or skipped:
-            self._check_order(skipped)
-            _SKIPPED.pop(self._skip_key, None)
+            self._check_order(skipped, longest)
+            _SKIPPED.pop(self._group, None)
             if not self.check_order:
                 # Passed on every rank: every rank goes on into this call, so a failure preparing it
                 # (out of memory) may be retried as where no check ran (``_merge``).
@@ -575,7 +571,7 @@ class Merger:
         comm.calls.add(comm.untracked(), self._run.name if isinstance(self._run, Graphed) else None)
         return acc
 
-    def _check_order(self, skipped: str | None = None) -> None:
+    def _check_order(self, skipped: str | None = None, longest: int = 0) -> None:
         """Raise ``ExecutionError`` on every rank unless every rank makes the same Merger's same
         call (one all-gather of (its number on the group, its calls, those refused for their
         arguments included), before anything is sent): calls in different orders would otherwise
@@ -585,7 +581,7 @@ class Merger:
         instead, this check meets their messages, not theirs, and fails by the timeout (or the
         library aborts the process on a collective of another size: gloo)."""
         count = self._calls + self._skipped
-        mine = torch.zeros(self._check_length(), dtype=torch.int64, device=self.device)
+        mine = torch.zeros(max(self._check_length(), longest), dtype=torch.int64, device=self.device)
         mine[:3] = torch.tensor([self._comm.serial, count, self._skipped], dtype=torch.int64)
         after = f" after {skipped}" if skipped else ""
         try:  # setup=True: on NCCL the host waits for it (and the calls before it) within the deadline
@@ -618,7 +614,9 @@ class Merger:
         the same check); after a refused call without it, more than the plan's longest message
         (its packed partial of every row, and some), so that a peer still inside the refused
         call's collective, which takes a shorter message into its buffer without a word (gloo),
-        receives a longer one and fails loudly rather than merge it."""
+        receives a longer one and fails loudly rather than merge it. The check runs at the
+        group's next call, of whichever Merger: it is as long as the refused Merger's (kept in
+        ``_SKIPPED``) or its own, the longer."""
         if self.check_order:
             return 3
         w = self._w

@@ -328,39 +328,46 @@ def _check_nic(i: int, dev: Device, nic: Device | None, names: list[str]) -> Non
 def check_topology_path(path: Path) -> None:
     """Refuse to write a topology over a regular file that is not one (``probe -o`` or
     ``calibrate -o`` given a plan's, a script's or notes' path would lose that file for good):
-    an empty file, a device, and a file with a topology's top-level keys (``name`` and
-    ``devices``, ``node`` or ``family``; YAML, by the first 64 KiB's unindented keys, or JSON)
-    are written over."""
+    an empty file, a device, and a YAML (or JSON) mapping with a topology's top-level key
+    (``devices``, ``node`` or ``family``) are written over."""
     try:
         if not path.is_file() or path.stat().st_size == 0:
             return
-        with path.open("rb") as f:
-            head = f.read(64 * 1024).decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
-            if head.startswith("{"):  # JSON: its top level is its outermost object's keys
-                f.seek(0)
-                keys = set(_json_keys(f.read()))
-            else:
-                keys = set(_TOPOLOGY_KEY.findall(head))
+        keys = _top_level_keys(path)
     except OSError:
         return  # unreadable or gone: writing it says what is wrong
-    if "name" not in keys or not keys & {"devices", "node", "family"}:
-        raise InputError(f"{path}: the file there is not a treeattn topology (no top-level name with devices, "
-                         "node or family); not replaced: remove it or write the topology elsewhere")
+    if not keys & {"devices", "node", "family"}:
+        raise InputError(f"{path}: the file there is not a treeattn topology (no top-level devices, node or "
+                         "family); not replaced: remove it or write the topology elsewhere")
 
 
-_TOPOLOGY_KEY = re.compile(r"""^["']?(name|devices|node|family)["']?\s*:""", re.MULTILINE)
-"""A top-level key of a topology's YAML (unindented)."""
-
-
-def _json_keys(data: bytes) -> list[str]:
-    """The top-level keys of a JSON object (none where it is not one)."""
-    import json
-
+def _top_level_keys(path: Path) -> set[str]:
+    """The keys of the mapping a YAML (or JSON) file holds, read as a stream of parser events
+    (a large topology is not built); empty where the file is not one whole mapping."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    keys: set[str] = set()
+    depth, expect_key = 0, False
     try:
-        value = json.loads(data.decode("utf-8-sig"))
-    except (ValueError, RecursionError):
-        return []
-    return list(value) if isinstance(value, dict) else []
+        with path.open("rb") as f:
+            for event in yaml.parse(f, Loader=loader):
+                if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                    if depth == 0 and not isinstance(event, yaml.MappingStartEvent):
+                        return set()  # a list
+                    if depth == 1:
+                        expect_key = True  # this collection was a value: a key comes next
+                    depth, expect_key = depth + 1, expect_key or depth == 0
+                elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                    depth -= 1
+                elif isinstance(event, (yaml.ScalarEvent, yaml.AliasEvent)):
+                    if depth == 0:
+                        return set()  # a lone scalar: prose, say
+                    if depth == 1:
+                        if expect_key and isinstance(event, yaml.ScalarEvent):
+                            keys.add(event.value)
+                        expect_key = not expect_key
+    except (yaml.YAMLError, UnicodeDecodeError, ValueError):
+        return set()
+    return keys
 
 
 def dump_topology(topo: Topology) -> str:
