@@ -5,6 +5,7 @@ subgroups; errors before anything is sent, and a rank that raised leaves its pee
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -279,6 +280,31 @@ def test_a_call_refused_on_one_rank_counts_as_made_so_no_later_call_merges_out_o
     assert ranks[1][0]["unchecked_next"].startswith("CommError: rank 1: Merger order check failed"), ranks[1]
     assert ("the order check of Merger call 3 after call 2 of the group's Merger 1 was refused on this rank "
             "(ValueError: its arguments)") in ranks[1][0]["unchecked_next"], ranks[1]
+
+
+@pytest.mark.parametrize("case", ["one", "two"])
+def test_a_peer_inside_a_collective_when_a_call_is_refused_never_returns_wrong_rows(case):
+    # Rank 1 refuses its third call and goes on; rank 0 is then inside that call's all-gather of
+    # partials. The next call's order check met it: gloo took the check's shorter message into
+    # rank 0's buffer without a word and rank 0 returned wrong rows (2 runs in 6; "two": the check
+    # sized by the next Merger, a B=1 one, after a refusal in a B=8 call, 6 in 8). Now rank 0
+    # gets a longer message and gloo aborts it; no step anywhere returns wrong rows.
+    for attempt in range(3):  # a race in the first forms: a few runs
+        port = str(free_port())
+        procs = [subprocess.Popen([sys.executable, "-m", "tests.distributed.refused_worker", str(r), "2", port, case],
+                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for r in range(2)]
+        outs = [proc.communicate(timeout=120) for proc in procs]
+        lines = [out.splitlines() for out, _ in outs]
+        assert lines[0][:2] == ["step 0: ok", "step 1: ok"] and lines[1][:3] == [
+            "step 0: ok", "step 1: ok", "step 2: ValueError"], (attempt, outs)
+        assert not any("WRONG" in line for rank in lines for line in rank), (attempt, outs)
+        # every later call raised, or its process was ended by gloo (the peer inside the collective)
+        for r, (proc, said) in enumerate(zip(procs, lines, strict=True)):
+            later = [line for line in said[3 if r else 2:]]
+            assert all(line.split(": ")[1] in ("ExecutionError", "CommError") for line in later), (attempt, outs)
+            assert proc.returncode == 0 or proc.returncode == -signal.SIGABRT, (attempt, r, outs)
+        assert any(p.returncode == -signal.SIGABRT for p in procs) or all(len(x) == 6 for x in lines), outs
 
 
 def test_tag_spaces_agree_after_a_failed_construction_and_for_the_world_given_as_itself(tmp_path):
