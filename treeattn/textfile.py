@@ -11,11 +11,13 @@ import contextlib
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from treeattn.errors import InputError
 
-__all__ = ["read_text", "write_file", "append_file", "special_file", "OTHER_KINDS", "TEXT_KINDS", "wrong_kind"]
+__all__ = ["read_text", "write_file", "append_file", "special_file", "OTHER_KINDS", "TEXT_KINDS", "wrong_kind",
+           "keep_foreign_file"]
 
 OTHER_KINDS = frozenset({".txt", ".log", ".csv", ".tsv", ".json", ".yaml", ".yml", ".html", ".md", ".jpg", ".jpeg",
                          ".svg", ".svgz", ".pdf", ".eps", ".ps", ".tif", ".tiff", ".webp", ".gif", ".bmp"})
@@ -37,6 +39,25 @@ def wrong_kind(path: str | Path, kind: str) -> str | None:
     return None
 
 _UTF16 = (b"\xff\xfe", b"\xfe\xff")
+
+
+def keep_foreign_file(path: Path, is_ours: Callable[[Path], bool], what: str, lacks: str, writes: str) -> None:
+    """Refuse to write over a regular file that is not one of the command's kind (``is_ours``
+    says, reading it): an output path given wrong (a plan's, a script's, someone's notes)
+    would lose that file for good. An empty file, a device, and a file that cannot be read (the
+    write then says what is wrong) pass.
+
+    Raises:
+        InputError: ``{path}: the file there is not a treeattn {what} ({lacks}); not replaced:
+            remove it or write the {writes} elsewhere``.
+    """
+    try:
+        if not path.is_file() or path.stat().st_size == 0 or is_ours(path):
+            return
+    except OSError:
+        return
+    raise InputError(f"{path}: the file there is not a treeattn {what} ({lacks}); not replaced: remove it or "
+                     f"write the {writes} elsewhere")
 
 
 def read_text(path: str | Path, what: str, error: type[InputError] = InputError, *, strict: bool = True) -> str:

@@ -620,7 +620,7 @@ class Merger:
         if self.check_order:
             return 3
         w = self._w
-        return 3 + (w.rows * (w.value_dim + 1) * 8 + 64) // 8
+        return 3 + w.rows * (w.value_dim + 1) + 8  # int64s: twice its fp32 partial's bytes, and 64 more
 
     def _merge_captured(self, o: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
         """A call inside the caller's CUDA graph capture: the program runs eagerly into it, with

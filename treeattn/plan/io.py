@@ -48,7 +48,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 from typing_extensions import TypedDict  # pydantic needs this one before Python 3.12
 
-from treeattn.errors import InputError, PlanFormatError, TreeattnError
+from treeattn.errors import PlanFormatError, TreeattnError
 from treeattn.plan.compact import BUILT, COMPACT_ABOVE_OPS, compact_args, expand
 from treeattn.plan.ir import (
     COLLECTIVES,
@@ -63,7 +63,7 @@ from treeattn.plan.ir import (
     _unchecked_op,
     gc_paused,
 )
-from treeattn.textfile import read_text, write_file
+from treeattn.textfile import keep_foreign_file, read_text, write_file
 from treeattn.units import DType, check_bytes
 from treeattn.workload import Payload, RawPayload, Workload
 from treeattn.yamlkeys import refusing_repeats
@@ -730,13 +730,9 @@ _TAGGED = re.compile(rf"""(?:^|[\s{{,])["']?format["']?\s*:\s*["']?{FORMAT_TAG}\
 def check_plan_path(path: Path) -> None:
     """Refuse to write a plan over a regular file that is not one: ``plan -o`` given the wrong
     path (a topology beside it, a script) would lose that file for good."""
-    try:
-        if not path.is_file() or path.stat().st_size == 0:
-            return
+
+    def tagged(path: Path) -> bool:
         with path.open("rb") as f:
-            head = f.read(64 * 1024).decode("utf-8", errors="replace")
-    except OSError:
-        return  # unreadable or gone: writing it says what is wrong
-    if not _TAGGED.search(head):
-        raise InputError(f"{path}: the file there is not a treeattn plan (no 'format: {FORMAT_TAG}'); "
-                         "not replaced: remove it or write the plan elsewhere")
+            return bool(_TAGGED.search(f.read(64 * 1024).decode("utf-8", errors="replace")))
+
+    keep_foreign_file(path, tagged, "plan", f"no 'format: {FORMAT_TAG}'", "plan")

@@ -41,7 +41,7 @@ from treeattn.search.evaluate import Evaluator, Schedule, sweep_chunks
 from treeattn.search.result import SearchResult
 from treeattn.search.rings import ring_order
 from treeattn.search.search import search
-from treeattn.textfile import write_file
+from treeattn.textfile import keep_foreign_file, write_file
 from treeattn.topology.model import Topology
 from treeattn.units import format_size
 from treeattn.workload import Payload, Workload
@@ -292,16 +292,13 @@ def compare(
 def check_csv_path(path: Path) -> None:
     """Refuse to write the rows over a regular file that is not a ``compare --csv`` file (its
     header this one's): someone's own CSV at that path would be lost for good."""
-    try:
-        if not path.is_file() or path.stat().st_size == 0:
-            return
+
+    def ours(path: Path) -> bool:
         with path.open("rb") as f:
             head = f.readline(64 * 1024).decode("utf-8", errors="replace").lstrip("\ufeff").rstrip("\r\n")
-    except OSError:
-        return  # unreadable or gone: writing it says what is wrong
-    if not (head + ",").startswith(_CSV_HEAD):  # every version's rows begin so
-        raise InputError(f"{path}: the file there is not a treeattn compare CSV (its header does not begin "
-                         f"{_CSV_HEAD[:-1]}); not replaced: remove it or write the rows elsewhere")
+        return (head + ",").startswith(_CSV_HEAD)  # every version's rows begin so
+
+    keep_foreign_file(path, ours, "compare CSV", f"its header does not begin {_CSV_HEAD[:-1]}", "rows")
 
 
 _CSV_HEAD = "topology,ranks,seq_len,method,"

@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from treeattn.errors import InputError, TopologyError
-from treeattn.textfile import read_text
+from treeattn.errors import TopologyError
+from treeattn.textfile import keep_foreign_file, read_text
 from treeattn.topology.compact import build_compact, cost_params
 from treeattn.topology.families import build_family_file
 from treeattn.topology.model import (
@@ -330,41 +330,30 @@ def check_topology_path(path: Path) -> None:
     ``calibrate -o`` given a plan's, a script's or notes' path would lose that file for good):
     an empty file, a device, and a YAML (or JSON) mapping with a topology's top-level key
     (``devices``, ``node`` or ``family``) are written over."""
-    try:
-        if not path.is_file() or path.stat().st_size == 0:
-            return
-        keys = _top_level_keys(path)
-    except OSError:
-        return  # unreadable or gone: writing it says what is wrong
-    if not keys & {"devices", "node", "family"}:
-        raise InputError(f"{path}: the file there is not a treeattn topology (no top-level devices, node or "
-                         "family); not replaced: remove it or write the topology elsewhere")
+    keep_foreign_file(path, lambda p: bool(_top_level_keys(p) & {"devices", "node", "family"}), "topology",
+                      "no top-level devices, node or family", "topology")
 
 
 def _top_level_keys(path: Path) -> set[str]:
     """The keys of the mapping a YAML (or JSON) file holds, read as a stream of parser events
     (a large topology is not built); empty where the file is not one whole mapping."""
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     keys: set[str] = set()
-    depth, expect_key = 0, False
+    depth, is_key = 0, True
     try:
         with path.open("rb") as f:
-            for event in yaml.parse(f, Loader=loader):
-                if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            for event in yaml.parse(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+                if isinstance(event, yaml.NodeEvent) and depth == 1:  # a key or a value of the top mapping
+                    if is_key and isinstance(event, yaml.ScalarEvent):
+                        keys.add(event.value)
+                    is_key = not is_key
+                if isinstance(event, yaml.CollectionStartEvent):
                     if depth == 0 and not isinstance(event, yaml.MappingStartEvent):
                         return set()  # a list
-                    if depth == 1:
-                        expect_key = True  # this collection was a value: a key comes next
-                    depth, expect_key = depth + 1, expect_key or depth == 0
-                elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                    depth += 1
+                elif isinstance(event, yaml.CollectionEndEvent):
                     depth -= 1
-                elif isinstance(event, (yaml.ScalarEvent, yaml.AliasEvent)):
-                    if depth == 0:
-                        return set()  # a lone scalar: prose, say
-                    if depth == 1:
-                        if expect_key and isinstance(event, yaml.ScalarEvent):
-                            keys.add(event.value)
-                        expect_key = not expect_key
+                elif isinstance(event, (yaml.ScalarEvent, yaml.AliasEvent)) and depth == 0:
+                    return set()  # a lone scalar: prose, say
     except (yaml.YAMLError, UnicodeDecodeError, ValueError):
         return set()
     return keys
