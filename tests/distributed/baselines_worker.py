@@ -77,17 +77,10 @@ def old_allgather_merge(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: s
 
 def old_dcp_ag_rs(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, kernel: str,
                   wire: torch.dtype = torch.float32) -> torch.Tensor:
-    p = comm.world
-    shares = head_split(workload.q_heads, p)
-    n, lo = max(shares), sum(shares[:comm.rank])
-    mine = torch.zeros((q.shape[0], n, q.shape[2]), dtype=q.dtype, device=q.device)
-    mine[:, :shares[comm.rank]] = q[:, lo:lo + shares[comm.rank]]  # the heads tensor parallelism gives it
-    full_q = torch.cat([t[:, :k] for t, k in zip(comm.all_gather(mine, "dcp-ag-rs all-gather q"), shares,
-                                                  strict=True)], dim=1)
-    part = partial_attention(full_q, kv, kernel)
-    total = torch.logsumexp(comm.all_gather(part[:, -1].contiguous(), "dcp-ag-rs all-gather lse"), dim=0)
-    corrected = kernels.weighted(part, total, wire, with_weight=False)
-    segs = segments(workload, p)
+    part = partial_attention(q, kv, kernel)
+    total, corrected = kernels.corrected(part, comm.all_gather(part[:, -1].contiguous(), "dcp-ag-rs all-gather lse"),
+                                         wire)
+    segs = segments(workload, comm.world)
     got = old_reduce_scatter_rows(comm, corrected, segs, "dcp-ag-rs reduce-scatter").float()
     a, b = segs[comm.rank]
     return pack(got, total[a:b])

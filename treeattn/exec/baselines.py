@@ -14,9 +14,10 @@ every row (result ``all``), its own heads' rows (``heads``), or every row on the
 * ``allreduce2``: what an engineer writes first: all-reduce max of lse, then one sum of
   (w o, w): an all-reduce, or for ``heads`` a reduce-scatter, for ``root`` a reduce.
 * ``allgather_merge``: Star Attention: all-gather every partial, merge locally.
-* ``dcp_ag_rs``: vLLM's decode context parallel: all-gather the query's heads, attend every
-  head over the local shard, all-gather the lse, reduce-scatter the outputs corrected by
-  the merged lse (each rank ends with its heads).
+* ``dcp_ag_rs``: vLLM's decode context parallel: attend every head over the local shard,
+  all-gather the lse, reduce-scatter the outputs corrected by the merged lse (each rank ends
+  with its heads). vLLM gathers the query's heads first; every method here starts from the
+  whole query on every rank.
 * ``dcp_a2a``: vLLM's all-to-all variant: all-to-all of the partials by head, local merge.
 * ``ring_attention``: KV shards rotate around a ring (isend/irecv of the next block posted
   before computing on the current one), every rank merging each block's partial; the ring
@@ -135,21 +136,15 @@ def allgather_merge(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
 def dcp_ag_rs(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, kernel: str,
               wire: torch.dtype = torch.float32, pool: BufferPool | None = None) -> torch.Tensor:
     """vLLM decode context parallel (all-gather + reduce-scatter); returns this rank's rows,
-    written into the partial's own. Buffers from ``pool`` when given."""
+    written into the partial's own. Buffers from ``pool`` when given. vLLM first all-gathers
+    the query's heads (tensor parallelism shards them): here, as for every method, each rank
+    starts from the whole query."""
     p = comm.world
-    pool = _pool(pool, q.device)
-    shares = head_split(workload.q_heads, p)
-    n, lo = max(shares), sum(shares[:comm.rank])
-    mine = pool.take((q.shape[0], n, q.shape[2]), q.dtype).zero_()
-    mine[:, :shares[comm.rank]] = q[:, lo:lo + shares[comm.rank]]  # the heads tensor parallelism gives it
-    parts = comm.all_gather(mine, "dcp-ag-rs all-gather q", out=pool.take((p, *mine.shape), q.dtype))
-    full_q = torch.cat([t[:, :k] for t, k in zip(parts, shares, strict=True)], dim=1,
-                       out=pool.take(tuple(q.shape), q.dtype))
-    part = partial_attention(full_q, kv, kernel, workload.value_dim)
+    part = partial_attention(q, kv, kernel, workload.value_dim)
+    pool = _pool(pool, part.device)
     lse = lse_column(part, pool)
-    total = torch.logsumexp(comm.all_gather(lse, "dcp-ag-rs all-gather lse", out=pool.take((p, *lse.shape),
-                                                                                            lse.dtype)), dim=0)
-    corrected = kernels.weighted(part, total, wire, with_weight=False)
+    lses = comm.all_gather(lse, "dcp-ag-rs all-gather lse", out=pool.take((p, *lse.shape), lse.dtype))
+    total, corrected = kernels.corrected(part, lses, wire)
     segs = segments(workload, p)
     got = _reduce_scatter_rows(comm, corrected, segs, "dcp-ag-rs reduce-scatter", pool)
     a, b = segs[comm.rank]

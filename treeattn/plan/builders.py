@@ -618,15 +618,16 @@ def _build_allgather_merge(a: _Args) -> Plan:
 
 
 def _build_dcp_ag_rs(a: _Args) -> Plan:
-    # vLLM's decode context parallel: gather the query's heads, attend every head over the
-    # local shard, gather every rank's lse, reduce-scatter the outputs corrected by it.
+    # vLLM's decode context parallel: attend every head over the local shard, gather every
+    # rank's lse, reduce-scatter the outputs corrected by it. vLLM first all-gathers the
+    # query, whose heads tensor parallelism shards; every method compared starts from the
+    # whole query on every rank (where tensor parallelism shards it, each gathers it alike),
+    # so none is charged that gather.
     total = _need_heads(a, a.chunks, f"dcp-ag-rs with {counted(a.chunks, 'chunk')}")
-    progs = Programs(a.p)
+    progs = _start(a)
     for r in range(a.p):
-        progs.collective(r, 0, "allgather", "copy", "q")
-        progs.compute(r, 1)
-        progs.collective(r, 2, "allgather", "copy", "lse")
-        progs.collective(r, 3, "reducescatter", "sum", "num")
+        progs.collective(r, a.base, "allgather", "copy", "lse")
+        progs.collective(r, a.base + 1, "reducescatter", "sum", "num")
     return _plan(a, "dcp-ag-rs", {"chunks": a.chunks, "result": "heads"}, progs, total, layout="heads")
 
 
@@ -734,8 +735,8 @@ _SPECS: list[tuple[AlgorithmSpec, Callable[[_Args], Plan]]] = [
                    (_CHUNKS, _RESULT_LIB, _ROOT), is_baseline=True, payloads=("raw",)), _build_allreduce),
     (AlgorithmSpec("allgather-merge", "library all-gather of every partial, then a local merge (Star Attention)",
                    (_CHUNKS,), is_baseline=True, results=("all",)), _build_allgather_merge),
-    (AlgorithmSpec("dcp-ag-rs", "vLLM decode context parallel: all-gather q, attend every head over the shard, "
-                                "all-gather lse, reduce-scatter the corrected outputs",
+    (AlgorithmSpec("dcp-ag-rs", "vLLM decode context parallel: attend every head over the shard, all-gather lse, "
+                                "reduce-scatter the corrected outputs",
                    (_LIB_CHUNKS, _HEADS), is_baseline=True, payloads=("attention",), results=("heads",)),
      _build_dcp_ag_rs),
     (AlgorithmSpec("dcp-a2a", "vLLM decode context parallel, all-to-all: partial outputs and lse exchanged by head, "

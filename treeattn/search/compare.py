@@ -61,7 +61,7 @@ NOTES = {"tree": "the planner's pick (the fastest plan its search found)",
          "allreduce2": "all-reduce max of lse, then one library sum of (w o, w)",
          "allreduce3": "the paper's three all-reduces: max of lse, sums of w o and w",
          "allgather-merge": "all-gather of every partial, merged locally (Star Attention)",
-         "dcp-ag-rs": "vLLM DCP: all-gather q, attend, all-gather lse, reduce-scatter",
+         "dcp-ag-rs": "vLLM DCP: attend, all-gather lse, reduce-scatter",
          "dcp-a2a": "vLLM DCP: one all-to-all of the partials by heads, local merge"}
 """What each method's row assumes, one line of at most 71 characters (the legend of the tables)."""
 
