@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import hashlib
 import json
+import math
 import os
 import traceback
 import warnings
@@ -638,7 +639,23 @@ def empty_conventions(rank: int, p: int):  # noqa: ANN201
                        out_l, want_l[:, h0:h1], atol=1e-6)}
 
 
-TASKS = {"bits_as_predicted": bits_as_predicted, "empty_conventions": empty_conventions,
+def narrow_sums(rank: int, p: int):  # noqa: ANN201
+    """Every rank's partial the same o (exact in the partial dtype) and lse: the result is that
+    o, also where the library sums p weighted rows in the partial dtype (the two and three
+    all-reduces), whose sum is up to p times o: past fp8 e4m3's 448 and fp16's 65504 here."""
+    for dtype, value in (("fp8", 160.0), ("fp16", 20000.0)):
+        w = dataclasses.replace(_workload(p), partial_dtype=dtype)
+        o, lse = torch.full((w.batch, w.q_heads, w.head_dim), value), torch.full((w.batch, w.q_heads), 3.0)
+        for name, result in (("allreduce2", "all"), ("allreduce2", "heads"), ("allreduce2", "root"),
+                             ("allreduce3", "all"), ("binomial", "all")):
+            kwargs = {"root": p - 1} if result == "root" else {}
+            out_o, out_l = treeattn.Merger(build(name, w, REF, result=result, **kwargs))(o, lse)
+            if out_o is not None:
+                yield {"method": f"{name} {result} {dtype}", "o": sorted(set(out_o.flatten().tolist())),
+                       "lse_err": float((out_l - (3.0 + math.log(p))).abs().max())}
+
+
+TASKS = {"bits_as_predicted": bits_as_predicted, "narrow_sums": narrow_sums, "empty_conventions": empty_conventions,
          "every_method": every_method, "mla": mla, "searched": searched, "subgroup": subgroup, "errors": errors,
          "mixed_trio": mixed_trio, "agreement": agreement, "orders": orders,
          "order_check": order_check, "order_misuse": order_misuse,

@@ -14,7 +14,7 @@ import torch
 from treeattn.exec import baselines, kernels
 from treeattn.exec.attention import make_kv_shard, make_query, make_raw, partial_attention
 from treeattn.exec.comm import BufferPool, Comm
-from treeattn.exec.merge import pack, weights, wired
+from treeattn.exec.merge import pack, sum_shift, weights, wired
 from treeattn.plan.builders import build
 from treeattn.plan.ir import TopologyRef, head_split
 from treeattn.workload import RawPayload, Workload
@@ -28,7 +28,7 @@ segments = baselines.segments
 def old_allreduce3(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
                    wire: torch.dtype = torch.float32) -> torch.Tensor:
     part = partial_attention(q, kv, kernel)
-    m = comm.all_reduce(part[:, -1].clone(), "max", "allreduce3 max lse")
+    m = comm.all_reduce(part[:, -1] + sum_shift(wire, comm.world), "max", "allreduce3 max lse")
     num = comm.all_reduce(kernels.weighted(part, m, wire, with_weight=False), "sum", "allreduce3 sum num")
     den = comm.all_reduce(weights(part[:, -1], m), "sum", "allreduce3 sum den")
     kernels.finish(part, m, num, den)
@@ -38,7 +38,7 @@ def old_allreduce3(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
 def old_allreduce2(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload, kernel: str,
                    wire: torch.dtype = torch.float32, result: str = "all", root: int = 0) -> torch.Tensor:
     part = partial_attention(q, kv, kernel)
-    m = comm.all_reduce(part[:, -1].contiguous(), "max", "allreduce2 max lse")
+    m = comm.all_reduce(part[:, -1] + sum_shift(wire, comm.world), "max", "allreduce2 max lse")
     packed = kernels.weighted(part, m, wire)
     if result == "heads":
         segs = segments(workload, comm.world)

@@ -129,6 +129,16 @@ def test_empty_shards_as_kernels_give_them_merge_as_empty(tmp_path):
             assert not item["nan"] and item["equal"], (r, item)
 
 
+def test_library_sums_of_narrow_partials_stay_in_their_range(tmp_path):
+    # 4 ranks' o = 160 summed in fp8 e4m3 (range 448) came back 112, fp16's 20000 inf
+    ranks = run("narrow_sums", 4, tmp_path)
+    for r, items in enumerate(ranks):
+        assert len(items) == (10 if r == 3 else 8)
+        for item in items:
+            want = 160.0 if item["method"].endswith("fp8") else 20000.0
+            assert item["o"] == [want] and item["lse_err"] < 1e-5, (r, item)
+
+
 def test_searched_plans_and_subgroups(tmp_path):
     ranks = run("searched", 4, tmp_path)
     for r, items in enumerate(ranks):

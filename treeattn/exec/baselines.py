@@ -32,7 +32,7 @@ import torch
 from treeattn.exec import kernels
 from treeattn.exec.attention import kv_shape, partial_attention
 from treeattn.exec.comm import P2P, BufferPool, Comm, distinct
-from treeattn.exec.merge import lse_column, weights, wired
+from treeattn.exec.merge import lse_column, sum_shift, weights, wired
 from treeattn.plan.ir import head_split
 from treeattn.workload import Workload
 
@@ -63,7 +63,8 @@ def allreduce3(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
     The buffers this rank fills to send come from ``pool`` when given, as the plan's do.
     ``value_dim``: V's head dim (None: q's)."""
     part = partial_attention(q, kv, kernel, value_dim)
-    m = comm.all_reduce(lse_column(part, _pool(pool, part.device)), "max", "allreduce3 max lse")
+    m = comm.all_reduce(lse_column(part, _pool(pool, part.device), sum_shift(wire, comm.world)), "max",
+                        "allreduce3 max lse")
     num = comm.all_reduce(kernels.weighted(part, m, wire, with_weight=False), "sum", "allreduce3 sum num")
     den = comm.all_reduce(weights(part[:, -1], m), "sum", "allreduce3 sum den")
     kernels.finish(part, m, num, den)
@@ -78,7 +79,7 @@ def allreduce2(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload
     own) or reduce to ``root``. Buffers from ``pool`` when given."""
     part = partial_attention(q, kv, kernel, workload.value_dim)
     pool = _pool(pool, part.device)
-    m = comm.all_reduce(lse_column(part, pool), "max", "allreduce2 max lse")
+    m = comm.all_reduce(lse_column(part, pool, sum_shift(wire, comm.world)), "max", "allreduce2 max lse")
     packed = kernels.weighted(part, m, wire)
     if result == "heads":
         segs = segments(workload, comm.world)

@@ -23,7 +23,7 @@ import torch
 
 from treeattn.errors import PlanInvalidError
 from treeattn.exec import kernels
-from treeattn.exec.merge import lse_column, weights, wire_cols, wired
+from treeattn.exec.merge import lse_column, sum_shift, weights, wire_cols, wired
 from treeattn.plan.ir import COLLECTIVE_FORMS, Op, head_split
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def run_collective(ex: PlanExecutor, op: Op, acc: torch.Tensor, state: dict, wha
     elif form.group == "dcp":
         _dcp(ex, op, rows, part, acc, state, what)
     else:  # allreduce / reducescatter / reduce merge partial
-        m = comm.all_reduce(lse_column(part, ex.pool), "max", what + " (max lse)")
+        m = comm.all_reduce(lse_column(part, ex.pool, sum_shift(wire, comm.world)), "max", what + " (max lse)")
         packed = kernels.weighted(part, m, wire)
         if op.coll == "allreduce":
             total = comm.all_reduce(packed, "sum", what + " (sum)")
@@ -175,7 +175,8 @@ def _trio(ex: PlanExecutor, name: str, rows: slice, part: torch.Tensor, state: d
             trio[f"has_{k}"] = np.zeros(ex.rows, dtype=bool)
     lse = part[:, -1]
     if name == "lse":
-        trio["m"][rows] = ex.comm.all_reduce(lse_column(part, ex.pool), "max", what)
+        shift = sum_shift(ex.wire_dtype, ex.comm.world)
+        trio["m"][rows] = ex.comm.all_reduce(lse_column(part, ex.pool, shift), "max", what)
     else:
         if not trio["has_lse"][rows].all():
             raise PlanInvalidError(

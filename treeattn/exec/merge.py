@@ -15,6 +15,7 @@ row of a narrower dtype ends with the lse's four bytes in ``4 / itemsize`` of it
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,12 +24,13 @@ if TYPE_CHECKING:
     from treeattn.exec.comm import BufferPool
 
 __all__ = ["empty_partial", "clear_partial", "pack", "unpack", "wire_cols", "to_wire", "wired", "lse_column",
-           "from_wire", "split_wire", "check_stack", "pack_heads", "pack_heads_into", "clear_empty_rows",
+           "sum_shift", "from_wire", "split_wire", "check_stack", "pack_heads", "pack_heads_into", "clear_empty_rows",
            "unpack_heads", "weights", "weighted", "corrected", "finish", "merge_stack", "merge_into", "merge",
            "merge_many", "merge_many_into", "sum_into", "sum_many_into", "sum_stack"]
 
 _NEG_INF = float("-inf")
 _FLOAT_MIN = torch.finfo(torch.float32).min
+_FLOAT_TINY = torch.finfo(torch.float32).tiny
 _EAGER_SUM_MAX = 1 << 16
 """The largest stack of outputs (elements) the eager merge sums as one product (``_add_weighted``)."""
 
@@ -104,12 +106,32 @@ def wired(packed: torch.Tensor, wire: torch.dtype, pool: BufferPool | None = Non
     return to_wire(out, packed)
 
 
-def lse_column(packed: torch.Tensor, pool: BufferPool | None = None) -> torch.Tensor:
+def lse_column(packed: torch.Tensor, pool: BufferPool | None = None, shift: float = 0.0) -> torch.Tensor:
     """The lse column of packed rows as a dense vector (a library reduces or gathers dense
-    tensors; the column is strided), in a buffer of ``pool`` or a new tensor."""
+    tensors; the column is strided), plus ``shift`` (``sum_shift``), in a buffer of ``pool``
+    or a new tensor."""
+    lse = packed[:, -1]
     if pool is None:
-        return packed[:, -1].contiguous()
-    return pool.take((packed.shape[0],), packed.dtype).copy_(packed[:, -1])
+        return lse + shift if shift else lse.contiguous()
+    out = pool.take((packed.shape[0],), packed.dtype)
+    return torch.add(lse, shift, out=out) if shift else out.copy_(lse)
+
+
+def sum_shift(wire: torch.dtype, ranks: int) -> float:
+    """What the forms that sum weighted partials over ``ranks`` in the library (the two and
+    three all-reduces) add to every lse before taking the max: log(ranks) where ``wire`` is
+    narrower than fp32 (bf16, fp16, fp8), else 0. Each weight exp(lse - max) is then at most
+    1/ranks, so the sums of w and of w o stay within 1 and the largest |o|: unshifted, p
+    partials that each fit the wire dtype sum to up to p times it (4 ranks of o = 160 in fp8
+    e4m3, whose range ends at 448, came back 112). ``finish`` takes the shifted max, so the
+    result is the same: lse = max + log(sum w)."""
+    info = torch.finfo(wire)
+    if ranks > 1 and info.bits < 32:
+        # at most down to the dtype's smallest normal number: a largest weight below it would
+        # lose precision, and at 2^-10 in e4m3 round to 0 (more than 64 ranks in fp8 may then
+        # still pass its range)
+        return min(math.log(ranks), -math.log(info.tiny))
+    return 0.0
 
 
 def _as_fp32(raw: torch.Tensor) -> torch.Tensor | None:
@@ -210,11 +232,12 @@ def corrected(part: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype) -> tup
 
 
 def _inverse(den: torch.Tensor) -> torch.Tensor:
-    """1 / den for a sum of weights den of ``weights(lse, m)`` with m the largest lse: den is
-    0 (every contributor empty: then every w o is 0 too) or at least 1 (the contributor whose
-    lse is m weighs exactly 1, and a sum of non-negative terms rounds to no less than its
-    largest), so 1 / max(den, 1) is exact and makes an all-empty row's o = 0 without a branch."""
-    return den.clamp(min=1.0).reciprocal_()
+    """1 / den for a sum of weights den of ``weights(lse, m)``: den is 0 (every contributor
+    empty: then every w o is 0 too) or at least the largest weight (a sum of non-negative terms
+    rounds to no less than its largest), which is 1 for m the largest lse and a normal number
+    of the wire dtype for the library sums' shifted m (``sum_shift``), so 1 / max(den, fp32's
+    smallest normal) is exact and makes an all-empty row's o = 0 without a branch."""
+    return den.clamp(min=_FLOAT_TINY).reciprocal_()
 
 
 def _set_lse(lse: torch.Tensor, m: torch.Tensor, den: torch.Tensor) -> None:
