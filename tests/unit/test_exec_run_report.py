@@ -64,6 +64,33 @@ def test_a_method_whose_capture_failed_is_not_reported_as_replayed(monkeypatch, 
     assert run.eager == ([] if captured else ["plan of p"])
 
 
+def test_the_graphs_are_destroyed_before_the_group_is(monkeypatch):
+    # NCCL's teardown waits for every graph that captured its operations (pytorch#115388)
+    import gc
+    import weakref
+
+    payload = RawPayload(nbytes=64, ranks=1)
+    run = _RankRun(Job((PlanJob("p", build("allreduce", payload, TopologyRef("t", "sha256:t"))),)), _Comm(), {},
+                   graphs=True)
+    run.comm.device = CUDA
+    class Graph:  # stands for a torch.cuda.CUDAGraph (there is no GPU here)
+        pass
+
+    graph = Graph()
+    run.known = [_Timed("p", "plan", Graphed(run.comm, graph, None, [], None, "plan"), payload, (), 1),
+                 _Timed("p", "eager", lambda: torch.zeros(1), payload, (), 1)]
+    held = weakref.ref(graph)
+    synced = []
+    monkeypatch.setattr(torch.cuda, "synchronize", synced.append)
+    del graph
+    run.release_graphs()
+    gc.collect()
+    assert held() is None and synced == [CUDA]
+    with pytest.raises(RuntimeError, match="released"):
+        run.known[0].fn()
+    assert run.known[1].fn().shape == (1,)
+
+
 def test_the_run_line_names_the_methods_whose_capture_failed():
     from treeattn.exec.runner import JobResult
 

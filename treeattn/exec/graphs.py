@@ -68,6 +68,9 @@ def capture(comm: Comm, fn: Callable[[], object], name: str,
     """
     reason = ""
     graphed = None
+    # torch.cuda.graph's exit ends the capture before it restores the caller's stream: where
+    # ending it raises, the capture's side stream would stay current for the rest of the process.
+    stream = torch.cuda.current_stream(comm.device)
     try:
         comm.synchronize()
         graph = torch.cuda.CUDAGraph()
@@ -82,6 +85,7 @@ def capture(comm: Comm, fn: Callable[[], object], name: str,
         comm.untracked()
         reason = _first_line(exc)
         _abandon()
+        torch.cuda.set_stream(stream)
     ok = torch.tensor([0.0 if graphed is None else 1.0], device=comm.device)
     if comm.all_reduce(ok, "min", "CUDA graph agreement", setup=True).item() == 1.0:
         return graphed

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import hashlib
 import math
 import os
@@ -379,6 +380,10 @@ def pick_backend(options: RunOptions) -> tuple[str, torch.device]:
     return backend, torch.device("cpu")
 
 
+def _released() -> torch.Tensor:
+    raise RuntimeError("this method's CUDA graph was released with its process group")
+
+
 @dataclass(eq=False)
 class _Timed:
     """One method of a job on one rank: what runs, and what its runs measured."""
@@ -509,6 +514,18 @@ class _RankRun:
             t.fn = capture(self.comm, t.fn, f"{t.method} of {t.label}", ex.replaying if ex is not None else None)
             if not isinstance(t.fn, Graphed):
                 self.eager.append(f"{t.method} of {t.label}")
+
+    def release_graphs(self) -> None:
+        """Destroy every method's CUDA graph: NCCL's teardown waits until each graph that
+        captured its operations is destroyed (pytorch#115388), so with two ranks or more
+        ``destroy_process_group`` would wait forever while they are held."""
+        if not any(isinstance(t.fn, Graphed) for t in self.known):
+            return
+        for t in self.known:
+            if isinstance(t.fn, Graphed):
+                t.fn = _released
+        gc.collect()
+        torch.cuda.synchronize(self.comm.device)
 
     def time_once(self, t: _Timed) -> None:
         """One timed run of ``t`` (``prepare`` outside the clock); the last one's result is kept."""
@@ -805,6 +822,7 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
                 raise_interrupt(run.wrap.signum, None)
             raise
         comm.barrier()
+        run.release_graphs()
         # Only on success: after a peer's failure, tearing the group down can block.
         dist.destroy_process_group()
         stopped = run.stopped or ((run.wrap.signum or 0) if run.wrap is not None else 0)
