@@ -18,8 +18,9 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
 fi
 start=$(date +%s)
 PY=""
-# treeattn needs Python 3.11 (enum.StrEnum): a 3.10 python3 with a CUDA torch is passed over.
-usable='import sys, torch; sys.exit(0 if sys.version_info >= (3, 11) and torch.cuda.is_available() else 1)'
+# treeattn needs Python 3.11 (enum.StrEnum) and torch 2.6 (torch.distributed's group_peer,
+# group_dst and group_src): a 3.10 python3, or a torch before 2.6, with CUDA is passed over.
+usable='import sys, torch; v = tuple(int(x) for x in torch.__version__.split(".")[:2]); sys.exit(0 if sys.version_info >= (3, 11) and v >= (2, 6) and torch.cuda.is_available() else 1)'
 for cand in "${PYTHON:-}" python3 .venv-gpu/bin/python; do
     if [ -n "$cand" ] && "$cand" -c "$usable" 2>/dev/null; then
         PY=$cand
