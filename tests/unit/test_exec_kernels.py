@@ -184,6 +184,8 @@ def test_warm_compiles_every_kernel_a_run_calls(fused):
     kernels.finish(part.clone(), m, part[:, :-1].contiguous(), torch.ones(3))
     summed = partials(1, 3, 8, torch.float32, 3)[0].to(torch.bfloat16)  # rows (w o, w), not a partial
     kernels.finish(part.clone(), m, summed[:, :-1], summed[:, -1])
+    # the three all-reduces' baseline: the sum of w o on the wire, the weights' in fp32
+    kernels.finish(part.clone(), m, kernels.weighted(part, m, torch.bfloat16, with_weight=False), torch.ones(3))
     # a chunk of one row (a one-head segment at B = 1), a row slice of a larger accumulator
     one = partials(1, 4, 8, torch.float32, 4)[0]
     kernels.merge_into(one[2:3], partials(2, 1, 8, torch.bfloat16, 5))

@@ -112,9 +112,12 @@ def warm(device: torch.device, wire: torch.dtype, head_dim: int = 8) -> None:
         calls += [("merge", lambda n=rows: merged(torch.zeros((2, n, eager.wire_cols(d, wire)), dtype=wire,
                                                               device=device))),
                   ("weighted", lambda acc=acc, m=m: (weighted(acc, m, wire), weighted(acc, m, wire, False))),
-                  ("corrected", lambda acc=acc, n=rows: corrected(acc, torch.zeros((2, n), device=device), wire)),
-                  ("finish", lambda acc=acc, m=m, n=rows: finish(acc, m, torch.zeros((n, d), device=device),
-                                                                 torch.ones(n, device=device)))]
+                  ("corrected", lambda acc=acc, n=rows: corrected(acc, torch.zeros((2, n), device=device), wire))]
+        # the sums of w o apart from the weights' (fp32): widened (the plan's), or on the wire (a baseline's)
+        calls += [("finish", lambda acc=acc, m=m, n=rows, dt=dt: finish(acc, m, torch.zeros((n, d), dtype=dt,
+                                                                                          device=device),
+                                                                        torch.ones(n, device=device)))
+                  for dt in dict.fromkeys((torch.float32, wire))]
         for dt in dict.fromkeys((torch.float32, wire)):  # the sums of (w o, w) rows: views of one buffer
             total = torch.ones((rows, d + 1), dtype=dt, device=device)
             calls.append(("finish", lambda t=total, acc=acc, m=m: finish(acc, m, t[:, :-1], t[:, -1])))
