@@ -278,9 +278,10 @@ weights' sum (fp32, ``merge.lse_column``, ``merge.weights``) and the query (its 
 
 def wire_roundings(plan: Plan) -> int:
     """The most times a partial of ``plan`` is rounded to the wire's dtype on its way: once a
-    step that moves data (transfers and collectives), twice a step whose library collective
-    sums the wire (its input and its sum), none for a collective of a part that does not
-    travel in the wire's dtype (``_OFF_THE_WIRE``)."""
+    step that moves data (transfers and collectives), once a rank a step whose library
+    collective sums the wire (its input, then each of a ring's p - 1 partial sums, which NCCL
+    and gloo keep in the wire's dtype: as many as the baselines' own sums are allowed), none
+    for a collective of a part that does not travel in the wire's dtype (``_OFF_THE_WIRE``)."""
     per_step: dict[int, int] = {}
     for prog in plan.programs:
         for op in prog:
@@ -289,7 +290,7 @@ def wire_roundings(plan: Plan) -> int:
             if op.kind is OpKind.COLLECTIVE and op.part in _OFF_THE_WIRE:
                 count = 0
             elif op.kind is OpKind.COLLECTIVE and op.coll in _SUMMING and op.reduce in ("sum", "merge"):
-                count = 2
+                count = plan.ranks
             else:
                 count = 1
             per_step[op.step] = max(per_step.get(op.step, 0), count)
