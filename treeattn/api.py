@@ -316,7 +316,7 @@ def named_plan(topo: Topology, payload: Payload, algorithm: str, chunks: int | N
     ``notes['plan']``: lower bound, ratio to it, baselines) and the report ``treeattn plan``
     prints (``--json``)."""
     from treeattn.cost.bounds import plan_bounds
-    from treeattn.cost.memory import memory_check, peak_bytes
+    from treeattn.cost.memory import memory_check
     from treeattn.cost.simulate import simulate
     from treeattn.exec.predict import plan_baselines
     from treeattn.plan.builders import build
@@ -330,8 +330,8 @@ def named_plan(topo: Topology, payload: Payload, algorithm: str, chunks: int | N
         ("all", None) if plan.result == "all" else ("root", plan.result_ranks[0]))
     base = baselines(topo, payload, result=layout, root=root)
     methods, _ = plan_baselines(plan, topo)
-    base_peaks = {b.key: None if base.get(b.key) is None else peak_bytes(build(b.name, payload, topo, **b.kwargs))
-                  for b in methods}
+    base_peaks = {b.key: None if base.get(b.key) is None else memory_check(
+                      build(b.name, payload, topo, **b.kwargs), topo, mem_fraction).peak_bytes for b in methods}
     mem = memory_check(plan, topo, mem_fraction)
     ratio = t / bound.bound_us if bound.bound_us > 0 else None
     notes = {**plan.notes, "plan": {"lower_bound_us": bound.bound_us, "bound_cut": bound.cut,

@@ -70,3 +70,29 @@ def test_ring_attention_above_its_rank_cap_is_left_out_saying_why(monkeypatch):
     assert ring.predicted_us is None and ring.fits is None
     assert ring.detail == "not simulated above 4 ranks: its plan would hold 168 operations (about 77.11 KiB of memory)"
     assert rows["allreduce3"].predicted_us is not None and rows["tree"].predicted_us is not None
+
+
+def test_devices_of_different_memory_judge_baselines_by_each_ranks_own_limit(tmp_path):
+    # GPU 3 has half the memory of the others, and rank 0 holds most of the KV: rank 0's peak
+    # is over GPU 3's limit but within its own. plan judged the baselines' largest rank against
+    # the limit its last candidate left behind (left out, "over the 36 GiB"), compare by each
+    # rank's own; both now take memory_check's rank nearest its own limit.
+    devices = "\n".join(f"  - {{name: gpu{i}, kind: gpu, model: A100-PCIE-80GB, mem_bw_gbps: 1935, "
+                        f"mem_gb: {40 if i == 3 else 80}}}" for i in range(4))
+    links = "\n".join(f"  - {{src: gpu{i}, dst: cpu0, kind: pcie, bw_gbps: 25, latency_us: 0.5, duplex: true}}"
+                      for i in range(4))
+    path = tmp_path / "mixed.yaml"
+    path.write_text(f"name: mixed\ndevices:\n  - {{name: cpu0, kind: cpu}}\n{devices}\nlinks:\n{links}\n"
+                    "ranks: [\"gpu{0..3}\"]\n")
+    topo = resolve(str(path))
+    split = (491520, 1024, 1024, 270336)
+
+    def make(p: int, n: int) -> Workload:
+        return Workload.create(ranks=p, seq_len=n, model="llama-3.1-8b", split=split)
+
+    found = search(topo, make(4, sum(split)), top_k=1)
+    assert not [x for x in found.left_out if x.get("baseline")]
+    rows = {r.method: r for r in compare([topo], [sum(split)], make)}
+    for name, key in (("allreduce2", "allreduce2_us"), ("allreduce3", "allreduce3_nccl_us"),
+                      ("allgather-merge", "allgather_merge_us")):
+        assert rows[name].fits and found.baseline_peak_bytes[key] == rows[name].peak_bytes, name

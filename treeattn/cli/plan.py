@@ -419,7 +419,7 @@ def _print_report(report: dict[str, Any], topo, payload: Payload, elapsed: float
     peak, limit = report["best"].get("peak_bytes"), report.get("memory_limit_bytes")
     if peak:
         usable = f" of the {format_size(limit)} it may use" if limit else ""
-        con.print(f"memory: the plan's busiest rank holds {format_size(peak)}{usable}")
+        con.print(f"memory: the plan's fullest rank (nearest its limit) holds {format_size(peak)}{usable}")
     for x in report.get("left_out", []):
         kind = "baseline" if x.get("baseline") else "schedule"
         why = "bits differ" if x.get("reason") == "bits" else "does not fit"

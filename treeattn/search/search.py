@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from treeattn.cost.bounds import heads_shares, lower_bounds
-from treeattn.cost.memory import DEFAULT_MEM_FRACTION, check_kv_fits, memory_check
+from treeattn.cost.memory import DEFAULT_MEM_FRACTION, MemoryCheck, check_kv_fits, memory_check
 from treeattn.errors import InputError
 from treeattn.plan.baselines import baselines_for
 from treeattn.plan.bits import bit_groups
@@ -50,7 +50,7 @@ from treeattn.search.exhaustive import exhaustive_trees
 from treeattn.search.moves import hill_climb
 from treeattn.search.result import RING_ATTENTION_MAX_RANKS, Candidate, SearchResult, baselines
 from treeattn.topology.model import Topology
-from treeattn.units import counted, format_sizes
+from treeattn.units import counted
 from treeattn.workload import Payload, Workload
 
 __all__ = [
@@ -463,7 +463,7 @@ class _Run:
         shown: set[tuple[str, int, float]] = set()
         left_out: list[dict[str, Any]] = []
         top: tuple[Schedule, int, float, Plan] | None = None
-        limit = None
+        limit = None  # the pick's rank closest to its memory's limit: that limit
         for s, c, t in ranked:
             # Shapes that coincide on this topology (a "star" of two leaders is also their
             # chain) give the same plan and time: list it once.
@@ -474,10 +474,10 @@ class _Run:
             # what names a schedule left out and rebuilds it (build(builder, ..., **build_params))
             named = {"algorithm": s.family, "params": s.describe, "chunks": c, "predicted_us": t,
                      "builder": s.algorithm, "build_params": dict(s.kwargs)}
-            peak = None
+            peak = mc = None
             if self.mem_fraction is not None:
                 mc = memory_check(plan, self.topo, self.mem_fraction)
-                peak, limit = mc.peak_bytes, mc.limit_bytes
+                peak = mc.peak_bytes
                 if not mc.fits:
                     left_out.append({**named, "peak_bytes": mc.peak_bytes, "reason": "memory", "why": mc.why()})
                     continue
@@ -492,6 +492,7 @@ class _Run:
                 continue
             if top is None:
                 top = (s, c, t, plan)
+                limit = None if mc is None else mc.limit_bytes
             cands.append(Candidate(s.family, s.describe, c, t, ratio(t), s.algorithm, peak, dict(s.kwargs)))
             if len(cands) >= max(1, top_k):
                 break
@@ -504,16 +505,14 @@ class _Run:
             raise InputError(f"no schedule searched gives every rank the same bits: {first['why']} (the fastest, "
                              f"{first['algorithm']}); search other families")
         top_sched, top_c, top_t, plan = top
-        base_peaks = self._baseline_peaks(base)
+        base_memory = self._baseline_memory(base)
+        base_peaks = {key: None if mc is None else mc.peak_bytes for key, mc in base_memory.items()}
         names = {b.key: b.name for b in baselines_for(self.workload, self.layout, self.root)}
-        for key, peak in base_peaks.items():
+        for key, mc in base_memory.items():
             listed = {x["algorithm"] for x in left_out}
-            if (peak is not None and limit is not None and peak > limit and base.get(key) is not None
-                    and names[key] not in listed):
+            if mc is not None and self.mem_fraction is not None and not mc.fits and names[key] not in listed:
                 left_out.append({"algorithm": names[key], "baseline": True, "reason": "memory",
-                                 "predicted_us": base[key], "peak_bytes": peak,
-                                 "why": "needs {} on a rank, over the {} it may use".format(
-                                     *format_sizes(peak, limit))})
+                                 "predicted_us": base[key], "peak_bytes": mc.peak_bytes, "why": mc.why()})
         stats = {
             "seed": self.seed,
             "screened": len(self.candidates),
@@ -547,14 +546,16 @@ class _Run:
         plan = replace(plan, predicted_us=top_t, notes=notes)
         return SearchResult(plan, cands, bound_us, base, stats, base_peaks, left_out, limit)
 
-    def _baseline_peaks(self, base: dict[str, float | None]) -> dict[str, int | None]:
-        """Per baseline key, the most bytes a rank holds under its plan."""
-        from treeattn.cost.memory import peak_bytes
+    def _baseline_memory(self, base: dict[str, float | None]) -> dict[str, MemoryCheck | None]:
+        """Per baseline key, its plan's memory check (``memory_check``: its rank closest to
+        that rank's limit, as the candidates' and ``compare``'s), against the usable fraction
+        (all of it where the search checks none)."""
         from treeattn.search.rings import ring_order
 
         ring = ring_order(self.topo)[1] if isinstance(self.workload, Workload) else None
-        out: dict[str, int | None] = {}
+        fraction = 1.0 if self.mem_fraction is None else self.mem_fraction
+        out: dict[str, MemoryCheck | None] = {}
         for b in baselines_for(self.workload, self.layout, self.root, ring):
-            out[b.key] = None if base.get(b.key) is None else peak_bytes(
-                self.ev.plan(Schedule(b.name, b.name, b.kwargs), 1))
+            out[b.key] = None if base.get(b.key) is None else memory_check(
+                self.ev.plan(Schedule(b.name, b.name, b.kwargs), 1), self.topo, fraction)
         return out
