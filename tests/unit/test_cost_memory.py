@@ -21,6 +21,15 @@ def test_alltoall_holds_p_pieces_of_its_own_rows_and_allgather_p_partials():
     assert rank_peak_bytes(gather, 0) == base + p * w.rows * row
 
 
+def test_the_accumulator_is_fp32_rows_whatever_the_wire():
+    # A rank merges into fp32 rows (D values and the lse) however narrow the partials it sends:
+    # a one-rank plan holds its KV, the query and that accumulator, nothing else.
+    for dtype in ("fp32", "bf16", "fp8"):
+        w = Workload(batch=2, q_heads=8, kv_heads=2, head_dim=64, split=(50,), partial_dtype=dtype)
+        plan = build("star", w, cluster_topo(1, 1))
+        assert rank_peak_bytes(plan, 0) == kv_cache_bytes(w, 0) + w.rows * 64 * w.kv_dtype.nbytes + w.rows * 65 * 4
+
+
 def test_uneven_heads_charge_the_rank_that_owns_the_most():
     # 8 heads on 3 ranks: segments of 3, 3 and 2 heads; an all-to-all delivers each rank
     # three pieces of its own rows, so the largest owner holds 3 x 3 heads' rows.

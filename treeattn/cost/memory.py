@@ -4,7 +4,8 @@ Per rank, during one layer's decode step (``peak_bytes``):
 
 * the KV cache it keeps: its shard of every layer (``layers x kv_bytes(r)``), resident the
   whole time;
-* the query (B x Hq x D in the KV dtype) and its own partial (``payload_bytes``);
+* the query (B x Hq x D in the KV dtype) and the accumulator its partial is merged in (fp32
+  rows whatever the wire's dtype: ``acc_row_bytes``);
 * what its busiest step holds besides: the buffers its receives land in (a transfer's
   rows; a KV block; in an exchange its own partial as sent too; on a wire narrower than fp32
   each other chunk it sends, converted once), the KV blocks of other ranks
@@ -151,7 +152,7 @@ def rank_peak_bytes(plan: Plan, rank: int) -> int:
     if plan.rounded_runs:  # the end-of-run rounding's buffer, held beside: o of its longest run
         peak += max(stop - start for start, stop in plan.rounded_runs) * w.value_dim * w.partial_dtype.nbytes
     q = w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes if isinstance(w, Workload) else 0
-    return kv_cache_bytes(w, rank) + q + w.payload_bytes + peak
+    return kv_cache_bytes(w, rank) + q + w.rows * w.acc_row_bytes + peak
 
 
 def run_bytes(plan: Plan, rank: int) -> int:
