@@ -16,7 +16,7 @@ from treeattn.cost.memory import rank_peak_bytes, run_bytes
 from treeattn.errors import InputError
 from treeattn.exec.deadline import MAX_ITERATIONS
 from treeattn.exec.launch import host_memory_problem, launch_local
-from treeattn.exec.runner import Job, PlanJob, RunOptions, memory_problem, placement_problem
+from treeattn.exec.runner import Job, PlanJob, RunOptions, job_bytes, memory_problem, placement_problem
 from treeattn.plan.builders import build
 from treeattn.plan.ir import TopologyRef
 from treeattn.units import format_sizes
@@ -67,25 +67,62 @@ def test_a_run_past_this_hosts_memory_is_refused_before_a_rank_starts():
     # its smaller sizes, then failed allocating (or woke the OOM killer).
     raw = build("star", RawPayload(nbytes=64 << 20, ranks=2), TopologyRef("a", "b"))
     job = Job((PlanJob("star-64MiB", raw),), RunOptions())
-    need = run_bytes(raw, 0) + run_bytes(raw, 1)
-    assert need >= 2 * (64 << 20)
+    # each rank's input beside the plan's accumulator (a copy of it) and what it receives
+    need = sum((64 << 20) + run_bytes(raw, r) for r in range(2))
+    assert need == job_bytes(job, 0) + job_bytes(job, 1) >= 4 * (64 << 20)
     assert host_memory_problem(job, need) == ""
     assert host_memory_problem(job, None) == ""
     assert host_memory_problem(job, need - 1) == (
         "star-64MiB: its 2 ranks hold at least {} at once on this host, which has {} available; use fewer "
         "ranks or a smaller payload".format(*format_sizes(need, need - 1)))
-    assert format_sizes(need, need - 1) == ("256 MiB", "255.999999 MiB")  # not '256 MiB ... has 256 MiB'
+    assert format_sizes(need, need - 1) == ("384 MiB", "383.999999 MiB")  # not '384 MiB ... has 384 MiB'
     # One GPU (checked on each NCCL rank before the process group starts): that rank's buffers alone.
-    assert memory_problem(job, [1], run_bytes(raw, 1), "GPU 1 (H100)") is None
-    assert memory_problem(job, [1], run_bytes(raw, 1) - 1, "GPU 1 (H100)") == (
+    one = job_bytes(job, 1)
+    assert memory_problem(job, [1], one, "GPU 1 (H100)") is None
+    assert memory_problem(job, [1], one - 1, "GPU 1 (H100)") == (
         "star-64MiB: rank 1 holds at least {} at once on GPU 1 (H100), which has {} available; free that memory "
-        "or use a smaller payload".format(*format_sizes(run_bytes(raw, 1), run_bytes(raw, 1) - 1)))
+        "or use a smaller payload".format(*format_sizes(one, one - 1)))
     res = run_cli("calibrate", "-t", "cpu:ranks=2", "--max-size", "1TiB", "--sizes", "3", "--compute", "none")
     assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
     # named by the flag that sized the case, not by the case's internal label
-    assert res.stderr.startswith("error: the ping-pong case of 1 TiB (--max-size 1 TiB): its 2 ranks hold at least "), \
-        res.stderr
+    assert res.stderr.startswith("error: the ping-pong case of 1 TiB (--max-size 1 TiB), with 10 other plans set up "
+                                 "beside it: its 2 ranks hold at least "), res.stderr
     assert res.stderr.rstrip().endswith("available; use fewer ranks or a lower --max-size"), res.stderr
+
+
+def test_a_run_with_baselines_holds_their_buffers_beside_the_plans():
+    # A run sets up every method before timing one, and each keeps its buffers: ring attention
+    # holds two foreign KV blocks, the all-reduces their sums; the inputs are made once.
+    w = Workload(batch=1, q_heads=2, kv_heads=2, head_dim=4, split=(3000, 1000), kv_dtype="fp32")
+    plan = build("star", w, TopologyRef("a", "b"))
+    alone = job_bytes(Job((PlanJob("p", plan),), RunOptions()), 0)
+    assert alone == run_bytes(plan, 0)
+    both = job_bytes(Job((PlanJob("p", plan),), RunOptions(baselines=True)), 0)
+    ring = build("ring-attention", w, TopologyRef("a", "b"))
+    inputs = w.kv_bytes(0) + w.batch * w.q_heads * w.head_dim * 4
+    assert both - alone > run_bytes(ring, 0) - inputs >= w.kv_bytes(1)  # ring attention's alone holds a block
+    job = Job((PlanJob("p", plan),), RunOptions(baselines=True))
+    problem = memory_problem(job, [0, 1], both, "this host")
+    assert problem.startswith("p: its 2 ranks hold (the baselines' buffers beside the plan's) at least ")
+    assert problem.endswith("use fewer ranks or a smaller payload, or run without --baselines")
+
+
+def test_under_a_launcher_gloo_ranks_check_their_hosts_memory_before_setting_up(monkeypatch):
+    # torchrun and srun start the ranks themselves: each checks its host's ranks (its block of
+    # LOCAL_WORLD_SIZE) before the process group, as the local launcher checks all of them.
+    import treeattn.exec.launch as launch_module
+    from treeattn.exec.launch import detect_env, host_ranks, launch
+
+    raw = build("star", RawPayload(nbytes=64 << 20, ranks=4), TopologyRef("a", "b"))
+    job = Job((PlanJob("star-64MiB", raw),), RunOptions())
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29999"}
+    assert host_ranks(detect_env(env), env) == range(2, 4)
+    assert host_ranks(detect_env(env), {**env, "LOCAL_WORLD_SIZE": "x"}) == range(2, 4)  # the ones up to it
+    need = job_bytes(job, 2) + job_bytes(job, 3)
+    monkeypatch.setattr(launch_module, "available_bytes", lambda: need - 1)
+    with pytest.raises(InputError, match="star-64MiB: its 2 ranks hold at least 384 MiB at once on this host"):
+        launch(job, env)
 
 
 def test_a_run_holds_one_layer_of_its_kv_cache():

@@ -244,6 +244,10 @@ def launch(job: Job, environ: dict[str, str] | None = None, progress: Progress |
     if placed is None:
         return launch_local(job, progress)
     check_world(placed, job.ranks)
+    if pick_backend(job.options)[0] == "gloo":  # NCCL's ranks check their GPU's memory (run_rank)
+        problem = memory_problem(job, host_ranks(placed, environ or os.environ), available_bytes(), "this host")
+        if problem:
+            raise InputError(problem)
     if placed.launcher == "slurm":
         os.environ.update(RANK=str(placed.rank), WORLD_SIZE=str(placed.world), LOCAL_RANK=str(placed.local_rank))
         if "OMP_NUM_THREADS" not in os.environ:
@@ -620,6 +624,20 @@ def _stop_on_signals() -> dict:
     if threading.current_thread() is not threading.main_thread():
         return {}
     return {sig: signal.signal(sig, raise_interrupt) for sig in stopping_signals()}
+
+
+def host_ranks(placed: RankEnv, environ: dict[str, str]) -> range:
+    """The ranks on this process's host, as torchrun and srun (by default) place them, in
+    blocks: ``LOCAL_WORLD_SIZE`` (torchrun) or ``SLURM_NTASKS_PER_NODE`` of them, else the
+    ones before this one on the host (what its local rank shows)."""
+    first = placed.rank - placed.local_rank
+    count = placed.local_rank + 1
+    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        value = environ.get(name, "")
+        if value.isdigit() and int(value) > placed.local_rank:
+            count = int(value)
+            break
+    return range(max(0, first), min(placed.world, first + count))
 
 
 def available_bytes() -> int | None:

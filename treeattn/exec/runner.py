@@ -62,12 +62,14 @@ from treeattn.exec.reference import FP64_BLOCK_ELEMENTS, Reference, compute_refe
 from treeattn.exec.rendezvous import join
 from treeattn.interrupts import WrapUp, raise_interrupt, wrap_up_on_signals
 from treeattn.plan.baselines import baselines_for, parse_result
+from treeattn.plan.builders import build
 from treeattn.plan.ir import OpKind, Plan
-from treeattn.units import DType, format_sizes
+from treeattn.units import DType, counted, format_sizes
 from treeattn.workload import Payload, RawPayload, Workload
 
 __all__ = ["RunOptions", "PlanJob", "Job", "Measurement", "JobResult", "Progress", "TIMED_RUNS", "tolerance",
-           "relative_error", "run_rank", "placement_problem", "memory_problem", "check_against", "stop_wait_s"]
+           "relative_error", "run_rank", "placement_problem", "memory_problem", "job_bytes", "check_against",
+           "stop_wait_s"]
 
 Progress = Callable[[int, int, str], None]
 """``progress(runs done, runs known, what)``: how far rank 0 has got (``run_rank``)."""
@@ -350,23 +352,68 @@ def placement_problem(local_ranks: int, gpus: int) -> str | None:
     return None
 
 
+def _input_bytes(payload: Payload, rank: int) -> int:
+    """What a run makes once for every method of ``payload``: the query and the KV shard (one
+    layer), or a raw payload's buffer."""
+    if isinstance(payload, Workload):
+        return payload.kv_bytes(rank) + payload.batch * payload.q_heads * payload.head_dim * payload.kv_dtype.nbytes
+    return payload.payload_bytes
+
+
+def _baseline_layout(plan: Plan) -> tuple[str, int | None]:
+    """The layout (and root) of the baselines a plan is timed beside (``baselines_for``)."""
+    if plan.result.startswith("ranks:"):
+        return "all", None
+    return parse_result(plan.result, plan.ranks)
+
+
+def job_bytes(job: Job, rank: int) -> int:
+    """What ``rank`` holds at least once a run has set up every method of ``job``: each
+    payload's inputs once (``_input_bytes``), and beside them each method's own buffers, the
+    plan's and, with ``baselines``, every baseline's (``cost.memory.run_bytes`` of its plan,
+    less the inputs: a run sets up every method before timing one, and each keeps its
+    buffers to the end); the harness's copies and the correctness check come on top."""
+    total = 0
+    inputs: set[str] = set()
+    with_baselines: set[tuple[str, str]] = set()
+    for pj in job.plans:
+        plan, w = pj.plan, pj.plan.workload
+        given = _input_bytes(w, rank)
+        if repr(w) not in inputs:
+            inputs.add(repr(w))
+            total += given
+        total += run_bytes(plan, rank) - (given if isinstance(w, Workload) else 0)
+        if not job.options.baselines or (repr(w), plan.result) in with_baselines:
+            continue
+        with_baselines.add((repr(w), plan.result))
+        for b in baselines_for(w, *_baseline_layout(plan), pj.ring_order):
+            own = run_bytes(build(b.name, w, plan.topology, **b.kwargs), rank)
+            total += own - (given if isinstance(w, Workload) else 0)
+    return total
+
+
 def memory_problem(job: Job, ranks: Sequence[int], available: int | None, where: str) -> str | None:
     """Why ``ranks``, sharing ``available`` bytes of memory (``where``: this host, or one
-    GPU), cannot hold a plan's buffers (``cost.memory.run_bytes`` summed: a lower bound of
+    GPU), cannot hold what a run of ``job`` sets up (``job_bytes`` summed: a lower bound of
     what the run holds), or None. Checked before the process group starts, so nothing is
     measured first and no rank is left waiting on a peer that failed allocating."""
     if available is None:
         return None
-    for pj in job.plans:
-        need = sum(run_bytes(pj.plan, r) for r in ranks)
-        if need > available:
-            smaller = pj.smaller or "a smaller payload"
-            who, fix = ((f"its {len(ranks)} ranks hold", f"use fewer ranks or {smaller}") if len(ranks) > 1
-                        else (f"rank {ranks[0]} holds", f"free that memory or use {smaller}"))
-            needed, has = format_sizes(need, available)
-            return (f"{pj.named or pj.label}: {who} at least {needed} at once on {where}, which has {has} "
-                    f"available; {fix}")
-    return None
+    need = sum(job_bytes(job, r) for r in ranks)
+    if need <= available:
+        return None
+    pj = max(job.plans, key=lambda pj: sum(run_bytes(pj.plan, r) for r in ranks))  # named for the largest
+    name = pj.named or pj.label
+    if len(job.plans) > 1:
+        name += f", with {counted(len(job.plans) - 1, 'other plan')} set up beside it"
+    smaller = pj.smaller or "a smaller payload"
+    who, fix = ((f"its {len(ranks)} ranks hold", f"use fewer ranks or {smaller}") if len(ranks) > 1
+                else (f"rank {ranks[0]} holds", f"free that memory or use {smaller}"))
+    if job.options.baselines:
+        who += " (the baselines' buffers beside the plan's)"
+        fix += ", or run without --baselines"
+    needed, has = format_sizes(need, available)
+    return f"{name}: {who} at least {needed} at once on {where}, which has {has} available; {fix}"
 
 
 def pick_backend(options: RunOptions) -> tuple[str, torch.device]:
@@ -619,9 +666,7 @@ class _RankRun:
                       everyone_holds=plan.result == "all")]
         if opt.baselines and (repr(w), plan.result, "baselines") not in self._baselines_done:
             self._baselines_done.add((repr(w), plan.result, "baselines"))
-            layout, root = parse_result(plan.result, plan.ranks) if not plan.result.startswith("ranks:") else (
-                "all", None)
-            for b in baselines_for(w, layout, root, pj.ring_order):
+            for b in baselines_for(w, *_baseline_layout(plan), pj.ring_order):
                 kind = b.result
                 everyone = tuple(range(comm.world)) if opt.check == "all" else (0,)
                 brows, sliced = None, False
