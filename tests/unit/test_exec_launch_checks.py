@@ -16,7 +16,7 @@ from treeattn.cost.memory import rank_peak_bytes, run_bytes
 from treeattn.errors import InputError
 from treeattn.exec.deadline import MAX_ITERATIONS
 from treeattn.exec.launch import host_memory_problem, launch_local
-from treeattn.exec.runner import Job, PlanJob, RunOptions, job_bytes, memory_problem, placement_problem
+from treeattn.exec.runner import Job, PlanJob, RunOptions, gpu_of, job_bytes, memory_problem, placement_problem
 from treeattn.plan.builders import build
 from treeattn.plan.ir import TopologyRef
 from treeattn.units import format_sizes
@@ -28,6 +28,9 @@ def test_more_ranks_than_gpus_is_named():
     assert placement_problem(8, 4).startswith("8 ranks, 4 GPUs on this node: NCCL needs one GPU per rank")
     assert placement_problem(2, 1).startswith("2 ranks, 1 GPU on this node")
     assert placement_problem(4, 4) is None and placement_problem(1, 8) is None
+    # under a launcher: the local rank's GPU, or the one a rank sees (srun --gpus-per-task)
+    assert gpu_of(3, 8, 8) == (3, None) and gpu_of(3, 4, 1) == (0, None)
+    assert gpu_of(5, 8, 4)[1].startswith("8 ranks, 4 GPUs on this node")
 
 
 @pytest.mark.parametrize("options", [{"repeats": 1_000_001}, {"warmup": 1_000_001}, {"repeats": 0}, {"warmup": -1}])

@@ -68,7 +68,7 @@ from treeattn.units import DType, counted, format_sizes
 from treeattn.workload import Payload, RawPayload, Workload
 
 __all__ = ["RunOptions", "PlanJob", "Job", "Measurement", "JobResult", "Progress", "TIMED_RUNS", "tolerance",
-           "relative_error", "run_rank", "placement_problem", "memory_problem", "job_bytes", "check_against",
+           "relative_error", "run_rank", "placement_problem", "gpu_of", "memory_problem", "job_bytes", "check_against",
            "stop_wait_s"]
 
 Progress = Callable[[int, int, str], None]
@@ -350,6 +350,17 @@ def placement_problem(local_ranks: int, gpus: int) -> str | None:
         return (f"{local_ranks} ranks, {gpus} GPU{'s' if gpus != 1 else ''} on this node: NCCL needs one GPU per rank; "
                 "run fewer ranks per node or use --backend gloo")
     return None
+
+
+def gpu_of(local_rank: int, local_ranks: int, gpus: int) -> tuple[int, str | None]:
+    """The CUDA device of the ``local_rank``-th of ``local_ranks`` NCCL ranks a launcher placed
+    on a node where this rank sees ``gpus``, and why it cannot run there (or None): its local
+    rank's GPU; the one it sees where it sees one (srun's --gpus-per-task, a container a rank:
+    each rank its own; ranks that see the same one are refused by NCCL's set-up, which names
+    the duplicate GPU)."""
+    if gpus == 1:
+        return 0, None
+    return local_rank, placement_problem(max(local_ranks, local_rank + 1), gpus)
 
 
 def _input_bytes(payload: Payload, rank: int) -> int:
@@ -826,14 +837,14 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
             if problem:
                 raise PlanInvalidError(problem)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
-        problem = placement_problem(max(local, local_rank + 1), torch.cuda.device_count())
+        index, problem = gpu_of(local_rank, local, torch.cuda.device_count())
         if problem:
             raise InputError(problem)
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", index)
         torch.cuda.set_device(device)
         # Other processes may hold this GPU's memory, which the topology's mem_gb cannot know.
         problem = memory_problem(job, [rank], torch.cuda.mem_get_info(device)[0],
-                                 f"GPU {local_rank} ({torch.cuda.get_device_name(device)})")
+                                 f"GPU {index} ({torch.cuda.get_device_name(device)})")
         if problem:
             raise InputError(problem)
         # The watchdog's timeout is the set-up deadline: it counts from when a run was enqueued,
