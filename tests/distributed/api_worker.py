@@ -641,8 +641,9 @@ def empty_conventions(rank: int, p: int):  # noqa: ANN201
 
 def narrow_sums(rank: int, p: int):  # noqa: ANN201
     """Every rank's partial the same o (exact in the partial dtype) and lse: the result is that
-    o, also where the library sums p weighted rows in the partial dtype (the two and three
-    all-reduces), whose sum is up to p times o: past fp8 e4m3's 448 and fp16's 65504 here."""
+    o, also where the library sums p weighted rows (the two and three all-reduces: fp16 in its
+    own dtype, fp8 through fp32), whose sum is up to p times o: past fp16's 65504 and fp8
+    e4m3's 448 here."""
     for dtype, value in (("fp8", 160.0), ("fp16", 20000.0)):
         w = dataclasses.replace(_workload(p), partial_dtype=dtype)
         o, lse = torch.full((w.batch, w.q_heads, w.head_dim), value), torch.full((w.batch, w.q_heads), 3.0)

@@ -29,7 +29,8 @@ def old_allreduce3(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
                    wire: torch.dtype = torch.float32) -> torch.Tensor:
     part = partial_attention(q, kv, kernel)
     m = comm.all_reduce(part[:, -1] + sum_shift(wire, comm.world), "max", "allreduce3 max lse")
-    num = comm.all_reduce(kernels.weighted(part, m, wire, with_weight=False), "sum", "allreduce3 sum num")
+    num = comm.all_reduce(kernels.weighted(part, m, wire, with_weight=False), "sum", "allreduce3 sum num",
+                         widen=True)
     den = comm.all_reduce(weights(part[:, -1], m), "sum", "allreduce3 sum den")
     kernels.finish(part, m, num, den)
     return part
@@ -42,20 +43,21 @@ def old_allreduce2(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Work
     packed = kernels.weighted(part, m, wire)
     if result == "heads":
         segs = segments(workload, comm.world)
-        got = old_reduce_scatter_rows(comm, packed, segs, "allreduce2 reduce-scatter")
+        got = old_reduce_scatter_rows(comm, packed, segs, "allreduce2 reduce-scatter", widen=True)
         a, b = segs[comm.rank]
         out = torch.empty(b - a, packed.shape[1], dtype=torch.float32, device=packed.device)
         kernels.finish(out, m[a:b], got[:, :-1], got[:, -1])
         return out
     if result == "root":
-        total = comm.reduce(packed, root, "sum", "allreduce2 reduce")
+        total = comm.reduce(packed, root, "sum", "allreduce2 reduce", widen=True)
     else:
-        total = comm.all_reduce(packed, "sum", "allreduce2 sum")
+        total = comm.all_reduce(packed, "sum", "allreduce2 sum", widen=True)
     kernels.finish(part, m, total[:, :-1], total[:, -1])
     return part
 
 
-def old_reduce_scatter_rows(comm: Comm, x: torch.Tensor, segs: list[tuple[int, int]], what: str) -> torch.Tensor:
+def old_reduce_scatter_rows(comm: Comm, x: torch.Tensor, segs: list[tuple[int, int]], what: str,
+                            widen: bool = False) -> torch.Tensor:
     sizes = [b - a for a, b in segs]
     n = max(sizes)
     if min(sizes) == n:
@@ -65,8 +67,7 @@ def old_reduce_scatter_rows(comm: Comm, x: torch.Tensor, segs: list[tuple[int, i
         for j, (a, b) in enumerate(segs):
             inp[j * n:j * n + b - a] = x[a:b]
     out = torch.empty((n, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    comm.reduce_scatter(out, inp, "sum", what)
-    return out[:sizes[comm.rank]]
+    return comm.reduce_scatter(out, inp, "sum", what, widen=widen)[:sizes[comm.rank]]
 
 
 def old_allgather_merge(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
@@ -81,7 +82,7 @@ def old_dcp_ag_rs(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workl
     total, corrected = kernels.corrected(part, comm.all_gather(part[:, -1].contiguous(), "dcp-ag-rs all-gather lse"),
                                          wire)
     segs = segments(workload, comm.world)
-    got = old_reduce_scatter_rows(comm, corrected, segs, "dcp-ag-rs reduce-scatter").float()
+    got = old_reduce_scatter_rows(comm, corrected, segs, "dcp-ag-rs reduce-scatter", widen=True).float()
     a, b = segs[comm.rank]
     return pack(got, total[a:b])
 

@@ -82,6 +82,26 @@ def test_hung_peer_times_out(monkeypatch, tmp_path):
     assert text.endswith("(rank 1 was stopped)")
 
 
+def test_a_host_short_of_memory_stops_every_rank_at_once_with_its_reason():
+    # Under a launcher each host checks its own ranks; one that stopped alone would leave its
+    # peers to the set-up deadline (60 s here), blaming a rank that "did not connect".
+    import subprocess
+    import sys
+
+    from treeattn.exec.launch import free_port
+
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.distributed.host_memory_worker", str(r), port],
+                              cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, text=True)
+             for r in range(2)]
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    for out in outs:
+        took, _, message = out.partition(" ")
+        assert message.startswith("star-1MiB: rank 1 holds at least ") and "on the host of rank 1, which has 1 B" \
+            in message, out
+        assert float(took) < 20, out
+
+
 def test_world_size_mismatch_under_a_launcher():
     env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
            "TORCHELASTIC_RUN_ID": "t"}

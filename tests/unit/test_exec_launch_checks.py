@@ -24,13 +24,16 @@ from treeattn.validate import ValidateOptions
 from treeattn.workload import RawPayload, Workload
 
 
-def test_more_ranks_than_gpus_is_named():
+def test_more_ranks_than_gpus_is_named(monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     assert placement_problem(8, 4).startswith("8 ranks, 4 GPUs on this node: NCCL needs one GPU per rank")
     assert placement_problem(2, 1).startswith("2 ranks, 1 GPU on this node")
     assert placement_problem(4, 4) is None and placement_problem(1, 8) is None
     # under a launcher: the local rank's GPU, or the one a rank sees (srun --gpus-per-task)
     assert gpu_of(3, 8, 8) == (3, None) and gpu_of(3, 4, 1) == (0, None)
     assert gpu_of(5, 8, 4)[1].startswith("8 ranks, 4 GPUs on this node")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")  # torchrun shows each rank every GPU
+    assert gpu_of(1, 2, 1)[1].startswith("2 ranks, 1 GPU on this node")
 
 
 @pytest.mark.parametrize("options", [{"repeats": 1_000_001}, {"warmup": 1_000_001}, {"repeats": 0}, {"warmup": -1}])
@@ -72,7 +75,7 @@ def test_a_run_past_this_hosts_memory_is_refused_before_a_rank_starts():
     job = Job((PlanJob("star-64MiB", raw),), RunOptions())
     # each rank's input beside the plan's accumulator (a copy of it) and what it receives
     need = sum((64 << 20) + run_bytes(raw, r) for r in range(2))
-    assert need == job_bytes(job, 0) + job_bytes(job, 1) >= 4 * (64 << 20)
+    assert need == job_bytes(job, [0, 1]) >= 4 * (64 << 20)
     assert host_memory_problem(job, need) == ""
     assert host_memory_problem(job, None) == ""
     assert host_memory_problem(job, need - 1) == (
@@ -80,7 +83,7 @@ def test_a_run_past_this_hosts_memory_is_refused_before_a_rank_starts():
         "ranks or a smaller payload".format(*format_sizes(need, need - 1)))
     assert format_sizes(need, need - 1) == ("384 MiB", "383.999999 MiB")  # not '384 MiB ... has 384 MiB'
     # One GPU (checked on each NCCL rank before the process group starts): that rank's buffers alone.
-    one = job_bytes(job, 1)
+    one = job_bytes(job, [1])
     assert memory_problem(job, [1], one, "GPU 1 (H100)") is None
     assert memory_problem(job, [1], one - 1, "GPU 1 (H100)") == (
         "star-64MiB: rank 1 holds at least {} at once on GPU 1 (H100), which has {} available; free that memory "
@@ -98,9 +101,9 @@ def test_a_run_with_baselines_holds_their_buffers_beside_the_plans():
     # holds two foreign KV blocks, the all-reduces their sums; the inputs are made once.
     w = Workload(batch=1, q_heads=2, kv_heads=2, head_dim=4, split=(3000, 1000), kv_dtype="fp32")
     plan = build("star", w, TopologyRef("a", "b"))
-    alone = job_bytes(Job((PlanJob("p", plan),), RunOptions()), 0)
+    alone = job_bytes(Job((PlanJob("p", plan),), RunOptions()), [0])
     assert alone == run_bytes(plan, 0)
-    both = job_bytes(Job((PlanJob("p", plan),), RunOptions(baselines=True)), 0)
+    both = job_bytes(Job((PlanJob("p", plan),), RunOptions(baselines=True)), [0])
     ring = build("ring-attention", w, TopologyRef("a", "b"))
     inputs = w.kv_bytes(0) + w.batch * w.q_heads * w.head_dim * 4
     assert both - alone > run_bytes(ring, 0) - inputs >= w.kv_bytes(1)  # ring attention's alone holds a block
@@ -110,22 +113,22 @@ def test_a_run_with_baselines_holds_their_buffers_beside_the_plans():
     assert problem.endswith("use fewer ranks or a smaller payload, or run without --baselines")
 
 
-def test_under_a_launcher_gloo_ranks_check_their_hosts_memory_before_setting_up(monkeypatch):
-    # torchrun and srun start the ranks themselves: each checks its host's ranks (its block of
-    # LOCAL_WORLD_SIZE) before the process group, as the local launcher checks all of them.
-    import treeattn.exec.launch as launch_module
-    from treeattn.exec.launch import detect_env, host_ranks, launch
+def test_under_a_launcher_a_host_is_its_block_of_ranks():
+    # torchrun and srun start the ranks themselves: each host checks its ranks (its block of
+    # LOCAL_WORLD_SIZE or SLURM_NTASKS_PER_NODE; tests/distributed/test_exec_faults.py runs it)
+    from treeattn.exec.launch import detect_env, host_ranks
 
-    raw = build("star", RawPayload(nbytes=64 << 20, ranks=4), TopologyRef("a", "b"))
-    job = Job((PlanJob("star-64MiB", raw),), RunOptions())
     env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": "29999"}
     assert host_ranks(detect_env(env), env) == range(2, 4)
     assert host_ranks(detect_env(env), {**env, "LOCAL_WORLD_SIZE": "x"}) == range(2, 4)  # the ones up to it
-    need = job_bytes(job, 2) + job_bytes(job, 3)
-    monkeypatch.setattr(launch_module, "available_bytes", lambda: need - 1)
-    with pytest.raises(InputError, match="star-64MiB: its 2 ranks hold at least 384 MiB at once on this host"):
-        launch(job, env)
+    slurm = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+             "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
+    assert host_ranks(detect_env(slurm), slurm) == range(4, 8)
+    uneven = {**slurm, "SLURM_PROCID": "6", "SLURM_NODEID": "2", "SLURM_LOCALID": "0",
+              "SLURM_STEP_TASKS_PER_NODE": "3(x2),2"}
+    assert host_ranks(detect_env(uneven), uneven) == range(6, 8)
+    assert host_ranks(detect_env(slurm), {**slurm, "SLURM_STEP_TASKS_PER_NODE": "4(x"}) == range(4, 6)
 
 
 def test_a_run_holds_one_layer_of_its_kv_cache():

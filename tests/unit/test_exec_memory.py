@@ -42,14 +42,14 @@ class _Stand:
                 p.tensor.fill_(1)
         return [None] * len(posts)
 
-    def all_reduce(self, tensor, op, what, setup=False):  # noqa: ANN001, ANN201
+    def all_reduce(self, tensor, op, what, setup=False, widen=False):  # noqa: ANN001, ANN201
         self.reductions += 1
         return tensor
 
-    def reduce(self, tensor, root, op, what):  # noqa: ANN001, ANN201
+    def reduce(self, tensor, root, op, what, widen=False):  # noqa: ANN001, ANN201
         return tensor
 
-    def reduce_scatter(self, out, tensor, op, what):  # noqa: ANN001, ANN201
+    def reduce_scatter(self, out, tensor, op, what, widen=False):  # noqa: ANN001, ANN201
         n = out.shape[0]
         return out.copy_(tensor[self.rank * n:(self.rank + 1) * n])
 

@@ -65,7 +65,7 @@ def allreduce3(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,
     part = partial_attention(q, kv, kernel, value_dim)
     m = comm.all_reduce(lse_column(part, _pool(pool, part.device), sum_shift(wire, comm.world)), "max",
                         "allreduce3 max lse")
-    num = comm.all_reduce(kernels.weighted(part, m, wire, with_weight=False), "sum", "allreduce3 sum num")
+    num = comm.all_reduce(kernels.weighted(part, m, wire, with_weight=False), "sum", "allreduce3 sum num", widen=True)
     den = comm.all_reduce(weights(part[:, -1], m), "sum", "allreduce3 sum den")
     kernels.finish(part, m, num, den)
     return part
@@ -89,9 +89,9 @@ def allreduce2(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload
         kernels.finish(out, m[a:b], got[:, :-1], got[:, -1])
         return out
     if result == "root":
-        total = comm.reduce(packed, root, "sum", "allreduce2 reduce")
+        total = comm.reduce(packed, root, "sum", "allreduce2 reduce", widen=True)
     else:
-        total = comm.all_reduce(packed, "sum", "allreduce2 sum")
+        total = comm.all_reduce(packed, "sum", "allreduce2 sum", widen=True)
     kernels.finish(part, m, total[:, :-1], total[:, -1])
     return part
 
@@ -99,10 +99,10 @@ def allreduce2(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload
 def _reduce_scatter_rows(comm: Comm, x: torch.Tensor, segs: list[tuple[int, int]], what: str,
                          pool: BufferPool | None = None) -> torch.Tensor:
     """Sum of every rank's ``x`` over this rank's rows (segments padded to the longest, as a
-    caller of the library's reduce-scatter must when the heads do not split evenly). The
-    padded input and the output come from ``pool`` when given. The padding is not written,
-    as in the plan's reduce-scatter: it lands in rows its owner drops, and the library's sum
-    is element-wise, so what it holds changes no kept row."""
+    caller of the library's reduce-scatter must when the heads do not split evenly; fp8's in
+    fp32, ``Comm``'s ``widen``). The padded input and the output come from ``pool`` when
+    given. The padding is not written, as in the plan's reduce-scatter: it lands in rows its
+    owner drops, and the library's sum is element-wise, so what it holds changes no kept row."""
     pool = _pool(pool, x.device)
     sizes = [b - a for a, b in segs]
     n = max(sizes)
@@ -114,8 +114,7 @@ def _reduce_scatter_rows(comm: Comm, x: torch.Tensor, segs: list[tuple[int, int]
         for j, (a, b) in enumerate(segs):
             inp[j * n:j * n + b - a] = x[a:b]
     out = pool.take((n, *tail), x.dtype)
-    comm.reduce_scatter(out, inp, "sum", what)
-    return out[:sizes[comm.rank]]
+    return comm.reduce_scatter(out, inp, "sum", what, widen=True)[:sizes[comm.rank]]
 
 
 def allgather_merge(comm: Comm, q: torch.Tensor, kv: torch.Tensor, kernel: str,

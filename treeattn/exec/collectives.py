@@ -69,10 +69,10 @@ def run_collective(ex: PlanExecutor, op: Op, acc: torch.Tensor, state: dict, wha
         m = comm.all_reduce(lse_column(part, ex.pool, sum_shift(wire, comm.world)), "max", what + " (max lse)")
         packed = kernels.weighted(part, m, wire)
         if op.coll == "allreduce":
-            total = comm.all_reduce(packed, "sum", what + " (sum)")
+            total = comm.all_reduce(packed, "sum", what + " (sum)", widen=True)
             kernels.finish(part, m, total[:, :-1], total[:, -1])
         else:
-            got, where = _sum_to_owners(ex, op, packed, rows, what + " (sum)")
+            got, where = _sum_to_owners(ex, op, packed, rows, what + " (sum)", widen=True)
             if got is not None:
                 mine = acc[where]
                 kernels.finish(mine, m[where.start - rows.start:where.stop - rows.start], got[:, :-1], got[:, -1])
@@ -96,18 +96,19 @@ def _alltoall_merge(ex: PlanExecutor, op_chunk: int | None, rows: slice, part: t
 
 
 def _sum_to_owners(ex: PlanExecutor, op: Op, x: torch.Tensor, rows: slice, what: str,
-                   into: torch.Tensor | None = None) -> tuple[torch.Tensor | None, slice]:
+                   into: torch.Tensor | None = None, widen: bool = False) -> tuple[torch.Tensor | None, slice]:
     """Sum ``x`` (the rows ``rows``) over the ranks to where the plan wants them: to the root
     (``reduce``, in ``x`` itself), to the chunk's owner (one chunk), or each rank its segment
     (reduce-scatter, segments padded to the longest when the heads do not split evenly; into
     ``into``'s own rows where they are even: NCCL's in-place reduce-scatter, whose output is
-    the rank's piece of its input). Returns this rank's summed rows and the accumulator rows
-    they are for, or (None, ...) when it gets none; a non-root's ``x`` may be overwritten."""
+    the rank's piece of its input). Returns this rank's summed rows (fp8's in fp32 with
+    ``widen``: ``Comm.all_reduce``) and the accumulator rows they are for, or (None, ...) when
+    it gets none; a non-root's ``x`` may be overwritten."""
     plan, comm = ex.plan, ex.comm
     if op.coll == "reduce" or op.chunk is not None:
         root = op.peer if op.coll == "reduce" else plan.owner(op.chunk)
-        comm.reduce(x, root, "sum", what)
-        return (x, rows) if comm.rank == root else (None, rows)
+        got = comm.reduce(x, root, "sum", what, widen=widen)
+        return (got, rows) if comm.rank == root else (None, rows)
     segs = plan.segments
     n = max(b - a for a, b in segs)
     tail = tuple(x.shape[1:])
@@ -121,8 +122,8 @@ def _sum_to_owners(ex: PlanExecutor, op: Op, x: torch.Tensor, rows: slice, what:
             pieces[first:stop, :size] = x[at:at + (stop - first) * size].view(stop - first, size, *tail)
     a, b = segs[comm.rank]
     out = into[a:b] if into is not None and not plan.padded_runs else ex.pool.take((n, *tail), x.dtype)
-    comm.reduce_scatter(out, inp, "sum", what)
-    return out[:b - a], slice(a, b)
+    got = comm.reduce_scatter(out, inp, "sum", what, widen=widen)
+    return got[:b - a], slice(a, b)
 
 
 def gather_query(ex: PlanExecutor, q: torch.Tensor, what: str) -> torch.Tensor:
@@ -153,7 +154,7 @@ def _dcp(ex: PlanExecutor, op: Op, rows: slice, part: torch.Tensor, acc: torch.T
         raise PlanInvalidError(f"rank {ex.rank}: {what} runs before allgather copy lse of its rows; the outputs "
                                "are corrected by the gathered lse first")
     _, total, corrected = state.pop("dcp")
-    got, where = _sum_to_owners(ex, op, corrected, rows, what)
+    got, where = _sum_to_owners(ex, op, corrected, rows, what, widen=True)
     if got is not None:
         mine = acc[where]
         mine[:, :-1] = got  # the copy widens a narrow wire to fp32, exactly
@@ -185,7 +186,7 @@ def _trio(ex: PlanExecutor, name: str, rows: slice, part: torch.Tensor, state: d
             )
         if name == "num":
             num = kernels.weighted(part, trio["m"][rows], ex.wire_dtype, with_weight=False)
-            trio["num"][rows] = ex.comm.all_reduce(num, "sum", what)  # widened by the copy
+            trio["num"][rows] = ex.comm.all_reduce(num, "sum", what, widen=True)  # widened by the copy
         else:
             trio["den"][rows] = ex.comm.all_reduce(weights(lse, trio["m"][rows]), "sum", what)
     trio[f"has_{name}"][rows] = True

@@ -431,36 +431,58 @@ class Comm:
 
     # -- collectives ----------------------------------------------------------------------
 
-    def all_reduce(self, tensor: torch.Tensor, op: str, what: str, setup: bool = False) -> torch.Tensor:
+    def all_reduce(self, tensor: torch.Tensor, op: str, what: str, setup: bool = False,
+                   widen: bool = False) -> torch.Tensor:
         """In-place all-reduce (``max`` or ``sum``) of ``tensor``; fp8 is reduced through fp32
-        (no library reduces fp8), so it moves 4x the bytes."""
+        (no library reduces fp8), so it moves 4x the bytes. With ``widen`` an fp8 tensor's
+        result is that fp32 sum (returned; ``tensor`` is left as it was): a caller that
+        finishes from it skips the rounding back, and fp8's range, which a sum of p rows may
+        pass though each fits."""
         red = _REDUCE[op]
         if _is_fp8(tensor):
             wide = tensor.float()
             self.wait(dist.all_reduce(wide, op=red, group=self.group, async_op=True), what, setup)
-            return tensor.copy_(wide)  # converted back by the copy: one kernel
+            return wide if widen else tensor.copy_(wide)  # converted back by the copy: one kernel
         self.wait(dist.all_reduce(tensor, op=red, group=self.group, async_op=True), what, setup)
         return tensor
 
-    def reduce_scatter(self, out: torch.Tensor, tensor: torch.Tensor, op: str, what: str) -> torch.Tensor:
+    def reduce_scatter(self, out: torch.Tensor, tensor: torch.Tensor, op: str, what: str,
+                       widen: bool = False) -> torch.Tensor:
         """``out`` <- this rank's p-th (along dim 0) of the ``op``-reduction of every rank's ``tensor``
-        (dim 0 of ``tensor`` is p times ``out``'s); fp8 is reduced through fp32."""
+        (dim 0 of ``tensor`` is p times ``out``'s); fp8 is reduced through fp32 (with ``widen``,
+        returned in fp32 instead of ``out``, as ``all_reduce``)."""
         scatter = _collective("reduce_scatter_single", "reduce_scatter_tensor")
         if _is_fp8(tensor):
             wide = torch.empty(out.shape, dtype=torch.float32, device=out.device)
             self.wait(scatter(wide, tensor.float(), op=_REDUCE[op], group=self.group, async_op=True), what)
-            return out.copy_(wide)
+            return wide if widen else out.copy_(wide)
         self.wait(scatter(out, tensor.contiguous(), op=_REDUCE[op], group=self.group, async_op=True), what)
         return out
 
-    def reduce(self, tensor: torch.Tensor, root: int, op: str, what: str) -> torch.Tensor:
+    def reduce(self, tensor: torch.Tensor, root: int, op: str, what: str, widen: bool = False) -> torch.Tensor:
         """In-place reduction of every rank's ``tensor`` into group rank ``root``'s (others' are
-        left as the library leaves them); fp8 through fp32."""
+        left as the library leaves them); fp8 through fp32 (with ``widen``, returned in fp32, as
+        ``all_reduce``)."""
         wide = tensor.float() if _is_fp8(tensor) else tensor
         self.wait(dist.reduce(wide, op=_REDUCE[op], group=self.group, group_dst=root, async_op=True), what)
-        if wide is not tensor:
+        if wide is not tensor and not widen:
             tensor.copy_(wide)
-        return tensor
+            return tensor
+        return wide
+
+    def first_text(self, text: str, what: str) -> str:
+        """The lowest rank's non-empty ``text``, on every rank ("" where every rank's is
+        empty; set-up deadline): an all-gather of lengths, then a broadcast from that rank."""
+        data = text.encode()
+        mine = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        lengths = self.all_gather(mine, what, setup=True).view(-1).tolist()
+        src = next((r for r, n in enumerate(lengths) if n), None)
+        if src is None:
+            return ""
+        buf = torch.zeros(lengths[src], dtype=torch.uint8, device=self.device)
+        if self.rank == src:
+            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        return bytes(self.broadcast(buf, src, what).cpu().tolist()).decode()
 
     def all_to_all(self, out: torch.Tensor, tensor: torch.Tensor, splits: list[int], what: str) -> torch.Tensor:
         """``out`` <- the ``splits[self.rank]`` rows every rank sends this one, in rank order;

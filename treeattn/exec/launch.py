@@ -244,10 +244,11 @@ def launch(job: Job, environ: dict[str, str] | None = None, progress: Progress |
     if placed is None:
         return launch_local(job, progress)
     check_world(placed, job.ranks)
+    host_problem = ""
     if pick_backend(job.options)[0] == "gloo":  # NCCL's ranks check their GPU's memory (run_rank)
-        problem = memory_problem(job, host_ranks(placed, environ or os.environ), available_bytes(), "this host")
-        if problem:
-            raise InputError(problem)
+        ranks = host_ranks(placed, environ or os.environ)
+        span = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
+        host_problem = memory_problem(job, ranks, available_bytes(), f"the host of {span}") or ""
     if placed.launcher == "slurm":
         os.environ.update(RANK=str(placed.rank), WORLD_SIZE=str(placed.world), LOCAL_RANK=str(placed.local_rank))
         if "OMP_NUM_THREADS" not in os.environ:
@@ -257,7 +258,8 @@ def launch(job: Job, environ: dict[str, str] | None = None, progress: Progress |
             torch.set_num_threads(slurm_threads(os.environ, len(os.sched_getaffinity(0))))
     held = _RendezvousLog(placed.rank, job.options.setup_timeout_s if setup_watchdog else None)
     try:
-        return run_rank(job, placed.rank, placed.world, placed.local_rank, rendezvous=held, progress=progress)
+        return run_rank(job, placed.rank, placed.world, placed.local_rank, rendezvous=held, progress=progress,
+                        host_problem=host_problem)
     except TreeattnError as exc:
         # set-up's errors in treeattn's words; where they name the ranks that never came, torch's
         # log holds only its store's timeouts
@@ -628,16 +630,30 @@ def _stop_on_signals() -> dict:
 
 def host_ranks(placed: RankEnv, environ: dict[str, str]) -> range:
     """The ranks on this process's host, as torchrun and srun (by default) place them, in
-    blocks: ``LOCAL_WORLD_SIZE`` (torchrun) or ``SLURM_NTASKS_PER_NODE`` of them, else the
-    ones before this one on the host (what its local rank shows)."""
+    blocks: ``LOCAL_WORLD_SIZE`` of them (torchrun), or this node's count in the step's
+    ``SLURM_STEP_TASKS_PER_NODE`` (``2(x3),1``: per node), else the ones before this one on
+    the host (what its local rank shows)."""
     first = placed.rank - placed.local_rank
     count = placed.local_rank + 1
-    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
-        value = environ.get(name, "")
-        if value.isdigit() and int(value) > placed.local_rank:
-            count = int(value)
-            break
+    counts = _tasks_per_node(environ.get("SLURM_STEP_TASKS_PER_NODE", ""))
+    node = environ.get("SLURM_NODEID", "")
+    value = environ.get("LOCAL_WORLD_SIZE", "")
+    if value.isdigit():
+        count = max(count, int(value))
+    elif counts and node.isdigit() and int(node) < len(counts):
+        count = max(count, counts[int(node)])
     return range(max(0, first), min(placed.world, first + count))
+
+
+def _tasks_per_node(text: str) -> list[int]:
+    """SLURM's tasks-per-node list (``2(x3),1`` is 2, 2, 2, 1), or [] where it is not one."""
+    counts: list[int] = []
+    for part in filter(None, text.split(",")):
+        n, _, times = part.partition("(x")
+        if not n.isdigit() or (times and not times.rstrip(")").isdigit()):
+            return []
+        counts += [int(n)] * (int(times.rstrip(")")) if times else 1)
+    return counts
 
 
 def available_bytes() -> int | None:

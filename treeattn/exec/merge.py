@@ -119,18 +119,16 @@ def lse_column(packed: torch.Tensor, pool: BufferPool | None = None, shift: floa
 
 def sum_shift(wire: torch.dtype, ranks: int) -> float:
     """What the forms that sum weighted partials over ``ranks`` in the library (the two and
-    three all-reduces) add to every lse before taking the max: log(ranks) where ``wire`` is
-    narrower than fp32 (bf16, fp16, fp8), else 0. Each weight exp(lse - max) is then at most
-    1/ranks, so the sums of w and of w o stay within 1 and the largest |o|: unshifted, p
-    partials that each fit the wire dtype sum to up to p times it (4 ranks of o = 160 in fp8
-    e4m3, whose range ends at 448, came back 112). ``finish`` takes the shifted max, so the
-    result is the same: lse = max + log(sum w)."""
-    info = torch.finfo(wire)
-    if ranks > 1 and info.bits < 32:
-        # at most down to the dtype's smallest normal number: a largest weight below it would
-        # lose precision, and at 2^-10 in e4m3 round to 0 (more than 64 ranks in fp8 may then
-        # still pass its range)
-        return min(math.log(ranks), -math.log(info.tiny))
+    three all-reduces) add to every lse before taking the max: log(ranks) for a 16-bit wire
+    (bf16, fp16), which the libraries sum in its own dtype, else 0. Each weight exp(lse - max)
+    is then at most 1/ranks, so the sums of w and of w o stay within 1 and the largest |o|:
+    unshifted, p partials that each fit the dtype sum to up to p times it (4 ranks of o =
+    20000 in fp16 came back inf). ``finish`` takes the shifted max, so the result is the same:
+    lse = max + log(sum w). An fp8 wire is summed in fp32 and finished from that sum
+    (``Comm.all_reduce``'s ``widen``): shifted, most of its weights would fall below e4m3's
+    smallest normal number (2^-6) and lose their precision."""
+    if ranks > 1 and torch.finfo(wire).bits == 16:
+        return math.log(ranks)
     return 0.0
 
 

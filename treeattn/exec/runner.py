@@ -266,12 +266,21 @@ def tolerance(payload: Payload, roundings: int = 1) -> float:
     order: 0."""
     if isinstance(payload, RawPayload):
         return 0.0
-    return max(_TOL[payload.kv_dtype], _TOL[payload.partial_dtype], roundings * _UNIT_ROUNDOFF[payload.partial_dtype])
+    worst = roundings * _UNIT_ROUNDOFF[payload.partial_dtype]
+    # however many roundings: a result half off is no rounding's (nor is all zeros, 1 off)
+    return max(_TOL[payload.kv_dtype], _TOL[payload.partial_dtype], min(worst, 0.5))
 
 
 _SUMMING = ("allreduce", "reducescatter", "reduce")
-"""Library collectives that sum: a narrow wire is summed through fp32 and the sum comes back
-in the wire's dtype (``Comm.all_reduce``), a second rounding in the same step."""
+"""Library collectives that sum (``sum_roundings``)."""
+
+
+def sum_roundings(wire: DType, ranks: int) -> int:
+    """Roundings to the wire's dtype in a library sum of ``ranks`` partials: a 16-bit dtype is
+    summed in its own (NCCL's and gloo's rings keep each of their p - 1 partial sums in it)
+    after its input's rounding; fp8 in fp32, finished from that sum (``Comm.all_reduce``'s
+    ``widen``): its input's alone."""
+    return 1 if wire.nbytes == 1 else ranks
 
 _OFF_THE_WIRE = ("lse", "den", "q")
 """Parts a collective moves in their own dtype, never the wire's: the lse column and the
@@ -280,10 +289,9 @@ weights' sum (fp32, ``merge.lse_column``, ``merge.weights``) and the query (its 
 
 def wire_roundings(plan: Plan) -> int:
     """The most times a partial of ``plan`` is rounded to the wire's dtype on its way: once a
-    step that moves data (transfers and collectives), once a rank a step whose library
-    collective sums the wire (its input, then each of a ring's p - 1 partial sums, which NCCL
-    and gloo keep in the wire's dtype: as many as the baselines' own sums are allowed), none
-    for a collective of a part that does not travel in the wire's dtype (``_OFF_THE_WIRE``)."""
+    step that moves data (transfers and collectives), ``sum_roundings`` a step whose library
+    collective sums the wire (as the baselines' own sums are allowed), none for a collective
+    of a part that does not travel in the wire's dtype (``_OFF_THE_WIRE``)."""
     per_step: dict[int, int] = {}
     for prog in plan.programs:
         for op in prog:
@@ -292,7 +300,7 @@ def wire_roundings(plan: Plan) -> int:
             if op.kind is OpKind.COLLECTIVE and op.part in _OFF_THE_WIRE:
                 count = 0
             elif op.kind is OpKind.COLLECTIVE and op.coll in _SUMMING and op.reduce in ("sum", "merge"):
-                count = plan.ranks
+                count = sum_roundings(plan.workload.partial_dtype, plan.ranks)
             else:
                 count = 1
             per_step[op.step] = max(per_step.get(op.step, 0), count)
@@ -355,10 +363,10 @@ def placement_problem(local_ranks: int, gpus: int) -> str | None:
 def gpu_of(local_rank: int, local_ranks: int, gpus: int) -> tuple[int, str | None]:
     """The CUDA device of the ``local_rank``-th of ``local_ranks`` NCCL ranks a launcher placed
     on a node where this rank sees ``gpus``, and why it cannot run there (or None): its local
-    rank's GPU; the one it sees where it sees one (srun's --gpus-per-task, a container a rank:
-    each rank its own; ranks that see the same one are refused by NCCL's set-up, which names
-    the duplicate GPU)."""
-    if gpus == 1:
+    rank's GPU; the one it sees where it sees one, but under torchrun, which shows each rank
+    every GPU (srun's --gpus-per-task, a container a rank: each rank its own; ranks that see
+    the same one are refused by NCCL's set-up, which names the duplicate GPU)."""
+    if gpus == 1 and "TORCHELASTIC_RUN_ID" not in os.environ:  # torchrun shows each rank every GPU
         return 0, None
     return local_rank, placement_problem(max(local_ranks, local_rank + 1), gpus)
 
@@ -378,28 +386,29 @@ def _baseline_layout(plan: Plan) -> tuple[str, int | None]:
     return parse_result(plan.result, plan.ranks)
 
 
-def job_bytes(job: Job, rank: int) -> int:
-    """What ``rank`` holds at least once a run has set up every method of ``job``: each
-    payload's inputs once (``_input_bytes``), and beside them each method's own buffers, the
-    plan's and, with ``baselines``, every baseline's (``cost.memory.run_bytes`` of its plan,
-    less the inputs: a run sets up every method before timing one, and each keeps its
+def job_bytes(job: Job, ranks: Sequence[int]) -> int:
+    """What ``ranks`` hold at least, together, once a run has set up every method of ``job``:
+    each payload's inputs once (``_input_bytes``), and beside them each method's own buffers,
+    the plan's and, with ``baselines``, every baseline's (``cost.memory.run_bytes`` of its
+    plan, less the inputs: a run sets up every method before timing one, and each keeps its
     buffers to the end); the harness's copies and the correctness check come on top."""
-    total = 0
-    inputs: set[str] = set()
+    plans: list[Plan] = []  # every method's plan, each built once
+    inputs: dict[str, Payload] = {}
     with_baselines: set[tuple[str, str]] = set()
     for pj in job.plans:
         plan, w = pj.plan, pj.plan.workload
-        given = _input_bytes(w, rank)
-        if repr(w) not in inputs:
-            inputs.add(repr(w))
-            total += given
-        total += run_bytes(plan, rank) - (given if isinstance(w, Workload) else 0)
-        if not job.options.baselines or (repr(w), plan.result) in with_baselines:
-            continue
-        with_baselines.add((repr(w), plan.result))
-        for b in baselines_for(w, *_baseline_layout(plan), pj.ring_order):
-            own = run_bytes(build(b.name, w, plan.topology, **b.kwargs), rank)
-            total += own - (given if isinstance(w, Workload) else 0)
+        inputs.setdefault(repr(w), w)
+        plans.append(plan)
+        if job.options.baselines and (repr(w), plan.result) not in with_baselines:
+            with_baselines.add((repr(w), plan.result))
+            plans += [build(b.name, w, plan.topology, **b.kwargs)
+                      for b in baselines_for(w, *_baseline_layout(plan), pj.ring_order)]
+    total = 0
+    for r in ranks:
+        total += sum(_input_bytes(w, r) for w in inputs.values())
+        # a raw plan's accumulator is a copy of its input: its own beside it
+        total += sum(run_bytes(plan, r) - (_input_bytes(plan.workload, r) if isinstance(plan.workload, Workload)
+                                           else 0) for plan in plans)
     return total
 
 
@@ -410,7 +419,7 @@ def memory_problem(job: Job, ranks: Sequence[int], available: int | None, where:
     measured first and no rank is left waiting on a peer that failed allocating."""
     if available is None:
         return None
-    need = sum(job_bytes(job, r) for r in ranks)
+    need = job_bytes(job, ranks)
     if need <= available:
         return None
     pj = max(job.plans, key=lambda pj: sum(run_bytes(pj.plan, r) for r in ranks))  # named for the largest
@@ -699,9 +708,9 @@ class _RankRun:
                                                   result=b.result, root=b.kwargs.get("root", 0),
                                                   order=b.kwargs.get("order"))
 
-                # a library's ring reduction rounds at each of its p - 1 hops, then gathers
                 out.append(_Timed(pj.label, b.name, fn, w, everyone, repeats, prepare=pool.release_all, rows=brows,
-                                  sliced=sliced, roundings=comm.world, everyone_holds=kind == "all"))
+                                  sliced=sliced, roundings=sum_roundings(w.partial_dtype, comm.world),
+                                  everyone_holds=kind == "all"))
         return out
 
     def _raw_baseline(self, pj: PlanJob, b, inputs: RankInputs, w: Payload, checks: tuple[int, ...],  # noqa: ANN001
@@ -806,7 +815,7 @@ def interleaved_order(repeats: Sequence[int], seed: int) -> list[int]:
 
 def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
              rendezvous: contextlib.AbstractContextManager = contextlib.nullcontext(),
-             progress: Progress | None = None) -> JobResult | None:
+             progress: Progress | None = None, host_problem: str = "") -> JobResult | None:
     """Run ``job`` as rank ``rank`` of ``world`` (process group from the env:// variables).
 
     Args:
@@ -818,6 +827,9 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
             log of a failed rendezvous there).
         progress: on rank 0, ``progress(runs done, runs known, what)`` after each run (between
             runs, outside the timed ones); other ranks ignore it.
+        host_problem: why this rank's host cannot hold the run (``memory_problem``), or "":
+            once the ranks are connected, before anything is allocated, every rank raises the
+            lowest rank's (a rank that stopped alone would leave its peers to the set-up deadline).
 
     Returns:
         The ``JobResult`` on rank 0, None elsewhere.
@@ -863,6 +875,9 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
         join(backend, rank, world, opt.setup_timeout_s, init)
     comm = Comm(rank, world, backend, device, opt.timeout_s, opt.setup_timeout_s)
     _check_same_job(job, comm)
+    problem = comm.first_text(host_problem, "memory check")
+    if problem:
+        raise InputError(problem)
     comm.open_pairs(_pairs(job))
     run = _RankRun(job, comm, kernels, graphs, progress if rank == 0 else None)
     # Through the teardown too: a request after the last run's start stops nothing, but says the

@@ -576,16 +576,19 @@ def chunk_rows(rows: int, chunks: int, chunk: int | None, quantum: int = 1, firs
 def collective_kernels(plan: Plan, op: Op, rank: int | None = None) -> int:
     """The local kernels besides a merge that ``rank`` (None: a rank that gets a result)
     launches for COLLECTIVE ``op`` (``CollectiveForm.kernels``, less ``result_kernels`` where
-    it gets none; ``narrow_kernels`` on a narrow wire; two for each of its calls that reduces
-    fp8 through fp32, ``widened``; and a reduce-scatter's padding, ``Plan.padded_runs``)."""
+    it gets none; ``narrow_kernels`` on a narrow wire; for each of its calls that reduces fp8
+    through fp32 (``widened``) two, one for a partial's; and a reduce-scatter's padding,
+    ``Plan.padded_runs``)."""
     form = COLLECTIVE_FORMS[(op.coll, op.reduce, op.part)]
     kernels = form.kernels
     kernels += padding_kernels(plan, op)
     if rank is not None and form.result_kernels:
         to = op.peer if form.effect == "root" else None if op.chunk is None else plan.owner(op.chunk)
         kernels -= form.result_kernels if to is not None and rank != to else 0
-    # an fp8 reduction goes through an fp32 copy and back (``exec.comm``): two kernels a call
-    wide = 2 * sum(widened(plan.workload, coll, what) for coll, what in form.calls)
+    # an fp8 reduction goes through an fp32 copy and back (``exec.comm``): two kernels a call,
+    # one where a partial's sum is finished from the fp32 sum (``Comm.all_reduce``'s widen)
+    per = 2 if plan.is_raw else 1
+    wide = per * sum(widened(plan.workload, coll, what) for coll, what in form.calls)
     if not plan.narrow_wire:
         return kernels + wide
     stack = form.local_merge and op.part == "partial" and lse_copied(plan.workload)
