@@ -149,15 +149,16 @@ def test_the_tolerance_grows_with_the_roundings_a_narrow_wire_makes():
     assert wire_roundings(build("chain", fp8, ref)) == 6
     # a library sum rounds the weighted partial to the wire, then, in a 16-bit dtype, each of a
     # ring's 3 partial sums back to it (NCCL and gloo keep them in it): once a rank; fp8 is
-    # summed in fp32 and finished from that sum: its input's rounding alone
-    assert wire_roundings(build("allreduce2", bf16, ref)) == 4
-    assert wire_roundings(build("allreduce2", fp8, ref)) == 1
-    assert wire_roundings(build("allreduce2", bf16, ref, result="heads")) == 4
+    # summed in fp32 and finished from that sum: its input's rounding alone; each for the sum
+    # of w o and of w, whose quotient the result is
+    assert wire_roundings(build("allreduce2", bf16, ref)) == 8
+    assert wire_roundings(build("allreduce2", fp8, ref)) == 2
+    assert wire_roundings(build("allreduce2", bf16, ref, result="heads")) == 8
     assert wire_roundings(build("allgather-merge", fp8, ref)) == 1
     # the lse's max, the weights' sum and the gathered query move in fp32 or the input's dtype:
     # only the sum of w o rounds to the wire, as allreduce2's one sum
-    assert wire_roundings(build("allreduce3", bf16, ref)) == 4
-    assert wire_roundings(build("dcp-ag-rs", bf16, ref, result="heads")) == 4
+    assert wire_roundings(build("allreduce3", bf16, ref)) == 8
+    assert wire_roundings(build("dcp-ag-rs", bf16, ref, result="heads")) == 8
     # however many roundings, a result half off is wrong (all zeros is 1 off)
     assert tolerance(bf16, 256) == 0.5
 

@@ -276,11 +276,12 @@ _SUMMING = ("allreduce", "reducescatter", "reduce")
 
 
 def sum_roundings(wire: DType, ranks: int) -> int:
-    """Roundings to the wire's dtype in a library sum of ``ranks`` partials: a 16-bit dtype is
-    summed in its own (NCCL's and gloo's rings keep each of their p - 1 partial sums in it)
-    after its input's rounding; fp8 in fp32, finished from that sum (``Comm.all_reduce``'s
-    ``widen``): its input's alone."""
-    return 1 if wire.nbytes == 1 else ranks
+    """Roundings to the wire's dtype in a library sum of ``ranks`` partials, counted for its sum
+    of w o and its sum of w apart, since the result is their quotient: each a 16-bit dtype's
+    input rounding and then each of a ring's p - 1 partial sums, which NCCL's and gloo's rings
+    keep in that dtype; fp8 its input's alone (summed in fp32 and finished from that sum,
+    ``Comm.all_reduce``'s ``widen``)."""
+    return 2 * (1 if wire.nbytes == 1 else ranks)
 
 _OFF_THE_WIRE = ("lse", "den", "q")
 """Parts a collective moves in their own dtype, never the wire's: the lse column and the
@@ -827,9 +828,10 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
             log of a failed rendezvous there).
         progress: on rank 0, ``progress(runs done, runs known, what)`` after each run (between
             runs, outside the timed ones); other ranks ignore it.
-        host_problem: why this rank's host cannot hold the run (``memory_problem``), or "":
-            once the ranks are connected, before anything is allocated, every rank raises the
-            lowest rank's (a rank that stopped alone would leave its peers to the set-up deadline).
+        host_problem: why this rank's host cannot hold the run (``memory_problem``), or "" (on
+            NCCL its GPU's is added here): once the ranks are connected, before anything is
+            allocated, every rank raises the lowest rank's (a rank that stopped alone would leave
+            its peers to the set-up deadline).
 
     Returns:
         The ``JobResult`` on rank 0, None elsewhere.
@@ -854,11 +856,10 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
             raise InputError(problem)
         device = torch.device("cuda", index)
         torch.cuda.set_device(device)
-        # Other processes may hold this GPU's memory, which the topology's mem_gb cannot know.
-        problem = memory_problem(job, [rank], torch.cuda.mem_get_info(device)[0],
-                                 f"GPU {index} ({torch.cuda.get_device_name(device)})")
-        if problem:
-            raise InputError(problem)
+        # Other processes may hold this GPU's memory, which the topology's mem_gb cannot know;
+        # said by every rank once they connect, as a host's (``host_problem``).
+        host_problem = host_problem or memory_problem(job, [rank], torch.cuda.mem_get_info(device)[0],
+                                                      f"GPU {index} ({torch.cuda.get_device_name(device)})") or ""
         # The watchdog's timeout is the set-up deadline: it counts from when a run was enqueued,
         # not from when its op could start, so the op deadline is kept by Comm.settle instead.
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
