@@ -159,6 +159,8 @@ def test_the_tolerance_grows_with_the_roundings_a_narrow_wire_makes():
     # only the sum of w o rounds to the wire, as allreduce2's one sum
     assert wire_roundings(build("allreduce3", bf16, ref)) == 8
     assert wire_roundings(build("dcp-ag-rs", bf16, ref, result="heads")) == 8
+    # a raw payload's sum too (its check is exact: tolerance 0)
+    assert wire_roundings(build("allreduce", RawPayload(nbytes=64, ranks=4, dtype="bf16"), ref)) == 8
     # however many roundings, a result half off is wrong (all zeros is 1 off)
     assert tolerance(bf16, 256) == 0.5
 

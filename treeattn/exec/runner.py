@@ -301,7 +301,8 @@ def wire_roundings(plan: Plan) -> int:
             if op.kind is OpKind.COLLECTIVE and op.part in _OFF_THE_WIRE:
                 count = 0
             elif op.kind is OpKind.COLLECTIVE and op.coll in _SUMMING and op.reduce in ("sum", "merge"):
-                count = sum_roundings(plan.workload.partial_dtype, plan.ranks)
+                w = plan.workload
+                count = sum_roundings(w.partial_dtype if isinstance(w, Workload) else w.dtype, plan.ranks)
             else:
                 count = 1
             per_step[op.step] = max(per_step.get(op.step, 0), count)
