@@ -319,6 +319,11 @@ class Workload:
         """Bytes of one rank's whole partial."""
         return self.rows * self.row_bytes
 
+    @property
+    def query_bytes(self) -> int:
+        """Bytes of the query: B x Hq x D values of the KV dtype."""
+        return self.batch * self.q_heads * self.head_dim * self.kv_dtype.nbytes
+
     def kv_bytes(self, rank: int) -> int:
         """Bytes of rank ``rank``'s K and V shard (D + Dv values a token and KV head; D with
         ``kv_latent``)."""

@@ -117,7 +117,7 @@ def _case(kernel: str, nbytes: int, gen: torch.Generator, device: torch.device,
     tokens = nbytes // kv_bytes_per_token(heads)
     w = Workload(batch=1, q_heads=hq, kv_heads=hkv, head_dim=d, split=(tokens,), kv_dtype="bf16")
     q, kv = make_query(w, 0, device), make_kv_shard(w, 0, 0, device)
-    moved = w.kv_bytes(0) + w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes + w.payload_bytes
+    moved = w.kv_bytes(0) + w.query_bytes + w.payload_bytes
     kernel = resolve_kernel("auto", device, w.kv_dtype)
     return w.kv_bytes(0), moved, lambda: partial_attention(q, kv, kernel)
 

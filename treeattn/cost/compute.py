@@ -144,8 +144,7 @@ class ComputeModel:
         kv = w.kv_bytes(block)
         if kv == 0:
             return 0
-        q = w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes
-        return kv + q + w.payload_bytes
+        return kv + w.query_bytes + w.payload_bytes
 
     def partial_us(self, rank: int, block: int | None = None, later: bool = False) -> float:
         """Time of the COMPUTE of KV ``block`` (default: the rank's own shard) on ``rank``.

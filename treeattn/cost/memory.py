@@ -151,7 +151,7 @@ def rank_peak_bytes(plan: Plan, rank: int) -> int:
         peak = max(peak, held + extra)
     if plan.rounded_runs:  # the end-of-run rounding's buffer, held beside: o of its longest run
         peak += max(stop - start for start, stop in plan.rounded_runs) * w.value_dim * w.partial_dtype.nbytes
-    q = w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes if isinstance(w, Workload) else 0
+    q = w.query_bytes if isinstance(w, Workload) else 0
     return kv_cache_bytes(w, rank) + q + w.rows * w.acc_row_bytes + peak
 
 

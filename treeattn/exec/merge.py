@@ -286,8 +286,8 @@ def merge_stack(out: torch.Tensor, parts: torch.Tensor, lse: torch.Tensor, accum
     about |lse| x 6e-8, weighs a later merge's partials that much apart, so a plan that merges
     in several hops loses accuracy with |lse| (max error of o 3e-7 at |lse| near 0, 8e-4 at
     1e4 through a chain of 5 ranks, where one-pass merges keep 2e-7); (x, -inf) is exactly the
-    identity for any finite x; empty
-    rows everywhere give (0, -inf); never NaN for finite outputs and lse in [-inf, +inf).
+    identity for any finite x; empty rows everywhere give (0, -inf); never NaN for finite
+    outputs and lse in [-inf, +inf).
     ``treeattn.exec.kernels`` compiles this function as it is.
 
     Args:

@@ -377,7 +377,7 @@ def _input_bytes(payload: Payload, rank: int) -> int:
     """What a run makes once for every method of ``payload``: the query and the KV shard (one
     layer), or a raw payload's buffer."""
     if isinstance(payload, Workload):
-        return payload.kv_bytes(rank) + payload.batch * payload.q_heads * payload.head_dim * payload.kv_dtype.nbytes
+        return payload.kv_bytes(rank) + payload.query_bytes
     return payload.payload_bytes
 
 
@@ -416,9 +416,10 @@ def job_bytes(job: Job, ranks: Sequence[int]) -> int:
 
 def memory_problem(job: Job, ranks: Sequence[int], available: int | None, where: str) -> str | None:
     """Why ``ranks``, sharing ``available`` bytes of memory (``where``: this host, or one
-    GPU), cannot hold what a run of ``job`` sets up (``job_bytes`` summed: a lower bound of
-    what the run holds), or None. Checked before the process group starts, so nothing is
-    measured first and no rank is left waiting on a peer that failed allocating."""
+    GPU), cannot hold what a run of ``job`` sets up (``job_bytes``: a lower bound of what the
+    run holds), or None. Checked before anything is allocated (under a launcher, the verdict
+    is shared once the ranks connect: ``run_rank``), so nothing is measured first and no rank
+    is left waiting on a peer that failed allocating."""
     if available is None:
         return None
     need = job_bytes(job, ranks)

@@ -704,7 +704,7 @@ def message_bytes(plan: Plan, op: Op) -> int:
     if op.block is not None and op.kind is not OpKind.COMPUTE:
         return w.kv_bytes(op.block)
     if op.kind is OpKind.COLLECTIVE and op.part == "q" and isinstance(w, Workload):
-        return -(-w.batch * w.q_heads * w.head_dim * w.kv_dtype.nbytes // plan.ranks)
+        return -(-w.query_bytes // plan.ranks)
     start, stop = plan.chunk_range(op.chunk)
     return (stop - start) * row_bytes(w, op.part if op.kind is OpKind.COLLECTIVE else "partial")
 
