@@ -604,3 +604,54 @@ def test_the_shared_memory_rate_binds_both_ways_inside_a_node_and_not_across_nod
     assert nccl_rates.shm_pair_gbps(apart, 0, 1) == math.inf and nccl_fabric.fabric(apart).shm_gbps == 0.0
     big = nccl.pick(apart, "allreduce", 1 << 28)
     assert big.busbw_gbps > 2 * nccl_rates.SHM_GBPS
+
+
+# -- issuing on GPUs: one NCCL group a peer and step, both sides ------------------------------
+
+
+def gpu_mesh(p: int, *, bw: float = 10.0, lat: float = 0.7, overhead: float = 1.5) -> Topology:
+    """``mesh_topo`` on GPUs: own links at the rates given (measured), memory too fast to count."""
+    devices = [Device(f"g{i}", DeviceKind.GPU, node=i, mem_bw_gbps=1e15) for i in range(p)]
+    links = [Link(f"g{i}", f"g{j}", LinkKind.ETHERNET, bw, lat) for i in range(p) for j in range(p) if i != j]
+    return Topology(name=f"gmesh{p}", devices=devices, links=links, ranks=[f"g{i}" for i in range(p)],
+                    cost=CostParams(overhead_us=overhead, launch_us=0.0, mem_efficiency=1.0, link_rates="measured"))
+
+
+@pytest.mark.parametrize("p", [2, 3, 9])
+def test_a_gpu_root_issues_a_group_for_each_peer_it_receives_from(p):
+    topo, m = gpu_mesh(p), 8_000
+    o, lat = topo.cost.overhead_us, 0.7
+    star = make_plan(tree_programs([-1] + [0] * (p - 1), 1, broadcast=False), raw(p, m), topo, result_ranks=[0])
+    # The root's groups go out one overhead apart, in ascending peer rank: the last message
+    # moves once the root's (p-1)-th group is issued. nccl-tests' one group a call (world) and
+    # host ranks charge the sender alone, who issues one.
+    res = simulate(star, topo)
+    assert close(res.predicted_us, (p - 1) * o + lat + m / BETA)
+    landed = {t.peer: t.end_us for t in res.timeline if t.rank == 0 and t.peer is not None}
+    assert [landed[v] for v in range(1, p)] == sorted(landed.values())
+    assert close(simulate(star, topo, communicator="world").predicted_us, o + lat + m / BETA)
+    host = mesh_topo(p, bw=10.0, lat=0.7, overhead=1.5)
+    assert close(simulate(make_plan(star.programs, raw(p, m), host, result_ranks=[0]), host).predicted_us,
+                 o + lat + m / BETA)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_a_gpu_exchange_with_one_peer_both_ways_is_one_group(p):
+    topo, m = gpu_mesh(p), 20_000
+    res = simulate(make_plan(butterfly_programs(p), raw(p, m), topo), topo)
+    assert close(res.predicted_us, math.log2(p) * (1.5 + 0.7 + m / BETA))
+
+
+def test_a_gpu_ring_step_is_two_groups_and_a_message_waits_for_the_later_side():
+    p, m = 4, 4_000
+    topo = gpu_mesh(p)
+    o, lat = topo.cost.overhead_us, 0.7
+    # One step: every rank sends to the next and receives from the one before (two peers).
+    progs = [[Op(SEND, 0, peer=(r + 1) % p), Op(COPY, 0, peer=(r - 1) % p)] for r in range(p)]
+    res = simulate(make_plan(progs, raw(p, m), topo), topo)
+    arrive = {t.rank: t.end_us for t in res.timeline if t.peer == (t.rank - 1) % p}
+    # r -> r+1 waits for the later of r's group for r+1 and r+1's group for r, each the first
+    # or second of its rank's two (ascending peer): 0 -> 1 is first on both sides; 3 -> 0 is
+    # first at 3 and second at 0; the middle ones second at the sender.
+    assert close(arrive[1], o + lat + m / BETA)
+    assert all(close(arrive[r], 2 * o + lat + m / BETA) for r in (0, 2, 3))

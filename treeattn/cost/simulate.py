@@ -10,10 +10,17 @@ It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
   then its bytes drain at the flow's share of bandwidth, then its route latency (sum of
   hop ``latency_us``). SEND and RECV both complete when it arrives. A route with no links
   (a rank to itself) or an empty message costs the overhead (and latency) only.
-* A rank issues its messages one after another (LogP's gap, equal to the overhead): of the
-  transfers a rank starts at one instant, the k-th in its program order begins draining
-  k overheads after that instant, and a transfer that starts while its sender is still
-  issuing earlier ones waits for them. Receiving costs no issue time.
+* A rank issues its messages one after another (LogP's gap, equal to the overhead). On GPU
+  ranks under a communicator per pair (``PAIR``, as the executor runs plans) a step posts
+  one NCCL group per peer it has a non-empty message with, in ascending peer rank, its sends
+  and receives with that peer together (``Comm.post``), and each group is a kernel launch of
+  its own on both sides: the k-th group a rank posts begins k overheads after the step is
+  posted (or after the rank's earlier groups), and a transfer begins draining when both its
+  sender's and its receiver's groups are issued, so a rank that receives from many peers
+  pays for each as a sender does. Elsewhere (host ranks without host CPU costs; ``WORLD``,
+  nccl-tests' one group a call) the sender alone pays: of the transfers a rank starts at one
+  instant, the k-th in its program order begins draining k overheads after that instant, and
+  a transfer that starts while its sender is still issuing earlier ones waits for them.
 * Bandwidth: every flow in its draining phase shares each link it crosses max-min
   fairly (``treeattn.cost.sharing``). Rates are recomputed whenever flows start or finish,
   in one batch per instant, and only for the connected component of flows (linked through
@@ -63,13 +70,20 @@ from treeattn.plan.ir import COLLECTIVE_FORMS, OpKind, Plan, collective_kernels,
 from treeattn.plan.validate import given_partial_problem
 from treeattn.topology.model import Topology
 
-__all__ = ["OpTiming", "SimResult", "simulate"]
+__all__ = ["OpTiming", "SimResult", "issues_by_peer", "simulate"]
 
 # Event kinds, in heap tuples (time, seq, kind, a, b).
 (_EV_BW_START, _EV_DRAIN, _EV_XFER_DONE, _EV_OP_DONE, _EV_STEP_END, _EV_COLL_DONE, _EV_POST,
  _EV_ARRIVE) = range(8)
 _FLOW_BYTES = 0
 """A flow that is a transfer's bytes (host CPU work has kinds of its own, ``treeattn.cost.host``)."""
+
+
+def issues_by_peer(topo: Topology, communicator: str = PAIR) -> bool:
+    """Whether ranks issue one group a peer and step, receiver and sender alike (GPU ranks under
+    a communicator per pair, with an overhead to pay: the module docstring), rather than the
+    sender alone one message at a time."""
+    return communicator == PAIR and not topo.on_hosts and topo.cost.overhead_us > 0
 
 
 def simulate(plan: Plan, topo: Topology, *, timeline: bool = True, communicator: str = PAIR,
@@ -181,6 +195,10 @@ class _Engine:
         self.cpu_spent = [0.0] * p
         """Per rank: the CPU work charged to it (host ranks; host collectives)."""
         self.host = HostModel.attach(self, topo)
+        self.grouped = issues_by_peer(topo, communicator)
+        """Issue slots per peer group on both sides (module docstring), else the sender's alone."""
+        self.slot = [0.0] * n if self.grouped else []
+        """Per op (``grouped``): when its peer group is issued."""
         # Collectives: per instance k, the arrivals (time, rank, gid).
         self.coll_count = [0] * p
         self.coll_arrivals: list[list[tuple[float, int, int]]] = []
@@ -289,6 +307,8 @@ class _Engine:
         spred, kind = self.last_gid[r], self.kind
         post, pred = self.post, self.pred
         partner = self.partner
+        if self.grouped:
+            self._issue_groups(r, lo, hi, t)
         for gid in range(lo, hi):
             if kind[gid] == _COMPUTE:
                 continue
@@ -303,6 +323,22 @@ class _Engine:
                     self._match(gid, q, t)
                 else:
                     self._match(q, gid, t)
+
+    def _issue_groups(self, r: int, lo: int, hi: int, t: float) -> None:
+        """Rank ``r`` posts ops ``lo:hi`` at ``t``: one group per peer with a non-empty message,
+        in ascending peer rank, one overhead each after its earlier groups are issued; an empty
+        message or one to itself (no group) is issued with the step's first."""
+        kind, peer, nbytes, slot, o = self.kind, self.peer, self.nbytes, self.slot, self.overhead
+        free = self.free
+        base = t if free[r] < t else free[r]
+        peers = sorted({peer[g] for g in range(lo, hi) if kind[g] != _COMPUTE and nbytes[g] and peer[g] != r})
+        at = {q: base + (k + 1) * o for k, q in enumerate(peers)}
+        if peers:
+            free[r] = base + len(peers) * o
+        first = t + o
+        for g in range(lo, hi):
+            if kind[g] != _COMPUTE:
+                slot[g] = at.get(peer[g], first)
 
     def op_done(self, gid: int, t: float) -> None:
         self.end[gid] = t
@@ -346,7 +382,17 @@ class _Engine:
         host = self.host
         if host is not None and host.matched(x, sr, qr, nbytes, t):
             return
-        if self.overhead > 0 and (host is None or not host.active(sr)):
+        if self.grouped:
+            slot = self.slot
+            begin = slot[s] if slot[s] > slot[q] else slot[q]
+            if not hit[0] or nbytes == 0:
+                self._land(x, begin + hit[1])
+            elif begin == t + self.overhead:
+                self.seq += 1  # due in the order made, as in _issue
+                self.fifo.append((begin, self.seq, _EV_BW_START, x, 0))
+            else:
+                self._push(begin, _EV_BW_START, x)
+        elif self.overhead > 0 and (host is None or not host.active(sr)):
             # The sender's issue slot is given once every transfer starting now is known.
             self.issue.append(x)
         else:

@@ -18,8 +18,8 @@ import numpy as np
 
 from treeattn.cost.compute import ComputeModel
 from treeattn.cost.nccl_rates import pair_rate_gbps
-from treeattn.cost.program import _COMPUTE, _SEND, Program, compile_plan
-from treeattn.cost.simulate import simulate
+from treeattn.cost.program import _COMPUTE, _RECV_COPY, _RECV_MERGE, _SEND, Program, compile_plan
+from treeattn.cost.simulate import issues_by_peer, simulate
 from treeattn.errors import InfeasiblePlanError
 from treeattn.plan.builders import build
 from treeattn.plan.ir import Plan, TopologyRef, row_quantum
@@ -199,15 +199,24 @@ class Evaluator:
                 f = compute[ck] = cm.partial_us(r, ck[1], later=ck[2])
             fixed[n] = f
             last = r
-        # A step sending m > 1 messages issues them one at a time.
+        # A step issues m > 1 messages (by peer, both sides: ``issues_by_peer``) one at a time.
         issued = np.zeros(count)
-        if len(sends):
-            lat, bw = self._pair_costs(rank_of[sends], peer[sends])
-            rest = lat + nbytes[sends] / bw
-            at = node_of[sends]
+        grouped = issues_by_peer(self.topo)
+        xs = np.flatnonzero((kind == _SEND) | (kind == _RECV_MERGE) | (kind == _RECV_COPY)) if grouped else sends
+        if len(xs):
+            out = kind[xs] == _SEND
+            lat, bw = self._pair_costs(np.where(out, rank_of[xs], peer[xs]), np.where(out, peer[xs], rank_of[xs]))
+            rest = lat + nbytes[xs] / bw
+            at = node_of[xs]
             starts = np.flatnonzero(np.r_[True, at[1:] != at[:-1]])
             nodes = at[starts]
-            sent = np.diff(np.r_[starts, len(at)])
+            if grouped:
+                own = (nbytes[xs] > 0) & (peer[xs] != rank_of[xs])
+                ranks = len(prog.steps)
+                groups = np.unique(at[own] * ranks + peer[xs][own])  # (node, peer), once each
+                sent = np.bincount(groups // ranks, minlength=count)[nodes]
+            else:
+                sent = np.diff(np.r_[starts, len(at)])
             cheapest = np.minimum.reduceat(rest, starts)
             many = sent > 1
             issued[nodes[many]] = sent[many] * overhead + cheapest[many]
@@ -251,6 +260,7 @@ class Evaluator:
         """``floor_us`` of any plan: one pass over the ops, then one over the steps in dependency order."""
         p = self.topo.num_ranks
         overhead = self.topo.floor_overhead_us
+        grouped = issues_by_peer(self.topo)
         cm = self._cm
         kind, nbytes, rank_of, ops = prog.kind, prog.nbytes, prog.rank_of, prog.ops
         fixed: list[float] = []
@@ -275,15 +285,22 @@ class Evaluator:
                         f = compute[ck] = cm.partial_us(r, ops[cg].block, later=computed)
                     computed = True
                 sent = 0
+                peers = set()
                 cheapest = math.inf
                 for gid in range(lo, hi):
                     node_of[gid] = n
-                    if kind[gid] == _SEND:
-                        rest = self._pair_cost(r, ops[gid].peer)
+                    k = kind[gid]
+                    if k == _SEND or (grouped and (k == _RECV_MERGE or k == _RECV_COPY)):
+                        q = ops[gid].peer
+                        rest = self._pair_cost(r, q) if k == _SEND else self._pair_cost(q, r)
                         rest = rest[0] + nbytes[gid] / rest[1]
                         sent += 1
+                        if nbytes[gid] and q != r:
+                            peers.add(q)
                         if rest < cheapest:
                             cheapest = rest
+                if grouped:
+                    sent = len(peers)
                 fixed.append(f)
                 issued.append(sent * overhead + cheapest if sent > 1 else 0.0)
                 mb = prog.merge_b[r][c]

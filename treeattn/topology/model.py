@@ -397,7 +397,8 @@ class CostParams:
     mapping holds both, flat (``from_flat``, ``to_dict``)."""
 
     overhead_us: float = 2.0
-    """Software overhead a sender pays per message (launch, protocol). Host ranks with
+    """Software overhead a sender pays per message (launch, protocol); on GPU ranks, per peer
+    group a rank posts in a step, receiving as well as sending (``treeattn.cost.simulate``). Host ranks with
     ``host.host_cores`` set pay CPU work instead (``treeattn.cost.host``)."""
     launch_us: float = 5.0
     """Fixed cost of a local compute step (kernel launch)."""

@@ -125,7 +125,8 @@ _P2P_NAMES = (*P2P_LEVELS, *P2P_LEVEL_ALIASES)
 class CostSpec(_Spec):
     """Per-machine constants of the cost model (``treeattn calibrate`` replaces them)."""
 
-    overhead_us: Float = Field(2.0, ge=0, description="Software overhead a sender pays per message.")
+    overhead_us: Float = Field(2.0, ge=0, description="Software overhead a sender pays per message "
+                               "(on GPUs: per peer group, both sides).")
     launch_us: Float = Field(5.0, ge=0, description="Fixed cost of a local compute step (kernel launch).")
     mem_efficiency: Float = Field(
         0.8, gt=0, le=1, description="Fraction of memory bandwidth a memory-bound kernel reaches."
