@@ -151,7 +151,8 @@ def simulate_cmd(
         after = (f"; after its last op, rank {last['rank']}'s own work takes {fixed(tail, 3)} µs more, to the "
                  f"predicted {fixed(res.predicted_us, 3)} µs") if tail > 1e-9 else ""
         con.print(escape("\n".join(wrap("Between ops a rank runs its own work: merges and copies, conversions for "
-                                         f"the wire, and the overhead of each message it issues{after}.", ""))))
+                                         "the wire, and the overhead of each message it issues (on GPUs, of each "
+                                         f"peer's group){after}.", ""))))
     if timeline is not None:
         note = f" (the first {drawn} of {plan.ranks} ranks)" if drawn < plan.ranks else ""
         con.print(f"timeline drawn to {escape(str(timeline))}{note}")

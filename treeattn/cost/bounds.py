@@ -1,8 +1,9 @@
 """Lower bounds on the time of any plan for a payload on a topology (docs/design.md section 5).
 
 Every figure here is a true lower bound under the simulator's own model
-(``treeattn.cost.simulate``): a message costs the sender's ``overhead_us`` (taken as 0 where
-host ranks pay CPU work instead: ``Topology.floor_overhead_us``), then its bytes drain at
+(``treeattn.cost.simulate``): a message costs at least one ``overhead_us`` (its sender's; on
+GPUs, the later of its two sides' peer groups), taken as 0 where host ranks pay CPU work
+instead (``Topology.floor_overhead_us``), then its bytes drain at
 its max-min fair share of every link it crosses, then its route latency; flows
 never exceed a link's capacity; a COMPUTE is a step of its own; a contribution exists
 only after the COMPUTE over its KV block (attention) or from the start (raw payloads).

@@ -127,8 +127,9 @@ class Evaluator:
         the steps of each rank; a step is posted when the rank's previous step ends; a
         transfer starts once both of its steps are posted and lasts at least the sender's
         overhead, its bytes at the route's bottleneck rate and the route's hop latencies (what
-        it costs alone on the network); a step whose rank sends m messages lasts at least m
-        overheads plus the cheapest of them (the rank issues them one at a time); a step's
+        it costs alone on the network); a step whose rank issues m messages lasts at least m
+        overheads plus the cheapest of them (one at a time; on GPUs m counts the peers it sends
+        to or receives from, one group each: ``treeattn.cost.simulate.issues_by_peer``); a step's
         COMPUTE lasts its kernel (``ComputeModel.partial_us``); a step ends after its
         transfers and compute, plus its local work (``treeattn.cost.program``,
         ``ComputeModel.step_local_us``: the simulator's own); a COLLECTIVE step counts as 0.
