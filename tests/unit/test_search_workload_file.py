@@ -109,6 +109,15 @@ def test_a_key_given_twice_is_refused(tmp_path):
     assert load_workload(f, ranks=2).seq_len == 4096
 
 
+def test_keys_beside_a_workload_wrapper_are_named_as_out_of_it(tmp_path):
+    # Not "unknown key(s) workload": the wrapper is known, the key dedented out of it is the mistake.
+    f = tmp_path / "w.yaml"
+    f.write_text("workload:\n  model: llama-3.2-1b\nseq_len: 4K\nbatch: 2\n")
+    with pytest.raises(WorkloadError, match=r"w.yaml: a 'workload:' mapping .* the keys beside it \(seq_len, batch\) "
+                                            r"belong inside it"):
+        load_workload(f, ranks=2)
+
+
 @pytest.mark.parametrize(("data", "flags", "message"), [
     # Each count is named by what gave it: a flag by the flag, a preset's by the preset, so the
     # user knows which to change (not "workload.kv_heads (8) must divide q_heads (7)").

@@ -459,6 +459,10 @@ def _read_workload_data(path: Path) -> Any:  # noqa: ANN401 - whatever the YAML 
         raise WorkloadError(f"{path}{at}: not valid YAML: {problem}") from None
     except RecursionError:  # the pure-Python loader recurses per level; no workload nests so
         raise WorkloadError(f"{path}: not valid YAML: nested too deeply") from None
-    if isinstance(data, dict) and set(data) == {"workload"}:
+    if isinstance(data, dict) and "workload" in data:
+        if len(data) > 1:
+            beside = ", ".join(str(k) for k in data if k != "workload")
+            raise WorkloadError(f"{path}: a 'workload:' mapping holds the whole workload; the keys beside it "
+                                f"({beside}) belong inside it (indented under it), or drop the 'workload:' line")
         data = data["workload"]
     return data
