@@ -326,8 +326,9 @@ class _Engine:
 
     def _issue_groups(self, r: int, lo: int, hi: int, t: float) -> None:
         """Rank ``r`` posts ops ``lo:hi`` at ``t``: one group per peer with a non-empty message,
-        in ascending peer rank, one overhead each after its earlier groups are issued; an empty
-        message or one to itself (no group) is issued with the step's first."""
+        in ascending peer rank, one overhead each after its earlier groups are issued. An empty
+        message or one to itself opens no group: it is issued with its peer's group where that
+        peer has one, else one overhead after the post."""
         kind, peer, nbytes, slot, o = self.kind, self.peer, self.nbytes, self.slot, self.overhead
         free = self.free
         base = t if free[r] < t else free[r]
