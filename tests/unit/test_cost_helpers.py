@@ -39,6 +39,14 @@ def mesh_topo(p: int, *, bw: float = 10.0, lat: float = 1.0, overhead: float = 2
                     cost=CostParams(overhead_us=overhead, launch_us=0.0, mem_efficiency=1.0))
 
 
+def gpu_mesh(p: int, *, bw: float = 10.0, lat: float = 0.7, overhead: float = 1.5) -> Topology:
+    """``mesh_topo`` on GPUs: own links at the rates given (measured), memory too fast to count."""
+    devices = [Device(f"g{i}", DeviceKind.GPU, node=i, mem_bw_gbps=1e15) for i in range(p)]
+    links = [Link(f"g{i}", f"g{j}", LinkKind.ETHERNET, bw, lat) for i in range(p) for j in range(p) if i != j]
+    return Topology(name=f"gmesh{p}", devices=devices, links=links, ranks=[f"g{i}" for i in range(p)],
+                    cost=CostParams(overhead_us=overhead, launch_us=0.0, mem_efficiency=1.0, link_rates="measured"))
+
+
 def raw(p: int, nbytes: int) -> RawPayload:
     return RawPayload(nbytes=nbytes, ranks=p)
 

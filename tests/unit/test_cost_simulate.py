@@ -18,6 +18,7 @@ from tests.unit.test_cost_helpers import (
     SEND,
     binomial_programs,
     butterfly_programs,
+    gpu_mesh,
     make_plan,
     mesh_topo,
     raw,
@@ -607,14 +608,6 @@ def test_the_shared_memory_rate_binds_both_ways_inside_a_node_and_not_across_nod
 
 
 # -- issuing on GPUs: one NCCL group a peer and step, both sides ------------------------------
-
-
-def gpu_mesh(p: int, *, bw: float = 10.0, lat: float = 0.7, overhead: float = 1.5) -> Topology:
-    """``mesh_topo`` on GPUs: own links at the rates given (measured), memory too fast to count."""
-    devices = [Device(f"g{i}", DeviceKind.GPU, node=i, mem_bw_gbps=1e15) for i in range(p)]
-    links = [Link(f"g{i}", f"g{j}", LinkKind.ETHERNET, bw, lat) for i in range(p) for j in range(p) if i != j]
-    return Topology(name=f"gmesh{p}", devices=devices, links=links, ranks=[f"g{i}" for i in range(p)],
-                    cost=CostParams(overhead_us=overhead, launch_us=0.0, mem_efficiency=1.0, link_rates="measured"))
 
 
 @pytest.mark.parametrize("p", [2, 3, 9])

@@ -18,7 +18,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.unit.test_cost_helpers import gpu_mesh
 from tests.unit.test_plan_helpers import REF, every_plan
+from treeattn.cost.program import _COLL, _COMPUTE
+from treeattn.cost.simulate import _Engine
 from treeattn.errors import PlanInvalidError
 from treeattn.exec.attention import make_kv_shard, make_query, make_raw
 from treeattn.exec.baselines import ring_attention
@@ -123,6 +126,46 @@ def test_every_builder_issues_its_operations_in_one_order_on_every_rank(recorded
         assert issue_cycle(orders) is None, where
         checked += 1
     assert checked >= 40  # every family on both payloads and each result layout it builds
+
+
+def simulated_groups(plan: Plan) -> list[list[list[int]]]:
+    """Per rank, per step the simulator issues groups in (on GPUs, ``issues_by_peer``): the
+    peers of its groups in the order their slots come."""
+    eng = _Engine(plan, gpu_mesh(plan.ranks))
+    eng.run(False)
+    out = []
+    for r in range(plan.ranks):
+        steps = []
+        for lo, hi in eng.steps[r]:
+            slots = {eng.peer[g]: eng.slot[g] for g in range(lo, hi)
+                     if eng.kind[g] not in (_COMPUTE, _COLL) and eng.nbytes[g] and eng.peer[g] != r}
+            if slots:
+                steps.append(sorted(slots, key=slots.__getitem__))
+        out.append(steps)
+    return out
+
+
+@pytest.mark.parametrize("p", [3, 5, 8])
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_the_simulator_charges_the_groups_the_executor_posts(recorded, p, chunks):
+    # One group a peer and step, in ascending peer rank (Comm._post_nccl): the simulator's
+    # issue slots (treeattn.cost.simulate) must follow the same groups in the same order.
+    checked = 0
+    for plan in every_plan(p, chunks):
+        if any(op.kind is OpKind.COLLECTIVE for prog in plan.programs for op in prog):
+            continue
+        w = plan.workload
+
+        def body(comm: RecordingComm, plan=plan, w=w) -> None:  # noqa: ANN001
+            inputs = RankInputs(raw=make_raw(w, comm.rank, 0)) if plan.is_raw else RankInputs(
+                q=make_query(w, 0), kv=make_kv_shard(w, comm.rank, 0))
+            PlanExecutor(plan, comm, inputs, timed=False).run()
+
+        posted = [[[a if b == c.rank else b for (a, b), _ in batches] for batches in c.issued if batches]
+                  for c in recorded(p, body)]
+        assert simulated_groups(plan) == posted, f"{plan.algorithm} ({plan.layout}, {w.kind}, p={p}, chunks={chunks})"
+        checked += 1
+    assert checked >= 40
 
 
 RAW3 = RawPayload(nbytes=64, ranks=3)
