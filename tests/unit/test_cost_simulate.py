@@ -648,3 +648,25 @@ def test_a_gpu_ring_step_is_two_groups_and_a_message_waits_for_the_later_side():
     # first at 3 and second at 0; the middle ones second at the sender.
     assert close(arrive[1], o + lat + m / BETA)
     assert all(close(arrive[r], 2 * o + lat + m / BETA) for r in (0, 2, 3))
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+def test_an_empty_message_is_not_sent_and_waits_for_no_peer(gpu):
+    # Ring attention over shards of 0, 0, 1K and 1K tokens: the empty KV blocks are messages
+    # of 0 bytes, which Comm.post leaves out: each side's op is done when its step is posted,
+    # whenever the peer posts its own.
+    from treeattn.plan.builders import build
+    from treeattn.plan.ir import TopologyRef
+    from treeattn.search import Evaluator
+
+    topo = gpu_mesh(4) if gpu else mesh_topo(4, bw=10.0, lat=0.7, overhead=1.5)
+    w = Workload(batch=1, q_heads=8, kv_heads=2, head_dim=64, split=(0, 0, 1024, 1024))
+    plan = build("ring-attention", w, TopologyRef.of(topo))
+    res = simulate(plan, topo)
+    empty = [t for t in res.timeline if t.peer is not None and t.bytes == 0]
+    assert len(empty) == 12
+    assert all(t.end_us == t.start_us for t in empty)
+    sent = [t for t in res.timeline if t.peer is not None and t.bytes > 0]
+    assert all(t.end_us >= t.start_us + 1.5 + 0.7 for t in sent)
+    # the search's floor (which leaves empty messages out alike) stays under the simulation
+    assert Evaluator(topo, w).floor_us(plan) <= res.predicted_us

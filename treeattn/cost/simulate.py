@@ -9,7 +9,8 @@ It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
   matches the k-th RECV at b from a). It costs the sender's ``topo.cost.overhead_us``,
   then its bytes drain at the flow's share of bandwidth, then its route latency (sum of
   hop ``latency_us``). SEND and RECV both complete when it arrives. A route with no links
-  (a rank to itself) or an empty message costs the overhead (and latency) only.
+  (a rank to itself) costs the overhead (and latency) only. An empty message is not sent
+  (``Comm.post`` posts none): its SEND and its RECV each complete when their step is posted.
 * A rank issues its messages one after another (LogP's gap, equal to the overhead). On GPU
   ranks under a communicator per pair (``PAIR``, as the executor runs plans) a step posts
   one NCCL group per peer it has a non-empty message with, in ascending peer rank, its sends
@@ -309,11 +310,16 @@ class _Engine:
         partner = self.partner
         if self.grouped:
             self._issue_groups(r, lo, hi, t)
+        nbytes = self.nbytes
         for gid in range(lo, hi):
             if kind[gid] == _COMPUTE:
                 continue
             post[gid] = t
             pred[gid] = spred
+            if not nbytes[gid]:
+                self.start[gid] = t
+                self._push(t, _EV_OP_DONE, gid)
+                continue
             q = partner[gid]
             if q >= 0 and post[q] >= 0.0:
                 # The partner posted first (or at the same instant): the transfer starts now.
@@ -326,9 +332,8 @@ class _Engine:
 
     def _issue_groups(self, r: int, lo: int, hi: int, t: float) -> None:
         """Rank ``r`` posts ops ``lo:hi`` at ``t``: one group per peer with a non-empty message,
-        in ascending peer rank, one overhead each after its earlier groups are issued. An empty
-        message or one to itself opens no group: it is issued with its peer's group where that
-        peer has one, else one overhead after the post."""
+        in ascending peer rank, one overhead each after its earlier groups are issued. A message
+        to itself opens no group: it is issued one overhead after the post."""
         kind, peer, nbytes, slot, o = self.kind, self.peer, self.nbytes, self.slot, self.overhead
         free = self.free
         base = t if free[r] < t else free[r]
@@ -386,7 +391,7 @@ class _Engine:
         if self.grouped:
             slot = self.slot
             begin = slot[s] if slot[s] > slot[q] else slot[q]
-            if not hit[0] or nbytes == 0:
+            if not hit[0]:
                 self._land(x, begin + hit[1])
             elif begin == t + self.overhead:
                 self.seq += 1  # due in the order made, as in _issue

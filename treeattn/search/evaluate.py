@@ -124,8 +124,9 @@ class Evaluator:
 
         It reads the plan as the simulator does (``treeattn.cost.program.compile_plan``) and
         charges what the simulator charges, less what contention and waiting add: nodes are
-        the steps of each rank; a step is posted when the rank's previous step ends; a
-        transfer starts once both of its steps are posted and lasts at least the sender's
+        the steps of each rank; a step is posted when the rank's previous step ends; an empty
+        message costs nothing (it is not sent); a transfer starts once both of its steps are
+        posted and lasts at least the sender's
         overhead, its bytes at the route's bottleneck rate and the route's hop latencies (what
         it costs alone on the network); a step whose rank issues m messages lasts at least m
         overheads plus the cheapest of them (one at a time; on GPUs m counts the peers it sends
@@ -203,7 +204,9 @@ class Evaluator:
         # A step issues m > 1 messages (by peer, both sides: ``issues_by_peer``) one at a time.
         issued = np.zeros(count)
         grouped = issues_by_peer(self.topo)
+        # (an empty message is not sent: it costs nothing)
         xs = np.flatnonzero((kind == _SEND) | (kind == _RECV_MERGE) | (kind == _RECV_COPY)) if grouped else sends
+        xs = xs[nbytes[xs] > 0]
         if len(xs):
             out = kind[xs] == _SEND
             lat, bw = self._pair_costs(np.where(out, rank_of[xs], peer[xs]), np.where(out, peer[xs], rank_of[xs]))
@@ -212,7 +215,7 @@ class Evaluator:
             starts = np.flatnonzero(np.r_[True, at[1:] != at[:-1]])
             nodes = at[starts]
             if grouped:
-                own = (nbytes[xs] > 0) & (peer[xs] != rank_of[xs])
+                own = peer[xs] != rank_of[xs]
                 ranks = len(prog.steps)
                 groups = np.unique(at[own] * ranks + peer[xs][own])  # (node, peer), once each
                 sent = np.bincount(groups // ranks, minlength=count)[nodes]
@@ -225,7 +228,7 @@ class Evaluator:
         mk = np.fromiter(itertools.chain.from_iterable(prog.merge_k), dtype=np.int64, count=count)
         local = cm.step_local_many_us(node_rank, mb, mk)
         # Transfers: both ends wait for the later of the two posts, then its cost.
-        live = sends[partner[sends] >= 0]
+        live = sends[(partner[sends] >= 0) & (nbytes[sends] > 0)]
         ea, eb = node_of[live], node_of[partner[live]]
         if len(live):
             lat, bw = self._pair_costs(rank_of[live], rank_of[partner[live]])
@@ -291,12 +294,12 @@ class Evaluator:
                 for gid in range(lo, hi):
                     node_of[gid] = n
                     k = kind[gid]
-                    if k == _SEND or (grouped and (k == _RECV_MERGE or k == _RECV_COPY)):
+                    if nbytes[gid] and (k == _SEND or (grouped and (k == _RECV_MERGE or k == _RECV_COPY))):
                         q = ops[gid].peer
                         rest = self._pair_cost(r, q) if k == _SEND else self._pair_cost(q, r)
                         rest = rest[0] + nbytes[gid] / rest[1]
                         sent += 1
-                        if nbytes[gid] and q != r:
+                        if q != r:
                             peers.add(q)
                         if rest < cheapest:
                             cheapest = rest
@@ -310,7 +313,7 @@ class Evaluator:
         partners: list[list[tuple[int, float]]] = [[] for _ in range(count)]
         for gid, code in enumerate(kind):
             q = partner[gid]
-            if code == _SEND and q >= 0:
+            if code == _SEND and q >= 0 and nbytes[gid]:
                 lat, bw = self._pair_cost(rank_of[gid], rank_of[q])
                 cost = overhead + lat + nbytes[gid] / bw
                 na, nb = node_of[gid], node_of[q]
