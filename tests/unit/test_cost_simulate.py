@@ -658,6 +658,7 @@ def test_an_empty_message_is_not_sent_and_waits_for_no_peer(gpu):
     from treeattn.plan.builders import build
     from treeattn.plan.ir import TopologyRef
     from treeattn.search import Evaluator
+    from treeattn.search.explain import explain
 
     topo = gpu_mesh(4) if gpu else mesh_topo(4, bw=10.0, lat=0.7, overhead=1.5)
     w = Workload(batch=1, q_heads=8, kv_heads=2, head_dim=64, split=(0, 0, 1024, 1024))
@@ -670,3 +671,6 @@ def test_an_empty_message_is_not_sent_and_waits_for_no_peer(gpu):
     assert all(t.end_us >= t.start_us + 1.5 + 0.7 for t in sent)
     # the search's floor (which leaves empty messages out alike) stays under the simulation
     assert Evaluator(topo, w).floor_us(plan) <= res.predicted_us
+    # and what is counted as sent, here and in `plan --explain`, is what moves
+    assert res.transfers == len(sent) // 2
+    assert sum(lv.transfers for lv in explain(plan, topo).levels) == res.transfers

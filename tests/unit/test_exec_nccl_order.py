@@ -29,6 +29,8 @@ from treeattn.exec.comm import Comm
 from treeattn.exec.interpreter import PlanExecutor, RankInputs
 from treeattn.exec.issue_order import WORLD, issue_cycle, issue_orders, nccl_order_problem
 from treeattn.plan import Op, OpKind, Plan, validate
+from treeattn.plan.builders import build
+from treeattn.plan.ir import message_bytes
 from treeattn.workload import RawPayload, Workload
 
 
@@ -145,6 +147,19 @@ def simulated_groups(plan: Plan) -> list[list[list[int]]]:
     return out
 
 
+def posted_groups(recorded, plan: Plan) -> list[list[list[int]]]:  # noqa: ANN001
+    """Per rank, per step with messages posted, the peers of the executor's groups in order."""
+    w = plan.workload
+
+    def body(comm: RecordingComm) -> None:
+        inputs = RankInputs(raw=make_raw(w, comm.rank, 0)) if plan.is_raw else RankInputs(
+            q=make_query(w, 0), kv=make_kv_shard(w, comm.rank, 0))
+        PlanExecutor(plan, comm, inputs, timed=False).run()
+
+    return [[[a if b == c.rank else b for (a, b), _ in batches] for batches in c.issued if batches]
+            for c in recorded(plan.ranks, body)]
+
+
 @pytest.mark.parametrize("p", [3, 5, 8])
 @pytest.mark.parametrize("chunks", [1, 3])
 def test_the_simulator_charges_the_groups_the_executor_posts(recorded, p, chunks):
@@ -154,18 +169,19 @@ def test_the_simulator_charges_the_groups_the_executor_posts(recorded, p, chunks
     for plan in every_plan(p, chunks):
         if any(op.kind is OpKind.COLLECTIVE for prog in plan.programs for op in prog):
             continue
-        w = plan.workload
-
-        def body(comm: RecordingComm, plan=plan, w=w) -> None:  # noqa: ANN001
-            inputs = RankInputs(raw=make_raw(w, comm.rank, 0)) if plan.is_raw else RankInputs(
-                q=make_query(w, 0), kv=make_kv_shard(w, comm.rank, 0))
-            PlanExecutor(plan, comm, inputs, timed=False).run()
-
-        posted = [[[a if b == c.rank else b for (a, b), _ in batches] for batches in c.issued if batches]
-                  for c in recorded(p, body)]
-        assert simulated_groups(plan) == posted, f"{plan.algorithm} ({plan.layout}, {w.kind}, p={p}, chunks={chunks})"
+        where = f"{plan.algorithm} ({plan.layout}, {plan.workload.kind}, p={p}, chunks={chunks})"
+        assert simulated_groups(plan) == posted_groups(recorded, plan), where
         checked += 1
     assert checked >= 40
+
+
+@pytest.mark.parametrize("split", [(0, 0, 1024, 1024), (0, 2048, 0, 0), (0, 1024, 0, 1024, 0)])
+def test_an_empty_message_opens_no_group_in_either(recorded, split):
+    # Ring attention over shards of 0 tokens sends empty KV blocks, which Comm.post leaves out.
+    w = Workload(batch=1, q_heads=8, kv_heads=2, head_dim=16, split=split)
+    plan = build("ring-attention", w, REF)
+    assert any(message_bytes(plan, op) == 0 for prog in plan.programs for op in prog if op.is_transfer)
+    assert simulated_groups(plan) == posted_groups(recorded, plan)
 
 
 RAW3 = RawPayload(nbytes=64, ranks=3)

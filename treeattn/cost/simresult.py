@@ -49,6 +49,7 @@ class SimResult:
     events: int
     """Events processed (a size measure for benchmarks)."""
     transfers: int
+    """Messages sent (an empty message is not: ``treeattn.cost.simulate``)."""
     cpu_us: tuple[float, ...] = ()
     """Per rank, the CPU work the host model charged it (messages, steps, computes, merges,
     and its share of host collectives); zeros where ranks are not on host CPUs."""

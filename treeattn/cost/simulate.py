@@ -109,7 +109,9 @@ def simulate(plan: Plan, topo: Topology, *, timeline: bool = True, communicator:
     Raises:
         InputError: the plan and topology have different rank counts.
         PlanInvalidError: ops out of order, unmatched transfers, disagreeing collectives,
-            or a deadlock.
+            or a deadlock (of non-empty messages: an empty one is done when posted, as the
+            executor never sends it, so one left unmatched goes unseen here; the validator,
+            ``treeattn.plan.validate``, which the ``simulate`` command and the API ask first, reports it).
 
     Examples:
         >>> from treeattn.plan.builders import build  # doctest: +SKIP

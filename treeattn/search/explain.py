@@ -95,8 +95,8 @@ def explain(plan: Plan, topo: Topology) -> Explanation:
             key = ("compute", 0)
         elif t.kind == "collective":
             key = ("collective", t.op)
-        elif t.kind == "send":
-            continue  # each transfer is counted once, at its receiver
+        elif t.kind == "send" or t.bytes == 0:
+            continue  # each transfer is counted once, at its receiver; an empty one is not sent
         elif trees:
             d = depths[tree_of(t.chunk)]
             if t.kind == "recv_merge":
