@@ -16,7 +16,7 @@ It implements the Plan IR semantics of ``treeattn.plan.ir`` with these costs:
   one NCCL group per peer it has a non-empty message with, in ascending peer rank, its sends
   and receives with that peer together (``Comm.post``), and each group is a kernel launch of
   its own on both sides: the k-th group a rank posts begins k overheads after the step is
-  posted (or after the rank's earlier groups), and a transfer begins draining when both its
+  posted, and a transfer begins draining when both its
   sender's and its receiver's groups are issued, so a rank that receives from many peers
   pays for each as a sender does. Elsewhere (host ranks without host CPU costs; ``WORLD``,
   nccl-tests' one group a call) the sender alone pays: of the transfers a rank starts at one
@@ -334,15 +334,12 @@ class _Engine:
 
     def _issue_groups(self, r: int, lo: int, hi: int, t: float) -> None:
         """Rank ``r`` posts ops ``lo:hi`` at ``t``: one group per peer with a non-empty message,
-        in ascending peer rank, one overhead each after its earlier groups are issued. A message
-        to itself opens no group: it is issued one overhead after the post."""
+        in ascending peer rank, one overhead each after the one before. A message to itself
+        opens no group: it is issued one overhead after the post. (A step ends only once its
+        last group's messages have moved, so a rank's groups never outlast its step.)"""
         kind, peer, nbytes, slot, o = self.kind, self.peer, self.nbytes, self.slot, self.overhead
-        free = self.free
-        base = t if free[r] < t else free[r]
         peers = sorted({peer[g] for g in range(lo, hi) if kind[g] != _COMPUTE and nbytes[g] and peer[g] != r})
-        at = {q: base + (k + 1) * o for k, q in enumerate(peers)}
-        if peers:
-            free[r] = base + len(peers) * o
+        at = {q: t + (k + 1) * o for k, q in enumerate(peers)}
         first = t + o
         for g in range(lo, hi):
             if kind[g] != _COMPUTE:
@@ -432,7 +429,7 @@ class _Engine:
 
     def send(self, x: int, t: float) -> None:
         """Transfer ``x`` enters the wire at ``t``."""
-        if not self.x_route[x] or self.rem[x] == 0.0:
+        if not self.x_route[x]:
             self._land(x, t + self.x_lat[x])
         else:
             self.bw_start(x, t)
@@ -471,7 +468,7 @@ class _Engine:
             f = free[sr]
             begin = (t if f < t else f) + o
             free[sr] = begin
-            if not x_route[x] or self.rem[x] == 0.0:
+            if not x_route[x]:
                 self._land(x, begin + self.x_lat[x])
             elif begin == first:
                 # Most flows wait exactly one overhead, so these events come due in the order
