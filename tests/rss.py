@@ -26,6 +26,11 @@ def peak_growth_bytes(fn: Callable[[], object]) -> int:
     return (_rss_kib("VmHWM") - before) * 1024
 
 
+def peak_bytes() -> int:
+    """This process's peak resident set so far (VmHWM)."""
+    return _rss_kib("VmHWM") * 1024
+
+
 def can_reset_peak() -> bool:
     """Whether this system lets a process reset and read its peak (Linux's clear_refs, VmHWM)."""
     try:

@@ -41,8 +41,10 @@ def test_every_baseline_takes_the_same_pooled_buffers_each_iteration(pooled):
     for rank, items in enumerate(pooled):
         for item in items:
             label = item["label"]
-            if label.startswith("library") and not label.startswith("library heads"):
-                assert item["takes"] == 0, label  # all-reduce and reduce run in the caller's buffer
+            # all-reduce and reduce run in the caller's buffer, and a reduce-scatter of even shares
+            # (24 elements on 3 ranks) too, into the caller's rows (cost.memory counts nothing)
+            if label.startswith("library") and (not label.startswith("library heads") or " 96 B " in label):
+                assert item["takes"] == 0, label
                 continue
             assert item["takes"] > 0, f"rank {rank}, {label}: nothing came from the pool"
             assert item["same_addresses"], f"rank {rank}, {label}: other addresses on the second iteration"

@@ -15,8 +15,11 @@ from treeattn.calibrate.live import CalibrateOptions
 from treeattn.cost.memory import rank_peak_bytes, run_bytes
 from treeattn.errors import InputError
 from treeattn.exec.deadline import MAX_ITERATIONS
+from treeattn.exec.footprint import job_bytes, memory_problem
 from treeattn.exec.launch import host_memory_problem, launch_local
-from treeattn.exec.runner import Job, PlanJob, RunOptions, gpu_of, job_bytes, memory_problem, placement_problem
+from treeattn.exec.reference import FP64_BLOCK_ELEMENTS
+from treeattn.exec.runner import Job, PlanJob, RunOptions, gpu_of, placement_problem
+from treeattn.plan.baselines import baselines_for
 from treeattn.plan.builders import build
 from treeattn.plan.ir import TopologyRef
 from treeattn.units import format_sizes
@@ -73,15 +76,20 @@ def test_a_run_past_this_hosts_memory_is_refused_before_a_rank_starts():
     # its smaller sizes, then failed allocating (or woke the OOM killer).
     raw = build("star", RawPayload(nbytes=64 << 20, ranks=2), TopologyRef("a", "b"))
     job = Job((PlanJob("star-64MiB", raw),), RunOptions())
-    # each rank's input beside the plan's accumulator (a copy of it) and what it receives
-    need = sum((64 << 20) + run_bytes(raw, r) for r in range(2))
-    assert need == job_bytes(job, [0, 1]) >= 4 * (64 << 20)
+    # each rank's input beside the plan's accumulator (a copy of it) and what it receives; the
+    # check's: rank 0's two copies of its result and the fp64 sum it keeps, each rank's block of
+    # the fp64 sum being made
+    block = FP64_BLOCK_ELEMENTS * 8
+    need = sum((64 << 20) + run_bytes(raw, r) + block for r in range(2)) + 2 * (64 << 20) + 2 * (64 << 20)
+    assert need == job_bytes(job, [0, 1]) >= 8 * (64 << 20)
+    # on a GPU the fp64 sum is kept in host memory
+    assert job_bytes(job, [0], gpu=True) == job_bytes(job, [0]) - 2 * (64 << 20)
     assert host_memory_problem(job, need) == ""
     assert host_memory_problem(job, None) == ""
     assert host_memory_problem(job, need - 1) == (
         "star-64MiB: its 2 ranks hold at least {} at once on this host, which has {} available; use fewer "
         "ranks or a smaller payload".format(*format_sizes(need, need - 1)))
-    assert format_sizes(need, need - 1) == ("384 MiB", "383.999999 MiB")  # not '384 MiB ... has 384 MiB'
+    assert format_sizes(need, need - 1) == ("672 MiB", "671.999999 MiB")  # not '384 MiB ... has 384 MiB'
     # One GPU (checked on each NCCL rank before the process group starts): that rank's buffers alone.
     one = job_bytes(job, [1])
     assert memory_problem(job, [1], one, "GPU 1 (H100)") is None
@@ -101,12 +109,18 @@ def test_a_run_with_baselines_holds_their_buffers_beside_the_plans():
     # holds two foreign KV blocks, the all-reduces their sums; the inputs are made once.
     w = Workload(batch=1, q_heads=2, kv_heads=2, head_dim=4, split=(3000, 1000), kv_dtype="fp32")
     plan = build("star", w, TopologyRef("a", "b"))
-    alone = job_bytes(Job((PlanJob("p", plan),), RunOptions()), [0])
-    assert alone == run_bytes(plan, 0)
-    both = job_bytes(Job((PlanJob("p", plan),), RunOptions(baselines=True)), [0])
+    # rank 1 checks no method (rank 0 does): beside its buffers, the reference's broadcast only
+    alone = job_bytes(Job((PlanJob("p", plan),), RunOptions()), [1])
+    assert alone == run_bytes(plan, 1) + w.rows * w.acc_row_bytes
+    both = job_bytes(Job((PlanJob("p", plan),), RunOptions(baselines=True)), [1])
     ring = build("ring-attention", w, TopologyRef("a", "b"))
-    inputs = w.kv_bytes(0) + w.batch * w.q_heads * w.head_dim * 4
-    assert both - alone > run_bytes(ring, 0) - inputs >= w.kv_bytes(1)  # ring attention's alone holds a block
+    inputs = w.kv_bytes(1) + w.batch * w.q_heads * w.head_dim * 4
+    assert both - alone > run_bytes(ring, 1) - inputs >= w.kv_bytes(0)  # ring attention's alone holds a block
+    # with --check all rank 1 checks every method too: a copy of its first and of its last result
+    methods = 1 + len(baselines_for(w))
+    every = job_bytes(Job((PlanJob("p", plan),), RunOptions(baselines=True, check="all")), [1], gpu=True)
+    assert every - job_bytes(Job((PlanJob("p", plan),), RunOptions(baselines=True)), [1], gpu=True) == \
+        2 * methods * w.rows * w.acc_row_bytes
     job = Job((PlanJob("p", plan),), RunOptions(baselines=True))
     problem = memory_problem(job, [0, 1], both, "this host")
     assert problem.startswith("p: its 2 ranks hold (the baselines' buffers beside the plan's) at least ")

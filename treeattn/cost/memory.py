@@ -48,7 +48,8 @@ from treeattn.topology.model import Topology
 from treeattn.units import counted, format_size, format_sizes
 from treeattn.workload import MODELS, Payload, Workload
 
-__all__ = ["DEFAULT_MEM_FRACTION", "MemoryCheck", "peak_bytes", "rank_peak_bytes", "run_bytes", "kv_cache_bytes",
+__all__ = ["DEFAULT_MEM_FRACTION", "MemoryCheck", "peak_bytes", "rank_peak_bytes", "run_bytes", "gloo_copy_bytes",
+           "kv_cache_bytes",
            "device_bytes", "check_kv_fits", "weights_note", "unknown_memory_note", "check_fraction", "memory_check"]
 
 DEFAULT_MEM_FRACTION = 0.9
@@ -106,6 +107,30 @@ def _raw_sum_bytes(plan: Plan, op, coll: str, rows: int) -> int:  # noqa: ANN001
     return (taken + n) * (row * padded + widen)
 
 
+def gloo_copy_bytes(plan: Plan, op) -> int:  # noqa: ANN001 - an ir.Op
+    """The copy torch's gloo backend makes inside a COLLECTIVE's library calls, beside what the
+    op holds (``rank_peak_bytes``): an all-gather gathers into a flat buffer of its own the size
+    of its output, a reduce-scatter reduces a copy of its input; all-reduce, reduce, broadcast
+    and all-to-all work in place (torch 2.13, two CPU ranks, an input of 64 MiB: the resident
+    set rose 129.5, 66.1, and 2.1 MiB or less; ``exec.footprint`` counts it, and
+    ``tests/distributed/test_exec_faults.py`` holds that count to what a run's ranks hold).
+    NCCL makes none."""
+    w, p = plan.workload, plan.ranks
+    start, stop = plan.chunk_range(op.chunk)
+    rows = stop - start
+    out = 0
+    for coll, what in COLLECTIVE_FORMS[(op.coll, op.reduce, op.part)].calls:
+        if coll == "allgather":
+            share = message_bytes(plan, op) if what == "q" else rows * collective_row_bytes(w, coll, what)
+            out = max(out, p * share)
+        elif coll == "reducescatter":
+            handed = rows
+            if plan.is_raw and op.chunk is None and plan.padded_runs:  # p segments of the longest
+                handed = len(plan.segments) * max(b - a for a, b in plan.segments)
+            out = max(out, handed * collective_row_bytes(w, coll, what))
+    return out
+
+
 def rank_peak_bytes(plan: Plan, rank: int) -> int:
     """The most bytes ``rank`` holds at once under ``plan`` (see the module docstring)."""
     w = plan.workload
@@ -157,8 +182,8 @@ def rank_peak_bytes(plan: Plan, rank: int) -> int:
 
 def run_bytes(plan: Plan, rank: int) -> int:
     """What ``rank`` holds at least while ``treeattn run`` times ``plan``: its peak with one
-    layer of KV cache, the one a run builds (the harness's own copies and the correctness
-    check come on top)."""
+    layer of KV cache, the one a run builds (``exec.footprint`` adds the run's checked results,
+    its reference and gloo's copies)."""
     w = plan.workload
     other_layers = (w.layers - 1) * w.kv_bytes(rank) if isinstance(w, Workload) else 0
     return rank_peak_bytes(plan, rank) - other_layers

@@ -97,23 +97,27 @@ def allreduce2(comm: Comm, q: torch.Tensor, kv: torch.Tensor, workload: Workload
 
 
 def _reduce_scatter_rows(comm: Comm, x: torch.Tensor, segs: list[tuple[int, int]], what: str,
-                         pool: BufferPool | None = None) -> torch.Tensor:
+                         pool: BufferPool | None = None, in_place: bool = False) -> torch.Tensor:
     """Sum of every rank's ``x`` over this rank's rows (segments padded to the longest, as a
     caller of the library's reduce-scatter must when the heads do not split evenly; fp8's in
     fp32, ``Comm``'s ``widen``). The padded input and the output come from ``pool`` when
-    given. The padding is not written, as in the plan's reduce-scatter: it lands in rows its
-    owner drops, and the library's sum is element-wise, so what it holds changes no kept row."""
+    given; with ``in_place``, where the segments are even, the output is this rank's rows of
+    ``x`` (NCCL's in-place reduce-scatter, as a caller that may overwrite its input writes it).
+    The padding is not written, as in the plan's reduce-scatter: it lands in rows its owner
+    drops, and the library's sum is element-wise, so what it holds changes no kept row."""
     pool = _pool(pool, x.device)
     sizes = [b - a for a, b in segs]
     n = max(sizes)
     tail = tuple(x.shape[1:])
-    if min(sizes) == n:
+    even = min(sizes) == n
+    if even:
         inp = x.contiguous()
     else:
         inp = pool.take((len(segs) * n, *tail), x.dtype)
         for j, (a, b) in enumerate(segs):
             inp[j * n:j * n + b - a] = x[a:b]
-    out = pool.take((n, *tail), x.dtype)
+    a, b = segs[comm.rank]
+    out = inp[a:b] if in_place and even else pool.take((n, *tail), x.dtype)
     return comm.reduce_scatter(out, inp, "sum", what, widen=True)[:sizes[comm.rank]]
 
 
@@ -210,9 +214,9 @@ def library_collective(comm: Comm, buf: torch.Tensor, result: str = "all", root:
                        pool: BufferPool | None = None) -> torch.Tensor:
     """Raw payload: the library's sum of ``buf`` for the layout: all-reduce, in place (every
     element); reduce-scatter (``heads``: returns this rank's even share of the elements,
-    ``treeattn.plan.ir.head_split``, in a buffer of ``pool`` when given); reduce to ``root``
-    (in place). fp8 travels as fp32: libraries lack fp8 sums. Callers keep their input by
-    passing a copy."""
+    ``treeattn.plan.ir.head_split``, in place where the shares are even, else in a buffer of
+    ``pool`` when given, as ``cost.memory`` counts it); reduce to ``root`` (in place). fp8
+    travels as fp32: libraries lack fp8 sums. Callers keep their input by passing a copy."""
     if result == "all":
         return comm.all_reduce(buf, "sum", "allreduce sum")
     if result == "root":
@@ -221,7 +225,7 @@ def library_collective(comm: Comm, buf: torch.Tensor, result: str = "all", root:
     for n in head_split(buf.shape[0], comm.world):
         segs.append((at, at + n))
         at += n
-    return _reduce_scatter_rows(comm, buf, segs, "reduce-scatter sum", pool)
+    return _reduce_scatter_rows(comm, buf, segs, "reduce-scatter sum", pool, in_place=True)
 
 
 def allgather_sum(comm: Comm, buf: torch.Tensor, pool: BufferPool | None = None) -> torch.Tensor:

@@ -55,12 +55,12 @@ import torch.distributed as dist
 
 from treeattn.errors import ExecutionError, InputError, TreeattnError
 from treeattn.exec import rendezvous
+from treeattn.exec.footprint import memory_problem
 from treeattn.exec.runner import (
     TIMED_RUNS,
     Job,
     JobResult,
     Progress,
-    memory_problem,
     pick_backend,
     placement_problem,
     run_rank,
@@ -669,7 +669,7 @@ def available_bytes() -> int | None:
 
 def host_memory_problem(job: Job, available: int | None) -> str:
     """Why ``job``'s ranks, all on this host (gloo), cannot hold a plan's buffers in the
-    ``available`` bytes, or "" (``runner.memory_problem`` over every rank)."""
+    ``available`` bytes, or "" (``footprint.memory_problem`` over every rank)."""
     return memory_problem(job, range(job.ranks), available, "this host") or ""
 
 

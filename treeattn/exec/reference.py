@@ -18,6 +18,7 @@ Legend as in ``treeattn.exec.attention``; rows are head-major (row = h * B + b).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -28,8 +29,8 @@ from treeattn.exec.merge import pack_heads
 from treeattn.plan.ir import head_split
 from treeattn.workload import Payload, RawPayload, Workload
 
-__all__ = ["EXACT_MAX_KV_BYTES", "SAMPLED_ROWS", "Reference", "exact_attention", "row_stats", "combine_stats",
-           "sample_rows", "compute_reference"]
+__all__ = ["EXACT_MAX_KV_BYTES", "SAMPLED_ROWS", "TOKENS", "FP64_BLOCK_ELEMENTS", "Reference", "exact_attention",
+           "row_stats", "combine_stats", "sample_rows", "compute_reference"]
 
 EXACT_MAX_KV_BYTES = 256 << 20
 """Largest KV (all ranks, K and V, every batch element) checked exactly on every row; above
@@ -38,7 +39,7 @@ it, sampled rows are."""
 SAMPLED_ROWS = 64
 """Rows checked above ``EXACT_MAX_KV_BYTES`` (besides the first and last of each rank's heads)."""
 
-_TOKENS = 1 << 16
+TOKENS = 1 << 16
 """Tokens converted to fp64 at once (bounds the reference's memory at long shards)."""
 
 FP64_BLOCK_ELEMENTS = 1 << 21
@@ -78,21 +79,35 @@ def exact_attention(q: torch.Tensor, shards: list[torch.Tensor], value_dim: int 
                           torch.full((bsz, hq), float("-inf"), device=q.device))
     hkv = shards[0][0].shape[1]
     g = hq // hkv
+    fp64 = _fp64_block(hkv * max(k.shape[2] for k, _ in shards) * max(d, dv), q.device)
     outs, lses = [], []
     for b in range(bsz):
         qb = q[b].double().reshape(hkv, g, d)
-        scores = torch.cat([torch.matmul(qb, k[b].double().transpose(-1, -2)) for k, _ in shards], dim=-1)
+        scores = torch.cat([torch.matmul(qb, fp64(k[b]).transpose(-1, -2)) for k, _ in shards], dim=-1)
         lse = torch.logsumexp(scores / math.sqrt(d), dim=-1)
         probs = torch.exp(scores / math.sqrt(d) - lse.unsqueeze(-1))
         o = torch.zeros((hkv, g, dv), dtype=torch.float64, device=q.device)
         at = 0
         for k, v in shards:
             n = k.shape[2]
-            o += torch.matmul(probs[..., at:at + n], v[b].double())
+            o += torch.matmul(probs[..., at:at + n], fp64(v[b]))
             at += n
         outs.append(o.reshape(hq, dv))
         lses.append(lse.reshape(hq))
+        del scores, probs  # else the next element's scores are made beside these (``exec.footprint``)
     return pack_heads(torch.stack(outs), torch.stack(lses))
+
+
+def _fp64_block(elements: int, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A converter to fp64 through one buffer of ``elements``: each call's result (contiguous)
+    is valid until the next call. Blocks of several sizes made and freed in turn would leave
+    the allocator holding more than one (``exec.footprint`` counts one)."""
+    block = torch.empty(elements, dtype=torch.float64, device=device)
+
+    def fp64(x: torch.Tensor) -> torch.Tensor:
+        return block[:x.numel()].view(x.shape).copy_(x)
+
+    return fp64
 
 
 def row_stats(q: torch.Tensor, kv: torch.Tensor, rows: torch.Tensor, value_dim: int | None = None) -> torch.Tensor:
@@ -112,14 +127,15 @@ def row_stats(q: torch.Tensor, kv: torch.Tensor, rows: torch.Tensor, value_dim: 
     g = hq // kv.shape[2]
     scale = 1.0 / math.sqrt(d)
     keys, values = split_kv(kv, d, dv)
+    fp64 = _fp64_block(min(n, TOKENS) * max(d, dv), q.device)
     for i, row in enumerate(rows.tolist()):
         h, b = divmod(row, bsz)
         k, v = keys[b, h // g], values[b, h // g]
         qv = q[b, h].double()
-        scores = torch.cat([torch.mv(k[t:t + _TOKENS].double(), qv) for t in range(0, n, _TOKENS)]) * scale
+        scores = torch.cat([torch.mv(fp64(k[t:t + TOKENS]), qv) for t in range(0, n, TOKENS)]) * scale
         m = scores.max()
         p = torch.exp(scores - m)
-        u = sum(torch.mv(v[t:t + _TOKENS].double().T, p[t:t + _TOKENS]) for t in range(0, n, _TOKENS))
+        u = sum(torch.mv(fp64(v[t:t + TOKENS]).T, p[t:t + TOKENS]) for t in range(0, n, TOKENS))
         out[i, 0], out[i, 1], out[i, 2:] = m, p.sum(), u
     return out
 

@@ -47,13 +47,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from treeattn.cost.memory import run_bytes
 from treeattn.errors import InputError, PlanInvalidError
 from treeattn.exec import kernels as fused
 from treeattn.exec.attention import make_kv_shard, make_query, make_raw, resolve_kernel, torch_dtype
 from treeattn.exec.baselines import run_attention_baseline, run_raw_baseline, segments
 from treeattn.exec.comm import BufferPool, Comm, CommError
 from treeattn.exec.deadline import LONGEST_TIMEOUT_S, SETUP_TIMEOUT_S, check_iterations
+from treeattn.exec.footprint import baseline_layout, memory_problem, method_checks
 from treeattn.exec.graphs import Graphed, capture
 from treeattn.exec.interpreter import MeasuredOp, PlanExecutor, RankInputs
 from treeattn.exec.issue_order import nccl_order_problem
@@ -61,14 +61,13 @@ from treeattn.exec.merge import unpack
 from treeattn.exec.reference import FP64_BLOCK_ELEMENTS, Reference, compute_reference
 from treeattn.exec.rendezvous import join
 from treeattn.interrupts import WrapUp, raise_interrupt, wrap_up_on_signals
-from treeattn.plan.baselines import baselines_for, parse_result
-from treeattn.plan.builders import build
+from treeattn.plan.baselines import baselines_for
 from treeattn.plan.ir import OpKind, Plan
-from treeattn.units import DType, counted, format_sizes
+from treeattn.units import DType
 from treeattn.workload import Payload, RawPayload, Workload
 
 __all__ = ["RunOptions", "PlanJob", "Job", "Measurement", "JobResult", "Progress", "TIMED_RUNS", "tolerance",
-           "relative_error", "run_rank", "placement_problem", "gpu_of", "memory_problem", "job_bytes", "check_against",
+           "relative_error", "run_rank", "placement_problem", "gpu_of", "check_against",
            "stop_wait_s"]
 
 Progress = Callable[[int, int, str], None]
@@ -373,72 +372,6 @@ def gpu_of(local_rank: int, local_ranks: int, gpus: int) -> tuple[int, str | Non
     return local_rank, placement_problem(max(local_ranks, local_rank + 1), gpus)
 
 
-def _input_bytes(payload: Payload, rank: int) -> int:
-    """What a run makes once for every method of ``payload``: the query and the KV shard (one
-    layer), or a raw payload's buffer."""
-    if isinstance(payload, Workload):
-        return payload.kv_bytes(rank) + payload.query_bytes
-    return payload.payload_bytes
-
-
-def _baseline_layout(plan: Plan) -> tuple[str, int | None]:
-    """The layout (and root) of the baselines a plan is timed beside (``baselines_for``)."""
-    if plan.result.startswith("ranks:"):
-        return "all", None
-    return parse_result(plan.result, plan.ranks)
-
-
-def job_bytes(job: Job, ranks: Sequence[int]) -> int:
-    """What ``ranks`` hold at least, together, once a run has set up every method of ``job``:
-    each payload's inputs once (``_input_bytes``), and beside them each method's own buffers,
-    the plan's and, with ``baselines``, every baseline's (``cost.memory.run_bytes`` of its
-    plan, less the inputs: a run sets up every method before timing one, and each keeps its
-    buffers to the end); the harness's copies and the correctness check come on top."""
-    plans: list[Plan] = []  # every method's plan, each built once
-    inputs: dict[str, Payload] = {}
-    with_baselines: set[tuple[str, str]] = set()
-    for pj in job.plans:
-        plan, w = pj.plan, pj.plan.workload
-        inputs.setdefault(repr(w), w)
-        plans.append(plan)
-        if job.options.baselines and (repr(w), plan.result) not in with_baselines:
-            with_baselines.add((repr(w), plan.result))
-            plans += [build(b.name, w, plan.topology, **b.kwargs)
-                      for b in baselines_for(w, *_baseline_layout(plan), pj.ring_order)]
-    total = 0
-    for r in ranks:
-        total += sum(_input_bytes(w, r) for w in inputs.values())
-        # a raw plan's accumulator is a copy of its input: its own beside it
-        total += sum(run_bytes(plan, r) - (_input_bytes(plan.workload, r) if isinstance(plan.workload, Workload)
-                                           else 0) for plan in plans)
-    return total
-
-
-def memory_problem(job: Job, ranks: Sequence[int], available: int | None, where: str) -> str | None:
-    """Why ``ranks``, sharing ``available`` bytes of memory (``where``: this host, or one
-    GPU), cannot hold what a run of ``job`` sets up (``job_bytes``: a lower bound of what the
-    run holds), or None. Checked before anything is allocated (under a launcher, the verdict
-    is shared once the ranks connect: ``run_rank``), so nothing is measured first and no rank
-    is left waiting on a peer that failed allocating."""
-    if available is None:
-        return None
-    need = job_bytes(job, ranks)
-    if need <= available:
-        return None
-    pj = max(job.plans, key=lambda pj: sum(run_bytes(pj.plan, r) for r in ranks))  # named for the largest
-    name = pj.named or pj.label
-    if len(job.plans) > 1:
-        name += f", with {counted(len(job.plans) - 1, 'other plan')} set up beside it"
-    smaller = pj.smaller or "a smaller payload"
-    who, fix = ((f"its {len(ranks)} ranks hold", f"use fewer ranks or {smaller}") if len(ranks) > 1
-                else (f"rank {ranks[0]} holds", f"free that memory or use {smaller}"))
-    if job.options.baselines:
-        who += " (the baselines' buffers beside the plan's)"
-        fix += ", or run without --baselines"
-    needed, has = format_sizes(need, available)
-    return f"{name}: {who} at least {needed} at once on {where}, which has {has} available; {fix}"
-
-
 def pick_backend(options: RunOptions) -> tuple[str, torch.device]:
     """The run's backend (``--backend``, else NCCL where CUDA is visible) and its rank's first
     device, or InputError where this machine cannot run them: NCCL without a CUDA device, CUDA
@@ -572,7 +505,9 @@ class _RankRun:
         if self.comm.rank in t.check_ranks:  # only a checking rank reads it (``finish``)
             t.first = out.clone()  # fn may return a buffer the next run reuses
         if t.everyone_holds:
-            t.digest = hashlib.sha256(out.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+            # hashed in place (on a GPU from one host copy): a copy of a raw payload's result
+            # would be the size of the payload, which ``exec.footprint`` does not count
+            t.digest = hashlib.sha256(out.detach().contiguous().view(torch.uint8).cpu().numpy()).hexdigest()
         self.comm.settle()
         for _ in range(self.opt.warmup):
             t.prepare()
@@ -678,26 +613,20 @@ class _RankRun:
         self._inputs[repr(w)] = inputs
         kernel = self.kernels.get(pj.label, "explicit")
         executor = PlanExecutor(plan, comm, inputs, kernel)
-        result_ranks = tuple(sorted(plan.result_ranks)) or (0,)
-        checks = result_ranks if opt.check == "all" else result_ranks[:1]
-        rows = None
-        if plan.layout == "heads":
-            checks, rows = tuple(range(comm.world)), plan.segments[comm.rank]
+        checks = method_checks(plan, opt.check)[0]
+        rows = plan.segments[comm.rank] if plan.layout == "heads" else None
         repeats = pj.repeats or opt.repeats
         out = [_Timed(pj.label, "plan", executor.run, w, checks, repeats, executor,
                       getattr(plan, "contributors", None), executor.prepare, rows=rows, roundings=wire_roundings(plan),
                       everyone_holds=plan.result == "all")]
         if opt.baselines and (repr(w), plan.result, "baselines") not in self._baselines_done:
             self._baselines_done.add((repr(w), plan.result, "baselines"))
-            for b in baselines_for(w, *_baseline_layout(plan), pj.ring_order):
+            for b in baselines_for(w, *baseline_layout(plan), pj.ring_order):
                 kind = b.result
-                everyone = tuple(range(comm.world)) if opt.check == "all" else (0,)
-                brows, sliced = None, False
-                if kind == "heads":
-                    everyone, sliced = tuple(range(comm.world)), True
+                everyone, sliced = method_checks(plan, opt.check, b)
+                brows = None
+                if sliced:
                     brows = segments(w, comm.world)[comm.rank] if not plan.is_raw else plan.segments[comm.rank]
-                elif kind == "root":
-                    everyone = (b.kwargs["root"],)
                 if plan.is_raw:
                     out.append(self._raw_baseline(pj, b, inputs, w, everyone, repeats, brows))
                     continue
@@ -861,7 +790,8 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
         # Other processes may hold this GPU's memory, which the topology's mem_gb cannot know;
         # said by every rank once they connect, as a host's (``host_problem``).
         host_problem = host_problem or memory_problem(job, [rank], torch.cuda.mem_get_info(device)[0],
-                                                      f"GPU {index} ({torch.cuda.get_device_name(device)})") or ""
+                                                      f"GPU {index} ({torch.cuda.get_device_name(device)})",
+                                                      gpu=True) or ""
         # The watchdog's timeout is the set-up deadline: it counts from when a run was enqueued,
         # not from when its op could start, so the op deadline is kept by Comm.settle instead.
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")

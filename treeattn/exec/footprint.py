@@ -1,0 +1,193 @@
+"""What a run of a job holds on its ranks, counted before anything is allocated (``job_bytes``),
+and the refusal when a host or a GPU cannot hold it (``memory_problem``).
+
+A run sets up every method before timing one, and each keeps what it set up to the end. Per rank:
+
+* each payload's inputs, made once (the query and one layer's KV shard, or a raw buffer);
+* each method's own buffers, the plan's and, with ``baselines``, every baseline's
+  (``cost.memory.run_bytes`` of its plan, less the inputs);
+* each method's checked results: the first run's and the last timed run's, copied on each rank
+  that checks that method (``method_checks``) and kept until the run ends;
+* the reference they are checked against (``exec.reference``), computed once the methods are
+  timed: a raw payload's fp64 sum, kept by the ranks that check it, and while it is summed one
+  block of ``FP64_BLOCK_ELEMENTS`` fp64 elements on every rank; an attention reference's packed
+  rows, kept by those ranks and broadcast through every rank, and while it is computed, up to
+  ``EXACT_MAX_KV_BYTES`` of KV, every shard gathered on rank 0 with the fp64 scores of one batch
+  element (``exact_attention``), else each rank's fp64 block of ``reference.TOKENS`` tokens
+  (``row_stats``);
+* on gloo, the copy its all-gather or reduce-scatter makes inside the library call
+  (``cost.memory.gloo_copy_bytes``), while a method runs;
+* on a checking rank, the comparison's fp64 copies (``runner.relative_error``), in host
+  memory, once the reference is made.
+
+The copies inside the library calls are made while the methods run, the reference once they are
+done: the larger of the two counts. On an NCCL rank the inputs, buffers and copies are on its
+GPU and the reference's kept rows in host memory, which ``gpu=True`` leaves out; on gloo
+everything is in host memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from treeattn.cost.memory import gloo_copy_bytes, run_bytes
+from treeattn.exec.baselines import segments
+from treeattn.exec.reference import EXACT_MAX_KV_BYTES, FP64_BLOCK_ELEMENTS, SAMPLED_ROWS, TOKENS
+from treeattn.plan.baselines import Baseline, baselines_for, parse_result
+from treeattn.plan.builders import build
+from treeattn.plan.ir import OpKind
+from treeattn.units import counted, format_sizes
+from treeattn.workload import Payload, RawPayload, Workload
+
+if TYPE_CHECKING:
+    from treeattn.exec.runner import Job
+    from treeattn.plan.ir import Plan
+
+__all__ = ["job_bytes", "memory_problem", "method_checks", "baseline_layout", "reference_bytes"]
+
+_FP64 = 8
+
+
+def baseline_layout(plan: Plan) -> tuple[str, int | None]:
+    """The layout (and root) of the baselines a plan is timed beside (``baselines_for``)."""
+    if plan.result.startswith("ranks:"):
+        return "all", None
+    return parse_result(plan.result, plan.ranks)
+
+
+def method_checks(plan: Plan, check: str, baseline: Baseline | None = None) -> tuple[tuple[int, ...], bool]:
+    """The ranks that check a method's result (the plan's, or ``baseline``'s on its workload)
+    under the run's ``check`` mode, and whether each holds only its own heads' rows (a
+    ``heads`` baseline; a ``heads`` plan's accumulator has every row, each rank checking its own)."""
+    world = plan.ranks
+    if baseline is None:
+        if plan.layout == "heads":
+            return tuple(range(world)), False
+        result_ranks = tuple(sorted(plan.result_ranks)) or (0,)
+        return (result_ranks if check == "all" else result_ranks[:1]), False
+    if baseline.result == "heads":
+        return tuple(range(world)), True
+    if baseline.result == "root":
+        return (baseline.kwargs["root"],), False
+    return (tuple(range(world)) if check == "all" else (0,)), False
+
+
+def _input_bytes(payload: Payload, rank: int) -> int:
+    """What a run makes once for every method of ``payload``: the query and the KV shard (one
+    layer), or a raw payload's buffer."""
+    if isinstance(payload, Workload):
+        return payload.kv_bytes(rank) + payload.query_bytes
+    return payload.payload_bytes
+
+
+def _result_bytes(plan: Plan, rank: int, sliced: bool) -> int:
+    """What one copy of a method's result holds on ``rank``: every row of the accumulator (fp32
+    packed rows, or the raw payload's elements), or its own heads' rows where ``sliced`` (a
+    narrower wire's result rows are counted at fp32: at most that)."""
+    w = plan.workload
+    rows = w.rows
+    if sliced:
+        segs = plan.segments if plan.is_raw else segments(w, plan.ranks)
+        rows = segs[rank][1] - segs[rank][0]
+    return rows * w.acc_row_bytes
+
+
+def _check_bytes(w: Payload) -> int:
+    """What comparing a result with its reference holds in host memory (``runner.relative_error``):
+    a raw payload's fp64 block; a copy of the rows in fp64, and the difference of the outputs
+    and its magnitude (at most every row's)."""
+    if isinstance(w, RawPayload):
+        return min(w.rows, FP64_BLOCK_ELEMENTS) * _FP64
+    return 3 * w.rows * (w.value_dim + 1) * _FP64
+
+
+def reference_bytes(w: Payload, keepers: frozenset[int], contributors: frozenset[int] | None, rank: int,
+                     gpu: bool) -> tuple[int, int]:
+    """(kept, while computed) bytes of one reference on ``rank`` (see the module docstring)."""
+    if isinstance(w, RawPayload):
+        kept = 0 if gpu or rank not in keepers else w.rows * _FP64
+        return kept, min(w.rows, FP64_BLOCK_ELEMENTS) * _FP64
+    keeps = not gpu and rank in keepers
+    who = range(w.ranks) if contributors is None else sorted(contributors)
+    widest = max(w.head_dim, w.value_dim)
+    if sum(w.kv_bytes(r) for r in range(w.ranks)) > EXACT_MAX_KV_BYTES:
+        sampled = SAMPLED_ROWS + 2 * w.ranks  # at most: the first and last row of each rank's heads
+        tokens = w.split[rank] if rank in who else 0
+        stats = sampled * (w.value_dim + 2) * _FP64 * (w.ranks + 1)  # its own and every rank's, gathered
+        return keeps * sampled * w.acc_row_bytes, stats + min(tokens, TOKENS) * widest * _FP64 + 3 * tokens * _FP64
+    rows = w.rows * w.acc_row_bytes
+    if rank != 0:
+        return keeps * rows, rows  # the broadcast's buffer
+    gathered = sum(w.kv_bytes(r) for r in who if r != 0)
+    tokens = sum(w.split[r] for r in who)
+    scores = w.q_heads * tokens * _FP64  # one batch element's
+    # the largest shard's K or V of one batch element in fp64 (one buffer for every conversion)
+    shard = max((w.split[r] for r in who), default=0) * w.kv_heads * widest * _FP64
+    # the fp64 results of every batch element, beside the scores and probabilities of one
+    results = w.rows * w.value_dim * _FP64
+    return keeps * rows, rows + gathered + results + 2 * scores + max(scores, shard)
+
+
+def job_bytes(job: Job, ranks: Sequence[int], gpu: bool = False) -> int:
+    """What ``ranks`` hold together at a run's fullest (the module docstring; ``gpu``: on an
+    NCCL rank's GPU, the reference's kept rows left out)."""
+    check = job.options.check
+    methods: list[tuple[Plan, tuple[int, ...], bool, frozenset[int] | None]] = []
+    inputs: dict[str, Payload] = {}
+    with_baselines: set[tuple[str, str]] = set()
+    for pj in job.plans:
+        plan, w = pj.plan, pj.plan.workload
+        inputs.setdefault(repr(w), w)
+        contributors = getattr(plan, "contributors", None)
+        methods.append((plan, *method_checks(plan, check), None if contributors is None else frozenset(contributors)))
+        if job.options.baselines and (repr(w), plan.result) not in with_baselines:
+            with_baselines.add((repr(w), plan.result))
+            for b in baselines_for(w, *baseline_layout(plan), pj.ring_order):
+                methods.append((build(b.name, w, plan.topology, **b.kwargs), *method_checks(plan, check, b), None))
+    references: dict[tuple[str, frozenset[int] | None], set[int]] = {}
+    for plan, checks, _, contributors in methods:
+        references.setdefault((repr(plan.workload), contributors), set()).update(checks)
+    total = 0
+    for r in ranks:
+        total += sum(_input_bytes(w, r) for w in inputs.values())
+        for plan, checks, sliced, _ in methods:
+            # a raw plan's accumulator is a copy of its input: its own beside it
+            total += run_bytes(plan, r) - (_input_bytes(plan.workload, r) if isinstance(plan.workload, Workload)
+                                           else 0)
+            if r in checks:
+                total += 2 * _result_bytes(plan, r, sliced)
+        made = [reference_bytes(inputs[key], frozenset(keepers), contributors, r, gpu)
+                for (key, contributors), keepers in references.items()]
+        running = 0 if gpu else max((gloo_copy_bytes(plan, op) for plan, *_ in methods for op in plan.programs[r]
+                                     if op.kind is OpKind.COLLECTIVE), default=0)
+        checking = 0 if gpu else max((_check_bytes(plan.workload) for plan, checks, *_ in methods if r in checks),
+                                     default=0)
+        total += max(running, sum(kept for kept, _ in made) + max(checking, *(during for _, during in made)))
+    return total
+
+
+def memory_problem(job: Job, ranks: Sequence[int], available: int | None, where: str, gpu: bool = False) -> str | None:
+    """Why ``ranks``, sharing ``available`` bytes of memory (``where``: a host, or one GPU with
+    ``gpu``), cannot hold a run of ``job`` at its fullest (``job_bytes``; the processes' own
+    memory, torch's and the library's, comes on top), or None. Checked before
+    anything is allocated (under a launcher, the verdict is shared once the ranks connect:
+    ``runner.run_rank``), so nothing is measured first and no rank is left waiting on a peer
+    that failed allocating."""
+    if available is None:
+        return None
+    need = job_bytes(job, ranks, gpu)
+    if need <= available:
+        return None
+    pj = max(job.plans, key=lambda pj: sum(run_bytes(pj.plan, r) for r in ranks))  # named for the largest
+    name = pj.named or pj.label
+    if len(job.plans) > 1:
+        name += f", with {counted(len(job.plans) - 1, 'other plan')} set up beside it"
+    smaller = pj.smaller or "a smaller payload"
+    who, fix = ((f"its {len(ranks)} ranks hold", f"use fewer ranks or {smaller}") if len(ranks) > 1
+                else (f"rank {ranks[0]} holds", f"free that memory or use {smaller}"))
+    if job.options.baselines:
+        who += " (the baselines' buffers beside the plan's)"
+        fix += ", or run without --baselines"
+    needed, has = format_sizes(need, available)
+    return f"{name}: {who} at least {needed} at once on {where}, which has {has} available; {fix}"
