@@ -72,6 +72,10 @@ def test_version_is_the_installed_distribution_version() -> None:
     res = run_cli("--version")
     assert res.exit_code == 0
     assert res.stdout == f"treeattn {importlib.metadata.version('treeattn')}\n"
+    # what follows it would pass unread
+    res = run_cli("--version", "plan", "-t", "cpu-4")
+    assert res.exit_code == 2 and res.stdout == ""
+    assert res.stderr == "error: treeattn: --version takes nothing else, got 'plan -t cpu-4' (see --help)\n"
 
 
 def _groups() -> list[tuple[str, ...]]:

@@ -247,6 +247,13 @@ def _bad_option_value(exc: Exception) -> str | None:
 
 def _run(command, args: list[str] | None) -> None:  # noqa: ANN001 - a click Group
     interrupts.forget()
+    argv = sys.argv[1:] if args is None else args
+    if argv[:1] == ["--version"] and len(argv) > 1:
+        # --version is eager: click prints it and stops before reading the rest, which would
+        # pass unread (``treeattn --version plan ...`` printed the version and exited 0)
+        err_console.print(f"[bold red]error:[/] treeattn: --version takes nothing else, got "
+                          f"{escape(repr(' '.join(argv[1:])))} (see --help)", markup=True, soft_wrap=True)
+        sys.exit(2)
     try:
         # Every command: a signal that ends it (SIGTERM from torchrun's agent, srun, timeout)
         # unwinds it as Ctrl-C does, so its cleanup runs (a run's empty rows file removed) and
