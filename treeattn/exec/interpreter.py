@@ -244,7 +244,7 @@ class PlanExecutor:
                     empty[0] = False
                 done = [self._mark()]
             else:
-                done = self._step(ops, acc, blocks, empty)
+                done = self._step(ops, acc, blocks, empty, t_post)
             if self.timed:
                 for (index, op), t_done in zip(ops, done, strict=True):
                     self._marks.append((index, op, t_post, t_done))
@@ -358,8 +358,9 @@ class PlanExecutor:
         return sent, bufs
 
     def _step(self, ops: list[tuple[int, Op]], acc: torch.Tensor, blocks: dict[int, torch.Tensor],
-              empty: list[bool]) -> list[Mark]:
-        """One step of transfers, with its COMPUTE (if any) running while they fly."""
+              empty: list[bool], t_post: Mark) -> list[Mark]:
+        """One step of transfers, with its COMPUTE (if any) running while they fly; ``t_post``:
+        the step's post, when an empty message (none is sent) is done, as the simulator has it."""
         w = self.plan.workload
         compute = next((op for _, op in ops if op.kind is OpKind.COMPUTE), None)
         transfers = [(i, op) for i, op in ops if op.kind is not OpKind.COMPUTE]
@@ -419,7 +420,7 @@ class PlanExecutor:
         done: list[Mark] = []
         for (_, op), work, new in zip(transfers, works, first, strict=True):
             if work is None:  # an empty message: nothing was posted
-                done.append(self._mark())
+                done.append(t_post)
                 continue
             if new:
                 self.comm.wait(work, f"{op.kind.value} chunk {op.chunk} with rank {op.peer} (step {op.step})")
