@@ -156,3 +156,26 @@ def test_down_of_every_run_leaves_one_a_live_command_holds() -> None:
     removed, left = _removable(known, None)
     assert sorted(removed) == ["aaaaaa", "cccccc", "dddddd"] and left == ("bbbbbb",)
     assert _removable({"bbbbbb": known["bbbbbb"]}, "bbbbbb") == ({"bbbbbb": known["bbbbbb"]}, ())  # named: removed
+
+
+def test_a_cluster_run_past_this_hosts_memory_is_refused_before_a_rank_starts(monkeypatch):
+    # The namespaces' ranks all run on this host (emulate run, validate), as a local run's do.
+    from types import SimpleNamespace
+
+    import pytest
+
+    from treeattn.emulate import jobs
+    from treeattn.errors import InputError
+    from treeattn.exec import launch
+    from treeattn.exec.runner import Job, PlanJob, RunOptions
+    from treeattn.plan.builders import build
+    from treeattn.topology.library import resolve
+    from treeattn.workload import RawPayload
+
+    job = Job((PlanJob("star-1MiB", build("star", RawPayload(nbytes=1 << 20, ranks=2), resolve("cpu:ranks=2"))),),
+              RunOptions(repeats=1, warmup=0))
+    cluster = SimpleNamespace(num_ranks=2, topology=SimpleNamespace(name="emu-test"))
+    monkeypatch.setattr(jobs, "run_in_namespaces", lambda *args, **kwargs: pytest.fail("a rank was started"))
+    monkeypatch.setattr(launch, "available_bytes", lambda: 1)
+    with pytest.raises(InputError, match=r"^star-1MiB: its 2 ranks hold at least .* on this host, which has 1 B "):
+        jobs.launch_in_cluster(cluster, job)

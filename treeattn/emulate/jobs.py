@@ -44,12 +44,23 @@ def launch_in_cluster(cluster: Cluster, job: Job, *, timeout_s: float = 1800.0,
         ExecutionError: a rank failed, died or timed out (the message names the first, and
             the folder that keeps every rank's output).
     """
-    from treeattn.exec.launch import GRACE_S, keep_output, relay_progress, run_directory
+    from treeattn.exec.launch import (
+        GRACE_S,
+        available_bytes,
+        host_memory_problem,
+        keep_output,
+        relay_progress,
+        run_directory,
+    )
 
     n = job.ranks
     if n != cluster.num_ranks:
         raise InputError(f"the plan has {n} ranks but the emulated topology {cluster.topology.name!r} places "
                          f"{cluster.num_ranks}; pick a plan made for it or --ranks")
+    # the namespaces' ranks all run on this host, as a local run's do
+    problem = host_memory_problem(job, available_bytes())
+    if problem:
+        raise InputError(problem)
     tmp = run_directory("treeattn-emu-run-", job)
     kept = False
     try:
