@@ -41,6 +41,7 @@ from treeattn.cost.compute import ComputeModel
 from treeattn.errors import InputError
 from treeattn.exec import kernels
 from treeattn.exec.attention import make_kv_shard, make_query, partial_attention, resolve_kernel
+from treeattn.exec.footprint import gpu_peak_line
 from treeattn.exec.launch import launch
 from treeattn.exec.merge import wired
 from treeattn.exec.predict import predict
@@ -151,8 +152,10 @@ def plan_rows(topo: Topology) -> list[dict]:
     one = subset_topology(topo, (0,)) if topo.num_ranks > 1 else topo
     w = llama(128 << 10)
     plan = build("star", w, TopologyRef.of(one))
-    result = launch(Job((PlanJob("star-1", plan),), RunOptions(backend="nccl", repeats=20, warmup=3)))
+    job = Job((PlanJob("star-1", plan),), RunOptions(backend="nccl", repeats=20, warmup=3))
+    result = launch(job)
     m = result.measurements[0]
+    print(gpu_peak_line(result.gpu_peak_bytes, job))
     pred = predict(plan, one).us.get("plan")
     return [dict(what=f"plan star, 1 rank ({m.kernel}, graphs {'on' if result.graphs else 'off'})",
                  size="128K tokens", measured_us=m.median_us, modelled_us=pred, correct=m.correct)]

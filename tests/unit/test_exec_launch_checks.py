@@ -341,3 +341,14 @@ def test_the_store_port_is_free_and_below_the_ephemeral_range(monkeypatch):
     monkeypatch.setattr(launching, "_ephemeral_low", lambda: launching._LOWEST_PORT + 10)
     with socket.socket() as s:
         s.bind(("127.0.0.1", launching.free_port()))
+
+
+def test_a_gpu_runs_peak_is_said_beside_the_count_for_the_fullest_rank():
+    from treeattn.exec.footprint import gpu_peak_line
+
+    raw = build("star", RawPayload(nbytes=64 << 20, ranks=2), TopologyRef("a", "b"))
+    job = Job((PlanJob("star-64MiB", raw),), RunOptions())
+    counted = format_sizes(job_bytes(job, [1], gpu=True), 1)[0]
+    assert gpu_peak_line((300 << 20, 500 << 20), job) == (
+        f"GPU memory: the fullest rank, 1, peaked at 500 MiB of tensors (torch's allocator; NCCL's buffers and the "
+        f"CUDA context beside), where the memory check counted {counted}")

@@ -146,6 +146,10 @@ def run(
             kernels = sorted({m.kernel for m in result.measurements if m.kernel != "none"})
             err_console.print(f"{result.backend} on {result.device}: attention kernel {', '.join(kernels) or 'none'}, "
                               f"merges {result.merge}, CUDA graphs {result.graphs_text}")
+            if result.gpu_peak_bytes:
+                from treeattn.exec.footprint import gpu_peak_line
+
+                err_console.print(escape(gpu_peak_line(result.gpu_peak_bytes, Job((planned,), options))))
             result = _signalled(result, wrap.signum)  # since the launch returned: its rows are whole
             try:
                 emit_results(result, plan, label, predictions, run_id, rows, json_out)

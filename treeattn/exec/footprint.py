@@ -37,14 +37,14 @@ from treeattn.exec.reference import EXACT_MAX_KV_BYTES, FP64_BLOCK_ELEMENTS, SAM
 from treeattn.plan.baselines import Baseline, baselines_for, parse_result
 from treeattn.plan.builders import build
 from treeattn.plan.ir import OpKind
-from treeattn.units import counted, format_sizes
+from treeattn.units import counted, format_size, format_sizes
 from treeattn.workload import Payload, RawPayload, Workload
 
 if TYPE_CHECKING:
     from treeattn.exec.runner import Job
     from treeattn.plan.ir import Plan
 
-__all__ = ["job_bytes", "memory_problem", "method_checks", "baseline_layout", "reference_bytes"]
+__all__ = ["job_bytes", "memory_problem", "method_checks", "baseline_layout", "reference_bytes", "gpu_peak_line"]
 
 _FP64 = 8
 
@@ -191,3 +191,12 @@ def memory_problem(job: Job, ranks: Sequence[int], available: int | None, where:
         fix += ", or run without --baselines"
     needed, has = format_sizes(need, available)
     return f"{name}: {who} at least {needed} at once on {where}, which has {has} available; {fix}"
+
+
+def gpu_peak_line(peaks: Sequence[int], job: Job) -> str:
+    """The fullest rank's peak on its GPU (``runner.JobResult.gpu_peak_bytes``) beside what the
+    memory check counted for that rank."""
+    rank = max(range(len(peaks)), key=lambda r: peaks[r])
+    return (f"GPU memory: the fullest rank, {rank}, peaked at {format_size(peaks[rank])} of tensors (torch's "
+            f"allocator; NCCL's buffers and the CUDA context beside), where the memory check counted "
+            f"{format_size(job_bytes(job, [rank], gpu=True))}")

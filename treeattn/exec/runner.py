@@ -241,6 +241,10 @@ class JobResult:
     """The timed runs each measurement was to have, in their order."""
     untimed: tuple[str, ...] = ()
     """Where a signal stopped the run: the methods it stopped before their first timed run."""
+    gpu_peak_bytes: tuple[int, ...] = ()
+    """On CUDA, each rank's peak of torch's allocator over the run (``max_memory_allocated``:
+    its tensors, not NCCL's own buffers nor the CUDA context), to set beside the memory check's
+    count (``exec.footprint``); empty on the CPU."""
 
     @property
     def graphs_text(self) -> str:
@@ -820,6 +824,10 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
             run.wrap.stuck_grace_s = max(run.wrap.stuck_grace_s, stop_wait_s(opt))
         try:
             measurements, repeats = run.run()
+            peaks: list[int] = []
+            if comm.cuda:
+                mine = torch.tensor([torch.cuda.max_memory_allocated(device)], dtype=torch.int64, device=device)
+                peaks = comm.all_gather(mine, "memory peaks", setup=True).view(-1).tolist()
         except (CommError, RuntimeError):
             # A signal to every rank finds each in its own run: one still warming up stops at
             # once and its peers lose it; the stop was asked for, not a failure.
@@ -838,7 +846,8 @@ def run_rank(job: Job, rank: int, world: int, local_rank: int = 0,
     # What ran, not what was asked: a failed compile or capture says why only in the rank's log.
     return JobResult(tuple(measurements), backend, str(device), world, fused.merge_label(device),
                      graphs and not run.eager, tuple(run.eager), stopped=stopped, repeats=tuple(repeats),
-                     untimed=tuple(t.method for t in run.known if not t.starts) if run.stopped else ())
+                     untimed=tuple(t.method for t in run.known if not t.starts) if run.stopped else (),
+                     gpu_peak_bytes=tuple(peaks))
 
 
 def _check_same_job(job: Job, comm: Comm) -> None:
