@@ -29,6 +29,7 @@ BAD = {
     "bench_rank_fork.py": ["--ranks", "2,1"],
     "bench_rank_startup.py": ["--starts", "0"],
     "bench_run.py": ["--batches", "1,x"],
+    "bench_run_memory.py": ["--out", "/proc/none/table.txt"],
     "bench_scale.py": ["--ranks", "8,9"],
     "bench_search.py": ["--part", "quality", "--seq-lens", "lots"],
     "bench_simulate.py": ["--nodes", "0"],
