@@ -30,6 +30,9 @@ from treeattn.textfile import write_file
 TREEATTN = [sys.executable, "-m", "treeattn"]
 MIB = 1 << 20
 ATTENTION = ["-m", "llama-3.1-8b", "-b", "2"]
+MQA = ["--heads", "128", "--kv-heads", "1", "--head-dim", "128"]
+FP8 = "@fp8"
+"""Stands for a raw fp8 workload file (``_case`` writes it)."""
 CASES = [  # (name, plan arguments, the tiny payload's, run flags)
     ("raw 128 MiB ring", ["--bytes", "128MiB", "--algorithm", "ring"], ["--bytes", "1KiB", "--algorithm", "ring"], []),
     ("raw 128 MiB ring, baselines", ["--bytes", "128MiB", "--algorithm", "ring"],
@@ -38,10 +41,20 @@ CASES = [  # (name, plan arguments, the tiny payload's, run flags)
      ["--bytes", "1KiB", "--algorithm", "ring", "--result", "heads"], ["--baselines"]),
     ("raw 128 MiB star root, check all", ["--bytes", "128MiB", "--algorithm", "star", "--result", "root"],
      ["--bytes", "1KiB", "--algorithm", "star", "--result", "root"], ["--check", "all"]),
+    ("raw 128 MiB ring, baselines, blocked", ["--bytes", "128MiB", "--algorithm", "ring"],
+     ["--bytes", "1KiB", "--algorithm", "ring"], ["--baselines", "--check", "all", "--order", "blocked"]),
+    ("raw fp8 128 MiB star root", ["--workload", FP8, "--bytes", "128MiB", "--algorithm", "star", "--result", "root"],
+     ["--workload", FP8, "--bytes", "1KiB", "--algorithm", "star", "--result", "root"], []),
+    ("raw fp8 128 MiB ring, baselines", ["--workload", FP8, "--bytes", "128MiB", "--algorithm", "ring"],
+     ["--workload", FP8, "--bytes", "1KiB", "--algorithm", "ring"], ["--baselines"]),
     ("llama-3.1-8b B=2 24K (exact reference)", [*ATTENTION, "-n", "24K"], [*ATTENTION, "-n", "1K"], []),
     ("llama-3.1-8b B=2 24K, baselines", [*ATTENTION, "-n", "24K"], [*ATTENTION, "-n", "1K"], ["--baselines"]),
     ("llama-3.1-8b B=2 64K (sampled rows)", [*ATTENTION, "-n", "64K"], [*ATTENTION, "-n", "1K"], []),
     ("llama-3.1-8b B=2 64K, baselines", [*ATTENTION, "-n", "64K"], [*ATTENTION, "-n", "1K"], ["--baselines"]),
+    ("MQA 128 heads, 1 KV head, 256K root (exact)", [*MQA, "-n", "256K", "--result", "root"],
+     [*MQA, "-n", "1K", "--result", "root"], []),
+    ("llama-3.1-8b fp8 KV B=2 48K root", [*ATTENTION, "--kv-dtype", "fp8", "-n", "48K", "--result", "root"],
+     [*ATTENTION, "--kv-dtype", "fp8", "-n", "1K", "--result", "root"], []),
 ]
 
 
@@ -101,12 +114,15 @@ def _peaks(cmd: list[str], runs: Path) -> dict[int, int]:
 
 def _case(tmp: Path, plan_args: list[str], flags: list[str]) -> tuple[dict[int, int], list[int]]:
     """One run's peaks per rank and the count per rank."""
-    path = tmp / "plan.yaml"
+    path, fp8 = tmp / "plan.yaml", tmp / "fp8.yaml"
+    fp8.write_text("kind: raw\nop: sum\ndtype: fp8\n")
+    plan_args = [str(fp8) if a == FP8 else a for a in plan_args]
     subprocess.run([*TREEATTN, "plan", "-t", "cpu-4", "--ranks", "0,1", *plan_args, "-o", str(path)], check=True,
                    capture_output=True)
     peaks = _peaks([*TREEATTN, "run", str(path), "--repeats", "2", "--warmup", "1", "--out",
                     str(tmp / "rows.csv"), *flags], tmp / "runs")
-    opts = RunOptions(baselines="--baselines" in flags, check="all" if "--check" in flags else "root")
+    opts = RunOptions(baselines="--baselines" in flags, check="all" if "--check" in flags else "root",
+                      order="blocked" if "blocked" in flags else "interleaved")
     job = Job((PlanJob("p", load_checked(path)),), opts)
     (tmp / "rows.csv").unlink(missing_ok=True)
     return peaks, [job_bytes(job, [r]) for r in range(2)]
@@ -117,14 +133,14 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="also write the table to this file")
     args = ap.parse_args()
     out = output_file(args.out, "--out", "run-memory.txt") if args.out else None
-    lines = [f"{'case':40} {'rank':>4} {'held MiB':>9} {'counted MiB':>12} {'held - counted':>15}"]
+    lines = [f"{'case':44} {'rank':>4} {'held MiB':>9} {'counted MiB':>12} {'held - counted':>15}"]
     with tempfile.TemporaryDirectory() as tmp:
         for name, plan_args, tiny_args, flags in CASES:
             peaks, counts = _case(Path(tmp), plan_args, flags)
             base, base_counts = _case(Path(tmp), tiny_args, flags)
             for r in range(2):
                 held, counted = (peaks[r] - base[r]) / MIB, (counts[r] - base_counts[r]) / MIB
-                lines.append(f"{name:40} {r:>4} {held:>9.1f} {counted:>12.1f} {held - counted:>+15.1f}")
+                lines.append(f"{name:44} {r:>4} {held:>9.1f} {counted:>12.1f} {held - counted:>+15.1f}")
                 print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     if out is not None:

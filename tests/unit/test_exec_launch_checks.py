@@ -125,6 +125,9 @@ def test_a_run_with_baselines_holds_their_buffers_beside_the_plans():
     problem = memory_problem(job, [0, 1], both, "this host")
     assert problem.startswith("p: its 2 ranks hold (the baselines' buffers beside the plan's) at least ")
     assert problem.endswith("use fewer ranks or a smaller payload, or run without --baselines")
+    job = Job((PlanJob("p", plan),), RunOptions(check="all"))
+    assert memory_problem(job, [1], 1, "this host").endswith(
+        "free that memory or use a smaller payload, or check on one rank (--check root)")
 
 
 def test_under_a_launcher_a_host_is_its_block_of_ranks():
@@ -352,3 +355,21 @@ def test_a_gpu_runs_peak_is_said_beside_the_count_for_the_fullest_rank():
     assert gpu_peak_line((300 << 20, 500 << 20), job) == (
         f"GPU memory: the fullest rank, 1, peaked at 500 MiB of tensors (torch's allocator; NCCL's buffers and the "
         f"CUDA context beside), where the memory check counted {counted}")
+
+
+def test_in_blocked_order_a_reference_is_kept_beside_the_next_methods_copies():
+    # The all-gather + sum baseline's gloo copy (its output, 128 MiB on 2 ranks) comes after the
+    # plan's reference is made and kept (rank 0's fp64 sum, 128 MiB) in blocked order; in the
+    # interleaved order every method has run before the first reference (its block, 16 MiB).
+    raw = build("ring", RawPayload(nbytes=64 << 20, ranks=2), TopologyRef("a", "b"))
+    one = [job_bytes(Job((PlanJob("ring", raw),), RunOptions(baselines=True, order=order)), [0])
+           for order in ("interleaved", "blocked")]
+    assert one[1] - one[0] == (128 + 128) - (128 + 16) << 20
+
+
+def test_drawing_the_inputs_is_counted_where_it_is_the_fullest_moment():
+    # make_raw draws int32 and converts: an fp8 buffer briefly needs 5 bytes an element, which on
+    # a rank that neither checks nor sums much is more than the run holds after
+    payload = RawPayload(nbytes=64 << 20, ranks=2, dtype="fp8")
+    root = build("star", payload, TopologyRef("a", "b"), result="root")
+    assert job_bytes(Job((PlanJob("star", root),), RunOptions()), [1]) == 5 * (64 << 20)

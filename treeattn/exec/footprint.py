@@ -21,9 +21,11 @@ A run sets up every method before timing one, and each keeps what it set up to t
   memory, once the reference is made.
 
 The copies inside the library calls are made while the methods run, the reference once they are
-done: the larger of the two counts. On an NCCL rank the inputs, buffers and copies are on its
-GPU and the reference's kept rows in host memory, which ``gpu=True`` leaves out; on gloo
-everything is in host memory.
+done: the larger of the two counts (in ``blocked`` order each method's reference is made, and
+kept, before the next method runs: both). Before any of it, drawing the inputs holds a wider
+copy of one of them (``_drawing_bytes``); the larger of that and the run counts. On an NCCL
+rank the inputs, buffers and copies are on its GPU and the reference's kept rows in host
+memory, which ``gpu=True`` leaves out; on gloo everything is in host memory.
 """
 
 from __future__ import annotations
@@ -122,11 +124,12 @@ def reference_bytes(w: Payload, keepers: frozenset[int], contributors: frozenset
     gathered = sum(w.kv_bytes(r) for r in who if r != 0)
     tokens = sum(w.split[r] for r in who)
     scores = w.q_heads * tokens * _FP64  # one batch element's
-    # the largest shard's K or V of one batch element in fp64 (one buffer for every conversion)
+    # the largest shard's K or V of one batch element in fp64 (one buffer for every conversion,
+    # held through), beside three of the scores' size (the scores, the scaled scores and the
+    # log-sum-exp's own; or the scores, the shifted ones and the probabilities)
     shard = max((w.split[r] for r in who), default=0) * w.kv_heads * widest * _FP64
-    # the fp64 results of every batch element, beside the scores and probabilities of one
-    results = w.rows * w.value_dim * _FP64
-    return keeps * rows, rows + gathered + results + 2 * scores + max(scores, shard)
+    results = w.rows * w.value_dim * _FP64  # the fp64 results of every batch element
+    return keeps * rows, rows + gathered + results + 3 * scores + shard
 
 
 def job_bytes(job: Job, ranks: Sequence[int], gpu: bool = False) -> int:
@@ -148,23 +151,42 @@ def job_bytes(job: Job, ranks: Sequence[int], gpu: bool = False) -> int:
     references: dict[tuple[str, frozenset[int] | None], set[int]] = {}
     for plan, checks, _, contributors in methods:
         references.setdefault((repr(plan.workload), contributors), set()).update(checks)
-    total = 0
-    for r in ranks:
-        total += sum(_input_bytes(w, r) for w in inputs.values())
-        for plan, checks, sliced, _ in methods:
-            # a raw plan's accumulator is a copy of its input: its own beside it
-            total += run_bytes(plan, r) - (_input_bytes(plan.workload, r) if isinstance(plan.workload, Workload)
-                                           else 0)
-            if r in checks:
-                total += 2 * _result_bytes(plan, r, sliced)
-        made = [reference_bytes(inputs[key], frozenset(keepers), contributors, r, gpu)
-                for (key, contributors), keepers in references.items()]
-        running = 0 if gpu else max((gloo_copy_bytes(plan, op) for plan, *_ in methods for op in plan.programs[r]
-                                     if op.kind is OpKind.COLLECTIVE), default=0)
-        checking = 0 if gpu else max((_check_bytes(plan.workload) for plan, checks, *_ in methods if r in checks),
-                                     default=0)
-        total += max(running, sum(kept for kept, _ in made) + max(checking, *(during for _, during in made)))
-    return total
+    return sum(_rank_bytes(r, list(inputs.values()), methods, references, job.options.order == "blocked", gpu)
+               for r in ranks)
+
+
+def _rank_bytes(r: int, inputs: list[Payload], methods: list, references: dict, blocked: bool, gpu: bool) -> int:
+    """``job_bytes`` of one rank: the larger of what it holds while it draws its inputs and
+    while it runs the methods (the module docstring)."""
+    have = sum(_input_bytes(w, r) for w in inputs)
+    drawing = have + max((_drawing_bytes(w, r) for w in inputs), default=0)
+    total = have
+    for plan, checks, sliced, _ in methods:
+        # a raw plan's accumulator is a copy of its input: its own beside it
+        total += run_bytes(plan, r) - (_input_bytes(plan.workload, r) if isinstance(plan.workload, Workload) else 0)
+        if r in checks:
+            total += 2 * _result_bytes(plan, r, sliced)
+    made = [reference_bytes(next(w for w in inputs if repr(w) == key), frozenset(keepers), contributors, r, gpu)
+            for (key, contributors), keepers in references.items()]
+    running = 0 if gpu else max((gloo_copy_bytes(plan, op) for plan, *_ in methods for op in plan.programs[r]
+                                 if op.kind is OpKind.COLLECTIVE), default=0)
+    checking = 0 if gpu else max((_check_bytes(plan.workload) for plan, checks, *_ in methods if r in checks),
+                                 default=0)
+    kept = sum(k for k, _ in made)
+    during = max(checking, *(d for _, d in made))
+    if blocked:  # a method's reference is made, and kept, before the next method runs
+        total += kept + max(running, during)
+    else:
+        total += max(running, kept + during)
+    return max(total, drawing)
+
+
+def _drawing_bytes(w: Payload, rank: int) -> int:
+    """What drawing ``w``'s inputs on ``rank`` holds beside them (``exec.attention``): a raw
+    buffer's int32 draw, an fp8 KV shard's fp16 one."""
+    if isinstance(w, RawPayload):
+        return w.rows * 4
+    return 2 * w.kv_bytes(rank) if w.kv_dtype.nbytes == 1 else 0
 
 
 def memory_problem(job: Job, ranks: Sequence[int], available: int | None, where: str, gpu: bool = False) -> str | None:
@@ -189,6 +211,8 @@ def memory_problem(job: Job, ranks: Sequence[int], available: int | None, where:
     if job.options.baselines:
         who += " (the baselines' buffers beside the plan's)"
         fix += ", or run without --baselines"
+    if job.options.check == "all":  # each checking rank keeps the results it checks and the reference
+        fix += ", or check on one rank (--check root)"
     needed, has = format_sizes(need, available)
     return f"{name}: {who} at least {needed} at once on {where}, which has {has} available; {fix}"
 

@@ -356,27 +356,31 @@ def merge_many(parts: torch.Tensor) -> torch.Tensor:
     return merge_stack(out, o, lse, False)
 
 
+WIDE_BLOCK = 1 << 20
+"""Elements of an fp8 raw sum taken through fp32 at once (4 MiB of fp32): the fp32 copies of a
+whole chunk, three at once, would hold 12 bytes an element of it, which the memory model
+(``cost.memory``) does not count."""
+
+
 def sum_into(acc: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """``acc <- acc + other`` in place (raw payload plans); fp8 is summed through fp32."""
-    if acc.dtype.itemsize == 1 and acc.is_floating_point():
-        acc.copy_((acc.float() + other.float()).to(acc.dtype))
-    else:
-        acc.add_(other)
-    return acc
+    """``acc <- acc + other`` in place (raw payload plans: 1-D); fp8 is summed through fp32,
+    ``WIDE_BLOCK`` elements at a time."""
+    return sum_many_into(acc, other.unsqueeze(0))
 
 
 def sum_many_into(acc: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
-    """``acc <- acc + parts[0] + ... + parts[k-1]`` in place (raw payloads).
+    """``acc <- acc + parts[0] + ... + parts[k-1]`` in place (raw payloads: ``acc`` 1-D).
 
     One part at a time: a sum of the stack first would be a temporary of the chunk's size,
-    which the memory model (``cost.memory``) does not count."""
-    if parts.shape[0] == 1:
-        return sum_into(acc, parts[0])
-    if acc.dtype.itemsize == 1 and acc.is_floating_point():  # fp8: through one fp32 copy, a part at a time
-        total = acc.float()
-        for part in parts:
-            total.add_(part.float())
-        acc.copy_(total.to(acc.dtype))
+    which the memory model (``cost.memory``) does not count; fp8 through fp32, ``WIDE_BLOCK``
+    elements at a time."""
+    if acc.dtype.itemsize == 1 and acc.is_floating_point():
+        for start in range(0, acc.shape[0], WIDE_BLOCK):
+            block = acc[start:start + WIDE_BLOCK]
+            total = block.float()
+            for part in parts:
+                total.add_(part[start:start + WIDE_BLOCK].float())
+            block.copy_(total.to(acc.dtype))
     else:
         for part in parts:
             acc.add_(part)
