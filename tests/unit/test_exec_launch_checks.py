@@ -373,3 +373,20 @@ def test_drawing_the_inputs_is_counted_where_it_is_the_fullest_moment():
     payload = RawPayload(nbytes=64 << 20, ranks=2, dtype="fp8")
     root = build("star", payload, TopologyRef("a", "b"), result="root")
     assert job_bytes(Job((PlanJob("star", root),), RunOptions()), [1]) == 5 * (64 << 20)
+
+
+def test_nccl_ranks_hold_the_reference_and_the_results_hash_in_host_memory():
+    # On NCCL the GPU check leaves out what lives in host memory: rank 0 (it checks) keeps the fp64
+    # sum (128 MiB for 64 MiB of fp32) and compares a block at a time; every rank hashes a result
+    # every rank holds from a host copy (64 MiB), before the reference is made.
+    from treeattn.exec.footprint import host_bytes_beside_gpus
+
+    raw = build("ring", RawPayload(nbytes=64 << 20, ranks=2), TopologyRef("a", "b"))
+    job = Job((PlanJob("ring", raw),), RunOptions())
+    block = FP64_BLOCK_ELEMENTS * 8
+    assert host_bytes_beside_gpus(job, [0]) == (128 << 20) + block
+    assert host_bytes_beside_gpus(job, [1]) == 64 << 20
+    assert host_bytes_beside_gpus(job, [0, 1]) == (192 << 20) + block
+    assert memory_problem(job, [0, 1], 1 << 20, "the host of ranks 0-1 (beside their GPUs)", beside_gpus=True) == (
+        "ring: its 2 ranks hold at least {} at once on the host of ranks 0-1 (beside their GPUs), which has {} "
+        "available; use fewer ranks or a smaller payload".format(*format_sizes((192 << 20) + block, 1 << 20)))

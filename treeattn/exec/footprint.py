@@ -25,7 +25,8 @@ done: the larger of the two counts (in ``blocked`` order each method's reference
 kept, before the next method runs: both). Before any of it, drawing the inputs holds a wider
 copy of one of them (``_drawing_bytes``); the larger of that and the run counts. On an NCCL
 rank the inputs, buffers and copies are on its GPU and the reference's kept rows in host
-memory, which ``gpu=True`` leaves out; on gloo everything is in host memory.
+memory, which ``gpu=True`` leaves out (``host_bytes_beside_gpus`` counts it); on gloo everything
+is in host memory.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ if TYPE_CHECKING:
     from treeattn.exec.runner import Job
     from treeattn.plan.ir import Plan
 
-__all__ = ["job_bytes", "memory_problem", "method_checks", "baseline_layout", "reference_bytes", "gpu_peak_line"]
+__all__ = ["job_bytes", "host_bytes_beside_gpus", "memory_problem", "method_checks", "baseline_layout",
+           "reference_bytes", "gpu_peak_line"]
 
 _FP64 = 8
 
@@ -135,24 +137,52 @@ def reference_bytes(w: Payload, keepers: frozenset[int], contributors: frozenset
 def job_bytes(job: Job, ranks: Sequence[int], gpu: bool = False) -> int:
     """What ``ranks`` hold together at a run's fullest (the module docstring; ``gpu``: on an
     NCCL rank's GPU, the reference's kept rows left out)."""
+    inputs, methods, references = _methods(job)
+    return sum(_rank_bytes(r, inputs, methods, references, job.options.order == "blocked", gpu) for r in ranks)
+
+
+def host_bytes_beside_gpus(job: Job, ranks: Sequence[int]) -> int:
+    """What NCCL ranks ``ranks`` hold together in their host's memory, their GPUs holding the rest
+    (``job_bytes`` with ``gpu``): the references the checking ranks keep, the comparison's fp64
+    copies once they are made, and before, the host copy each rank hashes a result every rank
+    holds from (``runner._RankRun.warm``)."""
+    inputs, methods, references = _methods(job)
+    total = 0
+    for r in ranks:
+        kept = sum(reference_bytes(_payload(inputs, key), frozenset(keepers), contributors, r, False)[0]
+                   for (key, contributors), keepers in references.items())
+        checking = max((_check_bytes(plan.workload) for plan, checks, *_ in methods if r in checks), default=0)
+        hashed = max((_result_bytes(plan, r, False) for plan, _, _, _, every in methods if every), default=0)
+        total += max(hashed, kept + checking)
+    return total
+
+
+def _payload(inputs: list[Payload], key: str) -> Payload:
+    return next(w for w in inputs if repr(w) == key)
+
+
+def _methods(job: Job) -> tuple[list[Payload], list, dict]:
+    """A job's payloads, its methods (plan, checking ranks, sliced, contributors, whether every
+    rank holds its result) and its references (payload and contributors: the ranks that keep it)."""
     check = job.options.check
-    methods: list[tuple[Plan, tuple[int, ...], bool, frozenset[int] | None]] = []
+    methods: list[tuple[Plan, tuple[int, ...], bool, frozenset[int] | None, bool]] = []
     inputs: dict[str, Payload] = {}
     with_baselines: set[tuple[str, str]] = set()
     for pj in job.plans:
         plan, w = pj.plan, pj.plan.workload
         inputs.setdefault(repr(w), w)
         contributors = getattr(plan, "contributors", None)
-        methods.append((plan, *method_checks(plan, check), None if contributors is None else frozenset(contributors)))
+        methods.append((plan, *method_checks(plan, check), None if contributors is None else frozenset(contributors),
+                        plan.result == "all"))
         if job.options.baselines and (repr(w), plan.result) not in with_baselines:
             with_baselines.add((repr(w), plan.result))
             for b in baselines_for(w, *baseline_layout(plan), pj.ring_order):
-                methods.append((build(b.name, w, plan.topology, **b.kwargs), *method_checks(plan, check, b), None))
+                methods.append((build(b.name, w, plan.topology, **b.kwargs), *method_checks(plan, check, b), None,
+                                b.result == "all"))
     references: dict[tuple[str, frozenset[int] | None], set[int]] = {}
-    for plan, checks, _, contributors in methods:
+    for plan, checks, _, contributors, _ in methods:
         references.setdefault((repr(plan.workload), contributors), set()).update(checks)
-    return sum(_rank_bytes(r, list(inputs.values()), methods, references, job.options.order == "blocked", gpu)
-               for r in ranks)
+    return list(inputs.values()), methods, references
 
 
 def _rank_bytes(r: int, inputs: list[Payload], methods: list, references: dict, blocked: bool, gpu: bool) -> int:
@@ -161,12 +191,12 @@ def _rank_bytes(r: int, inputs: list[Payload], methods: list, references: dict, 
     have = sum(_input_bytes(w, r) for w in inputs)
     drawing = have + max((_drawing_bytes(w, r) for w in inputs), default=0)
     total = have
-    for plan, checks, sliced, _ in methods:
+    for plan, checks, sliced, *_ in methods:
         # a raw plan's accumulator is a copy of its input: its own beside it
         total += run_bytes(plan, r) - (_input_bytes(plan.workload, r) if isinstance(plan.workload, Workload) else 0)
         if r in checks:
             total += 2 * _result_bytes(plan, r, sliced)
-    made = [reference_bytes(next(w for w in inputs if repr(w) == key), frozenset(keepers), contributors, r, gpu)
+    made = [reference_bytes(_payload(inputs, key), frozenset(keepers), contributors, r, gpu)
             for (key, contributors), keepers in references.items()]
     running = 0 if gpu else max((gloo_copy_bytes(plan, op) for plan, *_ in methods for op in plan.programs[r]
                                  if op.kind is OpKind.COLLECTIVE), default=0)
@@ -189,16 +219,18 @@ def _drawing_bytes(w: Payload, rank: int) -> int:
     return 2 * w.kv_bytes(rank) if w.kv_dtype.nbytes == 1 else 0
 
 
-def memory_problem(job: Job, ranks: Sequence[int], available: int | None, where: str, gpu: bool = False) -> str | None:
+def memory_problem(job: Job, ranks: Sequence[int], available: int | None, where: str, gpu: bool = False,
+                   beside_gpus: bool = False) -> str | None:
     """Why ``ranks``, sharing ``available`` bytes of memory (``where``: a host, or one GPU with
-    ``gpu``), cannot hold a run of ``job`` at its fullest (``job_bytes``; the processes' own
-    memory, torch's and the library's, comes on top), or None. Checked before
+    ``gpu``, or with ``beside_gpus`` the host of NCCL ranks, ``host_bytes_beside_gpus``), cannot
+    hold a run of ``job`` at its fullest (``job_bytes``; the processes' own memory, torch's and
+    the library's, comes on top), or None. Checked before
     anything is allocated (under a launcher, the verdict is shared once the ranks connect:
     ``runner.run_rank``), so nothing is measured first and no rank is left waiting on a peer
     that failed allocating."""
     if available is None:
         return None
-    need = job_bytes(job, ranks, gpu)
+    need = host_bytes_beside_gpus(job, ranks) if beside_gpus else job_bytes(job, ranks, gpu)
     if need <= available:
         return None
     pj = max(job.plans, key=lambda pj: sum(run_bytes(pj.plan, r) for r in ranks))  # named for the largest

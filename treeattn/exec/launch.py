@@ -244,11 +244,14 @@ def launch(job: Job, environ: dict[str, str] | None = None, progress: Progress |
     if placed is None:
         return launch_local(job, progress)
     check_world(placed, job.ranks)
-    host_problem = ""
-    if pick_backend(job.options)[0] == "gloo":  # NCCL's ranks check their GPU's memory (run_rank)
-        ranks = host_ranks(placed, environ or os.environ)
-        span = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
+    # each host's ranks; NCCL's check their GPU's memory too (run_rank)
+    ranks = host_ranks(placed, environ or os.environ)
+    span = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
+    if pick_backend(job.options)[0] == "gloo":
         host_problem = memory_problem(job, ranks, available_bytes(), f"the host of {span}") or ""
+    else:
+        host_problem = memory_problem(job, ranks, available_bytes(), f"the host of {span} (beside their GPUs)",
+                                      beside_gpus=True) or ""
     if placed.launcher == "slurm":
         os.environ.update(RANK=str(placed.rank), WORLD_SIZE=str(placed.world), LOCAL_RANK=str(placed.local_rank))
         if "OMP_NUM_THREADS" not in os.environ:
@@ -444,7 +447,8 @@ def launch_local(job: Job, progress: Progress | None = None) -> JobResult:
     (``progress`` as ``launch`` says)."""
     n = job.ranks
     if pick_backend(job.options)[0] == "nccl":
-        problem = placement_problem(n, torch.cuda.device_count())
+        problem = placement_problem(n, torch.cuda.device_count()) or memory_problem(
+            job, range(n), available_bytes(), "this host (beside the GPUs)", beside_gpus=True)
         if problem:
             raise InputError(problem)
     else:
