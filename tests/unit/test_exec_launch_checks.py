@@ -390,3 +390,21 @@ def test_nccl_ranks_hold_the_reference_and_the_results_hash_in_host_memory():
     assert memory_problem(job, [0, 1], 1 << 20, "the host of ranks 0-1 (beside their GPUs)", beside_gpus=True) == (
         "ring: its 2 ranks hold at least {} at once on the host of ranks 0-1 (beside their GPUs), which has {} "
         "available; use fewer ranks or a smaller payload".format(*format_sizes((192 << 20) + block, 1 << 20)))
+
+
+def test_the_explicit_kernels_working_set_is_counted_where_it_runs(monkeypatch):
+    # fp8 KV runs the explicit matmuls on every device: their fp32 blocks (64 MiB at most) stay
+    # with the allocator once freed (a 2-rank fp8 run's rank 0 held 64 MiB over the count)
+    from treeattn.exec import footprint
+    from treeattn.exec.attention import EXPLICIT_BLOCK_BYTES
+
+    def count(kv_dtype: str, kernel: str = "auto") -> int:
+        w = Workload(batch=2, q_heads=32, kv_heads=8, head_dim=128, split=(24576, 24576), kv_dtype=kv_dtype)
+        return job_bytes(Job((PlanJob("p", build("star", w, TopologyRef("a", "b"))),), RunOptions(kernel=kernel)),
+                         [0])
+
+    bf16 = count("bf16")
+    assert count("bf16", "explicit") - bf16 == EXPLICIT_BLOCK_BYTES
+    fp8 = count("fp8")
+    monkeypatch.setattr(footprint, "_explicit_bytes", lambda w, kernel: 0)
+    assert fp8 - count("fp8") == EXPLICIT_BLOCK_BYTES

@@ -18,7 +18,8 @@ A run sets up every method before timing one, and each keeps what it set up to t
 * on gloo, the copy its all-gather or reduce-scatter makes inside the library call
   (``cost.memory.gloo_copy_bytes``), while a method runs;
 * on a checking rank, the comparison's fp64 copies (``runner.relative_error``), in host
-  memory, once the reference is made.
+  memory, once the reference is made;
+* where the explicit attention kernel runs, its working set (``_explicit_bytes``).
 
 The copies inside the library calls are made while the methods run, the reference once they are
 done: the larger of the two counts (in ``blocked`` order each method's reference is made, and
@@ -35,6 +36,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from treeattn.cost.memory import gloo_copy_bytes, run_bytes
+from treeattn.exec.attention import EXPLICIT_BLOCK_BYTES
 from treeattn.exec.baselines import segments
 from treeattn.exec.reference import EXACT_MAX_KV_BYTES, FP64_BLOCK_ELEMENTS, SAMPLED_ROWS, TOKENS
 from treeattn.plan.baselines import Baseline, baselines_for, parse_result
@@ -138,7 +140,20 @@ def job_bytes(job: Job, ranks: Sequence[int], gpu: bool = False) -> int:
     """What ``ranks`` hold together at a run's fullest (the module docstring; ``gpu``: on an
     NCCL rank's GPU, the reference's kept rows left out)."""
     inputs, methods, references = _methods(job)
-    return sum(_rank_bytes(r, inputs, methods, references, job.options.order == "blocked", gpu) for r in ranks)
+    workspace = max((_explicit_bytes(w, job.options.kernel) for w in inputs), default=0)
+    return sum(_rank_bytes(r, inputs, methods, references, job.options.order == "blocked", gpu, workspace)
+               for r in ranks)
+
+
+def _explicit_bytes(w: Payload, kernel: str) -> int:
+    """The explicit attention kernel's fp32 working set (``attention.EXPLICIT_BLOCK_BYTES`` at
+    most), where it runs whatever the device (fp8 KV, Dv != D, or asked for): freed after each
+    call, but kept by the allocator beside what is made after it (glibc's heap, a GPU's cache)."""
+    if not isinstance(w, Workload) or (kernel != "explicit" and w.kv_dtype.nbytes > 1 and w.value_dim == w.head_dim):
+        return 0
+    group = w.q_heads // w.kv_heads
+    need = 4 * w.batch * w.kv_heads * max(w.split) * (w.head_dim + w.value_dim + 2 * group)
+    return min(need, EXPLICIT_BLOCK_BYTES)
 
 
 def host_bytes_beside_gpus(job: Job, ranks: Sequence[int]) -> int:
@@ -185,12 +200,13 @@ def _methods(job: Job) -> tuple[list[Payload], list, dict]:
     return list(inputs.values()), methods, references
 
 
-def _rank_bytes(r: int, inputs: list[Payload], methods: list, references: dict, blocked: bool, gpu: bool) -> int:
+def _rank_bytes(r: int, inputs: list[Payload], methods: list, references: dict, blocked: bool, gpu: bool,
+                workspace: int) -> int:
     """``job_bytes`` of one rank: the larger of what it holds while it draws its inputs and
-    while it runs the methods (the module docstring)."""
+    while it runs the methods (the module docstring), ``workspace`` beside the latter."""
     have = sum(_input_bytes(w, r) for w in inputs)
     drawing = have + max((_drawing_bytes(w, r) for w in inputs), default=0)
-    total = have
+    total = have + workspace
     for plan, checks, sliced, *_ in methods:
         # a raw plan's accumulator is a copy of its input: its own beside it
         total += run_bytes(plan, r) - (_input_bytes(plan.workload, r) if isinstance(plan.workload, Workload) else 0)
