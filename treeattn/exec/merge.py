@@ -356,8 +356,8 @@ def merge_many(parts: torch.Tensor) -> torch.Tensor:
     return merge_stack(out, o, lse, False)
 
 
-WIDE_BLOCK = 1 << 20
-"""Elements of an fp8 raw sum taken through fp32 at once (4 MiB of fp32): the fp32 copies of a
+WIDE_BLOCK = 1 << 18
+"""Elements of an fp8 raw sum taken through fp32 at once (1 MiB of fp32): the fp32 copies of a
 whole chunk, three at once, would hold 12 bytes an element of it, which the memory model
 (``cost.memory``) does not count."""
 
