@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from treeattn.exec.runner import Job
     from treeattn.plan.ir import Plan
 
-__all__ = ["job_bytes", "host_bytes_beside_gpus", "memory_problem", "method_checks", "baseline_layout",
+__all__ = ["job_bytes", "host_bytes_beside_gpus", "memory_problem", "method_checks", "baseline_layout", "own_rows",
            "reference_bytes", "gpu_peak_line"]
 
 _FP64 = 8
@@ -94,9 +94,15 @@ def _result_bytes(plan: Plan, rank: int, sliced: bool) -> int:
     w = plan.workload
     rows = w.rows
     if sliced:
-        segs = plan.segments if plan.is_raw else segments(w, plan.ranks)
-        rows = segs[rank][1] - segs[rank][0]
+        start, stop = own_rows(plan, rank)
+        rows = stop - start
     return rows * w.acc_row_bytes
+
+
+def own_rows(plan: Plan, rank: int) -> tuple[int, int]:
+    """The rows of ``rank``'s own heads, which a ``heads`` baseline of ``plan``'s payload leaves
+    it (raw payloads: its segment of the elements)."""
+    return plan.segments[rank] if plan.is_raw else segments(plan.workload, plan.ranks)[rank]
 
 
 def _check_bytes(w: Payload) -> int:
@@ -164,16 +170,12 @@ def host_bytes_beside_gpus(job: Job, ranks: Sequence[int]) -> int:
     inputs, methods, references = _methods(job)
     total = 0
     for r in ranks:
-        kept = sum(reference_bytes(_payload(inputs, key), frozenset(keepers), contributors, r, False)[0]
-                   for (key, contributors), keepers in references.items())
+        kept = sum(reference_bytes(w, frozenset(keepers), contributors, r, False)[0]
+                   for (w, contributors), keepers in references.items())
         checking = max((_check_bytes(plan.workload) for plan, checks, *_ in methods if r in checks), default=0)
         hashed = max((_result_bytes(plan, r, False) for plan, _, _, _, every in methods if every), default=0)
         total += max(hashed, kept + checking)
     return total
-
-
-def _payload(inputs: list[Payload], key: str) -> Payload:
-    return next(w for w in inputs if repr(w) == key)
 
 
 def _methods(job: Job) -> tuple[list[Payload], list, dict]:
@@ -194,9 +196,9 @@ def _methods(job: Job) -> tuple[list[Payload], list, dict]:
             for b in baselines_for(w, *baseline_layout(plan), pj.ring_order):
                 methods.append((build(b.name, w, plan.topology, **b.kwargs), *method_checks(plan, check, b), None,
                                 b.result == "all"))
-    references: dict[tuple[str, frozenset[int] | None], set[int]] = {}
+    references: dict[tuple[Payload, frozenset[int] | None], set[int]] = {}
     for plan, checks, _, contributors, _ in methods:
-        references.setdefault((repr(plan.workload), contributors), set()).update(checks)
+        references.setdefault((inputs[repr(plan.workload)], contributors), set()).update(checks)
     return list(inputs.values()), methods, references
 
 
@@ -212,8 +214,8 @@ def _rank_bytes(r: int, inputs: list[Payload], methods: list, references: dict, 
         total += run_bytes(plan, r) - (_input_bytes(plan.workload, r) if isinstance(plan.workload, Workload) else 0)
         if r in checks:
             total += 2 * _result_bytes(plan, r, sliced)
-    made = [reference_bytes(_payload(inputs, key), frozenset(keepers), contributors, r, gpu)
-            for (key, contributors), keepers in references.items()]
+    made = [reference_bytes(w, frozenset(keepers), contributors, r, gpu)
+            for (w, contributors), keepers in references.items()]
     running = 0 if gpu else max((gloo_copy_bytes(plan, op) for plan, *_ in methods for op in plan.programs[r]
                                  if op.kind is OpKind.COLLECTIVE), default=0)
     checking = 0 if gpu else max((_check_bytes(plan.workload) for plan, checks, *_ in methods if r in checks),

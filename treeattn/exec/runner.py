@@ -50,10 +50,10 @@ import torch.distributed as dist
 from treeattn.errors import InputError, PlanInvalidError
 from treeattn.exec import kernels as fused
 from treeattn.exec.attention import make_kv_shard, make_query, make_raw, resolve_kernel, torch_dtype
-from treeattn.exec.baselines import run_attention_baseline, run_raw_baseline, segments
+from treeattn.exec.baselines import run_attention_baseline, run_raw_baseline
 from treeattn.exec.comm import BufferPool, Comm, CommError
 from treeattn.exec.deadline import LONGEST_TIMEOUT_S, SETUP_TIMEOUT_S, check_iterations
-from treeattn.exec.footprint import baseline_layout, memory_problem, method_checks
+from treeattn.exec.footprint import baseline_layout, memory_problem, method_checks, own_rows
 from treeattn.exec.graphs import Graphed, capture
 from treeattn.exec.interpreter import MeasuredOp, PlanExecutor, RankInputs
 from treeattn.exec.issue_order import nccl_order_problem
@@ -628,9 +628,7 @@ class _RankRun:
             for b in baselines_for(w, *baseline_layout(plan), pj.ring_order):
                 kind = b.result
                 everyone, sliced = method_checks(plan, opt.check, b)
-                brows = None
-                if sliced:
-                    brows = segments(w, comm.world)[comm.rank] if not plan.is_raw else plan.segments[comm.rank]
+                brows = own_rows(plan, comm.rank) if sliced else None
                 if plan.is_raw:
                     out.append(self._raw_baseline(pj, b, inputs, w, everyone, repeats, brows))
                     continue
