@@ -1,6 +1,6 @@
 """What `treeattn run`'s ranks hold against what its memory check counts (``exec.footprint``).
 
-    .venv/bin/python benchmarks/bench_run_memory.py [--out FILE]
+    .venv/bin/python benchmarks/bench_run_memory.py [--out FILE] [--json]
 
 Each case plans on two ranks of the shipped ``cpu-4`` topology and runs the plan on two gloo
 ranks (``treeattn run --repeats 2 --warmup 1``); while it runs, every rank's peak resident set
@@ -12,6 +12,7 @@ the process itself, torch, gloo and the compiled kernels), and is printed beside
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -131,9 +132,12 @@ def _case(tmp: Path, plan_args: list[str], flags: list[str]) -> tuple[dict[int, 
 def main() -> int:
     ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="also write the table to this file")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON (case, rank, held_mib, counted_mib) "
+                    "at the end instead of the table as it goes")
     args = ap.parse_args()
     out = output_file(args.out, "--out", "run-memory.txt") if args.out else None
     lines = [f"{'case':44} {'rank':>4} {'held MiB':>9} {'counted MiB':>12} {'held - counted':>15}"]
+    records = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, plan_args, tiny_args, flags in CASES:
             peaks, counts = _case(Path(tmp), plan_args, flags)
@@ -141,7 +145,11 @@ def main() -> int:
             for r in range(2):
                 held, counted = (peaks[r] - base[r]) / MIB, (counts[r] - base_counts[r]) / MIB
                 lines.append(f"{name:44} {r:>4} {held:>9.1f} {counted:>12.1f} {held - counted:>+15.1f}")
-                print(lines[-1], flush=True)
+                records.append({"case": name, "rank": r, "held_mib": round(held, 1), "counted_mib": round(counted, 1)})
+                if not args.json:
+                    print(lines[-1], flush=True)
+    if args.json:
+        print(json.dumps(records, indent=2))
     text = "\n".join(lines) + "\n"
     if out is not None:
         write_file(out, text)
